@@ -1,0 +1,39 @@
+# make test : install everything into .venv (and the host tools the sandbox needs), lint, run every test
+# make demo : bring the sandbox VM up and deploy the reference profile to it
+# make bench: print the performance figures (no timed assertions anywhere in tests)
+SHELL := /bin/bash
+VENV  ?= .venv
+PY    := $(VENV)/bin/python
+export SGLANG_DEPLOY_CACHE ?= /var/tmp/sglang-deploy-cache
+
+.PHONY: test test-fast demo bench lint install host-deps clean
+
+$(VENV)/.installed: pyproject.toml
+	@python3 -m venv --help >/dev/null 2>&1 || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv; }
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e '.[test]'
+	touch $@
+
+install: $(VENV)/.installed
+
+host-deps:
+	bash sandbox/testhost.sh deps-if-missing
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+test: install host-deps lint
+	$(PY) -m pytest -q
+
+test-fast: install lint
+	$(PY) -m pytest -q -m "not sandbox"
+
+demo: install host-deps
+	$(VENV)/bin/invoke demo
+
+bench: install host-deps
+	$(PY) -m deploy_lib.benchmarks
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,1 @@
+"""sglang-deploy: typed SGLang deployment profiles to healthy, verified servers."""

@@ -1,0 +1,98 @@
+"""One exception tree for the whole library; tasks.py maps each class to an exit code."""
+
+from __future__ import annotations
+
+
+class DeployError(Exception):
+    """Base of every error the tool reports to a user: a message and, where useful, a hint."""
+
+    exit_code = 1
+
+    def __init__(self, message: str, hint: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.hint = hint
+
+    def __str__(self) -> str:
+        return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
+
+
+class ConfigError(DeployError):
+    """Profile, inventory, patch set or option is invalid; raised before any SSH."""
+
+    exit_code = 2
+
+
+class PreflightError(DeployError):
+    """The host cannot run this release (GPUs, unknown flag, port busy, disk); nothing was changed."""
+
+    exit_code = 3
+
+
+class LockHeld(DeployError):
+    """Another deploy holds the host's lock."""
+
+    exit_code = 4
+
+
+class RemoteError(DeployError):
+    """An SSH connection or a remote command failed."""
+
+    exit_code = 5
+
+
+class ConnectFailed(RemoteError):
+    """The host could not be reached or its host key was refused."""
+
+
+class StepFailed(RemoteError):
+    """A remote step exited with a code it does not accept; keeps the result."""
+
+    def __init__(self, message: str, step: object = None, result: object = None, hint: str | None = None):
+        super().__init__(message, hint)
+        self.step = step
+        self.result = result
+
+
+class StepTimedOut(StepFailed):
+    """A remote step ran past its timeout."""
+
+
+class ReadinessFailed(DeployError):
+    """The new release did not become ready; it was rolled back to the last good one."""
+
+    exit_code = 6
+
+    def __init__(self, message: str, rung: str = "", evidence: tuple[str, ...] = (), hint: str | None = None):
+        super().__init__(message, hint)
+        self.rung = rung
+        self.evidence = evidence
+
+
+class GateFailed(ReadinessFailed):
+    """The release started but benchmarked below the gate; it was rolled back."""
+
+    exit_code = 7
+
+
+class RollbackFailed(DeployError):
+    """The rollback target failed too: the unit is left stopped and needs a person."""
+
+    exit_code = 8
+
+    def __init__(self, message: str, original: DeployError | None = None, hint: str | None = None):
+        super().__init__(message, hint)
+        self.original = original
+
+
+class DriftDetected(DeployError):
+    """Files on the host were changed by hand since the last deploy; --force overwrites them."""
+
+    exit_code = 9
+
+
+EXIT_CODES: dict[type[DeployError], int] = {
+    cls: cls.exit_code
+    for cls in (DeployError, ConfigError, PreflightError, LockHeld, RemoteError, ReadinessFailed,
+                GateFailed, RollbackFailed, DriftDetected)
+}
