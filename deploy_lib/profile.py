@@ -12,6 +12,7 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StringConstraints,
@@ -203,7 +204,7 @@ def _secret_ref(value: Any) -> Any:
     return value
 
 
-SecretField = Annotated[SecretRef, Field(json_schema_extra={"description": "{env: NAME} or {file: PATH}"})]
+SecretField = Annotated[SecretRef, BeforeValidator(_secret_ref), Field(description="{env: NAME} or {file: PATH}")]
 
 
 class ModelSpec(Strict):
@@ -274,11 +275,6 @@ class ServerSpec(Strict):
     host: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9.:\-]+$", max_length=255)] = "127.0.0.1"
     port: Annotated[int, Field(ge=1, le=65535)] = 30000
     api_key: SecretField | None = None
-
-    @field_validator("api_key", mode="before")
-    @classmethod
-    def _api_key_by_reference(cls, value: Any) -> Any:
-        return _secret_ref(value)
 
 
 class NcclSpec(Strict):
@@ -362,14 +358,6 @@ class Profile(Strict):
         if not isinstance(value, dict):
             return value
         return {k: (_env_text(v) if isinstance(v, bool | int | float) else v) for k, v in value.items()}
-
-    @field_validator("secrets", mode="before")
-    @classmethod
-    def _secrets_by_reference(cls, value: Any) -> Any:
-        if isinstance(value, dict):
-            for item in value.values():
-                _secret_ref(item)
-        return value
 
     @model_validator(mode="after")
     def _env_is_not_secret_nor_modelled(self) -> Profile:
