@@ -1,0 +1,183 @@
+"""Readiness probe that runs ON THE HOST: health.py sends this file's text to `python3 -` on stdin.
+
+Standard library only, and no syntax newer than Python 3.8, since it runs on whatever python3 the host
+has (before 3.10 a timeout is reported by its OS error text rather than as "timeout"). health.py appends
+one call, `run_probe_and_print(<config JSON>)`. The probe gathers one snapshot of the unit, the port, the
+health endpoint, optionally a real generation and the unit's newest journal line, and prints exactly one
+JSON object. It never raises and always exits 0: every failure becomes a field of the snapshot, so one
+round trip always yields a verdict.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+
+UNIT_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "ExecMainPID", "ExecMainStatus", "ExecMainCode",
+                   "Result", "InvocationID")
+BODY_EXCERPT_CHARS = 300
+
+
+def parse_systemctl_show(text: str) -> dict[str, str]:
+    """`systemctl show -p A,B` output (KEY=VALUE lines) -> {KEY: VALUE}."""
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def unit_state(unit: str) -> tuple[dict[str, str] | None, str | None]:
+    """The unit's properties from systemctl, or None and why not."""
+    if shutil.which("systemctl") is None:
+        return None, "systemctl not found"
+    argv = ["systemctl", "show", unit, "--no-pager", "-p", ",".join(UNIT_PROPERTIES)]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"systemctl show: {exc}"
+    if done.returncode != 0:
+        return None, f"systemctl show exited {done.returncode}: {done.stderr.strip()[-BODY_EXCERPT_CHARS:]}"
+    return parse_systemctl_show(done.stdout), None
+
+
+def journal_message(entry: dict[str, object]) -> str:
+    """MESSAGE of a `journalctl -o json` entry; journald sends non-UTF-8 text as a list of byte values."""
+    message = entry.get("MESSAGE")
+    if isinstance(message, list):
+        return bytes(message).decode("utf-8", "replace")
+    return "" if message is None else str(message)
+
+
+def last_journal_line(unit: str, after_cursor: str | None) -> tuple[dict[str, str] | None, str | None]:
+    """The unit's newest journal entry after `after_cursor` as {text, cursor}, or None and why not."""
+    if shutil.which("journalctl") is None:
+        return None, "journalctl not found"
+    argv = ["journalctl", "-u", unit, "-n", "1", "-o", "json", "--no-pager", "-q"]
+    if after_cursor:
+        argv.append("--after-cursor=" + after_cursor)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=5)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, f"journalctl: {exc}"
+    lines = [line for line in done.stdout.splitlines() if line.strip()]
+    if done.returncode != 0 or not lines:
+        return None, f"journalctl exited {done.returncode}" if done.returncode != 0 else None
+    try:
+        entry = json.loads(lines[-1])
+    except ValueError:
+        return None, "journalctl printed no JSON"
+    return {"text": journal_message(entry), "cursor": str(entry.get("__CURSOR", ""))}, None
+
+
+def port_open(host: str, port: int, timeout_s: float) -> tuple[bool, str | None]:
+    """Whether a TCP connection to host:port succeeds; if not, the reason in a word or two."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s):
+            return True, None
+    except ConnectionRefusedError:
+        return False, "refused"
+    except TimeoutError:
+        return False, "timeout"
+    except OSError as exc:
+        return False, exc.strerror or str(exc)
+
+
+def http_request(url: str, timeout_s: float, body: bytes | None = None,
+                 headers: dict[str, str] | None = None) -> tuple[int | None, str, str | None]:
+    """(status, body excerpt, error) of one request; an HTTP error status is a result, not an error."""
+    # Proxies from the environment must never see a request to our own server.
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    request = urllib.request.Request(url, data=body, headers=headers or {}, method="POST" if body else "GET")
+    try:
+        with opener.open(request, timeout=timeout_s) as response:
+            return response.status, response.read().decode("utf-8", "replace"), None
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode("utf-8", "replace")[:BODY_EXCERPT_CHARS], None
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, ConnectionRefusedError):
+            return None, "", "refused"
+        if isinstance(reason, TimeoutError):
+            return None, "", "timeout"
+        return None, "", str(reason)
+    except TimeoutError:
+        return None, "", "timeout"
+    except (OSError, ValueError) as exc:
+        # http.client.RemoteDisconnected and friends: the server closed the connection mid-answer.
+        return None, "", f"{type(exc).__name__}: {exc}"
+
+
+def generated_text(payload: object) -> str | None:
+    """The text of a /generate, /v1/completions or /v1/chat/completions answer; None if it has none."""
+    if isinstance(payload, list) and payload:
+        payload = payload[0]
+    if not isinstance(payload, dict):
+        return None
+    if isinstance(payload.get("text"), str):
+        return payload["text"]
+    choices = payload.get("choices")
+    if isinstance(choices, list) and choices and isinstance(choices[0], dict):
+        choice = choices[0]
+        if isinstance(choice.get("text"), str):
+            return choice["text"]
+        message = choice.get("message")
+        if isinstance(message, dict) and isinstance(message.get("content"), str):
+            return message["content"]
+    return None
+
+
+def generate(base_url: str, spec: dict[str, object]) -> dict[str, object]:
+    """One real generation request; the API key goes only into the Authorization header."""
+    headers = {"Content-Type": "application/json"}
+    if spec.get("api_key"):
+        headers["Authorization"] = f"Bearer {spec['api_key']}"
+    started = time.monotonic()
+    status, body, error = http_request(base_url + str(spec["path"]), float(spec["timeout_s"]),
+                                       json.dumps(spec["body"]).encode(), headers)
+    result: dict[str, object] = {"status": status, "text": None, "error": error,
+                                 "seconds": round(time.monotonic() - started, 3), "body": None}
+    if status == 200:
+        try:
+            result["text"] = generated_text(json.loads(body))
+        except ValueError:
+            result["error"] = "answer is not JSON"
+    if result["text"] is None:
+        result["body"] = body[:BODY_EXCERPT_CHARS]
+    return result
+
+
+def probe(config: dict[str, object]) -> dict[str, object]:
+    """One snapshot; later rungs are only tried once the earlier ones pass, so a loading server costs little."""
+    started = time.monotonic()
+    snapshot: dict[str, object] = {"unit": None, "unit_error": None, "port_open": False, "port_error": None,
+                                   "health_status": None, "health_error": None, "generation": None,
+                                   "last_log": None, "journal_error": None}
+    unit = config.get("unit")
+    if unit:
+        snapshot["unit"], snapshot["unit_error"] = unit_state(str(unit))
+    host, port = str(config["host"]), int(config["port"])
+    snapshot["port_open"], snapshot["port_error"] = port_open(host, port, float(config["connect_timeout_s"]))
+    base_url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+    health_ok = snapshot["port_open"]
+    if snapshot["port_open"] and config.get("health_path"):
+        status, _body, error = http_request(base_url + str(config["health_path"]), float(config["http_timeout_s"]))
+        snapshot["health_status"], snapshot["health_error"] = status, error
+        health_ok = status == 200
+    if health_ok and config.get("generate"):
+        snapshot["generation"] = generate(base_url, config["generate"])
+    if unit:
+        snapshot["last_log"], snapshot["journal_error"] = last_journal_line(
+            str(unit), config.get("journal_after_cursor"))
+    snapshot["probe_s"] = round(time.monotonic() - started, 3)
+    return snapshot
+
+
+def run_probe_and_print(config_json: str) -> None:
+    """Entry point appended by health.py: print one snapshot, whatever happens."""
+    try:
+        snapshot = probe(json.loads(config_json))
+    except Exception as exc:  # the contract is one JSON object on stdout, never a traceback
+        snapshot = {"probe_error": f"{type(exc).__name__}: {exc}"}
+    print(json.dumps(snapshot))

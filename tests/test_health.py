@@ -1,0 +1,446 @@
+"""The readiness ladder: verdicts per rung, the retry policy, a ladder against scripted snapshots, the probe itself."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator, Sequence
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+from tenacity import stop_after_attempt
+
+from deploy_lib.errors import ReadinessFailed
+from deploy_lib.health import (
+    GenerationProbe,
+    NotReady,
+    ProbeRejected,
+    ProbeTarget,
+    Ready,
+    Rung,
+    Snapshot,
+    UnitFailed,
+    assess,
+    grace_policy,
+    health_path_for,
+    ladder_policy,
+    predict_start,
+    probe_step,
+    wait_ready,
+)
+from deploy_lib.progress import NullProgress, RecordingProgress
+from deploy_lib.remote import Put, Step, StepResult
+
+
+def noop(_seconds: float) -> None:
+    pass
+
+
+def snapshot(active: str = "active", sub: str = "running", restarts: int = 0, pid: int = 4242,
+             status: int = 0, code: int = 1, result: str = "success", port: bool = False,
+             port_error: str | None = "refused", health: int | None = None, gen: dict[str, Any] | None = None,
+             log: str | None = None, cursor: str = "s=1") -> Snapshot:
+    """A probe snapshot as probe_script.py prints it."""
+    return Snapshot.model_validate({
+        "unit": {"ActiveState": active, "SubState": sub, "NRestarts": str(restarts), "ExecMainPID": str(pid),
+                 "ExecMainStatus": str(status), "ExecMainCode": str(code), "Result": result,
+                 "InvocationID": "abc"},
+        "port_open": port, "port_error": None if port else port_error, "health_status": health,
+        "generation": gen, "last_log": None if log is None else {"text": log, "cursor": cursor},
+    })
+
+
+LOADING = snapshot(log="[2026-11-29 11:02:03 TP0] Load weight begin. avail mem=93.21 GB", cursor="s=1")
+WARMING = snapshot(port=True, health=503, log="[2026-11-29 11:04:40] INFO:     Uvicorn running on "
+                   "http://127.0.0.1:30000 (Press CTRL+C to quit)", cursor="s=2")
+GEN_SLOW = snapshot(port=True, health=200, gen={"status": None, "error": "timeout", "seconds": 60.0},
+                    log="[2026-11-29 11:04:43] The server is fired up and ready to roll!", cursor="s=3")
+READY = snapshot(port=True, health=200, gen={"status": 200, "text": " Paris", "seconds": 0.2},
+                 log="[2026-11-29 11:04:43] The server is fired up and ready to roll!", cursor="s=3")
+CRASHED = snapshot(active="failed", sub="failed", pid=0, status=1, result="exit-code",
+                   log="sglang.service: Failed with result 'exit-code'.", cursor="s=9")
+
+
+# --- assess: one verdict per rung and unit state -------------------------------------------------------------
+
+@pytest.mark.parametrize(("snap", "expected"), [
+    (snapshot(active="failed", sub="failed", status=1, result="exit-code"),
+     "the unit failed (Result=exit-code, exit status 1)"),
+    (snapshot(active="activating", sub="auto-restart", status=9, code=2), "killed by SIGKILL"),
+    (snapshot(active="inactive", sub="dead", status=0), "the unit is inactive"),
+    (snapshot(restarts=1), "restarted 1 time(s) since our start"),
+])
+def test_a_dead_failed_or_restarted_unit_stops_the_ladder(snap: Snapshot, expected: str) -> None:
+    verdict = assess(snap, baseline_restarts=0, rung=Rung.GENERATE)
+    assert isinstance(verdict, UnitFailed)
+    assert expected in verdict.message
+    assert verdict.rung == Rung.UNIT
+    assert any(line.startswith("unit ") for line in verdict.evidence)
+
+
+def test_a_new_main_pid_means_the_server_was_restarted() -> None:
+    verdict = assess(snapshot(pid=5000), baseline_restarts=0, rung=Rung.GENERATE, baseline_pid=4242)
+    assert isinstance(verdict, UnitFailed)
+    assert "PID 4242 to 5000" in verdict.message
+
+
+def test_a_unit_still_activating_is_retried() -> None:
+    verdict = assess(snapshot(active="activating", sub="start"), 0, Rung.GENERATE)
+    assert isinstance(verdict, NotReady) and verdict.rung == Rung.UNIT
+
+
+def test_each_rung_is_ready_once_it_and_the_rungs_below_pass() -> None:
+    assert isinstance(assess(LOADING, 0, Rung.UNIT), Ready)
+    assert isinstance(assess(WARMING, 0, Rung.PORT), Ready)
+    assert isinstance(assess(GEN_SLOW, 0, Rung.HEALTH), Ready)
+    assert isinstance(assess(READY, 0, Rung.GENERATE), Ready)
+
+
+@pytest.mark.parametrize(("snap", "rung", "reason"), [
+    (LOADING, Rung.PORT, "port closed (refused): still loading"),
+    (WARMING, Rung.HEALTH, "503: warming up"),
+    (GEN_SLOW, Rung.GENERATE, "generation failed: timeout after 60.0 s"),
+    (snapshot(port=True, health=200, gen={"status": 200, "text": "", "seconds": 0.1}), Rung.GENERATE,
+     "without text"),
+    (snapshot(port=True, health=200, gen={"status": 500, "body": "Internal Server Error"}), Rung.GENERATE,
+     "status 500"),
+])
+def test_a_server_on_its_way_up_is_not_ready_at_the_rung_it_is_on(snap: Snapshot, rung: Rung, reason: str) -> None:
+    verdict = assess(snap, 0, Rung.GENERATE)
+    assert isinstance(verdict, NotReady)
+    assert verdict.rung == rung
+    assert reason in verdict.message
+
+
+@pytest.mark.parametrize(("snap", "rung"), [
+    (snapshot(port=True, health=404), Rung.HEALTH),
+    (snapshot(port=True, health=200, gen={"status": 401, "body": '{"error": "Unauthorized"}'}), Rung.GENERATE),
+])
+def test_a_client_error_stops_the_ladder_since_waiting_cannot_fix_it(snap: Snapshot, rung: Rung) -> None:
+    verdict = assess(snap, 0, Rung.GENERATE)
+    assert isinstance(verdict, ProbeRejected) and verdict.rung == rung
+    assert verdict.hint
+
+
+def test_without_a_unit_to_watch_the_ladder_starts_at_the_port() -> None:
+    bare = Snapshot(port_open=True, health_status=200)
+    assert isinstance(assess(bare, 0, Rung.HEALTH), Ready)
+    unknown = Snapshot(unit_error="systemctl show exited 1: Failed to connect to bus")
+    verdict = assess(unknown, 0, Rung.HEALTH)
+    assert isinstance(verdict, NotReady) and "Failed to connect to bus" in verdict.message
+
+
+# --- the policy as a value ----------------------------------------------------------------------------------
+
+def failing_with(error: Exception) -> Any:
+    calls: list[int] = []
+
+    def attempt() -> None:
+        calls.append(1)
+        raise error
+    attempt.calls = calls  # type: ignore[attr-defined]
+    return attempt
+
+
+def test_the_policy_retries_not_ready_with_waits_capped_under_a_second() -> None:
+    progress = RecordingProgress()
+    policy = ladder_policy(1800, progress, max_wait_s=0.5).copy(sleep=noop, stop=stop_after_attempt(7))
+    attempt = failing_with(NotReady("port closed", Rung.PORT))
+    with pytest.raises(NotReady):
+        policy(attempt)
+    assert len(attempt.calls) == 7
+    waits = [sleep for _attempt, sleep in progress.of_kind("retry")]  # type: ignore[misc]
+    assert waits == pytest.approx([0.1, 0.2, 0.4, 0.5, 0.5, 0.5])
+
+
+@pytest.mark.parametrize("error", [UnitFailed("the unit failed", Rung.UNIT), ProbeRejected("401", Rung.GENERATE)])
+def test_the_policy_stops_at_once_on_anything_but_not_ready(error: Exception) -> None:
+    policy = ladder_policy(1800, NullProgress()).copy(sleep=noop, stop=stop_after_attempt(50))
+    attempt = failing_with(error)
+    with pytest.raises(type(error)):
+        policy(attempt)
+    assert len(attempt.calls) == 1
+
+
+def test_the_policy_never_starts_an_attempt_past_its_deadline() -> None:
+    attempt = failing_with(NotReady("loading", Rung.PORT))
+    with pytest.raises(NotReady):
+        ladder_policy(0, NullProgress()).copy(sleep=noop)(attempt)
+    assert len(attempt.calls) == 1
+
+
+# --- the ladder against a remote that answers scripted snapshots --------------------------------------------
+
+class SnapshotRemote:
+    """A Remote whose every probe step is answered by the next snapshot in a script."""
+
+    def __init__(self, snapshots: Sequence[Snapshot]) -> None:
+        self.snapshots = list(snapshots)
+        self.steps: list[Step] = []
+
+    def run(self, batch: Sequence[Step | Put]) -> list[StepResult]:
+        [step] = batch
+        assert isinstance(step, Step)
+        self.steps.append(step)
+        payload = self.snapshots.pop(0).model_dump_json(by_alias=True)
+        return [StepResult(step=step, exit_code=0, stdout=payload + "\n", stderr="", duration_s=0.05)]
+
+    def close(self) -> None:
+        pass
+
+    def probe_configs(self) -> list[dict[str, Any]]:
+        """The config each probe step carried: the argument of the call appended to the probe's source."""
+        calls = [(step.stdin or b"").decode().rstrip("\n").rsplit("\n", 1)[-1] for step in self.steps]
+        return [json.loads(ast.literal_eval(call.removeprefix("run_probe_and_print(").removesuffix(")")))
+                for call in calls]
+
+
+TARGET = ProbeTarget(unit="sglang.service", port=30000, api_key="sk-test-6f1c")
+
+
+def fast(n: int, progress: Any = None) -> Any:
+    return ladder_policy(1800, progress or NullProgress()).copy(sleep=noop, stop=stop_after_attempt(n))
+
+
+def test_the_ladder_climbs_from_loading_to_a_real_generation() -> None:
+    remote = SnapshotRemote([LOADING, WARMING, GEN_SLOW, READY])
+    progress = RecordingProgress()
+    report = wait_ready(remote, TARGET, deadline_s=1800, progress=progress, policy=fast(10, progress))
+    assert report.rung == Rung.GENERATE and report.attempts == 4
+    assert report.last_log_line == "[2026-11-29 11:04:43] The server is fired up and ready to roll!"
+    assert progress.of_kind("phase") == ["readiness: port", "readiness: health", "readiness: generate"]
+    assert [name for name, _s in progress.of_kind("done")] == [  # type: ignore[misc]
+        "readiness: unit", "readiness: port", "readiness: health", "readiness: generate"]
+    # Each new server line is shown once, not once per probe.
+    assert len(progress.of_kind("log")) == 3
+    # Each probe asks only for lines after the newest one already seen.
+    configs = remote.probe_configs()
+    assert [config["journal_after_cursor"] for config in configs] == [None, "s=1", "s=2", "s=3"]
+    assert [config["health_path"] for config in configs] == ["/health"] * 4
+
+
+def test_a_unit_that_fails_midway_stops_the_ladder_at_once_with_evidence() -> None:
+    remote = SnapshotRemote([LOADING, CRASHED, READY])
+    with pytest.raises(UnitFailed) as failed:
+        wait_ready(remote, TARGET, deadline_s=1800, progress=NullProgress(), policy=fast(10))
+    assert len(remote.steps) == 2
+    assert failed.value.rung == Rung.UNIT
+    assert "last log line: sglang.service: Failed with result 'exit-code'." in failed.value.evidence
+    assert isinstance(failed.value, ReadinessFailed) and failed.value.exit_code == 6
+
+
+def test_a_restart_by_systemd_between_probes_is_a_failure() -> None:
+    remote = SnapshotRemote([LOADING, snapshot(restarts=1, pid=4300), READY])
+    with pytest.raises(UnitFailed, match="restarted 1 time"):
+        wait_ready(remote, TARGET, deadline_s=1800, progress=NullProgress(), policy=fast(10))
+
+
+def test_the_deadline_ends_in_readiness_failed_naming_the_rung_and_last_log_line() -> None:
+    remote = SnapshotRemote([LOADING] * 3)
+    with pytest.raises(ReadinessFailed) as failed:
+        wait_ready(remote, TARGET, deadline_s=1800, progress=NullProgress(), policy=fast(3))
+    assert type(failed.value) is ReadinessFailed
+    assert failed.value.rung == Rung.PORT
+    assert "still loading" in failed.value.message and "deadline 1800 s" in failed.value.message
+    assert f"last log line: {LOADING.last_log.text}" in failed.value.evidence  # type: ignore[union-attr]
+    assert "startup_timeout_s" in (failed.value.hint or "")
+
+
+def test_the_api_key_travels_only_in_secret_steps_and_is_never_reported() -> None:
+    remote = SnapshotRemote([LOADING, GEN_SLOW, READY])
+    progress = RecordingProgress()
+    wait_ready(remote, TARGET, deadline_s=1800, progress=progress, policy=fast(5, progress))
+    # Every probe carries the generation request, so readiness needs no extra round trip once /health is 200.
+    assert all(step.secret and b"sk-test-6f1c" in (step.stdin or b"") for step in remote.steps)
+    assert all("sk-test-6f1c" not in " ".join(step.argv) for step in remote.steps)
+    assert "sk-test-6f1c" not in repr(TARGET) + repr(remote.steps) + repr(progress.events)
+
+
+def test_a_probe_without_an_api_key_is_not_masked() -> None:
+    step = probe_step(ProbeTarget(unit="sglang.service", port=30000), Rung.GENERATE)
+    assert not step.secret and step.argv == ("python3", "-") and step.sudo
+
+
+def test_a_start_slower_than_history_predicts_gets_one_note() -> None:
+    ticks = iter(range(0, 10_000, 100))
+    prediction = predict_start([100.0, 110.0, 120.0])
+    progress = RecordingProgress()
+    wait_ready(SnapshotRemote([LOADING] * 4 + [READY]), TARGET, deadline_s=1800, progress=progress,
+               prediction=prediction, policy=fast(10, progress), clock=lambda: float(next(ticks)))
+    assert progress.of_kind("note") == ["start is taking longer than the last 3 starts (median 110 s)"]
+
+
+def test_healthy_then_dead_within_the_grace_window_is_a_failure() -> None:
+    remote = SnapshotRemote([READY, snapshot(port=True, health=200), CRASHED])
+    grace = grace_policy(60).copy(sleep=noop, stop=stop_after_attempt(5))
+    with pytest.raises(ReadinessFailed) as failed:
+        wait_ready(remote, TARGET, deadline_s=1800, progress=NullProgress(), policy=fast(3), grace_s=60,
+                   grace=grace)
+    assert failed.value.rung == "grace"
+    assert "then within the 60 s grace window: the unit failed" in failed.value.message
+
+
+def test_a_server_that_stays_up_through_the_grace_window_is_ready() -> None:
+    remote = SnapshotRemote([READY] + [snapshot(port=True, health=200)] * 3)
+    grace = grace_policy(60).copy(sleep=noop, stop=stop_after_attempt(3))
+    report = wait_ready(remote, TARGET, deadline_s=1800, progress=NullProgress(), policy=fast(3), grace_s=60,
+                        grace=grace)
+    assert report.rung == Rung.GENERATE and report.attempts == 4
+    # The grace window re-checks health without generating again.
+    assert [config["generate"] is None for config in remote.probe_configs()] == [False, True, True, True]
+
+
+# --- prediction and version rules ----------------------------------------------------------------------------
+
+def test_prediction_needs_a_few_starts_and_uses_the_recent_median() -> None:
+    assert predict_start([]) is None
+    assert predict_start([300.0, 310.0]) is None
+    prediction = predict_start([900.0] * 5 + [100.0, 110.0, 120.0, 130.0, 140.0, 150.0, 160.0, 170.0, 180.0, 190.0])
+    assert prediction is not None
+    assert prediction.samples == 10 and prediction.median_s == 145.0
+    assert prediction.threshold_s == 145.0 * 1.5 + 30
+
+
+@pytest.mark.parametrize(("version", "path"), [
+    ("0.5.9", "/health"), ("0.5.15.post1", "/health"), ("0.5.20", "/ready"), ("0.5.23", "/ready"),
+    ("0.6.0rc1", "/ready"),
+])
+def test_the_health_path_follows_the_installed_sglang(version: str, path: str) -> None:
+    assert health_path_for(version) == path
+
+
+# --- the probe script itself, run as the host runs it: `python3 -` with the step's stdin ---------------------
+
+class FakeSGLang(BaseHTTPRequestHandler):
+    """The endpoints the probe uses, as SGLang answers them; class state is set per test."""
+
+    health_status: ClassVar[int] = 200
+    api_key: ClassVar[str] = "sk-local-77"
+    seen_auth: ClassVar[list[str | None]] = []
+
+    def do_GET(self) -> None:
+        self.reply(self.health_status if self.path == "/health" else 404, b"")
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        self.seen_auth.append(self.headers.get("Authorization"))
+        if self.headers.get("Authorization") != f"Bearer {self.api_key}":
+            self.reply(401, b'{"error": "Unauthorized"}')
+        elif self.path == "/generate" and body["sampling_params"]["max_new_tokens"] == 4:
+            self.reply(200, json.dumps({"text": " Paris", "meta_info": {"completion_tokens": 4}}).encode())
+        else:
+            self.reply(400, b"{}")
+
+    def reply(self, status: int, body: bytes) -> None:
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[ThreadingHTTPServer]:
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), FakeSGLang)
+    FakeSGLang.seen_auth = []
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield httpd
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def run_probe(step: Step, path: str | None = None) -> dict[str, Any]:
+    env = dict(os.environ, PATH=path if path is not None else os.environ["PATH"])
+    done = subprocess.run([sys.executable, "-"], input=step.stdin, capture_output=True, timeout=60, env=env,
+                          check=True)
+    [line] = done.stdout.decode().splitlines()
+    return json.loads(line)
+
+
+def closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def test_probe_reports_a_closed_port_as_refused_and_tries_nothing_further(tmp_path: Path) -> None:
+    target = ProbeTarget(unit=None, port=closed_port())
+    result = run_probe(probe_step(target, Rung.GENERATE))
+    assert result["port_open"] is False and result["port_error"] == "refused"
+    assert result["health_status"] is None and result["generation"] is None
+
+
+def test_probe_sees_a_warming_server_and_does_not_generate_yet(server: ThreadingHTTPServer) -> None:
+    FakeSGLang.health_status = 503
+    target = ProbeTarget(unit=None, port=server.server_address[1], api_key="sk-local-77")
+    snap = Snapshot.model_validate(run_probe(probe_step(target, Rung.GENERATE)))
+    assert snap.port_open and snap.health_status == 503 and snap.generation is None
+    assert FakeSGLang.seen_auth == []
+
+
+def test_probe_generates_with_the_api_key_in_the_header_only(server: ThreadingHTTPServer) -> None:
+    FakeSGLang.health_status = 200
+    target = ProbeTarget(unit=None, port=server.server_address[1], api_key="sk-local-77",
+                         generation=GenerationProbe(timeout_s=10))
+    step = probe_step(target, Rung.GENERATE)
+    raw = run_probe(step)
+    assert "sk-local-77" not in json.dumps(raw)
+    assert FakeSGLang.seen_auth == ["Bearer sk-local-77"]
+    assert isinstance(assess(Snapshot.model_validate(raw), None, Rung.GENERATE), Ready)
+    assert raw["generation"]["text"] == " Paris"
+
+
+def test_probe_reports_a_wrong_api_key_as_the_server_answered_it(server: ThreadingHTTPServer) -> None:
+    FakeSGLang.health_status = 200
+    target = ProbeTarget(unit=None, port=server.server_address[1], api_key="wrong")
+    snap = Snapshot.model_validate(run_probe(probe_step(target, Rung.GENERATE)))
+    assert snap.generation is not None and snap.generation.status == 401
+    assert isinstance(assess(snap, None, Rung.GENERATE), ProbeRejected)
+
+
+SYSTEMCTL = """#!/bin/sh
+echo "$@" > "{directory}/systemctl.args"
+printf 'ActiveState=active\\nSubState=running\\nNRestarts=0\\nExecMainPID=4242\\nExecMainStatus=0\\n'
+printf 'ExecMainCode=0\\nResult=success\\nInvocationID=0f4c\\n'
+"""
+JOURNALCTL = """#!/bin/sh
+echo "$@" > "{directory}/journalctl.args"
+echo '{"__CURSOR":"s=abc;i=2f","MESSAGE":"[2026-11-29 11:02:03 TP0] Load weight begin. avail mem=93.21 GB"}'
+"""
+
+
+def fake_tools(directory: Path, **scripts: str) -> str:
+    """Scripts named like the host's tools, first on a PATH that has nothing else but /bin and /usr/bin."""
+    for name, text in scripts.items():
+        (directory / name).write_text(text.replace("{directory}", str(directory)))
+        (directory / name).chmod(0o755)
+    return f"{directory}:/usr/bin:/bin"
+
+
+def test_probe_reads_the_unit_state_and_newest_journal_line(tmp_path: Path) -> None:
+    path = fake_tools(tmp_path, systemctl=SYSTEMCTL, journalctl=JOURNALCTL)
+    target = ProbeTarget(unit="sglang.service", port=closed_port())
+    snap = Snapshot.model_validate(run_probe(probe_step(target, Rung.GENERATE, after_cursor="s=abc;i=2e"), path))
+    assert snap.unit is not None and snap.unit.active_state == "active" and snap.unit.exec_main_pid == 4242
+    assert snap.last_log is not None and snap.last_log.cursor == "s=abc;i=2f"
+    assert "Load weight begin" in snap.last_log.text
+    assert "--after-cursor=s=abc;i=2e" in (tmp_path / "journalctl.args").read_text()
+    assert (tmp_path / "systemctl.args").read_text().startswith("show sglang.service")
+    assert isinstance(assess(snap, 0, Rung.GENERATE), NotReady)
+
+
+def test_probe_without_systemd_tools_still_answers(tmp_path: Path) -> None:
+    target = ProbeTarget(unit="sglang.service", port=closed_port())
+    snap = Snapshot.model_validate(run_probe(probe_step(target, Rung.PORT), str(tmp_path)))
+    assert snap.unit is None and snap.unit_error == "systemctl not found"
+    assert snap.journal_error == "journalctl not found"
