@@ -1,0 +1,535 @@
+"""The only module that talks SSH: remote steps as data, and one reused Fabric connection that runs them.
+
+Everything above this module builds `Step`/`Put` values; `FabricRemote.run` executes a batch of them over
+one connection, several steps per round trip, and returns a `StepResult` per step. Host keys are checked
+against a known_hosts file (Fabric's default accepts unknown keys; we refuse them unless the user opts in).
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import secrets
+import shlex
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Any, Protocol
+
+import fabric
+import fabric.runners
+import paramiko
+from invoke.exceptions import CommandTimedOut
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from deploy_lib.errors import ConnectFailed, StepFailed, StepTimedOut
+
+MASK = "***"
+# coreutils `timeout` exits 124 when it stopped the command; a step's code 124 reads as a timeout.
+TIMED_OUT_EXIT = 124
+# Seconds `timeout` waits after TERM before it sends KILL.
+KILL_AFTER_S = 5
+# Extra seconds a round trip may take beyond its steps' own timeouts before the channel is dropped.
+ROUND_TRIP_GRACE_S = 15
+# A round trip's script travels as one argv element; Linux caps one argument at 128 KiB.
+MAX_SCRIPT_CHARS = 100_000
+PUT_TIMEOUT_S = 120
+TAIL_LINES = 12
+
+
+@dataclass(frozen=True, repr=False)
+class Step:
+    """One remote command as data; remote.py quotes its argv once and adds sudo where needed."""
+
+    name: str
+    argv: tuple[str, ...]
+    sudo: bool = False
+    stdin: bytes | None = None
+    ok: frozenset[int] = frozenset({0})
+    timeout_s: float = 60
+    secret: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.argv or not all(isinstance(arg, str) for arg in self.argv):
+            raise ValueError(f"step {self.name!r}: argv must be a non-empty tuple of str, got {self.argv!r}")
+        if self.timeout_s <= 0:
+            raise ValueError(f"step {self.name!r}: timeout_s must be positive")
+
+    def __repr__(self) -> str:
+        argv = MASK if self.secret else repr(self.argv)
+        stdin = "None" if self.stdin is None else (MASK if self.secret else f"<{len(self.stdin)} bytes>")
+        return (f"Step(name={self.name!r}, argv={argv}, sudo={self.sudo}, stdin={stdin}, "
+                f"ok={sorted(self.ok)}, timeout_s={self.timeout_s}, secret={self.secret})")
+
+
+@dataclass(frozen=True, repr=False)
+class Put:
+    """Write `data` to `dest` atomically: temp file beside it, mode (and owner root) set, then renamed."""
+
+    dest: PurePosixPath
+    data: bytes
+    mode: int
+    sudo: bool = False
+    secret: bool = False
+
+    def __post_init__(self) -> None:
+        if not self.dest.is_absolute() or self.dest.name in ("", ".", ".."):
+            raise ValueError(f"put: dest must be an absolute file path, got {str(self.dest)!r}")
+
+    @property
+    def name(self) -> str:
+        return f"put {self.dest}"
+
+    def __repr__(self) -> str:
+        data = MASK if self.secret else f"<{len(self.data)} bytes>"
+        return (f"Put(dest={str(self.dest)!r}, data={data}, mode=0o{self.mode:o}, sudo={self.sudo}, "
+                f"secret={self.secret})")
+
+
+@dataclass(frozen=True, repr=False)
+class StepResult:
+    step: Step | Put
+    exit_code: int
+    stdout: str
+    stderr: str
+    duration_s: float
+
+    def __repr__(self) -> str:
+        out, err = (MASK, MASK) if self.step.secret else (repr(self.stdout), repr(self.stderr))
+        return (f"StepResult(step={self.step!r}, exit_code={self.exit_code}, stdout={out}, stderr={err}, "
+                f"duration_s={self.duration_s:.3f})")
+
+
+class Remote(Protocol):
+    def run(self, batch: Sequence[Step | Put]) -> list[StepResult]: ...  # stops at first code not in ok
+    def close(self) -> None: ...
+
+
+@dataclass(frozen=True)
+class SSHTarget:
+    """Connection settings of one host, as the inventory gives them."""
+
+    host: str
+    port: int = 22
+    user: str = "root"
+    key_file: Path | None = None
+    known_hosts_file: Path = field(default_factory=lambda: Path("~/.ssh/known_hosts"))
+    connect_timeout_s: float = 10
+    accept_new_host_key: bool = False
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return self.known_hosts_file.expanduser()
+
+    @property
+    def address(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Pure parts: command lines, dry-run text, round-trip planning, the batch script and its parser, failures.
+
+
+def command_line(step: Step, user: str) -> str:
+    """The argv quoted once for a POSIX shell, behind `sudo -n --` when it needs root and user is not root."""
+    argv = ("sudo", "-n", "--", *step.argv) if step.sudo and user != "root" else step.argv
+    return shlex.join(argv)
+
+
+def display(step: Step | Put) -> str:
+    """How a step is shown to a person: in dry runs, progress and error messages; secrets masked."""
+    if isinstance(step, Put):
+        size = MASK if step.secret else f"{len(step.data)} bytes, sha256 {_short_sha(step.data)}"
+        return f"put {shlex.quote(str(step.dest))} (mode 0{step.mode:o}{', sudo' if step.sudo else ''}, {size})"
+    if step.secret:
+        return f"{'sudo ' if step.sudo else ''}{MASK}"
+    text = ("sudo " if step.sudo else "") + shlex.join(step.argv)
+    if step.stdin is not None:
+        text += f" < stdin ({len(step.stdin)} bytes)"
+    return text
+
+
+def describe(batch: Sequence[Step | Put]) -> list[str]:
+    """The dry-run lines of a batch: one per step, in order."""
+    return [display(step) if isinstance(step, Put) else f"{step.name}: {display(step)}" for step in batch]
+
+
+def _short_sha(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()[:12]
+
+
+def round_trips(batch: Sequence[Step | Put]) -> list[Put | tuple[Step, ...]]:
+    """Split a batch into what each costs one round trip: a Put alone, or a run of steps.
+
+    A run holds at most one step with stdin (it gets the channel's stdin; the others read /dev/null) and a
+    script short enough to travel as one argument.
+    """
+    trips: list[Put | tuple[Step, ...]] = []
+    run: list[Step] = []
+    for step in batch:
+        if isinstance(step, Put):
+            if run:
+                trips.append(tuple(run))
+                run = []
+            trips.append(step)
+            continue
+        has_stdin = any(s.stdin is not None for s in run)
+        too_long = len(batch_script((*run, step), "root", "0" * 16)) > MAX_SCRIPT_CHARS
+        if run and ((has_stdin and step.stdin is not None) or too_long):
+            trips.append(tuple(run))
+            run = []
+        run.append(step)
+    if run:
+        trips.append(tuple(run))
+    return trips
+
+
+def batch_script(steps: Sequence[Step], user: str, marker: str) -> str:
+    """A bash script running `steps` in order, each framed by marker lines on stdout and stderr.
+
+    Each step runs under coreutils `timeout` (its own timeout, then KILL), its exit code and start/end
+    times go into the closing marker, and the script stops after the first code not in the step's ok set.
+    """
+    lines = []
+    for index, step in enumerate(steps):
+        ok = "|".join(str(code) for code in sorted(step.ok))
+        redirect = "" if step.stdin is not None else " </dev/null"
+        lines += [
+            f"printf '%s\\n' '{marker} {index} start'; printf '%s\\n' '{marker} {index} start' >&2",
+            "t0=$EPOCHREALTIME",
+            f"timeout -k {KILL_AFTER_S} {step.timeout_s:g} {command_line(step, user)}{redirect}",
+            "rc=$?",
+            f"printf '\\n%s %s %s %s\\n' '{marker} {index} end' \"$rc\" \"$t0\" \"$EPOCHREALTIME\"",
+            f"printf '\\n%s %s %s %s\\n' '{marker} {index} end' \"$rc\" \"$t0\" \"$EPOCHREALTIME\" >&2",
+            f"case $rc in {ok}) ;; *) exit 0 ;; esac",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class _Section:
+    text: str
+    exit_code: int | None  # None: the step started but its end marker never came
+    duration_s: float
+
+
+def _sections(stream: str, marker: str, count: int) -> list[_Section]:
+    sections = []
+    for index in range(count):
+        opening = f"{marker} {index} start\n"
+        start = stream.find(opening)
+        if start < 0:
+            break
+        body_start = start + len(opening)
+        closing = f"\n{marker} {index} end "
+        end = stream.find(closing, body_start)
+        if end < 0:
+            sections.append(_Section(stream[body_start:], None, 0.0))
+            break
+        fields = stream[end + len(closing):].split("\n", 1)[0].split()
+        sections.append(_Section(stream[body_start:end], int(fields[0]), _elapsed(fields[1:])))
+    return sections
+
+
+def _elapsed(stamps: list[str]) -> float:
+    try:
+        t0, t1 = (float(s.replace(",", ".")) for s in stamps)  # EPOCHREALTIME follows the locale's decimal point
+    except ValueError:
+        return 0.0
+    return max(t1 - t0, 0.0)
+
+
+def parse_batch_output(steps: Sequence[Step], marker: str, stdout: str, stderr: str) -> tuple[
+        list[StepResult], str, str]:
+    """Results of the steps that finished, plus the stdout/stderr of the one still running (if any)."""
+    outs, errs = _sections(stdout, marker, len(steps)), _sections(stderr, marker, len(steps))
+    results = []
+    for step, out, err in zip(steps, outs, errs, strict=False):
+        if out.exit_code is None:
+            break
+        results.append(StepResult(step, out.exit_code, out.text, err.text, out.duration_s))
+    running_out = outs[len(results)].text if len(outs) > len(results) else ""
+    running_err = errs[len(results)].text if len(errs) > len(results) else ""
+    return results, running_out, running_err
+
+
+def _tail(text: str, lines: int = TAIL_LINES) -> str:
+    return "\n".join("    " + line for line in text.rstrip("\n").splitlines()[-lines:])
+
+
+def failure_message(result: StepResult, where: str, what: str) -> str:
+    """`<step> <what> on <where>` plus the tail of its stderr and stdout (hidden for secret steps)."""
+    step = result.step
+    message = f"step {step.name!r} {what} on {where}: {display(step)}"
+    if step.secret:
+        return message + "\n  (output of a secret step is not shown)"
+    for label, text in (("stderr", result.stderr), ("stdout", result.stdout)):
+        if text.strip():
+            message += f"\n  {label} (last lines):\n{_tail(text)}"
+    return message
+
+
+def check_result(result: StepResult, where: str) -> None:
+    """Raise StepTimedOut or StepFailed unless the result's exit code is one its step accepts."""
+    step = result.step
+    accepted = step.ok if isinstance(step, Step) else frozenset({0})
+    if result.exit_code in accepted:
+        return
+    if result.exit_code == TIMED_OUT_EXIT and isinstance(step, Step):
+        raise StepTimedOut(failure_message(result, where, f"timed out after {step.timeout_s:g} s"),
+                           step=step, result=result, hint="raise the step's timeout or look at the host's load")
+    raise StepFailed(failure_message(result, where, f"failed with exit code {result.exit_code}"),
+                     step=step, result=result)
+
+
+def host_key_fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH's SHA256 fingerprint of a host key, as `ssh-keygen -lf` prints it."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Acting: the connection.
+
+# Errors that mean "the host is not reachable yet"; host key, authentication and DNS errors are final.
+TRANSIENT_SSH: tuple[type[BaseException], ...] = (
+    paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError, ConnectionResetError,
+    TimeoutError, socket.timeout,
+)
+
+SSH_CONNECT = Retrying(
+    stop=stop_after_attempt(4) | stop_after_delay(30),
+    wait=wait_exponential_jitter(max=5),
+    retry=retry_if_exception_type(TRANSIENT_SSH),
+    reraise=True,
+    name="ssh-connect",
+)
+
+
+class _UnknownHostKey(paramiko.SSHException):
+    def __init__(self, hostname: str, key: paramiko.PKey) -> None:
+        super().__init__(f"unknown host key for {hostname}")
+        self.hostname = hostname
+        self.key = key
+
+
+class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
+    """Called by paramiko only for hosts absent from known_hosts: refuse, or record and accept on opt-in."""
+
+    def __init__(self, known_hosts: Path, accept_new: bool) -> None:
+        self.known_hosts = known_hosts
+        self.accept_new = accept_new
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        if not self.accept_new:
+            raise _UnknownHostKey(hostname, key)
+        self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        existing = self.known_hosts.read_bytes() if self.known_hosts.exists() else b""
+        separator = b"" if not existing or existing.endswith(b"\n") else b"\n"
+        with self.known_hosts.open("ab") as known:
+            known.write(separator + f"{hostname} {key.get_name()} {key.get_base64()}\n".encode())
+        if not existing:
+            self.known_hosts.chmod(0o600)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+class _WholeStdinRemote(fabric.runners.Remote):
+    """Sends a step's stdin in one write, then EOF: invoke's own pump moves one byte per 10 ms."""
+
+    def handle_stdin(self, input_: Any, output: Any, echo: bool = False) -> None:
+        self.channel.sendall(input_.getvalue())
+        self.channel.shutdown_write()
+
+
+class FabricRemote:
+    """Runs batches over one lazily opened, reused Fabric connection to `target`."""
+
+    def __init__(self, target: SSHTarget, connect_policy: Retrying = SSH_CONNECT,
+                 on_result: Callable[[StepResult], None] | None = None) -> None:
+        self.target = target
+        self.connect_policy = connect_policy
+        self.on_result = on_result
+        self.round_trips = 0  # SSH execs + uploads so far: what batching saves, shown by `make bench`
+        self._connection: fabric.Connection | None = None
+
+    # -- connection ------------------------------------------------------------------------------------
+
+    def _connect(self) -> fabric.Connection:
+        if self._connection is not None and self._connection.is_connected:
+            return self._connection
+        self.close()
+        target = self.target
+        config = fabric.Config(lazy=True, ssh_config=paramiko.SSHConfig(),
+                               overrides={"runners": {"remote": _WholeStdinRemote}})
+        # Fabric truncates its own connect_timeout to an int; paramiko's timeouts take the float as given.
+        connect_kwargs: dict[str, Any] = {"timeout": target.connect_timeout_s,
+                                          "banner_timeout": target.connect_timeout_s,
+                                          "auth_timeout": target.connect_timeout_s}
+        if target.key_file is not None:
+            connect_kwargs |= {"key_filename": str(target.key_file.expanduser()), "look_for_keys": False,
+                               "allow_agent": False}
+        connection = fabric.Connection(host=target.host, user=target.user, port=target.port, config=config,
+                                       connect_kwargs=connect_kwargs)
+        client = connection.client
+        if target.known_hosts_path.exists():
+            client.load_host_keys(str(target.known_hosts_path))
+        client.set_missing_host_key_policy(_KnownHostsPolicy(target.known_hosts_path, target.accept_new_host_key))
+        try:
+            self.connect_policy.copy()(connection.open)
+        except Exception as error:
+            client.close()
+            raise self._connect_error(error) from error
+        self._connection = connection
+        return connection
+
+    def _connect_error(self, error: Exception) -> ConnectFailed:
+        target, known = self.target, self.target.known_hosts_path
+        if isinstance(error, _UnknownHostKey):
+            return ConnectFailed(
+                f"host key of {error.hostname} is not in {known}: {error.key.get_name()} "
+                f"{host_key_fingerprint(error.key)}; refusing to connect",
+                hint="compare the fingerprint with `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` run on the host, "
+                     "then rerun with --accept-new-host-key to record it (or add it to known_hosts yourself)")
+        if isinstance(error, paramiko.BadHostKeyException):
+            return ConnectFailed(
+                f"host key of {target.host}:{target.port} CHANGED: {known} has {error.expected_key.get_name()} "
+                f"{host_key_fingerprint(error.expected_key)}, the server offers {error.key.get_name()} "
+                f"{host_key_fingerprint(error.key)}; refusing to connect (possible man-in-the-middle)",
+                hint=f"if the host was reinstalled, remove the old entry with "
+                     f"`ssh-keygen -R {shlex.quote(_known_hosts_name(target))} -f {shlex.quote(str(known))}` "
+                     f"and connect again; --accept-new-host-key never replaces a changed key")
+        if isinstance(error, paramiko.AuthenticationException):
+            return ConnectFailed(f"SSH authentication as {target.user!r} on {target.host}:{target.port} failed: "
+                                 f"{error}", hint="check the inventory's user and key_file")
+        return ConnectFailed(f"cannot connect to {target.address}: {error or type(error).__name__}",
+                             hint="is the host up and sshd listening on that port?")
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    # -- running ---------------------------------------------------------------------------------------
+
+    def run(self, batch: Sequence[Step | Put]) -> list[StepResult]:
+        results: list[StepResult] = []
+        for trip in round_trips(batch):
+            trip_results = [self._put(trip)] if isinstance(trip, Put) else self._run_steps(trip)
+            for result in trip_results:
+                if self.on_result is not None:
+                    self.on_result(result)
+                check_result(result, self.target.address)
+                results.append(result)
+        return results
+
+    def _run_steps(self, steps: tuple[Step, ...]) -> list[StepResult]:
+        connection = self._connect()
+        marker = secrets.token_hex(8)
+        script = batch_script(steps, self.target.user, marker)
+        stdin = next((step.stdin for step in steps if step.stdin is not None), None)
+        deadline = sum(step.timeout_s + KILL_AFTER_S for step in steps) + ROUND_TRIP_GRACE_S
+        started = time.monotonic()
+        self.round_trips += 1
+        timed_out = False
+        try:
+            raw = connection.run(shlex.join(("bash", "-c", script)), hide=True, warn=True, encoding="utf-8",
+                                 in_stream=io.BytesIO(stdin) if stdin is not None else False, timeout=deadline)
+        except CommandTimedOut as error:
+            raw, timed_out = error.result, True
+        except (paramiko.SSHException, OSError, EOFError) as error:
+            self.close()
+            raise ConnectFailed(f"connection to {self.target.address} lost during step {steps[0].name!r}: "
+                                f"{error}", hint="nothing after that step ran; rerun the command") from error
+        results, out, err = parse_batch_output(steps, marker, raw.stdout, raw.stderr)
+        if len(results) == len(steps) or (results and results[-1].exit_code not in results[-1].step.ok):
+            return results
+        running = steps[len(results)]
+        elapsed = time.monotonic() - started
+        if timed_out:
+            return [*results, StepResult(running, TIMED_OUT_EXIT, out, err, elapsed)]
+        if self._connection is None or not self._connection.is_connected:
+            self.close()
+            raise ConnectFailed(f"connection to {self.target.address} lost during step {running.name!r}",
+                                hint="that step may or may not have finished; rerun the command")
+        # The script itself died (no bash on the host, or killed): report it against the step it was running.
+        return [*results, StepResult(running, raw.exited or -1, out, err or raw.stderr, elapsed)]
+
+    def _put(self, put: Put) -> StepResult:
+        connection = self._connect()
+        started = time.monotonic()
+        token = secrets.token_hex(6)
+        self.round_trips += 1
+        try:
+            sftp = connection.sftp()
+            sftp.get_channel().settimeout(PUT_TIMEOUT_S)
+            if put.sudo and self.target.user != "root":
+                self._put_via_sudo(sftp, put, token)
+            else:
+                temp = put.dest.parent / f".{put.dest.name}.tmp-{token}"
+                try:
+                    _upload(sftp, temp, put.data, put.mode)
+                    sftp.posix_rename(str(temp), str(put.dest))
+                except OSError:
+                    _remove_quietly(sftp, temp)
+                    raise
+        except StepFailed:
+            raise
+        except OSError as error:
+            if not isinstance(error, (socket.timeout, ConnectionError)):
+                return StepResult(put, 1, "", f"{error.strerror or error}", time.monotonic() - started)
+            self.close()
+            raise ConnectFailed(f"connection to {self.target.address} lost during {put.name}: {error}") from error
+        except (paramiko.SSHException, EOFError) as error:
+            self.close()
+            raise ConnectFailed(f"connection to {self.target.address} lost during {put.name}: {error}") from error
+        return StepResult(put, 0, "", "", time.monotonic() - started)
+
+    def _put_via_sudo(self, sftp: paramiko.SFTPClient, put: Put, token: str) -> None:
+        """Upload into a private directory, then `install` (mode, owner root) beside dest and `mv -T` as root."""
+        private = PurePosixPath(f"/tmp/sglang-deploy-{token}")
+        staged = private / put.dest.name
+        temp = put.dest.parent / f".{put.dest.name}.tmp-{token}"
+        sftp.mkdir(str(private), 0o700)
+        try:
+            _upload(sftp, staged, put.data, 0o600)
+            steps = (
+                Step(f"{put.name}: install", ("install", "-m", f"0{put.mode:o}", "-o", "root", "-g", "root",
+                                              "-T", "--", str(staged), str(temp)), sudo=True),
+                Step(f"{put.name}: rename", ("mv", "-T", "--", str(temp), str(put.dest)), sudo=True),
+            )
+            for result in self._run_steps(steps):
+                if result.exit_code != 0:
+                    self._run_steps((Step(f"{put.name}: clean up", ("rm", "-f", "--", str(temp)), sudo=True),))
+                    check_result(StepResult(put, result.exit_code, result.stdout, result.stderr,
+                                            result.duration_s), self.target.address)
+        finally:
+            _remove_quietly(sftp, staged)
+            _remove_quietly(sftp, private, directory=True)
+
+
+def _upload(sftp: paramiko.SFTPClient, path: PurePosixPath, data: bytes, mode: int) -> None:
+    """Create `path` exclusively, set its mode while still empty, then write: no moment with wider access."""
+    with sftp.open(str(path), "wbx") as remote_file:
+        remote_file.chmod(mode)
+        remote_file.set_pipelined(True)
+        remote_file.write(data)
+
+
+def _remove_quietly(sftp: paramiko.SFTPClient, path: PurePosixPath, directory: bool = False) -> None:
+    try:
+        (sftp.rmdir if directory else sftp.remove)(str(path))
+    except OSError:
+        pass  # already gone, or never created
+
+
+def _known_hosts_name(target: SSHTarget) -> str:
+    return target.host if target.port == 22 else f"[{target.host}]:{target.port}"

@@ -1,0 +1,246 @@
+"""FabricRemote against a real OpenSSH server started on 127.0.0.1 for this module (no sandbox VM needed).
+
+Skips with a reason when sshd (Debian package openssh-server) is not installed.
+"""
+
+from __future__ import annotations
+
+import getpass
+import hashlib
+import os
+import shutil
+import socket
+import stat
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import pytest
+from tenacity import stop_after_attempt
+
+from deploy_lib.errors import ConnectFailed, StepFailed, StepTimedOut
+from deploy_lib.remote import SSH_CONNECT, FabricRemote, Put, SSHTarget, Step
+
+SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+@dataclass(frozen=True)
+class SshServer:
+    port: int
+    host_public_key: Path
+    client_key: Path
+    workdir: Path
+
+    def target(self, known_hosts: Path, accept_new: bool = False) -> SSHTarget:
+        return SSHTarget(host="127.0.0.1", port=self.port, user=getpass.getuser(), key_file=self.client_key,
+                         known_hosts_file=known_hosts, connect_timeout_s=5, accept_new_host_key=accept_new)
+
+    def known_hosts(self, directory: Path) -> Path:
+        """A known_hosts file that trusts this server's real host key."""
+        path = directory / "known_hosts"
+        path.write_text(f"[127.0.0.1]:{self.port} {self.host_public_key.read_text().split(' ')[0]} "
+                        f"{self.host_public_key.read_text().split(' ')[1]}\n")
+        return path
+
+
+def _keygen(path: Path) -> None:
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(path)], check=True)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
+    if not os.path.exists(SSHD) or not shutil.which("ssh-keygen"):
+        pytest.skip("needs OpenSSH's sshd and ssh-keygen: apt-get install -y openssh-server")
+    workdir = tmp_path_factory.mktemp("sshd")
+    _keygen(workdir / "host_ed25519")
+    _keygen(workdir / "client_ed25519")
+    (workdir / "authorized_keys").write_text((workdir / "client_ed25519.pub").read_text())
+    (workdir / "authorized_keys").chmod(0o600)
+    sftp_server = next((p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/sftp-server")
+                        if os.path.exists(p)), "internal-sftp")
+    config = workdir / "sshd_config"
+    config.write_text("\n".join([
+        "ListenAddress 127.0.0.1", f"HostKey {workdir / 'host_ed25519'}",
+        f"AuthorizedKeysFile {workdir / 'authorized_keys'}", "PidFile none", "UsePAM no", "StrictModes no",
+        "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
+        f"Subsystem sftp {sftp_server}", "LogLevel ERROR", ""]))
+    if os.geteuid() == 0:
+        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
+    port = _free_port()
+    log = (workdir / "sshd.log").open("wb")
+    server = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config), "-p", str(port)], stdout=log, stderr=log)
+    try:
+        for _ in range(100):
+            if server.poll() is not None:
+                pytest.fail(f"sshd exited: {(workdir / 'sshd.log').read_text()}")
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                time.sleep(0.1)
+        yield SshServer(port, workdir / "host_ed25519.pub", workdir / "client_ed25519", workdir)
+    finally:
+        server.terminate()
+        server.wait(timeout=10)
+        log.close()
+
+
+@pytest.fixture
+def remote(sshd: SshServer, tmp_path: Path) -> Iterator[FabricRemote]:
+    connection = FabricRemote(sshd.target(sshd.known_hosts(tmp_path)))
+    yield connection
+    connection.close()
+
+
+def _fingerprint(public_key: Path) -> str:
+    return subprocess.run(["ssh-keygen", "-lf", str(public_key)], check=True, capture_output=True,
+                          text=True).stdout.split()[1]
+
+
+def test_unknown_host_key_is_refused_with_fingerprint_and_file(sshd: SshServer, tmp_path: Path) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    remote = FabricRemote(sshd.target(known_hosts))
+    with pytest.raises(ConnectFailed) as refused:
+        remote.run([Step("probe", ("true",))])
+    message = str(refused.value)
+    assert _fingerprint(sshd.host_public_key) in message
+    assert str(known_hosts) in message and "127.0.0.1" in message
+    assert "--accept-new-host-key" in message
+    assert not known_hosts.exists()
+
+
+def test_unknown_host_key_is_recorded_and_accepted_with_opt_in(sshd: SshServer, tmp_path: Path) -> None:
+    known_hosts = tmp_path / "ssh" / "known_hosts"
+    first = FabricRemote(sshd.target(known_hosts, accept_new=True))
+    assert first.run([Step("probe", ("echo", "hi"))])[0].stdout == "hi\n"
+    first.close()
+    assert known_hosts.read_text().startswith(f"[127.0.0.1]:{sshd.port} ssh-ed25519 ")
+    assert stat.S_IMODE(known_hosts.stat().st_mode) == 0o600
+    # Now known: a connection without the opt-in succeeds.
+    second = FabricRemote(sshd.target(known_hosts))
+    assert second.run([Step("probe", ("echo", "again"))])[0].stdout == "again\n"
+    second.close()
+
+
+def test_changed_host_key_is_refused_even_with_opt_in(sshd: SshServer, tmp_path: Path) -> None:
+    _keygen(tmp_path / "other")
+    known_hosts = tmp_path / "known_hosts"
+    kind, blob = (tmp_path / "other.pub").read_text().split()[:2]
+    known_hosts.write_text(f"[127.0.0.1]:{sshd.port} {kind} {blob}\n")
+    remote = FabricRemote(sshd.target(known_hosts, accept_new=True))
+    with pytest.raises(ConnectFailed) as refused:
+        remote.run([Step("probe", ("true",))])
+    message = str(refused.value)
+    assert "CHANGED" in message
+    assert _fingerprint(tmp_path / "other.pub") in message and _fingerprint(sshd.host_public_key) in message
+    assert known_hosts.read_text() == f"[127.0.0.1]:{sshd.port} {kind} {blob}\n"
+
+
+def test_refused_connection_is_retried_then_reported(tmp_path: Path) -> None:
+    target = SSHTarget(host="127.0.0.1", port=_free_port(), known_hosts_file=tmp_path / "known_hosts")
+    remote = FabricRemote(target, connect_policy=SSH_CONNECT.copy(sleep=lambda _: None,
+                                                                  stop=stop_after_attempt(2)))
+    with pytest.raises(ConnectFailed, match=f"cannot connect to .*127.0.0.1:{target.port}"):
+        remote.run([Step("probe", ("true",))])
+
+
+def test_batch_runs_in_one_shell_and_returns_one_result_per_step(remote: FabricRemote) -> None:
+    script_pid = ("sh", "-c", "cut -d' ' -f4 /proc/$PPID/stat")  # parent of `timeout`: the batch's shell
+    results = remote.run([Step("a", script_pid), Step("b", ("printf", "%s", "no newline")),
+                          Step("c", script_pid), Step("d", ("sh", "-c", "echo err >&2; exit 3"), ok=frozenset({3}))])
+    assert remote.round_trips == 1
+    assert [r.step.name for r in results] == ["a", "b", "c", "d"]
+    assert results[0].stdout == results[2].stdout and results[0].stdout.strip().isdigit()
+    assert results[1].stdout == "no newline"
+    assert (results[3].exit_code, results[3].stdout, results[3].stderr) == (3, "", "err\n")
+
+
+def test_hostile_arguments_and_binary_stdin_arrive_unchanged(remote: FabricRemote) -> None:
+    hostile = ("a b", "it's", '"q"', "$(touch /tmp/pwned)", "`id`", "line1\nline2", "*", "~", "-n", "")
+    payload = bytes(range(256)) * 64
+    results = remote.run([Step("args", ("printf", "%s\\0", *hostile)),
+                          Step("stdin", ("sha256sum",), stdin=payload)])
+    assert results[0].stdout.split("\0")[:-1] == list(hostile)
+    assert results[1].stdout.split()[0] == hashlib.sha256(payload).hexdigest()
+
+
+def test_failed_step_stops_the_batch_and_carries_the_tail(remote: FabricRemote, tmp_path: Path) -> None:
+    never = tmp_path / "never-created"
+    noisy = ("sh", "-c", "for i in $(seq 1 40); do echo out$i; echo err$i >&2; done; exit 7")
+    with pytest.raises(StepFailed) as failed:
+        remote.run([Step("ok", ("true",)), Step("noisy", noisy), Step("after", ("touch", str(never)))])
+    error = failed.value
+    assert error.step.name == "noisy" and error.result.exit_code == 7
+    assert "err40" in str(error) and "out40" in str(error) and "err1\n" not in str(error)
+    assert error.result.stdout.count("\n") == 40
+    assert not never.exists()
+
+
+def test_secret_step_is_masked_in_the_error(remote: FabricRemote) -> None:
+    with pytest.raises(StepFailed) as failed:
+        remote.run([Step("token", ("sh", "-c", "echo hunter2; exit 1"), secret=True)])
+    assert "hunter2" not in str(failed.value) and "***" in str(failed.value)
+
+
+def _processes_with_cmdline(cmdline: bytes) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            if entry.name.isdigit() and (entry / "cmdline").read_bytes() == cmdline:
+                found.append(int(entry.name))
+        except OSError:
+            continue  # exited while we looked
+    return found
+
+
+def test_step_past_its_timeout_is_killed_and_reported(remote: FabricRemote, tmp_path: Path) -> None:
+    with pytest.raises(StepTimedOut) as timed_out:
+        remote.run([Step("fast", ("true",)), Step("slower", ("sleep", "31.78"), timeout_s=0.5)])
+    assert timed_out.value.step.name == "slower"
+    assert "timed out after 0.5 s" in str(timed_out.value)
+    assert _processes_with_cmdline(b"sleep\x0031.78\x00") == []
+    assert remote.run([Step("still usable", ("echo", "ok"))])[0].stdout == "ok\n"
+
+
+def test_dropped_connection_is_reported_and_the_next_batch_reconnects(remote: FabricRemote) -> None:
+    kill_own_session = ("sh", "-c", 'p=$$; until case $(cat /proc/$p/comm) in sshd*) true;; *) false;; esac; '
+                                    'do p=$(cut -d" " -f4 /proc/$p/stat); done; kill -9 $p; sleep 5')
+    with pytest.raises(ConnectFailed, match="lost during step 'drop'"):
+        remote.run([Step("drop", kill_own_session)])
+    assert remote.run([Step("again", ("echo", "back"))])[0].stdout == "back\n"
+
+
+def test_put_writes_atomically_with_mode_before_rename(remote: FabricRemote, tmp_path: Path) -> None:
+    dest = tmp_path / "dir with space" / "app.env"
+    dest.parent.mkdir()
+    dest.write_text("OLD=1\n")
+    old_inode = dest.stat().st_ino
+    remote.run([Put(PurePosixPath(dest), b"TOKEN=s3cr3t\n", 0o600, secret=True)])
+    assert dest.read_bytes() == b"TOKEN=s3cr3t\n"
+    assert stat.S_IMODE(dest.stat().st_mode) == 0o600
+    assert dest.stat().st_ino != old_inode  # replaced by a rename, never rewritten in place
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["app.env"]
+
+
+def test_put_into_a_missing_directory_fails_without_leftovers(remote: FabricRemote, tmp_path: Path) -> None:
+    with pytest.raises(StepFailed) as failed:
+        remote.run([Put(PurePosixPath(tmp_path / "missing" / "f"), b"x", 0o644), Step("after", ("true",))])
+    assert failed.value.step.dest.name == "f"
+    assert remote.round_trips == 1
+
+
+def test_connection_is_reused_across_batches(remote: FabricRemote) -> None:
+    session = ("sh", "-c", 'p=$$; until case $(cat /proc/$p/comm) in sshd*) true;; *) false;; esac; '
+                           'do p=$(cut -d" " -f4 /proc/$p/stat); done; echo $p')
+    first = remote.run([Step("session", session)])[0].stdout
+    second = remote.run([Step("session", session)])[0].stdout
+    assert first.strip().isdigit() and first == second
+    assert remote.round_trips == 2
