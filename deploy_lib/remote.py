@@ -59,7 +59,7 @@ class Step:
     secret: bool = False
 
     def __post_init__(self) -> None:
-        if not self.argv or not all(isinstance(arg, str) for arg in self.argv):
+        if not isinstance(self.argv, tuple) or not self.argv or not all(isinstance(a, str) for a in self.argv):
             raise ValueError(f"step {self.name!r}: argv must be a non-empty tuple of str, got {self.argv!r}")
         if self.timeout_s <= 0:
             raise ValueError(f"step {self.name!r}: timeout_s must be positive")

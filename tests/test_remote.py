@@ -1,0 +1,201 @@
+"""remote.py without SSH: quoting, dry-run text, masking, round-trip planning, the batch script run by a
+local bash, the parser on captured output, failure reporting, and the FakeRemote every other test uses."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+from pathlib import PurePosixPath
+
+import pytest
+from fake_remote import FakeRemote
+
+from deploy_lib.errors import ConnectFailed, StepFailed, StepTimedOut
+from deploy_lib.remote import (
+    MAX_SCRIPT_CHARS,
+    Put,
+    Step,
+    StepResult,
+    batch_script,
+    check_result,
+    command_line,
+    describe,
+    parse_batch_output,
+    round_trips,
+)
+
+HOSTILE = ("a b", "it's", '"q"', "$(touch /tmp/pwned)", "`id`", "line1\nline2", "*", "-rf", "")
+
+
+def test_argv_is_quoted_once_and_survives_a_shell() -> None:
+    line = command_line(Step("echo", ("printf", "%s\\0", *HOSTILE)), user="root")
+    assert shlex.split(line) == ["printf", "%s\\0", *HOSTILE]
+    out = subprocess.run(["sh", "-c", line], capture_output=True, text=True, check=True).stdout
+    assert out.split("\0")[:-1] == list(HOSTILE)
+
+
+@pytest.mark.parametrize(("user", "sudo", "expected"), [
+    ("deploy", True, "sudo -n -- systemctl daemon-reload"),
+    ("root", True, "systemctl daemon-reload"),
+    ("deploy", False, "systemctl daemon-reload"),
+])
+def test_sudo_prefix_only_when_needed(user: str, sudo: bool, expected: str) -> None:
+    assert command_line(Step("reload", ("systemctl", "daemon-reload"), sudo=sudo), user) == expected
+
+
+def test_describe_lists_each_step_for_a_dry_run() -> None:
+    batch = [
+        Step("switch current", ("mv", "-T", "--", "/opt/d/current.tmp", "/opt/d/current"), sudo=True),
+        Step("append history", ("tee", "-a", "--", "/opt/d/history.jsonl"), stdin=b'{"a": 1}\n'),
+        Put(PurePosixPath("/opt/d/releases/r1/sglang.service"), b"[Unit]\n", 0o644, sudo=True),
+    ]
+    assert describe(batch) == [
+        "switch current: sudo mv -T -- /opt/d/current.tmp /opt/d/current",
+        "append history: tee -a -- /opt/d/history.jsonl < stdin (9 bytes)",
+        "put /opt/d/releases/r1/sglang.service (mode 0644, sudo, 7 bytes, sha256 "
+        "ae6c63cff33b)",
+    ]
+
+
+def test_secrets_are_masked_everywhere_they_could_be_shown() -> None:
+    step = Step("login", ("tool", "--token", "hunter2"), stdin=b"hunter2", secret=True)
+    put = Put(PurePosixPath("/opt/d/sglang.env"), b"HF_TOKEN=hunter2\n", 0o600, secret=True)
+    result = StepResult(step, 1, "hunter2 echoed", "bad hunter2", 0.1)
+    shown = [*describe([step, put]), repr(step), repr(put), repr(result), str(step), str(result)]
+    for text in shown:
+        assert "hunter2" not in text
+        assert "***" in text
+    with pytest.raises(StepFailed) as failed:
+        check_result(result, "deploy@gpu1:22")
+    assert "hunter2" not in str(failed.value) and "***" in str(failed.value)
+
+
+def test_invalid_steps_are_refused_when_built() -> None:
+    with pytest.raises(ValueError, match="argv"):
+        Step("empty", ())
+    with pytest.raises(ValueError, match="argv"):
+        Step("a string", "rm -rf /")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="timeout"):
+        Step("never ends", ("true",), timeout_s=0)
+    with pytest.raises(ValueError, match="absolute"):
+        Put(PurePosixPath("relative/file"), b"", 0o644)
+
+
+def test_round_trips_group_steps_between_puts_with_one_stdin_each() -> None:
+    a, b = Step("a", ("true",)), Step("b", ("true",))
+    s1, s2 = Step("s1", ("cat",), stdin=b"1"), Step("s2", ("cat",), stdin=b"2")
+    put = Put(PurePosixPath("/x"), b"", 0o644)
+    assert round_trips([a, s1, b, s2, a, put, b, put]) == [(a, s1, b), (s2, a), put, (b,), put]
+    assert round_trips([]) == []
+
+
+def test_round_trips_split_a_script_too_long_for_one_argument() -> None:
+    big = Step("big", ("echo", "x" * (MAX_SCRIPT_CHARS // 3)))
+    trips = round_trips([big] * 5)
+    assert [len(t) for t in trips if isinstance(t, tuple)] == [2, 2, 1]
+
+
+def _run_script_locally(steps: list[Step], stdin: bytes = b"") -> tuple[list[StepResult], str, str]:
+    marker = "f00dfeedcafe0001"
+    proc = subprocess.run(["bash", "-c", batch_script(steps, "root", marker)], input=stdin,
+                          capture_output=True, check=True)
+    return parse_batch_output(steps, marker, proc.stdout.decode(), proc.stderr.decode())
+
+
+def test_batch_script_runs_steps_in_order_and_stops_at_the_first_unaccepted_code(tmp_path) -> None:
+    after = tmp_path / "after"
+    steps = [
+        Step("no newline", ("printf", "%s", "a\nb")),
+        Step("accepted 3", ("sh", "-c", "echo out; echo err >&2; exit 3"), ok=frozenset({0, 3})),
+        Step("stdin", ("cat",), stdin=b"piped"),
+        Step("fails", ("sh", "-c", "exit 5")),
+        Step("after", ("touch", str(after))),
+    ]
+    results, running_out, running_err = _run_script_locally(steps, stdin=b"piped")
+    assert [(r.step.name, r.exit_code, r.stdout, r.stderr) for r in results] == [
+        ("no newline", 0, "a\nb", ""),
+        ("accepted 3", 3, "out\n", "err\n"),
+        ("stdin", 0, "piped", ""),
+        ("fails", 5, "", ""),
+    ]
+    assert all(r.duration_s >= 0 for r in results)
+    assert not after.exists() and (running_out, running_err) == ("", "")
+
+
+def test_only_the_stdin_step_reads_the_channel() -> None:
+    steps = [Step("reads nothing", ("wc", "-c")), Step("gets stdin", ("wc", "-c"), stdin=b"12345")]
+    results, _, _ = _run_script_locally(steps, stdin=b"12345")
+    assert [r.stdout.strip() for r in results] == ["0", "5"]
+
+
+def test_batch_script_times_out_a_step_with_exit_124() -> None:
+    results, _, _ = _run_script_locally([Step("slow", ("sleep", "5"), timeout_s=0.2), Step("next", ("true",))])
+    assert [(r.step.name, r.exit_code) for r in results] == [("slow", 124)]
+    with pytest.raises(StepTimedOut, match=r"timed out after 0\.2 s"):
+        check_result(results[0], "root@h:22")
+
+
+def test_parser_on_captured_output_of_an_interrupted_round_trip() -> None:
+    steps = [Step("one", ("echo", "1")), Step("two", ("sleep", "100"))]
+    marker = "0123456789abcdef"
+    stdout = (f"{marker} 0 start\n1\n\n{marker} 0 end 0 1764412800.100000 1764412800.350000\n"
+              f"{marker} 1 start\npartial")
+    stderr = f"{marker} 0 start\n\n{marker} 0 end 0 1764412800,1 1764412800,35\n{marker} 1 start\nwarn\n"
+    results, running_out, running_err = parse_batch_output(steps, marker, stdout, stderr)
+    assert [(r.step.name, r.exit_code, r.stdout, r.stderr) for r in results] == [("one", 0, "1\n", "")]
+    assert results[0].duration_s == pytest.approx(0.25)
+    assert (running_out, running_err) == ("partial", "warn\n")
+
+
+def test_step_output_cannot_forge_a_marker_of_another_round_trip() -> None:
+    steps = [Step("liar", ("echo",))]
+    stdout = "abc 0 start\n\nabc 0 end 0 1 2\nxyz 0 start\nreal\n\nxyz 0 end 0 1 2\n"
+    results, _, _ = parse_batch_output(steps, "xyz", stdout, "xyz 0 start\n\nxyz 0 end 0 1 2\n")
+    assert results[0].stdout == "real\n"
+
+
+def test_failure_message_names_the_step_and_keeps_only_the_tail() -> None:
+    step = Step("pip install", ("pip", "install", "sglang==0.5.9"))
+    stderr = "".join(f"err line {i}\n" for i in range(1, 41))
+    with pytest.raises(StepFailed) as failed:
+        check_result(StepResult(step, 1, "out\n", stderr, 2.0), "deploy@gpu1:22")
+    error = failed.value
+    assert error.step is step and error.result.stderr == stderr
+    text = str(error)
+    assert "'pip install'" in text and "exit code 1" in text and "deploy@gpu1:22" in text
+    assert "err line 40" in text and "err line 29" in text and "err line 28\n" not in text
+
+
+def test_accepted_codes_do_not_raise() -> None:
+    check_result(StepResult(Step("is-active", ("systemctl", "is-active", "x"), ok=frozenset({0, 3})),
+                            3, "inactive\n", "", 0.0), "h")
+
+
+# FakeRemote: the double must fail the way the real one does, or tests built on it prove nothing.
+
+def test_fake_remote_answers_by_argv_name_and_predicate_last_rule_wins() -> None:
+    remote = FakeRemote()
+    remote.reply(lambda step: True, stdout="default")
+    remote.reply(("readlink", "--", "/c"), stdout="releases/r1\n")
+    remote.reply("lock owner", stdout="{}")
+    results = remote.run([Step("x", ("readlink", "--", "/c")), Step("lock owner", ("cat", "f")),
+                          Step("other", ("true",))])
+    assert [r.stdout for r in results] == ["releases/r1\n", "{}", "default"]
+
+
+def test_fake_remote_stops_at_first_failure_like_the_real_one() -> None:
+    remote = FakeRemote().reply("mkdir", exit_code=1, stderr="File exists", times=1)
+    batch = [Step("mkdir", ("mkdir", "/l")), Put(PurePosixPath("/l/owner.json"), b"{}", 0o644)]
+    with pytest.raises(StepFailed) as failed:
+        remote.run(batch)
+    assert failed.value.result.exit_code == 1 and remote.files == {}
+    remote.run(batch)  # the rule was used up: now it succeeds
+    assert remote.ran_names() == ["mkdir", "mkdir", "put /l/owner.json"]
+    assert remote.file_text("/l/owner.json") == "{}"
+
+
+def test_fake_remote_can_drop_the_connection() -> None:
+    remote = FakeRemote().reply("stage", raises=ConnectFailed("connection lost during step 'stage'"))
+    with pytest.raises(ConnectFailed):
+        remote.run([Step("before", ("true",)), Step("stage", ("true",)), Step("after", ("true",))])
+    assert remote.ran_names() == ["before"]
