@@ -1,0 +1,197 @@
+"""Why did the server not start? A table of startup-failure signatures matched against the unit's journal.
+
+The table is data. Order is priority: the first signature that matches any line wins, and it is ordered so
+a root cause beats the errors it triggers (an architecture or memory error surfaces again as "Capture cuda
+graph failed"; one rank that dies leaves the other ranks in an NCCL timeout and trips the watchdog).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from deploy_lib.remote import Step
+
+UNKNOWN_TAIL_LINES = 30
+MAX_EVIDENCE_LINES = 8
+
+
+@dataclass(frozen=True)
+class Signature:
+    """One known failure: a regex over single log lines; `cause` may use the regex's named groups."""
+
+    name: str
+    pattern: re.Pattern[str]
+    cause: str
+    hint: str
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The verdict: a one-line cause, what to do, and the log lines that show it."""
+
+    signature: str
+    cause: str
+    hint: str
+    evidence: tuple[str, ...]
+
+    def one_line(self) -> str:
+        return f"{self.cause} [{self.signature}]"
+
+
+def _signature(name: str, pattern: str, cause: str, hint: str) -> Signature:
+    return Signature(name, re.compile(pattern), cause, hint)
+
+
+SIGNATURES: tuple[Signature, ...] = (
+    # Launch-line and environment errors stop the start before any GPU work, so nothing else can explain them.
+    _signature(
+        "unrecognized_arguments",
+        r"error: unrecognized arguments: (?P<detail>.+)",
+        "the installed SGLang does not know these flags: {detail}",
+        "flags are renamed between SGLang versions (e.g. --nsa-*-backend became --dsa-*-backend); "
+        "deploy a profile rendered for the version in this venv",
+    ),
+    _signature(
+        "invalid_argument",
+        r"error: argument (?P<detail>--[\w/-]+: (?:invalid .*|expected .*))",
+        "the installed SGLang rejects a flag value: {detail}",
+        "use a value listed in the error for this SGLang version",
+    ),
+    _signature(
+        "address_in_use",
+        r"address already in use|\[Errno 98\]|Port is already in use|(?P<detail>\w+ at \d+) is not available in \d+ s",
+        "a port the server needs is held by another process",
+        "find the holder with `ss -ltnp` on the host; another server (or a stale one of ours) still runs",
+    ),
+    _signature(
+        "model_not_found_offline",
+        r"is not a local folder and is not a valid model identifier|outgoing traffic has been disabled"
+        r"|We couldn't connect to 'https://huggingface\.co'|OfflineModeIsEnabled|Can't load tokenizer for"
+        r"|Repo id must be in the form|Incorrect path_or_model_id",
+        "the model or its tokenizer is not on the host, and the hub is not reachable (offline)",
+        "check that model.path (and tokenizer) exist on the host as an absolute path, or download them into "
+        "the host's HF_HOME before deploying; HF_HUB_OFFLINE=1 forbids downloads",
+    ),
+    # Gates and architecture errors: they also appear inside "Capture cuda graph failed: ...", so they go first.
+    _signature(
+        "fusion_gate",
+        r"FlashInfer allreduce fusion (?P<detail>requires SM90 or SM10X NVIDIA GPUs|does not support multi-node"
+        r"[^.]*|trtllm backend supports single-node only)",
+        "SGLang's FlashInfer allreduce-fusion gate rejects this setup: {detail}",
+        "turn features.allreduce_fusion off, or on SM120 run `invoke patch-fusion --enable` (single node only)",
+    ),
+    _signature(
+        "flashinfer_jit_arch",
+        r"No supported CUDA architectures found for major versions \[(?P<detail>[\d, ]+)\]",
+        "a FlashInfer JIT module is built only for SM major versions [{detail}], not this GPU",
+        "FlashInfer's TRT-LLM allreduce fusion is gated to SM90/SM100 before 0.6.17: turn allreduce fusion off, "
+        "use FlashInfer >= 0.6.17, or `invoke patch-fusion --enable`",
+    ),
+    _signature(
+        "unsupported_arch_kernel",
+        r"Unsupported architecture|no kernel image is available for execution on the device",
+        "a kernel in this build does not support this GPU's architecture",
+        "pick a backend this GPU supports (on SM120, e.g., not the trtllm attention/DSA backends) or a build "
+        "with kernels for it",
+    ),
+    # Memory: a root cause of graph-capture failures and of the other ranks' NCCL timeouts.
+    _signature(
+        "cuda_out_of_memory",
+        r"CUDA out of memory|OutOfMemoryError|CUDA error: out of memory|cudaErrorMemoryAllocation",
+        "CUDA out of memory while starting",
+        "lower memory.mem_fraction_static (--mem-fraction-static, e.g. by 0.05) or the CUDA graph batch size; "
+        "check nvidia-smi for another process holding GPU memory",
+    ),
+    _signature(
+        "kv_cache_too_small",
+        r"Not enough memory\. Please try to increase --mem-fraction-static",
+        "the weights left no room for the KV cache",
+        "raise memory.mem_fraction_static, shorten the context length, or use more GPUs (larger TP)",
+    ),
+    _signature(
+        "host_out_of_memory",
+        r"killed by the OOM killer|oom-kill",
+        "the kernel's OOM killer killed the server (host RAM, not GPU memory)",
+        "free host memory or lower what the server holds in RAM (e.g. fewer tokenizer workers, no CPU offload)",
+    ),
+    # NCCL: a broken peer-to-peer path is the cause; a collective timeout is often its symptom.
+    _signature(
+        "nccl_p2p",
+        r"peer access is not supported|failed to open CUDA IPC handle|ncclUnhandledCudaError|ncclSystemError"
+        r"|ncclInternalError|NCCL error in:.*(?:unhandled cuda error|unhandled system error|internal error)",
+        "NCCL could not set up GPU peer-to-peer communication",
+        "set nccl.p2p_level (NCCL_P2P_LEVEL, e.g. PHB or SYS) or nccl.p2p_disable; on a VM, peer-to-peer needs "
+        "the IOMMU and PCIe ACS set up for it",
+    ),
+    _signature(
+        "nccl_timeout",
+        r"Watchdog caught collective operation timeout|ran for \d+ milliseconds before timing out"
+        r"|ProcessGroupNCCL's watchdog got stuck",
+        "an NCCL collective timed out: the ranks stopped talking to each other",
+        "check NCCL_P2P_LEVEL and the IOMMU/ACS setup for peer-to-peer, and whether one rank died first "
+        "(its own error is earlier in the log)",
+    ),
+    _signature(
+        "cuda_graph_capture",
+        r"Capture cuda graph failed(?P<detail>: .+)?",
+        "capturing CUDA graphs failed{detail}",
+        "lower memory.mem_fraction_static or the CUDA graph max batch size; as a last resort disable CUDA graphs",
+    ),
+    _signature(
+        "watchdog_timeout",
+        r"(?P<detail>\w+) watchdog timeout \(self\.watchdog_timeout=",
+        "SGLang's {detail} watchdog fired: a step made no progress within --watchdog-timeout",
+        "the server hung (often in a collective or a kernel); look at the lines before the watchdog message",
+    ),
+)
+
+
+def _cause(signature: Signature, match: re.Match[str]) -> str:
+    groups = {"detail": ""} | {k: v.strip() for k, v in match.groupdict().items() if v}
+    return signature.cause.format(**groups).rstrip(": ")
+
+
+def diagnose(journal_lines: Iterable[str], signatures: Sequence[Signature] = SIGNATURES) -> Diagnosis:
+    """The first signature (in table order) that matches, with its matching lines; else the log's tail."""
+    lines = [line.rstrip("\n") for line in journal_lines]
+    for signature in signatures:
+        matches = [(line, m) for line in lines if (m := signature.pattern.search(line))]
+        if matches:
+            evidence = tuple(dict.fromkeys(line.strip() for line, _ in matches))[:MAX_EVIDENCE_LINES]
+            return Diagnosis(signature.name, _cause(signature, matches[0][1]), signature.hint, evidence)
+    if not any(line.strip() for line in lines):
+        return Diagnosis("unknown", "the server logged nothing since the restart",
+                         "run the unit's ExecStart by hand on the host to see why it does not start", ())
+    return Diagnosis("unknown", "no known failure signature in the log; its last lines are below",
+                     "read the evidence; add a signature to deploy_lib/diagnose.py once the cause is known",
+                     tuple(lines[-UNKNOWN_TAIL_LINES:]))
+
+
+def journal_step(unit: str, after_cursor: str | None = None, max_lines: int = 2000) -> Step:
+    """Read the unit's journal (messages only) since `after_cursor`, for `diagnose`."""
+    argv = ["journalctl", "-u", unit, "-o", "cat", "--no-pager", "-q", "-n", str(max_lines)]
+    if after_cursor:
+        argv.append(f"--after-cursor={after_cursor}")
+    # sudo: reading a system unit's journal needs root or the systemd-journal group.
+    return Step(name=f"read {unit} journal", argv=tuple(argv), sudo=True, timeout_s=30)
+
+
+def journal_cursor_step(unit: str) -> Step:
+    """The unit's newest journal entry as JSON; read before a restart so later reads start after it."""
+    return Step(name=f"read {unit} journal cursor", sudo=True, timeout_s=30,
+                argv=("journalctl", "-u", unit, "-n", "1", "-o", "json", "--no-pager", "-q"))
+
+
+def parse_journal_cursor(stdout: str) -> str | None:
+    """The __CURSOR of `journal_cursor_step`'s output; None when the unit has no journal yet."""
+    lines = [line for line in stdout.splitlines() if line.strip()]
+    if not lines:
+        return None
+    try:
+        cursor = json.loads(lines[-1]).get("__CURSOR")
+    except ValueError:
+        return None
+    return cursor if isinstance(cursor, str) and cursor else None
