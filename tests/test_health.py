@@ -15,9 +15,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
+from fake_remote import FakeRemote
 from tenacity import stop_after_attempt
 
-from deploy_lib.errors import ReadinessFailed
+from deploy_lib.errors import ReadinessFailed, StepFailed
 from deploy_lib.health import (
     GenerationProbe,
     NotReady,
@@ -36,7 +37,7 @@ from deploy_lib.health import (
     wait_ready,
 )
 from deploy_lib.progress import NullProgress, RecordingProgress
-from deploy_lib.remote import Put, Step, StepResult
+from deploy_lib.remote import Put, Step
 
 
 def noop(_seconds: float) -> None:
@@ -178,28 +179,27 @@ def test_the_policy_never_starts_an_attempt_past_its_deadline() -> None:
 
 # --- the ladder against a remote that answers scripted snapshots --------------------------------------------
 
-class SnapshotRemote:
-    """A Remote whose every probe step is answered by the next snapshot in a script."""
+def is_probe(step: Step | Put) -> bool:
+    return isinstance(step, Step) and step.name.startswith("readiness probe")
 
-    def __init__(self, snapshots: Sequence[Snapshot]) -> None:
-        self.snapshots = list(snapshots)
-        self.steps: list[Step] = []
 
-    def run(self, batch: Sequence[Step | Put]) -> list[StepResult]:
-        [step] = batch
-        assert isinstance(step, Step)
-        self.steps.append(step)
-        payload = self.snapshots.pop(0).model_dump_json(by_alias=True)
-        return [StepResult(step=step, exit_code=0, stdout=payload + "\n", stderr="", duration_s=0.05)]
+def scripted(snapshots: Sequence[Snapshot]) -> FakeRemote:
+    """A remote whose probe steps are answered by `snapshots`, one each, in order."""
+    remote = FakeRemote()
+    for snap in reversed(snapshots):  # the last rule added answers first
+        remote.reply(is_probe, stdout=snap.model_dump_json(by_alias=True) + "\n", times=1)
+    return remote
 
-    def close(self) -> None:
-        pass
 
-    def probe_configs(self) -> list[dict[str, Any]]:
-        """The config each probe step carried: the argument of the call appended to the probe's source."""
-        calls = [(step.stdin or b"").decode().rstrip("\n").rsplit("\n", 1)[-1] for step in self.steps]
-        return [json.loads(ast.literal_eval(call.removeprefix("run_probe_and_print(").removesuffix(")")))
-                for call in calls]
+def probe_steps(remote: FakeRemote) -> list[Step]:
+    return [step for batch in remote.batches for step in batch if isinstance(step, Step) and is_probe(step)]
+
+
+def probe_configs(remote: FakeRemote) -> list[dict[str, Any]]:
+    """The config each probe step carried: the argument of the call appended to the probe's source."""
+    calls = [(step.stdin or b"").decode().rstrip("\n").rsplit("\n", 1)[-1] for step in probe_steps(remote)]
+    return [json.loads(ast.literal_eval(call.removeprefix("run_probe_and_print(").removesuffix(")")))
+            for call in calls]
 
 
 TARGET = ProbeTarget(unit="sglang.service", port=30000, api_key="sk-test-6f1c")
@@ -210,7 +210,7 @@ def fast(n: int, progress: Any = None) -> Any:
 
 
 def test_the_ladder_climbs_from_loading_to_a_real_generation() -> None:
-    remote = SnapshotRemote([LOADING, WARMING, GEN_SLOW, READY])
+    remote = scripted([LOADING, WARMING, GEN_SLOW, READY])
     progress = RecordingProgress()
     report = wait_ready(remote, TARGET, deadline_s=1800, progress=progress, policy=fast(10, progress))
     assert report.rung == Rung.GENERATE and report.attempts == 4
@@ -221,29 +221,29 @@ def test_the_ladder_climbs_from_loading_to_a_real_generation() -> None:
     # Each new server line is shown once, not once per probe.
     assert len(progress.of_kind("log")) == 3
     # Each probe asks only for lines after the newest one already seen.
-    configs = remote.probe_configs()
+    configs = probe_configs(remote)
     assert [config["journal_after_cursor"] for config in configs] == [None, "s=1", "s=2", "s=3"]
     assert [config["health_path"] for config in configs] == ["/health"] * 4
 
 
 def test_a_unit_that_fails_midway_stops_the_ladder_at_once_with_evidence() -> None:
-    remote = SnapshotRemote([LOADING, CRASHED, READY])
+    remote = scripted([LOADING, CRASHED, READY])
     with pytest.raises(UnitFailed) as failed:
         wait_ready(remote, TARGET, deadline_s=1800, progress=NullProgress(), policy=fast(10))
-    assert len(remote.steps) == 2
+    assert len(probe_steps(remote)) == 2
     assert failed.value.rung == Rung.UNIT
     assert "last log line: sglang.service: Failed with result 'exit-code'." in failed.value.evidence
     assert isinstance(failed.value, ReadinessFailed) and failed.value.exit_code == 6
 
 
 def test_a_restart_by_systemd_between_probes_is_a_failure() -> None:
-    remote = SnapshotRemote([LOADING, snapshot(restarts=1, pid=4300), READY])
+    remote = scripted([LOADING, snapshot(restarts=1, pid=4300), READY])
     with pytest.raises(UnitFailed, match="restarted 1 time"):
         wait_ready(remote, TARGET, deadline_s=1800, progress=NullProgress(), policy=fast(10))
 
 
 def test_the_deadline_ends_in_readiness_failed_naming_the_rung_and_last_log_line() -> None:
-    remote = SnapshotRemote([LOADING] * 3)
+    remote = scripted([LOADING] * 3)
     with pytest.raises(ReadinessFailed) as failed:
         wait_ready(remote, TARGET, deadline_s=1800, progress=NullProgress(), policy=fast(3))
     assert type(failed.value) is ReadinessFailed
@@ -254,13 +254,13 @@ def test_the_deadline_ends_in_readiness_failed_naming_the_rung_and_last_log_line
 
 
 def test_the_api_key_travels_only_in_secret_steps_and_is_never_reported() -> None:
-    remote = SnapshotRemote([LOADING, GEN_SLOW, READY])
+    remote = scripted([LOADING, GEN_SLOW, READY])
     progress = RecordingProgress()
     wait_ready(remote, TARGET, deadline_s=1800, progress=progress, policy=fast(5, progress))
     # Every probe carries the generation request, so readiness needs no extra round trip once /health is 200.
-    assert all(step.secret and b"sk-test-6f1c" in (step.stdin or b"") for step in remote.steps)
-    assert all("sk-test-6f1c" not in " ".join(step.argv) for step in remote.steps)
-    assert "sk-test-6f1c" not in repr(TARGET) + repr(remote.steps) + repr(progress.events)
+    assert all(step.secret and b"sk-test-6f1c" in (step.stdin or b"") for step in probe_steps(remote))
+    assert all("sk-test-6f1c" not in " ".join(step.argv) for step in probe_steps(remote))
+    assert "sk-test-6f1c" not in repr(TARGET) + repr(probe_steps(remote)) + repr(progress.events)
 
 
 def test_a_probe_without_an_api_key_is_not_masked() -> None:
@@ -268,17 +268,32 @@ def test_a_probe_without_an_api_key_is_not_masked() -> None:
     assert not step.secret and step.argv == ("python3", "-") and step.sudo
 
 
+def test_a_host_without_python3_fails_the_probe_step_loudly() -> None:
+    remote = FakeRemote().reply(is_probe, exit_code=127, stderr="sudo: python3: command not found")
+    with pytest.raises(StepFailed):
+        wait_ready(remote, TARGET, deadline_s=1800, progress=NullProgress(), policy=fast(10))
+    assert len(probe_steps(remote)) == 1
+
+
+def test_a_probe_that_prints_no_snapshot_stops_the_ladder_at_once() -> None:
+    remote = FakeRemote().reply(is_probe, stdout="Traceback (most recent call last):\n", stderr="SyntaxError")
+    with pytest.raises(ReadinessFailed, match="printed no snapshot") as failed:
+        wait_ready(remote, TARGET, deadline_s=1800, progress=NullProgress(), policy=fast(10))
+    assert "SyntaxError" in failed.value.evidence
+    assert len(probe_steps(remote)) == 1
+
+
 def test_a_start_slower_than_history_predicts_gets_one_note() -> None:
     ticks = iter(range(0, 10_000, 100))
     prediction = predict_start([100.0, 110.0, 120.0])
     progress = RecordingProgress()
-    wait_ready(SnapshotRemote([LOADING] * 4 + [READY]), TARGET, deadline_s=1800, progress=progress,
+    wait_ready(scripted([LOADING] * 4 + [READY]), TARGET, deadline_s=1800, progress=progress,
                prediction=prediction, policy=fast(10, progress), clock=lambda: float(next(ticks)))
     assert progress.of_kind("note") == ["start is taking longer than the last 3 starts (median 110 s)"]
 
 
 def test_healthy_then_dead_within_the_grace_window_is_a_failure() -> None:
-    remote = SnapshotRemote([READY, snapshot(port=True, health=200), CRASHED])
+    remote = scripted([READY, snapshot(port=True, health=200), CRASHED])
     grace = grace_policy(60).copy(sleep=noop, stop=stop_after_attempt(5))
     with pytest.raises(ReadinessFailed) as failed:
         wait_ready(remote, TARGET, deadline_s=1800, progress=NullProgress(), policy=fast(3), grace_s=60,
@@ -288,13 +303,13 @@ def test_healthy_then_dead_within_the_grace_window_is_a_failure() -> None:
 
 
 def test_a_server_that_stays_up_through_the_grace_window_is_ready() -> None:
-    remote = SnapshotRemote([READY] + [snapshot(port=True, health=200)] * 3)
+    remote = scripted([READY] + [snapshot(port=True, health=200)] * 3)
     grace = grace_policy(60).copy(sleep=noop, stop=stop_after_attempt(3))
     report = wait_ready(remote, TARGET, deadline_s=1800, progress=NullProgress(), policy=fast(3), grace_s=60,
                         grace=grace)
     assert report.rung == Rung.GENERATE and report.attempts == 4
     # The grace window re-checks health without generating again.
-    assert [config["generate"] is None for config in remote.probe_configs()] == [False, True, True, True]
+    assert [config["generate"] is None for config in probe_configs(remote)] == [False, True, True, True]
 
 
 # --- prediction and version rules ----------------------------------------------------------------------------
