@@ -30,7 +30,7 @@ from deploy_lib.render import (
     systemd_env_value,
     systemd_exec_arg,
 )
-from deploy_lib.systemd_syntax import exec_start_argv, parse_env_file, parse_unit_file
+from deploy_lib.systemd_syntax import exec_start_argv, parse_env_file, parse_exec, parse_unit_file
 
 HOSTILE = (
     "a model path/with spaces", "it's", 'say "hi"', "back\\slash", "trailing\\", "\\", "$VAR", "${X}",
@@ -301,3 +301,21 @@ def test_systemd_itself_reads_back_the_hostile_argv_and_settings(world_readable_
                                                                              ["control-group"])
     assert settings["LimitNOFILE"] == ["65536"] and settings["LimitMEMLOCK"] == [str(2**64 - 1)]
     assert settings["StandardOutput"] == ["journal"] and settings["StandardError"] == ["journal"]
+
+
+@pytest.mark.skipif(SYSTEMD is None or (os.geteuid() == 0 and shutil.which("setpriv") is None),
+                    reason="needs /lib/systemd/systemd (Debian package systemd) and, as root, setpriv")
+@pytest.mark.parametrize("exec_start", [
+    "/bin/echo $SPLIT ${SPLIT} a\\sb 'c d'\"e\" \\; \"%%\" 50%% $$X ${X:-d} \"\\x41\\u00e9\\101\\t\" ''",
+    "/bin/echo one \\\n  # a comment line inside a continued line\n  'two' ; /bin/echo \"three four\" ;",
+    "-/bin/echo a;b ;a \"\\\\\" x\\sy",
+])
+def test_reader_agrees_with_systemd_on_hand_written_exec_lines(world_readable_dir: Path, exec_start: str) -> None:
+    # Drift checks read files a person may have edited, so the reader is held to systemd on those too.
+    unit_text = f"[Service]\nType=oneshot\nExecStart={exec_start}\n"
+    (world_readable_dir / "sglang-render-test.service").write_text(unit_text)
+    (world_readable_dir / "sglang-render-test.service").chmod(0o644)
+    settings = systemd_unit_dump(world_readable_dir, "sglang-render-test.service")
+    ours = [command.argv for value in parse_unit_file(unit_text).values("Service", "ExecStart")
+            for command in parse_exec(value)]
+    assert [decode_dump_command_line(line) for line in settings["Command Line"]] == ours
