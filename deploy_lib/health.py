@@ -414,7 +414,9 @@ class _LadderRun:
     def attempt(self) -> Ready:
         """One ladder attempt: probe, report newly passed rungs, raise the verdict unless Ready."""
         verdict = self.probe(self.rung)
-        waiting_on = None if isinstance(verdict, Ready) else Rung(verdict.rung)
+        if isinstance(verdict, UnitFailed | ProbeRejected):
+            raise verdict
+        waiting_on = Rung(verdict.rung) if isinstance(verdict, NotReady) else None
         passed = self.rung.index + 1 if waiting_on is None else waiting_on.index
         for rung in list(Rung)[self.rungs_passed:passed]:
             self.progress.step_done(f"readiness: {rung}", self.elapsed())

@@ -228,9 +228,12 @@ def test_the_ladder_climbs_from_loading_to_a_real_generation() -> None:
 
 def test_a_unit_that_fails_midway_stops_the_ladder_at_once_with_evidence() -> None:
     remote = scripted([LOADING, CRASHED, READY])
+    progress = RecordingProgress()
     with pytest.raises(UnitFailed) as failed:
-        wait_ready(remote, TARGET, deadline_s=1800, progress=NullProgress(), policy=fast(10))
+        wait_ready(remote, TARGET, deadline_s=1800, progress=progress, policy=fast(10, progress))
     assert len(probe_steps(remote)) == 2
+    assert progress.of_kind("phase") == ["readiness: port"]
+    assert progress.of_kind("log")[-1] == "sglang.service: Failed with result 'exit-code'."
     assert failed.value.rung == Rung.UNIT
     assert "last log line: sglang.service: Failed with result 'exit-code'." in failed.value.evidence
     assert isinstance(failed.value, ReadinessFailed) and failed.value.exit_code == 6
