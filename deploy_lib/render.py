@@ -106,7 +106,7 @@ def _setting_problem(value: str) -> str | None:
 
 
 def _path_problem(value: str) -> str | None:
-    if not value.startswith("/") or posixpath.normpath(value) != value:
+    if not value.startswith("/") or posixpath.normpath(value) != value or value.startswith("//"):
         return "must be an absolute, normalized path"
     return _setting_problem(value)
 

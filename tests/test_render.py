@@ -138,6 +138,7 @@ def test_redacted_env_hides_secrets_and_only_secrets() -> None:
     ({"exec_argv": ("python3", "-m")}, "ExecStart executable 'python3' must be an absolute"),
     ({"exec_argv": ("/opt/$venv/bin/python",)}, "ExecStart executable .*'\\$'"),
     ({"exec_argv": ("/opt/venv/../bin/python",)}, "normalized"),
+    ({"working_directory": "//root"}, "WorkingDirectory must be an absolute, normalized path"),
     ({"exec_argv": ()}, "ExecStart has no command"),
     ({"description": "two\nlines"}, "Description contains a control character"),
     ({"description": "ends in \\"}, "Description contains a backslash"),
