@@ -1,0 +1,807 @@
+"""SGLang's launch options, read out of its source with `ast` (never importing sglang or torch).
+
+Standard library only and no deploy_lib imports: preflight ships this file to the host and runs it as
+`VENV/bin/python3 - SITE_PACKAGES_DIR`, which prints one JSON object on stdout:
+
+    {"sglang_version": "0.5.23", "flashinfer_version": "0.7.2",
+     "options": {"--tp-size": {"option_strings": ["--tp-size", "--tensor-parallel-size"], "dest": "tp_size",
+                               "action": "store", "nargs": null, "choices": null, "type": "int",
+                               "required": false, "deprecated": false, "error": null}, ...},
+     "unresolved_choices": ["--kv-canary-real-data"], "warnings": []}
+
+or, when sglang is not installed there, {"error": "..."} with exit code 1.
+
+Where the options come from: `ServerArgs.add_cli_args()` in sglang/srt/server_args.py. Up to 0.5.9 it is a list of
+`parser.add_argument(...)` calls; from 0.5.15 on most options are fields annotated `A[T, "help"]` or
+`A[T, Arg(...)]` that `add_cli_args_from_dataclass()` (sglang/srt/arg_groups/arg_utils.py) turns into arguments, and
+from 0.5.20 those fields live in the namespace classes passed to `collect_input_fields()` (arg_groups/fields/*.py).
+Choices given by name are followed through the module's imports into sibling sglang files; what cannot be resolved
+statically (a comprehension over an enum, a runtime registry) is reported as `choices: null`, meaning unchecked.
+
+`check_argv(options, argv)` then mimics argparse (allow_abbrev=True, as SGLang's parser) closely enough for
+preflight: unknown or ambiguous flags, prefix abbreviations, missing values, values given to switches, bad choices.
+Runs on Python >= 3.9.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import difflib
+import json
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+# ---------------------------------------------------------------------------------------------------------------
+# Versions: the subset of PEP 440 that SGLang and FlashInfer publish (N.N.N, aN/bN/rcN, .postN, .devN, +local).
+# ---------------------------------------------------------------------------------------------------------------
+
+_VERSION_RE = re.compile(
+    r"^v?(?P<release>\d+(?:\.\d+)*)(?:[-_.]?(?P<pre>a|b|rc)(?P<pre_n>\d+))?"
+    r"(?:[-_.]?post(?P<post>\d+))?(?:[-_.]?dev(?P<dev>\d+))?(?:\+[a-z0-9.]+)?$",
+    re.IGNORECASE,
+)
+_PRE_PHASES = {"a": 0, "b": 1, "rc": 2}
+_FINAL = 3
+
+
+def version_key(text: str) -> tuple[Any, ...]:
+    """A sort key ordering versions as PEP 440 does: 1.0.dev1 < 1.0a1 < 1.0rc1 < 1.0 == 1.0.0 < 1.0.post1."""
+    match = _VERSION_RE.match(text.strip())
+    if match is None:
+        raise ValueError(f"{text!r} is not a version (expected e.g. 0.5.15 or 0.5.15.post1)")
+    release = [int(part) for part in match["release"].split(".")]
+    while len(release) > 1 and release[-1] == 0:
+        release.pop()
+    post = int(match["post"]) if match["post"] is not None else -1
+    dev = int(match["dev"]) if match["dev"] is not None else float("inf")
+    if match["pre"] is not None:
+        pre: tuple[int, int] = (_PRE_PHASES[match["pre"].lower()], int(match["pre_n"]))
+    elif post < 0 and match["dev"] is not None:
+        pre = (-1, 0)  # 1.0.dev1 sorts before 1.0a1
+    else:
+        pre = (_FINAL, 0)
+    return (tuple(release), pre, post, dev)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Static evaluation of the few expression shapes SGLang uses for choice lists.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _Unresolved(Exception):
+    """The expression cannot be evaluated without running SGLang."""
+
+
+@dataclass(frozen=True)
+class _ClassRef:
+    module: _Module
+    node: ast.ClassDef
+
+
+@dataclass(frozen=True)
+class _FuncRef:
+    module: _Module
+    node: ast.FunctionDef
+
+
+@dataclass(frozen=True)
+class _ModuleRef:
+    name: str
+
+
+_CONTAINERS: dict[str, Any] = {"list": list, "tuple": tuple, "set": set, "frozenset": frozenset, "sorted": sorted}
+_OPAQUE = object()  # a dict value that cannot be evaluated (choices only need the keys)
+_MAX_DEPTH = 25
+
+
+def _imports_of(statements: list[ast.stmt], package: str) -> dict[str, tuple[str, str | None]]:
+    """Name bound by each import statement -> (absolute module, attribute or None for the module itself)."""
+    bound: dict[str, tuple[str, str | None]] = {}
+    for stmt in statements:
+        if isinstance(stmt, ast.ImportFrom):
+            base = stmt.module or ""
+            if stmt.level:
+                parent = package.split(".")[: len(package.split(".")) - (stmt.level - 1)]
+                base = ".".join([*parent, base] if base else parent)
+            for alias in stmt.names:
+                bound[alias.asname or alias.name] = (base, alias.name)
+        elif isinstance(stmt, ast.Import):
+            for alias in stmt.names:
+                if alias.asname:
+                    bound[alias.asname] = (alias.name, None)
+                else:
+                    top = alias.name.split(".")[0]
+                    bound[top] = (top, None)
+    return bound
+
+
+def _assignments_of(statements: list[ast.stmt]) -> dict[str, ast.expr]:
+    """The last plain assignment of each name among these statements (not inside if/for/try)."""
+    assigned: dict[str, ast.expr] = {}
+    for stmt in statements:
+        if isinstance(stmt, ast.Assign):
+            for target in stmt.targets:
+                if isinstance(target, ast.Name):
+                    assigned[target.id] = stmt.value
+        elif isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
+            assigned[stmt.target.id] = stmt.value
+    return assigned
+
+
+class _Module:
+    """One parsed source file of the sglang tree."""
+
+    def __init__(self, tree: _Tree, name: str, path: Path) -> None:
+        self.tree = tree
+        self.name = name
+        self.path = path
+        self.ast = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        self.package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        self.imports = _imports_of(self.ast.body, self.package)
+        self.assignments = _assignments_of(self.ast.body)
+        self.classes = {n.name: n for n in self.ast.body if isinstance(n, ast.ClassDef)}
+        self.functions = {n.name: n for n in self.ast.body if isinstance(n, ast.FunctionDef)}
+
+    def lookup(self, name: str, depth: int) -> Any:
+        """The value a module-level name is bound to."""
+        if name in self.classes:
+            return _ClassRef(self, self.classes[name])
+        if name in self.functions:
+            return _FuncRef(self, self.functions[name])
+        if name in self.assignments:
+            return self.tree.evaluate(self, self.assignments[name], {}, depth + 1)
+        if name in self.imports:
+            module_name, attr = self.imports[name]
+            return self.tree.import_value(module_name, attr, depth + 1)
+        raise _Unresolved(f"{self.name}: name {name} is not bound at module level")
+
+
+class _Tree:
+    """The installed sglang package under a site-packages directory, parsed on demand."""
+
+    def __init__(self, site_packages: Path) -> None:
+        self.root = site_packages
+        self._modules: dict[str, _Module | None] = {}
+
+    def module(self, dotted: str) -> _Module | None:
+        if dotted not in self._modules:
+            base = self.root.joinpath(*dotted.split("."))
+            path = next((p for p in (base.with_suffix(".py"), base / "__init__.py") if p.is_file()), None)
+            self._modules[dotted] = _Module(self, dotted, path) if path else None
+        return self._modules[dotted]
+
+    def import_value(self, module_name: str, attr: str | None, depth: int) -> Any:
+        if not module_name.split(".")[0] == "sglang":
+            raise _Unresolved(f"{module_name} is outside sglang")
+        if attr is None:
+            return _ModuleRef(module_name)
+        module = self.module(module_name)
+        if module is None:
+            if self.module(f"{module_name}.{attr}") is not None:
+                return _ModuleRef(f"{module_name}.{attr}")
+            raise _Unresolved(f"module {module_name} not found")
+        try:
+            return module.lookup(attr, depth)
+        except _Unresolved:
+            if self.module(f"{module_name}.{attr}") is not None:
+                return _ModuleRef(f"{module_name}.{attr}")
+            raise
+
+    def evaluate(self, module: _Module, node: ast.expr, scope: dict[str, Any], depth: int) -> Any:
+        """Evaluate a literal-ish expression; `scope` holds names local to a function or class body."""
+        if depth > _MAX_DEPTH:
+            raise _Unresolved("too deep")
+        def ev(child: ast.expr) -> Any:
+            return self.evaluate(module, child, scope, depth + 1)
+
+        if isinstance(node, ast.Constant):
+            return node.value
+        if isinstance(node, (ast.List, ast.Tuple, ast.Set)):
+            items: list[Any] = []
+            for element in node.elts:
+                items.extend(_iterate(ev(element.value)) if isinstance(element, ast.Starred) else [ev(element)])
+            return set(items) if isinstance(node, ast.Set) else tuple(items) if isinstance(node, ast.Tuple) else items
+        if isinstance(node, ast.Dict):
+            if any(key is None for key in node.keys):
+                raise _Unresolved("dict unpacking")
+            values = [self._maybe(module, value, scope, depth) for value in node.values]
+            return {ev(key): values[n] for n, key in enumerate(node.keys) if key is not None}
+        if isinstance(node, ast.Name):
+            if node.id in scope:
+                bound = scope[node.id]
+                return ev(bound) if isinstance(bound, ast.expr) else bound
+            return module.lookup(node.id, depth)
+        if isinstance(node, ast.Attribute):
+            return self._attribute(ev(node.value), node.attr, depth)
+        if isinstance(node, ast.BinOp):
+            left, right = ev(node.left), ev(node.right)
+            if isinstance(node.op, ast.Add) and type(left) is type(right) and isinstance(left, (list, tuple)):
+                return left + right
+            if isinstance(node.op, ast.BitOr) and isinstance(left, (set, frozenset, dict)):
+                return left | right
+            raise _Unresolved(f"operator {type(node.op).__name__}")
+        if isinstance(node, ast.Call):
+            return self._call(module, node, scope, depth)
+        raise _Unresolved(f"{type(node).__name__} expression")
+
+    def _maybe(self, module: _Module, node: ast.expr, scope: dict[str, Any], depth: int) -> Any:
+        try:
+            return self.evaluate(module, node, scope, depth + 1)
+        except _Unresolved:
+            return _OPAQUE
+
+    def _attribute(self, value: Any, attr: str, depth: int) -> Any:
+        if isinstance(value, _ClassRef):
+            class_scope = _assignments_of(value.node.body)
+            if attr not in class_scope:
+                raise _Unresolved(f"{value.node.name}.{attr} is not a class-level assignment")
+            return self.evaluate(value.module, class_scope[attr], dict(class_scope), depth + 1)
+        if isinstance(value, _ModuleRef):
+            return self.import_value(value.name, attr, depth + 1)
+        raise _Unresolved(f"attribute {attr} of a value")
+
+    def _call(self, module: _Module, node: ast.Call, scope: dict[str, Any], depth: int) -> Any:
+        if node.keywords:
+            raise _Unresolved("call with keywords")
+        func = node.func
+        if isinstance(func, ast.Attribute) and func.attr == "keys" and not node.args:
+            return list(_iterate(self.evaluate(module, func.value, scope, depth + 1)))
+        if isinstance(func, ast.Name) and func.id in _CONTAINERS and len(node.args) == 1:
+            return _CONTAINERS[func.id](_iterate(self.evaluate(module, node.args[0], scope, depth + 1)))
+        target = self.evaluate(module, func, scope, depth + 1)
+        if isinstance(target, _FuncRef) and not node.args:
+            return self._return_value(target, depth)
+        raise _Unresolved("call of an unknown function")
+
+    def _return_value(self, func: _FuncRef, depth: int) -> Any:
+        """A no-argument helper's value: its last top-level `return`, the path taken when no plugin is loaded."""
+        returns = [stmt for stmt in func.node.body if isinstance(stmt, ast.Return) and stmt.value is not None]
+        if not returns:
+            raise _Unresolved(f"{func.node.name}() has no top-level return")
+        scope: dict[str, Any] = dict(_assignments_of(func.node.body))
+        for name, (module_name, attr) in _imports_of(func.node.body, func.module.package).items():
+            try:
+                scope[name] = self.import_value(module_name, attr, depth + 1)
+            except _Unresolved:
+                continue  # e.g. `import sys`: only fails the evaluation if the return value needs it
+        value = returns[-1].value
+        assert value is not None
+        return self.evaluate(func.module, value, scope, depth + 1)
+
+
+def _iterate(value: Any) -> list[Any]:
+    if isinstance(value, dict):
+        return list(value)
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return list(value)
+    raise _Unresolved(f"cannot iterate {type(value).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Option extraction
+# ---------------------------------------------------------------------------------------------------------------
+
+_ZERO_ARG_ACTIONS = {"store_true", "store_false", "store_const", "append_const", "count", "help", "version"}
+_NOT_GIVEN = object()  # `nargs=` absent, as opposed to `nargs=None`
+_REPEATABLE_ACTIONS = {"append", "append_const", "count", "extend"}
+_DEPRECATED_HELP = re.compile(r"^\W*(?:note:\s*)?deprecated\b", re.IGNORECASE)
+
+
+def _text(node: ast.expr | None) -> str:
+    """The literal text of a help string (f-string placeholders dropped)."""
+    if node is None:
+        return ""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value
+    if isinstance(node, ast.JoinedStr):
+        return "".join(_text(part) for part in node.values if isinstance(part, ast.Constant))
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add):
+        return _text(node.left) + _text(node.right)
+    return ""
+
+
+def _is_text(node: ast.expr) -> bool:
+    return isinstance(node, ast.JoinedStr) or (isinstance(node, ast.Constant) and isinstance(node.value, str)) or (
+        isinstance(node, ast.BinOp) and isinstance(node.op, ast.Add) and _is_text(node.left) and _is_text(node.right)
+    )
+
+
+def _type_name(node: ast.expr | None) -> str | None:
+    """`int` for `type=int`, `human_readable_int` for `type=human_readable_int`; None when not a plain name."""
+    if isinstance(node, (ast.Name, ast.Attribute)):
+        return _dotted(node).rpartition(".")[2]
+    return None
+
+
+def _dotted(node: ast.expr) -> str:
+    if isinstance(node, ast.Name):
+        return node.id
+    if isinstance(node, ast.Attribute):
+        return f"{_dotted(node.value)}.{node.attr}"
+    return ast.dump(node)
+
+
+class _Extractor:
+    def __init__(self, tree: _Tree, server_args: _Module) -> None:
+        self.tree = tree
+        self.server_args = server_args
+        self.options: dict[str, dict[str, Any]] = {}
+        self.unresolved: list[str] = []
+        self.warnings: list[str] = []
+
+    # -- recording -----------------------------------------------------------------------------------------------
+
+    def _add(self, record: dict[str, Any], choices_node: ast.expr | None, module: _Module,
+             scope: dict[str, Any]) -> None:
+        strings: list[str] = record["option_strings"]
+        if choices_node is not None and record.get("choices") is None:
+            try:
+                record["choices"] = sorted(_iterate(self.tree.evaluate(module, choices_node, scope, 0)), key=str)
+            except _Unresolved:
+                self.unresolved.append(strings[0])
+        known = {s for existing in self.options.values() for s in existing["option_strings"]}
+        clash = [s for s in strings if s in known]
+        if clash:
+            self.warnings.append(f"{', '.join(clash)} registered twice (argparse would refuse to start); "
+                                 "kept the first")
+            return
+        self.options[strings[0]] = record
+
+    def _action(self, node: ast.expr | None, module: _Module, nargs: Any) -> tuple[str, Any]:
+        """(action name, nargs) for an `action=` value (an argparse name or an Action subclass) and `nargs=`."""
+        name = "store" if node is None else node.value if isinstance(node, ast.Constant) else _dotted(node)
+        name = str(name).rpartition(".")[2]
+        if name in _ZERO_ARG_ACTIONS or name == "BooleanOptionalAction":
+            return name, 0
+        if nargs is not _NOT_GIVEN:
+            return name, nargs
+        if node is None or isinstance(node, ast.Constant):
+            return name, None
+        return name, self._action_default_nargs(node, module)
+
+    def _action_default_nargs(self, node: ast.expr, module: _Module) -> Any:
+        """The `nargs` default of a custom Action's __init__ (0 for a switch, None for one value)."""
+        try:
+            ref = self.tree.evaluate(module, node, {}, 0)
+        except _Unresolved:
+            return None
+        if not isinstance(ref, _ClassRef):
+            return None
+        init = next((n for n in ref.node.body if isinstance(n, ast.FunctionDef) and n.name == "__init__"), None)
+        if init is None:
+            return None
+        args = init.args
+        positional = args.posonlyargs + args.args
+        defaults = dict(zip([a.arg for a in positional[len(positional) - len(args.defaults):]], args.defaults))  # noqa: B905
+        defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})  # noqa: B905
+        default = defaults.get("nargs")
+        return default.value if isinstance(default, ast.Constant) else None
+
+    @staticmethod
+    def _deprecated(action: str, help_text: str, strings: list[str]) -> bool:
+        return (
+            "Deprecated" in action
+            or bool(_DEPRECATED_HELP.match(help_text))
+            or any(f"{s} is deprecated" in help_text or f"'{s}' is deprecated" in help_text for s in strings)
+        )
+
+    # -- parser.add_argument(...) --------------------------------------------------------------------------------
+
+    def add_argument_call(self, call: ast.Call, module: _Module, scope: dict[str, Any]) -> None:
+        strings = [a.value for a in call.args if isinstance(a, ast.Constant) and isinstance(a.value, str)]
+        if not strings or len(strings) != len(call.args):
+            self.warnings.append(f"line {call.lineno}: add_argument with computed option strings skipped")
+            return
+        kw = {k.arg: k.value for k in call.keywords if k.arg is not None}
+        nargs = self._literal(kw["nargs"], module, scope) if "nargs" in kw else _NOT_GIVEN
+        action, nargs = self._action(kw.get("action"), module, nargs)
+        help_text = _text(kw.get("help"))
+        error = (_text(kw["error_message"]) or "refused by SGLang") if "error_message" in kw else None
+        first_long = next((s for s in strings if s.startswith("--")), strings[0])
+        dest = self._literal(kw.get("dest"), module, scope) or first_long.lstrip("-").replace("-", "_")
+        record = self._record(
+            strings, dest, action, nargs, kw.get("type"), self._literal(kw.get("required"), module, scope) is True,
+            help_text, error,
+        )
+        self._add(record, kw.get("choices"), module, scope)
+
+    def _literal(self, node: ast.expr | None, module: _Module, scope: dict[str, Any]) -> Any:
+        if node is None:
+            return None
+        try:
+            value = self.tree.evaluate(module, node, scope, 0)
+        except _Unresolved:
+            return None
+        return None if value is _OPAQUE else value
+
+    def _record(self, strings: list[str], dest: str, action: str, nargs: Any, type_node: ast.expr | None,
+                required: bool, help_text: str, error: str | None) -> dict[str, Any]:
+        if action == "BooleanOptionalAction":
+            strings = strings + [f"--no-{s[2:]}" for s in strings if s.startswith("--")]
+        return {
+            "option_strings": strings,
+            "dest": dest,
+            "action": action,
+            "nargs": nargs,
+            "choices": None,
+            "type": _type_name(type_node),
+            "required": required,
+            "deprecated": self._deprecated(action, help_text, strings),
+            "error": error,
+        }
+
+    # -- A[T, Arg(...)] fields -----------------------------------------------------------------------------------
+
+    def dataclass_fields(self, cls: _ClassRef, only: set[str] | None) -> None:
+        fields: dict[str, ast.AnnAssign] = {}  # a name annotated twice is one field: the later annotation wins
+        for stmt in cls.node.body:
+            if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name):
+                fields[stmt.target.id] = stmt
+        for name, stmt in fields.items():
+            if only is None or name in only:
+                self._field(name, stmt.annotation, stmt.value is not None, cls.module)
+
+    def _field(self, name: str, annotation: ast.expr, has_default: bool, module: _Module) -> None:
+        """Mirror of add_cli_args_from_dataclass() for one field (sglang/srt/arg_groups/arg_utils.py)."""
+        if not (isinstance(annotation, ast.Subscript) and _dotted(annotation.value).rpartition(".")[2] in
+                ("A", "Annotated") and isinstance(annotation.slice, ast.Tuple)):
+            return
+        inner, *metadata = annotation.slice.elts
+        meta = next((m for m in metadata if _is_text(m) or (isinstance(m, ast.Call) and _dotted(m.func) == "Arg")),
+                    None)
+        if meta is None:
+            return
+        kw = {k.arg: k.value for k in meta.keywords if k.arg} if isinstance(meta, ast.Call) else {"help": meta}
+
+        def lit(key: str) -> Any:
+            return self._literal(kw.get(key), module, {})
+
+        if lit("no_cli") is True:
+            return
+        cli_name = lit("cli_name") or "--" + name.replace("_", "-")
+        strings = [cli_name, *(lit("aliases") or [])]
+        help_text = _text(kw.get("help"))
+        choices_node = kw.get("choices")
+        type_parser = kw.get("type_parser")
+        if kw.get("action") is not None:
+            extra = kw.get("action_kwargs")
+            extra_kw = {k.value: v for k, v in zip(extra.keys, extra.values)  # noqa: B905
+                        if isinstance(k, ast.Constant)} if isinstance(extra, ast.Dict) else {}
+            nargs = self._literal(extra_kw["nargs"], module, {}) if "nargs" in extra_kw else _NOT_GIVEN
+            action, nargs = self._action(kw["action"], module, nargs)
+            record = self._record(strings, name, action, nargs, extra_kw.get("type"), False, help_text, None)
+            self._add(record, extra_kw.get("choices"), module, {})
+            return
+        inner = _unwrap_optional(inner)
+        literal_values = _literal_values(inner, self, module)
+        if literal_values is not None:
+            record = self._record(strings, name, "store", None, type_parser, False, help_text, None)
+            record["type"] = record["type"] or _python_type_name(literal_values)
+            if choices_node is None:
+                record["choices"] = sorted(literal_values, key=str)
+            self._add(record, choices_node, module, {})
+            return
+        origin = _dotted(inner.value) if isinstance(inner, ast.Subscript) else None
+        if origin in ("List", "list", "typing.List") and type_parser is None:
+            element = inner.slice if isinstance(inner, ast.Subscript) else None
+            record = self._record(strings, name, "store", lit("nargs") or "+", element, False, help_text, None)
+            self._add(record, choices_node, module, {})
+            return
+        if isinstance(inner, ast.Name) and inner.id == "bool":
+            self._add(self._record(strings, name, "store_true", 0, None, False, help_text, None), None, module, {})
+            return
+        required = lit("required") is True or (lit("required") is None and not has_default)
+        type_node = type_parser if type_parser is not None else inner
+        record = self._record(strings, name, "store", lit("nargs"), type_node, required, help_text, None)
+        if record["type"] not in ("int", "float", "str") and type_parser is None:
+            record["type"] = "str"  # _infer_type_func(): anything else parses as str
+        self._add(record, choices_node, module, {})
+
+
+def _unwrap_optional(node: ast.expr) -> ast.expr:
+    """X for Optional[X], X | None and Union[X, None]; the node itself otherwise."""
+    if isinstance(node, ast.Subscript) and _dotted(node.value).rpartition(".")[2] == "Optional":
+        return node.slice
+    if isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+        sides = [node.left, node.right]
+        rest = [s for s in sides if not (isinstance(s, ast.Constant) and s.value is None)]
+        if len(rest) == 1:
+            return rest[0]
+    if isinstance(node, ast.Subscript) and _dotted(node.value).rpartition(".")[2] == "Union" and isinstance(
+            node.slice, ast.Tuple):
+        rest = [s for s in node.slice.elts if not (isinstance(s, ast.Constant) and s.value is None)]
+        if len(rest) == 1:
+            return rest[0]
+    return node
+
+
+def _literal_values(node: ast.expr, extractor: _Extractor, module: _Module) -> list[Any] | None:
+    if not (isinstance(node, ast.Subscript) and _dotted(node.value).rpartition(".")[2] == "Literal"):
+        return None
+    elements = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
+    return [extractor._literal(e, module, {}) for e in elements]
+
+
+def _python_type_name(values: list[Any]) -> str:
+    first = values[0] if values else ""
+    return {int: "int", float: "float"}.get(type(first), "str")
+
+
+def _dist_version(site_packages: Path, names: tuple[str, ...]) -> str | None:
+    """Version from the METADATA of an installed distribution whose normalized name is one of `names`."""
+    found = []
+    for metadata in sorted(site_packages.glob("*.dist-info/METADATA")):
+        headers: dict[str, str] = {}
+        for line in metadata.read_text(encoding="utf-8", errors="replace").splitlines():
+            if not line.strip():
+                break
+            key, _, value = line.partition(":")
+            headers.setdefault(key.strip().lower(), value.strip())
+        if re.sub(r"[-_.]+", "-", headers.get("name", "")).lower() in names and "version" in headers:
+            found.append(headers["version"])
+    return max(found, key=version_key) if found else None
+
+
+def extract(site_packages: Path) -> dict[str, Any]:
+    """Every launch option of the sglang installed under site_packages, plus the sglang and flashinfer versions."""
+    tree = _Tree(site_packages)
+    server_args = tree.module("sglang.srt.server_args")
+    if server_args is None:
+        raise FileNotFoundError(f"{site_packages}/sglang/srt/server_args.py not found: is sglang installed there?")
+    cls = server_args.classes.get("ServerArgs")
+    add_cli_args = next((n for n in (cls.body if cls else []) if isinstance(n, ast.FunctionDef)
+                         and n.name == "add_cli_args"), None)
+    if cls is None or add_cli_args is None:
+        raise ValueError(f"{server_args.path}: no ServerArgs.add_cli_args()")
+    extractor = _Extractor(tree, server_args)
+    scope: dict[str, Any] = dict(_assignments_of(add_cli_args.body))
+    for node in ast.walk(add_cli_args):
+        if not isinstance(node, ast.Call):
+            continue
+        if isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
+            extractor.add_argument_call(node, server_args, scope)
+        elif _dotted(node.func).rpartition(".")[2] == "add_cli_args_from_dataclass" and len(node.args) >= 2:
+            only = {k.arg: extractor._literal(k.value, server_args, scope) for k in node.keywords}.get("fields")
+            for source in _field_sources(server_args, cls, node.args[1]):
+                extractor.dataclass_fields(source, set(only) if only else None)
+    return {
+        "sglang_version": _dist_version(site_packages, ("sglang",)),
+        "flashinfer_version": _dist_version(site_packages, ("flashinfer-python", "flashinfer")),
+        "options": extractor.options,
+        "unresolved_choices": sorted(set(extractor.unresolved)),
+        "warnings": extractor.warnings,
+    }
+
+
+def _field_sources(server_args: _Module, cls: ast.ClassDef, arg: ast.expr) -> list[_ClassRef]:
+    """The classes whose annotated fields make up ServerArgs: itself, plus (0.5.20+) every namespace class passed
+    to `collect_input_fields()` at module level of server_args.py."""
+    sources = [_ClassRef(server_args, cls)] if _dotted(arg) == cls.name else []
+    for stmt in server_args.ast.body:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Call) and _dotted(node.func).rpartition(".")[2] == "collect_input_fields" \
+                    and node.args:
+                try:
+                    namespaces = server_args.tree.evaluate(server_args, node.args[0], {}, 0)
+                except _Unresolved as err:
+                    raise ValueError(f"{server_args.path}: cannot resolve collect_input_fields(): {err}") from None
+                sources.extend(ns for ns in _iterate(namespaces) if isinstance(ns, _ClassRef))
+    return sources
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# argv checking (argparse semantics, allow_abbrev=True)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArgvProblem:
+    """One thing SGLang's parser would reject (severity "error") or warn about ("warning") in an argv."""
+
+    kind: str  # unrecognized | ambiguous | abbreviation | missing-value | unexpected-value | invalid-choice |
+    #            invalid-type | required | refused | duplicate | help | deprecated
+    arg: str
+    message: str
+    severity: str = "error"
+
+
+_HELP = {"option_strings": ["-h", "--help"], "dest": "help", "action": "help", "nargs": 0, "choices": None,
+         "type": None, "required": False, "deprecated": False, "error": None}
+_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
+
+
+def _is_value(token: str, table: dict[str, dict[str, Any]]) -> bool:
+    """argparse's test for a token that is not an option (`_parse_optional` returning None)."""
+    if not token.startswith("-") or token == "-":
+        return True
+    name = token.split("=", 1)[0]
+    if token in table or name in table or (token.startswith("--") and any(s.startswith(name) for s in table)):
+        return False
+    return bool(_NEGATIVE_NUMBER.match(token)) or " " in token  # SGLang has no option that looks like a number
+
+
+def _convert(value: str, type_name: str | None) -> Any:
+    if type_name == "int":
+        return int(value)
+    if type_name == "float":
+        return float(value)
+    return value
+
+
+def check_argv(options: dict[str, dict[str, Any]], argv: list[str] | tuple[str, ...]) -> list[ArgvProblem]:
+    """Problems SGLang's argparse parser would have with argv (the arguments after `-m sglang.launch_server`)."""
+    table: dict[str, dict[str, Any]] = {"-h": _HELP, "--help": _HELP}
+    for record in options.values():
+        for string in record["option_strings"]:
+            table[string] = record
+    problems: list[ArgvProblem] = []
+    seen: dict[str, int] = {}
+    tokens = list(argv)
+    i = 0
+    while i < len(tokens):
+        token = tokens[i]
+        i += 1
+        if token == "--" or _is_value(token, table):
+            rest = tokens[i - 1:] if token == "--" else [token]
+            if token == "--":
+                i = len(tokens)
+            problems.append(ArgvProblem("unrecognized", token, f"unrecognized arguments: {' '.join(rest)}"))
+            continue
+        record, used, explicit, problem = _match_option(token, table)
+        if record is None and problem is None:
+            unknown = [token]  # argparse lists the values after an unknown flag as unrecognized too
+            while i < len(tokens) and _is_value(tokens[i], table):
+                unknown.append(tokens[i])
+                i += 1
+            problem = ArgvProblem("unrecognized", token,
+                                  f"unrecognized arguments: {' '.join(unknown)}{_suggestion(used, table)}")
+        if problem is not None:
+            problems.append(problem)
+        if record is None:
+            continue
+        values: list[str] = []
+        nargs = record["nargs"]
+        if explicit is not None:
+            if nargs == 0:
+                problems.append(ArgvProblem("unexpected-value", token,
+                                            f"argument {used}: ignored explicit argument {explicit!r}"))
+            elif isinstance(nargs, int) and nargs > 1:
+                problems.append(ArgvProblem("missing-value", token, f"argument {used}: expected {nargs} arguments"))
+            values = [explicit]
+        elif nargs != 0:
+            limit = {None: 1, "?": 1, "*": len(tokens), "+": len(tokens)}.get(nargs, nargs)
+            while i < len(tokens) and len(values) < limit and _is_value(tokens[i], table):
+                values.append(tokens[i])
+                i += 1
+            needed = {None: 1, "?": 0, "*": 0, "+": 1}.get(nargs, nargs)
+            if len(values) < needed:
+                what = "one argument" if nargs is None else "at least one argument" if nargs == "+" \
+                    else f"{nargs} arguments"
+                problems.append(ArgvProblem("missing-value", token, f"argument {used}: expected {what}"))
+        elif i < len(tokens) and _is_value(tokens[i], table):
+            problems.append(ArgvProblem("unexpected-value", tokens[i],
+                                        f"unrecognized arguments: {tokens[i]} ({used} is a switch and takes no value)"))
+            i += 1
+        problems.extend(_value_problems(record, used, values))
+        key = record["option_strings"][0]
+        seen[key] = seen.get(key, 0) + 1
+        if seen[key] == 2 and record["action"] not in _REPEATABLE_ACTIONS:
+            problems.append(ArgvProblem("duplicate", token, f"{key} is given more than once; the last one wins"))
+    missing = [r["option_strings"][0] for r in options.values() if r["required"] and r["option_strings"][0] not in seen]
+    if missing:
+        problems.append(ArgvProblem("required", missing[0],
+                                    f"the following arguments are required: {', '.join(missing)}"))
+    return problems
+
+
+def find_option(options: dict[str, dict[str, Any]], flag: str) -> dict[str, Any] | None:
+    """The option registered under `flag` as any of its option strings (aliases included), or None."""
+    return next((record for record in options.values() if flag in record["option_strings"]), None)
+
+
+def _match_option(token: str, table: dict[str, dict[str, Any]]
+                  ) -> tuple[dict[str, Any] | None, str, str | None, ArgvProblem | None]:
+    """(record, option string used, explicit `=value`, problem) for a token that looks like an option; record and
+    problem are both None for an unknown flag."""
+    if token in table:
+        return table[token], token, None, None
+    name, sep, explicit = token.partition("=")
+    if sep and name in table:
+        return table[name], name, explicit, None
+    matches = sorted(s for s in table if s.startswith(name)) if token.startswith("--") else []
+    if len(matches) > 1:
+        return None, name, None, ArgvProblem(
+            "ambiguous", token, f"ambiguous option: {name} could match {', '.join(matches)}")
+    if len(matches) == 1:
+        full = matches[0]
+        return table[full], full, explicit if sep else None, ArgvProblem(
+            "abbreviation", token,
+            f"{name} is accepted only as an abbreviation of {full}; write {full} (a later flag starting with "
+            f"{name} would make it ambiguous)")
+    return None, name, None, None
+
+
+def _suggestion(name: str, table: dict[str, dict[str, Any]]) -> str:
+    close = difflib.get_close_matches(name, [s for s in table if s.startswith("--")], n=1, cutoff=0.75)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _value_problems(record: dict[str, Any], used: str, values: list[str]) -> list[ArgvProblem]:
+    problems = []
+    if record["action"] == "help":
+        problems.append(ArgvProblem("help", used, f"{used} prints the help text and exits instead of serving"))
+    if record["error"]:
+        problems.append(ArgvProblem("refused", used, f"{used}: {record['error']}"))
+    elif record["deprecated"]:
+        problems.append(ArgvProblem("deprecated", used, f"{used} is deprecated in this SGLang version", "warning"))
+    for value in values:
+        try:
+            converted = _convert(value, record["type"])
+        except ValueError:
+            problems.append(ArgvProblem("invalid-type", value, f"argument {used}: invalid {record['type']} value: "
+                                                               f"{value!r}"))
+            continue
+        choices = record["choices"]
+        if choices is not None and converted not in choices and str(converted) not in map(str, choices):
+            listed = ", ".join(repr(c) for c in choices)
+            problems.append(ArgvProblem("invalid-choice", value,
+                                        f"argument {used}: invalid choice: {value!r} (choose from {listed})"))
+    return problems
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# A real argparse parser from extracted options (the simulated server and tests use it as a second opinion)
+# ---------------------------------------------------------------------------------------------------------------
+
+
+class _Refused(argparse.Action):
+    def __init__(self, option_strings: list[str], dest: str, error_message: str = "", **kwargs: Any) -> None:
+        self.error_message = error_message
+        super().__init__(option_strings, dest, nargs=0, **kwargs)
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None) -> None:
+        parser.error(self.error_message)
+
+
+def build_parser(options: dict[str, dict[str, Any]], prog: str = "sglang serve") -> argparse.ArgumentParser:
+    """An argparse parser accepting what the extracted options accept (types int/float checked, others as str)."""
+    parser = argparse.ArgumentParser(prog=prog)
+    types = {"int": int, "float": float}
+    for record in options.values():
+        strings, dest = record["option_strings"], record["dest"]
+        kwargs: dict[str, Any] = {"dest": dest, "default": argparse.SUPPRESS}
+        if record["error"]:
+            parser.add_argument(*strings, action=_Refused, error_message=record["error"], **kwargs)
+        elif record["action"] == "BooleanOptionalAction":
+            positive = [s for s in strings if not s.startswith("--no-")]
+            parser.add_argument(*positive, action=argparse.BooleanOptionalAction, **kwargs)
+        elif record["nargs"] == 0:
+            action = {"store_false": "store_false", "count": "count"}.get(record["action"], "store_const")
+            const = {"const": True} if action == "store_const" else {}
+            parser.add_argument(*strings, action=action, **const, **kwargs)
+        else:
+            action = record["action"] if record["action"] in ("append", "extend") else "store"
+            parser.add_argument(*strings, action=action, nargs=record["nargs"], choices=record["choices"],
+                                type=types.get(record["type"] or "", str), required=record["required"], **kwargs)
+    return parser
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 2:
+        print(json.dumps({"error": "usage: python3 sglang_options.py SITE_PACKAGES_DIR"}))
+        return 1
+    try:
+        result = extract(Path(argv[1]))
+    except (OSError, ValueError, SyntaxError) as err:
+        print(json.dumps({"error": f"{type(err).__name__}: {err}"}))
+        return 1
+    print(json.dumps(result, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
