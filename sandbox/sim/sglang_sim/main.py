@@ -1,0 +1,257 @@
+"""`python -m sglang.launch_server ARGS` in the sandbox: startup phases, gates, faults, serving, drain."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, NoReturn
+
+from sglang_sim.argcheck import RESULT_MARKER
+from sglang_sim.config import SimConfig
+from sglang_sim.gpus import Gpu, query_gpus
+from sglang_sim.server import Engine, Launch, ServerState, SimHTTPServer, Status, log
+from sglang_sim.throughput import ThroughputModel
+from sglang_sim.upstream import JIT_MESSAGE, RESOLVER_MESSAGE, Fusion, InstalledUpstream, line_of
+
+RANK = "TP0"
+GIB = 1024.0
+
+
+def parse_launch_args(argv: list[str]) -> dict[str, Any]:
+    """Parse with the installed SGLang's parser in a child process; exit 2 with its message if it refuses."""
+    checked = subprocess.run([sys.executable, "-m", "sglang_sim.argcheck", *argv], capture_output=True, text=True)
+    if checked.returncode != 0:
+        sys.stderr.write(checked.stderr)
+        sys.exit(checked.returncode)
+    line = next(line for line in checked.stdout.splitlines() if line.startswith(RESULT_MARKER))
+    return json.loads(line[len(RESULT_MARKER):])
+
+
+class Simulation:
+    def __init__(self, launch: Launch, config: SimConfig, upstream: InstalledUpstream, gpus: list[Gpu]) -> None:
+        self.launch = launch
+        self.config = config
+        self.upstream = upstream
+        self.gpus = gpus
+        self.model = ThroughputModel.default()
+        self.stop = threading.Event()
+        self.state_file = config.state_dir / f"{launch.port}.json"
+        self.memory_used_mib = 0
+        self.engine: Engine | None = None
+
+    # --- state for the nvidia-smi stand-in ----------------------------------
+    def write_state(self) -> None:
+        running = self.engine.running if self.engine else 0
+        state = {"pid": os.getpid(), "gpus": list(range(self.launch.tp_size)),
+                 "memory_used_mib": self.memory_used_mib,
+                 "power_w": round(self.model.power_w(running), 2),
+                 "util_pct": round(100 * self.model.load(running))}
+        try:
+            self.config.state_dir.mkdir(parents=True, exist_ok=True)
+            tmp = self.state_file.with_suffix(f".tmp{os.getpid()}")
+            tmp.write_text(json.dumps(state))
+            tmp.replace(self.state_file)
+        except OSError:
+            pass  # a hardened unit may not be allowed to write there; nvidia-smi then shows idle GPUs
+
+    def state_loop(self) -> None:
+        while not self.stop.wait(0.5):
+            self.write_state()
+
+    def exit(self, code: int) -> NoReturn:
+        self.state_file.unlink(missing_ok=True)
+        sys.stdout.flush()
+        os._exit(code)
+
+    def crash(self, frames: list[tuple[Path | str, int, str]], exception: str) -> NoReturn:
+        """Scheduler exception as SGLang prints it, then the launcher's own message; exit 1."""
+        lines = ["Scheduler hit an exception: Traceback (most recent call last):"]
+        for path, number, function in frames:
+            lines.append(f'  File "{path}", line {number}, in {function}')
+        lines.append(exception)
+        log("\n".join(lines), RANK)
+        log("Received sigquit from a child process. It usually means the child failed.")
+        self.exit(1)
+
+    def phase(self, name: str, parts: int = 1) -> None:
+        """Wait out one startup phase (or 1/parts of it); SIGTERM while loading ends the process cleanly."""
+        if self.stop.wait(self.config.phases_s[name] / parts):
+            log("Received SIGTERM while loading; exiting.")
+            self.exit(0)
+
+    def gib_avail(self) -> str:
+        return f"{(self.gpus[0].memory_mib - self.memory_used_mib) / GIB:.2f} GB"
+
+    # --- startup -------------------------------------------------------------
+    def load(self, fusion: Fusion) -> None:
+        srt = self.upstream.sglang_dir / "srt"
+        total = self.gpus[0].memory_mib
+        log(f"server_args=ServerArgs({', '.join(f'{k}={v!r}' for k, v in self.launch.server_args.items())})")
+        log("Init torch distributed begin.", RANK)
+        self.phase("init")
+        self.memory_used_mib = 580
+        log("Init torch distributed ends. mem usage=0.57 GB", RANK)
+        log(f"Load weight begin. avail mem={self.gib_avail()}", RANK)
+        if self.config.has_fault("hang-loading"):
+            self.stop.wait()
+            self.exit(0)
+        weights_mib = int(total * 0.55)
+        for percent in (25, 50, 75, 100):
+            self.phase("weights", 4)
+            self.memory_used_mib = 580 + weights_mib * percent // 100
+            log(f"Loading safetensors checkpoint shards: {percent:3d}% Completed | {percent * 83 // 100}/83", RANK)
+            if percent == 50 and self.config.has_fault("oom"):
+                self.crash([(srt / "managers/scheduler.py", 3240, "run_scheduler_process"),
+                            (srt / "model_executor/model_runner.py", 1290, "load_model"),
+                            ("/opt/ml-env/lib/python3.11/site-packages/torch/nn/modules/module.py", 1355, "to")],
+                           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
+                           f"total capacity of {total / GIB:.2f} GiB of which 1.06 GiB is free. Including "
+                           "non-PyTorch memory, this process has "
+                           f"{total / GIB - 1.06:.2f} GiB memory in use. If reserved but unallocated memory is "
+                           "large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
+                           "fragmentation.  See documentation for Memory Management  "
+                           "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
+        log(f"Load weight end. elapsed={self.config.phases_s['weights']:.2f} s, "
+            f"type={self.config.architecture}, dtype=torch.bfloat16, avail mem={self.gib_avail()}, "
+            f"mem usage={weights_mib / GIB:.2f} GB.", RANK)
+        self.phase("kv_cache")
+        self.memory_used_mib = int(total * self.launch.mem_fraction_static)
+        log(f"KV Cache is allocated. #tokens: {self.max_total_num_tokens()}, "
+            f"KV size: {(self.memory_used_mib - 580 - weights_mib) / GIB:.2f} GB", RANK)
+        log(f"Memory pool end. avail mem={self.gib_avail()}", RANK)
+        if fusion is Fusion.CRASH_RESOLVER:
+            module = self.upstream.fusion_module
+            self.crash([(srt / "managers/scheduler.py", 3240, "run_scheduler_process"),
+                        (srt / "model_executor/model_runner.py", 702, "_pre_initialize_flashinfer_allreduce_workspace"),
+                        (module, line_of(module, "def ensure_workspace_initialized"), "ensure_workspace_initialized"),
+                        (module, line_of(module, RESOLVER_MESSAGE), "_resolve_backend")],
+                       f"ValueError: {RESOLVER_MESSAGE}")
+        if fusion is Fusion.SKIPPED:
+            log("FlashInfer workspace preflight probe failed on at least one rank "
+                "(cuMulticastGetGranularity failed for FlashInfer workspace preflight). "
+                "Skipping allreduce fusion.", RANK)
+        log(f"Capture cuda graph begin. This can take up to several minutes. avail mem={self.gib_avail()}", RANK)
+        self.phase("cuda_graph")
+        if fusion is Fusion.CRASH_JIT:
+            jit = self.upstream.jit_module
+            context = (self.upstream.flashinfer_dir or Path("flashinfer")) / "compilation_context.py"
+            self.crash([(srt / "model_executor/model_runner.py", 2100, "init_device_graphs"),
+                        (jit, line_of(jit, "def gen_trtllm_comm_module"), "gen_trtllm_comm_module"),
+                        (context, line_of(context, "No supported CUDA architectures"), "get_nvcc_flags_list")],
+                       f"Exception: Capture cuda graph failed: RuntimeError: {JIT_MESSAGE}")
+        self.memory_used_mib = min(total, self.memory_used_mib + 1200)
+        log(f"Capture cuda graph end. Time elapsed: {self.config.phases_s['cuda_graph']:.2f} s. "
+            f"mem usage=1.17 GB. avail mem={self.gib_avail()}", RANK)
+        if self.config.has_fault("nccl-timeout"):
+            self.nccl_timeout()
+        log(f"max_total_num_tokens={self.max_total_num_tokens()}, chunked_prefill_size=8192, "
+            f"max_prefill_tokens=16384, max_running_requests={self.launch.max_running_requests}, "
+            f"context_len={self.config.context_length}, available_gpu_mem={self.gib_avail()}", RANK)
+
+    def nccl_timeout(self) -> NoReturn:
+        """Collective hangs after loading; the NCCL watchdog aborts the process."""
+        self.stop.wait(self.config.nccl_timeout_s)
+        timeout_ms = int(self.config.nccl_timeout_s * 1000)
+        log(f"[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, "
+            f"NumelIn=8192, NumelOut=8192, Timeout(ms)={timeout_ms}) ran for {timeout_ms + 37} milliseconds "
+            "before timing out.", RANK)
+        log("[Rank 0] Timeout at NCCL work: 1, last enqueued NCCL work: 1, last completed NCCL work: 0.", RANK)
+        log("terminate called after throwing an instance of 'c10::DistBackendError'", RANK)
+        log("Received sigquit from a child process. It usually means the child failed.")
+        self.exit(1)
+
+    def max_total_num_tokens(self) -> int:
+        kv_mib = self.gpus[0].memory_mib * self.launch.mem_fraction_static * 0.45
+        return int(kv_mib * 1024 * 1024 / 70000)  # ~70 kB of KV per token per GPU for the reference model
+
+    # --- serving -------------------------------------------------------------
+    def bind(self, state: ServerState) -> SimHTTPServer:
+        address = (self.launch.host, self.launch.port)
+        try:
+            if self.config.has_fault("port-in-use"):
+                raise OSError(98, "address already in use")
+            return SimHTTPServer(address, state)
+        except OSError as error:
+            log(f"ERROR:    [Errno {error.errno}] error while attempting to bind on address {address}: "
+                f"{(error.strerror or str(error)).lower()}")
+            self.exit(1)
+
+    def serve(self, fusion: Fusion) -> NoReturn:
+        fused_on_sm120 = fusion is Fusion.FUSED and self.gpus[0].compute_major not in (9, 10)
+        self.engine = Engine(
+            model=self.model, launch=self.launch, fused_on_sm120=fused_on_sm120,
+            scale=self.config.throughput_scale, hang_generation=self.config.has_fault("generation-hang"),
+            die_after=self.config.fault.count if self.config.has_fault("die-after") else None,
+            on_fatal=self.die_after_requests)
+        state = ServerState(self.launch, self.engine, self.upstream.sglang_version,
+                            self.upstream.has_ready_endpoint, self.config.architecture,
+                            self.config.context_length, self.max_total_num_tokens())
+        server = self.bind(state)
+        pid = os.getpid()
+        log(f"INFO:     Started server process [{pid}]")
+        log("INFO:     Waiting for application startup.")
+        log("INFO:     Application startup complete.")
+        log(f"INFO:     Uvicorn running on http://{self.launch.host}:{self.launch.port} (Press CTRL+C to quit)")
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        self.warmup()
+        state.status = Status.UP
+        log("The server is fired up and ready to roll!")
+        self.stop.wait()
+        self.drain(server, state)
+
+    def warmup(self) -> None:
+        """As SGLang's warmup thread: /model_info, then one 8-token /generate, then status Up."""
+        self.phase("warmup", 2)
+        log('INFO:     127.0.0.1:0 - "GET /model_info HTTP/1.1" 200 OK')
+        log("Prefill batch. #new-seq: 1, #new-token: 7, #cached-token: 0, token usage: 0.00, "
+            "#running-req: 0, #queue-req: 0", RANK)
+        assert self.engine is not None
+        for _ in self.engine.generate(7, 8, 0.05, internal=True):
+            pass
+        self.phase("warmup", 2)
+        log('INFO:     127.0.0.1:0 - "POST /generate HTTP/1.1" 200 OK')
+
+    def die_after_requests(self, detail: str) -> None:
+        srt = self.upstream.sglang_dir / "srt"
+        self.crash([(srt / "managers/scheduler.py", 3240, "run_scheduler_process"),
+                    (srt / "managers/scheduler.py", 1120, "event_loop_overlap"),
+                    (srt / "model_executor/model_runner.py", 2480, "forward")],
+                   f"RuntimeError: CUDA error: an illegal memory access was encountered ({detail}, simulated)")
+
+    def drain(self, server: SimHTTPServer, state: ServerState) -> NoReturn:
+        """SIGTERM: stop accepting, let in-flight requests finish, exit 0 (as SGLang's graceful drain)."""
+        assert self.engine is not None
+        state.status = Status.DRAINING
+        log("INFO:     Shutting down")
+        server.shutdown()
+        server.socket.close()
+        self.engine.shutdown.set()  # a hung generation (fault) ends instead of blocking the drain
+        while self.engine.running:
+            time.sleep(0.05)
+        log("INFO:     Waiting for application shutdown.")
+        log("INFO:     Application shutdown complete.")
+        log(f"INFO:     Finished server process [{os.getpid()}]")
+        self.exit(0)
+
+    def run(self) -> NoReturn:
+        signal.signal(signal.SIGTERM, lambda *_: self.stop.set())
+        signal.signal(signal.SIGINT, lambda *_: self.stop.set())
+        if not self.gpus:
+            self.crash([], "RuntimeError: No CUDA GPUs are available")
+        if self.launch.tp_size > len(self.gpus):
+            self.crash([], "torch.AcceleratorError: CUDA error: invalid device ordinal")
+        fusion = self.upstream.fusion_outcome(self.launch.fusion_requested, self.gpus[0].compute_major)
+        threading.Thread(target=self.state_loop, daemon=True).start()
+        self.load(fusion)
+        self.serve(fusion)
+
+
+def run() -> NoReturn:
+    args = parse_launch_args(sys.argv[1:])
+    Simulation(Launch.from_args(args), SimConfig.load(), InstalledUpstream.find(), query_gpus()).run()

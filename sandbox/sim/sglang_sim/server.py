@@ -1,0 +1,396 @@
+"""HTTP side of the simulated server: SGLang's endpoints, status codes, auth and token pacing."""
+
+from __future__ import annotations
+
+import enum
+import json
+import math
+import secrets
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from sglang_sim.throughput import ThroughputModel
+
+WORDS = ("The simulated model answers with plain words so that token counts are easy to check and the "
+         "stream is readable in a terminal while the sandbox runs").split()
+STREAM_TICK_S = 0.05   # a streamed response writes at most this often
+BATCH_TICK_S = 0.25    # a non-streamed response re-reads the concurrency this often
+
+
+class Status(enum.Enum):
+    STARTING = "Starting"  # bound, warmup pending: /health 503
+    UP = "Up"
+    DRAINING = "Draining"  # SIGTERM: 503, in-flight requests finish
+
+
+def timestamp() -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def log(message: str, rank: str = "") -> None:
+    """One SGLang-style log line on stdout (journald keeps it)."""
+    print(f"[{timestamp()}{' ' + rank if rank else ''}] {message}", flush=True)
+
+
+def count_tokens(text: str) -> int:
+    return max(1, math.ceil(len(text) / 4))
+
+
+@dataclass(frozen=True)
+class Launch:
+    """What the simulated server takes from its parsed command line."""
+
+    model_path: str
+    served_model_name: str
+    host: str
+    port: int
+    tp_size: int
+    api_key: str | None
+    enable_metrics: bool
+    mem_fraction_static: float
+    max_running_requests: int
+    fusion_requested: bool
+    server_args: dict[str, Any]
+
+    @classmethod
+    def from_args(cls, args: dict[str, Any]) -> Launch:
+        backend = args.get("flashinfer_allreduce_fusion_backend")
+        return cls(
+            model_path=args["model_path"],
+            served_model_name=args.get("served_model_name") or args["model_path"],
+            host=args.get("host") or "127.0.0.1",
+            port=int(args.get("port") or 30000),
+            tp_size=int(args.get("tp_size") or 1),
+            api_key=args.get("api_key"),
+            enable_metrics=bool(args.get("enable_metrics")),
+            mem_fraction_static=float(args.get("mem_fraction_static") or 0.88),
+            max_running_requests=int(args.get("max_running_requests") or 1024),
+            fusion_requested=bool(args.get("enable_flashinfer_allreduce_fusion")) or backend not in (None, "None"),
+            server_args={k: v for k, v in args.items() if k not in ("api_key", "admin_api_key")},
+        )
+
+
+@dataclass
+class Engine:
+    """Paces generation by the throughput model and keeps the counters /metrics reports."""
+
+    model: ThroughputModel
+    launch: Launch
+    fused_on_sm120: bool
+    scale: float
+    hang_generation: bool
+    die_after: int | None
+    on_fatal: Callable[[str], None]
+    shutdown: threading.Event = field(default_factory=threading.Event)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    running: int = 0
+    finished: int = 0
+    prompt_tokens_total: int = 0
+    generation_tokens_total: int = 0
+    ttft_sum_s: float = 0.0
+
+    def per_request_tok_s(self) -> float:
+        concurrency = min(self.running, self.launch.max_running_requests)
+        return self.model.per_request_tok_s(concurrency, self.fused_on_sm120) * self.scale
+
+    def aggregate_tok_s(self) -> float:
+        concurrency = min(self.running, self.launch.max_running_requests)
+        return self.model.aggregate_tok_s(concurrency, self.fused_on_sm120) * self.scale
+
+    def generate(self, prompt_tokens: int, max_tokens: int, tick_s: float, internal: bool = False) -> Iterator[int]:
+        """Yield the number of new tokens each time some are due; the sum is max_tokens."""
+        with self.lock:
+            self.running += 1
+        try:
+            if self.hang_generation and not internal:
+                self.shutdown.wait()
+                return
+            ttft = self.model.time_to_first_token_s(prompt_tokens) / self.scale
+            time.sleep(ttft)
+            with self.lock:
+                self.prompt_tokens_total += prompt_tokens
+                self.ttft_sum_s += ttft
+            produced, due = 0, 1.0
+            while produced < max_tokens:
+                step = min(max_tokens - produced, int(due))
+                if step:
+                    produced += step
+                    due -= step
+                    with self.lock:
+                        self.generation_tokens_total += step
+                    yield step
+                if produced >= max_tokens:
+                    break
+                rate = self.per_request_tok_s()
+                wait = max(tick_s, 1.0 / rate)
+                time.sleep(wait)
+                due += rate * wait
+        finally:
+            with self.lock:
+                self.running -= 1
+                if not internal:
+                    self.finished += 1
+                finished = self.finished
+        if self.die_after is not None and not internal and finished >= self.die_after:
+            self.on_fatal(f"after {finished} requests")
+
+
+def token_text(start: int, count: int) -> str:
+    return "".join(" " + WORDS[(start + i) % len(WORDS)] for i in range(count))
+
+
+class SimHTTPServer(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True  # as uvicorn
+
+    def __init__(self, address: tuple[str, int], state: ServerState) -> None:
+        self.state = state
+        super().__init__(address, Handler)
+
+
+@dataclass
+class ServerState:
+    launch: Launch
+    engine: Engine
+    version: str
+    has_ready_endpoint: bool
+    architecture: str
+    context_length: int
+    max_total_num_tokens: int
+    startup_time: float = field(default_factory=time.time)
+    status: Status = Status.STARTING
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: SimHTTPServer
+
+    # --- plumbing ---------------------------------------------------------
+    def log_message(self, format: str, *args: Any) -> None:  # uvicorn access-log format
+        pass
+
+    def log_request(self, code: int | str = "-", size: int | str = "-") -> None:
+        status = HTTPStatus(int(code)) if str(code).isdigit() else None
+        phrase = f"{int(code)} {status.phrase}" if status else str(code)
+        log(f'INFO:     {self.client_address[0]}:{self.client_address[1]} - "{self.requestline}" {phrase}')
+
+    def send_json(self, code: int, body: Any) -> None:
+        data = json.dumps(body).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    def read_json(self) -> dict[str, Any]:
+        length = int(self.headers.get("Content-Length") or 0)
+        return json.loads(self.rfile.read(length) or b"{}")
+
+    def start_stream(self) -> None:
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.send_header("Cache-Control", "no-cache")
+        self.send_header("Transfer-Encoding", "chunked")
+        self.end_headers()
+
+    def send_event(self, payload: Any) -> None:
+        data = ("data: " + (payload if isinstance(payload, str) else json.dumps(payload)) + "\n\n").encode()
+        self.wfile.write(f"{len(data):X}\r\n".encode() + data + b"\r\n")
+        self.wfile.flush()
+
+    def end_stream(self) -> None:
+        self.send_event("[DONE]")
+        self.wfile.write(b"0\r\n\r\n")
+        self.wfile.flush()
+
+    @property
+    def state(self) -> ServerState:
+        return self.server.state
+
+    def authorized(self, path: str) -> bool:
+        """As sglang/srt/utils/auth.py: with --api-key every path needs the bearer key except probes."""
+        key = self.state.launch.api_key
+        exempt = ("/health", "/metrics") + (("/ready",) if self.state.has_ready_endpoint else ())
+        if key is None or path.startswith(exempt):
+            return True
+        scheme, _, token = (self.headers.get("Authorization") or "").partition(" ")
+        return scheme.lower() == "bearer" and secrets.compare_digest(token, key)
+
+    def route(self, method: str) -> None:
+        path = self.path.split("?", 1)[0]
+        if not self.authorized(path):
+            self.send_json(401, {"error": "Unauthorized"})
+            return
+        handler = ROUTES.get((method, path))
+        if handler is None or (path == "/ready" and not self.state.has_ready_endpoint):
+            self.send_json(404, {"detail": "Not Found"})
+            return
+        handler(self)
+
+    def do_GET(self) -> None:
+        self.route("GET")
+
+    def do_POST(self) -> None:
+        self.route("POST")
+
+    # --- probes and info --------------------------------------------------
+    def health(self) -> None:
+        if self.state.status is Status.UP:
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+        else:
+            self.send_json(503, {"status": self.state.status.value})
+
+    def models(self) -> None:
+        name = self.state.launch.served_model_name
+        self.send_json(200, {"object": "list", "data": [{
+            "id": name, "object": "model", "created": int(self.state.startup_time), "owned_by": "sglang",
+            "root": name, "max_model_len": self.state.context_length}]})
+
+    def model_info(self) -> None:
+        launch = self.state.launch
+        self.send_json(200, {
+            "model_path": launch.model_path, "tokenizer_path": launch.model_path,
+            "served_model_name": launch.served_model_name, "is_generation": True,
+            "preferred_sampling_params": None, "weight_version": "default",
+            "has_image_understanding": False, "has_audio_understanding": False,
+            "model_type": None, "architectures": [self.state.architecture]})
+
+    def server_info(self) -> None:
+        engine = self.state.engine
+        self.send_json(200, {
+            **self.state.launch.server_args, "version": self.state.version,
+            "startup_time": self.state.startup_time, "status": self.state.status.value,
+            "max_total_num_tokens": self.state.max_total_num_tokens,
+            "internal_states": [{"last_gen_throughput": engine.aggregate_tok_s(),
+                                 "num_running_reqs": engine.running}]})
+
+    def metrics(self) -> None:
+        if not self.state.launch.enable_metrics:
+            self.send_json(404, {"detail": "Not Found"})
+            return
+        engine = self.state.engine
+        label = f'{{model_name="{self.state.launch.served_model_name}"}}'
+        usage = min(1.0, engine.running * 2048 / self.state.max_total_num_tokens)
+        lines = []
+        for name, kind, value in (
+            ("num_running_reqs", "gauge", engine.running),
+            ("num_queue_reqs", "gauge", max(0, engine.running - self.state.launch.max_running_requests)),
+            ("token_usage", "gauge", round(usage, 4)),
+            ("gen_throughput", "gauge", round(engine.aggregate_tok_s(), 2)),
+            ("prompt_tokens_total", "counter", engine.prompt_tokens_total),
+            ("generation_tokens_total", "counter", engine.generation_tokens_total),
+            ("num_requests_total", "counter", engine.finished),
+        ):
+            lines += [f"# HELP sglang:{name} {name.replace('_', ' ')} (simulated)", f"# TYPE sglang:{name} {kind}",
+                      f"sglang:{name}{label} {value}"]
+        lines += ["# HELP sglang:time_to_first_token_seconds Histogram of time to first token (simulated)",
+                  "# TYPE sglang:time_to_first_token_seconds histogram",
+                  f'sglang:time_to_first_token_seconds_bucket{{model_name="{self.state.launch.served_model_name}",'
+                  f'le="+Inf"}} {engine.finished}',
+                  f"sglang:time_to_first_token_seconds_sum{label} {engine.ttft_sum_s:.6f}",
+                  f"sglang:time_to_first_token_seconds_count{label} {engine.finished}"]
+        data = ("\n".join(lines) + "\n").encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    # --- generation -------------------------------------------------------
+    def run_generation(self, prompt: str, max_tokens: int, stream: bool,
+                       chunk: Callable[[str, int], Any], final: Callable[[str, int, int], Any],
+                       usage_chunk: Callable[[int, int], Any] | None = None) -> None:
+        prompt_tokens = count_tokens(prompt)
+        engine = self.state.engine
+        tick = STREAM_TICK_S if stream else BATCH_TICK_S
+        if stream:
+            self.start_stream()
+        produced = 0
+        for step in engine.generate(prompt_tokens, max_tokens, tick):
+            if stream:
+                self.send_event(chunk(token_text(produced, step), produced + step))
+            produced += step
+        if stream:
+            if usage_chunk is not None:
+                self.send_event(usage_chunk(prompt_tokens, produced))
+            self.end_stream()
+        else:
+            self.send_json(200, final(token_text(0, produced), prompt_tokens, produced))
+
+    def generate(self) -> None:
+        body = self.read_json()
+        text = body.get("text") or ""
+        max_tokens = int((body.get("sampling_params") or {}).get("max_new_tokens") or 128)
+        rid = uuid.uuid4().hex
+
+        def meta(prompt_tokens: int, produced: int, done: bool) -> dict[str, Any]:
+            finish = {"type": "length", "length": produced} if done else None
+            return {"id": rid, "prompt_tokens": prompt_tokens, "completion_tokens": produced,
+                    "finish_reason": finish}
+
+        prompt_tokens = count_tokens(text)
+        self.run_generation(
+            text, max_tokens, bool(body.get("stream")),
+            chunk=lambda _new, total: {"text": token_text(0, total), "index": 0,
+                                       "meta_info": meta(prompt_tokens, total, total >= max_tokens)},
+            final=lambda out, p, n: {"text": out, "meta_info": meta(p, n, True)})
+
+    def completions(self, chat: bool) -> None:
+        body = self.read_json()
+        if chat:
+            prompt = " ".join(str(m.get("content", "")) for m in body.get("messages") or [])
+            max_tokens = int(body.get("max_completion_tokens") or body.get("max_tokens") or 128)
+        else:
+            prompt = body.get("prompt") or ""
+            prompt = " ".join(prompt) if isinstance(prompt, list) else str(prompt)
+            max_tokens = int(body.get("max_tokens") or 16)
+        rid = uuid.uuid4().hex
+        created = int(time.time())
+        kind = "chat.completion" if chat else "text_completion"
+        model = self.state.launch.served_model_name
+
+        def usage(prompt_tokens: int, produced: int) -> dict[str, int]:
+            return {"prompt_tokens": prompt_tokens, "completion_tokens": produced,
+                    "total_tokens": prompt_tokens + produced}
+
+        def choice(text: str, done: bool, delta: bool) -> dict[str, Any]:
+            if chat:
+                content = {"delta" if delta else "message": {"role": "assistant", "content": text}}
+            else:
+                content = {"text": text}
+            return {"index": 0, **content, "logprobs": None, "finish_reason": "length" if done else None}
+
+        def envelope(choices: list[dict[str, Any]], streamed: bool, **extra: Any) -> dict[str, Any]:
+            return {"id": rid, "object": kind + (".chunk" if streamed and chat else ""), "created": created,
+                    "model": model, "choices": choices, **extra}
+
+        stream_usage = bool((body.get("stream_options") or {}).get("include_usage"))
+        self.run_generation(
+            prompt, max_tokens, bool(body.get("stream")),
+            chunk=lambda new, total: envelope([choice(new, total >= max_tokens, True)], True),
+            final=lambda out, p, n: envelope([choice(out, True, False)], False, usage=usage(p, n)),
+            usage_chunk=(lambda p, n: envelope([], True, usage=usage(p, n))) if stream_usage else None)
+
+
+ROUTES: dict[tuple[str, str], Callable[[Handler], None]] = {
+    ("GET", "/health"): Handler.health,
+    ("GET", "/health_generate"): Handler.health,
+    ("GET", "/ready"): Handler.health,
+    ("GET", "/v1/models"): Handler.models,
+    ("GET", "/model_info"): Handler.model_info,
+    ("GET", "/get_model_info"): Handler.model_info,
+    ("GET", "/server_info"): Handler.server_info,
+    ("GET", "/get_server_info"): Handler.server_info,
+    ("GET", "/metrics"): Handler.metrics,
+    ("POST", "/generate"): Handler.generate,
+    ("POST", "/v1/completions"): lambda h: h.completions(chat=False),
+    ("POST", "/v1/chat/completions"): lambda h: h.completions(chat=True),
+}
