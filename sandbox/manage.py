@@ -1,0 +1,153 @@
+"""Sandbox guests as data: start/stop through testhost.sh, their connection facts, the inventory, the venv.
+
+Functions return values or raise deploy_lib errors; they never print (sandbox/tasks.py does).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import yaml
+
+from deploy_lib.errors import RemoteError
+from sandbox import wheelhouse
+
+SANDBOX_DIR = Path(__file__).resolve().parent
+TESTHOST = SANDBOX_DIR / "testhost.sh"
+INVENTORY = SANDBOX_DIR.parent / "inventory" / "sandbox.yaml"
+DEFAULT_NAME = "th1"
+GUEST_VENV = PurePosixPath("/opt/ml-env")  # a real host uses /root/ml-env
+GUEST_WHEELS = PurePosixPath("/var/cache/sglang-sim/wheels")
+GUEST_USER = "deploy"
+
+
+@dataclass(frozen=True)
+class Guest:
+    name: str
+    state: str
+    host_ip: str
+    guest_ip: str
+    key: Path
+    known_hosts: Path
+    netns: str
+    veth: str
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+    def ssh_argv(self, user: str = GUEST_USER) -> list[str]:
+        """ssh command line for this guest, host-key checking on (strict, against its own known_hosts)."""
+        return ["ssh", "-i", str(self.key), "-o", f"UserKnownHostsFile={self.known_hosts}",
+                "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-o", "ConnectTimeout=5",
+                f"{user}@{self.guest_ip}"]
+
+
+def _testhost(command: str, name: str, timeout_s: float = 300) -> str:
+    result = subprocess.run(["bash", str(TESTHOST), command], env={**os.environ, "TH_NAME": name},
+                            capture_output=True, text=True, timeout=timeout_s)
+    if result.returncode != 0:
+        raise RemoteError(f"sandbox {command} {name} failed (exit {result.returncode})",
+                          hint=result.stderr.strip().splitlines()[-1] if result.stderr.strip() else None)
+    return result.stdout
+
+
+def guest(name: str = DEFAULT_NAME) -> Guest:
+    facts = dict(line.split("=", 1) for line in _testhost("info", name).splitlines() if "=" in line)
+    return Guest(name=facts["name"], state=facts["state"], host_ip=facts["host_ip"],
+                 guest_ip=facts["guest_ip"], key=Path(facts["key"]), known_hosts=Path(facts["known_hosts"]),
+                 netns=facts["netns"], veth=facts["veth"])
+
+
+def _inventory_names_file() -> Path:
+    """Guests brought up by `sandbox.up` (tests and scripts start others that stay out of the inventory)."""
+    return guest().key.parent.parent / "inventory-names"
+
+
+def inventory_names() -> list[str]:
+    path = _inventory_names_file()
+    names = set(path.read_text().split()) if path.exists() else set()
+    return sorted(names | {DEFAULT_NAME})
+
+
+def _record_inventory_name(name: str, present: bool) -> None:
+    names = (set(inventory_names()) | {name}) if present else (set(inventory_names()) - {name})
+    _inventory_names_file().write_text("".join(f"{n}\n" for n in sorted(names)))
+
+
+def up(name: str = DEFAULT_NAME, record: bool = True) -> Guest:
+    """Build the rootfs if needed (cached tarball), boot the guest, wait for ssh; list it in the inventory."""
+    _testhost("build", name)
+    _testhost("start", name, timeout_s=120)
+    if record:
+        _record_inventory_name(name, present=True)
+        write_inventory()
+    return guest(name)
+
+
+def down(name: str = DEFAULT_NAME, record: bool = True) -> Guest:
+    """Power the guest off and remove its overlay, netns, veth and cgroups."""
+    _testhost("stop", name, timeout_s=120)
+    if record and name != DEFAULT_NAME:
+        _record_inventory_name(name, present=False)
+        write_inventory()
+    return guest(name)
+
+
+def status() -> list[Guest]:
+    """Every guest in the inventory plus any other running one (started by tests or testhost.sh)."""
+    run_dir = guest().key.parent.parent / "run"
+    running = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
+    return [guest(name) for name in sorted(running | set(inventory_names()))]
+
+
+def inventory(guests: list[Guest]) -> dict:
+    """Ansible-style inventory of the guests (all/hosts/vars)."""
+    hosts = {
+        g.name: {"ansible_host": g.guest_ip, "known_hosts_file": str(g.known_hosts)} for g in guests
+    }
+    return {"all": {
+        "hosts": hosts,
+        "vars": {"ansible_user": GUEST_USER, "ansible_ssh_private_key_file": str(guests[0].key),
+                 "venv": str(GUEST_VENV), "gpu_count": 8, "gpu_arch": "sm120"},
+    }}
+
+
+def inventory_text(guests: list[Guest]) -> str:
+    header = ("# Sandbox VM inventory, written by `invoke sandbox.up` (sandbox/manage.py). The guests are\n"
+              "# systemd-nspawn machines on this host; only their GPUs and the model are simulated.\n")
+    return header + yaml.safe_dump(inventory(guests), sort_keys=False)
+
+
+def write_inventory(path: Path = INVENTORY) -> Path:
+    """Inventory of the guests brought up by `sandbox.up`; for th1 alone it equals the committed file."""
+    path.write_text(inventory_text([guest(name) for name in inventory_names()]))
+    return path
+
+
+def run_on(g: Guest, command: str, timeout_s: float = 600, user: str = "root") -> str:
+    result = subprocess.run([*g.ssh_argv(user), command], capture_output=True, text=True, timeout=timeout_s)
+    if result.returncode != 0:
+        raise RemoteError(f"{g.name}: `{command}` exited {result.returncode}", hint=result.stderr.strip()[-500:])
+    return result.stdout
+
+
+def push_wheels(g: Guest, house: wheelhouse.Wheelhouse) -> list[PurePosixPath]:
+    """rsync the wheelhouse to the guest (it has no network); returns the paths there."""
+    run_on(g, f"mkdir -p {shlex.quote(str(GUEST_WHEELS))}")
+    ssh = shlex.join(g.ssh_argv("root")[:-1])
+    subprocess.run(["rsync", "-a", "-e", ssh, *map(str, house.wheels), f"root@{g.guest_ip}:{GUEST_WHEELS}/"],
+                   check=True, capture_output=True, timeout=600)
+    return [GUEST_WHEELS / wheel.name for wheel in house.wheels]
+
+
+def build_guest_venv(g: Guest, house: wheelhouse.Wheelhouse, venv: PurePosixPath = GUEST_VENV) -> PurePosixPath:
+    """Until the deploy engine builds venvs: real sglang + flashinfer (--no-deps) + msgspec + the sim."""
+    remote_wheels = push_wheels(g, house)
+    install = shlex.join(wheelhouse.install_argv(str(venv / "bin/python"), tuple(map(str, remote_wheels))))
+    run_on(g, f"rm -rf {shlex.quote(str(venv))} && /usr/bin/python3 -m venv {shlex.quote(str(venv))} && {install}")
+    return venv

@@ -1,0 +1,136 @@
+"""The simulated server's pure parts, without the VM: throughput model, config and faults, gate detection on
+the files of the real wheels (unpatched and patched copies)."""
+
+from __future__ import annotations
+
+import json
+import zipfile
+from pathlib import Path
+
+import pytest
+from sglang_sim.config import Fault, SimConfig
+from sglang_sim.throughput import ThroughputModel
+from sglang_sim.upstream import Fusion, InstalledUpstream
+
+from sandbox import wheelhouse
+
+
+def test_throughput_model_reproduces_the_reference_figures() -> None:
+    model = ThroughputModel.default()
+    assert model.aggregate_tok_s(64) == pytest.approx(880, rel=1e-6)
+    assert model.aggregate_tok_s(1024) == pytest.approx(3740, rel=1e-6)
+    assert model.aggregate_tok_s(64, fused_on_sm120=True) == pytest.approx(236, rel=1e-6)
+
+
+def test_more_concurrency_gives_more_total_and_less_per_request() -> None:
+    model = ThroughputModel.default()
+    assert model.aggregate_tok_s(128) > model.aggregate_tok_s(64)
+    assert model.per_request_tok_s(128) < model.per_request_tok_s(64)
+
+
+def test_power_reaches_about_250_w_per_gpu_at_full_load() -> None:
+    model = ThroughputModel.default()
+    assert model.power_w(1024) == pytest.approx(250)
+    assert model.power_w(0) < model.power_w(64) < model.power_w(1024)
+
+
+@pytest.mark.parametrize(("text", "fault"), [
+    ("", None), ("oom\n", Fault("oom")), ("die-after 3", Fault("die-after", 3)),
+    ("generation-hang", Fault("generation-hang")),
+])
+def test_fault_file_is_parsed(text: str, fault: Fault | None) -> None:
+    assert Fault.parse(text) == fault
+
+
+@pytest.mark.parametrize("text", ["melt", "die-after", "die-after many"])
+def test_bad_fault_file_is_refused(text: str) -> None:
+    with pytest.raises(ValueError):
+        Fault.parse(text)
+
+
+def test_config_file_sets_phases_and_fault_file_wins(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"phases_s": {"weights": 7.5}, "fault": "oom", "gpus": {"count": 4}}))
+    fault = tmp_path / "fault"
+    fault.write_text("port-in-use\n")
+    loaded = SimConfig.load({"SGLANG_SIM_CONFIG": str(config), "SGLANG_SIM_FAULT": str(fault)})
+    assert loaded.phases_s["weights"] == 7.5
+    assert loaded.has_fault("port-in-use")
+
+
+def test_config_with_an_unknown_key_is_refused(tmp_path: Path) -> None:
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"phase_seconds": {}}))
+    with pytest.raises(ValueError, match="phase_seconds"):
+        SimConfig.load({"SGLANG_SIM_CONFIG": str(config), "SGLANG_SIM_FAULT": str(tmp_path / "none")})
+
+
+# --- gates, on the real wheels' files --------------------------------------------------------------------
+
+GATE_FILES = (
+    "sglang/srt/layers/flashinfer_comm_fusion.py",
+    "sglang/srt/layers/layer_boundary/residual/add_norm.py",
+    "sglang/srt/layers/communicator.py",
+    "sglang/srt/entrypoints/http_server.py",
+    "flashinfer/jit/comm.py",
+)
+
+
+def installed_copy(tmp_path: Path, sglang: str, flashinfer: str) -> InstalledUpstream:
+    """The gate files of two real wheels, laid out as in site-packages, in a directory the test may edit."""
+    for dist, version in (("sglang", sglang), ("flashinfer-python", flashinfer)):
+        with zipfile.ZipFile(wheelhouse.download(dist, version)) as archive:
+            for name in set(archive.namelist()) & set(GATE_FILES):
+                archive.extract(name, tmp_path)
+    return InstalledUpstream(tmp_path / "sglang", tmp_path / "flashinfer", sglang)
+
+
+def replace(path: Path, old: str, new: str) -> None:
+    text = path.read_text()
+    assert old in text
+    path.write_text(text.replace(old, new))
+
+
+@pytest.mark.wheels
+def test_unpatched_0_5_23_on_sm120_crashes_in_the_backend_resolver(tmp_path: Path) -> None:
+    upstream = installed_copy(tmp_path, "0.5.23", "0.7.2")
+    assert upstream.fusion_outcome(True, compute_major=12) is Fusion.CRASH_RESOLVER
+    assert upstream.fusion_outcome(False, compute_major=12) is Fusion.OFF
+    assert upstream.fusion_outcome(True, compute_major=9) is Fusion.FUSED
+    assert upstream.has_ready_endpoint
+
+
+@pytest.mark.wheels
+def test_0_5_23_with_every_sglang_gate_patched_is_fused_on_sm120(tmp_path: Path) -> None:
+    upstream = installed_copy(tmp_path, "0.5.23", "0.7.2")
+    replace(upstream.fusion_module, "if not (get_platform().is_sm90 or get_platform().is_sm100):",
+            "if not (get_platform().is_sm90 or get_platform().is_sm100 or get_platform().is_sm120):")
+    assert upstream.fusion_outcome(True, compute_major=12) is Fusion.SKIPPED  # preflight (f) still probes
+    replace(upstream.fusion_module, "cuMulticastGetGranularity(", "cuMemGetAllocationGranularity(")
+    assert upstream.fusion_outcome(True, compute_major=12) is Fusion.NO_OP  # runtime gate (a) still gated
+    replace(upstream.runtime_gate_module, "(_is_sm90_supported or _is_sm100_supported)",
+            "(_is_sm90_supported or _is_sm100_supported or _is_sm120_supported)")
+    assert upstream.fusion_outcome(True, compute_major=12) is Fusion.FUSED
+
+
+@pytest.mark.wheels
+def test_0_5_9_is_a_silent_no_op_until_patched_then_hits_the_flashinfer_jit_gate(tmp_path: Path) -> None:
+    upstream = installed_copy(tmp_path, "0.5.9", "0.6.3")
+    assert not upstream.has_ready_endpoint
+    assert upstream.fusion_outcome(True, compute_major=12) is Fusion.NO_OP
+    replace(upstream.runtime_gate_module, "(_is_sm90_supported or _is_sm100_supported)",
+            "(_is_sm90_supported or _is_sm100_supported or _is_sm120_supported)")
+    assert upstream.fusion_outcome(True, compute_major=12) is Fusion.CRASH_JIT
+    # only the line of gen_trtllm_comm_module (the first in comm.py on 0.6.3), as the patch does
+    replace(upstream.jit_module, "supported_major_versions=[9, 10]\n", "supported_major_versions=[9, 10, 12]\n")
+    assert upstream.fusion_outcome(True, compute_major=12) is Fusion.FUSED
+
+
+@pytest.mark.wheels
+def test_0_5_15_with_its_resolver_patched_hits_the_flashinfer_jit_gate(tmp_path: Path) -> None:
+    upstream = installed_copy(tmp_path, "0.5.15.post1", "0.6.12")
+    assert upstream.fusion_outcome(True, compute_major=12) is Fusion.CRASH_RESOLVER
+    replace(upstream.fusion_module, "if not (is_sm90_supported() or is_sm100_supported()):",
+            "if not (is_sm90_supported() or is_sm100_supported() or is_sm120_supported()):")
+    replace(upstream.fusion_module, "cuMulticastGetGranularity(", "cuMemGetAllocationGranularity(")
+    assert upstream.fusion_outcome(True, compute_major=12) is Fusion.CRASH_JIT

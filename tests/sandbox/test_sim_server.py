@@ -1,0 +1,164 @@
+"""The simulated server on 127.0.0.1, from a local venv of the real wheels + the sim wheel (no VM)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.wheels
+
+SHORT_PHASES = {"init": 0.1, "weights": 0.8, "kv_cache": 0.1, "cuda_graph": 0.2, "warmup": 0.6}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def probe(url: str, headers: dict[str, str] | None = None, body: dict | None = None,
+          timeout_s: float = 30) -> tuple[int | str, bytes]:
+    """(status, body); "refused" while the port is closed."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout_s) as response:
+            return response.status, response.read()
+    except urllib.error.HTTPError as error:
+        return error.code, error.read()
+    except urllib.error.URLError as error:
+        if isinstance(error.reason, ConnectionRefusedError):
+            return "refused", b""
+        raise
+
+
+@dataclass
+class RunningSim:
+    process: subprocess.Popen[bytes]
+    base: str
+    log: Path
+
+    def wait_states(self, path: str = "/health", deadline_s: float = 60) -> list[int | str]:
+        """Distinct successive states of `path` until it answers 200."""
+        seen: list[int | str] = []
+        end = time.monotonic() + deadline_s
+        while time.monotonic() < end:
+            status, _ = probe(self.base + path)
+            if not seen or seen[-1] != status:
+                seen.append(status)
+            if status == 200:
+                return seen
+            assert self.process.poll() is None, self.log.read_text()
+            time.sleep(0.05)
+        raise AssertionError(f"not ready: {seen}\n{self.log.read_text()}")
+
+
+@pytest.fixture
+def start_sim(sim_venv: Path, tmp_path: Path) -> Iterator:
+    started: list[subprocess.Popen[bytes]] = []
+
+    def start(*args: str, fault: str = "", config: dict | None = None) -> RunningSim:
+        port = free_port()
+        (tmp_path / "config.json").write_text(json.dumps(
+            {"phases_s": SHORT_PHASES, "state_dir": str(tmp_path / "state"), **(config or {})}))
+        (tmp_path / "fault").write_text(fault)
+        log = tmp_path / f"sim-{port}.log"
+        env = {**os.environ, "SGLANG_SIM_CONFIG": str(tmp_path / "config.json"),
+               "SGLANG_SIM_FAULT": str(tmp_path / "fault"),
+               "SGLANG_SIM_NVIDIA_SMI": str(Path(__file__).parents[2] / "sandbox/nvidia-smi")}
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                [str(sim_venv / "bin/python"), "-m", "sglang.launch_server", "--model-path", "zai-org/GLM-5-NVFP4",
+                 "--tp-size", "8", "--port", str(port), *args],
+                stdout=out, stderr=subprocess.STDOUT, env=env)
+        started.append(process)
+        return RunningSim(process, f"http://127.0.0.1:{port}", log)
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+
+
+def test_unknown_flag_exits_2_with_argparse_message(start_sim) -> None:
+    sim = start_sim("--nsa-decode-backend", "trtllm")
+    assert sim.process.wait(timeout=60) == 2
+    assert "sglang serve: error: unrecognized arguments: --nsa-decode-backend trtllm" in sim.log.read_text()
+
+
+def test_port_closed_while_loading_then_503_then_200(start_sim) -> None:
+    sim = start_sim("--enable-metrics")
+    assert sim.wait_states("/health") == ["refused", 503, 200]
+    assert probe(sim.base + "/ready")[0] == 200  # 0.5.23 has /ready
+    status, metrics = probe(sim.base + "/metrics")
+    assert status == 200 and b"sglang:num_running_reqs" in metrics
+    log = sim.log.read_text()
+    assert log.index("Load weight begin") < log.index("Capture cuda graph end") < log.index("fired up")
+
+
+def test_api_key_guards_everything_but_the_probes(start_sim) -> None:
+    sim = start_sim("--api-key", "s3cret")
+    sim.wait_states("/health")
+    assert probe(sim.base + "/v1/models")[0] == 401
+    assert probe(sim.base + "/v1/models", {"Authorization": "Bearer wrong"})[0] == 401
+    status, body = probe(sim.base + "/v1/models", {"Authorization": "Bearer s3cret"})
+    assert status == 200 and json.loads(body)["data"][0]["id"] == "zai-org/GLM-5-NVFP4"
+    assert probe(sim.base + "/ready")[0] == 200
+
+
+def test_streamed_chat_completion_counts_its_tokens(start_sim) -> None:
+    sim = start_sim()
+    sim.wait_states("/health")
+    status, body = probe(sim.base + "/v1/chat/completions", body={
+        "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "stream": True,
+        "stream_options": {"include_usage": True}})
+    events = [line.removeprefix("data: ") for line in body.decode().splitlines() if line.startswith("data: ")]
+    assert status == 200 and events[-1] == "[DONE]"
+    chunks = [json.loads(event) for event in events[:-1]]
+    words = "".join(c["choices"][0]["delta"]["content"] for c in chunks if c["choices"]).split()
+    assert len(words) == 6
+    assert chunks[-1]["usage"]["completion_tokens"] == 6
+
+
+def test_fusion_on_sm120_with_unpatched_gate_exits_with_the_upstream_error(start_sim) -> None:
+    sim = start_sim("--enable-flashinfer-allreduce-fusion")
+    assert sim.process.wait(timeout=60) == 1
+    assert "ValueError: FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs." in sim.log.read_text()
+
+
+def test_fusion_on_an_sm90_host_starts(start_sim) -> None:
+    sim = start_sim("--flashinfer-allreduce-fusion-backend", "auto", config={"gpus": {"model": "h100"}})
+    assert sim.wait_states("/health")[-1] == 200
+
+
+def test_sigterm_finishes_the_request_in_flight_then_exits_0(start_sim) -> None:
+    sim = start_sim()
+    sim.wait_states("/health")
+    result: dict[str, tuple[int | str, bytes]] = {}
+    generate = {"text": "hi", "sampling_params": {"max_new_tokens": 20}}
+
+    def request() -> None:
+        result["generate"] = probe(sim.base + "/generate", body=generate)
+
+    worker = threading.Thread(target=request)
+    worker.start()
+    time.sleep(0.3)
+    sim.process.send_signal(signal.SIGTERM)
+    worker.join(timeout=30)
+    assert sim.process.wait(timeout=30) == 0
+    status, body = result["generate"]
+    assert status == 200 and json.loads(body)["meta_info"]["completion_tokens"] == 20
+    assert probe(sim.base + "/health")[0] == "refused"
