@@ -1,0 +1,171 @@
+"""Profile -> the SGLang launch command and environment for one SGLang version.
+
+Flags that were renamed across SGLang releases are data (SPELLINGS below), each with where it was established:
+../shared/notes/upstream-targets.md section 3 and the real wheels read by deploy_lib/sglang_options.py.
+Preflight checks the result against the parser of the version actually installed (sglang_options.check_argv).
+
+The API key never appears in argv: SGLang only takes it as `--api-key` (no environment variable, 0.5.6 - 0.5.23),
+so with a key the server starts through a one-line launcher that moves SGLANG_API_KEY from the environment (the
+0600 EnvironmentFile) into sys.argv inside the process; /proc/PID/cmdline, `ps` and `systemctl status` show only
+the launcher. `${SGLANG_API_KEY}` expansion in ExecStart would put the key in the world-readable cmdline.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from deploy_lib.errors import ConfigError
+from deploy_lib.profile import Profile, SecretRef, venv_python
+from deploy_lib.sglang_options import version_key
+
+API_KEY_ENV = "SGLANG_API_KEY"
+
+# Runs sglang.launch_server exactly as `python -m` does (runpy with alter_sys, so multiprocessing children re-import
+# it as __mp_main__), after appending `--api-key KEY` to sys.argv; the key leaves os.environ so children do not
+# inherit it. One line, no `$`, `%`, quotes of the other kind or backslashes: it goes into ExecStart verbatim.
+API_KEY_LAUNCHER = (
+    f"import os,runpy,sys;k=os.environ.pop('{API_KEY_ENV}','') or sys.exit('sglang-deploy: {API_KEY_ENV} is not "
+    "set in the environment file');sys.argv+=['--api-key',k];"
+    "runpy.run_module('sglang.launch_server',run_name='__main__',alter_sys=True)"
+)
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """How a setting is written on the command line from SGLang `since` on; `{}` stands for the value."""
+
+    since: str
+    argv: tuple[str, ...]
+    source: str
+
+
+# Oldest first; a version uses the last spelling whose `since` it has reached. Before the first: the flag is absent.
+NOTES = "notes/upstream-targets.md s. 3"
+SPELLINGS: dict[str, tuple[Spelling, ...]] = {
+    "fp8_gemm": (
+        Spelling("0.5.6.post2", ("--fp8-gemm-backend", "{}"),
+                 f"{NOTES} (absent 0.5.5.post3, present 0.5.6.post2); absent from the 0.5.6 and 0.5.6.post1 wheels"),
+    ),
+    "dsa_decode": (
+        Spelling("0", ("--nsa-decode-backend", "{}"), f"{NOTES}: --nsa-* up to 0.5.9; a deprecated alias in 0.5.15.x"),
+        Spelling("0.5.15", ("--dsa-decode-backend", "{}"),
+                 f"{NOTES}: --dsa-* from 0.5.15.post1, --nsa-* removed by 0.5.20; 0.5.15 wheel has --dsa-* too"),
+    ),
+    "dsa_prefill": (
+        Spelling("0", ("--nsa-prefill-backend", "{}"), f"{NOTES}: as dsa_decode"),
+        Spelling("0.5.15", ("--dsa-prefill-backend", "{}"), f"{NOTES}: as dsa_decode"),
+    ),
+    "allreduce_fusion": (
+        Spelling("0", ("--enable-flashinfer-allreduce-fusion",), f"{NOTES}: the only switch up to 0.5.9"),
+        Spelling("0.5.15", ("--flashinfer-allreduce-fusion-backend", "auto"),
+                 f"{NOTES} and s. 0 item 5: the old switch is deprecated and maps to backend auto, which resolves to "
+                 "trtllm on a single non-SM100 node (s. 2e)"),
+    ),
+    "cuda_graph_off": (
+        Spelling("0", ("--disable-cuda-graph",), f"{NOTES}"),
+        Spelling("0.5.15", ("--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"),
+                 f"{NOTES} (deprecated in 0.5.20+); the 0.5.15 and 0.5.15.post1 wheels already register "
+                 "--disable-cuda-graph as DeprecatedStoreTrueAction pointing to these two flags"),
+    ),
+}
+
+
+def parse_version(sglang_version: str) -> tuple[Any, ...]:
+    try:
+        return version_key(sglang_version)
+    except ValueError as err:
+        raise ConfigError(f"SGLang version: {err}", "give a version as pip shows it, e.g. 0.5.23") from None
+
+
+def spelling(setting: str, sglang_version: str) -> Spelling | None:
+    """The spelling of `setting` that SGLang `sglang_version` understands, or None if it has none."""
+    version = parse_version(sglang_version)
+    usable = [s for s in SPELLINGS[setting] if version_key(s.since) <= version]
+    return usable[-1] if usable else None
+
+
+def _versioned(setting: str, sglang_version: str, value: str | None, key: str) -> tuple[str, ...]:
+    chosen = spelling(setting, sglang_version)
+    if chosen is None:
+        first = SPELLINGS[setting][0]
+        raise ConfigError(
+            f"{key}: {first.argv[0]} does not exist in SGLang {sglang_version} (first in {first.since})",
+            f"remove {key} from the profile or install SGLang >= {first.since}",
+        )
+    return tuple(value if part == "{}" and value is not None else part for part in chosen.argv)
+
+
+def sglang_args(profile: Profile, sglang_version: str) -> tuple[str, ...]:
+    """The arguments of `python3 -m sglang.launch_server` for this profile on this SGLang version, full flag names
+    only (never prefix abbreviations such as `--tp`), extra_args last."""
+    parse_version(sglang_version)
+    model, parallel, memory = profile.model, profile.parallel, profile.memory
+    backends, features, server = profile.backends, profile.features, profile.server
+    args: list[str] = []
+
+    def flag(name: str, value: object) -> None:
+        if value is not None:
+            args.extend((name, str(value)))
+
+    def switch(name: str, on: bool) -> None:
+        if on:
+            args.append(name)
+
+    flag("--model-path", model.path)
+    flag("--served-model-name", model.served_name)
+    flag("--tokenizer-path", model.tokenizer)
+    flag("--reasoning-parser", model.reasoning_parser)
+    flag("--tool-call-parser", model.tool_call_parser)
+    switch("--trust-remote-code", model.trust_remote_code)
+    flag("--tp-size", parallel.tp)
+    flag("--pp-size", parallel.pp if parallel.pp != 1 else None)
+    flag("--dp-size", parallel.dp if parallel.dp != 1 else None)
+    if parallel.nnodes > 1:
+        flag("--nnodes", parallel.nnodes)
+        flag("--node-rank", parallel.node_rank)
+        flag("--dist-init-addr", parallel.dist_init_addr)
+    flag("--mem-fraction-static", memory.mem_fraction_static)
+    flag("--max-running-requests", memory.max_running_requests)
+    flag("--chunked-prefill-size", memory.chunked_prefill_size)
+    flag("--kv-cache-dtype", model.kv_cache_dtype)
+    flag("--quantization", model.quantization)
+    flag("--attention-backend", backends.attention)
+    for setting, value in (("fp8_gemm", backends.fp8_gemm), ("dsa_decode", backends.dsa_decode),
+                           ("dsa_prefill", backends.dsa_prefill)):
+        if value is not None:
+            args.extend(_versioned(setting, sglang_version, str(value), f"backends.{setting}"))
+    flag("--moe-runner-backend", backends.moe_runner)
+    if not features.cuda_graph:
+        args.extend(_versioned("cuda_graph_off", sglang_version, None, "features.cuda_graph"))
+    switch("--disable-radix-cache", not features.radix_cache)
+    if features.allreduce_fusion:
+        args.extend(_versioned("allreduce_fusion", sglang_version, None, "features.allreduce_fusion"))
+    switch("--enable-metrics", features.metrics)
+    flag("--host", server.host)
+    flag("--port", server.port)
+    args.extend(profile.extra_args)
+    return tuple(args)
+
+
+def launch_argv(profile: Profile, sglang_version: str) -> tuple[str, ...]:
+    """The full command: the venv's python, then `-m sglang.launch_server` (or, with an API key, the launcher that
+    adds `--api-key` from SGLANG_API_KEY in-process), then sglang_args()."""
+    python = str(venv_python(profile))
+    entry = ("-m", "sglang.launch_server") if profile.server.api_key is None else ("-c", API_KEY_LAUNCHER)
+    return (python, *entry, *sglang_args(profile, sglang_version))
+
+
+def launch_environment(profile: Profile) -> dict[str, str]:
+    """Non-secret environment of the server process (NCCL first); secrets come from secret_environment()."""
+    return profile.environment()
+
+
+def secret_environment(profile: Profile) -> dict[str, SecretRef]:
+    """Environment variables the EnvironmentFile must hold, by reference: profile secrets plus the API key."""
+    refs = dict(profile.secrets)
+    if profile.server.api_key is not None:
+        if API_KEY_ENV in refs:
+            raise ConfigError(f"secrets.{API_KEY_ENV}: set by server.api_key already", "keep one of the two")
+        refs[API_KEY_ENV] = profile.server.api_key
+    return refs
