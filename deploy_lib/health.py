@@ -397,6 +397,11 @@ class _LadderRun:
     def elapsed(self) -> float:
         return self.clock() - self.started_at
 
+    def evidence(self, error: ReadinessFailed) -> tuple[str, ...]:
+        """The error's evidence, plus the server's newest line when this probe saw no new one."""
+        last = f"last log line: {self.last_log_line}"
+        return error.evidence if self.last_log_line is None or last in error.evidence else (*error.evidence, last)
+
     def probe(self, rung: Rung) -> Verdict:
         self.attempts += 1
         [result] = self.remote.run([probe_step(self.target, rung, self.after_cursor)])
@@ -451,16 +456,19 @@ def wait_ready(remote: Remote, target: ProbeTarget, *, deadline_s: float, progre
         ready = policy(run.attempt)
     except NotReady as exc:
         raise ReadinessFailed(f"not ready after {run.elapsed():.0f} s (deadline {deadline_s:.0f} s): {exc.message}",
-                              exc.rung, exc.evidence,
+                              exc.rung, run.evidence(exc),
                               hint="a model that needs longer to load needs a larger service.startup_timeout_s"
                               ) from exc
+    except (UnitFailed, ProbeRejected) as exc:
+        exc.evidence = run.evidence(exc)
+        raise
     duration_s = run.elapsed()
     if grace_s > 0:
         progress.phase_started(f"readiness: grace {grace_s:.0f} s")
         after = (grace or grace_policy(grace_s))(run.probe, min(rung, Rung.HEALTH, key=lambda r: r.index))
         if not isinstance(after, Ready):
             raise ReadinessFailed(f"ready after {duration_s:.0f} s, then within the {grace_s:.0f} s grace window: "
-                                  f"{after.message}", "grace", after.evidence, after.hint)
+                                  f"{after.message}", "grace", run.evidence(after), after.hint)
         progress.step_done("readiness: grace", run.elapsed())
     return ReadyReport(rung=rung, duration_s=duration_s, attempts=run.attempts, snapshot=ready.snapshot,
                        last_log_line=run.last_log_line)

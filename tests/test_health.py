@@ -9,15 +9,17 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
 import pytest
 from fake_remote import FakeRemote
 from tenacity import stop_after_attempt
 
+from deploy_lib.diagnose import diagnose, journal_cursor_step, journal_step, parse_journal_cursor
 from deploy_lib.errors import ReadinessFailed, StepFailed
 from deploy_lib.health import (
     GenerationProbe,
@@ -37,7 +39,7 @@ from deploy_lib.health import (
     wait_ready,
 )
 from deploy_lib.progress import NullProgress, RecordingProgress
-from deploy_lib.remote import Put, Step
+from deploy_lib.remote import FabricRemote, Put, SSHTarget, Step
 
 
 def noop(_seconds: float) -> None:
@@ -246,7 +248,7 @@ def test_a_restart_by_systemd_between_probes_is_a_failure() -> None:
 
 
 def test_the_deadline_ends_in_readiness_failed_naming_the_rung_and_last_log_line() -> None:
-    remote = scripted([LOADING] * 3)
+    remote = scripted([LOADING, snapshot(), snapshot()])  # the later probes saw no new log line
     with pytest.raises(ReadinessFailed) as failed:
         wait_ready(remote, TARGET, deadline_s=1800, progress=NullProgress(), policy=fast(3))
     assert type(failed.value) is ReadinessFailed
@@ -462,3 +464,148 @@ def test_probe_without_systemd_tools_still_answers(tmp_path: Path) -> None:
     snap = Snapshot.model_validate(run_probe(probe_step(target, Rung.PORT), str(tmp_path)))
     assert snap.unit is None and snap.unit_error == "systemctl not found"
     assert snap.journal_error == "journalctl not found"
+
+
+# --- on the sandbox VM: real systemd, journald, sudo and SSH ------------------------------------------------
+
+SANDBOX = "hhealth"
+UNIT = "ladder-probe.service"
+PORT = 30123
+# A stand-in server: loads, binds, warms up (503), then serves; modes make it crash, die or hang.
+FAKE_SERVER = '''
+import json, sys, threading, time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+load_s, warm_s, port, mode = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+print("[2026-11-29 11:02:12 TP0] Load weight begin. avail mem=93.21 GB", flush=True)
+time.sleep(load_s)
+if mode == "crash":
+    print("ValueError: FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs.", flush=True)
+    sys.exit(1)
+up_at = time.monotonic() + warm_s
+class Handler(BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200 if time.monotonic() >= up_at else 503)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+    def do_POST(self):
+        self.rfile.read(int(self.headers["Content-Length"]))
+        if mode == "hang":
+            time.sleep(3600)
+        body = json.dumps({"text": " Paris"}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *args):
+        pass
+server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+print(f"[2026-11-29 11:04:40] INFO:     Uvicorn running on http://127.0.0.1:{port}", flush=True)
+time.sleep(warm_s)
+print("[2026-11-29 11:04:43] The server is fired up and ready to roll!", flush=True)
+if mode == "die":
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    time.sleep(3)
+    sys.exit(1)
+server.serve_forever()
+'''
+
+
+@pytest.fixture(scope="module")
+def sandbox() -> Iterator[FabricRemote]:
+    """A guest of our own, logged into as the sudo user `deploy`; stopped afterwards if we started it."""
+    script = Path(__file__).parent.parent / "sandbox" / "testhost.sh"
+    env = dict(os.environ, TH_NAME=SANDBOX)
+
+    def testhost(*args: str) -> str:
+        return subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True,
+                              timeout=600, check=True).stdout
+
+    facts = dict(line.split("=", 1) for line in testhost("info").splitlines() if "=" in line)
+    started = facts.get("state") != "running"
+    if started:
+        testhost("start")
+        facts = dict(line.split("=", 1) for line in testhost("info").splitlines() if "=" in line)
+    remote = FabricRemote(SSHTarget(host=facts["guest_ip"], user="deploy", key_file=Path(facts["key"]),
+                                    known_hosts_file=Path(facts["known_hosts"])))
+    try:
+        remote.run([Step("mkdir", ("mkdir", "-p", "/opt/ladder-probe"), sudo=True),
+                    Put(PurePosixPath("/opt/ladder-probe/server.py"), FAKE_SERVER.encode(), 0o644, sudo=True)])
+        yield remote
+        remote.run([Step("stop probe unit", ("systemctl", "stop", UNIT), sudo=True, ok=frozenset({0, 5}))])
+    finally:
+        remote.close()
+        if started:
+            testhost("stop")
+
+
+def start_unit(remote: FabricRemote, mode: str, load_s: float = 1.0, warm_s: float = 1.0) -> tuple[str | None, float]:
+    """Install the stand-in as a unit, restart it the way a deploy does; the journal cursor from before."""
+    restart = "on-failure" if mode == "crash" else "no"
+    unit = (f"[Service]\nExecStart=/usr/bin/python3 -u /opt/ladder-probe/server.py {load_s} {warm_s} {PORT} {mode}\n"
+            f"Restart={restart}\nRestartSec=1\n")
+    remote.run([Step("stop", ("systemctl", "stop", UNIT), sudo=True, ok=frozenset({0, 5})),
+                Put(PurePosixPath(f"/etc/systemd/system/{UNIT}"), unit.encode(), 0o644, sudo=True),
+                Step("reload", ("systemctl", "daemon-reload"), sudo=True),
+                Step("reset", ("systemctl", "reset-failed", UNIT), sudo=True, ok=frozenset({0, 1}))])
+    [cursor] = remote.run([journal_cursor_step(UNIT)])
+    started_at = time.monotonic()
+    remote.run([Step("restart", ("systemctl", "restart", UNIT), sudo=True)])
+    return parse_journal_cursor(cursor.stdout), started_at
+
+
+SANDBOX_TARGET = ProbeTarget(unit=UNIT, port=PORT, generation=GenerationProbe(timeout_s=2))
+
+
+@pytest.mark.sandbox
+def test_sandbox_ladder_reaches_a_generation_and_shows_only_this_starts_lines(sandbox: FabricRemote) -> None:
+    start_unit(sandbox, "ok")  # an earlier start, whose lines must not show below
+    cursor, started_at = start_unit(sandbox, "ok", warm_s=1.5)
+    progress = RecordingProgress()
+    report = wait_ready(sandbox, SANDBOX_TARGET, deadline_s=30, progress=progress, after_cursor=cursor,
+                        started_at=started_at)
+    assert report.rung == Rung.GENERATE
+    assert report.snapshot.unit is not None and report.snapshot.unit.n_restarts == 0
+    logs = progress.of_kind("log")
+    assert sum("Load weight begin" in str(line) for line in logs) == 1
+    assert "readiness: generate" in [name for name, _s in progress.of_kind("done")]  # type: ignore[misc]
+
+
+@pytest.mark.sandbox
+def test_sandbox_crash_while_loading_stops_the_ladder_and_is_diagnosed(sandbox: FabricRemote) -> None:
+    cursor, started_at = start_unit(sandbox, "crash")
+    with pytest.raises(UnitFailed) as failed:
+        wait_ready(sandbox, SANDBOX_TARGET, deadline_s=60, progress=NullProgress(), after_cursor=cursor,
+                   started_at=started_at)
+    assert failed.value.rung == Rung.UNIT
+    [journal] = sandbox.run([journal_step(UNIT, cursor)])
+    assert diagnose(journal.stdout.splitlines()).signature == "fusion_gate"
+
+
+@pytest.mark.sandbox
+def test_sandbox_hang_while_loading_ends_at_the_deadline(sandbox: FabricRemote) -> None:
+    cursor, started_at = start_unit(sandbox, "ok", load_s=3600)
+    with pytest.raises(ReadinessFailed) as failed:
+        wait_ready(sandbox, SANDBOX_TARGET, deadline_s=3, progress=NullProgress(), after_cursor=cursor,
+                   started_at=started_at)
+    assert type(failed.value) is ReadinessFailed and failed.value.rung == Rung.PORT
+    assert "last log line: [2026-11-29 11:02:12 TP0] Load weight begin. avail mem=93.21 GB" in failed.value.evidence
+
+
+@pytest.mark.sandbox
+def test_sandbox_health_200_while_generation_hangs_is_not_ready(sandbox: FabricRemote) -> None:
+    cursor, started_at = start_unit(sandbox, "hang", warm_s=0.5)
+    with pytest.raises(ReadinessFailed) as failed:
+        wait_ready(sandbox, SANDBOX_TARGET, deadline_s=6, progress=NullProgress(), after_cursor=cursor,
+                   started_at=started_at)
+    assert failed.value.rung == Rung.GENERATE
+    assert "generation failed: timeout" in failed.value.message
+
+
+@pytest.mark.sandbox
+def test_sandbox_healthy_then_dead_within_the_grace_window_fails(sandbox: FabricRemote) -> None:
+    cursor, started_at = start_unit(sandbox, "die", warm_s=0.5)
+    with pytest.raises(ReadinessFailed) as failed:
+        wait_ready(sandbox, SANDBOX_TARGET, deadline_s=30, progress=NullProgress(), after_cursor=cursor,
+                   started_at=started_at, grace_s=10)
+    assert failed.value.rung == "grace"
+    assert "grace window" in failed.value.message
