@@ -1,4 +1,5 @@
-"""FabricRemote against a real OpenSSH server started on 127.0.0.1 for this module (no sandbox VM needed).
+"""FabricRemote, and the store's batches through it, against a real OpenSSH server started on 127.0.0.1 for
+this module (no sandbox VM needed).
 
 Skips with a reason when sshd (Debian package openssh-server) is not installed.
 """
@@ -15,13 +16,36 @@ import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
 import pytest
 from tenacity import stop_after_attempt
 
-from deploy_lib.errors import ConnectFailed, StepFailed, StepTimedOut
+from deploy_lib.errors import ConnectFailed, LockHeld, StepFailed, StepTimedOut
 from deploy_lib.remote import SSH_CONNECT, FabricRemote, Put, SSHTarget, Step
+from deploy_lib.store import (
+    HEALTHY,
+    LockContext,
+    LockOwner,
+    StoreFacts,
+    StoreLayout,
+    Tags,
+    acquire_lock,
+    append_history,
+    history_entry,
+    holding_lock,
+    prune_releases,
+    read_store_facts,
+    release_json,
+    releases_to_prune,
+    remove_lock,
+    stage_release,
+    switch_current,
+    take_lock,
+    this_process_owner,
+    unlock,
+)
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
@@ -244,3 +268,72 @@ def test_connection_is_reused_across_batches(remote: FabricRemote) -> None:
     second = remote.run([Step("session", session)])[0].stdout
     assert first.strip().isdigit() and first == second
     assert remote.round_trips == 2
+
+
+# The store's batches against real coreutils/findutils over SSH, in a root path full of shell metacharacters.
+
+HOSTILE_DIR = "it's a \"store\" $(touch pwned) `id` *\nline"
+
+
+def _tags(release_id: str) -> Tags:
+    return Tags("ops@laptop", "gpu1", release_id, "glm5-nvfp4", "ph", {"sglang": "0.5.9"})
+
+
+def _stage_and_switch(remote: FabricRemote, layout: StoreLayout, release_id: str, staged_at: datetime) -> None:
+    remote.run(stage_release(layout, release_id, f"[Unit]\nDescription={release_id}\n", "HF_TOKEN=hunter2\n",
+                             release_json({"id": release_id}, _tags(release_id), staged_at)))
+    remote.run(switch_current(layout, release_id))
+
+
+def test_store_cycle_over_ssh(remote: FabricRemote, tmp_path: Path) -> None:
+    root = tmp_path / HOSTILE_DIR
+    layout = StoreLayout("sglang", root=PurePosixPath(root), unit_dir=PurePosixPath(tmp_path / "systemd"))
+    (tmp_path / "systemd").mkdir()
+    assert read_store_facts(remote, layout) == StoreFacts(None, (), (), (), None)
+    for n, release_id in enumerate(["r1", "r2", "r3"]):
+        remote.run(acquire_lock(layout, this_process_owner(release_id, datetime.now(UTC))))
+        _stage_and_switch(remote, layout, release_id, datetime(2026, 11, 29, 10, n, tzinfo=UTC))
+        outcome = "failed" if release_id == "r3" else HEALTHY
+        remote.run(append_history(layout, history_entry("deploy", outcome, _tags(release_id),
+                                                        datetime.now(UTC), timings={"stage": 0.1})))
+        remote.run(remove_lock(layout))
+    service_dir = root / "sglang"
+    assert os.readlink(service_dir / "current") == "releases/r3"
+    assert (tmp_path / "systemd" / "sglang.service").read_text() == "[Unit]\nDescription=r3\n"
+    assert stat.S_IMODE((service_dir / "releases" / "r3" / "sglang.env").stat().st_mode) == 0o600
+    assert not (tmp_path / "pwned").exists() and not Path("pwned").exists()
+
+    (service_dir / "releases" / "r4.tmp").mkdir()  # a staging dir left by a dropped connection
+    facts = read_store_facts(remote, layout)
+    assert facts.current == "r3" and [r.id for r in facts.releases] == ["r1", "r2", "r3"]
+    assert facts.incomplete == ("r4.tmp",) and facts.last_healthy() == "r2"
+    assert [(e.event, e.outcome, e.tags.release) for e in facts.history] == [
+        ("deploy", HEALTHY, "r1"), ("deploy", HEALTHY, "r2"), ("deploy", "failed", "r3")]
+
+    doomed = releases_to_prune(facts, keep=1)
+    assert doomed == ("r1", "r4.tmp")
+    remote.run(prune_releases(layout, doomed))
+    assert sorted(p.name for p in (service_dir / "releases").iterdir()) == ["r2", "r3"]
+
+
+def test_switch_to_a_missing_release_changes_nothing(remote: FabricRemote, tmp_path: Path) -> None:
+    layout = StoreLayout("sglang", root=PurePosixPath(tmp_path), unit_dir=PurePosixPath(tmp_path))
+    (tmp_path / "sglang").mkdir()
+    with pytest.raises(StepFailed, match="release is complete"):
+        remote.run(switch_current(layout, "nope"))
+    assert sorted(p.name for p in (tmp_path / "sglang").iterdir()) == []
+
+
+def test_lock_over_ssh_held_then_stale_then_unlocked(remote: FabricRemote, tmp_path: Path) -> None:
+    layout = StoreLayout("sglang", root=PurePosixPath(tmp_path / HOSTILE_DIR))
+    first = LockOwner("o'brien", "laptop", 999_999_999, "2026-11-29T10:00:00+00:00", "r1", "tok1")
+    here = LockContext(where="gpu1", this_host="laptop", is_alive=lambda pid: pid != first.pid)
+    take_lock(remote, layout, first, here)
+    with pytest.raises(LockHeld, match=r"held by o'brien@laptop \(pid 999999999\).*looks stale"):
+        take_lock(remote, layout, this_process_owner("r2", datetime.now(UTC)), here)
+    assert LockOwner.from_json((Path(str(layout.lock_owner))).read_text()) == first
+    assert unlock(remote, layout, force=False, context=here) is not None
+    second = this_process_owner("r2", datetime.now(UTC))
+    with holding_lock(remote, layout, second, here):
+        assert Path(str(layout.lock)).is_dir()
+    assert not Path(str(layout.lock)).exists()
