@@ -9,6 +9,7 @@ a second) and readiness costs one round trip. Deciding is pure (`assess`); waiti
 from __future__ import annotations
 
 import json
+import re
 import signal
 import statistics
 import time
@@ -50,23 +51,6 @@ class Rung(StrEnum):
     @property
     def index(self) -> int:
         return list(Rung).index(self)
-
-
-class Snapshot(BaseModel):
-    """What one probe saw, as printed by probe_script.py."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    unit: UnitState | None = None
-    unit_error: str | None = None
-    port_open: bool = False
-    port_error: str | None = None
-    health_status: int | None = None
-    health_error: str | None = None
-    generation: Generation | None = None
-    last_log: LogLine | None = None
-    journal_error: str | None = None
-    probe_s: float = 0.0
 
 
 class UnitState(BaseModel):
@@ -125,7 +109,21 @@ class LogLine(BaseModel):
     cursor: str
 
 
-Snapshot.model_rebuild()
+class Snapshot(BaseModel):
+    """What one probe saw, as printed by probe_script.py."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    unit: UnitState | None = None
+    unit_error: str | None = None
+    port_open: bool = False
+    port_error: str | None = None
+    health_status: int | None = None
+    health_error: str | None = None
+    generation: Generation | None = None
+    last_log: LogLine | None = None
+    journal_error: str | None = None
+    probe_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -249,7 +247,7 @@ def grace_policy(grace_s: float, interval_s: float = DEFAULT_MAX_WAIT_S) -> Retr
     return Retrying(stop=stop_after_delay(grace_s), wait=wait_fixed(interval_s),
                     retry=retry_if_result(lambda verdict: isinstance(verdict, Ready)),
                     retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
-                    reraise=True, name="grace")
+                    name="grace")
 
 
 @dataclass(frozen=True)
@@ -316,11 +314,11 @@ class ProbeTarget:
 
 def health_path_for(sglang_version: str) -> str:
     """`/ready` where the installed SGLang has it (>= 0.5.20), else `/health`."""
-    parts = []
-    for piece in sglang_version.split(".")[:3]:
-        digits = "".join(ch for ch in piece if ch.isdigit()) if piece[:1].isdigit() else ""
-        parts.append(int(digits) if digits else 0)
-    return "/ready" if tuple(parts) >= READY_ENDPOINT_SINCE else "/health"
+    release = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", sglang_version)
+    if release is None:
+        raise ValueError(f"not an SGLang version: {sglang_version!r}")
+    numbers = tuple(int(part or 0) for part in release.groups())
+    return "/ready" if numbers >= READY_ENDPOINT_SINCE else "/health"
 
 
 PROBE_SOURCE = resources.files("deploy_lib").joinpath("probe_script.py").read_text(encoding="utf-8")

@@ -330,10 +330,15 @@ def test_prediction_needs_a_few_starts_and_uses_the_recent_median() -> None:
 
 @pytest.mark.parametrize(("version", "path"), [
     ("0.5.9", "/health"), ("0.5.15.post1", "/health"), ("0.5.20", "/ready"), ("0.5.23", "/ready"),
-    ("0.6.0rc1", "/ready"),
+    ("0.6.0rc1", "/ready"), ("0.5.19rc3", "/health"), ("1.0", "/ready"),
 ])
 def test_the_health_path_follows_the_installed_sglang(version: str, path: str) -> None:
     assert health_path_for(version) == path
+
+
+def test_a_version_that_is_not_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="not an SGLang version"):
+        health_path_for("unknown")
 
 
 # --- the probe script itself, run as the host runs it: `python3 -` with the step's stdin ---------------------
