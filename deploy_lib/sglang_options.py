@@ -175,7 +175,7 @@ class _Tree:
         return self._modules[dotted]
 
     def import_value(self, module_name: str, attr: str | None, depth: int) -> Any:
-        if not module_name.split(".")[0] == "sglang":
+        if module_name.split(".")[0] != "sglang":
             raise _Unresolved(f"{module_name} is outside sglang")
         if attr is None:
             return _ModuleRef(module_name)
@@ -195,6 +195,7 @@ class _Tree:
         """Evaluate a literal-ish expression; `scope` holds names local to a function or class body."""
         if depth > _MAX_DEPTH:
             raise _Unresolved("too deep")
+
         def ev(child: ast.expr) -> Any:
             return self.evaluate(module, child, scope, depth + 1)
 
@@ -259,7 +260,7 @@ class _Tree:
 
     def _return_value(self, func: _FuncRef, depth: int) -> Any:
         """A no-argument helper's value: its last top-level `return`, the path taken when no plugin is loaded."""
-        returns = [stmt for stmt in func.node.body if isinstance(stmt, ast.Return) and stmt.value is not None]
+        returns = [stmt.value for stmt in func.node.body if isinstance(stmt, ast.Return) and stmt.value is not None]
         if not returns:
             raise _Unresolved(f"{func.node.name}() has no top-level return")
         scope: dict[str, Any] = dict(_assignments_of(func.node.body))
@@ -268,15 +269,12 @@ class _Tree:
                 scope[name] = self.import_value(module_name, attr, depth + 1)
             except _Unresolved:
                 continue  # e.g. `import sys`: only fails the evaluation if the return value needs it
-        value = returns[-1].value
-        assert value is not None
-        return self.evaluate(func.module, value, scope, depth + 1)
+        return self.evaluate(func.module, returns[-1], scope, depth + 1)
 
 
 def _iterate(value: Any) -> list[Any]:
-    if isinstance(value, dict):
-        return list(value)
-    if isinstance(value, (list, tuple, set, frozenset)):
+    """What `for x in value` yields (a dict's keys)."""
+    if isinstance(value, (dict, list, tuple, set, frozenset)):
         return list(value)
     raise _Unresolved(f"cannot iterate {type(value).__name__}")
 
@@ -326,9 +324,10 @@ def _dotted(node: ast.expr) -> str:
 
 
 class _Extractor:
-    def __init__(self, tree: _Tree, server_args: _Module) -> None:
+    """Collects the option records of one ServerArgs.add_cli_args(), as argparse would register them."""
+
+    def __init__(self, tree: _Tree) -> None:
         self.tree = tree
-        self.server_args = server_args
         self.options: dict[str, dict[str, Any]] = {}
         self.unresolved: list[str] = []
         self.warnings: list[str] = []
@@ -397,19 +396,19 @@ class _Extractor:
             self.warnings.append(f"line {call.lineno}: add_argument with computed option strings skipped")
             return
         kw = {k.arg: k.value for k in call.keywords if k.arg is not None}
-        nargs = self._literal(kw["nargs"], module, scope) if "nargs" in kw else _NOT_GIVEN
+        nargs = self.literal(kw["nargs"], module, scope) if "nargs" in kw else _NOT_GIVEN
         action, nargs = self._action(kw.get("action"), module, nargs)
         help_text = _text(kw.get("help"))
         error = (_text(kw["error_message"]) or "refused by SGLang") if "error_message" in kw else None
         first_long = next((s for s in strings if s.startswith("--")), strings[0])
-        dest = self._literal(kw.get("dest"), module, scope) or first_long.lstrip("-").replace("-", "_")
+        dest = self.literal(kw.get("dest"), module, scope) or first_long.lstrip("-").replace("-", "_")
         record = self._record(
-            strings, dest, action, nargs, kw.get("type"), self._literal(kw.get("required"), module, scope) is True,
+            strings, dest, action, nargs, kw.get("type"), self.literal(kw.get("required"), module, scope) is True,
             help_text, error,
         )
         self._add(record, kw.get("choices"), module, scope)
 
-    def _literal(self, node: ast.expr | None, module: _Module, scope: dict[str, Any]) -> Any:
+    def literal(self, node: ast.expr | None, module: _Module, scope: dict[str, Any]) -> Any:
         if node is None:
             return None
         try:
@@ -458,7 +457,7 @@ class _Extractor:
         kw = {k.arg: k.value for k in meta.keywords if k.arg} if isinstance(meta, ast.Call) else {"help": meta}
 
         def lit(key: str) -> Any:
-            return self._literal(kw.get(key), module, {})
+            return self.literal(kw.get(key), module, {})
 
         if lit("no_cli") is True:
             return
@@ -471,7 +470,7 @@ class _Extractor:
             extra = kw.get("action_kwargs")
             extra_kw = {k.value: v for k, v in zip(extra.keys, extra.values)  # noqa: B905
                         if isinstance(k, ast.Constant)} if isinstance(extra, ast.Dict) else {}
-            nargs = self._literal(extra_kw["nargs"], module, {}) if "nargs" in extra_kw else _NOT_GIVEN
+            nargs = self.literal(extra_kw["nargs"], module, {}) if "nargs" in extra_kw else _NOT_GIVEN
             action, nargs = self._action(kw["action"], module, nargs)
             record = self._record(strings, name, action, nargs, extra_kw.get("type"), False, help_text, None)
             self._add(record, extra_kw.get("choices"), module, {})
@@ -523,7 +522,7 @@ def _literal_values(node: ast.expr, extractor: _Extractor, module: _Module) -> l
     if not (isinstance(node, ast.Subscript) and _dotted(node.value).rpartition(".")[2] == "Literal"):
         return None
     elements = node.slice.elts if isinstance(node.slice, ast.Tuple) else [node.slice]
-    return [extractor._literal(e, module, {}) for e in elements]
+    return [extractor.literal(e, module, {}) for e in elements]
 
 
 def _python_type_name(values: list[Any]) -> str:
@@ -557,7 +556,7 @@ def extract(site_packages: Path) -> dict[str, Any]:
                          and n.name == "add_cli_args"), None)
     if cls is None or add_cli_args is None:
         raise ValueError(f"{server_args.path}: no ServerArgs.add_cli_args()")
-    extractor = _Extractor(tree, server_args)
+    extractor = _Extractor(tree)
     scope: dict[str, Any] = dict(_assignments_of(add_cli_args.body))
     for node in ast.walk(add_cli_args):
         if not isinstance(node, ast.Call):
@@ -565,7 +564,7 @@ def extract(site_packages: Path) -> dict[str, Any]:
         if isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
             extractor.add_argument_call(node, server_args, scope)
         elif _dotted(node.func).rpartition(".")[2] == "add_cli_args_from_dataclass" and len(node.args) >= 2:
-            only = {k.arg: extractor._literal(k.value, server_args, scope) for k in node.keywords}.get("fields")
+            only = {k.arg: extractor.literal(k.value, server_args, scope) for k in node.keywords}.get("fields")
             for source in _field_sources(server_args, cls, node.args[1]):
                 extractor.dataclass_fields(source, set(only) if only else None)
     return {

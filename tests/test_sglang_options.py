@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import subprocess
 import sys
@@ -13,6 +14,8 @@ from typing import Any
 import pytest
 
 from deploy_lib import sglang_options
+from deploy_lib.profile import load_profile
+from deploy_lib.server_args import sglang_args
 from deploy_lib.sglang_options import build_parser, check_argv, extract, find_option, version_key
 
 pytest_plugins = ("wheelcache",)  # the sglang_source fixture
@@ -250,7 +253,7 @@ CASES: list[tuple[list[str], list[tuple[str, str]]]] = [
 def test_check_argv_finds_what_argparse_rejects(argv: list[str], expected: list[tuple[str, str]]) -> None:
     problems = check_argv(TABLE, argv)
     assert [(p.kind, p.arg) for p in problems if p.severity == "error"] == expected
-    argparse_accepts = _argparse_accepts(TABLE, argv)
+    argparse_accepts = _argparse_accepts(build_parser(TABLE), argv)
     # argparse itself takes abbreviations and repeated flags; we refuse them on purpose, everything else agrees.
     if {kind for kind, _ in expected} <= {"abbreviation", "duplicate"}:
         assert argparse_accepts
@@ -258,8 +261,7 @@ def test_check_argv_finds_what_argparse_rejects(argv: list[str], expected: list[
         assert not argparse_accepts
 
 
-def _argparse_accepts(options: dict[str, dict[str, Any]], argv: list[str]) -> bool:
-    parser = build_parser(options)
+def _argparse_accepts(parser: argparse.ArgumentParser, argv: list[str]) -> bool:
     try:
         parser.parse_args(argv)
     except SystemExit:
@@ -368,3 +370,22 @@ def test_extractor_runs_standalone_on_the_stdlib(sglang_source: Callable[[str], 
                               capture_output=True, text=True, check=True)
     assert by_path.stdout == by_stdin.stdout
     assert json.loads(by_path.stdout) == json.loads(json.dumps(options_of("0.5.23")))
+
+
+@pytest.mark.wheels
+def test_check_argv_agrees_with_argparse_on_every_prefix_of_the_reference_flags(
+        options_of: Callable[[str], dict[str, Any]]) -> None:
+    """On the real 0.5.23 table (559 option strings), each shortened flag is either a unique prefix (argparse takes
+    it, we flag the abbreviation), ambiguous, or unknown; check_argv and argparse must agree on which."""
+    options = options_of("0.5.23")["options"]
+    parser = build_parser(options)
+    profiles = Path(__file__).resolve().parent.parent / "inventory" / "profiles"
+    base = list(sglang_args(load_profile(profiles, "glm5-nvfp4-fusion").profile, "0.5.23"))
+    kinds_seen: set[str] = set()
+    for at, flag in enumerate(base):
+        for cut in range(3, len(flag) if flag.startswith("--") else 0):
+            argv = [*base[:at], flag[:cut], *base[at + 1:]]
+            errors = {p.kind for p in check_argv(options, argv) if p.severity == "error"}
+            kinds_seen |= errors
+            assert _argparse_accepts(parser, argv) == (errors <= {"abbreviation"}), argv
+    assert {"abbreviation", "ambiguous"} <= kinds_seen
