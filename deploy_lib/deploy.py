@@ -1,0 +1,389 @@
+"""The orchestration: plan -> preflight -> stage -> switch -> restart -> verify -> commit, or roll back.
+
+Planning and preflight are pure functions of the profile and the host facts; `activate` is the one path that
+switches a host to a release and verifies it, used by deploy, by the automatic rollback and by `invoke rollback`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from deploy_lib.diagnose import Diagnosis, diagnose, journal_cursor_step, journal_step, parse_journal_cursor
+from deploy_lib.errors import (
+    ConfigError,
+    DeployError,
+    DriftDetected,
+    PreflightError,
+    ReadinessFailed,
+    RollbackFailed,
+)
+from deploy_lib.facts import HostFacts, read_host_facts, require_gpus
+from deploy_lib.health import (
+    GenerationProbe,
+    ProbeTarget,
+    ReadyReport,
+    Rung,
+    StartPrediction,
+    health_path_for,
+    predict_start,
+    wait_ready,
+)
+from deploy_lib.profile import LoadedProfile, Profile
+from deploy_lib.progress import Progress
+from deploy_lib.project import Target
+from deploy_lib.release import Change, Release, build_release, diff_releases, resolve_secrets
+from deploy_lib.remote import Put, Remote, Step, describe
+from deploy_lib.server_args import sglang_args
+from deploy_lib.sglang_options import check_argv
+from deploy_lib.store import (
+    ENV_FILE,
+    FAILED,
+    HEALTHY,
+    UNIT_FILE,
+    LockContext,
+    StoreLayout,
+    Tags,
+    append_history,
+    history_entry,
+    holding_lock,
+    operator_name,
+    prune_releases,
+    read_store_facts,
+    release_json,
+    releases_to_prune,
+    stage_release,
+    switch_current,
+    this_process_owner,
+)
+
+MIN_FREE_BYTES = 64 * 1024 * 1024  # a release is a few KB, but a full disk breaks journald and pip alike
+GRACE_S = 2.0  # healthy, then dead within this window, is a failed start
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a deploy would do, computed from the profile and the host facts without changing anything."""
+
+    release: Release
+    current_id: str | None
+    current_metadata: Mapping[str, Any] | None
+    changes: tuple[Change, ...]
+    drift: tuple[str, ...]
+    needs_stage: bool
+    unchanged: bool
+    batches: Mapping[str, list[Step | Put]]
+
+    def dry_run_lines(self) -> list[str]:
+        lines = [f"release {self.release.id} (profile {self.release.profile_name}, SGLang "
+                 f"{self.release.sglang_version}); current: {self.current_id or 'none'}"]
+        if self.unchanged:
+            lines.append("no changes")
+        lines += [f"  {change}" for change in self.changes]
+        lines += [f"  drift: {item}" for item in self.drift]
+        for phase, batch in self.batches.items():
+            lines.append(f"{phase}:")
+            lines += [f"  {line}" for line in describe(batch)]
+        return lines
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The end of a deploy or rollback that did not raise."""
+
+    action: str                       # deployed | unchanged | planned | rolled back
+    release_id: str
+    previous_id: str | None
+    plan: Plan | None = None
+    ready: ReadyReport | None = None
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Options:
+    dry_run: bool = False
+    force: bool = False
+    grace_s: float = GRACE_S
+    environ: Mapping[str, str] = field(default_factory=dict)
+
+
+def layout_for(target: Target, profile: Profile) -> StoreLayout:
+    return StoreLayout(service=profile.service.name, root=target.deploy_root)
+
+
+def _profile_of(target: Target, loaded: LoadedProfile) -> Profile:
+    profile = loaded.profile
+    if target.venv_override:
+        profile = profile.model_copy(update={"service": profile.service.model_copy(
+            update={"venv": target.venv_override})})
+    return profile
+
+
+def detect_drift(layout: StoreLayout, facts: HostFacts) -> tuple[str, ...]:
+    """Files of the current release changed on the host since they were written, or the unit link moved."""
+    record = facts.store.release(facts.store.current) if facts.store.current else None
+    if record is None:
+        return ()
+    drift = []
+    recorded = dict(record.metadata.get("files") or {})
+    for name in (UNIT_FILE, ENV_FILE):
+        if name in recorded and facts.file_sums.get(name) != recorded[name]:
+            drift.append(f"{layout.current / name} was edited on the host since release {record.id} was written")
+    expected_link = str(layout.current / UNIT_FILE)
+    if facts.unit_link is not None and facts.unit_link != expected_link:
+        drift.append(f"{layout.unit_link} points at {facts.unit_link}, not {expected_link}")
+    if facts.unit_link is None and facts.unit.load_state == "loaded":
+        drift.append(f"{layout.unit_link} is a plain file, not the link to the current release")
+    return tuple(drift)
+
+
+def restart_steps(layout: StoreLayout) -> list[Step | Put]:
+    unit = layout.unit_name
+    return [
+        Step("systemd: daemon-reload", ("systemctl", "daemon-reload"), sudo=True),
+        Step("systemd: enable", ("systemctl", "enable", "--", unit), sudo=True),
+        Step("systemd: reset-failed", ("systemctl", "reset-failed", "--", unit), sudo=True, ok=frozenset({0, 1})),
+        Step("systemd: restart", ("systemctl", "restart", "--no-block", "--", unit), sudo=True),
+    ]
+
+
+def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets: Mapping[str, str],
+                force: bool, now: datetime) -> Plan:
+    profile = _profile_of(target, loaded)
+    layout = layout_for(target, profile)
+    version = facts.sglang.sglang_version
+    if version is None:
+        raise PreflightError(f"{target.host.name}: no SGLang found in {profile.service.venv}: {facts.sglang.error}",
+                             "create the venv on the host (or point service.venv / the host's `venv` var at it)")
+    release = build_release(loaded, layout, version, secrets, venv_override=target.venv_override,
+                            flashinfer_version=facts.sglang.flashinfer_version)
+    current_id = facts.store.current
+    current = facts.store.release(current_id) if current_id else None
+    current_metadata = current.metadata if current else None
+    drift = detect_drift(layout, facts)
+    if drift and not force:
+        raise DriftDetected(f"{target.host.name}: the deployed files were changed by hand:\n  " + "\n  ".join(drift),
+                            "deploy with --force to replace them (the edits are lost), or copy them into the profile")
+    unchanged = (current_id == release.id and not drift and facts.unit.active_state == "active")
+    have_release = facts.store.release(release.id) is not None and not (drift and current_id == release.id)
+    tags = _tags(target, release)
+    metadata = release_json(release.metadata(), tags, now)
+    batches: dict[str, list[Step | Put]] = {}
+    if not unchanged:
+        if not have_release:
+            batches["stage"] = stage_release(layout, release.id, release.unit_text, release.env_text, metadata)
+        batches["switch"] = switch_current(layout, release.id)
+        batches["restart"] = restart_steps(layout)
+    return Plan(release=release, current_id=current_id, current_metadata=current_metadata,
+                changes=tuple(diff_releases(current_metadata, release.metadata())), drift=drift,
+                needs_stage=not have_release, unchanged=unchanged, batches=batches)
+
+
+def preflight(plan: Plan, loaded: LoadedProfile, target: Target, facts: HostFacts) -> None:
+    """Read-only checks that the host can run the release; PreflightError before anything changes."""
+    profile = _profile_of(target, loaded)
+    where = target.host.name
+    gpus = require_gpus(facts, profile.parallel.gpus_per_node, where)
+    declared = target.host.vars.gpu_arch
+    if declared and gpus and gpus[0].arch != declared:
+        raise PreflightError(f"{where}: the inventory declares {declared}, nvidia-smi reports {gpus[0].arch} "
+                             f"({gpus[0].name})", "correct gpu_arch in the inventory")
+    problems = check_argv(facts.sglang.options, list(sglang_args(profile, plan.release.sglang_version)))
+    if problems:
+        listed = "\n  ".join(str(problem) for problem in problems)
+        raise PreflightError(f"{where}: SGLang {plan.release.sglang_version} in {profile.service.venv} does not "
+                             f"accept the launch command:\n  {listed}",
+                             "fix the profile (extra_args, backends) or deploy a venv with a matching SGLang")
+    ours = facts.unit.active_state in ("active", "activating", "deactivating", "reloading")
+    if facts.port_listeners and not ours:
+        raise PreflightError(f"{where}: port {profile.server.port} is already in use by another process: "
+                             f"{facts.port_listeners[0].strip()}", "stop that process or change server.port")
+    if facts.free_bytes is not None and facts.free_bytes < MIN_FREE_BYTES:
+        raise PreflightError(f"{where}: only {facts.free_bytes // (1024 * 1024)} MiB free under "
+                             f"{target.deploy_root}", "free some disk space on the host")
+
+
+def _tags(target: Target, release: Release) -> Tags:
+    versions = {"sglang": release.sglang_version}
+    if release.flashinfer_version:
+        versions["flashinfer"] = release.flashinfer_version
+    return Tags(who=operator_name(), host=target.host.name, release=release.id, profile=release.profile_name,
+                profile_hash=release.profile_hash, versions=versions)
+
+
+def probe_target(layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]) -> ProbeTarget:
+    """How to probe a release, from its own recorded profile (so a rollback probes the old release correctly)."""
+    profile = Profile.model_validate(metadata["profile"])
+    secrets = resolve_secrets(profile, environ) if profile.server.api_key else {}
+    return ProbeTarget(unit=layout.unit_name, port=profile.server.port, host=profile.server.host,
+                       health_path=health_path_for(str(metadata["sglang_version"])),
+                       generation=GenerationProbe(), api_key=secrets.get("SGLANG_API_KEY"))
+
+
+def start_prediction(facts: HostFacts, profile_name: str) -> StartPrediction | None:
+    durations = [entry.timings["ready"] for entry in facts.store.history
+                 if entry.outcome == HEALTHY and entry.tags.profile == profile_name and "ready" in entry.timings]
+    return predict_start(durations)
+
+
+@dataclass
+class _Run:
+    """One command against one host: the remote, the clock and where timings go."""
+
+    remote: Remote
+    layout: StoreLayout
+    target: Target
+    progress: Progress
+    environ: Mapping[str, str]
+    clock: Callable[[], float] = time.monotonic
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def phase(self, name: str, batch: list[Step | Put]) -> None:
+        if not batch:
+            return
+        self.progress.phase_started(name)
+        started = self.clock()
+        self.remote.run(batch)
+        self.timings[name] = round(self.clock() - started, 3)
+        self.progress.step_done(name, self.timings[name])
+
+    def record(self, event: str, outcome: str, tags: Tags, cause: str = "") -> None:
+        self.remote.run(append_history(self.layout, history_entry(event, outcome, tags, datetime.now(UTC), cause,
+                                                                  self.timings)))
+
+    def journal_diagnosis(self, cursor: str | None) -> Diagnosis:
+        result = self.remote.run([journal_step(self.layout.unit_name, cursor)])[0]
+        return diagnose(result.stdout.splitlines())
+
+    def activate(self, release_id: str, metadata: Mapping[str, Any], prediction: StartPrediction | None,
+                 grace_s: float, cursor: str | None) -> ReadyReport:
+        """Switch `current` to a release on the host, restart, and climb the readiness ladder.
+
+        `cursor` is the journal position before the restart: the ladder shows only this start's log lines."""
+        self.phase("switch", switch_current(self.layout, release_id))
+        restarted_at = self.clock()
+        self.phase("restart", restart_steps(self.layout))
+        profile = Profile.model_validate(metadata["profile"])
+        self.progress.phase_started("readiness")
+        report = wait_ready(self.remote, probe_target(self.layout, metadata, self.environ),
+                            deadline_s=profile.service.startup_timeout_s, progress=self.progress, rung=Rung.GENERATE,
+                            baseline_restarts=0, after_cursor=cursor, prediction=prediction, grace_s=grace_s,
+                            started_at=restarted_at, clock=self.clock)
+        self.timings["ready"] = round(report.duration_s, 3)
+        self.progress.step_done("readiness", report.duration_s)
+        return report
+
+    def cursor_before(self) -> str | None:
+        return parse_journal_cursor(self.remote.run([journal_cursor_step(self.layout.unit_name)])[0].stdout)
+
+
+def _stop_unit(remote: Remote, layout: StoreLayout) -> None:
+    remote.run([Step("systemd: stop", ("systemctl", "stop", "--", layout.unit_name), sudo=True)])
+
+
+def _roll_back(run: _Run, facts: HostFacts, failed_id: str, failure: ReadinessFailed, diagnosis: Diagnosis,
+               prediction_profile: str) -> Outcome:
+    """Return the host to the last healthy release after `failed_id` failed; raise what the user must know."""
+    target_id = facts.store.last_healthy(exclude=failed_id)
+    where = run.target.host.name
+    if target_id is None:
+        _stop_unit(run.remote, run.layout)
+        raise ReadinessFailed(f"{where}: release {failed_id} failed: {diagnosis.one_line()}; there is no earlier "
+                              "healthy release to roll back to, so the unit is stopped",
+                              failure.rung, diagnosis.evidence or failure.evidence, diagnosis.hint)
+    record = facts.store.release(target_id)
+    assert record is not None  # last_healthy only returns releases present on the host
+    tags = Tags.from_dict(record.metadata["tags"]) if "tags" in record.metadata else None
+    run.progress.note(f"rolling back to release {target_id}")
+    run.timings = {}
+    cursor = run.cursor_before()
+    try:
+        run.activate(target_id, record.metadata, start_prediction(facts, prediction_profile), 0.0, cursor)
+    except ReadinessFailed as second:
+        second_diagnosis = run.journal_diagnosis(cursor)
+        _stop_unit(run.remote, run.layout)
+        if tags:
+            run.record("rollback", FAILED, tags, second_diagnosis.one_line())
+        raise RollbackFailed(
+            f"{where}: release {failed_id} failed ({diagnosis.one_line()}) and the rollback to {target_id} failed "
+            f"too ({second_diagnosis.one_line()}); the unit is stopped",
+            original=failure,
+            hint=f"first failure: {diagnosis.hint}\n  rollback failure: {second_diagnosis.hint}") from second
+    if tags:
+        run.record("rollback", HEALTHY, tags, f"after {failed_id} failed: {diagnosis.one_line()}")
+    raise ReadinessFailed(f"{where}: release {failed_id} failed: {diagnosis.one_line()}; rolled back, release "
+                          f"{target_id} is serving", failure.rung, diagnosis.evidence or failure.evidence,
+                          diagnosis.hint)
+
+
+def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progress, options: Options,
+           clock: Callable[[], float] = time.monotonic) -> Outcome:
+    """Take the host to the profile's release, or back to its last healthy one; raise DeployError on failure."""
+    profile = _profile_of(target, loaded)
+    secrets = resolve_secrets(profile, options.environ)  # ConfigError here, before any connection
+    layout = layout_for(target, profile)
+    run = _Run(remote, layout, target, progress, options.environ, clock)
+    progress.phase_started("facts")
+    started = clock()
+    facts = read_host_facts(remote, layout, profile.service.venv, profile.server.port)
+    run.timings["facts"] = round(clock() - started, 3)
+    plan = plan_deploy(loaded, target, facts, secrets, options.force, datetime.now(UTC))
+    preflight(plan, loaded, target, facts)
+    if options.dry_run:
+        return Outcome("planned", plan.release.id, plan.current_id, plan=plan, timings=run.timings)
+    if plan.unchanged:
+        return Outcome("unchanged", plan.release.id, plan.current_id, plan=plan, timings=run.timings)
+    tags = _tags(target, plan.release)
+    owner = this_process_owner(plan.release.id, datetime.now(UTC))
+    with holding_lock(remote, layout, owner, LockContext(where=target.host.name)):
+        run.phase("stage", plan.batches.get("stage", []))
+        cursor = run.cursor_before()
+        try:
+            ready = run.activate(plan.release.id, plan.release.metadata(), start_prediction(facts, loaded.name),
+                                 options.grace_s, cursor)
+        except ReadinessFailed as failure:
+            diagnosis = run.journal_diagnosis(cursor)
+            run.record("deploy", FAILED, tags, diagnosis.one_line())
+            return _roll_back(run, facts, plan.release.id, failure, diagnosis, loaded.name)
+        run.record("deploy", HEALTHY, tags)
+        # Re-read after the commit: pruning decides from what is on the host now, current and history included.
+        remote.run(prune_releases(layout, releases_to_prune(read_store_facts(remote, layout),
+                                                            profile.service.keep_releases)))
+    return Outcome("deployed", plan.release.id, plan.current_id, plan=plan, ready=ready, timings=run.timings)
+
+
+def rollback(target: Target, service: str, remote: Remote, progress: Progress, to: str | None,
+             environ: Mapping[str, str], clock: Callable[[], float] = time.monotonic) -> Outcome:
+    """Switch back to release `to` (default: the last healthy one before current) and verify it."""
+    layout = StoreLayout(service=service, root=target.deploy_root)
+    run = _Run(remote, layout, target, progress, environ, clock)
+    facts = read_host_facts(remote, layout, venv=None, port=None)
+    current = facts.store.current
+    target_id = to or facts.store.last_healthy(exclude=current)
+    if target_id is None:
+        raise ConfigError(f"{target.host.name}: no healthy release to roll back to (current: {current or 'none'})",
+                          "`invoke releases` lists what is on the host")
+    record = facts.store.release(target_id)
+    if record is None:
+        known = ", ".join(r.id for r in facts.store.releases) or "none"
+        raise ConfigError(f"{target.host.name}: release {target_id!r} is not on the host", f"releases: {known}")
+    tags = Tags.from_dict(record.metadata["tags"])
+    owner = this_process_owner(target_id, datetime.now(UTC))
+    with holding_lock(remote, layout, owner, LockContext(where=target.host.name)):
+        cursor = run.cursor_before()
+        try:
+            ready = run.activate(target_id, record.metadata, start_prediction(facts, tags.profile), 0.0, cursor)
+        except ReadinessFailed as failure:
+            diagnosis = run.journal_diagnosis(cursor)
+            _stop_unit(remote, layout)
+            run.record("rollback", FAILED, tags, diagnosis.one_line())
+            raise RollbackFailed(f"{target.host.name}: rollback to {target_id} failed: {diagnosis.one_line()}; "
+                                 "the unit is stopped", original=failure, hint=diagnosis.hint) from failure
+        run.record("rollback", HEALTHY, tags, f"by hand from {current or 'none'}")
+    return Outcome("rolled back", target_id, current, ready=ready, timings=run.timings)
+
+
+__all__ = ["DeployError", "Options", "Outcome", "Plan", "deploy", "plan_deploy", "preflight", "rollback"]

@@ -1,0 +1,221 @@
+"""Host facts read before acting: one read-only batch, pure parsers, a frozen HostFacts."""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import PurePosixPath
+from typing import Any
+
+from deploy_lib.errors import PreflightError
+from deploy_lib.remote import Put, Remote, Step, StepResult
+from deploy_lib.store import ENV_FILE, UNIT_FILE, StoreFacts, StoreLayout, fact_steps, parse_store_facts
+
+GPU_FIELDS = ("index", "name", "uuid", "compute_cap", "memory.total", "memory.used", "power.draw", "power.limit",
+              "utilization.gpu", "driver_version")
+OPTIONS_SOURCE = resources.files("deploy_lib").joinpath("sglang_options.py").read_text(encoding="utf-8")
+
+FACT_GPUS = "host facts: GPUs"
+FACT_UNIT = "host facts: unit state"
+FACT_UNIT_LINK = "host facts: unit link"
+FACT_FILE_SUMS = "host facts: current release checksums"
+FACT_PORT = "host facts: port listeners"
+FACT_DISK = "host facts: free disk"
+FACT_SGLANG = "host facts: SGLang in the venv"
+_MISSING_OK = frozenset({0, 1, 2, 127})  # absent tools or files are facts, not errors
+
+
+@dataclass(frozen=True)
+class Gpu:
+    index: int
+    name: str
+    compute_cap: str
+    memory_total_mib: float
+    memory_used_mib: float
+    power_draw_w: float | None
+    power_limit_w: float | None
+    utilization_pct: float | None
+
+    @property
+    def arch(self) -> str:
+        """`sm120` for compute capability 12.0."""
+        return "sm" + self.compute_cap.replace(".", "")
+
+
+@dataclass(frozen=True)
+class UnitFacts:
+    active_state: str
+    sub_state: str
+    main_pid: int
+    n_restarts: int
+    load_state: str
+
+
+@dataclass(frozen=True)
+class SGLangInstall:
+    python_found: bool
+    sglang_version: str | None
+    flashinfer_version: str | None
+    options: dict[str, dict[str, Any]]
+    error: str | None
+
+
+@dataclass(frozen=True)
+class HostFacts:
+    store: StoreFacts
+    gpus: tuple[Gpu, ...] | None          # None: nvidia-smi missing or failing
+    gpu_error: str | None
+    unit: UnitFacts
+    unit_link: str | None                 # where /etc/systemd/system/<unit> points, None if absent
+    file_sums: dict[str, str]             # file name in current release -> sha256
+    port_listeners: tuple[str, ...]       # `ss` lines of processes listening on the profile's port
+    free_bytes: int | None
+    sglang: SGLangInstall
+
+
+def _number(text: str) -> float | None:
+    try:
+        return float(text)
+    except ValueError:
+        return None  # "[N/A]" and "[Not Supported]" in nvidia-smi output
+
+
+def parse_gpus(result: StepResult) -> tuple[tuple[Gpu, ...] | None, str | None]:
+    if result.exit_code == 127:
+        return None, "nvidia-smi not found on the host (no NVIDIA driver?)"
+    if result.exit_code != 0:
+        return None, f"nvidia-smi exited {result.exit_code}: {(result.stderr or result.stdout).strip()[-300:]}"
+    gpus = []
+    for row in csv.reader(io.StringIO(result.stdout), skipinitialspace=True):
+        if len(row) != len(GPU_FIELDS):
+            continue
+        values = dict(zip(GPU_FIELDS, (cell.strip() for cell in row), strict=True))
+        gpus.append(Gpu(index=int(values["index"]), name=values["name"], compute_cap=values["compute_cap"],
+                        memory_total_mib=_number(values["memory.total"]) or 0.0,
+                        memory_used_mib=_number(values["memory.used"]) or 0.0,
+                        power_draw_w=_number(values["power.draw"]), power_limit_w=_number(values["power.limit"]),
+                        utilization_pct=_number(values["utilization.gpu"])))
+    return tuple(gpus), None
+
+
+def parse_systemctl_show(text: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def parse_unit(result: StepResult) -> UnitFacts:
+    props = parse_systemctl_show(result.stdout)
+
+    def integer(name: str) -> int:
+        value = props.get(name, "")
+        return int(value) if value.isdigit() else 0
+
+    return UnitFacts(active_state=props.get("ActiveState", "unknown"), sub_state=props.get("SubState", "unknown"),
+                     main_pid=integer("MainPID"), n_restarts=integer("NRestarts"),
+                     load_state=props.get("LoadState", "unknown"))
+
+
+def parse_sha256sums(text: str) -> dict[str, str]:
+    sums = {}
+    for line in text.splitlines():
+        match = re.match(r"^([0-9a-f]{64})\s+\*?(.+)$", line)
+        if match:
+            sums[PurePosixPath(match.group(2)).name] = match.group(1)
+    return sums
+
+
+def parse_free_bytes(text: str) -> int | None:
+    numbers = [int(line.split()[0]) for line in text.splitlines()[1:] if line.split() and line.split()[0].isdigit()]
+    return numbers[-1] if numbers else None
+
+
+def parse_sglang_install(result: StepResult) -> SGLangInstall:
+    if result.exit_code == 127:
+        return SGLangInstall(False, None, None, {}, "the venv's python3 was not found")
+    try:
+        payload = json.loads(result.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        return SGLangInstall(True, None, None, {}, (result.stderr or result.stdout).strip()[-300:] or "no output")
+    if "error" in payload:
+        return SGLangInstall(True, None, None, {}, str(payload["error"]))
+    return SGLangInstall(True, payload.get("sglang_version"), payload.get("flashinfer_version"),
+                         payload.get("options", {}), None)
+
+
+def _site_packages_probe() -> str:
+    # The options extractor wants the venv's site-packages; the venv's own python knows where that is.
+    return ("import sys,sysconfig;sys.argv=['sglang_options',sysconfig.get_paths()['purelib']];"
+            "exec(compile(sys.stdin.read(),'sglang_options.py','exec'),{'__name__':'__main__'})")
+
+
+def sglang_step(venv: str) -> Step:
+    return Step(FACT_SGLANG, (str(PurePosixPath(venv) / "bin" / "python3"), "-c", _site_packages_probe()),
+                stdin=OPTIONS_SOURCE.encode(), ok=frozenset({0, 1, 127}), timeout_s=120)
+
+
+def fact_batch(layout: StoreLayout, venv: str | None, port: int | None) -> list[Step | Put]:
+    """Everything preflight and the plan need, read-only, in as few round trips as the batching allows.
+
+    Without a venv (rollback, status) SGLang is not inspected; without a port no listener is looked up."""
+    current = layout.current
+    batch: list[Step | Put] = [
+        *fact_steps(layout),
+        Step(FACT_GPUS, ("nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"),
+             ok=_MISSING_OK, timeout_s=30),
+        Step(FACT_UNIT, ("systemctl", "show", "-p", "ActiveState,SubState,MainPID,NRestarts,LoadState", "--",
+                         layout.unit_name)),
+        Step(FACT_UNIT_LINK, ("readlink", "--", str(layout.unit_link)), ok=_MISSING_OK),
+        Step(FACT_FILE_SUMS, ("sha256sum", "--", str(current / UNIT_FILE), str(current / ENV_FILE)),
+             sudo=True, ok=_MISSING_OK),
+        Step(FACT_DISK, ("df", "-P", "-B1", "--", "/", *_existing_parents(layout.root)), ok=_MISSING_OK),
+    ]
+    if port is not None:
+        batch.append(Step(FACT_PORT, ("ss", "-Htlnp", f"sport = :{port}"), sudo=True, ok=_MISSING_OK))
+    if venv is not None:
+        batch.append(sglang_step(venv))
+    return batch
+
+
+def _existing_parents(path: PurePosixPath) -> tuple[str, ...]:
+    # df fails for a path that does not exist yet but still prints the others; the last line is the nearest.
+    return tuple(str(p) for p in reversed([path, *path.parents]) if str(p) != "/")
+
+
+_NOT_READ = StepResult(Step("not read", ("true",)), 0, "", "", 0.0)
+
+
+def read_host_facts(remote: Remote, layout: StoreLayout, venv: str | None, port: int | None) -> HostFacts:
+    results = remote.run(fact_batch(layout, venv, port))
+    by_name = {result.step.name: result for result in results}
+    by_name.setdefault(FACT_PORT, _NOT_READ)
+    by_name.setdefault(FACT_SGLANG, StepResult(Step("not read", ("true",)), 0, '{"error": "not read"}', "", 0.0))
+    gpus, gpu_error = parse_gpus(by_name[FACT_GPUS])
+    link = by_name[FACT_UNIT_LINK]
+    return HostFacts(
+        store=parse_store_facts(layout, results),
+        gpus=gpus, gpu_error=gpu_error,
+        unit=parse_unit(by_name[FACT_UNIT]),
+        unit_link=link.stdout.strip() if link.exit_code == 0 else None,
+        file_sums=parse_sha256sums(by_name[FACT_FILE_SUMS].stdout),
+        port_listeners=tuple(line for line in by_name[FACT_PORT].stdout.splitlines() if line.strip()),
+        free_bytes=parse_free_bytes(by_name[FACT_DISK].stdout),
+        sglang=parse_sglang_install(by_name[FACT_SGLANG]),
+    )
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def require_gpus(facts: HostFacts, needed: int, where: str) -> tuple[Gpu, ...]:
+    if facts.gpus is None:
+        raise PreflightError(f"{where}: cannot read the GPUs: {facts.gpu_error}",
+                             "install the NVIDIA driver (nvidia-smi) on the host")
+    if len(facts.gpus) < needed:
+        raise PreflightError(f"{where}: the profile needs {needed} GPUs, nvidia-smi shows {len(facts.gpus)}",
+                             "lower parallel.tp or deploy to a host with more GPUs")
+    return facts.gpus

@@ -1,0 +1,66 @@
+"""Where a project's profiles and inventories are, and how a (profile, inventory, host) choice resolves."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+from deploy_lib.inventory import Host, Inventory, check_profile_fits_host, expand_local_path, load_inventory
+from deploy_lib.profile import LoadedProfile, load_profile
+from deploy_lib.remote import SSHTarget
+
+DEFAULT_INVENTORY = "inventory/hosts.yaml"
+SANDBOX_INVENTORY = "inventory/sandbox.yaml"
+
+
+@dataclass(frozen=True)
+class Project:
+    root: Path
+
+    @property
+    def profiles_dir(self) -> Path:
+        return self.root / "inventory" / "profiles"
+
+    def inventory_path(self, given: str | None) -> Path:
+        path = Path(given or DEFAULT_INVENTORY)
+        return path if path.is_absolute() else self.root / path
+
+    def profile(self, name: str) -> LoadedProfile:
+        return load_profile(self.profiles_dir, name)
+
+    def inventory(self, given: str | None) -> Inventory:
+        return load_inventory(self.inventory_path(given))
+
+
+@dataclass(frozen=True)
+class Target:
+    """One host to act on: its inventory entry and the SSH settings derived from it."""
+
+    host: Host
+    ssh: SSHTarget
+    deploy_root: PurePosixPath
+
+    @property
+    def venv_override(self) -> str | None:
+        return self.host.vars.venv
+
+
+def resolve_target(inventory: Inventory, host_name: str | None, accept_new_host_key: bool = False) -> Target:
+    host = inventory.host(host_name)
+    hv = host.vars
+    key_file = expand_local_path(hv.ansible_ssh_private_key_file, inventory.path) if hv.ansible_ssh_private_key_file \
+        else None
+    known_hosts = expand_local_path(hv.known_hosts_file or "~/.ssh/known_hosts", inventory.path)
+    ssh = SSHTarget(host=host.address, port=hv.ansible_port, user=hv.ansible_user, key_file=key_file,
+                    known_hosts_file=known_hosts, connect_timeout_s=hv.connect_timeout_s,
+                    accept_new_host_key=accept_new_host_key)
+    return Target(host=host, ssh=ssh, deploy_root=PurePosixPath(hv.deploy_root))
+
+
+def load_for_host(project: Project, profile_name: str, inventory_given: str | None, host_name: str | None,
+                  accept_new_host_key: bool = False) -> tuple[LoadedProfile, Target]:
+    """Profile and target, checked against each other as far as the inventory's declared facts allow."""
+    loaded = project.profile(profile_name)
+    target = resolve_target(project.inventory(inventory_given), host_name, accept_new_host_key)
+    check_profile_fits_host(loaded.profile, target.host, loaded.path)
+    return loaded, target

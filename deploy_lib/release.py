@@ -1,0 +1,176 @@
+"""A Release: the complete desired state of one host's server, as data, with a content id; and its semantic diff."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from deploy_lib.errors import ConfigError
+from deploy_lib.profile import LoadedProfile, Profile, SecretRef
+from deploy_lib.render import EnvSpec, UnitSpec, render_env, render_env_redacted, render_unit
+from deploy_lib.server_args import launch_argv, launch_environment, secret_environment, sglang_args
+from deploy_lib.store import ENV_FILE, UNIT_FILE, StoreLayout
+
+
+def read_secret(name: str, ref: SecretRef, environ: Mapping[str, str]) -> str:
+    """The secret's value from this machine; never from the profile itself."""
+    if ref.env is not None:
+        if ref.env not in environ:
+            raise ConfigError(f"secret {name}: environment variable {ref.env} is not set on this machine",
+                              f"export {ref.env}=... before deploying")
+        value = environ[ref.env]
+    else:
+        path = Path(os.path.expanduser(str(ref.file)))
+        try:
+            value = path.read_text().rstrip("\n")
+        except OSError as err:
+            raise ConfigError(f"secret {name}: cannot read {path}: {err.strerror}") from None
+    if not value or any(c in value for c in "\x00\n\r"):
+        raise ConfigError(f"secret {name}: value from {ref.env or ref.file} is empty or has a newline/NUL")
+    return value
+
+
+def resolve_secrets(profile: Profile, environ: Mapping[str, str]) -> dict[str, str]:
+    """Every secret of the env file (profile secrets and the API key), read on this machine."""
+    return {name: read_secret(name, ref, environ) for name, ref in secret_environment(profile).items()}
+
+
+@dataclass(frozen=True)
+class Release:
+    """Everything that decides how the server starts. `id` is derived from the content, so equal means no change."""
+
+    id: str
+    service: str
+    profile_name: str
+    profile_hash: str
+    profile: dict[str, Any]
+    sglang_version: str
+    flashinfer_version: str | None
+    venv: str
+    argv: tuple[str, ...]
+    args: tuple[str, ...]
+    environment: dict[str, str]
+    secret_names: tuple[str, ...]
+    secrets_digest: str
+    unit_text: str
+    env_text: str = field(repr=False)
+    env_text_redacted: str
+    patches: tuple[str, ...] = ()
+
+    def metadata(self) -> dict[str, Any]:
+        """What release.json records: no secret value, only a digest that changes when one does."""
+        return {
+            "id": self.id, "service": self.service, "profile_name": self.profile_name,
+            "profile_hash": self.profile_hash, "profile": self.profile, "sglang_version": self.sglang_version,
+            "flashinfer_version": self.flashinfer_version, "venv": self.venv, "argv": list(self.argv),
+            "args": list(self.args), "environment": self.environment, "secret_names": list(self.secret_names),
+            "secrets_digest": self.secrets_digest, "patches": list(self.patches),
+            "files": {UNIT_FILE: _sha256(self.unit_text), ENV_FILE: _sha256(self.env_text)},
+        }
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: str, secrets: Mapping[str, str],
+                  venv_override: str | None = None, patches: tuple[str, ...] = (),
+                  flashinfer_version: str | None = None) -> Release:
+    profile = loaded.profile
+    if venv_override is not None:
+        profile = profile.model_copy(update={"service": profile.service.model_copy(update={"venv": venv_override})})
+    argv = launch_argv(profile, sglang_version)
+    environment = launch_environment(profile)
+    secrets_digest = hashlib.sha256(json.dumps(sorted(secrets.items())).encode()).hexdigest()[:16]
+    content = json.dumps({
+        "profile": profile.model_dump(mode="json"), "argv": argv, "environment": environment,
+        "secrets": secrets_digest, "version": sglang_version, "patches": patches, "service": layout.service,
+    }, sort_keys=True)
+    release_id = hashlib.sha256(content.encode()).hexdigest()[:12]
+    env_spec = EnvSpec(values={**environment, **secrets}, secret_names=frozenset(secrets))
+    unit_spec = UnitSpec(
+        description=f"SGLang server ({loaded.name}, release {release_id})",
+        user=profile.service.user,
+        group=None,
+        working_directory=profile.service.working_directory,
+        environment_file=str(layout.env_file(release_id)),
+        exec_argv=argv,
+        timeout_start_s=profile.service.startup_timeout_s,
+        timeout_stop_s=profile.service.stop_timeout_s,
+        restart=profile.service.restart.value,
+        restart_sec=profile.service.restart_sec,
+        limit_nofile=profile.service.limit_nofile,
+        syslog_identifier=layout.service,
+    )
+    return Release(
+        id=release_id, service=layout.service, profile_name=loaded.name, profile_hash=profile.content_hash(),
+        profile=profile.model_dump(mode="json"), sglang_version=sglang_version,
+        flashinfer_version=flashinfer_version, venv=profile.service.venv, argv=argv,
+        args=sglang_args(profile, sglang_version), environment=environment, secret_names=tuple(sorted(secrets)),
+        secrets_digest=secrets_digest,
+        unit_text=render_unit(unit_spec), env_text=render_env(env_spec),
+        env_text_redacted=render_env_redacted(env_spec), patches=patches,
+    )
+
+
+@dataclass(frozen=True)
+class Change:
+    kind: str  # "flag", "env", "secret", "venv", "version", "patch", "service"
+    name: str
+    old: str | None
+    new: str | None
+
+    def __str__(self) -> str:
+        if self.old is None:
+            return f"+ {self.kind} {self.name} = {self.new}"
+        if self.new is None:
+            return f"- {self.kind} {self.name} (was {self.old})"
+        return f"~ {self.kind} {self.name}: {self.old} -> {self.new}"
+
+
+def argv_options(args: tuple[str, ...] | list[str]) -> dict[str, str]:
+    """SGLang arguments as flag -> value ('' for switches)."""
+    options: dict[str, str] = {}
+    index = 0
+    while index < len(args):
+        arg = args[index]
+        if arg.startswith("--") and "=" in arg:
+            name, value = arg.split("=", 1)
+            options[name] = value
+        elif arg.startswith("--"):
+            values = []
+            while index + 1 < len(args) and not args[index + 1].startswith("--"):
+                index += 1
+                values.append(args[index])
+            options[arg] = " ".join(values)
+        index += 1
+    return options
+
+
+def diff_releases(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list[Change]:
+    """Semantic diff of two release metadata dicts (release.json form): flags, environment, secrets, venv, patches."""
+    old = old or {}
+    changes: list[Change] = []
+
+    def compare(kind: str, before: Mapping[str, str], after: Mapping[str, str]) -> None:
+        for name in sorted(set(before) | set(after)):
+            if before.get(name) != after.get(name):
+                changes.append(Change(kind, name, before.get(name), after.get(name)))
+
+    compare("flag", argv_options(old.get("args", [])), argv_options(new.get("args", [])))
+    compare("env", old.get("environment", {}), new.get("environment", {}))
+    old_secrets, new_secrets = set(old.get("secret_names", [])), set(new.get("secret_names", []))
+    compare("secret", {n: "(set)" for n in old_secrets}, {n: "(set)" for n in new_secrets})
+    if old_secrets & new_secrets and old.get("secrets_digest") != new.get("secrets_digest"):
+        changes.append(Change("secret", "values", "(previous)", "(changed)"))
+    for key, kind in (("venv", "venv"), ("sglang_version", "version"), ("flashinfer_version", "version"),
+                      ("service", "service")):
+        if old.get(key) != new.get(key):
+            changes.append(Change(kind, key, old.get(key), new.get(key)))
+    compare("patch", {p: "on" for p in old.get("patches", [])}, {p: "on" for p in new.get("patches", [])})
+    return changes
