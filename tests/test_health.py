@@ -473,7 +473,6 @@ def test_probe_without_systemd_tools_still_answers(tmp_path: Path) -> None:
 
 # --- on the sandbox VM: real systemd, journald, sudo and SSH ------------------------------------------------
 
-SANDBOX = "hhealth"
 UNIT = "ladder-probe.service"
 PORT = 30123
 # A stand-in server: loads, binds, warms up (503), then serves; modes make it crash, die or hang.
@@ -517,30 +516,26 @@ server.serve_forever()
 
 @pytest.fixture(scope="module")
 def sandbox() -> Iterator[FabricRemote]:
-    """A guest of our own, logged into as the sudo user `deploy`; stopped afterwards if we started it."""
+    """A guest of our own (named by our PID, so concurrent runs do not collide), logged into as the sudo
+    user `deploy`, always stopped at the end."""
     script = Path(__file__).parent.parent / "sandbox" / "testhost.sh"
-    env = dict(os.environ, TH_NAME=SANDBOX)
+    env = dict(os.environ, TH_NAME=f"hh{os.getpid()}"[:12])
 
     def testhost(*args: str) -> str:
         return subprocess.run(["bash", str(script), *args], env=env, capture_output=True, text=True,
                               timeout=600, check=True).stdout
 
-    facts = dict(line.split("=", 1) for line in testhost("info").splitlines() if "=" in line)
-    started = facts.get("state") != "running"
-    if started:
+    try:
         testhost("start")
         facts = dict(line.split("=", 1) for line in testhost("info").splitlines() if "=" in line)
-    remote = FabricRemote(SSHTarget(host=facts["guest_ip"], user="deploy", key_file=Path(facts["key"]),
-                                    known_hosts_file=Path(facts["known_hosts"])))
-    try:
+        remote = FabricRemote(SSHTarget(host=facts["guest_ip"], user="deploy", key_file=Path(facts["key"]),
+                                        known_hosts_file=Path(facts["known_hosts"])))
         remote.run([Step("mkdir", ("mkdir", "-p", "/opt/ladder-probe"), sudo=True),
                     Put(PurePosixPath("/opt/ladder-probe/server.py"), FAKE_SERVER.encode(), 0o644, sudo=True)])
         yield remote
-        remote.run([Step("stop probe unit", ("systemctl", "stop", UNIT), sudo=True, ok=frozenset({0, 5}))])
-    finally:
         remote.close()
-        if started:
-            testhost("stop")
+    finally:
+        testhost("stop")
 
 
 def start_unit(remote: FabricRemote, mode: str, load_s: float = 1.0, warm_s: float = 1.0) -> tuple[str | None, float]:
