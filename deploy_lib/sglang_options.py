@@ -1,7 +1,8 @@
 """SGLang's launch options, read out of its source with `ast` (never importing sglang or torch).
 
-Standard library only and no deploy_lib imports: preflight ships this file to the host and runs it as
-`VENV/bin/python3 - SITE_PACKAGES_DIR`, which prints one JSON object on stdout:
+Standard library only and no deploy_lib imports: preflight ships this file to the host and runs it with the target
+venv's interpreter, `VENV/bin/python3 -I - < sglang_options.py`, which finds the sglang that interpreter would import
+(importlib's finders, so editable installs work too; nothing is imported) and prints one JSON object on stdout:
 
     {"sglang_version": "0.5.23", "flashinfer_version": "0.7.2",
      "options": {"--tp-size": {"option_strings": ["--tp-size", "--tensor-parallel-size"], "dest": "tp_size",
@@ -9,7 +10,8 @@ Standard library only and no deploy_lib imports: preflight ships this file to th
                                "required": false, "deprecated": false, "error": null}, ...},
      "unresolved_choices": ["--kv-canary-real-data"], "warnings": []}
 
-or, when sglang is not installed there, {"error": "..."} with exit code 1.
+or, when sglang is not installed there, {"error": "..."} with exit code 1. `python3 - DIR` reads DIR/sglang and
+DIR/*.dist-info instead (an unpacked wheel, as the tests do).
 
 Where the options come from: `ServerArgs.add_cli_args()` in sglang/srt/server_args.py. Up to 0.5.9 it is a list of
 `parser.add_argument(...)` calls; from 0.5.15 on most options are fields annotated `A[T, "help"]` or
@@ -28,6 +30,8 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import importlib.metadata
+import importlib.util
 import json
 import re
 import sys
@@ -789,12 +793,28 @@ def build_parser(options: dict[str, dict[str, Any]], prog: str = "sglang serve")
     return parser
 
 
+def extract_installed() -> dict[str, Any]:
+    """extract() for the sglang this interpreter would import, located without importing it."""
+    spec = importlib.util.find_spec("sglang")
+    if spec is None or not spec.submodule_search_locations:
+        raise FileNotFoundError(f"sglang is not installed for {sys.executable}")
+    result = extract(Path(next(iter(spec.submodule_search_locations))).parent)
+    for key, names in (("sglang_version", ("sglang",)), ("flashinfer_version", ("flashinfer-python", "flashinfer"))):
+        for name in names:
+            try:
+                result[key] = importlib.metadata.version(name)
+                break
+            except importlib.metadata.PackageNotFoundError:
+                continue
+    return result
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print(json.dumps({"error": "usage: python3 sglang_options.py SITE_PACKAGES_DIR"}))
+    if len(argv) > 2:
+        print(json.dumps({"error": "usage: python3 sglang_options.py [SITE_PACKAGES_DIR]"}))
         return 1
     try:
-        result = extract(Path(argv[1]))
+        result = extract(Path(argv[1])) if len(argv) == 2 else extract_installed()
     except (OSError, ValueError, SyntaxError) as err:
         print(json.dumps({"error": f"{type(err).__name__}: {err}"}))
         return 1

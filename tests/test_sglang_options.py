@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -189,6 +190,20 @@ def test_extract_warns_when_a_flag_is_registered_twice(tmp_path: Path) -> None:
     result = extract(write_tree(tmp_path, files))
     assert result["warnings"] == ["--port registered twice (argparse would refuse to start); kept the first"]
     assert result["options"]["--port"]["type"] == "int"
+
+
+def test_extractor_script_finds_the_sglang_its_interpreter_would_import(tmp_path: Path) -> None:
+    """Preflight's form: `VENV/bin/python3 - < sglang_options.py`, no directory given, nothing imported."""
+    root = write_tree(tmp_path, SYNTHETIC)
+    env = {"PATH": os.environ["PATH"], "PYTHONPATH": str(root)}
+    done = subprocess.run([sys.executable, "-"], input=EXTRACTOR.read_text(), env=env, capture_output=True,
+                          text=True, check=True)
+    result = json.loads(done.stdout)
+    assert (result["sglang_version"], result["flashinfer_version"]) == ("9.9.9.post1", "0.7.2")
+    assert result["options"] == json.loads(json.dumps(extract(root)["options"]))
+    missing = subprocess.run([sys.executable, "-I", "-"], input=EXTRACTOR.read_text(), capture_output=True,
+                             text=True, check=False)
+    assert missing.returncode == 1 and "sglang is not installed for" in json.loads(missing.stdout)["error"]
 
 
 def test_extractor_script_reports_a_missing_sglang_as_json(tmp_path: Path) -> None:
