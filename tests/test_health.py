@@ -268,6 +268,13 @@ def test_the_api_key_travels_only_in_secret_steps_and_is_never_reported() -> Non
     assert "sk-test-6f1c" not in repr(TARGET) + repr(probe_steps(remote)) + repr(progress.events)
 
 
+def test_a_server_bound_to_every_address_is_probed_on_loopback() -> None:
+    remote = scripted([READY])
+    wait_ready(remote, ProbeTarget(unit=None, port=30000, host="0.0.0.0"), deadline_s=60, progress=NullProgress(),
+               policy=fast(1))
+    assert probe_configs(remote)[0]["host"] == "127.0.0.1"
+
+
 def test_a_probe_without_an_api_key_is_not_masked() -> None:
     step = probe_step(ProbeTarget(unit="sglang.service", port=30000), Rung.GENERATE)
     assert not step.secret and step.argv == ("python3", "-") and step.sudo
