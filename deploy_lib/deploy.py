@@ -146,7 +146,7 @@ def restart_steps(layout: StoreLayout) -> list[Step | Put]:
         Step("systemd: daemon-reload", ("systemctl", "daemon-reload"), sudo=True),
         Step("systemd: enable", ("systemctl", "enable", "--", unit), sudo=True),
         Step("systemd: reset-failed", ("systemctl", "reset-failed", "--", unit), sudo=True, ok=frozenset({0, 1})),
-        Step("systemd: restart", ("systemctl", "restart", "--no-block", "--", unit), sudo=True),
+        Step("systemd: restart", ("systemctl", "restart", "--", unit), sudo=True),
     ]
 
 

@@ -1,0 +1,130 @@
+"""The terminal side of the tool: progress shown with rich, reports turned into tables. Only tasks.py uses it."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+import time
+from collections.abc import Iterable
+
+from rich.console import Console
+from rich.table import Table
+from tenacity import RetryCallState
+
+from deploy_lib.deploy import Outcome, Plan
+from deploy_lib.errors import DeployError
+from deploy_lib.release import Release
+from deploy_lib.status import ReleaseRow, StatusReport
+
+console = Console(highlight=False, soft_wrap=True)
+errors = Console(stderr=True, highlight=False, soft_wrap=True)
+
+
+class TerminalProgress:
+    """Progress as lines: each phase, each step with its time, the server's newest log line while waiting."""
+
+    def __init__(self, out: Console = console) -> None:
+        self.out = out
+        self.started = time.monotonic()
+        self.last_log: str | None = None
+
+    def _stamp(self) -> str:
+        return f"[dim]{time.monotonic() - self.started:7.2f}s[/dim]"
+
+    def phase_started(self, name: str) -> None:
+        self.out.print(f"{self._stamp()} [bold]▸ {name}[/bold]")
+
+    def step_done(self, name: str, seconds: float) -> None:
+        self.out.print(f"{self._stamp()} [green]✓[/green] {name} ({seconds:.2f} s)")
+
+    def retrying(self, retry_state: RetryCallState) -> None:
+        error = retry_state.outcome.exception() if retry_state.outcome else None
+        if retry_state.attempt_number % 10 == 1 and error is not None:
+            self.out.print(f"{self._stamp()}   waiting: {getattr(error, 'message', error)} "
+                           f"({retry_state.seconds_since_start:.1f} s)")
+
+    def log_line(self, text: str) -> None:
+        self.last_log = text
+        self.out.print(f"{self._stamp()}   [cyan]server:[/cyan] {text}")
+
+    def note(self, text: str) -> None:
+        self.out.print(f"{self._stamp()} [yellow]![/yellow] {text}")
+
+
+def print_error(error: DeployError) -> None:
+    errors.print(f"[bold red]error:[/bold red] {error.message}", markup=True)
+    evidence: Iterable[str] = getattr(error, "evidence", ()) or ()
+    for line in evidence:
+        errors.print(f"  | {line}", markup=False)
+    if error.hint:
+        errors.print(f"[yellow]hint:[/yellow] {error.hint}")
+
+
+def print_release(release: Release) -> None:
+    console.rule(f"unit ({release.id})")
+    console.print(release.unit_text, markup=False, end="")
+    console.rule("environment file (secrets redacted)")
+    console.print(release.env_text_redacted, markup=False, end="")
+    console.rule("argv")
+    console.print(shlex.join(release.argv), markup=False)
+
+
+def print_lines(lines: Iterable[str]) -> None:
+    for line in lines:
+        console.print(line, markup=False)
+
+
+def print_outcome(outcome: Outcome) -> None:
+    if outcome.action == "planned" and outcome.plan is not None:
+        print_plan(outcome.plan)
+        return
+    if outcome.action == "unchanged":
+        console.print(f"no changes: release {outcome.release_id} is current and running")
+        return
+    ready = f" ready in {outcome.ready.duration_s:.1f} s" if outcome.ready else ""
+    console.print(f"[bold green]{outcome.action}[/bold green]: release {outcome.release_id} is serving "
+                  f"(was {outcome.previous_id or 'none'});{ready}")
+
+
+def print_plan(plan: Plan) -> None:
+    print_lines(plan.dry_run_lines())
+
+
+def print_status(report: StatusReport) -> None:
+    meta = report.metadata
+    console.print(f"host {report.host}, service {report.service}")
+    if report.current:
+        age = f"{report.current_age_s / 60:.0f} min" if report.current_age_s is not None else "?"
+        console.print(f"release {report.current} ({meta.get('profile_name')}), staged {age} ago")
+        console.print(f"SGLang {meta.get('sglang_version')}, FlashInfer {meta.get('flashinfer_version') or '?'}, "
+                      f"venv {meta.get('venv')}, patches: {', '.join(meta.get('patches') or []) or 'none'}")
+    else:
+        console.print("no release deployed")
+    console.print(f"unit {report.unit_state}; {report.readiness}")
+    if report.lock_holder:
+        console.print(f"[yellow]locked by {report.lock_holder}[/yellow]")
+    if report.gpus is None:
+        console.print(f"GPUs: {report.gpu_error}")
+        return
+    table = Table("GPU", "name", "arch", "memory used / total (MiB)", "power (W)", "util %")
+    for gpu in report.gpus:
+        power = f"{gpu.power_draw_w:.0f} / {gpu.power_limit_w:.0f}" if gpu.power_draw_w is not None \
+            and gpu.power_limit_w is not None else "n/a"
+        table.add_row(str(gpu.index), gpu.name, gpu.arch, f"{gpu.memory_used_mib:.0f} / {gpu.memory_total_mib:.0f}",
+                      power, f"{gpu.utilization_pct:.0f}" if gpu.utilization_pct is not None else "n/a")
+    console.print(table)
+
+
+def print_releases(rows: list[ReleaseRow]) -> None:
+    table = Table("", "release", "staged", "profile", "SGLang", "outcome", "output tok/s")
+    for row in rows:
+        throughput = row.figures.get("output_throughput")
+        table.add_row("*" if row.is_current else "", row.id, row.staged_at, row.profile, row.sglang_version,
+                      row.outcome, f"{throughput:.0f}" if throughput else "")
+    console.print(table)
+
+
+def confirm(question: str) -> bool:
+    if not sys.stdin.isatty():
+        return True
+    return console.input(f"{question} [y/N] ").strip().lower() in ("y", "yes")

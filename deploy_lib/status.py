@@ -1,0 +1,121 @@
+"""Read-only views of a host: status, the releases on it, the server's log."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from deploy_lib.deploy import probe_target
+from deploy_lib.diagnose import journal_step
+from deploy_lib.facts import Gpu, HostFacts, read_host_facts
+from deploy_lib.health import Rung, Snapshot, parse_snapshot, probe_step
+from deploy_lib.project import Target
+from deploy_lib.remote import Remote, Step
+from deploy_lib.store import StoreLayout
+
+
+@dataclass(frozen=True)
+class ReleaseRow:
+    id: str
+    staged_at: str
+    profile: str
+    sglang_version: str
+    outcome: str
+    is_current: bool
+    figures: Mapping[str, float]
+
+
+@dataclass(frozen=True)
+class StatusReport:
+    host: str
+    service: str
+    current: str | None
+    current_age_s: float | None
+    metadata: Mapping[str, Any]
+    unit_state: str
+    readiness: str
+    gpus: tuple[Gpu, ...] | None
+    gpu_error: str | None
+    lock_holder: str | None
+
+
+def _age_s(iso: str, now: datetime) -> float | None:
+    try:
+        return (now - datetime.fromisoformat(iso)).total_seconds()
+    except ValueError:
+        return None
+
+
+def release_rows(facts: HostFacts) -> list[ReleaseRow]:
+    outcomes = facts.store.outcomes()
+    figures: dict[str, Mapping[str, float]] = {}
+    for entry in facts.store.history:
+        if entry.event == "bench" and entry.figures:
+            figures[entry.tags.release] = entry.figures
+    return [ReleaseRow(id=r.id, staged_at=r.staged_at, profile=str(r.metadata.get("profile_name", "?")),
+                       sglang_version=str(r.metadata.get("sglang_version", "?")),
+                       outcome=outcomes.get(r.id, "never started"), is_current=r.id == facts.store.current,
+                       figures=figures.get(r.id, {}))
+            for r in facts.store.releases]
+
+
+def _readiness(snapshot: Snapshot) -> str:
+    if not snapshot.port_open:
+        return "port closed"
+    if snapshot.health_status == 200:
+        return "ready (health 200)"
+    return f"not ready (health {snapshot.health_status or snapshot.health_error})"
+
+
+def read_status(target: Target, service: str, remote: Remote, now: datetime | None = None) -> StatusReport:
+    layout = StoreLayout(service=service, root=target.deploy_root)
+    facts = read_host_facts(remote, layout, venv=None, port=None)
+    record = facts.store.release(facts.store.current) if facts.store.current else None
+    metadata = record.metadata if record else {}
+    readiness = "no release deployed"
+    if record is not None:
+        probe = probe_target(layout, metadata, environ={})
+        [result] = remote.run([probe_step(probe, Rung.HEALTH)])
+        readiness = _readiness(parse_snapshot(result, Rung.HEALTH))
+    lock = facts.store.lock
+    return StatusReport(
+        host=target.host.name, service=service, current=facts.store.current,
+        current_age_s=_age_s(record.staged_at, now or datetime.now(UTC)) if record else None,
+        metadata=metadata, unit_state=f"{facts.unit.active_state}/{facts.unit.sub_state}", readiness=readiness,
+        gpus=facts.gpus, gpu_error=facts.gpu_error,
+        lock_holder=(str(lock.owner) if lock.owner else "unknown owner") if lock else None)
+
+
+def list_releases(target: Target, service: str, remote: Remote) -> list[ReleaseRow]:
+    layout = StoreLayout(service=service, root=target.deploy_root)
+    return release_rows(read_host_facts(remote, layout, venv=None, port=None))
+
+
+def read_log(target: Target, service: str, remote: Remote, lines: int) -> list[str]:
+    layout = StoreLayout(service=service, root=target.deploy_root)
+    [result] = remote.run([journal_step(layout.unit_name, max_lines=lines)])
+    return result.stdout.splitlines()
+
+
+def follow_log(target: Target, service: str, remote: Remote, lines: int, poll_s: float = 1.0,
+               sleep: Callable[[float], None] = time.sleep) -> Iterator[str]:
+    """The last `lines` lines, then new ones as they come (polled over the open connection) until interrupted."""
+    layout = StoreLayout(service=service, root=target.deploy_root)
+    cursor: str | None = None
+    count = lines
+    while True:
+        argv = ["journalctl", "-u", layout.unit_name, "-o", "cat", "--no-pager", "-q", "--show-cursor",
+                "-n", str(count)]
+        if cursor:
+            argv.append(f"--after-cursor={cursor}")
+        [result] = remote.run([Step("follow journal", tuple(argv), sudo=True, timeout_s=30)])
+        for line in result.stdout.splitlines():
+            if line.startswith("-- cursor: "):
+                cursor = line.removeprefix("-- cursor: ")
+            else:
+                yield line
+        count = 10_000
+        sleep(poll_s)
