@@ -304,7 +304,7 @@ class ProbeTarget:
     api_key: str | None = field(default=None, repr=False)
     python: str = "python3"
     connect_timeout_s: float = 0.5
-    http_timeout_s: float = 2.0
+    http_timeout_s: float = 5.0  # /health on SGLang < 0.5.20 runs a real 1-token generation
 
     @property
     def probe_host(self) -> str:
