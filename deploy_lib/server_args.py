@@ -41,31 +41,31 @@ class Spelling:
 
 
 # Oldest first; a version uses the last spelling whose `since` it has reached. Before the first: the flag is absent.
-NOTES = "notes/upstream-targets.md s. 3"
+_NOTES = "notes/upstream-targets.md s. 3"
 SPELLINGS: dict[str, tuple[Spelling, ...]] = {
     "fp8_gemm": (
         Spelling("0.5.6.post2", ("--fp8-gemm-backend", "{}"),
-                 f"{NOTES} (absent 0.5.5.post3, present 0.5.6.post2); absent from the 0.5.6 and 0.5.6.post1 wheels"),
+                 f"{_NOTES} (absent 0.5.5.post3, present 0.5.6.post2); absent from the 0.5.6 and 0.5.6.post1 wheels"),
     ),
     "dsa_decode": (
-        Spelling("0", ("--nsa-decode-backend", "{}"), f"{NOTES}: --nsa-* up to 0.5.9; a deprecated alias in 0.5.15.x"),
+        Spelling("0", ("--nsa-decode-backend", "{}"), f"{_NOTES}: --nsa-* up to 0.5.9; a deprecated alias in 0.5.15.x"),
         Spelling("0.5.15", ("--dsa-decode-backend", "{}"),
-                 f"{NOTES}: --dsa-* from 0.5.15.post1, --nsa-* removed by 0.5.20; 0.5.15 wheel has --dsa-* too"),
+                 f"{_NOTES}: --dsa-* from 0.5.15.post1, --nsa-* removed by 0.5.20; 0.5.15 wheel has --dsa-* too"),
     ),
     "dsa_prefill": (
-        Spelling("0", ("--nsa-prefill-backend", "{}"), f"{NOTES}: as dsa_decode"),
-        Spelling("0.5.15", ("--dsa-prefill-backend", "{}"), f"{NOTES}: as dsa_decode"),
+        Spelling("0", ("--nsa-prefill-backend", "{}"), f"{_NOTES}: as dsa_decode"),
+        Spelling("0.5.15", ("--dsa-prefill-backend", "{}"), f"{_NOTES}: as dsa_decode"),
     ),
     "allreduce_fusion": (
-        Spelling("0", ("--enable-flashinfer-allreduce-fusion",), f"{NOTES}: the only switch up to 0.5.9"),
+        Spelling("0", ("--enable-flashinfer-allreduce-fusion",), f"{_NOTES}: the only switch up to 0.5.9"),
         Spelling("0.5.15", ("--flashinfer-allreduce-fusion-backend", "auto"),
-                 f"{NOTES} and s. 0 item 5: the old switch is deprecated and maps to backend auto, which resolves to "
+                 f"{_NOTES} and s. 0 item 5: the old switch is deprecated and maps to backend auto, which resolves to "
                  "trtllm on a single non-SM100 node (s. 2e)"),
     ),
     "cuda_graph_off": (
-        Spelling("0", ("--disable-cuda-graph",), f"{NOTES}"),
+        Spelling("0", ("--disable-cuda-graph",), _NOTES),
         Spelling("0.5.15", ("--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"),
-                 f"{NOTES} (deprecated in 0.5.20+); the 0.5.15 and 0.5.15.post1 wheels already register "
+                 f"{_NOTES} (deprecated in 0.5.20+); the 0.5.15 and 0.5.15.post1 wheels already register "
                  "--disable-cuda-graph as DeprecatedStoreTrueAction pointing to these two flags"),
     ),
 }
