@@ -37,7 +37,6 @@ from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.release import Change, Release, build_release, diff_releases, resolve_secrets
 from deploy_lib.remote import Put, Remote, Step, describe
-from deploy_lib.server_args import sglang_args
 from deploy_lib.sglang_options import check_argv
 from deploy_lib.store import (
     ENV_FILE,
@@ -191,7 +190,8 @@ def preflight(plan: Plan, loaded: LoadedProfile, target: Target, facts: HostFact
     if declared and gpus and gpus[0].arch != declared:
         raise PreflightError(f"{where}: the inventory declares {declared}, nvidia-smi reports {gpus[0].arch} "
                              f"({gpus[0].name})", "correct gpu_arch in the inventory")
-    problems = check_argv(facts.sglang.options, list(sglang_args(profile, plan.release.sglang_version)))
+    problems = [problem for problem in check_argv(facts.sglang.options, list(plan.release.args))
+                if problem.severity == "error"]
     if problems:
         listed = "\n  ".join(str(problem) for problem in problems)
         raise PreflightError(f"{where}: SGLang {plan.release.sglang_version} in {profile.service.venv} does not "

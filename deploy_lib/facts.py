@@ -146,14 +146,9 @@ def parse_sglang_install(result: StepResult) -> SGLangInstall:
                          payload.get("options", {}), None)
 
 
-def _site_packages_probe() -> str:
-    # The options extractor wants the venv's site-packages; the venv's own python knows where that is.
-    return ("import sys,sysconfig;sys.argv=['sglang_options',sysconfig.get_paths()['purelib']];"
-            "exec(compile(sys.stdin.read(),'sglang_options.py','exec'),{'__name__':'__main__'})")
-
-
 def sglang_step(venv: str) -> Step:
-    return Step(FACT_SGLANG, (str(PurePosixPath(venv) / "bin" / "python3"), "-c", _site_packages_probe()),
+    """The venv's own python reads its SGLang's options and versions (sglang_options.py on stdin; no import)."""
+    return Step(FACT_SGLANG, (str(PurePosixPath(venv) / "bin" / "python3"), "-I", "-"),
                 stdin=OPTIONS_SOURCE.encode(), ok=frozenset({0, 1, 127}), timeout_s=120)
 
 

@@ -1,0 +1,195 @@
+"""Deploy planning and preflight as pure functions of a profile and host facts (no SSH)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from deploy_lib.deploy import plan_deploy, preflight
+from deploy_lib.errors import ConfigError, DriftDetected, PreflightError
+from deploy_lib.facts import Gpu, HostFacts, SGLangInstall, UnitFacts, parse_gpus, parse_sha256sums
+from deploy_lib.inventory import HostVars
+from deploy_lib.profile import SecretRef, load_profile
+from deploy_lib.project import Project, Target, resolve_target
+from deploy_lib.release import resolve_secrets
+from deploy_lib.remote import Step, StepResult
+from deploy_lib.store import ENV_FILE, UNIT_FILE, ReleaseRecord, StoreFacts, StoreLayout
+
+REPO = Path(__file__).resolve().parent.parent
+PROJECT = Project(REPO)
+NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
+RTX = Gpu(0, "NVIDIA RTX PRO 6000 Blackwell Server Edition", "12.0", 97887, 0, 30.0, 600.0, 0.0)
+
+
+def option(*flags: str, action: str = "store", choices: list[str] | None = None) -> dict[str, object]:
+    return {"option_strings": list(flags), "dest": flags[0].lstrip("-").replace("-", "_"), "action": action,
+            "nargs": 0 if action == "store_true" else None, "choices": choices, "type": None,
+            "deprecated": False, "required": False, "error": None}
+
+
+def options_accepting(args: tuple[str, ...]) -> dict[str, dict[str, object]]:
+    """An option table that knows exactly the flags of `args` (switches are the flags followed by a flag)."""
+    table = {}
+    for index, arg in enumerate(args):
+        if arg.startswith("--"):
+            is_switch = index + 1 == len(args) or args[index + 1].startswith("--")
+            table[arg] = option(arg, action="store_true" if is_switch else "store")
+    return table
+
+
+def target(gpu_count: int | None = 8) -> Target:
+    inventory = PROJECT.inventory(None)
+    resolved = resolve_target(inventory, None)
+    return replace(resolved, host=resolved.host.model_copy(update={"vars": HostVars(
+        ansible_host="192.0.2.10", gpu_count=gpu_count, gpu_arch="sm120")}))
+
+
+def facts(args_known: tuple[str, ...] = (), gpus: int = 8, current: ReleaseRecord | None = None,
+          active: str = "inactive", sums: dict[str, str] | None = None, listeners: tuple[str, ...] = (),
+          link: str | None = None) -> HostFacts:
+    store = StoreFacts(current=current.id if current else None, releases=(current,) if current else (),
+                       incomplete=(), history=(), lock=None)
+    if current is not None:  # by default the host holds exactly what was deployed
+        link = link or str(StoreLayout("sglang").current / UNIT_FILE)
+        sums = current.metadata["files"] if sums is None else sums
+    return HostFacts(store=store, gpus=tuple(replace(RTX, index=i) for i in range(gpus)), gpu_error=None,
+                     unit=UnitFacts(active, "dead" if active == "inactive" else "running", 0, 0,
+                                    "loaded" if current else "not-found"),
+                     unit_link=link, file_sums=sums or {}, port_listeners=listeners, free_bytes=10**10,
+                     sglang=SGLangInstall(True, "0.5.23", "0.7.2", options_accepting(args_known), None))
+
+
+def first_plan(profile: str = "glm5-nvfp4"):
+    loaded = PROJECT.profile(profile)
+    probe = plan_deploy(loaded, target(), facts(), {}, False, NOW)
+    return loaded, probe
+
+
+def deployed(plan) -> ReleaseRecord:
+    """The release of `plan` as the host's current release (what the store facts would read back)."""
+    metadata = json.loads(json.dumps(plan.release.metadata()))
+    return ReleaseRecord(plan.release.id, "2026-11-29T11:00:00+00:00", metadata)
+
+
+def test_first_deploy_stages_switches_and_restarts() -> None:
+    _, plan = first_plan()
+    assert list(plan.batches) == ["stage", "switch", "restart"]
+    assert plan.current_id is None and not plan.unchanged
+    assert any(str(c) == "+ flag --tp-size = 8" for c in plan.changes)
+    layout = StoreLayout("sglang")
+    puts = [step for step in plan.batches["stage"] if not isinstance(step, Step)]
+    assert {p.dest for p in puts} == {layout.staging(plan.release.id) / name
+                                      for name in ("sglang.service", "sglang.env", "release.json")}
+    assert next(p for p in puts if p.dest.name == "sglang.env").mode == 0o600
+    lines = plan.dry_run_lines()
+    assert any("systemctl restart -- sglang.service" in line for line in lines)
+
+
+def test_redeploy_of_the_running_release_is_a_no_op() -> None:
+    loaded, plan = first_plan()
+    again = plan_deploy(loaded, target(), facts(current=deployed(plan), active="active"), {}, False, NOW)
+    assert again.unchanged and again.batches == {} and again.changes == ()
+    assert "no changes" in again.dry_run_lines()
+
+
+def test_redeploy_of_a_stopped_release_restarts_without_restaging() -> None:
+    loaded, plan = first_plan()
+    again = plan_deploy(loaded, target(), facts(current=deployed(plan), active="failed"), {}, False, NOW)
+    assert list(again.batches) == ["switch", "restart"]
+
+
+def test_switching_profiles_shows_the_semantic_diff() -> None:
+    _, plan = first_plan()
+    fusion = plan_deploy(PROJECT.profile("glm5-nvfp4-fusion"), target(), facts(current=deployed(plan)), {},
+                         False, NOW)
+    assert [str(c) for c in fusion.changes] == ["+ flag --flashinfer-allreduce-fusion-backend = auto"]
+    assert fusion.release.id != plan.release.id
+
+
+def test_a_unit_file_edited_by_hand_is_drift_and_force_overwrites_it() -> None:
+    """Input tried: the current release's sglang.service with a checksum other than the one recorded."""
+    loaded, plan = first_plan()
+    edited = {UNIT_FILE: "0" * 64, ENV_FILE: plan.release.metadata()["files"][ENV_FILE]}
+    with pytest.raises(DriftDetected, match=r"sglang\.service was edited on the host"):
+        plan_deploy(loaded, target(), facts(current=deployed(plan), active="active", sums=edited), {}, False, NOW)
+    forced = plan_deploy(loaded, target(), facts(current=deployed(plan), active="active", sums=edited), {}, True,
+                         NOW)
+    assert list(forced.batches) == ["stage", "switch", "restart"]
+
+
+def test_preflight_refuses_too_few_gpus() -> None:
+    """Input tried: an 8-GPU profile against nvidia-smi showing 4 GPUs."""
+    loaded, plan = first_plan()
+    with pytest.raises(PreflightError, match="needs 8 GPUs, nvidia-smi shows 4"):
+        preflight(plan, loaded, target(), facts(plan.release.args, gpus=4))
+
+
+def test_preflight_refuses_a_host_without_nvidia_smi() -> None:
+    loaded, plan = first_plan()
+    no_gpus = replace(facts(plan.release.args), gpus=None, gpu_error="nvidia-smi not found on the host")
+    with pytest.raises(PreflightError, match="cannot read the GPUs: nvidia-smi not found"):
+        preflight(plan, loaded, target(), no_gpus)
+
+
+def test_preflight_refuses_a_flag_the_installed_sglang_does_not_know() -> None:
+    """Input tried: the 0.5.23 argv against an SGLang whose parser lacks --dsa-decode-backend."""
+    loaded, plan = first_plan()
+    known = tuple(a for a in plan.release.args if a != "--dsa-decode-backend")
+    with pytest.raises(PreflightError, match="--dsa-decode-backend"):
+        preflight(plan, loaded, target(), facts(known))
+
+
+def test_preflight_accepts_the_argv_when_every_flag_is_known() -> None:
+    loaded, plan = first_plan()
+    preflight(plan, loaded, target(), facts(plan.release.args))
+
+
+def test_preflight_refuses_a_port_held_by_another_process() -> None:
+    """Input tried: port 8000 listened on by nginx while our unit is inactive."""
+    loaded, plan = first_plan()
+    busy = facts(plan.release.args, listeners=('LISTEN 0 511 0.0.0.0:8000 0.0.0.0:* users:(("nginx",pid=7,fd=6))',))
+    with pytest.raises(PreflightError, match=r"port 8000 is already in use.*nginx"):
+        preflight(plan, loaded, target(), busy)
+    preflight(plan, loaded, target(), replace(busy, unit=replace(busy.unit, active_state="active")))
+
+
+def test_preflight_refuses_an_inventory_that_misdeclares_the_architecture() -> None:
+    loaded, plan = first_plan()
+    hopper = facts(plan.release.args)
+    hopper = replace(hopper, gpus=tuple(replace(g, compute_cap="9.0") for g in hopper.gpus or ()))
+    with pytest.raises(PreflightError, match="declares sm120, nvidia-smi reports sm90"):
+        preflight(plan, loaded, target(), hopper)
+
+
+def test_missing_secret_is_a_config_error_before_any_connection(tmp_path: Path) -> None:
+    """Input tried: secrets.HF_TOKEN referring to an environment variable that is not set."""
+    (tmp_path / "p.yaml").write_text("model: {path: m}\nsecrets:\n  HF_TOKEN: {env: NOT_SET_ANYWHERE}\n")
+    with pytest.raises(ConfigError, match="environment variable NOT_SET_ANYWHERE is not set"):
+        resolve_secrets(load_profile(tmp_path, "p").profile, {})
+
+
+def test_secrets_reach_only_the_env_file() -> None:
+    (loaded, _) = first_plan()
+    profile = loaded.profile.model_copy(update={"secrets": {"HF_TOKEN": SecretRef(env="T")}})
+    secrets = resolve_secrets(profile, {"T": "hf_SECRET_VALUE"})
+    plan = plan_deploy(loaded.model_copy(update={"profile": profile}), target(), facts(), secrets, False, NOW)
+    assert 'HF_TOKEN="hf_SECRET_VALUE"' in plan.release.env_text
+    shown = "\n".join([plan.release.unit_text, plan.release.env_text_redacted, json.dumps(
+        plan.release.metadata()), *plan.dry_run_lines()])
+    assert "hf_SECRET_VALUE" not in shown
+
+
+def test_gpu_and_checksum_parsers_read_real_output() -> None:
+    csv_out = ("0, NVIDIA RTX PRO 6000 Blackwell Server Edition, GPU-1, 12.0, 97887, 1024, 250.50, 600.00, 40, "
+               "580.82\n1, NVIDIA RTX PRO 6000 Blackwell Server Edition, GPU-2, 12.0, 97887, 0, [N/A], 600.00, 0, "
+               "580.82\n")
+    gpus, error = parse_gpus(StepResult(Step("g", ("nvidia-smi",)), 0, csv_out, "", 0.0))
+    assert error is None and [g.arch for g in gpus or ()] == ["sm120", "sm120"]
+    assert gpus and gpus[0].power_draw_w == 250.5 and gpus[1].power_draw_w is None
+    sums = parse_sha256sums(f"{'a' * 64}  /opt/x/current/sglang.service\n")
+    assert sums == {"sglang.service": "a" * 64}
+    assert PurePosixPath("/opt/x/current/sglang.service").name in sums
