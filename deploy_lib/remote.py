@@ -380,12 +380,12 @@ class FabricRemote:
         connection = fabric.Connection(host=target.host, user=target.user, port=target.port, config=config,
                                        connect_kwargs=connect_kwargs)
         client = connection.client
-        if target.known_hosts_path.exists():
-            client.load_host_keys(str(target.known_hosts_path))
         client.set_missing_host_key_policy(_KnownHostsPolicy(target.known_hosts_path, target.accept_new_host_key))
         try:
+            if target.known_hosts_path.exists():
+                client.load_host_keys(str(target.known_hosts_path))
             self.connect_policy.copy()(connection.open)
-        except Exception as error:
+        except (paramiko.SSHException, OSError, EOFError) as error:
             client.close()
             raise self._connect_error(error) from error
         self._connection = connection
@@ -417,6 +417,12 @@ class FabricRemote:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+
+    def __enter__(self) -> FabricRemote:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
 
     # -- running ---------------------------------------------------------------------------------------
 
