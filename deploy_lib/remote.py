@@ -12,7 +12,6 @@ import hashlib
 import io
 import secrets
 import shlex
-import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -303,7 +302,7 @@ def host_key_fingerprint(key: paramiko.PKey) -> str:
 # Errors that mean "the host is not reachable yet"; host key, authentication and DNS errors are final.
 TRANSIENT_SSH: tuple[type[BaseException], ...] = (
     paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError, ConnectionResetError,
-    TimeoutError, socket.timeout,
+    TimeoutError,
 )
 
 SSH_CONNECT = Retrying(
@@ -478,28 +477,17 @@ class FabricRemote:
             sftp = connection.sftp()
             sftp.get_channel().settimeout(PUT_TIMEOUT_S)
             if put.sudo and self.target.user != "root":
-                self._put_via_sudo(sftp, put, token)
+                code, stderr = self._put_via_sudo(sftp, put, token)
             else:
-                temp = put.dest.parent / f".{put.dest.name}.tmp-{token}"
-                try:
-                    _upload(sftp, temp, put.data, put.mode)
-                    sftp.posix_rename(str(temp), str(put.dest))
-                except OSError:
-                    _remove_quietly(sftp, temp)
-                    raise
-        except StepFailed:
-            raise
-        except OSError as error:
-            if not isinstance(error, (socket.timeout, ConnectionError)):
-                return StepResult(put, 1, "", f"{error.strerror or error}", time.monotonic() - started)
+                code, stderr = _put_directly(sftp, put, token)
+        except (TimeoutError, ConnectionError, paramiko.SSHException, EOFError) as error:
             self.close()
             raise ConnectFailed(f"connection to {self.target.address} lost during {put.name}: {error}") from error
-        except (paramiko.SSHException, EOFError) as error:
-            self.close()
-            raise ConnectFailed(f"connection to {self.target.address} lost during {put.name}: {error}") from error
-        return StepResult(put, 0, "", "", time.monotonic() - started)
+        except OSError as error:  # what the SFTP server refused: no such directory, permission, disk full
+            code, stderr = 1, str(error.strerror or error)
+        return StepResult(put, code, "", stderr, time.monotonic() - started)
 
-    def _put_via_sudo(self, sftp: paramiko.SFTPClient, put: Put, token: str) -> None:
+    def _put_via_sudo(self, sftp: paramiko.SFTPClient, put: Put, token: str) -> tuple[int, str]:
         """Upload into a private directory, then `install` (mode, owner root) beside dest and `mv -T` as root."""
         private = PurePosixPath(f"/tmp/sglang-deploy-{token}")
         staged = private / put.dest.name
@@ -507,19 +495,30 @@ class FabricRemote:
         sftp.mkdir(str(private), 0o700)
         try:
             _upload(sftp, staged, put.data, 0o600)
-            steps = (
+            results = self._run_steps((
                 Step(f"{put.name}: install", ("install", "-m", f"0{put.mode:o}", "-o", "root", "-g", "root",
                                               "-T", "--", str(staged), str(temp)), sudo=True),
                 Step(f"{put.name}: rename", ("mv", "-T", "--", str(temp), str(put.dest)), sudo=True),
-            )
-            for result in self._run_steps(steps):
-                if result.exit_code != 0:
-                    self._run_steps((Step(f"{put.name}: clean up", ("rm", "-f", "--", str(temp)), sudo=True),))
-                    check_result(StepResult(put, result.exit_code, result.stdout, result.stderr,
-                                            result.duration_s), self.target.address)
+            ))
+            failed = next((result for result in results if result.exit_code != 0), None)
+            if failed is None:
+                return 0, ""
+            self._run_steps((Step(f"{put.name}: clean up", ("rm", "-f", "--", str(temp)), sudo=True),))
+            return failed.exit_code, failed.stderr
         finally:
             _remove_quietly(sftp, staged)
             _remove_quietly(sftp, private, directory=True)
+
+
+def _put_directly(sftp: paramiko.SFTPClient, put: Put, token: str) -> tuple[int, str]:
+    temp = put.dest.parent / f".{put.dest.name}.tmp-{token}"
+    try:
+        _upload(sftp, temp, put.data, put.mode)
+        sftp.posix_rename(str(temp), str(put.dest))
+    except OSError:
+        _remove_quietly(sftp, temp)
+        raise
+    return 0, ""
 
 
 def _upload(sftp: paramiko.SFTPClient, path: PurePosixPath, data: bytes, mode: int) -> None:
