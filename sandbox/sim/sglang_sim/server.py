@@ -134,10 +134,13 @@ class Engine:
         finally:
             with self.lock:
                 self.running -= 1
-                if not internal:
-                    self.finished += 1
-                finished = self.finished
-        if self.die_after is not None and not internal and finished >= self.die_after:
+
+    def complete(self) -> None:
+        """A response went out in full; the die-after fault fires once the Nth one has."""
+        with self.lock:
+            self.finished += 1
+            finished = self.finished
+        if self.die_after is not None and finished >= self.die_after:
             self.on_fatal(f"after {finished} requests")
 
 
@@ -324,6 +327,7 @@ class Handler(BaseHTTPRequestHandler):
             self.end_stream()
         else:
             self.send_json(200, final(token_text(0, produced), prompt_tokens, produced))
+        engine.complete()
 
     def generate(self) -> None:
         body = self.read_json()
