@@ -337,3 +337,13 @@ def test_lock_over_ssh_held_then_stale_then_unlocked(remote: FabricRemote, tmp_p
     with holding_lock(remote, layout, second, here):
         assert Path(str(layout.lock)).is_dir()
     assert not Path(str(layout.lock)).exists()
+
+
+def test_each_result_is_reported_as_it_arrives_failures_included(sshd: SshServer, tmp_path: Path) -> None:
+    seen: list[tuple[str, int]] = []
+    remote = FabricRemote(sshd.target(sshd.known_hosts(tmp_path)),
+                          on_result=lambda result: seen.append((result.step.name, result.exit_code)))
+    with remote, pytest.raises(StepFailed):
+        remote.run([Step("a", ("true",)), Put(PurePosixPath(tmp_path / "f"), b"x", 0o644),
+                    Step("b", ("false",)), Step("c", ("true",))])
+    assert seen == [("a", 0), (f"put {tmp_path / 'f'}", 0), ("b", 1)]
