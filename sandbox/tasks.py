@@ -1,0 +1,44 @@
+"""`invoke sandbox.*`: the sandbox GPU VM (mounted in tasks.py with Collection.from_module). Thin: the work is
+in sandbox/manage.py. Needs root (netns, overlay mount, systemd-nspawn)."""
+
+from __future__ import annotations
+
+import os
+
+from invoke import Context, task
+
+from sandbox import manage, wheelhouse
+
+
+@task(help={"name": f"guest name (default {manage.DEFAULT_NAME}; thN gets 10.213.x.y/30 number N)",
+            "venv": f"also build {manage.GUEST_VENV} in the guest from the wheelhouse (real sglang + the sim)",
+            "sglang": "sglang version for --venv", "flashinfer": "flashinfer-python version for --venv"})
+def up(c: Context, name: str = manage.DEFAULT_NAME, venv: bool = False, sglang: str = wheelhouse.DEFAULT_SGLANG,
+       flashinfer: str = wheelhouse.DEFAULT_FLASHINFER) -> None:
+    """Boot a sandbox guest (Debian 12, systemd, sshd; simulated GPUs) and write inventory/sandbox.yaml."""
+    guest = manage.up(name)
+    if venv:
+        manage.build_guest_venv(guest, wheelhouse.prepare(sglang, flashinfer))
+    print(f"{guest.name} up: ssh {manage.GUEST_USER}@{guest.guest_ip} (inventory: {manage.INVENTORY})")
+
+
+@task(help={"name": f"guest name (default {manage.DEFAULT_NAME})"})
+def down(c: Context, name: str = manage.DEFAULT_NAME) -> None:
+    """Power a sandbox guest off; nothing of it stays behind (process, mount, netns, veth, cgroup)."""
+    manage.down(name)
+    print(f"{name} down")
+
+
+@task(help={"name": f"guest name (default {manage.DEFAULT_NAME})", "user": "login user (deploy or root)",
+            "command": "run this instead of an interactive shell"})
+def ssh(c: Context, name: str = manage.DEFAULT_NAME, user: str = manage.GUEST_USER, command: str = "") -> None:
+    """SSH into a sandbox guest (host key checked against its known_hosts)."""
+    argv = manage.guest(name).ssh_argv(user) + ([command] if command else [])
+    os.execvp(argv[0], argv)
+
+
+@task
+def status(c: Context) -> None:
+    """List sandbox guests: name, state, address."""
+    for guest in manage.status():
+        print(f"{guest.name:<12} {guest.state:<8} {guest.guest_ip}")
