@@ -11,6 +11,7 @@ import pytest
 from sglang_sim.config import Fault, SimConfig
 from sglang_sim.throughput import ThroughputModel
 from sglang_sim.upstream import Fusion, InstalledUpstream
+from upstream_edits import PREFLIGHT, RESOLVER_0_5_23, RUNTIME, replace
 
 from sandbox import wheelhouse
 
@@ -85,12 +86,6 @@ def installed_copy(tmp_path: Path, sglang: str, flashinfer: str) -> InstalledUps
     return InstalledUpstream(tmp_path / "sglang", tmp_path / "flashinfer", sglang)
 
 
-def replace(path: Path, old: str, new: str) -> None:
-    text = path.read_text()
-    assert old in text
-    path.write_text(text.replace(old, new))
-
-
 @pytest.mark.wheels
 def test_unpatched_0_5_23_on_sm120_crashes_in_the_backend_resolver(tmp_path: Path) -> None:
     upstream = installed_copy(tmp_path, "0.5.23", "0.7.2")
@@ -103,13 +98,11 @@ def test_unpatched_0_5_23_on_sm120_crashes_in_the_backend_resolver(tmp_path: Pat
 @pytest.mark.wheels
 def test_0_5_23_with_every_sglang_gate_patched_is_fused_on_sm120(tmp_path: Path) -> None:
     upstream = installed_copy(tmp_path, "0.5.23", "0.7.2")
-    replace(upstream.fusion_module, "if not (get_platform().is_sm90 or get_platform().is_sm100):",
-            "if not (get_platform().is_sm90 or get_platform().is_sm100 or get_platform().is_sm120):")
+    replace(upstream.fusion_module, RESOLVER_0_5_23)
     assert upstream.fusion_outcome(True, compute_major=12) is Fusion.SKIPPED  # preflight (f) still probes
-    replace(upstream.fusion_module, "cuMulticastGetGranularity(", "cuMemGetAllocationGranularity(")
+    replace(upstream.fusion_module, PREFLIGHT)
     assert upstream.fusion_outcome(True, compute_major=12) is Fusion.NO_OP  # runtime gate (a) still gated
-    replace(upstream.runtime_gate_module, "(_is_sm90_supported or _is_sm100_supported)",
-            "(_is_sm90_supported or _is_sm100_supported or _is_sm120_supported)")
+    replace(upstream.runtime_gate_module, RUNTIME)
     assert upstream.fusion_outcome(True, compute_major=12) is Fusion.FUSED
 
 
@@ -118,11 +111,10 @@ def test_0_5_9_is_a_silent_no_op_until_patched_then_hits_the_flashinfer_jit_gate
     upstream = installed_copy(tmp_path, "0.5.9", "0.6.3")
     assert not upstream.has_ready_endpoint
     assert upstream.fusion_outcome(True, compute_major=12) is Fusion.NO_OP
-    replace(upstream.runtime_gate_module, "(_is_sm90_supported or _is_sm100_supported)",
-            "(_is_sm90_supported or _is_sm100_supported or _is_sm120_supported)")
+    replace(upstream.runtime_gate_module, RUNTIME)
     assert upstream.fusion_outcome(True, compute_major=12) is Fusion.CRASH_JIT
     # only the line of gen_trtllm_comm_module (the first in comm.py on 0.6.3), as the patch does
-    replace(upstream.jit_module, "supported_major_versions=[9, 10]\n", "supported_major_versions=[9, 10, 12]\n")
+    replace(upstream.jit_module, ("supported_major_versions=[9, 10]\n", "supported_major_versions=[9, 10, 12]\n"))
     assert upstream.fusion_outcome(True, compute_major=12) is Fusion.FUSED
 
 
@@ -130,7 +122,7 @@ def test_0_5_9_is_a_silent_no_op_until_patched_then_hits_the_flashinfer_jit_gate
 def test_0_5_15_with_its_resolver_patched_hits_the_flashinfer_jit_gate(tmp_path: Path) -> None:
     upstream = installed_copy(tmp_path, "0.5.15.post1", "0.6.12")
     assert upstream.fusion_outcome(True, compute_major=12) is Fusion.CRASH_RESOLVER
-    replace(upstream.fusion_module, "if not (is_sm90_supported() or is_sm100_supported()):",
-            "if not (is_sm90_supported() or is_sm100_supported() or is_sm120_supported()):")
-    replace(upstream.fusion_module, "cuMulticastGetGranularity(", "cuMemGetAllocationGranularity(")
+    replace(upstream.fusion_module, ("if not (is_sm90_supported() or is_sm100_supported()):",
+                                     "if not (is_sm90_supported() or is_sm100_supported() or is_sm120_supported()):"))
+    replace(upstream.fusion_module, PREFLIGHT)
     assert upstream.fusion_outcome(True, compute_major=12) is Fusion.CRASH_JIT

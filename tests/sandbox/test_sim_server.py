@@ -7,6 +7,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -16,6 +17,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from sglang_sim.throughput import ThroughputModel
+from sglang_sim.upstream import InstalledUpstream
+from upstream_edits import patch_sglang_0_5_23_gates
+
+from sandbox import wheelhouse
 
 pytestmark = pytest.mark.wheels
 
@@ -65,11 +71,24 @@ class RunningSim:
         raise AssertionError(f"not ready: {seen}\n{self.log.read_text()}")
 
 
+@pytest.fixture(scope="module")
+def patched_sim_venv(wheelhouse_default: wheelhouse.Wheelhouse, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """sglang 0.5.23 + msgspec + the sim (no flashinfer: 0.7.2 has no gate), SGLang gates edited in place."""
+    venv = tmp_path_factory.mktemp("patched") / "venv"
+    subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    house = wheelhouse_default
+    subprocess.run(wheelhouse.install_argv(str(venv / "bin/python"), (house.sglang, *house.dependencies, house.sim)),
+                   check=True)
+    site_packages = next((venv / "lib").glob("python3*/site-packages"))
+    patch_sglang_0_5_23_gates(InstalledUpstream(site_packages / "sglang", None, "0.5.23"))
+    return venv
+
+
 @pytest.fixture
 def start_sim(sim_venv: Path, tmp_path: Path) -> Iterator:
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(*args: str, fault: str = "", config: dict | None = None) -> RunningSim:
+    def start(*args: str, fault: str = "", config: dict | None = None, venv: Path = sim_venv) -> RunningSim:
         port = free_port()
         (tmp_path / "config.json").write_text(json.dumps(
             {"phases_s": SHORT_PHASES, "state_dir": str(tmp_path / "state"), **(config or {})}))
@@ -80,7 +99,7 @@ def start_sim(sim_venv: Path, tmp_path: Path) -> Iterator:
                "SGLANG_SIM_NVIDIA_SMI": str(Path(__file__).parents[2] / "sandbox/nvidia-smi")}
         with log.open("wb") as out:
             process = subprocess.Popen(
-                [str(sim_venv / "bin/python"), "-m", "sglang.launch_server", "--model-path", "zai-org/GLM-5-NVFP4",
+                [str(venv / "bin/python"), "-m", "sglang.launch_server", "--model-path", "zai-org/GLM-5-NVFP4",
                  "--tp-size", "8", "--port", str(port), *args],
                 stdout=out, stderr=subprocess.STDOUT, env=env)
         started.append(process)
@@ -162,3 +181,31 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(start_sim) -> None:
     status, body = result["generate"]
     assert status == 200 and json.loads(body)["meta_info"]["completion_tokens"] == 20
     assert probe(sim.base + "/health")[0] == "refused"
+
+
+def generation_rate_during_one_request(sim: RunningSim) -> float:
+    """sglang:gen_throughput while a single long request is generating (the model's rate, not a timing)."""
+    worker = threading.Thread(target=probe, args=(sim.base + "/generate",),
+                              kwargs={"body": {"text": "x", "sampling_params": {"max_new_tokens": 12}}})
+    worker.start()
+    try:
+        while True:
+            metrics = probe(sim.base + "/metrics")[1].decode()
+            values = {line.split("{")[0]: float(line.split()[-1]) for line in metrics.splitlines()
+                      if line.startswith("sglang:") and "{" in line}
+            if values["sglang:num_running_reqs"] == 1:
+                return values["sglang:gen_throughput"]
+            time.sleep(0.02)
+    finally:
+        worker.join(timeout=60)
+
+
+def test_fusion_forced_on_sm120_through_the_gate_only_patch_runs_at_degraded_throughput(
+        start_sim, patched_sim_venv: Path) -> None:
+    model = ThroughputModel.default()
+    fused = start_sim("--enable-flashinfer-allreduce-fusion", "--enable-metrics", venv=patched_sim_venv)
+    fused.wait_states("/health")
+    assert generation_rate_during_one_request(fused) == pytest.approx(model.aggregate_tok_s(1, True), abs=0.01)
+    plain = start_sim("--enable-metrics", venv=patched_sim_venv)
+    plain.wait_states("/health")
+    assert generation_rate_during_one_request(plain) == pytest.approx(model.aggregate_tok_s(1), abs=0.01)
