@@ -69,11 +69,14 @@ class Simulation:
         sys.stdout.flush()
         os._exit(code)
 
-    def crash(self, frames: list[tuple[Path | str, int, str]], exception: str) -> NoReturn:
-        """Scheduler exception as SGLang prints it, then the launcher's own message; exit 1."""
+    def crash(self, frames: list[tuple[Path, str]], exception: str) -> NoReturn:
+        """Scheduler exception as SGLang prints it, then the launcher's own message; exit 1.
+
+        Each frame is (file, function); its line is that of `def function` in the installed file.
+        """
         lines = ["Scheduler hit an exception: Traceback (most recent call last):"]
-        for path, number, function in frames:
-            lines.append(f'  File "{path}", line {number}, in {function}')
+        for path, function in frames:
+            lines.append(f'  File "{path}", line {line_of(path, f"def {function}(")}, in {function}')
         lines.append(exception)
         log("\n".join(lines), RANK)
         log("Received sigquit from a child process. It usually means the child failed.")
@@ -107,9 +110,9 @@ class Simulation:
             self.memory_used_mib = 580 + weights_mib * percent // 100
             log(f"Loading safetensors checkpoint shards: {percent:3d}% Completed | {percent * 83 // 100}/83", RANK)
             if percent == 50 and self.config.has_fault("oom"):
-                self.crash([(srt / "managers/scheduler.py", 3240, "run_scheduler_process"),
-                            (srt / "model_executor/model_runner.py", 1290, "load_model"),
-                            ("/opt/ml-env/lib/python3.11/site-packages/torch/nn/modules/module.py", 1355, "to")],
+                self.crash([(srt / "managers/scheduler.py", "run_scheduler_process"),
+                            (srt / "model_executor/model_runner.py", "load_model"),
+                            (Path(sys.prefix) / "lib/python3.11/site-packages/torch/nn/modules/module.py", "to")],
                            "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
                            f"total capacity of {total / GIB:.2f} GiB of which 1.06 GiB is free. Including "
                            "non-PyTorch memory, this process has "
@@ -127,10 +130,9 @@ class Simulation:
         log(f"Memory pool end. avail mem={self.gib_avail()}", RANK)
         if fusion is Fusion.CRASH_RESOLVER:
             module = self.upstream.fusion_module
-            self.crash([(srt / "managers/scheduler.py", 3240, "run_scheduler_process"),
-                        (srt / "model_executor/model_runner.py", 702, "_pre_initialize_flashinfer_allreduce_workspace"),
-                        (module, line_of(module, "def ensure_workspace_initialized"), "ensure_workspace_initialized"),
-                        (module, line_of(module, RESOLVER_MESSAGE), "_resolve_backend")],
+            self.crash([(srt / "managers/scheduler.py", "run_scheduler_process"),
+                        (srt / "model_executor/model_runner.py", "_pre_initialize_flashinfer_allreduce_workspace"),
+                        (module, "ensure_workspace_initialized"), (module, "_resolve_backend")],
                        f"ValueError: {RESOLVER_MESSAGE}")
         if fusion is Fusion.SKIPPED:
             log("FlashInfer workspace preflight probe failed on at least one rank "
@@ -140,10 +142,10 @@ class Simulation:
         self.phase("cuda_graph")
         if fusion is Fusion.CRASH_JIT:
             jit = self.upstream.jit_module
-            context = (self.upstream.flashinfer_dir or Path("flashinfer")) / "compilation_context.py"
-            self.crash([(srt / "model_executor/model_runner.py", 2100, "init_device_graphs"),
-                        (jit, line_of(jit, "def gen_trtllm_comm_module"), "gen_trtllm_comm_module"),
-                        (context, line_of(context, "No supported CUDA architectures"), "get_nvcc_flags_list")],
+            assert jit is not None  # the JIT gate was read from it
+            context = jit.parent.parent / "compilation_context.py"
+            self.crash([(srt / "model_executor/model_runner.py", "init_device_graphs"),
+                        (jit, "gen_trtllm_comm_module"), (context, "get_nvcc_flags_list")],
                        f"Exception: Capture cuda graph failed: RuntimeError: {JIT_MESSAGE}")
         self.memory_used_mib = min(total, self.memory_used_mib + 1200)
         log(f"Capture cuda graph end. Time elapsed: {self.config.phases_s['cuda_graph']:.2f} s. "
@@ -219,9 +221,9 @@ class Simulation:
 
     def die_after_requests(self, detail: str) -> None:
         srt = self.upstream.sglang_dir / "srt"
-        self.crash([(srt / "managers/scheduler.py", 3240, "run_scheduler_process"),
-                    (srt / "managers/scheduler.py", 1120, "event_loop_overlap"),
-                    (srt / "model_executor/model_runner.py", 2480, "forward")],
+        self.crash([(srt / "managers/scheduler.py", "run_scheduler_process"),
+                    (srt / "managers/scheduler.py", "event_loop_overlap"),
+                    (srt / "model_executor/model_runner.py", "forward")],
                    f"RuntimeError: CUDA error: an illegal memory access was encountered ({detail}, simulated)")
 
     def drain(self, server: SimHTTPServer, state: ServerState) -> NoReturn:

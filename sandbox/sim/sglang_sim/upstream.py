@@ -54,6 +54,8 @@ def function_body(source: str, name: str) -> str | None:
 
 def line_of(path: Path, text: str) -> int:
     """1-based line of the first occurrence of text in path (1 if absent), for realistic tracebacks."""
+    if not path.is_file():
+        return 1
     for number, line in enumerate(path.read_text().splitlines(), start=1):
         if text in line:
             return number
