@@ -92,7 +92,14 @@ cmd_deps-if-missing() {
   cmd_deps
 }
 
-cmd_build() {
+with_lock() {       # serialise rootfs builds and key creation between concurrent callers (tests, tasks)
+  mkdir -p "$TH_DIR"
+  ( flock 9; "$@" ) 9>"$TH_DIR/.lock"
+}
+
+cmd_build() { with_lock build_rootfs; }
+
+build_rootfs() {
   local key tarball tmp srcs
   srcs=$(host_sources)
   key=$( { printf '%s\n' "$TH_SUITE" "$TH_PKGS" v1; cat $srcs; } | sha256sum | cut -c1-16)
@@ -130,9 +137,11 @@ install_gpu_standins() {   # simulated driver + sim defaults; copied at each sta
   install -m 644 "$HERE/guest-sim-config.json" "$ROOT/etc/sglang-sim/config.json"
 }
 
+make_client_key() { [ -f "$KEY" ] || ssh-keygen -q -t ed25519 -N '' -C sglang-deploy-sandbox -f "$KEY"; }
+
 cmd_start() {
   local cg pid i ids
-  [ -d "$TH_DIR/rootfs/etc" ] || cmd_build
+  cmd_build
   if running; then log "already running"; return; fi
   cmd_stop                                   # clear leftovers of a crashed run
   if ip -o addr show | grep -qE "inet ($TH_HOST_IP|$TH_GUEST_IP)/"; then
@@ -140,7 +149,7 @@ cmd_start() {
   fi
   mkdir -p "$RUN/upper" "$RUN/work" "$ROOT" "$TH_DIR/ssh" "$TH_DIR/known_hosts"
   echo "$TH_INDEX" > "$RUN/index"
-  [ -f "$KEY" ] || ssh-keygen -q -t ed25519 -N '' -C sglang-deploy-sandbox -f "$KEY"
+  with_lock make_client_key
 
   # 1. throw-away writable layer over the pristine rootfs; per-instance identity
   mount -t overlay overlay -o "lowerdir=$TH_DIR/rootfs,upperdir=$RUN/upper,workdir=$RUN/work" "$ROOT"
