@@ -1,0 +1,1052 @@
+"""Content-addressed virtual environments on the host: built from a lock + wheelhouse, adopted, or derived.
+
+Layout, under the store's <root>/<service>/ (store.py):
+
+    venvs/<hash>/         immutable once published: venv.json (the marker) says it is complete
+    venvs/<hash>.tmp/     a build in progress or an interrupted one: never used, cleared before a rebuild
+    wheels/<sha256>/<wheel file>   wheels pushed from a local wheelhouse; a wheel travels once per host
+    cache/<hash>/         JIT and compile caches of the processes that run from venvs/<hash>
+
+A venv is built in venvs/<hash>.tmp and renamed to venvs/<hash> only once pip succeeded and the marker is
+written, so a half-built venv never becomes usable. A derived venv (a patched one) is a hard-linked copy of its
+base whose changed files are written as new files and renamed over the links: the base never changes. Paths
+baked into a venv (console-script shebangs, activate scripts, pyvenv.cfg) are rewritten for the new location,
+again as new files; the server itself runs as `<venv>/bin/python3 -m sglang.launch_server`, which needs none.
+
+Everything here builds Step/Put batches and parses what they read; the few functions that act (`ensure_venv`,
+`adopt`, `derive`, `list_venvs`) only call a Remote they are given.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from deploy_lib.errors import ConfigError, DeployError, PreflightError, StepFailed
+from deploy_lib.progress import NullProgress, Progress
+from deploy_lib.remote import Put, Remote, Step, StepResult, describe
+from deploy_lib.store import StoreLayout
+
+MARKER_FILE = "venv.json"
+LOCK_FILE = "requirements.lock"
+STAGING_SUFFIX = ".tmp"
+HASH_CHARS = 16  # of the sha256 hex digest: short enough for shebangs, plenty for one host's venvs
+WHEEL_MODE = 0o644
+PIP_TIMEOUT_S = 3600
+COPY_TIMEOUT_S = 1800
+INSPECT_TIMEOUT_S = 1800
+PIP_ERROR_LINES = 40
+JIT_CACHE_DISTRIBUTION = "flashinfer-jit-cache"
+# Environment variable -> subdirectory of cache/<venv-hash>/ (FlashInfer adds .cache/flashinfer below its base).
+CACHE_VARIABLES = {
+    "FLASHINFER_WORKSPACE_BASE": "flashinfer",
+    "TRITON_CACHE_DIR": "triton",
+    "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
+    "XDG_CACHE_HOME": "xdg",
+}
+
+FACT_PYTHON = "venv facts: host python"
+FACT_MARKERS = "venv facts: markers"
+FACT_DIRS = "venv facts: venv directories"
+FACT_WHEELS = "venv facts: wheels on the host"
+FACT_SIZES = "venv facts: sizes"
+FACT_INSPECT = "venv adopt: inspect"
+FACT_MODES = "venv derive: modes of replaced files"
+PIP_STEP = "venv build: pip install"
+_MISSING_OK = frozenset({0, 1})
+
+_HASH_RE = re.compile(rf"^[0-9a-f]{{{HASH_CHARS}}}$")
+_NAME_RE = re.compile(r"^([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(\[[^\]]*\])?\s*(.*)$")
+_PIN_RE = re.compile(r"^==\s*([A-Za-z0-9_.!+-]+)\s*(?:;\s*(.+))?$")
+_HASH_OPTION_RE = re.compile(r"--hash(?:=|\s+)(\S+)")
+_SHA256_RE = re.compile(r"^sha256:([0-9a-f]{64})$")
+_WHEEL_RE = re.compile(r"^(?P<name>[^-]+)-(?P<version>[^-]+)(?:-\d[^-]*)?"
+                       r"-(?P<py>[^-]+)-(?P<abi>[^-]+)-(?P<plat>[^-]+)\.whl$")
+
+
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def _short_hash(text: str) -> str:
+    return _sha256(text.encode())[:HASH_CHARS]
+
+
+def canonical_name(name: str) -> str:
+    """PEP 503 normalised distribution name: `Flashinfer_Python` -> `flashinfer-python`."""
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def check_venv_hash(venv_hash: str) -> str:
+    if not _HASH_RE.fullmatch(venv_hash):
+        raise ConfigError(f"invalid venv hash {venv_hash!r}", hint=f"a venv hash is {HASH_CHARS} hex digits "
+                                                                    "(see `invoke venv.list`)")
+    return venv_hash
+
+
+def _iso(when: datetime) -> str:
+    if when.tzinfo is None:
+        raise ValueError("timestamps must be timezone-aware")
+    return when.astimezone(UTC).isoformat(timespec="seconds")
+
+
+def _json_line(data: Mapping[str, Any]) -> bytes:
+    return (json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n").encode()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The profile part
+
+
+class VenvSpec(BaseModel):
+    """How the server's venv is built: a lock (pinned, hashed) and where its wheels come from."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lock: Path = Field(description="pinned requirements with --hash lines (pip-compile --generate-hashes, "
+                                   "uv pip compile --generate-hashes); it must be complete: pip runs --no-deps")
+    wheelhouse: Path | None = Field(None, description="local directory of wheels, pushed to hosts without internet")
+    index: str | None = Field(None, description="package index URL the host itself downloads from")
+    python: str = Field("python3", description="the host's interpreter that creates the venv")
+
+    @field_validator("python")
+    @classmethod
+    def _python_is_a_command(cls, value: str) -> str:
+        if not re.fullmatch(r"/?[A-Za-z0-9._/+-]+", value) or ".." in value.split("/"):
+            raise ValueError("must be a command name (python3) or an absolute path (/usr/bin/python3.11)")
+        return value
+
+    @field_validator("index")
+    @classmethod
+    def _index_is_a_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"https?://[^\s]+", value):
+            raise ValueError("must be an http(s) URL, e.g. https://pypi.org/simple")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> VenvSpec:
+        if (self.wheelhouse is None) == (self.index is None):
+            raise ValueError("give exactly one of `wheelhouse` (a local directory) or `index` (a URL)")
+        return self
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The lock
+
+
+@dataclass(frozen=True)
+class Requirement:
+    name: str                 # canonical
+    version: str
+    extras: tuple[str, ...]
+    marker: str
+    hashes: frozenset[str]    # sha256 hex digests
+    line: int
+
+    def normalized(self) -> str:
+        extras = f"[{','.join(self.extras)}]" if self.extras else ""
+        marker = f" ; {self.marker}" if self.marker else ""
+        hashes = " ".join(f"--hash=sha256:{digest}" for digest in sorted(self.hashes))
+        return f"{self.name}{extras}=={self.version}{marker} {hashes}"
+
+
+@dataclass(frozen=True)
+class Lock:
+    path: Path
+    requirements: tuple[Requirement, ...]   # sorted by name
+
+    def text(self) -> str:
+        """The normalised lock: what the hash covers and what pip reads on the host (comments and order gone)."""
+        return "".join(requirement.normalized() + "\n" for requirement in self.requirements)
+
+    @property
+    def sha256(self) -> str:
+        return _sha256(self.text().encode())
+
+    def distributions(self) -> dict[str, str]:
+        return {r.name: r.version for r in self.requirements}
+
+
+def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
+    """(first physical line number, joined text) with comments removed and backslash continuations joined."""
+    pending: list[str] = []
+    start = 0
+    for number, raw in enumerate(text.splitlines(), start=1):
+        line = re.sub(r"(^|\s)#.*$", "", raw).rstrip()
+        if not pending:
+            start = number
+        if line.endswith("\\"):
+            pending.append(line[:-1])
+            continue
+        pending.append(line)
+        joined = " ".join(part.strip() for part in pending).strip()
+        pending = []
+        if joined:
+            yield start, joined
+    if pending and " ".join(pending).strip():
+        yield start, " ".join(part.strip() for part in pending).strip()
+
+
+def parse_lock(text: str, path: Path) -> Lock:
+    """Every requirement pinned with `==` and at least one `--hash=sha256:`; anything else is a ConfigError."""
+    found: dict[str, Requirement] = {}
+    for number, line in _logical_lines(text):
+        def bad(why: str, number: int = number, line: str = line) -> ConfigError:
+            return ConfigError(f"{path}:{number}: {why}: {line[:200]}",
+                               hint="generate the lock with `pip-compile --generate-hashes` or "
+                                    "`uv pip compile --generate-hashes`; the profile says where wheels come from")
+        hash_values = _HASH_OPTION_RE.findall(line)
+        spec = _HASH_OPTION_RE.sub(" ", line).strip()
+        if spec.startswith("-"):
+            raise bad("options are not allowed in a lock (only requirements with --hash)")
+        match = _NAME_RE.match(spec)
+        pin = _PIN_RE.match(match.group(3).strip()) if match else None
+        if match is None or pin is None or "*" in pin.group(1):
+            raise bad("requirement is not pinned with `name==version`")
+        digests = set()
+        for value in hash_values:
+            sha = _SHA256_RE.match(value)
+            if sha is None:
+                raise bad(f"hash {value!r} is not sha256:<64 hex digits>")
+            digests.add(sha.group(1))
+        if not digests:
+            raise bad("requirement has no --hash=sha256:... (pip runs with --require-hashes)")
+        name = canonical_name(match.group(1))
+        if name in found:
+            raise bad(f"{name} is already pinned on line {found[name].line}")
+        extras = tuple(sorted(canonical_name(e.strip()) for e in (match.group(2) or "[]")[1:-1].split(",")
+                              if e.strip()))
+        found[name] = Requirement(name, pin.group(1), extras, (pin.group(2) or "").strip(), frozenset(digests),
+                                  number)
+    if not found:
+        raise ConfigError(f"{path}: the lock has no requirements")
+    return Lock(path, tuple(found[name] for name in sorted(found)))
+
+
+def load_lock(path: Path) -> Lock:
+    try:
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"cannot read lock file {path}: {error}") from error
+    return parse_lock(text, path)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Host facts: the interpreter, published venvs, directories, wheels already there
+
+# Shared by the fact script and the adopt inspection: who the interpreter is.
+_PYTHON_FACTS_SOURCE = """
+import json, platform, sys, sysconfig
+def python_facts():
+    return {"implementation": sys.implementation.name, "version": platform.python_version(),
+            "platform": sysconfig.get_platform(), "soabi": sysconfig.get_config_var("SOABI") or "",
+            "machine": platform.machine()}
+"""
+PYTHON_FACTS_SCRIPT = _PYTHON_FACTS_SOURCE + "print(json.dumps(python_facts()))\n"
+
+
+@dataclass(frozen=True)
+class PythonFacts:
+    implementation: str
+    version: str
+    platform: str
+    soabi: str
+    machine: str
+
+    def identity(self) -> str:
+        """What a venv's hash covers of its interpreter: implementation, version, ABI and platform."""
+        return f"{self.implementation}-{self.version}-{self.soabi}-{self.platform}"
+
+    def as_dict(self) -> dict[str, str]:
+        return {"implementation": self.implementation, "version": self.version, "platform": self.platform,
+                "soabi": self.soabi, "machine": self.machine}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PythonFacts:
+        return cls(**{key: str(data[key]) for key in ("implementation", "version", "platform", "soabi", "machine")})
+
+
+def wheel_store(layout: StoreLayout) -> PurePosixPath:
+    return layout.base / "wheels"
+
+
+def venv_path(layout: StoreLayout, venv_hash: str) -> PurePosixPath:
+    return layout.venvs / check_venv_hash(venv_hash)
+
+
+def staging_path(layout: StoreLayout, venv_hash: str) -> PurePosixPath:
+    return layout.venvs / (check_venv_hash(venv_hash) + STAGING_SUFFIX)
+
+
+def venv_python(layout: StoreLayout, venv_hash: str) -> PurePosixPath:
+    return venv_path(layout, venv_hash) / "bin" / "python3"
+
+
+def python_step(python: str) -> Step:
+    return Step(FACT_PYTHON, (python, "-I", "-c", PYTHON_FACTS_SCRIPT), ok=frozenset({0, 126, 127}))
+
+
+def store_fact_steps(layout: StoreLayout) -> list[Step | Put]:
+    """Read-only: the markers of published venvs (with their text), every entry of venvs/, the wheels present."""
+    venvs = str(layout.venvs)
+    return [
+        # "\0<hash>/venv.json\0<marker text>" per venv; a marker is one JSON line and JSON text holds no NUL.
+        Step(FACT_MARKERS, ("find", venvs, "-mindepth", "2", "-maxdepth", "2", "-name", MARKER_FILE, "-printf",
+                            "\\0%P\\0", "-exec", "cat", "--", "{}", ";"), ok=_MISSING_OK),
+        Step(FACT_DIRS, ("find", venvs, "-mindepth", "1", "-maxdepth", "1", "-printf", "%f\\0"), ok=_MISSING_OK),
+        Step(FACT_WHEELS, ("find", str(wheel_store(layout)), "-mindepth", "2", "-maxdepth", "2", "-type", "f",
+                           "-printf", "%P\\0"), ok=_MISSING_OK),
+    ]
+
+
+def fact_steps(layout: StoreLayout, python: str) -> list[Step | Put]:
+    return [python_step(python), *store_fact_steps(layout)]
+
+
+@dataclass(frozen=True)
+class VenvStoreFacts:
+    markers: Mapping[str, Mapping[str, Any]]   # hash -> marker of every published venv
+    entries: tuple[str, ...]                   # every name in venvs/: published, staging leftovers, strays
+    wheels: frozenset[str]                     # sha256 of each wheel in wheels/
+
+    def published(self, venv_hash: str) -> bool:
+        return venv_hash in self.markers
+
+
+@dataclass(frozen=True)
+class VenvFacts:
+    python: PythonFacts
+    store: VenvStoreFacts
+
+
+def _by_name(results: Sequence[StepResult]) -> dict[str, StepResult]:
+    return {result.step.name: result for result in results}
+
+
+def _stdout(found: Mapping[str, StepResult], name: str) -> str:
+    return found[name].stdout if found[name].exit_code == 0 else ""
+
+
+def parse_markers(find_out: str) -> dict[str, dict[str, Any]]:
+    """hash -> marker, from "\\0<hash>/venv.json\\0<json>" records; an unreadable marker counts as absent."""
+    pieces = find_out.split("\0")[1:]
+    markers = {}
+    for name, text in zip(pieces[::2], pieces[1::2], strict=False):
+        venv_hash = name.split("/", 1)[0]
+        try:
+            marker = json.loads(text)
+        except ValueError:
+            continue
+        if isinstance(marker, dict) and marker.get("hash") == venv_hash and _HASH_RE.fullmatch(venv_hash):
+            markers[venv_hash] = marker
+    return markers
+
+
+def parse_wheel_names(find_out: str) -> frozenset[str]:
+    """sha256 digests of the wheels in wheels/<sha256>/<file>."""
+    return frozenset(entry.split("/", 1)[0] for entry in find_out.split("\0")
+                     if "/" in entry and re.fullmatch(r"[0-9a-f]{64}", entry.split("/", 1)[0]))
+
+
+def parse_python_facts(result: StepResult, python: str) -> PythonFacts:
+    if result.exit_code != 0:
+        raise PreflightError(f"the host has no usable interpreter {python!r} (exit {result.exit_code})",
+                             hint="install python3 and python3-venv on the host, or set the venv's `python`")
+    try:
+        return PythonFacts.from_dict(json.loads(result.stdout.strip().splitlines()[-1]))
+    except (ValueError, KeyError, IndexError, TypeError) as error:
+        raise PreflightError(f"cannot read the facts of {python!r} on the host: {result.stdout[-300:]!r}") from error
+
+
+def parse_store_facts(results: Sequence[StepResult]) -> VenvStoreFacts:
+    found = _by_name(results)
+    return VenvStoreFacts(
+        markers=parse_markers(_stdout(found, FACT_MARKERS)),
+        entries=tuple(sorted(name for name in _stdout(found, FACT_DIRS).split("\0") if name)),
+        wheels=parse_wheel_names(_stdout(found, FACT_WHEELS)),
+    )
+
+
+def parse_facts(results: Sequence[StepResult], python: str) -> VenvFacts:
+    return VenvFacts(parse_python_facts(_by_name(results)[FACT_PYTHON], python), parse_store_facts(results))
+
+
+def read_facts(remote: Remote, layout: StoreLayout, python: str) -> VenvFacts:
+    return parse_facts(remote.run(fact_steps(layout, python)), python)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Hashes
+
+
+def venv_hash(lock: Lock, python: PythonFacts) -> str:
+    """A built venv's hash: the normalised lock, the interpreter's version and ABI, the platform."""
+    return _short_hash(json.dumps({"kind": "built", "lock": lock.text(), "python": python.identity()}))
+
+
+def derived_hash(base_hash: str, replaced_files: Mapping[str, bytes]) -> str:
+    """A derived venv's hash: its base's hash and each replaced path with the sha256 of its new bytes."""
+    files = sorted((path, _sha256(data)) for path, data in replaced_files.items())
+    return _short_hash(json.dumps({"kind": "derived", "base": check_venv_hash(base_hash), "files": files}))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Wheels: which local files the lock needs, and which of them the host lacks
+
+
+def _wheel_fits(filename: str, python: PythonFacts) -> bool:
+    """Whether pip on that interpreter could install this wheel (python tag, ABI and platform of its name)."""
+    match = _WHEEL_RE.match(filename)
+    if match is None:
+        return False
+    major, minor = python.version.split(".")[:2]
+    cp = f"cp{major}{minor}"
+    pythons, abis, platforms = (match.group(key).split(".") for key in ("py", "abi", "plat"))
+    # an abi3 wheel built for an older CPython 3.x runs on a newer one
+    python_ok = any(tag in (f"py{major}", f"py{major}{minor}", cp)
+                    or ("abi3" in abis and tag.startswith(f"cp{major}") and tag[len(major) + 2:].isdigit()
+                        and int(tag[len(major) + 2:]) <= int(minor)) for tag in pythons)
+    abi_ok = any(abi in ("none", "abi3", cp) for abi in abis)
+    platform_ok = any(plat == "any" or (plat.startswith(("linux_", "manylinux")) and plat.endswith(python.machine))
+                      for plat in platforms)
+    return python_ok and abi_ok and platform_ok
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as wheel:
+        while chunk := wheel.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class LocalWheel:
+    path: Path
+    sha256: str
+    size: int
+
+
+def select_wheels(lock: Lock, wheelhouse: Path, python: PythonFacts) -> tuple[LocalWheel, ...]:
+    """For each requirement, the wheelhouse files with its name and version whose sha256 the lock lists.
+
+    A wheel of the right name and version with another hash (corrupted, or a different build) is an error
+    here, before anything travels; so is a requirement without a wheel for the host's python and platform.
+    """
+    if not wheelhouse.is_dir():
+        raise ConfigError(f"wheelhouse {wheelhouse} is not a directory")
+    by_release: dict[tuple[str, str], list[Path]] = {}
+    for path in sorted(wheelhouse.glob("*.whl")):
+        match = _WHEEL_RE.match(path.name)
+        if match:
+            by_release.setdefault((canonical_name(match.group("name")), match.group("version").lower()),
+                                  []).append(path)
+    selected = []
+    for requirement in lock.requirements:
+        candidates = [p for p in by_release.get((requirement.name, requirement.version.lower()), [])
+                      if _wheel_fits(p.name, python)]
+        if not candidates:
+            raise ConfigError(f"{lock.path}:{requirement.line}: no wheel of {requirement.name}=={requirement.version} "
+                              f"for {python.identity()} in {wheelhouse}",
+                              hint=f"pip download --no-deps --only-binary=:all: --dest {wheelhouse} "
+                                   f"{requirement.name}=={requirement.version}")
+        digests = {path: _file_sha256(path) for path in candidates}
+        matching = [LocalWheel(path, digest, path.stat().st_size) for path, digest in digests.items()
+                    if digest in requirement.hashes]
+        if not matching:
+            listed = ", ".join(f"{path.name} sha256 {digest}" for path, digest in digests.items())
+            raise ConfigError(f"{lock.path}:{requirement.line}: hash mismatch for {requirement.name}=="
+                              f"{requirement.version}: the lock does not list the sha256 of {listed}",
+                              hint="the wheel is corrupted or a different build than the lock was made from: "
+                                   "download it again, or regenerate the lock")
+        selected.extend(matching)
+    return tuple(selected)
+
+
+@dataclass(frozen=True)
+class WheelTransfer:
+    """One local wheel the host lacks; its bytes are read (and their hash checked) only when it is sent."""
+
+    wheel: LocalWheel
+    dest: PurePosixPath
+
+    def put(self) -> Put:
+        data = self.wheel.path.read_bytes()
+        if _sha256(data) != self.wheel.sha256:
+            raise DeployError(f"wheel {self.wheel.path} changed while deploying (sha256 no longer "
+                              f"{self.wheel.sha256})", hint="rerun once the wheelhouse is stable")
+        return Put(self.dest, data, WHEEL_MODE, sudo=True)
+
+
+def wheel_dir(layout: StoreLayout, sha256: str) -> PurePosixPath:
+    return wheel_store(layout) / sha256
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Host-side scripts (stdlib only, run by the host's interpreter)
+
+# Rewrites the old location of a venv in bin/ scripts (shebangs, activate) and pyvenv.cfg. Each changed file is
+# written as a new file and renamed over the old entry: in a hard-linked copy the original is never touched.
+RELOCATE_SCRIPT = r"""
+import json, os, re, sys
+root, old, new = sys.argv[1:4]
+pattern = re.compile(re.escape(old.encode()) + rb"(?=[/\"'\s:]|$)", re.M)
+bin_dir = os.path.join(root, "bin")
+names = sorted(os.listdir(bin_dir)) if os.path.isdir(bin_dir) else []
+changed = []
+for path in [os.path.join(root, "pyvenv.cfg")] + [os.path.join(bin_dir, name) for name in names]:
+    if os.path.islink(path) or not os.path.isfile(path):
+        continue
+    with open(path, "rb") as current:
+        data = current.read()
+    text_file = data.startswith(b"#!") or os.path.basename(path).startswith("activate") or path.endswith(".cfg")
+    moved = pattern.sub(lambda match: new.encode(), data) if text_file else data
+    if moved == data:
+        continue
+    info = os.stat(path)
+    temp = path + ".relocate-tmp"
+    with open(temp, "xb") as fresh:
+        fresh.write(moved)
+    os.chown(temp, info.st_uid, info.st_gid)
+    os.chmod(temp, info.st_mode & 0o7777)
+    os.replace(temp, path)
+    changed.append(os.path.relpath(path, root))
+print(json.dumps(changed))
+"""
+
+# Distributions of the venv this interpreter belongs to, each with the sha256 of its RECORD and the files that no
+# longer match their RECORD (drift): [path, actual sha256 or "missing"].
+INSPECT_SCRIPT = _PYTHON_FACTS_SOURCE + r"""
+import base64, csv, hashlib, os
+from importlib import metadata
+def file_digest(path, algorithm):
+    digest = hashlib.new(algorithm)
+    with open(path, "rb") as stream:
+        for chunk in iter(lambda: stream.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest
+prefix = os.path.realpath(sys.prefix)
+distributions = {}
+for dist in metadata.distributions():
+    location = os.path.realpath(str(dist.locate_file("")))
+    name = (dist.metadata["Name"] or "").lower().replace("_", "-").replace(".", "-")
+    if not name or name in distributions or not location.startswith(prefix + os.sep):
+        continue
+    record = dist.read_text("RECORD") or ""
+    drift = []
+    for row in csv.reader(record.splitlines()):
+        if len(row) < 2 or not row[1]:
+            continue
+        algorithm, _, expected = row[1].partition("=")
+        path = str(dist.locate_file(row[0]))
+        try:
+            actual = file_digest(path, algorithm)
+        except FileNotFoundError:
+            drift.append([row[0], "missing"])
+            continue
+        if base64.urlsafe_b64encode(actual.digest()).rstrip(b"=").decode() != expected:
+            drift.append([row[0], file_digest(path, "sha256").hexdigest()])
+    distributions[name] = {"version": dist.version, "record_sha256": hashlib.sha256(record.encode()).hexdigest(),
+                           "drift": drift}
+print(json.dumps({"prefix": sys.prefix, "base_prefix": sys.base_prefix, "python": python_facts(),
+                  "distributions": distributions}))
+"""
+
+
+def relocate_step(name: str, python: PurePosixPath | str, directory: PurePosixPath, old: PurePosixPath,
+                  new: PurePosixPath) -> Step:
+    return Step(name, (str(python), "-I", "-c", RELOCATE_SCRIPT, str(directory), str(old), str(new)), sudo=True)
+
+
+def publish_steps(what: str, staging: PurePosixPath, final: PurePosixPath,
+                  marker: Mapping[str, Any]) -> list[Step | Put]:
+    """Marker last, flushed to disk, then one rename: venvs/<hash> exists only complete."""
+    return [
+        Put(staging / MARKER_FILE, _json_line(marker), 0o644, sudo=True),
+        Step(f"{what}: flush to disk", ("sync", "-f", "--", str(staging)), sudo=True, timeout_s=600),
+        Step(f"{what}: publish", ("mv", "-T", "--", str(staging), str(final)), sudo=True),
+    ]
+
+
+def clear_steps(what: str, layout: StoreLayout, venv_hash: str, facts: VenvStoreFacts) -> list[Step | Put]:
+    """Remove an interrupted build, and venvs/<hash> itself when it has no marker (never published)."""
+    doomed = [staging_path(layout, venv_hash)]
+    if venv_hash in facts.entries and not facts.published(venv_hash):
+        doomed.append(venv_path(layout, venv_hash))
+    return [
+        Step(f"{what}: clear leftovers", ("rm", "-rf", "--", *map(str, doomed)), sudo=True, timeout_s=600),
+        Step(f"{what}: venvs directory", ("mkdir", "-p", "--", str(layout.venvs)), sudo=True),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Build from a lock
+
+
+@dataclass(frozen=True)
+class BuildPlan:
+    """What building the venv of one lock takes on one host; empty (reuse) when it is already there."""
+
+    hash: str
+    path: PurePosixPath
+    lock: Lock
+    python: PythonFacts
+    reuse: bool
+    transfers: tuple[WheelTransfer, ...] = ()
+    prepare: tuple[Step | Put, ...] = ()   # before the transfers: the wheel directories
+    steps: tuple[Step | Put, ...] = ()     # after the transfers: clear, create, install, relocate, publish
+
+    @property
+    def bytes_to_send(self) -> int:
+        return sum(transfer.wheel.size for transfer in self.transfers)
+
+    def describe(self) -> list[str]:
+        """Dry-run lines (the wheels are not read for this)."""
+        if self.reuse:
+            return [f"venv {self.hash}: reuse {self.path} (already built)"]
+        sends = [f"send wheel {t.wheel.path.name} -> {t.dest} ({t.wheel.size} bytes)" for t in self.transfers]
+        return [*describe(self.prepare), *sends, *describe(self.steps)]
+
+    def batches(self) -> Iterator[list[Step | Put]]:
+        """The batches to run in order; each wheel is read from disk only when its batch is reached."""
+        if self.prepare:
+            yield list(self.prepare)
+        for transfer in self.transfers:
+            yield [transfer.put()]
+        if self.steps:
+            yield list(self.steps)
+
+
+def pip_install_argv(python: PurePosixPath, lock_file: PurePosixPath, spec: VenvSpec,
+                     find_links: Iterable[PurePosixPath]) -> tuple[str, ...]:
+    argv = [str(python), "-I", "-m", "pip", "install", "--require-hashes", "--no-deps", "--no-cache-dir",
+            "--disable-pip-version-check", "--no-input"]
+    if spec.wheelhouse is not None:
+        argv += ["--no-index", "--only-binary", ":all:"]
+        for directory in find_links:
+            argv += ["--find-links", str(directory)]
+    else:
+        argv += ["--index-url", str(spec.index)]
+    return (*argv, "-r", str(lock_file))
+
+
+def build_marker(venv_hash: str, lock: Lock, python: PythonFacts, wheels: Iterable[LocalWheel],
+                 now: datetime) -> dict[str, Any]:
+    return {"hash": venv_hash, "kind": "built", "lock_sha256": lock.sha256, "python": python.as_dict(),
+            "created": _iso(now), "distributions": lock.distributions(),
+            "wheels": sorted({wheel.sha256 for wheel in wheels})}
+
+
+def plan_build(spec: VenvSpec, lock: Lock, layout: StoreLayout, facts: VenvFacts, now: datetime) -> BuildPlan:
+    """Reuse the published venv of this lock on this interpreter, or the steps that build it.
+
+    Local wheels are hashed only when a build is needed; only those the host lacks become transfers.
+    """
+    digest = venv_hash(lock, facts.python)
+    final, staging = venv_path(layout, digest), staging_path(layout, digest)
+    if facts.store.published(digest):
+        return BuildPlan(digest, final, lock, facts.python, reuse=True)
+    wheels = select_wheels(lock, spec.wheelhouse, facts.python) if spec.wheelhouse is not None else ()
+    unique = {wheel.sha256: wheel for wheel in wheels}
+    missing = [wheel for sha, wheel in sorted(unique.items()) if sha not in facts.store.wheels]
+    transfers = tuple(WheelTransfer(wheel, wheel_dir(layout, wheel.sha256) / wheel.path.name) for wheel in missing)
+    prepare: tuple[Step | Put, ...] = ()
+    if transfers:
+        prepare = (Step("venv build: wheel directories",
+                        ("mkdir", "-p", "--", *(str(t.dest.parent) for t in transfers)), sudo=True),)
+    python = staging / "bin" / "python3"
+    lock_file = staging / LOCK_FILE
+    find_links = [wheel_dir(layout, sha) for sha in sorted(unique)]
+    steps = [
+        *clear_steps("venv build", layout, digest, facts.store),
+        Step("venv build: create", (spec.python, "-m", "venv", "--", str(staging)), sudo=True, timeout_s=300),
+        Put(lock_file, lock.text().encode(), 0o644, sudo=True),
+        Step(PIP_STEP, pip_install_argv(python, lock_file, spec, find_links), sudo=True, timeout_s=PIP_TIMEOUT_S),
+        relocate_step("venv build: relocate scripts", python, staging, staging, final),
+        *publish_steps("venv build", staging, final, build_marker(digest, lock, facts.python, wheels, now)),
+    ]
+    return BuildPlan(digest, final, lock, facts.python, reuse=False, transfers=transfers, prepare=prepare,
+                     steps=tuple(steps))
+
+
+def pip_error_lines(output: str) -> list[str]:
+    """pip's own error: from its first `ERROR:` line on (capped), else the last lines it printed."""
+    lines = output.rstrip("\n").splitlines()
+    first = next((i for i, line in enumerate(lines) if line.startswith("ERROR:")), None)
+    return lines[first:first + PIP_ERROR_LINES] if first is not None else lines[-12:]
+
+
+def pip_failure(failure: StepFailed, venv_hash: str) -> StepFailed:
+    result = failure.result
+    output = "" if not isinstance(result, StepResult) else (result.stderr or result.stdout)
+    lines = "\n".join("    " + line for line in pip_error_lines(output))
+    first_line = failure.message.splitlines()[0]
+    return type(failure)(f"pip could not build venv {venv_hash}; nothing was published ({first_line})\n"
+                         f"  pip said:\n{lines}", step=failure.step, result=failure.result,
+                         hint=failure.hint or "fix the lock or the wheelhouse; the unfinished build is cleared "
+                                              "before the next attempt")
+
+
+@dataclass(frozen=True)
+class VenvResult:
+    hash: str
+    path: PurePosixPath
+    reused: bool
+    distributions: Mapping[str, str]
+    bytes_sent: int = 0
+    wheels_sent: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()
+    drift: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+
+    @property
+    def python(self) -> PurePosixPath:
+        return self.path / "bin" / "python3"
+
+
+def run_build(remote: Remote, plan: BuildPlan, progress: Progress) -> VenvResult:
+    result = VenvResult(plan.hash, plan.path, plan.reuse, plan.lock.distributions(),
+                        warnings=tuple(jit_cache_warnings(plan.lock.distributions())))
+    if plan.reuse:
+        progress.note(f"venv {plan.hash}: reusing {plan.path}")
+        return result
+    progress.phase_started(f"venv {plan.hash}: build ({len(plan.transfers)} wheels, {plan.bytes_to_send} bytes "
+                           "to send)")
+    for batch in plan.batches():
+        try:
+            for step_result in remote.run(batch):
+                progress.step_done(step_result.step.name, step_result.duration_s)
+        except StepFailed as failure:
+            if getattr(failure.step, "name", None) == PIP_STEP:
+                raise pip_failure(failure, plan.hash) from failure
+            raise
+    return replace(result, bytes_sent=plan.bytes_to_send,
+                   wheels_sent=tuple(t.wheel.path.name for t in plan.transfers))
+
+
+def ensure_venv(remote: Remote, layout: StoreLayout, spec: VenvSpec, now: datetime | None = None,
+                progress: Progress | None = None, lock: Lock | None = None) -> VenvResult:
+    """The venv of the spec's lock on this host: reused when published, else built (only missing wheels sent)."""
+    lock = lock if lock is not None else load_lock(spec.lock)
+    facts = read_facts(remote, layout, spec.python)
+    plan = plan_build(spec, lock, layout, facts, now or datetime.now(UTC))
+    return run_build(remote, plan, progress or NullProgress())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Adopt a venv made by hand
+
+
+def _check_host_path(path: PurePosixPath) -> PurePosixPath:
+    if not path.is_absolute() or ".." in path.parts or str(path) == "/":
+        raise ConfigError(f"{str(path)!r} must be an absolute path to a venv, without '..'")
+    return path
+
+
+def inspect_step(venv: PurePosixPath) -> Step:
+    """The venv's own python lists its distributions and checks every file against their RECORD."""
+    return Step(FACT_INSPECT, (str(_check_host_path(venv) / "bin" / "python3"), "-I", "-c", INSPECT_SCRIPT),
+                sudo=True, ok=frozenset({0, 126, 127}), timeout_s=INSPECT_TIMEOUT_S)
+
+
+@dataclass(frozen=True)
+class Inspection:
+    source: PurePosixPath
+    python: PythonFacts
+    distributions: Mapping[str, str]             # name -> version
+    record_sha256: Mapping[str, str]             # name -> sha256 of its RECORD file
+    drift: Mapping[str, tuple[tuple[str, str], ...]]   # name -> (path, actual sha256 or "missing"), drifted only
+
+
+def parse_inspection(source: PurePosixPath, result: StepResult) -> Inspection:
+    if result.exit_code != 0:
+        raise PreflightError(f"{source} is not a usable venv: {source / 'bin/python3'} exited {result.exit_code}",
+                             hint=(result.stderr or result.stdout).strip()[-300:] or None)
+    try:
+        data = json.loads(result.stdout.strip().splitlines()[-1])
+        dists = data["distributions"]
+        inspection = Inspection(
+            source=source, python=PythonFacts.from_dict(data["python"]),
+            distributions={name: str(d["version"]) for name, d in dists.items()},
+            record_sha256={name: str(d["record_sha256"]) for name, d in dists.items()},
+            drift={name: tuple((str(p), str(s)) for p, s in d["drift"]) for name, d in dists.items() if d["drift"]})
+    except (ValueError, KeyError, IndexError, TypeError) as error:
+        raise PreflightError(f"cannot read the inspection of {source}: {result.stdout[-300:]!r}") from error
+    if data["prefix"] == data["base_prefix"]:
+        raise PreflightError(f"{source} is not a virtual environment (its python's prefix is {data['prefix']})",
+                             hint="adopt the directory made by `python3 -m venv`, not a system python")
+    return inspection
+
+
+def adopted_hash(inspection: Inspection) -> str:
+    """From the interpreter, each distribution's version and RECORD, and the actual hash of each drifted file."""
+    dists = sorted((name, inspection.distributions[name], inspection.record_sha256[name],
+                    sorted(inspection.drift.get(name, ()))) for name in inspection.distributions)
+    return _short_hash(json.dumps({"kind": "adopted", "python": inspection.python.identity(), "dists": dists}))
+
+
+def adopt_steps(layout: StoreLayout, inspection: Inspection, facts: VenvStoreFacts,
+                now: datetime) -> tuple[str, list[Step | Put]]:
+    """Hard-linked copy into venvs/<hash>.tmp, paths rewritten (new files), marker, rename; nothing if published."""
+    digest = adopted_hash(inspection)
+    if facts.published(digest):
+        return digest, []
+    staging, final = staging_path(layout, digest), venv_path(layout, digest)
+    marker = {"hash": digest, "kind": "adopted", "source": str(inspection.source),
+              "python": inspection.python.as_dict(), "created": _iso(now),
+              "distributions": dict(inspection.distributions),
+              "drift": {name: [list(entry) for entry in files] for name, files in inspection.drift.items()}}
+    return digest, [
+        *clear_steps("venv adopt", layout, digest, facts),
+        Step("venv adopt: hard-linked copy", ("cp", "-al", "--", str(inspection.source), str(staging)), sudo=True,
+             timeout_s=COPY_TIMEOUT_S),
+        relocate_step("venv adopt: relocate scripts", staging / "bin" / "python3", staging, inspection.source,
+                      final),
+        *publish_steps("venv adopt", staging, final, marker),
+    ]
+
+
+def adopt(remote: Remote, layout: StoreLayout, source: PurePosixPath, now: datetime | None = None) -> VenvResult:
+    """Record a hand-made venv as a managed, immutable one; drifted distributions are reported, not refused."""
+    results = remote.run([inspect_step(source), *store_fact_steps(layout)])
+    inspection = parse_inspection(source, _by_name(results)[FACT_INSPECT])
+    digest, steps = adopt_steps(layout, inspection, parse_store_facts(results), now or datetime.now(UTC))
+    try:
+        if steps:
+            remote.run(steps)
+    except StepFailed as failure:
+        if getattr(failure.step, "name", None) == "venv adopt: hard-linked copy":
+            raise type(failure)(failure.message, step=failure.step, result=failure.result,
+                                hint="hard links need the venv and the store on one filesystem") from failure
+        raise
+    return VenvResult(digest, venv_path(layout, digest), reused=not steps, distributions=inspection.distributions,
+                      warnings=tuple(jit_cache_warnings(inspection.distributions)), drift=inspection.drift)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Derived venvs
+
+
+def check_relpath(relpath: str) -> PurePosixPath:
+    path = PurePosixPath(relpath)
+    if (not relpath or path.is_absolute() or any(part in ("", ".", "..") for part in relpath.split("/"))
+            or "\n" in relpath or "\0" in relpath or path.parts[0] == MARKER_FILE):
+        raise ConfigError(f"cannot replace {relpath!r} in a venv: give a relative path inside it "
+                          f"(no '..', not {MARKER_FILE})")
+    return path
+
+
+def mode_step(layout: StoreLayout, base_hash: str, relpaths: Iterable[str]) -> Step:
+    base = venv_path(layout, base_hash)
+    return Step(FACT_MODES, ("stat", "--printf", "%a %n\\0", "--", *(str(base / check_relpath(p)) for p in relpaths)),
+                ok=_MISSING_OK)
+
+
+def parse_modes(layout: StoreLayout, base_hash: str, stat_out: str) -> dict[str, int]:
+    """relpath -> mode of each replaced file that exists in the base."""
+    prefix = f"{venv_path(layout, base_hash)}/"
+    modes = {}
+    for entry in stat_out.split("\0"):
+        mode, _, name = entry.partition(" ")
+        if name.startswith(prefix) and re.fullmatch(r"[0-7]{3,4}", mode):
+            modes[name[len(prefix):]] = int(mode, 8)
+    return modes
+
+
+def derive_steps(layout: StoreLayout, base_hash: str, replaced_files: Mapping[str, bytes],
+                 facts: VenvStoreFacts, modes: Mapping[str, int], now: datetime) -> tuple[str, list[Step | Put]]:
+    """Hard-linked copy of the base, each changed file written new and renamed over its link; nothing if published.
+
+    A replaced .py file's cached bytecode is unlinked in the copy (its directory entry only), so Python
+    compiles the new source instead of checking a timestamp shared with the base.
+    """
+    if not replaced_files:
+        raise ConfigError("a derived venv needs at least one replaced file")
+    base_marker = facts.markers.get(base_hash)
+    if base_marker is None:
+        raise PreflightError(f"base venv {base_hash} is not published on the host", hint="see `invoke venv.list`")
+    digest = derived_hash(base_hash, replaced_files)
+    if facts.published(digest):
+        return digest, []
+    base, staging, final = venv_path(layout, base_hash), staging_path(layout, digest), venv_path(layout, digest)
+    paths = {relpath: check_relpath(relpath) for relpath in sorted(replaced_files)}
+    parents = sorted({str(staging / path.parent) for path in paths.values()})
+    steps: list[Step | Put] = [
+        *clear_steps("venv derive", layout, digest, facts),
+        Step("venv derive: hard-linked copy", ("cp", "-al", "--", str(base), str(staging)), sudo=True,
+             timeout_s=COPY_TIMEOUT_S),
+        Step("venv derive: directories", ("mkdir", "-p", "--", *parents), sudo=True),
+    ]
+    for relpath, path in paths.items():
+        steps.append(Put(staging / path, replaced_files[relpath], modes.get(relpath, 0o644), sudo=True))
+        if path.suffix == ".py":
+            steps.append(Step(f"venv derive: stale bytecode of {relpath}",
+                              ("find", str(staging / path.parent / "__pycache__"), "-maxdepth", "1", "-name",
+                               f"{path.stem}.*.pyc", "-delete"), sudo=True, ok=_MISSING_OK))
+    marker = {"hash": digest, "kind": "derived", "base": base_hash, "python": base_marker.get("python"),
+              "created": _iso(now), "distributions": base_marker.get("distributions", {}),
+              "replaced": {relpath: _sha256(data) for relpath, data in sorted(replaced_files.items())}}
+    steps += [relocate_step("venv derive: relocate scripts", staging / "bin" / "python3", staging, base, final),
+              *publish_steps("venv derive", staging, final, marker)]
+    return digest, steps
+
+
+def derive(remote: Remote, layout: StoreLayout, base_hash: str, replaced_files: Mapping[str, bytes],
+           now: datetime | None = None) -> VenvResult:
+    """A new venv: the base with `replaced_files` (relative path -> new bytes); the base stays byte-identical."""
+    results = remote.run([*store_fact_steps(layout), mode_step(layout, base_hash, replaced_files)])
+    facts = parse_store_facts(results)
+    modes = parse_modes(layout, base_hash, _by_name(results)[FACT_MODES].stdout)
+    digest, steps = derive_steps(layout, base_hash, replaced_files, facts, modes, now or datetime.now(UTC))
+    if steps:
+        remote.run(steps)
+    distributions = {str(k): str(v) for k, v in dict(facts.markers[base_hash].get("distributions", {})).items()}
+    return VenvResult(digest, venv_path(layout, digest), reused=not steps, distributions=distributions,
+                      warnings=tuple(jit_cache_warnings(distributions)))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Per-venv caches
+
+
+def cache_path(layout: StoreLayout, venv_hash: str) -> PurePosixPath:
+    return layout.cache / check_venv_hash(venv_hash)
+
+
+def cache_environment(layout: StoreLayout, venv_hash: str) -> dict[str, str]:
+    """Env-file entries pointing the JIT and compile caches at cache/<venv-hash>/: a kernel built from one venv's
+    sources is never loaded by another, and an old release finds its own warm cache."""
+    base = cache_path(layout, venv_hash)
+    return {variable: str(base / subdir) for variable, subdir in CACHE_VARIABLES.items()}
+
+
+def cache_dir_steps(layout: StoreLayout, venv_hash: str, owner: str) -> list[Step | Put]:
+    """Create the cache directories, owned by the user the server runs as."""
+    base = cache_path(layout, venv_hash)
+    dirs = [str(base), *(str(base / subdir) for subdir in CACHE_VARIABLES.values())]
+    return [Step("venv cache: directories", ("mkdir", "-p", "--", *dirs), sudo=True),
+            Step("venv cache: owner", ("chown", "--", f"{owner}:", *dirs), sudo=True)]
+
+
+def jit_cache_warnings(distributions: Mapping[str, str]) -> list[str]:
+    version = {canonical_name(name): v for name, v in distributions.items()}.get(JIT_CACHE_DISTRIBUTION)
+    if version is None:
+        return []
+    return [f"{JIT_CACHE_DISTRIBUTION} {version} is installed: FlashInfer can load its prebuilt kernels, which "
+            "ignore patched headers; remove it from the lock when the venv is patched"]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Lifecycle: list and prune
+
+
+@dataclass(frozen=True)
+class VenvRecord:
+    hash: str
+    marker: Mapping[str, Any]
+    size_bytes: int | None             # bytes not already counted for its base (hard links count once)
+    releases: tuple[str, ...] = ()     # releases whose release.json names this venv
+    derived: tuple[str, ...] = ()      # venvs derived from this one
+
+    @property
+    def kind(self) -> str:
+        return str(self.marker.get("kind", ""))
+
+    @property
+    def base(self) -> str | None:
+        base = self.marker.get("base")
+        return str(base) if base else None
+
+
+def release_venv_hash(layout: StoreLayout, venv: str) -> str | None:
+    """The managed venv a release.json `venv` field names (a path under venvs/ or a bare hash); None otherwise."""
+    path = PurePosixPath(venv)
+    name = path.name if path.parent == layout.venvs else venv
+    return name if _HASH_RE.fullmatch(name) else None
+
+
+def _base_first(markers: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    def depth(venv_hash: str, seen: frozenset[str] = frozenset()) -> int:
+        base = markers.get(venv_hash, {}).get("base")
+        return 0 if base not in markers or base in seen else 1 + depth(base, seen | {venv_hash})
+    return sorted(markers, key=lambda h: (depth(h), h))
+
+
+def size_step(layout: StoreLayout, facts: VenvStoreFacts) -> Step | None:
+    """`du -sb` over the venvs, bases before their derived venvs: a hard-linked file counts for the first."""
+    order = _base_first(facts.markers)
+    if not order:
+        return None
+    return Step(FACT_SIZES, ("du", "-sb", "--", *(str(venv_path(layout, h)) for h in order)), ok=_MISSING_OK,
+                timeout_s=300)
+
+
+def parse_sizes(du_out: str) -> dict[str, int]:
+    sizes = {}
+    for line in du_out.splitlines():
+        size, _, path = line.partition("\t")
+        if size.isdigit():
+            sizes[PurePosixPath(path).name] = int(size)
+    return sizes
+
+
+def venv_records(facts: VenvStoreFacts, sizes: Mapping[str, int],
+                 release_venvs: Mapping[str, str | None]) -> list[VenvRecord]:
+    """Published venvs, base before derived, with the releases that use each (release id -> venv hash)."""
+    users: dict[str, list[str]] = {}
+    for release, venv in sorted(release_venvs.items()):
+        if venv is not None:
+            users.setdefault(venv, []).append(release)
+    children: dict[str, list[str]] = {}
+    for venv_hash, marker in facts.markers.items():
+        if marker.get("base"):
+            children.setdefault(str(marker["base"]), []).append(venv_hash)
+    return [VenvRecord(h, facts.markers[h], sizes.get(h), tuple(users.get(h, ())), tuple(sorted(children.get(h, ()))))
+            for h in _base_first(facts.markers)]
+
+
+def list_venvs(remote: Remote, layout: StoreLayout, release_venvs: Mapping[str, str | None]) -> list[VenvRecord]:
+    facts = parse_store_facts(remote.run(store_fact_steps(layout)))
+    step = size_step(layout, facts)
+    sizes = parse_sizes(remote.run([step])[0].stdout) if step is not None else {}
+    return venv_records(facts, sizes, release_venvs)
+
+
+@dataclass(frozen=True)
+class PrunePlan:
+    venvs: tuple[str, ...]          # published venvs no kept release needs
+    leftovers: tuple[str, ...]      # entries of venvs/ that are not published venvs (interrupted builds)
+    wheels: tuple[str, ...]         # sha256 of wheels no kept built venv was made from
+
+
+def plan_prune(facts: VenvStoreFacts, kept_venvs: Iterable[str | None]) -> PrunePlan:
+    """Remove a venv only when no kept release uses it and it is not the base (at any depth) of one that is."""
+    needed: set[str] = set()
+    for venv_hash in kept_venvs:
+        while venv_hash is not None and venv_hash not in needed:
+            needed.add(venv_hash)
+            base = facts.markers.get(venv_hash, {}).get("base")
+            venv_hash = str(base) if base else None
+    doomed = tuple(sorted(h for h in facts.markers if h not in needed))
+    leftovers = tuple(name for name in facts.entries if name not in facts.markers)
+    wanted_wheels = {sha for h in needed for sha in facts.markers.get(h, {}).get("wheels", [])}
+    return PrunePlan(doomed, leftovers, tuple(sorted(facts.wheels - wanted_wheels)))
+
+
+def prune_steps(layout: StoreLayout, plan: PrunePlan) -> list[Step | Put]:
+    doomed = [venv_path(layout, h) for h in plan.venvs] + [cache_path(layout, h) for h in plan.venvs]
+    for name in plan.leftovers:
+        if "/" in name or name in ("", ".", ".."):
+            raise ValueError(f"refusing to prune {name!r}: not an entry of venvs/")
+        doomed.append(layout.venvs / name)
+    doomed += [wheel_dir(layout, sha) for sha in plan.wheels]
+    if not doomed:
+        return []
+    return [Step("prune venvs", ("rm", "-rf", "--", *map(str, doomed)), sudo=True, timeout_s=900)]
