@@ -79,6 +79,8 @@ class VersionRange:
         key = version_key(version)
         above = self.lower is None or key > self.lower[0] or (key == self.lower[0] and self.lower[1])
         below = self.upper is None or key < self.upper[0] or (key == self.upper[0] and self.upper[1])
+        if below and self.upper is not None and not self.upper[1] and key[0] == self.upper[0][0]:
+            below = not _is_prerelease(key)  # PEP 440: "<0.5.16" admits no 0.5.16rc1
         return above and below
 
     def overlaps(self, other: VersionRange) -> bool:
@@ -88,6 +90,11 @@ class VersionRange:
         lower = max(lowers, key=lambda b: (b[0], not b[1])) if lowers else None
         upper = min(uppers, key=lambda b: (b[0], b[1])) if uppers else None
         return not _empty(lower, upper)
+
+
+def _is_prerelease(key: tuple) -> bool:
+    final = version_key("0")
+    return key[1] != final[1] or key[3] != final[3]
 
 
 def _empty(lower: Bound | None, upper: Bound | None) -> bool:
@@ -731,24 +738,25 @@ def _bound_values(line: str, is_python: bool) -> tuple[list[bool | None], bool]:
     return values, "||" in line
 
 
-def _python_scope(text: str, spec: AuditFile) -> set[int] | None:
-    """1-based lines to scan in a Python file, or None for all of it."""
-    if not spec.functions and not spec.guards_of:
-        return None
+def _python_lines(text: str, spec: AuditFile) -> tuple[set[int] | None, set[int]]:
+    """Lines of a Python file to scan (None: all) and lines to skip (imports name checks, they do not run them)."""
     try:
-        tree = ast.parse(text)
+        nodes = list(ast.walk(ast.parse(text)))
     except SyntaxError:
-        return None
-    lines: set[int] = set()
-    nodes = list(ast.walk(tree))
+        return None, set()
+    imports = {n for node in nodes if isinstance(node, ast.Import | ast.ImportFrom)
+               for n in range(node.lineno, (node.end_lineno or node.lineno) + 1)}
+    if not spec.functions and not spec.guards_of:
+        return None, imports
+    wanted: set[int] = set()
     for node in nodes:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name in spec.functions:
-            lines.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
+            wanted.update(range(node.lineno, (node.end_lineno or node.lineno) + 1))
     guarded = {n for n, line in enumerate(text.split("\n"), start=1) if any(g in line for g in spec.guards_of)}
     for node in nodes:
         if isinstance(node, ast.If) and any(node.body[0].lineno <= n <= (node.end_lineno or 0) for n in guarded):
-            lines.update(range(node.test.lineno, (node.test.end_lineno or node.test.lineno) + 1))
-    return lines
+            wanted.update(range(node.test.lineno, (node.test.end_lineno or node.test.lineno) + 1))
+    return wanted, imports
 
 
 def audit(files: Mapping[str, str], scope: Sequence[AuditFile]) -> AuditReport:
@@ -763,9 +771,9 @@ def audit(files: Mapping[str, str], scope: Sequence[AuditFile]) -> AuditReport:
             continue
         scanned.append(spec.path)
         is_python = spec.path.endswith(".py")
-        wanted = _python_scope(text, spec) if is_python else None
+        wanted, skipped = _python_lines(text, spec) if is_python else (None, set())
         for number, line in enumerate(text.split("\n"), start=1):
-            if wanted is not None and number not in wanted:
+            if (wanted is not None and number not in wanted) or number in skipped:
                 continue
             values, either = _bound_values(line, is_python)
             if values:

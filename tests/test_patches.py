@@ -1,0 +1,346 @@
+"""The fusion-sm120 patch set against the real SGLang / FlashInfer wheels, and the patch-set format's refusals.
+
+Expected lines are those of /work/shared/notes/upstream-targets.md section 2 (summary matrix and listings).
+"""
+
+from __future__ import annotations
+
+import difflib
+import hashlib
+import re
+import shutil
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from deploy_lib.errors import ConfigError, PreflightError
+from deploy_lib.patches import (
+    PatchConflict,
+    PatchRecord,
+    PatchSet,
+    State,
+    VersionRange,
+    active_warnings,
+    apply,
+    audit,
+    audit_paths,
+    check,
+    clear_jit_cache_steps,
+    disable,
+    enable,
+    files_needed,
+    load_patch_set,
+    read_site_packages,
+    revert,
+    select_variants,
+    sha256_text,
+)
+from sandbox.sim.sglang_sim.upstream import Fusion, InstalledUpstream
+
+pytest_plugins = ("wheelcache",)  # imported lazily below: a plugin imported before it is registered is not rewritten
+
+ROLE = Path(__file__).resolve().parent.parent / "roles" / "fusion-sm120"
+FLASHINFER_MEMBERS = ("flashinfer/*.py", "flashinfer/data/include/flashinfer/comm/*.cuh",
+                      "flashinfer/data/csrc/trtllm_*.cu", "*.dist-info/*")
+HEADER = "flashinfer/data/include/flashinfer/comm/trtllm_allreduce.cuh"
+HEADER_GATE = "#if (defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && (__CUDA_ARCH__ < 1200))\n"
+HEADER_GATE_LINES = [417, 455, 485, 533, 711, 895, 950, 991, 1053, 1207, 1265, 1335, 1444]  # notes 2 (d)
+COMMUNICATOR = "sglang/srt/layers/communicator.py"
+ADD_NORM = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
+FUSION = "sglang/srt/layers/flashinfer_comm_fusion.py"
+JIT = "flashinfer/jit/comm.py"
+
+
+@dataclass(frozen=True)
+class Generation:
+    sglang: str
+    flashinfer: str
+    states: dict[str, State]
+    # file -> (lines replaced or deleted, lines after which new lines are inserted), numbered in the wheel's file
+    changes: dict[str, tuple[list[int], list[int]]] = field(default_factory=dict)
+
+    @property
+    def versions(self) -> dict[str, str]:
+        return {"sglang": self.sglang, "flashinfer-python": self.flashinfer}
+
+
+A, N, X = State.ABSENT, State.NATIVE, State.NOT_IN_VERSION
+GENERATIONS = [
+    Generation("0.5.9", "0.6.3",
+               {"runtime-gate": A, "backend-resolver": X, "preflight-multicast": X, "jit-gate": A, "header-gate": A},
+               {COMMUNICATOR: ([95], [67, 73]), JIT: ([61], []), HEADER: (HEADER_GATE_LINES, [])}),
+    Generation("0.5.15.post1", "0.6.12",
+               {"runtime-gate": A, "backend-resolver": A, "preflight-multicast": A, "jit-gate": A, "header-gate": A},
+               {COMMUNICATOR: ([170], [87, 93]), FUSION: ([49, *range(279, 295)], [23]), JIT: ([181], []),
+                HEADER: (HEADER_GATE_LINES, [])}),
+    Generation("0.5.23", "0.7.2",
+               {"runtime-gate": A, "backend-resolver": A, "preflight-multicast": A, "jit-gate": N, "header-gate": N},
+               {ADD_NORM: ([146], [54]), FUSION: ([48, *range(295, 311)], [])}),
+]
+IDS = [f"sglang-{g.sglang}+flashinfer-{g.flashinfer}" for g in GENERATIONS]
+
+
+@pytest.fixture(scope="module")
+def patch_set() -> PatchSet:
+    return load_patch_set(ROLE)
+
+
+def site_packages(generation: Generation) -> tuple[Path, Path]:
+    from wheelcache import unpacked
+
+    return unpacked("sglang", generation.sglang), unpacked("flashinfer-python", generation.flashinfer,
+                                                          members=FLASHINFER_MEMBERS)
+
+
+def read_files(generation: Generation, paths: tuple[str, ...]) -> dict[str, str]:
+    files: dict[str, str] = {}
+    for root in site_packages(generation):
+        files.update(read_site_packages(root, paths))
+    return files
+
+
+def target_files(patch_set: PatchSet, generation: Generation) -> dict[str, str]:
+    return read_files(generation, files_needed(patch_set, generation.sglang, generation.flashinfer))
+
+
+def wheel_member_sha256(path: str, generation: Generation) -> str:
+    dist, version = ("sglang", generation.sglang) if path.startswith("sglang/") else \
+        ("flashinfer-python", generation.flashinfer)
+    from wheelcache import wheel_path
+
+    with zipfile.ZipFile(wheel_path(dist, version)) as wheel:
+        return hashlib.sha256(wheel.read(path)).hexdigest()
+
+
+def changed_lines(old: str, new: str) -> tuple[list[int], list[int]]:
+    """(lines of old replaced or deleted, lines of old after which lines were inserted), 1-based."""
+    replaced, inserted_after = [], []
+    matcher = difflib.SequenceMatcher(None, old.split("\n"), new.split("\n"), autojunk=False)
+    for operation, first, last, _, _ in matcher.get_opcodes():
+        if operation in ("replace", "delete"):
+            replaced += range(first + 1, last + 1)
+        elif operation == "insert":
+            inserted_after.append(first)
+    return replaced, inserted_after
+
+
+def states(report) -> dict[str, State]:
+    return {t.target: t.state for t in report.targets}
+
+
+@pytest.mark.wheels
+@pytest.mark.parametrize("generation", GENERATIONS, ids=IDS)
+def test_enable_changes_exactly_the_gate_lines_and_disable_restores_the_wheel_bytes(patch_set, generation):
+    files = target_files(patch_set, generation)
+    before = check(patch_set, files, generation.versions, gpu_arch="sm120")
+    assert states(before) == generation.states
+    assert not before.conflicts
+
+    enabled = enable(patch_set, files, generation.versions, gpu_arch="sm120")
+    patched = {**files, **enabled.files}
+    assert {path: changed_lines(files[path], text) for path, text in enabled.files.items()} == generation.changes
+    record = PatchRecord.from_json(enabled.record.to_json(), "record.json")
+    after = check(patch_set, patched, generation.versions, gpu_arch="sm120", record=record)
+    applied = {name: State.APPLIED if state is A else state for name, state in generation.states.items()}
+    assert states(after) == applied
+
+    restored = disable(patch_set, patched, record)
+    assert set(restored) == set(generation.changes)  # native files are not even rewritten with their own text
+    for path, text in restored.items():
+        assert sha256_text(text) == wheel_member_sha256(path, generation), path
+
+
+@pytest.mark.wheels
+@pytest.mark.parametrize("generation", GENERATIONS, ids=IDS)
+def test_the_simulated_server_fuses_only_on_the_patched_files(patch_set, generation, tmp_path):
+    """The sandbox's server reads the gates from the installed files (sandbox/sim/sglang_sim/upstream.py)."""
+    files = target_files(patch_set, generation)
+    enabled = enable(patch_set, files, generation.versions, gpu_arch="sm120")
+
+    def outcome(tree: dict[str, str], root: Path) -> Fusion:
+        for path, text in tree.items():
+            (root / path).parent.mkdir(parents=True, exist_ok=True)
+            (root / path).write_bytes(text.encode("utf-8"))
+        (root / "sglang").mkdir(exist_ok=True)
+        upstream = InstalledUpstream(root / "sglang", root / "flashinfer", generation.sglang)
+        return upstream.fusion_outcome(fusion_requested=True, compute_major=12)
+
+    assert outcome(files, tmp_path / "base") is not Fusion.FUSED
+    assert outcome({**files, **enabled.files}, tmp_path / "patched") is Fusion.FUSED
+
+
+@pytest.mark.wheels
+def test_a_hand_edited_gate_is_a_conflict_that_shows_the_lines_and_nothing_is_patched(patch_set):
+    generation = GENERATIONS[2]
+    files = target_files(patch_set, generation)
+    edited = files[ADD_NORM].replace("(_is_sm90_supported or _is_sm100_supported)\n",
+                                     "(_is_sm90_supported or _is_sm100_supported or True)\n")
+    hand_edited = {**files, ADD_NORM: edited}
+
+    report = check(patch_set, hand_edited, generation.versions, gpu_arch="sm120")
+    [conflict] = report.conflicts
+    assert conflict.target == "runtime-gate" and conflict.file == ADD_NORM
+    assert re.search(r"^\s+146\s+\(_is_sm90_supported or _is_sm100_supported or True\)$", conflict.detail, re.M)
+    with pytest.raises(PatchConflict, match="runtime-gate"):
+        enable(patch_set, hand_edited, generation.versions, gpu_arch="sm120")
+    variant = select_variants(patch_set, generation.sglang, generation.flashinfer)["runtime-gate"]
+    with pytest.raises(PatchConflict, match="conflict, not absent; nothing written"):
+        apply(variant, edited)
+
+
+@pytest.mark.wheels
+def test_our_text_without_our_record_or_changed_after_patching_is_a_conflict(patch_set):
+    generation = GENERATIONS[1]
+    files = target_files(patch_set, generation)
+    enabled = enable(patch_set, files, generation.versions, gpu_arch="sm120")
+    patched = {**files, **enabled.files}
+
+    unrecorded = check(patch_set, patched, generation.versions, gpu_arch="sm120")
+    assert {t.target for t in unrecorded.conflicts} == set(generation.states)
+    assert "no record says sglang-deploy wrote it" in unrecorded.conflicts[0].detail
+    with pytest.raises(PatchConflict):
+        enable(patch_set, patched, generation.versions, gpu_arch="sm120")  # never patched twice
+
+    touched = {**patched, COMMUNICATOR: patched[COMMUNICATOR] + "# local change\n"}
+    report = check(patch_set, touched, generation.versions, gpu_arch="sm120", record=enabled.record)
+    assert [t.target for t in report.conflicts] == ["runtime-gate"]
+    assert "has changed since" in report.conflicts[0].detail
+    with pytest.raises(PatchConflict, match="is not what sglang-deploy wrote"):
+        disable(patch_set, touched, enabled.record)
+
+
+@pytest.mark.wheels
+def test_native_flashinfer_is_never_rewritten(patch_set):
+    generation = GENERATIONS[2]
+    files = target_files(patch_set, generation)
+    variants = select_variants(patch_set, generation.sglang, generation.flashinfer)
+    for name, path in (("jit-gate", JIT), ("header-gate", HEADER)):
+        assert revert(variants[name], files[path], sha256_text(files[path])) == files[path]
+        with pytest.raises(PatchConflict, match="native upstream"):
+            revert(variants[name], files[path], "0" * 64)
+        with pytest.raises(PatchConflict, match="native, not absent"):
+            apply(variants[name], files[path])
+    enabled = enable(patch_set, files, generation.versions, gpu_arch="sm120")
+    assert not {JIT, HEADER} & set(enabled.files)
+    assert {s.target for s in enabled.record.steps} == {"runtime-gate", "backend-resolver", "preflight-multicast"}
+
+
+@pytest.mark.wheels
+def test_audit_lists_the_bounds_an_sm120_build_meets(patch_set):
+    new, old = GENERATIONS[2], GENERATIONS[0]
+    report = audit(read_files(new, audit_paths(patch_set)), patch_set.meta.audit)
+    found = {(b.file, b.line): b for b in report.bounds}
+    assert found[(ADD_NORM, 146)].text.strip() == "(_is_sm90_supported or _is_sm100_supported)"
+    assert found[(ADD_NORM, 146)].on_sm120 is False
+    assert found[(FUSION, 48)].on_sm120 is False
+    assert found[(JIT, 198)].on_sm120 is True  # upstream [9, 10, 12]
+    assert (JIT, 47) not in found  # the MNNVL module's [9, 10] is another module: outside the scanned function
+    assert COMMUNICATOR in report.missing and ADD_NORM in report.scanned
+
+    old_report = audit(read_files(old, audit_paths(patch_set)), patch_set.meta.audit)
+    header_bounds = [b for b in old_report.bounds if b.file == HEADER and "__CUDA_ARCH__ < 1200" in b.text]
+    assert [b.line for b in header_bounds] == HEADER_GATE_LINES
+    assert all(b.on_sm120 is False for b in header_bounds)
+    assert any(line.startswith(f"{HEADER}:417: [FALSE on sm120]") for line in old_report.summary_lines())
+    assert ("sglang/srt/server_args.py", 1691) in {(b.file, b.line) for b in old_report.bounds}  # the auto-enable
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Without wheels: version ranges, refusals, warnings, JIT cache, bad patch-set files.
+# ---------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("spec", "inside", "outside"), [
+    (">=0.5.8.post1,<0.5.16", ["0.5.8.post1", "0.5.9", "0.5.15.post1"], ["0.5.8", "0.5.16", "0.5.16rc1"]),
+    (">=0.6.17,<0.7.5", ["0.6.17", "0.7.2.post1", "0.7.4"], ["0.6.16.post4", "0.7.5"]),
+    ("==0.5.23", ["0.5.23", "0.5.23.0"], ["0.5.23.post1"]),
+])
+def test_version_ranges_order_versions_like_pep_440(spec, inside, outside):
+    version_range = VersionRange.parse(spec)
+    assert all(version_range.contains(v) for v in inside)
+    assert not any(version_range.contains(v) for v in outside)
+
+
+def test_unknown_versions_are_refused_naming_the_known_ranges(patch_set):
+    with pytest.raises(ConfigError) as caught:
+        select_variants(patch_set, "0.5.17", "0.7.5")
+    message = str(caught.value)
+    assert "runtime-gate: no variant for sglang 0.5.17" in message
+    assert ">=0.5.8.post1,<0.5.16; >=0.5.20,<0.5.21; >=0.5.23,<0.5.24" in message
+    assert "jit-gate: no variant for flashinfer-python 0.7.5" in message
+
+
+def test_multi_node_and_other_gpus_are_refused(patch_set):
+    versions = {"sglang": "0.5.23", "flashinfer-python": "0.7.2"}
+    with pytest.raises(ConfigError, match=r"single-node only .* 2 nodes"):
+        check(patch_set, {}, versions, gpu_arch="sm120", nnodes=2)
+    with pytest.raises(PreflightError, match=r"the GPUs are sm100: .* nothing to patch"):
+        check(patch_set, {}, versions, gpu_arch="sm100")
+
+
+def test_warnings_follow_the_installed_versions(patch_set):
+    old = active_warnings(patch_set, {"sglang": "0.5.9", "flashinfer-python": "0.6.3"})
+    assert any("FlashInfer 0.6.3 is patched gate-only" in w and ">= 0.6.17" in w for w in old)
+    new = active_warnings(patch_set, {"sglang": "0.5.23", "flashinfer-python": "0.7.2",
+                                      "flashinfer-jit-cache": "0.7.2"})
+    assert not any("gate-only" in w for w in new)
+    assert any("flashinfer-jit-cache 0.7.2 is installed" in w for w in new)
+
+
+def test_jit_cache_steps_delete_only_the_patched_module_of_that_version(patch_set):
+    base = PurePosixPath("/opt/sglang-deploy/sglang/cache/abc123")
+    [step] = clear_jit_cache_steps(patch_set, base, {"flashinfer-python": "0.6.3"})
+    root = "/opt/sglang-deploy/sglang/cache/abc123/.cache/flashinfer/0.6.3"
+    assert step.argv == ("find", root, "-mindepth", "3", "-maxdepth", "3", "-type", "d",
+                         "-path", f"{root}/*/cached_ops/trtllm_comm", "-prune", "-exec", "rm", "-rf", "--", "{}", "+")
+
+
+def test_a_bad_record_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"record\.json: steps\.0\.sha256_after: Field required"):
+        PatchRecord.from_json('{"patch_set": "x", "versions": {}, "steps": [{"target": "a", "file": "f", '
+                              '"sha256_before": "0"}]}', "record.json")
+
+
+def _edit(relative: str, old: str, new: str):
+    def mutate(role: Path) -> None:
+        path = role / relative
+        text = path.read_text()
+        assert old in text, old
+        path.write_text(text.replace(old, new, 1))
+    return mutate
+
+
+BAD_PATCH_SETS = [
+    ("malformed-yaml", "targets/jit-gate.yaml", _edit("targets/jit-gate.yaml", "package: flashinfer-python",
+                                                      "package: [flashinfer-python"), "invalid YAML"),
+    ("unknown-key", "targets/header-gate.yaml", _edit("targets/header-gate.yaml", "        count: 13",
+                                                      "        count: 13\n        replace_all: true"),
+     "variants.0.edits.0.replace_all: unknown key"),
+    ("overlapping-ranges", "targets/runtime-gate.yaml",
+     _edit("targets/runtime-gate.yaml", '">=0.5.20,<0.5.21"', '">=0.5.15,<0.5.21"'),
+     "variants: versions of variants 0 ('>=0.5.8.post1,<0.5.16') and 1 ('>=0.5.15,<0.5.21') overlap"),
+    ("empty-gated-text", "targets/header-gate.yaml",
+     _edit("targets/header-gate.yaml", f"      - gated: |\n          {HEADER_GATE}", '      - gated: ""\n'),
+     "variants.0.edits.0.gated: text is empty"),
+    ("bad-range", "targets/jit-gate.yaml", _edit("targets/jit-gate.yaml", '">=0.6.17,<0.7.5"', '"~=0.6.17"'),
+     "variants.1.versions"),
+    ("unknown-meta-key", "meta.yaml", _edit("meta.yaml", "single_node_only: true", "single_node: true"),
+     "single_node: unknown key"),
+    ("missing-target-file", "meta.yaml", _edit("meta.yaml", "  - header-gate\n", "  - header-gate\n  - auto-enable\n"),
+     "targets: 'auto-enable' has no file"),
+]
+
+
+@pytest.mark.parametrize(("bad_file", "mutate", "expected"), [case[1:] for case in BAD_PATCH_SETS],
+                         ids=[case[0] for case in BAD_PATCH_SETS])
+def test_a_bad_patch_set_names_the_file_and_the_key(tmp_path, bad_file, mutate, expected):
+    role = tmp_path / "fusion-sm120"
+    shutil.copytree(ROLE, role)
+    mutate(role)
+    with pytest.raises(ConfigError) as caught:
+        load_patch_set(role)
+    message = str(caught.value)
+    assert str(role / bad_file) in message
+    assert expected in message
