@@ -61,6 +61,7 @@ FACT_SIZES = "venv facts: sizes"
 FACT_INSPECT = "venv adopt: inspect"
 FACT_MODES = "venv derive: modes of replaced files"
 PIP_STEP = "venv build: pip install"
+VERIFY_STEP = "venv build: verify wheels on the host"
 _MISSING_OK = frozenset({0, 1})
 
 _HASH_RE = re.compile(rf"^[0-9a-f]{{{HASH_CHARS}}}$")
@@ -561,6 +562,29 @@ print(json.dumps({"prefix": sys.prefix, "base_prefix": sys.base_prefix, "python"
 """
 
 
+# Checks the wheels a build uses against the sha256 in their directory name; a damaged one is removed (so the next
+# run sends it again) and named on stderr.
+VERIFY_SCRIPT = r"""
+import hashlib, os, shutil, sys
+damaged = []
+for expected, path in zip(sys.argv[1::2], sys.argv[2::2]):
+    digest = hashlib.sha256()
+    try:
+        with open(path, "rb") as wheel:
+            for chunk in iter(lambda: wheel.read(1 << 20), b""):
+                digest.update(chunk)
+    except FileNotFoundError:
+        damaged.append(f"{path}: missing")
+        continue
+    if digest.hexdigest() != expected:
+        shutil.rmtree(os.path.dirname(path))
+        damaged.append(f"{path}: sha256 {digest.hexdigest()}, expected {expected}; removed")
+for line in damaged:
+    print(line, file=sys.stderr)
+sys.exit(1 if damaged else 0)
+"""
+
+
 def relocate_step(name: str, python: PurePosixPath | str, directory: PurePosixPath, old: PurePosixPath,
                   new: PurePosixPath) -> Step:
     return Step(name, (str(python), "-I", "-c", RELOCATE_SCRIPT, str(directory), str(old), str(new)), sudo=True)
@@ -665,8 +689,13 @@ def plan_build(spec: VenvSpec, lock: Lock, layout: StoreLayout, facts: VenvFacts
     python = staging / "bin" / "python3"
     lock_file = staging / LOCK_FILE
     find_links = [wheel_dir(layout, sha) for sha in sorted(unique)]
+    verify: list[Step | Put] = []
+    if unique:
+        pairs = [part for sha in sorted(unique) for part in (sha, str(wheel_dir(layout, sha) / unique[sha].path.name))]
+        verify.append(Step(VERIFY_STEP, (spec.python, "-I", "-c", VERIFY_SCRIPT, *pairs), sudo=True, timeout_s=1800))
     steps = [
         *clear_steps("venv build", layout, digest, facts.store),
+        *verify,
         Step("venv build: create", (spec.python, "-m", "venv", "--", str(staging)), sudo=True, timeout_s=300),
         Put(lock_file, lock.text().encode(), 0o644, sudo=True),
         Step(PIP_STEP, pip_install_argv(python, lock_file, spec, find_links), sudo=True, timeout_s=PIP_TIMEOUT_S),
@@ -724,8 +753,13 @@ def run_build(remote: Remote, plan: BuildPlan, progress: Progress) -> VenvResult
             for step_result in remote.run(batch):
                 progress.step_done(step_result.step.name, step_result.duration_s)
         except StepFailed as failure:
-            if getattr(failure.step, "name", None) == PIP_STEP:
+            name = getattr(failure.step, "name", None)
+            if name == PIP_STEP:
                 raise pip_failure(failure, plan.hash) from failure
+            if name == VERIFY_STEP:
+                raise StepFailed(failure.message, step=failure.step, result=failure.result,
+                                 hint="wheels on the host were damaged and have been removed; rerun to send them "
+                                      "again") from failure
             raise
     return replace(result, bytes_sent=plan.bytes_to_send,
                    wheels_sent=tuple(t.wheel.path.name for t in plan.transfers))

@@ -568,3 +568,25 @@ def test_release_json_venv_field_maps_to_a_managed_hash() -> None:
     assert venvs.release_venv_hash(LAYOUT, f"/opt/sd/sglang/venvs/{OLD}") == OLD
     assert venvs.release_venv_hash(LAYOUT, OLD) == OLD
     assert venvs.release_venv_hash(LAYOUT, "/root/ml-env") is None
+
+
+def test_wheels_on_the_host_are_verified_before_pip_and_a_damaged_one_is_removed(tmp_path: Path) -> None:
+    good, bad = tmp_path / A_SHA / "alpha-1.0-py3-none-any.whl", tmp_path / B_SHA / "beta-2.0-py3-none-any.whl"
+    for path, data in ((good, b"a"), (bad, b"damaged")):
+        path.parent.mkdir()
+        path.write_bytes(data)
+    done = subprocess.run([sys.executable, "-I", "-c", venvs.VERIFY_SCRIPT, A_SHA, str(good), B_SHA, str(bad)],
+                          capture_output=True, text=True)
+    assert done.returncode == 1 and f"{bad}: sha256 {sha(b'damaged')}, expected {B_SHA}; removed" in done.stderr
+    assert good.exists() and not bad.parent.exists()
+
+
+def test_a_damaged_wheel_on_the_host_stops_the_build_before_pip(tmp_path: Path) -> None:
+    remote = host(wheels=(A_SHA, B_SHA)).reply(venvs.VERIFY_STEP, exit_code=1, stderr="…: sha256 0, expected 1\n")
+    with pytest.raises(StepFailed, match="expected 1") as raised:
+        venvs.ensure_venv(remote, LAYOUT, spec_for(tmp_path), NOW)
+    assert "rerun to send them again" in str(raised.value)
+    assert remote.ran_names()[-1] == venvs.VERIFY_STEP and puts(remote) == []
+    verify = next(s for s in remote.ran if s.name == venvs.VERIFY_STEP)
+    assert verify.argv[4:] == (A_SHA, f"/opt/sd/sglang/wheels/{A_SHA}/alpha-1.0-py3-none-any.whl",
+                               B_SHA, f"/opt/sd/sglang/wheels/{B_SHA}/beta_pkg-2.0-py3-none-any.whl")
