@@ -588,5 +588,6 @@ def test_a_damaged_wheel_on_the_host_stops_the_build_before_pip(tmp_path: Path) 
     assert "rerun to send them again" in str(raised.value)
     assert remote.ran_names()[-1] == venvs.VERIFY_STEP and puts(remote) == []
     verify = next(s for s in remote.ran if s.name == venvs.VERIFY_STEP)
-    assert verify.argv[4:] == (A_SHA, f"/opt/sd/sglang/wheels/{A_SHA}/alpha-1.0-py3-none-any.whl",
-                               B_SHA, f"/opt/sd/sglang/wheels/{B_SHA}/beta_pkg-2.0-py3-none-any.whl")
+    pairs = dict(zip(verify.argv[4::2], verify.argv[5::2], strict=True))
+    assert pairs == {A_SHA: f"/opt/sd/sglang/wheels/{A_SHA}/alpha-1.0-py3-none-any.whl",
+                     B_SHA: f"/opt/sd/sglang/wheels/{B_SHA}/beta_pkg-2.0-py3-none-any.whl"}
