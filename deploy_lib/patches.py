@@ -10,6 +10,8 @@ A record (JSON) of which targets we changed, with the file's sha256 before and a
 from __future__ import annotations
 
 import ast
+import base64
+import binascii
 import difflib
 import hashlib
 import re
@@ -23,7 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.profile import format_validation_error
-from deploy_lib.remote import Step
+from deploy_lib.remote import Put, Step, StepResult
 from deploy_lib.sglang_options import version_key
 from deploy_lib.yaml_io import load_yaml_mapping
 
@@ -426,12 +428,14 @@ def sha256_text(text: str) -> str:
 
 
 def _starts(text: str, block: str) -> list[int]:
-    """Offsets where block occurs starting at the beginning of a line."""
+    """Offsets where block occurs starting at the beginning of a line (occurrences do not overlap)."""
     found, at = [], text.find(block)
     while at >= 0:
         if at == 0 or text[at - 1] == "\n":
             found.append(at)
-        at = text.find(block, at + 1)
+            at = text.find(block, at + len(block))
+        else:
+            at = text.find(block, at + 1)
     return found
 
 
@@ -784,6 +788,40 @@ def audit(files: Mapping[str, str], scope: Sequence[AuditFile]) -> AuditReport:
 
 def audit_paths(patch_set: PatchSet) -> tuple[str, ...]:
     return tuple(spec.path for spec in patch_set.meta.audit)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Files on a host: read byte-exact (base64, so no transport can touch newlines) and written as new files.
+# ---------------------------------------------------------------------------------------------------------------
+
+RECORD_FILE = "sglang-deploy-patches.json"  # kept in the patched venv, beside bin/
+
+
+def read_steps(site_packages: PurePosixPath, paths: Sequence[str]) -> list[Step]:
+    """One read-only step per path; a path that is not there is a fact (exit 1), not a failure."""
+    return [Step(name=f"read {path}", argv=("base64", "-w", "0", "--", str(site_packages / path)),
+                 ok=frozenset({0, 1}), timeout_s=30) for path in paths]
+
+
+def files_from_results(paths: Sequence[str], results: Sequence[StepResult]) -> dict[str, str]:
+    """The texts that read_steps(paths) returned, keyed by path; missing files are left out."""
+    files = {}
+    for path, result in zip(paths, results, strict=True):
+        if result.exit_code != 0:
+            continue
+        try:
+            files[path] = base64.b64decode(result.stdout.strip(), validate=True).decode("utf-8")
+        except (binascii.Error, UnicodeDecodeError) as err:
+            raise PatchConflict(f"{path}: cannot read it as UTF-8 text ({err}); nothing written") from None
+    return files
+
+
+def write_puts(site_packages: PurePosixPath, enabled: Enabled, record_dir: PurePosixPath,
+               sudo: bool = False) -> list[Put]:
+    """The patched files, each written as a new file (never through a hard link), then the record."""
+    puts = [Put(dest=site_packages / path, data=text.encode("utf-8"), mode=0o644, sudo=sudo)
+            for path, text in enabled.files.items()]
+    return [*puts, Put(dest=record_dir / RECORD_FILE, data=enabled.record.to_json().encode(), mode=0o644, sudo=sudo)]
 
 
 def read_site_packages(site_packages: Path, paths: Collection[str]) -> dict[str, str]:

@@ -5,6 +5,7 @@ Expected lines are those of /work/shared/notes/upstream-targets.md section 2 (su
 
 from __future__ import annotations
 
+import base64
 import difflib
 import hashlib
 import re
@@ -17,6 +18,8 @@ import pytest
 
 from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.patches import (
+    CheckReport,
+    Enabled,
     PatchConflict,
     PatchRecord,
     PatchSet,
@@ -30,13 +33,17 @@ from deploy_lib.patches import (
     clear_jit_cache_steps,
     disable,
     enable,
+    files_from_results,
     files_needed,
     load_patch_set,
     read_site_packages,
+    read_steps,
     revert,
     select_variants,
     sha256_text,
+    write_puts,
 )
+from deploy_lib.remote import StepResult
 from sandbox.sim.sglang_sim.upstream import Fusion, InstalledUpstream
 
 pytest_plugins = ("wheelcache",)  # imported lazily below: a plugin imported before it is registered is not rewritten
@@ -71,6 +78,13 @@ GENERATIONS = [
     Generation("0.5.9", "0.6.3",
                {"runtime-gate": A, "backend-resolver": X, "preflight-multicast": X, "jit-gate": A, "header-gate": A},
                {COMMUNICATOR: ([95], [67, 73]), JIT: ([61], []), HEADER: (HEADER_GATE_LINES, [])}),
+    # the edges of the version ranges: first SGLang with the write-up's gate text, last gated / first native FlashInfer
+    Generation("0.5.8.post1", "0.6.16.post4",
+               {"runtime-gate": A, "backend-resolver": X, "preflight-multicast": X, "jit-gate": A, "header-gate": A},
+               {COMMUNICATOR: ([93], [65, 71]), JIT: ([192], []), HEADER: (HEADER_GATE_LINES, [])}),
+    Generation("0.5.20", "0.6.17",
+               {"runtime-gate": A, "backend-resolver": A, "preflight-multicast": A, "jit-gate": N, "header-gate": N},
+               {COMMUNICATOR: ([195], [98]), FUSION: ([51, *range(285, 301)], [])}),
     Generation("0.5.15.post1", "0.6.12",
                {"runtime-gate": A, "backend-resolver": A, "preflight-multicast": A, "jit-gate": A, "header-gate": A},
                {COMMUNICATOR: ([170], [87, 93]), FUSION: ([49, *range(279, 295)], [23]), JIT: ([181], []),
@@ -173,7 +187,7 @@ def test_the_simulated_server_fuses_only_on_the_patched_files(patch_set, generat
 
 @pytest.mark.wheels
 def test_a_hand_edited_gate_is_a_conflict_that_shows_the_lines_and_nothing_is_patched(patch_set):
-    generation = GENERATIONS[2]
+    generation = GENERATIONS[4]
     files = target_files(patch_set, generation)
     edited = files[ADD_NORM].replace("(_is_sm90_supported or _is_sm100_supported)\n",
                                      "(_is_sm90_supported or _is_sm100_supported or True)\n")
@@ -192,7 +206,7 @@ def test_a_hand_edited_gate_is_a_conflict_that_shows_the_lines_and_nothing_is_pa
 
 @pytest.mark.wheels
 def test_our_text_without_our_record_or_changed_after_patching_is_a_conflict(patch_set):
-    generation = GENERATIONS[1]
+    generation = GENERATIONS[3]
     files = target_files(patch_set, generation)
     enabled = enable(patch_set, files, generation.versions, gpu_arch="sm120")
     patched = {**files, **enabled.files}
@@ -213,7 +227,7 @@ def test_our_text_without_our_record_or_changed_after_patching_is_a_conflict(pat
 
 @pytest.mark.wheels
 def test_native_flashinfer_is_never_rewritten(patch_set):
-    generation = GENERATIONS[2]
+    generation = GENERATIONS[4]
     files = target_files(patch_set, generation)
     variants = select_variants(patch_set, generation.sglang, generation.flashinfer)
     for name, path in (("jit-gate", JIT), ("header-gate", HEADER)):
@@ -229,7 +243,7 @@ def test_native_flashinfer_is_never_rewritten(patch_set):
 
 @pytest.mark.wheels
 def test_audit_lists_the_bounds_an_sm120_build_meets(patch_set):
-    new, old = GENERATIONS[2], GENERATIONS[0]
+    new, old = GENERATIONS[4], GENERATIONS[0]
     report = audit(read_files(new, audit_paths(patch_set)), patch_set.meta.audit)
     found = {(b.file, b.line): b for b in report.bounds}
     assert found[(ADD_NORM, 146)].text.strip() == "(_is_sm90_supported or _is_sm100_supported)"
@@ -295,6 +309,24 @@ def test_jit_cache_steps_delete_only_the_patched_module_of_that_version(patch_se
     root = "/opt/sglang-deploy/sglang/cache/abc123/.cache/flashinfer/0.6.3"
     assert step.argv == ("find", root, "-mindepth", "3", "-maxdepth", "3", "-type", "d",
                          "-path", f"{root}/*/cached_ops/trtllm_comm", "-prune", "-exec", "rm", "-rf", "--", "{}", "+")
+
+
+def test_host_files_travel_byte_exact_and_are_written_as_new_files(patch_set):
+    site = PurePosixPath("/opt/sglang-deploy/sglang/venvs/abc123/lib/python3.11/site-packages")
+    paths = [JIT, HEADER]
+    steps = read_steps(site, paths)
+    assert steps[0].argv == ("base64", "-w", "0", "--", f"{site}/{JIT}") and steps[0].ok == frozenset({0, 1})
+    text = "line one\r\nno newline at the end, and a tab\t"
+    results = [StepResult(steps[0], 0, base64.b64encode(text.encode()).decode() + "\n", "", 0.0),
+               StepResult(steps[1], 1, "", f"base64: {site}/{HEADER}: No such file or directory\n", 0.0)]
+    assert files_from_results(paths, results) == {JIT: text}
+
+    record = PatchRecord(patch_set="fusion-sm120", versions={"sglang": "0.5.9"}, steps=[])
+    report = CheckReport("fusion-sm120", {}, {}, (), ())
+    puts = write_puts(site, Enabled(files={JIT: text}, record=record, report=report), site.parent.parent.parent)
+    assert [(str(p.dest), p.data, p.mode) for p in puts] == [
+        (f"{site}/{JIT}", text.encode(), 0o644),
+        ("/opt/sglang-deploy/sglang/venvs/abc123/sglang-deploy-patches.json", record.to_json().encode(), 0o644)]
 
 
 def test_a_bad_record_is_a_config_error():
