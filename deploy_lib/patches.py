@@ -289,6 +289,11 @@ def load_patch_set(path: Path) -> PatchSet:
     return PatchSet(meta=meta, targets=targets, directory=meta_path.parent)
 
 
+def list_patch_sets(roles_dir: Path) -> list[PatchSet]:
+    """Every patch set under roles/ (a role with a meta.yaml), by name."""
+    return sorted((load_patch_set(meta.parent) for meta in roles_dir.glob("*/meta.yaml")), key=lambda p: p.name)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # Selecting the variant for the installed versions; refusals.
 # ---------------------------------------------------------------------------------------------------------------
@@ -500,9 +505,9 @@ def target_state(variant: Variant, file_text: str | None, record: PatchRecord | 
     gated = [len(_starts(file_text, e.gated)) for e in spec.edits]
     patched = [len(_starts(file_text, e.patched)) for e in spec.edits]
     step = record.step_for(name) if record else None
+    recorded_sha256 = record.final_sha256(spec.file) if record else None
     counts_right = [e.count for e in spec.edits]
-    if spec.edits and step is not None and patched == counts_right and not any(gated) \
-            and sha256_text(file_text) == record.final_sha256(spec.file):  # type: ignore[union-attr]
+    if spec.edits and step and patched == counts_right and not any(gated) and sha256_text(file_text) == recorded_sha256:
         lines = [n for e in spec.edits for n in _lines_at(file_text, e.patched, e.gated)]
         return TargetReport(name, State.APPLIED, spec.file, tuple(sorted(lines)))
     if spec.edits and gated == counts_right and not any(patched):
@@ -544,6 +549,9 @@ def apply(variant: Variant, text: str) -> str:
                             + (f"\n{report.detail}" if report.detail else ""))
     for edit in variant.spec.edits:
         text = _replace(text, edit.gated, edit.patched)
+    if any(len(_starts(text, e.patched)) != e.count for e in variant.spec.edits):
+        raise ConfigError(f"{variant.target}: the edits of the variant for {variant.package} {variant.version} "
+                          "overlap one another, so they could not be reverted exactly")
     return text
 
 

@@ -35,6 +35,7 @@ from deploy_lib.patches import (
     enable,
     files_from_results,
     files_needed,
+    list_patch_sets,
     load_patch_set,
     read_site_packages,
     read_steps,
@@ -275,6 +276,10 @@ def test_version_ranges_order_versions_like_pep_440(spec, inside, outside):
     version_range = VersionRange.parse(spec)
     assert all(version_range.contains(v) for v in inside)
     assert not any(version_range.contains(v) for v in outside)
+
+
+def test_patch_sets_are_listed_from_the_roles():
+    assert [p.name for p in list_patch_sets(ROLE.parent)] == ["fusion-sm120"]
 
 
 def test_unknown_versions_are_refused_naming_the_known_ranges(patch_set):
