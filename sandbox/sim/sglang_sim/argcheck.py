@@ -3,8 +3,9 @@
 This is deliberately independent of any reading of the source text: it executes the installed
 `sglang.srt.server_args` module and calls `ServerArgs.add_cli_args(parser)`, as `prepare_server_args()`
 does, with stand-in modules for everything that is not installed (torch, triton, transformers, ...).
-Run as `python -m sglang_sim.argcheck ARGS`: exit 2 with argparse's own message on a bad command,
-else print the parsed namespace as one JSON line after RESULT_MARKER.
+Run as `python -m sglang_sim.argcheck` with the arguments as a JSON list on stdin (not argv: they may hold
+the API key): exit 2 with argparse's own message on a bad command, else print the parsed namespace as one
+JSON line after RESULT_MARKER.
 """
 
 from __future__ import annotations
@@ -180,4 +181,4 @@ def main(argv: list[str]) -> NoReturn:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    main(json.load(sys.stdin))

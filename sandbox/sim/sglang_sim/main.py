@@ -25,7 +25,8 @@ GIB = 1024.0
 
 def parse_launch_args(argv: list[str]) -> dict[str, Any]:
     """Parse with the installed SGLang's parser in a child process; exit 2 with its message if it refuses."""
-    checked = subprocess.run([sys.executable, "-m", "sglang_sim.argcheck", *argv], capture_output=True, text=True)
+    checked = subprocess.run([sys.executable, "-m", "sglang_sim.argcheck"], input=json.dumps(argv),
+                             capture_output=True, text=True)
     if checked.returncode != 0:
         sys.stderr.write(checked.stderr)
         sys.exit(checked.returncode)
