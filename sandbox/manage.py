@@ -36,10 +36,6 @@ class Guest:
     netns: str
     veth: str
 
-    @property
-    def running(self) -> bool:
-        return self.state == "running"
-
     def ssh_argv(self, user: str = GUEST_USER) -> list[str]:
         """ssh command line for this guest, host-key checking on (strict, against its own known_hosts)."""
         return ["ssh", "-i", str(self.key), "-o", f"UserKnownHostsFile={self.known_hosts}",

@@ -14,8 +14,6 @@ import re
 import shutil
 import subprocess
 import sys
-import tempfile
-import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -60,22 +58,6 @@ def download(dist: str, version: str | None = None) -> Path:
     if wheel is None:
         raise FileNotFoundError(f"pip download {requirement} left no installable wheel in {wheel_dir()}")
     return wheel
-
-
-def unpacked(dist: str, version: str) -> Path:
-    """The wheel's files under <cache>/unpacked/<dist>-<version>/ (unpacked once, atomically)."""
-    dest = cache_root() / "unpacked" / f"{dist}-{version}"
-    if not dest.is_dir():
-        wheel = download(dist, version)
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=".tmp-"))
-        with zipfile.ZipFile(wheel) as archive:
-            archive.extractall(tmp)
-        try:
-            tmp.rename(dest)
-        except OSError:  # someone else unpacked it meanwhile
-            shutil.rmtree(tmp)
-    return dest
 
 
 def build_sim_wheel() -> Path:
