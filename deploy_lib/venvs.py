@@ -45,6 +45,7 @@ COPY_TIMEOUT_S = 1800
 INSPECT_TIMEOUT_S = 1800
 PIP_ERROR_LINES = 40
 JIT_CACHE_DISTRIBUTION = "flashinfer-jit-cache"
+STATUS_DISTRIBUTIONS = ("sglang", "flashinfer-python", "torch")
 # Environment variable -> subdirectory of cache/<venv-hash>/ (FlashInfer adds .cache/flashinfer below its base).
 CACHE_VARIABLES = {
     "FLASHINFER_WORKSPACE_BASE": "flashinfer",
@@ -287,10 +288,6 @@ def staging_path(layout: StoreLayout, venv_hash: str) -> PurePosixPath:
     return layout.venvs / (check_venv_hash(venv_hash) + STAGING_SUFFIX)
 
 
-def venv_python(layout: StoreLayout, venv_hash: str) -> PurePosixPath:
-    return venv_path(layout, venv_hash) / "bin" / "python3"
-
-
 def python_step(python: str) -> Step:
     return Step(FACT_PYTHON, (python, "-I", "-c", PYTHON_FACTS_SCRIPT), ok=frozenset({0, 126, 127}))
 
@@ -320,6 +317,17 @@ class VenvStoreFacts:
 
     def published(self, venv_hash: str) -> bool:
         return venv_hash in self.markers
+
+    @property
+    def leftovers(self) -> tuple[str, ...]:
+        """Interrupted builds: <hash>.tmp directories."""
+        return tuple(name for name in self.entries
+                     if name.endswith(STAGING_SUFFIX) and _HASH_RE.fullmatch(name.removesuffix(STAGING_SUFFIX)))
+
+    @property
+    def strays(self) -> tuple[str, ...]:
+        """Entries that are neither published venvs nor interrupted builds (a damaged marker, a hand-made dir)."""
+        return tuple(name for name in self.entries if name not in self.markers and name not in self.leftovers)
 
 
 @dataclass(frozen=True)
@@ -601,12 +609,14 @@ def publish_steps(what: str, staging: PurePosixPath, final: PurePosixPath,
 
 
 def clear_steps(what: str, layout: StoreLayout, venv_hash: str, facts: VenvStoreFacts) -> list[Step | Put]:
-    """Remove an interrupted build, and venvs/<hash> itself when it has no marker (never published)."""
-    doomed = [staging_path(layout, venv_hash)]
+    """Remove an interrupted build of this venv; a venvs/<hash> without a readable marker is left for a person."""
     if venv_hash in facts.entries and not facts.published(venv_hash):
-        doomed.append(venv_path(layout, venv_hash))
+        raise PreflightError(f"{venv_path(layout, venv_hash)} exists but has no readable {MARKER_FILE}: it was not "
+                             "published by this tool, or its marker was damaged; refusing to replace it",
+                             hint="look at it, then remove it by hand so that the venv is built again")
     return [
-        Step(f"{what}: clear leftovers", ("rm", "-rf", "--", *map(str, doomed)), sudo=True, timeout_s=600),
+        Step(f"{what}: clear leftovers", ("rm", "-rf", "--", str(staging_path(layout, venv_hash))), sudo=True,
+             timeout_s=600),
         Step(f"{what}: venvs directory", ("mkdir", "-p", "--", str(layout.venvs)), sudo=True),
     ]
 
@@ -998,6 +1008,11 @@ class VenvRecord:
         base = self.marker.get("base")
         return str(base) if base else None
 
+    def versions(self) -> dict[str, str]:
+        """The versions `invoke status` shows: SGLang, FlashInfer, torch (those installed)."""
+        installed = {canonical_name(str(k)): str(v) for k, v in dict(self.marker.get("distributions", {})).items()}
+        return {name: installed[name] for name in STATUS_DISTRIBUTIONS if name in installed}
+
 
 def release_venv_hash(layout: StoreLayout, venv: str) -> str | None:
     """The managed venv a release.json `venv` field names (a path under venvs/ or a bare hash); None otherwise."""
@@ -1056,7 +1071,7 @@ def list_venvs(remote: Remote, layout: StoreLayout, release_venvs: Mapping[str, 
 @dataclass(frozen=True)
 class PrunePlan:
     venvs: tuple[str, ...]          # published venvs no kept release needs
-    leftovers: tuple[str, ...]      # entries of venvs/ that are not published venvs (interrupted builds)
+    leftovers: tuple[str, ...]      # interrupted builds (<hash>.tmp); strays are never pruned
     wheels: tuple[str, ...]         # sha256 of wheels no kept built venv was made from
 
 
@@ -1069,18 +1084,17 @@ def plan_prune(facts: VenvStoreFacts, kept_venvs: Iterable[str | None]) -> Prune
             base = facts.markers.get(venv_hash, {}).get("base")
             venv_hash = str(base) if base else None
     doomed = tuple(sorted(h for h in facts.markers if h not in needed))
-    leftovers = tuple(name for name in facts.entries if name not in facts.markers)
     wanted_wheels = {sha for h in needed for sha in facts.markers.get(h, {}).get("wheels", [])}
-    return PrunePlan(doomed, leftovers, tuple(sorted(facts.wheels - wanted_wheels)))
+    return PrunePlan(doomed, facts.leftovers, tuple(sorted(facts.wheels - wanted_wheels)))
 
 
 def prune_steps(layout: StoreLayout, plan: PrunePlan) -> list[Step | Put]:
     doomed = [venv_path(layout, h) for h in plan.venvs] + [cache_path(layout, h) for h in plan.venvs]
-    for name in plan.leftovers:
-        if "/" in name or name in ("", ".", ".."):
-            raise ValueError(f"refusing to prune {name!r}: not an entry of venvs/")
-        doomed.append(layout.venvs / name)
-    doomed += [wheel_dir(layout, sha) for sha in plan.wheels]
+    doomed += [staging_path(layout, name.removesuffix(STAGING_SUFFIX)) for name in plan.leftovers]
+    for sha in plan.wheels:
+        if not re.fullmatch(r"[0-9a-f]{64}", sha):
+            raise ValueError(f"refusing to prune wheel {sha!r}: not a sha256")
+        doomed.append(wheel_dir(layout, sha))
     if not doomed:
         return []
     return [Step("prune venvs", ("rm", "-rf", "--", *map(str, doomed)), sudo=True, timeout_s=900)]

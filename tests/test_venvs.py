@@ -268,13 +268,17 @@ def test_reuse_does_not_read_the_wheelhouse(tmp_path: Path) -> None:
     assert venvs.ensure_venv(host(markers={digest: {"hash": digest}}), LAYOUT, spec, NOW).reused
 
 
-def test_an_unpublished_final_directory_is_cleared_with_the_tmp(tmp_path: Path) -> None:
+def test_an_interrupted_build_is_cleared_but_an_unmarked_venv_directory_is_left_to_a_person(tmp_path: Path) -> None:
     spec = spec_for(tmp_path)
     digest = venvs.venv_hash(venvs.load_lock(spec.lock), PY311)
-    remote = host(entries=(digest, f"{digest}.tmp"))
+    remote = host(entries=(f"{digest}.tmp",))
     venvs.ensure_venv(remote, LAYOUT, spec, NOW)
     clear = next(s for s in remote.ran if s.name == "venv build: clear leftovers")
-    assert clear.argv == ("rm", "-rf", "--", f"/opt/sd/sglang/venvs/{digest}.tmp", f"/opt/sd/sglang/venvs/{digest}")
+    assert clear.argv == ("rm", "-rf", "--", f"/opt/sd/sglang/venvs/{digest}.tmp")
+    remote = host(entries=(digest, f"{digest}.tmp"))
+    with pytest.raises(PreflightError, match=f"venvs/{digest} exists but has no readable venv.json"):
+        venvs.ensure_venv(remote, LAYOUT, spec, NOW)
+    assert not any(isinstance(s, Put) or s.argv[0] == "rm" for s in remote.ran)
 
 
 PIP_HASH_ERROR = """\
@@ -527,9 +531,10 @@ def test_flashinfer_jit_cache_is_warned_about() -> None:
 
 OLD, NEW, PATCHED, ORPHAN = "1" * 16, "2" * 16, "3" * 16, "4" * 16
 STORE = venvs.VenvStoreFacts(
-    markers={OLD: {"hash": OLD, "wheels": [A_SHA]}, NEW: {"hash": NEW, "wheels": [B_SHA]},
+    markers={OLD: {"hash": OLD, "wheels": [A_SHA], "distributions": {"SGLang": "0.5.23", "torch": "2.9.1", "x": "1"}},
+             NEW: {"hash": NEW, "wheels": [B_SHA]},
              PATCHED: {"hash": PATCHED, "base": NEW}, ORPHAN: {"hash": ORPHAN, "wheels": ["c" * 64]}},
-    entries=(OLD, NEW, PATCHED, ORPHAN, f"{ORPHAN}.tmp", "5" * 16),
+    entries=(OLD, NEW, PATCHED, ORPHAN, f"{ORPHAN}.tmp", "5" * 16, "hand-made"),
     wheels=frozenset({A_SHA, B_SHA, "c" * 64}))
 
 
@@ -540,6 +545,7 @@ def test_list_shows_sizes_base_first_with_releases_and_derived_venvs() -> None:
     records = venvs.venv_records(STORE, sizes, {"r1": OLD, "r2": PATCHED, "r3": PATCHED, "r0": None})
     by_hash = {r.hash: r for r in records}
     assert (by_hash[OLD].size_bytes, by_hash[OLD].releases) == (100, ("r1",))
+    assert by_hash[OLD].versions() == {"sglang": "0.5.23", "torch": "2.9.1"}
     assert by_hash[NEW].derived == (PATCHED,) and by_hash[NEW].releases == ()
     assert (by_hash[PATCHED].base, by_hash[PATCHED].releases, by_hash[PATCHED].size_bytes) == (NEW, ("r2", "r3"), 7)
 
@@ -553,12 +559,12 @@ def test_list_venvs_runs_facts_then_sizes() -> None:
 def test_prune_keeps_venvs_of_kept_releases_and_their_bases_and_clears_leftovers() -> None:
     plan = venvs.plan_prune(STORE, [PATCHED, None])
     assert plan.venvs == (OLD, ORPHAN)
-    assert plan.leftovers == (f"{ORPHAN}.tmp", "5" * 16)
+    assert plan.leftovers == (f"{ORPHAN}.tmp",) and STORE.strays == ("5" * 16, "hand-made")  # strays stay
     assert plan.wheels == tuple(sorted([A_SHA, "c" * 64]))  # B_SHA made NEW, the base of the kept PATCHED
     (step,) = venvs.prune_steps(LAYOUT, plan)
     assert set(step.argv[3:]) == {f"/opt/sd/sglang/venvs/{OLD}", f"/opt/sd/sglang/venvs/{ORPHAN}",
                                   f"/opt/sd/sglang/cache/{OLD}", f"/opt/sd/sglang/cache/{ORPHAN}",
-                                  f"/opt/sd/sglang/venvs/{ORPHAN}.tmp", f"/opt/sd/sglang/venvs/{'5' * 16}",
+                                  f"/opt/sd/sglang/venvs/{ORPHAN}.tmp",
                                   f"/opt/sd/sglang/wheels/{A_SHA}", f"/opt/sd/sglang/wheels/{'c' * 64}"}
     assert venvs.prune_steps(LAYOUT, venvs.plan_prune(
         venvs.VenvStoreFacts({OLD: {"hash": OLD}}, (OLD,), frozenset()), [OLD])) == []
