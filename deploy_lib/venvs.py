@@ -181,20 +181,17 @@ def _logical_lines(text: str) -> Iterator[tuple[int, str]]:
     """(first physical line number, joined text) with comments removed and backslash continuations joined."""
     pending: list[str] = []
     start = 0
-    for number, raw in enumerate(text.splitlines(), start=1):
+    for number, raw in enumerate([*text.splitlines(), ""], start=1):  # the empty line ends a dangling continuation
         line = re.sub(r"(^|\s)#.*$", "", raw).rstrip()
         if not pending:
             start = number
+        pending.append(line.removesuffix("\\").strip())
         if line.endswith("\\"):
-            pending.append(line[:-1])
             continue
-        pending.append(line)
-        joined = " ".join(part.strip() for part in pending).strip()
+        joined = " ".join(part for part in pending if part)
         pending = []
         if joined:
             yield start, joined
-    if pending and " ".join(pending).strip():
-        yield start, " ".join(part.strip() for part in pending).strip()
 
 
 def parse_lock(text: str, path: Path) -> Lock:
@@ -448,7 +445,8 @@ def select_wheels(lock: Lock, wheelhouse: Path, python: PythonFacts) -> tuple[Lo
     """For each requirement, the wheelhouse files with its name and version whose sha256 the lock lists.
 
     A wheel of the right name and version with another hash (corrupted, or a different build) is an error
-    here, before anything travels; so is a requirement without a wheel for the host's python and platform.
+    here, before anything travels; so is a requirement without a wheel for the host's python and platform,
+    unless it has an environment marker (`; sys_platform == "win32"`), which pip evaluates on the host.
     """
     if not wheelhouse.is_dir():
         raise ConfigError(f"wheelhouse {wheelhouse} is not a directory")
@@ -462,6 +460,8 @@ def select_wheels(lock: Lock, wheelhouse: Path, python: PythonFacts) -> tuple[Lo
     for requirement in lock.requirements:
         candidates = [p for p in by_release.get((requirement.name, requirement.version.lower()), [])
                       if _wheel_fits(p.name, python)]
+        if not candidates and requirement.marker:
+            continue  # pip skips it when the marker is false on the host, and names it when it is true
         if not candidates:
             raise ConfigError(f"{lock.path}:{requirement.line}: no wheel of {requirement.name}=={requirement.version} "
                               f"for {python.identity()} in {wheelhouse}",

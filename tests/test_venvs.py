@@ -73,6 +73,7 @@ def test_reordering_and_comments_do_not_change_the_normalised_lock() -> None:
     (f"--index-url https://example.org/simple\nalpha==1.0 --hash=sha256:{A_SHA}\n", 1, "options are not allowed"),
     (f"alpha==1.0 --hash=sha256:{A_SHA}\nAlpha==1.0 --hash=sha256:{A_SHA}\n", 2, "already pinned on line 1"),
     (f"alpha @ https://example.org/a.whl --hash=sha256:{A_SHA}\n", 1, "not pinned"),
+    ("alpha==1.0 \\\n", 1, "no --hash"),
     ("-e ./src\n", 1, "options are not allowed"),
 ])
 def test_a_bad_lock_is_a_config_error_naming_file_and_line(text: str, line: int, why: str) -> None:
@@ -153,10 +154,15 @@ def test_a_corrupted_wheel_fails_before_anything_travels(tmp_path: Path) -> None
 
 
 def test_a_missing_wheel_names_the_requirement_and_how_to_get_it(tmp_path: Path) -> None:
-    house = wheelhouse(tmp_path, {"alpha-1.0-py3-none-any.whl": b"a"})
-    with pytest.raises(ConfigError, match=r":5: no wheel of beta-pkg==2.0") as raised:
+    house = wheelhouse(tmp_path, {"beta_pkg-2.0-py3-none-any.whl": b"b"})
+    with pytest.raises(ConfigError, match=r":2: no wheel of alpha==1.0") as raised:
         venvs.select_wheels(lock(), house, PY311)
     assert "pip download" in str(raised.value)
+
+
+def test_a_requirement_with_a_marker_may_lack_a_wheel_pip_decides_on_the_host(tmp_path: Path) -> None:
+    house = wheelhouse(tmp_path, {"alpha-1.0-py3-none-any.whl": b"a"})
+    assert [w.path.name for w in venvs.select_wheels(lock(), house, PY311)] == ["alpha-1.0-py3-none-any.whl"]
 
 
 # --- facts ----------------------------------------------------------------------------------------------
