@@ -408,22 +408,25 @@ def derived_hash(base_hash: str, replaced_files: Mapping[str, bytes]) -> str:
 # Wheels: which local files the lock needs, and which of them the host lacks
 
 
+def _python_tag_fits(tag: str, abis: Sequence[str], major: str, minor: str) -> bool:
+    if tag in (f"py{major}", f"py{major}{minor}", f"cp{major}{minor}"):
+        return True
+    # an abi3 wheel built for an older CPython 3.x runs on a newer one
+    built_for = tag.removeprefix(f"cp{major}")
+    return "abi3" in abis and tag.startswith(f"cp{major}") and built_for.isdigit() and int(built_for) <= int(minor)
+
+
 def _wheel_fits(filename: str, python: PythonFacts) -> bool:
     """Whether pip on that interpreter could install this wheel (python tag, ABI and platform of its name)."""
     match = _WHEEL_RE.match(filename)
     if match is None:
         return False
     major, minor = python.version.split(".")[:2]
-    cp = f"cp{major}{minor}"
     pythons, abis, platforms = (match.group(key).split(".") for key in ("py", "abi", "plat"))
-    # an abi3 wheel built for an older CPython 3.x runs on a newer one
-    python_ok = any(tag in (f"py{major}", f"py{major}{minor}", cp)
-                    or ("abi3" in abis and tag.startswith(f"cp{major}") and tag[len(major) + 2:].isdigit()
-                        and int(tag[len(major) + 2:]) <= int(minor)) for tag in pythons)
-    abi_ok = any(abi in ("none", "abi3", cp) for abi in abis)
-    platform_ok = any(plat == "any" or (plat.startswith(("linux_", "manylinux")) and plat.endswith(python.machine))
-                      for plat in platforms)
-    return python_ok and abi_ok and platform_ok
+    return (any(_python_tag_fits(tag, abis, major, minor) for tag in pythons)
+            and any(abi in ("none", "abi3", f"cp{major}{minor}") for abi in abis)
+            and any(plat == "any" or (plat.startswith(("linux_", "manylinux")) and plat.endswith(python.machine))
+                    for plat in platforms))
 
 
 def _file_sha256(path: Path) -> str:
