@@ -8,6 +8,8 @@ what its venv is built from.
 from __future__ import annotations
 
 import argparse
+import fcntl
+import hashlib
 import importlib.util
 import os
 import re
@@ -99,15 +101,24 @@ def install_argv(python: str, wheels: tuple[Path, ...] | tuple[str, ...]) -> lis
 
 
 def build_local_venv(venv: Path, house: Wheelhouse) -> Path:
-    """A venv on this machine with the wheelhouse installed (for the sim's loopback tests); reused if built."""
+    """A venv on this machine with the wheelhouse installed (for the sim's loopback tests).
+
+    Reused while it holds the same wheels (the sim wheel is compared by content); concurrent callers wait on a
+    lock next to it.
+    """
+    venv.parent.mkdir(parents=True, exist_ok=True)
     marker = venv / ".sglang-sim-wheels"
-    wanted = "\n".join(p.name for p in house.wheels[:-1])  # the sim wheel is reinstalled every time
-    if not marker.exists() or marker.read_text() != wanted:
-        shutil.rmtree(venv, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        subprocess.run(install_argv(str(venv / "bin/python"), house.wheels[:-1]), check=True)
-        marker.write_text(wanted)
-    subprocess.run([*install_argv(str(venv / "bin/python"), (house.sim,)), "--force-reinstall"], check=True)
+    wanted = "\n".join([*(p.name for p in house.wheels[:-1]), hashlib.sha256(house.sim.read_bytes()).hexdigest()])
+    with (venv.parent / f"{venv.name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        installed = marker.read_text() if marker.exists() else ""
+        if installed.splitlines()[:-1] != wanted.splitlines()[:-1]:
+            shutil.rmtree(venv, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+            subprocess.run(install_argv(str(venv / "bin/python"), house.wheels[:-1]), check=True)
+        if installed != wanted:
+            subprocess.run([*install_argv(str(venv / "bin/python"), (house.sim,)), "--force-reinstall"], check=True)
+            marker.write_text(wanted)
     return venv
 
 

@@ -30,9 +30,10 @@ def wheelhouse_default() -> wheelhouse.Wheelhouse:
 
 
 @pytest.fixture(scope="session")
-def sim_venv(wheelhouse_default: wheelhouse.Wheelhouse, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv on this machine: real sglang + flashinfer (--no-deps), msgspec and the sim wheel."""
-    return wheelhouse.build_local_venv(tmp_path_factory.mktemp("sim") / "venv", wheelhouse_default)
+def sim_venv(wheelhouse_default: wheelhouse.Wheelhouse) -> Path:
+    """A venv on this machine: real sglang + flashinfer (--no-deps), msgspec and the sim wheel (kept in the cache)."""
+    venv = wheelhouse.cache_root() / "local-venvs" / f"sim-{wheelhouse.DEFAULT_SGLANG}"
+    return wheelhouse.build_local_venv(venv, wheelhouse_default)
 
 
 @pytest.fixture(scope="session")

@@ -186,7 +186,7 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(start_sim) -> None:
 def generation_rate_during_one_request(sim: RunningSim) -> float:
     """sglang:gen_throughput while a single long request is generating (the model's rate, not a timing)."""
     worker = threading.Thread(target=probe, args=(sim.base + "/generate",),
-                              kwargs={"body": {"text": "x", "sampling_params": {"max_new_tokens": 12}}})
+                              kwargs={"body": {"text": "x", "sampling_params": {"max_new_tokens": 5}}})
     worker.start()
     try:
         while True:
