@@ -209,3 +209,14 @@ def test_down_leaves_no_process_mount_netns_veth_or_cgroup() -> None:
         Path("/sys/fs/cgroup").glob(f"testhost.{name}"))
     processes = subprocess.run(["ps", "-eo", "stat=,args="], capture_output=True, text=True).stdout
     assert not [line for line in processes.splitlines() if f"-M {name} " in line and not line.startswith("Z")]
+
+
+def test_guest_gpus_are_configurable_per_guest(guest_shell: GuestShell) -> None:
+    config = "/etc/sglang-sim/config.json"
+    original = guest_shell.sudo(f"cat {config}")
+    try:
+        guest_shell.write(config, json.dumps({**json.loads(original), "gpus": {"model": "h100", "count": 4}}))
+        _, out, _ = guest_shell.run("nvidia-smi --query-gpu=index,compute_cap --format=csv,noheader")
+        assert out.splitlines() == [f"{i}, 9.0" for i in range(4)]
+    finally:
+        guest_shell.write(config, original)
