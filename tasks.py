@@ -1,0 +1,177 @@
+"""sglang-deploy tasks: options in, one deploy_lib call, output. `invoke --list` shows them all."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import TypeVar
+
+from invoke import Collection, Context, Exit, task
+
+import deploy_cli as ui
+from deploy_lib import deploy as deploy_engine
+from deploy_lib import status as host_status
+from deploy_lib.errors import DeployError
+from deploy_lib.profile import profile_json_schema
+from deploy_lib.project import Project, load_for_host, resolve_target
+from deploy_lib.release import build_release, diff_releases
+from deploy_lib.remote import FabricRemote, Remote
+from deploy_lib.server_args import secret_environment
+from deploy_lib.store import LockContext, StoreLayout
+from deploy_lib.store import unlock as unlock_store
+from sandbox import tasks as sandbox_tasks
+
+PROJECT = Project(Path(__file__).resolve().parent)
+LATEST_SGLANG = "0.5.23"
+HOST_HELP = {
+    "host": "inventory host name (default: the only host)",
+    "inventory": "inventory file (default: $SGLANG_DEPLOY_INVENTORY or inventory/hosts.yaml)",
+}
+T = TypeVar("T")
+
+
+def _inventory(given: str | None) -> str | None:
+    return given or os.environ.get("SGLANG_DEPLOY_INVENTORY")
+
+
+def _run(action: Callable[[], T]) -> T:
+    """Run one library call; a DeployError becomes its message and its documented exit code."""
+    try:
+        return action()
+    except DeployError as error:
+        ui.print_error(error)
+        raise Exit(code=error.exit_code) from None
+
+
+@contextmanager
+def _remote(target_ssh: object) -> Iterator[Remote]:
+    remote = FabricRemote(target_ssh)  # type: ignore[arg-type]
+    try:
+        yield remote
+    finally:
+        remote.close()
+
+
+@task(help={"profile": "profile name (inventory/profiles/NAME.yaml)", **HOST_HELP,
+            "sglang_version": f"SGLang version to render for (default {LATEST_SGLANG})"})
+def render(c: Context, profile: str, host: str | None = None, inventory: str | None = None,
+           sglang_version: str = LATEST_SGLANG) -> None:
+    """Print the unit, the env file (secrets redacted) and the argv of a profile, without touching any host."""
+    def build() -> object:
+        loaded, target = load_for_host(PROJECT, profile, _inventory(inventory), host)
+        placeholders = {name: "<secret>" for name in secret_environment(loaded.profile)}
+        layout = StoreLayout(service=loaded.profile.service.name, root=target.deploy_root)
+        return build_release(loaded, layout, sglang_version, placeholders, venv_override=target.venv_override)
+    ui.print_release(_run(build))  # type: ignore[arg-type]
+
+
+@task(help={"profile": "profile to deploy", "against": "compare with this profile instead of the host's release",
+            **HOST_HELP, "sglang_version": "SGLang version for --against renders"})
+def plan(c: Context, profile: str, against: str | None = None, host: str | None = None,
+         inventory: str | None = None, sglang_version: str = LATEST_SGLANG, accept_new_host_key: bool = False
+         ) -> None:
+    """Semantic diff (flags, environment, secrets, venv, patches) of a profile against the host or another profile."""
+    if against is None:
+        deploy(c, profile, host=host, inventory=inventory, dry_run=True, accept_new_host_key=accept_new_host_key)
+        return
+
+    def compare() -> list[str]:
+        releases = []
+        for name in (against, profile):
+            loaded, target = load_for_host(PROJECT, name, _inventory(inventory), host)
+            layout = StoreLayout(service=loaded.profile.service.name, root=target.deploy_root)
+            releases.append(build_release(loaded, layout, sglang_version,
+                                          {n: "<secret>" for n in secret_environment(loaded.profile)}))
+        changes = diff_releases(releases[0].metadata(), releases[1].metadata())
+        return [f"{against} -> {profile}: {len(changes) or 'no'} change(s)", *(f"  {c}" for c in changes)]
+    ui.print_lines(_run(compare))
+
+
+@task(help={"output": "write the schema to this file instead of printing it"})
+def schema(c: Context, output: str | None = None) -> None:
+    """Print the JSON Schema of a profile (for editor completion and checking)."""
+    text = json.dumps(profile_json_schema(), indent=2)
+    if output:
+        Path(output).write_text(text + "\n")
+    else:
+        ui.console.print(text, markup=False)
+
+
+@task(help={"profile": "profile name", **HOST_HELP, "dry_run": "print the plan and stop (reads the host only)",
+            "yes": "do not ask before changing the host", "force": "overwrite files edited by hand on the host",
+            "accept_new_host_key": "trust and record the host key of a host never seen before"})
+def deploy(c: Context, profile: str, host: str | None = None, inventory: str | None = None, dry_run: bool = False,
+           yes: bool = False, force: bool = False, accept_new_host_key: bool = False) -> None:
+    """Deploy a profile: plan, preflight, stage, switch, restart, verify; roll back automatically on failure."""
+    loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host, accept_new_host_key))
+    if not dry_run and not yes and not ui.confirm(f"deploy {profile} to {target.host.name}?"):
+        raise Exit("cancelled", code=1)
+    options = deploy_engine.Options(dry_run=dry_run, force=force, environ=dict(os.environ))
+    with _remote(target.ssh) as remote:
+        outcome = _run(lambda: deploy_engine.deploy(loaded, target, remote, ui.TerminalProgress(), options))
+    ui.print_outcome(outcome)
+
+
+def _service(service: str | None, profile: str | None) -> str:
+    return service or (PROJECT.profile(profile).profile.service.name if profile else "sglang")
+
+
+@task(help={**HOST_HELP, "to": "release id (default: the last healthy release before the current one)",
+            "service": "service name (default sglang)", "accept_new_host_key": "trust a host key never seen before"})
+def rollback(c: Context, to: str | None = None, host: str | None = None, inventory: str | None = None,
+             service: str | None = None, accept_new_host_key: bool = False) -> None:
+    """Switch back to an earlier release on the host and verify it."""
+    target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host, accept_new_host_key))
+    with _remote(target.ssh) as remote:
+        outcome = _run(lambda: deploy_engine.rollback(target, _service(service, None), remote,
+                                                      ui.TerminalProgress(), to, dict(os.environ)))
+    ui.print_outcome(outcome)
+
+
+@task(help={**HOST_HELP, "service": "service name (default sglang)"})
+def releases(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
+    """List the releases on the host with their outcome and measured throughput."""
+    target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
+    with _remote(target.ssh) as remote:
+        ui.print_releases(_run(lambda: host_status.list_releases(target, _service(service, None), remote)))
+
+
+@task(help={**HOST_HELP, "service": "service name (default sglang)"})
+def status(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
+    """Current release and its age, unit state, readiness, versions, patches and a per-GPU table."""
+    target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
+    with _remote(target.ssh) as remote:
+        ui.print_status(_run(lambda: host_status.read_status(target, _service(service, None), remote)))
+
+
+@task(help={**HOST_HELP, "n": "number of lines (default 100)", "follow": "keep printing new lines (Ctrl-C stops)",
+            "service": "service name (default sglang)"})
+def logs(c: Context, n: int = 100, follow: bool = False, host: str | None = None, inventory: str | None = None,
+         service: str | None = None) -> None:
+    """Print the server's log from the host's journal."""
+    target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
+    with _remote(target.ssh) as remote:
+        name = _service(service, None)
+        if follow:
+            _run(lambda: ui.print_lines(host_status.follow_log(target, name, remote, n)))
+        else:
+            ui.print_lines(_run(lambda: host_status.read_log(target, name, remote, n)))
+
+
+@task(help={**HOST_HELP, "force": "remove the lock even if its owner looks alive",
+            "service": "service name (default sglang)"})
+def unlock(c: Context, force: bool = False, host: str | None = None, inventory: str | None = None,
+           service: str | None = None) -> None:
+    """Remove a stale deploy lock (or any lock, with --force)."""
+    target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
+    layout = StoreLayout(service=_service(service, None), root=target.deploy_root)
+    with _remote(target.ssh) as remote:
+        removed = _run(lambda: unlock_store(remote, layout, force, LockContext(where=target.host.name)))
+    ui.console.print(f"removed the lock held by {removed.owner}" if removed else "there was no lock")
+
+
+ns = Collection(render, plan, schema, deploy, rollback, releases, status, logs, unlock)
+ns.add_collection(Collection.from_module(sandbox_tasks), name="sandbox")
