@@ -26,8 +26,10 @@ TH_NAME=${TH_NAME:-th1}                      # instance name (hostname, netns an
 TH_SUITE=${TH_SUITE:-bookworm}
 TH_PKGS=${TH_PKGS:-systemd,systemd-sysv,dbus,openssh-server,iproute2,python3,python3-venv,ca-certificates,curl,procps,sudo,less,rsync}
 TH_STOP_TIMEOUT=${TH_STOP_TIMEOUT:-30}
+# command:package. sshd and systemd-analyze serve the tests (a local sshd; offline unit verification).
 HOST_TOOLS=(mmdebstrap:mmdebstrap systemd-nspawn:systemd-container ip:iproute2 ssh:openssh-client
-            ssh-keygen:openssh-client zstd:zstd rsync:rsync)
+            ssh-keygen:openssh-client zstd:zstd rsync:rsync /usr/sbin/sshd:openssh-server
+            systemd-analyze:systemd setpriv:util-linux)
 
 [[ $TH_NAME =~ ^[a-z][a-z0-9-]{0,11}$ ]] || { echo "TH_NAME must match [a-z][a-z0-9-]{0,11}" >&2; exit 2; }
 
@@ -77,9 +79,14 @@ cgroup_busy() { [ -d "$(cgroup_v2)" ] && [ -n "$(find "$(cgroup_v2)" -name cgrou
 running() { [ -s "$RUN/nspawn.pid" ] && alive "$(cat "$RUN/nspawn.pid")"; }
 
 cmd_deps() {
+  local packages policy=/usr/sbin/policy-rc.d added=
+  packages=$(printf '%s\n' "${HOST_TOOLS[@]#*:}" | sort -u)
+  # Installing openssh-server must not start a daemon on this machine: the tests run their own sshd.
+  if [ ! -e "$policy" ]; then printf '#!/bin/sh\nexit 101\n' > "$policy"; chmod 755 "$policy"; added=1; fi
   apt-get update -q
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends \
-    mmdebstrap systemd-container iproute2 openssh-client zstd rsync
+  # shellcheck disable=SC2086
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $packages || { [ -z "$added" ] || rm -f "$policy"; return 1; }
+  [ -z "$added" ] || rm -f "$policy"
 }
 
 cmd_deps-if-missing() {
