@@ -64,7 +64,7 @@ def render(c: Context, profile: str, host: str | None = None, inventory: str | N
         loaded, target = load_for_host(PROJECT, profile, _inventory(inventory), host)
         placeholders = {name: "<secret>" for name in secret_environment(loaded.profile)}
         layout = StoreLayout(service=loaded.profile.service.name, root=target.deploy_root)
-        return build_release(loaded, layout, sglang_version, placeholders, venv_override=target.venv_override)
+        return build_release(loaded, layout, sglang_version, placeholders, venv=target.venv_override)
     ui.print_release(_run(build))  # type: ignore[arg-type]
 
 

@@ -58,6 +58,19 @@ from deploy_lib.store import (
     switch_current,
     this_process_owner,
 )
+from deploy_lib.venvs import (
+    cache_dir_steps,
+    cache_environment,
+    ensure_venv,
+    load_lock,
+    plan_build,
+    plan_prune,
+    prune_steps,
+    release_venv_hash,
+)
+from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
+from deploy_lib.venvs import read_facts as read_venv_facts
+from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps
 
 MIN_FREE_BYTES = 64 * 1024 * 1024  # a release is a few KB, but a full disk breaks journald and pip alike
 GRACE_S = 2.0  # healthy, then dead within this window, is a failed start
@@ -75,6 +88,7 @@ class Plan:
     needs_stage: bool
     unchanged: bool
     batches: Mapping[str, list[Step | Put]]
+    notes: tuple[str, ...] = ()
 
     def dry_run_lines(self) -> list[str]:
         lines = [f"release {self.release.id} (profile {self.release.profile_name}, SGLang "
@@ -83,6 +97,7 @@ class Plan:
             lines.append("no changes")
         lines += [f"  {change}" for change in self.changes]
         lines += [f"  drift: {item}" for item in self.drift]
+        lines += [f"  note: {note}" for note in self.notes]
         for phase, batch in self.batches.items():
             lines.append(f"{phase}:")
             lines += [f"  {line}" for line in describe(batch)]
@@ -113,12 +128,34 @@ def layout_for(target: Target, profile: Profile) -> StoreLayout:
     return StoreLayout(service=profile.service.name, root=target.deploy_root)
 
 
-def _profile_of(target: Target, loaded: LoadedProfile) -> Profile:
-    profile = loaded.profile
-    if target.venv_override:
-        profile = profile.model_copy(update={"service": profile.service.model_copy(
-            update={"venv": target.venv_override})})
-    return profile
+@dataclass(frozen=True)
+class VenvChoice:
+    """The venv a release runs from: built from the profile's lock (managed), else the host's or the profile's."""
+
+    path: str
+    environment: Mapping[str, str] = field(default_factory=dict)  # a managed venv's own cache directories
+    build_note: str | None = None       # dry run: what a deploy would build
+    sglang_version: str | None = None   # from the lock, when the venv is not built yet (dry run)
+
+
+def choose_venv(remote: Remote, layout: StoreLayout, target: Target, profile: Profile, dry_run: bool,
+                progress: Progress) -> VenvChoice:
+    """Build (or reuse) the profile's locked venv; it is immutable, so building it changes nothing that runs."""
+    spec = profile.service.venv_build
+    if spec is None:
+        return VenvChoice(target.venv_override or profile.service.venv)
+    lock = load_lock(spec.lock)
+    if dry_run:
+        plan = plan_build(spec, lock, layout, read_venv_facts(remote, layout, spec.python), datetime.now(UTC))
+        note = None if plan.reuse else (f"would build venv {plan.hash} ({len(plan.transfers)} wheels, "
+                                        f"{plan.bytes_to_send} bytes to send)")
+        return VenvChoice(str(plan.path), cache_environment(layout, plan.hash), note,
+                          lock.distributions().get("sglang"))
+    built = ensure_venv(remote, layout, spec, progress=progress, lock=lock)
+    for warning in built.warnings:
+        progress.note(warning)
+    remote.run(cache_dir_steps(layout, built.hash, profile.service.user))
+    return VenvChoice(str(built.path), cache_environment(layout, built.hash))
 
 
 def detect_drift(layout: StoreLayout, facts: HostFacts) -> tuple[str, ...]:
@@ -150,15 +187,15 @@ def restart_steps(layout: StoreLayout) -> list[Step | Put]:
 
 
 def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets: Mapping[str, str],
-                force: bool, now: datetime) -> Plan:
-    profile = _profile_of(target, loaded)
-    layout = layout_for(target, profile)
-    version = facts.sglang.sglang_version
+                force: bool, now: datetime, venv: VenvChoice | None = None) -> Plan:
+    venv = venv or VenvChoice(target.venv_override or loaded.profile.service.venv)
+    layout = layout_for(target, loaded.profile)
+    version = facts.sglang.sglang_version or venv.sglang_version
     if version is None:
-        raise PreflightError(f"{target.host.name}: no SGLang found in {profile.service.venv}: {facts.sglang.error}",
+        raise PreflightError(f"{target.host.name}: no SGLang found in {venv.path}: {facts.sglang.error}",
                              "create the venv on the host (or point service.venv / the host's `venv` var at it)")
-    release = build_release(loaded, layout, version, secrets, venv_override=target.venv_override,
-                            flashinfer_version=facts.sglang.flashinfer_version)
+    release = build_release(loaded, layout, version, secrets, venv=venv.path,
+                            flashinfer_version=facts.sglang.flashinfer_version, extra_environment=venv.environment)
     current_id = facts.store.current
     current = facts.store.release(current_id) if current_id else None
     current_metadata = current.metadata if current else None
@@ -178,12 +215,13 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
         batches["restart"] = restart_steps(layout)
     return Plan(release=release, current_id=current_id, current_metadata=current_metadata,
                 changes=tuple(diff_releases(current_metadata, release.metadata())), drift=drift,
-                needs_stage=not have_release, unchanged=unchanged, batches=batches)
+                needs_stage=not have_release, unchanged=unchanged, batches=batches,
+                notes=(venv.build_note,) if venv.build_note else ())
 
 
 def preflight(plan: Plan, loaded: LoadedProfile, target: Target, facts: HostFacts) -> None:
     """Read-only checks that the host can run the release; PreflightError before anything changes."""
-    profile = _profile_of(target, loaded)
+    profile = loaded.profile
     where = target.host.name
     gpus = require_gpus(facts, profile.parallel.gpus_per_node, where)
     declared = target.host.vars.gpu_arch
@@ -194,7 +232,7 @@ def preflight(plan: Plan, loaded: LoadedProfile, target: Target, facts: HostFact
                 if problem.severity == "error"]
     if problems:
         listed = "\n  ".join(str(problem) for problem in problems)
-        raise PreflightError(f"{where}: SGLang {plan.release.sglang_version} in {profile.service.venv} does not "
+        raise PreflightError(f"{where}: SGLang {plan.release.sglang_version} in {plan.release.venv} does not "
                              f"accept the launch command:\n  {listed}",
                              "fix the profile (extra_args, backends) or deploy a venv with a matching SGLang")
     ours = facts.unit.active_state in ("active", "activating", "deactivating", "reloading")
@@ -284,6 +322,13 @@ def _stop_unit(remote: Remote, layout: StoreLayout) -> None:
     remote.run([Step("systemd: stop", ("systemctl", "stop", "--", layout.unit_name), sudo=True)])
 
 
+def failure_line(failure: ReadinessFailed, diagnosis: Diagnosis) -> str:
+    """One line: what the ladder saw, and the cause the journal shows when it matches a known signature."""
+    if diagnosis.signature == "unknown":
+        return f"{failure.message} (no known failure signature in the log)"
+    return f"{diagnosis.one_line()}; {failure.message}"
+
+
 def _roll_back(run: _Run, facts: HostFacts, failed_id: str, failure: ReadinessFailed, diagnosis: Diagnosis,
                prediction_profile: str) -> Outcome:
     """Return the host to the last healthy release after `failed_id` failed; raise what the user must know."""
@@ -291,8 +336,8 @@ def _roll_back(run: _Run, facts: HostFacts, failed_id: str, failure: ReadinessFa
     where = run.target.host.name
     if target_id is None:
         _stop_unit(run.remote, run.layout)
-        raise ReadinessFailed(f"{where}: release {failed_id} failed: {diagnosis.one_line()}; there is no earlier "
-                              "healthy release to roll back to, so the unit is stopped",
+        raise ReadinessFailed(f"{where}: release {failed_id} failed: {failure_line(failure, diagnosis)}; there is no "
+                              "earlier healthy release to roll back to, so the unit is stopped",
                               failure.rung, diagnosis.evidence or failure.evidence, diagnosis.hint)
     record = facts.store.release(target_id)
     assert record is not None  # last_healthy only returns releases present on the host
@@ -306,31 +351,32 @@ def _roll_back(run: _Run, facts: HostFacts, failed_id: str, failure: ReadinessFa
         second_diagnosis = run.journal_diagnosis(cursor)
         _stop_unit(run.remote, run.layout)
         if tags:
-            run.record("rollback", FAILED, tags, second_diagnosis.one_line())
+            run.record("rollback", FAILED, tags, failure_line(second, second_diagnosis))
         raise RollbackFailed(
-            f"{where}: release {failed_id} failed ({diagnosis.one_line()}) and the rollback to {target_id} failed "
-            f"too ({second_diagnosis.one_line()}); the unit is stopped",
+            f"{where}: release {failed_id} failed ({failure_line(failure, diagnosis)}) and the rollback to {target_id} "
+            f"failed too ({failure_line(second, second_diagnosis)}); the unit is stopped",
             original=failure,
             hint=f"first failure: {diagnosis.hint}\n  rollback failure: {second_diagnosis.hint}") from second
     if tags:
         run.record("rollback", HEALTHY, tags, f"after {failed_id} failed: {diagnosis.one_line()}")
-    raise ReadinessFailed(f"{where}: release {failed_id} failed: {diagnosis.one_line()}; rolled back, release "
-                          f"{target_id} is serving", failure.rung, diagnosis.evidence or failure.evidence,
+    raise ReadinessFailed(f"{where}: release {failed_id} failed: {failure_line(failure, diagnosis)}; rolled back, "
+                          f"release {target_id} is serving", failure.rung, diagnosis.evidence or failure.evidence,
                           diagnosis.hint)
 
 
 def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progress, options: Options,
            clock: Callable[[], float] = time.monotonic) -> Outcome:
     """Take the host to the profile's release, or back to its last healthy one; raise DeployError on failure."""
-    profile = _profile_of(target, loaded)
+    profile = loaded.profile
     secrets = resolve_secrets(profile, options.environ)  # ConfigError here, before any connection
     layout = layout_for(target, profile)
     run = _Run(remote, layout, target, progress, options.environ, clock)
+    venv = choose_venv(remote, layout, target, profile, options.dry_run, progress)
     progress.phase_started("facts")
     started = clock()
-    facts = read_host_facts(remote, layout, profile.service.venv, profile.server.port)
+    facts = read_host_facts(remote, layout, venv.path, profile.server.port)
     run.timings["facts"] = round(clock() - started, 3)
-    plan = plan_deploy(loaded, target, facts, secrets, options.force, datetime.now(UTC))
+    plan = plan_deploy(loaded, target, facts, secrets, options.force, datetime.now(UTC), venv)
     preflight(plan, loaded, target, facts)
     if options.dry_run:
         return Outcome("planned", plan.release.id, plan.current_id, plan=plan, timings=run.timings)
@@ -346,13 +392,23 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
                                  options.grace_s, cursor)
         except ReadinessFailed as failure:
             diagnosis = run.journal_diagnosis(cursor)
-            run.record("deploy", FAILED, tags, diagnosis.one_line())
+            run.record("deploy", FAILED, tags, failure_line(failure, diagnosis))
             return _roll_back(run, facts, plan.release.id, failure, diagnosis, loaded.name)
         run.record("deploy", HEALTHY, tags)
-        # Re-read after the commit: pruning decides from what is on the host now, current and history included.
-        remote.run(prune_releases(layout, releases_to_prune(read_store_facts(remote, layout),
-                                                            profile.service.keep_releases)))
+        prune(remote, layout, profile.service.keep_releases)
     return Outcome("deployed", plan.release.id, plan.current_id, plan=plan, ready=ready, timings=run.timings)
+
+
+def prune(remote: Remote, layout: StoreLayout, keep: int) -> None:
+    """Releases beyond keep-N (never current or the last healthy), then venvs no kept release uses.
+
+    Decided from a fresh read: what is on the host after the commit, current and history included."""
+    store = read_store_facts(remote, layout)
+    remote.run(prune_releases(layout, releases_to_prune(store, keep)))
+    kept = read_store_facts(remote, layout).releases
+    kept_venvs = [release_venv_hash(layout, str(r.metadata.get("venv", ""))) for r in kept]
+    venv_store = parse_venv_store_facts(remote.run(venv_store_fact_steps(layout)))
+    remote.run(prune_steps(layout, plan_prune(venv_store, kept_venvs)))
 
 
 def rollback(target: Target, service: str, remote: Remote, progress: Progress, to: str | None,
@@ -379,9 +435,10 @@ def rollback(target: Target, service: str, remote: Remote, progress: Progress, t
         except ReadinessFailed as failure:
             diagnosis = run.journal_diagnosis(cursor)
             _stop_unit(remote, layout)
-            run.record("rollback", FAILED, tags, diagnosis.one_line())
-            raise RollbackFailed(f"{target.host.name}: rollback to {target_id} failed: {diagnosis.one_line()}; "
-                                 "the unit is stopped", original=failure, hint=diagnosis.hint) from failure
+            run.record("rollback", FAILED, tags, failure_line(failure, diagnosis))
+            raise RollbackFailed(f"{target.host.name}: rollback to {target_id} failed: "
+                                 f"{failure_line(failure, diagnosis)}; the unit is stopped", original=failure,
+                                 hint=diagnosis.hint) from failure
         run.record("rollback", HEALTHY, tags, f"by hand from {current or 'none'}")
     return Outcome("rolled back", target_id, current, ready=ready, timings=run.timings)
 

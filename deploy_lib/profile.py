@@ -22,6 +22,7 @@ from pydantic import (
 )
 
 from deploy_lib.errors import ConfigError
+from deploy_lib.venvs import VenvSpec
 from deploy_lib.yaml_io import load_yaml_mapping
 
 MAX_STRING = 4096  # longer than any real path or flag value; stops 1 MB strings at the door
@@ -328,6 +329,9 @@ class ServiceSpec(Strict):
     restart_sec: Annotated[int, Field(ge=0, le=3600)] = 10
     limit_nofile: Annotated[int, Field(ge=1024, le=1_048_576)] = 65536
     keep_releases: Annotated[int, Field(ge=2, le=100)] = 5
+    venv_build: VenvSpec | None = Field(
+        None, description="build the venv on the host from a hashed lock (content-addressed, immutable); "
+                          "without it the server runs from `venv` as it is")
 
 
 ExtraArg = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STRING), AfterValidator(_no_control_chars)]

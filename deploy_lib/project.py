@@ -26,7 +26,15 @@ class Project:
         return path if path.is_absolute() else self.root / path
 
     def profile(self, name: str) -> LoadedProfile:
-        return load_profile(self.profiles_dir, name)
+        """The profile, with a venv_build's relative lock and wheelhouse paths made absolute from the project root."""
+        loaded = load_profile(self.profiles_dir, name)
+        spec = loaded.profile.service.venv_build
+        if spec is None:
+            return loaded
+        spec = spec.model_copy(update={"lock": self.root / spec.lock,
+                                       "wheelhouse": self.root / spec.wheelhouse if spec.wheelhouse else None})
+        service = loaded.profile.service.model_copy(update={"venv_build": spec})
+        return loaded.model_copy(update={"profile": loaded.profile.model_copy(update={"service": service})})
 
     def inventory(self, given: str | None) -> Inventory:
         return load_inventory(self.inventory_path(given))

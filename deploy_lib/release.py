@@ -79,13 +79,15 @@ def _sha256(text: str) -> str:
 
 
 def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: str, secrets: Mapping[str, str],
-                  venv_override: str | None = None, patches: tuple[str, ...] = (),
-                  flashinfer_version: str | None = None) -> Release:
+                  venv: str | None = None, patches: tuple[str, ...] = (), flashinfer_version: str | None = None,
+                  extra_environment: Mapping[str, str] | None = None) -> Release:
+    """The release of a profile on one host: `venv` replaces the profile's (a built or host-specific venv),
+    `extra_environment` adds what the host side decides (the venv's cache directories)."""
     profile = loaded.profile
-    if venv_override is not None:
-        profile = profile.model_copy(update={"service": profile.service.model_copy(update={"venv": venv_override})})
+    if venv is not None:
+        profile = profile.model_copy(update={"service": profile.service.model_copy(update={"venv": venv})})
     argv = launch_argv(profile, sglang_version)
-    environment = launch_environment(profile)
+    environment = {**launch_environment(profile), **(extra_environment or {})}
     secrets_digest = hashlib.sha256(json.dumps(sorted(secrets.items())).encode()).hexdigest()[:16]
     content = json.dumps({
         "profile": profile.model_dump(mode="json"), "argv": argv, "environment": environment,

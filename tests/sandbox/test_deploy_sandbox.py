@@ -1,0 +1,241 @@
+"""invoke deploy / rollback end to end on the sandbox VM: real SSH, systemd, journald; simulated GPUs and model."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from deploy_lib import deploy as engine
+from deploy_lib.errors import (
+    ConfigError,
+    ConnectFailed,
+    DriftDetected,
+    LockHeld,
+    PreflightError,
+    ReadinessFailed,
+    RollbackFailed,
+)
+from deploy_lib.progress import RecordingProgress
+from deploy_lib.project import Project, load_for_host
+from deploy_lib.remote import FabricRemote, Step
+from deploy_lib.status import list_releases, read_status
+from deploy_lib.store import StoreLayout, this_process_owner
+from sandbox import manage
+
+pytestmark = pytest.mark.sandbox
+REPO = Path(__file__).resolve().parents[2]
+# Test profiles on top of the reference one: a second healthy release, and one with a short deadline that reads
+# its own fault file (SGLANG_SIM_FAULT), so a fault breaks only its release and not the rollback target.
+FAULT_OF_SHORT = "/etc/sglang-sim/fault-short"
+GUEST_FAULT = "/etc/sglang-sim/fault"  # read by every release on the guest
+TEST_PROFILES = {
+    "glm5-omp4": "extends: glm5-nvfp4\nenv:\n  OMP_NUM_THREADS: '4'\n",
+    "glm5-short": (f"extends: glm5-nvfp4\nenv:\n  SGLANG_SIM_FAULT: {FAULT_OF_SHORT}\n"
+                   "service:\n  startup_timeout_s: 8\n"),
+    "glm5-unknown-flag": "extends: glm5-nvfp4\nextra_args: ['--no-such-flag']\n",
+}
+
+
+@dataclass
+class Rig:
+    guest: manage.Guest
+    project: Project
+    inventory: str
+
+    def deploy(self, profile: str, **options: object) -> engine.Outcome:
+        loaded, target = load_for_host(self.project, profile, self.inventory, None)
+        with FabricRemote(target.ssh) as remote:
+            return engine.deploy(loaded, target, remote, RecordingProgress(), engine.Options(**options))
+
+    def rollback(self, to: str | None = None) -> engine.Outcome:
+        _, target = load_for_host(self.project, "glm5-nvfp4", self.inventory, None)
+        with FabricRemote(target.ssh) as remote:
+            return engine.rollback(target, "sglang", remote, RecordingProgress(), to, {})
+
+    def root(self, command: str) -> str:
+        return manage.run_on(self.guest, command, user="root")
+
+    def current(self) -> str:
+        return self.root("readlink /opt/sglang-deploy/sglang/current").strip().removeprefix("releases/")
+
+    def history(self) -> list[dict[str, object]]:
+        text = self.root("cat /opt/sglang-deploy/sglang/history.jsonl 2>/dev/null || true")
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def release_dirs(self) -> set[str]:
+        return set(self.root("ls /opt/sglang-deploy/sglang/releases 2>/dev/null || true").split())
+
+    def fault(self, text: str | None, path: str = FAULT_OF_SHORT) -> None:
+        """Inject a sim fault; by default only into releases of glm5-short, everywhere with the guest's file."""
+        self.root("mkdir -p /etc/sglang-sim && " + (f"echo '{text}' > {path}" if text else f"rm -f {path}"))
+
+    def unit_state(self) -> str:
+        return self.root("systemctl is-active sglang.service || true").strip()
+
+
+@pytest.fixture(scope="module")
+def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
+    root = tmp_path_factory.mktemp("project")
+    shutil.copytree(REPO / "inventory" / "profiles", root / "inventory" / "profiles")
+    for name, text in TEST_PROFILES.items():
+        (root / "inventory" / "profiles" / f"{name}.yaml").write_text(text)
+    inventory = root / "inventory" / "sandbox.yaml"
+    inventory.write_text(manage.inventory_text([sandbox_venv]))
+    yield Rig(sandbox_venv, Project(root), str(inventory))
+
+
+@pytest.fixture
+def healthy(rig: Rig) -> str:
+    """The reference profile deployed and serving; returns its release id."""
+    rig.fault(None)
+    rig.fault(None, GUEST_FAULT)
+    return rig.deploy("glm5-nvfp4").release_id
+
+
+def test_deploy_the_reference_profile_then_redeploy_is_a_no_op(rig: Rig) -> None:
+    rig.fault(None)
+    outcome = rig.deploy("glm5-nvfp4")
+    assert outcome.action in ("deployed", "unchanged")
+    assert rig.current() == outcome.release_id and rig.unit_state() == "active"
+    unit = rig.root("systemctl cat sglang.service")
+    assert "--dsa-decode-backend trtllm" in unit and "--tp-size 8" in unit
+    mode = rig.root(f"stat -c %a /opt/sglang-deploy/sglang/releases/{outcome.release_id}/sglang.env").strip()
+    assert mode == "600"
+    history_before = len(rig.history())
+    again = rig.deploy("glm5-nvfp4")
+    assert again.action == "unchanged" and len(rig.history()) == history_before
+
+
+def test_a_changed_profile_deploys_a_new_release_and_keeps_the_old(rig: Rig, healthy: str) -> None:
+    outcome = rig.deploy("glm5-omp4")
+    assert outcome.action == "deployed" and outcome.previous_id == healthy
+    assert [str(c) for c in outcome.plan.changes] == ["~ env OMP_NUM_THREADS: 8 -> 4"]
+    assert {healthy, outcome.release_id} <= rig.release_dirs()
+    env = rig.root("cat /proc/$(systemctl show -p MainPID --value sglang.service)/environ | tr '\\0' '\\n'")
+    assert "OMP_NUM_THREADS=4" in env.splitlines()
+
+
+def test_fusion_on_unpatched_sm120_fails_and_rolls_back(rig: Rig, healthy: str) -> None:
+    with pytest.raises(ReadinessFailed) as caught:
+        rig.deploy("glm5-nvfp4-fusion")
+    message = str(caught.value)
+    assert "FlashInfer allreduce fusion requires SM90 or SM10X" in message or "fusion" in message
+    assert f"release {healthy} is serving" in message
+    assert rig.current() == healthy and rig.unit_state() == "active"
+    events = [(h["event"], h["outcome"]) for h in rig.history()[-2:]]
+    assert events == [("deploy", "failed"), ("rollback", "healthy")]
+
+
+def test_crash_while_loading_is_seen_at_once_and_rolled_back(rig: Rig, healthy: str) -> None:
+    rig.fault("oom")
+    try:
+        with pytest.raises(ReadinessFailed, match="out of memory") as caught:
+            rig.deploy("glm5-short")
+    finally:
+        rig.fault(None)
+    assert caught.value.hint and "mem-fraction-static" in caught.value.hint
+    assert rig.current() == healthy
+
+
+def test_hang_while_loading_hits_the_deadline_and_rolls_back(rig: Rig, healthy: str) -> None:
+    rig.fault("hang-loading")
+    try:
+        with pytest.raises(ReadinessFailed, match="not ready after"):
+            rig.deploy("glm5-short")
+    finally:
+        rig.fault(None)
+    assert rig.current() == healthy
+
+
+def test_health_200_while_generation_hangs_is_not_ready(rig: Rig, healthy: str) -> None:
+    rig.fault("generation-hang")
+    try:
+        with pytest.raises(ReadinessFailed):
+            rig.deploy("glm5-short")
+    finally:
+        rig.fault(None)
+    assert rig.current() == healthy
+
+
+def test_unknown_flag_is_refused_at_preflight_and_nothing_changes(rig: Rig, healthy: str) -> None:
+    """Input tried: extra_args ['--no-such-flag'] against the SGLang installed in the guest."""
+    before = (rig.release_dirs(), len(rig.history()), rig.current())
+    with pytest.raises(PreflightError, match="--no-such-flag"):
+        rig.deploy("glm5-unknown-flag")
+    assert (rig.release_dirs(), len(rig.history()), rig.current()) == before
+
+
+def test_a_second_deploy_while_the_lock_is_held_is_refused(rig: Rig, healthy: str) -> None:
+    layout = StoreLayout("sglang")
+    from datetime import UTC, datetime
+    owner = this_process_owner("someone-else", datetime.now(UTC))
+    rig.root(f"mkdir {layout.lock} && echo '{owner.to_json().decode().strip()}' > {layout.lock_owner}")
+    try:
+        with pytest.raises(LockHeld, match="held by"):
+            rig.deploy("glm5-omp4")
+    finally:
+        rig.root(f"rm -rf {layout.lock}")
+    assert rig.current() == healthy
+
+
+def test_a_unit_file_edited_by_hand_is_drift_until_forced(rig: Rig, healthy: str) -> None:
+    rig.root(f"sed -i 's/LimitNOFILE=65536/LimitNOFILE=1024/' /opt/sglang-deploy/sglang/releases/{healthy}/"
+             "sglang.service")
+    with pytest.raises(DriftDetected, match="edited on the host"):
+        rig.deploy("glm5-omp4")
+    outcome = rig.deploy("glm5-nvfp4", force=True)
+    assert outcome.action == "deployed" and outcome.release_id == healthy
+    assert "LimitNOFILE=65536" in rig.root("systemctl cat sglang.service")
+
+
+def test_rollback_by_hand_returns_to_the_previous_healthy_release(rig: Rig, healthy: str) -> None:
+    newer = rig.deploy("glm5-omp4").release_id
+    outcome = rig.rollback()
+    assert outcome.release_id == healthy and outcome.previous_id == newer
+    assert rig.current() == healthy and rig.unit_state() == "active"
+    assert (rig.history()[-1]["event"], rig.history()[-1]["outcome"]) == ("rollback", "healthy")
+
+
+def test_rollback_to_an_unknown_release_is_refused(rig: Rig, healthy: str) -> None:
+    with pytest.raises(ConfigError, match="not on the host"):
+        rig.rollback("000000000000")
+
+
+def test_rollback_target_broken_too_stops_the_unit(rig: Rig, healthy: str) -> None:
+    rig.fault("oom", GUEST_FAULT)
+    try:
+        with pytest.raises(RollbackFailed, match=r"rollback to .* failed too"):
+            rig.deploy("glm5-short")
+        assert rig.unit_state() in ("inactive", "failed")
+        assert [(h["event"], h["outcome"]) for h in rig.history()[-2:]] == [("deploy", "failed"),
+                                                                              ("rollback", "failed")]
+    finally:
+        rig.fault(None, GUEST_FAULT)
+
+
+def test_status_and_releases_describe_the_host(rig: Rig, healthy: str) -> None:
+    _, target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
+    with FabricRemote(target.ssh) as remote:
+        report = read_status(target, "sglang", remote)
+        rows = list_releases(target, "sglang", remote)
+    assert report.current == healthy and report.unit_state == "active/running"
+    assert report.readiness.startswith("ready") and report.gpus and len(report.gpus) == 8
+    assert report.gpus[0].arch == "sm120"
+    assert any(row.is_current and row.outcome == "healthy" for row in rows)
+
+
+def test_a_changed_host_key_is_refused(rig: Rig, tmp_path: Path) -> None:
+    _, target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
+    forged = tmp_path / "known_hosts"
+    line = target.ssh.known_hosts_path.read_text().splitlines()[0].split()
+    other_key = "AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
+    forged.write_text(f"{line[0]} ssh-ed25519 {other_key}\n")
+    from dataclasses import replace
+    with FabricRemote(replace(target.ssh, known_hosts_file=forged, accept_new_host_key=True)) as remote:
+        with pytest.raises(ConnectFailed):
+            remote.run([Step("probe", ("true",))])
