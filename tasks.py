@@ -6,7 +6,7 @@ import json
 import os
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
 from invoke import Collection, Context, Exit, task
@@ -22,6 +22,8 @@ from deploy_lib.remote import FabricRemote, Remote
 from deploy_lib.server_args import secret_environment
 from deploy_lib.store import LockContext, StoreLayout
 from deploy_lib.store import unlock as unlock_store
+from deploy_lib.venvs import adopt as adopt_venv
+from deploy_lib.venvs import ensure_venv
 from sandbox import tasks as sandbox_tasks
 
 PROJECT = Project(Path(__file__).resolve().parent)
@@ -173,5 +175,40 @@ def unlock(c: Context, force: bool = False, host: str | None = None, inventory: 
     ui.console.print(f"removed the lock held by {removed.owner}" if removed else "there was no lock")
 
 
+@task(name="build", help={"profile": "profile whose service.venv_build lock to build", **HOST_HELP})
+def venv_build(c: Context, profile: str, host: str | None = None, inventory: str | None = None) -> None:
+    """Build (or reuse) the content-addressed venv of a profile's lock on the host; only missing wheels travel."""
+    loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host))
+    spec = loaded.profile.service.venv_build
+    if spec is None:
+        raise Exit(f"profile {profile} has no service.venv_build", code=2)
+    layout = StoreLayout(service=loaded.profile.service.name, root=target.deploy_root)
+    with _remote(target.ssh) as remote:
+        result = _run(lambda: ensure_venv(remote, layout, spec, progress=ui.TerminalProgress()))
+    ui.console.print(f"venv {result.hash} at {result.path}: {'reused' if result.reused else 'built'}, "
+                     f"{len(result.wheels_sent)} wheels ({result.bytes_sent} bytes) sent")
+
+
+@task(name="adopt", help={"path": "the hand-made venv on the host, e.g. /root/ml-env", **HOST_HELP,
+                          "service": "service name (default sglang)"})
+def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | None = None,
+               service: str | None = None) -> None:
+    """Record a hand-made venv as a managed, immutable one (hard-linked copy); report files that drifted."""
+    target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
+    layout = StoreLayout(service=_service(service, None), root=target.deploy_root)
+    with _remote(target.ssh) as remote:
+        result = _run(lambda: adopt_venv(remote, layout, PurePosixPath(path)))
+    ui.print_adopted(result)
+
+
+@task(name="list", help={**HOST_HELP, "service": "service name (default sglang)"})
+def venv_list(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
+    """List managed venvs: hash, kind, size, the releases using them, derived venvs, versions."""
+    target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
+    with _remote(target.ssh) as remote:
+        ui.print_venvs(_run(lambda: host_status.list_managed_venvs(target, _service(service, None), remote)))
+
+
 ns = Collection(render, plan, schema, deploy, rollback, releases, status, logs, unlock)
+ns.add_collection(Collection(venv_build, venv_adopt, venv_list), name="venv")
 ns.add_collection(Collection.from_module(sandbox_tasks), name="sandbox")

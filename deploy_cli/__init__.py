@@ -15,6 +15,7 @@ from deploy_lib.deploy import Outcome, Plan
 from deploy_lib.errors import DeployError
 from deploy_lib.release import Release
 from deploy_lib.status import ReleaseRow, StatusReport
+from deploy_lib.venvs import VenvRecord, VenvResult
 
 console = Console(highlight=False, soft_wrap=True)
 errors = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -128,3 +129,20 @@ def confirm(question: str) -> bool:
     if not sys.stdin.isatty():
         return True
     return console.input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+
+
+def print_adopted(result: VenvResult) -> None:
+    console.print(f"adopted as venv {result.hash} at {result.path} ({'already managed' if result.reused else 'new'})")
+    for distribution, files in result.drift.items():
+        console.print(f"[yellow]drift[/yellow] {distribution}: {len(files)} file(s) differ from its RECORD, e.g. "
+                      f"{files[0][0]}")
+
+
+def print_venvs(records: list[VenvRecord]) -> None:
+    table = Table("venv", "kind", "size (MiB)", "releases", "derived", "versions")
+    for record in records:
+        size = f"{record.size_bytes / 2**20:.0f}" if record.size_bytes is not None else "?"
+        versions = ", ".join(f"{k} {v}" for k, v in record.versions().items())
+        table.add_row(record.hash, record.kind, size, ", ".join(record.releases), ", ".join(record.derived),
+                      versions)
+    console.print(table)

@@ -14,7 +14,8 @@ from deploy_lib.facts import Gpu, HostFacts, read_host_facts
 from deploy_lib.health import Rung, Snapshot, parse_snapshot, probe_step
 from deploy_lib.project import Target
 from deploy_lib.remote import Remote, Step
-from deploy_lib.store import StoreLayout
+from deploy_lib.store import StoreLayout, read_store_facts
+from deploy_lib.venvs import VenvRecord, list_venvs, release_venv_hash
 
 
 @dataclass(frozen=True)
@@ -119,3 +120,11 @@ def follow_log(target: Target, service: str, remote: Remote, lines: int, poll_s:
                 yield line
         count = 10_000
         sleep(poll_s)
+
+
+def list_managed_venvs(target: Target, service: str, remote: Remote) -> list[VenvRecord]:
+    """The host's managed venvs with the releases that use them."""
+    layout = StoreLayout(service=service, root=target.deploy_root)
+    store = read_store_facts(remote, layout)
+    return list_venvs(remote, layout, {r.id: release_venv_hash(layout, str(r.metadata.get("venv", "")))
+                                       for r in store.releases})
