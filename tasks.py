@@ -13,8 +13,10 @@ from invoke import Collection, Context, Exit, task
 
 import deploy_cli as ui
 from deploy_lib import deploy as deploy_engine
+from deploy_lib import patching
 from deploy_lib import status as host_status
 from deploy_lib.errors import DeployError
+from deploy_lib.patches import PatchSet, find_patch_set, list_patch_sets
 from deploy_lib.profile import profile_json_schema
 from deploy_lib.project import Project, load_for_host, resolve_target
 from deploy_lib.release import build_release, diff_releases
@@ -28,6 +30,7 @@ from sandbox import tasks as sandbox_tasks
 
 PROJECT = Project(Path(__file__).resolve().parent)
 LATEST_SGLANG = "0.5.23"
+FUSION_PATCH_SET = "fusion-sm120"
 HOST_HELP = {
     "host": "inventory host name (default: the only host)",
     "inventory": "inventory file (default: $SGLANG_DEPLOY_INVENTORY or inventory/hosts.yaml)",
@@ -209,6 +212,88 @@ def venv_list(c: Context, host: str | None = None, inventory: str | None = None,
         ui.print_venvs(_run(lambda: host_status.list_managed_venvs(target, _service(service, None), remote)))
 
 
-ns = Collection(render, plan, schema, deploy, rollback, releases, status, logs, unlock)
+def _patch_set(name: str) -> PatchSet:
+    return _run(lambda: find_patch_set(PROJECT.root / "roles", name))
+
+
+def _patch_run(profile: str, host: str | None, inventory: str | None, action: Callable[..., T],
+               *args: object) -> T:
+    loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host))
+    with _remote(target.ssh) as remote:
+        return _run(lambda: action(remote, *args, loaded, target))
+
+
+PATCH_HELP = {"profile": "the unpatched profile (default glm5-nvfp4)", **HOST_HELP}
+
+
+@task(name="list")
+def patches_list(c: Context) -> None:
+    """List the patch sets under roles/ with what they are for."""
+    ui.print_patch_sets(_run(lambda: list_patch_sets(PROJECT.root / "roles")))
+
+
+@task(name="check", help=PATCH_HELP)
+def patches_check(c: Context, name: str, profile: str = "glm5-nvfp4", host: str | None = None,
+                  inventory: str | None = None) -> None:
+    """Each target's state (absent, applied, native, conflict) in the current release's venv; changes nothing."""
+    ui.print_check(_patch_run(profile, host, inventory, patching.check, _patch_set(name)))
+
+
+@task(name="audit", help=PATCH_HELP)
+def patches_audit(c: Context, name: str, profile: str = "glm5-nvfp4", host: str | None = None,
+                  inventory: str | None = None) -> None:
+    """Every architecture bound an SM120 build meets on the patch set's code path, with file:line."""
+    ui.print_audit(_patch_run(profile, host, inventory, patching.audit, _patch_set(name)))
+
+
+@task(name="enable", help={**PATCH_HELP, "yes": "do not ask before changing the host"})
+def patches_enable(c: Context, name: str, profile: str = "glm5-nvfp4", host: str | None = None,
+                   inventory: str | None = None, yes: bool = False) -> None:
+    """Make a patched venv (derived; the base is untouched) and deploy the profile with the patched feature on."""
+    loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host))
+    patched = patching.patched_profile(loaded, _patch_set(name))
+    if not yes and not ui.confirm(f"patch {name} and deploy {patched.name} to {target.host.name}?"):
+        raise Exit("cancelled", code=1)
+    with _remote(target.ssh) as remote:
+        report, outcome = _run(lambda: patching.enable(remote, _patch_set(name), loaded, patched, target,
+                                                       ui.TerminalProgress(), deploy_engine.Options(
+                                                           environ=dict(os.environ))))
+    ui.print_check(report)
+    ui.print_outcome(outcome)
+
+
+@task(name="disable", help={**PATCH_HELP, "yes": "do not ask before changing the host"})
+def patches_disable(c: Context, name: str, profile: str = "glm5-nvfp4", host: str | None = None,
+                    inventory: str | None = None, yes: bool = False) -> None:
+    """Deploy the unpatched profile on the venv the patched one was derived from (no file is rewritten)."""
+    loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host))
+    if not yes and not ui.confirm(f"deploy {profile} without {name} to {target.host.name}?"):
+        raise Exit("cancelled", code=1)
+    with _remote(target.ssh) as remote:
+        outcome = _run(lambda: patching.disable(remote, _patch_set(name), loaded, target, ui.TerminalProgress(),
+                                                deploy_engine.Options(environ=dict(os.environ))))
+    ui.print_outcome(outcome)
+
+
+@task(name="patch-fusion", help={**PATCH_HELP, "enable": "patch and deploy the profile with fusion on",
+                                 "disable": "deploy the profile with fusion off on the unpatched venv",
+                                 "check": "print each gate's state, change nothing",
+                                 "audit": "list every SM bound on the fusion path", "yes": "do not ask"})
+def patch_fusion(c: Context, enable: bool = False, disable: bool = False, check: bool = False, audit: bool = False,
+                 profile: str = "glm5-nvfp4", host: str | None = None, inventory: str | None = None,
+                 yes: bool = False) -> None:
+    """The SM120 allreduce-fusion patch set (fusion-sm120): --enable | --disable | --check | --audit."""
+    chosen = [flag for flag, on in (("enable", enable), ("disable", disable), ("check", check), ("audit", audit))
+              if on]
+    if len(chosen) != 1:
+        raise Exit("give exactly one of --enable, --disable, --check, --audit", code=2)
+    action = {"enable": patches_enable, "disable": patches_disable, "check": patches_check, "audit": patches_audit}
+    kwargs = {"yes": yes} if chosen[0] in ("enable", "disable") else {}
+    action[chosen[0]](c, FUSION_PATCH_SET, profile=profile, host=host, inventory=inventory, **kwargs)
+
+
+ns = Collection(render, plan, schema, deploy, rollback, releases, status, logs, unlock, patch_fusion)
+ns.add_collection(Collection(patches_list, patches_check, patches_audit, patches_enable, patches_disable),
+                  name="patches")
 ns.add_collection(Collection(venv_build, venv_adopt, venv_list), name="venv")
 ns.add_collection(Collection.from_module(sandbox_tasks), name="sandbox")

@@ -13,6 +13,7 @@ from tenacity import RetryCallState
 
 from deploy_lib.deploy import Outcome, Plan
 from deploy_lib.errors import DeployError
+from deploy_lib.patches import AuditReport, CheckReport, PatchSet
 from deploy_lib.release import Release
 from deploy_lib.status import ReleaseRow, StatusReport
 from deploy_lib.venvs import VenvRecord, VenvResult
@@ -146,3 +147,22 @@ def print_venvs(records: list[VenvRecord]) -> None:
         table.add_row(record.hash, record.kind, size, ", ".join(record.releases), ", ".join(record.derived),
                       versions)
     console.print(table)
+
+
+def print_patch_sets(patch_sets: list[PatchSet]) -> None:
+    table = Table("patch set", "for", "targets", "description")
+    for patch_set in patch_sets:
+        meta = patch_set.meta
+        table.add_row(meta.name, ", ".join(meta.applies_to), ", ".join(meta.targets), meta.description)
+    console.print(table)
+
+
+def print_check(report: CheckReport) -> None:
+    console.print(f"{report.patch_set}: " + ", ".join(f"{k} {v}" for k, v in report.versions.items()))
+    print_lines(report.summary_lines())
+    for warning in report.warnings:
+        console.print(f"[yellow]![/yellow] {warning}")
+
+
+def print_audit(report: AuditReport) -> None:
+    print_lines(report.summary_lines())

@@ -117,18 +117,6 @@ class Outcome:
 
 
 @dataclass(frozen=True)
-class Options:
-    dry_run: bool = False
-    force: bool = False
-    grace_s: float = GRACE_S
-    environ: Mapping[str, str] = field(default_factory=dict)
-
-
-def layout_for(target: Target, profile: Profile) -> StoreLayout:
-    return StoreLayout(service=profile.service.name, root=target.deploy_root)
-
-
-@dataclass(frozen=True)
 class VenvChoice:
     """The venv a release runs from: built from the profile's lock (managed), else the host's or the profile's."""
 
@@ -136,6 +124,20 @@ class VenvChoice:
     environment: Mapping[str, str] = field(default_factory=dict)  # a managed venv's own cache directories
     build_note: str | None = None       # dry run: what a deploy would build
     sglang_version: str | None = None   # from the lock, when the venv is not built yet (dry run)
+
+
+@dataclass(frozen=True)
+class Options:
+    dry_run: bool = False
+    force: bool = False
+    grace_s: float = GRACE_S
+    environ: Mapping[str, str] = field(default_factory=dict)
+    venv: VenvChoice | None = None      # a venv decided by the caller (a patched venv), instead of the profile's
+    patches: tuple[str, ...] = ()       # patch sets applied in that venv, recorded in the release
+
+
+def layout_for(target: Target, profile: Profile) -> StoreLayout:
+    return StoreLayout(service=profile.service.name, root=target.deploy_root)
 
 
 def choose_venv(remote: Remote, layout: StoreLayout, target: Target, profile: Profile, dry_run: bool,
@@ -187,14 +189,14 @@ def restart_steps(layout: StoreLayout) -> list[Step | Put]:
 
 
 def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets: Mapping[str, str],
-                force: bool, now: datetime, venv: VenvChoice | None = None) -> Plan:
+                force: bool, now: datetime, venv: VenvChoice | None = None, patches: tuple[str, ...] = ()) -> Plan:
     venv = venv or VenvChoice(target.venv_override or loaded.profile.service.venv)
     layout = layout_for(target, loaded.profile)
     version = facts.sglang.sglang_version or venv.sglang_version
     if version is None:
         raise PreflightError(f"{target.host.name}: no SGLang found in {venv.path}: {facts.sglang.error}",
                              "create the venv on the host (or point service.venv / the host's `venv` var at it)")
-    release = build_release(loaded, layout, version, secrets, venv=venv.path,
+    release = build_release(loaded, layout, version, secrets, venv=venv.path, patches=patches,
                             flashinfer_version=facts.sglang.flashinfer_version, extra_environment=venv.environment)
     current_id = facts.store.current
     current = facts.store.release(current_id) if current_id else None
@@ -371,12 +373,12 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
     secrets = resolve_secrets(profile, options.environ)  # ConfigError here, before any connection
     layout = layout_for(target, profile)
     run = _Run(remote, layout, target, progress, options.environ, clock)
-    venv = choose_venv(remote, layout, target, profile, options.dry_run, progress)
+    venv = options.venv or choose_venv(remote, layout, target, profile, options.dry_run, progress)
     progress.phase_started("facts")
     started = clock()
     facts = read_host_facts(remote, layout, venv.path, profile.server.port)
     run.timings["facts"] = round(clock() - started, 3)
-    plan = plan_deploy(loaded, target, facts, secrets, options.force, datetime.now(UTC), venv)
+    plan = plan_deploy(loaded, target, facts, secrets, options.force, datetime.now(UTC), venv, options.patches)
     preflight(plan, loaded, target, facts)
     if options.dry_run:
         return Outcome("planned", plan.release.id, plan.current_id, plan=plan, timings=run.timings)

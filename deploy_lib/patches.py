@@ -245,6 +245,8 @@ class MetaSpec(_Model):
     warnings: list[WarningSpec] = Field(default_factory=list)
     jit_cache: JitCacheSpec | None = None
     audit: list[AuditFile] = Field(default_factory=list)
+    # the profile feature a release on the patched venv turns on (`features.<name>: true`)
+    enables_feature: Literal["allreduce_fusion"] | None = None
 
     @field_validator("targets")
     @classmethod
@@ -292,6 +294,15 @@ def load_patch_set(path: Path) -> PatchSet:
 def list_patch_sets(roles_dir: Path) -> list[PatchSet]:
     """Every patch set under roles/ (a role with a meta.yaml), by name."""
     return sorted((load_patch_set(meta.parent) for meta in roles_dir.glob("*/meta.yaml")), key=lambda p: p.name)
+
+
+def find_patch_set(roles_dir: Path, name: str) -> PatchSet:
+    known = list_patch_sets(roles_dir)
+    found = next((patch_set for patch_set in known if patch_set.name == name), None)
+    if found is None:
+        raise ConfigError(f"no patch set named {name!r} under {roles_dir}",
+                          hint=f"patch sets: {', '.join(p.name for p in known) or 'none'}")
+    return found
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -391,6 +402,7 @@ class PatchRecord(_Model):
     patch_set: str
     versions: dict[str, str]
     steps: list[RecordStep] = Field(default_factory=list)
+    base_venv: str | None = None  # the managed venv this patched venv was derived from
 
     def step_for(self, target: str) -> RecordStep | None:
         return next((s for s in self.steps if s.target == target), None)
