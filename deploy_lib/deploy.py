@@ -54,6 +54,7 @@ from deploy_lib.store import (
     read_store_facts,
     release_json,
     releases_to_prune,
+    repair_release,
     stage_release,
     switch_current,
     this_process_owner,
@@ -206,13 +207,15 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
         raise DriftDetected(f"{target.host.name}: the deployed files were changed by hand:\n  " + "\n  ".join(drift),
                             "deploy with --force to replace them (the edits are lost), or copy them into the profile")
     unchanged = (current_id == release.id and not drift and facts.unit.active_state == "active")
-    have_release = facts.store.release(release.id) is not None and not (drift and current_id == release.id)
+    have_release = facts.store.release(release.id) is not None
     tags = _tags(target, release)
     metadata = release_json(release.metadata(), tags, now)
     batches: dict[str, list[Step | Put]] = {}
     if not unchanged:
         if not have_release:
             batches["stage"] = stage_release(layout, release.id, release.unit_text, release.env_text, metadata)
+        elif drift and current_id == release.id:
+            batches["stage"] = repair_release(layout, release.id, release.unit_text, release.env_text)
         batches["switch"] = switch_current(layout, release.id)
         batches["restart"] = restart_steps(layout)
     return Plan(release=release, current_id=current_id, current_metadata=current_metadata,

@@ -236,6 +236,13 @@ def stage_release(layout: StoreLayout, release_id: str, unit_text: str, env_text
     ]
 
 
+def repair_release(layout: StoreLayout, release_id: str, unit_text: str, env_text: str) -> list[Step | Put]:
+    """Rewrite the unit and env file of a published release (hand edits undone); each file is replaced atomically."""
+    final = layout.release(release_id)
+    return [Put(final / UNIT_FILE, unit_text.encode(), 0o644, sudo=True),
+            Put(final / ENV_FILE, env_text.encode(), 0o600, sudo=True, secret=True)]
+
+
 def switch_current(layout: StoreLayout, release_id: str) -> list[Step | Put]:
     """Point `current` at a complete release with one rename, and the systemd unit link at current's unit."""
     temp_current = layout.base / ".current.tmp"

@@ -119,6 +119,8 @@ def test_a_unit_file_edited_by_hand_is_drift_and_force_overwrites_it() -> None:
     forced = plan_deploy(loaded, target(), facts(current=deployed(plan), active="active", sums=edited), {}, True,
                          NOW)
     assert list(forced.batches) == ["stage", "switch", "restart"]
+    rewritten = {step.dest.name for step in forced.batches["stage"] if not isinstance(step, Step)}
+    assert rewritten == {UNIT_FILE, ENV_FILE}, "the published release is repaired in place, not restaged"
 
 
 def test_preflight_refuses_too_few_gpus() -> None:
