@@ -18,7 +18,7 @@ from deploy_lib import status as host_status
 from deploy_lib.errors import DeployError
 from deploy_lib.patches import PatchSet, find_patch_set, list_patch_sets
 from deploy_lib.profile import profile_json_schema
-from deploy_lib.project import Project, load_for_host, resolve_target
+from deploy_lib.project import SANDBOX_INVENTORY, Project, load_for_host, resolve_target
 from deploy_lib.release import build_release, diff_releases
 from deploy_lib.remote import FabricRemote, Remote
 from deploy_lib.server_args import secret_environment
@@ -292,7 +292,25 @@ def patch_fusion(c: Context, enable: bool = False, disable: bool = False, check:
     action[chosen[0]](c, FUSION_PATCH_SET, profile=profile, host=host, inventory=inventory, **kwargs)
 
 
-ns = Collection(render, plan, schema, deploy, rollback, releases, status, logs, unlock, patch_fusion)
+@task
+def demo(c: Context) -> None:
+    """The sandbox VM up, glm5-nvfp4 deployed and its status; then a release that cannot start, rolled back."""
+    sandbox_tasks.up(c, venv=True)
+    inventory = str(PROJECT.root / SANDBOX_INVENTORY)
+    ui.console.rule("1. deploy the reference profile")
+    deploy(c, "glm5-nvfp4", inventory=inventory, yes=True)
+    ui.console.rule("2. status")
+    status(c, inventory=inventory)
+    ui.console.rule("3. deploy fusion on SM120 with the gate unpatched: it cannot start and is rolled back")
+    try:
+        deploy(c, "glm5-nvfp4-fusion", inventory=inventory, yes=True)
+    except Exit as stopped:
+        ui.console.print(f"(deploy exited {stopped.code}, as expected: the previous release is serving)")
+    ui.console.rule("4. releases")
+    releases(c, inventory=inventory)
+
+
+ns = Collection(render, plan, schema, deploy, rollback, releases, status, logs, unlock, patch_fusion, demo)
 ns.add_collection(Collection(patches_list, patches_check, patches_audit, patches_enable, patches_disable),
                   name="patches")
 ns.add_collection(Collection(venv_build, venv_adopt, venv_list), name="venv")

@@ -54,9 +54,8 @@ def last_journal_line(unit: str, after_cursor: str | None) -> tuple[dict[str, st
     """The unit's newest journal entry after `after_cursor` as {text, cursor}, or None and why not."""
     if shutil.which("journalctl") is None:
         return None, "journalctl not found"
+    # The newest entry, compared with the cursor: `-n 1 --after-cursor` would give the OLDEST entry after it.
     argv = ["journalctl", "-u", unit, "-n", "1", "-o", "json", "--no-pager", "-q"]
-    if after_cursor:
-        argv.append("--after-cursor=" + after_cursor)
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -68,7 +67,10 @@ def last_journal_line(unit: str, after_cursor: str | None) -> tuple[dict[str, st
         entry = json.loads(lines[-1])
     except ValueError:
         return None, "journalctl printed no JSON"
-    return {"text": journal_message(entry), "cursor": str(entry.get("__CURSOR", ""))}, None
+    cursor = str(entry.get("__CURSOR", ""))
+    if after_cursor and cursor == after_cursor:
+        return None, None  # nothing logged since
+    return {"text": journal_message(entry), "cursor": cursor}, None
 
 
 def port_open(host: str, port: int, timeout_s: float) -> tuple[bool, str | None]:

@@ -466,9 +466,17 @@ def test_probe_reads_the_unit_state_and_newest_journal_line(tmp_path: Path) -> N
     assert snap.unit is not None and snap.unit.active_state == "active" and snap.unit.exec_main_pid == 4242
     assert snap.last_log is not None and snap.last_log.cursor == "s=abc;i=2f"
     assert "Load weight begin" in snap.last_log.text
-    assert "--after-cursor=s=abc;i=2e" in (tmp_path / "journalctl.args").read_text()
+    assert "-n 1" in (tmp_path / "journalctl.args").read_text()
     assert (tmp_path / "systemctl.args").read_text().startswith("show sglang.service")
     assert isinstance(assess(snap, 0, Rung.GENERATE), NotReady)
+
+
+def test_probe_reports_no_line_when_nothing_was_logged_since_the_cursor(tmp_path: Path) -> None:
+    """The newest entry is the one the last probe already showed: no new line, not the same one again."""
+    path = fake_tools(tmp_path, systemctl=SYSTEMCTL, journalctl=JOURNALCTL)
+    target = ProbeTarget(unit="sglang.service", port=closed_port())
+    snap = Snapshot.model_validate(run_probe(probe_step(target, Rung.GENERATE, after_cursor="s=abc;i=2f"), path))
+    assert snap.last_log is None and snap.journal_error is None
 
 
 def test_probe_without_systemd_tools_still_answers(tmp_path: Path) -> None:
