@@ -108,20 +108,25 @@ def print_status(report: StatusReport) -> None:
     if report.gpus is None:
         console.print(f"GPUs: {report.gpu_error}")
         return
-    table = Table("GPU", "name", "arch", "memory used / total (MiB)", "power (W)", "util %")
+    names = sorted({f"{gpu.name} ({gpu.arch})" for gpu in report.gpus})
+    console.print(f"{len(report.gpus)} GPUs: {', '.join(names)}")
+    table = Table("GPU", "memory used / total (MiB)", "power draw / limit (W)", "util %")
     for gpu in report.gpus:
         power = f"{gpu.power_draw_w:.0f} / {gpu.power_limit_w:.0f}" if gpu.power_draw_w is not None \
             and gpu.power_limit_w is not None else "n/a"
-        table.add_row(str(gpu.index), gpu.name, gpu.arch, f"{gpu.memory_used_mib:.0f} / {gpu.memory_total_mib:.0f}",
-                      power, f"{gpu.utilization_pct:.0f}" if gpu.utilization_pct is not None else "n/a")
+        table.add_row(str(gpu.index), f"{gpu.memory_used_mib:.0f} / {gpu.memory_total_mib:.0f}", power,
+                      f"{gpu.utilization_pct:.0f}" if gpu.utilization_pct is not None else "n/a")
     console.print(table)
 
 
 def print_releases(rows: list[ReleaseRow]) -> None:
     table = Table("", "release", "staged", "profile", "SGLang", "outcome", "output tok/s")
+    for column in table.columns[1:4]:
+        column.no_wrap = True
     for row in rows:
         throughput = row.figures.get("output_throughput")
-        table.add_row("*" if row.is_current else "", row.id, row.staged_at, row.profile, row.sglang_version,
+        table.add_row("*" if row.is_current else "", row.id, row.staged_at[:16].replace("T", " "), row.profile,
+                      row.sglang_version,
                       row.outcome, f"{throughput:.0f}" if throughput else "")
     console.print(table)
 
