@@ -18,7 +18,7 @@ from deploy_lib.release import Release
 from deploy_lib.status import ReleaseRow, StatusReport
 from deploy_lib.venvs import VenvRecord, VenvResult
 
-console = Console(highlight=False, soft_wrap=True)
+console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 120)
 errors = Console(stderr=True, highlight=False, soft_wrap=True)
 
 

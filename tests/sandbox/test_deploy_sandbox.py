@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from deploy_lib import deploy as engine
+from deploy_lib import patching
 from deploy_lib.errors import (
     ConfigError,
     ConnectFailed,
@@ -20,6 +21,7 @@ from deploy_lib.errors import (
     ReadinessFailed,
     RollbackFailed,
 )
+from deploy_lib.patches import find_patch_set
 from deploy_lib.progress import RecordingProgress
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote, Step
@@ -207,7 +209,8 @@ def test_rollback_to_an_unknown_release_is_refused(rig: Rig, healthy: str) -> No
 
 
 def test_rollback_target_broken_too_stops_the_unit(rig: Rig, healthy: str) -> None:
-    rig.fault("oom", GUEST_FAULT)
+    rig.fault("oom")  # the new release
+    rig.fault("oom", GUEST_FAULT)  # every other release, the rollback target among them
     try:
         with pytest.raises(RollbackFailed, match=r"rollback to .* failed too"):
             rig.deploy("glm5-short")
@@ -215,6 +218,7 @@ def test_rollback_target_broken_too_stops_the_unit(rig: Rig, healthy: str) -> No
         assert [(h["event"], h["outcome"]) for h in rig.history()[-2:]] == [("deploy", "failed"),
                                                                               ("rollback", "failed")]
     finally:
+        rig.fault(None)
         rig.fault(None, GUEST_FAULT)
 
 
@@ -239,3 +243,28 @@ def test_a_changed_host_key_is_refused(rig: Rig, tmp_path: Path) -> None:
     with FabricRemote(replace(target.ssh, known_hosts_file=forged, accept_new_host_key=True)) as remote:
         with pytest.raises(ConnectFailed):
             remote.run([Step("probe", ("true",))])
+
+
+def test_patch_fusion_enable_deploys_a_patched_venv_and_disable_returns(rig: Rig, healthy: str) -> None:
+    patch_set = find_patch_set(REPO / "roles", "fusion-sm120")
+    base, target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
+    fingerprint = "find /opt/ml-env -name '*.py' -path '*sglang/srt/layers*' | sort | xargs sha256sum | sha256sum"
+    before = rig.root(fingerprint)
+    with FabricRemote(target.ssh) as remote:
+        assert {t.state.value for t in patching.check(remote, patch_set, base, target).targets} <= {
+            "absent", "native"}
+        report, outcome = patching.enable(remote, patch_set, base, patching.patched_profile(base, patch_set),
+                                          target, RecordingProgress(), engine.Options())
+        assert outcome.action == "deployed" and outcome.release_id != healthy
+        assert not report.conflicts
+        after = patching.check(remote, patch_set, base, target)
+        assert {t.state.value for t in after.targets} <= {"applied", "native"}
+        assert "applied" in {t.state.value for t in after.targets}
+    assert rig.unit_state() == "active" and rig.current() == outcome.release_id
+    assert "fusion" in rig.root("journalctl -u sglang.service -n 200 -o cat").lower()
+    assert rig.root(fingerprint) == before, "the hand-made venv the patched one came from is byte-identical"
+    with FabricRemote(target.ssh) as remote:
+        back = patching.disable(remote, patch_set, base, target, RecordingProgress(), engine.Options())
+        assert back.action == "deployed" and rig.unit_state() == "active"
+        assert {t.state.value for t in patching.check(remote, patch_set, base, target).targets} <= {
+            "absent", "native"}
