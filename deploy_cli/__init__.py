@@ -100,6 +100,8 @@ def print_status(report: StatusReport) -> None:
         console.print(f"release {report.current} ({meta.get('profile_name')}), staged {age} ago")
         console.print(f"SGLang {meta.get('sglang_version')}, FlashInfer {meta.get('flashinfer_version') or '?'}, "
                       f"venv {meta.get('venv')}, patches: {', '.join(meta.get('patches') or []) or 'none'}")
+        if report.venv_versions:
+            console.print("managed venv: " + ", ".join(f"{k} {v}" for k, v in report.venv_versions.items()))
     else:
         console.print("no release deployed")
     console.print(f"unit {report.unit_state}; {report.readiness}")

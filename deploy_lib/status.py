@@ -16,6 +16,8 @@ from deploy_lib.project import Target
 from deploy_lib.remote import Remote, Step
 from deploy_lib.store import StoreLayout, read_store_facts
 from deploy_lib.venvs import VenvRecord, list_venvs, release_venv_hash
+from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
+from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps
 
 
 @dataclass(frozen=True)
@@ -41,6 +43,7 @@ class StatusReport:
     gpus: tuple[Gpu, ...] | None
     gpu_error: str | None
     lock_holder: str | None
+    venv_versions: Mapping[str, str]  # sglang, flashinfer-python, torch of a managed venv (from its marker)
 
 
 def _age_s(iso: str, now: datetime) -> float | None:
@@ -82,7 +85,10 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
         [result] = remote.run([probe_step(probe, Rung.HEALTH)])
         readiness = _readiness(parse_snapshot(result, Rung.HEALTH))
     lock = facts.store.lock
+    venv_hash = release_venv_hash(layout, str(metadata.get("venv", ""))) if record else None
+    marker = parse_venv_store_facts(remote.run(venv_store_fact_steps(layout))).markers.get(venv_hash or "")
     return StatusReport(
+        venv_versions=VenvRecord(venv_hash, marker, None).versions() if venv_hash and marker else {},
         host=target.host.name, service=service, current=facts.store.current,
         current_age_s=_age_s(record.staged_at, now or datetime.now(UTC)) if record else None,
         metadata=metadata, unit_state=f"{facts.unit.active_state}/{facts.unit.sub_state}", readiness=readiness,
