@@ -33,7 +33,7 @@ demo: install host-deps
 	$(VENV)/bin/invoke demo
 
 bench: install host-deps
-	$(PY) -m deploy_lib.benchmarks
+	$(PY) -m bench.run
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,0 +1,484 @@
+"""`make bench`: the performance figures of issues 4 (deploy, readiness, rollback) and 5 (venvs), measured on a
+sandbox guest of its own that is always stopped at the end.
+
+Every figure is the median of several runs, printed with its target and PASS/MISS; the exit code is 0 either way
+(figures, not assertions). Instants on the host (the restart, "fired up", the process exit) are the journal's
+__REALTIME_TIMESTAMP; the guest is a container on this machine, so its clock is this machine's clock and they
+compare directly with time.time() taken here.
+
+    .venv/bin/python -m bench.run [--runs 5] [--venv-runs 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+from tenacity import RetryCallState
+
+from deploy_lib import deploy as engine
+from deploy_lib import venvs
+from deploy_lib.errors import ReadinessFailed
+from deploy_lib.project import Project, load_for_host
+from deploy_lib.remote import FabricRemote, Put, SSHTarget, Step, StepResult
+from deploy_lib.store import StoreLayout
+from sandbox import manage, wheelhouse
+
+REPO = Path(__file__).resolve().parents[1]
+UNIT = "sglang.service"
+READY_LINE = "The server is fired up and ready to roll!"
+EXIT_LINE = "Main process exited"
+FAULT_FILE = "/etc/sglang-sim/fault-bench"  # read only by the bench-crash profile's releases
+PROFILE = "glm5-nvfp4"
+CRASH_PROFILE = "bench-crash"
+VENV_LAYOUT = StoreLayout("bench", root=PurePosixPath("/opt/sglang-deploy-bench"))
+# flashinfer-python versions other than the wheelhouse's, one per "one changed package" run
+OTHER_FLASHINFER = ("0.6.12", "0.6.16.post4", "0.6.17")
+ANSIBLE = "Ansible, for comparison: ~1 s per task, > 4 s for a four-task play on one host."
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Instants seen from this side: progress events and remote batches, stamped with time.time()
+
+
+@dataclass
+class StampedProgress:
+    """A Progress that keeps every event with the wall-clock time it arrived."""
+
+    events: list[tuple[float, str, object]] = field(default_factory=list)
+
+    def phase_started(self, name: str) -> None:
+        self.events.append((time.time(), "phase", name))
+
+    def step_done(self, name: str, seconds: float) -> None:
+        self.events.append((time.time(), "done", name))
+
+    def retrying(self, retry_state: RetryCallState) -> None:
+        pass
+
+    def log_line(self, text: str) -> None:
+        pass
+
+    def note(self, text: str) -> None:
+        self.events.append((time.time(), "note", text))
+
+    def first(self, kind: str, name: str, after: float = 0.0) -> float:
+        return next(at for at, event_kind, value in self.events if event_kind == kind and value == name and at >= after)
+
+
+@dataclass(frozen=True)
+class Batch:
+    started: float
+    ended: float
+    names: tuple[str, ...]
+
+
+@dataclass
+class StampedRemote:
+    """The one FabricRemote of a command, with the start and end of every batch it ran."""
+
+    inner: FabricRemote
+    batches: list[Batch] = field(default_factory=list)
+
+    def run(self, batch: Sequence[Step | Put]) -> list[StepResult]:
+        started = time.time()
+        try:
+            return self.inner.run(batch)
+        finally:
+            self.batches.append(Batch(started, time.time(), tuple(step.name for step in batch)))
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def restarts(self) -> list[Batch]:
+        return [batch for batch in self.batches if "systemd: restart" in batch.names]
+
+    def after_ladder(self, restart: Batch) -> Batch:
+        """The first batch after `restart` that is not a readiness probe: it starts once the ladder has raised."""
+        return next(batch for batch in self.batches if batch.started > restart.ended
+                    and not all(name.startswith("readiness probe") for name in batch.names))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Instants seen on the host: the unit's journal
+
+
+@dataclass(frozen=True)
+class JournalEntry:
+    at: float
+    message: str
+    job_type: str | None
+
+
+class Journal:
+    """The unit's journal on the guest, read as root over a separate ssh (never inside a measured command)."""
+
+    def __init__(self, guest: manage.Guest) -> None:
+        self.guest = guest
+
+    def read(self, *options: str) -> list[JournalEntry]:
+        text = manage.run_on(self.guest, shlex.join(["journalctl", "-u", UNIT, "-o", "json", "--no-pager", "-q",
+                                                     *options]))
+        entries = []
+        for line in text.splitlines():
+            record = json.loads(line)
+            message = record.get("MESSAGE")
+            entries.append(JournalEntry(int(record["__REALTIME_TIMESTAMP"]) / 1e6,
+                                        message if isinstance(message, str) else "", record.get("JOB_TYPE")))
+        return entries
+
+    def cursor(self) -> str | None:
+        text = manage.run_on(self.guest, shlex.join(["journalctl", "-u", UNIT, "-o", "json", "-n", "1", "-q"]))
+        return json.loads(text)["__CURSOR"] if text.strip() else None
+
+    def since(self, cursor: str | None) -> list[JournalEntry]:
+        return self.read(f"--after-cursor={cursor}") if cursor else self.read()
+
+
+def first_entry(entries: Sequence[JournalEntry], after: float, matches: Callable[[JournalEntry], bool]) -> float:
+    return next(entry.at for entry in entries if entry.at >= after and matches(entry))
+
+
+def restart_instant(entries: Sequence[JournalEntry], after: float) -> float:
+    """systemd's first job message for the unit (Stopping/Stopped/Started) once the restart was issued."""
+    return first_entry(entries, after, lambda entry: entry.job_type is not None)
+
+
+def ready_instant(entries: Sequence[JournalEntry], after: float) -> float:
+    return first_entry(entries, after, lambda entry: entry.message.endswith(READY_LINE))
+
+
+def exit_instant(entries: Sequence[JournalEntry], after: float) -> float:
+    return first_entry(entries, after, lambda entry: EXIT_LINE in entry.message)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The rig: a tmp project with bench profiles, the guest's inventory, one connection per command
+
+
+@dataclass
+class Rig:
+    guest: manage.Guest
+    project: Project
+    inventory: str
+    journal: Journal
+
+    @contextmanager
+    def command(self, profile: str) -> Iterator[tuple[StampedRemote, StampedProgress,
+                                                       Callable[[], engine.Outcome]]]:
+        """What one `invoke deploy --profile P` holds: one SSH connection, a progress, the deploy to call."""
+        loaded, target = load_for_host(self.project, profile, self.inventory, None)
+        remote = StampedRemote(FabricRemote(target.ssh))
+        progress = StampedProgress()
+        try:
+            yield remote, progress, lambda: engine.deploy(loaded, target, remote, progress, engine.Options())
+        finally:
+            remote.close()
+
+    def root(self, command: str) -> str:
+        return manage.run_on(self.guest, command, user="root")
+
+
+def make_rig(guest: manage.Guest, root: Path, changed_runs: int) -> Rig:
+    shutil.copytree(REPO / "inventory" / "profiles", root / "inventory" / "profiles")
+    profiles = root / "inventory" / "profiles"
+    for run in range(changed_runs):
+        (profiles / f"bench-{run}.yaml").write_text(f"extends: {PROFILE}\nenv:\n  BENCH_RUN: '{run}'\n")
+    (profiles / f"{CRASH_PROFILE}.yaml").write_text(
+        f"extends: {PROFILE}\nenv:\n  SGLANG_SIM_FAULT: {FAULT_FILE}\nservice:\n  startup_timeout_s: 30\n")
+    inventory = root / "inventory" / "sandbox.yaml"
+    inventory.write_text(manage.inventory_text([guest]))
+    return Rig(guest, Project(root), str(inventory), Journal(guest))
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Measurements
+
+
+@dataclass(frozen=True)
+class NoOpRun:
+    seconds: float
+    round_trips: int
+
+
+def no_op_redeploy(rig: Rig) -> NoOpRun:
+    started = time.time()
+    with rig.command(PROFILE) as (remote, _progress, deploy):
+        outcome = deploy()
+    seconds = time.time() - started
+    assert outcome.action == "unchanged", outcome.action
+    return NoOpRun(seconds, remote.inner.round_trips)
+
+
+@dataclass(frozen=True)
+class ChangedRun:
+    total_s: float
+    before_restart_s: float  # command start -> restart issued (profile, connect, facts, stage, switch)
+    server_start_s: float   # restart instant -> "fired up" (the journal's clock)
+    ready_noticed_s: float  # "fired up" -> the ladder's Ready verdict
+    grace_s: float          # the ladder's grace window after Ready (a failed start caught early, by design)
+    ladder_to_return_s: float  # ladder returned -> deploy returned (history, prune, close)
+    round_trips: int
+    phases: dict[str, float]
+
+    @property
+    def tool_s(self) -> float:
+        return self.total_s - self.server_start_s
+
+
+def changed_deploy(rig: Rig, profile: str) -> ChangedRun:
+    cursor = rig.journal.cursor()
+    started = time.time()
+    with rig.command(profile) as (remote, progress, deploy):
+        outcome = deploy()
+        returned = time.time()
+    ended = time.time()
+    assert outcome.action == "deployed", outcome.action
+    entries = rig.journal.since(cursor)
+    [restart] = remote.restarts()
+    restarted = restart_instant(entries, restart.started)
+    ready = ready_instant(entries, restarted)
+    noticed = progress.first("done", "readiness: generate", restart.ended)
+    ladder_returned = progress.first("done", "readiness", noticed)
+    return ChangedRun(total_s=ended - started, before_restart_s=restart.started - started,
+                      server_start_s=ready - restarted, ready_noticed_s=noticed - ready,
+                      grace_s=progress.first("done", "readiness: grace", noticed) - noticed,
+                      ladder_to_return_s=returned - ladder_returned, round_trips=remote.inner.round_trips,
+                      phases=dict(outcome.timings))
+
+
+@dataclass(frozen=True)
+class CrashRun:
+    noticed_s: float         # process exit (journal) -> the ladder raised
+    rollback_s: float        # the ladder raised -> deploy raised "rolled back"
+    previous_start_s: float  # the rollback's restart instant -> "fired up" of the previous release
+
+
+def crash_and_roll_back(rig: Rig) -> CrashRun:
+    cursor = rig.journal.cursor()
+    with rig.command(CRASH_PROFILE) as (remote, _progress, deploy):
+        try:
+            deploy()
+        except ReadinessFailed as failure:
+            raised = time.time()
+            assert "rolled back" in failure.message, failure.message
+        else:
+            raise AssertionError(f"{CRASH_PROFILE} started although its release reads the oom fault")
+    entries = rig.journal.since(cursor)
+    crash_restart, rollback_restart = remote.restarts()
+    exited = exit_instant(entries, crash_restart.started)
+    ladder_raised = remote.after_ladder(crash_restart).started
+    restarted = restart_instant(entries, rollback_restart.started)
+    return CrashRun(noticed_s=ladder_raised - exited, rollback_s=raised - ladder_raised,
+                    previous_start_s=ready_instant(entries, restarted) - restarted)
+
+
+@dataclass(frozen=True)
+class VenvRun:
+    seconds: float
+    bytes_sent: int
+    wheels_sent: tuple[str, ...]
+    round_trips: int
+
+
+def write_lock(path: Path, wheels: Sequence[Path]) -> Path:
+    """A lock of these wheels in pip-compile's layout, hashed with hashlib (what `pip hash` prints)."""
+    lines = ["# generated by make bench from the sandbox wheelhouse"]
+    for wheel in wheels:
+        name, version = wheel.name.split("-")[:2]
+        lines += [f"{name}=={version} \\", f"    --hash=sha256:{hashlib.sha256(wheel.read_bytes()).hexdigest()}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def ensure_venv_timed(ssh: SSHTarget, spec: venvs.VenvSpec) -> VenvRun:
+    """ensure_venv on an open connection: the venv work a deploy adds, not the SSH handshake it has anyway."""
+    with FabricRemote(ssh) as remote:
+        remote.run([Step("connect", ("true",))])
+        before = remote.round_trips
+        started = time.time()
+        result = venvs.ensure_venv(remote, VENV_LAYOUT, spec)
+        return VenvRun(time.time() - started, result.bytes_sent, result.wheels_sent, remote.round_trips - before)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The table
+
+
+@dataclass(frozen=True)
+class Figure:
+    name: str
+    value: str
+    runs: int
+    target: str
+    passed: bool | None  # None: a figure shown for context, without a target
+
+    def row(self) -> tuple[str, str, str, str, str]:
+        verdict = "" if self.passed is None else ("PASS" if self.passed else "MISS")
+        return self.name, self.value, str(self.runs), self.target, verdict
+
+
+def seconds_figure(name: str, samples: Sequence[float], limit: float | None, target: str = "") -> Figure:
+    median = statistics.median(samples)
+    spread = f" ({min(samples):.2f}-{max(samples):.2f})" if len(samples) > 1 else ""
+    return Figure(name, f"{median:.2f} s{spread}", len(samples), target or (f"<= {limit:g} s" if limit else ""),
+                  None if limit is None else median <= limit)
+
+
+def table(figures: Sequence[Figure]) -> str:
+    rows = [("figure", "median (min-max)", "runs", "target", ""), *(figure.row() for figure in figures)]
+    widths = [max(len(row[column]) for row in rows) for column in range(5)]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def deploy_figures(no_ops: Sequence[NoOpRun], changed: Sequence[ChangedRun], crashes: Sequence[CrashRun]) -> list[
+        Figure]:
+    round_trips = statistics.median(run.round_trips for run in no_ops)
+    phases = {name: statistics.median(run.phases.get(name, 0.0) for run in changed) for name in changed[0].phases}
+    return [
+        seconds_figure(f"no-op redeploy, one SSH connection, {round_trips:g} round trips",
+                       [run.seconds for run in no_ops], 1.0),
+        seconds_figure("changed deploy, total", [run.total_s for run in changed], None),
+        seconds_figure("  server's own start (restart -> fired up)", [run.server_start_s for run in changed], None),
+        seconds_figure("  tool's own time (total - server start)", [run.tool_s for run in changed], 2.0),
+        seconds_figure("  of which: before the restart (connect, facts, stage, switch)",
+                       [run.before_restart_s for run in changed], None),
+        seconds_figure("  of which: the ladder's grace window", [run.grace_s for run in changed], None),
+        seconds_figure("  tool's own time without the grace window",
+                       [run.tool_s - run.grace_s for run in changed], 2.0),
+        seconds_figure("  of which: ladder returned -> deploy returned (history, prune)",
+                       [run.ladder_to_return_s for run in changed], None),
+        Figure("  phases (median s)", " ".join(f"{name} {value:.2f}" for name, value in phases.items()),
+               len(changed), f"{statistics.median(run.round_trips for run in changed):g} round trips", None),
+        seconds_figure("readiness noticed (fired up -> Ready verdict)", [run.ready_noticed_s for run in changed],
+                       0.5),
+        seconds_figure("crash noticed (process exit -> ladder raised)", [run.noticed_s for run in crashes], 1.0),
+        seconds_figure("rollback, total (ladder raised -> rolled back)", [run.rollback_s for run in crashes], None),
+        seconds_figure("  previous release's start", [run.previous_start_s for run in crashes], None),
+        seconds_figure("  rollback minus the previous release's start",
+                       [run.rollback_s - run.previous_start_s for run in crashes], 2.0, "start + <= 2 s"),
+    ]
+
+
+def venv_figures(unchanged: Sequence[VenvRun], changed: Sequence[VenvRun], changed_wheels: Sequence[Path]) -> list[
+        Figure]:
+    only_that_wheel = all(run.wheels_sent == (wheel.name,) and run.bytes_sent == wheel.stat().st_size
+                          for run, wheel in zip(changed, changed_wheels, strict=True))
+    sent = statistics.median(run.bytes_sent for run in changed)
+    return [
+        Figure("venv, unchanged lock: wheels / bytes sent",
+               f"{max(len(run.wheels_sent) for run in unchanged)} / {max(run.bytes_sent for run in unchanged)} B",
+               len(unchanged), "0 wheels", all(not run.wheels_sent for run in unchanged)),
+        seconds_figure(f"venv, unchanged lock: ensure_venv "
+                       f"({statistics.median(run.round_trips for run in unchanged):g} round trips)",
+                       [run.seconds for run in unchanged], 1.0),
+        Figure("venv, one package changed: wheels / bytes sent",
+               f"{max(len(run.wheels_sent) for run in changed)} / {sent / 1e6:.1f} MB", len(changed),
+               "only that wheel", only_that_wheel),
+        seconds_figure("venv, one package changed: ensure_venv (build)", [run.seconds for run in changed], None),
+    ]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The whole run
+
+
+def say(text: str) -> None:
+    print(text, flush=True)
+
+
+def measure_deploys(rig: Rig, runs: int) -> list[Figure]:
+    rig.root(f"mkdir -p /etc/sglang-sim && echo oom > {FAULT_FILE}")
+    with rig.command(PROFILE) as (_remote, _progress, deploy):
+        say(f"first deploy of {PROFILE}: {deploy().action}")
+    no_ops = [no_op_redeploy(rig) for _ in range(runs)]
+    say(f"no-op redeploys: {', '.join(f'{run.seconds:.2f} s' for run in no_ops)}")
+    changed = []
+    for run in range(runs):
+        changed.append(changed_deploy(rig, f"bench-{run}"))
+        say(f"changed deploy {run + 1}/{runs}: total {changed[-1].total_s:.2f} s, "
+            f"server start {changed[-1].server_start_s:.2f} s")
+    crashes = []
+    for run in range(runs):
+        crashes.append(crash_and_roll_back(rig))
+        say(f"crash {run + 1}/{runs}: noticed {crashes[-1].noticed_s:.2f} s, rollback {crashes[-1].rollback_s:.2f} s")
+    return deploy_figures(no_ops, changed, crashes)
+
+
+def measure_venvs(rig: Rig, runs: int, changed_runs: int, work: Path) -> list[Figure]:
+    house = wheelhouse.prepare()
+    others = [wheelhouse.download("flashinfer-python", version) for version in OTHER_FLASHINFER[:changed_runs]]
+    directory = work / "wheelhouse"
+    directory.mkdir()
+    for wheel in (*house.wheels, *others):
+        (directory / wheel.name).symlink_to(wheel)
+    _, target = load_for_host(rig.project, PROFILE, rig.inventory, None)
+
+    def spec(name: str, wheels: Sequence[Path]) -> venvs.VenvSpec:
+        return venvs.VenvSpec(lock=write_lock(work / name, wheels), wheelhouse=directory)
+
+    base = spec("base.lock", house.wheels)
+    first = ensure_venv_timed(target.ssh, base)
+    say(f"venv built: {len(first.wheels_sent)} wheels, {first.bytes_sent / 1e6:.1f} MB in {first.seconds:.1f} s")
+    unchanged = [ensure_venv_timed(target.ssh, base) for _ in range(runs)]
+    changed = []
+    for number, other in enumerate(others):
+        wheels = [other if wheel == house.flashinfer else wheel for wheel in house.wheels]
+        changed.append(ensure_venv_timed(target.ssh, spec(f"changed-{number}.lock", wheels)))
+        say(f"venv, {other.name}: {changed[-1].wheels_sent}, {changed[-1].seconds:.1f} s")
+    return venv_figures(unchanged, changed, [directory / other.name for other in others])
+
+
+@contextmanager
+def guest_for_bench(existing: str | None) -> Iterator[manage.Guest]:
+    """A guest of this run's own (name bn<pid>), always stopped at the end; or a running one, left running."""
+    if existing:
+        yield manage.guest(existing)
+        return
+    name = f"bn{os.getpid()}"[:12]
+    say(f"sandbox guest {name}: starting")
+    try:
+        yield manage.up(name, record=False)
+    finally:
+        manage.down(name, record=False)
+        say(f"sandbox guest {name}: stopped")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=int, default=5, help="runs per deploy figure and per unchanged-lock figure")
+    parser.add_argument("--venv-runs", type=int, default=3, choices=range(1, len(OTHER_FLASHINFER) + 1),
+                        help="one-changed-package builds (each a full pip install in the guest)")
+    parser.add_argument("--guest", help="measure on this running guest (neither started nor stopped here)")
+    options = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        say("make bench needs root (the sandbox guest is a systemd-nspawn machine)")
+        return 2
+    started = time.time()
+    with guest_for_bench(options.guest) as guest, tempfile.TemporaryDirectory(prefix="sglang-bench-") as work:
+        manage.build_guest_venv(guest, wheelhouse.prepare())
+        rig = make_rig(guest, Path(work), options.runs)
+        figures = measure_deploys(rig, options.runs)
+        figures += measure_venvs(rig, options.runs, options.venv_runs, Path(work))
+    say(f"\nmake bench on the sandbox guest ({time.time() - started:.0f} s in all)\n")
+    say(table(figures))
+    say(f"\n{ANSIBLE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
