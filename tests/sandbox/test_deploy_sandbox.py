@@ -268,3 +268,80 @@ def test_patch_fusion_enable_deploys_a_patched_venv_and_disable_returns(rig: Rig
         assert back.action == "deployed" and rig.unit_state() == "active"
         assert {t.state.value for t in patching.check(remote, patch_set, base, target).targets} <= {
             "absent", "native"}
+
+
+class DropDuring:
+    """A Remote whose connection drops once, at the first batch holding a step named `when` (then it works)."""
+
+    def __init__(self, inner: FabricRemote, when: str) -> None:
+        self.inner, self.when, self.dropped = inner, when, False
+
+    def run(self, batch: list) -> list:
+        if not self.dropped and any(getattr(step, "name", "").startswith(self.when) for step in batch):
+            self.dropped = True
+            self.inner.run(batch[:1])  # part of the batch reached the host, as with a real drop
+            self.inner.close()
+            raise ConnectFailed("connection to the host lost (test)")
+        return self.inner.run(batch)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def test_ssh_dropped_during_staging_leaves_current_untouched_and_a_rerun_completes(rig: Rig, healthy: str) -> None:
+    loaded, target = load_for_host(rig.project, "glm5-omp4", rig.inventory, None)
+    with FabricRemote(target.ssh) as inner:
+        with pytest.raises(ConnectFailed):
+            engine.deploy(loaded, target, DropDuring(inner, "stage:"), RecordingProgress(), engine.Options())
+    assert rig.current() == healthy and rig.unit_state() == "active"
+    outcome = rig.deploy("glm5-omp4")
+    assert outcome.action == "deployed" and rig.current() == outcome.release_id
+    assert not any(name.endswith(".tmp") for name in rig.release_dirs()), "the rerun cleared the leftover"
+
+
+def test_healthy_then_dead_within_the_grace_window_is_rolled_back(rig: Rig, healthy: str) -> None:
+    rig.fault("die-after 1")  # the ladder's one generation, then the server exits
+    try:
+        with pytest.raises(ReadinessFailed, match=r"grace|exited|failed") as caught:
+            rig.deploy("glm5-short")
+    finally:
+        rig.fault(None)
+    assert f"release {healthy} is serving" in str(caught.value)
+    assert rig.current() == healthy and rig.unit_state() == "active"
+
+
+def test_a_stale_lock_is_reported_and_unlock_clears_it(rig: Rig, healthy: str) -> None:
+    """Input tried: a lock whose owner is a process of this machine that no longer runs."""
+    import socket
+    from datetime import UTC, datetime
+
+    from deploy_lib.store import LockContext, LockOwner, unlock
+
+    layout = StoreLayout("sglang")
+    dead = LockOwner(user="someone", host=socket.gethostname(), pid=2**22 + 17, time=datetime.now(UTC).isoformat(),
+                     release="x", token="t")
+    rig.root(f"mkdir {layout.lock} && echo '{dead.to_json().decode().strip()}' > {layout.lock_owner}")
+    with pytest.raises(LockHeld, match="looks stale"):
+        rig.deploy("glm5-omp4")
+    _, target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
+    with FabricRemote(target.ssh) as remote:
+        removed = unlock(remote, layout, force=False, context=LockContext(where=target.host.name))
+    assert removed is not None and removed.owner == dead
+    assert rig.deploy("glm5-omp4").action == "deployed"
+
+
+def test_a_store_on_a_full_filesystem_is_refused_before_anything_changes(rig: Rig, healthy: str,
+                                                                         tmp_path: Path) -> None:
+    """Input tried: deploy_root on a 1 MiB filesystem mounted in the guest."""
+    rig.root("mkdir -p /srv/small && mount -t tmpfs -o size=1m tmpfs /srv/small")
+    try:
+        inventory = tmp_path / "small.yaml"
+        inventory.write_text(Path(rig.inventory).read_text().replace("  vars:\n", "  vars:\n    deploy_root: "
+                                                                     "/srv/small/store\n", 1))
+        loaded, target = load_for_host(rig.project, "glm5-omp4", str(inventory), None)
+        with FabricRemote(target.ssh) as remote, pytest.raises(PreflightError, match="MiB free"):
+            engine.deploy(loaded, target, remote, RecordingProgress(), engine.Options())
+        assert rig.root("ls -A /srv/small").strip() == ""
+        assert rig.current() == healthy
+    finally:
+        rig.root("umount /srv/small")
