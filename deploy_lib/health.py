@@ -9,7 +9,6 @@ a second) and readiness costs one round trip. Deciding is pure (`assess`); waiti
 from __future__ import annotations
 
 import json
-import re
 import signal
 import statistics
 import time
@@ -33,11 +32,12 @@ from tenacity import (
 from deploy_lib.errors import ReadinessFailed
 from deploy_lib.progress import Progress
 from deploy_lib.remote import Remote, Step, StepResult
+from deploy_lib.sglang_options import version_key
 
 # Attempts come at most this far apart, so "ready" is noticed within half a second of the server saying so.
 DEFAULT_MAX_WAIT_S = 0.5
 # `/ready` (no generation, cheapest) exists from this SGLang release on; older ones only have `/health`.
-READY_ENDPOINT_SINCE = (0, 5, 20)
+READY_ENDPOINT_SINCE = "0.5.20"
 
 
 class Rung(StrEnum):
@@ -314,11 +314,7 @@ class ProbeTarget:
 
 def health_path_for(sglang_version: str) -> str:
     """`/ready` where the installed SGLang has it (>= 0.5.20), else `/health`."""
-    release = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", sglang_version)
-    if release is None:
-        raise ValueError(f"not an SGLang version: {sglang_version!r}")
-    numbers = tuple(int(part or 0) for part in release.groups())
-    return "/ready" if numbers >= READY_ENDPOINT_SINCE else "/health"
+    return "/ready" if version_key(sglang_version) >= version_key(READY_ENDPOINT_SINCE) else "/health"
 
 
 PROBE_SOURCE = resources.files("deploy_lib").joinpath("probe_script.py").read_text(encoding="utf-8")
