@@ -1,6 +1,6 @@
-"""Sandbox wheelhouse: the real sglang + flashinfer-python wheels, msgspec, and the sim wheel, cached outside
-the clone under ${SGLANG_DEPLOY_CACHE:-/var/tmp/sglang-deploy-cache}. The guest has no network, so these are
-what its venv is built from.
+"""Sandbox wheelhouse: the real sglang + flashinfer-python wheels, msgspec, what SGLang's serving benchmark
+imports, and the sim wheel, cached outside the clone under ${SGLANG_DEPLOY_CACHE:-/var/tmp/sglang-deploy-cache}.
+The guest has no network, so these are what its venv is built from.
 
     python sandbox/wheelhouse.py [--sglang 0.5.23] [--flashinfer 0.7.2]   # download + build, print the paths
 """
@@ -11,6 +11,7 @@ import argparse
 import fcntl
 import hashlib
 import importlib.util
+import json
 import os
 import re
 import shutil
@@ -24,6 +25,11 @@ DEFAULT_SGLANG = "0.5.23"
 DEFAULT_FLASHINFER = "0.7.2"  # the version sglang 0.5.23 pins
 # sglang's argument tables are msgspec Structs (>= 0.5.15), so the argv check needs the real msgspec
 ARGCHECK_DEPENDENCIES = ("msgspec",)
+# Top-level imports of sglang/benchmark/serving.py (0.5.23) and of what it imports without torch
+# (sglang.benchmark.{datasets,utils,goodput}, sglang.srt.utils.network); pins as sglang 0.5.23 pins them.
+# (datasets, pillow and pybase64 are imported at the top of the image/mmmu dataset modules.)
+BENCHMARK_REQUIREMENTS = ("aiohttp", "datasets", "msgspec", "numpy", "orjson", "pillow", "pybase64", "psutil",
+                          "pyzmq>=25.1.2", "requests", "tokenizers==0.23.2", "tqdm", "transformers==5.19.0")
 
 
 def cache_root() -> Path:
@@ -43,8 +49,15 @@ def find_wheel(dist: str, version: str | None = None) -> Path | None:
     prefix = f"{_normalise(dist)}-{version}-" if version else f"{_normalise(dist)}-"
     tag = f"cp{sys.version_info.major}{sys.version_info.minor}"
     found = [p for p in wheel_dir().glob("*.whl") if p.name.lower().startswith(prefix.lower())
-             and ("-py3-none-" in p.name or f"-{tag}-" in p.name)]
+             and _installable_here(p.name, tag)]
     return max(found, key=lambda p: p.stat().st_mtime) if found else None
+
+
+def _installable_here(wheel_name: str, interpreter: str) -> bool:
+    """Pure-Python (py3, py2.py3, py311) and this interpreter's wheels, and stable-ABI (abi3) ones (x86_64 Linux)."""
+    python_tags, abi = wheel_name.removesuffix(".whl").split("-")[-3:-1]
+    accepted = {"py3", interpreter, interpreter.replace("cp", "py")}
+    return bool(accepted & set(python_tags.split("."))) or abi == "abi3"
 
 
 def download(dist: str, version: str | None = None) -> Path:
@@ -60,6 +73,29 @@ def download(dist: str, version: str | None = None) -> Path:
     if wheel is None:
         raise FileNotFoundError(f"pip download {requirement} left no installable wheel in {wheel_dir()}")
     return wheel
+
+
+def download_with_dependencies(requirements: tuple[str, ...]) -> tuple[Path, ...]:
+    """`pip download` the requirements and their dependencies (binary only), then name the resolved wheels.
+
+    The resolution is re-done offline against the cache (`pip install --dry-run --report`), so the answer is the
+    exact set pip would install, whatever else the flat cache holds."""
+    wheel_dir().mkdir(parents=True, exist_ok=True)
+    fetched = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
+                              "--dest", str(wheel_dir()), *requirements], capture_output=True, text=True)
+    if fetched.returncode != 0:
+        raise RuntimeError(f"pip download {' '.join(requirements)} failed:\n{fetched.stderr[-2000:]}")
+    report = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed",
+                             "--no-index", "--find-links", str(wheel_dir()), "--only-binary=:all:", "--report", "-",
+                             *requirements], check=True, capture_output=True, text=True).stdout
+    wheels = []
+    for item in json.loads(report)["install"]:
+        metadata = item["metadata"]
+        wheel = find_wheel(metadata["name"], metadata["version"])
+        if wheel is None:
+            raise FileNotFoundError(f"{metadata['name']} {metadata['version']}: no wheel in {wheel_dir()}")
+        wheels.append(wheel)
+    return tuple(sorted(wheels))
 
 
 def build_sim_wheel() -> Path:
@@ -78,18 +114,21 @@ class Wheelhouse:
     sglang: Path
     flashinfer: Path
     dependencies: tuple[Path, ...]
+    benchmark: tuple[Path, ...]  # what the serving benchmark needs, without those in `dependencies`
     sim: Path
 
     @property
     def wheels(self) -> tuple[Path, ...]:
-        return (self.sglang, self.flashinfer, *self.dependencies, self.sim)
+        return (self.sglang, self.flashinfer, *self.dependencies, *self.benchmark, self.sim)
 
 
 def prepare(sglang_version: str = DEFAULT_SGLANG, flashinfer_version: str = DEFAULT_FLASHINFER) -> Wheelhouse:
+    dependencies = tuple(download(dist) for dist in ARGCHECK_DEPENDENCIES)
     return Wheelhouse(
         sglang=download("sglang", sglang_version),
         flashinfer=download("flashinfer-python", flashinfer_version),
-        dependencies=tuple(download(dist) for dist in ARGCHECK_DEPENDENCIES),
+        dependencies=dependencies,
+        benchmark=tuple(w for w in download_with_dependencies(BENCHMARK_REQUIREMENTS) if w not in dependencies),
         sim=build_sim_wheel(),
     )
 

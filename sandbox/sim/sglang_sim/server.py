@@ -151,6 +151,7 @@ def token_text(start: int, count: int) -> str:
 class SimHTTPServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True  # as uvicorn
+    request_queue_size = 2048   # uvicorn's listen backlog; socketserver's 5 drops SYNs of a benchmark's burst
 
     def __init__(self, address: tuple[str, int], state: ServerState) -> None:
         self.state = state
@@ -308,10 +309,9 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     # --- generation -------------------------------------------------------
-    def run_generation(self, prompt: str, max_tokens: int, stream: bool,
+    def run_generation(self, prompt_tokens: int, max_tokens: int, stream: bool,
                        chunk: Callable[[str, int], Any], final: Callable[[str, int, int], Any],
                        usage_chunk: Callable[[int, int], Any] | None = None) -> None:
-        prompt_tokens = count_tokens(prompt)
         engine = self.state.engine
         tick = STREAM_TICK_S if stream else BATCH_TICK_S
         if stream:
@@ -331,7 +331,8 @@ class Handler(BaseHTTPRequestHandler):
 
     def generate(self) -> None:
         body = self.read_json()
-        text = body.get("text") or ""
+        input_ids = body.get("input_ids")  # the benchmark sends ids with --tokenize-prompt
+        prompt_tokens = len(input_ids) if isinstance(input_ids, list) else count_tokens(body.get("text") or "")
         max_tokens = int((body.get("sampling_params") or {}).get("max_new_tokens") or 128)
         rid = uuid.uuid4().hex
 
@@ -340,9 +341,8 @@ class Handler(BaseHTTPRequestHandler):
             return {"id": rid, "prompt_tokens": prompt_tokens, "completion_tokens": produced,
                     "finish_reason": finish}
 
-        prompt_tokens = count_tokens(text)
         self.run_generation(
-            text, max_tokens, bool(body.get("stream")),
+            prompt_tokens, max_tokens, bool(body.get("stream")),
             chunk=lambda _new, total: {"text": token_text(0, total), "index": 0,
                                        "meta_info": meta(prompt_tokens, total, total >= max_tokens)},
             final=lambda out, p, n: {"text": out, "meta_info": meta(p, n, True)})
@@ -378,7 +378,7 @@ class Handler(BaseHTTPRequestHandler):
 
         stream_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         self.run_generation(
-            prompt, max_tokens, bool(body.get("stream")),
+            count_tokens(prompt), max_tokens, bool(body.get("stream")),
             chunk=lambda new, total: envelope([choice(new, total >= max_tokens, True)], True),
             final=lambda out, p, n: envelope([choice(out, True, False)], False, usage=usage(p, n)),
             usage_chunk=(lambda p, n: envelope([], True, usage=usage(p, n))) if stream_usage else None)
