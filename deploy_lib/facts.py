@@ -128,9 +128,11 @@ def parse_sha256sums(text: str) -> dict[str, str]:
     return sums
 
 
-def parse_free_bytes(text: str) -> int | None:
-    numbers = [int(line.split()[0]) for line in text.splitlines()[1:] if line.split() and line.split()[0].isdigit()]
-    return numbers[-1] if numbers else None
+def parse_free_bytes(df_output: str) -> int | None:
+    """Available bytes on the last filesystem `df -P -B1` listed (the nearest existing parent of the store)."""
+    rows = [line.split() for line in df_output.splitlines()[1:]]
+    available = [int(row[3]) for row in rows if len(row) >= 6 and row[3].isdigit()]
+    return available[-1] if available else None
 
 
 def parse_sglang_install(result: StepResult) -> SGLangInstall:

@@ -11,7 +11,15 @@ import pytest
 
 from deploy_lib.deploy import plan_deploy, preflight
 from deploy_lib.errors import ConfigError, DriftDetected, PreflightError
-from deploy_lib.facts import Gpu, HostFacts, SGLangInstall, UnitFacts, parse_gpus, parse_sha256sums
+from deploy_lib.facts import (
+    Gpu,
+    HostFacts,
+    SGLangInstall,
+    UnitFacts,
+    parse_free_bytes,
+    parse_gpus,
+    parse_sha256sums,
+)
 from deploy_lib.inventory import HostVars
 from deploy_lib.profile import SecretRef, load_profile
 from deploy_lib.project import Project, Target, resolve_target
@@ -183,6 +191,21 @@ def test_secrets_reach_only_the_env_file() -> None:
     shown = "\n".join([plan.release.unit_text, plan.release.env_text_redacted, json.dumps(
         plan.release.metadata()), *plan.dry_run_lines()])
     assert "hf_SECRET_VALUE" not in shown
+
+
+def test_free_disk_is_read_from_the_nearest_existing_directory() -> None:
+    df_out = ("Filesystem     1-blocks      Used Available Capacity Mounted on\n"
+              "overlay      270465425408 2254857 2654983168  9% /\n"
+              "tmpfs             1048576         0    1048576   0% /srv/small\n")
+    assert parse_free_bytes(df_out) == 1048576
+    assert parse_free_bytes("") is None
+
+
+def test_preflight_refuses_a_store_on_a_nearly_full_disk() -> None:
+    """Input tried: 1 MiB free under the deploy root."""
+    loaded, plan = first_plan()
+    with pytest.raises(PreflightError, match="only 1 MiB free"):
+        preflight(plan, loaded, target(), replace(facts(plan.release.args), free_bytes=2**20))
 
 
 def test_gpu_and_checksum_parsers_read_real_output() -> None:
