@@ -24,7 +24,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from deploy_lib.errors import GateFailed, RemoteError
+from deploy_lib.errors import ConfigError, GateFailed, RemoteError
 from deploy_lib.facts import GPU_FIELDS, Gpu, parse_gpus
 from deploy_lib.progress import Progress
 from deploy_lib.remote import Put, Remote, Step, StepResult
@@ -577,3 +577,17 @@ def compare(a: BenchResult, b: BenchResult) -> list[ComparisonRow]:
     levels = sorted({level.concurrency for level in (*a.levels, *b.levels)})
     return [ComparisonRow(f"c={c} {label}", figures_a.get(f"c{c}.{key}"), figures_b.get(f"c{c}.{key}"))
             for c in levels for key, label in _COMPARED]
+
+
+def compare_releases(history: Sequence[HistoryEntry], release_a: str, release_b: str
+                     ) -> tuple[BenchResult, BenchResult, list[ComparisonRow]]:
+    """Each release's newest benchmark from history, side by side; ConfigError names a release without one."""
+    results = []
+    for release in (release_a, release_b):
+        found = latest_bench(history, release)
+        if found is None:
+            known = sorted({entry.tags.release for entry in history if entry.event == "bench" and entry.figures})
+            raise ConfigError(f"release {release} has no benchmark in history",
+                              f"benchmarked releases: {', '.join(known) or 'none'}; `invoke bench` runs one")
+        results.append(found)
+    return results[0], results[1], compare(results[0], results[1])

@@ -24,6 +24,7 @@ from deploy_lib.bench import (
     LevelResult,
     bench_history_entry,
     compare,
+    compare_releases,
     evaluate_gate,
     find_baseline,
     gate_after_ready,
@@ -32,7 +33,7 @@ from deploy_lib.bench import (
     run_benchmark,
     throughput_by_release,
 )
-from deploy_lib.errors import GateFailed, StepFailed
+from deploy_lib.errors import ConfigError, GateFailed, StepFailed
 from deploy_lib.progress import RecordingProgress
 from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, StoreLayout, Tags, history_entry
 
@@ -385,3 +386,12 @@ def test_gate_after_ready_keeps_a_release_within_the_ratio() -> None:
     assert run.verdict.passed and run.verdict.baseline_release == "r1"
     recorded = HistoryEntry.from_json(remote.ran[-1].stdin.decode())  # type: ignore[union-attr]
     assert recorded.outcome == HEALTHY and "within the gate" in recorded.cause
+
+
+def test_compare_releases_from_history_names_a_release_without_a_benchmark() -> None:
+    history = [benched("r1", 880.0), benched("r2", 236.0, passed=False)]
+    a, b, rows = compare_releases(history, "r1", "r2")
+    assert (a.release_id, b.release_id) == ("r1", "r2") and rows[0].ratio == pytest.approx(236.0 / 880.0)
+    with pytest.raises(ConfigError, match="release r9 has no benchmark") as caught:
+        compare_releases(history, "r1", "r9")
+    assert "r1, r2" in str(caught.value.hint)
