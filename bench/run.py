@@ -226,6 +226,7 @@ def no_op_redeploy(rig: Rig) -> NoOpRun:
 class ChangedRun:
     total_s: float
     before_restart_s: float  # command start -> restart issued (profile, connect, facts, stage, switch)
+    restart_to_job_s: float  # restart batch sent -> systemd's first job message (daemon-reload, enable first)
     server_start_s: float   # restart instant -> "fired up" (the journal's clock)
     ready_noticed_s: float  # "fired up" -> the ladder's Ready verdict
     grace_s: float          # the ladder's grace window after Ready (a failed start caught early, by design)
@@ -253,6 +254,7 @@ def changed_deploy(rig: Rig, profile: str) -> ChangedRun:
     noticed = progress.first("done", "readiness: generate", restart.ended)
     ladder_returned = progress.first("done", "readiness", noticed)
     return ChangedRun(total_s=ended - started, before_restart_s=restart.started - started,
+                      restart_to_job_s=restarted - restart.started,
                       server_start_s=ready - restarted, ready_noticed_s=noticed - ready,
                       grace_s=progress.first("done", "readiness: grace", noticed) - noticed,
                       ladder_to_return_s=returned - ladder_returned, round_trips=remote.inner.round_trips,
@@ -348,27 +350,31 @@ def table(figures: Sequence[Figure]) -> str:
 def deploy_figures(no_ops: Sequence[NoOpRun], changed: Sequence[ChangedRun], crashes: Sequence[CrashRun]) -> list[
         Figure]:
     round_trips = statistics.median(run.round_trips for run in no_ops)
+    plural = "" if round_trips == 1 else "s"
     phases = {name: statistics.median(run.phases.get(name, 0.0) for run in changed) for name in changed[0].phases}
     return [
-        seconds_figure(f"no-op redeploy, one SSH connection, {round_trips:g} round trips",
+        seconds_figure(f"no-op redeploy (one SSH connection, {round_trips:g} round trip{plural})",
                        [run.seconds for run in no_ops], 1.0),
         seconds_figure("changed deploy, total", [run.total_s for run in changed], None),
         seconds_figure("  server's own start (restart -> fired up)", [run.server_start_s for run in changed], None),
         seconds_figure("  tool's own time (total - server start)", [run.tool_s for run in changed], 2.0),
-        seconds_figure("  of which: before the restart (connect, facts, stage, switch)",
-                       [run.before_restart_s for run in changed], None),
-        seconds_figure("  of which: the ladder's grace window", [run.grace_s for run in changed], None),
         seconds_figure("  tool's own time without the grace window",
                        [run.tool_s - run.grace_s for run in changed], 2.0),
-        seconds_figure("  of which: ladder returned -> deploy returned (history, prune)",
-                       [run.ladder_to_return_s for run in changed], None),
-        Figure("  phases (median s)", " ".join(f"{name} {value:.2f}" for name, value in phases.items()),
-               len(changed), f"{statistics.median(run.round_trips for run in changed):g} round trips", None),
-        seconds_figure("readiness noticed (fired up -> Ready verdict)", [run.ready_noticed_s for run in changed],
+        seconds_figure("  - before the restart (connect, facts, stage, switch)",
+                       [run.before_restart_s for run in changed], None),
+        seconds_figure("  - restart sent -> systemd's job starts (daemon-reload, enable)",
+                       [run.restart_to_job_s for run in changed], None),
+        seconds_figure("  - readiness noticed (fired up -> Ready verdict)", [run.ready_noticed_s for run in changed],
                        0.5),
+        seconds_figure("  - the ladder's grace window after Ready", [run.grace_s for run in changed], None),
+        seconds_figure("  - ladder returned -> deploy returned (history, prune)",
+                       [run.ladder_to_return_s for run in changed], None),
+        Figure("  phases (Outcome.timings)", " ".join(f"{name} {value:.2f}" for name, value in phases.items()),
+               len(changed), f"{statistics.median(run.round_trips for run in changed):g} round trips", None),
         seconds_figure("crash noticed (process exit -> ladder raised)", [run.noticed_s for run in crashes], 1.0),
         seconds_figure("rollback, total (ladder raised -> rolled back)", [run.rollback_s for run in crashes], None),
-        seconds_figure("  previous release's start", [run.previous_start_s for run in crashes], None),
+        seconds_figure("  previous release's start (restart -> fired up)", [run.previous_start_s for run in crashes],
+                       None),
         seconds_figure("  rollback minus the previous release's start",
                        [run.rollback_s - run.previous_start_s for run in crashes], 2.0, "start + <= 2 s"),
     ]
@@ -384,7 +390,7 @@ def venv_figures(unchanged: Sequence[VenvRun], changed: Sequence[VenvRun], chang
                f"{max(len(run.wheels_sent) for run in unchanged)} / {max(run.bytes_sent for run in unchanged)} B",
                len(unchanged), "0 wheels", all(not run.wheels_sent for run in unchanged)),
         seconds_figure(f"venv, unchanged lock: ensure_venv "
-                       f"({statistics.median(run.round_trips for run in unchanged):g} round trips)",
+                       f"({statistics.median(run.round_trips for run in unchanged):g} round trip(s))",
                        [run.seconds for run in unchanged], 1.0),
         Figure("venv, one package changed: wheels / bytes sent",
                f"{max(len(run.wheels_sent) for run in changed)} / {sent / 1e6:.1f} MB", len(changed),
@@ -419,8 +425,7 @@ def measure_deploys(rig: Rig, runs: int) -> list[Figure]:
     return deploy_figures(no_ops, changed, crashes)
 
 
-def measure_venvs(rig: Rig, runs: int, changed_runs: int, work: Path) -> list[Figure]:
-    house = wheelhouse.prepare()
+def measure_venvs(rig: Rig, house: wheelhouse.Wheelhouse, runs: int, changed_runs: int, work: Path) -> list[Figure]:
     others = [wheelhouse.download("flashinfer-python", version) for version in OTHER_FLASHINFER[:changed_runs]]
     directory = work / "wheelhouse"
     directory.mkdir()
@@ -470,10 +475,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     started = time.time()
     with guest_for_bench(options.guest) as guest, tempfile.TemporaryDirectory(prefix="sglang-bench-") as work:
-        manage.build_guest_venv(guest, wheelhouse.prepare())
+        house = wheelhouse.prepare()
+        manage.build_guest_venv(guest, house)
         rig = make_rig(guest, Path(work), options.runs)
         figures = measure_deploys(rig, options.runs)
-        figures += measure_venvs(rig, options.runs, options.venv_runs, Path(work))
+        figures += measure_venvs(rig, house, options.runs, options.venv_runs, Path(work))
     say(f"\nmake bench on the sandbox guest ({time.time() - started:.0f} s in all)\n")
     say(table(figures))
     say(f"\n{ANSIBLE}")
