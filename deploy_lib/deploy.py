@@ -221,7 +221,13 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
     return Plan(release=release, current_id=current_id, current_metadata=current_metadata,
                 changes=tuple(diff_releases(current_metadata, release.metadata())), drift=drift,
                 needs_stage=not have_release, unchanged=unchanged, batches=batches,
-                notes=(venv.build_note,) if venv.build_note else ())
+                notes=tuple(note for note in (venv.build_note, _past_failure(facts, release.id)) if note))
+
+
+def _past_failure(facts: HostFacts, release_id: str) -> str | None:
+    """This very release failed on the host before: say when and why, so a dry run shows it."""
+    failures = [e for e in facts.store.history if e.tags.release == release_id and e.outcome == FAILED]
+    return f"this release failed on {failures[-1].when}: {failures[-1].cause}" if failures else None
 
 
 def preflight(plan: Plan, loaded: LoadedProfile, target: Target, facts: HostFacts) -> None:
