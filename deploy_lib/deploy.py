@@ -36,7 +36,7 @@ from deploy_lib.profile import LoadedProfile, Profile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.release import Change, Release, build_release, diff_releases, resolve_secrets
-from deploy_lib.remote import Put, Remote, Step, describe
+from deploy_lib.remote import Put, Remote, Step, StepResult, describe
 from deploy_lib.sglang_options import check_argv
 from deploy_lib.store import (
     ENV_FILE,
@@ -47,11 +47,12 @@ from deploy_lib.store import (
     StoreLayout,
     Tags,
     append_history,
+    fact_steps,
     history_entry,
     holding_lock,
     operator_name,
+    parse_store_facts,
     prune_releases,
-    read_store_facts,
     release_json,
     releases_to_prune,
     repair_release,
@@ -289,15 +290,17 @@ class _Run:
     environ: Mapping[str, str]
     clock: Callable[[], float] = time.monotonic
     timings: dict[str, float] = field(default_factory=dict)
+    cursor: str | None = None  # the unit's journal position just before the last restart
 
-    def phase(self, name: str, batch: list[Step | Put]) -> None:
+    def phase(self, name: str, batch: list[Step | Put]) -> list[StepResult]:
         if not batch:
-            return
+            return []
         self.progress.phase_started(name)
         started = self.clock()
-        self.remote.run(batch)
+        results = self.remote.run(batch)
         self.timings[name] = round(self.clock() - started, 3)
         self.progress.step_done(name, self.timings[name])
+        return results
 
     def record(self, event: str, outcome: str, tags: Tags, cause: str = "") -> None:
         self.remote.run(append_history(self.layout, history_entry(event, outcome, tags, datetime.now(UTC), cause,
@@ -308,13 +311,17 @@ class _Run:
         return diagnose(result.stdout.splitlines())
 
     def activate(self, release_id: str, metadata: Mapping[str, Any], prediction: StartPrediction | None,
-                 grace_s: float, cursor: str | None) -> ReadyReport:
+                 grace_s: float) -> ReadyReport:
         """Switch `current` to a release on the host, restart, and climb the readiness ladder.
 
-        `cursor` is the journal position before the restart: the ladder shows only this start's log lines."""
-        self.phase("switch", switch_current(self.layout, release_id))
+        One round trip reads the journal position, switches and restarts; from that position on, the ladder shows
+        this start's log lines and a failure is diagnosed from them (`self.cursor`)."""
         restarted_at = self.clock()
-        self.phase("restart", restart_steps(self.layout))
+        results = self.phase("switch and restart", [journal_cursor_step(self.layout.unit_name),
+                                                    *switch_current(self.layout, release_id),
+                                                    *restart_steps(self.layout)])
+        self.cursor = parse_journal_cursor(results[0].stdout)
+        cursor = self.cursor
         profile = Profile.model_validate(metadata["profile"])
         self.progress.phase_started("readiness")
         report = wait_ready(self.remote, probe_target(self.layout, metadata, self.environ),
@@ -325,8 +332,6 @@ class _Run:
         self.progress.step_done("readiness", report.duration_s)
         return report
 
-    def cursor_before(self) -> str | None:
-        return parse_journal_cursor(self.remote.run([journal_cursor_step(self.layout.unit_name)])[0].stdout)
 
 
 def _stop_unit(remote: Remote, layout: StoreLayout) -> None:
@@ -355,11 +360,10 @@ def _roll_back(run: _Run, facts: HostFacts, failed_id: str, failure: ReadinessFa
     tags = Tags.from_dict(record.metadata["tags"]) if "tags" in record.metadata else None
     run.progress.note(f"rolling back to release {target_id}")
     run.timings = {}
-    cursor = run.cursor_before()
     try:
-        run.activate(target_id, record.metadata, start_prediction(facts, prediction_profile), 0.0, cursor)
+        run.activate(target_id, record.metadata, start_prediction(facts, prediction_profile), 0.0)
     except ReadinessFailed as second:
-        second_diagnosis = run.journal_diagnosis(cursor)
+        second_diagnosis = run.journal_diagnosis(run.cursor)
         _stop_unit(run.remote, run.layout)
         if tags:
             run.record("rollback", FAILED, tags, failure_line(second, second_diagnosis))
@@ -397,12 +401,11 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
     owner = this_process_owner(plan.release.id, datetime.now(UTC))
     with holding_lock(remote, layout, owner, LockContext(where=target.host.name)):
         run.phase("stage", plan.batches.get("stage", []))
-        cursor = run.cursor_before()
         try:
             ready = run.activate(plan.release.id, plan.release.metadata(), start_prediction(facts, loaded.name),
-                                 options.grace_s, cursor)
+                                 options.grace_s)
         except ReadinessFailed as failure:
-            diagnosis = run.journal_diagnosis(cursor)
+            diagnosis = run.journal_diagnosis(run.cursor)
             run.record("deploy", FAILED, tags, failure_line(failure, diagnosis))
             return _roll_back(run, facts, plan.release.id, failure, diagnosis, loaded.name)
         run.record("deploy", HEALTHY, tags)
@@ -414,12 +417,12 @@ def prune(remote: Remote, layout: StoreLayout, keep: int) -> None:
     """Releases beyond keep-N (never current or the last healthy), then venvs no kept release uses.
 
     Decided from a fresh read: what is on the host after the commit, current and history included."""
-    store = read_store_facts(remote, layout)
-    remote.run(prune_releases(layout, releases_to_prune(store, keep)))
-    kept = read_store_facts(remote, layout).releases
-    kept_venvs = [release_venv_hash(layout, str(r.metadata.get("venv", ""))) for r in kept]
-    venv_store = parse_venv_store_facts(remote.run(venv_store_fact_steps(layout)))
-    remote.run(prune_steps(layout, plan_prune(venv_store, kept_venvs)))
+    results = remote.run([*fact_steps(layout), *venv_store_fact_steps(layout)])
+    store, venv_store = parse_store_facts(layout, results), parse_venv_store_facts(results)
+    doomed = releases_to_prune(store, keep)
+    kept_venvs = [release_venv_hash(layout, str(r.metadata.get("venv", ""))) for r in store.releases
+                  if r.id not in doomed]
+    remote.run([*prune_releases(layout, doomed), *prune_steps(layout, plan_prune(venv_store, kept_venvs))])
 
 
 def rollback(target: Target, service: str, remote: Remote, progress: Progress, to: str | None,
@@ -440,11 +443,10 @@ def rollback(target: Target, service: str, remote: Remote, progress: Progress, t
     tags = Tags.from_dict(record.metadata["tags"])
     owner = this_process_owner(target_id, datetime.now(UTC))
     with holding_lock(remote, layout, owner, LockContext(where=target.host.name)):
-        cursor = run.cursor_before()
         try:
-            ready = run.activate(target_id, record.metadata, start_prediction(facts, tags.profile), 0.0, cursor)
+            ready = run.activate(target_id, record.metadata, start_prediction(facts, tags.profile), 0.0)
         except ReadinessFailed as failure:
-            diagnosis = run.journal_diagnosis(cursor)
+            diagnosis = run.journal_diagnosis(run.cursor)
             _stop_unit(remote, layout)
             run.record("rollback", FAILED, tags, failure_line(failure, diagnosis))
             raise RollbackFailed(f"{target.host.name}: rollback to {target_id} failed: "

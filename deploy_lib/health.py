@@ -34,8 +34,8 @@ from deploy_lib.progress import Progress
 from deploy_lib.remote import Remote, Step, StepResult
 from deploy_lib.sglang_options import version_key
 
-# Attempts come at most this far apart, so "ready" is noticed within half a second of the server saying so.
-DEFAULT_MAX_WAIT_S = 0.5
+# Attempts come at most this far apart (plus a ~0.1 s probe), so "ready" is noticed within half a second.
+DEFAULT_MAX_WAIT_S = 0.25
 # `/ready` (no generation, cheapest) exists from this SGLang release on; older ones only have `/health`.
 READY_ENDPOINT_SINCE = "0.5.20"
 
