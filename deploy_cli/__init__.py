@@ -8,6 +8,7 @@ import time
 from collections.abc import Iterable
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from tenacity import RetryCallState
 
@@ -34,32 +35,32 @@ class TerminalProgress:
         return f"[dim]{time.monotonic() - self.started:7.2f}s[/dim]"
 
     def phase_started(self, name: str) -> None:
-        self.out.print(f"{self._stamp()} [bold]▸ {name}[/bold]")
+        self.out.print(f"{self._stamp()} [bold]▸ {escape(name)}[/bold]")
 
     def step_done(self, name: str, seconds: float) -> None:
-        self.out.print(f"{self._stamp()} [green]✓[/green] {name} ({seconds:.2f} s)")
+        self.out.print(f"{self._stamp()} [green]✓[/green] {escape(name)} ({seconds:.2f} s)")
 
     def retrying(self, retry_state: RetryCallState) -> None:
         error = retry_state.outcome.exception() if retry_state.outcome else None
         if retry_state.attempt_number % 10 == 1 and error is not None:
-            self.out.print(f"{self._stamp()}   waiting: {getattr(error, 'message', error)} "
+            self.out.print(f"{self._stamp()}   waiting: {escape(str(getattr(error, 'message', error)))} "
                            f"({retry_state.seconds_since_start:.1f} s)")
 
     def log_line(self, text: str) -> None:
         self.last_log = text
-        self.out.print(f"{self._stamp()}   [cyan]server:[/cyan] {text}")
+        self.out.print(f"{self._stamp()}   [cyan]server:[/cyan] {escape(text)}")
 
     def note(self, text: str) -> None:
-        self.out.print(f"{self._stamp()} [yellow]![/yellow] {text}")
+        self.out.print(f"{self._stamp()} [yellow]![/yellow] {escape(text)}")
 
 
 def print_error(error: DeployError) -> None:
-    errors.print(f"[bold red]error:[/bold red] {error.message}", markup=True)
+    errors.print(f"[bold red]error:[/bold red] {escape(error.message)}", markup=True)
     evidence: Iterable[str] = getattr(error, "evidence", ()) or ()
     for line in evidence:
         errors.print(f"  | {line}", markup=False)
     if error.hint:
-        errors.print(f"[yellow]hint:[/yellow] {error.hint}")
+        errors.print(f"[yellow]hint:[/yellow] {escape(error.hint)}")
 
 
 def print_release(release: Release) -> None:
@@ -106,7 +107,7 @@ def print_status(report: StatusReport) -> None:
         console.print("no release deployed")
     console.print(f"unit {report.unit_state}; {report.readiness}")
     if report.lock_holder:
-        console.print(f"[yellow]locked by {report.lock_holder}[/yellow]")
+        console.print(f"[yellow]locked by {escape(report.lock_holder)}[/yellow]")
     if report.gpus is None:
         console.print(f"GPUs: {report.gpu_error}")
         return
@@ -168,7 +169,7 @@ def print_check(report: CheckReport) -> None:
     console.print(f"{report.patch_set}: " + ", ".join(f"{k} {v}" for k, v in report.versions.items()))
     print_lines(report.summary_lines())
     for warning in report.warnings:
-        console.print(f"[yellow]![/yellow] {warning}")
+        console.print(f"[yellow]![/yellow] {escape(warning)}")
 
 
 def print_audit(report: AuditReport) -> None:
