@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from collections.abc import Iterator
@@ -27,7 +28,7 @@ from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote, Step
 from deploy_lib.status import list_releases, read_status
 from deploy_lib.store import StoreLayout, this_process_owner
-from sandbox import manage
+from sandbox import manage, wheelhouse
 
 pytestmark = pytest.mark.sandbox
 REPO = Path(__file__).resolve().parents[2]
@@ -263,7 +264,11 @@ def test_patch_fusion_enable_deploys_a_patched_venv_and_disable_returns(rig: Rig
     assert rig.unit_state() == "active" and rig.current() == outcome.release_id
     assert "fusion" in rig.root("journalctl -u sglang.service -n 200 -o cat").lower()
     assert rig.root(fingerprint) == before, "the hand-made venv the patched one came from is byte-identical"
+    assert rig.rollback().release_id == healthy, "invoke rollback returns to the unpatched release"
     with FabricRemote(target.ssh) as remote:
+        _, again = patching.enable(remote, patch_set, base, patching.patched_profile(base, patch_set), target,
+                                   RecordingProgress(), engine.Options())
+        assert again.release_id == outcome.release_id, "the same patched venv and release are reused"
         back = patching.disable(remote, patch_set, base, target, RecordingProgress(), engine.Options())
         assert back.action == "deployed" and rig.unit_state() == "active"
         assert {t.state.value for t in patching.check(remote, patch_set, base, target).targets} <= {
@@ -345,3 +350,40 @@ def test_a_store_on_a_full_filesystem_is_refused_before_anything_changes(rig: Ri
         assert rig.current() == healthy
     finally:
         rig.root("umount /srv/small")
+
+
+def test_locked_venvs_are_built_reused_and_rolled_back_with_the_release(rig: Rig, healthy: str) -> None:
+    """Two locks (FlashInfer 0.7.2, then 0.6.12): two venvs, each release on its own; rollback returns to the first."""
+    house = rig.project.root / "wheelhouse"
+    house.mkdir(exist_ok=True)
+    base_wheels = wheelhouse.prepare().wheels
+    other = wheelhouse.download("flashinfer-python", "0.6.12")
+    for wheel in (*base_wheels, other):
+        if not (house / wheel.name).exists():
+            (house / wheel.name).symlink_to(wheel)
+    swapped = [other if w.name.startswith("flashinfer_python-") else w for w in base_wheels]
+    for name, wheels in (("lock-a.txt", base_wheels), ("lock-b.txt", swapped)):
+        lines = [f"{w.name.split('-')[0]}=={w.name.split('-')[1]} --hash=sha256:{sha256_file(w)}" for w in wheels]
+        (rig.project.root / name).write_text("\n".join(lines) + "\n")
+    for profile, lock in (("glm5-lock-a", "lock-a.txt"), ("glm5-lock-b", "lock-b.txt")):
+        (rig.project.profiles_dir / f"{profile}.yaml").write_text(
+            f"extends: glm5-nvfp4\nservice:\n  venv_build:\n    lock: {lock}\n    wheelhouse: wheelhouse\n")
+    first = rig.deploy("glm5-lock-a")
+    venv_a = rig.root(f"sed -n 's/.*\"venv\": *\"\\([^\"]*\\)\".*/\\1/p' "
+                      f"/opt/sglang-deploy/sglang/releases/{first.release_id}/release.json").strip()
+    assert venv_a.startswith("/opt/sglang-deploy/sglang/venvs/")
+    assert "FLASHINFER_WORKSPACE_BASE" in rig.root(f"cat /opt/sglang-deploy/sglang/releases/{first.release_id}/"
+                                                   "sglang.env")
+    assert rig.deploy("glm5-lock-a").action == "unchanged"
+    second = rig.deploy("glm5-lock-b")
+    assert second.action == "deployed"
+    assert any(c.kind == "venv" for c in second.plan.changes) and any(
+        c.kind == "version" and c.new == "0.6.12" for c in second.plan.changes)
+    assert rig.root(f"test -d {venv_a} && echo kept").strip() == "kept"
+    back = rig.rollback()
+    assert back.release_id == first.release_id and rig.current() == first.release_id
+    assert venv_a in rig.root("cat /proc/$(systemctl show -p MainPID --value sglang.service)/cmdline | tr '\\0' ' '")
+
+
+def sha256_file(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
