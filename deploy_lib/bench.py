@@ -50,8 +50,9 @@ found = [m for m, f in (("{MODULE_NEW}", "benchmark/serving.py"), ("{MODULE_OLD}
 print(found[0] if found else "")
 """
 # $1 pid file, $2 output, $3 interval, $4 lifetime (s), then the nvidia-smi argv; ends by itself at the lifetime.
-_SAMPLER_SCRIPT = ('echo $$ >"$1"; out=$2 interval=$3 end=$(( $(date +%s) + $4 )); shift 4; '
-                   'while [ "$(date +%s)" -lt "$end" ] && "$@" >>"$out" 2>&1; do sleep "$interval"; done')
+# Its own stdio leaves the SSH channel at once (exec), or the batch would wait for the sampler to end.
+_SAMPLER_SCRIPT = ('echo $$ >"$1"; exec >>"$2" 2>&1 </dev/null; interval=$3 end=$(( $(date +%s) + $4 )); shift 4; '
+                   'while [ "$(date +%s)" -lt "$end" ] && "$@"; do sleep "$interval"; done')
 _STOP_SCRIPT = 'kill "$(cat "$1")"'
 # The API key travels on stdin, never in argv: the benchmark reads OPENAI_API_KEY (sent as a bearer token).
 _API_KEY_SCRIPT = 'IFS= read -r OPENAI_API_KEY; export OPENAI_API_KEY; exec "$@"'
