@@ -38,6 +38,10 @@ STEP_SAMPLER_START = "bench: start GPU sampler"
 STEP_SAMPLER_STOP = "bench: stop GPU sampler"
 ERROR_TAIL_LINES = 6
 TELEMETRY_FILE = "gpus.csv"
+# One socket per in-flight request: at concurrency 1,024 the client needs more than the usual soft limit of 1,024
+# open files, and the benchmark's own raise to 65,535 fails silently where the hard limit is lower (requests then
+# fail with EMFILE). prlimit (util-linux) sets both limits for the run; the step runs as root.
+BENCH_NOFILE = 65536
 
 # Prints the benchmark module the venv has, from its installed files (find_spec of a top-level name does not
 # import it, so sglang/__init__ and torch are not loaded).
@@ -337,7 +341,8 @@ def sampler_steps(run_dir: PurePosixPath, lifetime_s: int) -> list[Step | Put]:
 
 def benchmark_step(target: BenchTarget, module: str, settings: BenchSettings, concurrency: int,
                    output: PurePosixPath, api_key: str | None) -> Step:
-    command = ("env", *(f"{k}={v}" for k, v in sorted(target.environment.items())), target.python, "-m", module,
+    command = ("prlimit", f"--nofile={BENCH_NOFILE}", "--",
+               "env", *(f"{k}={v}" for k, v in sorted(target.environment.items())), target.python, "-m", module,
                "--backend", settings.backend, "--base-url", target.base_url, "--dataset-name", "random-ids",
                "--tokenizer", target.tokenizer, "--num-prompts", str(settings.prompts),
                "--random-input-len", str(settings.input_len), "--random-output-len", str(settings.output_len),
