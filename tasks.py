@@ -107,14 +107,15 @@ def schema(c: Context, output: str | None = None) -> None:
 
 @task(help={"profile": "profile name", **HOST_HELP, "dry_run": "print the plan and stop (reads the host only)",
             "yes": "do not ask before changing the host", "force": "overwrite files edited by hand on the host",
-            "accept_new_host_key": "trust and record the host key of a host never seen before"})
+            "accept_new_host_key": "trust and record the host key of a host never seen before",
+            "gate": "benchmark the new release and roll it back if slower than the last good one"})
 def deploy(c: Context, profile: str, host: str | None = None, inventory: str | None = None, dry_run: bool = False,
-           yes: bool = False, force: bool = False, accept_new_host_key: bool = False) -> None:
+           yes: bool = False, force: bool = False, accept_new_host_key: bool = False, gate: bool = False) -> None:
     """Deploy a profile: plan, preflight, stage, switch, restart, verify; roll back automatically on failure."""
     loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host, accept_new_host_key))
     if not dry_run and not yes and not ui.confirm(f"deploy {profile} to {target.host.name}?"):
         raise Exit("cancelled", code=1)
-    options = deploy_engine.Options(dry_run=dry_run, force=force, environ=dict(os.environ))
+    options = deploy_engine.Options(dry_run=dry_run, force=force, environ=dict(os.environ), gate=gate)
     with _remote(target.ssh) as remote:
         outcome = _run(lambda: deploy_engine.deploy(loaded, target, remote, ui.TerminalProgress(), options))
     ui.print_outcome(outcome)
@@ -176,6 +177,24 @@ def unlock(c: Context, force: bool = False, host: str | None = None, inventory: 
     with _remote(target.ssh) as remote:
         removed = _run(lambda: unlock_store(remote, layout, force, LockContext(where=target.host.name)))
     ui.console.print(f"removed the lock held by {removed.owner}" if removed else "there was no lock")
+
+
+@task(help={"profile": "profile whose bench settings to use (default glm5-nvfp4)", **HOST_HELP,
+            "compare": "two release ids: print their newest benchmarks side by side (no new run)"},
+      iterable=["compare"])
+def bench(c: Context, profile: str = "glm5-nvfp4", compare: list[str] | None = None, host: str | None = None,
+          inventory: str | None = None) -> None:
+    """Run SGLang's serving benchmark against the current release and record it (`--compare A --compare B`)."""
+    loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host))
+    with _remote(target.ssh) as remote:
+        if compare:
+            if len(compare) != 2:
+                raise Exit("--compare takes two release ids: --compare A --compare B", code=2)
+            ui.print_comparison(*_run(lambda: host_status.compare_benchmarks(
+                target, loaded.profile.service.name, remote, compare[0], compare[1])))
+            return
+        ui.print_bench(_run(lambda: host_status.bench_current(target, loaded, remote, dict(os.environ),
+                                                               ui.TerminalProgress())))
 
 
 @task(name="build", help={"profile": "profile whose service.venv_build lock to build", **HOST_HELP})
@@ -310,7 +329,7 @@ def demo(c: Context) -> None:
     releases(c, inventory=inventory)
 
 
-ns = Collection(render, plan, schema, deploy, rollback, releases, status, logs, unlock, patch_fusion, demo)
+ns = Collection(render, plan, schema, deploy, rollback, releases, status, logs, unlock, bench, patch_fusion, demo)
 ns.add_collection(Collection(patches_list, patches_check, patches_audit, patches_enable, patches_disable),
                   name="patches")
 ns.add_collection(Collection(venv_build, venv_adopt, venv_list), name="venv")

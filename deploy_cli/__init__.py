@@ -12,6 +12,7 @@ from rich.markup import escape
 from rich.table import Table
 from tenacity import RetryCallState
 
+from deploy_lib.bench import BenchResult, ComparisonRow
 from deploy_lib.deploy import Outcome, Plan
 from deploy_lib.errors import DeployError
 from deploy_lib.patches import AuditReport, CheckReport, PatchSet
@@ -127,11 +128,27 @@ def print_releases(rows: list[ReleaseRow]) -> None:
     for column in table.columns[1:4]:
         column.no_wrap = True
     for row in rows:
-        throughput = row.figures.get("output_throughput")
         table.add_row("*" if row.is_current else "", row.id, row.staged_at[:16].replace("T", " "), row.profile,
-                      row.sglang_version,
-                      row.outcome, f"{throughput:.0f}" if throughput else "")
+                      row.sglang_version, row.outcome, row.throughput)
     console.print(table)
+
+
+def print_bench(result: BenchResult) -> None:
+    console.print(f"release {result.release_id}: {result.settings.describe()}")
+    console.print(result.summary())
+    for gpu in result.gpus:
+        console.print(f"  {gpu.line()}")
+
+
+def print_comparison(a: BenchResult, b: BenchResult, rows: list[ComparisonRow]) -> None:
+    table = Table("", a.release_id, b.release_id, "ratio (b / a)")
+    for row in rows:
+        table.add_row(row.label, _figure(row.a), _figure(row.b), f"{row.ratio:.2f}" if row.ratio is not None else "")
+    console.print(table)
+
+
+def _figure(value: float | None) -> str:
+    return f"{value:,.1f}" if value is not None else ""
 
 
 def confirm(question: str) -> bool:

@@ -12,11 +12,13 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+from deploy_lib.bench import GateSettings, gate_after_ready
 from deploy_lib.diagnose import Diagnosis, diagnose, journal_cursor_step, journal_step, parse_journal_cursor
 from deploy_lib.errors import (
     ConfigError,
     DeployError,
     DriftDetected,
+    GateFailed,
     PreflightError,
     ReadinessFailed,
     RollbackFailed,
@@ -37,6 +39,7 @@ from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.release import Change, Release, build_release, diff_releases, resolve_secrets
 from deploy_lib.remote import Put, Remote, Step, StepResult, describe
+from deploy_lib.server_args import API_KEY_ENV
 from deploy_lib.sglang_options import check_argv
 from deploy_lib.store import (
     ENV_FILE,
@@ -136,6 +139,7 @@ class Options:
     environ: Mapping[str, str] = field(default_factory=dict)
     venv: VenvChoice | None = None      # a venv decided by the caller (a patched venv), instead of the profile's
     patches: tuple[str, ...] = ()       # patch sets applied in that venv, recorded in the release
+    gate: bool = False                  # run the throughput gate even when the profile has no `gate:`
 
 
 def layout_for(target: Target, profile: Profile) -> StoreLayout:
@@ -338,10 +342,17 @@ def _stop_unit(remote: Remote, layout: StoreLayout) -> None:
     remote.run([Step("systemd: stop", ("systemctl", "stop", "--", layout.unit_name), sudo=True)])
 
 
+def gate_diagnosis(failure: GateFailed) -> Diagnosis:
+    """A release that started but benchmarked too slow: the verdict is the cause, the GPU telemetry the evidence."""
+    return Diagnosis("throughput_gate", failure.message, failure.hint or "", failure.evidence)
+
+
 def failure_line(failure: ReadinessFailed, diagnosis: Diagnosis) -> str:
     """One line: what the ladder saw, and the cause the journal shows when it matches a known signature."""
     if diagnosis.signature == "unknown":
         return f"{failure.message} (no known failure signature in the log)"
+    if isinstance(failure, GateFailed):
+        return diagnosis.cause
     return f"{diagnosis.one_line()}; {failure.message}"
 
 
@@ -374,9 +385,9 @@ def _roll_back(run: _Run, facts: HostFacts, failed_id: str, failure: ReadinessFa
             hint=f"first failure: {diagnosis.hint}\n  rollback failure: {second_diagnosis.hint}") from second
     if tags:
         run.record("rollback", HEALTHY, tags, f"after {failed_id} failed: {diagnosis.one_line()}")
-    raise ReadinessFailed(f"{where}: release {failed_id} failed: {failure_line(failure, diagnosis)}; rolled back, "
-                          f"release {target_id} is serving", failure.rung, diagnosis.evidence or failure.evidence,
-                          diagnosis.hint)
+    error = GateFailed if isinstance(failure, GateFailed) else ReadinessFailed
+    raise error(f"{where}: release {failed_id} failed: {failure_line(failure, diagnosis)}; rolled back, "
+                f"release {target_id} is serving", failure.rung, diagnosis.evidence or failure.evidence, diagnosis.hint)
 
 
 def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progress, options: Options,
@@ -401,11 +412,16 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
     owner = this_process_owner(plan.release.id, datetime.now(UTC))
     with holding_lock(remote, layout, owner, LockContext(where=target.host.name)):
         run.phase("stage", plan.batches.get("stage", []))
+        gate = profile.gate or (GateSettings() if options.gate else None)
         try:
             ready = run.activate(plan.release.id, plan.release.metadata(), start_prediction(facts, loaded.name),
                                  options.grace_s)
+            if gate is not None:
+                gate_after_ready(remote, layout, plan.release.metadata(), tags, profile.bench, gate,
+                                 facts.store.history, progress, secrets.get(API_KEY_ENV))
         except ReadinessFailed as failure:
-            diagnosis = run.journal_diagnosis(run.cursor)
+            diagnosis = gate_diagnosis(failure) if isinstance(failure, GateFailed) else \
+                run.journal_diagnosis(run.cursor)
             run.record("deploy", FAILED, tags, failure_line(failure, diagnosis))
             return _roll_back(run, facts, plan.release.id, failure, diagnosis, loaded.name)
         run.record("deploy", HEALTHY, tags)

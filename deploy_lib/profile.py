@@ -21,6 +21,7 @@ from pydantic import (
     model_validator,
 )
 
+from deploy_lib.bench import BenchSettings, GateSettings
 from deploy_lib.errors import ConfigError
 from deploy_lib.venvs import VenvSpec
 from deploy_lib.yaml_io import load_yaml_mapping
@@ -353,6 +354,10 @@ class Profile(Strict):
     secrets: dict[EnvName, SecretField] = Field(
         default_factory=dict, description="environment variables whose values are read locally at deploy time")
     service: ServiceSpec = ServiceSpec()
+    bench: BenchSettings = Field(default_factory=BenchSettings,
+                                 description="SGLang's serving benchmark, run by the gate and `invoke bench`")
+    gate: GateSettings | None = Field(None, description="benchmark every new release after it is ready and roll "
+                                                        "it back when it is slower than the last good release")
     extra_args: list[ExtraArg] = Field(
         default_factory=list, description="flags not modelled here; checked against the host's SGLang at preflight")
 

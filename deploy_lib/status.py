@@ -8,13 +8,23 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
+from deploy_lib.bench import (
+    BenchResult,
+    ComparisonRow,
+    bench_on_demand,
+    compare_releases,
+    throughput_by_release,
+)
 from deploy_lib.deploy import probe_target
 from deploy_lib.diagnose import journal_step
+from deploy_lib.errors import ConfigError
 from deploy_lib.facts import Gpu, HostFacts, read_host_facts
 from deploy_lib.health import Rung, Snapshot, parse_snapshot, probe_step
+from deploy_lib.profile import LoadedProfile
+from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.remote import Remote, Step
-from deploy_lib.store import StoreLayout, read_store_facts
+from deploy_lib.store import StoreLayout, Tags, read_store_facts
 from deploy_lib.venvs import VenvRecord, list_venvs, release_venv_hash
 from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
 from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps
@@ -28,7 +38,7 @@ class ReleaseRow:
     sglang_version: str
     outcome: str
     is_current: bool
-    figures: Mapping[str, float]
+    throughput: str  # the newest benchmark's output tok/s per concurrency level
 
 
 @dataclass(frozen=True)
@@ -55,14 +65,11 @@ def _age_s(iso: str, now: datetime) -> float | None:
 
 def release_rows(facts: HostFacts) -> list[ReleaseRow]:
     outcomes = facts.store.outcomes()
-    figures: dict[str, Mapping[str, float]] = {}
-    for entry in facts.store.history:
-        if entry.event == "bench" and entry.figures:
-            figures[entry.tags.release] = entry.figures
+    throughput = throughput_by_release(facts.store.history)
     return [ReleaseRow(id=r.id, staged_at=r.staged_at, profile=str(r.metadata.get("profile_name", "?")),
                        sglang_version=str(r.metadata.get("sglang_version", "?")),
                        outcome=outcomes.get(r.id, "never started"), is_current=r.id == facts.store.current,
-                       figures=figures.get(r.id, {}))
+                       throughput=throughput.get(r.id, ""))
             for r in facts.store.releases]
 
 
@@ -134,3 +141,22 @@ def list_managed_venvs(target: Target, service: str, remote: Remote) -> list[Ven
     store = read_store_facts(remote, layout)
     return list_venvs(remote, layout, {r.id: release_venv_hash(layout, str(r.metadata.get("venv", "")))
                                        for r in store.releases})
+
+
+def bench_current(target: Target, loaded: LoadedProfile, remote: Remote, environ: Mapping[str, str],
+                  progress: Progress) -> BenchResult:
+    """`invoke bench`: SGLang's serving benchmark against the current release, recorded in history."""
+    layout = StoreLayout(service=loaded.profile.service.name, root=target.deploy_root)
+    store = read_store_facts(remote, layout)
+    record = store.release(store.current) if store.current else None
+    if record is None:
+        raise ConfigError(f"{target.host.name}: no release is deployed", "`invoke deploy` first")
+    probe = probe_target(layout, record.metadata, environ)
+    return bench_on_demand(remote, layout, record.metadata, Tags.from_dict(record.metadata["tags"]),
+                           loaded.profile.bench, progress, probe.api_key)
+
+
+def compare_benchmarks(target: Target, service: str, remote: Remote, release_a: str, release_b: str
+                       ) -> tuple[BenchResult, BenchResult, list[ComparisonRow]]:
+    layout = StoreLayout(service=service, root=target.deploy_root)
+    return compare_releases(read_store_facts(remote, layout).history, release_a, release_b)
