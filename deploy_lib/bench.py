@@ -38,10 +38,6 @@ STEP_SAMPLER_START = "bench: start GPU sampler"
 STEP_SAMPLER_STOP = "bench: stop GPU sampler"
 ERROR_TAIL_LINES = 6
 TELEMETRY_FILE = "gpus.csv"
-# One socket per in-flight request: at concurrency 1,024 the client needs more than the usual soft limit of 1,024
-# open files, and the benchmark's own raise to 65,535 fails silently where the hard limit is lower (requests then
-# fail with EMFILE). prlimit (util-linux) sets both limits for the run; the step runs as root.
-BENCH_NOFILE = 65536
 
 # Prints the benchmark module the venv has, from its installed files (find_spec of a top-level name does not
 # import it, so sglang/__init__ and torch are not loaded).
@@ -58,8 +54,12 @@ print(found[0] if found else "")
 _SAMPLER_SCRIPT = ('echo $$ >"$1"; exec >>"$2" 2>&1 </dev/null; interval=$3 end=$(( $(date +%s) + $4 )); shift 4; '
                    'while [ "$(date +%s)" -lt "$end" ] && "$@"; do sleep "$interval"; done')
 _STOP_SCRIPT = 'kill "$(cat "$1")"'
+# One socket per in-flight request: at concurrency 1,024 the client needs more than the usual soft limit of 1,024
+# open files, and the benchmark's own raise to 65,535 fails silently where the hard limit is lower (its requests
+# then fail with EMFILE), so the soft limit goes up to the hard one first (no privilege needed, unlike prlimit).
+_RUN_SCRIPT = 'ulimit -n "$(ulimit -Hn)"; exec "$@"'
 # The API key travels on stdin, never in argv: the benchmark reads OPENAI_API_KEY (sent as a bearer token).
-_API_KEY_SCRIPT = 'IFS= read -r OPENAI_API_KEY; export OPENAI_API_KEY; exec "$@"'
+_RUN_WITH_KEY_SCRIPT = 'ulimit -n "$(ulimit -Hn)"; IFS= read -r OPENAI_API_KEY; export OPENAI_API_KEY; exec "$@"'
 _HF_ENV_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_")
 
 
@@ -341,17 +341,17 @@ def sampler_steps(run_dir: PurePosixPath, lifetime_s: int) -> list[Step | Put]:
 
 def benchmark_step(target: BenchTarget, module: str, settings: BenchSettings, concurrency: int,
                    output: PurePosixPath, api_key: str | None) -> Step:
-    command = ("prlimit", f"--nofile={BENCH_NOFILE}", "--",
-               "env", *(f"{k}={v}" for k, v in sorted(target.environment.items())), target.python, "-m", module,
+    command = ("env", *(f"{k}={v}" for k, v in sorted(target.environment.items())), target.python, "-m", module,
                "--backend", settings.backend, "--base-url", target.base_url, "--dataset-name", "random-ids",
                "--tokenizer", target.tokenizer, "--num-prompts", str(settings.prompts),
                "--random-input-len", str(settings.input_len), "--random-output-len", str(settings.output_len),
                "--random-range-ratio", "1", "--max-concurrency", str(concurrency), "--output-file", str(output))
+    name, runs_to_the_end = f"bench: concurrency {concurrency}", frozenset(range(256))
     if api_key is None:
-        return Step(f"bench: concurrency {concurrency}", command, sudo=True, ok=frozenset(range(256)),
+        return Step(name, ("sh", "-c", _RUN_SCRIPT, "bench", *command), sudo=True, ok=runs_to_the_end,
                     timeout_s=settings.timeout_s)
-    return Step(f"bench: concurrency {concurrency}", ("sh", "-c", _API_KEY_SCRIPT, "bench", *command), sudo=True,
-                stdin=api_key.encode() + b"\n", ok=frozenset(range(256)), timeout_s=settings.timeout_s, secret=True)
+    return Step(name, ("sh", "-c", _RUN_WITH_KEY_SCRIPT, "bench", *command), sudo=True,
+                stdin=api_key.encode() + b"\n", ok=runs_to_the_end, timeout_s=settings.timeout_s, secret=True)
 
 
 def _read_name(path: PurePosixPath) -> str:

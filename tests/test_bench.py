@@ -296,11 +296,11 @@ def test_run_benchmark_runs_sglangs_benchmark_on_the_host_and_reads_its_jsonl() 
     assert [gpu.index for gpu in bench.gpus] == [0, 1]
     (step,) = bench_steps(remote)
     argv = step.argv
-    assert argv[:3] == ("prlimit", "--nofile=65536", "--")  # 1,024 sockets need more than a soft limit of 1,024
-    assert argv[3:7] == ("env", "HF_HOME=/data/hf", "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1")
+    assert argv[:4] == ("sh", "-c", 'ulimit -n "$(ulimit -Hn)"; exec "$@"', "bench")  # 1,024 sockets need it
+    assert argv[4:8] == ("env", "HF_HOME=/data/hf", "HF_HUB_OFFLINE=1", "TRANSFORMERS_OFFLINE=1")
     assert "PYTHONUNBUFFERED=1" not in argv
-    assert argv[7:10] == ("/opt/ml-env/bin/python3", "-m", MODULE_NEW)
-    flags = dict(zip(argv[10::2], argv[11::2], strict=True))
+    assert argv[8:11] == ("/opt/ml-env/bin/python3", "-m", MODULE_NEW)
+    flags = dict(zip(argv[11::2], argv[12::2], strict=True))
     output = flags.pop("--output-file")
     assert flags == {"--backend": "sglang", "--base-url": "http://127.0.0.1:8000", "--dataset-name": "random-ids",
                      "--tokenizer": "lukealonso/GLM-5-NVFP4", "--num-prompts": "256", "--random-input-len": "128",
