@@ -1,0 +1,192 @@
+"""The throughput gate on the sandbox VM: SGLang's real serving benchmark (from the guest's venv) against the
+simulated server, over real SSH, with the nvidia-smi stand-in sampled while it runs.
+
+The service here is `sglang-bench` on port 8100 (its own store and history), so this module neither sees nor
+disturbs the `sglang` service other sandbox tests deploy on the same guest. Deploys go through the deploy engine;
+the gate is called as deploy will call it after the readiness ladder, and a failed gate is followed by the
+rollback deploy does for a failed start.
+"""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from deploy_lib import deploy as engine
+from deploy_lib import patching
+from deploy_lib.bench import (
+    BenchResult,
+    BenchSettings,
+    GateRun,
+    GateSettings,
+    bench_on_demand,
+    find_baseline,
+    gate_after_ready,
+    throughput_by_release,
+)
+from deploy_lib.errors import GateFailed
+from deploy_lib.patches import find_patch_set
+from deploy_lib.progress import RecordingProgress
+from deploy_lib.project import Project, load_for_host
+from deploy_lib.remote import FabricRemote
+from deploy_lib.store import FAILED, HEALTHY, StoreFacts, StoreLayout, Tags, read_store_facts
+from sandbox import manage
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.wheels]
+REPO = Path(__file__).resolve().parents[2]
+SERVICE = "sglang-bench"
+TOKENIZER = "/opt/sim-tokenizer"
+OVERRIDES = f"service:\n  name: {SERVICE}\nserver:\n  port: 8100\n"
+PROFILES = {
+    "bench-ref": f"extends: glm5-nvfp4\n{OVERRIDES}",
+    "bench-ref-omp4": f"extends: glm5-nvfp4\n{OVERRIDES}env:\n  OMP_NUM_THREADS: '4'\n",
+}
+# Bounded for a 2-core machine: one level of 64 for the gate runs (~5 s at 880 tok/s, ~17 s fused at 236).
+GATE_RUN = BenchSettings(prompts=128, input_len=32, output_len=32, concurrency=[64], tokenizer=TOKENIZER,
+                         timeout_s=300)
+# The users' high level: 1024 concurrent requests, 128 tokens each (~35 s at 3,740 tok/s).
+FULL_LOAD = BenchSettings(prompts=1024, input_len=32, output_len=128, concurrency=[1024], tokenizer=TOKENIZER,
+                          timeout_s=600)
+REFERENCE_64, REFERENCE_1024, FUSED_64 = 880.0, 3740.0, 236.0  # sandbox/sim/sglang_sim/throughput.toml
+NOISE = (0.85, 1.05)  # the benchmark's ramp-up and tail cost a little throughput; it never exceeds the model
+
+
+def near(measured: float, model: float) -> bool:
+    return NOISE[0] * model <= measured <= NOISE[1] * model
+
+
+@dataclass
+class BenchRig:
+    guest: manage.Guest
+    project: Project
+    inventory: str
+
+    def target(self, profile: str = "bench-ref") -> Any:
+        return load_for_host(self.project, profile, self.inventory, None)
+
+    def remote(self) -> FabricRemote:
+        return FabricRemote(self.target()[1].ssh)
+
+    def layout(self) -> StoreLayout:
+        return StoreLayout(service=SERVICE, root=self.target()[1].deploy_root)
+
+    def deploy(self, profile: str) -> engine.Outcome:
+        loaded, target = self.target(profile)
+        with FabricRemote(target.ssh) as remote:
+            return engine.deploy(loaded, target, remote, RecordingProgress(), engine.Options())
+
+    def facts(self) -> StoreFacts:
+        with self.remote() as remote:
+            return read_store_facts(remote, self.layout())
+
+    def gate(self, settings: BenchSettings = GATE_RUN) -> GateRun:
+        """What deploy does after the readiness ladder, for the release that is current now."""
+        facts = self.facts()
+        assert facts.current is not None
+        metadata = facts.release(facts.current).metadata  # type: ignore[union-attr]
+        with self.remote() as remote:
+            return gate_after_ready(remote, self.layout(), metadata, Tags.from_dict(metadata["tags"]), settings,
+                                    GateSettings(), facts.history, RecordingProgress())
+
+    def root(self, command: str) -> str:
+        return manage.run_on(self.guest, command, user="root")
+
+
+@pytest.fixture(scope="module")
+def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BenchRig]:
+    root = tmp_path_factory.mktemp("project")
+    shutil.copytree(REPO / "inventory" / "profiles", root / "inventory" / "profiles")
+    for name, text in PROFILES.items():
+        (root / "inventory" / "profiles" / f"{name}.yaml").write_text(text)
+    inventory = root / "inventory" / "sandbox.yaml"
+    inventory.write_text(manage.inventory_text([sandbox_venv]))
+    bench_rig = BenchRig(sandbox_venv, Project(root), str(inventory))
+    # the tokenizer the benchmark loads offline, made by the guest venv's own `tokenizers`
+    bench_rig.root(f"/opt/ml-env/bin/python -m sglang_sim.tokenizer {TOKENIZER}")
+    bench_rig.root(f"rm -f /opt/sglang-deploy/{SERVICE}/history.jsonl /etc/sglang-sim/fault")
+    yield bench_rig
+    bench_rig.root(f"systemctl stop {SERVICE}.service || true")
+
+
+def latest_bench_entry(rig: BenchRig) -> Any:
+    return [entry for entry in rig.facts().history if entry.event == "bench"][-1]
+
+
+def test_first_release_has_no_baseline_and_is_recorded_and_kept(rig: BenchRig, record_property: Any) -> None:
+    release = rig.deploy("bench-ref").release_id
+    run = rig.gate()
+    record_property("reference_c64_tok_s", run.result.levels[0].output_tok_s)
+    assert run.verdict.passed and "no baseline at these settings" in run.verdict.message
+    assert run.result.release_id == release and near(run.result.levels[0].output_tok_s, REFERENCE_64)
+    entry = latest_bench_entry(rig)
+    assert (entry.outcome, entry.tags.release) == (HEALTHY, release)
+    assert entry.figures["c64.output_tok_s"] == pytest.approx(run.result.levels[0].output_tok_s, abs=0.01)
+    assert rig.facts().current == release
+
+
+def test_a_release_within_the_ratio_is_kept(rig: BenchRig) -> None:
+    reference = rig.deploy("bench-ref").release_id
+    assert find_baseline(rig.facts().history, GATE_RUN, "new") is not None, "needs the first test's benchmark"
+    other = rig.deploy("bench-ref-omp4").release_id
+    run = rig.gate()
+    assert run.verdict.passed and run.verdict.baseline_release == reference
+    assert f"for release {reference}" in run.verdict.message and "within the gate" in run.verdict.message
+    assert rig.facts().current == other
+
+
+def test_fused_release_is_healthy_and_slow_and_the_gate_rolls_it_back(rig: BenchRig, record_property: Any) -> None:
+    reference = rig.deploy("bench-ref").release_id
+    patch_set = find_patch_set(REPO / "roles", "fusion-sm120")
+    base, target = rig.target()
+    with FabricRemote(target.ssh) as remote:
+        _, outcome = patching.enable(remote, patch_set, base, patching.patched_profile(base, patch_set), target,
+                                     RecordingProgress(), engine.Options())
+    fused = outcome.release_id
+    assert outcome.action == "deployed" and rig.facts().current == fused  # healthy: the ladder kept it
+    with pytest.raises(GateFailed) as caught:
+        rig.gate()
+    message = caught.value.message
+    record_property("gate_message", message)
+    entry = latest_bench_entry(rig)
+    fused_tok_s, reference_tok_s = entry.figures["c64.output_tok_s"], find_baseline(
+        rig.facts().history, GATE_RUN, fused).levels[0].output_tok_s  # type: ignore[union-attr]
+    assert near(fused_tok_s, FUSED_64) and near(reference_tok_s, REFERENCE_64)
+    assert f"{fused_tok_s:,.1f} tok/s at concurrency 64 vs {reference_tok_s:,.1f} tok/s for release" in message
+    assert (entry.outcome, entry.tags.release) == (FAILED, fused)
+    assert caught.value.evidence and "of 600 W" in caught.value.evidence[0]
+    with rig.remote() as remote:  # what deploy does with a GateFailed: back to the last healthy release
+        back = engine.rollback(target, SERVICE, remote, RecordingProgress(), None, {})
+    assert back.release_id != fused and rig.facts().current in (reference, back.release_id)
+
+
+def test_a_benchmark_that_fails_to_run_is_a_failed_gate(rig: BenchRig) -> None:
+    rig.deploy("bench-ref")
+    broken = GATE_RUN.model_copy(update={"tokenizer": "/opt/no-such-tokenizer"})
+    with pytest.raises(GateFailed, match="the benchmark failed, so the gate fails") as caught:
+        rig.gate(broken)
+    assert "concurrency 64 exited" in caught.value.message
+    assert latest_bench_entry(rig).outcome == FAILED
+
+
+def test_reference_profile_records_3740_tok_s_at_concurrency_1024(rig: BenchRig, record_property: Any) -> None:
+    release = rig.deploy("bench-ref").release_id
+    facts = rig.facts()
+    metadata = facts.release(release).metadata  # type: ignore[union-attr]
+    with rig.remote() as remote:
+        result: BenchResult = bench_on_demand(remote, rig.layout(), metadata, Tags.from_dict(metadata["tags"]),
+                                              FULL_LOAD, RecordingProgress())
+    assert result.ok, result.error
+    (level,) = result.levels
+    record_property("reference_c1024", f"{level.output_tok_s:.1f} tok/s, p99 TTFT {level.ttft.p99_ms:.0f} ms; "
+                                       + result.gpus[0].line())
+    assert level.completed == 1024 and near(level.output_tok_s, REFERENCE_1024), level
+    assert len(result.gpus) == 8 and all(gpu.power_limit_w == 600.0 for gpu in result.gpus)
+    assert max(gpu.power_peak_w or 0 for gpu in result.gpus) > 200  # the sim draws ~250 W of 600 W at full load
+    entry = latest_bench_entry(rig)
+    assert entry.figures["c1024.output_tok_s"] == pytest.approx(level.output_tok_s, abs=0.01)
+    assert throughput_by_release(rig.facts().history)[release] == f"{level.output_tok_s:,.0f} tok/s @1024"
