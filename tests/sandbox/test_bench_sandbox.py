@@ -127,6 +127,8 @@ def test_first_release_has_no_baseline_and_is_recorded_and_kept(rig: BenchRig, r
     assert (entry.outcome, entry.tags.release) == (HEALTHY, release)
     assert entry.figures["c64.output_tok_s"] == pytest.approx(run.result.levels[0].output_tok_s, abs=0.01)
     assert rig.facts().current == release
+    assert "gpu-sampler" not in rig.root("ps -eo args"), "the sampler is stopped by its PID after the benchmark"
+    assert rig.root(f"ls /opt/sglang-deploy/{SERVICE}/bench").split() == [], "each run's directory is removed"
 
 
 def test_a_release_within_the_ratio_is_kept(rig: BenchRig) -> None:
