@@ -17,6 +17,7 @@ from deploy_lib.errors import (
     ConfigError,
     ConnectFailed,
     DriftDetected,
+    GateFailed,
     LockHeld,
     PreflightError,
     ReadinessFailed,
@@ -387,3 +388,30 @@ def test_locked_venvs_are_built_reused_and_rolled_back_with_the_release(rig: Rig
 
 def sha256_file(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+GATED = ("extends: glm5-nvfp4\nenv:\n  OMP_NUM_THREADS: '6'\n"
+         "bench: {prompts: 128, input_len: 32, output_len: 32, concurrency: [64], tokenizer: /opt/sim-tokenizer, "
+         "timeout_s: 300}\ngate: {}\n")
+
+
+def test_the_gate_in_deploy_keeps_a_first_release_and_rolls_back_the_slow_patched_one(rig: Rig, healthy: str) -> None:
+    """deploy with `gate:`: no baseline -> recorded and kept; patch-fusion --enable -> healthy but slow -> exit 7."""
+    rig.root("/opt/ml-env/bin/python -m sglang_sim.tokenizer /opt/sim-tokenizer")
+    (rig.project.profiles_dir / "glm5-gated.yaml").write_text(GATED)
+    progress = RecordingProgress()
+    loaded, target = load_for_host(rig.project, "glm5-gated", rig.inventory, None)
+    with FabricRemote(target.ssh) as remote:
+        first = engine.deploy(loaded, target, remote, progress, engine.Options())
+    assert first.action == "deployed" and rig.current() == first.release_id
+    assert any("no baseline" in str(note) for note in progress.of_kind("note"))
+    patch_set = find_patch_set(REPO / "roles", "fusion-sm120")
+    with FabricRemote(target.ssh) as remote, pytest.raises(GateFailed) as caught:
+        patching.enable(remote, patch_set, loaded, patching.patched_profile(loaded, patch_set), target,
+                        RecordingProgress(), engine.Options())
+    message = str(caught.value)
+    assert "tok/s" in message and f"release {first.release_id} is serving" in message
+    assert caught.value.exit_code == 7
+    assert rig.current() == first.release_id and rig.unit_state() == "active"
+    benches = [h for h in rig.history() if h["event"] == "bench"]
+    assert [b["outcome"] for b in benches[-2:]] == ["healthy", "failed"]
