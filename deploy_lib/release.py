@@ -90,7 +90,8 @@ def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: st
     environment = {**launch_environment(profile), **(extra_environment or {})}
     secrets_digest = hashlib.sha256(json.dumps(sorted(secrets.items())).encode()).hexdigest()[:16]
     content = json.dumps({
-        "profile": profile.model_dump(mode="json"), "argv": argv, "environment": environment,
+        # bench/gate settings decide how a release is judged, not how it starts: changing them is not a new release
+        "profile": profile.model_dump(mode="json", exclude={"bench", "gate"}), "argv": argv, "environment": environment,
         "secrets": secrets_digest, "version": sglang_version, "patches": patches, "service": layout.service,
     }, sort_keys=True)
     release_id = hashlib.sha256(content.encode()).hexdigest()[:12]

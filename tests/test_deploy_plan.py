@@ -218,3 +218,11 @@ def test_gpu_and_checksum_parsers_read_real_output() -> None:
     sums = parse_sha256sums(f"{'a' * 64}  /opt/x/current/sglang.service\n")
     assert sums == {"sglang.service": "a" * 64}
     assert PurePosixPath("/opt/x/current/sglang.service").name in sums
+
+
+def test_changing_only_the_benchmark_settings_is_not_a_new_release() -> None:
+    loaded, plan = first_plan()
+    profile = loaded.profile.model_copy(update={"bench": loaded.profile.bench.model_copy(update={"prompts": 2048})})
+    again = plan_deploy(loaded.model_copy(update={"profile": profile}), target(),
+                        facts(current=deployed(plan), active="active"), {}, False, NOW)
+    assert again.release.id == plan.release.id and again.unchanged
