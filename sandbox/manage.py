@@ -23,6 +23,7 @@ DEFAULT_NAME = "th1"
 GUEST_VENV = PurePosixPath("/opt/ml-env")  # a real host uses /root/ml-env
 GUEST_WHEELS = PurePosixPath("/var/cache/sglang-sim/wheels")
 GUEST_USER = "deploy"
+GUEST_TOKENIZER = PurePosixPath("/opt/sim-tokenizer")
 
 
 @dataclass(frozen=True)
@@ -146,4 +147,6 @@ def build_guest_venv(g: Guest, house: wheelhouse.Wheelhouse, venv: PurePosixPath
     remote_wheels = push_wheels(g, house)
     install = shlex.join(wheelhouse.install_argv(str(venv / "bin/python"), tuple(map(str, remote_wheels))))
     run_on(g, f"rm -rf {shlex.quote(str(venv))} && /usr/bin/python3 -m venv {shlex.quote(str(venv))} && {install}")
+    # the sandbox has no GLM-5 tokenizer; SGLang's serving benchmark loads this one offline (bench.tokenizer)
+    run_on(g, f"{shlex.quote(str(venv / 'bin/python'))} -m sglang_sim.tokenizer {shlex.quote(str(GUEST_TOKENIZER))}")
     return venv
