@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -172,3 +173,13 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+
+
+def write_lock(path: Path, wheels: Sequence[Path]) -> Path:
+    """A lock of these wheels in pip-compile's layout, each hashed with hashlib (what `pip hash` prints)."""
+    lines = [f"# generated from the sandbox wheelhouse ({len(wheels)} wheels)"]
+    for wheel in wheels:
+        name, version = wheel.name.split("-")[:2]
+        lines += [f"{name}=={version} \\", f"    --hash=sha256:{hashlib.sha256(wheel.read_bytes()).hexdigest()}"]
+    path.write_text("\n".join(lines) + "\n")
+    return path

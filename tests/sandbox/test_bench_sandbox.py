@@ -9,13 +9,13 @@ rollback deploy does for a failed start.
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
+from projects import project_for_guest
 
 from deploy_lib import deploy as engine
 from deploy_lib import patching
@@ -99,13 +99,8 @@ class BenchRig:
 
 @pytest.fixture(scope="module")
 def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[BenchRig]:
-    root = tmp_path_factory.mktemp("project")
-    shutil.copytree(REPO / "inventory" / "profiles", root / "inventory" / "profiles")
-    for name, text in PROFILES.items():
-        (root / "inventory" / "profiles" / f"{name}.yaml").write_text(text)
-    inventory = root / "inventory" / "sandbox.yaml"
-    inventory.write_text(manage.inventory_text([sandbox_venv]))
-    bench_rig = BenchRig(sandbox_venv, Project(root), str(inventory))
+    project, inventory = project_for_guest(tmp_path_factory.mktemp("project"), sandbox_venv, PROFILES)
+    bench_rig = BenchRig(sandbox_venv, project, inventory)
     # the tokenizer the benchmark loads offline, made by the guest venv's own `tokenizers`
     bench_rig.root(f"/opt/ml-env/bin/python -m sglang_sim.tokenizer {TOKENIZER}")
     bench_rig.root(f"rm -f /opt/sglang-deploy/{SERVICE}/history.jsonl /etc/sglang-sim/fault")

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from projects import project_for_guest
 
 from deploy_lib import deploy as engine
 from deploy_lib import patching
@@ -84,13 +83,8 @@ class Rig:
 
 @pytest.fixture(scope="module")
 def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    root = tmp_path_factory.mktemp("project")
-    shutil.copytree(REPO / "inventory" / "profiles", root / "inventory" / "profiles")
-    for name, text in TEST_PROFILES.items():
-        (root / "inventory" / "profiles" / f"{name}.yaml").write_text(text)
-    inventory = root / "inventory" / "sandbox.yaml"
-    inventory.write_text(manage.inventory_text([sandbox_venv]))
-    yield Rig(sandbox_venv, Project(root), str(inventory))
+    project, inventory = project_for_guest(tmp_path_factory.mktemp("project"), sandbox_venv, TEST_PROFILES)
+    yield Rig(sandbox_venv, project, inventory)
 
 
 @pytest.fixture
@@ -364,8 +358,7 @@ def test_locked_venvs_are_built_reused_and_rolled_back_with_the_release(rig: Rig
             (house / wheel.name).symlink_to(wheel)
     swapped = [other if w.name.startswith("flashinfer_python-") else w for w in base_wheels]
     for name, wheels in (("lock-a.txt", base_wheels), ("lock-b.txt", swapped)):
-        lines = [f"{w.name.split('-')[0]}=={w.name.split('-')[1]} --hash=sha256:{sha256_file(w)}" for w in wheels]
-        (rig.project.root / name).write_text("\n".join(lines) + "\n")
+        wheelhouse.write_lock(rig.project.root / name, wheels)
     for profile, lock in (("glm5-lock-a", "lock-a.txt"), ("glm5-lock-b", "lock-b.txt")):
         (rig.project.profiles_dir / f"{profile}.yaml").write_text(
             f"extends: glm5-nvfp4\nservice:\n  venv_build:\n    lock: {lock}\n    wheelhouse: wheelhouse\n")
@@ -384,10 +377,6 @@ def test_locked_venvs_are_built_reused_and_rolled_back_with_the_release(rig: Rig
     back = rig.rollback()
     assert back.release_id == first.release_id and rig.current() == first.release_id
     assert venv_a in rig.root("cat /proc/$(systemctl show -p MainPID --value sglang.service)/cmdline | tr '\\0' ' '")
-
-
-def sha256_file(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 GATED = ("extends: glm5-nvfp4\nenv:\n  OMP_NUM_THREADS: '6'\n"

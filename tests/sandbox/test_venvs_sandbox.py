@@ -55,15 +55,6 @@ def counting(remote: FabricRemote) -> CountingRemote:
     return CountingRemote(remote, [])
 
 
-def write_lock(path: Path, wheels: Sequence[Path]) -> Path:
-    """A lock of these wheels, hashed with hashlib (what `pip hash` prints), in pip-compile's layout."""
-    lines = ["# generated from the sandbox wheelhouse"]
-    for wheel in wheels:
-        name, version = wheel.name.split("-")[:2]
-        lines += [f"{name}=={version} \\", f"    --hash=sha256:{hashlib.sha256(wheel.read_bytes()).hexdigest()}"]
-    path.write_text("\n".join(lines) + "\n")
-    return path
-
 
 @pytest.fixture(scope="module")
 def house(wheelhouse_default: wheelhouse.Wheelhouse, tmp_path_factory: pytest.TempPathFactory) -> Path:
@@ -76,7 +67,7 @@ def house(wheelhouse_default: wheelhouse.Wheelhouse, tmp_path_factory: pytest.Te
 
 
 def spec(tmp_path: Path, house: Path, wheels: Sequence[Path], name: str = "requirements.lock") -> venvs.VenvSpec:
-    return venvs.VenvSpec(lock=write_lock(tmp_path / name, wheels), wheelhouse=house)
+    return venvs.VenvSpec(lock=wheelhouse.write_lock(tmp_path / name, wheels), wheelhouse=house)
 
 
 @pytest.fixture(scope="module")
@@ -164,7 +155,7 @@ def test_a_damaged_wheel_on_the_host_fails_before_pip_and_is_sent_again_next_tim
 
 def test_a_corrupted_wheel_in_the_wheelhouse_fails_before_anything_travels(
         store: None, sandbox_ssh: FabricRemote, wheelhouse_default: wheelhouse.Wheelhouse, tmp_path: Path) -> None:
-    lock = write_lock(tmp_path / "requirements.lock", [wheelhouse_default.dependencies[0]])
+    lock = wheelhouse.write_lock(tmp_path / "requirements.lock", [wheelhouse_default.dependencies[0]])
     damaged = tmp_path / "house"
     damaged.mkdir()
     data = bytearray(wheelhouse_default.dependencies[0].read_bytes())
@@ -179,7 +170,7 @@ def test_a_corrupted_wheel_in_the_wheelhouse_fails_before_anything_travels(
 def test_a_pip_failure_shows_pips_own_error_lines_and_publishes_nothing(
         store: None, sandbox_ssh: FabricRemote, wheelhouse_default: wheelhouse.Wheelhouse, tmp_path: Path,
         guest_shell: GuestShell) -> None:
-    lock = write_lock(tmp_path / "requirements.lock", [wheelhouse_default.dependencies[0]])
+    lock = wheelhouse.write_lock(tmp_path / "requirements.lock", [wheelhouse_default.dependencies[0]])
     unreachable = venvs.VenvSpec(lock=lock, index="http://127.0.0.1:9/simple")  # the guest has no index
     with pytest.raises(StepFailed) as raised:
         venvs.ensure_venv(sandbox_ssh, LAYOUT, unreachable)
