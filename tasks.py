@@ -22,7 +22,7 @@ from deploy_lib.project import SANDBOX_INVENTORY, Project, load_for_host, resolv
 from deploy_lib.release import build_release, diff_releases
 from deploy_lib.remote import FabricRemote, Remote
 from deploy_lib.server_args import secret_environment
-from deploy_lib.store import LockContext, StoreLayout
+from deploy_lib.store import LockContext
 from deploy_lib.store import unlock as unlock_store
 from deploy_lib.venvs import adopt as adopt_venv
 from deploy_lib.venvs import ensure_venv
@@ -68,7 +68,7 @@ def render(c: Context, profile: str, host: str | None = None, inventory: str | N
     def build() -> object:
         loaded, target = load_for_host(PROJECT, profile, _inventory(inventory), host)
         placeholders = {name: "<secret>" for name in secret_environment(loaded.profile)}
-        layout = StoreLayout(service=loaded.profile.service.name, root=target.deploy_root)
+        layout = target.layout(loaded.profile.service.name)
         return build_release(loaded, layout, sglang_version, placeholders, venv=target.venv_override)
     ui.print_release(_run(build))  # type: ignore[arg-type]
 
@@ -87,7 +87,7 @@ def plan(c: Context, profile: str, against: str | None = None, host: str | None 
         releases = []
         for name in (against, profile):
             loaded, target = load_for_host(PROJECT, name, _inventory(inventory), host)
-            layout = StoreLayout(service=loaded.profile.service.name, root=target.deploy_root)
+            layout = target.layout(loaded.profile.service.name)
             releases.append(build_release(loaded, layout, sglang_version,
                                           {n: "<secret>" for n in secret_environment(loaded.profile)}))
         changes = diff_releases(releases[0].metadata(), releases[1].metadata())
@@ -173,7 +173,7 @@ def unlock(c: Context, force: bool = False, host: str | None = None, inventory: 
            service: str | None = None) -> None:
     """Remove a stale deploy lock (or any lock, with --force)."""
     target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
-    layout = StoreLayout(service=_service(service, None), root=target.deploy_root)
+    layout = target.layout(_service(service, None))
     with _remote(target.ssh) as remote:
         removed = _run(lambda: unlock_store(remote, layout, force, LockContext(where=target.host.name)))
     ui.console.print(f"removed the lock held by {removed.owner}" if removed else "there was no lock")
@@ -204,7 +204,7 @@ def venv_build(c: Context, profile: str, host: str | None = None, inventory: str
     spec = loaded.profile.service.venv_build
     if spec is None:
         raise Exit(f"profile {profile} has no service.venv_build", code=2)
-    layout = StoreLayout(service=loaded.profile.service.name, root=target.deploy_root)
+    layout = target.layout(loaded.profile.service.name)
     with _remote(target.ssh) as remote:
         result = _run(lambda: ensure_venv(remote, layout, spec, progress=ui.TerminalProgress()))
     ui.console.print(f"venv {result.hash} at {result.path}: {'reused' if result.reused else 'built'}, "
@@ -217,7 +217,7 @@ def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | 
                service: str | None = None) -> None:
     """Record a hand-made venv as a managed, immutable one (hard-linked copy); report files that drifted."""
     target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
-    layout = StoreLayout(service=_service(service, None), root=target.deploy_root)
+    layout = target.layout(_service(service, None))
     with _remote(target.ssh) as remote:
         result = _run(lambda: adopt_venv(remote, layout, PurePosixPath(path)))
     ui.print_adopted(result)

@@ -142,10 +142,6 @@ class Options:
     gate: bool = False                  # run the throughput gate even when the profile has no `gate:`
 
 
-def layout_for(target: Target, profile: Profile) -> StoreLayout:
-    return StoreLayout(service=profile.service.name, root=target.deploy_root)
-
-
 def choose_venv(remote: Remote, layout: StoreLayout, target: Target, profile: Profile, dry_run: bool,
                 progress: Progress) -> VenvChoice:
     """Build (or reuse) the profile's locked venv; it is immutable, so building it changes nothing that runs."""
@@ -197,7 +193,7 @@ def restart_steps(layout: StoreLayout) -> list[Step | Put]:
 def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets: Mapping[str, str],
                 force: bool, now: datetime, venv: VenvChoice | None = None, patches: tuple[str, ...] = ()) -> Plan:
     venv = venv or VenvChoice(target.venv_override or loaded.profile.service.venv)
-    layout = layout_for(target, loaded.profile)
+    layout = target.layout(loaded.profile.service.name)
     version = facts.sglang.sglang_version or venv.sglang_version
     if version is None:
         raise PreflightError(f"{target.host.name}: no SGLang found in {venv.path}: {facts.sglang.error}",
@@ -395,7 +391,7 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
     """Take the host to the profile's release, or back to its last healthy one; raise DeployError on failure."""
     profile = loaded.profile
     secrets = resolve_secrets(profile, options.environ)  # ConfigError here, before any connection
-    layout = layout_for(target, profile)
+    layout = target.layout(profile.service.name)
     run = _Run(remote, layout, target, progress, options.environ, clock)
     venv = options.venv or choose_venv(remote, layout, target, profile, options.dry_run, progress)
     progress.phase_started("facts")
@@ -444,7 +440,7 @@ def prune(remote: Remote, layout: StoreLayout, keep: int) -> None:
 def rollback(target: Target, service: str, remote: Remote, progress: Progress, to: str | None,
              environ: Mapping[str, str], clock: Callable[[], float] = time.monotonic) -> Outcome:
     """Switch back to release `to` (default: the last healthy one before current) and verify it."""
-    layout = StoreLayout(service=service, root=target.deploy_root)
+    layout = target.layout(service)
     run = _Run(remote, layout, target, progress, environ, clock)
     facts = read_host_facts(remote, layout, venv=None, port=None)
     current = facts.store.current

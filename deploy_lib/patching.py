@@ -82,7 +82,7 @@ def current_venv(remote: Remote, layout: StoreLayout, loaded: LoadedProfile, tar
 
 def read_context(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProfile, target: Target,
                  paths: tuple[str, ...] | None = None) -> PatchContext:
-    layout = StoreLayout(service=loaded.profile.service.name, root=target.deploy_root)
+    layout = target.layout(loaded.profile.service.name)
     venv = current_venv(remote, layout, loaded, target)
     gpu_result, venv_result, record_result = remote.run([
         Step("patch facts: GPUs", ("nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}",

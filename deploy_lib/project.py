@@ -8,6 +8,7 @@ from pathlib import Path, PurePosixPath
 from deploy_lib.inventory import Host, Inventory, check_profile_fits_host, expand_local_path, load_inventory
 from deploy_lib.profile import LoadedProfile, load_profile
 from deploy_lib.remote import SSHTarget
+from deploy_lib.store import StoreLayout
 
 DEFAULT_INVENTORY = "inventory/hosts.yaml"
 SANDBOX_INVENTORY = "inventory/sandbox.yaml"
@@ -51,6 +52,10 @@ class Target:
     @property
     def venv_override(self) -> str | None:
         return self.host.vars.venv
+
+    def layout(self, service: str) -> StoreLayout:
+        """Where `service`'s releases live on this host."""
+        return StoreLayout(service=service, root=self.deploy_root)
 
 
 def resolve_target(inventory: Inventory, host_name: str | None, accept_new_host_key: bool = False) -> Target:

@@ -24,7 +24,7 @@ from deploy_lib.profile import LoadedProfile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.remote import Remote, Step
-from deploy_lib.store import StoreLayout, Tags, read_store_facts
+from deploy_lib.store import Tags, read_store_facts
 from deploy_lib.venvs import VenvRecord, list_venvs, release_venv_hash
 from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
 from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps
@@ -82,7 +82,7 @@ def _readiness(snapshot: Snapshot) -> str:
 
 
 def read_status(target: Target, service: str, remote: Remote, now: datetime | None = None) -> StatusReport:
-    layout = StoreLayout(service=service, root=target.deploy_root)
+    layout = target.layout(service)
     facts = read_host_facts(remote, layout, venv=None, port=None)
     record = facts.store.release(facts.store.current) if facts.store.current else None
     metadata = record.metadata if record else {}
@@ -104,12 +104,12 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
 
 
 def list_releases(target: Target, service: str, remote: Remote) -> list[ReleaseRow]:
-    layout = StoreLayout(service=service, root=target.deploy_root)
+    layout = target.layout(service)
     return release_rows(read_host_facts(remote, layout, venv=None, port=None))
 
 
 def read_log(target: Target, service: str, remote: Remote, lines: int) -> list[str]:
-    layout = StoreLayout(service=service, root=target.deploy_root)
+    layout = target.layout(service)
     [result] = remote.run([journal_step(layout.unit_name, max_lines=lines)])
     return result.stdout.splitlines()
 
@@ -117,7 +117,7 @@ def read_log(target: Target, service: str, remote: Remote, lines: int) -> list[s
 def follow_log(target: Target, service: str, remote: Remote, lines: int, poll_s: float = 1.0,
                sleep: Callable[[float], None] = time.sleep) -> Iterator[str]:
     """The last `lines` lines, then new ones as they come (polled over the open connection) until interrupted."""
-    layout = StoreLayout(service=service, root=target.deploy_root)
+    layout = target.layout(service)
     cursor: str | None = None
     count = lines
     while True:
@@ -137,7 +137,7 @@ def follow_log(target: Target, service: str, remote: Remote, lines: int, poll_s:
 
 def list_managed_venvs(target: Target, service: str, remote: Remote) -> list[VenvRecord]:
     """The host's managed venvs with the releases that use them."""
-    layout = StoreLayout(service=service, root=target.deploy_root)
+    layout = target.layout(service)
     store = read_store_facts(remote, layout)
     return list_venvs(remote, layout, {r.id: release_venv_hash(layout, str(r.metadata.get("venv", "")))
                                        for r in store.releases})
@@ -146,7 +146,7 @@ def list_managed_venvs(target: Target, service: str, remote: Remote) -> list[Ven
 def bench_current(target: Target, loaded: LoadedProfile, remote: Remote, environ: Mapping[str, str],
                   progress: Progress) -> BenchResult:
     """`invoke bench`: SGLang's serving benchmark against the current release, recorded in history."""
-    layout = StoreLayout(service=loaded.profile.service.name, root=target.deploy_root)
+    layout = target.layout(loaded.profile.service.name)
     store = read_store_facts(remote, layout)
     record = store.release(store.current) if store.current else None
     if record is None:
@@ -158,5 +158,5 @@ def bench_current(target: Target, loaded: LoadedProfile, remote: Remote, environ
 
 def compare_benchmarks(target: Target, service: str, remote: Remote, release_a: str, release_b: str
                        ) -> tuple[BenchResult, BenchResult, list[ComparisonRow]]:
-    layout = StoreLayout(service=service, root=target.deploy_root)
+    layout = target.layout(service)
     return compare_releases(read_store_facts(remote, layout).history, release_a, release_b)
