@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
@@ -17,10 +16,10 @@ from deploy_lib import patching
 from deploy_lib import status as host_status
 from deploy_lib.errors import DeployError
 from deploy_lib.patches import PatchSet, find_patch_set, list_patch_sets
-from deploy_lib.profile import profile_json_schema
+from deploy_lib.profile import ServiceSpec, profile_json_schema
 from deploy_lib.project import SANDBOX_INVENTORY, Project, load_for_host, resolve_target
 from deploy_lib.release import build_release, diff_releases
-from deploy_lib.remote import FabricRemote, Remote
+from deploy_lib.remote import FabricRemote
 from deploy_lib.server_args import secret_environment
 from deploy_lib.store import LockContext
 from deploy_lib.store import unlock as unlock_store
@@ -49,15 +48,6 @@ def _run(action: Callable[[], T]) -> T:
     except DeployError as error:
         ui.print_error(error)
         raise Exit(code=error.exit_code) from None
-
-
-@contextmanager
-def _remote(target_ssh: object) -> Iterator[Remote]:
-    remote = FabricRemote(target_ssh)  # type: ignore[arg-type]
-    try:
-        yield remote
-    finally:
-        remote.close()
 
 
 @task(help={"profile": "profile name (inventory/profiles/NAME.yaml)", **HOST_HELP,
@@ -116,13 +106,13 @@ def deploy(c: Context, profile: str, host: str | None = None, inventory: str | N
     if not dry_run and not yes and not ui.confirm(f"deploy {profile} to {target.host.name}?"):
         raise Exit("cancelled", code=1)
     options = deploy_engine.Options(dry_run=dry_run, force=force, environ=dict(os.environ), gate=gate)
-    with _remote(target.ssh) as remote:
+    with FabricRemote(target.ssh) as remote:
         outcome = _run(lambda: deploy_engine.deploy(loaded, target, remote, ui.TerminalProgress(), options))
     ui.print_outcome(outcome)
 
 
-def _service(service: str | None, profile: str | None) -> str:
-    return service or (PROJECT.profile(profile).profile.service.name if profile else "sglang")
+def _service(service: str | None) -> str:
+    return service or ServiceSpec().name
 
 
 @task(help={**HOST_HELP, "to": "release id (default: the last healthy release before the current one)",
@@ -131,8 +121,8 @@ def rollback(c: Context, to: str | None = None, host: str | None = None, invento
              service: str | None = None, accept_new_host_key: bool = False) -> None:
     """Switch back to an earlier release on the host and verify it."""
     target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host, accept_new_host_key))
-    with _remote(target.ssh) as remote:
-        outcome = _run(lambda: deploy_engine.rollback(target, _service(service, None), remote,
+    with FabricRemote(target.ssh) as remote:
+        outcome = _run(lambda: deploy_engine.rollback(target, _service(service), remote,
                                                       ui.TerminalProgress(), to, dict(os.environ)))
     ui.print_outcome(outcome)
 
@@ -141,16 +131,16 @@ def rollback(c: Context, to: str | None = None, host: str | None = None, invento
 def releases(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
     """List the releases on the host with their outcome and measured throughput."""
     target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
-    with _remote(target.ssh) as remote:
-        ui.print_releases(_run(lambda: host_status.list_releases(target, _service(service, None), remote)))
+    with FabricRemote(target.ssh) as remote:
+        ui.print_releases(_run(lambda: host_status.list_releases(target, _service(service), remote)))
 
 
 @task(help={**HOST_HELP, "service": "service name (default sglang)"})
 def status(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
     """Current release and its age, unit state, readiness, versions, patches and a per-GPU table."""
     target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
-    with _remote(target.ssh) as remote:
-        ui.print_status(_run(lambda: host_status.read_status(target, _service(service, None), remote)))
+    with FabricRemote(target.ssh) as remote:
+        ui.print_status(_run(lambda: host_status.read_status(target, _service(service), remote)))
 
 
 @task(help={**HOST_HELP, "n": "number of lines (default 100)", "follow": "keep printing new lines (Ctrl-C stops)",
@@ -159,8 +149,8 @@ def logs(c: Context, n: int = 100, follow: bool = False, host: str | None = None
          service: str | None = None) -> None:
     """Print the server's log from the host's journal."""
     target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
-    with _remote(target.ssh) as remote:
-        name = _service(service, None)
+    with FabricRemote(target.ssh) as remote:
+        name = _service(service)
         if follow:
             _run(lambda: ui.print_lines(host_status.follow_log(target, name, remote, n)))
         else:
@@ -173,8 +163,8 @@ def unlock(c: Context, force: bool = False, host: str | None = None, inventory: 
            service: str | None = None) -> None:
     """Remove a stale deploy lock (or any lock, with --force)."""
     target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
-    layout = target.layout(_service(service, None))
-    with _remote(target.ssh) as remote:
+    layout = target.layout(_service(service))
+    with FabricRemote(target.ssh) as remote:
         removed = _run(lambda: unlock_store(remote, layout, force, LockContext(where=target.host.name)))
     ui.console.print(f"removed the lock held by {removed.owner}" if removed else "there was no lock")
 
@@ -186,7 +176,7 @@ def bench(c: Context, profile: str = "glm5-nvfp4", compare: list[str] | None = N
           inventory: str | None = None) -> None:
     """Run SGLang's serving benchmark against the current release and record it (`--compare A --compare B`)."""
     loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host))
-    with _remote(target.ssh) as remote:
+    with FabricRemote(target.ssh) as remote:
         if compare:
             if len(compare) != 2:
                 raise Exit("--compare takes two release ids: --compare A --compare B", code=2)
@@ -205,7 +195,7 @@ def venv_build(c: Context, profile: str, host: str | None = None, inventory: str
     if spec is None:
         raise Exit(f"profile {profile} has no service.venv_build", code=2)
     layout = target.layout(loaded.profile.service.name)
-    with _remote(target.ssh) as remote:
+    with FabricRemote(target.ssh) as remote:
         result = _run(lambda: ensure_venv(remote, layout, spec, progress=ui.TerminalProgress()))
     ui.console.print(f"venv {result.hash} at {result.path}: {'reused' if result.reused else 'built'}, "
                      f"{len(result.wheels_sent)} wheels ({result.bytes_sent} bytes) sent")
@@ -217,8 +207,8 @@ def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | 
                service: str | None = None) -> None:
     """Record a hand-made venv as a managed, immutable one (hard-linked copy); report files that drifted."""
     target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
-    layout = target.layout(_service(service, None))
-    with _remote(target.ssh) as remote:
+    layout = target.layout(_service(service))
+    with FabricRemote(target.ssh) as remote:
         result = _run(lambda: adopt_venv(remote, layout, PurePosixPath(path)))
     ui.print_adopted(result)
 
@@ -227,8 +217,8 @@ def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | 
 def venv_list(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
     """List managed venvs: hash, kind, size, the releases using them, derived venvs, versions."""
     target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
-    with _remote(target.ssh) as remote:
-        ui.print_venvs(_run(lambda: host_status.list_managed_venvs(target, _service(service, None), remote)))
+    with FabricRemote(target.ssh) as remote:
+        ui.print_venvs(_run(lambda: host_status.list_managed_venvs(target, _service(service), remote)))
 
 
 def _patch_set(name: str) -> PatchSet:
@@ -238,7 +228,7 @@ def _patch_set(name: str) -> PatchSet:
 def _patch_run(profile: str, host: str | None, inventory: str | None, action: Callable[..., T],
                *args: object) -> T:
     loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host))
-    with _remote(target.ssh) as remote:
+    with FabricRemote(target.ssh) as remote:
         return _run(lambda: action(remote, *args, loaded, target))
 
 
@@ -273,7 +263,7 @@ def patches_enable(c: Context, name: str, profile: str = "glm5-nvfp4", host: str
     patched = patching.patched_profile(loaded, _patch_set(name))
     if not yes and not ui.confirm(f"patch {name} and deploy {patched.name} to {target.host.name}?"):
         raise Exit("cancelled", code=1)
-    with _remote(target.ssh) as remote:
+    with FabricRemote(target.ssh) as remote:
         report, outcome = _run(lambda: patching.enable(remote, _patch_set(name), loaded, patched, target,
                                                        ui.TerminalProgress(), deploy_engine.Options(
                                                            environ=dict(os.environ))))
@@ -288,7 +278,7 @@ def patches_disable(c: Context, name: str, profile: str = "glm5-nvfp4", host: st
     loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host))
     if not yes and not ui.confirm(f"deploy {profile} without {name} to {target.host.name}?"):
         raise Exit("cancelled", code=1)
-    with _remote(target.ssh) as remote:
+    with FabricRemote(target.ssh) as remote:
         outcome = _run(lambda: patching.disable(remote, _patch_set(name), loaded, target, ui.TerminalProgress(),
                                                 deploy_engine.Options(environ=dict(os.environ))))
     ui.print_outcome(outcome)
