@@ -47,6 +47,7 @@ from deploy_lib.store import (
     HEALTHY,
     UNIT_FILE,
     LockContext,
+    StoreFacts,
     StoreLayout,
     Tags,
     append_history,
@@ -56,6 +57,7 @@ from deploy_lib.store import (
     operator_name,
     parse_store_facts,
     prune_releases,
+    read_store_facts,
     release_json,
     releases_to_prune,
     repair_release,
@@ -273,8 +275,8 @@ def probe_target(layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapp
                        generation=GenerationProbe(), api_key=secrets.get("SGLANG_API_KEY"))
 
 
-def start_prediction(facts: HostFacts, profile_name: str) -> StartPrediction | None:
-    durations = [entry.timings["ready"] for entry in facts.store.history
+def start_prediction(store: StoreFacts, profile_name: str) -> StartPrediction | None:
+    durations = [entry.timings["ready"] for entry in store.history
                  if entry.outcome == HEALTHY and entry.tags.profile == profile_name and "ready" in entry.timings]
     return predict_start(durations)
 
@@ -321,12 +323,11 @@ class _Run:
                                                     *switch_current(self.layout, release_id),
                                                     *restart_steps(self.layout)])
         self.cursor = parse_journal_cursor(results[0].stdout)
-        cursor = self.cursor
         profile = Profile.model_validate(metadata["profile"])
         self.progress.phase_started("readiness")
         report = wait_ready(self.remote, probe_target(self.layout, metadata, self.environ),
                             deadline_s=profile.service.startup_timeout_s, progress=self.progress, rung=Rung.GENERATE,
-                            baseline_restarts=0, after_cursor=cursor, prediction=prediction, grace_s=grace_s,
+                            baseline_restarts=0, after_cursor=self.cursor, prediction=prediction, grace_s=grace_s,
                             started_at=restarted_at, clock=self.clock)
         self.timings["ready"] = round(report.duration_s, 3)
         self.progress.step_done("readiness", report.duration_s)
@@ -352,23 +353,23 @@ def failure_line(failure: ReadinessFailed, diagnosis: Diagnosis) -> str:
     return f"{diagnosis.one_line()}; {failure.message}"
 
 
-def _roll_back(run: _Run, facts: HostFacts, failed_id: str, failure: ReadinessFailed, diagnosis: Diagnosis,
+def _roll_back(run: _Run, store: StoreFacts, failed_id: str, failure: ReadinessFailed, diagnosis: Diagnosis,
                prediction_profile: str) -> Outcome:
     """Return the host to the last healthy release after `failed_id` failed; raise what the user must know."""
-    target_id = facts.store.last_healthy(exclude=failed_id)
+    target_id = store.last_healthy(exclude=failed_id)
     where = run.target.host.name
     if target_id is None:
         _stop_unit(run.remote, run.layout)
         raise ReadinessFailed(f"{where}: release {failed_id} failed: {failure_line(failure, diagnosis)}; there is no "
                               "earlier healthy release to roll back to, so the unit is stopped",
                               failure.rung, diagnosis.evidence or failure.evidence, diagnosis.hint)
-    record = facts.store.release(target_id)
+    record = store.release(target_id)
     assert record is not None  # last_healthy only returns releases present on the host
     tags = Tags.from_dict(record.metadata["tags"]) if "tags" in record.metadata else None
     run.progress.note(f"rolling back to release {target_id}")
     run.timings = {}
     try:
-        run.activate(target_id, record.metadata, start_prediction(facts, prediction_profile), 0.0)
+        run.activate(target_id, record.metadata, start_prediction(store, prediction_profile), 0.0)
     except ReadinessFailed as second:
         second_diagnosis = run.journal_diagnosis(run.cursor)
         _stop_unit(run.remote, run.layout)
@@ -410,7 +411,7 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
         run.phase("stage", plan.batches.get("stage", []))
         gate = profile.gate or (GateSettings() if options.gate else None)
         try:
-            ready = run.activate(plan.release.id, plan.release.metadata(), start_prediction(facts, loaded.name),
+            ready = run.activate(plan.release.id, plan.release.metadata(), start_prediction(facts.store, loaded.name),
                                  options.grace_s)
             if gate is not None:
                 gate_after_ready(remote, layout, plan.release.metadata(), tags, profile.bench, gate,
@@ -419,7 +420,7 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
             diagnosis = gate_diagnosis(failure) if isinstance(failure, GateFailed) else \
                 run.journal_diagnosis(run.cursor)
             run.record("deploy", FAILED, tags, failure_line(failure, diagnosis))
-            return _roll_back(run, facts, plan.release.id, failure, diagnosis, loaded.name)
+            return _roll_back(run, facts.store, plan.release.id, failure, diagnosis, loaded.name)
         run.record("deploy", HEALTHY, tags)
         prune(remote, layout, profile.service.keep_releases)
     return Outcome("deployed", plan.release.id, plan.current_id, plan=plan, ready=ready, timings=run.timings)
@@ -442,21 +443,21 @@ def rollback(target: Target, service: str, remote: Remote, progress: Progress, t
     """Switch back to release `to` (default: the last healthy one before current) and verify it."""
     layout = target.layout(service)
     run = _Run(remote, layout, target, progress, environ, clock)
-    facts = read_host_facts(remote, layout, venv=None, port=None)
-    current = facts.store.current
-    target_id = to or facts.store.last_healthy(exclude=current)
+    store = read_store_facts(remote, layout)
+    current = store.current
+    target_id = to or store.last_healthy(exclude=current)
     if target_id is None:
         raise ConfigError(f"{target.host.name}: no healthy release to roll back to (current: {current or 'none'})",
                           "`invoke releases` lists what is on the host")
-    record = facts.store.release(target_id)
+    record = store.release(target_id)
     if record is None:
-        known = ", ".join(r.id for r in facts.store.releases) or "none"
+        known = ", ".join(r.id for r in store.releases) or "none"
         raise ConfigError(f"{target.host.name}: release {target_id!r} is not on the host", f"releases: {known}")
     tags = Tags.from_dict(record.metadata["tags"])
     owner = this_process_owner(target_id, datetime.now(UTC))
     with holding_lock(remote, layout, owner, LockContext(where=target.host.name)):
         try:
-            ready = run.activate(target_id, record.metadata, start_prediction(facts, tags.profile), 0.0)
+            ready = run.activate(target_id, record.metadata, start_prediction(store, tags.profile), 0.0)
         except ReadinessFailed as failure:
             diagnosis = run.journal_diagnosis(run.cursor)
             _stop_unit(remote, layout)

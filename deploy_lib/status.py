@@ -18,13 +18,13 @@ from deploy_lib.bench import (
 from deploy_lib.deploy import probe_target
 from deploy_lib.diagnose import journal_step
 from deploy_lib.errors import ConfigError
-from deploy_lib.facts import Gpu, HostFacts, read_host_facts
+from deploy_lib.facts import Gpu, read_host_facts
 from deploy_lib.health import Rung, Snapshot, parse_snapshot, probe_step
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.remote import Remote, Step
-from deploy_lib.store import Tags, read_store_facts
+from deploy_lib.store import StoreFacts, Tags, read_store_facts
 from deploy_lib.venvs import VenvRecord, list_venvs, release_venv_hash
 from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
 from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps
@@ -63,14 +63,14 @@ def _age_s(iso: str, now: datetime) -> float | None:
         return None
 
 
-def release_rows(facts: HostFacts) -> list[ReleaseRow]:
-    outcomes = facts.store.outcomes()
-    throughput = throughput_by_release(facts.store.history)
+def release_rows(store: StoreFacts) -> list[ReleaseRow]:
+    outcomes = store.outcomes()
+    throughput = throughput_by_release(store.history)
     return [ReleaseRow(id=r.id, staged_at=r.staged_at, profile=str(r.metadata.get("profile_name", "?")),
                        sglang_version=str(r.metadata.get("sglang_version", "?")),
-                       outcome=outcomes.get(r.id, "never started"), is_current=r.id == facts.store.current,
+                       outcome=outcomes.get(r.id, "never started"), is_current=r.id == store.current,
                        throughput=throughput.get(r.id, ""))
-            for r in facts.store.releases]
+            for r in store.releases]
 
 
 def _readiness(snapshot: Snapshot) -> str:
@@ -105,7 +105,7 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
 
 def list_releases(target: Target, service: str, remote: Remote) -> list[ReleaseRow]:
     layout = target.layout(service)
-    return release_rows(read_host_facts(remote, layout, venv=None, port=None))
+    return release_rows(read_store_facts(remote, layout))
 
 
 def read_log(target: Target, service: str, remote: Remote, lines: int) -> list[str]:
