@@ -25,7 +25,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from deploy_lib.errors import ConfigError, GateFailed, RemoteError
-from deploy_lib.facts import GPU_FIELDS, Gpu, parse_gpus
+from deploy_lib.facts import NVIDIA_SMI_QUERY, Gpu, parse_gpus
 from deploy_lib.progress import Progress
 from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, StoreLayout, Tags, append_history, history_entry
@@ -330,12 +330,11 @@ def module_step(python: str) -> Step:
 
 
 def sampler_steps(run_dir: PurePosixPath, lifetime_s: int) -> list[Step | Put]:
-    query = (f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits")
     return [
         Step("bench: run directory", ("mkdir", "-p", "--", str(run_dir)), sudo=True),
         Step(STEP_SAMPLER_START, ("setsid", "-f", "sh", "-c", _SAMPLER_SCRIPT, "gpu-sampler",
                                   str(run_dir / "sampler.pid"), str(run_dir / TELEMETRY_FILE), str(SAMPLE_INTERVAL_S),
-                                  str(lifetime_s), "nvidia-smi", *query), sudo=True),
+                                  str(lifetime_s), *NVIDIA_SMI_QUERY), sudo=True),
     ]
 
 

@@ -18,6 +18,8 @@ from deploy_lib.store import ENV_FILE, UNIT_FILE, StoreFacts, StoreLayout, fact_
 
 GPU_FIELDS = ("index", "name", "uuid", "compute_cap", "memory.total", "memory.used", "power.draw", "power.limit",
               "utilization.gpu", "driver_version")
+# The nvidia-smi arguments whose output parse_gpus reads (telemetry samples use the same columns).
+NVIDIA_SMI_QUERY = ("nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits")
 OPTIONS_SOURCE = resources.files("deploy_lib").joinpath("sglang_options.py").read_text(encoding="utf-8")
 
 FACT_GPUS = "host facts: GPUs"
@@ -154,6 +156,11 @@ def sglang_step(venv: str) -> Step:
                 stdin=OPTIONS_SOURCE.encode(), ok=frozenset({0, 1, 127}), timeout_s=120)
 
 
+def gpu_step(name: str) -> Step:
+    """One read of every GPU; a host without nvidia-smi (exit 127) is a fact for parse_gpus, not a failure."""
+    return Step(name, NVIDIA_SMI_QUERY, ok=_MISSING_OK, timeout_s=30)
+
+
 def fact_batch(layout: StoreLayout, venv: str | None, port: int | None) -> list[Step | Put]:
     """Everything preflight and the plan need, read-only, in as few round trips as the batching allows.
 
@@ -161,8 +168,7 @@ def fact_batch(layout: StoreLayout, venv: str | None, port: int | None) -> list[
     current = layout.current
     batch: list[Step | Put] = [
         *fact_steps(layout),
-        Step(FACT_GPUS, ("nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits"),
-             ok=_MISSING_OK, timeout_s=30),
+        gpu_step(FACT_GPUS),
         Step(FACT_UNIT, ("systemctl", "show", "-p", "ActiveState,SubState,MainPID,NRestarts,LoadState", "--",
                          layout.unit_name)),
         Step(FACT_UNIT_LINK, ("readlink", "--", str(layout.unit_link)), ok=_MISSING_OK),

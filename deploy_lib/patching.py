@@ -14,7 +14,7 @@ from pathlib import PurePosixPath
 from deploy_lib import patches
 from deploy_lib.deploy import Options, Outcome, VenvChoice, deploy
 from deploy_lib.errors import PreflightError
-from deploy_lib.facts import GPU_FIELDS, parse_gpus
+from deploy_lib.facts import gpu_step, parse_gpus
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
@@ -85,8 +85,7 @@ def read_context(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProf
     layout = target.layout(loaded.profile.service.name)
     venv = current_venv(remote, layout, loaded, target)
     gpu_result, venv_result, record_result = remote.run([
-        Step("patch facts: GPUs", ("nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}",
-                                   "--format=csv,noheader,nounits"), ok=frozenset({0, 127}), timeout_s=30),
+        gpu_step("patch facts: GPUs"),
         Step("patch facts: venv", (str(venv / "bin" / "python3"), "-I", "-"), stdin=_VENV_FACTS.encode(),
              ok=frozenset({0, 1, 127}), timeout_s=60),
         Step("patch facts: record", ("cat", "--", str(venv / patches.RECORD_FILE)), ok=frozenset({0, 1})),
