@@ -9,13 +9,12 @@ import json
 import shlex
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from guest_shell import GuestShell
+from http_client import http
 
 from sandbox import manage
 
@@ -36,19 +35,6 @@ ExecStart={manage.GUEST_VENV}/bin/python -m sglang.launch_server --model-path za
 Restart=no
 """
 
-
-def http(url: str, body: dict | None = None, timeout_s: float = 30) -> tuple[int | str, bytes]:
-    """(status, body); "refused" while the port is closed."""
-    data = json.dumps(body).encode() if body is not None else None
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, data=data), timeout=timeout_s) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
-    except urllib.error.URLError as error:
-        if isinstance(error.reason, ConnectionRefusedError):
-            return "refused", b""
-        raise
 
 
 def wait_for(condition: Callable[[], bool], what: str, deadline_s: float = 60) -> None:

@@ -10,13 +10,12 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+from http_client import http
 from sglang_sim.throughput import ThroughputModel
 from sglang_sim.upstream import InstalledUpstream
 from upstream_edits import patch_sglang_0_5_23_gates
@@ -34,21 +33,6 @@ def free_port() -> int:
         return probe.getsockname()[1]
 
 
-def probe(url: str, headers: dict[str, str] | None = None, body: dict | None = None,
-          timeout_s: float = 30) -> tuple[int | str, bytes]:
-    """(status, body); "refused" while the port is closed."""
-    data = json.dumps(body).encode() if body is not None else None
-    request = urllib.request.Request(url, data=data, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout_s) as response:
-            return response.status, response.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
-    except urllib.error.URLError as error:
-        if isinstance(error.reason, ConnectionRefusedError):
-            return "refused", b""
-        raise
-
 
 @dataclass
 class RunningSim:
@@ -61,7 +45,7 @@ class RunningSim:
         seen: list[int | str] = []
         end = time.monotonic() + deadline_s
         while time.monotonic() < end:
-            status, _ = probe(self.base + path)
+            status, _ = http(self.base + path)
             if not seen or seen[-1] != status:
                 seen.append(status)
             if status == 200:
@@ -121,8 +105,8 @@ def test_unknown_flag_exits_2_with_argparse_message(start_sim) -> None:
 def test_port_closed_while_loading_then_503_then_200(start_sim) -> None:
     sim = start_sim("--enable-metrics")
     assert sim.wait_states("/health") == ["refused", 503, 200]
-    assert probe(sim.base + "/ready")[0] == 200  # 0.5.23 has /ready
-    status, metrics = probe(sim.base + "/metrics")
+    assert http(sim.base + "/ready")[0] == 200  # 0.5.23 has /ready
+    status, metrics = http(sim.base + "/metrics")
     assert status == 200 and b"sglang:num_running_reqs" in metrics
     log = sim.log.read_text()
     assert log.index("Load weight begin") < log.index("Capture cuda graph end") < log.index("fired up")
@@ -131,17 +115,17 @@ def test_port_closed_while_loading_then_503_then_200(start_sim) -> None:
 def test_api_key_guards_everything_but_the_probes(start_sim) -> None:
     sim = start_sim("--api-key", "s3cret")
     sim.wait_states("/health")
-    assert probe(sim.base + "/v1/models")[0] == 401
-    assert probe(sim.base + "/v1/models", {"Authorization": "Bearer wrong"})[0] == 401
-    status, body = probe(sim.base + "/v1/models", {"Authorization": "Bearer s3cret"})
+    assert http(sim.base + "/v1/models")[0] == 401
+    assert http(sim.base + "/v1/models", headers={"Authorization": "Bearer wrong"})[0] == 401
+    status, body = http(sim.base + "/v1/models", headers={"Authorization": "Bearer s3cret"})
     assert status == 200 and json.loads(body)["data"][0]["id"] == "zai-org/GLM-5-NVFP4"
-    assert probe(sim.base + "/ready")[0] == 200
+    assert http(sim.base + "/ready")[0] == 200
 
 
 def test_streamed_chat_completion_counts_its_tokens(start_sim) -> None:
     sim = start_sim()
     sim.wait_states("/health")
-    status, body = probe(sim.base + "/v1/chat/completions", body={
+    status, body = http(sim.base + "/v1/chat/completions", body={
         "messages": [{"role": "user", "content": "hello"}], "max_tokens": 6, "stream": True,
         "stream_options": {"include_usage": True}})
     events = [line.removeprefix("data: ") for line in body.decode().splitlines() if line.startswith("data: ")]
@@ -170,7 +154,7 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(start_sim) -> None:
     generate = {"text": "hi", "sampling_params": {"max_new_tokens": 20}}
 
     def request() -> None:
-        result["generate"] = probe(sim.base + "/generate", body=generate)
+        result["generate"] = http(sim.base + "/generate", body=generate)
 
     worker = threading.Thread(target=request)
     worker.start()
@@ -180,17 +164,17 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(start_sim) -> None:
     assert sim.process.wait(timeout=30) == 0
     status, body = result["generate"]
     assert status == 200 and json.loads(body)["meta_info"]["completion_tokens"] == 20
-    assert probe(sim.base + "/health")[0] == "refused"
+    assert http(sim.base + "/health")[0] == "refused"
 
 
 def generation_rate_during_one_request(sim: RunningSim) -> float:
     """sglang:gen_throughput while a single long request is generating (the model's rate, not a timing)."""
-    worker = threading.Thread(target=probe, args=(sim.base + "/generate",),
+    worker = threading.Thread(target=http, args=(sim.base + "/generate",),
                               kwargs={"body": {"text": "x", "sampling_params": {"max_new_tokens": 5}}})
     worker.start()
     try:
         while True:
-            metrics = probe(sim.base + "/metrics")[1].decode()
+            metrics = http(sim.base + "/metrics")[1].decode()
             values = {line.split("{")[0]: float(line.split()[-1]) for line in metrics.splitlines()
                       if line.startswith("sglang:") and "{" in line}
             if values["sglang:num_running_reqs"] == 1:
