@@ -403,6 +403,7 @@ class LoadedProfile(BaseModel):
     profile: Profile
 
 
+SCHEMA_KEY = "$schema"
 PROFILE_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,63}$")
 
 
@@ -432,6 +433,7 @@ def _resolve(profiles_dir: Path, name: str, seen: tuple[str, ...]) -> tuple[dict
         where = f"{profile_path(profiles_dir, seen[-1])}: extends: " if seen else ""
         raise ConfigError(f"{where}profile {name!r} not found ({path})", f"known profiles: {', '.join(known)}")
     raw = load_yaml_mapping(path)
+    raw.pop(SCHEMA_KEY, None)  # for editors only: where the profile's JSON Schema is
     parent = raw.pop("extends", None)
     if parent is None:
         return raw, (name,)
@@ -473,6 +475,7 @@ def _allowed_hint(err: ValidationError) -> str | None:
 def profile_json_schema() -> dict[str, Any]:
     schema = Profile.model_json_schema()
     schema["properties"]["extends"] = {"type": "string", "description": "name of a profile this one builds on"}
+    schema["properties"][SCHEMA_KEY] = {"type": "string", "description": "path or URL of this schema, for editors"}
     schema["title"] = "sglang-deploy profile"
     return schema
 

@@ -133,11 +133,18 @@ def test_nccl_level_accepts_names_and_numbers() -> None:
 
 def test_json_schema_lists_every_top_level_key_and_forbids_others() -> None:
     schema = profile_json_schema()
-    assert set(schema["properties"]) == set(Profile.model_fields) | {"extends"}
+    assert set(schema["properties"]) == set(Profile.model_fields) | {"extends", "$schema"}
     assert schema["additionalProperties"] is False
     json.dumps(schema)
     attention = schema["$defs"]["AttentionBackend"]["enum"]
     assert "flashinfer" in attention and "trtllm_mha" in attention
+
+
+def test_a_profile_may_name_its_schema_for_editors(tmp_path: Path) -> None:
+    """Input tried: the README's two ways of pointing an editor at `invoke schema`'s output."""
+    _write(tmp_path, "edited", "# yaml-language-server: $schema=../../profile.schema.json\n"
+                               "$schema: ../../profile.schema.json\nmodel: {path: m}\n")
+    assert load_profile(tmp_path, "edited").profile == Profile.model_validate({"model": {"path": "m"}})
 
 
 @pytest.mark.parametrize("path", BAD_INVENTORIES, ids=lambda p: p.stem)

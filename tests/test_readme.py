@@ -11,7 +11,8 @@ from pydantic import BaseModel
 from deploy_lib.errors import EXIT_CODES
 from deploy_lib.profile import Profile, SecretRef
 
-README = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+ROOT = Path(__file__).resolve().parent.parent
+README = (ROOT / "README.md").read_text()
 
 
 def field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
@@ -41,3 +42,20 @@ def test_exit_code_table_matches_the_error_classes() -> None:
     section = README.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
     rows = dict(re.findall(r"^\| (\d+) \| `(\w+)` \|", section, re.MULTILINE))
     assert {name: int(code) for code, name in rows.items()} == {cls.__name__: code for cls, code in EXIT_CODES.items()}
+
+
+def test_every_reliability_promise_names_tests_that_exist() -> None:
+    section = README.split("## Reliability", 1)[1].split("\n## ", 1)[0]
+    promises = [item for item in section.split("\n- ")[1:]]
+    assert promises, "the Reliability section lists no promise"
+    defined = {name for path in (ROOT / "tests").rglob("test_*.py")
+               for name in re.findall(r"^def (test_\w+)", path.read_text(), re.MULTILINE)}
+    for promise in promises:
+        named = re.findall(r"`(test_\w+)`", promise)
+        assert named, f"a promise names no test: {promise[:80]}"
+        assert set(named) <= defined, f"not a test in tests/: {sorted(set(named) - defined)}"
+
+
+def test_every_docs_page_is_linked_from_the_readme() -> None:
+    pages = {f"docs/{path.name}" for path in (ROOT / "docs").glob("*.md")}
+    assert pages and pages <= set(re.findall(r"\]\((docs/[\w.-]+\.md)\)", README))
