@@ -14,6 +14,7 @@ import deploy_cli as ui
 from deploy_lib import deploy as deploy_engine
 from deploy_lib import patching
 from deploy_lib import status as host_status
+from deploy_lib.bundled import ROLES_DIR
 from deploy_lib.errors import DeployError
 from deploy_lib.patches import PatchSet, find_patch_set, list_patch_sets
 from deploy_lib.profile import ServiceSpec, profile_json_schema
@@ -222,7 +223,7 @@ def venv_list(c: Context, host: str | None = None, inventory: str | None = None,
 
 
 def _patch_set(name: str) -> PatchSet:
-    return _run(lambda: find_patch_set(PROJECT.root / "roles", name))
+    return _run(lambda: find_patch_set(ROLES_DIR, name))
 
 
 def _patch_run(profile: str, host: str | None, inventory: str | None, action: Callable[..., T],
@@ -238,7 +239,7 @@ PATCH_HELP = {"profile": "the unpatched profile (default glm5-nvfp4)", **HOST_HE
 @task(name="list")
 def patches_list(c: Context) -> None:
     """List the patch sets under roles/ with what they are for."""
-    ui.print_patch_sets(_run(lambda: list_patch_sets(PROJECT.root / "roles")))
+    ui.print_patch_sets(_run(lambda: list_patch_sets(ROLES_DIR)))
 
 
 @task(name="check", help=PATCH_HELP)

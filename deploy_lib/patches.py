@@ -343,8 +343,8 @@ def select_variants(patch_set: PatchSet, sglang_version: str | None,
         selected[name] = Variant(target=name, package=target.package, version=version, spec=match)
     if problems:
         raise ConfigError(f"patch set {patch_set.name} does not cover these versions:\n  " + "\n  ".join(problems),
-                          hint="check the gates of the new version (notes/upstream-targets.md section 2) and add a "
-                               f"variant under {patch_set.directory / 'targets'}")
+                          hint="read the gates in the new version's files (each target names its file) and add "
+                               f"a variant under {patch_set.directory / 'targets'}")
     return selected
 
 
@@ -680,7 +680,7 @@ def disable(patch_set: PatchSet, files: Mapping[str, str], record: PatchRecord) 
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# FlashInfer JIT cache (notes 2.5): <base>/.cache/flashinfer/<version>/<archs>/cached_ops/<module>.
+# FlashInfer JIT cache (flashinfer/jit/env.py): <base>/.cache/flashinfer/<version>/<archs>/cached_ops/<module>.
 # ---------------------------------------------------------------------------------------------------------------
 
 

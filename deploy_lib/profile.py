@@ -50,7 +50,7 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
 
 
-# Backend and parser choices: the union of what SGLang 0.5.9 .. 0.5.23 accept (notes/upstream-targets.md, s. 3).
+# Backend and parser choices: the union of what SGLang 0.5.9 .. 0.5.23 accept (their argument parsers).
 # Preflight checks the chosen value against the parser of the version actually installed on the host.
 class AttentionBackend(StrEnum):
     aiter = "aiter"

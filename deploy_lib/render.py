@@ -17,16 +17,15 @@ import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal, get_args
 
 import jinja2
 
+from deploy_lib.bundled import TEMPLATES_DIR
 from deploy_lib.errors import ConfigError
 
 RestartPolicy = Literal["no", "on-failure", "always"]
 
-TEMPLATE_DIR = Path(__file__).resolve().parent.parent / "roles" / "sglang" / "templates"
 UNIT_TEMPLATE = "sglang.service.j2"
 ENV_TEMPLATE = "sglang.env.j2"
 UNIT_FILE_MODE = 0o644
@@ -201,7 +200,7 @@ def _validate_env(env: EnvSpec) -> None:
 
 def _template_environment() -> jinja2.Environment:
     environment = jinja2.Environment(
-        loader=jinja2.FileSystemLoader(TEMPLATE_DIR),
+        loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
         trim_blocks=True,

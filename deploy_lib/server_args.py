@@ -1,7 +1,8 @@
 """Profile -> the SGLang launch command and environment for one SGLang version.
 
-Flags that were renamed across SGLang releases are data (SPELLINGS below), each with where it was established:
-../shared/notes/upstream-targets.md section 3 and the real wheels read by deploy_lib/sglang_options.py.
+Flags that were renamed across SGLang releases are data (SPELLINGS below), each citing the sglang wheels on PyPI
+whose argument parser (srt/server_args.py, from 0.5.15 also srt/arg_groups/) establishes it, read by
+deploy_lib/sglang_options.py.
 Preflight checks the result against the parser of the version actually installed (sglang_options.check_argv).
 
 The API key never appears in argv: SGLang only takes it as `--api-key` (no environment variable, 0.5.6 - 0.5.23),
@@ -41,7 +42,7 @@ class Spelling:
 
 
 # Oldest first; a version uses the last spelling whose `since` it has reached. Before the first: the flag is absent.
-_NOTES = "notes/upstream-targets.md s. 3"
+_NOTES = "sglang wheels, srt/server_args.py add_cli_args"
 SPELLINGS: dict[str, tuple[Spelling, ...]] = {
     "fp8_gemm": (
         Spelling("0.5.6.post2", ("--fp8-gemm-backend", "{}"),
@@ -59,8 +60,8 @@ SPELLINGS: dict[str, tuple[Spelling, ...]] = {
     "allreduce_fusion": (
         Spelling("0", ("--enable-flashinfer-allreduce-fusion",), f"{_NOTES}: the only switch up to 0.5.9"),
         Spelling("0.5.15", ("--flashinfer-allreduce-fusion-backend", "auto"),
-                 f"{_NOTES} and s. 0 item 5: the old switch is deprecated and maps to backend auto, which resolves to "
-                 "trtllm on a single non-SM100 node (s. 2e)"),
+                 f"{_NOTES}: the old switch is deprecated and maps to backend auto, which resolves to "
+                 "trtllm on a single non-SM100 node (srt/layers/flashinfer_comm_fusion.py _resolve_backend)"),
     ),
     "cuda_graph_off": (
         Spelling("0", ("--disable-cuda-graph",), _NOTES),

@@ -2,7 +2,6 @@
 # The sandbox GPU VM: a disposable Debian 12 guest with real systemd as PID 1 (systemd-nspawn --boot)
 # in its own network namespace, OpenSSH on its own IP, key login as root and as passwordless-sudo user
 # "deploy". Only the GPUs and the model are simulated (sandbox/sim, sandbox/nvidia-smi).
-# Based on the tested recipe in notes/test-host.md.
 #
 #   testhost.sh deps-if-missing  # apt-get install the host tools, only if one is missing
 #   testhost.sh deps             # apt-get install the host tools unconditionally

@@ -1,6 +1,6 @@
 """The fusion-sm120 patch set against the real SGLang / FlashInfer wheels, and the patch-set format's refusals.
 
-Expected lines are those of /work/shared/notes/upstream-targets.md section 2 (summary matrix and listings).
+Expected lines are the gate lines as they stand in the real sglang and flashinfer-python wheels from PyPI.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ FLASHINFER_MEMBERS = ("flashinfer/*.py", "flashinfer/data/include/flashinfer/com
                       "flashinfer/data/csrc/trtllm_*.cu", "*.dist-info/*")
 HEADER = "flashinfer/data/include/flashinfer/comm/trtllm_allreduce.cuh"
 HEADER_GATE = "#if (defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && (__CUDA_ARCH__ < 1200))\n"
-HEADER_GATE_LINES = [417, 455, 485, 533, 711, 895, 950, 991, 1053, 1207, 1265, 1335, 1444]  # notes 2 (d)
+HEADER_GATE_LINES = [417, 455, 485, 533, 711, 895, 950, 991, 1053, 1207, 1265, 1335, 1444]  # the 0.6.x header
 COMMUNICATOR = "sglang/srt/layers/communicator.py"
 ADD_NORM = "sglang/srt/layers/layer_boundary/residual/add_norm.py"
 FUSION = "sglang/srt/layers/flashinfer_comm_fusion.py"

@@ -237,7 +237,7 @@ def test_rendered_argv_is_accepted_by_that_versions_parser(real_options: Callabl
 
 @pytest.mark.wheels
 def test_the_users_command_as_written_fails_on_0523(real_options: Callable[[str], dict[str, Any]]) -> None:
-    """notes s. 0 item 5: `error: unrecognized arguments: --nsa-decode-backend trtllm --nsa-prefill-backend trtllm`."""
+    """0.5.20+: `error: unrecognized arguments: --nsa-decode-backend trtllm --nsa-prefill-backend trtllm`."""
     options = real_options("0.5.23")
     as_written = [("--model" if a == "--model-path" else "--tp" if a == "--tp-size" else a) for a in REFERENCE_059]
     problems = check_argv(options, as_written)
@@ -259,7 +259,7 @@ def test_a_bad_choice_is_caught(real_options: Callable[[str], dict[str, Any]]) -
 
 @pytest.mark.wheels
 def test_a_version_too_old_for_the_profile_is_caught_at_preflight(sglang_source: Callable[[str], Path]) -> None:
-    """0.5.6.post1 predates the glm47 tool parser and the trtllm NSA kernels (notes s. 3)."""
+    """0.5.6.post1 predates the glm47 tool parser and the trtllm NSA kernels (its srt/server_args.py)."""
     options = extract(sglang_source("0.5.6.post1"))["options"]
     args = sglang_args(with_changes(reference(), backends={"fp8_gemm": None}), "0.5.6.post1")
     problems = check_argv(options, args)

@@ -335,8 +335,8 @@ def test_real_wheel_extracts_cleanly(options_of: Callable[[str], dict[str, Any]]
 
 
 @pytest.mark.wheels
-def test_real_wheel_0523_matches_the_notes(options_of: Callable[[str], dict[str, Any]]) -> None:
-    """Facts from notes/upstream-targets.md s. 3, read there from the real 0.5.23 parser (532 options with -h)."""
+def test_real_wheel_0523_matches_its_parser(options_of: Callable[[str], dict[str, Any]]) -> None:
+    """Facts read from the real 0.5.23 parser, ServerArgs.add_cli_args (532 options with -h)."""
     options = options_of("0.5.23")["options"]
     assert len(options) == 531
     assert find_option(options, "--fp8-gemm-backend")["choices"] == [
@@ -362,7 +362,7 @@ def test_real_wheel_0523_matches_the_notes(options_of: Callable[[str], dict[str,
 
 
 @pytest.mark.wheels
-def test_real_wheel_059_matches_the_notes(options_of: Callable[[str], dict[str, Any]]) -> None:
+def test_real_wheel_059_matches_its_parser(options_of: Callable[[str], dict[str, Any]]) -> None:
     options = options_of("0.5.9")["options"]
     assert find_option(options, "--nsa-decode-backend")["choices"] == [
         "aiter", "fa3", "flashmla_auto", "flashmla_kv", "flashmla_sparse", "tilelang", "trtllm"]

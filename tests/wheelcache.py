@@ -35,7 +35,7 @@ import pytest
 # extractor and the patch tests read; compiled extensions and data files are left in the wheel.
 DEFAULT_MEMBERS: tuple[str, ...] = ("sglang/*.py", "*.dist-info/*")
 
-# sglang >= 0.5.15 ships only platform wheels (cp311+ manylinux_2_34, notes/upstream-targets.md s. 1); pin the
+# sglang >= 0.5.15 ships only platform wheels (cp311+ manylinux_2_34, as listed on PyPI); pin the
 # target so the download does not depend on the interpreter or glibc running the tests.
 PIP_TARGET = ("--python-version", "3.11", "--platform", "manylinux_2_34_x86_64", "--only-binary=:all:")
 

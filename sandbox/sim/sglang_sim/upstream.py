@@ -1,6 +1,6 @@
 """Facts read from the installed upstream files: where they are, their version, and the fusion gates.
 
-Gate detection looks for the exact gated text of notes/upstream-targets.md section 2 in the installed
+Gate detection looks for the exact gated text of the real wheels (roles/fusion-sm120/targets/) in the installed
 files, so a patch that removes or widens that text is what lets the simulated server pass the gate.
 """
 

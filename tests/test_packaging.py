@@ -1,0 +1,49 @@
+"""A non-editable `pip install .` is a working install: it renders a release and finds the patch sets without the
+checkout (templates/ and roles/ travel inside the wheel as deploy_lib/templates and deploy_lib/roles)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Runs in a directory outside the checkout, with only the installed copy of deploy_lib importable from the repo side.
+RENDER_FROM_INSTALL = """
+import json, sys
+from pathlib import Path, PurePosixPath
+import deploy_lib
+from deploy_lib.bundled import ROLES_DIR, TEMPLATES_DIR
+from deploy_lib.patches import list_patch_sets
+from deploy_lib.profile import load_profile
+from deploy_lib.release import build_release
+from deploy_lib.store import StoreLayout
+
+loaded = load_profile(Path(sys.argv[1]), "glm5-nvfp4")
+release = build_release(loaded, StoreLayout(service="sglang", root=PurePosixPath("/opt/sglang-deploy")), "0.5.23", {})
+print(json.dumps({"package": deploy_lib.__file__, "templates": str(TEMPLATES_DIR), "roles": str(ROLES_DIR),
+                  "unit": release.unit_text, "env": release.env_text,
+                  "patch_sets": [p.name for p in list_patch_sets(ROLES_DIR)]}))
+"""
+
+
+def test_a_non_editable_install_renders_and_lists_the_patch_sets(tmp_path: Path) -> None:
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--target", str(site), str(REPO)],
+                   check=True, capture_output=True, text=True, timeout=600)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    environ = {**os.environ, "PYTHONPATH": str(site)}
+    done = subprocess.run([sys.executable, "-c", RENDER_FROM_INSTALL, str(REPO / "inventory" / "profiles")],
+                          cwd=elsewhere, env=environ, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    result = json.loads(done.stdout)
+    assert Path(result["package"]).is_relative_to(site)
+    assert Path(result["templates"]) == site / "deploy_lib" / "templates"
+    assert Path(result["roles"]) == site / "deploy_lib" / "roles"
+    assert "ExecStart=/root/ml-env/bin/python3 -m sglang.launch_server" in result["unit"]
+    assert 'CUDA_HOME="/usr/local/cuda-12.8"' in result["env"]
+    assert result["patch_sets"] == ["fusion-sm120"]
