@@ -5,12 +5,14 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from importlib.metadata import version as package_version
 from pathlib import Path, PurePosixPath
 from typing import TypeVar
 
-from invoke import Collection, Context, Exit, task
+from invoke import Collection, Context, Exit
 
 import deploy_cli as ui
+from deploy_cli.options import task
 from deploy_lib import deploy as deploy_engine
 from deploy_lib import patching
 from deploy_lib import status as host_status
@@ -31,10 +33,6 @@ from sandbox import tasks as sandbox_tasks
 PROJECT = Project(Path(__file__).resolve().parent)
 LATEST_SGLANG = "0.5.23"
 FUSION_PATCH_SET = "fusion-sm120"
-HOST_HELP = {
-    "host": "inventory host name (default: the only host)",
-    "inventory": "inventory file (default: $SGLANG_DEPLOY_INVENTORY or inventory/hosts.yaml)",
-}
 T = TypeVar("T")
 
 
@@ -51,8 +49,7 @@ def _run(action: Callable[[], T]) -> T:
         raise Exit(code=error.exit_code) from None
 
 
-@task(help={"profile": "profile name (inventory/profiles/NAME.yaml)", **HOST_HELP,
-            "sglang_version": f"SGLang version to render for (default {LATEST_SGLANG})"})
+@task(help={"sglang_version": f"SGLang version to render for (default {LATEST_SGLANG})"})
 def render(c: Context, profile: str, host: str | None = None, inventory: str | None = None,
            sglang_version: str = LATEST_SGLANG) -> None:
     """Print the unit, the env file (secrets redacted) and the argv of a profile, without touching any host."""
@@ -64,8 +61,8 @@ def render(c: Context, profile: str, host: str | None = None, inventory: str | N
     ui.print_release(_run(build))  # type: ignore[arg-type]
 
 
-@task(help={"profile": "profile to deploy", "against": "compare with this profile instead of the host's release",
-            **HOST_HELP, "sglang_version": "SGLang version for --against renders"})
+@task(help={"against": "compare with this profile instead of the host's release",
+            "sglang_version": "SGLang version for --against renders"})
 def plan(c: Context, profile: str, against: str | None = None, host: str | None = None,
          inventory: str | None = None, sglang_version: str = LATEST_SGLANG, accept_new_host_key: bool = False
          ) -> None:
@@ -96,9 +93,7 @@ def schema(c: Context, output: str | None = None) -> None:
         ui.console.print(text, markup=False)
 
 
-@task(help={"profile": "profile name", **HOST_HELP, "dry_run": "print the plan and stop (reads the host only)",
-            "yes": "do not ask before changing the host", "force": "overwrite files edited by hand on the host",
-            "accept_new_host_key": "trust and record the host key of a host never seen before",
+@task(help={"dry_run": "print the plan and stop (reads the host only)",
             "gate": "benchmark the new release and roll it back if slower than the last good one"})
 def deploy(c: Context, profile: str, host: str | None = None, inventory: str | None = None, dry_run: bool = False,
            yes: bool = False, force: bool = False, accept_new_host_key: bool = False, gate: bool = False) -> None:
@@ -116,8 +111,7 @@ def _service(service: str | None) -> str:
     return service or ServiceSpec().name
 
 
-@task(help={**HOST_HELP, "to": "release id (default: the last healthy release before the current one)",
-            "service": "service name (default sglang)", "accept_new_host_key": "trust a host key never seen before"})
+@task(help={"to": "release id (default: the last healthy release before the current one)"})
 def rollback(c: Context, to: str | None = None, host: str | None = None, inventory: str | None = None,
              service: str | None = None, accept_new_host_key: bool = False) -> None:
     """Switch back to an earlier release on the host and verify it."""
@@ -128,7 +122,7 @@ def rollback(c: Context, to: str | None = None, host: str | None = None, invento
     ui.print_outcome(outcome)
 
 
-@task(help={**HOST_HELP, "service": "service name (default sglang)"})
+@task
 def releases(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
     """List the releases on the host with their outcome and measured throughput."""
     target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
@@ -136,7 +130,7 @@ def releases(c: Context, host: str | None = None, inventory: str | None = None, 
         ui.print_releases(_run(lambda: host_status.list_releases(target, _service(service), remote)))
 
 
-@task(help={**HOST_HELP, "service": "service name (default sglang)"})
+@task
 def status(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
     """Current release and its age, unit state, readiness, versions, patches and a per-GPU table."""
     target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
@@ -144,22 +138,20 @@ def status(c: Context, host: str | None = None, inventory: str | None = None, se
         ui.print_status(_run(lambda: host_status.read_status(target, _service(service), remote)))
 
 
-@task(help={**HOST_HELP, "n": "number of lines (default 100)", "follow": "keep printing new lines (Ctrl-C stops)",
-            "service": "service name (default sglang)"})
-def logs(c: Context, n: int = 100, follow: bool = False, host: str | None = None, inventory: str | None = None,
+@task(help={"lines": "number of lines (default 100)", "follow": "keep printing new lines (Ctrl-C stops)"})
+def logs(c: Context, lines: int = 100, follow: bool = False, host: str | None = None, inventory: str | None = None,
          service: str | None = None) -> None:
     """Print the server's log from the host's journal."""
     target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
     with FabricRemote(target.ssh) as remote:
         name = _service(service)
         if follow:
-            _run(lambda: ui.print_lines(host_status.follow_log(target, name, remote, n)))
+            _run(lambda: ui.print_lines(host_status.follow_log(target, name, remote, lines)))
         else:
-            ui.print_lines(_run(lambda: host_status.read_log(target, name, remote, n)))
+            ui.print_lines(_run(lambda: host_status.read_log(target, name, remote, lines)))
 
 
-@task(help={**HOST_HELP, "force": "remove the lock even if its owner looks alive",
-            "service": "service name (default sglang)"})
+@task(help={"force": "remove the lock even if its owner looks alive"})
 def unlock(c: Context, force: bool = False, host: str | None = None, inventory: str | None = None,
            service: str | None = None) -> None:
     """Remove a stale deploy lock (or any lock, with --force)."""
@@ -170,7 +162,7 @@ def unlock(c: Context, force: bool = False, host: str | None = None, inventory: 
     ui.console.print(f"removed the lock held by {removed.owner}" if removed else "there was no lock")
 
 
-@task(help={"profile": "profile whose bench settings to use (default glm5-nvfp4)", **HOST_HELP,
+@task(help={"profile": "profile whose bench settings to use (default glm5-nvfp4)",
             "compare": "two release ids: print their newest benchmarks side by side (no new run)"},
       iterable=["compare"])
 def bench(c: Context, profile: str = "glm5-nvfp4", compare: list[str] | None = None, host: str | None = None,
@@ -188,7 +180,7 @@ def bench(c: Context, profile: str = "glm5-nvfp4", compare: list[str] | None = N
                                                                ui.TerminalProgress())))
 
 
-@task(name="build", help={"profile": "profile whose service.venv_build lock to build", **HOST_HELP})
+@task(name="build", help={"profile": "profile whose service.venv_build lock to build"})
 def venv_build(c: Context, profile: str, host: str | None = None, inventory: str | None = None) -> None:
     """Build (or reuse) the content-addressed venv of a profile's lock on the host; only missing wheels travel."""
     loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host))
@@ -202,8 +194,7 @@ def venv_build(c: Context, profile: str, host: str | None = None, inventory: str
                      f"{len(result.wheels_sent)} wheels ({result.bytes_sent} bytes) sent")
 
 
-@task(name="adopt", help={"path": "the hand-made venv on the host, e.g. /root/ml-env", **HOST_HELP,
-                          "service": "service name (default sglang)"})
+@task(name="adopt", help={"path": "the hand-made venv on the host, e.g. /root/ml-env"})
 def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | None = None,
                service: str | None = None) -> None:
     """Record a hand-made venv as a managed, immutable one (hard-linked copy); report files that drifted."""
@@ -214,7 +205,7 @@ def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | 
     ui.print_adopted(result)
 
 
-@task(name="list", help={**HOST_HELP, "service": "service name (default sglang)"})
+@task(name="list")
 def venv_list(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
     """List managed venvs: hash, kind, size, the releases using them, derived venvs, versions."""
     target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
@@ -233,7 +224,8 @@ def _patch_run(profile: str, host: str | None, inventory: str | None, action: Ca
         return _run(lambda: action(remote, *args, loaded, target))
 
 
-PATCH_HELP = {"profile": "the unpatched profile (default glm5-nvfp4)", **HOST_HELP}
+PATCH_HELP = {"name": "patch set name (see `invoke patches.list`)",
+              "profile": "the unpatched profile (default glm5-nvfp4)"}
 
 
 @task(name="list")
@@ -256,7 +248,7 @@ def patches_audit(c: Context, name: str, profile: str = "glm5-nvfp4", host: str 
     ui.print_audit(_patch_run(profile, host, inventory, patching.audit, _patch_set(name)))
 
 
-@task(name="enable", help={**PATCH_HELP, "yes": "do not ask before changing the host"})
+@task(name="enable", help=PATCH_HELP)
 def patches_enable(c: Context, name: str, profile: str = "glm5-nvfp4", host: str | None = None,
                    inventory: str | None = None, yes: bool = False) -> None:
     """Make a patched venv (derived; the base is untouched) and deploy the profile with the patched feature on."""
@@ -272,7 +264,7 @@ def patches_enable(c: Context, name: str, profile: str = "glm5-nvfp4", host: str
     ui.print_outcome(outcome)
 
 
-@task(name="disable", help={**PATCH_HELP, "yes": "do not ask before changing the host"})
+@task(name="disable", help=PATCH_HELP)
 def patches_disable(c: Context, name: str, profile: str = "glm5-nvfp4", host: str | None = None,
                     inventory: str | None = None, yes: bool = False) -> None:
     """Deploy the unpatched profile on the venv the patched one was derived from (no file is rewritten)."""
@@ -285,10 +277,11 @@ def patches_disable(c: Context, name: str, profile: str = "glm5-nvfp4", host: st
     ui.print_outcome(outcome)
 
 
-@task(name="patch-fusion", help={**PATCH_HELP, "enable": "patch and deploy the profile with fusion on",
+@task(name="patch-fusion", help={"profile": PATCH_HELP["profile"],
+                                 "enable": "patch and deploy the profile with fusion on",
                                  "disable": "deploy the profile with fusion off on the unpatched venv",
                                  "check": "print each gate's state, change nothing",
-                                 "audit": "list every SM bound on the fusion path", "yes": "do not ask"})
+                                 "audit": "list every SM bound on the fusion path"})
 def patch_fusion(c: Context, enable: bool = False, disable: bool = False, check: bool = False, audit: bool = False,
                  profile: str = "glm5-nvfp4", host: str | None = None, inventory: str | None = None,
                  yes: bool = False) -> None:
@@ -300,6 +293,12 @@ def patch_fusion(c: Context, enable: bool = False, disable: bool = False, check:
     action = {"enable": patches_enable, "disable": patches_disable, "check": patches_check, "audit": patches_audit}
     kwargs = {"yes": yes} if chosen[0] in ("enable", "disable") else {}
     action[chosen[0]](c, FUSION_PATCH_SET, profile=profile, host=host, inventory=inventory, **kwargs)
+
+
+@task
+def version(c: Context) -> None:
+    """Print the tool's version."""
+    ui.console.print(f"sglang-deploy {package_version('sglang-deploy')}")
 
 
 @task
@@ -320,7 +319,8 @@ def demo(c: Context) -> None:
     releases(c, inventory=inventory)
 
 
-ns = Collection(render, plan, schema, deploy, rollback, releases, status, logs, unlock, bench, patch_fusion, demo)
+ns = Collection(render, plan, schema, deploy, rollback, releases, status, logs, unlock, bench, patch_fusion, demo,
+                version)
 ns.add_collection(Collection(patches_list, patches_check, patches_audit, patches_enable, patches_disable),
                   name="patches")
 ns.add_collection(Collection(venv_build, venv_adopt, venv_list), name="venv")

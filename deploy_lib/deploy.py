@@ -245,7 +245,7 @@ def preflight(plan: Plan, loaded: LoadedProfile, target: Target, facts: HostFact
     problems = [problem for problem in check_argv(facts.sglang.options, list(plan.release.args))
                 if problem.severity == "error"]
     if problems:
-        listed = "\n  ".join(str(problem) for problem in problems)
+        listed = "\n  ".join(problem.message for problem in problems)
         raise PreflightError(f"{where}: SGLang {plan.release.sglang_version} in {plan.release.venv} does not "
                              f"accept the launch command:\n  {listed}",
                              "fix the profile (extra_args, backends) or deploy a venv with a matching SGLang")

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import os
 
-from invoke import Context, task
+from invoke import Context
 
+from deploy_cli.options import task
 from sandbox import manage, wheelhouse
 
 

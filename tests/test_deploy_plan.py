@@ -149,8 +149,10 @@ def test_preflight_refuses_a_flag_the_installed_sglang_does_not_know() -> None:
     """Input tried: the 0.5.23 argv against an SGLang whose parser lacks --dsa-decode-backend."""
     loaded, plan = first_plan()
     known = tuple(a for a in plan.release.args if a != "--dsa-decode-backend")
-    with pytest.raises(PreflightError, match="--dsa-decode-backend"):
+    with pytest.raises(PreflightError, match="--dsa-decode-backend") as refused:
         preflight(plan, loaded, target(), facts(known))
+    assert "  unrecognized arguments: --dsa-decode-backend trtllm" in refused.value.message.splitlines()
+    assert "ArgvProblem" not in refused.value.message  # a sentence, not a Python repr
 
 
 def test_preflight_accepts_the_argv_when_every_flag_is_known() -> None:

@@ -1,0 +1,100 @@
+"""One set of command-line conventions for every task: `-h` is help, a short flag means the same option in every
+task, every option has help text, options are given by name (never positionally, so `TASK --help` is help), a
+required option that is missing and a value of the wrong type are sentences with exit 2."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+from invoke import Context, Exit
+from invoke import Task as InvokeTask
+from invoke import task as invoke_task
+
+from deploy_lib.errors import EXIT_CODES, ConfigError
+
+BAD_OPTION_EXIT = EXIT_CODES[ConfigError]
+
+# The only short flags; every other option is long only (--force and --accept-new-host-key on purpose: they change
+# what the tool will do to a host, so they are spelled out).
+SHORT_FLAGS = {
+    "profile": "p",
+    "inventory": "i",
+    "host": "H",
+    "service": "s",
+    "yes": "y",
+    "lines": "n",
+    "follow": "f",
+    "verbose": "v",
+    "output": "o",
+}
+
+# Help shared by every task that takes the option; a task's own help= entries override these.
+COMMON_HELP = {
+    "profile": "profile: a name under inventory/profiles/ or a path to a YAML file",
+    "host": "inventory host name (default: the only host)",
+    "inventory": "inventory file, relative to the working directory "
+                 "(default: $SGLANG_DEPLOY_INVENTORY, else inventory/hosts.yaml of the project)",
+    "service": "service name (default sglang)",
+    "yes": "do not ask before changing the host",
+    "force": "overwrite files edited by hand on the host",
+    "accept_new_host_key": "trust and record the key of a host never seen before (a changed key is always refused)",
+    "json": "print one JSON document on stdout (progress goes to stderr)",
+    "verbose": "show every remote step and its output as it runs",
+}
+
+
+def _whole_number(option: str) -> Callable[[str], int]:
+    def convert(text: str) -> int:
+        try:
+            return int(text)
+        except ValueError:
+            raise Exit(f"error: --{option} takes a whole number, got {text!r}", code=BAD_OPTION_EXIT) from None
+    convert.__name__ = "int"  # what `--help` shows as the value's kind
+    return convert
+
+
+class Task(InvokeTask):  # type: ignore[type-arg]
+    """An invoke Task that follows the conventions above."""
+
+    def __init__(self, body: Callable[..., Any], **kwargs: Any) -> None:
+        kwargs.setdefault("positional", ())
+        kwargs["auto_shortflags"] = False
+        given_help = kwargs.pop("help", None) or {}
+        names = [name for name in inspect.signature(body).parameters if name != "c"]
+        kwargs["help"] = {name: given_help.get(name) or COMMON_HELP.get(name) for name in names}
+        unknown = set(given_help) - set(names)
+        undocumented = [name for name, text in kwargs["help"].items() if not text]
+        if unknown or undocumented:
+            raise TypeError(f"task {body.__name__}: help for no option {sorted(unknown)}, "
+                            f"no help for {undocumented}")
+        self.option_help = dict(kwargs["help"])  # invoke consumes `help` while building the parser
+        self.required = [p.name for p in inspect.signature(body).parameters.values()
+                         if p.name != "c" and p.default is inspect.Parameter.empty]
+        super().__init__(body, **kwargs)
+
+    def arg_opts(self, name: str, default: Any, taken_names: set[str]) -> dict[str, Any]:
+        opts: dict[str, Any] = super().arg_opts(name, default, taken_names)
+        if name in SHORT_FLAGS:
+            opts["names"] = [*opts["names"], SHORT_FLAGS[name]]
+        if opts.get("kind") is int:
+            opts["kind"] = _whole_number(opts["names"][0])
+        return opts
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        given = inspect.signature(self.body).bind_partial(*args, **kwargs).arguments
+        missing = [name for name in self.required if given.get(name) is None]
+        if missing:
+            flags = ", ".join("--" + name.replace("_", "-") for name in missing)
+            raise Exit(f"error: {self.name} needs {flags} ({self.option_help[missing[0]]})",
+                       code=BAD_OPTION_EXIT)
+        return super().__call__(*args, **kwargs)
+
+
+def task(*args: Any, **kwargs: Any) -> Any:
+    """`@task` / `@task(help={...}, ...)` with the conventions of this module."""
+    return invoke_task(*args, klass=Task, **kwargs)
+
+
+__all__ = ["COMMON_HELP", "SHORT_FLAGS", "Context", "Task", "task"]

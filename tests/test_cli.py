@@ -1,0 +1,79 @@
+"""The command line as a user meets it: help, short flags, option errors, version (no host involved)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections import defaultdict
+from collections.abc import Iterator
+from importlib.metadata import version as package_version
+from pathlib import Path
+
+import pytest
+from invoke import Collection
+
+import tasks
+from deploy_cli.options import Task
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def invoke(*argv: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """`invoke ARGV` as a user types it, in cwd (the project root unless a test says otherwise)."""
+    environ = {k: v for k, v in os.environ.items() if k != "SGLANG_DEPLOY_INVENTORY"} | (env or {})
+    return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *argv], cwd=cwd,
+                          capture_output=True, text=True, env=environ, timeout=120)
+
+
+def all_tasks(collection: Collection = tasks.ns, prefix: str = "") -> Iterator[tuple[str, Task]]:
+    for name, each in collection.tasks.items():
+        yield prefix + name, each
+    for name, sub in collection.collections.items():
+        yield from all_tasks(sub, f"{prefix}{name}.")
+
+
+@pytest.mark.parametrize("argv", [("deploy", "--help"), ("render", "--help"), ("status", "-h"), ("logs", "-h"),
+                                  ("patches.check", "--help"), ("sandbox.up", "-h")])
+def test_help_works_the_usual_way_on_every_kind_of_task(argv: tuple[str, ...]) -> None:
+    shown = invoke(*argv)
+    assert shown.returncode == 0, shown.stderr
+    assert "Options:" in shown.stdout and "error" not in shown.stderr
+
+
+def test_every_option_of_every_task_has_help_and_is_given_by_name() -> None:
+    for name, each in all_tasks():
+        assert isinstance(each, Task), f"{name} is not built with deploy_cli.options.task"
+        for argument in each.get_arguments():
+            assert argument.help, f"{name} --{argument.name} has no help text"
+            assert not argument.positional, f"{name} takes {argument.name} positionally"
+
+
+def test_a_short_flag_means_the_same_option_in_every_task() -> None:
+    meanings: dict[str, set[str]] = defaultdict(set)
+    for _, each in all_tasks():
+        for argument in each.get_arguments():
+            for short in (n for n in argument.names if len(n) == 1):
+                meanings[short].add(argument.name)
+    assert "h" not in meanings, "-h is help"
+    assert {short: names for short, names in meanings.items() if len(names) > 1} == {}
+    assert meanings["H"] == {"host"} and meanings["s"] == {"service"}
+
+
+def test_a_number_option_given_a_word_is_a_sentence_and_exit_2() -> None:
+    """Input tried: `logs -n abc` (it printed a ValueError traceback)."""
+    refused = invoke("logs", "-n", "abc")
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == "error: --lines takes a whole number, got 'abc'"
+
+
+def test_a_missing_required_option_names_it() -> None:
+    refused = invoke("deploy")
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("error: deploy needs --profile")
+
+
+def test_version_prints_the_tools_version() -> None:
+    shown = invoke("version")
+    assert shown.returncode == 0
+    assert shown.stdout.strip() == f"sglang-deploy {package_version('sglang-deploy')}"
