@@ -20,7 +20,7 @@ from deploy_lib.bundled import ROLES_DIR
 from deploy_lib.errors import DeployError
 from deploy_lib.patches import PatchSet, find_patch_set, list_patch_sets
 from deploy_lib.profile import ServiceSpec, profile_json_schema
-from deploy_lib.project import SANDBOX_INVENTORY, Project, load_for_host, resolve_target
+from deploy_lib.project import SANDBOX_INVENTORY, Project, Target, load_for_host, resolve_target
 from deploy_lib.release import build_release, diff_releases
 from deploy_lib.remote import FabricRemote
 from deploy_lib.server_args import secret_environment
@@ -38,6 +38,10 @@ T = TypeVar("T")
 
 def _inventory(given: str | None) -> str | None:
     return given or os.environ.get("SGLANG_DEPLOY_INVENTORY")
+
+
+def _target(inventory: str | None, host: str | None, accept_new_host_key: bool = False) -> Target:
+    return resolve_target(PROJECT.inventory(_inventory(inventory)), host, accept_new_host_key)
 
 
 def _run(action: Callable[[], T]) -> T:
@@ -115,7 +119,7 @@ def _service(service: str | None) -> str:
 def rollback(c: Context, to: str | None = None, host: str | None = None, inventory: str | None = None,
              service: str | None = None, accept_new_host_key: bool = False) -> None:
     """Switch back to an earlier release on the host and verify it."""
-    target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host, accept_new_host_key))
+    target = _run(lambda: _target(inventory, host, accept_new_host_key))
     with FabricRemote(target.ssh) as remote:
         outcome = _run(lambda: deploy_engine.rollback(target, _service(service), remote,
                                                       ui.TerminalProgress(), to, dict(os.environ)))
@@ -125,7 +129,7 @@ def rollback(c: Context, to: str | None = None, host: str | None = None, invento
 @task
 def releases(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
     """List the releases on the host with their outcome and measured throughput."""
-    target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
+    target = _run(lambda: _target(inventory, host))
     with FabricRemote(target.ssh) as remote:
         ui.print_releases(_run(lambda: host_status.list_releases(target, _service(service), remote)))
 
@@ -133,7 +137,7 @@ def releases(c: Context, host: str | None = None, inventory: str | None = None, 
 @task
 def status(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
     """Current release and its age, unit state, readiness, versions, patches and a per-GPU table."""
-    target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
+    target = _run(lambda: _target(inventory, host))
     with FabricRemote(target.ssh) as remote:
         ui.print_status(_run(lambda: host_status.read_status(target, _service(service), remote)))
 
@@ -142,7 +146,7 @@ def status(c: Context, host: str | None = None, inventory: str | None = None, se
 def logs(c: Context, lines: int = 100, follow: bool = False, host: str | None = None, inventory: str | None = None,
          service: str | None = None) -> None:
     """Print the server's log from the host's journal."""
-    target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
+    target = _run(lambda: _target(inventory, host))
     with FabricRemote(target.ssh) as remote:
         name = _service(service)
         if follow:
@@ -155,7 +159,7 @@ def logs(c: Context, lines: int = 100, follow: bool = False, host: str | None = 
 def unlock(c: Context, force: bool = False, host: str | None = None, inventory: str | None = None,
            service: str | None = None) -> None:
     """Remove a stale deploy lock (or any lock, with --force)."""
-    target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
+    target = _run(lambda: _target(inventory, host))
     layout = target.layout(_service(service))
     with FabricRemote(target.ssh) as remote:
         removed = _run(lambda: unlock_store(remote, layout, force, LockContext(where=target.host.name)))
@@ -198,7 +202,7 @@ def venv_build(c: Context, profile: str, host: str | None = None, inventory: str
 def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | None = None,
                service: str | None = None) -> None:
     """Record a hand-made venv as a managed, immutable one (hard-linked copy); report files that drifted."""
-    target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
+    target = _run(lambda: _target(inventory, host))
     layout = target.layout(_service(service))
     with FabricRemote(target.ssh) as remote:
         result = _run(lambda: adopt_venv(remote, layout, PurePosixPath(path)))
@@ -208,7 +212,7 @@ def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | 
 @task(name="list")
 def venv_list(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
     """List managed venvs: hash, kind, size, the releases using them, derived venvs, versions."""
-    target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host))
+    target = _run(lambda: _target(inventory, host))
     with FabricRemote(target.ssh) as remote:
         ui.print_venvs(_run(lambda: host_status.list_managed_venvs(target, _service(service), remote)))
 

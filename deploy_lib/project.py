@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from deploy_lib.errors import ConfigError
 from deploy_lib.inventory import Host, Inventory, check_profile_fits_host, expand_local_path, load_inventory
 from deploy_lib.profile import LoadedProfile, load_profile
 from deploy_lib.remote import SSHTarget
@@ -12,6 +13,7 @@ from deploy_lib.store import StoreLayout
 
 DEFAULT_INVENTORY = "inventory/hosts.yaml"
 SANDBOX_INVENTORY = "inventory/sandbox.yaml"
+PROFILE_SUFFIX = ".yaml"
 
 
 @dataclass(frozen=True)
@@ -23,12 +25,22 @@ class Project:
         return self.root / "inventory" / "profiles"
 
     def inventory_path(self, given: str | None) -> Path:
-        path = Path(given or DEFAULT_INVENTORY)
-        return path if path.is_absolute() else self.root / path
+        """A given path as the user typed it (relative: to the working directory); by default the project's."""
+        return _from_working_directory(given) if given else self.root / DEFAULT_INVENTORY
 
-    def profile(self, name: str) -> LoadedProfile:
-        """The profile, with a venv_build's relative lock and wheelhouse paths made absolute from the project root."""
-        loaded = load_profile(self.profiles_dir, name)
+    def profile_location(self, given: str) -> tuple[Path, str]:
+        """(directory, name) of a profile given by name (under profiles_dir) or by path to its .yaml file."""
+        if "/" in given or given.endswith(PROFILE_SUFFIX):
+            path = _from_working_directory(given)
+            if path.suffix != PROFILE_SUFFIX:
+                raise ConfigError(f"profile {given!r}: a profile file ends in {PROFILE_SUFFIX}")
+            return path.parent, path.stem
+        return self.profiles_dir, given
+
+    def profile(self, given: str) -> LoadedProfile:
+        """The profile (a name or a path; `extends:` looks beside it), with a venv_build's relative lock and
+        wheelhouse paths made absolute from the project root."""
+        loaded = load_profile(*self.profile_location(given))
         spec = loaded.profile.service.venv_build
         if spec is None:
             return loaded
@@ -39,6 +51,11 @@ class Project:
 
     def inventory(self, given: str | None) -> Inventory:
         return load_inventory(self.inventory_path(given))
+
+
+def _from_working_directory(given: str) -> Path:
+    path = Path(given).expanduser()
+    return path if path.is_absolute() else Path.cwd() / path
 
 
 @dataclass(frozen=True)

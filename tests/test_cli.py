@@ -77,3 +77,20 @@ def test_version_prints_the_tools_version() -> None:
     shown = invoke("version")
     assert shown.returncode == 0
     assert shown.stdout.strip() == f"sglang-deploy {package_version('sglang-deploy')}"
+
+
+def test_a_profile_is_given_by_name_or_by_path_and_paths_are_from_the_working_directory() -> None:
+    """Input tried: from inventory/, `render --profile profiles/glm5-nvfp4-fusion.yaml -i hosts.yaml` (the path
+    was refused as a profile name, and -i was read from the project root)."""
+    by_path = invoke("render", "--profile", "profiles/glm5-nvfp4-fusion.yaml", "-i", "hosts.yaml",
+                     cwd=REPO / "inventory")
+    by_name = invoke("render", "--profile", "glm5-nvfp4-fusion")
+    assert by_path.returncode == 0, by_path.stderr
+    assert "--flashinfer-allreduce-fusion-backend auto" in by_path.stdout
+    assert by_path.stdout == by_name.stdout
+
+
+def test_a_relative_inventory_that_is_not_in_the_working_directory_is_named_as_given(tmp_path: Path) -> None:
+    refused = invoke("render", "-p", "glm5-nvfp4", "-i", "hosts.yaml", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert str(tmp_path / "hosts.yaml") in refused.stderr

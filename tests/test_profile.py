@@ -11,6 +11,7 @@ import pytest
 from deploy_lib.errors import ConfigError
 from deploy_lib.inventory import check_profile_fits_host, load_inventory
 from deploy_lib.profile import Profile, load_profile, profile_json_schema
+from deploy_lib.project import Project
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "inventory" / "profiles"
@@ -187,3 +188,13 @@ def test_tp_larger_than_the_hosts_gpu_count_is_refused(tmp_path: Path) -> None:
     loaded = load_profile(PROFILES, "glm5-nvfp4")
     with pytest.raises(ConfigError, match=r"parallel\.tp: needs 8 GPUs per node, host small has 4"):
         check_profile_fits_host(loaded.profile, load_inventory(path).host("small"), loaded.path)
+
+
+def test_a_profile_path_finds_its_parent_beside_it(tmp_path: Path) -> None:
+    """Input tried: a profile file outside inventory/profiles/ that extends a sibling; a .yml path."""
+    _write(tmp_path, "base", "model: {path: m}\nparallel: {tp: 2}\n")
+    _write(tmp_path, "child", "extends: base\nserver: {port: 8001}\n")
+    loaded = Project(REPO).profile(str(tmp_path / "child.yaml"))
+    assert (loaded.name, loaded.chain, loaded.profile.parallel.tp) == ("child", ("child", "base"), 2)
+    with pytest.raises(ConfigError, match=r"a profile file ends in \.yaml"):
+        Project(REPO).profile(str(tmp_path / "child.yml"))
