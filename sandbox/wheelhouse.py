@@ -17,6 +17,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -99,15 +100,35 @@ def download_with_dependencies(requirements: tuple[str, ...]) -> tuple[Path, ...
     return tuple(sorted(wheels))
 
 
+def _sim_source_digest() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(p for p in SIM_DIR.rglob("*") if p.is_file() and "__pycache__" not in p.parts):
+        digest.update(str(path.relative_to(SIM_DIR)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:16]
+
+
 def build_sim_wheel() -> Path:
-    """Build sandbox/sim with its own PEP 517 backend into <cache>/sim/ (a fresh wheel every call)."""
-    out = cache_root() / "sim"
-    out.mkdir(parents=True, exist_ok=True)
+    """Build sandbox/sim with its own PEP 517 backend into <cache>/sim/<source digest>/.
+
+    Keyed by the source's digest, so test runs of different checkouts sharing the cache never overwrite each
+    other's simulator; the wheel is built in a temporary folder and renamed into place whole.
+    """
+    out = cache_root() / "sim" / _sim_source_digest()
+    built = sorted(out.glob("*.whl"))
+    if built:
+        return built[0]
+    out.parent.mkdir(parents=True, exist_ok=True)
     spec = importlib.util.spec_from_file_location("sglang_sim_build_backend", SIM_DIR / "build_backend.py")
     assert spec is not None and spec.loader is not None
     backend = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(backend)
-    return out / backend.build_wheel(str(out))
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f"{out.name}."))
+    name = backend.build_wheel(str(staging))
+    try:
+        staging.rename(out)
+    except OSError:  # another run published the same source first
+        shutil.rmtree(staging, ignore_errors=True)
+    return out / name
 
 
 @dataclass(frozen=True)
@@ -141,25 +162,23 @@ def install_argv(python: str, wheels: tuple[Path, ...] | tuple[str, ...]) -> lis
 
 
 def build_local_venv(venv: Path, house: Wheelhouse) -> Path:
-    """A venv on this machine with the wheelhouse installed (for the sim's loopback tests).
+    """A venv on this machine with the wheelhouse installed (for the sim's loopback tests): `<venv>-<digest>`.
 
-    Reused while it holds the same wheels (the sim wheel is compared by content); concurrent callers wait on a
-    lock next to it.
+    Named by the digest of its wheels (the sim's by content), so it is never changed once built and runs of
+    different checkouts sharing the cache each get their own; concurrent callers wait on a lock next to it.
     """
-    venv.parent.mkdir(parents=True, exist_ok=True)
-    marker = venv / ".sglang-sim-wheels"
     wanted = "\n".join([*(p.name for p in house.wheels[:-1]), hashlib.sha256(house.sim.read_bytes()).hexdigest()])
-    with (venv.parent / f"{venv.name}.lock").open("w") as lock:
+    keyed = venv.with_name(f"{venv.name}-{hashlib.sha256(wanted.encode()).hexdigest()[:12]}")
+    keyed.parent.mkdir(parents=True, exist_ok=True)
+    marker = keyed / ".sglang-sim-wheels"
+    with (keyed.parent / f"{keyed.name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        installed = marker.read_text() if marker.exists() else ""
-        if installed.splitlines()[:-1] != wanted.splitlines()[:-1]:
-            shutil.rmtree(venv, ignore_errors=True)
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-            subprocess.run(install_argv(str(venv / "bin/python"), house.wheels[:-1]), check=True)
-        if installed != wanted:
-            subprocess.run([*install_argv(str(venv / "bin/python"), (house.sim,)), "--force-reinstall"], check=True)
+        if not marker.exists() or marker.read_text() != wanted:
+            shutil.rmtree(keyed, ignore_errors=True)
+            subprocess.run([sys.executable, "-m", "venv", str(keyed)], check=True)
+            subprocess.run(install_argv(str(keyed / "bin/python"), house.wheels), check=True)
             marker.write_text(wanted)
-    return venv
+    return keyed
 
 
 def main() -> None:
