@@ -37,7 +37,16 @@ from deploy_lib.health import (
 from deploy_lib.profile import LoadedProfile, Profile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
-from deploy_lib.release import Change, Release, build_release, diff_releases, resolve_secrets
+from deploy_lib.release import (
+    SECRET_NOT_AVAILABLE,
+    SECRET_VALUES,
+    Change,
+    Release,
+    available_secrets,
+    build_release,
+    diff_releases,
+    resolve_secrets,
+)
 from deploy_lib.remote import Put, Remote, Step, StepResult, describe
 from deploy_lib.server_args import API_KEY_ENV
 from deploy_lib.sglang_options import check_argv
@@ -96,13 +105,24 @@ class Plan:
     unchanged: bool
     batches: Mapping[str, list[Step | Put]]
     notes: tuple[str, ...] = ()
+    secrets_not_available: Mapping[str, str] = field(default_factory=dict)  # name -> why (a plan needs no value)
+
+    @property
+    def release_id(self) -> str | None:
+        """The id the deploy would make; unknown while a secret's value (part of the content) is not available."""
+        return None if self.secrets_not_available else self.release.id
 
     def dry_run_lines(self) -> list[str]:
-        lines = [f"release {self.release.id} (profile {self.release.profile_name}, SGLang "
+        shown_id = self.release_id or "id not known here (it depends on secret values)"
+        lines = [f"release {shown_id} (profile {self.release.profile_name}, SGLang "
                  f"{self.release.sglang_version}); current: {self.current_id or 'none'}"]
         if self.unchanged:
             lines.append("no changes")
+        elif self.secrets_not_available and not self.changes and not self.drift:
+            lines.append("no changes, unless a secret's value changed")
         lines += [f"  {change}" for change in self.changes]
+        lines += [f"  secret {name}: {SECRET_NOT_AVAILABLE} ({why}); its value is not compared"
+                  for name, why in self.secrets_not_available.items()]
         lines += [f"  drift: {item}" for item in self.drift]
         lines += [f"  note: {note}" for note in self.notes]
         for phase, batch in self.batches.items():
@@ -116,7 +136,7 @@ class Outcome:
     """The end of a deploy or rollback that did not raise."""
 
     action: str                       # deployed | unchanged | planned | rolled back
-    release_id: str
+    release_id: str | None            # None: a plan whose release id depends on secrets not available here
     previous_id: str | None
     plan: Plan | None = None
     ready: ReadyReport | None = None
@@ -193,7 +213,12 @@ def restart_steps(layout: StoreLayout) -> list[Step | Put]:
 
 
 def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets: Mapping[str, str],
-                force: bool, now: datetime, venv: VenvChoice | None = None, patches: tuple[str, ...] = ()) -> Plan:
+                force: bool, now: datetime, venv: VenvChoice | None = None, patches: tuple[str, ...] = (),
+                secrets_not_available: Mapping[str, str] | None = None) -> Plan:
+    """What a deploy would do. A dry run passes the secrets it could not read in `secrets_not_available`: the
+    plan then stands in a placeholder for their values and does not claim how they compare."""
+    not_available = dict(secrets_not_available or {})
+    secrets = {**secrets, **{name: SECRET_NOT_AVAILABLE for name in not_available}}
     venv = venv or VenvChoice(target.venv_override or loaded.profile.service.venv)
     layout = target.layout(loaded.profile.service.name)
     version = facts.sglang.sglang_version or venv.sglang_version
@@ -221,9 +246,11 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
             batches["stage"] = repair_release(layout, release.id, release.unit_text, release.env_text)
         batches["switch"] = switch_current(layout, release.id)
         batches["restart"] = restart_steps(layout)
+    changes = [change for change in diff_releases(current_metadata, release.metadata())
+               if not (not_available and change.kind == "secret" and change.name == SECRET_VALUES)]
     return Plan(release=release, current_id=current_id, current_metadata=current_metadata,
-                changes=tuple(diff_releases(current_metadata, release.metadata())), drift=drift,
-                needs_stage=not have_release, unchanged=unchanged, batches=batches,
+                changes=tuple(changes), drift=drift, needs_stage=not have_release, unchanged=unchanged,
+                batches=batches, secrets_not_available=not_available,
                 notes=tuple(note for note in (venv.build_note, _past_failure(facts, release.id)) if note))
 
 
@@ -391,7 +418,10 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
            clock: Callable[[], float] = time.monotonic) -> Outcome:
     """Take the host to the profile's release, or back to its last healthy one; raise DeployError on failure."""
     profile = loaded.profile
-    secrets = resolve_secrets(profile, options.environ)  # ConfigError here, before any connection
+    if options.dry_run:  # a plan needs no secret value: it says which ones it could not read
+        secrets, not_available = available_secrets(profile, options.environ)
+    else:
+        secrets, not_available = resolve_secrets(profile, options.environ), {}  # ConfigError before any connection
     layout = target.layout(profile.service.name)
     run = _Run(remote, layout, target, progress, options.environ, clock)
     venv = options.venv or choose_venv(remote, layout, target, profile, options.dry_run, progress)
@@ -399,10 +429,11 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
     started = clock()
     facts = read_host_facts(remote, layout, venv.path, profile.server.port)
     run.timings["facts"] = round(clock() - started, 3)
-    plan = plan_deploy(loaded, target, facts, secrets, options.force, datetime.now(UTC), venv, options.patches)
+    plan = plan_deploy(loaded, target, facts, secrets, options.force, datetime.now(UTC), venv, options.patches,
+                       not_available)
     preflight(plan, loaded, target, facts)
     if options.dry_run:
-        return Outcome("planned", plan.release.id, plan.current_id, plan=plan, timings=run.timings)
+        return Outcome("planned", plan.release_id, plan.current_id, plan=plan, timings=run.timings)
     if plan.unchanged:
         return Outcome("unchanged", plan.release.id, plan.current_id, plan=plan, timings=run.timings)
     tags = _tags(target, plan.release)

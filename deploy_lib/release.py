@@ -13,8 +13,11 @@ from typing import Any
 from deploy_lib.errors import ConfigError
 from deploy_lib.profile import LoadedProfile, Profile, SecretRef
 from deploy_lib.render import EnvSpec, UnitSpec, render_env, render_env_redacted, render_unit
-from deploy_lib.server_args import launch_argv, launch_environment, secret_environment, sglang_args
+from deploy_lib.server_args import API_KEY_ENV, launch_argv, launch_environment, secret_environment, sglang_args
 from deploy_lib.store import ENV_FILE, UNIT_FILE, StoreLayout
+
+SECRET_NOT_AVAILABLE = "not available here"
+SECRET_VALUES = "values"  # the Change that says secret values differ (a digest comparison)
 
 
 def read_secret(name: str, ref: SecretRef, environ: Mapping[str, str]) -> str:
@@ -38,6 +41,32 @@ def read_secret(name: str, ref: SecretRef, environ: Mapping[str, str]) -> str:
 def resolve_secrets(profile: Profile, environ: Mapping[str, str]) -> dict[str, str]:
     """Every secret of the env file (profile secrets and the API key), read on this machine."""
     return {name: read_secret(name, ref, environ) for name, ref in secret_environment(profile).items()}
+
+
+def available_secrets(profile: Profile, environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:
+    """For a plan, which needs no secret value: the secrets readable here, and why each other one is not."""
+    values, not_available = {}, {}
+    for name, ref in secret_environment(profile).items():
+        try:
+            values[name] = read_secret(name, ref, environ)
+        except ConfigError as error:
+            not_available[name] = error.message.removeprefix(f"secret {name}: ")
+    return values, not_available
+
+
+def describe_secret_source(ref: Mapping[str, Any]) -> str:
+    """Where a secret is read from, in the profile's own syntax: never its value."""
+    return "{" + ", ".join(f"{key}: {value}" for key, value in ref.items() if value is not None) + "}"
+
+
+def _secret_sources(metadata: Mapping[str, Any]) -> dict[str, str]:
+    profile = metadata.get("profile") or {}
+    refs = dict(profile.get("secrets") or {})
+    api_key = (profile.get("server") or {}).get("api_key")
+    if api_key:
+        refs[API_KEY_ENV] = api_key
+    return {name: describe_secret_source(refs[name]) if isinstance(refs.get(name), Mapping) else "(set)"
+            for name in metadata.get("secret_names", [])}
 
 
 @dataclass(frozen=True)
@@ -168,9 +197,9 @@ def diff_releases(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list
     compare("flag", argv_options(old.get("args", [])), argv_options(new.get("args", [])))
     compare("env", old.get("environment", {}), new.get("environment", {}))
     old_secrets, new_secrets = set(old.get("secret_names", [])), set(new.get("secret_names", []))
-    compare("secret", {n: "(set)" for n in old_secrets}, {n: "(set)" for n in new_secrets})
+    compare("secret", _secret_sources(old), _secret_sources(new))
     if old_secrets & new_secrets and old.get("secrets_digest") != new.get("secrets_digest"):
-        changes.append(Change("secret", "values", "(previous)", "(changed)"))
+        changes.append(Change("secret", SECRET_VALUES, "(previous)", "(changed)"))
     for key, kind in (("venv", "venv"), ("sglang_version", "version"), ("flashinfer_version", "version"),
                       ("service", "service")):
         if old.get(key) != new.get(key):

@@ -21,7 +21,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 def invoke(*argv: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     """`invoke ARGV` as a user types it, in cwd (the project root unless a test says otherwise)."""
-    environ = {k: v for k, v in os.environ.items() if k != "SGLANG_DEPLOY_INVENTORY"} | (env or {})
+    environ = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEPLOY_INVENTORY", "HF_TOKEN")} | (env or {})
     return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *argv], cwd=cwd,
                           capture_output=True, text=True, env=environ, timeout=120)
 
@@ -94,3 +94,13 @@ def test_a_relative_inventory_that_is_not_in_the_working_directory_is_named_as_g
     refused = invoke("render", "-p", "glm5-nvfp4", "-i", "hosts.yaml", cwd=tmp_path)
     assert refused.returncode == 2
     assert str(tmp_path / "hosts.yaml") in refused.stderr
+
+
+def test_plan_against_another_profile_names_where_a_secret_comes_from_not_a_value(tmp_path: Path) -> None:
+    """Input tried: `plan --against` with HF_TOKEN unset (it printed `+ secret HF_TOKEN = (set)`)."""
+    (tmp_path / "base.yaml").write_text("model: {path: m}\n")
+    (tmp_path / "token.yaml").write_text("extends: base\nsecrets: {HF_TOKEN: {env: HF_TOKEN}}\n")
+    shown = invoke("plan", "-p", str(tmp_path / "token.yaml"), "--against", str(tmp_path / "base.yaml"))
+    assert shown.returncode == 0, shown.stderr
+    assert "  + secret HF_TOKEN = {env: HF_TOKEN}" in shown.stdout.splitlines()
+    assert "(set)" not in shown.stdout

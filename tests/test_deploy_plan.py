@@ -23,7 +23,7 @@ from deploy_lib.facts import (
 from deploy_lib.inventory import HostVars
 from deploy_lib.profile import SecretRef, load_profile
 from deploy_lib.project import Project, Target, resolve_target
-from deploy_lib.release import resolve_secrets
+from deploy_lib.release import available_secrets, resolve_secrets
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.store import ENV_FILE, UNIT_FILE, ReleaseRecord, StoreFacts, StoreLayout
 
@@ -193,6 +193,38 @@ def test_secrets_reach_only_the_env_file() -> None:
     shown = "\n".join([plan.release.unit_text, plan.release.env_text_redacted, json.dumps(
         plan.release.metadata()), *plan.dry_run_lines()])
     assert "hf_SECRET_VALUE" not in shown
+
+
+def with_token(loaded):
+    profile = loaded.profile.model_copy(update={"secrets": {"HF_TOKEN": SecretRef(env="HF_TOKEN")}})
+    return loaded.model_copy(update={"profile": profile})
+
+
+def test_a_plan_works_without_secret_values_and_never_claims_one() -> None:
+    """Input tried: a dry run of a profile with secrets.HF_TOKEN while HF_TOKEN is unset (plan refused, exit 2)."""
+    loaded = with_token(first_plan()[0])
+    values, not_available = available_secrets(loaded.profile, {})
+    assert (values, not_available) == ({}, {"HF_TOKEN": "environment variable HF_TOKEN is not set on this machine"})
+    plan = plan_deploy(loaded, target(), facts(), values, False, NOW, secrets_not_available=not_available)
+    lines = plan.dry_run_lines()
+    assert lines[0].startswith("release id not known here (it depends on secret values)")
+    assert "  + secret HF_TOKEN = {env: HF_TOKEN}" in lines
+    assert ("  secret HF_TOKEN: not available here (environment variable HF_TOKEN is not set on this machine); "
+            "its value is not compared") in lines
+    assert not any("(set)" in line or "(changed)" in line for line in lines)
+    assert plan.release_id is None
+
+
+def test_a_plan_against_a_release_with_the_same_secret_does_not_guess_whether_its_value_changed() -> None:
+    loaded = with_token(first_plan()[0])
+    before = plan_deploy(loaded, target(), facts(), {"HF_TOKEN": "hf_old"}, False, NOW)
+    plan = plan_deploy(loaded, target(), facts(current=deployed(before), active="active"), {}, False, NOW,
+                       secrets_not_available={"HF_TOKEN": "environment variable HF_TOKEN is not set on this machine"})
+    assert plan.changes == ()
+    assert "no changes, unless a secret's value changed" in plan.dry_run_lines()
+    known = plan_deploy(loaded, target(), facts(current=deployed(before), active="active"), {"HF_TOKEN": "hf_new"},
+                        False, NOW)
+    assert [str(change) for change in known.changes] == ["~ secret values: (previous) -> (changed)"]
 
 
 def test_free_disk_is_read_from_the_nearest_existing_directory() -> None:
