@@ -2,19 +2,72 @@
 
 from __future__ import annotations
 
+import getpass
 import os
 import re
+import shlex
 from pathlib import Path
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
 from deploy_lib.errors import ConfigError
 from deploy_lib.profile import AbsPath, Profile, format_validation_error
+from deploy_lib.remote import JumpHost
 from deploy_lib.yaml_io import load_yaml_mapping
 
 _GROUP_KEYS = {"hosts", "children", "vars"}
 _HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,253}$")
+# OpenSSH's ProxyJump destination: [ssh://][user@]host[:port], an IPv6 address in brackets.
+_JUMP_RE = re.compile(r"^(?:ssh://)?(?:(?P<user>[a-z_][a-z0-9_\-]{0,31})@)?"
+                      r"(?P<host>[A-Za-z0-9][A-Za-z0-9.\-]{0,253}|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?$")
+_SSH_ARGS_HELP = ("sglang-deploy connects with Paramiko, not the ssh binary, and honours only a jump host here: "
+                  "`-o ProxyJump=user@host[:port]` or `-J user@host[:port]` (or the `proxy_jump` var)")
+
+
+def parse_proxy_jump(value: str) -> JumpHost | None:
+    """`[user@]host[:port]` (OpenSSH's ProxyJump; `none` means no jump); ValueError says what is wrong.
+
+    Without `user@` the jump host is logged in as the local user, as OpenSSH does.
+    """
+    if value == "none":
+        return None
+    if "," in value:
+        raise ValueError(f"{value!r} is a chain of jump hosts; one jump host is supported")
+    match = _JUMP_RE.fullmatch(value)
+    if match is None:
+        raise ValueError(f"{value!r} is not a jump host; write user@host or user@host:port")
+    port = int(match.group("port") or 22)
+    if not 1 <= port <= 65535:
+        raise ValueError(f"{value!r}: port {port} is not in 1-65535")
+    return JumpHost(host=match.group("host").strip("[]"), port=port, user=match.group("user") or getpass.getuser())
+
+
+def proxy_jump_in_ssh_args(args: str) -> str | None:
+    """The ProxyJump value of an `ansible_ssh_common_args` string; ValueError for anything else in it."""
+    try:
+        words = shlex.split(args)
+    except ValueError as error:
+        raise ValueError(f"cannot split {args!r} like a shell: {error}") from None
+    found: list[str] = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word in ("-o", "-J") and index + 1 < len(words):
+            flag, value, index = word, words[index + 1], index + 2
+        elif word.startswith(("-o", "-J")) and len(word) > 2:
+            flag, value, index = word[:2], word[2:], index + 1
+        else:
+            raise ValueError(f"{word!r} cannot be honoured. {_SSH_ARGS_HELP}")
+        if flag == "-o":
+            key, _, rest = value.replace("=", " ", 1).partition(" ")
+            if key.lower() != "proxyjump" or not rest.strip():
+                raise ValueError(f"-o {value!r} cannot be honoured. {_SSH_ARGS_HELP}")
+            value = rest.strip()
+        found.append(value)
+    if len(set(found)) > 1:
+        raise ValueError(f"gives {len(found)} different jump hosts: {', '.join(found)}")
+    return found[0] if found else None
 
 
 class HostVars(BaseModel):
@@ -33,6 +86,43 @@ class HostVars(BaseModel):
         None, description="declared compute architecture, e.g. sm120")
     deploy_root: AbsPath = "/opt/sglang-deploy"
     venv: AbsPath | None = Field(None, description="overrides the profile's service.venv on this host")
+    proxy_jump: str | None = Field(None, description="jump host, [user@]host[:port] as OpenSSH's ProxyJump")
+    ansible_ssh_common_args: str | None = Field(None, description="only -o ProxyJump=... / -J ... is honoured")
+    ansible_ssh_extra_args: str | None = Field(None, description="only -o ProxyJump=... / -J ... is honoured")
+
+    @field_validator("proxy_jump")
+    @classmethod
+    def _proxy_jump(cls, value: str | None) -> str | None:
+        if value is not None:
+            parse_proxy_jump(value)
+        return value
+
+    @field_validator("ansible_ssh_common_args", "ansible_ssh_extra_args")
+    @classmethod
+    def _ssh_args(cls, value: str | None) -> str | None:
+        if value is not None:
+            jump = proxy_jump_in_ssh_args(value)
+            if jump is not None:
+                parse_proxy_jump(jump)
+        return value
+
+    @model_validator(mode="after")
+    def _one_jump_host(self) -> HostVars:
+        given = {key: value for key, value in self._jump_values().items() if value is not None}
+        if len(set(given.values())) > 1:
+            raise ValueError("different jump hosts in " + ", ".join(f"{k} ({v})" for k, v in given.items()))
+        return self
+
+    def _jump_values(self) -> dict[str, str | None]:
+        return {"proxy_jump": self.proxy_jump,
+                **{key: proxy_jump_in_ssh_args(args) for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args")
+                   if (args := getattr(self, key)) is not None}}
+
+    @property
+    def jump(self) -> JumpHost | None:
+        """The jump host from proxy_jump or the ssh args (validated to agree); None connects directly."""
+        value = next((v for v in self._jump_values().values() if v is not None), None)
+        return parse_proxy_jump(value) if value is not None else None
 
 
 class Host(BaseModel):

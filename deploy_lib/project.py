@@ -83,7 +83,7 @@ def resolve_target(inventory: Inventory, host_name: str | None, accept_new_host_
     known_hosts = expand_local_path(hv.known_hosts_file or "~/.ssh/known_hosts", inventory.path)
     ssh = SSHTarget(host=host.address, port=hv.ansible_port, user=hv.ansible_user, key_file=key_file,
                     known_hosts_file=known_hosts, connect_timeout_s=hv.connect_timeout_s,
-                    accept_new_host_key=accept_new_host_key)
+                    accept_new_host_key=accept_new_host_key, jump=hv.jump)
     return Target(host=host, ssh=ssh, deploy_root=PurePosixPath(hv.deploy_root))
 
 

@@ -114,8 +114,24 @@ class Remote(Protocol):
 
 
 @dataclass(frozen=True)
+class JumpHost:
+    """A host the connection goes through (OpenSSH's ProxyJump), e.g. the Proxmox node in front of its VM."""
+
+    host: str
+    port: int = 22
+    user: str = "root"
+
+    @property
+    def address(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
 class SSHTarget:
-    """Connection settings of one host, as the inventory gives them."""
+    """Connection settings of one host, as the inventory gives them.
+
+    A jump host is reached with the same key and known_hosts file as the target; each hop's host key is checked.
+    """
 
     host: str
     port: int = 22
@@ -124,6 +140,7 @@ class SSHTarget:
     known_hosts_file: Path = field(default_factory=lambda: Path("~/.ssh/known_hosts"))
     connect_timeout_s: float = 10
     accept_new_host_key: bool = False
+    jump: JumpHost | None = None
 
     @property
     def known_hosts_path(self) -> Path:
@@ -131,7 +148,8 @@ class SSHTarget:
 
     @property
     def address(self) -> str:
-        return f"{self.user}@{self.host}:{self.port}"
+        direct = f"{self.user}@{self.host}:{self.port}"
+        return f"{direct} via {self.jump.address}" if self.jump else direct
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -359,6 +377,7 @@ class FabricRemote:
         self.on_result = on_result
         self.round_trips = 0  # SSH execs + uploads so far: what batching saves, shown by `make bench`
         self._connection: fabric.Connection | None = None
+        self._gateway: fabric.Connection | None = None
 
     # -- connection ------------------------------------------------------------------------------------
 
@@ -366,6 +385,20 @@ class FabricRemote:
         if self._connection is not None and self._connection.is_connected:
             return self._connection
         self.close()
+        target = self.target
+        # The jump host is opened first, on its own, so that a refusal names the hop it came from.
+        gateway = self._open_hop(target.jump, None) if target.jump else None
+        try:
+            self._connection = self._open_hop(JumpHost(target.host, target.port, target.user), gateway)
+        except ConnectFailed:
+            if gateway is not None:
+                gateway.close()
+            raise
+        self._gateway = gateway
+        return self._connection
+
+    def _open_hop(self, hop: JumpHost, gateway: fabric.Connection | None) -> fabric.Connection:
+        """One SSH connection (through `gateway` when given), its host key checked against known_hosts."""
         target = self.target
         config = fabric.Config(lazy=True, ssh_config=paramiko.SSHConfig(),
                                overrides={"runners": {"remote": _WholeStdinRemote}})
@@ -376,8 +409,8 @@ class FabricRemote:
         if target.key_file is not None:
             connect_kwargs |= {"key_filename": str(target.key_file.expanduser()), "look_for_keys": False,
                                "allow_agent": False}
-        connection = fabric.Connection(host=target.host, user=target.user, port=target.port, config=config,
-                                       connect_kwargs=connect_kwargs)
+        connection = fabric.Connection(host=hop.host, user=hop.user, port=hop.port, config=config,
+                                       connect_kwargs=connect_kwargs, gateway=gateway or False)
         client = connection.client
         client.set_missing_host_key_policy(_KnownHostsPolicy(target.known_hosts_path, target.accept_new_host_key))
         try:
@@ -386,36 +419,43 @@ class FabricRemote:
             self.connect_policy.copy()(connection.open)
         except (paramiko.SSHException, OSError, EOFError) as error:
             client.close()
-            raise self._connect_error(error) from error
-        self._connection = connection
+            raise self._connect_error(error, hop, through_jump=gateway is not None) from error
         return connection
 
-    def _connect_error(self, error: Exception) -> ConnectFailed:
-        target, known = self.target, self.target.known_hosts_path
+    def _connect_error(self, error: Exception, hop: JumpHost, through_jump: bool) -> ConnectFailed:
+        known, jump = self.target.known_hosts_path, self.target.jump
+        what = "jump host" if jump is not None and not through_jump else "host"
+        via = f" via jump host {jump.address}" if through_jump and jump is not None else ""
         if isinstance(error, _UnknownHostKey):
             return ConnectFailed(
-                f"host key of {error.hostname} is not in {known}: {error.key.get_name()} "
+                f"host key of {what} {error.hostname}{via} is not in {known}: {error.key.get_name()} "
                 f"{host_key_fingerprint(error.key)}; refusing to connect",
-                hint="compare the fingerprint with `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` run on the host, "
+                hint=f"compare the fingerprint with `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` run on the {what}, "
                      "then rerun with --accept-new-host-key to record it (or add it to known_hosts yourself)")
         if isinstance(error, paramiko.BadHostKeyException):
             return ConnectFailed(
-                f"host key of {target.host}:{target.port} CHANGED: {known} has {error.expected_key.get_name()} "
+                f"host key of {what} {hop.host}:{hop.port}{via} CHANGED: {known} has {error.expected_key.get_name()} "
                 f"{host_key_fingerprint(error.expected_key)}, the server offers {error.key.get_name()} "
                 f"{host_key_fingerprint(error.key)}; refusing to connect (possible man-in-the-middle)",
-                hint=f"if the host was reinstalled, remove the old entry with "
-                     f"`ssh-keygen -R {shlex.quote(_known_hosts_name(target))} -f {shlex.quote(str(known))}` "
+                hint=f"if the {what} was reinstalled, remove the old entry with "
+                     f"`ssh-keygen -R {shlex.quote(_known_hosts_name(hop))} -f {shlex.quote(str(known))}` "
                      f"and connect again; --accept-new-host-key never replaces a changed key")
         if isinstance(error, paramiko.AuthenticationException):
-            return ConnectFailed(f"SSH authentication as {target.user!r} on {target.host}:{target.port} failed: "
+            return ConnectFailed(f"SSH authentication as {hop.user!r} on {what} {hop.host}:{hop.port}{via} failed: "
                                  f"{error}", hint="check the inventory's user and key_file")
-        return ConnectFailed(f"cannot connect to {target.address}: {error or type(error).__name__}",
+        if isinstance(error, paramiko.ChannelException) and jump is not None:
+            return ConnectFailed(f"jump host {jump.address} cannot open a connection to {hop.host}:{hop.port}: "
+                                 f"{error}", hint="is the host up, at the address the jump host sees it by?")
+        return ConnectFailed(f"cannot connect to {what} {hop.address}{via}: {error or type(error).__name__}",
                              hint="is the host up and sshd listening on that port?")
 
     def close(self) -> None:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+        if self._gateway is not None:  # Fabric closes a connection, never its gateway
+            self._gateway.close()
+            self._gateway = None
 
     def __enter__(self) -> FabricRemote:
         return self
@@ -536,5 +576,5 @@ def _remove_quietly(sftp: paramiko.SFTPClient, path: PurePosixPath, directory: b
         pass  # already gone, or never created
 
 
-def _known_hosts_name(target: SSHTarget) -> str:
-    return target.host if target.port == 22 else f"[{target.host}]:{target.port}"
+def _known_hosts_name(hop: JumpHost) -> str:
+    return hop.host if hop.port == 22 else f"[{hop.host}]:{hop.port}"

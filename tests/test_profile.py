@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import json
 import shutil
 from pathlib import Path
@@ -11,7 +12,8 @@ import pytest
 from deploy_lib.errors import ConfigError
 from deploy_lib.inventory import check_profile_fits_host, load_inventory
 from deploy_lib.profile import Profile, load_profile, profile_json_schema
-from deploy_lib.project import Project
+from deploy_lib.project import Project, resolve_target
+from deploy_lib.remote import JumpHost
 
 REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "inventory" / "profiles"
@@ -198,3 +200,22 @@ def test_a_profile_path_finds_its_parent_beside_it(tmp_path: Path) -> None:
     assert (loaded.name, loaded.chain, loaded.profile.parallel.tp) == ("child", ("child", "base"), 2)
     with pytest.raises(ConfigError, match=r"a profile file ends in \.yaml"):
         Project(REPO).profile(str(tmp_path / "child.yml"))
+
+
+@pytest.mark.parametrize(("host_vars", "jump"), [
+    ("ansible_ssh_common_args: '-o ProxyJump=root@pve1'", JumpHost("pve1", 22, "root")),
+    ("ansible_ssh_common_args: '-o ProxyJump=deploy@192.0.2.1:2222'", JumpHost("192.0.2.1", 2222, "deploy")),
+    ("ansible_ssh_common_args: '-oProxyJump=root@pve1'", JumpHost("pve1", 22, "root")),
+    ("ansible_ssh_common_args: '-o \"ProxyJump root@pve1\"'", JumpHost("pve1", 22, "root")),
+    ("ansible_ssh_common_args: '-J root@[2001:db8::1]:2022'", JumpHost("2001:db8::1", 2022, "root")),
+    ("ansible_ssh_extra_args: '-J ssh://root@pve1'", JumpHost("pve1", 22, "root")),
+    ("proxy_jump: pve1", JumpHost("pve1", 22, getpass.getuser())),
+    ("{proxy_jump: 'root@pve1', ansible_ssh_common_args: '-o ProxyJump=root@pve1'}", JumpHost("pve1", 22, "root")),
+    ("proxy_jump: none", None),
+])
+def test_jump_host_from_the_inventory(tmp_path: Path, host_vars: str, jump: JumpHost | None) -> None:
+    """Inputs tried: ProxyJump as Ansible users write it in ansible_ssh_common_args/extra_args, and proxy_jump."""
+    mapping = host_vars if host_vars.startswith("{") else "{" + host_vars + "}"
+    path = _write(tmp_path, "inv", f"all:\n  hosts:\n    vm: {mapping}\n")
+    target = resolve_target(load_inventory(path), "vm")
+    assert target.ssh.jump == jump

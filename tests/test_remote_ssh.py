@@ -23,7 +23,7 @@ import pytest
 from tenacity import stop_after_attempt
 
 from deploy_lib.errors import ConnectFailed, LockHeld, StepFailed, StepTimedOut
-from deploy_lib.remote import SSH_CONNECT, FabricRemote, Put, SSHTarget, Step
+from deploy_lib.remote import SSH_CONNECT, FabricRemote, JumpHost, Put, SSHTarget, Step
 from deploy_lib.store import (
     HEALTHY,
     LockContext,
@@ -174,6 +174,69 @@ def test_refused_connection_is_retried_then_reported(tmp_path: Path) -> None:
                                                                   stop=stop_after_attempt(2)))
     with pytest.raises(ConnectFailed, match=f"cannot connect to .*127.0.0.1:{target.port}"):
         remote.run([Step("probe", ("true",))])
+
+
+def _through_itself(sshd: SshServer, known_hosts: Path, accept_new: bool = False) -> SSHTarget:
+    """`localhost` reached through the jump host `127.0.0.1` (the same sshd): two hops, two known_hosts names."""
+    direct = sshd.target(known_hosts, accept_new)
+    return SSHTarget(host="localhost", port=sshd.port, user=direct.user, key_file=direct.key_file,
+                     known_hosts_file=known_hosts, connect_timeout_s=5, accept_new_host_key=accept_new,
+                     jump=JumpHost("127.0.0.1", sshd.port, direct.user))
+
+
+def _known_line(sshd: SshServer, name: str, public_key: Path | None = None) -> str:
+    kind, blob = (public_key or sshd.host_public_key).read_text().split()[:2]
+    return f"[{name}]:{sshd.port} {kind} {blob}\n"
+
+
+def test_jump_host_carries_steps_and_puts(sshd: SshServer, tmp_path: Path) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(_known_line(sshd, "127.0.0.1") + _known_line(sshd, "localhost"))
+    with FabricRemote(_through_itself(sshd, known_hosts)) as remote:
+        assert remote.run([Step("probe", ("echo", "through"))])[0].stdout == "through\n"
+        remote.run([Put(PurePosixPath(str(tmp_path / "put.txt")), b"via jump", 0o600)])
+        assert remote.target.address.endswith(f"via {getpass.getuser()}@127.0.0.1:{sshd.port}")
+    assert (tmp_path / "put.txt").read_bytes() == b"via jump"
+
+
+def test_unknown_key_of_the_target_behind_a_jump_host_is_refused(sshd: SshServer, tmp_path: Path) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(_known_line(sshd, "127.0.0.1"))
+    with pytest.raises(ConnectFailed) as refused, FabricRemote(_through_itself(sshd, known_hosts)) as remote:
+        remote.run([Step("probe", ("true",))])
+    message = str(refused.value)
+    assert f"host key of host [localhost]:{sshd.port} via jump host" in message
+    assert _fingerprint(sshd.host_public_key) in message
+    assert known_hosts.read_text() == _known_line(sshd, "127.0.0.1")
+
+
+def test_unknown_key_of_the_jump_host_is_refused(sshd: SshServer, tmp_path: Path) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(_known_line(sshd, "localhost"))
+    with pytest.raises(ConnectFailed) as refused, FabricRemote(_through_itself(sshd, known_hosts)) as remote:
+        remote.run([Step("probe", ("true",))])
+    assert f"host key of jump host [127.0.0.1]:{sshd.port} is not in" in str(refused.value)
+    assert _fingerprint(sshd.host_public_key) in str(refused.value)
+
+
+def test_changed_key_of_the_jump_host_is_refused_even_with_opt_in(sshd: SshServer, tmp_path: Path) -> None:
+    _keygen(tmp_path / "other")
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(_known_line(sshd, "127.0.0.1", tmp_path / "other.pub"))
+    with (pytest.raises(ConnectFailed) as refused,
+          FabricRemote(_through_itself(sshd, known_hosts, accept_new=True)) as remote):
+        remote.run([Step("probe", ("true",))])
+    assert f"host key of jump host 127.0.0.1:{sshd.port} CHANGED" in str(refused.value)
+    assert _fingerprint(tmp_path / "other.pub") in str(refused.value)
+    assert known_hosts.read_text() == _known_line(sshd, "127.0.0.1", tmp_path / "other.pub")
+
+
+def test_opt_in_records_the_key_of_each_hop(sshd: SshServer, tmp_path: Path) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    with FabricRemote(_through_itself(sshd, known_hosts, accept_new=True)) as remote:
+        remote.run([Step("probe", ("true",))])
+    recorded = known_hosts.read_text()
+    assert recorded == _known_line(sshd, "127.0.0.1") + _known_line(sshd, "localhost")
 
 
 def test_batch_runs_in_one_shell_and_returns_one_result_per_step(remote: FabricRemote) -> None:

@@ -1,0 +1,150 @@
+"""A target reachable only through a jump host (a Proxmox VM behind its node), with two sandbox guests.
+
+The fixture links the two guests' network namespaces with a veth pair of its own (10.214.0.0/16, a /30 per test
+run) and takes the target's link to this machine down: the target then answers only at its address on that
+link, which only the jump guest can reach. Both are removed when the module ends.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import pytest
+from tenacity import stop_after_attempt
+
+from deploy_lib.errors import ConnectFailed
+from deploy_lib.inventory import load_inventory
+from deploy_lib.project import resolve_target
+from deploy_lib.remote import SSH_CONNECT, FabricRemote, JumpHost, Put, SSHTarget, Step
+from sandbox import manage
+
+pytestmark = pytest.mark.sandbox
+
+LINK = "jump0"  # the veth end's name inside each guest's own namespace
+
+
+@dataclass(frozen=True)
+class JumpPair:
+    jump: manage.Guest
+    target: manage.Guest
+    target_ip: str  # the target's address on the link between the two guests
+
+    def key_line(self, guest: manage.Guest, name: str) -> str:
+        """`name <type> <key>` for the host key the guest's sshd offers (testhost.sh writes it at start)."""
+        kind, blob = guest.known_hosts.read_text().split()[1:3]
+        return f"{name} {kind} {blob}\n"
+
+    def fingerprint(self, guest: manage.Guest) -> str:
+        return subprocess.run(["ssh-keygen", "-lf", str(guest.known_hosts)], check=True, capture_output=True,
+                              text=True).stdout.split()[1]
+
+    def ssh_target(self, known_hosts: Path, accept_new: bool = False) -> SSHTarget:
+        return SSHTarget(host=self.target_ip, user=manage.GUEST_USER, key_file=self.jump.key,
+                         known_hosts_file=known_hosts, accept_new_host_key=accept_new,
+                         jump=JumpHost(self.jump.guest_ip, 22, manage.GUEST_USER))
+
+
+def _ip(*args: str) -> None:
+    subprocess.run(["ip", *args], check=True, capture_output=True, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def pair() -> Iterator[JumpPair]:
+    if os.geteuid() != 0:
+        pytest.skip("the sandbox VM needs root (netns, overlay mount, systemd-nspawn)")
+    names = (f"ja{os.getpid()}"[:12], f"jt{os.getpid()}"[:12])
+    base = (os.getpid() % 16384) * 4
+    jump_ip, target_ip = (f"10.214.{base // 256}.{base % 256 + end}" for end in (1, 2))
+    try:
+        jump, target = (manage.up(name, record=False) for name in names)
+        _ip("link", "add", LINK, "netns", jump.netns, "type", "veth", "peer", "name", LINK, "netns", target.netns)
+        for guest, address in ((jump, jump_ip), (target, target_ip)):
+            _ip("-n", guest.netns, "addr", "add", f"{address}/30", "dev", LINK)
+            _ip("-n", guest.netns, "link", "set", LINK, "up")
+        _ip("-n", target.netns, "link", "set", "host0", "down")  # this machine's own way to the target
+        yield JumpPair(jump, target, target_ip)
+    finally:
+        for name in names:
+            manage.down(name, record=False)  # deleting a namespace deletes its end of the link, and the pair
+
+
+def test_inventory_proxyjump_reaches_the_target_through_the_jump_host(pair: JumpPair, tmp_path: Path) -> None:
+    """Input tried: `ansible_ssh_common_args: -o ProxyJump=deploy@<jump>` as an Ansible inventory writes it."""
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(pair.key_line(pair.jump, pair.jump.guest_ip) + pair.key_line(pair.target, pair.target_ip))
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(
+        f"all:\n  hosts:\n    vm:\n      ansible_host: {pair.target_ip}\n      ansible_user: {manage.GUEST_USER}\n"
+        f"      ansible_ssh_private_key_file: {pair.jump.key}\n      known_hosts_file: {known_hosts}\n"
+        f"      ansible_ssh_common_args: '-o ProxyJump={manage.GUEST_USER}@{pair.jump.guest_ip}'\n")
+    target = resolve_target(load_inventory(inventory), "vm")
+    with FabricRemote(target.ssh) as remote:
+        name, = remote.run([Step("hostname", ("cat", "/etc/hostname"))])
+        remote.run([Put(PurePosixPath("/etc/sglang-deploy-jump.txt"), b"through the node\n", 0o640, sudo=True)])
+        written, = remote.run([Step("read back", ("stat", "-c", "%a %U", "/etc/sglang-deploy-jump.txt"),
+                                    sudo=True)])
+    assert name.stdout.strip() == pair.target.name
+    assert written.stdout.split() == ["640", "root"]
+
+
+def test_the_target_is_not_reachable_without_the_jump_host(pair: JumpPair, tmp_path: Path) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(pair.key_line(pair.target, pair.target_ip) + pair.key_line(pair.target,
+                                                                                      pair.target.guest_ip))
+    once = SSH_CONNECT.copy(sleep=lambda _: None, stop=stop_after_attempt(1))
+    for address in (pair.target_ip, pair.target.guest_ip):
+        direct = SSHTarget(host=address, user=manage.GUEST_USER, key_file=pair.jump.key, known_hosts_file=known_hosts,
+                           connect_timeout_s=3)
+        with pytest.raises(ConnectFailed, match="cannot connect"), FabricRemote(direct, once) as remote:
+            remote.run([Step("probe", ("true",))])
+
+
+def test_unknown_target_key_behind_the_jump_host_is_refused_with_its_fingerprint(pair: JumpPair,
+                                                                                  tmp_path: Path) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(pair.key_line(pair.jump, pair.jump.guest_ip))
+    with pytest.raises(ConnectFailed) as refused, FabricRemote(pair.ssh_target(known_hosts)) as remote:
+        remote.run([Step("probe", ("true",))])
+    assert f"host key of host {pair.target_ip} via jump host" in refused.value.message
+    assert pair.fingerprint(pair.target) in refused.value.message
+    assert known_hosts.read_text() == pair.key_line(pair.jump, pair.jump.guest_ip)
+
+
+def test_unknown_jump_host_key_is_refused_with_its_fingerprint(pair: JumpPair, tmp_path: Path) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(pair.key_line(pair.target, pair.target_ip))
+    with pytest.raises(ConnectFailed) as refused, FabricRemote(pair.ssh_target(known_hosts)) as remote:
+        remote.run([Step("probe", ("true",))])
+    assert f"host key of jump host {pair.jump.guest_ip} is not in" in refused.value.message
+    assert pair.fingerprint(pair.jump) in refused.value.message
+
+
+def test_changed_key_on_either_hop_is_refused_even_with_opt_in(pair: JumpPair, tmp_path: Path) -> None:
+    """Input tried: known_hosts holding the other guest's key for the jump host, then for the target."""
+    cases = {"jump host": pair.key_line(pair.target, pair.jump.guest_ip) + pair.key_line(pair.target, pair.target_ip),
+             "host": pair.key_line(pair.jump, pair.jump.guest_ip) + pair.key_line(pair.jump, pair.target_ip)}
+    for what, text in cases.items():
+        known_hosts = tmp_path / f"known_hosts-{what.replace(' ', '-')}"
+        known_hosts.write_text(text)
+        with (pytest.raises(ConnectFailed) as refused,
+              FabricRemote(pair.ssh_target(known_hosts, accept_new=True)) as remote):
+            remote.run([Step("probe", ("true",))])
+        assert f"host key of {what} " in refused.value.message and "CHANGED" in refused.value.message
+        assert pair.fingerprint(pair.jump) in refused.value.message
+        assert pair.fingerprint(pair.target) in refused.value.message
+        assert known_hosts.read_text() == text
+
+
+def test_opt_in_records_each_hops_key_once(pair: JumpPair, tmp_path: Path) -> None:
+    known_hosts = tmp_path / "known_hosts"
+    with FabricRemote(pair.ssh_target(known_hosts, accept_new=True)) as remote:
+        remote.run([Step("probe", ("true",))])
+    with FabricRemote(pair.ssh_target(known_hosts)) as remote:
+        name, = remote.run([Step("hostname", ("cat", "/etc/hostname"))])
+    assert name.stdout.strip() == pair.target.name
+    assert known_hosts.read_text() == (pair.key_line(pair.jump, pair.jump.guest_ip)
+                                       + pair.key_line(pair.target, pair.target_ip))
