@@ -55,7 +55,9 @@ def test_list_and_topology_formats(tmp_path: Path) -> None:
     listing = nvidia_smi(tmp_path, "-L").stdout.splitlines()
     assert listing[0].startswith("GPU 0: NVIDIA RTX PRO 6000 Blackwell Server Edition (UUID: GPU-")
     topology = nvidia_smi(tmp_path, "topo", "-m").stdout.splitlines()
-    assert topology[0].split("\t")[1:9] == [f"GPU{i}" for i in range(8)]
+    # the header as the real tool prints it (tests/data/gpu_check/h200x2-2026-11-30/topo-m.txt), underline and all
+    assert topology[0] == "\t\x1b[4m" + "\t".join(f"GPU{i}" for i in range(8)) + \
+        "\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m"
     assert topology[1].split("\t")[1:3] == [" X ", "PHB"]
 
 
