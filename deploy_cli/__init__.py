@@ -106,7 +106,14 @@ def print_status(report: StatusReport) -> None:
             console.print("managed venv: " + ", ".join(f"{k} {v}" for k, v in report.venv_versions.items()))
     else:
         console.print("no release deployed")
-    console.print(f"unit {report.unit_state}; {report.readiness}")
+    restarts = f" (NRestarts={report.restarts} since the deploy)" if report.current else ""
+    console.print(f"unit {report.unit_state}{restarts}; {report.readiness}")
+    crashes = report.crashes
+    if crashes is not None and crashes.last is not None:
+        console.print(f"last crash {crashes.last.when:%Y-%m-%d %H:%M:%S} UTC: {escape(crashes.last.cause())}")
+        console.print(escape(crashes.verdict() or ""), style="red" if crashes.down else "yellow")
+    if report.advice:
+        console.print(f"[bold]{escape(report.advice)}[/bold]")
     if report.lock_holder:
         console.print(f"[yellow]locked by {escape(report.lock_holder)}[/yellow]")
     if report.gpus is None:

@@ -13,6 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from deploy_lib.bench import GateSettings, gate_after_ready
+from deploy_lib.crashes import record_new_crashes
 from deploy_lib.diagnose import Diagnosis, diagnose, journal_cursor_step, journal_step, parse_journal_cursor
 from deploy_lib.errors import (
     ConfigError,
@@ -23,7 +24,7 @@ from deploy_lib.errors import (
     ReadinessFailed,
     RollbackFailed,
 )
-from deploy_lib.facts import HostFacts, read_host_facts, require_gpus
+from deploy_lib.facts import HostFacts, parse_unit, read_host_facts, require_gpus, unit_step
 from deploy_lib.health import (
     GenerationProbe,
     ProbeTarget,
@@ -66,7 +67,6 @@ from deploy_lib.store import (
     operator_name,
     parse_store_facts,
     prune_releases,
-    read_store_facts,
     release_json,
     releases_to_prune,
     repair_release,
@@ -202,12 +202,18 @@ def detect_drift(layout: StoreLayout, facts: HostFacts) -> tuple[str, ...]:
     return tuple(drift)
 
 
+def reset_failed_step(layout: StoreLayout) -> Step:
+    """Forget the unit's failed state, restart count and start-limit window (exit 1: nothing to reset)."""
+    return Step("systemd: reset-failed", ("systemctl", "reset-failed", "--", layout.unit_name), sudo=True,
+                ok=frozenset({0, 1}))
+
+
 def restart_steps(layout: StoreLayout) -> list[Step | Put]:
     unit = layout.unit_name
     return [
         Step("systemd: daemon-reload", ("systemctl", "daemon-reload"), sudo=True),
         Step("systemd: enable", ("systemctl", "enable", "--", unit), sudo=True),
-        Step("systemd: reset-failed", ("systemctl", "reset-failed", "--", unit), sudo=True, ok=frozenset({0, 1})),
+        reset_failed_step(layout),
         Step("systemd: restart", ("systemctl", "restart", "--", unit), sudo=True),
     ]
 
@@ -358,6 +364,9 @@ class _Run:
                             started_at=restarted_at, clock=self.clock)
         self.timings["ready"] = round(report.duration_s, 3)
         self.progress.step_done("readiness", report.duration_s)
+        # The verified start leaves the start-limit window, so the restart policy allows the same number of
+        # restarts whether a crash comes a minute or a day after the deploy.
+        self.remote.run([reset_failed_step(self.layout)])
         return report
 
 
@@ -439,6 +448,7 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
     tags = _tags(target, plan.release)
     owner = this_process_owner(plan.release.id, datetime.now(UTC))
     with holding_lock(remote, layout, owner, LockContext(where=target.host.name)):
+        record_new_crashes(remote, layout, facts.store, facts.unit)  # the restart below resets their count
         run.phase("stage", plan.batches.get("stage", []))
         gate = profile.gate or (GateSettings() if options.gate else None)
         try:
@@ -474,7 +484,8 @@ def rollback(target: Target, service: str, remote: Remote, progress: Progress, t
     """Switch back to release `to` (default: the last healthy one before current) and verify it."""
     layout = target.layout(service)
     run = _Run(remote, layout, target, progress, environ, clock)
-    store = read_store_facts(remote, layout)
+    results = remote.run([*fact_steps(layout), unit_step(layout)])
+    store, unit = parse_store_facts(layout, results), parse_unit(results[-1])
     current = store.current
     target_id = to or store.last_healthy(exclude=current)
     if target_id is None:
@@ -487,6 +498,7 @@ def rollback(target: Target, service: str, remote: Remote, progress: Progress, t
     tags = Tags.from_dict(record.metadata["tags"])
     owner = this_process_owner(target_id, datetime.now(UTC))
     with holding_lock(remote, layout, owner, LockContext(where=target.host.name)):
+        record_new_crashes(remote, layout, store, unit)  # a crash loop is usually why a person rolls back
         try:
             ready = run.activate(target_id, record.metadata, start_prediction(store, tags.profile), 0.0)
         except ReadinessFailed as failure:

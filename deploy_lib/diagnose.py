@@ -105,6 +105,15 @@ SIGNATURES: tuple[Signature, ...] = (
         "lower memory.mem_fraction_static (--mem-fraction-static, e.g. by 0.05) or the CUDA graph batch size; "
         "check nvidia-smi for another process holding GPU memory",
     ),
+    # A kernel that faults while serving (one batch shape, a backend bug); its rank's death then times out the others.
+    _signature(
+        "cuda_runtime_error",
+        r"CUDA error: (?P<detail>an illegal memory access was encountered|an illegal instruction was encountered"
+        r"|misaligned address|unspecified launch failure|device-side assert triggered)",
+        "a CUDA kernel failed while running: {detail}",
+        "often one batch shape or one backend: the traceback names the kernel; try another attention/MoE backend "
+        "or disable CUDA graphs to narrow it down, and report it upstream with the log",
+    ),
     _signature(
         "kv_cache_too_small",
         r"Not enough memory\. Please try to increase --mem-fraction-static",

@@ -56,6 +56,7 @@ class UnitFacts:
     main_pid: int
     n_restarts: int
     load_state: str
+    result: str = "success"  # how the last run ended: exit-code, signal, start-limit-hit, ...
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,7 @@ def parse_unit(result: StepResult) -> UnitFacts:
 
     return UnitFacts(active_state=props.get("ActiveState", "unknown"), sub_state=props.get("SubState", "unknown"),
                      main_pid=integer("MainPID"), n_restarts=integer("NRestarts"),
-                     load_state=props.get("LoadState", "unknown"))
+                     load_state=props.get("LoadState", "unknown"), result=props.get("Result", "success"))
 
 
 def parse_sha256sums(text: str) -> dict[str, str]:
@@ -161,6 +162,11 @@ def gpu_step(name: str) -> Step:
     return Step(name, NVIDIA_SMI_QUERY, ok=_MISSING_OK, timeout_s=30)
 
 
+def unit_step(layout: StoreLayout) -> Step:
+    return Step(FACT_UNIT, ("systemctl", "show", "-p", "ActiveState,SubState,MainPID,NRestarts,LoadState,Result",
+                            "--", layout.unit_name))
+
+
 def fact_batch(layout: StoreLayout, venv: str | None, port: int | None) -> list[Step | Put]:
     """Everything preflight and the plan need, read-only, in as few round trips as the batching allows.
 
@@ -169,8 +175,7 @@ def fact_batch(layout: StoreLayout, venv: str | None, port: int | None) -> list[
     batch: list[Step | Put] = [
         *fact_steps(layout),
         gpu_step(FACT_GPUS),
-        Step(FACT_UNIT, ("systemctl", "show", "-p", "ActiveState,SubState,MainPID,NRestarts,LoadState", "--",
-                         layout.unit_name)),
+        unit_step(layout),
         Step(FACT_UNIT_LINK, ("readlink", "--", str(layout.unit_link)), ok=_MISSING_OK),
         Step(FACT_FILE_SUMS, ("sha256sum", "--", str(current / UNIT_FILE), str(current / ENV_FILE)),
              sudo=True, ok=_MISSING_OK),

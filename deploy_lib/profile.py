@@ -326,13 +326,28 @@ class ServiceSpec(Strict):
     startup_timeout_s: Annotated[int, Field(ge=5, le=24 * 3600)] = Field(
         1800, description="readiness deadline; real models take minutes to load")
     stop_timeout_s: Annotated[int, Field(ge=1, le=3600)] = 120
-    restart: RestartPolicy = RestartPolicy.no
+    restart: RestartPolicy = Field(RestartPolicy.on_failure,
+                                   description="systemd restarts a server that crashes after its deploy")
     restart_sec: Annotated[int, Field(ge=0, le=3600)] = 10
+    start_limit_burst: Annotated[int, Field(ge=1, le=100)] = Field(
+        3, description="restarts within start_limit_interval_s before systemd gives up and leaves the unit failed")
+    start_limit_interval_s: Annotated[int, Field(ge=1, le=7 * 24 * 3600)] = 900
     limit_nofile: Annotated[int, Field(ge=1024, le=1_048_576)] = 65536
     keep_releases: Annotated[int, Field(ge=2, le=100)] = 5
     venv_build: VenvSpec | None = Field(
         None, description="build the venv on the host from a hashed lock (content-addressed, immutable); "
                           "without it the server runs from `venv` as it is")
+
+    @model_validator(mode="after")
+    def _start_limit_reachable(self) -> ServiceSpec:
+        # systemd refuses a start once start_limit_burst starts fell within one window; restarts come at least
+        # restart_sec apart, so a window that cannot hold them all means a crash loop that never stops.
+        if self.restart is not RestartPolicy.no and \
+                self.start_limit_burst * self.restart_sec >= self.start_limit_interval_s:
+            raise ValueError(f"start_limit_interval_s ({self.start_limit_interval_s}) must be longer than "
+                             f"start_limit_burst x restart_sec ({self.start_limit_burst} x {self.restart_sec}), "
+                             "or systemd restarts a crashing server for ever")
+        return self
 
 
 ExtraArg = Annotated[str, StringConstraints(min_length=1, max_length=MAX_STRING), AfterValidator(_no_control_chars)]

@@ -136,6 +136,8 @@ def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: st
         timeout_stop_s=profile.service.stop_timeout_s,
         restart=profile.service.restart.value,
         restart_sec=profile.service.restart_sec,
+        start_limit_burst=profile.service.start_limit_burst,
+        start_limit_interval_s=profile.service.start_limit_interval_s,
         limit_nofile=profile.service.limit_nofile,
         syslog_identifier=layout.service,
     )

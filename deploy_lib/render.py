@@ -60,6 +60,8 @@ class UnitSpec:
     timeout_stop_s: int
     restart: RestartPolicy
     restart_sec: int
+    start_limit_burst: int
+    start_limit_interval_s: int
     limit_nofile: int
     syslog_identifier: str = "sglang"
 
@@ -181,7 +183,9 @@ def _validate_unit(spec: UnitSpec) -> None:
         raise ConfigError(f"Restart={spec.restart!r} is not one of {', '.join(get_args(RestartPolicy))}")
     for what, seconds, least in (("TimeoutStartSec", spec.timeout_start_s, 1),
                                  ("TimeoutStopSec", spec.timeout_stop_s, 1),
-                                 ("RestartSec", spec.restart_sec, 0), ("LimitNOFILE", spec.limit_nofile, 1)):
+                                 ("RestartSec", spec.restart_sec, 0), ("LimitNOFILE", spec.limit_nofile, 1),
+                                 ("StartLimitBurst", spec.start_limit_burst, 1),
+                                 ("StartLimitIntervalSec", spec.start_limit_interval_s, 1)):
         if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds < least:
             raise ConfigError(f"{what}={seconds!r} must be an integer >= {least}")
 

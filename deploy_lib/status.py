@@ -15,6 +15,7 @@ from deploy_lib.bench import (
     compare_releases,
     throughput_by_release,
 )
+from deploy_lib.crashes import CrashReport, crash_loop_advice, read_crashes, record_new_crashes
 from deploy_lib.deploy import probe_target
 from deploy_lib.diagnose import journal_step
 from deploy_lib.errors import ConfigError
@@ -54,6 +55,9 @@ class StatusReport:
     gpu_error: str | None
     lock_holder: str | None
     venv_versions: Mapping[str, str]  # sglang, flashinfer-python, torch of a managed venv (from its marker)
+    restarts: int = 0                   # systemd's NRestarts: automatic restarts since the deploy's start
+    crashes: CrashReport | None = None  # the current release's crashes since its deploy; None: none
+    advice: str | None = None           # what to do about a release left down by crashes
 
 
 def _age_s(iso: str, now: datetime) -> float | None:
@@ -94,7 +98,12 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
     lock = facts.store.lock
     venv_hash = release_venv_hash(layout, str(metadata.get("venv", ""))) if record else None
     marker = parse_venv_store_facts(remote.run(venv_store_fact_steps(layout))).markers.get(venv_hash or "")
+    crashes = None
+    if record is not None:  # a deploy holding the lock owns the unit's restarts (its ladder reports them)
+        crashes = record_new_crashes(remote, layout, facts.store, facts.unit) if lock is None else \
+            read_crashes(remote, layout, facts.unit)
     return StatusReport(
+        restarts=facts.unit.n_restarts, crashes=crashes, advice=crash_loop_advice(crashes, facts.store),
         venv_versions=VenvRecord(venv_hash, marker, None).versions() if venv_hash and marker else {},
         host=target.host.name, service=service, current=facts.store.current,
         current_age_s=_age_s(record.staged_at, now or datetime.now(UTC)) if record else None,

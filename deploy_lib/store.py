@@ -43,9 +43,9 @@ STALE_LOCK_AFTER_S = 3 * 3600
 # A lock directory without owner.json (acquire interrupted between mkdir and the write) is stale after this.
 OWNERLESS_LOCK_GRACE_S = 60
 
-EVENTS = ("deploy", "rollback", "failure", "bench")
-HEALTHY, FAILED, UNCHANGED = "healthy", "failed", "unchanged"
-OUTCOMES = (HEALTHY, FAILED, UNCHANGED)
+EVENTS = ("deploy", "rollback", "failure", "bench", "crash")
+HEALTHY, FAILED, UNCHANGED, RESTARTED = "healthy", "failed", "unchanged", "restarted"
+OUTCOMES = (HEALTHY, FAILED, UNCHANGED, RESTARTED)
 
 _UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.@-]*$")
 _RELEASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -170,8 +170,8 @@ def operator_name() -> str:
 class HistoryEntry:
     """One line of history.jsonl."""
 
-    event: str                 # deploy | rollback | failure | bench
-    outcome: str               # healthy | failed | unchanged
+    event: str                 # deploy | rollback | failure | bench | crash
+    outcome: str               # healthy | failed | unchanged | restarted (a crash systemd restarted)
     when: str                  # ISO 8601, UTC
     tags: Tags
     cause: str = ""            # one line from diagnose.py when the outcome is failed
@@ -352,9 +352,13 @@ class StoreFacts:
         return next((r for r in self.releases if r.id == release_id), None)
 
     def last_healthy(self, exclude: str | None = None) -> str | None:
-        """The newest release that history records as healthy and that is still on the host."""
+        """The newest release that history records as healthy and that is still on the host.
+
+        A release left down by a crash since (a `crash` line that was not restarted) no longer counts."""
         present = {r.id for r in self.releases} - {exclude}
         for entry in reversed(self.history):
+            if entry.event == "crash" and entry.outcome == FAILED:
+                present.discard(entry.tags.release)
             if entry.outcome == HEALTHY and entry.event in ("deploy", "rollback") and entry.tags.release in present:
                 return entry.tags.release
         return None

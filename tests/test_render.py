@@ -50,8 +50,8 @@ def unit_spec(argv: tuple[str, ...], **changes: object) -> UnitSpec:
     spec = UnitSpec(
         description="SGLang glm-5 (release abc123)", user="root", group=None, working_directory="/root",
         environment_file="/opt/sglang-deploy/sglang/releases/abc123/sglang.env", exec_argv=argv,
-        timeout_start_s=1800, timeout_stop_s=120, restart="on-failure", restart_sec=10, limit_nofile=65536,
-        syslog_identifier="sglang",
+        timeout_start_s=1800, timeout_stop_s=120, restart="on-failure", restart_sec=10, start_limit_burst=3,
+        start_limit_interval_s=900, limit_nofile=65536, syslog_identifier="sglang",
     )
     return replace(spec, **changes)
 
@@ -73,9 +73,13 @@ def test_unit_has_every_directive_the_server_needs() -> None:
         "TimeoutStopSec": ("120",), "Restart": ("on-failure",), "RestartSec": ("10",),
         "LimitNOFILE": ("65536",), "LimitMEMLOCK": ("infinity",), "StandardOutput": ("journal",),
         "StandardError": ("journal",), "SyslogIdentifier": ("sglang",),
-        "Description": (), "After": (), "Wants": (), "WantedBy": (),
+        "Description": (), "After": (), "Wants": (), "WantedBy": (), "StartLimitIntervalSec": (),
+        "StartLimitBurst": (),
     }
     assert unit.values("Unit", "Description") == ("SGLang glm-5 (release abc123)",)
+    # a crash loop stops: the start limit belongs in [Unit] (systemd ignores it in [Service] since v230)
+    assert (unit.values("Unit", "StartLimitIntervalSec"), unit.values("Unit", "StartLimitBurst")) == (("900",),
+                                                                                                    ("3",))
     assert unit.values("Install", "WantedBy") == ("multi-user.target",)
     assert "Group" not in {key for _, key, _ in unit.entries}
 
@@ -149,6 +153,8 @@ def test_redacted_env_hides_secrets_and_only_secrets() -> None:
     ({"restart": "sometimes"}, "Restart='sometimes' is not one of no, on-failure, always"),
     ({"timeout_start_s": 0}, "TimeoutStartSec=0 must be an integer >= 1"),
     ({"restart_sec": -1}, "RestartSec=-1 must be"),
+    ({"start_limit_burst": 0}, "StartLimitBurst=0 must be an integer >= 1"),
+    ({"start_limit_interval_s": "900"}, "StartLimitIntervalSec='900' must be an integer"),
 ])
 def test_unit_refuses_what_systemd_cannot_carry_and_names_it(changes: dict[str, object], message: str) -> None:
     with pytest.raises(ConfigError, match=message):
@@ -228,7 +234,12 @@ def test_systemd_analyze_verify_catches_a_naively_quoted_unit(
     unit, _ = hostile_unit(world_readable_dir)
     unit.write_text(unit.read_text().replace(quoted, naive))
     result = systemd_analyze_verify(unit)
-    assert result.returncode != 0 and "sglang-render-test.service:15" in result.stderr
+    lines = unit.read_text().splitlines()
+    last = next(i for i, line in enumerate(lines) if line.startswith("ExecStart="))
+    while lines[last].endswith("\\"):
+        last += 1
+    # systemd names the last line of a continued setting
+    assert result.returncode != 0 and f"sglang-render-test.service:{last + 1}" in result.stderr
 
 
 def decode_dump_command_line(text: str) -> tuple[str, ...]:

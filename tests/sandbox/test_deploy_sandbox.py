@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shlex
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,7 @@ from deploy_lib.patches import find_patch_set
 from deploy_lib.progress import RecordingProgress
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote, Step
-from deploy_lib.status import list_releases, read_status
+from deploy_lib.status import StatusReport, list_releases, read_status
 from deploy_lib.store import StoreLayout, this_process_owner
 from sandbox import manage, wheelhouse
 
@@ -36,11 +37,14 @@ REPO = Path(__file__).resolve().parents[2]
 # its own fault file (SGLANG_SIM_FAULT), so a fault breaks only its release and not the rollback target.
 FAULT_OF_SHORT = "/etc/sglang-sim/fault-short"
 GUEST_FAULT = "/etc/sglang-sim/fault"  # read by every release on the guest
+FAULT_OF_CRASHY = "/etc/sglang-sim/fault-crashy"
 TEST_PROFILES = {
     "glm5-omp4": "extends: glm5-nvfp4\nenv:\n  OMP_NUM_THREADS: '4'\n",
     "glm5-short": (f"extends: glm5-nvfp4\nenv:\n  SGLANG_SIM_FAULT: {FAULT_OF_SHORT}\n"
                    "service:\n  startup_timeout_s: 8\n"),
     "glm5-unknown-flag": "extends: glm5-nvfp4\nextra_args: ['--no-such-flag']\n",
+    # restarted by systemd one second after a crash (the default waits 10 s); 3 restarts per 15 min, the default
+    "glm5-crashy": f"extends: glm5-nvfp4\nenv:\n  SGLANG_SIM_FAULT: {FAULT_OF_CRASHY}\nservice:\n  restart_sec: 1\n",
 }
 
 
@@ -79,6 +83,31 @@ class Rig:
 
     def unit_state(self) -> str:
         return self.root("systemctl is-active sglang.service || true").strip()
+
+    def status(self) -> StatusReport:
+        _, target = load_for_host(self.project, "glm5-nvfp4", self.inventory, None)
+        with FabricRemote(target.ssh) as remote:
+            return read_status(target, "sglang", remote)
+
+    def wait_ready(self) -> None:
+        self.root(f"timeout 60 bash -c {shlex.quote(WAIT_READY)}")
+
+    def serve_until_crash(self) -> None:
+        """Wait for the server to be ready, send generations until it dies, wait for systemd to notice."""
+        before = self.root("systemctl show -p NRestarts --value sglang.service").strip()
+        self.wait_ready()
+        self.root(f"timeout 60 bash -c {shlex.quote(GENERATE_UNTIL_REFUSED)}")
+        self.root("timeout 60 bash -c " + shlex.quote(
+            "until systemctl is-failed -q sglang.service || [ \"$(systemctl show -p NRestarts --value "
+            f"sglang.service)\" != {before} ] || [ \"$(systemctl show -p SubState --value sglang.service)\" = "
+            "auto-restart ]; do sleep 0.2; done"))
+
+
+WAIT_READY = "until curl -sf -o /dev/null http://127.0.0.1:8000/ready; do sleep 0.2; done"
+GENERATE_UNTIL_REFUSED = (
+    "while curl -sf -o /dev/null -H Content-Type:application/json "
+    "-d '{\"text\": \"hi\", \"sampling_params\": {\"max_new_tokens\": 4}}' http://127.0.0.1:8000/generate; "
+    "do :; done")
 
 
 @pytest.fixture(scope="module")
@@ -404,3 +433,61 @@ def test_the_gate_in_deploy_keeps_a_first_release_and_rolls_back_the_slow_patche
     assert rig.current() == first.release_id and rig.unit_state() == "active"
     benches = [h for h in rig.history() if h["event"] == "bench"]
     assert [b["outcome"] for b in benches[-2:]] == ["healthy", "failed"]
+
+
+def crashy_release(rig: Rig) -> str:
+    """glm5-crashy deployed healthy with `die-after 2` armed: the ladder's generation is its first request, so the
+    server dies after the next one a user sends (and so does each restart of it, after its second)."""
+    rig.fault("die-after 2", FAULT_OF_CRASHY)
+    outcome = rig.deploy("glm5-crashy")
+    assert outcome.action == "deployed" and rig.unit_state() == "active"
+    return outcome.release_id
+
+
+def test_a_crash_after_the_deploy_is_restarted_and_status_shows_its_cause_and_count(rig: Rig, healthy: str) -> None:
+    crashy = crashy_release(rig)
+    try:
+        rig.serve_until_crash()
+        rig.wait_ready()
+        report = rig.status()
+        assert report.current == crashy and report.restarts == 1 and report.readiness.startswith("ready")
+        assert report.crashes is not None and not report.crashes.down and report.advice is None
+        assert report.crashes.last is not None and report.crashes.last.diagnosis is not None
+        assert report.crashes.last.diagnosis.signature == "cuda_runtime_error"
+        assert "an illegal memory access was encountered" in report.crashes.last.cause()
+        assert report.crashes.verdict() == "systemd restarted it after 1 crash(es)"
+        crashes = [h for h in rig.history() if h["event"] == "crash"]
+        assert [(c["release"], c["outcome"]) for c in crashes] == [(crashy, "restarted")]
+        rig.status()
+        assert len([h for h in rig.history() if h["event"] == "crash"]) == 1, "a crash is recorded once"
+        rig.serve_until_crash()
+        rig.wait_ready()
+        assert rig.rollback().release_id == healthy
+        crashes = [h for h in rig.history() if h["event"] == "crash"]
+        assert [c["outcome"] for c in crashes] == ["restarted"] * 2, "rollback records the crash before restarting"
+        assert "crash 2 since the deploy" in crashes[-1]["cause"]
+    finally:
+        rig.fault(None, FAULT_OF_CRASHY)
+
+
+def test_a_crash_loop_stops_at_the_start_limit_and_rollback_returns_to_the_healthy_release(rig: Rig,
+                                                                                           healthy: str) -> None:
+    crashy = crashy_release(rig)
+    try:
+        for _ in range(4):  # the 4th crash within 15 minutes is one too many: 3 restarts, then systemd gives up
+            rig.serve_until_crash()
+        rig.root("timeout 30 bash -c 'until systemctl is-failed -q sglang.service; do sleep 0.2; done'")
+        report = rig.status()
+        assert report.current == crashy and report.unit_state == "failed/failed"
+        assert report.crashes is not None and report.crashes.gave_up
+        assert report.crashes.verdict() == ("gave up after 3 restarts: exit status 1: a CUDA kernel failed while "
+                                            "running: an illegal memory access was encountered [cuda_runtime_error]")
+        assert report.advice is not None and "`invoke rollback`" in report.advice and healthy in report.advice
+        outcome = rig.rollback()
+        assert outcome.release_id == healthy and outcome.previous_id == crashy
+        assert rig.current() == healthy and rig.unit_state() == "active"
+        events = [(h["event"], h["outcome"]) for h in rig.history() if h["release"] in (crashy, healthy)][-5:]
+        assert events == [("crash", "restarted")] * 3 + [("crash", "failed"), ("rollback", "healthy")]
+        assert rig.status().crashes is None
+    finally:
+        rig.fault(None, FAULT_OF_CRASHY)

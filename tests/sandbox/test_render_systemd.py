@@ -80,7 +80,8 @@ def test_real_systemd_execs_exactly_the_rendered_argv_and_environment(guest: Rem
     unit = render_unit(UnitSpec(
         description="render round trip 100% \"quoted\"", user="root", group=None, working_directory="/",
         environment_file=str(ENV_FILE), exec_argv=argv, timeout_start_s=60, timeout_stop_s=10, restart="no",
-        restart_sec=0, limit_nofile=4096, syslog_identifier="sglang-render-test",
+        restart_sec=0, start_limit_burst=3, start_limit_interval_s=900, limit_nofile=4096,
+        syslog_identifier="sglang-render-test",
     ))
     env_text = render_env(EnvSpec(values=environment, secret_names=frozenset({"HF_TOKEN"})))
 
