@@ -19,7 +19,7 @@ from deploy_lib import status as host_status
 from deploy_lib.bundled import ROLES_DIR
 from deploy_lib.errors import DeployError
 from deploy_lib.patches import PatchSet, find_patch_set, list_patch_sets
-from deploy_lib.profile import ServiceSpec, profile_json_schema
+from deploy_lib.profile import LoadedProfile, ServiceSpec, profile_json_schema
 from deploy_lib.project import SANDBOX_INVENTORY, Project, Target, load_for_host, resolve_target
 from deploy_lib.release import build_release, diff_releases
 from deploy_lib.remote import FabricRemote
@@ -41,7 +41,18 @@ def _inventory(given: str | None) -> str | None:
 
 
 def _target(inventory: str | None, host: str | None, accept_new_host_key: bool = False) -> Target:
-    return resolve_target(PROJECT.inventory(_inventory(inventory)), host, accept_new_host_key)
+    """The inventory's host; vars that look like typos are warned about."""
+    target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host, accept_new_host_key))
+    ui.print_warnings(target.host.warnings)
+    return target
+
+
+def _load(profile: str, inventory: str | None, host: str | None,
+          accept_new_host_key: bool = False) -> tuple[LoadedProfile, Target]:
+    """Profile and host, checked against each other; vars that look like typos are warned about."""
+    loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host, accept_new_host_key))
+    ui.print_warnings(target.host.warnings)
+    return loaded, target
 
 
 def _run(action: Callable[[], T]) -> T:
@@ -57,8 +68,9 @@ def _run(action: Callable[[], T]) -> T:
 def render(c: Context, profile: str, host: str | None = None, inventory: str | None = None,
            sglang_version: str = LATEST_SGLANG) -> None:
     """Print the unit, the env file (secrets redacted) and the argv of a profile, without touching any host."""
+    loaded, target = _load(profile, inventory, host)
+
     def build() -> object:
-        loaded, target = load_for_host(PROJECT, profile, _inventory(inventory), host)
         placeholders = {name: "<secret>" for name in secret_environment(loaded.profile)}
         layout = target.layout(loaded.profile.service.name)
         return build_release(loaded, layout, sglang_version, placeholders, venv=target.venv_override)
@@ -75,10 +87,11 @@ def plan(c: Context, profile: str, against: str | None = None, host: str | None 
         deploy(c, profile, host=host, inventory=inventory, dry_run=True, accept_new_host_key=accept_new_host_key)
         return
 
+    loaded_pair = [_load(name, inventory, host) for name in (against, profile)]
+
     def compare() -> list[str]:
         releases = []
-        for name in (against, profile):
-            loaded, target = load_for_host(PROJECT, name, _inventory(inventory), host)
+        for loaded, target in loaded_pair:
             layout = target.layout(loaded.profile.service.name)
             releases.append(build_release(loaded, layout, sglang_version,
                                           {n: "<secret>" for n in secret_environment(loaded.profile)}))
@@ -102,7 +115,7 @@ def schema(c: Context, output: str | None = None) -> None:
 def deploy(c: Context, profile: str, host: str | None = None, inventory: str | None = None, dry_run: bool = False,
            yes: bool = False, force: bool = False, accept_new_host_key: bool = False, gate: bool = False) -> None:
     """Deploy a profile: plan, preflight, stage, switch, restart, verify; roll back automatically on failure."""
-    loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host, accept_new_host_key))
+    loaded, target = _load(profile, inventory, host, accept_new_host_key)
     if not dry_run and not yes and not ui.confirm(f"deploy {profile} to {target.host.name}?"):
         raise Exit("cancelled", code=1)
     options = deploy_engine.Options(dry_run=dry_run, force=force, environ=dict(os.environ), gate=gate)
@@ -119,7 +132,7 @@ def _service(service: str | None) -> str:
 def rollback(c: Context, to: str | None = None, host: str | None = None, inventory: str | None = None,
              service: str | None = None, accept_new_host_key: bool = False) -> None:
     """Switch back to an earlier release on the host and verify it."""
-    target = _run(lambda: _target(inventory, host, accept_new_host_key))
+    target = _target(inventory, host, accept_new_host_key)
     with FabricRemote(target.ssh) as remote:
         outcome = _run(lambda: deploy_engine.rollback(target, _service(service), remote,
                                                       ui.TerminalProgress(), to, dict(os.environ)))
@@ -129,7 +142,7 @@ def rollback(c: Context, to: str | None = None, host: str | None = None, invento
 @task
 def releases(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
     """List the releases on the host with their outcome and measured throughput."""
-    target = _run(lambda: _target(inventory, host))
+    target = _target(inventory, host)
     with FabricRemote(target.ssh) as remote:
         ui.print_releases(_run(lambda: host_status.list_releases(target, _service(service), remote)))
 
@@ -137,7 +150,7 @@ def releases(c: Context, host: str | None = None, inventory: str | None = None, 
 @task
 def status(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
     """Current release and its age, unit state, readiness, versions, patches and a per-GPU table."""
-    target = _run(lambda: _target(inventory, host))
+    target = _target(inventory, host)
     with FabricRemote(target.ssh) as remote:
         ui.print_status(_run(lambda: host_status.read_status(target, _service(service), remote)))
 
@@ -146,7 +159,7 @@ def status(c: Context, host: str | None = None, inventory: str | None = None, se
 def logs(c: Context, lines: int = 100, follow: bool = False, host: str | None = None, inventory: str | None = None,
          service: str | None = None) -> None:
     """Print the server's log from the host's journal."""
-    target = _run(lambda: _target(inventory, host))
+    target = _target(inventory, host)
     with FabricRemote(target.ssh) as remote:
         name = _service(service)
         if follow:
@@ -159,7 +172,7 @@ def logs(c: Context, lines: int = 100, follow: bool = False, host: str | None = 
 def unlock(c: Context, force: bool = False, host: str | None = None, inventory: str | None = None,
            service: str | None = None) -> None:
     """Remove a stale deploy lock (or any lock, with --force)."""
-    target = _run(lambda: _target(inventory, host))
+    target = _target(inventory, host)
     layout = target.layout(_service(service))
     with FabricRemote(target.ssh) as remote:
         removed = _run(lambda: unlock_store(remote, layout, force, LockContext(where=target.host.name)))
@@ -172,7 +185,7 @@ def unlock(c: Context, force: bool = False, host: str | None = None, inventory: 
 def bench(c: Context, profile: str = "glm5-nvfp4", compare: list[str] | None = None, host: str | None = None,
           inventory: str | None = None) -> None:
     """Run SGLang's serving benchmark against the current release and record it (`--compare A --compare B`)."""
-    loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host))
+    loaded, target = _load(profile, inventory, host)
     with FabricRemote(target.ssh) as remote:
         if compare:
             if len(compare) != 2:
@@ -187,7 +200,7 @@ def bench(c: Context, profile: str = "glm5-nvfp4", compare: list[str] | None = N
 @task(name="build", help={"profile": "profile whose service.venv_build lock to build"})
 def venv_build(c: Context, profile: str, host: str | None = None, inventory: str | None = None) -> None:
     """Build (or reuse) the content-addressed venv of a profile's lock on the host; only missing wheels travel."""
-    loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host))
+    loaded, target = _load(profile, inventory, host)
     spec = loaded.profile.service.venv_build
     if spec is None:
         raise Exit(f"profile {profile} has no service.venv_build", code=2)
@@ -202,7 +215,7 @@ def venv_build(c: Context, profile: str, host: str | None = None, inventory: str
 def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | None = None,
                service: str | None = None) -> None:
     """Record a hand-made venv as a managed, immutable one (hard-linked copy); report files that drifted."""
-    target = _run(lambda: _target(inventory, host))
+    target = _target(inventory, host)
     layout = target.layout(_service(service))
     with FabricRemote(target.ssh) as remote:
         result = _run(lambda: adopt_venv(remote, layout, PurePosixPath(path)))
@@ -212,7 +225,7 @@ def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | 
 @task(name="list")
 def venv_list(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
     """List managed venvs: hash, kind, size, the releases using them, derived venvs, versions."""
-    target = _run(lambda: _target(inventory, host))
+    target = _target(inventory, host)
     with FabricRemote(target.ssh) as remote:
         ui.print_venvs(_run(lambda: host_status.list_managed_venvs(target, _service(service), remote)))
 
@@ -223,7 +236,7 @@ def _patch_set(name: str) -> PatchSet:
 
 def _patch_run(profile: str, host: str | None, inventory: str | None, action: Callable[..., T],
                *args: object) -> T:
-    loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host))
+    loaded, target = _load(profile, inventory, host)
     with FabricRemote(target.ssh) as remote:
         return _run(lambda: action(remote, *args, loaded, target))
 
@@ -256,7 +269,7 @@ def patches_audit(c: Context, name: str, profile: str = "glm5-nvfp4", host: str 
 def patches_enable(c: Context, name: str, profile: str = "glm5-nvfp4", host: str | None = None,
                    inventory: str | None = None, yes: bool = False) -> None:
     """Make a patched venv (derived; the base is untouched) and deploy the profile with the patched feature on."""
-    loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host))
+    loaded, target = _load(profile, inventory, host)
     patched = patching.patched_profile(loaded, _patch_set(name))
     if not yes and not ui.confirm(f"patch {name} and deploy {patched.name} to {target.host.name}?"):
         raise Exit("cancelled", code=1)
@@ -272,7 +285,7 @@ def patches_enable(c: Context, name: str, profile: str = "glm5-nvfp4", host: str
 def patches_disable(c: Context, name: str, profile: str = "glm5-nvfp4", host: str | None = None,
                     inventory: str | None = None, yes: bool = False) -> None:
     """Deploy the unpatched profile on the venv the patched one was derived from (no file is rewritten)."""
-    loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host))
+    loaded, target = _load(profile, inventory, host)
     if not yes and not ui.confirm(f"deploy {profile} without {name} to {target.host.name}?"):
         raise Exit("cancelled", code=1)
     with FabricRemote(target.ssh) as remote:

@@ -64,6 +64,11 @@ def print_error(error: DeployError) -> None:
         errors.print(f"[yellow]hint:[/yellow] {escape(error.hint)}")
 
 
+def print_warnings(warnings: Iterable[str]) -> None:
+    for warning in warnings:
+        errors.print(f"[yellow]warning:[/yellow] {escape(warning)}")
+
+
 def print_release(release: Release) -> None:
     console.rule(f"unit ({release.id})")
     console.print(release.unit_text, markup=False, end="")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import difflib
+from collections.abc import Iterable
+
 
 class DeployError(Exception):
     """Base of every error the tool reports to a user: a message and, where useful, a hint."""
@@ -15,6 +18,12 @@ class DeployError(Exception):
 
     def __str__(self) -> str:
         return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message
+
+
+def did_you_mean(given: str, known: Iterable[str], cutoff: float = 0.6) -> str:
+    """'; did you mean `x`?' when one known name is close to what was given, else ''."""
+    close = difflib.get_close_matches(given, list(known), n=1, cutoff=cutoff)
+    return f"; did you mean `{close[0]}`?" if close else ""
 
 
 class ConfigError(DeployError):

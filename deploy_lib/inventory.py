@@ -11,7 +11,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
-from deploy_lib.errors import ConfigError
+from deploy_lib.errors import ConfigError, did_you_mean
 from deploy_lib.profile import AbsPath, Profile, format_validation_error
 from deploy_lib.remote import JumpHost
 from deploy_lib.yaml_io import load_yaml_mapping
@@ -125,11 +125,15 @@ class HostVars(BaseModel):
         return parse_proxy_jump(value) if value is not None else None
 
 
+READ_VARS = tuple(HostVars.model_fields)
+
+
 class Host(BaseModel):
     model_config = ConfigDict(frozen=True)
     name: str
     groups: tuple[str, ...]
     vars: HostVars
+    warnings: tuple[str, ...] = ()  # vars that look meant for this tool but are not read (typos, other ansible_*)
 
     @property
     def address(self) -> str:
@@ -197,10 +201,22 @@ def load_inventory(path: Path) -> Inventory:
             parsed = HostVars.model_validate(host_vars)
         except ValidationError as err:
             raise ConfigError(format_validation_error(f"{path}: host {name}", err)) from None
-        hosts[name] = Host(name=name, groups=tuple(dict.fromkeys(groups)), vars=parsed)
+        hosts[name] = Host(name=name, groups=tuple(dict.fromkeys(groups)), vars=parsed,
+                           warnings=_ignored_vars(path, name, host_vars))
     if not hosts:
         raise ConfigError(f"{path}: no hosts defined")
     return Inventory(path=path, hosts=hosts)
+
+
+def _ignored_vars(path: Path, host: str, host_vars: dict[str, Any]) -> tuple[str, ...]:
+    """An ansible_* var this tool does not read, or any var close to one it does, is most likely a typo."""
+    warnings = []
+    for name in sorted(set(host_vars) - set(READ_VARS)):
+        suggestion = did_you_mean(name, READ_VARS, cutoff=0.85)  # ansible_ names share a long prefix
+        if name.startswith("ansible_") or suggestion:
+            warnings.append(f"{path}: host {host}: {name} is not a var sglang-deploy reads, so it is ignored"
+                            f"{suggestion}")
+    return tuple(warnings)
 
 
 def expand_local_path(value: str, relative_to: Path) -> Path:

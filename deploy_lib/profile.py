@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import typing
+from collections.abc import Iterable
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
@@ -22,7 +24,7 @@ from pydantic import (
 )
 
 from deploy_lib.bench import BenchSettings, GateSettings
-from deploy_lib.errors import ConfigError
+from deploy_lib.errors import ConfigError, did_you_mean
 from deploy_lib.venvs import VenvSpec
 from deploy_lib.yaml_io import load_yaml_mapping
 
@@ -458,15 +460,50 @@ def _resolve(profiles_dir: Path, name: str, seen: tuple[str, ...]) -> tuple[dict
     return _deep_merge(parent_raw, raw), (name, *parent_chain)
 
 
-def format_validation_error(source: str, err: ValidationError) -> str:
+def format_validation_error(source: str, err: ValidationError, model: type[BaseModel] | None = None,
+                            extra_keys: Iterable[str] = ()) -> str:
+    """One line per problem, naming the key; with `model`, a close known key or choice is suggested."""
     lines = []
     for item in err.errors():
         key = ".".join(str(p) for p in item["loc"]) or "(top level)"
         msg = item["msg"].removeprefix("Value error, ")
         if item["type"] == "extra_forbidden":
             msg = "unknown key"
+            if model is not None:
+                known = _keys_at(model, item["loc"][:-1])
+                msg += did_you_mean(str(item["loc"][-1]), [*known, *(extra_keys if len(item["loc"]) == 1 else ())])
+        elif item["type"] in ("enum", "literal_error"):
+            choices = re.findall(r"'([^']*)'", (item.get("ctx") or {}).get("expected", ""))
+            msg += did_you_mean(str(item["input"]), choices)
         lines.append(f"{source}: {key}: {msg}")
     return "\n".join(lines)
+
+
+def _keys_at(model: type[BaseModel], loc: tuple[int | str, ...]) -> list[str]:
+    """The keys a mapping at `loc` of `model` may have (a dict's own key or a list index is a level too)."""
+    current: Any = model
+    for part in loc:
+        if isinstance(current, type) and issubclass(current, BaseModel):
+            field = current.model_fields.get(str(part))
+            if field is None:
+                return []
+            current = field.annotation
+        else:  # a dict or a list: step into its value type
+            current = next((arg for arg in typing.get_args(current)[1:] or typing.get_args(current)), None)
+        current = _model_in(current) or current
+    return list(current.model_fields) if isinstance(current, type) and issubclass(current, BaseModel) else []
+
+
+def _model_in(annotation: Any) -> Any:
+    """The annotation itself if it is a mapping type or a model; else the first such type inside Optional/Annotated."""
+    is_model = isinstance(annotation, type) and issubclass(annotation, BaseModel)
+    if is_model or typing.get_origin(annotation) in (dict, list, tuple):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def load_profile(profiles_dir: Path, name: str) -> LoadedProfile:
@@ -477,7 +514,7 @@ def load_profile(profiles_dir: Path, name: str) -> LoadedProfile:
         profile = Profile.model_validate(raw)
     except ValidationError as err:
         source = str(path) if len(chain) == 1 else f"{path} (extends {' -> '.join(chain[1:])})"
-        raise ConfigError(format_validation_error(source, err), _allowed_hint(err)) from None
+        raise ConfigError(format_validation_error(source, err, Profile, ("extends",)), _allowed_hint(err)) from None
     return LoadedProfile(name=name, path=path, chain=chain, profile=profile)
 
 

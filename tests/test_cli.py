@@ -104,3 +104,11 @@ def test_plan_against_another_profile_names_where_a_secret_comes_from_not_a_valu
     assert shown.returncode == 0, shown.stderr
     assert "  + secret HF_TOKEN = {env: HF_TOKEN}" in shown.stdout.splitlines()
     assert "(set)" not in shown.stdout
+
+
+def test_an_inventory_typo_is_a_warning_on_stderr(tmp_path: Path) -> None:
+    (tmp_path / "hosts.yaml").write_text("all: {hosts: {gpu1: {ansible_hots: 192.0.2.10, gpu_count: 8}}}\n")
+    shown = invoke("render", "-p", "glm5-nvfp4", "-i", "hosts.yaml", cwd=tmp_path)
+    assert shown.returncode == 0
+    assert (f"warning: {tmp_path}/hosts.yaml: host gpu1: ansible_hots is not a var sglang-deploy reads, so it is "
+            "ignored; did you mean `ansible_host`?") in shown.stderr.replace("\n", " ")

@@ -219,3 +219,19 @@ def test_jump_host_from_the_inventory(tmp_path: Path, host_vars: str, jump: Jump
     path = _write(tmp_path, "inv", f"all:\n  hosts:\n    vm: {mapping}\n")
     target = resolve_target(load_inventory(path), "vm")
     assert target.ssh.jump == jump
+
+
+def test_inventory_vars_that_look_like_typos_are_warned_about_with_a_suggestion(tmp_path: Path) -> None:
+    """Input tried: `ansible_hots` (ignored, then SSH failed with 'Name or service not known'), `gpu_cout`,
+    an Ansible var this tool does not use, and a var of another tool."""
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("all:\n  hosts:\n    gpu1:\n      ansible_hots: 192.0.2.10\n      gpu_cout: 8\n"
+                         "      ansible_become: true\n      backup_dir: /srv\n")
+    warnings = load_inventory(inventory).host("gpu1").warnings
+    assert warnings == (
+        f"{inventory}: host gpu1: ansible_become is not a var sglang-deploy reads, so it is ignored",
+        f"{inventory}: host gpu1: ansible_hots is not a var sglang-deploy reads, so it is ignored; "
+        "did you mean `ansible_host`?",
+        f"{inventory}: host gpu1: gpu_cout is not a var sglang-deploy reads, so it is ignored; "
+        "did you mean `gpu_count`?",
+    )
