@@ -20,7 +20,7 @@ from deploy_lib.bundled import ROLES_DIR
 from deploy_lib.errors import DeployError
 from deploy_lib.patches import PatchSet, find_patch_set, list_patch_sets
 from deploy_lib.profile import LoadedProfile, ServiceSpec, profile_json_schema
-from deploy_lib.project import SANDBOX_INVENTORY, Project, Target, load_for_host, resolve_target
+from deploy_lib.project import SANDBOX_INVENTORY, Project, Target, load_for_host, profile_for_host, resolve_target
 from deploy_lib.release import build_release, diff_releases
 from deploy_lib.remote import FabricRemote
 from deploy_lib.server_args import secret_environment
@@ -55,6 +55,16 @@ def _load(profile: str, inventory: str | None, host: str | None,
     return loaded, target
 
 
+IN_USE_HELP = ("profile: a name or a path (default: the host's `profile` var in the inventory, else the profile of "
+               "the host's current release)")
+
+
+def _profile_in_use(profile: str | None, target: Target, remote: FabricRemote, service: str | None) -> LoadedProfile:
+    """The profile given or named by the inventory, else the one the host's current release was deployed from."""
+    return _run(lambda: profile_for_host(PROJECT, profile, target)
+                or host_status.current_profile(target, _service(service), remote))
+
+
 def _run(action: Callable[[], T]) -> T:
     """Run one library call; a DeployError becomes its message and its documented exit code."""
     try:
@@ -65,7 +75,7 @@ def _run(action: Callable[[], T]) -> T:
 
 
 @task(help={"sglang_version": f"SGLang version to render for (default {LATEST_SGLANG})"})
-def render(c: Context, profile: str, host: str | None = None, inventory: str | None = None,
+def render(c: Context, profile: str | None = None, host: str | None = None, inventory: str | None = None,
            sglang_version: str = LATEST_SGLANG) -> None:
     """Print the unit, the env file (secrets redacted) and the argv of a profile, without touching any host."""
     loaded, target = _load(profile, inventory, host)
@@ -79,7 +89,7 @@ def render(c: Context, profile: str, host: str | None = None, inventory: str | N
 
 @task(help={"against": "compare with this profile instead of the host's release",
             "sglang_version": "SGLang version for --against renders"})
-def plan(c: Context, profile: str, against: str | None = None, host: str | None = None,
+def plan(c: Context, profile: str | None = None, against: str | None = None, host: str | None = None,
          inventory: str | None = None, sglang_version: str = LATEST_SGLANG, accept_new_host_key: bool = False
          ) -> None:
     """Semantic diff (flags, environment, secrets, venv, patches) of a profile against the host or another profile."""
@@ -96,7 +106,8 @@ def plan(c: Context, profile: str, against: str | None = None, host: str | None 
             releases.append(build_release(loaded, layout, sglang_version,
                                           {n: "<secret>" for n in secret_environment(loaded.profile)}))
         changes = diff_releases(releases[0].metadata(), releases[1].metadata())
-        return [f"{against} -> {profile}: {len(changes) or 'no'} change(s)", *(f"  {c}" for c in changes)]
+        names = " -> ".join(loaded.name for loaded, _ in loaded_pair)
+        return [f"{names}: {len(changes) or 'no'} change(s)", *(f"  {c}" for c in changes)]
     ui.print_lines(_run(compare))
 
 
@@ -112,11 +123,12 @@ def schema(c: Context, output: str | None = None) -> None:
 
 @task(help={"dry_run": "print the plan and stop (reads the host only)",
             "gate": "benchmark the new release and roll it back if slower than the last good one"})
-def deploy(c: Context, profile: str, host: str | None = None, inventory: str | None = None, dry_run: bool = False,
-           yes: bool = False, force: bool = False, accept_new_host_key: bool = False, gate: bool = False) -> None:
+def deploy(c: Context, profile: str | None = None, host: str | None = None, inventory: str | None = None,
+           dry_run: bool = False, yes: bool = False, force: bool = False, accept_new_host_key: bool = False,
+           gate: bool = False) -> None:
     """Deploy a profile: plan, preflight, stage, switch, restart, verify; roll back automatically on failure."""
     loaded, target = _load(profile, inventory, host, accept_new_host_key)
-    if not dry_run and not yes and not ui.confirm(f"deploy {profile} to {target.host.name}?"):
+    if not dry_run and not yes and not ui.confirm(f"deploy {loaded.name} to {target.host.name}?"):
         raise Exit("cancelled", code=1)
     options = deploy_engine.Options(dry_run=dry_run, force=force, environ=dict(os.environ), gate=gate)
     with FabricRemote(target.ssh) as remote:
@@ -179,17 +191,18 @@ def unlock(c: Context, force: bool = False, host: str | None = None, inventory: 
     ui.console.print(f"removed the lock held by {removed.owner}" if removed else "there was no lock")
 
 
-@task(help={"profile": "profile whose bench settings to use (default glm5-nvfp4)",
+@task(help={"profile": IN_USE_HELP + " (its bench settings are used)",
             "compare": "two release ids: print their newest benchmarks side by side (no new run)"},
       iterable=["compare"])
-def bench(c: Context, profile: str = "glm5-nvfp4", compare: list[str] | None = None, host: str | None = None,
-          inventory: str | None = None) -> None:
+def bench(c: Context, profile: str | None = None, compare: list[str] | None = None, host: str | None = None,
+          inventory: str | None = None, service: str | None = None) -> None:
     """Run SGLang's serving benchmark against the current release and record it (`--compare A --compare B`)."""
-    loaded, target = _load(profile, inventory, host)
+    if compare and len(compare) != 2:
+        raise Exit("error: --compare takes two release ids: --compare A --compare B", code=2)
+    target = _target(inventory, host)
     with FabricRemote(target.ssh) as remote:
+        loaded = _profile_in_use(profile, target, remote, service)
         if compare:
-            if len(compare) != 2:
-                raise Exit("--compare takes two release ids: --compare A --compare B", code=2)
             ui.print_comparison(*_run(lambda: host_status.compare_benchmarks(
                 target, loaded.profile.service.name, remote, compare[0], compare[1])))
             return
@@ -198,12 +211,12 @@ def bench(c: Context, profile: str = "glm5-nvfp4", compare: list[str] | None = N
 
 
 @task(name="build", help={"profile": "profile whose service.venv_build lock to build"})
-def venv_build(c: Context, profile: str, host: str | None = None, inventory: str | None = None) -> None:
+def venv_build(c: Context, profile: str | None = None, host: str | None = None, inventory: str | None = None) -> None:
     """Build (or reuse) the content-addressed venv of a profile's lock on the host; only missing wheels travel."""
     loaded, target = _load(profile, inventory, host)
     spec = loaded.profile.service.venv_build
     if spec is None:
-        raise Exit(f"profile {profile} has no service.venv_build", code=2)
+        raise Exit(f"error: profile {loaded.name} has no service.venv_build", code=2)
     layout = target.layout(loaded.profile.service.name)
     with FabricRemote(target.ssh) as remote:
         result = _run(lambda: ensure_venv(remote, layout, spec, progress=ui.TerminalProgress()))
@@ -234,15 +247,15 @@ def _patch_set(name: str) -> PatchSet:
     return _run(lambda: find_patch_set(ROLES_DIR, name))
 
 
-def _patch_run(profile: str, host: str | None, inventory: str | None, action: Callable[..., T],
-               *args: object) -> T:
-    loaded, target = _load(profile, inventory, host)
+def _patch_run(profile: str | None, host: str | None, inventory: str | None, service: str | None,
+               action: Callable[..., T], *args: object) -> T:
+    target = _target(inventory, host)
     with FabricRemote(target.ssh) as remote:
+        loaded = _profile_in_use(profile, target, remote, service)
         return _run(lambda: action(remote, *args, loaded, target))
 
 
-PATCH_HELP = {"name": "patch set name (see `invoke patches.list`)",
-              "profile": "the unpatched profile (default glm5-nvfp4)"}
+PATCH_HELP = {"name": "patch set name (see `invoke patches.list`)", "profile": IN_USE_HELP}
 
 
 @task(name="list")
@@ -252,29 +265,31 @@ def patches_list(c: Context) -> None:
 
 
 @task(name="check", help=PATCH_HELP)
-def patches_check(c: Context, name: str, profile: str = "glm5-nvfp4", host: str | None = None,
-                  inventory: str | None = None) -> None:
+def patches_check(c: Context, name: str, profile: str | None = None, host: str | None = None,
+                  inventory: str | None = None, service: str | None = None) -> None:
     """Each target's state (absent, applied, native, conflict) in the current release's venv; changes nothing."""
-    ui.print_check(_patch_run(profile, host, inventory, patching.check, _patch_set(name)))
+    ui.print_check(_patch_run(profile, host, inventory, service, patching.check, _patch_set(name)))
 
 
 @task(name="audit", help=PATCH_HELP)
-def patches_audit(c: Context, name: str, profile: str = "glm5-nvfp4", host: str | None = None,
-                  inventory: str | None = None) -> None:
+def patches_audit(c: Context, name: str, profile: str | None = None, host: str | None = None,
+                  inventory: str | None = None, service: str | None = None) -> None:
     """Every architecture bound an SM120 build meets on the patch set's code path, with file:line."""
-    ui.print_audit(_patch_run(profile, host, inventory, patching.audit, _patch_set(name)))
+    ui.print_audit(_patch_run(profile, host, inventory, service, patching.audit, _patch_set(name)))
 
 
 @task(name="enable", help=PATCH_HELP)
-def patches_enable(c: Context, name: str, profile: str = "glm5-nvfp4", host: str | None = None,
-                   inventory: str | None = None, yes: bool = False) -> None:
+def patches_enable(c: Context, name: str, profile: str | None = None, host: str | None = None,
+                   inventory: str | None = None, service: str | None = None, yes: bool = False) -> None:
     """Make a patched venv (derived; the base is untouched) and deploy the profile with the patched feature on."""
-    loaded, target = _load(profile, inventory, host)
-    patched = patching.patched_profile(loaded, _patch_set(name))
-    if not yes and not ui.confirm(f"patch {name} and deploy {patched.name} to {target.host.name}?"):
-        raise Exit("cancelled", code=1)
+    patch_set = _patch_set(name)
+    target = _target(inventory, host)
     with FabricRemote(target.ssh) as remote:
-        report, outcome = _run(lambda: patching.enable(remote, _patch_set(name), loaded, patched, target,
+        base = patching.base_profile(_profile_in_use(profile, target, remote, service), patch_set)
+        patched = patching.patched_profile(base, patch_set)
+        if not yes and not ui.confirm(f"patch {name} and deploy {patched.name} to {target.host.name}?"):
+            raise Exit("cancelled", code=1)
+        report, outcome = _run(lambda: patching.enable(remote, patch_set, base, patched, target,
                                                        ui.TerminalProgress(), deploy_engine.Options(
                                                            environ=dict(os.environ))))
     ui.print_check(report)
@@ -282,14 +297,16 @@ def patches_enable(c: Context, name: str, profile: str = "glm5-nvfp4", host: str
 
 
 @task(name="disable", help=PATCH_HELP)
-def patches_disable(c: Context, name: str, profile: str = "glm5-nvfp4", host: str | None = None,
-                    inventory: str | None = None, yes: bool = False) -> None:
-    """Deploy the unpatched profile on the venv the patched one was derived from (no file is rewritten)."""
-    loaded, target = _load(profile, inventory, host)
-    if not yes and not ui.confirm(f"deploy {profile} without {name} to {target.host.name}?"):
-        raise Exit("cancelled", code=1)
+def patches_disable(c: Context, name: str, profile: str | None = None, host: str | None = None,
+                    inventory: str | None = None, service: str | None = None, yes: bool = False) -> None:
+    """Deploy the profile with the patched feature off on the venv the patched one was derived from."""
+    patch_set = _patch_set(name)
+    target = _target(inventory, host)
     with FabricRemote(target.ssh) as remote:
-        outcome = _run(lambda: patching.disable(remote, _patch_set(name), loaded, target, ui.TerminalProgress(),
+        base = patching.base_profile(_profile_in_use(profile, target, remote, service), patch_set)
+        if not yes and not ui.confirm(f"deploy {base.name} without {name} to {target.host.name}?"):
+            raise Exit("cancelled", code=1)
+        outcome = _run(lambda: patching.disable(remote, patch_set, base, target, ui.TerminalProgress(),
                                                 deploy_engine.Options(environ=dict(os.environ))))
     ui.print_outcome(outcome)
 
@@ -300,8 +317,8 @@ def patches_disable(c: Context, name: str, profile: str = "glm5-nvfp4", host: st
                                  "check": "print each gate's state, change nothing",
                                  "audit": "list every SM bound on the fusion path"})
 def patch_fusion(c: Context, enable: bool = False, disable: bool = False, check: bool = False, audit: bool = False,
-                 profile: str = "glm5-nvfp4", host: str | None = None, inventory: str | None = None,
-                 yes: bool = False) -> None:
+                 profile: str | None = None, host: str | None = None, inventory: str | None = None,
+                 service: str | None = None, yes: bool = False) -> None:
     """The SM120 allreduce-fusion patch set (fusion-sm120): --enable | --disable | --check | --audit."""
     chosen = [flag for flag, on in (("enable", enable), ("disable", disable), ("check", check), ("audit", audit))
               if on]
@@ -309,7 +326,8 @@ def patch_fusion(c: Context, enable: bool = False, disable: bool = False, check:
         raise Exit("give exactly one of --enable, --disable, --check, --audit", code=2)
     action = {"enable": patches_enable, "disable": patches_disable, "check": patches_check, "audit": patches_audit}
     kwargs = {"yes": yes} if chosen[0] in ("enable", "disable") else {}
-    action[chosen[0]](c, FUSION_PATCH_SET, profile=profile, host=host, inventory=inventory, **kwargs)
+    action[chosen[0]](c, FUSION_PATCH_SET, profile=profile, host=host, inventory=inventory, service=service,
+                      **kwargs)
 
 
 @task

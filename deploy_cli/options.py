@@ -32,7 +32,8 @@ SHORT_FLAGS = {
 
 # Help shared by every task that takes the option; a task's own help= entries override these.
 COMMON_HELP = {
-    "profile": "profile: a name under inventory/profiles/ or a path to a YAML file",
+    "profile": "profile: a name under inventory/profiles/ or a path to a .yaml file (default: the host's "
+               "`profile` var in the inventory)",
     "host": "inventory host name (default: the only host)",
     "inventory": "inventory file, relative to the working directory "
                  "(default: $SGLANG_DEPLOY_INVENTORY, else inventory/hosts.yaml of the project)",

@@ -341,9 +341,10 @@ class _Run:
         self.remote.run(append_history(self.layout, history_entry(event, outcome, tags, datetime.now(UTC), cause,
                                                                   self.timings)))
 
-    def journal_diagnosis(self, cursor: str | None) -> Diagnosis:
+    def journal_diagnosis(self, cursor: str | None, profile: str | None) -> Diagnosis:
+        """Why the release of `profile` did not start, from the unit's journal since `cursor`."""
         result = self.remote.run([journal_step(self.layout.unit_name, cursor)])[0]
-        return diagnose(result.stdout.splitlines())
+        return diagnose(result.stdout.splitlines(), profile=profile)
 
     def activate(self, release_id: str, metadata: Mapping[str, Any], prediction: StartPrediction | None,
                  grace_s: float) -> ReadyReport:
@@ -407,7 +408,7 @@ def _roll_back(run: _Run, store: StoreFacts, failed_id: str, failure: ReadinessF
     try:
         run.activate(target_id, record.metadata, start_prediction(store, prediction_profile), 0.0)
     except ReadinessFailed as second:
-        second_diagnosis = run.journal_diagnosis(run.cursor)
+        second_diagnosis = run.journal_diagnosis(run.cursor, record.metadata.get("profile_name"))
         _stop_unit(run.remote, run.layout)
         if tags:
             run.record("rollback", FAILED, tags, failure_line(second, second_diagnosis))
@@ -459,7 +460,7 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
                                  facts.store.history, progress, secrets.get(API_KEY_ENV))
         except ReadinessFailed as failure:
             diagnosis = gate_diagnosis(failure) if isinstance(failure, GateFailed) else \
-                run.journal_diagnosis(run.cursor)
+                run.journal_diagnosis(run.cursor, loaded.name)
             run.record("deploy", FAILED, tags, failure_line(failure, diagnosis))
             return _roll_back(run, facts.store, plan.release.id, failure, diagnosis, loaded.name)
         run.record("deploy", HEALTHY, tags)
@@ -502,7 +503,7 @@ def rollback(target: Target, service: str, remote: Remote, progress: Progress, t
         try:
             ready = run.activate(target_id, record.metadata, start_prediction(store, tags.profile), 0.0)
         except ReadinessFailed as failure:
-            diagnosis = run.journal_diagnosis(run.cursor)
+            diagnosis = run.journal_diagnosis(run.cursor, tags.profile)
             _stop_unit(remote, layout)
             run.record("rollback", FAILED, tags, failure_line(failure, diagnosis))
             raise RollbackFailed(f"{target.host.name}: rollback to {target_id} failed: "

@@ -16,6 +16,7 @@ from deploy_lib.remote import Step
 
 UNKNOWN_TAIL_LINES = 30
 MAX_EVIDENCE_LINES = 8
+PROFILE_IN_HINT = "{profile}"  # replaced by the failed release's profile name
 
 
 @dataclass(frozen=True)
@@ -81,14 +82,15 @@ SIGNATURES: tuple[Signature, ...] = (
         r"FlashInfer allreduce fusion (?P<detail>requires SM90 or SM10X NVIDIA GPUs|does not support multi-node"
         r"[^.]*|trtllm backend supports single-node only)",
         "SGLang's FlashInfer allreduce-fusion gate rejects this setup: {detail}",
-        "turn features.allreduce_fusion off, or on SM120 run `invoke patch-fusion --enable` (single node only)",
+        "turn features.allreduce_fusion off, or on SM120 run `invoke patch-fusion --enable --profile {profile}` "
+        "(single node only)",
     ),
     _signature(
         "flashinfer_jit_arch",
         r"No supported CUDA architectures found for major versions \[(?P<detail>[\d, ]+)\]",
         "a FlashInfer JIT module is built only for SM major versions [{detail}], not this GPU",
         "FlashInfer's TRT-LLM allreduce fusion is gated to SM90/SM100 before 0.6.17: turn allreduce fusion off, "
-        "use FlashInfer >= 0.6.17, or `invoke patch-fusion --enable`",
+        "use FlashInfer >= 0.6.17, or `invoke patch-fusion --enable --profile {profile}`",
     ),
     _signature(
         "unsupported_arch_kernel",
@@ -163,14 +165,17 @@ def _cause(signature: Signature, match: re.Match[str]) -> str:
     return signature.cause.format(**groups).rstrip(": ")
 
 
-def diagnose(journal_lines: Iterable[str], signatures: Sequence[Signature] = SIGNATURES) -> Diagnosis:
-    """The first signature (in table order) that matches, with its matching lines; else the log's tail."""
+def diagnose(journal_lines: Iterable[str], signatures: Sequence[Signature] = SIGNATURES,
+             profile: str | None = None) -> Diagnosis:
+    """The first signature (in table order) that matches, with its matching lines; else the log's tail.
+    A hint that names a command names `profile`, the failed release's, so following it acts on that profile."""
     lines = [line.rstrip("\n") for line in journal_lines]
     for signature in signatures:
         matches = [(line, m) for line in lines if (m := signature.pattern.search(line))]
         if matches:
             evidence = tuple(dict.fromkeys(line.strip() for line, _ in matches))[:MAX_EVIDENCE_LINES]
-            return Diagnosis(signature.name, _cause(signature, matches[0][1]), signature.hint, evidence)
+            hint = signature.hint.replace(PROFILE_IN_HINT, profile or "PROFILE")
+            return Diagnosis(signature.name, _cause(signature, matches[0][1]), hint, evidence)
     if not any(line.strip() for line in lines):
         return Diagnosis("unknown", "the server logged nothing since the restart",
                          "run the unit's ExecStart by hand on the host to see why it does not start", ())

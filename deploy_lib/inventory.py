@@ -86,6 +86,8 @@ class HostVars(BaseModel):
         None, description="declared compute architecture, e.g. sm120")
     deploy_root: AbsPath = "/opt/sglang-deploy"
     venv: AbsPath | None = Field(None, description="overrides the profile's service.venv on this host")
+    profile: str | None = Field(None, description="the host's profile when none is given: a name, or a path "
+                                                  "relative to the inventory file")
     proxy_jump: str | None = Field(None, description="jump host, [user@]host[:port] as OpenSSH's ProxyJump")
     ansible_ssh_common_args: str | None = Field(None, description="only -o ProxyJump=... / -J ... is honoured")
     ansible_ssh_extra_args: str | None = Field(None, description="only -o ProxyJump=... / -J ... is honoured")
@@ -201,6 +203,8 @@ def load_inventory(path: Path) -> Inventory:
             parsed = HostVars.model_validate(host_vars)
         except ValidationError as err:
             raise ConfigError(format_validation_error(f"{path}: host {name}", err)) from None
+        if parsed.profile and ("/" in parsed.profile or parsed.profile.endswith(".yaml")):
+            parsed = parsed.model_copy(update={"profile": str(expand_local_path(parsed.profile, path))})
         hosts[name] = Host(name=name, groups=tuple(dict.fromkeys(groups)), vars=parsed,
                            warnings=_ignored_vars(path, name, host_vars))
     if not hosts:

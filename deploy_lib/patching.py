@@ -62,12 +62,23 @@ class PatchContext:
 
 def patched_profile(loaded: LoadedProfile, patch_set: patches.PatchSet) -> LoadedProfile:
     """The profile a release on the patched venv runs: the base with the patch set's feature turned on."""
+    return _with_feature(base_profile(loaded, patch_set), patch_set, on=True)
+
+
+def base_profile(loaded: LoadedProfile, patch_set: patches.PatchSet) -> LoadedProfile:
+    """The unpatched profile: the patch set's feature off, and without the name suffix a patched release carries
+    (so the profile of a host's patched current release can be enabled or disabled again)."""
+    return _with_feature(loaded, patch_set, on=False)
+
+
+def _with_feature(loaded: LoadedProfile, patch_set: patches.PatchSet, on: bool) -> LoadedProfile:
     feature = patch_set.meta.enables_feature
     if feature is None:
         return loaded
     profile = loaded.profile
-    features = profile.features.model_copy(update={feature: True})
-    return loaded.model_copy(update={"name": f"{loaded.name}+{patch_set.name}",
+    features = profile.features.model_copy(update={feature: on})
+    base_name = loaded.name.removesuffix(f"+{patch_set.name}")
+    return loaded.model_copy(update={"name": f"{base_name}+{patch_set.name}" if on else base_name,
                                      "profile": profile.model_copy(update={"features": features})})
 
 

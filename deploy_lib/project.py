@@ -87,10 +87,24 @@ def resolve_target(inventory: Inventory, host_name: str | None, accept_new_host_
     return Target(host=host, ssh=ssh, deploy_root=PurePosixPath(hv.deploy_root))
 
 
-def load_for_host(project: Project, profile_name: str, inventory_given: str | None, host_name: str | None,
-                  accept_new_host_key: bool = False) -> tuple[LoadedProfile, Target]:
-    """Profile and target, checked against each other as far as the inventory's declared facts allow."""
-    loaded = project.profile(profile_name)
-    target = resolve_target(project.inventory(inventory_given), host_name, accept_new_host_key)
+def profile_for_host(project: Project, given: str | None, target: Target) -> LoadedProfile | None:
+    """The profile given, else the host's `profile` var; checked against the host as far as the inventory's declared
+    facts allow. None when neither names one."""
+    chosen = given or target.host.vars.profile
+    if chosen is None:
+        return None
+    loaded = project.profile(chosen)
     check_profile_fits_host(loaded.profile, target.host, loaded.path)
+    return loaded
+
+
+def load_for_host(project: Project, profile_given: str | None, inventory_given: str | None, host_name: str | None,
+                  accept_new_host_key: bool = False) -> tuple[LoadedProfile, Target]:
+    """Profile and target: the profile given, else the one the inventory names for the host."""
+    inventory = project.inventory(inventory_given)
+    target = resolve_target(inventory, host_name, accept_new_host_key)
+    loaded = profile_for_host(project, profile_given, target)
+    if loaded is None:
+        raise ConfigError(f"which profile for {target.host.name}? none was given and {inventory.path} sets no "
+                          "`profile` for the host", "give --profile NAME (or a path to its .yaml file)")
     return loaded, target

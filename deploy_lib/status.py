@@ -6,7 +6,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from deploy_lib.bench import (
     BenchResult,
@@ -21,11 +24,11 @@ from deploy_lib.diagnose import journal_step
 from deploy_lib.errors import ConfigError
 from deploy_lib.facts import Gpu, read_host_facts
 from deploy_lib.health import Rung, Snapshot, parse_snapshot, probe_step
-from deploy_lib.profile import LoadedProfile
+from deploy_lib.profile import LoadedProfile, Profile, format_validation_error
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.remote import Remote, Step
-from deploy_lib.store import StoreFacts, Tags, read_store_facts
+from deploy_lib.store import RELEASE_FILE, StoreFacts, Tags, read_store_facts
 from deploy_lib.venvs import VenvRecord, list_venvs, release_venv_hash
 from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
 from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps
@@ -150,6 +153,24 @@ def list_managed_venvs(target: Target, service: str, remote: Remote) -> list[Ven
     store = read_store_facts(remote, layout)
     return list_venvs(remote, layout, {r.id: release_venv_hash(layout, str(r.metadata.get("venv", "")))
                                        for r in store.releases})
+
+
+def current_profile(target: Target, service: str, remote: Remote) -> LoadedProfile:
+    """The profile the host's current release was deployed from (its release.json keeps it whole)."""
+    layout = target.layout(service)
+    store = read_store_facts(remote, layout)
+    record = store.release(store.current) if store.current else None
+    if record is None:
+        raise ConfigError(f"{target.host.name}: no release of {service} is deployed, so no profile is in use",
+                          "give --profile NAME (or a path), or --service for another service")
+    name = str(record.metadata.get("profile_name") or record.id)
+    source = f"{target.host.name}: {layout.release(record.id) / RELEASE_FILE}: profile"
+    try:
+        profile = Profile.model_validate(record.metadata.get("profile") or {})
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(source, err), "give --profile NAME (or a path)") from None
+    return LoadedProfile(name=name, path=Path(str(layout.release(record.id) / RELEASE_FILE)), chain=(name,),
+                         profile=profile)
 
 
 def bench_current(target: Target, loaded: LoadedProfile, remote: Remote, environ: Mapping[str, str],

@@ -68,9 +68,25 @@ def test_a_number_option_given_a_word_is_a_sentence_and_exit_2() -> None:
 
 
 def test_a_missing_required_option_names_it() -> None:
-    refused = invoke("deploy")
+    refused = invoke("venv.adopt")
     assert refused.returncode == 2
-    assert refused.stderr.startswith("error: deploy needs --profile")
+    assert refused.stderr.startswith("error: adopt needs --path (the hand-made venv on the host")
+
+
+def test_a_deploy_without_a_profile_takes_the_inventorys_or_says_what_to_give(tmp_path: Path) -> None:
+    """Input tried: `deploy` with no --profile, against an inventory without and with a `profile` var."""
+    (tmp_path / "hosts.yaml").write_text("all: {hosts: {gpu1: {ansible_host: 192.0.2.10}}}\n")
+    refused = invoke("deploy", "-i", "hosts.yaml", cwd=tmp_path)
+    assert refused.returncode == 2
+    assert refused.stderr.startswith(f"error: which profile for gpu1? none was given and {tmp_path}/hosts.yaml "
+                                     "sets no `profile` for the host")
+    (tmp_path / "profiles").mkdir()
+    (tmp_path / "profiles" / "mine.yaml").write_text("model: {path: m}\nparallel: {tp: 2}\n")
+    (tmp_path / "hosts.yaml").write_text(
+        "all: {hosts: {gpu1: {ansible_host: 192.0.2.10, profile: profiles/mine.yaml}}}\n")
+    shown = invoke("render", "-i", str(tmp_path / "hosts.yaml"))
+    assert shown.returncode == 0, shown.stderr
+    assert "--tp-size 2" in shown.stdout and "(mine, release" in shown.stdout
 
 
 def test_version_prints_the_tools_version() -> None:

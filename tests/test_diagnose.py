@@ -96,6 +96,14 @@ def test_evidence_keeps_each_line_once_even_when_every_rank_prints_it() -> None:
     assert diagnosis.evidence.count("ValueError: FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs.") == 1
 
 
+def test_a_hint_that_names_a_command_names_the_profile_that_failed() -> None:
+    """Input tried: the fusion gate failing for a Qwen profile (the hint said `invoke patch-fusion --enable`,
+    which deployed the GLM-5 default profile over it)."""
+    diagnosis = diagnose(lines_of("fusion_gate.sglang-0.5.23.log"), profile="qwen3-fusion")
+    assert "`invoke patch-fusion --enable --profile qwen3-fusion`" in diagnosis.hint
+    assert "glm5" not in diagnosis.hint and "{profile}" not in diagnosis.hint
+
+
 def test_both_port_conflicts_are_reported_as_address_in_use() -> None:
     for log in ("address_in_use.http-port.log", "address_in_use.zmq-port.log"):
         diagnosis = diagnose(lines_of(log))

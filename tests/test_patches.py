@@ -44,6 +44,8 @@ from deploy_lib.patches import (
     sha256_text,
     write_puts,
 )
+from deploy_lib.patching import base_profile, patched_profile
+from deploy_lib.project import Project
 from deploy_lib.remote import StepResult
 from sandbox.sim.sglang_sim.upstream import Fusion, InstalledUpstream
 
@@ -381,3 +383,14 @@ def test_a_bad_patch_set_names_the_file_and_the_key(tmp_path, bad_file, mutate, 
     message = str(caught.value)
     assert str(role / bad_file) in message
     assert expected in message
+
+
+def test_the_profile_of_a_patched_release_can_be_enabled_and_disabled_again() -> None:
+    """Input tried: the profile recorded by a patched release (fusion on, name `glm5-nvfp4+fusion-sm120`), which
+    patch-fusion now takes by default from the host's current release."""
+    patch_set = load_patch_set(ROLE)
+    plain = Project(ROLE.parent.parent).profile("glm5-nvfp4")
+    patched = patched_profile(plain, patch_set)
+    assert (patched.name, patched.profile.features.allreduce_fusion) == ("glm5-nvfp4+fusion-sm120", True)
+    assert patched_profile(patched, patch_set) == patched
+    assert base_profile(patched, patch_set) == plain
