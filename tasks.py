@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable
+from dataclasses import dataclass
 from importlib.metadata import version as package_version
 from pathlib import Path, PurePosixPath
 from typing import TypeVar
@@ -65,13 +66,47 @@ def _profile_in_use(profile: str | None, target: Target, remote: FabricRemote, s
                 or host_status.current_profile(target, _service(service), remote))
 
 
+@dataclass(frozen=True)
+class Output:
+    """How the running task reports: `--json` puts one JSON document on stdout and everything else (progress,
+    warnings, errors) on stderr; `-v` shows every remote step as it comes back."""
+
+    as_json: bool = False
+    verbose: bool = False
+
+
+_output = Output()  # one task per command line; each task that takes --json or -v sets it first
+
+
+def _report_as(as_json: bool = False, verbose: bool = False) -> None:
+    global _output
+    _output = Output(as_json, verbose)
+
+
 def _run(action: Callable[[], T]) -> T:
-    """Run one library call; a DeployError becomes its message and its documented exit code."""
+    """Run one library call; a DeployError becomes its message (and with --json its JSON) and its exit code."""
     try:
         return action()
     except DeployError as error:
+        if _output.as_json:
+            ui.print_json(ui.failure_json(error))
         ui.print_error(error)
         raise Exit(code=error.exit_code) from None
+
+
+def _remote(target: Target) -> FabricRemote:
+    return FabricRemote(target.ssh, on_result=ui.step_printer() if _output.verbose else None)
+
+
+def _progress() -> ui.TerminalProgress:
+    return ui.TerminalProgress(ui.errors if _output.as_json else ui.console)
+
+
+def _show(report: T, print_table: Callable[[T], None]) -> None:
+    if _output.as_json:
+        ui.print_json(report)
+    else:
+        print_table(report)
 
 
 @task(help={"sglang_version": f"SGLang version to render for (default {LATEST_SGLANG})"})
@@ -90,11 +125,12 @@ def render(c: Context, profile: str | None = None, host: str | None = None, inve
 @task(help={"against": "compare with this profile instead of the host's release",
             "sglang_version": "SGLang version for --against renders"})
 def plan(c: Context, profile: str | None = None, against: str | None = None, host: str | None = None,
-         inventory: str | None = None, sglang_version: str = LATEST_SGLANG, accept_new_host_key: bool = False
-         ) -> None:
+         inventory: str | None = None, sglang_version: str = LATEST_SGLANG, accept_new_host_key: bool = False,
+         verbose: bool = False) -> None:
     """Semantic diff (flags, environment, secrets, venv, patches) of a profile against the host or another profile."""
     if against is None:
-        deploy(c, profile, host=host, inventory=inventory, dry_run=True, accept_new_host_key=accept_new_host_key)
+        deploy(c, profile, host=host, inventory=inventory, dry_run=True, accept_new_host_key=accept_new_host_key,
+               verbose=verbose)
         return
 
     loaded_pair = [_load(name, inventory, host) for name in (against, profile)]
@@ -125,15 +161,23 @@ def schema(c: Context, output: str | None = None) -> None:
             "gate": "benchmark the new release and roll it back if slower than the last good one"})
 def deploy(c: Context, profile: str | None = None, host: str | None = None, inventory: str | None = None,
            dry_run: bool = False, yes: bool = False, force: bool = False, accept_new_host_key: bool = False,
-           gate: bool = False) -> None:
+           gate: bool = False, json: bool = False, verbose: bool = False) -> None:
     """Deploy a profile: plan, preflight, stage, switch, restart, verify; roll back automatically on failure."""
+    _report_as(json, verbose)
     loaded, target = _load(profile, inventory, host, accept_new_host_key)
     if not dry_run and not yes and not ui.confirm(f"deploy {loaded.name} to {target.host.name}?"):
         raise Exit("cancelled", code=1)
     options = deploy_engine.Options(dry_run=dry_run, force=force, environ=dict(os.environ), gate=gate)
-    with FabricRemote(target.ssh) as remote:
-        outcome = _run(lambda: deploy_engine.deploy(loaded, target, remote, ui.TerminalProgress(), options))
-    ui.print_outcome(outcome)
+    with _remote(target) as remote:
+        outcome = _run(lambda: deploy_engine.deploy(loaded, target, remote, _progress(), options))
+    _show_outcome(outcome)
+
+
+def _show_outcome(outcome: deploy_engine.Outcome) -> None:
+    if _output.as_json:
+        ui.print_json(ui.outcome_json(outcome))
+    else:
+        ui.print_outcome(outcome)
 
 
 def _service(service: str | None) -> str:
@@ -142,37 +186,44 @@ def _service(service: str | None) -> str:
 
 @task(help={"to": "release id (default: the last healthy release before the current one)"})
 def rollback(c: Context, to: str | None = None, host: str | None = None, inventory: str | None = None,
-             service: str | None = None, accept_new_host_key: bool = False) -> None:
+             service: str | None = None, accept_new_host_key: bool = False, json: bool = False,
+             verbose: bool = False) -> None:
     """Switch back to an earlier release on the host and verify it."""
+    _report_as(json, verbose)
     target = _target(inventory, host, accept_new_host_key)
-    with FabricRemote(target.ssh) as remote:
+    with _remote(target) as remote:
         outcome = _run(lambda: deploy_engine.rollback(target, _service(service), remote,
-                                                      ui.TerminalProgress(), to, dict(os.environ)))
-    ui.print_outcome(outcome)
+                                                      _progress(), to, dict(os.environ)))
+    _show_outcome(outcome)
 
 
 @task
-def releases(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
+def releases(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
+             json: bool = False, verbose: bool = False) -> None:
     """List the releases on the host with their outcome and measured throughput."""
+    _report_as(json, verbose)
     target = _target(inventory, host)
-    with FabricRemote(target.ssh) as remote:
-        ui.print_releases(_run(lambda: host_status.list_releases(target, _service(service), remote)))
+    with _remote(target) as remote:
+        _show(_run(lambda: host_status.list_releases(target, _service(service), remote)), ui.print_releases)
 
 
 @task
-def status(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
+def status(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
+           json: bool = False, verbose: bool = False) -> None:
     """Current release and its age, unit state, readiness, versions, patches and a per-GPU table."""
+    _report_as(json, verbose)
     target = _target(inventory, host)
-    with FabricRemote(target.ssh) as remote:
-        ui.print_status(_run(lambda: host_status.read_status(target, _service(service), remote)))
+    with _remote(target) as remote:
+        _show(_run(lambda: host_status.read_status(target, _service(service), remote)), ui.print_status)
 
 
 @task(help={"lines": "number of lines (default 100)", "follow": "keep printing new lines (Ctrl-C stops)"})
 def logs(c: Context, lines: int = 100, follow: bool = False, host: str | None = None, inventory: str | None = None,
-         service: str | None = None) -> None:
+         service: str | None = None, verbose: bool = False) -> None:
     """Print the server's log from the host's journal."""
+    _report_as(verbose=verbose)
     target = _target(inventory, host)
-    with FabricRemote(target.ssh) as remote:
+    with _remote(target) as remote:
         name = _service(service)
         if follow:
             _run(lambda: ui.print_lines(host_status.follow_log(target, name, remote, lines)))
@@ -182,11 +233,12 @@ def logs(c: Context, lines: int = 100, follow: bool = False, host: str | None = 
 
 @task(help={"force": "remove the lock even if its owner looks alive"})
 def unlock(c: Context, force: bool = False, host: str | None = None, inventory: str | None = None,
-           service: str | None = None) -> None:
+           service: str | None = None, verbose: bool = False) -> None:
     """Remove a stale deploy lock (or any lock, with --force)."""
+    _report_as(verbose=verbose)
     target = _target(inventory, host)
     layout = target.layout(_service(service))
-    with FabricRemote(target.ssh) as remote:
+    with _remote(target) as remote:
         removed = _run(lambda: unlock_store(remote, layout, force, LockContext(where=target.host.name)))
     ui.console.print(f"removed the lock held by {removed.owner}" if removed else "there was no lock")
 
@@ -195,52 +247,61 @@ def unlock(c: Context, force: bool = False, host: str | None = None, inventory: 
             "compare": "two release ids: print their newest benchmarks side by side (no new run)"},
       iterable=["compare"])
 def bench(c: Context, profile: str | None = None, compare: list[str] | None = None, host: str | None = None,
-          inventory: str | None = None, service: str | None = None) -> None:
+          inventory: str | None = None, service: str | None = None, json: bool = False, verbose: bool = False
+          ) -> None:
     """Run SGLang's serving benchmark against the current release and record it (`--compare A --compare B`)."""
+    _report_as(json, verbose)
     if compare and len(compare) != 2:
         raise Exit("error: --compare takes two release ids: --compare A --compare B", code=2)
     target = _target(inventory, host)
-    with FabricRemote(target.ssh) as remote:
+    with _remote(target) as remote:
         loaded = _profile_in_use(profile, target, remote, service)
         if compare:
-            ui.print_comparison(*_run(lambda: host_status.compare_benchmarks(
-                target, loaded.profile.service.name, remote, compare[0], compare[1])))
+            compared = _run(lambda: host_status.compare_benchmarks(
+                target, loaded.profile.service.name, remote, compare[0], compare[1]))
+            _show({"a": compared[0], "b": compared[1], "rows": compared[2]},
+                  lambda report: ui.print_comparison(report["a"], report["b"], report["rows"]))
             return
-        ui.print_bench(_run(lambda: host_status.bench_current(target, loaded, remote, dict(os.environ),
-                                                               ui.TerminalProgress())))
+        _show(_run(lambda: host_status.bench_current(target, loaded, remote, dict(os.environ), _progress())),
+              ui.print_bench)
 
 
 @task(name="build", help={"profile": "profile whose service.venv_build lock to build"})
-def venv_build(c: Context, profile: str | None = None, host: str | None = None, inventory: str | None = None) -> None:
+def venv_build(c: Context, profile: str | None = None, host: str | None = None, inventory: str | None = None,
+               verbose: bool = False) -> None:
     """Build (or reuse) the content-addressed venv of a profile's lock on the host; only missing wheels travel."""
+    _report_as(verbose=verbose)
     loaded, target = _load(profile, inventory, host)
     spec = loaded.profile.service.venv_build
     if spec is None:
         raise Exit(f"error: profile {loaded.name} has no service.venv_build", code=2)
     layout = target.layout(loaded.profile.service.name)
-    with FabricRemote(target.ssh) as remote:
-        result = _run(lambda: ensure_venv(remote, layout, spec, progress=ui.TerminalProgress()))
+    with _remote(target) as remote:
+        result = _run(lambda: ensure_venv(remote, layout, spec, progress=_progress()))
     ui.console.print(f"venv {result.hash} at {result.path}: {'reused' if result.reused else 'built'}, "
                      f"{len(result.wheels_sent)} wheels ({result.bytes_sent} bytes) sent")
 
 
 @task(name="adopt", help={"path": "the hand-made venv on the host, e.g. /root/ml-env"})
 def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | None = None,
-               service: str | None = None) -> None:
+               service: str | None = None, verbose: bool = False) -> None:
     """Record a hand-made venv as a managed, immutable one (hard-linked copy); report files that drifted."""
+    _report_as(verbose=verbose)
     target = _target(inventory, host)
     layout = target.layout(_service(service))
-    with FabricRemote(target.ssh) as remote:
+    with _remote(target) as remote:
         result = _run(lambda: adopt_venv(remote, layout, PurePosixPath(path)))
     ui.print_adopted(result)
 
 
 @task(name="list")
-def venv_list(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
+def venv_list(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
+              json: bool = False, verbose: bool = False) -> None:
     """List managed venvs: hash, kind, size, the releases using them, derived venvs, versions."""
+    _report_as(json, verbose)
     target = _target(inventory, host)
-    with FabricRemote(target.ssh) as remote:
-        ui.print_venvs(_run(lambda: host_status.list_managed_venvs(target, _service(service), remote)))
+    with _remote(target) as remote:
+        _show(_run(lambda: host_status.list_managed_venvs(target, _service(service), remote)), ui.print_venvs)
 
 
 def _patch_set(name: str) -> PatchSet:
@@ -250,7 +311,7 @@ def _patch_set(name: str) -> PatchSet:
 def _patch_run(profile: str | None, host: str | None, inventory: str | None, service: str | None,
                action: Callable[..., T], *args: object) -> T:
     target = _target(inventory, host)
-    with FabricRemote(target.ssh) as remote:
+    with _remote(target) as remote:
         loaded = _profile_in_use(profile, target, remote, service)
         return _run(lambda: action(remote, *args, loaded, target))
 
@@ -266,31 +327,35 @@ def patches_list(c: Context) -> None:
 
 @task(name="check", help=PATCH_HELP)
 def patches_check(c: Context, name: str, profile: str | None = None, host: str | None = None,
-                  inventory: str | None = None, service: str | None = None) -> None:
+                  inventory: str | None = None, service: str | None = None, verbose: bool = False) -> None:
     """Each target's state (absent, applied, native, conflict) in the current release's venv; changes nothing."""
+    _report_as(verbose=verbose)
     ui.print_check(_patch_run(profile, host, inventory, service, patching.check, _patch_set(name)))
 
 
 @task(name="audit", help=PATCH_HELP)
 def patches_audit(c: Context, name: str, profile: str | None = None, host: str | None = None,
-                  inventory: str | None = None, service: str | None = None) -> None:
+                  inventory: str | None = None, service: str | None = None, verbose: bool = False) -> None:
     """Every architecture bound an SM120 build meets on the patch set's code path, with file:line."""
+    _report_as(verbose=verbose)
     ui.print_audit(_patch_run(profile, host, inventory, service, patching.audit, _patch_set(name)))
 
 
 @task(name="enable", help=PATCH_HELP)
 def patches_enable(c: Context, name: str, profile: str | None = None, host: str | None = None,
-                   inventory: str | None = None, service: str | None = None, yes: bool = False) -> None:
+                   inventory: str | None = None, service: str | None = None, yes: bool = False,
+                   verbose: bool = False) -> None:
     """Make a patched venv (derived; the base is untouched) and deploy the profile with the patched feature on."""
+    _report_as(verbose=verbose)
     patch_set = _patch_set(name)
     target = _target(inventory, host)
-    with FabricRemote(target.ssh) as remote:
+    with _remote(target) as remote:
         base = patching.base_profile(_profile_in_use(profile, target, remote, service), patch_set)
         patched = patching.patched_profile(base, patch_set)
         if not yes and not ui.confirm(f"patch {name} and deploy {patched.name} to {target.host.name}?"):
             raise Exit("cancelled", code=1)
         report, outcome = _run(lambda: patching.enable(remote, patch_set, base, patched, target,
-                                                       ui.TerminalProgress(), deploy_engine.Options(
+                                                       _progress(), deploy_engine.Options(
                                                            environ=dict(os.environ))))
     ui.print_check(report)
     ui.print_outcome(outcome)
@@ -298,15 +363,17 @@ def patches_enable(c: Context, name: str, profile: str | None = None, host: str 
 
 @task(name="disable", help=PATCH_HELP)
 def patches_disable(c: Context, name: str, profile: str | None = None, host: str | None = None,
-                    inventory: str | None = None, service: str | None = None, yes: bool = False) -> None:
+                    inventory: str | None = None, service: str | None = None, yes: bool = False,
+                    verbose: bool = False) -> None:
     """Deploy the profile with the patched feature off on the venv the patched one was derived from."""
+    _report_as(verbose=verbose)
     patch_set = _patch_set(name)
     target = _target(inventory, host)
-    with FabricRemote(target.ssh) as remote:
+    with _remote(target) as remote:
         base = patching.base_profile(_profile_in_use(profile, target, remote, service), patch_set)
         if not yes and not ui.confirm(f"deploy {base.name} without {name} to {target.host.name}?"):
             raise Exit("cancelled", code=1)
-        outcome = _run(lambda: patching.disable(remote, patch_set, base, target, ui.TerminalProgress(),
+        outcome = _run(lambda: patching.disable(remote, patch_set, base, target, _progress(),
                                                 deploy_engine.Options(environ=dict(os.environ))))
     ui.print_outcome(outcome)
 
@@ -318,8 +385,9 @@ def patches_disable(c: Context, name: str, profile: str | None = None, host: str
                                  "audit": "list every SM bound on the fusion path"})
 def patch_fusion(c: Context, enable: bool = False, disable: bool = False, check: bool = False, audit: bool = False,
                  profile: str | None = None, host: str | None = None, inventory: str | None = None,
-                 service: str | None = None, yes: bool = False) -> None:
+                 service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
     """The SM120 allreduce-fusion patch set (fusion-sm120): --enable | --disable | --check | --audit."""
+    _report_as(verbose=verbose)
     chosen = [flag for flag, on in (("enable", enable), ("disable", disable), ("check", check), ("audit", audit))
               if on]
     if len(chosen) != 1:
@@ -327,7 +395,7 @@ def patch_fusion(c: Context, enable: bool = False, disable: bool = False, check:
     action = {"enable": patches_enable, "disable": patches_disable, "check": patches_check, "audit": patches_audit}
     kwargs = {"yes": yes} if chosen[0] in ("enable", "disable") else {}
     action[chosen[0]](c, FUSION_PATCH_SET, profile=profile, host=host, inventory=inventory, service=service,
-                      **kwargs)
+                      verbose=verbose, **kwargs)
 
 
 @task

@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import os
 import shlex
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
+from enum import Enum
+from pathlib import PurePath
+from typing import Any
 
+from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -17,10 +24,13 @@ from deploy_lib.deploy import Outcome, Plan
 from deploy_lib.errors import DeployError
 from deploy_lib.patches import AuditReport, CheckReport, PatchSet
 from deploy_lib.release import Release
+from deploy_lib.remote import MASK, StepResult, display
 from deploy_lib.status import ReleaseRow, StatusReport
 from deploy_lib.venvs import VenvRecord, VenvResult
 
-console = Console(highlight=False, soft_wrap=True, width=None if sys.stdout.isatty() else 120)
+# Width: the terminal's, else $COLUMNS (rich reads it), else 120 when output goes to a pipe or file.
+console = Console(highlight=False, soft_wrap=True,
+                  width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120)
 errors = Console(stderr=True, highlight=False, soft_wrap=True)
 
 
@@ -166,7 +176,7 @@ def _figure(value: float | None) -> str:
 def confirm(question: str) -> bool:
     if not sys.stdin.isatty():
         return True
-    return console.input(f"{question} [y/N] ").strip().lower() in ("y", "yes")
+    return errors.input(f"{question} [y/N] ").strip().lower() in ("y", "yes")  # stdout may be --json
 
 
 def print_adopted(result: VenvResult) -> None:
@@ -203,3 +213,64 @@ def print_check(report: CheckReport) -> None:
 
 def print_audit(report: AuditReport) -> None:
     print_lines(report.summary_lines())
+
+
+VERBOSE_MAX_LINES = 40  # per stream and step: a step's output can be a whole option table
+
+
+def step_printer(out: Console = errors) -> Callable[[StepResult], None]:
+    """For -v: each remote step as it comes back, with its exit code, time and output (secrets masked)."""
+    def show(result: StepResult) -> None:
+        out.print(f"  [dim]$[/dim] {escape(display(result.step))} [dim](exit {result.exit_code}, "
+                  f"{result.duration_s:.2f} s)[/dim]")
+        for stream in (result.stdout, result.stderr):
+            lines = [MASK] if result.step.secret and stream else stream.splitlines()
+            for line in lines[:VERBOSE_MAX_LINES]:
+                out.print(f"    | {line}", markup=False)
+            if len(lines) > VERBOSE_MAX_LINES:
+                out.print(f"    | ... {len(lines) - VERBOSE_MAX_LINES} more lines", markup=False)
+    return show
+
+
+def jsonable(value: Any) -> Any:
+    """Reports as JSON data: dataclass fields and properties, pydantic models, enums and paths as strings."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        data = {field.name: jsonable(getattr(value, field.name)) for field in dataclasses.fields(value)
+                if field.repr}
+        for name, member in vars(type(value)).items():
+            if isinstance(member, property) and not name.startswith("_"):
+                data[name] = jsonable(getattr(value, name))
+        return data
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, Mapping):
+        return {str(key): jsonable(item) for key, item in value.items()}
+    if isinstance(value, list | tuple | set | frozenset):
+        return [jsonable(item) for item in value]
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, PurePath):
+        return str(value)
+    return value
+
+
+def print_json(data: Any) -> None:
+    """One JSON document on stdout (progress and errors go to stderr)."""
+    sys.stdout.write(json.dumps(jsonable(data), indent=2, sort_keys=True) + "\n")
+
+
+def outcome_json(outcome: Outcome) -> dict[str, Any]:
+    """A deploy's or rollback's end for scripts: the same keys whether it succeeded or not."""
+    plan = outcome.plan
+    return {"outcome": outcome.action, "release": outcome.release_id, "previous": outcome.previous_id,
+            "timings": dict(outcome.timings), "ready_s": outcome.ready.duration_s if outcome.ready else None,
+            "cause": None, "hint": None, "exit_code": 0,
+            "changes": [str(change) for change in plan.changes] if plan else [],
+            "secrets_not_available": dict(plan.secrets_not_available) if plan else {}}
+
+
+def failure_json(error: DeployError) -> dict[str, Any]:
+    return {"outcome": "failed", "release": error.release_id, "previous": error.previous_id,
+            "timings": dict(error.timings), "ready_s": None, "cause": error.message, "hint": error.hint,
+            "exit_code": error.exit_code, "error": type(error).__name__,
+            "evidence": list(getattr(error, "evidence", ()) or ())}

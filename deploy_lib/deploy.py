@@ -462,7 +462,11 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
             diagnosis = gate_diagnosis(failure) if isinstance(failure, GateFailed) else \
                 run.journal_diagnosis(run.cursor, loaded.name)
             run.record("deploy", FAILED, tags, failure_line(failure, diagnosis))
-            return _roll_back(run, facts.store, plan.release.id, failure, diagnosis, loaded.name)
+            try:
+                return _roll_back(run, facts.store, plan.release.id, failure, diagnosis, loaded.name)
+            except DeployError as ended:
+                ended.about(plan.release.id, plan.current_id, run.timings)
+                raise
         run.record("deploy", HEALTHY, tags)
         prune(remote, layout, profile.service.keep_releases)
     return Outcome("deployed", plan.release.id, plan.current_id, plan=plan, ready=ready, timings=run.timings)
@@ -508,7 +512,7 @@ def rollback(target: Target, service: str, remote: Remote, progress: Progress, t
             run.record("rollback", FAILED, tags, failure_line(failure, diagnosis))
             raise RollbackFailed(f"{target.host.name}: rollback to {target_id} failed: "
                                  f"{failure_line(failure, diagnosis)}; the unit is stopped", original=failure,
-                                 hint=diagnosis.hint) from failure
+                                 hint=diagnosis.hint).about(target_id, current, run.timings) from failure
         run.record("rollback", HEALTHY, tags, f"by hand from {current or 'none'}")
     return Outcome("rolled back", target_id, current, ready=ready, timings=run.timings)
 

@@ -15,6 +15,15 @@ class DeployError(Exception):
         super().__init__(message)
         self.message = message
         self.hint = hint
+        # Set by deploy/rollback when the error ends one: which release failed, what was current before it,
+        # and the phases' timings (for --json).
+        self.release_id: str | None = None
+        self.previous_id: str | None = None
+        self.timings: dict[str, float] = {}
+
+    def about(self, release_id: str | None, previous_id: str | None, timings: dict[str, float]) -> DeployError:
+        self.release_id, self.previous_id, self.timings = release_id, previous_id, dict(timings)
+        return self
 
     def __str__(self) -> str:
         return f"{self.message}\n  hint: {self.hint}" if self.hint else self.message

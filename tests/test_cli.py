@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import subprocess
 import sys
 from collections import defaultdict
 from collections.abc import Iterator
 from importlib.metadata import version as package_version
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 from invoke import Collection
+from rich.console import Console
 
+import deploy_cli as ui
 import tasks
 from deploy_cli.options import Task
+from deploy_lib.deploy import Outcome
+from deploy_lib.remote import MASK, Put, Step, StepResult
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -128,3 +134,46 @@ def test_an_inventory_typo_is_a_warning_on_stderr(tmp_path: Path) -> None:
     assert shown.returncode == 0
     assert (f"warning: {tmp_path}/hosts.yaml: host gpu1: ansible_hots is not a var sglang-deploy reads, so it is "
             "ignored; did you mean `ansible_host`?") in shown.stderr.replace("\n", " ")
+
+
+@pytest.mark.parametrize("argv", [("deploy", "--json", "-p", "no-such-profile"), ("status", "--json", "-H", "nosuch"),
+                                  ("releases", "--json", "-H", "nosuch"), ("rollback", "--json", "-H", "nosuch")])
+def test_json_is_one_document_on_stdout_even_when_the_command_fails(argv: tuple[str, ...]) -> None:
+    failed = invoke(*argv)
+    document = json.loads(failed.stdout)
+    assert failed.returncode == document["exit_code"] == 2
+    assert document["outcome"] == "failed" and document["error"] == "ConfigError"
+    assert {"release", "previous", "timings", "cause", "hint", "exit_code"} <= set(document)
+    assert failed.stderr.startswith("error: ")
+
+
+def test_a_deploy_outcome_as_json_has_release_previous_timings_cause_and_exit_code() -> None:
+    outcome = Outcome("deployed", "8e51991efed1", "1850be766a74", timings={"stage": 0.29, "readiness": 7.6})
+    assert json.loads(json.dumps(ui.outcome_json(outcome))) == {
+        "outcome": "deployed", "release": "8e51991efed1", "previous": "1850be766a74",
+        "timings": {"stage": 0.29, "readiness": 7.6}, "ready_s": None, "cause": None, "hint": None, "exit_code": 0,
+        "changes": [], "secrets_not_available": {}}
+
+
+def test_tables_fit_the_width_in_columns() -> None:
+    """Input tried: `COLUMNS=70 invoke releases | cat` (tables were always 120 wide when piped)."""
+    script = ("import deploy_cli as ui; from deploy_lib.status import ReleaseRow; "
+              "ui.print_releases([ReleaseRow('8e51991efed1', '2026-11-29T11:50:00', 'glm5-nvfp4-fusion+fusion-sm120', "
+              "'0.5.23', 'healthy', True, 'c64: 871.2 tok/s, c1024: 3,582.0 tok/s')])")
+    for columns, width in (("70", 70), (None, 120)):
+        env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | ({"COLUMNS": columns} if columns else {})
+        shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, cwd=REPO,
+                               check=True).stdout
+        assert max(len(line) for line in shown.splitlines()) == width
+
+
+def test_verbose_shows_each_remote_step_with_its_output_and_masks_secrets() -> None:
+    out = Console(file=io.StringIO(), width=200)
+    show = ui.step_printer(out)
+    show(StepResult(Step("read facts", ("systemctl", "show", "sglang.service")), 0, "ActiveState=active\n", "", 0.05))
+    show(StepResult(Put(PurePosixPath("/opt/d/sglang.env"), b"HF_TOKEN=hf_x", 0o600, secret=True), 0, "", "", 0.01))
+    show(StepResult(Step("secret", ("tee", "x"), stdin=b"hf_x", secret=True), 1, "hf_x", "", 0.01))
+    lines = out.file.getvalue().splitlines()
+    assert lines[0] == "  $ systemctl show sglang.service (exit 0, 0.05 s)"
+    assert lines[1] == "    | ActiveState=active"
+    assert "hf_x" not in "\n".join(lines) and lines[-1] == f"    | {MASK}"
