@@ -86,6 +86,14 @@ SIGNATURES: tuple[Signature, ...] = (
         "(single node only)",
     ),
     _signature(
+        "ninja_not_found",
+        r"No such file or directory: 'ninja'",
+        "FlashInfer's JIT could not run `ninja`: it is not on the server's PATH",
+        "FlashInfer builds kernels by running `ninja` by name (flashinfer/jit/cpp_ext.py); it comes from the `ninja` "
+        "package in the venv (a dependency of flashinfer-python that a --no-deps install misses): install it into "
+        "the venv; the rendered env file puts the venv's bin/ first on PATH",
+    ),
+    _signature(
         "flashinfer_jit_arch",
         r"No supported CUDA architectures found for major versions \[(?P<detail>[\d, ]+)\]",
         "a FlashInfer JIT module is built only for SM major versions [{detail}], not this GPU",

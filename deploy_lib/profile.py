@@ -392,6 +392,9 @@ class Profile(Strict):
                 raise ValueError(f"env.{name} looks like a secret; move it to `secrets: {{{name}: {{env: {name}}}}}`")
             if name in self.nccl.environment():
                 raise ValueError(f"env.{name} is also set by `nccl:`; set it in one place")
+            if name == "VIRTUAL_ENV":
+                raise ValueError("env.VIRTUAL_ENV is set from the venv the release runs from (service.venv); "
+                                 "remove it")
         clash = sorted(set(self.env) & set(self.secrets))
         if clash:
             raise ValueError(f"{', '.join(clash)} set in both env and secrets")

@@ -21,6 +21,9 @@ from deploy_lib.profile import Profile, SecretRef, venv_python
 from deploy_lib.sglang_options import version_key
 
 API_KEY_ENV = "SGLANG_API_KEY"
+# The PATH systemd 252 gives a service that sets none, as Debian 12 builds it (split-usr; src/basic/path-util.h
+# DEFAULT_PATH_SPLIT_USR): the venv's bin/ is not on it.
+SYSTEMD_DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 # Runs sglang.launch_server exactly as `python -m` does (runpy with alter_sys, so multiprocessing children re-import
 # it as __mp_main__), after appending `--api-key KEY` to sys.argv; the key leaves os.environ so children do not
@@ -157,9 +160,19 @@ def launch_argv(profile: Profile, sglang_version: str) -> tuple[str, ...]:
     return (python, *entry, *sglang_args(profile, sglang_version))
 
 
+def venv_environment(profile: Profile) -> dict[str, str]:
+    """What `source <venv>/bin/activate` sets, for the server and the tools it runs by name: FlashInfer's JIT runs
+    `ninja` from PATH (flashinfer/jit/cpp_ext.py run_ninja, 0.6.3 - 0.7.4) and the ninja wheel installs it into the
+    venv's bin/. A profile's own env.PATH follows the venv's bin/ instead of systemd's default."""
+    bin_dir = f"{profile.service.venv}/bin"
+    rest = [entry for entry in profile.env.get("PATH", SYSTEMD_DEFAULT_PATH).split(":") if entry and entry != bin_dir]
+    return {"PATH": ":".join([bin_dir, *rest]), "VIRTUAL_ENV": profile.service.venv}
+
+
 def launch_environment(profile: Profile) -> dict[str, str]:
-    """Non-secret environment of the server process (NCCL first); secrets come from secret_environment()."""
-    return profile.environment()
+    """Non-secret environment of the server process (NCCL first, the venv's PATH and VIRTUAL_ENV last); secrets
+    come from secret_environment()."""
+    return {**profile.environment(), **venv_environment(profile)}
 
 
 def secret_environment(profile: Profile) -> dict[str, SecretRef]:

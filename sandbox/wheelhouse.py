@@ -27,6 +27,9 @@ DEFAULT_SGLANG = "0.5.23"
 DEFAULT_FLASHINFER = "0.7.2"  # the version sglang 0.5.23 pins
 # sglang's argument tables are msgspec Structs (>= 0.5.15), so the argv check needs the real msgspec
 ARGCHECK_DEPENDENCIES = ("msgspec",)
+# FlashInfer's JIT runs `ninja` by name (flashinfer/jit/cpp_ext.py run_ninja); sglang and flashinfer-python depend
+# on the ninja wheel, which installs it into the venv's bin/
+JIT_DEPENDENCIES = ("ninja",)
 # Top-level imports of sglang/benchmark/serving.py (0.5.23) and of what it imports without torch
 # (sglang.benchmark.{datasets,utils,goodput}, sglang.srt.utils.network); pins as sglang 0.5.23 pins them.
 # (datasets, pillow and pybase64 are imported at the top of the image/mmmu dataset modules.)
@@ -145,7 +148,7 @@ class Wheelhouse:
 
 
 def prepare(sglang_version: str = DEFAULT_SGLANG, flashinfer_version: str = DEFAULT_FLASHINFER) -> Wheelhouse:
-    dependencies = tuple(download(dist) for dist in ARGCHECK_DEPENDENCIES)
+    dependencies = tuple(download(dist) for dist in (*ARGCHECK_DEPENDENCIES, *JIT_DEPENDENCIES))
     return Wheelhouse(
         sglang=download("sglang", sglang_version),
         flashinfer=download("flashinfer-python", flashinfer_version),

@@ -57,7 +57,16 @@ def test_reference_profile_renders_the_users_command_on_059() -> None:
     assert list(argv[3:]) == REFERENCE_059
     assert launch_environment(reference()) == {
         "NCCL_P2P_LEVEL": "5", "NCCL_IB_DISABLE": "1", "NCCL_MIN_NCHANNELS": "8", "PYTHONUNBUFFERED": "1",
-        "OMP_NUM_THREADS": "8", "SAFETENSORS_FAST_GPU": "1", "CUDA_HOME": "/usr/local/cuda-12.8"}
+        "OMP_NUM_THREADS": "8", "SAFETENSORS_FAST_GPU": "1", "CUDA_HOME": "/usr/local/cuda-12.8",
+        # what `source /root/ml-env/bin/activate` gave the hand-run server
+        "PATH": "/root/ml-env/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "VIRTUAL_ENV": "/root/ml-env"}
+
+
+def test_a_profile_path_follows_the_venvs_bin_once() -> None:
+    """Input tried: env.PATH that already names the venv's bin/ (as an activated shell's PATH does)."""
+    profile = with_changes(reference(), env={"PATH": "/root/ml-env/bin:/opt/tools/bin:/usr/bin"})
+    assert launch_environment(profile)["PATH"] == "/root/ml-env/bin:/opt/tools/bin:/usr/bin"
 
 
 def test_reference_profile_on_0523_uses_the_renamed_flags() -> None:

@@ -9,6 +9,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 import sys
 from collections.abc import Iterator
@@ -31,8 +32,10 @@ def wheelhouse_default() -> wheelhouse.Wheelhouse:
 
 @pytest.fixture(scope="session")
 def sim_venv(wheelhouse_default: wheelhouse.Wheelhouse) -> Path:
-    """A venv on this machine: real sglang + flashinfer (--no-deps), msgspec and the sim wheel (kept in the cache)."""
-    venv = wheelhouse.cache_root() / "local-venvs" / f"sim-{wheelhouse.DEFAULT_SGLANG}"
+    """A venv on this machine: real sglang + flashinfer (--no-deps), msgspec, ninja and the sim wheel (kept in the
+    cache, one per set of wheels, so checkouts with different wheelhouses do not rebuild each other's venv)."""
+    wheels = hashlib.sha256("\n".join(p.name for p in wheelhouse_default.wheels[:-1]).encode()).hexdigest()[:12]
+    venv = wheelhouse.cache_root() / "local-venvs" / f"sim-{wheelhouse.DEFAULT_SGLANG}-{wheels}"
     return wheelhouse.build_local_venv(venv, wheelhouse_default)
 
 

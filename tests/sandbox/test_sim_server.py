@@ -72,7 +72,9 @@ def patched_sim_venv(wheelhouse_default: wheelhouse.Wheelhouse, tmp_path_factory
 def start_sim(sim_venv: Path, tmp_path: Path) -> Iterator:
     started: list[subprocess.Popen[bytes]] = []
 
-    def start(*args: str, fault: str = "", config: dict | None = None, venv: Path = sim_venv) -> RunningSim:
+    def start(*args: str, fault: str = "", config: dict | None = None, venv: Path = sim_venv,
+              path: str | None = None) -> RunningSim:
+        """The sim as the rendered unit starts it: the venv's bin/ first on PATH (unless `path` is given)."""
         port = free_port()
         (tmp_path / "config.json").write_text(json.dumps(
             {"phases_s": SHORT_PHASES, "state_dir": str(tmp_path / "state"), **(config or {})}))
@@ -80,7 +82,8 @@ def start_sim(sim_venv: Path, tmp_path: Path) -> Iterator:
         log = tmp_path / f"sim-{port}.log"
         env = {**os.environ, "SGLANG_SIM_CONFIG": str(tmp_path / "config.json"),
                "SGLANG_SIM_FAULT": str(tmp_path / "fault"),
-               "SGLANG_SIM_NVIDIA_SMI": str(Path(__file__).parents[2] / "sandbox/nvidia-smi")}
+               "SGLANG_SIM_NVIDIA_SMI": str(Path(__file__).parents[2] / "sandbox/nvidia-smi"),
+               "PATH": path or f"{venv}/bin:{os.environ['PATH']}", "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "fi")}
         with log.open("wb") as out:
             process = subprocess.Popen(
                 [str(venv / "bin/python"), "-m", "sglang.launch_server", "--model-path", "zai-org/GLM-5-NVFP4",
@@ -193,3 +196,24 @@ def test_fusion_forced_on_sm120_through_the_gate_only_patch_runs_at_degraded_thr
     plain = start_sim("--enable-metrics", venv=patched_sim_venv)
     plain.wait_states("/health")
     assert generation_rate_during_one_request(plain) == pytest.approx(model.aggregate_tok_s(1), abs=0.01)
+
+
+def test_a_cold_flashinfer_jit_cache_needs_ninja_on_path(start_sim, patched_sim_venv: Path, tmp_path: Path) -> None:
+    """As FlashInfer's JIT: the fused start builds trtllm_comm by running `ninja` by name (jit/cpp_ext.py run_ninja)."""
+    no_ninja_here = tmp_path / "bin-without-ninja"
+    no_ninja_here.mkdir()
+    cold = start_sim("--enable-flashinfer-allreduce-fusion", venv=patched_sim_venv, path=str(no_ninja_here))
+    assert cold.process.wait(timeout=300) == 1  # a bound for a loaded machine, not a timing assertion
+    log = cold.log.read_text()
+    assert "FileNotFoundError: [Errno 2] No such file or directory: 'ninja'" in log
+    assert "in run_ninja" in log
+
+    built = start_sim("--enable-flashinfer-allreduce-fusion", venv=patched_sim_venv)  # the venv's bin/ has ninja
+    built.wait_states("/health", deadline_s=300)
+    assert "Building JIT module trtllm_comm; this can take several minutes on first use." in built.log.read_text()
+    built.process.terminate()
+    built.process.wait(timeout=300)
+
+    warm = start_sim("--enable-flashinfer-allreduce-fusion", venv=patched_sim_venv, path=str(no_ninja_here))
+    warm.wait_states("/health", deadline_s=300)  # the module is in the JIT cache now: no build, no ninja
+    assert "Building JIT module" not in warm.log.read_text()

@@ -148,6 +148,8 @@ class Simulation:
             self.crash([(srt / "model_executor/model_runner.py", "init_device_graphs"),
                         (jit, "gen_trtllm_comm_module"), (context, "get_nvcc_flags_list")],
                        f"Exception: Capture cuda graph failed: RuntimeError: {JIT_MESSAGE}")
+        if fusion is Fusion.FUSED:
+            self.jit_build("trtllm_comm", [(srt / "model_executor/model_runner.py", "init_device_graphs")])
         self.memory_used_mib = min(total, self.memory_used_mib + 1200)
         log(f"Capture cuda graph end. Time elapsed: {self.config.phases_s['cuda_graph']:.2f} s. "
             f"mem usage=1.17 GB. avail mem={self.gib_avail()}", RANK)
@@ -156,6 +158,30 @@ class Simulation:
         log(f"max_total_num_tokens={self.max_total_num_tokens()}, chunked_prefill_size=8192, "
             f"max_prefill_tokens=16384, max_running_requests={self.launch.max_running_requests}, "
             f"context_len={self.config.context_length}, available_gpu_mem={self.gib_avail()}", RANK)
+
+    def jit_build(self, module: str, frames: list[tuple[Path, str]]) -> None:
+        """FlashInfer's JitSpec.build_and_load: a module in the JIT cache is loaded; a cold one is built by running
+        `ninja` by name from PATH (jit/cpp_ext.py run_ninja), whose FileNotFoundError nothing catches."""
+        library = self.upstream.jit_library(module, self.gpus[0].compute_major, os.environ)
+        if library.exists():
+            return
+        build_dir = library.parent
+        build_dir.mkdir(parents=True, exist_ok=True)
+        ninja_file = build_dir / "build.ninja"
+        ninja_file.write_text(f"ninja_required_version = 1.3\nrule link\n  command = echo simulated > $out\n"
+                              f"build {library}: link\n")
+        log(f"Building JIT module {module}; this can take several minutes on first use.", RANK)
+        try:
+            subprocess.run(["ninja", "-v", "-C", str(build_dir), "-f", str(ninja_file)], stdout=subprocess.PIPE,
+                           stderr=subprocess.STDOUT, cwd=str(build_dir), check=True, text=True)
+        except FileNotFoundError as error:
+            flashinfer = self.upstream.flashinfer_dir or Path("flashinfer")
+            jit = flashinfer / "jit"
+            self.crash([*frames, (flashinfer / "comm/trtllm_ar.py", f"get_{module}_module"),
+                        (jit / "core.py", "build_and_load"), (jit / "core.py", "build"),
+                        (jit / "cpp_ext.py", "run_ninja"), (Path(subprocess.__file__), "run"),
+                        (Path(subprocess.__file__), "_execute_child")],
+                       f"FileNotFoundError: {error}")
 
     def nccl_timeout(self) -> NoReturn:
         """Collective hangs after loading; the NCCL watchdog aborts the process."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 import enum
 import importlib.machinery
 import importlib.metadata
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -96,6 +97,17 @@ class InstalledUpstream:
     @property
     def jit_module(self) -> Path | None:
         return self.flashinfer_dir / "jit/comm.py" if self.flashinfer_dir else None
+
+    @property
+    def flashinfer_version(self) -> str:
+        return dist_version("flashinfer-python")
+
+    def jit_library(self, module: str, compute_major: int, environ: Mapping[str, str]) -> Path:
+        """Where FlashInfer's JIT keeps a built module (flashinfer/jit/env.py): $FLASHINFER_WORKSPACE_BASE (default
+        the home directory)/.cache/flashinfer/<version>/<archs>/cached_ops/<module>/<module>.so."""
+        base = Path(environ.get("FLASHINFER_WORKSPACE_BASE") or Path.home())
+        return (base / ".cache" / "flashinfer" / self.flashinfer_version / f"{compute_major}0a" / "cached_ops" / module
+                / f"{module}.so")
 
     @property
     def has_ready_endpoint(self) -> bool:
