@@ -14,6 +14,7 @@ from typing import Any
 
 from deploy_lib.bench import GateSettings, gate_after_ready
 from deploy_lib.crashes import record_new_crashes
+from deploy_lib.cuda_toolkit import FIX_HINT, cuda_home, sm12x_problem
 from deploy_lib.diagnose import Diagnosis, diagnose, journal_cursor_step, journal_step, parse_journal_cursor
 from deploy_lib.errors import (
     ConfigError,
@@ -49,7 +50,7 @@ from deploy_lib.release import (
     resolve_secrets,
 )
 from deploy_lib.remote import Put, Remote, Step, StepResult, describe
-from deploy_lib.server_args import API_KEY_ENV
+from deploy_lib.server_args import API_KEY_ENV, launch_environment
 from deploy_lib.sglang_options import check_argv
 from deploy_lib.store import (
     ENV_FILE,
@@ -275,6 +276,10 @@ def preflight(plan: Plan, loaded: LoadedProfile, target: Target, facts: HostFact
     if declared and gpus and gpus[0].arch != declared:
         raise PreflightError(f"{where}: the inventory declares {declared}, nvidia-smi reports {gpus[0].arch} "
                              f"({gpus[0].name})", "correct gpu_arch in the inventory")
+    toolkit_problem = sm12x_problem(facts.sglang.flashinfer_version, gpus[0].compute_cap, facts.cuda_toolkit,
+                                    plan.release.environment) if profile.features.allreduce_fusion and gpus else None
+    if toolkit_problem:
+        raise PreflightError(f"{where}: allreduce fusion cannot start: {toolkit_problem}", FIX_HINT)
     problems = [problem for problem in check_argv(facts.sglang.options, list(plan.release.args))
                 if problem.severity == "error"]
     if problems:
@@ -437,7 +442,9 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
     venv = options.venv or choose_venv(remote, layout, target, profile, options.dry_run, progress)
     progress.phase_started("facts")
     started = clock()
-    facts = read_host_facts(remote, layout, venv.path, profile.server.port)
+    # the toolkit decides only whether FlashInfer can JIT-build the fusion's kernels (deploy_lib/cuda_toolkit.py)
+    toolkit_home = cuda_home(launch_environment(profile)) if profile.features.allreduce_fusion else None
+    facts = read_host_facts(remote, layout, venv.path, profile.server.port, toolkit_home)
     run.timings["facts"] = round(clock() - started, 3)
     plan = plan_deploy(loaded, target, facts, secrets, options.force, datetime.now(UTC), venv, options.patches,
                        not_available)

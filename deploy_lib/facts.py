@@ -12,6 +12,7 @@ from importlib import resources
 from pathlib import PurePosixPath
 from typing import Any
 
+from deploy_lib.cuda_toolkit import CudaToolkit, parse_toolkit, toolkit_steps
 from deploy_lib.errors import PreflightError
 from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.store import ENV_FILE, UNIT_FILE, StoreFacts, StoreLayout, fact_steps, parse_store_facts
@@ -79,6 +80,7 @@ class HostFacts:
     port_listeners: tuple[str, ...]       # `ss` lines of processes listening on the profile's port
     free_bytes: int | None
     sglang: SGLangInstall
+    cuda_toolkit: CudaToolkit | None = None  # at the release's CUDA_HOME; None when not asked for
 
 
 def _number(text: str) -> float | None:
@@ -167,10 +169,12 @@ def unit_step(layout: StoreLayout) -> Step:
                             "--", layout.unit_name))
 
 
-def fact_batch(layout: StoreLayout, venv: str | None, port: int | None) -> list[Step | Put]:
+def fact_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_home: str | None = None
+               ) -> list[Step | Put]:
     """Everything preflight and the plan need, read-only, in as few round trips as the batching allows.
 
-    Without a venv (rollback, status) SGLang is not inspected; without a port no listener is looked up."""
+    Without a venv (rollback, status) SGLang is not inspected; without a port no listener is looked up; without a
+    CUDA_HOME no toolkit is read."""
     current = layout.current
     batch: list[Step | Put] = [
         *fact_steps(layout),
@@ -185,6 +189,8 @@ def fact_batch(layout: StoreLayout, venv: str | None, port: int | None) -> list[
         batch.append(Step(FACT_PORT, ("ss", "-Htlnp", f"sport = :{port}"), sudo=True, ok=_MISSING_OK))
     if venv is not None:
         batch.append(sglang_step(venv))
+    if cuda_home is not None:
+        batch.extend(toolkit_steps(cuda_home))
     return batch
 
 
@@ -196,8 +202,9 @@ def _existing_parents(path: PurePosixPath) -> tuple[str, ...]:
 _NOT_READ = StepResult(Step("not read", ("true",)), 0, "", "", 0.0)
 
 
-def read_host_facts(remote: Remote, layout: StoreLayout, venv: str | None, port: int | None) -> HostFacts:
-    results = remote.run(fact_batch(layout, venv, port))
+def read_host_facts(remote: Remote, layout: StoreLayout, venv: str | None, port: int | None,
+                    cuda_home: str | None = None) -> HostFacts:
+    results = remote.run(fact_batch(layout, venv, port, cuda_home))
     by_name = {result.step.name: result for result in results}
     by_name.setdefault(FACT_PORT, _NOT_READ)
     by_name.setdefault(FACT_SGLANG, StepResult(Step("not read", ("true",)), 0, '{"error": "not read"}', "", 0.0))
@@ -212,6 +219,7 @@ def read_host_facts(remote: Remote, layout: StoreLayout, venv: str | None, port:
         port_listeners=tuple(line for line in by_name[FACT_PORT].stdout.splitlines() if line.strip()),
         free_bytes=parse_free_bytes(by_name[FACT_DISK].stdout),
         sglang=parse_sglang_install(by_name[FACT_SGLANG]),
+        cuda_toolkit=parse_toolkit(cuda_home, by_name) if cuda_home is not None else None,
     )
 
 

@@ -599,6 +599,7 @@ class CheckReport:
     variants: Mapping[str, Variant]
     targets: tuple[TargetReport, ...]
     warnings: tuple[str, ...]
+    toolkit: str | None = None  # the CUDA toolkit and FlashInfer's verdict on it (deploy_lib/cuda_toolkit.py)
 
     @property
     def conflicts(self) -> tuple[TargetReport, ...]:
@@ -611,6 +612,8 @@ class CheckReport:
             lines.append(f"{report.target:<22} {report.state.value:<15} {report.location}")
             if report.state in (State.CONFLICT, State.NOT_IN_VERSION):
                 lines += [f"    {line}" for line in report.detail.splitlines()]
+        if self.toolkit:
+            lines.append(self.toolkit)
         return lines
 
 
@@ -740,12 +743,15 @@ class AuditReport:
     scanned: tuple[str, ...]
     missing: tuple[str, ...]
     bounds: tuple[ArchBound, ...]
+    toolkit: str | None = None  # as CheckReport.toolkit
 
     def summary_lines(self) -> list[str]:
         lines = [f"{b.file}:{b.line}: [{b.verdict}] {b.text.strip()}" for b in self.bounds]
         lines.append(f"scanned: {', '.join(self.scanned)}")
         if self.missing:
             lines.append(f"not in this install: {', '.join(self.missing)}")
+        if self.toolkit:
+            lines.append(self.toolkit)
         return lines
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 
-from deploy_lib import patches
+from deploy_lib import cuda_toolkit, patches
 from deploy_lib.deploy import Options, Outcome, VenvChoice, deploy
 from deploy_lib.errors import PreflightError
 from deploy_lib.facts import gpu_step, parse_gpus
@@ -19,6 +19,7 @@ from deploy_lib.profile import LoadedProfile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.remote import Remote, Step
+from deploy_lib.server_args import launch_environment
 from deploy_lib.store import StoreLayout, read_store_facts
 from deploy_lib.venvs import (
     adopt,
@@ -51,8 +52,22 @@ class PatchContext:
     site_packages: PurePosixPath
     versions: Mapping[str, str]
     gpu_arch: str
+    compute_cap: str
     files: Mapping[str, str]
     record: patches.PatchRecord | None
+    toolkit: cuda_toolkit.CudaToolkit
+    environment: Mapping[str, str]   # the release's, for FLASHINFER_CUDA_ARCH_LIST
+
+    @property
+    def toolkit_problem(self) -> str | None:
+        """Why FlashInfer cannot JIT-build the fusion's kernels with the toolkit at CUDA_HOME, or None."""
+        return cuda_toolkit.sm12x_problem(self.versions.get(patches.FLASHINFER), self.compute_cap, self.toolkit,
+                                          self.environment)
+
+    @property
+    def toolkit_line(self) -> str:
+        return cuda_toolkit.describe(self.versions.get(patches.FLASHINFER), self.compute_cap, self.toolkit,
+                                     self.environment)
 
     @property
     def base_hash(self) -> str | None:
@@ -95,11 +110,14 @@ def read_context(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProf
                  paths: tuple[str, ...] | None = None) -> PatchContext:
     layout = target.layout(loaded.profile.service.name)
     venv = current_venv(remote, layout, loaded, target)
-    gpu_result, venv_result, record_result = remote.run([
+    environment = launch_environment(loaded.profile)
+    home = cuda_toolkit.cuda_home(environment)
+    gpu_result, venv_result, record_result, *toolkit_results = remote.run([
         gpu_step("patch facts: GPUs"),
         Step("patch facts: venv", (str(venv / "bin" / "python3"), "-I", "-"), stdin=_VENV_FACTS.encode(),
              ok=frozenset({0, 1, 127}), timeout_s=60),
         Step("patch facts: record", ("cat", "--", str(venv / patches.RECORD_FILE)), ok=frozenset({0, 1})),
+        *cuda_toolkit.toolkit_steps(home),
     ])
     gpus, gpu_error = parse_gpus(gpu_result)
     if not gpus:
@@ -116,20 +134,23 @@ def read_context(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProf
         paths = patches.files_needed(patch_set, versions.get(patches.SGLANG), versions.get(patches.FLASHINFER))
     files = patches.files_from_results(list(paths), remote.run(patches.read_steps(site_packages, paths)))
     return PatchContext(layout=layout, venv=venv, venv_hash=release_venv_hash(layout, str(venv)),
-                        site_packages=site_packages, versions=versions, gpu_arch=gpus[0].arch, files=files,
-                        record=record)
+                        site_packages=site_packages, versions=versions, gpu_arch=gpus[0].arch,
+                        compute_cap=gpus[0].compute_cap, files=files, record=record,
+                        toolkit=cuda_toolkit.parse_toolkit(home, {r.step.name: r for r in toolkit_results}),
+                        environment=environment)
 
 
 def check(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProfile, target: Target) -> patches.CheckReport:
     """Each target's state in the current release's venv, with file and line; nothing is changed."""
     context = read_context(remote, patch_set, loaded, target)
-    return patches.check(patch_set, context.files, context.versions, gpu_arch=context.gpu_arch,
-                         nnodes=loaded.profile.parallel.nnodes, record=context.record)
+    report = patches.check(patch_set, context.files, context.versions, gpu_arch=context.gpu_arch,
+                           nnodes=loaded.profile.parallel.nnodes, record=context.record)
+    return replace(report, toolkit=context.toolkit_line)
 
 
 def audit(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProfile, target: Target) -> patches.AuditReport:
     context = read_context(remote, patch_set, loaded, target, paths=patches.audit_paths(patch_set))
-    return patches.audit(context.files, patch_set.meta.audit)
+    return replace(patches.audit(context.files, patch_set.meta.audit), toolkit=context.toolkit_line)
 
 
 def _managed_base(remote: Remote, context: PatchContext, progress: Progress) -> str:
@@ -144,6 +165,9 @@ def enable(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, pat
            progress: Progress, options: Options) -> tuple[patches.CheckReport, Outcome]:
     """Check every target without writing, make the patched venv as a derived venv, deploy `patched` on it."""
     context = read_context(remote, patch_set, base, target)
+    if context.toolkit_problem:  # refused before any venv is made: deploy's preflight would refuse the release
+        raise PreflightError(f"{target.host.name}: allreduce fusion cannot start: {context.toolkit_problem}",
+                             cuda_toolkit.FIX_HINT)
     enabled = patches.enable(patch_set, context.files, context.versions, gpu_arch=context.gpu_arch,
                              nnodes=patched.profile.parallel.nnodes)
     for warning in enabled.report.warnings:
