@@ -139,6 +139,8 @@ build_rootfs() {
 
 install_gpu_standins() {   # simulated driver + sim defaults; copied at each start so edits need no rebuild
   install -m 755 "$HERE/nvidia-smi" "$ROOT/usr/local/bin/nvidia-smi"
+  # the toolkit the reference profile's CUDA_HOME names: only its version.json, which the tool reads as a fact
+  install -D -m 644 "$HERE/cuda-12.8-version.json" "$ROOT/usr/local/cuda-12.8/version.json"
   install -d -m 755 "$ROOT/etc/sglang-sim"
   install -m 644 "$HERE/guest-sim-config.json" "$ROOT/etc/sglang-sim/config.json"
 }
