@@ -1,0 +1,162 @@
+"""The command line against a sandbox guest, as a user types it: the README's quick start followed line by line,
+then --json, -v, defaults taken from the host's current release, and a plan without secret values."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+from sandbox import manage
+
+pytestmark = pytest.mark.sandbox
+REPO = Path(__file__).resolve().parents[2]
+README = (REPO / "README.md").read_text()
+
+
+def quick_start_lines() -> list[str]:
+    """The quick start's shell block, one command per line (a heredoc kept whole)."""
+    section = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    commands, heredoc = [], None
+    for line in block.splitlines():
+        if heredoc is not None:
+            heredoc.append(line)
+            if line == heredoc[0].rsplit("<<'", 1)[1].rstrip("'"):
+                commands.append("\n".join(heredoc))
+                heredoc = None
+        elif "<<'" in line:
+            heredoc = [line]
+        elif line.strip():
+            commands.append(line)
+    return commands
+
+
+@dataclass
+class User:
+    """A checkout of the project (its own inventory/ and profiles), the guest, and a shell in the checkout."""
+
+    checkout: Path
+    guest: manage.Guest
+
+    def sh(self, command: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        environ = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEPLOY_INVENTORY", "HF_TOKEN")}
+        environ["PATH"] = f"{Path(sys.executable).parent}:{environ['PATH']}"  # the activated venv of `make install`
+        return subprocess.run(["bash", "-c", command], cwd=self.checkout, capture_output=True, text=True,
+                              env=environ | (env or {}), timeout=600)
+
+    def invoke(self, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+        return self.sh(shlex.join(["invoke", *argv]), env)
+
+    def beside_gpu1(self, name: str, text: str) -> None:
+        """A profile file outside inventory/profiles/ that extends a copy of gpu1 beside it (given by path)."""
+        shutil.copy(self.checkout / "inventory" / "profiles" / "gpu1.yaml", self.checkout / "gpu1.yaml")
+        (self.checkout / f"{name}.yaml").write_text("extends: gpu1\n" + text)
+
+    def root(self, command: str) -> str:
+        return manage.run_on(self.guest, command, user="root")
+
+
+@pytest.fixture(scope="module")
+def user(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[User]:
+    checkout = tmp_path_factory.mktemp("checkout")
+    shutil.copy(REPO / "tasks.py", checkout / "tasks.py")
+    (checkout / "sandbox").symlink_to(REPO / "sandbox")  # tasks.py mounts the sandbox tasks
+    shutil.copytree(REPO / "inventory", checkout / "inventory")
+    yield User(checkout, sandbox_venv)
+
+
+def test_the_quick_start_as_written_deploys_to_a_fresh_host(user: User) -> None:
+    """Every line of the README's quick start, in order. What a real host has and the guest has not is stated
+    here: the guest's address, key and known_hosts replace the example's, its venv is /opt/ml-env."""
+    guest = user.guest
+    ran = []
+    for command in quick_start_lines():
+        if command.startswith("make install"):
+            continue  # this test runs inside the installed venv
+        if command.startswith("invoke adopt"):
+            if "adopt" not in user.invoke("--list").stdout.split():
+                # No hand-run server to adopt here: the README's alternative, then its edit (the guest's venv).
+                user.sh("cp inventory/profiles/glm5-nvfp4.yaml inventory/profiles/gpu1.yaml")
+                profile = user.checkout / "inventory" / "profiles" / "gpu1.yaml"
+                text = profile.read_text().replace("venv: /root/ml-env", "venv: /opt/ml-env")
+                profile.write_text(text)
+                continue
+        if command.startswith("cat > inventory/hosts.yaml"):
+            command = command.replace("ansible_host: 192.0.2.10", f"ansible_host: {guest.guest_ip}").replace(
+                "gpu_count: 8}", f"gpu_count: 8, ansible_ssh_private_key_file: {guest.key}, "
+                                 f"known_hosts_file: {guest.known_hosts}}}")
+        command = command.split("  #", 1)[0].rstrip()
+        if command.startswith("invoke plan") and "--accept-new-host-key" not in command:
+            command += " --accept-new-host-key"  # README: the first command that connects takes it
+        result = user.sh(command)
+        ran.append(command)
+        assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
+        if command.startswith("invoke render"):
+            assert "--tp-size 8" in result.stdout
+        if command.startswith("invoke plan"):
+            assert "+ flag --tp-size = 8" in result.stdout
+        if command.startswith("invoke deploy"):
+            assert re.search(r"deployed: release \w{12} is serving", result.stdout)
+        if command == "invoke status":
+            assert "unit active/running" in result.stdout and "(gpu1)" in result.stdout
+    assert ran[-3:] == ["invoke plan --profile gpu1 --accept-new-host-key", "invoke deploy --profile gpu1",
+                        "invoke status"]
+    assert yaml.safe_load((user.checkout / "inventory" / "hosts.yaml").read_text())["all"]["hosts"]["gpu1"]
+
+
+def test_status_releases_and_venv_list_as_json(user: User) -> None:
+    status = user.invoke("status", "--json")
+    report = json.loads(status.stdout)
+    assert status.returncode == 0 and report["unit_state"] == "active/running"
+    assert report["current"] == report["metadata"]["id"] and len(report["gpus"]) == 8
+    rows = json.loads(user.invoke("releases", "--json").stdout)
+    assert [row["id"] for row in rows if row["is_current"]] == [report["current"]]
+    venvs = user.invoke("venv.list", "--json")
+    assert venvs.returncode == 0 and isinstance(json.loads(venvs.stdout), list)
+
+
+def test_verbose_shows_the_remote_steps_on_stderr(user: User) -> None:
+    shown = user.invoke("status", "-v")
+    assert shown.returncode == 0
+    assert re.search(r"^  \$ .*systemctl show .*\(exit 0, [\d.]+ s\)$", shown.stderr, re.MULTILINE)
+    assert "ActiveState=active" in shown.stderr
+
+
+def test_patch_tasks_default_to_the_profile_of_the_hosts_current_release(user: User) -> None:
+    """Input tried: `patches.check fusion-sm120` with no --profile (it used glm5-nvfp4 whatever ran)."""
+    checked = user.invoke("patches.check", "--name", "fusion-sm120")
+    assert checked.returncode == 0, checked.stderr
+    assert checked.stdout.startswith("fusion-sm120: ") and "0.5.23" in checked.stdout.splitlines()[0]
+
+
+def test_a_plan_needs_no_secret_value(user: User) -> None:
+    """Input tried: a profile with secrets.HF_TOKEN, planned with HF_TOKEN unset (plan exited 2)."""
+    user.beside_gpu1("gpu1-token", "secrets: {HF_TOKEN: {env: HF_TOKEN}}\n")
+    planned = user.invoke("plan", "--profile", "gpu1-token.yaml")
+    assert planned.returncode == 0, planned.stderr
+    assert ("  secret HF_TOKEN: not available here (environment variable HF_TOKEN is not set on this machine); "
+            "its value is not compared") in planned.stdout.splitlines()
+    assert "(set)" not in planned.stdout
+
+
+def test_a_failed_deploy_as_json_names_release_previous_cause_and_exit_code(user: User) -> None:
+    user.beside_gpu1("gpu1-fusion", "features: {allreduce_fusion: true}\n")
+    before = json.loads(user.invoke("status", "--json").stdout)["current"]
+    failed = user.invoke("deploy", "--profile", "gpu1-fusion.yaml", "--yes", "--json")
+    outcome = json.loads(failed.stdout)
+    assert failed.returncode == outcome["exit_code"] == 6
+    assert outcome["outcome"] == "failed" and outcome["previous"] == before and outcome["release"] != before
+    assert "[fusion_gate]" in outcome["cause"] and "--profile gpu1-fusion" in outcome["hint"]
+    assert "rolling back" in failed.stderr  # progress on stderr, stdout is the JSON alone
+    assert json.loads(user.invoke("status", "--json").stdout)["current"] == before
