@@ -10,6 +10,7 @@ time it reads the host (status, deploy, rollback): the README's "Reliability" se
 from __future__ import annotations
 
 import json
+import math
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -17,6 +18,7 @@ from datetime import UTC, datetime, timedelta
 
 from deploy_lib.diagnose import Diagnosis, diagnose
 from deploy_lib.facts import UnitFacts
+from deploy_lib.profile import RestartPolicy, ServiceSpec
 from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.store import (
     FAILED,
@@ -76,6 +78,7 @@ class CrashReport:
     crashes: tuple[Crash, ...]       # oldest first
     gave_up: bool                    # the start limit refused a restart: the unit is left failed
     down: bool                       # the unit is failed after a crash (gave up, or Restart=no)
+    pending: bool = False            # systemd waits RestartSec before restarting after the last crash
 
     @property
     def last(self) -> Crash | None:
@@ -94,6 +97,8 @@ class CrashReport:
             return f"gave up after {self.restarts_done()} restarts: {last.cause()}"
         if self.down:
             return f"not restarted (service.restart: no): {last.cause()}"
+        if self.pending:
+            return f"crash {len(self.crashes)} since the deploy; systemd restarts it after service.restart_sec"
         return f"systemd restarted it after {len(self.crashes)} crash(es)"
 
 
@@ -159,7 +164,7 @@ def parse_crashes(stdout: str, unit: UnitFacts) -> CrashReport:
     # counted in NRestarts yet.
     count = unit.n_restarts + (1 if unit.sub_state == "auto-restart" or (down and not gave_up) else 0)
     return CrashReport(restarts=unit.n_restarts, crashes=tuple(crashes[-count:]) if count else (),
-                       gave_up=gave_up, down=down)
+                       gave_up=gave_up, down=down, pending=unit.sub_state == "auto-restart")
 
 
 def _journal_time(us: int) -> str:
@@ -233,6 +238,20 @@ def record_new_crashes(remote: Remote, layout: StoreLayout, store: StoreFacts, u
     report = read_crashes(remote, layout, unit)
     record_crashes(remote, layout, store, report)
     return report
+
+
+def start_limit_note(service: ServiceSpec, median_start_s: float | None) -> str | None:
+    """A server that crashes while loading restarts every load time + restart_sec; when start_limit_burst of those
+    do not fit in the start-limit interval, systemd never gives up (its window is fixed, not sliding)."""
+    if service.restart is RestartPolicy.no or median_start_s is None:
+        return None
+    period_s = median_start_s + service.restart_sec
+    if service.start_limit_burst * period_s < service.start_limit_interval_s:
+        return None
+    return (f"starts of this profile take {median_start_s:.0f} s (median): a server that crashes while loading "
+            f"would restart every ~{period_s:.0f} s, and {service.start_limit_burst} restarts do not fit in "
+            f"service.start_limit_interval_s ({service.start_limit_interval_s} s), so systemd would never give up; "
+            f"raise it above {math.ceil(service.start_limit_burst * period_s)} s")
 
 
 def crash_loop_advice(report: CrashReport | None, store: StoreFacts) -> str | None:

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from deploy_lib.bench import GateSettings, gate_after_ready
-from deploy_lib.crashes import record_new_crashes
+from deploy_lib.crashes import record_new_crashes, start_limit_note
 from deploy_lib.cuda_toolkit import FIX_HINT, cuda_home, sm12x_problem
 from deploy_lib.diagnose import Diagnosis, diagnose, journal_cursor_step, journal_step, parse_journal_cursor
 from deploy_lib.errors import (
@@ -255,10 +255,13 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
         batches["restart"] = restart_steps(layout)
     changes = [change for change in diff_releases(current_metadata, release.metadata())
                if not (not_available and change.kind == "secret" and change.name == SECRET_VALUES)]
+    prediction = start_prediction(facts.store, loaded.name)
     return Plan(release=release, current_id=current_id, current_metadata=current_metadata,
                 changes=tuple(changes), drift=drift, needs_stage=not have_release, unchanged=unchanged,
                 batches=batches, secrets_not_available=not_available,
-                notes=tuple(note for note in (venv.build_note, _past_failure(facts, release.id)) if note))
+                notes=tuple(note for note in (venv.build_note, _past_failure(facts, release.id),
+                                              start_limit_note(loaded.profile.service, prediction.median_s
+                                                               if prediction else None)) if note))
 
 
 def _past_failure(facts: HostFacts, release_id: str) -> str | None:
@@ -449,6 +452,8 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
     plan = plan_deploy(loaded, target, facts, secrets, options.force, datetime.now(UTC), venv, options.patches,
                        not_available)
     preflight(plan, loaded, target, facts)
+    for note in () if options.dry_run else plan.notes:  # a dry run prints them with the plan
+        progress.note(note)
     if options.dry_run:
         return Outcome("planned", plan.release_id, plan.current_id, plan=plan, timings=run.timings)
     if plan.unchanged:

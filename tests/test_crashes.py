@@ -71,6 +71,7 @@ def test_only_the_crashes_since_the_last_start_by_hand_count() -> None:
 def test_a_crash_waiting_for_its_restart_is_counted_before_nrestarts_is() -> None:
     report = parse_crashes(FIRST_CRASH_PENDING, unit("activating", "auto-restart", 0, "exit-code"))
     assert len(report.crashes) == 1 and report.crashes[0].restarted and not report.down
+    assert report.verdict() == "crash 1 since the deploy; systemd restarts it after service.restart_sec"
 
 
 def test_restart_no_leaves_one_crash_down_without_giving_up() -> None:

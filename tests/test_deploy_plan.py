@@ -260,3 +260,20 @@ def test_changing_only_the_benchmark_settings_is_not_a_new_release() -> None:
     again = plan_deploy(loaded.model_copy(update={"profile": profile}), target(),
                         facts(current=deployed(plan), active="active"), {}, False, NOW)
     assert again.release.id == plan.release.id and again.unchanged
+
+
+def test_a_model_that_loads_too_long_for_the_start_limit_gets_a_note() -> None:
+    """Input tried: three healthy starts of glm5-nvfp4 of 420-450 s in history, against the default 3 restarts in
+    900 s: a crash while loading would restart every ~450 s and never reach the start limit."""
+    from deploy_lib.store import HEALTHY, Tags, history_entry
+
+    tags = Tags(who="ops@laptop", host="gpu1", release="r0", profile="glm5-nvfp4", profile_hash="h")
+    slow = tuple(history_entry("deploy", HEALTHY, tags, NOW, timings={"ready": seconds}) for seconds in (420, 440, 450))
+    loaded = PROJECT.profile("glm5-nvfp4")
+    host = facts()
+    plan = plan_deploy(loaded, target(), replace(host, store=replace(host.store, history=slow)), {}, False, NOW)
+    [note] = [note for note in plan.notes if "start_limit_interval_s" in note]
+    assert note == ("starts of this profile take 440 s (median): a server that crashes while loading would restart "
+                    "every ~450 s, and 3 restarts do not fit in service.start_limit_interval_s (900 s), so systemd "
+                    "would never give up; raise it above 1350 s")
+    assert not any("start_limit" in note for note in first_plan()[1].notes), "no history, no note"
