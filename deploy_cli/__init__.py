@@ -9,6 +9,7 @@ import shlex
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
+from datetime import datetime
 from enum import Enum
 from pathlib import PurePath
 from typing import Any
@@ -125,8 +126,8 @@ def print_status(report: StatusReport) -> None:
     console.print(f"unit {report.unit_state}{restarts}; {report.readiness}")
     crashes = report.crashes
     if crashes is not None and crashes.last is not None:
-        console.print(f"last crash {crashes.last.when:%Y-%m-%d %H:%M:%S} UTC: {escape(crashes.last.cause())}")
-        console.print(escape(crashes.verdict() or ""), style="red" if crashes.down else "yellow")
+        console.print(f"last crash {crashes.last.when:%Y-%m-%d %H:%M:%S} UTC: {escape(crashes.last.cause)}")
+        console.print(escape(crashes.verdict or ""), style="red" if crashes.down else "yellow")
     if report.advice:
         console.print(f"[bold]{escape(report.advice)}[/bold]")
     if report.lock_holder:
@@ -251,6 +252,8 @@ def jsonable(value: Any) -> Any:
         return value.value
     if isinstance(value, PurePath):
         return str(value)
+    if isinstance(value, datetime):
+        return value.isoformat()
     return value
 
 

@@ -63,6 +63,7 @@ class Crash:
         """The history line's `when`: exact to the microsecond, so a crash is never recorded twice."""
         return self.when.isoformat(timespec="microseconds")
 
+    @property
     def cause(self) -> str:
         diagnosis = self.diagnosis
         if diagnosis is None or diagnosis.signature == "unknown":
@@ -88,15 +89,16 @@ class CrashReport:
         """Restarts that ran: every crash but a last one that was not restarted."""
         return sum(1 for crash in self.crashes if crash.restarted) - (1 if self.gave_up else 0)
 
+    @property
     def verdict(self) -> str | None:
         """One line for status; None when nothing crashed."""
         last = self.last
         if last is None:
             return None
         if self.gave_up:
-            return f"gave up after {self.restarts_done()} restarts: {last.cause()}"
+            return f"gave up after {self.restarts_done()} restarts: {last.cause}"
         if self.down:
-            return f"not restarted (service.restart: no): {last.cause()}"
+            return f"not restarted (service.restart: no): {last.cause}"
         if self.pending:
             return f"crash {len(self.crashes)} since the deploy; systemd restarts it after service.restart_sec"
         return f"systemd restarted it after {len(self.crashes)} crash(es)"
@@ -192,11 +194,11 @@ def crash_entry(crash: Crash, tags: Tags, report: CrashReport, index: int) -> Hi
     """The history line of the `index`th crash (1-based) of a report."""
     last = index == len(report.crashes)
     if last and report.gave_up:
-        cause = f"gave up after {report.restarts_done()} restarts: {crash.cause()}"
+        cause = f"gave up after {report.restarts_done()} restarts: {crash.cause}"
     elif crash.restarted:
-        cause = f"restarted (crash {index} since the deploy): {crash.cause()}"
+        cause = f"restarted (crash {index} since the deploy): {crash.cause}"
     else:
-        cause = f"not restarted: {crash.cause()}"
+        cause = f"not restarted: {crash.cause}"
     return HistoryEntry("crash", RESTARTED if crash.restarted and not (last and report.gave_up) else FAILED,
                         crash.iso(), replace(tags, who=operator_name()), cause)
 

@@ -4,12 +4,16 @@ limit, each after a start by hand, then one SIGKILL that systemd restarted)."""
 
 from __future__ import annotations
 
+import io
 import json
 from datetime import UTC, datetime
 from pathlib import Path
 
+import pytest
 from fake_remote import FakeRemote
+from rich.console import Console
 
+import deploy_cli as ui
 from deploy_lib.crashes import (
     Crash,
     CrashReport,
@@ -22,6 +26,7 @@ from deploy_lib.crashes import (
 )
 from deploy_lib.diagnose import Diagnosis
 from deploy_lib.facts import UnitFacts
+from deploy_lib.status import StatusReport
 from deploy_lib.store import (
     FAILED,
     HEALTHY,
@@ -57,27 +62,27 @@ def test_a_crash_loop_that_hit_the_start_limit_is_four_crashes_and_three_restart
     assert report.restarts_done() == 3
     assert [c.exit for c in report.crashes] == ["exit status 1"] * 4
     assert report.crashes[0].at_us == 1796059871864300 and report.crashes[0].started_us == 1796059870261729
-    assert report.verdict() is not None and report.verdict().startswith("gave up after 3 restarts: exit status 1")
+    assert report.verdict is not None and report.verdict.startswith("gave up after 3 restarts: exit status 1")
 
 
 def test_only_the_crashes_since_the_last_start_by_hand_count() -> None:
     report = parse_crashes(ALL, unit("active", "running", 1))
     assert not report.down and not report.gave_up
     assert [(c.exit, c.result, c.restarted) for c in report.crashes] == [("killed by SIGKILL", "signal", True)]
-    assert report.verdict() == "systemd restarted it after 1 crash(es)"
-    assert report.crashes[0].cause() == "killed by SIGKILL (no known failure signature in the log)"
+    assert report.verdict == "systemd restarted it after 1 crash(es)"
+    assert report.crashes[0].cause == "killed by SIGKILL (no known failure signature in the log)"
 
 
 def test_a_crash_waiting_for_its_restart_is_counted_before_nrestarts_is() -> None:
     report = parse_crashes(FIRST_CRASH_PENDING, unit("activating", "auto-restart", 0, "exit-code"))
     assert len(report.crashes) == 1 and report.crashes[0].restarted and not report.down
-    assert report.verdict() == "crash 1 since the deploy; systemd restarts it after service.restart_sec"
+    assert report.verdict == "crash 1 since the deploy; systemd restarts it after service.restart_sec"
 
 
 def test_restart_no_leaves_one_crash_down_without_giving_up() -> None:
     report = parse_crashes(FIRST_CRASH_PENDING, unit("failed", "failed", 0, "exit-code"))
     assert report.down and not report.gave_up and len(report.crashes) == 1
-    assert report.verdict() is not None and "not restarted" in report.verdict()
+    assert report.verdict is not None and "not restarted" in report.verdict
 
 
 def test_a_unit_that_never_crashed_reads_no_journal() -> None:
@@ -96,7 +101,7 @@ def test_each_crash_is_diagnosed_from_the_lines_of_its_own_start() -> None:
     report = read_crashes(remote, LAYOUT, GAVE_UP)
     assert report is not None and len(remote.batches) == 2 and len(remote.batches[1]) == 4
     assert {c.diagnosis.signature for c in report.crashes if c.diagnosis} == {"cuda_runtime_error"}
-    assert report.verdict() == ("gave up after 3 restarts: exit status 1: a CUDA kernel failed while running: an "
+    assert report.verdict == ("gave up after 3 restarts: exit status 1: a CUDA kernel failed while running: an "
                                 "illegal memory access was encountered [cuda_runtime_error]")
     step = diagnosis_step(LAYOUT, report.crashes[1])
     assert step.argv[-2:] == ("--since=@1796059872.922184", "--until=@1796059874.078321")
@@ -157,3 +162,30 @@ def test_a_crash_loop_names_the_rollback_and_its_target() -> None:
     assert "no earlier healthy release" in str(crash_loop_advice(report, alone))
     running = parse_crashes(ALL, unit("active", "running", 1))
     assert crash_loop_advice(running, store) is None
+
+
+def crash_loop_status() -> StatusReport:
+    report = diagnosed(parse_crashes(LOOP_GAVE_UP, GAVE_UP))
+    return StatusReport(host="th1", service="sglang", current="r2", current_age_s=60.0, metadata={},
+                        unit_state="failed/failed", readiness="port closed", gpus=None, gpu_error="n/a",
+                        lock_holder=None, venv_versions={}, restarts=4, crashes=report,
+                        advice="release r2 is down after 4 crash(es); `invoke rollback` returns to release r1")
+
+
+def test_status_of_a_crash_loop_prints_the_count_the_last_crash_the_verdict_and_the_way_back(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    out = io.StringIO()
+    monkeypatch.setattr(ui, "console", Console(file=out, width=200))
+    ui.print_status(crash_loop_status())
+    lines = out.getvalue().splitlines()
+    assert "unit failed/failed (NRestarts=4 since the deploy); port closed" in lines
+    assert "last crash 2026-11-30 17:31:18 UTC: exit status 1: a CUDA kernel failed [cuda_runtime_error]" in lines
+    assert "gave up after 3 restarts: exit status 1: a CUDA kernel failed [cuda_runtime_error]" in lines
+    assert "release r2 is down after 4 crash(es); `invoke rollback` returns to release r1" in lines
+
+
+def test_status_of_a_crash_loop_as_json_carries_times_causes_and_the_verdict() -> None:
+    data = json.loads(json.dumps(ui.jsonable(crash_loop_status())))
+    assert data["crashes"]["verdict"].startswith("gave up after 3 restarts: ")
+    assert data["crashes"]["last"]["when"] == "2026-11-30T17:31:18.410325+00:00"
+    assert [c["restarted"] for c in data["crashes"]["crashes"]] == [True] * 4

@@ -454,8 +454,8 @@ def test_a_crash_after_the_deploy_is_restarted_and_status_shows_its_cause_and_co
         assert report.crashes is not None and not report.crashes.down and report.advice is None
         assert report.crashes.last is not None and report.crashes.last.diagnosis is not None
         assert report.crashes.last.diagnosis.signature == "cuda_runtime_error"
-        assert "an illegal memory access was encountered" in report.crashes.last.cause()
-        assert report.crashes.verdict() == "systemd restarted it after 1 crash(es)"
+        assert "an illegal memory access was encountered" in report.crashes.last.cause
+        assert report.crashes.verdict == "systemd restarted it after 1 crash(es)"
         crashes = [h for h in rig.history() if h["event"] == "crash"]
         assert [(c["release"], c["outcome"]) for c in crashes] == [(crashy, "restarted")]
         rig.status()
@@ -480,7 +480,7 @@ def test_a_crash_loop_stops_at_the_start_limit_and_rollback_returns_to_the_healt
         report = rig.status()
         assert report.current == crashy and report.unit_state == "failed/failed"
         assert report.crashes is not None and report.crashes.gave_up
-        assert report.crashes.verdict() == ("gave up after 3 restarts: exit status 1: a CUDA kernel failed while "
+        assert report.crashes.verdict == ("gave up after 3 restarts: exit status 1: a CUDA kernel failed while "
                                             "running: an illegal memory access was encountered [cuda_runtime_error]")
         assert report.advice is not None and "`invoke rollback`" in report.advice and healthy in report.advice
         outcome = rig.rollback()
