@@ -120,6 +120,8 @@ def print_status(report: StatusReport) -> None:
                       f"venv {meta.get('venv')}, patches: {', '.join(meta.get('patches') or []) or 'none'}")
         if report.venv_versions:
             console.print("managed venv: " + ", ".join(f"{k} {v}" for k, v in report.venv_versions.items()))
+        for distribution, where in report.venv_sources.items():
+            console.print(f"{distribution} {where}")
     else:
         console.print("no release deployed")
     restarts = f" (NRestarts={report.restarts} since the deploy)" if report.current else ""
@@ -182,6 +184,9 @@ def confirm(question: str) -> bool:
 
 def print_adopted(result: VenvResult) -> None:
     console.print(f"adopted as venv {result.hash} at {result.path} ({'already managed' if result.reused else 'new'})")
+    for distribution, directory in result.editable.items():
+        console.print(f"{distribution} editable: {directory} (its files stay there; the managed venv imports them "
+                      "from the checkout)")
     for distribution, files in result.drift.items():
         console.print(f"[yellow]drift[/yellow] {distribution}: {len(files)} file(s) differ from its RECORD, e.g. "
                       f"{files[0][0]}")

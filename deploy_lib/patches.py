@@ -16,7 +16,7 @@ import difflib
 import hashlib
 import re
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Literal, TypeVar
@@ -600,6 +600,7 @@ class CheckReport:
     targets: tuple[TargetReport, ...]
     warnings: tuple[str, ...]
     toolkit: str | None = None  # the CUDA toolkit and FlashInfer's verdict on it (deploy_lib/cuda_toolkit.py)
+    sources: Mapping[str, str] = field(default_factory=dict)  # distribution -> e.g. "editable: /root/sglang/python"
 
     @property
     def conflicts(self) -> tuple[TargetReport, ...]:
@@ -607,7 +608,7 @@ class CheckReport:
 
     def summary_lines(self) -> list[str]:
         """One line per target (name, state, file:lines), conflicts followed by their detail."""
-        lines = []
+        lines = [f"{name} {where}" for name, where in self.sources.items()]
         for report in self.targets:
             lines.append(f"{report.target:<22} {report.state.value:<15} {report.location}")
             if report.state in (State.CONFLICT, State.NOT_IN_VERSION):
@@ -744,9 +745,11 @@ class AuditReport:
     missing: tuple[str, ...]
     bounds: tuple[ArchBound, ...]
     toolkit: str | None = None  # as CheckReport.toolkit
+    sources: Mapping[str, str] = field(default_factory=dict)  # as CheckReport.sources
 
     def summary_lines(self) -> list[str]:
-        lines = [f"{b.file}:{b.line}: [{b.verdict}] {b.text.strip()}" for b in self.bounds]
+        lines = [f"{name} {where}" for name, where in self.sources.items()]
+        lines += [f"{b.file}:{b.line}: [{b.verdict}] {b.text.strip()}" for b in self.bounds]
         lines.append(f"scanned: {', '.join(self.scanned)}")
         if self.missing:
             lines.append(f"not in this install: {', '.join(self.missing)}")
@@ -823,10 +826,17 @@ def audit_paths(patch_set: PatchSet) -> tuple[str, ...]:
 RECORD_FILE = "sglang-deploy-patches.json"  # kept in the patched venv, beside bin/
 
 
-def read_steps(site_packages: PurePosixPath, paths: Sequence[str]) -> list[Step]:
-    """One read-only step per path; a path that is not there is a fact (exit 1), not a failure."""
-    return [Step(name=f"read {path}", argv=("base64", "-w", "0", "--", str(site_packages / path)),
-                 ok=frozenset({0, 1}), timeout_s=30) for path in paths]
+def read_steps(locations: Mapping[str, PurePosixPath]) -> list[Step]:
+    """One read-only step per path (relative to site-packages -> where it is on the host, e.g. in an editable
+    install's checkout); a path that is not there is a fact (exit 1), not a failure."""
+    return [Step(name=f"read {path}", argv=("base64", "-w", "0", "--", str(location)), sudo=True,
+                 ok=frozenset({0, 1}), timeout_s=30) for path, location in locations.items()]
+
+
+def top_level_packages(patch_set: PatchSet) -> tuple[str, ...]:
+    """The import packages whose files the patch set reads (sglang, flashinfer): where each is gets looked up."""
+    paths = [v.file for t in patch_set.targets.values() for v in t.variants if v.file] + list(audit_paths(patch_set))
+    return tuple(sorted({path.split("/", 1)[0] for path in paths}))
 
 
 def files_from_results(paths: Sequence[str], results: Sequence[StepResult]) -> dict[str, str]:

@@ -10,6 +10,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
+from urllib.parse import quote
 
 from deploy_lib import cuda_toolkit, patches
 from deploy_lib.deploy import Options, Outcome, VenvChoice, deploy
@@ -22,23 +23,16 @@ from deploy_lib.remote import Remote, Step
 from deploy_lib.server_args import launch_environment
 from deploy_lib.store import StoreLayout, read_store_facts
 from deploy_lib.venvs import (
+    InstalledFacts,
     adopt,
     cache_dir_steps,
     cache_environment,
     derive,
+    installed_step,
+    parse_installed,
     parse_store_facts,
     release_venv_hash,
     store_fact_steps,
-)
-
-# Run by the venv's own python: where its site-packages is and which distributions are installed.
-_VENV_FACTS = (
-    "import json,sysconfig,importlib.metadata as m\n"
-    "names=('sglang','flashinfer-python','flashinfer-jit-cache','torch')\n"
-    "def v(n):\n"
-    "    try: return m.version(n)\n"
-    "    except m.PackageNotFoundError: return None\n"
-    "print(json.dumps({'purelib':sysconfig.get_paths()['purelib'],'versions':{n:v(n) for n in names}}))\n"
 )
 
 
@@ -49,8 +43,7 @@ class PatchContext:
     layout: StoreLayout
     venv: PurePosixPath
     venv_hash: str | None            # set when the venv is a managed one (venvs/<hash>)
-    site_packages: PurePosixPath
-    versions: Mapping[str, str]
+    installed: InstalledFacts        # versions, and where each package's files really are
     gpu_arch: str
     compute_cap: str
     files: Mapping[str, str]
@@ -68,6 +61,10 @@ class PatchContext:
     def toolkit_line(self) -> str:
         return cuda_toolkit.describe(self.versions.get(patches.FLASHINFER), self.compute_cap, self.toolkit,
                                      self.environment)
+
+    @property
+    def versions(self) -> Mapping[str, str]:
+        return self.installed.versions
 
     @property
     def base_hash(self) -> str | None:
@@ -112,32 +109,33 @@ def read_context(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProf
     venv = current_venv(remote, layout, loaded, target)
     environment = launch_environment(loaded.profile)
     home = cuda_toolkit.cuda_home(environment)
-    gpu_result, venv_result, record_result, *toolkit_results = remote.run([
+    gpu_result, installed_result, record_result, *toolkit_results = remote.run([
         gpu_step("patch facts: GPUs"),
-        Step("patch facts: venv", (str(venv / "bin" / "python3"), "-I", "-"), stdin=_VENV_FACTS.encode(),
-             ok=frozenset({0, 1, 127}), timeout_s=60),
-        Step("patch facts: record", ("cat", "--", str(venv / patches.RECORD_FILE)), ok=frozenset({0, 1})),
+        installed_step(venv, patches.top_level_packages(patch_set), "patch facts: venv"),
+        Step("patch facts: record", ("cat", "--", str(venv / patches.RECORD_FILE)), sudo=True, ok=frozenset({0, 1})),
         *cuda_toolkit.toolkit_steps(home),
     ])
     gpus, gpu_error = parse_gpus(gpu_result)
     if not gpus:
         raise PreflightError(f"{target.host.name}: cannot read the GPUs: {gpu_error or 'nvidia-smi lists none'}")
-    if venv_result.exit_code != 0:
-        raise PreflightError(f"{target.host.name}: the venv {venv} does not run: "
-                             f"{(venv_result.stderr or venv_result.stdout).strip()[-300:]}")
-    venv_facts = json.loads(venv_result.stdout.strip().splitlines()[-1])
-    versions = {name: version for name, version in venv_facts["versions"].items() if version}
+    installed = parse_installed(venv, installed_result)
     record = (patches.PatchRecord.from_json(record_result.stdout, f"{venv / patches.RECORD_FILE}")
               if record_result.exit_code == 0 else None)
-    site_packages = PurePosixPath(venv_facts["purelib"])
     if paths is None:
-        paths = patches.files_needed(patch_set, versions.get(patches.SGLANG), versions.get(patches.FLASHINFER))
-    files = patches.files_from_results(list(paths), remote.run(patches.read_steps(site_packages, paths)))
-    return PatchContext(layout=layout, venv=venv, venv_hash=release_venv_hash(layout, str(venv)),
-                        site_packages=site_packages, versions=versions, gpu_arch=gpus[0].arch,
-                        compute_cap=gpus[0].compute_cap, files=files, record=record,
+        paths = patches.files_needed(patch_set, installed.versions.get(patches.SGLANG),
+                                     installed.versions.get(patches.FLASHINFER))
+    locations = {path: installed.location(path) for path in paths}
+    files = patches.files_from_results(list(paths), remote.run(patches.read_steps(locations)))
+    return PatchContext(layout=layout, venv=venv, venv_hash=release_venv_hash(layout, str(venv)), installed=installed,
+                        gpu_arch=gpus[0].arch, compute_cap=gpus[0].compute_cap, files=files, record=record,
                         toolkit=cuda_toolkit.parse_toolkit(home, {r.step.name: r for r in toolkit_results}),
                         environment=environment)
+
+
+def _sources(context: PatchContext) -> dict[str, str]:
+    """Distribution -> where its files were read, for the ones not installed plainly in the venv."""
+    return {name: origin.describe() for name, origin in context.installed.origins.items()
+            if name in (patches.SGLANG, patches.FLASHINFER)}
 
 
 def check(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProfile, target: Target) -> patches.CheckReport:
@@ -145,12 +143,13 @@ def check(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProfile, ta
     context = read_context(remote, patch_set, loaded, target)
     report = patches.check(patch_set, context.files, context.versions, gpu_arch=context.gpu_arch,
                            nnodes=loaded.profile.parallel.nnodes, record=context.record)
-    return replace(report, toolkit=context.toolkit_line)
+    return replace(report, toolkit=context.toolkit_line, sources=_sources(context))
 
 
 def audit(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProfile, target: Target) -> patches.AuditReport:
     context = read_context(remote, patch_set, loaded, target, paths=patches.audit_paths(patch_set))
-    return replace(patches.audit(context.files, patch_set.meta.audit), toolkit=context.toolkit_line)
+    return replace(patches.audit(context.files, patch_set.meta.audit), toolkit=context.toolkit_line,
+                   sources=_sources(context))
 
 
 def _managed_base(remote: Remote, context: PatchContext, progress: Progress) -> str:
@@ -174,11 +173,11 @@ def enable(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, pat
         progress.note(warning)
     base_hash = _managed_base(remote, context, progress)
     base_venv = context.layout.venvs / base_hash
-    prefix = context.site_packages.relative_to(context.venv)
-    record = enabled.record.model_copy(update={"base_venv": base_hash})
-    replaced = {str(prefix / path): text.encode() for path, text in enabled.files.items()}
-    replaced[patches.RECORD_FILE] = record.to_json().encode()
-    derived = derive(remote, context.layout, base_hash, replaced) if enabled.files else None
+    replaced, copied = _derived_files(context, enabled, base_hash)
+    for source in copied.values():
+        progress.note(f"{source} is outside the venv (an editable install): the patched venv gets its own copy of it; "
+                      "the checkout is never written")
+    derived = derive(remote, context.layout, base_hash, replaced, copied) if enabled.files else None
     venv_hash = derived.hash if derived else base_hash
     workspace = PurePosixPath(cache_environment(context.layout, venv_hash)["FLASHINFER_WORKSPACE_BASE"])
     remote.run([*cache_dir_steps(context.layout, venv_hash, patched.profile.service.user),
@@ -186,6 +185,33 @@ def enable(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, pat
     venv = VenvChoice(str(derived.path if derived else base_venv), cache_environment(context.layout, venv_hash))
     outcome = deploy(patched, target, remote, progress, _with(options, venv, (patch_set.name,)))
     return enabled.report, outcome
+
+
+def _derived_files(context: PatchContext, enabled: patches.Enabled,
+                   base_hash: str) -> tuple[dict[str, bytes], dict[str, PurePosixPath]]:
+    """The derived venv's new files (relative to the venv) and the package trees copied into it (relative path in
+    the venv -> source directory on the host).
+
+    A package imported from outside the venv (an editable install's checkout) cannot be hard-linked from a checkout
+    the tool does not own, and must not change under a release when someone edits or pulls there: the patched venv
+    gets its own copy, which shadows the checkout (site-packages comes before an editable finder or .pth path).
+    The copied distribution's direct_url.json then says "installed from that directory", no longer editable.
+    """
+    installed, venv = context.installed, context.venv
+    prefix = installed.site_packages.relative_to(venv)
+    record = enabled.record.model_copy(update={"base_venv": base_hash})
+    replaced = {str(prefix / path): text.encode() for path, text in enabled.files.items()}
+    replaced[patches.RECORD_FILE] = record.to_json().encode()
+    outside = installed.outside()
+    tops = sorted({path.split("/", 1)[0] for path in enabled.files} & set(outside))
+    copied = {str(prefix / top): outside[top] / top for top in tops}
+    dists = {v.package for v in enabled.report.variants.values() if v.file and v.file.split("/", 1)[0] in tops}
+    for name in sorted(dists):
+        origin = installed.origins.get(name)
+        if origin is not None and origin.editable and origin.direct_url and origin.direct_url.is_relative_to(venv):
+            url = {"url": f"file://{quote(str(origin.directory))}", "dir_info": {}}
+            replaced[str(origin.direct_url.relative_to(venv))] = (json.dumps(url) + "\n").encode()
+    return replaced, copied
 
 
 def disable(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, target: Target, progress: Progress,

@@ -6,7 +6,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from pydantic import ValidationError
@@ -29,7 +29,7 @@ from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.remote import Remote, Step
 from deploy_lib.store import RELEASE_FILE, StoreFacts, Tags, read_store_facts
-from deploy_lib.venvs import VenvRecord, list_venvs, release_venv_hash
+from deploy_lib.venvs import VenvRecord, installed_step, list_venvs, parse_installed, release_venv_hash
 from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
 from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps
 
@@ -58,6 +58,7 @@ class StatusReport:
     gpu_error: str | None
     lock_holder: str | None
     venv_versions: Mapping[str, str]  # sglang, flashinfer-python, torch of a managed venv (from its marker)
+    venv_sources: Mapping[str, str]   # distribution -> "editable: /root/sglang/python" (or "copy of ...")
     restarts: int = 0                   # systemd's NRestarts: automatic restarts since the deploy's start
     crashes: CrashReport | None = None  # the current release's crashes since its deploy; None: none
     advice: str | None = None           # what to do about a release left down by crashes
@@ -100,14 +101,20 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
         readiness = _readiness(parse_snapshot(result, Rung.HEALTH))
     lock = facts.store.lock
     venv_hash = release_venv_hash(layout, str(metadata.get("venv", ""))) if record else None
-    marker = parse_venv_store_facts(remote.run(venv_store_fact_steps(layout))).markers.get(venv_hash or "")
     crashes = None
     if record is not None:  # a deploy holding the lock owns the unit's restarts (its ladder reports them)
         crashes = record_new_crashes(remote, layout, facts.store, facts.unit) if lock is None else \
             read_crashes(remote, layout, facts.unit)
+    venv = PurePosixPath(str(metadata["venv"])) if metadata.get("venv") else None
+    batch = [*venv_store_fact_steps(layout), *([installed_step(venv, ("sglang",))] if venv else [])]
+    results = remote.run(batch)
+    marker = parse_venv_store_facts(results).markers.get(venv_hash or "")
+    installed = results[-1] if venv and results[-1].exit_code == 0 else None
     return StatusReport(
         restarts=facts.unit.n_restarts, crashes=crashes, advice=crash_loop_advice(crashes, facts.store),
         venv_versions=VenvRecord(venv_hash, marker, None).versions() if venv_hash and marker else {},
+        venv_sources={name: origin.describe() for name, origin in
+                      parse_installed(venv, installed).origins.items()} if venv and installed else {},
         host=target.host.name, service=service, current=facts.store.current,
         current_age_s=_age_s(record.staged_at, now or datetime.now(UTC)) if record else None,
         metadata=metadata, unit_state=f"{facts.unit.active_state}/{facts.unit.sub_state}", readiness=readiness,

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import unquote, urlparse
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
@@ -390,6 +391,108 @@ def read_facts(remote: Remote, layout: StoreLayout, python: str) -> VenvFacts:
 
 
 # ---------------------------------------------------------------------------------------------------------
+# What a venv imports, and from where: an editable install (a source checkout) lives outside the venv
+
+# Run by the venv's own python (argv: top-level packages to locate). The import system is asked where each package
+# is (importlib.util.find_spec, which does not import it), so whatever pip/setuptools wrote is followed exactly: a
+# `__editable__.*.pth` with its finder module, a .pth path line, or a plain site-packages directory. PEP 610's
+# direct_url.json says which distributions come from a local directory, and whether editable.
+INSTALLED_FACTS_SCRIPT = r"""
+import importlib.metadata as metadata, importlib.util, json, os, sys, sysconfig, urllib.parse
+names = ("sglang", "flashinfer-python", "flashinfer-jit-cache", "torch")
+def version(name):
+    try:
+        return metadata.version(name)
+    except metadata.PackageNotFoundError:
+        return None
+def origin(name):
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        return None
+    text = dist.read_text("direct_url.json")
+    data = json.loads(text) if text else {}
+    url = urllib.parse.urlparse(data.get("url", ""))
+    if url.scheme != "file" or "dir_info" not in data:
+        return None
+    record = [str(dist.locate_file(f)) for f in dist.files or () if f.name == "direct_url.json"]
+    return {"dir": urllib.parse.unquote(url.path), "editable": bool(data["dir_info"].get("editable")),
+            "direct_url": record[0] if record else None}
+def root(top):
+    spec = importlib.util.find_spec(top)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return os.path.dirname(os.path.normpath(list(spec.submodule_search_locations)[0]))
+print(json.dumps({"purelib": sysconfig.get_paths()["purelib"],
+                  "versions": {n: version(n) for n in names}, "origins": {n: origin(n) for n in names},
+                  "roots": {top: root(top) for top in sys.argv[1:]}}))
+"""
+FACT_INSTALLED = "venv facts: installed packages"
+
+
+def file_url_path(url: str) -> str:
+    """The path of a PEP 610 `file://` URL (percent-decoded); another URL is kept as it is."""
+    parsed = urlparse(url)
+    return unquote(parsed.path) if parsed.scheme == "file" else url
+
+
+@dataclass(frozen=True)
+class Origin:
+    """PEP 610: a distribution installed from a local directory (`pip install [-e] DIR`)."""
+
+    directory: PurePosixPath
+    editable: bool
+    direct_url: PurePosixPath | None   # its direct_url.json on the host
+
+    def describe(self) -> str:
+        return f"editable: {self.directory}" if self.editable else f"copy of {self.directory}"
+
+
+@dataclass(frozen=True)
+class InstalledFacts:
+    venv: PurePosixPath
+    site_packages: PurePosixPath
+    versions: Mapping[str, str]                   # installed distributions only
+    origins: Mapping[str, Origin]                 # distributions installed from a directory
+    roots: Mapping[str, PurePosixPath]            # top-level package -> the directory it is imported from
+
+    def location(self, path: str) -> PurePosixPath:
+        """Where `path` (relative to site-packages, e.g. sglang/srt/x.py) really is: under its package's root."""
+        return self.roots.get(path.split("/", 1)[0], self.site_packages) / path
+
+    def outside(self) -> dict[str, PurePosixPath]:
+        """Top-level packages imported from outside the venv (an editable install's checkout)."""
+        return {top: root for top, root in self.roots.items()
+                if root != self.site_packages and not root.is_relative_to(self.venv)}
+
+    def editable(self) -> dict[str, PurePosixPath]:
+        """Distribution -> the source directory it is installed from in editable mode."""
+        return {name: origin.directory for name, origin in self.origins.items() if origin.editable}
+
+
+def installed_step(venv: PurePosixPath, packages: Sequence[str], name: str = FACT_INSTALLED) -> Step:
+    """Read-only, as root (a venv under /root is the usual hand-made one); exit 127: no python in the venv."""
+    return Step(name, (str(venv / "bin" / "python3"), "-I", "-c", INSTALLED_FACTS_SCRIPT, *packages), sudo=True,
+                ok=frozenset({0, 1, 126, 127}), timeout_s=60)
+
+
+def parse_installed(venv: PurePosixPath, result: StepResult) -> InstalledFacts:
+    if result.exit_code != 0:
+        raise PreflightError(f"the venv {venv} does not run: "
+                             f"{(result.stderr or result.stdout).strip()[-300:] or f'exit {result.exit_code}'}")
+    try:
+        data = json.loads(result.stdout.strip().splitlines()[-1])
+        origins = {name: Origin(PurePosixPath(o["dir"]), bool(o["editable"]),
+                                PurePosixPath(o["direct_url"]) if o.get("direct_url") else None)
+                   for name, o in data["origins"].items() if o}
+        return InstalledFacts(venv=venv, site_packages=PurePosixPath(data["purelib"]),
+                              versions={n: str(v) for n, v in data["versions"].items() if v}, origins=origins,
+                              roots={top: PurePosixPath(r) for top, r in data["roots"].items() if r})
+    except (ValueError, KeyError, IndexError, TypeError) as error:
+        raise PreflightError(f"cannot read the packages of the venv {venv}: {result.stdout[-300:]!r}") from error
+
+
+# ---------------------------------------------------------------------------------------------------------
 # Hashes
 
 
@@ -398,10 +501,14 @@ def venv_hash(lock: Lock, python: PythonFacts) -> str:
     return _short_hash(json.dumps({"kind": "built", "lock": lock.text(), "python": python.identity()}))
 
 
-def derived_hash(base_hash: str, replaced_files: Mapping[str, bytes]) -> str:
-    """A derived venv's hash: its base's hash and each replaced path with the sha256 of its new bytes."""
+def derived_hash(base_hash: str, replaced_files: Mapping[str, bytes], trees: Mapping[str, str] | None = None) -> str:
+    """A derived venv's hash: its base's hash, each replaced path with the sha256 of its new bytes, and each copied
+    tree's path with the digest of its content."""
     files = sorted((path, _sha256(data)) for path, data in replaced_files.items())
-    return _short_hash(json.dumps({"kind": "derived", "base": check_venv_hash(base_hash), "files": files}))
+    content: dict[str, Any] = {"kind": "derived", "base": check_venv_hash(base_hash), "files": files}
+    if trees:
+        content["trees"] = sorted(trees.items())
+    return _short_hash(json.dumps(content))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -566,8 +673,10 @@ for dist in metadata.distributions():
             continue
         if base64.urlsafe_b64encode(actual.digest()).rstrip(b"=").decode() != expected:
             drift.append([row[0], file_digest(path, "sha256").hexdigest()])
+    direct_url = json.loads(dist.read_text("direct_url.json") or "{}")
+    editable = direct_url.get("url", "") if direct_url.get("dir_info", {}).get("editable") else None
     distributions[name] = {"version": dist.version, "record_sha256": hashlib.sha256(record.encode()).hexdigest(),
-                           "drift": drift}
+                           "drift": drift, "editable": editable}
 print(json.dumps({"prefix": sys.prefix, "base_prefix": sys.base_prefix, "python": python_facts(),
                   "distributions": distributions}))
 """
@@ -747,6 +856,7 @@ class VenvResult:
     wheels_sent: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()
     drift: Mapping[str, tuple[tuple[str, str], ...]] = field(default_factory=dict)
+    editable: Mapping[str, str] = field(default_factory=dict)  # distribution -> its source checkout
 
     @property
     def python(self) -> PurePosixPath:
@@ -810,6 +920,7 @@ class Inspection:
     distributions: Mapping[str, str]             # name -> version
     record_sha256: Mapping[str, str]             # name -> sha256 of its RECORD file
     drift: Mapping[str, tuple[tuple[str, str], ...]]   # name -> (path, actual sha256 or "missing"), drifted only
+    editable: Mapping[str, str] = field(default_factory=dict)  # name -> source directory of an editable install
 
 
 def parse_inspection(source: PurePosixPath, result: StepResult) -> Inspection:
@@ -823,7 +934,8 @@ def parse_inspection(source: PurePosixPath, result: StepResult) -> Inspection:
             source=source, python=PythonFacts.from_dict(data["python"]),
             distributions={name: str(d["version"]) for name, d in dists.items()},
             record_sha256={name: str(d["record_sha256"]) for name, d in dists.items()},
-            drift={name: tuple((str(p), str(s)) for p, s in d["drift"]) for name, d in dists.items() if d["drift"]})
+            drift={name: tuple((str(p), str(s)) for p, s in d["drift"]) for name, d in dists.items() if d["drift"]},
+            editable={name: file_url_path(str(d["editable"])) for name, d in dists.items() if d.get("editable")})
     except (ValueError, KeyError, IndexError, TypeError) as error:
         raise PreflightError(f"cannot read the inspection of {source}: {result.stdout[-300:]!r}") from error
     if data["prefix"] == data["base_prefix"]:
@@ -850,6 +962,8 @@ def adopt_steps(layout: StoreLayout, inspection: Inspection, facts: VenvStoreFac
               "python": inspection.python.as_dict(), "created": _iso(now),
               "distributions": dict(inspection.distributions),
               "drift": {name: [list(entry) for entry in files] for name, files in inspection.drift.items()}}
+    if inspection.editable:  # their files stay in the checkout: the managed copy imports from there, as the original
+        marker["editable"] = dict(inspection.editable)
     return digest, [
         *clear_steps("venv adopt", layout, digest, facts),
         Step("venv adopt: hard-linked copy", ("cp", "-al", "--", str(inspection.source), str(staging)), sudo=True,
@@ -874,7 +988,8 @@ def adopt(remote: Remote, layout: StoreLayout, source: PurePosixPath, now: datet
                                 hint="hard links need the venv and the store on one filesystem") from failure
         raise
     return VenvResult(digest, venv_path(layout, digest), reused=not steps, distributions=inspection.distributions,
-                      warnings=tuple(jit_cache_warnings(inspection.distributions)), drift=inspection.drift)
+                      warnings=tuple(jit_cache_warnings(inspection.distributions)), drift=inspection.drift,
+                      editable=inspection.editable)
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -907,28 +1022,93 @@ def parse_modes(layout: StoreLayout, base_hash: str, stat_out: str) -> dict[str,
     return modes
 
 
+# A package tree copied into a derived venv: its digest covers every file's path, bytes and executable bit, and
+# symlinks; __pycache__ is left out (Python rebuilds it). `digest DIR...` prints {DIR: digest}; `copy SRC DEST
+# DIGEST` copies SRC to DEST (replacing DEST's directory entry only) and removes the copy unless it has DIGEST.
+TREE_SCRIPT = r"""
+import hashlib, json, os, shutil, sys
+def digest(root):
+    total = hashlib.sha256()
+    for directory, dirs, files in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
+        for name in sorted(files + [d for d in dirs if os.path.islink(os.path.join(directory, d))]):
+            path = os.path.join(directory, name)
+            relative = os.path.relpath(path, root)
+            if os.path.islink(path):
+                total.update(f"L {relative} {os.readlink(path)}\n".encode())
+                continue
+            with open(path, "rb") as stream:
+                content = hashlib.sha256(stream.read()).hexdigest()
+            executable = "x" if os.stat(path).st_mode & 0o111 else "-"
+            total.update(f"F {relative} {executable} {content}\n".encode())
+    return total.hexdigest()
+if sys.argv[1] == "digest":
+    print(json.dumps({root: digest(root) for root in sys.argv[2:]}))
+else:
+    source, dest, expected = sys.argv[2:5]
+    if os.path.islink(dest) or os.path.isfile(dest):
+        os.unlink(dest)
+    elif os.path.isdir(dest):
+        shutil.rmtree(dest)
+    shutil.copytree(source, dest, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
+    found = digest(dest)
+    if found != expected:
+        shutil.rmtree(dest)
+        sys.exit(f"{source} changed while it was copied (digest {found}, expected {expected}); copy removed")
+"""
+FACT_TREES = "venv derive: digests of copied trees"
+# Exit 0 when the venv's python imports the package from the given directory.
+IMPORTED_FROM_SCRIPT = (
+    "import importlib.util, os, sys\n"
+    "spec = importlib.util.find_spec(sys.argv[1])\n"
+    "where = list(spec.submodule_search_locations or []) if spec else []\n"
+    "sys.exit(0 if where and os.path.normpath(where[0]) == sys.argv[2] else f'{sys.argv[1]} imports from {where}')\n"
+)
+
+
+@dataclass(frozen=True)
+class CopiedTree:
+    """A directory copied into a derived venv (an editable install's package), and the digest of its content."""
+
+    source: PurePosixPath
+    digest: str
+
+
+def tree_digest_step(python: PurePosixPath, sources: Iterable[PurePosixPath]) -> Step:
+    return Step(FACT_TREES, (str(python), "-I", "-c", TREE_SCRIPT, "digest", *map(str, sources)), sudo=True,
+                timeout_s=COPY_TIMEOUT_S)
+
+
 def derive_steps(layout: StoreLayout, base_hash: str, replaced_files: Mapping[str, bytes],
-                 facts: VenvStoreFacts, modes: Mapping[str, int], now: datetime) -> tuple[str, list[Step | Put]]:
+                 facts: VenvStoreFacts, modes: Mapping[str, int], now: datetime,
+                 trees: Mapping[str, CopiedTree] | None = None) -> tuple[str, list[Step | Put]]:
     """Hard-linked copy of the base, each changed file written new and renamed over its link; nothing if published.
 
+    `trees` (relative path in the venv -> source directory) are copied in as new files before the replaced files
+    are written; the copy must have the digest read beforehand, and the venv's python must import from it.
     A replaced .py file's cached bytecode is unlinked in the copy (its directory entry only), so Python
     compiles the new source instead of checking a timestamp shared with the base.
     """
+    trees = trees or {}
     if not replaced_files:
         raise ConfigError("a derived venv needs at least one replaced file")
     base_marker = facts.markers.get(base_hash)
     if base_marker is None:
         raise PreflightError(f"base venv {base_hash} is not published on the host", hint="see `invoke venv.list`")
-    digest = derived_hash(base_hash, replaced_files)
+    digest = derived_hash(base_hash, replaced_files, {relpath: tree.digest for relpath, tree in trees.items()})
     if facts.published(digest):
         return digest, []
     base, staging, final = venv_path(layout, base_hash), staging_path(layout, digest), venv_path(layout, digest)
+    python = staging / "bin" / "python3"
     paths = {relpath: check_relpath(relpath) for relpath in sorted(replaced_files)}
     parents = sorted({str(staging / path.parent) for path in paths.values()})
     steps: list[Step | Put] = [
         *clear_steps("venv derive", layout, digest, facts),
         Step("venv derive: hard-linked copy", ("cp", "-al", "--", str(base), str(staging)), sudo=True,
              timeout_s=COPY_TIMEOUT_S),
+        *(Step(f"venv derive: copy {tree.source}", (str(python), "-I", "-c", TREE_SCRIPT, "copy", str(tree.source),
+                                                    str(staging / check_relpath(relpath)), tree.digest),
+               sudo=True, timeout_s=COPY_TIMEOUT_S) for relpath, tree in sorted(trees.items())),
         Step("venv derive: directories", ("mkdir", "-p", "--", *parents), sudo=True),
     ]
     for relpath, path in paths.items():
@@ -937,21 +1117,34 @@ def derive_steps(layout: StoreLayout, base_hash: str, replaced_files: Mapping[st
             steps.append(Step(f"venv derive: stale bytecode of {relpath}",
                               ("find", str(staging / path.parent / "__pycache__"), "-maxdepth", "1", "-name",
                                f"{path.stem}.*.pyc", "-delete"), sudo=True, ok=_MISSING_OK))
+    steps += [Step(f"venv derive: imports {PurePosixPath(relpath).name} from the copy",
+                   (str(python), "-I", "-c", IMPORTED_FROM_SCRIPT, PurePosixPath(relpath).name,
+                    str(staging / relpath)), sudo=True) for relpath in sorted(trees)]
     marker = {"hash": digest, "kind": "derived", "base": base_hash, "python": base_marker.get("python"),
               "created": _iso(now), "distributions": base_marker.get("distributions", {}),
               "replaced": {relpath: _sha256(data) for relpath, data in sorted(replaced_files.items())}}
-    steps += [relocate_step("venv derive: relocate scripts", staging / "bin" / "python3", staging, base, final),
+    if trees:
+        marker["copied"] = {relpath: {"source": str(tree.source), "digest": tree.digest}
+                            for relpath, tree in sorted(trees.items())}
+    steps += [relocate_step("venv derive: relocate scripts", python, staging, base, final),
               *publish_steps("venv derive", staging, final, marker)]
     return digest, steps
 
 
 def derive(remote: Remote, layout: StoreLayout, base_hash: str, replaced_files: Mapping[str, bytes],
-           now: datetime | None = None) -> VenvResult:
-    """A new venv: the base with `replaced_files` (relative path -> new bytes); the base stays byte-identical."""
-    results = remote.run([*store_fact_steps(layout), mode_step(layout, base_hash, replaced_files)])
+           now: datetime | None = None, copied: Mapping[str, PurePosixPath] | None = None) -> VenvResult:
+    """A new venv: the base with `replaced_files` (relative path -> new bytes) and the `copied` directories
+    (relative path -> source directory on the host, copied in whole); the base stays byte-identical."""
+    copied = copied or {}
+    fact_batch: list[Step | Put] = [*store_fact_steps(layout), mode_step(layout, base_hash, replaced_files)]
+    if copied:
+        fact_batch.append(tree_digest_step(venv_path(layout, base_hash) / "bin" / "python3", copied.values()))
+    results = remote.run(fact_batch)
     facts = parse_store_facts(results)
     modes = parse_modes(layout, base_hash, _by_name(results)[FACT_MODES].stdout)
-    digest, steps = derive_steps(layout, base_hash, replaced_files, facts, modes, now or datetime.now(UTC))
+    digests = json.loads(_by_name(results)[FACT_TREES].stdout) if copied else {}
+    trees = {relpath: CopiedTree(source, str(digests[str(source)])) for relpath, source in copied.items()}
+    digest, steps = derive_steps(layout, base_hash, replaced_files, facts, modes, now or datetime.now(UTC), trees)
     if steps:
         remote.run(steps)
     distributions = {str(k): str(v) for k, v in dict(facts.markers[base_hash].get("distributions", {})).items()}

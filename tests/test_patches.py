@@ -321,7 +321,7 @@ def test_jit_cache_steps_delete_only_the_patched_module_of_that_version(patch_se
 def test_host_files_travel_byte_exact_and_are_written_as_new_files(patch_set):
     site = PurePosixPath("/opt/sglang-deploy/sglang/venvs/abc123/lib/python3.11/site-packages")
     paths = [JIT, HEADER]
-    steps = read_steps(site, paths)
+    steps = read_steps({path: site / path for path in paths})
     assert steps[0].argv == ("base64", "-w", "0", "--", f"{site}/{JIT}") and steps[0].ok == frozenset({0, 1})
     text = "line one\r\nno newline at the end, and a tab\t"
     results = [StepResult(steps[0], 0, base64.b64encode(text.encode()).decode() + "\n", "", 0.0),

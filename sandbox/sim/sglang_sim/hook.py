@@ -19,6 +19,8 @@ import types
 from collections.abc import Sequence
 from pathlib import Path
 
+from sglang_sim.upstream import real_spec
+
 SIM_ENTRY = "import sglang_sim.main\nsglang_sim.main.run()\n"
 
 
@@ -71,7 +73,7 @@ class SimFinder(importlib.abc.MetaPathFinder):
     ) -> importlib.machinery.ModuleSpec | None:
         if fullname not in ("sglang", "sglang.launch_server", "sglang.benchmark.serving"):
             return None
-        real = importlib.machinery.PathFinder.find_spec(fullname, path)
+        real = real_spec(fullname, path)
         if real is None:
             return None
         if fullname == "sglang.benchmark.serving":

@@ -9,7 +9,8 @@ from __future__ import annotations
 import enum
 import importlib.machinery
 import importlib.metadata
-from collections.abc import Mapping
+import sys
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -25,9 +26,23 @@ JIT_GATE = "supported_major_versions=[9, 10]\n"
 JIT_MESSAGE = "No supported CUDA architectures found for major versions [9, 10]."
 
 
+def real_spec(fullname: str, path: Sequence[str] | None = None) -> importlib.machinery.ModuleSpec | None:
+    """The spec the import system would give without the sim's finders: sys.path first, then the other finders
+    on sys.meta_path, such as the one an editable install (setuptools' `__editable__` finder) appends."""
+    spec = importlib.machinery.PathFinder.find_spec(fullname, path)
+    for finder in sys.meta_path:
+        if spec is not None:
+            break
+        # PathFinder was asked first; the sim's own finders never answer (setuptools' finder is a class)
+        if finder is importlib.machinery.PathFinder or getattr(finder, "__module__", "").startswith("sglang_sim"):
+            continue
+        spec = finder.find_spec(fullname, path) if hasattr(finder, "find_spec") else None
+    return spec
+
+
 def package_dir(name: str) -> Path | None:
     """Directory of an installed top-level package, found without importing it."""
-    spec = importlib.machinery.PathFinder.find_spec(name)
+    spec = real_spec(name)
     if spec is None or not spec.submodule_search_locations:
         return None
     return Path(next(iter(spec.submodule_search_locations)))
