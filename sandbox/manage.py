@@ -24,6 +24,8 @@ GUEST_VENV = PurePosixPath("/opt/ml-env")  # a real host uses /root/ml-env
 GUEST_WHEELS = PurePosixPath("/var/cache/sglang-sim/wheels")
 GUEST_USER = "deploy"
 GUEST_TOKENIZER = PurePosixPath("/opt/sim-tokenizer")
+GUEST_CHECKOUT = PurePosixPath("/root/sglang/python")  # where our users' SGLang source checkout is
+GUEST_EDITABLE_VENV = PurePosixPath("/root/ml-env")
 
 
 @dataclass(frozen=True)
@@ -133,20 +135,42 @@ def run_on(g: Guest, command: str, timeout_s: float = 600, user: str = "root") -
     return result.stdout
 
 
-def push_wheels(g: Guest, house: wheelhouse.Wheelhouse) -> list[PurePosixPath]:
-    """rsync the wheelhouse to the guest (it has no network); returns the paths there."""
+def push_wheels(g: Guest, wheels: tuple[Path, ...]) -> list[PurePosixPath]:
+    """rsync wheels to the guest (it has no network); returns the paths there."""
     run_on(g, f"mkdir -p {shlex.quote(str(GUEST_WHEELS))}")
     ssh = shlex.join(g.ssh_argv("root")[:-1])
-    subprocess.run(["rsync", "-a", "-e", ssh, *map(str, house.wheels), f"root@{g.guest_ip}:{GUEST_WHEELS}/"],
+    subprocess.run(["rsync", "-a", "-e", ssh, *map(str, wheels), f"root@{g.guest_ip}:{GUEST_WHEELS}/"],
                    check=True, capture_output=True, timeout=600)
-    return [GUEST_WHEELS / wheel.name for wheel in house.wheels]
+    return [GUEST_WHEELS / wheel.name for wheel in wheels]
 
 
 def build_guest_venv(g: Guest, house: wheelhouse.Wheelhouse, venv: PurePosixPath = GUEST_VENV) -> PurePosixPath:
     """Until the deploy engine builds venvs: real sglang + flashinfer (--no-deps) + msgspec + the sim."""
-    remote_wheels = push_wheels(g, house)
-    install = shlex.join(wheelhouse.install_argv(str(venv / "bin/python"), tuple(map(str, remote_wheels))))
+    _venv_with(g, venv, push_wheels(g, house.wheels))
+    return venv
+
+
+def _venv_with(g: Guest, venv: PurePosixPath, wheels: list[PurePosixPath]) -> None:
+    """A fresh venv holding these wheels, and the simulator's tokenizer (the sandbox has no GLM-5 tokenizer; SGLang's
+    serving benchmark loads this one offline, bench.tokenizer)."""
+    install = shlex.join(wheelhouse.install_argv(str(venv / "bin/python"), tuple(map(str, wheels))))
     run_on(g, f"rm -rf {shlex.quote(str(venv))} && /usr/bin/python3 -m venv {shlex.quote(str(venv))} && {install}")
-    # the sandbox has no GLM-5 tokenizer; SGLang's serving benchmark loads this one offline (bench.tokenizer)
     run_on(g, f"{shlex.quote(str(venv / 'bin/python'))} -m sglang_sim.tokenizer {shlex.quote(str(GUEST_TOKENIZER))}")
+
+
+def build_editable_venv(g: Guest, house: wheelhouse.Wheelhouse, checkout: PurePosixPath = GUEST_CHECKOUT,
+                        venv: PurePosixPath = GUEST_EDITABLE_VENV) -> PurePosixPath:
+    """Our users' layout: SGLang run from a source checkout (`pip install -e`), everything else from wheels.
+
+    The checkout is the real SGLang wheel laid out as the repository's python/ directory (sandbox/source_tree.py,
+    run on the guest); setuptools >= 70.1 builds the editable wheel offline (older ones need `wheel`)."""
+    sglang, *others = push_wheels(g, (house.sglang, wheelhouse.download("setuptools"),
+                                      *(w for w in house.wheels if w != house.sglang)))
+    script = (SANDBOX_DIR / "source_tree.py").read_text()
+    run_on(g, f"rm -rf {shlex.quote(str(checkout))} && python3 -c {shlex.quote(script)} "
+              f"{shlex.quote(str(sglang))} {shlex.quote(str(checkout))}")
+    _venv_with(g, venv, others)
+    editable = [str(venv / "bin/python"), "-m", "pip", "install", "-q", "--no-deps", "--no-index",
+                "--no-build-isolation", "--disable-pip-version-check", "-e", str(checkout)]
+    run_on(g, shlex.join(editable))
     return venv

@@ -497,6 +497,41 @@ def test_derive_copies_with_links_and_replaces_files_as_new_files() -> None:
     assert not any(str(p.dest).startswith(f"/opt/sd/sglang/venvs/{BASE}/") for p in puts(remote))
 
 
+def test_derive_copies_a_checkouts_package_in_as_new_files_and_checks_it_is_imported() -> None:
+    """An editable install's package (outside the venv) is copied into the derived venv, digest-checked."""
+    tree = "lib/python3.11/site-packages/sglang"
+    source = PurePosixPath("/root/sglang/python/sglang")
+    remote = host(markers={BASE: BASE_MARKER}).reply(venvs.FACT_TREES, stdout=json.dumps({str(source): "d" * 64}))
+    result = venvs.derive(remote, LAYOUT, BASE, {REL: b"patched\n"}, NOW, copied={tree: source})
+    assert result.hash == venvs.derived_hash(BASE, {REL: b"patched\n"}, {tree: "d" * 64})
+    assert result.hash != venvs.derived_hash(BASE, {REL: b"patched\n"}), "the tree's content is part of the hash"
+    tmp = f"/opt/sd/sglang/venvs/{result.hash}.tmp"
+    names = remote.ran_names()
+    copy_step = f"venv derive: copy {source}"
+    assert names.index("venv derive: hard-linked copy") < names.index(copy_step) < names.index(f"put {tmp}/{REL}")
+    argvs = {s.name: s.argv for s in remote.ran if isinstance(s, Step)}
+    assert argvs[copy_step][-4:] == ("copy", str(source), f"{tmp}/{tree}", "d" * 64)
+    assert argvs["venv derive: imports sglang from the copy"][-2:] == ("sglang", f"{tmp}/{tree}")
+    marker = json.loads(remote.file_text(f"{tmp}/venv.json"))
+    assert marker["copied"] == {tree: {"source": str(source), "digest": "d" * 64}}
+
+
+def test_a_checkout_package_is_copied_and_its_direct_url_no_longer_says_editable() -> None:
+    venv = PurePosixPath("/root/ml-env")
+    site = venv / "lib/python3.11/site-packages"
+    installed = venvs.InstalledFacts(
+        venv=venv, site_packages=site, versions={"sglang": "0.5.23", "flashinfer-python": "0.7.2"},
+        origins={"sglang": venvs.Origin(PurePosixPath("/root/sglang/python"), True,
+                                        site / "sglang-0.5.23.dist-info/direct_url.json")},
+        roots={"sglang": PurePosixPath("/root/sglang/python"), "flashinfer": site})
+    assert installed.location("sglang/srt/x.py") == PurePosixPath("/root/sglang/python/sglang/srt/x.py")
+    assert installed.location("flashinfer/jit/comm.py") == site / "flashinfer/jit/comm.py"
+    assert installed.outside() == {"sglang": PurePosixPath("/root/sglang/python")}
+    assert installed.origins["sglang"].describe() == "editable: /root/sglang/python"
+    plain = venvs.InstalledFacts(venv=venv, site_packages=site, versions={}, origins={}, roots={"sglang": site})
+    assert plain.outside() == {} and plain.location("sglang/x.py") == site / "sglang/x.py"
+
+
 def test_derive_needs_a_published_base_and_sane_paths() -> None:
     with pytest.raises(PreflightError, match="not published"):
         venvs.derive(host(), LAYOUT, BASE, {REL: b"x"}, NOW)
