@@ -177,7 +177,7 @@ def enable(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, pat
     for source in copied.values():
         progress.note(f"{source} is outside the venv (an editable install): the patched venv gets its own copy of it; "
                       "the checkout is never written")
-    derived = derive(remote, context.layout, base_hash, replaced, copied) if enabled.files else None
+    derived = derive(remote, context.layout, base_hash, replaced, copied=copied) if enabled.files else None
     venv_hash = derived.hash if derived else base_hash
     workspace = PurePosixPath(cache_environment(context.layout, venv_hash)["FLASHINFER_WORKSPACE_BASE"])
     remote.run([*cache_dir_steps(context.layout, venv_hash, patched.profile.service.user),

@@ -1132,7 +1132,7 @@ def derive_steps(layout: StoreLayout, base_hash: str, replaced_files: Mapping[st
 
 
 def derive(remote: Remote, layout: StoreLayout, base_hash: str, replaced_files: Mapping[str, bytes],
-           now: datetime | None = None, copied: Mapping[str, PurePosixPath] | None = None) -> VenvResult:
+           now: datetime | None = None, *, copied: Mapping[str, PurePosixPath] | None = None) -> VenvResult:
     """A new venv: the base with `replaced_files` (relative path -> new bytes) and the `copied` directories
     (relative path -> source directory on the host, copied in whole); the base stays byte-identical."""
     copied = copied or {}
