@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -58,10 +58,10 @@ class StatusReport:
     gpu_error: str | None
     lock_holder: str | None
     venv_versions: Mapping[str, str]  # sglang, flashinfer-python, torch of a managed venv (from its marker)
-    venv_sources: Mapping[str, str]   # distribution -> "editable: /root/sglang/python" (or "copy of ...")
     restarts: int = 0                   # systemd's NRestarts: automatic restarts since the deploy's start
     crashes: CrashReport | None = None  # the current release's crashes since its deploy; None: none
     advice: str | None = None           # what to do about a release left down by crashes
+    venv_sources: Mapping[str, str] = field(default_factory=dict)  # distribution -> "editable: DIR" / "copy of DIR"
 
 
 def _age_s(iso: str, now: datetime) -> float | None:
