@@ -166,7 +166,7 @@ def deploy(c: Context, profile: str | None = None, host: str | None = None, inve
     _report_as(json, verbose)
     loaded, target = _load(profile, inventory, host, accept_new_host_key)
     if not dry_run and not yes and not ui.confirm(f"deploy {loaded.name} to {target.host.name}?"):
-        raise Exit("cancelled", code=1)
+        raise Exit("cancelled: nothing was changed", code=1)
     options = deploy_engine.Options(dry_run=dry_run, force=force, environ=dict(os.environ), gate=gate)
     with _remote(target) as remote:
         outcome = _run(lambda: deploy_engine.deploy(loaded, target, remote, _progress(), options))
@@ -353,7 +353,7 @@ def patches_enable(c: Context, name: str, profile: str | None = None, host: str 
         base = patching.base_profile(_profile_in_use(profile, target, remote, service), patch_set)
         patched = patching.patched_profile(base, patch_set)
         if not yes and not ui.confirm(f"patch {name} and deploy {patched.name} to {target.host.name}?"):
-            raise Exit("cancelled", code=1)
+            raise Exit("cancelled: nothing was changed", code=1)
         report, outcome = _run(lambda: patching.enable(remote, patch_set, base, patched, target,
                                                        _progress(), deploy_engine.Options(
                                                            environ=dict(os.environ))))
@@ -372,7 +372,7 @@ def patches_disable(c: Context, name: str, profile: str | None = None, host: str
     with _remote(target) as remote:
         base = patching.base_profile(_profile_in_use(profile, target, remote, service), patch_set)
         if not yes and not ui.confirm(f"deploy {base.name} without {name} to {target.host.name}?"):
-            raise Exit("cancelled", code=1)
+            raise Exit("cancelled: nothing was changed", code=1)
         outcome = _run(lambda: patching.disable(remote, patch_set, base, target, _progress(),
                                                 deploy_engine.Options(environ=dict(os.environ))))
     ui.print_outcome(outcome)
@@ -391,7 +391,7 @@ def patch_fusion(c: Context, enable: bool = False, disable: bool = False, check:
     chosen = [flag for flag, on in (("enable", enable), ("disable", disable), ("check", check), ("audit", audit))
               if on]
     if len(chosen) != 1:
-        raise Exit("give exactly one of --enable, --disable, --check, --audit", code=2)
+        raise Exit("error: give exactly one of --enable, --disable, --check, --audit", code=2)
     action = {"enable": patches_enable, "disable": patches_disable, "check": patches_check, "audit": patches_audit}
     kwargs = {"yes": yes} if chosen[0] in ("enable", "disable") else {}
     action[chosen[0]](c, FUSION_PATCH_SET, profile=profile, host=host, inventory=inventory, service=service,

@@ -96,6 +96,10 @@ def test_a_deploy_without_a_profile_takes_the_inventorys_or_says_what_to_give(tm
 
 
 def test_version_prints_the_tools_version() -> None:
+    installed = subprocess.run([sys.executable, "-c", "import sys; from deploy_cli.program import main; "
+                                "sys.argv = ['sglang-deploy', '--version']; main()"],
+                               capture_output=True, text=True, cwd=REPO, check=True)
+    assert installed.stdout.strip() == f"sglang-deploy {package_version('sglang-deploy')}"
     shown = invoke("version")
     assert shown.returncode == 0
     assert shown.stdout.strip() == f"sglang-deploy {package_version('sglang-deploy')}"
@@ -177,3 +181,9 @@ def test_verbose_shows_each_remote_step_with_its_output_and_masks_secrets() -> N
     assert lines[0] == "  $ systemctl show sglang.service (exit 0, 0.05 s)"
     assert lines[1] == "    | ActiveState=active"
     assert "hf_x" not in "\n".join(lines) and lines[-1] == f"    | {MASK}"
+
+
+def test_patch_fusion_without_an_action_is_a_sentence_and_exit_2() -> None:
+    refused = invoke("patch-fusion")
+    assert (refused.returncode, refused.stderr.strip()) == (
+        2, "error: give exactly one of --enable, --disable, --check, --audit")
