@@ -283,6 +283,13 @@ def preflight(plan: Plan, loaded: LoadedProfile, target: Target, facts: HostFact
                                     plan.release.environment) if profile.features.allreduce_fusion and gpus else None
     if toolkit_problem:
         raise PreflightError(f"{where}: allreduce fusion cannot start: {toolkit_problem}", FIX_HINT)
+    if facts.import_shadow:
+        raise PreflightError(
+            f"{where}: the server would import SGLang from {facts.import_shadow}, not from what {plan.release.venv} "
+            f"has installed: `python -m` puts its working directory {profile.service.working_directory} first on "
+            "sys.path (a checkout's parent directory there is imported as a namespace package before an editable "
+            "install's finder, and SGLang's own __init__ never runs)",
+            "set service.working_directory to a directory without an `sglang` entry (e.g. the checkout's own)")
     problems = [problem for problem in check_argv(facts.sglang.options, list(plan.release.args))
                 if problem.severity == "error"]
     if problems:
@@ -447,7 +454,8 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
     started = clock()
     # the toolkit decides only whether FlashInfer can JIT-build the fusion's kernels (deploy_lib/cuda_toolkit.py)
     toolkit_home = cuda_home(launch_environment(profile)) if profile.features.allreduce_fusion else None
-    facts = read_host_facts(remote, layout, venv.path, profile.server.port, toolkit_home)
+    facts = read_host_facts(remote, layout, venv.path, profile.server.port, toolkit_home,
+                            profile.service.working_directory)
     run.timings["facts"] = round(clock() - started, 3)
     plan = plan_deploy(loaded, target, facts, secrets, options.force, datetime.now(UTC), venv, options.patches,
                        not_available)

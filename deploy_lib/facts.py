@@ -30,6 +30,18 @@ FACT_FILE_SUMS = "host facts: current release checksums"
 FACT_PORT = "host facts: port listeners"
 FACT_DISK = "host facts: free disk"
 FACT_SGLANG = "host facts: SGLang in the venv"
+FACT_IMPORT = "host facts: where the server imports SGLang from"
+# Run by the venv's python in the unit's working directory, as `python -m sglang.launch_server` runs there (the
+# working directory first on sys.path): where `sglang` is imported from, and where it is without that entry.
+IMPORT_SCRIPT = r"""
+import importlib.util, json, sys
+def where():
+    spec = importlib.util.find_spec("sglang")
+    return sorted(spec.submodule_search_locations or [spec.origin]) if spec else None
+served = where()
+sys.path[:] = [entry for entry in sys.path if entry not in ("", ".")]
+print(json.dumps({"served": served, "installed": where()}))
+"""
 _MISSING_OK = frozenset({0, 1, 2, 127})  # absent tools or files are facts, not errors
 
 
@@ -81,6 +93,7 @@ class HostFacts:
     free_bytes: int | None
     sglang: SGLangInstall
     cuda_toolkit: CudaToolkit | None = None  # at the release's CUDA_HOME; None when not asked for
+    import_shadow: str | None = None  # the server would import SGLang from here (its working directory), not the venv's
 
 
 def _number(text: str) -> float | None:
@@ -159,6 +172,22 @@ def sglang_step(venv: str) -> Step:
                 stdin=OPTIONS_SOURCE.encode(), ok=frozenset({0, 1, 127}), timeout_s=120)
 
 
+def import_step(venv: str, working_directory: str) -> Step:
+    return Step(FACT_IMPORT, ("env", "-C", working_directory, str(PurePosixPath(venv) / "bin" / "python3"), "-c",
+                              IMPORT_SCRIPT), sudo=True, ok=frozenset({0, 1, 125, 126, 127}), timeout_s=60)
+
+
+def parse_import_shadow(result: StepResult) -> str | None:
+    """Where the server would import sglang from when that is not where the venv has it (e.g. a checkout's parent
+    holding `sglang/`, imported as a namespace package before an editable install's finder); None when the same."""
+    try:
+        data = json.loads(result.stdout.strip().splitlines()[-1]) if result.exit_code == 0 else {}
+    except (IndexError, ValueError):
+        return None
+    served, installed = data.get("served"), data.get("installed")
+    return ", ".join(served) if served and installed and served != installed else None
+
+
 def gpu_step(name: str) -> Step:
     """One read of every GPU; a host without nvidia-smi (exit 127) is a fact for parse_gpus, not a failure."""
     return Step(name, NVIDIA_SMI_QUERY, ok=_MISSING_OK, timeout_s=30)
@@ -169,8 +198,8 @@ def unit_step(layout: StoreLayout) -> Step:
                             "--", layout.unit_name))
 
 
-def fact_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_home: str | None = None
-               ) -> list[Step | Put]:
+def fact_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_home: str | None = None,
+               working_directory: str | None = None) -> list[Step | Put]:
     """Everything preflight and the plan need, read-only, in as few round trips as the batching allows.
 
     Without a venv (rollback, status) SGLang is not inspected; without a port no listener is looked up; without a
@@ -189,6 +218,8 @@ def fact_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_hom
         batch.append(Step(FACT_PORT, ("ss", "-Htlnp", f"sport = :{port}"), sudo=True, ok=_MISSING_OK))
     if venv is not None:
         batch.append(sglang_step(venv))
+    if venv is not None and working_directory is not None:
+        batch.append(import_step(venv, working_directory))
     if cuda_home is not None:
         batch.extend(toolkit_steps(cuda_home))
     return batch
@@ -203,8 +234,8 @@ _NOT_READ = StepResult(Step("not read", ("true",)), 0, "", "", 0.0)
 
 
 def read_host_facts(remote: Remote, layout: StoreLayout, venv: str | None, port: int | None,
-                    cuda_home: str | None = None) -> HostFacts:
-    results = remote.run(fact_batch(layout, venv, port, cuda_home))
+                    cuda_home: str | None = None, working_directory: str | None = None) -> HostFacts:
+    results = remote.run(fact_batch(layout, venv, port, cuda_home, working_directory))
     by_name = {result.step.name: result for result in results}
     by_name.setdefault(FACT_PORT, _NOT_READ)
     by_name.setdefault(FACT_SGLANG, StepResult(Step("not read", ("true",)), 0, '{"error": "not read"}', "", 0.0))
@@ -220,6 +251,7 @@ def read_host_facts(remote: Remote, layout: StoreLayout, venv: str | None, port:
         free_bytes=parse_free_bytes(by_name[FACT_DISK].stdout),
         sglang=parse_sglang_install(by_name[FACT_SGLANG]),
         cuda_toolkit=parse_toolkit(cuda_home, by_name) if cuda_home is not None else None,
+        import_shadow=parse_import_shadow(by_name[FACT_IMPORT]) if FACT_IMPORT in by_name else None,
     )
 
 

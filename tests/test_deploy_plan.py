@@ -12,12 +12,14 @@ import pytest
 from deploy_lib.deploy import plan_deploy, preflight
 from deploy_lib.errors import ConfigError, DriftDetected, PreflightError
 from deploy_lib.facts import (
+    FACT_IMPORT,
     Gpu,
     HostFacts,
     SGLangInstall,
     UnitFacts,
     parse_free_bytes,
     parse_gpus,
+    parse_import_shadow,
     parse_sha256sums,
 )
 from deploy_lib.inventory import HostVars
@@ -167,6 +169,23 @@ def test_preflight_refuses_a_port_held_by_another_process() -> None:
     with pytest.raises(PreflightError, match=r"port 8000 is already in use.*nginx"):
         preflight(plan, loaded, target(), busy)
     preflight(plan, loaded, target(), replace(busy, unit=replace(busy.unit, active_state="active")))
+
+
+def test_preflight_refuses_a_working_directory_that_shadows_the_installed_sglang() -> None:
+    """Input tried: an editable SGLang from /root/sglang/python with the unit's working directory /root, where
+    `python -m` would import /root/sglang as a namespace package (output of the host-side script, as on the guest)."""
+    loaded, plan = first_plan()
+    script_out = json.dumps({"served": ["/root/sglang"], "installed": ["/root/sglang/python/sglang"]})
+    shadow = parse_import_shadow(StepResult(Step(FACT_IMPORT, ("env",)), 0, script_out + "\n", "", 0.0))
+    assert shadow == "/root/sglang"
+    with pytest.raises(PreflightError, match=r"would import SGLang from /root/sglang, not from") as refused:
+        preflight(plan, loaded, target(), replace(facts(plan.release.args), import_shadow=shadow))
+    assert refused.value.hint and "service.working_directory" in refused.value.hint
+    same = json.dumps({"served": ["/opt/ml-env/lib/python3.11/site-packages/sglang"],
+                       "installed": ["/opt/ml-env/lib/python3.11/site-packages/sglang"]})
+    assert parse_import_shadow(StepResult(Step(FACT_IMPORT, ("env",)), 0, same, "", 0.0)) is None
+    assert parse_import_shadow(StepResult(Step(FACT_IMPORT, ("env",)), 125, "", "env: cannot change directory", 0.0)) \
+        is None
 
 
 def test_preflight_refuses_an_inventory_that_misdeclares_the_architecture() -> None:

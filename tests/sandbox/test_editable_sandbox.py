@@ -17,6 +17,7 @@ from projects import project_for_guest
 
 from deploy_lib import deploy as engine
 from deploy_lib import patches, patching, venvs
+from deploy_lib.errors import PreflightError
 from deploy_lib.patches import find_patch_set
 from deploy_lib.progress import RecordingProgress
 from deploy_lib.project import Project, load_for_host
@@ -29,7 +30,7 @@ REPO = Path(__file__).resolve().parents[2]
 CHECKOUT = manage.GUEST_CHECKOUT
 CHECKOUT_SUM = f"cd {CHECKOUT} && find . -type f -not -path '*/__pycache__/*' | sort | xargs sha256sum | sha256sum"
 # Not /root: `python -m` puts the working directory first on sys.path, and /root/sglang (the checkout's parent) would
-# be imported as a namespace package before setuptools' editable finder is asked (docs/patch-sets.md).
+# be imported as a namespace package before setuptools' editable finder is asked: preflight refuses /root.
 PROFILE = "glm5-src"
 PROFILES = {PROFILE: f"extends: glm5-nvfp4\nservice:\n  working_directory: {CHECKOUT.parent}\n"}
 
@@ -66,6 +67,11 @@ def test_patch_set_on_an_editable_sglang_reads_enables_and_disables_in_the_check
     patch_set = find_patch_set(REPO / "roles", "fusion-sm120")
     base, target = load_for_host(rig.project, PROFILE, rig.inventory, None)
     checkout_before = rig.root(CHECKOUT_SUM)
+    shadowed, shadowed_target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
+    with FabricRemote(shadowed_target.ssh) as remote, pytest.raises(PreflightError) as refused:
+        engine.deploy(shadowed, shadowed_target, remote, RecordingProgress(), engine.Options())
+    assert f"would import SGLang from {CHECKOUT.parent}, not from" in refused.value.message
+    assert rig.root("ls /opt/sglang-deploy/sglang/releases 2>/dev/null | wc -l").strip() == "0", "nothing staged"
     with FabricRemote(target.ssh) as remote:
         first = engine.deploy(base, target, remote, RecordingProgress(), engine.Options())
         assert first.action == "deployed"
