@@ -29,7 +29,7 @@ from deploy_lib.deploy import Options, plan_deploy, preflight
 from deploy_lib.errors import PreflightError
 from deploy_lib.patches import find_patch_set
 from deploy_lib.progress import RecordingProgress
-from deploy_lib.remote import Step, StepResult
+from deploy_lib.remote import Put, Step, StepResult
 
 pytest_plugins = ("wheelcache",)
 
@@ -157,9 +157,10 @@ def patch_host(flashinfer: str, version_json: str | None) -> FakeRemote:
     remote.reply(lambda step: isinstance(step, Step) and step.argv[0] == "nvidia-smi", stdout="\n".join(
         f"{i}, NVIDIA RTX PRO 6000 Blackwell Server Edition, GPU-{i}, 12.0, 97887, 0, 30.0, 600.0, 0, 580.95"
         for i in range(8)))
-    remote.reply("patch facts: venv", stdout=json.dumps({
-        "purelib": "/root/ml-env/lib/python3.11/site-packages",
-        "versions": {"sglang": "0.5.15.post1", "flashinfer-python": flashinfer}}))
+    site = "/root/ml-env/lib/python3.11/site-packages"
+    remote.reply("patch facts: venv", stdout=json.dumps({  # what venvs.INSTALLED_FACTS_SCRIPT prints
+        "purelib": site, "versions": {"sglang": "0.5.15.post1", "flashinfer-python": flashinfer},
+        "origins": {}, "roots": {"sglang": site, "flashinfer": site}}))
     remote.reply("patch facts: record", exit_code=1)
     remote.reply(lambda step: isinstance(step, Step) and step.argv[0] == "base64", exit_code=1)
     remote.reply(FACT_VERSION_JSON, exit_code=0 if version_json else 1, stdout=version_json or "")
@@ -180,8 +181,9 @@ def test_patch_fusion_check_and_audit_report_the_toolkit_and_enable_refuses_befo
         patching.enable(remote, patch_set, base, patching.patched_profile(base, patch_set), target(),
                         RecordingProgress(), Options())
     assert caught.value.exit_code == 3 and "CUDA 12.8" in caught.value.message
-    assert all(isinstance(step, Step) and not step.sudo for batch in remote.batches for step in batch), \
-        "only reads ran: no venv made, nothing written"
+    # reads run as root too (a venv under /root), so "only reads" is: nothing put, no venv step
+    assert not any(isinstance(step, Put) or step.name.startswith("venv ") for batch in remote.batches
+                   for step in batch), "only reads ran: no venv made, nothing written"
     fine = patching.check(patch_host("0.7.2", VERSION_JSON_128), patch_set, base, target())
     assert fine.toolkit == ("CUDA toolkit: CUDA 12.8 at /usr/local/cuda-12.8 (/usr/local/cuda-12.8/version.json): "
                             "FlashInfer 0.7.2 accepts it for sm120")
