@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib.metadata import version as package_version
@@ -404,22 +405,40 @@ def version(c: Context) -> None:
     ui.console.print(f"sglang-deploy {package_version('sglang-deploy')}")
 
 
+def _demo_step(title: str, command: str, action: Callable[[], None]) -> None:
+    """One step of the demo: its title, the command a user would type, its output (an expected exit is shown)."""
+    ui.console.rule(title)
+    ui.console.print(f"$ invoke {command}", markup=False, style="bold")
+    try:
+        action()
+    except Exit as stopped:
+        ui.console.print(f"(exit {stopped.code})")
+
+
 @task
 def demo(c: Context) -> None:
-    """The sandbox VM up, glm5-nvfp4 deployed and its status; then a release that cannot start, rolled back."""
+    """Our users' week on the sandbox VM: a gated deploy, a fusion release that cannot start, the patched one the gate
+    rolls back, a slow release kept without a gate and rolled back by hand, the releases with their figures."""
+    started = time.monotonic()
+    sandbox_tasks.down(c)  # a fresh guest: the story starts on an empty host
     sandbox_tasks.up(c, venv=True)
     inventory = str(PROJECT.root / SANDBOX_INVENTORY)
-    ui.console.rule("1. deploy the reference profile")
-    deploy(c, "glm5-nvfp4", inventory=inventory, yes=True)
-    ui.console.rule("2. status")
-    status(c, inventory=inventory)
-    ui.console.rule("3. deploy fusion on SM120 with the gate unpatched: it cannot start and is rolled back")
-    try:
-        deploy(c, "glm5-nvfp4-fusion", inventory=inventory, yes=True)
-    except Exit as stopped:
-        ui.console.print(f"(deploy exited {stopped.code}, as expected: the previous release is serving)")
-    ui.console.rule("4. releases")
-    releases(c, inventory=inventory)
+    on = {"inventory": inventory, "yes": True}
+    _demo_step("1. deploy the reference profile with the throughput gate: the first figures are recorded",
+               "deploy --profile glm5-nvfp4-sandbox", lambda: deploy(c, "glm5-nvfp4-sandbox", **on))
+    _demo_step("2. status", "status", lambda: status(c, inventory=inventory))
+    _demo_step("3. fusion on SM120 with the gates unpatched: it cannot start, is rolled back and diagnosed",
+               "deploy --profile glm5-nvfp4-fusion", lambda: deploy(c, "glm5-nvfp4-fusion", **on))
+    _demo_step("4. the fusion patch set: it starts healthy, the gate measures it slow and rolls it back",
+               "patch-fusion --enable --profile glm5-nvfp4-sandbox",
+               lambda: patch_fusion(c, enable=True, profile="glm5-nvfp4-sandbox", **on))
+    _demo_step("5. the patched release without a gate, as before the gate existed: it stays until rolled back",
+               "patch-fusion --enable --profile glm5-nvfp4",
+               lambda: patch_fusion(c, enable=True, profile="glm5-nvfp4", **on))
+    _demo_step("6. roll back by hand", "rollback", lambda: rollback(c, inventory=inventory))
+    _demo_step("7. releases: outcome, measured throughput and GPU power", "releases",
+               lambda: releases(c, inventory=inventory))
+    ui.console.print(f"demo done in {time.monotonic() - started:.0f} s")
 
 
 ns = Collection(render, plan, schema, deploy, rollback, releases, status, logs, unlock, bench, patch_fusion, demo,

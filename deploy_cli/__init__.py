@@ -149,12 +149,12 @@ def print_status(report: StatusReport) -> None:
 
 
 def print_releases(rows: list[ReleaseRow]) -> None:
-    table = Table("", "release", "staged", "profile", "SGLang", "outcome", "output tok/s")
+    table = Table("", "release", "staged", "profile", "SGLang", "outcome", "output tok/s", "GPU power (bench)")
     for column in table.columns[1:4]:
         column.no_wrap = True
     for row in rows:
         table.add_row("*" if row.is_current else "", row.id, row.staged_at[:16].replace("T", " "), row.profile,
-                      row.sglang_version, row.outcome, row.throughput)
+                      row.sglang_version, row.outcome, row.throughput, row.gpu_power)
     console.print(table)
 
 

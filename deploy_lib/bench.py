@@ -220,8 +220,8 @@ class BenchResult:
         return cls(release_id=release_id, settings=settings, levels=tuple(results), error=error)
 
     def summary(self) -> str:
-        """One line: throughput per level, or why there is none."""
-        if not self.ok:
+        """One line: throughput per level (also of a run the gate failed), or why there is none."""
+        if not self.levels:
             return f"benchmark failed: {self.error}"
         return ", ".join(f"{level.output_tok_s:,.0f} tok/s @{level.concurrency}" for level in self.levels)
 
@@ -488,14 +488,40 @@ def last_good_release(history: Sequence[HistoryEntry], exclude: str | None = Non
     return None
 
 
+def _newest_bench(history: Sequence[HistoryEntry], release_id: str, healthy_only: bool = False
+                  ) -> HistoryEntry | None:
+    """The newest `bench` line of a release that has figures."""
+    return next((entry for entry in reversed(history)
+                 if entry.event == "bench" and entry.tags.release == release_id and entry.figures
+                 and (entry.outcome == HEALTHY or not healthy_only)), None)
+
+
 def latest_bench(history: Sequence[HistoryEntry], release_id: str, healthy_only: bool = False) -> BenchResult | None:
     """The newest benchmark of a release that has figures, rebuilt from history."""
-    for entry in reversed(history):
-        if (entry.event == "bench" and entry.tags.release == release_id and entry.figures
-                and (entry.outcome == HEALTHY or not healthy_only)):
-            return BenchResult.from_figures(release_id, entry.figures,
-                                            error=None if entry.outcome == HEALTHY else entry.cause or "failed")
-    return None
+    entry = _newest_bench(history, release_id, healthy_only)
+    if entry is None:
+        return None
+    return BenchResult.from_figures(release_id, entry.figures,
+                                    error=None if entry.outcome == HEALTHY else entry.cause or "failed")
+
+
+def gpu_power(figures: Mapping[str, float]) -> str:
+    """Power drawn during a benchmark, over all GPUs: `222 W mean, 250 W peak of 600 W`; '' without telemetry."""
+    def values(metric: str) -> list[float]:
+        return [value for key, value in figures.items() if key.startswith("gpu") and key.endswith(f".{metric}")]
+    means, peaks, limits = values("power_mean_w"), values("power_peak_w"), values("power_limit_w")
+    if not means:
+        return ""
+    limit = f" of {max(limits):.0f} W" if limits else ""
+    peak = f", {max(peaks):.0f} W peak" if peaks else ""
+    return f"{sum(means) / len(means):.0f} W mean{peak}{limit}"
+
+
+def power_by_release(history: Sequence[HistoryEntry]) -> dict[str, str]:
+    """Each release's GPU power during its newest benchmark (for `invoke releases`)."""
+    releases = {entry.tags.release for entry in history if entry.event == "bench"}
+    return {release: gpu_power(entry.figures) for release in releases
+            if (entry := _newest_bench(history, release)) is not None}
 
 
 def find_baseline(history: Sequence[HistoryEntry], settings: BenchSettings, new_release: str) -> BenchResult | None:

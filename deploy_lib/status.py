@@ -16,6 +16,7 @@ from deploy_lib.bench import (
     ComparisonRow,
     bench_on_demand,
     compare_releases,
+    power_by_release,
     throughput_by_release,
 )
 from deploy_lib.crashes import CrashReport, crash_loop_advice, read_crashes, record_new_crashes
@@ -43,6 +44,7 @@ class ReleaseRow:
     outcome: str
     is_current: bool
     throughput: str  # the newest benchmark's output tok/s per concurrency level
+    gpu_power: str = ""  # the GPUs' power draw during that benchmark
 
 
 @dataclass(frozen=True)
@@ -74,10 +76,11 @@ def _age_s(iso: str, now: datetime) -> float | None:
 def release_rows(store: StoreFacts) -> list[ReleaseRow]:
     outcomes = store.outcomes()
     throughput = throughput_by_release(store.history)
+    power = power_by_release(store.history)
     return [ReleaseRow(id=r.id, staged_at=r.staged_at, profile=str(r.metadata.get("profile_name", "?")),
                        sglang_version=str(r.metadata.get("sglang_version", "?")),
                        outcome=outcomes.get(r.id, "never started"), is_current=r.id == store.current,
-                       throughput=throughput.get(r.id, ""))
+                       throughput=throughput.get(r.id, ""), gpu_power=power.get(r.id, ""))
             for r in store.releases]
 
 

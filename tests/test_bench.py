@@ -30,6 +30,7 @@ from deploy_lib.bench import (
     gate_after_ready,
     parse_level,
     parse_telemetry,
+    power_by_release,
     run_benchmark,
     throughput_by_release,
 )
@@ -246,9 +247,9 @@ def test_no_baseline_without_a_healthy_release() -> None:
 
 
 def test_releases_show_their_newest_throughput() -> None:
+    """A release the gate failed shows what it measured (its outcome column says failed)."""
     history = [benched("r1", 800.0), benched("r1", 880.0), benched("r2", 236.0, passed=False)]
-    assert throughput_by_release(history) == {"r1": "880 tok/s @64",
-                                              "r2": "benchmark failed: " + history[2].cause}
+    assert throughput_by_release(history) == {"r1": "880 tok/s @64", "r2": "236 tok/s @64"}
 
 
 def test_compare_side_by_side_with_ratio() -> None:
@@ -396,3 +397,14 @@ def test_compare_releases_from_history_names_a_release_without_a_benchmark() -> 
     with pytest.raises(ConfigError, match="release r9 has no benchmark") as caught:
         compare_releases(history, "r1", "r9")
     assert "r1, r2" in str(caught.value.hint)
+
+
+def test_releases_show_the_gpu_power_of_their_newest_benchmark() -> None:
+    gpus = parse_telemetry(TELEMETRY)
+    bench = BenchResult("r1", SETTINGS, (level(64, 880.0),), gpus)
+    history = [bench_history_entry(bench, evaluate_gate(bench, None, GATE), tags("r1"), WHEN), benched("r2", 236.0)]
+    mean = sum(g.power_mean_w or 0 for g in gpus) / len(gpus)
+    peak = max(g.power_peak_w or 0 for g in gpus)
+    limit = max(g.power_limit_w or 0 for g in gpus)
+    assert power_by_release(history) == {"r1": f"{mean:.0f} W mean, {peak:.0f} W peak of {limit:.0f} W",
+                                         "r2": ""}, "a benchmark without telemetry shows no power"

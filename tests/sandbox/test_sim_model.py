@@ -35,6 +35,12 @@ def test_power_reaches_about_250_w_per_gpu_at_full_load() -> None:
     assert model.power_w(0) < model.power_w(64) < model.power_w(1024)
 
 
+def test_a_fused_release_on_sm120_draws_less_power_as_it_makes_fewer_tokens() -> None:
+    model = ThroughputModel.default()
+    assert model.power_w(1024, fused_on_sm120=True) == pytest.approx(
+        80 + 170 * model.aggregate_tok_s(1024, True) / model.aggregate_tok_s(1024))
+
+
 @pytest.mark.parametrize(("text", "fault"), [
     ("", None), ("oom\n", Fault("oom")), ("die-after 3", Fault("die-after", 3)),
     ("generation-hang", Fault("generation-hang")),

@@ -49,10 +49,11 @@ class Simulation:
     # --- state for the nvidia-smi stand-in ----------------------------------
     def write_state(self) -> None:
         running = self.engine.running if self.engine else 0
+        fused = self.engine.fused_on_sm120 if self.engine else False
         state = {"pid": os.getpid(), "gpus": list(range(self.launch.tp_size)),
                  "memory_used_mib": self.memory_used_mib,
-                 "power_w": round(self.model.power_w(running), 2),
-                 "util_pct": round(100 * self.model.load(running))}
+                 "power_w": round(self.model.power_w(running, fused), 2),
+                 "util_pct": round(100 * self.model.load(running, fused))}
         try:
             self.config.state_dir.mkdir(parents=True, exist_ok=True)
             tmp = self.state_file.with_suffix(f".tmp{os.getpid()}")

@@ -55,9 +55,11 @@ class ThroughputModel:
     def time_to_first_token_s(self, prompt_tokens: int) -> float:
         return self.prefill_base_s + prompt_tokens / self.prefill_tok_s
 
-    def load(self, concurrency: int) -> float:
-        """GPU load in [0, 1]: throughput relative to full load on the reference profile."""
-        return min(1.0, self.aggregate_tok_s(concurrency) / self.aggregate_tok_s(self.full_load_concurrency))
+    def load(self, concurrency: int, fused_on_sm120: bool = False) -> float:
+        """GPU load in [0, 1]: the throughput produced relative to full load on the reference profile (a fused
+        release on SM120 waits on its allreduce: fewer tokens, less power)."""
+        return min(1.0, self.aggregate_tok_s(concurrency, fused_on_sm120)
+                   / self.aggregate_tok_s(self.full_load_concurrency))
 
-    def power_w(self, concurrency: int) -> float:
-        return self.loaded_idle_w + (self.full_load_w - self.loaded_idle_w) * self.load(concurrency)
+    def power_w(self, concurrency: int, fused_on_sm120: bool = False) -> float:
+        return self.loaded_idle_w + (self.full_load_w - self.loaded_idle_w) * self.load(concurrency, fused_on_sm120)
