@@ -278,7 +278,7 @@ def venv_build(c: Context, profile: str | None = None, host: str | None = None, 
         raise Exit(f"error: profile {loaded.name} has no service.venv_build", code=2)
     layout = target.layout(loaded.profile.service.name)
     with _remote(target) as remote:
-        result = _run(lambda: ensure_venv(remote, layout, spec, progress=_progress()))
+        result = _run(lambda: ensure_venv(remote, layout, spec, progress=_progress(), where=target.host.name))
     ui.console.print(f"venv {result.hash} at {result.path}: {'reused' if result.reused else 'built'}, "
                      f"{len(result.wheels_sent)} wheels ({result.bytes_sent} bytes) sent")
 
@@ -291,7 +291,7 @@ def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | 
     target = _target(inventory, host)
     layout = target.layout(_service(service))
     with _remote(target) as remote:
-        result = _run(lambda: adopt_venv(remote, layout, PurePosixPath(path)))
+        result = _run(lambda: adopt_venv(remote, layout, PurePosixPath(path), where=target.host.name))
     ui.print_adopted(result)
 
 

@@ -57,14 +57,13 @@ from deploy_lib.store import (
     FAILED,
     HEALTHY,
     UNIT_FILE,
-    LockContext,
     StoreFacts,
     StoreLayout,
     Tags,
     append_history,
     fact_steps,
     history_entry,
-    holding_lock,
+    host_lock,
     operator_name,
     parse_store_facts,
     prune_releases,
@@ -73,7 +72,6 @@ from deploy_lib.store import (
     repair_release,
     stage_release,
     switch_current,
-    this_process_owner,
 )
 from deploy_lib.venvs import (
     cache_dir_steps,
@@ -441,12 +439,22 @@ def _roll_back(run: _Run, store: StoreFacts, failed_id: str, failure: ReadinessF
 
 def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progress, options: Options,
            clock: Callable[[], float] = time.monotonic) -> Outcome:
-    """Take the host to the profile's release, or back to its last healthy one; raise DeployError on failure."""
+    """Take the host to the profile's release, or back to its last healthy one; raise DeployError on failure.
+
+    Everything but a dry run holds the host's lock from the first read on: the venv build, the decision, the
+    switch and the prune see one consistent store that no other command changes meanwhile."""
     profile = loaded.profile
     if options.dry_run:  # a plan needs no secret value: it says which ones it could not read
-        secrets, not_available = available_secrets(profile, options.environ)
-    else:
-        secrets, not_available = resolve_secrets(profile, options.environ), {}  # ConfigError before any connection
+        return _deploy(loaded, target, remote, progress, options, *available_secrets(profile, options.environ),
+                       clock=clock)
+    secrets = resolve_secrets(profile, options.environ)  # ConfigError before any connection
+    with host_lock(remote, target.layout(profile.service.name), f"deploy {loaded.name}", target.host.name):
+        return _deploy(loaded, target, remote, progress, options, secrets, {}, clock=clock)
+
+
+def _deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progress, options: Options,
+            secrets: Mapping[str, str], not_available: Mapping[str, str], clock: Callable[[], float]) -> Outcome:
+    profile = loaded.profile
     layout = target.layout(profile.service.name)
     run = _Run(remote, layout, target, progress, options.environ, clock)
     venv = options.venv or choose_venv(remote, layout, target, profile, options.dry_run, progress)
@@ -467,28 +475,26 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
     if plan.unchanged:
         return Outcome("unchanged", plan.release.id, plan.current_id, plan=plan, timings=run.timings)
     tags = _tags(target, plan.release)
-    owner = this_process_owner(plan.release.id, datetime.now(UTC))
-    with holding_lock(remote, layout, owner, LockContext(where=target.host.name)):
-        record_new_crashes(remote, layout, facts.store, facts.unit)  # the restart below resets their count
-        run.phase("stage", plan.batches.get("stage", []))
-        gate = profile.gate or (GateSettings() if options.gate else None)
+    record_new_crashes(remote, layout, facts.store, facts.unit)  # the restart below resets their count
+    run.phase("stage", plan.batches.get("stage", []))
+    gate = profile.gate or (GateSettings() if options.gate else None)
+    try:
+        ready = run.activate(plan.release.id, plan.release.metadata(), start_prediction(facts.store, loaded.name),
+                             options.grace_s)
+        if gate is not None:
+            gate_after_ready(remote, layout, plan.release.metadata(), tags, profile.bench, gate,
+                             facts.store.history, progress, secrets.get(API_KEY_ENV))
+    except ReadinessFailed as failure:
+        diagnosis = gate_diagnosis(failure) if isinstance(failure, GateFailed) else \
+            run.journal_diagnosis(run.cursor, loaded.name)
+        run.record("deploy", FAILED, tags, failure_line(failure, diagnosis))
         try:
-            ready = run.activate(plan.release.id, plan.release.metadata(), start_prediction(facts.store, loaded.name),
-                                 options.grace_s)
-            if gate is not None:
-                gate_after_ready(remote, layout, plan.release.metadata(), tags, profile.bench, gate,
-                                 facts.store.history, progress, secrets.get(API_KEY_ENV))
-        except ReadinessFailed as failure:
-            diagnosis = gate_diagnosis(failure) if isinstance(failure, GateFailed) else \
-                run.journal_diagnosis(run.cursor, loaded.name)
-            run.record("deploy", FAILED, tags, failure_line(failure, diagnosis))
-            try:
-                return _roll_back(run, facts.store, plan.release.id, failure, diagnosis, loaded.name)
-            except DeployError as ended:
-                ended.about(plan.release.id, plan.current_id, run.timings)
-                raise
-        run.record("deploy", HEALTHY, tags)
-        prune(remote, layout, profile.service.keep_releases)
+            return _roll_back(run, facts.store, plan.release.id, failure, diagnosis, loaded.name)
+        except DeployError as ended:
+            ended.about(plan.release.id, plan.current_id, run.timings)
+            raise
+    run.record("deploy", HEALTHY, tags)
+    prune(remote, layout, profile.service.keep_releases)
     return Outcome("deployed", plan.release.id, plan.current_id, plan=plan, ready=ready, timings=run.timings)
 
 
@@ -521,8 +527,7 @@ def rollback(target: Target, service: str, remote: Remote, progress: Progress, t
         known = ", ".join(r.id for r in store.releases) or "none"
         raise ConfigError(f"{target.host.name}: release {target_id!r} is not on the host", f"releases: {known}")
     tags = Tags.from_dict(record.metadata["tags"])
-    owner = this_process_owner(target_id, datetime.now(UTC))
-    with holding_lock(remote, layout, owner, LockContext(where=target.host.name)):
+    with host_lock(remote, layout, f"rollback to {target_id}", target.host.name):
         record_new_crashes(remote, layout, store, unit)  # a crash loop is usually why a person rolls back
         try:
             ready = run.activate(target_id, record.metadata, start_prediction(store, tags.profile), 0.0)

@@ -21,7 +21,7 @@ from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.remote import Remote, Step
 from deploy_lib.server_args import launch_environment
-from deploy_lib.store import StoreLayout, read_store_facts
+from deploy_lib.store import StoreLayout, host_lock, read_store_facts
 from deploy_lib.venvs import (
     InstalledFacts,
     adopt,
@@ -162,7 +162,16 @@ def _managed_base(remote: Remote, context: PatchContext, progress: Progress) -> 
 
 def enable(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, patched: LoadedProfile, target: Target,
            progress: Progress, options: Options) -> tuple[patches.CheckReport, Outcome]:
-    """Check every target without writing, make the patched venv as a derived venv, deploy `patched` on it."""
+    """Check every target without writing, make the patched venv as a derived venv, deploy `patched` on it.
+
+    All under the host's lock: adopting, deriving, clearing the JIT cache and the deploy are one change."""
+    layout = target.layout(base.profile.service.name)
+    with host_lock(remote, layout, f"patch {patch_set.name} and deploy {patched.name}", target.host.name):
+        return _enable(remote, patch_set, base, patched, target, progress, options)
+
+
+def _enable(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, patched: LoadedProfile, target: Target,
+            progress: Progress, options: Options) -> tuple[patches.CheckReport, Outcome]:
     context = read_context(remote, patch_set, base, target)
     if context.toolkit_problem:  # refused before any venv is made: deploy's preflight would refuse the release
         raise PreflightError(f"{target.host.name}: allreduce fusion cannot start: {context.toolkit_problem}",
@@ -217,6 +226,13 @@ def _derived_files(context: PatchContext, enabled: patches.Enabled,
 def disable(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, target: Target, progress: Progress,
             options: Options) -> Outcome:
     """Deploy `base` (fusion off) on the unpatched venv the current one was derived from; no file is rewritten."""
+    layout = target.layout(base.profile.service.name)
+    with host_lock(remote, layout, f"unpatch {patch_set.name} and deploy {base.name}", target.host.name):
+        return _disable(remote, patch_set, base, target, progress, options)
+
+
+def _disable(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, target: Target, progress: Progress,
+             options: Options) -> Outcome:
     context = read_context(remote, patch_set, base, target)
     if context.record is None or not context.record.base_venv:
         raise PreflightError(f"{target.host.name}: the current release's venv {context.venv} is not patched by "

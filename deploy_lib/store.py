@@ -305,32 +305,34 @@ class ReleaseRecord:
 
 @dataclass(frozen=True)
 class LockOwner:
-    """Who holds the lock; `token` tells this holder's lock from one taken after a forced unlock."""
+    """Who holds the lock and for what; `token` tells this holder's lock from one taken after a forced unlock."""
 
     user: str
     host: str
     pid: int
     time: str
-    release: str
+    purpose: str   # what the holder is doing: "deploy glm5-nvfp4", "venv build", ...
     token: str
 
     def to_json(self) -> bytes:
         return _json_line({"user": self.user, "host": self.host, "pid": self.pid, "time": self.time,
-                           "release": self.release, "token": self.token})
+                           "purpose": self.purpose, "token": self.token})
 
     @classmethod
     def from_json(cls, text: str) -> LockOwner:
         data = json.loads(text)
+        # owner.json written before `purpose` existed names the release being deployed
+        purpose = data["purpose"] if "purpose" in data else f"deploy of release {data['release']}"
         return cls(user=str(data["user"]), host=str(data["host"]), pid=int(data["pid"]), time=str(data["time"]),
-                   release=str(data["release"]), token=str(data["token"]))
+                   purpose=str(purpose), token=str(data["token"]))
 
     def __str__(self) -> str:
-        return f"{self.user}@{self.host} (pid {self.pid}) since {self.time} for release {self.release}"
+        return f"{self.user}@{self.host} (pid {self.pid}) since {self.time} ({self.purpose})"
 
 
-def this_process_owner(release: str, now: datetime) -> LockOwner:
+def this_process_owner(purpose: str, now: datetime) -> LockOwner:
     return LockOwner(user=getpass.getuser(), host=socket.gethostname(), pid=os.getpid(), time=_iso(now),
-                     release=release, token=secrets.token_hex(8))
+                     purpose=purpose, token=secrets.token_hex(8))
 
 
 @dataclass(frozen=True)
@@ -593,6 +595,29 @@ def holding_lock(remote: Remote, layout: StoreLayout, owner: LockOwner, context:
         raise LockHeld(f"the deploy lock on {context.where} was no longer ours at the end of this run "
                        "(forced open and taken by someone else?); it was left in place",
                        hint="`invoke unlock` shows who holds it now") from failure
+
+
+# Locks this process holds, by (remote, lock path): a library call that changes the host takes the lock itself, and
+# one that runs inside another (patch-fusion's deploy, deploy's venv build) reuses it, as Kamal's `holding_lock?`.
+_HELD: dict[tuple[int, str], LockOwner] = {}
+
+
+@contextmanager
+def host_lock(remote: Remote, layout: StoreLayout, purpose: str, where: str,
+              context: LockContext | None = None) -> Iterator[LockOwner]:
+    """The one lock for every change to a service's store on a host: deploy, rollback, venv build/adopt/derive,
+    patching, prune. Re-entrant within this process; released on any exit, Ctrl-C included (`holding_lock`)."""
+    key = (id(remote), str(layout.lock))
+    if key in _HELD:
+        yield _HELD[key]
+        return
+    owner = this_process_owner(purpose, datetime.now(UTC))
+    with holding_lock(remote, layout, owner, context or LockContext(where=where)) as held:
+        _HELD[key] = held
+        try:
+            yield held
+        finally:
+            del _HELD[key]
 
 
 def unlock(remote: Remote, layout: StoreLayout, force: bool, context: LockContext) -> LockInfo | None:

@@ -34,7 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from deploy_lib.errors import ConfigError, DeployError, PreflightError, StepFailed
 from deploy_lib.progress import NullProgress, Progress
 from deploy_lib.remote import Put, Remote, Step, StepResult, describe
-from deploy_lib.store import StoreLayout
+from deploy_lib.store import StoreLayout, host_lock
 
 MARKER_FILE = "venv.json"
 LOCK_FILE = "requirements.lock"
@@ -889,12 +889,15 @@ def run_build(remote: Remote, plan: BuildPlan, progress: Progress) -> VenvResult
 
 
 def ensure_venv(remote: Remote, layout: StoreLayout, spec: VenvSpec, now: datetime | None = None,
-                progress: Progress | None = None, lock: Lock | None = None) -> VenvResult:
-    """The venv of the spec's lock on this host: reused when published, else built (only missing wheels sent)."""
+                progress: Progress | None = None, lock: Lock | None = None, where: str = "the host") -> VenvResult:
+    """The venv of the spec's lock on this host: reused when published, else built (only missing wheels sent).
+
+    Under the host's lock, so that no prune removes the build or its wheels while it runs."""
     lock = lock if lock is not None else load_lock(spec.lock)
-    facts = read_facts(remote, layout, spec.python)
-    plan = plan_build(spec, lock, layout, facts, now or datetime.now(UTC))
-    return run_build(remote, plan, progress or NullProgress())
+    with host_lock(remote, layout, "venv build", where):
+        facts = read_facts(remote, layout, spec.python)
+        plan = plan_build(spec, lock, layout, facts, now or datetime.now(UTC))
+        return run_build(remote, plan, progress or NullProgress())
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -974,8 +977,14 @@ def adopt_steps(layout: StoreLayout, inspection: Inspection, facts: VenvStoreFac
     ]
 
 
-def adopt(remote: Remote, layout: StoreLayout, source: PurePosixPath, now: datetime | None = None) -> VenvResult:
+def adopt(remote: Remote, layout: StoreLayout, source: PurePosixPath, now: datetime | None = None,
+          where: str = "the host") -> VenvResult:
     """Record a hand-made venv as a managed, immutable one; drifted distributions are reported, not refused."""
+    with host_lock(remote, layout, f"venv adopt {source}", where):
+        return _adopt(remote, layout, source, now)
+
+
+def _adopt(remote: Remote, layout: StoreLayout, source: PurePosixPath, now: datetime | None) -> VenvResult:
     results = remote.run([inspect_step(source), *store_fact_steps(layout)])
     inspection = parse_inspection(source, _by_name(results)[FACT_INSPECT])
     digest, steps = adopt_steps(layout, inspection, parse_store_facts(results), now or datetime.now(UTC))
@@ -1132,10 +1141,16 @@ def derive_steps(layout: StoreLayout, base_hash: str, replaced_files: Mapping[st
 
 
 def derive(remote: Remote, layout: StoreLayout, base_hash: str, replaced_files: Mapping[str, bytes],
-           now: datetime | None = None, *, copied: Mapping[str, PurePosixPath] | None = None) -> VenvResult:
+           now: datetime | None = None, *, copied: Mapping[str, PurePosixPath] | None = None,
+           where: str = "the host") -> VenvResult:
     """A new venv: the base with `replaced_files` (relative path -> new bytes) and the `copied` directories
     (relative path -> source directory on the host, copied in whole); the base stays byte-identical."""
-    copied = copied or {}
+    with host_lock(remote, layout, "venv derive", where):
+        return _derive(remote, layout, base_hash, replaced_files, now, copied or {})
+
+
+def _derive(remote: Remote, layout: StoreLayout, base_hash: str, replaced_files: Mapping[str, bytes],
+            now: datetime | None, copied: Mapping[str, PurePosixPath]) -> VenvResult:
     fact_batch: list[Step | Put] = [*store_fact_steps(layout), mode_step(layout, base_hash, replaced_files)]
     if copied:
         fact_batch.append(tree_digest_step(venv_path(layout, base_hash) / "bin" / "python3", copied.values()))

@@ -263,7 +263,7 @@ def test_pruning_needs_a_positive_keep_and_plain_names() -> None:
 # Lock
 
 OWNER = LockOwner(user="o'brien $(id)", host="laptop \"2\"\nx", pid=4242, time="2026-11-29T10:00:00+00:00",
-                  release="r9", token="f00d")
+                  purpose="deploy of release r9", token="f00d")
 CONTEXT = LockContext(where="gpu1", this_host="ci-runner", is_alive=lambda pid: True)
 
 

@@ -213,7 +213,17 @@ def spec_for(tmp_path: Path, text: str = LOCK_TEXT) -> venvs.VenvSpec:
 
 
 def puts(remote: FakeRemote) -> list[Put]:
-    return [step for step in remote.ran if isinstance(step, Put)]
+    """What was written on the host, the lock's owner.json aside."""
+    return [step for step in remote.ran if isinstance(step, Put) and step.dest != LAYOUT.lock_owner]
+
+
+def outside_lock(remote: FakeRemote) -> list[Step | Put]:
+    """The steps that ran, less the lock's own; asserts that all of them ran while the lock was held."""
+    names = [step.name for step in remote.ran]
+    taken, released = names.index("lock: take"), len(names) - 1 - names[::-1].index("lock: release")
+    inside = remote.ran[taken + 2:released - 1]  # after mkdir + owner.json, before the ownership check
+    assert len(inside) == len(remote.ran) - 5, "every step of the command runs inside the lock"
+    return inside
 
 
 def test_a_first_build_sends_the_wheels_then_builds_in_tmp_and_publishes_last(tmp_path: Path) -> None:
@@ -263,7 +273,7 @@ def test_a_published_venv_is_reused_without_transfer_or_build(tmp_path: Path) ->
     remote = host(markers={digest: {"hash": digest, "kind": "built"}})
     result = venvs.ensure_venv(remote, LAYOUT, spec, NOW)
     assert result.reused and result.bytes_sent == 0 and puts(remote) == []
-    assert len(remote.batches) == 1 and all(s.name.startswith("venv facts") for s in remote.ran)
+    assert all(s.name.startswith("venv facts") for s in outside_lock(remote))
 
 
 def test_reuse_does_not_read_the_wheelhouse(tmp_path: Path) -> None:
@@ -284,7 +294,7 @@ def test_an_interrupted_build_is_cleared_but_an_unmarked_venv_directory_is_left_
     remote = host(entries=(digest, f"{digest}.tmp"))
     with pytest.raises(PreflightError, match=f"venvs/{digest} exists but has no readable venv.json"):
         venvs.ensure_venv(remote, LAYOUT, spec, NOW)
-    assert not any(isinstance(s, Put) or s.argv[0] == "rm" for s in remote.ran)
+    assert not any(isinstance(s, Put) or s.argv[0] == "rm" for s in outside_lock(remote))
 
 
 PIP_HASH_ERROR = """\
@@ -313,7 +323,7 @@ def test_an_interrupted_pip_leaves_the_venv_unpublished(tmp_path: Path) -> None:
     remote = host().reply(venvs.PIP_STEP, exit_code=124, stderr="Processing ...\n")
     with pytest.raises(StepTimedOut):
         venvs.ensure_venv(remote, LAYOUT, spec_for(tmp_path), NOW)
-    assert remote.ran_names()[-1] == venvs.PIP_STEP
+    assert outside_lock(remote)[-1].name == venvs.PIP_STEP
 
 
 def test_a_wheel_changed_after_planning_is_not_sent(tmp_path: Path) -> None:
@@ -452,7 +462,8 @@ def test_adopting_the_same_content_again_changes_nothing() -> None:
     digest = venvs.adopted_hash(inspection)
     remote = host(markers={digest: {"hash": digest}}).reply(venvs.FACT_INSPECT, stdout=json.dumps(INSPECTION))
     result = venvs.adopt(remote, LAYOUT, PurePosixPath("/root/ml-env"), NOW)
-    assert result.reused and len(remote.batches) == 1
+    assert result.reused and all(isinstance(s, Step) and s.name.startswith(("venv facts", "venv adopt: inspect"))
+                                 for s in outside_lock(remote))
 
 
 def test_adopt_refuses_relative_paths() -> None:
@@ -544,7 +555,8 @@ def test_an_already_derived_venv_is_reused() -> None:
     digest = venvs.derived_hash(BASE, {REL: b"x"})
     remote = host(markers={BASE: BASE_MARKER, digest: {"hash": digest, "base": BASE}})
     assert venvs.derive(remote, LAYOUT, BASE, {REL: b"x"}, NOW).reused
-    assert len(remote.batches) == 1
+    assert all(isinstance(s, Step) and s.name.startswith(("venv facts", "venv derive: modes"))
+               for s in outside_lock(remote))
 
 
 # --- caches ---------------------------------------------------------------------------------------------
@@ -633,7 +645,7 @@ def test_a_damaged_wheel_on_the_host_stops_the_build_before_pip(tmp_path: Path) 
     with pytest.raises(StepFailed, match="expected 1") as raised:
         venvs.ensure_venv(remote, LAYOUT, spec_for(tmp_path), NOW)
     assert "rerun to send them again" in str(raised.value)
-    assert remote.ran_names()[-1] == venvs.VERIFY_STEP and puts(remote) == []
+    assert outside_lock(remote)[-1].name == venvs.VERIFY_STEP and puts(remote) == []
     verify = next(s for s in remote.ran if s.name == venvs.VERIFY_STEP)
     pairs = dict(zip(verify.argv[4::2], verify.argv[5::2], strict=True))
     assert pairs == {A_SHA: f"/opt/sd/sglang/wheels/{A_SHA}/alpha-1.0-py3-none-any.whl",

@@ -348,7 +348,7 @@ def test_a_stale_lock_is_reported_and_unlock_clears_it(rig: Rig, healthy: str) -
 
     layout = StoreLayout("sglang")
     dead = LockOwner(user="someone", host=socket.gethostname(), pid=2**22 + 17, time=datetime.now(UTC).isoformat(),
-                     release="x", token="t")
+                     purpose="x", token="t")
     rig.root(f"mkdir {layout.lock} && echo '{dead.to_json().decode().strip()}' > {layout.lock_owner}")
     with pytest.raises(LockHeld, match="looks stale"):
         rig.deploy("glm5-omp4")
