@@ -67,6 +67,18 @@ def _profile_in_use(profile: str | None, target: Target, remote: FabricRemote, s
                 or host_status.current_profile(target, _service(service), remote))
 
 
+def _consent(question: str, yes: bool) -> None:
+    """Every task that changes a host asks first: --yes, or y at a terminal; exit 1 otherwise."""
+    if not yes and not _run(lambda: ui.confirm(question)):
+        raise Exit("cancelled: nothing was changed", code=1)
+
+
+def _consent_possible(yes: bool) -> None:
+    """For a task that can ask only once connected: refuse at once when there is no terminal to answer on."""
+    if not yes:
+        _run(ui.require_terminal)
+
+
 @dataclass(frozen=True)
 class Output:
     """How the running task reports: `--json` puts one JSON document on stdout and everything else (progress,
@@ -166,8 +178,8 @@ def deploy(c: Context, profile: str | None = None, host: str | None = None, inve
     """Deploy a profile: plan, preflight, stage, switch, restart, verify; roll back automatically on failure."""
     _report_as(json, verbose)
     loaded, target = _load(profile, inventory, host, accept_new_host_key)
-    if not dry_run and not yes and not ui.confirm(f"deploy {loaded.name} to {target.host.name}?"):
-        raise Exit("cancelled: nothing was changed", code=1)
+    if not dry_run:
+        _consent(f"deploy {loaded.name} to {target.host.name}?", yes)
     options = deploy_engine.Options(dry_run=dry_run, force=force, environ=dict(os.environ), gate=gate)
     with _remote(target) as remote:
         outcome = _run(lambda: deploy_engine.deploy(loaded, target, remote, _progress(), options))
@@ -188,10 +200,11 @@ def _service(service: str | None) -> str:
 @task(help={"to": "release id (default: the last healthy release before the current one)"})
 def rollback(c: Context, to: str | None = None, host: str | None = None, inventory: str | None = None,
              service: str | None = None, accept_new_host_key: bool = False, json: bool = False,
-             verbose: bool = False) -> None:
+             verbose: bool = False, yes: bool = False) -> None:
     """Switch back to an earlier release on the host and verify it."""
     _report_as(json, verbose)
     target = _target(inventory, host, accept_new_host_key)
+    _consent(f"roll {target.host.name} back to {to or 'the last healthy release'}?", yes)
     with _remote(target) as remote:
         outcome = _run(lambda: deploy_engine.rollback(target, _service(service), remote,
                                                       _progress(), to, dict(os.environ)))
@@ -234,10 +247,11 @@ def logs(c: Context, lines: int = 100, follow: bool = False, host: str | None = 
 
 @task(help={"force": "remove the lock even if its owner looks alive"})
 def unlock(c: Context, force: bool = False, host: str | None = None, inventory: str | None = None,
-           service: str | None = None, verbose: bool = False) -> None:
+           service: str | None = None, verbose: bool = False, yes: bool = False) -> None:
     """Remove a stale deploy lock (or any lock, with --force)."""
     _report_as(verbose=verbose)
     target = _target(inventory, host)
+    _consent(f"remove the lock of {_service(service)} on {target.host.name}?", yes)
     layout = target.layout(_service(service))
     with _remote(target) as remote:
         removed = _run(lambda: unlock_store(remote, layout, force, LockContext(where=target.host.name)))
@@ -269,13 +283,14 @@ def bench(c: Context, profile: str | None = None, compare: list[str] | None = No
 
 @task(name="build", help={"profile": "profile whose service.venv_build lock to build"})
 def venv_build(c: Context, profile: str | None = None, host: str | None = None, inventory: str | None = None,
-               verbose: bool = False) -> None:
+               verbose: bool = False, yes: bool = False) -> None:
     """Build (or reuse) the content-addressed venv of a profile's lock on the host; only missing wheels travel."""
     _report_as(verbose=verbose)
     loaded, target = _load(profile, inventory, host)
     spec = loaded.profile.service.venv_build
     if spec is None:
         raise Exit(f"error: profile {loaded.name} has no service.venv_build", code=2)
+    _consent(f"build the venv of {loaded.name} on {target.host.name}?", yes)
     layout = target.layout(loaded.profile.service.name)
     with _remote(target) as remote:
         result = _run(lambda: ensure_venv(remote, layout, spec, progress=_progress(), where=target.host.name))
@@ -285,10 +300,11 @@ def venv_build(c: Context, profile: str | None = None, host: str | None = None, 
 
 @task(name="adopt", help={"path": "the hand-made venv on the host, e.g. /root/ml-env"})
 def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | None = None,
-               service: str | None = None, verbose: bool = False) -> None:
+               service: str | None = None, verbose: bool = False, yes: bool = False) -> None:
     """Record a hand-made venv as a managed, immutable one (hard-linked copy); report files that drifted."""
     _report_as(verbose=verbose)
     target = _target(inventory, host)
+    _consent(f"adopt {path} as a managed venv on {target.host.name}?", yes)
     layout = target.layout(_service(service))
     with _remote(target) as remote:
         result = _run(lambda: adopt_venv(remote, layout, PurePosixPath(path), where=target.host.name))
@@ -350,11 +366,11 @@ def patches_enable(c: Context, name: str, profile: str | None = None, host: str 
     _report_as(verbose=verbose)
     patch_set = _patch_set(name)
     target = _target(inventory, host)
+    _consent_possible(yes)  # the question needs the host's profile; refuse before connecting when nobody can answer
     with _remote(target) as remote:
         base = patching.base_profile(_profile_in_use(profile, target, remote, service), patch_set)
         patched = patching.patched_profile(base, patch_set)
-        if not yes and not ui.confirm(f"patch {name} and deploy {patched.name} to {target.host.name}?"):
-            raise Exit("cancelled: nothing was changed", code=1)
+        _consent(f"patch {name} and deploy {patched.name} to {target.host.name}?", yes)
         report, outcome = _run(lambda: patching.enable(remote, patch_set, base, patched, target,
                                                        _progress(), deploy_engine.Options(
                                                            environ=dict(os.environ))))
@@ -370,10 +386,10 @@ def patches_disable(c: Context, name: str, profile: str | None = None, host: str
     _report_as(verbose=verbose)
     patch_set = _patch_set(name)
     target = _target(inventory, host)
+    _consent_possible(yes)
     with _remote(target) as remote:
         base = patching.base_profile(_profile_in_use(profile, target, remote, service), patch_set)
-        if not yes and not ui.confirm(f"deploy {base.name} without {name} to {target.host.name}?"):
-            raise Exit("cancelled: nothing was changed", code=1)
+        _consent(f"deploy {base.name} without {name} to {target.host.name}?", yes)
         outcome = _run(lambda: patching.disable(remote, patch_set, base, target, _progress(),
                                                 deploy_engine.Options(environ=dict(os.environ))))
     ui.print_outcome(outcome)

@@ -176,10 +176,23 @@ def _figure(value: float | None) -> str:
     return f"{value:,.1f}" if value is not None else ""
 
 
-def confirm(question: str) -> bool:
+def require_terminal(question: str = "") -> None:
+    """Consent needs someone at a terminal: without one on stdin, a change to a host is refused, never made unasked."""
     if not sys.stdin.isatty():
-        return True
-    return errors.input(f"{question} [y/N] ").strip().lower() in ("y", "yes")  # stdout may be --json
+        asked = f" \"{question}\"" if question else ""
+        raise DeployError(f"not asking{asked}: stdin is not a terminal, so nothing was changed",
+                          hint="rerun with --yes to go ahead without asking")
+
+
+def confirm(question: str) -> bool:
+    """Ask at a terminal: `[y/N]`, anything but y/yes (Enter included) is no. Without a terminal on stdin nobody can
+    answer, so a change to a host is refused rather than made unasked (DeployError, exit 1)."""
+    require_terminal(question)
+    try:
+        answer = errors.input(f"{question} [y/N] ", markup=False)  # stdout may be --json
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
 
 
 def print_adopted(result: VenvResult) -> None:
