@@ -22,6 +22,7 @@ from tenacity import RetryCallState
 
 from deploy_lib.bench import BenchResult, ComparisonRow
 from deploy_lib.deploy import Outcome, Plan
+from deploy_lib.diagnose import shorten_log_line
 from deploy_lib.errors import DeployError
 from deploy_lib.patches import AuditReport, CheckReport, PatchSet
 from deploy_lib.release import Release
@@ -60,7 +61,7 @@ class TerminalProgress:
 
     def log_line(self, text: str) -> None:
         self.last_log = text
-        self.out.print(f"{self._stamp()}   [cyan]server:[/cyan] {escape(text)}")
+        self.out.print(f"{self._stamp()}   [cyan]server:[/cyan] {escape(shorten_log_line(text))}")
 
     def note(self, text: str) -> None:
         self.out.print(f"{self._stamp()} [yellow]![/yellow] {escape(text)}")
@@ -70,7 +71,7 @@ def print_error(error: DeployError) -> None:
     errors.print(f"[bold red]error:[/bold red] {escape(error.message)}", markup=True)
     evidence: Iterable[str] = getattr(error, "evidence", ()) or ()
     for line in evidence:
-        errors.print(f"  | {line}", markup=False)
+        errors.print(f"  | {shorten_log_line(line)}", markup=False)
     if error.hint:
         errors.print(f"[yellow]hint:[/yellow] {escape(error.hint)}")
 
@@ -113,7 +114,9 @@ def print_plan(plan: Plan) -> None:
 def print_status(report: StatusReport) -> None:
     meta = report.metadata
     console.print(f"host {report.host}, service {report.service}")
-    if report.current:
+    if report.current_problem:
+        console.print(f"[bold red]{escape(report.current_problem)}[/bold red]")
+    elif report.current:
         age = f"{report.current_age_s / 60:.0f} min" if report.current_age_s is not None else "?"
         console.print(f"release {report.current} ({meta.get('profile_name')}), staged {age} ago")
         console.print(f"SGLang {meta.get('sglang_version')}, FlashInfer {meta.get('flashinfer_version') or '?'}, "

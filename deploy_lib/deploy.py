@@ -61,6 +61,7 @@ from deploy_lib.store import (
     StoreLayout,
     Tags,
     append_history,
+    describe_pruned_releases,
     fact_steps,
     history_entry,
     host_lock,
@@ -76,6 +77,7 @@ from deploy_lib.store import (
 from deploy_lib.venvs import (
     cache_dir_steps,
     cache_environment,
+    describe_prune,
     ensure_venv,
     load_lock,
     plan_build,
@@ -239,14 +241,16 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
     if drift and not force:
         raise DriftDetected(f"{target.host.name}: the deployed files were changed by hand:\n  " + "\n  ".join(drift),
                             "deploy with --force to replace them (the edits are lost), or copy them into the profile")
-    unchanged = (current_id == release.id and not drift and facts.unit.active_state == "active")
     have_release = facts.store.release(release.id) is not None
+    damaged = facts.store.damaged_release(release.id)
+    unchanged = (current_id == release.id and have_release and not drift and facts.unit.active_state == "active")
     tags = _tags(target, release)
     metadata = release_json(release.metadata(), tags, now)
     batches: dict[str, list[Step | Put]] = {}
     if not unchanged:
         if not have_release:
-            batches["stage"] = stage_release(layout, release.id, release.unit_text, release.env_text, metadata)
+            batches["stage"] = stage_release(layout, release.id, release.unit_text, release.env_text, metadata,
+                                             replace_damaged=damaged is not None)
         elif drift and current_id == release.id:
             batches["stage"] = repair_release(layout, release.id, release.unit_text, release.env_text)
         batches["switch"] = switch_current(layout, release.id)
@@ -259,7 +263,9 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
                 batches=batches, secrets_not_available=not_available,
                 notes=tuple(note for note in (venv.build_note, _past_failure(facts, release.id),
                                               start_limit_note(loaded.profile.service, prediction.median_s
-                                                               if prediction else None)) if note))
+                                                               if prediction else None),
+                                              damaged and f"release {release.id} on the host is damaged "
+                                                          f"({damaged.reason}); it is staged again") if note))
 
 
 def _past_failure(facts: HostFacts, release_id: str) -> str | None:
@@ -494,12 +500,13 @@ def _deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Pro
             ended.about(plan.release.id, plan.current_id, run.timings)
             raise
     run.record("deploy", HEALTHY, tags)
-    prune(remote, layout, profile.service.keep_releases)
+    prune(remote, layout, profile.service.keep_releases, tags, progress)
     return Outcome("deployed", plan.release.id, plan.current_id, plan=plan, ready=ready, timings=run.timings)
 
 
-def prune(remote: Remote, layout: StoreLayout, keep: int) -> None:
-    """Releases beyond keep-N (never current or the last healthy), then venvs no kept release uses.
+def prune(remote: Remote, layout: StoreLayout, keep: int, tags: Tags, progress: Progress) -> tuple[str, ...]:
+    """Releases beyond keep-N (never current or the last healthy), leftovers and damaged releases, then venvs no
+    kept release uses. What was removed is shown and recorded in history (a damaged release with its reason).
 
     Decided from a fresh read: what is on the host after the commit, current and history included."""
     results = remote.run([*fact_steps(layout), *venv_store_fact_steps(layout)])
@@ -507,7 +514,15 @@ def prune(remote: Remote, layout: StoreLayout, keep: int) -> None:
     doomed = releases_to_prune(store, keep)
     kept_venvs = [release_venv_hash(layout, str(r.metadata.get("venv", ""))) for r in store.releases
                   if r.id not in doomed]
-    remote.run([*prune_releases(layout, doomed), *prune_steps(layout, plan_prune(venv_store, kept_venvs))])
+    venv_plan = plan_prune(venv_store, kept_venvs)
+    removed = (*describe_pruned_releases(store, doomed), *describe_prune(venv_plan))
+    if not removed:
+        return ()
+    remote.run([*prune_releases(layout, doomed), *prune_steps(layout, venv_plan)])
+    progress.note("pruned " + "; ".join(removed))
+    remote.run(append_history(layout, history_entry("prune", HEALTHY, tags, datetime.now(UTC),
+                                                    "removed " + "; ".join(removed))))
+    return removed
 
 
 def rollback(target: Target, service: str, remote: Remote, progress: Progress, to: str | None,
@@ -523,6 +538,11 @@ def rollback(target: Target, service: str, remote: Remote, progress: Progress, t
         raise ConfigError(f"{target.host.name}: no healthy release to roll back to (current: {current or 'none'})",
                           "`invoke releases` lists what is on the host")
     record = store.release(target_id)
+    damaged = store.damaged_release(target_id)
+    if damaged is not None:
+        raise PreflightError(f"{target.host.name}: cannot roll back to release {target_id}: it is damaged: "
+                             f"{damaged.reason}, in {layout.release(target_id)}",
+                             "`invoke releases` lists the releases and what is wrong with each; nothing was changed")
     if record is None:
         known = ", ".join(r.id for r in store.releases) or "none"
         raise ConfigError(f"{target.host.name}: release {target_id!r} is not on the host", f"releases: {known}")

@@ -17,6 +17,7 @@ from deploy_lib.remote import Step
 UNKNOWN_TAIL_LINES = 30
 MAX_EVIDENCE_LINES = 8
 PROFILE_IN_HINT = "{profile}"  # replaced by the failed release's profile name
+SERVER_ARGS_PREVIEW_CHARS = 200
 
 
 @dataclass(frozen=True)
@@ -47,6 +48,14 @@ def _signature(name: str, pattern: str, cause: str, hint: str) -> Signature:
 
 
 SIGNATURES: tuple[Signature, ...] = (
+    # systemd could not even start the interpreter (status 203/EXEC): the venv was removed or moved.
+    _signature(
+        "missing_venv",
+        r"Failed to locate executable (?P<detail>/[^:]+): No such file or directory",
+        "the release's venv is gone: {detail} does not exist (systemd status 203/EXEC)",
+        "restore or rebuild the venv (`invoke venv.build` for a locked one), or roll back to a release whose venv "
+        "is present (`invoke releases`)",
+    ),
     # Launch-line and environment errors stop the start before any GPU work, so nothing else can explain them.
     _signature(
         "unrecognized_arguments",
@@ -190,6 +199,14 @@ def diagnose(journal_lines: Iterable[str], signatures: Sequence[Signature] = SIG
     return Diagnosis("unknown", "no known failure signature in the log; its last lines are below",
                      "read the evidence; add a signature to deploy_lib/diagnose.py once the cause is known",
                      tuple(lines[-UNKNOWN_TAIL_LINES:]))
+
+
+def shorten_log_line(line: str) -> str:
+    """SGLang logs its whole `server_args=ServerArgs(...)` (~10 KB) on one line at startup; failure output shows
+    its start only and says where the rest is."""
+    if "server_args=ServerArgs(" in line and len(line) > SERVER_ARGS_PREVIEW_CHARS:
+        return f"{line[:SERVER_ARGS_PREVIEW_CHARS]}... (full line: invoke logs)"
+    return line
 
 
 def journal_step(unit: str, after_cursor: str | None = None, max_lines: int = 2000) -> Step:

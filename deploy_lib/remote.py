@@ -43,6 +43,7 @@ ROUND_TRIP_GRACE_S = 15
 MAX_SCRIPT_CHARS = 100_000
 PUT_TIMEOUT_S = 120
 TAIL_LINES = 12
+DISK_FULL = "No space left on device"  # strerror(ENOSPC), as coreutils, sftp and Python print it
 
 
 @dataclass(frozen=True, repr=False)
@@ -287,7 +288,8 @@ def failure_message(result: StepResult, where: str, what: str) -> str:
     """`<step> <what> on <where>` plus the tail of its stderr and stdout (hidden for secret steps)."""
     step = result.step
     message = f"step {step.name!r} {what} on {where}: {display(step)}"
-    if step.secret:
+    # A secret command may echo its secret; a Put's output is only the OS error about its path, never the data.
+    if step.secret and isinstance(step, Step):
         return message + "\n  (output of a secret step is not shown)"
     for label, text in (("stderr", result.stderr), ("stdout", result.stdout)):
         if text.strip():
@@ -304,8 +306,11 @@ def check_result(result: StepResult, where: str) -> None:
     if result.exit_code == TIMED_OUT_EXIT and isinstance(step, Step):
         raise StepTimedOut(failure_message(result, where, f"timed out after {step.timeout_s:g} s"),
                            step=step, result=result, hint="raise the step's timeout or look at the host's load")
+    disk_full = DISK_FULL in result.stderr
     raise StepFailed(failure_message(result, where, f"failed with exit code {result.exit_code}"),
-                     step=step, result=result)
+                     step=step, result=result,
+                     hint="the host's filesystem is full (ENOSPC): free space there (`df -h`) and rerun; the steps "
+                          "after this one did not run" if disk_full else None)
 
 
 def host_key_fingerprint(key: paramiko.PKey) -> str:

@@ -64,6 +64,7 @@ class StatusReport:
     crashes: CrashReport | None = None  # the current release's crashes since its deploy; None: none
     advice: str | None = None           # what to do about a release left down by crashes
     venv_sources: Mapping[str, str] = field(default_factory=dict)  # distribution -> "editable: DIR" / "copy of DIR"
+    current_problem: str | None = None  # "current release X is damaged: ..." / "... is missing: ..."
 
 
 def _age_s(iso: str, now: datetime) -> float | None:
@@ -77,11 +78,13 @@ def release_rows(store: StoreFacts) -> list[ReleaseRow]:
     outcomes = store.outcomes()
     throughput = throughput_by_release(store.history)
     power = power_by_release(store.history)
-    return [ReleaseRow(id=r.id, staged_at=r.staged_at, profile=str(r.metadata.get("profile_name", "?")),
+    rows = [ReleaseRow(id=r.id, staged_at=r.staged_at, profile=str(r.metadata.get("profile_name", "?")),
                        sglang_version=str(r.metadata.get("sglang_version", "?")),
                        outcome=outcomes.get(r.id, "never started"), is_current=r.id == store.current,
                        throughput=throughput.get(r.id, ""), gpu_power=power.get(r.id, ""))
             for r in store.releases]
+    return rows + [ReleaseRow(id=d.id, staged_at="", profile="?", sglang_version="?", outcome=f"damaged ({d.reason})",
+                              is_current=d.id == store.current, throughput="") for d in store.damaged]
 
 
 def _readiness(snapshot: Snapshot) -> str:
@@ -97,7 +100,7 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
     facts = read_host_facts(remote, layout, venv=None, port=None)
     record = facts.store.release(facts.store.current) if facts.store.current else None
     metadata = record.metadata if record else {}
-    readiness = "no release deployed"
+    readiness = "no release deployed" if facts.store.current is None else "not probed: the release is unreadable"
     if record is not None:
         probe = probe_target(layout, metadata, environ={})
         [result] = remote.run([probe_step(probe, Rung.HEALTH)])
@@ -122,7 +125,8 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
         current_age_s=_age_s(record.staged_at, now or datetime.now(UTC)) if record else None,
         metadata=metadata, unit_state=f"{facts.unit.active_state}/{facts.unit.sub_state}", readiness=readiness,
         gpus=facts.gpus, gpu_error=facts.gpu_error,
-        lock_holder=(str(lock.owner) if lock.owner else "unknown owner") if lock else None)
+        lock_holder=(str(lock.owner) if lock.owner else "unknown owner") if lock else None,
+        current_problem=facts.store.current_problem())
 
 
 def list_releases(target: Target, service: str, remote: Remote) -> list[ReleaseRow]:

@@ -43,7 +43,7 @@ STALE_LOCK_AFTER_S = 3 * 3600
 # A lock directory without owner.json (acquire interrupted between mkdir and the write) is stale after this.
 OWNERLESS_LOCK_GRACE_S = 60
 
-EVENTS = ("deploy", "rollback", "failure", "bench", "crash")
+EVENTS = ("deploy", "rollback", "failure", "bench", "crash", "prune")
 HEALTHY, FAILED, UNCHANGED, RESTARTED = "healthy", "failed", "unchanged", "restarted"
 OUTCOMES = (HEALTHY, FAILED, UNCHANGED, RESTARTED)
 
@@ -218,13 +218,15 @@ def release_json(metadata: Mapping[str, Any], tags: Tags, staged_at: datetime) -
 
 
 def stage_release(layout: StoreLayout, release_id: str, unit_text: str, env_text: str,
-                  release_metadata: bytes) -> list[Step | Put]:
+                  release_metadata: bytes, replace_damaged: bool = False) -> list[Step | Put]:
     """Write a release into releases/<id>.tmp, flush it, then rename it to releases/<id> in one step.
 
-    A leftover <id>.tmp from an interrupted run is removed first; `current` is never touched here.
+    A leftover <id>.tmp from an interrupted run is removed first; `current` is never touched here. A damaged
+    releases/<id> (same content, files lost or garbled) is removed just before the rename replaces it.
     """
     staging, final = layout.staging(release_id), layout.release(release_id)
     files = (staging / UNIT_FILE, staging / ENV_FILE, staging / RELEASE_FILE)
+    replace = [Step("stage: remove the damaged release", ("rm", "-rf", "--", str(final)), sudo=True)]
     return [
         Step("stage: clear leftover", ("rm", "-rf", "--", str(staging)), sudo=True),
         Step("stage: make directory", ("mkdir", "-p", "--", str(staging)), sudo=True),
@@ -232,6 +234,7 @@ def stage_release(layout: StoreLayout, release_id: str, unit_text: str, env_text
         Put(files[1], env_text.encode(), 0o600, sudo=True, secret=True),
         Put(files[2], release_metadata, 0o644, sudo=True),
         Step("stage: flush to disk", ("sync", "--", *map(str, files), str(staging)), sudo=True),
+        *(replace if replace_damaged else []),
         Step("stage: publish", ("mv", "-T", "--", str(staging), str(final)), sudo=True),
     ]
 
@@ -285,7 +288,8 @@ def fact_steps(layout: StoreLayout, history_lines: int = HISTORY_TAIL_LINES) -> 
     releases = str(layout.releases)
     return [
         Step(FACT_CURRENT, ("readlink", "--", str(layout.current)), ok=_MISSING_OK),
-        Step(FACT_RELEASE_DIRS, ("find", releases, "-mindepth", "1", "-maxdepth", "1", "-printf", "%f\\0"),
+        # "<id>\0" for each entry of releases/ and "<id>/<file>\0" for each file in it: what a release lacks
+        Step(FACT_RELEASE_DIRS, ("find", releases, "-mindepth", "1", "-maxdepth", "2", "-printf", "%P\\0"),
              ok=_MISSING_OK),
         # grep -H -Z prints "path\0line" for each line of each release.json; -e '' matches every line.
         Step(FACT_RELEASE_FILES, ("find", releases, "-mindepth", "2", "-maxdepth", "2", "-type", "f", "-name",
@@ -342,16 +346,37 @@ class LockInfo:
 
 
 @dataclass(frozen=True)
+class DamagedRelease:
+    """A release directory the tool cannot use: a file missing, or a release.json it cannot read."""
+
+    id: str
+    reason: str   # names the file: "release.json is not valid JSON (...)", "sglang.env is missing"
+
+
+@dataclass(frozen=True)
 class StoreFacts:
     current: str | None
     releases: tuple[ReleaseRecord, ...]   # complete releases (with a readable release.json), oldest first
-    incomplete: tuple[str, ...]           # other entries of releases/: leftover staging, broken releases
+    incomplete: tuple[str, ...]           # leftover staging directories (<id>.tmp) of interrupted runs
     history: tuple[HistoryEntry, ...]     # the tail of history.jsonl, oldest first
     lock: LockInfo | None
     unreadable_history_lines: int = 0
+    damaged: tuple[DamagedRelease, ...] = ()   # every other entry of releases/, with what is wrong with it
 
     def release(self, release_id: str) -> ReleaseRecord | None:
         return next((r for r in self.releases if r.id == release_id), None)
+
+    def damaged_release(self, release_id: str) -> DamagedRelease | None:
+        return next((d for d in self.damaged if d.id == release_id), None)
+
+    def current_problem(self) -> str | None:
+        """Why the release `current` points at cannot be read: damaged or missing; None when it is fine (or none)."""
+        if self.current is None or self.release(self.current) is not None:
+            return None
+        damaged = self.damaged_release(self.current)
+        if damaged is not None:
+            return f"current release {self.current} is damaged: {damaged.reason}"
+        return f"current release {self.current} is missing: its directory releases/{self.current} is gone"
 
     def last_healthy(self, exclude: str | None = None) -> str | None:
         """The newest release that history records as healthy and that is still on the host.
@@ -377,8 +402,29 @@ def parse_current(readlink_out: str) -> str | None:
     return PurePosixPath(target).name
 
 
-def parse_release_dirs(find_out: str) -> tuple[str, ...]:
-    return tuple(sorted(name for name in find_out.split("\0") if name))
+def parse_release_dirs(find_out: str) -> dict[str, frozenset[str]]:
+    """Each entry of releases/ with the names of the files in it, from `find -printf %P\\0` to depth 2."""
+    entries: dict[str, set[str]] = {}
+    for path in filter(None, find_out.split("\0")):
+        name, _, file = path.partition("/")
+        entries.setdefault(name, set()).update([file] if file else [])
+    return {name: frozenset(files) for name, files in sorted(entries.items())}
+
+
+def release_problem(files: frozenset[str], release_json_text: str | None) -> str | None:
+    """What makes a release directory unusable, naming the file; None when it is complete and readable."""
+    if RELEASE_FILE not in files:
+        return f"{RELEASE_FILE} is missing"
+    if release_json_text is None or not release_json_text.strip():
+        return f"{RELEASE_FILE} is empty or not text"
+    try:
+        metadata = json.loads(release_json_text)
+    except ValueError as error:
+        return f"{RELEASE_FILE} is not valid JSON ({error})"
+    if not isinstance(metadata, dict):
+        return f"{RELEASE_FILE} is not a JSON object"
+    missing = [name for name in (UNIT_FILE, ENV_FILE) if name not in files]
+    return f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing" if missing else None
 
 
 def parse_release_files(layout: StoreLayout, grep_out: str) -> dict[str, str]:
@@ -437,14 +483,17 @@ def parse_store_facts(layout: StoreLayout, results: Sequence[StepResult]) -> Sto
     def stdout(name: str) -> str:
         return found[name].stdout if found[name].exit_code == 0 else ""
 
-    releases, incomplete = [], []
-    files = parse_release_files(layout, stdout(FACT_RELEASE_FILES))
-    for name in parse_release_dirs(stdout(FACT_RELEASE_DIRS)):
-        try:
-            metadata = json.loads(files[name])
-            releases.append(ReleaseRecord(name, str(metadata.get("staged_at", "")), metadata))
-        except (KeyError, ValueError, AttributeError):
+    releases, incomplete, damaged = [], [], []
+    texts = parse_release_files(layout, stdout(FACT_RELEASE_FILES))
+    for name, files in parse_release_dirs(stdout(FACT_RELEASE_DIRS)).items():
+        problem = release_problem(files, texts.get(name))
+        if name.endswith(STAGING_SUFFIX):
             incomplete.append(name)
+        elif problem is not None:
+            damaged.append(DamagedRelease(name, problem))
+        else:
+            metadata = json.loads(texts[name])
+            releases.append(ReleaseRecord(name, str(metadata.get("staged_at", "")), metadata))
     history, unreadable = parse_history(stdout(FACT_HISTORY))
     return StoreFacts(
         current=parse_current(stdout(FACT_CURRENT)),
@@ -453,6 +502,7 @@ def parse_store_facts(layout: StoreLayout, results: Sequence[StepResult]) -> Sto
         history=history,
         lock=parse_lock_facts(results),
         unreadable_history_lines=unreadable,
+        damaged=tuple(damaged),
     )
 
 
@@ -465,13 +515,27 @@ def read_store_facts(remote: Remote, layout: StoreLayout) -> StoreFacts:
 
 
 def releases_to_prune(facts: StoreFacts, keep: int) -> tuple[str, ...]:
-    """Release directories beyond the newest `keep`, never current nor the last healthy, plus leftovers."""
+    """Release directories beyond the newest `keep`, never current nor the last healthy, plus leftover staging
+    directories and damaged releases (a release the tool cannot read can never be rolled back to)."""
     if keep < 1:
         raise ConfigError(f"keep must be at least 1, got {keep}")
     protected = {facts.current, facts.last_healthy()}
     newest = {r.id for r in facts.releases[-keep:]}
     doomed = [r.id for r in facts.releases if r.id not in newest | protected]
-    return tuple(doomed + [name for name in facts.incomplete if name not in protected])
+    unusable = [*facts.incomplete, *(damaged.id for damaged in facts.damaged)]
+    return tuple(doomed + [name for name in unusable if name not in protected])
+
+
+def describe_pruned_releases(facts: StoreFacts, release_dirs: Sequence[str]) -> list[str]:
+    """One phrase per removed directory, for the user and history: a damaged release says what was wrong."""
+    phrases = []
+    for name in release_dirs:
+        damaged = facts.damaged_release(name)
+        if damaged is not None:
+            phrases.append(f"damaged release {name} ({damaged.reason})")
+        else:
+            phrases.append(f"unfinished release {name}" if name.endswith(STAGING_SUFFIX) else f"release {name}")
+    return phrases
 
 
 def prune_releases(layout: StoreLayout, release_dirs: Sequence[str]) -> list[Step | Put]:

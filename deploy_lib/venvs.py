@@ -1299,6 +1299,15 @@ def plan_prune(facts: VenvStoreFacts, kept_venvs: Iterable[str | None]) -> Prune
     return PrunePlan(doomed, facts.leftovers, tuple(sorted(facts.wheels - wanted_wheels)))
 
 
+def describe_prune(plan: PrunePlan) -> list[str]:
+    """One phrase per removed thing, for the user and history."""
+    phrases = [f"venv {venv_hash}" for venv_hash in plan.venvs]
+    phrases += [f"unfinished venv build {name}" for name in plan.leftovers]
+    if plan.wheels:
+        phrases.append(f"{len(plan.wheels)} wheel(s) no kept venv was built from")
+    return phrases
+
+
 def prune_steps(layout: StoreLayout, plan: PrunePlan) -> list[Step | Put]:
     doomed = [venv_path(layout, h) for h in plan.venvs] + [cache_path(layout, h) for h in plan.venvs]
     doomed += [staging_path(layout, name.removesuffix(STAGING_SUFFIX)) for name in plan.leftovers]

@@ -27,7 +27,7 @@ from deploy_lib.profile import SecretRef, load_profile
 from deploy_lib.project import Project, Target, resolve_target
 from deploy_lib.release import available_secrets, resolve_secrets
 from deploy_lib.remote import Step, StepResult
-from deploy_lib.store import ENV_FILE, UNIT_FILE, ReleaseRecord, StoreFacts, StoreLayout
+from deploy_lib.store import ENV_FILE, UNIT_FILE, DamagedRelease, ReleaseRecord, StoreFacts, StoreLayout
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECT = Project(REPO)
@@ -296,3 +296,16 @@ def test_a_model_that_loads_too_long_for_the_start_limit_gets_a_note() -> None:
                     "every ~450 s, and 3 restarts do not fit in service.start_limit_interval_s (900 s), so systemd "
                     "would never give up; raise it above 1350 s")
     assert not any("start_limit" in note for note in first_plan()[1].notes), "no history, no note"
+
+
+def test_redeploying_a_release_whose_files_are_damaged_stages_it_again() -> None:
+    """Input tried: the current release's release.json garbled on the host, then the same profile deployed."""
+    loaded, plan = first_plan()
+    damaged = facts(current=deployed(plan), active="active")
+    store = replace(damaged.store, releases=(), damaged=(DamagedRelease(plan.release.id, "release.json is not valid "
+                                                                                          "JSON (...)"),))
+    again = plan_deploy(loaded, target(), replace(damaged, store=store), {}, False, NOW)
+    assert not again.unchanged, "a damaged current release is never 'no changes'"
+    names = [getattr(step, "name", "") for step in again.batches["stage"]]
+    assert names[-2:] == ["stage: remove the damaged release", "stage: publish"]
+    assert any("is damaged (release.json is not valid JSON" in note for note in again.notes)

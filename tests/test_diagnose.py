@@ -14,6 +14,7 @@ from deploy_lib.diagnose import (
     journal_cursor_step,
     journal_step,
     parse_journal_cursor,
+    shorten_log_line,
 )
 
 LOGS = Path(__file__).parent / "data" / "logs"
@@ -65,6 +66,24 @@ def test_the_cause_names_what_the_log_says(log: str, cause: str, evidence: str |
     assert diagnosis.cause == cause
     if evidence is not None:
         assert evidence in diagnosis.evidence
+
+
+def test_a_missing_venv_is_named_as_the_cause_of_203_exec() -> None:
+    diagnosis = diagnose(lines_of("missing_venv.systemd-252.log"))
+    assert diagnosis.cause == ("the release's venv is gone: /opt/ml-env-old/bin/python3 does not exist "
+                               "(systemd status 203/EXEC)")
+    assert "venv.build" in diagnosis.hint
+
+
+def test_the_server_args_line_is_shortened_in_failure_output() -> None:
+    """SGLang's one-line ServerArgs dump is ~10 KB; failure output keeps 200 characters and says where the rest is."""
+    line = next(line for line in lines_of("fusion_gate.sglang-0.5.23.log") if "server_args=" in line)
+    long_line = line.replace("...)", ", ".join(f"option_{i}=None" for i in range(600)) + ")")
+    assert len(long_line) > 10_000
+    shown = shorten_log_line(long_line)
+    assert shown == long_line[:200] + "... (full line: invoke logs)"
+    short = "[2026-11-29 11:02:05 TP0] Load weight begin."
+    assert shorten_log_line(short) == short
 
 
 def test_an_architecture_error_wins_over_the_graph_capture_failure_that_reports_it() -> None:

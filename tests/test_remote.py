@@ -70,6 +70,20 @@ def test_secrets_are_masked_everywhere_they_could_be_shown() -> None:
     assert "hunter2" not in str(failed.value) and "***" in str(failed.value)
 
 
+def test_a_full_disk_while_writing_the_env_file_shows_the_os_error_but_never_the_content() -> None:
+    """Input tried: the 0600 env file's Put failing with ENOSPC (what `install` prints through sudo)."""
+    put = Put(PurePosixPath("/opt/d/sglang/releases/r1.tmp/sglang.env"), b"HF_TOKEN=hunter2\n", 0o600, sudo=True,
+              secret=True)
+    error = ("install: error writing '/opt/d/sglang/releases/r1.tmp/.sglang.env.tmp-1a2b': No space left on "
+             "device\n")
+    with pytest.raises(StepFailed) as failed:
+        check_result(StepResult(put, 1, "", error, 0.1), "deploy@gpu1:22")
+    message = str(failed.value)
+    assert "No space left on device" in message and "not shown" not in message
+    assert "hunter2" not in message and "HF_TOKEN" not in message
+    assert failed.value.hint and "filesystem is full" in failed.value.hint
+
+
 def test_invalid_steps_are_refused_when_built() -> None:
     with pytest.raises(ValueError, match="argv"):
         Step("empty", ())

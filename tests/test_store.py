@@ -32,6 +32,7 @@ from deploy_lib.store import (
     Tags,
     acquire_lock,
     append_history,
+    describe_pruned_releases,
     fact_steps,
     history_entry,
     holding_lock,
@@ -193,13 +194,18 @@ def _history(*entries: tuple[str, str, str]) -> str:
                    for event, outcome, rid in entries)
 
 
+def release_entries(*release_ids: str) -> str:
+    """`find releases -mindepth 1 -maxdepth 2 -printf %P\\0` of complete releases."""
+    return "".join(f"{rid}\0{rid}/release.json\0{rid}/sglang.service\0{rid}/sglang.env\0" for rid in release_ids)
+
+
 def captured_facts(current: str | None = "r3", lock: tuple[int, str] = (1, "")) -> StoreFacts:
     base = "/opt/sglang-deploy/sglang/releases"
     files = "".join(f"{base}/{rid}/release.json\0{_release_json(rid, f'2026-11-2{n}T10:00:00+00:00')}\n"
                     for n, rid in enumerate(["r1", "r2", "r3", "r4"], start=1))
     return parse_store_facts(LAYOUT, _results(LAYOUT, {
         FACT_CURRENT: (0, f"releases/{current}\n") if current else (1, ""),
-        FACT_RELEASE_DIRS: (0, "r4\0r3\0r2\0r1\0r5.tmp\0"),
+        FACT_RELEASE_DIRS: (0, release_entries("r4", "r3", "r2", "r1") + "r5.tmp\0r5.tmp/sglang.service\0"),
         FACT_RELEASE_FILES: (0, files),
         FACT_HISTORY: (0, _history(("deploy", HEALTHY, "r1"), ("deploy", HEALTHY, "r2"),
                                    ("deploy", "failed", "r3"), ("rollback", HEALTHY, "r2"),
@@ -218,6 +224,51 @@ def test_store_facts_from_one_batch() -> None:
     assert facts.last_healthy() == "r2" and facts.last_healthy(exclude="r2") == "r1"
     assert facts.outcomes() == {"r1": HEALTHY, "r2": HEALTHY, "r3": "failed", "r4": "failed"}
     assert facts.lock is None
+
+
+def damaged_store(current: str) -> StoreFacts:
+    """r1 complete; r2 with garbage in release.json; r3 without release.json; r4 without its env file; r5 a JSON
+    list; r6 release.json empty."""
+    base = "/opt/sglang-deploy/sglang/releases"
+    texts = {"r1": _release_json("r1", "2026-11-21T10:00:00+00:00"), "r2": "{garbage", "r4": _release_json("r4", ""),
+             "r5": "[1, 2]"}
+    entries = (release_entries("r1", "r2", "r5") + "r3\0r3/sglang.service\0r3/sglang.env\0"
+               + "r4\0r4/release.json\0r4/sglang.service\0" + release_entries("r6"))
+    return parse_store_facts(LAYOUT, _results(LAYOUT, {
+        FACT_CURRENT: (0, f"releases/{current}\n"), FACT_RELEASE_DIRS: (0, entries),
+        FACT_RELEASE_FILES: (0, "".join(f"{base}/{rid}/release.json\0{text}\n" for rid, text in texts.items())),
+        FACT_HISTORY: (0, _history(("deploy", HEALTHY, "r2"), ("deploy", HEALTHY, "r1"))),
+        FACT_CLOCK: (0, "1764414000\n"), FACT_LOCK: (1, ""), FACT_LOCK_OWNER: (1, "")}))
+
+
+def test_damaged_releases_are_listed_with_what_is_wrong_naming_the_file() -> None:
+    """Input tried: release.json with garbage, missing, empty, a JSON list; a release without its env file."""
+    facts = damaged_store(current="r1")
+    assert [r.id for r in facts.releases] == ["r1"]
+    reasons = {damaged.id: damaged.reason for damaged in facts.damaged}
+    assert reasons["r2"].startswith("release.json is not valid JSON (Expecting property name")
+    assert reasons["r3"] == "release.json is missing" and reasons["r4"] == "sglang.env is missing"
+    assert reasons["r5"] == "release.json is not a JSON object"
+    assert reasons["r6"] == "release.json is empty or not text"
+    assert facts.current_problem() is None and facts.last_healthy(exclude="r1") is None  # r2 cannot be used
+
+
+def test_a_damaged_or_missing_current_release_says_so() -> None:
+    assert damaged_store(current="r2").current_problem() == (
+        "current release r2 is damaged: release.json is not valid JSON (Expecting property name enclosed in double "
+        "quotes: line 1 column 2 (char 1))")
+    assert damaged_store(current="r9").current_problem() == (
+        "current release r9 is missing: its directory releases/r9 is gone")
+
+
+def test_prune_removes_damaged_releases_but_never_the_current_one_and_names_each() -> None:
+    facts = damaged_store(current="r4")
+    doomed = releases_to_prune(facts, keep=5)
+    assert doomed == ("r2", "r3", "r5", "r6")
+    phrases = describe_pruned_releases(facts, doomed)
+    assert phrases[0].startswith("damaged release r2 (release.json is not valid JSON")
+    assert phrases[1] == "damaged release r3 (release.json is missing)"
+    assert describe_pruned_releases(captured_facts(), ("r1", "r5.tmp")) == ["release r1", "unfinished release r5.tmp"]
 
 
 def test_first_deploy_reads_as_an_empty_store() -> None:
