@@ -29,7 +29,7 @@ from deploy_lib.profile import LoadedProfile, Profile, format_validation_error
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.remote import Remote, Step
-from deploy_lib.store import RELEASE_FILE, StoreFacts, Tags, read_store_facts
+from deploy_lib.store import RELEASE_FILE, StoreFacts, Tags, host_lock, read_store_facts
 from deploy_lib.venvs import VenvRecord, installed_step, list_venvs, parse_installed, release_venv_hash
 from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
 from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps
@@ -189,15 +189,20 @@ def current_profile(target: Target, service: str, remote: Remote) -> LoadedProfi
 
 def bench_current(target: Target, loaded: LoadedProfile, remote: Remote, environ: Mapping[str, str],
                   progress: Progress) -> BenchResult:
-    """`invoke bench`: SGLang's serving benchmark against the current release, recorded in history."""
+    """`invoke bench`: SGLang's serving benchmark against the current release, recorded in history.
+
+    Under the host's lock: no deploy restarts the server under the benchmark, and its files and history line are
+    written like any other change."""
     layout = target.layout(loaded.profile.service.name)
-    store = read_store_facts(remote, layout)
-    record = store.release(store.current) if store.current else None
-    if record is None:
-        raise ConfigError(f"{target.host.name}: no release is deployed", "`invoke deploy` first")
-    probe = probe_target(layout, record.metadata, environ)
-    return bench_on_demand(remote, layout, record.metadata, Tags.from_dict(record.metadata["tags"]),
-                           loaded.profile.bench, progress, probe.api_key)
+    with host_lock(remote, layout, "benchmark", target.host.name):
+        store = read_store_facts(remote, layout)
+        record = store.release(store.current) if store.current else None
+        if record is None:
+            raise ConfigError(f"{target.host.name}: {store.current_problem() or 'no release is deployed'}",
+                              "`invoke deploy` first")
+        probe = probe_target(layout, record.metadata, environ)
+        return bench_on_demand(remote, layout, record.metadata, Tags.from_dict(record.metadata["tags"]),
+                               loaded.profile.bench, progress, probe.api_key)
 
 
 def compare_benchmarks(target: Target, service: str, remote: Remote, release_a: str, release_b: str
