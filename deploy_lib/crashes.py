@@ -21,6 +21,7 @@ from deploy_lib.facts import UnitFacts
 from deploy_lib.profile import RestartPolicy, ServiceSpec
 from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.store import (
+    CRASHED,
     FAILED,
     HEALTHY,
     RESTARTED,
@@ -222,7 +223,7 @@ def record_crashes(remote: Remote, layout: StoreLayout, store: StoreFacts, repor
     """Append a `crash` history line for each crash of the current release not yet recorded; how many."""
     record = store.release(store.current) if store.current else None
     if report is None or record is None or "tags" not in record.metadata or \
-            store.outcomes().get(record.id) != HEALTHY:
+            store.outcomes().get(record.id) not in (HEALTHY, CRASHED):
         return 0  # a release that never came up healthy: its failed start is recorded already
     tags = Tags.from_dict(record.metadata["tags"])
     batch: list[Step | Put] = []

@@ -46,6 +46,7 @@ OWNERLESS_LOCK_GRACE_S = 60
 EVENTS = ("deploy", "rollback", "failure", "bench", "crash", "prune")
 HEALTHY, FAILED, UNCHANGED, RESTARTED = "healthy", "failed", "unchanged", "restarted"
 OUTCOMES = (HEALTHY, FAILED, UNCHANGED, RESTARTED)
+CRASHED = "crashed"  # a release's outcome in `invoke releases` once systemd gave up restarting it
 
 _UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.@-]*$")
 _RELEASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -391,8 +392,15 @@ class StoreFacts:
         return None
 
     def outcomes(self) -> dict[str, str]:
-        """Each release's latest deploy/rollback outcome from history (for `invoke releases`)."""
-        return {entry.tags.release: entry.outcome for entry in self.history if entry.event in ("deploy", "rollback")}
+        """Each release's latest deploy/rollback outcome from history (for `invoke releases`); `crashed` when a
+        crash that systemd did not restart (the start limit, or Restart=no) came after it."""
+        outcomes = {}
+        for entry in self.history:
+            if entry.event in ("deploy", "rollback"):
+                outcomes[entry.tags.release] = entry.outcome
+            elif entry.event == "crash" and entry.outcome == FAILED:
+                outcomes[entry.tags.release] = CRASHED
+        return outcomes
 
 
 def parse_current(readlink_out: str) -> str | None:

@@ -147,6 +147,7 @@ def test_a_release_left_down_by_crashes_is_no_longer_the_last_healthy_one() -> N
     store = store_of(["r1", "r2"], "r2", [history_entry("deploy", HEALTHY, r1, WHEN),
                                           history_entry("deploy", HEALTHY, TAGS, WHEN), gave_up])
     assert store.last_healthy() == "r1"
+    assert store.outcomes() == {"r1": HEALTHY, "r2": "crashed"}, "`invoke releases` shows it"
     assert store_of(["r1", "r2"], "r2", [history_entry("deploy", HEALTHY, r1, WHEN), gave_up,
                                          history_entry("deploy", HEALTHY, TAGS, WHEN)]).last_healthy() == "r2"
 

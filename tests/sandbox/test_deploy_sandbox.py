@@ -483,6 +483,9 @@ def test_a_crash_loop_stops_at_the_start_limit_and_rollback_returns_to_the_healt
         assert report.crashes.verdict == ("gave up after 3 restarts: exit status 1: a CUDA kernel failed while "
                                             "running: an illegal memory access was encountered [cuda_runtime_error]")
         assert report.advice is not None and "`invoke rollback`" in report.advice and healthy in report.advice
+        _, target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
+        with FabricRemote(target.ssh) as remote:
+            assert {row.id: row.outcome for row in list_releases(target, "sglang", remote)}[crashy] == "crashed"
         outcome = rig.rollback()
         assert outcome.release_id == healthy and outcome.previous_id == crashy
         assert rig.current() == healthy and rig.unit_state() == "active"
