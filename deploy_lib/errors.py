@@ -76,6 +76,10 @@ class StepTimedOut(StepFailed):
     """A remote step ran past its timeout."""
 
 
+class SudoPasswordRequired(StepFailed):
+    """`sudo -n` on the host wants a password: the inventory's user lacks a NOPASSWD sudoers rule."""
+
+
 class ReadinessFailed(DeployError):
     """The new release did not become ready; it was rolled back to the last good one."""
 

@@ -30,7 +30,7 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from deploy_lib.errors import ConnectFailed, StepFailed, StepTimedOut
+from deploy_lib.errors import ConnectFailed, StepFailed, StepTimedOut, SudoPasswordRequired
 
 MASK = "***"
 # coreutils `timeout` exits 124 when it stopped the command; a step's code 124 reads as a timeout.
@@ -44,6 +44,8 @@ MAX_SCRIPT_CHARS = 100_000
 PUT_TIMEOUT_S = 120
 TAIL_LINES = 12
 DISK_FULL = "No space left on device"  # strerror(ENOSPC), as coreutils, sftp and Python print it
+# What `sudo -n` prints when the user has no NOPASSWD rule (sudo 1.8 - 1.9, any step, any accepted exit code).
+SUDO_PASSWORD_PROMPT = "sudo: a password is required"
 
 
 @dataclass(frozen=True, repr=False)
@@ -297,9 +299,20 @@ def failure_message(result: StepResult, where: str, what: str) -> str:
     return message
 
 
-def check_result(result: StepResult, where: str) -> None:
-    """Raise StepTimedOut or StepFailed unless the result's exit code is one its step accepts."""
+def check_result(result: StepResult, where: str, user: str | None = None) -> None:
+    """Raise StepTimedOut or StepFailed unless the result's exit code is one its step accepts.
+
+    A sudo step that met a password prompt fails whatever its accepted codes: a read that accepts exit 1 as
+    "file absent" would otherwise turn a missing sudoers rule into wrong facts (drift, no release)."""
     step = result.step
+    if step.sudo and SUDO_PASSWORD_PROMPT in result.stderr:
+        who = user or where.split("@", 1)[0]
+        raise SudoPasswordRequired(
+            f"sudo on {where} asks {who} for a password (step {step.name!r}); every root step runs as "
+            "`sudo -n`, which cannot answer a prompt", step=step, result=result,
+            hint=f"give the inventory's ansible_user passwordless sudo; as root on the host: "
+                 f"`echo '{who} ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/{who} && "
+                 f"chmod 0440 /etc/sudoers.d/{who} && visudo -c`")
     accepted = step.ok if isinstance(step, Step) else frozenset({0})
     if result.exit_code in accepted:
         return
@@ -477,7 +490,7 @@ class FabricRemote:
             for result in trip_results:
                 if self.on_result is not None:
                     self.on_result(result)
-                check_result(result, self.target.address)
+                check_result(result, self.target.address, self.target.user)
                 results.append(result)
         return results
 

@@ -10,7 +10,7 @@ from pathlib import PurePosixPath
 import pytest
 from fake_remote import FakeRemote
 
-from deploy_lib.errors import ConnectFailed, StepFailed, StepTimedOut
+from deploy_lib.errors import ConnectFailed, StepFailed, StepTimedOut, SudoPasswordRequired
 from deploy_lib.remote import (
     MAX_SCRIPT_CHARS,
     Put,
@@ -213,3 +213,19 @@ def test_fake_remote_can_drop_the_connection() -> None:
     with pytest.raises(ConnectFailed):
         remote.run([Step("before", ("true",)), Step("stage", ("true",)), Step("after", ("true",))])
     assert remote.ran_names() == ["before"]
+
+
+SUDO_PROMPT = "sudo: a password is required\n"
+
+
+@pytest.mark.parametrize("step", [
+    Step("host facts: current release checksums", ("sha256sum", "--", "/x"), sudo=True, ok=frozenset({0, 1})),
+    Put(PurePosixPath("/opt/x/sglang.env"), b"A=1\n", 0o600, sudo=True),
+])
+def test_a_sudo_password_prompt_is_a_remote_error_naming_the_sudoers_line(step: Step | Put) -> None:
+    # reported: with NOPASSWD removed, the accepted exit 1 of a fact read looked like drift (exit 9)
+    with pytest.raises(SudoPasswordRequired) as raised:
+        check_result(StepResult(step, 1, "", SUDO_PROMPT, 0.1), "deploy@gpu1:22", user="deploy")
+    assert raised.value.exit_code == 5
+    assert "asks deploy for a password" in raised.value.message and "drift" not in str(raised.value)
+    assert "deploy ALL=(ALL) NOPASSWD: ALL" in str(raised.value.hint)
