@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,10 +19,12 @@ from deploy_cli.options import task
 from deploy_lib import deploy as deploy_engine
 from deploy_lib import patching
 from deploy_lib import status as host_status
+from deploy_lib import uninstall as remove
+from deploy_lib.adopt import adopt as adopt_server
 from deploy_lib.bundled import ROLES_DIR
 from deploy_lib.errors import DeployError
 from deploy_lib.patches import PatchSet, find_patch_set, list_patch_sets
-from deploy_lib.profile import LoadedProfile, ServiceSpec, profile_json_schema
+from deploy_lib.profile import LoadedProfile, ServiceSpec, profile_json_schema, profile_path
 from deploy_lib.project import SANDBOX_INVENTORY, Project, Target, load_for_host, profile_for_host, resolve_target
 from deploy_lib.release import build_release, diff_releases
 from deploy_lib.remote import FabricRemote
@@ -211,6 +214,71 @@ def rollback(c: Context, to: str | None = None, host: str | None = None, invento
     _show_outcome(outcome)
 
 
+@task(help={"pid": "process id of the SGLang server running by hand on the host (`pgrep -af sglang.launch_server`)",
+            "profile": "name of the profile to write (inventory/profiles/NAME.yaml; must not exist)",
+            "service": "service name to manage it as (default sglang)"})
+def adopt(c: Context, pid: str, profile: str, host: str | None = None, inventory: str | None = None,
+          service: str | None = None, yes: bool = False) -> None:
+    """Take over a server started by hand: record it as release 0 and write the profile that reproduces it."""
+    if not pid.isdigit():
+        raise Exit(f"error: --pid must be a process id (a number), got {pid!r}", code=2)
+    path = _run(lambda: profile_path(PROJECT.profiles_dir, profile))
+    if path.exists():
+        raise Exit(f"error: {path} exists; adopt writes a new profile, give another --profile name", code=2)
+    target = _target(inventory, host)
+    name = _service(service)
+    if not yes and not ui.confirm(f"adopt pid {pid} on {target.host.name} as release 0 of service {name}?"):
+        raise Exit("cancelled", code=1)
+    with FabricRemote(target.ssh) as remote:
+        result = _run(lambda: adopt_server(target, name, remote, int(pid), profile))
+    path.write_text(result.profile_text)
+    ui.print_adopted_server(result, path)
+
+
+@task
+def stop(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
+    """Stop the server (the current release stays current; `invoke start` brings it back)."""
+    target = _target(inventory, host)
+    with FabricRemote(target.ssh) as remote:
+        ui.print_outcome(_run(lambda: deploy_engine.stop(target, _service(service), remote)))
+
+
+def _start(restart: bool, host: str | None, inventory: str | None, service: str | None) -> None:
+    target = _target(inventory, host)
+    with FabricRemote(target.ssh) as remote:
+        ui.print_outcome(_run(lambda: deploy_engine.start(target, _service(service), remote, ui.TerminalProgress(),
+                                                          dict(os.environ), restart)))
+
+
+@task
+def start(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
+    """Start the current release and wait until it serves (readiness ladder); rolled back if it cannot start."""
+    _start(False, host, inventory, service)
+
+
+@task
+def restart(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
+    """Restart the current release and wait until it serves (readiness ladder); rolled back if it cannot start."""
+    _start(True, host, inventory, service)
+
+
+@task
+def uninstall(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
+              yes: bool = False) -> None:
+    """Remove the unit, releases, managed venvs and caches from the host; history is copied here first."""
+    target = _target(inventory, host)
+    name = _service(service)
+    state_dir = remove.local_state_dir(os.environ)
+    question = (f"remove service {name} from {target.host.name}: stop its unit, delete "
+                f"{target.layout(name).base} (releases, managed venvs, caches)? history is kept in {state_dir}")
+    if not yes and not sys.stdin.isatty():
+        raise Exit(f"{question}\nnot asked (no terminal): rerun with --yes", code=1)
+    if not yes and not ui.confirm(question):
+        raise Exit("cancelled", code=1)
+    with FabricRemote(target.ssh) as remote:
+        ui.print_uninstalled(_run(lambda: remove.uninstall(target, name, remote, state_dir)))
+
+
 @task
 def releases(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
              json: bool = False, verbose: bool = False) -> None:
@@ -309,6 +377,16 @@ def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | 
     with _remote(target) as remote:
         result = _run(lambda: adopt_venv(remote, layout, PurePosixPath(path), where=target.host.name))
     ui.print_adopted(result)
+
+
+@task(name="remove", help={"venv_hash": "the managed venv's hash (`invoke venv.list`)"})
+def venv_remove(c: Context, venv_hash: str, host: str | None = None, inventory: str | None = None,
+                service: str | None = None) -> None:
+    """Remove a managed venv (adopted ones stay until removed here) unless a release or derived venv needs it."""
+    target = _target(inventory, host)
+    with FabricRemote(target.ssh) as remote:
+        _run(lambda: remove.remove_venv(target, _service(service), remote, venv_hash))
+    ui.console.print(f"removed venv {venv_hash} and its caches", markup=False)
 
 
 @task(name="list")
@@ -457,9 +535,9 @@ def demo(c: Context) -> None:
     ui.console.print(f"demo done in {time.monotonic() - started:.0f} s")
 
 
-ns = Collection(render, plan, schema, deploy, rollback, releases, status, logs, unlock, bench, patch_fusion, demo,
-                version)
+ns = Collection(render, plan, schema, deploy, adopt, rollback, stop, start, restart, uninstall, releases, status, logs,
+                unlock, bench, patch_fusion, demo, version)
 ns.add_collection(Collection(patches_list, patches_check, patches_audit, patches_enable, patches_disable),
                   name="patches")
-ns.add_collection(Collection(venv_build, venv_adopt, venv_list), name="venv")
+ns.add_collection(Collection(venv_build, venv_adopt, venv_list, venv_remove), name="venv")
 ns.add_collection(Collection.from_module(sandbox_tasks), name="sandbox")

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from enum import Enum
-from pathlib import PurePath
+from pathlib import Path, PurePath
 from typing import Any
 
 from pydantic import BaseModel
@@ -20,6 +20,7 @@ from rich.markup import escape
 from rich.table import Table
 from tenacity import RetryCallState
 
+from deploy_lib.adopt import Adopted
 from deploy_lib.bench import BenchResult, ComparisonRow
 from deploy_lib.deploy import Outcome, Plan
 from deploy_lib.diagnose import shorten_log_line
@@ -28,6 +29,7 @@ from deploy_lib.patches import AuditReport, CheckReport, PatchSet
 from deploy_lib.release import Release
 from deploy_lib.remote import MASK, StepResult, display
 from deploy_lib.status import ReleaseRow, StatusReport
+from deploy_lib.uninstall import Uninstalled
 from deploy_lib.venvs import VenvRecord, VenvResult
 
 # Width: the terminal's, else $COLUMNS (rich reads it), else 120 when output goes to a pipe or file.
@@ -102,6 +104,9 @@ def print_outcome(outcome: Outcome) -> None:
     if outcome.action == "unchanged":
         console.print(f"no changes: release {outcome.release_id} is current and running")
         return
+    if outcome.action in ("stopped", "already running"):
+        console.print(f"{outcome.action}: release {outcome.release_id}")
+        return
     ready = f" ready in {outcome.ready.duration_s:.1f} s" if outcome.ready else ""
     console.print(f"[bold green]{outcome.action}[/bold green]: release {outcome.release_id} is serving "
                   f"(was {outcome.previous_id or 'none'});{ready}")
@@ -129,6 +134,12 @@ def print_status(report: StatusReport) -> None:
         console.print("no release deployed")
     restarts = f" (NRestarts={report.restarts} since the deploy)" if report.current else ""
     console.print(f"unit {report.unit_state}{restarts}; {report.readiness}")
+    if report.endpoint:
+        console.print(f"endpoint {report.endpoint} (OpenAI API under {report.endpoint}/v1)", markup=False)
+    for item in report.drift:
+        console.print(f"[yellow]drift:[/yellow] {escape(item)}")
+    if report.current and not report.drift:
+        console.print("no drift: the unit and env file are as deployed")
     crashes = report.crashes
     if crashes is not None and crashes.last is not None:
         console.print(f"last crash {crashes.last.when:%Y-%m-%d %H:%M:%S} UTC: {escape(crashes.last.cause)}")
@@ -149,6 +160,27 @@ def print_status(report: StatusReport) -> None:
         table.add_row(str(gpu.index), f"{gpu.memory_used_mib:.0f} / {gpu.memory_total_mib:.0f}", power,
                       f"{gpu.utilization_pct:.0f}" if gpu.utilization_pct is not None else "n/a")
     console.print(table)
+
+
+def print_adopted_server(result: Adopted, path: Path) -> None:
+    console.print(f"adopted pid {result.pid} on {result.host} as release {result.release_id} (SGLang "
+                  f"{result.sglang_version}, venv {result.venv}); profile written to {path}", markup=False)
+    for note in result.notes:
+        console.print(f"  note: {note}", markup=False)
+    if result.secret_names:
+        console.print(f"  secrets by reference: export {', '.join(result.secret_names)} before deploying "
+                      "(their values are only in release 0's env file on the host)", markup=False)
+    console.print(f"next: `invoke plan --profile {result.profile_name}`, then deploy it; `invoke rollback --to "
+                  f"{result.release_id}` returns to what ran before", markup=False)
+
+
+def print_uninstalled(result: Uninstalled) -> None:
+    for item in result.removed:
+        console.print(f"removed {item}", markup=False)
+    for item in result.kept_on_host:
+        console.print(f"kept {item}", markup=False)
+    console.print(f"history and release records of {result.host}/{result.service} copied to {result.copy}",
+                  markup=False)
 
 
 def print_releases(rows: list[ReleaseRow]) -> None:

@@ -28,7 +28,16 @@ from deploy_lib.errors import ConfigError, GateFailed, RemoteError
 from deploy_lib.facts import NVIDIA_SMI_QUERY, Gpu, parse_gpus
 from deploy_lib.progress import Progress
 from deploy_lib.remote import Put, Remote, Step, StepResult
-from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, StoreLayout, Tags, append_history, history_entry
+from deploy_lib.store import (
+    ACTIVATIONS,
+    FAILED,
+    HEALTHY,
+    HistoryEntry,
+    StoreLayout,
+    Tags,
+    append_history,
+    history_entry,
+)
 
 MODULE_NEW = "sglang.benchmark.serving"   # 0.5.15 and later (sglang.bench_serving is a deprecated shim there)
 MODULE_OLD = "sglang.bench_serving"       # up to 0.5.9: the full module
@@ -481,9 +490,9 @@ def evaluate_gate(new: BenchResult, baseline: BenchResult | None, gate: GateSett
 
 
 def last_good_release(history: Sequence[HistoryEntry], exclude: str | None = None) -> str | None:
-    """The newest release that a deploy or rollback recorded as healthy (other than `exclude`)."""
+    """The newest release that a start (deploy, rollback, adopt, start, restart) recorded healthy, but `exclude`."""
     for entry in reversed(history):
-        if entry.event in ("deploy", "rollback") and entry.outcome == HEALTHY and entry.tags.release != exclude:
+        if entry.event in ACTIVATIONS and entry.outcome == HEALTHY and entry.tags.release != exclude:
             return entry.tags.release
     return None
 

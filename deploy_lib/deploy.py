@@ -6,10 +6,12 @@ switches a host to a release and verifies it, used by deploy, by the automatic r
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import PurePosixPath
 from typing import Any
 
 from deploy_lib.bench import GateSettings, gate_after_ready
@@ -37,7 +39,7 @@ from deploy_lib.health import (
     wait_ready,
 )
 from deploy_lib.profile import LoadedProfile, Profile
-from deploy_lib.progress import Progress
+from deploy_lib.progress import NullProgress, Progress
 from deploy_lib.project import Target
 from deploy_lib.release import (
     SECRET_NOT_AVAILABLE,
@@ -56,7 +58,9 @@ from deploy_lib.store import (
     ENV_FILE,
     FAILED,
     HEALTHY,
+    STOPPED,
     UNIT_FILE,
+    ReleaseRecord,
     StoreFacts,
     StoreLayout,
     Tags,
@@ -68,6 +72,7 @@ from deploy_lib.store import (
     operator_name,
     parse_store_facts,
     prune_releases,
+    read_store_facts,
     release_json,
     releases_to_prune,
     repair_release,
@@ -89,8 +94,34 @@ from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
 from deploy_lib.venvs import read_facts as read_venv_facts
 from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps
 
+FACT_HAND_RUN = "adopted server: still running"
 MIN_FREE_BYTES = 64 * 1024 * 1024  # a release is a few KB, but a full disk breaks journald and pip alike
 GRACE_S = 2.0  # healthy, then dead within this window, is a failed start
+
+
+def hand_run_check(metadata: Mapping[str, Any] | None) -> list[Step | Put]:
+    """For a current release adopted from a hand-run process (release 0): is that very process still running?"""
+    adopted = dict((metadata or {}).get("adopted") or {})
+    if not adopted.get("pid"):
+        return []
+    return [Step(FACT_HAND_RUN, ("sha256sum", "--", f"/proc/{int(adopted['pid'])}/cmdline"), sudo=True,
+                 ok=frozenset({0, 1}))]
+
+
+def hand_run_pid(metadata: Mapping[str, Any] | None, results: list[StepResult]) -> int | None:
+    """The adopted process's pid when /proc still shows its command line (same checksum: not a reused pid)."""
+    adopted = dict((metadata or {}).get("adopted") or {})
+    found = next((r for r in results if r.step.name == FACT_HAND_RUN), None)
+    if found is None or found.exit_code != 0 or found.stdout.split()[:1] != [adopted.get("cmdline_sha256")]:
+        return None
+    return int(adopted["pid"])
+
+
+def stop_hand_run(pid: int, timeout_s: float) -> list[Step | Put]:
+    """SIGTERM, as Ctrl-C or `systemctl stop` would send (SGLang shuts its workers down), then wait for its exit."""
+    return [Step(f"adopted server: stop pid {pid}", ("kill", "-TERM", "--", str(pid)), sudo=True, ok=frozenset({0, 1})),
+            Step(f"adopted server: wait for pid {pid} to exit", ("tail", f"--pid={pid}", "-s", "0.2", "-f",
+                                                                 "/dev/null"), timeout_s=timeout_s)]
 
 
 @dataclass(frozen=True)
@@ -107,6 +138,7 @@ class Plan:
     batches: Mapping[str, list[Step | Put]]
     notes: tuple[str, ...] = ()
     secrets_not_available: Mapping[str, str] = field(default_factory=dict)  # name -> why (a plan needs no value)
+    takeover: tuple[Step | Put, ...] = ()   # stops the hand-run server of an adopted release 0 before the restart
 
     @property
     def release_id(self) -> str | None:
@@ -185,22 +217,42 @@ def choose_venv(remote: Remote, layout: StoreLayout, target: Target, profile: Pr
     return VenvChoice(str(built.path), cache_environment(layout, built.hash))
 
 
+HAND_UNIT_LINES = 40  # of a hand-made unit, shown in the refusal
+
+
+def hand_made_unit(layout: StoreLayout, facts: HostFacts) -> str | None:
+    """A unit of the service's name that the tool did not write (a hand-written file, a link elsewhere, a packaged
+    unit), with its text as `systemctl cat` shows it; None when there is none or it is the tool's link."""
+    if facts.unit_link == str(layout.current / UNIT_FILE):
+        return None
+    if facts.unit_link is None and facts.unit.load_state != "loaded" and facts.unit_file is None:
+        return None
+    where = f"{layout.unit_link} -> {facts.unit_link}" if facts.unit_link else str(layout.unit_link)
+    lines = (facts.unit_file or "(not readable)").rstrip("\n").splitlines()
+    shown = "\n    ".join(lines[:HAND_UNIT_LINES] + ([f"... ({len(lines) - HAND_UNIT_LINES} more lines)"]
+                                                     if len(lines) > HAND_UNIT_LINES else []))
+    return f"{where} is a unit the tool did not write (unit {facts.unit.active_state}):\n    {shown}"
+
+
 def detect_drift(layout: StoreLayout, facts: HostFacts) -> tuple[str, ...]:
-    """Files of the current release changed on the host since they were written, or the unit link moved."""
+    """Files of the current release changed on the host since they were written, or a unit the tool did not write
+    where its link to the current release belongs (also before the first deploy)."""
     record = facts.store.release(facts.store.current) if facts.store.current else None
-    if record is None:
-        return ()
     drift = []
-    recorded = dict(record.metadata.get("files") or {})
+    recorded = dict(record.metadata.get("files") or {}) if record else {}
     for name in (UNIT_FILE, ENV_FILE):
-        if name in recorded and facts.file_sums.get(name) != recorded[name]:
+        if record and name in recorded and facts.file_sums.get(name) != recorded[name]:
             drift.append(f"{layout.current / name} was edited on the host since release {record.id} was written")
-    expected_link = str(layout.current / UNIT_FILE)
-    if facts.unit_link is not None and facts.unit_link != expected_link:
-        drift.append(f"{layout.unit_link} points at {facts.unit_link}, not {expected_link}")
-    if facts.unit_link is None and facts.unit.load_state == "loaded":
-        drift.append(f"{layout.unit_link} is a plain file, not the link to the current release")
-    return tuple(drift)
+    foreign = hand_made_unit(layout, facts)
+    return (*drift, foreign) if foreign else tuple(drift)
+
+
+def keep_replaced_unit(layout: StoreLayout, now: datetime) -> tuple[list[Step | Put], PurePosixPath]:
+    """Copy the unit file a forced deploy replaces into the store (nothing is copied when there is no file)."""
+    copy = layout.base / "replaced" / f"{layout.unit_name}.{now.astimezone(UTC):%Y%m%dT%H%M%SZ}"
+    return [Step("switch: replaced units directory", ("mkdir", "-p", "--", str(copy.parent)), sudo=True),
+            Step("switch: keep the replaced unit", ("cp", "-P", "--preserve=all", "--", str(layout.unit_link),
+                                                    str(copy)), sudo=True, ok=frozenset({0, 1}))], copy
 
 
 def reset_failed_step(layout: StoreLayout) -> Step:
@@ -221,9 +273,10 @@ def restart_steps(layout: StoreLayout) -> list[Step | Put]:
 
 def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets: Mapping[str, str],
                 force: bool, now: datetime, venv: VenvChoice | None = None, patches: tuple[str, ...] = (),
-                secrets_not_available: Mapping[str, str] | None = None) -> Plan:
+                secrets_not_available: Mapping[str, str] | None = None, hand_pid: int | None = None) -> Plan:
     """What a deploy would do. A dry run passes the secrets it could not read in `secrets_not_available`: the
-    plan then stands in a placeholder for their values and does not claim how they compare."""
+    plan then stands in a placeholder for their values and does not claim how they compare. `hand_pid`: the
+    hand-run server of an adopted release 0, stopped before the restart."""
     not_available = dict(secrets_not_available or {})
     secrets = {**secrets, **{name: SECRET_NOT_AVAILABLE for name in not_available}}
     venv = venv or VenvChoice(target.venv_override or loaded.profile.service.venv)
@@ -240,7 +293,9 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
     drift = detect_drift(layout, facts)
     if drift and not force:
         raise DriftDetected(f"{target.host.name}: the deployed files were changed by hand:\n  " + "\n  ".join(drift),
-                            "deploy with --force to replace them (the edits are lost), or copy them into the profile")
+                            "deploy with --force to replace them (a replaced unit file is copied into the store), "
+                            "copy the edits into the profile, or `invoke adopt` the server that runs by hand")
+    takeover = stop_hand_run(hand_pid, loaded.profile.service.stop_timeout_s) if hand_pid else []
     have_release = facts.store.release(release.id) is not None
     damaged = facts.store.damaged_release(release.id)
     unchanged = (current_id == release.id and have_release and not drift and facts.unit.active_state == "active")
@@ -254,7 +309,14 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
         elif drift and current_id == release.id:
             batches["stage"] = repair_release(layout, release.id, release.unit_text, release.env_text)
         batches["switch"] = switch_current(layout, release.id)
-        batches["restart"] = restart_steps(layout)
+        batches["restart"] = [*takeover, *restart_steps(layout)]
+    replaced_note = None
+    if hand_made_unit(layout, facts) and not unchanged:
+        keep, copy = keep_replaced_unit(layout, now)
+        batches["switch"] = [*keep, *batches["switch"]]
+        replaced_note = f"a copy of the replaced unit is kept at {copy}"
+    hand_note = f"the hand-run server (pid {hand_pid}, adopted as release {current_id}) is stopped before the " \
+        "restart" if takeover and not unchanged else None
     changes = [change for change in diff_releases(current_metadata, release.metadata())
                if not (not_available and change.kind == "secret" and change.name == SECRET_VALUES)]
     prediction = start_prediction(facts.store, loaded.name)
@@ -265,7 +327,9 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
                                               start_limit_note(loaded.profile.service, prediction.median_s
                                                                if prediction else None),
                                               damaged and f"release {release.id} on the host is damaged "
-                                                          f"({damaged.reason}); it is staged again") if note))
+                                                          f"({damaged.reason}); it is staged again", hand_note,
+                                              replaced_note) if note),
+                takeover=tuple(takeover))
 
 
 def _past_failure(facts: HostFacts, release_id: str) -> str | None:
@@ -274,7 +338,12 @@ def _past_failure(facts: HostFacts, release_id: str) -> str | None:
     return f"this release failed on {failures[-1].when}: {failures[-1].cause}" if failures else None
 
 
-def preflight(plan: Plan, loaded: LoadedProfile, target: Target, facts: HostFacts) -> None:
+def _listener_pids(listeners: tuple[str, ...]) -> set[int]:
+    return {int(pid) for line in listeners for pid in re.findall(r"\bpid=(\d+)", line)}
+
+
+def preflight(plan: Plan, loaded: LoadedProfile, target: Target, facts: HostFacts, hand_pid: int | None = None
+              ) -> None:
     """Read-only checks that the host can run the release; PreflightError before anything changes."""
     profile = loaded.profile
     where = target.host.name
@@ -301,7 +370,8 @@ def preflight(plan: Plan, loaded: LoadedProfile, target: Target, facts: HostFact
         raise PreflightError(f"{where}: SGLang {plan.release.sglang_version} in {plan.release.venv} does not "
                              f"accept the launch command:\n  {listed}",
                              "fix the profile (extra_args, backends) or deploy a venv with a matching SGLang")
-    ours = facts.unit.active_state in ("active", "activating", "deactivating", "reloading")
+    ours = facts.unit.active_state in ("active", "activating", "deactivating", "reloading") or \
+        (hand_pid is not None and hand_pid in _listener_pids(facts.port_listeners))
     if facts.port_listeners and not ours:
         raise PreflightError(f"{where}: port {profile.server.port} is already in use by another process: "
                              f"{facts.port_listeners[0].strip()}", "stop that process or change server.port")
@@ -366,7 +436,7 @@ class _Run:
         return diagnose(result.stdout.splitlines(), profile=profile)
 
     def activate(self, release_id: str, metadata: Mapping[str, Any], prediction: StartPrediction | None,
-                 grace_s: float) -> ReadyReport:
+                 grace_s: float, before_restart: tuple[Step | Put, ...] = ()) -> ReadyReport:
         """Switch `current` to a release on the host, restart, and climb the readiness ladder.
 
         One round trip reads the journal position, switches and restarts; from that position on, the ladder shows
@@ -374,7 +444,7 @@ class _Run:
         restarted_at = self.clock()
         results = self.phase("switch and restart", [journal_cursor_step(self.layout.unit_name),
                                                     *switch_current(self.layout, release_id),
-                                                    *restart_steps(self.layout)])
+                                                    *before_restart, *restart_steps(self.layout)])
         self.cursor = parse_journal_cursor(results[0].stdout)
         profile = Profile.model_validate(metadata["profile"])
         self.progress.phase_started("readiness")
@@ -470,10 +540,13 @@ def _deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Pro
     toolkit_home = cuda_home(launch_environment(profile)) if profile.features.allreduce_fusion else None
     facts = read_host_facts(remote, layout, venv.path, profile.server.port, toolkit_home,
                             profile.service.working_directory)
+    current = facts.store.release(facts.store.current) if facts.store.current else None
+    hand_pid = hand_run_pid(current.metadata if current else None,
+                            remote.run(hand_run_check(current.metadata if current else None)))
     run.timings["facts"] = round(clock() - started, 3)
     plan = plan_deploy(loaded, target, facts, secrets, options.force, datetime.now(UTC), venv, options.patches,
-                       not_available)
-    preflight(plan, loaded, target, facts)
+                       not_available, hand_pid)
+    preflight(plan, loaded, target, facts, hand_pid)
     for note in () if options.dry_run else plan.notes:  # a dry run prints them with the plan
         progress.note(note)
     if options.dry_run:
@@ -486,7 +559,7 @@ def _deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Pro
     gate = profile.gate or (GateSettings() if options.gate else None)
     try:
         ready = run.activate(plan.release.id, plan.release.metadata(), start_prediction(facts.store, loaded.name),
-                             options.grace_s)
+                             options.grace_s, plan.takeover)
         if gate is not None:
             gate_after_ready(remote, layout, plan.release.metadata(), tags, profile.bench, gate,
                              facts.store.history, progress, secrets.get(API_KEY_ENV))
@@ -562,4 +635,52 @@ def rollback(target: Target, service: str, remote: Remote, progress: Progress, t
     return Outcome("rolled back", target_id, current, ready=ready, timings=run.timings)
 
 
-__all__ = ["DeployError", "Options", "Outcome", "Plan", "deploy", "plan_deploy", "preflight", "rollback"]
+def _current_release(store: StoreFacts, where: str) -> ReleaseRecord:
+    record = store.release(store.current) if store.current else None
+    if record is None or "tags" not in record.metadata:
+        raise ConfigError(f"{where}: no release is deployed (current: {store.current or 'none'})",
+                          "`invoke deploy --profile P` first, or `invoke adopt` a server that runs by hand")
+    return record
+
+
+def start(target: Target, service: str, remote: Remote, progress: Progress, environ: Mapping[str, str],
+          restart: bool, clock: Callable[[], float] = time.monotonic) -> Outcome:
+    """Start (or restart) the current release and climb the readiness ladder, as a deploy does; a release that
+    does not come up is rolled back to the last healthy one like a failed deploy. Under the host's lock."""
+    layout = target.layout(service)
+    event = "restart" if restart else "start"
+    with host_lock(remote, layout, event, target.host.name):
+        facts = read_host_facts(remote, layout, venv=None, port=None)
+        record = _current_release(facts.store, target.host.name)
+        if not restart and facts.unit.active_state == "active":
+            return Outcome("already running", record.id, record.id)
+        tags = Tags.from_dict(record.metadata["tags"])
+        run = _Run(remote, layout, target, progress, environ, clock)
+        try:
+            ready = run.activate(record.id, record.metadata, start_prediction(facts.store, tags.profile), GRACE_S)
+        except ReadinessFailed as failure:
+            diagnosis = run.journal_diagnosis(run.cursor, tags.profile)
+            run.record(event, FAILED, tags, failure_line(failure, diagnosis))
+            return _roll_back(run, facts.store, record.id, failure, diagnosis, tags.profile)
+        run.record(event, HEALTHY, tags)
+    return Outcome("restarted" if restart else "started", record.id, record.id, ready=ready, timings=run.timings)
+
+
+def stop(target: Target, service: str, remote: Remote) -> Outcome:
+    """Stop the current release's unit (SGLang drains in-flight requests first); recorded in history."""
+    layout = target.layout(service)
+    with host_lock(remote, layout, "stop", target.host.name):
+        store = read_store_facts(remote, layout)
+        record = _current_release(store, target.host.name)
+        tags = Tags.from_dict(record.metadata["tags"])
+        hand_pid = hand_run_pid(record.metadata, remote.run(hand_run_check(record.metadata)))
+        if hand_pid:
+            remote.run(stop_hand_run(hand_pid, Profile.model_validate(record.metadata["profile"]).service
+                                     .stop_timeout_s))
+        _stop_unit(remote, layout)
+        _Run(remote, layout, target, NullProgress(), {}).record("stop", STOPPED, tags, "by hand")
+    return Outcome("stopped", record.id, record.id)
+
+
+__all__ = ["DeployError", "Options", "Outcome", "Plan", "deploy", "plan_deploy", "preflight", "rollback", "start",
+           "stop"]

@@ -26,6 +26,7 @@ OPTIONS_SOURCE = resources.files("deploy_lib").joinpath("sglang_options.py").rea
 FACT_GPUS = "host facts: GPUs"
 FACT_UNIT = "host facts: unit state"
 FACT_UNIT_LINK = "host facts: unit link"
+FACT_UNIT_FILE = "host facts: unit file"
 FACT_FILE_SUMS = "host facts: current release checksums"
 FACT_PORT = "host facts: port listeners"
 FACT_DISK = "host facts: free disk"
@@ -94,6 +95,7 @@ class HostFacts:
     sglang: SGLangInstall
     cuda_toolkit: CudaToolkit | None = None  # at the release's CUDA_HOME; None when not asked for
     import_shadow: str | None = None  # the server would import SGLang from here (its working directory), not the venv's
+    unit_file: str | None = None          # `systemctl cat` of the unit (file and drop-ins); None: no such unit
 
 
 def _number(text: str) -> float | None:
@@ -210,6 +212,7 @@ def fact_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_hom
         gpu_step(FACT_GPUS),
         unit_step(layout),
         Step(FACT_UNIT_LINK, ("readlink", "--", str(layout.unit_link)), ok=_MISSING_OK),
+        Step(FACT_UNIT_FILE, ("systemctl", "cat", "--", layout.unit_name), ok=_MISSING_OK),
         Step(FACT_FILE_SUMS, ("sha256sum", "--", str(current / UNIT_FILE), str(current / ENV_FILE)),
              sudo=True, ok=_MISSING_OK),
         Step(FACT_DISK, ("df", "-P", "-B1", "--", "/", *_existing_parents(layout.root)), ok=_MISSING_OK),
@@ -252,6 +255,7 @@ def read_host_facts(remote: Remote, layout: StoreLayout, venv: str | None, port:
         sglang=parse_sglang_install(by_name[FACT_SGLANG]),
         cuda_toolkit=parse_toolkit(cuda_home, by_name) if cuda_home is not None else None,
         import_shadow=parse_import_shadow(by_name[FACT_IMPORT]) if FACT_IMPORT in by_name else None,
+        unit_file=by_name[FACT_UNIT_FILE].stdout if by_name[FACT_UNIT_FILE].exit_code == 0 else None,
     )
 
 

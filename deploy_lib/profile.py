@@ -45,7 +45,7 @@ AbsPath = Annotated[str, StringConstraints(pattern=r"^/", max_length=MAX_STRING)
 # Model ids and paths reach argv, the unit and the journal: shell metacharacters are refused outright.
 _MODEL_RE = re.compile(r"^[A-Za-z0-9._\-/+@:=,~ ]+$")
 # Names that carry credentials; they must come through `secrets:` by reference, never inline.
-_SECRET_NAME_RE = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIALS?)$", re.IGNORECASE)
+SECRET_NAME_RE = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDENTIALS?)$", re.IGNORECASE)
 
 
 class Strict(BaseModel):
@@ -281,6 +281,12 @@ class ServerSpec(Strict):
     api_key: SecretField | None = None
 
 
+# nccl.<key> -> the environment variable it sets, in the env file's order
+NCCL_ENV = {"p2p_level": "NCCL_P2P_LEVEL", "p2p_disable": "NCCL_P2P_DISABLE", "ib_disable": "NCCL_IB_DISABLE",
+            "min_nchannels": "NCCL_MIN_NCHANNELS", "max_nchannels": "NCCL_MAX_NCHANNELS",
+            "socket_ifname": "NCCL_SOCKET_IFNAME", "debug": "NCCL_DEBUG"}
+
+
 class NcclSpec(Strict):
     p2p_level: P2PLevel | None = Field(None, description="NCCL_P2P_LEVEL: LOC/NVL/PIX/PXB/PHB/SYS or 0-5")
     p2p_disable: bool | None = None
@@ -302,15 +308,7 @@ class NcclSpec(Strict):
         return self
 
     def environment(self) -> dict[str, str]:
-        as_env = {
-            "NCCL_P2P_LEVEL": self.p2p_level,
-            "NCCL_P2P_DISABLE": self.p2p_disable,
-            "NCCL_IB_DISABLE": self.ib_disable,
-            "NCCL_MIN_NCHANNELS": self.min_nchannels,
-            "NCCL_MAX_NCHANNELS": self.max_nchannels,
-            "NCCL_SOCKET_IFNAME": self.socket_ifname,
-            "NCCL_DEBUG": self.debug,
-        }
+        as_env = {name: getattr(self, key) for key, name in NCCL_ENV.items()}
         return {k: _env_text(v) for k, v in as_env.items() if v is not None}
 
 
@@ -388,7 +386,7 @@ class Profile(Strict):
     @model_validator(mode="after")
     def _env_is_not_secret_nor_modelled(self) -> Profile:
         for name in self.env:
-            if _SECRET_NAME_RE.search(name):
+            if SECRET_NAME_RE.search(name):
                 raise ValueError(f"env.{name} looks like a secret; move it to `secrets: {{{name}: {{env: {name}}}}}`")
             if name in self.nccl.environment():
                 raise ValueError(f"env.{name} is also set by `nccl:`; set it in one place")

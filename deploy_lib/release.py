@@ -13,7 +13,7 @@ from typing import Any
 from deploy_lib.errors import ConfigError
 from deploy_lib.profile import LoadedProfile, Profile, SecretRef
 from deploy_lib.render import EnvSpec, UnitSpec, render_env, render_env_redacted, render_unit
-from deploy_lib.server_args import API_KEY_ENV, launch_argv, launch_environment, secret_environment, sglang_args
+from deploy_lib.server_args import API_KEY_ENV, launch_argv, launch_environment, secret_environment
 from deploy_lib.store import ENV_FILE, UNIT_FILE, StoreLayout
 
 SECRET_NOT_AVAILABLE = "not available here"
@@ -109,13 +109,15 @@ def _sha256(text: str) -> str:
 
 def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: str, secrets: Mapping[str, str],
                   venv: str | None = None, patches: tuple[str, ...] = (), flashinfer_version: str | None = None,
-                  extra_environment: Mapping[str, str] | None = None) -> Release:
+                  extra_environment: Mapping[str, str] | None = None, launch_args: tuple[str, ...] | None = None,
+                  release_id: str | None = None) -> Release:
     """The release of a profile on one host: `venv` replaces the profile's (a built or host-specific venv),
-    `extra_environment` adds what the host side decides (the venv's cache directories)."""
+    `extra_environment` adds what the host side decides (the venv's cache directories). An adopted server's
+    release 0 gives its own arguments as written (`launch_args`) and its id."""
     profile = loaded.profile
     if venv is not None:
         profile = profile.model_copy(update={"service": profile.service.model_copy(update={"venv": venv})})
-    argv = launch_argv(profile, sglang_version)
+    argv = launch_argv(profile, sglang_version, launch_args)
     environment = {**launch_environment(profile), **(extra_environment or {})}
     secrets_digest = hashlib.sha256(json.dumps(sorted(secrets.items())).encode()).hexdigest()[:16]
     content = json.dumps({
@@ -123,7 +125,7 @@ def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: st
         "profile": profile.model_dump(mode="json", exclude={"bench", "gate"}), "argv": argv, "environment": environment,
         "secrets": secrets_digest, "version": sglang_version, "patches": patches, "service": layout.service,
     }, sort_keys=True)
-    release_id = hashlib.sha256(content.encode()).hexdigest()[:12]
+    release_id = release_id or hashlib.sha256(content.encode()).hexdigest()[:12]
     env_spec = EnvSpec(values={**environment, **secrets}, secret_names=frozenset(secrets))
     unit_spec = UnitSpec(
         description=f"SGLang server ({loaded.name}, release {release_id})",
@@ -145,7 +147,7 @@ def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: st
         id=release_id, service=layout.service, profile_name=loaded.name, profile_hash=profile.content_hash(),
         profile=profile.model_dump(mode="json"), sglang_version=sglang_version,
         flashinfer_version=flashinfer_version, venv=profile.service.venv, argv=argv,
-        args=sglang_args(profile, sglang_version), environment=environment, secret_names=tuple(sorted(secrets)),
+        args=argv[3:], environment=environment, secret_names=tuple(sorted(secrets)),
         secrets_digest=secrets_digest,
         unit_text=render_unit(unit_spec), env_text=render_env(env_spec),
         env_text_redacted=render_env_redacted(env_spec), patches=patches,

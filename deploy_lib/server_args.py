@@ -100,64 +100,86 @@ def _versioned(setting: str, sglang_version: str, value: str | None, key: str) -
     return tuple(value if part == "{}" and value is not None else part for part in chosen.argv)
 
 
+@dataclass(frozen=True)
+class Arg:
+    """How one profile key reaches the command line: a flag with its value, a switch written when the key equals
+    `on`, or a versioned spelling (`setting` in SPELLINGS). The renderer and `invoke adopt` read the same rows."""
+
+    key: str                        # dotted profile key, e.g. "parallel.tp"
+    flag: str | None = None
+    setting: str | None = None
+    switch: bool = False
+    on: bool = True
+    omit: object = None             # a value that is not written (the flag's own default)
+    multi_node: bool = False        # written only when parallel.nnodes > 1
+
+
+# In command-line order; the order is part of each release's id.
+ARGS: tuple[Arg, ...] = (
+    Arg("model.path", "--model-path"),
+    Arg("model.served_name", "--served-model-name"),
+    Arg("model.tokenizer", "--tokenizer-path"),
+    Arg("model.reasoning_parser", "--reasoning-parser"),
+    Arg("model.tool_call_parser", "--tool-call-parser"),
+    Arg("model.trust_remote_code", "--trust-remote-code", switch=True),
+    Arg("parallel.tp", "--tp-size"),
+    Arg("parallel.pp", "--pp-size", omit=1),
+    Arg("parallel.dp", "--dp-size", omit=1),
+    Arg("parallel.nnodes", "--nnodes", multi_node=True),
+    Arg("parallel.node_rank", "--node-rank", multi_node=True),
+    Arg("parallel.dist_init_addr", "--dist-init-addr", multi_node=True),
+    Arg("memory.mem_fraction_static", "--mem-fraction-static"),
+    Arg("memory.max_running_requests", "--max-running-requests"),
+    Arg("memory.chunked_prefill_size", "--chunked-prefill-size"),
+    Arg("model.kv_cache_dtype", "--kv-cache-dtype"),
+    Arg("model.quantization", "--quantization"),
+    Arg("backends.attention", "--attention-backend"),
+    Arg("backends.fp8_gemm", setting="fp8_gemm"),
+    Arg("backends.dsa_decode", setting="dsa_decode"),
+    Arg("backends.dsa_prefill", setting="dsa_prefill"),
+    Arg("backends.moe_runner", "--moe-runner-backend"),
+    Arg("features.cuda_graph", setting="cuda_graph_off", switch=True, on=False),
+    Arg("features.radix_cache", "--disable-radix-cache", switch=True, on=False),
+    Arg("features.allreduce_fusion", setting="allreduce_fusion", switch=True),
+    Arg("features.metrics", "--enable-metrics", switch=True),
+    Arg("server.host", "--host"),
+    Arg("server.port", "--port"),
+)
+
+
+def profile_value(profile: Profile, key: str) -> Any:
+    value: Any = profile
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
 def sglang_args(profile: Profile, sglang_version: str) -> tuple[str, ...]:
     """The arguments of `python3 -m sglang.launch_server` for this profile on this SGLang version, full flag names
     only (never prefix abbreviations such as `--tp`), extra_args last."""
     parse_version(sglang_version)
-    model, parallel, memory = profile.model, profile.parallel, profile.memory
-    backends, features, server = profile.backends, profile.features, profile.server
-    args: list[str] = []
-
-    def flag(name: str, value: object) -> None:
-        if value is not None:
-            args.extend((name, str(value)))
-
-    def switch(name: str, on: bool) -> None:
-        if on:
-            args.append(name)
-
-    flag("--model-path", model.path)
-    flag("--served-model-name", model.served_name)
-    flag("--tokenizer-path", model.tokenizer)
-    flag("--reasoning-parser", model.reasoning_parser)
-    flag("--tool-call-parser", model.tool_call_parser)
-    switch("--trust-remote-code", model.trust_remote_code)
-    flag("--tp-size", parallel.tp)
-    flag("--pp-size", parallel.pp if parallel.pp != 1 else None)
-    flag("--dp-size", parallel.dp if parallel.dp != 1 else None)
-    if parallel.nnodes > 1:
-        flag("--nnodes", parallel.nnodes)
-        flag("--node-rank", parallel.node_rank)
-        flag("--dist-init-addr", parallel.dist_init_addr)
-    flag("--mem-fraction-static", memory.mem_fraction_static)
-    flag("--max-running-requests", memory.max_running_requests)
-    flag("--chunked-prefill-size", memory.chunked_prefill_size)
-    flag("--kv-cache-dtype", model.kv_cache_dtype)
-    flag("--quantization", model.quantization)
-    flag("--attention-backend", backends.attention)
-    for setting, value in (("fp8_gemm", backends.fp8_gemm), ("dsa_decode", backends.dsa_decode),
-                           ("dsa_prefill", backends.dsa_prefill)):
-        if value is not None:
-            args.extend(_versioned(setting, sglang_version, str(value), f"backends.{setting}"))
-    flag("--moe-runner-backend", backends.moe_runner)
-    if not features.cuda_graph:
-        args.extend(_versioned("cuda_graph_off", sglang_version, None, "features.cuda_graph"))
-    switch("--disable-radix-cache", not features.radix_cache)
-    if features.allreduce_fusion:
-        args.extend(_versioned("allreduce_fusion", sglang_version, None, "features.allreduce_fusion"))
-    switch("--enable-metrics", features.metrics)
-    flag("--host", server.host)
-    flag("--port", server.port)
-    args.extend(profile.extra_args)
-    return tuple(args)
+    return (*(token for arg in ARGS for token in arg_tokens(profile, arg, sglang_version)), *profile.extra_args)
 
 
-def launch_argv(profile: Profile, sglang_version: str) -> tuple[str, ...]:
+def arg_tokens(profile: Profile, arg: Arg, sglang_version: str) -> tuple[str, ...]:
+    """What one row writes for this profile on this SGLang version (nothing when the key is unset or default)."""
+    value = profile_value(profile, arg.key)
+    if value is None or value == arg.omit or (arg.multi_node and profile.parallel.nnodes == 1):
+        return ()
+    if arg.switch and value != arg.on:
+        return ()
+    text = None if arg.switch else str(value)
+    if arg.setting is not None:
+        return _versioned(arg.setting, sglang_version, text, arg.key)
+    return (str(arg.flag),) if arg.switch else (str(arg.flag), str(text))
+
+
+def launch_argv(profile: Profile, sglang_version: str, args: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """The full command: the venv's python, then `-m sglang.launch_server` (or, with an API key, the launcher that
-    adds `--api-key` from SGLANG_API_KEY in-process), then sglang_args()."""
+    adds `--api-key` from SGLANG_API_KEY in-process), then sglang_args() or the `args` given."""
     python = str(venv_python(profile))
     entry = ("-m", "sglang.launch_server") if profile.server.api_key is None else ("-c", API_KEY_LAUNCHER)
-    return (python, *entry, *sglang_args(profile, sglang_version))
+    return (python, *entry, *(sglang_args(profile, sglang_version) if args is None else args))
 
 
 def venv_environment(profile: Profile) -> dict[str, str]:

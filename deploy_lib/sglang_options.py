@@ -627,7 +627,8 @@ def _is_value(token: str, table: dict[str, dict[str, Any]]) -> bool:
     return bool(_NEGATIVE_NUMBER.match(token)) or " " in token  # SGLang has no option that looks like a number
 
 
-def _convert(value: str, type_name: str | None) -> Any:
+def convert_value(value: str, type_name: str | None) -> Any:
+    """A value as the option's type would give it (int and float; anything else stays text)."""
     if type_name == "int":
         return int(value)
     if type_name == "float":
@@ -635,24 +636,44 @@ def _convert(value: str, type_name: str | None) -> Any:
     return value
 
 
+@dataclass(frozen=True)
+class ParsedArg:
+    """One option as argparse would read it from an argv: its record (None: unknown), the option string it matched
+    (the full one for an abbreviation), its values, and the tokens exactly as written."""
+
+    record: dict[str, Any] | None
+    used: str
+    values: tuple[str, ...]
+    tokens: tuple[str, ...]
+
+
 def check_argv(options: dict[str, dict[str, Any]], argv: list[str] | tuple[str, ...]) -> list[ArgvProblem]:
     """Problems SGLang's argparse parser would have with argv (the arguments after `-m sglang.launch_server`)."""
+    return parse_argv(options, argv)[1]
+
+
+def parse_argv(options: dict[str, dict[str, Any]], argv: list[str] | tuple[str, ...]
+               ) -> tuple[list[ParsedArg], list[ArgvProblem]]:
+    """argv read as SGLang's argparse parser reads it: each option with its values, and the problems it would have."""
     table: dict[str, dict[str, Any]] = {"-h": _HELP, "--help": _HELP}
     for record in options.values():
         for string in record["option_strings"]:
             table[string] = record
     problems: list[ArgvProblem] = []
+    parsed: list[ParsedArg] = []
     seen: dict[str, int] = {}
     tokens = list(argv)
     i = 0
     while i < len(tokens):
         token = tokens[i]
+        start = i
         i += 1
         if token == "--" or _is_value(token, table):
             rest = tokens[i - 1:] if token == "--" else [token]
             if token == "--":
                 i = len(tokens)
             problems.append(ArgvProblem("unrecognized", token, f"unrecognized arguments: {' '.join(rest)}"))
+            parsed.append(ParsedArg(None, token, (), tuple(rest)))
             continue
         record, used, explicit, problem = _match_option(token, table)
         if record is None and problem is None:
@@ -665,6 +686,7 @@ def check_argv(options: dict[str, dict[str, Any]], argv: list[str] | tuple[str, 
         if problem is not None:
             problems.append(problem)
         if record is None:
+            parsed.append(ParsedArg(None, used, (), tuple(tokens[start:i])))
             continue
         values: list[str] = []
         nargs = record["nargs"]
@@ -690,6 +712,7 @@ def check_argv(options: dict[str, dict[str, Any]], argv: list[str] | tuple[str, 
                                         f"unrecognized arguments: {tokens[i]} ({used} is a switch and takes no value)"))
             i += 1
         problems.extend(_value_problems(record, used, values))
+        parsed.append(ParsedArg(record, used, tuple(values), tuple(tokens[start:i])))
         key = record["option_strings"][0]
         seen[key] = seen.get(key, 0) + 1
         if seen[key] == 2 and record["action"] not in _REPEATABLE_ACTIONS:
@@ -698,7 +721,7 @@ def check_argv(options: dict[str, dict[str, Any]], argv: list[str] | tuple[str, 
     if missing:
         problems.append(ArgvProblem("required", missing[0],
                                     f"the following arguments are required: {', '.join(missing)}"))
-    return problems
+    return parsed, problems
 
 
 def find_option(options: dict[str, dict[str, Any]], flag: str) -> dict[str, Any] | None:
@@ -743,7 +766,7 @@ def _value_problems(record: dict[str, Any], used: str, values: list[str]) -> lis
         problems.append(ArgvProblem("deprecated", used, f"{used} is deprecated in this SGLang version", "warning"))
     for value in values:
         try:
-            converted = _convert(value, record["type"])
+            converted = convert_value(value, record["type"])
         except ValueError:
             problems.append(ArgvProblem("invalid-type", value, f"argument {used}: invalid {record['type']} value: "
                                                                f"{value!r}"))

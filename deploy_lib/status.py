@@ -20,7 +20,7 @@ from deploy_lib.bench import (
     throughput_by_release,
 )
 from deploy_lib.crashes import CrashReport, crash_loop_advice, read_crashes, record_new_crashes
-from deploy_lib.deploy import probe_target
+from deploy_lib.deploy import detect_drift, probe_target
 from deploy_lib.diagnose import journal_step
 from deploy_lib.errors import ConfigError
 from deploy_lib.facts import Gpu, read_host_facts
@@ -65,6 +65,22 @@ class StatusReport:
     advice: str | None = None           # what to do about a release left down by crashes
     venv_sources: Mapping[str, str] = field(default_factory=dict)  # distribution -> "editable: DIR" / "copy of DIR"
     current_problem: str | None = None  # "current release X is damaged: ..." / "... is missing: ..."
+    endpoint: str | None = None         # where clients reach the current release
+    drift: tuple[str, ...] = ()         # hand edits since the last deploy (a deploy refuses them without --force)
+
+
+# Addresses a server listens on that are not addresses a client can use: clients use the host's own.
+_ANY_ADDRESS = ("0.0.0.0", "::", "")
+
+
+def serving_endpoint(metadata: Mapping[str, Any], host_address: str) -> str | None:
+    """The URL clients use for a release: its --host, or the inventory's address when it listens on all of them."""
+    server = dict(dict(metadata.get("profile") or {}).get("server") or {})
+    if "port" not in server:
+        return None
+    host = str(server.get("host", ""))
+    host = host_address if host in _ANY_ADDRESS else host
+    return f"http://[{host}]:{server['port']}" if ":" in host else f"http://{host}:{server['port']}"
 
 
 def _age_s(iso: str, now: datetime) -> float | None:
@@ -124,6 +140,7 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
         host=target.host.name, service=service, current=facts.store.current,
         current_age_s=_age_s(record.staged_at, now or datetime.now(UTC)) if record else None,
         metadata=metadata, unit_state=f"{facts.unit.active_state}/{facts.unit.sub_state}", readiness=readiness,
+        endpoint=serving_endpoint(metadata, target.host.address), drift=detect_drift(layout, facts),
         gpus=facts.gpus, gpu_error=facts.gpu_error,
         lock_holder=(str(lock.owner) if lock.owner else "unknown owner") if lock else None,
         current_problem=facts.store.current_problem())

@@ -43,9 +43,11 @@ STALE_LOCK_AFTER_S = 3 * 3600
 # A lock directory without owner.json (acquire interrupted between mkdir and the write) is stale after this.
 OWNERLESS_LOCK_GRACE_S = 60
 
-EVENTS = ("deploy", "rollback", "failure", "bench", "crash", "prune")
-HEALTHY, FAILED, UNCHANGED, RESTARTED = "healthy", "failed", "unchanged", "restarted"
-OUTCOMES = (HEALTHY, FAILED, UNCHANGED, RESTARTED)
+# Events that start a release and judge it (healthy or failed); `stop`, `crash`, `prune` and `bench` judge no start.
+ACTIVATIONS = ("deploy", "rollback", "adopt", "start", "restart")
+EVENTS = (*ACTIVATIONS, "failure", "bench", "crash", "prune", "stop")
+HEALTHY, FAILED, UNCHANGED, RESTARTED, STOPPED = "healthy", "failed", "unchanged", "restarted", "stopped"
+OUTCOMES = (HEALTHY, FAILED, UNCHANGED, RESTARTED, STOPPED)
 CRASHED = "crashed"  # a release's outcome in `invoke releases` once systemd gave up restarting it
 
 _UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.@-]*$")
@@ -171,8 +173,8 @@ def operator_name() -> str:
 class HistoryEntry:
     """One line of history.jsonl."""
 
-    event: str                 # deploy | rollback | failure | bench | crash
-    outcome: str               # healthy | failed | unchanged | restarted (a crash systemd restarted)
+    event: str                 # one of EVENTS
+    outcome: str               # one of OUTCOMES (restarted: a crash systemd restarted)
     when: str                  # ISO 8601, UTC
     tags: Tags
     cause: str = ""            # one line from diagnose.py when the outcome is failed
@@ -387,16 +389,16 @@ class StoreFacts:
         for entry in reversed(self.history):
             if entry.event == "crash" and entry.outcome == FAILED:
                 present.discard(entry.tags.release)
-            if entry.outcome == HEALTHY and entry.event in ("deploy", "rollback") and entry.tags.release in present:
+            if entry.outcome == HEALTHY and entry.event in ACTIVATIONS and entry.tags.release in present:
                 return entry.tags.release
         return None
 
     def outcomes(self) -> dict[str, str]:
-        """Each release's latest deploy/rollback outcome from history (for `invoke releases`); `crashed` when a
+        """Each release's latest start outcome from history (for `invoke releases`); `crashed` when a
         crash that systemd did not restart (the start limit, or Restart=no) came after it."""
         outcomes = {}
         for entry in self.history:
-            if entry.event in ("deploy", "rollback"):
+            if entry.event in ACTIVATIONS:
                 outcomes[entry.tags.release] = entry.outcome
             elif entry.event == "crash" and entry.outcome == FAILED:
                 outcomes[entry.tags.release] = CRASHED

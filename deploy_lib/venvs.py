@@ -1287,18 +1287,34 @@ class PrunePlan:
 
 
 def plan_prune(facts: VenvStoreFacts, kept_venvs: Iterable[str | None]) -> PrunePlan:
-    """Remove a venv only when no kept release uses it and it is not the base (at any depth) of one that is."""
+    """Remove a venv only when no kept release uses it and it is not the base (at any depth) of one that is.
+
+    An adopted venv is the one a hand-run server used: it stays until `venv.remove` names it."""
     needed: set[str] = set()
     for venv_hash in kept_venvs:
         while venv_hash is not None and venv_hash not in needed:
             needed.add(venv_hash)
             base = facts.markers.get(venv_hash, {}).get("base")
             venv_hash = str(base) if base else None
-    doomed = tuple(sorted(h for h in facts.markers if h not in needed))
+    doomed = tuple(sorted(h for h in facts.markers if h not in needed and facts.markers[h].get("kind") != "adopted"))
     wanted_wheels = {sha for h in needed for sha in facts.markers.get(h, {}).get("wheels", [])}
     return PrunePlan(doomed, facts.leftovers, tuple(sorted(facts.wheels - wanted_wheels)))
 
 
+def removal_plan(facts: VenvStoreFacts, venv_hash: str, release_venvs: Mapping[str, str | None]) -> PrunePlan:
+    """`venv.remove HASH`: any managed venv (adopted ones included) that no release on the host and no derived
+    venv needs; otherwise ConfigError naming what still needs it."""
+    if venv_hash not in facts.markers:
+        raise ConfigError(f"no managed venv {venv_hash!r} on the host",
+                          f"managed venvs: {', '.join(sorted(facts.markers)) or 'none'} (`invoke venv.list`)")
+    users = sorted(release for release, used in release_venvs.items() if used == venv_hash)
+    derived = sorted(h for h, marker in facts.markers.items() if marker.get("base") == venv_hash)
+    if users or derived:
+        raise ConfigError(f"venv {venv_hash} is still needed: releases {', '.join(users) or 'none'}, derived venvs "
+                          f"{', '.join(derived) or 'none'}", "roll forward past those releases (they are pruned "
+                          "beyond service.keep_releases) or remove the derived venvs first")
+    wanted = {sha for h, marker in facts.markers.items() if h != venv_hash for sha in marker.get("wheels", [])}
+    return PrunePlan((venv_hash,), (), tuple(sorted(set(facts.markers[venv_hash].get("wheels", [])) - wanted)))
 def describe_prune(plan: PrunePlan) -> list[str]:
     """One phrase per removed thing, for the user and history."""
     phrases = [f"venv {venv_hash}" for venv_hash in plan.venvs]

@@ -650,3 +650,25 @@ def test_a_damaged_wheel_on_the_host_stops_the_build_before_pip(tmp_path: Path) 
     pairs = dict(zip(verify.argv[4::2], verify.argv[5::2], strict=True))
     assert pairs == {A_SHA: f"/opt/sd/sglang/wheels/{A_SHA}/alpha-1.0-py3-none-any.whl",
                      B_SHA: f"/opt/sd/sglang/wheels/{B_SHA}/beta_pkg-2.0-py3-none-any.whl"}
+
+
+def test_an_adopted_venv_is_never_pruned_by_a_deploy_only_removed_by_name() -> None:
+    # reported: a venv registered with venv.adopt was pruned by the next ordinary deploy
+    adopted = "a" * 16
+    store = venvs.VenvStoreFacts({**STORE.markers, adopted: {"hash": adopted, "kind": "adopted"}},
+                                 (*STORE.entries, adopted), STORE.wheels)
+    assert adopted not in venvs.plan_prune(store, [PATCHED]).venvs
+    plan = venvs.removal_plan(store, adopted, {"r1": PATCHED})
+    (step,) = venvs.prune_steps(LAYOUT, plan)
+    assert set(step.argv[3:]) == {f"/opt/sd/sglang/venvs/{adopted}", f"/opt/sd/sglang/cache/{adopted}"}
+
+
+def test_removing_a_venv_a_release_or_a_derived_venv_needs_is_refused() -> None:
+    with pytest.raises(ConfigError, match=f"venv {OLD} is still needed: releases r1"):
+        venvs.removal_plan(STORE, OLD, {"r1": OLD})
+    with pytest.raises(ConfigError, match=f"derived venvs {PATCHED}"):
+        venvs.removal_plan(STORE, NEW, {})
+    with pytest.raises(ConfigError, match="no managed venv 'nope'"):
+        venvs.removal_plan(STORE, "nope", {})
+    plan = venvs.removal_plan(STORE, ORPHAN, {})
+    assert plan.venvs == (ORPHAN,) and plan.wheels == ("c" * 64,)

@@ -1,0 +1,203 @@
+"""`invoke adopt`: a hand-run server's command and environment back to a profile, checked with the real parsers of
+the released SGLang wheels; reading /proc and the venv from captured output."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from test_deploy_plan import NOW, deployed, facts, first_plan, target
+
+from deploy_lib.adopt import (
+    STEP_CMDLINE,
+    STEP_CWD,
+    STEP_ENVIRON,
+    STEP_USER,
+    HandProcess,
+    adopt_profile,
+    choose_venv,
+    interpreter_candidates,
+    parse_process,
+    process_steps,
+    profile_yaml,
+    split_launch,
+)
+from deploy_lib.deploy import hand_run_check, hand_run_pid, plan_deploy, preflight
+from deploy_lib.errors import DriftDetected, PreflightError
+from deploy_lib.facts import UnitFacts
+from deploy_lib.profile import Profile, load_profile
+from deploy_lib.remote import StepResult
+from deploy_lib.server_args import sglang_args
+from deploy_lib.sglang_options import check_argv, extract
+from deploy_lib.store import ReleaseRecord
+
+pytest_plugins = ("wheelcache",)
+PROFILES = Path(__file__).resolve().parent.parent / "inventory" / "profiles"
+TOKEN = "hf_s3cr3t-value"
+# Our reference user's launch (README: the reference profile is that command), as typed in an activated venv.
+HAND_0523 = (
+    "python -m sglang.launch_server --model lukealonso/GLM-5-NVFP4 --served-model-name glm-5 "
+    "--reasoning-parser glm45 --tool-call-parser glm47 --trust-remote-code --tp 8 --mem-fraction-static 0.92 "
+    "--max-running-requests 1024 --kv-cache-dtype auto --quantization modelopt_fp4 --attention-backend flashinfer "
+    "--fp8-gemm-backend cutlass --dsa-decode-backend trtllm --dsa-prefill-backend trtllm "
+    "--moe-runner-backend flashinfer_cutlass --disable-cuda-graph --disable-radix-cache --host 0.0.0.0 --port 8000"
+).split()
+HAND_ENV = {
+    "NCCL_IB_DISABLE": "1", "NCCL_P2P_LEVEL": "5", "NCCL_MIN_NCHANNELS": "8", "PYTHONUNBUFFERED": "1",
+    "OMP_NUM_THREADS": "8", "SAFETENSORS_FAST_GPU": "1", "CUDA_HOME": "/usr/local/cuda-12.8", "HF_TOKEN": TOKEN,
+    "VIRTUAL_ENV": "/root/ml-env", "PATH": "/root/ml-env/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/root",
+    "SHELL": "/bin/bash", "SSH_CONNECTION": "192.0.2.1 5000 192.0.2.10 22", "PWD": "/root", "TERM": "xterm",
+}
+
+
+@pytest.fixture(scope="module")
+def options(sglang_source: Callable[[str], Path]) -> Callable[[str], dict[str, Any]]:
+    cache: dict[str, dict[str, Any]] = {}
+
+    def get(version: str) -> dict[str, Any]:
+        cache.setdefault(version, extract(sglang_source(version))["options"])
+        return cache[version]
+    return get
+
+
+def hand(argv: list[str], environ: dict[str, str] | None = None) -> HandProcess:
+    return HandProcess(4242, tuple(argv), environ if environ is not None else HAND_ENV, "/root", "root")
+
+
+def adopted(version: str, argv: list[str], options: Callable[[str], dict[str, Any]],
+            environ: dict[str, str] | None = None):
+    process = hand(argv, environ)
+    return adopt_profile(process, split_launch(process, "gpu1"), "/root/ml-env", options(version), version,
+                         "adopted")
+
+
+@pytest.mark.wheels
+def test_the_users_command_on_0523_becomes_the_reference_profile(options) -> None:
+    result = adopted("0.5.23", HAND_0523, options)
+    reference = load_profile(PROFILES, "glm5-nvfp4").profile
+    assert sglang_args(result.profile, "0.5.23") == sglang_args(reference, "0.5.23")
+    assert result.profile.extra_args == [] and result.profile.environment() == reference.environment()
+    assert check_argv(options("0.5.23"), list(sglang_args(result.profile, "0.5.23"))) == []
+    assert result.notes == ("--model lukealonso/GLM-5-NVFP4 is written --model-path lukealonso/GLM-5-NVFP4",
+                            "--tp 8 is written --tp-size 8",
+                            "--disable-cuda-graph is written --cuda-graph-backend-decode disabled "
+                            "--cuda-graph-backend-prefill disabled")
+    assert result.launch_args == tuple(HAND_0523[3:])  # release 0 runs the command as written
+
+
+@pytest.mark.wheels
+def test_the_users_original_command_on_059_maps_the_nsa_spelling(options) -> None:
+    argv = [("--nsa-decode-backend" if a == "--dsa-decode-backend" else "--nsa-prefill-backend"
+             if a == "--dsa-prefill-backend" else a) for a in HAND_0523]
+    result = adopted("0.5.9", argv, options)
+    reference = load_profile(PROFILES, "glm5-nvfp4").profile
+    assert sglang_args(result.profile, "0.5.9") == sglang_args(reference, "0.5.9")
+
+
+@pytest.mark.wheels
+def test_secrets_become_references_and_never_reach_the_profile_text(options) -> None:
+    argv = [*HAND_0523, "--api-key", "sk-hand-key"]
+    result = adopted("0.5.23", argv, options)
+    assert result.profile.secrets["HF_TOKEN"].env == "HF_TOKEN"
+    assert result.profile.server.api_key is not None and result.profile.server.api_key.env == "SGLANG_API_KEY"
+    assert result.secrets == {"HF_TOKEN": TOKEN, "SGLANG_API_KEY": "sk-hand-key"}
+    assert "--api-key" not in result.launch_args  # release 0 passes it through the env file's launcher
+    text = profile_yaml(result.profile, "header")
+    assert TOKEN not in text and "sk-hand-key" not in text
+    assert Profile.model_validate(yaml.safe_load(text)) == result.profile
+
+
+@pytest.mark.wheels
+def test_session_variables_are_dropped_and_the_venv_is_the_profiles(options) -> None:
+    profile = adopted("0.5.23", HAND_0523, options).profile
+    assert not {"HOME", "SHELL", "SSH_CONNECTION", "PWD", "TERM", "PATH", "VIRTUAL_ENV"} & set(profile.env)
+    assert (profile.service.venv, profile.service.user, profile.service.working_directory) == \
+        ("/root/ml-env", "root", "/root")
+
+
+@pytest.mark.wheels
+def test_flags_no_key_models_and_values_the_profile_refuses_stay_in_extra_args(options) -> None:
+    argv = [*HAND_0523, "--enable-torch-compile", "--chunked-prefill-size", "4096", "--tool-call-parser", "Glm!47"]
+    argv.remove("--tool-call-parser"), argv.remove("glm47")
+    result = adopted("0.5.23", argv, options, {**HAND_ENV, "NCCL_IB_DISABLE": "yes"})
+    assert result.profile.memory.chunked_prefill_size == 4096
+    assert result.profile.extra_args == ["--enable-torch-compile", "--tool-call-parser", "Glm!47"]
+    assert result.profile.env["NCCL_IB_DISABLE"] == "yes"
+    assert any("model.tool_call_parser" in note for note in result.notes)
+
+
+def test_a_process_that_is_not_sglang_is_refused() -> None:
+    with pytest.raises(PreflightError, match=r"is not `python -m sglang\.launch_server"):
+        split_launch(hand(["python", "-m", "http.server", "8000"]), "gpu1")
+    launch = split_launch(hand(["/root/ml-env/bin/python3", "-u", "-m", "sglang.launch_server", "--port", "1"]), "h")
+    assert launch.unbuffered and launch.args == ("--port", "1")
+
+
+def test_proc_files_are_read_with_their_nul_separators() -> None:
+    steps = {step.name: step for step in process_steps(4242)}
+    outputs = {STEP_CMDLINE: "python\0-m\0sglang.launch_server\0--model\0a b\0", STEP_ENVIRON: "A=1\0B=x=y\0",
+               STEP_CWD: "/root\n", STEP_USER: "root\n"}
+    process = parse_process(4242, [StepResult(steps[name], 0, text, "", 0.0) for name, text in outputs.items()])
+    assert process.argv == ("python", "-m", "sglang.launch_server", "--model", "a b")
+    assert process.environ == {"A": "1", "B": "x=y"} and (process.cwd, process.user) == ("/root", "root")
+    assert steps[STEP_ENVIRON].secret  # its output (the secrets) is never shown
+
+
+def test_the_interpreter_is_found_as_the_shell_found_it_and_must_be_a_venv() -> None:
+    process = hand(["python"])
+    candidates = interpreter_candidates(process, "python")
+    assert candidates[:2] == ["/root/ml-env/bin/python", "/usr/local/bin/python"]
+    ls = "/usr/bin/python\n/root/ml-env/bin/python\n/root/ml-env/pyvenv.cfg\n"
+    assert choose_venv(candidates, ls, "gpu1") == ("/root/ml-env/bin/python", "/root/ml-env")
+    assert interpreter_candidates(process, "ml-env/bin/python") == ["/root/ml-env/bin/python"]
+    with pytest.raises(PreflightError, match="/usr/bin/python, which is not in a venv"):
+        choose_venv(["/usr/bin/python"], "/usr/bin/python\n", "gpu1")
+
+
+def test_the_first_deploy_over_an_adopted_server_stops_the_hand_run_process_first() -> None:
+    loaded, plan = first_plan()
+    release_zero = ReleaseRecord("0", "2026-11-29T10:00:00+00:00", {
+        **deployed(plan).metadata, "id": "0", "adopted": {"pid": 4242, "cmdline_sha256": "ab" * 32}})
+    check = hand_run_check(release_zero.metadata)
+    assert [step.argv for step in check] == [("sha256sum", "--", "/proc/4242/cmdline")]
+    assert hand_run_pid(release_zero.metadata, [StepResult(check[0], 0, f"{'ab' * 32}  /proc/4242/cmdline\n",
+                                                           "", 0.0)]) == 4242
+    assert hand_run_pid(release_zero.metadata, [StepResult(check[0], 0, f"{'cd' * 32}  x\n", "", 0.0)]) is None
+    held = facts(plan.release.args, current=release_zero,
+                 listeners=('LISTEN 0 2048 0.0.0.0:8000 0.0.0.0:* users:(("python",pid=4242,fd=7))',))
+    new = plan_deploy(loaded, target(), held, {}, False, NOW, hand_pid=4242)
+    preflight(new, loaded, target(), held, hand_pid=4242)  # the port is held by the server being replaced
+    with pytest.raises(PreflightError, match="port 8000 is already in use"):
+        preflight(new, loaded, target(), held)
+    assert [step.argv for step in new.batches["restart"][:2]] == [
+        ("kill", "-TERM", "--", "4242"), ("tail", "--pid=4242", "-s", "0.2", "-f", "/dev/null")]
+    assert any("the hand-run server (pid 4242, adopted as release 0) is stopped" in line
+               for line in new.dry_run_lines())
+
+
+HAND_UNIT = ("# /etc/systemd/system/sglang.service\n[Service]\n"
+             "ExecStart=/root/ml-env/bin/python -m sglang.launch_server\n")
+
+
+def test_a_first_deploy_over_a_hand_made_unit_is_refused_showing_it_and_forced_keeps_a_copy() -> None:
+    # reported: a first deploy replaced a running hand-written unit with a symlink, no backup, no warning
+    loaded, plan = first_plan()
+    hand = replace(facts(plan.release.args, active="active"), unit_link=None, unit_file=HAND_UNIT,
+                   unit=UnitFacts("active", "running", 77, 0, "loaded"))
+    with pytest.raises(DriftDetected) as refused:
+        plan_deploy(loaded, target(), hand, {}, False, NOW)
+    assert refused.value.exit_code == 9
+    assert "/etc/systemd/system/sglang.service is a unit the tool did not write" in refused.value.message
+    assert "ExecStart=/root/ml-env/bin/python -m sglang.launch_server" in refused.value.message
+    assert "--force" in str(refused.value.hint)
+    forced = plan_deploy(loaded, target(), hand, {}, True, NOW)
+    copy = next(step for step in forced.batches["switch"] if step.name == "switch: keep the replaced unit")
+    assert copy.argv[:3] == ("cp", "-P", "--preserve=all") and copy.argv[-2] == "/etc/systemd/system/sglang.service"
+    assert copy.argv[-1].startswith("/opt/sglang-deploy/sglang/replaced/sglang.service.")
+    assert forced.batches["switch"].index(copy) < [s.name for s in forced.batches["switch"]].index("switch: unit link")
+    assert any("a copy of the replaced unit is kept at /opt/sglang-deploy/sglang/replaced/" in line
+               for line in forced.dry_run_lines())

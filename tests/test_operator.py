@@ -1,0 +1,121 @@
+"""The operator's verbs (stop, start, restart) and what `status` shows, through FakeRemote: no host needed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fake_remote import FakeRemote
+
+from deploy_lib import deploy as engine
+from deploy_lib.facts import FACT_UNIT, FACT_UNIT_LINK
+from deploy_lib.progress import RecordingProgress
+from deploy_lib.project import Project, resolve_target
+from deploy_lib.status import serving_endpoint
+from deploy_lib.store import (
+    FACT_CURRENT,
+    FACT_HISTORY,
+    FACT_LOCK,
+    FACT_RELEASE_DIRS,
+    FACT_RELEASE_FILES,
+    LOCK_TAKE,
+    HistoryEntry,
+    StoreLayout,
+    Tags,
+)
+from deploy_lib.uninstall import removal_steps, uninstall
+
+REPO = Path(__file__).resolve().parent.parent
+TARGET = resolve_target(Project(REPO).inventory(None), None)
+LAYOUT = StoreLayout("sglang")
+TAGS = Tags("ops@laptop", "gpu1", "r1", "glm5-nvfp4", "ph", {"sglang": "0.5.23"})
+
+
+def host_with_current(active: str) -> FakeRemote:
+    """A host whose store has release r1 current, its unit in `active` state."""
+    metadata = {"id": "r1", "staged_at": "2026-11-30T10:00:00+00:00", "tags": TAGS.as_dict(),
+                "profile": {"server": {"host": "0.0.0.0", "port": 8000}}, "sglang_version": "0.5.23"}
+    release_json = f"{LAYOUT.releases}/r1/release.json\0{json.dumps(metadata)}\n"
+    return (FakeRemote()
+            .reply(FACT_LOCK, exit_code=1)
+            .reply(FACT_CURRENT, stdout="releases/r1\n")
+            .reply(FACT_RELEASE_DIRS, stdout="r1\0")
+            .reply(FACT_RELEASE_FILES, stdout=release_json)
+            .reply(FACT_UNIT, stdout=f"ActiveState={active}\nSubState=running\nLoadState=loaded\n"))
+
+
+def history_lines(remote: FakeRemote) -> list[HistoryEntry]:
+    return [HistoryEntry.from_json(step.stdin.decode()) for step in remote.ran
+            if step.name == "history: append" and step.stdin]
+
+
+def test_stop_stops_the_unit_under_the_lock_and_records_who() -> None:
+    remote = host_with_current("active")
+    outcome = engine.stop(TARGET, "sglang", remote)
+    assert outcome.action == "stopped" and outcome.release_id == "r1"
+    names = remote.ran_names()
+    assert names.index(LOCK_TAKE) < names.index("systemd: stop") < names.index("lock: release")
+    [entry] = history_lines(remote)
+    assert (entry.event, entry.outcome, entry.tags.release) == ("stop", "stopped", "r1")
+
+
+def test_start_of_a_running_release_changes_nothing() -> None:
+    remote = host_with_current("active")
+    outcome = engine.start(TARGET, "sglang", remote, RecordingProgress(), {}, restart=False)
+    assert outcome.action == "already running"
+    assert LOCK_TAKE not in remote.ran_names() and "systemd: restart" not in remote.ran_names()
+
+
+def test_verbs_on_a_host_without_a_release_say_what_to_do_first() -> None:
+    remote = (FakeRemote().reply(FACT_LOCK, exit_code=1).reply(FACT_CURRENT, exit_code=1)
+              .reply(FACT_HISTORY, exit_code=1))
+    for verb in (lambda: engine.stop(TARGET, "sglang", remote),
+                 lambda: engine.start(TARGET, "sglang", remote, RecordingProgress(), {}, restart=True)):
+        try:
+            verb()
+        except engine.DeployError as error:
+            assert error.exit_code == 2 and "no release is deployed" in error.message
+            assert "invoke deploy" in str(error.hint)
+        else:
+            raise AssertionError("a verb without a release must fail")
+
+
+def test_status_endpoint_is_the_hosts_address_when_the_server_listens_everywhere() -> None:
+    assert serving_endpoint({"profile": {"server": {"host": "0.0.0.0", "port": 8000}}}, "192.0.2.10") \
+        == "http://192.0.2.10:8000"
+    assert serving_endpoint({"profile": {"server": {"host": "127.0.0.1", "port": 30000}}}, "gpu1") \
+        == "http://127.0.0.1:30000"
+    assert serving_endpoint({"profile": {"server": {"host": "::", "port": 8000}}}, "2001:db8::1") \
+        == "http://[2001:db8::1]:8000"
+    assert serving_endpoint({}, "gpu1") is None
+
+
+def test_uninstall_copies_history_here_before_removing_the_store(tmp_path: Path) -> None:
+    remote = (host_with_current("active")
+              .reply(FACT_UNIT_LINK, stdout=f"{LAYOUT.current}/sglang.service\n")
+              .reply("uninstall: read history", stdout='{"event":"deploy"}\n'))
+    done = uninstall(TARGET, "sglang", remote, tmp_path)
+    assert (done.copy / "history.jsonl").read_text() == '{"event":"deploy"}\n'
+    assert json.loads((done.copy / "r1.release.json").read_text())["id"] == "r1"
+    names = remote.ran_names()
+    assert names[-6:] == ["uninstall: stop", "uninstall: disable", "uninstall: unit link", "uninstall: daemon-reload",
+                          "uninstall: reset-failed", "uninstall: release store"]
+    assert remote.ran[-1].argv == ("rm", "-rf", "--", "/opt/sglang-deploy/sglang")
+    assert done.kept_on_host == ()
+
+
+def test_uninstall_leaves_a_unit_it_did_not_make() -> None:
+    steps = removal_steps(LAYOUT, remove_unit=False)
+    assert [step.name for step in steps] == ["uninstall: release store"]
+
+
+def test_uninstall_of_a_host_without_the_service_changes_nothing(tmp_path: Path) -> None:
+    remote = (FakeRemote().reply(FACT_LOCK, exit_code=1).reply(FACT_CURRENT, exit_code=1)
+              .reply(FACT_HISTORY, exit_code=1))
+    try:
+        uninstall(TARGET, "sglang", remote, tmp_path)
+    except engine.DeployError as error:
+        assert "nothing of service sglang is installed" in error.message
+    else:
+        raise AssertionError("uninstalling nothing must fail")
+    assert not any(step.name.startswith("uninstall: ") for step in remote.ran) and not list(tmp_path.iterdir())
