@@ -216,21 +216,27 @@ def rollback(c: Context, to: str | None = None, host: str | None = None, invento
 
 @task(help={"pid": "process id of the SGLang server running by hand on the host (`pgrep -af sglang.launch_server`)",
             "profile": "name of the profile to write (inventory/profiles/NAME.yaml; must not exist)",
-            "service": "service name to manage it as (default sglang)"})
-def adopt(c: Context, pid: str, profile: str, host: str | None = None, inventory: str | None = None,
-          service: str | None = None, yes: bool = False) -> None:
-    """Take over a server started by hand: record it as release 0 and write the profile that reproduces it."""
-    if not pid.isdigit():
-        raise Exit(f"error: --pid must be a process id (a number), got {pid!r}", code=2)
+            "unit": "a hand-written systemd unit running the server; it becomes the service of that name",
+            "service": "service name to manage a --pid server as (default sglang)"})
+def adopt(c: Context, profile: str, pid: str | None = None, unit: str | None = None, host: str | None = None,
+          inventory: str | None = None, service: str | None = None, yes: bool = False,
+          accept_new_host_key: bool = False) -> None:
+    """Take over a server started by hand (--pid, or --unit for a hand-written systemd unit): record it as release 0
+    and write the profile that reproduces it."""
+    if (pid is None) == (unit is None) or (pid is not None and not pid.isdigit()):
+        raise Exit("error: adopt takes --pid PID (a process id) or --unit NAME (a systemd unit), one of them",
+                   code=2)
     path = _run(lambda: profile_path(PROJECT.profiles_dir, profile))
     if path.exists():
         raise Exit(f"error: {path} exists; adopt writes a new profile, give another --profile name", code=2)
-    target = _target(inventory, host)
-    name = _service(service)
-    if not yes and not ui.confirm(f"adopt pid {pid} on {target.host.name} as release 0 of service {name}?"):
+    target = _target(inventory, host, accept_new_host_key)
+    name = (unit or "").removesuffix(".service") or _service(service)
+    what = f"unit {name}.service" if unit else f"pid {pid}"
+    if not yes and not ui.confirm(f"adopt {what} on {target.host.name} as release 0 of service {name}?"):
         raise Exit("cancelled", code=1)
     with FabricRemote(target.ssh) as remote:
-        result = _run(lambda: adopt_server(target, name, remote, int(pid), profile))
+        result = _run(lambda: adopt_server(target, name, remote, profile, int(pid) if pid else None,
+                                           from_unit=unit is not None))
     path.write_text(result.profile_text)
     ui.print_adopted_server(result, path)
 

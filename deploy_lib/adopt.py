@@ -18,7 +18,7 @@ from __future__ import annotations
 import hashlib
 import posixpath
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -26,12 +26,13 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
+from deploy_lib.deploy import keep_replaced_unit
 from deploy_lib.errors import ConfigError, PreflightError
-from deploy_lib.facts import HostFacts, read_host_facts
+from deploy_lib.facts import HostFacts, parse_systemctl_show, read_host_facts
 from deploy_lib.profile import NCCL_ENV, SECRET_NAME_RE, LoadedProfile, Profile
 from deploy_lib.project import Target
 from deploy_lib.release import argv_options, build_release
-from deploy_lib.remote import Remote, Step, StepResult
+from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.server_args import API_KEY_ENV, ARGS, SPELLINGS, Arg, arg_tokens
 from deploy_lib.sglang_options import ParsedArg, convert_value, find_option, parse_argv
 from deploy_lib.store import (
@@ -339,15 +340,31 @@ def read_process(remote: Remote, pid: int, where: str) -> HandProcess:
     return parse_process(pid, remote.run(process_steps(pid)))
 
 
-def _refuse_managed(facts: HostFacts, target: Target, service: str) -> None:
+def _refuse_managed(facts: HostFacts, target: Target, service: str, from_unit: bool) -> None:
     layout = target.layout(service)
     if facts.store.current or facts.store.releases:
         raise ConfigError(f"{target.host.name}: service {service} is already managed (current release "
                           f"{facts.store.current or 'none'})", "adopt under another --service name, or "
                           "`invoke uninstall` first")
-    if facts.unit_link is not None or facts.unit.load_state == "loaded":
+    if not from_unit and (facts.unit_link is not None or facts.unit.load_state == "loaded"):
         raise PreflightError(f"{target.host.name}: a unit {layout.unit_name} already exists ({layout.unit_link})",
-                             "give --service a name no unit uses")
+                             f"adopt that unit with --unit {layout.service}, or give --service a name no unit uses")
+
+
+STEP_UNIT = "adopt: unit"
+
+
+def read_unit(remote: Remote, unit_name: str, where: str) -> tuple[int, str, str]:
+    """(main pid, unit file path, its text) of a running hand-written unit."""
+    [shown] = remote.run([Step(STEP_UNIT, ("systemctl", "show", "-p", "MainPID,FragmentPath,ActiveState", "--",
+                                           unit_name))])
+    props = parse_systemctl_show(shown.stdout)
+    pid, fragment = props.get("MainPID", "0"), props.get("FragmentPath", "")
+    if props.get("ActiveState") != "active" or not pid.isdigit() or pid == "0" or not fragment:
+        raise PreflightError(f"{where}: unit {unit_name} is not running (ActiveState={props.get('ActiveState')}, "
+                             f"MainPID={pid})", "start it first, or adopt a hand-run process with --pid")
+    [text] = remote.run([Step("adopt: unit file", ("cat", "--", fragment), sudo=True)])
+    return int(pid), fragment, text.stdout
 
 
 def profile_yaml(profile: Profile, header: str) -> str:
@@ -355,10 +372,15 @@ def profile_yaml(profile: Profile, header: str) -> str:
     return "".join(f"# {line}\n" for line in header.splitlines()) + body
 
 
-def adopt(target: Target, service: str, remote: Remote, pid: int, profile_name: str,
-          now: datetime | None = None) -> Adopted:
-    """Record the server running as `pid` as release 0 of `service` and return the profile that reproduces it."""
+def adopt(target: Target, service: str, remote: Remote, profile_name: str, pid: int | None = None,
+          from_unit: bool = False, now: datetime | None = None) -> Adopted:
+    """Record the server running as `pid` (or as the main process of the hand-written unit `service`, `from_unit`)
+    as release 0 of `service`, and return the profile that reproduces it."""
     where, layout, now = target.host.name, target.layout(service), now or datetime.now(UTC)
+    unit_file = read_unit(remote, layout.unit_name, where) if from_unit else None
+    pid = unit_file[0] if unit_file else pid
+    if pid is None:
+        raise ConfigError("adopt needs --pid PID or --unit NAME")
     process = read_process(remote, pid, where)
     launch = split_launch(process, where)
     candidates = interpreter_candidates(process, launch.interpreter)
@@ -367,8 +389,9 @@ def adopt(target: Target, service: str, remote: Remote, pid: int, profile_name: 
     version = facts.sglang.sglang_version
     if version is None:
         raise PreflightError(f"{where}: no SGLang found in {venv}: {facts.sglang.error}")
-    _refuse_managed(facts, target, service)
-    description = f"adopted from pid {pid} on {where} ({now.astimezone(UTC):%Y-%m-%d %H:%M} UTC)"
+    _refuse_managed(facts, target, service, from_unit)
+    source = f"unit {layout.unit_name} (pid {pid})" if unit_file else f"pid {pid}"
+    description = f"adopted from {source} on {where} ({now.astimezone(UTC):%Y-%m-%d %H:%M} UTC)"
     adopted = adopt_profile(process, launch, venv, facts.sglang.options, version, description, service)
     loaded = LoadedProfile(name=profile_name, path=Path(f"{profile_name}.yaml"), chain=(profile_name,),
                            profile=adopted.profile)
@@ -379,17 +402,27 @@ def adopt(target: Target, service: str, remote: Remote, pid: int, profile_name: 
     tags = Tags(operator_name(), where, RELEASE_ZERO, profile_name, release.profile_hash,
                 {"sglang": version, **({"flashinfer": release.flashinfer_version} if release.flashinfer_version
                                        else {})})
-    cmdline = "".join(f"{arg}\0" for arg in process.argv).encode()
-    metadata = {**release.metadata(), "adopted": {"pid": pid, "cmdline_sha256": hashlib.sha256(cmdline).hexdigest(),
-                                                   "interpreter": interpreter, "user": process.user,
-                                                   "cwd": process.cwd}}
-    with host_lock(remote, layout, f"adopt pid {pid}", where):
+    record: dict[str, Any] = {"interpreter": interpreter, "user": process.user, "cwd": process.cwd}
+    takeover: list[Step | Put] = []
+    if unit_file:
+        # release 0 is the hand-written unit itself; systemd stops its process when a deploy restarts the unit
+        release = replace(release, unit_text=unit_file[2])
+        record |= {"unit": layout.unit_name, "unit_file": unit_file[1]}
+        takeover = [*keep_replaced_unit(layout, now)[0]]
+    else:
+        cmdline = "".join(f"{arg}\0" for arg in process.argv).encode()
+        record |= {"pid": pid, "cmdline_sha256": hashlib.sha256(cmdline).hexdigest()}
+    metadata = {**release.metadata(), "adopted": record}
+    reload = [Step("systemd: daemon-reload", ("systemctl", "daemon-reload"), sudo=True)] if unit_file else []
+    with host_lock(remote, layout, f"adopt {source}", where):
         remote.run([*stage_release(layout, RELEASE_ZERO, release.unit_text, release.env_text,
                                    release_json(metadata, tags, now)),
-                    *switch_current(layout, RELEASE_ZERO),
-                    *append_history(layout, history_entry("adopt", HEALTHY, tags, now, f"adopted pid {pid}"))])
-    header = (f"Written by `invoke adopt --pid {pid}` on {where}: SGLang {version} in {venv}.\n"
-              f"Release 0 on the host runs exactly that command; deploying this profile replaces it.")
+                    *takeover, *switch_current(layout, RELEASE_ZERO), *reload,
+                    *append_history(layout, history_entry("adopt", HEALTHY, tags, now, f"adopted {source}"))])
+    how = f"--unit {service}" if unit_file else f"--pid {pid}"
+    header = (f"Written by `invoke adopt {how}` on {where}: SGLang {version} in {venv}.\n"
+              f"Release 0 on the host runs exactly that {'unit' if unit_file else 'command'}; deploying this "
+              "profile replaces it.")
     if release.secret_names:
         header += f"\nSecrets by reference: export {', '.join(release.secret_names)} before deploying."
     return Adopted(where, pid, RELEASE_ZERO, profile_name, profile_yaml(adopted.profile, header), version, venv,

@@ -250,8 +250,8 @@ def detect_drift(layout: StoreLayout, facts: HostFacts) -> tuple[str, ...]:
 def keep_replaced_unit(layout: StoreLayout, now: datetime) -> tuple[list[Step | Put], PurePosixPath]:
     """Copy the unit file a forced deploy replaces into the store (nothing is copied when there is no file)."""
     copy = layout.base / "replaced" / f"{layout.unit_name}.{now.astimezone(UTC):%Y%m%dT%H%M%SZ}"
-    return [Step("switch: replaced units directory", ("mkdir", "-p", "--", str(copy.parent)), sudo=True),
-            Step("switch: keep the replaced unit", ("cp", "-P", "--preserve=all", "--", str(layout.unit_link),
+    return [Step("keep the replaced unit: directory", ("mkdir", "-p", "--", str(copy.parent)), sudo=True),
+            Step("keep the replaced unit: copy", ("cp", "-P", "--preserve=all", "--", str(layout.unit_link),
                                                     str(copy)), sudo=True, ok=frozenset({0, 1}))], copy
 
 
@@ -312,8 +312,9 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
         batches["restart"] = [*takeover, *restart_steps(layout)]
     replaced_note = None
     if hand_made_unit(layout, facts) and not unchanged:
+        # with the staging: deploy runs this batch from the plan, and the switch (from activate) replaces the file
         keep, copy = keep_replaced_unit(layout, now)
-        batches["switch"] = [*keep, *batches["switch"]]
+        batches = {"stage": [*batches.pop("stage", []), *keep], **batches}
         replaced_note = f"a copy of the replaced unit is kept at {copy}"
     hand_note = f"the hand-run server (pid {hand_pid}, adopted as release {current_id}) is stopped before the " \
         "restart" if takeover and not unchanged else None

@@ -10,12 +10,14 @@ from typing import Any
 
 import pytest
 import yaml
+from fake_remote import FakeRemote
 from test_deploy_plan import NOW, deployed, facts, first_plan, target
 
 from deploy_lib.adopt import (
     STEP_CMDLINE,
     STEP_CWD,
     STEP_ENVIRON,
+    STEP_UNIT,
     STEP_USER,
     HandProcess,
     adopt_profile,
@@ -24,6 +26,7 @@ from deploy_lib.adopt import (
     parse_process,
     process_steps,
     profile_yaml,
+    read_unit,
     split_launch,
 )
 from deploy_lib.deploy import hand_run_check, hand_run_pid, plan_deploy, preflight
@@ -195,9 +198,19 @@ def test_a_first_deploy_over_a_hand_made_unit_is_refused_showing_it_and_forced_k
     assert "ExecStart=/root/ml-env/bin/python -m sglang.launch_server" in refused.value.message
     assert "--force" in str(refused.value.hint)
     forced = plan_deploy(loaded, target(), hand, {}, True, NOW)
-    copy = next(step for step in forced.batches["switch"] if step.name == "switch: keep the replaced unit")
+    copy = next(step for step in forced.batches["stage"] if step.name == "keep the replaced unit: copy")
     assert copy.argv[:3] == ("cp", "-P", "--preserve=all") and copy.argv[-2] == "/etc/systemd/system/sglang.service"
     assert copy.argv[-1].startswith("/opt/sglang-deploy/sglang/replaced/sglang.service.")
-    assert forced.batches["switch"].index(copy) < [s.name for s in forced.batches["switch"]].index("switch: unit link")
+    assert next(iter(forced.batches)) == "stage"  # deploy runs the stage batch before the switch replaces the file
     assert any("a copy of the replaced unit is kept at /opt/sglang-deploy/sglang/replaced/" in line
                for line in forced.dry_run_lines())
+
+
+def test_adopting_a_unit_that_does_not_run_is_refused() -> None:
+    remote = FakeRemote().reply(STEP_UNIT, stdout="MainPID=0\nFragmentPath=/etc/systemd/system/x.service\n"
+                                                  "ActiveState=failed\n")
+    with pytest.raises(PreflightError, match=r"unit x\.service is not running"):
+        read_unit(remote, "x.service", "gpu1")
+    remote = FakeRemote().reply(STEP_UNIT, stdout="MainPID=77\nFragmentPath=/etc/systemd/system/x.service\n"
+                                                  "ActiveState=active\n").reply("adopt: unit file", stdout=HAND_UNIT)
+    assert read_unit(remote, "x.service", "gpu1") == (77, "/etc/systemd/system/x.service", HAND_UNIT)

@@ -106,7 +106,8 @@ HAND_FAULT = "/etc/sglang-sim/fault-hand"
 def start_by_hand(rig: Rig) -> int:
     """The server as our user starts it: from /root, venv activated, nohup, in the background; waits for /health."""
     rig.root("systemctl stop sglang.service 2>/dev/null || true")  # other tests' releases also serve port 8000
-    pid = int(rig.root(f"cd /root && env -i {HAND_ENV} nohup python -m sglang.launch_server {' '.join(HAND_ARGS)} "
+    # `;` not `&&`: only the server goes to the background, so no shell holds the SSH channel open
+    pid = int(rig.root(f"cd /root; env -i {HAND_ENV} nohup python -m sglang.launch_server {' '.join(HAND_ARGS)} "
                        "</dev/null >/root/sglang-hand.log 2>&1 & echo $!").strip())
     rig.root("for i in $(seq 120); do curl -sf -o /dev/null http://127.0.0.1:8000/health && exit 0; sleep 0.5; done; "
              "exit 1")
@@ -128,7 +129,7 @@ def hand_run(rig: Rig) -> Iterator[int]:
 def test_adopt_a_hand_run_server_as_release_0_and_a_failed_deploy_returns_to_it(rig: Rig, hand_run: int) -> None:
     _, target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
     with FabricRemote(target.ssh) as remote:
-        adopted = adopt(target, HAND_SERVICE, remote, hand_run, "hand")
+        adopted = adopt(target, HAND_SERVICE, remote, "hand", hand_run)
     assert (adopted.release_id, adopted.sglang_version, adopted.venv) == ("0", "0.5.23", "/opt/ml-env")
     assert adopted.secret_names == ("HF_TOKEN",) and HAND_SECRET not in adopted.profile_text
     (rig.project.profiles_dir / "hand.yaml").write_text(adopted.profile_text)
@@ -201,3 +202,39 @@ def test_a_deploy_over_a_hand_written_unit_is_refused_until_forced_and_keeps_a_c
     finally:
         rig.root(f"systemctl stop {service}.service; rm -f /etc/systemd/system/{service}.service; "
                  f"rm -rf /opt/sglang-deploy/{service}; systemctl daemon-reload")
+
+
+def test_adopt_a_hand_written_unit_keeps_it_running_as_release_0(rig: Rig) -> None:
+    service = "sglhand3"
+    unit = (f"[Unit]\nDescription=SGLang, written by hand\n[Service]\nUser=root\nWorkingDirectory=/root\n"
+            f"Environment=HF_TOKEN={HAND_SECRET} NCCL_P2P_LEVEL=5 PATH=/opt/ml-env/bin:/usr/bin:/bin\n"
+            f"ExecStart=/opt/ml-env/bin/python -m sglang.launch_server {' '.join(HAND_ARGS)}\n")
+    rig.root("systemctl stop sglang.service 2>/dev/null || true")
+    rig.root(f"printf %s {shlex.quote(unit)} > /etc/systemd/system/{service}.service && systemctl daemon-reload && "
+             f"systemctl start {service}.service && for i in $(seq 120); do "
+             "curl -sf -o /dev/null http://127.0.0.1:8000/health && exit 0; sleep 0.5; done; exit 1")
+    pid = rig.root(f"systemctl show -p MainPID --value {service}.service").strip()
+    store = f"/opt/sglang-deploy/{service}"
+    try:
+        _, target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
+        with FabricRemote(target.ssh) as remote:
+            adopted = adopt(target, service, remote, "hand3", from_unit=True)
+        assert adopted.release_id == "0" and HAND_SECRET not in adopted.profile_text
+        # nothing restarted: the same process serves, now from release 0, which is the hand-written unit itself
+        assert rig.root(f"systemctl show -p MainPID --value {service}.service").strip() == pid
+        assert rig.root(f"cat {store}/current/sglang.service") == unit
+        assert rig.root(f"cat {store}/replaced/{service}.service.*") == unit
+        assert rig.root(f"readlink /etc/systemd/system/{service}.service").strip() == f"{store}/current/sglang.service"
+        (rig.project.profiles_dir / "hand3.yaml").write_text(adopted.profile_text)
+        loaded, target = load_for_host(rig.project, "hand3", rig.inventory, None)
+        with FabricRemote(target.ssh) as remote:
+            deployed = engine.deploy(loaded, target, remote, RecordingProgress(),
+                                     engine.Options(environ={"HF_TOKEN": HAND_SECRET}))
+            assert deployed.action == "deployed" and deployed.previous_id == "0"
+            assert engine.rollback(target, service, remote, RecordingProgress(), "0", {}).release_id == "0"
+        main_pid = rig.root(f"systemctl show -p MainPID --value {service}.service").strip()
+        assert proc_args(rig, main_pid)[3:] == HAND_ARGS
+        assert rig.root(f"cat /etc/systemd/system/{service}.service") == unit
+    finally:
+        rig.root(f"systemctl stop {service}.service; rm -f /etc/systemd/system/{service}.service; rm -rf {store}; "
+                 "systemctl daemon-reload")
