@@ -270,7 +270,7 @@ def adopt_profile(process: HandProcess, launch: Launch, venv: str, options: Mapp
             profile = Profile.model_validate(data)
         except ValidationError as err:
             location = tuple(str(part) for part in err.errors()[0]["loc"])
-            moved = _move_refused(data, location, mapped, rest, environment)
+            moved = _move_refused(data, location, mapped, rest)
             if moved is None:
                 raise ConfigError(f"pid {process.pid}: the adopted setup is not a valid profile: "
                                   f"{'.'.join(location)}: {err.errors()[0]['msg']}") from None
@@ -281,7 +281,7 @@ def adopt_profile(process: HandProcess, launch: Launch, venv: str, options: Mapp
                         and profile.nccl.environment().get(NCCL_ENV[key]) != value), None)
         if changed is None:
             break
-        notes.append(_move_refused(data, ("nccl", changed), mapped, rest, environment) or "")
+        notes.append(_move_refused(data, ("nccl", changed), mapped, rest) or "")
     else:  # pragma: no cover - every round removes a setting, so validation passes or raises first
         raise AssertionError("unreachable")
     by_key = {arg.key: arg for arg in ARGS}
@@ -294,8 +294,8 @@ def adopt_profile(process: HandProcess, launch: Launch, venv: str, options: Mapp
     return AdoptedProfile(profile, launch_args, secrets, environment.venv, tuple(notes))
 
 
-def _move_refused(data: dict[str, Any], location: tuple[str, ...], mapped: list[Mapped], rest: list[ParsedArg],
-                  environment: Environment) -> str | None:
+def _move_refused(data: dict[str, Any], location: tuple[str, ...], mapped: list[Mapped], rest: list[ParsedArg]
+                  ) -> str | None:
     """Take a setting the profile model refuses back out: an argument to extra_args, an NCCL value to env."""
     key = ".".join(location[:2])
     item = next((m for m in mapped if m.key == key), None)

@@ -207,12 +207,13 @@ def test_a_deploy_over_a_hand_written_unit_is_refused_until_forced_and_keeps_a_c
 def test_adopt_a_hand_written_unit_keeps_it_running_as_release_0(rig: Rig) -> None:
     service = "sglhand3"
     unit = (f"[Unit]\nDescription=SGLang, written by hand\n[Service]\nUser=root\nWorkingDirectory=/root\n"
-            f"Environment=HF_TOKEN={HAND_SECRET} NCCL_P2P_LEVEL=5 PATH=/opt/ml-env/bin:/usr/bin:/bin\n"
+            f"Environment=HF_TOKEN={HAND_SECRET} NCCL_P2P_LEVEL=5 PATH=/opt/ml-env/bin:/usr/local/bin:/usr/bin:/bin\n"
             f"ExecStart=/opt/ml-env/bin/python -m sglang.launch_server {' '.join(HAND_ARGS)}\n")
     rig.root("systemctl stop sglang.service 2>/dev/null || true")
     rig.root(f"printf %s {shlex.quote(unit)} > /etc/systemd/system/{service}.service && systemctl daemon-reload && "
              f"systemctl start {service}.service && for i in $(seq 120); do "
-             "curl -sf -o /dev/null http://127.0.0.1:8000/health && exit 0; sleep 0.5; done; exit 1")
+             "curl -sf -o /dev/null http://127.0.0.1:8000/health && exit 0; sleep 0.5; done; "
+             f"journalctl -u {service} -n 30 --no-pager >&2; exit 1")
     pid = rig.root(f"systemctl show -p MainPID --value {service}.service").strip()
     store = f"/opt/sglang-deploy/{service}"
     try:
