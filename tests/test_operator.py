@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from fake_remote import FakeRemote
+from test_cli import invoke
 
 from deploy_lib import deploy as engine
 from deploy_lib.facts import FACT_UNIT, FACT_UNIT_LINK
@@ -119,3 +120,17 @@ def test_uninstall_of_a_host_without_the_service_changes_nothing(tmp_path: Path)
     else:
         raise AssertionError("uninstalling nothing must fail")
     assert not any(step.name.startswith("uninstall: ") for step in remote.ran) and not list(tmp_path.iterdir())
+
+
+def test_adopt_needs_a_pid_or_a_unit_and_never_overwrites_a_profile() -> None:
+    both = invoke("adopt", "--profile", "new-one", "--pid", "42", "--unit", "sglhand")
+    assert both.returncode == 2 and "adopt takes --pid PID (a process id) or --unit NAME" in both.stderr
+    word = invoke("adopt", "--profile", "new-one", "--pid", "abc")
+    assert word.returncode == 2 and "adopt takes --pid PID" in word.stderr
+    existing = invoke("adopt", "--profile", "glm5-nvfp4", "--pid", "42")
+    assert existing.returncode == 2 and "glm5-nvfp4.yaml exists; adopt writes a new profile" in existing.stderr
+
+
+def test_uninstall_without_a_terminal_asks_for_yes_and_touches_nothing() -> None:
+    refused = invoke("uninstall", "--inventory", "inventory/sandbox.yaml")
+    assert refused.returncode == 1 and "not asked (no terminal): rerun with --yes" in refused.stderr
