@@ -233,7 +233,7 @@ def adopt(c: Context, profile: str, pid: str | None = None, unit: str | None = N
     name = (unit or "").removesuffix(".service") or _service(service)
     what = f"unit {name}.service" if unit else f"pid {pid}"
     if not yes and not ui.confirm(f"adopt {what} on {target.host.name} as release 0 of service {name}?"):
-        raise Exit("cancelled", code=1)
+        raise Exit("cancelled: nothing was changed", code=1)
     with FabricRemote(target.ssh) as remote:
         result = _run(lambda: adopt_server(target, name, remote, profile, int(pid) if pid else None,
                                            from_unit=unit is not None))
@@ -278,9 +278,9 @@ def uninstall(c: Context, host: str | None = None, inventory: str | None = None,
     question = (f"remove service {name} from {target.host.name}: stop its unit, delete "
                 f"{target.layout(name).base} (releases, managed venvs, caches)? history is kept in {state_dir}")
     if not yes and not sys.stdin.isatty():
-        raise Exit(f"{question}\nnot asked (no terminal): rerun with --yes", code=1)
+        raise Exit(f"error: {question}\nnot asked (no terminal): rerun with --yes; nothing was changed", code=1)
     if not yes and not ui.confirm(question):
-        raise Exit("cancelled", code=1)
+        raise Exit("cancelled: nothing was changed", code=1)
     with FabricRemote(target.ssh) as remote:
         ui.print_uninstalled(_run(lambda: remove.uninstall(target, name, remote, state_dir)))
 
