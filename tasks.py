@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -232,8 +231,7 @@ def adopt(c: Context, profile: str, pid: str | None = None, unit: str | None = N
     target = _target(inventory, host, accept_new_host_key)
     name = (unit or "").removesuffix(".service") or _service(service)
     what = f"unit {name}.service" if unit else f"pid {pid}"
-    if not yes and not ui.confirm(f"adopt {what} on {target.host.name} as release 0 of service {name}?"):
-        raise Exit("cancelled: nothing was changed", code=1)
+    _consent(f"adopt {what} on {target.host.name} as release 0 of service {name}?", yes)
     with FabricRemote(target.ssh) as remote:
         result = _run(lambda: adopt_server(target, name, remote, profile, int(pid) if pid else None,
                                            from_unit=unit is not None))
@@ -242,30 +240,35 @@ def adopt(c: Context, profile: str, pid: str | None = None, unit: str | None = N
 
 
 @task
-def stop(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
+def stop(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
+         yes: bool = False) -> None:
     """Stop the server (the current release stays current; `invoke start` brings it back)."""
     target = _target(inventory, host)
+    _consent(f"stop {_service(service)} on {target.host.name}?", yes)
     with FabricRemote(target.ssh) as remote:
         ui.print_outcome(_run(lambda: deploy_engine.stop(target, _service(service), remote)))
 
 
-def _start(restart: bool, host: str | None, inventory: str | None, service: str | None) -> None:
+def _start(restart: bool, host: str | None, inventory: str | None, service: str | None, yes: bool) -> None:
     target = _target(inventory, host)
+    _consent(f"{'restart' if restart else 'start'} {_service(service)} on {target.host.name}?", yes)
     with FabricRemote(target.ssh) as remote:
         ui.print_outcome(_run(lambda: deploy_engine.start(target, _service(service), remote, ui.TerminalProgress(),
                                                           dict(os.environ), restart)))
 
 
 @task
-def start(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
+def start(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
+          yes: bool = False) -> None:
     """Start the current release and wait until it serves (readiness ladder); rolled back if it cannot start."""
-    _start(False, host, inventory, service)
+    _start(False, host, inventory, service, yes)
 
 
 @task
-def restart(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
+def restart(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
+            yes: bool = False) -> None:
     """Restart the current release and wait until it serves (readiness ladder); rolled back if it cannot start."""
-    _start(True, host, inventory, service)
+    _start(True, host, inventory, service, yes)
 
 
 @task
@@ -277,10 +280,7 @@ def uninstall(c: Context, host: str | None = None, inventory: str | None = None,
     state_dir = remove.local_state_dir(os.environ)
     question = (f"remove service {name} from {target.host.name}: stop its unit, delete "
                 f"{target.layout(name).base} (releases, managed venvs, caches)? history is kept in {state_dir}")
-    if not yes and not sys.stdin.isatty():
-        raise Exit(f"error: {question}\nnot asked (no terminal): rerun with --yes; nothing was changed", code=1)
-    if not yes and not ui.confirm(question):
-        raise Exit("cancelled: nothing was changed", code=1)
+    _consent(question, yes)
     with FabricRemote(target.ssh) as remote:
         ui.print_uninstalled(_run(lambda: remove.uninstall(target, name, remote, state_dir)))
 
@@ -387,9 +387,10 @@ def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | 
 
 @task(name="remove", help={"venv_hash": "the managed venv's hash (`invoke venv.list`)"})
 def venv_remove(c: Context, venv_hash: str, host: str | None = None, inventory: str | None = None,
-                service: str | None = None) -> None:
+                service: str | None = None, yes: bool = False) -> None:
     """Remove a managed venv (adopted ones stay until removed here) unless a release or derived venv needs it."""
     target = _target(inventory, host)
+    _consent(f"remove venv {venv_hash} of {_service(service)} on {target.host.name}?", yes)
     with FabricRemote(target.ssh) as remote:
         _run(lambda: remove.remove_venv(target, _service(service), remote, venv_hash))
     ui.console.print(f"removed venv {venv_hash} and its caches", markup=False)

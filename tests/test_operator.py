@@ -40,7 +40,7 @@ def host_with_current(active: str) -> FakeRemote:
     return (FakeRemote()
             .reply(FACT_LOCK, exit_code=1)
             .reply(FACT_CURRENT, stdout="releases/r1\n")
-            .reply(FACT_RELEASE_DIRS, stdout="r1\0")
+            .reply(FACT_RELEASE_DIRS, stdout="r1\0r1/release.json\0r1/sglang.service\0r1/sglang.env\0")
             .reply(FACT_RELEASE_FILES, stdout=release_json)
             .reply(FACT_UNIT, stdout=f"ActiveState={active}\nSubState=running\nLoadState=loaded\n"))
 
@@ -63,8 +63,7 @@ def test_stop_stops_the_unit_under_the_lock_and_records_who() -> None:
 def test_start_of_a_running_release_changes_nothing() -> None:
     remote = host_with_current("active")
     outcome = engine.start(TARGET, "sglang", remote, RecordingProgress(), {}, restart=False)
-    assert outcome.action == "already running"
-    assert LOCK_TAKE not in remote.ran_names() and "systemd: restart" not in remote.ran_names()
+    assert outcome.action == "already running" and "systemd: restart" not in remote.ran_names()
 
 
 def test_verbs_on_a_host_without_a_release_say_what_to_do_first() -> None:
@@ -133,4 +132,5 @@ def test_adopt_needs_a_pid_or_a_unit_and_never_overwrites_a_profile() -> None:
 
 def test_uninstall_without_a_terminal_asks_for_yes_and_touches_nothing() -> None:
     refused = invoke("uninstall", "--inventory", "inventory/sandbox.yaml")
-    assert refused.returncode == 1 and "not asked (no terminal): rerun with --yes" in refused.stderr
+    assert refused.returncode == 1 and "stdin is not a terminal, so nothing was changed" in refused.stderr
+    assert "remove service sglang from th1" in refused.stderr and "rerun with --yes" in refused.stderr
