@@ -521,8 +521,8 @@ def demo(c: Context) -> None:
     """Our users' week on the sandbox VM: a gated deploy, a fusion release that cannot start, the patched one the gate
     rolls back, a slow release kept without a gate and rolled back by hand, the releases with their figures."""
     started = time.monotonic()
-    sandbox_tasks.down(c)  # a fresh guest: the story starts on an empty host
-    sandbox_tasks.up(c, venv=True)
+    sandbox_tasks.up(c, venv=True)  # a running guest keeps its venv when the wheels are the same
+    sandbox_tasks.empty(c)  # the story starts on an empty host
     inventory = str(PROJECT.root / SANDBOX_INVENTORY)
     on = {"inventory": inventory, "yes": True}
     _demo_step("1. deploy the reference profile with the throughput gate: the first figures are recorded",
@@ -536,7 +536,7 @@ def demo(c: Context) -> None:
     _demo_step("5. the patched release without a gate, as before the gate existed: it stays until rolled back",
                "patch-fusion --enable --profile glm5-nvfp4",
                lambda: patch_fusion(c, enable=True, profile="glm5-nvfp4", **on))
-    _demo_step("6. roll back by hand", "rollback", lambda: rollback(c, inventory=inventory))
+    _demo_step("6. roll back by hand", "rollback", lambda: rollback(c, **on))
     _demo_step("7. releases: outcome, measured throughput and GPU power", "releases",
                lambda: releases(c, inventory=inventory))
     ui.console.print(f"demo done in {time.monotonic() - started:.0f} s")

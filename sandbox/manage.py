@@ -5,6 +5,7 @@ Functions return values or raise deploy_lib errors; they never print (sandbox/ta
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shlex
 import subprocess
@@ -147,7 +148,30 @@ def push_wheels(g: Guest, wheels: tuple[Path, ...]) -> list[PurePosixPath]:
 def build_guest_venv(g: Guest, house: wheelhouse.Wheelhouse, venv: PurePosixPath = GUEST_VENV) -> PurePosixPath:
     """Until the deploy engine builds venvs: real sglang + flashinfer (--no-deps) + msgspec + the sim."""
     _venv_with(g, venv, push_wheels(g, house.wheels))
+    run_on(g, f"printf %s {shlex.quote(_venv_marker(house))} > {shlex.quote(str(venv / VENV_MARKER))}")
     return venv
+
+
+VENV_MARKER = ".sandbox-wheelhouse"  # in a venv build_guest_venv made: what it was built from
+
+
+def _venv_marker(house: wheelhouse.Wheelhouse) -> str:
+    """The wheels by name, the sim (rebuilt on every prepare) by content."""
+    return "\n".join([*(w.name for w in house.wheels[:-1]), hashlib.sha256(house.sim.read_bytes()).hexdigest()])
+
+
+def guest_venv_is(g: Guest, house: wheelhouse.Wheelhouse, venv: PurePosixPath = GUEST_VENV) -> bool:
+    """The guest's venv was built by build_guest_venv from exactly this wheelhouse."""
+    marker = shlex.quote(str(venv / VENV_MARKER))
+    return run_on(g, f"cat {marker} 2>/dev/null || true") == _venv_marker(house)
+
+
+def remove_releases(g: Guest, service: str = "sglang") -> None:
+    """An empty host again: the service stopped and its unit, release store, venvs and caches gone (the venv the
+    guest was built with stays)."""
+    unit = shlex.quote(f"{service}.service")
+    run_on(g, f"systemctl stop {unit} 2>/dev/null; rm -f /etc/systemd/system/{unit}; "
+              f"rm -rf /opt/sglang-deploy; systemctl daemon-reload; systemctl reset-failed {unit} 2>/dev/null; true")
 
 
 def _venv_with(g: Guest, venv: PurePosixPath, wheels: list[PurePosixPath]) -> None:

@@ -16,11 +16,23 @@ from sandbox import manage, wheelhouse
             "sglang": "sglang version for --venv", "flashinfer": "flashinfer-python version for --venv"})
 def up(c: Context, name: str = manage.DEFAULT_NAME, venv: bool = False, sglang: str = wheelhouse.DEFAULT_SGLANG,
        flashinfer: str = wheelhouse.DEFAULT_FLASHINFER) -> None:
-    """Boot a sandbox guest (Debian 12, systemd, sshd; simulated GPUs) and write inventory/sandbox.yaml."""
+    """Boot a sandbox guest (Debian 12, systemd, sshd; simulated GPUs) and write inventory/sandbox.yaml; with --venv
+    build /opt/ml-env from the wheelhouse unless the running guest's venv was built from the same wheels."""
     guest = manage.up(name)
     if venv:
-        manage.build_guest_venv(guest, wheelhouse.prepare(sglang, flashinfer))
+        house = wheelhouse.prepare(sglang, flashinfer)
+        if manage.guest_venv_is(guest, house):
+            print(f"{guest.name}: {manage.GUEST_VENV} is up to date")
+        else:
+            manage.build_guest_venv(guest, house)
     print(f"{guest.name} up: ssh {manage.GUEST_USER}@{guest.guest_ip} (inventory: {manage.INVENTORY})")
+
+
+@task(help={"name": f"guest name (default {manage.DEFAULT_NAME})"})
+def empty(c: Context, name: str = manage.DEFAULT_NAME) -> None:
+    """Remove every release from a sandbox guest (the unit, the release store, its venvs and caches); keep the venv."""
+    manage.remove_releases(manage.guest(name))
+    print(f"{name}: no releases")
 
 
 @task(help={"name": f"guest name (default {manage.DEFAULT_NAME})"})
