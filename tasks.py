@@ -16,12 +16,13 @@ from invoke import Collection, Context, Exit
 import deploy_cli as ui
 from deploy_cli.options import task
 from deploy_lib import deploy as deploy_engine
+from deploy_lib import gpu_check as gpu_checks
 from deploy_lib import patching
 from deploy_lib import status as host_status
 from deploy_lib import uninstall as remove
 from deploy_lib.adopt import adopt as adopt_server
 from deploy_lib.bundled import ROLES_DIR
-from deploy_lib.errors import DeployError
+from deploy_lib.errors import EXIT_CODES, DeployError, PreflightError
 from deploy_lib.patches import PatchSet, find_patch_set, list_patch_sets
 from deploy_lib.profile import LoadedProfile, ServiceSpec, profile_json_schema, profile_path
 from deploy_lib.project import SANDBOX_INVENTORY, Project, Target, load_for_host, profile_for_host, resolve_target
@@ -305,6 +306,27 @@ def status(c: Context, host: str | None = None, inventory: str | None = None, se
         _show(_run(lambda: host_status.read_status(target, _service(service), remote)), ui.print_status)
 
 
+@task(iterable=["sizes"], help={
+    "profile": "check with this profile's venv, TP size and NCCL environment (default: the current release's)",
+    "stop_server": "stop the running server for the check, then restart the current release through the readiness "
+                   "ladder",
+    "sizes": "an all-reduce size in bytes; repeat for several (default 1 KiB, 64 KiB, 1 MiB, 16 MiB, 256 MiB)"})
+def gpu_check(c: Context, profile: str | None = None, stop_server: bool = False, sizes: list[str] | None = None,
+              host: str | None = None, inventory: str | None = None, service: str | None = None, json: bool = False,
+              verbose: bool = False) -> None:
+    """Prove the host's GPUs and NCCL settings: topology and P2P advice, then an exactly verified all-reduce."""
+    _report_as(json, verbose)
+    target = _target(inventory, host)
+    loaded = _run(lambda: PROJECT.profile(profile)) if profile else None
+    byte_sizes = _run(lambda: gpu_checks.parse_sizes(sizes or []))
+    with _remote(target) as remote:
+        report = _run(lambda: gpu_checks.run_gpu_check(target, _service(service), remote, _progress(), loaded,
+                                                       stop_server, dict(os.environ), byte_sizes))
+    _show(report, ui.print_gpu_check)
+    if not report.check.verified:
+        raise Exit(code=EXIT_CODES[PreflightError])
+
+
 @task(help={"lines": "number of lines (default 100)", "follow": "keep printing new lines (Ctrl-C stops)"})
 def logs(c: Context, lines: int = 100, follow: bool = False, host: str | None = None, inventory: str | None = None,
          service: str | None = None, verbose: bool = False) -> None:
@@ -543,7 +565,7 @@ def demo(c: Context) -> None:
 
 
 ns = Collection(render, plan, schema, deploy, adopt, rollback, stop, start, restart, uninstall, releases, status, logs,
-                unlock, bench, patch_fusion, demo, version)
+                unlock, bench, patch_fusion, demo, version, gpu_check)
 ns.add_collection(Collection(patches_list, patches_check, patches_audit, patches_enable, patches_disable),
                   name="patches")
 ns.add_collection(Collection(venv_build, venv_adopt, venv_list, venv_remove), name="venv")

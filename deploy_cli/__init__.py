@@ -25,6 +25,7 @@ from deploy_lib.bench import BenchResult, ComparisonRow
 from deploy_lib.deploy import Outcome, Plan
 from deploy_lib.diagnose import shorten_log_line
 from deploy_lib.errors import DeployError
+from deploy_lib.gpu_check import GpuCheckReport
 from deploy_lib.patches import AuditReport, CheckReport, PatchSet
 from deploy_lib.release import Release
 from deploy_lib.remote import MASK, StepResult, display
@@ -181,6 +182,23 @@ def print_uninstalled(result: Uninstalled) -> None:
         console.print(f"kept {item}", markup=False)
     console.print(f"history and release records of {result.host}/{result.service} copied to {result.copy}",
                   markup=False)
+
+
+def print_gpu_check(report: GpuCheckReport) -> None:
+    subject = report.subject
+    console.print(f"gpu-check with {subject.source}: venv {subject.venv}, TP {subject.world_size}")
+    console.print(f"topology: {report.topology.one_line() if report.topology else report.topology_error}")
+    if report.advice:
+        for name, value in report.advice.environment.items():
+            console.print(f"advice: {name}={value}")
+        for reason in report.advice.reasons:
+            console.print(f"  because {escape(reason)}")
+        for warning in report.advice.warnings:
+            console.print(f"[yellow]warning: {escape(warning)}[/yellow]")
+    lines = report.check.lines()
+    for line in lines[:-1]:
+        console.print(escape(line))
+    console.print(lines[-1], style="green" if report.check.verified else "red")
 
 
 def print_releases(rows: list[ReleaseRow]) -> None:

@@ -16,9 +16,12 @@ from importlib import resources
 from pathlib import PurePosixPath
 from typing import Any
 
-from deploy_lib.errors import PreflightError
+from deploy_lib import deploy
+from deploy_lib.errors import ConfigError, PreflightError
+from deploy_lib.facts import read_host_facts
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.progress import Progress
+from deploy_lib.project import Target
 from deploy_lib.remote import Remote, Step, StepResult
 from deploy_lib.server_args import launch_environment
 from deploy_lib.store import ReleaseRecord
@@ -37,6 +40,27 @@ LEVEL_REACH = {"LOC": -1, "NVL": 0, "PIX": 1, "PXB": 2, "PHB": 3, "SYS": 5}
 LEGACY_LEVELS = {"0": "LOC", "1": "PIX", "2": "PXB", "3": "PHB", "4": "SYS", "5": "SYS"}
 P2P_STATUS = {"OK": "supported", "CNS": "chipset not supported", "GNS": "GPU not supported",
               "TNS": "topology not supported", "NS": "not supported", "U": "unknown"}
+
+
+SIZE_UNITS = {"": 1, "K": 1 << 10, "KIB": 1 << 10, "M": 1 << 20, "MIB": 1 << 20, "G": 1 << 30, "GIB": 1 << 30}
+SIZE_TEXT = re.compile(r"^(\d+)\s*([A-Za-z]*)$")
+MAX_SIZE = 4 << 30
+
+
+def parse_sizes(texts: Sequence[str]) -> tuple[int, ...]:
+    """`--sizes` values (bytes, or with K/KiB, M/MiB, G/GiB) -> bytes, multiples of 4 (float32 elements)."""
+    sizes = []
+    for text in texts:
+        match = SIZE_TEXT.match(text.strip())
+        unit = SIZE_UNITS.get(match.group(2).upper()) if match else None
+        if match is None or unit is None:
+            raise ConfigError(f"--sizes {text!r} is not a size", "give bytes, or a number with K, M or G (KiB, MiB)")
+        size = int(match.group(1)) * unit
+        if not 4 <= size <= MAX_SIZE or size % 4:
+            raise ConfigError(f"--sizes {text!r} is {size} bytes; each size must be a multiple of 4 from 4 bytes "
+                              f"to {MAX_SIZE >> 30} GiB")
+        sizes.append(size)
+    return tuple(sorted(set(sizes))) or DEFAULT_SIZES
 
 
 def _link_rank(link: str) -> int:
@@ -288,3 +312,34 @@ def check_host(remote: Remote, progress: Progress, subject: CheckSubject, sizes:
                                       deadline_s)])
     return GpuCheckReport(subject, topology, topology_error, advice, parse_check_result(result, subject.world_size))
 
+
+
+def run_gpu_check(target: Target, service: str, remote: Remote, progress: Progress, loaded: LoadedProfile | None,
+                  stop_server: bool, environ: Mapping[str, str], sizes: Sequence[int] = DEFAULT_SIZES
+                  ) -> GpuCheckReport:
+    """gpu-check on one host: refuse while the server holds the GPUs unless told to stop it; then restart the
+    current release through the readiness ladder (deploy.start), whatever the check found."""
+    layout = target.layout(service)
+    facts = read_host_facts(remote, layout, venv=None, port=None)
+    record = facts.store.release(facts.store.current) if facts.store.current else None
+    if loaded is not None:
+        subject = subject_of_profile(loaded)
+    elif record is not None:
+        subject = subject_of_release(record)
+    else:
+        raise ConfigError(f"{target.host.name}: no release is deployed for {service}, so there is no venv or NCCL "
+                          "environment to check with", "give --profile P")
+    running = facts.unit.active_state in ("active", "activating", "reloading")
+    if running and not stop_server:
+        raise PreflightError(f"{target.host.name}: {layout.unit_name} is running and holds the GPUs; the check needs "
+                             "them free", "`invoke gpu-check --stop-server` stops it and restarts the current release "
+                             "through the readiness ladder afterwards")
+    if running:
+        progress.note(f"stopping {layout.unit_name} for the check")
+        deploy.stop(target, service, remote)
+    try:
+        return check_host(remote, progress, subject, sizes)
+    finally:
+        if running:
+            progress.note(f"restarting {layout.unit_name}")
+            deploy.start(target, service, remote, progress, environ, restart=False)

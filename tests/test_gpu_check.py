@@ -83,6 +83,14 @@ def test_recorded_runs_report_transport_bandwidth_and_verification() -> None:
     assert "transports: SHM/direct/direct (8 channel links)" in shm.lines()
 
 
+@pytest.mark.parametrize(("run", "transport"), [("tool-step-default", "P2P/CUMEM"),
+                                                 ("tool-step-p2p-disable", "SHM/direct/direct")])
+def test_the_tools_own_step_ran_verified_on_real_gpus(run: str, transport: str) -> None:
+    """Recorded from check_step's program fed to `python3 -` on the two H200s, as gpu-check runs it on a host."""
+    result = parse_check_output(recorded(run))
+    assert result.verified and list(result.transports) == [transport] and len(result.sizes) == 5
+
+
 def test_a_planted_corruption_fails_verification_naming_the_gpus_and_size() -> None:
     corrupt = parse_check_output(recorded("corrupt"))
     assert not corrupt.verified

@@ -1,0 +1,67 @@
+"""gpu-check end to end on the sandbox guest: the reference rig's simulated topology (8 GPUs over PCIe, P2P not
+supported), the refusal while the server holds the GPUs, --stop-server restarting the release through the ladder,
+and the all-reduce reported as needing torch with CUDA (the guest has none), never faked."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from projects import project_for_guest
+
+from deploy_lib import deploy as engine
+from deploy_lib.errors import PreflightError
+from deploy_lib.gpu_check import run_gpu_check
+from deploy_lib.progress import RecordingProgress
+from deploy_lib.project import Project, load_for_host
+from deploy_lib.remote import FabricRemote
+from deploy_lib.store import read_store_facts
+from sandbox import manage
+
+pytestmark = [pytest.mark.sandbox, pytest.mark.wheels]
+SERVICE = "sglang-gpucheck"
+PROFILES = {"gc-ref": f"extends: glm5-nvfp4\nservice:\n  name: {SERVICE}\nserver:\n  port: 8300\n"}
+
+
+@pytest.fixture(scope="module")
+def deployed(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[tuple[Project, str, manage.Guest]]:
+    project, inventory = project_for_guest(tmp_path_factory.mktemp("project"), sandbox_venv, PROFILES)
+    loaded, target = load_for_host(project, "gc-ref", inventory, None)
+    with FabricRemote(target.ssh) as remote:
+        engine.deploy(loaded, target, remote, RecordingProgress(), engine.Options())
+    yield project, inventory, sandbox_venv
+    manage.run_on(sandbox_venv, f"systemctl stop {SERVICE}.service || true", user="root")
+
+
+def test_a_running_server_is_refused_and_nothing_changes(deployed: tuple[Project, str, manage.Guest]) -> None:
+    project, inventory, _ = deployed
+    _, target = load_for_host(project, "gc-ref", inventory, None)
+    with FabricRemote(target.ssh) as remote:
+        before = read_store_facts(remote, target.layout(SERVICE))
+        with pytest.raises(PreflightError, match=f"{SERVICE}.service is running and holds the GPUs") as refused:
+            run_gpu_check(target, SERVICE, remote, RecordingProgress(), None, False, {})
+        after = read_store_facts(remote, target.layout(SERVICE))
+    assert "--stop-server" in (refused.value.hint or "")
+    assert after.current == before.current and after.history == before.history
+
+
+def test_stop_server_advises_from_the_topology_and_restarts_the_release(
+        deployed: tuple[Project, str, manage.Guest]) -> None:
+    project, inventory, guest = deployed
+    _, target = load_for_host(project, "gc-ref", inventory, None)
+    progress = RecordingProgress()
+    with FabricRemote(target.ssh) as remote:
+        current = read_store_facts(remote, target.layout(SERVICE)).current
+        report = run_gpu_check(target, SERVICE, remote, progress, None, True, {})
+        facts = read_store_facts(remote, target.layout(SERVICE))
+    assert report.subject.source == f"release {current}" and report.subject.world_size == 8
+    assert report.topology is not None
+    assert report.topology.one_line() == "8 GPUs, links PHB, P2P not supported on 28 of 28 pairs"
+    assert report.advice is not None and report.advice.environment == {"NCCL_P2P_DISABLE": "1"}
+    assert report.advice.warnings[0].startswith("NCCL_P2P_LEVEL=5 permits P2P where the driver reports it not")
+    assert report.check.error is not None and report.check.error.startswith("needs torch with CUDA")
+    assert not report.check.verified
+    assert facts.current == current, "the same release serves again"
+    assert [e.event for e in facts.history[-2:]] == ["stop", "start"] and facts.history[-1].outcome == "healthy"
+    assert manage.run_on(guest, f"systemctl is-active {SERVICE}.service", user="root").strip() == "active"
