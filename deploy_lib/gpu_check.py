@@ -24,7 +24,7 @@ from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.remote import Remote, Step, StepResult
 from deploy_lib.server_args import launch_environment
-from deploy_lib.store import ReleaseRecord
+from deploy_lib.store import ReleaseRecord, host_lock
 
 SCRIPT_SOURCE = resources.files("deploy_lib").joinpath("gpu_check_script.py").read_text(encoding="utf-8")
 DEFAULT_SIZES = (1 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)  # 1 KiB .. 256 MiB
@@ -334,12 +334,14 @@ def run_gpu_check(target: Target, service: str, remote: Remote, progress: Progre
         raise PreflightError(f"{target.host.name}: {layout.unit_name} is running and holds the GPUs; the check needs "
                              "them free", "`invoke gpu-check --stop-server` stops it and restarts the current release "
                              "through the readiness ladder afterwards")
-    if running:
-        progress.note(f"stopping {layout.unit_name} for the check")
-        deploy.stop(target, service, remote)
-    try:
-        return check_host(remote, progress, subject, sizes)
-    finally:
+    # held from the stop to the restart, so no deploy starts a server on the GPUs while the check runs
+    with host_lock(remote, layout, "gpu-check", target.host.name):
         if running:
-            progress.note(f"restarting {layout.unit_name}")
-            deploy.start(target, service, remote, progress, environ, restart=False)
+            progress.note(f"stopping {layout.unit_name} for the check")
+            deploy.stop(target, service, remote)
+        try:
+            return check_host(remote, progress, subject, sizes)
+        finally:
+            if running:
+                progress.note(f"restarting {layout.unit_name}")
+                deploy.start(target, service, remote, progress, environ, restart=False)
