@@ -12,6 +12,8 @@ import hashlib
 import io
 import secrets
 import shlex
+import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -41,6 +43,10 @@ KILL_AFTER_S = 5
 ROUND_TRIP_GRACE_S = 15
 # A round trip's script travels as one argv element; Linux caps one argument at 128 KiB.
 MAX_SCRIPT_CHARS = 100_000
+# Non-secret text stdin up to this size travels inside the script as a here-document ending in this line, so
+# several steps with stdin (the facts batch: SGLang's options and the model plan) share one round trip.
+MAX_INLINE_STDIN = 48 * 1024
+HEREDOC_END = "SGLANG_DEPLOY_STDIN_END"
 PUT_TIMEOUT_S = 120
 TAIL_LINES = 12
 DISK_FULL = "No space left on device"  # strerror(ENOSPC), as coreutils, sftp and Python print it
@@ -111,8 +117,16 @@ class StepResult:
                 f"duration_s={self.duration_s:.3f})")
 
 
+OutputLine = Callable[[str], None]
+
+
 class Remote(Protocol):
-    def run(self, batch: Sequence[Step | Put]) -> list[StepResult]: ...  # stops at first code not in ok
+    # stops at first code not in ok; on_output gets each stdout line of the steps as it arrives
+    def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]: ...
+
+    # rsync a local directory's contents into dest on the host (only changed files travel); raises StepFailed
+    def push_directory(self, local_dir: Path, dest: PurePosixPath, link_dest: PurePosixPath | None,
+                       on_output: OutputLine | None = None) -> StepResult: ...
     def close(self) -> None: ...
 
 
@@ -187,11 +201,31 @@ def _short_sha(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()[:12]
 
 
+def inline_stdin(step: Step) -> str | None:
+    """The step's stdin as here-document text, when it may travel inside the script: not secret (the script is
+    visible in the host's process list), small, text without NUL or the closing line, ending in a newline (as a
+    here-document does). None: it needs the channel."""
+    if step.stdin is None or step.secret or len(step.stdin) > MAX_INLINE_STDIN:
+        return None
+    try:
+        text = step.stdin.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if "\x00" in text or HEREDOC_END in text or not text.endswith("\n"):
+        return None
+    return text
+
+
+def channel_stdin(steps: Sequence[Step]) -> bytes | None:
+    """What the round trip sends on the channel's stdin: the stdin of its one step that cannot be inlined."""
+    return next((step.stdin for step in steps if step.stdin is not None and inline_stdin(step) is None), None)
+
+
 def round_trips(batch: Sequence[Step | Put]) -> list[Put | tuple[Step, ...]]:
     """Split a batch into what each costs one round trip: a Put alone, or a run of steps.
 
-    A run holds at most one step with stdin (it gets the channel's stdin; the others read /dev/null) and a
-    script short enough to travel as one argument.
+    A run holds at most one step whose stdin needs the channel (the others read a here-document or /dev/null)
+    and a script short enough to travel as one argument.
     """
     trips: list[Put | tuple[Step, ...]] = []
     run: list[Step] = []
@@ -202,9 +236,9 @@ def round_trips(batch: Sequence[Step | Put]) -> list[Put | tuple[Step, ...]]:
                 run = []
             trips.append(step)
             continue
-        has_stdin = any(s.stdin is not None for s in run)
+        needs_channel = step.stdin is not None and inline_stdin(step) is None
         too_long = len(batch_script((*run, step), "root", "0" * 16)) > MAX_SCRIPT_CHARS
-        if run and ((has_stdin and step.stdin is not None) or too_long):
+        if run and ((needs_channel and channel_stdin(run) is not None) or too_long):
             trips.append(tuple(run))
             run = []
         run.append(step)
@@ -222,7 +256,11 @@ def batch_script(steps: Sequence[Step], user: str, marker: str) -> str:
     lines = []
     for index, step in enumerate(steps):
         ok = "|".join(str(code) for code in sorted(step.ok))
-        redirect = "" if step.stdin is not None else " </dev/null"
+        inline = inline_stdin(step)
+        if inline is not None:
+            redirect = f" <<'{HEREDOC_END}'\n{inline}{HEREDOC_END}"
+        else:
+            redirect = "" if step.stdin is not None else " </dev/null"
         lines += [
             f"printf '%s\\n' '{marker} {index} start'; printf '%s\\n' '{marker} {index} start' >&2",
             "t0=$EPOCHREALTIME",
@@ -378,11 +416,17 @@ class _KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
 
 
 class _WholeStdinRemote(fabric.runners.Remote):
-    """Sends a step's stdin in one write, then EOF: invoke's own pump moves one byte per 10 ms."""
+    """Sends a step's stdin in one write, then EOF: invoke's own pump moves one byte per 10 ms. On Ctrl-C it closes
+    the channel: invoke would otherwise wait for the remote command to end before raising (it joins its output
+    threads without a timeout, invoke 2.x runners.py `_run_body`), e.g. for the whole of a model download."""
 
     def handle_stdin(self, input_: Any, output: Any, echo: bool = False) -> None:
         self.channel.sendall(input_.getvalue())
         self.channel.shutdown_write()
+
+    def send_interrupt(self, interrupt: KeyboardInterrupt) -> None:
+        self.channel.close()  # the remote command sees its output closed and stops at its next write
+        raise interrupt
 
 
 class FabricRemote:
@@ -483,10 +527,10 @@ class FabricRemote:
 
     # -- running ---------------------------------------------------------------------------------------
 
-    def run(self, batch: Sequence[Step | Put]) -> list[StepResult]:
+    def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
         results: list[StepResult] = []
         for trip in round_trips(batch):
-            trip_results = [self._put(trip)] if isinstance(trip, Put) else self._run_steps(trip)
+            trip_results = [self._put(trip)] if isinstance(trip, Put) else self._run_steps(trip, on_output)
             for result in trip_results:
                 if self.on_result is not None:
                     self.on_result(result)
@@ -494,18 +538,21 @@ class FabricRemote:
                 results.append(result)
         return results
 
-    def _run_steps(self, steps: tuple[Step, ...]) -> list[StepResult]:
+    def _run_steps(self, steps: tuple[Step, ...], on_output: OutputLine | None = None) -> list[StepResult]:
         connection = self._connect()
         marker = secrets.token_hex(8)
         script = batch_script(steps, self.target.user, marker)
-        stdin = next((step.stdin for step in steps if step.stdin is not None), None)
+        stdin = channel_stdin(steps)
         deadline = sum(step.timeout_s + KILL_AFTER_S for step in steps) + ROUND_TRIP_GRACE_S
         started = time.monotonic()
         self.round_trips += 1
         timed_out = False
         try:
-            raw = connection.run(shlex.join(("bash", "-c", script)), hide=True, warn=True, encoding="utf-8",
-                                 in_stream=io.BytesIO(stdin) if stdin is not None else False, timeout=deadline)
+            # streamed: invoke copies stdout to out_stream only when it is not hidden
+            streaming = {"hide": "err", "out_stream": _LineSink(on_output)} if on_output else {"hide": True}
+            raw = connection.run(shlex.join(("bash", "-c", script)), warn=True, encoding="utf-8",
+                                 in_stream=io.BytesIO(stdin) if stdin is not None else False, timeout=deadline,
+                                 **streaming)
         except CommandTimedOut as error:
             raw, timed_out = error.result, True
         except (paramiko.SSHException, OSError, EOFError) as error:
@@ -525,6 +572,25 @@ class FabricRemote:
                                 hint="that step may or may not have finished; rerun the command")
         # The script itself died (no bash on the host, or killed): report it against the step it was running.
         return [*results, StepResult(running, raw.exited or -1, out, err or raw.stderr, elapsed)]
+
+    def push_directory(self, local_dir: Path, dest: PurePosixPath, link_dest: PurePosixPath | None,
+                       on_output: OutputLine | None = None) -> StepResult:
+        argv = rsync_argv(self.target, local_dir, dest, link_dest)
+        step = Step(f"push {local_dir} -> {dest}", tuple(argv), timeout_s=48 * 3600)
+        started = time.monotonic()
+        self.round_trips += 1
+        sink = _LineSink(on_output or (lambda line: None))
+        with tempfile.TemporaryFile() as errors:  # a file, not a pipe: a chatty stderr cannot block the progress
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors)
+            assert process.stdout is not None
+            for chunk in iter(lambda: process.stdout.read1(65536), b""):  # type: ignore[union-attr]
+                sink.write(chunk.decode(errors="replace").replace("\r", "\n"))  # progress2 redraws with \r
+            code = process.wait()
+            errors.seek(0)
+            stderr = errors.read().decode(errors="replace")
+        result = StepResult(step, code, "", stderr, time.monotonic() - started)
+        check_result(result, self.target.address)
+        return result
 
     def _put(self, put: Put) -> StepResult:
         connection = self._connect()
@@ -566,6 +632,44 @@ class FabricRemote:
         finally:
             _remove_quietly(sftp, staged)
             _remove_quietly(sftp, private, directory=True)
+
+
+def rsync_argv(target: SSHTarget, local_dir: Path, dest: PurePosixPath, link_dest: PurePosixPath | None) -> list[str]:
+    """rsync over ssh with this target's key and host-key checking (its known_hosts, strict), as root on the host
+    (sudo -n for another user); unchanged files hard-linked from link_dest; partial files kept for a resume."""
+    checks = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+              "-o", f"UserKnownHostsFile={target.known_hosts_path}",
+              "-o", f"ConnectTimeout={max(1, round(target.connect_timeout_s))}"]
+    if target.key_file is not None:
+        checks += ["-i", str(target.key_file.expanduser()), "-o", "IdentitiesOnly=yes"]
+    ssh = ["ssh", "-p", str(target.port), *checks]
+    if target.jump is not None:  # the jump hop gets the same key and host-key checks (ProxyJump would not pass -o)
+        hop = ["ssh", "-p", str(target.jump.port), *checks, "-W", "%h:%p", f"{target.jump.user}@{target.jump.host}"]
+        ssh += ["-o", f"ProxyCommand={shlex.join(hop)}"]
+    argv = ["rsync", "-a", "--partial", "--protect-args", "--info=progress2", "--no-inc-recursive",
+            "-e", shlex.join(ssh)]
+    if target.user != "root":
+        argv += ["--rsync-path", "sudo -n rsync"]
+    if link_dest is not None:
+        argv.append(f"--link-dest={link_dest}")
+    return [*argv, f"{local_dir}/", f"{target.user}@{target.host}:{dest}/"]
+
+
+class _LineSink:
+    """A stream for invoke's out_stream that hands each complete line to a callback."""
+
+    def __init__(self, on_line: OutputLine) -> None:
+        self.on_line = on_line
+        self.pending = ""
+
+    def write(self, text: str) -> None:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            self.on_line(line)
+
+    def flush(self) -> None:
+        pass
 
 
 def _put_directly(sftp: paramiko.SFTPClient, put: Put, token: str) -> tuple[int, str]:

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from deploy_lib.errors import DeployError
-from deploy_lib.remote import Put, Step, StepResult, check_result
+from deploy_lib.remote import OutputLine, Put, Step, StepResult, check_result
 
 Match = tuple[str, ...] | str | Callable[[Step | Put], bool]
 
@@ -52,6 +52,8 @@ class FakeRemote:
         self.results: list[StepResult] = []
         self.files: dict[PurePosixPath, Put] = {}
         self.closed = False
+        self.pushes: list[tuple[Path, PurePosixPath, PurePosixPath | None]] = []
+        self.push_stdout = ""  # what a push_directory reports as rsync's progress output
         self._rules: list[_Rule] = []
 
     def reply(self, match: Match, exit_code: int = 0, stdout: str = "", stderr: str = "", *,
@@ -60,7 +62,8 @@ class FakeRemote:
         self._rules.append(_Rule(_matcher(match), exit_code, stdout, stderr, raises, times))
         return self
 
-    def run(self, batch: Sequence[Step | Put]) -> list[StepResult]:
+    def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
+        """Answers each step; a streamed run hands the canned stdout to on_output line by line first."""
         self.batches.append(list(batch))
         results = []
         for step in batch:
@@ -71,6 +74,9 @@ class FakeRemote:
                 raise rule.raises
             result = StepResult(step, rule.exit_code if rule else 0, rule.stdout if rule else "",
                                 rule.stderr if rule else "", 0.0)
+            if on_output is not None:
+                for line in result.stdout.splitlines():
+                    on_output(line)
             self.results.append(result)
             check_result(result, self.where)
             if isinstance(step, Put):
@@ -94,3 +100,12 @@ class FakeRemote:
 
     def file_text(self, dest: str | PurePosixPath) -> str:
         return self.files[PurePosixPath(dest)].data.decode()
+
+    def push_directory(self, local_dir: Path, dest: PurePosixPath, link_dest: PurePosixPath | None,
+                       on_output: OutputLine | None = None) -> StepResult:
+        """Records the push; a rule on the step name `push` can make it fail."""
+        self.pushes.append((local_dir, dest, link_dest))
+        for line in self.push_stdout.splitlines():
+            if on_output is not None:
+                on_output(line)
+        return self.run([Step("push", ("rsync", str(local_dir), str(dest)))])[0]

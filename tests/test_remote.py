@@ -17,6 +17,7 @@ from deploy_lib.remote import (
     Step,
     StepResult,
     batch_script,
+    channel_stdin,
     check_result,
     command_line,
     describe,
@@ -95,12 +96,25 @@ def test_invalid_steps_are_refused_when_built() -> None:
         Put(PurePosixPath("relative/file"), b"", 0o644)
 
 
-def test_round_trips_group_steps_between_puts_with_one_stdin_each() -> None:
+def test_round_trips_group_steps_between_puts_with_one_channel_stdin_each() -> None:
     a, b = Step("a", ("true",)), Step("b", ("true",))
-    s1, s2 = Step("s1", ("cat",), stdin=b"1"), Step("s2", ("cat",), stdin=b"2")
+    s1, s2 = Step("s1", ("cat",), stdin=b"1", secret=True), Step("s2", ("cat",), stdin=b"2", secret=True)
     put = Put(PurePosixPath("/x"), b"", 0o644)
     assert round_trips([a, s1, b, s2, a, put, b, put]) == [(a, s1, b), (s2, a), put, (b,), put]
     assert round_trips([]) == []
+
+
+def test_non_secret_text_stdin_travels_in_the_script_so_several_share_a_round_trip() -> None:
+    """The facts batch sends SGLang's option reader and the model plan, each on its own stdin, in one trip."""
+    s1, s2 = Step("s1", ("cat",), stdin=b"first\nscript\n"), Step("s2", ("wc", "-c"), stdin=b"x" * 1000 + b"\n")
+    secret = Step("secret", ("cat",), stdin=b"token\n", secret=True)
+    binary = Step("binary", ("cat",), stdin=b"\xff\x00")
+    assert round_trips([s1, s2, secret]) == [(s1, s2, secret)]
+    assert round_trips([secret, binary]) == [(secret,), (binary,)]
+    assert channel_stdin([s1, s2, secret]) == b"token\n"
+    results, _, _ = _run_script_locally([s1, s2, secret], stdin=b"token\n")
+    assert [r.stdout for r in results] == ["first\nscript\n", "1001\n", "token\n"]
+    assert "token" not in batch_script([s1, s2, secret], "root", "m" * 16)
 
 
 def test_round_trips_split_a_script_too_long_for_one_argument() -> None:

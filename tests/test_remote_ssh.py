@@ -10,6 +10,7 @@ import getpass
 import hashlib
 import os
 import shutil
+import signal
 import socket
 import stat
 import subprocess
@@ -410,3 +411,41 @@ def test_each_result_is_reported_as_it_arrives_failures_included(sshd: SshServer
         remote.run([Step("a", ("true",)), Put(PurePosixPath(tmp_path / "f"), b"x", 0o644),
                     Step("b", ("false",)), Step("c", ("true",))])
     assert seen == [("a", 0), (f"put {tmp_path / 'f'}", 0), ("b", 1)]
+
+
+def test_ctrl_c_during_a_streamed_step_closes_it_and_the_remote_command_stops(remote: FabricRemote,
+                                                                            tmp_path: Path) -> None:
+    """Without closing the channel, invoke waits for the command to end before raising (here: DONE written)."""
+    done = tmp_path / "DONE"
+    loop = Step("long", ("sh", "-c", f"for i in $(seq 30); do echo $i; sleep 0.1; done; touch {done}"))
+    seen: list[str] = []
+
+    def ctrl_c_at_first_line(line: str) -> None:
+        if line.strip().isdigit() and not seen:
+            seen.append(line)
+            os.kill(os.getpid(), signal.SIGINT)
+
+    with pytest.raises(KeyboardInterrupt):
+        remote.run([loop], on_output=ctrl_c_at_first_line)
+        time.sleep(10)  # the signal is handled in the main thread at its next instruction
+    time.sleep(0.5)  # the loop's next echo meets the closed channel
+    assert seen and not done.exists()
+    assert remote.run([Step("after", ("echo", "ok"))])[0].stdout == "ok\n"  # the connection still works
+
+
+def test_push_directory_sends_changed_files_and_links_the_rest(remote: FabricRemote, tmp_path: Path) -> None:
+    local = tmp_path / "weights"
+    local.mkdir()
+    (local / "config.json").write_text("{}")
+    (local / "shard.safetensors").write_bytes(b"x" * 300_000)
+    first, second = tmp_path / "host" / "v1", tmp_path / "host" / "v2"
+    first.mkdir(parents=True)
+    lines: list[str] = []
+    remote.push_directory(local, PurePosixPath(first), None, on_output=lines.append)
+    assert (first / "shard.safetensors").read_bytes() == b"x" * 300_000 and any("100%" in line for line in lines)
+    (local / "shard.safetensors").write_bytes(b"y" * 300_000)
+    remote.push_directory(local, PurePosixPath(second), PurePosixPath(first))
+    assert (second / "shard.safetensors").read_bytes() == b"y" * 300_000
+    assert (second / "config.json").stat().st_ino == (first / "config.json").stat().st_ino
+    with pytest.raises(StepFailed, match="push"):
+        remote.push_directory(tmp_path / "absent", PurePosixPath(second), None)

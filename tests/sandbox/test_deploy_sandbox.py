@@ -26,7 +26,7 @@ from deploy_lib.errors import (
 from deploy_lib.patches import find_patch_set
 from deploy_lib.progress import RecordingProgress
 from deploy_lib.project import Project, load_for_host
-from deploy_lib.remote import FabricRemote, Step
+from deploy_lib.remote import FabricRemote, OutputLine, Step
 from deploy_lib.status import StatusReport, list_releases, read_status
 from deploy_lib.store import StoreLayout, this_process_owner
 from sandbox import manage, wheelhouse
@@ -305,13 +305,13 @@ class DropDuring:
     def __init__(self, inner: FabricRemote, when: str) -> None:
         self.inner, self.when, self.dropped = inner, when, False
 
-    def run(self, batch: list) -> list:
+    def run(self, batch: list, on_output: OutputLine | None = None) -> list:
         if not self.dropped and any(getattr(step, "name", "").startswith(self.when) for step in batch):
             self.dropped = True
             self.inner.run(batch[:1])  # part of the batch reached the host, as with a real drop
             self.inner.close()
             raise ConnectFailed("connection to the host lost (test)")
-        return self.inner.run(batch)
+        return self.inner.run(batch, on_output)
 
     def close(self) -> None:
         self.inner.close()
