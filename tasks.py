@@ -428,6 +428,14 @@ def venv_list(c: Context, host: str | None = None, inventory: str | None = None,
         _show(_run(lambda: host_status.list_managed_venvs(target, _service(service), remote)), ui.print_venvs)
 
 
+@task(name="list")
+def model_list(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
+    """List model revisions in the host's HF caches and pushed versions: size, staged by us, the releases using them."""
+    target = _run(lambda: _target(inventory, host))
+    with FabricRemote(target.ssh) as remote:
+        ui.print_models(_run(lambda: host_status.list_models(target, _service(service), remote)))
+
+
 def _patch_set(name: str) -> PatchSet:
     return _run(lambda: find_patch_set(ROLES_DIR, name))
 
@@ -569,4 +577,5 @@ ns = Collection(render, plan, schema, deploy, adopt, rollback, stop, start, rest
 ns.add_collection(Collection(patches_list, patches_check, patches_audit, patches_enable, patches_disable),
                   name="patches")
 ns.add_collection(Collection(venv_build, venv_adopt, venv_list, venv_remove), name="venv")
+ns.add_collection(Collection(model_list), name="model")
 ns.add_collection(Collection.from_module(sandbox_tasks), name="sandbox")

@@ -31,7 +31,7 @@ from deploy_lib import deploy as engine
 from deploy_lib import venvs
 from deploy_lib.errors import ReadinessFailed
 from deploy_lib.project import Project, load_for_host
-from deploy_lib.remote import FabricRemote, Put, SSHTarget, Step, StepResult
+from deploy_lib.remote import FabricRemote, OutputLine, Put, SSHTarget, Step, StepResult
 from deploy_lib.store import StoreLayout
 from sandbox import manage, wheelhouse
 
@@ -73,6 +73,9 @@ class StampedProgress:
     def note(self, text: str) -> None:
         self.events.append((time.time(), "note", text))
 
+    def transfer(self, text: str) -> None:
+        self.events.append((time.time(), "transfer", text))
+
     def first(self, kind: str, name: str, after: float = 0.0) -> float:
         return next(at for at, event_kind, value in self.events if event_kind == kind and value == name and at >= after)
 
@@ -91,10 +94,10 @@ class StampedRemote:
     inner: FabricRemote
     batches: list[Batch] = field(default_factory=list)
 
-    def run(self, batch: Sequence[Step | Put]) -> list[StepResult]:
+    def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
         started = time.time()
         try:
-            return self.inner.run(batch)
+            return self.inner.run(batch, on_output)
         finally:
             self.batches.append(Batch(started, time.time(), tuple(step.name for step in batch)))
 

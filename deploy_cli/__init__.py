@@ -26,6 +26,7 @@ from deploy_lib.deploy import Outcome, Plan
 from deploy_lib.diagnose import shorten_log_line
 from deploy_lib.errors import DeployError
 from deploy_lib.gpu_check import GpuCheckReport
+from deploy_lib.models import StoredModel
 from deploy_lib.patches import AuditReport, CheckReport, PatchSet
 from deploy_lib.release import Release
 from deploy_lib.remote import MASK, StepResult, display
@@ -68,6 +69,9 @@ class TerminalProgress:
 
     def note(self, text: str) -> None:
         self.out.print(f"{self._stamp()} [yellow]![/yellow] {escape(text)}")
+
+    def transfer(self, text: str) -> None:
+        self.out.print(f"{self._stamp()}   [cyan]transfer:[/cyan] {escape(text)}")
 
 
 def print_error(error: DeployError) -> None:
@@ -265,6 +269,14 @@ def print_venvs(records: list[VenvRecord]) -> None:
         versions = ", ".join(f"{k} {v}" for k, v in record.versions().items())
         table.add_row(record.hash, record.kind, size, ", ".join(record.releases), ", ".join(record.derived),
                       versions)
+    console.print(table)
+
+
+def print_models(models: list[StoredModel]) -> None:
+    table = Table("model", "revision", "where", "size (MiB)", "files", "staged by deploy", "releases")
+    for item in models:
+        table.add_row(item.name, item.version, item.location, f"{item.size_bytes / 2**20:.1f}", str(item.files),
+                      "yes" if item.staged else "no (kept)", ", ".join(item.releases))
     console.print(table)
 
 

@@ -38,6 +38,21 @@ from deploy_lib.health import (
     predict_start,
     wait_ready,
 )
+from deploy_lib.models import (
+    HubModel,
+    ModelFacts,
+    PushedModel,
+    Weights,
+    check_model,
+    doomed_models,
+    model_locations,
+    prune_models,
+    push_model,
+    read_stored,
+    size_text,
+    stage_model,
+    weights,
+)
 from deploy_lib.profile import LoadedProfile, Profile
 from deploy_lib.progress import NullProgress, Progress
 from deploy_lib.project import Target
@@ -273,10 +288,12 @@ def restart_steps(layout: StoreLayout) -> list[Step | Put]:
 
 def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets: Mapping[str, str],
                 force: bool, now: datetime, venv: VenvChoice | None = None, patches: tuple[str, ...] = (),
-                secrets_not_available: Mapping[str, str] | None = None, hand_pid: int | None = None) -> Plan:
+                secrets_not_available: Mapping[str, str] | None = None, hand_pid: int | None = None,
+                model: Weights | None = None, model_facts: ModelFacts | None = None) -> Plan:
     """What a deploy would do. A dry run passes the secrets it could not read in `secrets_not_available`: the
     plan then stands in a placeholder for their values and does not claim how they compare. `hand_pid`: the
-    hand-run server of an adopted release 0, stopped before the restart."""
+    hand-run server of an adopted release 0, stopped before the restart. `model`: where the weights come from, and
+    `model_facts` what the host holds of them (check_model has passed)."""
     not_available = dict(secrets_not_available or {})
     secrets = {**secrets, **{name: SECRET_NOT_AVAILABLE for name in not_available}}
     venv = venv or VenvChoice(target.venv_override or loaded.profile.service.venv)
@@ -286,7 +303,8 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
         raise PreflightError(f"{target.host.name}: no SGLang found in {venv.path}: {facts.sglang.error}",
                              "create the venv on the host (or point service.venv / the host's `venv` var at it)")
     release = build_release(loaded, layout, version, secrets, venv=venv.path, patches=patches,
-                            flashinfer_version=facts.sglang.flashinfer_version, extra_environment=venv.environment)
+                            flashinfer_version=facts.sglang.flashinfer_version, extra_environment=venv.environment,
+                            model=model.release_model(model_facts) if model and model_facts else None)
     current_id = facts.store.current
     current = facts.store.release(current_id) if current_id else None
     current_metadata = current.metadata if current else None
@@ -296,13 +314,25 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
                             "deploy with --force to replace them (a replaced unit file is copied into the store), "
                             "copy the edits into the profile, or `invoke adopt` the server that runs by hand")
     takeover = stop_hand_run(hand_pid, loaded.profile.service.stop_timeout_s) if hand_pid else []
+    weights_missing = model_facts is not None and not model_facts.complete
     have_release = facts.store.release(release.id) is not None
     damaged = facts.store.damaged_release(release.id)
-    unchanged = (current_id == release.id and have_release and not drift and facts.unit.active_state == "active")
+    unchanged = (current_id == release.id and have_release and not drift and facts.unit.active_state == "active"
+                 and not weights_missing)
     tags = _tags(target, release)
     metadata = release_json(release.metadata(), tags, now)
     batches: dict[str, list[Step | Put]] = {}
+    prediction = start_prediction(facts.store, loaded.name)
+    notes = [venv.build_note, _past_failure(facts, release.id),
+             start_limit_note(loaded.profile.service, prediction.median_s if prediction else None),
+             damaged and f"release {release.id} on the host is damaged ({damaged.reason}); it is staged again"]
     if not unchanged:
+        if model is not None and model_facts is not None and weights_missing:
+            if isinstance(model, HubModel):
+                batches["model"] = [model.step(venv.path, "stage", model_facts.commit)]
+            notes.append(f"{model.label} ({model_facts.commit}): {len(model_facts.missing)} of "
+                         f"{len(model_facts.files)} files to stage, {size_text(model_facts.missing_bytes)} to "
+                         f"{model.verb} into {model_facts.hf_home}")
         if not have_release:
             batches["stage"] = stage_release(layout, release.id, release.unit_text, release.env_text, metadata,
                                              replace_damaged=damaged is not None)
@@ -314,22 +344,17 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
     if hand_made_unit(layout, facts) and not unchanged:
         # with the staging: deploy runs this batch from the plan, and the switch (from activate) replaces the file
         keep, copy = keep_replaced_unit(layout, now)
-        batches = {"stage": [*batches.pop("stage", []), *keep], **batches}
+        model_batch = {"model": batches.pop("model")} if "model" in batches else {}
+        batches = {**model_batch, "stage": [*batches.pop("stage", []), *keep], **batches}
         replaced_note = f"a copy of the replaced unit is kept at {copy}"
     hand_note = f"the hand-run server (pid {hand_pid}, adopted as release {current_id}) is stopped before the " \
         "restart" if takeover and not unchanged else None
     changes = [change for change in diff_releases(current_metadata, release.metadata())
                if not (not_available and change.kind == "secret" and change.name == SECRET_VALUES)]
-    prediction = start_prediction(facts.store, loaded.name)
     return Plan(release=release, current_id=current_id, current_metadata=current_metadata,
                 changes=tuple(changes), drift=drift, needs_stage=not have_release, unchanged=unchanged,
                 batches=batches, secrets_not_available=not_available,
-                notes=tuple(note for note in (venv.build_note, _past_failure(facts, release.id),
-                                              start_limit_note(loaded.profile.service, prediction.median_s
-                                                               if prediction else None),
-                                              damaged and f"release {release.id} on the host is damaged "
-                                                          f"({damaged.reason}); it is staged again", hand_note,
-                                              replaced_note) if note),
+                notes=tuple(note for note in (*notes, hand_note, replaced_note) if note),
                 takeover=tuple(takeover))
 
 
@@ -534,19 +559,22 @@ def _deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Pro
     profile = loaded.profile
     layout = target.layout(profile.service.name)
     run = _Run(remote, layout, target, progress, options.environ, clock)
+    model = weights(profile, target.host.vars, secrets)
     venv = options.venv or choose_venv(remote, layout, target, profile, options.dry_run, progress)
     progress.phase_started("facts")
     started = clock()
     # the toolkit decides only whether FlashInfer can JIT-build the fusion's kernels (deploy_lib/cuda_toolkit.py)
     toolkit_home = cuda_home(launch_environment(profile)) if profile.features.allreduce_fusion else None
     facts = read_host_facts(remote, layout, venv.path, profile.server.port, toolkit_home,
-                            profile.service.working_directory)
+                            profile.service.working_directory, model.fact_steps(venv.path))
     current = facts.store.release(facts.store.current) if facts.store.current else None
     hand_pid = hand_run_pid(current.metadata if current else None,
                             remote.run(hand_run_check(current.metadata if current else None)))
     run.timings["facts"] = round(clock() - started, 3)
+    model_facts = model.parse(facts.model_results)
+    check_model(model, model_facts, target.host.name)
     plan = plan_deploy(loaded, target, facts, secrets, options.force, datetime.now(UTC), venv, options.patches,
-                       not_available, hand_pid)
+                       not_available, hand_pid, model, model_facts)
     preflight(plan, loaded, target, facts, hand_pid)
     for note in () if options.dry_run else plan.notes:  # a dry run prints them with the plan
         progress.note(note)
@@ -556,6 +584,8 @@ def _deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Pro
         return Outcome("unchanged", plan.release.id, plan.current_id, plan=plan, timings=run.timings)
     tags = _tags(target, plan.release)
     record_new_crashes(remote, layout, facts.store, facts.unit)  # the restart below resets their count
+    if not model_facts.complete:
+        stage_weights(run, model, venv.path, plan, facts)
     run.phase("stage", plan.batches.get("stage", []))
     gate = profile.gate or (GateSettings() if options.gate else None)
     try:
@@ -578,9 +608,24 @@ def _deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Pro
     return Outcome("deployed", plan.release.id, plan.current_id, plan=plan, ready=ready, timings=run.timings)
 
 
+def stage_weights(run: _Run, model: Weights, venv: str, plan: Plan, facts: HostFacts) -> None:
+    """The model phase: bring the weights the release names onto the host, while the old release serves."""
+    run.progress.phase_started(f"model: {model.label}")
+    started = run.clock()
+    if isinstance(model, HubModel):
+        staged = stage_model(run.remote, model, venv, plan.release.model["commit"], run.progress, run.clock)
+    else:
+        assert isinstance(model, PushedModel)
+        staged = push_model(run.remote, model, facts.model_results[0].stdout, run.progress, run.clock)
+    run.timings["model"] = round(run.clock() - started, 3)
+    run.progress.step_done(f"model: {len(staged.files)} files, {size_text(staged.total_bytes)} staged",
+                           run.timings["model"])
+
+
 def prune(remote: Remote, layout: StoreLayout, keep: int, tags: Tags, progress: Progress) -> tuple[str, ...]:
-    """Releases beyond keep-N (never current or the last healthy), leftovers and damaged releases, then venvs no
-    kept release uses. What was removed is shown and recorded in history (a damaged release with its reason).
+    """Releases beyond keep-N (never current or the last healthy), leftovers and damaged releases, then venvs and
+    staged model revisions no kept release uses. What was removed is shown and recorded in history (a damaged
+    release with its reason).
 
     Decided from a fresh read: what is on the host after the commit, current and history included."""
     results = remote.run([*fact_steps(layout), *venv_store_fact_steps(layout)])
@@ -589,10 +634,14 @@ def prune(remote: Remote, layout: StoreLayout, keep: int, tags: Tags, progress: 
     kept_venvs = [release_venv_hash(layout, str(r.metadata.get("venv", ""))) for r in store.releases
                   if r.id not in doomed]
     venv_plan = plan_prune(venv_store, kept_venvs)
-    removed = (*describe_pruned_releases(store, doomed), *describe_prune(venv_plan))
+    stored = read_stored(remote, store.releases)
+    kept = {r.id for r in store.releases if r.id not in doomed}
+    removed = (*describe_pruned_releases(store, doomed), *describe_prune(venv_plan),
+               *(f"model {item.name} {item.version[:12]}" for item in doomed_models(stored, kept)))
     if not removed:
         return ()
-    remote.run([*prune_releases(layout, doomed), *prune_steps(layout, venv_plan)])
+    remote.run([*prune_releases(layout, doomed), *prune_steps(layout, venv_plan),
+                *prune_models(stored, kept, model_locations(store.releases))])
     progress.note("pruned " + "; ".join(removed))
     remote.run(append_history(layout, history_entry("prune", HEALTHY, tags, datetime.now(UTC),
                                                     "removed " + "; ".join(removed))))

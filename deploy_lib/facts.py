@@ -7,6 +7,7 @@ import hashlib
 import io
 import json
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import PurePosixPath
@@ -96,6 +97,7 @@ class HostFacts:
     cuda_toolkit: CudaToolkit | None = None  # at the release's CUDA_HOME; None when not asked for
     import_shadow: str | None = None  # the server would import SGLang from here (its working directory), not the venv's
     unit_file: str | None = None          # `systemctl cat` of the unit (file and drop-ins); None: no such unit
+    model_results: tuple[StepResult, ...] = ()  # what the weights' own fact steps read (models.Weights parses them)
 
 
 def _number(text: str) -> float | None:
@@ -201,11 +203,11 @@ def unit_step(layout: StoreLayout) -> Step:
 
 
 def fact_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_home: str | None = None,
-               working_directory: str | None = None) -> list[Step | Put]:
+               working_directory: str | None = None, model_steps: Sequence[Step] = ()) -> list[Step | Put]:
     """Everything preflight and the plan need, read-only, in as few round trips as the batching allows.
 
     Without a venv (rollback, status) SGLang is not inspected; without a port no listener is looked up; without a
-    CUDA_HOME no toolkit is read."""
+    CUDA_HOME no toolkit is read; the weights' own fact steps (models.Weights.fact_steps) ride along."""
     current = layout.current
     batch: list[Step | Put] = [
         *fact_steps(layout),
@@ -225,6 +227,7 @@ def fact_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_hom
         batch.append(import_step(venv, working_directory))
     if cuda_home is not None:
         batch.extend(toolkit_steps(cuda_home))
+    batch.extend(model_steps)
     return batch
 
 
@@ -237,8 +240,9 @@ _NOT_READ = StepResult(Step("not read", ("true",)), 0, "", "", 0.0)
 
 
 def read_host_facts(remote: Remote, layout: StoreLayout, venv: str | None, port: int | None,
-                    cuda_home: str | None = None, working_directory: str | None = None) -> HostFacts:
-    results = remote.run(fact_batch(layout, venv, port, cuda_home, working_directory))
+                    cuda_home: str | None = None, working_directory: str | None = None,
+                    model_steps: Sequence[Step] = ()) -> HostFacts:
+    results = remote.run(fact_batch(layout, venv, port, cuda_home, working_directory, model_steps))
     by_name = {result.step.name: result for result in results}
     by_name.setdefault(FACT_PORT, _NOT_READ)
     by_name.setdefault(FACT_SGLANG, StepResult(Step("not read", ("true",)), 0, '{"error": "not read"}', "", 0.0))
@@ -256,6 +260,7 @@ def read_host_facts(remote: Remote, layout: StoreLayout, venv: str | None, port:
         cuda_toolkit=parse_toolkit(cuda_home, by_name) if cuda_home is not None else None,
         import_shadow=parse_import_shadow(by_name[FACT_IMPORT]) if FACT_IMPORT in by_name else None,
         unit_file=by_name[FACT_UNIT_FILE].stdout if by_name[FACT_UNIT_FILE].exit_code == 0 else None,
+        model_results=tuple(result for result in results if result.step in model_steps),
     )
 
 

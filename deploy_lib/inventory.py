@@ -88,6 +88,9 @@ class HostVars(BaseModel):
     venv: AbsPath | None = Field(None, description="overrides the profile's service.venv on this host")
     profile: str | None = Field(None, description="the host's profile when none is given: a name, or a path "
                                                   "relative to the inventory file")
+    hf_home: AbsPath | None = Field(None, description="HF cache for staged weights; overrides env.HF_HOME")
+    hf_endpoint: Annotated[str, StringConstraints(pattern=r"^https?://[A-Za-z0-9.:\-\[\]/_]+$", max_length=512)] | \
+        None = Field(None, description="hub the host stages weights from (HF_ENDPOINT), e.g. a mirror")
     proxy_jump: str | None = Field(None, description="jump host, [user@]host[:port] as OpenSSH's ProxyJump")
     ansible_ssh_common_args: str | None = Field(None, description="only -o ProxyJump=... / -J ... is honoured")
     ansible_ssh_extra_args: str | None = Field(None, description="only -o ProxyJump=... / -J ... is honoured")

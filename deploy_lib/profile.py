@@ -211,8 +211,25 @@ def _secret_ref(value: Any) -> Any:
 SecretField = Annotated[SecretRef, BeforeValidator(_secret_ref), Field(description="{env: NAME} or {file: PATH}")]
 
 
+# The files SGLang reads from a checkpoint: weights, configs and index, tokenizer files, remote code, chat templates.
+DEFAULT_ALLOW_PATTERNS = ("*.safetensors", "*.json", "*.py", "*.model", "*.tiktoken", "*.txt", "*.jinja")
+Pattern = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(_no_control_chars)]
+
+
+class ModelSource(Strict):
+    rsync: Text = Field(description="directory on the machine running the tool, pushed to the host with rsync")
+
+
 class ModelSpec(Strict):
     path: Text = Field(description="Hugging Face repo id or absolute path of the weights (--model-path)")
+    revision: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-/]{0,255}$")] | None = Field(
+        None, description="commit, tag or branch of a hub model (default main), resolved to a commit at plan time")
+    allow_patterns: list[Pattern] = Field(default_factory=lambda: list(DEFAULT_ALLOW_PATTERNS),
+                                          description="files of the repo staged on the host (fnmatch patterns)")
+    ignore_patterns: list[Pattern] = Field(default_factory=list, description="files never staged")
+    source: ModelSource | None = Field(
+        None, description="{rsync: LOCAL_DIR}: push the weights from this machine into a version directory under "
+                          "the absolute model.path on the host (for hosts without internet)")
     served_name: Text | None = Field(None, description="name clients use (--served-model-name)")
     tokenizer: Text | None = Field(None, description="tokenizer path if not the model's (--tokenizer-path)")
     trust_remote_code: bool = False
@@ -230,6 +247,20 @@ class ModelSpec(Strict):
                 "(no ; $ ` quotes or other shell characters)"
             )
         return value
+
+    @model_validator(mode="after")
+    def _revision_is_for_the_hub(self) -> ModelSpec:
+        if self.revision is not None and self.is_local_path:
+            raise ValueError("revision: an absolute model.path is used as it is on the host; it has no revision")
+        if self.source is not None and not self.is_local_path:
+            raise ValueError("source: rsync needs model.path to be the absolute directory on the host that holds "
+                             "the pushed versions, e.g. /srv/models/glm5")
+        return self
+
+    @property
+    def is_local_path(self) -> bool:
+        """An absolute path on the host: nothing to stage, only checked to exist."""
+        return self.path.startswith("/")
 
 
 class ParallelSpec(Strict):

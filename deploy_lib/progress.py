@@ -21,6 +21,8 @@ class Progress(Protocol):
 
     def note(self, text: str) -> None: ...
 
+    def transfer(self, text: str) -> None: ...  # a long transfer's state: bytes done / total, rate, ETA
+
 
 class NullProgress:
     """Progress that goes nowhere: for callers that only want the result."""
@@ -38,6 +40,9 @@ class NullProgress:
         pass
 
     def note(self, text: str) -> None:
+        pass
+
+    def transfer(self, text: str) -> None:
         pass
 
 
@@ -62,6 +67,9 @@ class RecordingProgress:
 
     def note(self, text: str) -> None:
         self.events.append(("note", text))
+
+    def transfer(self, text: str) -> None:
+        self.events.append(("transfer", text))
 
     def of_kind(self, kind: str) -> list[object]:
         """The values of every event of one kind, in order."""

@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from deploy_lib.errors import ConfigError
+from deploy_lib.models import ReleaseModel
 from deploy_lib.profile import LoadedProfile, Profile, SecretRef
 from deploy_lib.render import EnvSpec, UnitSpec, render_env, render_env_redacted, render_unit
-from deploy_lib.server_args import API_KEY_ENV, launch_argv, launch_environment, secret_environment
+from deploy_lib.server_args import API_KEY_ENV, launch_argv, launch_environment, secret_environment, sglang_args
 from deploy_lib.store import ENV_FILE, UNIT_FILE, StoreLayout
 
 SECRET_NOT_AVAILABLE = "not available here"
@@ -90,6 +91,7 @@ class Release:
     env_text: str = field(repr=False)
     env_text_redacted: str
     patches: tuple[str, ...] = ()
+    model: dict[str, str] = field(default_factory=dict)  # ReleaseModel.metadata(): path, revision, commit, hf_home
 
     def metadata(self) -> dict[str, Any]:
         """What release.json records: no secret value, only a digest that changes when one does."""
@@ -98,7 +100,7 @@ class Release:
             "profile_hash": self.profile_hash, "profile": self.profile, "sglang_version": self.sglang_version,
             "flashinfer_version": self.flashinfer_version, "venv": self.venv, "argv": list(self.argv),
             "args": list(self.args), "environment": self.environment, "secret_names": list(self.secret_names),
-            "secrets_digest": self.secrets_digest, "patches": list(self.patches),
+            "secrets_digest": self.secrets_digest, "patches": list(self.patches), "model": self.model,
             "files": {UNIT_FILE: _sha256(self.unit_text), ENV_FILE: _sha256(self.env_text)},
         }
 
@@ -110,15 +112,22 @@ def _sha256(text: str) -> str:
 def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: str, secrets: Mapping[str, str],
                   venv: str | None = None, patches: tuple[str, ...] = (), flashinfer_version: str | None = None,
                   extra_environment: Mapping[str, str] | None = None, launch_args: tuple[str, ...] | None = None,
-                  release_id: str | None = None) -> Release:
+                  release_id: str | None = None, model: ReleaseModel | None = None) -> Release:
     """The release of a profile on one host: `venv` replaces the profile's (a built or host-specific venv),
-    `extra_environment` adds what the host side decides (the venv's cache directories). An adopted server's
-    release 0 gives its own arguments as written (`launch_args`) and its id."""
+    `extra_environment` adds what the host side decides (the venv's cache directories), `model` the weights as
+    resolved on the host (the commit of a hub revision and the cache holding it). An adopted server's release 0
+    gives its own arguments as written (`launch_args`) and its id."""
     profile = loaded.profile
     if venv is not None:
         profile = profile.model_copy(update={"service": profile.service.model_copy(update={"venv": venv})})
-    argv = launch_argv(profile, sglang_version, launch_args)
-    environment = {**launch_environment(profile), **(extra_environment or {})}
+    model = model or ReleaseModel(profile.model.path, profile.model.revision)
+    if model.path != profile.model.path:  # a pushed version directory: the server loads that one
+        profile = profile.model_copy(update={"model": profile.model.model_copy(update={"path": model.path})})
+    argv = launch_argv(profile, sglang_version,
+                       launch_args if launch_args is not None else sglang_args(profile, sglang_version, model.commit))
+    # an adopted server runs as it was written; every other release reads staged weights, offline
+    weights_env = model.environment() if launch_args is None else {}
+    environment = {**launch_environment(profile), **(extra_environment or {}), **weights_env}
     secrets_digest = hashlib.sha256(json.dumps(sorted(secrets.items())).encode()).hexdigest()[:16]
     content = json.dumps({
         # bench/gate settings decide how a release is judged, not how it starts: changing them is not a new release
@@ -150,13 +159,13 @@ def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: st
         args=argv[3:], environment=environment, secret_names=tuple(sorted(secrets)),
         secrets_digest=secrets_digest,
         unit_text=render_unit(unit_spec), env_text=render_env(env_spec),
-        env_text_redacted=render_env_redacted(env_spec), patches=patches,
+        env_text_redacted=render_env_redacted(env_spec), patches=patches, model=model.metadata(),
     )
 
 
 @dataclass(frozen=True)
 class Change:
-    kind: str  # "flag", "env", "secret", "venv", "version", "patch", "service"
+    kind: str  # "flag", "env", "secret", "venv", "version", "patch", "service", "model"
     name: str
     old: str | None
     new: str | None
@@ -209,4 +218,5 @@ def diff_releases(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list
         if old.get(key) != new.get(key):
             changes.append(Change(kind, key, old.get(key), new.get(key)))
     compare("patch", {p: "on" for p in old.get("patches", [])}, {p: "on" for p in new.get("patches", [])})
+    compare("model", old.get("model", {}), new.get("model", {}))
     return changes

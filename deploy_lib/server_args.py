@@ -47,6 +47,11 @@ class Spelling:
 # Oldest first; a version uses the last spelling whose `since` it has reached. Before the first: the flag is absent.
 _NOTES = "sglang wheels, srt/server_args.py add_cli_args"
 SPELLINGS: dict[str, tuple[Spelling, ...]] = {
+    "revision": (
+        Spelling("0", ("--revision", "{}"),
+                 "registered in the 0.5.9 and 0.5.15.post1 wheels (srt/server_args.py) and in 0.5.23 "
+                 "(srt/arg_groups/fields/model.py); weight_utils.download_weights_from_hf reads it from the cache"),
+    ),
     "fp8_gemm": (
         Spelling("0.5.6.post2", ("--fp8-gemm-backend", "{}"),
                  f"{_NOTES} (absent 0.5.5.post3, present 0.5.6.post2); absent from the 0.5.6 and 0.5.6.post1 wheels"),
@@ -154,11 +159,18 @@ def profile_value(profile: Profile, key: str) -> Any:
     return value
 
 
-def sglang_args(profile: Profile, sglang_version: str) -> tuple[str, ...]:
+def sglang_args(profile: Profile, sglang_version: str, revision: str | None = None) -> tuple[str, ...]:
     """The arguments of `python3 -m sglang.launch_server` for this profile on this SGLang version, full flag names
-    only (never prefix abbreviations such as `--tp`), extra_args last."""
+    only (never prefix abbreviations such as `--tp`), extra_args last. `revision`: the commit the profile's
+    revision resolved to on the host (without a host: the profile's own `model.revision`)."""
     parse_version(sglang_version)
-    return (*(token for arg in ARGS for token in arg_tokens(profile, arg, sglang_version)), *profile.extra_args)
+    revision = revision or profile.model.revision
+    tokens: list[str] = []
+    for arg in ARGS:
+        tokens += arg_tokens(profile, arg, sglang_version)
+        if arg.key == "model.path" and revision is not None:  # the weights' commit, right after their path
+            tokens += _versioned("revision", sglang_version, revision, "model.revision")
+    return (*tokens, *profile.extra_args)
 
 
 def arg_tokens(profile: Profile, arg: Arg, sglang_version: str) -> tuple[str, ...]:

@@ -25,6 +25,7 @@ from deploy_lib.diagnose import journal_step
 from deploy_lib.errors import ConfigError
 from deploy_lib.facts import Gpu, read_host_facts
 from deploy_lib.health import Rung, Snapshot, parse_snapshot, probe_step
+from deploy_lib.models import StoredModel, read_stored
 from deploy_lib.profile import LoadedProfile, Profile, format_validation_error
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
@@ -202,6 +203,12 @@ def current_profile(target: Target, service: str, remote: Remote) -> LoadedProfi
         raise ConfigError(format_validation_error(source, err), "give --profile NAME (or a path)") from None
     return LoadedProfile(name=name, path=Path(str(layout.release(record.id) / RELEASE_FILE)), chain=(name,),
                          profile=profile)
+
+
+def list_models(target: Target, service: str, remote: Remote) -> list[StoredModel]:
+    """Model revisions and pushed versions in the places the host's releases keep weights, with their users."""
+    store = read_store_facts(remote, target.layout(service))
+    return read_stored(remote, store.releases)
 
 
 def bench_current(target: Target, loaded: LoadedProfile, remote: Remote, environ: Mapping[str, str],

@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 import yaml
 
 from deploy_lib.errors import RemoteError
-from sandbox import wheelhouse
+from sandbox import hub, wheelhouse
 
 SANDBOX_DIR = Path(__file__).resolve().parent
 TESTHOST = SANDBOX_DIR / "testhost.sh"
@@ -39,6 +39,11 @@ class Guest:
     known_hosts: Path
     netns: str
     veth: str
+
+    @property
+    def hub(self) -> hub.Hub:
+        """The guest's Hugging Face hub (olah), on the host end of its veth."""
+        return hub.Hub(self.name, self.host_ip)
 
     def ssh_argv(self, user: str = GUEST_USER) -> list[str]:
         """ssh command line for this guest, host-key checking on (strict, against its own known_hosts)."""
@@ -80,9 +85,12 @@ def _record_inventory_name(name: str, present: bool) -> None:
 
 
 def up(name: str = DEFAULT_NAME, record: bool = True) -> Guest:
-    """Build the rootfs if needed (cached tarball), boot the guest, wait for ssh; list it in the inventory."""
+    """Build the rootfs if needed (cached tarball), boot the guest, wait for ssh, start its hub; list it in the
+    inventory."""
     _testhost("build", name)
     _testhost("start", name, timeout_s=120)
+    started = guest(name)
+    hub.start(name, started.host_ip)
     if record:
         _record_inventory_name(name, present=True)
         write_inventory()
@@ -90,7 +98,8 @@ def up(name: str = DEFAULT_NAME, record: bool = True) -> Guest:
 
 
 def down(name: str = DEFAULT_NAME, record: bool = True) -> Guest:
-    """Power the guest off and remove its overlay, netns, veth and cgroups."""
+    """Stop its hub, power the guest off and remove its overlay, netns, veth and cgroups."""
+    hub.stop(guest(name).hub)
     _testhost("stop", name, timeout_s=120)
     if record and name != DEFAULT_NAME:
         _record_inventory_name(name, present=False)
@@ -108,7 +117,8 @@ def status() -> list[Guest]:
 def inventory(guests: list[Guest]) -> dict:
     """Ansible-style inventory of the guests (all/hosts/vars)."""
     hosts = {
-        g.name: {"ansible_host": g.guest_ip, "known_hosts_file": str(g.known_hosts)} for g in guests
+        g.name: {"ansible_host": g.guest_ip, "known_hosts_file": str(g.known_hosts), "hf_endpoint": g.hub.endpoint}
+        for g in guests
     }
     return {"all": {
         "hosts": hosts,

@@ -18,6 +18,7 @@ from sglang_sim.gpus import Gpu, query_gpus
 from sglang_sim.server import Engine, Launch, ServerState, SimHTTPServer, Status, log
 from sglang_sim.throughput import ThroughputModel
 from sglang_sim.upstream import JIT_MESSAGE, RESOLVER_MESSAGE, Fusion, InstalledUpstream, line_of
+from sglang_sim.weights import OFFLINE_MESSAGE, missing_weights
 
 RANK = "TP0"
 GIB = 1024.0
@@ -98,6 +99,10 @@ class Simulation:
         srt = self.upstream.sglang_dir / "srt"
         total = self.gpus[0].memory_mib
         log(f"server_args=ServerArgs({', '.join(f'{k}={v!r}' for k, v in self.launch.server_args.items())})")
+        if missing_weights(self.launch.model_path, self.launch.server_args.get("revision"), os.environ):
+            config = srt / "utils/hf_transformers/config.py"  # 0.5.23; hf_transformers_utils.py before
+            self.crash([(config if config.is_file() else srt / "utils/hf_transformers_utils.py", "get_config")],
+                       OFFLINE_MESSAGE)
         log("Init torch distributed begin.", RANK)
         self.phase("init")
         self.memory_used_mib = 580
