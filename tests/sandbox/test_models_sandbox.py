@@ -18,6 +18,7 @@ from projects import project_for_guest
 from deploy_lib import deploy as engine
 from deploy_lib.diagnose import diagnose
 from deploy_lib.errors import PreflightError
+from deploy_lib.models import FACT_MODEL, STAGE_MODEL
 from deploy_lib.progress import RecordingProgress
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote
@@ -43,22 +44,37 @@ class CtrlCAtFirstTransfer(RecordingProgress):
         super().transfer(text)
 
 
+class CountingRemote(FabricRemote):
+    """A FabricRemote that keeps, per batch, its step names and the round trips it took."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.trips: list[tuple[tuple[str, ...], int]] = []
+
+    def run(self, batch, on_output=None):  # type: ignore[no-untyped-def]
+        before = self.round_trips
+        try:
+            return super().run(batch, on_output)
+        finally:
+            self.trips.append((tuple(step.name for step in batch), self.round_trips - before))
+
+
 @dataclass
 class ModelRig:
     guest: manage.Guest
     project: Project
     inventory: str
     first_commit: str = ""
-    round_trips: int = 0
+    trips: list[tuple[tuple[str, ...], int]] = field(default_factory=list)
 
     def deploy(self, profile: str, progress: RecordingProgress | None = None,
                inventory: str | None = None) -> engine.Outcome:
         loaded, target = load_for_host(self.project, profile, inventory or self.inventory, None)
-        with FabricRemote(target.ssh) as remote:
+        with CountingRemote(target.ssh) as remote:
             try:
                 return engine.deploy(loaded, target, remote, progress or RecordingProgress(), engine.Options())
             finally:
-                self.round_trips = remote.round_trips
+                self.trips = remote.trips
 
     def root(self, command: str) -> str:
         return manage.run_on(self.guest, command, user="root")
@@ -105,7 +121,10 @@ def test_first_stage_downloads_the_files_the_server_loads_then_a_redeploy_is_one
     environ = rig.root("cat /proc/$(systemctl show -p MainPID --value sglang.service)/environ | tr '\\0' '\\n'")
     assert "HF_HUB_OFFLINE=1" in environ.splitlines()
     again = rig.deploy("tiny")
-    assert again.action == "unchanged" and rig.round_trips == 1 and "model" not in again.timings
+    assert again.action == "unchanged" and "model" not in again.timings
+    # the model's plan shares the facts' round trip, and nothing is staged
+    assert [trips for names, trips in rig.trips if FACT_MODEL in names] == [1]
+    assert not any(STAGE_MODEL in names for names, _ in rig.trips)
 
 
 def test_a_new_commit_is_a_visible_change_and_only_the_changed_file_travels(rig: ModelRig) -> None:
