@@ -22,6 +22,7 @@ from sandbox import manage
 pytestmark = pytest.mark.sandbox
 REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text()
+ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def quick_start_lines() -> list[str]:
@@ -54,6 +55,12 @@ class User:
         environ["PATH"] = f"{Path(sys.executable).parent}:{environ['PATH']}"  # the activated venv of `make install`
         return subprocess.run(["bash", "-c", command], cwd=self.checkout, capture_output=True, text=True,
                               env=environ | (env or {}), timeout=600)
+
+    def typed(self, command: str) -> subprocess.CompletedProcess[str]:
+        """At a terminal, as a user types it, answering `y` when asked (`script` gives the command a pty); the
+        terminal's colours are taken out of what it printed."""
+        done = self.sh(f"echo y | script -qec {shlex.quote(command)} /dev/null")
+        return subprocess.CompletedProcess(done.args, done.returncode, ANSI.sub("", done.stdout), done.stderr)
 
     def invoke(self, *argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
         return self.sh(shlex.join(["invoke", *argv]), env)
@@ -116,7 +123,7 @@ def test_the_quick_start_as_written_deploys_to_a_fresh_host(user: User) -> None:
         command = command.split("  #", 1)[0].rstrip()
         if command.startswith("invoke plan") and "--accept-new-host-key" not in command:
             command += " --accept-new-host-key"  # README: the first command that connects takes it
-        result = user.sh(command)
+        result = user.typed(command)
         ran.append(command)
         assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
         if command.startswith("invoke render"):
