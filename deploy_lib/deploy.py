@@ -9,10 +9,10 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, NoReturn
 
 from deploy_lib.bench import GateSettings, gate_after_ready
 from deploy_lib.crashes import record_new_crashes, start_limit_note
@@ -23,21 +23,29 @@ from deploy_lib.errors import (
     DeployError,
     DriftDetected,
     GateFailed,
+    Interrupted,
     PreflightError,
     ReadinessFailed,
     RollbackFailed,
 )
-from deploy_lib.facts import HostFacts, parse_unit, read_host_facts, require_gpus, unit_step
+from deploy_lib.facts import HostFacts, parse_systemctl_show, read_host_facts, require_gpus
 from deploy_lib.health import (
     GenerationProbe,
+    NotReady,
     ProbeTarget,
+    Ready,
     ReadyReport,
     Rung,
     StartPrediction,
+    Verdict,
+    assess,
     health_path_for,
+    parse_snapshot,
     predict_start,
+    probe_step,
     wait_ready,
 )
+from deploy_lib.interrupts import interrupted, signal_name, signals_raise
 from deploy_lib.models import (
     HubModel,
     ModelFacts,
@@ -53,17 +61,19 @@ from deploy_lib.models import (
     stage_model,
     weights,
 )
-from deploy_lib.profile import LoadedProfile, Profile
+from deploy_lib.profile import LoadedProfile, Profile, read_stored_profile
 from deploy_lib.progress import NullProgress, Progress
 from deploy_lib.project import Target
 from deploy_lib.release import (
     SECRET_NOT_AVAILABLE,
     SECRET_VALUES,
     Change,
+    RecordedRelease,
     Release,
     available_secrets,
     build_release,
     diff_releases,
+    read_secret,
     resolve_secrets,
 )
 from deploy_lib.remote import Put, Remote, Step, StepResult, describe
@@ -85,6 +95,7 @@ from deploy_lib.store import (
     history_entry,
     host_lock,
     operator_name,
+    parse_current,
     parse_store_facts,
     prune_releases,
     read_store_facts,
@@ -173,7 +184,7 @@ class Plan:
                   for name, why in self.secrets_not_available.items()]
         lines += [f"  drift: {item}" for item in self.drift]
         lines += [f"  note: {note}" for note in self.notes]
-        for phase, batch in self.batches.items():
+        for phase, batch in ({} if self.unchanged else self.batches).items():
             lines.append(f"{phase}:")
             lines += [f"  {line}" for line in describe(batch)]
         return lines
@@ -314,32 +325,32 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
                             "deploy with --force to replace them (a replaced unit file is copied into the store), "
                             "copy the edits into the profile, or `invoke adopt` the server that runs by hand")
     takeover = stop_hand_run(hand_pid, loaded.profile.service.stop_timeout_s) if hand_pid else []
+    not_verified = _why_not_verified(facts, release.id) if current_id == release.id and not drift else None
     weights_missing = model_facts is not None and not model_facts.complete
     have_release = facts.store.release(release.id) is not None
     damaged = facts.store.damaged_release(release.id)
-    unchanged = (current_id == release.id and have_release and not drift and facts.unit.active_state == "active"
-                 and not weights_missing)
-    tags = _tags(target, release)
+    unchanged = current_id == release.id and not drift and not not_verified and not weights_missing
+    tags = release_tags(target, release)
     metadata = release_json(release.metadata(), tags, now)
     batches: dict[str, list[Step | Put]] = {}
     prediction = start_prediction(facts.store, loaded.name)
     notes = [venv.build_note, _past_failure(facts, release.id),
              start_limit_note(loaded.profile.service, prediction.median_s if prediction else None),
-             damaged and f"release {release.id} on the host is damaged ({damaged.reason}); it is staged again"]
-    if not unchanged:
-        if model is not None and model_facts is not None and weights_missing:
-            if isinstance(model, HubModel):
-                batches["model"] = [model.step(venv.path, "stage", model_facts.commit)]
-            notes.append(f"{model.label} ({model_facts.commit}): {len(model_facts.missing)} of "
-                         f"{len(model_facts.files)} files to stage, {size_text(model_facts.missing_bytes)} to "
-                         f"{model.verb} into {model_facts.hf_home}")
-        if not have_release:
-            batches["stage"] = stage_release(layout, release.id, release.unit_text, release.env_text, metadata,
-                                             replace_damaged=damaged is not None)
-        elif drift and current_id == release.id:
-            batches["stage"] = repair_release(layout, release.id, release.unit_text, release.env_text)
-        batches["switch"] = switch_current(layout, release.id)
-        batches["restart"] = [*takeover, *restart_steps(layout)]
+             damaged and f"release {release.id} on the host is damaged ({damaged.reason}); it is staged again",
+             not_verified]
+    if model is not None and model_facts is not None and weights_missing:
+        if isinstance(model, HubModel):
+            batches["model"] = [model.step(venv.path, "stage", model_facts.commit)]
+        notes.append(f"{model.label} ({model_facts.commit}): {len(model_facts.missing)} of "
+                     f"{len(model_facts.files)} files to stage, {size_text(model_facts.missing_bytes)} to "
+                     f"{model.verb} into {model_facts.hf_home}")
+    if not have_release:
+        batches["stage"] = stage_release(layout, release.id, release.unit_text, release.env_text, metadata,
+                                         replace_damaged=damaged is not None)
+    elif drift and current_id == release.id:
+        batches["stage"] = repair_release(layout, release.id, release.unit_text, release.env_text)
+    batches["switch"] = switch_current(layout, release.id)
+    batches["restart"] = [*takeover, *restart_steps(layout)]
     replaced_note = None
     if hand_made_unit(layout, facts) and not unchanged:
         # with the staging: deploy runs this batch from the plan, and the switch (from activate) replaces the file
@@ -358,6 +369,23 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
                 takeover=tuple(takeover))
 
 
+def _why_not_verified(facts: HostFacts, release_id: str) -> str | None:
+    """Why the current release, the one being deployed, cannot be taken as serving without a restart, if it can't.
+
+    "No changes" needs the release on disk, its unit active, and history's last word on it "healthy"; the live
+    probe (the last condition) is asked by `deploy`."""
+    again = "it is restarted and verified"
+    if facts.store.release(release_id) is None:
+        return f"release {release_id} is current but missing or damaged on the host: it is staged again and restarted"
+    if facts.unit.active_state != "active" or facts.unit.load_state != "loaded":
+        return f"release {release_id} is current but its unit is {facts.unit.active_state} " \
+               f"({facts.unit.load_state}): {again}"
+    if not facts.store.recorded_healthy(release_id):
+        return f"release {release_id} is current but history does not record it as verified (an interrupted or " \
+               f"killed deploy?): {again}"
+    return None
+
+
 def _past_failure(facts: HostFacts, release_id: str) -> str | None:
     """This very release failed on the host before: say when and why, so a dry run shows it."""
     failures = [e for e in facts.store.history if e.tags.release == release_id and e.outcome == FAILED]
@@ -370,43 +398,68 @@ def _listener_pids(listeners: tuple[str, ...]) -> set[int]:
 
 def preflight(plan: Plan, loaded: LoadedProfile, target: Target, facts: HostFacts, hand_pid: int | None = None
               ) -> None:
-    """Read-only checks that the host can run the release; PreflightError before anything changes."""
-    profile = loaded.profile
+    """Read-only checks that the host can run the new release; PreflightError before anything changes."""
+    check_release(RecordedRelease.of_release(plan.release), target, facts, hand_pid)
+
+
+def check_release(release: RecordedRelease, target: Target, facts: HostFacts, hand_pid: int | None = None) -> None:
+    """The one preflight, for a new release and for a recorded one (rollback): GPUs, SGLang in the venv and every
+    flag known to it, port (free, or held by our unit or the adopted hand-run server `hand_pid`), disk;
+    PreflightError before anything changes."""
     where = target.host.name
-    gpus = require_gpus(facts, profile.parallel.gpus_per_node, where)
+    gpus = require_gpus(facts, release.profile.parallel.gpus_per_node, where)
     declared = target.host.vars.gpu_arch
     if declared and gpus and gpus[0].arch != declared:
         raise PreflightError(f"{where}: the inventory declares {declared}, nvidia-smi reports {gpus[0].arch} "
                              f"({gpus[0].name})", "correct gpu_arch in the inventory")
     toolkit_problem = sm12x_problem(facts.sglang.flashinfer_version, gpus[0].compute_cap, facts.cuda_toolkit,
-                                    plan.release.environment) if profile.features.allreduce_fusion and gpus else None
+                                    release.environment) if release.profile.features.allreduce_fusion and gpus else None
     if toolkit_problem:
         raise PreflightError(f"{where}: allreduce fusion cannot start: {toolkit_problem}", FIX_HINT)
+    if facts.sglang.sglang_version is None and not facts.sglang.options:
+        raise PreflightError(f"{where}: release {release.id}: no SGLang found in {release.venv}: {facts.sglang.error}",
+                             "the release runs from that venv: recreate it there, or choose a release whose venv "
+                             "exists (`invoke releases`, `invoke venv.list`)")
     if facts.import_shadow:
         raise PreflightError(
-            f"{where}: the server would import SGLang from {facts.import_shadow}, not from what {plan.release.venv} "
-            f"has installed: `python -m` puts its working directory {profile.service.working_directory} first on "
-            "sys.path (a checkout's parent directory there is imported as a namespace package before an editable "
-            "install's finder, and SGLang's own __init__ never runs)",
+            f"{where}: the server would import SGLang from {facts.import_shadow}, not from what {release.venv} "
+            f"has installed: `python -m` puts its working directory {release.profile.service.working_directory} "
+            "first on sys.path (a checkout's parent directory there is imported as a namespace package before an "
+            "editable install's finder, and SGLang's own __init__ never runs)",
             "set service.working_directory to a directory without an `sglang` entry (e.g. the checkout's own)")
-    problems = [problem for problem in check_argv(facts.sglang.options, list(plan.release.args))
+    problems = [problem for problem in check_argv(facts.sglang.options, list(release.args))
                 if problem.severity == "error"]
     if problems:
         listed = "\n  ".join(problem.message for problem in problems)
-        raise PreflightError(f"{where}: SGLang {plan.release.sglang_version} in {plan.release.venv} does not "
-                             f"accept the launch command:\n  {listed}",
+        raise PreflightError(f"{where}: SGLang {facts.sglang.sglang_version or release.sglang_version} in "
+                             f"{release.venv} does not accept the launch command of release {release.id}:\n  {listed}",
                              "fix the profile (extra_args, backends) or deploy a venv with a matching SGLang")
+    port = release.profile.server.port
     ours = facts.unit.active_state in ("active", "activating", "deactivating", "reloading") or \
         (hand_pid is not None and hand_pid in _listener_pids(facts.port_listeners))
     if facts.port_listeners and not ours:
-        raise PreflightError(f"{where}: port {profile.server.port} is already in use by another process: "
+        raise PreflightError(f"{where}: port {port} is already in use by another process: "
                              f"{facts.port_listeners[0].strip()}", "stop that process or change server.port")
     if facts.free_bytes is not None and facts.free_bytes < MIN_FREE_BYTES:
         raise PreflightError(f"{where}: only {facts.free_bytes // (1024 * 1024)} MiB free under "
                              f"{target.deploy_root}", "free some disk space on the host")
 
 
-def _tags(target: Target, release: Release) -> Tags:
+def check_release_files(release: RecordedRelease, layout: StoreLayout, facts: HostFacts, where: str) -> None:
+    """A recorded release's unit and env file are on the host and as they were written (`facts.release_sums`)."""
+    for name in (UNIT_FILE, ENV_FILE):
+        path = layout.release(release.id) / name
+        found, recorded = facts.release_sums.get(name), release.files.get(name)
+        if found is None:
+            raise PreflightError(f"{where}: release {release.id} cannot run: {path} is missing",
+                                 "deploy its profile again to write the release afresh, or choose another release")
+        if recorded is not None and found != recorded:
+            raise PreflightError(f"{where}: release {release.id}: {path} was changed since the release was written "
+                                 f"(sha256 {found[:12]}..., recorded {recorded[:12]}...)",
+                                 "deploy its profile again to write the release afresh, or choose another release")
+
+
+def release_tags(target: Target, release: Release) -> Tags:
     versions = {"sglang": release.sglang_version}
     if release.flashinfer_version:
         versions["flashinfer"] = release.flashinfer_version
@@ -414,13 +467,30 @@ def _tags(target: Target, release: Release) -> Tags:
                 profile_hash=release.profile_hash, versions=versions)
 
 
-def probe_target(layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]) -> ProbeTarget:
-    """How to probe a release, from its own recorded profile (so a rollback probes the old release correctly)."""
-    profile = Profile.model_validate(metadata["profile"])
-    secrets = resolve_secrets(profile, environ) if profile.server.api_key else {}
-    return ProbeTarget(unit=layout.unit_name, port=profile.server.port, host=profile.server.host,
-                       health_path=health_path_for(str(metadata["sglang_version"])),
-                       generation=GenerationProbe(), api_key=secrets.get("SGLANG_API_KEY"))
+def recorded_tags(target: Target, release_id: str, metadata: Mapping[str, Any]) -> Tags:
+    """The tags a release.json records; for one written without them (an earlier version), what it does record."""
+    try:
+        return Tags.from_dict(metadata["tags"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        version = metadata.get("sglang_version")
+        return Tags(who=operator_name(), host=target.host.name, release=release_id,
+                    profile=str(metadata.get("profile_name") or "?"),
+                    profile_hash=str(metadata.get("profile_hash") or ""),
+                    versions={"sglang": str(version)} if version else {})
+
+
+def probe_target(layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str],
+                 generation: bool = True) -> ProbeTarget:
+    """How to probe a release, from its own recorded profile (so a rollback probes the old release correctly).
+
+    Only the generation rung sends the API key, so a probe without it needs none (and reads none)."""
+    server = read_stored_profile(metadata.get("profile")).server
+    version = metadata.get("sglang_version")
+    with_key = generation and server.api_key is not None
+    return ProbeTarget(unit=layout.unit_name, port=server.port, host=server.host,
+                       health_path=health_path_for(str(version)) if version else "/health",
+                       generation=GenerationProbe() if generation else None,
+                       api_key=read_secret(API_KEY_ENV, server.api_key, environ) if with_key else None)
 
 
 def start_prediction(store: StoreFacts, profile_name: str) -> StartPrediction | None:
@@ -431,7 +501,7 @@ def start_prediction(store: StoreFacts, profile_name: str) -> StartPrediction | 
 
 @dataclass
 class _Run:
-    """One command against one host: the remote, the clock and where timings go."""
+    """One command against one host: the remote, the clock, where timings go, and how far the transition got."""
 
     remote: Remote
     layout: StoreLayout
@@ -439,8 +509,16 @@ class _Run:
     progress: Progress
     environ: Mapping[str, str]
     clock: Callable[[], float] = time.monotonic
+    grace_s: float = GRACE_S
     timings: dict[str, float] = field(default_factory=dict)
     cursor: str | None = None  # the unit's journal position just before the last restart
+    previous: str | None = None  # the release `current` named when the command read the host
+    switched_to: str | None = None  # the release `current` was last switched to
+    verified: str | None = None  # the release the last ladder found ready
+
+    @property
+    def where(self) -> str:
+        return self.target.host.name
 
     def phase(self, name: str, batch: list[Step | Put]) -> list[StepResult]:
         if not batch:
@@ -461,6 +539,27 @@ class _Run:
         result = self.remote.run([journal_step(self.layout.unit_name, cursor)])[0]
         return diagnose(result.stdout.splitlines(), profile=profile)
 
+    def check_target(self, release_id: str, metadata: Mapping[str, Any]) -> HostFacts:
+        """Preflight for switching to a recorded release (rollback): what deploy checks, plus the release's files."""
+        release = RecordedRelease.of(release_id, metadata)
+        for note in release.profile.notes(release_id):
+            self.progress.note(note)
+        toolkit_home = cuda_home(release.environment) if release.profile.features.allreduce_fusion else None
+        facts = read_host_facts(self.remote, self.layout, release.venv, release.profile.server.port, toolkit_home,
+                                release.profile.service.working_directory, release_id=release_id)
+        check_release(release, self.target, facts)
+        check_release_files(release, self.layout, facts, self.where)
+        return facts
+
+    def live_verdict(self, metadata: Mapping[str, Any]) -> Verdict:
+        """One probe of the running server up to the health endpoint (no generation): is it ready right now?"""
+        target = probe_target(self.layout, metadata, self.environ, generation=False)
+        try:
+            [result] = self.remote.run([probe_step(target, Rung.HEALTH)])
+            return assess(parse_snapshot(result, Rung.HEALTH), None, Rung.HEALTH)
+        except ReadinessFailed as broken:
+            return NotReady(broken.message, broken.rung, broken.evidence)
+
     def activate(self, release_id: str, metadata: Mapping[str, Any], prediction: StartPrediction | None,
                  grace_s: float, before_restart: tuple[Step | Put, ...] = ()) -> ReadyReport:
         """Switch `current` to a release on the host, restart, and climb the readiness ladder.
@@ -468,16 +567,18 @@ class _Run:
         One round trip reads the journal position, switches and restarts; from that position on, the ladder shows
         this start's log lines and a failure is diagnosed from them (`self.cursor`)."""
         restarted_at = self.clock()
+        self.switched_to = release_id
         results = self.phase("switch and restart", [journal_cursor_step(self.layout.unit_name),
                                                     *switch_current(self.layout, release_id),
                                                     *before_restart, *restart_steps(self.layout)])
         self.cursor = parse_journal_cursor(results[0].stdout)
-        profile = Profile.model_validate(metadata["profile"])
+        service = read_stored_profile(metadata.get("profile")).service
         self.progress.phase_started("readiness")
         report = wait_ready(self.remote, probe_target(self.layout, metadata, self.environ),
-                            deadline_s=profile.service.startup_timeout_s, progress=self.progress, rung=Rung.GENERATE,
+                            deadline_s=service.startup_timeout_s, progress=self.progress, rung=Rung.GENERATE,
                             baseline_restarts=0, after_cursor=self.cursor, prediction=prediction, grace_s=grace_s,
                             started_at=restarted_at, clock=self.clock)
+        self.verified = release_id
         self.timings["ready"] = round(report.duration_s, 3)
         self.progress.step_done("readiness", report.duration_s)
         # The verified start leaves the start-limit window, so the restart policy allows the same number of
@@ -485,6 +586,31 @@ class _Run:
         self.remote.run([reset_failed_step(self.layout)])
         return report
 
+    def host_state(self) -> str:
+        """Where `current` points and what the unit does, read once more (best effort: after an interrupt)."""
+        try:
+            current, unit = self.remote.run([
+                Step("state: current", ("readlink", "--", str(self.layout.current)), ok=frozenset({0, 1})),
+                Step("state: unit", ("systemctl", "show", "-p", "ActiveState,SubState", "--", self.layout.unit_name)),
+            ])
+        except (DeployError, KeyboardInterrupt) as error:
+            return f"unknown (it could not be read: {error or type(error).__name__})"
+        props = parse_systemctl_show(unit.stdout)
+        return (f"current: {parse_current(current.stdout) or 'none'}, unit {props.get('ActiveState', '?')}/"
+                f"{props.get('SubState', '?')}")
+
+    def interrupted_outside(self, stop: KeyboardInterrupt) -> Interrupted:
+        """The error for a signal that came outside a switch and its verification."""
+        name = signal_name(stop)
+        if self.switched_to is None:
+            return interrupted(stop, f"{self.where}: interrupted ({name}) before the switch; current is unchanged "
+                                     f"(release {self.previous or 'none'})")
+        if self.verified == self.switched_to:
+            return interrupted(stop, f"{self.where}: interrupted ({name}) after release {self.verified} was verified; "
+                                     f"release {self.verified} is serving")
+        return interrupted(stop, f"{self.where}: interrupted ({name}) while release {self.switched_to} was not "
+                                 f"verified; the host now: {self.host_state()}",
+                           hint="`invoke status` shows whether it serves; a deploy or rollback verifies it")
 
 
 def _stop_unit(remote: Remote, layout: StoreLayout) -> None:
@@ -496,47 +622,85 @@ def gate_diagnosis(failure: GateFailed) -> Diagnosis:
     return Diagnosis("throughput_gate", failure.message, failure.hint or "", failure.evidence)
 
 
-def failure_line(failure: ReadinessFailed, diagnosis: Diagnosis) -> str:
+def interruption(stop: KeyboardInterrupt) -> tuple[Interrupted, Diagnosis]:
+    """A signal during a switch, as the failure of the release being verified."""
+    cause = f"interrupted by {signal_name(stop)} before it was verified"
+    return interrupted(stop, cause), Diagnosis("interrupted", cause, "", ())
+
+
+def failure_line(failure: DeployError, diagnosis: Diagnosis) -> str:
     """One line: what the ladder saw, and the cause the journal shows when it matches a known signature."""
     if diagnosis.signature == "unknown":
         return f"{failure.message} (no known failure signature in the log)"
-    if isinstance(failure, GateFailed):
+    if isinstance(failure, GateFailed | Interrupted):
         return diagnosis.cause
     return f"{diagnosis.one_line()}; {failure.message}"
 
 
-def _roll_back(run: _Run, store: StoreFacts, failed_id: str, failure: ReadinessFailed, diagnosis: Diagnosis,
-               prediction_profile: str) -> Outcome:
-    """Return the host to the last healthy release after `failed_id` failed; raise what the user must know."""
-    target_id = store.last_healthy(exclude=failed_id)
-    where = run.target.host.name
-    if target_id is None:
+def _same_kind(failure: DeployError, message: str, diagnosis: Diagnosis) -> DeployError:
+    """The error to end with after the restore: of the first failure's kind, with the new message."""
+    if isinstance(failure, Interrupted):
+        return type(failure)(message, failure.hint)
+    error = GateFailed if isinstance(failure, GateFailed) else ReadinessFailed
+    evidence = diagnosis.evidence or getattr(failure, "evidence", ())
+    return error(message, getattr(failure, "rung", ""), evidence, diagnosis.hint or failure.hint)
+
+
+def _restore(run: _Run, store: StoreFacts, failed_id: str, failure: DeployError, diagnosis: Diagnosis,
+             restore_id: str | None, previous_id: str | None) -> NoReturn:
+    """Return the host to `restore_id` after `failed_id` failed or was interrupted; raise what the user must know
+    (about `failed_id`, which replaced `previous_id`)."""
+    try:
+        _switch_back(run, store, failed_id, failure, diagnosis, restore_id)
+    except DeployError as ended:
+        ended.about(failed_id, previous_id, run.timings)
+        raise
+
+
+def _switch_back(run: _Run, store: StoreFacts, failed_id: str, failure: DeployError, diagnosis: Diagnosis,
+                 restore_id: str | None) -> NoReturn:
+    """The restore: the target passes the same preflight as any switch and the same ladder, grace window included."""
+    where, first = run.where, failure_line(failure, diagnosis)
+    if restore_id is None:
         _stop_unit(run.remote, run.layout)
-        raise ReadinessFailed(f"{where}: release {failed_id} failed: {failure_line(failure, diagnosis)}; there is no "
-                              "earlier healthy release to roll back to, so the unit is stopped",
-                              failure.rung, diagnosis.evidence or failure.evidence, diagnosis.hint)
-    record = store.release(target_id)
-    assert record is not None  # last_healthy only returns releases present on the host
-    tags = Tags.from_dict(record.metadata["tags"]) if "tags" in record.metadata else None
-    run.progress.note(f"rolling back to release {target_id}")
+        raise _same_kind(failure, f"{where}: release {failed_id} failed: {first}; there is no earlier healthy "
+                                  "release to roll back to, so the unit is stopped", diagnosis)
+    metadata = dict(record.metadata) if (record := store.release(restore_id)) else {}
+    tags = recorded_tags(run.target, restore_id, metadata)
+    try:
+        run.check_target(restore_id, metadata)
+    except PreflightError as refused:
+        _stop_unit(run.remote, run.layout)
+        run.record("rollback", FAILED, tags, refused.message)
+        raise RollbackFailed(f"{where}: release {failed_id} failed ({first}) and the rollback target {restore_id} "
+                             f"cannot run: {refused.message}; the unit is stopped", original=failure,
+                             hint=refused.hint) from None
+    run.progress.note(f"rolling back to release {restore_id}")
     run.timings = {}
     try:
-        run.activate(target_id, record.metadata, start_prediction(store, prediction_profile), 0.0)
+        run.activate(restore_id, metadata, start_prediction(store, tags.profile), run.grace_s)
     except ReadinessFailed as second:
         second_diagnosis = run.journal_diagnosis(run.cursor, record.metadata.get("profile_name"))
         _stop_unit(run.remote, run.layout)
-        if tags:
-            run.record("rollback", FAILED, tags, failure_line(second, second_diagnosis))
+        run.record("rollback", FAILED, tags, failure_line(second, second_diagnosis))
         raise RollbackFailed(
-            f"{where}: release {failed_id} failed ({failure_line(failure, diagnosis)}) and the rollback to {target_id} "
+            f"{where}: release {failed_id} failed ({first}) and the rollback to {restore_id} "
             f"failed too ({failure_line(second, second_diagnosis)}); the unit is stopped",
             original=failure,
             hint=f"first failure: {diagnosis.hint}\n  rollback failure: {second_diagnosis.hint}") from second
-    if tags:
-        run.record("rollback", HEALTHY, tags, f"after {failed_id} failed: {diagnosis.one_line()}")
-    error = GateFailed if isinstance(failure, GateFailed) else ReadinessFailed
-    raise error(f"{where}: release {failed_id} failed: {failure_line(failure, diagnosis)}; rolled back, "
-                f"release {target_id} is serving", failure.rung, diagnosis.evidence or failure.evidence, diagnosis.hint)
+    except KeyboardInterrupt as again:
+        state = run.host_state()
+        cause = f"interrupted again ({signal_name(again)}) during the rollback to {restore_id}, before it was verified"
+        try:
+            run.record("rollback", FAILED, tags, cause)
+        except (DeployError, KeyboardInterrupt):
+            pass  # the host's state, said below, matters more than the history line
+        raise interrupted(again, f"{where}: {cause}; the host now: {state}",
+                          hint="`invoke status` shows whether it serves; `invoke rollback` or a deploy verifies it"
+                          ) from None
+    run.record("rollback", HEALTHY, tags, f"after {failed_id} failed: {first}")
+    raise _same_kind(failure, f"{where}: release {failed_id} failed: {first}; rolled back, release {restore_id} is "
+                              "serving", diagnosis)
 
 
 def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progress, options: Options,
@@ -544,25 +708,30 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
     """Take the host to the profile's release, or back to its last healthy one; raise DeployError on failure.
 
     Everything but a dry run holds the host's lock from the first read on: the venv build, the decision, the
-    switch and the prune see one consistent store that no other command changes meanwhile."""
+    switch and the prune see one consistent store that no other command changes meanwhile. SIGINT and SIGTERM
+    after the switch finish the transition (back to the last healthy release) and end the command with
+    Interrupted/Terminated."""
     profile = loaded.profile
-    if options.dry_run:  # a plan needs no secret value: it says which ones it could not read
-        return _deploy(loaded, target, remote, progress, options, *available_secrets(profile, options.environ),
-                       clock=clock)
-    secrets = resolve_secrets(profile, options.environ)  # ConfigError before any connection
-    with host_lock(remote, target.layout(profile.service.name), f"deploy {loaded.name}", target.host.name):
-        return _deploy(loaded, target, remote, progress, options, secrets, {}, clock=clock)
+    run = _Run(remote, target.layout(profile.service.name), target, progress, options.environ, clock,
+               grace_s=options.grace_s)
+    with signals_raise():
+        try:
+            if options.dry_run:  # a plan needs no secret value: it says which ones it could not read
+                return _deploy(run, loaded, options, *available_secrets(profile, options.environ))
+            secrets = resolve_secrets(profile, options.environ)  # ConfigError before any connection
+            with host_lock(remote, run.layout, f"deploy {loaded.name}", target.host.name):
+                return _deploy(run, loaded, options, secrets, {})
+        except KeyboardInterrupt as stop:
+            raise run.interrupted_outside(stop) from None
 
 
-def _deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progress, options: Options,
-            secrets: Mapping[str, str], not_available: Mapping[str, str], clock: Callable[[], float]) -> Outcome:
-    profile = loaded.profile
-    layout = target.layout(profile.service.name)
-    run = _Run(remote, layout, target, progress, options.environ, clock)
+def _deploy(run: _Run, loaded: LoadedProfile, options: Options, secrets: Mapping[str, str],
+            not_available: Mapping[str, str]) -> Outcome:
+    profile, remote, layout, target, progress = loaded.profile, run.remote, run.layout, run.target, run.progress
     model = weights(profile, target.host.vars, secrets)
     venv = options.venv or choose_venv(remote, layout, target, profile, options.dry_run, progress)
     progress.phase_started("facts")
-    started = clock()
+    started = run.clock()
     # the toolkit decides only whether FlashInfer can JIT-build the fusion's kernels (deploy_lib/cuda_toolkit.py)
     toolkit_home = cuda_home(launch_environment(profile)) if profile.features.allreduce_fusion else None
     facts = read_host_facts(remote, layout, venv.path, profile.server.port, toolkit_home,
@@ -570,19 +739,24 @@ def _deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Pro
     current = facts.store.release(facts.store.current) if facts.store.current else None
     hand_pid = hand_run_pid(current.metadata if current else None,
                             remote.run(hand_run_check(current.metadata if current else None)))
-    run.timings["facts"] = round(clock() - started, 3)
+    run.previous = facts.store.current
+    run.timings["facts"] = round(run.clock() - started, 3)
     model_facts = model.parse(facts.model_results)
     check_model(model, model_facts, target.host.name)
     plan = plan_deploy(loaded, target, facts, secrets, options.force, datetime.now(UTC), venv, options.patches,
                        not_available, hand_pid, model, model_facts)
     preflight(plan, loaded, target, facts, hand_pid)
+    if plan.unchanged and not isinstance(verdict := run.live_verdict(plan.release.metadata()), Ready):
+        plan = replace(plan, unchanged=False, notes=(*plan.notes, f"release {plan.release.id} is current but not "
+                                                     f"ready ({verdict.message}): it is restarted and verified"))
     for note in () if options.dry_run else plan.notes:  # a dry run prints them with the plan
         progress.note(note)
     if options.dry_run:
         return Outcome("planned", plan.release_id, plan.current_id, plan=plan, timings=run.timings)
     if plan.unchanged:
         return Outcome("unchanged", plan.release.id, plan.current_id, plan=plan, timings=run.timings)
-    tags = _tags(target, plan.release)
+    tags = release_tags(target, plan.release)
+    restore_id = facts.store.last_healthy(exclude=plan.release.id)
     record_new_crashes(remote, layout, facts.store, facts.unit)  # the restart below resets their count
     if not model_facts.complete:
         stage_weights(run, model, venv.path, plan, facts)
@@ -598,11 +772,12 @@ def _deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Pro
         diagnosis = gate_diagnosis(failure) if isinstance(failure, GateFailed) else \
             run.journal_diagnosis(run.cursor, loaded.name)
         run.record("deploy", FAILED, tags, failure_line(failure, diagnosis))
-        try:
-            return _roll_back(run, facts.store, plan.release.id, failure, diagnosis, loaded.name)
-        except DeployError as ended:
-            ended.about(plan.release.id, plan.current_id, run.timings)
-            raise
+        _restore(run, facts.store, plan.release.id, failure, diagnosis, restore_id, plan.current_id)
+    except KeyboardInterrupt as stop:
+        run.verified = None  # a gate cut short has not judged the release
+        interrupt, diagnosis = interruption(stop)
+        run.record("deploy", FAILED, tags, diagnosis.cause)
+        _restore(run, facts.store, plan.release.id, interrupt, diagnosis, restore_id, plan.current_id)
     run.record("deploy", HEALTHY, tags)
     prune(remote, layout, profile.service.keep_releases, tags, progress)
     return Outcome("deployed", plan.release.id, plan.current_id, plan=plan, ready=ready, timings=run.timings)
@@ -649,40 +824,52 @@ def prune(remote: Remote, layout: StoreLayout, keep: int, tags: Tags, progress: 
 
 
 def rollback(target: Target, service: str, remote: Remote, progress: Progress, to: str | None,
-             environ: Mapping[str, str], clock: Callable[[], float] = time.monotonic) -> Outcome:
-    """Switch back to release `to` (default: the last healthy one before current) and verify it."""
-    layout = target.layout(service)
-    run = _Run(remote, layout, target, progress, environ, clock)
-    results = remote.run([*fact_steps(layout), unit_step(layout)])
-    store, unit = parse_store_facts(layout, results), parse_unit(results[-1])
-    current = store.current
-    target_id = to or store.last_healthy(exclude=current)
+             environ: Mapping[str, str], clock: Callable[[], float] = time.monotonic,
+             grace_s: float = GRACE_S) -> Outcome:
+    """Switch to release `to` (default: the last healthy one before current) after the same preflight as a deploy,
+    and verify it; when it fails (or a signal comes), switch back to the release that was serving."""
+    run = _Run(remote, target.layout(service), target, progress, environ, clock, grace_s=grace_s)
+    with signals_raise():
+        try:
+            return _rollback(run, to)
+        except KeyboardInterrupt as stop:
+            raise run.interrupted_outside(stop) from None
+
+
+def _rollback(run: _Run, to: str | None) -> Outcome:
+    store = read_store_facts(run.remote, run.layout)
+    run.previous = store.current
+    target_id = to or store.last_healthy(exclude=store.current)
     if target_id is None:
-        raise ConfigError(f"{target.host.name}: no healthy release to roll back to (current: {current or 'none'})",
+        raise ConfigError(f"{run.where}: no healthy release to roll back to (current: {store.current or 'none'})",
                           "`invoke releases` lists what is on the host")
     record = store.release(target_id)
     damaged = store.damaged_release(target_id)
     if damaged is not None:
-        raise PreflightError(f"{target.host.name}: cannot roll back to release {target_id}: it is damaged: "
-                             f"{damaged.reason}, in {layout.release(target_id)}",
+        raise PreflightError(f"{run.where}: cannot roll back to release {target_id}: it is damaged: "
+                             f"{damaged.reason}, in {run.layout.release(target_id)}",
                              "`invoke releases` lists the releases and what is wrong with each; nothing was changed")
     if record is None:
         known = ", ".join(r.id for r in store.releases) or "none"
-        raise ConfigError(f"{target.host.name}: release {target_id!r} is not on the host", f"releases: {known}")
-    tags = Tags.from_dict(record.metadata["tags"])
-    with host_lock(remote, layout, f"rollback to {target_id}", target.host.name):
-        record_new_crashes(remote, layout, store, unit)  # a crash loop is usually why a person rolls back
+        raise ConfigError(f"{run.where}: release {target_id!r} is not on the host", f"releases: {known}")
+    tags = recorded_tags(run.target, target_id, record.metadata)
+    facts = run.check_target(target_id, record.metadata)
+    serving = store.current if store.current != target_id and facts.store.release(store.current or "") else None
+    restore_id = serving or facts.store.last_healthy(exclude=target_id)
+    with host_lock(run.remote, run.layout, f"rollback to {target_id}", run.where):
+        record_new_crashes(run.remote, run.layout, facts.store, facts.unit)  # a crash loop: why a person rolls back
         try:
-            ready = run.activate(target_id, record.metadata, start_prediction(store, tags.profile), 0.0)
+            ready = run.activate(target_id, record.metadata, start_prediction(facts.store, tags.profile), run.grace_s)
         except ReadinessFailed as failure:
             diagnosis = run.journal_diagnosis(run.cursor, tags.profile)
-            _stop_unit(remote, layout)
             run.record("rollback", FAILED, tags, failure_line(failure, diagnosis))
-            raise RollbackFailed(f"{target.host.name}: rollback to {target_id} failed: "
-                                 f"{failure_line(failure, diagnosis)}; the unit is stopped", original=failure,
-                                 hint=diagnosis.hint).about(target_id, current, run.timings) from failure
-        run.record("rollback", HEALTHY, tags, f"by hand from {current or 'none'}")
-    return Outcome("rolled back", target_id, current, ready=ready, timings=run.timings)
+            _restore(run, facts.store, target_id, failure, diagnosis, restore_id, store.current)
+        except KeyboardInterrupt as stop:
+            interrupt, diagnosis = interruption(stop)
+            run.record("rollback", FAILED, tags, diagnosis.cause)
+            _restore(run, facts.store, target_id, interrupt, diagnosis, restore_id, store.current)
+        run.record("rollback", HEALTHY, tags, f"by hand from {store.current or 'none'}")
+    return Outcome("rolled back", target_id, store.current, ready=ready, timings=run.timings)
 
 
 def _current_release(store: StoreFacts, where: str) -> ReleaseRecord:
@@ -711,7 +898,8 @@ def start(target: Target, service: str, remote: Remote, progress: Progress, envi
         except ReadinessFailed as failure:
             diagnosis = run.journal_diagnosis(run.cursor, tags.profile)
             run.record(event, FAILED, tags, failure_line(failure, diagnosis))
-            return _roll_back(run, facts.store, record.id, failure, diagnosis, tags.profile)
+            _restore(run, facts.store, record.id, failure, diagnosis, facts.store.last_healthy(exclude=record.id),
+                     record.id)
         run.record(event, HEALTHY, tags)
     return Outcome("restarted" if restart else "started", record.id, record.id, ready=ready, timings=run.timings)
 

@@ -113,8 +113,20 @@ class DriftDetected(DeployError):
     exit_code = 9
 
 
+class Interrupted(DeployError):
+    """SIGINT: a transition in progress was finished (the last healthy release restored) before exiting."""
+
+    exit_code = 130  # 128 + SIGINT, as a shell reports a command ended by Ctrl-C
+
+
+class Terminated(Interrupted):
+    """SIGTERM, handled as SIGINT."""
+
+    exit_code = 143  # 128 + SIGTERM
+
+
 EXIT_CODES: dict[type[DeployError], int] = {
     cls: cls.exit_code
     for cls in (DeployError, ConfigError, PreflightError, LockHeld, RemoteError, ReadinessFailed,
-                GateFailed, RollbackFailed, DriftDetected)
+                GateFailed, RollbackFailed, DriftDetected, Interrupted, Terminated)
 }

@@ -7,8 +7,8 @@ import hashlib
 import io
 import json
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import PurePosixPath
 from typing import Any
@@ -29,6 +29,7 @@ FACT_UNIT = "host facts: unit state"
 FACT_UNIT_LINK = "host facts: unit link"
 FACT_UNIT_FILE = "host facts: unit file"
 FACT_FILE_SUMS = "host facts: current release checksums"
+FACT_RELEASE_SUMS = "host facts: checksums of the release to run"
 FACT_PORT = "host facts: port listeners"
 FACT_DISK = "host facts: free disk"
 FACT_SGLANG = "host facts: SGLang in the venv"
@@ -98,6 +99,7 @@ class HostFacts:
     import_shadow: str | None = None  # the server would import SGLang from here (its working directory), not the venv's
     unit_file: str | None = None          # `systemctl cat` of the unit (file and drop-ins); None: no such unit
     model_results: tuple[StepResult, ...] = ()  # what the weights' own fact steps read (models.Weights parses them)
+    release_sums: Mapping[str, str] = field(default_factory=dict)  # the files of the release to run (rollback)
 
 
 def _number(text: str) -> float | None:
@@ -203,11 +205,13 @@ def unit_step(layout: StoreLayout) -> Step:
 
 
 def fact_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_home: str | None = None,
-               working_directory: str | None = None, model_steps: Sequence[Step] = ()) -> list[Step | Put]:
+               working_directory: str | None = None, model_steps: Sequence[Step] = (),
+               release_id: str | None = None) -> list[Step | Put]:
     """Everything preflight and the plan need, read-only, in as few round trips as the batching allows.
 
-    Without a venv (rollback, status) SGLang is not inspected; without a port no listener is looked up; without a
-    CUDA_HOME no toolkit is read; the weights' own fact steps (models.Weights.fact_steps) ride along."""
+    Without a venv (status) SGLang is not inspected; without a port no listener is looked up; without a CUDA_HOME
+    no toolkit is read; the weights' own fact steps (models.Weights.fact_steps) ride along; with a release id (a
+    rollback target) that release's files are checksummed."""
     current = layout.current
     batch: list[Step | Put] = [
         *fact_steps(layout),
@@ -219,6 +223,10 @@ def fact_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_hom
              sudo=True, ok=_MISSING_OK),
         Step(FACT_DISK, ("df", "-P", "-B1", "--", "/", *_existing_parents(layout.root)), ok=_MISSING_OK),
     ]
+    if release_id is not None:
+        release = layout.release(release_id)
+        batch.append(Step(FACT_RELEASE_SUMS, ("sha256sum", "--", str(release / UNIT_FILE), str(release / ENV_FILE)),
+                          sudo=True, ok=_MISSING_OK))
     if port is not None:
         batch.append(Step(FACT_PORT, ("ss", "-Htlnp", f"sport = :{port}"), sudo=True, ok=_MISSING_OK))
     if venv is not None:
@@ -241,10 +249,11 @@ _NOT_READ = StepResult(Step("not read", ("true",)), 0, "", "", 0.0)
 
 def read_host_facts(remote: Remote, layout: StoreLayout, venv: str | None, port: int | None,
                     cuda_home: str | None = None, working_directory: str | None = None,
-                    model_steps: Sequence[Step] = ()) -> HostFacts:
-    results = remote.run(fact_batch(layout, venv, port, cuda_home, working_directory, model_steps))
+                    model_steps: Sequence[Step] = (), release_id: str | None = None) -> HostFacts:
+    results = remote.run(fact_batch(layout, venv, port, cuda_home, working_directory, model_steps, release_id))
     by_name = {result.step.name: result for result in results}
     by_name.setdefault(FACT_PORT, _NOT_READ)
+    by_name.setdefault(FACT_RELEASE_SUMS, _NOT_READ)
     by_name.setdefault(FACT_SGLANG, StepResult(Step("not read", ("true",)), 0, '{"error": "not read"}', "", 0.0))
     gpus, gpu_error = parse_gpus(by_name[FACT_GPUS])
     link = by_name[FACT_UNIT_LINK]
@@ -261,6 +270,7 @@ def read_host_facts(remote: Remote, layout: StoreLayout, venv: str | None, port:
         import_shadow=parse_import_shadow(by_name[FACT_IMPORT]) if FACT_IMPORT in by_name else None,
         unit_file=by_name[FACT_UNIT_FILE].stdout if by_name[FACT_UNIT_FILE].exit_code == 0 else None,
         model_results=tuple(result for result in results if result.step in model_steps),
+        release_sums=parse_sha256sums(by_name[FACT_RELEASE_SUMS].stdout),
     )
 
 

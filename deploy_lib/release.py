@@ -12,7 +12,7 @@ from typing import Any
 
 from deploy_lib.errors import ConfigError
 from deploy_lib.models import ReleaseModel
-from deploy_lib.profile import LoadedProfile, Profile, SecretRef
+from deploy_lib.profile import LoadedProfile, Profile, SecretRef, StoredProfile, read_stored_profile
 from deploy_lib.render import EnvSpec, UnitSpec, render_env, render_env_redacted, render_unit
 from deploy_lib.server_args import API_KEY_ENV, launch_argv, launch_environment, secret_environment, sglang_args
 from deploy_lib.store import ENV_FILE, UNIT_FILE, StoreLayout
@@ -161,6 +161,36 @@ def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: st
         unit_text=render_unit(unit_spec), env_text=render_env(env_spec),
         env_text_redacted=render_env_redacted(env_spec), patches=patches, model=model.metadata(),
     )
+
+
+@dataclass(frozen=True)
+class RecordedRelease:
+    """A release as its release.json records it: what switching back to it needs, read without today's schema.
+
+    The release's rendered unit and env file are what runs; this is what checks and probes them. A key an
+    earlier version did not write falls back to what the recorded profile says, or to nothing to check."""
+
+    id: str
+    venv: str
+    sglang_version: str | None
+    args: tuple[str, ...]
+    environment: Mapping[str, str]    # the server's environment without secrets
+    files: Mapping[str, str]          # file name -> sha256 when the release was written
+    profile: StoredProfile
+
+    @classmethod
+    def of(cls, release_id: str, metadata: Mapping[str, Any]) -> RecordedRelease:
+        profile = read_stored_profile(metadata.get("profile"))
+        version = metadata.get("sglang_version")
+        return cls(id=release_id, venv=str(metadata.get("venv") or profile.service.venv),
+                   sglang_version=str(version) if version else None,
+                   args=tuple(str(arg) for arg in metadata.get("args") or ()),
+                   environment={str(k): str(v) for k, v in dict(metadata.get("environment") or {}).items()},
+                   files={str(k): str(v) for k, v in dict(metadata.get("files") or {}).items()}, profile=profile)
+
+    @classmethod
+    def of_release(cls, release: Release) -> RecordedRelease:
+        return cls.of(release.id, release.metadata())
 
 
 @dataclass(frozen=True)

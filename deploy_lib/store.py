@@ -393,6 +393,14 @@ class StoreFacts:
                 return entry.tags.release
         return None
 
+    def recorded_healthy(self, release_id: str) -> bool:
+        """History's last word on what serves names this release healthy: nothing switched, failed, stopped or gave
+        up since (a crash the unit restarted from is left to the live probe)."""
+        latest = next((entry for entry in reversed(self.history)
+                       if entry.event in (*ACTIVATIONS, "failure", "crash", "stop")
+                       and not (entry.event == "crash" and entry.outcome == RESTARTED)), None)
+        return latest is not None and latest.tags.release == release_id and latest.outcome == HEALTHY
+
     def outcomes(self) -> dict[str, str]:
         """Each release's latest start outcome from history (for `invoke releases`); `crashed` when a
         crash that systemd did not restart (the start limit, or Restart=no) came after it."""

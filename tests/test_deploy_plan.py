@@ -9,7 +9,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from deploy_lib.deploy import plan_deploy, preflight
+from deploy_lib.deploy import plan_deploy, preflight, release_tags
 from deploy_lib.errors import ConfigError, DriftDetected, PreflightError
 from deploy_lib.facts import (
     FACT_IMPORT,
@@ -27,7 +27,18 @@ from deploy_lib.profile import SecretRef, load_profile
 from deploy_lib.project import Project, Target, resolve_target
 from deploy_lib.release import available_secrets, resolve_secrets
 from deploy_lib.remote import Step, StepResult
-from deploy_lib.store import ENV_FILE, UNIT_FILE, DamagedRelease, ReleaseRecord, StoreFacts, StoreLayout
+from deploy_lib.store import (
+    ENV_FILE,
+    HEALTHY,
+    UNIT_FILE,
+    DamagedRelease,
+    ReleaseRecord,
+    StoreFacts,
+    StoreLayout,
+    Tags,
+    history_entry,
+    release_json,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 PROJECT = Project(REPO)
@@ -60,9 +71,12 @@ def target(gpu_count: int | None = 8) -> Target:
 
 def facts(args_known: tuple[str, ...] = (), gpus: int = 8, current: ReleaseRecord | None = None,
           active: str = "inactive", sums: dict[str, str] | None = None, listeners: tuple[str, ...] = (),
-          link: str | None = None) -> HostFacts:
+          link: str | None = None, verified: bool = True) -> HostFacts:
+    """What preflight reads; `current` was deployed and, with `verified`, history records it healthy."""
+    history = (history_entry("deploy", HEALTHY, Tags.from_dict(current.metadata["tags"]), NOW),) \
+        if current is not None and verified else ()
     store = StoreFacts(current=current.id if current else None, releases=(current,) if current else (),
-                       incomplete=(), history=(), lock=None)
+                       incomplete=(), history=history, lock=None)
     if current is not None:  # by default the host holds exactly what was deployed
         link = link or str(StoreLayout("sglang").current / UNIT_FILE)
         sums = current.metadata["files"] if sums is None else sums
@@ -81,7 +95,7 @@ def first_plan(profile: str = "glm5-nvfp4"):
 
 def deployed(plan) -> ReleaseRecord:
     """The release of `plan` as the host's current release (what the store facts would read back)."""
-    metadata = json.loads(json.dumps(plan.release.metadata()))
+    metadata = json.loads(release_json(plan.release.metadata(), release_tags(target(), plan.release), NOW))
     return ReleaseRecord(plan.release.id, "2026-11-29T11:00:00+00:00", metadata)
 
 
@@ -99,11 +113,32 @@ def test_first_deploy_stages_switches_and_restarts() -> None:
     assert any("systemctl restart -- sglang.service" in line for line in lines)
 
 
-def test_redeploy_of_the_running_release_is_a_no_op() -> None:
+def test_redeploy_of_the_running_verified_release_is_a_no_op() -> None:
     loaded, plan = first_plan()
     again = plan_deploy(loaded, target(), facts(current=deployed(plan), active="active"), {}, False, NOW)
-    assert again.unchanged and again.batches == {} and again.changes == ()
+    assert again.unchanged and again.changes == ()
     assert "no changes" in again.dry_run_lines()
+    assert not any("systemctl" in line for line in again.dry_run_lines()), "a no-op lists no steps"
+
+
+def test_redeploy_of_a_running_release_history_does_not_record_healthy_restarts_it() -> None:
+    """Input tried: `current` switched to the release, its unit active, no history line (a deploy killed mid-ladder)."""
+    loaded, plan = first_plan()
+    again = plan_deploy(loaded, target(), facts(current=deployed(plan), active="active", verified=False), {}, False,
+                        NOW)
+    assert not again.unchanged and list(again.batches) == ["switch", "restart"]
+    assert any("does not record it as verified" in note for note in again.notes)
+
+
+def test_redeploy_when_the_current_release_directory_was_deleted_stages_it_again() -> None:
+    """Input tried: the `current` link names the release, but releases/<id> is gone (systemd: not-found)."""
+    loaded, plan = first_plan()
+    gone = facts(current=deployed(plan), active="active")
+    gone = replace(gone, store=replace(gone.store, releases=()), unit=replace(gone.unit, load_state="not-found"),
+                   file_sums={})
+    again = plan_deploy(loaded, target(), gone, {}, False, NOW)
+    assert not again.unchanged and list(again.batches) == ["stage", "switch", "restart"]
+    assert any("missing or damaged on the host" in note for note in again.notes)
 
 
 def test_redeploy_of_a_stopped_release_restarts_without_restaging() -> None:

@@ -1,0 +1,248 @@
+"""Rollback's preflight, lenient reading of releases written by earlier versions, and signals (no SSH)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from collections.abc import Sequence
+from dataclasses import replace
+from datetime import UTC, datetime
+
+import pytest
+from fake_remote import FakeRemote
+from test_deploy_plan import PROJECT, deployed, facts, first_plan, options_accepting, target
+
+from deploy_lib import facts as host_facts
+from deploy_lib import store
+from deploy_lib.deploy import check_release, check_release_files, probe_target, recorded_tags
+from deploy_lib.errors import Interrupted, PreflightError, ReadinessFailed, Terminated
+from deploy_lib.facts import SGLangInstall
+from deploy_lib.interrupts import Interrupt, interrupted, signal_name, signals_raise
+from deploy_lib.profile import read_stored_profile
+from deploy_lib.release import RecordedRelease
+from deploy_lib.remote import Put, Step, StepResult
+from deploy_lib.store import (
+    ENV_FILE,
+    FAILED,
+    HEALTHY,
+    UNIT_FILE,
+    StoreFacts,
+    StoreLayout,
+    Tags,
+    history_entry,
+)
+
+NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+LAYOUT = StoreLayout("sglang")
+
+
+def stored_by_a_previous_version() -> dict:
+    """release.json of the reference release as an earlier version could have written it."""
+    _, plan = first_plan()
+    metadata = json.loads(json.dumps(deployed(plan).metadata))
+    metadata["profile"]["service"]["health_path"] = "/health"   # a key removed since
+    metadata["profile"]["retries"] = 3                           # a whole section removed since
+    del metadata["profile"]["features"]["metrics"]               # a key added since
+    del metadata["tags"]                                         # written before the tag set existed
+    return metadata
+
+
+def test_a_stored_profile_with_unknown_and_missing_keys_is_read_and_the_unknown_ones_reported() -> None:
+    stored = read_stored_profile(stored_by_a_previous_version()["profile"])
+    assert stored.server.port == 8000 and stored.parallel.gpus_per_node == 8
+    assert stored.unknown == ("service.health_path", "retries")
+    assert "service.health_path" in stored.notes("r1")[0] and "kept" in stored.notes("r1")[0]
+
+
+def test_a_recorded_value_todays_schema_refuses_is_reported_and_read_as_the_default() -> None:
+    """Input tried: port "eighty" and a startup timeout below today's minimum; and no profile at all."""
+    stored = read_stored_profile({"server": {"port": "eighty", "host": "0.0.0.0"},
+                                  "service": {"startup_timeout_s": 1, "venv": "/opt/v"}})
+    assert (stored.server.port, stored.server.host, stored.service.venv) == (30000, "0.0.0.0", "/opt/v")
+    assert [item.split(":")[0] for item in stored.refused] == ["server.port", "service.startup_timeout_s"]
+    assert read_stored_profile(None).server.port == 30000
+    assert read_stored_profile("garbage").unknown == ()
+
+
+def test_a_release_without_venv_files_or_tags_falls_back_to_what_it_does_record() -> None:
+    metadata = stored_by_a_previous_version()
+    del metadata["venv"], metadata["files"]
+    release = RecordedRelease.of("r1", metadata)
+    assert release.venv == metadata["profile"]["service"]["venv"] and release.files == {}
+    tags = recorded_tags(target(), "r1", metadata)
+    assert (tags.release, tags.profile, tags.versions) == ("r1", "glm5-nvfp4", {"sglang": "0.5.23"})
+    probe = probe_target(LAYOUT, metadata, {})
+    assert (probe.port, probe.health_path) == (8000, "/ready")
+
+
+def test_rollback_preflight_refuses_a_release_whose_venv_has_no_sglang() -> None:
+    """Input tried: the venv's python3 missing (the venv was deleted) for a recorded release."""
+    _, plan = first_plan()
+    release = RecordedRelease.of(plan.release.id, plan.release.metadata())
+    gone = replace(facts(plan.release.args), sglang=SGLangInstall(False, None, None, {},
+                                                                  "the venv's python3 was not found"))
+    with pytest.raises(PreflightError, match=f"release {plan.release.id}: no SGLang found in {release.venv}: the venv"):
+        check_release(release, target(), gone)
+    check_release(release, target(), facts(plan.release.args))
+
+
+def test_rollback_preflight_refuses_missing_or_changed_release_files() -> None:
+    """Input tried: the env file absent; the unit file with another checksum than release.json records."""
+    _, plan = first_plan()
+    release = RecordedRelease.of(plan.release.id, plan.release.metadata())
+    good = dict(release.files)
+    ok = replace(facts(), release_sums=good)
+    check_release_files(release, LAYOUT, ok, "th1")
+    with pytest.raises(PreflightError, match=r"sglang\.env is missing"):
+        check_release_files(release, LAYOUT, replace(ok, release_sums={UNIT_FILE: good[UNIT_FILE]}), "th1")
+    with pytest.raises(PreflightError, match=r"sglang\.service was changed since the release was written"):
+        check_release_files(release, LAYOUT, replace(ok, release_sums={**good, UNIT_FILE: "0" * 64}), "th1")
+    older = replace(release, files={})  # nothing recorded to compare: present is enough
+    check_release_files(older, LAYOUT, replace(ok, release_sums={UNIT_FILE: "1" * 64, ENV_FILE: "2" * 64}), "th1")
+
+
+def _tags(release: str) -> Tags:
+    return Tags("u@m", "th1", release, "p", "h")
+
+
+def test_only_history_last_word_on_what_serves_counts_as_recorded_healthy() -> None:
+    def store(*lines: tuple[str, str, str]) -> StoreFacts:
+        history = tuple(history_entry(event, outcome, _tags(release), NOW) for event, outcome, release in lines)
+        return StoreFacts(current="b", releases=(), incomplete=(), history=history, lock=None)
+
+    assert store(("deploy", HEALTHY, "b"), ("bench", FAILED, "b")).recorded_healthy("b")
+    assert not store(("deploy", HEALTHY, "b"), ("deploy", FAILED, "c"), ("rollback", HEALTHY, "a")
+                     ).recorded_healthy("b"), "b was healthy once, but something switched since"
+    assert not store(("deploy", HEALTHY, "a")).recorded_healthy("b"), "switched to b with no line (killed)"
+    assert not store().recorded_healthy("b")
+
+
+def test_sigterm_and_sigint_raise_an_interrupt_inside_the_block_only() -> None:
+    before = signal.getsignal(signal.SIGTERM)
+    with pytest.raises(Interrupt) as caught, signals_raise():
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.pause()  # not reached: the handler raises as soon as the signal is delivered
+    assert signal_name(caught.value) == "SIGTERM" and signal.getsignal(signal.SIGTERM) is before
+    error = interrupted(caught.value, "m")
+    assert isinstance(error, Terminated) and error.exit_code == 143
+    plain = interrupted(KeyboardInterrupt(), "m")
+    assert type(plain) is Interrupted and plain.exit_code == 130 and signal_name(KeyboardInterrupt()) == "SIGINT"
+
+
+def test_the_profile_of_the_repo_is_unchanged_by_lenient_reading() -> None:
+    """Today's own profile read leniently is today's profile: nothing unknown, nothing refused."""
+    profile = PROJECT.profile("glm5-nvfp4").profile
+    stored = read_stored_profile(profile.model_dump(mode="json"))
+    assert (stored.server, stored.service, stored.parallel) == (profile.server, profile.service, profile.parallel)
+    assert stored.unknown == () and stored.refused == ()
+
+
+# ---------------------------------------------------------------------------------------------------------
+# `rollback` against a scripted host: two releases, A (the target) and B (current, serving)
+
+READY = {"unit": {"ActiveState": "active", "SubState": "running", "NRestarts": "0", "ExecMainPID": "7"},
+         "port_open": True, "health_status": 200, "generation": {"status": 200, "text": " Paris"}}
+DEAD = {"unit": {"ActiveState": "failed", "SubState": "failed", "NRestarts": "0", "ExecMainPID": "0",
+                 "Result": "exit-code", "ExecMainStatus": "1", "ExecMainCode": "1"}, "port_open": False}
+
+
+class ScriptedHost(FakeRemote):
+    """A host holding releases A and B (B current and serving); each probe answers for the release `current` names
+    with the next of its scripted snapshots (the last one repeats), or raises it."""
+
+    def __init__(self, probes: dict[str, list[object]], sglang_ok: bool = True) -> None:
+        super().__init__()
+        _, plan = first_plan()
+        self.current, self.probes = "B", probes
+        releases = {rid: {**plan.release.metadata(), "id": rid, "staged_at": f"2026-11-30T1{n}:00:00+00:00",
+                          "tags": {**_tags(rid).as_dict(), "profile": "glm5-nvfp4"}}
+                    for n, rid in enumerate(("A", "B"))}
+        files = "".join(f"{LAYOUT.releases}/{rid}/release.json\0{json.dumps(meta)}\n" for rid, meta in releases.items())
+        history = "".join(history_entry("deploy", HEALTHY, _tags(rid), NOW).to_json().decode() for rid in ("A", "B"))
+        sums = plan.release.metadata()["files"]
+        gpus = "".join(f"{i}, NVIDIA RTX PRO 6000 Blackwell Server Edition, GPU-{i}, 12.0, 97887, 0, 30, 600, 0, "
+                       "580\n" for i in range(8))
+        sglang = {"sglang_version": "0.5.23", "flashinfer_version": "0.7.2",
+                  "options": options_accepting(plan.release.args)}
+        replies: dict[str, tuple[int, str]] = {
+            store.FACT_CURRENT: (0, "releases/B\n"), store.FACT_RELEASE_DIRS: (0, "A\0B\0"),
+            store.FACT_RELEASE_FILES: (0, files), store.FACT_HISTORY: (0, history),
+            store.FACT_CLOCK: (0, "1764500000\n"), store.FACT_LOCK: (1, ""), store.FACT_LOCK_OWNER: (1, ""),
+            host_facts.FACT_GPUS: (0, gpus),
+            host_facts.FACT_UNIT: (0, "ActiveState=active\nSubState=running\nMainPID=7\nNRestarts=0\n"
+                                      "LoadState=loaded\n"),
+            host_facts.FACT_RELEASE_SUMS: (0, "".join(f"{digest}  /x/{name}\n" for name, digest in sums.items())),
+            host_facts.FACT_DISK: (0, "Filesystem 1-blocks Used Available Capacity Mounted on\n"
+                                      "/dev/sda 1000000000000 1 900000000000 1% /\n"),
+            host_facts.FACT_SGLANG: (0, json.dumps(sglang)) if sglang_ok else (127, ""),
+        }
+        for name, (code, out) in replies.items():
+            self.reply(name, exit_code=code, stdout=out)
+
+    def run(self, batch: Sequence[Step | Put]) -> list[StepResult]:
+        for step in batch:
+            if step.name == "switch: temp link":
+                self.current = step.argv[-2].removeprefix("releases/")  # type: ignore[union-attr]
+        if batch and batch[0].name.startswith("readiness probe"):
+            script = self.probes[self.current]
+            answer = script.pop(0) if len(script) > 1 else script[0]
+            if isinstance(answer, BaseException):
+                raise answer
+            self.reply(batch[0].name, stdout=json.dumps(answer), times=1)
+        return super().run(batch)
+
+    def rollback(self, to: str = "A") -> object:
+        from deploy_lib.deploy import rollback
+        from deploy_lib.progress import RecordingProgress
+
+        self.progress = RecordingProgress()
+        return rollback(target(), "sglang", self, self.progress, to, {}, grace_s=0)
+
+    def history(self) -> list[tuple[str, str, str, str]]:
+        lines = [json.loads(step.stdin) for step in self.ran
+                 if getattr(step, "name", "") == "history: append"]
+        return [(line["event"], line["outcome"], line["release"], line["cause"]) for line in lines]
+
+    def switches(self) -> list[str]:
+        return [step.argv[-2] for step in self.ran if getattr(step, "name", "") == "switch: temp link"]
+
+
+def test_a_hand_rollback_to_a_release_whose_venv_is_gone_changes_nothing() -> None:
+    host = ScriptedHost({"A": [READY], "B": [READY]}, sglang_ok=False)
+    with pytest.raises(PreflightError, match="release A: no SGLang found"):
+        host.rollback()
+    assert all(name.startswith(("store facts:", "host facts:")) for name in host.ran_names()), \
+        "only reads ran: no lock, switch, restart or history line"
+
+
+def test_a_hand_rollback_whose_target_dies_switches_back_to_the_serving_release() -> None:
+    host = ScriptedHost({"A": [DEAD], "B": [READY]})
+    with pytest.raises(ReadinessFailed, match="rolled back, release B is serving") as caught:
+        host.rollback()
+    assert caught.value.exit_code == 6
+    assert host.switches() == ["releases/A", "releases/B"]
+    assert [line[:3] for line in host.history()] == [("rollback", FAILED, "A"), ("rollback", HEALTHY, "B")]
+    assert "lock: release" in host.ran_names()
+
+
+def test_ctrl_c_during_a_rollback_switches_back_and_records_it() -> None:
+    host = ScriptedHost({"A": [Interrupt(signal.SIGINT)], "B": [READY]})
+    with pytest.raises(Interrupted, match="release B is serving") as caught:
+        host.rollback()
+    assert caught.value.exit_code == 130 and "SIGINT" in caught.value.message
+    assert [line[:3] for line in host.history()] == [("rollback", FAILED, "A"), ("rollback", HEALTHY, "B")]
+    assert "interrupted by SIGINT" in host.history()[0][3]
+    assert "lock: release" in host.ran_names()
+
+
+def test_a_second_signal_during_the_switch_back_stops_it_and_says_what_the_host_is() -> None:
+    host = ScriptedHost({"A": [Interrupt(signal.SIGTERM)], "B": [Interrupt(signal.SIGINT)]})
+    host.reply("state: current", stdout="releases/B\n")
+    host.reply("state: unit", stdout="ActiveState=activating\nSubState=start\n")
+    with pytest.raises(Interrupted, match="interrupted again") as caught:
+        host.rollback()
+    assert caught.value.exit_code == 130
+    assert "current: B, unit activating/start" in caught.value.message
+    assert [line[:2] for line in host.history()] == [("rollback", FAILED), ("rollback", FAILED)]
+    assert "lock: release" in host.ran_names()
