@@ -603,8 +603,9 @@ class _Run:
         """The error for a signal that came outside a switch and its verification."""
         name = signal_name(stop)
         if self.switched_to is None:
-            return interrupted(stop, f"{self.where}: interrupted ({name}) before the switch; current is unchanged "
-                                     f"(release {self.previous or 'none'})")
+            serving = f": release {self.previous} is current" if self.previous else ""
+            return interrupted(stop, f"{self.where}: interrupted ({name}) before the switch; nothing was switched or "
+                                     f"restarted{serving}")
         if self.verified == self.switched_to:
             return interrupted(stop, f"{self.where}: interrupted ({name}) after release {self.verified} was verified; "
                                      f"release {self.verified} is serving")

@@ -246,3 +246,11 @@ def test_a_second_signal_during_the_switch_back_stops_it_and_says_what_the_host_
     assert "current: B, unit activating/start" in caught.value.message
     assert [line[:2] for line in host.history()] == [("rollback", FAILED), ("rollback", FAILED)]
     assert "lock: release" in host.ran_names()
+
+
+def test_a_signal_before_the_switch_changes_nothing_and_says_so() -> None:
+    host = ScriptedHost({"A": [READY], "B": [READY]})
+    host.reply(host_facts.FACT_GPUS, raises=Interrupt(signal.SIGTERM))  # type: ignore[arg-type]
+    with pytest.raises(Terminated, match="before the switch; nothing was switched or restarted: release B is current"):
+        host.rollback()
+    assert all(name.startswith(("store facts:", "host facts:")) for name in host.ran_names())

@@ -133,19 +133,19 @@ def test_hand_rollback_to_a_release_whose_venv_is_gone_is_refused_before_the_swi
 
 def test_hand_rollback_whose_target_fails_to_start_switches_back_to_the_serving_release(rig: Rig,
                                                                                        healthy: str) -> None:
-    short = rig.deploy("glm5-short").release_id
+    older = rig.deploy("glm5-hang").release_id
     assert rig.deploy("glm5-nvfp4").release_id == healthy
-    rig.fault("oom")  # only releases of glm5-short read this file
+    rig.fault("oom", FAULT_OF_HANG)  # only releases of glm5-hang read this file
     try:
         with pytest.raises(ReadinessFailed, match="out of memory") as caught:
-            rig.rollback(short)
+            rig.rollback(older)
     finally:
-        rig.fault(None)
+        rig.fault(None, FAULT_OF_HANG)
     assert not isinstance(caught.value, RollbackFailed) and caught.value.exit_code == 6
     assert f"release {healthy} is serving" in str(caught.value)
     assert rig.current() == healthy and rig.unit_state() == "active"
     assert [(h["event"], h["outcome"], h["release"]) for h in rig.history()[-2:]] == [
-        ("rollback", "failed", short), ("rollback", "healthy", healthy)]
+        ("rollback", "failed", older), ("rollback", "healthy", healthy)]
 
 
 def test_the_automatic_rollback_waits_the_same_grace_window_as_a_deploy(rig: Rig, healthy: str) -> None:
