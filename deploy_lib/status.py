@@ -119,7 +119,7 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
     metadata = record.metadata if record else {}
     readiness = "no release deployed" if facts.store.current is None else "not probed: the release is unreadable"
     if record is not None:
-        probe = probe_target(layout, metadata, environ={})
+        probe = probe_target(layout, metadata, environ={}, generation=False)  # /ready or /health: no API key
         [result] = remote.run([probe_step(probe, Rung.HEALTH)])
         readiness = _readiness(parse_snapshot(result, Rung.HEALTH))
     lock = facts.store.lock

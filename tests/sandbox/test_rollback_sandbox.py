@@ -34,6 +34,8 @@ PROFILES = {
     # a release that reads its own fault file and waits long enough for a signal to arrive while it loads
     "glm5-hang": (f"extends: glm5-nvfp4\nenv:\n  SGLANG_SIM_FAULT: {FAULT_OF_HANG}\n"
                   "service:\n  startup_timeout_s: 300\n"),
+    # the release whose release.json is rewritten as an earlier version would have written it
+    "glm5-previous": "extends: glm5-nvfp4\nenv:\n  OMP_NUM_THREADS: '3'\n",
 }
 # `invoke` run on the repo's tasks.py with the test project in place of the repo's (its profiles, its inventory)
 TASKS_SHIM = """\
@@ -44,6 +46,7 @@ from pathlib import Path
 sys.path.insert(0, {repo!r})
 spec = importlib.util.spec_from_file_location("sglang_deploy_tasks", {tasks!r})
 tasks = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = tasks  # dataclasses in tasks.py look their module up
 spec.loader.exec_module(tasks)
 from deploy_lib.project import Project  # noqa: E402
 
@@ -244,7 +247,7 @@ def test_redeploying_a_release_whose_directory_was_deleted_restages_it(rig: Rig,
 
 def test_rollback_to_a_release_written_by_a_previous_version(rig: Rig, healthy: str) -> None:
     """Input tried: release.json whose profile has a key today's schema lacks and lacks one it has."""
-    old = rig.deploy("glm5-omp4").release_id
+    old = rig.deploy("glm5-previous").release_id
     assert rig.deploy("glm5-nvfp4").release_id == healthy
     path = f"{STORE}/releases/{old}/release.json"
     metadata = json.loads(rig.root(f"cat {path}"))
