@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 import pytest
 from fake_remote import FakeRemote
 from test_deploy_plan import PROJECT, deployed, facts, first_plan, options_accepting, target
+from test_store import release_entries
 
 from deploy_lib import facts as host_facts
 from deploy_lib import store
@@ -166,7 +167,7 @@ class ScriptedHost(FakeRemote):
         sglang = {"sglang_version": "0.5.23", "flashinfer_version": "0.7.2",
                   "options": options_accepting(plan.release.args)}
         replies: dict[str, tuple[int, str]] = {
-            store.FACT_CURRENT: (0, "releases/B\n"), store.FACT_RELEASE_DIRS: (0, "A\0B\0"),
+            store.FACT_CURRENT: (0, "releases/B\n"), store.FACT_RELEASE_DIRS: (0, release_entries("A", "B")),
             store.FACT_RELEASE_FILES: (0, files), store.FACT_HISTORY: (0, history),
             store.FACT_CLOCK: (0, "1764500000\n"), store.FACT_LOCK: (1, ""), store.FACT_LOCK_OWNER: (1, ""),
             host_facts.FACT_GPUS: (0, gpus),
