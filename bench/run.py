@@ -1,5 +1,5 @@
-"""`make bench`: the performance figures of issues 4 (deploy, readiness, rollback) and 5 (venvs), measured on a
-sandbox guest of its own that is always stopped at the end.
+"""`make bench`: the performance figures of issues 4 (deploy, readiness, rollback), 5 (venvs) and 12 (model
+staging), measured on a sandbox guest of its own that is always stopped at the end.
 
 Every figure is the median of several runs, printed with its target and PASS/MISS; the exit code is 0 either way
 (figures, not assertions). Instants on the host (the restart, "fired up", the process exit) are the journal's
@@ -17,6 +17,7 @@ import os
 import shlex
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +34,7 @@ from deploy_lib.errors import ReadinessFailed
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote, OutputLine, Put, SSHTarget, Step, StepResult
 from deploy_lib.store import StoreLayout
-from sandbox import manage, wheelhouse
+from sandbox import hub, manage, wheelhouse
 
 REPO = Path(__file__).resolve().parents[1]
 UNIT = "sglang.service"
@@ -396,6 +397,52 @@ def venv_figures(unchanged: Sequence[VenvRun], changed: Sequence[VenvRun], chang
 # The whole run
 
 
+MODEL_REPO = "bench/weights"
+MODEL_PROFILE = "bench-model"
+MODEL_SHARD_VALUES = (25_000_000, 25_000_000)  # two float32 shards of 100 MB each
+MODEL_CACHE = "/root/.cache/huggingface"
+
+
+def measure_models(rig: Rig, runs: int) -> list[Figure]:
+    """Staging a 200 MB model from the guest's hub into its HF cache (the model phase of a deploy), against rsync of
+    the same files over SSH on the same veth; then an unchanged model: the no-op redeploy's round trips."""
+    files = hub.stand_in_files(MODEL_REPO, shard_values=MODEL_SHARD_VALUES)
+    hub.commit(rig.guest.hub, MODEL_REPO, files, "bench weights")
+    total = sum(len(data) for name, data in files.items() if not name.endswith(".md"))
+    (rig.project.root / "inventory" / "profiles" / f"{MODEL_PROFILE}.yaml").write_text(
+        f"extends: {PROFILE}\nmodel:\n  path: {MODEL_REPO}\n")
+    forget = (f"rm -rf {MODEL_CACHE}/hub/models--bench--weights {MODEL_CACHE}/sglang-deploy/models--bench--weights "
+              "/tmp/bench-raw")
+    source = rig.guest.hub.repo_dir(MODEL_REPO)
+    ssh = shlex.join(rig.guest.ssh_argv("root")[:-1])
+    staged, copied, round_trips = [], [], []
+    for _ in range(runs):
+        rig.root(forget)
+        with rig.command(MODEL_PROFILE) as (remote, _progress, deploy):
+            outcome = deploy()
+        staged.append(total / outcome.timings["model"] / 1e6)
+        started = time.time()
+        subprocess.run(["rsync", "-a", "-e", ssh, *[str(source / name) for name in files if not name.endswith(".md")],
+                        f"root@{rig.guest.guest_ip}:/tmp/bench-raw/"], check=True, capture_output=True)
+        copied.append(total / (time.time() - started) / 1e6)
+        with rig.command(MODEL_PROFILE) as (remote, _progress, deploy):
+            again = deploy()
+        assert again.action == "unchanged" and "model" not in again.timings, again.action
+        round_trips.append(remote.inner.round_trips)
+        say(f"model: staged {staged[-1]:.0f} MB/s, rsync {copied[-1]:.0f} MB/s, no-op {round_trips[-1]} round trip")
+    ratio = statistics.median(staged) / statistics.median(copied)
+    return [
+        # the model's plan rides in the facts' round trip (tests/sandbox/test_models_sandbox.py asserts it)
+        Figure("model unchanged: no-op redeploy round trips (lock, facts + model plan, unlock) / bytes staged",
+               f"{statistics.median(round_trips):g} / 0 B", runs, "0 B", True),
+        Figure(f"model staging, {total / 1e6:.0f} MB hub -> HF cache (snapshot_download)",
+               f"{statistics.median(staged):.0f} MB/s ({min(staged):.0f}-{max(staged):.0f})", runs, "", None),
+        Figure("  raw copy of the same files (rsync over ssh, same veth)",
+               f"{statistics.median(copied):.0f} MB/s ({min(copied):.0f}-{max(copied):.0f})", runs, "", None),
+        Figure("  staging / raw copy", f"{ratio:.2f}x", runs, "", None),
+    ]
+
+
 def say(text: str) -> None:
     print(text, flush=True)
 
@@ -473,6 +520,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         rig = make_rig(guest, Path(work), options.runs)
         figures = measure_deploys(rig, options.runs)
         figures += measure_venvs(rig, house, options.runs, options.venv_runs, Path(work))
+        figures += measure_models(rig, options.runs)
     say(f"\nmake bench on the sandbox guest ({time.time() - started:.0f} s in all)\n")
     say(table(figures))
     say(f"\n{ANSIBLE}")
