@@ -101,7 +101,8 @@ def user(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -
 
 def test_the_quick_start_as_written_deploys_to_a_fresh_host(user: User) -> None:
     """Every line of the README's quick start, in order. What a real host has and the guest has not is stated
-    here: the guest's address, key and known_hosts replace the example's, its venv is /opt/ml-env."""
+    here: the guest's address, key and known_hosts replace the example's, its venv is /opt/ml-env, and it reaches
+    no hub but the sandbox's own (hf_endpoint)."""
     guest = user.guest
     user.root(FRESH_HOST)
     ran = []
@@ -119,7 +120,7 @@ def test_the_quick_start_as_written_deploys_to_a_fresh_host(user: User) -> None:
         if command.startswith("cat > inventory/hosts.yaml"):
             command = command.replace("ansible_host: 192.0.2.10", f"ansible_host: {guest.guest_ip}").replace(
                 "gpu_count: 8}", f"gpu_count: 8, ansible_ssh_private_key_file: {guest.key}, "
-                                 f"known_hosts_file: {guest.known_hosts}}}")
+                                 f"known_hosts_file: {guest.known_hosts}, hf_endpoint: {guest.hub.endpoint}}}")
         command = command.split("  #", 1)[0].rstrip()
         if command.startswith("invoke plan") and "--accept-new-host-key" not in command:
             command += " --accept-new-host-key"  # README: the first command that connects takes it
