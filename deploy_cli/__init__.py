@@ -158,6 +158,8 @@ def print_status(report: StatusReport) -> None:
         return
     names = sorted({f"{gpu.name} ({gpu.arch})" for gpu in report.gpus})
     console.print(f"{len(report.gpus)} GPUs: {', '.join(names)}")
+    if report.topology:
+        console.print(f"topology: {escape(report.topology)}")
     table = Table("GPU", "memory used / total (MiB)", "power draw / limit (W)", "util %")
     for gpu in report.gpus:
         power = f"{gpu.power_draw_w:.0f} / {gpu.power_limit_w:.0f}" if gpu.power_draw_w is not None \

@@ -164,8 +164,8 @@ def advise(topology: Topology, nccl_env: Mapping[str, str]) -> Advice:
 
 
 def topology_steps() -> list[Step]:
-    # exit 127: no nvidia-smi (a fact the caller reports); the p2p matrices need a driver that has `topo -p2p`
-    ok = frozenset({0, 127})
+    # any exit is a fact for parse_topology_results (127: no nvidia-smi; a driver without `topo -p2p` prints usage)
+    ok = frozenset(range(256))
     return [Step("topology", ("nvidia-smi", "topo", "-m"), ok=ok, timeout_s=30),
             Step("p2p read", ("nvidia-smi", "topo", "-p2p", "r"), ok=ok, timeout_s=30),
             Step("p2p write", ("nvidia-smi", "topo", "-p2p", "w"), ok=ok, timeout_s=30)]
@@ -174,6 +174,9 @@ def topology_steps() -> list[Step]:
 def parse_topology_results(results: Sequence[StepResult]) -> tuple[Topology | None, str | None]:
     if any(r.exit_code == 127 for r in results):
         return None, "nvidia-smi not found on the host"
+    failed = next((r for r in results if r.exit_code != 0), None)
+    if failed is not None:
+        return None, f"`{' '.join(failed.step.argv)}` exited {failed.exit_code}"
     try:
         return parse_topology(*(r.stdout for r in results)), None
     except ValueError as exc:

@@ -24,6 +24,7 @@ from deploy_lib.deploy import detect_drift, probe_target
 from deploy_lib.diagnose import journal_step
 from deploy_lib.errors import ConfigError
 from deploy_lib.facts import Gpu, read_host_facts
+from deploy_lib.gpu_check import parse_topology_results, topology_steps
 from deploy_lib.health import Rung, Snapshot, parse_snapshot, probe_step
 from deploy_lib.models import StoredModel, read_stored
 from deploy_lib.profile import LoadedProfile, Profile, format_validation_error
@@ -68,6 +69,7 @@ class StatusReport:
     current_problem: str | None = None  # "current release X is damaged: ..." / "... is missing: ..."
     endpoint: str | None = None         # where clients reach the current release
     drift: tuple[str, ...] = ()         # hand edits since the last deploy (a deploy refuses them without --force)
+    topology: str | None = None         # the GPUs' links and P2P support in one line (gpu-check's reading)
 
 
 # Addresses a server listens on that are not addresses a client can use: clients use the host's own.
@@ -129,8 +131,11 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
         crashes = record_new_crashes(remote, layout, facts.store, facts.unit) if lock is None else \
             read_crashes(remote, layout, facts.unit)
     venv = PurePosixPath(str(metadata["venv"])) if metadata.get("venv") else None
-    batch = [*venv_store_fact_steps(layout), *([installed_step(venv, ("sglang",))] if venv else [])]
+    topology = topology_steps()
+    batch = [*venv_store_fact_steps(layout), *topology, *([installed_step(venv, ("sglang",))] if venv else [])]
     results = remote.run(batch)
+    read = {result.step.name: result for result in results}
+    links, links_error = parse_topology_results([read[step.name] for step in topology])
     marker = parse_venv_store_facts(results).markers.get(venv_hash or "")
     installed = results[-1] if venv and results[-1].exit_code == 0 else None
     return StatusReport(
@@ -144,7 +149,8 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
         endpoint=serving_endpoint(metadata, target.host.address), drift=detect_drift(layout, facts),
         gpus=facts.gpus, gpu_error=facts.gpu_error,
         lock_holder=(str(lock.owner) if lock.owner else "unknown owner") if lock else None,
-        current_problem=facts.store.current_problem())
+        current_problem=facts.store.current_problem(),
+        topology=links.one_line() if links else links_error)
 
 
 def list_releases(target: Target, service: str, remote: Remote) -> list[ReleaseRow]:

@@ -15,6 +15,7 @@ from deploy_lib.gpu_check import run_gpu_check
 from deploy_lib.progress import RecordingProgress
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote
+from deploy_lib.status import read_status
 from deploy_lib.store import read_store_facts
 from sandbox import manage
 
@@ -65,3 +66,11 @@ def test_stop_server_advises_from_the_topology_and_restarts_the_release(
     assert facts.current == current, "the same release serves again"
     assert [e.event for e in facts.history[-2:]] == ["stop", "start"] and facts.history[-1].outcome == "healthy"
     assert manage.run_on(guest, f"systemctl is-active {SERVICE}.service", user="root").strip() == "active"
+
+
+def test_status_shows_the_topology_in_one_line(deployed: tuple[Project, str, manage.Guest]) -> None:
+    project, inventory, _ = deployed
+    _, target = load_for_host(project, "gc-ref", inventory, None)
+    with FabricRemote(target.ssh) as remote:
+        report = read_status(target, SERVICE, remote)
+    assert report.topology == "8 GPUs, links PHB, P2P not supported on 28 of 28 pairs"
