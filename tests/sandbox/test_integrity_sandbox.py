@@ -144,7 +144,10 @@ def test_a_full_disk_while_writing_the_env_file_shows_the_os_error_and_never_the
         inventory = tmp_path / "full.yaml"
         inventory.write_text(Path(rig.inventory).read_text().replace(
             "  vars:\n", "  vars:\n    deploy_root: /srv/a2full/store\n", 1))
-        loaded, target = load_for_host(rig.project, "glm5-secret", str(inventory), None)
+        # a service of its own: the guest's sglang.service belongs to the other store (deploying over it is exit 9)
+        (rig.project.profiles_dir / "glm5-secret-full.yaml").write_text(
+            "extends: glm5-secret\nservice: {name: sglfull}\nserver: {port: 8020}\n")
+        loaded, target = load_for_host(rig.project, "glm5-secret-full", str(inventory), None)
         fill = "dd if=/dev/zero of=/srv/a2full/filler bs=1M 2>/dev/null; true"
         with FabricRemote(target.ssh) as inner, pytest.raises(StepFailed) as caught:
             remote = BeforeBatch(inner, lambda step: isinstance(step, Put) and step.dest.name == "sglang.env",
@@ -155,7 +158,7 @@ def test_a_full_disk_while_writing_the_env_file_shows_the_os_error_and_never_the
         assert "sglang.env" in message and "No space left on device" in message
         assert SECRET not in message and "not shown" not in message
         assert caught.value.hint and "filesystem is full" in caught.value.hint
-        assert rig.root("ls -A /srv/a2full/store/sglang").split() == ["releases"], "the lock was released"
+        assert rig.root("ls -A /srv/a2full/store/sglfull").split() == ["releases"], "the lock was released"
         assert rig.current() == healthy
     finally:
         rig.root("umount /srv/a2full")
