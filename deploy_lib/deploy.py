@@ -399,10 +399,11 @@ def _listener_pids(listeners: tuple[str, ...]) -> set[int]:
 def preflight(plan: Plan, loaded: LoadedProfile, target: Target, facts: HostFacts, hand_pid: int | None = None
               ) -> None:
     """Read-only checks that the host can run the new release; PreflightError before anything changes."""
-    check_release(RecordedRelease.of_release(plan.release), target, facts, hand_pid)
+    check_release(RecordedRelease.of_release(plan.release), target, facts, hand_pid, recorded=False)
 
 
-def check_release(release: RecordedRelease, target: Target, facts: HostFacts, hand_pid: int | None = None) -> None:
+def check_release(release: RecordedRelease, target: Target, facts: HostFacts, hand_pid: int | None = None,
+                  recorded: bool = True) -> None:
     """The one preflight, for a new release and for a recorded one (rollback): GPUs, SGLang in the venv and every
     flag known to it, port (free, or held by our unit or the adopted hand-run server `hand_pid`), disk;
     PreflightError before anything changes."""
@@ -427,8 +428,11 @@ def check_release(release: RecordedRelease, target: Target, facts: HostFacts, ha
             "first on sys.path (a checkout's parent directory there is imported as a namespace package before an "
             "editable install's finder, and SGLang's own __init__ never runs)",
             "set service.working_directory to a directory without an `sglang` entry (e.g. the checkout's own)")
+    # a recorded release runs as it ran: an abbreviation this SGLang accepts (release 0's hand-written `--tp`) only
+    # refuses a command the tool is about to write
+    tolerated = {"abbreviation"} if recorded else set()
     problems = [problem for problem in check_argv(facts.sglang.options, list(release.args))
-                if problem.severity == "error"]
+                if problem.severity == "error" and problem.kind not in tolerated]
     if problems:
         listed = "\n  ".join(problem.message for problem in problems)
         raise PreflightError(f"{where}: SGLang {facts.sglang.sglang_version or release.sglang_version} in "

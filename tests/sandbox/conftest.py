@@ -1,7 +1,9 @@
 """Fixtures for the sandbox VM and the simulated SGLang server.
 
-- `sandbox_guest` (session): a guest of its own (name pt<pid>, so concurrent test runs do not collide),
-  always stopped at the end; `sandbox_ssh`: a deploy_lib FabricRemote logged in as `deploy` (sudo -n works);
+- `sandbox_guest` (module): a guest of each test module's own (name pt<pid>m<n>, so concurrent test runs do not
+  collide), always stopped at the module's end: every module's tests may rely on what they leave on the host (the
+  service `sglang` in /opt/sglang-deploy above all) and on nothing another module left;
+  `sandbox_ssh`: a deploy_lib FabricRemote logged in as `deploy` (sudo -n works);
   `sandbox_venv`: the guest with /opt/ml-env built from the wheelhouse (real sglang + flashinfer, the sim).
 - `wheelhouse`, `sim_venv` (session): the wheels, and a venv on this machine for the sim's loopback tests.
 - `guest_shell`: a GuestShell (guest_shell.py): paramiko, RejectPolicy, the guest's known_hosts.
@@ -10,6 +12,7 @@
 from __future__ import annotations
 
 import hashlib
+import itertools
 import os
 import sys
 from collections.abc import Iterator
@@ -39,18 +42,21 @@ def sim_venv(wheelhouse_default: wheelhouse.Wheelhouse) -> Path:
     return wheelhouse.build_local_venv(venv, wheelhouse_default)
 
 
-@pytest.fixture(scope="session")
+_guests = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
 def sandbox_guest() -> Iterator[manage.Guest]:
     if os.geteuid() != 0:
         pytest.skip("the sandbox VM needs root (netns, overlay mount, systemd-nspawn)")
-    name = f"pt{os.getpid()}"[:12]
+    name = f"pt{os.getpid()}m{next(_guests)}"[:12]
     try:
         yield manage.up(name, record=False)
     finally:
         manage.down(name, record=False)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sandbox_ssh(sandbox_guest: manage.Guest) -> Iterator[FabricRemote]:
     remote = FabricRemote(SSHTarget(host=sandbox_guest.guest_ip, user=manage.GUEST_USER,
                                     key_file=sandbox_guest.key, known_hosts_file=sandbox_guest.known_hosts))
@@ -58,14 +64,14 @@ def sandbox_ssh(sandbox_guest: manage.Guest) -> Iterator[FabricRemote]:
     remote.close()
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def sandbox_venv(sandbox_guest: manage.Guest, wheelhouse_default: wheelhouse.Wheelhouse) -> manage.Guest:
     """The guest once /opt/ml-env holds the wheelhouse (until the deploy engine builds venvs itself)."""
     manage.build_guest_venv(sandbox_guest, wheelhouse_default)
     return sandbox_guest
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def guest_shell(sandbox_guest: manage.Guest) -> Iterator[GuestShell]:
     shell = GuestShell(sandbox_guest)
     yield shell
