@@ -533,11 +533,12 @@ def read_store_facts(remote: Remote, layout: StoreLayout) -> StoreFacts:
 
 
 def releases_to_prune(facts: StoreFacts, keep: int) -> tuple[str, ...]:
-    """Release directories beyond the newest `keep`, never current nor the last healthy, plus leftover staging
-    directories and damaged releases (a release the tool cannot read can never be rolled back to)."""
+    """Release directories beyond the newest `keep`, never current, the last healthy, nor the one `rollback` returns
+    to, plus leftover staging directories and damaged releases (a release the tool cannot read can never be rolled
+    back to)."""
     if keep < 1:
         raise ConfigError(f"keep must be at least 1, got {keep}")
-    protected = {facts.current, facts.last_healthy()}
+    protected = {facts.current, facts.last_healthy(), facts.last_healthy(exclude=facts.current)}
     newest = {r.id for r in facts.releases[-keep:]}
     doomed = [r.id for r in facts.releases if r.id not in newest | protected]
     unusable = [*facts.incomplete, *(damaged.id for damaged in facts.damaged)]

@@ -199,7 +199,12 @@ def release_entries(*release_ids: str) -> str:
     return "".join(f"{rid}\0{rid}/release.json\0{rid}/sglang.service\0{rid}/sglang.env\0" for rid in release_ids)
 
 
-def captured_facts(current: str | None = "r3", lock: tuple[int, str] = (1, "")) -> StoreFacts:
+CAPTURED_HISTORY = (("deploy", HEALTHY, "r1"), ("deploy", HEALTHY, "r2"), ("deploy", "failed", "r3"),
+                    ("rollback", HEALTHY, "r2"), ("deploy", "failed", "r4"), ("bench", HEALTHY, "r4"))
+
+
+def captured_facts(current: str | None = "r3", lock: tuple[int, str] = (1, ""),
+                   history: tuple[tuple[str, str, str], ...] = CAPTURED_HISTORY) -> StoreFacts:
     base = "/opt/sglang-deploy/sglang/releases"
     files = "".join(f"{base}/{rid}/release.json\0{_release_json(rid, f'2026-11-2{n}T10:00:00+00:00')}\n"
                     for n, rid in enumerate(["r1", "r2", "r3", "r4"], start=1))
@@ -207,9 +212,7 @@ def captured_facts(current: str | None = "r3", lock: tuple[int, str] = (1, "")) 
         FACT_CURRENT: (0, f"releases/{current}\n") if current else (1, ""),
         FACT_RELEASE_DIRS: (0, release_entries("r4", "r3", "r2", "r1") + "r5.tmp\0r5.tmp/sglang.service\0"),
         FACT_RELEASE_FILES: (0, files),
-        FACT_HISTORY: (0, _history(("deploy", HEALTHY, "r1"), ("deploy", HEALTHY, "r2"),
-                                   ("deploy", "failed", "r3"), ("rollback", HEALTHY, "r2"),
-                                   ("deploy", "failed", "r4"), ("bench", HEALTHY, "r4"))),
+        FACT_HISTORY: (0, _history(*history)),
         FACT_CLOCK: (0, "1764414000\n"),
         FACT_LOCK: lock,
         FACT_LOCK_OWNER: (1, ""),
@@ -294,6 +297,16 @@ def test_pruning_keeps_newest_current_and_last_healthy() -> None:
     assert releases_to_prune(facts, keep=1) == ("r1", "r5.tmp")  # r2 last healthy, r3 current, r4 newest
     assert releases_to_prune(facts, keep=2) == ("r1", "r5.tmp")
     assert releases_to_prune(facts, keep=4) == ("r5.tmp",)
+
+
+def test_pruning_after_a_healthy_deploy_keeps_the_release_a_rollback_returns_to() -> None:
+    """r1 was rolled back to and served until r4 was deployed; r4 is now current and the last healthy, and a
+    rollback returns to r1, older than the newest two (a CI run saw the crash test's rollback target pruned)."""
+    facts = captured_facts(current="r4", history=(("deploy", HEALTHY, "r1"), ("deploy", HEALTHY, "r2"),
+                                                  ("deploy", HEALTHY, "r3"), ("rollback", HEALTHY, "r1"),
+                                                  ("deploy", HEALTHY, "r4")))
+    assert facts.last_healthy(exclude="r4") == "r1"
+    assert releases_to_prune(facts, keep=2) == ("r2", "r5.tmp")
 
 
 def test_pruning_never_removes_an_old_current_release() -> None:
