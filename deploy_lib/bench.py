@@ -20,14 +20,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
-from typing import Annotated, Any, Literal
-
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from typing import Any
 
 from deploy_lib.errors import ConfigError, GateFailed, RemoteError
 from deploy_lib.facts import NVIDIA_SMI_QUERY, Gpu, parse_gpus
 from deploy_lib.progress import Progress
 from deploy_lib.remote import Put, Remote, Step, StepResult
+from deploy_lib.settings import BenchSettings, GateSettings
 from deploy_lib.store import (
     ACTIVATIONS,
     FAILED,
@@ -70,57 +69,6 @@ _RUN_SCRIPT = 'ulimit -n "$(ulimit -Hn)"; exec "$@"'
 # The API key travels on stdin, never in argv: the benchmark reads OPENAI_API_KEY (sent as a bearer token).
 _RUN_WITH_KEY_SCRIPT = 'ulimit -n "$(ulimit -Hn)"; IFS= read -r OPENAI_API_KEY; export OPENAI_API_KEY; exec "$@"'
 _HF_ENV_PREFIXES = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_")
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Settings (profile keys `bench:` and `gate:`)
-
-
-class BenchSettings(BaseModel):
-    """How the release is benchmarked: SGLang's serving benchmark, random-ids dataset, one run per level."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    prompts: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
-        1024, description="requests per concurrency level (--num-prompts); at least the highest level")
-    input_len: Annotated[int, Field(ge=1, le=10_000_000)] = Field(1024, description="prompt tokens per request")
-    output_len: Annotated[int, Field(ge=1, le=10_000_000)] = Field(1024, description="output tokens per request")
-    concurrency: list[Annotated[int, Field(ge=1, le=1_000_000)]] = Field(
-        default_factory=lambda: [64, 1024], min_length=1, description="--max-concurrency levels, one run each")
-    backend: Literal["sglang", "sglang-oai"] = Field(
-        "sglang", description="sglang: native /generate; sglang-oai: /v1/completions")
-    tokenizer: Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[A-Za-z0-9._\-/+@:=,~]+$")] | None = (
-        Field(None, description="tokenizer directory on the host (default: model.tokenizer, else model.path, "
-                                "read offline from the host's Hugging Face cache)"))
-    timeout_s: Annotated[int, Field(ge=10, le=24 * 3600)] = Field(3600, description="limit per concurrency level")
-
-    @model_validator(mode="after")
-    def _levels_reachable(self) -> BenchSettings:
-        if len(set(self.concurrency)) != len(self.concurrency):
-            raise ValueError(f"concurrency levels repeat: {self.concurrency}")
-        if self.prompts < max(self.concurrency):
-            raise ValueError(f"prompts ({self.prompts}) is below the highest concurrency ({max(self.concurrency)}): "
-                             "that level would never run at its concurrency")
-        return self
-
-    def identity(self) -> dict[str, float]:
-        """The settings that change the figures; a baseline must match all of them (stored with the figures)."""
-        return {"settings.prompts": float(self.prompts), "settings.input_len": float(self.input_len),
-                "settings.output_len": float(self.output_len),
-                "settings.openai_api": 1.0 if self.backend == "sglang-oai" else 0.0}
-
-    def describe(self) -> str:
-        return (f"{self.prompts} prompts of {self.input_len} -> {self.output_len} tokens ({self.backend}), "
-                f"concurrency {', '.join(map(str, self.concurrency))}")
-
-
-class GateSettings(BaseModel):
-    """When a benchmarked release is rolled back: ratios against the last good release at the same settings."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-    min_throughput_ratio: Annotated[float, Field(gt=0, le=10)] = Field(
-        0.9, description="output throughput must be at least this times the baseline's, at every level")
-    max_ttft_p99_ratio: Annotated[float, Field(gt=0, le=100)] = Field(
-        1.25, description="p99 time to first token must be at most this times the baseline's, at every level")
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import Any, NoReturn
 
-from deploy_lib.bench import GateSettings, gate_after_ready
+from deploy_lib.bench import gate_after_ready
 from deploy_lib.crashes import record_new_crashes, start_limit_note
 from deploy_lib.cuda_toolkit import FIX_HINT, cuda_home, sm12x_problem
 from deploy_lib.diagnose import Diagnosis, diagnose, journal_cursor_step, journal_step, parse_journal_cursor
@@ -78,6 +78,7 @@ from deploy_lib.release import (
 )
 from deploy_lib.remote import Put, Remote, Step, StepResult, describe
 from deploy_lib.server_args import API_KEY_ENV, launch_environment
+from deploy_lib.settings import GateSettings
 from deploy_lib.sglang_options import check_argv
 from deploy_lib.store import (
     ENV_FILE,

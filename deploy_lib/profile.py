@@ -24,9 +24,8 @@ from pydantic import (
     model_validator,
 )
 
-from deploy_lib.bench import BenchSettings, GateSettings
 from deploy_lib.errors import ConfigError, did_you_mean
-from deploy_lib.venvs import VenvSpec
+from deploy_lib.settings import BenchSettings, GateSettings, VenvSpec
 from deploy_lib.yaml_io import load_yaml_mapping
 
 MAX_STRING = 4096  # longer than any real path or flag value; stops 1 MB strings at the door

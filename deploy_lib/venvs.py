@@ -29,11 +29,10 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote, urlparse
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
 from deploy_lib.errors import ConfigError, DeployError, PreflightError, StepFailed
 from deploy_lib.progress import NullProgress, Progress
 from deploy_lib.remote import Put, Remote, Step, StepResult, describe
+from deploy_lib.settings import VenvSpec
 from deploy_lib.store import StoreLayout, host_lock
 
 MARKER_FILE = "venv.json"
@@ -103,42 +102,6 @@ def _iso(when: datetime) -> str:
 
 def _json_line(data: Mapping[str, Any]) -> bytes:
     return (json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n").encode()
-
-
-# ---------------------------------------------------------------------------------------------------------
-# The profile part
-
-
-class VenvSpec(BaseModel):
-    """How the server's venv is built: a lock (pinned, hashed) and where its wheels come from."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    lock: Path = Field(description="pinned requirements with --hash lines (pip-compile --generate-hashes, "
-                                   "uv pip compile --generate-hashes); it must be complete: pip runs --no-deps")
-    wheelhouse: Path | None = Field(None, description="local directory of wheels, pushed to hosts without internet")
-    index: str | None = Field(None, description="package index URL the host itself downloads from")
-    python: str = Field("python3", description="the host's interpreter that creates the venv")
-
-    @field_validator("python")
-    @classmethod
-    def _python_is_a_command(cls, value: str) -> str:
-        if not re.fullmatch(r"/?[A-Za-z0-9._/+-]+", value) or ".." in value.split("/"):
-            raise ValueError("must be a command name (python3) or an absolute path (/usr/bin/python3.11)")
-        return value
-
-    @field_validator("index")
-    @classmethod
-    def _index_is_a_url(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"https?://[^\s]+", value):
-            raise ValueError("must be an http(s) URL, e.g. https://pypi.org/simple")
-        return value
-
-    @model_validator(mode="after")
-    def _one_source(self) -> VenvSpec:
-        if (self.wheelhouse is None) == (self.index is None):
-            raise ValueError("give exactly one of `wheelhouse` (a local directory) or `index` (a URL)")
-        return self
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -18,8 +18,6 @@ from deploy_lib.bench import (
     STEP_SAMPLER_START,
     STEP_SAMPLER_STOP,
     BenchResult,
-    BenchSettings,
-    GateSettings,
     Latency,
     LevelResult,
     bench_history_entry,
@@ -36,6 +34,7 @@ from deploy_lib.bench import (
 )
 from deploy_lib.errors import ConfigError, GateFailed, StepFailed
 from deploy_lib.progress import RecordingProgress
+from deploy_lib.settings import BenchSettings, GateSettings
 from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, StoreLayout, Tags, history_entry
 
 pytest_plugins = ("wheelcache",)

@@ -1,0 +1,99 @@
+"""The profile's sections that operations act on (`bench:`, `gate:`, `venv:`), in the schema layer.
+
+The operations (deploy_lib/bench.py runs the benchmark and the gate, deploy_lib/venvs.py builds the venv) import these
+models; the schema never imports an operation (tests/test_architecture.py checks the import graph).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+# ---------------------------------------------------------------------------------------------------------
+# Settings (profile keys `bench:` and `gate:`)
+
+
+class BenchSettings(BaseModel):
+    """How the release is benchmarked: SGLang's serving benchmark, random-ids dataset, one run per level."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    prompts: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        1024, description="requests per concurrency level (--num-prompts); at least the highest level")
+    input_len: Annotated[int, Field(ge=1, le=10_000_000)] = Field(1024, description="prompt tokens per request")
+    output_len: Annotated[int, Field(ge=1, le=10_000_000)] = Field(1024, description="output tokens per request")
+    concurrency: list[Annotated[int, Field(ge=1, le=1_000_000)]] = Field(
+        default_factory=lambda: [64, 1024], min_length=1, description="--max-concurrency levels, one run each")
+    backend: Literal["sglang", "sglang-oai"] = Field(
+        "sglang", description="sglang: native /generate; sglang-oai: /v1/completions")
+    tokenizer: Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[A-Za-z0-9._\-/+@:=,~]+$")] | None = (
+        Field(None, description="tokenizer directory on the host (default: model.tokenizer, else model.path, "
+                                "read offline from the host's Hugging Face cache)"))
+    timeout_s: Annotated[int, Field(ge=10, le=24 * 3600)] = Field(3600, description="limit per concurrency level")
+
+    @model_validator(mode="after")
+    def _levels_reachable(self) -> BenchSettings:
+        if len(set(self.concurrency)) != len(self.concurrency):
+            raise ValueError(f"concurrency levels repeat: {self.concurrency}")
+        if self.prompts < max(self.concurrency):
+            raise ValueError(f"prompts ({self.prompts}) is below the highest concurrency ({max(self.concurrency)}): "
+                             "that level would never run at its concurrency")
+        return self
+
+    def identity(self) -> dict[str, float]:
+        """The settings that change the figures; a baseline must match all of them (stored with the figures)."""
+        return {"settings.prompts": float(self.prompts), "settings.input_len": float(self.input_len),
+                "settings.output_len": float(self.output_len),
+                "settings.openai_api": 1.0 if self.backend == "sglang-oai" else 0.0}
+
+    def describe(self) -> str:
+        return (f"{self.prompts} prompts of {self.input_len} -> {self.output_len} tokens ({self.backend}), "
+                f"concurrency {', '.join(map(str, self.concurrency))}")
+
+
+class GateSettings(BaseModel):
+    """When a benchmarked release is rolled back: ratios against the last good release at the same settings."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    min_throughput_ratio: Annotated[float, Field(gt=0, le=10)] = Field(
+        0.9, description="output throughput must be at least this times the baseline's, at every level")
+    max_ttft_p99_ratio: Annotated[float, Field(gt=0, le=100)] = Field(
+        1.25, description="p99 time to first token must be at most this times the baseline's, at every level")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The profile part
+
+
+class VenvSpec(BaseModel):
+    """How the server's venv is built: a lock (pinned, hashed) and where its wheels come from."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    lock: Path = Field(description="pinned requirements with --hash lines (pip-compile --generate-hashes, "
+                                   "uv pip compile --generate-hashes); it must be complete: pip runs --no-deps")
+    wheelhouse: Path | None = Field(None, description="local directory of wheels, pushed to hosts without internet")
+    index: str | None = Field(None, description="package index URL the host itself downloads from")
+    python: str = Field("python3", description="the host's interpreter that creates the venv")
+
+    @field_validator("python")
+    @classmethod
+    def _python_is_a_command(cls, value: str) -> str:
+        if not re.fullmatch(r"/?[A-Za-z0-9._/+-]+", value) or ".." in value.split("/"):
+            raise ValueError("must be a command name (python3) or an absolute path (/usr/bin/python3.11)")
+        return value
+
+    @field_validator("index")
+    @classmethod
+    def _index_is_a_url(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"https?://[^\s]+", value):
+            raise ValueError("must be an http(s) URL, e.g. https://pypi.org/simple")
+        return value
+
+    @model_validator(mode="after")
+    def _one_source(self) -> VenvSpec:
+        if (self.wheelhouse is None) == (self.index is None):
+            raise ValueError("give exactly one of `wheelhouse` (a local directory) or `index` (a URL)")
+        return self
