@@ -17,13 +17,12 @@ import deploy_cli as ui
 from deploy_cli.options import task
 from deploy_lib import deploy as deploy_engine
 from deploy_lib import gpu_check as gpu_checks
-from deploy_lib import patching
 from deploy_lib import status as host_status
 from deploy_lib import uninstall as remove
 from deploy_lib.adopt import adopt as adopt_server
 from deploy_lib.bundled import ROLES_DIR
 from deploy_lib.errors import EXIT_CODES, DeployError, PreflightError
-from deploy_lib.patches import PatchSet, find_patch_set, list_patch_sets
+from deploy_lib.patches import PatchSet, find_patch_set, list_patch_sets, on_host
 from deploy_lib.profile import LoadedProfile, ServiceSpec, profile_json_schema, profile_path
 from deploy_lib.project import SANDBOX_INVENTORY, Project, Target, load_for_host, profile_for_host, resolve_target
 from deploy_lib.release import build_release, diff_releases
@@ -462,7 +461,7 @@ def patches_check(c: Context, name: str, profile: str | None = None, host: str |
                   inventory: str | None = None, service: str | None = None, verbose: bool = False) -> None:
     """Each target's state (absent, applied, native, conflict) in the current release's venv; changes nothing."""
     _report_as(verbose=verbose)
-    ui.print_check(_patch_run(profile, host, inventory, service, patching.check, _patch_set(name)))
+    ui.print_check(_patch_run(profile, host, inventory, service, on_host.check, _patch_set(name)))
 
 
 @task(name="audit", help=PATCH_HELP)
@@ -470,7 +469,7 @@ def patches_audit(c: Context, name: str, profile: str | None = None, host: str |
                   inventory: str | None = None, service: str | None = None, verbose: bool = False) -> None:
     """Every architecture bound an SM120 build meets on the patch set's code path, with file:line."""
     _report_as(verbose=verbose)
-    ui.print_audit(_patch_run(profile, host, inventory, service, patching.audit, _patch_set(name)))
+    ui.print_audit(_patch_run(profile, host, inventory, service, on_host.audit, _patch_set(name)))
 
 
 @task(name="enable", help=PATCH_HELP)
@@ -483,10 +482,10 @@ def patches_enable(c: Context, name: str, profile: str | None = None, host: str 
     target = _target(inventory, host)
     _consent_possible(yes)  # the question needs the host's profile; refuse before connecting when nobody can answer
     with _remote(target) as remote:
-        base = patching.base_profile(_profile_in_use(profile, target, remote, service), patch_set)
-        patched = patching.patched_profile(base, patch_set)
+        base = on_host.base_profile(_profile_in_use(profile, target, remote, service), patch_set)
+        patched = on_host.patched_profile(base, patch_set)
         _consent(f"patch {name} and deploy {patched.name} to {target.host.name}?", yes)
-        report, outcome = _run(lambda: patching.enable(remote, patch_set, base, patched, target,
+        report, outcome = _run(lambda: on_host.enable(remote, patch_set, base, patched, target,
                                                        _progress(), deploy_engine.Options(
                                                            environ=dict(os.environ))))
     ui.print_check(report)
@@ -503,9 +502,9 @@ def patches_disable(c: Context, name: str, profile: str | None = None, host: str
     target = _target(inventory, host)
     _consent_possible(yes)
     with _remote(target) as remote:
-        base = patching.base_profile(_profile_in_use(profile, target, remote, service), patch_set)
+        base = on_host.base_profile(_profile_in_use(profile, target, remote, service), patch_set)
         _consent(f"deploy {base.name} without {name} to {target.host.name}?", yes)
-        outcome = _run(lambda: patching.disable(remote, patch_set, base, target, _progress(),
+        outcome = _run(lambda: on_host.disable(remote, patch_set, base, target, _progress(),
                                                 deploy_engine.Options(environ=dict(os.environ))))
     ui.print_outcome(outcome)
 

@@ -14,7 +14,6 @@ import pytest
 from fake_remote import FakeRemote
 from test_deploy_plan import PROJECT, facts, target
 
-from deploy_lib import patching
 from deploy_lib.bundled import ROLES_DIR
 from deploy_lib.cuda_toolkit import (
     FACT_NVCC,
@@ -27,7 +26,7 @@ from deploy_lib.cuda_toolkit import (
 )
 from deploy_lib.deploy import Options, plan_deploy, preflight
 from deploy_lib.errors import PreflightError
-from deploy_lib.patches import find_patch_set
+from deploy_lib.patches import find_patch_set, on_host
 from deploy_lib.progress import RecordingProgress
 from deploy_lib.remote import Put, Step, StepResult
 
@@ -172,18 +171,18 @@ def test_patch_fusion_check_and_audit_report_the_toolkit_and_enable_refuses_befo
     patch_set = find_patch_set(ROLES_DIR, "fusion-sm120")
     base = PROJECT.profile("glm5-nvfp4")
     remote = patch_host("0.6.12", VERSION_JSON_128)
-    report = patching.check(remote, patch_set, base, target())
+    report = on_host.check(remote, patch_set, base, target())
     assert report.toolkit is not None and report.toolkit.startswith("CUDA toolkit: REFUSED: FlashInfer 0.6.12 needs")
     assert report.toolkit in report.summary_lines()
-    audit = patching.audit(remote, patch_set, base, target())
+    audit = on_host.audit(remote, patch_set, base, target())
     assert audit.toolkit == report.toolkit and audit.toolkit in audit.summary_lines()
     with pytest.raises(PreflightError) as caught:
-        patching.enable(remote, patch_set, base, patching.patched_profile(base, patch_set), target(),
+        on_host.enable(remote, patch_set, base, on_host.patched_profile(base, patch_set), target(),
                         RecordingProgress(), Options())
     assert caught.value.exit_code == 3 and "CUDA 12.8" in caught.value.message
     # reads run as root too (a venv under /root): "only reads" is nothing put but the lock's owner, no venv step
     assert not any((isinstance(step, Put) and step.dest.name != "owner.json") or step.name.startswith("venv ")
                    for batch in remote.batches for step in batch), "only reads ran: no venv made, nothing written"
-    fine = patching.check(patch_host("0.7.2", VERSION_JSON_128), patch_set, base, target())
+    fine = on_host.check(patch_host("0.7.2", VERSION_JSON_128), patch_set, base, target())
     assert fine.toolkit == ("CUDA toolkit: CUDA 12.8 at /usr/local/cuda-12.8 (/usr/local/cuda-12.8/version.json): "
                             "FlashInfer 0.7.2 accepts it for sm120")

@@ -10,9 +10,9 @@ from fake_remote import FakeRemote
 from test_deploy_plan import PROJECT, target
 
 from deploy_lib import deploy as engine
-from deploy_lib import patching, venvs
+from deploy_lib import venvs
 from deploy_lib.errors import LockHeld
-from deploy_lib.patches import find_patch_set
+from deploy_lib.patches import find_patch_set, on_host
 from deploy_lib.progress import RecordingProgress
 from deploy_lib.store import FACT_CLOCK, FACT_LOCK, FACT_LOCK_OWNER, LOCK_TAKE, LockOwner, StoreLayout, host_lock
 
@@ -83,9 +83,9 @@ def test_venv_build_adopt_and_derive_refuse_while_the_lock_is_held(tmp_path: Pat
 def test_patch_fusion_enable_and_disable_take_the_lock_before_adopting_or_deriving() -> None:
     patch_set = find_patch_set(REPO / "roles", "fusion-sm120")
     base = PROJECT.profile("glm5-nvfp4")
-    for act in (lambda remote: patching.enable(remote, patch_set, base, patching.patched_profile(base, patch_set),
+    for act in (lambda remote: on_host.enable(remote, patch_set, base, on_host.patched_profile(base, patch_set),
                                                target(), RecordingProgress(), engine.Options()),
-                lambda remote: patching.disable(remote, patch_set, base, target(), RecordingProgress(),
+                lambda remote: on_host.disable(remote, patch_set, base, target(), RecordingProgress(),
                                                 engine.Options())):
         remote = held_elsewhere()
         with pytest.raises(LockHeld):

@@ -18,8 +18,6 @@ import pytest
 
 from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.patches import (
-    CheckReport,
-    Enabled,
     PatchConflict,
     PatchRecord,
     PatchSet,
@@ -37,14 +35,12 @@ from deploy_lib.patches import (
     files_needed,
     list_patch_sets,
     load_patch_set,
-    read_site_packages,
     read_steps,
     revert,
     select_variants,
     sha256_text,
-    write_puts,
 )
-from deploy_lib.patching import base_profile, patched_profile
+from deploy_lib.patches.on_host import base_profile, patched_profile
 from deploy_lib.project import Project
 from deploy_lib.remote import StepResult
 from sandbox.sim.sglang_sim.upstream import Fusion, InstalledUpstream
@@ -109,6 +105,11 @@ def site_packages(generation: Generation) -> tuple[Path, Path]:
 
     return unpacked("sglang", generation.sglang), unpacked("flashinfer-python", generation.flashinfer,
                                                           members=FLASHINFER_MEMBERS)
+
+
+def read_site_packages(site_packages: Path, paths: tuple[str, ...]) -> dict[str, str]:
+    """The text of those paths under an unpacked wheel (bytes kept exactly); absent ones left out."""
+    return {p: (site_packages / p).read_bytes().decode("utf-8") for p in paths if (site_packages / p).is_file()}
 
 
 def read_files(generation: Generation, paths: tuple[str, ...]) -> dict[str, str]:
@@ -318,7 +319,7 @@ def test_jit_cache_steps_delete_only_the_patched_module_of_that_version(patch_se
                          "-path", f"{root}/*/cached_ops/trtllm_comm", "-prune", "-exec", "rm", "-rf", "--", "{}", "+")
 
 
-def test_host_files_travel_byte_exact_and_are_written_as_new_files(patch_set):
+def test_host_files_travel_byte_exact(patch_set):
     site = PurePosixPath("/opt/sglang-deploy/sglang/venvs/abc123/lib/python3.11/site-packages")
     paths = [JIT, HEADER]
     steps = read_steps({path: site / path for path in paths})
@@ -327,13 +328,6 @@ def test_host_files_travel_byte_exact_and_are_written_as_new_files(patch_set):
     results = [StepResult(steps[0], 0, base64.b64encode(text.encode()).decode() + "\n", "", 0.0),
                StepResult(steps[1], 1, "", f"base64: {site}/{HEADER}: No such file or directory\n", 0.0)]
     assert files_from_results(paths, results) == {JIT: text}
-
-    record = PatchRecord(patch_set="fusion-sm120", versions={"sglang": "0.5.9"}, steps=[])
-    report = CheckReport("fusion-sm120", {}, {}, (), ())
-    puts = write_puts(site, Enabled(files={JIT: text}, record=record, report=report), site.parent.parent.parent)
-    assert [(str(p.dest), p.data, p.mode) for p in puts] == [
-        (f"{site}/{JIT}", text.encode(), 0o644),
-        ("/opt/sglang-deploy/sglang/venvs/abc123/sglang-deploy-patches.json", record.to_json().encode(), 0o644)]
 
 
 def test_a_bad_record_is_a_config_error():

@@ -18,7 +18,6 @@ import pytest
 from projects import project_for_guest
 
 from deploy_lib import deploy as engine
-from deploy_lib import patching
 from deploy_lib.bench import (
     BenchResult,
     BenchSettings,
@@ -30,7 +29,7 @@ from deploy_lib.bench import (
     throughput_by_release,
 )
 from deploy_lib.errors import GateFailed
-from deploy_lib.patches import find_patch_set
+from deploy_lib.patches import find_patch_set, on_host
 from deploy_lib.progress import RecordingProgress
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote
@@ -145,7 +144,7 @@ def test_fused_release_is_healthy_and_slow_and_the_gate_rolls_it_back(rig: Bench
     patch_set = find_patch_set(REPO / "roles", "fusion-sm120")
     base, target = rig.target()
     with FabricRemote(target.ssh) as remote:
-        _, outcome = patching.enable(remote, patch_set, base, patching.patched_profile(base, patch_set), target,
+        _, outcome = on_host.enable(remote, patch_set, base, on_host.patched_profile(base, patch_set), target,
                                      RecordingProgress(), engine.Options())
     fused = outcome.release_id
     assert outcome.action == "deployed" and rig.facts().current == fused  # healthy: the ladder kept it

@@ -9,10 +9,9 @@ import pytest
 from projects import project_for_guest
 
 from deploy_lib import deploy as engine
-from deploy_lib import patching
 from deploy_lib.bundled import ROLES_DIR
 from deploy_lib.errors import PreflightError
-from deploy_lib.patches import find_patch_set
+from deploy_lib.patches import find_patch_set, on_host
 from deploy_lib.progress import RecordingProgress
 from deploy_lib.project import load_for_host
 from deploy_lib.remote import FabricRemote
@@ -37,7 +36,7 @@ def test_a_toolkit_flashinfer_refuses_stops_the_fusion_release_at_preflight(sand
     base, target = load_for_host(project, "glm5-nvfp4", inventory, None)
     releases = "ls /opt/sglang-deploy/sglang/releases 2>/dev/null || true"
     with FabricRemote(target.ssh) as remote:
-        report = patching.check(remote, patch_set, base, target)
+        report = on_host.check(remote, patch_set, base, target)
         assert report.toolkit == ("CUDA toolkit: CUDA 12.8 at /usr/local/cuda-12.8 (/usr/local/cuda-12.8/version.json)"
                                   ": FlashInfer 0.7.2 accepts it for sm120")
         before = manage.run_on(guest, releases, user="root")

@@ -12,7 +12,6 @@ import pytest
 from projects import project_for_guest
 
 from deploy_lib import deploy as engine
-from deploy_lib import patching
 from deploy_lib.errors import (
     ConfigError,
     ConnectFailed,
@@ -23,7 +22,7 @@ from deploy_lib.errors import (
     ReadinessFailed,
     RollbackFailed,
 )
-from deploy_lib.patches import find_patch_set
+from deploy_lib.patches import find_patch_set, on_host
 from deploy_lib.progress import RecordingProgress
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote, OutputLine, Step
@@ -276,13 +275,13 @@ def test_patch_fusion_enable_deploys_a_patched_venv_and_disable_returns(rig: Rig
     fingerprint = "find /opt/ml-env -name '*.py' -path '*sglang/srt/layers*' | sort | xargs sha256sum | sha256sum"
     before = rig.root(fingerprint)
     with FabricRemote(target.ssh) as remote:
-        assert {t.state.value for t in patching.check(remote, patch_set, base, target).targets} <= {
+        assert {t.state.value for t in on_host.check(remote, patch_set, base, target).targets} <= {
             "absent", "native"}
-        report, outcome = patching.enable(remote, patch_set, base, patching.patched_profile(base, patch_set),
+        report, outcome = on_host.enable(remote, patch_set, base, on_host.patched_profile(base, patch_set),
                                           target, RecordingProgress(), engine.Options())
         assert outcome.action == "deployed" and outcome.release_id != healthy
         assert not report.conflicts
-        after = patching.check(remote, patch_set, base, target)
+        after = on_host.check(remote, patch_set, base, target)
         assert {t.state.value for t in after.targets} <= {"applied", "native"}
         assert "applied" in {t.state.value for t in after.targets}
     assert rig.unit_state() == "active" and rig.current() == outcome.release_id
@@ -290,12 +289,12 @@ def test_patch_fusion_enable_deploys_a_patched_venv_and_disable_returns(rig: Rig
     assert rig.root(fingerprint) == before, "the hand-made venv the patched one came from is byte-identical"
     assert rig.rollback().release_id == healthy, "invoke rollback returns to the unpatched release"
     with FabricRemote(target.ssh) as remote:
-        _, again = patching.enable(remote, patch_set, base, patching.patched_profile(base, patch_set), target,
+        _, again = on_host.enable(remote, patch_set, base, on_host.patched_profile(base, patch_set), target,
                                    RecordingProgress(), engine.Options())
         assert again.release_id == outcome.release_id, "the same patched venv and release are reused"
-        back = patching.disable(remote, patch_set, base, target, RecordingProgress(), engine.Options())
+        back = on_host.disable(remote, patch_set, base, target, RecordingProgress(), engine.Options())
         assert back.action == "deployed" and rig.unit_state() == "active"
-        assert {t.state.value for t in patching.check(remote, patch_set, base, target).targets} <= {
+        assert {t.state.value for t in on_host.check(remote, patch_set, base, target).targets} <= {
             "absent", "native"}
 
 
@@ -429,7 +428,7 @@ def test_the_gate_in_deploy_keeps_a_first_release_and_rolls_back_the_slow_patche
     assert any("no baseline" in str(note) for note in progress.of_kind("note"))
     patch_set = find_patch_set(REPO / "roles", "fusion-sm120")
     with FabricRemote(target.ssh) as remote, pytest.raises(GateFailed) as caught:
-        patching.enable(remote, patch_set, loaded, patching.patched_profile(loaded, patch_set), target,
+        on_host.enable(remote, patch_set, loaded, on_host.patched_profile(loaded, patch_set), target,
                         RecordingProgress(), engine.Options())
     message = str(caught.value)
     assert "tok/s" in message and f"release {first.release_id} is serving" in message

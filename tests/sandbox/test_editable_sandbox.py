@@ -16,9 +16,9 @@ import yaml
 from projects import project_for_guest
 
 from deploy_lib import deploy as engine
-from deploy_lib import patches, patching, venvs
+from deploy_lib import patches, venvs
 from deploy_lib.errors import PreflightError
-from deploy_lib.patches import find_patch_set
+from deploy_lib.patches import find_patch_set, on_host
 from deploy_lib.progress import RecordingProgress
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote
@@ -77,22 +77,22 @@ def test_patch_set_on_an_editable_sglang_reads_enables_and_disables_in_the_check
         assert first.action == "deployed"
         assert read_status(target, "sglang", remote).venv_sources == {"sglang": f"editable: {CHECKOUT}"}
 
-        check = patching.check(remote, patch_set, base, target)
+        check = on_host.check(remote, patch_set, base, target)
         assert not check.conflicts, check.summary_lines()
         assert {t.target: t.state.value for t in check.targets}["runtime-gate"] == "absent"
         assert f"sglang editable: {CHECKOUT}" in check.summary_lines()
-        audit = patching.audit(remote, patch_set, base, target)
+        audit = on_host.audit(remote, patch_set, base, target)
         assert [path for path in audit.scanned if path.startswith("sglang/")] and audit.bounds
 
         progress = RecordingProgress()
-        report, outcome = patching.enable(remote, patch_set, base, patching.patched_profile(base, patch_set),
+        report, outcome = on_host.enable(remote, patch_set, base, on_host.patched_profile(base, patch_set),
                                           target, progress, engine.Options())
         assert not report.conflicts and outcome.action == "deployed"
         assert any(f"{CHECKOUT}/sglang is outside the venv" in str(note) for note in progress.of_kind("note"))
-        applied = patching.check(remote, patch_set, base, target)
+        applied = on_host.check(remote, patch_set, base, target)
         assert {t.target: t.state.value for t in applied.targets}["runtime-gate"] == "applied"
         assert f"sglang copy of {CHECKOUT}" in applied.summary_lines()
-        context = patching.read_context(remote, patch_set, base, target)
+        context = on_host.read_context(remote, patch_set, base, target)
         adopted = venvs.adopt(remote, context.layout, manage.GUEST_EDITABLE_VENV)
         assert adopted.reused and adopted.editable == {"sglang": str(CHECKOUT)}
     assert rig.root("systemctl is-active sglang.service").strip() == "active"
@@ -114,9 +114,9 @@ def test_patch_set_on_an_editable_sglang_reads_enables_and_disables_in_the_check
         assert hashlib.sha256(text.encode()).hexdigest() == original
 
     with FabricRemote(target.ssh) as remote:
-        back = patching.disable(remote, patch_set, base, target, RecordingProgress(), engine.Options())
+        back = on_host.disable(remote, patch_set, base, target, RecordingProgress(), engine.Options())
         assert back.action == "deployed"
-        again = patching.check(remote, patch_set, base, target)
+        again = on_host.check(remote, patch_set, base, target)
         assert {t.target: t.state.value for t in again.targets}["runtime-gate"] == "absent"
         assert f"sglang editable: {CHECKOUT}" in again.summary_lines()
     assert rig.root("systemctl is-active sglang.service").strip() == "active"

@@ -12,9 +12,8 @@ import pytest
 from projects import project_for_guest
 
 from deploy_lib import deploy as engine
-from deploy_lib import patching
 from deploy_lib.bundled import ROLES_DIR
-from deploy_lib.patches import find_patch_set
+from deploy_lib.patches import find_patch_set, on_host
 from deploy_lib.progress import RecordingProgress
 from deploy_lib.project import load_for_host
 from deploy_lib.remote import FabricRemote
@@ -41,7 +40,7 @@ def test_the_fused_release_builds_flashinfers_jit_with_the_venvs_ninja(sandbox_v
     with FabricRemote(target.ssh) as remote:
         engine.deploy(base, target, remote, RecordingProgress(), engine.Options())
         # enable clears the trtllm_comm JIT cache of the patched venv: the fused start builds it with ninja
-        _, outcome = patching.enable(remote, patch_set, base, patching.patched_profile(base, patch_set), target,
+        _, outcome = on_host.enable(remote, patch_set, base, on_host.patched_profile(base, patch_set), target,
                                      RecordingProgress(), engine.Options())
     assert outcome.action == "deployed"
     journal = root(guest, "journalctl -u sglang.service -n 300 -o cat")

@@ -1,0 +1,215 @@
+"""The patch-set files as pydantic models: roles/<name>/meta.yaml and targets/<target>.yaml, loaded and validated
+with errors that name the file and the key."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
+
+from deploy_lib.errors import ConfigError
+from deploy_lib.patches.versions import VersionRange, parse_ranges
+from deploy_lib.profile import format_validation_error
+from deploy_lib.yaml_io import load_yaml_mapping
+
+SGLANG = "sglang"
+FLASHINFER = "flashinfer-python"
+Dist = Literal["sglang", "flashinfer-python"]
+Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]*$")]
+Arch = Annotated[str, StringConstraints(pattern=r"^sm[0-9]{2,3}[a-z]?$")]
+INSTALLED = "*"  # a warning condition meaning "this distribution is installed, any version"
+
+
+def _relative_path(value: str) -> str:
+    path = PurePosixPath(value)
+    if path.is_absolute() or ".." in path.parts or str(path) != value or not value:
+        raise ValueError(f"{value!r} must be a normalised path relative to site-packages, e.g. sglang/srt/x.py")
+    return value
+
+
+class FrozenModel(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Edit(FrozenModel):
+    gated: str = Field(description="exact upstream text, whole lines, with enough context to be unique")
+    patched: str = Field(description="exact text that replaces it")
+    count: int = Field(1, ge=1, description="how many times the gated text occurs (all are replaced)")
+
+    @field_validator("gated", "patched")
+    @classmethod
+    def _whole_lines(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("text is empty")
+        if not value.endswith("\n"):
+            raise ValueError("text must be whole lines ending in a newline (a YAML `|` block)")
+        return value
+
+    @model_validator(mode="after")
+    def _distinct(self) -> Edit:
+        if self.gated in self.patched or self.patched in self.gated:
+            raise ValueError("gated and patched text contain one another, so the states cannot be told apart: "
+                             "include an unchanged line after the change in both")
+        return self
+
+
+class VariantSpec(FrozenModel):
+    versions: str | list[str] = Field(description="version range(s) of the target's package, e.g. '>=0.5.20,<0.5.21'")
+    file: str | None = Field(None, description="path relative to site-packages")
+    edits: list[Edit] = Field(default_factory=list)
+    native_when: str | None = Field(None, description="text whose presence means upstream already supports it")
+    not_in_version: str | None = Field(None, description="why this target does not exist in these versions")
+
+    @field_validator("versions")
+    @classmethod
+    def _parse_versions(cls, value: str | list[str]) -> str | list[str]:
+        if isinstance(value, list) and not value:
+            raise ValueError("give at least one version range")
+        parse_ranges(value)
+        return value
+
+    @field_validator("file")
+    @classmethod
+    def _file(cls, value: str | None) -> str | None:
+        return None if value is None else _relative_path(value)
+
+    @field_validator("native_when", "not_in_version")
+    @classmethod
+    def _not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("text is empty")
+        return value
+
+    @model_validator(mode="after")
+    def _shape(self) -> VariantSpec:
+        if self.not_in_version is not None:
+            if self.file or self.edits or self.native_when:
+                raise ValueError("not_in_version excludes file, edits and native_when")
+        elif self.file is None:
+            raise ValueError("file is required (or not_in_version, saying why the target does not exist)")
+        elif not self.edits and self.native_when is None:
+            raise ValueError("give edits, native_when, or both")
+        return self
+
+    @property
+    def ranges(self) -> tuple[VersionRange, ...]:
+        return parse_ranges(self.versions)
+
+
+class TargetSpec(FrozenModel):
+    description: str
+    package: Dist
+    variants: list[VariantSpec] = Field(min_length=1)
+
+    @field_validator("variants")
+    @classmethod
+    def _no_overlap(cls, variants: list[VariantSpec]) -> list[VariantSpec]:
+        owned = [(i, r) for i, variant in enumerate(variants) for r in variant.ranges]
+        for pos, (i, first) in enumerate(owned):
+            for j, second in owned[pos + 1:]:
+                if first.overlaps(second):
+                    raise ValueError(f"versions of variants {i} ({first.text!r}) and {j} ({second.text!r}) overlap")
+        return variants
+
+
+class WarningSpec(FrozenModel):
+    when: dict[str, str] = Field(description=f"distribution -> version range or {INSTALLED!r}; empty: always")
+    text: str = Field(description="{distribution} is replaced by its installed version")
+
+    @field_validator("when")
+    @classmethod
+    def _conditions(cls, value: dict[str, str]) -> dict[str, str]:
+        for spec in value.values():
+            if spec != INSTALLED:
+                VersionRange.parse(spec)
+        return value
+
+
+class JitCacheSpec(FrozenModel):
+    dist: Dist
+    modules: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]+$")]] = Field(min_length=1)
+
+
+class AuditFile(FrozenModel):
+    path: str
+    functions: list[str] = Field(default_factory=list, description="scan only these functions (Python)")
+    guards_of: list[str] = Field(default_factory=list,
+                                 description="scan only the `if` conditions around lines containing these (Python)")
+
+    @field_validator("path")
+    @classmethod
+    def _path(cls, value: str) -> str:
+        return _relative_path(value)
+
+
+class MetaSpec(FrozenModel):
+    name: Name
+    description: str
+    applies_to: list[Arch] = Field(min_length=1)
+    single_node_only: bool
+    targets: list[Name] = Field(min_length=1)
+    warnings: list[WarningSpec] = Field(default_factory=list)
+    jit_cache: JitCacheSpec | None = None
+    audit: list[AuditFile] = Field(default_factory=list)
+    # the profile feature a release on the patched venv turns on (`features.<name>: true`)
+    enables_feature: Literal["allreduce_fusion"] | None = None
+
+    @field_validator("targets")
+    @classmethod
+    def _unique(cls, value: list[str]) -> list[str]:
+        twice = sorted({name for name in value if value.count(name) > 1})
+        if twice:
+            raise ValueError(f"listed twice: {', '.join(twice)}")
+        return value
+
+
+@dataclass(frozen=True)
+class PatchSet:
+    meta: MetaSpec
+    targets: Mapping[str, TargetSpec]  # in the order of meta.targets
+    directory: Path
+
+    @property
+    def name(self) -> str:
+        return self.meta.name
+
+
+_M = TypeVar("_M", bound=BaseModel)
+
+
+def _validated(model: type[_M], path: Path) -> _M:
+    try:
+        return model.model_validate(load_yaml_mapping(path))
+    except ValidationError as err:
+        raise ConfigError(format_validation_error(str(path), err)) from None
+
+
+def load_patch_set(path: Path) -> PatchSet:
+    """Load roles/<name>/ (or its meta.yaml) and every targets/<target>.yaml; ConfigError names file and key."""
+    meta_path = path / "meta.yaml" if path.is_dir() else path
+    meta = _validated(MetaSpec, meta_path)
+    targets: dict[str, TargetSpec] = {}
+    for name in meta.targets:
+        target_path = meta_path.parent / "targets" / f"{name}.yaml"
+        if not target_path.is_file():
+            raise ConfigError(f"{meta_path}: targets: {name!r} has no file {target_path}")
+        targets[name] = _validated(TargetSpec, target_path)
+    return PatchSet(meta=meta, targets=targets, directory=meta_path.parent)
+
+
+def list_patch_sets(roles_dir: Path) -> list[PatchSet]:
+    """Every patch set under roles/ (a role with a meta.yaml), by name."""
+    return sorted((load_patch_set(meta.parent) for meta in roles_dir.glob("*/meta.yaml")), key=lambda p: p.name)
+
+
+def find_patch_set(roles_dir: Path, name: str) -> PatchSet:
+    known = list_patch_sets(roles_dir)
+    found = next((patch_set for patch_set in known if patch_set.name == name), None)
+    if found is None:
+        raise ConfigError(f"no patch set named {name!r} under {roles_dir}",
+                          hint=f"patch sets: {', '.join(p.name for p in known) or 'none'}")
+    return found
+
