@@ -23,7 +23,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "transport": frozenset({"remote"}),
     "schema": frozenset({"settings", "profile", "inventory"}),
     "planning": frozenset(),
-    "commands": frozenset({"deploy", "adopt", "gpu_check", "patching", "status", "uninstall"}),
+    "commands": frozenset({"deploy", "adopt", "gpu_check", "patches.on_host", "status", "uninstall"}),
 }
 ORDER = list(LAYERS)
 
@@ -32,16 +32,32 @@ def layer_of(module: str) -> str:
     return next((name for name, members in LAYERS.items() if module in members), "planning")
 
 
-def imported_modules(path: Path) -> set[str]:
+def module_name(path: Path, package: Path = PACKAGE) -> str:
+    """deploy_lib/store.py -> "store"; a subpackage's modules are dotted: deploy_lib/patches/spec.py -> "patches.spec",
+    deploy_lib/patches/__init__.py -> "patches"."""
+    parts = path.relative_to(package).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
+
+
+def _module(dotted: str, package: Path) -> str:
+    """The module of deploy_lib that `dotted` (without the deploy_lib. prefix) names or lies in."""
+    parts = dotted.split(".")
+    while len(parts) > 1 and not (package.joinpath(*parts).with_suffix(".py").is_file()
+                                  or (package.joinpath(*parts) / "__init__.py").is_file()):
+        parts.pop()
+    return ".".join(parts)
+
+
+def imported_modules(path: Path, package: Path = PACKAGE) -> set[str]:
     """deploy_lib modules a file imports anywhere (top level, inside functions, under TYPE_CHECKING)."""
     found: set[str] = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.ImportFrom) and node.module == "deploy_lib":
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("deploy_lib."):
-            found.add(node.module.split(".")[1])
+        if isinstance(node, ast.ImportFrom) and node.module and (node.module + ".").startswith("deploy_lib."):
+            inner = node.module.removeprefix("deploy_lib").lstrip(".")
+            found.update(_module(f"{inner}.{alias.name}".lstrip("."), package) for alias in node.names)
         elif isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[1] for alias in node.names if alias.name.startswith("deploy_lib."))
+            found.update(_module(alias.name.removeprefix("deploy_lib."), package) for alias in node.names
+                         if alias.name.startswith("deploy_lib."))
     return found
 
 
@@ -52,7 +68,8 @@ def upward_imports(graph: dict[str, set[str]]) -> list[str]:
 
 
 def package_graph() -> dict[str, set[str]]:
-    return {path.stem: imported_modules(path) for path in PACKAGE.glob("*.py")}
+    graph = {module_name(path): imported_modules(path) for path in PACKAGE.rglob("*.py")}
+    return {module: deps - {module} for module, deps in graph.items()}
 
 
 def test_no_module_imports_a_layer_above_its_own() -> None:
@@ -69,7 +86,7 @@ def test_host_scripts_import_nothing_of_deploy_lib() -> None:
 def test_every_named_module_exists() -> None:
     """A renamed or removed module leaves no stale name behind that would hide a new module's layer."""
     named = set().union(*LAYERS.values())
-    assert named - {path.stem for path in PACKAGE.glob("*.py")} == set()
+    assert named - set(package_graph()) == set()
 
 
 @pytest.mark.parametrize(("graph", "expected"), [
@@ -89,3 +106,10 @@ def test_the_reader_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:
                       "if TYPE_CHECKING:\n    from deploy_lib.profile import Profile\n"
                       "def f():\n    from deploy_lib.deploy import deploy\n")
     assert imported_modules(source) == {"store", "remote", "profile", "deploy"}
+
+
+def test_the_reader_names_a_subpackage_module_by_its_dotted_name(tmp_path: Path) -> None:
+    source = tmp_path / "m.py"
+    source.write_text("from deploy_lib.patches import PatchSet, on_host\nfrom deploy_lib.patches.spec import Name\n")
+    assert imported_modules(source) == {"patches", "patches.on_host", "patches.spec"}
+    assert module_name(PACKAGE / "patches" / "__init__.py") == "patches"
