@@ -5,10 +5,13 @@ Functions return values or raise deploy_lib errors; they never print (sandbox/ta
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shlex
+import shutil
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -52,9 +55,10 @@ class Guest:
                 f"{user}@{self.guest_ip}"]
 
 
-def _testhost(command: str, name: str, timeout_s: float = 300) -> str:
-    result = subprocess.run(["bash", str(TESTHOST), command], env={**os.environ, "TH_NAME": name},
-                            capture_output=True, text=True, timeout=timeout_s)
+def _testhost(command: str, name: str, timeout_s: float = 300, layers: tuple[Path, ...] = ()) -> str:
+    env = {**os.environ, "TH_NAME": name, "TH_LAYERS": ":".join(map(str, layers))}
+    result = subprocess.run(["bash", str(TESTHOST), command], env=env, capture_output=True, text=True,
+                            timeout=timeout_s)
     if result.returncode != 0:
         raise RemoteError(f"sandbox {command} {name} failed (exit {result.returncode})",
                           hint=result.stderr.strip().splitlines()[-1] if result.stderr.strip() else None)
@@ -68,9 +72,14 @@ def guest(name: str = DEFAULT_NAME) -> Guest:
                  netns=facts["netns"], veth=facts["veth"])
 
 
+def _testhost_dir() -> Path:
+    """testhost.sh's work directory (rootfs, run/, layers/), where its client key lives."""
+    return guest().key.parent.parent
+
+
 def _inventory_names_file() -> Path:
     """Guests brought up by `sandbox.up` (tests and scripts start others that stay out of the inventory)."""
-    return guest().key.parent.parent / "inventory-names"
+    return _testhost_dir() / "inventory-names"
 
 
 def inventory_names() -> list[str]:
@@ -84,11 +93,11 @@ def _record_inventory_name(name: str, present: bool) -> None:
     _inventory_names_file().write_text("".join(f"{n}\n" for n in sorted(names)))
 
 
-def up(name: str = DEFAULT_NAME, record: bool = True) -> Guest:
-    """Build the rootfs if needed (cached tarball), boot the guest, wait for ssh, start its hub; list it in the
-    inventory."""
+def up(name: str = DEFAULT_NAME, record: bool = True, layers: tuple[Path, ...] = ()) -> Guest:
+    """Build the rootfs if needed (cached tarball), boot the guest (over read-only `layers`, e.g. venv_layer's),
+    wait for ssh, start its hub; list it in the inventory."""
     _testhost("build", name)
-    _testhost("start", name, timeout_s=120)
+    _testhost("start", name, timeout_s=120, layers=layers)
     started = guest(name)
     hub.start(name, started.host_ip)
     if record:
@@ -109,7 +118,7 @@ def down(name: str = DEFAULT_NAME, record: bool = True) -> Guest:
 
 def status() -> list[Guest]:
     """Every guest in the inventory plus any other running one (started by tests or testhost.sh)."""
-    run_dir = guest().key.parent.parent / "run"
+    run_dir = _testhost_dir() / "run"
     running = {p.name for p in run_dir.iterdir()} if run_dir.is_dir() else set()
     return [guest(name) for name in sorted(running | set(inventory_names()))]
 
@@ -174,6 +183,54 @@ def guest_venv_is(g: Guest, house: wheelhouse.Wheelhouse, venv: PurePosixPath = 
     """The guest's venv was built by build_guest_venv from exactly this wheelhouse."""
     marker = shlex.quote(str(venv / VENV_MARKER))
     return run_on(g, f"cat {marker} 2>/dev/null || true") == _venv_marker(house)
+
+
+VENV_LAYER_PATHS = ("opt/ml-env", "var/cache/sglang-sim", "opt/sim-tokenizer")  # what build_guest_venv writes
+LAYER_UNUSED_S = 2 * 86400  # a venv layer no run has used for this long (an older wheelhouse or sim) is removed
+
+
+def venv_layer(house: wheelhouse.Wheelhouse) -> Path:
+    """A read-only overlay layer holding what build_guest_venv makes (the venv, the pushed wheels, the sim's
+    tokenizer), built once per wheelhouse and rootfs on a guest of its own and kept in the cache: a guest started
+    over it (`up(name, layers=(layer,))`) has /opt/ml-env at once, in its own fresh writable layer."""
+    _testhost("build", DEFAULT_NAME)
+    th_dir = _testhost_dir()
+    rootfs = (th_dir / "rootfs.key").read_text()
+    key = hashlib.sha256(f"{_venv_marker(house)}\n{rootfs}".encode()).hexdigest()[:16]
+    layers = th_dir / "layers"
+    layers.mkdir(parents=True, exist_ok=True)
+    layer = layers / f"venv-{key}"
+    used = layers / f"{layer.name}.lock"
+    used.touch()  # its mtime: when a run last used the layer
+    with used.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not layer.is_dir():
+            _build_venv_layer(layer, house, th_dir)
+            _remove_unused_layers(layers)
+    return layer
+
+
+def _build_venv_layer(layer: Path, house: wheelhouse.Wheelhouse, th_dir: Path) -> None:
+    name = f"lyr{layer.name[-8:]}"
+    staging = layer.with_name(f"{layer.name}.tmp")
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    builder = up(name, record=False)
+    try:
+        build_guest_venv(builder, house)
+        # the guest's writable layer holds exactly what it wrote; --parents keeps /opt's and /var's attributes
+        subprocess.run(["cp", "-a", "--parents", *VENV_LAYER_PATHS, str(staging)], cwd=th_dir / "run" / name / "upper",
+                       check=True)
+    finally:
+        down(name, record=False)
+    staging.rename(layer)
+
+
+def _remove_unused_layers(layers: Path) -> None:
+    for lock in layers.glob("venv-*.lock"):
+        if time.time() - lock.stat().st_mtime > LAYER_UNUSED_S:
+            shutil.rmtree(layers / lock.name.removesuffix(".lock"), ignore_errors=True)
+            lock.unlink(missing_ok=True)
 
 
 def remove_releases(g: Guest, service: str = "sglang") -> None:

@@ -6,7 +6,7 @@
 #   testhost.sh deps-if-missing  # apt-get install the host tools, only if one is missing
 #   testhost.sh deps             # apt-get install the host tools unconditionally
 #   testhost.sh build            # pristine rootfs in $TH_DIR/rootfs (reuses the cached tarball)
-#   testhost.sh start            # overlay on the rootfs, netns + veth, boot, wait for ssh
+#   testhost.sh start            # overlay on the rootfs (and $TH_LAYERS), netns + veth, boot, wait for ssh
 #   testhost.sh stop             # power off (force after $TH_STOP_TIMEOUT s), remove everything
 #   testhost.sh status           # one line per instance: name, state, guest IP
 #   testhost.sh info             # KEY=VALUE facts of instance $TH_NAME (for sandbox/manage.py)
@@ -25,6 +25,7 @@ TH_NAME=${TH_NAME:-th1}                      # instance name (hostname, netns an
 TH_SUITE=${TH_SUITE:-bookworm}
 TH_PKGS=${TH_PKGS:-systemd,systemd-sysv,dbus,openssh-server,iproute2,python3,python3-venv,ca-certificates,curl,procps,sudo,less,rsync}
 TH_STOP_TIMEOUT=${TH_STOP_TIMEOUT:-30}
+TH_LAYERS=${TH_LAYERS:-}                     # read-only layers over the rootfs, top first (dir:dir), e.g. a built venv
 # command:package. sshd and systemd-analyze serve the tests (a local sshd; offline unit verification).
 HOST_TOOLS=(mmdebstrap:mmdebstrap systemd-nspawn:systemd-container ip:iproute2 ssh:openssh-client
             ssh-keygen:openssh-client zstd:zstd rsync:rsync /usr/sbin/sshd:openssh-server
@@ -160,7 +161,7 @@ cmd_start() {
   with_lock make_client_key
 
   # 1. throw-away writable layer over the pristine rootfs; per-instance identity
-  mount -t overlay overlay -o "lowerdir=$TH_DIR/rootfs,upperdir=$RUN/upper,workdir=$RUN/work" "$ROOT"
+  mount -t overlay overlay -o "lowerdir=${TH_LAYERS:+$TH_LAYERS:}$TH_DIR/rootfs,upperdir=$RUN/upper,workdir=$RUN/work" "$ROOT"
   install -d -m 700 "$ROOT/root/.ssh"
   install -m 600 "$KEY.pub" "$ROOT/root/.ssh/authorized_keys"
   ids=$(awk -F: '$1=="deploy"{print $3":"$4}' "$ROOT/etc/passwd")

@@ -1,11 +1,14 @@
 """Fixtures for the sandbox VM and the simulated SGLang server.
 
-- `sandbox_guest` (module): a guest of each test module's own (name pt<pid>m<n>, so concurrent test runs do not
-  collide), always stopped at the module's end: every module's tests may rely on what they leave on the host (the
-  service `sglang` in /opt/sglang-deploy above all) and on nothing another module left;
-  `sandbox_ssh`: a deploy_lib FabricRemote logged in as `deploy` (sudo -n works);
-  `sandbox_venv`: the guest with /opt/ml-env built from the wheelhouse (real sglang + flashinfer, the sim).
-- `wheelhouse`, `sim_venv` (session): the wheels, and a venv on this machine for the sim's loopback tests.
+- `sandbox_guest` (module): a fresh guest of each test module's own (name pt<pid>m<n>, so concurrent test runs do
+  not collide), always stopped at the module's end: every module's tests may rely on what they leave on the host
+  (the service `sglang` in /opt/sglang-deploy above all) and on nothing another module left. It boots over the
+  session's venv layer, so /opt/ml-env (real sglang + flashinfer, the sim) is there at once: a new guest costs
+  ~1.5 s to start and ~5 s to stop, a reset of a shared one would cost as much and restore less;
+  `sandbox_venv`: the same guest, named for tests that use /opt/ml-env;
+  `sandbox_ssh`: a deploy_lib FabricRemote logged in as `deploy` (sudo -n works).
+- `wheelhouse_default`, `venv_layer`, `sim_venv` (session): the wheels, the guests' venv layer (built once per
+  wheelhouse and rootfs, kept in the cache), and a venv on this machine for the sim's loopback tests.
 - `guest_shell`: a GuestShell (guest_shell.py): paramiko, RejectPolicy, the guest's known_hosts.
 """
 
@@ -42,16 +45,25 @@ def sim_venv(wheelhouse_default: wheelhouse.Wheelhouse) -> Path:
     return wheelhouse.build_local_venv(venv, wheelhouse_default)
 
 
+def needs_root() -> None:
+    if os.geteuid() != 0:
+        pytest.skip("the sandbox VM needs root (netns, overlay mount, systemd-nspawn)")
+
+
+@pytest.fixture(scope="session")
+def venv_layer(wheelhouse_default: wheelhouse.Wheelhouse) -> Path:
+    needs_root()
+    return manage.venv_layer(wheelhouse_default)
+
+
 _guests = itertools.count(1)
 
 
 @pytest.fixture(scope="module")
-def sandbox_guest() -> Iterator[manage.Guest]:
-    if os.geteuid() != 0:
-        pytest.skip("the sandbox VM needs root (netns, overlay mount, systemd-nspawn)")
+def sandbox_guest(venv_layer: Path) -> Iterator[manage.Guest]:
     name = f"pt{os.getpid()}m{next(_guests)}"[:12]
     try:
-        yield manage.up(name, record=False)
+        yield manage.up(name, record=False, layers=(venv_layer,))
     finally:
         manage.down(name, record=False)
 
@@ -65,9 +77,8 @@ def sandbox_ssh(sandbox_guest: manage.Guest) -> Iterator[FabricRemote]:
 
 
 @pytest.fixture(scope="module")
-def sandbox_venv(sandbox_guest: manage.Guest, wheelhouse_default: wheelhouse.Wheelhouse) -> manage.Guest:
-    """The guest once /opt/ml-env holds the wheelhouse (until the deploy engine builds venvs itself)."""
-    manage.build_guest_venv(sandbox_guest, wheelhouse_default)
+def sandbox_venv(sandbox_guest: manage.Guest) -> manage.Guest:
+    """The module's guest, whose /opt/ml-env holds the wheelhouse (from the venv layer)."""
     return sandbox_guest
 
 
