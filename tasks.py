@@ -7,33 +7,26 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from importlib.metadata import version as package_version
 from pathlib import Path, PurePosixPath
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 from invoke import Collection, Context, Exit
 
 import deploy_cli as ui
 from deploy_cli.options import task
-from deploy_lib import deploy as deploy_engine
-from deploy_lib import gpu_check as gpu_checks
-from deploy_lib import status as host_status
-from deploy_lib import uninstall as remove
-from deploy_lib.adopt import adopt as adopt_server
-from deploy_lib.bundled import ROLES_DIR
 from deploy_lib.errors import EXIT_CODES, DeployError, PreflightError
-from deploy_lib.patches import PatchSet, find_patch_set, list_patch_sets, on_host
-from deploy_lib.profile import LoadedProfile, ServiceSpec, profile_json_schema, profile_path
+from deploy_lib.profile import LoadedProfile, ServiceSpec
 from deploy_lib.project import SANDBOX_INVENTORY, Project, Target, load_for_host, profile_for_host, resolve_target
-from deploy_lib.release import build_release, diff_releases
-from deploy_lib.remote import FabricRemote
-from deploy_lib.server_args import secret_environment
-from deploy_lib.store import LockContext
-from deploy_lib.store import unlock as unlock_store
-from deploy_lib.venvs import adopt as adopt_venv
-from deploy_lib.venvs import ensure_venv
 from sandbox import tasks as sandbox_tasks
 
+if TYPE_CHECKING:
+    from deploy_lib.deploy import Outcome
+    from deploy_lib.patches import PatchSet
+    from deploy_lib.remote import FabricRemote
+
+# Each task imports the library modules it calls in its body: a command loads only what it runs (a no-op deploy
+# neither renders a template nor reads a patch set), which is most of the whole process's time
+# (`python -X importtime -c 'import tasks'`; tests/test_cli.py checks what `import tasks` leaves unloaded).
 PROJECT = Project(Path(__file__).resolve().parent)
 LATEST_SGLANG = "0.5.23"
 FUSION_PATCH_SET = "fusion-sm120"
@@ -65,6 +58,7 @@ IN_USE_HELP = ("profile: a name or a path (default: the host's `profile` var in 
 
 def _profile_in_use(profile: str | None, target: Target, remote: FabricRemote, service: str | None) -> LoadedProfile:
     """The profile given or named by the inventory, else the one the host's current release was deployed from."""
+    from deploy_lib import status as host_status
     return _run(lambda: profile_for_host(PROJECT, profile, target)
                 or host_status.current_profile(target, _service(service), remote))
 
@@ -110,6 +104,7 @@ def _run(action: Callable[[], T]) -> T:
 
 
 def _remote(target: Target) -> FabricRemote:
+    from deploy_lib.remote import FabricRemote
     return FabricRemote(target.ssh, on_result=ui.step_printer() if _output.verbose else None)
 
 
@@ -128,6 +123,8 @@ def _show(report: T, print_table: Callable[[T], None]) -> None:
 def render(c: Context, profile: str | None = None, host: str | None = None, inventory: str | None = None,
            sglang_version: str = LATEST_SGLANG) -> None:
     """Print the unit, the env file (secrets redacted) and the argv of a profile, without touching any host."""
+    from deploy_lib.release import build_release
+    from deploy_lib.server_args import secret_environment
     loaded, target = _load(profile, inventory, host)
 
     def build() -> object:
@@ -143,6 +140,8 @@ def plan(c: Context, profile: str | None = None, against: str | None = None, hos
          inventory: str | None = None, sglang_version: str = LATEST_SGLANG, accept_new_host_key: bool = False,
          verbose: bool = False) -> None:
     """Semantic diff (flags, environment, secrets, venv, patches) of a profile against the host or another profile."""
+    from deploy_lib.release import build_release, diff_releases
+    from deploy_lib.server_args import secret_environment
     if against is None:
         deploy(c, profile, host=host, inventory=inventory, dry_run=True, accept_new_host_key=accept_new_host_key,
                verbose=verbose)
@@ -165,6 +164,7 @@ def plan(c: Context, profile: str | None = None, against: str | None = None, hos
 @task(help={"output": "write the schema to this file instead of printing it"})
 def schema(c: Context, output: str | None = None) -> None:
     """Print the JSON Schema of a profile (for editor completion and checking)."""
+    from deploy_lib.profile import profile_json_schema
     text = json.dumps(profile_json_schema(), indent=2)
     if output:
         Path(output).write_text(text + "\n")
@@ -178,6 +178,7 @@ def deploy(c: Context, profile: str | None = None, host: str | None = None, inve
            dry_run: bool = False, yes: bool = False, force: bool = False, accept_new_host_key: bool = False,
            gate: bool = False, json: bool = False, verbose: bool = False) -> None:
     """Deploy a profile: plan, preflight, stage, switch, restart, verify; roll back automatically on failure."""
+    from deploy_lib import deploy as deploy_engine
     _report_as(json, verbose)
     loaded, target = _load(profile, inventory, host, accept_new_host_key)
     if not dry_run:
@@ -188,7 +189,7 @@ def deploy(c: Context, profile: str | None = None, host: str | None = None, inve
     _show_outcome(outcome)
 
 
-def _show_outcome(outcome: deploy_engine.Outcome) -> None:
+def _show_outcome(outcome: Outcome) -> None:
     if _output.as_json:
         ui.print_json(ui.outcome_json(outcome))
     else:
@@ -204,6 +205,7 @@ def rollback(c: Context, to: str | None = None, host: str | None = None, invento
              service: str | None = None, accept_new_host_key: bool = False, json: bool = False,
              verbose: bool = False, yes: bool = False) -> None:
     """Switch back to an earlier release on the host and verify it."""
+    from deploy_lib import deploy as deploy_engine
     _report_as(json, verbose)
     target = _target(inventory, host, accept_new_host_key)
     _consent(f"roll {target.host.name} back to {to or 'the last healthy release'}?", yes)
@@ -222,6 +224,9 @@ def adopt(c: Context, profile: str, pid: str | None = None, unit: str | None = N
           accept_new_host_key: bool = False) -> None:
     """Take over a server started by hand (--pid, or --unit for a hand-written systemd unit): record it as release 0
     and write the profile that reproduces it."""
+    from deploy_lib.adopt import adopt as adopt_server
+    from deploy_lib.profile import profile_path
+    from deploy_lib.remote import FabricRemote
     if (pid is None) == (unit is None) or (pid is not None and not pid.isdigit()):
         raise Exit("error: adopt takes --pid PID (a process id) or --unit NAME (a systemd unit), one of them",
                    code=2)
@@ -243,6 +248,8 @@ def adopt(c: Context, profile: str, pid: str | None = None, unit: str | None = N
 def stop(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
          yes: bool = False) -> None:
     """Stop the server (the current release stays current; `invoke start` brings it back)."""
+    from deploy_lib import deploy as deploy_engine
+    from deploy_lib.remote import FabricRemote
     target = _target(inventory, host)
     _consent(f"stop {_service(service)} on {target.host.name}?", yes)
     with FabricRemote(target.ssh) as remote:
@@ -250,6 +257,8 @@ def stop(c: Context, host: str | None = None, inventory: str | None = None, serv
 
 
 def _start(restart: bool, host: str | None, inventory: str | None, service: str | None, yes: bool) -> None:
+    from deploy_lib import deploy as deploy_engine
+    from deploy_lib.remote import FabricRemote
     target = _target(inventory, host)
     _consent(f"{'restart' if restart else 'start'} {_service(service)} on {target.host.name}?", yes)
     with FabricRemote(target.ssh) as remote:
@@ -275,6 +284,8 @@ def restart(c: Context, host: str | None = None, inventory: str | None = None, s
 def uninstall(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
               yes: bool = False) -> None:
     """Remove the unit, releases, managed venvs and caches from the host; history is copied here first."""
+    from deploy_lib import uninstall as remove
+    from deploy_lib.remote import FabricRemote
     target = _target(inventory, host)
     name = _service(service)
     state_dir = remove.local_state_dir(os.environ)
@@ -289,6 +300,7 @@ def uninstall(c: Context, host: str | None = None, inventory: str | None = None,
 def releases(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
              json: bool = False, verbose: bool = False) -> None:
     """List the releases on the host with their outcome and measured throughput."""
+    from deploy_lib import status as host_status
     _report_as(json, verbose)
     target = _target(inventory, host)
     with _remote(target) as remote:
@@ -299,6 +311,7 @@ def releases(c: Context, host: str | None = None, inventory: str | None = None, 
 def status(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
            json: bool = False, verbose: bool = False) -> None:
     """Current release and its age, unit state, readiness, versions, patches and a per-GPU table."""
+    from deploy_lib import status as host_status
     _report_as(json, verbose)
     target = _target(inventory, host)
     with _remote(target) as remote:
@@ -314,6 +327,7 @@ def gpu_check(c: Context, profile: str | None = None, stop_server: bool = False,
               host: str | None = None, inventory: str | None = None, service: str | None = None, json: bool = False,
               verbose: bool = False) -> None:
     """Prove the host's GPUs and NCCL settings: topology and P2P advice, then an exactly verified all-reduce."""
+    from deploy_lib import gpu_check as gpu_checks
     _report_as(json, verbose)
     target = _target(inventory, host)
     loaded = _run(lambda: PROJECT.profile(profile)) if profile else None
@@ -330,6 +344,7 @@ def gpu_check(c: Context, profile: str | None = None, stop_server: bool = False,
 def logs(c: Context, lines: int = 100, follow: bool = False, host: str | None = None, inventory: str | None = None,
          service: str | None = None, verbose: bool = False) -> None:
     """Print the server's log from the host's journal."""
+    from deploy_lib import status as host_status
     _report_as(verbose=verbose)
     target = _target(inventory, host)
     with _remote(target) as remote:
@@ -344,6 +359,8 @@ def logs(c: Context, lines: int = 100, follow: bool = False, host: str | None = 
 def unlock(c: Context, force: bool = False, host: str | None = None, inventory: str | None = None,
            service: str | None = None, verbose: bool = False, yes: bool = False) -> None:
     """Remove a stale deploy lock (or any lock, with --force)."""
+    from deploy_lib.store import LockContext
+    from deploy_lib.store import unlock as unlock_store
     _report_as(verbose=verbose)
     target = _target(inventory, host)
     _consent(f"remove the lock of {_service(service)} on {target.host.name}?", yes)
@@ -360,6 +377,7 @@ def bench(c: Context, profile: str | None = None, compare: list[str] | None = No
           inventory: str | None = None, service: str | None = None, json: bool = False, verbose: bool = False
           ) -> None:
     """Run SGLang's serving benchmark against the current release and record it (`--compare A --compare B`)."""
+    from deploy_lib import status as host_status
     _report_as(json, verbose)
     if compare and len(compare) != 2:
         raise Exit("error: --compare takes two release ids: --compare A --compare B", code=2)
@@ -380,6 +398,7 @@ def bench(c: Context, profile: str | None = None, compare: list[str] | None = No
 def venv_build(c: Context, profile: str | None = None, host: str | None = None, inventory: str | None = None,
                verbose: bool = False, yes: bool = False) -> None:
     """Build (or reuse) the content-addressed venv of a profile's lock on the host; only missing wheels travel."""
+    from deploy_lib.venvs import ensure_venv
     _report_as(verbose=verbose)
     loaded, target = _load(profile, inventory, host)
     spec = loaded.profile.service.venv_build
@@ -397,6 +416,7 @@ def venv_build(c: Context, profile: str | None = None, host: str | None = None, 
 def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | None = None,
                service: str | None = None, verbose: bool = False, yes: bool = False) -> None:
     """Record a hand-made venv as a managed, immutable one (hard-linked copy); report files that drifted."""
+    from deploy_lib.venvs import adopt as adopt_venv
     _report_as(verbose=verbose)
     target = _target(inventory, host)
     _consent(f"adopt {path} as a managed venv on {target.host.name}?", yes)
@@ -410,6 +430,8 @@ def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | 
 def venv_remove(c: Context, venv_hash: str, host: str | None = None, inventory: str | None = None,
                 service: str | None = None, yes: bool = False) -> None:
     """Remove a managed venv (adopted ones stay until removed here) unless a release or derived venv needs it."""
+    from deploy_lib import uninstall as remove
+    from deploy_lib.remote import FabricRemote
     target = _target(inventory, host)
     _consent(f"remove venv {venv_hash} of {_service(service)} on {target.host.name}?", yes)
     with FabricRemote(target.ssh) as remote:
@@ -421,6 +443,7 @@ def venv_remove(c: Context, venv_hash: str, host: str | None = None, inventory: 
 def venv_list(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
               json: bool = False, verbose: bool = False) -> None:
     """List managed venvs: hash, kind, size, the releases using them, derived venvs, versions."""
+    from deploy_lib import status as host_status
     _report_as(json, verbose)
     target = _target(inventory, host)
     with _remote(target) as remote:
@@ -430,12 +453,16 @@ def venv_list(c: Context, host: str | None = None, inventory: str | None = None,
 @task(name="list")
 def model_list(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
     """List model revisions in the host's HF caches and pushed versions: size, staged by us, the releases using them."""
+    from deploy_lib import status as host_status
+    from deploy_lib.remote import FabricRemote
     target = _run(lambda: _target(inventory, host))
     with FabricRemote(target.ssh) as remote:
         ui.print_models(_run(lambda: host_status.list_models(target, _service(service), remote)))
 
 
 def _patch_set(name: str) -> PatchSet:
+    from deploy_lib.bundled import ROLES_DIR
+    from deploy_lib.patches import find_patch_set
     return _run(lambda: find_patch_set(ROLES_DIR, name))
 
 
@@ -453,6 +480,8 @@ PATCH_HELP = {"name": "patch set name (see `invoke patches.list`)", "profile": I
 @task(name="list")
 def patches_list(c: Context) -> None:
     """List the patch sets under roles/ with what they are for."""
+    from deploy_lib.bundled import ROLES_DIR
+    from deploy_lib.patches import list_patch_sets
     ui.print_patch_sets(_run(lambda: list_patch_sets(ROLES_DIR)))
 
 
@@ -460,6 +489,7 @@ def patches_list(c: Context) -> None:
 def patches_check(c: Context, name: str, profile: str | None = None, host: str | None = None,
                   inventory: str | None = None, service: str | None = None, verbose: bool = False) -> None:
     """Each target's state (absent, applied, native, conflict) in the current release's venv; changes nothing."""
+    from deploy_lib.patches import on_host
     _report_as(verbose=verbose)
     ui.print_check(_patch_run(profile, host, inventory, service, on_host.check, _patch_set(name)))
 
@@ -468,6 +498,7 @@ def patches_check(c: Context, name: str, profile: str | None = None, host: str |
 def patches_audit(c: Context, name: str, profile: str | None = None, host: str | None = None,
                   inventory: str | None = None, service: str | None = None, verbose: bool = False) -> None:
     """Every architecture bound an SM120 build meets on the patch set's code path, with file:line."""
+    from deploy_lib.patches import on_host
     _report_as(verbose=verbose)
     ui.print_audit(_patch_run(profile, host, inventory, service, on_host.audit, _patch_set(name)))
 
@@ -477,6 +508,8 @@ def patches_enable(c: Context, name: str, profile: str | None = None, host: str 
                    inventory: str | None = None, service: str | None = None, yes: bool = False,
                    verbose: bool = False) -> None:
     """Make a patched venv (derived; the base is untouched) and deploy the profile with the patched feature on."""
+    from deploy_lib import deploy as deploy_engine
+    from deploy_lib.patches import on_host
     _report_as(verbose=verbose)
     patch_set = _patch_set(name)
     target = _target(inventory, host)
@@ -497,6 +530,8 @@ def patches_disable(c: Context, name: str, profile: str | None = None, host: str
                     inventory: str | None = None, service: str | None = None, yes: bool = False,
                     verbose: bool = False) -> None:
     """Deploy the profile with the patched feature off on the venv the patched one was derived from."""
+    from deploy_lib import deploy as deploy_engine
+    from deploy_lib.patches import on_host
     _report_as(verbose=verbose)
     patch_set = _patch_set(name)
     target = _target(inventory, host)
@@ -532,6 +567,7 @@ def patch_fusion(c: Context, enable: bool = False, disable: bool = False, check:
 @task
 def version(c: Context) -> None:
     """Print the tool's version."""
+    from importlib.metadata import version as package_version
     ui.console.print(f"sglang-deploy {package_version('sglang-deploy')}")
 
 

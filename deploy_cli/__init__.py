@@ -12,27 +12,29 @@ from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from enum import Enum
 from pathlib import Path, PurePath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
-from tenacity import RetryCallState
 
-from deploy_lib.adopt import Adopted
-from deploy_lib.bench import BenchResult, ComparisonRow
-from deploy_lib.deploy import Outcome, Plan
 from deploy_lib.diagnose import shorten_log_line
 from deploy_lib.errors import DeployError
-from deploy_lib.gpu_check import GpuCheckReport
-from deploy_lib.models import StoredModel
-from deploy_lib.patches import AuditReport, CheckReport, PatchSet
-from deploy_lib.release import Release
-from deploy_lib.remote import MASK, StepResult, display
-from deploy_lib.status import ReleaseRow, StatusReport
-from deploy_lib.uninstall import Uninstalled
-from deploy_lib.venvs import VenvRecord, VenvResult
+
+if TYPE_CHECKING:  # the reports' types only: a task imports the library modules it runs (tasks.py)
+    from tenacity import RetryCallState
+
+    from deploy_lib.adopt import Adopted
+    from deploy_lib.bench import BenchResult, ComparisonRow
+    from deploy_lib.deploy import Outcome, Plan
+    from deploy_lib.gpu_check import GpuCheckReport
+    from deploy_lib.models import StoredModel
+    from deploy_lib.patches import AuditReport, CheckReport, PatchSet
+    from deploy_lib.release import Release
+    from deploy_lib.remote import StepResult
+    from deploy_lib.status import ReleaseRow, StatusReport
+    from deploy_lib.uninstall import Uninstalled
+    from deploy_lib.venvs import VenvRecord, VenvResult
 
 # Width: the terminal's, else $COLUMNS (rich reads it), else 120 when output goes to a pipe or file.
 console = Console(highlight=False, soft_wrap=True,
@@ -306,6 +308,8 @@ VERBOSE_MAX_LINES = 40  # per stream and step: a step's output can be a whole op
 
 def step_printer(out: Console = errors) -> Callable[[StepResult], None]:
     """For -v: each remote step as it comes back, with its exit code, time and output (secrets masked)."""
+    from deploy_lib.remote import MASK, display
+
     def show(result: StepResult) -> None:
         out.print(f"  [dim]$[/dim] {escape(display(result.step))} [dim](exit {result.exit_code}, "
                   f"{result.duration_s:.2f} s)[/dim]")
@@ -320,6 +324,8 @@ def step_printer(out: Console = errors) -> Callable[[StepResult], None]:
 
 def jsonable(value: Any) -> Any:
     """Reports as JSON data: dataclass fields and properties, pydantic models, enums and paths as strings."""
+    from pydantic import BaseModel
+
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         data = {field.name: jsonable(getattr(value, field.name)) for field in dataclasses.fields(value)
                 if field.repr}

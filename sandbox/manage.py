@@ -19,14 +19,12 @@ import yaml
 
 from deploy_lib.errors import RemoteError
 from sandbox import hub, wheelhouse
+from sandbox.names import DEFAULT_NAME, GUEST_USER, GUEST_VENV
 
 SANDBOX_DIR = Path(__file__).resolve().parent
 TESTHOST = SANDBOX_DIR / "testhost.sh"
 INVENTORY = SANDBOX_DIR.parent / "inventory" / "sandbox.yaml"
-DEFAULT_NAME = "th1"
-GUEST_VENV = PurePosixPath("/opt/ml-env")  # a real host uses /root/ml-env
 GUEST_WHEELS = PurePosixPath("/var/cache/sglang-sim/wheels")
-GUEST_USER = "deploy"
 GUEST_TOKENIZER = PurePosixPath("/opt/sim-tokenizer")
 GUEST_CHECKOUT = PurePosixPath("/root/sglang/python")  # where our users' SGLang source checkout is
 GUEST_EDITABLE_VENV = PurePosixPath("/root/ml-env")

@@ -22,9 +22,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from sandbox.names import DEFAULT_FLASHINFER, DEFAULT_SGLANG
+
 SIM_DIR = Path(__file__).resolve().parent / "sim"
-DEFAULT_SGLANG = "0.5.23"
-DEFAULT_FLASHINFER = "0.7.2"  # the version sglang 0.5.23 pins
 # sglang's argument tables are msgspec Structs (>= 0.5.15), so the argv check needs the real msgspec
 ARGCHECK_DEPENDENCIES = ("msgspec",)
 # FlashInfer's JIT runs `ninja` by name (flashinfer/jit/cpp_ext.py run_ninja); sglang and flashinfer-python depend

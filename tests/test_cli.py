@@ -187,3 +187,15 @@ def test_patch_fusion_without_an_action_is_a_sentence_and_exit_2() -> None:
     refused = invoke("patch-fusion")
     assert (refused.returncode, refused.stderr.strip()) == (
         2, "error: give exactly one of --enable, --disable, --check, --audit")
+
+
+def test_loading_the_tasks_leaves_the_template_engine_patch_sets_and_sandbox_rig_unloaded() -> None:
+    """Each `invoke` command pays for what tasks.py imports: only what a command runs is loaded, in its task."""
+    script = "import json, sys; import tasks; print(json.dumps(sorted(sys.modules)))"
+    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    loaded = set(json.loads(shown.stdout))
+    not_needed = {"jinja2", "deploy_lib.render", "deploy_lib.deploy", "deploy_lib.patches",
+                  "deploy_lib.adopt", "deploy_lib.gpu_check", "deploy_lib.status", "deploy_lib.uninstall",
+                  "sandbox.manage", "sandbox.hub", "sandbox.wheelhouse"}
+    assert not_needed & loaded == set()
