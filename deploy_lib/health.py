@@ -1,9 +1,10 @@
 """The readiness ladder: unit active and not restarted -> port open -> health endpoint 200 -> a real generation.
 
-Every attempt is ONE remote step: deploy_lib/probe_script.py runs on the host under `python3 -` and prints a
-JSON snapshot of all rungs at once, so a crashed start is seen on the next attempt (backoff capped well under
-a second) and readiness costs one round trip. Deciding is pure (`assess`); waiting is a tenacity policy value
-(`ladder_policy`); `wait_ready` joins them and reports through a Progress.
+Every attempt is ONE remote step: deploy_lib/probe_script.py runs on the host under `python3 -`, looks at all
+rungs every 50 ms and returns a JSON snapshot as soon as anything the verdict depends on changes (or after
+`WATCH_S`), so a crash or "ready" is noticed within a poll of the host, not a round trip plus a backoff. Deciding
+is pure (`assess`); waiting is a tenacity policy value (`ladder_policy`); `wait_ready` joins them and reports
+through a Progress.
 """
 
 from __future__ import annotations
@@ -25,8 +26,7 @@ from tenacity import (
     retry_if_result,
     stop_after_delay,
     stop_before_delay,
-    wait_exponential,
-    wait_fixed,
+    wait_none,
 )
 
 from deploy_lib.errors import ReadinessFailed
@@ -34,8 +34,10 @@ from deploy_lib.progress import Progress
 from deploy_lib.remote import Remote, Step, StepResult
 from deploy_lib.sglang_options import version_key
 
-# Attempts come at most this far apart (plus a ~0.1 s probe), so "ready" is noticed within half a second.
-DEFAULT_MAX_WAIT_S = 0.25
+# One probe waits on the host up to this long for a change: the server's newest log line shows at least this often.
+WATCH_S = 2.0
+# How often the waiting probe looks: a change is noticed within this (plus one look) of happening.
+POLL_S = 0.05
 # `/ready` (no generation, cheapest) exists from this SGLang release on; older ones only have `/health`.
 READY_ENDPOINT_SINCE = "0.5.20"
 
@@ -123,6 +125,7 @@ class Snapshot(BaseModel):
     generation: Generation | None = None
     last_log: LogLine | None = None
     journal_error: str | None = None
+    state: str | None = None  # what the verdict depends on, as the probe compares it (passed back as `seen`)
     probe_s: float = 0.0
 
 
@@ -234,17 +237,17 @@ def assess(snapshot: Snapshot, baseline_restarts: int | None, rung: Rung,
                     Rung.GENERATE, evidence)
 
 
-def ladder_policy(deadline_s: float, progress: Progress, max_wait_s: float = DEFAULT_MAX_WAIT_S) -> Retrying:
-    """Retry NotReady only, never start an attempt past the deadline, re-raise the last error as it is."""
-    return Retrying(stop=stop_before_delay(deadline_s),
-                    wait=wait_exponential(multiplier=0.1, max=max_wait_s),
+def ladder_policy(deadline_s: float, progress: Progress) -> Retrying:
+    """Retry NotReady only, at once (the probe itself waits on the host), never start an attempt past the deadline,
+    re-raise the last error as it is."""
+    return Retrying(stop=stop_before_delay(deadline_s), wait=wait_none(),
                     retry=retry_if_exception_type(NotReady),
                     before_sleep=progress.retrying, reraise=True, name="readiness")
 
 
-def grace_policy(grace_s: float, interval_s: float = DEFAULT_MAX_WAIT_S) -> Retrying:
+def grace_policy(grace_s: float) -> Retrying:
     """Keep re-probing a Ready server until the grace window ends; any other verdict ends it at once."""
-    return Retrying(stop=stop_after_delay(grace_s), wait=wait_fixed(interval_s),
+    return Retrying(stop=stop_after_delay(grace_s), wait=wait_none(),
                     retry=retry_if_result(lambda verdict: isinstance(verdict, Ready)),
                     retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
                     name="grace")
@@ -320,13 +323,18 @@ def health_path_for(sglang_version: str) -> str:
 PROBE_SOURCE = resources.files("deploy_lib").joinpath("probe_script.py").read_text(encoding="utf-8")
 
 
-def probe_step(target: ProbeTarget, rung: Rung, after_cursor: str | None = None) -> Step:
-    """One remote step running the probe for every rung up to `rung`."""
+def probe_step(target: ProbeTarget, rung: Rung, after_cursor: str | None = None, seen: str | None = None,
+               wait_s: float = 0.0) -> Step:
+    """One remote step running the probe for every rung up to `rung`: one look, or with `wait_s` a look every
+    POLL_S until the state differs from `seen` (the `state` of the caller's last snapshot)."""
     wants_generation = rung is Rung.GENERATE and target.generation is not None
     generation = target.generation if wants_generation else None
     config = {
         "unit": target.unit,
         "journal_after_cursor": after_cursor,
+        "seen": seen,
+        "wait_s": wait_s,
+        "poll_s": POLL_S,
         "host": target.probe_host,
         "port": target.port,
         "connect_timeout_s": target.connect_timeout_s,
@@ -338,7 +346,7 @@ def probe_step(target: ProbeTarget, rung: Rung, after_cursor: str | None = None)
         },
     }
     stdin = f"{PROBE_SOURCE}\nrun_probe_and_print({json.dumps(config)!r})\n".encode()
-    timeout_s = 15 + target.http_timeout_s + (generation.timeout_s if generation else 0)
+    timeout_s = 15 + wait_s + target.http_timeout_s + (generation.timeout_s if generation else 0)
     # sudo: reading a system unit's journal needs root or the systemd-journal group.
     return Step(name=f"readiness probe ({rung})", argv=(target.python, "-"), sudo=True, stdin=stdin,
                 timeout_s=timeout_s, secret=bool(generation and target.api_key))
@@ -381,7 +389,9 @@ class _LadderRun:
     prediction: StartPrediction | None
     started_at: float
     clock: Callable[[], float]
+    deadline_s: float = 0.0
     baseline_pid: int | None = None
+    state: str | None = None  # the last snapshot's, so the next probe waits for a change from it
     waiting_on: Rung | None = None
     rungs_passed: int = 0
     last_log_line: str | None = None
@@ -396,10 +406,11 @@ class _LadderRun:
         last = f"last log line: {self.last_log_line}"
         return error.evidence if self.last_log_line is None or last in error.evidence else (*error.evidence, last)
 
-    def probe(self, rung: Rung) -> Verdict:
+    def probe(self, rung: Rung, wait_s: float = 0.0) -> Verdict:
         self.attempts += 1
-        [result] = self.remote.run([probe_step(self.target, rung, self.after_cursor)])
+        [result] = self.remote.run([probe_step(self.target, rung, self.after_cursor, self.state, wait_s)])
         snapshot = parse_snapshot(result, rung)
+        self.state = snapshot.state
         if snapshot.last_log is not None:
             self.after_cursor = snapshot.last_log.cursor
             if snapshot.last_log.text != self.last_log_line:
@@ -411,8 +422,9 @@ class _LadderRun:
         return verdict
 
     def attempt(self) -> Ready:
-        """One ladder attempt: probe, report newly passed rungs, raise the verdict unless Ready."""
-        verdict = self.probe(self.rung)
+        """One ladder attempt: probe (waiting on the host, within the deadline), report newly passed rungs, raise the
+        verdict unless Ready."""
+        verdict = self.probe(self.rung, max(0.0, min(WATCH_S, self.deadline_s - self.elapsed())))
         if isinstance(verdict, UnitFailed | ProbeRejected):
             raise verdict
         waiting_on = Rung(verdict.rung) if isinstance(verdict, NotReady) else None
@@ -444,7 +456,7 @@ def wait_ready(remote: Remote, target: ProbeTarget, *, deadline_s: float, progre
     """
     run = _LadderRun(remote=remote, target=target, rung=rung, progress=progress,
                      baseline_restarts=baseline_restarts, after_cursor=after_cursor, prediction=prediction,
-                     started_at=clock() if started_at is None else started_at, clock=clock)
+                     started_at=clock() if started_at is None else started_at, clock=clock, deadline_s=deadline_s)
     policy = policy or ladder_policy(deadline_s, progress)
     try:
         ready = policy(run.attempt)
@@ -459,7 +471,9 @@ def wait_ready(remote: Remote, target: ProbeTarget, *, deadline_s: float, progre
     duration_s = run.elapsed()
     if grace_s > 0:
         progress.phase_started(f"readiness: grace {grace_s:.0f} s")
-        after = (grace or grace_policy(grace_s))(run.probe, min(rung, Rung.HEALTH, key=lambda r: r.index))
+        grace_rung, grace_ends = min(rung, Rung.HEALTH, key=lambda r: r.index), run.clock() + grace_s
+        after = (grace or grace_policy(grace_s))(
+            lambda: run.probe(grace_rung, max(0.0, min(WATCH_S, grace_ends - run.clock()))))
         if not isinstance(after, Ready):
             raise ReadinessFailed(f"ready after {duration_s:.0f} s, then within the {grace_s:.0f} s grace window: "
                                   f"{after.message}", "grace", run.evidence(after), after.hint)

@@ -2,10 +2,12 @@
 
 Standard library only, and no syntax newer than Python 3.8, since it runs on whatever python3 the host
 has (before 3.10 a timeout is reported by its OS error text rather than as "timeout"). health.py appends
-one call, `run_probe_and_print(<config JSON>)`. The probe gathers one snapshot of the unit, the port, the
-health endpoint, optionally a real generation and the unit's newest journal line, and prints exactly one
-JSON object. It never raises and always exits 0: every failure becomes a field of the snapshot, so one
-round trip always yields a verdict.
+one call, `run_probe_and_print(<config JSON>)`. The probe gathers a snapshot of the unit, the port, the
+health endpoint and optionally a real generation; with `wait_s` it looks again every `poll_s` until what the
+ladder decides on (`state_of`) differs from the state the caller saw last (`seen`) or the time is up, so one
+round trip waits on the server instead of one round trip per look. It adds the unit's newest journal line and
+prints exactly one JSON object. It never raises and always exits 0: every failure becomes a field of the
+snapshot, so one round trip always yields a verdict.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ import urllib.request
 UNIT_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "ExecMainPID", "ExecMainStatus", "ExecMainCode",
                    "Result", "InvocationID")
 BODY_EXCERPT_CHARS = 300
+GENERATION_RETRY_S = 0.25  # while waiting, a generation that failed is sent again at most this often
 
 
 def parse_systemctl_show(text: str) -> dict[str, str]:
@@ -150,9 +153,10 @@ def generate(base_url: str, spec: dict[str, object]) -> dict[str, object]:
     return result
 
 
-def probe(config: dict[str, object]) -> dict[str, object]:
-    """One snapshot; later rungs are only tried once the earlier ones pass, so a loading server costs little."""
-    started = time.monotonic()
+def look(config: dict[str, object], generation: dict[str, object] | None = None) -> dict[str, object]:
+    """One look at the unit, port and health endpoint, and a generation once they pass (`generation`: the answer
+    to reuse instead of sending another); later rungs are only tried once the earlier ones pass, so a loading
+    server costs little."""
     snapshot: dict[str, object] = {"unit": None, "unit_error": None, "port_open": False, "port_error": None,
                                    "health_status": None, "health_error": None, "generation": None,
                                    "last_log": None, "journal_error": None}
@@ -168,10 +172,39 @@ def probe(config: dict[str, object]) -> dict[str, object]:
         snapshot["health_status"], snapshot["health_error"] = status, error
         health_ok = status == 200
     if health_ok and config.get("generate"):
-        snapshot["generation"] = generate(base_url, config["generate"])
+        snapshot["generation"] = generation or generate(base_url, config["generate"])
+    return snapshot
+
+
+def state_of(snapshot: dict[str, object]) -> str:
+    """Everything the ladder's verdict depends on, as one string (no error texts, no durations)."""
+    unit = dict(snapshot["unit"] or {})
+    generation = dict(snapshot["generation"] or {})
+    return json.dumps([[unit.get(name) for name in UNIT_PROPERTIES], snapshot["unit_error"] is None,
+                       snapshot["port_open"], snapshot["health_status"], snapshot["health_error"] is None,
+                       generation.get("status"), bool(generation.get("text"))])
+
+
+def probe(config: dict[str, object]) -> dict[str, object]:
+    """A snapshot once its state differs from `seen`, or the last one when `wait_s` has passed."""
+    started = time.monotonic()
+    wait_until = started + float(config.get("wait_s") or 0)
+    poll_s = float(config.get("poll_s") or 0.05)
+    generation, generation_at = None, 0.0
+    while True:
+        reuse = generation if time.monotonic() - generation_at < GENERATION_RETRY_S else None
+        snapshot = look(config, reuse)
+        if snapshot["generation"] is not None and snapshot["generation"] is not reuse:
+            generation, generation_at = snapshot["generation"], time.monotonic()
+        state = state_of(snapshot)
+        if state != config.get("seen") or time.monotonic() + poll_s >= wait_until:
+            break
+        time.sleep(poll_s)
+    unit = config.get("unit")
     if unit:
         snapshot["last_log"], snapshot["journal_error"] = last_journal_line(
             str(unit), config.get("journal_after_cursor"))
+    snapshot["state"] = state
     snapshot["probe_s"] = round(time.monotonic() - started, 3)
     return snapshot
 

@@ -22,6 +22,8 @@ from tenacity import stop_after_attempt
 from deploy_lib.diagnose import diagnose, journal_cursor_step, journal_step, parse_journal_cursor
 from deploy_lib.errors import ReadinessFailed, StepFailed
 from deploy_lib.health import (
+    POLL_S,
+    WATCH_S,
     GenerationProbe,
     NotReady,
     ProbeRejected,
@@ -152,15 +154,15 @@ def failing_with(error: Exception) -> Any:
     return attempt
 
 
-def test_the_policy_retries_not_ready_with_waits_capped_under_a_second() -> None:
+def test_the_policy_retries_not_ready_at_once_since_the_probe_waits_on_the_host() -> None:
     progress = RecordingProgress()
-    policy = ladder_policy(1800, progress, max_wait_s=0.5).copy(sleep=noop, stop=stop_after_attempt(7))
+    policy = ladder_policy(1800, progress).copy(sleep=noop, stop=stop_after_attempt(7))
     attempt = failing_with(NotReady("port closed", Rung.PORT))
     with pytest.raises(NotReady):
         policy(attempt)
     assert len(attempt.calls) == 7
     waits = [sleep for _attempt, sleep in progress.of_kind("retry")]  # type: ignore[misc]
-    assert waits == pytest.approx([0.1, 0.2, 0.4, 0.5, 0.5, 0.5])
+    assert waits == [0.0] * 6
 
 
 @pytest.mark.parametrize("error", [UnitFailed("the unit failed", Rung.UNIT), ProbeRejected("401", Rung.GENERATE)])
@@ -226,6 +228,26 @@ def test_the_ladder_climbs_from_loading_to_a_real_generation() -> None:
     configs = probe_configs(remote)
     assert [config["journal_after_cursor"] for config in configs] == [None, "s=1", "s=2", "s=3"]
     assert [config["health_path"] for config in configs] == ["/health"] * 4
+
+
+def test_each_probe_waits_on_the_host_for_a_change_from_the_state_it_saw_last() -> None:
+    loading, warming = LOADING.model_copy(update={"state": "loading"}), WARMING.model_copy(update={"state": "warming"})
+    remote = scripted([loading, warming, READY])
+    wait_ready(remote, TARGET, deadline_s=1800, progress=NullProgress(), policy=fast(10))
+    configs = probe_configs(remote)
+    assert [config["seen"] for config in configs] == [None, "loading", "warming"]
+    assert [config["wait_s"] for config in configs] == [WATCH_S] * 3
+    assert all(config["poll_s"] == POLL_S for config in configs)
+    # the step's own timeout covers the wait
+    assert all(step.timeout_s > WATCH_S + TARGET.http_timeout_s for step in probe_steps(remote))
+
+
+def test_a_probe_never_waits_past_the_ladders_deadline() -> None:
+    remote = scripted([LOADING, LOADING, LOADING])
+    with pytest.raises(ReadinessFailed):  # each probe takes 2.5 s of the 3 s deadline
+        wait_ready(remote, TARGET, deadline_s=3, progress=NullProgress(), policy=fast(3),
+                   clock=lambda: 2.5 * len(probe_steps(remote)))
+    assert [config["wait_s"] for config in probe_configs(remote)] == [WATCH_S, 0.5, 0.0]
 
 
 def test_a_unit_that_fails_midway_stops_the_ladder_at_once_with_evidence() -> None:
@@ -320,8 +342,9 @@ def test_a_server_that_stays_up_through_the_grace_window_is_ready() -> None:
     report = wait_ready(remote, TARGET, deadline_s=1800, progress=NullProgress(), policy=fast(3), grace_s=60,
                         grace=grace)
     assert report.rung == Rung.GENERATE and report.attempts == 4
-    # The grace window re-checks health without generating again.
+    # The grace window re-checks health without generating again, each look waiting on the host for a change.
     assert [config["generate"] is None for config in probe_configs(remote)] == [False, True, True, True]
+    assert [config["wait_s"] for config in probe_configs(remote)][1:] == [WATCH_S] * 3
 
 
 # --- prediction and version rules ----------------------------------------------------------------------------
@@ -354,11 +377,18 @@ class FakeSGLang(BaseHTTPRequestHandler):
     """The endpoints the probe uses, as SGLang answers them; class state is set per test."""
 
     health_status: ClassVar[int] = 200
+    healthy_from: ClassVar[int | None] = None  # /health answers 200 from this request on (counted from 1)
+    health_requests: ClassVar[int] = 0
     api_key: ClassVar[str] = "sk-local-77"
     seen_auth: ClassVar[list[str | None]] = []
 
     def do_GET(self) -> None:
-        self.reply(self.health_status if self.path == "/health" else 404, b"")
+        if self.path != "/health":
+            self.reply(404, b"")
+            return
+        FakeSGLang.health_requests += 1
+        healthy = self.healthy_from is not None and self.health_requests >= self.healthy_from
+        self.reply(200 if healthy else self.health_status, b"")
 
     def do_POST(self) -> None:
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
@@ -384,6 +414,7 @@ class FakeSGLang(BaseHTTPRequestHandler):
 def server() -> Iterator[ThreadingHTTPServer]:
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), FakeSGLang)
     FakeSGLang.seen_auth = []
+    FakeSGLang.healthy_from, FakeSGLang.health_requests = None, 0
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield httpd
@@ -438,6 +469,28 @@ def test_probe_reports_a_wrong_api_key_as_the_server_answered_it(server: Threadi
     snap = Snapshot.model_validate(run_probe(probe_step(target, Rung.GENERATE)))
     assert snap.generation is not None and snap.generation.status == 401
     assert isinstance(assess(snap, None, Rung.GENERATE), ProbeRejected)
+
+
+def test_a_waiting_probe_returns_at_the_first_look_that_differs_from_what_the_caller_saw(
+        server: ThreadingHTTPServer) -> None:
+    FakeSGLang.health_status, FakeSGLang.healthy_from = 503, 4
+    target = ProbeTarget(unit=None, port=server.server_address[1], health_path="/health", generation=None)
+    warming = Snapshot.model_validate(run_probe(probe_step(target, Rung.HEALTH)))  # request 1
+    assert warming.health_status == 503 and warming.state
+    ready = Snapshot.model_validate(run_probe(probe_step(target, Rung.HEALTH, seen=warming.state, wait_s=60)))
+    # requests 2 and 3 still saw 503, so it looked again (one round trip); request 4 saw 200 and it returned then
+    assert ready.health_status == 200 and ready.state != warming.state
+    assert FakeSGLang.health_requests == 4
+
+
+def test_a_waiting_probe_that_sees_no_change_returns_its_last_look_when_the_wait_ends(
+        server: ThreadingHTTPServer) -> None:
+    FakeSGLang.health_status = 503
+    target = ProbeTarget(unit=None, port=server.server_address[1], health_path="/health", generation=None)
+    warming = Snapshot.model_validate(run_probe(probe_step(target, Rung.HEALTH)))
+    again = Snapshot.model_validate(run_probe(probe_step(target, Rung.HEALTH, seen=warming.state, wait_s=0.3)))
+    assert again.state == warming.state and again.health_status == 503
+    assert FakeSGLang.health_requests > 2  # it looked more than once within the one run
 
 
 SYSTEMCTL = """#!/bin/sh
