@@ -225,6 +225,20 @@ def no_op_redeploy(rig: Rig) -> NoOpRun:
     return NoOpRun(seconds, remote.inner.round_trips)
 
 
+def whole_process_no_op(rig: Rig, pycache: Path) -> float:
+    """`invoke deploy --profile P --yes` as a user runs it, a no-op: the process's wall time, Python's start and
+    every import included. Bytecode is cached (in `pycache`) as an installed tool's is; the first run writes it."""
+    environ = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
+    argv = [sys.executable, "-m", "invoke", "--search-root", str(REPO), "deploy", "--profile", PROFILE, "--yes",
+            "--inventory", rig.inventory]
+    started = time.time()
+    done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={**environ, "PYTHONPYCACHEPREFIX": str(pycache)})
+    seconds = time.time() - started
+    assert done.returncode == 0 and "no changes" in done.stdout, done.stdout + done.stderr
+    return seconds
+
+
 @dataclass(frozen=True)
 class ChangedRun:
     total_s: float
@@ -341,14 +355,17 @@ def table(figures: Sequence[Figure]) -> str:
     return "\n".join(lines)
 
 
-def deploy_figures(no_ops: Sequence[NoOpRun], changed: Sequence[ChangedRun], crashes: Sequence[CrashRun]) -> list[
-        Figure]:
+def deploy_figures(no_ops: Sequence[NoOpRun], processes: Sequence[float], changed: Sequence[ChangedRun],
+                   crashes: Sequence[CrashRun]) -> list[Figure]:
     round_trips = statistics.median(run.round_trips for run in no_ops)
     plural = "" if round_trips == 1 else "s"
     phases = {name: statistics.median(run.phases.get(name, 0.0) for run in changed) for name in changed[0].phases}
     return [
         seconds_figure(f"no-op redeploy (one SSH connection, {round_trips:g} round trip{plural})",
                        [run.seconds for run in no_ops], 1.0),
+        seconds_figure(f"no-op `invoke deploy --profile {PROFILE} --yes`, whole process", processes, 0.8),
+        seconds_figure("  - Python's start, imports, task load (whole process - library no-op)",
+                       [process - statistics.median(run.seconds for run in no_ops) for process in processes], None),
         seconds_figure("changed deploy, total", [run.total_s for run in changed], None),
         seconds_figure("  server's own start (restart -> fired up)", [run.server_start_s for run in changed], None),
         seconds_figure("  tool's own time (total - server start)", [run.tool_s for run in changed], 2.0),
@@ -453,6 +470,11 @@ def measure_deploys(rig: Rig, runs: int) -> list[Figure]:
         say(f"first deploy of {PROFILE}: {deploy().action}")
     no_ops = [no_op_redeploy(rig) for _ in range(runs)]
     say(f"no-op redeploys: {', '.join(f'{run.seconds:.2f} s' for run in no_ops)}")
+    pycache = Path(tempfile.mkdtemp(prefix="sglang-bench-pycache-"))
+    whole_process_no_op(rig, pycache)  # writes the bytecode cache
+    processes = [whole_process_no_op(rig, pycache) for _ in range(runs)]
+    shutil.rmtree(pycache)
+    say(f"no-op deploys, whole process: {', '.join(f'{seconds:.2f} s' for seconds in processes)}")
     changed = []
     for run in range(runs):
         changed.append(changed_deploy(rig, f"bench-{run}"))
@@ -462,7 +484,7 @@ def measure_deploys(rig: Rig, runs: int) -> list[Figure]:
     for run in range(runs):
         crashes.append(crash_and_roll_back(rig))
         say(f"crash {run + 1}/{runs}: noticed {crashes[-1].noticed_s:.2f} s, rollback {crashes[-1].rollback_s:.2f} s")
-    return deploy_figures(no_ops, changed, crashes)
+    return deploy_figures(no_ops, processes, changed, crashes)
 
 
 def measure_venvs(rig: Rig, house: wheelhouse.Wheelhouse, runs: int, changed_runs: int, work: Path) -> list[Figure]:
@@ -509,6 +531,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--venv-runs", type=int, default=3, choices=range(1, len(OTHER_FLASHINFER) + 1),
                         help="one-changed-package builds (each a full pip install in the guest)")
     parser.add_argument("--guest", help="measure on this running guest (neither started nor stopped here)")
+    parser.add_argument("--only", choices=("deploys", "venvs", "models"), help="measure this group of figures only")
     options = parser.parse_args(argv)
     if os.geteuid() != 0:
         say("make bench needs root (the sandbox guest is a systemd-nspawn machine)")
@@ -516,11 +539,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.time()
     with guest_for_bench(options.guest) as guest, tempfile.TemporaryDirectory(prefix="sglang-bench-") as work:
         house = wheelhouse.prepare()
-        manage.build_guest_venv(guest, house)
+        if not manage.guest_venv_is(guest, house):
+            manage.build_guest_venv(guest, house)
         rig = make_rig(guest, Path(work), options.runs)
-        figures = measure_deploys(rig, options.runs)
-        figures += measure_venvs(rig, house, options.runs, options.venv_runs, Path(work))
-        figures += measure_models(rig, options.runs)
+        wanted = {options.only} if options.only else {"deploys", "venvs", "models"}
+        figures = measure_deploys(rig, options.runs) if "deploys" in wanted else []
+        if "venvs" in wanted:
+            figures += measure_venvs(rig, house, options.runs, options.venv_runs, Path(work))
+        if "models" in wanted:
+            figures += measure_models(rig, options.runs)
     say(f"\nmake bench on the sandbox guest ({time.time() - started:.0f} s in all)\n")
     say(table(figures))
     say(f"\n{ANSIBLE}")
