@@ -661,14 +661,15 @@ def take_lock(remote: Remote, layout: StoreLayout, owner: LockOwner, context: Lo
 @contextmanager
 def holding_lock(remote: Remote, layout: StoreLayout, owner: LockOwner, context: LockContext) -> Iterator[LockOwner]:
     """Hold the lock for the block; released on any exit, Ctrl-C included, if it is still ours."""
-    take_lock(remote, layout, owner, context)
+    try:
+        take_lock(remote, layout, owner, context)
+    except KeyboardInterrupt:  # the host may have taken it before the interrupt reached this process
+        _release_quietly(remote, layout, owner)
+        raise
     try:
         yield owner
     except BaseException:
-        try:
-            remote.run(release_lock(layout, owner))
-        except DeployError:
-            pass  # the error that is propagating matters more than a lock left behind
+        _release_quietly(remote, layout, owner)
         raise
     try:
         remote.run(release_lock(layout, owner))
@@ -678,6 +679,13 @@ def holding_lock(remote: Remote, layout: StoreLayout, owner: LockOwner, context:
         raise LockHeld(f"the deploy lock on {context.where} was no longer ours at the end of this run "
                        "(forced open and taken by someone else?); it was left in place",
                        hint="`invoke unlock` shows who holds it now") from failure
+
+
+def _release_quietly(remote: Remote, layout: StoreLayout, owner: LockOwner) -> None:
+    try:
+        remote.run(release_lock(layout, owner))
+    except DeployError:
+        pass  # the error that is propagating matters more than a lock left behind
 
 
 # Locks this process holds, by (remote, lock path): a library call that changes the host takes the lock itself, and

@@ -91,3 +91,23 @@ def test_patch_fusion_enable_and_disable_take_the_lock_before_adopting_or_derivi
         with pytest.raises(LockHeld):
             act(remote)
         assert only_lock_steps(remote)
+
+
+class InterruptedAfterTaking(FakeRemote):
+    """The host runs the lock's mkdir and owner write, then Ctrl-C lands before the answer reaches this process."""
+
+    def run(self, batch, on_output=None):  # type: ignore[no-untyped-def]
+        results = super().run(batch, on_output)
+        if any(step.name == LOCK_TAKE for step in batch):
+            raise KeyboardInterrupt
+        return results
+
+
+def test_ctrl_c_while_the_lock_is_being_taken_leaves_no_lock_behind() -> None:
+    """Input tried: SIGINT arriving after the host created the lock, before `take` returned (a CI run saw every
+    later test refused with LockHeld, the lock's owner being the interrupted run itself)."""
+    remote = InterruptedAfterTaking()
+    with pytest.raises(KeyboardInterrupt):
+        with host_lock(remote, LAYOUT, "deploy glm5-nvfp4", "gpu1"):
+            pytest.fail("the block must not run without the lock")
+    assert remote.ran_names()[-1] == "lock: release"
