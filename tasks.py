@@ -14,13 +14,14 @@ from invoke import Collection, Context, Exit
 
 import deploy_cli as ui
 from deploy_cli.options import task
-from deploy_lib.errors import EXIT_CODES, DeployError, PreflightError
+from deploy_lib.errors import EXIT_CODES, ConfigError, DeployError, PreflightError
 from deploy_lib.profile import LoadedProfile, ServiceSpec
 from deploy_lib.project import SANDBOX_INVENTORY, Project, Target, load_for_host, profile_for_host, resolve_target
 from sandbox import tasks as sandbox_tasks
 
 if TYPE_CHECKING:
     from deploy_lib.deploy import Outcome
+    from deploy_lib.fleet import FleetRun, Rollout
     from deploy_lib.patches import PatchSet
     from deploy_lib.remote import FabricRemote
 
@@ -103,13 +104,81 @@ def _run(action: Callable[[], T]) -> T:
         raise Exit(code=error.exit_code) from None
 
 
-def _remote(target: Target) -> FabricRemote:
+def _remote(target: Target, prefixed: bool = False) -> FabricRemote:
     from deploy_lib.remote import FabricRemote
-    return FabricRemote(target.ssh, on_result=ui.step_printer() if _output.verbose else None)
+    host = target.host.name if prefixed else ""
+    return FabricRemote(target.ssh, on_result=ui.step_printer(host=host) if _output.verbose else None)
 
 
-def _progress() -> ui.TerminalProgress:
-    return ui.TerminalProgress(ui.errors if _output.as_json else ui.console)
+def _progress(host: str = "") -> ui.TerminalProgress:
+    return ui.TerminalProgress(ui.errors if _output.as_json else ui.console, host)
+
+
+BAD_OPTION = EXIT_CODES[ConfigError]
+
+
+def _rollout(serial: list[str] | None, max_fail: str | None) -> Rollout:
+    from deploy_lib.fleet import Rollout
+    return _run(lambda: Rollout.parse(serial or (), max_fail))
+
+
+def _group(inventory: str | None, host: str | None, group: str | None, accept_new_host_key: bool = False,
+           rollout: Rollout | None = None) -> list[Target] | None:
+    """The group's hosts when --group is given (None otherwise); --serial and --max-fail need it."""
+    from deploy_lib.fleet import ALL_AT_ONCE
+    from deploy_lib.project import resolve_group
+    if group is None:
+        if rollout is not None and rollout != ALL_AT_ONCE:
+            raise Exit("error: --serial and --max-fail roll out over a group: give --group G", code=BAD_OPTION)
+        return None
+    if host is not None:
+        raise Exit("error: --host and --group are exclusive: give one host (--host) or one group (--group)",
+                   code=BAD_OPTION)
+    targets = _run(lambda: resolve_group(PROJECT.inventory(_inventory(inventory)), group, accept_new_host_key))
+    for target in targets:
+        ui.print_warnings(target.host.warnings)
+    return targets
+
+
+def _on_each_host(targets: list[Target], act: Callable[[Target, FabricRemote, ui.TerminalProgress], T],
+                  rollout: Rollout | None = None) -> FleetRun[T]:
+    """The per-host call on every host (in parallel, batch by batch), one connection each, progress prefixed by the
+    host's name."""
+    from deploy_lib.fleet import ALL_AT_ONCE, run_hosts
+
+    def on_host(target: Target) -> T:
+        with _remote(target, prefixed=True) as remote:
+            return act(target, remote, _progress(target.host.name))
+    return _run(lambda: run_hosts(targets, on_host, _progress(), rollout or ALL_AT_ONCE))
+
+
+def _show_each(fleet: FleetRun[T], print_report: Callable[[T], None]) -> None:
+    """A read-only task's reports, host by host; exit with the worst host's code."""
+    if _output.as_json:
+        ui.print_json({run.host: ui.failure_json(run.error) if run.error else run.result for run in fleet.runs})
+    else:
+        ui.print_each_host(fleet, print_report)
+    if fleet.exit_code:
+        raise Exit(code=fleet.exit_code)
+
+
+def _show_outcomes(fleet: FleetRun[Outcome]) -> None:
+    """A group deploy's or rollback's end: plans (dry run), the per-host table; exit 0 only when every host is on
+    its new release, else the worst host's code."""
+    from deploy_lib.fleet import summarize
+    summary = summarize(fleet, lambda outcome: outcome.release_id, lambda outcome: outcome.action,
+                        lambda outcome: outcome.ready.duration_s if outcome.ready else None)
+    ui.print_host_errors(fleet)
+    if _output.as_json:
+        ui.print_json(ui.fleet_json(fleet, summary, ui.outcome_json))
+    else:
+        for run in fleet.runs:
+            if run.result is not None and run.result.plan is not None and run.result.action == "planned":
+                ui.console.rule(run.host)
+                ui.print_plan(run.result.plan)
+        ui.print_fleet(summary)
+    if summary.exit_code:
+        raise Exit(code=summary.exit_code)
 
 
 def _show(report: T, print_table: Callable[[T], None]) -> None:
@@ -172,18 +241,31 @@ def schema(c: Context, output: str | None = None) -> None:
         ui.console.print(text, markup=False)
 
 
-@task(help={"dry_run": "print the plan and stop (reads the host only)",
-            "gate": "benchmark the new release and roll it back if slower than the last good one"})
-def deploy(c: Context, profile: str | None = None, host: str | None = None, inventory: str | None = None,
+@task(iterable=["serial"], help={"dry_run": "print the plan and stop (reads the host only)",
+                                 "gate": "benchmark the new release and roll it back if slower than the last good one"})
+def deploy(c: Context, profile: str | None = None, host: str | None = None, group: str | None = None,
+           serial: list[str] | None = None, max_fail: str | None = None, inventory: str | None = None,
            dry_run: bool = False, yes: bool = False, force: bool = False, accept_new_host_key: bool = False,
            gate: bool = False, json: bool = False, verbose: bool = False) -> None:
     """Deploy a profile: plan, preflight, stage, switch, restart, verify; roll back automatically on failure."""
     from deploy_lib import deploy as deploy_engine
     _report_as(json, verbose)
+    options = deploy_engine.Options(dry_run=dry_run, force=force, environ=dict(os.environ), gate=gate)
+    rollout = _rollout(serial, max_fail)
+    targets = _group(inventory, host, group, accept_new_host_key, rollout)
+    if targets is not None:
+        from deploy_lib.project import load_for_target
+        known = PROJECT.inventory(_inventory(inventory))
+        loaded_for = _run(lambda: {t.host.name: load_for_target(PROJECT, profile, known, t) for t in targets})
+        if not dry_run:
+            names = ", ".join(sorted({loaded.name for loaded in loaded_for.values()}))
+            _consent(f"deploy {names} to {len(targets)} hosts of group {group} ({', '.join(loaded_for)})?", yes)
+        _show_outcomes(_on_each_host(targets, lambda target, remote, progress: deploy_engine.deploy(
+            loaded_for[target.host.name], target, remote, progress, options), rollout))
+        return
     loaded, target = _load(profile, inventory, host, accept_new_host_key)
     if not dry_run:
         _consent(f"deploy {loaded.name} to {target.host.name}?", yes)
-    options = deploy_engine.Options(dry_run=dry_run, force=force, environ=dict(os.environ), gate=gate)
     with _remote(target) as remote:
         outcome = _run(lambda: deploy_engine.deploy(loaded, target, remote, _progress(), options))
     _show_outcome(outcome)
@@ -200,13 +282,23 @@ def _service(service: str | None) -> str:
     return service or ServiceSpec().name
 
 
-@task(help={"to": "release id (default: the last healthy release before the current one)"})
-def rollback(c: Context, to: str | None = None, host: str | None = None, inventory: str | None = None,
+@task(iterable=["serial"], help={"to": "release id (default: the last healthy release before the current one)"})
+def rollback(c: Context, to: str | None = None, host: str | None = None, group: str | None = None,
+             serial: list[str] | None = None, max_fail: str | None = None, inventory: str | None = None,
              service: str | None = None, accept_new_host_key: bool = False, json: bool = False,
              verbose: bool = False, yes: bool = False) -> None:
     """Switch back to an earlier release on the host and verify it."""
     from deploy_lib import deploy as deploy_engine
     _report_as(json, verbose)
+    rollout = _rollout(serial, max_fail)
+    targets = _group(inventory, host, group, accept_new_host_key, rollout)
+    if targets is not None:
+        hosts = ", ".join(target.host.name for target in targets)
+        _consent(f"roll {len(targets)} hosts of group {group} ({hosts}) back to {to or 'the last healthy release'}?",
+                 yes)
+        _show_outcomes(_on_each_host(targets, lambda target, remote, progress: deploy_engine.rollback(
+            target, _service(service), remote, progress, to, dict(os.environ)), rollout))
+        return
     target = _target(inventory, host, accept_new_host_key)
     _consent(f"roll {target.host.name} back to {to or 'the last healthy release'}?", yes)
     with _remote(target) as remote:
@@ -297,22 +389,32 @@ def uninstall(c: Context, host: str | None = None, inventory: str | None = None,
 
 
 @task
-def releases(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
-             json: bool = False, verbose: bool = False) -> None:
+def releases(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
+             service: str | None = None, json: bool = False, verbose: bool = False) -> None:
     """List the releases on the host with their outcome and measured throughput."""
     from deploy_lib import status as host_status
     _report_as(json, verbose)
+    targets = _group(inventory, host, group)
+    if targets is not None:
+        _show_each(_on_each_host(targets, lambda target, remote, _: host_status.list_releases(
+            target, _service(service), remote)), ui.print_releases)
+        return
     target = _target(inventory, host)
     with _remote(target) as remote:
         _show(_run(lambda: host_status.list_releases(target, _service(service), remote)), ui.print_releases)
 
 
 @task
-def status(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
-           json: bool = False, verbose: bool = False) -> None:
+def status(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
+           service: str | None = None, json: bool = False, verbose: bool = False) -> None:
     """Current release and its age, unit state, readiness, versions, patches and a per-GPU table."""
     from deploy_lib import status as host_status
     _report_as(json, verbose)
+    targets = _group(inventory, host, group)
+    if targets is not None:
+        _show_each(_on_each_host(targets, lambda target, remote, _: host_status.read_status(
+            target, _service(service), remote)), ui.print_status)
+        return
     target = _target(inventory, host)
     with _remote(target) as remote:
         _show(_run(lambda: host_status.read_status(target, _service(service), remote)), ui.print_status)
@@ -341,11 +443,19 @@ def gpu_check(c: Context, profile: str | None = None, stop_server: bool = False,
 
 
 @task(help={"lines": "number of lines (default 100)", "follow": "keep printing new lines (Ctrl-C stops)"})
-def logs(c: Context, lines: int = 100, follow: bool = False, host: str | None = None, inventory: str | None = None,
-         service: str | None = None, verbose: bool = False) -> None:
+def logs(c: Context, lines: int = 100, follow: bool = False, host: str | None = None, group: str | None = None,
+         inventory: str | None = None, service: str | None = None, verbose: bool = False) -> None:
     """Print the server's log from the host's journal."""
     from deploy_lib import status as host_status
     _report_as(verbose=verbose)
+    if group is not None and follow:
+        raise Exit("error: --follow follows one host's journal: give --host, or --group without --follow",
+                   code=BAD_OPTION)
+    targets = _group(inventory, host, group)
+    if targets is not None:
+        _show_each(_on_each_host(targets, lambda target, remote, _: host_status.read_log(
+            target, _service(service), remote, lines)), ui.print_lines)
+        return
     target = _target(inventory, host)
     with _remote(target) as remote:
         name = _service(service)

@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the reports' types only: a task imports the library modules
     from deploy_lib.adopt import Adopted
     from deploy_lib.bench import BenchResult, ComparisonRow
     from deploy_lib.deploy import Outcome, Plan
+    from deploy_lib.fleet import FleetRun, Summary
     from deploy_lib.gpu_check import GpuCheckReport
     from deploy_lib.models import StoredModel
     from deploy_lib.patches import AuditReport, CheckReport, PatchSet
@@ -45,13 +46,14 @@ errors = Console(stderr=True, highlight=False, soft_wrap=True)
 class TerminalProgress:
     """Progress as lines: each phase, each step with its time, the server's newest log line while waiting."""
 
-    def __init__(self, out: Console = console) -> None:
+    def __init__(self, out: Console = console, host: str = "") -> None:
         self.out = out
         self.started = time.monotonic()
         self.last_log: str | None = None
+        self.prefix = f"[bold]{escape(host)}[/bold] " if host else ""  # a group's hosts print between each other
 
     def _stamp(self) -> str:
-        return f"[dim]{time.monotonic() - self.started:7.2f}s[/dim]"
+        return f"{self.prefix}[dim]{time.monotonic() - self.started:7.2f}s[/dim]"
 
     def phase_started(self, name: str) -> None:
         self.out.print(f"{self._stamp()} [bold]▸ {escape(name)}[/bold]")
@@ -121,6 +123,43 @@ def print_outcome(outcome: Outcome) -> None:
 
 def print_plan(plan: Plan) -> None:
     print_lines(plan.dry_run_lines())
+
+
+def print_host_errors(fleet: FleetRun[Any]) -> None:
+    """Each failed host's error in full (stderr, as for one host), under the host's name."""
+    for run in fleet.runs:
+        if run.error is not None:
+            errors.rule(run.host)
+            print_error(run.error)
+
+
+def print_fleet(summary: Summary) -> None:
+    """A group's end: the per-host table, which hosts run which release, why the rollout stopped."""
+    table = Table("host", "release", "outcome", "serving now", "ready (s)", "cause")
+    for row in summary.rows:
+        style = "green" if row.outcome in ("deployed", "unchanged", "rolled back", "planned") else \
+            "yellow" if row.outcome == "not started" else "red"
+        table.add_row(row.host, row.release or "", f"[{style}]{escape(row.outcome)}[/{style}]", row.serving,
+                      f"{row.ready_s:.1f}" if row.ready_s is not None else "", escape(shorten_log_line(row.cause)))
+    console.print(table)
+    for serving, hosts in summary.by_release.items():
+        what = serving if serving in ("untouched", "as before") or " " in serving else f"release {serving}"
+        console.print(f"{what}: {', '.join(hosts)}", markup=False)
+    if summary.stopped:
+        console.print(f"[yellow]rollout stopped:[/yellow] {escape(summary.stopped)}; hosts not started were left "
+                      "untouched")
+    if summary.interruption:
+        console.print(f"[yellow]{escape(summary.interruption)}[/yellow]")
+
+
+def print_each_host(fleet: FleetRun[Any], show: Callable[[Any], None]) -> None:
+    """A read-only task on a group: each host's report under its name, in inventory order."""
+    for run in fleet.runs:
+        console.rule(run.host)
+        if run.error is not None:
+            print_error(run.error)
+        else:
+            show(run.result)
 
 
 def print_status(report: StatusReport) -> None:
@@ -306,19 +345,21 @@ def print_audit(report: AuditReport) -> None:
 VERBOSE_MAX_LINES = 40  # per stream and step: a step's output can be a whole option table
 
 
-def step_printer(out: Console = errors) -> Callable[[StepResult], None]:
-    """For -v: each remote step as it comes back, with its exit code, time and output (secrets masked)."""
+def step_printer(out: Console = errors, host: str = "") -> Callable[[StepResult], None]:
+    """For -v: each remote step as it comes back, with its exit code, time and output (secrets masked); in a group
+    each line starts with the host's name."""
     from deploy_lib.remote import MASK, display
+    prefix = f"{host} " if host else ""
 
     def show(result: StepResult) -> None:
-        out.print(f"  [dim]$[/dim] {escape(display(result.step))} [dim](exit {result.exit_code}, "
+        out.print(f"{escape(prefix)}  [dim]$[/dim] {escape(display(result.step))} [dim](exit {result.exit_code}, "
                   f"{result.duration_s:.2f} s)[/dim]")
         for stream in (result.stdout, result.stderr):
             lines = [MASK] if result.step.secret and stream else stream.splitlines()
             for line in lines[:VERBOSE_MAX_LINES]:
-                out.print(f"    | {line}", markup=False)
+                out.print(f"{prefix}    | {line}", markup=False)
             if len(lines) > VERBOSE_MAX_LINES:
-                out.print(f"    | ... {len(lines) - VERBOSE_MAX_LINES} more lines", markup=False)
+                out.print(f"{prefix}    | ... {len(lines) - VERBOSE_MAX_LINES} more lines", markup=False)
     return show
 
 
@@ -363,8 +404,16 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
             "secrets_not_available": dict(plan.secrets_not_available) if plan else {}}
 
 
+def fleet_json(fleet: FleetRun[Any], summary: Summary, report: Callable[[Any], Any]) -> dict[str, Any]:
+    """A group's run for scripts: each host's own document (as for one host) under `hosts`, and the rollout."""
+    hosts = {run.host: (failure_json(run.error) if run.error else jsonable(report(run.result))) if run.started
+             else {"outcome": "not started"} for run in fleet.runs}
+    return {"hosts": hosts, "batches": [list(batch) for batch in fleet.batches], "not_started": fleet.not_started,
+            "stopped": summary.stopped, "serving": summary.by_release, "exit_code": summary.exit_code}
+
+
 def failure_json(error: DeployError) -> dict[str, Any]:
     return {"outcome": "failed", "release": error.release_id, "previous": error.previous_id,
             "timings": dict(error.timings), "ready_s": None, "cause": error.message, "hint": error.hint,
-            "exit_code": error.exit_code, "error": type(error).__name__,
+            "exit_code": error.exit_code, "error": type(error).__name__, "serving": error.serving_id,
             "evidence": list(getattr(error, "evidence", ()) or ())}

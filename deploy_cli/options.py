@@ -35,6 +35,9 @@ COMMON_HELP = {
     "profile": "profile: a name under inventory/profiles/ or a path to a .yaml file (default: the host's "
                "`profile` var in the inventory)",
     "host": "inventory host name (default: the only host)",
+    "group": "inventory group: every host of it (children included) in parallel; exclusive with --host",
+    "serial": "with --group: hosts per batch, a number or N%; repeat for Ansible's list (the last repeats)",
+    "max_fail": "with --group: stop starting hosts once more than K hosts failed (K%: of a batch)",
     "inventory": "inventory file, relative to the working directory "
                  "(default: $SGLANG_DEPLOY_INVENTORY, else inventory/hosts.yaml of the project)",
     "service": "service name (default sglang)",

@@ -705,8 +705,10 @@ def _switch_back(run: _Run, store: StoreFacts, failed_id: str, failure: DeployEr
                           hint="`invoke status` shows whether it serves; `invoke rollback` or a deploy verifies it"
                           ) from None
     run.record("rollback", HEALTHY, tags, f"after {failed_id} failed: {first}")
-    raise _same_kind(failure, f"{where}: release {failed_id} failed: {first}; rolled back, release {restore_id} is "
-                              "serving", diagnosis)
+    ended = _same_kind(failure, f"{where}: release {failed_id} failed: {first}; rolled back, release {restore_id} "
+                                "is serving", diagnosis)
+    ended.serving_id = restore_id
+    raise ended
 
 
 def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progress, options: Options,

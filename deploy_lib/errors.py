@@ -20,6 +20,7 @@ class DeployError(Exception):
         self.release_id: str | None = None
         self.previous_id: str | None = None
         self.timings: dict[str, float] = {}
+        self.serving_id: str | None = None  # set when a failed release was rolled back: the release serving now
 
     def about(self, release_id: str | None, previous_id: str | None, timings: dict[str, float]) -> DeployError:
         self.release_id, self.previous_id, self.timings = release_id, previous_id, dict(timings)

@@ -6,6 +6,7 @@ import getpass
 import os
 import re
 import shlex
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -149,6 +150,17 @@ class Inventory(BaseModel):
     model_config = ConfigDict(frozen=True)
     path: Path
     hosts: dict[str, Host]
+    groups: dict[str, tuple[str, ...]] = {}  # group -> its hosts, children's included, in inventory order
+
+    def group(self, name: str) -> list[Host]:
+        """The hosts of a group (its children's too), as Ansible resolves it; ConfigError naming the known groups."""
+        if name not in self.groups:
+            raise ConfigError(f"{self.path}: unknown group {name!r}{did_you_mean(name, self.groups)}",
+                              f"groups: {', '.join(sorted(self.groups))}")
+        if not self.groups[name]:
+            raise ConfigError(f"{self.path}: group {name!r} has no hosts",
+                              "add hosts under its `hosts:` or a child group's")
+        return [self.hosts[host] for host in self.groups[name]]
 
     def host(self, name: str | None) -> Host:
         """The named host, or the only host when there is one; ConfigError listing the hosts otherwise."""
@@ -162,9 +174,43 @@ class Inventory(BaseModel):
         return self.hosts[name]
 
 
-def _walk_group(path: Path, where: str, group: Any, inherited: dict[str, Any], groups: tuple[str, ...],
-                found: dict[str, tuple[tuple[str, ...], dict[str, Any]]]) -> None:
+@dataclass
+class _GroupGraph:
+    """Groups as Ansible keeps them: one group per name, whatever the number of places it is written; a group's hosts
+    and children are the union of every place."""
+
+    hosts: dict[str, list[str]] = field(default_factory=dict)
+    children: dict[str, list[str]] = field(default_factory=dict)
+
+    def add(self, group: str, hosts: list[str], children: list[str]) -> None:
+        for kind, names in ((self.hosts, hosts), (self.children, children)):
+            known = kind.setdefault(group, [])
+            known += [name for name in names if name not in known]
+
+    def members(self, path: Path, group: str, chain: tuple[str, ...] = ()) -> list[str]:
+        """The group's own hosts, then each child's in the order written; a group among its own children is an error
+        (Ansible: a recursive dependency loop)."""
+        if group in chain:
+            loop = (*chain[chain.index(group):], group)
+            raise ConfigError(f"{path}: group {group!r} is its own child: {' -> '.join(loop)}",
+                              "a group may not contain itself, directly or through its children")
+        found = list(self.hosts.get(group, []))
+        for child in self.children.get(group, []):
+            found += [host for host in self.members(path, child, (*chain, group)) if host not in found]
+        return found
+
+    def resolve(self, path: Path) -> dict[str, tuple[str, ...]]:
+        groups = {name: tuple(self.members(path, name)) for name in self.hosts}
+        grouped = {host for name, hosts in groups.items() if name != "all" for host in hosts}
+        # Ansible's implicit group: hosts that belong to no group but `all`
+        groups.setdefault("ungrouped", tuple(host for host in self.hosts["all"] if host not in grouped))
+        return groups
+
+
+def _walk_group(path: Path, where: str, group: Any, inherited: dict[str, Any], name: str,
+                found: dict[str, dict[str, Any]], graph: _GroupGraph) -> None:
     if group is None:
+        graph.add(name, [], [])
         return
     if not isinstance(group, dict):
         raise ConfigError(f"{path}: {where}: a group must be a mapping with hosts/children/vars")
@@ -183,13 +229,13 @@ def _walk_group(path: Path, where: str, group: Any, inherited: dict[str, Any], g
             raise ConfigError(f"{path}: {where}.hosts: {host_name!r} is not a valid host name")
         if host_vars is not None and not isinstance(host_vars, dict):
             raise ConfigError(f"{path}: {where}.hosts.{host_name}: must be a mapping of vars")
-        prev_groups, prev_vars = found.get(host_name, ((), {}))
-        found[host_name] = ((*prev_groups, *groups), {**prev_vars, **scope, **(host_vars or {})})
+        found[host_name] = {**found.get(host_name, {}), **scope, **(host_vars or {})}
     children = group.get("children") or {}
     if not isinstance(children, dict):
         raise ConfigError(f"{path}: {where}.children: must be a mapping of group name to group")
+    graph.add(name, list(hosts), [str(child_name) for child_name in children])
     for child_name, child in children.items():
-        _walk_group(path, f"{where}.children.{child_name}", child, scope, (*groups, child_name), found)
+        _walk_group(path, f"{where}.children.{child_name}", child, scope, str(child_name), found, graph)
 
 
 def load_inventory(path: Path) -> Inventory:
@@ -198,21 +244,24 @@ def load_inventory(path: Path) -> Inventory:
         extra = sorted(set(raw) - {"all"})
         raise ConfigError(f"{path}: top level must be `all:` only" + (f", found {extra[0]!r}" if extra else ""),
                           "Ansible YAML inventory: all: {hosts:, children:, vars:}")
-    found: dict[str, tuple[tuple[str, ...], dict[str, Any]]] = {}
-    _walk_group(path, "all", raw["all"], {}, ("all",), found)
+    found: dict[str, dict[str, Any]] = {}
+    graph = _GroupGraph()
+    _walk_group(path, "all", raw["all"], {}, "all", found, graph)
+    graph.add("all", list(found), [])  # `all` holds every host, wherever it was written
+    groups = graph.resolve(path)
     hosts = {}
-    for name, (groups, host_vars) in found.items():
+    for name, host_vars in found.items():
         try:
             parsed = HostVars.model_validate(host_vars)
         except ValidationError as err:
             raise ConfigError(format_validation_error(f"{path}: host {name}", err)) from None
         if parsed.profile and ("/" in parsed.profile or parsed.profile.endswith(".yaml")):
             parsed = parsed.model_copy(update={"profile": str(expand_local_path(parsed.profile, path))})
-        hosts[name] = Host(name=name, groups=tuple(dict.fromkeys(groups)), vars=parsed,
-                           warnings=_ignored_vars(path, name, host_vars))
+        member_of = tuple(group for group, members in groups.items() if name in members)
+        hosts[name] = Host(name=name, groups=member_of, vars=parsed, warnings=_ignored_vars(path, name, host_vars))
     if not hosts:
         raise ConfigError(f"{path}: no hosts defined")
-    return Inventory(path=path, hosts=hosts)
+    return Inventory(path=path, hosts=hosts, groups=groups)
 
 
 def _ignored_vars(path: Path, host: str, host_vars: dict[str, Any]) -> tuple[str, ...]:

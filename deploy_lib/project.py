@@ -76,7 +76,15 @@ class Target:
 
 
 def resolve_target(inventory: Inventory, host_name: str | None, accept_new_host_key: bool = False) -> Target:
-    host = inventory.host(host_name)
+    return _target(inventory, inventory.host(host_name), accept_new_host_key)
+
+
+def resolve_group(inventory: Inventory, group: str, accept_new_host_key: bool = False) -> list[Target]:
+    """Every host of the group (children included), in inventory order."""
+    return [_target(inventory, host, accept_new_host_key) for host in inventory.group(group)]
+
+
+def _target(inventory: Inventory, host: Host, accept_new_host_key: bool) -> Target:
     hv = host.vars
     key_file = expand_local_path(hv.ansible_ssh_private_key_file, inventory.path) if hv.ansible_ssh_private_key_file \
         else None
@@ -103,8 +111,14 @@ def load_for_host(project: Project, profile_given: str | None, inventory_given: 
     """Profile and target: the profile given, else the one the inventory names for the host."""
     inventory = project.inventory(inventory_given)
     target = resolve_target(inventory, host_name, accept_new_host_key)
+    return load_for_target(project, profile_given, inventory, target), target
+
+
+def load_for_target(project: Project, profile_given: str | None, inventory: Inventory, target: Target
+                    ) -> LoadedProfile:
+    """The profile given, else the one the inventory names for the target's host."""
     loaded = profile_for_host(project, profile_given, target)
     if loaded is None:
         raise ConfigError(f"which profile for {target.host.name}? none was given and {inventory.path} sets no "
                           "`profile` for the host", "give --profile NAME (or a path to its .yaml file)")
-    return loaded, target
+    return loaded
