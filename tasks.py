@@ -607,7 +607,7 @@ def patches_check(c: Context, name: str, profile: str | None = None, host: str |
 @task(name="audit", help=PATCH_HELP)
 def patches_audit(c: Context, name: str, profile: str | None = None, host: str | None = None,
                   inventory: str | None = None, service: str | None = None, verbose: bool = False) -> None:
-    """Every architecture bound an SM120 build meets on the patch set's code path, with file:line."""
+    """Every architecture bound on the patch set's code path, with file:line and its value on the set's GPUs."""
     from deploy_lib.patches import on_host
     _report_as(verbose=verbose)
     ui.print_audit(_patch_run(profile, host, inventory, service, on_host.audit, _patch_set(name)))
@@ -617,7 +617,7 @@ def patches_audit(c: Context, name: str, profile: str | None = None, host: str |
 def patches_enable(c: Context, name: str, profile: str | None = None, host: str | None = None,
                    inventory: str | None = None, service: str | None = None, yes: bool = False,
                    verbose: bool = False) -> None:
-    """Make a patched venv (derived; the base is untouched) and deploy the profile with the patched feature on."""
+    """Make a patched venv (derived; the base is untouched) and deploy the profile on it (the set's feature on)."""
     from deploy_lib import deploy as deploy_engine
     from deploy_lib.patches import on_host
     _report_as(verbose=verbose)
@@ -639,7 +639,7 @@ def patches_enable(c: Context, name: str, profile: str | None = None, host: str 
 def patches_disable(c: Context, name: str, profile: str | None = None, host: str | None = None,
                     inventory: str | None = None, service: str | None = None, yes: bool = False,
                     verbose: bool = False) -> None:
-    """Deploy the profile with the patched feature off on the venv the patched one was derived from."""
+    """Deploy the profile (the set's feature off) on the venv the patched one was derived from."""
     from deploy_lib import deploy as deploy_engine
     from deploy_lib.patches import on_host
     _report_as(verbose=verbose)
@@ -654,15 +654,17 @@ def patches_disable(c: Context, name: str, profile: str | None = None, host: str
     ui.print_outcome(outcome)
 
 
-@task(name="patch-fusion", help={"profile": PATCH_HELP["profile"],
-                                 "enable": "patch and deploy the profile with fusion on",
-                                 "disable": "deploy the profile with fusion off on the unpatched venv",
-                                 "check": "print each gate's state, change nothing",
-                                 "audit": "list every SM bound on the fusion path"})
-def patch_fusion(c: Context, enable: bool = False, disable: bool = False, check: bool = False, audit: bool = False,
-                 profile: str | None = None, host: str | None = None, inventory: str | None = None,
-                 service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
-    """The SM120 allreduce-fusion patch set (fusion-sm120): --enable | --disable | --check | --audit."""
+PATCH_ACTION_HELP = {"profile": PATCH_HELP["profile"], "enable": "patch and deploy the profile on the patched venv",
+                     "disable": "deploy the profile on the unpatched venv the patched one was derived from",
+                     "check": "print each target's state, change nothing",
+                     "audit": "list every architecture bound on the patch set's code path"}
+
+
+@task(help={"set": PATCH_HELP["name"], **PATCH_ACTION_HELP})
+def patch(c: Context, set: str, enable: bool = False, disable: bool = False, check: bool = False, audit: bool = False,
+          profile: str | None = None, host: str | None = None, inventory: str | None = None,
+          service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
+    """A patch set under roles/ (`invoke patches.list`): --set NAME, then --enable | --disable | --check | --audit."""
     _report_as(verbose=verbose)
     chosen = [flag for flag, on in (("enable", enable), ("disable", disable), ("check", check), ("audit", audit))
               if on]
@@ -670,8 +672,17 @@ def patch_fusion(c: Context, enable: bool = False, disable: bool = False, check:
         raise Exit("error: give exactly one of --enable, --disable, --check, --audit", code=2)
     action = {"enable": patches_enable, "disable": patches_disable, "check": patches_check, "audit": patches_audit}
     kwargs = {"yes": yes} if chosen[0] in ("enable", "disable") else {}
-    action[chosen[0]](c, FUSION_PATCH_SET, profile=profile, host=host, inventory=inventory, service=service,
-                      verbose=verbose, **kwargs)
+    action[chosen[0]](c, set, profile=profile, host=host, inventory=inventory, service=service, verbose=verbose,
+                      **kwargs)
+
+
+@task(name="patch-fusion", help=PATCH_ACTION_HELP)
+def patch_fusion(c: Context, enable: bool = False, disable: bool = False, check: bool = False, audit: bool = False,
+                 profile: str | None = None, host: str | None = None, inventory: str | None = None,
+                 service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
+    """The SM120 allreduce-fusion patch set: `invoke patch --set fusion-sm120`."""
+    patch(c, FUSION_PATCH_SET, enable=enable, disable=disable, check=check, audit=audit, profile=profile, host=host,
+          inventory=inventory, service=service, yes=yes, verbose=verbose)
 
 
 @task
@@ -718,7 +729,7 @@ def demo(c: Context) -> None:
 
 
 ns = Collection(render, plan, schema, deploy, adopt, rollback, stop, start, restart, uninstall, releases, status, logs,
-                unlock, bench, patch_fusion, demo, version, gpu_check)
+                unlock, bench, patch, patch_fusion, demo, version, gpu_check)
 ns.add_collection(Collection(patches_list, patches_check, patches_audit, patches_enable, patches_disable),
                   name="patches")
 ns.add_collection(Collection(venv_build, venv_adopt, venv_list, venv_remove), name="venv")

@@ -183,8 +183,9 @@ def test_verbose_shows_each_remote_step_with_its_output_and_masks_secrets() -> N
     assert "hf_x" not in "\n".join(lines) and lines[-1] == f"    | {MASK}"
 
 
-def test_patch_fusion_without_an_action_is_a_sentence_and_exit_2() -> None:
-    refused = invoke("patch-fusion")
+@pytest.mark.parametrize("task", [["patch-fusion"], ["patch", "--set", "fusion-sm120", "--check", "--audit"]])
+def test_patch_without_one_action_is_a_sentence_and_exit_2(task: list[str]) -> None:
+    refused = invoke(*task)
     assert (refused.returncode, refused.stderr.strip()) == (
         2, "error: give exactly one of --enable, --disable, --check, --audit")
 
@@ -199,3 +200,8 @@ def test_loading_the_tasks_leaves_the_template_engine_patch_sets_and_sandbox_rig
                   "deploy_lib.adopt", "deploy_lib.gpu_check", "deploy_lib.status", "deploy_lib.uninstall",
                   "sandbox.manage", "sandbox.hub", "sandbox.wheelhouse"}
     assert not_needed & loaded == set()
+
+
+def test_patch_without_a_set_is_exit_2_naming_the_option() -> None:
+    refused = invoke("patch", "--check")
+    assert refused.returncode == 2 and "--set" in refused.stderr

@@ -76,7 +76,7 @@ def test_files_are_followed_into_the_checkout_and_check_finds_the_gates(editable
     assert installed.outside() == {"sglang": PurePosixPath(str(checkout))}
     assert installed.origins["sglang"].describe() == f"editable: {checkout}"
     assert installed.roots["flashinfer"] == installed.site_packages  # a plain wheel install
-    paths = patches.files_needed(patch_set, installed.versions["sglang"], installed.versions["flashinfer-python"])
+    paths = patches.files_needed(patch_set, installed.versions)
     report = patches.check(patch_set, _read(installed, paths), installed.versions, gpu_arch="sm120")
     states = {t.target: t.state for t in report.targets}
     assert not report.conflicts, report.summary_lines()
@@ -87,7 +87,7 @@ def test_enable_then_disable_restores_the_checkouts_bytes(editable: tuple[Path, 
     checkout, venv = editable
     patch_set = patches.load_patch_set(ROLES / "fusion-sm120")
     installed = _installed(venv, patch_set)
-    paths = patches.files_needed(patch_set, installed.versions["sglang"], installed.versions["flashinfer-python"])
+    paths = patches.files_needed(patch_set, installed.versions)
     files = _read(installed, paths)
     enabled = patches.enable(patch_set, files, installed.versions, gpu_arch="sm120")
     assert enabled.files and all(path.startswith("sglang/") for path in enabled.files)

@@ -46,4 +46,4 @@ def test_a_non_editable_install_renders_and_lists_the_patch_sets(tmp_path: Path)
     assert Path(result["roles"]) == site / "deploy_lib" / "roles"
     assert "ExecStart=/root/ml-env/bin/python3 -m sglang.launch_server" in result["unit"]
     assert 'CUDA_HOME="/usr/local/cuda-12.8"' in result["env"]
-    assert result["patch_sets"] == ["fusion-sm120"]
+    assert result["patch_sets"] == ["fusion-sm120", "nsa-aliases"]

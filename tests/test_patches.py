@@ -18,6 +18,7 @@ import pytest
 
 from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.patches import (
+    GpuArch,
     PatchConflict,
     PatchRecord,
     PatchSet,
@@ -36,6 +37,7 @@ from deploy_lib.patches import (
     list_patch_sets,
     load_patch_set,
     read_steps,
+    refuse_unless_applicable,
     revert,
     select_variants,
     sha256_text,
@@ -43,6 +45,7 @@ from deploy_lib.patches import (
 from deploy_lib.patches.on_host import base_profile, patched_profile
 from deploy_lib.project import Project
 from deploy_lib.remote import StepResult
+from deploy_lib.sglang_options import check_argv, extract
 from sandbox.sim.sglang_sim.upstream import Fusion, InstalledUpstream
 
 pytest_plugins = ("wheelcache",)  # imported lazily below: a plugin imported before it is registered is not rewritten
@@ -120,7 +123,7 @@ def read_files(generation: Generation, paths: tuple[str, ...]) -> dict[str, str]
 
 
 def target_files(patch_set: PatchSet, generation: Generation) -> dict[str, str]:
-    return read_files(generation, files_needed(patch_set, generation.sglang, generation.flashinfer))
+    return read_files(generation, files_needed(patch_set, generation.versions))
 
 
 def wheel_member_sha256(path: str, generation: Generation) -> str:
@@ -203,7 +206,7 @@ def test_a_hand_edited_gate_is_a_conflict_that_shows_the_lines_and_nothing_is_pa
     assert re.search(r"^\s+146\s+\(_is_sm90_supported or _is_sm100_supported or True\)$", conflict.detail, re.M)
     with pytest.raises(PatchConflict, match="runtime-gate"):
         enable(patch_set, hand_edited, generation.versions, gpu_arch="sm120")
-    variant = select_variants(patch_set, generation.sglang, generation.flashinfer)["runtime-gate"]
+    variant = select_variants(patch_set, generation.versions)["runtime-gate"]
     with pytest.raises(PatchConflict, match="conflict, not absent; nothing written"):
         apply(variant, edited)
 
@@ -233,7 +236,7 @@ def test_our_text_without_our_record_or_changed_after_patching_is_a_conflict(pat
 def test_native_flashinfer_is_never_rewritten(patch_set):
     generation = GENERATIONS[4]
     files = target_files(patch_set, generation)
-    variants = select_variants(patch_set, generation.sglang, generation.flashinfer)
+    variants = select_variants(patch_set, generation.versions)
     for name, path in (("jit-gate", JIT), ("header-gate", HEADER)):
         assert revert(variants[name], files[path], sha256_text(files[path])) == files[path]
         with pytest.raises(PatchConflict, match="native upstream"):
@@ -248,19 +251,19 @@ def test_native_flashinfer_is_never_rewritten(patch_set):
 @pytest.mark.wheels
 def test_audit_lists_the_bounds_an_sm120_build_meets(patch_set):
     new, old = GENERATIONS[4], GENERATIONS[0]
-    report = audit(read_files(new, audit_paths(patch_set)), patch_set.meta.audit)
+    report = audit(patch_set, read_files(new, audit_paths(patch_set)))
     found = {(b.file, b.line): b for b in report.bounds}
     assert found[(ADD_NORM, 146)].text.strip() == "(_is_sm90_supported or _is_sm100_supported)"
-    assert found[(ADD_NORM, 146)].on_sm120 is False
-    assert found[(FUSION, 48)].on_sm120 is False
-    assert found[(JIT, 198)].on_sm120 is True  # upstream [9, 10, 12]
+    assert found[(ADD_NORM, 146)].on["sm120"] is False
+    assert found[(FUSION, 48)].on["sm120"] is False
+    assert found[(JIT, 198)].on["sm120"] is True  # upstream [9, 10, 12]
     assert (JIT, 47) not in found  # the MNNVL module's [9, 10] is another module: outside the scanned function
     assert COMMUNICATOR in report.missing and ADD_NORM in report.scanned
 
-    old_report = audit(read_files(old, audit_paths(patch_set)), patch_set.meta.audit)
+    old_report = audit(patch_set, read_files(old, audit_paths(patch_set)))
     header_bounds = [b for b in old_report.bounds if b.file == HEADER and "__CUDA_ARCH__ < 1200" in b.text]
     assert [b.line for b in header_bounds] == HEADER_GATE_LINES
-    assert all(b.on_sm120 is False for b in header_bounds)
+    assert all(b.on["sm120"] is False for b in header_bounds)
     assert any(line.startswith(f"{HEADER}:417: [FALSE on sm120]") for line in old_report.summary_lines())
     assert ("sglang/srt/server_args.py", 1691) in {(b.file, b.line) for b in old_report.bounds}  # the auto-enable
 
@@ -282,12 +285,12 @@ def test_version_ranges_order_versions_like_pep_440(spec, inside, outside):
 
 
 def test_patch_sets_are_listed_from_the_roles():
-    assert [p.name for p in list_patch_sets(ROLE.parent)] == ["fusion-sm120"]
+    assert [p.name for p in list_patch_sets(ROLE.parent)] == ["fusion-sm120", "nsa-aliases"]
 
 
 def test_unknown_versions_are_refused_naming_the_known_ranges(patch_set):
     with pytest.raises(ConfigError) as caught:
-        select_variants(patch_set, "0.5.17", "0.7.5")
+        select_variants(patch_set, {"sglang": "0.5.17", "flashinfer-python": "0.7.5"})
     message = str(caught.value)
     assert "runtime-gate: no variant for sglang 0.5.17" in message
     assert ">=0.5.8.post1,<0.5.16; >=0.5.20,<0.5.21; >=0.5.23,<0.5.24" in message
@@ -300,6 +303,29 @@ def test_multi_node_and_other_gpus_are_refused(patch_set):
         check(patch_set, {}, versions, gpu_arch="sm120", nnodes=2)
     with pytest.raises(PreflightError, match=r"the GPUs are sm100: .* nothing to patch"):
         check(patch_set, {}, versions, gpu_arch="sm100")
+
+
+def test_a_venv_patched_by_another_set_is_refused(patch_set):
+    """Input tried: the record of a venv patched by another set; enabling or disabling this one there would take the
+    other set's patches away."""
+    record = PatchRecord(patch_set="nsa-aliases", versions={"sglang": "0.5.23"}, base_venv="abc123")
+    with pytest.raises(PreflightError, match="the venv is patched by nsa-aliases, not fusion-sm120"):
+        check(patch_set, {}, {"sglang": "0.5.23", "flashinfer-python": "0.7.2"}, gpu_arch="sm120", record=record)
+
+
+@pytest.mark.parametrize(("arch", "line", "is_python", "expected"), [
+    ("sm120", "#if (defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && (__CUDA_ARCH__ < 1200))", False, False),
+    ("sm90", "#if (defined(__CUDA_ARCH__) && (__CUDA_ARCH__ >= 900) && (__CUDA_ARCH__ < 1200))", False, True),
+    ("sm100", "  if (SM == 90 || SM == 100) {", False, True),
+    ("sm121", "    supported_major_versions=[9, 10, 12]", True, True),
+    ("sm120", "if _is_sm90_supported or _is_sm100_supported:", True, False),
+    ("sm100", "if _is_sm90_supported or _is_sm100_supported:", True, True),
+    ("sm120", "if is_blackwell_supported() and is_sm12x():", True, True),
+    ("sm100", "if is_blackwell_supported() and is_sm12x():", True, False),
+    ("sm90", "major, _ = torch.cuda.get_device_capability()", True, None),
+])
+def test_the_audit_evaluates_bounds_for_the_architecture_named(arch, line, is_python, expected):
+    assert GpuArch.parse(arch).evaluate(line, is_python) == (True, expected)
 
 
 def test_warnings_follow_the_installed_versions(patch_set):
@@ -359,8 +385,15 @@ BAD_PATCH_SETS = [
      "variants.0.edits.0.gated: text is empty"),
     ("bad-range", "targets/jit-gate.yaml", _edit("targets/jit-gate.yaml", '">=0.6.17,<0.7.5"', '"~=0.6.17"'),
      "variants.1.versions"),
-    ("unknown-meta-key", "meta.yaml", _edit("meta.yaml", "single_node_only: true", "single_node: true"),
+    ("unknown-meta-key", "meta.yaml", _edit("meta.yaml", "single_node_only:", "single_node:"),
      "single_node: unknown key"),
+    ("unknown-feature", "meta.yaml", _edit("meta.yaml", "enables_feature: allreduce_fusion", "enables_feature: fusion"),
+     "enables_feature: 'fusion' is not a profile feature; features: cuda_graph, radix_cache, allreduce_fusion"),
+    ("package-not-in-meta", "targets/jit-gate.yaml",
+     _edit("meta.yaml", "packages: [sglang, flashinfer-python]", "packages: [sglang]"),
+     "package: 'flashinfer-python' is not one of the packages in"),
+    ("audit-without-architecture", "meta.yaml", _edit("meta.yaml", "applies_to: [sm120]\n", ""),
+     "audit evaluates architecture bounds for applies_to"),
     ("missing-target-file", "meta.yaml", _edit("meta.yaml", "  - header-gate\n", "  - header-gate\n  - auto-enable\n"),
      "targets: 'auto-enable' has no file"),
 ]
@@ -388,3 +421,91 @@ def test_the_profile_of_a_patched_release_can_be_enabled_and_disabled_again() ->
     assert (patched.name, patched.profile.features.allreduce_fusion) == ("glm5-nvfp4+fusion-sm120", True)
     assert patched_profile(patched, patch_set) == patched
     assert base_profile(patched, patch_set) == plain
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# nsa-aliases: a second patch set, for SGLang only, any GPU, no feature: the --nsa-* spellings of 0.5.15 - 0.5.19
+# as deprecated aliases again on 0.5.20 - 0.5.23 (upstream removed them in 0.5.20).
+# ---------------------------------------------------------------------------------------------------------------
+
+NSA_ROLE = ROLE.parent / "nsa-aliases"
+SERVER_ARGS = "sglang/srt/server_args.py"
+SEED_FLAGS = ["--model-path", "/models/glm-5", "--nsa-decode-backend", "trtllm", "--nsa-prefill-backend", "trtllm"]
+# version -> the state, and the lines of the wheel's server_args.py after which the import and the aliases go
+NSA_GENERATIONS = {
+    "0.5.8.post1": (N, []), "0.5.9": (N, []), "0.5.15": (N, []), "0.5.15.post1": (N, []), "0.5.19": (N, []),
+    "0.5.20": (A, [53, 415]), "0.5.21": (A, [36, 352]), "0.5.22": (A, [36, 428]), "0.5.23": (A, [36, 442]),
+}
+
+
+@pytest.fixture(scope="module")
+def nsa_aliases() -> PatchSet:
+    return load_patch_set(NSA_ROLE)
+
+
+def unpacked_sglang(version: str) -> Path:
+    from wheelcache import unpacked
+
+    return unpacked("sglang", version)
+
+
+@pytest.mark.wheels
+@pytest.mark.parametrize("version", list(NSA_GENERATIONS))
+def test_nsa_aliases_insert_only_the_aliases_and_disable_restores_the_wheel_bytes(nsa_aliases, version, tmp_path):
+    state, inserted_after = NSA_GENERATIONS[version]
+    versions = {"sglang": version}
+    root = unpacked_sglang(version)
+    files = read_site_packages(root, files_needed(nsa_aliases, versions))
+    assert states(check(nsa_aliases, files, versions, gpu_arch="sm90")) == {"deprecated-aliases": state}
+
+    enabled = enable(nsa_aliases, files, versions, gpu_arch="sm120")  # any GPU: the set names no architecture
+    assert {path: changed_lines(files[path], text) for path, text in enabled.files.items()} == (
+        {SERVER_ARGS: ([], inserted_after)} if inserted_after else {})
+    record = PatchRecord.from_json(enabled.record.to_json(), "record.json")
+    after = check(nsa_aliases, {**files, **enabled.files}, versions, gpu_arch="sm120", record=record)
+    assert states(after) == {"deprecated-aliases": State.APPLIED if state is A else state}
+    restored = disable(nsa_aliases, {**files, **enabled.files}, record)
+    generation = Generation(version, "", {})
+    assert {path: sha256_text(text) for path, text in restored.items()} == {
+        path: wheel_member_sha256(path, generation) for path in enabled.files}
+
+
+@pytest.mark.wheels
+@pytest.mark.parametrize("version", [v for v, (state, _) in NSA_GENERATIONS.items() if state is A])
+def test_the_patched_sglang_accepts_the_seeds_nsa_flags_as_upstreams_deprecated_aliases(nsa_aliases, version,
+                                                                                         tmp_path):
+    """SGLang's own options, read from the patched file as preflight reads them (deploy_lib/sglang_options.py):
+    unrecognized before, deprecated aliases of the --dsa-* flags (same dest, same choices) after."""
+    versions = {"sglang": version}
+    root = unpacked_sglang(version)
+    files = read_site_packages(root, files_needed(nsa_aliases, versions))
+    enabled = enable(nsa_aliases, files, versions, gpu_arch="sm120")
+    patched = tmp_path / "site-packages"
+    shutil.copytree(root, patched)
+    (patched / SERVER_ARGS).write_bytes(enabled.files[SERVER_ARGS].encode("utf-8"))
+
+    before, after = extract(root)["options"], extract(patched)["options"]
+    assert [p.kind for p in check_argv(before, SEED_FLAGS)] == ["unrecognized", "unrecognized"]
+    assert {(p.kind, p.severity) for p in check_argv(after, SEED_FLAGS)} == {("deprecated", "warning")}
+    for stage in ("prefill", "decode"):
+        alias, canonical = after[f"--nsa-{stage}-backend"], after[f"--dsa-{stage}-backend"]
+        assert (alias["dest"], alias["action"], alias["deprecated"]) == (
+            canonical["dest"], "DeprecatedAliasStoreAction", True)
+        assert alias["choices"] == canonical["choices"] and "trtllm" in alias["choices"]
+    assert [p.kind for p in check_argv(after, ["--model-path", "/m", "--nsa-decode-backend", "nsa"])] == [
+        "deprecated", "invalid-choice"]
+
+
+def test_a_patch_set_without_a_feature_renames_the_release_and_changes_no_setting(nsa_aliases):
+    plain = Project(ROLE.parent.parent).profile("glm5-nvfp4")
+    patched = patched_profile(plain, nsa_aliases)
+    assert patched.name == "glm5-nvfp4+nsa-aliases" and patched.profile == plain.profile
+    assert base_profile(patched, nsa_aliases) == plain
+
+
+def test_nsa_aliases_name_no_gpu_and_refuse_versions_they_were_not_checked_on(nsa_aliases):
+    assert refuse_unless_applicable(nsa_aliases, "sm90", nnodes=2) is None
+    with pytest.raises(ConfigError, match=r"no variant for sglang 0\.5\.12 \(known: >=0\.5\.8\.post1,<0\.5\.10; "
+                                          r">=0\.5\.15,<0\.5\.20; >=0\.5\.20,<0\.5\.22; >=0\.5\.23,<0\.5\.24; "
+                                          r">=0\.5\.22,<0\.5\.23\)"):
+        select_variants(nsa_aliases, {"sglang": "0.5.12"})

@@ -14,7 +14,7 @@ a pure function over file texts, so the same code runs on wheels unpacked by the
     on_host     check / audit / enable / disable on a host (a derived venv and a normal deploy)
 """
 
-from deploy_lib.patches.audit import ArchBound, AuditReport, audit, audit_paths
+from deploy_lib.patches.audit import ArchBound, AuditReport, GpuArch, audit, audit_paths
 from deploy_lib.patches.engine import (
     CheckReport,
     Enabled,
@@ -22,6 +22,7 @@ from deploy_lib.patches.engine import (
     check,
     disable,
     enable,
+    refuse_another_sets_record,
     refuse_unless_applicable,
 )
 from deploy_lib.patches.host_files import (
@@ -32,7 +33,7 @@ from deploy_lib.patches.host_files import (
     read_steps,
     top_level_packages,
 )
-from deploy_lib.patches.spec import FLASHINFER, SGLANG, PatchSet, find_patch_set, list_patch_sets, load_patch_set
+from deploy_lib.patches.spec import FLASHINFER, PatchSet, find_patch_set, list_patch_sets, load_patch_set
 from deploy_lib.patches.text import (
     PatchConflict,
     PatchRecord,
@@ -48,9 +49,41 @@ from deploy_lib.patches.variants import Variant, files_needed, select_variants
 from deploy_lib.patches.versions import VersionRange
 
 __all__ = [
-    "FLASHINFER", "RECORD_FILE", "SGLANG", "ArchBound", "AuditReport", "CheckReport", "Enabled", "PatchConflict",
-    "PatchRecord", "PatchSet", "RecordStep", "State", "TargetReport", "Variant", "VersionRange", "active_warnings",
-    "apply", "audit", "audit_paths", "check", "clear_jit_cache_steps", "disable", "enable", "files_from_results",
-    "files_needed", "find_patch_set", "jit_cache_dirs", "list_patch_sets", "load_patch_set", "read_steps",
-    "refuse_unless_applicable", "revert", "select_variants", "sha256_text", "target_state", "top_level_packages",
+    "FLASHINFER",
+    "RECORD_FILE",
+    "ArchBound",
+    "AuditReport",
+    "CheckReport",
+    "Enabled",
+    "GpuArch",
+    "PatchConflict",
+    "PatchRecord",
+    "PatchSet",
+    "RecordStep",
+    "State",
+    "TargetReport",
+    "Variant",
+    "VersionRange",
+    "active_warnings",
+    "apply",
+    "audit",
+    "audit_paths",
+    "check",
+    "clear_jit_cache_steps",
+    "disable",
+    "enable",
+    "files_from_results",
+    "files_needed",
+    "find_patch_set",
+    "jit_cache_dirs",
+    "list_patch_sets",
+    "load_patch_set",
+    "read_steps",
+    "refuse_another_sets_record",
+    "refuse_unless_applicable",
+    "revert",
+    "select_variants",
+    "sha256_text",
+    "target_state",
+    "top_level_packages",
 ]

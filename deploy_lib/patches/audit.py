@@ -1,22 +1,64 @@
-"""Audit: every architecture bound on a patch set's code path, with what it evaluates to on SM120."""
+"""Audit: every architecture bound on a patch set's code path, with what it evaluates to on the GPU architectures
+the patch set applies to (its meta.yaml's applies_to)."""
 
 from __future__ import annotations
 
 import ast
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from deploy_lib.patches.spec import AuditFile, PatchSet
 
-SM120_CUDA_ARCH = 1200
 _OPS = {">=": lambda a, b: a >= b, "<=": lambda a, b: a <= b, ">": lambda a, b: a > b, "<": lambda a, b: a < b,
         "==": lambda a, b: a == b, "!=": lambda a, b: a != b}
 _CUDA_ARCH_RE = re.compile(r"__CUDA_ARCH__\s*(>=|<=|==|!=|>|<)\s*(\d+)")
 _SM_RE = re.compile(r"\bSM\s*(>=|<=|==|!=|>|<)\s*(\d+)")              # launchers: SM = major * 10 + minor
 _MAJORS_RE = re.compile(r"supported_major_versions\s*=\s*\[([^\]]*)\]")
 _PY_ARCH_RE = re.compile(r"\b_?is_(?:sm\d+\w*|blackwell\w*|hopper\w*)")
+_PY_SM_RE = re.compile(r"sm(\d+)(x?)")                                   # sm90, sm100, sm120; sm12x: any 12.*
 _CAPABILITY_RE = re.compile(r"\bget_device_capability\b")
+FAMILY_MAJORS = {"hopper": (9,), "blackwell": (10, 11, 12)}               # is_hopper*, is_blackwell*
+
+
+@dataclass(frozen=True)
+class GpuArch:
+    """An architecture as patch sets name it: sm120 is compute capability 12.0 (__CUDA_ARCH__ 1200, SM 120)."""
+
+    name: str
+    major: int
+    minor: int
+
+    @classmethod
+    def parse(cls, name: str) -> GpuArch:
+        digits = name.removeprefix("sm").rstrip("abcdefghijklmnopqrstuvwxyz")
+        return cls(name, int(digits[:-1]), int(digits[-1]))
+
+    def python_check(self, name: str) -> bool:
+        """What an is_sm*/is_blackwell*/is_hopper* check evaluates to on this architecture."""
+        majors = {int(n) if x else int(n) // 10 for n, x in _PY_SM_RE.findall(name)}
+        majors.update(m for family, family_majors in FAMILY_MAJORS.items() if family in name for m in family_majors)
+        return self.major in majors
+
+    def line_values(self, line: str, is_python: bool) -> tuple[list[bool | None], bool]:
+        """Each architecture comparison on the line evaluated here, and whether the line joins them with `or`."""
+        if is_python:
+            values: list[bool | None] = [
+                str(self.major) in [v.strip() for v in m.group(1).split(",")] for m in _MAJORS_RE.finditer(line)]
+            values += [self.python_check(m.group(0)) for m in _PY_ARCH_RE.finditer(line)]
+            values += [None for _ in _CAPABILITY_RE.finditer(line)]
+            return values, " or " in line
+        cuda_arch, sm = self.major * 100 + self.minor * 10, self.major * 10 + self.minor
+        values = [_OPS[m.group(1)](cuda_arch, int(m.group(2))) for m in _CUDA_ARCH_RE.finditer(line)]
+        values += [_OPS[m.group(1)](sm, int(m.group(2))) for m in _SM_RE.finditer(line)]
+        return values, "||" in line
+
+    def evaluate(self, line: str, is_python: bool) -> tuple[bool, bool | None]:
+        """(whether the line holds an architecture bound, its value here; None: depends on more than the arch)."""
+        values, either = self.line_values(line, is_python)
+        if not values:
+            return False, None
+        return True, None if None in values else (any(values) if either else all(values))
 
 
 @dataclass(frozen=True)
@@ -24,11 +66,14 @@ class ArchBound:
     file: str
     line: int
     text: str
-    on_sm120: bool | None   # what the comparison evaluates to on SM120 (None: depends on more than the arch)
+    on: Mapping[str, bool | None]   # architecture -> what the bound evaluates to there (None: depends)
 
     @property
     def verdict(self) -> str:
-        return {True: "true on sm120", False: "FALSE on sm120", None: "depends"}[self.on_sm120]
+        words = {True: "true on {}", False: "FALSE on {}", None: "depends on {}"}
+        if len(set(self.on.values())) == 1 and next(iter(self.on.values())) is None:
+            return "depends"
+        return ", ".join(words[value].format(arch) for arch, value in self.on.items())
 
 
 @dataclass(frozen=True)
@@ -48,19 +93,6 @@ class AuditReport:
         if self.toolkit:
             lines.append(self.toolkit)
         return lines
-
-
-def _bound_values(line: str, is_python: bool) -> tuple[list[bool | None], bool]:
-    """Each architecture comparison on the line evaluated for SM120, and whether the line joins them with `or`."""
-    if is_python:
-        values: list[bool | None] = [
-            "12" in [v.strip() for v in m.group(1).split(",")] for m in _MAJORS_RE.finditer(line)]
-        values += ["sm12" in m.group(0) or "blackwell" in m.group(0) for m in _PY_ARCH_RE.finditer(line)]
-        values += [None for _ in _CAPABILITY_RE.finditer(line)]
-        return values, " or " in line
-    values = [_OPS[m.group(1)](SM120_CUDA_ARCH, int(m.group(2))) for m in _CUDA_ARCH_RE.finditer(line)]
-    values += [_OPS[m.group(1)](SM120_CUDA_ARCH // 10, int(m.group(2))) for m in _SM_RE.finditer(line)]
-    return values, "||" in line
 
 
 def _python_lines(text: str, spec: AuditFile) -> tuple[set[int] | None, set[int]]:
@@ -84,12 +116,14 @@ def _python_lines(text: str, spec: AuditFile) -> tuple[set[int] | None, set[int]
     return wanted, imports
 
 
-def audit(files: Mapping[str, str], scope: Sequence[AuditFile]) -> AuditReport:
-    """Every architecture bound in the scoped files: `__CUDA_ARCH__` and SM comparisons, supported_major_versions
-    lists, is_sm*/is_blackwell*/is_hopper* checks, with file:line, text and its value on SM120."""
+def audit(patch_set: PatchSet, files: Mapping[str, str]) -> AuditReport:
+    """Every architecture bound in the patch set's audited files: `__CUDA_ARCH__` and SM comparisons,
+    supported_major_versions lists, is_sm*/is_blackwell*/is_hopper* checks, with file:line, text and its value on
+    each architecture the set applies to."""
+    gpus = [GpuArch.parse(arch) for arch in patch_set.meta.applies_to]
     bounds: list[ArchBound] = []
     scanned, missing = [], []
-    for spec in scope:
+    for spec in patch_set.meta.audit:
         text = files.get(spec.path)
         if text is None:
             missing.append(spec.path)
@@ -100,10 +134,9 @@ def audit(files: Mapping[str, str], scope: Sequence[AuditFile]) -> AuditReport:
         for number, line in enumerate(text.split("\n"), start=1):
             if (wanted is not None and number not in wanted) or number in skipped:
                 continue
-            values, either = _bound_values(line, is_python)
-            if values:
-                value = None if None in values else (any(values) if either else all(values))
-                bounds.append(ArchBound(spec.path, number, line, value))
+            found = {gpu.name: gpu.evaluate(line, is_python) for gpu in gpus}
+            if any(bound for bound, _ in found.values()):
+                bounds.append(ArchBound(spec.path, number, line, {arch: value for arch, (_, value) in found.items()}))
     return AuditReport(tuple(scanned), tuple(missing), tuple(bounds))
 
 

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from deploy_lib.errors import ConfigError, PreflightError
-from deploy_lib.patches.spec import FLASHINFER, INSTALLED, SGLANG, PatchSet
+from deploy_lib.patches.spec import INSTALLED, PatchSet
 from deploy_lib.patches.text import (
     PatchConflict,
     PatchRecord,
@@ -27,14 +27,21 @@ from deploy_lib.patches.versions import VersionRange
 
 def refuse_unless_applicable(patch_set: PatchSet, gpu_arch: str, nnodes: int) -> None:
     """ConfigError for a multi-node profile of a single-node patch set; PreflightError for another GPU."""
-    if patch_set.meta.single_node_only and nnodes > 1:
-        raise ConfigError(f"{patch_set.name} is single-node only (the TRT-LLM fusion exchanges buffers over CUDA "
-                          f"IPC) but the profile runs on {nnodes} nodes",
-                          hint="deploy multi-node profiles without allreduce fusion")
-    if gpu_arch not in patch_set.meta.applies_to:
-        raise PreflightError(f"the GPUs are {gpu_arch}: {patch_set.name} is for {', '.join(patch_set.meta.applies_to)}"
-                             ", so there is nothing to patch",
-                             hint="SM90/SM100 run the fusion upstream: enable it in the profile without patches")
+    meta = patch_set.meta
+    if meta.single_node_only and nnodes > 1:
+        raise ConfigError(f"{patch_set.name} is single-node only ({meta.single_node_only}) but the profile runs on "
+                          f"{nnodes} nodes", hint=f"deploy multi-node profiles without {patch_set.name}")
+    if meta.applies_to and gpu_arch not in meta.applies_to:
+        raise PreflightError(f"the GPUs are {gpu_arch}: {patch_set.name} is for {', '.join(meta.applies_to)}, so "
+                             "there is nothing to patch", hint=meta.other_gpus)
+
+
+def refuse_another_sets_record(patch_set: PatchSet, record: PatchRecord | None) -> None:
+    """PreflightError when the venv was patched by another patch set: one patch set per venv, since the patched venv
+    derives from the unpatched one, and disabling one set must not take another's patches away."""
+    if record is not None and record.patch_set != patch_set.name:
+        raise PreflightError(f"the venv is patched by {record.patch_set}, not {patch_set.name}; a venv carries one "
+                             "patch set", hint=f"`invoke patches.disable {record.patch_set}` first")
 
 
 def active_warnings(patch_set: PatchSet, versions: Mapping[str, str]) -> tuple[str, ...]:
@@ -86,7 +93,8 @@ def check(patch_set: PatchSet, files: Mapping[str, str], versions: Mapping[str, 
     flashinfer-python, flashinfer-jit-cache, ...) to the installed versions.
     """
     refuse_unless_applicable(patch_set, gpu_arch, nnodes)
-    variants = select_variants(patch_set, versions.get(SGLANG), versions.get(FLASHINFER))
+    refuse_another_sets_record(patch_set, record)
+    variants = select_variants(patch_set, versions)
     reports = tuple(target_state(v, files.get(v.file) if v.file else None, record) for v in variants.values())
     return CheckReport(patch_set.name, dict(versions), variants, reports, active_warnings(patch_set, versions))
 
@@ -123,7 +131,7 @@ def enable(patch_set: PatchSet, files: Mapping[str, str], versions: Mapping[str,
 
 def disable(patch_set: PatchSet, files: Mapping[str, str], record: PatchRecord) -> dict[str, str]:
     """The original text of every file the record says we changed (sha256-verified); other files are not touched."""
-    variants = select_variants(patch_set, record.versions.get(SGLANG), record.versions.get(FLASHINFER))
+    variants = select_variants(patch_set, record.versions)
     changed: dict[str, str] = {}
     for path in record.files:
         text = files.get(path)

@@ -48,17 +48,21 @@ class PatchContext:
     compute_cap: str
     files: Mapping[str, str]
     record: patches.PatchRecord | None
-    toolkit: cuda_toolkit.CudaToolkit
+    toolkit: cuda_toolkit.CudaToolkit | None  # read when the patch set has FlashInfer JIT-build its kernels
     environment: Mapping[str, str]   # the release's, for FLASHINFER_CUDA_ARCH_LIST
 
     @property
     def toolkit_problem(self) -> str | None:
-        """Why FlashInfer cannot JIT-build the fusion's kernels with the toolkit at CUDA_HOME, or None."""
+        """Why FlashInfer cannot JIT-build the patched kernels with the toolkit at CUDA_HOME, or None."""
+        if self.toolkit is None:
+            return None
         return cuda_toolkit.sm12x_problem(self.versions.get(patches.FLASHINFER), self.compute_cap, self.toolkit,
                                           self.environment)
 
     @property
-    def toolkit_line(self) -> str:
+    def toolkit_line(self) -> str | None:
+        if self.toolkit is None:
+            return None
         return cuda_toolkit.describe(self.versions.get(patches.FLASHINFER), self.compute_cap, self.toolkit,
                                      self.environment)
 
@@ -73,7 +77,8 @@ class PatchContext:
 
 
 def patched_profile(loaded: LoadedProfile, patch_set: patches.PatchSet) -> LoadedProfile:
-    """The profile a release on the patched venv runs: the base with the patch set's feature turned on."""
+    """The profile a release on the patched venv runs: the base, named `<base>+<set>`, with the patch set's feature
+    (if it enables one) turned on."""
     return _with_feature(base_profile(loaded, patch_set), patch_set, on=True)
 
 
@@ -85,10 +90,8 @@ def base_profile(loaded: LoadedProfile, patch_set: patches.PatchSet) -> LoadedPr
 
 def _with_feature(loaded: LoadedProfile, patch_set: patches.PatchSet, on: bool) -> LoadedProfile:
     feature = patch_set.meta.enables_feature
-    if feature is None:
-        return loaded
     profile = loaded.profile
-    features = profile.features.model_copy(update={feature: on})
+    features = profile.features.model_copy(update={feature: on}) if feature else profile.features
     base_name = loaded.name.removesuffix(f"+{patch_set.name}")
     return loaded.model_copy(update={"name": f"{base_name}+{patch_set.name}" if on else base_name,
                                      "profile": profile.model_copy(update={"features": features})})
@@ -108,12 +111,12 @@ def read_context(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProf
     layout = target.layout(loaded.profile.service.name)
     venv = current_venv(remote, layout, loaded, target)
     environment = launch_environment(loaded.profile)
-    home = cuda_toolkit.cuda_home(environment)
+    home = cuda_toolkit.cuda_home(environment) if patch_set.meta.jit_cache else None
     gpu_result, installed_result, record_result, *toolkit_results = remote.run([
         gpu_step("patch facts: GPUs"),
         installed_step(venv, patches.top_level_packages(patch_set), "patch facts: venv"),
         Step("patch facts: record", ("cat", "--", str(venv / patches.RECORD_FILE)), sudo=True, ok=frozenset({0, 1})),
-        *cuda_toolkit.toolkit_steps(home),
+        *(cuda_toolkit.toolkit_steps(home) if home else ()),
     ])
     gpus, gpu_error = parse_gpus(gpu_result)
     if not gpus:
@@ -122,20 +125,20 @@ def read_context(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProf
     record = (patches.PatchRecord.from_json(record_result.stdout, f"{venv / patches.RECORD_FILE}")
               if record_result.exit_code == 0 else None)
     if paths is None:
-        paths = patches.files_needed(patch_set, installed.versions.get(patches.SGLANG),
-                                     installed.versions.get(patches.FLASHINFER))
+        paths = patches.files_needed(patch_set, installed.versions)
     locations = {path: installed.location(path) for path in paths}
     files = patches.files_from_results(list(paths), remote.run(patches.read_steps(locations)))
     return PatchContext(layout=layout, venv=venv, venv_hash=release_venv_hash(layout, str(venv)), installed=installed,
                         gpu_arch=gpus[0].arch, compute_cap=gpus[0].compute_cap, files=files, record=record,
-                        toolkit=cuda_toolkit.parse_toolkit(home, {r.step.name: r for r in toolkit_results}),
+                        toolkit=cuda_toolkit.parse_toolkit(home, {r.step.name: r for r in toolkit_results})
+                        if home else None,
                         environment=environment)
 
 
-def _sources(context: PatchContext) -> dict[str, str]:
-    """Distribution -> where its files were read, for the ones not installed plainly in the venv."""
+def _sources(context: PatchContext, patch_set: patches.PatchSet) -> dict[str, str]:
+    """Distribution -> where its files were read, for the patch set's packages not installed plainly in the venv."""
     return {name: origin.describe() for name, origin in context.installed.origins.items()
-            if name in (patches.SGLANG, patches.FLASHINFER)}
+            if name in patch_set.meta.packages}
 
 
 def check(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProfile, target: Target) -> patches.CheckReport:
@@ -143,13 +146,13 @@ def check(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProfile, ta
     context = read_context(remote, patch_set, loaded, target)
     report = patches.check(patch_set, context.files, context.versions, gpu_arch=context.gpu_arch,
                            nnodes=loaded.profile.parallel.nnodes, record=context.record)
-    return replace(report, toolkit=context.toolkit_line, sources=_sources(context))
+    return replace(report, toolkit=context.toolkit_line, sources=_sources(context, patch_set))
 
 
 def audit(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProfile, target: Target) -> patches.AuditReport:
     context = read_context(remote, patch_set, loaded, target, paths=patches.audit_paths(patch_set))
-    return replace(patches.audit(context.files, patch_set.meta.audit), toolkit=context.toolkit_line,
-                   sources=_sources(context))
+    return replace(patches.audit(patch_set, context.files), toolkit=context.toolkit_line,
+                   sources=_sources(context, patch_set))
 
 
 def _managed_base(remote: Remote, context: PatchContext, progress: Progress) -> str:
@@ -173,9 +176,10 @@ def enable(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, pat
 def _enable(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, patched: LoadedProfile, target: Target,
             progress: Progress, options: Options) -> tuple[patches.CheckReport, Outcome]:
     context = read_context(remote, patch_set, base, target)
+    patches.refuse_another_sets_record(patch_set, context.record)
     if context.toolkit_problem:  # refused before any venv is made: deploy's preflight would refuse the release
-        raise PreflightError(f"{target.host.name}: allreduce fusion cannot start: {context.toolkit_problem}",
-                             cuda_toolkit.FIX_HINT)
+        raise PreflightError(f"{target.host.name}: {patch_set.name}'s kernels cannot be built: "
+                             f"{context.toolkit_problem}", cuda_toolkit.FIX_HINT)
     enabled = patches.enable(patch_set, context.files, context.versions, gpu_arch=context.gpu_arch,
                              nnodes=patched.profile.parallel.nnodes)
     for warning in enabled.report.warnings:
@@ -234,9 +238,11 @@ def disable(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, ta
 def _disable(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, target: Target, progress: Progress,
              options: Options) -> Outcome:
     context = read_context(remote, patch_set, base, target)
+    patches.refuse_another_sets_record(patch_set, context.record)
     if context.record is None or not context.record.base_venv:
         raise PreflightError(f"{target.host.name}: the current release's venv {context.venv} is not patched by "
-                             f"{patch_set.name}", hint="`invoke patch-fusion --check` shows each target's state")
+                             f"{patch_set.name}",
+                             hint=f"`invoke patch --set {patch_set.name} --check` shows each target's state")
     layout = context.layout
     markers = parse_store_facts(remote.run(store_fact_steps(layout))).markers
     if context.record.base_venv not in markers:

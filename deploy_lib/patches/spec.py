@@ -12,13 +12,12 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from deploy_lib.errors import ConfigError
 from deploy_lib.patches.versions import VersionRange, parse_ranges
-from deploy_lib.profile import format_validation_error
+from deploy_lib.profile import FeatureSpec, format_validation_error
 from deploy_lib.yaml_io import load_yaml_mapping
 
-SGLANG = "sglang"
-FLASHINFER = "flashinfer-python"
-Dist = Literal["sglang", "flashinfer-python"]
+FLASHINFER = "flashinfer-python"  # its JIT cache (flashinfer/jit/env.py) is the one JIT cache layout known here
 Name = Annotated[str, StringConstraints(pattern=r"^[a-z0-9][a-z0-9-]*$")]
+Dist = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")]  # a distribution, e.g. sglang
 Arch = Annotated[str, StringConstraints(pattern=r"^sm[0-9]{2,3}[a-z]?$")]
 INSTALLED = "*"  # a warning condition meaning "this distribution is installed, any version"
 
@@ -129,7 +128,7 @@ class WarningSpec(FrozenModel):
 
 
 class JitCacheSpec(FrozenModel):
-    dist: Dist
+    dist: Literal["flashinfer-python"]  # FLASHINFER
     modules: list[Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_]+$")]] = Field(min_length=1)
 
 
@@ -145,25 +144,45 @@ class AuditFile(FrozenModel):
         return _relative_path(value)
 
 
+def _twice(values: list[str]) -> list[str]:
+    twice = sorted({value for value in values if values.count(value) > 1})
+    if twice:
+        raise ValueError(f"listed twice: {', '.join(twice)}")
+    return values
+
+
 class MetaSpec(FrozenModel):
     name: Name
     description: str
-    applies_to: list[Arch] = Field(min_length=1)
-    single_node_only: bool
+    packages: list[Dist] = Field(min_length=1, description="distributions whose installed versions select the "
+                                                           "targets' variants (each target names one)")
+    applies_to: list[Arch] = Field(default_factory=list, description="GPU architectures; empty: every GPU")
+    other_gpus: str | None = Field(None, description="the hint when the GPUs are not in applies_to")
+    single_node_only: str | None = Field(None, description="why the patched code runs on one node only")
     targets: list[Name] = Field(min_length=1)
     warnings: list[WarningSpec] = Field(default_factory=list)
-    jit_cache: JitCacheSpec | None = None
-    audit: list[AuditFile] = Field(default_factory=list)
-    # the profile feature a release on the patched venv turns on (`features.<name>: true`)
-    enables_feature: Literal["allreduce_fusion"] | None = None
+    jit_cache: JitCacheSpec | None = Field(None, description="JIT-built modules the patch invalidates; FlashInfer "
+                                                             "must then be able to build them for the GPU")
+    audit: list[AuditFile] = Field(default_factory=list, description="files whose architecture bounds `audit` "
+                                                                     "evaluates for applies_to")
+    enables_feature: str | None = Field(None, description="the profile feature a release on the patched venv "
+                                                          "turns on (`features.<name>: true`)")
 
-    @field_validator("targets")
+    _unique = field_validator("targets", "packages", "applies_to")(_twice)
+
+    @field_validator("enables_feature")
     @classmethod
-    def _unique(cls, value: list[str]) -> list[str]:
-        twice = sorted({name for name in value if value.count(name) > 1})
-        if twice:
-            raise ValueError(f"listed twice: {', '.join(twice)}")
+    def _feature(cls, value: str | None) -> str | None:
+        switches = [name for name, field in FeatureSpec.model_fields.items() if field.annotation is bool]
+        if value is not None and value not in switches:
+            raise ValueError(f"{value!r} is not a profile feature; features: {', '.join(switches)}")
         return value
+
+    @model_validator(mode="after")
+    def _audited_arch(self) -> MetaSpec:
+        if self.audit and not self.applies_to:
+            raise ValueError("audit evaluates architecture bounds for applies_to: name the architectures")
+        return self
 
 
 @dataclass(frozen=True)
@@ -197,6 +216,9 @@ def load_patch_set(path: Path) -> PatchSet:
         if not target_path.is_file():
             raise ConfigError(f"{meta_path}: targets: {name!r} has no file {target_path}")
         targets[name] = _validated(TargetSpec, target_path)
+        if targets[name].package not in meta.packages:
+            raise ConfigError(f"{target_path}: package: {targets[name].package!r} is not one of the packages in "
+                              f"{meta_path} ({', '.join(meta.packages)})")
     return PatchSet(meta=meta, targets=targets, directory=meta_path.parent)
 
 

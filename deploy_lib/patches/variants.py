@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 from deploy_lib.errors import ConfigError
-from deploy_lib.patches.spec import FLASHINFER, SGLANG, PatchSet, VariantSpec
+from deploy_lib.patches.spec import PatchSet, VariantSpec
 
 
 @dataclass(frozen=True)
@@ -22,14 +23,13 @@ class Variant:
         return self.spec.file
 
 
-def select_variants(patch_set: PatchSet, sglang_version: str | None,
-                    flashinfer_version: str | None) -> dict[str, Variant]:
-    """Per target the variant for these versions; ConfigError listing the known ranges of any that has none."""
-    installed = {SGLANG: sglang_version, FLASHINFER: flashinfer_version}
+def select_variants(patch_set: PatchSet, versions: Mapping[str, str]) -> dict[str, Variant]:
+    """Per target the variant for the installed versions (distribution -> version); ConfigError listing the known
+    ranges of any target that has none."""
     selected: dict[str, Variant] = {}
     problems: list[str] = []
     for name, target in patch_set.targets.items():
-        version = installed[target.package]
+        version = versions.get(target.package)
         if version is None:
             problems.append(f"{name}: {target.package} is not installed")
             continue
@@ -46,7 +46,7 @@ def select_variants(patch_set: PatchSet, sglang_version: str | None,
     return selected
 
 
-def files_needed(patch_set: PatchSet, sglang_version: str | None, flashinfer_version: str | None) -> tuple[str, ...]:
+def files_needed(patch_set: PatchSet, versions: Mapping[str, str]) -> tuple[str, ...]:
     """Paths (relative to site-packages) that check/enable/disable read for these versions."""
-    variants = select_variants(patch_set, sglang_version, flashinfer_version)
+    variants = select_variants(patch_set, versions)
     return tuple(dict.fromkeys(v.file for v in variants.values() if v.file is not None))
