@@ -324,10 +324,11 @@ def print_models(models: list[StoredModel]) -> None:
 
 
 def print_patch_sets(patch_sets: list[PatchSet]) -> None:
-    table = Table("patch set", "for", "targets", "description")
+    table = Table("patch set", "packages", "GPUs", "targets", "description")
     for patch_set in patch_sets:
         meta = patch_set.meta
-        table.add_row(meta.name, ", ".join(meta.applies_to), ", ".join(meta.targets), meta.description)
+        table.add_row(meta.name, ", ".join(meta.packages), ", ".join(meta.applies_to) or "any",
+                      ", ".join(meta.targets), meta.description)
     console.print(table)
 
 
