@@ -398,7 +398,8 @@ def adopt(target: Target, service: str, remote: Remote, profile_name: str, pid: 
     release = build_release(loaded, layout, version, adopted.secrets, venv=venv,
                             flashinfer_version=facts.sglang.flashinfer_version,
                             extra_environment=adopted.venv_environment, launch_args=adopted.launch_args,
-                            release_id=RELEASE_ZERO)
+                            release_id=RELEASE_ZERO, torch_version=facts.sglang.torch_version,
+                            nccl_version=facts.sglang.nccl_version)
     tags = Tags(operator_name(), where, RELEASE_ZERO, profile_name, release.profile_hash,
                 {"sglang": version, **({"flashinfer": release.flashinfer_version} if release.flashinfer_version
                                        else {})})

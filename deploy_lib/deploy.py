@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import Any, NoReturn
 
+from deploy_lib import gpu_check
 from deploy_lib.bench import gate_after_ready
 from deploy_lib.crashes import record_new_crashes, start_limit_note
 from deploy_lib.cuda_toolkit import FIX_HINT, cuda_home, sm12x_problem
@@ -23,9 +24,11 @@ from deploy_lib.errors import (
     DeployError,
     DriftDetected,
     GateFailed,
+    GpuCheckFailed,
     Interrupted,
     PreflightError,
     ReadinessFailed,
+    RemoteError,
     RollbackFailed,
 )
 from deploy_lib.facts import HostFacts, parse_systemctl_show, read_host_facts, require_gpus
@@ -166,6 +169,7 @@ class Plan:
     notes: tuple[str, ...] = ()
     secrets_not_available: Mapping[str, str] = field(default_factory=dict)  # name -> why (a plan needs no value)
     takeover: tuple[Step | Put, ...] = ()   # stops the hand-run server of an adopted release 0 before the restart
+    gpu_check_reasons: tuple[str, ...] = ()  # preflight.gpu_check runs (batch "gpu check") because of these
 
     @property
     def release_id(self) -> str | None:
@@ -282,6 +286,11 @@ def keep_replaced_unit(layout: StoreLayout, now: datetime) -> tuple[list[Step | 
                                                     str(copy)), sudo=True, ok=frozenset({0, 1}))], copy
 
 
+def stop_step(layout: StoreLayout) -> Step:
+    """Stop the unit (SGLang drains in-flight requests first); exit 5: no such unit yet, nothing to stop."""
+    return Step("systemd: stop", ("systemctl", "stop", "--", layout.unit_name), sudo=True, ok=frozenset({0, 5}))
+
+
 def reset_failed_step(layout: StoreLayout) -> Step:
     """Forget the unit's failed state, restart count and start-limit window (exit 1: nothing to reset)."""
     return Step("systemd: reset-failed", ("systemctl", "reset-failed", "--", layout.unit_name), sudo=True,
@@ -316,7 +325,8 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
                              "create the venv on the host (or point service.venv / the host's `venv` var at it)")
     release = build_release(loaded, layout, version, secrets, venv=venv.path, patches=patches,
                             flashinfer_version=facts.sglang.flashinfer_version, extra_environment=venv.environment,
-                            model=model.release_model(model_facts) if model and model_facts else None)
+                            model=model.release_model(model_facts) if model and model_facts else None,
+                            torch_version=facts.sglang.torch_version, nccl_version=facts.sglang.nccl_version)
     current_id = facts.store.current
     current = facts.store.release(current_id) if current_id else None
     current_metadata = current.metadata if current else None
@@ -325,7 +335,11 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
         raise DriftDetected(f"{target.host.name}: the deployed files were changed by hand:\n  " + "\n  ".join(drift),
                             "deploy with --force to replace them (a replaced unit file is copied into the store), "
                             "copy the edits into the profile, or `invoke adopt` the server that runs by hand")
-    takeover = stop_hand_run(hand_pid, loaded.profile.service.stop_timeout_s) if hand_pid else []
+    hand_stop = stop_hand_run(hand_pid, loaded.profile.service.stop_timeout_s) if hand_pid else []
+    check_reasons = gpu_check.check_reasons(current_metadata, release.metadata()) \
+        if loaded.profile.preflight.gpu_check else ()
+    # the check needs the GPUs: the old server (and a hand-run one) stops before it, not at the restart
+    takeover = [] if check_reasons else hand_stop
     not_verified = _why_not_verified(facts, release.id) if current_id == release.id and not drift else None
     weights_missing = model_facts is not None and not model_facts.complete
     have_release = facts.store.release(release.id) is not None
@@ -350,6 +364,15 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
                                          replace_damaged=damaged is not None)
     elif drift and current_id == release.id:
         batches["stage"] = repair_release(layout, release.id, release.unit_text, release.env_text)
+    if check_reasons:
+        batches["gpu check"] = [*hand_stop, stop_step(layout),
+                                *gpu_check.check_batch(gpu_check.subject_of_release(release.id, release.metadata()))]
+        notes.append(f"gpu check (preflight.gpu_check): {'; '.join(check_reasons)}: the old server stops and NCCL's "
+                     f"all-reduce is verified on {release.profile['parallel']['tp']} GPUs with this release's venv "
+                     "and environment before SGLang starts")
+    elif loaded.profile.preflight.gpu_check:
+        notes.append("gpu check (preflight.gpu_check) not needed: TP size, NCCL environment and the venv's "
+                     f"torch/NCCL are those of release {current_id}")
     batches["switch"] = switch_current(layout, release.id)
     batches["restart"] = [*takeover, *restart_steps(layout)]
     replaced_note = None
@@ -360,14 +383,14 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
         batches = {**model_batch, "stage": [*batches.pop("stage", []), *keep], **batches}
         replaced_note = f"a copy of the replaced unit is kept at {copy}"
     hand_note = f"the hand-run server (pid {hand_pid}, adopted as release {current_id}) is stopped before the " \
-        "restart" if takeover and not unchanged else None
+        f"{'gpu check' if check_reasons else 'restart'}" if hand_stop and not unchanged else None
     changes = [change for change in diff_releases(current_metadata, release.metadata())
                if not (not_available and change.kind == "secret" and change.name == SECRET_VALUES)]
     return Plan(release=release, current_id=current_id, current_metadata=current_metadata,
                 changes=tuple(changes), drift=drift, needs_stage=not have_release, unchanged=unchanged,
                 batches=batches, secrets_not_available=not_available,
                 notes=tuple(note for note in (*notes, hand_note, replaced_note) if note),
-                takeover=tuple(takeover))
+                takeover=tuple(takeover), gpu_check_reasons=check_reasons)
 
 
 def _why_not_verified(facts: HostFacts, release_id: str) -> str | None:
@@ -401,6 +424,12 @@ def preflight(plan: Plan, loaded: LoadedProfile, target: Target, facts: HostFact
               ) -> None:
     """Read-only checks that the host can run the new release; PreflightError before anything changes."""
     check_release(RecordedRelease.of_release(plan.release), target, facts, hand_pid, recorded=False)
+    if plan.gpu_check_reasons and facts.sglang.torch_version is None:
+        raise PreflightError(f"{target.host.name}: preflight.gpu_check: the NCCL check must run "
+                             f"({'; '.join(plan.gpu_check_reasons)}), but {plan.release.venv} has no torch; the "
+                             "check runs torch.distributed with NCCL in the release's venv",
+                             f"install torch with CUDA into {plan.release.venv}, or set preflight.gpu_check: false "
+                             f"in profile {loaded.name}; nothing was changed")
 
 
 def check_release(release: RecordedRelease, target: Target, facts: HostFacts, hand_pid: int | None = None,
@@ -620,7 +649,7 @@ class _Run:
 
 
 def _stop_unit(remote: Remote, layout: StoreLayout) -> None:
-    remote.run([Step("systemd: stop", ("systemctl", "stop", "--", layout.unit_name), sudo=True)])
+    remote.run([stop_step(layout)])
 
 
 def gate_diagnosis(failure: GateFailed) -> Diagnosis:
@@ -771,6 +800,8 @@ def _deploy(run: _Run, loaded: LoadedProfile, options: Options, secrets: Mapping
     run.phase("stage", plan.batches.get("stage", []))
     gate = profile.gate or (GateSettings() if options.gate else None)
     try:
+        if plan.gpu_check_reasons:
+            check_before_start(run, plan)
         ready = run.activate(plan.release.id, plan.release.metadata(), start_prediction(facts.store, loaded.name),
                              options.grace_s, plan.takeover)
         if gate is not None:
@@ -778,6 +809,7 @@ def _deploy(run: _Run, loaded: LoadedProfile, options: Options, secrets: Mapping
                              facts.store.history, progress, secrets.get(API_KEY_ENV))
     except ReadinessFailed as failure:
         diagnosis = gate_diagnosis(failure) if isinstance(failure, GateFailed) else \
+            diagnose(failure.evidence, profile=loaded.name) if isinstance(failure, GpuCheckFailed) else \
             run.journal_diagnosis(run.cursor, loaded.name)
         run.record("deploy", FAILED, tags, failure_line(failure, diagnosis))
         _restore(run, facts.store, plan.release.id, failure, diagnosis, restore_id, plan.current_id)
@@ -789,6 +821,24 @@ def _deploy(run: _Run, loaded: LoadedProfile, options: Options, secrets: Mapping
     run.record("deploy", HEALTHY, tags)
     prune(remote, layout, profile.service.keep_releases, tags, progress)
     return Outcome("deployed", plan.release.id, plan.current_id, plan=plan, ready=ready, timings=run.timings)
+
+
+def check_before_start(run: _Run, plan: Plan) -> None:
+    """preflight.gpu_check: stop the old server, verify NCCL's all-reduce with the new release's venv and
+    environment, and raise GpuCheckFailed (a failed start: the caller rolls back) unless it verified."""
+    subject = gpu_check.subject_of_release(plan.release.id, plan.release.metadata())
+    try:
+        results = run.phase("gpu check", plan.batches["gpu check"])
+    except RemoteError as lost:  # the old server may be stopped already: roll back as after any failed start
+        raise GpuCheckFailed(f"the NCCL check did not complete: {lost.message}", "gpu check",
+                             (f"{gpu_check.REPORT_PREFIX}error: {lost.message}",)) from lost
+    report = gpu_check.read_check_batch(subject, results)
+    for warning in report.advice.warnings if report.advice else ():
+        run.progress.note(f"gpu check: {warning}")
+    if not report.check.verified:
+        raise GpuCheckFailed(f"release {plan.release.id}'s NCCL check failed; SGLang was not started", "gpu check",
+                             tuple(gpu_check.REPORT_PREFIX + line for line in report.check.lines()))
+    run.progress.note(f"gpu check: {report.check.summary()}")
 
 
 def stage_weights(run: _Run, model: Weights, venv: str, plan: Plan, facts: HostFacts) -> None:

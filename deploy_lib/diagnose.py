@@ -48,6 +48,17 @@ def _signature(name: str, pattern: str, cause: str, hint: str) -> Signature:
 
 
 SIGNATURES: tuple[Signature, ...] = (
+    # The NCCL check a deploy runs before the start (preflight.gpu_check): lines of its report, never a server's
+    # journal; first, because a failed rank's line quotes NCCL's and CUDA's errors that later signatures match.
+    _signature(
+        "nccl_check",
+        r"^gpu-check: (?P<detail>(?:verification failed at|error:|hang:|all-reduce not run:) .+|all-reduce check "
+        r"FAILED)",
+        "the NCCL check before the start failed: {detail}",
+        "SGLang was not started: this release's NCCL settings (nccl.*, NCCL_* in env) or its venv's torch/NCCL do "
+        "not work on this host; `invoke gpu-check --profile {profile}` runs the check alone, with advice from the "
+        "GPUs' topology",
+    ),
     # systemd could not even start the interpreter (status 203/EXEC): the venv was removed or moved.
     _signature(
         "missing_venv",

@@ -98,6 +98,11 @@ class GateFailed(ReadinessFailed):
     exit_code = 7
 
 
+class GpuCheckFailed(ReadinessFailed):
+    """preflight.gpu_check's all-reduce failed after the old server was stopped: a failed start (SGLang never ran),
+    rolled back like one; `evidence` holds the check's report for the diagnosis."""
+
+
 class RollbackFailed(DeployError):
     """The rollback target failed too: the unit is left stopped and needs a person."""
 

@@ -82,6 +82,8 @@ class SGLangInstall:
     flashinfer_version: str | None
     options: dict[str, dict[str, Any]]
     error: str | None
+    torch_version: str | None = None   # from the distributions' metadata, nothing imported
+    nccl_version: str | None = None    # torch's NCCL (the nvidia-nccl-cuXX wheel); None: not installed as a wheel
 
 
 @dataclass(frozen=True)
@@ -169,7 +171,7 @@ def parse_sglang_install(result: StepResult) -> SGLangInstall:
     if "error" in payload:
         return SGLangInstall(True, None, None, {}, str(payload["error"]))
     return SGLangInstall(True, payload.get("sglang_version"), payload.get("flashinfer_version"),
-                         payload.get("options", {}), None)
+                         payload.get("options", {}), None, payload.get("torch_version"), payload.get("nccl_version"))
 
 
 def sglang_step(venv: str) -> Step:

@@ -16,15 +16,14 @@ from importlib import resources
 from pathlib import PurePosixPath
 from typing import Any
 
-from deploy_lib import deploy
 from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.facts import read_host_facts
-from deploy_lib.profile import LoadedProfile
+from deploy_lib.profile import LoadedProfile, read_stored_profile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.remote import Remote, Step, StepResult
 from deploy_lib.server_args import launch_environment
-from deploy_lib.store import ReleaseRecord, host_lock
+from deploy_lib.store import host_lock
 
 SCRIPT_SOURCE = resources.files("deploy_lib").joinpath("gpu_check_script.py").read_text(encoding="utf-8")
 DEFAULT_SIZES = (1 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)  # 1 KiB .. 256 MiB
@@ -204,7 +203,16 @@ class CheckResult:
     transports: dict[str, int] = field(default_factory=dict)  # "P2P/CUMEM" -> channel connections using it
     nccl_version: str | None = None
     hung: tuple[str, ...] = ()
+    failed: tuple[str, ...] = ()  # ranks that exited with an error (NCCL's, CUDA's) before the end
     verified: bool = False
+
+    def summary(self) -> str:
+        """One line for a deploy's progress: verified or not, the transports and the largest size's bandwidth."""
+        transports = ", ".join(self.transports) or "no transport reported"
+        largest = f"; busbw {self.sizes[-1].busbw_gbps:.1f} GB/s at {_size(self.sizes[-1].size_bytes)}" \
+            if self.sizes else ""
+        verdict = "verified exactly at every size" if self.verified else "FAILED"
+        return f"all-reduce over {self.world_size} GPUs {verdict} ({transports}{largest})"
 
     def lines(self) -> list[str]:
         """The report a user reads: transports, a row per size, and every failure named."""
@@ -216,6 +224,7 @@ class CheckResult:
         out += [f"{_size(s.size_bytes):>8}: algbw {s.algbw_gbps:8.2f} GB/s, busbw {s.busbw_gbps:8.2f} GB/s"
                 + ("" if not s.wrong else "  WRONG RESULT") for s in self.sizes]
         out += [f"verification failed at {_size(s.size_bytes)}: {w}" for s in self.sizes for w in s.wrong]
+        out += [f"error: {f}" for f in self.failed]
         out += [f"hang: {h}" for h in self.hung]
         out.append("all-reduce verified exactly at every size" if self.verified else "all-reduce check FAILED")
         return out
@@ -242,8 +251,19 @@ def parse_check_output(payload: Mapping[str, Any]) -> CheckResult:
                                    f"{w['detail']}" for w in s.get("wrong") or ()))
                   for s in payload.get("sizes") or ())
     hung = tuple(f"rank {h['rank']} (GPU{h['rank']}) did not finish: {h['where']}" for h in payload.get("hung") or ())
-    return CheckResult(world, None, gpus, sizes, transports, payload.get("nccl_version"), hung,
+    failed = tuple(_rank_error(f) for f in payload.get("failed") or ())
+    return CheckResult(world, None, gpus, sizes, transports, payload.get("nccl_version"), hung, failed,
                        bool(payload.get("verified")))
+
+
+def _rank_error(report: Mapping[str, Any]) -> str:
+    """A rank that exited by itself: its exit status, its error and NCCL's first warning."""
+    code = report.get("exit_code")
+    status = f"killed by signal {-int(code)}" if isinstance(code, int) and code < 0 else f"exited {code}"
+    detail = report.get("error") or "; ".join(report.get("log_tail") or ()) or "no output"
+    warning = next(iter(report.get("nccl_warnings") or ()), None)
+    nccl = f" (NCCL WARN {warning.split('NCCL WARN', 1)[1].strip()})" if warning else ""
+    return f"rank {report['rank']} (GPU{report['rank']}) {status} {report['where']}: {detail}{nccl}"
 
 
 def check_step(python: str, world_size: int, environment: Mapping[str, str], sizes: Sequence[int],
@@ -275,10 +295,10 @@ class CheckSubject:
     environment: dict[str, str]
 
 
-def subject_of_release(record: ReleaseRecord) -> CheckSubject:
-    metadata = record.metadata
-    return CheckSubject(f"release {record.id}", str(metadata["venv"]),
-                        int(((metadata.get("profile") or {}).get("parallel") or {}).get("tp", 1)),
+def subject_of_release(release_id: str, metadata: Mapping[str, Any]) -> CheckSubject:
+    """A release as release.json records it (a deploy's new release: its metadata())."""
+    return CheckSubject(f"release {release_id}", str(metadata["venv"]),
+                        read_stored_profile(metadata.get("profile")).parallel.tp,
                         dict(metadata.get("environment") or {}))
 
 
@@ -322,13 +342,15 @@ def run_gpu_check(target: Target, service: str, remote: Remote, progress: Progre
                   ) -> GpuCheckReport:
     """gpu-check on one host: refuse while the server holds the GPUs unless told to stop it; then restart the
     current release through the readiness ladder (deploy.start), whatever the check found."""
+    from deploy_lib import deploy  # here: deploy imports this module for preflight.gpu_check
+
     layout = target.layout(service)
     facts = read_host_facts(remote, layout, venv=None, port=None)
     record = facts.store.release(facts.store.current) if facts.store.current else None
     if loaded is not None:
         subject = subject_of_profile(loaded)
     elif record is not None:
-        subject = subject_of_release(record)
+        subject = subject_of_release(record.id, record.metadata)
     else:
         raise ConfigError(f"{target.host.name}: no release is deployed for {service}, so there is no venv or NCCL "
                           "environment to check with", "give --profile P")
@@ -348,3 +370,42 @@ def run_gpu_check(target: Target, service: str, remote: Remote, progress: Progre
             if running:
                 progress.note(f"restarting {layout.unit_name}")
                 deploy.start(target, service, remote, progress, environ, restart=False)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# in a deploy (preflight.gpu_check): when it runs, and the batch that runs it
+
+# what the all-reduce depends on besides the GPUs and the venv: NCCL's variables, torch's for NCCL, the GPUs a rank sees
+CHECKED_ENV = re.compile(r"^(?:NCCL_|TORCH_NCCL_)|^CUDA_VISIBLE_DEVICES$")
+REPORT_PREFIX = "gpu-check: "  # the report's lines as deploy's diagnosis reads them (diagnose.py: nccl_check)
+
+
+def checked_setup(metadata: Mapping[str, Any]) -> dict[str, str | None]:
+    """What a passed check proves of a release, from its release.json: TP size, torch, NCCL, NCCL environment."""
+    environment = {f"env {name}": str(value) for name, value in sorted(dict(metadata.get("environment") or {}).items())
+                   if CHECKED_ENV.match(name)}
+    return {"TP": str(read_stored_profile(metadata.get("profile")).parallel.tp),
+            "torch": metadata.get("torch_version"), "NCCL": metadata.get("nccl_version"), **environment}
+
+
+def check_reasons(current: Mapping[str, Any] | None, new: Mapping[str, Any]) -> tuple[str, ...]:
+    """Why a deploy from `current` to `new` (release.json forms) runs the check: what differs; () when nothing."""
+    if current is None:
+        return ("no current release to compare with",)
+    before, after = checked_setup(current), checked_setup(new)
+    return tuple(f"{key} {before.get(key) or '(none)'} -> {after.get(key) or '(none)'}"
+                 for key in dict.fromkeys([*before, *after]) if before.get(key) != after.get(key))
+
+
+def check_batch(subject: CheckSubject, sizes: Sequence[int] = DEFAULT_SIZES, deadline_s: float = 300) -> list[Step]:
+    """Topology and the all-reduce in one round trip (the GPUs already free); read_check_batch reads it."""
+    return [*topology_steps(), check_step(venv_python(subject.venv), subject.world_size, subject.environment, sizes,
+                                          deadline_s)]
+
+
+def read_check_batch(subject: CheckSubject, results: Sequence[StepResult]) -> GpuCheckReport:
+    """check_batch's results (its last four) -> the report."""
+    *topology_results, check = results[-4:]
+    topology, topology_error = parse_topology_results(topology_results)
+    advice = advise(topology, subject.environment) if topology else None
+    return GpuCheckReport(subject, topology, topology_error, advice, parse_check_result(check, subject.world_size))

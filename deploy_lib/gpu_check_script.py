@@ -26,6 +26,9 @@ VALUE_PERIOD = 7
 # NCCL INFO lines: "NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read" (2.2x) and "... via SHM/direct/direct"
 CHANNEL_LINE = re.compile(r"Channel (\d+)(?:/\d+)? : (\d+)\[(\w+)\] -> (\d+)\[(\w+)\] (?:\[\w+\] )?via (\S+)")
 NCCL_VERSION_LINE = re.compile(r"NCCL version (\S+)")
+# the last line of a Python traceback: "torch.distributed.DistBackendError: NCCL error in: ..."
+EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b")
+PEER_GRACE_S = 15.0  # once a rank has failed, how long the others get to fail too (they wait on it for ever)
 
 
 def bus_bandwidth(algbw_gbps: float, world_size: int) -> float:
@@ -131,7 +134,7 @@ def has_torch_cuda() -> str | None:
 
 
 def summarise(world: int, records: list[dict[str, object]], nccl_log: str, hung: list[dict[str, object]],
-              exit_codes: dict[int, int | None]) -> dict[str, object]:
+              exit_codes: dict[int, int | None], failed: list[dict[str, object]]) -> dict[str, object]:
     """The check's result from what the workers printed: per size the slowest rank's time, every wrong result."""
     by_size: dict[int, dict[str, object]] = {}
     for record in records:
@@ -150,13 +153,17 @@ def summarise(world: int, records: list[dict[str, object]], nccl_log: str, hung:
     sizes = [by_size[size] for size in sorted(by_size)]
     return {"world_size": world, "gpus": [gpus.get(rank) for rank in range(world)], "sizes": sizes,
             "transports": parse_transports(nccl_log), "nccl_version": nccl_version(nccl_log), "hung": hung,
+            "failed": failed,
             "exit_codes": {str(rank): code for rank, code in exit_codes.items()},
-            "verified": bool(sizes) and not any(row["wrong"] for row in sizes) and not hung and len(done) == world,
+            "verified": bool(sizes) and not any(row["wrong"] for row in sizes) and not hung and not failed
+            and len(done) == world,
             "error": None}
 
 
-def hang_report(rank: int, records: list[dict[str, object]], output: str, exit_code: int | None) -> dict[str, object]:
-    """Where a rank that did not finish stopped: inside an all-reduce (waiting on a peer), or outside one."""
+def rank_report(rank: int, records: list[dict[str, object]], output: str, exit_code: int | None
+                ) -> dict[str, object]:
+    """Where a rank that did not finish stopped: inside an all-reduce (waiting on a peer), or outside one; and, for
+    one that exited by itself, its error (a traceback's last line) and NCCL's warnings."""
     entered = [r["size_bytes"] for r in records if r["rank"] == rank and r["event"] == "enter"]
     finished = [r["size_bytes"] for r in records if r["rank"] == rank and r["event"] == "size"]
     ready = any(r["rank"] == rank and r["event"] == "ready" for r in records)
@@ -166,8 +173,11 @@ def hang_report(rank: int, records: list[dict[str, object]], output: str, exit_c
         where = "before NCCL was initialised"
     else:
         where = f"outside any all-reduce, after {finished[-1] if finished else 0} bytes (never entered the next)"
-    tail = [line for line in output.splitlines() if not line.startswith("GPUCHECK ")][-3:]
-    return {"rank": rank, "where": where, "exit_code": exit_code, "log_tail": tail}
+    lines = [line for line in output.splitlines() if not line.startswith("GPUCHECK ")]
+    errors = [line.strip() for line in lines if EXCEPTION_LINE.match(line.strip())]
+    return {"rank": rank, "where": where, "exit_code": exit_code, "log_tail": lines[-3:],
+            "error": errors[-1] if errors else None,
+            "nccl_warnings": [line.strip() for line in lines if "NCCL WARN" in line][:5]}
 
 
 def run_check(config: dict[str, object], source: str) -> dict[str, object]:
@@ -188,20 +198,27 @@ def run_check(config: dict[str, object], source: str) -> dict[str, object]:
                                             stdout=log, stderr=subprocess.STDOUT))
     deadline = time.monotonic() + float(config.get("deadline_s", 120))  # type: ignore[arg-type]
     while time.monotonic() < deadline and any(w.poll() is None for w in workers):
+        if any(w.poll() not in (None, 0) for w in workers):
+            deadline = min(deadline, time.monotonic() + PEER_GRACE_S)
         time.sleep(0.2)
-    outputs = []
+    outputs, killed = [], set()
     for rank, process in enumerate(workers):
         if process.poll() is None:
             process.kill()
             process.wait()
+            killed.add(rank)
         with open(logs[rank]) as log:
             outputs.append(log.read())
         os.unlink(logs[rank])
     records = [json.loads(line.split(" ", 1)[1]) for text in outputs for line in text.splitlines()
                if line.startswith("GPUCHECK ")]
-    hung = [hang_report(rank, records, text, workers[rank].returncode) for rank, text in enumerate(outputs)
-            if not any(r["rank"] == rank and r["event"] == "done" for r in records)]
-    result = summarise(world, records, "\n".join(outputs), hung, {r: w.returncode for r, w in enumerate(workers)})
+    unfinished = {rank: rank_report(rank, records, text, workers[rank].returncode) for rank, text in enumerate(outputs)
+                  if not any(r["rank"] == rank and r["event"] == "done" for r in records)}
+    # killed at the deadline: a hang; exited by itself before the end: an error (NCCL's, CUDA's, ...)
+    hung = [report for rank, report in unfinished.items() if rank in killed]
+    failed = [report for rank, report in unfinished.items() if rank not in killed]
+    result = summarise(world, records, "\n".join(outputs), hung, {r: w.returncode for r, w in enumerate(workers)},
+                       failed)
     result["nccl_info"] = [line for text in outputs for line in text.splitlines() if "NCCL INFO" in line][:400]
     return result
 

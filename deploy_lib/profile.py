@@ -25,7 +25,7 @@ from pydantic import (
 )
 
 from deploy_lib.errors import ConfigError, did_you_mean
-from deploy_lib.settings import BenchSettings, GateSettings, VenvSpec
+from deploy_lib.settings import BenchSettings, GateSettings, PreflightSettings, VenvSpec
 from deploy_lib.yaml_io import load_yaml_mapping
 
 MAX_STRING = 4096  # longer than any real path or flag value; stops 1 MB strings at the door
@@ -404,6 +404,8 @@ class Profile(Strict):
                                  description="SGLang's serving benchmark, run by the gate and `invoke bench`")
     gate: GateSettings | None = Field(None, description="benchmark every new release after it is ready and roll "
                                                         "it back when it is slower than the last good release")
+    preflight: PreflightSettings = Field(default_factory=PreflightSettings,
+                                         description="checks a deploy runs before it starts the release")
     extra_args: list[ExtraArg] = Field(
         default_factory=list, description="flags not modelled here; checked against the host's SGLang at preflight")
 

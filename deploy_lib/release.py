@@ -92,13 +92,16 @@ class Release:
     env_text_redacted: str
     patches: tuple[str, ...] = ()
     model: dict[str, str] = field(default_factory=dict)  # ReleaseModel.metadata(): path, revision, commit, hf_home
+    torch_version: str | None = None  # the venv's torch and NCCL: preflight.gpu_check compares them with current's
+    nccl_version: str | None = None
 
     def metadata(self) -> dict[str, Any]:
         """What release.json records: no secret value, only a digest that changes when one does."""
         return {
             "id": self.id, "service": self.service, "profile_name": self.profile_name,
             "profile_hash": self.profile_hash, "profile": self.profile, "sglang_version": self.sglang_version,
-            "flashinfer_version": self.flashinfer_version, "venv": self.venv, "argv": list(self.argv),
+            "flashinfer_version": self.flashinfer_version, "torch_version": self.torch_version,
+            "nccl_version": self.nccl_version, "venv": self.venv, "argv": list(self.argv),
             "args": list(self.args), "environment": self.environment, "secret_names": list(self.secret_names),
             "secrets_digest": self.secrets_digest, "patches": list(self.patches), "model": self.model,
             "files": {UNIT_FILE: _sha256(self.unit_text), ENV_FILE: _sha256(self.env_text)},
@@ -112,11 +115,13 @@ def _sha256(text: str) -> str:
 def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: str, secrets: Mapping[str, str],
                   venv: str | None = None, patches: tuple[str, ...] = (), flashinfer_version: str | None = None,
                   extra_environment: Mapping[str, str] | None = None, launch_args: tuple[str, ...] | None = None,
-                  release_id: str | None = None, model: ReleaseModel | None = None) -> Release:
+                  release_id: str | None = None, model: ReleaseModel | None = None,
+                  torch_version: str | None = None, nccl_version: str | None = None) -> Release:
     """The release of a profile on one host: `venv` replaces the profile's (a built or host-specific venv),
     `extra_environment` adds what the host side decides (the venv's cache directories), `model` the weights as
-    resolved on the host (the commit of a hub revision and the cache holding it). An adopted server's release 0
-    gives its own arguments as written (`launch_args`) and its id."""
+    resolved on the host (the commit of a hub revision and the cache holding it), `torch_version`/`nccl_version`
+    what the venv has installed (recorded, not part of the id). An adopted server's release 0 gives its own
+    arguments as written (`launch_args`) and its id."""
     profile = loaded.profile
     if venv is not None:
         profile = profile.model_copy(update={"service": profile.service.model_copy(update={"venv": venv})})
@@ -130,8 +135,9 @@ def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: st
     environment = {**launch_environment(profile), **(extra_environment or {}), **weights_env}
     secrets_digest = hashlib.sha256(json.dumps(sorted(secrets.items())).encode()).hexdigest()[:16]
     content = json.dumps({
-        # bench/gate settings decide how a release is judged, not how it starts: changing them is not a new release
-        "profile": profile.model_dump(mode="json", exclude={"bench", "gate"}), "argv": argv, "environment": environment,
+        # bench/gate/preflight settings decide how a release is judged, not how it starts: not a new release
+        "profile": profile.model_dump(mode="json", exclude={"bench", "gate", "preflight"}), "argv": argv,
+        "environment": environment,
         "secrets": secrets_digest, "version": sglang_version, "patches": patches, "service": layout.service,
     }, sort_keys=True)
     release_id = release_id or hashlib.sha256(content.encode()).hexdigest()[:12]
@@ -160,6 +166,7 @@ def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: st
         secrets_digest=secrets_digest,
         unit_text=render_unit(unit_spec), env_text=render_env(env_spec),
         env_text_redacted=render_env_redacted(env_spec), patches=patches, model=model.metadata(),
+        torch_version=torch_version, nccl_version=nccl_version,
     )
 
 

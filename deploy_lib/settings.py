@@ -1,4 +1,4 @@
-"""The profile's sections that operations act on (`bench:`, `gate:`, `venv:`), in the schema layer.
+"""The profile's sections that operations act on (`bench:`, `gate:`, `preflight:`, `venv:`), in the schema layer.
 
 The operations (deploy_lib/bench.py runs the benchmark and the gate, deploy_lib/venvs.py builds the venv) import these
 models; the schema never imports an operation (tests/test_architecture.py checks the import graph).
@@ -13,7 +13,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 # ---------------------------------------------------------------------------------------------------------
-# Settings (profile keys `bench:` and `gate:`)
+# Settings (profile keys `bench:`, `gate:` and `preflight:`)
 
 
 class BenchSettings(BaseModel):
@@ -61,6 +61,16 @@ class GateSettings(BaseModel):
         0.9, description="output throughput must be at least this times the baseline's, at every level")
     max_ttft_p99_ratio: Annotated[float, Field(gt=0, le=100)] = Field(
         1.25, description="p99 time to first token must be at most this times the baseline's, at every level")
+
+
+class PreflightSettings(BaseModel):
+    """What a deploy checks on the host before it starts a release, besides what it always checks."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    gpu_check: bool = Field(
+        False, description="when the NCCL environment, the TP size or the venv's torch/NCCL differ from the current "
+                           "release's, stop the old server and run gpu-check's verified all-reduce before starting "
+                           "the new one; a failure rolls back before SGLang starts")
 
 
 # ---------------------------------------------------------------------------------------------------------

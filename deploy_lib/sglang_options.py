@@ -4,7 +4,7 @@ Standard library only and no deploy_lib imports: preflight ships this file to th
 venv's interpreter, `VENV/bin/python3 -I - < sglang_options.py`, which finds the sglang that interpreter would import
 (importlib's finders, so editable installs work too; nothing is imported) and prints one JSON object on stdout:
 
-    {"sglang_version": "0.5.23", "flashinfer_version": "0.7.2",
+    {"sglang_version": "0.5.23", "flashinfer_version": "0.7.2", "torch_version": "2.11.0", "nccl_version": "2.28.9",
      "options": {"--tp-size": {"option_strings": ["--tp-size", "--tensor-parallel-size"], "dest": "tp_size",
                                "action": "store", "nargs": null, "choices": null, "type": "int",
                                "required": false, "deprecated": false, "error": null}, ...},
@@ -534,9 +534,15 @@ def _python_type_name(values: list[Any]) -> str:
     return {int: "int", float: "float"}.get(type(first), "str")
 
 
-def _dist_version(site_packages: Path, names: tuple[str, ...]) -> str | None:
-    """Version from the METADATA of an installed distribution whose normalized name is one of `names`."""
-    found = []
+# the versions the facts report, by the distributions that carry them (torch's NCCL comes as nvidia-nccl-cuXX)
+DISTRIBUTIONS = {"sglang_version": ("sglang",), "flashinfer_version": ("flashinfer-python", "flashinfer"),
+                 "torch_version": ("torch",),
+                 "nccl_version": ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")}
+
+
+def _dist_versions(site_packages: Path) -> dict[str, str | None]:
+    """DISTRIBUTIONS' versions from the METADATA of the distributions installed under site_packages (one scan)."""
+    found: dict[str, list[str]] = {key: [] for key in DISTRIBUTIONS}
     for metadata in sorted(site_packages.glob("*.dist-info/METADATA")):
         headers: dict[str, str] = {}
         for line in metadata.read_text(encoding="utf-8", errors="replace").splitlines():
@@ -544,9 +550,11 @@ def _dist_version(site_packages: Path, names: tuple[str, ...]) -> str | None:
                 break
             key, _, value = line.partition(":")
             headers.setdefault(key.strip().lower(), value.strip())
-        if re.sub(r"[-_.]+", "-", headers.get("name", "")).lower() in names and "version" in headers:
-            found.append(headers["version"])
-    return max(found, key=version_key) if found else None
+        name = re.sub(r"[-_.]+", "-", headers.get("name", "")).lower()
+        for key, names in DISTRIBUTIONS.items():
+            if name in names and "version" in headers:
+                found[key].append(headers["version"])
+    return {key: max(versions, key=version_key) if versions else None for key, versions in found.items()}
 
 
 def extract(site_packages: Path) -> dict[str, Any]:
@@ -572,8 +580,7 @@ def extract(site_packages: Path) -> dict[str, Any]:
             for source in _field_sources(server_args, cls, node.args[1]):
                 extractor.dataclass_fields(source, set(only) if only else None)
     return {
-        "sglang_version": _dist_version(site_packages, ("sglang",)),
-        "flashinfer_version": _dist_version(site_packages, ("flashinfer-python", "flashinfer")),
+        **_dist_versions(site_packages),
         "options": extractor.options,
         "unresolved_choices": sorted(set(extractor.unresolved)),
         "warnings": extractor.warnings,
@@ -822,7 +829,7 @@ def extract_installed() -> dict[str, Any]:
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(f"sglang is not installed for {sys.executable}")
     result = extract(Path(next(iter(spec.submodule_search_locations))).parent)
-    for key, names in (("sglang_version", ("sglang",)), ("flashinfer_version", ("flashinfer-python", "flashinfer"))):
+    for key, names in DISTRIBUTIONS.items():
         for name in names:
             try:
                 result[key] = importlib.metadata.version(name)

@@ -71,8 +71,9 @@ def target(gpu_count: int | None = 8) -> Target:
 
 def facts(args_known: tuple[str, ...] = (), gpus: int = 8, current: ReleaseRecord | None = None,
           active: str = "inactive", sums: dict[str, str] | None = None, listeners: tuple[str, ...] = (),
-          link: str | None = None, verified: bool = True) -> HostFacts:
-    """What preflight reads; `current` was deployed and, with `verified`, history records it healthy."""
+          link: str | None = None, verified: bool = True, venv_versions: dict[str, str] | None = None) -> HostFacts:
+    """What preflight reads; `current` was deployed and, with `verified`, history records it healthy;
+    `venv_versions`: the venv's torch_version and nccl_version (none by default)."""
     history = (history_entry("deploy", HEALTHY, Tags.from_dict(current.metadata["tags"]), NOW),) \
         if current is not None and verified else ()
     store = StoreFacts(current=current.id if current else None, releases=(current,) if current else (),
@@ -84,7 +85,8 @@ def facts(args_known: tuple[str, ...] = (), gpus: int = 8, current: ReleaseRecor
                      unit=UnitFacts(active, "dead" if active == "inactive" else "running", 0, 0,
                                     "loaded" if current else "not-found"),
                      unit_link=link, file_sums=sums or {}, port_listeners=listeners, free_bytes=10**10,
-                     sglang=SGLangInstall(True, "0.5.23", "0.7.2", options_accepting(args_known), None))
+                     sglang=SGLangInstall(True, "0.5.23", "0.7.2", options_accepting(args_known), None,
+                                          **(venv_versions or {})))
 
 
 def first_plan(profile: str = "glm5-nvfp4"):

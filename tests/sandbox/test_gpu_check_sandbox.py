@@ -1,6 +1,8 @@
 """gpu-check end to end on the sandbox guest: the reference rig's simulated topology (8 GPUs over PCIe, P2P not
 supported), the refusal while the server holds the GPUs, --stop-server restarting the release through the ladder,
-and the all-reduce reported as needing torch with CUDA (the guest has none), never faked."""
+and the all-reduce reported as needing torch with CUDA (the guest has none), never faked. In a deploy
+(preflight.gpu_check): a check that is due is refused at preflight there (no torch), nothing stopped; one that is
+not due lets the deploy run as without the key."""
 
 from __future__ import annotations
 
@@ -21,7 +23,11 @@ from sandbox import manage
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.wheels]
 SERVICE = "sglang-gpucheck"
-PROFILES = {"gc-ref": f"extends: glm5-nvfp4\nservice:\n  name: {SERVICE}\nserver:\n  port: 8300\n"}
+PROFILES = {"gc-ref": f"extends: glm5-nvfp4\nservice:\n  name: {SERVICE}\nserver:\n  port: 8300\n",
+            # what the check depends on changes: it must run
+            "gc-p2p-off": "extends: gc-ref\npreflight:\n  gpu_check: true\nnccl:\n  p2p_disable: true\n",
+            # a new release whose NCCL setup and venv are the current one's
+            "gc-threads": "extends: gc-ref\npreflight:\n  gpu_check: true\nenv:\n  OMP_NUM_THREADS: \"4\"\n"}
 
 
 @pytest.fixture(scope="module")
@@ -74,3 +80,34 @@ def test_status_shows_the_topology_in_one_line(deployed: tuple[Project, str, man
     with FabricRemote(target.ssh) as remote:
         report = read_status(target, SERVICE, remote)
     assert report.topology == "8 GPUs, links PHB, P2P not supported on 28 of 28 pairs"
+
+
+def test_a_due_check_in_a_venv_without_torch_is_refused_before_anything_stops(
+        deployed: tuple[Project, str, manage.Guest]) -> None:
+    project, inventory, guest = deployed
+    loaded, target = load_for_host(project, "gc-p2p-off", inventory, None)
+    venv = target.venv_override or loaded.profile.service.venv
+    with FabricRemote(target.ssh) as remote:
+        before = read_store_facts(remote, target.layout(SERVICE))
+        with pytest.raises(PreflightError) as refused:
+            engine.deploy(loaded, target, remote, RecordingProgress(), engine.Options())
+        after = read_store_facts(remote, target.layout(SERVICE))
+    assert refused.value.exit_code == 3
+    assert (f"preflight.gpu_check: the NCCL check must run (env NCCL_P2P_DISABLE (none) -> 1), but {venv} has no "
+            "torch") in refused.value.message
+    assert "preflight.gpu_check: false in profile gc-p2p-off" in (refused.value.hint or "")
+    assert (after.current, after.history, after.releases) == (before.current, before.history, before.releases)
+    assert manage.run_on(guest, f"systemctl is-active {SERVICE}.service", user="root").strip() == "active"
+
+
+def test_a_deploy_whose_nccl_setup_is_unchanged_runs_no_check(deployed: tuple[Project, str, manage.Guest]) -> None:
+    project, inventory, _ = deployed
+    loaded, target = load_for_host(project, "gc-threads", inventory, None)
+    progress = RecordingProgress()
+    with FabricRemote(target.ssh) as remote:
+        outcome = engine.deploy(loaded, target, remote, progress, engine.Options())
+        facts = read_store_facts(remote, target.layout(SERVICE))
+    assert outcome.action == "deployed" and "gpu check" not in outcome.timings
+    assert any(text.startswith("gpu check (preflight.gpu_check) not needed") for kind, text in progress.events
+               if kind == "note" and isinstance(text, str))
+    assert facts.current == outcome.release_id and facts.history[-1].outcome == "healthy"
