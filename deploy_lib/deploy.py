@@ -365,11 +365,11 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
     elif drift and current_id == release.id:
         batches["stage"] = repair_release(layout, release.id, release.unit_text, release.env_text)
     if check_reasons:
-        batches["gpu check"] = [*hand_stop, stop_step(layout),
-                                *gpu_check.check_batch(gpu_check.subject_of_release(release.id, release.metadata()))]
+        subject = gpu_check.subject_of_release(release.id, release.metadata())
+        batches["gpu check"] = [*hand_stop, stop_step(layout), *gpu_check.check_batch(subject)]
         notes.append(f"gpu check (preflight.gpu_check): {'; '.join(check_reasons)}: the old server stops and NCCL's "
-                     f"all-reduce is verified on {release.profile['parallel']['tp']} GPUs with this release's venv "
-                     "and environment before SGLang starts")
+                     f"all-reduce is verified on {subject.world_size} GPUs with this release's venv and environment "
+                     "before SGLang starts")
     elif loaded.profile.preflight.gpu_check:
         notes.append("gpu check (preflight.gpu_check) not needed: TP size, NCCL environment and the venv's "
                      f"torch/NCCL are those of release {current_id}")

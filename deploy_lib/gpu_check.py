@@ -18,7 +18,7 @@ from typing import Any
 
 from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.facts import read_host_facts
-from deploy_lib.profile import LoadedProfile, read_stored_profile
+from deploy_lib.profile import LoadedProfile, ParallelSpec, read_stored_profile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.remote import Remote, Step, StepResult
@@ -295,16 +295,21 @@ class CheckSubject:
     environment: dict[str, str]
 
 
+def ranks_on_this_node(parallel: ParallelSpec) -> int:
+    """One rank per GPU of a TP group, on this host's GPUs: a TP group spread over nodes checks this node's part."""
+    return min(parallel.tp, parallel.gpus_per_node)
+
+
 def subject_of_release(release_id: str, metadata: Mapping[str, Any]) -> CheckSubject:
     """A release as release.json records it (a deploy's new release: its metadata())."""
     return CheckSubject(f"release {release_id}", str(metadata["venv"]),
-                        read_stored_profile(metadata.get("profile")).parallel.tp,
+                        ranks_on_this_node(read_stored_profile(metadata.get("profile")).parallel),
                         dict(metadata.get("environment") or {}))
 
 
 def subject_of_profile(loaded: LoadedProfile) -> CheckSubject:
     profile = loaded.profile
-    return CheckSubject(f"profile {loaded.name}", profile.service.venv, profile.parallel.tp,
+    return CheckSubject(f"profile {loaded.name}", profile.service.venv, ranks_on_this_node(profile.parallel),
                         launch_environment(profile))
 
 
@@ -321,6 +326,10 @@ def venv_python(venv: str) -> str:
     return str(PurePosixPath(venv) / "bin" / "python3")
 
 
+def subject_step(subject: CheckSubject, sizes: Sequence[int], deadline_s: float) -> Step:
+    return check_step(venv_python(subject.venv), subject.world_size, subject.environment, sizes, deadline_s)
+
+
 def check_host(remote: Remote, progress: Progress, subject: CheckSubject, sizes: Sequence[int] = DEFAULT_SIZES,
                deadline_s: float = 300) -> GpuCheckReport:
     """Topology + advice, then the all-reduce; the GPUs must already be free (the caller stops the server)."""
@@ -331,10 +340,8 @@ def check_host(remote: Remote, progress: Progress, subject: CheckSubject, sizes:
                              f"{topology.gpu_count} GPUs")
     advice = advise(topology, subject.environment) if topology else None
     progress.phase_started(f"all-reduce over {subject.world_size} GPUs")
-    [result] = remote.run([check_step(venv_python(subject.venv), subject.world_size, subject.environment, sizes,
-                                      deadline_s)])
+    [result] = remote.run([subject_step(subject, sizes, deadline_s)])
     return GpuCheckReport(subject, topology, topology_error, advice, parse_check_result(result, subject.world_size))
-
 
 
 def run_gpu_check(target: Target, service: str, remote: Remote, progress: Progress, loaded: LoadedProfile | None,
@@ -399,8 +406,7 @@ def check_reasons(current: Mapping[str, Any] | None, new: Mapping[str, Any]) -> 
 
 def check_batch(subject: CheckSubject, sizes: Sequence[int] = DEFAULT_SIZES, deadline_s: float = 300) -> list[Step]:
     """Topology and the all-reduce in one round trip (the GPUs already free); read_check_batch reads it."""
-    return [*topology_steps(), check_step(venv_python(subject.venv), subject.world_size, subject.environment, sizes,
-                                          deadline_s)]
+    return [*topology_steps(), subject_step(subject, sizes, deadline_s)]
 
 
 def read_check_batch(subject: CheckSubject, results: Sequence[StepResult]) -> GpuCheckReport:

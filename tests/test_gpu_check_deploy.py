@@ -21,7 +21,7 @@ from deploy_lib import deploy as engine
 from deploy_lib import facts as host_facts
 from deploy_lib.diagnose import diagnose
 from deploy_lib.errors import PreflightError, ReadinessFailed
-from deploy_lib.gpu_check import check_reasons, check_step
+from deploy_lib.gpu_check import check_reasons, check_step, subject_of_profile, subject_of_release
 from deploy_lib.profile import LoadedProfile, Profile
 from deploy_lib.progress import RecordingProgress
 from deploy_lib.remote import Step
@@ -79,6 +79,17 @@ def test_an_environment_nccl_does_not_read_is_no_reason_and_an_older_release_alw
                                              if k not in ("torch_version", "nccl_version")}
     assert check_reasons(written_before_versions_were_recorded, current) == \
         ("torch (none) -> 2.11.0+cu130", "NCCL (none) -> 2.28.9")
+
+
+def test_a_tp_group_spread_over_nodes_is_checked_on_this_nodes_gpus() -> None:
+    """Input tried: TP 16 over two nodes of 8 GPUs (parallel.nnodes 2): each host checks its 8 ranks."""
+    data = checked().profile.model_dump(mode="json")
+    data["parallel"].update(tp=16, nnodes=2, dist_init_addr="192.0.2.10:5000")
+    profile = Profile.model_validate(data)
+    assert subject_of_profile(LoadedProfile(name="x", path=Path("x.yaml"), chain=("x",), profile=profile)
+                              ).world_size == 8
+    assert subject_of_release("r", {"venv": "/v", "profile": data}).world_size == 8
+    assert subject_of_release("r", metadata(checked(tp=4))).world_size == 4
 
 
 def test_the_key_alone_is_not_a_new_release() -> None:
