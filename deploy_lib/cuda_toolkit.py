@@ -25,6 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
+from deploy_lib.readings import TOOL_ABSENT_OK, Readings
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.sglang_options import version_key
 
@@ -32,7 +33,7 @@ DEFAULT_CUDA_HOME = "/usr/local/cuda"
 FACT_VERSION_JSON = "host facts: CUDA toolkit version.json"
 FACT_NVCC = "host facts: CUDA toolkit nvcc"
 _NVCC_RELEASE = re.compile(r"release (\d+\.\d+),")  # FlashInfer's own pattern (jit/cpp_ext.py get_cuda_version)
-_MISSING_OK = frozenset({0, 1, 2, 126, 127})
+_MISSING_OK = TOOL_ABSENT_OK | {126}  # 126: an nvcc that is there but cannot be executed
 FIX_HINT = ("point CUDA_HOME (the profile's env) at a CUDA >= 12.9 toolkit, or add `FLASHINFER_CUDA_ARCH_LIST: "
             "'12.0a'` to the profile's env (FlashInfer then takes the arch as given and builds it with nvcc 12.8)")
 
@@ -85,7 +86,7 @@ def _major_minor(version: str) -> str | None:
     return f"{match[1]}.{match[2]}" if match else None
 
 
-def parse_toolkit(home: str, results: Mapping[str, StepResult]) -> CudaToolkit:
+def parse_toolkit(home: str, results: Readings | Mapping[str, StepResult]) -> CudaToolkit:
     """The version from version.json (`cuda.version`), else from `nvcc --version`."""
     version_json = results.get(FACT_VERSION_JSON)
     if version_json is not None and version_json.exit_code == 0:

@@ -95,7 +95,6 @@ from deploy_lib.store import (
     Tags,
     append_history,
     describe_pruned_releases,
-    fact_steps,
     history_entry,
     host_lock,
     operator_name,
@@ -103,6 +102,7 @@ from deploy_lib.store import (
     parse_store_facts,
     prune_releases,
     read_store_facts,
+    release_fact_steps,
     release_json,
     releases_to_prune,
     repair_release,
@@ -861,7 +861,7 @@ def prune(remote: Remote, layout: StoreLayout, keep: int, tags: Tags, progress: 
     release with its reason).
 
     Decided from a fresh read: what is on the host after the commit, current and history included."""
-    results = remote.run([*fact_steps(layout), *venv_store_fact_steps(layout)])
+    results = remote.run([*release_fact_steps(layout), *venv_store_fact_steps(layout)])
     store, venv_store = parse_store_facts(layout, results), parse_venv_store_facts(results)
     doomed = releases_to_prune(store, keep)
     kept_venvs = [release_venv_hash(layout, str(r.metadata.get("venv", ""))) for r in store.releases

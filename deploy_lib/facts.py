@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import csv
-import hashlib
 import io
 import json
 import re
@@ -15,8 +14,9 @@ from typing import Any
 
 from deploy_lib.cuda_toolkit import CudaToolkit, parse_toolkit, toolkit_steps
 from deploy_lib.errors import PreflightError
+from deploy_lib.readings import TOOL_ABSENT_OK, Fact, read
 from deploy_lib.remote import Put, Remote, Step, StepResult
-from deploy_lib.store import ENV_FILE, UNIT_FILE, StoreFacts, StoreLayout, fact_steps, parse_store_facts
+from deploy_lib.store import ENV_FILE, UNIT_FILE, StoreFacts, StoreLayout, parse_store_facts, release_fact_steps
 
 GPU_FIELDS = ("index", "name", "uuid", "compute_cap", "memory.total", "memory.used", "power.draw", "power.limit",
               "utilization.gpu", "driver_version")
@@ -45,7 +45,6 @@ served = where()
 sys.path[:] = [entry for entry in sys.path if entry not in ("", ".")]
 print(json.dumps({"served": served, "installed": where()}))
 """
-_MISSING_OK = frozenset({0, 1, 2, 127})  # absent tools or files are facts, not errors
 
 
 @dataclass(frozen=True)
@@ -198,12 +197,48 @@ def parse_import_shadow(result: StepResult) -> str | None:
 
 def gpu_step(name: str) -> Step:
     """One read of every GPU; a host without nvidia-smi (exit 127) is a fact for parse_gpus, not a failure."""
-    return Step(name, NVIDIA_SMI_QUERY, ok=_MISSING_OK, timeout_s=30)
+    return Step(name, NVIDIA_SMI_QUERY, ok=TOOL_ABSENT_OK, timeout_s=30)
 
 
 def unit_step(layout: StoreLayout) -> Step:
     return Step(FACT_UNIT, ("systemctl", "show", "-p", "ActiveState,SubState,MainPID,NRestarts,LoadState,Result",
                             "--", layout.unit_name))
+
+
+def _stdout_if_found(result: StepResult) -> str | None:
+    return result.stdout if result.exit_code == 0 else None
+
+
+def _sums(layout: StoreLayout, name: str, release: PurePosixPath) -> Fact[dict[str, str]]:
+    return Fact(Step(name, ("sha256sum", "--", str(release / UNIT_FILE), str(release / ENV_FILE)), sudo=True,
+                     ok=TOOL_ABSENT_OK), lambda result: parse_sha256sums(result.stdout))
+
+
+def _host_facts(layout: StoreLayout, port: int | None, venv: str | None, working_directory: str | None,
+                release_id: str | None) -> dict[str, Fact[Any]]:
+    """The single-step facts of the batch by the HostFacts field each fills; the optional ones only when asked."""
+    facts: dict[str, Fact[Any]] = {
+        "gpus": Fact(gpu_step(FACT_GPUS), parse_gpus),
+        "unit": Fact(unit_step(layout), parse_unit),
+        "unit_link": Fact(Step(FACT_UNIT_LINK, ("readlink", "--", str(layout.unit_link)), ok=TOOL_ABSENT_OK),
+                          lambda result: result.stdout.strip() if result.exit_code == 0 else None),
+        "unit_file": Fact(Step(FACT_UNIT_FILE, ("systemctl", "cat", "--", layout.unit_name), ok=TOOL_ABSENT_OK),
+                          _stdout_if_found),
+        "file_sums": _sums(layout, FACT_FILE_SUMS, layout.current),
+        "free_bytes": Fact(Step(FACT_DISK, ("df", "-P", "-B1", "--", "/", *_existing_parents(layout.root)),
+                                ok=TOOL_ABSENT_OK), lambda result: parse_free_bytes(result.stdout)),
+    }
+    if release_id is not None:
+        facts["release_sums"] = _sums(layout, FACT_RELEASE_SUMS, layout.release(release_id))
+    if port is not None:
+        facts["port_listeners"] = Fact(
+            Step(FACT_PORT, ("ss", "-Htlnp", f"sport = :{port}"), sudo=True, ok=TOOL_ABSENT_OK),
+            lambda result: tuple(line for line in result.stdout.splitlines() if line.strip()))
+    if venv is not None:
+        facts["sglang"] = Fact(sglang_step(venv), parse_sglang_install)
+    if venv is not None and working_directory is not None:
+        facts["import_shadow"] = Fact(import_step(venv, working_directory), parse_import_shadow)
+    return facts
 
 
 def fact_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_home: str | None = None,
@@ -214,31 +249,9 @@ def fact_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_hom
     Without a venv (status) SGLang is not inspected; without a port no listener is looked up; without a CUDA_HOME
     no toolkit is read; the weights' own fact steps (models.Weights.fact_steps) ride along; with a release id (a
     rollback target) that release's files are checksummed."""
-    current = layout.current
-    batch: list[Step | Put] = [
-        *fact_steps(layout),
-        gpu_step(FACT_GPUS),
-        unit_step(layout),
-        Step(FACT_UNIT_LINK, ("readlink", "--", str(layout.unit_link)), ok=_MISSING_OK),
-        Step(FACT_UNIT_FILE, ("systemctl", "cat", "--", layout.unit_name), ok=_MISSING_OK),
-        Step(FACT_FILE_SUMS, ("sha256sum", "--", str(current / UNIT_FILE), str(current / ENV_FILE)),
-             sudo=True, ok=_MISSING_OK),
-        Step(FACT_DISK, ("df", "-P", "-B1", "--", "/", *_existing_parents(layout.root)), ok=_MISSING_OK),
-    ]
-    if release_id is not None:
-        release = layout.release(release_id)
-        batch.append(Step(FACT_RELEASE_SUMS, ("sha256sum", "--", str(release / UNIT_FILE), str(release / ENV_FILE)),
-                          sudo=True, ok=_MISSING_OK))
-    if port is not None:
-        batch.append(Step(FACT_PORT, ("ss", "-Htlnp", f"sport = :{port}"), sudo=True, ok=_MISSING_OK))
-    if venv is not None:
-        batch.append(sglang_step(venv))
-    if venv is not None and working_directory is not None:
-        batch.append(import_step(venv, working_directory))
-    if cuda_home is not None:
-        batch.extend(toolkit_steps(cuda_home))
-    batch.extend(model_steps)
-    return batch
+    facts = _host_facts(layout, port, venv, working_directory, release_id)
+    return [*release_fact_steps(layout), *(fact.step for fact in facts.values()),
+            *(toolkit_steps(cuda_home) if cuda_home is not None else ()), *model_steps]
 
 
 def _existing_parents(path: PurePosixPath) -> tuple[str, ...]:
@@ -246,38 +259,22 @@ def _existing_parents(path: PurePosixPath) -> tuple[str, ...]:
     return tuple(str(p) for p in reversed([path, *path.parents]) if str(p) != "/")
 
 
-_NOT_READ = StepResult(Step("not read", ("true",)), 0, "", "", 0.0)
-
-
 def read_host_facts(remote: Remote, layout: StoreLayout, venv: str | None, port: int | None,
                     cuda_home: str | None = None, working_directory: str | None = None,
                     model_steps: Sequence[Step] = (), release_id: str | None = None) -> HostFacts:
-    results = remote.run(fact_batch(layout, venv, port, cuda_home, working_directory, model_steps, release_id))
-    by_name = {result.step.name: result for result in results}
-    by_name.setdefault(FACT_PORT, _NOT_READ)
-    by_name.setdefault(FACT_RELEASE_SUMS, _NOT_READ)
-    by_name.setdefault(FACT_SGLANG, StepResult(Step("not read", ("true",)), 0, '{"error": "not read"}', "", 0.0))
-    gpus, gpu_error = parse_gpus(by_name[FACT_GPUS])
-    link = by_name[FACT_UNIT_LINK]
+    readings = read(remote, fact_batch(layout, venv, port, cuda_home, working_directory, model_steps, release_id))
+    facts = _host_facts(layout, port, venv, working_directory, release_id)
+    values = {role: readings.value(fact) for role, fact in facts.items()}
+    gpus, gpu_error = values.pop("gpus")
     return HostFacts(
-        store=parse_store_facts(layout, results),
+        store=parse_store_facts(layout, readings),
         gpus=gpus, gpu_error=gpu_error,
-        unit=parse_unit(by_name[FACT_UNIT]),
-        unit_link=link.stdout.strip() if link.exit_code == 0 else None,
-        file_sums=parse_sha256sums(by_name[FACT_FILE_SUMS].stdout),
-        port_listeners=tuple(line for line in by_name[FACT_PORT].stdout.splitlines() if line.strip()),
-        free_bytes=parse_free_bytes(by_name[FACT_DISK].stdout),
-        sglang=parse_sglang_install(by_name[FACT_SGLANG]),
-        cuda_toolkit=parse_toolkit(cuda_home, by_name) if cuda_home is not None else None,
-        import_shadow=parse_import_shadow(by_name[FACT_IMPORT]) if FACT_IMPORT in by_name else None,
-        unit_file=by_name[FACT_UNIT_FILE].stdout if by_name[FACT_UNIT_FILE].exit_code == 0 else None,
-        model_results=tuple(result for result in results if result.step in model_steps),
-        release_sums=parse_sha256sums(by_name[FACT_RELEASE_SUMS].stdout),
+        sglang=values.pop("sglang", SGLangInstall(True, None, None, {}, "not read")),
+        cuda_toolkit=parse_toolkit(cuda_home, readings) if cuda_home is not None else None,
+        model_results=tuple(result for result in readings.results if result.step in model_steps),
+        port_listeners=values.pop("port_listeners", ()),
+        **values,
     )
-
-
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def require_gpus(facts: HostFacts, needed: int, where: str) -> tuple[Gpu, ...]:

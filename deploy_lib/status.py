@@ -30,6 +30,7 @@ from deploy_lib.models import StoredModel, read_stored
 from deploy_lib.profile import LoadedProfile, Profile, format_validation_error
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
+from deploy_lib.readings import read
 from deploy_lib.remote import Remote, Step
 from deploy_lib.store import RELEASE_FILE, StoreFacts, Tags, host_lock, read_store_facts
 from deploy_lib.venvs import VenvRecord, installed_step, list_venvs, parse_installed, release_venv_hash
@@ -132,12 +133,11 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
             read_crashes(remote, layout, facts.unit)
     venv = PurePosixPath(str(metadata["venv"])) if metadata.get("venv") else None
     topology = topology_steps()
-    batch = [*venv_store_fact_steps(layout), *topology, *([installed_step(venv, ("sglang",))] if venv else [])]
-    results = remote.run(batch)
-    read = {result.step.name: result for result in results}
-    links, links_error = parse_topology_results([read[step.name] for step in topology])
-    marker = parse_venv_store_facts(results).markers.get(venv_hash or "")
-    installed = results[-1] if venv and results[-1].exit_code == 0 else None
+    installed_fact = [installed_step(venv, ("sglang",))] if venv else []
+    readings = read(remote, [*venv_store_fact_steps(layout), *topology, *installed_fact])
+    links, links_error = parse_topology_results([readings[step.name] for step in topology])
+    marker = parse_venv_store_facts(readings.results).markers.get(venv_hash or "")
+    installed = next((readings[step.name] for step in installed_fact if readings[step.name].exit_code == 0), None)
     return StatusReport(
         restarts=facts.unit.n_restarts, crashes=crashes, advice=crash_loop_advice(crashes, facts.store),
         venv_versions=VenvRecord(venv_hash, marker, None).versions() if venv_hash and marker else {},

@@ -29,6 +29,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from deploy_lib.errors import ConfigError, DeployError, LockHeld, StepFailed
+from deploy_lib.readings import ABSENT_OK, Readings, read
 from deploy_lib.remote import Put, Remote, Step, StepResult
 
 DEFAULT_ROOT = PurePosixPath("/opt/sglang-deploy")
@@ -275,30 +276,29 @@ FACT_RELEASE_FILES = "store facts: release.json files"
 FACT_HISTORY = "store facts: history"
 FACT_LOCK = "store facts: lock"
 FACT_LOCK_OWNER = "store facts: lock owner"
-_MISSING_OK = frozenset({0, 1})  # these reads exit 1 when the file is absent: a fact, not an error
 
 
-def lock_fact_steps(layout: StoreLayout) -> list[Step | Put]:
+def lock_fact_steps(layout: StoreLayout) -> list[Step]:
     return [
         Step(FACT_CLOCK, ("date", "+%s")),
-        Step(FACT_LOCK, ("stat", "-c", "%Y", "--", str(layout.lock)), ok=_MISSING_OK),
-        Step(FACT_LOCK_OWNER, ("cat", "--", str(layout.lock_owner)), ok=_MISSING_OK),
+        Step(FACT_LOCK, ("stat", "-c", "%Y", "--", str(layout.lock)), ok=ABSENT_OK),
+        Step(FACT_LOCK_OWNER, ("cat", "--", str(layout.lock_owner)), ok=ABSENT_OK),
     ]
 
 
-def fact_steps(layout: StoreLayout, history_lines: int = HISTORY_TAIL_LINES) -> list[Step | Put]:
+def release_fact_steps(layout: StoreLayout, history_lines: int = HISTORY_TAIL_LINES) -> list[Step]:
     """Read-only: where current points, the release directories and their release.json, history, the lock."""
     releases = str(layout.releases)
     return [
-        Step(FACT_CURRENT, ("readlink", "--", str(layout.current)), ok=_MISSING_OK),
+        Step(FACT_CURRENT, ("readlink", "--", str(layout.current)), ok=ABSENT_OK),
         # "<id>\0" for each entry of releases/ and "<id>/<file>\0" for each file in it: what a release lacks
         Step(FACT_RELEASE_DIRS, ("find", releases, "-mindepth", "1", "-maxdepth", "2", "-printf", "%P\\0"),
-             ok=_MISSING_OK),
+             ok=ABSENT_OK),
         # grep -H -Z prints "path\0line" for each line of each release.json; -e '' matches every line.
         Step(FACT_RELEASE_FILES, ("find", releases, "-mindepth", "2", "-maxdepth", "2", "-type", "f", "-name",
                                   RELEASE_FILE, "-exec", "grep", "-H", "-Z", "-e", "", "--", "{}", "+"),
-             ok=_MISSING_OK),
-        Step(FACT_HISTORY, ("tail", "-n", str(history_lines), "--", str(layout.history)), ok=_MISSING_OK),
+             ok=ABSENT_OK),
+        Step(FACT_HISTORY, ("tail", "-n", str(history_lines), "--", str(layout.history)), ok=ABSENT_OK),
         *lock_fact_steps(layout),
     ]
 
@@ -485,22 +485,15 @@ def parse_lock(clock_out: str, stat: StepResult, owner: StepResult) -> LockInfo 
     return LockInfo(lock_owner, max(float(clock_out.strip()) - float(stat.stdout.strip()), 0.0))
 
 
-def _by_name(results: Sequence[StepResult]) -> dict[str, StepResult]:
-    return {result.step.name: result for result in results if isinstance(result.step, Step)}
-
-
-def parse_lock_facts(results: Sequence[StepResult]) -> LockInfo | None:
-    found = _by_name(results)
+def parse_lock_facts(results: Sequence[StepResult] | Readings) -> LockInfo | None:
+    found = Readings.of(results)
     return parse_lock(found[FACT_CLOCK].stdout, found[FACT_LOCK], found[FACT_LOCK_OWNER])
 
 
-def parse_store_facts(layout: StoreLayout, results: Sequence[StepResult]) -> StoreFacts:
-    """StoreFacts from the results of `fact_steps` (they may be part of a larger batch)."""
-    found = _by_name(results)
-
-    def stdout(name: str) -> str:
-        return found[name].stdout if found[name].exit_code == 0 else ""
-
+def parse_store_facts(layout: StoreLayout, results: Sequence[StepResult] | Readings) -> StoreFacts:
+    """StoreFacts from the results of `release_fact_steps` (they may be part of a larger batch)."""
+    found = Readings.of(results)
+    stdout = found.stdout
     releases, incomplete, damaged = [], [], []
     texts = parse_release_files(layout, stdout(FACT_RELEASE_FILES))
     for name, files in parse_release_dirs(stdout(FACT_RELEASE_DIRS)).items():
@@ -518,14 +511,14 @@ def parse_store_facts(layout: StoreLayout, results: Sequence[StepResult]) -> Sto
         releases=tuple(sorted(releases, key=lambda r: (r.staged_at, r.id))),
         incomplete=tuple(incomplete),
         history=history,
-        lock=parse_lock_facts(results),
+        lock=parse_lock_facts(found),
         unreadable_history_lines=unreadable,
         damaged=tuple(damaged),
     )
 
 
 def read_store_facts(remote: Remote, layout: StoreLayout) -> StoreFacts:
-    return parse_store_facts(layout, remote.run(fact_steps(layout)))
+    return parse_store_facts(layout, read(remote, release_fact_steps(layout)))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -640,7 +633,7 @@ class LockContext:
 
 
 def read_lock(remote: Remote, layout: StoreLayout) -> LockInfo | None:
-    return parse_lock_facts(remote.run(lock_fact_steps(layout)))
+    return parse_lock_facts(read(remote, lock_fact_steps(layout)))
 
 
 def take_lock(remote: Remote, layout: StoreLayout, owner: LockOwner, context: LockContext) -> None:

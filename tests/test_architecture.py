@@ -20,7 +20,7 @@ HOST_SCRIPTS = frozenset({"sglang_options", "probe_script", "gpu_check_script"})
 LAYERS: dict[str, frozenset[str]] = {
     "base": frozenset({"__init__", "errors", "yaml_io", "bundled", "progress", "interrupts", "systemd_syntax",
                        "model_stage"}) | HOST_SCRIPTS,
-    "transport": frozenset({"remote"}),
+    "transport": frozenset({"remote", "readings"}),
     "schema": frozenset({"settings", "profile", "inventory"}),
     "planning": frozenset(),
     "commands": frozenset({"deploy", "adopt", "gpu_check", "patches.on_host", "status", "uninstall"}),

@@ -33,7 +33,6 @@ from deploy_lib.store import (
     acquire_lock,
     append_history,
     describe_pruned_releases,
-    fact_steps,
     history_entry,
     holding_lock,
     lock_staleness,
@@ -42,6 +41,7 @@ from deploy_lib.store import (
     parse_release_files,
     parse_store_facts,
     prune_releases,
+    release_fact_steps,
     release_json,
     releases_to_prune,
     stage_release,
@@ -120,7 +120,7 @@ def test_switch_renames_a_temp_link_over_current_and_links_the_unit() -> None:
 def test_hostile_root_survives_quoting_in_every_builder() -> None:
     layout = StoreLayout("sglang", root=HOSTILE_ROOT)
     owner = LockOwner("o'brien $(id)", "lap\ntop", 7, "t", "r1", "tok")
-    batches = [stage_release(layout, "r1", "u", "e", b"{}"), switch_current(layout, "r1"), fact_steps(layout),
+    batches = [stage_release(layout, "r1", "u", "e", b"{}"), switch_current(layout, "r1"), release_fact_steps(layout),
                acquire_lock(layout, owner), prune_releases(layout, ["r0"]), append_history(layout, history_entry(
                    "deploy", HEALTHY, TAGS, WHEN))]
     for step in (s for batch in batches for s in batch if isinstance(s, Step)):
@@ -181,7 +181,7 @@ def test_parse_history_skips_a_cut_off_last_line() -> None:
 
 
 def _results(layout: StoreLayout, outputs: dict[str, tuple[int, str]]) -> list[StepResult]:
-    return [StepResult(step, *outputs.get(step.name, (0, "")), "", 0.0) for step in fact_steps(layout)
+    return [StepResult(step, *outputs.get(step.name, (0, "")), "", 0.0) for step in release_fact_steps(layout)
             if isinstance(step, Step)]
 
 
