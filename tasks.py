@@ -17,6 +17,7 @@ from deploy_cli.options import task
 from deploy_lib.errors import EXIT_CODES, ConfigError, DeployError, PreflightError
 from deploy_lib.profile import LoadedProfile, ServiceSpec
 from deploy_lib.project import SANDBOX_INVENTORY, Project, Target, load_for_host, profile_for_host, resolve_target
+from deploy_lib.versions import NEWEST_SGLANG
 from sandbox import tasks as sandbox_tasks
 
 if TYPE_CHECKING:
@@ -29,7 +30,6 @@ if TYPE_CHECKING:
 # neither renders a template nor reads a patch set), which is most of the whole process's time
 # (`python -X importtime -c 'import tasks'`; tests/test_cli.py checks what `import tasks` leaves unloaded).
 PROJECT = Project(Path(__file__).resolve().parent)
-LATEST_SGLANG = "0.5.23"
 FUSION_PATCH_SET = "fusion-sm120"
 T = TypeVar("T")
 
@@ -188,9 +188,9 @@ def _show(report: T, print_table: Callable[[T], None]) -> None:
         print_table(report)
 
 
-@task(help={"sglang_version": f"SGLang version to render for (default {LATEST_SGLANG})"})
+@task(help={"sglang_version": f"SGLang version to render for (default {NEWEST_SGLANG})"})
 def render(c: Context, profile: str | None = None, host: str | None = None, inventory: str | None = None,
-           sglang_version: str = LATEST_SGLANG) -> None:
+           sglang_version: str = NEWEST_SGLANG) -> None:
     """Print the unit, the env file (secrets redacted) and the argv of a profile, without touching any host."""
     from deploy_lib.release import build_release
     from deploy_lib.server_args import secret_environment
@@ -206,7 +206,7 @@ def render(c: Context, profile: str | None = None, host: str | None = None, inve
 @task(help={"against": "compare with this profile instead of the host's release",
             "sglang_version": "SGLang version for --against renders"})
 def plan(c: Context, profile: str | None = None, against: str | None = None, host: str | None = None,
-         inventory: str | None = None, sglang_version: str = LATEST_SGLANG, accept_new_host_key: bool = False,
+         inventory: str | None = None, sglang_version: str = NEWEST_SGLANG, accept_new_host_key: bool = False,
          verbose: bool = False) -> None:
     """Semantic diff (flags, environment, secrets, venv, patches) of a profile against the host or another profile."""
     from deploy_lib.release import build_release, diff_releases

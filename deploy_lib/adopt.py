@@ -33,7 +33,7 @@ from deploy_lib.profile import NCCL_ENV, SECRET_NAME_RE, LoadedProfile, Profile
 from deploy_lib.project import Target
 from deploy_lib.release import argv_options, build_release
 from deploy_lib.remote import Put, Remote, Step, StepResult
-from deploy_lib.server_args import API_KEY_ENV, ARGS, SPELLINGS, Arg, arg_tokens
+from deploy_lib.server_args import API_KEY_ENV, ARGS, Arg, arg_tokens
 from deploy_lib.sglang_options import ParsedArg, convert_value, find_option, parse_argv
 from deploy_lib.store import (
     HEALTHY,
@@ -46,6 +46,7 @@ from deploy_lib.store import (
     stage_release,
     switch_current,
 )
+from deploy_lib.versions import SPELLINGS
 
 RELEASE_ZERO = "0"
 LAUNCH_MODULE = "sglang.launch_server"

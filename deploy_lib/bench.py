@@ -1,9 +1,9 @@
 """Throughput gate: SGLang's own serving benchmark on the host, GPU telemetry while it runs, and the gate.
 
-The benchmark is `python -m sglang.benchmark.serving` (>= 0.5.15; `sglang.bench_serving` before), run by the
-release's venv python on the host against the local server, on the `random-ids` dataset (no download) with the
-model's local tokenizer (HF_HUB_OFFLINE=1), one run per concurrency level, each writing one JSONL line that is
-read back (the printed table is not parsed). An nvidia-smi sampler runs in the background for the whole
+The benchmark is `python -m sglang.benchmark.serving` (`sglang.bench_serving` before 0.5.15; versions.BENCH_MODULES),
+run by the release's venv python on the host against the local server, on the `random-ids` dataset (no download)
+with the model's local tokenizer (HF_HUB_OFFLINE=1), one run per concurrency level, each writing one JSONL line that
+is read back (the printed table is not parsed). An nvidia-smi sampler runs in the background for the whole
 benchmark and is stopped by its PID.
 
 The rest is pure: parsers of the JSONL and the telemetry CSV, figures for history.jsonl (event "bench"), the
@@ -37,14 +37,14 @@ from deploy_lib.store import (
     append_history,
     history_entry,
 )
+from deploy_lib.versions import BENCH_MODULES
 
-MODULE_NEW = "sglang.benchmark.serving"   # 0.5.15 and later (sglang.bench_serving is a deprecated shim there)
-MODULE_OLD = "sglang.bench_serving"       # up to 0.5.9: the full module
 SAMPLE_INTERVAL_S = 1                     # nvidia-smi is started once per sample: works with any nvidia-smi
 STEP_BENCH_MODULE = "bench: which serving benchmark"
 STEP_SAMPLER_START = "bench: start GPU sampler"
 STEP_SAMPLER_STOP = "bench: stop GPU sampler"
 ERROR_TAIL_LINES = 6
+_MODULE_NAMES = " or ".join(m.module for m in reversed(BENCH_MODULES))  # newest first
 TELEMETRY_FILE = "gpus.csv"
 
 # Prints the benchmark module the venv has, from its installed files (find_spec of a top-level name does not
@@ -53,7 +53,7 @@ _MODULE_SCRIPT = f"""
 import importlib.util, os
 spec = importlib.util.find_spec("sglang")
 root = list(spec.submodule_search_locations or [])[0] if spec else ""
-found = [m for m, f in (("{MODULE_NEW}", "benchmark/serving.py"), ("{MODULE_OLD}", "bench_serving.py"))
+found = [m for m, f in {[(m.module, m.path) for m in reversed(BENCH_MODULES)]!r}
          if root and os.path.isfile(os.path.join(root, f))]
 print(found[0] if found else "")
 """
@@ -245,7 +245,7 @@ def parse_telemetry(csv_text: str) -> tuple[GpuTelemetry, ...]:
 
 def parse_module(result: StepResult) -> str | None:
     name = result.stdout.strip().splitlines()[-1] if result.exit_code == 0 and result.stdout.strip() else ""
-    return name if name in (MODULE_NEW, MODULE_OLD) else None
+    return name if name in {m.module for m in BENCH_MODULES} else None
 
 
 def _tail(result: StepResult) -> str:
@@ -337,7 +337,7 @@ def run_benchmark(remote: Remote, layout: StoreLayout, release_metadata: Mapping
         return BenchResult(target.release_id, settings, error=f"could not inspect the venv: {error.message}")
     if module is None:
         return BenchResult(target.release_id, settings,
-                           error=f"no SGLang serving benchmark ({MODULE_NEW} or {MODULE_OLD}) in {target.python}")
+                           error=f"no SGLang serving benchmark ({_MODULE_NAMES}) in {target.python}")
     run_dir = layout.base / "bench" / f"{target.release_id}-{secrets.token_hex(4)}"
     outputs = [run_dir / f"c{c}.jsonl" for c in settings.concurrency]
     finished: list[int] = []  # concurrency levels whose run exited 0

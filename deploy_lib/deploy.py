@@ -42,7 +42,6 @@ from deploy_lib.health import (
     StartPrediction,
     Verdict,
     assess,
-    health_path_for,
     parse_snapshot,
     predict_start,
     probe_step,
@@ -123,6 +122,7 @@ from deploy_lib.venvs import (
 from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
 from deploy_lib.venvs import read_facts as read_venv_facts
 from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps
+from deploy_lib.versions import health_path_for
 
 FACT_HAND_RUN = "adopted server: still running"
 MIN_FREE_BYTES = 64 * 1024 * 1024  # a release is a few KB, but a full disk breaks journald and pip alike

@@ -32,14 +32,11 @@ from tenacity import (
 from deploy_lib.errors import ReadinessFailed
 from deploy_lib.progress import Progress
 from deploy_lib.remote import Remote, Step, StepResult
-from deploy_lib.sglang_options import version_key
 
 # One probe waits on the host up to this long for a change: the server's newest log line shows at least this often.
 WATCH_S = 2.0
 # How often the waiting probe looks: a change is noticed within this (plus one look) of happening.
 POLL_S = 0.05
-# `/ready` (no generation, cheapest) exists from this SGLang release on; older ones only have `/health`.
-READY_ENDPOINT_SINCE = "0.5.20"
 
 
 class Rung(StrEnum):
@@ -313,11 +310,6 @@ class ProbeTarget:
     def probe_host(self) -> str:
         # A server bound to every address is reached on loopback.
         return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
-
-
-def health_path_for(sglang_version: str) -> str:
-    """`/ready` where the installed SGLang has it (>= 0.5.20), else `/health`."""
-    return "/ready" if version_key(sglang_version) >= version_key(READY_ENDPOINT_SINCE) else "/health"
 
 
 PROBE_SOURCE = resources.files("deploy_lib").joinpath("probe_script.py").read_text(encoding="utf-8")

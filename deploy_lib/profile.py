@@ -52,7 +52,8 @@ class Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
 
 
-# Backend and parser choices: the union of what SGLang 0.5.9 .. 0.5.23 accept (their argument parsers).
+# Backend and parser choices that some release in versions.KNOWN_SGLANG accepts (versions.CHOICE_FLAGS names the
+# flag each enum is checked against, tests/test_versions.py against the real wheels).
 # Preflight checks the chosen value against the parser of the version actually installed on the host.
 class AttentionBackend(StrEnum):
     aiter = "aiter"

@@ -1,7 +1,7 @@
 """Profile -> the SGLang launch command and environment for one SGLang version.
 
-Flags that were renamed across SGLang releases are data (SPELLINGS below), each citing the sglang wheels on PyPI
-whose argument parser (srt/server_args.py, from 0.5.15 also srt/arg_groups/) establishes it, read by
+Flags that were renamed across SGLang releases are data (deploy_lib/versions.py SPELLINGS), each citing the sglang
+wheels on PyPI whose argument parser (srt/server_args.py, from 0.5.15 also srt/arg_groups/) establishes it, read by
 deploy_lib/sglang_options.py.
 Preflight checks the result against the parser of the version actually installed (sglang_options.check_argv).
 
@@ -19,6 +19,7 @@ from typing import Any
 from deploy_lib.errors import ConfigError
 from deploy_lib.profile import Profile, SecretRef, venv_python
 from deploy_lib.sglang_options import version_key
+from deploy_lib.versions import SPELLINGS, Spelling
 
 API_KEY_ENV = "SGLANG_API_KEY"
 # The PATH systemd 252 gives a service that sets none, as Debian 12 builds it (split-usr; src/basic/path-util.h
@@ -33,51 +34,6 @@ API_KEY_LAUNCHER = (
     "set in the environment file');sys.argv+=['--api-key',k];"
     "runpy.run_module('sglang.launch_server',run_name='__main__',alter_sys=True)"
 )
-
-
-@dataclass(frozen=True)
-class Spelling:
-    """How a setting is written on the command line from SGLang `since` on; `{}` stands for the value."""
-
-    since: str
-    argv: tuple[str, ...]
-    source: str
-
-
-# Oldest first; a version uses the last spelling whose `since` it has reached. Before the first: the flag is absent.
-_NOTES = "sglang wheels, srt/server_args.py add_cli_args"
-SPELLINGS: dict[str, tuple[Spelling, ...]] = {
-    "revision": (
-        Spelling("0", ("--revision", "{}"),
-                 "registered in the 0.5.9 and 0.5.15.post1 wheels (srt/server_args.py) and in 0.5.23 "
-                 "(srt/arg_groups/fields/model.py); weight_utils.download_weights_from_hf reads it from the cache"),
-    ),
-    "fp8_gemm": (
-        Spelling("0.5.6.post2", ("--fp8-gemm-backend", "{}"),
-                 f"{_NOTES} (absent 0.5.5.post3, present 0.5.6.post2); absent from the 0.5.6 and 0.5.6.post1 wheels"),
-    ),
-    "dsa_decode": (
-        Spelling("0", ("--nsa-decode-backend", "{}"), f"{_NOTES}: --nsa-* up to 0.5.9; a deprecated alias in 0.5.15.x"),
-        Spelling("0.5.15", ("--dsa-decode-backend", "{}"),
-                 f"{_NOTES}: --dsa-* from 0.5.15.post1, --nsa-* removed by 0.5.20; 0.5.15 wheel has --dsa-* too"),
-    ),
-    "dsa_prefill": (
-        Spelling("0", ("--nsa-prefill-backend", "{}"), f"{_NOTES}: as dsa_decode"),
-        Spelling("0.5.15", ("--dsa-prefill-backend", "{}"), f"{_NOTES}: as dsa_decode"),
-    ),
-    "allreduce_fusion": (
-        Spelling("0", ("--enable-flashinfer-allreduce-fusion",), f"{_NOTES}: the only switch up to 0.5.9"),
-        Spelling("0.5.15", ("--flashinfer-allreduce-fusion-backend", "auto"),
-                 f"{_NOTES}: the old switch is deprecated and maps to backend auto, which resolves to "
-                 "trtllm on a single non-SM100 node (srt/layers/flashinfer_comm_fusion.py _resolve_backend)"),
-    ),
-    "cuda_graph_off": (
-        Spelling("0", ("--disable-cuda-graph",), _NOTES),
-        Spelling("0.5.15", ("--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"),
-                 f"{_NOTES} (deprecated in 0.5.20+); the 0.5.15 and 0.5.15.post1 wheels already register "
-                 "--disable-cuda-graph as DeprecatedStoreTrueAction pointing to these two flags"),
-    ),
-}
 
 
 def parse_version(sglang_version: str) -> tuple[Any, ...]:

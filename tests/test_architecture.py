@@ -19,7 +19,7 @@ HOST_SCRIPTS = frozenset({"sglang_options", "probe_script", "gpu_check_script"})
 # Bottom to top; a module not named here is "planning".
 LAYERS: dict[str, frozenset[str]] = {
     "base": frozenset({"__init__", "errors", "yaml_io", "bundled", "progress", "interrupts", "systemd_syntax",
-                       "model_stage"}) | HOST_SCRIPTS,
+                       "model_stage", "versions"}) | HOST_SCRIPTS,
     "transport": frozenset({"remote", "readings"}),
     "schema": frozenset({"settings", "profile", "inventory"}),
     "planning": frozenset(),

@@ -12,8 +12,6 @@ from fake_remote import FakeRemote
 from pydantic import ValidationError
 
 from deploy_lib.bench import (
-    MODULE_NEW,
-    MODULE_OLD,
     STEP_BENCH_MODULE,
     STEP_SAMPLER_START,
     STEP_SAMPLER_STOP,
@@ -36,10 +34,12 @@ from deploy_lib.errors import ConfigError, GateFailed, StepFailed
 from deploy_lib.progress import RecordingProgress
 from deploy_lib.settings import BenchSettings, GateSettings
 from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, StoreLayout, Tags, history_entry
+from deploy_lib.versions import BENCH_MODULES
 
 pytest_plugins = ("wheelcache",)
 
 DATA = Path(__file__).parent / "data" / "bench"
+MODULE_OLD, MODULE_NEW = (m.module for m in BENCH_MODULES)
 LAYOUT = StoreLayout(service="sglang")
 WHEN = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 SETTINGS = BenchSettings(prompts=256, input_len=128, output_len=64, concurrency=[64])

@@ -34,7 +34,6 @@ from deploy_lib.health import (
     UnitFailed,
     assess,
     grace_policy,
-    health_path_for,
     ladder_policy,
     predict_start,
     probe_step,
@@ -42,6 +41,7 @@ from deploy_lib.health import (
 )
 from deploy_lib.progress import NullProgress, RecordingProgress
 from deploy_lib.remote import FabricRemote, Put, SSHTarget, Step
+from deploy_lib.versions import health_path_for
 
 
 def noop(_seconds: float) -> None:

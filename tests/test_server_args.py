@@ -17,7 +17,6 @@ from deploy_lib.profile import Profile, SecretRef, load_profile
 from deploy_lib.server_args import (
     API_KEY_ENV,
     API_KEY_LAUNCHER,
-    SPELLINGS,
     launch_argv,
     launch_environment,
     secret_environment,
@@ -25,6 +24,7 @@ from deploy_lib.server_args import (
     spelling,
 )
 from deploy_lib.sglang_options import build_parser, check_argv, extract, find_option, version_key
+from deploy_lib.versions import SPELLINGS
 
 pytest_plugins = ("wheelcache",)  # the sglang_source fixture
 PROFILES = Path(__file__).resolve().parent.parent / "inventory" / "profiles"
