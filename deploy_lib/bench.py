@@ -24,8 +24,9 @@ from typing import Any
 
 from deploy_lib.errors import ConfigError, GateFailed, RemoteError
 from deploy_lib.facts import NVIDIA_SMI_QUERY, Gpu, parse_gpus
+from deploy_lib.health import http_url, reachable_host
 from deploy_lib.progress import Progress
-from deploy_lib.remote import Put, Remote, Step, StepResult
+from deploy_lib.remote import TIMED_OUT_EXIT, Put, Remote, Step, StepResult
 from deploy_lib.settings import BenchSettings, GateSettings
 from deploy_lib.store import (
     ACTIVATIONS,
@@ -272,12 +273,10 @@ class BenchTarget:
     def of_release(cls, metadata: Mapping[str, Any], settings: BenchSettings) -> BenchTarget:
         profile = metadata["profile"]
         server, model = profile.get("server") or {}, profile["model"]
-        host = str(server.get("host") or "127.0.0.1")
-        host = {"0.0.0.0": "127.0.0.1", "::": "[::1]"}.get(host, f"[{host}]" if ":" in host else host)
         environment = {k: str(v) for k, v in dict(metadata.get("environment") or {}).items()
                        if k.startswith(_HF_ENV_PREFIXES)}
         return cls(release_id=str(metadata["id"]), python=str(PurePosixPath(str(metadata["venv"])) / "bin" / "python3"),
-                   base_url=f"http://{host}:{int(server.get('port') or 30000)}",
+                   base_url=http_url(reachable_host(str(server.get("host") or "")), int(server.get("port") or 30000)),
                    tokenizer=settings.tokenizer or str(model.get("tokenizer") or model["path"]),
                    environment=environment | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
 
@@ -348,7 +347,7 @@ def run_benchmark(remote: Remote, layout: StoreLayout, release_metadata: Mapping
             progress.note(f"benchmark: concurrency {concurrency}, {settings.prompts} prompts")
             result = remote.run([benchmark_step(target, module, settings, concurrency, output, api_key)])[0]
             if result.exit_code != 0:
-                how = "timed out" if result.exit_code == 124 else f"exited {result.exit_code}"
+                how = "timed out" if result.exit_code == TIMED_OUT_EXIT else f"exited {result.exit_code}"
                 error = f"{module} at concurrency {concurrency} {how}: {_tail(result)}"
                 break
             finished.append(concurrency)

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
-from deploy_lib.diagnose import Diagnosis, diagnose
+from deploy_lib.diagnose import Diagnosis, diagnose, journal_argv
 from deploy_lib.facts import UnitFacts
 from deploy_lib.profile import RestartPolicy, ServiceSpec
 from deploy_lib.remote import Put, Remote, Step, StepResult
@@ -177,9 +177,8 @@ def _journal_time(us: int) -> str:
 def diagnosis_step(layout: StoreLayout, crash: Crash) -> Step:
     """The newest lines of the server between the start that crashed and its crash, newest first."""
     return Step(f"read {layout.unit_name} journal up to the crash at {crash.iso()}", sudo=True, timeout_s=30,
-                argv=("journalctl", "-u", layout.unit_name, "-o", "cat", "--no-pager", "-q", "-r",
-                      "-n", str(DIAGNOSIS_LINES), f"--since={_journal_time(crash.started_us)}",
-                      f"--until={_journal_time(crash.at_us)}"))
+                argv=journal_argv(layout.unit_name, DIAGNOSIS_LINES, "-r", f"--since={_journal_time(crash.started_us)}",
+                                  f"--until={_journal_time(crash.at_us)}"))
 
 
 def diagnose_crashes(remote: Remote, layout: StoreLayout, crashes: Sequence[Crash]) -> tuple[Crash, ...]:

@@ -160,10 +160,8 @@ class Plan:
 
     release: Release
     current_id: str | None
-    current_metadata: Mapping[str, Any] | None
     changes: tuple[Change, ...]
     drift: tuple[str, ...]
-    needs_stage: bool
     unchanged: bool
     batches: Mapping[str, list[Step | Put]]
     notes: tuple[str, ...] = ()
@@ -386,8 +384,7 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
         f"{'gpu check' if check_reasons else 'restart'}" if hand_stop and not unchanged else None
     changes = [change for change in diff_releases(current_metadata, release.metadata())
                if not (not_available and change.kind == "secret" and change.name == SECRET_VALUES)]
-    return Plan(release=release, current_id=current_id, current_metadata=current_metadata,
-                changes=tuple(changes), drift=drift, needs_stage=not have_release, unchanged=unchanged,
+    return Plan(release=release, current_id=current_id, changes=tuple(changes), drift=drift, unchanged=unchanged,
                 batches=batches, secrets_not_available=not_available,
                 notes=tuple(note for note in (*notes, hand_note, replaced_note) if note),
                 takeover=tuple(takeover), gpu_check_reasons=check_reasons)

@@ -220,13 +220,16 @@ def shorten_log_line(line: str) -> str:
     return line
 
 
+def journal_argv(unit: str, max_lines: int, *options: str) -> tuple[str, ...]:
+    """journalctl for the unit's own messages (text only), at most the newest `max_lines`, then `options`.
+    Run it with sudo: reading a system unit's journal needs root or the systemd-journal group."""
+    return ("journalctl", "-u", unit, "-o", "cat", "--no-pager", "-q", "-n", str(max_lines), *options)
+
+
 def journal_step(unit: str, after_cursor: str | None = None, max_lines: int = 2000) -> Step:
     """Read the unit's journal (messages only) since `after_cursor`, for `diagnose`."""
-    argv = ["journalctl", "-u", unit, "-o", "cat", "--no-pager", "-q", "-n", str(max_lines)]
-    if after_cursor:
-        argv.append(f"--after-cursor={after_cursor}")
-    # sudo: reading a system unit's journal needs root or the systemd-journal group.
-    return Step(name=f"read {unit} journal", argv=tuple(argv), sudo=True, timeout_s=30)
+    after = (f"--after-cursor={after_cursor}",) if after_cursor else ()
+    return Step(name=f"read {unit} journal", argv=journal_argv(unit, max_lines, *after), sudo=True, timeout_s=30)
 
 
 def journal_cursor_step(unit: str) -> Step:

@@ -308,8 +308,23 @@ class ProbeTarget:
 
     @property
     def probe_host(self) -> str:
-        # A server bound to every address is reached on loopback.
-        return {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}.get(self.host, self.host)
+        return reachable_host(self.host)
+
+
+# A server bound to every address: its own host reaches it on loopback, clients elsewhere at the host's address.
+_ANY_ADDRESS_LOOPBACK = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
+
+
+def reachable_host(bind_host: str, host_address: str | None = None) -> str:
+    """Where a server bound to `bind_host` is reached: a specific address as it is; an any-address bind on
+    loopback from the host itself, or at `host_address` (the inventory's address) from elsewhere."""
+    if bind_host not in _ANY_ADDRESS_LOOPBACK:
+        return bind_host
+    return host_address or _ANY_ADDRESS_LOOPBACK[bind_host]
+
+
+def http_url(host: str, port: int | str) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
 PROBE_SOURCE = resources.files("deploy_lib").joinpath("probe_script.py").read_text(encoding="utf-8")

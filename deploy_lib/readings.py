@@ -62,10 +62,6 @@ class Readings:
     def value(self, fact: Fact[T]) -> T:
         return fact.parse(self[fact.name])
 
-    def value_or(self, fact: Fact[T], default: T) -> T:
-        """The fact's value, or `default` when the batch did not read it (an optional part of the batch)."""
-        return fact.parse(self._by_name[fact.name]) if fact.name in self._by_name else default
-
 
 def read(remote: Remote, steps: Iterable[Fact[Any] | Step]) -> Readings:
     """Run read-only steps (facts, or plain steps parsed by hand) as one batch."""

@@ -151,7 +151,7 @@ def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: st
         exec_argv=argv,
         timeout_start_s=profile.service.startup_timeout_s,
         timeout_stop_s=profile.service.stop_timeout_s,
-        restart=profile.service.restart.value,
+        restart=profile.service.restart,
         restart_sec=profile.service.restart_sec,
         start_limit_burst=profile.service.start_limit_burst,
         start_limit_interval_s=profile.service.start_limit_interval_s,

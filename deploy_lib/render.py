@@ -17,19 +17,15 @@ import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal, get_args
 
 import jinja2
 
 from deploy_lib.bundled import TEMPLATES_DIR
 from deploy_lib.errors import ConfigError
-
-RestartPolicy = Literal["no", "on-failure", "always"]
+from deploy_lib.profile import RestartPolicy
 
 UNIT_TEMPLATE = "sglang.service.j2"
 ENV_TEMPLATE = "sglang.env.j2"
-UNIT_FILE_MODE = 0o644
-ENV_FILE_MODE = 0o600  # the env file carries the secrets
 REDACTED = "<redacted>"
 
 # Linux refuses an exec whose single argument or environment string exceeds MAX_ARG_STRLEN (32 pages).
@@ -179,8 +175,8 @@ def _validate_unit(spec: UnitSpec) -> None:
     line_bytes = sum(len(systemd_exec_arg(arg).encode()) + 6 for arg in spec.exec_argv)
     if line_bytes > MAX_UNIT_LINE_BYTES:
         raise ConfigError(f"ExecStart is about {line_bytes} bytes; systemd reads at most {MAX_UNIT_LINE_BYTES}")
-    if spec.restart not in get_args(RestartPolicy):
-        raise ConfigError(f"Restart={spec.restart!r} is not one of {', '.join(get_args(RestartPolicy))}")
+    if spec.restart not in list(RestartPolicy):
+        raise ConfigError(f"Restart={spec.restart!r} is not one of {', '.join(RestartPolicy)}")
     for what, seconds, least in (("TimeoutStartSec", spec.timeout_start_s, 1),
                                  ("TimeoutStopSec", spec.timeout_stop_s, 1),
                                  ("RestartSec", spec.restart_sec, 0), ("LimitNOFILE", spec.limit_nofile, 1),
@@ -225,7 +221,7 @@ def render_unit(spec: UnitSpec) -> str:
 
 
 def render_env(env: EnvSpec) -> str:
-    """The EnvironmentFile= text, secrets included: write it with ENV_FILE_MODE."""
+    """The EnvironmentFile= text, secrets included: the store writes it with store.ENV_FILE_MODE."""
     _validate_env(env)
     return TEMPLATES.get_template(ENV_TEMPLATE).render(variables=list(env.values.items()))
 

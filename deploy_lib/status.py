@@ -21,11 +21,11 @@ from deploy_lib.bench import (
 )
 from deploy_lib.crashes import CrashReport, crash_loop_advice, read_crashes, record_new_crashes
 from deploy_lib.deploy import detect_drift, probe_target
-from deploy_lib.diagnose import journal_step
+from deploy_lib.diagnose import journal_argv, journal_step
 from deploy_lib.errors import ConfigError
 from deploy_lib.facts import Gpu, read_host_facts
 from deploy_lib.gpu_check import parse_topology_results, topology_steps
-from deploy_lib.health import Rung, Snapshot, parse_snapshot, probe_step
+from deploy_lib.health import Rung, Snapshot, http_url, parse_snapshot, probe_step, reachable_host
 from deploy_lib.models import StoredModel, read_stored
 from deploy_lib.profile import LoadedProfile, Profile, format_validation_error
 from deploy_lib.progress import Progress
@@ -73,18 +73,12 @@ class StatusReport:
     topology: str | None = None         # the GPUs' links and P2P support in one line (gpu-check's reading)
 
 
-# Addresses a server listens on that are not addresses a client can use: clients use the host's own.
-_ANY_ADDRESS = ("0.0.0.0", "::", "")
-
-
 def serving_endpoint(metadata: Mapping[str, Any], host_address: str) -> str | None:
     """The URL clients use for a release: its --host, or the inventory's address when it listens on all of them."""
     server = dict(dict(metadata.get("profile") or {}).get("server") or {})
     if "port" not in server:
         return None
-    host = str(server.get("host", ""))
-    host = host_address if host in _ANY_ADDRESS else host
-    return f"http://[{host}]:{server['port']}" if ":" in host else f"http://{host}:{server['port']}"
+    return http_url(reachable_host(str(server.get("host", "")), host_address), server["port"])
 
 
 def _age_s(iso: str, now: datetime) -> float | None:
@@ -171,11 +165,9 @@ def follow_log(target: Target, service: str, remote: Remote, lines: int, poll_s:
     cursor: str | None = None
     count = lines
     while True:
-        argv = ["journalctl", "-u", layout.unit_name, "-o", "cat", "--no-pager", "-q", "--show-cursor",
-                "-n", str(count)]
-        if cursor:
-            argv.append(f"--after-cursor={cursor}")
-        [result] = remote.run([Step("follow journal", tuple(argv), sudo=True, timeout_s=30)])
+        after = (f"--after-cursor={cursor}",) if cursor else ()
+        argv = journal_argv(layout.unit_name, count, "--show-cursor", *after)
+        [result] = remote.run([Step("follow journal", argv, sudo=True, timeout_s=30)])
         for line in result.stdout.splitlines():
             if line.startswith("-- cursor: "):
                 cursor = line.removeprefix("-- cursor: ")

@@ -37,6 +37,8 @@ SYSTEMD_DIR = PurePosixPath("/etc/systemd/system")
 UNIT_FILE = "sglang.service"
 ENV_FILE = "sglang.env"
 RELEASE_FILE = "release.json"
+FILE_MODE = 0o644      # the unit, release.json, the lock owner: anyone may read them
+ENV_FILE_MODE = 0o600  # the env file carries the secrets
 STAGING_SUFFIX = ".tmp"
 HISTORY_TAIL_LINES = 500
 # A lock older than this is reported as stale even when its owner cannot be checked (another machine).
@@ -129,13 +131,15 @@ class StoreLayout:
         return self.release(release_id) / ENV_FILE
 
 
-def _iso(when: datetime) -> str:
+def iso_time(when: datetime) -> str:
+    """A timestamp as the store writes it (history, release.json, lock owner, venv markers): UTC, to the second."""
     if when.tzinfo is None:
         raise ValueError("timestamps must be timezone-aware")
     return when.astimezone(UTC).isoformat(timespec="seconds")
 
 
-def _json_line(data: Mapping[str, Any]) -> bytes:
+def json_line(data: Mapping[str, Any]) -> bytes:
+    """One line of canonical JSON (sorted keys, no spaces), as every JSON file and log line of the store."""
     return (json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":")) + "\n").encode()
 
 
@@ -188,7 +192,7 @@ class HistoryEntry:
                              f"got {self.event!r}/{self.outcome!r}")
 
     def to_json(self) -> bytes:
-        return _json_line({"event": self.event, "outcome": self.outcome, "when": self.when,
+        return json_line({"event": self.event, "outcome": self.outcome, "when": self.when,
                            **self.tags.as_dict(), "cause": self.cause, "timings": dict(self.timings),
                            "figures": dict(self.figures)})
 
@@ -204,7 +208,7 @@ class HistoryEntry:
 def history_entry(event: str, outcome: str, tags: Tags, when: datetime, cause: str = "",
                   timings: Mapping[str, float] | None = None,
                   figures: Mapping[str, float] | None = None) -> HistoryEntry:
-    return HistoryEntry(event, outcome, _iso(when), tags, cause, dict(timings or {}), dict(figures or {}))
+    return HistoryEntry(event, outcome, iso_time(when), tags, cause, dict(timings or {}), dict(figures or {}))
 
 
 def append_history(layout: StoreLayout, entry: HistoryEntry) -> list[Step | Put]:
@@ -214,7 +218,7 @@ def append_history(layout: StoreLayout, entry: HistoryEntry) -> list[Step | Put]
 
 def release_json(metadata: Mapping[str, Any], tags: Tags, staged_at: datetime) -> bytes:
     """release.json: the release's own metadata plus the tag set and when it was staged."""
-    return _json_line({**metadata, "tags": tags.as_dict(), "staged_at": _iso(staged_at)})
+    return json_line({**metadata, "tags": tags.as_dict(), "staged_at": iso_time(staged_at)})
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -234,9 +238,9 @@ def stage_release(layout: StoreLayout, release_id: str, unit_text: str, env_text
     return [
         Step("stage: clear leftover", ("rm", "-rf", "--", str(staging)), sudo=True),
         Step("stage: make directory", ("mkdir", "-p", "--", str(staging)), sudo=True),
-        Put(files[0], unit_text.encode(), 0o644, sudo=True),
-        Put(files[1], env_text.encode(), 0o600, sudo=True, secret=True),
-        Put(files[2], release_metadata, 0o644, sudo=True),
+        Put(files[0], unit_text.encode(), FILE_MODE, sudo=True),
+        Put(files[1], env_text.encode(), ENV_FILE_MODE, sudo=True, secret=True),
+        Put(files[2], release_metadata, FILE_MODE, sudo=True),
         Step("stage: flush to disk", ("sync", "--", *map(str, files), str(staging)), sudo=True),
         *(replace if replace_damaged else []),
         Step("stage: publish", ("mv", "-T", "--", str(staging), str(final)), sudo=True),
@@ -246,8 +250,8 @@ def stage_release(layout: StoreLayout, release_id: str, unit_text: str, env_text
 def repair_release(layout: StoreLayout, release_id: str, unit_text: str, env_text: str) -> list[Step | Put]:
     """Rewrite the unit and env file of a published release (hand edits undone); each file is replaced atomically."""
     final = layout.release(release_id)
-    return [Put(final / UNIT_FILE, unit_text.encode(), 0o644, sudo=True),
-            Put(final / ENV_FILE, env_text.encode(), 0o600, sudo=True, secret=True)]
+    return [Put(final / UNIT_FILE, unit_text.encode(), FILE_MODE, sudo=True),
+            Put(final / ENV_FILE, env_text.encode(), ENV_FILE_MODE, sudo=True, secret=True)]
 
 
 def switch_current(layout: StoreLayout, release_id: str) -> list[Step | Put]:
@@ -322,7 +326,7 @@ class LockOwner:
     token: str
 
     def to_json(self) -> bytes:
-        return _json_line({"user": self.user, "host": self.host, "pid": self.pid, "time": self.time,
+        return json_line({"user": self.user, "host": self.host, "pid": self.pid, "time": self.time,
                            "purpose": self.purpose, "token": self.token})
 
     @classmethod
@@ -338,7 +342,7 @@ class LockOwner:
 
 
 def this_process_owner(purpose: str, now: datetime) -> LockOwner:
-    return LockOwner(user=getpass.getuser(), host=socket.gethostname(), pid=os.getpid(), time=_iso(now),
+    return LockOwner(user=getpass.getuser(), host=socket.gethostname(), pid=os.getpid(), time=iso_time(now),
                      purpose=purpose, token=secrets.token_hex(8))
 
 
@@ -572,7 +576,7 @@ def acquire_lock(layout: StoreLayout, owner: LockOwner) -> list[Step | Put]:
     return [
         Step("lock: store directory", ("mkdir", "-p", "--", str(layout.base)), sudo=True),
         Step(LOCK_TAKE, ("mkdir", "--", str(layout.lock)), sudo=True),
-        Put(layout.lock_owner, owner.to_json(), 0o644, sudo=True),
+        Put(layout.lock_owner, owner.to_json(), FILE_MODE, sudo=True),
     ]
 
 

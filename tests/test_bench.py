@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from fake_remote import FakeRemote
 from pydantic import ValidationError
+from recording_progress import RecordingProgress
 
 from deploy_lib.bench import (
     STEP_BENCH_MODULE,
@@ -31,7 +32,6 @@ from deploy_lib.bench import (
     throughput_by_release,
 )
 from deploy_lib.errors import ConfigError, GateFailed, StepFailed
-from deploy_lib.progress import RecordingProgress
 from deploy_lib.settings import BenchSettings, GateSettings
 from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, StoreLayout, Tags, history_entry
 from deploy_lib.versions import BENCH_MODULES

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from fake_remote import FakeRemote
+from recording_progress import RecordingProgress
 from test_deploy_plan import PROJECT, facts, target
 
 from deploy_lib.bundled import ROLES_DIR
@@ -27,7 +28,6 @@ from deploy_lib.cuda_toolkit import (
 from deploy_lib.deploy import Options, plan_deploy, preflight
 from deploy_lib.errors import PreflightError
 from deploy_lib.patches import find_patch_set, on_host
-from deploy_lib.progress import RecordingProgress
 from deploy_lib.remote import Put, Step, StepResult
 
 pytest_plugins = ("wheelcache",)

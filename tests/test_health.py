@@ -17,8 +17,10 @@ from typing import Any, ClassVar
 
 import pytest
 from fake_remote import FakeRemote
+from recording_progress import RecordingProgress
 from tenacity import stop_after_attempt
 
+from deploy_lib.bench import BenchTarget
 from deploy_lib.diagnose import diagnose, journal_cursor_step, journal_step, parse_journal_cursor
 from deploy_lib.errors import ReadinessFailed, StepFailed
 from deploy_lib.health import (
@@ -39,8 +41,9 @@ from deploy_lib.health import (
     probe_step,
     wait_ready,
 )
-from deploy_lib.progress import NullProgress, RecordingProgress
+from deploy_lib.progress import NullProgress
 from deploy_lib.remote import FabricRemote, Put, SSHTarget, Step
+from deploy_lib.settings import BenchSettings
 from deploy_lib.versions import health_path_for
 
 
@@ -677,3 +680,17 @@ def test_sandbox_healthy_then_dead_within_the_grace_window_fails(sandbox: Fabric
                    started_at=started_at, grace_s=10)
     assert failed.value.rung == "grace"
     assert "grace window" in failed.value.message
+
+
+@pytest.mark.parametrize(("bind", "probe", "bench_url"), [
+    ("0.0.0.0", "127.0.0.1", "http://127.0.0.1:8000"), ("", "127.0.0.1", "http://127.0.0.1:8000"),
+    ("::", "::1", "http://[::1]:8000"), ("10.0.0.5", "10.0.0.5", "http://10.0.0.5:8000"),
+    ("fd00::5", "fd00::5", "http://[fd00::5]:8000"),
+])
+def test_a_server_bound_to_every_address_is_probed_and_benchmarked_on_loopback(bind: str, probe: str,
+                                                                                bench_url: str) -> None:
+    """The probe and the benchmark run on the host itself; `status` shows clients the host's address instead."""
+    assert ProbeTarget(unit="sglang.service", port=8000, host=bind).probe_host == probe
+    metadata = {"id": "r1", "venv": "/opt/v", "profile": {"server": {"host": bind, "port": 8000},
+                                                          "model": {"path": "/m"}}}
+    assert BenchTarget.of_release(metadata, BenchSettings()).base_url == bench_url

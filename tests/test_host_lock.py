@@ -7,13 +7,13 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 from fake_remote import FakeRemote
+from recording_progress import RecordingProgress
 from test_deploy_plan import PROJECT, target
 
 from deploy_lib import deploy as engine
 from deploy_lib import venvs
 from deploy_lib.errors import LockHeld
 from deploy_lib.patches import find_patch_set, on_host
-from deploy_lib.progress import RecordingProgress
 from deploy_lib.store import FACT_CLOCK, FACT_LOCK, FACT_LOCK_OWNER, LOCK_TAKE, LockOwner, StoreLayout, host_lock
 
 REPO = Path(__file__).resolve().parent.parent

@@ -12,6 +12,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 from fake_remote import FakeRemote
+from recording_progress import RecordingProgress
 from test_deploy_plan import NOW, PROJECT, deployed, facts, target
 
 from deploy_lib.deploy import plan_deploy
@@ -41,7 +42,6 @@ from deploy_lib.models import (
     weights,
 )
 from deploy_lib.profile import ModelSource, Profile
-from deploy_lib.progress import RecordingProgress
 from deploy_lib.remote import JumpHost, SSHTarget, Step, StepResult, rsync_argv
 from deploy_lib.server_args import sglang_args
 

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 from fake_remote import FakeRemote
+from recording_progress import RecordingProgress
 from test_cli import invoke
 
 from deploy_lib import deploy as engine
 from deploy_lib.facts import FACT_UNIT, FACT_UNIT_LINK
-from deploy_lib.progress import RecordingProgress
 from deploy_lib.project import Project, resolve_target
 from deploy_lib.status import serving_endpoint
 from deploy_lib.store import (

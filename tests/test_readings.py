@@ -39,9 +39,9 @@ def test_an_exit_code_outside_the_missing_set_fails_the_batch() -> None:
         read(remote, [OWNER])
 
 
-def test_an_optional_fact_not_in_the_batch_takes_its_default_and_a_required_one_names_itself() -> None:
+def test_a_fact_not_in_the_batch_names_itself() -> None:
     readings = Readings([])
-    assert readings.value_or(OWNER, "nobody") == "nobody"
+    assert OWNER.name not in readings
     with pytest.raises(KeyError, match="'lock owner' was not read in this batch"):
         readings.value(OWNER)
 

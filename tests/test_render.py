@@ -1,6 +1,6 @@
 """Rendering of the unit and the env file: content, refusals, and round trips of hostile values.
 
-Round trips are checked twice: through deploy_lib.systemd_syntax (a reader written from systemd's
+Round trips are checked twice: through tests/systemd_syntax.py (a reader written from systemd's
 documented rules) and, independently of that reader, through the host's real systemd binaries:
 `systemd-analyze verify` and the unit dump of `systemd --test` (which shows systemd's own argv).
 """
@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from systemd_syntax import exec_start_argv, parse_env_file, parse_exec, parse_unit_file
 
 from deploy_lib.errors import ConfigError
 from deploy_lib.render import (
@@ -30,7 +31,6 @@ from deploy_lib.render import (
     systemd_env_value,
     systemd_exec_arg,
 )
-from deploy_lib.systemd_syntax import exec_start_argv, parse_env_file, parse_exec, parse_unit_file
 
 HOSTILE = (
     "a model path/with spaces", "it's", 'say "hi"', "back\\slash", "trailing\\", "\\", "$VAR", "${X}",

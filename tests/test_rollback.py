@@ -194,8 +194,9 @@ class ScriptedHost(FakeRemote):
         return super().run(batch)
 
     def rollback(self, to: str = "A") -> object:
+        from recording_progress import RecordingProgress
+
         from deploy_lib.deploy import rollback
-        from deploy_lib.progress import RecordingProgress
 
         self.progress = RecordingProgress()
         return rollback(target(), "sglang", self, self.progress, to, {}, grace_s=0)

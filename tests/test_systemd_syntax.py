@@ -8,9 +8,7 @@ reader against the real systemd binaries.
 from __future__ import annotations
 
 import pytest
-
-from deploy_lib.errors import ConfigError
-from deploy_lib.systemd_syntax import (
+from systemd_syntax import (
     SystemdSyntaxError,
     exec_start_argv,
     expand_environment,
@@ -19,6 +17,8 @@ from deploy_lib.systemd_syntax import (
     parse_unit_file,
     resolve_specifiers,
 )
+
+from deploy_lib.errors import ConfigError
 
 
 def argvs(rvalue: str) -> list[tuple[str, ...]]:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 from projects import project_for_guest
+from recording_progress import RecordingProgress
 
 from deploy_lib import deploy as engine
 from deploy_lib.errors import (
@@ -23,7 +24,6 @@ from deploy_lib.errors import (
     RollbackFailed,
 )
 from deploy_lib.patches import find_patch_set, on_host
-from deploy_lib.progress import RecordingProgress
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote, OutputLine, Step
 from deploy_lib.status import StatusReport, list_releases, read_status

@@ -14,12 +14,12 @@ from pathlib import Path
 import pytest
 import yaml
 from projects import project_for_guest
+from recording_progress import RecordingProgress
 
 from deploy_lib import deploy as engine
 from deploy_lib import patches, venvs
 from deploy_lib.errors import PreflightError
 from deploy_lib.patches import find_patch_set, on_host
-from deploy_lib.progress import RecordingProgress
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote
 from deploy_lib.status import read_status

@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 from projects import project_for_guest
+from recording_progress import RecordingProgress
 from test_deploy_sandbox import GUEST_FAULT, TEST_PROFILES, Rig
 
 from deploy_lib import deploy as engine
 from deploy_lib.errors import LockHeld, PreflightError, ReadinessFailed, StepFailed
-from deploy_lib.progress import RecordingProgress
 from deploy_lib.project import load_for_host
 from deploy_lib.remote import FabricRemote, Put, Step, StepResult
 from deploy_lib.status import list_releases, read_status

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 from projects import project_for_guest
+from recording_progress import RecordingProgress
 
 from deploy_lib import deploy as engine
 from deploy_lib.diagnose import diagnose
 from deploy_lib.errors import Interrupted, PreflightError
 from deploy_lib.models import FACT_MODEL, STAGE_MODEL
-from deploy_lib.progress import RecordingProgress
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote
 from deploy_lib.status import list_models

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 from projects import project_for_guest
+from recording_progress import RecordingProgress
 from test_deploy_sandbox import Rig
 
 from deploy_lib import deploy as engine
 from deploy_lib.adopt import adopt
 from deploy_lib.errors import DriftDetected, ReadinessFailed, SudoPasswordRequired
-from deploy_lib.progress import RecordingProgress
 from deploy_lib.project import load_for_host
 from deploy_lib.remote import FabricRemote
 from deploy_lib.server_args import sglang_args

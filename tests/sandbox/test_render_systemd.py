@@ -12,11 +12,10 @@ from collections.abc import Iterator
 from pathlib import PurePosixPath
 
 import pytest
+from systemd_syntax import exec_start_argv, parse_env_file
 
 from deploy_lib.remote import Put, Remote, Step
 from deploy_lib.render import (
-    ENV_FILE_MODE,
-    UNIT_FILE_MODE,
     EnvSpec,
     UnitSpec,
     render_env,
@@ -24,7 +23,7 @@ from deploy_lib.render import (
     systemd_env_value,
     systemd_exec_arg,
 )
-from deploy_lib.systemd_syntax import exec_start_argv, parse_env_file
+from deploy_lib.store import ENV_FILE_MODE, FILE_MODE
 
 pytestmark = pytest.mark.sandbox
 
@@ -63,7 +62,7 @@ def run_probe(guest: Remote, unit_text: str, env_text: str) -> tuple[dict[str, o
     results = guest.run([
         Step("make work dir", ("mkdir", "-p", str(WORK_DIR)), sudo=True),
         Put(ENV_FILE, env_text.encode(), ENV_FILE_MODE, sudo=True, secret=True),
-        Put(PurePosixPath("/etc/systemd/system") / UNIT_NAME, unit_text.encode(), UNIT_FILE_MODE, sudo=True),
+        Put(PurePosixPath("/etc/systemd/system") / UNIT_NAME, unit_text.encode(), FILE_MODE, sudo=True),
         Step("daemon-reload", ("systemctl", "daemon-reload"), sudo=True),
         Step("run the unit to completion", ("systemctl", "start", "--wait", UNIT_NAME), sudo=True, timeout_s=60),
         Step("read what the process saw", ("cat", str(SEEN)), sudo=True),

@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 from projects import project_for_guest
+from recording_progress import RecordingProgress
 from test_deploy_sandbox import FAULT_OF_SHORT, GUEST_FAULT, TEST_PROFILES, Rig
 
 from deploy_lib import deploy as engine
 from deploy_lib.errors import PreflightError, ReadinessFailed, RollbackFailed
-from deploy_lib.progress import RecordingProgress
 from deploy_lib.project import load_for_host
 from deploy_lib.remote import FabricRemote
 from sandbox import manage

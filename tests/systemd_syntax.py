@@ -4,7 +4,7 @@ Written from systemd's documentation (systemd.syntax(7) "Quoting", systemd.servi
 systemd.unit(5) "Specifiers", systemd.exec(5) "EnvironmentFile=") and checked against the behaviour of
 systemd 252 (Debian 12): src/shared/conf-parser.c, src/basic/extract-word.c, src/basic/escape.c,
 src/core/load-fragment.c (config_parse_exec), src/shared/specifier.c, src/basic/env-util.c
-(replace_env_argv) and src/basic/env-file.c. Used by tests (render round-trips) and by drift checks.
+(replace_env_argv) and src/basic/env-file.c. The tests' oracle: rendered units and env files read back.
 
 Where systemd would log a warning and carry on (an unknown escape, unbalanced quotes, a line without
 `=`), this module raises SystemdSyntaxError instead: a file we rendered never does that.
