@@ -25,7 +25,6 @@ if TYPE_CHECKING:  # the reports' types only: a task imports the library modules
     from tenacity import RetryCallState
 
     from deploy_lib.adopt import Adopted
-    from deploy_lib.bench import BenchResult, ComparisonRow
     from deploy_lib.deploy import Outcome, Plan
     from deploy_lib.fleet import FleetRun, Summary
     from deploy_lib.gpu_check import GpuCheckReport
@@ -34,6 +33,7 @@ if TYPE_CHECKING:  # the reports' types only: a task imports the library modules
     from deploy_lib.release import Release
     from deploy_lib.remote import StepResult
     from deploy_lib.status import ReleaseRow, StatusReport
+    from deploy_lib.throughput import BenchResult, ComparisonRow
     from deploy_lib.uninstall import Uninstalled
     from deploy_lib.venvs import VenvRecord, VenvResult
 

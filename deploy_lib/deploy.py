@@ -15,7 +15,6 @@ from pathlib import PurePosixPath
 from typing import Any, NoReturn
 
 from deploy_lib import gpu_check
-from deploy_lib.bench import gate_after_ready
 from deploy_lib.crashes import record_new_crashes, start_limit_note
 from deploy_lib.cuda_toolkit import FIX_HINT, cuda_home, sm12x_problem
 from deploy_lib.diagnose import Diagnosis, diagnose, journal_cursor_step, journal_step, parse_journal_cursor
@@ -108,6 +107,7 @@ from deploy_lib.store import (
     stage_release,
     switch_current,
 )
+from deploy_lib.throughput import gate_after_ready
 from deploy_lib.venvs import (
     cache_dir_steps,
     cache_environment,

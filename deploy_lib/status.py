@@ -11,14 +11,6 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from deploy_lib.bench import (
-    BenchResult,
-    ComparisonRow,
-    bench_on_demand,
-    compare_releases,
-    power_by_release,
-    throughput_by_release,
-)
 from deploy_lib.crashes import CrashReport, crash_loop_advice, read_crashes, record_new_crashes
 from deploy_lib.deploy import detect_drift, probe_target
 from deploy_lib.diagnose import journal_argv, journal_step
@@ -33,6 +25,14 @@ from deploy_lib.project import Target
 from deploy_lib.readings import read
 from deploy_lib.remote import Remote, Step
 from deploy_lib.store import RELEASE_FILE, StoreFacts, Tags, host_lock, read_store_facts
+from deploy_lib.throughput import (
+    BenchResult,
+    ComparisonRow,
+    bench_on_demand,
+    compare_releases,
+    power_by_release,
+    throughput_by_release,
+)
 from deploy_lib.venvs import VenvRecord, installed_step, list_venvs, parse_installed, release_venv_hash
 from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
 from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps

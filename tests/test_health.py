@@ -20,7 +20,6 @@ from fake_remote import FakeRemote
 from recording_progress import RecordingProgress
 from tenacity import stop_after_attempt
 
-from deploy_lib.bench import BenchTarget
 from deploy_lib.diagnose import diagnose, journal_cursor_step, journal_step, parse_journal_cursor
 from deploy_lib.errors import ReadinessFailed, StepFailed
 from deploy_lib.health import (
@@ -44,6 +43,7 @@ from deploy_lib.health import (
 from deploy_lib.progress import NullProgress
 from deploy_lib.remote import FabricRemote, Put, SSHTarget, Step
 from deploy_lib.settings import BenchSettings
+from deploy_lib.throughput import BenchRun
 from deploy_lib.versions import health_path_for
 
 
@@ -693,4 +693,4 @@ def test_a_server_bound_to_every_address_is_probed_and_benchmarked_on_loopback(b
     assert ProbeTarget(unit="sglang.service", port=8000, host=bind).probe_host == probe
     metadata = {"id": "r1", "venv": "/opt/v", "profile": {"server": {"host": bind, "port": 8000},
                                                           "model": {"path": "/m"}}}
-    assert BenchTarget.of_release(metadata, BenchSettings()).base_url == bench_url
+    assert BenchRun.of_release(metadata, BenchSettings()).base_url == bench_url

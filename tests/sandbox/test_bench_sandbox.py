@@ -19,7 +19,12 @@ from projects import project_for_guest
 from recording_progress import RecordingProgress
 
 from deploy_lib import deploy as engine
-from deploy_lib.bench import (
+from deploy_lib.errors import GateFailed
+from deploy_lib.patches import find_patch_set, on_host
+from deploy_lib.project import Project, load_for_host
+from deploy_lib.remote import FabricRemote
+from deploy_lib.store import FAILED, HEALTHY, StoreFacts, StoreLayout, Tags, read_store_facts
+from deploy_lib.throughput import (
     BenchResult,
     BenchSettings,
     GateRun,
@@ -29,11 +34,6 @@ from deploy_lib.bench import (
     gate_after_ready,
     throughput_by_release,
 )
-from deploy_lib.errors import GateFailed
-from deploy_lib.patches import find_patch_set, on_host
-from deploy_lib.project import Project, load_for_host
-from deploy_lib.remote import FabricRemote
-from deploy_lib.store import FAILED, HEALTHY, StoreFacts, StoreLayout, Tags, read_store_facts
 from sandbox import manage
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.wheels]

@@ -1,4 +1,5 @@
-"""Throughput gate: SGLang's own serving benchmark on the host, GPU telemetry while it runs, and the gate.
+"""Throughput gate: SGLang's own serving benchmark on the host, GPU telemetry while it runs, and the gate
+(`invoke bench`, profile keys `bench:` and `gate:`; the tool's own timings are `make bench`, in bench/).
 
 The benchmark is `python -m sglang.benchmark.serving` (`sglang.bench_serving` before 0.5.15; versions.BENCH_MODULES),
 run by the release's venv python on the host against the local server, on the `random-ids` dataset (no download)
@@ -260,7 +261,7 @@ def _tail(result: StepResult) -> str:
 
 
 @dataclass(frozen=True)
-class BenchTarget:
+class BenchRun:
     """Where and with what the benchmark runs, read from a release's metadata (release.json)."""
 
     release_id: str
@@ -270,7 +271,7 @@ class BenchTarget:
     environment: Mapping[str, str]
 
     @classmethod
-    def of_release(cls, metadata: Mapping[str, Any], settings: BenchSettings) -> BenchTarget:
+    def of_release(cls, metadata: Mapping[str, Any], settings: BenchSettings) -> BenchRun:
         profile = metadata["profile"]
         server, model = profile.get("server") or {}, profile["model"]
         environment = {k: str(v) for k, v in dict(metadata.get("environment") or {}).items()
@@ -294,7 +295,7 @@ def sampler_steps(run_dir: PurePosixPath, lifetime_s: int) -> list[Step | Put]:
     ]
 
 
-def benchmark_step(target: BenchTarget, module: str, settings: BenchSettings, concurrency: int,
+def benchmark_step(target: BenchRun, module: str, settings: BenchSettings, concurrency: int,
                    output: PurePosixPath, api_key: str | None) -> Step:
     command = ("env", *(f"{k}={v}" for k, v in sorted(target.environment.items())), target.python, "-m", module,
                "--backend", settings.backend, "--base-url", target.base_url, "--dataset-name", "random-ids",
@@ -327,7 +328,7 @@ def run_benchmark(remote: Remote, layout: StoreLayout, release_metadata: Mapping
                   progress: Progress, api_key: str | None = None,
                   clock: Callable[[], float] = time.monotonic) -> BenchResult:
     """Benchmark the release serving on the host now; never raises for a benchmark that fails (see `.error`)."""
-    target = BenchTarget.of_release(release_metadata, settings)
+    target = BenchRun.of_release(release_metadata, settings)
     progress.phase_started("benchmark")
     started = clock()
     try:

@@ -12,7 +12,10 @@ from fake_remote import FakeRemote
 from pydantic import ValidationError
 from recording_progress import RecordingProgress
 
-from deploy_lib.bench import (
+from deploy_lib.errors import ConfigError, GateFailed, StepFailed
+from deploy_lib.settings import BenchSettings, GateSettings
+from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, StoreLayout, Tags, history_entry
+from deploy_lib.throughput import (
     STEP_BENCH_MODULE,
     STEP_SAMPLER_START,
     STEP_SAMPLER_STOP,
@@ -31,9 +34,6 @@ from deploy_lib.bench import (
     run_benchmark,
     throughput_by_release,
 )
-from deploy_lib.errors import ConfigError, GateFailed, StepFailed
-from deploy_lib.settings import BenchSettings, GateSettings
-from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, StoreLayout, Tags, history_entry
 from deploy_lib.versions import BENCH_MODULES
 
 pytest_plugins = ("wheelcache",)
