@@ -31,6 +31,7 @@ from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.facts import HostFacts, parse_systemctl_show, read_host_facts
 from deploy_lib.profile import NCCL_ENV, SECRET_NAME_RE, LoadedProfile, Profile
 from deploy_lib.project import Target
+from deploy_lib.readings import ABSENT_OK, Readings
 from deploy_lib.release import argv_options, build_release
 from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.server_args import API_KEY_ENV, ARGS, Arg, arg_tokens
@@ -92,10 +93,10 @@ def _nul_separated(text: str) -> list[str]:
 
 
 def parse_process(pid: int, results: Sequence[StepResult]) -> HandProcess:
-    found = {result.step.name: result.stdout for result in results}
-    environ = dict(item.split("=", 1) for item in _nul_separated(found[STEP_ENVIRON]) if "=" in item)
-    return HandProcess(pid, tuple(_nul_separated(found[STEP_CMDLINE])), environ, found[STEP_CWD].strip(),
-                       found[STEP_USER].strip())
+    found = Readings.of(results)
+    environ = dict(item.split("=", 1) for item in _nul_separated(found.stdout(STEP_ENVIRON)) if "=" in item)
+    return HandProcess(pid, tuple(_nul_separated(found.stdout(STEP_CMDLINE))), environ,
+                       found.stdout(STEP_CWD).strip(), found.stdout(STEP_USER).strip())
 
 
 @dataclass(frozen=True)
@@ -334,7 +335,7 @@ class Adopted:
 
 
 def read_process(remote: Remote, pid: int, where: str) -> HandProcess:
-    results = remote.run([Step("adopt: process exists", ("test", "-r", f"/proc/{pid}/cmdline"), ok=frozenset({0, 1}))])
+    results = remote.run([Step("adopt: process exists", ("test", "-r", f"/proc/{pid}/cmdline"), ok=ABSENT_OK)])
     if results[0].exit_code != 0:
         raise PreflightError(f"{where}: no process {pid} on the host",
                              "`pgrep -af sglang.launch_server` on the host lists the running servers")

@@ -65,6 +65,7 @@ from deploy_lib.models import (
 from deploy_lib.profile import LoadedProfile, Profile, read_stored_profile
 from deploy_lib.progress import NullProgress, Progress
 from deploy_lib.project import Target
+from deploy_lib.readings import ABSENT_OK, Readings
 from deploy_lib.release import (
     SECRET_NOT_AVAILABLE,
     SECRET_VALUES,
@@ -135,13 +136,13 @@ def hand_run_check(metadata: Mapping[str, Any] | None) -> list[Step | Put]:
     if not adopted.get("pid"):
         return []
     return [Step(FACT_HAND_RUN, ("sha256sum", "--", f"/proc/{int(adopted['pid'])}/cmdline"), sudo=True,
-                 ok=frozenset({0, 1}))]
+                 ok=ABSENT_OK)]
 
 
 def hand_run_pid(metadata: Mapping[str, Any] | None, results: list[StepResult]) -> int | None:
     """The adopted process's pid when /proc still shows its command line (same checksum: not a reused pid)."""
     adopted = dict((metadata or {}).get("adopted") or {})
-    found = next((r for r in results if r.step.name == FACT_HAND_RUN), None)
+    found = Readings(results).get(FACT_HAND_RUN)
     if found is None or found.exit_code != 0 or found.stdout.split()[:1] != [adopted.get("cmdline_sha256")]:
         return None
     return int(adopted["pid"])
@@ -621,7 +622,7 @@ class _Run:
         """Where `current` points and what the unit does, read once more (best effort: after an interrupt)."""
         try:
             current, unit = self.remote.run([
-                Step("state: current", ("readlink", "--", str(self.layout.current)), ok=frozenset({0, 1})),
+                Step("state: current", ("readlink", "--", str(self.layout.current)), ok=ABSENT_OK),
                 Step("state: unit", ("systemctl", "show", "-p", "ActiveState,SubState", "--", self.layout.unit_name)),
             ])
         except (DeployError, KeyboardInterrupt) as error:

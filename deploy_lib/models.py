@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 from deploy_lib.errors import ConfigError, PreflightError, RemoteError
 from deploy_lib.facts import parse_free_bytes
 from deploy_lib.progress import Progress
+from deploy_lib.readings import ABSENT_OK
 from deploy_lib.remote import Remote, Step, StepResult
 
 if TYPE_CHECKING:  # facts.py reads model facts and sits below the profile schema (profile -> bench -> facts)
@@ -110,7 +111,7 @@ class HostPathModel:
 
     def fact_steps(self, venv: str) -> list[Step]:
         return [Step(FACT_MODEL, ("test", "-f", str(PurePosixPath(self.path) / "config.json")), sudo=True,
-                     ok=frozenset({0, 1}))]
+                     ok=ABSENT_OK)]
 
     def parse(self, results: Sequence[StepResult]) -> ModelFacts:
         if results[0].exit_code != 0:
@@ -378,8 +379,8 @@ class PushedModel:
     def fact_steps(self, venv: str) -> list[Step]:
         listing = ("find", str(self.base), "-mindepth", "1", "-maxdepth", "2", "-printf", "%P\\t%y\\t%s\\t%T@\\n")
         parents = [str(p) for p in reversed([self.base, *self.base.parents]) if str(p) != "/"]
-        return [Step(FACT_MODEL, listing, sudo=True, ok=frozenset({0, 1})),
-                Step(FACT_MODEL_DISK, ("df", "-P", "-B1", "--", "/", *parents), ok=frozenset({0, 1}))]
+        return [Step(FACT_MODEL, listing, sudo=True, ok=ABSENT_OK),
+                Step(FACT_MODEL_DISK, ("df", "-P", "-B1", "--", "/", *parents), ok=ABSENT_OK)]
 
     def parse(self, results: Sequence[StepResult]) -> ModelFacts:
         versions = parse_versions(results[0].stdout)
@@ -523,7 +524,7 @@ def listing_steps(locations: ModelLocations) -> list[Step]:
     steps = [script_step(FACT_CACHE + hf_home, venv, user, {"action": "list", "hf_home": hf_home, "user": user})
              for hf_home, (venv, user) in locations.caches.items()]
     steps += [Step(FACT_BASE + base, ("find", base, "-mindepth", "2", "-type", "f", "-printf", "%P\\t%s\\n"),
-                   sudo=True, ok=frozenset({0, 1})) for base in locations.bases]
+                   sudo=True, ok=ABSENT_OK) for base in locations.bases]
     return steps
 
 

@@ -27,6 +27,7 @@ from deploy_lib.errors import ConfigError, GateFailed, RemoteError
 from deploy_lib.facts import NVIDIA_SMI_QUERY, Gpu, parse_gpus
 from deploy_lib.health import http_url, reachable_host
 from deploy_lib.progress import Progress
+from deploy_lib.readings import ABSENT_OK
 from deploy_lib.remote import TIMED_OUT_EXIT, Put, Remote, Step, StepResult
 from deploy_lib.settings import BenchSettings, GateSettings
 from deploy_lib.store import (
@@ -316,7 +317,7 @@ def _read_name(path: PurePosixPath) -> str:
 
 def collect_steps(run_dir: PurePosixPath, outputs: Sequence[PurePosixPath]) -> list[Step | Put]:
     """Stop the sampler, read every output, remove the run directory."""
-    read = [Step(_read_name(path), ("cat", "--", str(path)), sudo=True, ok=frozenset({0, 1}))
+    read = [Step(_read_name(path), ("cat", "--", str(path)), sudo=True, ok=ABSENT_OK)
             for path in (*outputs, run_dir / TELEMETRY_FILE)]
     return [Step(STEP_SAMPLER_STOP, ("sh", "-c", _STOP_SCRIPT, "stop", str(run_dir / "sampler.pid")), sudo=True,
                  ok=frozenset({0, 1, 2})),

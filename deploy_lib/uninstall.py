@@ -12,6 +12,7 @@ from pathlib import Path
 from deploy_lib.errors import ConfigError
 from deploy_lib.facts import HostFacts, read_host_facts
 from deploy_lib.project import Target
+from deploy_lib.readings import ABSENT_OK
 from deploy_lib.remote import Put, Remote, Step
 from deploy_lib.store import (
     RELEASE_FILE,
@@ -77,7 +78,7 @@ def uninstall(target: Target, service: str, remote: Remote, state_dir: Path,
         raise ConfigError(f"{target.host.name}: nothing of service {service} is installed under {layout.base}",
                           "`invoke status` shows what the host runs")
     [history] = remote.run([Step("uninstall: read history", ("cat", "--", str(layout.history)), sudo=True,
-                                 ok=frozenset({0, 1}))])
+                                 ok=ABSENT_OK)])
     copy = local_copy_dir(state_dir, target.host.name, service, now or datetime.now(UTC))
     copy.mkdir(parents=True, exist_ok=False)
     (copy / HISTORY_COPY).write_text(history.stdout)
