@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from deploy_lib.digests import sha256_text
 from deploy_lib.errors import ConfigError
 from deploy_lib.models import ReleaseModel
 from deploy_lib.profile import LoadedProfile, Profile, SecretRef, StoredProfile, read_stored_profile
@@ -104,12 +105,8 @@ class Release:
             "nccl_version": self.nccl_version, "venv": self.venv, "argv": list(self.argv),
             "args": list(self.args), "environment": self.environment, "secret_names": list(self.secret_names),
             "secrets_digest": self.secrets_digest, "patches": list(self.patches), "model": self.model,
-            "files": {UNIT_FILE: _sha256(self.unit_text), ENV_FILE: _sha256(self.env_text)},
+            "files": {UNIT_FILE: sha256_text(self.unit_text), ENV_FILE: sha256_text(self.env_text)},
         }
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: str, secrets: Mapping[str, str],

@@ -18,7 +18,7 @@ PACKAGE = Path(__file__).resolve().parent.parent / "deploy_lib"
 HOST_SCRIPTS = frozenset({"sglang_options", "probe_script", "gpu_check_script"})
 # Bottom to top; a module not named here is "planning".
 LAYERS: dict[str, frozenset[str]] = {
-    "base": frozenset({"__init__", "errors", "yaml_io", "bundled", "progress", "interrupts",
+    "base": frozenset({"__init__", "errors", "yaml_io", "bundled", "progress", "interrupts", "digests",
                        "model_stage", "versions"}) | HOST_SCRIPTS,
     "transport": frozenset({"remote", "readings"}),
     "schema": frozenset({"settings", "profile", "inventory"}),

@@ -7,7 +7,6 @@ A record (JSON) of which targets we changed, with the file's sha256 before and a
 from __future__ import annotations
 
 import difflib
-import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -15,6 +14,7 @@ from typing import Literal
 
 from pydantic import Field, ValidationError
 
+from deploy_lib.digests import sha256_text
 from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.patches.spec import FrozenModel
 from deploy_lib.patches.variants import Variant
@@ -83,10 +83,6 @@ class TargetReport:
         if self.file is None:
             return "-"
         return f"{self.file}:{_runs(self.lines)}" if self.lines else self.file
-
-
-def sha256_text(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
 def _starts(text: str, block: str) -> list[int]:

@@ -1,0 +1,9 @@
+"""The one SHA-256 of a text (hex): release files in release.json, patch records, checksums read back from hosts."""
+
+from __future__ import annotations
+
+import hashlib
+
+
+def sha256_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
