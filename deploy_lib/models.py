@@ -24,6 +24,7 @@ from deploy_lib.facts import parse_free_bytes
 from deploy_lib.progress import Progress
 from deploy_lib.readings import ABSENT_OK
 from deploy_lib.remote import Remote, Step, StepResult
+from deploy_lib.store import STAGING_SUFFIX
 
 if TYPE_CHECKING:  # facts.py reads model facts and sits below the profile schema (profile -> bench -> facts)
     from deploy_lib.inventory import HostVars
@@ -328,7 +329,6 @@ def stage_model(remote: Remote, model: HubModel, venv: str, commit: str, progres
 # --- an rsync source: this machine's directory pushed into a version directory on the host ----------------------
 
 FACT_MODEL_DISK = "host facts: model directory disk"
-VERSION_SUFFIX = ".tmp"  # a push in progress; renamed to its digest when complete
 
 
 @dataclass(frozen=True)
@@ -415,7 +415,7 @@ def parse_versions(listing: str) -> dict[str, dict[str, tuple[int, int]]]:
             continue
         relpath, kind, size, mtime = parts
         top, _, rest = relpath.partition("/")
-        if top.endswith(VERSION_SUFFIX):
+        if top.endswith(STAGING_SUFFIX):
             continue
         if not rest and kind == "d":
             versions.setdefault(top, {})
@@ -448,7 +448,7 @@ def push_model(remote: Remote, model: PushedModel, listing: str, progress: Progr
     a partial earlier push resumed), then rename it to <base>/<digest>: a version directory is complete or absent."""
     facts = model.parse([StepResult(Step(FACT_MODEL, ("true",)), 0, listing, "", 0.0),
                          StepResult(Step(FACT_MODEL_DISK, ("true",)), 0, "", "", 0.0)])
-    staging = model.base / (model.digest + VERSION_SUFFIX)
+    staging = model.base / (model.digest + STAGING_SUFFIX)
     meter = TransferMeter(clock())
 
     def on_line(line: str) -> None:

@@ -39,7 +39,7 @@ ENV_FILE = "sglang.env"
 RELEASE_FILE = "release.json"
 FILE_MODE = 0o644      # the unit, release.json, the lock owner: anyone may read them
 ENV_FILE_MODE = 0o600  # the env file carries the secrets
-STAGING_SUFFIX = ".tmp"
+STAGING_SUFFIX = ".tmp"  # a directory still being written (release, pushed model version); renamed when complete
 HISTORY_TAIL_LINES = 500
 # A lock older than this is reported as stale even when its owner cannot be checked (another machine).
 STALE_LOCK_AFTER_S = 3 * 3600
