@@ -8,12 +8,12 @@ import threading
 from pathlib import Path
 
 import pytest
+from recording_progress import RecordingProgress
 from test_cli import invoke
 
 from deploy_lib.errors import ConfigError, DeployError, LockHeld, ReadinessFailed, RemoteError, RollbackFailed
 from deploy_lib.fleet import FleetRun, Rollout, run_hosts, summarize, worst_exit_code
 from deploy_lib.inventory import load_inventory
-from deploy_lib.progress import RecordingProgress
 from deploy_lib.project import Target, resolve_group
 
 FLEET = """\
