@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from fake_remote import FakeRemote
+from recording_progress import RecordingProgress
 from test_deploy_plan import NOW, PROJECT, deployed, facts, first_plan, options_accepting, target
 from test_rollback import LAYOUT, READY, ScriptedHost
 
@@ -23,7 +24,6 @@ from deploy_lib.diagnose import diagnose
 from deploy_lib.errors import PreflightError, ReadinessFailed
 from deploy_lib.gpu_check import check_reasons, check_step, subject_of_profile, subject_of_release
 from deploy_lib.profile import LoadedProfile, Profile
-from deploy_lib.progress import RecordingProgress
 from deploy_lib.remote import Step
 from deploy_lib.store import FAILED, HEALTHY, UNIT_FILE
 
