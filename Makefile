@@ -1,12 +1,13 @@
 # make test : install everything into .venv (and the host tools the sandbox needs), lint, run every test
 # make demo : bring the sandbox VM up and deploy the reference profile to it
+# make demo-fleet: three sandbox guests in group `sandbox`: a parallel deploy, a rolling one stopped at --max-fail
 # make bench: print the performance figures (no timed assertions anywhere in tests)
 SHELL := /bin/bash
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
 export SGLANG_DEPLOY_CACHE ?= /var/tmp/sglang-deploy-cache
 
-.PHONY: test test-fast demo bench lint install host-deps clean
+.PHONY: test test-fast demo demo-fleet bench lint install host-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	@python3 -m venv --help >/dev/null 2>&1 || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv; }
@@ -32,8 +33,12 @@ test-fast: install lint
 demo: install host-deps
 	$(VENV)/bin/invoke demo
 
+demo-fleet: install host-deps
+	$(VENV)/bin/invoke demo-fleet
+
 bench: install host-deps
 	$(PY) -m bench.run
+	$(PY) -m bench.fleet
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -728,8 +728,31 @@ def demo(c: Context) -> None:
     ui.console.print(f"demo done in {time.monotonic() - started:.0f} s")
 
 
+FLEET_GUESTS = 3
+
+
+@task(name="demo-fleet")
+def demo_fleet(c: Context) -> None:
+    """A group of three sandbox guests: a parallel deploy to all, then a rolling deploy whose first host fails (rolled
+    back on its own) and stops the rollout at --max-fail, leaving the others untouched; the releases of each."""
+    started = time.monotonic()
+    sandbox_tasks.up(c, count=FLEET_GUESTS, venv=True)
+    for number in range(1, FLEET_GUESTS + 1):
+        sandbox_tasks.empty(c, name=f"th{number}")  # the story starts on empty hosts
+    inventory = str(PROJECT.root / SANDBOX_INVENTORY)
+    on = {"inventory": inventory, "group": sandbox_tasks.names.GROUP}
+    _demo_step("1. one deploy to every guest of group sandbox, in parallel", "deploy --profile glm5-nvfp4 --group "
+               "sandbox", lambda: deploy(c, "glm5-nvfp4", yes=True, **on))
+    _demo_step("2. a rolling deploy, one host per batch, no failure allowed: fusion cannot start on SM120, so the "
+               "first host rolls back and the rollout stops", "deploy --profile glm5-nvfp4-fusion --group sandbox "
+               "--serial 1 --max-fail 0", lambda: deploy(c, "glm5-nvfp4-fusion", serial=["1"], max_fail="0",
+                                                          yes=True, **on))
+    _demo_step("3. releases on each guest", "releases --group sandbox", lambda: releases(c, **on))
+    ui.console.print(f"demo-fleet done in {time.monotonic() - started:.0f} s")
+
+
 ns = Collection(render, plan, schema, deploy, adopt, rollback, stop, start, restart, uninstall, releases, status, logs,
-                unlock, bench, patch, patch_fusion, demo, version, gpu_check)
+                unlock, bench, patch, patch_fusion, demo, demo_fleet, version, gpu_check)
 ns.add_collection(Collection(patches_list, patches_check, patches_audit, patches_enable, patches_disable),
                   name="patches")
 ns.add_collection(Collection(venv_build, venv_adopt, venv_list, venv_remove), name="venv")

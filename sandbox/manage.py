@@ -19,7 +19,7 @@ import yaml
 
 from deploy_lib.errors import RemoteError
 from sandbox import hub, wheelhouse
-from sandbox.names import DEFAULT_NAME, GUEST_USER, GUEST_VENV
+from sandbox.names import DEFAULT_NAME, GROUP, GUEST_USER, GUEST_VENV
 
 SANDBOX_DIR = Path(__file__).resolve().parent
 TESTHOST = SANDBOX_DIR / "testhost.sh"
@@ -83,12 +83,18 @@ def _inventory_names_file() -> Path:
 def inventory_names() -> list[str]:
     path = _inventory_names_file()
     names = set(path.read_text().split()) if path.exists() else set()
-    return sorted(names | {DEFAULT_NAME})
+    return sorted(names | {DEFAULT_NAME}, key=_by_number)
+
+
+def _by_number(name: str) -> tuple[str, int]:
+    """th2 before th10."""
+    stem = name.rstrip("0123456789")
+    return stem, int(name[len(stem):] or 0)
 
 
 def _record_inventory_name(name: str, present: bool) -> None:
     names = (set(inventory_names()) | {name}) if present else (set(inventory_names()) - {name})
-    _inventory_names_file().write_text("".join(f"{n}\n" for n in sorted(names)))
+    _inventory_names_file().write_text("".join(f"{n}\n" for n in sorted(names, key=_by_number)))
 
 
 def up(name: str = DEFAULT_NAME, record: bool = True, layers: tuple[Path, ...] = ()) -> Guest:
@@ -122,13 +128,13 @@ def status() -> list[Guest]:
 
 
 def inventory(guests: list[Guest]) -> dict:
-    """Ansible-style inventory of the guests (all/hosts/vars)."""
+    """Ansible-style inventory of the guests: every guest in group `sandbox` (`--group sandbox`)."""
     hosts = {
         g.name: {"ansible_host": g.guest_ip, "known_hosts_file": str(g.known_hosts), "hf_endpoint": g.hub.endpoint}
         for g in guests
     }
     return {"all": {
-        "hosts": hosts,
+        "children": {GROUP: {"hosts": hosts}},
         "vars": {"ansible_user": GUEST_USER, "ansible_ssh_private_key_file": str(guests[0].key),
                  "venv": str(GUEST_VENV), "gpu_count": 8, "gpu_arch": "sm120"},
     }}

@@ -6,29 +6,40 @@ from __future__ import annotations
 
 import os
 
-from invoke import Context
+from invoke import Context, Exit
 
 from deploy_cli.options import task
+from deploy_lib.errors import ConfigError
 from sandbox import names
 
 
-@task(help={"name": f"guest name (default {names.DEFAULT_NAME}; thN gets 10.213.x.y/30 number N)",
-            "venv": f"also build {names.GUEST_VENV} in the guest from the wheelhouse (real sglang + the sim)",
-            "sglang": "sglang version for --venv", "flashinfer": "flashinfer-python version for --venv"})
-def up(c: Context, name: str = names.DEFAULT_NAME, venv: bool = False, sglang: str = names.DEFAULT_SGLANG,
-       flashinfer: str = names.DEFAULT_FLASHINFER) -> None:
-    """Boot a sandbox guest (Debian 12, systemd, sshd; simulated GPUs) and write inventory/sandbox.yaml; with --venv
-    build /opt/ml-env from the wheelhouse unless the running guest's venv was built from the same wheels."""
+@task(iterable=["name"], help={
+    "name": f"guest name, repeat for several (default {names.DEFAULT_NAME}; thN gets 10.213.x.y/30 number N)",
+    "count": f"bring up guests th1..thN (all in group `{names.GROUP}` of the inventory)",
+    "venv": f"also give each guest {names.GUEST_VENV} from the wheelhouse (real sglang + the sim)",
+    "sglang": "sglang version for --venv", "flashinfer": "flashinfer-python version for --venv"})
+def up(c: Context, name: list[str] | None = None, count: int = 0, venv: bool = False,
+       sglang: str = names.DEFAULT_SGLANG, flashinfer: str = names.DEFAULT_FLASHINFER) -> None:
+    """Boot sandbox guests (Debian 12, systemd, sshd; simulated GPUs) and write inventory/sandbox.yaml (group
+    `sandbox`); with --venv a new guest boots over the wheelhouse's venv layer, and a running one gets /opt/ml-env built
+    unless it was built from the same wheels."""
+    try:
+        guests = names.guest_names(name or [], count)
+    except ConfigError as error:
+        raise Exit(f"error: {error}", code=error.exit_code) from None
     from sandbox import manage, wheelhouse
 
-    guest = manage.up(name)
-    if venv:
-        house = wheelhouse.prepare(sglang, flashinfer)
-        if manage.guest_venv_is(guest, house):
-            print(f"{guest.name}: {names.GUEST_VENV} is up to date")
-        else:
-            manage.build_guest_venv(guest, house)
-    print(f"{guest.name} up: ssh {names.GUEST_USER}@{guest.guest_ip} (inventory: {manage.INVENTORY})")
+    house = wheelhouse.prepare(sglang, flashinfer) if venv else None
+    layers = (manage.venv_layer(house),) if house is not None else ()
+    for each in guests:
+        guest = manage.up(each, layers=layers)
+        if house is not None:
+            if manage.guest_venv_is(guest, house):
+                print(f"{guest.name}: {names.GUEST_VENV} is up to date")
+            else:
+                manage.build_guest_venv(guest, house)
+        print(f"{guest.name} up: ssh {names.GUEST_USER}@{guest.guest_ip} (inventory: {manage.INVENTORY}, group "
+              f"{names.GROUP})")
 
 
 @task(help={"name": f"guest name (default {names.DEFAULT_NAME})"})

@@ -15,6 +15,9 @@ from deploy_lib.errors import ConfigError, DeployError, LockHeld, ReadinessFaile
 from deploy_lib.fleet import FleetRun, Rollout, run_hosts, summarize, worst_exit_code
 from deploy_lib.inventory import load_inventory
 from deploy_lib.project import Target, resolve_group
+from sandbox import manage, names
+
+REPO = Path(__file__).resolve().parent.parent
 
 FLEET = """\
 all:
@@ -239,3 +242,22 @@ def test_read_only_tasks_take_a_group_and_exit_with_the_worst_host_code(tmp_path
     assert ran.returncode == 5, ran.stderr
     assert "one" in ran.stdout and "two" in ran.stdout  # each host's part under its name
     assert ran.stderr.count("error:") == 2
+
+
+def test_sandbox_up_brings_up_th1_to_thn_or_the_names_given_never_both() -> None:
+    assert names.guest_names([], 0) == ["th1"]
+    assert names.guest_names([], 3) == ["th1", "th2", "th3"]
+    assert names.guest_names(["a", "b"], 0) == ["a", "b"]
+    with pytest.raises(ConfigError, match=r"--name .* or --count N, not both"):
+        names.guest_names(["a"], 2)
+    with pytest.raises(ConfigError, match="--count takes 1 to 8 guests, got 9"):
+        names.guest_names([], 9)
+
+
+def test_the_sandbox_inventory_puts_every_guest_in_group_sandbox(tmp_path: Path) -> None:
+    guests = [manage.Guest(f"th{n}", "running", "10.213.0.1", f"10.213.0.{n + 1}", tmp_path / "key",
+                           tmp_path / f"known_hosts_{n}", f"ns{n}", f"ve{n}") for n in (1, 2, 3)]
+    path = write(tmp_path, manage.inventory_text(guests))
+    assert [host.name for host in load_inventory(path).group(names.GROUP)] == ["th1", "th2", "th3"]
+    committed = load_inventory(REPO / "inventory" / "sandbox.yaml")
+    assert [host.name for host in committed.group(names.GROUP)] == ["th1"]

@@ -23,7 +23,7 @@ from deploy_lib.models import FACT_MODEL, STAGE_MODEL
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote
 from deploy_lib.status import list_models
-from sandbox import hub, manage
+from sandbox import hub, manage, names
 
 pytestmark = pytest.mark.sandbox
 REPO_ID = "tests/tiny"
@@ -167,7 +167,7 @@ def test_a_disk_too_small_for_the_download_is_refused_before_anything_changes(ri
     rig.root("mkdir -p /mnt/tiny-hf && (mountpoint -q /mnt/tiny-hf || mount -t tmpfs -o size=64m tmpfs /mnt/tiny-hf)")
     inventory = Path(rig.inventory).with_name("small-disk.yaml")
     data = json.loads(json.dumps(manage.inventory([rig.guest])))
-    data["all"]["hosts"][rig.guest.name]["hf_home"] = "/mnt/tiny-hf"
+    data["all"]["children"][names.GROUP]["hosts"][rig.guest.name]["hf_home"] = "/mnt/tiny-hf"
     inventory.write_text(json.dumps(data))
     releases_before = rig.root("ls /opt/sglang-deploy/sglang/releases")
     try:

@@ -1,0 +1,150 @@
+"""Groups as targets on three sandbox guests at once (issue 15): a parallel deploy, a failed host inside a batch,
+--max-fail stopping a rollout, the host lock held on one host of the group. Driven through `invoke` as a user
+types it, against an inventory whose group `sandbox` holds the three guests."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from projects import project_for_guest
+
+from deploy_lib.inventory import load_inventory
+from deploy_lib.project import resolve_target
+from deploy_lib.remote import FabricRemote
+from deploy_lib.store import host_lock
+from sandbox import manage, names
+
+pytestmark = pytest.mark.sandbox
+REPO = Path(__file__).resolve().parents[2]
+FAULT = "/etc/sglang-sim/fault-fleet"  # read by the fleet-* releases only
+STORE = "/opt/sglang-deploy/sglang"
+PROFILES = {f"fleet-{n}": f"extends: glm5-nvfp4\nenv:\n  OMP_NUM_THREADS: '{n}'\n  SGLANG_SIM_FAULT: {FAULT}\n"
+            for n in (3, 5, 6, 7)}
+
+
+@dataclass
+class Fleet:
+    guests: list[manage.Guest]
+    root: Path
+    inventory: str
+
+    @property
+    def names(self) -> list[str]:
+        return [guest.name for guest in self.guests]
+
+    def invoke(self, *argv: str) -> tuple[int, dict[str, Any], str]:
+        """`invoke ARGV --group sandbox --json --yes`: exit code, the JSON document, stderr (progress, errors)."""
+        environ = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEPLOY_INVENTORY", "HF_TOKEN")}
+        ran = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *argv, "-i",
+                              self.inventory, "--group", names.GROUP, "--json", "--yes"],
+                             capture_output=True, text=True, env=environ, cwd=self.root, timeout=900)
+        return ran.returncode, json.loads(ran.stdout), ran.stderr
+
+    def deploy(self, profile: str, *argv: str) -> tuple[int, dict[str, Any], str]:
+        return self.invoke("deploy", "--profile", str(self.root / "inventory" / "profiles" / f"{profile}.yaml"),
+                           *argv)
+
+    def root_on(self, guest: manage.Guest, command: str) -> str:
+        return manage.run_on(guest, command)
+
+    def current(self, guest: manage.Guest) -> str:
+        return self.root_on(guest, f"readlink {STORE}/current").strip().rsplit("/", 1)[-1]
+
+    def history_length(self, guest: manage.Guest) -> int:
+        return len(self.root_on(guest, f"cat {STORE}/history.jsonl").splitlines())
+
+    def fault(self, guest: manage.Guest, text: str | None) -> None:
+        self.root_on(guest, "mkdir -p /etc/sglang-sim && " + (f"echo '{text}' > {FAULT}" if text else f"rm -f {FAULT}"))
+
+    def baseline(self) -> list[str]:
+        """Every guest on the reference profile's release, no fault; returns each guest's release id (a release's id
+        covers the host's own settings: each guest has its own hub, so its own HF_ENDPOINT)."""
+        for guest in self.guests:
+            self.fault(guest, None)
+        code, report, stderr = self.deploy("glm5-nvfp4")
+        assert code == 0, stderr
+        return [report["hosts"][name]["release"] for name in self.names]
+
+    def releases(self, report: dict[str, Any]) -> list[str | None]:
+        """The release each guest was taken to (or tried), in group order."""
+        return [report["hosts"][name].get("release") for name in self.names]
+
+
+@pytest.fixture(scope="module")
+def fleet(venv_layer: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+    """Three guests of this module's own, booted once over the session's venv layer, in one inventory group."""
+    names = [f"pt{os.getpid()}f{n}"[:12] for n in (1, 2, 3)]
+    guests: list[manage.Guest] = []
+    try:
+        for name in names:
+            guests.append(manage.up(name, record=False, layers=(venv_layer,)))
+        root = tmp_path_factory.mktemp("fleet")
+        _, inventory = project_for_guest(root, guests[0], PROFILES)
+        Path(inventory).write_text(manage.inventory_text(guests))
+        yield Fleet(guests, root, inventory)
+    finally:
+        for name in names:
+            manage.down(name, record=False)
+
+
+def test_a_group_deploy_reaches_every_guest_in_parallel_and_reports_each(fleet: Fleet) -> None:
+    baseline = fleet.baseline()
+    code, report, stderr = fleet.deploy("fleet-3")
+    assert code == 0, stderr
+    assert {host: part["outcome"] for host, part in report["hosts"].items()} == dict.fromkeys(fleet.names, "deployed")
+    new = fleet.releases(report)
+    assert not set(new) & set(baseline)
+    assert report["serving"] == {release: [name] for release, name in zip(new, fleet.names, strict=True)}
+    assert [fleet.current(guest) for guest in fleet.guests] == new
+    for name in fleet.names:  # each host's progress lines carry its name
+        assert any(line.startswith(f"{name} ") and "readiness" in line for line in stderr.splitlines())
+
+
+def test_a_failed_host_inside_a_batch_rolls_back_alone_while_the_others_deploy(fleet: Fleet) -> None:
+    baseline = fleet.baseline()
+    failing = fleet.guests[1]
+    fleet.fault(failing, "oom")
+    code, report, stderr = fleet.deploy("fleet-5")
+    assert code == 6, stderr
+    parts = report["hosts"]
+    assert [parts[name]["outcome"] for name in fleet.names] == ["deployed", "failed", "deployed"]
+    assert parts[failing.name]["serving"] == baseline[1] and "rolled back" in parts[failing.name]["cause"]
+    new = fleet.releases(report)
+    assert [fleet.current(guest) for guest in fleet.guests] == [new[0], baseline[1], new[2]]
+    assert fleet.root_on(failing, "systemctl is-active sglang.service").strip() == "active"
+
+
+def test_max_fail_stops_the_rollout_and_leaves_the_hosts_not_started_untouched(fleet: Fleet) -> None:
+    baseline = fleet.baseline()
+    fleet.fault(fleet.guests[0], "oom")
+    untouched = {guest.name: fleet.history_length(guest) for guest in fleet.guests[1:]}
+    code, report, stderr = fleet.deploy("fleet-6", "--serial", "1", "--max-fail", "0")
+    assert code == 6, stderr
+    assert report["batches"] == [[name] for name in fleet.names]
+    assert report["not_started"] == fleet.names[1:]
+    assert report["stopped"] == "1 hosts failed, more than --max-fail 0"
+    assert report["serving"] == {baseline[0]: [fleet.names[0]], "untouched": fleet.names[1:]}
+    assert [fleet.current(guest) for guest in fleet.guests] == baseline
+    assert {guest.name: fleet.history_length(guest) for guest in fleet.guests[1:]} == untouched  # not connected to
+
+
+def test_a_host_whose_lock_is_held_is_refused_and_the_others_proceed_within_max_fail(fleet: Fleet) -> None:
+    baseline = fleet.baseline()
+    locked = fleet.guests[0]
+    target = resolve_target(load_inventory(Path(fleet.inventory)), locked.name)
+    with FabricRemote(target.ssh) as remote, host_lock(remote, target.layout("sglang"), "test holds it", "pytest"):
+        code, report, stderr = fleet.deploy("fleet-7", "--serial", "1", "--max-fail", "1")
+    assert code == 4, stderr
+    assert report["hosts"][locked.name]["error"] == "LockHeld" and "test holds it" in stderr
+    new = fleet.releases(report)
+    assert report["serving"] == {"as before": [locked.name], new[1]: [fleet.names[1]], new[2]: [fleet.names[2]]}
+    assert [fleet.current(guest) for guest in fleet.guests] == [baseline[0], new[1], new[2]]
+
