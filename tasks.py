@@ -710,10 +710,11 @@ def demo(c: Context) -> None:
     sandbox_tasks.up(c, venv=True)  # a running guest keeps its venv when the wheels are the same
     sandbox_tasks.empty(c)  # the story starts on an empty host
     inventory = str(PROJECT.root / SANDBOX_INVENTORY)
-    on = {"inventory": inventory, "yes": True}
+    th1 = sandbox_tasks.names.DEFAULT_NAME  # the inventory may list more guests (sandbox.up --count)
+    on = {"inventory": inventory, "host": th1, "yes": True}
     _demo_step("1. deploy the reference profile with the throughput gate: the first figures are recorded",
                "deploy --profile glm5-nvfp4-sandbox", lambda: deploy(c, "glm5-nvfp4-sandbox", **on))
-    _demo_step("2. status", "status", lambda: status(c, inventory=inventory))
+    _demo_step("2. status", "status", lambda: status(c, inventory=inventory, host=th1))
     _demo_step("3. fusion on SM120 with the gates unpatched: it cannot start, is rolled back and diagnosed",
                "deploy --profile glm5-nvfp4-fusion", lambda: deploy(c, "glm5-nvfp4-fusion", **on))
     _demo_step("4. the fusion patch set: it starts healthy, the gate measures it slow and rolls it back",
@@ -724,7 +725,7 @@ def demo(c: Context) -> None:
                lambda: patch_fusion(c, enable=True, profile="glm5-nvfp4", **on))
     _demo_step("6. roll back by hand", "rollback", lambda: rollback(c, **on))
     _demo_step("7. releases: outcome, measured throughput and GPU power", "releases",
-               lambda: releases(c, inventory=inventory))
+               lambda: releases(c, inventory=inventory, host=th1))
     ui.console.print(f"demo done in {time.monotonic() - started:.0f} s")
 
 

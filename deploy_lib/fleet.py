@@ -83,13 +83,17 @@ class Rollout:
         once more than K% of a batch failed, and always once every host of a batch failed."""
         limit = self.max_fail
         if limit is not None and not limit.percent:
-            return f"{failed_total} hosts failed, more than --max-fail {limit}" if failed_total > limit.number \
+            return f"{_hosts(failed_total)} failed, more than --max-fail {limit}" if failed_total > limit.number \
                 else None
         if limit is not None and failed_in_batch * 100 > limit.number * batch_size:
-            return f"{failed_in_batch} of {batch_size} hosts of the batch failed, more than --max-fail {limit}"
+            return f"{failed_in_batch} of {_hosts(batch_size)} of the batch failed, more than --max-fail {limit}"
         if batch_size and failed_in_batch == batch_size:
             return f"every host of the batch failed ({batch_size})"
         return None
+
+
+def _hosts(count: int) -> str:
+    return f"{count} host{'' if count == 1 else 's'}"
 
 
 ALL_AT_ONCE = Rollout()  # no --serial: one batch of every host

@@ -100,7 +100,7 @@ def test_a_bad_serial_is_refused_saying_what_it_takes(given: str) -> None:
 def test_max_fail_counts_hosts_over_the_rollout_or_a_percentage_of_each_batch() -> None:
     assert Rollout.parse(max_fail="1").stop_reason(2, 1, 1) is None
     assert Rollout.parse(max_fail="1").stop_reason(2, 1, 2) == "2 hosts failed, more than --max-fail 1"
-    assert Rollout.parse(max_fail="0").stop_reason(3, 1, 1) == "1 hosts failed, more than --max-fail 0"
+    assert Rollout.parse(max_fail="0").stop_reason(3, 1, 1) == "1 host failed, more than --max-fail 0"
     assert Rollout.parse(max_fail="50%").stop_reason(2, 1, 5) is None  # not more than half of this batch
     assert Rollout.parse(max_fail="49%").stop_reason(2, 1, 1) == \
         "1 of 2 hosts of the batch failed, more than --max-fail 49%"

@@ -130,7 +130,7 @@ def test_max_fail_stops_the_rollout_and_leaves_the_hosts_not_started_untouched(f
     assert code == 6, stderr
     assert report["batches"] == [[name] for name in fleet.names]
     assert report["not_started"] == fleet.names[1:]
-    assert report["stopped"] == "1 hosts failed, more than --max-fail 0"
+    assert report["stopped"] == "1 host failed, more than --max-fail 0"
     assert report["serving"] == {baseline[0]: [fleet.names[0]], "untouched": fleet.names[1:]}
     assert [fleet.current(guest) for guest in fleet.guests] == baseline
     assert {guest.name: fleet.history_length(guest) for guest in fleet.guests[1:]} == untouched  # not connected to
