@@ -260,7 +260,8 @@ def _rank_error(report: Mapping[str, Any]) -> str:
     """A rank that exited by itself: its exit status, its error and NCCL's first warning."""
     code = report.get("exit_code")
     status = f"killed by signal {-int(code)}" if isinstance(code, int) and code < 0 else f"exited {code}"
-    detail = report.get("error") or "; ".join(report.get("log_tail") or ()) or "no output"
+    detail = re.sub(r"^\[rank\d+\]:\s*", "", str(report.get("error") or "")) or \
+        "; ".join(report.get("log_tail") or ()) or "no output"
     warning = next(iter(report.get("nccl_warnings") or ()), None)
     nccl = f" (NCCL WARN {warning.split('NCCL WARN', 1)[1].strip()})" if warning else ""
     return f"rank {report['rank']} (GPU{report['rank']}) {status} {report['where']}: {detail}{nccl}"

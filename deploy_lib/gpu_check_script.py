@@ -26,8 +26,9 @@ VALUE_PERIOD = 7
 # NCCL INFO lines: "NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read" (2.2x) and "... via SHM/direct/direct"
 CHANNEL_LINE = re.compile(r"Channel (\d+)(?:/\d+)? : (\d+)\[(\w+)\] -> (\d+)\[(\w+)\] (?:\[\w+\] )?via (\S+)")
 NCCL_VERSION_LINE = re.compile(r"NCCL version (\S+)")
-# the last line of a Python traceback: "torch.distributed.DistBackendError: NCCL error in: ..."
-EXCEPTION_LINE = re.compile(r"^[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b")
+# the last line of a Python traceback: "torch.distributed.DistBackendError: NCCL error in: ..."; once the process
+# group is up, torch.distributed prefixes a rank's traceback lines with "[rank1]: "
+EXCEPTION_LINE = re.compile(r"^(?:\[rank\d+\]:\s*)?[A-Za-z_][\w.]*(?:Error|Exception|Interrupt)\b")
 PEER_GRACE_S = 15.0  # once a rank has failed, how long the others get to fail too (they wait on it for ever)
 
 
@@ -85,6 +86,8 @@ def worker(config: dict[str, object]) -> None:
         buffer = contribution.clone()
         if config.get("hang_rank") == rank:  # the planted hang of the check's own test
             time.sleep(3600)
+        if config.get("fail_rank") == rank:  # the planted error of the check's own test
+            raise RuntimeError(f"planted failure on rank {rank}")
         emit({"rank": rank, "event": "enter", "size_bytes": count * 4})
         dist.all_reduce(buffer)
         wrong = (buffer != pattern * float((1 << world) - 1)).nonzero()

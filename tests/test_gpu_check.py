@@ -107,6 +107,17 @@ def test_a_hang_names_the_rank_that_never_entered_the_all_reduce() -> None:
                          "rank 1 (GPU1) did not finish: outside any all-reduce, after 0 bytes (never entered the next)")
 
 
+def test_a_rank_that_fails_is_an_error_and_its_waiting_peer_a_hang() -> None:
+    """Recorded: rank 1 raised before its first all-reduce (deadline 300 s; the run ended 15 s after its exit)."""
+    run = parse_check_output(recorded("rank-error"))
+    assert not run.verified
+    assert run.failed == ("rank 1 (GPU1) exited 1 outside any all-reduce, after 0 bytes (never entered the next): "
+                          "RuntimeError: planted failure on rank 1",)
+    assert run.hung == ("rank 0 (GPU0) did not finish: inside the all-reduce of 1048576 bytes (waiting on a peer)",)
+    lines = run.lines()
+    assert lines.index(f"error: {run.failed[0]}") < lines.index(f"hang: {run.hung[0]}"), "the cause before its effect"
+
+
 def test_the_scripts_parsers_read_real_nccl_info_lines() -> None:
     run = recorded("default")
     assert script.parse_transports("\n".join(run["nccl_info"])) == run["transports"]

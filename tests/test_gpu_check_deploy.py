@@ -215,6 +215,8 @@ def test_a_verified_check_lets_the_release_start_and_times_the_phase() -> None:
     ("hang", "hang: rank 0 (GPU0) did not finish: inside the all-reduce of 1048576 bytes (waiting on a peer)"),
     ("deploy-step-socket-ifname-missing", "error: rank 0 (GPU0) exited 1 before NCCL was initialised: "
      "torch.distributed.DistBackendError: NCCL error in: "),
+    ("rank-error", "error: rank 1 (GPU1) exited 1 outside any all-reduce, after 0 bytes (never entered the next): "
+     "RuntimeError: planted failure on rank 1"),
 ])
 def test_a_failed_check_is_a_failed_start_rolled_back_before_sglang_ran(run: str, cause: str) -> None:
     host = CheckHost(recorded_stdout(run), [READY])
