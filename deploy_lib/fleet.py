@@ -7,8 +7,11 @@ Each host keeps its own release store, lock, history and automatic rollback."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -21,7 +24,7 @@ from deploy_lib.errors import (
     PreflightError,
     RollbackFailed,
 )
-from deploy_lib.interrupts import interrupted, signals_raise
+from deploy_lib.interrupts import Interrupt, interrupted
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 
@@ -154,18 +157,17 @@ def run_hosts(targets: Sequence[Target], act: Callable[[Target], T], progress: P
     batches = rollout.batches(list(by_name))
     runs: dict[str, HostRun[T]] = {}
     stopped: str | None = None
-    interruption: DeployError | None = None
     failed_total = 0
-    with signals_raise():
+    with _signals_noted(progress) as signals:
         for number, batch in enumerate(batches, 1):
-            if stopped or interruption:
+            if stopped or signals:
                 runs |= {host: HostRun(host, started=False) for host in batch}
                 continue
             if len(batches) > 1:
                 progress.phase_started(f"batch {number} of {len(batches)}: {', '.join(batch)}")
             with ThreadPoolExecutor(max_workers=len(batch), thread_name_prefix="host") as pool:
                 futures = {host: pool.submit(act, by_name[host]) for host in batch}
-                interruption = _wait_through_signals(list(futures.values()), progress) or interruption
+                wait(futures.values())
             done = {host: _host_run(host, future) for host, future in futures.items()}
             runs |= done
             failed_in_batch = sum(run.error is not None for run in done.values())
@@ -174,21 +176,33 @@ def run_hosts(targets: Sequence[Target], act: Callable[[Target], T], progress: P
                 stopped = rollout.stop_reason(len(batch), failed_in_batch, failed_total)
                 if stopped:
                     progress.note(f"rollout stopped: {stopped}")
+    interruption = interrupted(Interrupt(signals[0]), f"interrupted ({signal.Signals(signals[0]).name}): no "
+                               "further host was started; the hosts already running finished first") \
+        if signals else None
     return FleetRun(tuple(runs[host] for host in by_name), tuple(map(tuple, batches)), stopped, interruption)
 
 
-def _wait_through_signals(futures: list[Future[T]], progress: Progress) -> DeployError | None:
-    """Wait for the batch; a signal is noted and waited through (a host mid-deploy finishes its transition)."""
-    caught: DeployError | None = None
-    while True:
-        try:
-            wait(futures)
-            return caught
-        except KeyboardInterrupt as stop:
-            running = sum(not future.done() for future in futures)
-            caught = interrupted(stop, f"interrupted: no further host was started; {running} running host(s) "
-                                       "finished their deploy first")
-            progress.note(f"interrupted: starting no further host; waiting for {running} running host(s) to finish")
+@contextmanager
+def _signals_noted(progress: Progress) -> Iterator[list[int]]:
+    """SIGINT and SIGTERM are noted, not raised, while hosts deploy: a deploy in a worker thread cannot be
+    interrupted (handlers run in the main thread only), so the run starts no further host and lets the running
+    ones finish their transition. Outside the main thread nothing changes."""
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+
+    def note(signum: int, frame: object) -> None:
+        if not noted:
+            progress.note(f"{signal.Signals(signum).name}: starting no further host; the running ones finish first")
+        noted.append(signum)
+
+    previous = {signum: signal.signal(signum, note) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield noted
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
 
 
 def _host_run(host: str, future: Future[T]) -> HostRun[T]:
@@ -228,7 +242,8 @@ def summarize(fleet: FleetRun[T], release_of: Callable[[T], str | None], action_
     rows = []
     for run in fleet.runs:
         if not run.started:
-            rows.append(HostSummary(run.host, "not started", None, "untouched", cause=fleet.stopped or ""))
+            why = fleet.stopped or (fleet.interruption.message if fleet.interruption else "")
+            rows.append(HostSummary(run.host, "not started", None, "untouched", cause=why))
         elif run.error is not None:
             rows.append(HostSummary(run.host, "failed", run.error.release_id, serving_after(run.error), None,
                                     run.error.message, run.error.exit_code))

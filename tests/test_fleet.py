@@ -4,6 +4,8 @@ runner over a per-host call, the per-host summary and exit code, and the command
 from __future__ import annotations
 
 import json
+import os
+import signal
 import threading
 from pathlib import Path
 
@@ -192,6 +194,25 @@ def test_a_host_left_stopped_makes_the_group_exit_8_and_says_so(tmp_path: Path) 
     assert summary.exit_code == 8
     assert {row.host: row.serving for row in summary.rows} == {"a": "unknown (see status)", "b": "new",
                                                                "c": "none (unit stopped)"}
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_a_signal_starts_no_further_host_and_lets_the_running_one_finish(tmp_path: Path, signum: int,
+                                                                         code: int) -> None:
+    finished = []
+
+    def deploy_one(target: Target) -> str:
+        if target.host.name == "a":
+            os.kill(os.getpid(), signum)  # as Ctrl-C or `kill` reaches the process while host a deploys
+        finished.append(target.host.name)
+        return "new"
+    fleet = run_hosts(targets(tmp_path), deploy_one, RecordingProgress(), Rollout.parse(["1"]))
+    assert finished == ["a"] and fleet.not_started == ["b", "c", "d"]
+    assert fleet.runs[0].result == "new" and fleet.exit_code == code
+    summary = summary_of(fleet)
+    assert summary.by_release == {"new": ["a"], "untouched": ["b", "c", "d"]}
+    assert summary.interruption == f"interrupted ({signal.Signals(signum).name}): no further host was started; " \
+                                   "the hosts already running finished first"
 
 
 def test_a_bug_in_the_per_host_call_is_not_hidden_as_a_host_failure(tmp_path: Path) -> None:
