@@ -33,7 +33,7 @@ from deploy_lib import venvs
 from deploy_lib.errors import ReadinessFailed
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote, OutputLine, Put, SSHTarget, Step, StepResult
-from deploy_lib.store import StoreLayout
+from deploy_lib.store import StoreLayout, host_lock
 from sandbox import hub, manage, wheelhouse
 
 REPO = Path(__file__).resolve().parents[1]
@@ -46,6 +46,8 @@ CRASH_PROFILE = "bench-crash"
 VENV_LAYOUT = StoreLayout("bench", root=PurePosixPath("/opt/sglang-deploy-bench"))
 # flashinfer-python versions other than the wheelhouse's, one per "one changed package" run
 OTHER_FLASHINFER = ("0.6.12", "0.6.16.post4", "0.6.17")
+# A real CUDA library wheel of a few hundred MB (351 MB), for what a wheel's size costs once it is cached
+LARGE_WHEEL = ("nvidia-nccl-cu12", "2.32.3")
 ANSIBLE = "Ansible, for comparison: ~1 s per task, > 4 s for a four-task play on one host."
 
 
@@ -314,9 +316,9 @@ class VenvRun:
 
 
 def ensure_venv_timed(ssh: SSHTarget, spec: venvs.VenvSpec) -> VenvRun:
-    """ensure_venv on an open connection: the venv work a deploy adds, not the SSH handshake it has anyway."""
-    with FabricRemote(ssh) as remote:
-        remote.run([Step("connect", ("true",))])
+    """ensure_venv on an open connection inside the host's lock: the venv work a deploy adds, not the SSH handshake
+    and the lock it has anyway."""
+    with FabricRemote(ssh) as remote, host_lock(remote, VENV_LAYOUT, "bench", "the guest"):
         before = remote.round_trips
         started = time.time()
         result = venvs.ensure_venv(remote, VENV_LAYOUT, spec)
@@ -391,22 +393,44 @@ def deploy_figures(no_ops: Sequence[NoOpRun], processes: Sequence[float], change
     ]
 
 
-def venv_figures(unchanged: Sequence[VenvRun], changed: Sequence[VenvRun], changed_wheels: Sequence[Path]) -> list[
-        Figure]:
+@dataclass(frozen=True)
+class VenvRuns:
+    unchanged: Sequence[VenvRun]   # the built lock again
+    changed: Sequence[VenvRun]     # one flashinfer-python wheel swapped, each a new venv
+    changed_wheels: Sequence[Path]
+    fresh: Sequence[VenvRun]       # the reference lock's venv removed and built again: every wheel in uv's cache
+    large_first: VenvRun           # the reference lock plus the large wheel: sent, unpacked into the cache once
+    large_fresh: Sequence[VenvRun]  # that venv removed and built again
+    large_bytes: int
+
+
+def venv_figures(runs: VenvRuns) -> list[Figure]:
     only_that_wheel = all(run.wheels_sent == (wheel.name,) and run.bytes_sent == wheel.stat().st_size
-                          for run, wheel in zip(changed, changed_wheels, strict=True))
-    sent = statistics.median(run.bytes_sent for run in changed)
+                          for run, wheel in zip(runs.changed, runs.changed_wheels, strict=True))
+    sent = statistics.median(run.bytes_sent for run in runs.changed)
+    round_trips = statistics.median(run.round_trips for run in runs.unchanged)
+    fresh, large = statistics.median(r.seconds for r in runs.fresh), statistics.median(r.seconds for r in
+                                                                                        runs.large_fresh)
+    size = f"{runs.large_bytes / 1e6:.0f} MB"
     return [
-        Figure("venv, unchanged lock: wheels / bytes sent",
-               f"{max(len(run.wheels_sent) for run in unchanged)} / {max(run.bytes_sent for run in unchanged)} B",
-               len(unchanged), "0 wheels", all(not run.wheels_sent for run in unchanged)),
-        seconds_figure(f"venv, unchanged lock: ensure_venv "
-                       f"({statistics.median(run.round_trips for run in unchanged):g} round trip(s))",
-                       [run.seconds for run in unchanged], 1.0),
+        Figure("venv, unchanged lock: wheels / bytes sent / round trips (inside the deploy's lock)",
+               f"{max(len(run.wheels_sent) for run in runs.unchanged)} / "
+               f"{max(run.bytes_sent for run in runs.unchanged)} B / {round_trips:g}", len(runs.unchanged),
+               "0 wheels, 1 round trip", all(not run.wheels_sent for run in runs.unchanged) and round_trips == 1),
+        seconds_figure("venv, unchanged lock: ensure_venv", [run.seconds for run in runs.unchanged], 1.0),
         Figure("venv, one package changed: wheels / bytes sent",
-               f"{max(len(run.wheels_sent) for run in changed)} / {sent / 1e6:.1f} MB", len(changed),
+               f"{max(len(run.wheels_sent) for run in runs.changed)} / {sent / 1e6:.1f} MB", len(runs.changed),
                "only that wheel", only_that_wheel),
-        seconds_figure("venv, one package changed: ensure_venv (build)", [run.seconds for run in changed], None),
+        seconds_figure("venv, one package changed: ensure_venv, end to end (uv)", [run.seconds for run in runs.changed],
+                       3.0),
+        seconds_figure("venv, fresh venv of the reference wheelhouse, warm host cache (uv)",
+                       [run.seconds for run in runs.fresh], 5.0),
+        seconds_figure(f"venv, reference + {LARGE_WHEEL[0]} ({size}): first build (send, unpack once)",
+                       [runs.large_first.seconds], None),
+        seconds_figure(f"venv, reference + {LARGE_WHEEL[0]} ({size}): fresh venv, warm cache",
+                       [run.seconds for run in runs.large_fresh], None),
+        Figure(f"  the {size} wheel's share of a fresh venv once cached", f"{large - fresh:+.2f} s", len(runs.fresh),
+               "does not grow with size", None),
     ]
 
 
@@ -489,25 +513,40 @@ def measure_deploys(rig: Rig, runs: int) -> list[Figure]:
 
 def measure_venvs(rig: Rig, house: wheelhouse.Wheelhouse, runs: int, changed_runs: int, work: Path) -> list[Figure]:
     others = [wheelhouse.download("flashinfer-python", version) for version in OTHER_FLASHINFER[:changed_runs]]
-    directory = work / "wheelhouse"
-    directory.mkdir()
-    for wheel in (*house.wheels, *others):
-        (directory / wheel.name).symlink_to(wheel)
+    large = wheelhouse.download(*LARGE_WHEEL)
+    directory = house.link_into(work / "wheelhouse", *others, large)
     _, target = load_for_host(rig.project, PROFILE, rig.inventory, None)
+    rig.root(f"rm -rf {shlex.quote(str(VENV_LAYOUT.base))}")  # a host that has never seen these wheels
 
     def spec(name: str, wheels: Sequence[Path]) -> venvs.VenvSpec:
         return venvs.VenvSpec(lock=wheelhouse.write_lock(work / name, wheels), wheelhouse=directory)
 
+    def rebuilt(built: venvs.VenvSpec) -> VenvRun:
+        """The published venv of `built` removed (its wheels and uv's cache stay), then built again."""
+        venv = venvs.venv_path(VENV_LAYOUT, venvs.venv_hash(venvs.load_lock(built.lock), facts.python))
+        rig.root(f"rm -rf {shlex.quote(str(venv))}")
+        return ensure_venv_timed(target.ssh, built)
+
     base = spec("base.lock", house.wheels)
     first = ensure_venv_timed(target.ssh, base)
     say(f"venv built: {len(first.wheels_sent)} wheels, {first.bytes_sent / 1e6:.1f} MB in {first.seconds:.1f} s")
+    with FabricRemote(target.ssh) as remote:
+        facts = venvs.read_facts(remote, VENV_LAYOUT, base.python)
     unchanged = [ensure_venv_timed(target.ssh, base) for _ in range(runs)]
     changed = []
     for number, other in enumerate(others):
         wheels = [other if wheel == house.flashinfer else wheel for wheel in house.wheels]
         changed.append(ensure_venv_timed(target.ssh, spec(f"changed-{number}.lock", wheels)))
         say(f"venv, {other.name}: {changed[-1].wheels_sent}, {changed[-1].seconds:.1f} s")
-    return venv_figures(unchanged, changed, [directory / other.name for other in others])
+    fresh = [rebuilt(base) for _ in range(runs)]
+    say(f"venv, fresh from a warm cache: {', '.join(f'{run.seconds:.2f} s' for run in fresh)}")
+    with_large = spec("large.lock", [*house.wheels, large])
+    large_first = ensure_venv_timed(target.ssh, with_large)
+    large_fresh = [rebuilt(with_large) for _ in range(runs)]
+    say(f"venv with {large.name}: first {large_first.seconds:.1f} s, then "
+        f"{', '.join(f'{run.seconds:.2f} s' for run in large_fresh)}")
+    return venv_figures(VenvRuns(unchanged, changed, [directory / other.name for other in others], fresh,
+                                 large_first, large_fresh, large.stat().st_size))
 
 
 @contextmanager

@@ -5,13 +5,17 @@ Layout, under the store's <root>/<service>/ (store.py):
     venvs/<hash>/         immutable once published: venv.json (the marker) says it is complete
     venvs/<hash>.tmp/     a build in progress or an interrupted one: never used, cleared before a rebuild
     wheels/<sha256>/<wheel file>   wheels pushed from a local wheelhouse; a wheel travels once per host
+    tools/<sha256>/uv     the uv binary, taken from the pinned uv wheel wheels/<sha256>/ (UV_WHEELS)
+    uv-cache/             uv's cache: each wheel unpacked once, then hard-linked into every venv that installs it
     cache/<hash>/         JIT and compile caches of the processes that run from venvs/<hash>
 
-A venv is built in venvs/<hash>.tmp and renamed to venvs/<hash> only once pip succeeded and the marker is
-written, so a half-built venv never becomes usable. A derived venv (a patched one) is a hard-linked copy of its
-base whose changed files are written as new files and renamed over the links: the base never changes. Paths
-baked into a venv (console-script shebangs, activate scripts, pyvenv.cfg) are rewritten for the new location,
-again as new files; the server itself runs as `<venv>/bin/python3 -m sglang.launch_server`, which needs none.
+A venv is created by `uv venv` in venvs/<hash>.tmp, filled by `uv pip install --no-deps --require-hashes` from the
+host's wheels (hard links from uv's cache, on the same filesystem as the venvs), and renamed to venvs/<hash> only
+once that succeeded and the marker is written, so a half-built venv never becomes usable. A derived venv (a
+patched one) is a hard-linked copy of its base whose changed files are written as new files and renamed over the
+links: the base never changes. Paths baked into a venv (console-script shebangs, activate scripts, pyvenv.cfg) are
+rewritten for the new location, again as new files; the server itself runs as `<venv>/bin/python3 -m
+sglang.launch_server`, which needs none.
 
 Everything here builds Step/Put batches and parses what they read; the few functions that act (`ensure_venv`,
 `adopt`, `derive`, `list_venvs`) only call a Remote they are given.
@@ -40,14 +44,28 @@ LOCK_FILE = "requirements.lock"
 STAGING_SUFFIX = ".tmp"
 HASH_CHARS = 16  # of the sha256 hex digest: short enough for shebangs, plenty for one host's venvs
 WHEEL_MODE = 0o644
-PIP_TIMEOUT_S = 3600
+INSTALL_TIMEOUT_S = 3600
 COPY_TIMEOUT_S = 1800
 INSPECT_TIMEOUT_S = 1800
-PIP_ERROR_LINES = 40
+INSTALLER_ERROR_LINES = 40
+# The installer: uv from PyPI, pinned by version and by the sha256 of its wheel per host machine (as PyPI serves
+# them); the binary is the wheel's uv-<version>.data/scripts/uv.
+UV_VERSION = "0.13.9"
+UV_WHEELS = {
+    "x86_64": ("uv-0.13.9-py3-none-manylinux_2_17_x86_64.manylinux2014_x86_64.whl",
+               "d7f459fe4fd247d830351c75686d3996ace3c6f3f728eb0e85a30b7ada0cef19"),
+    "aarch64": ("uv-0.13.9-py3-none-manylinux_2_17_aarch64.manylinux2014_aarch64.musllinux_1_1_aarch64.whl",
+                "5435c5ce14a56431208ca0996416d310f1598e8c2c8ba707688985a16bb82dbe"),
+}
+UV_BINARY_MEMBER = f"uv-{UV_VERSION}.data/scripts/uv"
 JIT_CACHE_DISTRIBUTION = "flashinfer-jit-cache"
 STATUS_DISTRIBUTIONS = ("sglang", "flashinfer-python", "torch")
 # Environment variable -> subdirectory of cache/<venv-hash>/ (FlashInfer adds .cache/flashinfer below its base).
+# Bytecode too: uv does not compile at install (compiling a whole venv costs about a minute for the sandbox's and
+# more for a real one), so the server compiles what it imports on its first start and keeps it here, never in the
+# published venv, whose files are hard links shared with uv's cache and other venvs.
 CACHE_VARIABLES = {
+    "PYTHONPYCACHEPREFIX": "pycache",
     "FLASHINFER_WORKSPACE_BASE": "flashinfer",
     "TRITON_CACHE_DIR": "triton",
     "TORCHINDUCTOR_CACHE_DIR": "torchinductor",
@@ -58,11 +76,13 @@ FACT_PYTHON = "venv facts: host python"
 FACT_MARKERS = "venv facts: markers"
 FACT_DIRS = "venv facts: venv directories"
 FACT_WHEELS = "venv facts: wheels on the host"
+FACT_TOOLS = "venv facts: uv binaries on the host"
 FACT_SIZES = "venv facts: sizes"
 FACT_INSPECT = "venv adopt: inspect"
 FACT_MODES = "venv derive: modes of replaced files"
-PIP_STEP = "venv build: pip install"
+INSTALL_STEP = "venv build: uv pip install"
 VERIFY_STEP = "venv build: verify wheels on the host"
+FETCH_UV_STEP = "venv build: fetch uv from the index"
 _MISSING_OK = frozenset({0, 1})
 
 _HASH_RE = re.compile(rf"^[0-9a-f]{{{HASH_CHARS}}}$")
@@ -213,7 +233,8 @@ def python_facts():
             "platform": sysconfig.get_platform(), "soabi": sysconfig.get_config_var("SOABI") or "",
             "machine": platform.machine()}
 """
-PYTHON_FACTS_SCRIPT = _PYTHON_FACTS_SOURCE + "print(json.dumps(python_facts()))\n"
+# The fact adds the interpreter's own path: `uv venv --python` gets that file, not a name uv would look up itself.
+PYTHON_FACTS_SCRIPT = _PYTHON_FACTS_SOURCE + 'print(json.dumps({**python_facts(), "executable": sys.executable}))\n'
 
 
 @dataclass(frozen=True)
@@ -241,6 +262,20 @@ def wheel_store(layout: StoreLayout) -> PurePosixPath:
     return layout.base / "wheels"
 
 
+def tool_store(layout: StoreLayout) -> PurePosixPath:
+    return layout.base / "tools"
+
+
+def uv_binary(layout: StoreLayout, wheel_sha256: str) -> PurePosixPath:
+    """The uv binary taken from the uv wheel with this sha256: content-addressed like the wheel it comes from."""
+    return tool_store(layout) / wheel_sha256 / "uv"
+
+
+def uv_cache(layout: StoreLayout) -> PurePosixPath:
+    """uv's cache, beside venvs/ in the store, so that installing from it hard-links on the same filesystem."""
+    return layout.base / "uv-cache"
+
+
 def venv_path(layout: StoreLayout, venv_hash: str) -> PurePosixPath:
     return layout.venvs / check_venv_hash(venv_hash)
 
@@ -261,8 +296,10 @@ def store_fact_steps(layout: StoreLayout) -> list[Step | Put]:
         Step(FACT_MARKERS, ("find", venvs, "-mindepth", "2", "-maxdepth", "2", "-name", MARKER_FILE, "-printf",
                             "\\0%P\\0", "-exec", "cat", "--", "{}", ";"), ok=_MISSING_OK),
         Step(FACT_DIRS, ("find", venvs, "-mindepth", "1", "-maxdepth", "1", "-printf", "%f\\0"), ok=_MISSING_OK),
-        Step(FACT_WHEELS, ("find", str(wheel_store(layout)), "-mindepth", "2", "-maxdepth", "2", "-type", "f",
-                           "-printf", "%P\\0"), ok=_MISSING_OK),
+        Step(FACT_WHEELS, ("find", str(wheel_store(layout)), "-mindepth", "2", "-maxdepth", "2", "-name", "*.whl",
+                           "-type", "f", "-printf", "%P\\0"), ok=_MISSING_OK),
+        Step(FACT_TOOLS, ("find", str(tool_store(layout)), "-mindepth", "2", "-maxdepth", "2", "-name", "uv",
+                          "-type", "f", "-printf", "%P\\0"), ok=_MISSING_OK),
     ]
 
 
@@ -275,6 +312,7 @@ class VenvStoreFacts:
     markers: Mapping[str, Mapping[str, Any]]   # hash -> marker of every published venv
     entries: tuple[str, ...]                   # every name in venvs/: published, staging leftovers, strays
     wheels: frozenset[str]                     # sha256 of each wheel in wheels/
+    tools: frozenset[str] = frozenset()        # sha256 of each uv wheel whose binary is in tools/
 
     def published(self, venv_hash: str) -> bool:
         return venv_hash in self.markers
@@ -295,6 +333,7 @@ class VenvStoreFacts:
 class VenvFacts:
     python: PythonFacts
     store: VenvStoreFacts
+    interpreter: str = ""   # the interpreter's path on the host (sys.executable); "" when it did not say
 
 
 def _by_name(results: Sequence[StepResult]) -> dict[str, StepResult]:
@@ -342,11 +381,15 @@ def parse_store_facts(results: Sequence[StepResult]) -> VenvStoreFacts:
         markers=parse_markers(_stdout(found, FACT_MARKERS)),
         entries=tuple(sorted(name for name in _stdout(found, FACT_DIRS).split("\0") if name)),
         wheels=parse_wheel_names(_stdout(found, FACT_WHEELS)),
+        tools=parse_wheel_names(_stdout(found, FACT_TOOLS)),
     )
 
 
 def parse_facts(results: Sequence[StepResult], python: str) -> VenvFacts:
-    return VenvFacts(parse_python_facts(_by_name(results)[FACT_PYTHON], python), parse_store_facts(results))
+    result = _by_name(results)[FACT_PYTHON]
+    facts = parse_python_facts(result, python)
+    executable = json.loads(result.stdout.strip().splitlines()[-1]).get("executable")
+    return VenvFacts(facts, parse_store_facts(results), executable if isinstance(executable, str) else "")
 
 
 def read_facts(remote: Remote, layout: StoreLayout, python: str) -> VenvFacts:
@@ -514,12 +557,19 @@ class LocalWheel:
     size: int
 
 
-def select_wheels(lock: Lock, wheelhouse: Path, python: PythonFacts) -> tuple[LocalWheel, ...]:
-    """For each requirement, the wheelhouse files with its name and version whose sha256 the lock lists.
+def wheels_on_host(lock: Lock, on_host: frozenset[str]) -> frozenset[str]:
+    """The sha256 of each wheel the lock lists that the host already has: neither read here nor sent."""
+    return frozenset(sha for requirement in lock.requirements for sha in requirement.hashes & on_host)
+
+
+def select_wheels(lock: Lock, wheelhouse: Path, python: PythonFacts,
+                  on_host: frozenset[str] = frozenset()) -> tuple[LocalWheel, ...]:
+    """For each requirement the host has no wheel of, the wheelhouse files with its name and version whose sha256
+    the lock lists (a requirement with a hash in `on_host` is skipped: its wheels are not even read).
 
     A wheel of the right name and version with another hash (corrupted, or a different build) is an error
     here, before anything travels; so is a requirement without a wheel for the host's python and platform,
-    unless it has an environment marker (`; sys_platform == "win32"`), which pip evaluates on the host.
+    unless it has an environment marker (`; sys_platform == "win32"`), which uv evaluates on the host.
     """
     if not wheelhouse.is_dir():
         raise ConfigError(f"wheelhouse {wheelhouse} is not a directory")
@@ -531,10 +581,12 @@ def select_wheels(lock: Lock, wheelhouse: Path, python: PythonFacts) -> tuple[Lo
                                   []).append(path)
     selected = []
     for requirement in lock.requirements:
+        if requirement.hashes & on_host:
+            continue
         candidates = [p for p in by_release.get((requirement.name, requirement.version.lower()), [])
                       if _wheel_fits(p.name, python)]
         if not candidates and requirement.marker:
-            continue  # pip skips it when the marker is false on the host, and names it when it is true
+            continue  # uv skips it when the marker is false on the host, and names it when it is true
         if not candidates:
             raise ConfigError(f"{lock.path}:{requirement.line}: no wheel of {requirement.name}=={requirement.version} "
                               f"for {python.identity()} in {wheelhouse}",
@@ -551,6 +603,33 @@ def select_wheels(lock: Lock, wheelhouse: Path, python: PythonFacts) -> tuple[Lo
                                    "download it again, or regenerate the lock")
         selected.extend(matching)
     return tuple(selected)
+
+
+def uv_wheel(python: PythonFacts) -> tuple[str, str]:
+    """(file name, sha256) of the pinned uv wheel for the host's machine."""
+    pinned = UV_WHEELS.get(python.machine)
+    if pinned is None:
+        raise ConfigError(f"no uv wheel is pinned for {python.machine} hosts (uv builds the venvs)",
+                          hint=f"uv {UV_VERSION} is pinned for {', '.join(sorted(UV_WHEELS))} hosts (UV_WHEELS in "
+                               "deploy_lib/venvs.py)")
+    return pinned
+
+
+def select_uv_wheel(wheelhouse: Path, python: PythonFacts) -> LocalWheel:
+    """The pinned uv wheel in the wheelhouse, its sha256 checked against the pin."""
+    filename, expected = uv_wheel(python)
+    platform_tag = filename.removesuffix(".whl").split("-")[-1].split(".")[0]
+    hint = (f"pip download --no-deps --only-binary=:all: --platform {platform_tag} --dest {wheelhouse} "
+            f"uv=={UV_VERSION}")
+    path = wheelhouse / filename
+    if not path.is_file():
+        raise ConfigError(f"the wheelhouse {wheelhouse} has no {filename}: uv {UV_VERSION} builds the venv on the "
+                          "host", hint=hint)
+    digest = _file_sha256(path)
+    if digest != expected:
+        raise ConfigError(f"hash mismatch for {path}: sha256 {digest}, but uv {UV_VERSION} is pinned at {expected}",
+                          hint=f"the wheel is corrupted or not PyPI's: download it again ({hint})")
+    return LocalWheel(path, digest, path.stat().st_size)
 
 
 @dataclass(frozen=True)
@@ -645,26 +724,88 @@ print(json.dumps({"prefix": sys.prefix, "base_prefix": sys.base_prefix, "python"
 """
 
 
-# Checks the wheels a build uses against the sha256 in their directory name; a damaged one is removed (so the next
-# run sends it again) and named on stderr.
+# Checks the wheels a build uses (argv: sha256, wheels/<sha256> pairs) against the sha256 in their directory name.
+# A wheel is read once: its stamp (.verified: size, mtime, ctime, inode) says it was checked and has not been
+# written since (any write changes its ctime), so a build reads only wheels that are new or touched. A damaged or
+# missing one has its directory removed (so the next run sends it again) and is named on stderr.
 VERIFY_SCRIPT = r"""
-import hashlib, os, shutil, sys
+import glob, hashlib, os, shutil, sys
 damaged = []
-for expected, path in zip(sys.argv[1::2], sys.argv[2::2]):
-    digest = hashlib.sha256()
-    try:
+for expected, directory in zip(sys.argv[1::2], sys.argv[2::2]):
+    wheels = glob.glob(os.path.join(glob.escape(directory), "*.whl"))
+    if not wheels:
+        shutil.rmtree(directory, ignore_errors=True)
+        damaged.append(f"{directory}: no wheel")
+        continue
+    for path in wheels:
+        info = os.stat(path)
+        stamp = f"{expected} {info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_ino}\n"
+        stamp_path = os.path.join(directory, ".verified")
+        try:
+            with open(stamp_path) as stamped:
+                if stamped.read() == stamp:
+                    continue
+        except FileNotFoundError:
+            pass
+        digest = hashlib.sha256()
         with open(path, "rb") as wheel:
             for chunk in iter(lambda: wheel.read(1 << 20), b""):
                 digest.update(chunk)
-    except FileNotFoundError:
-        damaged.append(f"{path}: missing")
-        continue
-    if digest.hexdigest() != expected:
-        shutil.rmtree(os.path.dirname(path))
-        damaged.append(f"{path}: sha256 {digest.hexdigest()}, expected {expected}; removed")
+        if digest.hexdigest() != expected:
+            shutil.rmtree(directory)
+            damaged.append(f"{path}: sha256 {digest.hexdigest()}, expected {expected}; removed")
+            continue
+        with open(stamp_path + ".tmp", "w") as fresh:
+            fresh.write(stamp)
+        os.replace(stamp_path + ".tmp", stamp_path)
 for line in damaged:
     print(line, file=sys.stderr)
 sys.exit(1 if damaged else 0)
+"""
+
+# The uv binary out of its (verified) wheel into tools/<sha256>/ (argv: wheel directory, member, destination):
+# written in <destination>.tmp and renamed whole, so tools/<sha256>/uv is either complete or absent.
+EXTRACT_UV_SCRIPT = r"""
+import glob, os, shutil, sys, zipfile
+directory, member, dest = sys.argv[1:4]
+[wheel] = glob.glob(os.path.join(glob.escape(directory), "*.whl"))
+staging = dest + ".tmp"
+shutil.rmtree(staging, ignore_errors=True)
+os.makedirs(staging)
+binary = os.path.join(staging, "uv")
+with zipfile.ZipFile(wheel) as archive, archive.open(member) as source, open(binary, "xb") as out:
+    shutil.copyfileobj(source, out, 1 << 20)
+    out.flush()
+    os.fsync(out.fileno())
+os.chmod(binary, 0o755)
+shutil.rmtree(dest, ignore_errors=True)
+os.rename(staging, dest)
+"""
+
+# Index mode: the host downloads the pinned uv wheel from the index itself (PEP 503 simple page; argv: index URL,
+# file name, sha256, wheels/<sha256>), keeping it only when its sha256 is the pinned one.
+FETCH_UV_SCRIPT = r"""
+import hashlib, html, os, re, sys, urllib.parse, urllib.request
+index, filename, expected, directory = sys.argv[1:5]
+page_url = index.rstrip("/") + "/uv/"
+with urllib.request.urlopen(page_url, timeout=60) as response:
+    page = response.read().decode("utf-8", "replace")
+links = [urllib.parse.urljoin(page_url, html.unescape(href)) for href in re.findall(r'href="([^"]+)"', page)]
+found = [url for url in links if urllib.parse.unquote(urllib.parse.urlsplit(url).path).endswith("/" + filename)]
+if not found:
+    sys.exit(f"{page_url} does not list {filename}")
+os.makedirs(directory, exist_ok=True)
+dest = os.path.join(directory, filename)
+digest = hashlib.sha256()
+with urllib.request.urlopen(found[0].split("#")[0], timeout=600) as response, open(dest + ".part", "wb") as out:
+    for chunk in iter(lambda: response.read(1 << 20), b""):
+        digest.update(chunk)
+        out.write(chunk)
+if digest.hexdigest() != expected:
+    os.unlink(dest + ".part")
+    sys.exit(f"{found[0]}: sha256 {digest.hexdigest()}, expected {expected} (the pinned uv wheel); not kept")
+os.chmod(dest + ".part", 0o644)
+os.replace(dest + ".part", dest)
 """
 
 
@@ -734,12 +875,25 @@ class BuildPlan:
             yield list(self.steps)
 
 
-def pip_install_argv(python: PurePosixPath, lock_file: PurePosixPath, spec: VenvSpec,
-                     find_links: Iterable[PurePosixPath]) -> tuple[str, ...]:
-    argv = [str(python), "-I", "-m", "pip", "install", "--require-hashes", "--no-deps", "--no-cache-dir",
-            "--disable-pip-version-check", "--no-input"]
+def uv_options(layout: StoreLayout) -> tuple[str, ...]:
+    """What every uv command on the host gets: no config files, no Python downloads, the store's cache."""
+    return ("--no-config", "--no-python-downloads", "--color", "never", "--no-progress", "--cache-dir",
+            str(uv_cache(layout)))
+
+
+def uv_venv_argv(uv: PurePosixPath, layout: StoreLayout, interpreter: str, staging: PurePosixPath) -> tuple[str, ...]:
+    return (str(uv), "venv", *uv_options(layout), "--offline", "--quiet", "--python", interpreter, "--",
+            str(staging))
+
+
+def uv_install_argv(uv: PurePosixPath, layout: StoreLayout, python: PurePosixPath, lock_file: PurePosixPath,
+                    spec: VenvSpec, find_links: Iterable[PurePosixPath]) -> tuple[str, ...]:
+    """uv pip install of the lock into the venv of `python`: hashes required, no resolution, hard links from the
+    cache (uv copies, with a warning, where the cache is on another filesystem)."""
+    argv = [str(uv), "pip", "install", *uv_options(layout), "--python", str(python), "--link-mode", "hardlink",
+            "--require-hashes", "--no-deps", "--only-binary", ":all:"]
     if spec.wheelhouse is not None:
-        argv += ["--no-index", "--only-binary", ":all:"]
+        argv += ["--offline", "--no-index"]
         for directory in find_links:
             argv += ["--find-links", str(directory)]
     else:
@@ -747,64 +901,99 @@ def pip_install_argv(python: PurePosixPath, lock_file: PurePosixPath, spec: Venv
     return (*argv, "-r", str(lock_file))
 
 
-def build_marker(venv_hash: str, lock: Lock, python: PythonFacts, wheels: Iterable[LocalWheel],
+def build_marker(venv_hash: str, lock: Lock, python: PythonFacts, wheels: Iterable[str],
                  now: datetime) -> dict[str, Any]:
     return {"hash": venv_hash, "kind": "built", "lock_sha256": lock.sha256, "python": python.as_dict(),
-            "created": _iso(now), "distributions": lock.distributions(),
-            "wheels": sorted({wheel.sha256 for wheel in wheels})}
+            "created": _iso(now), "distributions": lock.distributions(), "wheels": sorted(set(wheels))}
+
+
+@dataclass(frozen=True)
+class UvSteps:
+    """The pinned uv wheel on a host: fetched by the host in index mode (a wheelhouse sends it like any wheel), and
+    its binary taken out into tools/<sha256>/ once the wheel is verified; no step once they are there."""
+
+    sha256: str
+    fetch: tuple[Step, ...]     # before the wheels are verified
+    extract: tuple[Step, ...]   # after
+
+
+def uv_steps(spec: VenvSpec, layout: StoreLayout, facts: VenvFacts, interpreter: str) -> UvSteps:
+    filename, sha = uv_wheel(facts.python)
+    fetch = ()
+    if spec.index is not None and sha not in facts.store.wheels:
+        fetch = (Step(FETCH_UV_STEP, (interpreter, "-I", "-c", FETCH_UV_SCRIPT, spec.index, filename, sha,
+                                      str(wheel_dir(layout, sha))), sudo=True, timeout_s=900),)
+    extract = ()
+    if sha not in facts.store.tools:
+        extract = (Step("venv build: uv binary", (interpreter, "-I", "-c", EXTRACT_UV_SCRIPT,
+                                                  str(wheel_dir(layout, sha)), UV_BINARY_MEMBER,
+                                                  str(uv_binary(layout, sha).parent)), sudo=True, timeout_s=300),)
+    return UvSteps(sha, fetch, extract)
 
 
 def plan_build(spec: VenvSpec, lock: Lock, layout: StoreLayout, facts: VenvFacts, now: datetime) -> BuildPlan:
     """Reuse the published venv of this lock on this interpreter, or the steps that build it.
 
-    Local wheels are hashed only when a build is needed; only those the host lacks become transfers.
+    Only wheels the host lacks are read here (hashed) and sent; the uv wheel travels the same way.
     """
     digest = venv_hash(lock, facts.python)
     final, staging = venv_path(layout, digest), staging_path(layout, digest)
     if facts.store.published(digest):
         return BuildPlan(digest, final, lock, facts.python, reuse=True)
-    wheels = select_wheels(lock, spec.wheelhouse, facts.python) if spec.wheelhouse is not None else ()
-    unique = {wheel.sha256: wheel for wheel in wheels}
-    missing = [wheel for sha, wheel in sorted(unique.items()) if sha not in facts.store.wheels]
-    transfers = tuple(WheelTransfer(wheel, wheel_dir(layout, wheel.sha256) / wheel.path.name) for wheel in missing)
+    interpreter = facts.interpreter or spec.python
+    on_host = wheels_on_host(lock, facts.store.wheels) if spec.wheelhouse is not None else frozenset()
+    local: tuple[LocalWheel, ...] = ()
+    if spec.wheelhouse is not None:
+        local = select_wheels(lock, spec.wheelhouse, facts.python, facts.store.wheels)
+    installer = uv_steps(spec, layout, facts, interpreter)
+    uv_sha = installer.sha256
+    if spec.wheelhouse is not None and uv_sha not in facts.store.wheels:
+        local = (*local, select_uv_wheel(spec.wheelhouse, facts.python))
+    unique = {wheel.sha256: wheel for wheel in local}
+    transfers = tuple(WheelTransfer(wheel, wheel_dir(layout, sha) / wheel.path.name)
+                      for sha, wheel in sorted(unique.items()))
     prepare: tuple[Step | Put, ...] = ()
     if transfers:
         prepare = (Step("venv build: wheel directories",
                         ("mkdir", "-p", "--", *(str(t.dest.parent) for t in transfers)), sudo=True),)
+    used = sorted({*on_host, *unique, uv_sha})
+    verify = Step(VERIFY_STEP, (interpreter, "-I", "-c", VERIFY_SCRIPT,
+                                *(part for sha in used for part in (sha, str(wheel_dir(layout, sha))))),
+                  sudo=True, timeout_s=1800)
     python = staging / "bin" / "python3"
     lock_file = staging / LOCK_FILE
-    find_links = [wheel_dir(layout, sha) for sha in sorted(unique)]
-    verify: list[Step | Put] = []
-    if unique:
-        pairs = [part for sha in sorted(unique) for part in (sha, str(wheel_dir(layout, sha) / unique[sha].path.name))]
-        verify.append(Step(VERIFY_STEP, (spec.python, "-I", "-c", VERIFY_SCRIPT, *pairs), sudo=True, timeout_s=1800))
+    uv = uv_binary(layout, uv_sha)
+    find_links = [wheel_dir(layout, sha) for sha in used if sha != uv_sha]
     steps = [
         *clear_steps("venv build", layout, digest, facts.store),
-        *verify,
-        Step("venv build: create", (spec.python, "-m", "venv", "--", str(staging)), sudo=True, timeout_s=300),
+        *installer.fetch,
+        verify,
+        *installer.extract,
+        Step("venv build: create", uv_venv_argv(uv, layout, interpreter, staging), sudo=True, timeout_s=300),
         Put(lock_file, lock.text().encode(), 0o644, sudo=True),
-        Step(PIP_STEP, pip_install_argv(python, lock_file, spec, find_links), sudo=True, timeout_s=PIP_TIMEOUT_S),
+        Step(INSTALL_STEP, uv_install_argv(uv, layout, python, lock_file, spec, find_links), sudo=True,
+             timeout_s=INSTALL_TIMEOUT_S),
         relocate_step("venv build: relocate scripts", python, staging, staging, final),
-        *publish_steps("venv build", staging, final, build_marker(digest, lock, facts.python, wheels, now)),
+        *publish_steps("venv build", staging, final, build_marker(digest, lock, facts.python, used, now)),
     ]
     return BuildPlan(digest, final, lock, facts.python, reuse=False, transfers=transfers, prepare=prepare,
                      steps=tuple(steps))
 
 
-def pip_error_lines(output: str) -> list[str]:
-    """pip's own error: from its first `ERROR:` line on (capped), else the last lines it printed."""
+def installer_error_lines(output: str) -> list[str]:
+    """uv's own error: from its first `error:` line on (capped), else the last lines it printed."""
     lines = output.rstrip("\n").splitlines()
-    first = next((i for i, line in enumerate(lines) if line.startswith("ERROR:")), None)
-    return lines[first:first + PIP_ERROR_LINES] if first is not None else lines[-12:]
+    first = next((i for i, line in enumerate(lines) if line.startswith(("error:", "ERROR:"))), None)
+    return lines[first:first + INSTALLER_ERROR_LINES] if first is not None else lines[-12:]
 
 
-def pip_failure(failure: StepFailed, venv_hash: str) -> StepFailed:
+def installer_failure(failure: StepFailed, venv_hash: str) -> StepFailed:
     result = failure.result
     output = "" if not isinstance(result, StepResult) else (result.stderr or result.stdout)
-    lines = "\n".join("    " + line for line in pip_error_lines(output))
+    lines = "\n".join("    " + line for line in installer_error_lines(output))
     first_line = failure.message.splitlines()[0]
-    return type(failure)(f"pip could not build venv {venv_hash}; nothing was published ({first_line})\n"
-                         f"  pip said:\n{lines}", step=failure.step, result=failure.result,
+    return type(failure)(f"uv could not build venv {venv_hash}; nothing was published ({first_line})\n"
+                         f"  uv said:\n{lines}", step=failure.step, result=failure.result,
                          hint=failure.hint or "fix the lock or the wheelhouse; the unfinished build is cleared "
                                               "before the next attempt")
 
@@ -840,8 +1029,8 @@ def run_build(remote: Remote, plan: BuildPlan, progress: Progress) -> VenvResult
                 progress.step_done(step_result.step.name, step_result.duration_s)
         except StepFailed as failure:
             name = getattr(failure.step, "name", None)
-            if name == PIP_STEP:
-                raise pip_failure(failure, plan.hash) from failure
+            if name == INSTALL_STEP:
+                raise installer_failure(failure, plan.hash) from failure
             if name == VERIFY_STEP:
                 raise StepFailed(failure.message, step=failure.step, result=failure.result,
                                  hint="wheels on the host were damaged and have been removed; rerun to send them "
@@ -1293,7 +1482,7 @@ def prune_steps(layout: StoreLayout, plan: PrunePlan) -> list[Step | Put]:
     for sha in plan.wheels:
         if not re.fullmatch(r"[0-9a-f]{64}", sha):
             raise ValueError(f"refusing to prune wheel {sha!r}: not a sha256")
-        doomed.append(wheel_dir(layout, sha))
+        doomed += [wheel_dir(layout, sha), tool_store(layout) / sha]  # a uv wheel's binary goes with it
     if not doomed:
         return []
     return [Step("prune venvs", ("rm", "-rf", "--", *map(str, doomed)), sudo=True, timeout_s=900)]

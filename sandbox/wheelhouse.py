@@ -1,6 +1,7 @@
 """Sandbox wheelhouse: the real sglang + flashinfer-python wheels, msgspec, what SGLang's serving benchmark
 imports, and the sim wheel, cached outside the clone under ${SGLANG_DEPLOY_CACHE:-/var/tmp/sglang-deploy-cache}.
-The guest has no network, so these are what its venv is built from.
+The guest has no network, so these are what its venv is built from; beside them the pinned uv wheel, which builds
+the tool's managed venvs (it is no part of a lock).
 
     python sandbox/wheelhouse.py [--sglang 0.5.23] [--flashinfer 0.7.2]   # download + build, print the paths
 """
@@ -22,6 +23,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from deploy_lib.venvs import UV_VERSION
 from sandbox.names import DEFAULT_FLASHINFER, DEFAULT_SGLANG
 
 SIM_DIR = Path(__file__).resolve().parent / "sim"
@@ -141,10 +143,20 @@ class Wheelhouse:
     dependencies: tuple[Path, ...]
     benchmark: tuple[Path, ...]  # what the serving benchmark needs, without those in `dependencies`
     sim: Path
+    uv: Path  # the installer deploy_lib.venvs pins (UV_VERSION), for wheelhouse directories of venv_build
 
     @property
     def wheels(self) -> tuple[Path, ...]:
+        """What a venv of the sandbox holds (and its lock pins)."""
         return (self.sglang, self.flashinfer, *self.dependencies, *self.benchmark, self.sim)
+
+    def link_into(self, directory: Path, *others: Path) -> Path:
+        """A wheelhouse directory for `service.venv_build`: symlinks to these wheels, uv's and `others`."""
+        directory.mkdir(parents=True, exist_ok=True)
+        for wheel in (*self.wheels, self.uv, *others):
+            if not (directory / wheel.name).exists():
+                (directory / wheel.name).symlink_to(wheel)
+        return directory
 
 
 def prepare(sglang_version: str = DEFAULT_SGLANG, flashinfer_version: str = DEFAULT_FLASHINFER) -> Wheelhouse:
@@ -155,6 +167,7 @@ def prepare(sglang_version: str = DEFAULT_SGLANG, flashinfer_version: str = DEFA
         dependencies=dependencies,
         benchmark=tuple(w for w in download_with_dependencies(BENCHMARK_REQUIREMENTS) if w not in dependencies),
         sim=build_sim_wheel(),
+        uv=download("uv", UV_VERSION),
     )
 
 

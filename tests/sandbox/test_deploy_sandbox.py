@@ -381,13 +381,10 @@ def test_a_store_on_a_full_filesystem_is_refused_before_anything_changes(rig: Ri
 
 def test_locked_venvs_are_built_reused_and_rolled_back_with_the_release(rig: Rig, healthy: str) -> None:
     """Two locks (FlashInfer 0.7.2, then 0.6.12): two venvs, each release on its own; rollback returns to the first."""
-    house = rig.project.root / "wheelhouse"
-    house.mkdir(exist_ok=True)
-    base_wheels = wheelhouse.prepare().wheels
+    sandbox_wheels = wheelhouse.prepare()
+    base_wheels = sandbox_wheels.wheels
     other = wheelhouse.download("flashinfer-python", "0.6.12")
-    for wheel in (*base_wheels, other):
-        if not (house / wheel.name).exists():
-            (house / wheel.name).symlink_to(wheel)
+    sandbox_wheels.link_into(rig.project.root / "wheelhouse", other)
     swapped = [other if w.name.startswith("flashinfer_python-") else w for w in base_wheels]
     for name, wheels in (("lock-a.txt", base_wheels), ("lock-b.txt", swapped)):
         wheelhouse.write_lock(rig.project.root / name, wheels)

@@ -182,12 +182,9 @@ print("built", built.hash, built.path)
 def test_a_venv_build_racing_a_deploy_that_prunes_keeps_its_build(rig: Rig, healthy: str) -> None:
     """Two processes at once: `venv.build` of a new lock (process A), and a deploy whose prune would remove every
     unfinished `<hash>.tmp` build (process B, started once A's build directory exists)."""
-    house = rig.project.root / "wheelhouse"
-    house.mkdir(exist_ok=True)
-    wheels = [w for w in wheelhouse.prepare().wheels if not w.name.startswith("sglang_sim")]  # a lock of its own
-    for wheel in wheels:
-        if not (house / wheel.name).exists():
-            (house / wheel.name).symlink_to(wheel)
+    sandbox_wheels = wheelhouse.prepare()
+    sandbox_wheels.link_into(rig.project.root / "wheelhouse")
+    wheels = [w for w in sandbox_wheels.wheels if not w.name.startswith("sglang_sim")]  # a lock of its own
     wheelhouse.write_lock(rig.project.root / "lock-race.txt", wheels)
     (rig.project.profiles_dir / "glm5-race.yaml").write_text(
         "extends: glm5-nvfp4\nservice:\n  venv_build:\n    lock: lock-race.txt\n    wheelhouse: wheelhouse\n")

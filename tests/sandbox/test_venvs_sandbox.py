@@ -1,8 +1,8 @@
-"""venvs.py on the sandbox guest, as the non-root user `deploy`: real pip, real wheels (sglang, flashinfer-python,
-msgspec, the sim), a lock generated from the sandbox wheelhouse with sha256 hashes.
+"""venvs.py on the sandbox guest, as the non-root user `deploy`: the real pinned uv, real wheels (sglang,
+flashinfer-python, msgspec, the sim), a lock generated from the sandbox wheelhouse with sha256 hashes.
 
 The tests of this module build on each other in file order (one store): build -> reuse -> lock change ->
-damaged wheel -> pip failure -> interrupted build -> adopt -> derive -> caches -> list and prune.
+damaged wheel -> uv failure -> interrupted build -> adopt -> derive -> caches -> list and prune.
 """
 
 from __future__ import annotations
@@ -60,11 +60,8 @@ def counting(remote: FabricRemote) -> CountingRemote:
 @pytest.fixture(scope="module")
 def house(wheelhouse_default: wheelhouse.Wheelhouse, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A wheelhouse directory with the sandbox wheels plus another flashinfer-python and sglang for new locks."""
-    directory = tmp_path_factory.mktemp("wheelhouse")
     others = (wheelhouse.download("flashinfer-python", "0.6.12"), wheelhouse.download("sglang", "0.5.20"))
-    for wheel in (*wheelhouse_default.wheels, *others):
-        (directory / wheel.name).symlink_to(wheel)
-    return directory
+    return wheelhouse_default.link_into(tmp_path_factory.mktemp("wheelhouse"), *others)
 
 
 def spec(tmp_path: Path, house: Path, wheels: Sequence[Path], name: str = "requirements.lock") -> venvs.VenvSpec:
@@ -97,16 +94,21 @@ def test_a_build_sends_every_wheel_once_and_publishes_a_working_venv(
         wheelhouse_default: wheelhouse.Wheelhouse, guest_shell: GuestShell) -> None:
     _, result, remote = built
     assert not result.reused
-    assert remote.wheel_bytes() == sum(w.stat().st_size for w in wheelhouse_default.wheels) == result.bytes_sent
+    assert remote.wheel_bytes() == sum(w.stat().st_size for w in (*wheelhouse_default.wheels, wheelhouse_default.uv))
+    assert remote.wheel_bytes() == result.bytes_sent
     where = python_says(guest_shell, result.path, "import sglang.version as v; print(v.__file__, v.__version__)")
     assert where == f"{result.path}/{SITE}/sglang/version.py 0.5.23"
     marker = json.loads(guest_shell.sudo(f"cat {result.path}/venv.json"))
     assert marker["hash"] == result.hash and marker["distributions"]["flashinfer-python"] == "0.7.2"
     assert marker["python"]["version"].startswith("3.11.")
-    # console scripts were relocated from the .tmp build directory: pip runs and names the published venv
-    assert guest_shell.sudo(f"head -1 {result.path}/bin/pip").strip() == f"#!{result.path}/bin/python3"
-    assert f"{result.path}/{SITE}/pip" in guest_shell.sudo(f"{result.path}/bin/pip --version")
+    # console scripts were relocated from the .tmp build directory: tqdm's runs from the published venv
+    assert guest_shell.sudo(f"head -1 {result.path}/bin/tqdm").strip() in (f"#!{result.path}/bin/python",
+                                                                           f"#!{result.path}/bin/python3")
+    assert guest_shell.sudo(f"{result.path}/bin/tqdm --version").strip() == "4.70.1"
     assert guest_shell.sudo(f"ls -A {LAYOUT.venvs}").split() == [result.hash]
+    # installed by hard links from uv's cache in the store (same filesystem), not copied
+    links = guest_shell.sudo(f"stat -c %h {result.path}/{SITE}/sglang/version.py").strip()
+    assert int(links) >= 2
 
 
 def test_a_second_run_reuses_the_venv_without_sending_anything(
@@ -156,41 +158,45 @@ def test_a_damaged_wheel_on_the_host_fails_before_pip_and_is_sent_again_next_tim
 
 def test_a_corrupted_wheel_in_the_wheelhouse_fails_before_anything_travels(
         store: None, sandbox_ssh: FabricRemote, wheelhouse_default: wheelhouse.Wheelhouse, tmp_path: Path) -> None:
-    lock = wheelhouse.write_lock(tmp_path / "requirements.lock", [wheelhouse_default.dependencies[0]])
-    damaged = tmp_path / "house"
-    damaged.mkdir()
-    data = bytearray(wheelhouse_default.dependencies[0].read_bytes())
+    # a wheel the host lacks (a local wheel is read only when it would travel: the host's copy is verified there)
+    other_sglang = wheelhouse.download("sglang", "0.5.20")
+    lock = wheelhouse.write_lock(tmp_path / "requirements.lock", [other_sglang])
+    damaged = wheelhouse_default.link_into(tmp_path / "house")
+    data = bytearray(other_sglang.read_bytes())
     data[1000] ^= 0xFF
-    (damaged / wheelhouse_default.dependencies[0].name).write_bytes(bytes(data))
+    (damaged / other_sglang.name).write_bytes(bytes(data))
     remote = counting(sandbox_ssh)
-    with pytest.raises(ConfigError, match="hash mismatch for msgspec"):
+    with pytest.raises(ConfigError, match=r"hash mismatch for sglang==0\.5\.20"):
         venvs.ensure_venv(remote, LAYOUT, venvs.VenvSpec(lock=lock, wheelhouse=damaged))
     assert remote.sent == []
 
 
-def test_a_pip_failure_shows_pips_own_error_lines_and_publishes_nothing(
-        store: None, sandbox_ssh: FabricRemote, wheelhouse_default: wheelhouse.Wheelhouse, tmp_path: Path,
-        guest_shell: GuestShell) -> None:
+def test_a_uv_failure_shows_uvs_own_error_lines_and_publishes_nothing(
+        store: None, sandbox_ssh: FabricRemote, wheelhouse_default: wheelhouse.Wheelhouse, house: Path,
+        tmp_path: Path) -> None:
     lock = wheelhouse.write_lock(tmp_path / "requirements.lock", [wheelhouse_default.dependencies[0]])
-    unreachable = venvs.VenvSpec(lock=lock, index="http://127.0.0.1:9/simple")  # the guest has no index
+    # a requirement with a marker may lack a local wheel (uv decides on the host): this one is true there
+    lock.write_text(lock.read_text() + f'nosuch==1.0 ; python_version >= "3" --hash=sha256:{"0" * 64}\n')
     with pytest.raises(StepFailed) as raised:
-        venvs.ensure_venv(sandbox_ssh, LAYOUT, unreachable)
+        venvs.ensure_venv(sandbox_ssh, LAYOUT, venvs.VenvSpec(lock=lock, wheelhouse=house))
     message = str(raised.value)
-    assert "pip said:" in message
-    assert "ERROR: Could not find a version that satisfies the requirement msgspec==0.23.0" in message
+    assert "uv said:" in message and "nothing was published" in message
+    assert "nosuch was not found in the provided package locations" in message
     facts = venvs.read_facts(sandbox_ssh, LAYOUT, "python3")
     target = venvs.venv_hash(venvs.load_lock(lock), facts.python)
     assert f"{target}.tmp" in facts.store.entries and target not in facts.store.entries
 
 
 @dataclass
-class KilledPip:
-    """The sandbox connection, with the pip step cut off after a few seconds by the host's `timeout`."""
+class KilledInstall:
+    """The sandbox connection, with the install step one that never ends, cut off by the host's `timeout` (uv
+    itself may finish within any limit: what matters is a build stopped there)."""
 
     inner: FabricRemote
 
     def run(self, batch: Sequence[Step | Put]) -> list[StepResult]:
-        return self.inner.run([replace(s, timeout_s=3) if s.name == venvs.PIP_STEP else s for s in batch])
+        return self.inner.run([replace(s, argv=("sleep", "600"), timeout_s=1) if s.name == venvs.INSTALL_STEP else s
+                               for s in batch])
 
     def close(self) -> None:
         pass
@@ -202,7 +208,7 @@ def test_an_interrupted_build_leaves_nothing_usable_and_the_next_run_clears_it(
     other_sglang = house / wheelhouse.download("sglang", "0.5.20").name
     interrupted = spec(tmp_path, house, [other_sglang, *wheelhouse_default.dependencies])
     with pytest.raises(StepTimedOut):
-        venvs.ensure_venv(KilledPip(sandbox_ssh), LAYOUT, interrupted)
+        venvs.ensure_venv(KilledInstall(sandbox_ssh), LAYOUT, interrupted)
     facts = venvs.read_facts(sandbox_ssh, LAYOUT, "python3")
     target = venvs.venv_hash(venvs.load_lock(interrupted.lock), facts.python)
     assert f"{target}.tmp" in facts.store.entries and not facts.store.published(target)
