@@ -83,8 +83,9 @@ class VenvSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     lock: Path = Field(description="pinned requirements with --hash lines (pip-compile --generate-hashes, "
-                                   "uv pip compile --generate-hashes); it must be complete: pip runs --no-deps")
-    wheelhouse: Path | None = Field(None, description="local directory of wheels, pushed to hosts without internet")
+                                   "uv pip compile --generate-hashes); it must be complete: uv installs it --no-deps")
+    wheelhouse: Path | None = Field(None, description="local directory of wheels (and the pinned uv wheel), pushed "
+                                                      "to hosts without internet")
     index: str | None = Field(None, description="package index URL the host itself downloads from")
     python: str = Field("python3", description="the host's interpreter that creates the venv")
 
