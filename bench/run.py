@@ -568,7 +568,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--runs", type=int, default=5, help="runs per deploy figure and per unchanged-lock figure")
     parser.add_argument("--venv-runs", type=int, default=3, choices=range(1, len(OTHER_FLASHINFER) + 1),
-                        help="one-changed-package builds (each a full pip install in the guest)")
+                        help="one-changed-package builds (each a new venv in the guest)")
     parser.add_argument("--guest", help="measure on this running guest (neither started nor stopped here)")
     parser.add_argument("--only", choices=("deploys", "venvs", "models"), help="measure this group of figures only")
     options = parser.parse_args(argv)
