@@ -165,9 +165,13 @@ def _show_each(fleet: FleetRun[T], print_report: Callable[[T], None]) -> None:
 def _show_outcomes(fleet: FleetRun[Outcome]) -> None:
     """A group deploy's or rollback's end: plans (dry run), the per-host table; exit 0 only when every host is on
     its new release, else the worst host's code."""
-    from deploy_lib.fleet import summarize
-    summary = summarize(fleet, lambda outcome: outcome.release_id, lambda outcome: outcome.action,
-                        lambda outcome: outcome.ready.duration_s if outcome.ready else None)
+    from deploy_lib.fleet import HostEnd, summarize
+
+    def ended(outcome: Outcome) -> HostEnd:  # a dry run changed nothing: what ran before still runs
+        serving = outcome.previous_id if outcome.action == "planned" else outcome.release_id
+        return HostEnd(outcome.action, outcome.release_id, serving,
+                       outcome.ready.duration_s if outcome.ready else None)
+    summary = summarize(fleet, ended)
     ui.print_host_errors(fleet)
     if _output.as_json:
         ui.print_json(ui.fleet_json(fleet, summary, ui.outcome_json))

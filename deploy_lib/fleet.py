@@ -215,6 +215,16 @@ def _host_run(host: str, future: Future[T]) -> HostRun[T]:
 
 
 @dataclass(frozen=True)
+class HostEnd:
+    """How a host's call that returned ended: what the command did, and what runs there now (a dry run: what ran)."""
+
+    outcome: str
+    release: str | None
+    serving: str | None
+    ready_s: float | None = None
+
+
+@dataclass(frozen=True)
 class HostSummary:
     """One row of a group deploy's or rollback's result table."""
 
@@ -236,8 +246,7 @@ class Summary:
     by_release: dict[str, list[str]] = field(default_factory=dict)  # serving release -> hosts
 
 
-def summarize(fleet: FleetRun[T], release_of: Callable[[T], str | None], action_of: Callable[[T], str],
-              ready_of: Callable[[T], float | None]) -> Summary:
+def summarize(fleet: FleetRun[T], ended: Callable[[T], HostEnd]) -> Summary:
     """The per-host table and which hosts run which release, from the per-host outcomes and errors."""
     rows = []
     for run in fleet.runs:
@@ -249,8 +258,8 @@ def summarize(fleet: FleetRun[T], release_of: Callable[[T], str | None], action_
                                     run.error.message, run.error.exit_code))
         else:
             assert run.result is not None
-            release = release_of(run.result)
-            rows.append(HostSummary(run.host, action_of(run.result), release, release or "?", ready_of(run.result)))
+            end = ended(run.result)
+            rows.append(HostSummary(run.host, end.outcome, end.release, end.serving or "none", end.ready_s))
     by_release: dict[str, list[str]] = {}
     for row in rows:
         by_release.setdefault(row.serving, []).append(row.host)
@@ -270,5 +279,5 @@ def serving_after(error: DeployError) -> str:
     return "unknown (see status)"
 
 
-__all__ = ["ALL_AT_ONCE", "FleetRun", "HostRun", "HostSummary", "Rollout", "Size", "Summary", "run_hosts",
+__all__ = ["ALL_AT_ONCE", "FleetRun", "HostEnd", "HostRun", "HostSummary", "Rollout", "Size", "Summary", "run_hosts",
            "serving_after", "summarize", "worst_exit_code"]

@@ -148,3 +148,15 @@ def test_a_host_whose_lock_is_held_is_refused_and_the_others_proceed_within_max_
     assert report["serving"] == {"as before": [locked.name], new[1]: [fleet.names[1]], new[2]: [fleet.names[2]]}
     assert [fleet.current(guest) for guest in fleet.guests] == [baseline[0], new[1], new[2]]
 
+
+
+def test_a_dry_run_of_a_group_plans_each_host_and_changes_nothing(fleet: Fleet) -> None:
+    baseline = fleet.baseline()
+    histories = [fleet.history_length(guest) for guest in fleet.guests]
+    code, report, stderr = fleet.deploy("fleet-3", "--dry-run")
+    assert code == 0, stderr
+    assert [report["hosts"][name]["outcome"] for name in fleet.names] == ["planned"] * 3
+    assert all(report["hosts"][name]["changes"] for name in fleet.names)  # OMP_NUM_THREADS and the fault file
+    assert report["serving"] == {release: [name] for release, name in zip(baseline, fleet.names, strict=True)}
+    assert [fleet.current(guest) for guest in fleet.guests] == baseline
+    assert [fleet.history_length(guest) for guest in fleet.guests] == histories
