@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from fake_remote import FakeRemote
 from recording_progress import RecordingProgress
 from test_cli import invoke
@@ -12,7 +13,7 @@ from test_cli import invoke
 from deploy_lib import deploy as engine
 from deploy_lib.facts import FACT_UNIT, FACT_UNIT_LINK
 from deploy_lib.project import Project, resolve_target
-from deploy_lib.status import serving_endpoint
+from deploy_lib.status import follow_log, serving_endpoint
 from deploy_lib.store import (
     FACT_CURRENT,
     FACT_HISTORY,
@@ -134,3 +135,25 @@ def test_uninstall_without_a_terminal_asks_for_yes_and_touches_nothing() -> None
     refused = invoke("uninstall", "--inventory", "inventory/sandbox.yaml")
     assert refused.returncode == 1 and "stdin is not a terminal, so nothing was changed" in refused.stderr
     assert "remove service sglang from th1" in refused.stderr and "rerun with --yes" in refused.stderr
+
+
+def test_logs_follow_shows_the_last_lines_then_only_new_ones() -> None:
+    """`invoke logs --follow`: one read of the newest lines, then each poll asks journald for what came after."""
+    remote = FakeRemote()
+    remote.reply(lambda step: "--after-cursor=c1" not in step.argv, stdout="loading\nready\n-- cursor: c1\n")
+    remote.reply(lambda step: "--after-cursor=c1" in step.argv, stdout="GET /health 200\n-- cursor: c2\n")
+    polls: list[float] = []
+
+    def sleep(seconds: float) -> None:
+        polls.append(seconds)
+        if len(polls) == 2:
+            raise KeyboardInterrupt
+
+    shown: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        shown.extend(follow_log(TARGET, "sglang", remote, lines=50, sleep=sleep))
+    first, second = (step.argv for step in remote.ran)
+    assert shown == ["loading", "ready", "GET /health 200"]
+    assert first[:first.index("-n") + 2] == ("journalctl", "-u", "sglang.service", "-o", "cat", "--no-pager", "-q",
+                                             "-n", "50") and "--show-cursor" in first
+    assert "--after-cursor=c1" in second and all(step.sudo for step in remote.ran)
