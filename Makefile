@@ -5,6 +5,10 @@
 SHELL := /bin/bash
 VENV  ?= .venv
 PY    := $(VENV)/bin/python
+# Test modules run in parallel, each whole on one worker (its module-scoped guest with it); the sandbox tests mostly
+# wait on guests, so more workers than cores pay off. --durations=10 prints the slowest ten.
+TEST_WORKERS ?= 4
+PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10
 export SGLANG_DEPLOY_CACHE ?= /var/tmp/sglang-deploy-cache
 
 .PHONY: test test-fast demo demo-fleet bench lint install host-deps clean
@@ -25,10 +29,10 @@ lint: install
 	$(VENV)/bin/ruff check .
 
 test: install host-deps lint
-	$(PY) -m pytest -q
+	$(PYTEST)
 
 test-fast: install lint
-	$(PY) -m pytest -q -m "not sandbox"
+	$(PYTEST) -m "not sandbox"
 
 demo: install host-deps
 	$(VENV)/bin/invoke demo

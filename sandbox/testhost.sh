@@ -37,12 +37,16 @@ name_index() {     # thN -> N-1; any other name -> a stable index from its check
   if [[ $1 =~ ^th([0-9]+)$ ]] && [ "${BASH_REMATCH[1]}" -ge 1 ]; then echo $((BASH_REMATCH[1] - 1))
   else echo $(( $(printf '%s' "$1" | cksum | cut -d' ' -f1) % 8192 + 8192 )); fi
 }
+TH_INDEX_GIVEN=${TH_INDEX:-}
 if [ -z "${TH_INDEX:-}" ] && [ -s "$TH_DIR/run/$TH_NAME/index" ]; then TH_INDEX=$(cat "$TH_DIR/run/$TH_NAME/index"); fi
 TH_INDEX=${TH_INDEX:-$(name_index "$TH_NAME")}
 [ "$TH_INDEX" -ge 0 ] && [ "$TH_INDEX" -lt 16384 ] || { echo "TH_INDEX must be 0..16383" >&2; exit 2; }
-SUBNET_BASE=$((TH_INDEX * 4))
-TH_HOST_IP=10.213.$((SUBNET_BASE / 256)).$((SUBNET_BASE % 256 + 1))    # host end of the veth pair
-TH_GUEST_IP=10.213.$((SUBNET_BASE / 256)).$((SUBNET_BASE % 256 + 2))   # container end
+set_addresses() {
+  SUBNET_BASE=$((TH_INDEX * 4))
+  TH_HOST_IP=10.213.$((SUBNET_BASE / 256)).$((SUBNET_BASE % 256 + 1))    # host end of the veth pair
+  TH_GUEST_IP=10.213.$((SUBNET_BASE / 256)).$((SUBNET_BASE % 256 + 2))   # container end
+}
+set_addresses
 TH_PREFIX=30
 
 RUN=$TH_DIR/run/$TH_NAME                     # per-instance state
@@ -146,6 +150,15 @@ install_gpu_standins() {   # simulated driver + sim defaults; copied at each sta
   install -m 644 "$HERE/guest-sim-config.json" "$ROOT/etc/sglang-sim/config.json"
 }
 
+claim_index() {    # names' checksums can collide: a derived index another instance holds moves to the next free one
+  local taken i=$TH_INDEX
+  taken=$(cat "$TH_DIR"/run/*/index 2>/dev/null || true)
+  if [ -z "$TH_INDEX_GIVEN" ]; then
+    while grep -qx "$i" <<<"$taken"; do i=$(( (i + 1) % 16384 )); done
+  fi
+  echo "$i" > "$RUN/index"
+}
+
 make_client_key() { [ -f "$KEY" ] || ssh-keygen -q -t ed25519 -N '' -C sglang-deploy-sandbox -f "$KEY"; }
 
 cmd_start() {
@@ -153,11 +166,13 @@ cmd_start() {
   cmd_build
   if running; then log "already running"; return; fi
   cmd_stop                                   # clear leftovers of a crashed run
+  mkdir -p "$RUN/upper" "$RUN/work" "$ROOT" "$TH_DIR/ssh" "$TH_DIR/known_hosts"
+  with_lock claim_index
+  TH_INDEX=$(cat "$RUN/index"); set_addresses
   if ip -o addr show | grep -qE "inet ($TH_HOST_IP|$TH_GUEST_IP)/"; then
+    rm -f "$RUN/index"
     log "address $TH_HOST_IP or $TH_GUEST_IP already in use on this host; pick another TH_INDEX"; exit 1
   fi
-  mkdir -p "$RUN/upper" "$RUN/work" "$ROOT" "$TH_DIR/ssh" "$TH_DIR/known_hosts"
-  echo "$TH_INDEX" > "$RUN/index"
   with_lock make_client_key
 
   # 1. throw-away writable layer over the pristine rootfs; per-instance identity

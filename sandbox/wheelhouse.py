@@ -83,18 +83,22 @@ def download(dist: str, version: str | None = None) -> Path:
 
 
 def download_with_dependencies(requirements: tuple[str, ...]) -> tuple[Path, ...]:
-    """`pip download` the requirements and their dependencies (binary only), then name the resolved wheels.
+    """The wheels of the requirements and their dependencies (binary only): `pip download`ed once, then named.
 
-    The resolution is re-done offline against the cache (`pip install --dry-run --report`), so the answer is the
-    exact set pip would install, whatever else the flat cache holds."""
+    The resolution is done offline against the cache (`pip install --dry-run --report`), so the answer is the
+    exact set pip would install, whatever else the flat cache holds; only when the cache cannot satisfy it does
+    pip go to the index (a test session's setup then costs one offline resolution, not a round of downloads)."""
     wheel_dir().mkdir(parents=True, exist_ok=True)
-    fetched = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
-                              "--dest", str(wheel_dir()), *requirements], capture_output=True, text=True)
-    if fetched.returncode != 0:
-        raise RuntimeError(f"pip download {' '.join(requirements)} failed:\n{fetched.stderr[-2000:]}")
-    report = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed",
-                             "--no-index", "--find-links", str(wheel_dir()), "--only-binary=:all:", "--report", "-",
-                             *requirements], check=True, capture_output=True, text=True).stdout
+    resolve = [sys.executable, "-m", "pip", "install", "-q", "--dry-run", "--ignore-installed", "--no-index",
+               "--find-links", str(wheel_dir()), "--only-binary=:all:", "--report", "-", *requirements]
+    offline = subprocess.run(resolve, capture_output=True, text=True)
+    if offline.returncode != 0:
+        fetched = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:",
+                                  "--dest", str(wheel_dir()), *requirements], capture_output=True, text=True)
+        if fetched.returncode != 0:
+            raise RuntimeError(f"pip download {' '.join(requirements)} failed:\n{fetched.stderr[-2000:]}")
+    report = offline.stdout if offline.returncode == 0 else subprocess.run(
+        resolve, check=True, capture_output=True, text=True).stdout
     wheels = []
     for item in json.loads(report)["install"]:
         metadata = item["metadata"]
