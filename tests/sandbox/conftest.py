@@ -10,6 +10,12 @@
 - `wheelhouse_default`, `venv_layer`, `sim_venv` (session): the wheels, the guests' venv layer (built once per
   wheelhouse and rootfs, kept in the cache), and a venv on this machine for the sim's loopback tests.
 - `guest_shell`: a GuestShell (guest_shell.py): paramiko, RejectPolicy, the guest's known_hosts.
+
+A new sandbox test module takes `sandbox_venv` (or `sandbox_guest`) and builds its rig from it, e.g.
+`Rig.on(sandbox_venv, tmp_path_factory, PROFILES)` (rig.py); tests in one module share its guest and run in order.
+A test that needs more guests at once starts them with `manage.up(name, record=False, layers=(venv_layer,))` under
+a unique name and always stops them. `make test` runs modules in parallel (pytest-xdist, --dist loadfile): a
+module must not rely on anything outside its own guests, and what it shares on this machine (the cache) is locked.
 """
 
 from __future__ import annotations

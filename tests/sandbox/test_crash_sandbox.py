@@ -3,11 +3,8 @@ switched to itself, whatever other deploy tests left on a shared guest)."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
-from projects import project_for_guest
-from test_deploy_sandbox import FAULT_OF_CRASHY, GUEST_FAULT, TEST_PROFILES, Rig, crashy_release
+from rig import FAULT_OF_CRASHY, Rig
 
 from sandbox import manage
 
@@ -15,23 +12,20 @@ pytestmark = pytest.mark.sandbox
 
 
 @pytest.fixture(scope="module")
-def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    project, inventory = project_for_guest(tmp_path_factory.mktemp("project"), sandbox_venv, TEST_PROFILES)
-    yield Rig(sandbox_venv, project, inventory)
+def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Rig:
+    return Rig.on(sandbox_venv, tmp_path_factory)
 
 
 @pytest.fixture
 def healthy(rig: Rig) -> str:
-    rig.fault(None)
-    rig.fault(None, GUEST_FAULT)
-    return rig.deploy("glm5-nvfp4").release_id
+    return rig.healthy_release()
 
 
 def test_a_crash_after_the_deploy_is_restarted_and_status_shows_its_cause_and_count(rig: Rig, healthy: str) -> None:
     # a switch recorded in history just before (the fixture's deploy may be a no-op that records nothing, and the
     # rollback goes to the newest healthy release there, whatever earlier tests deployed)
     before = rig.deploy("glm5-omp4").release_id
-    crashy = crashy_release(rig)
+    crashy = rig.crashy_release()
     try:
         rig.serve_until_crash()
         rig.wait_ready()

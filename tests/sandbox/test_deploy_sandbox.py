@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import json
-import shlex
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from projects import project_for_guest
 from recording_progress import RecordingProgress
+from rig import FAULT_OF_CRASHY, GUEST_FAULT, Rig
 
 from deploy_lib import deploy as engine
 from deploy_lib.errors import (
@@ -24,103 +20,24 @@ from deploy_lib.errors import (
     RollbackFailed,
 )
 from deploy_lib.patches import find_patch_set, on_host
-from deploy_lib.project import Project, load_for_host
+from deploy_lib.project import load_for_host
 from deploy_lib.remote import FabricRemote, OutputLine, Step
-from deploy_lib.status import StatusReport, list_releases, read_status
+from deploy_lib.status import list_releases, read_status
 from deploy_lib.store import StoreLayout, this_process_owner
 from sandbox import manage, wheelhouse
 
 pytestmark = pytest.mark.sandbox
 REPO = Path(__file__).resolve().parents[2]
-# Test profiles on top of the reference one: a second healthy release, and one with a short deadline that reads
-# its own fault file (SGLANG_SIM_FAULT), so a fault breaks only its release and not the rollback target.
-FAULT_OF_SHORT = "/etc/sglang-sim/fault-short"
-GUEST_FAULT = "/etc/sglang-sim/fault"  # read by every release on the guest
-FAULT_OF_CRASHY = "/etc/sglang-sim/fault-crashy"
-TEST_PROFILES = {
-    "glm5-omp4": "extends: glm5-nvfp4\nenv:\n  OMP_NUM_THREADS: '4'\n",
-    "glm5-short": (f"extends: glm5-nvfp4\nenv:\n  SGLANG_SIM_FAULT: {FAULT_OF_SHORT}\n"
-                   "service:\n  startup_timeout_s: 8\n"),
-    "glm5-unknown-flag": "extends: glm5-nvfp4\nextra_args: ['--no-such-flag']\n",
-    # restarted by systemd one second after a crash (the default waits 10 s); 3 restarts per 15 min, the default
-    "glm5-crashy": f"extends: glm5-nvfp4\nenv:\n  SGLANG_SIM_FAULT: {FAULT_OF_CRASHY}\nservice:\n  restart_sec: 1\n",
-}
-
-
-@dataclass
-class Rig:
-    guest: manage.Guest
-    project: Project
-    inventory: str
-
-    def deploy(self, profile: str, **options: object) -> engine.Outcome:
-        loaded, target = load_for_host(self.project, profile, self.inventory, None)
-        with FabricRemote(target.ssh) as remote:
-            return engine.deploy(loaded, target, remote, RecordingProgress(), engine.Options(**options))
-
-    def rollback(self, to: str | None = None) -> engine.Outcome:
-        _, target = load_for_host(self.project, "glm5-nvfp4", self.inventory, None)
-        with FabricRemote(target.ssh) as remote:
-            return engine.rollback(target, "sglang", remote, RecordingProgress(), to, {})
-
-    def root(self, command: str) -> str:
-        return manage.run_on(self.guest, command, user="root")
-
-    def current(self) -> str:
-        return self.root("readlink /opt/sglang-deploy/sglang/current").strip().removeprefix("releases/")
-
-    def history(self) -> list[dict[str, object]]:
-        text = self.root("cat /opt/sglang-deploy/sglang/history.jsonl 2>/dev/null || true")
-        return [json.loads(line) for line in text.splitlines() if line.strip()]
-
-    def release_dirs(self) -> set[str]:
-        return set(self.root("ls /opt/sglang-deploy/sglang/releases 2>/dev/null || true").split())
-
-    def fault(self, text: str | None, path: str = FAULT_OF_SHORT) -> None:
-        """Inject a sim fault; by default only into releases of glm5-short, everywhere with the guest's file."""
-        self.root("mkdir -p /etc/sglang-sim && " + (f"echo '{text}' > {path}" if text else f"rm -f {path}"))
-
-    def unit_state(self) -> str:
-        return self.root("systemctl is-active sglang.service || true").strip()
-
-    def status(self) -> StatusReport:
-        _, target = load_for_host(self.project, "glm5-nvfp4", self.inventory, None)
-        with FabricRemote(target.ssh) as remote:
-            return read_status(target, "sglang", remote)
-
-    def wait_ready(self) -> None:
-        self.root(f"timeout 60 bash -c {shlex.quote(WAIT_READY)}")
-
-    def serve_until_crash(self) -> None:
-        """Wait for the server to be ready, send generations until it dies, wait for systemd to notice."""
-        before = self.root("systemctl show -p NRestarts --value sglang.service").strip()
-        self.wait_ready()
-        self.root(f"timeout 60 bash -c {shlex.quote(GENERATE_UNTIL_REFUSED)}")
-        self.root("timeout 60 bash -c " + shlex.quote(
-            "until systemctl is-failed -q sglang.service || [ \"$(systemctl show -p NRestarts --value "
-            f"sglang.service)\" != {before} ] || [ \"$(systemctl show -p SubState --value sglang.service)\" = "
-            "auto-restart ]; do sleep 0.2; done"))
-
-
-WAIT_READY = "until curl -sf -o /dev/null http://127.0.0.1:8000/ready; do sleep 0.2; done"
-GENERATE_UNTIL_REFUSED = (
-    "while curl -sf -o /dev/null -H Content-Type:application/json "
-    "-d '{\"text\": \"hi\", \"sampling_params\": {\"max_new_tokens\": 4}}' http://127.0.0.1:8000/generate; "
-    "do :; done")
 
 
 @pytest.fixture(scope="module")
-def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    project, inventory = project_for_guest(tmp_path_factory.mktemp("project"), sandbox_venv, TEST_PROFILES)
-    yield Rig(sandbox_venv, project, inventory)
+def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Rig:
+    return Rig.on(sandbox_venv, tmp_path_factory)
 
 
 @pytest.fixture
 def healthy(rig: Rig) -> str:
-    """The reference profile deployed and serving; returns its release id."""
-    rig.fault(None)
-    rig.fault(None, GUEST_FAULT)
-    return rig.deploy("glm5-nvfp4").release_id
+    return rig.healthy_release()
 
 
 def test_deploy_the_reference_profile_then_redeploy_is_a_no_op(rig: Rig) -> None:
@@ -161,7 +78,7 @@ def test_crash_while_loading_is_seen_at_once_and_rolled_back(rig: Rig, healthy: 
     rig.fault("oom")
     try:
         with pytest.raises(ReadinessFailed, match="out of memory") as caught:
-            rig.deploy("glm5-short")
+            rig.deploy("glm5-faulty")
     finally:
         rig.fault(None)
     assert caught.value.hint and "mem-fraction-static" in caught.value.hint
@@ -237,7 +154,7 @@ def test_rollback_target_broken_too_stops_the_unit(rig: Rig, healthy: str) -> No
     rig.fault("oom", GUEST_FAULT)  # every other release, the rollback target among them
     try:
         with pytest.raises(RollbackFailed, match=r"rollback to .* failed too"):
-            rig.deploy("glm5-short")
+            rig.deploy("glm5-faulty")
         assert rig.unit_state() in ("inactive", "failed")
         assert [(h["event"], h["outcome"]) for h in rig.history()[-2:]] == [("deploy", "failed"),
                                                                               ("rollback", "failed")]
@@ -247,8 +164,7 @@ def test_rollback_target_broken_too_stops_the_unit(rig: Rig, healthy: str) -> No
 
 
 def test_status_and_releases_describe_the_host(rig: Rig, healthy: str) -> None:
-    _, target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
-    with FabricRemote(target.ssh) as remote:
+    with rig.connect() as (target, remote):
         report = read_status(target, "sglang", remote)
         rows = list_releases(target, "sglang", remote)
     assert report.current == healthy and report.unit_state == "active/running"
@@ -258,7 +174,7 @@ def test_status_and_releases_describe_the_host(rig: Rig, healthy: str) -> None:
 
 
 def test_a_changed_host_key_is_refused(rig: Rig, tmp_path: Path) -> None:
-    _, target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
+    _, target = rig.target()
     forged = tmp_path / "known_hosts"
     line = target.ssh.known_hosts_path.read_text().splitlines()[0].split()
     other_key = "AAAAC3NzaC1lZDI1NTE5AAAAIOMqqnkVzrm0SdG6UOoqKLsabgH5C9okWi0dh2l9GKJl"
@@ -271,7 +187,7 @@ def test_a_changed_host_key_is_refused(rig: Rig, tmp_path: Path) -> None:
 
 def test_patch_fusion_enable_deploys_a_patched_venv_and_disable_returns(rig: Rig, healthy: str) -> None:
     patch_set = find_patch_set(REPO / "roles", "fusion-sm120")
-    base, target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
+    base, target = rig.target()
     fingerprint = "find /opt/ml-env -name '*.py' -path '*sglang/srt/layers*' | sort | xargs sha256sum | sha256sum"
     before = rig.root(fingerprint)
     with FabricRemote(target.ssh) as remote:
@@ -317,7 +233,7 @@ class DropDuring:
 
 
 def test_ssh_dropped_during_staging_leaves_current_untouched_and_a_rerun_completes(rig: Rig, healthy: str) -> None:
-    loaded, target = load_for_host(rig.project, "glm5-omp4", rig.inventory, None)
+    loaded, target = rig.target("glm5-omp4")
     with FabricRemote(target.ssh) as inner:
         with pytest.raises(ConnectFailed):
             engine.deploy(loaded, target, DropDuring(inner, "stage:"), RecordingProgress(), engine.Options())
@@ -331,7 +247,7 @@ def test_healthy_then_dead_within_the_grace_window_is_rolled_back(rig: Rig, heal
     rig.fault("die-after 1")  # the ladder's one generation, then the server exits
     try:
         with pytest.raises(ReadinessFailed, match=r"grace|exited|failed") as caught:
-            rig.deploy("glm5-short")
+            rig.deploy("glm5-faulty")
     finally:
         rig.fault(None)
     assert f"release {healthy} is serving" in str(caught.value)
@@ -351,8 +267,7 @@ def test_a_stale_lock_is_reported_and_unlock_clears_it(rig: Rig, healthy: str) -
     rig.root(f"mkdir {layout.lock} && echo '{dead.to_json().decode().strip()}' > {layout.lock_owner}")
     with pytest.raises(LockHeld, match="looks stale"):
         rig.deploy("glm5-omp4")
-    _, target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
-    with FabricRemote(target.ssh) as remote:
+    with rig.connect() as (target, remote):
         removed = unlock(remote, layout, force=False, context=LockContext(where=target.host.name))
     assert removed is not None and removed.owner == dead
     assert rig.deploy("glm5-omp4").action == "deployed"
@@ -418,12 +333,11 @@ def test_the_gate_in_deploy_keeps_a_first_release_and_rolls_back_the_slow_patche
     rig.root("/opt/ml-env/bin/python -m sglang_sim.tokenizer /opt/sim-tokenizer")
     (rig.project.profiles_dir / "glm5-gated.yaml").write_text(GATED)
     progress = RecordingProgress()
-    loaded, target = load_for_host(rig.project, "glm5-gated", rig.inventory, None)
-    with FabricRemote(target.ssh) as remote:
-        first = engine.deploy(loaded, target, remote, progress, engine.Options())
+    first = rig.deploy("glm5-gated", progress)
     assert first.action == "deployed" and rig.current() == first.release_id
     assert any("no baseline" in str(note) for note in progress.of_kind("note"))
     patch_set = find_patch_set(REPO / "roles", "fusion-sm120")
+    loaded, target = rig.target("glm5-gated")
     with FabricRemote(target.ssh) as remote, pytest.raises(GateFailed) as caught:
         on_host.enable(remote, patch_set, loaded, on_host.patched_profile(loaded, patch_set), target,
                         RecordingProgress(), engine.Options())
@@ -435,18 +349,9 @@ def test_the_gate_in_deploy_keeps_a_first_release_and_rolls_back_the_slow_patche
     assert [b["outcome"] for b in benches[-2:]] == ["healthy", "failed"]
 
 
-def crashy_release(rig: Rig) -> str:
-    """glm5-crashy deployed healthy with `die-after 2` armed: the ladder's generation is its first request, so the
-    server dies after the next one a user sends (and so does each restart of it, after its second)."""
-    rig.fault("die-after 2", FAULT_OF_CRASHY)
-    outcome = rig.deploy("glm5-crashy")
-    assert outcome.action == "deployed" and rig.unit_state() == "active"
-    return outcome.release_id
-
-
 def test_a_crash_loop_stops_at_the_start_limit_and_rollback_returns_to_the_healthy_release(rig: Rig,
                                                                                            healthy: str) -> None:
-    crashy = crashy_release(rig)
+    crashy = rig.crashy_release()
     try:
         for _ in range(4):  # the 4th crash within 15 minutes is one too many: 3 restarts, then systemd gives up
             rig.serve_until_crash()
@@ -457,8 +362,7 @@ def test_a_crash_loop_stops_at_the_start_limit_and_rollback_returns_to_the_healt
         assert report.crashes.verdict == ("gave up after 3 restarts: exit status 1: a CUDA kernel failed while "
                                             "running: an illegal memory access was encountered [cuda_runtime_error]")
         assert report.advice is not None and "`invoke rollback`" in report.advice and healthy in report.advice
-        _, target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
-        with FabricRemote(target.ssh) as remote:
+        with rig.connect() as (target, remote):
             assert {row.id: row.outcome for row in list_releases(target, "sglang", remote)}[crashy] == "crashed"
         outcome = rig.rollback()
         assert outcome.release_id == healthy and outcome.previous_id == crashy

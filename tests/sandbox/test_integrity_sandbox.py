@@ -8,19 +8,18 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-from projects import project_for_guest
 from recording_progress import RecordingProgress
-from test_deploy_sandbox import GUEST_FAULT, TEST_PROFILES, Rig
+from rig import TEST_PROFILES, Rig
 
 from deploy_lib import deploy as engine
 from deploy_lib.errors import LockHeld, PreflightError, ReadinessFailed, StepFailed
 from deploy_lib.project import load_for_host
 from deploy_lib.remote import FabricRemote, Put, Step, StepResult
-from deploy_lib.status import list_releases, read_status
+from deploy_lib.status import list_releases
 from sandbox import manage, wheelhouse
 
 pytestmark = pytest.mark.sandbox
@@ -36,16 +35,13 @@ PROFILES = {
 
 
 @pytest.fixture(scope="module")
-def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    project, inventory = project_for_guest(tmp_path_factory.mktemp("project"), sandbox_venv, PROFILES)
-    yield Rig(sandbox_venv, project, inventory)
+def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Rig:
+    return Rig.on(sandbox_venv, tmp_path_factory, PROFILES)
 
 
 @pytest.fixture
 def healthy(rig: Rig) -> str:
-    rig.fault(None)
-    rig.fault(None, GUEST_FAULT)
-    return rig.deploy("glm5-nvfp4").release_id
+    return rig.healthy_release()
 
 
 def invoke_status(rig: Rig) -> str:
@@ -59,8 +55,7 @@ def test_a_damaged_release_is_listed_refused_as_a_rollback_target_and_pruned_by_
     """Input tried: garbage in an older release's release.json (`{garbage`)."""
     newer = rig.deploy("glm5-omp4").release_id
     rig.root(f"echo '{{garbage' > {STORE}/releases/{healthy}/release.json")
-    _, target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
-    with FabricRemote(target.ssh) as remote:
+    with rig.connect() as (target, remote):
         rows = {row.id: row for row in list_releases(target, "sglang", remote)}
     assert rows[healthy].outcome.startswith("damaged (release.json is not valid JSON (")
     with pytest.raises(PreflightError, match=rf"release {healthy}: it is damaged: release\.json is not valid JSON"
@@ -68,9 +63,7 @@ def test_a_damaged_release_is_listed_refused_as_a_rollback_target_and_pruned_by_
         rig.rollback(healthy)
     assert rig.current() == newer and rig.unit_state() == "active"
     progress = RecordingProgress()
-    loaded, target = load_for_host(rig.project, "glm5-omp6", rig.inventory, None)
-    with FabricRemote(target.ssh) as remote:
-        engine.deploy(loaded, target, remote, progress, engine.Options())
+    rig.deploy("glm5-omp6", progress)
     notes = " ".join(str(note) for note in progress.of_kind("note"))
     assert f"damaged release {healthy} (release.json is not valid JSON" in notes
     assert healthy not in rig.release_dirs()
@@ -82,11 +75,9 @@ def test_status_says_when_the_current_release_is_damaged_or_missing(rig: Rig, he
     """Input tried: release.json of the current release replaced by a JSON list; then its directory moved away."""
     release_dir = f"{STORE}/releases/{healthy}"
     saved = base64.b64encode(rig.root(f"cat {release_dir}/release.json").encode()).decode()
-    _, target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
     try:
         rig.root(f"echo '[1, 2]' > {release_dir}/release.json")
-        with FabricRemote(target.ssh) as remote:
-            report = read_status(target, "sglang", remote)
+        report = rig.status()
         assert report.current_problem == f"current release {healthy} is damaged: release.json is not a JSON object"
         shown = invoke_status(rig)
         assert f"current release {healthy} is damaged: release.json is not a JSON object" in shown
@@ -124,7 +115,7 @@ class BeforeBatch:
 def test_a_venv_gone_before_the_restart_is_diagnosed_and_rolled_back(rig: Rig, healthy: str) -> None:
     """Input tried: the release's venv (a copy of /opt/ml-env) deleted between preflight and the restart."""
     rig.root("rm -rf /opt/ml-env-doomed && cp -al /opt/ml-env /opt/ml-env-doomed")
-    loaded, target = load_for_host(rig.project, "glm5-short", rig.inventory, None)
+    loaded, target = rig.target("glm5-short")
     options = engine.Options(venv=engine.VenvChoice("/opt/ml-env-doomed"))
     with FabricRemote(target.ssh) as inner, pytest.raises(ReadinessFailed) as caught:
         remote = BeforeBatch(inner, lambda step: step.name.startswith("switch:"),

@@ -4,20 +4,16 @@ adopted as release 0, a hand-written unit, and the stop/start/restart/uninstall 
 from __future__ import annotations
 
 import json
-import shlex
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from projects import project_for_guest
 from recording_progress import RecordingProgress
-from test_deploy_sandbox import Rig
+from rig import Rig
 
 from deploy_lib import deploy as engine
 from deploy_lib.adopt import adopt
 from deploy_lib.errors import DriftDetected, ReadinessFailed, SudoPasswordRequired
-from deploy_lib.project import load_for_host
-from deploy_lib.remote import FabricRemote
 from deploy_lib.server_args import sglang_args
 from deploy_lib.status import read_status
 from deploy_lib.uninstall import uninstall
@@ -28,9 +24,8 @@ SUDOERS = "/etc/sudoers.d/deploy"
 
 
 @pytest.fixture(scope="module")
-def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    project, inventory = project_for_guest(tmp_path_factory.mktemp("project"), sandbox_venv, {})
-    yield Rig(sandbox_venv, project, inventory)
+def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Rig:
+    return Rig.on(sandbox_venv, tmp_path_factory, {})
 
 
 def test_without_passwordless_sudo_deploy_exits_5_naming_the_sudoers_line(rig: Rig) -> None:
@@ -50,16 +45,15 @@ def test_without_passwordless_sudo_deploy_exits_5_naming_the_sudoers_line(rig: R
 
 def test_stop_start_restart_and_status_show_state_drift_and_endpoint(rig: Rig) -> None:
     release = rig.deploy("glm5-nvfp4").release_id
-    _, target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
-    with FabricRemote(target.ssh) as remote:
+    with rig.connect() as (target, remote):
         assert engine.stop(target, "sglang", remote).action == "stopped"
         assert rig.unit_state() == "inactive"
         started = engine.start(target, "sglang", remote, RecordingProgress(), {}, restart=False)
         assert (started.action, started.release_id) == ("started", release) and rig.unit_state() == "active"
-        pid_before = rig.root("systemctl show -p MainPID --value sglang.service").strip()
+        pid_before = rig.main_pid()
         restarted = engine.start(target, "sglang", remote, RecordingProgress(), {}, restart=True)
         assert restarted.action == "restarted" and restarted.ready is not None
-        assert rig.root("systemctl show -p MainPID --value sglang.service").strip() != pid_before
+        assert rig.main_pid() != pid_before
         assert [(e["event"], e["outcome"]) for e in rig.history()[-3:]] == [
             ("stop", "stopped"), ("start", "healthy"), ("restart", "healthy")]
         report = read_status(target, "sglang", remote)
@@ -75,8 +69,7 @@ def test_stop_start_restart_and_status_show_state_drift_and_endpoint(rig: Rig) -
 
 def test_uninstall_removes_unit_and_store_and_keeps_history_here(rig: Rig, tmp_path: Path) -> None:
     release = rig.deploy("glm5-nvfp4").release_id
-    _, target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
-    with FabricRemote(target.ssh) as remote:
+    with rig.connect() as (target, remote):
         done = uninstall(target, "sglang", remote, tmp_path)
     assert rig.root("test -e /opt/sglang-deploy/sglang && echo present || echo gone").strip() == "gone"
     assert rig.root("test -e /etc/systemd/system/sglang.service && echo present || echo gone").strip() == "gone"
@@ -109,8 +102,7 @@ def start_by_hand(rig: Rig) -> int:
     # `;` not `&&`: only the server goes to the background, so no shell holds the SSH channel open
     pid = int(rig.root(f"cd /root; env -i {HAND_ENV} nohup python -m sglang.launch_server {' '.join(HAND_ARGS)} "
                        "</dev/null >/root/sglang-hand.log 2>&1 & echo $!").strip())
-    rig.root("for i in $(seq 120); do curl -sf -o /dev/null http://127.0.0.1:8000/health && exit 0; sleep 0.5; done; "
-             "exit 1")
+    rig.wait_healthy()
     return pid
 
 
@@ -118,17 +110,25 @@ def proc_args(rig: Rig, pid: int | str) -> list[str]:
     return rig.root(f"cat /proc/{pid}/cmdline").split("\0")[:-1]
 
 
+def deploy_the_adopted_profile_then_roll_back_to_0(rig: Rig, profile: str, service: str) -> None:
+    """The adopted profile deploys over release 0, and `rollback --to 0` returns to the hand-written command."""
+    deployed = rig.deploy(profile, environ={"HF_TOKEN": HAND_SECRET})
+    assert deployed.action == "deployed" and deployed.previous_id == "0"
+    with rig.connect() as (target, remote):
+        assert engine.rollback(target, service, remote, RecordingProgress(), "0", {}).release_id == "0"
+    assert proc_args(rig, rig.main_pid(service))[3:] == HAND_ARGS
+
+
 @pytest.fixture
 def hand_run(rig: Rig) -> Iterator[int]:
     pid = start_by_hand(rig)
     yield pid
-    rig.root(f"kill {pid} 2>/dev/null; systemctl stop {HAND_SERVICE} 2>/dev/null; rm -f /etc/systemd/system/"
-             f"{HAND_SERVICE}.service {HAND_FAULT}; rm -rf /opt/sglang-deploy/{HAND_SERVICE}; systemctl daemon-reload")
+    rig.root(f"kill {pid} 2>/dev/null; rm -f {HAND_FAULT}; true")
+    rig.remove_service(HAND_SERVICE)
 
 
 def test_adopt_a_hand_run_server_as_release_0_and_a_failed_deploy_returns_to_it(rig: Rig, hand_run: int) -> None:
-    _, target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
-    with FabricRemote(target.ssh) as remote:
+    with rig.connect() as (target, remote):
         adopted = adopt(target, HAND_SERVICE, remote, "hand", hand_run)
     assert (adopted.release_id, adopted.sglang_version, adopted.venv) == ("0", "0.5.23", "/opt/ml-env")
     assert adopted.secret_names == ("HF_TOKEN",) and HAND_SECRET not in adopted.profile_text
@@ -151,27 +151,18 @@ def test_adopt_a_hand_run_server_as_release_0_and_a_failed_deploy_returns_to_it(
     (rig.project.profiles_dir / "hand-broken.yaml").write_text(
         f"extends: hand\nenv:\n  SGLANG_SIM_FAULT: {HAND_FAULT}\nservice:\n  startup_timeout_s: 20\n")
     rig.fault("oom", HAND_FAULT)
-    loaded, target = load_for_host(rig.project, "hand-broken", rig.inventory, None)
-    with FabricRemote(target.ssh) as remote, pytest.raises(ReadinessFailed) as failed:
-        engine.deploy(loaded, target, remote, RecordingProgress(),
-                      engine.Options(environ={"HF_TOKEN": HAND_SECRET}))
+    with pytest.raises(ReadinessFailed) as failed:
+        rig.deploy("hand-broken", environ={"HF_TOKEN": HAND_SECRET})
     assert failed.value.exit_code == 6 and "rolled back, release 0 is serving" in failed.value.message
     assert rig.root(f"test -d /proc/{hand_run} && echo alive || echo gone").strip() == "gone"
-    main_pid = rig.root(f"systemctl show -p MainPID --value {HAND_SERVICE}.service").strip()
+    main_pid = rig.main_pid(HAND_SERVICE)
     assert proc_args(rig, main_pid)[1:] == ["-m", "sglang.launch_server", *HAND_ARGS]  # exactly what ran before
     environ = rig.root(f"tr '\\0' '\\n' < /proc/{main_pid}/environ").splitlines()
     assert f"HF_TOKEN={HAND_SECRET}" in environ and "NCCL_P2P_LEVEL=5" in environ
     assert rig.root(f"readlink {store}/current").strip() == "releases/0"
     # the adopted profile itself deploys, and `rollback --to 0` returns to the hand-written command
     rig.fault(None, HAND_FAULT)
-    loaded, target = load_for_host(rig.project, "hand", rig.inventory, None)
-    with FabricRemote(target.ssh) as remote:
-        deployed = engine.deploy(loaded, target, remote, RecordingProgress(),
-                                 engine.Options(environ={"HF_TOKEN": HAND_SECRET}))
-        assert deployed.action == "deployed" and deployed.previous_id == "0"
-        assert engine.rollback(target, HAND_SERVICE, remote, RecordingProgress(), "0", {}).release_id == "0"
-    main_pid = rig.root(f"systemctl show -p MainPID --value {HAND_SERVICE}.service").strip()
-    assert proc_args(rig, main_pid)[3:] == HAND_ARGS
+    deploy_the_adopted_profile_then_roll_back_to_0(rig, "hand", HAND_SERVICE)
 
 
 def test_a_deploy_over_a_hand_written_unit_is_refused_until_forced_and_keeps_a_copy(rig: Rig) -> None:
@@ -179,10 +170,7 @@ def test_a_deploy_over_a_hand_written_unit_is_refused_until_forced_and_keeps_a_c
     (rig.project.profiles_dir / "glm5-hand2.yaml").write_text(f"extends: glm5-nvfp4\nservice:\n  name: {service}\n")
     unit = (f"[Unit]\nDescription=SGLang, written by hand\n[Service]\nWorkingDirectory=/root\n"
             f"ExecStart=/opt/ml-env/bin/python -m sglang.launch_server {' '.join(HAND_ARGS)}\n")
-    rig.root("systemctl stop sglang.service 2>/dev/null || true")
-    rig.root(f"printf %s {shlex.quote(unit)} > /etc/systemd/system/{service}.service && systemctl daemon-reload && "
-             f"systemctl start {service}.service")
-    try:
+    with rig.hand_written_unit(service, unit):
         with pytest.raises(DriftDetected) as dry:
             rig.deploy("glm5-hand2", dry_run=True)
         with pytest.raises(DriftDetected) as refused:
@@ -199,9 +187,6 @@ def test_a_deploy_over_a_hand_written_unit_is_refused_until_forced_and_keeps_a_c
         assert kept == unit
         assert rig.root(f"readlink /etc/systemd/system/{service}.service").strip() == \
             f"/opt/sglang-deploy/{service}/current/sglang.service"
-    finally:
-        rig.root(f"systemctl stop {service}.service; rm -f /etc/systemd/system/{service}.service; "
-                 f"rm -rf /opt/sglang-deploy/{service}; systemctl daemon-reload")
 
 
 def test_adopt_a_hand_written_unit_keeps_it_running_as_release_0(rig: Rig) -> None:
@@ -209,33 +194,17 @@ def test_adopt_a_hand_written_unit_keeps_it_running_as_release_0(rig: Rig) -> No
     unit = (f"[Unit]\nDescription=SGLang, written by hand\n[Service]\nUser=root\nWorkingDirectory=/root\n"
             f"Environment=HF_TOKEN={HAND_SECRET} NCCL_P2P_LEVEL=5 PATH=/opt/ml-env/bin:/usr/local/bin:/usr/bin:/bin\n"
             f"ExecStart=/opt/ml-env/bin/python -m sglang.launch_server {' '.join(HAND_ARGS)}\n")
-    rig.root("systemctl stop sglang.service 2>/dev/null || true")
-    rig.root(f"printf %s {shlex.quote(unit)} > /etc/systemd/system/{service}.service && systemctl daemon-reload && "
-             f"systemctl start {service}.service && for i in $(seq 120); do "
-             "curl -sf -o /dev/null http://127.0.0.1:8000/health && exit 0; sleep 0.5; done; "
-             f"journalctl -u {service} -n 30 --no-pager >&2; exit 1")
-    pid = rig.root(f"systemctl show -p MainPID --value {service}.service").strip()
     store = f"/opt/sglang-deploy/{service}"
-    try:
-        _, target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
-        with FabricRemote(target.ssh) as remote:
+    with rig.hand_written_unit(service, unit):
+        pid = rig.main_pid(service)
+        with rig.connect() as (target, remote):
             adopted = adopt(target, service, remote, "hand3", from_unit=True)
         assert adopted.release_id == "0" and HAND_SECRET not in adopted.profile_text
         # nothing restarted: the same process serves, now from release 0, which is the hand-written unit itself
-        assert rig.root(f"systemctl show -p MainPID --value {service}.service").strip() == pid
+        assert rig.main_pid(service) == pid
         assert rig.root(f"cat {store}/current/sglang.service") == unit
         assert rig.root(f"cat {store}/replaced/{service}.service.*") == unit
         assert rig.root(f"readlink /etc/systemd/system/{service}.service").strip() == f"{store}/current/sglang.service"
         (rig.project.profiles_dir / "hand3.yaml").write_text(adopted.profile_text)
-        loaded, target = load_for_host(rig.project, "hand3", rig.inventory, None)
-        with FabricRemote(target.ssh) as remote:
-            deployed = engine.deploy(loaded, target, remote, RecordingProgress(),
-                                     engine.Options(environ={"HF_TOKEN": HAND_SECRET}))
-            assert deployed.action == "deployed" and deployed.previous_id == "0"
-            assert engine.rollback(target, service, remote, RecordingProgress(), "0", {}).release_id == "0"
-        main_pid = rig.root(f"systemctl show -p MainPID --value {service}.service").strip()
-        assert proc_args(rig, main_pid)[3:] == HAND_ARGS
+        deploy_the_adopted_profile_then_roll_back_to_0(rig, "hand3", service)
         assert rig.root(f"cat /etc/systemd/system/{service}.service") == unit
-    finally:
-        rig.root(f"systemctl stop {service}.service; rm -f /etc/systemd/system/{service}.service; rm -rf {store}; "
-                 "systemctl daemon-reload")

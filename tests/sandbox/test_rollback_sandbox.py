@@ -14,14 +14,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from projects import project_for_guest
 from recording_progress import RecordingProgress
-from test_deploy_sandbox import FAULT_OF_SHORT, GUEST_FAULT, TEST_PROFILES, Rig
+from rig import FAULT_OF_SHORT, GUEST_FAULT, TEST_PROFILES, Rig
 
 from deploy_lib import deploy as engine
 from deploy_lib.errors import PreflightError, ReadinessFailed, RollbackFailed
-from deploy_lib.project import load_for_host
-from deploy_lib.remote import FabricRemote
 from sandbox import manage
 
 pytestmark = pytest.mark.sandbox
@@ -56,18 +53,13 @@ ns = tasks.ns
 
 
 @pytest.fixture(scope="module")
-def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Rig]:
-    project, inventory = project_for_guest(tmp_path_factory.mktemp("project"), sandbox_venv, PROFILES)
-    yield Rig(sandbox_venv, project, inventory)
+def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Rig:
+    return Rig.on(sandbox_venv, tmp_path_factory, PROFILES)
 
 
 @pytest.fixture
 def healthy(rig: Rig) -> str:
-    """The reference profile deployed and serving, no fault anywhere; returns its release id."""
-    rig.fault(None)
-    rig.fault(None, GUEST_FAULT)
-    rig.fault(None, FAULT_OF_HANG)
-    return rig.deploy("glm5-nvfp4").release_id
+    return rig.healthy_release(FAULT_OF_HANG)
 
 
 class Cli:
@@ -116,6 +108,15 @@ class Cli:
         self.proc.send_signal(signum)
 
 
+def deploy_hanging_while_loading(rig: Rig, tmp_path: Path) -> Cli:
+    """`invoke deploy` of glm5-hang, its release hanging while it loads, once the command waits on readiness (the
+    fault is cleared after each test)."""
+    rig.fault("hang-loading", FAULT_OF_HANG)
+    cli = Cli(rig, tmp_path, "deploy", "--profile", "glm5-hang", "--yes")
+    cli.wait_for("▸ readiness")
+    return cli
+
+
 # ---------------------------------------------------------------------------------------------------------
 # 1. A hand rollback checks its target before switching, and switches back when the target fails to start
 
@@ -153,11 +154,11 @@ def test_hand_rollback_whose_target_fails_to_start_switches_back_to_the_serving_
 
 def test_the_automatic_rollback_waits_the_same_grace_window_as_a_deploy(rig: Rig, healthy: str) -> None:
     """The rollback target answers the ladder's one generation and then dies: that is no rollback."""
-    rig.fault("oom")  # the new release (glm5-short) cannot start
+    rig.fault("oom")  # the new release (glm5-faulty) cannot start
     rig.fault("die-after 1", GUEST_FAULT)  # the rollback target serves one request, then exits
     try:
         with pytest.raises(RollbackFailed, match="grace window") as caught:
-            rig.deploy("glm5-short")
+            rig.deploy("glm5-faulty")
     finally:
         rig.fault(None)
         rig.fault(None, GUEST_FAULT)
@@ -173,14 +174,9 @@ def test_the_automatic_rollback_waits_the_same_grace_window_as_a_deploy(rig: Rig
 @pytest.mark.parametrize(("signum", "code"), [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_a_signal_while_the_new_release_loads_rolls_back_and_says_which_release_serves(
         rig: Rig, healthy: str, tmp_path: Path, signum: int, code: int) -> None:
-    rig.fault("hang-loading", FAULT_OF_HANG)
-    try:
-        cli = Cli(rig, tmp_path, "deploy", "--profile", "glm5-hang", "--yes")
-        cli.wait_for("▸ readiness")
-        cli.signal(signum)
-        exit_code = cli.finish()
-    finally:
-        rig.fault(None, FAULT_OF_HANG)
+    cli = deploy_hanging_while_loading(rig, tmp_path)
+    cli.signal(signum)
+    exit_code = cli.finish()
     name = signal.Signals(signum).name
     assert exit_code == code, "\n".join(cli.lines)
     assert any(name in line and f"release {healthy} is serving" in line for line in cli.lines), cli.lines
@@ -193,17 +189,12 @@ def test_a_signal_while_the_new_release_loads_rolls_back_and_says_which_release_
 
 def test_a_second_ctrl_c_during_the_rollback_says_what_state_the_host_is_in(rig: Rig, healthy: str,
                                                                           tmp_path: Path) -> None:
-    rig.fault("hang-loading", FAULT_OF_HANG)
-    try:
-        cli = Cli(rig, tmp_path, "deploy", "--profile", "glm5-hang", "--yes")
-        cli.wait_for("▸ readiness")
-        cli.signal(signal.SIGINT)
-        cli.wait_for(f"rolling back to release {healthy}")
-        cli.wait_for("▸ readiness")  # the rollback's own: its switch is done (earlier, the signal races the switch)
-        cli.signal(signal.SIGINT)
-        exit_code = cli.finish()
-    finally:
-        rig.fault(None, FAULT_OF_HANG)
+    cli = deploy_hanging_while_loading(rig, tmp_path)
+    cli.signal(signal.SIGINT)
+    cli.wait_for(f"rolling back to release {healthy}")
+    cli.wait_for("▸ readiness")  # the rollback's own: its switch is done (earlier, the signal races the switch)
+    cli.signal(signal.SIGINT)
+    exit_code = cli.finish()
     assert exit_code == 130, "\n".join(cli.lines)
     output = "\n".join(cli.lines)
     # the second signal lands while the restored release loads: the line tells the state the host is in
@@ -217,17 +208,13 @@ def test_a_second_ctrl_c_during_the_rollback_says_what_state_the_host_is_in(rig:
 def test_redeploying_a_release_that_was_never_verified_verifies_it_instead_of_no_changes(rig: Rig, healthy: str,
                                                                                         tmp_path: Path) -> None:
     """Input tried: the deploy killed (SIGKILL, no chance to clean up) while the new release hangs loading."""
-    rig.fault("hang-loading", FAULT_OF_HANG)
-    try:
-        cli = Cli(rig, tmp_path, "deploy", "--profile", "glm5-hang", "--yes")
-        cli.wait_for("▸ readiness")
-        cli.signal(signal.SIGKILL)
-        cli.finish()
-        rig.root(f"rm -rf {STORE}/lock")  # what `invoke unlock` does for a dead owner
-        hung = rig.current()
-        assert hung != healthy and rig.unit_state() == "active"
-    finally:
-        rig.fault(None, FAULT_OF_HANG)
+    cli = deploy_hanging_while_loading(rig, tmp_path)
+    cli.signal(signal.SIGKILL)
+    cli.finish()
+    rig.root(f"rm -rf {STORE}/lock")  # what `invoke unlock` does for a dead owner
+    hung = rig.current()
+    assert hung != healthy and rig.unit_state() == "active"
+    rig.fault(None, FAULT_OF_HANG)
     outcome = rig.deploy("glm5-hang")
     assert outcome.action == "deployed" and outcome.release_id == hung and outcome.ready is not None
     assert (rig.history()[-1]["event"], rig.history()[-1]["outcome"]) == ("deploy", "healthy")
@@ -255,9 +242,8 @@ def test_rollback_to_a_release_written_by_a_previous_version(rig: Rig, healthy: 
     metadata["profile"]["service"]["health_path"] = "/health"   # a key that was removed since
     del metadata["profile"]["features"]["metrics"]               # a key that was added since
     rig.root(f"cat > {path} <<'EOF'\n{json.dumps(metadata)}\nEOF")
-    _, target = load_for_host(rig.project, "glm5-nvfp4", rig.inventory, None)
     progress = RecordingProgress()
-    with FabricRemote(target.ssh) as remote:
+    with rig.connect() as (target, remote):
         outcome = engine.rollback(target, "sglang", remote, progress, old, {})
     assert outcome.release_id == old and rig.current() == old and rig.unit_state() == "active"
     assert any("service.health_path" in str(note) for note in progress.of_kind("note")), progress.events

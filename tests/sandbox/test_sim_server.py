@@ -151,7 +151,7 @@ def test_fusion_on_an_sm90_host_starts(start_sim) -> None:
 
 
 def test_sigterm_finishes_the_request_in_flight_then_exits_0(start_sim) -> None:
-    sim = start_sim()
+    sim = start_sim("--enable-metrics")
     sim.wait_states("/health")
     result: dict[str, tuple[int | str, bytes]] = {}
     generate = {"text": "hi", "sampling_params": {"max_new_tokens": 20}}
@@ -161,13 +161,24 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(start_sim) -> None:
 
     worker = threading.Thread(target=request)
     worker.start()
-    time.sleep(0.3)
+    while running_requests(sim) == 0:  # in flight: the sim counts it (a fixed sleep raced a busy machine)
+        time.sleep(0.02)
     sim.process.send_signal(signal.SIGTERM)
     worker.join(timeout=30)
     assert sim.process.wait(timeout=30) == 0
     status, body = result["generate"]
     assert status == 200 and json.loads(body)["meta_info"]["completion_tokens"] == 20
     assert http(sim.base + "/health")[0] == "refused"
+
+
+def gauges(sim: RunningSim) -> dict[str, float]:
+    metrics = http(sim.base + "/metrics")[1].decode()
+    return {line.split("{")[0]: float(line.split()[-1]) for line in metrics.splitlines()
+            if line.startswith("sglang:") and "{" in line}
+
+
+def running_requests(sim: RunningSim) -> float:
+    return gauges(sim)["sglang:num_running_reqs"]
 
 
 def generation_rate_during_one_request(sim: RunningSim) -> float:
@@ -177,9 +188,7 @@ def generation_rate_during_one_request(sim: RunningSim) -> float:
     worker.start()
     try:
         while True:
-            metrics = http(sim.base + "/metrics")[1].decode()
-            values = {line.split("{")[0]: float(line.split()[-1]) for line in metrics.splitlines()
-                      if line.startswith("sglang:") and "{" in line}
+            values = gauges(sim)
             if values["sglang:num_running_reqs"] == 1:
                 return values["sglang:gen_throughput"]
             time.sleep(0.02)
