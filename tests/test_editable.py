@@ -52,7 +52,7 @@ def _installed(venv: Path, patch_set: patches.PatchSet) -> InstalledFacts:
 
 
 def _read(installed: InstalledFacts, paths: tuple[str, ...]) -> dict[str, str]:
-    """What read_steps fetch on a host, read here: each path at its real location."""
+    """What the file facts read on a host, read here: each path at its real location."""
     return {path: Path(str(installed.location(path))).read_bytes().decode()
             for path in paths if Path(str(installed.location(path))).is_file()}
 

@@ -32,11 +32,11 @@ from deploy_lib.patches import (
     clear_jit_cache_steps,
     disable,
     enable,
-    files_from_results,
+    file_facts,
     files_needed,
     list_patch_sets,
     load_patch_set,
-    read_steps,
+    record_fact,
     refuse_unless_applicable,
     revert,
     select_variants,
@@ -44,6 +44,7 @@ from deploy_lib.patches import (
 )
 from deploy_lib.patches.on_host import base_profile, patched_profile
 from deploy_lib.project import Project
+from deploy_lib.readings import ABSENT_OK, Readings
 from deploy_lib.remote import StepResult
 from deploy_lib.sglang_options import check_argv, extract
 from sandbox.sim.sglang_sim.upstream import Fusion, InstalledUpstream
@@ -345,15 +346,29 @@ def test_jit_cache_steps_delete_only_the_patched_module_of_that_version(patch_se
                          "-path", f"{root}/*/cached_ops/trtllm_comm", "-prune", "-exec", "rm", "-rf", "--", "{}", "+")
 
 
-def test_host_files_travel_byte_exact(patch_set):
+def test_host_files_travel_byte_exact_and_a_missing_one_is_a_fact(patch_set):
     site = PurePosixPath("/opt/sglang-deploy/sglang/venvs/abc123/lib/python3.11/site-packages")
-    paths = [JIT, HEADER]
-    steps = read_steps({path: site / path for path in paths})
-    assert steps[0].argv == ("base64", "-w", "0", "--", f"{site}/{JIT}") and steps[0].ok == frozenset({0, 1})
+    facts = file_facts({path: site / path for path in (JIT, HEADER)})
+    assert facts[JIT].step.argv == ("base64", "-w", "0", "--", f"{site}/{JIT}") and facts[JIT].step.ok == ABSENT_OK
     text = "line one\r\nno newline at the end, and a tab\t"
-    results = [StepResult(steps[0], 0, base64.b64encode(text.encode()).decode() + "\n", "", 0.0),
-               StepResult(steps[1], 1, "", f"base64: {site}/{HEADER}: No such file or directory\n", 0.0)]
-    assert files_from_results(paths, results) == {JIT: text}
+    found = Readings([StepResult(facts[JIT].step, 0, base64.b64encode(text.encode()).decode() + "\n", "", 0.0),
+                      StepResult(facts[HEADER].step, 1, "", f"base64: {site}/{HEADER}: No such file or directory\n",
+                                 0.0)])
+    assert (found.value(facts[JIT]), found.value(facts[HEADER])) == (text, None)
+    latin1 = Readings([StepResult(facts[JIT].step, 0, base64.b64encode("caf\xe9".encode("latin-1")).decode(), "", 0)])
+    with pytest.raises(PatchConflict, match=f"{JIT}: cannot read it as UTF-8 text"):
+        latin1.value(facts[JIT])
+
+
+def test_the_record_of_a_venv_is_read_as_a_fact_and_a_bad_one_names_its_file():
+    venv = PurePosixPath("/opt/sglang-deploy/sglang/venvs/abc123")
+    fact = record_fact(venv)
+    assert fact.step.argv == ("cat", "--", f"{venv}/sglang-deploy-patches.json") and fact.step.ok == ABSENT_OK
+    record = PatchRecord(patch_set="nsa-aliases", versions={"sglang": "0.5.23"}, base_venv="def456")
+    assert Readings([StepResult(fact.step, 0, record.to_json(), "", 0.0)]).value(fact) == record
+    assert Readings([StepResult(fact.step, 1, "", "No such file or directory", 0.0)]).value(fact) is None
+    with pytest.raises(ConfigError, match=rf"{venv}/sglang-deploy-patches.json: patch_set: Field required"):
+        Readings([StepResult(fact.step, 0, '{"versions": {}}', "", 0.0)]).value(fact)
 
 
 def test_a_bad_record_is_a_config_error():

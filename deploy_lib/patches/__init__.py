@@ -28,9 +28,9 @@ from deploy_lib.patches.engine import (
 from deploy_lib.patches.host_files import (
     RECORD_FILE,
     clear_jit_cache_steps,
-    files_from_results,
+    file_facts,
     jit_cache_dirs,
-    read_steps,
+    record_fact,
     top_level_packages,
 )
 from deploy_lib.patches.spec import FLASHINFER, PatchSet, find_patch_set, list_patch_sets, load_patch_set
@@ -72,13 +72,13 @@ __all__ = [
     "clear_jit_cache_steps",
     "disable",
     "enable",
-    "files_from_results",
+    "file_facts",
     "files_needed",
     "find_patch_set",
     "jit_cache_dirs",
     "list_patch_sets",
     "load_patch_set",
-    "read_steps",
+    "record_fact",
     "refuse_another_sets_record",
     "refuse_unless_applicable",
     "revert",

@@ -6,41 +6,46 @@ from __future__ import annotations
 
 import base64
 import binascii
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
+from functools import partial
 from pathlib import PurePosixPath
 
 from deploy_lib.patches.audit import audit_paths
 from deploy_lib.patches.spec import PatchSet
-from deploy_lib.patches.text import PatchConflict
+from deploy_lib.patches.text import PatchConflict, PatchRecord
+from deploy_lib.readings import ABSENT_OK, Fact
 from deploy_lib.remote import Step, StepResult
 
 RECORD_FILE = "sglang-deploy-patches.json"  # kept in the patched venv, beside bin/
 
 
-def read_steps(locations: Mapping[str, PurePosixPath]) -> list[Step]:
-    """One read-only step per path (relative to site-packages -> where it is on the host, e.g. in an editable
-    install's checkout); a path that is not there is a fact (exit 1), not a failure."""
-    return [Step(name=f"read {path}", argv=("base64", "-w", "0", "--", str(location)), sudo=True,
-                 ok=frozenset({0, 1}), timeout_s=30) for path, location in locations.items()]
+def file_facts(locations: Mapping[str, PurePosixPath]) -> dict[str, Fact[str | None]]:
+    """Per path (relative to site-packages -> where it is on the host, e.g. in an editable install's checkout) the
+    fact of its text; a path that is not there is a fact (None), not a failure."""
+    return {path: Fact(Step(f"read {path}", ("base64", "-w", "0", "--", str(location)), sudo=True, ok=ABSENT_OK,
+                            timeout_s=30), partial(_file_text, path)) for path, location in locations.items()}
+
+
+def _file_text(path: str, result: StepResult) -> str | None:
+    if result.exit_code != 0:
+        return None
+    try:
+        return base64.b64decode(result.stdout.strip(), validate=True).decode("utf-8")
+    except (binascii.Error, UnicodeDecodeError) as err:
+        raise PatchConflict(f"{path}: cannot read it as UTF-8 text ({err}); nothing written") from None
+
+
+def record_fact(venv: PurePosixPath) -> Fact[PatchRecord | None]:
+    """The venv's record of what we patched in it; None for a venv we never patched."""
+    path = venv / RECORD_FILE
+    return Fact(Step("patch facts: record", ("cat", "--", str(path)), sudo=True, ok=ABSENT_OK),
+                lambda result: PatchRecord.from_json(result.stdout, str(path)) if result.exit_code == 0 else None)
 
 
 def top_level_packages(patch_set: PatchSet) -> tuple[str, ...]:
     """The import packages whose files the patch set reads (sglang, flashinfer): where each is gets looked up."""
     paths = [v.file for t in patch_set.targets.values() for v in t.variants if v.file] + list(audit_paths(patch_set))
     return tuple(sorted({path.split("/", 1)[0] for path in paths}))
-
-
-def files_from_results(paths: Sequence[str], results: Sequence[StepResult]) -> dict[str, str]:
-    """The texts that read_steps(paths) returned, keyed by path; missing files are left out."""
-    files = {}
-    for path, result in zip(paths, results, strict=True):
-        if result.exit_code != 0:
-            continue
-        try:
-            files[path] = base64.b64decode(result.stdout.strip(), validate=True).decode("utf-8")
-        except (binascii.Error, UnicodeDecodeError) as err:
-            raise PatchConflict(f"{path}: cannot read it as UTF-8 text ({err}); nothing written") from None
-    return files
 
 
 def jit_cache_dirs(patch_set: PatchSet, workspace_base: PurePosixPath, versions: Mapping[str, str]) -> tuple[str, ...]:

@@ -9,17 +9,19 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import PurePosixPath
 from urllib.parse import quote
 
-from deploy_lib import cuda_toolkit, patches
+from deploy_lib import cuda_toolkit, patches, readings
 from deploy_lib.deploy import Options, Outcome, VenvChoice, deploy
 from deploy_lib.errors import PreflightError
 from deploy_lib.facts import gpu_step, parse_gpus
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
-from deploy_lib.remote import Remote, Step
+from deploy_lib.readings import Fact
+from deploy_lib.remote import Remote
 from deploy_lib.server_args import launch_environment
 from deploy_lib.store import StoreLayout, host_lock, read_store_facts
 from deploy_lib.venvs import (
@@ -112,27 +114,24 @@ def read_context(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProf
     venv = current_venv(remote, layout, loaded, target)
     environment = launch_environment(loaded.profile)
     home = cuda_toolkit.cuda_home(environment) if patch_set.meta.jit_cache else None
-    gpu_result, installed_result, record_result, *toolkit_results = remote.run([
-        gpu_step("patch facts: GPUs"),
-        installed_step(venv, patches.top_level_packages(patch_set), "patch facts: venv"),
-        Step("patch facts: record", ("cat", "--", str(venv / patches.RECORD_FILE)), sudo=True, ok=frozenset({0, 1})),
-        *(cuda_toolkit.toolkit_steps(home) if home else ()),
-    ])
-    gpus, gpu_error = parse_gpus(gpu_result)
+    facts = {"gpus": Fact(gpu_step("patch facts: GPUs"), parse_gpus),
+             "installed": Fact(installed_step(venv, patches.top_level_packages(patch_set), "patch facts: venv"),
+                               partial(parse_installed, venv)),
+             "record": patches.record_fact(venv)}
+    found = readings.read(remote, [*facts.values(), *(cuda_toolkit.toolkit_steps(home) if home else ())])
+    gpus, gpu_error = found.value(facts["gpus"])
     if not gpus:
         raise PreflightError(f"{target.host.name}: cannot read the GPUs: {gpu_error or 'nvidia-smi lists none'}")
-    installed = parse_installed(venv, installed_result)
-    record = (patches.PatchRecord.from_json(record_result.stdout, f"{venv / patches.RECORD_FILE}")
-              if record_result.exit_code == 0 else None)
+    installed = found.value(facts["installed"])
     if paths is None:
         paths = patches.files_needed(patch_set, installed.versions)
-    locations = {path: installed.location(path) for path in paths}
-    files = patches.files_from_results(list(paths), remote.run(patches.read_steps(locations)))
+    file_facts = patches.file_facts({path: installed.location(path) for path in paths})
+    texts = readings.read(remote, file_facts.values())
+    files = {path: text for path, fact in file_facts.items() if (text := texts.value(fact)) is not None}
     return PatchContext(layout=layout, venv=venv, venv_hash=release_venv_hash(layout, str(venv)), installed=installed,
-                        gpu_arch=gpus[0].arch, compute_cap=gpus[0].compute_cap, files=files, record=record,
-                        toolkit=cuda_toolkit.parse_toolkit(home, {r.step.name: r for r in toolkit_results})
-                        if home else None,
-                        environment=environment)
+                        gpu_arch=gpus[0].arch, compute_cap=gpus[0].compute_cap, files=files,
+                        record=found.value(facts["record"]),
+                        toolkit=cuda_toolkit.parse_toolkit(home, found) if home else None, environment=environment)
 
 
 def _sources(context: PatchContext, patch_set: patches.PatchSet) -> dict[str, str]:
