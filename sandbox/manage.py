@@ -53,8 +53,10 @@ class Guest:
                 f"{user}@{self.guest_ip}"]
 
 
-def _testhost(command: str, name: str, timeout_s: float = 300, layers: tuple[Path, ...] = ()) -> str:
-    env = {**os.environ, "TH_NAME": name, "TH_LAYERS": ":".join(map(str, layers))}
+def _testhost(command: str, name: str, timeout_s: float = 300, layers: tuple[Path, ...] = (),
+              stop_timeout_s: int = 30) -> str:
+    env = {**os.environ, "TH_NAME": name, "TH_LAYERS": ":".join(map(str, layers)),
+           "TH_STOP_TIMEOUT": str(stop_timeout_s)}
     result = subprocess.run(["bash", str(TESTHOST), command], env=env, capture_output=True, text=True,
                             timeout=timeout_s)
     if result.returncode != 0:
@@ -110,10 +112,11 @@ def up(name: str = DEFAULT_NAME, record: bool = True, layers: tuple[Path, ...] =
     return guest(name)
 
 
-def down(name: str = DEFAULT_NAME, record: bool = True) -> Guest:
-    """Stop its hub, power the guest off and remove its overlay, netns, veth and cgroups."""
+def down(name: str = DEFAULT_NAME, record: bool = True, poweroff_s: int = 30) -> Guest:
+    """Stop its hub, power the guest off (killed after `poweroff_s`; 0 for a throw-away guest, whose clean shutdown
+    only waits on its services) and remove its overlay, netns, veth and cgroups."""
     hub.stop(guest(name).hub)
-    _testhost("stop", name, timeout_s=120)
+    _testhost("stop", name, timeout_s=120, stop_timeout_s=poweroff_s)
     if record and name != DEFAULT_NAME:
         _record_inventory_name(name, present=False)
         write_inventory()

@@ -4,7 +4,8 @@
   not collide), always stopped at the module's end: every module's tests may rely on what they leave on the host
   (the service `sglang` in /opt/sglang-deploy above all) and on nothing another module left. It boots over the
   session's venv layer, so /opt/ml-env (real sglang + flashinfer, the sim) is there at once: a new guest costs
-  ~1.5 s to start and ~5 s to stop, a reset of a shared one would cost as much and restore less;
+  ~1.5-5 s to start and ~1-2 s to stop (killed, not powered off: a clean poweroff waited up to 30 s on the
+  services the tests left running), a reset of a shared one would cost as much and restore less;
   `sandbox_venv`: the same guest, named for tests that use /opt/ml-env;
   `sandbox_ssh`: a deploy_lib FabricRemote logged in as `deploy` (sudo -n works).
 - `wheelhouse_default`, `venv_layer`, `sim_venv` (session): the wheels, the guests' venv layer (built once per
@@ -71,7 +72,7 @@ def sandbox_guest(venv_layer: Path) -> Iterator[manage.Guest]:
     try:
         yield manage.up(name, record=False, layers=(venv_layer,))
     finally:
-        manage.down(name, record=False)
+        manage.down(name, record=False, poweroff_s=0)  # its writable layer is thrown away: no clean shutdown needed
 
 
 @pytest.fixture(scope="module")
