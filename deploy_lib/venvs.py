@@ -814,11 +814,18 @@ def relocate_step(name: str, python: PurePosixPath | str, directory: PurePosixPa
     return Step(name, (str(python), "-I", "-c", RELOCATE_SCRIPT, str(directory), str(old), str(new)), sudo=True)
 
 
+def staged_file_step(name: str, path: PurePosixPath, data: bytes) -> Step:
+    """A file written inside venvs/<hash>.tmp from stdin, in the batch's own round trip (a Put costs one of its
+    own): nothing there is used before the publishing rename, so it needs no atomic replace. Mode 0644: the
+    store's facts are read without sudo."""
+    return Step(name, ("install", "-m", "0644", "--", "/dev/stdin", str(path)), stdin=data, sudo=True)
+
+
 def publish_steps(what: str, staging: PurePosixPath, final: PurePosixPath,
                   marker: Mapping[str, Any]) -> list[Step | Put]:
     """Marker last, flushed to disk, then one rename: venvs/<hash> exists only complete."""
     return [
-        Put(staging / MARKER_FILE, _json_line(marker), 0o644, sudo=True),
+        staged_file_step(f"{what}: marker", staging / MARKER_FILE, _json_line(marker)),
         Step(f"{what}: flush to disk", ("sync", "-f", "--", str(staging)), sudo=True, timeout_s=600),
         Step(f"{what}: publish", ("mv", "-T", "--", str(staging), str(final)), sudo=True),
     ]
@@ -970,7 +977,7 @@ def plan_build(spec: VenvSpec, lock: Lock, layout: StoreLayout, facts: VenvFacts
         verify,
         *installer.extract,
         Step("venv build: create", uv_venv_argv(uv, layout, interpreter, staging), sudo=True, timeout_s=300),
-        Put(lock_file, lock.text().encode(), 0o644, sudo=True),
+        staged_file_step("venv build: lock file", lock_file, lock.text().encode()),
         Step(INSTALL_STEP, uv_install_argv(uv, layout, python, lock_file, spec, find_links), sudo=True,
              timeout_s=INSTALL_TIMEOUT_S),
         relocate_step("venv build: relocate scripts", python, staging, staging, final),

@@ -225,6 +225,14 @@ def spec_for(tmp_path: Path, text: str = LOCK_TEXT) -> venvs.VenvSpec:
     return venvs.VenvSpec(lock=tmp_path / "requirements.lock", wheelhouse=house)
 
 
+def written(remote: FakeRemote, path: str) -> str:
+    """What a step wrote from its stdin to `path` on the host (files inside a venvs/<hash>.tmp)."""
+    [data] = [s.stdin for s in remote.ran
+              if isinstance(s, Step) and s.argv == ("install", "-m", "0644", "--", "/dev/stdin", path)]
+    assert data is not None
+    return data.decode()
+
+
 def puts(remote: FakeRemote) -> list[Put]:
     """What was written on the host, the lock's owner.json aside."""
     return [step for step in remote.ran if isinstance(step, Put) and step.dest != LAYOUT.lock_owner]
@@ -254,7 +262,7 @@ def test_a_first_build_sends_the_wheels_then_builds_in_tmp_and_publishes_last(tm
     names = remote.ran_names()
     order = [names.index(n) for n in ("venv build: clear leftovers", venvs.VERIFY_STEP, "venv build: uv binary",
                                       "venv build: create", venvs.INSTALL_STEP, "venv build: relocate scripts",
-                                      f"put {tmp}/venv.json", "venv build: flush to disk", "venv build: publish")]
+                                      "venv build: marker", "venv build: flush to disk", "venv build: publish")]
     assert order == sorted(order)
     argvs = {s.name: s.argv for s in remote.ran if isinstance(s, Step)}
     uv = f"/opt/sd/sglang/tools/{UV_SHA}/uv"
@@ -274,8 +282,8 @@ def test_a_first_build_sends_the_wheels_then_builds_in_tmp_and_publishes_last(tm
     assert install[-2:] == ("-r", f"{tmp}/requirements.lock")
     assert [install[i + 1] for i, a in enumerate(install) if a == "--find-links"] == sorted(
         [f"/opt/sd/sglang/wheels/{A_SHA}", f"/opt/sd/sglang/wheels/{B_SHA}"])
-    assert remote.file_text(f"{tmp}/requirements.lock") == venvs.load_lock(spec.lock).text()
-    marker = json.loads(remote.file_text(f"{tmp}/venv.json"))
+    assert written(remote, f"{tmp}/requirements.lock") == venvs.load_lock(spec.lock).text()
+    marker = json.loads(written(remote, f"{tmp}/venv.json"))
     assert marker == {"hash": digest, "kind": "built", "lock_sha256": venvs.load_lock(spec.lock).sha256,
                       "python": PY311.as_dict(), "created": "2026-11-29T12:00:00+00:00",
                       "distributions": {"alpha": "1.0", "beta-pkg": "2.0"}, "wheels": sorted([A_SHA, B_SHA, UV_SHA])}
@@ -374,7 +382,7 @@ def test_a_uv_failure_shows_uvs_own_error_and_publishes_nothing(tmp_path: Path) 
     assert "nothing was published" in message and "uv said:" in message
     assert "Hash mismatch for `alpha==1.0`" in message and "sha256:0000" in message
     assert "Using Python" not in message
-    assert not any(name.endswith(("venv.json", ": publish")) for name in remote.ran_names())
+    assert not any(name.endswith((": marker", ": publish")) for name in remote.ran_names())
 
 
 def test_an_interrupted_install_leaves_the_venv_unpublished(tmp_path: Path) -> None:
@@ -399,8 +407,7 @@ def test_index_mode_installs_from_the_url_with_hashes_and_sends_nothing(tmp_path
     remote = host()
     result = venvs.ensure_venv(remote, LAYOUT, spec, NOW)
     install = next(s.argv for s in remote.ran if s.name == venvs.INSTALL_STEP)
-    assert result.bytes_sent == 0 and puts(remote) == [p for p in puts(remote) if p.dest.name in (
-        "requirements.lock", "venv.json")]
+    assert result.bytes_sent == 0 and puts(remote) == []
     assert "--no-index" not in install and "--find-links" not in install and "--offline" not in install
     assert install[install.index("--index-url") + 1] == "https://pypi.org/simple" and "--require-hashes" in install
     names = remote.ran_names()
@@ -543,7 +550,7 @@ def test_adopt_copies_with_hard_links_relocates_and_records_drift() -> None:
     assert argvs["venv adopt: hard-linked copy"] == ("cp", "-al", "--", "/root/ml-env", tmp)
     assert argvs["venv adopt: relocate scripts"][-3:] == (tmp, "/root/ml-env", final)
     assert argvs["venv adopt: publish"] == ("mv", "-T", "--", tmp, final)
-    marker = json.loads(remote.file_text(f"{tmp}/venv.json"))
+    marker = json.loads(written(remote, f"{tmp}/venv.json"))
     assert marker["kind"] == "adopted" and marker["source"] == "/root/ml-env"
     assert marker["drift"] == {"sglang": [["sglang/srt/x.py", "2" * 64]]}
     assert result.drift == {"sglang": (("sglang/srt/x.py", "2" * 64),)}
@@ -595,7 +602,7 @@ def test_derive_copies_with_links_and_replaces_files_as_new_files() -> None:
         "find", f"{tmp}/lib/python3.11/site-packages/sglang/srt/layers/__pycache__", "-maxdepth", "1", "-name",
         "communicator.*.pyc", "-delete")
     assert argvs["venv derive: relocate scripts"][-3:] == (tmp, f"/opt/sd/sglang/venvs/{BASE}", final)
-    marker = json.loads(remote.file_text(f"{tmp}/venv.json"))
+    marker = json.loads(written(remote, f"{tmp}/venv.json"))
     assert marker["base"] == BASE and marker["replaced"] == {REL: sha(b"patched\n"), "share/new.txt": sha(b"n")}
     assert marker["distributions"] == {"sglang": "0.5.23"}
     # nothing is ever written under the base
@@ -617,7 +624,7 @@ def test_derive_copies_a_checkouts_package_in_as_new_files_and_checks_it_is_impo
     argvs = {s.name: s.argv for s in remote.ran if isinstance(s, Step)}
     assert argvs[copy_step][-4:] == ("copy", str(source), f"{tmp}/{tree}", "d" * 64)
     assert argvs["venv derive: imports sglang from the copy"][-2:] == ("sglang", f"{tmp}/{tree}")
-    marker = json.loads(remote.file_text(f"{tmp}/venv.json"))
+    marker = json.loads(written(remote, f"{tmp}/venv.json"))
     assert marker["copied"] == {tree: {"source": str(source), "digest": "d" * 64}}
 
 
