@@ -221,30 +221,65 @@ def channel_stdin(steps: Sequence[Step]) -> bytes | None:
     return next((step.stdin for step in steps if step.stdin is not None and inline_stdin(step) is None), None)
 
 
-def round_trips(batch: Sequence[Step | Put]) -> list[Put | tuple[Step, ...]]:
-    """Split a batch into what each costs one round trip: a Put alone, or a run of steps.
+def put_steps(put: Put, token: str) -> tuple[Step, Step]:
+    """A small Put as two steps of a run: its data from stdin into a temp file beside dest (the mode, and owner root
+    for sudo, set as it is created), then the rename."""
+    temp = put.dest.parent / f".{put.dest.name}.tmp-{token}"
+    owner = ("-o", "root", "-g", "root") if put.sudo else ()
+    return (Step(f"{put.name}: write", ("install", "-m", f"0{put.mode:o}", *owner, "-T", "--", "/dev/stdin", str(temp)),
+                 sudo=put.sudo, stdin=put.data, timeout_s=PUT_TIMEOUT_S, secret=put.secret),
+            Step(f"{put.name}: rename", ("mv", "-T", "--", str(temp), str(put.dest)), sudo=put.sudo))
+
+
+def script_steps(trip: Sequence[Step | Put], token: str) -> list[Step]:
+    """The steps a run's script executes: each Put of the run as its write and rename."""
+    return [expanded for step in trip for expanded in (put_steps(step, token) if isinstance(step, Put) else (step,))]
+
+
+def round_trips(batch: Sequence[Step | Put]) -> list[Put | tuple[Step | Put, ...]]:
+    """Split a batch into what each costs one round trip: a run of steps and small Puts, or a large Put alone (SFTP).
 
     A run holds at most one step whose stdin needs the channel (the others read a here-document or /dev/null)
     and a script short enough to travel as one argument.
     """
-    trips: list[Put | tuple[Step, ...]] = []
-    run: list[Step] = []
+    trips: list[Put | tuple[Step | Put, ...]] = []
+    run: list[Step | Put] = []
     for step in batch:
-        if isinstance(step, Put):
+        if isinstance(step, Put) and len(step.data) > MAX_INLINE_STDIN:
             if run:
                 trips.append(tuple(run))
                 run = []
             trips.append(step)
             continue
-        needs_channel = step.stdin is not None and inline_stdin(step) is None
-        too_long = len(batch_script((*run, step), "root", "0" * 16)) > MAX_SCRIPT_CHARS
-        if run and ((needs_channel and channel_stdin(run) is not None) or too_long):
+        added = script_steps([step], "0" * 12)
+        needs_channel = channel_stdin(added) is not None
+        too_long = len(batch_script(script_steps([*run, step], "0" * 12), "root", "0" * 16)) > MAX_SCRIPT_CHARS
+        if run and ((needs_channel and channel_stdin(script_steps(run, "0" * 12)) is not None) or too_long):
             trips.append(tuple(run))
             run = []
         run.append(step)
     if run:
         trips.append(tuple(run))
     return trips
+
+
+def _as_puts(trip: Sequence[Step | Put], results: Sequence[StepResult]) -> list[StepResult]:
+    """The results of a run's script steps, each Put's write and rename joined into one result for the Put."""
+    joined: list[StepResult] = []
+    remaining = iter(results)
+    for step in trip:
+        first = next(remaining, None)
+        if first is None:
+            break
+        if not isinstance(step, Put):
+            joined.append(first)
+            continue
+        second = next(remaining, None) if first.exit_code == 0 else None
+        last = second or first
+        joined.append(StepResult(step, last.exit_code, first.stdout + (second.stdout if second else ""),
+                                 first.stderr + (second.stderr if second else ""),
+                                 first.duration_s + (second.duration_s if second else 0.0)))
+    return joined
 
 
 def batch_script(steps: Sequence[Step], user: str, marker: str) -> str:
@@ -530,13 +565,16 @@ class FabricRemote:
     def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
         results: list[StepResult] = []
         for trip in round_trips(batch):
-            trip_results = [self._put(trip)] if isinstance(trip, Put) else self._run_steps(trip, on_output)
+            trip_results = [self._put(trip)] if isinstance(trip, Put) else self._run_trip(trip, on_output)
             for result in trip_results:
                 if self.on_result is not None:
                     self.on_result(result)
                 check_result(result, self.target.address, self.target.user)
                 results.append(result)
         return results
+
+    def _run_trip(self, trip: tuple[Step | Put, ...], on_output: OutputLine | None = None) -> list[StepResult]:
+        return _as_puts(trip, self._run_steps(tuple(script_steps(trip, secrets.token_hex(6))), on_output))
 
     def _run_steps(self, steps: tuple[Step, ...], on_output: OutputLine | None = None) -> list[StepResult]:
         connection = self._connect()

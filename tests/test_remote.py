@@ -12,6 +12,7 @@ from fake_remote import FakeRemote
 
 from deploy_lib.errors import ConnectFailed, StepFailed, StepTimedOut, SudoPasswordRequired
 from deploy_lib.remote import (
+    MAX_INLINE_STDIN,
     MAX_SCRIPT_CHARS,
     Put,
     Step,
@@ -23,6 +24,7 @@ from deploy_lib.remote import (
     describe,
     parse_batch_output,
     round_trips,
+    script_steps,
 )
 
 HOSTILE = ("a b", "it's", '"q"', "$(touch /tmp/pwned)", "`id`", "line1\nline2", "*", "-rf", "")
@@ -96,12 +98,32 @@ def test_invalid_steps_are_refused_when_built() -> None:
         Put(PurePosixPath("relative/file"), b"", 0o644)
 
 
-def test_round_trips_group_steps_between_puts_with_one_channel_stdin_each() -> None:
+def test_round_trips_group_steps_and_small_puts_with_one_channel_stdin_each() -> None:
+    """A Put small enough for a here-document or the channel joins the run of steps around it (the stage, switch and
+    restart of a deploy are one round trip); a large one travels alone over SFTP."""
     a, b = Step("a", ("true",)), Step("b", ("true",))
     s1, s2 = Step("s1", ("cat",), stdin=b"1", secret=True), Step("s2", ("cat",), stdin=b"2", secret=True)
-    put = Put(PurePosixPath("/x"), b"", 0o644)
-    assert round_trips([a, s1, b, s2, a, put, b, put]) == [(a, s1, b), (s2, a), put, (b,), put]
+    unit = Put(PurePosixPath("/x"), b"[Unit]\n", 0o644)  # text: in the script
+    env = Put(PurePosixPath("/y"), b"TOKEN=1\n", 0o600, secret=True)  # a secret: on the channel
+    large = Put(PurePosixPath("/z"), b"x" * (MAX_INLINE_STDIN + 1), 0o644)
+    assert round_trips([a, s1, b, s2, a, unit, b, env, large, b]) == [(a, s1, b), (s2, a, unit, b), (env,), large,
+                                                                       (b,)]
     assert round_trips([]) == []
+
+
+def test_a_put_in_a_run_writes_a_temp_file_with_its_mode_then_renames_it(tmp_path) -> None:
+    dest = tmp_path / "it's a dir" / "app.env"
+    dest.parent.mkdir()
+    dest.write_text("OLD=1\n")
+    old_inode = dest.stat().st_ino
+    put = Put(PurePosixPath(dest), b"TOKEN=s3cr3t\n", 0o600, secret=True)
+    steps = script_steps([put], "0123456789ab")
+    results, _, _ = _run_script_locally(steps, stdin=put.data)
+    assert [r.exit_code for r in results] == [0, 0]
+    assert dest.read_bytes() == b"TOKEN=s3cr3t\n" and (dest.stat().st_mode & 0o777) == 0o600
+    assert dest.stat().st_ino != old_inode  # replaced by a rename, never rewritten in place
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["app.env"]
+    assert "s3cr3t" not in batch_script(steps, "root", "m" * 16)
 
 
 def test_non_secret_text_stdin_travels_in_the_script_so_several_share_a_round_trip() -> None:
