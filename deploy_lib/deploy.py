@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
@@ -20,6 +20,7 @@ from deploy_lib.cuda_toolkit import FIX_HINT, cuda_home, sm12x_problem
 from deploy_lib.diagnose import Diagnosis, diagnose, journal_cursor_step, journal_step, parse_journal_cursor
 from deploy_lib.errors import (
     ConfigError,
+    ConnectFailed,
     DeployError,
     DriftDetected,
     GateFailed,
@@ -128,6 +129,9 @@ from deploy_lib.versions import health_path_for
 FACT_HAND_RUN = "adopted server: still running"
 MIN_FREE_BYTES = 64 * 1024 * 1024  # a release is a few KB, but a full disk breaks journald and pip alike
 GRACE_S = 2.0  # healthy, then dead within this window, is a failed start
+# The plan's batches that `_Run.activate` runs: before the ladder (with the stage, in one round trip), and after it.
+ACTIVATE = "switch and restart"
+VERIFIED = "once verified"
 
 
 def hand_run_check(metadata: Mapping[str, Any] | None) -> list[Step | Put]:
@@ -167,7 +171,6 @@ class Plan:
     batches: Mapping[str, list[Step | Put]]
     notes: tuple[str, ...] = ()
     secrets_not_available: Mapping[str, str] = field(default_factory=dict)  # name -> why (a plan needs no value)
-    takeover: tuple[Step | Put, ...] = ()   # stops the hand-run server of an adopted release 0 before the restart
     gpu_check_reasons: tuple[str, ...] = ()  # preflight.gpu_check runs (batch "gpu check") because of these
 
     @property
@@ -296,6 +299,14 @@ def reset_failed_step(layout: StoreLayout) -> Step:
                 ok=frozenset({0, 1}))
 
 
+def activation_steps(layout: StoreLayout, release_id: str, before_restart: Sequence[Step | Put] = ()
+                     ) -> list[Step | Put]:
+    """Switch `current` to a release and restart it, after reading the journal's position (the ladder shows and
+    diagnoses only this start) and running `before_restart` (stopping an adopted hand-run server)."""
+    return [journal_cursor_step(layout.unit_name), *switch_current(layout, release_id), *before_restart,
+            *restart_steps(layout)]
+
+
 def restart_steps(layout: StoreLayout) -> list[Step | Put]:
     unit = layout.unit_name
     return [
@@ -372,8 +383,8 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
     elif loaded.profile.preflight.gpu_check:
         notes.append("gpu check (preflight.gpu_check) not needed: TP size, NCCL environment and the venv's "
                      f"torch/NCCL are those of release {current_id}")
-    batches["switch"] = switch_current(layout, release.id)
-    batches["restart"] = [*takeover, *restart_steps(layout)]
+    batches[ACTIVATE] = activation_steps(layout, release.id, takeover)
+    batches[VERIFIED] = [reset_failed_step(layout)]
     replaced_note = None
     if hand_made_unit(layout, facts) and not unchanged:
         # with the staging: deploy runs this batch from the plan, and the switch (from activate) replaces the file
@@ -388,7 +399,7 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
     return Plan(release=release, current_id=current_id, changes=tuple(changes), drift=drift, unchanged=unchanged,
                 batches=batches, secrets_not_available=not_available,
                 notes=tuple(note for note in (*notes, hand_note, replaced_note) if note),
-                takeover=tuple(takeover), gpu_check_reasons=check_reasons)
+                gpu_check_reasons=check_reasons)
 
 
 def _why_not_verified(facts: HostFacts, release_id: str) -> str | None:
@@ -593,17 +604,21 @@ class _Run:
             return NotReady(broken.message, broken.rung, broken.evidence)
 
     def activate(self, release_id: str, metadata: Mapping[str, Any], prediction: StartPrediction | None,
-                 grace_s: float, before_restart: tuple[Step | Put, ...] = ()) -> ReadyReport:
+                 grace_s: float, batches: Mapping[str, Sequence[Step | Put]] | None = None,
+                 staged: Sequence[Step | Put] = ()) -> ReadyReport:
         """Switch `current` to a release on the host, restart, and climb the readiness ladder.
 
-        One round trip reads the journal position, switches and restarts; from that position on, the ladder shows
-        this start's log lines and a failure is diagnosed from them (`self.cursor`)."""
+        A deploy gives its plan's batches (what its dry run listed), with the stage batch in `staged`; a switch
+        back to a recorded release takes the same batches for that release. One round trip stages, reads the
+        journal position, switches and restarts; from that position on, the ladder shows this start's log lines
+        and a failure is diagnosed from them (`self.cursor`)."""
+        batches = batches or {ACTIVATE: activation_steps(self.layout, release_id),
+                              VERIFIED: [reset_failed_step(self.layout)]}
         restarted_at = self.clock()
-        self.switched_to = release_id
-        results = self.phase("switch and restart", [journal_cursor_step(self.layout.unit_name),
-                                                    *switch_current(self.layout, release_id),
-                                                    *before_restart, *restart_steps(self.layout)])
-        self.cursor = parse_journal_cursor(results[0].stdout)
+        self.switched_to = release_id  # from here on a signal switches back: the switch may be under way
+        results = self.phase(f"stage, {ACTIVATE}" if staged else ACTIVATE, [*staged, *batches[ACTIVATE]])
+        cursor_step = journal_cursor_step(self.layout.unit_name)
+        self.cursor = parse_journal_cursor(next(r.stdout for r in results if r.step == cursor_step))
         service = read_stored_profile(metadata.get("profile")).service
         self.progress.phase_started("readiness")
         report = wait_ready(self.remote, probe_target(self.layout, metadata, self.environ),
@@ -613,18 +628,20 @@ class _Run:
         self.verified = release_id
         self.timings["ready"] = round(report.duration_s, 3)
         self.progress.step_done("readiness", report.duration_s)
-        # The verified start leaves the start-limit window, so the restart policy allows the same number of
-        # restarts whether a crash comes a minute or a day after the deploy.
-        self.remote.run([reset_failed_step(self.layout)])
+        # The verified start leaves the start-limit window (reset-failed), so the restart policy allows the same number
+        # of restarts whether a crash comes a minute or a day after the deploy.
+        self.remote.run(batches[VERIFIED])
         return report
 
     def host_state(self) -> str:
         """Where `current` points and what the unit does, read once more (best effort: after an interrupt)."""
+        steps = [Step("state: current", ("readlink", "--", str(self.layout.current)), ok=ABSENT_OK),
+                 Step("state: unit", ("systemctl", "show", "-p", "ActiveState,SubState", "--", self.layout.unit_name))]
         try:
-            current, unit = self.remote.run([
-                Step("state: current", ("readlink", "--", str(self.layout.current)), ok=ABSENT_OK),
-                Step("state: unit", ("systemctl", "show", "-p", "ActiveState,SubState", "--", self.layout.unit_name)),
-            ])
+            try:
+                current, unit = self.remote.run(steps)
+            except ConnectFailed:  # the interrupt cut a round trip (a probe waiting on the host): read over a new one
+                current, unit = self.remote.run(steps)
         except (DeployError, KeyboardInterrupt) as error:
             return f"unknown (it could not be read: {error or type(error).__name__})"
         props = parse_systemctl_show(unit.stdout)
@@ -795,13 +812,16 @@ def _deploy(run: _Run, loaded: LoadedProfile, options: Options, secrets: Mapping
     record_new_crashes(remote, layout, facts.store, facts.unit)  # the restart below resets their count
     if not model_facts.complete:
         stage_weights(run, model, venv.path, plan, facts)
-    run.phase("stage", plan.batches.get("stage", []))
+    staged = plan.batches.get("stage", [])
+    if plan.gpu_check_reasons:  # the NCCL check runs between the stage and the switch: the stage goes alone, first
+        run.phase("stage", staged)
+        staged = []
     gate = profile.gate or (GateSettings() if options.gate else None)
     try:
         if plan.gpu_check_reasons:
             check_before_start(run, plan)
         ready = run.activate(plan.release.id, plan.release.metadata(), start_prediction(facts.store, loaded.name),
-                             options.grace_s, plan.takeover)
+                             options.grace_s, plan.batches, staged)
         if gate is not None:
             gate_after_ready(remote, layout, plan.release.metadata(), tags, profile.bench, gate,
                              facts.store.history, progress, secrets.get(API_KEY_ENV))

@@ -33,7 +33,7 @@ from deploy_lib.deploy import hand_run_check, hand_run_pid, plan_deploy, preflig
 from deploy_lib.errors import DriftDetected, PreflightError
 from deploy_lib.facts import UnitFacts
 from deploy_lib.profile import Profile, load_profile
-from deploy_lib.remote import StepResult
+from deploy_lib.remote import Step, StepResult
 from deploy_lib.server_args import sglang_args
 from deploy_lib.sglang_options import check_argv, extract
 from deploy_lib.store import ReleaseRecord
@@ -176,8 +176,13 @@ def test_the_first_deploy_over_an_adopted_server_stops_the_hand_run_process_firs
     preflight(new, loaded, target(), held, hand_pid=4242)  # the port is held by the server being replaced
     with pytest.raises(PreflightError, match="port 8000 is already in use"):
         preflight(new, loaded, target(), held)
-    assert [step.argv for step in new.batches["restart"][:2]] == [
-        ("kill", "-TERM", "--", "4242"), ("tail", "--pid=4242", "-s", "0.2", "-f", "/dev/null")]
+    activation = [step.argv for step in new.batches["switch and restart"] if isinstance(step, Step)]
+    stop = [("kill", "-TERM", "--", "4242"), ("tail", "--pid=4242", "-s", "0.2", "-f", "/dev/null")]
+    # after the switch, before systemd starts the new release
+    assert activation.index(stop[0]) > activation.index(("mv", "-T", "--", "/opt/sglang-deploy/sglang/.current.tmp",
+                                                                 "/opt/sglang-deploy/sglang/current"))
+    assert activation[activation.index(stop[0]):][:2] == stop
+    assert activation.index(stop[1]) < activation.index(("systemctl", "restart", "--", "sglang.service"))
     assert any("the hand-run server (pid 4242, adopted as release 0) is stopped" in line
                for line in new.dry_run_lines())
 

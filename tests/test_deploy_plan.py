@@ -103,7 +103,7 @@ def deployed(plan) -> ReleaseRecord:
 
 def test_first_deploy_stages_switches_and_restarts() -> None:
     _, plan = first_plan()
-    assert list(plan.batches) == ["stage", "switch", "restart"]
+    assert list(plan.batches) == ["stage", "switch and restart", "once verified"]
     assert plan.current_id is None and not plan.unchanged
     assert any(str(c) == "+ flag --tp-size = 8" for c in plan.changes)
     layout = StoreLayout("sglang")
@@ -128,7 +128,7 @@ def test_redeploy_of_a_running_release_history_does_not_record_healthy_restarts_
     loaded, plan = first_plan()
     again = plan_deploy(loaded, target(), facts(current=deployed(plan), active="active", verified=False), {}, False,
                         NOW)
-    assert not again.unchanged and list(again.batches) == ["switch", "restart"]
+    assert not again.unchanged and list(again.batches) == ["switch and restart", "once verified"]
     assert any("does not record it as verified" in note for note in again.notes)
 
 
@@ -139,14 +139,14 @@ def test_redeploy_when_the_current_release_directory_was_deleted_stages_it_again
     gone = replace(gone, store=replace(gone.store, releases=()), unit=replace(gone.unit, load_state="not-found"),
                    file_sums={})
     again = plan_deploy(loaded, target(), gone, {}, False, NOW)
-    assert not again.unchanged and list(again.batches) == ["stage", "switch", "restart"]
+    assert not again.unchanged and list(again.batches) == ["stage", "switch and restart", "once verified"]
     assert any("missing or damaged on the host" in note for note in again.notes)
 
 
 def test_redeploy_of_a_stopped_release_restarts_without_restaging() -> None:
     loaded, plan = first_plan()
     again = plan_deploy(loaded, target(), facts(current=deployed(plan), active="failed"), {}, False, NOW)
-    assert list(again.batches) == ["switch", "restart"]
+    assert list(again.batches) == ["switch and restart", "once verified"]
 
 
 def test_switching_profiles_shows_the_semantic_diff() -> None:
@@ -165,7 +165,7 @@ def test_a_unit_file_edited_by_hand_is_drift_and_force_overwrites_it() -> None:
         plan_deploy(loaded, target(), facts(current=deployed(plan), active="active", sums=edited), {}, False, NOW)
     forced = plan_deploy(loaded, target(), facts(current=deployed(plan), active="active", sums=edited), {}, True,
                          NOW)
-    assert list(forced.batches) == ["stage", "switch", "restart"]
+    assert list(forced.batches) == ["stage", "switch and restart", "once verified"]
     rewritten = {step.dest.name for step in forced.batches["stage"] if not isinstance(step, Step)}
     assert rewritten == {UNIT_FILE, ENV_FILE}, "the published release is repaired in place, not restaged"
 

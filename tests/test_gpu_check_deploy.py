@@ -109,7 +109,7 @@ def plan_over(current: LoadedProfile, new: LoadedProfile, current_versions: dict
 
 def test_the_plan_stops_the_old_server_and_checks_between_staging_and_the_switch() -> None:
     plan = plan_over(checked(), checked(p2p_disable=True), venv_versions=TORCH)
-    assert list(plan.batches) == ["stage", "gpu check", "switch", "restart"]
+    assert list(plan.batches) == ["stage", "gpu check", "switch and restart", "once verified"]
     stop, *topology, check = plan.batches["gpu check"]
     assert isinstance(stop, Step) and stop.argv == ("systemctl", "stop", "--", "sglang.service")
     assert [s.argv[:3] for s in topology if isinstance(s, Step)] == [("nvidia-smi", "topo", "-m")] + \
@@ -122,7 +122,7 @@ def test_the_plan_stops_the_old_server_and_checks_between_staging_and_the_switch
         "exactly the release's non-secret environment"
     assert plan.release.environment["NCCL_P2P_DISABLE"] == "1"
     lines = plan.dry_run_lines()
-    assert "gpu check:" in lines and lines.index("gpu check:") < lines.index("switch:")
+    assert "gpu check:" in lines and lines.index("gpu check:") < lines.index("switch and restart:")
     assert any("gpu check (preflight.gpu_check): env NCCL_P2P_DISABLE (none) -> 1: the old server stops" in line
                for line in lines)
 
@@ -146,7 +146,7 @@ def test_a_hand_run_server_is_stopped_before_the_check_not_at_the_restart() -> N
     plan = engine.plan_deploy(checked(p2p_disable=True), target(), host, {}, False, NOW, hand_pid=4242)
     assert [s.name for s in plan.batches["gpu check"][:3]] == [
         "adopted server: stop pid 4242", "adopted server: wait for pid 4242 to exit", "systemd: stop"]
-    assert plan.takeover == () and not any("4242" in s.name for s in plan.batches["restart"])
+    assert not any("4242" in s.name for s in plan.batches["switch and restart"])
 
 
 def test_a_venv_without_torch_is_refused_at_preflight_naming_the_venv_and_the_key() -> None:

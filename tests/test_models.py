@@ -232,7 +232,7 @@ def test_a_new_upstream_commit_is_a_new_release_and_a_visible_change() -> None:
 
 def test_missing_weights_are_staged_before_the_release_files() -> None:
     plan = plan_with(model_facts(missing=("config.json",), missing_bytes=120))
-    assert list(plan.batches) == ["model", "stage", "switch", "restart"]
+    assert list(plan.batches) == ["model", "stage", "switch and restart", "once verified"]
     assert plan.batches["model"][0].name == STAGE_MODEL
     assert any("1 of 3 files to stage, 120 B to download" in note for note in plan.notes)
 

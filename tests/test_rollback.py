@@ -16,13 +16,15 @@ from test_store import release_entries
 
 from deploy_lib import facts as host_facts
 from deploy_lib import store
-from deploy_lib.deploy import check_release, check_release_files, probe_target, recorded_tags
+from deploy_lib.deploy import Options, check_release, check_release_files, deploy, probe_target, recorded_tags
 from deploy_lib.errors import Interrupted, PreflightError, ReadinessFailed, Terminated
 from deploy_lib.facts import SGLangInstall
 from deploy_lib.interrupts import Interrupt, interrupted, signal_name, signals_raise
+from deploy_lib.models import FACT_MODEL
 from deploy_lib.profile import read_stored_profile
+from deploy_lib.progress import RecordingProgress
 from deploy_lib.release import RecordedRelease
-from deploy_lib.remote import Put, Step, StepResult
+from deploy_lib.remote import Put, Step, StepResult, describe
 from deploy_lib.store import (
     ENV_FILE,
     FAILED,
@@ -256,3 +258,47 @@ def test_a_signal_before_the_switch_changes_nothing_and_says_so() -> None:
     with pytest.raises(Terminated, match="before the switch; nothing was switched or restarted: release B is current"):
         host.rollback()
     assert all(name.startswith(("store facts:", "host facts:")) for name in host.ran_names())
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The dry run is what runs: a deploy executes the batches its plan lists
+
+
+class ServingEveryRelease(dict):  # type: ignore[type-arg]
+    def __missing__(self, release_id: str) -> list[object]:
+        return [READY]
+
+
+def _shown(step: Step | Put) -> str:
+    """A step as the dry run lists it; release.json's bytes are left out (it records when it was staged)."""
+    return f"put {step.dest} (mode 0{step.mode:o})" if isinstance(step, Put) else describe([step])[0]
+
+
+def test_the_dry_run_lists_exactly_the_steps_the_deploy_then_runs() -> None:
+    host = ScriptedHost(ServingEveryRelease())
+    model = {"commit": "c" * 40, "files": [{"path": "config.json", "size": 12, "blob": "c1"}], "missing": [],
+             "missing_bytes": 0, "free_bytes": 10**12, "hf_home": "/root/.cache/huggingface", "asked_hub": True}
+    host.reply(FACT_MODEL, stdout=f"RESULT {json.dumps(model)}\n")
+    host.reply(host_facts.FACT_UNIT_LINK, stdout=f"{LAYOUT.current / UNIT_FILE}\n")
+    sums = first_plan()[1].release.metadata()["files"]
+    host.reply(host_facts.FACT_FILE_SUMS, stdout="".join(f"{digest}  /x/{name}\n" for name, digest in sums.items()))
+    base = PROJECT.profile("glm5-nvfp4")
+    loaded = base.model_copy(update={"profile": base.profile.model_copy(update={"env": {"NCCL_DEBUG_SUBSYS": "ALL"}})})
+    sglang = {"sglang_version": "0.5.23", "flashinfer_version": "0.7.2",
+              "options": options_accepting((*first_plan()[1].release.args, "--revision", "c" * 40))}
+    host.reply(host_facts.FACT_SGLANG, stdout=json.dumps(sglang))
+    planned = deploy(loaded, target(), host, RecordingProgress(), Options(dry_run=True, grace_s=0))
+    assert planned.plan is not None
+    batches = planned.plan.batches
+    assert list(batches) == ["stage", "switch and restart", "once verified"]
+    assert [f"{phase}:" for phase in batches] == [line for line in planned.plan.dry_run_lines() if line.endswith(":")]
+    host.batches.clear()
+    host.results.clear()
+    outcome = deploy(loaded, target(), host, RecordingProgress(), Options(grace_s=0))
+    assert outcome.action == "deployed" and outcome.release_id == planned.release_id
+    ran = [[_shown(step) for step in batch] for batch in host.batches]
+    before_ladder = [_shown(step) for step in (*batches["stage"], *batches["switch and restart"])]
+    assert before_ladder in ran, "the stage, switch and restart batches ran as listed, in one round trip"
+    after = ran[ran.index(before_ladder) + 1:]
+    probes = [batch for batch in after if batch[0].startswith("readiness probe")]
+    assert probes and after[len(probes)] == [_shown(step) for step in batches["once verified"]]
