@@ -372,13 +372,13 @@ def deploy_figures(no_ops: Sequence[NoOpRun], processes: Sequence[float], change
         seconds_figure("  server's own start (restart -> fired up)", [run.server_start_s for run in changed], None),
         seconds_figure("  tool's own time (total - server start)", [run.tool_s for run in changed], 2.0),
         seconds_figure("  tool's own time without the grace window",
-                       [run.tool_s - run.grace_s for run in changed], 2.0),
+                       [run.tool_s - run.grace_s for run in changed], 1.0),
         seconds_figure("  - before the restart (connect, facts, stage, switch)",
                        [run.before_restart_s for run in changed], None),
         seconds_figure("  - restart sent -> systemd's job starts (daemon-reload, enable)",
                        [run.restart_to_job_s for run in changed], None),
         seconds_figure("  - readiness noticed (fired up -> Ready verdict)", [run.ready_noticed_s for run in changed],
-                       0.5),
+                       0.3),
         seconds_figure("  - the ladder's grace window after Ready", [run.grace_s for run in changed], None),
         seconds_figure("  - ladder returned -> deploy returned (history, prune)",
                        [run.ladder_to_return_s for run in changed], None),
@@ -587,7 +587,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             figures += measure_venvs(rig, house, options.runs, options.venv_runs, Path(work))
         if "models" in wanted:
             figures += measure_models(rig, options.runs)
-    say(f"\nmake bench on the sandbox guest ({time.time() - started:.0f} s in all)\n")
+    load = " / ".join(f"{value:.1f}" for value in os.getloadavg())
+    say(f"\nmake bench on the sandbox guest ({time.time() - started:.0f} s in all; load average now {load})\n")
     say(table(figures))
     say(f"\n{ANSIBLE}")
     return 0
