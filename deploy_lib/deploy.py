@@ -823,6 +823,8 @@ def _deploy(run: _Run, loaded: LoadedProfile, options: Options, secrets: Mapping
         ready = run.activate(plan.release.id, plan.release.metadata(), start_prediction(facts.store, loaded.name),
                              options.grace_s, plan.batches, staged)
         if gate is not None:
+            from deploy_lib.bench import gate_after_ready  # the benchmark's code loads only for a gated deploy
+
             gate_after_ready(remote, layout, plan.release.metadata(), tags, profile.bench, gate,
                              facts.store.history, progress, secrets.get(API_KEY_ENV))
     except ReadinessFailed as failure:

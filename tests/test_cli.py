@@ -205,3 +205,10 @@ def test_loading_the_tasks_leaves_the_template_engine_patch_sets_and_sandbox_rig
 def test_patch_without_a_set_is_exit_2_naming_the_option() -> None:
     refused = invoke("patch", "--check")
     assert refused.returncode == 2 and "--set" in refused.stderr
+
+
+def test_the_deploy_engine_loads_the_benchmark_only_for_a_gated_deploy() -> None:
+    script = "import json, sys; import deploy_lib.deploy; print(json.dumps(sorted(sys.modules)))"
+    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    assert {"deploy_lib.bench", "deploy_lib.patches"} & set(json.loads(shown.stdout)) == set()
