@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shlex
 import shutil
 import statistics
@@ -227,18 +228,24 @@ def no_op_redeploy(rig: Rig) -> NoOpRun:
     return NoOpRun(seconds, remote.inner.round_trips)
 
 
-def whole_process_no_op(rig: Rig, pycache: Path) -> float:
+@dataclass(frozen=True)
+class ProcessRun:
+    seconds: float
+    cpu_s: float  # user + sys of the process: what a loaded machine inflates far less than the wall time
+
+
+def whole_process_no_op(rig: Rig, pycache: Path) -> ProcessRun:
     """`invoke deploy --profile P --yes` as a user runs it, a no-op: the process's wall time, Python's start and
     every import included. Bytecode is cached (in `pycache`) as an installed tool's is; the first run writes it."""
     environ = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
     argv = [sys.executable, "-m", "invoke", "--search-root", str(REPO), "deploy", "--profile", PROFILE, "--yes",
             "--inventory", rig.inventory]
-    started = time.time()
+    before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.time()
     done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120,
                           env={**environ, "PYTHONPYCACHEPREFIX": str(pycache)})
-    seconds = time.time() - started
+    seconds, after = time.time() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
     assert done.returncode == 0 and "no changes" in done.stdout, done.stdout + done.stderr
-    return seconds
+    return ProcessRun(seconds, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
 
 
 @dataclass(frozen=True)
@@ -357,7 +364,7 @@ def table(figures: Sequence[Figure]) -> str:
     return "\n".join(lines)
 
 
-def deploy_figures(no_ops: Sequence[NoOpRun], processes: Sequence[float], changed: Sequence[ChangedRun],
+def deploy_figures(no_ops: Sequence[NoOpRun], processes: Sequence[ProcessRun], changed: Sequence[ChangedRun],
                    crashes: Sequence[CrashRun]) -> list[Figure]:
     round_trips = statistics.median(run.round_trips for run in no_ops)
     plural = "" if round_trips == 1 else "s"
@@ -365,9 +372,11 @@ def deploy_figures(no_ops: Sequence[NoOpRun], processes: Sequence[float], change
     return [
         seconds_figure(f"no-op redeploy (one SSH connection, {round_trips:g} round trip{plural})",
                        [run.seconds for run in no_ops], 1.0),
-        seconds_figure(f"no-op `invoke deploy --profile {PROFILE} --yes`, whole process", processes, 0.8),
+        seconds_figure(f"no-op `invoke deploy --profile {PROFILE} --yes`, whole process",
+                       [run.seconds for run in processes], 0.8),
         seconds_figure("  - Python's start, imports, task load (whole process - library no-op)",
-                       [process - statistics.median(run.seconds for run in no_ops) for process in processes], None),
+                       [run.seconds - statistics.median(run.seconds for run in no_ops) for run in processes], None),
+        seconds_figure("  - the process's own CPU time (user + sys)", [run.cpu_s for run in processes], None),
         seconds_figure("changed deploy, total", [run.total_s for run in changed], None),
         seconds_figure("  server's own start (restart -> fired up)", [run.server_start_s for run in changed], None),
         seconds_figure("  tool's own time (total - server start)", [run.tool_s for run in changed], 2.0),
@@ -498,7 +507,7 @@ def measure_deploys(rig: Rig, runs: int) -> list[Figure]:
     whole_process_no_op(rig, pycache)  # writes the bytecode cache
     processes = [whole_process_no_op(rig, pycache) for _ in range(runs)]
     shutil.rmtree(pycache)
-    say(f"no-op deploys, whole process: {', '.join(f'{seconds:.2f} s' for seconds in processes)}")
+    say(f"no-op deploys, whole process: {', '.join(f'{run.seconds:.2f} s' for run in processes)}")
     changed = []
     for run in range(runs):
         changed.append(changed_deploy(rig, f"bench-{run}"))
