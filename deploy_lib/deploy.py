@@ -109,7 +109,6 @@ from deploy_lib.store import (
     stage_release,
     switch_current,
 )
-from deploy_lib.throughput import gate_after_ready
 from deploy_lib.venvs import (
     cache_dir_steps,
     cache_environment,
@@ -823,7 +822,7 @@ def _deploy(run: _Run, loaded: LoadedProfile, options: Options, secrets: Mapping
         ready = run.activate(plan.release.id, plan.release.metadata(), start_prediction(facts.store, loaded.name),
                              options.grace_s, plan.batches, staged)
         if gate is not None:
-            from deploy_lib.bench import gate_after_ready  # the benchmark's code loads only for a gated deploy
+            from deploy_lib.throughput import gate_after_ready  # the benchmark's code loads only for a gated deploy
 
             gate_after_ready(remote, layout, plan.release.metadata(), tags, profile.bench, gate,
                              facts.store.history, progress, secrets.get(API_KEY_ENV))

@@ -211,4 +211,4 @@ def test_the_deploy_engine_loads_the_benchmark_only_for_a_gated_deploy() -> None
     script = "import json, sys; import deploy_lib.deploy; print(json.dumps(sorted(sys.modules)))"
     shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert shown.returncode == 0, shown.stderr
-    assert {"deploy_lib.bench", "deploy_lib.patches"} & set(json.loads(shown.stdout)) == set()
+    assert {"deploy_lib.throughput", "deploy_lib.patches"} & set(json.loads(shown.stdout)) == set()
