@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 from fake_remote import FakeRemote
+from recording_progress import RecordingProgress
 from test_deploy_plan import PROJECT, deployed, facts, first_plan, options_accepting, target
 from test_store import release_entries
 
@@ -22,7 +23,6 @@ from deploy_lib.facts import SGLangInstall
 from deploy_lib.interrupts import Interrupt, interrupted, signal_name, signals_raise
 from deploy_lib.models import FACT_MODEL
 from deploy_lib.profile import read_stored_profile
-from deploy_lib.progress import RecordingProgress
 from deploy_lib.release import RecordedRelease
 from deploy_lib.remote import Put, Step, StepResult, describe
 from deploy_lib.store import (
