@@ -35,13 +35,13 @@ from urllib.parse import unquote, urlparse
 
 from deploy_lib.errors import ConfigError, DeployError, PreflightError, StepFailed
 from deploy_lib.progress import NullProgress, Progress
+from deploy_lib.readings import ABSENT_OK, Readings
 from deploy_lib.remote import Put, Remote, Step, StepResult, describe
 from deploy_lib.settings import VenvSpec
-from deploy_lib.store import StoreLayout, host_lock
+from deploy_lib.store import STAGING_SUFFIX, StoreLayout, host_lock, iso_time, json_line
 
 MARKER_FILE = "venv.json"
 LOCK_FILE = "requirements.lock"
-STAGING_SUFFIX = ".tmp"
 HASH_CHARS = 16  # of the sha256 hex digest: short enough for shebangs, plenty for one host's venvs
 WHEEL_MODE = 0o644
 INSTALL_TIMEOUT_S = 3600
@@ -83,7 +83,6 @@ FACT_MODES = "venv derive: modes of replaced files"
 INSTALL_STEP = "venv build: uv pip install"
 VERIFY_STEP = "venv build: verify wheels on the host"
 FETCH_UV_STEP = "venv build: fetch uv from the index"
-_MISSING_OK = frozenset({0, 1})
 
 _HASH_RE = re.compile(rf"^[0-9a-f]{{{HASH_CHARS}}}$")
 _NAME_RE = re.compile(r"^([A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?)\s*(\[[^\]]*\])?\s*(.*)$")
@@ -112,16 +111,6 @@ def check_venv_hash(venv_hash: str) -> str:
         raise ConfigError(f"invalid venv hash {venv_hash!r}", hint=f"a venv hash is {HASH_CHARS} hex digits "
                                                                     "(see `invoke venv.list`)")
     return venv_hash
-
-
-def _iso(when: datetime) -> str:
-    if when.tzinfo is None:
-        raise ValueError("timestamps must be timezone-aware")
-    return when.astimezone(UTC).isoformat(timespec="seconds")
-
-
-def _json_line(data: Mapping[str, Any]) -> bytes:
-    return (json.dumps(data, sort_keys=True, separators=(",", ":")) + "\n").encode()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -294,12 +283,12 @@ def store_fact_steps(layout: StoreLayout) -> list[Step | Put]:
     return [
         # "\0<hash>/venv.json\0<marker text>" per venv; a marker is one JSON line and JSON text holds no NUL.
         Step(FACT_MARKERS, ("find", venvs, "-mindepth", "2", "-maxdepth", "2", "-name", MARKER_FILE, "-printf",
-                            "\\0%P\\0", "-exec", "cat", "--", "{}", ";"), ok=_MISSING_OK),
-        Step(FACT_DIRS, ("find", venvs, "-mindepth", "1", "-maxdepth", "1", "-printf", "%f\\0"), ok=_MISSING_OK),
+                            "\\0%P\\0", "-exec", "cat", "--", "{}", ";"), ok=ABSENT_OK),
+        Step(FACT_DIRS, ("find", venvs, "-mindepth", "1", "-maxdepth", "1", "-printf", "%f\\0"), ok=ABSENT_OK),
         Step(FACT_WHEELS, ("find", str(wheel_store(layout)), "-mindepth", "2", "-maxdepth", "2", "-name", "*.whl",
-                           "-type", "f", "-printf", "%P\\0"), ok=_MISSING_OK),
+                           "-type", "f", "-printf", "%P\\0"), ok=ABSENT_OK),
         Step(FACT_TOOLS, ("find", str(tool_store(layout)), "-mindepth", "2", "-maxdepth", "2", "-name", "uv",
-                          "-type", "f", "-printf", "%P\\0"), ok=_MISSING_OK),
+                          "-type", "f", "-printf", "%P\\0"), ok=ABSENT_OK),
     ]
 
 
@@ -336,14 +325,6 @@ class VenvFacts:
     interpreter: str = ""   # the interpreter's path on the host (sys.executable); "" when it did not say
 
 
-def _by_name(results: Sequence[StepResult]) -> dict[str, StepResult]:
-    return {result.step.name: result for result in results}
-
-
-def _stdout(found: Mapping[str, StepResult], name: str) -> str:
-    return found[name].stdout if found[name].exit_code == 0 else ""
-
-
 def parse_markers(find_out: str) -> dict[str, dict[str, Any]]:
     """hash -> marker, from "\\0<hash>/venv.json\\0<json>" records; an unreadable marker counts as absent."""
     pieces = find_out.split("\0")[1:]
@@ -376,17 +357,17 @@ def parse_python_facts(result: StepResult, python: str) -> PythonFacts:
 
 
 def parse_store_facts(results: Sequence[StepResult]) -> VenvStoreFacts:
-    found = _by_name(results)
+    found = Readings.of(results)
     return VenvStoreFacts(
-        markers=parse_markers(_stdout(found, FACT_MARKERS)),
-        entries=tuple(sorted(name for name in _stdout(found, FACT_DIRS).split("\0") if name)),
-        wheels=parse_wheel_names(_stdout(found, FACT_WHEELS)),
-        tools=parse_wheel_names(_stdout(found, FACT_TOOLS)),
+        markers=parse_markers(found.stdout(FACT_MARKERS)),
+        entries=tuple(sorted(name for name in found.stdout(FACT_DIRS).split("\0") if name)),
+        wheels=parse_wheel_names(found.stdout(FACT_WHEELS)),
+        tools=parse_wheel_names(found.stdout(FACT_TOOLS)),
     )
 
 
 def parse_facts(results: Sequence[StepResult], python: str) -> VenvFacts:
-    result = _by_name(results)[FACT_PYTHON]
+    result = Readings.of(results)[FACT_PYTHON]
     facts = parse_python_facts(result, python)
     executable = json.loads(result.stdout.strip().splitlines()[-1]).get("executable")
     return VenvFacts(facts, parse_store_facts(results), executable if isinstance(executable, str) else "")
@@ -825,7 +806,7 @@ def publish_steps(what: str, staging: PurePosixPath, final: PurePosixPath,
                   marker: Mapping[str, Any]) -> list[Step | Put]:
     """Marker last, flushed to disk, then one rename: venvs/<hash> exists only complete."""
     return [
-        staged_file_step(f"{what}: marker", staging / MARKER_FILE, _json_line(marker)),
+        staged_file_step(f"{what}: marker", staging / MARKER_FILE, json_line(marker)),
         Step(f"{what}: flush to disk", ("sync", "-f", "--", str(staging)), sudo=True, timeout_s=600),
         Step(f"{what}: publish", ("mv", "-T", "--", str(staging), str(final)), sudo=True),
     ]
@@ -911,7 +892,7 @@ def uv_install_argv(uv: PurePosixPath, layout: StoreLayout, python: PurePosixPat
 def build_marker(venv_hash: str, lock: Lock, python: PythonFacts, wheels: Iterable[str],
                  now: datetime) -> dict[str, Any]:
     return {"hash": venv_hash, "kind": "built", "lock_sha256": lock.sha256, "python": python.as_dict(),
-            "created": _iso(now), "distributions": lock.distributions(), "wheels": sorted(set(wheels))}
+            "created": iso_time(now), "distributions": lock.distributions(), "wheels": sorted(set(wheels))}
 
 
 @dataclass(frozen=True)
@@ -1121,7 +1102,7 @@ def adopt_steps(layout: StoreLayout, inspection: Inspection, facts: VenvStoreFac
         return digest, []
     staging, final = staging_path(layout, digest), venv_path(layout, digest)
     marker = {"hash": digest, "kind": "adopted", "source": str(inspection.source),
-              "python": inspection.python.as_dict(), "created": _iso(now),
+              "python": inspection.python.as_dict(), "created": iso_time(now),
               "distributions": dict(inspection.distributions),
               "drift": {name: [list(entry) for entry in files] for name, files in inspection.drift.items()}}
     if inspection.editable:  # their files stay in the checkout: the managed copy imports from there, as the original
@@ -1145,7 +1126,7 @@ def adopt(remote: Remote, layout: StoreLayout, source: PurePosixPath, now: datet
 
 def _adopt(remote: Remote, layout: StoreLayout, source: PurePosixPath, now: datetime | None) -> VenvResult:
     results = remote.run([inspect_step(source), *store_fact_steps(layout)])
-    inspection = parse_inspection(source, _by_name(results)[FACT_INSPECT])
+    inspection = parse_inspection(source, Readings.of(results)[FACT_INSPECT])
     digest, steps = adopt_steps(layout, inspection, parse_store_facts(results), now or datetime.now(UTC))
     try:
         if steps:
@@ -1176,7 +1157,7 @@ def check_relpath(relpath: str) -> PurePosixPath:
 def mode_step(layout: StoreLayout, base_hash: str, relpaths: Iterable[str]) -> Step:
     base = venv_path(layout, base_hash)
     return Step(FACT_MODES, ("stat", "--printf", "%a %n\\0", "--", *(str(base / check_relpath(p)) for p in relpaths)),
-                ok=_MISSING_OK)
+                ok=ABSENT_OK)
 
 
 def parse_modes(layout: StoreLayout, base_hash: str, stat_out: str) -> dict[str, int]:
@@ -1284,12 +1265,12 @@ def derive_steps(layout: StoreLayout, base_hash: str, replaced_files: Mapping[st
         if path.suffix == ".py":
             steps.append(Step(f"venv derive: stale bytecode of {relpath}",
                               ("find", str(staging / path.parent / "__pycache__"), "-maxdepth", "1", "-name",
-                               f"{path.stem}.*.pyc", "-delete"), sudo=True, ok=_MISSING_OK))
+                               f"{path.stem}.*.pyc", "-delete"), sudo=True, ok=ABSENT_OK))
     steps += [Step(f"venv derive: imports {PurePosixPath(relpath).name} from the copy",
                    (str(python), "-I", "-c", IMPORTED_FROM_SCRIPT, PurePosixPath(relpath).name,
                     str(staging / relpath)), sudo=True) for relpath in sorted(trees)]
     marker = {"hash": digest, "kind": "derived", "base": base_hash, "python": base_marker.get("python"),
-              "created": _iso(now), "distributions": base_marker.get("distributions", {}),
+              "created": iso_time(now), "distributions": base_marker.get("distributions", {}),
               "replaced": {relpath: _sha256(data) for relpath, data in sorted(replaced_files.items())}}
     if trees:
         marker["copied"] = {relpath: {"source": str(tree.source), "digest": tree.digest}
@@ -1315,8 +1296,8 @@ def _derive(remote: Remote, layout: StoreLayout, base_hash: str, replaced_files:
         fact_batch.append(tree_digest_step(venv_path(layout, base_hash) / "bin" / "python3", copied.values()))
     results = remote.run(fact_batch)
     facts = parse_store_facts(results)
-    modes = parse_modes(layout, base_hash, _by_name(results)[FACT_MODES].stdout)
-    digests = json.loads(_by_name(results)[FACT_TREES].stdout) if copied else {}
+    modes = parse_modes(layout, base_hash, Readings.of(results)[FACT_MODES].stdout)
+    digests = json.loads(Readings.of(results)[FACT_TREES].stdout) if copied else {}
     trees = {relpath: CopiedTree(source, str(digests[str(source)])) for relpath, source in copied.items()}
     digest, steps = derive_steps(layout, base_hash, replaced_files, facts, modes, now or datetime.now(UTC), trees)
     if steps:
@@ -1403,7 +1384,7 @@ def size_step(layout: StoreLayout, facts: VenvStoreFacts) -> Step | None:
     order = _base_first(facts.markers)
     if not order:
         return None
-    return Step(FACT_SIZES, ("du", "-sb", "--", *(str(venv_path(layout, h)) for h in order)), ok=_MISSING_OK,
+    return Step(FACT_SIZES, ("du", "-sb", "--", *(str(venv_path(layout, h)) for h in order)), ok=ABSENT_OK,
                 timeout_s=300)
 
 
