@@ -202,12 +202,14 @@ class DropDuring:
 
 
 def test_ssh_dropped_during_staging_leaves_current_untouched_and_a_rerun_completes(rig: Rig, healthy: str) -> None:
-    loaded, target = rig.target("glm5-omp4")
+    # a release no earlier test of the module staged: its deploy has a stage batch to drop the connection in
+    (rig.project.profiles_dir / "glm5-omp3.yaml").write_text("extends: glm5-nvfp4\nenv:\n  OMP_NUM_THREADS: '3'\n")
+    loaded, target = rig.target("glm5-omp3")
     with FabricRemote(target.ssh) as inner:
         with pytest.raises(ConnectFailed):
             engine.deploy(loaded, target, DropDuring(inner, "stage:"), RecordingProgress(), engine.Options())
     assert rig.current() == healthy and rig.unit_state() == "active"
-    outcome = rig.deploy("glm5-omp4")
+    outcome = rig.deploy("glm5-omp3")
     assert outcome.action == "deployed" and rig.current() == outcome.release_id
     assert not any(name.endswith(".tmp") for name in rig.release_dirs()), "the rerun cleared the leftover"
 
