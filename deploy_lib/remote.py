@@ -564,13 +564,19 @@ class FabricRemote:
 
     def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
         results: list[StepResult] = []
-        for trip in round_trips(batch):
-            trip_results = [self._put(trip)] if isinstance(trip, Put) else self._run_trip(trip, on_output)
-            for result in trip_results:
-                if self.on_result is not None:
-                    self.on_result(result)
-                check_result(result, self.target.address, self.target.user)
-                results.append(result)
+        try:
+            for trip in round_trips(batch):
+                trip_results = [self._put(trip)] if isinstance(trip, Put) else self._run_trip(trip, on_output)
+                for result in trip_results:
+                    if self.on_result is not None:
+                        self.on_result(result)
+                    check_result(result, self.target.address, self.target.user)
+                    results.append(result)
+        except KeyboardInterrupt:
+            # raised inside paramiko (a channel half opened) it can leave the transport unusable: the rollback's
+            # steps that follow an interrupt run on a fresh connection
+            self.close()
+            raise
         return results
 
     def _run_trip(self, trip: tuple[Step | Put, ...], on_output: OutputLine | None = None) -> list[StepResult]:

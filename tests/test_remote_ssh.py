@@ -14,6 +14,7 @@ import signal
 import socket
 import stat
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -454,3 +455,18 @@ def test_push_directory_sends_changed_files_and_links_the_rest(remote: FabricRem
     assert (second / "config.json").stat().st_ino == (first / "config.json").stat().st_ino
     with pytest.raises(StepFailed, match="push"):
         remote.push_directory(tmp_path / "absent", PurePosixPath(second), None)
+
+
+def test_after_ctrl_c_at_any_point_of_a_round_trip_the_next_step_runs(remote: FabricRemote) -> None:
+    """Input tried: SIGINT landing at 40 points spread over a round trip's life (opening the channel, the command,
+    reading its result). A CI run saw the rollback's first step after an interrupt fail with 'connection lost'."""
+    for attempt in range(40):
+        timer = threading.Timer(0.001 + attempt * 0.004, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        try:
+            while True:
+                remote.run([Step("busy", ("sh", "-c", "echo x")), Step("next", ("true",))])
+        except KeyboardInterrupt:
+            pass
+        timer.join()
+        assert remote.run([Step("after", ("echo", "ok"))])[0].stdout == "ok\n", f"attempt {attempt}"
