@@ -217,18 +217,6 @@ def test_launcher_code_survives_unit_file_quoting() -> None:
 VERSIONS = ["0.5.9", "0.5.15", "0.5.15.post1", "0.5.20", "0.5.23"]
 
 
-@pytest.fixture(scope="session")
-def real_options(sglang_source: Callable[[str], Path]) -> Callable[[str], dict[str, Any]]:
-    cache: dict[str, dict[str, Any]] = {}
-
-    def get(version: str) -> dict[str, Any]:
-        if version not in cache:
-            cache[version] = extract(sglang_source(version))["options"]
-        return cache[version]
-
-    return get
-
-
 @pytest.mark.wheels
 @pytest.mark.parametrize("profile_name", ["glm5-nvfp4", "glm5-nvfp4-fusion"])
 @pytest.mark.parametrize("version", VERSIONS)

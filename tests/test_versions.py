@@ -11,7 +11,7 @@ import pytest
 
 from deploy_lib import profile
 from deploy_lib.server_args import spelling
-from deploy_lib.sglang_options import extract, find_option, version_key
+from deploy_lib.sglang_options import find_option, version_key
 from deploy_lib.versions import (
     BENCH_MODULES,
     CHOICE_FLAGS,
@@ -23,19 +23,7 @@ from deploy_lib.versions import (
     reached,
 )
 
-pytest_plugins = ("wheelcache",)  # the sglang_source fixture
-
-
-@pytest.fixture(scope="module")
-def options_of(sglang_source: Callable[[str], Path]) -> Callable[[str], dict[str, Any]]:
-    cache: dict[str, dict[str, Any]] = {}
-
-    def get(version: str) -> dict[str, Any]:
-        if version not in cache:
-            cache[version] = extract(sglang_source(version))["options"]
-        return cache[version]
-
-    return get
+pytest_plugins = ("wheelcache",)  # the real_options fixture
 
 
 def test_known_releases_are_in_order_and_the_newest_is_last() -> None:
@@ -68,10 +56,10 @@ def test_each_benchmark_module_is_in_the_wheel_from_its_release_on(sglang_source
 @pytest.mark.wheels
 @pytest.mark.parametrize("setting", sorted(SPELLINGS))
 @pytest.mark.parametrize("version", KNOWN_SGLANG)
-def test_each_spelling_is_what_that_releases_parser_registers(options_of: Callable[[str], dict[str, Any]],
+def test_each_spelling_is_what_that_releases_parser_registers(real_options: Callable[[str], dict[str, Any]],
                                                               setting: str, version: str) -> None:
     """The spelling chosen for a release is registered there and not deprecated; before the first, it is absent."""
-    options = options_of(version)
+    options = real_options(version)
     chosen = spelling(setting, version)
     if chosen is None:
         assert find_option(options, SPELLINGS[setting][0].argv[0]) is None
@@ -85,11 +73,11 @@ def test_each_spelling_is_what_that_releases_parser_registers(options_of: Callab
 @pytest.mark.wheels
 @pytest.mark.parametrize("enum_name", sorted(CHOICE_FLAGS))
 def test_every_backend_choice_of_the_profile_is_accepted_by_a_known_release(
-        options_of: Callable[[str], dict[str, Any]], enum_name: str) -> None:
+        real_options: Callable[[str], dict[str, Any]], enum_name: str) -> None:
     accepted: set[str] = set()
     for version in KNOWN_SGLANG:
         for flag in CHOICE_FLAGS[enum_name]:
-            found = find_option(options_of(version), flag)
+            found = find_option(real_options(version), flag)
             accepted |= {str(choice) for choice in (found or {}).get("choices") or ()}
     enum: type[StrEnum] = getattr(profile, enum_name)
     assert {member.value for member in enum} - accepted == set()

@@ -28,8 +28,11 @@ import zipfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from deploy_lib.sglang_options import extract
 
 # fnmatch patterns over wheel member names; `*` also matches `/`. Python sources and the dist-info are all the
 # extractor and the patch tests read; compiled extensions and data files are left in the wheel.
@@ -112,3 +115,16 @@ def unpacked(dist: str, version: str, members: tuple[str, ...] = DEFAULT_MEMBERS
 def sglang_source() -> Callable[[str], Path]:
     """Factory: version -> a site-packages-like directory with that SGLang wheel's Python sources and dist-info."""
     return lambda version: unpacked("sglang", version)
+
+
+@pytest.fixture(scope="session")
+def real_options(sglang_source: Callable[[str], Path]) -> Callable[[str], dict[str, Any]]:
+    """Factory: version -> that SGLang release's launch options, read from its real server_args (once each)."""
+    cache: dict[str, dict[str, Any]] = {}
+
+    def get(version: str) -> dict[str, Any]:
+        if version not in cache:
+            cache[version] = extract(sglang_source(version))["options"]
+        return cache[version]
+
+    return get

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import pytest
 from guest_shell import GuestShell
+from rig import Rig
 
 from deploy_lib.remote import FabricRemote, SSHTarget
 from sandbox import manage, wheelhouse
@@ -87,6 +88,18 @@ def sandbox_ssh(sandbox_guest: manage.Guest) -> Iterator[FabricRemote]:
 def sandbox_venv(sandbox_guest: manage.Guest) -> manage.Guest:
     """The module's guest, whose /opt/ml-env holds the wheelhouse (from the venv layer)."""
     return sandbox_guest
+
+
+@pytest.fixture(scope="module")
+def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Rig:
+    """The module's deploy rig with rig.py's test profiles; a module with profiles of its own defines its own."""
+    return Rig.on(sandbox_venv, tmp_path_factory)
+
+
+@pytest.fixture
+def healthy(rig: Rig) -> str:
+    """The reference profile deployed and serving on the module's rig; its release id."""
+    return rig.healthy_release()
 
 
 @pytest.fixture(scope="module")

@@ -6,19 +6,7 @@ from __future__ import annotations
 import pytest
 from rig import FAULT_OF_CRASHY, Rig
 
-from sandbox import manage
-
 pytestmark = pytest.mark.sandbox
-
-
-@pytest.fixture(scope="module")
-def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Rig:
-    return Rig.on(sandbox_venv, tmp_path_factory)
-
-
-@pytest.fixture
-def healthy(rig: Rig) -> str:
-    return rig.healthy_release()
 
 
 def test_a_crash_after_the_deploy_is_restarted_and_status_shows_its_cause_and_count(rig: Rig, healthy: str) -> None:

@@ -22,20 +22,9 @@ from deploy_lib.project import load_for_host
 from deploy_lib.remote import FabricRemote, OutputLine, Step
 from deploy_lib.status import list_releases, read_status
 from deploy_lib.store import StoreLayout, this_process_owner
-from sandbox import manage
 
 pytestmark = pytest.mark.sandbox
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Rig:
-    return Rig.on(sandbox_venv, tmp_path_factory)
-
-
-@pytest.fixture
-def healthy(rig: Rig) -> str:
-    return rig.healthy_release()
 
 
 def test_deploy_the_reference_profile_then_redeploy_is_a_no_op(rig: Rig) -> None:

@@ -13,20 +13,10 @@ from deploy_lib import deploy as engine
 from deploy_lib.errors import GateFailed
 from deploy_lib.patches import find_patch_set, on_host
 from deploy_lib.remote import FabricRemote
-from sandbox import manage, wheelhouse
+from sandbox import wheelhouse
 
 pytestmark = pytest.mark.sandbox
 REPO = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Rig:
-    return Rig.on(sandbox_venv, tmp_path_factory)
-
-
-@pytest.fixture
-def healthy(rig: Rig) -> str:
-    return rig.healthy_release()
 
 
 def test_patch_fusion_enable_deploys_a_patched_venv_and_disable_returns(rig: Rig, healthy: str) -> None:

@@ -39,11 +39,6 @@ def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) ->
     return Rig.on(sandbox_venv, tmp_path_factory, PROFILES)
 
 
-@pytest.fixture
-def healthy(rig: Rig) -> str:
-    return rig.healthy_release()
-
-
 def invoke_status(rig: Rig) -> str:
     done = subprocess.run([sys.executable, "-m", "invoke", "status", "--inventory", rig.inventory], cwd=REPO,
                           stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
