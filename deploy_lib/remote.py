@@ -475,6 +475,8 @@ class FabricRemote:
         self.round_trips = 0  # SSH execs + uploads so far: what batching saves, shown by `make bench`
         self._connection: fabric.Connection | None = None
         self._gateway: fabric.Connection | None = None
+        # connections an interrupt left behind, closed with this remote (see `run`)
+        self._interrupted: list[fabric.Connection] = []
 
     # -- connection ------------------------------------------------------------------------------------
 
@@ -553,6 +555,8 @@ class FabricRemote:
         if self._gateway is not None:  # Fabric closes a connection, never its gateway
             self._gateway.close()
             self._gateway = None
+        while self._interrupted:
+            self._interrupted.pop().close()
 
     def __enter__(self) -> FabricRemote:
         return self
@@ -573,9 +577,11 @@ class FabricRemote:
                     check_result(result, self.target.address, self.target.user)
                     results.append(result)
         except KeyboardInterrupt:
-            # raised inside paramiko (a channel half opened) it can leave the transport unusable: the rollback's
-            # steps that follow an interrupt run on a fresh connection
-            self.close()
+            # raised inside paramiko (a channel half opened) it can leave the transport unusable, so the steps that
+            # follow (a rollback's) run on a fresh connection; the old one stays open until `close`, so that sshd
+            # handles the closed channel and the interrupted command meets it (closed at once, a download ran on)
+            self._interrupted.extend(c for c in (self._connection, self._gateway) if c is not None)
+            self._connection = self._gateway = None
             raise
         return results
 
