@@ -17,7 +17,14 @@ from typing import Any, NoReturn
 from deploy_lib import gpu_check
 from deploy_lib.crashes import record_new_crashes, start_limit_note
 from deploy_lib.cuda_toolkit import FIX_HINT, cuda_home, sm12x_problem
-from deploy_lib.diagnose import Diagnosis, diagnose, journal_cursor_step, journal_step, parse_journal_cursor
+from deploy_lib.diagnose import (
+    JOURNAL_SYNC,
+    Diagnosis,
+    diagnose,
+    journal_cursor_step,
+    journal_step,
+    parse_journal_cursor,
+)
 from deploy_lib.errors import (
     ConfigError,
     ConnectFailed,
@@ -578,7 +585,7 @@ class _Run:
 
     def journal_diagnosis(self, cursor: str | None, profile: str | None) -> Diagnosis:
         """Why the release of `profile` did not start, from the unit's journal since `cursor`."""
-        result = self.remote.run([journal_step(self.layout.unit_name, cursor)])[0]
+        result = self.remote.run([JOURNAL_SYNC, journal_step(self.layout.unit_name, cursor)])[-1]
         return diagnose(result.stdout.splitlines(), profile=profile)
 
     def check_target(self, release_id: str, metadata: Mapping[str, Any]) -> HostFacts:

@@ -232,6 +232,11 @@ def journal_step(unit: str, after_cursor: str | None = None, max_lines: int = 20
     return Step(name=f"read {unit} journal", argv=journal_argv(unit, max_lines, *after), sudo=True, timeout_s=30)
 
 
+# journald takes messages from its socket asynchronously: a failed exec's own line ("Failed to locate executable")
+# may still be queued when the unit's exit status is already known; --sync returns once queued messages are written
+JOURNAL_SYNC = Step(name="journal: sync", argv=("journalctl", "--sync"), sudo=True, ok=frozenset({0, 1}), timeout_s=30)
+
+
 def journal_cursor_step(unit: str) -> Step:
     """The unit's newest journal entry as JSON; read before a restart so later reads start after it."""
     return Step(name=f"read {unit} journal cursor", sudo=True, timeout_s=30,
