@@ -1,0 +1,144 @@
+"""The release store on the host, as data: pure builders of Step/Put batches, and pure parsers of what they read.
+
+Layout (design.md, "The release"), under <root>/<service>/:
+
+    releases/<id>/       sglang.service, sglang.env (0600), release.json; staged as <id>.tmp, then renamed
+    current -> releases/<id>   switched with one rename (ln -s to a temp name, mv -T)
+    venvs/, cache/       owned by venvs.py
+    history.jsonl        one JSON line per deploy, rollback, failure or bench
+    lock/                mkdir-lock with owner.json
+    /etc/systemd/system/<service>.service -> <root>/<service>/current/sglang.service
+
+    layout      the paths and file names above, release ids, the JSON and time format of every file
+    history     the tag set, history.jsonl lines, release.json
+    facts       one read-only batch of the store's state and its pure parsers (StoreFacts)
+    releases    stage, repair, switch and prune releases
+    lock        the host lock (Kamal's: mkdir is the atomic test-and-set, owner.json says who)
+
+Nothing here opens a connection: the few functions that act (`take_lock`, `holding_lock`, `host_lock`, `unlock`,
+`read_store_facts`) only call a `Remote` they are given.
+"""
+
+from deploy_lib.store.facts import (
+    FACT_CURRENT,
+    FACT_HISTORY,
+    FACT_RELEASE_DIRS,
+    FACT_RELEASE_FILES,
+    DamagedRelease,
+    ReleaseRecord,
+    StoreFacts,
+    parse_current,
+    parse_history,
+    parse_release_files,
+    parse_store_facts,
+    read_store_facts,
+    release_fact_steps,
+)
+from deploy_lib.store.history import (
+    ACTIVATIONS,
+    CRASHED,
+    FAILED,
+    HEALTHY,
+    RESTARTED,
+    STOPPED,
+    HistoryEntry,
+    Tags,
+    append_history,
+    history_entry,
+    operator_name,
+    release_json,
+)
+from deploy_lib.store.layout import (
+    ENV_FILE,
+    ENV_FILE_MODE,
+    FILE_MODE,
+    RELEASE_FILE,
+    STAGING_SUFFIX,
+    UNIT_FILE,
+    StoreLayout,
+    iso_time,
+    json_line,
+)
+from deploy_lib.store.lock import (
+    FACT_CLOCK,
+    FACT_LOCK,
+    FACT_LOCK_OWNER,
+    LOCK_TAKE,
+    LockContext,
+    LockInfo,
+    LockOwner,
+    acquire_lock,
+    holding_lock,
+    host_lock,
+    lock_staleness,
+    remove_lock,
+    take_lock,
+    this_process_owner,
+    unlock,
+)
+from deploy_lib.store.releases import (
+    describe_pruned_releases,
+    prune_releases,
+    releases_to_prune,
+    repair_release,
+    stage_release,
+    switch_current,
+)
+
+__all__ = [
+    "ACTIVATIONS",
+    "CRASHED",
+    "ENV_FILE",
+    "ENV_FILE_MODE",
+    "FACT_CLOCK",
+    "FACT_CURRENT",
+    "FACT_HISTORY",
+    "FACT_LOCK",
+    "FACT_LOCK_OWNER",
+    "FACT_RELEASE_DIRS",
+    "FACT_RELEASE_FILES",
+    "FAILED",
+    "FILE_MODE",
+    "HEALTHY",
+    "LOCK_TAKE",
+    "RELEASE_FILE",
+    "RESTARTED",
+    "STAGING_SUFFIX",
+    "STOPPED",
+    "UNIT_FILE",
+    "DamagedRelease",
+    "HistoryEntry",
+    "LockContext",
+    "LockInfo",
+    "LockOwner",
+    "ReleaseRecord",
+    "StoreFacts",
+    "StoreLayout",
+    "Tags",
+    "acquire_lock",
+    "append_history",
+    "describe_pruned_releases",
+    "history_entry",
+    "holding_lock",
+    "host_lock",
+    "iso_time",
+    "json_line",
+    "lock_staleness",
+    "operator_name",
+    "parse_current",
+    "parse_history",
+    "parse_release_files",
+    "parse_store_facts",
+    "prune_releases",
+    "read_store_facts",
+    "release_fact_steps",
+    "release_json",
+    "releases_to_prune",
+    "remove_lock",
+    "repair_release",
+    "stage_release",
+    "switch_current",
+    "take_lock",
+    "this_process_owner",
+    "unlock",
+]

@@ -1,0 +1,95 @@
+"""The one tag set, history.jsonl lines and release.json."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from deploy_lib.remote import Put, Step
+from deploy_lib.store.layout import StoreLayout, iso_time, json_line
+
+# Events that start a release and judge it (healthy or failed); `stop`, `crash`, `prune` and `bench` judge no start.
+ACTIVATIONS = ("deploy", "rollback", "adopt", "start", "restart")
+EVENTS = (*ACTIVATIONS, "failure", "bench", "crash", "prune", "stop")
+HEALTHY, FAILED, UNCHANGED, RESTARTED, STOPPED = "healthy", "failed", "unchanged", "restarted", "stopped"
+OUTCOMES = (HEALTHY, FAILED, UNCHANGED, RESTARTED, STOPPED)
+CRASHED = "crashed"  # a release's outcome in `invoke releases` once systemd gave up restarting it
+
+
+@dataclass(frozen=True)
+class Tags:
+    """The one tag set (as Kamal's tags) written on every history line and into release.json."""
+
+    who: str             # user@machine that ran the tool
+    host: str            # the target host, as the inventory names it
+    release: str
+    profile: str
+    profile_hash: str
+    versions: Mapping[str, str] = field(default_factory=dict)  # {"sglang": ..., "flashinfer": ...}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"who": self.who, "host": self.host, "release": self.release, "profile": self.profile,
+                "profile_hash": self.profile_hash, "versions": dict(self.versions)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> Tags:
+        return cls(who=str(data["who"]), host=str(data["host"]), release=str(data["release"]),
+                   profile=str(data["profile"]), profile_hash=str(data["profile_hash"]),
+                   versions={str(k): str(v) for k, v in dict(data.get("versions") or {}).items()})
+
+
+def operator_name() -> str:
+    """Who runs this tool: user@machine."""
+    return f"{getpass.getuser()}@{socket.gethostname()}"
+
+
+@dataclass(frozen=True)
+class HistoryEntry:
+    """One line of history.jsonl."""
+
+    event: str                 # one of EVENTS
+    outcome: str               # one of OUTCOMES (restarted: a crash systemd restarted)
+    when: str                  # ISO 8601, UTC
+    tags: Tags
+    cause: str = ""            # one line from diagnose.py when the outcome is failed
+    timings: Mapping[str, float] = field(default_factory=dict)  # phase -> seconds
+    figures: Mapping[str, float] = field(default_factory=dict)  # bench results
+
+    def __post_init__(self) -> None:
+        if self.event not in EVENTS or self.outcome not in OUTCOMES:
+            raise ValueError(f"history entry: event must be one of {EVENTS} and outcome one of {OUTCOMES}, "
+                             f"got {self.event!r}/{self.outcome!r}")
+
+    def to_json(self) -> bytes:
+        return json_line({"event": self.event, "outcome": self.outcome, "when": self.when,
+                           **self.tags.as_dict(), "cause": self.cause, "timings": dict(self.timings),
+                           "figures": dict(self.figures)})
+
+    @classmethod
+    def from_json(cls, line: str) -> HistoryEntry:
+        data = json.loads(line)
+        return cls(event=data["event"], outcome=data["outcome"], when=data["when"], tags=Tags.from_dict(data),
+                   cause=str(data.get("cause", "")),
+                   timings={str(k): float(v) for k, v in dict(data.get("timings") or {}).items()},
+                   figures={str(k): float(v) for k, v in dict(data.get("figures") or {}).items()})
+
+
+def history_entry(event: str, outcome: str, tags: Tags, when: datetime, cause: str = "",
+                  timings: Mapping[str, float] | None = None,
+                  figures: Mapping[str, float] | None = None) -> HistoryEntry:
+    return HistoryEntry(event, outcome, iso_time(when), tags, cause, dict(timings or {}), dict(figures or {}))
+
+
+def append_history(layout: StoreLayout, entry: HistoryEntry) -> list[Step | Put]:
+    # tee -a: one write of one line on an O_APPEND file, so concurrent appends never interleave.
+    return [Step("history: append", ("tee", "-a", "--", str(layout.history)), sudo=True, stdin=entry.to_json())]
+
+
+def release_json(metadata: Mapping[str, Any], tags: Tags, staged_at: datetime) -> bytes:
+    """release.json: the release's own metadata plus the tag set and when it was staged."""
+    return json_line({**metadata, "tags": tags.as_dict(), "staged_at": iso_time(staged_at)})
