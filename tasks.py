@@ -253,6 +253,7 @@ def deploy(c: Context, profile: str | None = None, host: str | None = None, grou
            gate: bool = False, json: bool = False, verbose: bool = False) -> None:
     """Deploy a profile: plan, preflight, stage, switch, restart, verify; roll back automatically on failure."""
     from deploy_lib import deploy as deploy_engine
+    from deploy_lib import multinode
     _report_as(json, verbose)
     options = deploy_engine.Options(dry_run=dry_run, force=force, environ=dict(os.environ), gate=gate)
     rollout = _rollout(serial, max_fail)
@@ -268,6 +269,7 @@ def deploy(c: Context, profile: str | None = None, host: str | None = None, grou
             loaded_for[target.host.name], target, remote, progress, options), rollout))
         return
     loaded, target = _load(profile, inventory, host, accept_new_host_key)
+    _run(lambda: multinode.refuse_single_host(loaded, target.host.name))
     if not dry_run:
         _consent(f"deploy {loaded.name} to {target.host.name}?", yes)
     with _remote(target) as remote:

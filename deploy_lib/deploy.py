@@ -326,11 +326,13 @@ def restart_steps(layout: StoreLayout) -> list[Step | Put]:
 def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets: Mapping[str, str],
                 force: bool, now: datetime, venv: VenvChoice | None = None, patches: tuple[str, ...] = (),
                 secrets_not_available: Mapping[str, str] | None = None, hand_pid: int | None = None,
-                model: Weights | None = None, model_facts: ModelFacts | None = None) -> Plan:
+                model: Weights | None = None, model_facts: ModelFacts | None = None,
+                release_id: str | None = None) -> Plan:
     """What a deploy would do. A dry run passes the secrets it could not read in `secrets_not_available`: the
     plan then stands in a placeholder for their values and does not claim how they compare. `hand_pid`: the
     hand-run server of an adopted release 0, stopped before the restart. `model`: where the weights come from, and
-    `model_facts` what the host holds of them (check_model has passed)."""
+    `model_facts` what the host holds of them (check_model has passed). `release_id`: a multi-node release's one
+    id for all its nodes, instead of this host's content id."""
     not_available = dict(secrets_not_available or {})
     secrets = {**secrets, **{name: SECRET_NOT_AVAILABLE for name in not_available}}
     venv = venv or VenvChoice(target.venv_override or loaded.profile.service.venv)
@@ -342,7 +344,8 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
     release = build_release(loaded, layout, version, secrets, venv=venv.path, patches=patches,
                             flashinfer_version=facts.sglang.flashinfer_version, extra_environment=venv.environment,
                             model=model.release_model(model_facts) if model and model_facts else None,
-                            torch_version=facts.sglang.torch_version, nccl_version=facts.sglang.nccl_version)
+                            torch_version=facts.sglang.torch_version, nccl_version=facts.sglang.nccl_version,
+                            release_id=release_id)
     current_id = facts.store.current
     current = facts.store.release(current_id) if current_id else None
     current_metadata = current.metadata if current else None

@@ -86,6 +86,8 @@ class HostVars(BaseModel):
     gpu_arch: Annotated[str, StringConstraints(pattern=r"^sm[0-9]{2,3}[a-z]?$")] | None = Field(
         None, description="declared compute architecture, e.g. sm120")
     deploy_root: AbsPath = "/opt/sglang-deploy"
+    node_rank: Annotated[int, Field(ge=0, le=63)] | None = Field(
+        None, description="this host's node rank in a multi-node release (default: its place in the group)")
     venv: AbsPath | None = Field(None, description="overrides the profile's service.venv on this host")
     profile: str | None = Field(None, description="the host's profile when none is given: a name, or a path "
                                                   "relative to the inventory file")

@@ -270,12 +270,18 @@ class ParallelSpec(Strict):
     dp: Annotated[int, Field(ge=1, le=64)] = Field(1, description="data parallel size (--dp-size)")
     nnodes: Annotated[int, Field(ge=1, le=64)] = 1
     node_rank: Annotated[int, Field(ge=0, le=63)] = 0
-    dist_init_addr: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")] | None = None
+    dist_init_addr: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")] | None = Field(
+        None, description="--dist-init-addr host:port of node 0, as written (else node 0's address and dist_init_port)")
+    dist_init_port: Annotated[int, Field(ge=1024, le=65535)] | None = Field(
+        None, description="port of --dist-init-addr on node 0; a group deploy adds node 0's inventory address")
 
     @model_validator(mode="after")
     def _multi_node_needs_addr(self) -> ParallelSpec:
-        if self.nnodes > 1 and self.dist_init_addr is None:
-            raise ValueError("nnodes > 1 needs dist_init_addr (host:port of node 0)")
+        if self.nnodes > 1 and self.dist_init_addr is None and self.dist_init_port is None:
+            raise ValueError("nnodes > 1 needs dist_init_port (node 0's address comes from the inventory group) or "
+                             "dist_init_addr (host:port of node 0)")
+        if self.dist_init_addr is not None and self.dist_init_port is not None:
+            raise ValueError("give dist_init_addr (host:port) or dist_init_port, not both")
         if self.node_rank >= self.nnodes:
             raise ValueError(f"node_rank {self.node_rank} must be below nnodes {self.nnodes}")
         return self
