@@ -166,6 +166,14 @@ SIGNATURES: tuple[Signature, ...] = (
         "the IOMMU and PCIe ACS set up for it",
     ),
     _signature(
+        "rendezvous",
+        r"(?P<detail>Timed out after \d+ seconds waiting for clients\. \d+/\d+ clients joined"
+        r"|The client socket has timed out after \d+m?s while trying to connect to .+?)\.?$",
+        "the nodes of a multi-node release did not all meet at --dist-init-addr: {detail}",
+        "every node must start (a multi-node release is deployed to its group: --group G), and node 0's "
+        "--dist-init-addr port must be reachable from the other nodes (firewall, address)",
+    ),
+    _signature(
         "nccl_timeout",
         r"Watchdog caught collective operation timeout|ran for \d+ milliseconds before timing out"
         r"|ProcessGroupNCCL's watchdog got stuck",

@@ -226,3 +226,49 @@ def test_a_cold_flashinfer_jit_cache_needs_ninja_on_path(start_sim, patched_sim_
     warm = start_sim("--enable-flashinfer-allreduce-fusion", venv=patched_sim_venv, path=str(no_ninja_here))
     warm.wait_states("/health", deadline_s=300)  # the module is in the JIT cache now: no build, no ninja
     assert "Building JIT module" not in warm.log.read_text()
+
+
+def test_node_0_of_two_waits_for_rank_1_at_dist_init_addr_and_a_dead_rank_fails_it_like_nccl(start_sim) -> None:
+    """A real TCP rendezvous: node 0 listens on --dist-init-addr and loads nothing until node rank 1 has joined;
+    node 1 serves no HTTP; when node 1 dies, node 0 fails as NCCL's watchdog makes it fail (exit 1)."""
+    address = f"127.0.0.1:{free_port()}"
+    head = start_sim("--nnodes", "2", "--node-rank", "0", "--dist-init-addr", address)
+    host, port = address.split(":")
+    while True:  # node 0 listens once it has begun distributed init
+        assert head.process.poll() is None, head.log.read_text()
+        try:
+            socket.create_connection((host, int(port)), timeout=1).close()
+            break
+        except OSError:
+            time.sleep(0.05)
+    assert "Load weight begin" not in head.log.read_text()
+    assert http(head.base + "/health")[0] == "refused"
+    follower = start_sim("--nnodes", "2", "--node-rank", "1", "--dist-init-addr", address)
+    assert head.wait_states("/health")[-1] == 200
+    while "node rank 0 serves HTTP" not in follower.log.read_text():
+        assert follower.process.poll() is None, follower.log.read_text()
+        time.sleep(0.05)
+    assert "2 of 2 nodes joined (node rank 1)" in follower.log.read_text()
+    assert http(follower.base + "/health")[0] == "refused"
+    follower.process.kill()
+    assert head.process.wait(timeout=60) == 1
+    assert "Watchdog caught collective operation timeout" in head.log.read_text()
+
+
+def test_node_0_alone_times_out_at_the_rendezvous_with_torchs_message(start_sim) -> None:
+    head = start_sim("--nnodes", "2", "--node-rank", "0", "--dist-init-addr", f"127.0.0.1:{free_port()}",
+                     config={"rendezvous_timeout_s": 0.5})
+    assert head.process.wait(timeout=60) == 1
+    assert "torch.distributed.DistStoreError: Timed out after 0 seconds waiting for clients. 1/2 clients joined." \
+        in head.log.read_text()
+
+
+def test_both_nodes_stopped_together_exit_0(start_sim) -> None:
+    """A coordinated stop is not a dead rank: neither node reports an NCCL timeout."""
+    address = f"127.0.0.1:{free_port()}"
+    nodes = [start_sim("--nnodes", "2", "--node-rank", str(rank), "--dist-init-addr", address) for rank in (0, 1)]
+    nodes[0].wait_states("/health")
+    for node in nodes:
+        node.process.send_signal(signal.SIGTERM)
+    assert [node.process.wait(timeout=60) for node in nodes] == [0, 0]
+    assert not any("Watchdog" in node.log.read_text() for node in nodes)

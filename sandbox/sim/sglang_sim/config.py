@@ -45,6 +45,7 @@ class SimConfig:
     fault: Fault | None = None
     throughput_scale: float = 1.0  # multiplies every rate; > 1 makes long tests quicker
     nccl_timeout_s: float = 2.0    # how long the warmup hangs before the NCCL watchdog fires
+    rendezvous_timeout_s: float = 60.0  # how long a multi-node rank waits for the others at --dist-init-addr
     state_dir: Path = Path("/dev/shm/sglang-sim")  # read by the nvidia-smi stand-in
     architecture: str = "GlmMoeDsaForCausalLM"
     context_length: int = 202752
@@ -70,5 +71,5 @@ class SimConfig:
 
 
 # config keys with a plain value, and how to read each ("gpus" belongs to the nvidia-smi stand-in)
-SCALAR_KEYS = {"throughput_scale": float, "nccl_timeout_s": float, "state_dir": Path, "architecture": str,
-               "context_length": int}
+SCALAR_KEYS = {"throughput_scale": float, "nccl_timeout_s": float, "rendezvous_timeout_s": float, "state_dir": Path,
+               "architecture": str, "context_length": int}

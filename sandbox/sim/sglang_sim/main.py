@@ -15,12 +15,12 @@ from typing import Any, NoReturn
 from sglang_sim.argcheck import RESULT_MARKER
 from sglang_sim.config import SimConfig
 from sglang_sim.gpus import Gpu, query_gpus
+from sglang_sim.rendezvous import Rendezvous, RendezvousFailed, Topology
 from sglang_sim.server import Engine, Launch, ServerState, SimHTTPServer, Status, log
 from sglang_sim.throughput import ThroughputModel
 from sglang_sim.upstream import JIT_MESSAGE, RESOLVER_MESSAGE, Fusion, InstalledUpstream, line_of
 from sglang_sim.weights import OFFLINE_MESSAGE, missing_weights
 
-RANK = "TP0"
 GIB = 1024.0
 
 
@@ -46,12 +46,17 @@ class Simulation:
         self.state_file = config.state_dir / f"{launch.port}.json"
         self.memory_used_mib = 0
         self.engine: Engine | None = None
+        self.topology = Topology.from_args(launch.server_args)
+        self.nnodes = self.topology.nnodes if self.topology else 1
+        self.node_rank = self.topology.node_rank if self.topology else 0
+        self.gpus_per_node = max(1, launch.tp_size // self.nnodes)
+        self.rank = f"TP{self.node_rank * self.gpus_per_node}"  # the first TP rank of this node, as SGLang logs it
 
     # --- state for the nvidia-smi stand-in ----------------------------------
     def write_state(self) -> None:
         running = self.engine.running if self.engine else 0
         fused = self.engine.fused_on_sm120 if self.engine else False
-        state = {"pid": os.getpid(), "gpus": list(range(self.launch.tp_size)),
+        state = {"pid": os.getpid(), "gpus": list(range(self.gpus_per_node)),
                  "memory_used_mib": self.memory_used_mib,
                  "power_w": round(self.model.power_w(running, fused), 2),
                  "util_pct": round(100 * self.model.load(running, fused))}
@@ -81,7 +86,7 @@ class Simulation:
         for path, function in frames:
             lines.append(f'  File "{path}", line {line_of(path, f"def {function}(")}, in {function}')
         lines.append(exception)
-        log("\n".join(lines), RANK)
+        log("\n".join(lines), self.rank)
         log("Received sigquit from a child process. It usually means the child failed.")
         self.exit(1)
 
@@ -103,11 +108,13 @@ class Simulation:
             config = srt / "utils/hf_transformers/config.py"  # 0.5.23; hf_transformers_utils.py before
             self.crash([(config if config.is_file() else srt / "utils/hf_transformers_utils.py", "get_config")],
                        OFFLINE_MESSAGE)
-        log("Init torch distributed begin.", RANK)
+        log("Init torch distributed begin.", self.rank)
+        if self.topology is not None:
+            self.rendezvous(self.topology, srt)
         self.phase("init")
         self.memory_used_mib = 580
-        log("Init torch distributed ends. mem usage=0.57 GB", RANK)
-        log(f"Load weight begin. avail mem={self.gib_avail()}", RANK)
+        log("Init torch distributed ends. mem usage=0.57 GB", self.rank)
+        log(f"Load weight begin. avail mem={self.gib_avail()}", self.rank)
         if self.config.has_fault("hang-loading"):
             self.stop.wait()
             self.exit(0)
@@ -115,7 +122,7 @@ class Simulation:
         for percent in (25, 50, 75, 100):
             self.phase("weights", 4)
             self.memory_used_mib = 580 + weights_mib * percent // 100
-            log(f"Loading safetensors checkpoint shards: {percent:3d}% Completed | {percent * 83 // 100}/83", RANK)
+            log(f"Loading safetensors checkpoint shards: {percent:3d}% Completed | {percent * 83 // 100}/83", self.rank)
             if percent == 50 and self.config.has_fault("oom"):
                 self.crash([(srt / "managers/scheduler.py", "run_scheduler_process"),
                             (srt / "model_executor/model_runner.py", "load_model"),
@@ -129,12 +136,12 @@ class Simulation:
                            "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
         log(f"Load weight end. elapsed={self.config.phases_s['weights']:.2f} s, "
             f"type={self.config.architecture}, dtype=torch.bfloat16, avail mem={self.gib_avail()}, "
-            f"mem usage={weights_mib / GIB:.2f} GB.", RANK)
+            f"mem usage={weights_mib / GIB:.2f} GB.", self.rank)
         self.phase("kv_cache")
         self.memory_used_mib = int(total * self.launch.mem_fraction_static)
         log(f"KV Cache is allocated. #tokens: {self.max_total_num_tokens()}, "
-            f"KV size: {(self.memory_used_mib - 580 - weights_mib) / GIB:.2f} GB", RANK)
-        log(f"Memory pool end. avail mem={self.gib_avail()}", RANK)
+            f"KV size: {(self.memory_used_mib - 580 - weights_mib) / GIB:.2f} GB", self.rank)
+        log(f"Memory pool end. avail mem={self.gib_avail()}", self.rank)
         if fusion is Fusion.CRASH_RESOLVER:
             module = self.upstream.fusion_module
             self.crash([(srt / "managers/scheduler.py", "run_scheduler_process"),
@@ -144,8 +151,8 @@ class Simulation:
         if fusion is Fusion.SKIPPED:
             log("FlashInfer workspace preflight probe failed on at least one rank "
                 "(cuMulticastGetGranularity failed for FlashInfer workspace preflight). "
-                "Skipping allreduce fusion.", RANK)
-        log(f"Capture cuda graph begin. This can take up to several minutes. avail mem={self.gib_avail()}", RANK)
+                "Skipping allreduce fusion.", self.rank)
+        log(f"Capture cuda graph begin. This can take up to several minutes. avail mem={self.gib_avail()}", self.rank)
         self.phase("cuda_graph")
         if fusion is Fusion.CRASH_JIT:
             jit = self.upstream.jit_module
@@ -158,12 +165,12 @@ class Simulation:
             self.jit_build("trtllm_comm", [(srt / "model_executor/model_runner.py", "init_device_graphs")])
         self.memory_used_mib = min(total, self.memory_used_mib + 1200)
         log(f"Capture cuda graph end. Time elapsed: {self.config.phases_s['cuda_graph']:.2f} s. "
-            f"mem usage=1.17 GB. avail mem={self.gib_avail()}", RANK)
+            f"mem usage=1.17 GB. avail mem={self.gib_avail()}", self.rank)
         if self.config.has_fault("nccl-timeout"):
             self.nccl_timeout()
         log(f"max_total_num_tokens={self.max_total_num_tokens()}, chunked_prefill_size=8192, "
             f"max_prefill_tokens=16384, max_running_requests={self.launch.max_running_requests}, "
-            f"context_len={self.config.context_length}, available_gpu_mem={self.gib_avail()}", RANK)
+            f"context_len={self.config.context_length}, available_gpu_mem={self.gib_avail()}", self.rank)
 
     def jit_build(self, module: str, frames: list[tuple[Path, str]]) -> None:
         """FlashInfer's JitSpec.build_and_load: a module in the JIT cache is loaded; a cold one is built by running
@@ -176,7 +183,7 @@ class Simulation:
         ninja_file = build_dir / "build.ninja"
         ninja_file.write_text(f"ninja_required_version = 1.3\nrule link\n  command = echo simulated > $out\n"
                               f"build {library}: link\n")
-        log(f"Building JIT module {module}; this can take several minutes on first use.", RANK)
+        log(f"Building JIT module {module}; this can take several minutes on first use.", self.rank)
         try:
             subprocess.run(["ninja", "-v", "-C", str(build_dir), "-f", str(ninja_file)], stdout=subprocess.PIPE,
                            stderr=subprocess.STDOUT, cwd=str(build_dir), check=True, text=True)
@@ -189,15 +196,43 @@ class Simulation:
                         (Path(subprocess.__file__), "_execute_child")],
                        f"FileNotFoundError: {error}")
 
+    def rendezvous(self, topology: Topology, srt: Path) -> None:
+        """Wait for every node at --dist-init-addr (node 0 listens, the others dial it), then watch the others: a
+        rank that dies leaves this one in a collective that never completes, until NCCL's watchdog fires."""
+        meeting = Rendezvous(topology, self.config.rendezvous_timeout_s, self.stop)
+        try:
+            joined = meeting.join()
+        except RendezvousFailed as failed:
+            self.crash([(srt / "managers/scheduler.py", "run_scheduler_process"),
+                        (srt / "model_executor/model_runner.py", "init_torch_distributed")], str(failed))
+        if not joined:
+            log("Received SIGTERM while loading; exiting.")
+            self.exit(0)
+        log(f"Rendezvous at {topology.host}:{topology.port}: {topology.nnodes} of {topology.nnodes} nodes joined "
+            f"(node rank {topology.node_rank}).", self.rank)
+        meeting.watch(self.peer_lost)
+
+    def peer_lost(self, rank: int) -> None:
+        """A peer node's connection dropped: unless this server is stopping too, NCCL's watchdog aborts it."""
+        if self.stop.wait(self.config.nccl_timeout_s):
+            return
+        log(f"Node rank {rank} is gone; waiting on a collective that includes its ranks.", self.rank)
+        self.nccl_abort()
+
     def nccl_timeout(self) -> NoReturn:
         """Collective hangs after loading; the NCCL watchdog aborts the process."""
         self.stop.wait(self.config.nccl_timeout_s)
+        self.nccl_abort()
+
+    def nccl_abort(self) -> NoReturn:
         timeout_ms = int(self.config.nccl_timeout_s * 1000)
-        log(f"[Rank 0] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, "
+        first = self.node_rank * self.gpus_per_node
+        log(f"[Rank {first}] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE, "
             f"NumelIn=8192, NumelOut=8192, Timeout(ms)={timeout_ms}) ran for {timeout_ms + 37} milliseconds "
-            "before timing out.", RANK)
-        log("[Rank 0] Timeout at NCCL work: 1, last enqueued NCCL work: 1, last completed NCCL work: 0.", RANK)
-        log("terminate called after throwing an instance of 'c10::DistBackendError'", RANK)
+            "before timing out.", self.rank)
+        log(f"[Rank {first}] Timeout at NCCL work: 1, last enqueued NCCL work: 1, last completed NCCL work: 0.",
+            self.rank)
+        log("terminate called after throwing an instance of 'c10::DistBackendError'", self.rank)
         log("Received sigquit from a child process. It usually means the child failed.")
         self.exit(1)
 
@@ -245,7 +280,7 @@ class Simulation:
         self.phase("warmup", 2)
         log('INFO:     127.0.0.1:0 - "GET /model_info HTTP/1.1" 200 OK')
         log("Prefill batch. #new-seq: 1, #new-token: 7, #cached-token: 0, token usage: 0.00, "
-            "#running-req: 0, #queue-req: 0", RANK)
+            "#running-req: 0, #queue-req: 0", self.rank)
         assert self.engine is not None
         for _ in self.engine.generate(7, 8, 0.05, internal=True):
             pass
@@ -279,12 +314,22 @@ class Simulation:
         signal.signal(signal.SIGINT, lambda *_: self.stop.set())
         if not self.gpus:
             self.crash([], "RuntimeError: No CUDA GPUs are available")
-        if self.launch.tp_size > len(self.gpus):
+        if self.gpus_per_node > len(self.gpus):
             self.crash([], "torch.AcceleratorError: CUDA error: invalid device ordinal")
         fusion = self.upstream.fusion_outcome(self.launch.fusion_requested, self.gpus[0].compute_major)
         threading.Thread(target=self.state_loop, daemon=True).start()
         self.load(fusion)
+        if self.node_rank > 0:
+            self.follow()
         self.serve(fusion)
+
+    def follow(self) -> NoReturn:
+        """A node of rank > 0 runs its schedulers only, no HTTP server (SGLang's http_server.launch_server returns
+        for node_rank >= 1), until SIGTERM."""
+        log("The schedulers of this node are ready; node rank 0 serves HTTP.", self.rank)
+        self.stop.wait()
+        log("Received SIGTERM; shutting down the schedulers.", self.rank)
+        self.exit(0)
 
 
 def run() -> NoReturn:
