@@ -21,7 +21,7 @@ from deploy_lib.versions import NEWEST_SGLANG
 from sandbox import tasks as sandbox_tasks
 
 if TYPE_CHECKING:
-    from deploy_lib.deploy import Outcome
+    from deploy_lib.deploy import Options, Outcome
     from deploy_lib.fleet import FleetRun, Rollout
     from deploy_lib.patches import PatchSet
     from deploy_lib.remote import FabricRemote
@@ -152,6 +152,23 @@ def _on_each_host(targets: list[Target], act: Callable[[Target, FabricRemote, ui
     return _run(lambda: run_hosts(targets, on_host, _progress(), rollout or ALL_AT_ONCE))
 
 
+def _deploy_nodes(loaded: LoadedProfile, targets: list[Target], group: str, options: Options,
+                  rollout: Rollout) -> FleetRun[Outcome]:
+    """A multi-node release on the group's hosts as one: one connection per node, progress prefixed by its name."""
+    from contextlib import ExitStack
+
+    from deploy_lib.fleet import ALL_AT_ONCE
+    from deploy_lib.multinode import plan_nodes
+    from deploy_lib.multinode_deploy import deploy_group
+    if rollout != ALL_AT_ONCE:
+        raise Exit(f"error: profile {loaded.name} is multi-node: its nodes restart together, so --serial and "
+                   "--max-fail do not apply", code=BAD_OPTION)
+    nodes = _run(lambda: plan_nodes(loaded, targets, group))
+    with ExitStack() as connections:
+        remotes = {node.name: connections.enter_context(_remote(node.target, prefixed=True)) for node in nodes}
+        return _run(lambda: deploy_group(nodes, remotes, _progress, options))
+
+
 def _show_each(fleet: FleetRun[T], print_report: Callable[[T], None]) -> None:
     """A read-only task's reports, host by host; exit with the worst host's code."""
     if _output.as_json:
@@ -265,6 +282,10 @@ def deploy(c: Context, profile: str | None = None, host: str | None = None, grou
         if not dry_run:
             names = ", ".join(sorted({loaded.name for loaded in loaded_for.values()}))
             _consent(f"deploy {names} to {len(targets)} hosts of group {group} ({', '.join(loaded_for)})?", yes)
+        multi = next((loaded for loaded in loaded_for.values() if multinode.is_multi_node(loaded)), None)
+        if multi is not None:
+            _show_outcomes(_deploy_nodes(multi, targets, str(group), options, rollout))
+            return
         _show_outcomes(_on_each_host(targets, lambda target, remote, progress: deploy_engine.deploy(
             loaded_for[target.host.name], target, remote, progress, options), rollout))
         return

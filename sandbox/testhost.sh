@@ -198,6 +198,10 @@ cmd_start() {
   ip -n "$NETNS" link set lo up
   ip -n "$NETNS" addr add "$TH_GUEST_IP/$TH_PREFIX" dev host0
   ip -n "$NETNS" link set host0 up
+  # the guests reach each other (a multi-node server's rendezvous) through this host, and nothing else: a route to
+  # the sandbox's 10.213.0.0/16 only, and forwarding for packets that come in on a sandbox veth only
+  ip -n "$NETNS" route add 10.213.0.0/16 via "$TH_HOST_IP"
+  sysctl -qw "net.ipv4.conf.$VETH.forwarding=1"
 
   # 3. own cgroup, so nspawn's supervisor/payload sub-cgroups land under it
   for cg in $(cgroup_dirs); do mkdir -p "$cg"; done

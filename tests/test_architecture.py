@@ -23,7 +23,8 @@ LAYERS: dict[str, frozenset[str]] = {
     "transport": frozenset({"remote", "readings"}),
     "schema": frozenset({"settings", "profile", "inventory"}),
     "planning": frozenset(),
-    "commands": frozenset({"deploy", "adopt", "gpu_check", "patches.on_host", "status", "uninstall"}),
+    "commands": frozenset({"deploy", "adopt", "gpu_check", "patches.on_host", "status", "uninstall",
+                           "multinode_deploy"}),
 }
 ORDER = list(LAYERS)
 
