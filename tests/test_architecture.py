@@ -20,7 +20,7 @@ HOST_SCRIPTS = frozenset({"sglang_options", "probe_script", "gpu_check_script"})
 LAYERS: dict[str, frozenset[str]] = {
     "base": frozenset({"__init__", "errors", "yaml_io", "bundled", "progress", "interrupts", "digests",
                        "model_stage", "versions"}) | HOST_SCRIPTS,
-    "transport": frozenset({"remote", "readings"}),
+    "transport": frozenset({"remote", "remote.steps", "remote.batch", "remote.ssh", "remote.connection", "readings"}),
     "schema": frozenset({"settings", "profile", "inventory"}),
     "planning": frozenset(),
     "commands": frozenset({"deploy", "adopt", "gpu_check", "patches.on_host", "status", "uninstall",
@@ -34,7 +34,7 @@ def layer_of(module: str) -> str:
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
-    """deploy_lib/store.py -> "store"; a subpackage's modules are dotted: deploy_lib/patches/spec.py -> "patches.spec",
+    """deploy_lib/facts.py -> "facts"; a subpackage's modules are dotted: deploy_lib/patches/spec.py -> "patches.spec",
     deploy_lib/patches/__init__.py -> "patches"."""
     parts = path.relative_to(package).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)

@@ -1,4 +1,4 @@
-"""remote.py without SSH: quoting, dry-run text, masking, round-trip planning, the batch script run by a
+"""deploy_lib.remote without SSH: quoting, dry-run text, masking, round-trip planning, the batch script run by a
 local bash, the parser on captured output, failure reporting, and the FakeRemote every other test uses."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""store.py without SSH: builders checked as data (as Kamal's test/commands), parsers on captured output,
+"""deploy_lib.store without SSH: builders checked as data (as Kamal's test/commands), parsers on captured output,
 pruning decisions, and the lock's held/stale/unlock decisions through FakeRemote."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""remote.py and store.py on the sandbox guest as the non-root user `deploy`: the sudo paths (steps behind
+"""deploy_lib.remote and .store on the sandbox guest as the non-root user `deploy`: the sudo paths (steps behind
 `sudo -n`, Puts through a private temp dir + install), and a unit linked from the store that systemd loads."""
 
 from __future__ import annotations

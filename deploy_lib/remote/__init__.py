@@ -1,0 +1,62 @@
+"""The only code that talks SSH: remote steps as data, and one reused Fabric connection that runs them.
+
+Everything above this package builds `Step`/`Put` values; `FabricRemote.run` executes a batch of them over
+one connection, several steps per round trip, and returns a `StepResult` per step. Host keys are checked
+against a known_hosts file (Fabric's default accepts unknown keys; we refuse them unless the user opts in).
+
+    steps       Step, Put, StepResult, the Remote protocol; how a step is shown; when a result is a failure
+    batch       a batch as round trips: the bash script that runs several steps in one, and its output's parser
+    ssh         SSHTarget, JumpHost, host keys, the connect policy and its errors, rsync's ssh options
+    connection  FabricRemote: the connection, running round trips, uploads, pushing a directory
+"""
+
+from deploy_lib.remote.batch import (
+    MAX_INLINE_STDIN,
+    MAX_SCRIPT_CHARS,
+    batch_script,
+    channel_stdin,
+    command_line,
+    parse_batch_output,
+    round_trips,
+    script_steps,
+)
+from deploy_lib.remote.connection import FabricRemote
+from deploy_lib.remote.ssh import SSH_CONNECT, JumpHost, SSHTarget, rsync_argv
+from deploy_lib.remote.steps import (
+    MASK,
+    TIMED_OUT_EXIT,
+    OutputLine,
+    Put,
+    Remote,
+    Step,
+    StepResult,
+    check_result,
+    describe,
+    display,
+)
+
+__all__ = [
+    "MASK",
+    "MAX_INLINE_STDIN",
+    "MAX_SCRIPT_CHARS",
+    "SSH_CONNECT",
+    "TIMED_OUT_EXIT",
+    "FabricRemote",
+    "JumpHost",
+    "OutputLine",
+    "Put",
+    "Remote",
+    "SSHTarget",
+    "Step",
+    "StepResult",
+    "batch_script",
+    "channel_stdin",
+    "check_result",
+    "command_line",
+    "describe",
+    "display",
+    "parse_batch_output",
+    "round_trips",
+    "rsync_argv",
+    "script_steps",
+]

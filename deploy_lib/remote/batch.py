@@ -1,0 +1,182 @@
+"""A batch as round trips: runs of steps and small Puts executed by one bash script (each step framed by marker
+lines, under coreutils `timeout`), and the parser of that script's output. Pure: no connection."""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from deploy_lib.remote.steps import Put, Step, StepResult
+
+# Seconds `timeout` waits after TERM before it sends KILL.
+KILL_AFTER_S = 5
+# Extra seconds a round trip may take beyond its steps' own timeouts before the channel is dropped.
+ROUND_TRIP_GRACE_S = 15
+# A round trip's script travels as one argv element; Linux caps one argument at 128 KiB.
+MAX_SCRIPT_CHARS = 100_000
+# Non-secret text stdin up to this size travels inside the script as a here-document ending in this line, so
+# several steps with stdin (the facts batch: SGLang's options and the model plan) share one round trip.
+MAX_INLINE_STDIN = 48 * 1024
+HEREDOC_END = "SGLANG_DEPLOY_STDIN_END"
+PUT_TIMEOUT_S = 120
+
+
+def command_line(step: Step, user: str) -> str:
+    """The argv quoted once for a POSIX shell, behind `sudo -n --` when it needs root and user is not root."""
+    argv = ("sudo", "-n", "--", *step.argv) if step.sudo and user != "root" else step.argv
+    return shlex.join(argv)
+
+
+def inline_stdin(step: Step) -> str | None:
+    """The step's stdin as here-document text, when it may travel inside the script: not secret (the script is
+    visible in the host's process list), small, text without NUL or the closing line, ending in a newline (as a
+    here-document does). None: it needs the channel."""
+    if step.stdin is None or step.secret or len(step.stdin) > MAX_INLINE_STDIN:
+        return None
+    try:
+        text = step.stdin.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
+    if "\x00" in text or HEREDOC_END in text or not text.endswith("\n"):
+        return None
+    return text
+
+
+def channel_stdin(steps: Sequence[Step]) -> bytes | None:
+    """What the round trip sends on the channel's stdin: the stdin of its one step that cannot be inlined."""
+    return next((step.stdin for step in steps if step.stdin is not None and inline_stdin(step) is None), None)
+
+
+def put_steps(put: Put, token: str) -> tuple[Step, Step]:
+    """A small Put as two steps of a run: its data from stdin into a temp file beside dest (the mode, and owner root
+    for sudo, set as it is created), then the rename."""
+    temp = put.temp_path(token)
+    owner = ("-o", "root", "-g", "root") if put.sudo else ()
+    return (Step(f"{put.name}: write", ("install", "-m", f"0{put.mode:o}", *owner, "-T", "--", "/dev/stdin", str(temp)),
+                 sudo=put.sudo, stdin=put.data, timeout_s=PUT_TIMEOUT_S, secret=put.secret),
+            Step(f"{put.name}: rename", ("mv", "-T", "--", str(temp), str(put.dest)), sudo=put.sudo))
+
+
+def script_steps(trip: Sequence[Step | Put], token: str) -> list[Step]:
+    """The steps a run's script executes: each Put of the run as its write and rename."""
+    return [expanded for step in trip for expanded in (put_steps(step, token) if isinstance(step, Put) else (step,))]
+
+
+def round_trips(batch: Sequence[Step | Put]) -> list[Put | tuple[Step | Put, ...]]:
+    """Split a batch into what each costs one round trip: a run of steps and small Puts, or a large Put alone (SFTP).
+
+    A run holds at most one step whose stdin needs the channel (the others read a here-document or /dev/null)
+    and a script short enough to travel as one argument.
+    """
+    trips: list[Put | tuple[Step | Put, ...]] = []
+    run: list[Step | Put] = []
+    for step in batch:
+        if isinstance(step, Put) and len(step.data) > MAX_INLINE_STDIN:
+            if run:
+                trips.append(tuple(run))
+                run = []
+            trips.append(step)
+            continue
+        added = script_steps([step], "0" * 12)
+        needs_channel = channel_stdin(added) is not None
+        too_long = len(batch_script(script_steps([*run, step], "0" * 12), "root", "0" * 16)) > MAX_SCRIPT_CHARS
+        if run and ((needs_channel and channel_stdin(script_steps(run, "0" * 12)) is not None) or too_long):
+            trips.append(tuple(run))
+            run = []
+        run.append(step)
+    if run:
+        trips.append(tuple(run))
+    return trips
+
+
+def put_results(trip: Sequence[Step | Put], results: Sequence[StepResult]) -> list[StepResult]:
+    """The results of a run's script steps, each Put's write and rename joined into one result for the Put."""
+    joined: list[StepResult] = []
+    remaining = iter(results)
+    for step in trip:
+        first = next(remaining, None)
+        if first is None:
+            break
+        if not isinstance(step, Put):
+            joined.append(first)
+            continue
+        second = next(remaining, None) if first.exit_code == 0 else None
+        last = second or first
+        joined.append(StepResult(step, last.exit_code, first.stdout + (second.stdout if second else ""),
+                                 first.stderr + (second.stderr if second else ""),
+                                 first.duration_s + (second.duration_s if second else 0.0)))
+    return joined
+
+
+def batch_script(steps: Sequence[Step], user: str, marker: str) -> str:
+    """A bash script running `steps` in order, each framed by marker lines on stdout and stderr.
+
+    Each step runs under coreutils `timeout` (its own timeout, then KILL), its exit code and start/end
+    times go into the closing marker, and the script stops after the first code not in the step's ok set.
+    """
+    lines = []
+    for index, step in enumerate(steps):
+        ok = "|".join(str(code) for code in sorted(step.ok))
+        inline = inline_stdin(step)
+        if inline is not None:
+            redirect = f" <<'{HEREDOC_END}'\n{inline}{HEREDOC_END}"
+        else:
+            redirect = "" if step.stdin is not None else " </dev/null"
+        lines += [
+            f"printf '%s\\n' '{marker} {index} start'; printf '%s\\n' '{marker} {index} start' >&2",
+            "t0=$EPOCHREALTIME",
+            f"timeout -k {KILL_AFTER_S} {step.timeout_s:g} {command_line(step, user)}{redirect}",
+            "rc=$?",
+            f"printf '\\n%s %s %s %s\\n' '{marker} {index} end' \"$rc\" \"$t0\" \"$EPOCHREALTIME\"",
+            f"printf '\\n%s %s %s %s\\n' '{marker} {index} end' \"$rc\" \"$t0\" \"$EPOCHREALTIME\" >&2",
+            f"case $rc in {ok}) ;; *) exit 0 ;; esac",
+        ]
+    return "\n".join(lines) + "\n"
+
+
+@dataclass(frozen=True)
+class _Section:
+    text: str
+    exit_code: int | None  # None: the step started but its end marker never came
+    duration_s: float
+
+
+def _sections(stream: str, marker: str, count: int) -> list[_Section]:
+    sections = []
+    for index in range(count):
+        opening = f"{marker} {index} start\n"
+        start = stream.find(opening)
+        if start < 0:
+            break
+        body_start = start + len(opening)
+        closing = f"\n{marker} {index} end "
+        end = stream.find(closing, body_start)
+        if end < 0:
+            sections.append(_Section(stream[body_start:], None, 0.0))
+            break
+        fields = stream[end + len(closing):].split("\n", 1)[0].split()
+        sections.append(_Section(stream[body_start:end], int(fields[0]), _elapsed(fields[1:])))
+    return sections
+
+
+def _elapsed(stamps: list[str]) -> float:
+    try:
+        t0, t1 = (float(s.replace(",", ".")) for s in stamps)  # EPOCHREALTIME follows the locale's decimal point
+    except ValueError:
+        return 0.0
+    return max(t1 - t0, 0.0)
+
+
+def parse_batch_output(steps: Sequence[Step], marker: str, stdout: str, stderr: str) -> tuple[
+        list[StepResult], str, str]:
+    """Results of the steps that finished, plus the stdout/stderr of the one still running (if any)."""
+    outs, errs = _sections(stdout, marker, len(steps)), _sections(stderr, marker, len(steps))
+    results = []
+    for step, out, err in zip(steps, outs, errs, strict=False):
+        if out.exit_code is None:
+            break
+        results.append(StepResult(step, out.exit_code, out.text, err.text, out.duration_s))
+    running_out = outs[len(results)].text if len(outs) > len(results) else ""
+    running_err = errs[len(results)].text if len(errs) > len(results) else ""
+    return results, running_out, running_err

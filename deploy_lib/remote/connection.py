@@ -1,0 +1,292 @@
+"""FabricRemote: one lazily opened, reused Fabric connection that runs batches, uploads files and pushes
+directories."""
+
+from __future__ import annotations
+
+import io
+import secrets
+import shlex
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import fabric
+import fabric.runners
+import paramiko
+from invoke.exceptions import CommandTimedOut
+from tenacity import Retrying
+
+from deploy_lib.errors import ConnectFailed
+from deploy_lib.remote.batch import (
+    KILL_AFTER_S,
+    PUT_TIMEOUT_S,
+    ROUND_TRIP_GRACE_S,
+    batch_script,
+    channel_stdin,
+    parse_batch_output,
+    put_results,
+    round_trips,
+    script_steps,
+)
+from deploy_lib.remote.ssh import (
+    SSH_CONNECT,
+    JumpHost,
+    KnownHostsPolicy,
+    SSHTarget,
+    connect_error,
+    rsync_argv,
+)
+from deploy_lib.remote.steps import TIMED_OUT_EXIT, OutputLine, Put, Step, StepResult, check_result
+
+
+class _WholeStdinRemote(fabric.runners.Remote):
+    """Sends a step's stdin in one write, then EOF: invoke's own pump moves one byte per 10 ms. On Ctrl-C it closes
+    the channel: invoke would otherwise wait for the remote command to end before raising (it joins its output
+    threads without a timeout, invoke 2.x runners.py `_run_body`), e.g. for the whole of a model download."""
+
+    def handle_stdin(self, input_: Any, output: Any, echo: bool = False) -> None:
+        self.channel.sendall(input_.getvalue())
+        self.channel.shutdown_write()
+
+    def send_interrupt(self, interrupt: KeyboardInterrupt) -> None:
+        self.channel.close()  # the remote command sees its output closed and stops at its next write
+        raise interrupt
+
+
+class FabricRemote:
+    """Runs batches over one lazily opened, reused Fabric connection to `target`."""
+
+    def __init__(self, target: SSHTarget, connect_policy: Retrying = SSH_CONNECT,
+                 on_result: Callable[[StepResult], None] | None = None) -> None:
+        self.target = target
+        self.connect_policy = connect_policy
+        self.on_result = on_result
+        self.round_trips = 0  # SSH execs + uploads so far: what batching saves, shown by `make bench`
+        self._connection: fabric.Connection | None = None
+        self._gateway: fabric.Connection | None = None
+        # connections an interrupt left behind, closed with this remote (see `run`)
+        self._interrupted: list[fabric.Connection] = []
+
+    # -- connection ------------------------------------------------------------------------------------
+
+    def _connect(self) -> fabric.Connection:
+        if self._connection is not None and self._connection.is_connected:
+            return self._connection
+        self.close()
+        target = self.target
+        # The jump host is opened first, on its own, so that a refusal names the hop it came from.
+        gateway = self._open_hop(target.jump, None) if target.jump else None
+        try:
+            self._connection = self._open_hop(JumpHost(target.host, target.port, target.user), gateway)
+        except ConnectFailed:
+            if gateway is not None:
+                gateway.close()
+            raise
+        self._gateway = gateway
+        return self._connection
+
+    def _open_hop(self, hop: JumpHost, gateway: fabric.Connection | None) -> fabric.Connection:
+        """One SSH connection (through `gateway` when given), its host key checked against known_hosts."""
+        target = self.target
+        config = fabric.Config(lazy=True, ssh_config=paramiko.SSHConfig(),
+                               overrides={"runners": {"remote": _WholeStdinRemote}})
+        # Fabric truncates its own connect_timeout to an int; paramiko's timeouts take the float as given.
+        connect_kwargs: dict[str, Any] = {"timeout": target.connect_timeout_s,
+                                          "banner_timeout": target.connect_timeout_s,
+                                          "auth_timeout": target.connect_timeout_s}
+        if target.key_file is not None:
+            connect_kwargs |= {"key_filename": str(target.key_file.expanduser()), "look_for_keys": False,
+                               "allow_agent": False}
+        connection = fabric.Connection(host=hop.host, user=hop.user, port=hop.port, config=config,
+                                       connect_kwargs=connect_kwargs, gateway=gateway or False)
+        client = connection.client
+        client.set_missing_host_key_policy(KnownHostsPolicy(target.known_hosts_path, target.accept_new_host_key))
+        try:
+            if target.known_hosts_path.exists():
+                client.load_host_keys(str(target.known_hosts_path))
+            self.connect_policy.copy()(connection.open)
+        except (paramiko.SSHException, OSError, EOFError) as error:
+            client.close()
+            raise connect_error(target, error, hop, through_jump=gateway is not None) from error
+        return connection
+
+    def close(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+        if self._gateway is not None:  # Fabric closes a connection, never its gateway
+            self._gateway.close()
+            self._gateway = None
+        while self._interrupted:
+            self._interrupted.pop().close()
+
+    def __enter__(self) -> FabricRemote:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- running ---------------------------------------------------------------------------------------
+
+    def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
+        results: list[StepResult] = []
+        try:
+            for trip in round_trips(batch):
+                trip_results = [self._put(trip)] if isinstance(trip, Put) else self._run_trip(trip, on_output)
+                for result in trip_results:
+                    if self.on_result is not None:
+                        self.on_result(result)
+                    check_result(result, self.target.address, self.target.user)
+                    results.append(result)
+        except KeyboardInterrupt:
+            # raised inside paramiko (a channel half opened) it can leave the transport unusable, so the steps that
+            # follow (a rollback's) run on a fresh connection; the old one stays open until `close`, so that sshd
+            # handles the closed channel and the interrupted command meets it (closed at once, a download ran on)
+            self._interrupted.extend(c for c in (self._connection, self._gateway) if c is not None)
+            self._connection = self._gateway = None
+            raise
+        return results
+
+    def _run_trip(self, trip: tuple[Step | Put, ...], on_output: OutputLine | None = None) -> list[StepResult]:
+        return put_results(trip, self._run_steps(tuple(script_steps(trip, secrets.token_hex(6))), on_output))
+
+    def _run_steps(self, steps: tuple[Step, ...], on_output: OutputLine | None = None) -> list[StepResult]:
+        connection = self._connect()
+        marker = secrets.token_hex(8)
+        script = batch_script(steps, self.target.user, marker)
+        stdin = channel_stdin(steps)
+        deadline = sum(step.timeout_s + KILL_AFTER_S for step in steps) + ROUND_TRIP_GRACE_S
+        started = time.monotonic()
+        self.round_trips += 1
+        timed_out = False
+        try:
+            # streamed: invoke copies stdout to out_stream only when it is not hidden
+            streaming = {"hide": "err", "out_stream": _LineSink(on_output)} if on_output else {"hide": True}
+            raw = connection.run(shlex.join(("bash", "-c", script)), warn=True, encoding="utf-8",
+                                 in_stream=io.BytesIO(stdin) if stdin is not None else False, timeout=deadline,
+                                 **streaming)
+        except CommandTimedOut as error:
+            raw, timed_out = error.result, True
+        except (paramiko.SSHException, OSError, EOFError) as error:
+            self.close()
+            raise ConnectFailed(f"connection to {self.target.address} lost during step {steps[0].name!r}: "
+                                f"{error}", hint="nothing after that step ran; rerun the command") from error
+        results, out, err = parse_batch_output(steps, marker, raw.stdout, raw.stderr)
+        if len(results) == len(steps) or (results and results[-1].exit_code not in results[-1].step.ok):
+            return results
+        running = steps[len(results)]
+        elapsed = time.monotonic() - started
+        if timed_out:
+            return [*results, StepResult(running, TIMED_OUT_EXIT, out, err, elapsed)]
+        if self._connection is None or not self._connection.is_connected:
+            self.close()
+            raise ConnectFailed(f"connection to {self.target.address} lost during step {running.name!r}",
+                                hint="that step may or may not have finished; rerun the command")
+        # The script itself died (no bash on the host, or killed): report it against the step it was running.
+        return [*results, StepResult(running, raw.exited or -1, out, err or raw.stderr, elapsed)]
+
+    def push_directory(self, local_dir: Path, dest: PurePosixPath, link_dest: PurePosixPath | None,
+                       on_output: OutputLine | None = None) -> StepResult:
+        argv = rsync_argv(self.target, local_dir, dest, link_dest)
+        step = Step(f"push {local_dir} -> {dest}", tuple(argv), timeout_s=48 * 3600)
+        started = time.monotonic()
+        self.round_trips += 1
+        sink = _LineSink(on_output or (lambda line: None))
+        with tempfile.TemporaryFile() as errors:  # a file, not a pipe: a chatty stderr cannot block the progress
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors)
+            assert process.stdout is not None
+            for chunk in iter(lambda: process.stdout.read1(65536), b""):  # type: ignore[union-attr]
+                sink.write(chunk.decode(errors="replace").replace("\r", "\n"))  # progress2 redraws with \r
+            code = process.wait()
+            errors.seek(0)
+            stderr = errors.read().decode(errors="replace")
+        result = StepResult(step, code, "", stderr, time.monotonic() - started)
+        check_result(result, self.target.address)
+        return result
+
+    def _put(self, put: Put) -> StepResult:
+        connection = self._connect()
+        started = time.monotonic()
+        token = secrets.token_hex(6)
+        self.round_trips += 1
+        try:
+            sftp = connection.sftp()
+            sftp.get_channel().settimeout(PUT_TIMEOUT_S)
+            if put.sudo and self.target.user != "root":
+                code, stderr = self._put_via_sudo(sftp, put, token)
+            else:
+                code, stderr = _put_directly(sftp, put, token)
+        except (TimeoutError, ConnectionError, paramiko.SSHException, EOFError) as error:
+            self.close()
+            raise ConnectFailed(f"connection to {self.target.address} lost during {put.name}: {error}") from error
+        except OSError as error:  # what the SFTP server refused: no such directory, permission, disk full
+            code, stderr = 1, str(error.strerror or error)
+        return StepResult(put, code, "", stderr, time.monotonic() - started)
+
+    def _put_via_sudo(self, sftp: paramiko.SFTPClient, put: Put, token: str) -> tuple[int, str]:
+        """Upload into a private directory, then `install` (mode, owner root) beside dest and `mv -T` as root."""
+        private = PurePosixPath(f"/tmp/sglang-deploy-{token}")
+        staged = private / put.dest.name
+        temp = put.temp_path(token)
+        sftp.mkdir(str(private), 0o700)
+        try:
+            _upload(sftp, staged, put.data, 0o600)
+            results = self._run_steps((
+                Step(f"{put.name}: install", ("install", "-m", f"0{put.mode:o}", "-o", "root", "-g", "root",
+                                              "-T", "--", str(staged), str(temp)), sudo=True),
+                Step(f"{put.name}: rename", ("mv", "-T", "--", str(temp), str(put.dest)), sudo=True),
+            ))
+            failed = next((result for result in results if result.exit_code != 0), None)
+            if failed is None:
+                return 0, ""
+            self._run_steps((Step(f"{put.name}: clean up", ("rm", "-f", "--", str(temp)), sudo=True),))
+            return failed.exit_code, failed.stderr
+        finally:
+            _remove_quietly(sftp, staged)
+            _remove_quietly(sftp, private, directory=True)
+
+
+class _LineSink:
+    """A stream for invoke's out_stream that hands each complete line to a callback."""
+
+    def __init__(self, on_line: OutputLine) -> None:
+        self.on_line = on_line
+        self.pending = ""
+
+    def write(self, text: str) -> None:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            self.on_line(line)
+
+    def flush(self) -> None:
+        pass
+
+
+def _put_directly(sftp: paramiko.SFTPClient, put: Put, token: str) -> tuple[int, str]:
+    temp = put.temp_path(token)
+    try:
+        _upload(sftp, temp, put.data, put.mode)
+        sftp.posix_rename(str(temp), str(put.dest))
+    except OSError:
+        _remove_quietly(sftp, temp)
+        raise
+    return 0, ""
+
+
+def _upload(sftp: paramiko.SFTPClient, path: PurePosixPath, data: bytes, mode: int) -> None:
+    """Create `path` exclusively, set its mode while still empty, then write: no moment with wider access."""
+    with sftp.open(str(path), "wbx") as remote_file:
+        remote_file.chmod(mode)
+        remote_file.set_pipelined(True)
+        remote_file.write(data)
+
+
+def _remove_quietly(sftp: paramiko.SFTPClient, path: PurePosixPath, directory: bool = False) -> None:
+    try:
+        (sftp.rmdir if directory else sftp.remove)(str(path))
+    except OSError:
+        pass  # already gone, or never created

@@ -1,0 +1,166 @@
+"""Reaching a host over SSH: its connection settings, host-key checks against known_hosts, the connect policy and
+what a failed connect means, and the same settings as rsync's ssh options."""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import shlex
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import paramiko
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+    wait_exponential_jitter,
+)
+
+from deploy_lib.errors import ConnectFailed
+
+
+@dataclass(frozen=True)
+class JumpHost:
+    """A host the connection goes through (OpenSSH's ProxyJump), e.g. the Proxmox node in front of its VM."""
+
+    host: str
+    port: int = 22
+    user: str = "root"
+
+    @property
+    def address(self) -> str:
+        return f"{self.user}@{self.host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class SSHTarget:
+    """Connection settings of one host, as the inventory gives them.
+
+    A jump host is reached with the same key and known_hosts file as the target; each hop's host key is checked.
+    """
+
+    host: str
+    port: int = 22
+    user: str = "root"
+    key_file: Path | None = None
+    known_hosts_file: Path = field(default_factory=lambda: Path("~/.ssh/known_hosts"))
+    connect_timeout_s: float = 10
+    accept_new_host_key: bool = False
+    jump: JumpHost | None = None
+
+    @property
+    def known_hosts_path(self) -> Path:
+        return self.known_hosts_file.expanduser()
+
+    @property
+    def address(self) -> str:
+        direct = f"{self.user}@{self.host}:{self.port}"
+        return f"{direct} via {self.jump.address}" if self.jump else direct
+
+
+def host_key_fingerprint(key: paramiko.PKey) -> str:
+    """OpenSSH's SHA256 fingerprint of a host key, as `ssh-keygen -lf` prints it."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Acting: the connection.
+
+# Errors that mean "the host is not reachable yet"; host key, authentication and DNS errors are final.
+TRANSIENT_SSH: tuple[type[BaseException], ...] = (
+    paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError, ConnectionResetError,
+    TimeoutError,
+)
+
+SSH_CONNECT = Retrying(
+    stop=stop_after_attempt(4) | stop_after_delay(30),
+    wait=wait_exponential_jitter(max=5),
+    retry=retry_if_exception_type(TRANSIENT_SSH),
+    reraise=True,
+    name="ssh-connect",
+)
+
+
+class UnknownHostKey(paramiko.SSHException):
+    def __init__(self, hostname: str, key: paramiko.PKey) -> None:
+        super().__init__(f"unknown host key for {hostname}")
+        self.hostname = hostname
+        self.key = key
+
+
+class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
+    """Called by paramiko only for hosts absent from known_hosts: refuse, or record and accept on opt-in."""
+
+    def __init__(self, known_hosts: Path, accept_new: bool) -> None:
+        self.known_hosts = known_hosts
+        self.accept_new = accept_new
+
+    def missing_host_key(self, client: paramiko.SSHClient, hostname: str, key: paramiko.PKey) -> None:
+        if not self.accept_new:
+            raise UnknownHostKey(hostname, key)
+        self.known_hosts.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        existing = self.known_hosts.read_bytes() if self.known_hosts.exists() else b""
+        separator = b"" if not existing or existing.endswith(b"\n") else b"\n"
+        with self.known_hosts.open("ab") as known:
+            known.write(separator + f"{hostname} {key.get_name()} {key.get_base64()}\n".encode())
+        if not existing:
+            self.known_hosts.chmod(0o600)
+        client.get_host_keys().add(hostname, key.get_name(), key)
+
+
+def rsync_argv(target: SSHTarget, local_dir: Path, dest: PurePosixPath, link_dest: PurePosixPath | None) -> list[str]:
+    """rsync over ssh with this target's key and host-key checking (its known_hosts, strict), as root on the host
+    (sudo -n for another user); unchanged files hard-linked from link_dest; partial files kept for a resume."""
+    checks = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+              "-o", f"UserKnownHostsFile={target.known_hosts_path}",
+              "-o", f"ConnectTimeout={max(1, round(target.connect_timeout_s))}"]
+    if target.key_file is not None:
+        checks += ["-i", str(target.key_file.expanduser()), "-o", "IdentitiesOnly=yes"]
+    ssh = ["ssh", "-p", str(target.port), *checks]
+    if target.jump is not None:  # the jump hop gets the same key and host-key checks (ProxyJump would not pass -o)
+        hop = ["ssh", "-p", str(target.jump.port), *checks, "-W", "%h:%p", f"{target.jump.user}@{target.jump.host}"]
+        ssh += ["-o", f"ProxyCommand={shlex.join(hop)}"]
+    argv = ["rsync", "-a", "--partial", "--protect-args", "--info=progress2", "--no-inc-recursive",
+            "-e", shlex.join(ssh)]
+    if target.user != "root":
+        argv += ["--rsync-path", "sudo -n rsync"]
+    if link_dest is not None:
+        argv.append(f"--link-dest={link_dest}")
+    return [*argv, f"{local_dir}/", f"{target.user}@{target.host}:{dest}/"]
+
+
+def known_hosts_name(hop: JumpHost) -> str:
+    return hop.host if hop.port == 22 else f"[{hop.host}]:{hop.port}"
+
+
+def connect_error(target: SSHTarget, error: Exception, hop: JumpHost, through_jump: bool) -> ConnectFailed:
+    """What a failed connect to `hop` means for the user: an unknown or changed host key, authentication, the jump
+    host, or the host not reachable; each with what to do."""
+    known, jump = target.known_hosts_path, target.jump
+    what = "jump host" if jump is not None and not through_jump else "host"
+    via = f" via jump host {jump.address}" if through_jump and jump is not None else ""
+    if isinstance(error, UnknownHostKey):
+        return ConnectFailed(
+            f"host key of {what} {error.hostname}{via} is not in {known}: {error.key.get_name()} "
+            f"{host_key_fingerprint(error.key)}; refusing to connect",
+            hint=f"compare the fingerprint with `ssh-keygen -lf /etc/ssh/ssh_host_*_key.pub` run on the {what}, "
+                 "then rerun with --accept-new-host-key to record it (or add it to known_hosts yourself)")
+    if isinstance(error, paramiko.BadHostKeyException):
+        return ConnectFailed(
+            f"host key of {what} {hop.host}:{hop.port}{via} CHANGED: {known} has {error.expected_key.get_name()} "
+            f"{host_key_fingerprint(error.expected_key)}, the server offers {error.key.get_name()} "
+            f"{host_key_fingerprint(error.key)}; refusing to connect (possible man-in-the-middle)",
+            hint=f"if the {what} was reinstalled, remove the old entry with "
+                 f"`ssh-keygen -R {shlex.quote(known_hosts_name(hop))} -f {shlex.quote(str(known))}` "
+                 f"and connect again; --accept-new-host-key never replaces a changed key")
+    if isinstance(error, paramiko.AuthenticationException):
+        return ConnectFailed(f"SSH authentication as {hop.user!r} on {what} {hop.host}:{hop.port}{via} failed: "
+                             f"{error}", hint="check the inventory's user and key_file")
+    if isinstance(error, paramiko.ChannelException) and jump is not None:
+        return ConnectFailed(f"jump host {jump.address} cannot open a connection to {hop.host}:{hop.port}: "
+                             f"{error}", hint="is the host up, at the address the jump host sees it by?")
+    return ConnectFailed(f"cannot connect to {what} {hop.address}{via}: {error or type(error).__name__}",
+                         hint="is the host up and sshd listening on that port?")
