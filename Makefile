@@ -1,6 +1,7 @@
 # make test : install everything into .venv (and the host tools the sandbox needs), lint, run every test
 # make demo : bring the sandbox VM up and deploy the reference profile to it
-# make demo-fleet: three sandbox guests in group `sandbox`: a parallel deploy, a rolling one stopped at --max-fail
+# make demo-fleet: three sandbox guests in group `sandbox`: a parallel deploy, a rolling one stopped at --max-fail,
+#   one multi-node server over the three as one release
 # make bench: print the performance figures (no timed assertions anywhere in tests)
 SHELL := /bin/bash
 VENV  ?= .venv

@@ -762,7 +762,8 @@ FLEET_GUESTS = 3
 @task(name="demo-fleet")
 def demo_fleet(c: Context) -> None:
     """A group of three sandbox guests: a parallel deploy to all, then a rolling deploy whose first host fails (rolled
-    back on its own) and stops the rollout at --max-fail, leaving the others untouched; the releases of each."""
+    back on its own) and stops the rollout at --max-fail, leaving the others untouched; the releases of each; one
+    multi-node server over the three as one release."""
     started = time.monotonic()
     sandbox_tasks.up(c, count=FLEET_GUESTS, venv=True)
     for number in range(1, FLEET_GUESTS + 1):
@@ -776,6 +777,9 @@ def demo_fleet(c: Context) -> None:
                "--serial 1 --max-fail 0", lambda: deploy(c, "glm5-nvfp4-fusion", serial=["1"], max_fail="0",
                                                           yes=True, **on))
     _demo_step("3. releases on each guest", "releases --group sandbox", lambda: releases(c, **on))
+    _demo_step("4. one server over the three guests (nnodes 3): node 0 waits for the other two at its "
+               "--dist-init-addr, one release id on every node", "deploy --profile glm5-nvfp4-3nodes --group sandbox",
+               lambda: deploy(c, "glm5-nvfp4-3nodes", yes=True, **on))
     ui.console.print(f"demo-fleet done in {time.monotonic() - started:.0f} s")
 
 

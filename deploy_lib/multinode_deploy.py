@@ -6,7 +6,7 @@ Built from the per-host engine (deploy.py: its run, plan, preflight, batches and
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -17,10 +17,12 @@ from deploy_lib.deploy import (
     Outcome,
     Plan,
     _Run,
+    _same_kind,
     choose_venv,
     failure_line,
     hand_run_check,
     hand_run_pid,
+    interruption,
     plan_deploy,
     preflight,
     probe_target,
@@ -36,8 +38,9 @@ from deploy_lib.diagnose import Diagnosis, journal_cursor_step, parse_journal_cu
 from deploy_lib.errors import ConfigError, DeployError, ReadinessFailed, RollbackFailed
 from deploy_lib.facts import HostFacts, read_host_facts
 from deploy_lib.fleet import FleetRun, HostRun
-from deploy_lib.health import ProbeTarget, ReadyReport, Rung, wait_ready
-from deploy_lib.models import check_model, weights
+from deploy_lib.health import ProbeTarget, Ready, ReadyReport, Rung, wait_ready
+from deploy_lib.interrupts import interrupted, signal_name, signals_raise
+from deploy_lib.models import ModelFacts, Weights, check_model, weights
 from deploy_lib.multinode import Node, group_release_id
 from deploy_lib.progress import Progress
 from deploy_lib.release import resolve_secrets
@@ -66,6 +69,8 @@ class NodeRun:
     run: _Run
     facts: HostFacts
     plan: Plan
+    model: Weights
+    model_facts: ModelFacts
 
     @property
     def where(self) -> str:
@@ -88,9 +93,20 @@ def blamed(diagnoses: Sequence[tuple[str, Diagnosis]], failed_where: str) -> tup
 
 
 def _each(items: Sequence[T], act: Callable[[T], Any]) -> list[Any]:
-    """`act` on every node at once (one thread and connection each); the first error is raised once all ended."""
+    """`act` on every node at once (one thread and connection each); the first error is raised once all ended. A
+    signal (raised in the main thread only) waits for every node's round trip to end before it is raised, so what
+    follows (the switch back) never shares a connection with a step still running."""
+    interrupt: KeyboardInterrupt | None = None
     with ThreadPoolExecutor(max_workers=len(items), thread_name_prefix="node") as pool:
         futures = [pool.submit(act, item) for item in items]
+        while True:
+            try:
+                wait(futures)
+                break
+            except KeyboardInterrupt as stop:
+                interrupt = interrupt or stop
+    if interrupt is not None:
+        raise interrupt
     for future in futures:
         if future.exception() is not None:
             raise future.exception()  # type: ignore[misc]
@@ -108,23 +124,32 @@ def deploy_nodes(nodes: Sequence[Node], remotes: Mapping[str, Remote], progress_
     secrets = {} if options.dry_run else resolve_secrets(head.profile, options.environ)
     runs = {node.name: _Run(remotes[node.name], node.target.layout(node.loaded.profile.service.name), node.target,
                             progress_of(node.name), options.environ, grace_s=options.grace_s) for node in nodes}
-    with ExitStack() as locks:
-        for node in [] if options.dry_run else nodes:  # every node locked before any is read
-            run = runs[node.name]
-            locks.enter_context(host_lock(run.remote, run.layout, f"deploy {head.name} (node rank {node.rank})",
-                                          node.name))
-        states = _plan(nodes, runs, options, secrets)
-        release_id = states[0].plan.release.id
-        if options.dry_run:
-            return [Outcome("planned", release_id, s.plan.current_id, plan=s.plan) for s in states]
-        if all(s.plan.unchanged for s in states):
-            return [Outcome("unchanged", release_id, s.plan.current_id, plan=s.plan) for s in states]
-        restore_id = common_release([s.facts.store for s in states], release_id)
-        _each(states, _stage)
+    with signals_raise(), ExitStack() as locks:
+        try:
+            for node in [] if options.dry_run else nodes:  # every node locked before any is read
+                run = runs[node.name]
+                locks.enter_context(host_lock(run.remote, run.layout, f"deploy {head.name} (node rank {node.rank})",
+                                              node.name))
+            states = _plan(nodes, runs, options, secrets)
+            release_id = states[0].plan.release.id
+            if options.dry_run:
+                return [Outcome("planned", release_id, s.plan.current_id, plan=s.plan) for s in states]
+            # unchanged: every node's release current, active and recorded healthy, and node 0 answering now
+            if all(s.plan.unchanged for s in states) and \
+                    isinstance(states[0].run.live_verdict(states[0].plan.release.metadata()), Ready):
+                return [Outcome("unchanged", release_id, s.plan.current_id, plan=s.plan) for s in states]
+            restore_id = common_release([s.facts.store for s in states], release_id)
+            _each(states, _stage)
+        except KeyboardInterrupt as stop:
+            raise interrupted(stop, f"interrupted ({signal_name(stop)}) before the switch; nothing was switched or "
+                                    "restarted on any node") from None
         try:
             ready = _activate(states, release_id, {s.node.name: s.plan.release.metadata() for s in states})
         except NodeFailed as failed:
-            _restore(states, release_id, failed, restore_id, "deploy")
+            _restore(states, release_id, failed.failure, failed.where, restore_id)
+        except KeyboardInterrupt as stop:
+            interrupt, diagnosis = interruption(stop)
+            _restore(states, release_id, interrupt, None, restore_id, diagnosis)
         for state in states:
             state.run.record("deploy", HEALTHY, release_tags(state.node.target, state.plan.release))
     return [Outcome("deployed", release_id, s.plan.current_id, plan=s.plan, ready=ready) for s in states]
@@ -151,8 +176,7 @@ def _plan(nodes: Sequence[Node], runs: Mapping[str, _Run], options: Options, sec
         def plan(release_id: str | None) -> Plan:
             return plan_deploy(node.loaded, node.target, facts, secrets, options.force, datetime.now(UTC), venv, (),
                                {}, hand_pid, model, model_facts, release_id=release_id)
-        own = plan(None)
-        return NodeRun(node, run, facts, own), plan
+        return NodeRun(node, run, facts, plan(None), model, model_facts), plan
 
     read_nodes = _each(nodes, read)
     release_id = group_release_id([state.plan.release.id for state, _ in read_nodes])
@@ -166,10 +190,8 @@ def _plan(nodes: Sequence[Node], runs: Mapping[str, _Run], options: Options, sec
 
 def _stage(state: NodeRun) -> None:
     """The weights and the release's files onto the node, while the old release still serves."""
-    model = weights(state.node.loaded.profile, state.node.target.host.vars, {})
-    model_facts = model.parse(state.facts.model_results)
-    if not model_facts.complete:
-        stage_weights(state.run, model, state.plan.release.venv, state.plan, state.facts)
+    if not state.model_facts.complete:
+        stage_weights(state.run, state.model, state.plan.release.venv, state.plan, state.facts)
     state.run.phase("stage", state.plan.batches.get("stage", []))
 
 
@@ -217,22 +239,22 @@ def _diagnoses(states: Sequence[NodeRun]) -> list[tuple[str, Diagnosis]]:
     return _each(states, lambda s: (s.where, s.run.journal_diagnosis(s.run.cursor, s.node.loaded.name)))
 
 
-def _restore(states: Sequence[NodeRun], failed_id: str, failed: NodeFailed, restore_id: str | None,
-             event: str) -> NoReturn:
-    """Every node back to `restore_id` (the previous common release), by the same coordinated restart; the error
-    names the node whose failure explains the others'."""
-    failure = failed.failure
-    where, diagnosis = blamed(_diagnoses(states), failed.where)
-    first = f"{where}: {failure_line(failure, diagnosis)}"
+def _restore(states: Sequence[NodeRun], failed_id: str, failure: DeployError, failed_where: str | None,
+             restore_id: str | None, diagnosis: Diagnosis | None = None) -> NoReturn:
+    """Every node back to `restore_id` (the previous common release) by the same coordinated restart; the error
+    names the node whose failure explains the others' (`failed_where`: the node whose check failed)."""
+    if diagnosis is None:
+        where, diagnosis = blamed(_diagnoses(states), failed_where or states[0].where)
+        first = f"{where}: {failure_line(failure, diagnosis)}"
+    else:
+        first = f"every node: {diagnosis.cause}"
     for state in states:
-        state.run.record(event, FAILED, release_tags(state.node.target, state.plan.release), first)
+        state.run.record("deploy", FAILED, release_tags(state.node.target, state.plan.release), first)
     previous = states[0].plan.current_id
     if restore_id is None:
         _each(states, lambda s: s.run.remote.run([stop_step(s.run.layout)]))
-        error = ReadinessFailed(f"release {failed_id} failed on {first}; the nodes have no common earlier healthy "
-                                "release, so every node's unit is stopped", failure.rung, diagnosis.evidence,
-                                diagnosis.hint)
-        raise error.about(failed_id, previous, {})
+        raise _same_kind(failure, f"release {failed_id} failed on {first}; the nodes have no common earlier healthy "
+                                  "release, so every node's unit is stopped", diagnosis).about(failed_id, previous, {})
     metadata = {s.node.name: dict(record.metadata) if (record := s.facts.store.release(restore_id)) else {}
                 for s in states}
     for state in states:
@@ -248,12 +270,17 @@ def _restore(states: Sequence[NodeRun], failed_id: str, failed: NodeFailed, rest
                                                                metadata[state.node.name]), failure_line(second, again))
         raise RollbackFailed(f"release {failed_id} failed on {first}, and the rollback of every node to {restore_id} "
                              f"failed on {again_where}: {failure_line(second, again)}; every node's unit is stopped",
-                             original=failure).about(failed_id, previous, {}) from second
+                             original=failure).about(failed_id, previous, {}) from None
+    except KeyboardInterrupt as again:
+        raise interrupted(again, f"interrupted again ({signal_name(again)}) while every node was rolled back to "
+                                 f"{restore_id}, before it was verified",
+                          hint="`invoke status --group G` shows each node; deploy the group again to verify it"
+                          ) from None
     for state in states:
         state.run.record("rollback", HEALTHY, recorded_tags(state.node.target, restore_id, metadata[state.node.name]),
                          f"after {failed_id} failed on {first}")
-    ended = ReadinessFailed(f"release {failed_id} failed on {first}; rolled back, release {restore_id} is serving "
-                            "on every node", failure.rung, diagnosis.evidence, diagnosis.hint)
+    ended = _same_kind(failure, f"release {failed_id} failed on {first}; rolled back, release {restore_id} is "
+                                "serving on every node", diagnosis)
     ended.about(failed_id, previous, {})
     ended.serving_id = restore_id
     raise ended

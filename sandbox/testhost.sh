@@ -161,10 +161,20 @@ claim_index() {    # names' checksums can collide: a derived index another insta
 
 make_client_key() { [ -f "$KEY" ] || ssh-keygen -q -t ed25519 -N '' -C sglang-deploy-sandbox -f "$KEY"; }
 
+# The guests reach each other (a multi-node server's rendezvous) through this host, and nothing else: a route to the
+# sandbox's 10.213.0.0/16 only, and forwarding for packets that come in on a sandbox veth only. Idempotent.
+guest_routes() {
+  ip -n "$NETNS" route replace 10.213.0.0/16 via "$TH_HOST_IP"
+  sysctl -qw "net.ipv4.conf.$VETH.forwarding=1"
+}
+
 cmd_start() {
   local cg pid i ids
   cmd_build
-  if running; then log "already running"; return; fi
+  if running; then
+    TH_INDEX=$(cat "$RUN/index"); set_addresses; guest_routes  # a guest booted before the routes existed
+    log "already running"; return
+  fi
   cmd_stop                                   # clear leftovers of a crashed run
   mkdir -p "$RUN/upper" "$RUN/work" "$ROOT" "$TH_DIR/ssh" "$TH_DIR/known_hosts"
   with_lock claim_index
@@ -198,10 +208,7 @@ cmd_start() {
   ip -n "$NETNS" link set lo up
   ip -n "$NETNS" addr add "$TH_GUEST_IP/$TH_PREFIX" dev host0
   ip -n "$NETNS" link set host0 up
-  # the guests reach each other (a multi-node server's rendezvous) through this host, and nothing else: a route to
-  # the sandbox's 10.213.0.0/16 only, and forwarding for packets that come in on a sandbox veth only
-  ip -n "$NETNS" route add 10.213.0.0/16 via "$TH_HOST_IP"
-  sysctl -qw "net.ipv4.conf.$VETH.forwarding=1"
+  guest_routes
 
   # 3. own cgroup, so nspawn's supervisor/payload sub-cgroups land under it
   for cg in $(cgroup_dirs); do mkdir -p "$cg"; done

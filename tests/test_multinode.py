@@ -5,21 +5,24 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
 from pydantic import ValidationError
 
+from deploy_lib.diagnose import Diagnosis
 from deploy_lib.errors import ConfigError
 from deploy_lib.inventory import load_inventory
 from deploy_lib.multinode import dist_init_addr, group_release_id, plan_nodes, refuse_single_host
+from deploy_lib.multinode_deploy import blamed, common_release
 from deploy_lib.profile import LoadedProfile, Profile, load_profile
 from deploy_lib.project import Target, resolve_group
 from deploy_lib.release import build_release
 from deploy_lib.server_args import sglang_args
 from deploy_lib.sglang_options import build_parser, check_argv, find_option
-from deploy_lib.store import StoreLayout
+from deploy_lib.store import HEALTHY, ReleaseRecord, StoreFacts, StoreLayout, Tags, history_entry
 
 pytest_plugins = ("wheelcache",)  # real_options
 PROFILES = Path(__file__).resolve().parent.parent / "inventory" / "profiles"
@@ -145,3 +148,50 @@ def test_each_nodes_flags_are_those_of_the_real_sglang_parser(real_options: Call
         dest = {flag: find_option(options, flag)["dest"] for flag in ("--nnodes", "--node-rank", "--dist-init-addr")}
         assert (parsed[dest["--nnodes"]], parsed[dest["--node-rank"]], parsed[dest["--dist-init-addr"]]) == \
             (2, node.rank, "192.0.2.11:5757")
+
+
+def store(releases: list[str], healthy: list[str]) -> StoreFacts:
+    """A node's store holding `releases`, whose history records `healthy` deployed healthy in that order."""
+    tags = {rid: Tags(who="t", host="h", release=rid, profile="p", profile_hash="x") for rid in releases}
+    when = datetime(2026, 11, 30, tzinfo=UTC)
+    return StoreFacts(current=healthy[-1] if healthy else None,
+                      releases=tuple(ReleaseRecord(rid, "2026-11-30T00:00:00Z", {}) for rid in releases),
+                      incomplete=(), history=tuple(history_entry("deploy", HEALTHY, tags[rid], when)
+                                                   for rid in healthy), lock=None)
+
+
+def test_the_nodes_go_back_to_their_common_last_healthy_release_or_to_none() -> None:
+    both = [store(["a", "b", "c"], ["a", "b"]), store(["a", "b", "c"], ["a", "b"])]
+    assert common_release(both, exclude="c") == "b"
+    assert common_release(both, exclude="b") == "a"  # b is the one that failed: the one before it
+    apart = [store(["a", "b"], ["a", "b"]), store(["a", "b"], ["b", "a"])]  # node 1 was rolled back by hand
+    assert common_release(apart, exclude="c") is None
+    assert common_release([store(["c"], []), store(["c"], [])], exclude="c") is None
+
+
+def test_the_node_named_is_the_one_whose_failure_explains_the_others() -> None:
+    symptom = Diagnosis("nccl_timeout", "an NCCL collective timed out", "", ())
+    oom = Diagnosis("cuda_out_of_memory", "CUDA out of memory", "", ())
+    unknown = Diagnosis("unknown", "", "", ())
+    assert blamed([("n1 (node rank 0)", symptom), ("n2 (node rank 1)", oom)], "n1 (node rank 0)") == \
+        ("n2 (node rank 1)", oom)
+    assert blamed([("n1 (node rank 0)", symptom), ("n2 (node rank 1)", unknown)], "n1 (node rank 0)") == \
+        ("n1 (node rank 0)", symptom)
+
+
+def test_a_multi_node_group_deploy_refuses_a_rolling_rollout_and_a_group_of_the_wrong_size(tmp_path: Path) -> None:
+    from test_cli import invoke
+    (tmp_path / "glm5-nvfp4.yaml").write_text((PROFILES / "glm5-nvfp4.yaml").read_text())
+    profile = tmp_path / "two.yaml"
+    profile.write_text("extends: glm5-nvfp4\nparallel:\n  nnodes: 2\n  dist_init_port: 5757\n")
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(NODES)
+    rolling = invoke("deploy", "--profile", str(profile), "-i", str(inventory), "--group", "pair", "--serial", "1",
+                     "--yes")
+    assert rolling.returncode == 2 and "its nodes restart together, so --serial and --max-fail do not apply" in \
+        rolling.stderr
+    three = invoke("deploy", "--profile", str(profile), "-i", str(inventory), "--group", "three", "--yes")
+    assert three.returncode == 2 and "group three has 3 host(s) (t1, t2, t3); the profile's parallel.nnodes is 2" \
+        in three.stderr
+    alone = invoke("deploy", "--profile", str(profile), "-i", str(inventory), "--host", "n1", "--yes")
+    assert alone.returncode == 2 and "is not deployed to n1 alone" in alone.stderr
