@@ -159,14 +159,28 @@ def _deploy_nodes(loaded: LoadedProfile, targets: list[Target], group: str, opti
 
     from deploy_lib.fleet import ALL_AT_ONCE
     from deploy_lib.multinode import plan_nodes
-    from deploy_lib.multinode_deploy import deploy_group
+    from deploy_lib.multinode_deploy import as_fleet, deploy_nodes
     if rollout != ALL_AT_ONCE:
         raise Exit(f"error: profile {loaded.name} is multi-node: its nodes restart together, so --serial and "
                    "--max-fail do not apply", code=BAD_OPTION)
     nodes = _run(lambda: plan_nodes(loaded, targets, group))
     with ExitStack() as connections:
         remotes = {node.name: connections.enter_context(_remote(node.target, prefixed=True)) for node in nodes}
-        return _run(lambda: deploy_group(nodes, remotes, _progress, options))
+        fleet = as_fleet([node.name for node in nodes], lambda: deploy_nodes(nodes, remotes, _progress, options))
+    assert fleet is not None  # a deploy always ends with outcomes or an error
+    return fleet
+
+
+def _rollback_nodes(targets: list[Target], service: str, to: str | None) -> FleetRun[Outcome] | None:
+    """A group whose rollback target is a multi-node release is rolled back as one; None when it is not."""
+    from contextlib import ExitStack
+
+    from deploy_lib.deploy import GRACE_S
+    from deploy_lib.multinode_deploy import as_fleet, rollback_nodes
+    with ExitStack() as connections:
+        remotes = {t.host.name: connections.enter_context(_remote(t, prefixed=True)) for t in targets}
+        return as_fleet([t.host.name for t in targets], lambda: rollback_nodes(
+            targets, remotes, _progress, service, to, dict(os.environ), GRACE_S))
 
 
 def _show_each(fleet: FleetRun[T], print_report: Callable[[T], None]) -> None:
@@ -323,6 +337,10 @@ def rollback(c: Context, to: str | None = None, host: str | None = None, group: 
         hosts = ", ".join(target.host.name for target in targets)
         _consent(f"roll {len(targets)} hosts of group {group} ({hosts}) back to {to or 'the last healthy release'}?",
                  yes)
+        multi = _rollback_nodes(targets, _service(service), to) if not serial and max_fail is None else None
+        if multi is not None:
+            _show_outcomes(multi)
+            return
         _show_outcomes(_on_each_host(targets, lambda target, remote, progress: deploy_engine.rollback(
             target, _service(service), remote, progress, to, dict(os.environ)), rollout))
         return

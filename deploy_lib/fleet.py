@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import re
 import signal
-import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
-from contextlib import contextmanager
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -24,7 +23,7 @@ from deploy_lib.errors import (
     PreflightError,
     RollbackFailed,
 )
-from deploy_lib.interrupts import Interrupt, interrupted
+from deploy_lib.interrupts import Interrupt, interrupted, signals_noted
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 
@@ -182,27 +181,12 @@ def run_hosts(targets: Sequence[Target], act: Callable[[Target], T], progress: P
     return FleetRun(tuple(runs[host] for host in by_name), tuple(map(tuple, batches)), stopped, interruption)
 
 
-@contextmanager
-def _signals_noted(progress: Progress) -> Iterator[list[int]]:
+def _signals_noted(progress: Progress) -> AbstractContextManager[list[int]]:
     """SIGINT and SIGTERM are noted, not raised, while hosts deploy: a deploy in a worker thread cannot be
     interrupted (handlers run in the main thread only), so the run starts no further host and lets the running
-    ones finish their transition. Outside the main thread nothing changes."""
-    noted: list[int] = []
-    if threading.current_thread() is not threading.main_thread():
-        yield noted
-        return
-
-    def note(signum: int, frame: object) -> None:
-        if not noted:
-            progress.note(f"{signal.Signals(signum).name}: starting no further host; the running ones finish first")
-        noted.append(signum)
-
-    previous = {signum: signal.signal(signum, note) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield noted
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+    ones finish their transition."""
+    return signals_noted(lambda signum: progress.note(f"{signal.Signals(signum).name}: starting no further host; "
+                                                      "the running ones finish first"))
 
 
 def _host_run(host: str, future: Future[T]) -> HostRun[T]:

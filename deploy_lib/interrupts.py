@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import signal
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 from deploy_lib.errors import Interrupted, Terminated
@@ -43,6 +43,29 @@ def signals_raise() -> Iterator[None]:
     previous = {signum: signal.signal(signum, raise_interrupt) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+@contextmanager
+def signals_noted(on_first: Callable[[int], None] | None = None) -> Iterator[list[int]]:
+    """For the block, SIGINT and SIGTERM are noted (the list it yields), not raised: work on other threads that
+    must not be cut mid-way (a host's deploy, a node's round trip) runs to its end, and the caller decides what a
+    noted signal means. `on_first` is told of the first one. Outside the main thread nothing changes."""
+    noted: list[int] = []
+    if threading.current_thread() is not threading.main_thread():
+        yield noted
+        return
+
+    def note(signum: int, frame: object) -> None:
+        if not noted and on_first is not None:
+            on_first(signum)
+        noted.append(signum)
+
+    previous = {signum: signal.signal(signum, note) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield noted
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)

@@ -24,7 +24,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "schema": frozenset({"settings", "profile", "inventory"}),
     "planning": frozenset(),
     "commands": frozenset({"deploy", "adopt", "gpu_check", "patches.on_host", "status", "uninstall",
-                           "multinode_deploy"}),
+                           "multinode_deploy", "multinode_switch"}),
 }
 ORDER = list(LAYERS)
 

@@ -3,7 +3,10 @@ the flags each node renders (checked against the real SGLang parsers), one relea
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -16,7 +19,7 @@ from deploy_lib.diagnose import Diagnosis
 from deploy_lib.errors import ConfigError
 from deploy_lib.inventory import load_inventory
 from deploy_lib.multinode import dist_init_addr, group_release_id, plan_nodes, refuse_single_host
-from deploy_lib.multinode_deploy import blamed, common_release
+from deploy_lib.multinode_switch import blamed, common_release, each
 from deploy_lib.profile import LoadedProfile, Profile, load_profile
 from deploy_lib.project import Target, resolve_group
 from deploy_lib.release import build_release
@@ -195,3 +198,18 @@ def test_a_multi_node_group_deploy_refuses_a_rolling_rollout_and_a_group_of_the_
         in three.stderr
     alone = invoke("deploy", "--profile", str(profile), "-i", str(inventory), "--host", "n1", "--yes")
     assert alone.returncode == 2 and "is not deployed to n1 alone" in alone.stderr
+
+
+def test_a_signal_while_nodes_act_is_raised_only_once_every_node_has_finished_its_round_trip() -> None:
+    """The switch back after Ctrl-C must not share a connection with a node's step still running."""
+    finished: list[str] = []
+
+    def act(name: str) -> None:
+        if name == "n1":
+            os.kill(os.getpid(), signal.SIGINT)  # the main thread gets KeyboardInterrupt while it waits
+        time.sleep(0.3)  # a round trip still under way when the signal comes
+        finished.append(name)
+
+    with pytest.raises(KeyboardInterrupt):
+        each(["n1", "n2"], act)
+    assert sorted(finished) == ["n1", "n2"]

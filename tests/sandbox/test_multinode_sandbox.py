@@ -37,14 +37,16 @@ class Pair:
     def names(self) -> list[str]:
         return [guest.name for guest in self.guests]
 
-    def deploy(self, profile: str) -> tuple[int, dict[str, Any], str]:
-        """`invoke deploy --profile P --group sandbox --json --yes`: exit code, the JSON document, stderr."""
+    def invoke(self, *argv: str) -> tuple[int, dict[str, Any], str]:
+        """`invoke ARGV --group sandbox --json --yes`: exit code, the JSON document, stderr (progress, errors)."""
         environ = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEPLOY_INVENTORY", "HF_TOKEN")}
-        ran = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), "deploy", "--profile",
-                              str(self.root / "inventory" / "profiles" / f"{profile}.yaml"), "-i", self.inventory,
+        ran = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *argv, "-i", self.inventory,
                               "--group", names.GROUP, "--json", "--yes"],
                              capture_output=True, text=True, env=environ, cwd=self.root, timeout=900)
         return ran.returncode, json.loads(ran.stdout), ran.stderr
+
+    def deploy(self, profile: str) -> tuple[int, dict[str, Any], str]:
+        return self.invoke("deploy", "--profile", str(self.root / "inventory" / "profiles" / f"{profile}.yaml"))
 
     def current(self, guest: manage.Guest) -> str:
         return manage.run_on(guest, f"readlink {STORE}/current").strip().rsplit("/", 1)[-1]
@@ -106,3 +108,19 @@ def test_a_failing_node_takes_both_nodes_back_to_the_previous_release_and_is_nam
     assert [pair.current(guest) for guest in pair.guests] == [before, before]
     for guest in pair.guests:
         assert manage.run_on(guest, "systemctl is-active sglang.service").strip() == "active"
+
+
+def test_a_group_rollback_of_a_multi_node_release_switches_both_nodes_together(pair: Pair) -> None:
+    code, report, stderr = pair.deploy("mn")
+    assert code == 0, stderr
+    before = report["hosts"][pair.names[0]]["release"]
+    code, report, stderr = pair.deploy("mn-faulty")  # no fault written: a healthy second release
+    assert code == 0, stderr
+    after = report["hosts"][pair.names[0]]["release"]
+    joined = pair.journal(pair.guests[1]).count("2 of 2 nodes joined (node rank 1)")
+    code, report, stderr = pair.invoke("rollback")
+    assert code == 0, stderr
+    assert [report["hosts"][name]["outcome"] for name in pair.names] == ["rolled back", "rolled back"]
+    assert [report["hosts"][name]["release"] for name in pair.names] == [before, before]
+    assert [pair.current(guest) for guest in pair.guests] == [before, before] != [after, after]
+    assert pair.journal(pair.guests[1]).count("2 of 2 nodes joined (node rank 1)") == joined + 1  # met node 0 again
