@@ -49,7 +49,8 @@ class Simulation:
         self.topology = Topology.from_args(launch.server_args)
         self.nnodes = self.topology.nnodes if self.topology else 1
         self.node_rank = self.topology.node_rank if self.topology else 0
-        self.gpus_per_node = max(1, launch.tp_size // self.nnodes)
+        pipeline = int(launch.server_args.get("pp_size") or 1)
+        self.gpus_per_node = max(1, launch.tp_size * pipeline // self.nnodes)
         self.rank = f"TP{self.node_rank * self.gpus_per_node}"  # the first TP rank of this node, as SGLang logs it
 
     # --- state for the nvidia-smi stand-in ----------------------------------
