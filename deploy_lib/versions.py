@@ -6,7 +6,7 @@ reference profiles for each of them and parses the result with that version's ow
 
 When SGLang ships a release: add it to KNOWN_SGLANG, run `pytest -m wheels tests/test_versions.py
 tests/test_server_args.py`, and add a row below wherever a test names what changed (a renamed flag: a Spelling; a new
-endpoint or module: its `since`; a new backend choice: a member of the profile's enum, deploy_lib/profile.py).
+endpoint or module: its `since`; a new backend choice: a member of the profile's enum, deploy_lib/profile/choices.py).
 Patch sets name the versions they apply to in their own target files (roles/*/targets/*.yaml).
 """
 
@@ -51,7 +51,7 @@ BENCH_MODULES = (
     BenchModule("0.5.15", "sglang.benchmark.serving", "benchmark/serving.py"),     # 0.5.15 wheel on
 )
 
-# The profile's backend enums (deploy_lib/profile.py) hold choices of these flags that at least one release in
+# The profile's backend enums (deploy_lib/profile/choices.py) hold choices of these flags that at least one release in
 # KNOWN_SGLANG accepts; preflight checks the chosen value against the parser of the release on the host.
 CHOICE_FLAGS: dict[str, tuple[str, ...]] = {
     "AttentionBackend": ("--attention-backend",),

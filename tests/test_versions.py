@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from deploy_lib import profile
+from deploy_lib.profile import choices
 from deploy_lib.server_args import spelling
 from deploy_lib.sglang_options import find_option, version_key
 from deploy_lib.versions import (
@@ -79,11 +79,11 @@ def test_every_backend_choice_of_the_profile_is_accepted_by_a_known_release(
         for flag in CHOICE_FLAGS[enum_name]:
             found = find_option(real_options(version), flag)
             accepted |= {str(choice) for choice in (found or {}).get("choices") or ()}
-    enum: type[StrEnum] = getattr(profile, enum_name)
+    enum: type[StrEnum] = getattr(choices, enum_name)
     assert {member.value for member in enum} - accepted == set()
 
 
 def test_every_backend_enum_of_the_profile_has_its_flags_named() -> None:
-    backends = {name for name, value in vars(profile).items()
-                if isinstance(value, type) and issubclass(value, StrEnum) and value.__module__ == profile.__name__}
+    backends = {name for name, value in vars(choices).items()
+                if isinstance(value, type) and issubclass(value, StrEnum) and value.__module__ == choices.__name__}
     assert set(CHOICE_FLAGS) == backends - {"P2PLevel", "NcclDebug", "RestartPolicy"}

@@ -1,0 +1,117 @@
+"""A whole deployment profile (Profile), one loaded from its file (LoadedProfile), and its JSON Schema."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path, PurePosixPath
+from typing import Annotated, Any
+
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from deploy_lib.profile.fields import MAX_STRING, SECRET_NAME_RE, EnvName, SecretField, Strict, Text, no_control_chars
+from deploy_lib.profile.sections import (
+    BackendSpec,
+    FeatureSpec,
+    MemorySpec,
+    ModelSpec,
+    NcclSpec,
+    ParallelSpec,
+    ServerSpec,
+    ServiceSpec,
+    env_text,
+)
+from deploy_lib.settings import BenchSettings, GateSettings, PreflightSettings
+
+
+class Profile(Strict):
+    """A deployment profile: the intent; server_args turns it into one SGLang version's argv."""
+
+    description: Text | None = None
+    model: ModelSpec
+    parallel: ParallelSpec = ParallelSpec()
+    memory: MemorySpec = MemorySpec()
+    backends: BackendSpec = BackendSpec()
+    features: FeatureSpec = FeatureSpec()
+    server: ServerSpec = ServerSpec()
+    nccl: NcclSpec = NcclSpec()
+    env: dict[EnvName, Annotated[str, StringConstraints(max_length=MAX_STRING), AfterValidator(no_control_chars)]] = (
+        Field(default_factory=dict, description="other environment of the server process"))
+    secrets: dict[EnvName, SecretField] = Field(
+        default_factory=dict, description="environment variables whose values are read locally at deploy time")
+    service: ServiceSpec = ServiceSpec()
+    bench: BenchSettings = Field(default_factory=BenchSettings,
+                                 description="SGLang's serving benchmark, run by the gate and `invoke bench`")
+    gate: GateSettings | None = Field(None, description="benchmark every new release after it is ready and roll "
+                                                        "it back when it is slower than the last good release")
+    preflight: PreflightSettings = Field(default_factory=PreflightSettings,
+                                         description="checks a deploy runs before it starts the release")
+    extra_args: list[Text] = Field(
+        default_factory=list, description="flags not modelled here; checked against the host's SGLang at preflight")
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_values_as_text(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            return value
+        return {k: (env_text(v) if isinstance(v, bool | int | float) else v) for k, v in value.items()}
+
+    @model_validator(mode="after")
+    def _env_is_not_secret_nor_modelled(self) -> Profile:
+        for name in self.env:
+            if SECRET_NAME_RE.search(name):
+                raise ValueError(f"env.{name} looks like a secret; move it to `secrets: {{{name}: {{env: {name}}}}}`")
+            if name in self.nccl.environment():
+                raise ValueError(f"env.{name} is also set by `nccl:`; set it in one place")
+            if name == "VIRTUAL_ENV":
+                raise ValueError("env.VIRTUAL_ENV is set from the venv the release runs from (service.venv); "
+                                 "remove it")
+        clash = sorted(set(self.env) & set(self.secrets))
+        if clash:
+            raise ValueError(f"{', '.join(clash)} set in both env and secrets")
+        if self.features.allreduce_fusion and self.parallel.nnodes > 1:
+            raise ValueError("allreduce_fusion is single-node (TRT-LLM fusion uses CUDA IPC); nnodes must be 1")
+        for arg in self.extra_args:
+            if arg.startswith("--") and arg.split("=", 1)[0] in ("--api-key", "--admin-api-key"):
+                raise ValueError(f"extra_args: {arg.split('=', 1)[0]} would put a secret in argv; use server.api_key")
+        return self
+
+    def environment(self) -> dict[str, str]:
+        """Non-secret environment of the server process, NCCL first, in a stable order."""
+        return {**self.nccl.environment(), **self.env}
+
+    def content_hash(self) -> str:
+        return hashlib.sha256(json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()).hexdigest()[:16]
+
+
+class LoadedProfile(BaseModel):
+    """A validated profile with where it came from."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    name: str
+    path: Path
+    chain: tuple[str, ...]  # this profile first, then its parents
+    profile: Profile
+
+
+SCHEMA_KEY = "$schema"
+
+
+def profile_json_schema() -> dict[str, Any]:
+    schema = Profile.model_json_schema()
+    schema["properties"]["extends"] = {"type": "string", "description": "name of a profile this one builds on"}
+    schema["properties"][SCHEMA_KEY] = {"type": "string", "description": "path or URL of this schema, for editors"}
+    schema["title"] = "sglang-deploy profile"
+    return schema
+
+
+def venv_python(profile: Profile) -> PurePosixPath:
+    return PurePosixPath(profile.service.venv) / "bin" / "python3"

@@ -1,0 +1,209 @@
+"""The sections of a profile (`model:`, `parallel:`, `memory:`, `backends:`, `features:`, `server:`, `nccl:`,
+`service:`); the sections operations act on are in deploy_lib/settings.py."""
+
+from __future__ import annotations
+
+import re
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    AfterValidator,
+    Field,
+    StringConstraints,
+    field_validator,
+    model_validator,
+)
+
+from deploy_lib.profile.choices import (
+    AttentionBackend,
+    DsaBackend,
+    Fp8GemmBackend,
+    KvCacheDtype,
+    MoeRunnerBackend,
+    NcclDebug,
+    P2PLevel,
+    Quantization,
+    RestartPolicy,
+)
+from deploy_lib.profile.fields import AbsPath, SecretField, Strict, Text, no_control_chars
+from deploy_lib.settings import VenvSpec
+
+# Model ids and paths reach argv, the unit and the journal: shell metacharacters are refused outright.
+_MODEL_RE = re.compile(r"^[A-Za-z0-9._\-/+@:=,~ ]+$")
+
+
+# The files SGLang reads from a checkpoint: weights, configs and index, tokenizer files, remote code, chat templates.
+DEFAULT_ALLOW_PATTERNS = ("*.safetensors", "*.json", "*.py", "*.model", "*.tiktoken", "*.txt", "*.jinja")
+Pattern = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterValidator(no_control_chars)]
+
+
+class ModelSource(Strict):
+    rsync: Text = Field(description="directory on the machine running the tool, pushed to the host with rsync")
+
+
+class ModelSpec(Strict):
+    path: Text = Field(description="Hugging Face repo id or absolute path of the weights (--model-path)")
+    revision: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-/]{0,255}$")] | None = Field(
+        None, description="commit, tag or branch of a hub model (default main), resolved to a commit at plan time")
+    allow_patterns: list[Pattern] = Field(default_factory=lambda: list(DEFAULT_ALLOW_PATTERNS),
+                                          description="files of the repo staged on the host (fnmatch patterns)")
+    ignore_patterns: list[Pattern] = Field(default_factory=list, description="files never staged")
+    source: ModelSource | None = Field(
+        None, description="{rsync: LOCAL_DIR}: push the weights from this machine into a version directory under "
+                          "the absolute model.path on the host (for hosts without internet)")
+    served_name: Text | None = Field(None, description="name clients use (--served-model-name)")
+    tokenizer: Text | None = Field(None, description="tokenizer path if not the model's (--tokenizer-path)")
+    trust_remote_code: bool = False
+    reasoning_parser: Annotated[str, StringConstraints(pattern=r"^[a-z0-9_\-.]+$")] | None = None
+    tool_call_parser: Annotated[str, StringConstraints(pattern=r"^[a-z0-9_\-.]+$")] | None = None
+    quantization: Quantization | None = None
+    kv_cache_dtype: KvCacheDtype = KvCacheDtype.auto
+
+    @field_validator("path")
+    @classmethod
+    def _safe_model_path(cls, value: str) -> str:
+        if not _MODEL_RE.match(value):
+            raise ValueError(
+                "model path may contain letters, digits, spaces and . _ - / + @ : = , ~ only "
+                "(no ; $ ` quotes or other shell characters)"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _revision_is_for_the_hub(self) -> ModelSpec:
+        if self.revision is not None and self.is_local_path:
+            raise ValueError("revision: an absolute model.path is used as it is on the host; it has no revision")
+        if self.source is not None and not self.is_local_path:
+            raise ValueError("source: rsync needs model.path to be the absolute directory on the host that holds "
+                             "the pushed versions, e.g. /srv/models/glm5")
+        return self
+
+    @property
+    def is_local_path(self) -> bool:
+        """An absolute path on the host: nothing to stage, only checked to exist."""
+        return self.path.startswith("/")
+
+
+class ParallelSpec(Strict):
+    tp: Literal[1, 2, 4, 8, 16] = Field(1, description="tensor parallel size (--tp-size): a power of two")
+    pp: Annotated[int, Field(ge=1, le=64)] = Field(1, description="pipeline parallel size (--pp-size)")
+    dp: Annotated[int, Field(ge=1, le=64)] = Field(1, description="data parallel size (--dp-size)")
+    nnodes: Annotated[int, Field(ge=1, le=64)] = 1
+    node_rank: Annotated[int, Field(ge=0, le=63)] = 0
+    dist_init_addr: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")] | None = Field(
+        None, description="--dist-init-addr host:port of node 0, as written (else node 0's address and dist_init_port)")
+    dist_init_port: Annotated[int, Field(ge=1024, le=65535)] | None = Field(
+        None, description="port of --dist-init-addr on node 0; a group deploy adds node 0's inventory address")
+
+    @model_validator(mode="after")
+    def _multi_node_needs_addr(self) -> ParallelSpec:
+        if self.nnodes > 1 and self.dist_init_addr is None and self.dist_init_port is None:
+            raise ValueError("nnodes > 1 needs dist_init_port (node 0's address comes from the inventory group) or "
+                             "dist_init_addr (host:port of node 0)")
+        if self.dist_init_addr is not None and self.dist_init_port is not None:
+            raise ValueError("give dist_init_addr (host:port) or dist_init_port, not both")
+        if self.node_rank >= self.nnodes:
+            raise ValueError(f"node_rank {self.node_rank} must be below nnodes {self.nnodes}")
+        return self
+
+    @property
+    def gpus_per_node(self) -> int:
+        return self.tp * self.pp * self.dp // self.nnodes
+
+
+class MemorySpec(Strict):
+    mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] | None = Field(
+        None, description="fraction of GPU memory for weights + KV cache, in (0, 1)")
+    max_running_requests: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
+    chunked_prefill_size: Annotated[int, Field(ge=-1, le=1_000_000)] | None = None
+
+
+class BackendSpec(Strict):
+    attention: AttentionBackend | None = None
+    moe_runner: MoeRunnerBackend | None = None
+    fp8_gemm: Fp8GemmBackend | None = None
+    dsa_decode: DsaBackend | None = Field(None, description="--dsa-decode-backend (--nsa-decode-backend < 0.5.15)")
+    dsa_prefill: DsaBackend | None = Field(None, description="--dsa-prefill-backend (--nsa-prefill-backend < 0.5.15)")
+
+
+class FeatureSpec(Strict):
+    cuda_graph: bool = True
+    radix_cache: bool = True
+    allreduce_fusion: bool = Field(False, description="FlashInfer allreduce+RMSNorm fusion (SM90/SM10X upstream)")
+    metrics: bool = Field(False, description="--enable-metrics: Prometheus /metrics")
+
+
+class ServerSpec(Strict):
+    host: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9.:\-]+$", max_length=255)] = "127.0.0.1"
+    port: Annotated[int, Field(ge=1, le=65535)] = 30000
+    api_key: SecretField | None = None
+
+
+# nccl.<key> -> the environment variable it sets, in the env file's order
+NCCL_ENV = {"p2p_level": "NCCL_P2P_LEVEL", "p2p_disable": "NCCL_P2P_DISABLE", "ib_disable": "NCCL_IB_DISABLE",
+            "min_nchannels": "NCCL_MIN_NCHANNELS", "max_nchannels": "NCCL_MAX_NCHANNELS",
+            "socket_ifname": "NCCL_SOCKET_IFNAME", "debug": "NCCL_DEBUG"}
+
+
+class NcclSpec(Strict):
+    p2p_level: P2PLevel | None = Field(None, description="NCCL_P2P_LEVEL: LOC/NVL/PIX/PXB/PHB/SYS or 0-5")
+    p2p_disable: bool | None = None
+    ib_disable: bool | None = None
+    min_nchannels: Annotated[int, Field(ge=1, le=64)] | None = None
+    max_nchannels: Annotated[int, Field(ge=1, le=64)] | None = None
+    socket_ifname: Annotated[str, StringConstraints(pattern=r"^[\^=]?[A-Za-z0-9_.,\-]+$")] | None = None
+    debug: NcclDebug | None = None
+
+    @field_validator("p2p_level", mode="before")
+    @classmethod
+    def _level_as_text(cls, value: Any) -> Any:
+        return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
+
+    @model_validator(mode="after")
+    def _channels_ordered(self) -> NcclSpec:
+        if self.min_nchannels and self.max_nchannels and self.min_nchannels > self.max_nchannels:
+            raise ValueError(f"min_nchannels {self.min_nchannels} exceeds max_nchannels {self.max_nchannels}")
+        return self
+
+    def environment(self) -> dict[str, str]:
+        as_env = {name: getattr(self, key) for key, name in NCCL_ENV.items()}
+        return {k: env_text(v) for k, v in as_env.items() if v is not None}
+
+
+def env_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value.value if isinstance(value, StrEnum) else value)
+
+
+class ServiceSpec(Strict):
+    name: Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_\-]{1,64}$")] = "sglang"
+    venv: AbsPath = Field("/root/ml-env", description="virtual environment the server runs from")
+    user: Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_\-]{0,31}$")] = "root"
+    working_directory: AbsPath = "/root"
+    startup_timeout_s: Annotated[int, Field(ge=5, le=24 * 3600)] = Field(
+        1800, description="readiness deadline; real models take minutes to load")
+    stop_timeout_s: Annotated[int, Field(ge=1, le=3600)] = 120
+    restart: RestartPolicy = Field(RestartPolicy.on_failure,
+                                   description="systemd restarts a server that crashes after its deploy")
+    restart_sec: Annotated[int, Field(ge=0, le=3600)] = 10
+    start_limit_burst: Annotated[int, Field(ge=1, le=100)] = Field(
+        3, description="restarts within start_limit_interval_s before systemd gives up and leaves the unit failed")
+    start_limit_interval_s: Annotated[int, Field(ge=1, le=7 * 24 * 3600)] = 900
+    limit_nofile: Annotated[int, Field(ge=1024, le=1_048_576)] = 65536
+    keep_releases: Annotated[int, Field(ge=2, le=100)] = 5
+    venv_build: VenvSpec | None = Field(
+        None, description="build the venv on the host from a hashed lock (content-addressed, immutable); "
+                          "without it the server runs from `venv` as it is")
+
+    @model_validator(mode="after")
+    def _start_limit_reachable(self) -> ServiceSpec:
+        # systemd refuses a start once start_limit_burst starts fell within one window; restarts come at least
+        # restart_sec apart, so a window that cannot hold them all means a crash loop that never stops.
+        if self.restart is not RestartPolicy.no and \
+                self.start_limit_burst * self.restart_sec >= self.start_limit_interval_s:
+            raise ValueError(f"start_limit_interval_s ({self.start_limit_interval_s}) must be longer than "
+                             f"start_limit_burst x restart_sec ({self.start_limit_burst} x {self.restart_sec}), "
+                             "or systemd restarts a crashing server for ever")
+        return self
