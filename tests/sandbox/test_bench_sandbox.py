@@ -21,12 +21,11 @@ from deploy_lib import deploy as engine
 from deploy_lib.errors import GateFailed
 from deploy_lib.patches import find_patch_set, on_host
 from deploy_lib.remote import FabricRemote
+from deploy_lib.settings import BenchSettings, GateSettings
 from deploy_lib.store import FAILED, HEALTHY, StoreFacts, StoreLayout, Tags, read_store_facts
 from deploy_lib.throughput import (
     BenchResult,
-    BenchSettings,
     GateRun,
-    GateSettings,
     bench_on_demand,
     find_baseline,
     gate_after_ready,

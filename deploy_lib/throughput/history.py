@@ -1,0 +1,133 @@
+"""Benchmarks in history.jsonl (event "bench"): the baseline (the last good release's figures at the same
+settings), the newest benchmark of a release, power and throughput per release, comparisons of two releases."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from deploy_lib.errors import ConfigError
+from deploy_lib.settings import BenchSettings
+from deploy_lib.store import (
+    ACTIVATIONS,
+    FAILED,
+    HEALTHY,
+    HistoryEntry,
+    Tags,
+    history_entry,
+)
+from deploy_lib.throughput.gate import GateVerdict
+from deploy_lib.throughput.results import BenchResult, ratio
+
+
+def last_good_release(history: Sequence[HistoryEntry], exclude: str | None = None) -> str | None:
+    """The newest release that a start (deploy, rollback, adopt, start, restart) recorded healthy, but `exclude`."""
+    for entry in reversed(history):
+        if entry.event in ACTIVATIONS and entry.outcome == HEALTHY and entry.tags.release != exclude:
+            return entry.tags.release
+    return None
+
+
+def _newest_bench(history: Sequence[HistoryEntry], release_id: str, healthy_only: bool = False
+                  ) -> HistoryEntry | None:
+    """The newest `bench` line of a release that has figures."""
+    return next((entry for entry in reversed(history)
+                 if entry.event == "bench" and entry.tags.release == release_id and entry.figures
+                 and (entry.outcome == HEALTHY or not healthy_only)), None)
+
+
+def latest_bench(history: Sequence[HistoryEntry], release_id: str, healthy_only: bool = False) -> BenchResult | None:
+    """The newest benchmark of a release that has figures, rebuilt from history."""
+    entry = _newest_bench(history, release_id, healthy_only)
+    if entry is None:
+        return None
+    return BenchResult.from_figures(release_id, entry.figures,
+                                    error=None if entry.outcome == HEALTHY else entry.cause or "failed")
+
+
+def gpu_power(figures: Mapping[str, float]) -> str:
+    """Power drawn during a benchmark, over all GPUs: `222 W mean, 250 W peak of 600 W`; '' without telemetry."""
+    def values(metric: str) -> list[float]:
+        return [value for key, value in figures.items() if key.startswith("gpu") and key.endswith(f".{metric}")]
+    means, peaks, limits = values("power_mean_w"), values("power_peak_w"), values("power_limit_w")
+    if not means:
+        return ""
+    limit = f" of {max(limits):.0f} W" if limits else ""
+    peak = f", {max(peaks):.0f} W peak" if peaks else ""
+    return f"{sum(means) / len(means):.0f} W mean{peak}{limit}"
+
+
+def power_by_release(history: Sequence[HistoryEntry]) -> dict[str, str]:
+    """Each release's GPU power during its newest benchmark (for `invoke releases`)."""
+    releases = {entry.tags.release for entry in history if entry.event == "bench"}
+    return {release: gpu_power(entry.figures) for release in releases
+            if (entry := _newest_bench(history, release)) is not None}
+
+
+def find_baseline(history: Sequence[HistoryEntry], settings: BenchSettings, new_release: str) -> BenchResult | None:
+    """The last good release's newest passing benchmark at the same settings and levels, or None."""
+    release = last_good_release(history, exclude=new_release)
+    if release is None:
+        return None
+    for entry in reversed(history):
+        if entry.event != "bench" or entry.tags.release != release or entry.outcome != HEALTHY:
+            continue
+        same = all(entry.figures.get(key) == value for key, value in settings.identity().items())
+        result = BenchResult.from_figures(release, entry.figures)
+        if same and sorted(level.concurrency for level in result.levels) == sorted(settings.concurrency):
+            return result
+    return None
+
+
+def bench_history_entry(result: BenchResult, verdict: GateVerdict | None, tags: Tags, when: datetime) -> HistoryEntry:
+    """The history line of one benchmark: healthy if it ran (and passed the gate, when there was one)."""
+    passed = result.ok and (verdict is None or verdict.passed)
+    cause = verdict.message if verdict is not None else (result.error or "")
+    return history_entry("bench", HEALTHY if passed else FAILED, tags, when, cause, figures=result.figures())
+
+
+def throughput_by_release(history: Sequence[HistoryEntry]) -> dict[str, str]:
+    """Each release's newest benchmark as one line (for `invoke releases`)."""
+    releases = {entry.tags.release for entry in history if entry.event == "bench"}
+    return {release: result.summary() for release in releases
+            if (result := latest_bench(history, release)) is not None}
+
+
+@dataclass(frozen=True)
+class ComparisonRow:
+    label: str
+    a: float | None
+    b: float | None
+
+    @property
+    def ratio(self) -> float | None:
+        """b / a."""
+        return ratio(self.b, self.a)
+
+
+_COMPARED = (("output_tok_s", "output tok/s"), ("ttft_mean_ms", "mean TTFT ms"), ("ttft_median_ms", "median TTFT ms"),
+             ("ttft_p99_ms", "p99 TTFT ms"), ("itl_mean_ms", "mean ITL ms"), ("itl_median_ms", "median ITL ms"),
+             ("itl_p99_ms", "p99 ITL ms"))
+
+
+def compare(a: BenchResult, b: BenchResult) -> list[ComparisonRow]:
+    """Side by side, per concurrency level either ran, with ratio b/a (`invoke bench --compare A B`)."""
+    figures_a, figures_b = a.figures(), b.figures()
+    levels = sorted({level.concurrency for level in (*a.levels, *b.levels)})
+    return [ComparisonRow(f"c={c} {label}", figures_a.get(f"c{c}.{key}"), figures_b.get(f"c{c}.{key}"))
+            for c in levels for key, label in _COMPARED]
+
+
+def compare_releases(history: Sequence[HistoryEntry], release_a: str, release_b: str
+                     ) -> tuple[BenchResult, BenchResult, list[ComparisonRow]]:
+    """Each release's newest benchmark from history, side by side; ConfigError names a release without one."""
+    results = []
+    for release in (release_a, release_b):
+        found = latest_bench(history, release)
+        if found is None:
+            known = sorted({entry.tags.release for entry in history if entry.event == "bench" and entry.figures})
+            raise ConfigError(f"release {release} has no benchmark in history",
+                              f"benchmarked releases: {', '.join(known) or 'none'}; `invoke bench` runs one")
+        results.append(found)
+    return results[0], results[1], compare(results[0], results[1])
