@@ -1,6 +1,6 @@
 """NCCL all-reduce check that runs ON THE HOST, under the release venv's python (it needs torch with CUDA).
 
-gpu_check.py sends this file's text to `<venv>/bin/python3 -` with one call appended,
+deploy_lib.gpu_check sends this file's text to `<venv>/bin/python3 -` with one call appended,
 `run_check_and_print(<config JSON>, <this source>)`; run as a file, it takes the config JSON as its argument.
 The parent starts one worker process per GPU (`python -c <source>`; torch.distributed, NCCL backend, exactly the
 environment in the config plus NCCL_DEBUG=INFO), collects what each worker prints, and prints exactly one JSON

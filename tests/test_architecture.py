@@ -24,8 +24,8 @@ LAYERS: dict[str, frozenset[str]] = {
     "schema": frozenset({"settings", "profile", "profile.fields", "profile.choices", "profile.sections",
                         "profile.model", "profile.loading", "profile.stored", "inventory"}),
     "planning": frozenset(),
-    "commands": frozenset({"deploy", "adopt", "gpu_check", "patches.on_host", "status", "uninstall",
-                           "multinode_deploy", "multinode_switch"}),
+    "commands": frozenset({"deploy", "adopt", "gpu_check", "gpu_check.on_host", "patches.on_host", "status",
+                           "uninstall", "multinode_deploy", "multinode_switch"}),
 }
 ORDER = list(LAYERS)
 
