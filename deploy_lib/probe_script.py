@@ -1,7 +1,7 @@
-"""Readiness probe that runs ON THE HOST: health.py sends this file's text to `python3 -` on stdin.
+"""Readiness probe that runs ON THE HOST: deploy_lib.health sends this file's text to `python3 -` on stdin.
 
 Standard library only, and no syntax newer than Python 3.8, since it runs on whatever python3 the host
-has (before 3.10 a timeout is reported by its OS error text rather than as "timeout"). health.py appends
+has (before 3.10 a timeout is reported by its OS error text rather than as "timeout"). health.probe appends
 one call, `run_probe_and_print(<config JSON>)`. The probe gathers a snapshot of the unit, the port, the
 health endpoint and optionally a real generation; with `wait_s` it looks again every `poll_s` until what the
 ladder decides on (`state_of`) differs from the state the caller saw last (`seen`) or the time is up, so one
@@ -210,7 +210,7 @@ def probe(config: dict[str, object]) -> dict[str, object]:
 
 
 def run_probe_and_print(config_json: str) -> None:
-    """Entry point appended by health.py: print one snapshot, whatever happens."""
+    """Entry point appended by health.probe: print one snapshot, whatever happens."""
     try:
         snapshot = probe(json.loads(config_json))
     except Exception as exc:  # the contract is one JSON object on stdout, never a traceback

@@ -1,0 +1,182 @@
+"""Climbing the ladder: the retry and grace policies, what past starts predict of this one, and `wait_ready`."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    retry_if_result,
+    stop_after_delay,
+    stop_before_delay,
+    wait_none,
+)
+
+from deploy_lib.errors import ReadinessFailed
+from deploy_lib.health.probe import WATCH_S, ProbeTarget, parse_snapshot, probe_step
+from deploy_lib.health.snapshot import Rung, Snapshot
+from deploy_lib.health.verdict import NotReady, ProbeRejected, Ready, UnitFailed, Verdict, assess
+from deploy_lib.progress import Progress
+from deploy_lib.remote import Remote
+
+
+def ladder_policy(deadline_s: float, progress: Progress) -> Retrying:
+    """Retry NotReady only, at once (the probe itself waits on the host), never start an attempt past the deadline,
+    re-raise the last error as it is."""
+    return Retrying(stop=stop_before_delay(deadline_s), wait=wait_none(),
+                    retry=retry_if_exception_type(NotReady),
+                    before_sleep=progress.retrying, reraise=True, name="readiness")
+
+
+def grace_policy(grace_s: float) -> Retrying:
+    """Keep re-probing a Ready server until the grace window ends; any other verdict ends it at once."""
+    return Retrying(stop=stop_after_delay(grace_s), wait=wait_none(),
+                    retry=retry_if_result(lambda verdict: isinstance(verdict, Ready)),
+                    retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
+                    name="grace")
+
+
+@dataclass(frozen=True)
+class StartPrediction:
+    """What past successful starts of a profile say about this one."""
+
+    samples: int
+    median_s: float
+    threshold_s: float
+
+    def warning(self) -> str:
+        return f"start is taking longer than the last {self.samples} starts (median {self.median_s:.0f} s)"
+
+
+def predict_start(durations_s: Sequence[float], factor: float = 1.5, margin_s: float = 30.0,
+                  min_samples: int = 3, window: int = 10) -> StartPrediction | None:
+    """Median of the last `window` successful start durations; warn past median * factor + margin.
+
+    None until there are `min_samples` starts: a guess from one or two starts warns too often.
+    """
+    recent = [d for d in durations_s if d > 0][-window:]
+    if len(recent) < min_samples:
+        return None
+    median = statistics.median(recent)
+    return StartPrediction(samples=len(recent), median_s=median, threshold_s=median * factor + margin_s)
+
+
+@dataclass(frozen=True)
+class ReadyReport:
+    """A ladder that reached its rung: how long the start took and what the server last said."""
+
+    rung: Rung
+    duration_s: float
+    attempts: int
+    snapshot: Snapshot
+    last_log_line: str | None
+
+
+@dataclass
+class _LadderRun:
+    """The state of one ladder between attempts: journal cursor, rung reached, warnings given."""
+
+    remote: Remote
+    target: ProbeTarget
+    rung: Rung
+    progress: Progress
+    baseline_restarts: int | None
+    after_cursor: str | None
+    prediction: StartPrediction | None
+    started_at: float
+    clock: Callable[[], float]
+    deadline_s: float = 0.0
+    baseline_pid: int | None = None
+    state: str | None = None  # the last snapshot's, so the next probe waits for a change from it
+    waiting_on: Rung | None = None
+    rungs_passed: int = 0
+    last_log_line: str | None = None
+    attempts: int = 0
+    warned_slow: bool = False
+
+    def elapsed(self) -> float:
+        return self.clock() - self.started_at
+
+    def evidence(self, error: ReadinessFailed) -> tuple[str, ...]:
+        """The error's evidence, plus the server's newest line when this probe saw no new one."""
+        last = f"last log line: {self.last_log_line}"
+        return error.evidence if self.last_log_line is None or last in error.evidence else (*error.evidence, last)
+
+    def probe(self, rung: Rung, wait_s: float = 0.0) -> Verdict:
+        self.attempts += 1
+        [result] = self.remote.run([probe_step(self.target, rung, self.after_cursor, self.state, wait_s)])
+        snapshot = parse_snapshot(result, rung)
+        self.state = snapshot.state
+        if snapshot.last_log is not None:
+            self.after_cursor = snapshot.last_log.cursor
+            if snapshot.last_log.text != self.last_log_line:
+                self.last_log_line = snapshot.last_log.text
+                self.progress.log_line(snapshot.last_log.text)
+        verdict = assess(snapshot, self.baseline_restarts, rung, self.baseline_pid)
+        if self.baseline_pid is None and snapshot.unit is not None and snapshot.unit.exec_main_pid:
+            self.baseline_pid = snapshot.unit.exec_main_pid
+        return verdict
+
+    def attempt(self) -> Ready:
+        """One ladder attempt: probe (waiting on the host, within the deadline), report newly passed rungs, raise the
+        verdict unless Ready."""
+        verdict = self.probe(self.rung, max(0.0, min(WATCH_S, self.deadline_s - self.elapsed())))
+        if isinstance(verdict, UnitFailed | ProbeRejected):
+            raise verdict
+        waiting_on = Rung(verdict.rung) if isinstance(verdict, NotReady) else None
+        passed = self.rung.index + 1 if waiting_on is None else waiting_on.index
+        for rung in list(Rung)[self.rungs_passed:passed]:
+            self.progress.step_done(f"readiness: {rung}", self.elapsed())
+        self.rungs_passed = max(self.rungs_passed, passed)
+        if waiting_on is not None and waiting_on != self.waiting_on:
+            self.progress.phase_started(f"readiness: {waiting_on}")
+        self.waiting_on = waiting_on
+        if self.prediction and not self.warned_slow and self.elapsed() > self.prediction.threshold_s:
+            self.warned_slow = True
+            self.progress.note(self.prediction.warning())
+        if isinstance(verdict, Ready):
+            return verdict
+        raise verdict
+
+
+def wait_ready(remote: Remote, target: ProbeTarget, *, deadline_s: float, progress: Progress,
+               rung: Rung = Rung.GENERATE, baseline_restarts: int | None = 0, after_cursor: str | None = None,
+               prediction: StartPrediction | None = None, grace_s: float = 0.0,
+               policy: Retrying | None = None, grace: Retrying | None = None,
+               started_at: float | None = None, clock: Callable[[], float] = time.monotonic) -> ReadyReport:
+    """Climb the ladder up to `rung` or raise ReadinessFailed (UnitFailed, ProbeRejected, or the deadline's).
+
+    `after_cursor` is the unit's journal cursor from before the restart, so only this start's lines show;
+    `started_at` (a `clock()` value) is when the restart was issued, so durations match the history's.
+    With `grace_s`, a Ready server is watched that much longer: healthy then dead within it is a failure.
+    """
+    run = _LadderRun(remote=remote, target=target, rung=rung, progress=progress,
+                     baseline_restarts=baseline_restarts, after_cursor=after_cursor, prediction=prediction,
+                     started_at=clock() if started_at is None else started_at, clock=clock, deadline_s=deadline_s)
+    policy = policy or ladder_policy(deadline_s, progress)
+    try:
+        ready = policy(run.attempt)
+    except NotReady as exc:
+        raise ReadinessFailed(f"not ready after {run.elapsed():.0f} s (deadline {deadline_s:.0f} s): {exc.message}",
+                              exc.rung, run.evidence(exc),
+                              hint="a model that needs longer to load needs a larger service.startup_timeout_s"
+                              ) from exc
+    except (UnitFailed, ProbeRejected) as exc:
+        exc.evidence = run.evidence(exc)
+        raise
+    duration_s = run.elapsed()
+    if grace_s > 0:
+        progress.phase_started(f"readiness: grace {grace_s:.0f} s")
+        grace_rung, grace_ends = min(rung, Rung.HEALTH, key=lambda r: r.index), run.clock() + grace_s
+        after = (grace or grace_policy(grace_s))(
+            lambda: run.probe(grace_rung, max(0.0, min(WATCH_S, grace_ends - run.clock()))))
+        if not isinstance(after, Ready):
+            raise ReadinessFailed(f"ready after {duration_s:.0f} s, then within the {grace_s:.0f} s grace window: "
+                                  f"{after.message}", "grace", run.evidence(after), after.hint)
+        progress.step_done("readiness: grace", run.elapsed())
+    return ReadyReport(rung=rung, duration_s=duration_s, attempts=run.attempts, snapshot=ready.snapshot,
+                       last_log_line=run.last_log_line)
