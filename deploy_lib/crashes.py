@@ -9,7 +9,6 @@ time it reads the host (status, deploy, rollback): the README's "Reliability" se
 
 from __future__ import annotations
 
-import json
 import math
 import signal
 from collections.abc import Sequence
@@ -18,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 from deploy_lib.diagnose import Diagnosis, diagnose, journal_argv
 from deploy_lib.facts import UnitFacts
+from deploy_lib.json_lines import json_objects
 from deploy_lib.profile import RestartPolicy, ServiceSpec
 from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.store import (
@@ -129,15 +129,7 @@ def unit_crashed(unit: UnitFacts) -> bool:
 
 
 def _events(stdout: str) -> list[dict[str, str]]:
-    events = []
-    for line in stdout.splitlines():
-        try:
-            entry = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(entry, dict):
-            events.append({str(k): str(v) for k, v in entry.items()})
-    return events
+    return [{str(k): str(v) for k, v in entry.items()} for entry in json_objects(stdout)]
 
 
 def parse_crashes(stdout: str, unit: UnitFacts) -> CrashReport:

@@ -3,12 +3,12 @@ parsers of the benchmark's JSONL and the sampler's CSV."""
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
 from deploy_lib.facts import Gpu, parse_gpus
+from deploy_lib.json_lines import json_objects
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.settings import BenchSettings
 
@@ -123,14 +123,7 @@ class BenchResult:
 
 def parse_level(jsonl: str, concurrency: int, prompts: int) -> LevelResult:
     """The last JSON object of a benchmark's --output-file; ValueError names what is missing or wrong."""
-    records = []
-    for line in jsonl.splitlines():
-        try:
-            record = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(record, dict) and "output_throughput" in record:
-            records.append(record)
+    records = [record for record in json_objects(jsonl) if "output_throughput" in record]
     if not records:
         raise ValueError("the benchmark wrote no result line to its JSONL file")
     record = records[-1]
