@@ -17,7 +17,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from deploy_lib.errors import ConfigError
-from deploy_lib.profile import Profile, SecretRef, venv_python
+from deploy_lib.host_paths import venv_python
+from deploy_lib.profile import Profile, SecretRef
 from deploy_lib.sglang_options import version_key
 from deploy_lib.versions import SPELLINGS, Spelling
 
@@ -145,7 +146,7 @@ def arg_tokens(profile: Profile, arg: Arg, sglang_version: str) -> tuple[str, ..
 def launch_argv(profile: Profile, sglang_version: str, args: tuple[str, ...] | None = None) -> tuple[str, ...]:
     """The full command: the venv's python, then `-m sglang.launch_server` (or, with an API key, the launcher that
     adds `--api-key` from SGLANG_API_KEY in-process), then sglang_args() or the `args` given."""
-    python = str(venv_python(profile))
+    python = str(venv_python(profile.service.venv))
     entry = ("-m", "sglang.launch_server") if profile.server.api_key is None else ("-c", API_KEY_LAUNCHER)
     return (python, *entry, *(sglang_args(profile, sglang_version) if args is None else args))
 

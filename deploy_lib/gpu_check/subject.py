@@ -6,11 +6,11 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import PurePosixPath
 from typing import Any
 
 from deploy_lib.gpu_check.allreduce import DEFAULT_SIZES, CheckResult, check_step, parse_check_result
 from deploy_lib.gpu_check.topology import Advice, Topology, advise, parse_topology_results, topology_steps
+from deploy_lib.host_paths import venv_python
 from deploy_lib.profile import LoadedProfile, ParallelSpec, read_stored_profile
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.server_args import launch_environment
@@ -53,12 +53,8 @@ class GpuCheckReport:
     check: CheckResult
 
 
-def venv_python(venv: str) -> str:
-    return str(PurePosixPath(venv) / "bin" / "python3")
-
-
 def subject_step(subject: CheckSubject, sizes: Sequence[int], deadline_s: float) -> Step:
-    return check_step(venv_python(subject.venv), subject.world_size, subject.environment, sizes, deadline_s)
+    return check_step(str(venv_python(subject.venv)), subject.world_size, subject.environment, sizes, deadline_s)
 
 
 # what the all-reduce depends on besides the GPUs and the venv: NCCL's variables, torch's for NCCL, the GPUs a rank sees

@@ -6,9 +6,9 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from importlib import resources
-from pathlib import PurePosixPath
 from typing import Any
 
+from deploy_lib.host_paths import venv_python
 from deploy_lib.models.facts import ModelFacts, ModelFile
 from deploy_lib.remote import Step, StepResult
 
@@ -21,7 +21,7 @@ BOOTSTRAP = ('import json,sys;r=json.loads(sys.stdin.readline());g={"__name__":"
 def script_step(name: str, venv: str, user: str, request: Mapping[str, Any], timeout_s: float = 120) -> Step:
     """model_stage.py run by the venv's python as `user`; the request (a token included) travels on stdin."""
     stdin = (json.dumps(request) + "\n" + STAGE_SOURCE).encode()
-    python = str(PurePosixPath(venv) / "bin" / "python3")
+    python = str(venv_python(venv))
     return Step(name, ("runuser", "-u", user, "--", python, "-I", "-c", BOOTSTRAP), sudo=True, stdin=stdin,
                 ok=frozenset({0, 1, 127}), timeout_s=timeout_s, secret=request.get("token") is not None)
 

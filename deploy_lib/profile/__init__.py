@@ -13,7 +13,7 @@ The sections operations act on (`bench:`, `gate:`, `preflight:`, `venv:`) are in
 from deploy_lib.profile.choices import RestartPolicy
 from deploy_lib.profile.fields import SECRET_NAME_RE, AbsPath, SecretRef
 from deploy_lib.profile.loading import format_validation_error, load_profile, profile_path
-from deploy_lib.profile.model import LoadedProfile, Profile, profile_json_schema, venv_python
+from deploy_lib.profile.model import LoadedProfile, Profile, profile_json_schema
 from deploy_lib.profile.sections import NCCL_ENV, FeatureSpec, ModelSource, ParallelSpec, ServiceSpec
 from deploy_lib.profile.stored import StoredProfile, read_stored_profile
 
@@ -35,5 +35,4 @@ __all__ = [
     "profile_json_schema",
     "profile_path",
     "read_stored_profile",
-    "venv_python",
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Annotated, Any
 
 from pydantic import (
@@ -112,6 +112,3 @@ def profile_json_schema() -> dict[str, Any]:
     schema["title"] = "sglang-deploy profile"
     return schema
 
-
-def venv_python(profile: Profile) -> PurePosixPath:
-    return PurePosixPath(profile.service.venv) / "bin" / "python3"

@@ -14,6 +14,7 @@ from typing import Any
 from deploy_lib.errors import GateFailed, RemoteError
 from deploy_lib.facts import NVIDIA_SMI_QUERY
 from deploy_lib.health import http_url, reachable_host
+from deploy_lib.host_paths import venv_python
 from deploy_lib.progress import Progress
 from deploy_lib.readings import ABSENT_OK
 from deploy_lib.remote import TIMED_OUT_EXIT, Put, Remote, Step, StepResult
@@ -88,7 +89,7 @@ class BenchRun:
         server, model = profile.get("server") or {}, profile["model"]
         environment = {k: str(v) for k, v in dict(metadata.get("environment") or {}).items()
                        if k.startswith(_HF_ENV_PREFIXES)}
-        return cls(release_id=str(metadata["id"]), python=str(PurePosixPath(str(metadata["venv"])) / "bin" / "python3"),
+        return cls(release_id=str(metadata["id"]), python=str(venv_python(str(metadata["venv"]))),
                    base_url=http_url(reachable_host(str(server.get("host") or "")), int(server.get("port") or 30000)),
                    tokenizer=settings.tokenizer or str(model.get("tokenizer") or model["path"]),
                    environment=environment | {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"})
