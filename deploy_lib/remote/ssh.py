@@ -66,9 +66,6 @@ def host_key_fingerprint(key: paramiko.PKey) -> str:
     return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Acting: the connection.
-
 # Errors that mean "the host is not reachable yet"; host key, authentication and DNS errors are final.
 TRANSIENT_SSH: tuple[type[BaseException], ...] = (
     paramiko.ssh_exception.NoValidConnectionsError, ConnectionRefusedError, ConnectionResetError,
