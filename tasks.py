@@ -298,6 +298,9 @@ def deploy(c: Context, profile: str | None = None, host: str | None = None, grou
             _consent(f"deploy {names} to {len(targets)} hosts of group {group} ({', '.join(loaded_for)})?", yes)
         multi = next((loaded for loaded in loaded_for.values() if multinode.is_multi_node(loaded)), None)
         if multi is not None:
+            if len({loaded.path for loaded in loaded_for.values()}) > 1:
+                raise Exit(f"error: profile {multi.name} is multi-node: every host of group {group} runs it, so give "
+                           f"it to all (--profile {multi.name}) instead of each host's `profile` var", code=BAD_OPTION)
             _show_outcomes(_deploy_nodes(multi, targets, str(group), options, rollout))
             return
         _show_outcomes(_on_each_host(targets, lambda target, remote, progress: deploy_engine.deploy(

@@ -3,26 +3,32 @@ the flags each node renders (checked against the real SGLang parsers), one relea
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
+from fake_remote import FakeRemote
 from pydantic import ValidationError
+from recording_progress import RecordingProgress
 
+from deploy_lib.deploy import _Run
 from deploy_lib.diagnose import Diagnosis
-from deploy_lib.errors import ConfigError
+from deploy_lib.errors import ConfigError, ReadinessFailed
 from deploy_lib.inventory import load_inventory
 from deploy_lib.multinode import dist_init_addr, group_release_id, plan_nodes, refuse_single_host
-from deploy_lib.multinode_switch import blamed, common_release, each
+from deploy_lib.multinode_switch import Member, NodeFailed, activate, blamed, common_release, each, restore
 from deploy_lib.profile import LoadedProfile, Profile, load_profile
 from deploy_lib.project import Target, resolve_group
 from deploy_lib.release import build_release
+from deploy_lib.remote import Put, Step, StepResult
 from deploy_lib.server_args import sglang_args
 from deploy_lib.sglang_options import build_parser, check_argv, find_option
 from deploy_lib.store import HEALTHY, ReleaseRecord, StoreFacts, StoreLayout, Tags, history_entry
@@ -198,6 +204,12 @@ def test_a_multi_node_group_deploy_refuses_a_rolling_rollout_and_a_group_of_the_
         in three.stderr
     alone = invoke("deploy", "--profile", str(profile), "-i", str(inventory), "--host", "n1", "--yes")
     assert alone.returncode == 2 and "is not deployed to n1 alone" in alone.stderr
+    mixed = tmp_path / "mixed.yaml"
+    mixed.write_text("all:\n  children:\n    mixed:\n      hosts:\n        m1: {profile: two.yaml}\n"
+                     "        m2: {profile: glm5-nvfp4.yaml}\n")
+    each_own = invoke("deploy", "-i", str(mixed), "--group", "mixed", "--yes")
+    assert each_own.returncode == 2 and "profile two is multi-node: every host of group mixed runs it" in \
+        each_own.stderr
 
 
 def test_a_signal_while_nodes_act_is_raised_only_once_every_node_has_finished_its_round_trip() -> None:
@@ -213,3 +225,79 @@ def test_a_signal_while_nodes_act_is_raised_only_once_every_node_has_finished_it
     with pytest.raises(KeyboardInterrupt):
         each(["n1", "n2"], act)
     assert sorted(finished) == ["n1", "n2"]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The coordinated switch against two scripted nodes: what each node runs, in which order across the nodes
+
+READY = {"unit": {"ActiveState": "active", "SubState": "running", "NRestarts": "0", "ExecMainPID": "7"},
+         "port_open": True, "health_status": 200, "generation": {"status": 200, "text": " Paris"}}
+DEAD = {"unit": {"ActiveState": "failed", "SubState": "failed", "NRestarts": "0", "ExecMainPID": "0",
+                 "Result": "exit-code", "ExecMainStatus": "1", "ExecMainCode": "1"}, "port_open": False}
+
+
+class ScriptedNode(FakeRemote):
+    """A node whose unit answers every probe with `answers[release]` (the release `current` names); every step it
+    runs is appended to the log shared by the nodes, as (node, step name)."""
+
+    def __init__(self, name: str, log: list[tuple[str, str]], answers: dict[str, dict[str, Any]]) -> None:
+        super().__init__()
+        self.name, self.log, self.answers, self.current = name, log, answers, "A"
+        self.reply(lambda step: getattr(step, "name", "").startswith("read sglang.service journal"),
+                   stdout='{"__CURSOR": "c1"}\n')
+
+    def run(self, batch: Sequence[Step | Put]) -> list[StepResult]:
+        for step in batch:
+            if step.name == "switch: temp link":
+                self.current = step.argv[-2].removeprefix("releases/")  # type: ignore[union-attr]
+            self.log.append((self.name, step.name))
+        if batch and batch[0].name.startswith("readiness probe"):
+            self.reply(batch[0].name, stdout=json.dumps(self.answers[self.current]), times=1)
+        return super().run(batch)
+
+
+def members(tmp_path: Path, answers: list[dict[str, dict[str, Any]]]) -> tuple[list[Member], list[tuple[str, str]],
+                                                                               dict[str, dict[str, Any]]]:
+    nodes = plan_nodes(two_nodes(dist_init_port=5757), group(tmp_path, "pair"), "pair")
+    log: list[tuple[str, str]] = []
+    history = store(["A", "B"], ["A"])
+    found, metadata = [], {}
+    for node, answer in zip(nodes, answers, strict=True):
+        remote = ScriptedNode(node.name, log, answer)
+        run = _Run(remote, node.target.layout("sglang"), node.target, RecordingProgress(), {}, grace_s=0)
+        found.append(Member(node.name, node.rank, run, history))
+        metadata[node.name] = {"profile": node.loaded.profile.model_dump(mode="json"), "profile_name": "two",
+                               "sglang_version": "0.5.23"}
+    return found, log, metadata
+
+
+def test_every_node_stops_before_any_starts_and_only_node_0_serves_the_ladder(tmp_path: Path) -> None:
+    nodes, log, metadata = members(tmp_path, [{"B": READY}, {"B": READY}])
+    activate(nodes, "B", metadata)
+    stops = [log.index((node.name, "systemd: stop")) for node in nodes]
+    starts = [log.index((node.name, "systemd: restart")) for node in nodes]
+    assert max(stops) < min(starts)
+    probes = {(name, step) for name, step in log if step.startswith("readiness probe")}
+    assert ("n1", "readiness probe (generate)") in probes and all(
+        step == "readiness probe (unit)" for name, step in probes if name == "n2")
+    assert [node.run.remote.current for node in nodes] == ["B", "B"]  # type: ignore[attr-defined]
+
+
+def test_a_node_that_dies_takes_every_node_back_and_is_named(tmp_path: Path) -> None:
+    nodes, log, metadata = members(tmp_path, [{"A": READY, "B": READY}, {"A": READY, "B": DEAD}])
+    tags = {node.name: Tags(who="t", host=node.name, release="B", profile="two", profile_hash="x") for node in nodes}
+    with pytest.raises(NodeFailed) as failed:
+        activate(nodes, "B", metadata)
+    assert failed.value.where == "n2 (node rank 1)"
+    for node in nodes:  # the releases the nodes go back to, as their stores hold them
+        node.store = replace(node.store, releases=tuple(ReleaseRecord(r.id, r.staged_at, metadata[node.name])
+                                                        for r in node.store.releases))
+    with pytest.raises(ReadinessFailed) as ended:
+        restore(nodes, "deploy", "B", tags, failed.value.failure, failed.value.where, "A", "A")
+    assert "release B failed on n2 (node rank 1)" in ended.value.message
+    assert "rolled back, release A is serving on every node" in ended.value.message and ended.value.serving_id == "A"
+    assert [node.run.remote.current for node in nodes] == ["A", "A"]  # type: ignore[attr-defined]
+    switched_back = [log.index((node.name, "systemd: restart"), log.index((node.name, "history: append")))
+                     for node in nodes]
+    assert max(log.index((node.name, "systemd: stop"), log.index((node.name, "history: append")))
+               for node in nodes) < min(switched_back)

@@ -84,6 +84,13 @@ def test_two_nodes_meet_at_node_0s_address_and_run_one_release(pair: Pair) -> No
     assert "2 of 2 nodes joined (node rank 1)" in follower_log, follower_log
     assert "node rank 0 serves HTTP" in follower_log
     assert ":5757: 2 of 2 nodes joined (node rank 0)" in pair.journal(pair.guests[0])
+    code, report, stderr = pair.invoke("deploy", "--profile", str(pair.root / "inventory" / "profiles" /
+                                                                  "mn-faulty.yaml"), "--dry-run")
+    assert code == 0, stderr
+    planned = [report["hosts"][name] for name in pair.names]
+    assert [part["outcome"] for part in planned] == ["planned", "planned"]
+    assert planned[0]["release"] == planned[1]["release"] != release
+    assert [pair.current(guest) for guest in pair.guests] == [release, release]  # a dry run changes nothing
     code, report, stderr = pair.deploy("mn")  # the same profile on the same nodes: nothing to do
     assert code == 0, stderr
     assert [report["hosts"][name]["outcome"] for name in pair.names] == ["unchanged", "unchanged"]
@@ -105,6 +112,7 @@ def test_a_failing_node_takes_both_nodes_back_to_the_previous_release_and_is_nam
     cause = parts[pair.names[0]]["cause"]
     assert f"failed on {pair.names[1]} (node rank 1)" in cause and "out of memory" in cause, cause
     assert f"rolled back, release {before} is serving on every node" in cause
+    assert "Watchdog caught collective operation timeout" in pair.journal(pair.guests[0])  # node 0: the symptom
     assert [pair.current(guest) for guest in pair.guests] == [before, before]
     for guest in pair.guests:
         assert manage.run_on(guest, "systemctl is-active sglang.service").strip() == "active"
