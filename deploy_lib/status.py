@@ -19,7 +19,7 @@ from deploy_lib.facts import Gpu, read_host_facts
 from deploy_lib.gpu_check import parse_topology_results, topology_steps
 from deploy_lib.health import Rung, Snapshot, http_url, parse_snapshot, probe_step, reachable_host
 from deploy_lib.models import StoredModel, read_stored
-from deploy_lib.profile import LoadedProfile, Profile, format_validation_error
+from deploy_lib.profile import LoadedProfile, Profile, format_validation_error, read_stored_profile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.readings import read
@@ -115,7 +115,11 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
     record = facts.store.release(facts.store.current) if facts.store.current else None
     metadata = record.metadata if record else {}
     readiness = "no release deployed" if facts.store.current is None else "not probed: the release is unreadable"
-    if record is not None:
+    parallel = read_stored_profile(metadata.get("profile")).parallel if record else None
+    if parallel is not None and parallel.node_rank > 0:  # SGLang serves HTTP on node rank 0 only
+        readiness = f"node rank {parallel.node_rank} of {parallel.nnodes}: no HTTP here (node rank 0 serves it); " \
+                    f"unit {facts.unit.active_state}"
+    elif record is not None:
         probe = probe_target(layout, metadata, environ={}, generation=False)  # /ready or /health: no API key
         [result] = remote.run([probe_step(probe, Rung.HEALTH)])
         readiness = _readiness(parse_snapshot(result, Rung.HEALTH))

@@ -38,10 +38,12 @@ class Pair:
         return [guest.name for guest in self.guests]
 
     def invoke(self, *argv: str) -> tuple[int, dict[str, Any], str]:
-        """`invoke ARGV --group sandbox --json --yes`: exit code, the JSON document, stderr (progress, errors)."""
+        """`invoke ARGV --group sandbox --json` (and `--yes` for a command that changes the hosts): exit code, the
+        JSON document, stderr (progress, errors)."""
         environ = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEPLOY_INVENTORY", "HF_TOKEN")}
+        consent = ("--yes",) if argv[0] in ("deploy", "rollback") else ()
         ran = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *argv, "-i", self.inventory,
-                              "--group", names.GROUP, "--json", "--yes"],
+                              "--group", names.GROUP, "--json", *consent],
                              capture_output=True, text=True, env=environ, cwd=self.root, timeout=900)
         return ran.returncode, json.loads(ran.stdout), ran.stderr
 
@@ -84,6 +86,11 @@ def test_two_nodes_meet_at_node_0s_address_and_run_one_release(pair: Pair) -> No
     assert "2 of 2 nodes joined (node rank 1)" in follower_log, follower_log
     assert "node rank 0 serves HTTP" in follower_log
     assert ":5757: 2 of 2 nodes joined (node rank 0)" in pair.journal(pair.guests[0])
+    code, status, stderr = pair.invoke("status")
+    assert code == 0, stderr
+    assert status[pair.names[0]]["readiness"] == "ready (health 200)"
+    assert status[pair.names[1]]["readiness"] == \
+        "node rank 1 of 2: no HTTP here (node rank 0 serves it); unit active"
     code, report, stderr = pair.invoke("deploy", "--profile", str(pair.root / "inventory" / "profiles" /
                                                                   "mn-faulty.yaml"), "--dry-run")
     assert code == 0, stderr
