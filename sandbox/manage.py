@@ -116,7 +116,8 @@ def down(name: str = DEFAULT_NAME, record: bool = True, poweroff_s: int = 30) ->
     """Stop its hub, power the guest off (killed after `poweroff_s`; 0 for a throw-away guest, whose clean shutdown
     only waits on its services) and remove its overlay, netns, veth and cgroups."""
     hub.stop(guest(name).hub)
-    _testhost("stop", name, timeout_s=120, stop_timeout_s=poweroff_s)
+    # unmounting the overlay and removing the netns wait on the kernel: over two minutes once seen at load 20
+    _testhost("stop", name, timeout_s=poweroff_s + 300, stop_timeout_s=poweroff_s)
     if record and name != DEFAULT_NAME:
         _record_inventory_name(name, present=False)
         write_inventory()
