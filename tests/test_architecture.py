@@ -15,7 +15,9 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "deploy_lib"
 
 # Modules shipped to the host whole (run there by the host's python): they import nothing of deploy_lib.
-HOST_SCRIPTS = frozenset({"sglang_options", "probe_script", "gpu_check_script"})
+HOST_SCRIPTS = frozenset({"sglang_options", "probe_script", "gpu_check_script"}) | frozenset(
+    f"venvs.{name}_script" for name in ("python_facts", "installed", "relocate", "inspect", "verify", "extract_uv",
+                                        "fetch_uv", "tree", "imported_from"))
 # Bottom to top; a module not named here is "planning".
 LAYERS: dict[str, frozenset[str]] = {
     "base": frozenset({"__init__", "errors", "yaml_io", "bundled", "progress", "interrupts", "digests",

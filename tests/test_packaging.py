@@ -1,5 +1,6 @@
-"""A non-editable `pip install .` is a working install: it renders a release and finds the patch sets without the
-checkout (templates/ and roles/ travel inside the wheel as deploy_lib/templates and deploy_lib/roles)."""
+"""A non-editable `pip install .` is a working install: it renders a release, finds the patch sets and reads the venv
+host scripts without the checkout (templates/ and roles/ travel inside the wheel as deploy_lib/templates and
+deploy_lib/roles, the host scripts as files of deploy_lib/venvs)."""
 
 from __future__ import annotations
 
@@ -21,12 +22,13 @@ from deploy_lib.patches import list_patch_sets
 from deploy_lib.profile import load_profile
 from deploy_lib.release import build_release
 from deploy_lib.store import StoreLayout
+from deploy_lib.venvs.host_scripts import RELOCATE_SCRIPT
 
 loaded = load_profile(Path(sys.argv[1]), "glm5-nvfp4")
 release = build_release(loaded, StoreLayout(service="sglang", root=PurePosixPath("/opt/sglang-deploy")), "0.5.23", {})
 print(json.dumps({"package": deploy_lib.__file__, "templates": str(TEMPLATES_DIR), "roles": str(ROLES_DIR),
                   "unit": release.unit_text, "env": release.env_text,
-                  "patch_sets": [p.name for p in list_patch_sets(ROLES_DIR)]}))
+                  "patch_sets": [p.name for p in list_patch_sets(ROLES_DIR)], "relocate_script": RELOCATE_SCRIPT}))
 """
 
 
@@ -47,3 +49,4 @@ def test_a_non_editable_install_renders_and_lists_the_patch_sets(tmp_path: Path)
     assert "ExecStart=/root/ml-env/bin/python3 -m sglang.launch_server" in result["unit"]
     assert 'CUDA_HOME="/usr/local/cuda-12.8"' in result["env"]
     assert result["patch_sets"] == ["fusion-sm120", "nsa-aliases"]
+    assert result["relocate_script"] == (REPO / "deploy_lib" / "venvs" / "relocate_script.py").read_text()

@@ -30,6 +30,7 @@ from deploy_lib.store import StoreLayout
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 LAYOUT = StoreLayout("sglang", root=PurePosixPath("/opt/sd"))
 PY311 = venvs.PythonFacts("cpython", "3.11.2", "linux-x86_64", "cpython-311-x86_64-linux-gnu", "x86_64")
+PY311_READ = StepResult(Step("python", ("x",)), 0, json.dumps(PY311.as_dict()), "", 0.0)  # what python_step prints
 
 
 def sha(data: bytes) -> str:
@@ -212,6 +213,7 @@ def host(markers: dict[str, dict] | None = None, entries: tuple[str, ...] = (),
     names = sorted(set(entries) | set(markers))
     return (FakeRemote()
             .reply(venvs.FACT_PYTHON, stdout=json.dumps(python.as_dict()) + "\n")
+            .reply(venvs.FACT_ADOPT_PYTHON, stdout=json.dumps(python.as_dict()) + "\n")
             .reply(venvs.FACT_MARKERS, stdout=marker_stream(markers))
             .reply(venvs.FACT_DIRS, stdout="".join(f"{n}\0" for n in names))
             .reply(venvs.FACT_WHEELS, stdout="".join(f"{s}/w.whl\0" for s in wheels))
@@ -504,9 +506,11 @@ def make_venv_with_dist(root: Path) -> Path:
 
 
 def inspect(root: Path) -> venvs.Inspection:
-    out = run_script(str(root / "bin" / "python3"), venvs.INSPECT_SCRIPT)
+    python = str(root / "bin" / "python3")
+    out, interpreter = run_script(python, venvs.INSPECT_SCRIPT), run_script(python, venvs.PYTHON_FACTS_SCRIPT)
     return venvs.parse_inspection(PurePosixPath(str(root)), StepResult(venvs.inspect_step(PurePosixPath("/x")),
-                                                                       0, out, "", 0.0))
+                                                                       0, out, "", 0.0),
+                                  StepResult(venvs.python_step(python), 0, interpreter, "", 0.0))
 
 
 def test_inspection_lists_distributions_and_reports_drift_that_changes_the_hash(tmp_path: Path) -> None:
@@ -529,13 +533,13 @@ def test_a_system_python_is_not_adopted() -> None:
         pytest.skip(f"no {python}")
     out = run_script(str(python), venvs.INSPECT_SCRIPT)
     with pytest.raises(PreflightError, match="not a virtual environment"):
-        venvs.parse_inspection(PurePosixPath("/usr"), StepResult(Step("i", ("x",)), 0, out, "", 0.0))
+        venvs.parse_inspection(PurePosixPath("/usr"), StepResult(Step("i", ("x",)), 0, out, "", 0.0), PY311_READ)
 
 
 # --- adopt ----------------------------------------------------------------------------------------------
 
 
-INSPECTION = {"prefix": "/root/ml-env", "base_prefix": "/usr", "python": PY311.as_dict(), "distributions": {
+INSPECTION = {"prefix": "/root/ml-env", "base_prefix": "/usr", "distributions": {
     "sglang": {"version": "0.5.23", "record_sha256": "1" * 64, "drift": [["sglang/srt/x.py", "2" * 64]]},
     "flashinfer-jit-cache": {"version": "0.7.2", "record_sha256": "3" * 64, "drift": []}}}
 
@@ -559,7 +563,7 @@ def test_adopt_copies_with_hard_links_relocates_and_records_drift() -> None:
 
 def test_adopting_the_same_content_again_changes_nothing() -> None:
     inspection = venvs.parse_inspection(PurePosixPath("/root/ml-env"),
-                                        StepResult(Step("i", ("x",)), 0, json.dumps(INSPECTION), "", 0.0))
+                                        StepResult(Step("i", ("x",)), 0, json.dumps(INSPECTION), "", 0.0), PY311_READ)
     digest = venvs.adopted_hash(inspection)
     remote = host(markers={digest: {"hash": digest}}).reply(venvs.FACT_INSPECT, stdout=json.dumps(INSPECTION))
     result = venvs.adopt(remote, LAYOUT, PurePosixPath("/root/ml-env"), NOW)

@@ -39,6 +39,17 @@ from deploy_lib.readings import ABSENT_OK, Readings
 from deploy_lib.remote import Put, Remote, Step, StepResult, describe
 from deploy_lib.settings import VenvSpec
 from deploy_lib.store import STAGING_SUFFIX, StoreLayout, host_lock, iso_time, json_line
+from deploy_lib.venvs.host_scripts import (
+    EXTRACT_UV_SCRIPT,
+    FETCH_UV_SCRIPT,
+    IMPORTED_FROM_SCRIPT,
+    INSPECT_SCRIPT,
+    INSTALLED_FACTS_SCRIPT,
+    PYTHON_FACTS_SCRIPT,
+    RELOCATE_SCRIPT,
+    TREE_SCRIPT,
+    VERIFY_SCRIPT,
+)
 
 MARKER_FILE = "venv.json"
 LOCK_FILE = "requirements.lock"
@@ -79,6 +90,7 @@ FACT_WHEELS = "venv facts: wheels on the host"
 FACT_TOOLS = "venv facts: uv binaries on the host"
 FACT_SIZES = "venv facts: sizes"
 FACT_INSPECT = "venv adopt: inspect"
+FACT_ADOPT_PYTHON = "venv adopt: inspect interpreter"
 FACT_MODES = "venv derive: modes of replaced files"
 INSTALL_STEP = "venv build: uv pip install"
 VERIFY_STEP = "venv build: verify wheels on the host"
@@ -214,16 +226,6 @@ def load_lock(path: Path) -> Lock:
 # ---------------------------------------------------------------------------------------------------------
 # Host facts: the interpreter, published venvs, directories, wheels already there
 
-# Shared by the fact script and the adopt inspection: who the interpreter is.
-_PYTHON_FACTS_SOURCE = """
-import json, platform, sys, sysconfig
-def python_facts():
-    return {"implementation": sys.implementation.name, "version": platform.python_version(),
-            "platform": sysconfig.get_platform(), "soabi": sysconfig.get_config_var("SOABI") or "",
-            "machine": platform.machine()}
-"""
-# The fact adds the interpreter's own path: `uv venv --python` gets that file, not a name uv would look up itself.
-PYTHON_FACTS_SCRIPT = _PYTHON_FACTS_SOURCE + 'print(json.dumps({**python_facts(), "executable": sys.executable}))\n'
 
 
 @dataclass(frozen=True)
@@ -273,8 +275,9 @@ def staging_path(layout: StoreLayout, venv_hash: str) -> PurePosixPath:
     return layout.venvs / (check_venv_hash(venv_hash) + STAGING_SUFFIX)
 
 
-def python_step(python: str) -> Step:
-    return Step(FACT_PYTHON, (python, "-I", "-c", PYTHON_FACTS_SCRIPT), ok=frozenset({0, 126, 127}))
+def python_step(python: str, name: str = FACT_PYTHON, sudo: bool = False) -> Step:
+    """Who the interpreter is: the host's (for a build) or a venv's own (for an adoption, as root)."""
+    return Step(name, (python, "-I", "-c", PYTHON_FACTS_SCRIPT), sudo=sudo, ok=frozenset({0, 126, 127}))
 
 
 def store_fact_steps(layout: StoreLayout) -> list[Step | Put]:
@@ -380,40 +383,6 @@ def read_facts(remote: Remote, layout: StoreLayout, python: str) -> VenvFacts:
 # ---------------------------------------------------------------------------------------------------------
 # What a venv imports, and from where: an editable install (a source checkout) lives outside the venv
 
-# Run by the venv's own python (argv: top-level packages to locate). The import system is asked where each package
-# is (importlib.util.find_spec, which does not import it), so whatever pip/setuptools wrote is followed exactly: a
-# `__editable__.*.pth` with its finder module, a .pth path line, or a plain site-packages directory. PEP 610's
-# direct_url.json says which distributions come from a local directory, and whether editable.
-INSTALLED_FACTS_SCRIPT = r"""
-import importlib.metadata as metadata, importlib.util, json, os, sys, sysconfig, urllib.parse
-names = ("sglang", "flashinfer-python", "flashinfer-jit-cache", "torch")
-def version(name):
-    try:
-        return metadata.version(name)
-    except metadata.PackageNotFoundError:
-        return None
-def origin(name):
-    try:
-        dist = metadata.distribution(name)
-    except metadata.PackageNotFoundError:
-        return None
-    text = dist.read_text("direct_url.json")
-    data = json.loads(text) if text else {}
-    url = urllib.parse.urlparse(data.get("url", ""))
-    if url.scheme != "file" or "dir_info" not in data:
-        return None
-    record = [str(dist.locate_file(f)) for f in dist.files or () if f.name == "direct_url.json"]
-    return {"dir": urllib.parse.unquote(url.path), "editable": bool(data["dir_info"].get("editable")),
-            "direct_url": record[0] if record else None}
-def root(top):
-    spec = importlib.util.find_spec(top)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return os.path.dirname(os.path.normpath(list(spec.submodule_search_locations)[0]))
-print(json.dumps({"purelib": sysconfig.get_paths()["purelib"],
-                  "versions": {n: version(n) for n in names}, "origins": {n: origin(n) for n in names},
-                  "roots": {top: root(top) for top in sys.argv[1:]}}))
-"""
 FACT_INSTALLED = "venv facts: installed packages"
 
 
@@ -633,162 +602,7 @@ def wheel_dir(layout: StoreLayout, sha256: str) -> PurePosixPath:
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Host-side scripts (stdlib only, run by the host's interpreter)
-
-# Rewrites the old location of a venv in bin/ scripts (shebangs, activate) and pyvenv.cfg. Each changed file is
-# written as a new file and renamed over the old entry: in a hard-linked copy the original is never touched.
-RELOCATE_SCRIPT = r"""
-import json, os, re, sys
-root, old, new = sys.argv[1:4]
-pattern = re.compile(re.escape(old.encode()) + rb"(?=[/\"'\s:]|$)", re.M)
-bin_dir = os.path.join(root, "bin")
-names = sorted(os.listdir(bin_dir)) if os.path.isdir(bin_dir) else []
-changed = []
-for path in [os.path.join(root, "pyvenv.cfg")] + [os.path.join(bin_dir, name) for name in names]:
-    if os.path.islink(path) or not os.path.isfile(path):
-        continue
-    with open(path, "rb") as current:
-        data = current.read()
-    text_file = data.startswith(b"#!") or os.path.basename(path).startswith("activate") or path.endswith(".cfg")
-    moved = pattern.sub(lambda match: new.encode(), data) if text_file else data
-    if moved == data:
-        continue
-    info = os.stat(path)
-    temp = path + ".relocate-tmp"
-    with open(temp, "xb") as fresh:
-        fresh.write(moved)
-    os.chown(temp, info.st_uid, info.st_gid)
-    os.chmod(temp, info.st_mode & 0o7777)
-    os.replace(temp, path)
-    changed.append(os.path.relpath(path, root))
-print(json.dumps(changed))
-"""
-
-# Distributions of the venv this interpreter belongs to, each with the sha256 of its RECORD and the files that no
-# longer match their RECORD (drift): [path, actual sha256 or "missing"].
-INSPECT_SCRIPT = _PYTHON_FACTS_SOURCE + r"""
-import base64, csv, hashlib, os
-from importlib import metadata
-def file_digest(path, algorithm):
-    digest = hashlib.new(algorithm)
-    with open(path, "rb") as stream:
-        for chunk in iter(lambda: stream.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest
-prefix = os.path.realpath(sys.prefix)
-distributions = {}
-for dist in metadata.distributions():
-    location = os.path.realpath(str(dist.locate_file("")))
-    name = (dist.metadata["Name"] or "").lower().replace("_", "-").replace(".", "-")
-    if not name or name in distributions or not location.startswith(prefix + os.sep):
-        continue
-    record = dist.read_text("RECORD") or ""
-    drift = []
-    for row in csv.reader(record.splitlines()):
-        if len(row) < 2 or not row[1]:
-            continue
-        algorithm, _, expected = row[1].partition("=")
-        path = str(dist.locate_file(row[0]))
-        try:
-            actual = file_digest(path, algorithm)
-        except FileNotFoundError:
-            drift.append([row[0], "missing"])
-            continue
-        if base64.urlsafe_b64encode(actual.digest()).rstrip(b"=").decode() != expected:
-            drift.append([row[0], file_digest(path, "sha256").hexdigest()])
-    direct_url = json.loads(dist.read_text("direct_url.json") or "{}")
-    editable = direct_url.get("url", "") if direct_url.get("dir_info", {}).get("editable") else None
-    distributions[name] = {"version": dist.version, "record_sha256": hashlib.sha256(record.encode()).hexdigest(),
-                           "drift": drift, "editable": editable}
-print(json.dumps({"prefix": sys.prefix, "base_prefix": sys.base_prefix, "python": python_facts(),
-                  "distributions": distributions}))
-"""
-
-
-# Checks the wheels a build uses (argv: sha256, wheels/<sha256> pairs) against the sha256 in their directory name.
-# A wheel is read once: its stamp (.verified: size, mtime, ctime, inode) says it was checked and has not been
-# written since (any write changes its ctime), so a build reads only wheels that are new or touched. A damaged or
-# missing one has its directory removed (so the next run sends it again) and is named on stderr.
-VERIFY_SCRIPT = r"""
-import glob, hashlib, os, shutil, sys
-damaged = []
-for expected, directory in zip(sys.argv[1::2], sys.argv[2::2]):
-    wheels = glob.glob(os.path.join(glob.escape(directory), "*.whl"))
-    if not wheels:
-        shutil.rmtree(directory, ignore_errors=True)
-        damaged.append(f"{directory}: no wheel")
-        continue
-    for path in wheels:
-        info = os.stat(path)
-        stamp = f"{expected} {info.st_size} {info.st_mtime_ns} {info.st_ctime_ns} {info.st_ino}\n"
-        stamp_path = os.path.join(directory, ".verified")
-        try:
-            with open(stamp_path) as stamped:
-                if stamped.read() == stamp:
-                    continue
-        except FileNotFoundError:
-            pass
-        digest = hashlib.sha256()
-        with open(path, "rb") as wheel:
-            for chunk in iter(lambda: wheel.read(1 << 20), b""):
-                digest.update(chunk)
-        if digest.hexdigest() != expected:
-            shutil.rmtree(directory)
-            damaged.append(f"{path}: sha256 {digest.hexdigest()}, expected {expected}; removed")
-            continue
-        with open(stamp_path + ".tmp", "w") as fresh:
-            fresh.write(stamp)
-        os.replace(stamp_path + ".tmp", stamp_path)
-for line in damaged:
-    print(line, file=sys.stderr)
-sys.exit(1 if damaged else 0)
-"""
-
-# The uv binary out of its (verified) wheel into tools/<sha256>/ (argv: wheel directory, member, destination):
-# written in <destination>.tmp and renamed whole, so tools/<sha256>/uv is either complete or absent.
-EXTRACT_UV_SCRIPT = r"""
-import glob, os, shutil, sys, zipfile
-directory, member, dest = sys.argv[1:4]
-[wheel] = glob.glob(os.path.join(glob.escape(directory), "*.whl"))
-staging = dest + ".tmp"
-shutil.rmtree(staging, ignore_errors=True)
-os.makedirs(staging)
-binary = os.path.join(staging, "uv")
-with zipfile.ZipFile(wheel) as archive, archive.open(member) as source, open(binary, "xb") as out:
-    shutil.copyfileobj(source, out, 1 << 20)
-    out.flush()
-    os.fsync(out.fileno())
-os.chmod(binary, 0o755)
-shutil.rmtree(dest, ignore_errors=True)
-os.rename(staging, dest)
-"""
-
-# Index mode: the host downloads the pinned uv wheel from the index itself (PEP 503 simple page; argv: index URL,
-# file name, sha256, wheels/<sha256>), keeping it only when its sha256 is the pinned one.
-FETCH_UV_SCRIPT = r"""
-import hashlib, html, os, re, sys, urllib.parse, urllib.request
-index, filename, expected, directory = sys.argv[1:5]
-page_url = index.rstrip("/") + "/uv/"
-with urllib.request.urlopen(page_url, timeout=60) as response:
-    page = response.read().decode("utf-8", "replace")
-links = [urllib.parse.urljoin(page_url, html.unescape(href)) for href in re.findall(r'href="([^"]+)"', page)]
-found = [url for url in links if urllib.parse.unquote(urllib.parse.urlsplit(url).path).endswith("/" + filename)]
-if not found:
-    sys.exit(f"{page_url} does not list {filename}")
-os.makedirs(directory, exist_ok=True)
-dest = os.path.join(directory, filename)
-digest = hashlib.sha256()
-with urllib.request.urlopen(found[0].split("#")[0], timeout=600) as response, open(dest + ".part", "wb") as out:
-    for chunk in iter(lambda: response.read(1 << 20), b""):
-        digest.update(chunk)
-        out.write(chunk)
-if digest.hexdigest() != expected:
-    os.unlink(dest + ".part")
-    sys.exit(f"{found[0]}: sha256 {digest.hexdigest()}, expected {expected} (the pinned uv wheel); not kept")
-os.chmod(dest + ".part", 0o644)
-os.replace(dest + ".part", dest)
-"""
-
+# Steps shared by build, adopt and derive: relocate, staged files, publish, clear
 
 def relocate_step(name: str, python: PurePosixPath | str, directory: PurePosixPath, old: PurePosixPath,
                   new: PurePosixPath) -> Step:
@@ -1066,7 +880,8 @@ class Inspection:
     editable: Mapping[str, str] = field(default_factory=dict)  # name -> source directory of an editable install
 
 
-def parse_inspection(source: PurePosixPath, result: StepResult) -> Inspection:
+def parse_inspection(source: PurePosixPath, result: StepResult, interpreter: StepResult) -> Inspection:
+    """The venv's distributions (`inspect_step`) and its interpreter (`python_step` of its python)."""
     if result.exit_code != 0:
         raise PreflightError(f"{source} is not a usable venv: {source / 'bin/python3'} exited {result.exit_code}",
                              hint=(result.stderr or result.stdout).strip()[-300:] or None)
@@ -1074,7 +889,7 @@ def parse_inspection(source: PurePosixPath, result: StepResult) -> Inspection:
         data = json.loads(result.stdout.strip().splitlines()[-1])
         dists = data["distributions"]
         inspection = Inspection(
-            source=source, python=PythonFacts.from_dict(data["python"]),
+            source=source, python=parse_python_facts(interpreter, str(source / "bin" / "python3")),
             distributions={name: str(d["version"]) for name, d in dists.items()},
             record_sha256={name: str(d["record_sha256"]) for name, d in dists.items()},
             drift={name: tuple((str(p), str(s)) for p, s in d["drift"]) for name, d in dists.items() if d["drift"]},
@@ -1125,9 +940,11 @@ def adopt(remote: Remote, layout: StoreLayout, source: PurePosixPath, now: datet
 
 
 def _adopt(remote: Remote, layout: StoreLayout, source: PurePosixPath, now: datetime | None) -> VenvResult:
-    results = remote.run([inspect_step(source), *store_fact_steps(layout)])
-    inspection = parse_inspection(source, Readings.of(results)[FACT_INSPECT])
-    digest, steps = adopt_steps(layout, inspection, parse_store_facts(results), now or datetime.now(UTC))
+    python = str(_check_host_path(source) / "bin" / "python3")
+    found = Readings(remote.run([inspect_step(source), python_step(python, FACT_ADOPT_PYTHON, sudo=True),
+                                 *store_fact_steps(layout)]))
+    inspection = parse_inspection(source, found[FACT_INSPECT], found[FACT_ADOPT_PYTHON])
+    digest, steps = adopt_steps(layout, inspection, parse_store_facts(found.results), now or datetime.now(UTC))
     try:
         if steps:
             remote.run(steps)
@@ -1171,50 +988,7 @@ def parse_modes(layout: StoreLayout, base_hash: str, stat_out: str) -> dict[str,
     return modes
 
 
-# A package tree copied into a derived venv: its digest covers every file's path, bytes and executable bit, and
-# symlinks; __pycache__ is left out (Python rebuilds it). `digest DIR...` prints {DIR: digest}; `copy SRC DEST
-# DIGEST` copies SRC to DEST (replacing DEST's directory entry only) and removes the copy unless it has DIGEST.
-TREE_SCRIPT = r"""
-import hashlib, json, os, shutil, sys
-def digest(root):
-    total = hashlib.sha256()
-    for directory, dirs, files in os.walk(root):
-        dirs[:] = sorted(d for d in dirs if d != "__pycache__")
-        for name in sorted(files + [d for d in dirs if os.path.islink(os.path.join(directory, d))]):
-            path = os.path.join(directory, name)
-            relative = os.path.relpath(path, root)
-            if os.path.islink(path):
-                total.update(f"L {relative} {os.readlink(path)}\n".encode())
-                continue
-            with open(path, "rb") as stream:
-                content = hashlib.sha256(stream.read()).hexdigest()
-            executable = "x" if os.stat(path).st_mode & 0o111 else "-"
-            total.update(f"F {relative} {executable} {content}\n".encode())
-    return total.hexdigest()
-if sys.argv[1] == "digest":
-    print(json.dumps({root: digest(root) for root in sys.argv[2:]}))
-else:
-    source, dest, expected = sys.argv[2:5]
-    if os.path.islink(dest) or os.path.isfile(dest):
-        os.unlink(dest)
-    elif os.path.isdir(dest):
-        shutil.rmtree(dest)
-    shutil.copytree(source, dest, symlinks=True, ignore=shutil.ignore_patterns("__pycache__"))
-    found = digest(dest)
-    if found != expected:
-        shutil.rmtree(dest)
-        sys.exit(f"{source} changed while it was copied (digest {found}, expected {expected}); copy removed")
-"""
 FACT_TREES = "venv derive: digests of copied trees"
-# Exit 0 when the venv's python imports the package from the given directory.
-IMPORTED_FROM_SCRIPT = (
-    "import importlib.util, os, sys\n"
-    "spec = importlib.util.find_spec(sys.argv[1])\n"
-    "where = list(spec.submodule_search_locations or []) if spec else []\n"
-    "sys.exit(0 if where and os.path.normpath(where[0]) == sys.argv[2] else f'{sys.argv[1]} imports from {where}')\n"
-)
-
-
 @dataclass(frozen=True)
 class CopiedTree:
     """A directory copied into a derived venv (an editable install's package), and the digest of its content."""
