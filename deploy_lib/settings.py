@@ -1,6 +1,6 @@
 """The profile's sections that operations act on (`bench:`, `gate:`, `preflight:`, `venv:`), in the schema layer.
 
-The operations (deploy_lib/throughput/ runs the benchmark and the gate, deploy_lib/venvs.py builds the venv)
+The operations (deploy_lib/throughput/ runs the benchmark and the gate, deploy_lib/venvs/ builds the venv)
 import these models; the schema never imports an operation (tests/test_architecture.py checks the import graph).
 """
 

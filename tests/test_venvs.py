@@ -1,4 +1,4 @@
-"""venvs.py without a host: lock parsing, hashes, wheel selection, build/adopt/derive batches, caches, pruning.
+"""deploy_lib/venvs without a host: lock parsing, hashes, wheel selection, build/adopt/derive batches, caches, pruning.
 
 The two host-side scripts (relocate, inspect) are run here for real against venvs made in tmp_path.
 """
@@ -152,9 +152,9 @@ def test_wheels_are_chosen_by_name_version_hash_and_host_tags(tmp_path: Path) ->
 
 
 def test_an_abi3_wheel_for_an_older_cpython_fits() -> None:
-    assert venvs._wheel_fits("x-1-cp38-abi3-manylinux_2_28_x86_64.whl", PY311)
-    assert not venvs._wheel_fits("x-1-cp312-abi3-manylinux_2_28_x86_64.whl", PY311)
-    assert not venvs._wheel_fits("x-1-cp310-cp310-linux_x86_64.whl", PY311)
+    assert venvs.wheel_fits("x-1-cp38-abi3-manylinux_2_28_x86_64.whl", PY311)
+    assert not venvs.wheel_fits("x-1-cp312-abi3-manylinux_2_28_x86_64.whl", PY311)
+    assert not venvs.wheel_fits("x-1-cp310-cp310-linux_x86_64.whl", PY311)
 
 
 def test_a_corrupted_wheel_fails_before_anything_travels(tmp_path: Path) -> None:

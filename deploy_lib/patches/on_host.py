@@ -1,6 +1,6 @@
 """Patch sets on a host: check, enable (a derived venv + a normal deploy), disable, audit.
 
-The text work is the rest of deploy_lib/patches (pure); the venv work is deploy_lib/venvs.py; the release goes through
+The text work is the rest of deploy_lib/patches (pure); the venv work is deploy_lib/venvs/; the release goes through
 deploy.deploy, so the readiness ladder and the rollback apply to a patched release like to any other.
 """
 

@@ -1,4 +1,4 @@
-"""venvs.py on the sandbox guest, as the non-root user `deploy`: the real pinned uv, real wheels (sglang,
+"""deploy_lib/venvs on the sandbox guest, as the non-root user `deploy`: the real pinned uv, real wheels (sglang,
 flashinfer-python, msgspec, the sim), a lock generated from the sandbox wheelhouse with sha256 hashes.
 
 The tests of this module build on each other in file order (one store): build -> reuse -> lock change ->
