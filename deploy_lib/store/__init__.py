@@ -4,7 +4,7 @@ Layout (design.md, "The release"), under <root>/<service>/:
 
     releases/<id>/       sglang.service, sglang.env (0600), release.json; staged as <id>.tmp, then renamed
     current -> releases/<id>   switched with one rename (ln -s to a temp name, mv -T)
-    venvs/, cache/       owned by venvs.py
+    venvs/, cache/       owned by deploy_lib/venvs
     history.jsonl        one JSON line per deploy, rollback, failure or bench
     lock/                mkdir-lock with owner.json
     /etc/systemd/system/<service>.service -> <root>/<service>/current/sglang.service
