@@ -4,65 +4,30 @@ types it, against an inventory whose group `sandbox` holds the three guests."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
-from projects import project_for_guest
+from guest_group import STORE, GuestGroup, booted_group
 
 from deploy_lib.inventory import load_inventory
 from deploy_lib.project import resolve_target
 from deploy_lib.remote import FabricRemote
 from deploy_lib.store import host_lock
-from sandbox import manage, names
+from sandbox import manage
 
 pytestmark = pytest.mark.sandbox
-REPO = Path(__file__).resolve().parents[2]
 FAULT = "/etc/sglang-sim/fault-fleet"  # read by the fleet-* releases only
-STORE = "/opt/sglang-deploy/sglang"
 PROFILES = {f"fleet-{n}": f"extends: glm5-nvfp4\nenv:\n  OMP_NUM_THREADS: '{n}'\n  SGLANG_SIM_FAULT: {FAULT}\n"
             for n in (3, 5, 6, 7)}
 
 
-@dataclass
-class Fleet:
-    guests: list[manage.Guest]
-    root: Path
-    inventory: str
-
-    @property
-    def names(self) -> list[str]:
-        return [guest.name for guest in self.guests]
-
-    def invoke(self, *argv: str) -> tuple[int, dict[str, Any], str]:
-        """`invoke ARGV --group sandbox --json --yes`: exit code, the JSON document, stderr (progress, errors)."""
-        environ = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEPLOY_INVENTORY", "HF_TOKEN")}
-        ran = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *argv, "-i",
-                              self.inventory, "--group", names.GROUP, "--json", "--yes"],
-                             capture_output=True, text=True, env=environ, cwd=self.root, timeout=900)
-        return ran.returncode, json.loads(ran.stdout), ran.stderr
-
-    def deploy(self, profile: str, *argv: str) -> tuple[int, dict[str, Any], str]:
-        return self.invoke("deploy", "--profile", str(self.root / "inventory" / "profiles" / f"{profile}.yaml"),
-                           *argv)
-
-    def root_on(self, guest: manage.Guest, command: str) -> str:
-        return manage.run_on(guest, command)
-
-    def current(self, guest: manage.Guest) -> str:
-        return self.root_on(guest, f"readlink {STORE}/current").strip().rsplit("/", 1)[-1]
+class Fleet(GuestGroup):
+    fault_path = FAULT
 
     def history_length(self, guest: manage.Guest) -> int:
-        return len(self.root_on(guest, f"cat {STORE}/history.jsonl").splitlines())
-
-    def fault(self, guest: manage.Guest, text: str | None) -> None:
-        self.root_on(guest, "mkdir -p /etc/sglang-sim && " + (f"echo '{text}' > {FAULT}" if text else f"rm -f {FAULT}"))
+        return len(manage.run_on(guest, f"cat {STORE}/history.jsonl").splitlines())
 
     def baseline(self) -> list[str]:
         """Every guest on the reference profile's release, no fault; returns each guest's release id (a release's id
@@ -80,19 +45,9 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(venv_layer: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
-    """Three guests of this module's own, booted once over the session's venv layer, in one inventory group."""
-    names = [f"pt{os.getpid()}f{n}"[:12] for n in (1, 2, 3)]
-    guests: list[manage.Guest] = []
-    try:
-        for name in names:
-            guests.append(manage.up(name, record=False, layers=(venv_layer,)))
-        root = tmp_path_factory.mktemp("fleet")
-        _, inventory = project_for_guest(root, guests[0], PROFILES)
-        Path(inventory).write_text(manage.inventory_text(guests))
-        yield Fleet(guests, root, inventory)
-    finally:
-        for name in names:
-            manage.down(name, record=False)
+    """Three guests of this module's own in one inventory group."""
+    with booted_group(Fleet, "f", 3, PROFILES, venv_layer, tmp_path_factory) as fleet:
+        yield fleet
 
 
 def test_a_group_deploy_reaches_every_guest_in_parallel_and_reports_each(fleet: Fleet) -> None:
@@ -119,7 +74,7 @@ def test_a_failed_host_inside_a_batch_rolls_back_alone_while_the_others_deploy(f
     assert parts[failing.name]["serving"] == baseline[1] and "rolled back" in parts[failing.name]["cause"]
     new = fleet.releases(report)
     assert [fleet.current(guest) for guest in fleet.guests] == [new[0], baseline[1], new[2]]
-    assert fleet.root_on(failing, "systemctl is-active sglang.service").strip() == "active"
+    assert manage.run_on(failing, "systemctl is-active sglang.service").strip() == "active"
 
 
 def test_max_fail_stops_the_rollout_and_leaves_the_hosts_not_started_untouched(fleet: Fleet) -> None:

@@ -4,54 +4,23 @@ common release, and the error names that node. Driven through `invoke deploy --g
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
-from projects import project_for_guest
+from guest_group import GuestGroup, booted_group
 
-from sandbox import manage, names
+from sandbox import manage
 
 pytestmark = pytest.mark.sandbox
-REPO = Path(__file__).resolve().parents[2]
 FAULT = "/etc/sglang-sim/fault-multinode"  # read by the mn-faulty release only
-STORE = "/opt/sglang-deploy/sglang"
 TWO_NODES = "extends: glm5-nvfp4\nparallel:\n  tp: 8\n  nnodes: 2\n  dist_init_port: 5757\n"
 PROFILES = {"mn": TWO_NODES,
             "mn-faulty": TWO_NODES + f"env:\n  OMP_NUM_THREADS: '5'\n  SGLANG_SIM_FAULT: {FAULT}\n"}
 
 
-@dataclass
-class Pair:
-    guests: list[manage.Guest]
-    root: Path
-    inventory: str
-
-    @property
-    def names(self) -> list[str]:
-        return [guest.name for guest in self.guests]
-
-    def invoke(self, *argv: str) -> tuple[int, dict[str, Any], str]:
-        """`invoke ARGV --group sandbox --json` (and `--yes` for a command that changes the hosts): exit code, the
-        JSON document, stderr (progress, errors)."""
-        environ = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEPLOY_INVENTORY", "HF_TOKEN")}
-        consent = ("--yes",) if argv[0] in ("deploy", "rollback") else ()
-        ran = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *argv, "-i", self.inventory,
-                              "--group", names.GROUP, "--json", *consent],
-                             capture_output=True, text=True, env=environ, cwd=self.root, timeout=900)
-        return ran.returncode, json.loads(ran.stdout), ran.stderr
-
-    def deploy(self, profile: str) -> tuple[int, dict[str, Any], str]:
-        return self.invoke("deploy", "--profile", str(self.root / "inventory" / "profiles" / f"{profile}.yaml"))
-
-    def current(self, guest: manage.Guest) -> str:
-        return manage.run_on(guest, f"readlink {STORE}/current").strip().rsplit("/", 1)[-1]
+class Pair(GuestGroup):
+    fault_path = FAULT
 
     def journal(self, guest: manage.Guest) -> str:
         return manage.run_on(guest, "journalctl -u sglang.service -o cat --no-pager")
@@ -60,18 +29,8 @@ class Pair:
 @pytest.fixture(scope="module")
 def pair(venv_layer: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pair]:
     """Two guests of this module's own in one inventory group: node rank 0 and node rank 1, in that order."""
-    guest_names = [f"pt{os.getpid()}n{n}"[:12] for n in (1, 2)]
-    guests: list[manage.Guest] = []
-    try:
-        for name in guest_names:
-            guests.append(manage.up(name, record=False, layers=(venv_layer,)))
-        root = tmp_path_factory.mktemp("multinode")
-        _, inventory = project_for_guest(root, guests[0], PROFILES)
-        Path(inventory).write_text(manage.inventory_text(guests))
-        yield Pair(guests, root, inventory)
-    finally:
-        for name in guest_names:
-            manage.down(name, record=False)
+    with booted_group(Pair, "n", 2, PROFILES, venv_layer, tmp_path_factory) as pair:
+        yield pair
 
 
 def test_two_nodes_meet_at_node_0s_address_and_run_one_release(pair: Pair) -> None:
@@ -107,11 +66,11 @@ def test_a_failing_node_takes_both_nodes_back_to_the_previous_release_and_is_nam
     code, report, stderr = pair.deploy("mn")
     assert code == 0, stderr
     before = report["hosts"][pair.names[0]]["release"]
-    manage.run_on(pair.guests[1], f"mkdir -p /etc/sglang-sim && echo oom > {FAULT}")
+    pair.fault(pair.guests[1], "oom")
     try:
         code, report, stderr = pair.deploy("mn-faulty")
     finally:
-        manage.run_on(pair.guests[1], f"rm -f {FAULT}")
+        pair.fault(pair.guests[1], None)
     assert code == 6, stderr
     parts = report["hosts"]
     assert [parts[name]["outcome"] for name in pair.names] == ["failed", "failed"]

@@ -1,0 +1,81 @@
+"""Several sandbox guests of one test module in one inventory group (`sandbox`), driven through `invoke --group`
+as a user types it: the fleet, multi-node and router tests share it."""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar
+
+import pytest
+from projects import project_for_guest
+
+from sandbox import manage, names
+
+REPO = Path(__file__).resolve().parents[2]
+STORE = "/opt/sglang-deploy/sglang"
+CONSENTING = ("deploy", "rollback")  # the commands that change hosts take --yes
+
+
+@dataclass
+class GuestGroup:
+    guests: list[manage.Guest]
+    root: Path
+    inventory: str
+    fault_path: ClassVar[str]  # where the module's faulty releases' simulator reads its fault (SGLANG_SIM_FAULT)
+
+    @property
+    def names(self) -> list[str]:
+        return [guest.name for guest in self.guests]
+
+    def invoke(self, *argv: str) -> tuple[int, dict[str, Any], str]:
+        """`invoke ARGV --group sandbox --json` (and `--yes` for a command that changes the hosts): exit code, the
+        JSON document, stderr (progress, errors)."""
+        environ = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEPLOY_INVENTORY", "HF_TOKEN")}
+        consent = ("--yes",) if argv[0] in CONSENTING else ()
+        ran = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *argv, "-i", self.inventory,
+                              "--group", names.GROUP, "--json", *consent],
+                             capture_output=True, text=True, env=environ, cwd=self.root, timeout=900)
+        return ran.returncode, json.loads(ran.stdout), ran.stderr
+
+    def deploy(self, profile: str, *argv: str) -> tuple[int, dict[str, Any], str]:
+        return self.invoke("deploy", "--profile", str(self.root / "inventory" / "profiles" / f"{profile}.yaml"),
+                           *argv)
+
+    def current(self, guest: manage.Guest) -> str:
+        return manage.run_on(guest, f"readlink {STORE}/current").strip().rsplit("/", 1)[-1]
+
+    def fault(self, guest: manage.Guest, text: str | None) -> None:
+        """The simulator's fault on `guest` (one line such as `oom`), or none."""
+        path = shlex.quote(self.fault_path)
+        manage.run_on(guest, f"mkdir -p $(dirname {path}) && printf %s {shlex.quote(text)} > {path}" if text
+                      else f"rm -f {path}")
+
+
+Group = TypeVar("Group", bound=GuestGroup)
+
+
+@contextmanager
+def booted_group(kind: type[Group], tag: str, count: int, profiles: dict[str, str], venv_layer: Path,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[Group]:
+    """`count` guests of the calling module's own, booted over the session's venv layer, in one inventory group in
+    that order (node rank order for a multi-node release); all powered off when the module is done."""
+    guest_names = [f"pt{os.getpid()}{tag}{n}"[:12] for n in range(1, count + 1)]
+    guests: list[manage.Guest] = []
+    try:
+        for name in guest_names:
+            guests.append(manage.up(name, record=False, layers=(venv_layer,)))
+        root = tmp_path_factory.mktemp(tag)
+        _, inventory = project_for_guest(root, guests[0], profiles)
+        Path(inventory).write_text(manage.inventory_text(guests))
+        yield kind(guests, root, inventory)
+    finally:
+        for name in guest_names:
+            manage.down(name, record=False)
