@@ -44,6 +44,7 @@ demo-fleet: install host-deps
 bench: install host-deps
 	$(PY) -m bench.run
 	$(PY) -m bench.fleet
+	$(PY) -m bench.router
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -6,7 +6,7 @@ import json
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, TypeVar
 
@@ -23,8 +23,10 @@ from sandbox import tasks as sandbox_tasks
 if TYPE_CHECKING:
     from deploy_lib.deploy import Options, Outcome
     from deploy_lib.fleet import FleetRun, Rollout
+    from deploy_lib.inventory import Inventory
     from deploy_lib.patches import PatchSet
     from deploy_lib.remote import FabricRemote
+    from deploy_lib.router import RouterSite
 
 # Each task imports the library modules it calls in its body: a command loads only what it runs (a no-op deploy
 # neither renders a template nor reads a patch set), which is most of the whole process's time
@@ -183,6 +185,22 @@ def _rollback_nodes(targets: list[Target], service: str, to: str | None) -> Flee
             targets, remotes, _progress, service, to, dict(os.environ), GRACE_S))
 
 
+def _behind_router(inventory: Inventory, targets: list[Target], accept_new_host_key: bool,
+                   act: Callable[[Target, FabricRemote, ui.TerminalProgress, Callable[[], None] | None], T],
+                   port_of: Callable[[Target], int]) -> Callable[[Target, FabricRemote, ui.TerminalProgress], T]:
+    """The per-host call, with the host taken out of the group's router before its restart and added back once
+    verified, when the inventory names a router for the group (`router`); as it is otherwise."""
+    from deploy_lib.router import router_site, worker_url
+    from deploy_lib.router_deploy import behind_router
+    site = _run(lambda: router_site(inventory, [target.host for target in targets]))
+    if site is None:
+        return lambda target, remote, progress: act(target, remote, progress, None)
+    router_target = _run(lambda: resolve_target(inventory, site.host.name, accept_new_host_key))
+    return lambda target, remote, progress: behind_router(
+        site, router_target, lambda t: _remote(t, prefixed=True), worker_url(target.host, port_of(target)), progress,
+        lambda drain: act(target, remote, progress, drain))
+
+
 def _show_each(fleet: FleetRun[T], print_report: Callable[[T], None]) -> None:
     """A read-only task's reports, host by host; exit with the worst host's code."""
     if _output.as_json:
@@ -303,8 +321,14 @@ def deploy(c: Context, profile: str | None = None, host: str | None = None, grou
                            f"it to all (--profile {multi.name}) instead of each host's `profile` var", code=BAD_OPTION)
             _show_outcomes(_deploy_nodes(multi, targets, str(group), options, rollout))
             return
-        _show_outcomes(_on_each_host(targets, lambda target, remote, progress: deploy_engine.deploy(
-            loaded_for[target.host.name], target, remote, progress, options), rollout))
+
+        def deploy_host(target: Target, remote: FabricRemote, progress: ui.TerminalProgress,
+                        drain: Callable[[], None] | None) -> Outcome:
+            return deploy_engine.deploy(loaded_for[target.host.name], target, remote, progress,
+                                        replace(options, before_restart=drain))
+        _show_outcomes(_on_each_host(targets, _behind_router(
+            known, targets, accept_new_host_key, deploy_host,
+            lambda target: loaded_for[target.host.name].profile.server.port), rollout))
         return
     loaded, target = _load(profile, inventory, host, accept_new_host_key)
     _run(lambda: multinode.refuse_single_host(loaded, target.host.name))
@@ -324,6 +348,48 @@ def _show_outcome(outcome: Outcome) -> None:
 
 def _service(service: str | None) -> str:
     return service or ServiceSpec().name
+
+
+def _router_of(inventory: str | None, group: str, accept_new_host_key: bool
+               ) -> tuple[Inventory, list[Target], RouterSite, Target]:
+    """The group's hosts, its router (the inventory's `router` var) and the router's host."""
+    from deploy_lib.router import router_site
+    known = _run(lambda: PROJECT.inventory(_inventory(inventory)))
+    targets = _group(inventory, None, group, accept_new_host_key) or []
+    site = _run(lambda: router_site(known, [target.host for target in targets]))
+    if site is None:
+        raise Exit(f"error: no host of group {group} names a router: set `router: HOST` in the group's vars "
+                   "(docs/router.md)", code=BAD_OPTION)
+    return known, targets, site, _target(inventory, site.host.name, accept_new_host_key)
+
+
+@task(name="deploy", help={
+    "group": "the group whose servers the router serves (its hosts' `router` var names the router's host)",
+    "profile": "the servers' profile, for their port (default: each host's `profile` var)"})
+def router_deploy(c: Context, group: str, profile: str | None = None, inventory: str | None = None,
+                  yes: bool = False, accept_new_host_key: bool = False, json: bool = False,
+                  verbose: bool = False) -> None:
+    """Deploy SGLang's router (sglang-router) in front of a group's servers, as its own unit and release."""
+    from deploy_lib.router import replica_urls
+    from deploy_lib.router_deploy import deploy_router
+    _report_as(json, verbose)
+    known, targets, site, router_target = _router_of(inventory, group, accept_new_host_key)
+    workers = _run(lambda: replica_urls(PROJECT, profile, known, targets))
+    _consent(f"deploy the router for group {group} ({', '.join(workers)}) to {site.host.name}:{site.port}?", yes)
+    with _remote(router_target) as remote:
+        outcome = _run(lambda: deploy_router(site, router_target, remote, workers, group, _progress()))
+    _show(outcome, ui.print_router_outcome)
+
+
+@task(name="status", help={"group": "the group whose router to ask"})
+def router_status(c: Context, group: str, inventory: str | None = None, json: bool = False,
+                  verbose: bool = False) -> None:
+    """The workers the group's router lists, and whether it finds each healthy."""
+    from deploy_lib.router import router_workers
+    _report_as(json, verbose)
+    _, _, site, router_target = _router_of(inventory, group, False)
+    with _remote(router_target) as remote:
+        _show(_run(lambda: router_workers(remote, site)), ui.print_router_workers)
 
 
 @task(iterable=["serial"], help={"to": "release id (default: the last healthy release before the current one)"})
@@ -810,4 +876,5 @@ ns.add_collection(Collection(patches_list, patches_check, patches_audit, patches
                   name="patches")
 ns.add_collection(Collection(venv_build, venv_adopt, venv_list, venv_remove), name="venv")
 ns.add_collection(Collection(model_list), name="model")
+ns.add_collection(Collection(router_deploy, router_status), name="router")
 ns.add_collection(Collection.from_module(sandbox_tasks), name="sandbox")

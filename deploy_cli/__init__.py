@@ -32,6 +32,7 @@ if TYPE_CHECKING:  # the reports' types only: a task imports the library modules
     from deploy_lib.patches import AuditReport, CheckReport, PatchSet
     from deploy_lib.release import Release
     from deploy_lib.remote import StepResult
+    from deploy_lib.router_deploy import RouterOutcome
     from deploy_lib.status import ReleaseRow, StatusReport
     from deploy_lib.throughput import BenchResult, ComparisonRow
     from deploy_lib.uninstall import Uninstalled
@@ -119,6 +120,22 @@ def print_outcome(outcome: Outcome) -> None:
     ready = f" ready in {outcome.ready.duration_s:.1f} s" if outcome.ready else ""
     console.print(f"[bold green]{outcome.action}[/bold green]: release {outcome.release_id} is serving "
                   f"(was {outcome.previous_id or 'none'});{ready}")
+
+
+def print_router_outcome(outcome: RouterOutcome) -> None:
+    if outcome.action == "unchanged":
+        console.print(f"no changes: router release {outcome.release_id} is current and answering")
+    else:
+        console.print(f"[bold green]{outcome.action}[/bold green]: router release {outcome.release_id} is serving "
+                      f"(was {outcome.previous_id or 'none'})")
+    console.print(f"workers: {', '.join(outcome.workers)}", markup=False)
+
+
+def print_router_workers(workers: list[dict[str, Any]]) -> None:
+    for worker in workers:
+        console.print(f"{worker['url']}  {'healthy' if worker['healthy'] else 'not healthy'}", markup=False)
+    if not workers:
+        console.print("no workers")
 
 
 def print_plan(plan: Plan) -> None:

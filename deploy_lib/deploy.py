@@ -234,6 +234,7 @@ class Options:
     venv: VenvChoice | None = None      # a venv decided by the caller (a patched venv), instead of the profile's
     patches: tuple[str, ...] = ()       # patch sets applied in that venv, recorded in the release
     gate: bool = False                  # run the throughput gate even when the profile has no `gate:`
+    before_restart: Callable[[], None] | None = None  # runs before the server stops (a router takes it out)
 
 
 def choose_venv(remote: Remote, layout: StoreLayout, target: Target, profile: Profile, dry_run: bool,
@@ -567,6 +568,7 @@ class _Run:
     previous: str | None = None  # the release `current` named when the command read the host
     switched_to: str | None = None  # the release `current` was last switched to
     verified: str | None = None  # the release the last ladder found ready
+    before_restart: Callable[[], None] | None = None
 
     @property
     def where(self) -> str:
@@ -623,6 +625,8 @@ class _Run:
         and a failure is diagnosed from them (`self.cursor`)."""
         batches = batches or {ACTIVATE: activation_steps(self.layout, release_id),
                               VERIFIED: [reset_failed_step(self.layout)]}
+        if self.before_restart is not None:
+            self.before_restart()
         restarted_at = self.clock()
         self.switched_to = release_id  # from here on a signal switches back: the switch may be under way
         results = self.phase(f"stage, {ACTIVATE}" if staged else ACTIVATE, [*staged, *batches[ACTIVATE]])
@@ -774,7 +778,7 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
     Interrupted/Terminated."""
     profile = loaded.profile
     run = _Run(remote, target.layout(profile.service.name), target, progress, options.environ, clock,
-               grace_s=options.grace_s)
+               grace_s=options.grace_s, before_restart=options.before_restart)
     with signals_raise():
         try:
             if options.dry_run:  # a plan needs no secret value: it says which ones it could not read
@@ -856,6 +860,8 @@ def check_before_start(run: _Run, plan: Plan) -> None:
     """preflight.gpu_check: stop the old server, verify NCCL's all-reduce with the new release's venv and
     environment, and raise GpuCheckFailed (a failed start: the caller rolls back) unless it verified."""
     subject = gpu_check.subject_of_release(plan.release.id, plan.release.metadata())
+    if run.before_restart is not None:  # the check stops the old server
+        run.before_restart()
     try:
         results = run.phase("gpu check", plan.batches["gpu check"])
     except RemoteError as lost:  # the old server may be stopped already: roll back as after any failed start

@@ -119,6 +119,13 @@ class DriftDetected(DeployError):
     exit_code = 9
 
 
+class RouterFailed(DeployError):
+    """The router in front of a group could not take a replica out, add it back, or start: the message says what the
+    replica's host runs (a rolling deploy stops there, so no second replica leaves the router)."""
+
+    exit_code = 10
+
+
 class Interrupted(DeployError):
     """SIGINT: a transition in progress was finished (the last healthy release restored) before exiting."""
 
@@ -134,5 +141,5 @@ class Terminated(Interrupted):
 EXIT_CODES: dict[type[DeployError], int] = {
     cls: cls.exit_code
     for cls in (DeployError, ConfigError, PreflightError, LockHeld, RemoteError, ReadinessFailed,
-                GateFailed, RollbackFailed, DriftDetected, Interrupted, Terminated)
+                GateFailed, RollbackFailed, DriftDetected, RouterFailed, Interrupted, Terminated)
 }

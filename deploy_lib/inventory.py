@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 from dataclasses import dataclass, field
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -71,6 +72,15 @@ def proxy_jump_in_ssh_args(args: str) -> str | None:
     return found[0] if found else None
 
 
+class RouterPolicy(StrEnum):
+    """sglang-router's --policy choices (sglang_router/router_args.py, 0.3.2), `manual` left out."""
+
+    cache_aware = "cache_aware"
+    round_robin = "round_robin"
+    power_of_two = "power_of_two"
+    random = "random"
+
+
 class HostVars(BaseModel):
     """The vars this tool reads; an Ansible inventory may carry others, which are kept but not used."""
 
@@ -94,6 +104,18 @@ class HostVars(BaseModel):
     hf_home: AbsPath | None = Field(None, description="HF cache for staged weights; overrides env.HF_HOME")
     hf_endpoint: Annotated[str, StringConstraints(pattern=r"^https?://[A-Za-z0-9.:\-\[\]/_]+$", max_length=512)] | \
         None = Field(None, description="hub the host stages weights from (HF_ENDPOINT), e.g. a mirror")
+    router: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,253}$")] | None = Field(
+        None, description="inventory host that runs the SGLang router in front of this host's server (set it on the "
+                          "group: every host of a group names the same router)")
+    router_port: Annotated[int, Field(ge=1, le=65535)] = Field(30080, description="the router's port")
+    router_policy: RouterPolicy = Field(RouterPolicy.cache_aware, description="the router's load-balancing policy")
+    router_lock: str | None = Field(None, description="hashed lock of sglang-router and its dependencies, relative "
+                                                      "to the inventory; default: the tool's lock of 0.3.2")
+    router_wheelhouse: str | None = Field(None, description="local directory of the lock's wheels (and uv's), "
+                                                            "relative to the inventory, for a router host without "
+                                                            "internet")
+    router_index: Annotated[str, StringConstraints(pattern=r"^https?://[^\s]+$")] | None = Field(
+        None, description="package index the router host downloads the lock's wheels from (default PyPI)")
     proxy_jump: str | None = Field(None, description="jump host, [user@]host[:port] as OpenSSH's ProxyJump")
     ansible_ssh_common_args: str | None = Field(None, description="only -o ProxyJump=... / -J ... is honoured")
     ansible_ssh_extra_args: str | None = Field(None, description="only -o ProxyJump=... / -J ... is honoured")

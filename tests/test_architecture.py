@@ -15,7 +15,7 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "deploy_lib"
 
 # Modules shipped to the host whole (run there by the host's python): they import nothing of deploy_lib.
-HOST_SCRIPTS = frozenset({"sglang_options", "probe_script", "gpu_check_script"}) | frozenset(
+HOST_SCRIPTS = frozenset({"sglang_options", "probe_script", "gpu_check_script", "router_script"}) | frozenset(
     f"venvs.{name}_script" for name in ("python_facts", "installed", "relocate", "inspect", "verify", "extract_uv",
                                         "fetch_uv", "tree", "imported_from"))
 # Bottom to top; a module not named here is "planning".
@@ -27,7 +27,7 @@ LAYERS: dict[str, frozenset[str]] = {
                         "profile.model", "profile.loading", "profile.stored", "inventory"}),
     "planning": frozenset(),
     "commands": frozenset({"deploy", "adopt", "gpu_check", "gpu_check.on_host", "patches.on_host", "status",
-                           "uninstall", "multinode_deploy", "multinode_switch"}),
+                           "uninstall", "multinode_deploy", "multinode_switch", "router_deploy"}),
 }
 ORDER = list(LAYERS)
 MAX_LINES = 400

@@ -171,6 +171,28 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(start_sim) -> None:
     assert http(sim.base + "/health")[0] == "refused"
 
 
+def test_v1_loads_counts_the_requests_in_flight_as_sglangs_does(start_sim) -> None:
+    """What a router's drain waits on (sglang/srt/entrypoints/v1_loads.py): running + waiting requests per DP rank."""
+    sim = start_sim()
+    sim.wait_states("/health")
+
+    def in_flight() -> int:
+        status, body = http(sim.base + "/v1/loads?include=core")
+        assert status == 200, body
+        return sum(load["num_running_reqs"] + load["num_waiting_reqs"] for load in json.loads(body)["loads"])
+
+    assert in_flight() == 0
+    worker = threading.Thread(target=http, args=(sim.base + "/generate",),
+                              kwargs={"body": {"text": "hi", "sampling_params": {"max_new_tokens": 20}}})
+    worker.start()
+    seen = 0
+    while seen == 0 and worker.is_alive():  # until the request is seen in flight (or it is over, unseen)
+        seen = in_flight()
+    worker.join(timeout=60)
+    assert seen == 1
+    assert in_flight() == 0
+
+
 def gauges(sim: RunningSim) -> dict[str, float]:
     metrics = http(sim.base + "/metrics")[1].decode()
     return {line.split("{")[0]: float(line.split()[-1]) for line in metrics.splitlines()

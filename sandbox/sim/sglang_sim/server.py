@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -280,6 +281,19 @@ class Handler(BaseHTTPRequestHandler):
             "internal_states": [{"last_gen_throughput": engine.aggregate_tok_s(),
                                  "num_running_reqs": engine.running}]})
 
+    def loads(self) -> None:
+        """As sglang/srt/entrypoints/v1_loads.py (0.5.23): one load snapshot per DP rank, its core scalars (the
+        rollout's drain waits on num_running_reqs + num_waiting_reqs)."""
+        engine, launch = self.state.engine, self.state.launch
+        waiting = max(0, engine.running - launch.max_running_requests)
+        self.send_json(200, {
+            "timestamp": datetime.now(UTC).isoformat(), "version": self.state.version, "accelerator": None,
+            "num_accelerators": launch.tp_size, "loads": [{
+                "dp_rank": 0, "num_running_reqs": engine.running - waiting, "num_waiting_reqs": waiting,
+                "max_total_num_tokens": self.state.max_total_num_tokens,
+                "max_running_requests": launch.max_running_requests,
+                "gen_throughput": round(engine.aggregate_tok_s(), 2)}]})
+
     def metrics(self) -> None:
         if not self.state.launch.enable_metrics:
             self.send_json(404, {"detail": "Not Found"})
@@ -398,6 +412,7 @@ ROUTES: dict[tuple[str, str], Callable[[Handler], None]] = {
     ("GET", "/server_info"): Handler.server_info,
     ("GET", "/get_server_info"): Handler.server_info,
     ("GET", "/metrics"): Handler.metrics,
+    ("GET", "/v1/loads"): Handler.loads,
     ("POST", "/generate"): Handler.generate,
     ("POST", "/v1/completions"): lambda h: h.completions(chat=False),
     ("POST", "/v1/chat/completions"): lambda h: h.completions(chat=True),

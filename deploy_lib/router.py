@@ -1,0 +1,200 @@
+"""Replicas behind SGLang's own router (the `sglang-router` wheel): where it runs, what its release is, and taking a
+replica out of it and back during a rolling deploy.
+
+The inventory chooses the router's host (host var `router`, usually set on the group) and its port; the router
+runs there as its own systemd unit (`sglang-router.service`) and release, in its own store beside the server's,
+from a venv built from a hashed lock of sglang-router and its dependencies. The replicas' URLs are rendered from
+the group's hosts and each host's profile port. During a deploy of a replica, `RouterMembership` removes the
+replica from the router through the router's worker-management API before the server stops (and waits for its
+requests in flight to finish), and adds it back once the host serves a verified release again. The API calls run
+on the router's host (deploy_lib/router_script.py), so the router's port need not be reachable from here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+from deploy_lib.bundled import TEMPLATES_DIR
+from deploy_lib.errors import ConfigError, RouterFailed
+from deploy_lib.inventory import Host, Inventory, RouterPolicy
+from deploy_lib.profile import RestartPolicy
+from deploy_lib.progress import Progress
+from deploy_lib.project import Project, Target, load_for_target
+from deploy_lib.remote import Remote, Step, StepResult
+from deploy_lib.render import EnvSpec, UnitSpec, render_env, render_unit
+
+SERVICE = "sglang-router"
+ROUTER_VERSION = "0.3.2"  # the sglang-router the bundled lock pins; its /workers API is what router_script.py calls
+DEFAULT_LOCK = TEMPLATES_DIR / "sglang-router.lock"
+SCRIPT_SOURCE = resources.files("deploy_lib").joinpath("router_script.py").read_text(encoding="utf-8")
+MEMBERSHIP_DEADLINE_S = 300.0  # removal + drain of a replica, or its registration, before the rollout gives up
+READY_DEADLINE_S = 120.0       # a restarted router answering /health
+
+
+def worker_url(host: Host, port: int) -> str:
+    """The URL the router reaches a replica at: the host's inventory address and its server's port."""
+    address = host.address
+    return f"http://[{address}]:{port}" if ":" in address else f"http://{address}:{port}"
+
+
+@dataclass(frozen=True)
+class RouterSite:
+    """Where a group's router runs and how: the inventory host, its port and policy, and its venv's sources."""
+
+    host: Host
+    port: int
+    policy: RouterPolicy
+    lock: Path
+    wheelhouse: Path | None
+    index: str | None
+
+    @property
+    def base_url(self) -> str:
+        """The router as the script on its own host reaches it."""
+        return f"http://127.0.0.1:{self.port}"
+
+
+def router_site(inventory: Inventory, hosts: Sequence[Host]) -> RouterSite | None:
+    """The router in front of these hosts, from their `router` var; None when none names one. One router per
+    group: hosts that name different routers, ports or policies are refused."""
+    named = {(h.vars.router, h.vars.router_port, h.vars.router_policy, h.vars.router_lock, h.vars.router_wheelhouse,
+              h.vars.router_index) for h in hosts if h.vars.router is not None}
+    if not named:
+        return None
+    if len(named) > 1 or any(h.vars.router is None for h in hosts):
+        described = ", ".join(f"{h.name}: {h.vars.router or 'none'}" for h in hosts)
+        raise ConfigError(f"{inventory.path}: the hosts name different routers ({described})",
+                          "set `router` (and router_port, router_policy) once, on the group")
+    name, port, policy, lock, wheelhouse, index = named.pop()
+    if wheelhouse and index:
+        raise ConfigError(f"{inventory.path}: router_wheelhouse and router_index are both set",
+                          "give one: a local directory of wheels, or an index the router host downloads from")
+    if name not in inventory.hosts:
+        raise ConfigError(f"{inventory.path}: router host {name!r} is not in the inventory",
+                          f"hosts: {', '.join(sorted(inventory.hosts))}")
+    base = inventory.path.parent
+    return RouterSite(inventory.hosts[name], port, policy, base / lock if lock else DEFAULT_LOCK,
+                      base / wheelhouse if wheelhouse else None,
+                      index if index or wheelhouse else "https://pypi.org/simple")
+
+
+def replica_urls(project: Project, profile: str | None, inventory: Inventory, targets: Sequence[Target]) -> list[str]:
+    """The group's servers as the router reaches them: each host's address and its profile's port."""
+    return [worker_url(target.host, load_for_target(project, profile, inventory, target).profile.server.port)
+            for target in targets]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Talking to the router (one step on the router's host per action)
+
+
+def router_step(site: RouterSite, action: str, worker: str | None = None,
+                deadline_s: float = MEMBERSHIP_DEADLINE_S) -> Step:
+    config = {"action": action, "router": site.base_url, "worker": worker, "deadline_s": deadline_s}
+    stdin = f"{SCRIPT_SOURCE}\nrun_and_print({json.dumps(config)!r})\n".encode()
+    return Step(f"router: {action}{f' {worker}' if worker else ''}", ("python3", "-"), stdin=stdin,
+                timeout_s=deadline_s + 30)
+
+
+def parse_answer(result: StepResult, site: RouterSite, what: str) -> dict[str, Any]:
+    """The script's JSON object; RouterFailed naming the router and what was asked when it reports an error."""
+    try:
+        answer = json.loads(result.stdout.strip().splitlines()[-1])
+    except (ValueError, IndexError):
+        answer = {"error": f"no answer from the router script: {result.stderr.strip()[-300:] or 'no output'}"}
+    if answer.get("error"):
+        raise RouterFailed(f"router on {site.host.name}: {what}: {answer['error']}",
+                           hint=f"`invoke router.status` shows the router's workers; its journal: "
+                                f"`invoke logs -H {site.host.name} -s {SERVICE}`")
+    return dict(answer)
+
+
+@dataclass
+class RouterMembership:
+    """One replica's place in the router during its deploy: out before its server stops, back once it serves a
+    verified release. The deploy calls `before_restart` (at most once acts); the caller calls `readmit` after."""
+
+    site: RouterSite
+    remote: Remote  # to the router's host
+    worker: str
+    progress: Progress
+    removed: bool = False
+
+    def before_restart(self) -> None:
+        if self.removed:
+            return
+        self.progress.phase_started("router: drain")
+        answer = parse_answer(self.remote.run([router_step(self.site, "remove", self.worker)])[0], self.site,
+                              f"taking {self.worker} out")
+        self.progress.step_done("router: drain", float(answer.get("elapsed_s", 0)))
+        if answer.get("router_down"):
+            self.progress.note(f"router: nothing listens on {self.site.host.name}:{self.site.port}, so no request "
+                               f"goes to {self.worker} through it; it restarts without draining")
+            return
+        self.removed = True
+        if answer.get("drained"):
+            self.progress.note(f"router: {answer['drained']} requests in flight on {self.worker} finished first")
+
+    def readmit(self) -> None:
+        if not self.removed:
+            return
+        self.progress.phase_started("router: add back")
+        answer = parse_answer(self.remote.run([router_step(self.site, "add", self.worker)])[0], self.site,
+                              f"adding {self.worker} back")
+        self.removed = False
+        if answer.get("router_down"):
+            self.progress.note(f"router: {self.site.host.name}:{self.site.port} stopped meanwhile; it lists "
+                               f"{self.worker} again when it starts (its --worker-urls)")
+        self.progress.step_done("router: add back", float(answer.get("elapsed_s", 0)))
+
+
+def router_workers(remote: Remote, site: RouterSite) -> list[dict[str, Any]]:
+    answer = parse_answer(remote.run([router_step(site, "list", deadline_s=10)])[0], site, "listing its workers")
+    return list(answer["workers"])
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The router's release
+
+
+@dataclass(frozen=True)
+class RouterRelease:
+    id: str
+    unit_text: str
+    env_text: str
+    metadata: Mapping[str, Any]
+
+
+def router_argv(python: PurePosixPath, site: RouterSite, workers: Sequence[str]) -> tuple[str, ...]:
+    """sglang_router.launch_router's command line (its argparse in sglang_router/router_args.py, 0.3.2)."""
+    return (str(python), "-m", "sglang_router.launch_router", "--host", "0.0.0.0", "--port", str(site.port),
+            "--policy", site.policy.value, "--worker-urls", *workers)
+
+
+def build_router_release(site: RouterSite, venv: PurePosixPath, venv_hash: str, workers: Sequence[str],
+                         env_file: Callable[[str], PurePosixPath], group: str) -> RouterRelease:
+    """The unit, env file and metadata of the router serving these workers; the id is their digest, so the same
+    workers, port, policy and venv make the same release."""
+    argv = router_argv(venv / "bin" / "python3", site, workers)
+    env_text = render_env(EnvSpec({"PYTHONUNBUFFERED": "1"}))
+    release_id = hashlib.sha256(json.dumps([argv, env_text, venv_hash, group]).encode()).hexdigest()[:12]
+    unit_text = render_unit(UnitSpec(
+        description=f"SGLang router (sglang-router) for group {group}", user="nobody", group="nogroup",
+        working_directory="/", environment_file=str(env_file(release_id)), exec_argv=argv, timeout_start_s=120,
+        timeout_stop_s=60, restart=RestartPolicy.on_failure, restart_sec=2, start_limit_burst=5,
+        start_limit_interval_s=300, limit_nofile=65536, syslog_identifier=SERVICE))
+    metadata = {"kind": "router", "profile_name": SERVICE, "router": {"version": ROUTER_VERSION, "port": site.port,
+                "policy": site.policy.value, "workers": list(workers), "group": group}, "venv": str(venv),
+                "venv_hash": venv_hash}
+    return RouterRelease(release_id, unit_text, env_text, metadata)
+
+
+__all__ = ["DEFAULT_LOCK", "ROUTER_VERSION", "SERVICE", "RouterMembership", "RouterRelease", "RouterSite",
+           "build_router_release", "parse_answer", "replica_urls", "router_argv", "router_site", "router_step",
+           "router_workers", "worker_url"]

@@ -1,0 +1,223 @@
+"""Replicas behind SGLang's router (issue 15 point 4), no SSH: the router chosen in the inventory, its release, the
+drain/add-back calls around a replica's restart, and the deploy engine calling the drain before the server stops."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path, PurePosixPath
+
+import pytest
+from fake_remote import FakeRemote
+from recording_progress import RecordingProgress
+from systemd_syntax import exec_start_argv, parse_unit_file
+from test_deploy_plan import first_plan, target
+from test_rollback import READY, ScriptedHost
+
+from deploy_lib.deploy import _Run
+from deploy_lib.errors import ConfigError, ReadinessFailed, RollbackFailed, RouterFailed
+from deploy_lib.inventory import RouterPolicy, load_inventory
+from deploy_lib.project import resolve_group
+from deploy_lib.router import (
+    DEFAULT_LOCK,
+    ROUTER_VERSION,
+    RouterMembership,
+    RouterSite,
+    build_router_release,
+    router_site,
+    worker_url,
+)
+from deploy_lib.router_deploy import behind_router
+from deploy_lib.store import StoreLayout
+
+GROUP = """\
+all:
+  hosts:
+    edge: {ansible_host: 192.0.2.9}
+  children:
+    replicas:
+      hosts:
+        a: {ansible_host: 192.0.2.2}
+        b: {ansible_host: "2001:db8::3"}
+      vars: {router: edge, router_port: 31000, router_policy: round_robin%s}
+"""
+
+
+def inventory(tmp_path: Path, extra: str = "") -> Path:
+    path = tmp_path / "hosts.yaml"
+    path.write_text(GROUP % extra)
+    return path
+
+
+def site_of(tmp_path: Path, extra: str = "") -> RouterSite:
+    loaded = load_inventory(inventory(tmp_path, extra))
+    site = router_site(loaded, loaded.group("replicas"))
+    assert site is not None
+    return site
+
+
+def test_the_group_vars_name_the_router_host_port_and_policy_and_its_venv_comes_from_the_bundled_lock(
+        tmp_path: Path) -> None:
+    site = site_of(tmp_path)
+    assert (site.host.name, site.port, site.policy) == ("edge", 31000, RouterPolicy.round_robin)
+    assert site.lock == DEFAULT_LOCK and f"sglang_router=={ROUTER_VERSION} \\" in DEFAULT_LOCK.read_text()
+    assert site.index == "https://pypi.org/simple" and site.wheelhouse is None
+    with_house = site_of(tmp_path, ", router_wheelhouse: wheels, router_lock: my.lock")
+    assert (with_house.wheelhouse, with_house.lock, with_house.index) == (tmp_path / "wheels", tmp_path / "my.lock",
+                                                                          None)
+    loaded = load_inventory(inventory(tmp_path))
+    assert router_site(loaded, [loaded.hosts["edge"]]) is None  # a host without `router`: no router around it
+
+
+@pytest.mark.parametrize(("extra", "says"), [
+    (", router_wheelhouse: w, router_index: 'https://example.org/simple'", "both set"),
+])
+def test_router_vars_that_cannot_both_hold_are_refused(tmp_path: Path, extra: str, says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        site_of(tmp_path, extra)
+
+
+def test_hosts_naming_different_routers_or_an_unknown_one_are_refused_naming_the_inventory(tmp_path: Path) -> None:
+    loaded = load_inventory(inventory(tmp_path))
+    with pytest.raises(ConfigError, match=r"different routers \(a: edge, edge: none\)"):
+        router_site(loaded, [loaded.hosts["a"], loaded.hosts["edge"]])
+    path = tmp_path / "unknown.yaml"
+    path.write_text((GROUP % "").replace("router: edge", "router: nowhere"))
+    unknown = load_inventory(path)
+    with pytest.raises(ConfigError, match=f"{path}: router host 'nowhere' is not in the inventory"):
+        router_site(unknown, unknown.group("replicas"))
+
+
+def test_a_replica_url_is_the_hosts_inventory_address_and_its_profile_port(tmp_path: Path) -> None:
+    loaded = load_inventory(inventory(tmp_path))
+    assert [worker_url(host, 8000) for host in loaded.group("replicas")] == [
+        "http://192.0.2.2:8000", "http://[2001:db8::3]:8000"]
+
+
+def test_the_router_release_runs_launch_router_on_the_replicas_and_its_id_follows_what_it_serves(
+        tmp_path: Path) -> None:
+    site = site_of(tmp_path)
+    layout = StoreLayout("sglang-router")
+    venv = PurePosixPath("/opt/sglang-deploy/sglang-router/venvs/abc")
+    workers = ["http://192.0.2.2:8000", "http://[2001:db8::3]:8000"]
+    release = build_router_release(site, venv, "abc", workers, layout.env_file, "replicas")
+    unit = parse_unit_file(release.unit_text)
+    assert exec_start_argv(release.unit_text) == (
+        f"{venv}/bin/python3", "-m", "sglang_router.launch_router", "--host", "0.0.0.0", "--port", "31000",
+        "--policy", "round_robin", "--worker-urls", *workers)
+    assert unit.values("Service", "EnvironmentFile") == (str(layout.env_file(release.id)),)
+    assert unit.values("Service", "User") == ("nobody",)
+    assert release.metadata["router"]["workers"] == workers
+    same = build_router_release(site, venv, "abc", workers, layout.env_file, "replicas")
+    fewer = build_router_release(site, venv, "abc", workers[:1], layout.env_file, "replicas")
+    other_venv = build_router_release(site, venv, "abd", workers, layout.env_file, "replicas")
+    assert same.id == release.id and len({release.id, fewer.id, other_venv.id}) == 3
+
+
+def answering(**answers: dict) -> FakeRemote:
+    """The router's host: each router action answers its JSON object."""
+    remote = FakeRemote()
+    for action, answer in answers.items():
+        remote.reply(lambda step, action=action: step.name.startswith(f"router: {action}"),
+                     stdout=json.dumps(answer) + "\n")
+    return remote
+
+
+def config_of(remote: FakeRemote) -> list[dict]:
+    """What each router step asked, from the call appended to the script."""
+    calls = [step.stdin.decode().rsplit("run_and_print(", 1)[1] for batch in remote.batches for step in batch]
+    return [json.loads(eval(call.rsplit(")", 1)[0])) for call in calls]
+
+
+def test_a_replica_is_drained_once_before_its_restart_and_added_back_after(tmp_path: Path) -> None:
+    remote = answering(remove={"was_listed": True, "drained": 3, "elapsed_s": 0.4}, add={"elapsed_s": 0.2})
+    progress = RecordingProgress()
+    membership = RouterMembership(site_of(tmp_path), remote, "http://192.0.2.2:8000", progress)
+    membership.before_restart()
+    membership.before_restart()  # a rollback restarts again: the replica is out already
+    membership.readmit()
+    assert [(c["action"], c["worker"], c["router"]) for c in config_of(remote)] == [
+        ("remove", "http://192.0.2.2:8000", "http://127.0.0.1:31000"),
+        ("add", "http://192.0.2.2:8000", "http://127.0.0.1:31000")]
+    assert "router: 3 requests in flight on http://192.0.2.2:8000 finished first" in progress.of_kind("note")
+
+
+def test_a_router_that_is_not_running_needs_no_drain_and_is_not_asked_again(tmp_path: Path) -> None:
+    remote = answering(remove={"router_down": True, "elapsed_s": 0.01})
+    progress = RecordingProgress()
+    membership = RouterMembership(site_of(tmp_path), remote, "http://192.0.2.2:8000", progress)
+    membership.before_restart()
+    membership.readmit()
+    assert [c["action"] for c in config_of(remote)] == ["remove"]
+    assert "nothing listens on edge:31000" in progress.of_kind("note")[0]
+
+
+def test_a_router_that_fails_to_take_the_replica_out_stops_its_deploy_with_the_routers_words(tmp_path: Path) -> None:
+    remote = answering(remove={"error": "DELETE /workers/x answered 500: boom"})
+    membership = RouterMembership(site_of(tmp_path), remote, "http://192.0.2.2:8000", RecordingProgress())
+    with pytest.raises(RouterFailed, match=r"router on edge: taking http://192\.0\.2\.2:8000 out: DELETE") as caught:
+        membership.before_restart()
+    assert caught.value.exit_code == 10 and not membership.removed
+
+
+class _Connect:
+    def __init__(self, remote: FakeRemote) -> None:
+        self.remote = remote
+
+    def __call__(self, target: object) -> _Connect:
+        return self
+
+    def __enter__(self) -> FakeRemote:
+        return self.remote
+
+    def __exit__(self, *exc_info: object) -> None:
+        pass
+
+
+def _around(tmp_path: Path, deploy_one: object) -> tuple[FakeRemote, object]:
+    remote = answering(remove={"was_listed": True}, add={})
+    loaded = load_inventory(inventory(tmp_path))
+    [edge] = resolve_group(loaded, "ungrouped")
+    try:
+        result: object = behind_router(site_of(tmp_path), edge, _Connect(remote), "http://192.0.2.2:8000",
+                                       RecordingProgress(), deploy_one)  # type: ignore[arg-type]
+    except Exception as error:
+        result = error
+    return remote, result
+
+
+def test_a_replica_rolled_back_to_a_healthy_release_goes_back_into_the_router(tmp_path: Path) -> None:
+    def rolled_back(drain: object) -> None:
+        drain()  # type: ignore[operator]
+        failed = ReadinessFailed("a: release N failed; rolled back, release O is serving")
+        failed.serving_id = "O"
+        raise failed
+    remote, result = _around(tmp_path, rolled_back)
+    assert isinstance(result, ReadinessFailed)
+    assert [c["action"] for c in config_of(remote)] == ["remove", "add"]
+
+
+def test_a_replica_left_stopped_stays_out_of_the_router_and_the_error_says_so(tmp_path: Path) -> None:
+    def stopped(drain: object) -> None:
+        drain()  # type: ignore[operator]
+        raise RollbackFailed("a: the rollback failed too; the unit is stopped")
+    remote, result = _around(tmp_path, stopped)
+    assert isinstance(result, RollbackFailed)
+    assert "http://192.0.2.2:8000 is left out of the router on edge" in result.message
+    assert [c["action"] for c in config_of(remote)] == ["remove"]
+
+
+def test_a_replica_whose_deploy_changed_nothing_before_its_restart_is_never_taken_out(tmp_path: Path) -> None:
+    remote, result = _around(tmp_path, lambda drain: "unchanged")
+    assert result == "unchanged" and config_of(remote) == []
+
+
+def test_the_deploy_engine_drains_before_the_switch_and_restart_and_again_on_each_activation() -> None:
+    """_Run.activate is where a deploy, its automatic rollback and a hand rollback switch and restart."""
+    host = ScriptedHost({"A": [READY], "B": [READY]})
+    drained_at: list[int] = []
+    run = _Run(host, StoreLayout("sglang"), target(), RecordingProgress(), {}, grace_s=0,
+               before_restart=lambda: drained_at.append(len(host.batches)))
+    run.activate("A", first_plan()[1].release.metadata(), None, 0)
+    switched_in = next(i for i, batch in enumerate(host.batches)
+                       if any(getattr(step, "name", "") == "switch: temp link" for step in batch))
+    assert drained_at == [switched_in]  # called when every batch before the switch had run, none after
