@@ -849,10 +849,11 @@ FLEET_GUESTS = 3
 @task(name="demo-fleet")
 def demo_fleet(c: Context) -> None:
     """A group of three sandbox guests: a parallel deploy to all, then a rolling deploy whose first host fails (rolled
-    back on its own) and stops the rollout at --max-fail, leaving the others untouched; the releases of each; one
+    back on its own) and stops the rollout at --max-fail, leaving the others untouched; the releases of each; then
+    SGLang's router in front of them and a rolling deploy behind it with a client running through it (0 failed); one
     multi-node server over the three as one release."""
     started = time.monotonic()
-    sandbox_tasks.up(c, count=FLEET_GUESTS, venv=True)
+    sandbox_tasks.up(c, count=FLEET_GUESTS, venv=True, router="th1")
     for number in range(1, FLEET_GUESTS + 1):
         sandbox_tasks.empty(c, name=f"th{number}")  # the story starts on empty hosts
     inventory = str(PROJECT.root / SANDBOX_INVENTORY)
@@ -864,7 +865,18 @@ def demo_fleet(c: Context) -> None:
                "--serial 1 --max-fail 0", lambda: deploy(c, "glm5-nvfp4-fusion", serial=["1"], max_fail="0",
                                                           yes=True, **on))
     _demo_step("3. releases on each guest", "releases --group sandbox", lambda: releases(c, **on))
-    _demo_step("4. one server over the three guests (nnodes 3): node 0 waits for the other two at its "
+    _demo_step("4. SGLang's router (sglang-router) on th1, in front of the three guests", "router.deploy --group "
+               "sandbox --profile glm5-nvfp4", lambda: router_deploy(c, profile="glm5-nvfp4", yes=True, **on))
+    from sandbox import manage
+    from sandbox.traffic import Client
+    client = Client(f"http://{manage.guest('th1').guest_ip}:{manage.ROUTER_PORT}")
+    traffic = client.during(lambda: _demo_step(
+        "5. a rolling deploy behind the router while a client sends requests through it: each replica is taken out "
+        "before its restart and added back once verified", "deploy --profile glm5-nvfp4-replica --group sandbox "
+        "--serial 1", lambda: deploy(c, "glm5-nvfp4-replica", serial=["1"], yes=True, **on)))
+    ui.console.print(f"client: {len(traffic.latencies) + len(traffic.failures)} requests through the router during "
+                     f"the rollout, {len(traffic.failures)} failed (p99 {traffic.p99_s * 1000:.0f} ms)")
+    _demo_step("6. one server over the three guests (nnodes 3): node 0 waits for the other two at its "
                "--dist-init-addr, one release id on every node", "deploy --profile glm5-nvfp4-3nodes --group sandbox",
                lambda: deploy(c, "glm5-nvfp4-3nodes", yes=True, **on))
     ui.console.print(f"demo-fleet done in {time.monotonic() - started:.0f} s")

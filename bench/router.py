@@ -9,20 +9,14 @@ stopped at the end. Figures are printed, never asserted.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import sys
 import tempfile
-import threading
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
-
-import yaml
 
 from bench.fleet import guests, say
 from deploy_lib import deploy as engine
@@ -33,63 +27,12 @@ from deploy_lib.project import Project, Target, load_for_target, resolve_group, 
 from deploy_lib.remote import FabricRemote
 from deploy_lib.router import replica_urls, router_site, worker_url
 from deploy_lib.router_deploy import behind_router, deploy_router
-from sandbox import manage, names, wheelhouse
+from sandbox import manage, names
+from sandbox.traffic import Client
 
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = "glm5-nvfp4"
-PORT = 30080
-
-
-@dataclass
-class Client:
-    """Requests through the router on `threads` threads, one after another; each one's latency and outcome."""
-
-    url: str
-    threads: int
-    latencies: list[float] = field(default_factory=list)
-    failures: list[str] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def one(self) -> None:
-        body = json.dumps({"text": "hello", "sampling_params": {"max_new_tokens": 8}}).encode()
-        request = urllib.request.Request(self.url + "/generate", data=body,
-                                         headers={"Content-Type": "application/json"})
-        started = time.monotonic()
-        try:
-            with urllib.request.urlopen(request, timeout=60) as answer:
-                answer.read()
-                failure = None if answer.status == 200 else f"HTTP {answer.status}"
-        except (urllib.error.URLError, OSError) as error:
-            failure = str(error)
-        with self.lock:
-            if failure:
-                self.failures.append(failure)
-            else:
-                self.latencies.append(time.monotonic() - started)
-
-    def loop(self) -> None:
-        while not self.stop.is_set():
-            self.one()
-
-    def window(self, action: Callable[[], object]) -> tuple[list[float], list[str]]:
-        """The latencies and failures of the requests sent while `action()` ran."""
-        self.latencies, self.failures, self.stop = [], [], threading.Event()
-        workers = [threading.Thread(target=self.loop) for _ in range(self.threads)]
-        for worker in workers:
-            worker.start()
-        try:
-            action()
-        finally:
-            self.stop.set()
-            for worker in workers:
-                worker.join(timeout=120)
-        return self.latencies, self.failures
-
-
-def p99(values: list[float]) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))] if ordered else float("nan")
+PORT = manage.ROUTER_PORT
 
 
 def rolling_deploy(project: Project, inventory: Path, profile: str) -> None:
@@ -122,22 +65,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         say("the router bench needs root (sandbox guests are systemd-nspawn machines)")
         return 2
     started = time.time()
-    router_wheels = wheelhouse.download_with_dependencies(("sglang-router==0.3.2",))
     with guests(2) as booted, tempfile.TemporaryDirectory(prefix="sglang-bench-router-") as work:
         root = Path(work)
         shutil.copytree(REPO / "inventory" / "profiles", root / "inventory" / "profiles")
         (root / "inventory" / "profiles" / "router-bench.yaml").write_text(
             f"extends: {PROFILE}\nenv:\n  BENCH_RUN: router\n")
-        house = root / "router-wheels"
-        house.mkdir()
-        for wheel in (*router_wheels, wheelhouse.download("uv", wheelhouse.UV_VERSION)):
-            (house / wheel.name).symlink_to(wheel)
-        document = manage.inventory(booted)
-        document["all"]["children"][names.GROUP]["vars"] = {
-            "router": booted[0].name, "router_port": PORT, "router_policy": "round_robin",
-            "router_wheelhouse": str(house)}
         inventory = root / "inventory" / "sandbox.yaml"
-        inventory.write_text(yaml.safe_dump(document, sort_keys=False))
+        inventory.write_text(manage.inventory_text(booted, router=booted[0].name))
         project, known = Project(root), load_inventory(inventory)
         say("replicas and router deployed (not measured)")
         rolling_deploy(project, inventory, PROFILE)
@@ -149,19 +83,20 @@ def main(argv: Sequence[str] | None = None) -> int:
             deploy_router(site, router_target, remote, replica_urls(project, PROFILE, known, targets), names.GROUP,
                           NullProgress())
         client = Client(f"http://{booted[0].guest_ip}:{PORT}", options.threads)
-        steady, steady_failed = client.window(lambda: time.sleep(options.steady_s))
+        steady = client.during(lambda: time.sleep(options.steady_s))
         rollout_started = time.monotonic()
-        during, failed = client.window(lambda: rolling_deploy(project, inventory, "router-bench"))
+        during = client.during(lambda: rolling_deploy(project, inventory, "router-bench"))
         rollout_s = time.monotonic() - rollout_started
     say(f"\nrolling deploy of 2 replicas behind sglang-router 0.3.2 (--serial 1; {options.threads} client threads; "
         f"{time.time() - started:.0f} s in all; load average {os.getloadavg()[0]:.1f}):")
-    say(f"  before the rollout: {len(steady)} requests in {options.steady_s:.0f} s, {len(steady_failed)} failed, "
-        f"p99 {p99(steady) * 1000:.0f} ms")
-    say(f"  during the rollout ({rollout_s:.1f} s): {len(during)} requests, {len(failed)} failed "
-        f"({'PASS' if not failed else 'MISS'}, target 0), p99 {p99(during) * 1000:.0f} ms")
-    say(f"  added p99 latency during the rollout: {(p99(during) - p99(steady)) * 1000:+.0f} ms")
-    if failed:
-        say(f"  first failures: {failed[:3]}")
+    say(f"  before the rollout: {len(steady.latencies)} requests in {options.steady_s:.0f} s, "
+        f"{len(steady.failures)} failed, p99 {steady.p99_s * 1000:.0f} ms")
+    say(f"  during the rollout ({rollout_s:.1f} s): {len(during.latencies) + len(during.failures)} requests, "
+        f"{len(during.failures)} failed ({'PASS' if not during.failures else 'MISS'}, target 0), "
+        f"p99 {during.p99_s * 1000:.0f} ms")
+    say(f"  added p99 latency during the rollout: {(during.p99_s - steady.p99_s) * 1000:+.0f} ms")
+    if during.failures:
+        say(f"  first failures: {during.failures[:3]}")
     return 0
 
 

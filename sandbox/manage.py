@@ -28,6 +28,7 @@ GUEST_WHEELS = PurePosixPath("/var/cache/sglang-sim/wheels")
 GUEST_TOKENIZER = PurePosixPath("/opt/sim-tokenizer")
 GUEST_CHECKOUT = PurePosixPath("/root/sglang/python")  # where our users' SGLang source checkout is
 GUEST_EDITABLE_VENV = PurePosixPath("/root/ml-env")
+ROUTER_PORT = 30080
 
 
 @dataclass(frozen=True)
@@ -131,28 +132,54 @@ def status() -> list[Guest]:
     return [guest(name) for name in sorted(running | set(inventory_names()))]
 
 
-def inventory(guests: list[Guest]) -> dict:
-    """Ansible-style inventory of the guests: every guest in group `sandbox` (`--group sandbox`)."""
+def _router_file() -> Path:
+    """The guest `sandbox.up --router NAME` named to run the SGLang router in front of group sandbox."""
+    return _testhost_dir() / "router-name"
+
+
+def inventory_router() -> str | None:
+    path = _router_file()
+    return path.read_text().strip() or None if path.exists() else None
+
+
+def record_router(name: str | None) -> None:
+    _router_file().write_text(name or "")
+
+
+def router_vars(router: str) -> dict:
+    """Group vars naming the guest that runs the SGLang router in front of group sandbox; the router's venv is built
+    from a wheelhouse of its lock (the guests have no internet)."""
+    return {"router": router, "router_port": ROUTER_PORT, "router_policy": "round_robin",
+            "router_wheelhouse": str(wheelhouse.router_wheelhouse())}
+
+
+def inventory(guests: list[Guest], router: str | None = None) -> dict:
+    """Ansible-style inventory of the guests: every guest in group `sandbox` (`--group sandbox`), with a router in
+    front of them when `router` names one of them."""
     hosts = {
         g.name: {"ansible_host": g.guest_ip, "known_hosts_file": str(g.known_hosts), "hf_endpoint": g.hub.endpoint}
         for g in guests
     }
+    group: dict = {"hosts": hosts, **({"vars": router_vars(router)} if router else {})}
     return {"all": {
-        "children": {GROUP: {"hosts": hosts}},
+        "children": {GROUP: group},
         "vars": {"ansible_user": GUEST_USER, "ansible_ssh_private_key_file": str(guests[0].key),
                  "venv": str(GUEST_VENV), "gpu_count": 8, "gpu_arch": "sm120"},
     }}
 
 
-def inventory_text(guests: list[Guest]) -> str:
+def inventory_text(guests: list[Guest], router: str | None = None) -> str:
     header = ("# Sandbox VM inventory, written by `invoke sandbox.up` (sandbox/manage.py). The guests are\n"
               "# systemd-nspawn machines on this host; only their GPUs and the model are simulated.\n")
-    return header + yaml.safe_dump(inventory(guests), sort_keys=False)
+    return header + yaml.safe_dump(inventory(guests, router), sort_keys=False)
 
 
 def write_inventory(path: Path = INVENTORY) -> Path:
-    """Inventory of the guests brought up by `sandbox.up`; for th1 alone it equals the committed file."""
-    path.write_text(inventory_text([guest(name) for name in inventory_names()]))
+    """Inventory of the guests brought up by `sandbox.up` (and the router `--router` named, while it is one of
+    them); for th1 alone it equals the committed file."""
+    names = inventory_names()
+    router = inventory_router()
+    path.write_text(inventory_text([guest(name) for name in names], router if router in names else None))
     return path
 
 

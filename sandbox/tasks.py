@@ -17,9 +17,12 @@ from sandbox import names
     "name": f"guest name, repeat for several (default {names.DEFAULT_NAME}; thN gets 10.213.x.y/30 number N)",
     "count": f"bring up guests th1..thN (all in group `{names.GROUP}` of the inventory)",
     "venv": f"also give each guest {names.GUEST_VENV} from the wheelhouse (real sglang + the sim)",
-    "sglang": "sglang version for --venv", "flashinfer": "flashinfer-python version for --venv"})
+    "sglang": "sglang version for --venv", "flashinfer": "flashinfer-python version for --venv",
+    "router": f"the guest that runs the SGLang router in front of group `{names.GROUP}` (written into its vars; "
+              "`invoke router.deploy --group sandbox` deploys it)"})
 def up(c: Context, name: list[str] | None = None, count: int = 0, venv: bool = False,
-       sglang: str = names.DEFAULT_SGLANG, flashinfer: str = names.DEFAULT_FLASHINFER) -> None:
+       sglang: str = names.DEFAULT_SGLANG, flashinfer: str = names.DEFAULT_FLASHINFER,
+       router: str | None = None) -> None:
     """Boot sandbox guests (Debian 12, systemd, sshd; simulated GPUs) and write inventory/sandbox.yaml (group
     `sandbox`); with --venv a new guest boots over the wheelhouse's venv layer, and a running one gets /opt/ml-env built
     unless it was built from the same wheels."""
@@ -40,6 +43,11 @@ def up(c: Context, name: list[str] | None = None, count: int = 0, venv: bool = F
                 manage.build_guest_venv(guest, house)
         print(f"{guest.name} up: ssh {names.GUEST_USER}@{guest.guest_ip} (inventory: {manage.INVENTORY}, group "
               f"{names.GROUP})")
+    if router is not None:
+        manage.record_router(router)
+        manage.write_inventory()
+        print(f"{router} runs the SGLang router of group {names.GROUP} (port {manage.ROUTER_PORT}): "
+              f"`invoke router.deploy --group {names.GROUP}`")
 
 
 @task(help={"name": f"guest name (default {names.DEFAULT_NAME})"})

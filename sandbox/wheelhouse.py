@@ -175,6 +175,18 @@ def prepare(sglang_version: str = DEFAULT_SGLANG, flashinfer_version: str = DEFA
     )
 
 
+def router_wheelhouse() -> Path:
+    """<cache>/router-wheels-<version>: links to the wheels of the router's lock and uv's, the directory a router
+    host without internet builds its venv from (`router_wheelhouse`)."""
+    from deploy_lib.router import ROUTER_VERSION
+    directory = cache_root() / f"router-wheels-{ROUTER_VERSION}"
+    directory.mkdir(parents=True, exist_ok=True)
+    for wheel in (*download_with_dependencies((f"sglang-router=={ROUTER_VERSION}",)), download("uv", UV_VERSION)):
+        if not (directory / wheel.name).exists():
+            (directory / wheel.name).symlink_to(wheel)
+    return directory
+
+
 def install_argv(python: str, wheels: tuple[Path, ...] | tuple[str, ...]) -> list[str]:
     """pip command that installs the wheelhouse into a venv: no index, no dependencies resolved."""
     return [python, "-m", "pip", "install", "-q", "--no-deps", "--no-index", "--no-compile",

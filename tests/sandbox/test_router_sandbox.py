@@ -7,27 +7,24 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-import yaml
 from http_client import http
 from projects import project_for_guest
 from test_fleet_sandbox import Fleet
 
-from sandbox import manage, names, wheelhouse
+from sandbox import manage
+from sandbox.traffic import Client
 
 pytestmark = pytest.mark.sandbox
-PORT = 30080
+PORT = manage.ROUTER_PORT
 PROFILES = {f"replica-{n}": f"extends: glm5-nvfp4\nenv:\n  OMP_NUM_THREADS: '{n}'\n" for n in (3, 5)}
 
 
 @pytest.fixture(scope="module")
-def replicas(venv_layer: Path, wheelhouse_default: wheelhouse.Wheelhouse,
-             tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def replicas(venv_layer: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """Two guests of this module's own in group `sandbox`, whose vars name the first as the router's host; the
     router's venv comes from a wheelhouse of sglang-router's lock (the guests have no internet)."""
     guest_names = [f"pt{os.getpid()}r{n}"[:12] for n in (1, 2)]
@@ -37,57 +34,11 @@ def replicas(venv_layer: Path, wheelhouse_default: wheelhouse.Wheelhouse,
             guests.append(manage.up(name, record=False, layers=(venv_layer,)))
         root = tmp_path_factory.mktemp("router")
         _, inventory = project_for_guest(root, guests[0], PROFILES)
-        router_wheels = wheelhouse.download_with_dependencies(("sglang-router==0.3.2",))
-        house = root / "router-wheels"
-        house.mkdir()
-        for wheel in (*router_wheels, wheelhouse_default.uv):
-            (house / wheel.name).symlink_to(wheel)
-        document = manage.inventory(guests)
-        document["all"]["children"][names.GROUP]["vars"] = {
-            "router": guests[0].name, "router_port": PORT, "router_policy": "round_robin",
-            "router_wheelhouse": str(house)}
-        Path(inventory).write_text(yaml.safe_dump(document, sort_keys=False))
+        Path(inventory).write_text(manage.inventory_text(guests, router=guests[0].name))
         yield Fleet(guests, root, inventory)
     finally:
         for name in guest_names:
             manage.down(name, record=False)
-
-
-@dataclass
-class Client:
-    """Requests through the router, one after another on each of `threads` threads, until stopped."""
-
-    url: str
-    threads: int = 4
-    answered: int = 0
-    failures: list[str] = field(default_factory=list)
-    stop: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def run(self) -> None:
-        body = {"text": "hello", "sampling_params": {"max_new_tokens": 8}}
-        while not self.stop.is_set():
-            try:
-                status, answer = http(self.url + "/generate", body=body, timeout_s=60,
-                                      headers={"Content-Type": "application/json"})
-            except OSError as error:
-                status, answer = f"error {error}", b""
-            with self.lock:
-                if status == 200:
-                    self.answered += 1
-                else:
-                    self.failures.append(f"{status}: {answer[:200]!r}")
-
-    def __enter__(self) -> Client:
-        self.workers = [threading.Thread(target=self.run) for _ in range(self.threads)]
-        for worker in self.workers:
-            worker.start()
-        return self
-
-    def __exit__(self, *exc_info: object) -> None:
-        self.stop.set()
-        for worker in self.workers:
-            worker.join(timeout=120)
 
 
 def router_urls(fleet: Fleet) -> list[tuple[str, bool]]:
@@ -112,12 +63,13 @@ def test_a_rolling_deploy_behind_the_router_fails_no_client_request(replicas: Fl
     assert replicas.root_on(router_host, "systemctl is-active sglang-router.service").strip() == "active"
     assert router_urls(replicas) == [(url, True) for url in sorted(workers)]
 
-    with Client(f"http://{router_host.guest_ip}:{PORT}") as client:
-        code, report, stderr = replicas.deploy("replica-3", "--serial", "1")
-        during_rollout = client.answered
+    rollout: list[tuple[int, dict, str]] = []
+    traffic = Client(f"http://{router_host.guest_ip}:{PORT}").during(
+        lambda: rollout.append(replicas.deploy("replica-3", "--serial", "1")))
+    [(code, report, stderr)] = rollout
     assert code == 0, stderr
-    assert client.failures == [], f"{len(client.failures)} failed of {client.answered + len(client.failures)}"
-    assert during_rollout > 0
+    assert traffic.failures == [], f"{len(traffic.failures)} failed of {len(traffic.latencies + traffic.failures)}"
+    assert traffic.latencies  # requests went through the router while the replicas restarted
     new = replicas.releases(report)
     assert not set(new) & set(baseline)
     for guest in replicas.guests:  # each host was taken out before its restart and added back after
@@ -137,4 +89,7 @@ def test_a_stopped_router_is_restarted_by_a_router_deploy_and_replicas_deploy_me
     code, report, stderr = deploy_router(replicas)
     assert code == 0, stderr
     assert report["action"] == "deployed"  # the same release, restarted and verified
+    code, releases, stderr = replicas.invoke("releases", "-s", "sglang-router")  # its store, as a server's
+    assert code == 0, stderr
+    assert report["release_id"] in json.dumps(releases[replicas.guests[0].name])
     assert router_urls(replicas) == sorted((f"http://{guest.guest_ip}:8000", True) for guest in replicas.guests)
