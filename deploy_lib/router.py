@@ -85,9 +85,19 @@ def router_site(inventory: Inventory, hosts: Sequence[Host]) -> RouterSite | Non
 
 
 def replica_urls(project: Project, profile: str | None, inventory: Inventory, targets: Sequence[Target]) -> list[str]:
-    """The group's servers as the router reaches them: each host's address and its profile's port."""
-    return [worker_url(target.host, load_for_target(project, profile, inventory, target).profile.server.port)
-            for target in targets]
+    """The group's servers as the router reaches them: each host's address and its profile's port. A server behind
+    an API key is refused: the router registers a worker by reading its /server_info and /model_info, which SGLang
+    guards with the key, and its --worker-urls carry none (docs/router.md)."""
+    urls = []
+    for target in targets:
+        loaded = load_for_target(project, profile, inventory, target)
+        if loaded.profile.server.api_key is not None:
+            raise ConfigError(f"{loaded.path}: server.api_key is set: the router in front of {target.host.name} "
+                              "cannot register a server that needs a key",
+                              "serve the replicas without server.api_key behind the router (its own --api-key for "
+                              "clients is not set by this tool either)")
+        urls.append(worker_url(target.host, loaded.profile.server.port))
+    return urls
 
 
 # ---------------------------------------------------------------------------------------------------------------

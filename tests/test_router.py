@@ -10,19 +10,20 @@ import pytest
 from fake_remote import FakeRemote
 from recording_progress import RecordingProgress
 from systemd_syntax import exec_start_argv, parse_unit_file
-from test_deploy_plan import first_plan, target
+from test_deploy_plan import PROJECT, first_plan, target
 from test_rollback import READY, ScriptedHost
 
 from deploy_lib.deploy import _Run
 from deploy_lib.errors import ConfigError, ReadinessFailed, RollbackFailed, RouterFailed
 from deploy_lib.inventory import RouterPolicy, load_inventory
-from deploy_lib.project import resolve_group
+from deploy_lib.project import Project, resolve_group
 from deploy_lib.router import (
     DEFAULT_LOCK,
     ROUTER_VERSION,
     RouterMembership,
     RouterSite,
     build_router_release,
+    replica_urls,
     router_site,
     worker_url,
 )
@@ -221,3 +222,18 @@ def test_the_deploy_engine_drains_before_the_switch_and_restart_and_again_on_eac
     switched_in = next(i for i, batch in enumerate(host.batches)
                        if any(getattr(step, "name", "") == "switch: temp link" for step in batch))
     assert drained_at == [switched_in]  # called when every batch before the switch had run, none after
+
+
+def test_a_router_in_front_of_servers_that_need_an_api_key_is_refused_naming_the_profile(tmp_path: Path) -> None:
+    (tmp_path / "inventory" / "profiles").mkdir(parents=True)
+    keyed = tmp_path / "inventory" / "profiles" / "keyed.yaml"
+    keyed.write_text("extends: glm5-nvfp4\nserver:\n  api_key: {env: MY_KEY}\n")
+    reference = PROJECT.profiles_dir / "glm5-nvfp4.yaml"
+    (tmp_path / "inventory" / "profiles" / reference.name).write_text(reference.read_text())
+    loaded = load_inventory(inventory(tmp_path))
+    targets = resolve_group(loaded, "replicas")
+    project = Project(tmp_path)
+    assert replica_urls(project, "glm5-nvfp4", loaded, targets) == ["http://192.0.2.2:8000",
+                                                                   "http://[2001:db8::3]:8000"]
+    with pytest.raises(ConfigError, match=f"{keyed}: server.api_key is set: the router in front of a cannot"):
+        replica_urls(project, "keyed", loaded, targets)
