@@ -15,6 +15,10 @@ from http_client import http
 from projects import project_for_guest
 from test_fleet_sandbox import Fleet
 
+from deploy_lib.inventory import load_inventory
+from deploy_lib.project import resolve_target
+from deploy_lib.remote import FabricRemote
+from deploy_lib.status import list_releases
 from sandbox import manage
 from sandbox.traffic import Client
 
@@ -89,7 +93,8 @@ def test_a_stopped_router_is_restarted_by_a_router_deploy_and_replicas_deploy_me
     code, report, stderr = deploy_router(replicas)
     assert code == 0, stderr
     assert report["action"] == "deployed"  # the same release, restarted and verified
-    code, releases, stderr = replicas.invoke("releases", "-s", "sglang-router")  # its store, as a server's
-    assert code == 0, stderr
-    assert report["release_id"] in json.dumps(releases[replicas.guests[0].name])
+    router_target = resolve_target(load_inventory(Path(replicas.inventory)), replicas.guests[0].name)
+    with FabricRemote(router_target.ssh) as remote:  # its store reads as a server's (`releases -s sglang-router`)
+        rows = list_releases(router_target, "sglang-router", remote)
+    assert [(row.id, row.outcome) for row in rows] == [(report["release_id"], "healthy")]
     assert router_urls(replicas) == sorted((f"http://{guest.guest_ip}:8000", True) for guest in replicas.guests)
