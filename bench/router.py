@@ -73,7 +73,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         inventory = root / "inventory" / "sandbox.yaml"
         inventory.write_text(manage.inventory_text(booted, router=booted[0].name))
         project, known = Project(root), load_inventory(inventory)
-        say("replicas and router deployed (not measured)")
+        say("deploying the replicas, then the router in front of them (not measured)")
         rolling_deploy(project, inventory, PROFILE)
         targets = resolve_group(known, names.GROUP)
         site = router_site(known, [target.host for target in targets])

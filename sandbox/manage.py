@@ -176,10 +176,11 @@ def inventory_text(guests: list[Guest], router: str | None = None) -> str:
 
 def write_inventory(path: Path = INVENTORY) -> Path:
     """Inventory of the guests brought up by `sandbox.up` (and the router `--router` named, while it is one of
-    them); for th1 alone it equals the committed file."""
+    several); for th1 alone it equals the committed file."""
     names = inventory_names()
     router = inventory_router()
-    path.write_text(inventory_text([guest(name) for name in names], router if router in names else None))
+    path.write_text(inventory_text([guest(name) for name in names],
+                                   router if router in names and len(names) > 1 else None))
     return path
 
 
