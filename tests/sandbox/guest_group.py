@@ -21,7 +21,7 @@ from sandbox import manage, names
 
 REPO = Path(__file__).resolve().parents[2]
 STORE = "/opt/sglang-deploy/sglang"
-CONSENTING = ("deploy", "rollback")  # the commands that change hosts take --yes
+CONSENTING = ("deploy", "rollback", "router.deploy")  # the commands that change hosts take --yes
 
 
 @dataclass

@@ -6,14 +6,13 @@ while a client sends requests through the router: none fails."""
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from guest_group import GuestGroup, booted_group
 from http_client import http
-from projects import project_for_guest
-from test_fleet_sandbox import Fleet
 
 from deploy_lib.inventory import load_inventory
 from deploy_lib.project import resolve_target
@@ -27,36 +26,40 @@ PORT = manage.ROUTER_PORT
 PROFILES = {f"replica-{n}": f"extends: glm5-nvfp4\nenv:\n  OMP_NUM_THREADS: '{n}'\n" for n in (3, 5)}
 
 
+class Replicas(GuestGroup):
+    fault_path = "/etc/sglang-sim/fault-router"  # no test here sets a fault
+
+    def baseline(self) -> list[str]:
+        """Every guest on the reference profile's release; each guest's release id."""
+        code, report, stderr = self.deploy("glm5-nvfp4")
+        assert code == 0, stderr
+        return self.releases(report)
+
+    def releases(self, report: dict[str, Any]) -> list[str]:
+        return [report["hosts"][name]["release"] for name in self.names]
+
+
 @pytest.fixture(scope="module")
-def replicas(venv_layer: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
+def replicas(venv_layer: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Replicas]:
     """Two guests of this module's own in group `sandbox`, whose vars name the first as the router's host; the
     router's venv comes from a wheelhouse of sglang-router's lock (the guests have no internet)."""
-    guest_names = [f"pt{os.getpid()}r{n}"[:12] for n in (1, 2)]
-    guests: list[manage.Guest] = []
-    try:
-        for name in guest_names:
-            guests.append(manage.up(name, record=False, layers=(venv_layer,)))
-        root = tmp_path_factory.mktemp("router")
-        _, inventory = project_for_guest(root, guests[0], PROFILES)
-        Path(inventory).write_text(manage.inventory_text(guests, router=guests[0].name))
-        yield Fleet(guests, root, inventory)
-    finally:
-        for name in guest_names:
-            manage.down(name, record=False)
+    with booted_group(Replicas, "r", 2, PROFILES, venv_layer, tmp_path_factory) as group:
+        Path(group.inventory).write_text(manage.inventory_text(group.guests, router=group.guests[0].name))
+        yield group
 
 
-def router_urls(fleet: Fleet) -> list[tuple[str, bool]]:
+def router_urls(fleet: Replicas) -> list[tuple[str, bool]]:
     """The workers the router lists, read from its own API (GET /workers)."""
     status, body = http(f"http://{fleet.guests[0].guest_ip}:{PORT}/workers")
     assert status == 200, body
     return sorted((worker["url"], worker["is_healthy"]) for worker in json.loads(body)["workers"])
 
 
-def deploy_router(fleet: Fleet) -> tuple[int, dict, str]:
+def deploy_router(fleet: Replicas) -> tuple[int, dict, str]:
     return fleet.invoke("router.deploy", "--profile", str(fleet.root / "inventory" / "profiles" / "glm5-nvfp4.yaml"))
 
 
-def test_a_rolling_deploy_behind_the_router_fails_no_client_request(replicas: Fleet) -> None:
+def test_a_rolling_deploy_behind_the_router_fails_no_client_request(replicas: Replicas) -> None:
     baseline = replicas.baseline()
     code, report, stderr = deploy_router(replicas)
     assert code == 0, stderr
@@ -64,7 +67,7 @@ def test_a_rolling_deploy_behind_the_router_fails_no_client_request(replicas: Fl
     workers = [f"http://{guest.guest_ip}:8000" for guest in replicas.guests]
     assert report["workers"] == workers
     router_host = replicas.guests[0]
-    assert replicas.root_on(router_host, "systemctl is-active sglang-router.service").strip() == "active"
+    assert manage.run_on(router_host, "systemctl is-active sglang-router.service").strip() == "active"
     assert router_urls(replicas) == [(url, True) for url in sorted(workers)]
 
     rollout: list[tuple[int, dict, str]] = []
@@ -82,11 +85,11 @@ def test_a_rolling_deploy_behind_the_router_fails_no_client_request(replicas: Fl
     assert router_urls(replicas) == [(url, True) for url in sorted(workers)]
 
 
-def test_a_stopped_router_is_restarted_by_a_router_deploy_and_replicas_deploy_meanwhile(replicas: Fleet) -> None:
+def test_a_stopped_router_is_restarted_by_a_router_deploy_and_replicas_deploy_meanwhile(replicas: Replicas) -> None:
     code, report, stderr = deploy_router(replicas)
     assert code == 0, stderr
     assert report["action"] == "unchanged"
-    replicas.root_on(replicas.guests[0], "systemctl stop sglang-router.service")
+    manage.run_on(replicas.guests[0], "systemctl stop sglang-router.service")
     code, report, stderr = replicas.deploy("replica-5", "--serial", "1")
     assert code == 0, stderr  # a router that is down routes nothing: the replicas restart without draining
     assert stderr.count("nothing listens on") == 2
