@@ -124,7 +124,11 @@ def behind_router(site: RouterSite, router_target: Target, connect: Callable[[Ta
             elif membership.removed:
                 failed.message += f"; {worker} is left out of the router on {site.host.name} (not serving)"
             raise
-        membership.readmit()
+        try:
+            membership.readmit()
+        except RouterFailed as failed:  # the host serves its new release, outside the router
+            failed.serving_id = getattr(outcome, "release_id", None)
+            raise
         return outcome
 
 

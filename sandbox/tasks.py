@@ -43,9 +43,9 @@ def up(c: Context, name: list[str] | None = None, count: int = 0, venv: bool = F
                 manage.build_guest_venv(guest, house)
         print(f"{guest.name} up: ssh {names.GUEST_USER}@{guest.guest_ip} (inventory: {manage.INVENTORY}, group "
               f"{names.GROUP})")
+    manage.record_router(router)  # each sandbox.up says whether a router stands in front of the group
+    manage.write_inventory()
     if router is not None:
-        manage.record_router(router)
-        manage.write_inventory()
         print(f"{router} runs the SGLang router of group {names.GROUP} (port {manage.ROUTER_PORT}): "
               f"`invoke router.deploy --group {names.GROUP}`")
 

@@ -4,6 +4,7 @@ drain/add-back calls around a replica's restart, and the deploy engine calling t
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -174,8 +175,8 @@ class _Connect:
         pass
 
 
-def _around(tmp_path: Path, deploy_one: object) -> tuple[FakeRemote, object]:
-    remote = answering(remove={"was_listed": True}, add={})
+def _around(tmp_path: Path, deploy_one: object, add: dict | None = None) -> tuple[FakeRemote, object]:
+    remote = answering(remove={"was_listed": True}, add=add or {})
     loaded = load_inventory(inventory(tmp_path))
     [edge] = resolve_group(loaded, "ungrouped")
     try:
@@ -237,3 +238,18 @@ def test_a_router_in_front_of_servers_that_need_an_api_key_is_refused_naming_the
                                                                    "http://[2001:db8::3]:8000"]
     with pytest.raises(ConfigError, match=f"{keyed}: server.api_key is set: the router in front of a cannot"):
         replica_urls(project, "keyed", loaded, targets)
+
+
+def test_a_replica_the_router_will_not_take_back_fails_its_deploy_saying_it_serves_the_new_release(
+        tmp_path: Path) -> None:
+    @dataclass(frozen=True)
+    class Deployed:
+        release_id: str
+
+    def deployed(drain: object) -> Deployed:
+        drain()  # type: ignore[operator]
+        return Deployed("N")
+    remote, result = _around(tmp_path, deployed, add={"error": "the router did not list it as a healthy worker"})
+    assert isinstance(result, RouterFailed) and result.serving_id == "N"
+    assert [c["action"] for c in config_of(remote)] == ["remove", "add"]
+    assert "adding http://192.0.2.2:8000 back" in result.message
