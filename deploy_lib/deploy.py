@@ -897,7 +897,7 @@ def prune(remote: Remote, layout: StoreLayout, keep: int, tags: Tags, progress: 
 
     Decided from a fresh read: what is on the host after the commit, current and history included."""
     results = remote.run([*release_fact_steps(layout), *venv_store_fact_steps(layout)])
-    store, venv_store = parse_store_facts(layout, results), parse_venv_store_facts(results)
+    store, venv_store = parse_store_facts(layout, results), parse_venv_store_facts(layout, results)
     doomed = releases_to_prune(store, keep)
     kept_venvs = [release_venv_hash(layout, str(r.metadata.get("venv", ""))) for r in store.releases
                   if r.id not in doomed]

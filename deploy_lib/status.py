@@ -33,7 +33,14 @@ from deploy_lib.throughput import (
     power_by_release,
     throughput_by_release,
 )
-from deploy_lib.venvs import VenvRecord, installed_step, list_venvs, parse_installed, release_venv_hash
+from deploy_lib.venvs import (
+    STATUS_DISTRIBUTIONS,
+    VenvRecord,
+    installed_step,
+    list_venvs,
+    parse_installed,
+    release_venv_hash,
+)
 from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
 from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps
 
@@ -131,10 +138,10 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
             read_crashes(remote, layout, facts.unit)
     venv = PurePosixPath(str(metadata["venv"])) if metadata.get("venv") else None
     topology = topology_steps()
-    installed_fact = [installed_step(venv, ("sglang",))] if venv else []
+    installed_fact = [installed_step(venv, STATUS_DISTRIBUTIONS, ("sglang",))] if venv else []
     readings = read(remote, [*venv_store_fact_steps(layout), *topology, *installed_fact])
     links, links_error = parse_topology_results([readings[step.name] for step in topology])
-    marker = parse_venv_store_facts(readings.results).markers.get(venv_hash or "")
+    marker = parse_venv_store_facts(layout, readings).markers.get(venv_hash or "")
     installed = next((readings[step.name] for step in installed_fact if readings[step.name].exit_code == 0), None)
     return StatusReport(
         restarts=facts.unit.n_restarts, crashes=crashes, advice=crash_loop_advice(crashes, facts.store),

@@ -102,5 +102,6 @@ def remove_venv(target: Target, service: str, remote: Remote, venv_hash: str) ->
     with host_lock(remote, layout, f"venv.remove {venv_hash}", target.host.name):
         releases = {r.id: release_venv_hash(layout, str(r.metadata.get("venv", "")))
                     for r in read_store_facts(remote, layout).releases}
-        plan = removal_plan(parse_venv_store_facts(remote.run(venv_store_fact_steps(layout))), venv_hash, releases)
+        venv_store = parse_venv_store_facts(layout, remote.run(venv_store_fact_steps(layout)))
+        plan = removal_plan(venv_store, venv_hash, releases)
         remote.run(prune_steps(layout, plan))

@@ -15,8 +15,8 @@ import pytest
 from wheelcache import wheel_path
 
 from deploy_lib import patches
-from deploy_lib.remote import Step, StepResult
-from deploy_lib.venvs import INSTALLED_FACTS_SCRIPT, TREE_SCRIPT, InstalledFacts, parse_installed
+from deploy_lib.remote import StepResult
+from deploy_lib.venvs import TREE_SCRIPT, InstalledFacts, installed_step, parse_installed
 from sandbox import wheelhouse
 from sandbox.source_tree import make_source_tree
 
@@ -44,10 +44,9 @@ def editable(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 
 def _installed(venv: Path, patch_set: patches.PatchSet) -> InstalledFacts:
-    packages = patches.top_level_packages(patch_set)
-    done = subprocess.run([str(venv / "bin" / "python3"), "-I", "-c", INSTALLED_FACTS_SCRIPT, *packages],
-                          capture_output=True, text=True, timeout=60)
-    step = Step("installed", ("python3",))
+    step = installed_step(PurePosixPath(str(venv)), patches.distributions(patch_set),
+                          patches.top_level_packages(patch_set))
+    done = subprocess.run(step.argv, capture_output=True, text=True, timeout=60)
     return parse_installed(PurePosixPath(str(venv)), StepResult(step, done.returncode, done.stdout, done.stderr, 0.0))
 
 

@@ -31,6 +31,7 @@ from deploy_lib.patches import (
     check,
     clear_jit_cache_steps,
     disable,
+    distributions,
     enable,
     file_facts,
     files_needed,
@@ -524,3 +525,9 @@ def test_nsa_aliases_name_no_gpu_and_refuse_versions_they_were_not_checked_on(ns
                                           r">=0\.5\.15,<0\.5\.20; >=0\.5\.20,<0\.5\.22; >=0\.5\.23,<0\.5\.24; "
                                           r">=0\.5\.22,<0\.5\.23\)"):
         select_variants(nsa_aliases, {"sglang": "0.5.12"})
+
+
+def test_a_patch_set_reads_the_versions_of_its_own_distributions(patch_set: PatchSet, nsa_aliases: PatchSet) -> None:
+    """Its packages, what its warnings name and its JIT cache's distribution; torch, which neither set names, not."""
+    assert distributions(patch_set) == ("flashinfer-jit-cache", "flashinfer-python", "sglang")
+    assert distributions(nsa_aliases) == ("sglang",)

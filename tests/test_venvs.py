@@ -505,6 +505,20 @@ def make_venv_with_dist(root: Path) -> Path:
     return site
 
 
+def test_installed_facts_read_the_distributions_the_caller_names_not_a_fixed_list(tmp_path: Path) -> None:
+    """A patch set's packages decide what is read: `demo` is in no list of the tool's, and is read when asked for."""
+    make_venv_with_dist(tmp_path / "env")
+    venv = PurePosixPath(str(tmp_path / "env"))
+    step = venvs.installed_step(venv, ("demo", "sglang"), ("demo",))
+    done = subprocess.run(step.argv, capture_output=True, text=True, check=True)
+    facts = venvs.parse_installed(venv, StepResult(step, 0, done.stdout, "", 0.0))
+    assert facts.versions == {"demo": "1.0"}
+    assert facts.roots["demo"] == facts.site_packages and facts.outside() == {}
+    unasked = venvs.installed_step(venv, ("sglang",), ())
+    done = subprocess.run(unasked.argv, capture_output=True, text=True, check=True)
+    assert venvs.parse_installed(venv, StepResult(unasked, 0, done.stdout, "", 0.0)).versions == {}
+
+
 def inspect(root: Path) -> venvs.Inspection:
     python = str(root / "bin" / "python3")
     out, interpreter = run_script(python, venvs.INSPECT_SCRIPT), run_script(python, venvs.PYTHON_FACTS_SCRIPT)
@@ -698,8 +712,8 @@ STORE = venvs.VenvStoreFacts(
 
 
 def test_list_shows_sizes_base_first_with_releases_and_derived_venvs() -> None:
-    step = venvs.size_step(LAYOUT, STORE)
-    assert step is not None and step.argv[-1].endswith(PATCHED)  # derived after its base: its links count once
+    fact = venvs.sizes_fact(LAYOUT, STORE)
+    assert fact is not None and fact.step.argv[-1].endswith(PATCHED)  # derived after its base: its links count once
     sizes = venvs.parse_sizes(f"100\t/opt/sd/sglang/venvs/{OLD}\n7\t/opt/sd/sglang/venvs/{PATCHED}\n")
     records = venvs.venv_records(STORE, sizes, {"r1": OLD, "r2": PATCHED, "r3": PATCHED, "r0": None})
     by_hash = {r.hash: r for r in records}

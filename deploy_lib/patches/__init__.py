@@ -28,6 +28,7 @@ from deploy_lib.patches.engine import (
 from deploy_lib.patches.host_files import (
     RECORD_FILE,
     clear_jit_cache_steps,
+    distributions,
     file_facts,
     jit_cache_dirs,
     record_fact,
@@ -71,6 +72,7 @@ __all__ = [
     "check",
     "clear_jit_cache_steps",
     "disable",
+    "distributions",
     "enable",
     "file_facts",
     "files_needed",

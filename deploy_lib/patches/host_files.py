@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import re
 from collections.abc import Mapping
 from functools import partial
 from pathlib import PurePosixPath
@@ -40,6 +41,17 @@ def record_fact(venv: PurePosixPath) -> Fact[PatchRecord | None]:
     path = venv / RECORD_FILE
     return Fact(Step("patch facts: record", ("cat", "--", str(path)), sudo=True, ok=ABSENT_OK),
                 lambda result: PatchRecord.from_json(result.stdout, str(path)) if result.exit_code == 0 else None)
+
+
+def distributions(patch_set: PatchSet) -> tuple[str, ...]:
+    """The distributions whose installed versions the patch set decides on: its packages (the variants), those its
+    warnings name (conditions and {placeholders}) and the one whose JIT cache it clears."""
+    named = set(patch_set.meta.packages)
+    for warning in patch_set.meta.warnings:
+        named |= {*warning.when, *re.findall(r"\{([A-Za-z0-9._-]+)\}", warning.text)}
+    if patch_set.meta.jit_cache is not None:
+        named.add(patch_set.meta.jit_cache.dist)
+    return tuple(sorted(named))
 
 
 def top_level_packages(patch_set: PatchSet) -> tuple[str, ...]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import PurePosixPath
 from urllib.parse import quote
 
@@ -30,8 +29,7 @@ from deploy_lib.venvs import (
     cache_dir_steps,
     cache_environment,
     derive,
-    installed_step,
-    parse_installed,
+    installed_fact,
     parse_store_facts,
     release_venv_hash,
     store_fact_steps,
@@ -115,8 +113,8 @@ def read_context(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProf
     environment = launch_environment(loaded.profile)
     home = cuda_toolkit.cuda_home(environment) if patch_set.meta.jit_cache else None
     facts = {"gpus": Fact(gpu_step("patch facts: GPUs"), parse_gpus),
-             "installed": Fact(installed_step(venv, patches.top_level_packages(patch_set), "patch facts: venv"),
-                               partial(parse_installed, venv)),
+             "installed": installed_fact(venv, patches.distributions(patch_set), patches.top_level_packages(patch_set),
+                                         "patch facts: venv"),
              "record": patches.record_fact(venv)}
     found = readings.read(remote, [*facts.values(), *(cuda_toolkit.toolkit_steps(home) if home else ())])
     gpus, gpu_error = found.value(facts["gpus"])
@@ -243,7 +241,7 @@ def _disable(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, t
                              f"{patch_set.name}",
                              hint=f"`invoke patch --set {patch_set.name} --check` shows each target's state")
     layout = context.layout
-    markers = parse_store_facts(remote.run(store_fact_steps(layout))).markers
+    markers = parse_store_facts(layout, remote.run(store_fact_steps(layout))).markers
     if context.record.base_venv not in markers:
         raise PreflightError(f"{target.host.name}: the unpatched venv {context.record.base_venv} is gone")
     venv = VenvChoice(str(layout.venvs / context.record.base_venv),

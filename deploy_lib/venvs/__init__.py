@@ -57,10 +57,11 @@ from deploy_lib.venvs.host_scripts import (
     TREE_SCRIPT,
     VERIFY_SCRIPT,
 )
-from deploy_lib.venvs.installed import InstalledFacts, Origin, installed_step, parse_installed
+from deploy_lib.venvs.installed import InstalledFacts, Origin, installed_fact, installed_step, parse_installed
 from deploy_lib.venvs.interpreter import FACT_PYTHON, PythonFacts, python_step
 from deploy_lib.venvs.lifecycle import (
     FACT_SIZES,
+    STATUS_DISTRIBUTIONS,
     VenvRecord,
     describe_prune,
     list_venvs,
@@ -68,7 +69,7 @@ from deploy_lib.venvs.lifecycle import (
     plan_prune,
     prune_steps,
     removal_plan,
-    size_step,
+    sizes_fact,
     venv_records,
 )
 from deploy_lib.venvs.lock import Lock, load_lock, parse_lock
@@ -108,6 +109,7 @@ __all__ = [
     "MARKER_FILE",
     "PYTHON_FACTS_SCRIPT",
     "RELOCATE_SCRIPT",
+    "STATUS_DISTRIBUTIONS",
     "TREE_SCRIPT",
     "UV_BINARY_MEMBER",
     "UV_VERSION",
@@ -133,6 +135,7 @@ __all__ = [
     "describe_prune",
     "ensure_venv",
     "inspect_step",
+    "installed_fact",
     "installed_step",
     "jit_cache_warnings",
     "list_venvs",
@@ -152,7 +155,7 @@ __all__ = [
     "release_venv_hash",
     "removal_plan",
     "select_wheels",
-    "size_step",
+    "sizes_fact",
     "staging_path",
     "store_fact_steps",
     "venv_hash",

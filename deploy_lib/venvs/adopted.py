@@ -119,7 +119,7 @@ def _adopt(remote: Remote, layout: StoreLayout, source: PurePosixPath, now: date
     found = Readings(remote.run([inspect_step(source), python_step(python, FACT_ADOPT_PYTHON, sudo=True),
                                  *store_fact_steps(layout)]))
     inspection = parse_inspection(source, found[FACT_INSPECT], found[FACT_ADOPT_PYTHON])
-    digest, steps = adopt_steps(layout, inspection, parse_store_facts(found.results), now or datetime.now(UTC))
+    digest, steps = adopt_steps(layout, inspection, parse_store_facts(layout, found), now or datetime.now(UTC))
     try:
         if steps:
             remote.run(steps)

@@ -15,7 +15,7 @@ from typing import Any
 
 from deploy_lib.digests import sha256_bytes
 from deploy_lib.errors import ConfigError, PreflightError
-from deploy_lib.readings import ABSENT_OK, Readings
+from deploy_lib.readings import ABSENT_OK, Fact, read
 from deploy_lib.remote import Put, Remote, Step
 from deploy_lib.store import StoreLayout, host_lock, iso_time
 from deploy_lib.venvs.host_scripts import (
@@ -31,7 +31,7 @@ from deploy_lib.venvs.publish import (
     publish_steps,
     relocate_step,
 )
-from deploy_lib.venvs.store_facts import VenvStoreFacts, parse_store_facts, store_fact_steps
+from deploy_lib.venvs.store_facts import VenvStoreFacts, parse_store_facts, store_facts
 
 FACT_MODES = "venv derive: modes of replaced files"
 
@@ -55,10 +55,12 @@ def check_relpath(relpath: str) -> PurePosixPath:
     return path
 
 
-def mode_step(layout: StoreLayout, base_hash: str, relpaths: Iterable[str]) -> Step:
+def modes_fact(layout: StoreLayout, base_hash: str, relpaths: Iterable[str]) -> Fact[dict[str, int]]:
+    """The modes of the files a derived venv replaces, so the new files keep them (stat prints those that exist)."""
     base = venv_path(layout, base_hash)
-    return Step(FACT_MODES, ("stat", "--printf", "%a %n\\0", "--", *(str(base / check_relpath(p)) for p in relpaths)),
-                ok=ABSENT_OK)
+    return Fact(Step(FACT_MODES, ("stat", "--printf", "%a %n\\0", "--",
+                                  *(str(base / check_relpath(p)) for p in relpaths)), ok=ABSENT_OK),
+                lambda result: parse_modes(layout, base_hash, result.stdout))
 
 
 def parse_modes(layout: StoreLayout, base_hash: str, stat_out: str) -> dict[str, int]:
@@ -83,9 +85,11 @@ class CopiedTree:
     digest: str
 
 
-def tree_digest_step(python: PurePosixPath, sources: Iterable[PurePosixPath]) -> Step:
-    return Step(FACT_TREES, (str(python), "-I", "-c", TREE_SCRIPT, "digest", *map(str, sources)), sudo=True,
-                timeout_s=COPY_TIMEOUT_S)
+def tree_digests_fact(python: PurePosixPath, sources: Iterable[PurePosixPath]) -> Fact[dict[str, str]]:
+    """Source directory -> the digest of its content (tree_script.py), checked again after the copy."""
+    return Fact(Step(FACT_TREES, (str(python), "-I", "-c", TREE_SCRIPT, "digest", *map(str, sources)), sudo=True,
+                     timeout_s=COPY_TIMEOUT_S),
+                lambda result: {str(source): str(digest) for source, digest in json.loads(result.stdout).items()})
 
 
 def derive_steps(layout: StoreLayout, base_hash: str, replaced_files: Mapping[str, bytes],
@@ -151,14 +155,12 @@ def derive(remote: Remote, layout: StoreLayout, base_hash: str, replaced_files: 
 
 def _derive(remote: Remote, layout: StoreLayout, base_hash: str, replaced_files: Mapping[str, bytes],
             now: datetime | None, copied: Mapping[str, PurePosixPath]) -> VenvResult:
-    fact_batch: list[Step | Put] = [*store_fact_steps(layout), mode_step(layout, base_hash, replaced_files)]
-    if copied:
-        fact_batch.append(tree_digest_step(venv_path(layout, base_hash) / "bin" / "python3", copied.values()))
-    results = remote.run(fact_batch)
-    facts = parse_store_facts(results)
-    modes = parse_modes(layout, base_hash, Readings.of(results)[FACT_MODES].stdout)
-    digests = json.loads(Readings.of(results)[FACT_TREES].stdout) if copied else {}
-    trees = {relpath: CopiedTree(source, str(digests[str(source)])) for relpath, source in copied.items()}
+    modes_read = modes_fact(layout, base_hash, replaced_files)
+    trees_read = tree_digests_fact(venv_path(layout, base_hash) / "bin" / "python3", copied.values())
+    found = read(remote, [*store_facts(layout).values(), modes_read, *([trees_read] if copied else [])])
+    facts, modes = parse_store_facts(layout, found), found.value(modes_read)
+    digests = found.value(trees_read) if copied else {}
+    trees = {relpath: CopiedTree(source, digests[str(source)]) for relpath, source in copied.items()}
     digest, steps = derive_steps(layout, base_hash, replaced_files, facts, modes, now or datetime.now(UTC), trees)
     if steps:
         remote.run(steps)

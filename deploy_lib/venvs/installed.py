@@ -7,12 +7,14 @@ location of the files they change.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from functools import partial
 from pathlib import PurePosixPath
 from urllib.parse import unquote, urlparse
 
 from deploy_lib.errors import PreflightError
+from deploy_lib.readings import Fact
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.venvs.host_scripts import INSTALLED_FACTS_SCRIPT
 
@@ -59,10 +61,20 @@ class InstalledFacts:
         return {name: origin.directory for name, origin in self.origins.items() if origin.editable}
 
 
-def installed_step(venv: PurePosixPath, packages: Sequence[str], name: str = FACT_INSTALLED) -> Step:
-    """Read-only, as root (a venv under /root is the usual hand-made one); exit 127: no python in the venv."""
-    return Step(name, (str(venv / "bin" / "python3"), "-I", "-c", INSTALLED_FACTS_SCRIPT, *packages), sudo=True,
+def installed_step(venv: PurePosixPath, distributions: Iterable[str], packages: Iterable[str],
+                   name: str = FACT_INSTALLED) -> Step:
+    """The versions and origins of `distributions` and where the top-level `packages` are imported from: what the
+    caller decides on (a patch set's own packages, the versions `status` shows), not a fixed list.
+
+    Read-only, as root (a venv under /root is the usual hand-made one); exit 127: no python in the venv."""
+    asked = json.dumps({"distributions": sorted(set(distributions)), "packages": sorted(set(packages))})
+    return Step(name, (str(venv / "bin" / "python3"), "-I", "-c", INSTALLED_FACTS_SCRIPT, asked), sudo=True,
                 ok=frozenset({0, 1, 126, 127}), timeout_s=60)
+
+
+def installed_fact(venv: PurePosixPath, distributions: Iterable[str], packages: Iterable[str],
+                   name: str = FACT_INSTALLED) -> Fact[InstalledFacts]:
+    return Fact(installed_step(venv, distributions, packages, name), partial(parse_installed, venv))
 
 
 def parse_installed(venv: PurePosixPath, result: StepResult) -> InstalledFacts:

@@ -1,4 +1,5 @@
-"""What a venv imports, and from where (run by the venv's own python: `python3 -I -c`; argv: top-level packages).
+"""What a venv imports, and from where (run by the venv's own python: `python3 -I -c`; argv: one JSON object,
+{"distributions": [names whose version and origin to read], "packages": [top-level packages to locate]}).
 
 Standard library only, no deploy_lib imports. The import system is asked where each package is
 (importlib.util.find_spec, which does not import it), so whatever pip/setuptools wrote is followed exactly: a
@@ -15,8 +16,6 @@ import os
 import sys
 import sysconfig
 import urllib.parse
-
-DISTRIBUTIONS = ("sglang", "flashinfer-python", "flashinfer-jit-cache", "torch")
 
 
 def version(name: str) -> str | None:
@@ -49,7 +48,8 @@ def root(top: str) -> str | None:
 
 
 if __name__ == "__main__":
+    asked = json.loads(sys.argv[1])
     print(json.dumps({"purelib": sysconfig.get_paths()["purelib"],
-                      "versions": {n: version(n) for n in DISTRIBUTIONS},
-                      "origins": {n: origin(n) for n in DISTRIBUTIONS},
-                      "roots": {top: root(top) for top in sys.argv[1:]}}))
+                      "versions": {n: version(n) for n in asked["distributions"]},
+                      "origins": {n: origin(n) for n in asked["distributions"]},
+                      "roots": {top: root(top) for top in asked["packages"]}}))

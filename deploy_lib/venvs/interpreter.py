@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from deploy_lib.errors import PreflightError
+from deploy_lib.readings import Fact
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.venvs.host_scripts import PYTHON_FACTS_SCRIPT
 
@@ -23,6 +25,8 @@ class PythonFacts:
     platform: str
     soabi: str
     machine: str
+    # Where it is (sys.executable), for `uv venv --python`; not part of who it is, nor of a marker.
+    executable: str = field(default="", compare=False)
 
     def identity(self) -> str:
         """What a venv's hash covers of its interpreter: implementation, version, ABI and platform."""
@@ -34,12 +38,18 @@ class PythonFacts:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PythonFacts:
-        return cls(**{key: str(data[key]) for key in ("implementation", "version", "platform", "soabi", "machine")})
+        executable = data.get("executable")
+        return cls(**{key: str(data[key]) for key in ("implementation", "version", "platform", "soabi", "machine")},
+                   executable=executable if isinstance(executable, str) else "")
 
 
 def python_step(python: str, name: str = FACT_PYTHON, sudo: bool = False) -> Step:
     """Who the interpreter is: the host's (for a build) or a venv's own (for an adoption, as root)."""
     return Step(name, (python, "-I", "-c", PYTHON_FACTS_SCRIPT), sudo=sudo, ok=frozenset({0, 126, 127}))
+
+
+def python_fact(python: str, name: str = FACT_PYTHON, sudo: bool = False) -> Fact[PythonFacts]:
+    return Fact(python_step(python, name, sudo), partial(parse_python_facts, python=python))
 
 
 def parse_python_facts(result: StepResult, python: str) -> PythonFacts:

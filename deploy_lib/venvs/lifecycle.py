@@ -11,7 +11,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from deploy_lib.errors import ConfigError
-from deploy_lib.readings import ABSENT_OK
+from deploy_lib.readings import ABSENT_OK, Fact, read
 from deploy_lib.remote import Put, Remote, Step
 from deploy_lib.store import STAGING_SUFFIX, StoreLayout
 from deploy_lib.venvs.paths import cache_path, canonical_name, staging_path, tool_store, venv_path, wheel_dir
@@ -51,13 +51,13 @@ def _base_first(markers: Mapping[str, Mapping[str, Any]]) -> list[str]:
     return sorted(markers, key=lambda h: (depth(h), h))
 
 
-def size_step(layout: StoreLayout, facts: VenvStoreFacts) -> Step | None:
+def sizes_fact(layout: StoreLayout, facts: VenvStoreFacts) -> Fact[dict[str, int]] | None:
     """`du -sb` over the venvs, bases before their derived venvs: a hard-linked file counts for the first."""
     order = _base_first(facts.markers)
     if not order:
         return None
-    return Step(FACT_SIZES, ("du", "-sb", "--", *(str(venv_path(layout, h)) for h in order)), ok=ABSENT_OK,
-                timeout_s=300)
+    return Fact(Step(FACT_SIZES, ("du", "-sb", "--", *(str(venv_path(layout, h)) for h in order)), ok=ABSENT_OK,
+                     timeout_s=300), lambda result: parse_sizes(result.stdout))
 
 
 def parse_sizes(du_out: str) -> dict[str, int]:
@@ -85,9 +85,9 @@ def venv_records(facts: VenvStoreFacts, sizes: Mapping[str, int],
 
 
 def list_venvs(remote: Remote, layout: StoreLayout, release_venvs: Mapping[str, str | None]) -> list[VenvRecord]:
-    facts = parse_store_facts(remote.run(store_fact_steps(layout)))
-    step = size_step(layout, facts)
-    sizes = parse_sizes(remote.run([step])[0].stdout) if step is not None else {}
+    facts = parse_store_facts(layout, remote.run(store_fact_steps(layout)))
+    sizes_read = sizes_fact(layout, facts)
+    sizes = read(remote, [sizes_read]).value(sizes_read) if sizes_read is not None else {}
     return venv_records(facts, sizes, release_venvs)
 
 

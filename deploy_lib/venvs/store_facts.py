@@ -8,12 +8,13 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import PurePosixPath
 from typing import Any
 
-from deploy_lib.readings import ABSENT_OK, Readings
+from deploy_lib.readings import ABSENT_OK, Fact, Readings, read
 from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.store import STAGING_SUFFIX, StoreLayout
-from deploy_lib.venvs.interpreter import FACT_PYTHON, PythonFacts, parse_python_facts, python_step
+from deploy_lib.venvs.interpreter import PythonFacts, python_fact
 from deploy_lib.venvs.paths import HASH_RE, MARKER_FILE, tool_store, wheel_store
 
 FACT_MARKERS = "venv facts: markers"
@@ -22,23 +23,37 @@ FACT_WHEELS = "venv facts: wheels on the host"
 FACT_TOOLS = "venv facts: uv binaries on the host"
 
 
-def store_fact_steps(layout: StoreLayout) -> list[Step | Put]:
-    """Read-only: the markers of published venvs (with their text), every entry of venvs/, the wheels present."""
+def _found(result: StepResult) -> str:
+    """What a find printed, or "" when the directory is not there yet."""
+    return result.stdout if result.exit_code == 0 else ""
+
+
+def _by_sha256(name: str, directory: PurePosixPath, file_name: str) -> Fact[frozenset[str]]:
+    """The <sha256>/ directories of a content-addressed directory (wheels/, tools/) that hold such a file."""
+    return Fact(Step(name, ("find", str(directory), "-mindepth", "2", "-maxdepth", "2", "-name", file_name,
+                            "-type", "f", "-printf", "%P\\0"), ok=ABSENT_OK),
+                lambda result: parse_wheel_names(_found(result)))
+
+
+def store_facts(layout: StoreLayout) -> dict[str, Fact[Any]]:
+    """The store's read-only facts by the VenvStoreFacts field each fills: the markers of published venvs (with
+    their text), every entry of venvs/, the wheels and the uv binaries present."""
     venvs = str(layout.venvs)
-    return [
+    return {
         # "\0<hash>/venv.json\0<marker text>" per venv; a marker is one JSON line and JSON text holds no NUL.
-        Step(FACT_MARKERS, ("find", venvs, "-mindepth", "2", "-maxdepth", "2", "-name", MARKER_FILE, "-printf",
-                            "\\0%P\\0", "-exec", "cat", "--", "{}", ";"), ok=ABSENT_OK),
-        Step(FACT_DIRS, ("find", venvs, "-mindepth", "1", "-maxdepth", "1", "-printf", "%f\\0"), ok=ABSENT_OK),
-        Step(FACT_WHEELS, ("find", str(wheel_store(layout)), "-mindepth", "2", "-maxdepth", "2", "-name", "*.whl",
-                           "-type", "f", "-printf", "%P\\0"), ok=ABSENT_OK),
-        Step(FACT_TOOLS, ("find", str(tool_store(layout)), "-mindepth", "2", "-maxdepth", "2", "-name", "uv",
-                          "-type", "f", "-printf", "%P\\0"), ok=ABSENT_OK),
-    ]
+        "markers": Fact(Step(FACT_MARKERS, ("find", venvs, "-mindepth", "2", "-maxdepth", "2", "-name", MARKER_FILE,
+                                            "-printf", "\\0%P\\0", "-exec", "cat", "--", "{}", ";"), ok=ABSENT_OK),
+                        lambda result: parse_markers(_found(result))),
+        "entries": Fact(Step(FACT_DIRS, ("find", venvs, "-mindepth", "1", "-maxdepth", "1", "-printf", "%f\\0"),
+                             ok=ABSENT_OK),
+                        lambda result: tuple(sorted(name for name in _found(result).split("\0") if name))),
+        "wheels": _by_sha256(FACT_WHEELS, wheel_store(layout), "*.whl"),
+        "tools": _by_sha256(FACT_TOOLS, tool_store(layout), "uv"),
+    }
 
 
-def fact_steps(layout: StoreLayout, python: str) -> list[Step | Put]:
-    return [python_step(python), *store_fact_steps(layout)]
+def store_fact_steps(layout: StoreLayout) -> list[Step | Put]:
+    return [fact.step for fact in store_facts(layout).values()]
 
 
 @dataclass(frozen=True)
@@ -67,7 +82,11 @@ class VenvStoreFacts:
 class VenvFacts:
     python: PythonFacts
     store: VenvStoreFacts
-    interpreter: str = ""   # the interpreter's path on the host (sys.executable); "" when it did not say
+
+    @property
+    def interpreter(self) -> str:
+        """The interpreter's path on the host (sys.executable); "" when it did not say."""
+        return self.python.executable
 
 
 def parse_markers(find_out: str) -> dict[str, dict[str, Any]]:
@@ -91,22 +110,13 @@ def parse_wheel_names(find_out: str) -> frozenset[str]:
                      if "/" in entry and re.fullmatch(r"[0-9a-f]{64}", entry.split("/", 1)[0]))
 
 
-def parse_store_facts(results: Sequence[StepResult]) -> VenvStoreFacts:
+def parse_store_facts(layout: StoreLayout, results: Sequence[StepResult] | Readings) -> VenvStoreFacts:
     found = Readings.of(results)
-    return VenvStoreFacts(
-        markers=parse_markers(found.stdout(FACT_MARKERS)),
-        entries=tuple(sorted(name for name in found.stdout(FACT_DIRS).split("\0") if name)),
-        wheels=parse_wheel_names(found.stdout(FACT_WHEELS)),
-        tools=parse_wheel_names(found.stdout(FACT_TOOLS)),
-    )
-
-
-def parse_facts(results: Sequence[StepResult], python: str) -> VenvFacts:
-    result = Readings.of(results)[FACT_PYTHON]
-    facts = parse_python_facts(result, python)
-    executable = json.loads(result.stdout.strip().splitlines()[-1]).get("executable")
-    return VenvFacts(facts, parse_store_facts(results), executable if isinstance(executable, str) else "")
+    return VenvStoreFacts(**{field: found.value(fact) for field, fact in store_facts(layout).items()})
 
 
 def read_facts(remote: Remote, layout: StoreLayout, python: str) -> VenvFacts:
-    return parse_facts(remote.run(fact_steps(layout, python)), python)
+    """The host's interpreter and the store, in one round trip."""
+    interpreter = python_fact(python)
+    found = read(remote, [interpreter, *store_facts(layout).values()])
+    return VenvFacts(found.value(interpreter), parse_store_facts(layout, found))
