@@ -13,11 +13,14 @@ import yaml
 from fake_remote import FakeRemote
 from test_deploy_plan import NOW, deployed, facts, first_plan, target
 
-from deploy_lib.adopt import (
+from deploy_lib.adopt import STEP_UNIT, read_unit
+from deploy_lib.deploy import hand_run_check, hand_run_pid, plan_deploy, preflight
+from deploy_lib.errors import DriftDetected, PreflightError
+from deploy_lib.facts import UnitFacts
+from deploy_lib.hand_process import (
     STEP_CMDLINE,
     STEP_CWD,
     STEP_ENVIRON,
-    STEP_UNIT,
     STEP_USER,
     HandProcess,
     adopt_profile,
@@ -26,12 +29,8 @@ from deploy_lib.adopt import (
     parse_process,
     process_steps,
     profile_yaml,
-    read_unit,
     split_launch,
 )
-from deploy_lib.deploy import hand_run_check, hand_run_pid, plan_deploy, preflight
-from deploy_lib.errors import DriftDetected, PreflightError
-from deploy_lib.facts import UnitFacts
 from deploy_lib.profile import Profile, load_profile
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.server_args import sglang_args
