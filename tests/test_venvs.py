@@ -1,6 +1,6 @@
 """deploy_lib/venvs without a host: lock parsing, hashes, wheel selection, build/adopt/derive batches, caches, pruning.
 
-The two host-side scripts (relocate, inspect) are run here for real against venvs made in tmp_path.
+The host scripts (relocate, inspect, installed, verify, fetch uv) are run here for real against venvs made in tmp_path.
 """
 
 from __future__ import annotations
