@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from pathlib import PurePosixPath
 
 from deploy_lib.errors import ConfigError, PreflightError, StepFailed
+from deploy_lib.host_paths import venv_python
 from deploy_lib.readings import Readings
 from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.store import StoreLayout, host_lock, iso_time
@@ -41,7 +42,7 @@ def _check_host_path(path: PurePosixPath) -> PurePosixPath:
 
 def inspect_step(venv: PurePosixPath) -> Step:
     """The venv's own python lists its distributions and checks every file against their RECORD."""
-    return Step(FACT_INSPECT, (str(_check_host_path(venv) / "bin" / "python3"), "-I", "-c", INSPECT_SCRIPT),
+    return Step(FACT_INSPECT, (str(venv_python(_check_host_path(venv))), "-I", "-c", INSPECT_SCRIPT),
                 sudo=True, ok=frozenset({0, 126, 127}), timeout_s=INSPECT_TIMEOUT_S)
 
 
@@ -58,13 +59,13 @@ class Inspection:
 def parse_inspection(source: PurePosixPath, result: StepResult, interpreter: StepResult) -> Inspection:
     """The venv's distributions (`inspect_step`) and its interpreter (`python_step` of its python)."""
     if result.exit_code != 0:
-        raise PreflightError(f"{source} is not a usable venv: {source / 'bin/python3'} exited {result.exit_code}",
+        raise PreflightError(f"{source} is not a usable venv: {venv_python(source)} exited {result.exit_code}",
                              hint=(result.stderr or result.stdout).strip()[-300:] or None)
     try:
         data = json.loads(result.stdout.strip().splitlines()[-1])
         dists = data["distributions"]
         inspection = Inspection(
-            source=source, python=parse_python_facts(interpreter, str(source / "bin" / "python3")),
+            source=source, python=parse_python_facts(interpreter, str(venv_python(source))),
             distributions={name: str(d["version"]) for name, d in dists.items()},
             record_sha256={name: str(d["record_sha256"]) for name, d in dists.items()},
             drift={name: tuple((str(p), str(s)) for p, s in d["drift"]) for name, d in dists.items() if d["drift"]},
@@ -101,7 +102,7 @@ def adopt_steps(layout: StoreLayout, inspection: Inspection, facts: VenvStoreFac
         *clear_steps("venv adopt", layout, digest, facts),
         Step("venv adopt: hard-linked copy", ("cp", "-al", "--", str(inspection.source), str(staging)), sudo=True,
              timeout_s=COPY_TIMEOUT_S),
-        relocate_step("venv adopt: relocate scripts", staging / "bin" / "python3", staging, inspection.source,
+        relocate_step("venv adopt: relocate scripts", venv_python(staging), staging, inspection.source,
                       final),
         *publish_steps("venv adopt", staging, final, marker),
     ]
@@ -115,7 +116,7 @@ def adopt(remote: Remote, layout: StoreLayout, source: PurePosixPath, now: datet
 
 
 def _adopt(remote: Remote, layout: StoreLayout, source: PurePosixPath, now: datetime | None) -> VenvResult:
-    python = str(_check_host_path(source) / "bin" / "python3")
+    python = str(venv_python(_check_host_path(source)))
     found = Readings(remote.run([inspect_step(source), python_step(python, FACT_ADOPT_PYTHON, sudo=True),
                                  *store_fact_steps(layout)]))
     inspection = parse_inspection(source, found[FACT_INSPECT], found[FACT_ADOPT_PYTHON])

@@ -13,6 +13,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from deploy_lib.errors import StepFailed
+from deploy_lib.host_paths import venv_python
 from deploy_lib.progress import NullProgress, Progress
 from deploy_lib.remote import Put, Remote, Step, StepResult, describe
 from deploy_lib.settings import VenvSpec
@@ -176,7 +177,7 @@ def plan_build(spec: VenvSpec, lock: Lock, layout: StoreLayout, facts: VenvFacts
     verify = Step(VERIFY_STEP, (interpreter, "-I", "-c", VERIFY_SCRIPT,
                                 *(part for sha in used for part in (sha, str(wheel_dir(layout, sha))))),
                   sudo=True, timeout_s=1800)
-    python = staging / "bin" / "python3"
+    python = venv_python(staging)
     lock_file = staging / LOCK_FILE
     uv = uv_binary(layout, uv_sha)
     find_links = [wheel_dir(layout, sha) for sha in used if sha != uv_sha]

@@ -15,6 +15,7 @@ from typing import Any
 
 from deploy_lib.digests import sha256_bytes
 from deploy_lib.errors import ConfigError, PreflightError
+from deploy_lib.host_paths import venv_python
 from deploy_lib.readings import ABSENT_OK, Fact, read
 from deploy_lib.remote import Put, Remote, Step
 from deploy_lib.store import StoreLayout, host_lock, iso_time
@@ -112,7 +113,7 @@ def derive_steps(layout: StoreLayout, base_hash: str, replaced_files: Mapping[st
     if facts.published(digest):
         return digest, []
     base, staging, final = venv_path(layout, base_hash), staging_path(layout, digest), venv_path(layout, digest)
-    python = staging / "bin" / "python3"
+    python = venv_python(staging)
     paths = {relpath: check_relpath(relpath) for relpath in sorted(replaced_files)}
     parents = sorted({str(staging / path.parent) for path in paths.values()})
     steps: list[Step | Put] = [
@@ -156,7 +157,7 @@ def derive(remote: Remote, layout: StoreLayout, base_hash: str, replaced_files: 
 def _derive(remote: Remote, layout: StoreLayout, base_hash: str, replaced_files: Mapping[str, bytes],
             now: datetime | None, copied: Mapping[str, PurePosixPath]) -> VenvResult:
     modes_read = modes_fact(layout, base_hash, replaced_files)
-    trees_read = tree_digests_fact(venv_path(layout, base_hash) / "bin" / "python3", copied.values())
+    trees_read = tree_digests_fact(venv_python(venv_path(layout, base_hash)), copied.values())
     found = read(remote, [*store_facts(layout).values(), modes_read, *([trees_read] if copied else [])])
     facts, modes = parse_store_facts(layout, found), found.value(modes_read)
     digests = found.value(trees_read) if copied else {}

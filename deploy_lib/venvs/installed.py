@@ -14,6 +14,7 @@ from pathlib import PurePosixPath
 from urllib.parse import unquote, urlparse
 
 from deploy_lib.errors import PreflightError
+from deploy_lib.host_paths import venv_python
 from deploy_lib.readings import Fact
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.venvs.host_scripts import INSTALLED_FACTS_SCRIPT
@@ -68,7 +69,7 @@ def installed_step(venv: PurePosixPath, distributions: Iterable[str], packages: 
 
     Read-only, as root (a venv under /root is the usual hand-made one); exit 127: no python in the venv."""
     asked = json.dumps({"distributions": sorted(set(distributions)), "packages": sorted(set(packages))})
-    return Step(name, (str(venv / "bin" / "python3"), "-I", "-c", INSTALLED_FACTS_SCRIPT, asked), sudo=True,
+    return Step(name, (str(venv_python(venv)), "-I", "-c", INSTALLED_FACTS_SCRIPT, asked), sudo=True,
                 ok=frozenset({0, 1, 126, 127}), timeout_s=60)
 
 

@@ -11,6 +11,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from deploy_lib.errors import PreflightError
+from deploy_lib.host_paths import venv_python
 from deploy_lib.remote import Put, Step
 from deploy_lib.store import StoreLayout, json_line
 from deploy_lib.venvs.host_scripts import RELOCATE_SCRIPT
@@ -70,7 +71,7 @@ class VenvResult:
 
     @property
     def python(self) -> PurePosixPath:
-        return self.path / "bin" / "python3"
+        return venv_python(self.path)
 
 
 def jit_cache_warnings(distributions: Mapping[str, str]) -> list[str]:
