@@ -15,7 +15,7 @@ from typing import Any
 from deploy_lib.cuda_toolkit import CudaToolkit, parse_toolkit, toolkit_steps
 from deploy_lib.errors import PreflightError
 from deploy_lib.readings import TOOL_ABSENT_OK, Fact, read
-from deploy_lib.remote import Put, Remote, Step, StepResult
+from deploy_lib.remote import Put, Remote, Step, StepResult, concurrently
 from deploy_lib.store import ENV_FILE, UNIT_FILE, StoreFacts, StoreLayout, parse_store_facts, release_fact_steps
 
 GPU_FIELDS = ("index", "name", "uuid", "compute_cap", "memory.total", "memory.used", "power.draw", "power.limit",
@@ -250,8 +250,11 @@ def fact_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_hom
     no toolkit is read; the weights' own fact steps (models.Weights.fact_steps) ride along; with a release id (a
     rollback target) that release's files are checksummed."""
     facts = _host_facts(layout, port, venv, working_directory, release_id)
+    # the steps that each start a Python in the venv (SGLang's options, its import origin, the model plan) run
+    # at the same time, after the quick reads
+    slow = [facts.pop(role).step for role in ("sglang", "import_shadow") if role in facts]
     return [*release_fact_steps(layout), *(fact.step for fact in facts.values()),
-            *(toolkit_steps(cuda_home) if cuda_home is not None else ()), *model_steps]
+            *(toolkit_steps(cuda_home) if cuda_home is not None else ()), *concurrently([*slow, *model_steps])]
 
 
 def _existing_parents(path: PurePosixPath) -> tuple[str, ...]:
@@ -271,7 +274,7 @@ def read_host_facts(remote: Remote, layout: StoreLayout, venv: str | None, port:
         gpus=gpus, gpu_error=gpu_error,
         sglang=values.pop("sglang", SGLangInstall(True, None, None, {}, "not read")),
         cuda_toolkit=parse_toolkit(cuda_home, readings) if cuda_home is not None else None,
-        model_results=tuple(result for result in readings.results if result.step in model_steps),
+        model_results=tuple(readings[step.name] for step in model_steps),
         port_listeners=values.pop("port_listeners", ()),
         **values,
     )

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import pytest
 from fake_remote import FakeRemote
@@ -21,6 +21,7 @@ from deploy_lib.remote import (
     channel_stdin,
     check_result,
     command_line,
+    concurrently,
     describe,
     parse_batch_output,
     round_trips,
@@ -176,6 +177,37 @@ def test_only_the_stdin_step_reads_the_channel() -> None:
     steps = [Step("reads nothing", ("wc", "-c")), Step("gets stdin", ("wc", "-c"), stdin=b"12345")]
     results, _, _ = _run_script_locally(steps, stdin=b"12345")
     assert [r.stdout.strip() for r in results] == ["0", "5"]
+
+
+def _rendezvous(name: str, mine: Path, theirs: Path, **kwargs: object) -> Step:
+    """Creates `mine`, then waits for `theirs`: two of them end only when they run at the same time."""
+    script = f"touch {mine}; until [ -e {theirs} ]; do sleep 0.01; done"
+    return Step(name, ("sh", "-c", script), timeout_s=20, concurrent=True, **kwargs)  # type: ignore[arg-type]
+
+
+def test_concurrent_steps_run_at_the_same_time_and_report_in_order(tmp_path) -> None:
+    a, b = tmp_path / "a", tmp_path / "b"
+    steps = [Step("before", ("echo", "first")),
+             *concurrently([Step("talks", ("sh", "-c", "echo out; echo err >&2; exit 3"), ok=frozenset({0, 3})),
+                            Step("inline stdin", ("cat",), stdin=b"inline\n")]),
+             _rendezvous("waits for b", a, b), _rendezvous("waits for a", b, a),
+             Step("channel stdin", ("cat",), stdin=b"\x00channel", concurrent=True),
+             Step("after", ("echo", "last"))]
+    results, _, _ = _run_script_locally(steps, stdin=b"\x00channel")
+    assert [(r.step.name, r.exit_code, r.stdout, r.stderr) for r in results] == [
+        ("before", 0, "first\n", ""), ("talks", 3, "out\n", "err\n"), ("inline stdin", 0, "inline\n", ""),
+        ("waits for b", 0, "", ""), ("waits for a", 0, "", ""), ("channel stdin", 0, "\x00channel", ""),
+        ("after", 0, "last\n", "")]
+    assert all(r.duration_s >= 0 for r in results)
+
+
+def test_a_failed_concurrent_step_stops_the_batch_after_its_group(tmp_path) -> None:
+    after = tmp_path / "after"
+    steps = [*concurrently([Step("fails", ("sh", "-c", "exit 5")), Step("still runs", ("echo", "ran"))]),
+             Step("after", ("touch", str(after)))]
+    results, _, _ = _run_script_locally(steps)
+    assert [(r.step.name, r.exit_code, r.stdout) for r in results] == [("fails", 5, ""), ("still runs", 0, "ran\n")]
+    assert not after.exists()
 
 
 def test_batch_script_times_out_a_step_with_exit_124() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from deploy_lib.remote.steps import Put, Step, StepResult
 
@@ -109,29 +109,70 @@ def put_results(trip: Sequence[Step | Put], results: Sequence[StepResult]) -> li
     return joined
 
 
+def concurrently(steps: Sequence[Step]) -> list[Step]:
+    """The same steps, run at the same time when they follow one another in a batch."""
+    return [replace(step, concurrent=True) for step in steps]
+
+
+def _groups(steps: Sequence[Step]) -> list[list[int]]:
+    """Step indexes in the order they run: each step alone, or a run of consecutive concurrent steps together."""
+    groups: list[list[int]] = []
+    for index, step in enumerate(steps):
+        if step.concurrent and groups and steps[groups[-1][-1]].concurrent:
+            groups[-1].append(index)
+        else:
+            groups.append([index])
+    return groups
+
+
+def _redirect(step: Step, channel: str) -> str:
+    inline = inline_stdin(step)
+    if inline is not None:
+        return f" <<'{HEREDOC_END}'\n{inline}{HEREDOC_END}"
+    return channel if step.stdin is not None else " </dev/null"
+
+
+def _markers(marker: str, index: int, times: str) -> list[str]:
+    return [f"printf '\\n%s %s\\n' '{marker} {index} end' \"{times}\"",
+            f"printf '\\n%s %s\\n' '{marker} {index} end' \"{times}\" >&2"]
+
+
+def _starts(marker: str, index: int) -> str:
+    return f"printf '%s\\n' '{marker} {index} start'; printf '%s\\n' '{marker} {index} start' >&2"
+
+
 def batch_script(steps: Sequence[Step], user: str, marker: str) -> str:
     """A bash script running `steps` in order, each framed by marker lines on stdout and stderr.
 
     Each step runs under coreutils `timeout` (its own timeout, then KILL), its exit code and start/end
     times go into the closing marker, and the script stops after the first code not in the step's ok set.
+    A run of concurrent steps starts together, each writing into files of a private directory, and is framed
+    in order once all have ended.
     """
-    lines = []
-    for index, step in enumerate(steps):
-        ok = "|".join(str(code) for code in sorted(step.ok))
-        inline = inline_stdin(step)
-        if inline is not None:
-            redirect = f" <<'{HEREDOC_END}'\n{inline}{HEREDOC_END}"
-        else:
-            redirect = "" if step.stdin is not None else " </dev/null"
-        lines += [
-            f"printf '%s\\n' '{marker} {index} start'; printf '%s\\n' '{marker} {index} start' >&2",
-            "t0=$EPOCHREALTIME",
-            f"timeout -k {KILL_AFTER_S} {step.timeout_s:g} {command_line(step, user)}{redirect}",
-            "rc=$?",
-            f"printf '\\n%s %s %s %s\\n' '{marker} {index} end' \"$rc\" \"$t0\" \"$EPOCHREALTIME\"",
-            f"printf '\\n%s %s %s %s\\n' '{marker} {index} end' \"$rc\" \"$t0\" \"$EPOCHREALTIME\" >&2",
-            f"case $rc in {ok}) ;; *) exit 0 ;; esac",
-        ]
+    lines = ["exec 3<&0", "d="]  # a background job's stdin is /dev/null: a concurrent step reads the channel from fd 3
+    for group in _groups(steps):
+        oks = [f"case $rc{index} in {'|'.join(str(code) for code in sorted(steps[index].ok))}) ;; *) exit 0 ;; esac"
+               for index in group]
+        if len(group) == 1:
+            [index] = group
+            step = steps[index]
+            lines += [_starts(marker, index), "t0=$EPOCHREALTIME",
+                      f"timeout -k {KILL_AFTER_S} {step.timeout_s:g} {command_line(step, user)}"
+                      f"{_redirect(step, ' <&3')}",
+                      f"rc{index}=$?", *_markers(marker, index, f"$rc{index} $t0 $EPOCHREALTIME"), *oks]
+            continue
+        lines.append('[ -n "$d" ] || { d=$(mktemp -d) && trap \'rm -rf -- "$d"\' EXIT; }')
+        for index in group:
+            step, files = steps[index], f'"$d/{index}"'
+            lines += [f"( t0=$EPOCHREALTIME; timeout -k {KILL_AFTER_S} {step.timeout_s:g} "
+                      f"{command_line(step, user)} >{files}.out 2>{files}.err{_redirect(step, ' <&3')}",
+                      f"printf '%s %s %s' \"$?\" \"$t0\" \"$EPOCHREALTIME\" >{files}.rc ) &"]
+        lines.append("wait")
+        for index in group:
+            files = f'"$d/{index}"'
+            lines += [_starts(marker, index), f"cat -- {files}.out; cat -- {files}.err >&2",
+                      f"read -r rc{index} t0 t1 <{files}.rc", *_markers(marker, index, f"$rc{index} $t0 $t1")]
+        lines += oks
     return "\n".join(lines) + "\n"
 
 

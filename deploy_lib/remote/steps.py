@@ -34,6 +34,9 @@ class Step:
     ok: frozenset[int] = frozenset({0})
     timeout_s: float = 60
     secret: bool = False
+    # Consecutive concurrent steps of a round trip run at the same time (read-only facts that each start a Python);
+    # their results come back in order, and the batch stops after them when one failed.
+    concurrent: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.argv, tuple) or not self.argv or not all(isinstance(a, str) for a in self.argv):
