@@ -62,10 +62,11 @@ from deploy_lib.models import (
     Weights,
     check_model,
     doomed_models,
+    listing_steps,
     model_locations,
+    parse_stored,
     prune_models,
     push_model,
-    read_stored,
     size_text,
     stage_model,
     weights,
@@ -569,6 +570,7 @@ class _Run:
     switched_to: str | None = None  # the release `current` was last switched to
     verified: str | None = None  # the release the last ladder found ready
     before_restart: Callable[[], None] | None = None
+    unsent: list[Step | Put] = field(default_factory=list)  # the verified batch, sent with the healthy record
 
     @property
     def where(self) -> str:
@@ -584,9 +586,13 @@ class _Run:
         self.progress.step_done(name, self.timings[name])
         return results
 
-    def record(self, event: str, outcome: str, tags: Tags, cause: str = "") -> None:
-        self.remote.run(append_history(self.layout, history_entry(event, outcome, tags, datetime.now(UTC), cause,
-                                                                  self.timings)))
+    def record(self, event: str, outcome: str, tags: Tags, cause: str = "", then: Sequence[Step | Put] = ()
+               ) -> list[StepResult]:
+        """Append the history line, in one round trip with the verified batch of the start it records healthy
+        (what `activate` left unsent) and with `then`."""
+        verified, self.unsent = (self.unsent if outcome == HEALTHY else []), []
+        entry = history_entry(event, outcome, tags, datetime.now(UTC), cause, self.timings)
+        return self.remote.run([*verified, *append_history(self.layout, entry), *then])
 
     def journal_diagnosis(self, cursor: str | None, profile: str | None) -> Diagnosis:
         """Why the release of `profile` did not start, from the unit's journal since `cursor`."""
@@ -642,8 +648,8 @@ class _Run:
         self.timings["ready"] = round(report.duration_s, 3)
         self.progress.step_done("readiness", report.duration_s)
         # The verified start leaves the start-limit window (reset-failed), so the restart policy allows the same number
-        # of restarts whether a crash comes a minute or a day after the deploy.
-        self.remote.run(batches[VERIFIED])
+        # of restarts whether a crash comes a minute or a day after the deploy; sent with the healthy record.
+        self.unsent = list(batches[VERIFIED])
         return report
 
     def host_state(self) -> str:
@@ -838,6 +844,8 @@ def _deploy(run: _Run, loaded: LoadedProfile, options: Options, secrets: Mapping
         if gate is not None:
             from deploy_lib.throughput import gate_after_ready  # the benchmark's code loads only for a gated deploy
 
+            remote.run(run.unsent)  # the start is verified before the benchmark judges it
+            run.unsent = []
             gate_after_ready(remote, layout, plan.release.metadata(), tags, profile.bench, gate,
                              facts.store.history, progress, secrets.get(API_KEY_ENV))
     except ReadinessFailed as failure:
@@ -851,8 +859,10 @@ def _deploy(run: _Run, loaded: LoadedProfile, options: Options, secrets: Mapping
         interrupt, diagnosis = interruption(stop)
         run.record("deploy", FAILED, tags, diagnosis.cause)
         _restore(run, facts.store, plan.release.id, interrupt, diagnosis, restore_id, plan.current_id)
-    run.record("deploy", HEALTHY, tags)
-    prune(remote, layout, profile.service.keep_releases, tags, progress)
+    # the store as the record leaves it: what the lock let no one else change, plus the release just staged
+    known = [*facts.store.releases, ReleaseRecord(plan.release.id, "", plan.release.metadata())]
+    read = run.record("deploy", HEALTHY, tags, then=prune_read_steps(layout, known))
+    prune(remote, layout, profile.service.keep_releases, tags, progress, read)
     return Outcome("deployed", plan.release.id, plan.current_id, plan=plan, ready=ready, timings=run.timings)
 
 
@@ -890,29 +900,36 @@ def stage_weights(run: _Run, model: Weights, venv: str, plan: Plan, facts: HostF
                            run.timings["model"])
 
 
-def prune(remote: Remote, layout: StoreLayout, keep: int, tags: Tags, progress: Progress) -> tuple[str, ...]:
+def prune_read_steps(layout: StoreLayout, releases: Sequence[ReleaseRecord]) -> list[Step | Put]:
+    """What prune decides from: the store's releases, current and history, its venvs, and the weights kept where
+    `releases` keep theirs."""
+    return [*release_fact_steps(layout), *venv_store_fact_steps(layout), *listing_steps(model_locations(releases))]
+
+
+def prune(remote: Remote, layout: StoreLayout, keep: int, tags: Tags, progress: Progress,
+          read: Sequence[StepResult]) -> tuple[str, ...]:
     """Releases beyond keep-N (never current or the last healthy), leftovers and damaged releases, then venvs and
     staged model revisions no kept release uses. What was removed is shown and recorded in history (a damaged
-    release with its reason).
+    release with its reason), in one round trip.
 
-    Decided from a fresh read: what is on the host after the commit, current and history included."""
-    results = remote.run([*release_fact_steps(layout), *venv_store_fact_steps(layout)])
-    store, venv_store = parse_store_facts(layout, results), parse_venv_store_facts(layout, results)
+    Decided from a fresh read (`prune_read_steps`, sent with the commit's history line): what is on the host after
+    the commit, current and history included."""
+    store, venv_store = parse_store_facts(layout, read), parse_venv_store_facts(layout, read)
     doomed = releases_to_prune(store, keep)
     kept_venvs = [release_venv_hash(layout, str(r.metadata.get("venv", ""))) for r in store.releases
                   if r.id not in doomed]
     venv_plan = plan_prune(venv_store, kept_venvs)
-    stored = read_stored(remote, store.releases)
+    stored = parse_stored(read, store.releases)
     kept = {r.id for r in store.releases if r.id not in doomed}
     removed = (*describe_pruned_releases(store, doomed), *describe_prune(venv_plan),
                *(f"model {item.name} {item.version[:12]}" for item in doomed_models(stored, kept)))
     if not removed:
         return ()
     remote.run([*prune_releases(layout, doomed), *prune_steps(layout, venv_plan),
-                *prune_models(stored, kept, model_locations(store.releases))])
+                *prune_models(stored, kept, model_locations(store.releases)),
+                *append_history(layout, history_entry("prune", HEALTHY, tags, datetime.now(UTC),
+                                                      "removed " + "; ".join(removed)))])
     progress.note("pruned " + "; ".join(removed))
-    remote.run(append_history(layout, history_entry("prune", HEALTHY, tags, datetime.now(UTC),
-                                                    "removed " + "; ".join(removed))))
     return removed
 
 
