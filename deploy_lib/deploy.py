@@ -317,9 +317,10 @@ def activation_steps(layout: StoreLayout, release_id: str, before_restart: Seque
 
 def restart_steps(layout: StoreLayout) -> list[Step | Put]:
     unit = layout.unit_name
+    # enable without its own daemon-reload (systemctl enable reloads by default): the one reload below loads both
     return [
+        Step("systemd: enable", ("systemctl", "enable", "--no-reload", "--", unit), sudo=True),
         Step("systemd: daemon-reload", ("systemctl", "daemon-reload"), sudo=True),
-        Step("systemd: enable", ("systemctl", "enable", "--", unit), sudo=True),
         reset_failed_step(layout),
         Step("systemd: restart", ("systemctl", "restart", "--", unit), sudo=True),
     ]
