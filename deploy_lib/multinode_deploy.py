@@ -1,7 +1,8 @@
 """A multi-node release deployed to (or rolled back on) its nodes as one: every node locked, read and preflighted
 before any switch; then the coordinated switch of multinode_switch.py (all stopped, then all started; the ladder on
 node 0, the unit alive on the others; any node failing takes every node back to their previous common release).
-Built from the per-host engine (deploy.py: its run, plan, preflight, batches and history), one connection per node."""
+Built from the per-host engine (deploy_lib/deploy: its transition, plan, preflight, batches and history), one
+connection per node."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from deploy_lib.deploy import (
     Options,
     Outcome,
     Plan,
-    _Run,
+    Transition,
     choose_venv,
     hand_run_check,
     hand_run_pid,
@@ -55,12 +56,12 @@ class NodeDeploy(Member):
 
 
 def _runs(targets: Sequence[Target], remotes: Mapping[str, Remote], progress_of: Callable[[str], Progress],
-          service: str, environ: Mapping[str, str], grace_s: float) -> dict[str, _Run]:
-    return {t.host.name: _Run(remotes[t.host.name], t.layout(service), t, progress_of(t.host.name), environ,
+          service: str, environ: Mapping[str, str], grace_s: float) -> dict[str, Transition]:
+    return {t.host.name: Transition(remotes[t.host.name], t.layout(service), t, progress_of(t.host.name), environ,
                               grace_s=grace_s) for t in targets}
 
 
-def _lock_all(locks: ExitStack, runs: Mapping[str, _Run], purpose: str) -> None:
+def _lock_all(locks: ExitStack, runs: Mapping[str, Transition], purpose: str) -> None:
     """Every node's lock, before any node is read: a lock held on one refuses the command with nothing changed."""
     for name, run in runs.items():
         locks.enter_context(host_lock(run.remote, run.layout, purpose, name))
@@ -113,7 +114,7 @@ def deploy_nodes(nodes: Sequence[Node], remotes: Mapping[str, Remote], progress_
     return [Outcome("deployed", release_id, plan.current_id, plan=plan, ready=ready) for plan in plans]
 
 
-def _plan(nodes: Sequence[Node], runs: Mapping[str, _Run], options: Options, secrets: Mapping[str, str]
+def _plan(nodes: Sequence[Node], runs: Mapping[str, Transition], options: Options, secrets: Mapping[str, str]
           ) -> list[NodeDeploy]:
     """Read every node and plan its own release; the group's id (from every node's own) then replaces each one's,
     and every node passes preflight before anything is switched."""

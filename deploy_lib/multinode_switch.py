@@ -11,12 +11,12 @@ from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
 from deploy_lib.deploy import (
-    _Run,
-    _same_kind,
+    Transition,
     failure_line,
     probe_target,
     reset_failed_step,
     restart_steps,
+    same_kind,
     start_prediction,
     stop_step,
 )
@@ -40,7 +40,7 @@ class Member:
 
     name: str
     rank: int
-    run: _Run
+    run: Transition
     store: StoreFacts
 
     @property
@@ -144,7 +144,7 @@ def restore(members: Sequence[Member], event: str, failed_id: str, failed_tags: 
         member.run.record(event, FAILED, failed_tags[member.name], first)
     if restore_id is None:
         each(members, lambda m: m.run.remote.run([stop_step(m.run.layout)]))
-        raise _same_kind(failure, f"release {failed_id} failed on {first}; the nodes have no common earlier healthy "
+        raise same_kind(failure, f"release {failed_id} failed on {first}; the nodes have no common earlier healthy "
                                   "release, so every node's unit is stopped", diagnosis
                          ).about(failed_id, previous_id, {})
     metadata = {m.name: dict(record.metadata) if (record := m.store.release(restore_id)) else {} for m in members}
@@ -170,7 +170,7 @@ def restore(members: Sequence[Member], event: str, failed_id: str, failed_tags: 
                           ) from None
     for member in members:
         member.run.record("rollback", HEALTHY, tags[member.name], f"after {failed_id} failed on {first}")
-    ended = _same_kind(failure, f"release {failed_id} failed on {first}; rolled back, release {restore_id} is "
+    ended = same_kind(failure, f"release {failed_id} failed on {first}; rolled back, release {restore_id} is "
                                 "serving on every node", diagnosis)
     ended.about(failed_id, previous_id, {})
     ended.serving_id = restore_id

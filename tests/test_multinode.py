@@ -19,7 +19,7 @@ from fake_remote import FakeRemote
 from pydantic import ValidationError
 from recording_progress import RecordingProgress
 
-from deploy_lib.deploy import _Run
+from deploy_lib.deploy import Transition
 from deploy_lib.diagnose import Diagnosis
 from deploy_lib.errors import ConfigError, ReadinessFailed
 from deploy_lib.inventory import load_inventory
@@ -264,7 +264,7 @@ def members(tmp_path: Path, answers: list[dict[str, dict[str, Any]]]) -> tuple[l
     found, metadata = [], {}
     for node, answer in zip(nodes, answers, strict=True):
         remote = ScriptedNode(node.name, log, answer)
-        run = _Run(remote, node.target.layout("sglang"), node.target, RecordingProgress(), {}, grace_s=0)
+        run = Transition(remote, node.target.layout("sglang"), node.target, RecordingProgress(), {}, grace_s=0)
         found.append(Member(node.name, node.rank, run, history))
         metadata[node.name] = {"profile": node.loaded.profile.model_dump(mode="json"), "profile_name": "two",
                                "sglang_version": "0.5.23"}

@@ -11,6 +11,7 @@ from recording_progress import RecordingProgress
 from test_cli import invoke
 
 from deploy_lib import deploy as engine
+from deploy_lib.errors import DeployError
 from deploy_lib.facts import FACT_UNIT, FACT_UNIT_LINK
 from deploy_lib.project import Project, resolve_target
 from deploy_lib.status import follow_log, serving_endpoint
@@ -74,7 +75,7 @@ def test_verbs_on_a_host_without_a_release_say_what_to_do_first() -> None:
                  lambda: engine.start(TARGET, "sglang", remote, RecordingProgress(), {}, restart=True)):
         try:
             verb()
-        except engine.DeployError as error:
+        except DeployError as error:
             assert error.exit_code == 2 and "no release is deployed" in error.message
             assert "invoke deploy" in str(error.hint)
         else:
@@ -115,7 +116,7 @@ def test_uninstall_of_a_host_without_the_service_changes_nothing(tmp_path: Path)
               .reply(FACT_HISTORY, exit_code=1))
     try:
         uninstall(TARGET, "sglang", remote, tmp_path)
-    except engine.DeployError as error:
+    except DeployError as error:
         assert "nothing of service sglang is installed" in error.message
     else:
         raise AssertionError("uninstalling nothing must fail")

@@ -14,7 +14,7 @@ from systemd_syntax import exec_start_argv, parse_unit_file
 from test_deploy_plan import PROJECT, first_plan, target
 from test_rollback import READY, ScriptedHost
 
-from deploy_lib.deploy import _Run
+from deploy_lib.deploy import Transition
 from deploy_lib.errors import ConfigError, ReadinessFailed, RollbackFailed, RouterFailed
 from deploy_lib.inventory import RouterPolicy, load_inventory
 from deploy_lib.project import Project, resolve_group
@@ -214,10 +214,10 @@ def test_a_replica_whose_deploy_changed_nothing_before_its_restart_is_never_take
 
 
 def test_the_deploy_engine_drains_before_the_switch_and_restart_and_again_on_each_activation() -> None:
-    """_Run.activate is where a deploy, its automatic rollback and a hand rollback switch and restart."""
+    """Transition.activate is where a deploy, its automatic rollback and a hand rollback switch and restart."""
     host = ScriptedHost({"A": [READY], "B": [READY]})
     drained_at: list[int] = []
-    run = _Run(host, StoreLayout("sglang"), target(), RecordingProgress(), {}, grace_s=0,
+    run = Transition(host, StoreLayout("sglang"), target(), RecordingProgress(), {}, grace_s=0,
                before_restart=lambda: drained_at.append(len(host.batches)))
     run.activate("A", first_plan()[1].release.metadata(), None, 0)
     switched_in = next(i for i, batch in enumerate(host.batches)

@@ -1,0 +1,44 @@
+"""The deploy engine of one host: plan -> preflight -> stage -> switch -> restart -> verify -> commit, or roll back.
+
+Planning and preflight are pure functions of the profile and the host facts; `Transition.activate` is the one path
+that switches a host to a release and verifies it, used by deploy, by the automatic rollback, by `invoke rollback`
+and `invoke start`.
+
+    plan        the Plan of a release and its batches (stage, switch and restart, once verified), drift, the
+                hand-run server of an adopted release
+    preflight   read-only checks that the host can run a release, new or recorded
+    switch      one command's transition of one host (activate, record) and the restore after a failed start
+    engine      the commands: deploy, rollback, start, stop, and the prune after a deploy
+"""
+
+from deploy_lib.deploy.engine import Options, Outcome, choose_venv, deploy, prune, rollback, stage_weights, start, stop
+from deploy_lib.deploy.plan import (
+    Plan,
+    VenvChoice,
+    detect_drift,
+    hand_run_check,
+    hand_run_pid,
+    keep_replaced_unit,
+    plan_deploy,
+    release_tags,
+    reset_failed_step,
+    restart_steps,
+    start_prediction,
+    stop_step,
+)
+from deploy_lib.deploy.preflight import check_release, check_release_files, preflight
+from deploy_lib.deploy.switch import (
+    GRACE_S,
+    Transition,
+    failure_line,
+    interruption,
+    probe_target,
+    recorded_tags,
+    same_kind,
+)
+
+__all__ = ["GRACE_S", "Options", "Outcome", "Plan", "Transition", "VenvChoice", "check_release", "check_release_files",
+           "choose_venv", "deploy", "detect_drift", "failure_line", "hand_run_check", "hand_run_pid", "interruption",
+           "keep_replaced_unit", "plan_deploy", "preflight", "probe_target", "prune", "recorded_tags", "release_tags",
+           "reset_failed_step", "restart_steps", "rollback", "same_kind", "stage_weights", "start", "start_prediction",
+           "stop", "stop_step"]

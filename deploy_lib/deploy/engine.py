@@ -1,0 +1,396 @@
+"""The commands: deploy (plan -> preflight -> stage -> switch -> restart -> verify -> commit and prune, or roll
+back), rollback, start and stop of one host, each under the host's lock."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+
+from deploy_lib import gpu_check
+from deploy_lib.crashes import record_new_crashes
+from deploy_lib.cuda_toolkit import cuda_home
+from deploy_lib.deploy.plan import (
+    Plan,
+    VenvChoice,
+    hand_run_check,
+    hand_run_pid,
+    plan_deploy,
+    release_tags,
+    start_prediction,
+    stop_hand_run,
+)
+from deploy_lib.deploy.preflight import preflight
+from deploy_lib.deploy.switch import (
+    GRACE_S,
+    Transition,
+    failure_line,
+    gate_diagnosis,
+    interruption,
+    recorded_tags,
+    restore,
+    stop_unit,
+)
+from deploy_lib.diagnose import diagnose
+from deploy_lib.errors import ConfigError, GateFailed, GpuCheckFailed, PreflightError, ReadinessFailed, RemoteError
+from deploy_lib.facts import HostFacts, read_host_facts
+from deploy_lib.health import Ready, ReadyReport
+from deploy_lib.interrupts import signals_raise
+from deploy_lib.models import (
+    HubModel,
+    PushedModel,
+    Weights,
+    check_model,
+    doomed_models,
+    listing_steps,
+    model_locations,
+    parse_stored,
+    prune_models,
+    push_model,
+    size_text,
+    stage_model,
+    weights,
+)
+from deploy_lib.profile import LoadedProfile, Profile
+from deploy_lib.progress import NullProgress, Progress
+from deploy_lib.project import Target
+from deploy_lib.release import available_secrets, resolve_secrets
+from deploy_lib.remote import Put, Remote, Step, StepResult
+from deploy_lib.server_args import API_KEY_ENV, launch_environment
+from deploy_lib.settings import GateSettings
+from deploy_lib.store import (
+    FAILED,
+    HEALTHY,
+    STOPPED,
+    ReleaseRecord,
+    StoreFacts,
+    StoreLayout,
+    Tags,
+    append_history,
+    describe_pruned_releases,
+    history_entry,
+    host_lock,
+    parse_store_facts,
+    prune_releases,
+    read_store_facts,
+    release_fact_steps,
+    releases_to_prune,
+)
+from deploy_lib.venvs import (
+    cache_dir_steps,
+    cache_environment,
+    describe_prune,
+    ensure_venv,
+    load_lock,
+    plan_build,
+    plan_prune,
+    prune_steps,
+    release_venv_hash,
+)
+from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
+from deploy_lib.venvs import read_facts as read_venv_facts
+from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """The end of a deploy or rollback that did not raise."""
+
+    action: str                       # deployed | unchanged | planned | rolled back
+    release_id: str | None            # None: a plan whose release id depends on secrets not available here
+    previous_id: str | None
+    plan: Plan | None = None
+    ready: ReadyReport | None = None
+    timings: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Options:
+    dry_run: bool = False
+    force: bool = False
+    grace_s: float = GRACE_S
+    environ: Mapping[str, str] = field(default_factory=dict)
+    venv: VenvChoice | None = None      # a venv decided by the caller (a patched venv), instead of the profile's
+    patches: tuple[str, ...] = ()       # patch sets applied in that venv, recorded in the release
+    gate: bool = False                  # run the throughput gate even when the profile has no `gate:`
+    before_restart: Callable[[], None] | None = None  # runs before the server stops (a router takes it out)
+
+
+def choose_venv(remote: Remote, layout: StoreLayout, target: Target, profile: Profile, dry_run: bool,
+                progress: Progress) -> VenvChoice:
+    """Build (or reuse) the profile's locked venv; it is immutable, so building it changes nothing that runs."""
+    spec = profile.service.venv_build
+    if spec is None:
+        return VenvChoice(target.venv_override or profile.service.venv)
+    lock = load_lock(spec.lock)
+    if dry_run:
+        plan = plan_build(spec, lock, layout, read_venv_facts(remote, layout, spec.python), datetime.now(UTC))
+        note = None if plan.reuse else (f"would build venv {plan.hash} ({len(plan.transfers)} wheels, "
+                                        f"{plan.bytes_to_send} bytes to send)")
+        return VenvChoice(str(plan.path), cache_environment(layout, plan.hash), note,
+                          lock.distributions().get("sglang"))
+    built = ensure_venv(remote, layout, spec, progress=progress, lock=lock)
+    for warning in built.warnings:
+        progress.note(warning)
+    remote.run(cache_dir_steps(layout, built.hash, profile.service.user))
+    return VenvChoice(str(built.path), cache_environment(layout, built.hash))
+
+
+def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progress, options: Options,
+           clock: Callable[[], float] = time.monotonic) -> Outcome:
+    """Take the host to the profile's release, or back to its last healthy one; raise DeployError on failure.
+
+    Everything but a dry run holds the host's lock from the first read on: the venv build, the decision, the
+    switch and the prune see one consistent store that no other command changes meanwhile. SIGINT and SIGTERM
+    after the switch finish the transition (back to the last healthy release) and end the command with
+    Interrupted/Terminated."""
+    profile = loaded.profile
+    run = Transition(remote, target.layout(profile.service.name), target, progress, options.environ, clock,
+               grace_s=options.grace_s, before_restart=options.before_restart)
+    with signals_raise():
+        try:
+            if options.dry_run:  # a plan needs no secret value: it says which ones it could not read
+                return _deploy(run, loaded, options, *available_secrets(profile, options.environ))
+            secrets = resolve_secrets(profile, options.environ)  # ConfigError before any connection
+            with host_lock(remote, run.layout, f"deploy {loaded.name}", target.host.name):
+                return _deploy(run, loaded, options, secrets, {})
+        except KeyboardInterrupt as stop:
+            raise run.interrupted_outside(stop) from None
+
+
+def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: Mapping[str, str],
+            not_available: Mapping[str, str]) -> Outcome:
+    profile, remote, layout, target, progress = loaded.profile, run.remote, run.layout, run.target, run.progress
+    model = weights(profile, target.host.vars, secrets)
+    venv = options.venv or choose_venv(remote, layout, target, profile, options.dry_run, progress)
+    progress.phase_started("facts")
+    started = run.clock()
+    # the toolkit decides only whether FlashInfer can JIT-build the fusion's kernels (deploy_lib/cuda_toolkit.py)
+    toolkit_home = cuda_home(launch_environment(profile)) if profile.features.allreduce_fusion else None
+    facts = read_host_facts(remote, layout, venv.path, profile.server.port, toolkit_home,
+                            profile.service.working_directory, model.fact_steps(venv.path))
+    current = facts.store.release(facts.store.current) if facts.store.current else None
+    hand_pid = hand_run_pid(current.metadata if current else None,
+                            remote.run(hand_run_check(current.metadata if current else None)))
+    run.previous = facts.store.current
+    run.timings["facts"] = round(run.clock() - started, 3)
+    model_facts = model.parse(facts.model_results)
+    check_model(model, model_facts, target.host.name)
+    plan = plan_deploy(loaded, target, facts, secrets, options.force, datetime.now(UTC), venv, options.patches,
+                       not_available, hand_pid, model, model_facts)
+    preflight(plan, loaded, target, facts, hand_pid)
+    if plan.unchanged and not isinstance(verdict := run.live_verdict(plan.release.metadata()), Ready):
+        plan = replace(plan, unchanged=False, notes=(*plan.notes, f"release {plan.release.id} is current but not "
+                                                     f"ready ({verdict.message}): it is restarted and verified"))
+    for note in () if options.dry_run else plan.notes:  # a dry run prints them with the plan
+        progress.note(note)
+    if options.dry_run:
+        return Outcome("planned", plan.release_id, plan.current_id, plan=plan, timings=run.timings)
+    if plan.unchanged:
+        return Outcome("unchanged", plan.release.id, plan.current_id, plan=plan, timings=run.timings)
+    tags = release_tags(target, plan.release)
+    restore_id = facts.store.last_healthy(exclude=plan.release.id)
+    record_new_crashes(remote, layout, facts.store, facts.unit)  # the restart below resets their count
+    if not model_facts.complete:
+        stage_weights(run, model, venv.path, plan, facts)
+    staged = plan.batches.get("stage", [])
+    if plan.gpu_check_reasons:  # the NCCL check runs between the stage and the switch: the stage goes alone, first
+        run.phase("stage", staged)
+        staged = []
+    gate = profile.gate or (GateSettings() if options.gate else None)
+    try:
+        if plan.gpu_check_reasons:
+            check_before_start(run, plan)
+        ready = run.activate(plan.release.id, plan.release.metadata(), start_prediction(facts.store, loaded.name),
+                             options.grace_s, plan.batches, staged)
+        if gate is not None:
+            from deploy_lib.throughput import gate_after_ready  # the benchmark's code loads only for a gated deploy
+
+            remote.run(run.unsent)  # the start is verified before the benchmark judges it
+            run.unsent = []
+            gate_after_ready(remote, layout, plan.release.metadata(), tags, profile.bench, gate,
+                             facts.store.history, progress, secrets.get(API_KEY_ENV))
+    except ReadinessFailed as failure:
+        diagnosis = gate_diagnosis(failure) if isinstance(failure, GateFailed) else \
+            diagnose(failure.evidence, profile=loaded.name) if isinstance(failure, GpuCheckFailed) else \
+            run.journal_diagnosis(run.cursor, loaded.name)
+        run.record("deploy", FAILED, tags, failure_line(failure, diagnosis))
+        restore(run, facts.store, plan.release.id, failure, diagnosis, restore_id, plan.current_id)
+    except KeyboardInterrupt as stop:
+        run.verified = None  # a gate cut short has not judged the release
+        interrupt, diagnosis = interruption(stop)
+        run.record("deploy", FAILED, tags, diagnosis.cause)
+        restore(run, facts.store, plan.release.id, interrupt, diagnosis, restore_id, plan.current_id)
+    # the store as the record leaves it: what the lock let no one else change, plus the release just staged
+    known = [*facts.store.releases, ReleaseRecord(plan.release.id, "", plan.release.metadata())]
+    read = run.record("deploy", HEALTHY, tags, then=prune_read_steps(layout, known))
+    prune(remote, layout, profile.service.keep_releases, tags, progress, read)
+    return Outcome("deployed", plan.release.id, plan.current_id, plan=plan, ready=ready, timings=run.timings)
+
+
+def check_before_start(run: Transition, plan: Plan) -> None:
+    """preflight.gpu_check: stop the old server, verify NCCL's all-reduce with the new release's venv and
+    environment, and raise GpuCheckFailed (a failed start: the caller rolls back) unless it verified."""
+    subject = gpu_check.subject_of_release(plan.release.id, plan.release.metadata())
+    if run.before_restart is not None:  # the check stops the old server
+        run.before_restart()
+    try:
+        results = run.phase("gpu check", plan.batches["gpu check"])
+    except RemoteError as lost:  # the old server may be stopped already: roll back as after any failed start
+        raise GpuCheckFailed(f"the NCCL check did not complete: {lost.message}", "gpu check",
+                             (f"{gpu_check.REPORT_PREFIX}error: {lost.message}",)) from lost
+    report = gpu_check.read_check_batch(subject, results)
+    for warning in report.advice.warnings if report.advice else ():
+        run.progress.note(f"gpu check: {warning}")
+    if not report.check.verified:
+        raise GpuCheckFailed(f"release {plan.release.id}'s NCCL check failed; SGLang was not started", "gpu check",
+                             tuple(gpu_check.REPORT_PREFIX + line for line in report.check.lines()))
+    run.progress.note(f"gpu check: {report.check.summary()}")
+
+
+def stage_weights(run: Transition, model: Weights, venv: str, plan: Plan, facts: HostFacts) -> None:
+    """The model phase: bring the weights the release names onto the host, while the old release serves."""
+    run.progress.phase_started(f"model: {model.label}")
+    started = run.clock()
+    if isinstance(model, HubModel):
+        staged = stage_model(run.remote, model, venv, plan.release.model["commit"], run.progress, run.clock)
+    else:
+        assert isinstance(model, PushedModel)
+        staged = push_model(run.remote, model, facts.model_results[0].stdout, run.progress, run.clock)
+    run.timings["model"] = round(run.clock() - started, 3)
+    run.progress.step_done(f"model: {len(staged.files)} files, {size_text(staged.total_bytes)} staged",
+                           run.timings["model"])
+
+
+def prune_read_steps(layout: StoreLayout, releases: Sequence[ReleaseRecord]) -> list[Step | Put]:
+    """What prune decides from: the store's releases, current and history, its venvs, and the weights kept where
+    `releases` keep theirs."""
+    return [*release_fact_steps(layout), *venv_store_fact_steps(layout), *listing_steps(model_locations(releases))]
+
+
+def prune(remote: Remote, layout: StoreLayout, keep: int, tags: Tags, progress: Progress,
+          read: Sequence[StepResult] | None = None) -> tuple[str, ...]:
+    """Releases beyond keep-N (never current or the last healthy), leftovers and damaged releases, then venvs and
+    staged model revisions no kept release uses. What was removed is shown and recorded in history (a damaged
+    release with its reason), in one round trip.
+
+    Decided from a fresh read (`prune_read_steps`, sent with the commit's history line, or read here): what is on
+    the host after the commit, current and history included."""
+    if read is None:  # the store first, then the weights its releases keep
+        read = remote.run([*release_fact_steps(layout), *venv_store_fact_steps(layout)])
+        read = [*read, *remote.run(listing_steps(model_locations(parse_store_facts(layout, read).releases)))]
+    store, venv_store = parse_store_facts(layout, read), parse_venv_store_facts(layout, read)
+    doomed = releases_to_prune(store, keep)
+    kept_venvs = [release_venv_hash(layout, str(r.metadata.get("venv", ""))) for r in store.releases
+                  if r.id not in doomed]
+    venv_plan = plan_prune(venv_store, kept_venvs)
+    stored = parse_stored(read, store.releases)
+    kept = {r.id for r in store.releases if r.id not in doomed}
+    removed = (*describe_pruned_releases(store, doomed), *describe_prune(venv_plan),
+               *(f"model {item.name} {item.version[:12]}" for item in doomed_models(stored, kept)))
+    if not removed:
+        return ()
+    remote.run([*prune_releases(layout, doomed), *prune_steps(layout, venv_plan),
+                *prune_models(stored, kept, model_locations(store.releases)),
+                *append_history(layout, history_entry("prune", HEALTHY, tags, datetime.now(UTC),
+                                                      "removed " + "; ".join(removed)))])
+    progress.note("pruned " + "; ".join(removed))
+    return removed
+
+
+def rollback(target: Target, service: str, remote: Remote, progress: Progress, to: str | None,
+             environ: Mapping[str, str], clock: Callable[[], float] = time.monotonic,
+             grace_s: float = GRACE_S) -> Outcome:
+    """Switch to release `to` (default: the last healthy one before current) after the same preflight as a deploy,
+    and verify it; when it fails (or a signal comes), switch back to the release that was serving."""
+    run = Transition(remote, target.layout(service), target, progress, environ, clock, grace_s=grace_s)
+    with signals_raise():
+        try:
+            return _rollback(run, to)
+        except KeyboardInterrupt as stop:
+            raise run.interrupted_outside(stop) from None
+
+
+def _rollback(run: Transition, to: str | None) -> Outcome:
+    store = read_store_facts(run.remote, run.layout)
+    run.previous = store.current
+    target_id = to or store.last_healthy(exclude=store.current)
+    if target_id is None:
+        raise ConfigError(f"{run.where}: no healthy release to roll back to (current: {store.current or 'none'})",
+                          "`invoke releases` lists what is on the host")
+    record = store.release(target_id)
+    damaged = store.damaged_release(target_id)
+    if damaged is not None:
+        raise PreflightError(f"{run.where}: cannot roll back to release {target_id}: it is damaged: "
+                             f"{damaged.reason}, in {run.layout.release(target_id)}",
+                             "`invoke releases` lists the releases and what is wrong with each; nothing was changed")
+    if record is None:
+        known = ", ".join(r.id for r in store.releases) or "none"
+        raise ConfigError(f"{run.where}: release {target_id!r} is not on the host", f"releases: {known}")
+    tags = recorded_tags(run.target, target_id, record.metadata)
+    facts = run.check_target(target_id, record.metadata)
+    serving = store.current if store.current != target_id and facts.store.release(store.current or "") else None
+    restore_id = serving or facts.store.last_healthy(exclude=target_id)
+    with host_lock(run.remote, run.layout, f"rollback to {target_id}", run.where):
+        record_new_crashes(run.remote, run.layout, facts.store, facts.unit)  # a crash loop: why a person rolls back
+        try:
+            ready = run.activate(target_id, record.metadata, start_prediction(facts.store, tags.profile), run.grace_s)
+        except ReadinessFailed as failure:
+            diagnosis = run.journal_diagnosis(run.cursor, tags.profile)
+            run.record("rollback", FAILED, tags, failure_line(failure, diagnosis))
+            restore(run, facts.store, target_id, failure, diagnosis, restore_id, store.current)
+        except KeyboardInterrupt as stop:
+            interrupt, diagnosis = interruption(stop)
+            run.record("rollback", FAILED, tags, diagnosis.cause)
+            restore(run, facts.store, target_id, interrupt, diagnosis, restore_id, store.current)
+        run.record("rollback", HEALTHY, tags, f"by hand from {store.current or 'none'}")
+    return Outcome("rolled back", target_id, store.current, ready=ready, timings=run.timings)
+
+
+def _current_release(store: StoreFacts, where: str) -> ReleaseRecord:
+    record = store.release(store.current) if store.current else None
+    if record is None or "tags" not in record.metadata:
+        raise ConfigError(f"{where}: no release is deployed (current: {store.current or 'none'})",
+                          "`invoke deploy --profile P` first, or `invoke adopt` a server that runs by hand")
+    return record
+
+
+def start(target: Target, service: str, remote: Remote, progress: Progress, environ: Mapping[str, str],
+          restart: bool, clock: Callable[[], float] = time.monotonic) -> Outcome:
+    """Start (or restart) the current release and climb the readiness ladder, as a deploy does; a release that
+    does not come up is rolled back to the last healthy one like a failed deploy. Under the host's lock."""
+    layout = target.layout(service)
+    event = "restart" if restart else "start"
+    with host_lock(remote, layout, event, target.host.name):
+        facts = read_host_facts(remote, layout, venv=None, port=None)
+        record = _current_release(facts.store, target.host.name)
+        if not restart and facts.unit.active_state == "active":
+            return Outcome("already running", record.id, record.id)
+        tags = Tags.from_dict(record.metadata["tags"])
+        run = Transition(remote, layout, target, progress, environ, clock)
+        try:
+            ready = run.activate(record.id, record.metadata, start_prediction(facts.store, tags.profile), GRACE_S)
+        except ReadinessFailed as failure:
+            diagnosis = run.journal_diagnosis(run.cursor, tags.profile)
+            run.record(event, FAILED, tags, failure_line(failure, diagnosis))
+            restore(run, facts.store, record.id, failure, diagnosis, facts.store.last_healthy(exclude=record.id),
+                     record.id)
+        run.record(event, HEALTHY, tags)
+    return Outcome("restarted" if restart else "started", record.id, record.id, ready=ready, timings=run.timings)
+
+
+def stop(target: Target, service: str, remote: Remote) -> Outcome:
+    """Stop the current release's unit (SGLang drains in-flight requests first); recorded in history."""
+    layout = target.layout(service)
+    with host_lock(remote, layout, "stop", target.host.name):
+        store = read_store_facts(remote, layout)
+        record = _current_release(store, target.host.name)
+        tags = Tags.from_dict(record.metadata["tags"])
+        hand_pid = hand_run_pid(record.metadata, remote.run(hand_run_check(record.metadata)))
+        if hand_pid:
+            remote.run(stop_hand_run(hand_pid, Profile.model_validate(record.metadata["profile"]).service
+                                     .stop_timeout_s))
+        stop_unit(remote, layout)
+        Transition(remote, layout, target, NullProgress(), {}).record("stop", STOPPED, tags, "by hand")
+    return Outcome("stopped", record.id, record.id)

@@ -1,0 +1,312 @@
+"""What a deploy would do, decided without changing anything: the plan of a release from the profile and the host
+facts, its batches (stage, switch and restart, once verified), drift, and the hand-run server of an adopted release."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import PurePosixPath
+from typing import Any
+
+from deploy_lib import gpu_check
+from deploy_lib.crashes import start_limit_note
+from deploy_lib.diagnose import journal_cursor_step
+from deploy_lib.errors import DriftDetected, PreflightError
+from deploy_lib.facts import HostFacts
+from deploy_lib.health import StartPrediction, predict_start
+from deploy_lib.models import HubModel, ModelFacts, Weights, size_text
+from deploy_lib.profile import LoadedProfile
+from deploy_lib.project import Target
+from deploy_lib.readings import ABSENT_OK, Readings
+from deploy_lib.release import SECRET_NOT_AVAILABLE, SECRET_VALUES, Change, Release, build_release, diff_releases
+from deploy_lib.remote import Put, Step, StepResult, describe
+from deploy_lib.store import (
+    ENV_FILE,
+    FAILED,
+    HEALTHY,
+    UNIT_FILE,
+    StoreFacts,
+    StoreLayout,
+    Tags,
+    operator_name,
+    release_json,
+    repair_release,
+    stage_release,
+    switch_current,
+)
+
+FACT_HAND_RUN = "adopted server: still running"
+
+
+# The plan's batches that `Transition.activate` runs: before the ladder (with the stage, in one round trip), after it.
+ACTIVATE = "switch and restart"
+
+
+VERIFIED = "once verified"
+
+
+def hand_run_check(metadata: Mapping[str, Any] | None) -> list[Step | Put]:
+    """For a current release adopted from a hand-run process (release 0): is that very process still running?"""
+    adopted = dict((metadata or {}).get("adopted") or {})
+    if not adopted.get("pid"):
+        return []
+    return [Step(FACT_HAND_RUN, ("sha256sum", "--", f"/proc/{int(adopted['pid'])}/cmdline"), sudo=True,
+                 ok=ABSENT_OK)]
+
+
+def hand_run_pid(metadata: Mapping[str, Any] | None, results: list[StepResult]) -> int | None:
+    """The adopted process's pid when /proc still shows its command line (same checksum: not a reused pid)."""
+    adopted = dict((metadata or {}).get("adopted") or {})
+    found = Readings(results).get(FACT_HAND_RUN)
+    if found is None or found.exit_code != 0 or found.stdout.split()[:1] != [adopted.get("cmdline_sha256")]:
+        return None
+    return int(adopted["pid"])
+
+
+def stop_hand_run(pid: int, timeout_s: float) -> list[Step | Put]:
+    """SIGTERM, as Ctrl-C or `systemctl stop` would send (SGLang shuts its workers down), then wait for its exit."""
+    return [Step(f"adopted server: stop pid {pid}", ("kill", "-TERM", "--", str(pid)), sudo=True, ok=frozenset({0, 1})),
+            Step(f"adopted server: wait for pid {pid} to exit", ("tail", f"--pid={pid}", "-s", "0.2", "-f",
+                                                                 "/dev/null"), timeout_s=timeout_s)]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a deploy would do, computed from the profile and the host facts without changing anything."""
+
+    release: Release
+    current_id: str | None
+    changes: tuple[Change, ...]
+    drift: tuple[str, ...]
+    unchanged: bool
+    batches: Mapping[str, list[Step | Put]]
+    notes: tuple[str, ...] = ()
+    secrets_not_available: Mapping[str, str] = field(default_factory=dict)  # name -> why (a plan needs no value)
+    gpu_check_reasons: tuple[str, ...] = ()  # preflight.gpu_check runs (batch "gpu check") because of these
+
+    @property
+    def release_id(self) -> str | None:
+        """The id the deploy would make; unknown while a secret's value (part of the content) is not available."""
+        return None if self.secrets_not_available else self.release.id
+
+    def dry_run_lines(self) -> list[str]:
+        shown_id = self.release_id or "id not known here (it depends on secret values)"
+        lines = [f"release {shown_id} (profile {self.release.profile_name}, SGLang "
+                 f"{self.release.sglang_version}); current: {self.current_id or 'none'}"]
+        if self.unchanged:
+            lines.append("no changes")
+        elif self.secrets_not_available and not self.changes and not self.drift:
+            lines.append("no changes, unless a secret's value changed")
+        lines += [f"  {change}" for change in self.changes]
+        lines += [f"  secret {name}: {SECRET_NOT_AVAILABLE} ({why}); its value is not compared"
+                  for name, why in self.secrets_not_available.items()]
+        lines += [f"  drift: {item}" for item in self.drift]
+        lines += [f"  note: {note}" for note in self.notes]
+        for phase, batch in ({} if self.unchanged else self.batches).items():
+            lines.append(f"{phase}:")
+            lines += [f"  {line}" for line in describe(batch)]
+        return lines
+
+
+@dataclass(frozen=True)
+class VenvChoice:
+    """The venv a release runs from: built from the profile's lock (managed), else the host's or the profile's."""
+
+    path: str
+    environment: Mapping[str, str] = field(default_factory=dict)  # a managed venv's own cache directories
+    build_note: str | None = None       # dry run: what a deploy would build
+    sglang_version: str | None = None   # from the lock, when the venv is not built yet (dry run)
+
+
+HAND_UNIT_LINES = 40  # of a hand-made unit, shown in the refusal
+
+
+def hand_made_unit(layout: StoreLayout, facts: HostFacts) -> str | None:
+    """A unit of the service's name that the tool did not write (a hand-written file, a link elsewhere, a packaged
+    unit), with its text as `systemctl cat` shows it; None when there is none or it is the tool's link."""
+    if facts.unit_link == str(layout.current / UNIT_FILE):
+        return None
+    if facts.unit_link is None and facts.unit.load_state != "loaded" and facts.unit_file is None:
+        return None
+    where = f"{layout.unit_link} -> {facts.unit_link}" if facts.unit_link else str(layout.unit_link)
+    lines = (facts.unit_file or "(not readable)").rstrip("\n").splitlines()
+    shown = "\n    ".join(lines[:HAND_UNIT_LINES] + ([f"... ({len(lines) - HAND_UNIT_LINES} more lines)"]
+                                                     if len(lines) > HAND_UNIT_LINES else []))
+    return f"{where} is a unit the tool did not write (unit {facts.unit.active_state}):\n    {shown}"
+
+
+def detect_drift(layout: StoreLayout, facts: HostFacts) -> tuple[str, ...]:
+    """Files of the current release changed on the host since they were written, or a unit the tool did not write
+    where its link to the current release belongs (also before the first deploy)."""
+    record = facts.store.release(facts.store.current) if facts.store.current else None
+    drift = []
+    recorded = dict(record.metadata.get("files") or {}) if record else {}
+    for name in (UNIT_FILE, ENV_FILE):
+        if record and name in recorded and facts.file_sums.get(name) != recorded[name]:
+            drift.append(f"{layout.current / name} was edited on the host since release {record.id} was written")
+    foreign = hand_made_unit(layout, facts)
+    return (*drift, foreign) if foreign else tuple(drift)
+
+
+def keep_replaced_unit(layout: StoreLayout, now: datetime) -> tuple[list[Step | Put], PurePosixPath]:
+    """Copy the unit file a forced deploy replaces into the store (nothing is copied when there is no file)."""
+    copy = layout.base / "replaced" / f"{layout.unit_name}.{now.astimezone(UTC):%Y%m%dT%H%M%SZ}"
+    return [Step("keep the replaced unit: directory", ("mkdir", "-p", "--", str(copy.parent)), sudo=True),
+            Step("keep the replaced unit: copy", ("cp", "-P", "--preserve=all", "--", str(layout.unit_link),
+                                                    str(copy)), sudo=True, ok=frozenset({0, 1}))], copy
+
+
+def stop_step(layout: StoreLayout) -> Step:
+    """Stop the unit (SGLang drains in-flight requests first); exit 5: no such unit yet, nothing to stop."""
+    return Step("systemd: stop", ("systemctl", "stop", "--", layout.unit_name), sudo=True, ok=frozenset({0, 5}))
+
+
+def reset_failed_step(layout: StoreLayout) -> Step:
+    """Forget the unit's failed state, restart count and start-limit window (exit 1: nothing to reset)."""
+    return Step("systemd: reset-failed", ("systemctl", "reset-failed", "--", layout.unit_name), sudo=True,
+                ok=frozenset({0, 1}))
+
+
+def activation_steps(layout: StoreLayout, release_id: str, before_restart: Sequence[Step | Put] = ()
+                     ) -> list[Step | Put]:
+    """Switch `current` to a release and restart it, after reading the journal's position (the ladder shows and
+    diagnoses only this start) and running `before_restart` (stopping an adopted hand-run server)."""
+    return [journal_cursor_step(layout.unit_name), *switch_current(layout, release_id), *before_restart,
+            *restart_steps(layout)]
+
+
+def restart_steps(layout: StoreLayout) -> list[Step | Put]:
+    unit = layout.unit_name
+    # enable without its own daemon-reload (systemctl enable reloads by default): the one reload below loads both
+    return [
+        Step("systemd: enable", ("systemctl", "enable", "--no-reload", "--", unit), sudo=True),
+        Step("systemd: daemon-reload", ("systemctl", "daemon-reload"), sudo=True),
+        reset_failed_step(layout),
+        Step("systemd: restart", ("systemctl", "restart", "--", unit), sudo=True),
+    ]
+
+
+def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets: Mapping[str, str],
+                force: bool, now: datetime, venv: VenvChoice | None = None, patches: tuple[str, ...] = (),
+                secrets_not_available: Mapping[str, str] | None = None, hand_pid: int | None = None,
+                model: Weights | None = None, model_facts: ModelFacts | None = None,
+                release_id: str | None = None) -> Plan:
+    """What a deploy would do. A dry run passes the secrets it could not read in `secrets_not_available`: the
+    plan then stands in a placeholder for their values and does not claim how they compare. `hand_pid`: the
+    hand-run server of an adopted release 0, stopped before the restart. `model`: where the weights come from, and
+    `model_facts` what the host holds of them (check_model has passed). `release_id`: a multi-node release's one
+    id for all its nodes, instead of this host's content id."""
+    not_available = dict(secrets_not_available or {})
+    secrets = {**secrets, **{name: SECRET_NOT_AVAILABLE for name in not_available}}
+    venv = venv or VenvChoice(target.venv_override or loaded.profile.service.venv)
+    layout = target.layout(loaded.profile.service.name)
+    version = facts.sglang.sglang_version or venv.sglang_version
+    if version is None:
+        raise PreflightError(f"{target.host.name}: no SGLang found in {venv.path}: {facts.sglang.error}",
+                             "create the venv on the host (or point service.venv / the host's `venv` var at it)")
+    release = build_release(loaded, layout, version, secrets, venv=venv.path, patches=patches,
+                            flashinfer_version=facts.sglang.flashinfer_version, extra_environment=venv.environment,
+                            model=model.release_model(model_facts) if model and model_facts else None,
+                            torch_version=facts.sglang.torch_version, nccl_version=facts.sglang.nccl_version,
+                            release_id=release_id)
+    current_id = facts.store.current
+    current = facts.store.release(current_id) if current_id else None
+    current_metadata = current.metadata if current else None
+    drift = detect_drift(layout, facts)
+    if drift and not force:
+        raise DriftDetected(f"{target.host.name}: the deployed files were changed by hand:\n  " + "\n  ".join(drift),
+                            "deploy with --force to replace them (a replaced unit file is copied into the store), "
+                            "copy the edits into the profile, or `invoke adopt` the server that runs by hand")
+    hand_stop = stop_hand_run(hand_pid, loaded.profile.service.stop_timeout_s) if hand_pid else []
+    check_reasons = gpu_check.check_reasons(current_metadata, release.metadata()) \
+        if loaded.profile.preflight.gpu_check else ()
+    # the check needs the GPUs: the old server (and a hand-run one) stops before it, not at the restart
+    takeover = [] if check_reasons else hand_stop
+    not_verified = _why_not_verified(facts, release.id) if current_id == release.id and not drift else None
+    weights_missing = model_facts is not None and not model_facts.complete
+    have_release = facts.store.release(release.id) is not None
+    damaged = facts.store.damaged_release(release.id)
+    unchanged = current_id == release.id and not drift and not not_verified and not weights_missing
+    tags = release_tags(target, release)
+    metadata = release_json(release.metadata(), tags, now)
+    batches: dict[str, list[Step | Put]] = {}
+    prediction = start_prediction(facts.store, loaded.name)
+    notes = [venv.build_note, _past_failure(facts, release.id),
+             start_limit_note(loaded.profile.service, prediction.median_s if prediction else None),
+             damaged and f"release {release.id} on the host is damaged ({damaged.reason}); it is staged again",
+             not_verified]
+    if model is not None and model_facts is not None and weights_missing:
+        if isinstance(model, HubModel):
+            batches["model"] = [model.step(venv.path, "stage", model_facts.commit)]
+        notes.append(f"{model.label} ({model_facts.commit}): {len(model_facts.missing)} of "
+                     f"{len(model_facts.files)} files to stage, {size_text(model_facts.missing_bytes)} to "
+                     f"{model.verb} into {model_facts.hf_home}")
+    if not have_release:
+        batches["stage"] = stage_release(layout, release.id, release.unit_text, release.env_text, metadata,
+                                         replace_damaged=damaged is not None)
+    elif drift and current_id == release.id:
+        batches["stage"] = repair_release(layout, release.id, release.unit_text, release.env_text)
+    if check_reasons:
+        subject = gpu_check.subject_of_release(release.id, release.metadata())
+        batches["gpu check"] = [*hand_stop, stop_step(layout), *gpu_check.check_batch(subject)]
+        notes.append(f"gpu check (preflight.gpu_check): {'; '.join(check_reasons)}: the old server stops and NCCL's "
+                     f"all-reduce is verified on {subject.world_size} GPUs with this release's venv and environment "
+                     "before SGLang starts")
+    elif loaded.profile.preflight.gpu_check:
+        notes.append("gpu check (preflight.gpu_check) not needed: TP size, NCCL environment and the venv's "
+                     f"torch/NCCL are those of release {current_id}")
+    batches[ACTIVATE] = activation_steps(layout, release.id, takeover)
+    batches[VERIFIED] = [reset_failed_step(layout)]
+    replaced_note = None
+    if hand_made_unit(layout, facts) and not unchanged:
+        # with the staging: deploy runs this batch from the plan, and the switch (from activate) replaces the file
+        keep, copy = keep_replaced_unit(layout, now)
+        model_batch = {"model": batches.pop("model")} if "model" in batches else {}
+        batches = {**model_batch, "stage": [*batches.pop("stage", []), *keep], **batches}
+        replaced_note = f"a copy of the replaced unit is kept at {copy}"
+    hand_note = f"the hand-run server (pid {hand_pid}, adopted as release {current_id}) is stopped before the " \
+        f"{'gpu check' if check_reasons else 'restart'}" if hand_stop and not unchanged else None
+    changes = [change for change in diff_releases(current_metadata, release.metadata())
+               if not (not_available and change.kind == "secret" and change.name == SECRET_VALUES)]
+    return Plan(release=release, current_id=current_id, changes=tuple(changes), drift=drift, unchanged=unchanged,
+                batches=batches, secrets_not_available=not_available,
+                notes=tuple(note for note in (*notes, hand_note, replaced_note) if note),
+                gpu_check_reasons=check_reasons)
+
+
+def _why_not_verified(facts: HostFacts, release_id: str) -> str | None:
+    """Why the current release, the one being deployed, cannot be taken as serving without a restart, if it can't.
+
+    "No changes" needs the release on disk, its unit active, and history's last word on it "healthy"; the live
+    probe (the last condition) is asked by `deploy`."""
+    again = "it is restarted and verified"
+    if facts.store.release(release_id) is None:
+        return f"release {release_id} is current but missing or damaged on the host: it is staged again and restarted"
+    if facts.unit.active_state != "active" or facts.unit.load_state != "loaded":
+        return f"release {release_id} is current but its unit is {facts.unit.active_state} " \
+               f"({facts.unit.load_state}): {again}"
+    if not facts.store.recorded_healthy(release_id):
+        return f"release {release_id} is current but history does not record it as verified (an interrupted or " \
+               f"killed deploy?): {again}"
+    return None
+
+
+def _past_failure(facts: HostFacts, release_id: str) -> str | None:
+    """This very release failed on the host before: say when and why, so a dry run shows it."""
+    failures = [e for e in facts.store.history if e.tags.release == release_id and e.outcome == FAILED]
+    return f"this release failed on {failures[-1].when}: {failures[-1].cause}" if failures else None
+
+
+def release_tags(target: Target, release: Release) -> Tags:
+    versions = {"sglang": release.sglang_version}
+    if release.flashinfer_version:
+        versions["flashinfer"] = release.flashinfer_version
+    return Tags(who=operator_name(), host=target.host.name, release=release.id, profile=release.profile_name,
+                profile_hash=release.profile_hash, versions=versions)
+
+
+def start_prediction(store: StoreFacts, profile_name: str) -> StartPrediction | None:
+    durations = [entry.timings["ready"] for entry in store.history
+                 if entry.outcome == HEALTHY and entry.tags.profile == profile_name and "ready" in entry.timings]
+    return predict_start(durations)

@@ -1,0 +1,314 @@
+"""One command's transition of one host: switch `current` to a release, restart, climb the readiness ladder, record
+history; and the restore after a failed or interrupted start (back to the last healthy release, or the unit stopped)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any, NoReturn
+
+from deploy_lib.cuda_toolkit import cuda_home
+from deploy_lib.deploy.plan import ACTIVATE, VERIFIED, activation_steps, reset_failed_step, start_prediction, stop_step
+from deploy_lib.deploy.preflight import check_release, check_release_files
+from deploy_lib.diagnose import (
+    JOURNAL_SYNC,
+    Diagnosis,
+    diagnose,
+    journal_cursor_step,
+    journal_step,
+    parse_journal_cursor,
+)
+from deploy_lib.errors import (
+    ConnectFailed,
+    DeployError,
+    GateFailed,
+    Interrupted,
+    PreflightError,
+    ReadinessFailed,
+    RollbackFailed,
+)
+from deploy_lib.facts import HostFacts, parse_systemctl_show, read_host_facts
+from deploy_lib.health import (
+    GenerationProbe,
+    NotReady,
+    ProbeTarget,
+    ReadyReport,
+    Rung,
+    StartPrediction,
+    Verdict,
+    assess,
+    parse_snapshot,
+    probe_step,
+    wait_ready,
+)
+from deploy_lib.interrupts import interrupted, signal_name
+from deploy_lib.profile import read_stored_profile
+from deploy_lib.progress import Progress
+from deploy_lib.project import Target
+from deploy_lib.readings import ABSENT_OK
+from deploy_lib.release import RecordedRelease, read_secret
+from deploy_lib.remote import Put, Remote, Step, StepResult
+from deploy_lib.server_args import API_KEY_ENV
+from deploy_lib.store import (
+    FAILED,
+    HEALTHY,
+    StoreFacts,
+    StoreLayout,
+    Tags,
+    append_history,
+    history_entry,
+    operator_name,
+    parse_current,
+)
+from deploy_lib.versions import health_path_for
+
+GRACE_S = 2.0  # healthy, then dead within this window, is a failed start
+
+
+def recorded_tags(target: Target, release_id: str, metadata: Mapping[str, Any]) -> Tags:
+    """The tags a release.json records; for one written without them (an earlier version), what it does record."""
+    try:
+        return Tags.from_dict(metadata["tags"])
+    except (KeyError, TypeError, ValueError, AttributeError):
+        version = metadata.get("sglang_version")
+        return Tags(who=operator_name(), host=target.host.name, release=release_id,
+                    profile=str(metadata.get("profile_name") or "?"),
+                    profile_hash=str(metadata.get("profile_hash") or ""),
+                    versions={"sglang": str(version)} if version else {})
+
+
+def probe_target(layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str],
+                 generation: bool = True) -> ProbeTarget:
+    """How to probe a release, from its own recorded profile (so a rollback probes the old release correctly).
+
+    Only the generation rung sends the API key, so a probe without it needs none (and reads none)."""
+    server = read_stored_profile(metadata.get("profile")).server
+    version = metadata.get("sglang_version")
+    with_key = generation and server.api_key is not None
+    return ProbeTarget(unit=layout.unit_name, port=server.port, host=server.host,
+                       health_path=health_path_for(str(version)) if version else "/health",
+                       generation=GenerationProbe() if generation else None,
+                       api_key=read_secret(API_KEY_ENV, server.api_key, environ) if with_key else None)
+
+
+@dataclass
+class Transition:
+    """One command against one host: the remote, the clock, where timings go, and how far the transition got."""
+
+    remote: Remote
+    layout: StoreLayout
+    target: Target
+    progress: Progress
+    environ: Mapping[str, str]
+    clock: Callable[[], float] = time.monotonic
+    grace_s: float = GRACE_S
+    timings: dict[str, float] = field(default_factory=dict)
+    cursor: str | None = None  # the unit's journal position just before the last restart
+    previous: str | None = None  # the release `current` named when the command read the host
+    switched_to: str | None = None  # the release `current` was last switched to
+    verified: str | None = None  # the release the last ladder found ready
+    before_restart: Callable[[], None] | None = None
+    unsent: list[Step | Put] = field(default_factory=list)  # the verified batch, sent with the healthy record
+
+    @property
+    def where(self) -> str:
+        return self.target.host.name
+
+    def phase(self, name: str, batch: list[Step | Put]) -> list[StepResult]:
+        if not batch:
+            return []
+        self.progress.phase_started(name)
+        started = self.clock()
+        results = self.remote.run(batch)
+        self.timings[name] = round(self.clock() - started, 3)
+        self.progress.step_done(name, self.timings[name])
+        return results
+
+    def record(self, event: str, outcome: str, tags: Tags, cause: str = "", then: Sequence[Step | Put] = ()
+               ) -> list[StepResult]:
+        """Append the history line, in one round trip with the verified batch of the start it records healthy
+        (what `activate` left unsent) and with `then`."""
+        verified, self.unsent = (self.unsent if outcome == HEALTHY else []), []
+        entry = history_entry(event, outcome, tags, datetime.now(UTC), cause, self.timings)
+        return self.remote.run([*verified, *append_history(self.layout, entry), *then])
+
+    def journal_diagnosis(self, cursor: str | None, profile: str | None) -> Diagnosis:
+        """Why the release of `profile` did not start, from the unit's journal since `cursor`."""
+        result = self.remote.run([JOURNAL_SYNC, journal_step(self.layout.unit_name, cursor)])[-1]
+        return diagnose(result.stdout.splitlines(), profile=profile)
+
+    def check_target(self, release_id: str, metadata: Mapping[str, Any]) -> HostFacts:
+        """Preflight for switching to a recorded release (rollback): what deploy checks, plus the release's files."""
+        release = RecordedRelease.of(release_id, metadata)
+        for note in release.profile.notes(release_id):
+            self.progress.note(note)
+        toolkit_home = cuda_home(release.environment) if release.profile.features.allreduce_fusion else None
+        facts = read_host_facts(self.remote, self.layout, release.venv, release.profile.server.port, toolkit_home,
+                                release.profile.service.working_directory, release_id=release_id)
+        check_release(release, self.target, facts)
+        check_release_files(release, self.layout, facts, self.where)
+        return facts
+
+    def live_verdict(self, metadata: Mapping[str, Any]) -> Verdict:
+        """One probe of the running server up to the health endpoint (no generation): is it ready right now?"""
+        target = probe_target(self.layout, metadata, self.environ, generation=False)
+        try:
+            [result] = self.remote.run([probe_step(target, Rung.HEALTH)])
+            return assess(parse_snapshot(result, Rung.HEALTH), None, Rung.HEALTH)
+        except ReadinessFailed as broken:
+            return NotReady(broken.message, broken.rung, broken.evidence)
+
+    def activate(self, release_id: str, metadata: Mapping[str, Any], prediction: StartPrediction | None,
+                 grace_s: float, batches: Mapping[str, Sequence[Step | Put]] | None = None,
+                 staged: Sequence[Step | Put] = ()) -> ReadyReport:
+        """Switch `current` to a release on the host, restart, and climb the readiness ladder.
+
+        A deploy gives its plan's batches (what its dry run listed), with the stage batch in `staged`; a switch
+        back to a recorded release takes the same batches for that release. One round trip stages, reads the
+        journal position, switches and restarts; from that position on, the ladder shows this start's log lines
+        and a failure is diagnosed from them (`self.cursor`)."""
+        batches = batches or {ACTIVATE: activation_steps(self.layout, release_id),
+                              VERIFIED: [reset_failed_step(self.layout)]}
+        if self.before_restart is not None:
+            self.before_restart()
+        restarted_at = self.clock()
+        self.switched_to = release_id  # from here on a signal switches back: the switch may be under way
+        results = self.phase(f"stage, {ACTIVATE}" if staged else ACTIVATE, [*staged, *batches[ACTIVATE]])
+        cursor_step = journal_cursor_step(self.layout.unit_name)
+        self.cursor = parse_journal_cursor(next(r.stdout for r in results if r.step == cursor_step))
+        service = read_stored_profile(metadata.get("profile")).service
+        self.progress.phase_started("readiness")
+        report = wait_ready(self.remote, probe_target(self.layout, metadata, self.environ),
+                            deadline_s=service.startup_timeout_s, progress=self.progress, rung=Rung.GENERATE,
+                            baseline_restarts=0, after_cursor=self.cursor, prediction=prediction, grace_s=grace_s,
+                            started_at=restarted_at, clock=self.clock)
+        self.verified = release_id
+        self.timings["ready"] = round(report.duration_s, 3)
+        self.progress.step_done("readiness", report.duration_s)
+        # The verified start leaves the start-limit window (reset-failed), so the restart policy allows the same number
+        # of restarts whether a crash comes a minute or a day after the deploy; sent with the healthy record.
+        self.unsent = list(batches[VERIFIED])
+        return report
+
+    def host_state(self) -> str:
+        """Where `current` points and what the unit does, read once more (best effort: after an interrupt)."""
+        steps = [Step("state: current", ("readlink", "--", str(self.layout.current)), ok=ABSENT_OK),
+                 Step("state: unit", ("systemctl", "show", "-p", "ActiveState,SubState", "--", self.layout.unit_name))]
+        try:
+            try:
+                current, unit = self.remote.run(steps)
+            except ConnectFailed:  # the interrupt cut a round trip (a probe waiting on the host): read over a new one
+                current, unit = self.remote.run(steps)
+        except (DeployError, KeyboardInterrupt) as error:
+            return f"unknown (it could not be read: {error or type(error).__name__})"
+        props = parse_systemctl_show(unit.stdout)
+        return (f"current: {parse_current(current.stdout) or 'none'}, unit {props.get('ActiveState', '?')}/"
+                f"{props.get('SubState', '?')}")
+
+    def interrupted_outside(self, stop: KeyboardInterrupt) -> Interrupted:
+        """The error for a signal that came outside a switch and its verification."""
+        name = signal_name(stop)
+        if self.switched_to is None:
+            serving = f": release {self.previous} is current" if self.previous else ""
+            return interrupted(stop, f"{self.where}: interrupted ({name}) before the switch; nothing was switched or "
+                                     f"restarted{serving}")
+        if self.verified == self.switched_to:
+            return interrupted(stop, f"{self.where}: interrupted ({name}) after release {self.verified} was verified; "
+                                     f"release {self.verified} is serving")
+        return interrupted(stop, f"{self.where}: interrupted ({name}) while release {self.switched_to} was not "
+                                 f"verified; the host now: {self.host_state()}",
+                           hint="`invoke status` shows whether it serves; a deploy or rollback verifies it")
+
+
+def stop_unit(remote: Remote, layout: StoreLayout) -> None:
+    remote.run([stop_step(layout)])
+
+
+def gate_diagnosis(failure: GateFailed) -> Diagnosis:
+    """A release that started but benchmarked too slow: the verdict is the cause, the GPU telemetry the evidence."""
+    return Diagnosis("throughput_gate", failure.message, failure.hint or "", failure.evidence)
+
+
+def interruption(stop: KeyboardInterrupt) -> tuple[Interrupted, Diagnosis]:
+    """A signal during a switch, as the failure of the release being verified."""
+    cause = f"interrupted by {signal_name(stop)} before it was verified"
+    return interrupted(stop, cause), Diagnosis("interrupted", cause, "", ())
+
+
+def failure_line(failure: DeployError, diagnosis: Diagnosis) -> str:
+    """One line: what the ladder saw, and the cause the journal shows when it matches a known signature."""
+    if diagnosis.signature == "unknown":
+        return f"{failure.message} (no known failure signature in the log)"
+    if isinstance(failure, GateFailed | Interrupted):
+        return diagnosis.cause
+    return f"{diagnosis.one_line()}; {failure.message}"
+
+
+def same_kind(failure: DeployError, message: str, diagnosis: Diagnosis) -> DeployError:
+    """The error to end with after the restore: of the first failure's kind, with the new message."""
+    if isinstance(failure, Interrupted):
+        return type(failure)(message, failure.hint)
+    error = GateFailed if isinstance(failure, GateFailed) else ReadinessFailed
+    evidence = diagnosis.evidence or getattr(failure, "evidence", ())
+    return error(message, getattr(failure, "rung", ""), evidence, diagnosis.hint or failure.hint)
+
+
+def restore(run: Transition, store: StoreFacts, failed_id: str, failure: DeployError, diagnosis: Diagnosis,
+             restore_id: str | None, previous_id: str | None) -> NoReturn:
+    """Return the host to `restore_id` after `failed_id` failed or was interrupted; raise what the user must know
+    (about `failed_id`, which replaced `previous_id`)."""
+    try:
+        _switch_back(run, store, failed_id, failure, diagnosis, restore_id)
+    except DeployError as ended:
+        ended.about(failed_id, previous_id, run.timings)
+        raise
+
+
+def _switch_back(run: Transition, store: StoreFacts, failed_id: str, failure: DeployError, diagnosis: Diagnosis,
+                 restore_id: str | None) -> NoReturn:
+    """The restore: the target passes the same preflight as any switch and the same ladder, grace window included."""
+    where, first = run.where, failure_line(failure, diagnosis)
+    if restore_id is None:
+        stop_unit(run.remote, run.layout)
+        raise same_kind(failure, f"{where}: release {failed_id} failed: {first}; there is no earlier healthy "
+                                  "release to roll back to, so the unit is stopped", diagnosis)
+    metadata = dict(record.metadata) if (record := store.release(restore_id)) else {}
+    tags = recorded_tags(run.target, restore_id, metadata)
+    try:
+        run.check_target(restore_id, metadata)
+    except PreflightError as refused:
+        stop_unit(run.remote, run.layout)
+        run.record("rollback", FAILED, tags, refused.message)
+        raise RollbackFailed(f"{where}: release {failed_id} failed ({first}) and the rollback target {restore_id} "
+                             f"cannot run: {refused.message}; the unit is stopped", original=failure,
+                             hint=refused.hint) from None
+    run.progress.note(f"rolling back to release {restore_id}")
+    run.timings = {}
+    try:
+        run.activate(restore_id, metadata, start_prediction(store, tags.profile), run.grace_s)
+    except ReadinessFailed as second:
+        second_diagnosis = run.journal_diagnosis(run.cursor, record.metadata.get("profile_name"))
+        stop_unit(run.remote, run.layout)
+        run.record("rollback", FAILED, tags, failure_line(second, second_diagnosis))
+        raise RollbackFailed(
+            f"{where}: release {failed_id} failed ({first}) and the rollback to {restore_id} "
+            f"failed too ({failure_line(second, second_diagnosis)}); the unit is stopped",
+            original=failure,
+            hint=f"first failure: {diagnosis.hint}\n  rollback failure: {second_diagnosis.hint}") from second
+    except KeyboardInterrupt as again:
+        state = run.host_state()
+        cause = f"interrupted again ({signal_name(again)}) during the rollback to {restore_id}, before it was verified"
+        try:
+            run.record("rollback", FAILED, tags, cause)
+        except (DeployError, KeyboardInterrupt):
+            pass  # the host's state, said below, matters more than the history line
+        raise interrupted(again, f"{where}: {cause}; the host now: {state}",
+                          hint="`invoke status` shows whether it serves; `invoke rollback` or a deploy verifies it"
+                          ) from None
+    run.record("rollback", HEALTHY, tags, f"after {failed_id} failed: {first}")
+    ended = same_kind(failure, f"{where}: release {failed_id} failed: {first}; rolled back, release {restore_id} "
+                                "is serving", diagnosis)
+    ended.serving_id = restore_id
+    raise ended
