@@ -255,6 +255,7 @@ class ChangedRun:
     restart_to_job_s: float  # restart batch sent -> systemd's first job message (daemon-reload, enable first)
     server_start_s: float   # restart instant -> "fired up" (the journal's clock)
     ready_noticed_s: float  # "fired up" -> the ladder's Ready verdict
+    generation_s: float     # of it, the server answering the ladder's one real generation (the probe's own clock)
     grace_s: float          # the ladder's grace window after Ready (a failed start caught early, by design)
     ladder_to_return_s: float  # ladder returned -> deploy returned (history, prune, close)
     round_trips: int
@@ -282,6 +283,8 @@ def changed_deploy(rig: Rig, profile: str) -> ChangedRun:
     return ChangedRun(total_s=ended - started, before_restart_s=restart.started - started,
                       restart_to_job_s=restarted - restart.started,
                       server_start_s=ready - restarted, ready_noticed_s=noticed - ready,
+                      generation_s=generation.seconds if outcome.ready and (generation := outcome.ready.snapshot
+                                                                             .generation) else 0.0,
                       grace_s=progress.first("done", "readiness: grace", noticed) - noticed,
                       ladder_to_return_s=returned - ladder_returned, round_trips=remote.inner.round_trips,
                       phases=dict(outcome.timings))
@@ -388,6 +391,8 @@ def deploy_figures(no_ops: Sequence[NoOpRun], processes: Sequence[ProcessRun], c
                        [run.restart_to_job_s for run in changed], None),
         seconds_figure("  - readiness noticed (fired up -> Ready verdict)", [run.ready_noticed_s for run in changed],
                        0.3),
+        seconds_figure("    of it the server answering the one real generation", [run.generation_s for run in changed],
+                       None),
         seconds_figure("  - the ladder's grace window after Ready", [run.grace_s for run in changed], None),
         seconds_figure("  - ladder returned -> deploy returned (history, prune)",
                        [run.ladder_to_return_s for run in changed], None),
