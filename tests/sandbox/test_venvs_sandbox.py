@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
@@ -19,6 +20,7 @@ import pytest
 
 from deploy_lib import venvs
 from deploy_lib.errors import ConfigError, StepFailed, StepTimedOut
+from deploy_lib.host_paths import venv_python
 from deploy_lib.remote import FabricRemote, Put, Step, StepResult
 from deploy_lib.store import StoreLayout
 from sandbox import wheelhouse
@@ -81,12 +83,18 @@ def built(store: None, sandbox_ssh: FabricRemote, wheelhouse_default: wheelhouse
     return built_spec, venvs.ensure_venv(remote, LAYOUT, built_spec), remote
 
 
+def sh(*words: object) -> str:
+    """One shell command from its words, each quoted (GuestShell runs a shell command line)."""
+    return shlex.join(str(word) for word in words)
+
+
 def python_says(shell: GuestShell, venv: PurePosixPath, code: str) -> str:
-    return shell.sudo(f"{venv}/bin/python3 -c {json.dumps(code)}").strip()
+    return shell.sudo(sh(venv_python(venv), "-c", code)).strip()
 
 
 def sums(shell: GuestShell, directory: PurePosixPath) -> str:
-    return shell.sudo(f"cd {directory} && find . -type f -print0 | sort -z | xargs -0 sha256sum", timeout_s=300)
+    return shell.sudo(f"cd {shlex.quote(str(directory))} && find . -type f -print0 | sort -z | xargs -0 sha256sum",
+                      timeout_s=300)
 
 
 def test_a_build_sends_every_wheel_once_and_publishes_a_working_venv(
@@ -98,16 +106,16 @@ def test_a_build_sends_every_wheel_once_and_publishes_a_working_venv(
     assert remote.wheel_bytes() == result.bytes_sent
     where = python_says(guest_shell, result.path, "import sglang.version as v; print(v.__file__, v.__version__)")
     assert where == f"{result.path}/{SITE}/sglang/version.py 0.5.23"
-    marker = json.loads(guest_shell.sudo(f"cat {result.path}/venv.json"))
+    marker = json.loads(guest_shell.sudo(sh("cat", result.path / "venv.json")))
     assert marker["hash"] == result.hash and marker["distributions"]["flashinfer-python"] == "0.7.2"
     assert marker["python"]["version"].startswith("3.11.")
     # console scripts were relocated from the .tmp build directory: tqdm's runs from the published venv
-    assert guest_shell.sudo(f"head -1 {result.path}/bin/tqdm").strip() in (f"#!{result.path}/bin/python",
-                                                                           f"#!{result.path}/bin/python3")
-    assert guest_shell.sudo(f"{result.path}/bin/tqdm --version").strip() == "4.70.1"
-    assert guest_shell.sudo(f"ls -A {LAYOUT.venvs}").split() == [result.hash]
+    shebang = guest_shell.sudo(sh("head", "-1", result.path / "bin" / "tqdm")).strip()
+    assert shebang in (f"#!{result.path}/bin/python", f"#!{result.path}/bin/python3")
+    assert guest_shell.sudo(sh(result.path / "bin" / "tqdm", "--version")).strip() == "4.70.1"
+    assert guest_shell.sudo(sh("ls", "-A", LAYOUT.venvs)).split() == [result.hash]
     # installed by hard links from uv's cache in the store (same filesystem), not copied
-    links = guest_shell.sudo(f"stat -c %h {result.path}/{SITE}/sglang/version.py").strip()
+    links = guest_shell.sudo(sh("stat", "-c", "%h", result.path / SITE / "sglang" / "version.py")).strip()
     assert int(links) >= 2
 
 
@@ -142,13 +150,14 @@ def test_a_damaged_wheel_on_the_host_fails_before_pip_and_is_sent_again_next_tim
     msgspec = wheelhouse_default.dependencies[0]
     digest = hashlib.sha256(msgspec.read_bytes()).hexdigest()
     on_host = venvs.wheel_dir(LAYOUT, digest) / msgspec.name
-    guest_shell.sudo(f"printf 'garbage' | dd of={on_host} bs=1 seek=1000 conv=notrunc status=none")
+    guest_shell.sudo("printf garbage | " + sh("dd", f"of={on_host}", "bs=1", "seek=1000", "conv=notrunc",
+                                              "status=none"))
     small = spec(tmp_path, house, [msgspec, wheelhouse_default.sim])
     remote = counting(sandbox_ssh)
     with pytest.raises(StepFailed, match=rf"{re.escape(str(on_host))}: sha256 [0-9a-f]+, expected {digest}; removed"):
         venvs.ensure_venv(remote, LAYOUT, small)
     target = venvs.venv_hash(venvs.load_lock(small.lock), venvs.read_facts(sandbox_ssh, LAYOUT, "python3").python)
-    assert guest_shell.run(f"test -e {venvs.venv_path(LAYOUT, target)}")[0] == 1
+    assert guest_shell.run(sh("test", "-e", venvs.venv_path(LAYOUT, target)))[0] == 1
     assert remote.sent == []
     rebuilt = venvs.ensure_venv(remote, LAYOUT, small)
     assert rebuilt.hash == target and rebuilt.wheels_sent == (msgspec.name,)
@@ -213,10 +222,11 @@ def test_an_interrupted_build_leaves_nothing_usable_and_the_next_run_clears_it(
     target = venvs.venv_hash(venvs.load_lock(interrupted.lock), facts.python)
     assert f"{target}.tmp" in facts.store.entries and not facts.store.published(target)
     assert target not in facts.store.entries
-    assert guest_shell.run(f"sudo -n test -e {venvs.staging_path(LAYOUT, target)}/{venvs.MARKER_FILE}")[0] == 1
+    staged_marker = venvs.staging_path(LAYOUT, target) / venvs.MARKER_FILE
+    assert guest_shell.run(sh("sudo", "-n", "test", "-e", staged_marker))[0] == 1
     result = venvs.ensure_venv(sandbox_ssh, LAYOUT, interrupted)
     assert result.hash == target and not result.reused
-    entries = guest_shell.sudo(f"ls -A {LAYOUT.venvs}").split()
+    entries = guest_shell.sudo(sh("ls", "-A", LAYOUT.venvs)).split()
     assert target in entries and f"{target}.tmp" not in entries
 
 
@@ -226,18 +236,20 @@ def test_adopt_a_hand_made_venv_reports_drift_and_runs_from_its_new_place(
     msgspec = wheelhouse_default.dependencies[0]
     on_host = venvs.wheel_dir(LAYOUT, hashlib.sha256(msgspec.read_bytes()).hexdigest()) / msgspec.name
     source = PurePosixPath("/root/hand-env")
-    guest_shell.sudo(f"rm -rf {source} && python3 -m venv {source} && "
-                     f"{source}/bin/pip install -q --no-index --no-deps {on_host} && "
-                     f"echo '# edited by hand' >> {source}/{SITE}/msgspec/__init__.py", timeout_s=300)
-    source_pip = guest_shell.sudo(f"head -1 {source}/bin/pip")
+    edited = source / SITE / "msgspec" / "__init__.py"
+    guest_shell.sudo(" && ".join([sh("rm", "-rf", source), sh("python3", "-m", "venv", source),
+                                  sh(source / "bin" / "pip", "install", "-q", "--no-index", "--no-deps", on_host),
+                                  f"{sh('echo', '# edited by hand')} >> {sh(edited)}"]), timeout_s=300)
+    source_pip = guest_shell.sudo(sh("head", "-1", source / "bin" / "pip"))
     result = venvs.adopt(sandbox_ssh, LAYOUT, source)
     assert not result.reused and set(result.drift) == {"msgspec"}
     assert [path for path, _ in result.drift["msgspec"]] == ["msgspec/__init__.py"]
     assert python_says(guest_shell, result.path, "import msgspec; print(msgspec.__file__)") == (
         f"{result.path}/{SITE}/msgspec/__init__.py")
-    assert f"{result.path}/{SITE}/pip" in guest_shell.sudo(f"{result.path}/bin/pip --version")
-    assert guest_shell.sudo(f"head -1 {source}/bin/pip") == source_pip  # the source's scripts were not touched
-    marker = json.loads(guest_shell.sudo(f"cat {result.path}/venv.json"))
+    assert f"{result.path}/{SITE}/pip" in guest_shell.sudo(sh(result.path / "bin" / "pip", "--version"))
+    # the source's scripts were not touched
+    assert guest_shell.sudo(sh("head", "-1", source / "bin" / "pip")) == source_pip
+    marker = json.loads(guest_shell.sudo(sh("cat", result.path / "venv.json")))
     assert marker["kind"] == "adopted" and marker["source"] == str(source) and "msgspec" in marker["drift"]
     assert venvs.adopt(sandbox_ssh, LAYOUT, source).reused
 
@@ -253,9 +265,10 @@ def test_a_derived_venv_leaves_its_base_byte_identical_and_both_run(
     ask = "import sglang.version as v; print(v.__file__, v.__version__)"
     assert python_says(guest_shell, base.path, ask) == f"{base.path}/{version_py} 0.5.23"
     assert python_says(guest_shell, derived.path, ask) == f"{derived.path}/{version_py} 0.5.23+patched"
-    inode = "stat -c %i {}/" + f"{SITE}/sglang/__init__.py"
-    assert guest_shell.sudo(inode.format(base.path)) == guest_shell.sudo(inode.format(derived.path))  # linked
-    marker = json.loads(guest_shell.sudo(f"cat {derived.path}/venv.json"))
+    def inode(venv: PurePosixPath) -> str:
+        return guest_shell.sudo(sh("stat", "-c", "%i", venv / SITE / "sglang" / "__init__.py"))
+    assert inode(base.path) == inode(derived.path)  # linked
+    marker = json.loads(guest_shell.sudo(sh("cat", derived.path / "venv.json")))
     assert marker["base"] == base.hash and list(marker["replaced"]) == [version_py]
     assert venvs.derive(sandbox_ssh, LAYOUT, base.hash, {version_py: b'__version__ = "0.5.23+patched"\n'}).reused
 
@@ -266,7 +279,7 @@ def test_cache_directories_belong_to_the_service_user(
     _, base, _ = built
     sandbox_ssh.run(venvs.cache_dir_steps(LAYOUT, base.hash, "deploy"))
     for directory in venvs.cache_environment(LAYOUT, base.hash).values():
-        assert guest_shell.sudo(f"stat -c %U {directory}").strip() == "deploy"
+        assert guest_shell.sudo(sh("stat", "-c", "%U", directory)).strip() == "deploy"
 
 
 def test_list_and_prune_keep_what_kept_releases_use_and_their_bases(
@@ -283,7 +296,7 @@ def test_list_and_prune_keep_what_kept_releases_use_and_their_bases(
     assert base.hash not in plan.venvs and derived not in plan.venvs and not set(adopted) & set(plan.venvs)
     assert len(plan.venvs) == len(facts.markers) - 2 - len(adopted)
     sandbox_ssh.run(venvs.prune_steps(LAYOUT, plan))
-    assert sorted(guest_shell.sudo(f"ls -A {LAYOUT.venvs}").split()) == sorted([base.hash, derived, *adopted])
+    assert sorted(guest_shell.sudo(sh("ls", "-A", LAYOUT.venvs)).split()) == sorted([base.hash, derived, *adopted])
     wheels_left = venvs.read_facts(sandbox_ssh, LAYOUT, "python3").store.wheels
     assert wheels_left == set(facts.markers[base.hash]["wheels"])
     ask = "import sglang.version as v; print(v.__version__)"
