@@ -462,8 +462,8 @@ def test_after_ctrl_c_at_any_point_of_a_round_trip_the_next_step_runs(remote: Fa
     reading its result). A CI run saw the rollback's first step after an interrupt fail with 'connection lost'."""
     for attempt in range(40):
         timer = threading.Timer(0.001 + attempt * 0.004, os.kill, (os.getpid(), signal.SIGINT))
-        timer.start()
         try:
+            timer.start()  # inside the try: on a busy machine the signal can land before the loop's first step
             while True:
                 remote.run([Step("busy", ("sh", "-c", "echo x")), Step("next", ("true",))])
         except KeyboardInterrupt:
