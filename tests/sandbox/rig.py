@@ -121,11 +121,17 @@ class Rig:
     def release_dirs(self) -> set[str]:
         return set(self.root(f"ls {self.store}/releases 2>/dev/null || true").split())
 
+    def write(self, path: str, text: str) -> None:
+        """`text` into `path` as root, its directory made if missing (both quoted for the shell)."""
+        quoted = shlex.quote(path)
+        self.root(f"mkdir -p \"$(dirname {quoted})\" && printf %s {shlex.quote(text)} > {quoted}")
+
     def fault(self, text: str | None, path: str = FAULT_OF_SHORT) -> None:
         """Arm a sim fault; by default only for releases of glm5-short, everywhere with GUEST_FAULT."""
-        quoted = shlex.quote(path)
-        self.root("mkdir -p /etc/sglang-sim && " + (f"echo {shlex.quote(text)} > {quoted}" if text else
-                                                     f"rm -f {quoted}"))
+        if text:
+            self.write(path, text)
+        else:
+            self.root(f"rm -f {shlex.quote(path)}")
 
     def unit_state(self, service: str | None = None) -> str:
         return self.root(f"systemctl is-active {service or self.service}.service || true").strip()

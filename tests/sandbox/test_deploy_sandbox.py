@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 
 import pytest
@@ -34,7 +35,8 @@ def test_deploy_the_reference_profile_then_redeploy_is_a_no_op(rig: Rig) -> None
     assert rig.current() == outcome.release_id and rig.unit_state() == "active"
     unit = rig.root("systemctl cat sglang.service")
     assert "--dsa-decode-backend trtllm" in unit and "--tp-size 8" in unit
-    mode = rig.root(f"stat -c %a /opt/sglang-deploy/sglang/releases/{outcome.release_id}/sglang.env").strip()
+    env_file = shlex.quote(f"/opt/sglang-deploy/sglang/releases/{outcome.release_id}/sglang.env")
+    mode = rig.root(f"stat -c %a {env_file}").strip()
     assert mode == "600"
     history_before = len(rig.history())
     again = rig.deploy("glm5-nvfp4")
@@ -104,18 +106,18 @@ def test_a_second_deploy_while_the_lock_is_held_is_refused(rig: Rig, healthy: st
     layout = StoreLayout("sglang")
     from datetime import UTC, datetime
     owner = this_process_owner("someone-else", datetime.now(UTC))
-    rig.root(f"mkdir {layout.lock} && echo '{owner.to_json().decode().strip()}' > {layout.lock_owner}")
+    rig.write(str(layout.lock_owner), owner.to_json().decode())  # its directory is the lock
     try:
         with pytest.raises(LockHeld, match="held by"):
             rig.deploy("glm5-omp4")
     finally:
-        rig.root(f"rm -rf {layout.lock}")
+        rig.root(f"rm -rf {shlex.quote(str(layout.lock))}")
     assert rig.current() == healthy
 
 
 def test_a_unit_file_edited_by_hand_is_drift_until_forced(rig: Rig, healthy: str) -> None:
-    rig.root(f"sed -i 's/LimitNOFILE=65536/LimitNOFILE=1024/' /opt/sglang-deploy/sglang/releases/{healthy}/"
-             "sglang.service")
+    unit = shlex.quote(f"/opt/sglang-deploy/sglang/releases/{healthy}/sglang.service")
+    rig.root(f"sed -i 's/LimitNOFILE=65536/LimitNOFILE=1024/' {unit}")
     with pytest.raises(DriftDetected, match="edited on the host"):
         rig.deploy("glm5-omp4")
     outcome = rig.deploy("glm5-nvfp4", force=True)
@@ -224,7 +226,7 @@ def test_a_stale_lock_is_reported_and_unlock_clears_it(rig: Rig, healthy: str) -
     layout = StoreLayout("sglang")
     dead = LockOwner(user="someone", host=socket.gethostname(), pid=2**22 + 17, time=datetime.now(UTC).isoformat(),
                      purpose="x", token="t")
-    rig.root(f"mkdir {layout.lock} && echo '{dead.to_json().decode().strip()}' > {layout.lock_owner}")
+    rig.write(str(layout.lock_owner), dead.to_json().decode())  # its directory is the lock
     with pytest.raises(LockHeld, match="looks stale"):
         rig.deploy("glm5-omp4")
     with rig.connect() as (target, remote):
