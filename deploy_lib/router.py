@@ -149,7 +149,9 @@ class RouterMembership:
             return
         self.removed = True
         if answer.get("drained"):
-            self.progress.note(f"router: {answer['drained']} requests in flight on {self.worker} finished first")
+            drained = answer["drained"]
+            self.progress.note(f"router: {drained} request{'s' if drained != 1 else ''} in flight on {self.worker} "
+                               "finished first")
 
     def readmit(self) -> None:
         if not self.removed:

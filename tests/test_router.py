@@ -130,8 +130,10 @@ def config_of(remote: FakeRemote) -> list[dict]:
     return [json.loads(eval(call.rsplit(")", 1)[0])) for call in calls]
 
 
-def test_a_replica_is_drained_once_before_its_restart_and_added_back_after(tmp_path: Path) -> None:
-    remote = answering(remove={"was_listed": True, "drained": 3, "elapsed_s": 0.4}, add={"elapsed_s": 0.2})
+@pytest.mark.parametrize(("drained", "said"), [(3, "3 requests"), (1, "1 request")])
+def test_a_replica_is_drained_once_before_its_restart_and_added_back_after(tmp_path: Path, drained: int,
+                                                                           said: str) -> None:
+    remote = answering(remove={"was_listed": True, "drained": drained, "elapsed_s": 0.4}, add={"elapsed_s": 0.2})
     progress = RecordingProgress()
     membership = RouterMembership(site_of(tmp_path), remote, "http://192.0.2.2:8000", progress)
     membership.before_restart()
@@ -140,7 +142,7 @@ def test_a_replica_is_drained_once_before_its_restart_and_added_back_after(tmp_p
     assert [(c["action"], c["worker"], c["router"]) for c in config_of(remote)] == [
         ("remove", "http://192.0.2.2:8000", "http://127.0.0.1:31000"),
         ("add", "http://192.0.2.2:8000", "http://127.0.0.1:31000")]
-    assert "router: 3 requests in flight on http://192.0.2.2:8000 finished first" in progress.of_kind("note")
+    assert f"router: {said} in flight on http://192.0.2.2:8000 finished first" in progress.of_kind("note")
 
 
 def test_a_router_that_is_not_running_needs_no_drain_and_is_not_asked_again(tmp_path: Path) -> None:
