@@ -187,7 +187,8 @@ def _rollback_nodes(targets: list[Target], service: str, to: str | None) -> Flee
 
 def _behind_router(inventory: Inventory, targets: list[Target], accept_new_host_key: bool,
                    act: Callable[[Target, FabricRemote, ui.TerminalProgress, Callable[[], None] | None], T],
-                   port_of: Callable[[Target], int]) -> Callable[[Target, FabricRemote, ui.TerminalProgress], T]:
+                   port_of: Callable[[Target, FabricRemote], int]
+                   ) -> Callable[[Target, FabricRemote, ui.TerminalProgress], T]:
     """The per-host call, with the host taken out of the group's router before its restart and added back once
     verified, when the inventory names a router for the group (`router`); as it is otherwise."""
     from deploy_lib.router import router_site, worker_url
@@ -197,8 +198,8 @@ def _behind_router(inventory: Inventory, targets: list[Target], accept_new_host_
         return lambda target, remote, progress: act(target, remote, progress, None)
     router_target = _run(lambda: resolve_target(inventory, site.host.name, accept_new_host_key))
     return lambda target, remote, progress: behind_router(
-        site, router_target, lambda t: _remote(t, prefixed=True), worker_url(target.host, port_of(target)), progress,
-        lambda drain: act(target, remote, progress, drain))
+        site, router_target, lambda t: _remote(t, prefixed=True), worker_url(target.host, port_of(target, remote)),
+        progress, lambda drain: act(target, remote, progress, drain))
 
 
 def _show_each(fleet: FleetRun[T], print_report: Callable[[T], None]) -> None:
@@ -328,7 +329,7 @@ def deploy(c: Context, profile: str | None = None, host: str | None = None, grou
                                         replace(options, before_restart=drain))
         _show_outcomes(_on_each_host(targets, _behind_router(
             known, targets, accept_new_host_key, deploy_host,
-            lambda target: loaded_for[target.host.name].profile.server.port), rollout))
+            lambda target, _: loaded_for[target.host.name].profile.server.port), rollout))
         return
     loaded, target = _load(profile, inventory, host, accept_new_host_key)
     _run(lambda: multinode.refuse_single_host(loaded, target.host.name))
@@ -410,8 +411,13 @@ def rollback(c: Context, to: str | None = None, host: str | None = None, group: 
         if multi is not None:
             _show_outcomes(multi)
             return
-        _show_outcomes(_on_each_host(targets, lambda target, remote, progress: deploy_engine.rollback(
-            target, _service(service), remote, progress, to, dict(os.environ)), rollout))
+        from deploy_lib.router_deploy import rollback_port
+        known = PROJECT.inventory(_inventory(inventory))
+        _show_outcomes(_on_each_host(targets, _behind_router(
+            known, targets, accept_new_host_key,
+            lambda target, remote, progress, drain: deploy_engine.rollback(
+                target, _service(service), remote, progress, to, dict(os.environ), before_restart=drain),
+            lambda target, remote: rollback_port(target, _service(service), remote, to)), rollout))
         return
     target = _target(inventory, host, accept_new_host_key)
     _consent(f"roll {target.host.name} back to {to or 'the last healthy release'}?", yes)

@@ -16,7 +16,9 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 from deploy_lib.deploy import restart_steps
+from deploy_lib.deploy.preflight import rollback_record
 from deploy_lib.errors import DeployError, RouterFailed
+from deploy_lib.profile import read_stored_profile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.remote import Put, Remote, Step
@@ -132,4 +134,12 @@ def behind_router(site: RouterSite, router_target: Target, connect: Callable[[Ta
         return outcome
 
 
-__all__ = ["RouterOutcome", "behind_router", "deploy_router"]
+def rollback_port(target: Target, service: str, remote: Remote, to: str | None) -> int:
+    """The server port of the release a rollback of this replica switches to (its stored profile's), for the
+    replica's URL in the router; the rollback's own refusals (no such release, a damaged one) come from here first."""
+    layout = target.layout(service)
+    record = rollback_record(read_store_facts(remote, layout), to, target.host.name, layout)
+    return read_stored_profile(record.metadata.get("profile")).server.port
+
+
+__all__ = ["RouterOutcome", "behind_router", "deploy_router", "rollback_port"]

@@ -255,3 +255,27 @@ def test_a_replica_the_router_will_not_take_back_fails_its_deploy_saying_it_serv
     assert isinstance(result, RouterFailed) and result.serving_id == "N"
     assert [c["action"] for c in config_of(remote)] == ["remove", "add"]
     assert "adding http://192.0.2.2:8000 back" in result.message
+
+
+def test_a_group_rollback_behind_a_router_drains_the_replica_before_its_restart_and_readmits_it_verified(
+        tmp_path: Path) -> None:
+    """What `invoke rollback --group G` runs on each replica whose group names a router (tasks._behind_router)."""
+    from deploy_lib.deploy import rollback
+    from deploy_lib.router_deploy import rollback_port
+    host = ScriptedHost({"A": [READY], "B": [READY]})
+    router = answering(remove={"was_listed": True, "drained": 2}, add={})
+    [edge] = resolve_group(load_inventory(inventory(tmp_path)), "ungrouped")
+    serving_at_drain: list[str] = []
+
+    def drain_then(drain: object) -> object:
+        def before_restart() -> None:
+            serving_at_drain.append(host.current)
+            drain()  # type: ignore[operator]
+        return rollback(target(), "sglang", host, RecordingProgress(), "A", {}, grace_s=0,
+                        before_restart=before_restart)
+    worker = worker_url(target().host, rollback_port(target(), "sglang", host, "A"))
+    outcome = behind_router(site_of(tmp_path), edge, _Connect(router), worker, RecordingProgress(), drain_then)
+    assert outcome.action == "rolled back" and host.current == "A" and outcome.ready is not None
+    assert serving_at_drain == ["B"]  # out of the router while B still served, before the switch
+    assert [(c["action"], c["worker"]) for c in config_of(router)] == [("remove", "http://192.0.2.10:8000"),
+                                                                         ("add", "http://192.0.2.10:8000")]

@@ -21,7 +21,7 @@ from deploy_lib.deploy.plan import (
     start_prediction,
     stop_hand_run,
 )
-from deploy_lib.deploy.preflight import preflight
+from deploy_lib.deploy.preflight import preflight, rollback_record
 from deploy_lib.deploy.switch import (
     GRACE_S,
     Transition,
@@ -33,7 +33,7 @@ from deploy_lib.deploy.switch import (
     stop_unit,
 )
 from deploy_lib.diagnose import diagnose
-from deploy_lib.errors import ConfigError, GateFailed, GpuCheckFailed, PreflightError, ReadinessFailed, RemoteError
+from deploy_lib.errors import ConfigError, GateFailed, GpuCheckFailed, ReadinessFailed, RemoteError
 from deploy_lib.facts import HostFacts, read_host_facts
 from deploy_lib.health import Ready, ReadyReport
 from deploy_lib.interrupts import signals_raise
@@ -301,10 +301,11 @@ def prune(remote: Remote, layout: StoreLayout, keep: int, tags: Tags, progress: 
 
 def rollback(target: Target, service: str, remote: Remote, progress: Progress, to: str | None,
              environ: Mapping[str, str], clock: Callable[[], float] = time.monotonic,
-             grace_s: float = GRACE_S) -> Outcome:
+             grace_s: float = GRACE_S, before_restart: Callable[[], None] | None = None) -> Outcome:
     """Switch to release `to` (default: the last healthy one before current) after the same preflight as a deploy,
     and verify it; when it fails (or a signal comes), switch back to the release that was serving."""
-    run = Transition(remote, target.layout(service), target, progress, environ, clock, grace_s=grace_s)
+    run = Transition(remote, target.layout(service), target, progress, environ, clock, grace_s=grace_s,
+                     before_restart=before_restart)
     with signals_raise():
         try:
             return _rollback(run, to)
@@ -315,19 +316,8 @@ def rollback(target: Target, service: str, remote: Remote, progress: Progress, t
 def _rollback(run: Transition, to: str | None) -> Outcome:
     store = read_store_facts(run.remote, run.layout)
     run.previous = store.current
-    target_id = to or store.last_healthy(exclude=store.current)
-    if target_id is None:
-        raise ConfigError(f"{run.where}: no healthy release to roll back to (current: {store.current or 'none'})",
-                          "`invoke releases` lists what is on the host")
-    record = store.release(target_id)
-    damaged = store.damaged_release(target_id)
-    if damaged is not None:
-        raise PreflightError(f"{run.where}: cannot roll back to release {target_id}: it is damaged: "
-                             f"{damaged.reason}, in {run.layout.release(target_id)}",
-                             "`invoke releases` lists the releases and what is wrong with each; nothing was changed")
-    if record is None:
-        known = ", ".join(r.id for r in store.releases) or "none"
-        raise ConfigError(f"{run.where}: release {target_id!r} is not on the host", f"releases: {known}")
+    record = rollback_record(store, to, run.where, run.layout)
+    target_id = record.id
     tags = recorded_tags(run.target, target_id, record.metadata)
     facts = run.check_target(target_id, record.metadata)
     serving = store.current if store.current != target_id and facts.store.release(store.current or "") else None

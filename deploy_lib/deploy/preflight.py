@@ -7,13 +7,13 @@ import re
 
 from deploy_lib.cuda_toolkit import FIX_HINT, sm12x_problem
 from deploy_lib.deploy.plan import Plan
-from deploy_lib.errors import PreflightError
+from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.facts import HostFacts, require_gpus
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.project import Target
 from deploy_lib.release import RecordedRelease
 from deploy_lib.sglang_options import check_argv
-from deploy_lib.store import ENV_FILE, UNIT_FILE, StoreLayout
+from deploy_lib.store import ENV_FILE, UNIT_FILE, ReleaseRecord, StoreFacts, StoreLayout
 
 MIN_FREE_BYTES = 64 * 1024 * 1024  # a release is a few KB, but a full disk breaks journald and pip alike
 
@@ -93,3 +93,21 @@ def check_release_files(release: RecordedRelease, layout: StoreLayout, facts: Ho
             raise PreflightError(f"{where}: release {release.id}: {path} was changed since the release was written "
                                  f"(sha256 {found[:12]}..., recorded {recorded[:12]}...)",
                                  "deploy its profile again to write the release afresh, or choose another release")
+
+
+def rollback_record(store: StoreFacts, to: str | None, where: str, layout: StoreLayout) -> ReleaseRecord:
+    """The release a rollback switches to: `to`, default the last healthy one before current; refused when absent."""
+    target_id = to or store.last_healthy(exclude=store.current)
+    if target_id is None:
+        raise ConfigError(f"{where}: no healthy release to roll back to (current: {store.current or 'none'})",
+                          "`invoke releases` lists what is on the host")
+    record = store.release(target_id)
+    damaged = store.damaged_release(target_id)
+    if damaged is not None:
+        raise PreflightError(f"{where}: cannot roll back to release {target_id}: it is damaged: "
+                             f"{damaged.reason}, in {layout.release(target_id)}",
+                             "`invoke releases` lists the releases and what is wrong with each; nothing was changed")
+    if record is None:
+        known = ", ".join(r.id for r in store.releases) or "none"
+        raise ConfigError(f"{where}: release {target_id!r} is not on the host", f"releases: {known}")
+    return record
