@@ -101,3 +101,25 @@ def test_a_stopped_router_is_restarted_by_a_router_deploy_and_replicas_deploy_me
         rows = list_releases(router_target, "sglang-router", remote)
     assert [(row.id, row.outcome) for row in rows] == [(report["release_id"], "healthy")]
     assert router_urls(replicas) == sorted((f"http://{guest.guest_ip}:8000", True) for guest in replicas.guests)
+
+
+def test_a_rolling_rollback_behind_the_router_drains_each_replica_and_fails_no_client_request(
+        replicas: Replicas) -> None:
+    baseline = replicas.baseline()
+    code, report, stderr = deploy_router(replicas)
+    assert code == 0, stderr
+    code, report, stderr = replicas.deploy("replica-5", "--serial", "1")
+    assert code == 0, stderr
+    router_host = replicas.guests[0]
+    rollback: list[tuple[int, dict, str]] = []
+    traffic = Client(f"http://{router_host.guest_ip}:{PORT}").during(
+        lambda: rollback.append(replicas.invoke("rollback", "--serial", "1")))
+    [(code, report, stderr)] = rollback
+    assert code == 0, stderr
+    assert traffic.failures == [], f"{len(traffic.failures)} failed of {len(traffic.latencies + traffic.failures)}"
+    assert traffic.latencies
+    assert replicas.releases(report) == baseline  # back on the last healthy release before replica-5's
+    for guest in replicas.guests:  # each host was taken out before its restart and added back after
+        lines = [line for line in stderr.splitlines() if line.startswith(f"{guest.name} ")]
+        assert any("router: drain" in line for line in lines) and any("router: add back" in line for line in lines)
+    assert router_urls(replicas) == sorted((f"http://{guest.guest_ip}:8000", True) for guest in replicas.guests)
