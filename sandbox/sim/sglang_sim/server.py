@@ -120,7 +120,7 @@ class Engine:
             produced, due = 0, 1.0
             last = time.monotonic()
             while produced < max_tokens:
-                step = min(max_tokens - produced, int(due))
+                step = min(max_tokens - produced, int(due + 1e-9))  # 0.075 s x 40 tok/s is 2.999... in floats
                 if step:
                     produced += step
                     due -= step
@@ -130,7 +130,8 @@ class Engine:
                 if produced >= max_tokens:
                     break
                 rate = self.per_request_tok_s()
-                time.sleep(max(tick_s, 1.0 / rate))
+                # never past the moment the last token is due: a 4-token answer takes ttft + 3 tokens' time, not a tick
+                time.sleep(min(max(tick_s, 1.0 / rate), max((max_tokens - produced - due) / rate, 0.001)))
                 # tokens for the time that passed, not the time asked for: a wake-up a busy CPU delays is made
                 # up in the next chunk, so the pace is the model's whatever the machine's load
                 now = time.monotonic()
