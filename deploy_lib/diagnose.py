@@ -230,8 +230,13 @@ def shorten_log_line(line: str) -> str:
 
 def journal_argv(unit: str, max_lines: int, *options: str) -> tuple[str, ...]:
     """journalctl for the unit's own messages (text only), at most the newest `max_lines`, then `options`.
-    Run it with sudo: reading a system unit's journal needs root or the systemd-journal group."""
-    return ("journalctl", "-u", unit, "-o", "cat", "--no-pager", "-q", "-n", str(max_lines), *options)
+    Run it with sudo: reading a system unit's journal needs root or the systemd-journal group.
+    The matches are -u's (systemd 252, add_matches_for_unit) but take UNIT= from any process, not only PID 1:
+    systemd's exec child writes "Failed to locate executable" with UNIT= and exits at once, and journald cannot
+    give a message the unit (_SYSTEMD_UNIT) of a process that is gone before the message is read."""
+    matches = (f"_SYSTEMD_UNIT={unit}", "+", f"UNIT={unit}", "+", f"COREDUMP_UNIT={unit}", "+",
+               f"OBJECT_SYSTEMD_UNIT={unit}")
+    return ("journalctl", "-o", "cat", "--no-pager", "-q", "-n", str(max_lines), *options, *matches)
 
 
 def journal_step(unit: str, after_cursor: str | None = None, max_lines: int = 2000) -> Step:

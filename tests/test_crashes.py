@@ -104,7 +104,7 @@ def test_each_crash_is_diagnosed_from_the_lines_of_its_own_start() -> None:
     assert report.verdict == ("gave up after 3 restarts: exit status 1: a CUDA kernel failed while running: an "
                                 "illegal memory access was encountered [cuda_runtime_error]")
     step = diagnosis_step(LAYOUT, report.crashes[1])
-    assert step.argv[-2:] == ("--since=@1796059872.922184", "--until=@1796059874.078321")
+    assert {"--since=@1796059872.922184", "--until=@1796059874.078321"} <= set(step.argv)
     assert "-r" in step.argv and step.sudo
 
 

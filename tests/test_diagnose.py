@@ -151,8 +151,11 @@ def test_the_one_line_summary_names_cause_and_signature() -> None:
 
 def test_journal_steps_read_only_this_start() -> None:
     step = journal_step("sglang.service", after_cursor="s=0a1b;i=3f2")
-    assert step.argv == ("journalctl", "-u", "sglang.service", "-o", "cat", "--no-pager", "-q", "-n", "2000",
-                         "--after-cursor=s=0a1b;i=3f2")
+    # UNIT= from any process: the exec child's "Failed to locate executable" line carries no _SYSTEMD_UNIT when the
+    # child exited before journald read it (a CI run's missing-venv diagnosis came out 'unknown')
+    assert step.argv == ("journalctl", "-o", "cat", "--no-pager", "-q", "-n", "2000", "--after-cursor=s=0a1b;i=3f2",
+                         "_SYSTEMD_UNIT=sglang.service", "+", "UNIT=sglang.service", "+",
+                         "COREDUMP_UNIT=sglang.service", "+", "OBJECT_SYSTEMD_UNIT=sglang.service")
     assert step.sudo
     cursor = journal_cursor_step("sglang.service")
     assert cursor.argv[:5] == ("journalctl", "-u", "sglang.service", "-n", "1")
