@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from deploy_lib.patches import PatchSet
     from deploy_lib.remote import FabricRemote
     from deploy_lib.router import RouterSite
+    from deploy_lib.router_deploy import RouterFront
 
 # Each task imports the library modules it calls in its body: a command loads only what it runs (a no-op deploy
 # neither renders a template nor reads a patch set), which is most of the whole process's time
@@ -185,21 +186,28 @@ def _rollback_nodes(targets: list[Target], service: str, to: str | None) -> Flee
             targets, remotes, _progress, service, to, dict(os.environ), GRACE_S))
 
 
-def _behind_router(inventory: Inventory, targets: list[Target], accept_new_host_key: bool,
-                   act: Callable[[Target, FabricRemote, ui.TerminalProgress, Callable[[], None] | None], T],
-                   port_of: Callable[[Target, FabricRemote], int]
-                   ) -> Callable[[Target, FabricRemote, ui.TerminalProgress], T]:
-    """The per-host call, with the host taken out of the group's router before its restart and added back once
-    verified, when the inventory names a router for the group (`router`); as it is otherwise."""
-    from deploy_lib.router import router_site, worker_url
+def _router_in_front(inventory: Inventory, targets: list[Target], accept_new_host_key: bool) -> RouterFront | None:
+    """The router the hosts' `router` var names; nothing of the router is imported when none names one."""
+    if not any(target.host.vars.router for target in targets):
+        return None
+    from deploy_lib.router_deploy import router_in_front
+    return _run(lambda: router_in_front(inventory, targets, accept_new_host_key, lambda t: _remote(t, prefixed=True)))
+
+
+def _behind_router(front: RouterFront | None, target: Target, service: str, remote: FabricRemote,
+                   progress: ui.TerminalProgress, transition: Callable[[Callable[[], None] | None], T]) -> T:
+    """A replica's deploy or rollback with its router around it (router_deploy.behind_router)."""
+    if front is None:
+        return transition(None)
     from deploy_lib.router_deploy import behind_router
-    site = _run(lambda: router_site(inventory, [target.host for target in targets]))
-    if site is None:
-        return lambda target, remote, progress: act(target, remote, progress, None)
-    router_target = _run(lambda: resolve_target(inventory, site.host.name, accept_new_host_key))
-    return lambda target, remote, progress: behind_router(
-        site, router_target, lambda t: _remote(t, prefixed=True), worker_url(target.host, port_of(target, remote)),
-        progress, lambda drain: act(target, remote, progress, drain))
+    return behind_router(front, target, service, remote, progress, transition)
+
+
+def _one_at_a_time(front: RouterFront | None, rollout: Rollout) -> Rollout:
+    if front is None:
+        return rollout
+    from deploy_lib.router_deploy import one_at_a_time
+    return one_at_a_time(front, rollout, _progress())
 
 
 def _show_each(fleet: FleetRun[T], print_report: Callable[[T], None]) -> None:
@@ -323,20 +331,26 @@ def deploy(c: Context, profile: str | None = None, host: str | None = None, grou
             _show_outcomes(_deploy_nodes(multi, targets, str(group), options, rollout))
             return
 
-        def deploy_host(target: Target, remote: FabricRemote, progress: ui.TerminalProgress,
-                        drain: Callable[[], None] | None) -> Outcome:
-            return deploy_engine.deploy(loaded_for[target.host.name], target, remote, progress,
-                                        replace(options, before_restart=drain))
-        _show_outcomes(_on_each_host(targets, _behind_router(
-            known, targets, accept_new_host_key, deploy_host,
-            lambda target, _: loaded_for[target.host.name].profile.server.port), rollout))
+        front = _router_in_front(known, targets, accept_new_host_key)
+
+        def deploy_host(target: Target, remote: FabricRemote, progress: ui.TerminalProgress) -> Outcome:
+            loaded = loaded_for[target.host.name]
+            return _behind_router(front, target, loaded.profile.service.name, remote, progress, lambda drain:
+                                  deploy_engine.deploy(loaded, target, remote, progress,
+                                                       replace(options, before_restart=drain)))
+        _show_outcomes(_on_each_host(targets, deploy_host, _one_at_a_time(front, rollout)))
         return
     loaded, target = _load(profile, inventory, host, accept_new_host_key)
     _run(lambda: multinode.refuse_single_host(loaded, target.host.name))
+    front = _router_in_front(PROJECT.inventory(_inventory(inventory)), [target], accept_new_host_key)
     if not dry_run:
         _consent(f"deploy {loaded.name} to {target.host.name}?", yes)
+    progress = _progress()
     with _remote(target) as remote:
-        outcome = _run(lambda: deploy_engine.deploy(loaded, target, remote, _progress(), options))
+        outcome = _run(lambda: _behind_router(
+            front, target, loaded.profile.service.name, remote, progress,
+            lambda drain: deploy_engine.deploy(loaded, target, remote, progress,
+                                               replace(options, before_restart=drain))))
     _show_outcome(outcome)
 
 
@@ -411,19 +425,20 @@ def rollback(c: Context, to: str | None = None, host: str | None = None, group: 
         if multi is not None:
             _show_outcomes(multi)
             return
-        from deploy_lib.router_deploy import rollback_port
-        known = PROJECT.inventory(_inventory(inventory))
-        _show_outcomes(_on_each_host(targets, _behind_router(
-            known, targets, accept_new_host_key,
-            lambda target, remote, progress, drain: deploy_engine.rollback(
-                target, _service(service), remote, progress, to, dict(os.environ), before_restart=drain),
-            lambda target, remote: rollback_port(target, _service(service), remote, to)), rollout))
+        front = _router_in_front(PROJECT.inventory(_inventory(inventory)), targets, accept_new_host_key)
+        _show_outcomes(_on_each_host(targets, lambda target, remote, progress: _behind_router(
+            front, target, _service(service), remote, progress, lambda drain: deploy_engine.rollback(
+                target, _service(service), remote, progress, to, dict(os.environ), before_restart=drain)),
+            _one_at_a_time(front, rollout)))
         return
     target = _target(inventory, host, accept_new_host_key)
+    front = _router_in_front(PROJECT.inventory(_inventory(inventory)), [target], accept_new_host_key)
     _consent(f"roll {target.host.name} back to {to or 'the last healthy release'}?", yes)
+    progress = _progress()
     with _remote(target) as remote:
-        outcome = _run(lambda: deploy_engine.rollback(target, _service(service), remote,
-                                                      _progress(), to, dict(os.environ)))
+        outcome = _run(lambda: _behind_router(front, target, _service(service), remote, progress, lambda drain:
+                                              deploy_engine.rollback(target, _service(service), remote, progress, to,
+                                                                     dict(os.environ), before_restart=drain)))
     _show_outcome(outcome)
 
 

@@ -23,11 +23,13 @@ from typing import Any
 from deploy_lib.bundled import TEMPLATES_DIR
 from deploy_lib.errors import ConfigError, RouterFailed
 from deploy_lib.inventory import Host, Inventory, RouterPolicy
-from deploy_lib.profile import RestartPolicy
+from deploy_lib.profile import RestartPolicy, read_stored_profile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Project, Target, load_for_target
+from deploy_lib.readings import ABSENT_OK
 from deploy_lib.remote import Remote, Step, StepResult
 from deploy_lib.render import EnvSpec, UnitSpec, render_env, render_unit
+from deploy_lib.store import RELEASE_FILE, StoreLayout
 
 SERVICE = "sglang-router"
 ROUTER_VERSION = "0.3.2"  # the sglang-router the bundled lock pins; its /workers API is what router_script.py calls
@@ -125,45 +127,82 @@ def parse_answer(result: StepResult, site: RouterSite, what: str) -> dict[str, A
     return dict(answer)
 
 
+def serving_step(layout: StoreLayout) -> Step:
+    """The record of the release the replica serves now (`current`), for the port the router reaches it at."""
+    return Step("router: serving release", ("cat", "--", str(layout.current / RELEASE_FILE)), ok=ABSENT_OK)
+
+
+def serving_url(host: Host, result: StepResult) -> str | None:
+    """The URL the router reaches the replica's current release at (its recorded profile's port); None when no
+    release is current. A record that cannot be read gives the default port, as a rollback reads it."""
+    if result.exit_code != 0:
+        return None
+    try:
+        metadata = json.loads(result.stdout)
+    except ValueError:
+        metadata = None
+    recorded = metadata.get("profile") if isinstance(metadata, dict) else None
+    return worker_url(host, read_stored_profile(recorded).server.port)
+
+
 @dataclass
 class RouterMembership:
-    """One replica's place in the router during its deploy: out before its server stops, back once it serves a
-    verified release. The deploy calls `before_restart` (at most once acts); the caller calls `readmit` after."""
+    """One replica's place in the router while its server restarts. Before the server stops, the URL the router
+    reaches the release serving NOW is taken out (and its requests in flight drained); once the host serves a
+    verified release again, that release's URL is added back: a deploy or rollback that changes the server's port
+    takes out the old URL and adds the new one. The deploy calls `before_restart` (only the first call acts); the
+    caller calls `readmit` after."""
 
     site: RouterSite
-    remote: Remote  # to the router's host
-    worker: str
+    router: Callable[[], Remote]           # the router's host, connected on first use
+    serving: Callable[[], str | None]      # the replica's current release's URL, read from its host
     progress: Progress
-    removed: bool = False
+    restarted: bool = False
+    taken_out: str | None = None           # the URL removed from the router
+    router_down: bool = False
+
+    def _ask(self, action: str, worker: str, what: str) -> dict[str, Any]:
+        name = f"router: {'drain' if action == 'remove' else 'add back'}"
+        self.progress.phase_started(name)
+        answer = parse_answer(self.router().run([router_step(self.site, action, worker)])[0], self.site, what)
+        self.progress.step_done(name, float(answer.get("elapsed_s", 0)))
+        self.router_down = bool(answer.get("router_down"))
+        return answer
 
     def before_restart(self) -> None:
-        if self.removed:
+        if self.restarted:
             return
-        self.progress.phase_started("router: drain")
-        answer = parse_answer(self.remote.run([router_step(self.site, "remove", self.worker)])[0], self.site,
-                              f"taking {self.worker} out")
-        self.progress.step_done("router: drain", float(answer.get("elapsed_s", 0)))
-        if answer.get("router_down"):
+        self.restarted = True
+        worker = self.serving()
+        if worker is None:
+            self.progress.note("router: no release is current here, so no request reaches it: nothing to drain")
+            return
+        answer = self._ask("remove", worker, f"taking {worker} out")
+        if self.router_down:
             self.progress.note(f"router: nothing listens on {self.site.host.name}:{self.site.port}, so no request "
-                               f"goes to {self.worker} through it; it restarts without draining")
+                               f"goes to {worker} through it; it restarts without draining")
             return
-        self.removed = True
+        self.taken_out = worker
         if answer.get("drained"):
             drained = answer["drained"]
-            self.progress.note(f"router: {drained} request{'s' if drained != 1 else ''} in flight on {self.worker} "
+            self.progress.note(f"router: {drained} request{'s' if drained != 1 else ''} in flight on {worker} "
                                "finished first")
 
     def readmit(self) -> None:
-        if not self.removed:
+        if not self.restarted or self.router_down:
             return
-        self.progress.phase_started("router: add back")
-        answer = parse_answer(self.remote.run([router_step(self.site, "add", self.worker)])[0], self.site,
-                              f"adding {self.worker} back")
-        self.removed = False
-        if answer.get("router_down"):
-            self.progress.note(f"router: {self.site.host.name}:{self.site.port} stopped meanwhile; it lists "
-                               f"{self.worker} again when it starts (its --worker-urls)")
-        self.progress.step_done("router: add back", float(answer.get("elapsed_s", 0)))
+        worker = self.serving()
+        if worker is None:  # a verified release is current: unreachable unless the host changed under us
+            return
+        self._ask("add", worker, f"adding {worker} back")
+        if self.router_down:
+            self.progress.note(f"router: nothing listens on {self.site.host.name}:{self.site.port} now; it lists "
+                               f"{worker} when it starts only if its --worker-urls name it (`invoke router.deploy`)")
+        elif self.taken_out is not None and worker != self.taken_out:
+            self.progress.note(f"router: the server moved from {self.taken_out} to {worker}; the router routes to "
+                               f"the new URL, but its own release still names {self.taken_out} (--worker-urls) "
+                               "until `invoke router.deploy` for the group renders it again")
+        self.taken_out = None
 
 
 def router_workers(remote: Remote, site: RouterSite) -> list[dict[str, Any]]:
@@ -209,4 +248,4 @@ def build_router_release(site: RouterSite, venv: PurePosixPath, venv_hash: str, 
 
 __all__ = ["DEFAULT_LOCK", "ROUTER_VERSION", "SERVICE", "RouterMembership", "RouterRelease", "RouterSite",
            "build_router_release", "parse_answer", "replica_urls", "router_argv", "router_site", "router_step",
-           "router_workers", "worker_url"]
+           "router_workers", "serving_step", "serving_url", "worker_url"]

@@ -10,17 +10,17 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from contextlib import AbstractContextManager, ExitStack
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import TypeVar
 
 from deploy_lib.deploy import restart_steps
-from deploy_lib.deploy.preflight import rollback_record
 from deploy_lib.errors import DeployError, RouterFailed
-from deploy_lib.profile import read_stored_profile
+from deploy_lib.fleet import Rollout, Size
+from deploy_lib.inventory import Inventory
 from deploy_lib.progress import Progress
-from deploy_lib.project import Target
+from deploy_lib.project import Target, resolve_target
 from deploy_lib.remote import Put, Remote, Step
 from deploy_lib.router import (
     READY_DEADLINE_S,
@@ -30,7 +30,10 @@ from deploy_lib.router import (
     RouterSite,
     build_router_release,
     parse_answer,
+    router_site,
     router_step,
+    serving_step,
+    serving_url,
 )
 from deploy_lib.settings import VenvSpec
 from deploy_lib.store import (
@@ -111,35 +114,69 @@ def _answers(remote: Remote, site: RouterSite, deadline_s: float) -> bool:
     return True
 
 
-def behind_router(site: RouterSite, router_target: Target, connect: Callable[[Target], AbstractContextManager[Remote]],
-                  worker: str, progress: Progress, deploy_one: Callable[[Callable[[], None]], T]) -> T:
-    """A replica's deploy with the router around it: `deploy_one(before_restart)` takes the replica out of the
-    router just before its server stops; once the host serves a verified release again (the new one, or the one a
-    failed deploy rolled back to) it is added back. A replica left stopped stays out, and the error says so."""
-    with connect(router_target) as router_remote:
-        membership = RouterMembership(site, router_remote, worker, progress)
+@dataclass(frozen=True)
+class RouterFront:
+    """The router in front of some replicas, its host, and how to open a connection to that host."""
+
+    site: RouterSite
+    target: Target
+    connect: Callable[[Target], AbstractContextManager[Remote]]
+
+
+def router_in_front(inventory: Inventory, targets: Sequence[Target], accept_new_host_key: bool,
+                    connect: Callable[[Target], AbstractContextManager[Remote]]) -> RouterFront | None:
+    """The router the hosts' `router` var names (one router for all of them), or None when none names one."""
+    site = router_site(inventory, [target.host for target in targets])
+    if site is None:
+        return None
+    return RouterFront(site, resolve_target(inventory, site.host.name, accept_new_host_key), connect)
+
+
+def one_at_a_time(front: RouterFront | None, rollout: Rollout, progress: Progress) -> Rollout:
+    """A group behind a router without --serial goes one replica at a time: all at once would leave the router no
+    worker while they restart. A --serial given is kept (--serial 100% takes every replica out at once)."""
+    if front is None or rollout.serial:
+        return rollout
+    progress.note(f"router: the replicas behind {front.site.host.name}:{front.site.port} restart one at a time "
+                  "(--serial 1), so the others serve meanwhile; --serial N or N% restarts more at once")
+    return replace(rollout, serial=(Size(1),))
+
+
+def behind_router(front: RouterFront | None, target: Target, service: str, remote: Remote, progress: Progress,
+                  transition: Callable[[Callable[[], None] | None], T]) -> T:
+    """A replica's deploy or rollback (`transition(before_restart)`) with the router around it: the replica is taken
+    out of the router just before its server stops, and once the host serves a verified release again (the new
+    one, or the one a failed start went back to) it is added back. A replica left stopped stays out, and the error
+    says so. The router's host is connected to only when the server restarts; without a router, or for the router's
+    own service (`rollback -s sglang-router` on its host), the transition runs as it is."""
+    if front is None or service == SERVICE:
+        return transition(None)
+    layout = target.layout(service)
+    with ExitStack() as connections:
+        opened: list[Remote] = []
+
+        def router_remote() -> Remote:
+            if not opened:
+                opened.append(connections.enter_context(front.connect(front.target)))
+            return opened[0]
+        membership = RouterMembership(front.site, router_remote,
+                                      lambda: serving_url(target.host, remote.run([serving_step(layout)])[0]),
+                                      progress)
         try:
-            outcome = deploy_one(membership.before_restart)
+            outcome = transition(membership.before_restart)
         except DeployError as failed:
-            if membership.removed and failed.serving_id is not None:
+            if failed.serving_id is not None:
                 membership.readmit()
-            elif membership.removed:
-                failed.message += f"; {worker} is left out of the router on {site.host.name} (not serving)"
+            elif membership.taken_out is not None:
+                failed.message += f"; {membership.taken_out} is left out of the router on {front.site.host.name} " \
+                                  "(not serving)"
             raise
         try:
             membership.readmit()
-        except RouterFailed as failed:  # the host serves its new release, outside the router
+        except DeployError as failed:  # the host serves its new release, outside the router
             failed.serving_id = getattr(outcome, "release_id", None)
             raise
         return outcome
 
 
-def rollback_port(target: Target, service: str, remote: Remote, to: str | None) -> int:
-    """The server port of the release a rollback of this replica switches to (its stored profile's), for the
-    replica's URL in the router; the rollback's own refusals (no such release, a damaged one) come from here first."""
-    layout = target.layout(service)
-    record = rollback_record(read_store_facts(remote, layout), to, target.host.name, layout)
-    return read_stored_profile(record.metadata.get("profile")).server.port
-
-
-__all__ = ["RouterOutcome", "behind_router", "deploy_router", "rollback_port"]
+__all__ = ["RouterFront", "RouterOutcome", "behind_router", "deploy_router", "one_at_a_time", "router_in_front"]

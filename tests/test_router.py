@@ -4,6 +4,7 @@ drain/add-back calls around a replica's restart, and the deploy engine calling t
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
@@ -14,10 +15,13 @@ from systemd_syntax import exec_start_argv, parse_unit_file
 from test_deploy_plan import PROJECT, first_plan, target
 from test_rollback import READY, ScriptedHost
 
+from deploy_lib import store
 from deploy_lib.deploy import Transition
 from deploy_lib.errors import ConfigError, ReadinessFailed, RollbackFailed, RouterFailed
+from deploy_lib.fleet import Rollout
 from deploy_lib.inventory import RouterPolicy, load_inventory
 from deploy_lib.project import Project, resolve_group
+from deploy_lib.remote import Put, Step, StepResult
 from deploy_lib.router import (
     DEFAULT_LOCK,
     ROUTER_VERSION,
@@ -28,7 +32,7 @@ from deploy_lib.router import (
     router_site,
     worker_url,
 )
-from deploy_lib.router_deploy import behind_router
+from deploy_lib.router_deploy import RouterFront, behind_router, one_at_a_time, router_in_front
 from deploy_lib.store import StoreLayout
 
 GROUP = """\
@@ -135,7 +139,7 @@ def test_a_replica_is_drained_once_before_its_restart_and_added_back_after(tmp_p
                                                                            said: str) -> None:
     remote = answering(remove={"was_listed": True, "drained": drained, "elapsed_s": 0.4}, add={"elapsed_s": 0.2})
     progress = RecordingProgress()
-    membership = RouterMembership(site_of(tmp_path), remote, "http://192.0.2.2:8000", progress)
+    membership = RouterMembership(site_of(tmp_path), lambda: remote, lambda: "http://192.0.2.2:8000", progress)
     membership.before_restart()
     membership.before_restart()  # a rollback restarts again: the replica is out already
     membership.readmit()
@@ -148,7 +152,7 @@ def test_a_replica_is_drained_once_before_its_restart_and_added_back_after(tmp_p
 def test_a_router_that_is_not_running_needs_no_drain_and_is_not_asked_again(tmp_path: Path) -> None:
     remote = answering(remove={"router_down": True, "elapsed_s": 0.01})
     progress = RecordingProgress()
-    membership = RouterMembership(site_of(tmp_path), remote, "http://192.0.2.2:8000", progress)
+    membership = RouterMembership(site_of(tmp_path), lambda: remote, lambda: "http://192.0.2.2:8000", progress)
     membership.before_restart()
     membership.readmit()
     assert [c["action"] for c in config_of(remote)] == ["remove"]
@@ -157,17 +161,21 @@ def test_a_router_that_is_not_running_needs_no_drain_and_is_not_asked_again(tmp_
 
 def test_a_router_that_fails_to_take_the_replica_out_stops_its_deploy_with_the_routers_words(tmp_path: Path) -> None:
     remote = answering(remove={"error": "DELETE /workers/x answered 500: boom"})
-    membership = RouterMembership(site_of(tmp_path), remote, "http://192.0.2.2:8000", RecordingProgress())
+    membership = RouterMembership(site_of(tmp_path), lambda: remote, lambda: "http://192.0.2.2:8000",
+                                  RecordingProgress())
     with pytest.raises(RouterFailed, match=r"router on edge: taking http://192\.0\.2\.2:8000 out: DELETE") as caught:
         membership.before_restart()
-    assert caught.value.exit_code == 10 and not membership.removed
+    assert caught.value.exit_code == 10 and membership.taken_out is None
 
 
 class _Connect:
+    """Opens "connections" to the router's host: each is the one FakeRemote; counts how many were opened."""
+
     def __init__(self, remote: FakeRemote) -> None:
-        self.remote = remote
+        self.remote, self.opened = remote, 0
 
     def __call__(self, target: object) -> _Connect:
+        self.opened += 1
         return self
 
     def __enter__(self) -> FakeRemote:
@@ -177,16 +185,35 @@ class _Connect:
         pass
 
 
-def _around(tmp_path: Path, deploy_one: object, add: dict | None = None) -> tuple[FakeRemote, object]:
-    remote = answering(remove={"was_listed": True}, add=add or {})
+def front_of(tmp_path: Path, router: FakeRemote) -> RouterFront:
+    """The router on `edge` in front of group `replicas`, as `deploy --group replicas` finds it."""
     loaded = load_inventory(inventory(tmp_path))
-    [edge] = resolve_group(loaded, "ungrouped")
+    front = router_in_front(loaded, resolve_group(loaded, "replicas"), False, _Connect(router))
+    assert front is not None and front.target.host.name == "edge"
+    return front
+
+
+def replica(ports: list[int | None]) -> FakeRemote:
+    """A replica's host whose current release serves on each of `ports` in turn (None: no release is current)."""
+    remote = FakeRemote()
+    for port in reversed(ports):  # the rule added last answers first
+        if port is None:
+            remote.reply("router: serving release", exit_code=1, times=1)
+        else:
+            remote.reply("router: serving release", stdout=json.dumps({"profile": {"server": {"port": port}}}),
+                         times=1)
+    return remote
+
+
+def _around(tmp_path: Path, deploy_one: object, add: dict | None = None, ports: list[int | None] | None = None,
+            ) -> tuple[FakeRemote, object]:
+    router = answering(remove={"was_listed": True}, add=add or {})
     try:
-        result: object = behind_router(site_of(tmp_path), edge, _Connect(remote), "http://192.0.2.2:8000",
+        result: object = behind_router(front_of(tmp_path, router), target(), "sglang", replica(ports or [8000, 8000]),
                                        RecordingProgress(), deploy_one)  # type: ignore[arg-type]
     except Exception as error:
         result = error
-    return remote, result
+    return router, result
 
 
 def test_a_replica_rolled_back_to_a_healthy_release_goes_back_into_the_router(tmp_path: Path) -> None:
@@ -206,13 +233,47 @@ def test_a_replica_left_stopped_stays_out_of_the_router_and_the_error_says_so(tm
         raise RollbackFailed("a: the rollback failed too; the unit is stopped")
     remote, result = _around(tmp_path, stopped)
     assert isinstance(result, RollbackFailed)
-    assert "http://192.0.2.2:8000 is left out of the router on edge" in result.message
+    assert "http://192.0.2.10:8000 is left out of the router on edge" in result.message
     assert [c["action"] for c in config_of(remote)] == ["remove"]
 
 
-def test_a_replica_whose_deploy_changed_nothing_before_its_restart_is_never_taken_out(tmp_path: Path) -> None:
-    remote, result = _around(tmp_path, lambda drain: "unchanged")
-    assert result == "unchanged" and config_of(remote) == []
+def test_a_replica_whose_deploy_changed_nothing_before_its_restart_is_never_taken_out_nor_is_the_router_reached(
+        tmp_path: Path) -> None:
+    router = answering()
+    front = front_of(tmp_path, router)
+    replica_host = replica([8000])
+    assert behind_router(front, target(), "sglang", replica_host, RecordingProgress(),
+                         lambda drain: "unchanged") == "unchanged"
+    assert config_of(router) == [] and front.connect.opened == 0  # type: ignore[attr-defined]
+    assert replica_host.ran_names() == []  # nor is the replica's serving release read
+
+
+def test_a_rollback_of_the_routers_own_release_on_a_replica_host_drains_no_replica(tmp_path: Path) -> None:
+    """`rollback --host a -s sglang-router`: a's vars name the router, but the service is the router's own."""
+    router = answering()
+    front = front_of(tmp_path, router)
+    replica_host = replica([8000])
+
+    def restarted(drain: object) -> str:
+        assert drain is None
+        return "rolled back"
+    assert behind_router(front, target(), "sglang-router", replica_host, RecordingProgress(), restarted) == \
+        "rolled back"
+    assert config_of(router) == [] and replica_host.ran_names() == []
+
+
+def test_a_first_deploy_behind_a_router_drains_nothing_and_the_router_lists_the_new_server_after(
+        tmp_path: Path) -> None:
+    @dataclass(frozen=True)
+    class Deployed:
+        release_id: str
+
+    def deployed(drain: object) -> Deployed:
+        drain()  # type: ignore[operator]
+        return Deployed("N")
+    router, result = _around(tmp_path, deployed, ports=[None, 8000])
+    assert result == Deployed("N")
+    assert [(c["action"], c["worker"]) for c in config_of(router)] == [("add", "http://192.0.2.10:8000")]
 
 
 def test_the_deploy_engine_drains_before_the_switch_and_restart_and_again_on_each_activation() -> None:
@@ -254,17 +315,42 @@ def test_a_replica_the_router_will_not_take_back_fails_its_deploy_saying_it_serv
     remote, result = _around(tmp_path, deployed, add={"error": "the router did not list it as a healthy worker"})
     assert isinstance(result, RouterFailed) and result.serving_id == "N"
     assert [c["action"] for c in config_of(remote)] == ["remove", "add"]
-    assert "adding http://192.0.2.2:8000 back" in result.message
+    assert "adding http://192.0.2.10:8000 back" in result.message
 
 
-def test_a_group_rollback_behind_a_router_drains_the_replica_before_its_restart_and_readmits_it_verified(
+class PortedHost(ScriptedHost):
+    """ScriptedHost (releases A and B, B current) whose release B serves on port 8001, A on 8000; the record of the
+    release `current` points to is read as the host would read it at that moment."""
+
+    def __init__(self) -> None:
+        super().__init__({"A": [READY], "B": [READY]})
+        self.metadata = {}
+        for rule in self._rules:  # the release.json files the store facts read: B's port changed
+            if rule.matches(Step(store.FACT_RELEASE_FILES, ("true",))):
+                lines = []
+                for line in rule.stdout.splitlines():
+                    path, text = line.split("\0")
+                    data = json.loads(text)
+                    if path.endswith("/B/release.json"):
+                        data["profile"]["server"]["port"] = 8001
+                    self.metadata[data["id"]] = data
+                    lines.append(f"{path}\0{json.dumps(data)}\n")
+                rule.stdout = "".join(lines)
+
+    def run(self, batch: Sequence[Step | Put]) -> list[StepResult]:
+        if batch and batch[0].name == "router: serving release":
+            self.reply("router: serving release", stdout=json.dumps(self.metadata[self.current]), times=1)
+        return super().run(batch)
+
+
+def test_a_rollback_behind_a_router_drains_the_port_it_routes_to_now_and_readmits_the_release_it_went_back_to(
         tmp_path: Path) -> None:
-    """What `invoke rollback --group G` runs on each replica whose group names a router (tasks._behind_router)."""
+    """`invoke rollback --group G` (and `--host H`) on a replica: B serves on 8001, the rollback goes back to A on
+    8000. Failed before the fix: the drain took out the target's URL (:8000), so the router kept sending requests to
+    the server being stopped (:8001)."""
     from deploy_lib.deploy import rollback
-    from deploy_lib.router_deploy import rollback_port
-    host = ScriptedHost({"A": [READY], "B": [READY]})
+    host = PortedHost()
     router = answering(remove={"was_listed": True, "drained": 2}, add={})
-    [edge] = resolve_group(load_inventory(inventory(tmp_path)), "ungrouped")
     serving_at_drain: list[str] = []
 
     def drain_then(drain: object) -> object:
@@ -273,9 +359,37 @@ def test_a_group_rollback_behind_a_router_drains_the_replica_before_its_restart_
             drain()  # type: ignore[operator]
         return rollback(target(), "sglang", host, RecordingProgress(), "A", {}, grace_s=0,
                         before_restart=before_restart)
-    worker = worker_url(target().host, rollback_port(target(), "sglang", host, "A"))
-    outcome = behind_router(site_of(tmp_path), edge, _Connect(router), worker, RecordingProgress(), drain_then)
+    progress = RecordingProgress()
+    outcome = behind_router(front_of(tmp_path, router), target(), "sglang", host, progress, drain_then)
     assert outcome.action == "rolled back" and host.current == "A" and outcome.ready is not None
     assert serving_at_drain == ["B"]  # out of the router while B still served, before the switch
-    assert [(c["action"], c["worker"]) for c in config_of(router)] == [("remove", "http://192.0.2.10:8000"),
+    assert [(c["action"], c["worker"]) for c in config_of(router)] == [("remove", "http://192.0.2.10:8001"),
                                                                          ("add", "http://192.0.2.10:8000")]
+    [moved] = [note for note in progress.of_kind("note") if "moved" in note]
+    assert "from http://192.0.2.10:8001 to http://192.0.2.10:8000" in moved and "router.deploy" in moved
+
+
+def test_a_host_behind_a_router_finds_it_alone_and_a_host_without_one_loads_no_router(tmp_path: Path) -> None:
+    """`deploy --host a` / `rollback --host a` of one replica: the router its group names is found for it alone."""
+    loaded = load_inventory(inventory(tmp_path))
+    [alone] = [t for t in resolve_group(loaded, "replicas") if t.host.name == "a"]
+    front = router_in_front(loaded, [alone], False, _Connect(answering()))
+    assert front is not None and (front.site.host.name, front.site.port) == ("edge", 31000)
+    assert router_in_front(loaded, resolve_group(loaded, "ungrouped"), False, _Connect(answering())) is None
+
+
+@pytest.mark.parametrize(("serial", "batches"), [
+    ((), [["a"], ["b"]]),                 # no --serial behind a router: one replica at a time
+    (("2",), [["a", "b"]]),               # a --serial given is kept, even one taking every replica
+    (("50%",), [["a"], ["b"]]),
+])
+def test_a_group_behind_a_router_restarts_one_replica_at_a_time_unless_serial_says_otherwise(
+        tmp_path: Path, serial: tuple[str, ...], batches: list[list[str]]) -> None:
+    front = front_of(tmp_path, answering())
+    progress = RecordingProgress()
+    rollout = one_at_a_time(front, Rollout.parse(serial), progress)
+    assert rollout.batches(["a", "b"]) == batches
+    assert bool(progress.of_kind("note")) == (not serial)
+    if not serial:
+        assert "one at a time (--serial 1)" in progress.of_kind("note")[0]
+    assert one_at_a_time(None, Rollout.parse(()), progress).batches(["a", "b"]) == [["a", "b"]]

@@ -35,19 +35,20 @@ class GuestGroup:
     def names(self) -> list[str]:
         return [guest.name for guest in self.guests]
 
-    def invoke(self, *argv: str) -> tuple[int, dict[str, Any], str]:
-        """`invoke ARGV --group sandbox --json` (and `--yes` for a command that changes the hosts): exit code, the
-        JSON document, stderr (progress, errors)."""
+    def invoke(self, *argv: str, host: str | None = None) -> tuple[int, dict[str, Any], str]:
+        """`invoke ARGV --group sandbox --json` (`--host HOST` instead when given; and `--yes` for a command that
+        changes the hosts): exit code, the JSON document, stderr (progress, errors)."""
         environ = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEPLOY_INVENTORY", "HF_TOKEN")}
         consent = ("--yes",) if argv[0] in CONSENTING else ()
+        chosen = ("--host", host) if host else ("--group", names.GROUP)
         ran = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *argv, "-i", self.inventory,
-                              "--group", names.GROUP, "--json", *consent],
+                              *chosen, "--json", *consent],
                              capture_output=True, text=True, env=environ, cwd=self.root, timeout=900)
         return ran.returncode, json.loads(ran.stdout), ran.stderr
 
-    def deploy(self, profile: str, *argv: str) -> tuple[int, dict[str, Any], str]:
+    def deploy(self, profile: str, *argv: str, host: str | None = None) -> tuple[int, dict[str, Any], str]:
         return self.invoke("deploy", "--profile", str(self.root / "inventory" / "profiles" / f"{profile}.yaml"),
-                           *argv)
+                           *argv, host=host)
 
     def current(self, guest: manage.Guest) -> str:
         return manage.run_on(guest, f"readlink {STORE}/current").strip().rsplit("/", 1)[-1]

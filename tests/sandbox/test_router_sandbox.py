@@ -23,7 +23,8 @@ from sandbox.traffic import Client
 
 pytestmark = pytest.mark.sandbox
 PORT = manage.ROUTER_PORT
-PROFILES = {f"replica-{n}": f"extends: glm5-nvfp4\nenv:\n  OMP_NUM_THREADS: '{n}'\n" for n in (3, 5)}
+PROFILES = {f"replica-{n}": f"extends: glm5-nvfp4\nenv:\n  OMP_NUM_THREADS: '{n}'\n" for n in (3, 5)} | {
+    "replica-8001": "extends: glm5-nvfp4\nserver:\n  port: 8001\n"}
 
 
 class Replicas(GuestGroup):
@@ -123,3 +124,53 @@ def test_a_rolling_rollback_behind_the_router_drains_each_replica_and_fails_no_c
         lines = [line for line in stderr.splitlines() if line.startswith(f"{guest.name} ")]
         assert any("router: drain" in line for line in lines) and any("router: add back" in line for line in lines)
     assert router_urls(replicas) == sorted((f"http://{guest.guest_ip}:8000", True) for guest in replicas.guests)
+
+
+def drained_and_added_back(stderr: str, guest_name: str | None = None) -> bool:
+    """The progress (of `guest_name`'s lines in a group run) shows the replica taken out and added back."""
+    lines = [line for line in stderr.splitlines() if guest_name is None or line.startswith(f"{guest_name} ")]
+    return any("router: drain" in line for line in lines) and any("router: add back" in line for line in lines)
+
+
+def test_one_replica_deployed_and_rolled_back_by_host_onto_another_port_is_drained_and_fails_no_request(
+        replicas: Replicas) -> None:
+    """`deploy --host` and `rollback --host` of one replica drain it as a group deploy does, each time from the URL
+    the router routes to then: the deploy moves the server to port 8001, the rollback back to 8000."""
+    baseline = replicas.baseline()
+    code, _, stderr = deploy_router(replicas)
+    assert code == 0, stderr
+    router_host, moved = replicas.guests
+    steady = f"http://{router_host.guest_ip}:8000"
+    ended: list[tuple[int, dict, str]] = []
+
+    def deploy_then_roll_back() -> None:
+        ended.append(replicas.deploy("replica-8001", host=moved.name))
+        ended.append(replicas.invoke("rollback", host=moved.name))
+    traffic = Client(f"http://{router_host.guest_ip}:{PORT}").during(deploy_then_roll_back)
+    [(deployed, deploy_report, deploy_err), (rolled, rollback_report, rollback_err)] = ended
+    assert deployed == 0, deploy_err
+    assert rolled == 0, rollback_err
+    assert deploy_report["outcome"] == "deployed"
+    assert traffic.failures == [], f"{len(traffic.failures)} failed of {len(traffic.latencies + traffic.failures)}"
+    assert traffic.latencies
+    assert drained_and_added_back(deploy_err) and drained_and_added_back(rollback_err)
+    assert f"from http://{moved.guest_ip}:8000 to http://{moved.guest_ip}:8001" in deploy_err
+    assert f"from http://{moved.guest_ip}:8001 to http://{moved.guest_ip}:8000" in rollback_err
+    assert rollback_report["outcome"] == "rolled back" and rollback_report["release"] == baseline[1]
+    assert router_urls(replicas) == sorted([(steady, True), (f"http://{moved.guest_ip}:8000", True)])
+
+
+def test_a_group_deploy_behind_the_router_without_serial_goes_one_replica_at_a_time(replicas: Replicas) -> None:
+    replicas.baseline()
+    code, report, stderr = deploy_router(replicas)
+    assert code == 0, stderr
+    router_host = replicas.guests[0]
+    rollout: list[tuple[int, dict, str]] = []
+    traffic = Client(f"http://{router_host.guest_ip}:{PORT}").during(
+        lambda: rollout.append(replicas.deploy("replica-3")))
+    [(code, report, stderr)] = rollout
+    assert code == 0, stderr
+    assert "restart one at a time (--serial 1)" in stderr
+    assert report["batches"] == [[name] for name in replicas.names]
+    assert traffic.failures == [], f"{len(traffic.failures)} failed of {len(traffic.latencies + traffic.failures)}"
+    assert all(drained_and_added_back(stderr, guest.name) for guest in replicas.guests)
