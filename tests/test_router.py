@@ -74,6 +74,17 @@ def test_the_group_vars_name_the_router_host_port_and_policy_and_its_venv_comes_
     assert router_site(loaded, [loaded.hosts["edge"]]) is None  # a host without `router`: no router around it
 
 
+def test_the_bundled_router_lock_covers_cpython_3_11_to_3_14_on_x86_64_and_aarch64() -> None:
+    """Each compiled dependency pins one wheel per Python (4) and machine (2), sglang-router its two abi3 wheels;
+    a lock regenerated for one host only would leave the others without a wheel (`router_lock` needed)."""
+    from deploy_lib.venvs.lock import load_lock
+    hashes = {requirement.name: len(requirement.hashes) for requirement in load_lock(DEFAULT_LOCK).requirements}
+    assert hashes["sglang-router"] == 2
+    compiled = ("aiohttp", "frozenlist", "multidict", "orjson", "propcache", "pydantic-core", "setproctitle", "yarl")
+    assert {name: hashes[name] for name in compiled} == dict.fromkeys(compiled, 8)
+    assert set(hashes.values()) == {1, 2, 8}  # pure-Python wheels: one for all
+
+
 @pytest.mark.parametrize(("extra", "says"), [
     (", router_wheelhouse: w, router_index: 'https://example.org/simple'", "both set"),
 ])
