@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from typing import TypeVar
 
 from deploy_lib.deploy import restart_steps
-from deploy_lib.errors import DeployError, RouterFailed
+from deploy_lib.errors import DeployError, LockHeld, RouterFailed
 from deploy_lib.fleet import Rollout, Size
 from deploy_lib.inventory import Inventory
 from deploy_lib.progress import Progress
@@ -165,7 +165,8 @@ def behind_router(front: RouterFront | None, target: Target, service: str, remot
         try:
             outcome = transition(membership.before_restart)
         except DeployError as failed:
-            if failed.serving_id is not None:
+            # LockHeld after the drain: a lock taken with the first change found the store changed; nothing was
+            if failed.serving_id is not None or isinstance(failed, LockHeld):
                 membership.readmit()
             elif membership.taken_out is not None:
                 failed.message += f"; {membership.taken_out} is left out of the router on {front.site.host.name} " \

@@ -17,7 +17,7 @@ from test_rollback import READY, ScriptedHost
 
 from deploy_lib import store
 from deploy_lib.deploy import Transition
-from deploy_lib.errors import ConfigError, ReadinessFailed, RollbackFailed, RouterFailed
+from deploy_lib.errors import ConfigError, LockHeld, ReadinessFailed, RollbackFailed, RouterFailed
 from deploy_lib.fleet import Rollout
 from deploy_lib.inventory import RouterPolicy, load_inventory
 from deploy_lib.project import Project, resolve_group
@@ -246,6 +246,18 @@ def test_a_replica_left_stopped_stays_out_of_the_router_and_the_error_says_so(tm
     assert isinstance(result, RollbackFailed)
     assert "http://192.0.2.10:8000 is left out of the router on edge" in result.message
     assert [c["action"] for c in config_of(remote)] == ["remove"]
+
+
+def test_a_replica_drained_then_refused_the_lock_goes_back_into_the_router_serving_as_before(tmp_path: Path) -> None:
+    """A deploy that takes the host's lock with its first change (compare-and-set in the switch's round trip) can
+    be refused after the drain: another command changed the store meanwhile, nothing was changed here."""
+    def refused(drain: object) -> None:
+        drain()  # type: ignore[operator]
+        raise LockHeld("a: the release store on a changed after this command read it; nothing was changed")
+    remote, result = _around(tmp_path, refused)
+    assert isinstance(result, LockHeld) and "left out of the router" not in result.message
+    assert [(c["action"], c["worker"]) for c in config_of(remote)] == [("remove", "http://192.0.2.10:8000"),
+                                                                         ("add", "http://192.0.2.10:8000")]
 
 
 def test_a_replica_whose_deploy_changed_nothing_before_its_restart_is_never_taken_out_nor_is_the_router_reached(
