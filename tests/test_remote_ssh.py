@@ -252,6 +252,16 @@ def test_batch_runs_in_one_shell_and_returns_one_result_per_step(remote: FabricR
     assert (results[3].exit_code, results[3].stdout, results[3].stderr) == (3, "", "err\n")
 
 
+def test_a_round_trip_ends_when_the_exit_status_arrives_not_at_a_poll(remote: FabricRemote,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """invoke's wait slept 10 ms between looks at the channel, which every round trip paid up to once more."""
+    import invoke.runners
+    naps: list[float] = []
+    monkeypatch.setattr(invoke.runners, "time", type("Clock", (), {"sleep": staticmethod(naps.append)}))
+    [result] = remote.run([Step("a while", ("sleep", "0.3"))])
+    assert result.exit_code == 0 and naps == []
+
+
 def test_hostile_arguments_and_binary_stdin_arrive_unchanged(remote: FabricRemote) -> None:
     hostile = ("a b", "it's", '"q"', "$(touch /tmp/pwned)", "`id`", "line1\nline2", "*", "~", "-n", "")
     payload = bytes(range(256)) * 64
