@@ -120,7 +120,10 @@ def _progress(host: str = "") -> ui.TerminalProgress:
 BAD_OPTION = EXIT_CODES[ConfigError]
 
 
-def _rollout(serial: list[str] | None, max_fail: str | None) -> Rollout:
+def _rollout(serial: list[str] | None, max_fail: str | None) -> Rollout | None:
+    """--serial and --max-fail; None without them (every host at once): a one-host command never loads the fleet."""
+    if not serial and max_fail is None:
+        return None
     from deploy_lib.fleet import Rollout
     return _run(lambda: Rollout.parse(serial or (), max_fail))
 
@@ -128,15 +131,14 @@ def _rollout(serial: list[str] | None, max_fail: str | None) -> Rollout:
 def _group(inventory: str | None, host: str | None, group: str | None, accept_new_host_key: bool = False,
            rollout: Rollout | None = None) -> list[Target] | None:
     """The group's hosts when --group is given (None otherwise); --serial and --max-fail need it."""
-    from deploy_lib.fleet import ALL_AT_ONCE
-    from deploy_lib.project import resolve_group
     if group is None:
-        if rollout is not None and rollout != ALL_AT_ONCE:
+        if rollout is not None:
             raise Exit("error: --serial and --max-fail roll out over a group: give --group G", code=BAD_OPTION)
         return None
     if host is not None:
         raise Exit("error: --host and --group are exclusive: give one host (--host) or one group (--group)",
                    code=BAD_OPTION)
+    from deploy_lib.project import resolve_group
     targets = _run(lambda: resolve_group(PROJECT.inventory(_inventory(inventory)), group, accept_new_host_key))
     for target in targets:
         ui.print_warnings(target.host.warnings)
@@ -156,14 +158,13 @@ def _on_each_host(targets: list[Target], act: Callable[[Target, FabricRemote, ui
 
 
 def _deploy_nodes(loaded: LoadedProfile, targets: list[Target], group: str, options: Options,
-                  rollout: Rollout) -> FleetRun[Outcome]:
+                  rollout: Rollout | None) -> FleetRun[Outcome]:
     """A multi-node release on the group's hosts as one: one connection per node, progress prefixed by its name."""
     from contextlib import ExitStack
 
-    from deploy_lib.fleet import ALL_AT_ONCE
     from deploy_lib.multinode import plan_nodes
     from deploy_lib.multinode_deploy import as_fleet, deploy_nodes
-    if rollout != ALL_AT_ONCE:
+    if rollout is not None:
         raise Exit(f"error: profile {loaded.name} is multi-node: its nodes restart together, so --serial and "
                    "--max-fail do not apply", code=BAD_OPTION)
     nodes = _run(lambda: plan_nodes(loaded, targets, group))
@@ -203,11 +204,12 @@ def _behind_router(front: RouterFront | None, target: Target, service: str, remo
     return behind_router(front, target, service, remote, progress, transition)
 
 
-def _one_at_a_time(front: RouterFront | None, rollout: Rollout) -> Rollout:
+def _one_at_a_time(front: RouterFront | None, rollout: Rollout | None) -> Rollout | None:
     if front is None:
         return rollout
+    from deploy_lib.fleet import ALL_AT_ONCE
     from deploy_lib.router_deploy import one_at_a_time
-    return one_at_a_time(front, rollout, _progress())
+    return one_at_a_time(front, rollout or ALL_AT_ONCE, _progress())
 
 
 def _show_each(fleet: FleetRun[T], print_report: Callable[[T], None]) -> None:

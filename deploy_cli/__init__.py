@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.markup import escape
-from rich.table import Table
 
 from deploy_lib.diagnose import shorten_log_line
 from deploy_lib.errors import DeployError
 
 if TYPE_CHECKING:  # the reports' types only: a task imports the library modules it runs (tasks.py)
+    from rich.table import Table
     from tenacity import RetryCallState
 
     from deploy_lib.adopt import Adopted
@@ -77,6 +77,11 @@ class TerminalProgress:
 
     def transfer(self, text: str) -> None:
         self.out.print(f"{self._stamp()}   [cyan]transfer:[/cyan] {escape(text)}")
+
+
+def _table(*headers: str) -> Table:
+    from rich.table import Table  # only the reports that are tables load it: a deploy's output has none
+    return Table(*headers)
 
 
 def print_error(error: DeployError) -> None:
@@ -152,7 +157,7 @@ def print_host_errors(fleet: FleetRun[Any]) -> None:
 
 def print_fleet(summary: Summary) -> None:
     """A group's end: the per-host table, which hosts run which release, why the rollout stopped."""
-    table = Table("host", "release", "outcome", "serving now", "ready (s)", "cause")
+    table = _table("host", "release", "outcome", "serving now", "ready (s)", "cause")
     for row in summary.rows:
         style = "green" if row.outcome in ("deployed", "unchanged", "rolled back", "planned") else \
             "yellow" if row.outcome == "not started" else "red"
@@ -218,7 +223,7 @@ def print_status(report: StatusReport) -> None:
     console.print(f"{len(report.gpus)} GPUs: {', '.join(names)}")
     if report.topology:
         console.print(f"topology: {escape(report.topology)}")
-    table = Table("GPU", "memory used / total (MiB)", "power draw / limit (W)", "util %")
+    table = _table("GPU", "memory used / total (MiB)", "power draw / limit (W)", "util %")
     for gpu in report.gpus:
         power = f"{gpu.power_draw_w:.0f} / {gpu.power_limit_w:.0f}" if gpu.power_draw_w is not None \
             and gpu.power_limit_w is not None else "n/a"
@@ -266,7 +271,7 @@ def print_gpu_check(report: GpuCheckReport) -> None:
 
 
 def print_releases(rows: list[ReleaseRow]) -> None:
-    table = Table("", "release", "staged", "profile", "SGLang", "outcome", "output tok/s", "GPU power (bench)")
+    table = _table("", "release", "staged", "profile", "SGLang", "outcome", "output tok/s", "GPU power (bench)")
     for column in table.columns[1:4]:
         column.no_wrap = True
     for row in rows:
@@ -283,7 +288,7 @@ def print_bench(result: BenchResult) -> None:
 
 
 def print_comparison(a: BenchResult, b: BenchResult, rows: list[ComparisonRow]) -> None:
-    table = Table("", a.release_id, b.release_id, "ratio (b / a)")
+    table = _table("", a.release_id, b.release_id, "ratio (b / a)")
     for row in rows:
         table.add_row(row.label, _figure(row.a), _figure(row.b), f"{row.ratio:.2f}" if row.ratio is not None else "")
     console.print(table)
@@ -323,7 +328,7 @@ def print_adopted(result: VenvResult) -> None:
 
 
 def print_venvs(records: list[VenvRecord]) -> None:
-    table = Table("venv", "kind", "size (MiB)", "releases", "derived", "versions")
+    table = _table("venv", "kind", "size (MiB)", "releases", "derived", "versions")
     for record in records:
         size = f"{record.size_bytes / 2**20:.0f}" if record.size_bytes is not None else "?"
         versions = ", ".join(f"{k} {v}" for k, v in record.versions().items())
@@ -333,7 +338,7 @@ def print_venvs(records: list[VenvRecord]) -> None:
 
 
 def print_models(models: list[StoredModel]) -> None:
-    table = Table("model", "revision", "where", "size (MiB)", "files", "staged by deploy", "releases")
+    table = _table("model", "revision", "where", "size (MiB)", "files", "staged by deploy", "releases")
     for item in models:
         table.add_row(item.name, item.version, item.location, f"{item.size_bytes / 2**20:.1f}", str(item.files),
                       "yes" if item.staged else "no (kept)", ", ".join(item.releases))
@@ -341,7 +346,7 @@ def print_models(models: list[StoredModel]) -> None:
 
 
 def print_patch_sets(patch_sets: list[PatchSet]) -> None:
-    table = Table("patch set", "packages", "GPUs", "targets", "description")
+    table = _table("patch set", "packages", "GPUs", "targets", "description")
     for patch_set in patch_sets:
         meta = patch_set.meta
         table.add_row(meta.name, ", ".join(meta.packages), ", ".join(meta.applies_to) or "any",

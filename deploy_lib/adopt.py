@@ -138,13 +138,13 @@ def adopt(target: Target, service: str, remote: Remote, profile_name: str, pid: 
     takeover: list[Step | Put] = []
     if unit_file:
         # release 0 is the hand-written unit itself; systemd stops its process when a deploy restarts the unit
-        release = replace(release, unit_text=unit_file[2])
+        release = replace(release, hand_written_unit=unit_file[2])
         record |= {"unit": layout.unit_name, "unit_file": unit_file[1]}
         takeover = [*keep_replaced_unit(layout, now)[0]]
     else:
         cmdline = "".join(f"{arg}\0" for arg in process.argv).encode()
         record |= {"pid": pid, "cmdline_sha256": hashlib.sha256(cmdline).hexdigest()}
-    metadata = {**release.metadata(), "adopted": record}
+    metadata = {**release.record(), "adopted": record}
     reload = [Step("systemd: daemon-reload", ("systemctl", "daemon-reload"), sudo=True)] if unit_file else []
     with host_lock(remote, layout, f"adopt {source}", where):
         remote.run([*stage_release(layout, RELEASE_ZERO, release.unit_text, release.env_text,

@@ -7,6 +7,7 @@ import json
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +15,15 @@ from deploy_lib.digests import sha256_text
 from deploy_lib.errors import ConfigError
 from deploy_lib.models import ReleaseModel
 from deploy_lib.profile import LoadedProfile, Profile, SecretRef, StoredProfile, read_stored_profile
-from deploy_lib.render import EnvSpec, UnitSpec, render_env, render_env_redacted, render_unit
+from deploy_lib.render import (
+    EnvSpec,
+    UnitSpec,
+    render_env,
+    render_env_redacted,
+    render_unit,
+    validate_env,
+    validate_unit,
+)
 from deploy_lib.server_args import API_KEY_ENV, launch_argv, launch_environment, secret_environment, sglang_args
 from deploy_lib.store import ENV_FILE, UNIT_FILE, StoreLayout
 
@@ -73,7 +82,10 @@ def _secret_sources(metadata: Mapping[str, Any]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class Release:
-    """Everything that decides how the server starts. `id` is derived from the content, so equal means no change."""
+    """Everything that decides how the server starts. `id` is derived from the content, so equal means no change.
+
+    The unit and env file are rendered when first read (staging them, `render`, `record()`): a no-op deploy compares
+    ids and renders nothing. Their specs are checked when the release is built, so bad input fails as early."""
 
     id: str
     service: str
@@ -88,16 +100,34 @@ class Release:
     environment: dict[str, str]
     secret_names: tuple[str, ...]
     secrets_digest: str
-    unit_text: str
-    env_text: str = field(repr=False)
-    env_text_redacted: str
+    unit: UnitSpec = field(repr=False)
+    env: EnvSpec = field(repr=False)
     patches: tuple[str, ...] = ()
     model: dict[str, str] = field(default_factory=dict)  # ReleaseModel.metadata(): path, revision, commit, hf_home
     torch_version: str | None = None  # the venv's torch and NCCL: preflight.gpu_check compares them with current's
     nccl_version: str | None = None
+    hand_written_unit: str | None = field(default=None, repr=False)  # an adopted unit file, kept as release 0's
+
+    @cached_property
+    def unit_text(self) -> str:
+        return self.hand_written_unit if self.hand_written_unit is not None else render_unit(self.unit)
+
+    @cached_property
+    def env_text(self) -> str:
+        return render_env(self.env)
+
+    @cached_property
+    def env_text_redacted(self) -> str:
+        return render_env_redacted(self.env)
+
+    def record(self) -> dict[str, Any]:
+        """What release.json records: the metadata and the sha256 of the unit and env file as written."""
+        files = {UNIT_FILE: sha256_text(self.unit_text), ENV_FILE: sha256_text(self.env_text)}
+        return {**self.metadata(), "files": files}
 
     def metadata(self) -> dict[str, Any]:
-        """What release.json records: no secret value, only a digest that changes when one does."""
+        """The release as plans, probes and history read it (release.json without `files`, see `record`): no secret
+        value, only a digest that changes when one does."""
         return {
             "id": self.id, "service": self.service, "profile_name": self.profile_name,
             "profile_hash": self.profile_hash, "profile": self.profile, "sglang_version": self.sglang_version,
@@ -105,7 +135,6 @@ class Release:
             "nccl_version": self.nccl_version, "venv": self.venv, "argv": list(self.argv),
             "args": list(self.args), "environment": self.environment, "secret_names": list(self.secret_names),
             "secrets_digest": self.secrets_digest, "patches": list(self.patches), "model": self.model,
-            "files": {UNIT_FILE: sha256_text(self.unit_text), ENV_FILE: sha256_text(self.env_text)},
         }
 
 
@@ -155,14 +184,14 @@ def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: st
         limit_nofile=profile.service.limit_nofile,
         syslog_identifier=layout.service,
     )
+    validate_unit(unit_spec)
+    validate_env(env_spec)
     return Release(
         id=release_id, service=layout.service, profile_name=loaded.name, profile_hash=profile.content_hash(),
         profile=profile.model_dump(mode="json"), sglang_version=sglang_version,
         flashinfer_version=flashinfer_version, venv=profile.service.venv, argv=argv,
         args=argv[3:], environment=environment, secret_names=tuple(sorted(secrets)),
-        secrets_digest=secrets_digest,
-        unit_text=render_unit(unit_spec), env_text=render_env(env_spec),
-        env_text_redacted=render_env_redacted(env_spec), patches=patches, model=model.metadata(),
+        secrets_digest=secrets_digest, unit=unit_spec, env=env_spec, patches=patches, model=model.metadata(),
         torch_version=torch_version, nccl_version=nccl_version,
     )
 

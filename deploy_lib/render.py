@@ -17,12 +17,15 @@ import posixpath
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-
-import jinja2
+from functools import cache
+from typing import TYPE_CHECKING
 
 from deploy_lib.bundled import TEMPLATES_DIR
 from deploy_lib.errors import ConfigError
 from deploy_lib.profile import RestartPolicy
+
+if TYPE_CHECKING:
+    import jinja2
 
 UNIT_TEMPLATE = "sglang.service.j2"
 ENV_TEMPLATE = "sglang.env.j2"
@@ -158,7 +161,8 @@ def _exec_lines(argv: tuple[str, ...]) -> list[tuple[str, ...]]:
     return [tuple(line) for line in lines]
 
 
-def _validate_unit(spec: UnitSpec) -> None:
+def validate_unit(spec: UnitSpec) -> None:
+    """ConfigError naming the first setting of `spec` that systemd could not represent; render_unit checks it too."""
     _check(_setting_problem(spec.description), "Description")
     _check(_setting_problem(spec.syslog_identifier), "SyslogIdentifier")
     for what, name in (("User", spec.user), ("Group", spec.group)):
@@ -186,7 +190,8 @@ def _validate_unit(spec: UnitSpec) -> None:
             raise ConfigError(f"{what}={seconds!r} must be an integer >= {least}")
 
 
-def _validate_env(env: EnvSpec) -> None:
+def validate_env(env: EnvSpec) -> None:
+    """ConfigError naming the first variable of `env` that an EnvironmentFile= cannot carry."""
     for name, value in env.values.items():
         if not ENV_NAME.fullmatch(name):
             raise ConfigError(f"environment variable name {_shown(name)} is not valid",
@@ -198,7 +203,11 @@ def _validate_env(env: EnvSpec) -> None:
         raise ConfigError(f"secret names without a value: {', '.join(unknown)}")
 
 
-def _template_environment() -> jinja2.Environment:
+@cache
+def _templates() -> jinja2.Environment:
+    """Built on the first render: a command that renders nothing (a no-op deploy) never loads Jinja2."""
+    import jinja2
+
     environment = jinja2.Environment(
         loader=jinja2.FileSystemLoader(TEMPLATES_DIR),
         undefined=jinja2.StrictUndefined,
@@ -211,23 +220,20 @@ def _template_environment() -> jinja2.Environment:
     return environment
 
 
-TEMPLATES = _template_environment()
-
-
 def render_unit(spec: UnitSpec) -> str:
     """The text of the service unit; raises ConfigError naming the setting systemd could not represent."""
-    _validate_unit(spec)
-    return TEMPLATES.get_template(UNIT_TEMPLATE).render(spec=spec, exec_lines=_exec_lines(tuple(spec.exec_argv)))
+    validate_unit(spec)
+    return _templates().get_template(UNIT_TEMPLATE).render(spec=spec, exec_lines=_exec_lines(tuple(spec.exec_argv)))
 
 
 def render_env(env: EnvSpec) -> str:
     """The EnvironmentFile= text, secrets included: the store writes it with store.ENV_FILE_MODE."""
-    _validate_env(env)
-    return TEMPLATES.get_template(ENV_TEMPLATE).render(variables=list(env.values.items()))
+    validate_env(env)
+    return _templates().get_template(ENV_TEMPLATE).render(variables=list(env.values.items()))
 
 
 def render_env_redacted(env: EnvSpec) -> str:
     """The environment file as shown to a person: every secret's value replaced by REDACTED."""
-    _validate_env(env)
+    validate_env(env)
     shown = [(name, REDACTED if name in env.secret_names else value) for name, value in env.values.items()]
-    return TEMPLATES.get_template(ENV_TEMPLATE).render(variables=shown)
+    return _templates().get_template(ENV_TEMPLATE).render(variables=shown)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import json
 import os
@@ -200,6 +201,27 @@ def test_loading_the_tasks_leaves_the_template_engine_patch_sets_and_sandbox_rig
                   "deploy_lib.adopt", "deploy_lib.gpu_check", "deploy_lib.status", "deploy_lib.uninstall",
                   "sandbox.manage", "sandbox.hub", "sandbox.wheelhouse"}
     assert not_needed & loaded == set()
+
+
+def test_a_no_op_deploy_renders_nothing_and_leaves_the_template_engine_and_fleet_unloaded() -> None:
+    """A no-op compares release ids (plan and preflight, as `invoke deploy` runs them on a one-host command): the unit
+    and env file are rendered only to be staged or shown. Was: Jinja2 loaded and both files rendered on every deploy."""
+    from test_deploy_plan import deployed, first_plan
+    current = deployed(first_plan()[1])
+    script = ("import json, sys; sys.path.insert(0, 'tests'); import tasks; "
+              "from test_deploy_plan import NOW, PROJECT, facts, target; "
+              "from deploy_lib.deploy import plan_deploy, preflight; from deploy_lib.store import ReleaseRecord; "
+              "current = ReleaseRecord(**json.loads(sys.argv[1])); loaded = PROJECT.profile('glm5-nvfp4'); "
+              "tasks._group(None, None, None, False, tasks._rollout(None, None)); "  # the deploy task's one host
+              "host = facts(tuple(current.metadata['args']), current=current, active='active'); "
+              "plan = plan_deploy(loaded, target(), host, {}, False, NOW); preflight(plan, loaded, target(), host); "
+              "print(json.dumps({'unchanged': plan.unchanged, 'loaded': sorted(sys.modules)}))")
+    shown = subprocess.run([sys.executable, "-c", script, json.dumps(dataclasses.asdict(current))],
+                           capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    assert report["unchanged"]
+    assert {"jinja2", "deploy_lib.fleet", "rich.table"} & set(report["loaded"]) == set()
 
 
 def test_patch_without_a_set_is_exit_2_naming_the_option() -> None:

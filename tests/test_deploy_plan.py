@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -97,7 +98,7 @@ def first_plan(profile: str = "glm5-nvfp4"):
 
 def deployed(plan) -> ReleaseRecord:
     """The release of `plan` as the host's current release (what the store facts would read back)."""
-    metadata = json.loads(release_json(plan.release.metadata(), release_tags(target(), plan.release), NOW))
+    metadata = json.loads(release_json(plan.release.record(), release_tags(target(), plan.release), NOW))
     return ReleaseRecord(plan.release.id, "2026-11-29T11:00:00+00:00", metadata)
 
 
@@ -113,6 +114,22 @@ def test_first_deploy_stages_switches_and_restarts() -> None:
     assert next(p for p in puts if p.dest.name == "sglang.env").mode == 0o600
     lines = plan.dry_run_lines()
     assert any("systemctl restart -- sglang.service" in line for line in lines)
+
+
+@pytest.mark.parametrize(("section", "value", "named"), [
+    ("env", {"env": {"SGLANG_X": "a\ufffeb"}}, "environment variable SGLANG_X contains U+FFFE"),
+    ("model", {"model": {"served_name": "glm\ufffe"}}, "ExecStart argument"),
+])
+def test_what_systemd_cannot_carry_is_refused_when_the_release_is_built(
+        section: str, value: dict[str, dict[str, str]], named: str) -> None:
+    """Input tried: a U+FFFE (which the profile's text check lets through) in an env value and a served name; the
+    files are rendered only when staged, so the release's build checks them: a plan refuses before any step."""
+    loaded = PROJECT.profile("glm5-nvfp4")
+    data = loaded.profile.model_dump(mode="json")
+    data[section] = {**(data[section] or {}), **value[section]}
+    changed = loaded.model_copy(update={"profile": type(loaded.profile).model_validate(data)})
+    with pytest.raises(ConfigError, match=re.escape(named)):
+        plan_deploy(changed, target(), facts(), {}, False, NOW)
 
 
 def test_redeploy_of_the_running_verified_release_is_a_no_op() -> None:
@@ -160,7 +177,7 @@ def test_switching_profiles_shows_the_semantic_diff() -> None:
 def test_a_unit_file_edited_by_hand_is_drift_and_force_overwrites_it() -> None:
     """Input tried: the current release's sglang.service with a checksum other than the one recorded."""
     loaded, plan = first_plan()
-    edited = {UNIT_FILE: "0" * 64, ENV_FILE: plan.release.metadata()["files"][ENV_FILE]}
+    edited = {UNIT_FILE: "0" * 64, ENV_FILE: plan.release.record()["files"][ENV_FILE]}
     with pytest.raises(DriftDetected, match=r"sglang\.service was edited on the host"):
         plan_deploy(loaded, target(), facts(current=deployed(plan), active="active", sums=edited), {}, False, NOW)
     forced = plan_deploy(loaded, target(), facts(current=deployed(plan), active="active", sums=edited), {}, True,
@@ -247,7 +264,7 @@ def test_secrets_reach_only_the_env_file() -> None:
     plan = plan_deploy(loaded.model_copy(update={"profile": profile}), target(), facts(), secrets, False, NOW)
     assert 'HF_TOKEN="hf_SECRET_VALUE"' in plan.release.env_text
     shown = "\n".join([plan.release.unit_text, plan.release.env_text_redacted, json.dumps(
-        plan.release.metadata()), *plan.dry_run_lines()])
+        plan.release.record()), *plan.dry_run_lines()])
     assert "hf_SECRET_VALUE" not in shown
 
 

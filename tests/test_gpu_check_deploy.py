@@ -49,7 +49,7 @@ def checked(tp: int = 2, gpu_check: bool = True, **nccl: Any) -> LoadedProfile:
 def metadata(loaded: LoadedProfile, **versions: str | None) -> dict[str, Any]:
     """release.json of the profile's release as a host with `versions` (torch, NCCL) would record it."""
     host = facts(venv_versions=versions) if versions else facts()
-    return engine.plan_deploy(loaded, target(), host, {}, False, NOW).release.metadata()
+    return engine.plan_deploy(loaded, target(), host, {}, False, NOW).release.record()
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -180,7 +180,7 @@ class CheckHost(ScriptedHost):
         _, plan = first_plan()  # what A and B are
         self.reply(host_facts.FACT_UNIT_LINK, stdout=f"{LAYOUT.current / UNIT_FILE}\n")
         self.reply(host_facts.FACT_FILE_SUMS, stdout="".join(f"{digest}  /x/{name}\n" for name, digest
-                                                             in plan.release.metadata()["files"].items()))
+                                                             in plan.release.record()["files"].items()))
         self.reply(host_facts.FACT_SGLANG, stdout=json.dumps({
             "sglang_version": "0.5.23", "flashinfer_version": "0.7.2", "options": options_accepting(plan.release.args),
             **(TORCH if torch else {})}))

@@ -82,7 +82,7 @@ def test_a_release_without_venv_files_or_tags_falls_back_to_what_it_does_record(
 def test_rollback_preflight_refuses_a_release_whose_venv_has_no_sglang() -> None:
     """Input tried: the venv's python3 missing (the venv was deleted) for a recorded release."""
     _, plan = first_plan()
-    release = RecordedRelease.of(plan.release.id, plan.release.metadata())
+    release = RecordedRelease.of(plan.release.id, plan.release.record())
     gone = replace(facts(plan.release.args), sglang=SGLangInstall(False, None, None, {},
                                                                   "the venv's python3 was not found"))
     with pytest.raises(PreflightError, match=f"release {plan.release.id}: no SGLang found in {release.venv}: the venv"):
@@ -93,7 +93,7 @@ def test_rollback_preflight_refuses_a_release_whose_venv_has_no_sglang() -> None
 def test_rollback_preflight_refuses_missing_or_changed_release_files() -> None:
     """Input tried: the env file absent; the unit file with another checksum than release.json records."""
     _, plan = first_plan()
-    release = RecordedRelease.of(plan.release.id, plan.release.metadata())
+    release = RecordedRelease.of(plan.release.id, plan.release.record())
     good = dict(release.files)
     ok = replace(facts(), release_sums=good)
     check_release_files(release, LAYOUT, ok, "th1")
@@ -158,12 +158,12 @@ class ScriptedHost(FakeRemote):
         super().__init__()
         _, plan = first_plan()
         self.current, self.probes = "B", probes
-        releases = {rid: {**plan.release.metadata(), "id": rid, "staged_at": f"2026-11-30T1{n}:00:00+00:00",
+        releases = {rid: {**plan.release.record(), "id": rid, "staged_at": f"2026-11-30T1{n}:00:00+00:00",
                           "tags": {**_tags(rid).as_dict(), "profile": "glm5-nvfp4"}}
                     for n, rid in enumerate(("A", "B"))}
         files = "".join(f"{LAYOUT.releases}/{rid}/release.json\0{json.dumps(meta)}\n" for rid, meta in releases.items())
         history = "".join(history_entry("deploy", HEALTHY, _tags(rid), NOW).to_json().decode() for rid in ("A", "B"))
-        sums = plan.release.metadata()["files"]
+        sums = plan.release.record()["files"]
         gpus = "".join(f"{i}, NVIDIA RTX PRO 6000 Blackwell Server Edition, GPU-{i}, 12.0, 97887, 0, 30, 600, 0, "
                        "580\n" for i in range(8))
         sglang = {"sglang_version": "0.5.23", "flashinfer_version": "0.7.2",
@@ -280,7 +280,7 @@ def test_the_dry_run_lists_exactly_the_steps_the_deploy_then_runs() -> None:
              "missing_bytes": 0, "free_bytes": 10**12, "hf_home": "/root/.cache/huggingface", "asked_hub": True}
     host.reply(FACT_MODEL, stdout=f"RESULT {json.dumps(model)}\n")
     host.reply(host_facts.FACT_UNIT_LINK, stdout=f"{LAYOUT.current / UNIT_FILE}\n")
-    sums = first_plan()[1].release.metadata()["files"]
+    sums = first_plan()[1].release.record()["files"]
     host.reply(host_facts.FACT_FILE_SUMS, stdout="".join(f"{digest}  /x/{name}\n" for name, digest in sums.items()))
     base = PROJECT.profile("glm5-nvfp4")
     loaded = base.model_copy(update={"profile": base.profile.model_copy(update={"env": {"NCCL_DEBUG_SUBSYS": "ALL"}})})

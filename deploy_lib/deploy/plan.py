@@ -229,7 +229,6 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
     damaged = facts.store.damaged_release(release.id)
     unchanged = current_id == release.id and not drift and not not_verified and not weights_missing
     tags = release_tags(target, release)
-    metadata = release_json(release.metadata(), tags, now)
     batches: dict[str, list[Step | Put]] = {}
     prediction = start_prediction(facts.store, loaded.name)
     notes = [venv.build_note, _past_failure(facts, release.id),
@@ -243,8 +242,8 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
                      f"{len(model_facts.files)} files to stage, {size_text(model_facts.missing_bytes)} to "
                      f"{model.verb} into {model_facts.hf_home}")
     if not have_release:
-        batches["stage"] = stage_release(layout, release.id, release.unit_text, release.env_text, metadata,
-                                         replace_damaged=damaged is not None)
+        batches["stage"] = stage_release(layout, release.id, release.unit_text, release.env_text,
+                                         release_json(release.record(), tags, now), replace_damaged=damaged is not None)
     elif drift and current_id == release.id:
         batches["stage"] = repair_release(layout, release.id, release.unit_text, release.env_text)
     if check_reasons:
