@@ -249,6 +249,27 @@ def whole_process_no_op(rig: Rig, pycache: Path) -> ProcessRun:
 
 
 @dataclass(frozen=True)
+class ProcessParts:
+    """One run of bench/noop_parts.py: each part's (wall, CPU) seconds, in the order the deploy task runs them."""
+
+    parts: dict[str, tuple[float, float]]
+    round_trips: int
+
+
+def no_op_parts(rig: Rig, pycache: Path) -> ProcessParts:
+    """The whole process's parts, from a fresh process that does what the deploy task does (bench/noop_parts.py)."""
+    environ = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
+    done = subprocess.run([sys.executable, "-m", "bench.noop_parts", repr(time.time()), rig.inventory, PROFILE],
+                          capture_output=True, text=True, cwd=REPO, timeout=120,
+                          env={**environ, "PYTHONPYCACHEPREFIX": str(pycache)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = json.loads(done.stdout)
+    parts = {"Python's start (interpreter, site)": (report["interpreter"]["wall_s"], report["interpreter"]["cpu_s"])}
+    parts |= {part["name"]: (part["wall_s"], part["cpu_s"]) for part in report["parts"]}
+    return ProcessParts(parts, report["round_trips"])
+
+
+@dataclass(frozen=True)
 class ChangedRun:
     total_s: float
     before_restart_s: float  # command start -> restart issued (profile, connect, facts, stage, switch)
@@ -367,19 +388,41 @@ def table(figures: Sequence[Figure]) -> str:
     return "\n".join(lines)
 
 
-def deploy_figures(no_ops: Sequence[NoOpRun], processes: Sequence[ProcessRun], changed: Sequence[ChangedRun],
-                   crashes: Sequence[CrashRun]) -> list[Figure]:
+def part_figure(name: str, walls: Sequence[float], cpus: Sequence[float]) -> Figure:
+    return Figure(name, f"{statistics.median(walls):.2f} s, CPU {statistics.median(cpus):.2f} s", len(walls), "",
+                  None)
+
+
+def process_figures(processes: Sequence[ProcessRun], parts: Sequence[ProcessParts]) -> list[Figure]:
+    """The whole-process no-op and where its time goes: each part of bench/noop_parts.py, then what `invoke` adds
+    (its command line parse, the output): the whole minus the parts, wall and CPU."""
+    names = list(parts[0].parts)
+    wall = {name: [run.parts[name][0] for run in parts] for name in names}
+    cpu = {name: [run.parts[name][1] for run in parts] for name in names}
+    round_trips = statistics.median(run.round_trips for run in parts)
+    rows = [part_figure(f"  - {name}" + (f" ({round_trips:g} round trips)" if "round trips" in name else ""),
+                        wall[name], cpu[name]) for name in names]
+    parts_wall = sum(statistics.median(values) for values in wall.values())
+    parts_cpu = sum(statistics.median(values) for values in cpu.values())
+    return [
+        seconds_figure(f"no-op `invoke deploy --profile {PROFILE} --yes`, whole process",
+                       [run.seconds for run in processes], 0.8),
+        seconds_figure("  the process's own CPU time (user + sys)", [run.cpu_s for run in processes], None),
+        *rows,
+        part_figure("  - the rest: invoke's command line parse, the output (whole - parts)",
+                    [run.seconds - parts_wall for run in processes], [run.cpu_s - parts_cpu for run in processes]),
+    ]
+
+
+def deploy_figures(no_ops: Sequence[NoOpRun], processes: Sequence[ProcessRun], parts: Sequence[ProcessParts],
+                   changed: Sequence[ChangedRun], crashes: Sequence[CrashRun]) -> list[Figure]:
     round_trips = statistics.median(run.round_trips for run in no_ops)
     plural = "" if round_trips == 1 else "s"
     phases = {name: statistics.median(run.phases.get(name, 0.0) for run in changed) for name in changed[0].phases}
     return [
         seconds_figure(f"no-op redeploy (one SSH connection, {round_trips:g} round trip{plural})",
                        [run.seconds for run in no_ops], 1.0),
-        seconds_figure(f"no-op `invoke deploy --profile {PROFILE} --yes`, whole process",
-                       [run.seconds for run in processes], 0.8),
-        seconds_figure("  - Python's start, imports, task load (whole process - library no-op)",
-                       [run.seconds - statistics.median(run.seconds for run in no_ops) for run in processes], None),
-        seconds_figure("  - the process's own CPU time (user + sys)", [run.cpu_s for run in processes], None),
+        *process_figures(processes, parts),
         seconds_figure("changed deploy, total", [run.total_s for run in changed], None),
         seconds_figure("  server's own start (restart -> fired up)", [run.server_start_s for run in changed], None),
         seconds_figure("  tool's own time (total - server start)", [run.tool_s for run in changed], 2.0),
@@ -511,6 +554,7 @@ def measure_deploys(rig: Rig, runs: int) -> list[Figure]:
     pycache = Path(tempfile.mkdtemp(prefix="sglang-bench-pycache-"))
     whole_process_no_op(rig, pycache)  # writes the bytecode cache
     processes = [whole_process_no_op(rig, pycache) for _ in range(runs)]
+    parts = [no_op_parts(rig, pycache) for _ in range(runs)]
     shutil.rmtree(pycache)
     say(f"no-op deploys, whole process: {', '.join(f'{run.seconds:.2f} s' for run in processes)}")
     changed = []
@@ -522,7 +566,7 @@ def measure_deploys(rig: Rig, runs: int) -> list[Figure]:
     for run in range(runs):
         crashes.append(crash_and_roll_back(rig))
         say(f"crash {run + 1}/{runs}: noticed {crashes[-1].noticed_s:.2f} s, rollback {crashes[-1].rollback_s:.2f} s")
-    return deploy_figures(no_ops, processes, changed, crashes)
+    return deploy_figures(no_ops, processes, parts, changed, crashes)
 
 
 def measure_venvs(rig: Rig, house: wheelhouse.Wheelhouse, runs: int, changed_runs: int, work: Path) -> list[Figure]:
