@@ -184,11 +184,29 @@ def write_inventory(path: Path = INVENTORY) -> Path:
     return path
 
 
-def run_on(g: Guest, command: str, timeout_s: float = 600, user: str = "root") -> str:
-    result = subprocess.run([*g.ssh_argv(user), command], capture_output=True, text=True, timeout=timeout_s)
+def run_on(g: Guest, command: str, timeout_s: float = 600, user: str = "root", stdin: str = "") -> str:
+    """`command` (a shell command line) on the guest as `user`, `stdin` on its standard input (empty by default, so
+    the command never reads this process's own); its stdout, or RemoteError on a non-zero exit."""
+    result = subprocess.run([*g.ssh_argv(user), command], input=stdin, capture_output=True, encoding="utf-8",
+                            timeout=timeout_s)
     if result.returncode != 0:
         raise RemoteError(f"{g.name}: `{command}` exited {result.returncode}", hint=result.stderr.strip()[-500:])
     return result.stdout
+
+
+def put_text_command(path: str | PurePosixPath, text: str | None) -> str:
+    """The shell command of `put_text`: `path` quoted for the shell, the text read from stdin (never parsed)."""
+    quoted = shlex.quote(str(path))
+    if text is None:
+        return f"rm -f -- {quoted}"
+    return f"mkdir -p -- \"$(dirname -- {quoted})\" && cat > {quoted}"
+
+
+def put_text(g: Guest, path: str | PurePosixPath, text: str | None) -> None:
+    """`text` into `path` on the guest as root, its directory made if missing; None removes the file. The one way
+    tests write a file on a guest (a sim fault, a lock owner, a unit): whatever the path and text hold, the guest
+    gets exactly them."""
+    run_on(g, put_text_command(path, text), stdin=text or "")
 
 
 def push_wheels(g: Guest, wheels: tuple[Path, ...]) -> list[PurePosixPath]:
@@ -203,7 +221,7 @@ def push_wheels(g: Guest, wheels: tuple[Path, ...]) -> list[PurePosixPath]:
 def build_guest_venv(g: Guest, house: wheelhouse.Wheelhouse, venv: PurePosixPath = GUEST_VENV) -> PurePosixPath:
     """Until the deploy engine builds venvs: real sglang + flashinfer (--no-deps) + msgspec + the sim."""
     _venv_with(g, venv, push_wheels(g, house.wheels))
-    run_on(g, f"printf %s {shlex.quote(_venv_marker(house))} > {shlex.quote(str(venv / VENV_MARKER))}")
+    put_text(g, venv / VENV_MARKER, _venv_marker(house))
     return venv
 
 

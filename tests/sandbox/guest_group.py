@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -55,9 +54,7 @@ class GuestGroup:
 
     def fault(self, guest: manage.Guest, text: str | None) -> None:
         """The simulator's fault on `guest` (one line such as `oom`), or none."""
-        path = shlex.quote(self.fault_path)
-        manage.run_on(guest, f"mkdir -p $(dirname {path}) && printf %s {shlex.quote(text)} > {path}" if text
-                      else f"rm -f {path}")
+        manage.put_text(guest, self.fault_path, text)
 
 
 Group = TypeVar("Group", bound=GuestGroup)

@@ -31,9 +31,9 @@ class GuestShell:
         assert code == 0, f"`{command}` exited {code}: {err}"
         return out
 
-    def write(self, path: str, text: str) -> None:
-        quoted = shlex.quote(path)
-        self.sudo(f"mkdir -p $(dirname {quoted}) && printf %s {shlex.quote(text)} > {quoted}")
+    def write(self, path: str, text: str | None) -> None:
+        """`text` into `path` as root (None removes it): sandbox.manage.put_text, over its own ssh as root."""
+        manage.put_text(self.guest, path, text)
 
     def close(self) -> None:
         self.client.close()

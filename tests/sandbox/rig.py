@@ -122,16 +122,13 @@ class Rig:
         return set(self.root(f"ls {self.store}/releases 2>/dev/null || true").split())
 
     def write(self, path: str, text: str) -> None:
-        """`text` into `path` as root, its directory made if missing (both quoted for the shell)."""
-        quoted = shlex.quote(path)
-        self.root(f"mkdir -p \"$(dirname {quoted})\" && printf %s {shlex.quote(text)} > {quoted}")
+        """`text` into `path` as root, its directory made if missing."""
+        manage.put_text(self.guest, path, text)
 
     def fault(self, text: str | None, path: str = FAULT_OF_SHORT) -> None:
-        """Arm a sim fault; by default only for releases of glm5-short, everywhere with GUEST_FAULT."""
-        if text:
-            self.write(path, text)
-        else:
-            self.root(f"rm -f {shlex.quote(path)}")
+        """Arm a sim fault (None: disarm it); by default only for releases of glm5-short, everywhere with
+        GUEST_FAULT."""
+        manage.put_text(self.guest, path, text)
 
     def unit_state(self, service: str | None = None) -> str:
         return self.root(f"systemctl is-active {service or self.service}.service || true").strip()
@@ -169,8 +166,8 @@ class Rig:
         """`service` from a unit written by hand (port 8000: the rig's own service is stopped first), started and
         serving; removed with the store the tool made for it afterwards."""
         self.root(f"systemctl stop {self.service}.service 2>/dev/null || true")
-        self.root(f"printf %s {shlex.quote(unit)} > /etc/systemd/system/{service}.service && "
-                  f"systemctl daemon-reload && systemctl start {service}.service")
+        manage.put_text(self.guest, f"/etc/systemd/system/{service}.service", unit)
+        self.root(f"systemctl daemon-reload && systemctl start {service}.service")
         try:
             self.wait_healthy()
             yield

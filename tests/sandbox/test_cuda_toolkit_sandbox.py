@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -29,8 +30,7 @@ PROFILES = {
 def test_a_toolkit_flashinfer_refuses_stops_the_fusion_release_at_preflight(sandbox_venv: manage.Guest,
                                                                            tmp_path: Path) -> None:
     guest = sandbox_venv
-    manage.run_on(guest, f"mkdir -p {OLD_TOOLKIT} && printf '%s' '{{\"cuda\": {{\"version\": \"12.6.3\"}}}}' "
-                         f"> {OLD_TOOLKIT}/version.json", user="root")
+    manage.put_text(guest, f"{OLD_TOOLKIT}/version.json", json.dumps({"cuda": {"version": "12.6.3"}}))
     project, inventory = project_for_guest(tmp_path, guest, PROFILES)
     patch_set = find_patch_set(ROLES_DIR, "fusion-sm120")
     base, target = load_for_host(project, "glm5-nvfp4", inventory, None)

@@ -4,6 +4,7 @@ surface from this host, nvidia-smi, the fusion gate, every fault mode, and a cle
 from __future__ import annotations
 
 import csv
+import hashlib
 import io
 import json
 import shlex
@@ -53,10 +54,7 @@ class SimUnit:
         self.cursor = ""
 
     def start(self, extra_args: str = "", fault: str = "") -> None:
-        if fault:
-            self.shell.write(FAULT_FILE, fault + "\n")
-        else:
-            self.shell.sudo(f"rm -f {FAULT_FILE}")
+        self.shell.write(FAULT_FILE, fault + "\n" if fault else None)
         self.shell.write(f"/etc/systemd/system/{UNIT}", unit_text(extra_args))
         self.cursor = self.shell.sudo("journalctl -n 0 --show-cursor | sed -n 's/^-- cursor: //p'").strip()
         self.shell.sudo(f"systemctl daemon-reload && systemctl reset-failed {UNIT} 2>/dev/null; "
@@ -206,3 +204,17 @@ def test_guest_gpus_are_configurable_per_guest(guest_shell: GuestShell) -> None:
         assert out.splitlines() == [f"{i}, 9.0" for i in range(4)]
     finally:
         guest_shell.write(config, original)
+
+
+def test_put_text_writes_exactly_the_text_at_a_hostile_path_on_the_guest(sandbox_guest: manage.Guest) -> None:
+    """Input tried: a path and a text holding quotes, command substitutions, a newline and non-ASCII (the same as
+    tests/test_sandbox_manage.py's, there run by this machine's shells)."""
+    from test_sandbox_manage import HOSTILE_DIR, HOSTILE_TEXT
+
+    path = f"/root/put text/{HOSTILE_DIR}/-fault; x"
+    manage.put_text(sandbox_guest, path, HOSTILE_TEXT)
+    on_guest = manage.run_on(sandbox_guest, f"sha256sum < {shlex.quote(path)}").split()[0]
+    assert on_guest == hashlib.sha256(HOSTILE_TEXT.encode()).hexdigest()
+    manage.put_text(sandbox_guest, path, None)
+    assert manage.run_on(sandbox_guest, f"test -e {shlex.quote(path)} || echo gone") == "gone\n"
+    assert manage.run_on(sandbox_guest, "find / -xdev -name 'pwned*' 2>/dev/null | head -1; true") == ""

@@ -3,7 +3,6 @@ a full disk while writing the env file, and a venv build racing a deploy that pr
 
 from __future__ import annotations
 
-import base64
 import os
 import subprocess
 import sys
@@ -49,7 +48,7 @@ def invoke_status(rig: Rig) -> str:
 def test_a_damaged_release_is_listed_refused_as_a_rollback_target_and_pruned_by_name(rig: Rig, healthy: str) -> None:
     """Input tried: garbage in an older release's release.json (`{garbage`)."""
     newer = rig.deploy("glm5-omp4").release_id
-    rig.root(f"echo '{{garbage' > {STORE}/releases/{healthy}/release.json")
+    rig.write(f"{STORE}/releases/{healthy}/release.json", "{garbage\n")
     with rig.connect() as (target, remote):
         rows = {row.id: row for row in list_releases(target, "sglang", remote)}
     assert rows[healthy].outcome.startswith("damaged (release.json is not valid JSON (")
@@ -69,16 +68,16 @@ def test_a_damaged_release_is_listed_refused_as_a_rollback_target_and_pruned_by_
 def test_status_says_when_the_current_release_is_damaged_or_missing(rig: Rig, healthy: str) -> None:
     """Input tried: release.json of the current release replaced by a JSON list; then its directory moved away."""
     release_dir = f"{STORE}/releases/{healthy}"
-    saved = base64.b64encode(rig.root(f"cat {release_dir}/release.json").encode()).decode()
+    saved = rig.root(f"cat {release_dir}/release.json")
     try:
-        rig.root(f"echo '[1, 2]' > {release_dir}/release.json")
+        rig.write(f"{release_dir}/release.json", "[1, 2]\n")
         report = rig.status()
         assert report.current_problem == f"current release {healthy} is damaged: release.json is not a JSON object"
         shown = invoke_status(rig)
         assert f"current release {healthy} is damaged: release.json is not a JSON object" in shown
         assert "None" not in shown
     finally:
-        rig.root(f"echo {saved} | base64 -d > {release_dir}/release.json")
+        rig.write(f"{release_dir}/release.json", saved)
     rig.root(f"mv {release_dir} /root/moved-{healthy}")
     try:
         shown = invoke_status(rig)

@@ -30,12 +30,12 @@ def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) ->
 
 def test_without_passwordless_sudo_deploy_exits_5_naming_the_sudoers_line(rig: Rig) -> None:
     releases_before = rig.release_dirs()
-    rig.root(f"echo 'deploy ALL=(ALL) ALL' > {SUDOERS}")
+    rig.write(SUDOERS, "deploy ALL=(ALL) ALL\n")
     try:
         with pytest.raises(SudoPasswordRequired) as raised:
             rig.deploy("glm5-nvfp4")
     finally:
-        rig.root(f"echo 'deploy ALL=(ALL) NOPASSWD:ALL' > {SUDOERS}")
+        rig.write(SUDOERS, "deploy ALL=(ALL) NOPASSWD:ALL\n")
     assert raised.value.exit_code == 5
     assert "asks deploy for a password" in raised.value.message
     assert "deploy ALL=(ALL) NOPASSWD: ALL" in str(raised.value.hint)

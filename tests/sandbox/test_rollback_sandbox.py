@@ -241,7 +241,7 @@ def test_rollback_to_a_release_written_by_a_previous_version(rig: Rig, healthy: 
     metadata = json.loads(rig.root(f"cat {path}"))
     metadata["profile"]["service"]["health_path"] = "/health"   # a key that was removed since
     del metadata["profile"]["features"]["metrics"]               # a key that was added since
-    rig.root(f"cat > {path} <<'EOF'\n{json.dumps(metadata)}\nEOF")
+    rig.write(path, json.dumps(metadata) + "\n")
     progress = RecordingProgress()
     with rig.connect() as (target, remote):
         outcome = engine.rollback(target, "sglang", remote, progress, old, {})
