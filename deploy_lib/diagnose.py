@@ -228,15 +228,19 @@ def shorten_log_line(line: str) -> str:
     return line
 
 
-def journal_argv(unit: str, max_lines: int, *options: str) -> tuple[str, ...]:
-    """journalctl for the unit's own messages (text only), at most the newest `max_lines`, then `options`.
-    Run it with sudo: reading a system unit's journal needs root or the systemd-journal group.
-    The matches are -u's (systemd 252, add_matches_for_unit) but take UNIT= from any process, not only PID 1:
+def unit_matches(unit: str) -> tuple[str, ...]:
+    """journalctl's matches for the unit's messages, for every read of its journal (diagnosis, cursor, the probe's
+    newest line, logs): -u's (systemd 252, add_matches_for_unit), but UNIT= from any process, not only PID 1.
     systemd's exec child writes "Failed to locate executable" with UNIT= and exits at once, and journald cannot
     give a message the unit (_SYSTEMD_UNIT) of a process that is gone before the message is read."""
-    matches = (f"_SYSTEMD_UNIT={unit}", "+", f"UNIT={unit}", "+", f"COREDUMP_UNIT={unit}", "+",
-               f"OBJECT_SYSTEMD_UNIT={unit}")
-    return ("journalctl", "-o", "cat", "--no-pager", "-q", "-n", str(max_lines), *options, *matches)
+    return (f"_SYSTEMD_UNIT={unit}", "+", f"UNIT={unit}", "+", f"COREDUMP_UNIT={unit}", "+",
+            f"OBJECT_SYSTEMD_UNIT={unit}")
+
+
+def journal_argv(unit: str, max_lines: int, *options: str) -> tuple[str, ...]:
+    """journalctl for the unit's own messages (text only), at most the newest `max_lines`, then `options`.
+    Run it with sudo: reading a system unit's journal needs root or the systemd-journal group."""
+    return ("journalctl", "-o", "cat", "--no-pager", "-q", "-n", str(max_lines), *options, *unit_matches(unit))
 
 
 def journal_step(unit: str, after_cursor: str | None = None, max_lines: int = 2000) -> Step:
@@ -253,7 +257,7 @@ JOURNAL_SYNC = Step(name="journal: sync", argv=("journalctl", "--sync"), sudo=Tr
 def journal_cursor_step(unit: str) -> Step:
     """The unit's newest journal entry as JSON; read before a restart so later reads start after it."""
     return Step(name=f"read {unit} journal cursor", sudo=True, timeout_s=30,
-                argv=("journalctl", "-u", unit, "-n", "1", "-o", "json", "--no-pager", "-q"))
+                argv=("journalctl", "-n", "1", "-o", "json", "--no-pager", "-q", *unit_matches(unit)))
 
 
 def parse_journal_cursor(stdout: str) -> str | None:

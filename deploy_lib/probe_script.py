@@ -53,12 +53,13 @@ def journal_message(entry: dict[str, object]) -> str:
     return "" if message is None else str(message)
 
 
-def last_journal_line(unit: str, after_cursor: str | None) -> tuple[dict[str, str] | None, str | None]:
-    """The unit's newest journal entry after `after_cursor` as {text, cursor}, or None and why not."""
+def last_journal_line(matches: list[str], after_cursor: str | None) -> tuple[dict[str, str] | None, str | None]:
+    """The unit's newest journal entry after `after_cursor` as {text, cursor}, or None and why not; `matches` are
+    journalctl's for the unit (deploy_lib.diagnose.unit_matches, the same as every other read of its journal)."""
     if shutil.which("journalctl") is None:
         return None, "journalctl not found"
     # The newest entry, compared with the cursor: `-n 1 --after-cursor` would give the OLDEST entry after it.
-    argv = ["journalctl", "-u", unit, "-n", "1", "-o", "json", "--no-pager", "-q"]
+    argv = ["journalctl", "-n", "1", "-o", "json", "--no-pager", "-q", *matches]
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=5)
     except (OSError, subprocess.TimeoutExpired) as exc:
@@ -200,10 +201,10 @@ def probe(config: dict[str, object]) -> dict[str, object]:
         if state != config.get("seen") or time.monotonic() + poll_s >= wait_until:
             break
         time.sleep(poll_s)
-    unit = config.get("unit")
-    if unit:
+    matches = config.get("journal_matches")
+    if matches:
         snapshot["last_log"], snapshot["journal_error"] = last_journal_line(
-            str(unit), config.get("journal_after_cursor"))
+            [str(match) for match in matches], config.get("journal_after_cursor"))
     snapshot["state"] = state
     snapshot["probe_s"] = round(time.monotonic() - started, 3)
     return snapshot

@@ -15,6 +15,7 @@ from deploy_lib.diagnose import (
     journal_step,
     parse_journal_cursor,
     shorten_log_line,
+    unit_matches,
 )
 
 LOGS = Path(__file__).parent / "data" / "logs"
@@ -158,7 +159,10 @@ def test_journal_steps_read_only_this_start() -> None:
                          "COREDUMP_UNIT=sglang.service", "+", "OBJECT_SYSTEMD_UNIT=sglang.service")
     assert step.sudo
     cursor = journal_cursor_step("sglang.service")
-    assert cursor.argv[:5] == ("journalctl", "-u", "sglang.service", "-n", "1")
+    # the cursor read before a restart is the newest entry of the same matches the later reads use
+    assert cursor.argv == ("journalctl", "-n", "1", "-o", "json", "--no-pager", "-q",
+                           *unit_matches("sglang.service"))
+    assert step.argv[-len(unit_matches("sglang.service")):] == unit_matches("sglang.service")
     entry = {"__CURSOR": "s=0a1b;i=3f2", "MESSAGE": "sglang.service: Consumed 2.1s CPU time."}
     assert parse_journal_cursor(json.dumps(entry) + "\n") == "s=0a1b;i=3f2"
     assert parse_journal_cursor("") is None

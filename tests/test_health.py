@@ -20,7 +20,14 @@ from fake_remote import FakeRemote
 from recording_progress import RecordingProgress
 from tenacity import stop_after_attempt
 
-from deploy_lib.diagnose import diagnose, journal_cursor_step, journal_step, parse_journal_cursor
+from deploy_lib.diagnose import (
+    JOURNAL_SYNC,
+    diagnose,
+    journal_cursor_step,
+    journal_step,
+    parse_journal_cursor,
+    unit_matches,
+)
 from deploy_lib.errors import ReadinessFailed, StepFailed
 from deploy_lib.health import (
     POLL_S,
@@ -36,6 +43,7 @@ from deploy_lib.health import (
     assess,
     grace_policy,
     ladder_policy,
+    parse_snapshot,
     predict_start,
     probe_step,
     wait_ready,
@@ -504,7 +512,7 @@ printf 'ActiveState=active\\nSubState=running\\nNRestarts=0\\nExecMainPID=4242\\
 printf 'ExecMainCode=0\\nResult=success\\nInvocationID=0f4c\\n'
 """
 JOURNALCTL = """#!/bin/sh
-echo "$@" > "{directory}/journalctl.args"
+printf '%s\\n' "$@" > "{directory}/journalctl.args"
 echo '{"__CURSOR":"s=abc;i=2f","MESSAGE":"[2026-11-29 11:02:03 TP0] Load weight begin. avail mem=93.21 GB"}'
 """
 
@@ -524,7 +532,9 @@ def test_probe_reads_the_unit_state_and_newest_journal_line(tmp_path: Path) -> N
     assert snap.unit is not None and snap.unit.active_state == "active" and snap.unit.exec_main_pid == 4242
     assert snap.last_log is not None and snap.last_log.cursor == "s=abc;i=2f"
     assert "Load weight begin" in snap.last_log.text
-    assert "-n 1" in (tmp_path / "journalctl.args").read_text()
+    # the unit's matches as every journal read has them (`-u` takes UNIT= from PID 1 only)
+    assert (tmp_path / "journalctl.args").read_text().splitlines() == ["-n", "1", "-o", "json", "--no-pager", "-q",
+                                                                   *unit_matches("sglang.service")]
     assert (tmp_path / "systemctl.args").read_text().startswith("show sglang.service")
     assert isinstance(assess(snap, 0, Rung.GENERATE), NotReady)
 
@@ -684,6 +694,35 @@ def test_sandbox_healthy_then_dead_within_the_grace_window_fails(sandbox: Fabric
                    started_at=started_at, grace_s=10)
     assert failed.value.rung == "grace"
     assert "grace window" in failed.value.message
+
+
+# What systemd's exec child logs when the executable is missing, sent from a process outside the unit that exits at
+# once: journald gives the message UNIT= but not _SYSTEMD_UNIT, as it does when the child is gone before it is read.
+LOG_AS_THE_EXEC_CHILD = """import socket, sys
+journal = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+journal.sendto(("UNIT=%s\\nMESSAGE=%s: Failed to locate executable /opt/gone/bin/python3: No such file or directory\\n"
+                % (sys.argv[1], sys.argv[1])).encode(), "/run/systemd/journal/socket")
+"""
+
+
+@pytest.mark.sandbox
+def test_sandbox_every_journal_read_sees_the_exec_childs_line_without_a_unit(sandbox: FabricRemote) -> None:
+    """The line `journalctl -u` misses (it takes UNIT= from PID 1 only) is the one that names the missing venv: the
+    cursor taken before a restart, the probe's newest line and the diagnosis's read all see it."""
+    start_unit(sandbox, "ok")
+    sandbox.run([Step("stop", ("systemctl", "stop", UNIT), sudo=True), JOURNAL_SYNC])  # nothing logs after this
+    [before] = sandbox.run([journal_cursor_step(UNIT)])
+    cursor = parse_journal_cursor(before.stdout)
+    sandbox.run([Step("log as the exec child", ("python3", "-c", LOG_AS_THE_EXEC_CHILD, UNIT), sudo=True),
+                 JOURNAL_SYNC])
+    [newest] = sandbox.run([journal_cursor_step(UNIT)])
+    assert parse_journal_cursor(newest.stdout) not in (None, cursor)
+    [probed] = sandbox.run([probe_step(SANDBOX_TARGET, Rung.UNIT, after_cursor=cursor)])
+    snapshot = parse_snapshot(probed, Rung.UNIT)
+    assert snapshot.last_log is not None and "Failed to locate executable" in snapshot.last_log.text
+    assert snapshot.last_log.cursor == parse_journal_cursor(newest.stdout)
+    [journal] = sandbox.run([journal_step(UNIT, cursor)])
+    assert diagnose(journal.stdout.splitlines()).signature == "missing_venv"
 
 
 @pytest.mark.parametrize(("bind", "probe", "bench_url"), [

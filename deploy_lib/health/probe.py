@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from deploy_lib.diagnose import unit_matches
 from deploy_lib.errors import ReadinessFailed
 from deploy_lib.health.snapshot import Rung, Snapshot
 from deploy_lib.remote import Step, StepResult
@@ -83,6 +84,7 @@ def probe_step(target: ProbeTarget, rung: Rung, after_cursor: str | None = None,
     generation = target.generation if wants_generation else None
     config = {
         "unit": target.unit,
+        "journal_matches": list(unit_matches(target.unit)) if target.unit else None,
         "journal_after_cursor": after_cursor,
         "seen": seen,
         "wait_s": wait_s,
