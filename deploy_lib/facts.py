@@ -13,10 +13,14 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from deploy_lib.cuda_toolkit import CudaToolkit, parse_toolkit, toolkit_steps
+from deploy_lib.digests import sha256_text
 from deploy_lib.errors import PreflightError
+from deploy_lib.host_paths import venv_python
 from deploy_lib.readings import TOOL_ABSENT_OK, Fact, read
 from deploy_lib.remote import Put, Remote, Step, StepResult, concurrently
+from deploy_lib.sglang_options import CACHE_HEADER
 from deploy_lib.store import ENV_FILE, UNIT_FILE, StoreFacts, StoreLayout, parse_store_facts, release_fact_steps
+from deploy_lib.venvs import sglang_facts_dir
 
 GPU_FIELDS = ("index", "name", "uuid", "compute_cap", "memory.total", "memory.used", "power.draw", "power.limit",
               "utilization.gpu", "driver_version")
@@ -173,23 +177,60 @@ def parse_sglang_install(result: StepResult) -> SGLangInstall:
                          payload.get("options", {}), None, payload.get("torch_version"), payload.get("nccl_version"))
 
 
-def sglang_step(venv: str) -> Step:
-    """The venv's own python reads its SGLang's options and versions (sglang_options.py on stdin; no import)."""
-    return Step(FACT_SGLANG, (str(PurePosixPath(venv) / "bin" / "python3"), "-I", "-"),
-                stdin=OPTIONS_SOURCE.encode(), ok=frozenset({0, 1, 127}), timeout_s=120)
+# SGLang's options and versions as the venv's python computed them last time (sglang_options.py's cache file), when
+# the cache is whole (its payload's sha256), every file they were read from still has the sha256 recorded, and the
+# directories on the python's sys.path still list the same names, __pycache__ aside (nothing installed or removed);
+# otherwise that python computes them again ("write": and stores them). $1 the cache file, $2 the venv's python,
+# $3 write or read; sglang_options.py on stdin.
+SGLANG_CHECK = f"""if [ -x "$2" ] && [ -f "$1" ] && [ "$(sed -n 1p "$1")" = '{CACHE_HEADER}' ] \\
+  && [ "$(sed -n 's/^J //p' "$1" | sha256sum)" = "$(sed -n 's/^P //p' "$1")  -" ] \\
+  && sed -n 's/^S //p' "$1" | sha256sum -c --status - 2>/dev/null \\
+  && [ "$(sed -n 's/^D //p' "$1" | while IFS= read -r d; do printf '%s\\n' "$d"
+         find "$d" -mindepth 1 -maxdepth 1 ! -name __pycache__ -printf '%f\\n' 2>/dev/null | LC_ALL=C sort
+       done | sha256sum)" \\
+       = "$(sed -n 's/^L //p' "$1")  -" ]; then
+  exec sed -n 's/^J //p' "$1"
+fi
+[ "$3" = write ] && exec "$2" -I - --cache "$1"
+exec "$2" -I -
+"""
+# The cache's name changes with the extractor and the check, so another version of the tool never reads it.
+SGLANG_FACTS_FILE = f"sglang-{sha256_text(OPTIONS_SOURCE + SGLANG_CHECK)[:16]}.facts"
+
+
+def sglang_step(layout: StoreLayout, venv: str, write_cache: bool) -> Step:
+    """The venv's SGLang options and versions (no import): from the cache beside the store when it still verifies,
+    else from the venv's own python running sglang_options.py, which refreshes the cache when `write_cache`."""
+    cache = sglang_facts_dir(layout, venv) / SGLANG_FACTS_FILE
+    return Step(FACT_SGLANG, ("sh", "-c", SGLANG_CHECK, "sh", str(cache), str(venv_python(venv)),
+                              "write" if write_cache else "read"),
+                stdin=OPTIONS_SOURCE.encode(), sudo=True, ok=frozenset({0, 1, 127}), timeout_s=120)
+
+
+# The working directory can only shadow the venv's SGLang through an entry named `sglang` (a package, or a namespace
+# portion) or `sglang.*` (a module: .py, .pyc, an extension); without one the shell answers and no Python starts.
+IMPORT_CHECK = """cd -- "$1" 2>/dev/null || exit 125
+for entry in sglang sglang.*; do
+  if [ -e "$entry" ] || [ -L "$entry" ]; then exec "$2" -c "$3"; fi
+done
+"""
 
 
 def import_step(venv: str, working_directory: str) -> Step:
-    return Step(FACT_IMPORT, ("env", "-C", working_directory, str(PurePosixPath(venv) / "bin" / "python3"), "-c",
+    """IMPORT_SCRIPT run by the venv's python in the working directory, only when that directory has an entry that
+    could be imported as `sglang`; otherwise nothing is printed (no shadow)."""
+    return Step(FACT_IMPORT, ("sh", "-c", IMPORT_CHECK, "sh", working_directory, str(venv_python(venv)),
                               IMPORT_SCRIPT), sudo=True, ok=frozenset({0, 1, 125, 126, 127}), timeout_s=60)
 
 
 def parse_import_shadow(result: StepResult) -> str | None:
     """Where the server would import sglang from when that is not where the venv has it (e.g. a checkout's parent
     holding `sglang/`, imported as a namespace package before an editable install's finder); None when the same."""
+    if result.exit_code != 0 or not result.stdout.strip():  # no directory, or nothing in it named sglang
+        return None
     try:
-        data = json.loads(result.stdout.strip().splitlines()[-1]) if result.exit_code == 0 else {}
-    except (IndexError, ValueError):
+        data = json.loads(result.stdout.strip().splitlines()[-1])
+    except ValueError:
         return None
     served, installed = data.get("served"), data.get("installed")
     return ", ".join(served) if served and installed and served != installed else None
@@ -215,7 +256,7 @@ def _sums(layout: StoreLayout, name: str, release: PurePosixPath) -> Fact[dict[s
 
 
 def _host_facts(layout: StoreLayout, port: int | None, venv: str | None, working_directory: str | None,
-                release_id: str | None) -> dict[str, Fact[Any]]:
+                release_id: str | None, write_caches: bool) -> dict[str, Fact[Any]]:
     """The single-step facts of the batch by the HostFacts field each fills; the optional ones only when asked."""
     facts: dict[str, Fact[Any]] = {
         "gpus": Fact(gpu_step(FACT_GPUS), parse_gpus),
@@ -235,7 +276,7 @@ def _host_facts(layout: StoreLayout, port: int | None, venv: str | None, working
             Step(FACT_PORT, ("ss", "-Htlnp", f"sport = :{port}"), sudo=True, ok=TOOL_ABSENT_OK),
             lambda result: tuple(line for line in result.stdout.splitlines() if line.strip()))
     if venv is not None:
-        facts["sglang"] = Fact(sglang_step(venv), parse_sglang_install)
+        facts["sglang"] = Fact(sglang_step(layout, venv, write_caches), parse_sglang_install)
     if venv is not None and working_directory is not None:
         facts["import_shadow"] = Fact(import_step(venv, working_directory), parse_import_shadow)
     return facts
@@ -243,13 +284,14 @@ def _host_facts(layout: StoreLayout, port: int | None, venv: str | None, working
 
 def fact_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_home: str | None = None,
                working_directory: str | None = None, model_steps: Sequence[Step] = (),
-               release_id: str | None = None) -> list[Step | Put]:
+               release_id: str | None = None, write_caches: bool = True) -> list[Step | Put]:
     """Everything preflight and the plan need, read-only, in as few round trips as the batching allows.
 
     Without a venv (status) SGLang is not inspected; without a port no listener is looked up; without a CUDA_HOME
     no toolkit is read; the weights' own fact steps (models.Weights.fact_steps) ride along; with a release id (a
-    rollback target) that release's files are checksummed."""
-    facts = _host_facts(layout, port, venv, working_directory, release_id)
+    rollback target) that release's files are checksummed. The one thing it may write is the cache of what the
+    venv holds of SGLang (derived, verified on read), and only with `write_caches` (not for a dry run)."""
+    facts = _host_facts(layout, port, venv, working_directory, release_id, write_caches)
     # the steps that each start a Python in the venv (SGLang's options, its import origin, the model plan) run
     # at the same time, after the quick reads
     slow = [facts.pop(role).step for role in ("sglang", "import_shadow") if role in facts]
@@ -264,9 +306,11 @@ def _existing_parents(path: PurePosixPath) -> tuple[str, ...]:
 
 def read_host_facts(remote: Remote, layout: StoreLayout, venv: str | None, port: int | None,
                     cuda_home: str | None = None, working_directory: str | None = None,
-                    model_steps: Sequence[Step] = (), release_id: str | None = None) -> HostFacts:
-    readings = read(remote, fact_batch(layout, venv, port, cuda_home, working_directory, model_steps, release_id))
-    facts = _host_facts(layout, port, venv, working_directory, release_id)
+                    model_steps: Sequence[Step] = (), release_id: str | None = None,
+                    write_caches: bool = True) -> HostFacts:
+    readings = read(remote, fact_batch(layout, venv, port, cuda_home, working_directory, model_steps, release_id,
+                                       write_caches))
+    facts = _host_facts(layout, port, venv, working_directory, release_id, write_caches)
     values = {role: readings.value(fact) for role, fact in facts.items()}
     gpus, gpu_error = values.pop("gpus")
     return HostFacts(

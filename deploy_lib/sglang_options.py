@@ -30,9 +30,11 @@ from __future__ import annotations
 import argparse
 import ast
 import difflib
+import hashlib
 import importlib.metadata
 import importlib.util
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -143,7 +145,7 @@ class _Module:
         self.tree = tree
         self.name = name
         self.path = path
-        self.ast = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        self.ast = ast.parse(tree.read(path).decode("utf-8"), filename=str(path))
         self.package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         self.imports = _imports_of(self.ast.body, self.package)
         self.assignments = _assignments_of(self.ast.body)
@@ -170,6 +172,12 @@ class _Tree:
     def __init__(self, site_packages: Path) -> None:
         self.root = site_packages
         self._modules: dict[str, _Module | None] = {}
+        self.inputs: dict[str, str] = {}  # path -> sha256 of every file the result was read from
+
+    def read(self, path: Path) -> bytes:
+        data = path.read_bytes()
+        self.inputs[str(path)] = hashlib.sha256(data).hexdigest()
+        return data
 
     def module(self, dotted: str) -> _Module | None:
         if dotted not in self._modules:
@@ -540,12 +548,14 @@ DISTRIBUTIONS = {"sglang_version": ("sglang",), "flashinfer_version": ("flashinf
                  "nccl_version": ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")}
 
 
-def _dist_versions(site_packages: Path) -> dict[str, str | None]:
-    """DISTRIBUTIONS' versions from the METADATA of the distributions installed under site_packages (one scan)."""
+def _dist_versions(site_packages: Path, inputs: dict[str, str]) -> dict[str, str | None]:
+    """DISTRIBUTIONS' versions from the METADATA of the distributions installed under site_packages (one scan);
+    the METADATA files they came from go into `inputs`."""
     found: dict[str, list[str]] = {key: [] for key in DISTRIBUTIONS}
     for metadata in sorted(site_packages.glob("*.dist-info/METADATA")):
         headers: dict[str, str] = {}
-        for line in metadata.read_text(encoding="utf-8", errors="replace").splitlines():
+        data = metadata.read_bytes()
+        for line in data.decode("utf-8", errors="replace").splitlines():
             if not line.strip():
                 break
             key, _, value = line.partition(":")
@@ -554,11 +564,13 @@ def _dist_versions(site_packages: Path) -> dict[str, str | None]:
         for key, names in DISTRIBUTIONS.items():
             if name in names and "version" in headers:
                 found[key].append(headers["version"])
+                inputs[str(metadata)] = hashlib.sha256(data).hexdigest()
     return {key: max(versions, key=version_key) if versions else None for key, versions in found.items()}
 
 
-def extract(site_packages: Path) -> dict[str, Any]:
-    """Every launch option of the sglang installed under site_packages, plus the sglang and flashinfer versions."""
+def extract(site_packages: Path, inputs: dict[str, str] | None = None) -> dict[str, Any]:
+    """Every launch option of the sglang installed under site_packages, plus the sglang and flashinfer versions;
+    `inputs` receives the sha256 of every file read (path -> digest)."""
     tree = _Tree(site_packages)
     server_args = tree.module("sglang.srt.server_args")
     if server_args is None:
@@ -579,8 +591,11 @@ def extract(site_packages: Path) -> dict[str, Any]:
             only = {k.arg: extractor.literal(k.value, server_args, scope) for k in node.keywords}.get("fields")
             for source in _field_sources(server_args, cls, node.args[1]):
                 extractor.dataclass_fields(source, set(only) if only else None)
+    versions = _dist_versions(site_packages, tree.inputs)
+    if inputs is not None:
+        inputs.update(tree.inputs)
     return {
-        **_dist_versions(site_packages),
+        **versions,
         "options": extractor.options,
         "unresolved_choices": sorted(set(extractor.unresolved)),
         "warnings": extractor.warnings,
@@ -823,31 +838,109 @@ def build_parser(options: dict[str, dict[str, Any]], prog: str = "sglang serve")
     return parser
 
 
-def extract_installed() -> dict[str, Any]:
-    """extract() for the sglang this interpreter would import, located without importing it."""
+def extract_installed(inputs: dict[str, str] | None = None) -> dict[str, Any]:
+    """extract() for the sglang this interpreter would import, located without importing it; `inputs` receives the
+    sha256 of every file the result depends on (path -> digest), or stays empty when it cannot name them all."""
     spec = importlib.util.find_spec("sglang")
     if spec is None or not spec.submodule_search_locations:
         raise FileNotFoundError(f"sglang is not installed for {sys.executable}")
-    result = extract(Path(next(iter(spec.submodule_search_locations))).parent)
+    read: dict[str, str] = {}
+    locations = list(spec.submodule_search_locations)
+    result = extract(Path(locations[0]).parent, read)
+    package = Path(locations[0]) / "__init__.py"  # a namespace package (several portions): not cached
+    complete = len(locations) == 1 and package.is_file()
+    if complete:
+        read[str(package)] = hashlib.sha256(package.read_bytes()).hexdigest()
     for key, names in DISTRIBUTIONS.items():
         for name in names:
             try:
-                result[key] = importlib.metadata.version(name)
-                break
+                dist = importlib.metadata.distribution(name)
             except importlib.metadata.PackageNotFoundError:
                 continue
+            result[key] = dist.version
+            metadata = getattr(dist, "_path", None)  # the .dist-info directory of an installed distribution
+            if metadata is None or not (Path(metadata) / "METADATA").is_file():
+                complete = False
+            else:
+                read[str(Path(metadata) / "METADATA")] = hashlib.sha256(
+                    (Path(metadata) / "METADATA").read_bytes()).hexdigest()
+            break
+    if inputs is not None and complete:
+        inputs.update(read)
     return result
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) > 2:
-        print(json.dumps({"error": "usage: python3 sglang_options.py [SITE_PACKAGES_DIR]"}))
-        return 1
+# ---------------------------------------------------------------------------------------------------------------
+# The cache of the result beside the venv (facts.py's SGLANG_CHECK reads it with sh and coreutils, no Python)
+# ---------------------------------------------------------------------------------------------------------------
+
+CACHE_HEADER = "sglang-deploy sglang facts 1"
+
+
+def path_listing() -> tuple[list[str], str] | None:
+    """The directories on sys.path and the sha256 of their entries' names, as SGLANG_CHECK lists them
+    (`find DIR -mindepth 1 -maxdepth 1 ! -name __pycache__ -printf '%f\\n' | LC_ALL=C sort` after the directory's
+    own line); None when a name cannot be listed that way (a newline, bytes that are not UTF-8)."""
+    dirs = [entry for entry in sys.path if entry.startswith("/") and Path(entry).is_dir()]
+    text = []
+    for directory in dirs:
+        names = sorted(name for name in os.listdir(directory) if name != "__pycache__")  # bytecode, never imported
+        if any("\n" in name for name in [directory, *names]):
+            return None
+        text += [directory, *names]
     try:
-        result = extract(Path(argv[1])) if len(argv) == 2 else extract_installed()
+        listing = "".join(line + "\n" for line in text).encode("utf-8")
+    except UnicodeEncodeError:  # an undecodable name (surrogate escapes)
+        return None
+    return dirs, hashlib.sha256(listing).hexdigest()
+
+
+def startup_inputs(dirs: list[str]) -> dict[str, str]:
+    """The files that steer where a name is imported from at startup: each .pth and editable finder on sys.path."""
+    found = {}
+    for directory in dirs:
+        for name in os.listdir(directory):
+            path = Path(directory) / name
+            if (name.endswith(".pth") or name.startswith("__editable__")) and path.is_file():
+                found[str(path)] = hashlib.sha256(path.read_bytes()).hexdigest()
+    return found
+
+
+def write_cache(path: Path, result: dict[str, Any], dirs: list[str], listing: str, inputs: dict[str, str]) -> None:
+    """The result and what verifies it (its own sha256, the listing's, each input's as `sha256sum -c` reads it),
+    written to a temporary file and renamed over `path`; older caches of the same venv (another tool version) go."""
+    if any("\\" in name or "\n" in name for name in [*dirs, *inputs]):
+        return
+    payload = json.dumps(result, sort_keys=True)
+    lines = [CACHE_HEADER, f"P {hashlib.sha256((payload + chr(10)).encode()).hexdigest()}", f"L {listing}",
+             *(f"D {d}" for d in dirs), *(f"S {digest}  {name}" for name, digest in sorted(inputs.items())),
+             f"J {payload}"]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    temp.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+    os.replace(temp, path)
+    for other in path.parent.glob("sglang-*.facts"):
+        if other != path:
+            other.unlink(missing_ok=True)
+
+
+def main(argv: list[str]) -> int:
+    cache = Path(argv[2]) if len(argv) == 3 and argv[1] == "--cache" else None
+    if len(argv) > 2 and cache is None:
+        print(json.dumps({"error": "usage: python3 sglang_options.py [SITE_PACKAGES_DIR | --cache FILE]"}))
+        return 1
+    before = path_listing() if cache is not None else None
+    inputs: dict[str, str] = {}
+    try:
+        result = extract(Path(argv[1])) if len(argv) == 2 else extract_installed(inputs)
     except (OSError, ValueError, SyntaxError) as err:
         print(json.dumps({"error": f"{type(err).__name__}: {err}"}))
         return 1
+    if cache is not None and before is not None and inputs and path_listing() == before:
+        try:
+            write_cache(cache, result, before[0], before[1], {**inputs, **startup_inputs(before[0])})
+        except OSError:
+            pass  # no cache: the next read runs this script again
     print(json.dumps(result, sort_keys=True))
     return 0
 

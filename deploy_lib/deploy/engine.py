@@ -169,7 +169,8 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
     # the toolkit decides only whether FlashInfer can JIT-build the fusion's kernels (deploy_lib/cuda_toolkit.py)
     toolkit_home = cuda_home(launch_environment(profile)) if profile.features.allreduce_fusion else None
     facts = read_host_facts(remote, layout, venv.path, profile.server.port, toolkit_home,
-                            profile.service.working_directory, model.fact_steps(venv.path))
+                            profile.service.working_directory, model.fact_steps(venv.path),
+                            write_caches=not options.dry_run)
     current = facts.store.release(facts.store.current) if facts.store.current else None
     hand_pid = hand_run_pid(current.metadata if current else None,
                             remote.run(hand_run_check(current.metadata if current else None)))

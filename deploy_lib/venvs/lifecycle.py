@@ -14,7 +14,15 @@ from deploy_lib.errors import ConfigError
 from deploy_lib.readings import ABSENT_OK, Fact, read
 from deploy_lib.remote import Put, Remote, Step
 from deploy_lib.store import STAGING_SUFFIX, StoreLayout
-from deploy_lib.venvs.paths import cache_path, canonical_name, staging_path, tool_store, venv_path, wheel_dir
+from deploy_lib.venvs.paths import (
+    cache_path,
+    canonical_name,
+    sglang_facts_dir,
+    staging_path,
+    tool_store,
+    venv_path,
+    wheel_dir,
+)
 from deploy_lib.venvs.store_facts import VenvStoreFacts, parse_store_facts, store_fact_steps
 
 STATUS_DISTRIBUTIONS = ("sglang", "flashinfer-python", "torch")
@@ -139,7 +147,8 @@ def describe_prune(plan: PrunePlan) -> list[str]:
 
 
 def prune_steps(layout: StoreLayout, plan: PrunePlan) -> list[Step | Put]:
-    doomed = [venv_path(layout, h) for h in plan.venvs] + [cache_path(layout, h) for h in plan.venvs]
+    doomed = [path for h in plan.venvs
+              for path in (venv_path(layout, h), cache_path(layout, h), sglang_facts_dir(layout, venv_path(layout, h)))]
     doomed += [staging_path(layout, name.removesuffix(STAGING_SUFFIX)) for name in plan.leftovers]
     for sha in plan.wheels:
         if not re.fullmatch(r"[0-9a-f]{64}", sha):

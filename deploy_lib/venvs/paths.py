@@ -64,6 +64,12 @@ def cache_path(layout: StoreLayout, venv_hash: str) -> PurePosixPath:
     return layout.cache / check_venv_hash(venv_hash)
 
 
+def sglang_facts_dir(layout: StoreLayout, venv: str | PurePosixPath) -> PurePosixPath:
+    """Where facts.py keeps what the venv at this path holds of SGLang (its options, versions), root's, verified on
+    each read: named by the venv's path, which for a managed venv is its content hash."""
+    return layout.base / "facts" / short_hash(str(PurePosixPath(venv)))
+
+
 def release_venv_hash(layout: StoreLayout, venv: str) -> str | None:
     """The managed venv a release.json `venv` field names (a path under venvs/ or a bare hash); None otherwise."""
     path = PurePosixPath(venv)

@@ -1,0 +1,179 @@
+"""The facts' reads that would start a Python in the venv: run here for real (sh, coreutils, this interpreter) against
+directories made in a temporary directory, to show when the shell answers alone and that its answer is the one the
+Python script gives."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import pytest
+from test_sglang_options import SYNTHETIC, write_tree
+
+from deploy_lib.facts import SGLangInstall, import_step, parse_import_shadow, parse_sglang_install, sglang_step
+from deploy_lib.remote import Step, StepResult
+from deploy_lib.remote.batch import inline_stdin
+from deploy_lib.sglang_options import extract
+from deploy_lib.store import StoreLayout
+
+
+def run_step(step: Step, env: dict[str, str] | None = None) -> StepResult:
+    """The step's argv as the batch runs it (without sudo: these paths are ours)."""
+    done = subprocess.run(step.argv, input=step.stdin, capture_output=True, env=env, check=False)
+    return StepResult(step, done.returncode, done.stdout.decode(), done.stderr.decode(), 0.0)
+
+
+def fake_venv(root: Path) -> Path:
+    """A venv whose bin/python3 is this interpreter, with a regular `sglang` package on its PYTHONPATH."""
+    (root / "bin").mkdir(parents=True)
+    (root / "bin" / "python3").symlink_to(sys.executable)
+    (root / "site" / "sglang").mkdir(parents=True)
+    (root / "site" / "sglang" / "__init__.py").write_text("")
+    return root
+
+
+def test_a_working_directory_without_an_sglang_entry_is_answered_without_python(tmp_path: Path) -> None:
+    """Input tried: /srv-like directory with unrelated files and a venv whose python does not exist: the step must
+    exit 0 with no output (had it started that python, sh would exit 127)."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "sglang-notes.txt").write_text("not importable as sglang")
+    (work / "model").mkdir()
+    result = run_step(import_step(str(tmp_path / "no-venv"), str(work)))
+    assert (result.exit_code, result.stdout) == (0, "")
+    assert parse_import_shadow(result) is None
+
+
+@pytest.mark.parametrize("entry", ["sglang/__init__.py", "sglang.py"])
+def test_a_working_directory_holding_sglang_asks_the_venvs_python(tmp_path: Path, entry: str) -> None:
+    """Input tried: a working directory holding a package `sglang/` (or a module sglang.py) besides the venv's own
+    sglang: the python runs and names the working directory's copy."""
+    venv = fake_venv(tmp_path / "venv")
+    work = tmp_path / "work"
+    (work / entry).parent.mkdir(parents=True, exist_ok=True)
+    (work / entry).write_text("")
+    result = run_step(import_step(str(venv), str(work)), env={"PYTHONPATH": str(venv / "site")})
+    assert result.exit_code == 0, result.stderr
+    assert parse_import_shadow(result) == str(work / entry.split("/")[0] if "/" in entry else work / entry)
+
+
+def test_a_missing_working_directory_is_no_shadow(tmp_path: Path) -> None:
+    result = run_step(import_step(str(tmp_path / "no-venv"), str(tmp_path / "absent")))
+    assert result.exit_code == 125
+    assert parse_import_shadow(result) is None
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# SGLang's options and versions: computed once by the venv's python, then read from the verified cache
+# ---------------------------------------------------------------------------------------------------------------
+
+LAYOUT = StoreLayout("sglang")
+
+
+@dataclass
+class Venv:
+    """A real venv (`python -m venv`) holding the synthetic sglang tree; bin/python3 counts its starts."""
+
+    path: Path
+    site: Path
+    starts: Path
+
+    @property
+    def python_starts(self) -> int:
+        return len(self.starts.read_text().splitlines()) if self.starts.exists() else 0
+
+
+@pytest.fixture
+def venv(tmp_path: Path) -> Venv:
+    path = tmp_path / "ml-env"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(path)], check=True)
+    [site] = path.glob("lib/python3*/site-packages")
+    write_tree(site, {**SYNTHETIC, "sglang/__init__.py": ""})  # a regular package, as the wheels install it
+    starts = tmp_path / "python-starts"
+    python3 = path / "bin" / "python3"
+    python3.unlink()
+    python3.write_text(f'#!/bin/sh\necho started >> {starts}\nexec "$(dirname "$0")/python" "$@"\n')
+    python3.chmod(0o755)
+    return Venv(path, site, starts)
+
+
+def read_sglang(venv: Venv, store: Path, write_cache: bool = True) -> SGLangInstall:
+    layout = StoreLayout("sglang", root=PurePosixPath(store))
+    return parse_sglang_install(run_step(sglang_step(layout, str(venv.path), write_cache)))
+
+
+def test_sglang_facts_are_computed_once_then_read_from_the_cache_without_python(venv: Venv, tmp_path: Path) -> None:
+    first = read_sglang(venv, tmp_path / "store")
+    assert (first.error, first.sglang_version, first.flashinfer_version) == (None, "9.9.9.post1", "0.7.2")
+    assert first.options == json.loads(json.dumps(extract(venv.site)["options"]))
+    assert venv.python_starts == 1
+    (venv.site / "__pycache__").mkdir()  # the server's first start compiles top-level modules: no new package
+    again = read_sglang(venv, tmp_path / "store")
+    assert again == first and venv.python_starts == 1  # the shell answered from the cache
+
+
+def test_the_step_fits_in_the_facts_round_trip() -> None:
+    """The extractor travels inside the batch's script (a here-document), so the facts stay one round trip."""
+    assert inline_stdin(sglang_step(LAYOUT, "/root/ml-env", True)) is not None
+
+
+def test_a_dry_run_reads_the_cache_but_never_writes_it(venv: Venv, tmp_path: Path) -> None:
+    store = tmp_path / "store"
+    assert read_sglang(venv, store, write_cache=False).sglang_version == "9.9.9.post1"
+    assert not store.exists()
+    read_sglang(venv, store)
+    read_sglang(venv, store, write_cache=False)
+    assert venv.python_starts == 2
+
+
+def edit_server_args(venv: Venv) -> None:
+    server_args = venv.site / "sglang/srt/server_args.py"
+    lines = server_args.read_text().splitlines(keepends=True)
+    at = next(n for n, line in enumerate(lines) if "parser.add_argument(" in line)
+    indent = lines[at][:len(lines[at]) - len(lines[at].lstrip())]
+    lines.insert(at, f'{indent}parser.add_argument("--hot-fix", type=int)\n')
+    server_args.write_text("".join(lines))
+
+
+def add_distribution(venv: Venv) -> None:
+    (venv.site / "torch-2.11.0.dist-info").mkdir()
+    (venv.site / "torch-2.11.0.dist-info/METADATA").write_text("Name: torch\nVersion: 2.11.0\n")
+
+
+def damage_cache(venv: Venv) -> None:
+    [cache] = (venv.path.parent / "store").rglob("*.facts")
+    cache.write_text(cache.read_text().replace('"9.9.9.post1"', '"9.9.8"'))
+
+
+@pytest.mark.parametrize(("change", "seen"), [
+    (edit_server_args, lambda facts: "--hot-fix" in facts.options),
+    (add_distribution, lambda facts: facts.torch_version == "2.11.0"),
+    (damage_cache, lambda facts: facts.sglang_version == "9.9.9.post1"),
+])
+def test_a_changed_venv_or_a_damaged_cache_is_read_again_by_python(
+        venv: Venv, tmp_path: Path, change: Callable[[Venv], None], seen: Callable[[SGLangInstall], bool]) -> None:
+    """Inputs tried: server_args.py edited in place (a hot fix in the venv), a distribution installed beside sglang,
+    the cache's payload altered: each time the venv's python runs again and its answer is the one shown."""
+    store = tmp_path / "store"
+    read_sglang(venv, store)
+    change(venv)
+    changed = read_sglang(venv, store)
+    assert seen(changed) and venv.python_starts == 2
+    assert read_sglang(venv, store) == changed and venv.python_starts == 2  # cached again
+
+
+def test_a_venv_without_sglang_or_python_is_reported_and_nothing_is_cached(venv: Venv, tmp_path: Path) -> None:
+    shutil.rmtree(venv.site / "sglang")
+    store = tmp_path / "store"
+    missing = read_sglang(venv, store)
+    assert missing.python_found and missing.error and "sglang is not installed" in missing.error
+    assert not list(store.rglob("*.facts"))
+    (venv.site / "sglang").mkdir()
+    (venv.path / "bin/python3").unlink()
+    assert read_sglang(venv, store) == SGLangInstall(False, None, None, {}, "the venv's python3 was not found")
+
