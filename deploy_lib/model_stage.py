@@ -14,6 +14,7 @@ missing from the cache and the bytes still to download, the free bytes of the ca
 """
 
 import fnmatch
+import hashlib
 import json
 import os
 import pwd
@@ -21,6 +22,7 @@ import sys
 import threading
 
 RECORD_DIR = "sglang-deploy"  # <HF_HOME>/sglang-deploy/<repo folder>/<commit>.json: what a stage completed
+PLAN_HEADER = "sglang-deploy model plan 1"
 FULL_COMMIT_LEN = 40
 
 
@@ -51,6 +53,34 @@ def wanted(path, allow, ignore):
 
 def record_path(request, commit):
     return os.path.join(request["hf_home"], RECORD_DIR, repo_folder(request["repo"]), commit + ".json")
+
+
+def plan_name(repo, commit, allow, ignore):
+    """<repo folder>/<commit>-<patterns' digest>.plan under RECORD_DIR: a completed stage's plan, which the tool's
+    shell check (deploy_lib.models.script.PLAN_CHECK) verifies and prints without starting python."""
+    patterns = hashlib.sha256(json.dumps([list(allow), list(ignore)]).encode()).hexdigest()[:16]
+    return os.path.join(repo_folder(repo), f"{commit}-{patterns}.plan")
+
+
+def keep_plan(request, result):
+    """The complete plan of this commit and these patterns, with what verifies it: the size each file's snapshot
+    path resolves to (`stat -L` from <HF_HOME>/hub) and the payload's sha256; written whole by a rename."""
+    snapshot = os.path.join(repo_folder(request["repo"]), "snapshots", result["commit"])
+    paths = [os.path.join(snapshot, item["path"]) for item in result["files"]]
+    if any("\n" in path for path in paths):
+        return
+    payload = json.dumps({**result, "missing": [], "missing_bytes": 0, "asked_hub": False, "free_bytes": None},
+                         sort_keys=True)
+    lines = [PLAN_HEADER, "P " + hashlib.sha256((payload + "\n").encode()).hexdigest(),
+             *("F " + path for path in paths),
+             *(f"E {item['size']} {os.path.join(snapshot, item['path'])}" for item in result["files"]),
+             "J " + payload]
+    path = os.path.join(request["hf_home"], RECORD_DIR, plan_name(request["repo"], result["commit"],
+                                                                  request["allow"], request["ignore"]))
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as handle:
+        handle.write("".join(line + "\n" for line in lines))
+    os.replace(path + ".tmp", path)
 
 
 def in_cache(request, commit, files):
@@ -153,6 +183,7 @@ def stage(request, api):
 
     result = plan(request, api)
     if not result["missing"]:
+        keep_plan(request, result)
         return result
     files, commit = result["files"], result["commit"]
     total = sum(item["size"] for item in files)
@@ -182,6 +213,7 @@ def stage(request, api):
         json.dump({"repo": request["repo"], "commit": commit, "allow": request["allow"],
                    "ignore": request["ignore"], "files": files}, handle)
     os.replace(path + ".tmp", path)
+    keep_plan(request, {**result, "missing": []})
     return {**result, "downloaded_bytes": result["missing_bytes"]}
 
 
@@ -217,7 +249,11 @@ def prune_revisions(request, api):
         freed = strategy.expected_freed_size
         strategy.execute()
     for revision in doomed:
-        os.remove(record_path({**request, "repo": revision["repo"]}, revision["commit"]))
+        record = record_path({**request, "repo": revision["repo"]}, revision["commit"])
+        os.remove(record)
+        for name in os.listdir(os.path.dirname(record)):  # the plans its stages kept
+            if name.startswith(revision["commit"] + "-") and name.endswith(".plan"):
+                os.remove(os.path.join(os.path.dirname(record), name))
     return {"deleted": [r["commit"] for r in doomed], "freed_bytes": freed}
 
 

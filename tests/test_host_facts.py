@@ -4,18 +4,22 @@ Python script gives."""
 
 from __future__ import annotations
 
+import getpass
+import hashlib
 import json
 import shutil
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
 import pytest
 from test_sglang_options import SYNTHETIC, write_tree
 
+from deploy_lib import model_stage
 from deploy_lib.facts import SGLangInstall, import_step, parse_import_shadow, parse_sglang_install, sglang_step
+from deploy_lib.models import HubModel, parse_model_result
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.remote.batch import inline_stdin
 from deploy_lib.sglang_options import extract
@@ -177,3 +181,76 @@ def test_a_venv_without_sglang_or_python_is_reported_and_nothing_is_cached(venv:
     (venv.path / "bin/python3").unlink()
     assert read_sglang(venv, store) == SGLangInstall(False, None, None, {}, "the venv's python3 was not found")
 
+
+# ---------------------------------------------------------------------------------------------------------------
+# The model plan of a pinned commit a stage completed: answered by the shell while the kept plan verifies
+# ---------------------------------------------------------------------------------------------------------------
+
+COMMIT = "c" * 40
+FILES = {"config.json": b"{}", "model-00001-of-00001.safetensors": b"weights" * 100}
+
+
+def staged_cache(hf_home: Path) -> dict[str, object]:
+    """An HF cache holding COMMIT of org/tiny as huggingface_hub lays it out, and the kept plan a stage leaves."""
+    repo = hf_home / "hub" / "models--org--tiny"
+    files = []
+    for name, data in FILES.items():
+        blob = hashlib.sha256(data).hexdigest()
+        (repo / "blobs").mkdir(parents=True, exist_ok=True)
+        (repo / "blobs" / blob).write_bytes(data)
+        (repo / "snapshots" / COMMIT).mkdir(parents=True, exist_ok=True)
+        (repo / "snapshots" / COMMIT / name).symlink_to(f"../../blobs/{blob}")
+        files.append({"path": name, "size": len(data), "blob": blob})
+    request = {"repo": "org/tiny", "revision": COMMIT, "allow": [], "ignore": [], "hf_home": str(hf_home)}
+    result = {"commit": COMMIT, "files": files, "missing": [], "missing_bytes": 0, "free_bytes": 1,
+              "hf_home": str(hf_home), "asked_hub": True}
+    model_stage.keep_plan(request, result)
+    return result
+
+
+def plan_step(hf_home: Path, revision: str = COMMIT) -> Step:
+    """The facts' plan step as this user runs it: runuser's prefix dropped, the venv's python absent (had the
+    shell not answered, sh would exit 127)."""
+    model = HubModel("org/tiny", revision, (), (), str(hf_home), None, getpass.getuser())
+    step = model.fact_steps("/nonexistent-venv")[0]
+    assert step.argv[:4] == ("runuser", "-u", getpass.getuser(), "--")
+    return replace(step, argv=step.argv[4:])
+
+
+def test_a_pinned_commit_a_stage_completed_is_planned_by_the_shell(tmp_path: Path) -> None:
+    staged = staged_cache(tmp_path / "hf")
+    result = run_step(plan_step(tmp_path / "hf"))
+    assert result.exit_code == 0, result.stderr
+    planned = parse_model_result(result)
+    assert planned.complete and planned.commit == COMMIT and not planned.asked_hub
+    assert [(f.path, f.size) for f in planned.files] == [(f["path"], f["size"]) for f in staged["files"]]
+    assert planned.free_bytes is not None and planned.free_bytes > 0  # df's, now: not the stage's
+
+
+@pytest.mark.parametrize("damage", ["blob gone", "blob truncated", "link gone", "plan altered", "other patterns"])
+def test_a_kept_plan_that_no_longer_verifies_is_left_to_the_venvs_python(tmp_path: Path, damage: str) -> None:
+    """Inputs tried: a blob deleted or cut short, a snapshot link removed, the plan's payload edited, and a profile
+    whose allow patterns differ from the stage's: each time the python runs (here: absent, so exit 127)."""
+    staged_cache(tmp_path / "hf")
+    repo = tmp_path / "hf" / "hub" / "models--org--tiny"
+    [shard] = [blob for blob in (repo / "blobs").iterdir() if blob.stat().st_size > 100]
+    step = plan_step(tmp_path / "hf")
+    if damage == "blob gone":
+        shard.unlink()
+    elif damage == "blob truncated":
+        shard.write_bytes(b"weights")
+    elif damage == "link gone":
+        (repo / "snapshots" / COMMIT / "config.json").unlink()
+    elif damage == "plan altered":
+        [kept] = (tmp_path / "hf" / "sglang-deploy").rglob("*.plan")
+        kept.write_text(kept.read_text().replace('"missing_bytes": 0', '"missing_bytes": 1'))
+    else:
+        model = HubModel("org/tiny", COMMIT, ("*.json",), (), str(tmp_path / "hf"), None, getpass.getuser())
+        step = replace(step, argv=model.fact_steps("/nonexistent-venv")[0].argv[4:])
+    assert run_step(step).exit_code == 127
+
+
+def test_a_branch_or_tag_is_always_resolved_by_the_hub(tmp_path: Path) -> None:
+    staged_cache(tmp_path / "hf")
+    model = HubModel("org/tiny", "main", (), (), str(tmp_path / "hf"), None, "sglang")
+    assert model.fact_steps("/opt/ml-env")[0].argv[4:6] == ("/opt/ml-env/bin/python3", "-I")

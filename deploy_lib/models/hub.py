@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from deploy_lib.errors import ConfigError, RemoteError
 from deploy_lib.inventory import HostVars
 from deploy_lib.models.facts import FACT_MODEL, ModelFacts, ReleaseModel
-from deploy_lib.models.script import PROGRESS_PREFIX, parse_model_result, script_step
+from deploy_lib.models.script import PROGRESS_PREFIX, kept_plan_name, parse_model_result, script_step
 from deploy_lib.models.transfer import TransferMeter, show_end
 from deploy_lib.profile import Profile
 from deploy_lib.progress import Progress
@@ -61,8 +61,9 @@ class HubModel:
         request = {"action": action, "repo": self.repo, "revision": revision or self.revision,
                    "allow": list(self.allow), "ignore": list(self.ignore), "hf_home": self.hf_home,
                    "endpoint": self.endpoint, "user": self.user, "token": self.token}
-        return script_step(FACT_MODEL if action == "plan" else STAGE_MODEL, venv, self.user, request,
-                           120 if action == "plan" else STAGE_TIMEOUT_S)
+        if action == "plan":  # a pinned commit staged before: the shell answers while the kept plan verifies
+            return script_step(FACT_MODEL, venv, self.user, request, 120, kept_plan_name(request))
+        return script_step(STAGE_MODEL, venv, self.user, request, STAGE_TIMEOUT_S)
 
 
 def hub_model(profile: Profile, host_vars: HostVars, secrets: Mapping[str, str]) -> HubModel | None:

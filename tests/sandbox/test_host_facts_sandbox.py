@@ -11,6 +11,8 @@ from sandbox.names import GUEST_VENV
 
 pytestmark = pytest.mark.sandbox
 VENV = str(GUEST_VENV)  # the inventory's `venv` on the guest
+HF_HOME = "/root/.cache/huggingface"  # the service user's (root's) default cache
+REPO = "lukealonso--GLM-5-NVFP4"
 STARTS = "/tmp/venv-python-starts"
 # bin/python3 replaced by a script that notes its first two arguments, then runs the venv's python as before (moved
 # to python3.orig: bin/python is a link to python3, the script itself)
@@ -41,3 +43,21 @@ def test_a_no_op_redeploy_starts_no_python_for_sglangs_options_or_import_origin(
     assert "-I|-" not in starts and "-I|-c" in starts  # SGLang's options from the cache; the model plan still ran
     assert not [start for start in starts if start.startswith("-c|")]  # the import check answered in the shell
 
+
+def test_a_no_op_redeploy_of_a_pinned_commit_starts_no_python_on_the_host(rig: Rig) -> None:
+    """The model at a commit a stage completed is planned by the shell from the plan that stage kept: with SGLang's
+    options cached and no shadow possible, the no-op's facts start no Python at all."""
+    rig.fault(None)
+    current = rig.deploy("glm5-nvfp4")
+    assert current.plan is not None
+    commit = current.plan.release.model["commit"]
+    # one snapshot link lost: the pinned deploy stages it again, and that stage keeps its plan
+    rig.root(f"rm -rf {HF_HOME}/sglang-deploy && rm {HF_HOME}/hub/models--{REPO}/snapshots/{commit}/config.json")
+    (rig.project.root / "inventory" / "profiles" / "glm5-pinned.yaml").write_text(
+        f"extends: glm5-nvfp4\nmodel:\n  revision: {commit}\n")
+    pinned = rig.deploy("glm5-pinned")
+    assert pinned.action == "deployed" and "model" in pinned.timings
+    assert rig.root(f"ls {HF_HOME}/sglang-deploy/models--{REPO}/").split() != []
+    again, starts = deploy_counting_python(rig, "glm5-pinned")
+    assert again.action == "unchanged" and again.release_id == pinned.release_id
+    assert starts == []
