@@ -124,7 +124,8 @@ def _plan(nodes: Sequence[Node], runs: Mapping[str, Transition], options: Option
         venv = choose_venv(run.remote, run.layout, node.target, profile, options.dry_run, run.progress)
         run.progress.phase_started("facts")
         facts = read_host_facts(run.remote, run.layout, venv.path, profile.server.port, None,
-                                profile.service.working_directory, model.fact_steps(venv.path))
+                                profile.service.working_directory, model.fact_steps(venv.path),
+                                write_caches=not options.dry_run)
         current = facts.store.release(facts.store.current) if facts.store.current else None
         hand_pid = hand_run_pid(current.metadata if current else None,
                                 run.remote.run(hand_run_check(current.metadata if current else None)))

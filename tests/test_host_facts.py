@@ -18,7 +18,15 @@ import pytest
 from test_sglang_options import SYNTHETIC, write_tree
 
 from deploy_lib import model_stage
-from deploy_lib.facts import SGLangInstall, import_step, parse_import_shadow, parse_sglang_install, sglang_step
+from deploy_lib.facts import (
+    FACT_SGLANG,
+    SGLangInstall,
+    fact_batch,
+    import_step,
+    parse_import_shadow,
+    parse_sglang_install,
+    sglang_step,
+)
 from deploy_lib.models import HubModel, parse_model_result
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.remote.batch import inline_stdin
@@ -133,6 +141,13 @@ def test_a_dry_run_reads_the_cache_but_never_writes_it(venv: Venv, tmp_path: Pat
     read_sglang(venv, store)
     read_sglang(venv, store, write_cache=False)
     assert venv.python_starts == 2
+
+
+def test_the_facts_batch_of_a_dry_run_asks_for_a_read_only_step() -> None:
+    for write, mode in ((True, "write"), (False, "read")):
+        [step] = [step for step in fact_batch(LAYOUT, "/root/ml-env", 8000, write_caches=write)
+                  if isinstance(step, Step) and step.name == FACT_SGLANG]
+        assert step.argv[-1] == mode
 
 
 def edit_server_args(venv: Venv) -> None:
