@@ -15,11 +15,14 @@ missing from the cache and the bytes still to download, the free bytes of the ca
 
 import fnmatch
 import hashlib
+import importlib.util
 import json
 import os
 import pwd
 import sys
 import threading
+import urllib.parse
+import urllib.request
 
 RECORD_DIR = "sglang-deploy"  # <HF_HOME>/sglang-deploy/<repo folder>/<commit>.json: what a stage completed
 PLAN_HEADER = "sglang-deploy model plan 1"
@@ -112,25 +115,45 @@ def recorded(request):
     return files if len(in_cache(request, revision, files)[0]) == len(files) else None
 
 
-def hub_files(api, request):
-    info = api.model_info(request["repo"], revision=request["revision"])
+def resolved(request):
+    """The commit `revision` names on the hub now, from one standard-library request to the endpoint huggingface_hub's
+    model_info asks (GET <endpoint>/api/models/<repo>/revision/<revision>); None on any failure, which the library
+    then meets and reports as it always did (a venv without the library is reported so, without asking the hub)."""
+    if importlib.util.find_spec("huggingface_hub") is None:
+        return None
+    endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
+    url = f"{endpoint}/api/models/{request['repo']}/revision/{urllib.parse.quote(request['revision'], safe='')}"
+    headers = {"Authorization": f"Bearer {request['token']}"} if request.get("token") else {}
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as response:
+            sha = json.load(response).get("sha")
+    except Exception:  # unreachable, gated, not found, not JSON: huggingface_hub says which
+        return None
+    full = isinstance(sha, str) and len(sha) == FULL_COMMIT_LEN and all(c in "0123456789abcdef" for c in sha)
+    return sha if full else None
+
+
+def hub_files(api, request, commit):
     files = []
-    for entry in api.list_repo_tree(request["repo"], revision=info.sha, recursive=True):
+    for entry in api.list_repo_tree(request["repo"], revision=commit, recursive=True):
         size = getattr(entry, "size", None)
         if size is None or not wanted(entry.path, request["allow"], request["ignore"]):
             continue  # folders, and files the server does not load
         lfs = getattr(entry, "lfs", None)
         blob = (lfs.sha256 if not isinstance(lfs, dict) else lfs["sha256"]) if lfs else entry.blob_id
         files.append({"path": entry.path, "size": size, "blob": blob})
-    return info.sha, sorted(files, key=lambda item: item["path"])
+    return sorted(files, key=lambda item: item["path"])
 
 
 def plan(request, api):
     files = recorded(request)
     if files is not None:
         commit, asked_hub = request["revision"], False
-    else:
-        commit, files = hub_files(api, request)
+    else:  # a branch or tag resolved to a commit a stage completed needs no huggingface_hub either
+        commit = resolved(request) or api.model_info(request["repo"], revision=request["revision"]).sha
+        files = recorded({**request, "revision": commit})
+        if files is None:
+            files = hub_files(api, request, commit)
         asked_hub = True
     linked, blobs = in_cache(request, commit, files)
     missing = [item for item in files if item["path"] not in set(linked)]
@@ -257,6 +280,20 @@ def prune_revisions(request, api):
     return {"deleted": [r["commit"] for r in doomed], "freed_bytes": freed}
 
 
+class Hub:
+    """huggingface_hub's HfApi, imported at its first use: a plan answered from our records needs none."""
+
+    def __init__(self):
+        self.api = None
+
+    def __getattr__(self, name):
+        if self.api is None:
+            from huggingface_hub import HfApi
+
+            self.api = HfApi()
+        return getattr(self.api, name)
+
+
 ACTIONS = {"plan": plan, "stage": stage, "list": cache_revisions, "prune": prune_revisions}
 
 
@@ -286,10 +323,7 @@ def main(request):
     if request.get("token"):
         os.environ["HF_TOKEN"] = request["token"]
     try:
-        from huggingface_hub import HfApi
-
-        api = HfApi()
-        result = ACTIONS[request["action"]](request, api)
+        result = ACTIONS[request["action"]](request, Hub())
     except ImportError as error:
         result = {"error": "no_library", "message": f"huggingface_hub is not importable in this venv: {error}"}
     except Exception as error:  # every failure is reported as data; the tool decides what it means

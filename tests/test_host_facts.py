@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import getpass
 import hashlib
+import http.server
 import json
 import shutil
 import subprocess
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
@@ -269,3 +271,48 @@ def test_a_branch_or_tag_is_always_resolved_by_the_hub(tmp_path: Path) -> None:
     staged_cache(tmp_path / "hf")
     model = HubModel("org/tiny", "main", (), (), str(tmp_path / "hf"), None, "sglang")
     assert model.fact_steps("/opt/ml-env")[0].argv[4:6] == ("/opt/ml-env/bin/python3", "-I")
+
+
+class NoLibrary:
+    """An HfApi stand-in that fails the test if the plan touches it."""
+
+    def __getattr__(self, name: str) -> object:
+        raise AssertionError(f"huggingface_hub's {name} was used")
+
+
+def test_a_branch_at_a_commit_a_stage_completed_is_planned_without_huggingface_hub(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The branch is resolved by one request to the hub API (here a loopback server), and the commit's record
+    answers the rest: huggingface_hub is never imported (it costs the python most of its time)."""
+    staged = staged_cache(tmp_path / "hf")
+    record = Path(model_stage.record_path({"hf_home": str(tmp_path / "hf"), "repo": "org/tiny"}, COMMIT))
+    record.parent.mkdir(parents=True, exist_ok=True)
+    record.write_text(json.dumps({"repo": "org/tiny", "commit": COMMIT, "allow": [], "ignore": [],
+                                  "files": staged["files"]}))
+    asked: list[str] = []
+
+    class Hub(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            asked.append(self.path)
+            body = json.dumps({"sha": COMMIT}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Hub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    (tmp_path / "lib" / "huggingface_hub").mkdir(parents=True)
+    (tmp_path / "lib" / "huggingface_hub" / "__init__.py").write_text("raise ImportError('not to be imported')\n")
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
+    try:
+        planned = model_stage.plan({"repo": "org/tiny", "revision": "main", "allow": [], "ignore": [],
+                                    "hf_home": str(tmp_path / "hf"), "token": None}, NoLibrary())
+    finally:
+        server.shutdown()
+    assert asked == ["/api/models/org/tiny/revision/main"]
+    assert (planned["commit"], planned["missing"], planned["asked_hub"]) == (COMMIT, [], True)

@@ -61,3 +61,19 @@ def test_a_no_op_redeploy_of_a_pinned_commit_starts_no_python_on_the_host(rig: R
     again, starts = deploy_counting_python(rig, "glm5-pinned")
     assert again.action == "unchanged" and again.release_id == pinned.release_id
     assert starts == []
+
+
+def test_a_no_op_redeploy_of_a_branch_resolves_it_without_importing_huggingface_hub(rig: Rig) -> None:
+    """`main` still asks the hub which commit it names (one request, from the standard library), and that commit's
+    record answers the rest: with huggingface_hub unimportable the no-op still plans the model."""
+    rig.fault(None)
+    current = rig.deploy("glm5-nvfp4")
+    assert current.plan is not None and rig.root(
+        f"ls {HF_HOME}/sglang-deploy/models--{REPO}/{current.plan.release.model['commit']}.json").strip()
+    [package] = rig.root(f"ls -d {VENV}/lib/python3*/site-packages/huggingface_hub").split()
+    rig.root(f"mv {package}/__init__.py {package}/__init__.py.off")
+    try:
+        again = rig.deploy("glm5-nvfp4")
+    finally:
+        rig.root(f"mv {package}/__init__.py.off {package}/__init__.py")
+    assert again.action == "unchanged" and again.release_id == current.release_id
