@@ -195,9 +195,11 @@ def print_status(report: StatusReport) -> None:
         console.print(f"SGLang {meta.get('sglang_version')}, FlashInfer {meta.get('flashinfer_version') or '?'}, "
                       f"venv {meta.get('venv')}, patches: {', '.join(meta.get('patches') or []) or 'none'}")
         if report.venv_versions:
-            console.print("managed venv: " + ", ".join(f"{k} {v}" for k, v in report.venv_versions.items()))
+            console.print("installed: " + ", ".join(f"{k} {v}" for k, v in report.venv_versions.items()), markup=False)
         for distribution, where in report.venv_sources.items():
-            console.print(f"{distribution} {where}")
+            console.print(f"{distribution} {where}", markup=False)
+        if report.venv_problem:
+            console.print(f"[yellow]{escape(report.venv_problem)}[/yellow]")
     else:
         console.print("no release deployed")
     restarts = f" (NRestarts={report.restarts} since the deploy)" if report.current else ""

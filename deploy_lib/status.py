@@ -14,7 +14,7 @@ from pydantic import ValidationError
 from deploy_lib.crashes import CrashReport, crash_loop_advice, read_crashes, record_new_crashes
 from deploy_lib.deploy import detect_drift, probe_target
 from deploy_lib.diagnose import journal_argv, journal_step
-from deploy_lib.errors import ConfigError
+from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.facts import Gpu, read_host_facts
 from deploy_lib.gpu_check import parse_topology_results, topology_steps
 from deploy_lib.health import Rung, Snapshot, http_url, parse_snapshot, probe_step, reachable_host
@@ -22,7 +22,7 @@ from deploy_lib.models import StoredModel, read_stored
 from deploy_lib.profile import LoadedProfile, Profile, format_validation_error, read_stored_profile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
-from deploy_lib.readings import read
+from deploy_lib.readings import Fact, Readings, read
 from deploy_lib.remote import Remote, Step
 from deploy_lib.store import RELEASE_FILE, StoreFacts, Tags, host_lock, read_store_facts
 from deploy_lib.throughput import (
@@ -35,14 +35,12 @@ from deploy_lib.throughput import (
 )
 from deploy_lib.venvs import (
     STATUS_DISTRIBUTIONS,
+    InstalledFacts,
     VenvRecord,
-    installed_step,
+    installed_fact,
     list_venvs,
-    parse_installed,
     release_venv_hash,
 )
-from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
-from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps
 
 
 @dataclass(frozen=True)
@@ -69,7 +67,7 @@ class StatusReport:
     gpus: tuple[Gpu, ...] | None
     gpu_error: str | None
     lock_holder: str | None
-    venv_versions: Mapping[str, str]  # sglang, flashinfer-python, torch of a managed venv (from its marker)
+    venv_versions: Mapping[str, str]  # STATUS_DISTRIBUTIONS installed in the release's venv, in that order
     restarts: int = 0                   # systemd's NRestarts: automatic restarts since the deploy's start
     crashes: CrashReport | None = None  # the current release's crashes since its deploy; None: none
     advice: str | None = None           # what to do about a release left down by crashes
@@ -78,6 +76,7 @@ class StatusReport:
     endpoint: str | None = None         # where clients reach the current release
     drift: tuple[str, ...] = ()         # hand edits since the last deploy (a deploy refuses them without --force)
     topology: str | None = None         # the GPUs' links and P2P support in one line (gpu-check's reading)
+    venv_problem: str | None = None     # why the release's venv's packages could not be read (its python is gone)
 
 
 def serving_endpoint(metadata: Mapping[str, Any], host_address: str) -> str | None:
@@ -131,23 +130,23 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
         [result] = remote.run([probe_step(probe, Rung.HEALTH)])
         readiness = _readiness(parse_snapshot(result, Rung.HEALTH))
     lock = facts.store.lock
-    venv_hash = release_venv_hash(layout, str(metadata.get("venv", ""))) if record else None
     crashes = None
     if record is not None:  # a deploy holding the lock owns the unit's restarts (its ladder reports them)
         crashes = record_new_crashes(remote, layout, facts.store, facts.unit) if lock is None else \
             read_crashes(remote, layout, facts.unit)
     venv = PurePosixPath(str(metadata["venv"])) if metadata.get("venv") else None
     topology = topology_steps()
-    installed_fact = [installed_step(venv, STATUS_DISTRIBUTIONS, ("sglang",))] if venv else []
-    readings = read(remote, [*venv_store_fact_steps(layout), *topology, *installed_fact])
+    packages = installed_fact(venv, STATUS_DISTRIBUTIONS, ()) if venv else None
+    readings = read(remote, [*topology, *([packages] if packages else [])])
     links, links_error = parse_topology_results([readings[step.name] for step in topology])
-    marker = parse_venv_store_facts(layout, readings).markers.get(venv_hash or "")
-    installed = next((readings[step.name] for step in installed_fact if readings[step.name].exit_code == 0), None)
+    installed, venv_problem = _installed(readings, packages)
     return StatusReport(
         restarts=facts.unit.n_restarts, crashes=crashes, advice=crash_loop_advice(crashes, facts.store),
-        venv_versions=VenvRecord(venv_hash, marker, None).versions() if venv_hash and marker else {},
-        venv_sources={name: origin.describe() for name, origin in
-                      parse_installed(venv, installed).origins.items()} if venv and installed else {},
+        venv_versions={name: installed.versions[name] for name in STATUS_DISTRIBUTIONS
+                       if name in installed.versions} if installed else {},
+        venv_sources={name: installed.origins[name].describe() for name in STATUS_DISTRIBUTIONS
+                      if name in installed.origins} if installed else {},
+        venv_problem=venv_problem,
         host=target.host.name, service=service, current=facts.store.current,
         current_age_s=_age_s(record.staged_at, now or datetime.now(UTC)) if record else None,
         metadata=metadata, unit_state=f"{facts.unit.active_state}/{facts.unit.sub_state}", readiness=readiness,
@@ -156,6 +155,16 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
         lock_holder=(str(lock.owner) if lock.owner else "unknown owner") if lock else None,
         current_problem=facts.store.current_problem(),
         topology=links.one_line() if links else links_error)
+
+
+def _installed(readings: Readings, packages: Fact[InstalledFacts] | None) -> tuple[InstalledFacts | None, str | None]:
+    """The release's venv's packages, or why they cannot be read: status reports a venv whose python is gone."""
+    if packages is None:
+        return None, None
+    try:
+        return readings.value(packages), None
+    except PreflightError as unreadable:
+        return None, unreadable.message
 
 
 def list_releases(target: Target, service: str, remote: Remote) -> list[ReleaseRow]:

@@ -2,19 +2,27 @@
 
 from __future__ import annotations
 
+import io
 import json
+import subprocess
+import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fake_remote import FakeRemote
 from recording_progress import RecordingProgress
+from rich.console import Console
 from test_cli import invoke
 
+import deploy_cli as ui
 from deploy_lib import deploy as engine
 from deploy_lib.errors import DeployError
 from deploy_lib.facts import FACT_UNIT, FACT_UNIT_LINK
 from deploy_lib.project import Project, resolve_target
-from deploy_lib.status import follow_log, serving_endpoint
+from deploy_lib.remote import OutputLine, Put, Step, StepResult
+from deploy_lib.status import StatusReport, follow_log, read_status, serving_endpoint
 from deploy_lib.store import (
     FACT_CURRENT,
     FACT_HISTORY,
@@ -27,6 +35,7 @@ from deploy_lib.store import (
     Tags,
 )
 from deploy_lib.uninstall import removal_steps, uninstall
+from deploy_lib.venvs.installed import FACT_INSTALLED
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = resolve_target(Project(REPO).inventory(None), None)
@@ -158,3 +167,75 @@ def test_logs_follow_shows_the_last_lines_then_only_new_ones() -> None:
     assert first[:first.index("-n") + 2] == ("journalctl", "-o", "cat", "--no-pager", "-q", "-n", "50")
     assert "--show-cursor" in first and "UNIT=sglang.service" in first
     assert "--after-cursor=c1" in second and all(step.sudo for step in remote.ran)
+
+
+class InstalledReadHere(FakeRemote):
+    """A FakeRemote whose venv's installed-packages step runs the real script here, in `venv` (the host's venv path
+    is the release's): what the venv holds decides the answer, not a canned reply."""
+
+    def __init__(self, venv: Path) -> None:
+        super().__init__()
+        self.venv = venv
+
+    def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
+        return [self._here(result) for result in super().run(batch, on_output)]
+
+    def _here(self, result: StepResult) -> StepResult:
+        if result.step.name != FACT_INSTALLED:
+            return result
+        # through a shell, as on the host: a venv without its python exits 127
+        python = str(self.venv / "bin" / "python3")
+        done = subprocess.run(["sh", "-c", 'exec "$@"', "sh", python, *result.step.argv[1:]], capture_output=True,
+                              text=True, timeout=60)
+        return StepResult(result.step, done.returncode, done.stdout, done.stderr, 0.0)
+
+
+def venv_with(root: Path, distributions: dict[str, dict[str, Any] | None]) -> Path:
+    """A real venv (no pip) holding `distributions` by name, each with its PEP 610 direct_url.json when given."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True)
+    site = next((root / "lib").glob("python3.*/site-packages"))
+    for name, direct_url in distributions.items():
+        info = site / f"{name.replace('-', '_')}-0.7.2.dist-info"
+        info.mkdir()
+        (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.7.2\n")
+        files = ["METADATA", "RECORD"] + (["direct_url.json"] if direct_url else [])
+        if direct_url:
+            (info / "direct_url.json").write_text(json.dumps(direct_url))
+        (info / "RECORD").write_text("".join(f"{info.name}/{file},,\n" for file in files))
+    return root
+
+
+def host_with_venv(venv: Path) -> FakeRemote:
+    """host_with_current's release r1 serving from /opt/ml-env (whose packages are read from `venv` here)."""
+    remote = InstalledReadHere(venv)
+    remote._rules = host_with_current("active")._rules
+    metadata = {"id": "r1", "staged_at": "2026-11-30T10:00:00+00:00", "tags": TAGS.as_dict(), "venv": "/opt/ml-env",
+                "profile": {"server": {"host": "0.0.0.0", "port": 8000}}, "sglang_version": "0.5.23"}
+    return (remote.reply(FACT_RELEASE_FILES, stdout=f"{LAYOUT.releases}/r1/release.json\0{json.dumps(metadata)}\n")
+            .reply(lambda step: step.name.startswith("readiness probe"), stdout='{"port_open": false}\n'))
+
+
+def test_status_shows_the_installed_versions_and_a_jit_cache_installed_from_a_source_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input tried: a venv whose flashinfer-jit-cache was installed from a directory (`pip install ./dir`), and the
+    same venv without its python."""
+    source = {"url": "file:///src/flashinfer%20jit", "dir_info": {}}
+    venv = venv_with(tmp_path / "env", {"flashinfer-python": None, "flashinfer-jit-cache": source})
+    report = read_status(TARGET, "sglang", host_with_venv(venv))
+    assert report.venv_sources == {"flashinfer-jit-cache": "copy of /src/flashinfer jit"}
+    assert report.venv_versions == {"flashinfer-python": "0.7.2", "flashinfer-jit-cache": "0.7.2"}
+    shown = status_text(report, monkeypatch)
+    assert "installed: flashinfer-python 0.7.2, flashinfer-jit-cache 0.7.2" in shown
+    assert "flashinfer-jit-cache copy of /src/flashinfer jit" in shown
+    (venv / "bin" / "python3").unlink()
+    report = read_status(TARGET, "sglang", host_with_venv(venv))
+    assert report.venv_versions == {} and report.venv_sources == {}
+    assert report.venv_problem is not None and report.venv_problem.startswith("the venv /opt/ml-env does not run: ")
+    assert report.venv_problem in status_text(report, monkeypatch)
+
+
+def status_text(report: StatusReport, monkeypatch: pytest.MonkeyPatch) -> str:
+    out = io.StringIO()
+    monkeypatch.setattr(ui, "console", Console(file=out, width=200))
+    ui.print_status(report)
+    return out.getvalue()

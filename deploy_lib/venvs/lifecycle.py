@@ -23,9 +23,11 @@ from deploy_lib.venvs.paths import (
     venv_path,
     wheel_dir,
 )
+from deploy_lib.venvs.publish import JIT_CACHE_DISTRIBUTION
 from deploy_lib.venvs.store_facts import VenvStoreFacts, parse_store_facts, store_fact_steps
 
-STATUS_DISTRIBUTIONS = ("sglang", "flashinfer-python", "torch")
+# What `invoke status` and `invoke venvs` show, in this order (the JIT cache: FlashInfer's prebuilt kernels)
+STATUS_DISTRIBUTIONS = ("sglang", "flashinfer-python", JIT_CACHE_DISTRIBUTION, "torch")
 FACT_SIZES = "venv facts: sizes"
 
 
@@ -47,7 +49,7 @@ class VenvRecord:
         return str(base) if base else None
 
     def versions(self) -> dict[str, str]:
-        """The versions `invoke status` shows: SGLang, FlashInfer, torch (those installed)."""
+        """The versions of STATUS_DISTRIBUTIONS the venv was built with (those installed), from its marker."""
         installed = {canonical_name(str(k)): str(v) for k, v in dict(self.marker.get("distributions", {})).items()}
         return {name: installed[name] for name in STATUS_DISTRIBUTIONS if name in installed}
 
