@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -25,20 +26,18 @@ from deploy_lib.facts import HostFacts, parse_systemctl_show, read_host_facts
 from deploy_lib.hand_process import (
     RELEASE_ZERO,
     HandProcess,
+    ProcessFacts,
     adopt_profile,
-    choose_venv,
     interpreter_candidates,
-    interpreter_step,
-    parse_process,
-    process_steps,
+    interpreter_fact,
     profile_yaml,
     split_launch,
 )
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.project import Target
-from deploy_lib.readings import ABSENT_OK
+from deploy_lib.readings import Fact, read
 from deploy_lib.release import build_release
-from deploy_lib.remote import Put, Remote, Step
+from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.store import (
     HEALTHY,
     Tags,
@@ -68,11 +67,8 @@ class Adopted:
 
 
 def read_process(remote: Remote, pid: int, where: str) -> HandProcess:
-    results = remote.run([Step("adopt: process exists", ("test", "-r", f"/proc/{pid}/cmdline"), ok=ABSENT_OK)])
-    if results[0].exit_code != 0:
-        raise PreflightError(f"{where}: no process {pid} on the host",
-                             "`pgrep -af sglang.launch_server` on the host lists the running servers")
-    return parse_process(pid, remote.run(process_steps(pid)))
+    process = ProcessFacts(pid)
+    return process.process(read(remote, process.facts()), where)
 
 
 def _refuse_managed(facts: HostFacts, target: Target, service: str, from_unit: bool) -> None:
@@ -87,20 +83,25 @@ def _refuse_managed(facts: HostFacts, target: Target, service: str, from_unit: b
 
 
 STEP_UNIT = "adopt: unit"
+STEP_UNIT_FILE = "adopt: unit file"
 
 
-def read_unit(remote: Remote, unit_name: str, where: str) -> tuple[int, str, str]:
-    """(main pid, unit file path, its text) of a running hand-written unit."""
-    [shown] = remote.run([Step(STEP_UNIT, ("systemctl", "show", "-p", "MainPID,FragmentPath,ActiveState", "--",
-                                           unit_name))])
+def _running_unit(unit_name: str, where: str, shown: StepResult) -> tuple[int, str]:
     props = parse_systemctl_show(shown.stdout)
     pid, fragment = props.get("MainPID", "0"), props.get("FragmentPath", "")
     if props.get("ActiveState") != "active" or not pid.isdigit() or pid == "0" or not fragment:
         raise PreflightError(f"{where}: unit {unit_name} is not running (ActiveState={props.get('ActiveState')}, "
                              f"MainPID={pid})", "start it first, or adopt a hand-run process with --pid")
-    [text] = remote.run([Step("adopt: unit file", ("cat", "--", fragment), sudo=True)])
-    return int(pid), fragment, text.stdout
+    return int(pid), fragment
 
+
+def read_unit(remote: Remote, unit_name: str, where: str) -> tuple[int, str, str]:
+    """(main pid, unit file path, its text) of a running hand-written unit."""
+    running = Fact(Step(STEP_UNIT, ("systemctl", "show", "-p", "MainPID,FragmentPath,ActiveState", "--", unit_name)),
+                   partial(_running_unit, unit_name, where))
+    pid, fragment = read(remote, [running]).value(running)
+    text = Fact(Step(STEP_UNIT_FILE, ("cat", "--", fragment), sudo=True), lambda result: result.stdout)
+    return pid, fragment, read(remote, [text]).value(text)
 
 
 def adopt(target: Target, service: str, remote: Remote, profile_name: str, pid: int | None = None,
@@ -115,7 +116,8 @@ def adopt(target: Target, service: str, remote: Remote, profile_name: str, pid: 
     process = read_process(remote, pid, where)
     launch = split_launch(process, where)
     candidates = interpreter_candidates(process, launch.interpreter)
-    interpreter, venv = choose_venv(candidates, remote.run([interpreter_step(candidates)])[0].stdout, where)
+    venv_fact = interpreter_fact(candidates, where)
+    interpreter, venv = read(remote, [venv_fact]).value(venv_fact)
     facts = read_host_facts(remote, layout, venv, port=None)
     version = facts.sglang.sglang_version
     if version is None:

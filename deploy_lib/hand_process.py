@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.profile import NCCL_ENV, SECRET_NAME_RE, Profile
-from deploy_lib.readings import Readings
+from deploy_lib.readings import ABSENT_OK, Fact, Readings
 from deploy_lib.release import argv_options
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.server_args import API_KEY_ENV, ARGS, Arg, arg_tokens
@@ -41,6 +41,7 @@ SESSION_ENVIRONMENT = frozenset({
 # The venv's own activation: the profile has service.venv for it; release 0 keeps the values it ran with.
 VENV_ENVIRONMENT = ("PATH", "VIRTUAL_ENV")
 
+STEP_EXISTS = "adopt: process exists"
 STEP_CMDLINE = "adopt: command line"
 STEP_ENVIRON = "adopt: environment"
 STEP_CWD = "adopt: working directory"
@@ -59,23 +60,61 @@ class HandProcess:
     user: str
 
 
-def process_steps(pid: int) -> list[Step]:
-    proc = f"/proc/{pid}"
-    return [Step(STEP_CMDLINE, ("cat", "--", f"{proc}/cmdline"), sudo=True),
-            Step(STEP_ENVIRON, ("cat", "--", f"{proc}/environ"), sudo=True, secret=True),
-            Step(STEP_CWD, ("readlink", "--", f"{proc}/cwd"), sudo=True),
-            Step(STEP_USER, ("stat", "-c", "%U", "--", proc), sudo=True)]
-
-
 def _nul_separated(text: str) -> list[str]:
     return text.split("\0")[:-1] if text.endswith("\0") else text.split("\0")
 
 
-def parse_process(pid: int, results: Sequence[StepResult]) -> HandProcess:
-    found = Readings.of(results)
-    environ = dict(item.split("=", 1) for item in _nul_separated(found.stdout(STEP_ENVIRON)) if "=" in item)
-    return HandProcess(pid, tuple(_nul_separated(found.stdout(STEP_CMDLINE))), environ,
-                       found.stdout(STEP_CWD).strip(), found.stdout(STEP_USER).strip())
+def _environment(result: StepResult) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in _nul_separated(result.stdout) if "=" in item)
+
+
+def _line(result: StepResult) -> str:
+    return result.stdout.strip()
+
+
+@dataclass(frozen=True)
+class ProcessFacts:
+    """The /proc reads of one process, one round trip: whether it exists, its argv, environment (secret: never
+    shown), working directory and user. A read of a process that is gone finds nothing (not an error), and
+    `process` says so."""
+
+    pid: int
+
+    @property
+    def exists(self) -> Fact[bool]:
+        return Fact(Step(STEP_EXISTS, ("test", "-r", f"/proc/{self.pid}/cmdline"), ok=ABSENT_OK),
+                    lambda result: result.exit_code == 0)
+
+    @property
+    def cmdline(self) -> Fact[tuple[str, ...]]:
+        return Fact(self._read(STEP_CMDLINE, ("cat", "--", f"/proc/{self.pid}/cmdline")),
+                    lambda result: tuple(_nul_separated(result.stdout)))
+
+    @property
+    def environ(self) -> Fact[dict[str, str]]:
+        return Fact(self._read(STEP_ENVIRON, ("cat", "--", f"/proc/{self.pid}/environ"), secret=True), _environment)
+
+    @property
+    def cwd(self) -> Fact[str]:
+        return Fact(self._read(STEP_CWD, ("readlink", "--", f"/proc/{self.pid}/cwd")), _line)
+
+    @property
+    def user(self) -> Fact[str]:
+        return Fact(self._read(STEP_USER, ("stat", "-c", "%U", "--", f"/proc/{self.pid}")), _line)
+
+    def facts(self) -> list[Fact[Any]]:
+        return [self.exists, self.cmdline, self.environ, self.cwd, self.user]
+
+    def process(self, found: Readings, where: str) -> HandProcess:
+        if not found.value(self.exists):
+            raise PreflightError(f"{where}: no process {self.pid} on the host",
+                                 "`pgrep -af sglang.launch_server` on the host lists the running servers")
+        return HandProcess(self.pid, found.value(self.cmdline), found.value(self.environ), found.value(self.cwd),
+                           found.value(self.user))
+
+    @staticmethod
+    def _read(name: str, argv: tuple[str, ...], secret: bool = False) -> Step:
+        return Step(name, argv, sudo=True, ok=ABSENT_OK, secret=secret)
 
 
 @dataclass(frozen=True)
@@ -110,10 +149,11 @@ def interpreter_candidates(process: HandProcess, interpreter: str) -> list[str]:
             for directory in process.environ.get("PATH", "").split(":") if directory.startswith("/")]
 
 
-def interpreter_step(candidates: Sequence[str]) -> Step:
-    """Which candidates exist, and which of their directories' parents are venvs (pyvenv.cfg)."""
+def interpreter_fact(candidates: Sequence[str], where: str) -> Fact[tuple[str, str]]:
+    """Which candidates exist, and which of their directories' parents are venvs (pyvenv.cfg): `choose_venv`."""
     venvs = [posixpath.join(posixpath.dirname(posixpath.dirname(c)), "pyvenv.cfg") for c in candidates]
-    return Step(STEP_INTERPRETER, ("ls", "-d", "--", *candidates, *venvs), sudo=True, ok=frozenset({0, 1, 2}))
+    return Fact(Step(STEP_INTERPRETER, ("ls", "-d", "--", *candidates, *venvs), sudo=True, ok=frozenset({0, 1, 2})),
+                lambda result: choose_venv(candidates, result.stdout, where))
 
 
 def choose_venv(candidates: Sequence[str], ls_out: str, where: str) -> tuple[str, str]:

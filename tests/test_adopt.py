@@ -13,7 +13,7 @@ import yaml
 from fake_remote import FakeRemote
 from test_deploy_plan import NOW, deployed, facts, first_plan, target
 
-from deploy_lib.adopt import STEP_UNIT, read_unit
+from deploy_lib.adopt import STEP_UNIT, read_process, read_unit
 from deploy_lib.deploy import hand_run_check, hand_run_pid, plan_deploy, preflight
 from deploy_lib.errors import DriftDetected, PreflightError
 from deploy_lib.facts import UnitFacts
@@ -21,13 +21,13 @@ from deploy_lib.hand_process import (
     STEP_CMDLINE,
     STEP_CWD,
     STEP_ENVIRON,
+    STEP_EXISTS,
     STEP_USER,
     HandProcess,
     adopt_profile,
     choose_venv,
     interpreter_candidates,
-    parse_process,
-    process_steps,
+    interpreter_fact,
     profile_yaml,
     split_launch,
 )
@@ -139,14 +139,23 @@ def test_a_process_that_is_not_sglang_is_refused() -> None:
     assert launch.unbuffered and launch.args == ("--port", "1")
 
 
-def test_proc_files_are_read_with_their_nul_separators() -> None:
-    steps = {step.name: step for step in process_steps(4242)}
-    outputs = {STEP_CMDLINE: "python\0-m\0sglang.launch_server\0--model\0a b\0", STEP_ENVIRON: "A=1\0B=x=y\0",
-               STEP_CWD: "/root\n", STEP_USER: "root\n"}
-    process = parse_process(4242, [StepResult(steps[name], 0, text, "", 0.0) for name, text in outputs.items()])
+def test_proc_files_are_read_with_their_nul_separators_in_one_round_trip() -> None:
+    remote = (FakeRemote().reply(STEP_CMDLINE, stdout="python\0-m\0sglang.launch_server\0--model\0a b\0")
+              .reply(STEP_ENVIRON, stdout="A=1\0B=x=y\0").reply(STEP_CWD, stdout="/root\n")
+              .reply(STEP_USER, stdout="root\n"))
+    process = read_process(remote, 4242, "gpu1")
     assert process.argv == ("python", "-m", "sglang.launch_server", "--model", "a b")
     assert process.environ == {"A": "1", "B": "x=y"} and (process.cwd, process.user) == ("/root", "root")
-    assert steps[STEP_ENVIRON].secret  # its output (the secrets) is never shown
+    [batch] = remote.batches
+    assert [step.name for step in batch] == [STEP_EXISTS, STEP_CMDLINE, STEP_ENVIRON, STEP_CWD, STEP_USER]
+    assert next(step for step in batch if step.name == STEP_ENVIRON).secret  # its output (the secrets) never shows
+
+
+def test_a_process_that_is_gone_is_refused_by_name() -> None:
+    """Input tried: a pid /proc does not have (every read of it finds nothing)."""
+    remote = FakeRemote().reply(lambda step: step.name.startswith("adopt: "), exit_code=1)
+    with pytest.raises(PreflightError, match="gpu1: no process 4242 on the host"):
+        read_process(remote, 4242, "gpu1")
 
 
 def test_the_interpreter_is_found_as_the_shell_found_it_and_must_be_a_venv() -> None:
@@ -155,6 +164,8 @@ def test_the_interpreter_is_found_as_the_shell_found_it_and_must_be_a_venv() -> 
     assert candidates[:2] == ["/root/ml-env/bin/python", "/usr/local/bin/python"]
     ls = "/usr/bin/python\n/root/ml-env/bin/python\n/root/ml-env/pyvenv.cfg\n"
     assert choose_venv(candidates, ls, "gpu1") == ("/root/ml-env/bin/python", "/root/ml-env")
+    found = interpreter_fact(candidates, "gpu1")
+    assert found.parse(StepResult(found.step, 0, ls, "", 0.0)) == ("/root/ml-env/bin/python", "/root/ml-env")
     assert interpreter_candidates(process, "ml-env/bin/python") == ["/root/ml-env/bin/python"]
     with pytest.raises(PreflightError, match="/usr/bin/python, which is not in a venv"):
         choose_venv(["/usr/bin/python"], "/usr/bin/python\n", "gpu1")

@@ -30,7 +30,6 @@ from deploy_lib.store import StoreLayout
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 LAYOUT = StoreLayout("sglang", root=PurePosixPath("/opt/sd"))
 PY311 = venvs.PythonFacts("cpython", "3.11.2", "linux-x86_64", "cpython-311-x86_64-linux-gnu", "x86_64")
-PY311_READ = StepResult(Step("python", ("x",)), 0, json.dumps(PY311.as_dict()), "", 0.0)  # what python_step prints
 
 
 def sha(data: bytes) -> str:
@@ -520,25 +519,23 @@ def test_installed_facts_read_the_distributions_the_caller_names_not_a_fixed_lis
 
 
 def inspect(root: Path) -> venvs.Inspection:
-    python = str(root / "bin" / "python3")
-    out, interpreter = run_script(python, venvs.INSPECT_SCRIPT), run_script(python, venvs.PYTHON_FACTS_SCRIPT)
-    return venvs.parse_inspection(PurePosixPath(str(root)), StepResult(venvs.inspect_step(PurePosixPath("/x")),
-                                                                       0, out, "", 0.0),
-                                  StepResult(venvs.python_step(python), 0, interpreter, "", 0.0))
+    fact = venvs.inspect_fact(PurePosixPath(str(root)))
+    return fact.parse(StepResult(fact.step, 0, run_script(str(root / "bin" / "python3"), venvs.INSPECT_SCRIPT), "",
+                                 0.0))
 
 
 def test_inspection_lists_distributions_and_reports_drift_that_changes_the_hash(tmp_path: Path) -> None:
     site = make_venv_with_dist(tmp_path / "env")
     clean = inspect(tmp_path / "env")
     assert clean.distributions == {"demo": "1.0"} and clean.drift == {}
-    assert clean.python.version == ".".join(map(str, sys.version_info[:3]))
     (site / "demo" / "__init__.py").write_bytes(b"VALUE = 2\n")
     drifted = inspect(tmp_path / "env")
     assert drifted.drift == {"demo": (("demo/__init__.py", sha(b"VALUE = 2\n")),)}
     (site / "demo" / "__init__.py").unlink()
     removed = inspect(tmp_path / "env")
     assert removed.drift == {"demo": (("demo/__init__.py", "missing"),)}
-    assert len({venvs.adopted_hash(clean), venvs.adopted_hash(drifted), venvs.adopted_hash(removed)}) == 3
+    assert len({venvs.adopted_hash(found, PY311) for found in (clean, drifted, removed)}) == 3
+    assert venvs.adopted_hash(clean, PY311) != venvs.adopted_hash(clean, replace(PY311, version="3.12.1"))
 
 
 def test_a_system_python_is_not_adopted() -> None:
@@ -547,7 +544,7 @@ def test_a_system_python_is_not_adopted() -> None:
         pytest.skip(f"no {python}")
     out = run_script(str(python), venvs.INSPECT_SCRIPT)
     with pytest.raises(PreflightError, match="not a virtual environment"):
-        venvs.parse_inspection(PurePosixPath("/usr"), StepResult(Step("i", ("x",)), 0, out, "", 0.0), PY311_READ)
+        venvs.parse_inspection(PurePosixPath("/usr"), StepResult(Step("i", ("x",)), 0, out, "", 0.0))
 
 
 # --- adopt ----------------------------------------------------------------------------------------------
@@ -577,8 +574,8 @@ def test_adopt_copies_with_hard_links_relocates_and_records_drift() -> None:
 
 def test_adopting_the_same_content_again_changes_nothing() -> None:
     inspection = venvs.parse_inspection(PurePosixPath("/root/ml-env"),
-                                        StepResult(Step("i", ("x",)), 0, json.dumps(INSPECTION), "", 0.0), PY311_READ)
-    digest = venvs.adopted_hash(inspection)
+                                        StepResult(Step("i", ("x",)), 0, json.dumps(INSPECTION), "", 0.0))
+    digest = venvs.adopted_hash(inspection, PY311)
     remote = host(markers={digest: {"hash": digest}}).reply(venvs.FACT_INSPECT, stdout=json.dumps(INSPECTION))
     result = venvs.adopt(remote, LAYOUT, PurePosixPath("/root/ml-env"), NOW)
     assert result.reused and all(isinstance(s, Step) and s.name.startswith(("venv facts", "venv adopt: inspect"))

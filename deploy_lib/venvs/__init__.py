@@ -44,6 +44,7 @@ from deploy_lib.venvs.adopted import (
     Inspection,
     adopt,
     adopted_hash,
+    inspect_fact,
     inspect_step,
     parse_inspection,
 )
@@ -144,6 +145,7 @@ __all__ = [
     "derived_hash",
     "describe_prune",
     "ensure_venv",
+    "inspect_fact",
     "inspect_step",
     "installed_fact",
     "installed_step",

@@ -8,16 +8,17 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import PurePosixPath
 
 from deploy_lib.errors import ConfigError, PreflightError, StepFailed
 from deploy_lib.host_paths import venv_python
-from deploy_lib.readings import Readings
+from deploy_lib.readings import Fact, read
 from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.store import StoreLayout, host_lock, iso_time
 from deploy_lib.venvs.host_scripts import INSPECT_SCRIPT
 from deploy_lib.venvs.installed import file_url_path
-from deploy_lib.venvs.interpreter import PythonFacts, parse_python_facts, python_step
+from deploy_lib.venvs.interpreter import PythonFacts, python_fact
 from deploy_lib.venvs.paths import short_hash, staging_path, venv_path
 from deploy_lib.venvs.publish import (
     COPY_TIMEOUT_S,
@@ -46,18 +47,28 @@ def inspect_step(venv: PurePosixPath) -> Step:
                 sudo=True, ok=frozenset({0, 126, 127}), timeout_s=INSPECT_TIMEOUT_S)
 
 
+def inspect_fact(venv: PurePosixPath) -> Fact[Inspection]:
+    return Fact(inspect_step(venv), partial(parse_inspection, venv))
+
+
+def adopt_python_fact(venv: PurePosixPath) -> Fact[PythonFacts]:
+    """The venv's own interpreter, read as root like the inspection (a hand-made venv is often under /root)."""
+    return python_fact(str(venv_python(_check_host_path(venv))), FACT_ADOPT_PYTHON, sudo=True)
+
+
 @dataclass(frozen=True)
 class Inspection:
+    """What the venv's own python finds installed (inspect_script.py); its interpreter is a fact of its own."""
+
     source: PurePosixPath
-    python: PythonFacts
     distributions: Mapping[str, str]             # name -> version
     record_sha256: Mapping[str, str]             # name -> sha256 of its RECORD file
     drift: Mapping[str, tuple[tuple[str, str], ...]]   # name -> (path, actual sha256 or "missing"), drifted only
     editable: Mapping[str, str] = field(default_factory=dict)  # name -> source directory of an editable install
 
 
-def parse_inspection(source: PurePosixPath, result: StepResult, interpreter: StepResult) -> Inspection:
-    """The venv's distributions (`inspect_step`) and its interpreter (`python_step` of its python)."""
+def parse_inspection(source: PurePosixPath, result: StepResult) -> Inspection:
+    """The venv's distributions, as `inspect_step` printed them."""
     if result.exit_code != 0:
         raise PreflightError(f"{source} is not a usable venv: {venv_python(source)} exited {result.exit_code}",
                              hint=(result.stderr or result.stdout).strip()[-300:] or None)
@@ -65,8 +76,7 @@ def parse_inspection(source: PurePosixPath, result: StepResult, interpreter: Ste
         data = json.loads(result.stdout.strip().splitlines()[-1])
         dists = data["distributions"]
         inspection = Inspection(
-            source=source, python=parse_python_facts(interpreter, str(venv_python(source))),
-            distributions={name: str(d["version"]) for name, d in dists.items()},
+            source=source, distributions={name: str(d["version"]) for name, d in dists.items()},
             record_sha256={name: str(d["record_sha256"]) for name, d in dists.items()},
             drift={name: tuple((str(p), str(s)) for p, s in d["drift"]) for name, d in dists.items() if d["drift"]},
             editable={name: file_url_path(str(d["editable"])) for name, d in dists.items() if d.get("editable")})
@@ -78,22 +88,22 @@ def parse_inspection(source: PurePosixPath, result: StepResult, interpreter: Ste
     return inspection
 
 
-def adopted_hash(inspection: Inspection) -> str:
+def adopted_hash(inspection: Inspection, python: PythonFacts) -> str:
     """From the interpreter, each distribution's version and RECORD, and the actual hash of each drifted file."""
     dists = sorted((name, inspection.distributions[name], inspection.record_sha256[name],
                     sorted(inspection.drift.get(name, ()))) for name in inspection.distributions)
-    return short_hash(json.dumps({"kind": "adopted", "python": inspection.python.identity(), "dists": dists}))
+    return short_hash(json.dumps({"kind": "adopted", "python": python.identity(), "dists": dists}))
 
 
-def adopt_steps(layout: StoreLayout, inspection: Inspection, facts: VenvStoreFacts,
+def adopt_steps(layout: StoreLayout, inspection: Inspection, python: PythonFacts, facts: VenvStoreFacts,
                 now: datetime) -> tuple[str, list[Step | Put]]:
     """Hard-linked copy into venvs/<hash>.tmp, paths rewritten (new files), marker, rename; nothing if published."""
-    digest = adopted_hash(inspection)
+    digest = adopted_hash(inspection, python)
     if facts.published(digest):
         return digest, []
     staging, final = staging_path(layout, digest), venv_path(layout, digest)
     marker = {"hash": digest, "kind": "adopted", "source": str(inspection.source),
-              "python": inspection.python.as_dict(), "created": iso_time(now),
+              "python": python.as_dict(), "created": iso_time(now),
               "distributions": dict(inspection.distributions),
               "drift": {name: [list(entry) for entry in files] for name, files in inspection.drift.items()}}
     if inspection.editable:  # their files stay in the checkout: the managed copy imports from there, as the original
@@ -116,11 +126,11 @@ def adopt(remote: Remote, layout: StoreLayout, source: PurePosixPath, now: datet
 
 
 def _adopt(remote: Remote, layout: StoreLayout, source: PurePosixPath, now: datetime | None) -> VenvResult:
-    python = str(venv_python(_check_host_path(source)))
-    found = Readings(remote.run([inspect_step(source), python_step(python, FACT_ADOPT_PYTHON, sudo=True),
-                                 *store_fact_steps(layout)]))
-    inspection = parse_inspection(source, found[FACT_INSPECT], found[FACT_ADOPT_PYTHON])
-    digest, steps = adopt_steps(layout, inspection, parse_store_facts(layout, found), now or datetime.now(UTC))
+    inspected, python = inspect_fact(source), adopt_python_fact(source)
+    found = read(remote, [inspected, python, *store_fact_steps(layout)])
+    inspection = found.value(inspected)
+    digest, steps = adopt_steps(layout, inspection, found.value(python), parse_store_facts(layout, found),
+                                now or datetime.now(UTC))
     try:
         if steps:
             remote.run(steps)
