@@ -135,6 +135,8 @@ def test_the_quick_start_as_written_deploys_to_a_fresh_host(user: User) -> None:
             assert re.search(r"deployed: release \w{12} is serving", result.stdout)
         if command == "invoke status":
             assert "unit active/running" in result.stdout and "(gpu1)" in result.stdout
+            # read by the venv's python: /opt/ml-env is the adopted hand-made venv, with no marker of the tool's
+            assert "installed: sglang 0.5.23, flashinfer-python 0.7.2\n" in result.stdout
     assert ran[-3:] == ["invoke plan --profile gpu1 --accept-new-host-key", "invoke deploy --profile gpu1",
                         "invoke status"]
     assert yaml.safe_load((user.checkout / "inventory" / "hosts.yaml").read_text())["all"]["hosts"]["gpu1"]
