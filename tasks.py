@@ -196,12 +196,13 @@ def _router_in_front(inventory: Inventory, targets: list[Target], accept_new_hos
 
 
 def _behind_router(front: RouterFront | None, target: Target, service: str, remote: FabricRemote,
-                   progress: ui.TerminalProgress, transition: Callable[[Callable[[], None] | None], T]) -> T:
-    """A replica's deploy or rollback with its router around it (router_deploy.behind_router)."""
+                   progress: ui.TerminalProgress, transition: Callable[[Callable[[], None] | None], T],
+                   stays_out: bool = False) -> T:
+    """A replica's deploy, rollback, start, restart or stop with its router around it (router_deploy.behind_router)."""
     if front is None:
         return transition(None)
     from deploy_lib.router_deploy import behind_router
-    return behind_router(front, target, service, remote, progress, transition)
+    return behind_router(front, target, service, remote, progress, transition, stays_out)
 
 
 def _one_at_a_time(front: RouterFront | None, rollout: Rollout | None) -> Rollout | None:
@@ -480,19 +481,25 @@ def stop(c: Context, host: str | None = None, inventory: str | None = None, serv
     from deploy_lib import deploy as deploy_engine
     from deploy_lib.remote import FabricRemote
     target = _target(inventory, host)
+    front = _router_in_front(PROJECT.inventory(_inventory(inventory)), [target], False)
     _consent(f"stop {_service(service)} on {target.host.name}?", yes)
     with FabricRemote(target.ssh) as remote:
-        ui.print_outcome(_run(lambda: deploy_engine.stop(target, _service(service), remote)))
+        ui.print_outcome(_run(lambda: _behind_router(
+            front, target, _service(service), remote, _progress(),
+            lambda drain: deploy_engine.stop(target, _service(service), remote, before_stop=drain), stays_out=True)))
 
 
 def _start(restart: bool, host: str | None, inventory: str | None, service: str | None, yes: bool) -> None:
     from deploy_lib import deploy as deploy_engine
     from deploy_lib.remote import FabricRemote
     target = _target(inventory, host)
+    front = _router_in_front(PROJECT.inventory(_inventory(inventory)), [target], False)
     _consent(f"{'restart' if restart else 'start'} {_service(service)} on {target.host.name}?", yes)
+    progress = ui.TerminalProgress()
     with FabricRemote(target.ssh) as remote:
-        ui.print_outcome(_run(lambda: deploy_engine.start(target, _service(service), remote, ui.TerminalProgress(),
-                                                          dict(os.environ), restart)))
+        ui.print_outcome(_run(lambda: _behind_router(
+            front, target, _service(service), remote, progress, lambda drain: deploy_engine.start(
+                target, _service(service), remote, progress, dict(os.environ), restart, before_restart=drain))))
 
 
 @task

@@ -143,12 +143,13 @@ def one_at_a_time(front: RouterFront | None, rollout: Rollout, progress: Progres
 
 
 def behind_router(front: RouterFront | None, target: Target, service: str, remote: Remote, progress: Progress,
-                  transition: Callable[[Callable[[], None] | None], T]) -> T:
-    """A replica's deploy or rollback (`transition(before_restart)`) with the router around it: the replica is taken
-    out of the router just before its server stops, and once the host serves a verified release again (the new
-    one, or the one a failed start went back to) it is added back. A replica left stopped stays out, and the error
-    says so. The router's host is connected to only when the server restarts; without a router, or for the router's
-    own service (`rollback -s sglang-router` on its host), the transition runs as it is."""
+                  transition: Callable[[Callable[[], None] | None], T], stays_out: bool = False) -> T:
+    """A replica's deploy, rollback, start or restart (`transition(before_restart)`) with the router around it: the
+    replica is taken out of the router just before its server stops, and once the host serves a verified release
+    again (the new one, or the one a failed start went back to) it is added back; `stays_out` (a stop) leaves it out
+    until a start. A replica left stopped stays out, and the error says so. The router's host is connected to only
+    when the server restarts; without a router, or for the router's own service (`rollback -s sglang-router` on its
+    host), the transition runs as it is."""
     if front is None or service == SERVICE:
         return transition(None)
     layout = target.layout(service)
@@ -172,6 +173,11 @@ def behind_router(front: RouterFront | None, target: Target, service: str, remot
                 failed.message += f"; {membership.taken_out} is left out of the router on {front.site.host.name} " \
                                   "(not serving)"
             raise
+        if stays_out:
+            if membership.taken_out is not None:
+                progress.note(f"router: {membership.taken_out} stays out of the router on {front.site.host.name} "
+                              "until `invoke start` serves it again")
+            return outcome
         try:
             membership.readmit()
         except DeployError as failed:  # the host serves its new release, outside the router

@@ -311,6 +311,38 @@ def test_the_deploy_engine_drains_before_the_switch_and_restart_and_again_on_eac
     assert drained_at == [switched_in]  # called when every batch before the switch had run, none after
 
 
+def test_restart_and_stop_of_a_replica_call_the_routers_hook_before_the_server_stops() -> None:
+    """`invoke restart --host H` drains before the switch and restart (and adds back after, as a deploy); `invoke stop
+    --host H` drains before the unit stops."""
+    from deploy_lib.deploy import start, stop
+    host = ScriptedHost({"A": [READY], "B": [READY]})
+    drained_at: list[int] = []
+    outcome = start(target(), "sglang", host, RecordingProgress(), {}, restart=True,
+                    before_restart=lambda: drained_at.append(len(host.batches)))
+    switched_in = next(i for i, batch in enumerate(host.batches)
+                       if any(getattr(step, "name", "") == "switch: temp link" for step in batch))
+    assert outcome.action == "restarted" and drained_at == [switched_in]
+    stopped = ScriptedHost({"A": [READY], "B": [READY]})
+    drained_at.clear()
+    stop(target(), "sglang", stopped, before_stop=lambda: drained_at.append(len(stopped.batches)))
+    stopped_in = next(i for i, batch in enumerate(stopped.batches)
+                      if any("stop" in getattr(step, "argv", ()) for step in batch))
+    assert len(drained_at) == 1 and drained_at[0] <= stopped_in  # before the stop's round trip (only reads between)
+
+
+def test_a_stopped_replica_stays_out_of_the_router_until_it_is_started(tmp_path: Path) -> None:
+    router = answering(remove={"was_listed": True})
+    progress = RecordingProgress()
+
+    def stopping(drain: object) -> str:
+        drain()  # type: ignore[operator]
+        return "stopped"
+    assert behind_router(front_of(tmp_path, router), target(), "sglang", replica([8000]), progress, stopping,
+                         stays_out=True) == "stopped"
+    assert [c["action"] for c in config_of(router)] == ["remove"]
+    assert "http://192.0.2.10:8000 stays out of the router on edge until `invoke start`" in progress.of_kind("note")[0]
+
+
 def test_a_router_in_front_of_servers_that_need_an_api_key_is_refused_naming_the_profile(tmp_path: Path) -> None:
     (tmp_path / "inventory" / "profiles").mkdir(parents=True)
     keyed = tmp_path / "inventory" / "profiles" / "keyed.yaml"

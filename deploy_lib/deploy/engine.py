@@ -348,7 +348,8 @@ def _current_release(store: StoreFacts, where: str) -> ReleaseRecord:
 
 
 def start(target: Target, service: str, remote: Remote, progress: Progress, environ: Mapping[str, str],
-          restart: bool, clock: Callable[[], float] = time.monotonic) -> Outcome:
+          restart: bool, clock: Callable[[], float] = time.monotonic,
+          before_restart: Callable[[], None] | None = None) -> Outcome:
     """Start (or restart) the current release and climb the readiness ladder, as a deploy does; a release that
     does not come up is rolled back to the last healthy one like a failed deploy. Under the host's lock."""
     layout = target.layout(service)
@@ -359,7 +360,7 @@ def start(target: Target, service: str, remote: Remote, progress: Progress, envi
         if not restart and facts.unit.active_state == "active":
             return Outcome("already running", record.id, record.id)
         tags = Tags.from_dict(record.metadata["tags"])
-        run = Transition(remote, layout, target, progress, environ, clock)
+        run = Transition(remote, layout, target, progress, environ, clock, before_restart=before_restart)
         try:
             ready = run.activate(record.id, record.metadata, start_prediction(facts.store, tags.profile), GRACE_S)
         except ReadinessFailed as failure:
@@ -371,13 +372,16 @@ def start(target: Target, service: str, remote: Remote, progress: Progress, envi
     return Outcome("restarted" if restart else "started", record.id, record.id, ready=ready, timings=run.timings)
 
 
-def stop(target: Target, service: str, remote: Remote) -> Outcome:
-    """Stop the current release's unit (SGLang drains in-flight requests first); recorded in history."""
+def stop(target: Target, service: str, remote: Remote, before_stop: Callable[[], None] | None = None) -> Outcome:
+    """Stop the current release's unit (SGLang drains in-flight requests first); recorded in history. `before_stop`
+    runs just before the server stops (a router takes it out)."""
     layout = target.layout(service)
     with host_lock(remote, layout, "stop", target.host.name):
         store = read_store_facts(remote, layout)
         record = _current_release(store, target.host.name)
         tags = Tags.from_dict(record.metadata["tags"])
+        if before_stop is not None:
+            before_stop()
         hand_pid = hand_run_pid(record.metadata, remote.run(hand_run_check(record.metadata)))
         if hand_pid:
             remote.run(stop_hand_run(hand_pid, Profile.model_validate(record.metadata["profile"]).service

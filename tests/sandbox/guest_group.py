@@ -20,7 +20,8 @@ from sandbox import manage, names
 
 REPO = Path(__file__).resolve().parents[2]
 STORE = "/opt/sglang-deploy/sglang"
-CONSENTING = ("deploy", "rollback", "router.deploy")  # the commands that change hosts take --yes
+CONSENTING = ("deploy", "rollback", "router.deploy", "stop", "start", "restart")  # the commands that change hosts
+WITHOUT_JSON = ("stop", "start", "restart")  # they print their outcome only as text (their report is {})
 
 
 @dataclass
@@ -40,10 +41,12 @@ class GuestGroup:
         environ = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEPLOY_INVENTORY", "HF_TOKEN")}
         consent = ("--yes",) if argv[0] in CONSENTING else ()
         chosen = ("--host", host) if host else ("--group", names.GROUP)
+        as_json = () if argv[0] in WITHOUT_JSON else ("--json",)
         ran = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *argv, "-i", self.inventory,
-                              *chosen, "--json", *consent],
+                              *chosen, *as_json, *consent],
                              capture_output=True, text=True, env=environ, cwd=self.root, timeout=900)
-        return ran.returncode, json.loads(ran.stdout), ran.stderr
+        return ran.returncode, json.loads(ran.stdout) if as_json else {}, ran.stderr + (ran.stdout if not as_json
+                                                                                        else "")
 
     def deploy(self, profile: str, *argv: str, host: str | None = None) -> tuple[int, dict[str, Any], str]:
         return self.invoke("deploy", "--profile", str(self.root / "inventory" / "profiles" / f"{profile}.yaml"),

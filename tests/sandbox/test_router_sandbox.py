@@ -174,3 +174,28 @@ def test_a_group_deploy_behind_the_router_without_serial_goes_one_replica_at_a_t
     assert report["batches"] == [[name] for name in replicas.names]
     assert traffic.failures == [], f"{len(traffic.failures)} failed of {len(traffic.latencies + traffic.failures)}"
     assert all(drained_and_added_back(stderr, guest.name) for guest in replicas.guests)
+
+
+def test_restart_stop_and_start_of_one_replica_by_host_fail_no_request_and_the_stopped_one_stays_out(
+        replicas: Replicas) -> None:
+    replicas.baseline()
+    code, _, stderr = deploy_router(replicas)
+    assert code == 0, stderr
+    router_host, other = replicas.guests
+    ended: dict[str, tuple[int, dict, str]] = {}
+    out_while_stopped: list[list[tuple[str, bool]]] = []
+
+    def restart_stop_start() -> None:
+        for command in ("restart", "stop"):
+            ended[command] = replicas.invoke(command, host=other.name)
+        out_while_stopped.append(router_urls(replicas))
+        ended["start"] = replicas.invoke("start", host=other.name)
+    traffic = Client(f"http://{router_host.guest_ip}:{PORT}").during(restart_stop_start)
+    for command, (code, _, output) in ended.items():
+        assert code == 0, f"{command}: {output}"
+    assert traffic.failures == [], f"{len(traffic.failures)} failed of {len(traffic.latencies + traffic.failures)}"
+    assert traffic.latencies
+    assert drained_and_added_back(ended["restart"][2]) and drained_and_added_back(ended["start"][2])
+    assert "router: drain" in ended["stop"][2] and "stays out of the router" in ended["stop"][2]
+    assert out_while_stopped == [[(f"http://{router_host.guest_ip}:8000", True)]]
+    assert router_urls(replicas) == sorted((f"http://{guest.guest_ip}:8000", True) for guest in replicas.guests)
