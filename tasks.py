@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, TypeVar
+
+# invoke turns bytecode writing off for whatever it imports after its own options (Program.parse_core, unless
+# --write-pyc): a checkout's modules were compiled from source on every command, +40 % of the imports' CPU.
+# Python's own setting (-B, PYTHONDONTWRITEBYTECODE) decides again, for the modules imported from here on.
+sys.dont_write_bytecode = sys.flags.dont_write_bytecode
 
 from invoke import Collection, Context, Exit
 

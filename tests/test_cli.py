@@ -224,6 +224,18 @@ def test_a_no_op_deploy_renders_nothing_and_leaves_the_template_engine_and_fleet
     assert {"jinja2", "deploy_lib.fleet", "rich.table"} & set(report["loaded"]) == set()
 
 
+@pytest.mark.parametrize("no_bytecode", [False, True])
+def test_a_command_writes_the_bytecode_of_what_it_imports_unless_python_is_told_not_to(
+        tmp_path: Path, no_bytecode: bool) -> None:
+    """invoke switches bytecode writing off for what it imports after its own options, so every command compiled the
+    tool's modules from source again (failed before: no deploy_lib bytecode written). PYTHONDONTWRITEBYTECODE wins."""
+    shown = invoke("render", "-p", "glm5-nvfp4", env={"PYTHONPYCACHEPREFIX": str(tmp_path),
+                                                      "PYTHONDONTWRITEBYTECODE": "1" if no_bytecode else ""})
+    assert shown.returncode == 0, shown.stderr
+    written = {path.name.split(".")[0] for path in tmp_path.rglob("*.pyc") if "deploy_lib" in path.parts}
+    assert written == set() if no_bytecode else {"project", "release", "render"} <= written
+
+
 def test_patch_without_a_set_is_exit_2_naming_the_option() -> None:
     refused = invoke("patch", "--check")
     assert refused.returncode == 2 and "--set" in refused.stderr
