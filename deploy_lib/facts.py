@@ -16,7 +16,7 @@ from deploy_lib.cuda_toolkit import CudaToolkit, parse_toolkit, toolkit_steps
 from deploy_lib.digests import sha256_text
 from deploy_lib.errors import PreflightError
 from deploy_lib.host_paths import venv_python
-from deploy_lib.readings import TOOL_ABSENT_OK, Fact, read
+from deploy_lib.readings import TOOL_ABSENT_OK, Fact, Readings, read
 from deploy_lib.remote import Put, Remote, Step, StepResult, concurrently
 from deploy_lib.sglang_options import CACHE_HEADER
 from deploy_lib.store import ENV_FILE, UNIT_FILE, StoreFacts, StoreLayout, parse_store_facts, release_fact_steps
@@ -310,6 +310,15 @@ def read_host_facts(remote: Remote, layout: StoreLayout, venv: str | None, port:
                     write_caches: bool = True) -> HostFacts:
     readings = read(remote, fact_batch(layout, venv, port, cuda_home, working_directory, model_steps, release_id,
                                        write_caches))
+    return parse_host_facts(readings, layout, venv, port, cuda_home, working_directory, model_steps, release_id,
+                            write_caches)
+
+
+def parse_host_facts(readings: Readings, layout: StoreLayout, venv: str | None, port: int | None,
+                     cuda_home: str | None = None, working_directory: str | None = None,
+                     model_steps: Sequence[Step] = (), release_id: str | None = None,
+                     write_caches: bool = True) -> HostFacts:
+    """HostFacts from a batch holding `fact_batch` with the same arguments (and steps of the caller's own)."""
     facts = _host_facts(layout, port, venv, working_directory, release_id, write_caches)
     values = {role: readings.value(fact) for role, fact in facts.items()}
     gpus, gpu_error = values.pop("gpus")

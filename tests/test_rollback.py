@@ -24,7 +24,7 @@ from deploy_lib.interrupts import Interrupt, interrupted, signal_name, signals_r
 from deploy_lib.models import FACT_MODEL
 from deploy_lib.profile import read_stored_profile
 from deploy_lib.release import RecordedRelease
-from deploy_lib.remote import Put, Step, StepResult, describe
+from deploy_lib.remote import OutputLine, Put, Step, StepResult, describe
 from deploy_lib.store import (
     ENV_FILE,
     FAILED,
@@ -183,7 +183,7 @@ class ScriptedHost(FakeRemote):
         for name, (code, out) in replies.items():
             self.reply(name, exit_code=code, stdout=out)
 
-    def run(self, batch: Sequence[Step | Put]) -> list[StepResult]:
+    def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
         for step in batch:
             if step.name == "switch: temp link":
                 self.current = step.argv[-2].removeprefix("releases/")  # type: ignore[union-attr]
@@ -193,7 +193,7 @@ class ScriptedHost(FakeRemote):
             if isinstance(answer, BaseException):
                 raise answer
             self.reply(batch[0].name, stdout=json.dumps(answer), times=1)
-        return super().run(batch)
+        return super().run(batch, on_output)
 
     def rollback(self, to: str = "A") -> object:
         from recording_progress import RecordingProgress
@@ -269,6 +269,10 @@ class ServingEveryRelease(dict):  # type: ignore[type-arg]
         return [READY]
 
 
+def _of_the_lock(step: Step | Put) -> bool:
+    return step.name.startswith("lock:") or (isinstance(step, Put) and step.dest == LAYOUT.lock_owner)
+
+
 def _shown(step: Step | Put) -> str:
     """A step as the dry run lists it; release.json's bytes are left out (it records when it was staged)."""
     return f"put {step.dest} (mode 0{step.mode:o})" if isinstance(step, Put) else describe([step])[0]
@@ -296,10 +300,13 @@ def test_the_dry_run_lists_exactly_the_steps_the_deploy_then_runs() -> None:
     host.results.clear()
     outcome = deploy(loaded, target(), host, RecordingProgress(), Options(grace_s=0))
     assert outcome.action == "deployed" and outcome.release_id == planned.release_id
-    ran = [[_shown(step) for step in batch] for batch in host.batches]
+    ran = [[_shown(step) for step in batch if not _of_the_lock(step)] for batch in host.batches]
     before_ladder = [_shown(step) for step in (*batches["stage"], *batches["switch and restart"])]
     assert before_ladder in ran, "the stage, switch and restart batches ran as listed, in one round trip"
+    taking = [step.name for step in host.batches[ran.index(before_ladder)][:4]]
+    assert taking == ["lock: store directory", "lock: take", f"put {LAYOUT.lock_owner}", store.LOCK_STORE_UNCHANGED], \
+        "the lock is taken in that round trip, the first that changes the host"
     after = ran[ran.index(before_ladder) + 1:]
-    probes = [batch for batch in after if batch[0].startswith("readiness probe")]
+    probes = [batch for batch in after if batch and batch[0].startswith("readiness probe")]
     verified = [_shown(step) for step in batches["once verified"]]
     assert probes and after[len(probes)][:len(verified)] == verified, "sent with the history line, first"

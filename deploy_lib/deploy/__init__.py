@@ -8,10 +8,11 @@ and `invoke start`.
                 hand-run server of an adopted release
     preflight   read-only checks that the host can run a release, new or recorded
     switch      one command's transition of one host (activate, record) and the restore after a failed start
-    engine      the commands: deploy, rollback, start, stop, and the prune after a deploy
+    prune       the prune after a deploy, decided from one read
+    engine      the commands: deploy, rollback, start, stop
 """
 
-from deploy_lib.deploy.engine import Options, Outcome, choose_venv, deploy, prune, rollback, stage_weights, start, stop
+from deploy_lib.deploy.engine import Options, Outcome, choose_venv, deploy, rollback, stage_weights, start, stop
 from deploy_lib.deploy.plan import (
     Plan,
     VenvChoice,
@@ -27,6 +28,7 @@ from deploy_lib.deploy.plan import (
     stop_step,
 )
 from deploy_lib.deploy.preflight import check_release, check_release_files, preflight
+from deploy_lib.deploy.prune import prune
 from deploy_lib.deploy.switch import (
     GRACE_S,
     Transition,

@@ -4,7 +4,8 @@ back), rollback, start and stop of one host, each under the host's lock."""
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
+from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
@@ -22,19 +23,21 @@ from deploy_lib.deploy.plan import (
     stop_hand_run,
 )
 from deploy_lib.deploy.preflight import preflight, rollback_record
+from deploy_lib.deploy.prune import prune, prune_read_steps
 from deploy_lib.deploy.switch import (
     GRACE_S,
     Transition,
     failure_line,
     gate_diagnosis,
     interruption,
+    live_probe,
     recorded_tags,
     restore,
     stop_unit,
 )
 from deploy_lib.diagnose import diagnose
 from deploy_lib.errors import ConfigError, GateFailed, GpuCheckFailed, ReadinessFailed, RemoteError
-from deploy_lib.facts import HostFacts, read_host_facts
+from deploy_lib.facts import HostFacts, fact_batch, parse_host_facts, read_host_facts
 from deploy_lib.health import Ready, ReadyReport
 from deploy_lib.interrupts import signals_raise
 from deploy_lib.models import (
@@ -42,11 +45,6 @@ from deploy_lib.models import (
     PushedModel,
     Weights,
     check_model,
-    doomed_models,
-    listing_steps,
-    model_locations,
-    parse_stored,
-    prune_models,
     push_model,
     size_text,
     stage_model,
@@ -55,8 +53,9 @@ from deploy_lib.models import (
 from deploy_lib.profile import LoadedProfile, Profile
 from deploy_lib.progress import NullProgress, Progress
 from deploy_lib.project import Target
+from deploy_lib.readings import read as read_facts
 from deploy_lib.release import available_secrets, resolve_secrets
-from deploy_lib.remote import Put, Remote, Step, StepResult
+from deploy_lib.remote import Remote, concurrently
 from deploy_lib.server_args import API_KEY_ENV, launch_environment
 from deploy_lib.settings import GateSettings
 from deploy_lib.store import (
@@ -67,30 +66,19 @@ from deploy_lib.store import (
     StoreFacts,
     StoreLayout,
     Tags,
-    append_history,
-    describe_pruned_releases,
-    history_entry,
     host_lock,
-    parse_store_facts,
-    prune_releases,
+    lock_on_first_change,
     read_store_facts,
-    release_fact_steps,
-    releases_to_prune,
 )
 from deploy_lib.venvs import (
     cache_dir_steps,
     cache_environment,
-    describe_prune,
     ensure_venv,
     load_lock,
     plan_build,
-    plan_prune,
-    prune_steps,
-    release_venv_hash,
 )
-from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
 from deploy_lib.venvs import read_facts as read_venv_facts
-from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps
+from deploy_lib.versions import READY_ENDPOINT_SINCE
 
 
 @dataclass(frozen=True)
@@ -141,9 +129,12 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
            clock: Callable[[], float] = time.monotonic) -> Outcome:
     """Take the host to the profile's release, or back to its last healthy one; raise DeployError on failure.
 
-    Everything but a dry run holds the host's lock from the first read on: the venv build, the decision, the
-    switch and the prune see one consistent store that no other command changes meanwhile. SIGINT and SIGTERM
-    after the switch finish the transition (back to the last healthy release) and end the command with
+    Everything but a dry run decides from one read of the host that carries the lock's state (held by another run:
+    LockHeld) and, when the release serves already, the live probe: a no-op is that one round trip and writes
+    nothing. Any change takes the lock in its first round trip, only if the store is still as read (compare-and-set,
+    `lock_on_first_change`), and releases it in the last, so the switch and the prune see the store the decision
+    saw; a venv build (`service.venv_build`) changes the host before that read and takes the lock first. SIGINT and
+    SIGTERM after the switch finish the transition (back to the last healthy release) and end the command with
     Interrupted/Terminated."""
     profile = loaded.profile
     run = Transition(remote, target.layout(profile.service.name), target, progress, options.environ, clock,
@@ -153,7 +144,13 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
             if options.dry_run:  # a plan needs no secret value: it says which ones it could not read
                 return _deploy(run, loaded, options, *available_secrets(profile, options.environ))
             secrets = resolve_secrets(profile, options.environ)  # ConfigError before any connection
-            with host_lock(remote, run.layout, f"deploy {loaded.name}", target.host.name):
+            purpose, where = f"deploy {loaded.name}", target.host.name
+            with ExitStack() as held:
+                if profile.service.venv_build is not None and options.venv is None:
+                    # building the venv changes the host before the facts are read: the lock from the first step
+                    held.enter_context(host_lock(remote, run.layout, purpose, where))
+                run.lock = held.enter_context(lock_on_first_change(remote, run.layout, purpose, where))
+                run.remote = run.lock
                 return _deploy(run, loaded, options, secrets, {})
         except KeyboardInterrupt as stop:
             raise run.interrupted_outside(stop) from None
@@ -168,9 +165,17 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
     started = run.clock()
     # the toolkit decides only whether FlashInfer can JIT-build the fusion's kernels (deploy_lib/cuda_toolkit.py)
     toolkit_home = cuda_home(launch_environment(profile)) if profile.features.allreduce_fusion else None
-    facts = read_host_facts(remote, layout, venv.path, profile.server.port, toolkit_home,
-                            profile.service.working_directory, model.fact_steps(venv.path),
-                            write_caches=not options.dry_run)
+    fact_args = (layout, venv.path, profile.server.port, toolkit_home, profile.service.working_directory,
+                 model.fact_steps(venv.path), None, not options.dry_run)
+    # the live probe for a release that may serve already; the version only picks its health path, taken as one
+    # with /ready (live_verdict sends it again when the plan's release says otherwise)
+    speculative = {"profile": profile.model_dump(mode="json"),
+                   "sglang_version": venv.sglang_version or READY_ENDPOINT_SINCE}
+    read = read_facts(remote, [*fact_batch(*fact_args), *concurrently([live_probe(layout, speculative,
+                                                                                    options.environ)])])
+    facts = parse_host_facts(read, *fact_args)
+    if run.lock is not None:
+        run.lock.decided_from(facts.store.lock, facts.store.digest)
     current = facts.store.release(facts.store.current) if facts.store.current else None
     hand_pid = hand_run_pid(current.metadata if current else None,
                             remote.run(hand_run_check(current.metadata if current else None)))
@@ -181,7 +186,7 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
     plan = plan_deploy(loaded, target, facts, secrets, options.force, datetime.now(UTC), venv, options.patches,
                        not_available, hand_pid, model, model_facts)
     preflight(plan, loaded, target, facts, hand_pid)
-    if plan.unchanged and not isinstance(verdict := run.live_verdict(plan.release.metadata()), Ready):
+    if plan.unchanged and not isinstance(verdict := run.live_verdict(plan.release.metadata(), read), Ready):
         plan = replace(plan, unchanged=False, notes=(*plan.notes, f"release {plan.release.id} is current but not "
                                                      f"ready ({verdict.message}): it is restarted and verified"))
     for note in () if options.dry_run else plan.notes:  # a dry run prints them with the plan
@@ -225,8 +230,8 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
         restore(run, facts.store, plan.release.id, interrupt, diagnosis, restore_id, plan.current_id)
     # the store as the record leaves it: what the lock let no one else change, plus the release just staged
     known = [*facts.store.releases, ReleaseRecord(plan.release.id, "", plan.release.metadata())]
-    read = run.record("deploy", HEALTHY, tags, then=prune_read_steps(layout, known))
-    prune(remote, layout, profile.service.keep_releases, tags, progress, read)
+    found = run.record("deploy", HEALTHY, tags, then=prune_read_steps(layout, known))
+    prune(remote, layout, profile.service.keep_releases, tags, progress, found)
     return Outcome("deployed", plan.release.id, plan.current_id, plan=plan, ready=ready, timings=run.timings)
 
 
@@ -262,42 +267,6 @@ def stage_weights(run: Transition, model: Weights, venv: str, plan: Plan, facts:
     run.timings["model"] = round(run.clock() - started, 3)
     run.progress.step_done(f"model: {len(staged.files)} files, {size_text(staged.total_bytes)} staged",
                            run.timings["model"])
-
-
-def prune_read_steps(layout: StoreLayout, releases: Sequence[ReleaseRecord]) -> list[Step | Put]:
-    """What prune decides from: the store's releases, current and history, its venvs, and the weights kept where
-    `releases` keep theirs."""
-    return [*release_fact_steps(layout), *venv_store_fact_steps(layout), *listing_steps(model_locations(releases))]
-
-
-def prune(remote: Remote, layout: StoreLayout, keep: int, tags: Tags, progress: Progress,
-          read: Sequence[StepResult] | None = None) -> tuple[str, ...]:
-    """Releases beyond keep-N (never current or the last healthy), leftovers and damaged releases, then venvs and
-    staged model revisions no kept release uses. What was removed is shown and recorded in history (a damaged
-    release with its reason), in one round trip.
-
-    Decided from a fresh read (`prune_read_steps`, sent with the commit's history line, or read here): what is on
-    the host after the commit, current and history included."""
-    if read is None:  # the store first, then the weights its releases keep
-        read = remote.run([*release_fact_steps(layout), *venv_store_fact_steps(layout)])
-        read = [*read, *remote.run(listing_steps(model_locations(parse_store_facts(layout, read).releases)))]
-    store, venv_store = parse_store_facts(layout, read), parse_venv_store_facts(layout, read)
-    doomed = releases_to_prune(store, keep)
-    kept_venvs = [release_venv_hash(layout, str(r.metadata.get("venv", ""))) for r in store.releases
-                  if r.id not in doomed]
-    venv_plan = plan_prune(venv_store, kept_venvs)
-    stored = parse_stored(read, store.releases)
-    kept = {r.id for r in store.releases if r.id not in doomed}
-    removed = (*describe_pruned_releases(store, doomed), *describe_prune(venv_plan),
-               *(f"model {item.name} {item.version[:12]}" for item in doomed_models(stored, kept)))
-    if not removed:
-        return ()
-    remote.run([*prune_releases(layout, doomed), *prune_steps(layout, venv_plan),
-                *prune_models(stored, kept, model_locations(store.releases)),
-                *append_history(layout, history_entry("prune", HEALTHY, tags, datetime.now(UTC),
-                                                      "removed " + "; ".join(removed)))])
-    progress.note("pruned " + "; ".join(removed))
-    return removed
 
 
 def rollback(target: Target, service: str, remote: Remote, progress: Progress, to: str | None,

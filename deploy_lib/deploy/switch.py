@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
@@ -47,13 +47,14 @@ from deploy_lib.interrupts import interrupted, signal_name
 from deploy_lib.profile import read_stored_profile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
-from deploy_lib.readings import ABSENT_OK
+from deploy_lib.readings import ABSENT_OK, Readings
 from deploy_lib.release import RecordedRelease, read_secret
 from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.server_args import API_KEY_ENV
 from deploy_lib.store import (
     FAILED,
     HEALTHY,
+    LockOnFirstChange,
     StoreFacts,
     StoreLayout,
     Tags,
@@ -93,6 +94,11 @@ def probe_target(layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapp
                        api_key=read_secret(API_KEY_ENV, server.api_key, environ) if with_key else None)
 
 
+def live_probe(layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]) -> Step:
+    """The probe `Transition.live_verdict` sends for a release: unit, port and health endpoint, no generation."""
+    return probe_step(probe_target(layout, metadata, environ, generation=False), Rung.HEALTH)
+
+
 @dataclass
 class Transition:
     """One command against one host: the remote, the clock, where timings go, and how far the transition got."""
@@ -111,6 +117,7 @@ class Transition:
     verified: str | None = None  # the release the last ladder found ready
     before_restart: Callable[[], None] | None = None
     unsent: list[Step | Put] = field(default_factory=list)  # the verified batch, sent with the healthy record
+    lock: LockOnFirstChange | None = None  # a deploy's lock, taken with its first change and released with `last`
 
     @property
     def where(self) -> str:
@@ -126,13 +133,14 @@ class Transition:
         self.progress.step_done(name, self.timings[name])
         return results
 
-    def record(self, event: str, outcome: str, tags: Tags, cause: str = "", then: Sequence[Step | Put] = ()
-               ) -> list[StepResult]:
+    def record(self, event: str, outcome: str, tags: Tags, cause: str = "", then: Sequence[Step | Put] = (),
+               last: bool = False) -> list[StepResult]:
         """Append the history line, in one round trip with the verified batch of the start it records healthy
-        (what `activate` left unsent) and with `then`."""
+        (what `activate` left unsent), with `then`, and (`last`: the command's last round trip) the lock's release."""
         verified, self.unsent = (self.unsent if outcome == HEALTHY else []), []
         entry = history_entry(event, outcome, tags, datetime.now(UTC), cause, self.timings)
-        return self.remote.run([*verified, *append_history(self.layout, entry), *then])
+        batch = [*verified, *append_history(self.layout, entry), *then]
+        return self.lock.finish(batch) if last and self.lock is not None else self.remote.run(batch)
 
     def journal_diagnosis(self, cursor: str | None, profile: str | None) -> Diagnosis:
         """Why the release of `profile` did not start, from the unit's journal since `cursor`."""
@@ -151,11 +159,14 @@ class Transition:
         check_release_files(release, self.layout, facts, self.where)
         return facts
 
-    def live_verdict(self, metadata: Mapping[str, Any]) -> Verdict:
-        """One probe of the running server up to the health endpoint (no generation): is it ready right now?"""
-        target = probe_target(self.layout, metadata, self.environ, generation=False)
+    def live_verdict(self, metadata: Mapping[str, Any], read: Readings | None = None) -> Verdict:
+        """One probe of the running server up to the health endpoint (no generation): is it ready right now?
+        Taken from `read` when that batch sent this very probe (the facts' round trip), else sent now."""
+        step = live_probe(self.layout, metadata, self.environ)
+        seen = read.get(step.name) if read is not None else None
         try:
-            [result] = self.remote.run([probe_step(target, Rung.HEALTH)])
+            [result] = [seen] if seen is not None and replace(seen.step, concurrent=False) == step else \
+                self.remote.run([step])
             return assess(parse_snapshot(result, Rung.HEALTH), None, Rung.HEALTH)
         except ReadinessFailed as broken:
             return NotReady(broken.message, broken.rung, broken.evidence)

@@ -15,8 +15,8 @@ Layout (design.md, "The release"), under <root>/<service>/:
     releases    stage, repair, switch and prune releases
     lock        the host lock (Kamal's: mkdir is the atomic test-and-set, owner.json says who)
 
-Nothing here opens a connection: the few functions that act (`take_lock`, `holding_lock`, `host_lock`, `unlock`,
-`read_store_facts`) only call a `Remote` they are given.
+Nothing here opens a connection: the few functions that act (`take_lock`, `holding_lock`, `host_lock`,
+`lock_on_first_change`, `unlock`, `read_store_facts`) only call a `Remote` they are given.
 """
 
 from deploy_lib.store.facts import (
@@ -63,13 +63,17 @@ from deploy_lib.store.lock import (
     FACT_CLOCK,
     FACT_LOCK,
     FACT_LOCK_OWNER,
+    FACT_STORE_DIGEST,
+    LOCK_STORE_UNCHANGED,
     LOCK_TAKE,
     LockContext,
     LockInfo,
+    LockOnFirstChange,
     LockOwner,
     acquire_lock,
     holding_lock,
     host_lock,
+    lock_on_first_change,
     lock_staleness,
     remove_lock,
     take_lock,
@@ -97,9 +101,11 @@ __all__ = [
     "FACT_LOCK_OWNER",
     "FACT_RELEASE_DIRS",
     "FACT_RELEASE_FILES",
+    "FACT_STORE_DIGEST",
     "FAILED",
     "FILE_MODE",
     "HEALTHY",
+    "LOCK_STORE_UNCHANGED",
     "LOCK_TAKE",
     "RELEASE_FILE",
     "RESTARTED",
@@ -110,6 +116,7 @@ __all__ = [
     "HistoryEntry",
     "LockContext",
     "LockInfo",
+    "LockOnFirstChange",
     "LockOwner",
     "ReleaseRecord",
     "StoreFacts",
@@ -123,6 +130,7 @@ __all__ = [
     "host_lock",
     "iso_time",
     "json_line",
+    "lock_on_first_change",
     "lock_staleness",
     "operator_name",
     "parse_current",

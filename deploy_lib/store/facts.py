@@ -13,7 +13,14 @@ from deploy_lib.readings import ABSENT_OK, Readings, read
 from deploy_lib.remote import Remote, Step, StepResult
 from deploy_lib.store.history import ACTIVATIONS, CRASHED, FAILED, HEALTHY, RESTARTED, HistoryEntry
 from deploy_lib.store.layout import ENV_FILE, RELEASE_FILE, STAGING_SUFFIX, UNIT_FILE, StoreLayout
-from deploy_lib.store.lock import LockInfo, lock_fact_steps, parse_lock_facts
+from deploy_lib.store.lock import (
+    FACT_STORE_DIGEST,
+    LockInfo,
+    lock_fact_steps,
+    parse_lock_facts,
+    parse_store_digest,
+    store_digest_step,
+)
 
 HISTORY_TAIL_LINES = 500
 FACT_CURRENT = "store facts: current"
@@ -23,9 +30,11 @@ FACT_HISTORY = "store facts: history"
 
 
 def release_fact_steps(layout: StoreLayout, history_lines: int = HISTORY_TAIL_LINES) -> list[Step]:
-    """Read-only: where current points, the release directories and their release.json, history, the lock."""
+    """Read-only: the store's digest (read first: a change after it shows when the lock is taken), where current
+    points, the release directories and their release.json, history, the lock."""
     releases = str(layout.releases)
     return [
+        store_digest_step(layout),
         Step(FACT_CURRENT, ("readlink", "--", str(layout.current)), ok=ABSENT_OK),
         # "<id>\0" for each entry of releases/ and "<id>/<file>\0" for each file in it: what a release lacks
         Step(FACT_RELEASE_DIRS, ("find", releases, "-mindepth", "1", "-maxdepth", "2", "-printf", "%P\\0"),
@@ -63,6 +72,7 @@ class StoreFacts:
     lock: LockInfo | None
     unreadable_history_lines: int = 0
     damaged: tuple[DamagedRelease, ...] = ()   # every other entry of releases/, with what is wrong with it
+    digest: str | None = None   # the store's state when it was read (lock_on_first_change compares it)
 
     def release(self, release_id: str) -> ReleaseRecord | None:
         return next((r for r in self.releases if r.id == release_id), None)
@@ -197,6 +207,7 @@ def parse_store_facts(layout: StoreLayout, results: Sequence[StepResult] | Readi
         lock=parse_lock_facts(found),
         unreadable_history_lines=unreadable,
         damaged=tuple(damaged),
+        digest=parse_store_digest(found.get(FACT_STORE_DIGEST)),
     )
 
 

@@ -1,5 +1,6 @@
 """The host lock (Kamal's: mkdir is the atomic test-and-set, owner.json says who): who holds it, whether it looks
-abandoned, and the one re-entrant `host_lock` every change to a store runs under."""
+abandoned, the one re-entrant `host_lock` every change to a store runs under, and `lock_on_first_change` for a
+command that decides from one read whether it changes anything at all (a deploy: a no-op writes nothing)."""
 
 from __future__ import annotations
 
@@ -12,10 +13,11 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from pathlib import Path, PurePosixPath
 
 from deploy_lib.errors import DeployError, LockHeld, StepFailed
 from deploy_lib.readings import ABSENT_OK, Readings, read
-from deploy_lib.remote import Put, Remote, Step, StepResult
+from deploy_lib.remote import OutputLine, Put, Remote, Step, StepResult
 from deploy_lib.store.layout import FILE_MODE, StoreLayout, iso_time, json_line
 
 # A lock older than this is reported as stale even when its owner cannot be checked (another machine).
@@ -26,6 +28,25 @@ OWNERLESS_LOCK_GRACE_S = 60
 FACT_CLOCK = "store facts: clock"
 FACT_LOCK = "store facts: lock"
 FACT_LOCK_OWNER = "store facts: lock owner"
+FACT_STORE_DIGEST = "store facts: digest"
+
+# What a command decides from and another command changes: where current points, each release directory and file
+# (name, size, mtime) and history's size and mtime; their sha256, printed by the read and compared by the take.
+_STORE_DIGEST = ('{ readlink -- "$1"; find "$2" -mindepth 1 -maxdepth 2 -printf \'%P %s %T@\\n\'; '
+                 'stat -c \'%s %Y\' -- "$3"; } 2>/dev/null | sha256sum')
+
+
+def _digest_argv(layout: StoreLayout, script: str, *more: str) -> tuple[str, ...]:
+    return ("sh", "-c", script, "sh", str(layout.current), str(layout.releases), str(layout.history), *more)
+
+
+def store_digest_step(layout: StoreLayout) -> Step:
+    """Read-only: the digest of the store's state that `lock_on_first_change` compares when it takes the lock."""
+    return Step(FACT_STORE_DIGEST, _digest_argv(layout, _STORE_DIGEST), ok=ABSENT_OK)
+
+
+def parse_store_digest(result: StepResult | None) -> str | None:
+    return result.stdout.strip() if result is not None and result.exit_code == 0 and result.stdout.strip() else None
 
 
 def lock_fact_steps(layout: StoreLayout) -> list[Step]:
@@ -91,6 +112,12 @@ def parse_lock_facts(results: Sequence[StepResult] | Readings) -> LockInfo | Non
 
 LOCK_TAKE = "lock: take"
 LOCK_STILL_OURS = "lock: still ours"
+LOCK_STORE_UNCHANGED = "lock: store unchanged since it was read"
+
+
+def store_unchanged_step(layout: StoreLayout, digest: str) -> Step:
+    """Exit 0 when the store's digest is still `digest` (what the command decided from), 1 when it changed."""
+    return Step(LOCK_STORE_UNCHANGED, _digest_argv(layout, f'test "$({_STORE_DIGEST})" = "$4"', digest))
 
 
 def acquire_lock(layout: StoreLayout, owner: LockOwner) -> list[Step | Put]:
@@ -194,9 +221,12 @@ def holding_lock(remote: Remote, layout: StoreLayout, owner: LockOwner, context:
     except StepFailed as failure:
         if getattr(failure.step, "name", None) != LOCK_STILL_OURS:
             raise
-        raise LockHeld(f"the deploy lock on {context.where} was no longer ours at the end of this run "
-                       "(forced open and taken by someone else?); it was left in place",
-                       hint="`invoke unlock` shows who holds it now") from failure
+        raise no_longer_ours(context.where) from failure
+
+
+def no_longer_ours(where: str) -> LockHeld:
+    return LockHeld(f"the deploy lock on {where} was no longer ours at the end of this run (forced open and taken "
+                    "by someone else?); it was left in place", hint="`invoke unlock` shows who holds it now")
 
 
 def _release_quietly(remote: Remote, layout: StoreLayout, owner: LockOwner) -> None:
@@ -227,6 +257,124 @@ def host_lock(remote: Remote, layout: StoreLayout, purpose: str, where: str,
             yield held
         finally:
             del _HELD[key]
+
+
+class LockOnFirstChange:
+    """The host's lock for a command that may change nothing: a Remote that passes the command's read through, then
+    takes the lock in the first round trip after it and releases it in the last (`finish`), so that a command that
+    changes nothing takes no lock and writes nothing.
+
+    The read carries the lock's state and the store's digest (`release_fact_steps`); `decided_from` refuses at once
+    when someone holds the lock (LockHeld, as `take_lock` would). The take is a compare-and-set: mkdir, owner.json,
+    then the store's digest compared with the one read, all before the first change of that round trip; a store
+    another command changed meanwhile ends the command with LockHeld and nothing changed. Inside a lock this process
+    holds already (`host_lock`: a patch-fusion deploy, a venv build) it only passes batches through."""
+
+    def __init__(self, remote: Remote, layout: StoreLayout, owner: LockOwner, context: LockContext,
+                 held_already: bool) -> None:
+        self.inner = remote
+        self.layout = layout
+        self.owner = owner
+        self.context = context
+        self.held_already = held_already
+        self.digest: str | None = None  # the store as the command read it; None: not decided yet
+        self.taken = False  # the take was sent: released on the way out, if it is still ours
+        self.released = False
+
+    def decided_from(self, lock: LockInfo | None, digest: str | None) -> None:
+        """The command decides from a read carrying the lock's state and the store's digest: raise LockHeld when
+        another run holds the lock; any later batch takes it first."""
+        if self.held_already:
+            return
+        if lock is not None:
+            raise lock_held_error(self.context.where, lock, lock_staleness(
+                lock, self.context.this_host, self.context.is_alive, self.context.stale_after_s))
+        self.digest = digest or ""
+
+    def _take_steps(self) -> list[Step | Put]:
+        if self.held_already or self.digest is None or self.taken:
+            return []
+        return [*acquire_lock(self.layout, self.owner), store_unchanged_step(self.layout, self.digest)]
+
+    def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
+        if not batch:
+            return []
+        return self._send([*batch], [], on_output)
+
+    def finish(self, batch: Sequence[Step | Put]) -> list[StepResult]:
+        """Run the command's last batch with the lock's release in the same round trip (when the command took the
+        lock, or takes it with this batch); raise LockHeld when the lock is no longer ours by then."""
+        taking = bool(batch and self._take_steps())
+        release = release_lock(self.layout, self.owner) if (self.taken and not self.released) or taking else []
+        if not batch and not release:
+            return []
+        try:
+            results = self._send([*batch], release, None)
+        except StepFailed as failure:
+            if getattr(failure.step, "name", None) != LOCK_STILL_OURS:
+                raise
+            self.released = True
+            raise no_longer_ours(self.context.where) from failure
+        self.released = self.released or bool(release)
+        return results
+
+    def _send(self, batch: list[Step | Put], release: Sequence[Step | Put], on_output: OutputLine | None
+              ) -> list[StepResult]:
+        """One call of the inner remote: the take first when the lock is still to be taken, the release last."""
+        take = self._take_steps()
+        if not take:
+            return self.inner.run([*batch, *release], on_output)[:len(batch)]
+        self.taken = True
+        try:
+            results = self.inner.run([*take, *batch, *release], on_output)
+        except StepFailed as failure:
+            name = getattr(failure.step, "name", None)
+            if name == LOCK_TAKE:
+                self.taken = False
+                lock = read_lock(self.inner, self.layout)
+                if lock is None:
+                    raise  # mkdir failed and no lock exists: not contention (read-only or full filesystem, ...)
+                raise lock_held_error(self.context.where, lock, lock_staleness(
+                    lock, self.context.this_host, self.context.is_alive, self.context.stale_after_s)) from None
+            if name == LOCK_STORE_UNCHANGED:
+                self.release_quietly()
+                raise LockHeld(f"the release store on {self.context.where} changed after this command read it "
+                               "(another command ran meanwhile); nothing was changed",
+                               hint="rerun: it decides again from the host as it is now") from None
+            raise
+        return results[len(take):len(take) + len(batch)]
+
+    def push_directory(self, local_dir: Path, dest: PurePosixPath, link_dest: PurePosixPath | None,
+                       on_output: OutputLine | None = None) -> StepResult:
+        self._send([], [], None)  # rsync is a round trip of its own: the lock is taken before it
+        return self.inner.push_directory(local_dir, dest, link_dest, on_output)
+
+    def close(self) -> None:
+        self.inner.close()
+
+    def release_quietly(self) -> None:
+        """Release the lock if this command took it and it is still ours; an error here would hide the real one."""
+        if self.taken and not self.released:
+            self.released = True
+            _release_quietly(self.inner, self.layout, self.owner)
+
+
+@contextmanager
+def lock_on_first_change(remote: Remote, layout: StoreLayout, purpose: str, where: str,
+                         context: LockContext | None = None) -> Iterator[LockOnFirstChange]:
+    """The block's remote (`LockOnFirstChange`): the lock taken with the first batch after the read the block
+    decides from, released with its last (`finish`) or on any exit, Ctrl-C included; inside `host_lock` it passes
+    batches through."""
+    key = (id(remote), str(layout.lock))
+    held = _HELD.get(key)
+    locked = LockOnFirstChange(remote, layout, held or this_process_owner(purpose, datetime.now(UTC)),
+                               context or LockContext(where=where), held_already=held is not None)
+    try:
+        yield locked
+    except BaseException:
+        locked.release_quietly()
+        raise
+    locked.finish([])
 
 
 def unlock(remote: Remote, layout: StoreLayout, force: bool, context: LockContext) -> LockInfo | None:

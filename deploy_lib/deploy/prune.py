@@ -1,0 +1,63 @@
+"""Prune after a deploy: releases beyond keep-N, leftovers and damaged releases, then the venvs and staged model
+revisions no kept release uses, decided from one read of what is on the host."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+
+from deploy_lib.models import doomed_models, listing_steps, model_locations, parse_stored, prune_models
+from deploy_lib.progress import Progress
+from deploy_lib.remote import Put, Remote, Step, StepResult
+from deploy_lib.store import (
+    HEALTHY,
+    ReleaseRecord,
+    StoreLayout,
+    Tags,
+    append_history,
+    describe_pruned_releases,
+    history_entry,
+    parse_store_facts,
+    prune_releases,
+    release_fact_steps,
+    releases_to_prune,
+)
+from deploy_lib.venvs import describe_prune, plan_prune, prune_steps, release_venv_hash
+from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
+from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps
+
+
+def prune_read_steps(layout: StoreLayout, releases: Sequence[ReleaseRecord]) -> list[Step | Put]:
+    """What prune decides from: the store's releases, current and history, its venvs, and the weights kept where
+    `releases` keep theirs."""
+    return [*release_fact_steps(layout), *venv_store_fact_steps(layout), *listing_steps(model_locations(releases))]
+
+
+def prune(remote: Remote, layout: StoreLayout, keep: int, tags: Tags, progress: Progress,
+          read: Sequence[StepResult] | None = None) -> tuple[str, ...]:
+    """Releases beyond keep-N (never current or the last healthy), leftovers and damaged releases, then venvs and
+    staged model revisions no kept release uses. What was removed is shown and recorded in history (a damaged
+    release with its reason), in one round trip.
+
+    Decided from a fresh read (`prune_read_steps`, sent with the commit's history line, or read here): what is on
+    the host after the commit, current and history included."""
+    if read is None:  # the store first, then the weights its releases keep
+        read = remote.run([*release_fact_steps(layout), *venv_store_fact_steps(layout)])
+        read = [*read, *remote.run(listing_steps(model_locations(parse_store_facts(layout, read).releases)))]
+    store, venv_store = parse_store_facts(layout, read), parse_venv_store_facts(layout, read)
+    doomed = releases_to_prune(store, keep)
+    kept_venvs = [release_venv_hash(layout, str(r.metadata.get("venv", ""))) for r in store.releases
+                  if r.id not in doomed]
+    venv_plan = plan_prune(venv_store, kept_venvs)
+    stored = parse_stored(read, store.releases)
+    kept = {r.id for r in store.releases if r.id not in doomed}
+    removed = (*describe_pruned_releases(store, doomed), *describe_prune(venv_plan),
+               *(f"model {item.name} {item.version[:12]}" for item in doomed_models(stored, kept)))
+    if not removed:
+        return ()
+    remote.run([*prune_releases(layout, doomed), *prune_steps(layout, venv_plan),
+                *prune_models(stored, kept, model_locations(store.releases)),
+                *append_history(layout, history_entry("prune", HEALTHY, tags, datetime.now(UTC),
+                                                      "removed " + "; ".join(removed)))])
+    progress.note("pruned " + "; ".join(removed))
+    return removed

@@ -1,0 +1,126 @@
+"""A deploy's round trips against a scripted host (no SSH): a no-op is the facts' one round trip and writes nothing,
+not even the lock; a change takes the lock in its first round trip, only if the store is still as read."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from recording_progress import RecordingProgress
+from test_deploy_plan import PROJECT, first_plan, options_accepting, target
+from test_host_lock import HOLDER
+from test_rollback import LAYOUT, NOW, READY, ScriptedHost, ServingEveryRelease, _tags
+from test_store import release_entries
+
+from deploy_lib import facts as host_facts
+from deploy_lib import store
+from deploy_lib.deploy import Options, deploy
+from deploy_lib.errors import LockHeld
+from deploy_lib.models import FACT_MODEL
+from deploy_lib.remote import Put, round_trips
+from deploy_lib.store import HEALTHY, UNIT_FILE, history_entry
+
+LIVE_PROBE = "readiness probe (health)"
+WRITES = ("lock:", "stage:", "switch:", "systemd:", "history:", "put ")
+
+
+def writes(host: ScriptedHost) -> list[str]:
+    return [name for name in host.ran_names() if name.startswith(WRITES)]
+
+
+def a_host() -> ScriptedHost:
+    """Releases A and B (B current and serving), the model staged, and an SGLang that knows the profile's flags."""
+    host = ScriptedHost(ServingEveryRelease())
+    model = {"commit": "c" * 40, "files": [{"path": "config.json", "size": 12, "blob": "c1"}], "missing": [],
+             "missing_bytes": 0, "free_bytes": 10**12, "hf_home": "/root/.cache/huggingface", "asked_hub": True}
+    host.reply(FACT_MODEL, stdout=f"RESULT {json.dumps(model)}\n")
+    host.reply(host_facts.FACT_UNIT_LINK, stdout=f"{LAYOUT.current / UNIT_FILE}\n")
+    sums = first_plan()[1].release.metadata()["files"]
+    host.reply(host_facts.FACT_FILE_SUMS, stdout="".join(f"{digest}  /x/{name}\n" for name, digest in sums.items()))
+    sglang = {"sglang_version": "0.5.23", "flashinfer_version": "0.7.2",
+              "options": options_accepting((*first_plan()[1].release.args, "--revision", "c" * 40))}
+    host.reply(host_facts.FACT_SGLANG, stdout=json.dumps(sglang))
+    host.reply(LIVE_PROBE, stdout=json.dumps(READY))
+    return host
+
+
+def serving_the_profile() -> tuple[ScriptedHost, str]:
+    """A host where the reference profile was deployed and verified: its release is current and serving."""
+    host = a_host()
+    outcome = deploy(PROJECT.profile("glm5-nvfp4"), target(), host, RecordingProgress(), Options(grace_s=0))
+    rid = outcome.release_id
+    assert outcome.action == "deployed" and rid is not None
+    metadata = json.loads(host.file_text(LAYOUT.staging(rid) / store.RELEASE_FILE))
+    files = "".join(f"{LAYOUT.releases}/{r}/release.json\0{json.dumps(m)}\n" for r, m in
+                    (("B", {**metadata, "id": "B"}), (rid, metadata)))
+    history = "".join(history_entry("deploy", HEALTHY, tags, NOW).to_json().decode()
+                      for tags in (_tags("B"), store.Tags.from_dict(metadata["tags"])))
+    sums = "".join(f"{digest}  /x/{name}\n" for name, digest in metadata["files"].items())
+    for name, stdout in ((store.FACT_CURRENT, f"releases/{rid}\n"), (store.FACT_RELEASE_DIRS,
+                         release_entries("B", rid)), (store.FACT_RELEASE_FILES, files),
+                         (store.FACT_HISTORY, history), (host_facts.FACT_FILE_SUMS, sums)):
+        host.reply(name, stdout=stdout)
+    host.batches.clear()
+    host.results.clear()
+    return host, rid
+
+
+def test_a_no_op_deploy_is_one_round_trip_and_writes_nothing_not_even_the_lock() -> None:
+    host, rid = serving_the_profile()
+    outcome = deploy(PROJECT.profile("glm5-nvfp4"), target(), host, RecordingProgress(), Options(grace_s=0))
+    assert (outcome.action, outcome.release_id) == ("unchanged", rid)
+    assert len(host.batches) == 1 and len(round_trips(host.batches[0])) == 1, "the facts' one round trip"
+    assert LIVE_PROBE in host.ran_names(), "the live probe of the serving release rode in it"
+    assert writes(host) == []
+
+
+def test_a_release_current_but_not_ready_is_restarted_under_the_lock() -> None:
+    """Input tried: the facts' live probe finds the current release's health endpoint answering 503."""
+    host, rid = serving_the_profile()
+    host.reply(LIVE_PROBE, stdout=json.dumps({**READY, "health_status": 503}))
+    outcome = deploy(PROJECT.profile("glm5-nvfp4"), target(), host, RecordingProgress(), Options(grace_s=0))
+    assert outcome.action == "deployed" and outcome.release_id == rid
+    names = host.ran_names()
+    assert names.index(store.LOCK_TAKE) < names.index(store.LOCK_STORE_UNCHANGED) < names.index("systemd: restart")
+    assert names[-1] == "lock: release"
+
+
+def test_a_deploy_while_another_run_holds_the_lock_is_refused_from_the_facts_alone() -> None:
+    """Input tried: the lock held by a live deploy on another machine, seen in the facts' read."""
+    host, _ = serving_the_profile()
+    host.reply(store.FACT_LOCK, stdout="1764499990\n").reply(store.FACT_LOCK_OWNER, stdout=HOLDER.to_json().decode())
+    with pytest.raises(LockHeld, match=r"held by other@elsewhere \(pid 77\).*\(deploy glm5-omp4\); lock age 10 s") \
+            as refused:
+        deploy(PROJECT.profile("glm5-nvfp4"), target(), host, RecordingProgress(), Options(grace_s=0))
+    assert refused.value.exit_code == 4 and "invoke unlock --force" in (refused.value.hint or "")
+    assert len(host.batches) == 1 and writes(host) == []
+
+
+def changed_profile():
+    base = PROJECT.profile("glm5-nvfp4")
+    return base.model_copy(update={"profile": base.profile.model_copy(update={"env": {"NCCL_DEBUG_SUBSYS": "ALL"}})})
+
+
+def test_a_store_changed_between_the_read_and_the_take_ends_the_deploy_with_nothing_changed() -> None:
+    """Input tried: another command switched or pruned between this deploy's facts and its first change (the
+    compare-and-set step exits 1)."""
+    host, _ = serving_the_profile()
+    host.reply(store.LOCK_STORE_UNCHANGED, exit_code=1)
+    with pytest.raises(LockHeld, match=r"changed after this command read it.*nothing was changed") as refused:
+        deploy(changed_profile(), target(), host, RecordingProgress(), Options(grace_s=0))
+    assert refused.value.exit_code == 4
+    assert [name for name in writes(host) if not name.startswith("lock:")] == [f"put {LAYOUT.lock_owner}"], \
+        "only the lock's own owner.json was written"
+    assert host.ran_names()[-2:] == ["lock: still ours", "lock: release"], "the lock it took is released"
+
+
+def test_a_lock_taken_by_another_run_between_the_read_and_the_take_is_theirs() -> None:
+    """Input tried: the lock free in the facts, then `mkdir` of the lock failing (another run took it)."""
+    host, _ = serving_the_profile()
+    host.reply(store.LOCK_TAKE, exit_code=1, stderr="mkdir: cannot create directory: File exists")
+    host.reply(store.FACT_LOCK, stdout="1764499990\n").reply(store.FACT_LOCK_OWNER, stdout=HOLDER.to_json().decode())
+    host.reply(store.FACT_LOCK, exit_code=1, times=1)  # the facts' read: no lock yet
+    with pytest.raises(LockHeld, match=r"held by other@elsewhere \(pid 77\)"):
+        deploy(changed_profile(), target(), host, RecordingProgress(), Options(grace_s=0))
+    assert "lock: release" not in host.ran_names(), "their lock is left alone"
+    assert not any(isinstance(step, Put) and step.dest != LAYOUT.lock_owner for step in host.ran)
