@@ -124,3 +124,39 @@ def test_a_lock_taken_by_another_run_between_the_read_and_the_take_is_theirs() -
         deploy(changed_profile(), target(), host, RecordingProgress(), Options(grace_s=0))
     assert "lock: release" not in host.ran_names(), "their lock is left alone"
     assert not any(isinstance(step, Put) and step.dest != LAYOUT.lock_owner for step in host.ran)
+
+
+def with_service(loaded, **changes):  # type: ignore[no-untyped-def]
+    profile = loaded.profile
+    return loaded.model_copy(update={"profile": profile.model_copy(update={
+        "service": profile.service.model_copy(update=changes)})})
+
+
+def test_after_the_ladder_one_round_trip_commits_prunes_and_releases_the_lock() -> None:
+    """Input tried: a third release with keep_releases 2 on a host holding A and B (B current): A goes."""
+    host, loaded = a_host(), with_service(changed_profile(), keep_releases=2)
+    plan = deploy(loaded, target(), host, RecordingProgress(), Options(dry_run=True)).plan
+    assert plan is not None
+    third = {**plan.release.metadata(), "staged_at": "2026-11-30T12:00:00+00:00", "tags": _tags("C").as_dict()}
+    files = host.results[[r.step.name for r in host.results].index(store.FACT_RELEASE_FILES)].stdout
+    host.reply(store.FACT_RELEASE_DIRS, stdout=release_entries("A", "B", plan.release.id))
+    host.reply(store.FACT_RELEASE_FILES, stdout=f"{files}{LAYOUT.release(plan.release.id)}/release.json\0"
+                                                f"{json.dumps(third)}\n")
+    outcome = deploy(loaded, target(), host, RecordingProgress(), Options(grace_s=0))
+    assert outcome.action == "deployed"
+    ladder, last = host.batches[-2], host.batches[-1]
+    assert [step.name for step in ladder] == ["readiness probe (generate)"]
+    names = [step.name for step in last]
+    assert names[0] == "systemd: reset-failed" and names[-2:] == ["lock: still ours", "lock: release"]
+    [removal] = [step for step in last if step.name == "prune releases"]
+    assert removal.argv == ("rm", "-rf", "--", str(LAYOUT.releases / "A"))  # type: ignore[union-attr]
+    events = [json.loads(step.stdin)["event"] for step in last if step.name == "history: append"]
+    assert events == ["deploy", "prune"], "the commit's line, then what the prune removed"
+
+
+def test_a_deploy_that_prunes_nothing_still_ends_in_one_round_trip_after_the_ladder() -> None:
+    host = a_host()
+    deploy(changed_profile(), target(), host, RecordingProgress(), Options(grace_s=0))
+    names = [step.name for step in host.batches[-1]]
+    assert host.batches[-2][0].name.startswith("readiness probe")
+    assert names == ["systemd: reset-failed", "history: append", "lock: still ours", "lock: release"]

@@ -23,7 +23,7 @@ from deploy_lib.deploy.plan import (
     stop_hand_run,
 )
 from deploy_lib.deploy.preflight import preflight, rollback_record
-from deploy_lib.deploy.prune import prune, prune_read_steps
+from deploy_lib.deploy.prune import prune_after_deploy, prune_read_steps
 from deploy_lib.deploy.switch import (
     GRACE_S,
     Transition,
@@ -205,11 +205,13 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
         run.phase("stage", staged)
         staged = []
     gate = profile.gate or (GateSettings() if options.gate else None)
+    known = [*facts.store.releases, ReleaseRecord(plan.release.id, "", plan.release.metadata())]
     try:
         if plan.gpu_check_reasons:
             check_before_start(run, plan)
+        # what prune decides from, read under the lock with the switch: the store, its venvs, the kept weights
         ready = run.activate(plan.release.id, plan.release.metadata(), start_prediction(facts.store, loaded.name),
-                             options.grace_s, plan.batches, staged)
+                             options.grace_s, plan.batches, staged, reads=prune_read_steps(layout, known))
         if gate is not None:
             from deploy_lib.throughput import gate_after_ready  # the benchmark's code loads only for a gated deploy
 
@@ -228,10 +230,12 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
         interrupt, diagnosis = interruption(stop)
         run.record("deploy", FAILED, tags, diagnosis.cause)
         restore(run, facts.store, plan.release.id, interrupt, diagnosis, restore_id, plan.current_id)
-    # the store as the record leaves it: what the lock let no one else change, plus the release just staged
-    known = [*facts.store.releases, ReleaseRecord(plan.release.id, "", plan.release.metadata())]
-    found = run.record("deploy", HEALTHY, tags, then=prune_read_steps(layout, known))
-    prune(remote, layout, profile.service.keep_releases, tags, progress, found)
+    # the commit, the prune and the lock's release in one round trip
+    read = run.read_at_switch.results if run.read_at_switch else ()
+    removal, removed = prune_after_deploy(layout, profile.service.keep_releases, tags, read)
+    run.record("deploy", HEALTHY, tags, then=removal, last=True)
+    if removed:
+        progress.note("pruned " + "; ".join(removed))
     return Outcome("deployed", plan.release.id, plan.current_id, plan=plan, ready=ready, timings=run.timings)
 
 

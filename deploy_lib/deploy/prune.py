@@ -4,6 +4,7 @@ revisions no kept release uses, decided from one read of what is on the host."""
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
 
 from deploy_lib.models import doomed_models, listing_steps, model_locations, parse_stored, prune_models
@@ -12,6 +13,7 @@ from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.store import (
     HEALTHY,
     ReleaseRecord,
+    StoreFacts,
     StoreLayout,
     Tags,
     append_history,
@@ -35,16 +37,25 @@ def prune_read_steps(layout: StoreLayout, releases: Sequence[ReleaseRecord]) -> 
 
 def prune(remote: Remote, layout: StoreLayout, keep: int, tags: Tags, progress: Progress,
           read: Sequence[StepResult] | None = None) -> tuple[str, ...]:
-    """Releases beyond keep-N (never current or the last healthy), leftovers and damaged releases, then venvs and
-    staged model revisions no kept release uses. What was removed is shown and recorded in history (a damaged
-    release with its reason), in one round trip.
-
-    Decided from a fresh read (`prune_read_steps`, sent with the commit's history line, or read here): what is on
-    the host after the commit, current and history included."""
+    """Prune decided from a fresh read (`prune_read_steps`, or read here) of what is on the host after the commit,
+    current and history included; the removal and its history line in one round trip."""
     if read is None:  # the store first, then the weights its releases keep
         read = remote.run([*release_fact_steps(layout), *venv_store_fact_steps(layout)])
         read = [*read, *remote.run(listing_steps(model_locations(parse_store_facts(layout, read).releases)))]
-    store, venv_store = parse_store_facts(layout, read), parse_venv_store_facts(layout, read)
+    batch, removed = prune_batch(layout, keep, tags, read, parse_store_facts(layout, read))
+    if removed:
+        remote.run(batch)
+        progress.note("pruned " + "; ".join(removed))
+    return removed
+
+
+def prune_batch(layout: StoreLayout, keep: int, tags: Tags, read: Sequence[StepResult], store: StoreFacts
+                ) -> tuple[list[Step | Put], tuple[str, ...]]:
+    """Releases beyond keep-N (never current or the last healthy), leftovers and damaged releases, then venvs and
+    staged model revisions no kept release uses: the steps that remove them and record what was removed in history
+    (a damaged release with its reason), and those phrases; nothing when nothing is to go. `read` holds
+    `prune_read_steps`'s results, `store` the release store as the removal will find it."""
+    venv_store = parse_venv_store_facts(layout, read)
     doomed = releases_to_prune(store, keep)
     kept_venvs = [release_venv_hash(layout, str(r.metadata.get("venv", ""))) for r in store.releases
                   if r.id not in doomed]
@@ -54,10 +65,19 @@ def prune(remote: Remote, layout: StoreLayout, keep: int, tags: Tags, progress: 
     removed = (*describe_pruned_releases(store, doomed), *describe_prune(venv_plan),
                *(f"model {item.name} {item.version[:12]}" for item in doomed_models(stored, kept)))
     if not removed:
-        return ()
-    remote.run([*prune_releases(layout, doomed), *prune_steps(layout, venv_plan),
-                *prune_models(stored, kept, model_locations(store.releases)),
-                *append_history(layout, history_entry("prune", HEALTHY, tags, datetime.now(UTC),
-                                                      "removed " + "; ".join(removed)))])
-    progress.note("pruned " + "; ".join(removed))
-    return removed
+        return [], ()
+    return [*prune_releases(layout, doomed), *prune_steps(layout, venv_plan),
+            *prune_models(stored, kept, model_locations(store.releases)),
+            *append_history(layout, history_entry("prune", HEALTHY, tags, datetime.now(UTC),
+                                                  "removed " + "; ".join(removed)))], removed
+
+
+def prune_after_deploy(layout: StoreLayout, keep: int, tags: Tags, read: Sequence[StepResult]
+                       ) -> tuple[list[Step | Put], tuple[str, ...]]:
+    """`prune_batch` for the round trip that commits the deploy of `tags.release`, from `prune_read_steps`'s results
+    read (under the lock) before its switch: the store as the commit leaves it, `current` naming the release and
+    history's last line recording it healthy."""
+    store = parse_store_facts(layout, read)
+    committed = replace(store, current=tags.release,
+                        history=(*store.history, history_entry("deploy", HEALTHY, tags, datetime.now(UTC))))
+    return prune_batch(layout, keep, tags, read, committed)
