@@ -160,3 +160,21 @@ def test_a_deploy_that_prunes_nothing_still_ends_in_one_round_trip_after_the_lad
     names = [step.name for step in host.batches[-1]]
     assert host.batches[-2][0].name.startswith("readiness probe")
     assert names == ["systemd: reset-failed", "history: append", "lock: still ours", "lock: release"]
+
+
+def test_a_hand_rollback_takes_the_lock_with_the_switch_and_releases_it_with_the_history_line() -> None:
+    host = ScriptedHost({"A": [READY], "B": [READY]})
+    host.rollback()
+    switching = next(batch for batch in host.batches if any(step.name == "switch: temp link" for step in batch))
+    assert [step.name for step in switching[:2]] == ["lock: store directory", store.LOCK_TAKE]
+    assert "rollback to A" in next(step.data.decode() for step in switching if isinstance(step, Put))
+    assert [step.name for step in host.batches[-1]] == ["systemd: reset-failed", "history: append",
+                                                        "lock: still ours", "lock: release"]
+
+
+def test_a_hand_rollback_while_another_run_holds_the_lock_changes_nothing() -> None:
+    host = ScriptedHost({"A": [READY], "B": [READY]})
+    host.reply(store.FACT_LOCK, stdout="1764499990\n").reply(store.FACT_LOCK_OWNER, stdout=HOLDER.to_json().decode())
+    with pytest.raises(LockHeld, match=r"held by other@elsewhere \(pid 77\)"):
+        host.rollback()
+    assert writes(host) == []

@@ -17,7 +17,7 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
@@ -37,6 +37,7 @@ from deploy_lib.store import (
     append_history,
     history_entry,
     holding_lock,
+    lock_on_first_change,
     prune_releases,
     read_store_facts,
     release_json,
@@ -364,7 +365,9 @@ def test_store_cycle_over_ssh(remote: FabricRemote, tmp_path: Path) -> None:
     root = tmp_path / HOSTILE_DIR
     layout = StoreLayout("sglang", root=PurePosixPath(root), unit_dir=PurePosixPath(tmp_path / "systemd"))
     (tmp_path / "systemd").mkdir()
-    assert read_store_facts(remote, layout) == StoreFacts(None, (), (), (), None)
+    empty = read_store_facts(remote, layout)
+    assert replace(empty, digest=None) == StoreFacts(None, (), (), (), None)
+    assert empty.digest == f"{hashlib.sha256(b'').hexdigest()}  -", "nothing there: the digest of no output"
     for n, release_id in enumerate(["r1", "r2", "r3"]):
         remote.run(acquire_lock(layout, this_process_owner(release_id, datetime.now(UTC))))
         _stage_and_switch(remote, layout, release_id, datetime(2026, 11, 29, 10, n, tzinfo=UTC))
@@ -389,6 +392,28 @@ def test_store_cycle_over_ssh(remote: FabricRemote, tmp_path: Path) -> None:
     assert doomed == ("r1", "r4.tmp")
     remote.run(prune_releases(layout, doomed))
     assert sorted(p.name for p in (service_dir / "releases").iterdir()) == ["r2", "r3"]
+
+
+def test_a_store_changed_after_the_read_stops_the_first_change_over_ssh(remote: FabricRemote, tmp_path: Path) -> None:
+    """Input tried: the hostile store path; another command appends a history line between this command's read and
+    its first change (the lock's compare-and-set), then the same without that line."""
+    layout = StoreLayout("sglang", root=PurePosixPath(tmp_path / HOSTILE_DIR), unit_dir=PurePosixPath(tmp_path))
+    _stage_and_switch(remote, layout, "r1", datetime(2026, 11, 29, 10, 0, tzinfo=UTC))
+    change = Step("a change", ("touch", "--", str(tmp_path / "changed")))
+    with pytest.raises(LockHeld, match="changed after this command read it"):
+        with lock_on_first_change(remote, layout, "deploy", "gpu1") as locked:
+            read = read_store_facts(locked, layout)
+            locked.decided_from(read.lock, read.digest)
+            assert read.digest == read_store_facts(remote, layout).digest, "the same store reads the same digest"
+            remote.run(append_history(layout, history_entry("stop", "stopped", _tags("r1"), datetime.now(UTC))))
+            locked.run([change])
+    assert not (tmp_path / "changed").exists() and not Path(layout.lock).exists(), "nothing changed, lock released"
+    with lock_on_first_change(remote, layout, "deploy", "gpu1") as locked:
+        read = read_store_facts(locked, layout)
+        locked.decided_from(read.lock, read.digest)
+        locked.run([change])
+        assert Path(layout.lock_owner).exists() and (tmp_path / "changed").exists()
+    assert not Path(layout.lock).exists(), "released at the end"
 
 
 def test_switch_to_a_missing_release_changes_nothing(remote: FabricRemote, tmp_path: Path) -> None:

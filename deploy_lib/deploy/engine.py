@@ -62,6 +62,7 @@ from deploy_lib.store import (
     FAILED,
     HEALTHY,
     STOPPED,
+    LockOnFirstChange,
     ReleaseRecord,
     StoreFacts,
     StoreLayout,
@@ -282,33 +283,38 @@ def rollback(target: Target, service: str, remote: Remote, progress: Progress, t
                      before_restart=before_restart)
     with signals_raise():
         try:
-            return _rollback(run, to)
+            with lock_on_first_change(remote, run.layout, "rollback", target.host.name) as lock:
+                run.lock = run.remote = lock
+                return _rollback(run, lock, to)
         except KeyboardInterrupt as stop:
             raise run.interrupted_outside(stop) from None
 
 
-def _rollback(run: Transition, to: str | None) -> Outcome:
+def _rollback(run: Transition, lock: LockOnFirstChange, to: str | None) -> Outcome:
+    """The target chosen from one read of the store and checked with the host facts; the lock is taken, if the
+    store is still as first read, with the first change (a crash record, else the switch) and released with the
+    history line."""
     store = read_store_facts(run.remote, run.layout)
     run.previous = store.current
     record = rollback_record(store, to, run.where, run.layout)
     target_id = record.id
     tags = recorded_tags(run.target, target_id, record.metadata)
     facts = run.check_target(target_id, record.metadata)
+    lock.decided_from(facts.store.lock, store.digest, f"rollback to {target_id}")
     serving = store.current if store.current != target_id and facts.store.release(store.current or "") else None
     restore_id = serving or facts.store.last_healthy(exclude=target_id)
-    with host_lock(run.remote, run.layout, f"rollback to {target_id}", run.where):
-        record_new_crashes(run.remote, run.layout, facts.store, facts.unit)  # a crash loop: why a person rolls back
-        try:
-            ready = run.activate(target_id, record.metadata, start_prediction(facts.store, tags.profile), run.grace_s)
-        except ReadinessFailed as failure:
-            diagnosis = run.journal_diagnosis(run.cursor, tags.profile)
-            run.record("rollback", FAILED, tags, failure_line(failure, diagnosis))
-            restore(run, facts.store, target_id, failure, diagnosis, restore_id, store.current)
-        except KeyboardInterrupt as stop:
-            interrupt, diagnosis = interruption(stop)
-            run.record("rollback", FAILED, tags, diagnosis.cause)
-            restore(run, facts.store, target_id, interrupt, diagnosis, restore_id, store.current)
-        run.record("rollback", HEALTHY, tags, f"by hand from {store.current or 'none'}")
+    record_new_crashes(run.remote, run.layout, facts.store, facts.unit)  # a crash loop: why a person rolls back
+    try:
+        ready = run.activate(target_id, record.metadata, start_prediction(facts.store, tags.profile), run.grace_s)
+    except ReadinessFailed as failure:
+        diagnosis = run.journal_diagnosis(run.cursor, tags.profile)
+        run.record("rollback", FAILED, tags, failure_line(failure, diagnosis))
+        restore(run, facts.store, target_id, failure, diagnosis, restore_id, store.current)
+    except KeyboardInterrupt as stop:
+        interrupt, diagnosis = interruption(stop)
+        run.record("rollback", FAILED, tags, diagnosis.cause)
+        restore(run, facts.store, target_id, interrupt, diagnosis, restore_id, store.current)
+    run.record("rollback", HEALTHY, tags, f"by hand from {store.current or 'none'}", last=True)
     return Outcome("rolled back", target_id, store.current, ready=ready, timings=run.timings)
 
 

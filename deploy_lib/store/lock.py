@@ -11,7 +11,7 @@ import secrets
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
@@ -281,11 +281,13 @@ class LockOnFirstChange:
         self.taken = False  # the take was sent: released on the way out, if it is still ours
         self.released = False
 
-    def decided_from(self, lock: LockInfo | None, digest: str | None) -> None:
+    def decided_from(self, lock: LockInfo | None, digest: str | None, purpose: str | None = None) -> None:
         """The command decides from a read carrying the lock's state and the store's digest: raise LockHeld when
-        another run holds the lock; any later batch takes it first."""
+        another run holds the lock; any later batch takes it first (owner.json saying `purpose`, when given)."""
         if self.held_already:
             return
+        if purpose is not None:
+            self.owner = replace(self.owner, purpose=purpose)
         if lock is not None:
             raise lock_held_error(self.context.where, lock, lock_staleness(
                 lock, self.context.this_host, self.context.is_alive, self.context.stale_after_s))
