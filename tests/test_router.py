@@ -21,7 +21,7 @@ from deploy_lib.errors import ConfigError, LockHeld, ReadinessFailed, RollbackFa
 from deploy_lib.fleet import Rollout
 from deploy_lib.inventory import RouterPolicy, load_inventory
 from deploy_lib.project import Project, resolve_group
-from deploy_lib.remote import Put, Step, StepResult
+from deploy_lib.remote import OutputLine, Put, Step, StepResult
 from deploy_lib.router import (
     DEFAULT_LOCK,
     ROUTER_VERSION,
@@ -392,10 +392,10 @@ class PortedHost(ScriptedHost):
                     lines.append(f"{path}\0{json.dumps(data)}\n")
                 rule.stdout = "".join(lines)
 
-    def run(self, batch: Sequence[Step | Put]) -> list[StepResult]:
+    def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
         if batch and batch[0].name == "router: serving release":
             self.reply("router: serving release", stdout=json.dumps(self.metadata[self.current]), times=1)
-        return super().run(batch)
+        return super().run(batch, on_output)
 
 
 def test_a_rollback_behind_a_router_drains_the_port_it_routes_to_now_and_readmits_the_release_it_went_back_to(
