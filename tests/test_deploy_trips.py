@@ -35,7 +35,7 @@ def a_host() -> ScriptedHost:
              "missing_bytes": 0, "free_bytes": 10**12, "hf_home": "/root/.cache/huggingface", "asked_hub": True}
     host.reply(FACT_MODEL, stdout=f"RESULT {json.dumps(model)}\n")
     host.reply(host_facts.FACT_UNIT_LINK, stdout=f"{LAYOUT.current / UNIT_FILE}\n")
-    sums = first_plan()[1].release.metadata()["files"]
+    sums = first_plan()[1].release.record()["files"]
     host.reply(host_facts.FACT_FILE_SUMS, stdout="".join(f"{digest}  /x/{name}\n" for name, digest in sums.items()))
     sglang = {"sglang_version": "0.5.23", "flashinfer_version": "0.7.2",
               "options": options_accepting((*first_plan()[1].release.args, "--revision", "c" * 40))}
@@ -137,7 +137,7 @@ def test_after_the_ladder_one_round_trip_commits_prunes_and_releases_the_lock() 
     host, loaded = a_host(), with_service(changed_profile(), keep_releases=2)
     plan = deploy(loaded, target(), host, RecordingProgress(), Options(dry_run=True)).plan
     assert plan is not None
-    third = {**plan.release.metadata(), "staged_at": "2026-11-30T12:00:00+00:00", "tags": _tags("C").as_dict()}
+    third = {**plan.release.record(), "staged_at": "2026-11-30T12:00:00+00:00", "tags": _tags("C").as_dict()}
     files = host.results[[r.step.name for r in host.results].index(store.FACT_RELEASE_FILES)].stdout
     host.reply(store.FACT_RELEASE_DIRS, stdout=release_entries("A", "B", plan.release.id))
     host.reply(store.FACT_RELEASE_FILES, stdout=f"{files}{LAYOUT.release(plan.release.id)}/release.json\0"
