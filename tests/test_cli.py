@@ -224,6 +224,22 @@ def test_a_no_op_deploy_renders_nothing_and_leaves_the_template_engine_and_fleet
     assert {"jinja2", "deploy_lib.fleet", "rich.table"} & set(report["loaded"]) == set()
 
 
+def test_the_whole_no_op_deploy_renders_neither_the_unit_nor_the_env_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The deploy engine's no-op (facts, plan, preflight, the live probe: its one round trip) against a scripted host
+    that serves the profile's release; a render would raise."""
+    from recording_progress import RecordingProgress
+    from test_deploy_plan import PROJECT, target
+    from test_deploy_trips import serving_the_profile
+
+    import deploy_lib.release
+    from deploy_lib.deploy import Options, deploy
+    host, release_id = serving_the_profile()
+    for name in ("render_unit", "render_env", "render_env_redacted"):
+        monkeypatch.setattr(deploy_lib.release, name, lambda *_: pytest.fail("a no-op rendered a release file"))
+    outcome = deploy(PROJECT.profile("glm5-nvfp4"), target(), host, RecordingProgress(), Options(grace_s=0))
+    assert (outcome.action, outcome.release_id) == ("unchanged", release_id)
+
+
 @pytest.mark.parametrize("no_bytecode", [False, True])
 def test_a_command_writes_the_bytecode_of_what_it_imports_unless_python_is_told_not_to(
         tmp_path: Path, no_bytecode: bool) -> None:
