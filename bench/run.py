@@ -400,8 +400,9 @@ def process_figures(processes: Sequence[ProcessRun], parts: Sequence[ProcessPart
     wall = {name: [run.parts[name][0] for run in parts] for name in names}
     cpu = {name: [run.parts[name][1] for run in parts] for name in names}
     round_trips = statistics.median(run.round_trips for run in parts)
-    rows = [part_figure(f"  - {name}" + (f" ({round_trips:g} round trips)" if "round trips" in name else ""),
-                        wall[name], cpu[name]) for name in names]
+    trips = f" ({round_trips:g} round trip{'' if round_trips == 1 else 's'})"
+    rows = [part_figure(f"  - {name}" + (trips if "round trips" in name else ""), wall[name], cpu[name])
+            for name in names]
     parts_wall = sum(statistics.median(values) for values in wall.values())
     parts_cpu = sum(statistics.median(values) for values in cpu.values())
     return [
