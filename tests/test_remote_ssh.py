@@ -257,10 +257,12 @@ def test_a_round_trip_ends_when_the_exit_status_arrives_not_at_a_poll(remote: Fa
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """invoke's wait slept 10 ms between looks at the channel, which every round trip paid up to once more."""
     import invoke.runners
-    naps: list[float] = []
-    monkeypatch.setattr(invoke.runners, "time", type("Clock", (), {"sleep": staticmethod(naps.append)}))
+
+    from deploy_lib.remote import connection
+    invoke_naps: list[float] = []
+    monkeypatch.setattr(invoke.runners, "time", type("Clock", (), {"sleep": staticmethod(invoke_naps.append)}))
     [result] = remote.run([Step("a while", ("sleep", "0.3"))])
-    assert result.exit_code == 0 and naps == []
+    assert result.exit_code == 0 and invoke_naps == [] and connection.EXIT_POLL_S <= 0.001
 
 
 def test_hostile_arguments_and_binary_stdin_arrive_unchanged(remote: FabricRemote) -> None:

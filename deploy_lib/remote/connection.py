@@ -41,6 +41,8 @@ from deploy_lib.remote.ssh import (
 )
 from deploy_lib.remote.steps import TIMED_OUT_EXIT, OutputLine, Put, Step, StepResult, check_result
 
+EXIT_POLL_S = 0.001
+
 
 class _WholeStdinRemote(fabric.runners.Remote):
     """Sends a step's stdin in one write, then EOF: invoke's own pump moves one byte per 10 ms. On Ctrl-C it closes
@@ -56,10 +58,11 @@ class _WholeStdinRemote(fabric.runners.Remote):
         raise interrupt
 
     def wait(self) -> None:
-        """Until the command's exit status (or the channel's close) arrives: paramiko sets the channel's
-        status_event then, where invoke's own wait sleeps 10 ms between looks, which each round trip paid."""
+        """Until the command's exit status (or the channel's close) arrives, looking every millisecond where invoke
+        looks every 10 ms, which each round trip paid. A sleep, not the channel's status_event: waiting on that
+        takes a lock paramiko's thread needs, and a Ctrl-C landing there once left a round trip waiting forever."""
         while not (self.process_is_finished or self.has_dead_threads):
-            self.channel.status_event.wait(self.input_sleep)
+            time.sleep(EXIT_POLL_S)
 
 
 class FabricRemote:
