@@ -76,6 +76,9 @@ class UnitFacts:
     n_restarts: int
     load_state: str
     result: str = "success"  # how the last run ended: exit-code, signal, start-limit-hit, ...
+    # systemd's NeedDaemonReload: its unit file (through the link) is newer than what it loaded; unknown reads as yes
+    need_daemon_reload: bool = True
+    environment_file: str | None = None  # the EnvironmentFile= of the unit systemd has loaded (names its release)
 
 
 @dataclass(frozen=True)
@@ -145,7 +148,11 @@ def parse_unit(result: StepResult) -> UnitFacts:
 
     return UnitFacts(active_state=props.get("ActiveState", "unknown"), sub_state=props.get("SubState", "unknown"),
                      main_pid=integer("MainPID"), n_restarts=integer("NRestarts"),
-                     load_state=props.get("LoadState", "unknown"), result=props.get("Result", "success"))
+                     load_state=props.get("LoadState", "unknown"), result=props.get("Result", "success"),
+                     need_daemon_reload=props.get("NeedDaemonReload") != "no",
+                     # "EnvironmentFiles=<path> (ignore_errors=no)"
+                     environment_file=props["EnvironmentFiles"].split(" (")[0] if props.get("EnvironmentFiles")
+                     else None)
 
 
 def parse_sha256sums(text: str) -> dict[str, str]:
@@ -242,8 +249,10 @@ def gpu_step(name: str) -> Step:
 
 
 def unit_step(layout: StoreLayout) -> Step:
-    return Step(FACT_UNIT, ("systemctl", "show", "-p", "ActiveState,SubState,MainPID,NRestarts,LoadState,Result",
-                            "--", layout.unit_name))
+    return Step(FACT_UNIT, ("systemctl", "show", "-p",
+                            "ActiveState,SubState,MainPID,NRestarts,LoadState,Result,NeedDaemonReload,EnvironmentFiles",
+                            "--",
+                            layout.unit_name))
 
 
 def _stdout_if_found(result: StepResult) -> str | None:

@@ -22,6 +22,7 @@ from deploy_lib.facts import (
     parse_gpus,
     parse_import_shadow,
     parse_sha256sums,
+    parse_unit,
 )
 from deploy_lib.inventory import HostVars
 from deploy_lib.profile import SecretRef, load_profile
@@ -164,6 +165,27 @@ def test_redeploy_of_a_stopped_release_restarts_without_restaging() -> None:
     loaded, plan = first_plan()
     again = plan_deploy(loaded, target(), facts(current=deployed(plan), active="failed"), {}, False, NOW)
     assert list(again.batches) == ["switch and restart", "once verified"]
+
+
+def _reloads(plan) -> bool:  # type: ignore[no-untyped-def]
+    return "systemd: daemon-reload" in [step.name for step in plan.batches["switch and restart"]]
+
+
+def test_restarting_the_release_whose_unit_systemd_holds_needs_no_daemon_reload() -> None:
+    """Input tried: the current release stopped, its unit file loaded and not newer on disk (NeedDaemonReload=no);
+    then the same with systemd reporting the file changed, a unit edited by hand, and another release."""
+    loaded, plan = first_plan()
+    host = facts(current=deployed(plan), active="failed")
+    held = replace(host, unit=replace(host.unit, need_daemon_reload=False,
+                                      environment_file=str(StoreLayout("sglang").env_file(plan.release.id))))
+    assert not _reloads(plan_deploy(loaded, target(), held, {}, False, NOW))
+    older = replace(held, unit=replace(held.unit, environment_file="/opt/sglang-deploy/sglang/releases/B/sglang.env"))
+    assert _reloads(plan_deploy(loaded, target(), older, {}, False, NOW)), "systemd holds another release's unit"
+    assert _reloads(plan_deploy(loaded, target(), host, {}, False, NOW)), "NeedDaemonReload=yes (or not read)"
+    edited = replace(held, file_sums={**held.file_sums, UNIT_FILE: "0" * 64})
+    assert _reloads(plan_deploy(loaded, target(), edited, {}, True, NOW)), "a forced repair rewrites the unit"
+    other = PROJECT.profile("glm5-nvfp4-fusion")
+    assert _reloads(plan_deploy(other, target(), held, {}, False, NOW)), "another release's unit names its env file"
 
 
 def test_switching_profiles_shows_the_semantic_diff() -> None:
@@ -363,3 +385,14 @@ def test_redeploying_a_release_whose_files_are_damaged_stages_it_again() -> None
     names = [getattr(step, "name", "") for step in again.batches["stage"]]
     assert names[-2:] == ["stage: remove the damaged release", "stage: publish"]
     assert any("is damaged (release.json is not valid JSON" in note for note in again.notes)
+
+
+def test_the_unit_fact_reads_whether_systemd_needs_a_daemon_reload() -> None:
+    def unit(text: str) -> bool:
+        return parse_unit(StepResult(Step("u", ("systemctl",)), 0, text, "", 0.0)).need_daemon_reload
+
+    assert unit("ActiveState=active\nNeedDaemonReload=no\n") is False
+    loaded = parse_unit(StepResult(Step("u", ("systemctl",)), 0, "EnvironmentFiles=/o/r/a b/sglang.env "
+                                   "(ignore_errors=no)\n", "", 0.0))
+    assert loaded.environment_file == "/o/r/a b/sglang.env"
+    assert unit("ActiveState=active\nNeedDaemonReload=yes\n") and unit("ActiveState=active\n"), "unknown reads as yes"

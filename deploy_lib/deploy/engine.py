@@ -13,14 +13,19 @@ from deploy_lib import gpu_check
 from deploy_lib.crashes import record_new_crashes
 from deploy_lib.cuda_toolkit import cuda_home
 from deploy_lib.deploy.plan import (
+    ACTIVATE,
+    VERIFIED,
     Plan,
     VenvChoice,
+    activation_steps,
     hand_run_check,
     hand_run_pid,
     plan_deploy,
     release_tags,
+    reset_failed_step,
     start_prediction,
     stop_hand_run,
+    unit_loaded,
 )
 from deploy_lib.deploy.preflight import preflight, rollback_record
 from deploy_lib.deploy.prune import prune_after_deploy, prune_read_steps
@@ -330,24 +335,31 @@ def start(target: Target, service: str, remote: Remote, progress: Progress, envi
           restart: bool, clock: Callable[[], float] = time.monotonic,
           before_restart: Callable[[], None] | None = None) -> Outcome:
     """Start (or restart) the current release and climb the readiness ladder, as a deploy does; a release that
-    does not come up is rolled back to the last healthy one like a failed deploy. Under the host's lock."""
+    does not come up is rolled back to the last healthy one like a failed deploy. Under the host's lock, taken with
+    the switch (`lock_on_first_change`): a start that finds the server running changes nothing. The unit file
+    systemd holds is the current release's already, so the restart reloads systemd only when it reports the file
+    changed (`unit_loaded`)."""
     layout = target.layout(service)
     event = "restart" if restart else "start"
-    with host_lock(remote, layout, event, target.host.name):
-        facts = read_host_facts(remote, layout, venv=None, port=None)
+    with lock_on_first_change(remote, layout, event, target.host.name) as lock:
+        facts = read_host_facts(lock, layout, venv=None, port=None)
+        lock.decided_from(facts.store.lock, facts.store.digest)
         record = _current_release(facts.store, target.host.name)
         if not restart and facts.unit.active_state == "active":
             return Outcome("already running", record.id, record.id)
         tags = Tags.from_dict(record.metadata["tags"])
-        run = Transition(remote, layout, target, progress, environ, clock, before_restart=before_restart)
+        run = Transition(lock, layout, target, progress, environ, clock, before_restart=before_restart, lock=lock)
+        batches = {ACTIVATE: activation_steps(layout, record.id, reload=not unit_loaded(layout, facts, record.id)),
+                   VERIFIED: [reset_failed_step(layout)]}
         try:
-            ready = run.activate(record.id, record.metadata, start_prediction(facts.store, tags.profile), GRACE_S)
+            ready = run.activate(record.id, record.metadata, start_prediction(facts.store, tags.profile), GRACE_S,
+                                 batches)
         except ReadinessFailed as failure:
             diagnosis = run.journal_diagnosis(run.cursor, tags.profile)
             run.record(event, FAILED, tags, failure_line(failure, diagnosis))
             restore(run, facts.store, record.id, failure, diagnosis, facts.store.last_healthy(exclude=record.id),
                      record.id)
-        run.record(event, HEALTHY, tags)
+        run.record(event, HEALTHY, tags, last=True)
     return Outcome("restarted" if restart else "started", record.id, record.id, ready=ready, timings=run.timings)
 
 

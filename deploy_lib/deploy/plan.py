@@ -168,23 +168,36 @@ def reset_failed_step(layout: StoreLayout) -> Step:
                 ok=frozenset({0, 1}))
 
 
-def activation_steps(layout: StoreLayout, release_id: str, before_restart: Sequence[Step | Put] = ()
-                     ) -> list[Step | Put]:
+def activation_steps(layout: StoreLayout, release_id: str, before_restart: Sequence[Step | Put] = (),
+                     reload: bool = True) -> list[Step | Put]:
     """Switch `current` to a release and restart it, after reading the journal's position (the ladder shows and
     diagnoses only this start) and running `before_restart` (stopping an adopted hand-run server)."""
     return [journal_cursor_step(layout.unit_name), *switch_current(layout, release_id), *before_restart,
-            *restart_steps(layout)]
+            *restart_steps(layout, reload)]
 
 
-def restart_steps(layout: StoreLayout) -> list[Step | Put]:
+def restart_steps(layout: StoreLayout, reload: bool = True) -> list[Step | Put]:
+    """`reload` False: systemd holds the unit file of the release being restarted already (`unit_loaded`)."""
     unit = layout.unit_name
     # enable without its own daemon-reload (systemctl enable reloads by default): the one reload below loads both
     return [
         Step("systemd: enable", ("systemctl", "enable", "--no-reload", "--", unit), sudo=True),
-        Step("systemd: daemon-reload", ("systemctl", "daemon-reload"), sudo=True),
+        *([Step("systemd: daemon-reload", ("systemctl", "daemon-reload"), sudo=True)] if reload else []),
         reset_failed_step(layout),
         Step("systemd: restart", ("systemctl", "restart", "--", unit), sudo=True),
     ]
+
+
+def unit_loaded(layout: StoreLayout, facts: HostFacts, release_id: str) -> bool:
+    """systemd holds this release's unit file as it is on disk, so its restart needs no daemon-reload: the release
+    is current, the unit link is the tool's, the loaded unit names this release's env file, and systemd reports the
+    file not newer than what it loaded.
+
+    Each release's unit names its own env file, so a switch to another release always reloads; systemd's
+    NeedDaemonReload alone compares mtimes ("newer") and would miss a switch back to an older release's file."""
+    return (facts.store.current == release_id and facts.unit_link == str(layout.current / UNIT_FILE)
+            and facts.unit.load_state == "loaded" and not facts.unit.need_daemon_reload
+            and facts.unit.environment_file == str(layout.env_file(release_id)))
 
 
 def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets: Mapping[str, str],
@@ -255,7 +268,9 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
     elif loaded.profile.preflight.gpu_check:
         notes.append("gpu check (preflight.gpu_check) not needed: TP size, NCCL environment and the venv's "
                      f"torch/NCCL are those of release {current_id}")
-    batches[ACTIVATE] = activation_steps(layout, release.id, takeover)
+    # the release's own unit file, loaded and unchanged (no drift to repair, nothing restaged): no daemon-reload
+    loaded = unit_loaded(layout, facts, release.id) and not drift and have_release and damaged is None
+    batches[ACTIVATE] = activation_steps(layout, release.id, takeover, reload=not loaded)
     batches[VERIFIED] = [reset_failed_step(layout)]
     replaced_note = None
     if hand_made_unit(layout, facts) and not unchanged:

@@ -115,6 +115,23 @@ def test_a_second_deploy_while_the_lock_is_held_is_refused(rig: Rig, healthy: st
     assert rig.current() == healthy
 
 
+def test_a_restart_of_the_release_systemd_holds_skips_daemon_reload_and_a_new_release_reloads(rig: Rig,
+                                                                                               healthy: str) -> None:
+    """Real systemd: after a deploy the unit it holds names the current release's env file and NeedDaemonReload is
+    no, so `restart` sends no daemon-reload and the server comes up; a new release's unit differs and is reloaded."""
+    ran: list[str] = []
+    _, target = rig.target()
+    with FabricRemote(target.ssh, on_result=lambda result: ran.append(result.step.name)) as remote:
+        outcome = engine.start(target, "sglang", remote, RecordingProgress(), {}, restart=True)
+    assert outcome.action == "restarted" and "systemd: restart" in ran and "systemd: daemon-reload" not in ran
+    assert rig.unit_state() == "active" and rig.current() == healthy
+    loaded, target = rig.target("glm5-omp4")
+    ran.clear()
+    with FabricRemote(target.ssh, on_result=lambda result: ran.append(result.step.name)) as remote:
+        assert engine.deploy(loaded, target, remote, RecordingProgress(), engine.Options()).action == "deployed"
+    assert ran.index("systemd: daemon-reload") < ran.index("systemd: restart")
+
+
 def test_a_unit_file_edited_by_hand_is_drift_until_forced(rig: Rig, healthy: str) -> None:
     unit = shlex.quote(f"/opt/sglang-deploy/sglang/releases/{healthy}/sglang.service")
     rig.root(f"sed -i 's/LimitNOFILE=65536/LimitNOFILE=1024/' {unit}")
