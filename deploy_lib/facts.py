@@ -198,7 +198,7 @@ SGLANG_CHECK = f"""if [ -x "$2" ] && [ -f "$1" ] && [ "$(sed -n 1p "$1")" = '{CA
        = "$(sed -n 's/^L //p' "$1")  -" ]; then
   exec sed -n 's/^J //p' "$1"
 fi
-[ "$3" = write ] && exec "$2" -I - --cache "$1"
+[ "$3" = write ] && [ -d "$4" ] && exec "$2" -I - --cache "$1"
 exec "$2" -I -
 """
 # The cache's name changes with the extractor and the check, so another version of the tool never reads it.
@@ -207,10 +207,11 @@ SGLANG_FACTS_FILE = f"sglang-{sha256_text(OPTIONS_SOURCE + SGLANG_CHECK)[:16]}.f
 
 def sglang_step(layout: StoreLayout, venv: str, write_cache: bool) -> Step:
     """The venv's SGLang options and versions (no import): from the cache beside the store when it still verifies,
-    else from the venv's own python running sglang_options.py, which refreshes the cache when `write_cache`."""
+    else from the venv's own python running sglang_options.py, which refreshes the cache when `write_cache` and the
+    store already holds releases: a deploy refused on first contact with a host leaves no file there."""
     cache = sglang_facts_dir(layout, venv) / SGLANG_FACTS_FILE
     return Step(FACT_SGLANG, ("sh", "-c", SGLANG_CHECK, "sh", str(cache), str(venv_python(venv)),
-                              "write" if write_cache else "read"),
+                              "write" if write_cache else "read", str(layout.releases)),
                 stdin=OPTIONS_SOURCE.encode(), sudo=True, ok=frozenset({0, 1, 127}), timeout_s=120)
 
 

@@ -116,9 +116,20 @@ def venv(tmp_path: Path) -> Venv:
     return Venv(path, site, starts)
 
 
-def read_sglang(venv: Venv, store: Path, write_cache: bool = True) -> SGLangInstall:
+def read_sglang(venv: Venv, store: Path, write_cache: bool = True, store_exists: bool = True) -> SGLangInstall:
     layout = StoreLayout("sglang", root=PurePosixPath(store))
+    if store_exists:
+        Path(layout.releases).mkdir(parents=True, exist_ok=True)
     return parse_sglang_install(run_step(sglang_step(layout, str(venv.path), write_cache)))
+
+
+def test_a_first_contact_writes_no_cache_where_no_store_exists_yet(venv: Venv, tmp_path: Path) -> None:
+    """Input tried: a host without the service's store (a first deploy, which preflight may still refuse: a refused
+    deploy leaves no file on the host). The venv's python answers each time and nothing is written."""
+    first = read_sglang(venv, tmp_path / "store", store_exists=False)
+    again = read_sglang(venv, tmp_path / "store", store_exists=False)
+    assert first == again and first.sglang_version == "9.9.9.post1" and venv.python_starts == 2
+    assert not (tmp_path / "store").exists()
 
 
 def test_sglang_facts_are_computed_once_then_read_from_the_cache_without_python(venv: Venv, tmp_path: Path) -> None:
@@ -139,7 +150,7 @@ def test_the_step_fits_in_the_facts_round_trip() -> None:
 def test_a_dry_run_reads_the_cache_but_never_writes_it(venv: Venv, tmp_path: Path) -> None:
     store = tmp_path / "store"
     assert read_sglang(venv, store, write_cache=False).sglang_version == "9.9.9.post1"
-    assert not store.exists()
+    assert not [path for path in store.rglob("*") if path.is_file()]
     read_sglang(venv, store)
     read_sglang(venv, store, write_cache=False)
     assert venv.python_starts == 2
@@ -149,7 +160,7 @@ def test_the_facts_batch_of_a_dry_run_asks_for_a_read_only_step() -> None:
     for write, mode in ((True, "write"), (False, "read")):
         [step] = [step for step in fact_batch(LAYOUT, "/root/ml-env", 8000, write_caches=write)
                   if isinstance(step, Step) and step.name == FACT_SGLANG]
-        assert step.argv[-1] == mode
+        assert step.argv[-2] == mode
 
 
 def edit_server_args(venv: Venv) -> None:

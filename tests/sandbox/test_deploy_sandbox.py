@@ -266,7 +266,7 @@ def test_a_store_on_a_full_filesystem_is_refused_before_anything_changes(rig: Ri
         loaded, target = load_for_host(rig.project, "glm5-small", str(inventory), None)
         with FabricRemote(target.ssh) as remote, pytest.raises(PreflightError, match="MiB free"):
             engine.deploy(loaded, target, remote, RecordingProgress(), engine.Options())
-        # every host change runs under the store's lock, taken first: its (empty) directories may remain
+        # a refusal before the first change takes no lock and writes nothing, the facts' cache included
         assert rig.root("find /srv/small -not -type d").strip() == "", "no file: no release, lock or history"
         assert rig.current() == healthy
     finally:

@@ -17,7 +17,7 @@ from rig import TEST_PROFILES, Rig
 from deploy_lib import deploy as engine
 from deploy_lib.errors import LockHeld, PreflightError, ReadinessFailed, StepFailed
 from deploy_lib.project import load_for_host
-from deploy_lib.remote import FabricRemote, Put, Step, StepResult
+from deploy_lib.remote import FabricRemote, OutputLine, Put, Step, StepResult
 from deploy_lib.status import list_releases
 from sandbox import manage, wheelhouse
 
@@ -93,14 +93,14 @@ class BeforeBatch:
     def __init__(self, inner: FabricRemote, when: Callable[[Step | Put], bool], action: Callable[[], object]) -> None:
         self.inner, self.when, self.action, self.done = inner, when, action, False
 
-    def run(self, batch: Sequence[Step | Put]) -> list[StepResult]:
+    def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
         index = next((i for i, step in enumerate(batch) if self.when(step)), None)
         if self.done or index is None:
-            return self.inner.run(batch)
-        results = self.inner.run(batch[:index]) if index else []
+            return self.inner.run(batch, on_output)
+        results = self.inner.run(batch[:index], on_output) if index else []
         self.action()
         self.done = True
-        return results + self.inner.run(batch[index:])
+        return results + self.inner.run(batch[index:], on_output)
 
     def close(self) -> None:
         self.inner.close()

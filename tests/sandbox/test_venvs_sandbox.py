@@ -21,7 +21,7 @@ import pytest
 from deploy_lib import venvs
 from deploy_lib.errors import ConfigError, StepFailed, StepTimedOut
 from deploy_lib.host_paths import venv_python
-from deploy_lib.remote import FabricRemote, Put, Step, StepResult
+from deploy_lib.remote import FabricRemote, OutputLine, Put, Step, StepResult
 from deploy_lib.store import StoreLayout
 from sandbox import wheelhouse
 
@@ -42,8 +42,8 @@ class CountingRemote:
     inner: FabricRemote
     sent: list[Put]
 
-    def run(self, batch: Sequence[Step | Put]) -> list[StepResult]:
-        results = self.inner.run(batch)
+    def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
+        results = self.inner.run(batch, on_output)
         self.sent += [step for step in batch if isinstance(step, Put) and step.dest.parent.name != "lock"]
         return results
 
@@ -203,9 +203,9 @@ class KilledInstall:
 
     inner: FabricRemote
 
-    def run(self, batch: Sequence[Step | Put]) -> list[StepResult]:
+    def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
         return self.inner.run([replace(s, argv=("sleep", "600"), timeout_s=1) if s.name == venvs.INSTALL_STEP else s
-                               for s in batch])
+                               for s in batch], on_output)
 
     def close(self) -> None:
         pass
