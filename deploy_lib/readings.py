@@ -15,6 +15,8 @@ from deploy_lib.remote import Remote, Step, StepResult
 ABSENT_OK = frozenset({0, 1})
 # ... and also 2 (an operand the tool cannot read) or 127 (the tool itself is not installed, e.g. no nvidia-smi).
 TOOL_ABSENT_OK = ABSENT_OK | {2, 127}
+# Every exit code: a read whose outcome, whatever it is, is for its parser to judge.
+ANY_EXIT = frozenset(range(256))
 
 T = TypeVar("T")
 

@@ -16,7 +16,7 @@ from deploy_lib import facts as host_facts
 from deploy_lib import store
 from deploy_lib.deploy import Options, deploy
 from deploy_lib.errors import LockHeld
-from deploy_lib.models import FACT_MODEL
+from deploy_lib.models import FACT_CACHE, FACT_MODEL
 from deploy_lib.remote import Put, round_trips
 from deploy_lib.store import HEALTHY, UNIT_FILE, history_entry
 
@@ -160,6 +160,20 @@ def test_a_deploy_that_prunes_nothing_still_ends_in_one_round_trip_after_the_lad
     names = [step.name for step in host.batches[-1]]
     assert host.batches[-2][0].name.startswith("readiness probe")
     assert names == ["systemd: reset-failed", "history: append", "lock: still ours", "lock: release"]
+
+
+def test_the_weights_cache_listing_runs_while_the_server_starts_and_a_failed_one_prunes_no_weights() -> None:
+    """Input tried: the HF cache's listing (a Python on the host, 0.3-0.4 s) cut off by its timeout (exit 124) after
+    printing half a result. It rides after the restart, so the server starts without waiting for it; after the
+    restart it must not fail the round trip, and what it did not list is not pruned."""
+    host = a_host()
+    host.reply(lambda step: step.name.startswith(FACT_CACHE), exit_code=124, stdout='RESULT {"revisions": [{"repo"\n')
+    outcome = deploy(changed_profile(), target(), host, RecordingProgress(), Options(grace_s=0))
+    assert outcome.action == "deployed"
+    [switch] = [[step.name for step in batch] for batch in host.batches if "systemd: restart" in
+                [step.name for step in batch]]
+    assert switch[-2:] == ["systemd: restart", f"{FACT_CACHE}/root/.cache/huggingface"]
+    assert "prune" not in " ".join(writes(host))
 
 
 def test_a_hand_rollback_takes_the_lock_with_the_switch_and_releases_it_with_the_history_line() -> None:

@@ -28,7 +28,7 @@ from deploy_lib.deploy.plan import (
     unit_loaded,
 )
 from deploy_lib.deploy.preflight import preflight, rollback_record
-from deploy_lib.deploy.prune import prune_after_deploy, prune_read_steps
+from deploy_lib.deploy.prune import around_the_restart, prune_after_deploy, prune_read_steps
 from deploy_lib.deploy.switch import (
     GRACE_S,
     Transition,
@@ -216,8 +216,9 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
         if plan.gpu_check_reasons:
             check_before_start(run, plan)
         # what prune decides from, read under the lock with the switch: the store, its venvs, the kept weights
+        before_switch, after_restart = around_the_restart(prune_read_steps(layout, known))
         ready = run.activate(plan.release.id, plan.release.metadata(), start_prediction(facts.store, loaded.name),
-                             options.grace_s, plan.batches, staged, reads=prune_read_steps(layout, known))
+                             options.grace_s, plan.batches, staged, before_switch, after_restart)
         if gate is not None:
             from deploy_lib.throughput import gate_after_ready  # the benchmark's code loads only for a gated deploy
 

@@ -174,21 +174,23 @@ class Transition:
 
     def activate(self, release_id: str, metadata: Mapping[str, Any], prediction: StartPrediction | None,
                  grace_s: float, batches: Mapping[str, Sequence[Step | Put]] | None = None,
-                 staged: Sequence[Step | Put] = (), reads: Sequence[Step] = ()) -> ReadyReport:
+                 staged: Sequence[Step | Put] = (), reads: Sequence[Step | Put] = (),
+                 reads_after_restart: Sequence[Step] = ()) -> ReadyReport:
         """Switch `current` to a release on the host, restart, and climb the readiness ladder.
 
         A deploy gives its plan's batches (what its dry run listed), with the stage batch in `staged`; a switch
         back to a recorded release takes the same batches for that release. One round trip stages, reads the
         journal position, switches and restarts; from that position on, the ladder shows this start's log lines
-        and a failure is diagnosed from them (`self.cursor`). `reads` run in it between the stage and the switch
-        (`self.read_at_switch`)."""
+        and a failure is diagnosed from them (`self.cursor`). `reads` run in it between the stage and the switch,
+        `reads_after_restart` at its end (both in `self.read_at_switch`)."""
         batches = batches or {ACTIVATE: activation_steps(self.layout, release_id),
                               VERIFIED: [reset_failed_step(self.layout)]}
         if self.before_restart is not None:
             self.before_restart()
         restarted_at = self.clock()
         self.switched_to = release_id  # from here on a signal switches back: the switch may be under way
-        results = self.phase(f"stage, {ACTIVATE}" if staged else ACTIVATE, [*staged, *reads, *batches[ACTIVATE]])
+        batch = [*staged, *reads, *batches[ACTIVATE], *reads_after_restart]
+        results = self.phase(f"stage, {ACTIVATE}" if staged else ACTIVATE, batch)
         self.read_at_switch = Readings(results)
         cursor_step = journal_cursor_step(self.layout.unit_name)
         self.cursor = parse_journal_cursor(next(r.stdout for r in results if r.step == cursor_step))

@@ -7,6 +7,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from deploy_lib.readings import ANY_EXIT
 from deploy_lib.remote import Step, StepResult
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
@@ -125,7 +126,7 @@ def advise(topology: Topology, nccl_env: Mapping[str, str]) -> Advice:
 
 def topology_steps() -> list[Step]:
     # any exit is a fact for parse_topology_results (127: no nvidia-smi; a driver without `topo -p2p` prints usage)
-    ok = frozenset(range(256))
+    ok = ANY_EXIT
     return [Step("topology", ("nvidia-smi", "topo", "-m"), ok=ok, timeout_s=30),
             Step("p2p read", ("nvidia-smi", "topo", "-p2p", "r"), ok=ok, timeout_s=30),
             Step("p2p write", ("nvidia-smi", "topo", "-p2p", "w"), ok=ok, timeout_s=30)]

@@ -86,13 +86,7 @@ def parse_stored(results: Sequence[StepResult], releases: Sequence[Any]) -> list
     for result in results:
         name = result.step.name
         if name.startswith(FACT_CACHE):
-            hf_home = name.removeprefix(FACT_CACHE)
-            line = next((line for line in result.stdout.splitlines() if line.startswith(RESULT_PREFIX)), None)
-            data = json.loads(line[len(RESULT_PREFIX):]) if line else {}
-            for item in data.get("revisions", []):
-                key = (hf_home, item["repo"], item["commit"])
-                stored.append(StoredModel("hub", hf_home, item["repo"], item["commit"], int(item["bytes"]),
-                                          int(item["files"]), bool(item["staged"]), tuple(users.get(key, ()))))
+            stored += _cache_revisions(name.removeprefix(FACT_CACHE), result.stdout, users)
         elif name.startswith(FACT_BASE):
             base = name.removeprefix(FACT_BASE)
             sizes: dict[str, list[int]] = {}
@@ -104,6 +98,20 @@ def parse_stored(results: Sequence[StepResult], releases: Sequence[Any]) -> list
             stored += [StoredModel("pushed", base, base, version, sum(found), len(found), True,
                                    tuple(users.get((base, base, version), ()))) for version, found in sizes.items()]
     return stored
+
+
+def _cache_revisions(hf_home: str, stdout: str, users: Mapping[tuple[str, str, str], list[str]]
+                     ) -> list[StoredModel]:
+    """The revisions a cache's listing names; none from a listing that did not complete (a failed or cut-off python):
+    what is not listed is never pruned."""
+    line = next((line for line in stdout.splitlines() if line.startswith(RESULT_PREFIX)), None)
+    try:
+        items = json.loads(line[len(RESULT_PREFIX):])["revisions"] if line else []
+        return [StoredModel("hub", hf_home, item["repo"], item["commit"], int(item["bytes"]), int(item["files"]),
+                            bool(item["staged"]), tuple(users.get((hf_home, item["repo"], item["commit"]), ())))
+                for item in items]
+    except (ValueError, KeyError, TypeError):
+        return []
 
 
 def read_stored(remote: Remote, releases: Sequence[Any]) -> list[StoredModel]:

@@ -16,7 +16,7 @@ from deploy_lib.facts import NVIDIA_SMI_QUERY
 from deploy_lib.health import http_url, reachable_host
 from deploy_lib.host_paths import venv_python
 from deploy_lib.progress import Progress
-from deploy_lib.readings import ABSENT_OK
+from deploy_lib.readings import ABSENT_OK, ANY_EXIT
 from deploy_lib.remote import TIMED_OUT_EXIT, Put, Remote, Step, StepResult
 from deploy_lib.settings import BenchSettings, GateSettings
 from deploy_lib.store import (
@@ -115,7 +115,7 @@ def benchmark_step(target: BenchRun, module: str, settings: BenchSettings, concu
                "--tokenizer", target.tokenizer, "--num-prompts", str(settings.prompts),
                "--random-input-len", str(settings.input_len), "--random-output-len", str(settings.output_len),
                "--random-range-ratio", "1", "--max-concurrency", str(concurrency), "--output-file", str(output))
-    name, runs_to_the_end = f"bench: concurrency {concurrency}", frozenset(range(256))
+    name, runs_to_the_end = f"bench: concurrency {concurrency}", ANY_EXIT
     if api_key is None:
         return Step(name, ("sh", "-c", _RUN_SCRIPT, "bench", *command), sudo=True, ok=runs_to_the_end,
                     timeout_s=settings.timeout_s)
