@@ -7,41 +7,24 @@ import json
 
 import pytest
 from recording_progress import RecordingProgress
-from test_deploy_plan import PROJECT, first_plan, options_accepting, target
+from test_deploy_plan import PROJECT, target
 from test_host_lock import HOLDER
-from test_rollback import LAYOUT, NOW, READY, ScriptedHost, ServingEveryRelease, _tags
+from test_rollback import LAYOUT, LIVE_PROBE, NOW, READY, ScriptedHost, _tags, a_host, changed_profile
 from test_store import release_entries
 
 from deploy_lib import facts as host_facts
 from deploy_lib import store
 from deploy_lib.deploy import Options, deploy
 from deploy_lib.errors import LockHeld
-from deploy_lib.models import FACT_CACHE, FACT_MODEL
+from deploy_lib.models import FACT_CACHE
 from deploy_lib.remote import Put, round_trips
-from deploy_lib.store import HEALTHY, UNIT_FILE, history_entry
+from deploy_lib.store import HEALTHY, history_entry
 
-LIVE_PROBE = "readiness probe (health)"
 WRITES = ("lock:", "stage:", "switch:", "systemd:", "history:", "put ")
 
 
 def writes(host: ScriptedHost) -> list[str]:
     return [name for name in host.ran_names() if name.startswith(WRITES)]
-
-
-def a_host() -> ScriptedHost:
-    """Releases A and B (B current and serving), the model staged, and an SGLang that knows the profile's flags."""
-    host = ScriptedHost(ServingEveryRelease())
-    model = {"commit": "c" * 40, "files": [{"path": "config.json", "size": 12, "blob": "c1"}], "missing": [],
-             "missing_bytes": 0, "free_bytes": 10**12, "hf_home": "/root/.cache/huggingface", "asked_hub": True}
-    host.reply(FACT_MODEL, stdout=f"RESULT {json.dumps(model)}\n")
-    host.reply(host_facts.FACT_UNIT_LINK, stdout=f"{LAYOUT.current / UNIT_FILE}\n")
-    sums = first_plan()[1].release.record()["files"]
-    host.reply(host_facts.FACT_FILE_SUMS, stdout="".join(f"{digest}  /x/{name}\n" for name, digest in sums.items()))
-    sglang = {"sglang_version": "0.5.23", "flashinfer_version": "0.7.2",
-              "options": options_accepting((*first_plan()[1].release.args, "--revision", "c" * 40))}
-    host.reply(host_facts.FACT_SGLANG, stdout=json.dumps(sglang))
-    host.reply(LIVE_PROBE, stdout=json.dumps(READY))
-    return host
 
 
 def serving_the_profile() -> tuple[ScriptedHost, str]:
@@ -94,11 +77,6 @@ def test_a_deploy_while_another_run_holds_the_lock_is_refused_from_the_facts_alo
         deploy(PROJECT.profile("glm5-nvfp4"), target(), host, RecordingProgress(), Options(grace_s=0))
     assert refused.value.exit_code == 4 and "invoke unlock --force" in (refused.value.hint or "")
     assert len(host.batches) == 1 and writes(host) == []
-
-
-def changed_profile():
-    base = PROJECT.profile("glm5-nvfp4")
-    return base.model_copy(update={"profile": base.profile.model_copy(update={"env": {"NCCL_DEBUG_SUBSYS": "ALL"}})})
 
 
 def test_a_store_changed_between_the_read_and_the_take_ends_the_deploy_with_nothing_changed() -> None:

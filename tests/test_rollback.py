@@ -22,7 +22,7 @@ from deploy_lib.errors import Interrupted, PreflightError, ReadinessFailed, Term
 from deploy_lib.facts import SGLangInstall
 from deploy_lib.interrupts import Interrupt, interrupted, signal_name, signals_raise
 from deploy_lib.models import FACT_MODEL
-from deploy_lib.profile import read_stored_profile
+from deploy_lib.profile import LoadedProfile, read_stored_profile
 from deploy_lib.release import RecordedRelease
 from deploy_lib.remote import OutputLine, Put, Step, StepResult, describe
 from deploy_lib.store import (
@@ -280,7 +280,11 @@ def _shown(step: Step | Put) -> str:
     return f"put {step.dest} (mode 0{step.mode:o})" if isinstance(step, Put) else describe([step])[0]
 
 
-def test_the_dry_run_lists_exactly_the_steps_the_deploy_then_runs() -> None:
+LIVE_PROBE = "readiness probe (health)"
+
+
+def a_host() -> ScriptedHost:
+    """Releases A and B (B current and serving), the model staged, and an SGLang that knows the profile's flags."""
     host = ScriptedHost(ServingEveryRelease())
     model = {"commit": "c" * 40, "files": [{"path": "config.json", "size": 12, "blob": "c1"}], "missing": [],
              "missing_bytes": 0, "free_bytes": 10**12, "hf_home": "/root/.cache/huggingface", "asked_hub": True}
@@ -288,11 +292,21 @@ def test_the_dry_run_lists_exactly_the_steps_the_deploy_then_runs() -> None:
     host.reply(host_facts.FACT_UNIT_LINK, stdout=f"{LAYOUT.current / UNIT_FILE}\n")
     sums = first_plan()[1].release.record()["files"]
     host.reply(host_facts.FACT_FILE_SUMS, stdout="".join(f"{digest}  /x/{name}\n" for name, digest in sums.items()))
-    base = PROJECT.profile("glm5-nvfp4")
-    loaded = base.model_copy(update={"profile": base.profile.model_copy(update={"env": {"NCCL_DEBUG_SUBSYS": "ALL"}})})
     sglang = {"sglang_version": "0.5.23", "flashinfer_version": "0.7.2",
               "options": options_accepting((*first_plan()[1].release.args, "--revision", "c" * 40))}
     host.reply(host_facts.FACT_SGLANG, stdout=json.dumps(sglang))
+    host.reply(LIVE_PROBE, stdout=json.dumps(READY))
+    return host
+
+
+def changed_profile() -> LoadedProfile:
+    """The reference profile with one env var more: a release other than the current one."""
+    base = PROJECT.profile("glm5-nvfp4")
+    return base.model_copy(update={"profile": base.profile.model_copy(update={"env": {"NCCL_DEBUG_SUBSYS": "ALL"}})})
+
+
+def test_the_dry_run_lists_exactly_the_steps_the_deploy_then_runs() -> None:
+    host, loaded = a_host(), changed_profile()
     planned = deploy(loaded, target(), host, RecordingProgress(), Options(dry_run=True, grace_s=0))
     assert planned.plan is not None
     batches = planned.plan.batches

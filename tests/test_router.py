@@ -285,15 +285,19 @@ def test_a_rollback_of_the_routers_own_release_on_a_replica_host_drains_no_repli
     assert config_of(router) == [] and replica_host.ran_names() == []
 
 
+@dataclass(frozen=True)
+class Deployed:
+    release_id: str
+
+
+def deployed(drain: object) -> Deployed:
+    """A deploy of release N that drains first, as the engine calls `before_restart`."""
+    drain()  # type: ignore[operator]
+    return Deployed("N")
+
+
 def test_a_first_deploy_behind_a_router_drains_nothing_and_the_router_lists_the_new_server_after(
         tmp_path: Path) -> None:
-    @dataclass(frozen=True)
-    class Deployed:
-        release_id: str
-
-    def deployed(drain: object) -> Deployed:
-        drain()  # type: ignore[operator]
-        return Deployed("N")
     router, result = _around(tmp_path, deployed, ports=[None, 8000])
     assert result == Deployed("N")
     assert [(c["action"], c["worker"]) for c in config_of(router)] == [("add", "http://192.0.2.10:8000")]
@@ -360,13 +364,6 @@ def test_a_router_in_front_of_servers_that_need_an_api_key_is_refused_naming_the
 
 def test_a_replica_the_router_will_not_take_back_fails_its_deploy_saying_it_serves_the_new_release(
         tmp_path: Path) -> None:
-    @dataclass(frozen=True)
-    class Deployed:
-        release_id: str
-
-    def deployed(drain: object) -> Deployed:
-        drain()  # type: ignore[operator]
-        return Deployed("N")
     remote, result = _around(tmp_path, deployed, add={"error": "the router did not list it as a healthy worker"})
     assert isinstance(result, RouterFailed) and result.serving_id == "N"
     assert [c["action"] for c in config_of(remote)] == ["remove", "add"]
