@@ -14,7 +14,16 @@ from deploy_lib import deploy as engine
 from deploy_lib import venvs
 from deploy_lib.errors import LockHeld
 from deploy_lib.patches import find_patch_set, on_host
-from deploy_lib.store import FACT_CLOCK, FACT_LOCK, FACT_LOCK_OWNER, LOCK_TAKE, LockOwner, StoreLayout, host_lock
+from deploy_lib.store import (
+    FACT_CLOCK,
+    FACT_LOCK,
+    FACT_LOCK_OWNER,
+    LOCK_TAKE,
+    LockOwner,
+    StoreLayout,
+    host_lock,
+    lock_on_first_change,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 LAYOUT = StoreLayout("sglang")
@@ -42,6 +51,18 @@ def test_the_lock_is_reentrant_within_one_process_and_released_once() -> None:
         assert "lock: release" not in remote.ran_names(), "the inner command does not release the outer's lock"
     assert remote.ran_names().count("lock: take") == 1 and remote.ran_names()[-1] == "lock: release"
     assert "patch and deploy" in remote.file_text(LAYOUT.lock_owner)
+
+
+def test_a_lock_this_process_holds_is_reentered_through_the_deploys_first_change_remote() -> None:
+    """A deploy with service.venv_build holds the lock from its first step and builds the venv through its
+    LockOnFirstChange remote; the build's own host_lock failed on the deploy's lock (a CI run: LockHeld naming
+    this very pid)."""
+    remote = FakeRemote()
+    with host_lock(remote, LAYOUT, "deploy glm5-lock-a", "gpu1") as outer:
+        with lock_on_first_change(remote, LAYOUT, "deploy glm5-lock-a", "gpu1") as through:
+            with host_lock(through, LAYOUT, "venv build", "gpu1") as inner:
+                assert inner == outer
+    assert remote.ran_names().count("lock: take") == 1 and remote.ran_names().count("lock: release") == 1
 
 
 def test_a_lock_held_by_someone_else_names_what_they_are_doing() -> None:

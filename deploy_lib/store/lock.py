@@ -371,11 +371,17 @@ def lock_on_first_change(remote: Remote, layout: StoreLayout, purpose: str, wher
     held = _HELD.get(key)
     locked = LockOnFirstChange(remote, layout, held or this_process_owner(purpose, datetime.now(UTC)),
                                context or LockContext(where=where), held_already=held is not None)
+    # the lock held already is held through this remote too: a venv build inside the block re-enters it
+    through = (id(locked), str(layout.lock))
+    if held is not None:
+        _HELD[through] = held
     try:
         yield locked
     except BaseException:
         locked.release_quietly()
         raise
+    finally:
+        _HELD.pop(through, None)
     locked.finish([])
 
 
