@@ -183,9 +183,20 @@ class LockContext:
     is_alive: Callable[[int], bool] = pid_alive
     stale_after_s: float = STALE_LOCK_AFTER_S
 
+    def held_by(self, lock: LockInfo) -> LockHeld:
+        return lock_held_error(self.where, lock, lock_staleness(lock, self.this_host, self.is_alive,
+                                                                self.stale_after_s))
+
 
 def read_lock(remote: Remote, layout: StoreLayout) -> LockInfo | None:
     return parse_lock_facts(read(remote, lock_fact_steps(layout)))
+
+
+def raise_if_held(remote: Remote, layout: StoreLayout, context: LockContext) -> None:
+    """After a failed take: LockHeld naming the holder; none when no lock exists (not contention: a full disk...)."""
+    lock = read_lock(remote, layout)
+    if lock is not None:
+        raise context.held_by(lock) from None
 
 
 def take_lock(remote: Remote, layout: StoreLayout, owner: LockOwner, context: LockContext) -> None:
@@ -195,12 +206,8 @@ def take_lock(remote: Remote, layout: StoreLayout, owner: LockOwner, context: Lo
     except StepFailed as failure:
         if getattr(failure.step, "name", None) != LOCK_TAKE:
             raise
-        lock = read_lock(remote, layout)
-        if lock is None:
-            raise  # mkdir failed and no lock exists: not contention (read-only or full filesystem, ...)
-        raise lock_held_error(context.where, lock,
-                              lock_staleness(lock, context.this_host, context.is_alive, context.stale_after_s)
-                              ) from None
+        raise_if_held(remote, layout, context)
+        raise
 
 
 @contextmanager
@@ -289,8 +296,7 @@ class LockOnFirstChange:
         if purpose is not None:
             self.owner = replace(self.owner, purpose=purpose)
         if lock is not None:
-            raise lock_held_error(self.context.where, lock, lock_staleness(
-                lock, self.context.this_host, self.context.is_alive, self.context.stale_after_s))
+            raise self.context.held_by(lock)
         self.digest = digest or ""
 
     def _take_steps(self) -> list[Step | Put]:
@@ -333,11 +339,8 @@ class LockOnFirstChange:
             name = getattr(failure.step, "name", None)
             if name == LOCK_TAKE:
                 self.taken = False
-                lock = read_lock(self.inner, self.layout)
-                if lock is None:
-                    raise  # mkdir failed and no lock exists: not contention (read-only or full filesystem, ...)
-                raise lock_held_error(self.context.where, lock, lock_staleness(
-                    lock, self.context.this_host, self.context.is_alive, self.context.stale_after_s)) from None
+                raise_if_held(self.inner, self.layout, self.context)
+                raise
             if name == LOCK_STORE_UNCHANGED:
                 self.release_quietly()
                 raise LockHeld(f"the release store on {self.context.where} changed after this command read it "
