@@ -33,7 +33,7 @@ if TYPE_CHECKING:
     from deploy_lib.patches import PatchSet
     from deploy_lib.remote import FabricRemote
     from deploy_lib.router import RouterSite
-    from deploy_lib.router_deploy import RouterFront
+    from deploy_lib.router_deploy import LeftOut, RouterFront
 
 # Each task imports the library modules it calls in its body: a command loads only what it runs (a no-op deploy
 # neither renders a template nor reads a patch set), which is most of the whole process's time
@@ -203,12 +203,13 @@ def _router_in_front(inventory: Inventory, targets: list[Target], accept_new_hos
 
 def _behind_router(front: RouterFront | None, target: Target, service: str, remote: FabricRemote,
                    progress: ui.TerminalProgress, transition: Callable[[Callable[[], None] | None], T],
-                   stays_out: bool = False) -> T:
-    """A replica's deploy, rollback, start, restart or stop with its router around it (router_deploy.behind_router)."""
+                   leaves_out: LeftOut | None = None) -> T:
+    """A replica's deploy, rollback, start, restart, stop, gpu-check or uninstall with its router around it
+    (router_deploy.behind_router)."""
     if front is None:
         return transition(None)
     from deploy_lib.router_deploy import behind_router
-    return behind_router(front, target, service, remote, progress, transition, stays_out)
+    return behind_router(front, target, service, remote, progress, transition, leaves_out)
 
 
 def _one_at_a_time(front: RouterFront | None, rollout: Rollout | None) -> Rollout | None:
@@ -492,7 +493,8 @@ def stop(c: Context, host: str | None = None, inventory: str | None = None, serv
     with FabricRemote(target.ssh) as remote:
         ui.print_outcome(_run(lambda: _behind_router(
             front, target, _service(service), remote, _progress(),
-            lambda drain: deploy_engine.stop(target, _service(service), remote, before_stop=drain), stays_out=True)))
+            lambda drain: deploy_engine.stop(target, _service(service), remote, before_stop=drain),
+            leaves_out="stopped")))
 
 
 def _start(restart: bool, host: str | None, inventory: str | None, service: str | None, yes: bool) -> None:
@@ -533,9 +535,13 @@ def uninstall(c: Context, host: str | None = None, inventory: str | None = None,
     state_dir = remove.local_state_dir(os.environ)
     question = (f"remove service {name} from {target.host.name}: stop its unit, delete "
                 f"{target.layout(name).base} (releases, managed venvs, caches)? history is kept in {state_dir}")
+    front = _router_in_front(PROJECT.inventory(_inventory(inventory)), [target], False)
     _consent(question, yes)
     with FabricRemote(target.ssh) as remote:
-        ui.print_uninstalled(_run(lambda: remove.uninstall(target, name, remote, state_dir)))
+        ui.print_uninstalled(_run(lambda: _behind_router(
+            front, target, name, remote, _progress(),
+            lambda drain: remove.uninstall(target, name, remote, state_dir, before_stop=drain),
+            leaves_out="uninstalled")))
 
 
 @task
@@ -584,9 +590,13 @@ def gpu_check(c: Context, profile: str | None = None, stop_server: bool = False,
     target = _target(inventory, host)
     loaded = _run(lambda: PROJECT.profile(profile)) if profile else None
     byte_sizes = _run(lambda: gpu_checks.parse_sizes(sizes or []))
+    front = _router_in_front(PROJECT.inventory(_inventory(inventory)), [target], False)
+    progress = _progress()
     with _remote(target) as remote:
-        report = _run(lambda: gpu_checks.run_gpu_check(target, _service(service), remote, _progress(), loaded,
-                                                       stop_server, dict(os.environ), byte_sizes))
+        report = _run(lambda: _behind_router(front, target, _service(service), remote, progress, lambda drain:
+                                             gpu_checks.run_gpu_check(target, _service(service), remote, progress,
+                                                                      loaded, stop_server, dict(os.environ),
+                                                                      byte_sizes, before_stop=drain)))
     _show(report, ui.print_gpu_check)
     if not report.check.verified:
         raise Exit(code=EXIT_CODES[PreflightError])

@@ -180,7 +180,7 @@ class RouterMembership:
         answer = self._ask("remove", worker, f"taking {worker} out")
         if self.router_down:
             self.progress.note(f"router: nothing listens on {self.site.host.name}:{self.site.port}, so no request "
-                               f"goes to {worker} through it; it restarts without draining")
+                               f"goes to {worker} through it; its server stops without a drain")
             return
         self.taken_out = worker
         if answer.get("drained"):

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import TypeVar
+from typing import Literal, TypeVar
 
 from deploy_lib.deploy import restart_steps
 from deploy_lib.errors import DeployError, LockHeld, RouterFailed
@@ -53,6 +53,14 @@ from deploy_lib.store import (
 from deploy_lib.venvs import ensure_venv
 
 T = TypeVar("T")
+LeftOut = Literal["stopped", "uninstalled"]
+# what a note says of a replica a transition leaves out of the router ({router}: the router's host)
+LEFT_OUT: dict[LeftOut, str] = {
+    "stopped": "stays out of the router on {router} until `invoke start` serves it again",
+    "uninstalled": "is removed from the router on {router}: its server is uninstalled; the router's own release "
+                   "still names it in --worker-urls until the host leaves the router's group in the inventory and "
+                   "`invoke router.deploy` renders the router again",
+}
 
 
 @dataclass(frozen=True)
@@ -143,13 +151,14 @@ def one_at_a_time(front: RouterFront | None, rollout: Rollout, progress: Progres
 
 
 def behind_router(front: RouterFront | None, target: Target, service: str, remote: Remote, progress: Progress,
-                  transition: Callable[[Callable[[], None] | None], T], stays_out: bool = False) -> T:
-    """A replica's deploy, rollback, start or restart (`transition(before_restart)`) with the router around it: the
-    replica is taken out of the router just before its server stops, and once the host serves a verified release
-    again (the new one, or the one a failed start went back to) it is added back; `stays_out` (a stop) leaves it out
-    until a start. A replica left stopped stays out, and the error says so. The router's host is connected to only
-    when the server restarts; without a router, or for the router's own service (`rollback -s sglang-router` on its
-    host), the transition runs as it is."""
+                  transition: Callable[[Callable[[], None] | None], T], leaves_out: LeftOut | None = None) -> T:
+    """A replica's deploy, rollback, start, restart or gpu-check (`transition(before_restart)`) with the router around
+    it: the replica is taken out of the router just before its server stops, and once the host serves a verified
+    release again (the new one, or the one a failed start went back to) it is added back; `leaves_out` keeps it out
+    after a transition that ends with no server (a stop: until a start; an uninstall: for good), and a note says so.
+    A replica left stopped stays out, and the error says so. The router's host is connected to only when the server
+    stops; without a router, or for the router's own service (`rollback -s sglang-router` on its host), the
+    transition runs as it is."""
     if front is None or service == SERVICE:
         return transition(None)
     layout = target.layout(service)
@@ -173,10 +182,10 @@ def behind_router(front: RouterFront | None, target: Target, service: str, remot
                 failed.message += f"; {membership.taken_out} is left out of the router on {front.site.host.name} " \
                                   "(not serving)"
             raise
-        if stays_out:
+        if leaves_out is not None:
             if membership.taken_out is not None:
-                progress.note(f"router: {membership.taken_out} stays out of the router on {front.site.host.name} "
-                              "until `invoke start` serves it again")
+                said = LEFT_OUT[leaves_out].format(router=front.site.host.name)
+                progress.note(f"router: {membership.taken_out} {said}")
             return outcome
         try:
             membership.readmit()
@@ -186,4 +195,5 @@ def behind_router(front: RouterFront | None, target: Target, service: str, remot
         return outcome
 
 
-__all__ = ["RouterFront", "RouterOutcome", "behind_router", "deploy_router", "one_at_a_time", "router_in_front"]
+__all__ = ["LEFT_OUT", "LeftOut", "RouterFront", "RouterOutcome", "behind_router", "deploy_router", "one_at_a_time",
+           "router_in_front"]

@@ -4,7 +4,7 @@ keeping a copy of the history and release records on the machine running the too
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -69,9 +69,11 @@ def local_copy_dir(state_dir: Path, host: str, service: str, now: datetime) -> P
     return state_dir / "uninstalled" / f"{host}-{service}-{now.astimezone(UTC).strftime('%Y%m%dT%H%M%SZ')}"
 
 
-def uninstall(target: Target, service: str, remote: Remote, state_dir: Path,
-              now: datetime | None = None) -> Uninstalled:
-    """Copy history and release records to `state_dir`, then remove the service's store and unit under the lock."""
+def uninstall(target: Target, service: str, remote: Remote, state_dir: Path, now: datetime | None = None,
+              before_stop: Callable[[], None] | None = None) -> Uninstalled:
+    """Copy history and release records to `state_dir`, then remove the service's store and unit under the lock.
+    `before_stop` runs under the lock just before the tool's unit stops (a router takes the replica out); a unit
+    the tool did not make is left running, so it is not called then."""
     layout = target.layout(service)
     facts = read_host_facts(remote, layout, venv=None, port=None)
     if facts.store.current is None and not facts.store.releases and not facts.store.history:
@@ -87,6 +89,8 @@ def uninstall(target: Target, service: str, remote: Remote, state_dir: Path,
     foreign_unit = not ours(layout, facts) and (facts.unit_link is not None or facts.unit.load_state == "loaded")
     take_lock(remote, layout, this_process_owner("uninstall", now or datetime.now(UTC)),
               LockContext(where=target.host.name))
+    if before_stop is not None and not foreign_unit:
+        before_stop()
     remote.run(removal_steps(layout, remove_unit=not foreign_unit))  # removing the store removes the lock too
     store = f"{layout.base} ({len(facts.store.releases)} releases, managed venvs, caches, history)"
     return Uninstalled(host=target.host.name, service=service,

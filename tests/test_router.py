@@ -15,6 +15,7 @@ from systemd_syntax import exec_start_argv, parse_unit_file
 from test_deploy_plan import PROJECT, first_plan, target
 from test_rollback import READY, ScriptedHost
 
+from deploy_lib import facts as host_facts
 from deploy_lib import store
 from deploy_lib.deploy import Transition
 from deploy_lib.errors import ConfigError, LockHeld, ReadinessFailed, RollbackFailed, RouterFailed
@@ -342,7 +343,7 @@ def test_a_stopped_replica_stays_out_of_the_router_until_it_is_started(tmp_path:
         drain()  # type: ignore[operator]
         return "stopped"
     assert behind_router(front_of(tmp_path, router), target(), "sglang", replica([8000]), progress, stopping,
-                         stays_out=True) == "stopped"
+                         leaves_out="stopped") == "stopped"
     assert [c["action"] for c in config_of(router)] == ["remove"]
     assert "http://192.0.2.10:8000 stays out of the router on edge until `invoke start`" in progress.of_kind("note")[0]
 
@@ -445,3 +446,105 @@ def test_a_group_behind_a_router_restarts_one_replica_at_a_time_unless_serial_sa
     if not serial:
         assert "one at a time (--serial 1)" in progress.of_kind("note")[0]
     assert one_at_a_time(None, Rollout.parse(()), progress).batches(["a", "b"]) == [["a", "b"]]
+
+
+class StoppableHost(ScriptedHost):
+    """ScriptedHost whose unit reads inactive once `systemctl stop` ran, until it is restarted."""
+
+    def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
+        results = super().run(batch, on_output)
+        if any(step.name == "systemd: stop" for step in batch):
+            self.reply(host_facts.FACT_UNIT, stdout="ActiveState=inactive\nSubState=dead\nLoadState=loaded\n",
+                       times=1)
+        return results
+
+
+def test_a_gpu_check_that_stops_a_replica_drains_it_first_and_adds_it_back_once_it_serves_again(
+        tmp_path: Path) -> None:
+    """`invoke gpu-check --stop-server --host H` of a replica: taken out before its server stops for the check, added
+    back once the current release serves again (failed before: the check stopped the server with the replica still
+    in the router)."""
+    from deploy_lib.gpu_check import run_gpu_check
+    host = StoppableHost({"A": [READY], "B": [READY]})
+    router = answering(remove={"was_listed": True, "drained": 1}, add={})
+    stops_before_drain: list[int] = []
+
+    def checked(drain: object) -> object:
+        def before_stop() -> None:
+            stops_before_drain.append(host.ran_names().count("systemd: stop"))
+            drain()  # type: ignore[operator]
+        return run_gpu_check(target(), "sglang", host, RecordingProgress(), None, True, {}, before_stop=before_stop)
+    behind_router(front_of(tmp_path, router), target(), "sglang", host, RecordingProgress(), checked)
+    assert stops_before_drain == [0]
+    assert "systemd: stop" in host.ran_names() and host.history()[-1][:2] == ("start", "healthy")
+    assert [c["action"] for c in config_of(router)] == ["remove", "add"]
+
+
+def test_a_gpu_check_that_fails_after_the_stop_restarts_the_replica_and_puts_it_back_into_the_router(
+        tmp_path: Path) -> None:
+    """The all-reduce's round trip is lost: the check fails, the release is started again and serves, so the replica
+    goes back into the router and the error does not call it left out."""
+    from deploy_lib.errors import ConnectFailed
+    from deploy_lib.gpu_check import run_gpu_check
+    host = StoppableHost({"A": [READY], "B": [READY]})
+    host.reply("all-reduce check", raises=ConnectFailed("the connection to a was lost during the all-reduce check"))
+    router = answering(remove={"was_listed": True}, add={})
+    with pytest.raises(ConnectFailed) as failed:
+        behind_router(front_of(tmp_path, router), target(), "sglang", host, RecordingProgress(),
+                      lambda drain: run_gpu_check(target(), "sglang", host, RecordingProgress(), None, True, {},
+                                                  before_stop=drain))
+    assert host.history()[-1][:2] == ("start", "healthy")
+    assert failed.value.serving_id == "B" and "left out of the router" not in failed.value.message
+    assert [c["action"] for c in config_of(router)] == ["remove", "add"]
+
+
+def installed_replica(unit_link: str) -> FakeRemote:
+    """A replica's host with release r1 current and serving, its unit file at `unit_link`."""
+    layout = StoreLayout("sglang")
+    metadata = {"id": "r1", "tags": {}, "profile": {"server": {"port": 8000}}}
+    return (FakeRemote()
+            .reply(store.FACT_LOCK, exit_code=1)
+            .reply(store.FACT_CURRENT, stdout="releases/r1\n")
+            .reply(store.FACT_RELEASE_DIRS, stdout="r1\0r1/release.json\0")
+            .reply(store.FACT_RELEASE_FILES, stdout=f"{layout.releases}/r1/release.json\0{json.dumps(metadata)}\n")
+            .reply("router: serving release", stdout=json.dumps(metadata))
+            .reply(host_facts.FACT_UNIT, stdout="ActiveState=active\nSubState=running\nLoadState=loaded\n")
+            .reply(host_facts.FACT_UNIT_LINK, stdout=unit_link + "\n"))
+
+
+def test_an_uninstalled_replica_is_drained_under_the_lock_before_its_unit_stops_and_removed_from_the_router(
+        tmp_path: Path) -> None:
+    """`invoke uninstall --host H` of a replica (failed before: the unit stopped with the replica still in the
+    router): the replica is gone, so it is not added back, and a note says the router's own release still names it."""
+    from deploy_lib.uninstall import uninstall
+    host = installed_replica(f"{StoreLayout('sglang').current}/sglang.service")
+    router = answering(remove={"was_listed": True, "drained": 2})
+    progress = RecordingProgress()
+    ran_at_drain: list[list[str]] = []
+
+    def removed(drain: object) -> object:
+        def before_stop() -> None:
+            ran_at_drain.append(host.ran_names())
+            drain()  # type: ignore[operator]
+        return uninstall(target(), "sglang", host, tmp_path / "state", before_stop=before_stop)
+    done = behind_router(front_of(tmp_path, router), target(), "sglang", host, progress, removed,
+                         leaves_out="uninstalled")
+    [at_drain] = ran_at_drain
+    assert store.LOCK_TAKE in at_drain and "uninstall: stop" not in at_drain
+    assert "uninstall: release store" in host.ran_names() and done.service == "sglang"  # type: ignore[attr-defined]
+    assert [(c["action"], c["worker"]) for c in config_of(router)] == [("remove", "http://192.0.2.10:8000")]
+    [note] = [note for note in progress.of_kind("note") if "uninstalled" in note]
+    assert "http://192.0.2.10:8000 is removed from the router on edge" in note and "router.deploy" in note
+
+
+def test_uninstalling_a_replica_whose_unit_the_tool_did_not_make_leaves_it_serving_in_the_router(
+        tmp_path: Path) -> None:
+    """The tool leaves a unit it did not make running, so that server still serves: the router is not touched."""
+    from deploy_lib.uninstall import uninstall
+    host = installed_replica("/etc/systemd/system/hand-made.service")
+    router = answering()
+    front = front_of(tmp_path, router)
+    behind_router(front, target(), "sglang", host, RecordingProgress(),
+                  lambda drain: uninstall(target(), "sglang", host, tmp_path / "state", before_stop=drain),
+                  leaves_out="uninstalled")
+    assert config_of(router) == [] and front.connect.opened == 0  # type: ignore[attr-defined]

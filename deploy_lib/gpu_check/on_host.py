@@ -3,9 +3,9 @@ restarted through the readiness ladder when asked, all under the host lock."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
-from deploy_lib.errors import ConfigError, PreflightError
+from deploy_lib.errors import ConfigError, DeployError, PreflightError
 from deploy_lib.facts import read_host_facts
 from deploy_lib.gpu_check.allreduce import DEFAULT_SIZES
 from deploy_lib.gpu_check.subject import (
@@ -38,10 +38,12 @@ def check_host(remote: Remote, progress: Progress, subject: CheckSubject, sizes:
 
 
 def run_gpu_check(target: Target, service: str, remote: Remote, progress: Progress, loaded: LoadedProfile | None,
-                  stop_server: bool, environ: Mapping[str, str], sizes: Sequence[int] = DEFAULT_SIZES
-                  ) -> GpuCheckReport:
+                  stop_server: bool, environ: Mapping[str, str], sizes: Sequence[int] = DEFAULT_SIZES,
+                  before_stop: Callable[[], None] | None = None) -> GpuCheckReport:
     """gpu-check on one host: refuse while the server holds the GPUs unless told to stop it; then restart the
-    current release through the readiness ladder (deploy.start), whatever the check found."""
+    current release through the readiness ladder (deploy.start), whatever the check found. `before_stop` runs just
+    before the server stops (a router takes the replica out); an error of the check carries the release serving
+    again after the restart (`serving_id`), so the router takes the replica back."""
     from deploy_lib import deploy  # here: deploy imports this module for preflight.gpu_check
 
     layout = target.layout(service)
@@ -63,9 +65,13 @@ def run_gpu_check(target: Target, service: str, remote: Remote, progress: Progre
     with host_lock(remote, layout, "gpu-check", target.host.name):
         if running:
             progress.note(f"stopping {layout.unit_name} for the check")
-            deploy.stop(target, service, remote)
+            deploy.stop(target, service, remote, before_stop=before_stop)
         try:
             return check_host(remote, progress, subject, sizes)
+        except DeployError as failed:  # raised only once the restart below served the release again
+            if running:
+                failed.serving_id = facts.store.current
+            raise
         finally:
             if running:
                 progress.note(f"restarting {layout.unit_name}")

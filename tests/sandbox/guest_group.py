@@ -20,8 +20,8 @@ from sandbox import manage, names
 
 REPO = Path(__file__).resolve().parents[2]
 STORE = "/opt/sglang-deploy/sglang"
-CONSENTING = ("deploy", "rollback", "router.deploy", "stop", "start", "restart")  # the commands that change hosts
-WITHOUT_JSON = ("stop", "start", "restart")  # they print their outcome only as text (their report is {})
+CONSENTING = ("deploy", "rollback", "router.deploy", "stop", "start", "restart", "uninstall")  # they change hosts
+WITHOUT_JSON = ("stop", "start", "restart", "uninstall")  # they print their outcome only as text (report {})
 
 
 @dataclass

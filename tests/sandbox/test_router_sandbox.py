@@ -6,9 +6,9 @@ while a client sends requests through the router: none fails."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 from guest_group import GuestGroup, booted_group
@@ -23,6 +23,7 @@ from sandbox.traffic import Client
 
 pytestmark = pytest.mark.sandbox
 PORT = manage.ROUTER_PORT
+T = TypeVar("T")
 PROFILES = {f"replica-{n}": f"extends: glm5-nvfp4\nenv:\n  OMP_NUM_THREADS: '{n}'\n" for n in (3, 5)} | {
     "replica-8001": "extends: glm5-nvfp4\nserver:\n  port: 8001\n"}
 
@@ -60,6 +61,17 @@ def deploy_router(fleet: Replicas) -> tuple[int, dict, str]:
     return fleet.invoke("router.deploy", "--profile", str(fleet.root / "inventory" / "profiles" / "glm5-nvfp4.yaml"))
 
 
+def no_request_fails(fleet: Replicas, action: Callable[[], T]) -> T:
+    """`action()`'s result, run while a client sends requests through the router on four threads: some went through
+    and none failed."""
+    ended: list[T] = []
+    traffic = Client(f"http://{fleet.guests[0].guest_ip}:{PORT}").during(lambda: ended.append(action()))
+    sent = len(traffic.latencies + traffic.failures)
+    assert traffic.failures == [], f"{len(traffic.failures)} failed of {sent}: {traffic.failures[:3]}; ended {ended}"
+    assert traffic.latencies  # requests went through the router while the action ran
+    return ended[0]
+
+
 def test_a_rolling_deploy_behind_the_router_fails_no_client_request(replicas: Replicas) -> None:
     baseline = replicas.baseline()
     code, report, stderr = deploy_router(replicas)
@@ -71,13 +83,8 @@ def test_a_rolling_deploy_behind_the_router_fails_no_client_request(replicas: Re
     assert manage.run_on(router_host, "systemctl is-active sglang-router.service").strip() == "active"
     assert router_urls(replicas) == [(url, True) for url in sorted(workers)]
 
-    rollout: list[tuple[int, dict, str]] = []
-    traffic = Client(f"http://{router_host.guest_ip}:{PORT}").during(
-        lambda: rollout.append(replicas.deploy("replica-3", "--serial", "1")))
-    [(code, report, stderr)] = rollout
+    code, report, stderr = no_request_fails(replicas, lambda: replicas.deploy("replica-3", "--serial", "1"))
     assert code == 0, stderr
-    assert traffic.failures == [], f"{len(traffic.failures)} failed of {len(traffic.latencies + traffic.failures)}"
-    assert traffic.latencies  # requests went through the router while the replicas restarted
     new = replicas.releases(report)
     assert not set(new) & set(baseline)
     for guest in replicas.guests:  # each host was taken out before its restart and added back after
@@ -111,14 +118,8 @@ def test_a_rolling_rollback_behind_the_router_drains_each_replica_and_fails_no_c
     assert code == 0, stderr
     code, report, stderr = replicas.deploy("replica-5", "--serial", "1")
     assert code == 0, stderr
-    router_host = replicas.guests[0]
-    rollback: list[tuple[int, dict, str]] = []
-    traffic = Client(f"http://{router_host.guest_ip}:{PORT}").during(
-        lambda: rollback.append(replicas.invoke("rollback", "--serial", "1")))
-    [(code, report, stderr)] = rollback
+    code, report, stderr = no_request_fails(replicas, lambda: replicas.invoke("rollback", "--serial", "1"))
     assert code == 0, stderr
-    assert traffic.failures == [], f"{len(traffic.failures)} failed of {len(traffic.latencies + traffic.failures)}"
-    assert traffic.latencies
     assert replicas.releases(report) == baseline  # back on the last healthy release before replica-5's
     for guest in replicas.guests:  # each host was taken out before its restart and added back after
         lines = [line for line in stderr.splitlines() if line.startswith(f"{guest.name} ")]
@@ -141,18 +142,12 @@ def test_one_replica_deployed_and_rolled_back_by_host_onto_another_port_is_drain
     assert code == 0, stderr
     router_host, moved = replicas.guests
     steady = f"http://{router_host.guest_ip}:8000"
-    ended: list[tuple[int, dict, str]] = []
-
-    def deploy_then_roll_back() -> None:
-        ended.append(replicas.deploy("replica-8001", host=moved.name))
-        ended.append(replicas.invoke("rollback", host=moved.name))
-    traffic = Client(f"http://{router_host.guest_ip}:{PORT}").during(deploy_then_roll_back)
-    [(deployed, deploy_report, deploy_err), (rolled, rollback_report, rollback_err)] = ended
+    [(deployed, deploy_report, deploy_err), (rolled, rollback_report, rollback_err)] = no_request_fails(
+        replicas, lambda: [replicas.deploy("replica-8001", host=moved.name),
+                           replicas.invoke("rollback", host=moved.name)])
     assert deployed == 0, deploy_err
     assert rolled == 0, rollback_err
     assert deploy_report["outcome"] == "deployed"
-    assert traffic.failures == [], f"{len(traffic.failures)} failed of {len(traffic.latencies + traffic.failures)}"
-    assert traffic.latencies
     assert drained_and_added_back(deploy_err) and drained_and_added_back(rollback_err)
     assert f"from http://{moved.guest_ip}:8000 to http://{moved.guest_ip}:8001" in deploy_err
     assert f"from http://{moved.guest_ip}:8001 to http://{moved.guest_ip}:8000" in rollback_err
@@ -164,15 +159,10 @@ def test_a_group_deploy_behind_the_router_without_serial_goes_one_replica_at_a_t
     replicas.baseline()
     code, report, stderr = deploy_router(replicas)
     assert code == 0, stderr
-    router_host = replicas.guests[0]
-    rollout: list[tuple[int, dict, str]] = []
-    traffic = Client(f"http://{router_host.guest_ip}:{PORT}").during(
-        lambda: rollout.append(replicas.deploy("replica-3")))
-    [(code, report, stderr)] = rollout
+    code, report, stderr = no_request_fails(replicas, lambda: replicas.deploy("replica-3"))
     assert code == 0, stderr
     assert "restart one at a time (--serial 1)" in stderr
     assert report["batches"] == [[name] for name in replicas.names]
-    assert traffic.failures == [], f"{len(traffic.failures)} failed of {len(traffic.latencies + traffic.failures)}"
     assert all(drained_and_added_back(stderr, guest.name) for guest in replicas.guests)
 
 
@@ -190,12 +180,44 @@ def test_restart_stop_and_start_of_one_replica_by_host_fail_no_request_and_the_s
             ended[command] = replicas.invoke(command, host=other.name)
         out_while_stopped.append(router_urls(replicas))
         ended["start"] = replicas.invoke("start", host=other.name)
-    traffic = Client(f"http://{router_host.guest_ip}:{PORT}").during(restart_stop_start)
+    no_request_fails(replicas, restart_stop_start)
     for command, (code, _, output) in ended.items():
         assert code == 0, f"{command}: {output}"
-    assert traffic.failures == [], f"{len(traffic.failures)} failed of {len(traffic.latencies + traffic.failures)}"
-    assert traffic.latencies
     assert drained_and_added_back(ended["restart"][2]) and drained_and_added_back(ended["start"][2])
     assert "router: drain" in ended["stop"][2] and "stays out of the router" in ended["stop"][2]
     assert out_while_stopped == [[(f"http://{router_host.guest_ip}:8000", True)]]
     assert router_urls(replicas) == sorted((f"http://{guest.guest_ip}:8000", True) for guest in replicas.guests)
+
+
+def test_a_gpu_check_stopping_one_replica_drains_it_first_and_adds_it_back_after(replicas: Replicas) -> None:
+    """`gpu-check --stop-server --host H`: the all-reduce needs the GPUs, so the server stops for it; the replica is
+    taken out of the router first and added back once the release serves again. The guest's venv has no torch, so
+    the check reports it cannot run the all-reduce (exit 3, docs/gpu-check.md) and the release restarts anyway."""
+    baseline = replicas.baseline()
+    code, _, stderr = deploy_router(replicas)
+    assert code == 0, stderr
+    checked = replicas.guests[1]
+    code, report, stderr = no_request_fails(replicas, lambda: replicas.invoke("gpu-check", "--stop-server",
+                                                                              host=checked.name))
+    assert code == 3, stderr
+    assert report["check"]["error"].startswith("needs torch with CUDA"), report
+    assert drained_and_added_back(stderr)
+    # out before the check (the server stops just before it: unit test), back after the restart's readiness
+    assert stderr.index("router: drain") < stderr.index("▸ topology") < stderr.index("readiness: health") \
+        < stderr.index("router: add back")
+    assert replicas.current(checked) == baseline[1]
+    assert router_urls(replicas) == sorted((f"http://{guest.guest_ip}:8000", True) for guest in replicas.guests)
+
+
+def test_an_uninstalled_replica_is_drained_first_and_removed_from_the_router(replicas: Replicas) -> None:
+    """`uninstall --host H` of a replica: taken out of the router before its unit stops, and left out (its server is
+    gone). Last in the module: the guest it uninstalls serves nothing after it."""
+    replicas.baseline()
+    code, _, stderr = deploy_router(replicas)
+    assert code == 0, stderr
+    router_host, removed = replicas.guests
+    code, _, output = no_request_fails(replicas, lambda: replicas.invoke("uninstall", host=removed.name))
+    assert code == 0, output
+    assert "router: drain" in output and "router: add back" not in output
+    assert f"http://{removed.guest_ip}:8000 is removed from the router on {router_host.name}" in output
+    assert router_urls(replicas) == [(f"http://{router_host.guest_ip}:8000", True)]
