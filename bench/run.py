@@ -228,6 +228,26 @@ def no_op_redeploy(rig: Rig) -> NoOpRun:
     return NoOpRun(seconds, remote.inner.round_trips)
 
 
+LONG_STEP_S = 5.0
+
+
+@dataclass(frozen=True)
+class LongStepRun:
+    seconds: float
+    cpu_s: float  # this process's CPU (all its threads) while the one round trip of the step ran
+
+
+def long_step_cpu(rig: Rig) -> LongStepRun:
+    """One round trip whose step runs LONG_STEP_S (`sleep`), as a venv build, a model download or a gpu check runs
+    minutes: what waiting for it costs the client, on a connection opened before."""
+    _, target = load_for_host(rig.project, PROFILE, rig.inventory, None)
+    with FabricRemote(target.ssh) as remote:
+        remote.run([Step("connect", ("true",))])
+        cpu, started = time.process_time(), time.time()
+        remote.run([Step("a long step", ("sleep", f"{LONG_STEP_S:g}"), timeout_s=LONG_STEP_S + 60)])
+        return LongStepRun(time.time() - started, time.process_time() - cpu)
+
+
 @dataclass(frozen=True)
 class ProcessRun:
     seconds: float
@@ -415,8 +435,16 @@ def process_figures(processes: Sequence[ProcessRun], parts: Sequence[ProcessPart
     ]
 
 
+def long_step_figure(runs: Sequence[LongStepRun]) -> Figure:
+    cpu = statistics.median(run.cpu_s for run in runs)
+    share = statistics.median(run.cpu_s / run.seconds for run in runs)
+    return Figure(f"client's CPU while one {LONG_STEP_S:g} s remote step runs (a build, a download)",
+                  f"{cpu:.3f} s ({share:.1%} of the step)", len(runs), "", None)
+
+
 def deploy_figures(no_ops: Sequence[NoOpRun], processes: Sequence[ProcessRun], parts: Sequence[ProcessParts],
-                   changed: Sequence[ChangedRun], crashes: Sequence[CrashRun]) -> list[Figure]:
+                   changed: Sequence[ChangedRun], crashes: Sequence[CrashRun],
+                   long_steps: Sequence[LongStepRun]) -> list[Figure]:
     round_trips = statistics.median(run.round_trips for run in no_ops)
     plural = "" if round_trips == 1 else "s"
     phases = {name: statistics.median(run.phases.get(name, 0.0) for run in changed) for name in changed[0].phases}
@@ -448,6 +476,7 @@ def deploy_figures(no_ops: Sequence[NoOpRun], processes: Sequence[ProcessRun], p
                        None),
         seconds_figure("  rollback minus the previous release's start",
                        [run.rollback_s - run.previous_start_s for run in crashes], 2.0, "start + <= 2 s"),
+        long_step_figure(long_steps),
     ]
 
 
@@ -567,7 +596,9 @@ def measure_deploys(rig: Rig, runs: int) -> list[Figure]:
     for run in range(runs):
         crashes.append(crash_and_roll_back(rig))
         say(f"crash {run + 1}/{runs}: noticed {crashes[-1].noticed_s:.2f} s, rollback {crashes[-1].rollback_s:.2f} s")
-    return deploy_figures(no_ops, processes, parts, changed, crashes)
+    long_steps = [long_step_cpu(rig) for _ in range(runs)]
+    say(f"long steps: client CPU {', '.join(f'{run.cpu_s:.3f} s' for run in long_steps)}")
+    return deploy_figures(no_ops, processes, parts, changed, crashes, long_steps)
 
 
 def measure_venvs(rig: Rig, house: wheelhouse.Wheelhouse, runs: int, changed_runs: int, work: Path) -> list[Figure]:

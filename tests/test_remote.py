@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import shlex
 import subprocess
+from itertools import accumulate
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -144,6 +145,40 @@ def test_round_trips_split_a_script_too_long_for_one_argument() -> None:
     big = Step("big", ("echo", "x" * (MAX_SCRIPT_CHARS // 3)))
     trips = round_trips([big] * 5)
     assert [len(t) for t in trips if isinstance(t, tuple)] == [2, 2, 1]
+
+
+class _FakeClock:
+    """time for FabricRemote's wait: sleeps advance it at once."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.naps: list[float] = []
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.naps.append(seconds)
+        self.now += seconds
+
+
+def test_a_long_step_wakes_the_client_rarely_and_a_short_round_trip_still_ends_within_a_millisecond(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The wait for a round trip's exit status looked at the channel every millisecond for as long as the step ran:
+    1,000 wake-ups a second through a venv build or a model download. Here a 10-minute step, on a clock the naps
+    advance."""
+    from deploy_lib.remote import connection
+    clock = _FakeClock()
+    monkeypatch.setattr(connection, "time", clock)
+    step_s = 600.0
+    waiting = type("Waiting", (), {"process_is_finished": property(lambda _: clock.now >= step_s),
+                                   "has_dead_threads": False})()
+    connection._WholeStdinRemote.wait(waiting)  # type: ignore[arg-type]
+    naps = list(zip(clock.naps, [0.0, *accumulate(clock.naps)], strict=False))  # (nap, time waited when it began)
+    assert all(nap == 0.001 for nap, waited in naps if waited < 0.1)
+    assert len(naps) < step_s * 25  # 20 a second once the wait is long, not 1,000
+    # a look is late by at most 1 % of the time waited (or 1 ms), and never by more than 50 ms
+    assert all(nap <= max(0.001, waited / 100) + 1e-12 and nap <= 0.05 for nap, waited in naps)
 
 
 def _run_script_locally(steps: list[Step], stdin: bytes = b"") -> tuple[list[StepResult], str, str]:

@@ -41,7 +41,20 @@ from deploy_lib.remote.ssh import (
 )
 from deploy_lib.remote.steps import TIMED_OUT_EXIT, OutputLine, Put, Step, StepResult, check_result
 
-EXIT_POLL_S = 0.001
+EXIT_POLL_S = 0.001  # the first looks at the channel: a short round trip ends within 1 ms of its exit status
+EXIT_POLL_FAST_S = 0.1  # how long a round trip is looked at every EXIT_POLL_S
+EXIT_POLL_SHARE = 0.01  # after that, a look every 1 % of the time waited so far ...
+EXIT_POLL_MAX_S = 0.05  # ... and at least every 50 ms
+
+
+def exit_poll_s(waited_s: float) -> float:
+    """The pause before the next look at a round trip's channel, `waited_s` after it was sent: every millisecond for
+    the first 100 ms, then growing with the wait, so that the wait adds at most 1 % (or 1 ms) to any round trip and
+    a long step (a venv build, a model download, a gpu check: minutes) wakes this process 20 times a second, not
+    1,000 (`make bench`: the client's CPU during a long step)."""
+    if waited_s < EXIT_POLL_FAST_S:
+        return EXIT_POLL_S
+    return min(EXIT_POLL_MAX_S, max(EXIT_POLL_S, waited_s * EXIT_POLL_SHARE))
 
 
 class _WholeStdinRemote(fabric.runners.Remote):
@@ -58,11 +71,13 @@ class _WholeStdinRemote(fabric.runners.Remote):
         raise interrupt
 
     def wait(self) -> None:
-        """Until the command's exit status (or the channel's close) arrives, looking every millisecond where invoke
-        looks every 10 ms, which each round trip paid. A sleep, not the channel's status_event: waiting on that
-        takes a lock paramiko's thread needs, and a Ctrl-C landing there once left a round trip waiting forever."""
+        """Until the command's exit status (or the channel's close) arrives, looking every millisecond at first where
+        invoke looks every 10 ms, which each round trip paid, then less often as the wait grows (`exit_poll_s`). A
+        sleep, not the channel's status_event: waiting on that takes a lock paramiko's thread needs, and a Ctrl-C
+        landing there once left a round trip waiting forever."""
+        sent = time.monotonic()
         while not (self.process_is_finished or self.has_dead_threads):
-            time.sleep(EXIT_POLL_S)
+            time.sleep(exit_poll_s(time.monotonic() - sent))
 
 
 class FabricRemote:
