@@ -20,7 +20,6 @@ from deploy_lib.readings import TOOL_ABSENT_OK, Fact, Readings, read
 from deploy_lib.remote import Put, Remote, Step, StepResult, concurrently
 from deploy_lib.sglang_options import CACHE_HEADER
 from deploy_lib.store import ENV_FILE, UNIT_FILE, StoreFacts, StoreLayout, parse_store_facts, release_fact_steps
-from deploy_lib.venvs import sglang_facts_dir
 
 GPU_FIELDS = ("index", "name", "uuid", "compute_cap", "memory.total", "memory.used", "power.draw", "power.limit",
               "utilization.gpu", "driver_version")
@@ -209,7 +208,7 @@ def sglang_step(layout: StoreLayout, venv: str, write_cache: bool) -> Step:
     """The venv's SGLang options and versions (no import): from the cache beside the store when it still verifies,
     else from the venv's own python running sglang_options.py, which refreshes the cache when `write_cache` and the
     store already holds releases: a deploy refused on first contact with a host leaves no file there."""
-    cache = sglang_facts_dir(layout, venv) / SGLANG_FACTS_FILE
+    cache = layout.sglang_facts_dir(venv) / SGLANG_FACTS_FILE
     return Step(FACT_SGLANG, ("sh", "-c", SGLANG_CHECK, "sh", str(cache), str(venv_python(venv)),
                               "write" if write_cache else "read", str(layout.releases)),
                 stdin=OPTIONS_SOURCE.encode(), sudo=True, ok=frozenset({0, 1, 127}), timeout_s=120)

@@ -203,14 +203,17 @@ def test_loading_the_tasks_leaves_the_template_engine_patch_sets_and_sandbox_rig
     assert not_needed & loaded == set()
 
 
-def test_a_no_op_deploy_renders_nothing_and_leaves_the_template_engine_and_fleet_unloaded() -> None:
-    """A no-op compares release ids (plan and preflight, as `invoke deploy` runs them on a one-host command): the unit
-    and env file are rendered only to be staged or shown. Was: Jinja2 loaded and both files rendered on every deploy."""
+def test_a_no_op_deploy_renders_nothing_and_leaves_what_it_does_not_run_unloaded() -> None:
+    """A no-op compares release ids (plan and preflight, as `invoke deploy` runs them on a one-host command, with what
+    the task imports): the unit and env file are rendered only to be staged or shown, the venv builder, the prune's
+    venv reads and the gpu check load only when they run. Was: Jinja2 loaded and both files rendered on every deploy;
+    then the venvs and gpu_check packages loaded on every deploy (the engine's, the plan's and the facts' imports)."""
     from test_deploy_plan import deployed, first_plan
     current = deployed(first_plan()[1])
     script = ("import json, sys; sys.path.insert(0, 'tests'); import tasks; "
               "from test_deploy_plan import NOW, PROJECT, facts, target; "
               "from deploy_lib.deploy import plan_deploy, preflight; from deploy_lib.store import ReleaseRecord; "
+              "from deploy_lib import multinode; from deploy_lib.remote import FabricRemote; "
               "current = ReleaseRecord(**json.loads(sys.argv[1])); loaded = PROJECT.profile('glm5-nvfp4'); "
               "tasks._group(None, None, None, False, tasks._rollout(None, None)); "  # the deploy task's one host
               "host = facts(tuple(current.metadata['args']), current=current, active='active'); "
@@ -221,7 +224,8 @@ def test_a_no_op_deploy_renders_nothing_and_leaves_the_template_engine_and_fleet
     assert shown.returncode == 0, shown.stderr
     report = json.loads(shown.stdout)
     assert report["unchanged"]
-    assert {"jinja2", "deploy_lib.fleet", "rich.table"} & set(report["loaded"]) == set()
+    assert {"jinja2", "deploy_lib.fleet", "rich.table", "deploy_lib.venvs", "deploy_lib.gpu_check"} & set(
+        report["loaded"]) == set()
 
 
 def test_the_whole_no_op_deploy_renders_neither_the_unit_nor_the_env_file(monkeypatch: pytest.MonkeyPatch) -> None:

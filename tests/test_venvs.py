@@ -737,7 +737,7 @@ def test_prune_keeps_venvs_of_kept_releases_and_their_bases_and_clears_leftovers
                                   f"/opt/sd/sglang/venvs/{ORPHAN}.tmp",
                                   f"/opt/sd/sglang/wheels/{A_SHA}", f"/opt/sd/sglang/wheels/{'c' * 64}",
                                   f"/opt/sd/sglang/tools/{A_SHA}", f"/opt/sd/sglang/tools/{'c' * 64}",
-                                  *(str(venvs.sglang_facts_dir(LAYOUT, venvs.venv_path(LAYOUT, h)))
+                                  *(str(LAYOUT.sglang_facts_dir(venvs.venv_path(LAYOUT, h)))
                                     for h in (OLD, ORPHAN))}
     assert venvs.prune_steps(LAYOUT, venvs.plan_prune(
         venvs.VenvStoreFacts({OLD: {"hash": OLD}}, (OLD,), frozenset()), [OLD])) == []
@@ -806,7 +806,7 @@ def test_an_adopted_venv_is_never_pruned_by_a_deploy_only_removed_by_name() -> N
     plan = venvs.removal_plan(store, adopted, {"r1": PATCHED})
     (step,) = venvs.prune_steps(LAYOUT, plan)
     assert set(step.argv[3:]) == {f"/opt/sd/sglang/venvs/{adopted}", f"/opt/sd/sglang/cache/{adopted}",
-                                  str(venvs.sglang_facts_dir(LAYOUT, f"/opt/sd/sglang/venvs/{adopted}"))}
+                                  str(LAYOUT.sglang_facts_dir(f"/opt/sd/sglang/venvs/{adopted}"))}
 
 
 def test_removing_a_venv_a_release_or_a_derived_venv_needs_is_refused() -> None:

@@ -9,7 +9,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from deploy_lib import gpu_check
 from deploy_lib.crashes import record_new_crashes
 from deploy_lib.cuda_toolkit import cuda_home
 from deploy_lib.deploy.plan import (
@@ -76,14 +75,6 @@ from deploy_lib.store import (
     lock_on_first_change,
     read_store_facts,
 )
-from deploy_lib.venvs import (
-    cache_dir_steps,
-    cache_environment,
-    ensure_venv,
-    load_lock,
-    plan_build,
-)
-from deploy_lib.venvs import read_facts as read_venv_facts
 from deploy_lib.versions import READY_ENDPOINT_SINCE
 
 
@@ -117,6 +108,10 @@ def choose_venv(remote: Remote, layout: StoreLayout, target: Target, profile: Pr
     spec = profile.service.venv_build
     if spec is None:
         return VenvChoice(target.venv_override or profile.service.venv)
+    # the venv builder loads only for a profile that builds its venv (a no-op of the others never runs it)
+    from deploy_lib.venvs import cache_dir_steps, cache_environment, ensure_venv, load_lock, plan_build
+    from deploy_lib.venvs import read_facts as read_venv_facts
+
     lock = load_lock(spec.lock)
     if dry_run:
         plan = plan_build(spec, lock, layout, read_venv_facts(remote, layout, spec.python), datetime.now(UTC))
@@ -249,6 +244,8 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
 def check_before_start(run: Transition, plan: Plan) -> None:
     """preflight.gpu_check: stop the old server, verify NCCL's all-reduce with the new release's venv and
     environment, and raise GpuCheckFailed (a failed start: the caller rolls back) unless it verified."""
+    from deploy_lib import gpu_check  # loads only for a deploy that runs the check
+
     subject = gpu_check.subject_of_release(plan.release.id, plan.release.metadata())
     if run.before_restart is not None:  # the check stops the old server
         run.before_restart()

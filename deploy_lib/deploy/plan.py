@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import Any
 
-from deploy_lib import gpu_check
 from deploy_lib.crashes import start_limit_note
 from deploy_lib.diagnose import journal_cursor_step
 from deploy_lib.errors import DriftDetected, PreflightError
@@ -232,8 +231,11 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
                             "deploy with --force to replace them (a replaced unit file is copied into the store), "
                             "copy the edits into the profile, or `invoke adopt` the server that runs by hand")
     hand_stop = stop_hand_run(hand_pid, loaded.profile.service.stop_timeout_s) if hand_pid else []
-    check_reasons = gpu_check.check_reasons(current_metadata, release.metadata()) \
-        if loaded.profile.preflight.gpu_check else ()
+    if loaded.profile.preflight.gpu_check:
+        from deploy_lib import gpu_check  # loads only for a profile that asks for the check
+        check_reasons = gpu_check.check_reasons(current_metadata, release.metadata())
+    else:
+        check_reasons = ()
     # the check needs the GPUs: the old server (and a hand-run one) stops before it, not at the restart
     takeover = [] if check_reasons else hand_stop
     not_verified = _why_not_verified(facts, release.id) if current_id == release.id and not drift else None

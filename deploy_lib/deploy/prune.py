@@ -25,15 +25,21 @@ from deploy_lib.store import (
     release_fact_steps,
     releases_to_prune,
 )
-from deploy_lib.venvs import describe_prune, plan_prune, prune_steps, release_venv_hash
-from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
-from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps
+
+# The venvs' modules load when a prune is decided, never for a no-op deploy, which imports this module unused.
+
+
+def store_read_steps(layout: StoreLayout) -> list[Step | Put]:
+    """The store's releases, current and history, and its venvs."""
+    from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps
+
+    return [*release_fact_steps(layout), *venv_store_fact_steps(layout)]
 
 
 def prune_read_steps(layout: StoreLayout, releases: Sequence[ReleaseRecord]) -> list[Step | Put]:
     """What prune decides from: the store's releases, current and history, its venvs, and the weights kept where
     `releases` keep theirs."""
-    return [*release_fact_steps(layout), *venv_store_fact_steps(layout), *listing_steps(model_locations(releases))]
+    return [*store_read_steps(layout), *listing_steps(model_locations(releases))]
 
 
 def around_the_restart(reads: Sequence[Step | Put]) -> tuple[list[Step | Put], list[Step]]:
@@ -52,7 +58,7 @@ def prune(remote: Remote, layout: StoreLayout, keep: int, tags: Tags, progress: 
     """Prune decided from a fresh read (`prune_read_steps`, or read here) of what is on the host after the commit,
     current and history included; the removal and its history line in one round trip."""
     if read is None:  # the store first, then the weights its releases keep
-        read = remote.run([*release_fact_steps(layout), *venv_store_fact_steps(layout)])
+        read = remote.run(store_read_steps(layout))
         read = [*read, *remote.run(listing_steps(model_locations(parse_store_facts(layout, read).releases)))]
     batch, removed = prune_batch(layout, keep, tags, read, parse_store_facts(layout, read))
     if removed:
@@ -67,6 +73,9 @@ def prune_batch(layout: StoreLayout, keep: int, tags: Tags, read: Sequence[StepR
     staged model revisions no kept release uses: the steps that remove them and record what was removed in history
     (a damaged release with its reason), and those phrases; nothing when nothing is to go. `read` holds
     `prune_read_steps`'s results, `store` the release store as the removal will find it."""
+    from deploy_lib.venvs import describe_prune, plan_prune, prune_steps, release_venv_hash
+    from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
+
     venv_store = parse_venv_store_facts(layout, read)
     doomed = releases_to_prune(store, keep)
     kept_venvs = [release_venv_hash(layout, str(r.metadata.get("venv", ""))) for r in store.releases

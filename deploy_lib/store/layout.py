@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import Any
 
+from deploy_lib.digests import short_hash
 from deploy_lib.errors import ConfigError
 
 DEFAULT_ROOT = PurePosixPath("/opt/sglang-deploy")
@@ -74,6 +75,11 @@ class StoreLayout:
     @property
     def cache(self) -> PurePosixPath:
         return self.base / "cache"
+
+    def sglang_facts_dir(self, venv: str | PurePosixPath) -> PurePosixPath:
+        """Where facts.py keeps what the venv at this path holds of SGLang (its options, versions), root's, verified
+        on each read: named by the venv's path, which for a managed venv is its content hash."""
+        return self.base / "facts" / short_hash(str(PurePosixPath(venv)))
 
     @property
     def history(self) -> PurePosixPath:

@@ -9,6 +9,7 @@ Layout, under the store's <root>/<service>/ (store.py):
     uv-cache/             uv's cache: each wheel unpacked once, then hard-linked into every venv that installs it
     cache/<hash>/         JIT and compile caches of the processes that run from venvs/<hash>
     facts/<path hash>/    what a venv (by its path) holds of SGLang, cached by the facts and verified on each read
+                          (StoreLayout.sglang_facts_dir: the facts need it without this package)
 
 A venv is created by `uv venv` in venvs/<hash>.tmp, filled by `uv pip install --no-deps --require-hashes` from the
 host's wheels (hard links from uv's cache, on the same filesystem as the venvs), and renamed to venvs/<hash> only
@@ -21,7 +22,7 @@ sglang.launch_server`, which needs none.
 Everything here builds Step/Put batches and parses what they read; the few functions that act (`ensure_venv`,
 `adopt`, `derive`, `list_venvs`) only call a Remote they are given.
 
-    paths        names in the store (venvs/<hash>, wheels/<sha256>, tools/, uv-cache/, cache/<hash>, facts/) and the
+    paths        names in the store (venvs/<hash>, wheels/<sha256>, tools/, uv-cache/, cache/<hash>) and the
                  hashes
     lock         the requirements lock: every line pinned with `==` and hashed
     interpreter  who the host's (or a venv's) python is: what a venv's hash covers of it
@@ -80,7 +81,6 @@ from deploy_lib.venvs.paths import (
     HASH_CHARS,
     MARKER_FILE,
     release_venv_hash,
-    sglang_facts_dir,
     staging_path,
     venv_path,
     wheel_dir,
@@ -167,7 +167,6 @@ __all__ = [
     "release_venv_hash",
     "removal_plan",
     "select_wheels",
-    "sglang_facts_dir",
     "sizes_fact",
     "staging_path",
     "store_fact_steps",

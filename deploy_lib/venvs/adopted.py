@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 from functools import partial
 from pathlib import PurePosixPath
 
+from deploy_lib.digests import short_hash
 from deploy_lib.errors import ConfigError, PreflightError, StepFailed
 from deploy_lib.host_paths import venv_python
 from deploy_lib.readings import Fact, read
@@ -19,7 +20,7 @@ from deploy_lib.store import StoreLayout, host_lock, iso_time
 from deploy_lib.venvs.host_scripts import INSPECT_SCRIPT
 from deploy_lib.venvs.installed import file_url_path
 from deploy_lib.venvs.interpreter import PythonFacts, python_fact
-from deploy_lib.venvs.paths import short_hash, staging_path, venv_path
+from deploy_lib.venvs.paths import staging_path, venv_path
 from deploy_lib.venvs.publish import (
     COPY_TIMEOUT_S,
     VenvResult,

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import Any
 
+from deploy_lib.digests import short_hash
 from deploy_lib.errors import StepFailed
 from deploy_lib.host_paths import venv_python
 from deploy_lib.progress import NullProgress, Progress
@@ -25,7 +26,7 @@ from deploy_lib.venvs.host_scripts import (
 )
 from deploy_lib.venvs.interpreter import PythonFacts
 from deploy_lib.venvs.lock import Lock, load_lock
-from deploy_lib.venvs.paths import short_hash, staging_path, uv_binary, uv_cache, venv_path, wheel_dir
+from deploy_lib.venvs.paths import staging_path, uv_binary, uv_cache, venv_path, wheel_dir
 from deploy_lib.venvs.publish import (
     VenvResult,
     clear_steps,

@@ -13,7 +13,7 @@ from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import Any
 
-from deploy_lib.digests import sha256_bytes
+from deploy_lib.digests import sha256_bytes, short_hash
 from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.host_paths import venv_python
 from deploy_lib.readings import ABSENT_OK, Fact, read
@@ -23,7 +23,7 @@ from deploy_lib.venvs.host_scripts import (
     IMPORTED_FROM_SCRIPT,
     TREE_SCRIPT,
 )
-from deploy_lib.venvs.paths import MARKER_FILE, check_venv_hash, short_hash, staging_path, venv_path
+from deploy_lib.venvs.paths import MARKER_FILE, check_venv_hash, staging_path, venv_path
 from deploy_lib.venvs.publish import (
     COPY_TIMEOUT_S,
     VenvResult,

@@ -17,7 +17,6 @@ from deploy_lib.store import STAGING_SUFFIX, StoreLayout
 from deploy_lib.venvs.paths import (
     cache_path,
     canonical_name,
-    sglang_facts_dir,
     staging_path,
     tool_store,
     venv_path,
@@ -150,7 +149,7 @@ def describe_prune(plan: PrunePlan) -> list[str]:
 
 def prune_steps(layout: StoreLayout, plan: PrunePlan) -> list[Step | Put]:
     doomed = [path for h in plan.venvs
-              for path in (venv_path(layout, h), cache_path(layout, h), sglang_facts_dir(layout, venv_path(layout, h)))]
+              for path in (venv_path(layout, h), cache_path(layout, h), layout.sglang_facts_dir(venv_path(layout, h)))]
     doomed += [staging_path(layout, name.removesuffix(STAGING_SUFFIX)) for name in plan.leftovers]
     for sha in plan.wheels:
         if not re.fullmatch(r"[0-9a-f]{64}", sha):

@@ -5,17 +5,12 @@ from __future__ import annotations
 import re
 from pathlib import PurePosixPath
 
-from deploy_lib.digests import sha256_text
+from deploy_lib.digests import HASH_CHARS
 from deploy_lib.errors import ConfigError
 from deploy_lib.store import STAGING_SUFFIX, StoreLayout
 
 MARKER_FILE = "venv.json"
-HASH_CHARS = 16  # of the sha256 hex digest: short enough for shebangs, plenty for one host's venvs
 HASH_RE = re.compile(rf"^[0-9a-f]{{{HASH_CHARS}}}$")
-
-
-def short_hash(text: str) -> str:
-    return sha256_text(text)[:HASH_CHARS]
 
 
 def canonical_name(name: str) -> str:
@@ -62,12 +57,6 @@ def wheel_dir(layout: StoreLayout, sha256: str) -> PurePosixPath:
 
 def cache_path(layout: StoreLayout, venv_hash: str) -> PurePosixPath:
     return layout.cache / check_venv_hash(venv_hash)
-
-
-def sglang_facts_dir(layout: StoreLayout, venv: str | PurePosixPath) -> PurePosixPath:
-    """Where facts.py keeps what the venv at this path holds of SGLang (its options, versions), root's, verified on
-    each read: named by the venv's path, which for a managed venv is its content hash."""
-    return layout.base / "facts" / short_hash(str(PurePosixPath(venv)))
 
 
 def release_venv_hash(layout: StoreLayout, venv: str) -> str | None:
