@@ -5,21 +5,21 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import signal
-import subprocess
-import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
+from hub_gate import HubGate
 from projects import project_for_guest
 from recording_progress import RecordingProgress
 
 from deploy_lib import deploy as engine
 from deploy_lib.diagnose import diagnose
 from deploy_lib.errors import Interrupted, PreflightError
-from deploy_lib.models import FACT_MODEL, STAGE_MODEL
+from deploy_lib.models import FACT_MODEL, STAGE_MODEL, StoredModel
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote
 from deploy_lib.status import list_models
@@ -30,16 +30,22 @@ REPO_ID = "tests/tiny"
 CACHE = "/root/.cache/huggingface/hub/models--tests--tiny"
 PROFILES = {"tiny": f"extends: glm5-nvfp4\nmodel:\n  path: {REPO_ID}\n",
             "tiny-v1": "extends: tiny\nmodel:\n  revision: v1\n"}
+BUDGET = 256_000  # bytes of a held file's answer that pass the gate
+WAIT_S = 300      # how long a wait on a state may take before the test fails: only so that a broken test ends
 
 
 @dataclass
-class CtrlCAtFirstTransfer(RecordingProgress):
-    """Sends this process SIGINT at the first progress line of a transfer: Ctrl-C, as a terminal sends it."""
+class CtrlCOnceHeld(RecordingProgress):
+    """At the first progress line of a transfer, waits until `held()` says the download is where the test wants it
+    (its answer, True or False, kept in `was_held`), then sends this process SIGINT: Ctrl-C, as a terminal sends it.
+    The progress callback runs in the connection's output thread; the signal lands in the main thread."""
 
-    events: list[tuple[str, object]] = field(default_factory=list)
+    held: Callable[[], bool] = lambda: True
+    was_held: bool | None = None
 
     def transfer(self, text: str) -> None:
         if not self.of_kind("transfer"):
+            self.was_held = self.held()
             os.kill(os.getpid(), signal.SIGINT)
         super().transfer(text)
 
@@ -90,6 +96,27 @@ class ModelRig:
 
     def commit(self, message: str, files: dict[str, bytes], tag: str | None = None) -> str:
         return hub.commit(self.guest.hub, REPO_ID, files, message, tag=tag)
+
+    def stored(self) -> list[StoredModel]:
+        """What `invoke model.list` shows of the test repo's revisions in the guest's cache."""
+        _, target = load_for_host(self.project, "tiny", self.inventory, None)
+        with FabricRemote(target.ssh) as remote:
+            stored = list_models(target, "sglang", remote)
+        return [item for item in stored if item.kind == "hub" and item.name == REPO_ID]
+
+    def inventory_with(self, name: str, **host_vars: str) -> str:
+        """An inventory file like the rig's whose guest has these host vars too (hf_home, hf_endpoint...)."""
+        data = manage.inventory([self.guest])
+        data["all"]["children"][names.GROUP]["hosts"][self.guest.name].update(host_vars)
+        path = Path(self.inventory).with_name(f"{name}.yaml")
+        path.write_text(json.dumps(data))
+        return str(path)
+
+    def wait_on_guest(self, condition: str) -> bool:
+        """Whether the shell `condition` came true on the guest, looked at every 0.1 s (a bound of WAIT_S only
+        so that a broken test ends)."""
+        loop = f"until {condition}; do sleep 0.1; done"
+        return self.root(f"timeout {WAIT_S} sh -c {shlex.quote(loop)} && echo yes || echo no").strip() == "yes"
 
 
 @pytest.fixture(scope="module")
@@ -165,43 +192,38 @@ def test_a_pinned_commit_staged_before_deploys_while_the_hub_is_down(rig: ModelR
 def test_a_disk_too_small_for_the_download_is_refused_before_anything_changes(rig: ModelRig) -> None:
     serving = rig.deploy("tiny").release_id
     rig.root("mkdir -p /mnt/tiny-hf && (mountpoint -q /mnt/tiny-hf || mount -t tmpfs -o size=64m tmpfs /mnt/tiny-hf)")
-    inventory = Path(rig.inventory).with_name("small-disk.yaml")
-    data = json.loads(json.dumps(manage.inventory([rig.guest])))
-    data["all"]["children"][names.GROUP]["hosts"][rig.guest.name]["hf_home"] = "/mnt/tiny-hf"
-    inventory.write_text(json.dumps(data))
+    inventory = rig.inventory_with("small-disk", hf_home="/mnt/tiny-hf")
     releases_before = rig.root("ls /opt/sglang-deploy/sglang/releases")
     try:
         with pytest.raises(PreflightError, match=r"still to download into /mnt/tiny-hf, but only 6\d\.\d MB is free"):
-            rig.deploy("tiny", inventory=str(inventory))
+            rig.deploy("tiny", inventory=inventory)
     finally:
         rig.root("umount /mnt/tiny-hf")
     assert rig.current() == serving and rig.root("ls /opt/sglang-deploy/sglang/releases") == releases_before
 
 
 def test_an_interrupted_download_leaves_the_old_release_serving_and_resumes(rig: ModelRig) -> None:
-    """Ctrl-C at the first progress line, over a link slowed to ~1 MB/s (tc on the host end of the veth)."""
+    """Ctrl-C while the download is held half done: the hub's answer for the big shard stops after BUDGET bytes at a
+    gate (hub_gate.py) once the small shard is complete, so the download can neither finish nor fail first."""
     serving = rig.deploy("tiny").release_id
-    big = hub.safetensors("big.weight", 1_500_000, seed=3)  # 6 MB: about six seconds on the slowed link
+    big = hub.safetensors("big.weight", 500_000, seed=3)  # 2 MB, of which BUDGET passes the gate
     small = hub.safetensors("small.weight", 20_000, seed=4)
-    rig.commit("bigger shards", {"model-00001-of-00002.safetensors": small, "model-00002-of-00002.safetensors": big})
-    shape = ["tc", "qdisc", "add", "dev", rig.guest.veth, "root", "tbf", "rate", "8mbit", "burst", "32kb",
-             "latency", "5s"]
-    subprocess.run(shape, check=True)
-    try:
+    commit = rig.commit("bigger shards", {"model-00001-of-00002.safetensors": small,
+                                          "model-00002-of-00002.safetensors": big})
+    small_linked = f"[ -e {CACHE}/snapshots/{commit}/model-00001-of-00002.safetensors ]"
+    with HubGate(rig.guest.hub, "model-00002-of-00002.safetensors", BUDGET) as gate:
+        ctrl_c = CtrlCOnceHeld(held=lambda: gate.holding.wait(WAIT_S) and rig.wait_on_guest(small_linked))
         with pytest.raises(Interrupted, match="before the switch; nothing was switched or restarted"):
-            rig.deploy("tiny", CtrlCAtFirstTransfer())
-            time.sleep(30)  # the signal is handled in the main thread at its next instruction
-    finally:
-        subprocess.run(["tc", "qdisc", "del", "dev", rig.guest.veth, "root"], check=True)
-    assert rig.current() == serving and rig.serving()
-    assert rig.root("ls /opt/sglang-deploy/sglang/lock 2>/dev/null || true").strip() == ""
-    for _ in range(100):  # the download stops at its next progress line, once the connection is gone
-        if rig.root("pgrep -fc 'model_stage[.]py' || true").strip() == "0":
-            break
-        time.sleep(0.1)
-    assert rig.root("pgrep -fc 'model_stage[.]py' || true").strip() == "0"
+            rig.deploy("tiny", ctrl_c, inventory=rig.inventory_with("gated-hub", hf_endpoint=gate.endpoint))
+        assert ctrl_c.was_held, "the download never reached the gate with the small shard complete"
+        assert rig.current() == serving and rig.serving()
+        assert rig.root("ls /opt/sglang-deploy/sglang/lock 2>/dev/null || true").strip() == ""
+        # the download stops at its next progress line (each second), once the connection is gone
+        assert rig.wait_on_guest("! pgrep -f 'model_stage[.]py' >/dev/null"), "the download still runs"
+        assert rig.root(f"ls {CACHE}/blobs | grep -c '[.]incomplete$' || true").strip() == "1"  # the big shard's
     resumed = rig.deploy("tiny")
     assert resumed.action == "deployed" and rig.serving()
+    assert resumed.plan is not None and resumed.plan.release.model["commit"] == commit
     # the small shard finished before Ctrl-C and is not fetched again; the unfinished big one is
     assert f"{len(big) / 10**6:.1f} MB to download" in staged_note(resumed)
     assert rig.root(f"ls {CACHE}/blobs | grep -c '[.]incomplete$' || true").strip() == "0"
@@ -248,10 +270,7 @@ def test_model_list_shows_revisions_and_pruning_removes_what_no_kept_release_run
         "extends: tiny-v1\nservice:\n  keep_releases: 2\n")
     rig.deploy("tiny-v1-keep2")
     rig.deploy("tiny-keep2")
-    _, target = load_for_host(rig.project, "tiny", rig.inventory, None)
-    with FabricRemote(target.ssh) as remote:
-        stored = list_models(target, "sglang", remote)
-    hub_revisions = [item for item in stored if item.kind == "hub" and item.name == REPO_ID]
+    hub_revisions = rig.stored()
     assert hub_revisions and all(item.staged and item.releases for item in hub_revisions), hub_revisions
     kept = {item.version for item in hub_revisions}
     assert rig.first_commit in kept and len(kept) == 2
