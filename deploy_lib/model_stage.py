@@ -24,7 +24,7 @@ import threading
 import urllib.parse
 import urllib.request
 
-RECORD_DIR = "sglang-deploy"  # <HF_HOME>/sglang-deploy/<repo folder>/<commit>.json: what a stage completed
+RECORD_DIR = "sglang-deploy"  # <HF_HOME>/sglang-deploy/<repo folder>/<commit>.json: what a stage of ours started
 PLAN_HEADER = "sglang-deploy model plan 1"
 FULL_COMMIT_LEN = 40
 
@@ -100,7 +100,8 @@ def in_cache(request, commit, files):
 
 
 def recorded(request):
-    """The file list a finished stage of this exact commit and patterns left, when the cache still holds it all."""
+    """The file list a stage of this exact commit and patterns recorded, when the cache holds it all (the stage
+    finished, or was stopped only after its last file)."""
     revision = request["revision"]
     if len(revision) != FULL_COMMIT_LEN or not all(c in "0123456789abcdef" for c in revision):
         return None
@@ -212,6 +213,14 @@ def stage(request, api):
     total = sum(item["size"] for item in files)
     blobs_dir = os.path.join(request["hf_home"], "hub", repo_folder(request["repo"]), "blobs")
     remove_partials(blobs_dir)
+    # recorded before the first byte: a stage stopped part way (Ctrl-C, a lost connection, even just after its last
+    # file) leaves a revision of ours, which a prune may remove; `recorded` trusts the list only once all is there
+    path = record_path(request, commit)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as handle:
+        json.dump({"repo": request["repo"], "commit": commit, "allow": request["allow"],
+                   "ignore": request["ignore"], "files": files}, handle)
+    os.replace(path + ".tmp", path)
     finished = threading.Event()
 
     def report():
@@ -230,18 +239,13 @@ def stage(request, api):
     left = sorted(set(item["path"] for item in files) - set(in_cache(request, commit, files)[0]))
     if left:
         raise LookupError(f"after the download {len(left)} files are still missing: {', '.join(left[:5])}")
-    path = record_path(request, commit)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path + ".tmp", "w") as handle:
-        json.dump({"repo": request["repo"], "commit": commit, "allow": request["allow"],
-                   "ignore": request["ignore"], "files": files}, handle)
-    os.replace(path + ".tmp", path)
     keep_plan(request, {**result, "missing": []})
     return {**result, "downloaded_bytes": result["missing_bytes"]}
 
 
 def cache_revisions(request, api):
-    """Every model revision in the cache, with its size and whether a stage of ours recorded it."""
+    """Every model revision in the cache, with its size and whether a stage of ours recorded it (started it: a
+    stopped stage's part of a revision is ours too)."""
     from huggingface_hub import scan_cache_dir
 
     hub_dir = os.path.join(request["hf_home"], "hub")

@@ -221,6 +221,8 @@ def test_an_interrupted_download_leaves_the_old_release_serving_and_resumes(rig:
         # the download stops at its next progress line (each second), once the connection is gone
         assert rig.wait_on_guest("! pgrep -f 'model_stage[.]py' >/dev/null"), "the download still runs"
         assert rig.root(f"ls {CACHE}/blobs | grep -c '[.]incomplete$' || true").strip() == "1"  # the big shard's
+    # the half-staged revision is the tool's (staged, so a prune removes it should the deploy never be resumed)
+    assert [(item.staged, item.releases) for item in rig.stored() if item.version == commit] == [(True, ())]
     resumed = rig.deploy("tiny")
     assert resumed.action == "deployed" and rig.serving()
     assert resumed.plan is not None and resumed.plan.release.model["commit"] == commit
