@@ -5,7 +5,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-import shlex
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -99,12 +98,13 @@ def print_warnings(warnings: Iterable[str]) -> None:
 
 
 def print_release(release: Release) -> None:
-    console.rule(f"unit ({release.id})")
+    console.rule(f"unit (release {release.id}, profile {release.profile_name})")
     console.print(release.unit_text, markup=False, end="")
     console.rule("environment file (secrets redacted)")
     console.print(release.env_text_redacted, markup=False, end="")
-    console.rule("argv")
-    console.print(shlex.join(release.argv), markup=False)
+    if release.launcher_text is not None:
+        console.rule("launcher (the unit's ExecStart=)")
+        console.print(release.launcher_text, markup=False, end="")
 
 
 def print_lines(lines: Iterable[str]) -> None:

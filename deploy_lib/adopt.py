@@ -150,7 +150,7 @@ def adopt(target: Target, service: str, remote: Remote, profile_name: str, pid: 
     reload = [Step("systemd: daemon-reload", ("systemctl", "daemon-reload"), sudo=True)] if unit_file else []
     with host_lock(remote, layout, f"adopt {source}", where):
         remote.run([*stage_release(layout, RELEASE_ZERO, release.unit_text, release.env_text,
-                                   release_json(metadata, tags, now)),
+                                   release_json(metadata, tags, now), launcher_text=release.launcher_text),
                     *takeover, *switch_current(layout, RELEASE_ZERO), *reload,
                     *append_history(layout, history_entry("adopt", HEALTHY, tags, now, f"adopted {source}"))])
     how = f"--unit {service}" if unit_file else f"--pid {pid}"

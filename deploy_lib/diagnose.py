@@ -47,6 +47,8 @@ def _signature(name: str, pattern: str, cause: str, hint: str) -> Signature:
     return Signature(name, re.compile(pattern), cause, hint)
 
 
+MISSING_VENV_HINT = ("restore or rebuild the venv (`invoke venv.build` for a locked one), or roll back to a release "
+                     "whose venv is present (`invoke releases`)")
 SIGNATURES: tuple[Signature, ...] = (
     # The NCCL check a deploy runs before the start (preflight.gpu_check): lines of its report, never a server's
     # journal; first, because a failed rank's line quotes NCCL's and CUDA's errors that later signatures match.
@@ -64,8 +66,14 @@ SIGNATURES: tuple[Signature, ...] = (
         "missing_venv",
         r"Failed to locate executable (?P<detail>/[^:]+): No such file or directory",
         "the release's venv is gone: {detail} does not exist (systemd status 203/EXEC)",
-        "restore or rebuild the venv (`invoke venv.build` for a locked one), or roll back to a release whose venv "
-        "is present (`invoke releases`)",
+        MISSING_VENV_HINT,
+    ),
+    # the same, for a release's launcher: sh could not exec the venv's python (dash: "exec: PATH: not found", 127)
+    _signature(
+        "missing_venv",
+        r": exec: (?P<detail>/.+): not found$",
+        "the release's venv is gone: {detail} does not exist (the launcher's exec failed, exit status 127)",
+        MISSING_VENV_HINT,
     ),
     # Launch-line and environment errors stop the start before any GPU work, so nothing else can explain them.
     _signature(

@@ -8,6 +8,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from decimal import Decimal, InvalidOperation
 from importlib import resources
 from pathlib import PurePosixPath
 from typing import Any
@@ -18,8 +19,17 @@ from deploy_lib.errors import PreflightError
 from deploy_lib.host_paths import venv_python
 from deploy_lib.readings import TOOL_ABSENT_OK, Fact, Readings, read
 from deploy_lib.remote import Put, Remote, Step, StepResult, concurrently
+from deploy_lib.render import loaded_unit_digest
 from deploy_lib.sglang_options import CACHE_HEADER
-from deploy_lib.store import ENV_FILE, UNIT_FILE, StoreFacts, StoreLayout, parse_store_facts, release_fact_steps
+from deploy_lib.store import (
+    ENV_FILE,
+    LAUNCHER_FILE,
+    UNIT_FILE,
+    StoreFacts,
+    StoreLayout,
+    parse_store_facts,
+    release_fact_steps,
+)
 
 GPU_FIELDS = ("index", "name", "uuid", "compute_cap", "memory.total", "memory.used", "power.draw", "power.limit",
               "utilization.gpu", "driver_version")
@@ -31,6 +41,7 @@ FACT_GPUS = "host facts: GPUs"
 FACT_UNIT = "host facts: unit state"
 FACT_UNIT_LINK = "host facts: unit link"
 FACT_UNIT_FILE = "host facts: unit file"
+FACT_UNIT_TIMES = "host facts: unit file times"
 FACT_FILE_SUMS = "host facts: current release checksums"
 FACT_RELEASE_SUMS = "host facts: checksums of the release to run"
 FACT_PORT = "host facts: port listeners"
@@ -77,7 +88,7 @@ class UnitFacts:
     result: str = "success"  # how the last run ended: exit-code, signal, start-limit-hit, ...
     # systemd's NeedDaemonReload: its unit file (through the link) is newer than what it loaded; unknown reads as yes
     need_daemon_reload: bool = True
-    environment_file: str | None = None  # the EnvironmentFile= of the unit systemd has loaded (names its release)
+    unit_digest: str | None = None  # of the unit text systemd has loaded, from its Description= (render.py)
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,7 @@ class HostFacts:
     unit_file: str | None = None          # `systemctl cat` of the unit (file and drop-ins); None: no such unit
     model_results: tuple[StepResult, ...] = ()  # what the weights' own fact steps read (models.Weights parses them)
     release_sums: Mapping[str, str] = field(default_factory=dict)  # the files of the release to run (rollback)
+    unit_times: Mapping[str, Decimal] = field(default_factory=dict)  # release id -> its unit file's mtime
 
 
 def _number(text: str) -> float | None:
@@ -149,9 +161,19 @@ def parse_unit(result: StepResult) -> UnitFacts:
                      main_pid=integer("MainPID"), n_restarts=integer("NRestarts"),
                      load_state=props.get("LoadState", "unknown"), result=props.get("Result", "success"),
                      need_daemon_reload=props.get("NeedDaemonReload") != "no",
-                     # "EnvironmentFiles=<path> (ignore_errors=no)"
-                     environment_file=props["EnvironmentFiles"].split(" (")[0] if props.get("EnvironmentFiles")
-                     else None)
+                     unit_digest=loaded_unit_digest(props.get("Description", "")))
+
+
+def parse_unit_times(text: str) -> dict[str, Decimal]:
+    """release id -> mtime of its unit file, from `find -printf '%h %T@\\0'` (the release directory, seconds)."""
+    times = {}
+    for entry in filter(None, text.split("\0")):
+        directory, _, seconds = entry.rpartition(" ")
+        try:
+            times[PurePosixPath(directory).name] = Decimal(seconds)
+        except InvalidOperation:
+            continue
+    return times
 
 
 def parse_sha256sums(text: str) -> dict[str, str]:
@@ -250,7 +272,7 @@ def gpu_step(name: str) -> Step:
 
 def unit_step(layout: StoreLayout) -> Step:
     return Step(FACT_UNIT, ("systemctl", "show", "-p",
-                            "ActiveState,SubState,MainPID,NRestarts,LoadState,Result,NeedDaemonReload,EnvironmentFiles",
+                            "ActiveState,SubState,MainPID,NRestarts,LoadState,Result,NeedDaemonReload,Description",
                             "--",
                             layout.unit_name))
 
@@ -260,8 +282,9 @@ def _stdout_if_found(result: StepResult) -> str | None:
 
 
 def _sums(layout: StoreLayout, name: str, release: PurePosixPath) -> Fact[dict[str, str]]:
-    return Fact(Step(name, ("sha256sum", "--", str(release / UNIT_FILE), str(release / ENV_FILE)), sudo=True,
-                     ok=TOOL_ABSENT_OK), lambda result: parse_sha256sums(result.stdout))
+    # a release written before launchers has none: sha256sum says so on stderr and sums the others
+    return Fact(Step(name, ("sha256sum", "--", *(str(release / file) for file in (UNIT_FILE, ENV_FILE, LAUNCHER_FILE))),
+                     sudo=True, ok=TOOL_ABSENT_OK), lambda result: parse_sha256sums(result.stdout))
 
 
 def _host_facts(layout: StoreLayout, port: int | None, venv: str | None, working_directory: str | None,
@@ -275,6 +298,10 @@ def _host_facts(layout: StoreLayout, port: int | None, venv: str | None, working
         "unit_file": Fact(Step(FACT_UNIT_FILE, ("systemctl", "cat", "--", layout.unit_name), ok=TOOL_ABSENT_OK),
                           _stdout_if_found),
         "file_sums": _sums(layout, FACT_FILE_SUMS, layout.current),
+        # what decides whether a switch keeps systemd's NeedDaemonReload "no" (deploy/plan.py unit_held)
+        "unit_times": Fact(Step(FACT_UNIT_TIMES, ("find", str(layout.releases), "-mindepth", "2", "-maxdepth", "2",
+                                                  "-name", UNIT_FILE, "-printf", "%h %T@\\0"), ok=TOOL_ABSENT_OK),
+                           lambda result: parse_unit_times(result.stdout)),
         "free_bytes": Fact(Step(FACT_DISK, ("df", "-P", "-B1", "--", "/", *_existing_parents(layout.root)),
                                 ok=TOOL_ABSENT_OK), lambda result: parse_free_bytes(result.stdout)),
     }

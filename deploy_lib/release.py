@@ -18,14 +18,17 @@ from deploy_lib.profile import LoadedProfile, Profile, SecretRef, StoredProfile,
 from deploy_lib.render import (
     EnvSpec,
     UnitSpec,
+    render_digested_unit,
     render_env,
     render_env_redacted,
-    render_unit,
+    render_launcher,
+    unit_digest_of,
+    validate_argv,
     validate_env,
     validate_unit,
 )
 from deploy_lib.server_args import API_KEY_ENV, launch_argv, launch_environment, secret_environment, sglang_args
-from deploy_lib.store import ENV_FILE, UNIT_FILE, StoreLayout
+from deploy_lib.store import ENV_FILE, LAUNCHER_FILE, UNIT_FILE, StoreLayout
 
 SECRET_NOT_AVAILABLE = "not available here"
 SECRET_VALUES = "values"  # the Change that says secret values differ (a digest comparison)
@@ -84,8 +87,10 @@ def _secret_sources(metadata: Mapping[str, Any]) -> dict[str, str]:
 class Release:
     """Everything that decides how the server starts. `id` is derived from the content, so equal means no change.
 
-    The unit and env file are rendered when first read (staging them, `render`, `record()`): a no-op deploy compares
-    ids and renders nothing. Their specs are checked when the release is built, so bad input fails as early."""
+    The unit, env file and launcher are rendered when first read (staging them, `render`, `record()`): a no-op deploy
+    compares ids and renders nothing. Their specs are checked when the release is built, so bad input fails as early.
+    The unit names `current`'s env file and launcher, so every release with the same unit-level settings has the same
+    unit text, and a switch between them needs no daemon-reload (deploy/plan.py `unit_held`)."""
 
     id: str
     service: str
@@ -110,7 +115,17 @@ class Release:
 
     @cached_property
     def unit_text(self) -> str:
-        return self.hand_written_unit if self.hand_written_unit is not None else render_unit(self.unit)
+        return self.hand_written_unit if self.hand_written_unit is not None else render_digested_unit(self.unit)
+
+    @cached_property
+    def unit_digest(self) -> str | None:
+        """The digest the rendered unit carries in Description=; None for an adopted hand-written unit."""
+        return None if self.hand_written_unit is not None else unit_digest_of(self.unit_text)
+
+    @cached_property
+    def launcher_text(self) -> str | None:
+        """The launcher the rendered unit runs; an adopted hand-written unit runs its own ExecStart= instead."""
+        return None if self.hand_written_unit is not None else render_launcher(self.argv)
 
     @cached_property
     def env_text(self) -> str:
@@ -121,9 +136,12 @@ class Release:
         return render_env_redacted(self.env)
 
     def record(self) -> dict[str, Any]:
-        """What release.json records: the metadata and the sha256 of the unit and env file as written."""
+        """What release.json records: the metadata, the sha256 of each file as written and the unit's digest."""
         files = {UNIT_FILE: sha256_text(self.unit_text), ENV_FILE: sha256_text(self.env_text)}
-        return {**self.metadata(), "files": files}
+        if self.launcher_text is not None:
+            files[LAUNCHER_FILE] = sha256_text(self.launcher_text)
+        digest = {"unit_digest": self.unit_digest} if self.unit_digest is not None else {}
+        return {**self.metadata(), "files": files, **digest}
 
     def metadata(self) -> dict[str, Any]:
         """The release as plans, probes and history read it (release.json without `files`, see `record`): no secret
@@ -169,12 +187,12 @@ def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: st
     release_id = release_id or hashlib.sha256(content.encode()).hexdigest()[:12]
     env_spec = EnvSpec(values={**environment, **secrets}, secret_names=frozenset(secrets))
     unit_spec = UnitSpec(
-        description=f"SGLang server ({loaded.name}, release {release_id})",
+        description=f"SGLang server {layout.service}",
         user=profile.service.user,
         group=None,
         working_directory=profile.service.working_directory,
-        environment_file=str(layout.env_file(release_id)),
-        exec_argv=argv,
+        environment_file=str(layout.current / ENV_FILE),
+        exec_argv=(str(layout.current / LAUNCHER_FILE),),
         timeout_start_s=profile.service.startup_timeout_s,
         timeout_stop_s=profile.service.stop_timeout_s,
         restart=profile.service.restart,
@@ -185,6 +203,7 @@ def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: st
         syslog_identifier=layout.service,
     )
     validate_unit(unit_spec)
+    validate_argv(argv)
     validate_env(env_spec)
     return Release(
         id=release_id, service=layout.service, profile_name=loaded.name, profile_hash=profile.content_hash(),

@@ -9,18 +9,22 @@ Rules implemented here, with where systemd states them (checked against systemd 
   and `$`; no specifiers and no variables are expanded.
 - Single-line settings (Description=, WorkingDirectory=, ...) are taken verbatim except `%` specifiers;
   a trailing backslash would continue the line, so backslashes and control characters are refused.
+- The server's launcher (`#!/bin/sh` + `exec` of its argv): every word single-quoted by POSIX sh rules (XCU 2.2.2:
+  nothing inside single quotes is special; a `'` ends the quote, so it is written `'"'"'`), as `shlex.quote` does.
 """
 
 from __future__ import annotations
 
 import posixpath
 import re
+import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import TYPE_CHECKING
 
 from deploy_lib.bundled import TEMPLATES_DIR
+from deploy_lib.digests import sha256_text
 from deploy_lib.errors import ConfigError
 from deploy_lib.profile import RestartPolicy
 
@@ -29,6 +33,9 @@ if TYPE_CHECKING:
 
 UNIT_TEMPLATE = "sglang.service.j2"
 ENV_TEMPLATE = "sglang.env.j2"
+LAUNCHER_TEMPLATE = "sglang-launch.j2"
+# The digest of a unit's own text, as render_digested_unit appends it to Description= (systemctl show reads it back).
+UNIT_DIGEST = re.compile(r"\(unit ([0-9a-f]{16})\)$")
 REDACTED = "<redacted>"
 
 # Linux refuses an exec whose single argument or environment string exceeds MAX_ARG_STRLEN (32 pages).
@@ -161,6 +168,22 @@ def _exec_lines(argv: tuple[str, ...]) -> list[tuple[str, ...]]:
     return [tuple(line) for line in lines]
 
 
+def _exec_lines_fit(argv: tuple[str, ...]) -> None:
+    # Upper bound of the joined ExecStart= line: each word quoted, plus a separator or continuation.
+    line_bytes = sum(len(systemd_exec_arg(arg).encode()) + 6 for arg in argv)
+    if line_bytes > MAX_UNIT_LINE_BYTES:
+        raise ConfigError(f"ExecStart is about {line_bytes} bytes; systemd reads at most {MAX_UNIT_LINE_BYTES}")
+
+
+def validate_argv(argv: tuple[str, ...]) -> None:
+    """ConfigError naming the first word of a command (ExecStart= or the launcher's exec) no process could get."""
+    if not argv:
+        raise ConfigError("ExecStart has no command")
+    _check(_executable_problem(argv[0]), f"ExecStart executable {_shown(argv[0])}")
+    for position, arg in enumerate(argv[1:], start=1):
+        _check(_unrepresentable(arg), f"ExecStart argument {position} ({_shown(arg)})")
+
+
 def validate_unit(spec: UnitSpec) -> None:
     """ConfigError naming the first setting of `spec` that systemd could not represent; render_unit checks it too."""
     _check(_setting_problem(spec.description), "Description")
@@ -170,15 +193,8 @@ def validate_unit(spec: UnitSpec) -> None:
             raise ConfigError(f"{what} {_shown(name)} is not a valid user/group name", hint=USER_NAME.pattern)
     _check(_path_problem(spec.working_directory), "WorkingDirectory")
     _check(_path_problem(spec.environment_file), "EnvironmentFile")
-    if not spec.exec_argv:
-        raise ConfigError("ExecStart has no command")
-    _check(_executable_problem(spec.exec_argv[0]), f"ExecStart executable {_shown(spec.exec_argv[0])}")
-    for position, arg in enumerate(spec.exec_argv[1:], start=1):
-        _check(_unrepresentable(arg), f"ExecStart argument {position} ({_shown(arg)})")
-    # Upper bound of the joined ExecStart= line: each word quoted, plus a separator or continuation.
-    line_bytes = sum(len(systemd_exec_arg(arg).encode()) + 6 for arg in spec.exec_argv)
-    if line_bytes > MAX_UNIT_LINE_BYTES:
-        raise ConfigError(f"ExecStart is about {line_bytes} bytes; systemd reads at most {MAX_UNIT_LINE_BYTES}")
+    validate_argv(spec.exec_argv)
+    _exec_lines_fit(spec.exec_argv)
     if spec.restart not in list(RestartPolicy):
         raise ConfigError(f"Restart={spec.restart!r} is not one of {', '.join(RestartPolicy)}")
     for what, seconds, least in (("TimeoutStartSec", spec.timeout_start_s, 1),
@@ -216,7 +232,7 @@ def _templates() -> jinja2.Environment:
         autoescape=False,  # systemd files, not HTML: quoting is done by the filters below
     )
     environment.filters.update(systemd_exec_arg=systemd_exec_arg, systemd_env_value=systemd_env_value,
-                               systemd_setting=systemd_setting)
+                               systemd_setting=systemd_setting, sh_word=shlex.quote)
     return environment
 
 
@@ -224,6 +240,36 @@ def render_unit(spec: UnitSpec) -> str:
     """The text of the service unit; raises ConfigError naming the setting systemd could not represent."""
     validate_unit(spec)
     return _templates().get_template(UNIT_TEMPLATE).render(spec=spec, exec_lines=_exec_lines(tuple(spec.exec_argv)))
+
+
+def unit_digest(text: str) -> str:
+    """What Description= carries of a unit's text: equal digests, equal unit files."""
+    return sha256_text(text)[:16]
+
+
+def render_digested_unit(spec: UnitSpec) -> str:
+    """The unit with the digest of its text (rendered without it) at the end of Description=: `systemctl show -p
+    Description` then tells which unit text systemd holds (loaded_unit_digest), whatever file it came from."""
+    return render_unit(replace(spec, description=f"{spec.description} (unit {unit_digest(render_unit(spec))})"))
+
+
+def loaded_unit_digest(description: str) -> str | None:
+    """The digest render_digested_unit put into a Description=, None for a unit without one."""
+    found = UNIT_DIGEST.search(description)
+    return found.group(1) if found else None
+
+
+def unit_digest_of(text: str) -> str | None:
+    """The digest in the Description= line of a unit's text."""
+    lines = [line.removeprefix("Description=") for line in text.splitlines() if line.startswith("Description=")]
+    return loaded_unit_digest(lines[0]) if lines else None
+
+
+def render_launcher(argv: tuple[str, ...]) -> str:
+    """The launcher a unit's ExecStart= runs: `#!/bin/sh` and `exec` of `argv`, each word quoted by sh's rules,
+    so the process (same pid) gets exactly `argv`."""
+    validate_argv(argv)
+    return _templates().get_template(LAUNCHER_TEMPLATE).render(exec_lines=_exec_lines(argv))
 
 
 def render_env(env: EnvSpec) -> str:

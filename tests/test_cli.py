@@ -93,7 +93,7 @@ def test_a_deploy_without_a_profile_takes_the_inventorys_or_says_what_to_give(tm
         "all: {hosts: {gpu1: {ansible_host: 192.0.2.10, profile: profiles/mine.yaml}}}\n")
     shown = invoke("render", "-i", str(tmp_path / "hosts.yaml"))
     assert shown.returncode == 0, shown.stderr
-    assert "--tp-size 2" in shown.stdout and "(mine, release" in shown.stdout
+    assert "--tp-size 2" in shown.stdout and "profile mine" in shown.stdout
 
 
 def test_version_prints_the_tools_version() -> None:
@@ -238,7 +238,7 @@ def test_the_whole_no_op_deploy_renders_neither_the_unit_nor_the_env_file(monkey
     import deploy_lib.release
     from deploy_lib.deploy import Options, deploy
     host, release_id = serving_the_profile()
-    for name in ("render_unit", "render_env", "render_env_redacted"):
+    for name in ("render_digested_unit", "render_launcher", "render_env", "render_env_redacted"):
         monkeypatch.setattr(deploy_lib.release, name, lambda *_: pytest.fail("a no-op rendered a release file"))
     outcome = deploy(PROJECT.profile("glm5-nvfp4"), target(), host, RecordingProgress(), Options(grace_s=0))
     assert (outcome.action, outcome.release_id) == ("unchanged", release_id)

@@ -6,11 +6,14 @@ import json
 import re
 from dataclasses import replace
 from datetime import UTC, datetime
+from decimal import Decimal
 from pathlib import Path, PurePosixPath
 
 import pytest
+from test_server_args import with_changes
 
 from deploy_lib.deploy import plan_deploy, preflight, release_tags
+from deploy_lib.deploy.plan import switch_batches
 from deploy_lib.errors import ConfigError, DriftDetected, PreflightError
 from deploy_lib.facts import (
     FACT_IMPORT,
@@ -23,15 +26,17 @@ from deploy_lib.facts import (
     parse_import_shadow,
     parse_sha256sums,
     parse_unit,
+    parse_unit_times,
 )
 from deploy_lib.inventory import HostVars
-from deploy_lib.profile import SecretRef, load_profile
+from deploy_lib.profile import LoadedProfile, SecretRef, load_profile
 from deploy_lib.project import Project, Target, resolve_target
 from deploy_lib.release import available_secrets, resolve_secrets
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.store import (
     ENV_FILE,
     HEALTHY,
+    LAUNCHER_FILE,
     UNIT_FILE,
     DamagedRelease,
     ReleaseRecord,
@@ -91,6 +96,11 @@ def facts(args_known: tuple[str, ...] = (), gpus: int = 8, current: ReleaseRecor
                                           **(venv_versions or {})))
 
 
+def with_profile(loaded: LoadedProfile, **sections: dict[str, object]) -> LoadedProfile:
+    """`loaded` with each section's settings updated."""
+    return loaded.model_copy(update={"profile": with_changes(loaded.profile, **sections)})
+
+
 def first_plan(profile: str = "glm5-nvfp4"):
     loaded = PROJECT.profile(profile)
     probe = plan_deploy(loaded, target(), facts(), {}, False, NOW)
@@ -111,8 +121,9 @@ def test_first_deploy_stages_switches_and_restarts() -> None:
     layout = StoreLayout("sglang")
     puts = [step for step in plan.batches["stage"] if not isinstance(step, Step)]
     assert {p.dest for p in puts} == {layout.staging(plan.release.id) / name
-                                      for name in ("sglang.service", "sglang.env", "release.json")}
+                                      for name in ("sglang.service", "sglang.env", "launch", "release.json")}
     assert next(p for p in puts if p.dest.name == "sglang.env").mode == 0o600
+    assert next(p for p in puts if p.dest.name == "launch").mode == 0o755
     lines = plan.dry_run_lines()
     assert any("systemctl restart -- sglang.service" in line for line in lines)
 
@@ -125,10 +136,7 @@ def test_what_systemd_cannot_carry_is_refused_when_the_release_is_built(
         section: str, value: dict[str, dict[str, str]], named: str) -> None:
     """Input tried: a U+FFFE (which the profile's text check lets through) in an env value and a served name; the
     files are rendered only when staged, so the release's build checks them: a plan refuses before any step."""
-    loaded = PROJECT.profile("glm5-nvfp4")
-    data = loaded.profile.model_dump(mode="json")
-    data[section] = {**(data[section] or {}), **value[section]}
-    changed = loaded.model_copy(update={"profile": type(loaded.profile).model_validate(data)})
+    changed = with_profile(PROJECT.profile("glm5-nvfp4"), **{section: value[section]})
     with pytest.raises(ConfigError, match=re.escape(named)):
         plan_deploy(changed, target(), facts(), {}, False, NOW)
 
@@ -171,21 +179,74 @@ def _reloads(plan) -> bool:  # type: ignore[no-untyped-def]
     return "systemd: daemon-reload" in [step.name for step in plan.batches["switch and restart"]]
 
 
+def holding(host: HostFacts, release: ReleaseRecord | None = None, **times: Decimal) -> HostFacts:
+    """`host` with systemd holding the unit text of `release` (default current) and not asking for a reload;
+    `times`: the unit files' mtimes by release id."""
+    record = release or host.store.release(str(host.store.current))
+    assert record is not None
+    unit = replace(host.unit, need_daemon_reload=False, unit_digest=record.metadata["unit_digest"])
+    return replace(host, unit=unit, unit_times=times)
+
+
 def test_restarting_the_release_whose_unit_systemd_holds_needs_no_daemon_reload() -> None:
-    """Input tried: the current release stopped, its unit file loaded and not newer on disk (NeedDaemonReload=no);
-    then the same with systemd reporting the file changed, a unit edited by hand, and another release."""
+    """Input tried: the current release stopped, its unit text loaded and its file not newer (NeedDaemonReload=no);
+    then the same with systemd reporting the file changed, another unit text loaded, and a unit edited by hand."""
     loaded, plan = first_plan()
     host = facts(current=deployed(plan), active="failed")
-    held = replace(host, unit=replace(host.unit, need_daemon_reload=False,
-                                      environment_file=str(StoreLayout("sglang").env_file(plan.release.id))))
+    held = holding(host)
     assert not _reloads(plan_deploy(loaded, target(), held, {}, False, NOW))
-    older = replace(held, unit=replace(held.unit, environment_file="/opt/sglang-deploy/sglang/releases/B/sglang.env"))
-    assert _reloads(plan_deploy(loaded, target(), older, {}, False, NOW)), "systemd holds another release's unit"
+    other_text = replace(held, unit=replace(held.unit, unit_digest="0" * 16))
+    assert _reloads(plan_deploy(loaded, target(), other_text, {}, False, NOW)), "systemd holds another unit text"
+    old_format = replace(held, unit=replace(held.unit, unit_digest=None))
+    assert _reloads(plan_deploy(loaded, target(), old_format, {}, False, NOW)), "a unit without a digest"
     assert _reloads(plan_deploy(loaded, target(), host, {}, False, NOW)), "NeedDaemonReload=yes (or not read)"
     edited = replace(held, file_sums={**held.file_sums, UNIT_FILE: "0" * 64})
     assert _reloads(plan_deploy(loaded, target(), edited, {}, True, NOW)), "a forced repair rewrites the unit"
-    other = PROJECT.profile("glm5-nvfp4-fusion")
-    assert _reloads(plan_deploy(other, target(), held, {}, False, NOW)), "another release's unit names its env file"
+
+
+def test_a_new_release_with_the_same_unit_settings_links_current_unit_file_and_skips_daemon_reload() -> None:
+    """Input tried: a deploy changing a flag (fusion) and one changing the environment, while systemd holds current's
+    unit text; then a change of a unit-level setting (service.stop_timeout_s), and systemd asking for a reload."""
+    loaded, plan = first_plan()
+    held = holding(facts(current=deployed(plan), active="active"))
+    layout = StoreLayout("sglang")
+    for other in (PROJECT.profile("glm5-nvfp4-fusion"), with_profile(loaded, env={"NCCL_DEBUG": "WARN"})):
+        switch = plan_deploy(other, target(), held, {}, False, NOW)
+        assert switch.release.id != plan.release.id and switch.release.unit_text == plan.release.unit_text
+        assert not _reloads(switch)
+        link = next(step for step in switch.batches["stage"] if isinstance(step, Step) and step.argv[0] == "ln")
+        assert link.argv[-2:] == (str(layout.release(plan.release.id) / UNIT_FILE),
+                                  str(layout.staging(switch.release.id) / UNIT_FILE))
+        assert UNIT_FILE not in {step.dest.name for step in switch.batches["stage"] if not isinstance(step, Step)}
+    slower_stop = with_profile(loaded, service={"stop_timeout_s": 123})
+    changed = plan_deploy(slower_stop, target(), held, {}, False, NOW)
+    assert "TimeoutStopSec=123" in changed.release.unit_text and _reloads(changed)
+    assert UNIT_FILE in {step.dest.name for step in changed.batches["stage"] if not isinstance(step, Step)}
+    asking = replace(held, unit=replace(held.unit, need_daemon_reload=True))
+    assert _reloads(plan_deploy(PROJECT.profile("glm5-nvfp4-fusion"), target(), asking, {}, False, NOW))
+
+
+def test_a_switch_to_a_recorded_release_skips_daemon_reload_only_when_its_unit_file_is_not_newer() -> None:
+    """Input tried: current A and an older release B of the same unit text (rollback), B's unit file older, as old
+    and newer than A's by mtime, and unknown; then B of another unit text."""
+    _, plan = first_plan()
+    fusion = plan_deploy(PROJECT.profile("glm5-nvfp4-fusion"), target(), facts(), {}, False, NOW)
+    current, older = deployed(plan), deployed(fusion)
+    host = facts(current=current, active="active")
+    host = replace(host, store=replace(host.store, releases=(older, current)))
+    layout, a, b = StoreLayout("sglang"), current.id, older.id
+
+    def reloads(**times: Decimal) -> bool:
+        return "systemd: daemon-reload" in [step.name for step in switch_batches(layout, holding(host, **times), b)[
+            "switch and restart"]]
+
+    assert not reloads(**{a: Decimal("20.5"), b: Decimal("10.25")})
+    assert not reloads(**{a: Decimal("20.5"), b: Decimal("20.5")})
+    assert reloads(**{a: Decimal("20.5"), b: Decimal("20.500000001")}), "newer: systemd would ask for a reload"
+    assert reloads(**{a: Decimal("20.5")}), "B's unit file time not read"
+    other = replace(older, metadata={**older.metadata, "unit_digest": "0" * 16})
+    host = replace(host, store=replace(host.store, releases=(other, current)))
+    assert reloads(**{a: Decimal("20.5"), b: Decimal("10.25")}), "B's unit text is another"
 
 
 def test_switching_profiles_shows_the_semantic_diff() -> None:
@@ -206,7 +267,15 @@ def test_a_unit_file_edited_by_hand_is_drift_and_force_overwrites_it() -> None:
                          NOW)
     assert list(forced.batches) == ["stage", "switch and restart", "once verified"]
     rewritten = {step.dest.name for step in forced.batches["stage"] if not isinstance(step, Step)}
-    assert rewritten == {UNIT_FILE, ENV_FILE}, "the published release is repaired in place, not restaged"
+    assert rewritten == {UNIT_FILE, ENV_FILE, LAUNCHER_FILE}, "the published release is repaired in place"
+
+
+def test_a_launcher_edited_by_hand_is_drift() -> None:
+    """Input tried: the current release's launcher with a checksum other than the one recorded."""
+    loaded, plan = first_plan()
+    edited = {**plan.release.record()["files"], LAUNCHER_FILE: "0" * 64}
+    with pytest.raises(DriftDetected, match=r"current/launch was edited on the host"):
+        plan_deploy(loaded, target(), facts(current=deployed(plan), active="active", sums=edited), {}, False, NOW)
 
 
 def test_preflight_refuses_too_few_gpus() -> None:
@@ -392,7 +461,15 @@ def test_the_unit_fact_reads_whether_systemd_needs_a_daemon_reload() -> None:
         return parse_unit(StepResult(Step("u", ("systemctl",)), 0, text, "", 0.0)).need_daemon_reload
 
     assert unit("ActiveState=active\nNeedDaemonReload=no\n") is False
-    loaded = parse_unit(StepResult(Step("u", ("systemctl",)), 0, "EnvironmentFiles=/o/r/a b/sglang.env "
-                                   "(ignore_errors=no)\n", "", 0.0))
-    assert loaded.environment_file == "/o/r/a b/sglang.env"
+    loaded = parse_unit(StepResult(Step("u", ("systemctl",)), 0, "Description=SGLang server sglang (unit "
+                                   "0123456789abcdef)\n", "", 0.0))
+    assert loaded.unit_digest == "0123456789abcdef"
+    hand = parse_unit(StepResult(Step("u", ("systemctl",)), 0, "Description=SGLang (mine, release 0)\n", "", 0.0))
+    assert hand.unit_digest is None
     assert unit("ActiveState=active\nNeedDaemonReload=yes\n") and unit("ActiveState=active\n"), "unknown reads as yes"
+
+
+def test_the_unit_file_times_are_read_per_release() -> None:
+    """`find releases -name sglang.service -printf '%h %T@\\0'` as GNU find 4.9 prints it."""
+    found = "/opt/s d/releases/a1 1733034000.1234567890\0/opt/s d/releases/b2 1733030000.0000000000\0"
+    assert parse_unit_times(found) == {"a1": Decimal("1733034000.1234567890"), "b2": Decimal("1733030000")}

@@ -76,6 +76,13 @@ def test_a_missing_venv_is_named_as_the_cause_of_203_exec() -> None:
     assert "venv.build" in diagnosis.hint
 
 
+def test_a_missing_venv_is_named_as_the_cause_when_the_launcher_cannot_exec_it() -> None:
+    diagnosis = diagnose(lines_of("missing_venv.launcher-dash.log"))
+    assert diagnosis.cause == ("the release's venv is gone: /opt/ml-env-old/bin/python3 does not exist "
+                               "(the launcher's exec failed, exit status 127)")
+    assert "venv.build" in diagnosis.hint
+
+
 def test_the_server_args_line_is_shortened_in_failure_output() -> None:
     """SGLang's one-line ServerArgs dump is ~10 KB; failure output keeps 200 characters and says where the rest is."""
     line = next(line for line in lines_of("fusion_gate.sglang-0.5.23.log") if "server_args=" in line)

@@ -139,7 +139,7 @@ def test_every_node_gets_one_release_id_that_changes_when_any_node_changes(tmp_p
     shared = group_release_id(own)
     releases = [build_release(node.loaded, layout, "0.5.23", {}, release_id=shared) for node in nodes]
     assert {release.id for release in releases} == {shared}
-    assert all(f"release {shared}" in release.unit_text for release in releases)
+    assert all(f"--node-rank {rank}" in str(r.launcher_text) for rank, r in enumerate(releases))
     moved = plan_nodes(two_nodes(dist_init_port=5858), group(tmp_path, "pair"), "pair")
     assert group_release_id([own[0], build_release(moved[1].loaded, layout, "0.5.23", {}).id]) != shared
     assert group_release_id(list(reversed(own))) != shared  # ranks swapped: another release

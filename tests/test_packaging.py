@@ -27,7 +27,7 @@ from deploy_lib.venvs.host_scripts import RELOCATE_SCRIPT
 loaded = load_profile(Path(sys.argv[1]), "glm5-nvfp4")
 release = build_release(loaded, StoreLayout(service="sglang", root=PurePosixPath("/opt/sglang-deploy")), "0.5.23", {})
 print(json.dumps({"package": deploy_lib.__file__, "templates": str(TEMPLATES_DIR), "roles": str(ROLES_DIR),
-                  "unit": release.unit_text, "env": release.env_text,
+                  "unit": release.unit_text, "env": release.env_text, "launcher": release.launcher_text,
                   "patch_sets": [p.name for p in list_patch_sets(ROLES_DIR)], "relocate_script": RELOCATE_SCRIPT}))
 """
 
@@ -46,7 +46,8 @@ def test_a_non_editable_install_renders_and_lists_the_patch_sets(tmp_path: Path)
     assert Path(result["package"]).is_relative_to(site)
     assert Path(result["templates"]) == site / "deploy_lib" / "templates"
     assert Path(result["roles"]) == site / "deploy_lib" / "roles"
-    assert "ExecStart=/root/ml-env/bin/python3 -m sglang.launch_server" in result["unit"]
+    assert "ExecStart=/opt/sglang-deploy/sglang/current/launch" in result["unit"]
+    assert "exec /root/ml-env/bin/python3 -m sglang.launch_server" in result["launcher"]
     assert 'CUDA_HOME="/usr/local/cuda-12.8"' in result["env"]
     assert result["patch_sets"] == ["fusion-sm120", "nsa-aliases"]
     assert result["relocate_script"] == (REPO / "deploy_lib" / "venvs" / "relocate_script.py").read_text()

@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from launcher_run import argv_printer, launched_argv
 from systemd_syntax import exec_start_argv, parse_env_file, parse_exec, parse_unit_file
 
 from deploy_lib.errors import ConfigError
@@ -25,11 +26,15 @@ from deploy_lib.render import (
     REDACTED,
     EnvSpec,
     UnitSpec,
+    render_digested_unit,
     render_env,
     render_env_redacted,
+    render_launcher,
     render_unit,
     systemd_env_value,
     systemd_exec_arg,
+    unit_digest,
+    unit_digest_of,
 )
 
 HOSTILE = (
@@ -331,3 +336,30 @@ def test_reader_agrees_with_systemd_on_hand_written_exec_lines(world_readable_di
     ours = [command.argv for value in parse_unit_file(unit_text).values("Service", "ExecStart")
             for command in parse_exec(value)]
     assert [decode_dump_command_line(line) for line in settings["Command Line"]] == ours
+
+
+def test_the_launcher_execs_exactly_the_hostile_argv(tmp_path: Path) -> None:
+    """Input tried: every HOSTILE string as one argument and as a flag's value, run by the real /bin/sh (dash)."""
+    flags = (part for value in HOSTILE for part in ("--flag", value))
+    argv = (argv_printer(tmp_path / "bin" / "python"), "-m", "sglang.launch_server", *HOSTILE, *flags)
+    assert launched_argv(render_launcher(argv), tmp_path) == argv
+
+
+def test_the_launcher_refuses_what_no_exec_can_carry() -> None:
+    """Input tried: a NUL byte in an argument and a relative interpreter."""
+    with pytest.raises(ConfigError, match=r"ExecStart argument 2 \('a\\x00b'\).*NUL"):
+        render_launcher(("/root/ml-env/bin/python", "--model", "a\0b"))
+    with pytest.raises(ConfigError, match="must be an absolute"):
+        render_launcher(("python3", "-m"))
+
+
+def test_the_unit_carries_the_digest_of_its_own_text() -> None:
+    """Equal unit settings, equal text and digest; one setting changed, another digest."""
+    spec = unit_spec(("/opt/sglang-deploy/sglang/current/launch",))
+    text = render_digested_unit(spec)
+    assert unit_digest_of(text) == unit_digest(render_unit(spec))
+    assert parse_unit_file(text).values("Unit", "Description") == (
+        f"SGLang glm-5 (release abc123) (unit {unit_digest(render_unit(spec))})",)
+    assert render_digested_unit(replace(spec)) == text
+    assert unit_digest_of(render_digested_unit(replace(spec, timeout_stop_s=121))) != unit_digest_of(text)
+    assert unit_digest_of(render_unit(spec)) is None

@@ -11,9 +11,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from launcher_run import argv_printer, launched_argv
 
 from deploy_lib.errors import ConfigError
 from deploy_lib.profile import Profile, SecretRef, load_profile
+from deploy_lib.release import build_release
 from deploy_lib.server_args import (
     API_KEY_ENV,
     API_KEY_LAUNCHER,
@@ -24,6 +26,7 @@ from deploy_lib.server_args import (
     spelling,
 )
 from deploy_lib.sglang_options import build_parser, check_argv, extract, find_option, version_key
+from deploy_lib.store import StoreLayout
 from deploy_lib.versions import SPELLINGS
 
 pytest_plugins = ("wheelcache",)  # the sglang_source fixture
@@ -221,9 +224,15 @@ VERSIONS = ["0.5.9", "0.5.15", "0.5.15.post1", "0.5.20", "0.5.23"]
 @pytest.mark.parametrize("profile_name", ["glm5-nvfp4", "glm5-nvfp4-fusion"])
 @pytest.mark.parametrize("version", VERSIONS)
 def test_rendered_argv_is_accepted_by_that_versions_parser(real_options: Callable[[str], dict[str, Any]],
-                                                           version: str, profile_name: str) -> None:
+                                                           version: str, profile_name: str, tmp_path: Path) -> None:
+    """The arguments the release's launcher, run by /bin/sh, gives the venv's python (a stand-in printing them)."""
     options = real_options(version)
-    args = list(sglang_args(reference(profile_name), version))
+    venv = tmp_path / "venv"
+    release = build_release(load_profile(PROFILES, profile_name), StoreLayout("sglang"), version, {}, venv=str(venv))
+    argv_printer(venv / "bin" / "python3")
+    launched = launched_argv(str(release.launcher_text), tmp_path)
+    assert launched[:3] == (str(venv / "bin" / "python3"), "-m", "sglang.launch_server")
+    args = list(launched[3:])
     assert check_argv(options, args) == []  # not even a deprecation warning
     parsed = vars(build_parser(options).parse_args(args))
     dest = {flag: find_option(options, flag)["dest"] for flag in ("--tp-size", "--model-path")}

@@ -196,7 +196,8 @@ def _history(*entries: tuple[str, str, str]) -> str:
 
 def release_entries(*release_ids: str) -> str:
     """`find releases -mindepth 1 -maxdepth 2 -printf %P\\0` of complete releases."""
-    return "".join(f"{rid}\0{rid}/release.json\0{rid}/sglang.service\0{rid}/sglang.env\0" for rid in release_ids)
+    return "".join(f"{rid}\0{rid}/release.json\0{rid}/sglang.service\0{rid}/sglang.env\0{rid}/launch\0"
+                   for rid in release_ids)
 
 
 CAPTURED_HISTORY = (("deploy", HEALTHY, "r1"), ("deploy", HEALTHY, "r2"), ("deploy", "failed", "r3"),

@@ -12,19 +12,15 @@ from datetime import UTC, datetime
 from deploy_lib.crashes import record_new_crashes
 from deploy_lib.cuda_toolkit import cuda_home
 from deploy_lib.deploy.plan import (
-    ACTIVATE,
-    VERIFIED,
     Plan,
     VenvChoice,
-    activation_steps,
     hand_run_check,
     hand_run_pid,
     plan_deploy,
     release_tags,
-    reset_failed_step,
     start_prediction,
     stop_hand_run,
-    unit_loaded,
+    switch_batches,
 )
 from deploy_lib.deploy.preflight import preflight, rollback_record
 from deploy_lib.deploy.prune import around_the_restart, prune_after_deploy, prune_read_steps
@@ -308,7 +304,8 @@ def _rollback(run: Transition, lock: LockOnFirstChange, to: str | None) -> Outco
     restore_id = serving or facts.store.last_healthy(exclude=target_id)
     record_new_crashes(run.remote, run.layout, facts.store, facts.unit)  # a crash loop: why a person rolls back
     try:
-        ready = run.activate(target_id, record.metadata, start_prediction(facts.store, tags.profile), run.grace_s)
+        ready = run.activate(target_id, record.metadata, start_prediction(facts.store, tags.profile), run.grace_s,
+                             switch_batches(run.layout, facts, target_id))
     except ReadinessFailed as failure:
         diagnosis = run.journal_diagnosis(run.cursor, tags.profile)
         run.record("rollback", FAILED, tags, failure_line(failure, diagnosis))
@@ -336,7 +333,7 @@ def start(target: Target, service: str, remote: Remote, progress: Progress, envi
     does not come up is rolled back to the last healthy one like a failed deploy. Under the host's lock, taken with
     the switch (`lock_on_first_change`): a start that finds the server running changes nothing. The unit file
     systemd holds is the current release's already, so the restart reloads systemd only when it reports the file
-    changed (`unit_loaded`)."""
+    changed (`unit_held`)."""
     layout = target.layout(service)
     event = "restart" if restart else "start"
     with lock_on_first_change(remote, layout, event, target.host.name) as lock:
@@ -347,11 +344,9 @@ def start(target: Target, service: str, remote: Remote, progress: Progress, envi
             return Outcome("already running", record.id, record.id)
         tags = Tags.from_dict(record.metadata["tags"])
         run = Transition(lock, layout, target, progress, environ, clock, before_restart=before_restart, lock=lock)
-        batches = {ACTIVATE: activation_steps(layout, record.id, reload=not unit_loaded(layout, facts, record.id)),
-                   VERIFIED: [reset_failed_step(layout)]}
         try:
             ready = run.activate(record.id, record.metadata, start_prediction(facts.store, tags.profile), GRACE_S,
-                                 batches)
+                                 switch_batches(layout, facts, record.id))
         except ReadinessFailed as failure:
             diagnosis = run.journal_diagnosis(run.cursor, tags.profile)
             run.record(event, FAILED, tags, failure_line(failure, diagnosis))

@@ -11,6 +11,7 @@ from typing import Any
 
 from deploy_lib.crashes import start_limit_note
 from deploy_lib.diagnose import journal_cursor_step
+from deploy_lib.digests import sha256_text
 from deploy_lib.errors import DriftDetected, PreflightError
 from deploy_lib.facts import HostFacts
 from deploy_lib.health import StartPrediction, predict_start
@@ -24,6 +25,7 @@ from deploy_lib.store import (
     ENV_FILE,
     FAILED,
     HEALTHY,
+    LAUNCHER_FILE,
     UNIT_FILE,
     StoreFacts,
     StoreLayout,
@@ -141,7 +143,7 @@ def detect_drift(layout: StoreLayout, facts: HostFacts) -> tuple[str, ...]:
     record = facts.store.release(facts.store.current) if facts.store.current else None
     drift = []
     recorded = dict(record.metadata.get("files") or {}) if record else {}
-    for name in (UNIT_FILE, ENV_FILE):
+    for name in (UNIT_FILE, ENV_FILE, LAUNCHER_FILE):
         if record and name in recorded and facts.file_sums.get(name) != recorded[name]:
             drift.append(f"{layout.current / name} was edited on the host since release {record.id} was written")
     foreign = hand_made_unit(layout, facts)
@@ -176,7 +178,7 @@ def activation_steps(layout: StoreLayout, release_id: str, before_restart: Seque
 
 
 def restart_steps(layout: StoreLayout, reload: bool = True) -> list[Step | Put]:
-    """`reload` False: systemd holds the unit file of the release being restarted already (`unit_loaded`)."""
+    """`reload` False: systemd holds the unit text of the release being started already (`unit_held`)."""
     unit = layout.unit_name
     # enable without its own daemon-reload (systemctl enable reloads by default): the one reload below loads both
     return [
@@ -187,16 +189,39 @@ def restart_steps(layout: StoreLayout, reload: bool = True) -> list[Step | Put]:
     ]
 
 
-def unit_loaded(layout: StoreLayout, facts: HostFacts, release_id: str) -> bool:
-    """systemd holds this release's unit file as it is on disk, so its restart needs no daemon-reload: the release
-    is current, the unit link is the tool's, the loaded unit names this release's env file, and systemd reports the
-    file not newer than what it loaded.
+def recorded_unit_digest(facts: HostFacts, release_id: str) -> str | None:
+    """The unit digest release.json records for a release on the host (None: not there, or written without one)."""
+    record = facts.store.release(release_id)
+    digest = record.metadata.get("unit_digest") if record else None
+    return digest if isinstance(digest, str) else None
 
-    Each release's unit names its own env file, so a switch to another release always reloads; systemd's
-    NeedDaemonReload alone compares mtimes ("newer") and would miss a switch back to an older release's file."""
-    return (facts.store.current == release_id and facts.unit_link == str(layout.current / UNIT_FILE)
-            and facts.unit.load_state == "loaded" and not facts.unit.need_daemon_reload
-            and facts.unit.environment_file == str(layout.env_file(release_id)))
+
+def unit_held(layout: StoreLayout, facts: HostFacts, release_id: str, unit_digest: str | None,
+              linked: bool = False) -> bool:
+    """systemd holds the unit text of `release_id` already, and will still see it as loaded once `current` points at
+    it, so its start needs no daemon-reload: the unit link is the tool's, the unit is loaded and systemd does not ask
+    for a reload (NeedDaemonReload=no: current's unit file is not newer than what it loaded), the digest in the loaded
+    Description= is the release's (`unit_digest`), and the release's unit file is not newer than current's (it is
+    current's, a hard link of it: `linked`, or older by mtime), so NeedDaemonReload stays "no" after the switch.
+
+    The digest decides because NeedDaemonReload alone compares mtimes (systemd src/core/unit.c
+    fragment_mtime_newer) and would miss a switch to an older file of another text; drift (a hand edit) reloads. The
+    caller adds what the facts
+    cannot say here: no unit file rewritten by this deploy (a repair, a damaged release staged again)."""
+    current = facts.store.current
+    times = facts.unit_times
+    not_newer = linked or release_id == current or (
+        current is not None and release_id in times and current in times and times[release_id] <= times[current])
+    return (current is not None and unit_digest is not None and facts.unit.unit_digest == unit_digest
+            and facts.unit_link == str(layout.current / UNIT_FILE) and facts.unit.load_state == "loaded"
+            and not facts.unit.need_daemon_reload and not_newer and not detect_drift(layout, facts))
+
+
+def switch_batches(layout: StoreLayout, facts: HostFacts, release_id: str) -> dict[str, list[Step | Put]]:
+    """The batches of a switch to a recorded release (rollback, a restore) or a restart of current, from the host's
+    facts: `activate`'s, and the reset sent with the healthy record."""
+    held = unit_held(layout, facts, release_id, recorded_unit_digest(facts, release_id))
+    return {ACTIVATE: activation_steps(layout, release_id, reload=not held), VERIFIED: [reset_failed_step(layout)]}
 
 
 def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets: Mapping[str, str],
@@ -256,11 +281,18 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
         notes.append(f"{model.label} ({model_facts.commit}): {len(model_facts.missing)} of "
                      f"{len(model_facts.files)} files to stage, {size_text(model_facts.missing_bytes)} to "
                      f"{model.verb} into {model_facts.hf_home}")
+    # a new release whose unit text is current's: its unit file is current's, hard-linked (`unit_held`)
+    linked = not have_release and not drift and current_id is not None and \
+        facts.file_sums.get(UNIT_FILE) == sha256_text(release.unit_text)
     if not have_release:
         batches["stage"] = stage_release(layout, release.id, release.unit_text, release.env_text,
-                                         release_json(release.record(), tags, now), replace_damaged=damaged is not None)
+                                         release_json(release.record(), tags, now), replace_damaged=damaged is not None,
+                                         launcher_text=release.launcher_text,
+                                         unit_from=layout.release(current_id) / UNIT_FILE if linked and current_id
+                                         else None)
     elif drift and current_id == release.id:
-        batches["stage"] = repair_release(layout, release.id, release.unit_text, release.env_text)
+        batches["stage"] = repair_release(layout, release.id, release.unit_text, release.env_text,
+                                          release.launcher_text)
     if check_reasons:
         subject = gpu_check.subject_of_release(release.id, release.metadata())
         batches["gpu check"] = [*hand_stop, stop_step(layout), *gpu_check.check_batch(subject)]
@@ -270,9 +302,10 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
     elif loaded.profile.preflight.gpu_check:
         notes.append("gpu check (preflight.gpu_check) not needed: TP size, NCCL environment and the venv's "
                      f"torch/NCCL are those of release {current_id}")
-    # the release's own unit file, loaded and unchanged (no drift to repair, nothing restaged): no daemon-reload
-    loaded = unit_loaded(layout, facts, release.id) and not drift and have_release and damaged is None
-    batches[ACTIVATE] = activation_steps(layout, release.id, takeover, reload=not loaded)
+    # systemd holds this release's unit text, and no unit file is rewritten (drift repaired, damage restaged)
+    digest = recorded_unit_digest(facts, release.id) if have_release else release.unit_digest
+    held = unit_held(layout, facts, release.id, digest, linked) and damaged is None
+    batches[ACTIVATE] = activation_steps(layout, release.id, takeover, reload=not held)
     batches[VERIFIED] = [reset_failed_step(layout)]
     replaced_note = None
     if hand_made_unit(layout, facts) and not unchanged:

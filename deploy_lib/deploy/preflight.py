@@ -82,8 +82,9 @@ def check_release(release: RecordedRelease, target: Target, facts: HostFacts, ha
 
 
 def check_release_files(release: RecordedRelease, layout: StoreLayout, facts: HostFacts, where: str) -> None:
-    """A recorded release's unit and env file are on the host and as they were written (`facts.release_sums`)."""
-    for name in (UNIT_FILE, ENV_FILE):
+    """A recorded release's unit, env file and launcher are on the host and as they were written
+    (`facts.release_sums`)."""
+    for name in dict.fromkeys((UNIT_FILE, ENV_FILE, *release.files)):
         path = layout.release(release.id) / name
         found, recorded = facts.release_sums.get(name), release.files.get(name)
         if found is None:

@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from typing import Any, NoReturn
 
 from deploy_lib.cuda_toolkit import cuda_home
-from deploy_lib.deploy.plan import ACTIVATE, VERIFIED, activation_steps, reset_failed_step, start_prediction, stop_step
+from deploy_lib.deploy.plan import ACTIVATE, VERIFIED, start_prediction, stop_step, switch_batches
 from deploy_lib.deploy.preflight import check_release, check_release_files
 from deploy_lib.diagnose import (
     JOURNAL_SYNC,
@@ -173,18 +173,16 @@ class Transition:
             return NotReady(broken.message, broken.rung, broken.evidence)
 
     def activate(self, release_id: str, metadata: Mapping[str, Any], prediction: StartPrediction | None,
-                 grace_s: float, batches: Mapping[str, Sequence[Step | Put]] | None = None,
+                 grace_s: float, batches: Mapping[str, Sequence[Step | Put]],
                  staged: Sequence[Step | Put] = (), reads: Sequence[Step | Put] = (),
                  reads_after_restart: Sequence[Step] = ()) -> ReadyReport:
         """Switch `current` to a release on the host, restart, and climb the readiness ladder.
 
         A deploy gives its plan's batches (what its dry run listed), with the stage batch in `staged`; a switch
-        back to a recorded release takes the same batches for that release. One round trip stages, reads the
+        to a recorded release gives `plan.switch_batches` for that release. One round trip stages, reads the
         journal position, switches and restarts; from that position on, the ladder shows this start's log lines
         and a failure is diagnosed from them (`self.cursor`). `reads` run in it between the stage and the switch,
         `reads_after_restart` at its end (both in `self.read_at_switch`)."""
-        batches = batches or {ACTIVATE: activation_steps(self.layout, release_id),
-                              VERIFIED: [reset_failed_step(self.layout)]}
         if self.before_restart is not None:
             self.before_restart()
         restarted_at = self.clock()
@@ -293,7 +291,7 @@ def _switch_back(run: Transition, store: StoreFacts, failed_id: str, failure: De
     metadata = dict(record.metadata) if (record := store.release(restore_id)) else {}
     tags = recorded_tags(run.target, restore_id, metadata)
     try:
-        run.check_target(restore_id, metadata)
+        facts = run.check_target(restore_id, metadata)
     except PreflightError as refused:
         stop_unit(run.remote, run.layout)
         run.record("rollback", FAILED, tags, refused.message)
@@ -303,7 +301,8 @@ def _switch_back(run: Transition, store: StoreFacts, failed_id: str, failure: De
     run.progress.note(f"rolling back to release {restore_id}")
     run.timings = {}
     try:
-        run.activate(restore_id, metadata, start_prediction(store, tags.profile), run.grace_s)
+        run.activate(restore_id, metadata, start_prediction(store, tags.profile), run.grace_s,
+                     switch_batches(run.layout, facts, restore_id))
     except ReadinessFailed as second:
         second_diagnosis = run.journal_diagnosis(run.cursor, record.metadata.get("profile_name"))
         stop_unit(run.remote, run.layout)

@@ -149,7 +149,10 @@ def release_problem(files: frozenset[str], release_json_text: str | None) -> str
         return f"{RELEASE_FILE} is not valid JSON ({error})"
     if not isinstance(metadata, dict):
         return f"{RELEASE_FILE} is not a JSON object"
-    missing = [name for name in (UNIT_FILE, ENV_FILE) if name not in files]
+    recorded = metadata.get("files")
+    # a launcher (rendered units run one) is needed where release.json records it
+    needed = dict.fromkeys((UNIT_FILE, ENV_FILE, *(map(str, recorded) if isinstance(recorded, dict) else ())))
+    missing = [name for name in needed if name not in files]
     return f"{' and '.join(missing)} {'is' if len(missing) == 1 else 'are'} missing" if missing else None
 
 

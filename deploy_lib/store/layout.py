@@ -17,9 +17,11 @@ DEFAULT_ROOT = PurePosixPath("/opt/sglang-deploy")
 SYSTEMD_DIR = PurePosixPath("/etc/systemd/system")
 UNIT_FILE = "sglang.service"
 ENV_FILE = "sglang.env"
+LAUNCHER_FILE = "launch"  # the server's command (render_launcher); the unit runs current's
 RELEASE_FILE = "release.json"
 FILE_MODE = 0o644      # the unit, release.json, the lock owner: anyone may read them
 ENV_FILE_MODE = 0o600  # the env file carries the secrets
+LAUNCHER_MODE = 0o755  # run by the unit's User=
 STAGING_SUFFIX = ".tmp"  # a directory still being written (release, pushed model version); renamed when complete
 
 
@@ -102,7 +104,8 @@ class StoreLayout:
         return self.unit_dir / self.unit_name
 
     def env_file(self, release_id: str) -> PurePosixPath:
-        """The env file of one release: what that release's unit names in EnvironmentFile=."""
+        """The env file of one release: what the router's unit of that release names in EnvironmentFile= (a
+        server's unit names current's, so that its text is the same for every release)."""
         return self.release(release_id) / ENV_FILE
 
 

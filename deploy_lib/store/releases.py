@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import PurePosixPath
 
 from deploy_lib.errors import ConfigError
 from deploy_lib.remote import Put, Step
@@ -11,6 +12,8 @@ from deploy_lib.store.layout import (
     ENV_FILE,
     ENV_FILE_MODE,
     FILE_MODE,
+    LAUNCHER_FILE,
+    LAUNCHER_MODE,
     RELEASE_FILE,
     STAGING_SUFFIX,
     UNIT_FILE,
@@ -19,33 +22,46 @@ from deploy_lib.store.layout import (
 )
 
 
+def _server_files(directory: PurePosixPath, unit_text: str, env_text: str, launcher_text: str | None,
+                  unit_from: PurePosixPath | None) -> list[Step | Put]:
+    """The unit (hard-linked from `unit_from`, a file of the same text, when given), env file and launcher."""
+    unit: Step | Put = Put(directory / UNIT_FILE, unit_text.encode(), FILE_MODE, sudo=True) if unit_from is None \
+        else Step("stage: unit file (the same text as the current one's)",
+                  ("ln", "-f", "--", str(unit_from), str(directory / UNIT_FILE)), sudo=True)
+    launcher = [] if launcher_text is None else \
+        [Put(directory / LAUNCHER_FILE, launcher_text.encode(), LAUNCHER_MODE, sudo=True)]
+    return [unit, Put(directory / ENV_FILE, env_text.encode(), ENV_FILE_MODE, sudo=True, secret=True), *launcher]
+
+
 def stage_release(layout: StoreLayout, release_id: str, unit_text: str, env_text: str,
-                  release_metadata: bytes, replace_damaged: bool = False) -> list[Step | Put]:
+                  release_metadata: bytes, replace_damaged: bool = False, launcher_text: str | None = None,
+                  unit_from: PurePosixPath | None = None) -> list[Step | Put]:
     """Write a release into releases/<id>.tmp, flush it, then rename it to releases/<id> in one step.
 
     A leftover <id>.tmp from an interrupted run is removed first; `current` is never touched here. A damaged
-    releases/<id> (same content, files lost or garbled) is removed just before the rename replaces it.
+    releases/<id> (same content, files lost or garbled) is removed just before the rename replaces it. `unit_from`:
+    a unit file of the same text, hard-linked rather than written, so the file systemd's unit link will resolve to
+    keeps the mtime systemd compared when it loaded that text (NeedDaemonReload stays "no" across the switch).
     """
     staging, final = layout.staging(release_id), layout.release(release_id)
-    files = (staging / UNIT_FILE, staging / ENV_FILE, staging / RELEASE_FILE)
+    files = [staging / name for name in (UNIT_FILE, ENV_FILE, *([LAUNCHER_FILE] if launcher_text is not None
+                                                                  else []), RELEASE_FILE)]
     replace = [Step("stage: remove the damaged release", ("rm", "-rf", "--", str(final)), sudo=True)]
     return [
         Step("stage: clear leftover", ("rm", "-rf", "--", str(staging)), sudo=True),
         Step("stage: make directory", ("mkdir", "-p", "--", str(staging)), sudo=True),
-        Put(files[0], unit_text.encode(), FILE_MODE, sudo=True),
-        Put(files[1], env_text.encode(), ENV_FILE_MODE, sudo=True, secret=True),
-        Put(files[2], release_metadata, FILE_MODE, sudo=True),
+        *_server_files(staging, unit_text, env_text, launcher_text, unit_from),
+        Put(files[-1], release_metadata, FILE_MODE, sudo=True),
         Step("stage: flush to disk", ("sync", "--", *map(str, files), str(staging)), sudo=True),
         *(replace if replace_damaged else []),
         Step("stage: publish", ("mv", "-T", "--", str(staging), str(final)), sudo=True),
     ]
 
 
-def repair_release(layout: StoreLayout, release_id: str, unit_text: str, env_text: str) -> list[Step | Put]:
-    """Rewrite the unit and env file of a published release (hand edits undone); each file is replaced atomically."""
-    final = layout.release(release_id)
-    return [Put(final / UNIT_FILE, unit_text.encode(), FILE_MODE, sudo=True),
-            Put(final / ENV_FILE, env_text.encode(), ENV_FILE_MODE, sudo=True, secret=True)]
+def repair_release(layout: StoreLayout, release_id: str, unit_text: str, env_text: str,
+                   launcher_text: str | None = None) -> list[Step | Put]:
+    """Rewrite the files of a published release (hand edits undone); each file is replaced atomically."""
+    return _server_files(layout.release(release_id), unit_text, env_text, launcher_text, None)
 
 
 def switch_current(layout: StoreLayout, release_id: str) -> list[Step | Put]:

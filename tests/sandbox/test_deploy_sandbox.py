@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import shlex
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from recording_progress import RecordingProgress
@@ -33,8 +35,9 @@ def test_deploy_the_reference_profile_then_redeploy_is_a_no_op(rig: Rig) -> None
     outcome = rig.deploy("glm5-nvfp4")
     assert outcome.action in ("deployed", "unchanged")
     assert rig.current() == outcome.release_id and rig.unit_state() == "active"
-    unit = rig.root("systemctl cat sglang.service")
-    assert "--dsa-decode-backend trtllm" in unit and "--tp-size 8" in unit
+    unit, launcher = rig.root("systemctl cat sglang.service"), rig.root(f"cat {rig.store}/current/launch")
+    assert f"ExecStart={rig.store}/current/launch" in unit
+    assert "--dsa-decode-backend trtllm" in launcher and "--tp-size 8" in launcher
     env_file = shlex.quote(f"/opt/sglang-deploy/sglang/releases/{outcome.release_id}/sglang.env")
     mode = rig.root(f"stat -c %a {env_file}").strip()
     assert mode == "600"
@@ -115,21 +118,54 @@ def test_a_second_deploy_while_the_lock_is_held_is_refused(rig: Rig, healthy: st
     assert rig.current() == healthy
 
 
-def test_a_restart_of_the_release_systemd_holds_skips_daemon_reload_and_a_new_release_reloads(rig: Rig,
-                                                                                               healthy: str) -> None:
-    """Real systemd: after a deploy the unit it holds names the current release's env file and NeedDaemonReload is
-    no, so `restart` sends no daemon-reload and the server comes up; a new release's unit differs and is reloaded."""
+def steps_sent(rig: Rig, command: Callable[[Any, FabricRemote], engine.Outcome], profile: str | None = None
+               ) -> tuple[engine.Outcome, list[str]]:
+    """What `command(target, remote)` returned, and the names of the steps it ran on the guest."""
     ran: list[str] = []
-    _, target = rig.target()
+    _, target = rig.target(profile)
     with FabricRemote(target.ssh, on_result=lambda result: ran.append(result.step.name)) as remote:
-        outcome = engine.start(target, "sglang", remote, RecordingProgress(), {}, restart=True)
-    assert outcome.action == "restarted" and "systemd: restart" in ran and "systemd: daemon-reload" not in ran
-    assert rig.unit_state() == "active" and rig.current() == healthy
-    loaded, target = rig.target("glm5-omp4")
-    ran.clear()
-    with FabricRemote(target.ssh, on_result=lambda result: ran.append(result.step.name)) as remote:
-        assert engine.deploy(loaded, target, remote, RecordingProgress(), engine.Options()).action == "deployed"
-    assert ran.index("systemd: daemon-reload") < ran.index("systemd: restart")
+        return command(target, remote), ran
+
+
+def running(rig: Rig) -> tuple[list[str], list[str], str]:
+    """The server's argv and environment as the kernel shows them, and systemd's NeedDaemonReload."""
+    pid = rig.main_pid()
+    argv = rig.root(f"cat /proc/{pid}/cmdline").split("\0")[:-1]
+    environ = rig.root(f"cat /proc/{pid}/environ").split("\0")[:-1]
+    return argv, environ, rig.root("systemctl show -p NeedDaemonReload --value sglang.service").strip()
+
+
+def test_a_switch_between_releases_of_the_same_unit_settings_sends_no_daemon_reload(rig: Rig, healthy: str) -> None:
+    """Real systemd: A (the reference) serving; deploy B (other flags and environment, same unit settings): no
+    daemon-reload is sent, B's argv and environment run, NeedDaemonReload stays no; the rollback to A and a restart
+    the same; C (another service.stop_timeout_s, a unit-level setting) reloads, and so does the rollback from it."""
+    outcome, ran = steps_sent(rig, lambda target, remote: engine.deploy(
+        rig.target("glm5-metrics-omp4")[0], target, remote, RecordingProgress(), engine.Options()))
+    assert outcome.action == "deployed" and outcome.previous_id == healthy
+    assert "systemd: restart" in ran and "systemd: daemon-reload" not in ran
+    argv, environ, need_reload = running(rig)
+    assert "--enable-metrics" in argv and "OMP_NUM_THREADS=4" in environ and need_reload == "no"
+    inodes = {rig.root(f"stat -c %i {rig.store}/releases/{release}/sglang.service").strip()
+              for release in (healthy, outcome.release_id)}
+    assert len(inodes) == 1, "B's unit file is A's, hard-linked"
+
+    back, ran = steps_sent(rig, lambda target, remote: engine.rollback(target, "sglang", remote, RecordingProgress(),
+                                                                         healthy, {}))
+    assert back.release_id == healthy and "systemd: daemon-reload" not in ran
+    argv, environ, need_reload = running(rig)
+    assert "--enable-metrics" not in argv and "OMP_NUM_THREADS=8" in environ and need_reload == "no"
+    restarted, ran = steps_sent(rig, lambda target, remote: engine.start(target, "sglang", remote,
+                                                                         RecordingProgress(), {}, restart=True))
+    assert restarted.action == "restarted" and "systemd: daemon-reload" not in ran and rig.unit_state() == "active"
+
+    slower, ran = steps_sent(rig, lambda target, remote: engine.deploy(
+        rig.target("glm5-slow-stop")[0], target, remote, RecordingProgress(), engine.Options()))
+    assert slower.action == "deployed" and ran.index("systemd: daemon-reload") < ran.index("systemd: restart")
+    assert rig.root("systemctl show -p TimeoutStopUSec --value sglang.service").strip() == "1min 17s"
+    assert running(rig)[2] == "no"
+    _, ran = steps_sent(rig, lambda target, remote: engine.rollback(target, "sglang", remote, RecordingProgress(),
+                                                                      healthy, {}))
+    assert "systemd: daemon-reload" in ran and rig.current() == healthy and running(rig)[2] == "no"
 
 
 def test_a_unit_file_edited_by_hand_is_drift_until_forced(rig: Rig, healthy: str) -> None:
