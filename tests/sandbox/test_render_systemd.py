@@ -1,4 +1,4 @@
-"""The rendered unit and env file run under the sandbox guest's real systemd (PID 1) and deliver exactly
+"""The rendered unit, launcher and env file run under the sandbox guest's real systemd (PID 1) and deliver exactly
 the argv and environment we rendered, hostile values included.
 
 Needs the fixture `sandbox_ssh` from tests/sandbox/conftest.py (sandbox engineer): a deploy_lib.remote.Remote
@@ -19,11 +19,12 @@ from deploy_lib.render import (
     EnvSpec,
     UnitSpec,
     render_env,
+    render_launcher,
     render_unit,
     systemd_env_value,
     systemd_exec_arg,
 )
-from deploy_lib.store import ENV_FILE_MODE, FILE_MODE
+from deploy_lib.store import ENV_FILE_MODE, FILE_MODE, LAUNCHER_MODE
 
 pytestmark = pytest.mark.sandbox
 
@@ -31,6 +32,7 @@ UNIT_NAME = "sglang-render-test.service"
 WORK_DIR = PurePosixPath("/run/sglang-render-test")
 SEEN = WORK_DIR / "seen.json"
 ENV_FILE = WORK_DIR / "sglang.env"
+LAUNCHER = WORK_DIR / "launch"
 # Records the argv exactly as exec'd (argv[0] included) and the environment, then exits 0.
 PROBE = ("import json, os; names = json.loads(os.environ['PROBE_NAMES']); "
          "argv = open('/proc/self/cmdline', 'rb').read().split(b'\\0')[:-1]; "
@@ -57,10 +59,14 @@ def guest(request: pytest.FixtureRequest) -> Iterator[Remote]:
     ])
 
 
-def run_probe(guest: Remote, unit_text: str, env_text: str) -> tuple[dict[str, object], str]:
-    """Install and run the unit to completion; what the probe process saw, and `systemctl show` of it."""
+def run_probe(guest: Remote, unit_text: str, env_text: str, launcher_text: str | None = None
+              ) -> tuple[dict[str, object], str]:
+    """Install (with the launcher at LAUNCHER) and run the unit to completion; what the probe process saw, and
+    `systemctl show` of it."""
+    launcher = [Put(LAUNCHER, launcher_text.encode(), LAUNCHER_MODE, sudo=True)] if launcher_text else []
     results = guest.run([
         Step("make work dir", ("mkdir", "-p", str(WORK_DIR)), sudo=True),
+        *launcher,
         Put(ENV_FILE, env_text.encode(), ENV_FILE_MODE, sudo=True, secret=True),
         Put(PurePosixPath("/etc/systemd/system") / UNIT_NAME, unit_text.encode(), FILE_MODE, sudo=True),
         Step("daemon-reload", ("systemctl", "daemon-reload"), sudo=True),
@@ -90,6 +96,24 @@ def test_real_systemd_execs_exactly_the_rendered_argv_and_environment(guest: Rem
     assert seen["env"] == environment
     assert "path=/usr/bin/python3" in shown and "status=0/0" in shown
     assert f"EnvironmentFiles={ENV_FILE} (ignore_errors=no)" in shown
+
+
+def test_real_systemd_runs_the_launcher_which_execs_exactly_the_rendered_argv(guest: Remote) -> None:
+    """A server's unit: ExecStart= is the launcher, which execs the argv (hostile values included) in its place."""
+    argv = ("/usr/bin/python3", "-c", PROBE, *HOSTILE)
+    environment = {"X": "set", "VAR": "set", "PROBE_NAMES": json.dumps(["PROBE_NAMES", "X"])}
+    unit = render_unit(UnitSpec(
+        description="launcher round trip", user="root", group=None, working_directory="/",
+        environment_file=str(ENV_FILE), exec_argv=(str(LAUNCHER),), timeout_start_s=60, timeout_stop_s=10,
+        restart="no", restart_sec=0, start_limit_burst=3, start_limit_interval_s=900, limit_nofile=4096,
+        syslog_identifier="sglang-render-test",
+    ))
+
+    seen, shown = run_probe(guest, unit, render_env(EnvSpec(values=environment)), render_launcher(argv))
+
+    assert tuple(seen["argv"]) == argv
+    assert seen["env"] == {"PROBE_NAMES": environment["PROBE_NAMES"], "X": "set"}
+    assert f"path={LAUNCHER}" in shown and "status=0/0" in shown
 
 
 HAND_WRITTEN_ENV = (
