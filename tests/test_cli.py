@@ -248,20 +248,23 @@ def test_the_whole_no_op_deploy_renders_neither_the_unit_nor_the_env_file(monkey
 def test_a_command_writes_the_bytecode_of_what_it_imports_unless_python_is_told_not_to(
         tmp_path: Path, no_bytecode: bool) -> None:
     """invoke switches bytecode writing off for what it imports after its own options, so every command compiled the
-    tool's modules from source again (failed before: no deploy_lib bytecode written). PYTHONDONTWRITEBYTECODE wins."""
+    tool's modules from source again (failed before: no deploy_lib bytecode written), and tasks.py, which invoke loads
+    with writing off, too (failed before: no tasks.py bytecode). PYTHONDONTWRITEBYTECODE wins."""
     shown = invoke("render", "-p", "glm5-nvfp4", env={"PYTHONPYCACHEPREFIX": str(tmp_path),
                                                       "PYTHONDONTWRITEBYTECODE": "1" if no_bytecode else ""})
     assert shown.returncode == 0, shown.stderr
     written = {path.name.split(".")[0] for path in tmp_path.rglob("*.pyc") if "deploy_lib" in path.parts}
     assert written == set() if no_bytecode else {"project", "release", "render"} <= written
+    tasks_py = list((tmp_path / REPO.relative_to(REPO.anchor)).glob("tasks.*.pyc"))  # the prefix mirrors the path
+    assert tasks_py == [] if no_bytecode else len(tasks_py) == 1
 
 
 @pytest.mark.parametrize("no_bytecode", [False, True])
 def test_the_sglang_deploy_command_writes_the_bytecode_of_tasks_py_unless_python_is_told_not_to(
         tmp_path: Path, no_bytecode: bool) -> None:
     """invoke's loader never writes tasks.py's bytecode (it switches writing off before loading it, unless
-    --write-pyc), so every command compiled its 900 lines again (~6 ms CPU, 83 M instructions): the installed
-    command asks invoke to write it. Failed before: no tasks.py bytecode written."""
+    --write-pyc), so every command compiled its 900 lines again (~6 ms CPU, 83 M instructions), the installed command
+    as `invoke`. Failed before: no tasks.py bytecode written."""
     script = "import sys; from deploy_cli.program import main; sys.argv[0] = 'sglang-deploy'; main()"
     environ = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEPLOY_INVENTORY", "PYTHONDONTWRITEBYTECODE")}
     shown = subprocess.run([sys.executable, "-c", script, "render", "-p", "glm5-nvfp4"], capture_output=True,
