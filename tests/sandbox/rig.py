@@ -23,6 +23,7 @@ from typing import Any, Self
 import pytest
 from projects import project_for_guest
 from recording_progress import RecordingProgress
+from waits import STATE_WAIT_S
 
 from deploy_lib import deploy as engine
 from deploy_lib.project import Project, load_for_host
@@ -140,19 +141,19 @@ class Rig:
         return self.root(f"systemctl show -p MainPID --value {service or self.service}.service").strip()
 
     def wait_ready(self) -> None:
-        self.root(f"timeout 60 bash -c {shlex.quote(WAIT_READY)}")
+        self.root(f"timeout {STATE_WAIT_S} bash -c {shlex.quote(WAIT_READY)}")
 
     def wait_healthy(self) -> None:
         """Port 8000 answers /health (a server started by hand, outside the tool)."""
-        self.root(f"timeout 120 bash -c {shlex.quote(WAIT_HEALTHY)}")
+        self.root(f"timeout {STATE_WAIT_S} bash -c {shlex.quote(WAIT_HEALTHY)}")
 
     def serve_until_crash(self) -> None:
         """Wait for the server to be ready, send generations until it dies, wait for systemd to notice."""
         unit = f"{self.service}.service"
         before = self.root(f"systemctl show -p NRestarts --value {unit}").strip()
         self.wait_ready()
-        self.root(f"timeout 60 bash -c {shlex.quote(GENERATE_UNTIL_REFUSED)}")
-        self.root("timeout 60 bash -c " + shlex.quote(
+        self.root(f"timeout {STATE_WAIT_S} bash -c {shlex.quote(GENERATE_UNTIL_REFUSED)}")
+        self.root(f"timeout {STATE_WAIT_S} bash -c " + shlex.quote(
             f"until systemctl is-failed -q {unit} || [ \"$(systemctl show -p NRestarts --value {unit})\" != "
             f"{before} ] || [ \"$(systemctl show -p SubState --value {unit})\" = auto-restart ]; do sleep 0.2; done"))
 

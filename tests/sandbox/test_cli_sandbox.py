@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from waits import STATE_WAIT_S
 
 from sandbox import manage
 
@@ -77,8 +78,8 @@ class User:
         """The reference user's server: from /root, venv on PATH, nohup, in the background; its PID once healthy."""
         pid = int(self.root(f"cd /root; env -i {HAND_ENV} nohup python -m sglang.launch_server {HAND_ARGS} "
                             "</dev/null >/root/sglang-hand.log 2>&1 & echo $!").strip())
-        self.root("for i in $(seq 120); do curl -sf -o /dev/null http://127.0.0.1:8000/health && exit 0; "
-                  "sleep 0.5; done; exit 1")
+        self.root(f"timeout {STATE_WAIT_S} sh -c "
+                  "'until curl -sf -o /dev/null http://127.0.0.1:8000/health; do sleep 0.5; done'")
         return pid
 
 

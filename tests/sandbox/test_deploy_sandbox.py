@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from recording_progress import RecordingProgress
 from rig import FAULT_OF_CRASHY, GUEST_FAULT, Rig
+from waits import STATE_WAIT_S
 
 from deploy_lib import deploy as engine
 from deploy_lib.errors import (
@@ -315,7 +316,7 @@ def test_a_crash_loop_stops_at_the_start_limit_and_rollback_returns_to_the_healt
     try:
         for _ in range(4):  # the 4th crash within 15 minutes is one too many: 3 restarts, then systemd gives up
             rig.serve_until_crash()
-        rig.root("timeout 30 bash -c 'until systemctl is-failed -q sglang.service; do sleep 0.2; done'")
+        rig.root(f"timeout {STATE_WAIT_S} bash -c 'until systemctl is-failed -q sglang.service; do sleep 0.2; done'")
         report = rig.status()
         assert report.current == crashy and report.unit_state == "failed/failed"
         assert report.crashes is not None and report.crashes.gave_up

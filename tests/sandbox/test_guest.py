@@ -10,12 +10,13 @@ import json
 import shlex
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from guest_shell import GuestShell
 from http_client import http
+from waits import wait_for
 
 from sandbox import manage
 
@@ -36,15 +37,6 @@ ExecStart={manage.GUEST_VENV}/bin/python -m sglang.launch_server --model-path za
 Restart=no
 """
 
-
-
-def wait_for(condition: Callable[[], bool], what: str, deadline_s: float = 60) -> None:
-    end = time.monotonic() + deadline_s
-    while time.monotonic() < end:
-        if condition():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class SimUnit:

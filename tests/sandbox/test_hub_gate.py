@@ -12,12 +12,12 @@ from pathlib import Path
 import hub_gate
 import pytest
 from hub_gate import HubGate
+from waits import STATE_WAIT_S
 
 from sandbox.hub import Hub
 
 HELD = "model-00002-of-00002.safetensors"
 BUDGET = 100_000
-WAIT_S = 60  # only so that a broken test ends
 
 
 @pytest.fixture
@@ -44,7 +44,7 @@ class Download:
         self.done = threading.Event()
         self.arrived = threading.Condition()
         host, port = gate.endpoint.removeprefix("http://").split(":")
-        self.connection = http.client.HTTPConnection(host, int(port), timeout=WAIT_S)
+        self.connection = http.client.HTTPConnection(host, int(port), timeout=STATE_WAIT_S)
         self.connection.request("GET", f"/tests/tiny/resolve/c0/{name}")
         self.response = self.connection.getresponse()
         self.reader = threading.Thread(target=self._read, daemon=True)
@@ -65,7 +65,7 @@ class Download:
     def wait_for(self, size: int) -> bool:
         """Whether `size` bytes of the body arrived (False once the answer ended short of them)."""
         with self.arrived:
-            return self.arrived.wait_for(lambda: len(self.body) >= size or self.done.is_set(), WAIT_S) and \
+            return self.arrived.wait_for(lambda: len(self.body) >= size or self.done.is_set(), STATE_WAIT_S) and \
                 len(self.body) >= size
 
     def close(self) -> None:
@@ -76,14 +76,14 @@ class Download:
 def test_other_files_pass_whole_and_the_held_one_stops_at_the_budget_until_released(upstream: Hub) -> None:
     with HubGate(upstream, HELD, BUDGET) as gate:
         config = Download(gate, "config.json")
-        assert config.done.wait(WAIT_S) and len(config.body) == 120_000 and not gate.holding.is_set()
+        assert config.done.wait(STATE_WAIT_S) and len(config.body) == 120_000 and not gate.holding.is_set()
         held = Download(gate, HELD)
-        assert gate.holding.wait(WAIT_S) and held.wait_for(BUDGET // 2)
+        assert gate.holding.wait(STATE_WAIT_S) and held.wait_for(BUDGET // 2)
         assert not held.done.is_set() and len(held.body) < 1_024_000 // 2
         gate.release()
-        assert held.done.wait(WAIT_S) and bytes(held.body) == bytes(range(256)) * 4000
+        assert held.done.wait(STATE_WAIT_S) and bytes(held.body) == bytes(range(256)) * 4000
         again = Download(gate, HELD)  # released: no longer held
-        assert again.done.wait(WAIT_S) and len(again.body) == 1_024_000
+        assert again.done.wait(STATE_WAIT_S) and len(again.body) == 1_024_000
         for download in (config, held, again):
             download.close()
 
@@ -93,7 +93,7 @@ def test_a_held_answer_gets_a_byte_now_and_then_and_closing_the_gate_cuts_it_off
     monkeypatch.setattr(hub_gate, "KEEPALIVE_S", 0.05)
     with HubGate(upstream, HELD, BUDGET) as gate:
         held = Download(gate, HELD)
-        assert gate.holding.wait(WAIT_S)
+        assert gate.holding.wait(STATE_WAIT_S)
         at_hold = len(held.body)
         assert held.wait_for(at_hold + 3)  # the connection stays alive byte by byte
     held.reader.join()

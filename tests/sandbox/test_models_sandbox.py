@@ -15,6 +15,7 @@ import pytest
 from hub_gate import HubGate
 from projects import project_for_guest
 from recording_progress import RecordingProgress
+from waits import STATE_WAIT_S
 
 from deploy_lib import deploy as engine
 from deploy_lib.diagnose import diagnose
@@ -31,7 +32,6 @@ CACHE = "/root/.cache/huggingface/hub/models--tests--tiny"
 PROFILES = {"tiny": f"extends: glm5-nvfp4\nmodel:\n  path: {REPO_ID}\n",
             "tiny-v1": "extends: tiny\nmodel:\n  revision: v1\n"}
 BUDGET = 256_000  # bytes of a held file's answer that pass the gate
-WAIT_S = 300      # how long a wait on a state may take before the test fails: only so that a broken test ends
 
 
 @dataclass
@@ -113,10 +113,9 @@ class ModelRig:
         return str(path)
 
     def wait_on_guest(self, condition: str) -> bool:
-        """Whether the shell `condition` came true on the guest, looked at every 0.1 s (a bound of WAIT_S only
-        so that a broken test ends)."""
+        """Whether the shell `condition` came true on the guest, looked at every 0.1 s (within waits.STATE_WAIT_S)."""
         loop = f"until {condition}; do sleep 0.1; done"
-        return self.root(f"timeout {WAIT_S} sh -c {shlex.quote(loop)} && echo yes || echo no").strip() == "yes"
+        return self.root(f"timeout {STATE_WAIT_S} sh -c {shlex.quote(loop)} && echo yes || echo no").strip() == "yes"
 
 
 @pytest.fixture(scope="module")
@@ -212,7 +211,7 @@ def test_an_interrupted_download_leaves_the_old_release_serving_and_resumes(rig:
                                           "model-00002-of-00002.safetensors": big})
     small_linked = f"[ -e {CACHE}/snapshots/{commit}/model-00001-of-00002.safetensors ]"
     with HubGate(rig.guest.hub, "model-00002-of-00002.safetensors", BUDGET) as gate:
-        ctrl_c = CtrlCOnceHeld(held=lambda: gate.holding.wait(WAIT_S) and rig.wait_on_guest(small_linked))
+        ctrl_c = CtrlCOnceHeld(held=lambda: gate.holding.wait(STATE_WAIT_S) and rig.wait_on_guest(small_linked))
         with pytest.raises(Interrupted, match="before the switch; nothing was switched or restarted"):
             rig.deploy("tiny", ctrl_c, inventory=rig.inventory_with("gated-hub", hf_endpoint=gate.endpoint))
         assert ctrl_c.was_held, "the download never reached the gate with the small shard complete"
@@ -232,8 +231,8 @@ def test_an_interrupted_download_leaves_the_old_release_serving_and_resumes(rig:
 
 
 def test_the_simulator_refuses_to_start_offline_without_the_weights(rig: ModelRig) -> None:
-    command = ("HF_HUB_OFFLINE=1 HF_HOME=/tmp/no-such-cache timeout 60 /opt/ml-env/bin/python -m sglang.launch_server "
-               "--model-path tests/not-staged --tp-size 1 --port 8123 2>&1; echo exit=$?")
+    command = (f"HF_HUB_OFFLINE=1 HF_HOME=/tmp/no-such-cache timeout {STATE_WAIT_S} /opt/ml-env/bin/python -m "
+               "sglang.launch_server --model-path tests/not-staged --tp-size 1 --port 8123 2>&1; echo exit=$?")
     output = rig.root(command)
     assert "exit=1" in output and "couldn't find them in the cached files" in output
     assert diagnose(output.splitlines()).signature == "model_not_found_offline"

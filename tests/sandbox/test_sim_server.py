@@ -19,6 +19,7 @@ from http_client import http
 from sglang_sim.throughput import ThroughputModel
 from sglang_sim.upstream import InstalledUpstream
 from upstream_edits import patch_sglang_0_5_23_gates
+from waits import STATE_WAIT_S
 
 from sandbox import wheelhouse
 
@@ -40,7 +41,7 @@ class RunningSim:
     base: str
     log: Path
 
-    def wait_states(self, path: str = "/health", deadline_s: float = 60) -> list[int | str]:
+    def wait_states(self, path: str = "/health", deadline_s: float = STATE_WAIT_S) -> list[int | str]:
         """Distinct successive states of `path` until it answers 200."""
         seen: list[int | str] = []
         end = time.monotonic() + deadline_s
@@ -101,7 +102,7 @@ def start_sim(sim_venv: Path, tmp_path: Path) -> Iterator:
 
 def test_unknown_flag_exits_2_with_argparse_message(start_sim) -> None:
     sim = start_sim("--nsa-decode-backend", "trtllm")
-    assert sim.process.wait(timeout=60) == 2
+    assert sim.process.wait(timeout=STATE_WAIT_S) == 2
     assert "sglang serve: error: unrecognized arguments: --nsa-decode-backend trtllm" in sim.log.read_text()
 
 
@@ -141,7 +142,7 @@ def test_streamed_chat_completion_counts_its_tokens(start_sim) -> None:
 
 def test_fusion_on_sm120_with_unpatched_gate_exits_with_the_upstream_error(start_sim) -> None:
     sim = start_sim("--enable-flashinfer-allreduce-fusion")
-    assert sim.process.wait(timeout=60) == 1
+    assert sim.process.wait(timeout=STATE_WAIT_S) == 1
     assert "ValueError: FlashInfer allreduce fusion requires SM90 or SM10X NVIDIA GPUs." in sim.log.read_text()
 
 
@@ -165,7 +166,7 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(start_sim) -> None:
         time.sleep(0.02)
     sim.process.send_signal(signal.SIGTERM)
     worker.join(timeout=30)
-    assert sim.process.wait(timeout=30) == 0
+    assert sim.process.wait(timeout=STATE_WAIT_S) == 0
     status, body = result["generate"]
     assert status == 200 and json.loads(body)["meta_info"]["completion_tokens"] == 20
     assert http(sim.base + "/health")[0] == "refused"
@@ -254,7 +255,8 @@ def test_node_0_of_two_waits_for_rank_1_at_dist_init_addr_and_a_dead_rank_fails_
     """A real TCP rendezvous: node 0 listens on --dist-init-addr and loads nothing until node rank 1 has joined;
     node 1 serves no HTTP; when node 1 dies, node 0 fails as NCCL's watchdog makes it fail (exit 1)."""
     address = f"127.0.0.1:{free_port()}"
-    head = start_sim("--nnodes", "2", "--node-rank", "0", "--dist-init-addr", address)
+    patient = {"rendezvous_timeout_s": STATE_WAIT_S}  # node 1's start, however slow, is never raced
+    head = start_sim("--nnodes", "2", "--node-rank", "0", "--dist-init-addr", address, config=patient)
     host, port = address.split(":")
     while True:  # node 0 listens once it has begun distributed init
         assert head.process.poll() is None, head.log.read_text()
@@ -265,7 +267,7 @@ def test_node_0_of_two_waits_for_rank_1_at_dist_init_addr_and_a_dead_rank_fails_
             time.sleep(0.05)
     assert "Load weight begin" not in head.log.read_text()
     assert http(head.base + "/health")[0] == "refused"
-    follower = start_sim("--nnodes", "2", "--node-rank", "1", "--dist-init-addr", address)
+    follower = start_sim("--nnodes", "2", "--node-rank", "1", "--dist-init-addr", address, config=patient)
     assert head.wait_states("/health")[-1] == 200
     while "node rank 0 serves HTTP" not in follower.log.read_text():
         assert follower.process.poll() is None, follower.log.read_text()
@@ -273,14 +275,14 @@ def test_node_0_of_two_waits_for_rank_1_at_dist_init_addr_and_a_dead_rank_fails_
     assert "2 of 2 nodes joined (node rank 1)" in follower.log.read_text()
     assert http(follower.base + "/health")[0] == "refused"
     follower.process.kill()
-    assert head.process.wait(timeout=60) == 1
+    assert head.process.wait(timeout=STATE_WAIT_S) == 1
     assert "Watchdog caught collective operation timeout" in head.log.read_text()
 
 
 def test_node_0_alone_times_out_at_the_rendezvous_with_torchs_message(start_sim) -> None:
     head = start_sim("--nnodes", "2", "--node-rank", "0", "--dist-init-addr", f"127.0.0.1:{free_port()}",
                      config={"rendezvous_timeout_s": 0.5})
-    assert head.process.wait(timeout=60) == 1
+    assert head.process.wait(timeout=STATE_WAIT_S) == 1
     assert "torch.distributed.DistStoreError: Timed out after 0 seconds waiting for clients. 1/2 clients joined." \
         in head.log.read_text()
 
@@ -292,5 +294,5 @@ def test_both_nodes_stopped_together_exit_0(start_sim) -> None:
     nodes[0].wait_states("/health")
     for node in nodes:
         node.process.send_signal(signal.SIGTERM)
-    assert [node.process.wait(timeout=60) for node in nodes] == [0, 0]
+    assert [node.process.wait(timeout=STATE_WAIT_S) for node in nodes] == [0, 0]
     assert not any("Watchdog" in node.log.read_text() for node in nodes)
