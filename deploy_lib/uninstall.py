@@ -21,6 +21,7 @@ from deploy_lib.store import (
     StoreLayout,
     host_lock,
     read_store_facts,
+    release_quietly,
     take_lock,
     this_process_owner,
 )
@@ -87,10 +88,14 @@ def uninstall(target: Target, service: str, remote: Remote, state_dir: Path, now
     for record in facts.store.releases:
         (copy / f"{record.id}.{RELEASE_FILE}").write_text(json.dumps(record.metadata, indent=2) + "\n")
     foreign_unit = not ours(layout, facts) and (facts.unit_link is not None or facts.unit.load_state == "loaded")
-    take_lock(remote, layout, this_process_owner("uninstall", now or datetime.now(UTC)),
-              LockContext(where=target.host.name))
+    owner = this_process_owner("uninstall", now or datetime.now(UTC))
+    take_lock(remote, layout, owner, LockContext(where=target.host.name))
     if before_stop is not None and not foreign_unit:
-        before_stop()
+        try:
+            before_stop()
+        except BaseException:  # nothing was removed: the lock goes, as any command's does
+            release_quietly(remote, layout, owner)
+            raise
     remote.run(removal_steps(layout, remove_unit=not foreign_unit))  # removing the store removes the lock too
     store = f"{layout.base} ({len(facts.store.releases)} releases, managed venvs, caches, history)"
     return Uninstalled(host=target.host.name, service=service,

@@ -550,3 +550,20 @@ def test_uninstalling_a_replica_whose_unit_the_tool_did_not_make_leaves_it_servi
                   lambda drain: uninstall(target(), "sglang", host, tmp_path / "state", before_stop=drain),
                   leaves_out="uninstalled")
     assert config_of(router) == [] and front.connect.opened == 0  # type: ignore[attr-defined]
+
+
+def test_an_uninstall_whose_drain_the_router_refuses_removes_nothing_and_releases_the_hosts_lock(
+        tmp_path: Path) -> None:
+    """The router answers an error to the removal: exit 10 with the router's words, the replica's unit and store
+    stay as they were, and the host's lock is released (failed before: the lock was left held, so every later
+    command on the host was refused until `invoke unlock`)."""
+    from deploy_lib.uninstall import uninstall
+    host = installed_replica(f"{StoreLayout('sglang').current}/sglang.service")
+    router = answering(remove={"error": "DELETE /workers/x answered 500: boom"})
+    with pytest.raises(RouterFailed, match=r"taking http://192\.0\.2\.10:8000 out: DELETE"):
+        behind_router(front_of(tmp_path, router), target(), "sglang", host, RecordingProgress(),
+                      lambda drain: uninstall(target(), "sglang", host, tmp_path / "state", before_stop=drain),
+                      leaves_out="uninstalled")
+    names = host.ran_names()
+    assert not any(name.startswith("uninstall: ") and name != "uninstall: read history" for name in names)
+    assert names.index(store.LOCK_TAKE) < names.index("lock: release")

@@ -216,12 +216,12 @@ def holding_lock(remote: Remote, layout: StoreLayout, owner: LockOwner, context:
     try:
         take_lock(remote, layout, owner, context)
     except KeyboardInterrupt:  # the host may have taken it before the interrupt reached this process
-        _release_quietly(remote, layout, owner)
+        release_quietly(remote, layout, owner)
         raise
     try:
         yield owner
     except BaseException:
-        _release_quietly(remote, layout, owner)
+        release_quietly(remote, layout, owner)
         raise
     try:
         remote.run(release_lock(layout, owner))
@@ -236,7 +236,7 @@ def no_longer_ours(where: str) -> LockHeld:
                     "by someone else?); it was left in place", hint="`invoke unlock` shows who holds it now")
 
 
-def _release_quietly(remote: Remote, layout: StoreLayout, owner: LockOwner) -> None:
+def release_quietly(remote: Remote, layout: StoreLayout, owner: LockOwner) -> None:
     try:
         remote.run(release_lock(layout, owner))
     except DeployError:
@@ -361,7 +361,7 @@ class LockOnFirstChange:
         """Release the lock if this command took it and it is still ours; an error here would hide the real one."""
         if self.taken and not self.released:
             self.released = True
-            _release_quietly(self.inner, self.layout, self.owner)
+            release_quietly(self.inner, self.layout, self.owner)
 
 
 @contextmanager
