@@ -91,6 +91,10 @@ class ModelRig:
     def serving(self) -> bool:
         return self.root("systemctl is-active sglang.service || true").strip() == "active"
 
+    def running(self, what: str) -> list[str]:
+        """The running server's `cmdline` or `environ` from /proc: what the unit's launcher exec'd."""
+        return self.root(f"cat /proc/$(systemctl show -p MainPID --value sglang.service)/{what}").split("\0")
+
     def snapshot(self, commit: str) -> set[str]:
         return set(self.root(f"ls {CACHE}/snapshots/{commit} 2>/dev/null || true").split())
 
@@ -142,10 +146,9 @@ def test_first_stage_downloads_the_files_the_server_loads_then_a_redeploy_is_one
     assert rig.snapshot(commit) == {"config.json", "tokenizer_config.json", "model.safetensors.index.json",
                                     "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"}
     assert "model" in outcome.timings and progress.of_kind("transfer")
-    unit = rig.root("systemctl cat sglang.service")
-    assert f"--revision {commit}" in unit and f"--model-path {REPO_ID}" in unit
-    environ = rig.root("cat /proc/$(systemctl show -p MainPID --value sglang.service)/environ | tr '\\0' '\\n'")
-    assert "HF_HUB_OFFLINE=1" in environ.splitlines()
+    argv = rig.running("cmdline")
+    assert argv[argv.index("--revision") + 1] == commit and argv[argv.index("--model-path") + 1] == REPO_ID
+    assert "HF_HUB_OFFLINE=1" in rig.running("environ")
     again = rig.deploy("tiny")
     assert again.action == "unchanged" and "model" not in again.timings
     # the model's plan shares the facts' round trip, and nothing is staged
@@ -249,8 +252,8 @@ def test_an_rsync_source_is_pushed_into_a_version_directory_and_only_changed_fil
     first = rig.deploy("pushed")
     assert first.action == "deployed" and first.plan is not None and rig.serving()
     version = first.plan.release.model["path"]
-    assert version.startswith("/srv/models/tiny/") and f"--model-path {version}" in rig.root(
-        "systemctl cat sglang.service")
+    argv = rig.running("cmdline")
+    assert version.startswith("/srv/models/tiny/") and argv[argv.index("--model-path") + 1] == version
     assert set(rig.root(f"ls {version}").split()) == {p.name for p in local.iterdir()}
     shard = hub.safetensors("layer1.weight", 5000, seed=9)
     (local / "model-00002-of-00002.safetensors").write_bytes(shard)
