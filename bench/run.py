@@ -293,7 +293,7 @@ def no_op_parts(rig: Rig, pycache: Path) -> ProcessParts:
 class ChangedRun:
     total_s: float
     before_restart_s: float  # command start -> restart issued (profile, connect, facts, stage, switch)
-    restart_to_job_s: float  # restart batch sent -> systemd's first job message (daemon-reload, enable first)
+    restart_to_job_s: float  # restart batch sent -> systemd's first job message (enable, any daemon-reload first)
     server_start_s: float   # restart instant -> "fired up" (the journal's clock)
     ready_noticed_s: float  # "fired up" -> the ladder's Ready verdict
     generation_s: float     # of it, the server answering the ladder's one real generation (the probe's own clock)
@@ -301,6 +301,7 @@ class ChangedRun:
     ladder_to_return_s: float  # ladder returned -> deploy returned (history, prune, close)
     round_trips: int
     phases: dict[str, float]
+    daemon_reloads: int  # `systemctl daemon-reload` steps sent (none: systemd held the release's unit text)
 
     @property
     def tool_s(self) -> float:
@@ -328,7 +329,8 @@ def changed_deploy(rig: Rig, profile: str) -> ChangedRun:
                                                                              .generation) else 0.0,
                       grace_s=progress.first("done", "readiness: grace", noticed) - noticed,
                       ladder_to_return_s=returned - ladder_returned, round_trips=remote.inner.round_trips,
-                      phases=dict(outcome.timings))
+                      phases=dict(outcome.timings),
+                      daemon_reloads=sum(batch.names.count("systemd: daemon-reload") for batch in remote.batches))
 
 
 @dataclass(frozen=True)
@@ -459,7 +461,7 @@ def deploy_figures(no_ops: Sequence[NoOpRun], processes: Sequence[ProcessRun], p
                        [run.tool_s - run.grace_s for run in changed], 1.0),
         seconds_figure("  - before the restart (connect, facts, stage, switch)",
                        [run.before_restart_s for run in changed], None),
-        seconds_figure("  - restart sent -> systemd's job starts (daemon-reload, enable)",
+        seconds_figure("  - restart sent -> systemd's job starts (enable; daemon-reload only for another unit text)",
                        [run.restart_to_job_s for run in changed], None),
         seconds_figure("  - readiness noticed (fired up -> Ready verdict)", [run.ready_noticed_s for run in changed],
                        0.3),
@@ -470,6 +472,9 @@ def deploy_figures(no_ops: Sequence[NoOpRun], processes: Sequence[ProcessRun], p
                        [run.ladder_to_return_s for run in changed], None),
         Figure("  phases (Outcome.timings)", " ".join(f"{name} {value:.2f}" for name, value in phases.items()),
                len(changed), f"{statistics.median(run.round_trips for run in changed):g} round trips", None),
+        Figure("  systemctl daemon-reload sent (env changed, same unit settings)",
+               str(max(run.daemon_reloads for run in changed)), len(changed), "0",
+               all(run.daemon_reloads == 0 for run in changed)),
         seconds_figure("crash noticed (process exit -> ladder raised)", [run.noticed_s for run in crashes], 1.0),
         seconds_figure("rollback, total (ladder raised -> rolled back)", [run.rollback_s for run in crashes], None),
         seconds_figure("  previous release's start (restart -> fired up)", [run.previous_start_s for run in crashes],
