@@ -61,7 +61,7 @@ class UnitSpec:
     group: str | None
     working_directory: str
     environment_file: str
-    exec_argv: tuple[str, ...]  # argv[0] is the absolute path of the venv's python
+    exec_argv: tuple[str, ...]  # argv[0] absolute: a server unit runs its launcher, the router the venv's python
     timeout_start_s: int
     timeout_stop_s: int
     restart: RestartPolicy
