@@ -338,11 +338,12 @@ class CrashRun:
     noticed_s: float         # process exit (journal) -> the ladder raised
     rollback_s: float        # the ladder raised -> deploy raised "rolled back"
     previous_start_s: float  # the rollback's restart instant -> "fired up" of the previous release
+    grace_s: float           # the restored release's grace window after Ready, as any start's
 
 
 def crash_and_roll_back(rig: Rig) -> CrashRun:
     cursor = rig.journal.cursor()
-    with rig.command(CRASH_PROFILE) as (remote, _progress, deploy):
+    with rig.command(CRASH_PROFILE) as (remote, progress, deploy):
         try:
             deploy()
         except ReadinessFailed as failure:
@@ -355,8 +356,10 @@ def crash_and_roll_back(rig: Rig) -> CrashRun:
     exited = exit_instant(entries, crash_restart.started)
     ladder_raised = remote.after_ladder(crash_restart).started
     restarted = restart_instant(entries, rollback_restart.started)
+    restored_ready = progress.first("done", "readiness: generate", rollback_restart.ended)
     return CrashRun(noticed_s=ladder_raised - exited, rollback_s=raised - ladder_raised,
-                    previous_start_s=ready_instant(entries, restarted) - restarted)
+                    previous_start_s=ready_instant(entries, restarted) - restarted,
+                    grace_s=progress.first("done", "readiness: grace", restored_ready) - restored_ready)
 
 
 @dataclass(frozen=True)
@@ -456,7 +459,9 @@ def deploy_figures(no_ops: Sequence[NoOpRun], processes: Sequence[ProcessRun], p
         *process_figures(processes, parts),
         seconds_figure("changed deploy, total", [run.total_s for run in changed], None),
         seconds_figure("  server's own start (restart -> fired up)", [run.server_start_s for run in changed], None),
-        seconds_figure("  tool's own time (total - server start)", [run.tool_s for run in changed], 2.0),
+        # the grace window is a policy's wait (GRACE_S), not the tool's overhead: targets judge the time around it
+        seconds_figure("  tool's own time (total - server start), the grace window included",
+                       [run.tool_s for run in changed], None),
         seconds_figure("  tool's own time without the grace window",
                        [run.tool_s - run.grace_s for run in changed], 1.0),
         seconds_figure("  - before the restart (connect, facts, stage, switch)",
@@ -479,8 +484,13 @@ def deploy_figures(no_ops: Sequence[NoOpRun], processes: Sequence[ProcessRun], p
         seconds_figure("rollback, total (ladder raised -> rolled back)", [run.rollback_s for run in crashes], None),
         seconds_figure("  previous release's start (restart -> fired up)", [run.previous_start_s for run in crashes],
                        None),
-        seconds_figure("  rollback minus the previous release's start",
-                       [run.rollback_s - run.previous_start_s for run in crashes], 2.0, "start + <= 2 s"),
+        seconds_figure("  rollback minus the previous release's start", [run.rollback_s - run.previous_start_s
+                                                                         for run in crashes], None),
+        seconds_figure("  - of it the restored release's grace window after Ready", [run.grace_s for run in crashes],
+                       None),
+        seconds_figure("  rollback minus the previous release's start and the grace window",
+                       [run.rollback_s - run.previous_start_s - run.grace_s for run in crashes], 1.0,
+                       "start + grace + <= 1 s"),
         long_step_figure(long_steps),
     ]
 
