@@ -26,6 +26,9 @@ from sandbox import wheelhouse
 pytestmark = pytest.mark.wheels
 
 SHORT_PHASES = {"init": 0.1, "weights": 0.8, "kv_cache": 0.1, "cuda_graph": 0.2, "warmup": 0.6}
+# a request the tests watch in flight: 60 tokens last 3.6 s at the sim's one-request rate (16.8 tok/s; fused 4.5), long
+# enough for a poller on a loaded machine to see it; a poller that misses it fails the test, it never waits for ever
+IN_FLIGHT_TOKENS = 60
 
 
 def free_port() -> int:
@@ -155,20 +158,21 @@ def test_sigterm_finishes_the_request_in_flight_then_exits_0(start_sim) -> None:
     sim = start_sim("--enable-metrics")
     sim.wait_states("/health")
     result: dict[str, tuple[int | str, bytes]] = {}
-    generate = {"text": "hi", "sampling_params": {"max_new_tokens": 20}}
+    generate = {"text": "hi", "sampling_params": {"max_new_tokens": IN_FLIGHT_TOKENS}}
 
     def request() -> None:
         result["generate"] = http(sim.base + "/generate", body=generate)
 
     worker = threading.Thread(target=request)
     worker.start()
-    while running_requests(sim) == 0:  # in flight: the sim counts it (a fixed sleep raced a busy machine)
+    while running_requests(sim) == 0 and worker.is_alive():  # in flight: the sim counts it (not a fixed sleep)
         time.sleep(0.02)
+    assert worker.is_alive(), "the request ended before it was seen in flight"
     sim.process.send_signal(signal.SIGTERM)
     worker.join(timeout=30)
     assert sim.process.wait(timeout=STATE_WAIT_S) == 0
     status, body = result["generate"]
-    assert status == 200 and json.loads(body)["meta_info"]["completion_tokens"] == 20
+    assert status == 200 and json.loads(body)["meta_info"]["completion_tokens"] == IN_FLIGHT_TOKENS
     assert http(sim.base + "/health")[0] == "refused"
 
 
@@ -184,7 +188,7 @@ def test_v1_loads_counts_the_requests_in_flight_as_sglangs_does(start_sim) -> No
 
     assert in_flight() == 0
     worker = threading.Thread(target=http, args=(sim.base + "/generate",),
-                              kwargs={"body": {"text": "hi", "sampling_params": {"max_new_tokens": 20}}})
+                              kwargs={"body": {"text": "hi", "sampling_params": {"max_new_tokens": IN_FLIGHT_TOKENS}}})
     worker.start()
     seen = 0
     while seen == 0 and worker.is_alive():  # until the request is seen in flight (or it is over, unseen)
@@ -207,14 +211,15 @@ def running_requests(sim: RunningSim) -> float:
 def generation_rate_during_one_request(sim: RunningSim) -> float:
     """sglang:gen_throughput while a single long request is generating (the model's rate, not a timing)."""
     worker = threading.Thread(target=http, args=(sim.base + "/generate",),
-                              kwargs={"body": {"text": "x", "sampling_params": {"max_new_tokens": 5}}})
+                              kwargs={"body": {"text": "x", "sampling_params": {"max_new_tokens": IN_FLIGHT_TOKENS}}})
     worker.start()
     try:
-        while True:
+        while worker.is_alive():
             values = gauges(sim)
             if values["sglang:num_running_reqs"] == 1:
                 return values["sglang:gen_throughput"]
             time.sleep(0.02)
+        raise AssertionError("the request ended before it was seen generating")
     finally:
         worker.join(timeout=60)
 
