@@ -206,8 +206,8 @@ def unit_held(layout: StoreLayout, facts: HostFacts, release_id: str, unit_diges
 
     The digest decides because NeedDaemonReload alone compares mtimes (systemd src/core/unit.c
     fragment_mtime_newer) and would miss a switch to an older file of another text; drift (a hand edit) reloads. The
-    caller adds what the facts
-    cannot say here: no unit file rewritten by this deploy (a repair, a damaged release staged again)."""
+    caller adds what the facts cannot say here: no unit file rewritten by this deploy (a repair, a damaged release
+    staged again)."""
     current = facts.store.current
     times = facts.unit_times
     not_newer = linked or release_id == current or (
