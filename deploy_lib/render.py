@@ -24,7 +24,7 @@ from functools import cache
 from typing import TYPE_CHECKING
 
 from deploy_lib.bundled import TEMPLATES_DIR
-from deploy_lib.digests import sha256_text
+from deploy_lib.digests import HASH_CHARS, short_hash
 from deploy_lib.errors import ConfigError
 from deploy_lib.profile import RestartPolicy
 
@@ -35,7 +35,7 @@ UNIT_TEMPLATE = "sglang.service.j2"
 ENV_TEMPLATE = "sglang.env.j2"
 LAUNCHER_TEMPLATE = "sglang-launch.j2"
 # The digest of a unit's own text, as render_digested_unit appends it to Description= (systemctl show reads it back).
-UNIT_DIGEST = re.compile(r"\(unit ([0-9a-f]{16})\)$")
+UNIT_DIGEST = re.compile(rf"\(unit ([0-9a-f]{{{HASH_CHARS}}})\)$")
 REDACTED = "<redacted>"
 
 # Linux refuses an exec whose single argument or environment string exceeds MAX_ARG_STRLEN (32 pages).
@@ -242,15 +242,10 @@ def render_unit(spec: UnitSpec) -> str:
     return _templates().get_template(UNIT_TEMPLATE).render(spec=spec, exec_lines=_exec_lines(tuple(spec.exec_argv)))
 
 
-def unit_digest(text: str) -> str:
-    """What Description= carries of a unit's text: equal digests, equal unit files."""
-    return sha256_text(text)[:16]
-
-
 def render_digested_unit(spec: UnitSpec) -> str:
     """The unit with the digest of its text (rendered without it) at the end of Description=: `systemctl show -p
     Description` then tells which unit text systemd holds (loaded_unit_digest), whatever file it came from."""
-    return render_unit(replace(spec, description=f"{spec.description} (unit {unit_digest(render_unit(spec))})"))
+    return render_unit(replace(spec, description=f"{spec.description} (unit {short_hash(render_unit(spec))})"))
 
 
 def loaded_unit_digest(description: str) -> str | None:

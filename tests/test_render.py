@@ -20,6 +20,7 @@ import pytest
 from launcher_run import argv_printer, launched_argv
 from systemd_syntax import exec_start_argv, parse_env_file, parse_exec, parse_unit_file
 
+from deploy_lib.digests import short_hash
 from deploy_lib.errors import ConfigError
 from deploy_lib.render import (
     MAX_ARG_BYTES,
@@ -33,7 +34,6 @@ from deploy_lib.render import (
     render_unit,
     systemd_env_value,
     systemd_exec_arg,
-    unit_digest,
     unit_digest_of,
 )
 
@@ -357,9 +357,9 @@ def test_the_unit_carries_the_digest_of_its_own_text() -> None:
     """Equal unit settings, equal text and digest; one setting changed, another digest."""
     spec = unit_spec(("/opt/sglang-deploy/sglang/current/launch",))
     text = render_digested_unit(spec)
-    assert unit_digest_of(text) == unit_digest(render_unit(spec))
+    assert unit_digest_of(text) == short_hash(render_unit(spec))
     assert parse_unit_file(text).values("Unit", "Description") == (
-        f"SGLang glm-5 (release abc123) (unit {unit_digest(render_unit(spec))})",)
+        f"SGLang glm-5 (release abc123) (unit {short_hash(render_unit(spec))})",)
     assert render_digested_unit(replace(spec)) == text
     assert unit_digest_of(render_digested_unit(replace(spec, timeout_stop_s=121))) != unit_digest_of(text)
     assert unit_digest_of(render_unit(spec)) is None
