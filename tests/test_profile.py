@@ -75,7 +75,7 @@ def test_bad_profile_is_refused_naming_file_key_and_allowed_values(path: Path, t
         load_profile(corpus, path.stem)
     message = str(caught.value)
     assert expected_message(path) in message
-    assert str(corpus / path.name) in message or str(corpus) in message
+    assert str(corpus / path.name) in message
     assert tree_snapshot(tmp_path) == before, "loading a bad profile must write nothing"
 
 

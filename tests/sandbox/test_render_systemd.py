@@ -47,13 +47,9 @@ HOSTILE_ENV = {f"AWKWARD_{index}": value for index, value in enumerate(HOSTILE) 
 
 
 @pytest.fixture
-def guest(request: pytest.FixtureRequest) -> Iterator[Remote]:
-    try:
-        remote: Remote = request.getfixturevalue("sandbox_ssh")
-    except pytest.FixtureLookupError:
-        pytest.skip("fixture sandbox_ssh (tests/sandbox/conftest.py) is not provided yet")
-    yield remote
-    remote.run([
+def guest(sandbox_ssh: Remote) -> Iterator[Remote]:
+    yield sandbox_ssh
+    sandbox_ssh.run([
         Step("remove test unit", ("rm", "-rf", f"/etc/systemd/system/{UNIT_NAME}", str(WORK_DIR)), sudo=True),
         Step("daemon-reload", ("systemctl", "daemon-reload"), sudo=True),
     ])
