@@ -51,7 +51,7 @@ BASE_RUNS = 2  # the base's repeated runs give the noise a winner must beat
 
 @dataclass(frozen=True)
 class Request:
-    spec: TuneSpec
+    spec: TuneSpec | None                    # None: a resumed sweep's own, from history
     sources: Mapping[str, str]               # where each varied key was given, for errors
     patch_sets: tuple[PatchSet, ...] = ()
     environ: Mapping[str, str] = field(default_factory=dict)
@@ -116,6 +116,7 @@ class _Sweep:
 
     def serving(self) -> str | None:
         self.store = read_store_facts(self.remote, self.layout)
+        self.written = []  # the host's history holds them now
         return self.store.current
 
     def switch(self, release_id: str) -> None:
@@ -157,6 +158,9 @@ def tune(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progre
                               f"resume it with --profile {done.profile}")
         spec, original = done.spec, done.original
         sources = {key: f"sweep {request.resume}: vary.{key}" for key in spec.vary}
+    if spec is None:
+        raise ConfigError("tune needs something to vary: --vary KEY=V1,V2,... or --spec tune/NAME.yaml",
+                          "or --resume TUNE_ID to finish a sweep")
     sweep = build_sweep(loaded, spec, sources, request.patch_sets, host)
     if request.dry_run:
         base = store.release(current)
@@ -243,7 +247,7 @@ def _candidate(run: _Sweep, candidate: Candidate, host: HostView) -> bool:
         run.record(run_line(run.tune, CANDIDATE, candidate.label, _failed_tags(run), datetime.now(UTC), None,
                             decide.Score(None, False), cause=failed.message.splitlines()[0], changes=changes))
         return False
-    run.metadata[release_id] = metadata
+    run.metadata[release_id] = {**metadata, "tags": tags.as_dict()}  # as release.json holds it
     result, score = run.benchmark(release_id)
     run.record(run_line(run.tune, CANDIDATE, candidate.label, tags, datetime.now(UTC), result, score,
                         changes=changes))
