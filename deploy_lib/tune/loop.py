@@ -20,6 +20,7 @@ from deploy_lib.errors import ConfigError, DeployError, Interrupted, PreflightEr
 from deploy_lib.facts import read_host_facts
 from deploy_lib.interrupts import interrupted, signals_raise
 from deploy_lib.patches import PatchSet
+from deploy_lib.patches.profiles import base_profile
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
@@ -218,7 +219,7 @@ def _deploy(run: _Sweep, candidate: Candidate) -> tuple[str, Mapping[str, Any], 
     if candidate.patch_set is None:
         outcome = deploy_release(candidate.loaded, run.target, run.remote, run.progress, options)
     else:
-        from deploy_lib.patches.on_host import base_profile, enable
+        from deploy_lib.patches.on_host import enable  # loads only for a sweep over patch sets
 
         base = base_profile(candidate.loaded, candidate.patch_set)
         outcome = enable(run.remote, candidate.patch_set, base, candidate.loaded, run.target, run.progress,

@@ -11,6 +11,7 @@ from typing import Any
 
 from deploy_lib.errors import ConfigError, PreflightError, did_you_mean
 from deploy_lib.patches import FLASHINFER, PatchSet, refuse_unless_applicable, select_variants
+from deploy_lib.patches.profiles import patched_profile
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.profile.overrides import with_overrides
 from deploy_lib.release import Change, build_release, diff_releases
@@ -131,8 +132,6 @@ def _refusal(candidate: Candidate, host: HostView | None) -> str | None:
 def build_sweep(base: LoadedProfile, spec: TuneSpec, sources: Mapping[str, str], known: Sequence[PatchSet],
                 host: HostView | None) -> Sweep:
     """The grid's candidates over `base` (in the order the keys and values were given), those refused, the bench."""
-    from deploy_lib.patches.on_host import patched_profile
-
     _check_values(base, spec, sources, known)
     candidates: list[Candidate] = []
     skipped: list[Skipped] = []
