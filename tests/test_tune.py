@@ -289,3 +289,18 @@ def test_a_sweep_reads_back_from_history_lines_as_the_same_table() -> None:
         read_tune(again, "t2")
     assert "sweeps on the host: t1" in (caught.value.hint or "")
     assert again[-1].outcome == FAILED and again[-1].event == "tune"
+
+
+def test_the_tune_task_refuses_a_bad_vary_with_exit_2_before_any_connection(capsys: pytest.CaptureFixture[str]
+                                                                           ) -> None:
+    """Input tried: `invoke tune --vary memory.max_running_request=64` (a misspelt key), no host reachable."""
+    from invoke import Collection, Program
+
+    from deploy_cli import tune_task
+
+    program = Program(namespace=Collection(tune=tune_task.collection))
+    with pytest.raises(SystemExit) as ended:
+        program.run(["invoke", "tune", "--profile", "glm5-nvfp4", "--vary", "memory.max_running_request=64",
+                     "--dry-run"])
+    assert ended.value.code == 2
+    assert "memory.max_running_request: unknown key; did you mean `max_running_requests`" in capsys.readouterr().err

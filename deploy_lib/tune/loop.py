@@ -45,7 +45,7 @@ from deploy_lib.tune.record import (
     tune_line,
 )
 from deploy_lib.tune.spec import Keep, Objective, TuneSpec
-from deploy_lib.tune.sweep import Candidate, HostView, Sweep, build_sweep, differences
+from deploy_lib.tune.sweep import Candidate, HostView, Sweep, build_sweep, check_values, differences
 
 BASE_RUNS = 2  # the base's repeated runs give the noise a winner must beat
 
@@ -149,7 +149,10 @@ def _host_view(remote: Remote, target: Target, loaded: LoadedProfile) -> tuple[S
 
 def tune(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progress, request: Request,
          clock: Callable[[], float] = time.monotonic) -> TuneReport | Planned:
-    """Run (or, dry, plan) the sweep of `request` over `loaded` on one host; the table, read back from history."""
+    """Run (or, dry, plan) the sweep of `request` over `loaded` on one host; the table, read back from history.
+    A key or value the profile refuses is a ConfigError before the host is read."""
+    if request.spec is not None:
+        check_values(loaded, request.spec, request.sources, request.patch_sets)
     store, host, current = _host_view(remote, target, loaded)
     spec, sources, original = request.spec, request.sources, current
     if request.resume is not None:

@@ -75,7 +75,7 @@ def _patch_set(name: Value, known: Sequence[PatchSet], source: str) -> PatchSet 
     return found
 
 
-def _check_values(base: LoadedProfile, spec: TuneSpec, sources: Mapping[str, str], known: Sequence[PatchSet]) -> None:
+def check_values(base: LoadedProfile, spec: TuneSpec, sources: Mapping[str, str], known: Sequence[PatchSet]) -> None:
     """Each value alone on the base profile: an unknown key or a bad value is the user's error, not a skip."""
     for key, values in spec.vary.items():
         for value in values:
@@ -132,7 +132,7 @@ def _refusal(candidate: Candidate, host: HostView | None) -> str | None:
 def build_sweep(base: LoadedProfile, spec: TuneSpec, sources: Mapping[str, str], known: Sequence[PatchSet],
                 host: HostView | None) -> Sweep:
     """The grid's candidates over `base` (in the order the keys and values were given), those refused, the bench."""
-    _check_values(base, spec, sources, known)
+    check_values(base, spec, sources, known)
     candidates: list[Candidate] = []
     skipped: list[Skipped] = []
     keys = list(spec.vary)
