@@ -75,6 +75,8 @@ def test_a_vary_key_or_value_the_profile_refuses_names_the_option_and_the_key() 
         sweep_of("memory.max_running_requests=64,many")
     with pytest.raises(ConfigError, match=r"model\.path is a value, not a section"):
         sweep_of("model.path.x=1")
+    with pytest.raises(ConfigError, match=r"model.path: model path may contain letters, digits"):
+        sweep_of("model.path=glm; rm -rf /")
     with pytest.raises(ConfigError, match=r"--vary patches=none,fusion-sm12: patches: 'fusion-sm12' is not a patch "
                                           r"set; did you mean `fusion-sm120`"):
         sweep_of("patches=none,fusion-sm12")
@@ -304,3 +306,12 @@ def test_the_tune_task_refuses_a_bad_vary_with_exit_2_before_any_connection(caps
                      "--dry-run"])
     assert ended.value.code == 2
     assert "memory.max_running_request: unknown key; did you mean `max_running_requests`" in capsys.readouterr().err
+
+
+def test_the_spec_files_of_the_repo_are_valid_sweeps() -> None:
+    specs = sorted((PROJECT.root / "tune").glob("*.yaml"))
+    assert specs
+    for path in specs:
+        spec, sources = sweep_spec(path, [])
+        sweep = build_sweep(BASE_PROFILE, spec, sources, PATCH_SETS, host())
+        assert sweep.candidates, path

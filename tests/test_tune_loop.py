@@ -14,6 +14,7 @@ from test_deploy_plan import PROJECT, options_accepting, target
 from test_rollback import DEAD, READY, ScriptedHost, a_host
 from test_store import release_entries
 
+from deploy_cli import jsonable
 from deploy_lib import facts as host_facts
 from deploy_lib import store
 from deploy_lib.errors import Interrupted
@@ -23,6 +24,7 @@ from deploy_lib.release import build_release
 from deploy_lib.remote import OutputLine, Put, Step, StepResult
 from deploy_lib.store import StoreLayout
 from deploy_lib.throughput import STEP_BENCH_MODULE
+from deploy_lib.throughput.history import throughput_by_release
 from deploy_lib.tune import Planned, Request, TuneReport, show, sweep_spec, tune
 from deploy_lib.tune.loop import BASE_RUNS
 from deploy_lib.versions import BENCH_MODULES
@@ -54,6 +56,7 @@ class SweepHost(ScriptedHost):
                 break
         self.lines = [line for line in self._history_text().splitlines(keepends=True)]
         self.interrupt_at: tuple[int, int] | None = None   # (max_running_requests, concurrency): Ctrl-C there, once
+        self.interrupt_start: int | None = None            # max_running_requests: SIGTERM while it starts, once
 
     def _history_text(self) -> str:
         rule = next(r for r in reversed(self._rules) if r.matches(Step(store.FACT_HISTORY, ("true",))))
@@ -86,6 +89,10 @@ class SweepHost(ScriptedHost):
                     self.interrupt_at = None
                     raise Interrupt(signal.SIGINT)
                 self.reply(f"bench: read c{level}.jsonl", stdout=self._jsonl(level), times=1)
+                watts = 100 + decode_rate(self.current_metadata()["profile"], level) / 25
+                self.reply("bench: read gpus.csv", times=1, stdout="".join(
+                    f"{i}, NVIDIA RTX PRO 6000 Blackwell Server Edition, GPU-{i}, 12.0, 97887, 90000, {watts:.2f}, "
+                    "600.00, 90, 580.95.05\n" for i in range(8)))
         results = super().run(batch, on_output)
         for step in batch:
             if isinstance(step, Put) and step.dest.name == store.RELEASE_FILE:
@@ -110,15 +117,19 @@ class SweepHost(ScriptedHost):
 
 
 class _Probes(dict):  # type: ignore[type-arg]
-    """Readiness: a release whose mem_fraction_static is 0.99 dies at start (SGLang's out of memory), others serve."""
+    """Readiness: a release whose mem_fraction_static is 0.99 dies at start (SGLang's out of memory), one whose
+    max_running_requests is `interrupt_start` gets Ctrl-C while it starts (once), the others serve."""
 
     def __init__(self, host: SweepHost) -> None:
         super().__init__()
         self.host = host
 
     def __missing__(self, release_id: str) -> list[object]:
-        profile = self.host.releases[release_id]["profile"]
-        return [DEAD] if profile["memory"].get("mem_fraction_static") == 0.99 else [READY]
+        memory = self.host.releases[release_id]["profile"]["memory"]
+        if memory.get("max_running_requests") == self.host.interrupt_start:
+            self.host.interrupt_start = None
+            return [Interrupt(signal.SIGTERM), READY]
+        return [DEAD] if memory.get("mem_fraction_static") == 0.99 else [READY]
 
 
 def sglang_knowing_every_flag(host: SweepHost, *profiles: LoadedProfile) -> None:
@@ -185,6 +196,10 @@ def test_a_sweep_deploys_each_candidate_keeps_the_winner_and_records_every_run()
     assert roles == ["start", "base", "base", "candidate", "candidate", "candidate", "end"]
     assert {line["tune"]["id"] for line in host.tune_lines()} == {report.tune_id}
     assert show(host, target(), "sglang", report.tune_id) == report, "tune.show reads the same table back"
+    assert fast.power.startswith("250 W mean") and fast.power.endswith("of 600 W"), "GPU power per candidate"
+    assert "3,738 tok/s @1024" in throughput_by_release(store.read_store_facts(host, LAYOUT).history)[fast.release_id]
+    as_json = json.loads(json.dumps(jsonable(report)))
+    assert as_json["winner"] == report.winner and as_json["rows"][2]["levels"][1]["concurrency"] == 1024
     deploys = [json.loads(line) for line in host.lines if json.loads(line)["event"] == "deploy"]
     assert [d["outcome"] for d in deploys][-3:] == ["healthy"] * 3, "each candidate a release like any other"
 
@@ -252,3 +267,16 @@ def test_the_top_two_within_the_noise_are_benchmarked_once_more_before_the_winne
     assert report.winner is not None and host.current == report.serving
     notes = [text for kind, text in host.progress.events if kind == "note"]
     assert any("are within the noise" in str(text) for text in notes)
+
+
+def test_a_signal_while_a_candidate_starts_finishes_the_switch_back_then_the_best_serves() -> None:
+    """Input tried: SIGTERM during the readiness ladder of the third candidate (max_running_requests=1024)."""
+    host = a_sweep_host(*MRR)
+    host.interrupt_start = 1024
+    with pytest.raises(Interrupted, match=r"interrupted: release \S+ is serving") as caught:
+        sweep(host, request(*MRR))
+    assert caught.value.exit_code == 143, "SIGTERM's exit code, through the engine's own transition"
+    best = next(line["release"] for line in host.tune_lines()
+                if line["tune"].get("candidate") == "memory.max_running_requests=256")
+    assert host.current == best
+    assert [line["tune"]["role"] for line in host.tune_lines()][-1] == "candidate", "the cut candidate is not recorded"

@@ -232,11 +232,13 @@ def _deploy(run: _Sweep, candidate: Candidate) -> tuple[str, Mapping[str, Any], 
     return outcome.release_id, release.metadata(), release_tags(run.target, release)
 
 
-def _failed_tags(run: _Sweep) -> Tags:
-    """The tags of the release the engine just recorded as failed (the store is read again), else the original's."""
+def _failed_tags(run: _Sweep, known: int) -> Tags | None:
+    """The tags of the release the engine recorded as failed after the first `known` history lines (the store is
+    read again); None when it recorded none (refused before anything was staged)."""
     run.serving()
-    failed = next((e for e in reversed(run.store.history) if e.event == "deploy" and e.outcome == FAILED), None)
-    return failed.tags if failed is not None else _tags(run.metadata[run.original])
+    failed = next((e for e in reversed(run.store.history[known:]) if e.event == "deploy" and e.outcome == FAILED),
+                  None)
+    return failed.tags if failed is not None else None
 
 
 def _candidate(run: _Sweep, candidate: Candidate, host: HostView) -> bool:
@@ -244,12 +246,15 @@ def _candidate(run: _Sweep, candidate: Candidate, host: HostView) -> bool:
     original = run.store.release(run.original)
     changes = [str(c) for c in differences(original.metadata if original else run.metadata[run.original],
                                            candidate, host)]
+    known = len(run.store.history)
     try:
         release_id, metadata, tags = _deploy(run, candidate)
     except (ReadinessFailed, PreflightError, ConfigError) as failed:  # diagnosed, rolled back, recorded by the engine
         run.progress.note(f"candidate {candidate.label} failed: {failed.message}")
-        run.record(run_line(run.tune, CANDIDATE, candidate.label, _failed_tags(run), datetime.now(UTC), None,
-                            decide.Score(None, False), cause=failed.message.splitlines()[0], changes=changes))
+        failed_tags = _failed_tags(run, known)
+        run.record(run_line(run.tune, CANDIDATE, candidate.label, failed_tags or _tags(run.metadata[run.original]),
+                            datetime.now(UTC), None, decide.Score(None, False), cause=failed.message.splitlines()[0],
+                            changes=changes, has_release=failed_tags is not None))
         return False
     run.metadata[release_id] = {**metadata, "tags": tags.as_dict()}  # as release.json holds it
     result, score = run.benchmark(release_id)

@@ -37,15 +37,17 @@ def start_line(tune: str, spec: TuneSpec, profile: str, tags: Tags, when: dateti
 
 
 def run_line(tune: str, role: str, label: str, tags: Tags, when: datetime, result: BenchResult | None, score: Score,
-             cause: str = "", changes: Sequence[str] = ()) -> HistoryEntry:
-    """One measured (or failed) run: healthy when it qualified (benchmarked, SLA met)."""
+             cause: str = "", changes: Sequence[str] = (), has_release: bool = True) -> HistoryEntry:
+    """One measured (or failed) run: healthy when it qualified (benchmarked, SLA met). Without `has_release` (refused
+    before it was staged) the tags are the pre-sweep release's and name no release of the candidate."""
     figures = dict(result.figures()) if result is not None else {}
     if score.value is not None:
         figures[OBJECTIVE_KEY] = round(score.value, 3)
     why = cause or "; ".join(score.misses)
     return tune_line(tune, role, tags, when, outcome=HEALTHY if score.qualifies else FAILED, cause=why,
                      label=label, figures=figures,
-                     extra={"sla_met": "yes" if score.sla_met else "no", "changes": "; ".join(changes)})
+                     extra={"sla_met": "yes" if score.sla_met else "no", "changes": "; ".join(changes),
+                            **({} if has_release else {"release": ""})})
 
 
 @dataclass(frozen=True)
