@@ -162,7 +162,7 @@ def test_the_ladder_is_clipped_to_the_prompts_and_to_the_largest_batch_any_candi
 
 def test_differences_are_shown_flag_by_flag_against_the_serving_release() -> None:
     on = host()
-    base = build_release(BASE_PROFILE, LAYOUT, "0.5.23", {}).metadata()
+    base = build_release(BASE_PROFILE, LAYOUT, "0.5.23", {}, flashinfer_version="0.7.2").metadata()
     sweep = sweep_of("memory.max_running_requests=64,1024", on=on)
     assert [str(c) for c in differences(base, sweep.candidates[0], on)] == [
         "~ flag --max-running-requests: 1024 -> 64"]
@@ -283,7 +283,7 @@ def test_a_sweep_reads_back_from_history_lines_as_the_same_table() -> None:
     assert report.base is not None and report.base.values == (3000.0, 3100.0)
     assert [(r.label, r.release_id, r.outcome, r.sla_met, r.values) for r in report.rows] == [
         ("memory.max_running_requests=64", "r64", "measured", True, (880.0,)),
-        ("memory.max_running_requests=1024", "r1k", "failed", False, ())]
+        ("memory.max_running_requests=1024", "r1k", "missed SLA", False, ())]
     assert report.rows[1].cause == "at 1024: p99 TTFT 4,000 ms > 3,000 ms"
     text = "\n".join(table_lines(report))
     assert "not finished: `invoke tune --resume t1`" in text and "3,740.0" in text

@@ -27,7 +27,7 @@ from deploy_lib.project import Target
 from deploy_lib.release import Change, resolve_secrets
 from deploy_lib.remote import Remote
 from deploy_lib.server_args import API_KEY_ENV
-from deploy_lib.store import FAILED, HistoryEntry, StoreFacts, Tags, append_history, read_store_facts
+from deploy_lib.store import FAILED, HistoryEntry, StoreFacts, StoreLayout, Tags, append_history, read_store_facts
 from deploy_lib.throughput import BenchResult, run_benchmark
 from deploy_lib.tune import decide
 from deploy_lib.tune.estimate import Estimate, estimate
@@ -94,7 +94,7 @@ class _Sweep:
     metadata: dict[str, Mapping[str, Any]] = field(default_factory=dict)   # release id -> release.json
 
     @property
-    def layout(self) -> Any:
+    def layout(self) -> StoreLayout:
         return self.target.layout(self.loaded.profile.service.name)
 
     @property

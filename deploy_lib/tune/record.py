@@ -17,6 +17,7 @@ from deploy_lib.tune.decide import Score, Standing
 from deploy_lib.tune.spec import TuneSpec
 
 START, BASE, CANDIDATE, RERUN, SKIPPED, END = "start", "base", "candidate", "rerun", "skipped", "end"
+MEASURED, MISSED_SLA, FAILED_RUN = "measured", "missed SLA", "failed"  # a row's outcome (or SKIPPED)
 OBJECTIVE_KEY = "tune.objective"  # the run's objective figure, beside the benchmark's own
 
 
@@ -56,7 +57,7 @@ class Row:
 
     label: str
     release_id: str | None
-    outcome: str                      # measured | failed | skipped
+    outcome: str                      # measured | missed SLA | failed | skipped
     sla_met: bool
     changes: str
     levels: tuple[LevelResult, ...]   # of the newest run
@@ -91,7 +92,8 @@ def _row(label: str, entries: Sequence[HistoryEntry]) -> Row:
     result = BenchResult.from_figures(newest.tags.release, newest.figures) if newest.figures else None
     values = tuple(e.figures[OBJECTIVE_KEY] for e in entries if e.outcome == HEALTHY and OBJECTIVE_KEY in e.figures)
     role = newest.tune.get("role")
-    outcome = SKIPPED if role == SKIPPED else "measured" if newest.outcome == HEALTHY else "failed"
+    outcome = SKIPPED if role == SKIPPED else MEASURED if newest.outcome == HEALTHY else \
+        MISSED_SLA if result is not None and result.ok else FAILED_RUN
     release = None if role == SKIPPED or newest.tune.get("release") == "" else newest.tags.release
     return Row(label, release, outcome, newest.tune.get("sla_met") == "yes", newest.tune.get("changes", ""),
                result.levels if result else (), gpu_power(newest.figures), values, newest.cause)
@@ -127,7 +129,7 @@ def table_lines(report: TuneReport) -> list[str]:
     """The table as text lines (for `tune.show` and the end of a sweep): one row per candidate and level."""
     head = (f"tune {report.tune_id}: {report.profile}, objective {report.spec.objective.value}"
             f"{f' at {report.spec.level}' if report.spec.level else ''}, SLA {report.spec.sla.describe()}")
-    lines = [head, f"{'candidate':<44} {'outcome':<9} {'level':>6} {'out tok/s':>10} {'req/s':>7} "
+    lines = [head, f"{'candidate':<44} {'outcome':<10} {'level':>6} {'out tok/s':>10} {'req/s':>7} "
                    f"{'TTFT p99':>9} {'TPOT p99':>9} {'SLA':<4} power"]
     for row in ([report.base] if report.base else []) + list(report.rows):
         levels = row.levels or (None,)
@@ -135,7 +137,7 @@ def table_lines(report: TuneReport) -> list[str]:
             first = index == 0
             cells = (f"{level.concurrency:>6} {level.output_tok_s:>10,.1f} {level.request_rate:>7.2f} "
                      f"{_ms(level.ttft.p99_ms):>9} {_ms(level.tpot.p99_ms):>9}") if level else f"{'':>45}"
-            lines.append(f"{row.label if first else '':<44} {row.outcome if first else '':<9} {cells} "
+            lines.append(f"{row.label if first else '':<44} {row.outcome if first else '':<10} {cells} "
                          f"{('yes' if row.sla_met else 'no') if first else '':<4} {row.power if first else ''}")
         if row.changes:
             lines.append(f"    {row.changes}")

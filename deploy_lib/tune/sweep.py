@@ -170,5 +170,5 @@ def differences(base_metadata: Mapping[str, Any] | None, candidate: Candidate, h
     patches = (candidate.patch_set.name,) if candidate.patch_set else ()
     release = build_release(candidate.loaded, host.layout, host.sglang_version, placeholders,
                             venv=str(base_metadata.get("venv")) if base_metadata and not patches else None,
-                            patches=patches)
+                            patches=patches, flashinfer_version=host.flashinfer_version)
     return diff_releases(base_metadata, release.metadata())
