@@ -196,7 +196,7 @@ def test_a_sweep_deploys_each_candidate_keeps_the_winner_and_records_every_run()
     assert roles == ["start", "base", "base", "candidate", "candidate", "candidate", "end"]
     assert {line["tune"]["id"] for line in host.tune_lines()} == {report.tune_id}
     assert show(host, target(), "sglang", report.tune_id) == report, "tune.show reads the same table back"
-    assert fast.power.startswith("250 W mean") and fast.power.endswith("of 600 W"), "GPU power per candidate"
+    assert fast.power == "250 W mean, 250 W peak of 600 W, 90% util", "GPU power and utilisation per candidate"
     assert "3,738 tok/s @1024" in throughput_by_release(store.read_store_facts(host, LAYOUT).history)[fast.release_id]
     as_json = json.loads(json.dumps(jsonable(report)))
     assert as_json["winner"] == report.winner and as_json["rows"][2]["levels"][1]["concurrency"] == 1024

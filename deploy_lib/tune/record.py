@@ -96,7 +96,14 @@ def _row(label: str, entries: Sequence[HistoryEntry]) -> Row:
         MISSED_SLA if result is not None and result.ok else FAILED_RUN
     release = None if role == SKIPPED or newest.tune.get("release") == "" else newest.tags.release
     return Row(label, release, outcome, newest.tune.get("sla_met") == "yes", newest.tune.get("changes", ""),
-               result.levels if result else (), gpu_power(newest.figures), values, newest.cause)
+               result.levels if result else (), _gpus(newest.figures), values, newest.cause)
+
+
+def _gpus(figures: Mapping[str, float]) -> str:
+    """Power as `invoke releases` shows it, and the mean utilisation over the GPUs, during the run."""
+    utils = [value for key, value in figures.items() if key.startswith("gpu") and key.endswith(".util_mean_pct")]
+    util = f", {sum(utils) / len(utils):.0f}% util" if utils else ""
+    return gpu_power(figures) + util if gpu_power(figures) else ""
 
 
 def tune_ids(history: Sequence[HistoryEntry]) -> list[str]:
