@@ -62,6 +62,8 @@ def tune(c: Context, profile: str | None = None, vary: list[str] | None = None, 
     given = {"keep": keep} if keep else {}
     if resume is None:
         sweep_spec, sources = _run(lambda: tuning.sweep_spec(Path(spec) if spec else None, vary or [], given), json)
+    elif vary or spec or keep:
+        raise Exit("error: --resume continues the sweep as it was started: drop --vary, --spec and --keep", code=2)
     else:
         sweep_spec, sources = None, {}
     if not dry_run and not yes and not _run(lambda: ui.confirm(f"tune {loaded.name} on {target.host.name}: "
