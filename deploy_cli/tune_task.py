@@ -54,6 +54,7 @@ def tune(c: Context, profile: str | None = None, vary: list[str] | None = None, 
          keep: str | None = None, yes: bool = False, accept_new_host_key: bool = False, json: bool = False) -> None:
     """Sweep profile settings and patch sets on one host: each candidate a release, benchmarked over a ladder."""
     from deploy_lib import tune as tuning
+    from deploy_lib.bundled import ROLES_DIR
     from deploy_lib.patches import list_patch_sets
 
     loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host,
@@ -69,7 +70,7 @@ def tune(c: Context, profile: str | None = None, vary: list[str] | None = None, 
     if not dry_run and not yes and not _run(lambda: ui.confirm(f"tune {loaded.name} on {target.host.name}: "
                                                                "each candidate restarts the server?"), json):
         raise Exit("cancelled: nothing was changed", code=1)
-    request = tuning.Request(sweep_spec, sources, tuple(list_patch_sets(PROJECT.root / "roles")), dict(os.environ),
+    request = tuning.Request(sweep_spec, sources, tuple(list_patch_sets(ROLES_DIR)), dict(os.environ),
                              dry_run=dry_run, resume=resume)
     progress = ui.TerminalProgress(ui.errors if json else ui.console, "")
     with _remote(target) as remote:
