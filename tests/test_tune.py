@@ -119,6 +119,10 @@ def test_the_candidates_are_the_grids_product_in_the_order_given() -> None:
     assert fused.loaded.name == "glm5-nvfp4+fusion-sm120"
     assert sweep.candidates[0].loaded.profile.memory.max_running_requests == 64
     assert sweep.skipped == () and sweep.bench.concurrency == [1, 64, 256, 1024]
+    small = sweep_of("memory.max_running_requests=64,1024", bench={"prompts": 256, "input_len": 32, "output_len": 32})
+    assert small.bench.concurrency == [1, 64, 256] and small.bench.prompts == 256, \
+        "a bench of fewer prompts than the ladder's top is clipped, not refused"
+    assert "levels 1024 left out: the benchmark sends 256 prompts per level" in small.notes
 
 
 def test_a_flag_the_hosts_sglang_lacks_skips_the_candidate_with_the_reason() -> None:

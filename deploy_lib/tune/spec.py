@@ -64,13 +64,21 @@ class TuneSpec(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
     vary: dict[str, list[Value]] = Field(min_length=1, description="profile path (or `patches`) -> values to try")
     bench: BenchSettings | None = Field(
-        None, description="the benchmark of every run (default: the profile's `bench:`); its concurrency is the ladder")
+        None, description="the benchmark of every run (default: the profile's `bench:`); its levels are `ladder`")
     ladder: list[Level] = Field(default_factory=lambda: list(DEFAULT_LADDER), min_length=1,
                                 description="concurrency levels, each benchmarked; clipped to what the profile allows")
     objective: Objective = Objective.throughput
     level: Level | None = Field(None, description="the level the throughput objective reads (default: the highest)")
     sla: Sla = Field(default_factory=Sla)
     keep: Keep = Keep.winner
+
+    @field_validator("bench", mode="before")
+    @classmethod
+    def _levels_are_the_ladders(cls, bench: Any) -> Any:
+        # BenchSettings checks its prompts against its own levels; a sweep's levels are the ladder, clipped later
+        if isinstance(bench, dict) and "concurrency" not in bench:
+            return {**bench, "concurrency": [1]}
+        return bench
 
     @field_validator("vary")
     @classmethod
