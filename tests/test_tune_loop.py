@@ -178,6 +178,8 @@ def test_the_dry_run_lists_candidates_flag_by_flag_and_changes_nothing() -> None
         "memory.max_running_requests=1024": []}
     assert planned.estimate.starts == 4 and planned.estimate.runs == BASE_RUNS + 3 + 2
     assert all(name.startswith(("store facts:", "host facts:")) for name in host.ran_names()), "reads only"
+    as_json = json.loads(json.dumps(jsonable(planned)))
+    assert [c["label"] for c in as_json["sweep"]["candidates"]] == list(planned.changes)
 
 
 def test_a_sweep_deploys_each_candidate_keeps_the_winner_and_records_every_run() -> None:
@@ -246,6 +248,9 @@ def test_ctrl_c_in_a_benchmark_leaves_the_best_so_far_serving_and_resume_finishe
     lines = host.tune_lines()
     best = next(line["release"] for line in lines if line["tune"].get("candidate") == "memory.max_running_requests=64")
     assert host.current == best, "the best verified release serves, not the half-measured one"
+    left = sweep(host, Request(None, {}, resume=tune_id, dry_run=True))
+    assert isinstance(left, Planned) and (left.estimate.starts, left.estimate.runs) == (3, 2 + 2), \
+        "the dry run of a resume counts the two candidates left, no base run"
     report = sweep(host, Request(None, {}, resume=tune_id, grace_s=0))
     assert isinstance(report, TuneReport) and report.finished and report.tune_id == tune_id
     ran = [line["tune"].get("candidate") for line in host.tune_lines() if line["tune"]["role"] == "candidate"]

@@ -166,11 +166,13 @@ def tune(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progre
         raise ConfigError("tune needs something to vary: --vary KEY=V1,V2,... or --spec tune/NAME.yaml",
                           "or --resume TUNE_ID to finish a sweep")
     sweep = build_sweep(loaded, spec, sources, request.patch_sets, host)
-    if request.dry_run:
+    if request.dry_run:  # a resumed sweep's estimate counts what it still runs
+        finished = read_tune(store.history, request.resume) if request.resume else None
+        left = decide.to_run([c.label for c in sweep.candidates], finished.finished_labels if finished else [])
         base = store.release(current)
         changes = {c.label: tuple(differences(base.metadata if base else None, c, host)) for c in sweep.candidates}
-        return Planned(sweep, current, changes, estimate(store.history, sweep.bench, len(sweep.candidates),
-                                                         BASE_RUNS))
+        return Planned(sweep, current, changes, estimate(store.history, sweep.bench, len(left),
+                                                         0 if finished and finished.base else BASE_RUNS))
     run = _Sweep(loaded, target, remote, progress, request, spec, sweep,
                  request.resume or tune_id(datetime.now(UTC), secrets.token_hex(2)), original, store, clock)
     run.metadata |= {r.id: r.metadata for r in store.releases}
