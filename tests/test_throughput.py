@@ -56,7 +56,8 @@ def tags(release: str, profile: str = "glm5-nvfp4") -> Tags:
 
 
 def level(concurrency: int, tok_s: float, ttft_p99: float | None = 100.0) -> LevelResult:
-    return LevelResult(concurrency, 256, 10.0, tok_s, Latency(50.0, 40.0, ttft_p99), Latency(70.0, 70.0, 140.0))
+    return LevelResult(concurrency, 256, 10.0, tok_s, Latency(50.0, 40.0, ttft_p99), Latency(70.0, 70.0, 140.0),
+                       Latency(20.0, 19.0, 30.0))
 
 
 def result(release: str, *levels: LevelResult, settings: BenchSettings = SETTINGS, error: str | None = None
@@ -86,6 +87,9 @@ def test_parse_level_reads_the_figures_of_real_benchmark_lines(name: str, concur
         raw["mean_ttft_ms"], raw["median_ttft_ms"], raw["p99_ttft_ms"])
     assert (parsed.itl.mean_ms, parsed.itl.median_ms, parsed.itl.p99_ms) == (
         raw["mean_itl_ms"], raw["median_itl_ms"], raw["p99_itl_ms"])
+    assert (parsed.tpot.mean_ms, parsed.tpot.median_ms, parsed.tpot.p99_ms) == (
+        raw["mean_tpot_ms"], raw["median_tpot_ms"], raw["p99_tpot_ms"]), "the SLA of `invoke tune` reads p99 TPOT"
+    assert parsed.request_rate == pytest.approx(raw["completed"] / raw["duration"])
     assert raw["max_concurrency"] == concurrency
 
 
@@ -110,7 +114,8 @@ def test_parse_level_refuses_missing_or_incomplete_results() -> None:
 def test_the_keys_read_are_written_by_sglangs_benchmark(sglang_source, version: str, module: str) -> None:
     source = (sglang_source(version) / module).read_text()
     keys = ("output_throughput", "completed", "duration", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
-            "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "max_concurrency")
+            "mean_itl_ms", "median_itl_ms", "p99_itl_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms",
+            "max_concurrency")
     assert [key for key in keys if f'"{key}":' not in source] == []
     for flag in ("--dataset-name", "--tokenizer", "--num-prompts", "--random-input-len", "--random-output-len",
                  "--random-range-ratio", "--max-concurrency", "--output-file", "--base-url", "--backend"):

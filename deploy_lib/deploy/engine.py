@@ -96,6 +96,8 @@ class Options:
     patches: tuple[str, ...] = ()       # patch sets applied in that venv, recorded in the release
     gate: bool = False                  # run the throughput gate even when the profile has no `gate:`
     before_restart: Callable[[], None] | None = None  # runs before the server stops (a router takes it out)
+    skip_gate: bool = False             # no gate even when the profile has one: a sweep measures its candidates
+    keep_releases_at_least: int = 0     # prune keeps this many at least: a sweep's best release stays on the host
 
 
 def choose_venv(remote: Remote, layout: StoreLayout, target: Target, profile: Profile, dry_run: bool,
@@ -201,7 +203,7 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
     if plan.gpu_check_reasons:  # the NCCL check runs between the stage and the switch: the stage goes alone, first
         run.phase("stage", staged)
         staged = []
-    gate = profile.gate or (GateSettings() if options.gate else None)
+    gate = None if options.skip_gate else profile.gate or (GateSettings() if options.gate else None)
     known = [*facts.store.releases, ReleaseRecord(plan.release.id, "", plan.release.metadata())]
     try:
         if plan.gpu_check_reasons:
@@ -230,7 +232,8 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
         restore(run, facts.store, plan.release.id, interrupt, diagnosis, restore_id, plan.current_id)
     # the commit, the prune and the lock's release in one round trip
     read = run.read_at_switch.results if run.read_at_switch else ()
-    removal, removed = prune_after_deploy(layout, profile.service.keep_releases, tags, read)
+    keep = max(profile.service.keep_releases, options.keep_releases_at_least)
+    removal, removed = prune_after_deploy(layout, keep, tags, read)
     run.record("deploy", HEALTHY, tags, then=removal, last=True)
     if removed:
         progress.note("pruned " + "; ".join(removed))

@@ -16,6 +16,8 @@ from deploy_lib import cuda_toolkit, patches, readings
 from deploy_lib.deploy import Options, Outcome, VenvChoice, deploy
 from deploy_lib.errors import PreflightError
 from deploy_lib.facts import gpu_step, parse_gpus
+from deploy_lib.patches.profiles import base_profile as base_profile  # callers name them on_host.*
+from deploy_lib.patches.profiles import patched_profile as patched_profile
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
@@ -74,27 +76,6 @@ class PatchContext:
     def base_hash(self) -> str | None:
         """The unpatched venv this one was derived from (itself when it is not derived)."""
         return self.record.base_venv if self.record and self.record.base_venv else self.venv_hash
-
-
-def patched_profile(loaded: LoadedProfile, patch_set: patches.PatchSet) -> LoadedProfile:
-    """The profile a release on the patched venv runs: the base, named `<base>+<set>`, with the patch set's feature
-    (if it enables one) turned on."""
-    return _with_feature(base_profile(loaded, patch_set), patch_set, on=True)
-
-
-def base_profile(loaded: LoadedProfile, patch_set: patches.PatchSet) -> LoadedProfile:
-    """The unpatched profile: the patch set's feature off, and without the name suffix a patched release carries
-    (so the profile of a host's patched current release can be enabled or disabled again)."""
-    return _with_feature(loaded, patch_set, on=False)
-
-
-def _with_feature(loaded: LoadedProfile, patch_set: patches.PatchSet, on: bool) -> LoadedProfile:
-    feature = patch_set.meta.enables_feature
-    profile = loaded.profile
-    features = profile.features.model_copy(update={feature: on}) if feature else profile.features
-    base_name = loaded.name.removesuffix(f"+{patch_set.name}")
-    return loaded.model_copy(update={"name": f"{base_name}+{patch_set.name}" if on else base_name,
-                                     "profile": profile.model_copy(update={"features": features})})
 
 
 def current_venv(remote: Remote, layout: StoreLayout, loaded: LoadedProfile, target: Target) -> PurePosixPath:

@@ -13,9 +13,10 @@ from typing import Any
 from deploy_lib.remote import Put, Step
 from deploy_lib.store.layout import StoreLayout, iso_time, json_line
 
-# Events that start a release and judge it (healthy or failed); `stop`, `crash`, `prune` and `bench` judge no start.
+# Events that start a release and judge it (healthy or failed); `stop`, `crash`, `prune`, `bench` and `tune` (one
+# measured candidate of a sweep, deploy_lib/tune/) judge no start.
 ACTIVATIONS = ("deploy", "rollback", "adopt", "start", "restart")
-EVENTS = (*ACTIVATIONS, "failure", "bench", "crash", "prune", "stop")
+EVENTS = (*ACTIVATIONS, "failure", "bench", "crash", "prune", "stop", "tune")
 HEALTHY, FAILED, UNCHANGED, RESTARTED, STOPPED = "healthy", "failed", "unchanged", "restarted", "stopped"
 OUTCOMES = (HEALTHY, FAILED, UNCHANGED, RESTARTED, STOPPED)
 CRASHED = "crashed"  # a release's outcome in `invoke releases` once systemd gave up restarting it
@@ -59,6 +60,7 @@ class HistoryEntry:
     cause: str = ""            # one line from diagnose.py when the outcome is failed
     timings: Mapping[str, float] = field(default_factory=dict)  # phase -> seconds
     figures: Mapping[str, float] = field(default_factory=dict)  # bench results
+    tune: Mapping[str, str] = field(default_factory=dict)     # a sweep's line: its id, the candidate, the run
 
     def __post_init__(self) -> None:
         if self.event not in EVENTS or self.outcome not in OUTCOMES:
@@ -68,7 +70,7 @@ class HistoryEntry:
     def to_json(self) -> bytes:
         return json_line({"event": self.event, "outcome": self.outcome, "when": self.when,
                            **self.tags.as_dict(), "cause": self.cause, "timings": dict(self.timings),
-                           "figures": dict(self.figures)})
+                           "figures": dict(self.figures), **({"tune": dict(self.tune)} if self.tune else {})})
 
     @classmethod
     def from_json(cls, line: str) -> HistoryEntry:
@@ -76,13 +78,15 @@ class HistoryEntry:
         return cls(event=data["event"], outcome=data["outcome"], when=data["when"], tags=Tags.from_dict(data),
                    cause=str(data.get("cause", "")),
                    timings={str(k): float(v) for k, v in dict(data.get("timings") or {}).items()},
-                   figures={str(k): float(v) for k, v in dict(data.get("figures") or {}).items()})
+                   figures={str(k): float(v) for k, v in dict(data.get("figures") or {}).items()},
+                   tune={str(k): str(v) for k, v in dict(data.get("tune") or {}).items()})
 
 
 def history_entry(event: str, outcome: str, tags: Tags, when: datetime, cause: str = "",
                   timings: Mapping[str, float] | None = None,
-                  figures: Mapping[str, float] | None = None) -> HistoryEntry:
-    return HistoryEntry(event, outcome, iso_time(when), tags, cause, dict(timings or {}), dict(figures or {}))
+                  figures: Mapping[str, float] | None = None, tune: Mapping[str, str] | None = None) -> HistoryEntry:
+    return HistoryEntry(event, outcome, iso_time(when), tags, cause, dict(timings or {}), dict(figures or {}),
+                        dict(tune or {}))
 
 
 def append_history(layout: StoreLayout, entry: HistoryEntry) -> list[Step | Put]:

@@ -20,6 +20,9 @@ from deploy_lib.store import (
 from deploy_lib.throughput.gate import GateVerdict
 from deploy_lib.throughput.results import BenchResult, ratio
 
+# The lines that carry a release's benchmark figures: `invoke bench` and the gate's, and a sweep's runs (`invoke tune`).
+MEASURED = ("bench", "tune")
+
 
 def last_good_release(history: Sequence[HistoryEntry], exclude: str | None = None) -> str | None:
     """The newest release that a start (deploy, rollback, adopt, start, restart) recorded healthy, but `exclude`."""
@@ -33,7 +36,7 @@ def _newest_bench(history: Sequence[HistoryEntry], release_id: str, healthy_only
                   ) -> HistoryEntry | None:
     """The newest `bench` line of a release that has figures."""
     return next((entry for entry in reversed(history)
-                 if entry.event == "bench" and entry.tags.release == release_id and entry.figures
+                 if entry.event in MEASURED and entry.tags.release == release_id and entry.figures
                  and (entry.outcome == HEALTHY or not healthy_only)), None)
 
 
@@ -60,7 +63,7 @@ def gpu_power(figures: Mapping[str, float]) -> str:
 
 def power_by_release(history: Sequence[HistoryEntry]) -> dict[str, str]:
     """Each release's GPU power during its newest benchmark (for `invoke releases`)."""
-    releases = {entry.tags.release for entry in history if entry.event == "bench"}
+    releases = {entry.tags.release for entry in history if entry.event in MEASURED}
     return {release: gpu_power(entry.figures) for release in releases
             if (entry := _newest_bench(history, release)) is not None}
 
@@ -89,7 +92,7 @@ def bench_history_entry(result: BenchResult, verdict: GateVerdict | None, tags: 
 
 def throughput_by_release(history: Sequence[HistoryEntry]) -> dict[str, str]:
     """Each release's newest benchmark as one line (for `invoke releases`)."""
-    releases = {entry.tags.release for entry in history if entry.event == "bench"}
+    releases = {entry.tags.release for entry in history if entry.event in MEASURED}
     return {release: result.summary() for release in releases
             if (result := latest_bench(history, release)) is not None}
 
@@ -126,7 +129,7 @@ def compare_releases(history: Sequence[HistoryEntry], release_a: str, release_b:
     for release in (release_a, release_b):
         found = latest_bench(history, release)
         if found is None:
-            known = sorted({entry.tags.release for entry in history if entry.event == "bench" and entry.figures})
+            known = sorted({entry.tags.release for entry in history if entry.event in MEASURED and entry.figures})
             raise ConfigError(f"release {release} has no benchmark in history",
                               f"benchmarked releases: {', '.join(known) or 'none'}; `invoke bench` runs one")
         results.append(found)

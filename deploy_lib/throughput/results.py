@@ -30,6 +30,12 @@ class LevelResult:
     output_tok_s: float
     ttft: Latency
     itl: Latency
+    tpot: Latency = Latency(None, None, None)  # time per output token, after the first
+
+    @property
+    def request_rate(self) -> float:
+        """Completed requests per second (0 for a run that reports no duration)."""
+        return self.completed / self.duration_s if self.duration_s > 0 else 0.0
 
 
 @dataclass(frozen=True)
@@ -79,7 +85,9 @@ class BenchResult:
                       "ttft_mean_ms": level.ttft.mean_ms, "ttft_median_ms": level.ttft.median_ms,
                       "ttft_p99_ms": level.ttft.p99_ms,
                       "itl_mean_ms": level.itl.mean_ms, "itl_median_ms": level.itl.median_ms,
-                      "itl_p99_ms": level.itl.p99_ms}
+                      "itl_p99_ms": level.itl.p99_ms,
+                      "tpot_mean_ms": level.tpot.mean_ms, "tpot_median_ms": level.tpot.median_ms,
+                      "tpot_p99_ms": level.tpot.p99_ms}
             figures |= {f"c{level.concurrency}.{k}": round(v, 3) for k, v in values.items() if v is not None}
         for gpu in self.gpus:
             values = {"power_mean_w": gpu.power_mean_w, "power_peak_w": gpu.power_peak_w,
@@ -105,7 +113,9 @@ class BenchResult:
                 concurrency=c, completed=int(value(f"c{c}.completed") or 0),
                 duration_s=value(f"c{c}.duration_s") or 0.0, output_tok_s=figures[f"c{c}.output_tok_s"],
                 ttft=Latency(value(f"c{c}.ttft_mean_ms"), value(f"c{c}.ttft_median_ms"), value(f"c{c}.ttft_p99_ms")),
-                itl=Latency(value(f"c{c}.itl_mean_ms"), value(f"c{c}.itl_median_ms"), value(f"c{c}.itl_p99_ms"))))
+                itl=Latency(value(f"c{c}.itl_mean_ms"), value(f"c{c}.itl_median_ms"), value(f"c{c}.itl_p99_ms")),
+                tpot=Latency(value(f"c{c}.tpot_mean_ms"), value(f"c{c}.tpot_median_ms"),
+                             value(f"c{c}.tpot_p99_ms"))))
         prompts = int(figures.get("settings.prompts", max(levels, default=1)))
         settings = BenchSettings.model_construct(
             prompts=prompts, input_len=int(figures.get("settings.input_len", 0)),
@@ -144,7 +154,8 @@ def parse_level(jsonl: str, concurrency: int, prompts: int) -> LevelResult:
     return LevelResult(
         concurrency=concurrency, completed=completed, duration_s=number("duration") or 0.0, output_tok_s=output,
         ttft=Latency(number("mean_ttft_ms"), number("median_ttft_ms"), number("p99_ttft_ms")),
-        itl=Latency(*(number(f"{kind}_itl_ms", required=False) for kind in ("mean", "median", "p99"))))
+        itl=Latency(*(number(f"{kind}_itl_ms", required=False) for kind in ("mean", "median", "p99"))),
+        tpot=Latency(*(number(f"{kind}_tpot_ms", required=False) for kind in ("mean", "median", "p99"))))
 
 
 def parse_telemetry(csv_text: str) -> tuple[GpuTelemetry, ...]:

@@ -1,0 +1,19 @@
+"""`invoke tune` on one host: a grid of profile settings and patch sets, each candidate a gated, rollback-able
+release, measured over a concurrency ladder with SGLang's own benchmark, judged by an objective and an SLA, recorded
+in the host's history under the sweep's id.
+
+    spec        the sweep's spec: --vary KEY=V1,V2 or tune/NAME.yaml (benchmark, ladder, objective, SLA, keep)
+    sweep       the candidates over the base profile, and those a known rule refuses on this host (pure)
+    decide      score, noise, winner, the release to serve next, what a resume still runs (pure)
+    estimate    how long it takes, from the host's recorded starts and benchmarks (pure)
+    record      the sweep's history lines, and its table read back from them
+    loop        the sweep on one host through the deploy engine; dry run, resume, show
+"""
+
+from deploy_lib.tune.loop import Planned, Request, show, tune, unit_of
+from deploy_lib.tune.record import TuneReport, table_lines, tune_ids
+from deploy_lib.tune.spec import Keep, Objective, Sla, TuneSpec, load_spec, parse_vary, sweep_spec
+from deploy_lib.tune.sweep import Candidate, Skipped, Sweep
+
+__all__ = ["Candidate", "Keep", "Objective", "Planned", "Request", "Skipped", "Sla", "Sweep", "TuneReport",
+           "TuneSpec", "load_spec", "parse_vary", "show", "sweep_spec", "table_lines", "tune", "tune_ids", "unit_of"]

@@ -1,0 +1,317 @@
+"""The sweep on one host: the base benchmarked twice (its noise), then each candidate deployed as a release through
+the deploy engine (stage, switch, readiness ladder, automatic rollback), benchmarked over the ladder with the GPU
+sampler, judged and recorded in history; after a candidate that failed or missed the SLA the best healthy release
+so far serves again. At the end the winner stays or the pre-sweep release is restored. A signal leaves the best
+verified release (or the original) serving; `resume` continues a sweep without running its finished candidates."""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from deploy_lib.deploy import GRACE_S, Options, release_tags
+from deploy_lib.deploy import deploy as deploy_release
+from deploy_lib.deploy import rollback as switch_to
+from deploy_lib.errors import ConfigError, DeployError, Interrupted, PreflightError, ReadinessFailed
+from deploy_lib.facts import read_host_facts
+from deploy_lib.interrupts import interrupted, signals_raise
+from deploy_lib.patches import PatchSet
+from deploy_lib.patches.profiles import base_profile
+from deploy_lib.profile import LoadedProfile
+from deploy_lib.progress import Progress
+from deploy_lib.project import Target
+from deploy_lib.release import Change, resolve_secrets
+from deploy_lib.remote import Remote
+from deploy_lib.server_args import API_KEY_ENV
+from deploy_lib.store import FAILED, HistoryEntry, StoreFacts, StoreLayout, Tags, append_history, read_store_facts
+from deploy_lib.throughput import BenchResult, run_benchmark
+from deploy_lib.tune import decide
+from deploy_lib.tune.estimate import Estimate, estimate
+from deploy_lib.tune.record import (
+    BASE,
+    CANDIDATE,
+    END,
+    RERUN,
+    SKIPPED,
+    TuneReport,
+    read_tune,
+    run_line,
+    start_line,
+    tune_id,
+    tune_line,
+)
+from deploy_lib.tune.spec import Keep, Objective, TuneSpec
+from deploy_lib.tune.sweep import Candidate, HostView, Sweep, build_sweep, check_values, differences
+
+BASE_RUNS = 2  # the base's repeated runs give the noise a winner must beat
+
+
+@dataclass(frozen=True)
+class Request:
+    spec: TuneSpec | None                    # None: a resumed sweep's own, from history
+    sources: Mapping[str, str]               # where each varied key was given, for errors
+    patch_sets: tuple[PatchSet, ...] = ()
+    environ: Mapping[str, str] = field(default_factory=dict)
+    dry_run: bool = False
+    resume: str | None = None                # a sweep's id: run what it has not finished
+    grace_s: float = GRACE_S
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A dry run: the candidates and what differs from the serving release, the skipped ones, the time it takes."""
+
+    sweep: Sweep
+    original: str
+    changes: Mapping[str, tuple[Change, ...]]
+    estimate: Estimate
+
+
+def unit_of(spec: TuneSpec) -> str:
+    return "req/s" if spec.objective is Objective.goodput else "tok/s"
+
+
+@dataclass
+class _Sweep:
+    """One run of the loop: the host, what it has written, and the releases it can switch to."""
+
+    loaded: LoadedProfile
+    target: Target
+    remote: Remote
+    progress: Progress
+    request: Request
+    spec: TuneSpec
+    sweep: Sweep
+    tune: str
+    original: str
+    store: StoreFacts
+    clock: Callable[[], float]
+    written: list[HistoryEntry] = field(default_factory=list)
+    metadata: dict[str, Mapping[str, Any]] = field(default_factory=dict)   # release id -> release.json
+
+    @property
+    def layout(self) -> StoreLayout:
+        return self.target.layout(self.loaded.profile.service.name)
+
+    @property
+    def history(self) -> list[HistoryEntry]:
+        return [*self.store.history, *self.written]
+
+    def record(self, entry: HistoryEntry) -> None:
+        self.remote.run(append_history(self.layout, entry))
+        self.written.append(entry)
+
+    def report(self) -> TuneReport:
+        return read_tune(self.history, self.tune)
+
+    def standings(self) -> list[decide.Standing]:
+        return [row.standing() for row in self.report().rows]
+
+    def best(self) -> str | None:
+        best = decide.best_so_far(self.standings())
+        return best.release_id if best else None
+
+    def serving(self) -> str | None:
+        self.store = read_store_facts(self.remote, self.layout)
+        self.written = []  # the host's history holds them now
+        return self.store.current
+
+    def switch(self, release_id: str) -> None:
+        self.progress.phase_started(f"tune: switch to release {release_id}")
+        switch_to(self.target, self.loaded.profile.service.name, self.remote, self.progress, release_id,
+                  self.request.environ, grace_s=self.request.grace_s)
+
+    def benchmark(self, release_id: str) -> tuple[BenchResult, decide.Score]:
+        api_key = resolve_secrets(self.loaded.profile, self.request.environ).get(API_KEY_ENV)
+        result = run_benchmark(self.remote, self.layout, self.metadata[release_id], self.sweep.bench, self.progress,
+                               api_key, self.clock)
+        return result, decide.score(result, self.spec.objective, self.spec.level or self.sweep.level, self.spec.sla)
+
+
+def _host_view(remote: Remote, target: Target, loaded: LoadedProfile) -> tuple[StoreFacts, HostView, str]:
+    layout = target.layout(loaded.profile.service.name)
+    store = read_store_facts(remote, layout)
+    current = store.release(store.current) if store.current else None
+    if current is None:
+        raise ConfigError(f"{target.host.name}: no release serves, so there is nothing to compare a candidate with",
+                          f"`invoke deploy --profile {loaded.name}` first")
+    facts = read_host_facts(remote, layout, venv=str(current.metadata.get("venv") or loaded.profile.service.venv),
+                            port=None, write_caches=False)
+    gpus = facts.gpus or ()
+    version = facts.sglang.sglang_version or str(current.metadata.get("sglang_version") or "")
+    return store, HostView(layout, version, facts.sglang.flashinfer_version, facts.sglang.options,
+                           gpus[0].arch if gpus else ""), current.id
+
+
+def tune(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progress, request: Request,
+         clock: Callable[[], float] = time.monotonic) -> TuneReport | Planned:
+    """Run (or, dry, plan) the sweep of `request` over `loaded` on one host; the table, read back from history.
+    A key or value the profile refuses is a ConfigError before the host is read."""
+    if request.spec is not None:
+        check_values(loaded, request.spec, request.sources, request.patch_sets)
+    store, host, current = _host_view(remote, target, loaded)
+    spec, sources, original = request.spec, request.sources, current
+    if request.resume is not None:
+        done = read_tune(store.history, request.resume)
+        if done.profile != loaded.name:
+            raise ConfigError(f"sweep {request.resume} tuned profile {done.profile}, not {loaded.name}",
+                              f"resume it with --profile {done.profile}")
+        spec, original = done.spec, done.original
+        sources = {key: f"sweep {request.resume}: vary.{key}" for key in spec.vary}
+    if spec is None:
+        raise ConfigError("tune needs something to vary: --vary KEY=V1,V2,... or --spec tune/NAME.yaml",
+                          "or --resume TUNE_ID to finish a sweep")
+    sweep = build_sweep(loaded, spec, sources, request.patch_sets, host)
+    if request.dry_run:  # a resumed sweep's estimate counts what it still runs
+        finished = read_tune(store.history, request.resume) if request.resume else None
+        left = decide.to_run([c.label for c in sweep.candidates], finished.finished_labels if finished else [])
+        base = store.release(current)
+        changes = {c.label: tuple(differences(base.metadata if base else None, c, host)) for c in sweep.candidates}
+        return Planned(sweep, current, changes, estimate(store.history, sweep.bench, len(left),
+                                                         0 if finished and finished.base else BASE_RUNS))
+    run = _Sweep(loaded, target, remote, progress, request, spec, sweep,
+                 request.resume or tune_id(datetime.now(UTC), secrets.token_hex(2)), original, store, clock)
+    run.metadata |= {r.id: r.metadata for r in store.releases}
+    with signals_raise():
+        try:
+            return _run(run, host)
+        except (KeyboardInterrupt, Interrupted) as stop:
+            raise _stopped(run, stop) from None
+
+
+def _tags(metadata: Mapping[str, Any]) -> Tags:
+    return Tags.from_dict(metadata["tags"])
+
+
+def _run(run: _Sweep, host: HostView) -> TuneReport:
+    now = datetime.now(UTC)
+    if run.request.resume is None:
+        run.record(start_line(run.tune, run.spec, run.loaded.name, _tags(run.metadata[run.original]), now,
+                              len(run.sweep.candidates)))
+        for skipped in run.sweep.skipped:
+            run.record(tune_line(run.tune, SKIPPED, _tags(run.metadata[run.original]), now, outcome=FAILED,
+                                 cause=skipped.reason, label=skipped.label, extra={"release": ""}))
+    for note in run.sweep.notes:
+        run.progress.note(note)
+    if run.report().base is None:
+        if run.serving() != run.original:
+            run.switch(run.original)
+        for _ in range(BASE_RUNS):
+            run.progress.phase_started(f"tune {run.tune}: the pre-sweep release {run.original}")
+            result, score = run.benchmark(run.original)
+            run.record(run_line(run.tune, BASE, "base", _tags(run.metadata[run.original]), datetime.now(UTC),
+                                result, score))
+    remaining = decide.to_run([c.label for c in run.sweep.candidates], run.report().finished_labels)
+    by_label = {c.label: c for c in run.sweep.candidates}
+    for number, label in enumerate(remaining, start=1):
+        run.progress.phase_started(f"tune {run.tune}: candidate {number}/{len(remaining)}: {label}")
+        ok = _candidate(run, by_label[label], host)
+        back = decide.serve_next(run.serving(), ok, run.best(), run.original)
+        if back is not None:
+            run.switch(back)
+    return _finish(run)
+
+
+def _deploy(run: _Sweep, candidate: Candidate) -> tuple[str, Mapping[str, Any], Tags]:
+    """The candidate as a release (its own venv when it carries a patch set); the engine rolls back a failed start."""
+    keep = len(run.store.releases) + len(run.sweep.candidates) + 1
+    options = Options(environ=run.request.environ, grace_s=run.request.grace_s, skip_gate=True,
+                      keep_releases_at_least=keep)
+    if candidate.patch_set is None:
+        outcome = deploy_release(candidate.loaded, run.target, run.remote, run.progress, options)
+    else:
+        from deploy_lib.patches.on_host import enable  # loads only for a sweep over patch sets
+
+        base = base_profile(candidate.loaded, candidate.patch_set)
+        outcome = enable(run.remote, candidate.patch_set, base, candidate.loaded, run.target, run.progress,
+                         options)[1]
+    assert outcome.plan is not None and outcome.release_id is not None
+    release = outcome.plan.release
+    return outcome.release_id, release.metadata(), release_tags(run.target, release)
+
+
+def _failed_tags(run: _Sweep, known: int) -> Tags | None:
+    """The tags of the release the engine recorded as failed after the first `known` history lines (the store is
+    read again); None when it recorded none (refused before anything was staged)."""
+    run.serving()
+    failed = next((e for e in reversed(run.store.history[known:]) if e.event == "deploy" and e.outcome == FAILED),
+                  None)
+    return failed.tags if failed is not None else None
+
+
+def _candidate(run: _Sweep, candidate: Candidate, host: HostView) -> bool:
+    """Deploy, benchmark, judge and record one candidate; True when it was healthy and met the SLA."""
+    original = run.store.release(run.original)
+    changes = [str(c) for c in differences(original.metadata if original else run.metadata[run.original],
+                                           candidate, host)]
+    known = len(run.store.history)
+    try:
+        release_id, metadata, tags = _deploy(run, candidate)
+    except (ReadinessFailed, PreflightError, ConfigError) as failed:  # diagnosed, rolled back, recorded by the engine
+        run.progress.note(f"candidate {candidate.label} failed: {failed.message}")
+        failed_tags = _failed_tags(run, known)
+        run.record(run_line(run.tune, CANDIDATE, candidate.label, failed_tags or _tags(run.metadata[run.original]),
+                            datetime.now(UTC), None, decide.Score(None, False), cause=failed.message.splitlines()[0],
+                            changes=changes, has_release=failed_tags is not None))
+        return False
+    run.metadata[release_id] = {**metadata, "tags": tags.as_dict()}  # as release.json holds it
+    result, score = run.benchmark(release_id)
+    run.record(run_line(run.tune, CANDIDATE, candidate.label, tags, datetime.now(UTC), result, score,
+                        changes=changes))
+    if not score.qualifies:
+        run.progress.note(f"candidate {candidate.label}: {'; '.join(score.misses) or 'no figures'}")
+    return score.qualifies
+
+
+def _finish(run: _Sweep) -> TuneReport:
+    base = run.report().base
+    base_values = base.values if base else ()
+    unit = unit_of(run.spec)
+    while True:
+        decision = decide.decide(max(base_values) if base_values else None, run.standings(),
+                                 decide.noise(base_values), run.spec.keep is Keep.winner, unit)
+        if not decision.rerun:
+            break
+        run.progress.note(decision.reason)
+        for standing in decision.rerun:
+            assert standing.release_id is not None
+            if run.serving() != standing.release_id:
+                run.switch(standing.release_id)
+            result, score = run.benchmark(standing.release_id)
+            run.record(run_line(run.tune, RERUN, standing.label, _tags(run.metadata[standing.release_id]),
+                                datetime.now(UTC), result, score))
+    serving = decide.end_release(decision, run.original)
+    if run.serving() != serving:
+        run.switch(serving)
+    run.progress.note(decision.reason)
+    run.record(tune_line(run.tune, END, _tags(run.metadata[serving]), datetime.now(UTC), cause=decision.reason,
+                         label=decision.winner.label if decision.winner else ""))
+    return run.report()
+
+
+def _stopped(run: _Sweep, stop: BaseException) -> DeployError:
+    """After a signal: the best verified release (or the original) serves; the error names the sweep to resume."""
+    wanted = run.best() or run.original
+    try:
+        serving = run.serving()
+        if serving != wanted:
+            run.switch(wanted)
+            serving = wanted
+    except DeployError as lost:
+        return Interrupted(f"tune {run.tune} interrupted, and switching to release {wanted} failed: {lost.message}",
+                           f"`invoke rollback --to {wanted}`, then `invoke tune --resume {run.tune}`")
+    message = f"tune {run.tune} interrupted: release {serving} is serving"
+    hint = f"`invoke tune --resume {run.tune}` runs the candidates not finished"
+    if isinstance(stop, Interrupted):  # the engine finished its own transition first: keep its signal's exit code
+        return type(stop)(message, hint)
+    assert isinstance(stop, KeyboardInterrupt)
+    return interrupted(stop, message, hint)
+
+
+def show(remote: Remote, target: Target, service: str, tune: str) -> TuneReport:
+    """`tune.show`: the sweep's table, read back from the host's history."""
+    return read_tune(read_store_facts(remote, target.layout(service)).history, tune)

@@ -1,0 +1,161 @@
+"""A sweep in history.jsonl (event `tune`, the sweep's id in each line's `tune` map) and the table read back from it:
+the start (the spec, the base profile, the release serving before), the base's runs, each candidate's run (figures,
+outcome, differences), the skipped ones, the end (winner, what serves and why). `show` and `--resume` read these."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from deploy_lib.errors import ConfigError
+from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, Tags, history_entry
+from deploy_lib.throughput import BenchResult, LevelResult
+from deploy_lib.throughput.history import gpu_power
+from deploy_lib.tune.decide import Score, Standing
+from deploy_lib.tune.spec import TuneSpec
+
+START, BASE, CANDIDATE, RERUN, SKIPPED, END = "start", "base", "candidate", "rerun", "skipped", "end"
+MEASURED, MISSED_SLA, FAILED_RUN = "measured", "missed SLA", "failed"  # a row's outcome (or SKIPPED)
+OBJECTIVE_KEY = "tune.objective"  # the run's objective figure, beside the benchmark's own
+
+
+def tune_id(now: datetime, token: str) -> str:
+    return f"t{now:%Y%m%d-%H%M%S}-{token}"
+
+
+def tune_line(tune: str, role: str, tags: Tags, when: datetime, *, outcome: str = HEALTHY, cause: str = "",
+              label: str = "", figures: Mapping[str, float] | None = None,
+              extra: Mapping[str, str] | None = None) -> HistoryEntry:
+    return history_entry("tune", outcome, tags, when, cause, figures=figures,
+                         tune={"id": tune, "role": role, **({"candidate": label} if label else {}), **(extra or {})})
+
+
+def start_line(tune: str, spec: TuneSpec, profile: str, tags: Tags, when: datetime, candidates: int) -> HistoryEntry:
+    return tune_line(tune, START, tags, when, cause=f"sweep of {candidates} candidates over {profile} started",
+                     extra={"spec": json.dumps(spec.identity(), sort_keys=True), "profile": profile})
+
+
+def run_line(tune: str, role: str, label: str, tags: Tags, when: datetime, result: BenchResult | None, score: Score,
+             cause: str = "", changes: Sequence[str] = (), has_release: bool = True) -> HistoryEntry:
+    """One measured (or failed) run: healthy when it qualified (benchmarked, SLA met). Without `has_release` (refused
+    before it was staged) the tags are the pre-sweep release's and name no release of the candidate."""
+    figures = dict(result.figures()) if result is not None else {}
+    if score.value is not None:
+        figures[OBJECTIVE_KEY] = round(score.value, 3)
+    why = cause or "; ".join(score.misses)
+    return tune_line(tune, role, tags, when, outcome=HEALTHY if score.qualifies else FAILED, cause=why,
+                     label=label, figures=figures,
+                     extra={"sla_met": "yes" if score.sla_met else "no", "changes": "; ".join(changes),
+                            **({} if has_release else {"release": ""})})
+
+
+@dataclass(frozen=True)
+class Row:
+    """One line of the table: a candidate (or the base) with every run's figures, or why it has none."""
+
+    label: str
+    release_id: str | None
+    outcome: str                      # measured | missed SLA | failed | skipped
+    sla_met: bool
+    changes: str
+    levels: tuple[LevelResult, ...]   # of the newest run
+    power: str
+    values: tuple[float, ...]         # the objective's figure of each qualifying run
+    cause: str
+
+    def standing(self) -> Standing:
+        return Standing(self.label, self.release_id, self.values)
+
+
+@dataclass(frozen=True)
+class TuneReport:
+    tune_id: str
+    profile: str
+    spec: TuneSpec
+    original: str                     # the release serving before the sweep
+    base: Row | None
+    rows: tuple[Row, ...]             # candidates in the order they ran, then the skipped ones
+    finished: bool
+    winner: str | None = None
+    serving: str | None = None        # the release serving at the end
+    reason: str = ""
+
+    @property
+    def finished_labels(self) -> list[str]:
+        return [row.label for row in self.rows if row.outcome != SKIPPED]
+
+
+def _row(label: str, entries: Sequence[HistoryEntry]) -> Row:
+    newest = entries[-1]
+    result = BenchResult.from_figures(newest.tags.release, newest.figures) if newest.figures else None
+    values = tuple(e.figures[OBJECTIVE_KEY] for e in entries if e.outcome == HEALTHY and OBJECTIVE_KEY in e.figures)
+    role = newest.tune.get("role")
+    outcome = SKIPPED if role == SKIPPED else MEASURED if newest.outcome == HEALTHY else \
+        MISSED_SLA if result is not None and result.ok else FAILED_RUN
+    release = None if role == SKIPPED or newest.tune.get("release") == "" else newest.tags.release
+    return Row(label, release, outcome, newest.tune.get("sla_met") == "yes", newest.tune.get("changes", ""),
+               result.levels if result else (), _gpus(newest.figures), values, newest.cause)
+
+
+def _gpus(figures: Mapping[str, float]) -> str:
+    """Power as `invoke releases` shows it, and the mean utilisation over the GPUs, during the run."""
+    utils = [value for key, value in figures.items() if key.startswith("gpu") and key.endswith(".util_mean_pct")]
+    util = f", {sum(utils) / len(utils):.0f}% util" if utils else ""
+    return gpu_power(figures) + util if gpu_power(figures) else ""
+
+
+def tune_ids(history: Sequence[HistoryEntry]) -> list[str]:
+    return list(dict.fromkeys(e.tune["id"] for e in history if e.event == "tune" and e.tune.get("role") == START))
+
+
+def read_tune(history: Sequence[HistoryEntry], tune: str) -> TuneReport:
+    """The sweep `tune` as history records it; ConfigError naming the sweeps on the host when there is none."""
+    lines = [e for e in history if e.event == "tune" and e.tune.get("id") == tune]
+    start = next((e for e in lines if e.tune.get("role") == START), None)
+    if start is None:
+        raise ConfigError(f"no sweep {tune!r} in the host's history",
+                          f"sweeps on the host: {', '.join(tune_ids(history)) or 'none'}")
+    spec = TuneSpec.model_validate(json.loads(start.tune["spec"]))
+    base = [e for e in lines if e.tune.get("role") == BASE]
+    by_label: dict[str, list[HistoryEntry]] = {}
+    for entry in lines:
+        if entry.tune.get("role") in (CANDIDATE, RERUN, SKIPPED):
+            by_label.setdefault(entry.tune["candidate"], []).append(entry)
+    rows = [_row(label, entries) for label, entries in by_label.items()]
+    rows.sort(key=lambda row: row.outcome == SKIPPED)
+    end = next((e for e in reversed(lines) if e.tune.get("role") == END), None)
+    return TuneReport(tune, start.tune.get("profile", start.tags.profile), spec, start.tags.release,
+                      _row("base", base) if base else None, tuple(rows), end is not None,
+                      winner=end.tune.get("candidate") if end else None,
+                      serving=end.tags.release if end else None, reason=end.cause if end else "")
+
+
+def table_lines(report: TuneReport) -> list[str]:
+    """The table as text lines (for `tune.show` and the end of a sweep): one row per candidate and level."""
+    head = (f"tune {report.tune_id}: {report.profile}, objective {report.spec.objective.value}"
+            f"{f' at {report.spec.level}' if report.spec.level else ''}, SLA {report.spec.sla.describe()}")
+    lines = [head, f"{'candidate':<44} {'outcome':<10} {'level':>6} {'out tok/s':>10} {'req/s':>7} "
+                   f"{'TTFT p99':>9} {'TPOT p99':>9} {'SLA':<4} power"]
+    for row in ([report.base] if report.base else []) + list(report.rows):
+        levels = row.levels or (None,)
+        for index, level in enumerate(levels):
+            first = index == 0
+            cells = (f"{level.concurrency:>6} {level.output_tok_s:>10,.1f} {level.request_rate:>7.2f} "
+                     f"{_ms(level.ttft.p99_ms):>9} {_ms(level.tpot.p99_ms):>9}") if level else f"{'':>45}"
+            lines.append(f"{row.label if first else '':<44} {row.outcome if first else '':<10} {cells} "
+                         f"{('yes' if row.sla_met else 'no') if first else '':<4} {row.power if first else ''}")
+        if row.changes:
+            lines.append(f"    {row.changes}")
+        if row.cause and not row.sla_met:
+            lines.append(f"    {row.cause}")
+    if report.finished:
+        lines.append(f"winner: {report.winner or 'none'}; serving: {report.serving}; {report.reason}")
+    else:
+        lines.append(f"not finished: `invoke tune --resume {report.tune_id}` runs the rest")
+    return lines
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.0f} ms"
