@@ -1,4 +1,5 @@
-"""Ansible-style YAML inventory (all / hosts / children / vars): hosts, their connection settings and GPU facts."""
+"""Ansible inventories (YAML all / hosts / children / vars, or INI; group_vars/ and host_vars/ beside them): hosts,
+their connection settings and GPU facts, with Ansible's precedence of vars."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
 from deploy_lib.errors import ConfigError, did_you_mean
+from deploy_lib.inventory_formats import expand_host_pattern, read_inventory_source, read_vars_files
 from deploy_lib.profile import AbsPath, Profile, format_validation_error
 from deploy_lib.remote import JumpHost
-from deploy_lib.yaml_io import load_yaml_mapping
 
 _GROUP_KEYS = {"hosts", "children", "vars"}
 _HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,253}$")
@@ -199,17 +200,20 @@ class Inventory(BaseModel):
 
 
 @dataclass
-class _GroupGraph:
-    """Groups as Ansible keeps them: one group per name, whatever the number of places it is written; a group's hosts
-    and children are the union of every place."""
+class _Collected:
+    """An inventory file as Ansible keeps it: one group per name, whatever the number of places it is written (its
+    hosts, children and vars the union of every place, a later value winning); each host's own vars likewise."""
 
     hosts: dict[str, list[str]] = field(default_factory=dict)
     children: dict[str, list[str]] = field(default_factory=dict)
+    group_vars: dict[str, dict[str, Any]] = field(default_factory=dict)
+    host_vars: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def add(self, group: str, hosts: list[str], children: list[str]) -> None:
+    def add(self, group: str, hosts: list[str], children: list[str], group_vars: dict[str, Any]) -> None:
         for kind, names in ((self.hosts, hosts), (self.children, children)):
             known = kind.setdefault(group, [])
-            known += [name for name in names if name not in known]
+            known += [name for name in dict.fromkeys(names) if name not in known]
+        self.group_vars[group] = {**self.group_vars.get(group, {}), **group_vars}
 
     def members(self, path: Path, group: str, chain: tuple[str, ...] = ()) -> list[str]:
         """The group's own hosts, then each child's in the order written; a group among its own children is an error
@@ -230,11 +234,25 @@ class _GroupGraph:
         groups.setdefault("ungrouped", tuple(host for host in self.hosts["all"] if host not in grouped))
         return groups
 
+    def depth(self, group: str) -> int:
+        """Ansible's group depth: 0 for all, else one more than its deepest parent (a group of no parent is all's)."""
+        if group == "all":
+            return 0
+        parents = [name for name, children in self.children.items() if group in children and name != "all"]
+        return 1 + max((self.depth(parent) for parent in parents), default=0)
 
-def _walk_group(path: Path, where: str, group: Any, inherited: dict[str, Any], name: str,
-                found: dict[str, dict[str, Any]], graph: _GroupGraph) -> None:
+    def precedence(self, groups: list[str]) -> list[str]:
+        """A host's groups from weakest to strongest, as Ansible merges their vars: all first, then by depth (a child
+        overrides its parent), ansible_group_priority, then name."""
+        def key(group: str) -> tuple[int, int, str]:
+            priority = self.group_vars.get(group, {}).get("ansible_group_priority", 1)
+            return self.depth(group), priority if isinstance(priority, int) else 1, group
+        return sorted(groups, key=key)
+
+
+def _walk_group(path: Path, where: str, group: Any, name: str, collected: _Collected) -> None:
     if group is None:
-        graph.add(name, [], [])
+        collected.add(name, [], [], {})
         return
     if not isinstance(group, dict):
         raise ConfigError(f"{path}: {where}: a group must be a mapping with hosts/children/vars")
@@ -244,45 +262,82 @@ def _walk_group(path: Path, where: str, group: Any, inherited: dict[str, Any], n
     group_vars = group.get("vars") or {}
     if not isinstance(group_vars, dict):
         raise ConfigError(f"{path}: {where}.vars: must be a mapping")
-    scope = {**inherited, **group_vars}
     hosts = group.get("hosts") or {}
     if not isinstance(hosts, dict):
         raise ConfigError(f"{path}: {where}.hosts: must be a mapping of host name to vars")
-    for host_name, host_vars in hosts.items():
-        if not isinstance(host_name, str) or not _HOST_NAME_RE.match(host_name):
-            raise ConfigError(f"{path}: {where}.hosts: {host_name!r} is not a valid host name")
+    names: list[str] = []
+    for pattern, host_vars in hosts.items():
         if host_vars is not None and not isinstance(host_vars, dict):
-            raise ConfigError(f"{path}: {where}.hosts.{host_name}: must be a mapping of vars")
-        found[host_name] = {**found.get(host_name, {}), **scope, **(host_vars or {})}
+            raise ConfigError(f"{path}: {where}.hosts.{pattern}: must be a mapping of vars")
+        for host_name in _host_names(path, where, pattern):
+            if not _HOST_NAME_RE.match(host_name):
+                raise ConfigError(f"{path}: {where}.hosts: {host_name!r} is not a valid host name",
+                                  "letters, digits, `.`, `_` and `-`; a range is written gpu[1:8]")
+            collected.host_vars[host_name] = {**collected.host_vars.get(host_name, {}), **(host_vars or {})}
+            names.append(host_name)
     children = group.get("children") or {}
     if not isinstance(children, dict):
         raise ConfigError(f"{path}: {where}.children: must be a mapping of group name to group")
-    graph.add(name, list(hosts), [str(child_name) for child_name in children])
+    collected.add(name, names, [str(child_name) for child_name in children], group_vars)
     for child_name, child in children.items():
-        _walk_group(path, f"{where}.children.{child_name}", child, scope, str(child_name), found, graph)
+        _walk_group(path, f"{where}.children.{child_name}", child, str(child_name), collected)
+
+
+def _host_names(path: Path, where: str, pattern: Any) -> list[str]:
+    """The hosts a key of `hosts:` names: itself, or each host of a range (gpu[1:8])."""
+    if not isinstance(pattern, str):
+        raise ConfigError(f"{path}: {where}.hosts: {pattern!r} is not a valid host name")
+    try:
+        return expand_host_pattern(pattern)
+    except ValueError as error:
+        raise ConfigError(f"{path}: {where}.hosts: {error}") from None
+
+
+def _vars_layers(path: Path, collected: _Collected, group_files: dict[str, list[tuple[Path, dict[str, Any]]]],
+                 host: str, member_of: list[str]) -> list[tuple[Path, dict[str, Any]]]:
+    """A host's vars with the file each came from, in Ansible's precedence, weakest first: the inventory file's group
+    vars, group_vars/ files (all, then the host's groups), the inventory file's host vars, host_vars/ files."""
+    ordered = collected.precedence(member_of)
+    return [*((path, collected.group_vars.get(group, {})) for group in ordered),
+            *(layer for group in ordered for layer in group_files[group]),
+            (path, collected.host_vars[host]), *read_vars_files(path.parent / "host_vars", host)]
+
+
+def _host_vars(source: str, layers: list[tuple[Path, dict[str, Any]]]) -> tuple[dict[str, Any], HostVars]:
+    """The merged vars and what this tool reads of them; ConfigError names the file the wrong value came from."""
+    merged: dict[str, Any] = {}
+    origin: dict[str, Path] = {}
+    for file, layer in layers:
+        merged |= layer
+        origin |= dict.fromkeys(layer, file)
+    try:
+        return merged, HostVars.model_validate(merged)
+    except ValidationError as err:
+        first_key = str(err.errors()[0]["loc"][0]) if err.errors()[0]["loc"] else ""
+        raise ConfigError(format_validation_error(f"{origin.get(first_key, layers[0][0])}: {source}", err)) \
+            from None
 
 
 def load_inventory(path: Path) -> Inventory:
-    raw = load_yaml_mapping(path)
+    """An Ansible inventory (YAML, or INI for any other file name) with the group_vars/ and host_vars/ beside it."""
+    raw = read_inventory_source(path)
     if set(raw) != {"all"}:
         extra = sorted(set(raw) - {"all"})
         raise ConfigError(f"{path}: top level must be `all:` only" + (f", found {extra[0]!r}" if extra else ""),
                           "Ansible YAML inventory: all: {hosts:, children:, vars:}")
-    found: dict[str, dict[str, Any]] = {}
-    graph = _GroupGraph()
-    _walk_group(path, "all", raw["all"], {}, "all", found, graph)
-    graph.add("all", list(found), [])  # `all` holds every host, wherever it was written
-    groups = graph.resolve(path)
+    collected = _Collected()
+    _walk_group(path, "all", raw["all"], "all", collected)
+    collected.add("all", list(collected.host_vars), [], {})  # `all` holds every host, wherever it was written
+    groups = collected.resolve(path)
+    group_files = {group: read_vars_files(path.parent / "group_vars", group) for group in groups}
     hosts = {}
-    for name, host_vars in found.items():
-        try:
-            parsed = HostVars.model_validate(host_vars)
-        except ValidationError as err:
-            raise ConfigError(format_validation_error(f"{path}: host {name}", err)) from None
+    for name in collected.host_vars:
+        member_of = [group for group, members in groups.items() if name in members]
+        host_vars, parsed = _host_vars(f"host {name}", _vars_layers(path, collected, group_files, name, member_of))
         if parsed.profile and ("/" in parsed.profile or parsed.profile.endswith(".yaml")):
             parsed = parsed.model_copy(update={"profile": str(expand_local_path(parsed.profile, path))})
-        member_of = tuple(group for group, members in groups.items() if name in members)
-        hosts[name] = Host(name=name, groups=member_of, vars=parsed, warnings=_ignored_vars(path, name, host_vars))
+        hosts[name] = Host(name=name, groups=tuple(member_of), vars=parsed,
+                           warnings=_ignored_vars(path, name, host_vars))
     if not hosts:
         raise ConfigError(f"{path}: no hosts defined")
     return Inventory(path=path, hosts=hosts, groups=groups)

@@ -3,6 +3,7 @@ refuses Ansible Vault values by key, and names file and line."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -13,6 +14,7 @@ from deploy_lib.errors import ConfigError
 
 MAX_FILE_BYTES = 1_000_000  # a profile or inventory is a few KB; anything this large is a mistake
 MERGE_TAG = "tag:yaml.org,2002:merge"
+_INI_SECTION = re.compile(r"^\[[^:\]\s]+(?::\w+)?\]\s*$")  # [group], [group:vars]: an INI inventory's sections
 VAULT_FILE_HEADER = "$ANSIBLE_VAULT;"  # the first line of a file `ansible-vault encrypt` wrote
 VAULT_HINT = ("sglang-deploy does not decrypt Ansible Vault; keep the secret out of the inventory: a profile's "
               "`secrets:` takes `{env: VAR_NAME}` or `{file: /path}` (e.g. `VAR_NAME=$(ansible-vault view ...)`)")
@@ -52,8 +54,9 @@ def _refuse_vault(path: Path, data: Any, where: str = "") -> None:
         _refuse_vault(path, value, f"{where}.{key}" if where else str(key))
 
 
-def load_yaml_mapping(path: Path) -> dict[str, Any]:
-    """Parse PATH as a YAML mapping; ConfigError names the file and line of any problem."""
+def load_yaml_mapping(path: Path, allow_empty: bool = False, ini_hint: bool = False) -> dict[str, Any]:
+    """Parse PATH as a YAML mapping ({} for an empty file when `allow_empty`); ConfigError names the file and line of
+    any problem, and with `ini_hint` says so when the file looks like an INI inventory."""
     try:
         size = path.stat().st_size
     except OSError as err:
@@ -68,7 +71,12 @@ def load_yaml_mapping(path: Path) -> dict[str, Any]:
     except yaml.MarkedYAMLError as err:
         mark = err.problem_mark
         where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
-        raise ConfigError(f"{where}: invalid YAML: {err.problem or err}") from None
+        looks_ini = ini_hint and any(_INI_SECTION.match(line) for line in text.splitlines())
+        raise ConfigError(f"{where}: invalid YAML: {err.problem or err}",
+                          f"this looks like an INI inventory: give it a name that does not end in {path.suffix} "
+                          "(e.g. hosts.ini), and it is read as INI" if looks_ini else None) from None
+    if data is None and allow_empty:
+        return {}
     if data is None:
         raise ConfigError(f"{path}: file is empty")
     if not isinstance(data, dict):

@@ -24,7 +24,7 @@ LAYERS: dict[str, frozenset[str]] = {
                        "model_stage", "versions", "json_lines", "host_paths"}) | HOST_SCRIPTS,
     "transport": frozenset({"remote", "remote.steps", "remote.batch", "remote.ssh", "remote.connection", "readings"}),
     "schema": frozenset({"settings", "profile", "profile.fields", "profile.choices", "profile.sections",
-                        "profile.model", "profile.loading", "profile.stored", "inventory"}),
+                        "profile.model", "profile.loading", "profile.stored", "inventory", "inventory_formats"}),
     "planning": frozenset(),
     "commands": frozenset({"deploy", "deploy.plan", "deploy.preflight", "deploy.switch", "deploy.engine", "adopt",
                            "gpu_check", "gpu_check.on_host", "patches.on_host", "status", "uninstall",
