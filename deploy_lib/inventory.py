@@ -3,10 +3,10 @@ their connection settings and GPU facts, with Ansible's precedence of vars."""
 
 from __future__ import annotations
 
-import getpass
 import os
 import re
 import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -17,33 +17,19 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 from deploy_lib.errors import ConfigError, did_you_mean
 from deploy_lib.inventory_formats import expand_host_pattern, read_inventory_source, read_vars_files
 from deploy_lib.profile import AbsPath, Profile, format_validation_error
-from deploy_lib.remote import JumpHost
+from deploy_lib.remote import SSHTarget
+from deploy_lib.remote.ssh_config import (
+    GivenSSH,
+    read_ssh_config,
+    resolve_ssh_target,
+    split_proxy_jump,
+    ssh_config_path,
+)
 
 _GROUP_KEYS = {"hosts", "children", "vars"}
 _HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,253}$")
-# OpenSSH's ProxyJump destination: [ssh://][user@]host[:port], an IPv6 address in brackets.
-_JUMP_RE = re.compile(r"^(?:ssh://)?(?:(?P<user>[a-z_][a-z0-9_\-]{0,31})@)?"
-                      r"(?P<host>[A-Za-z0-9][A-Za-z0-9.\-]{0,253}|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?$")
 _SSH_ARGS_HELP = ("sglang-deploy connects with Paramiko, not the ssh binary, and honours only a jump host here: "
                   "`-o ProxyJump=user@host[:port]` or `-J user@host[:port]` (or the `proxy_jump` var)")
-
-
-def parse_proxy_jump(value: str) -> JumpHost | None:
-    """`[user@]host[:port]` (OpenSSH's ProxyJump; `none` means no jump); ValueError says what is wrong.
-
-    Without `user@` the jump host is logged in as the local user, as OpenSSH does.
-    """
-    if value == "none":
-        return None
-    if "," in value:
-        raise ValueError(f"{value!r} is a chain of jump hosts; one jump host is supported")
-    match = _JUMP_RE.fullmatch(value)
-    if match is None:
-        raise ValueError(f"{value!r} is not a jump host; write user@host or user@host:port")
-    port = int(match.group("port") or 22)
-    if not 1 <= port <= 65535:
-        raise ValueError(f"{value!r}: port {port} is not in 1-65535")
-    return JumpHost(host=match.group("host").strip("[]"), port=port, user=match.group("user") or getpass.getuser())
 
 
 def proxy_jump_in_ssh_args(args: str) -> str | None:
@@ -88,10 +74,17 @@ class HostVars(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     ansible_host: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9.:\-\[\]]+$", max_length=255)] | None = None
-    ansible_user: Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_\-]{0,31}$")] = "root"
-    ansible_port: Annotated[int, Field(ge=1, le=65535)] = 22
-    ansible_ssh_private_key_file: str | None = None
-    known_hosts_file: str | None = Field(None, description="known_hosts to check the host key against")
+    ansible_user: Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_\-]{0,31}$")] | None = Field(
+        None, description="login user; default: the ssh config's User, else the local user (as Ansible)")
+    ansible_port: Annotated[int, Field(ge=1, le=65535)] | None = Field(
+        None, description="SSH port; default: the ssh config's Port, else 22")
+    ansible_ssh_private_key_file: str | None = Field(None, description="key file; default: the ssh config's "
+                                                                       "IdentityFile, else the agent and ~/.ssh keys")
+    known_hosts_file: str | None = Field(None, description="known_hosts to check the host key against; default: the "
+                                                           "ssh config's UserKnownHostsFile, else ~/.ssh/known_hosts")
+    ssh_config_file: str | None = Field(None, description="OpenSSH client config read for this host (relative to "
+                                                          "the inventory; `none`: none); default "
+                                                          "$SGLANG_DEPLOY_SSH_CONFIG, else ~/.ssh/config")
     connect_timeout_s: Annotated[float, Field(gt=0, le=300)] = 10
     gpu_count: Annotated[int, Field(ge=0, le=64)] | None = Field(None, description="declared; preflight reads it")
     gpu_arch: Annotated[str, StringConstraints(pattern=r"^sm[0-9]{2,3}[a-z]?$")] | None = Field(
@@ -125,7 +118,7 @@ class HostVars(BaseModel):
     @classmethod
     def _proxy_jump(cls, value: str | None) -> str | None:
         if value is not None:
-            parse_proxy_jump(value)
+            split_proxy_jump(value)
         return value
 
     @field_validator("ansible_ssh_common_args", "ansible_ssh_extra_args")
@@ -134,7 +127,7 @@ class HostVars(BaseModel):
         if value is not None:
             jump = proxy_jump_in_ssh_args(value)
             if jump is not None:
-                parse_proxy_jump(jump)
+                split_proxy_jump(jump)
         return value
 
     @model_validator(mode="after")
@@ -150,10 +143,11 @@ class HostVars(BaseModel):
                    if (args := getattr(self, key)) is not None}}
 
     @property
-    def jump(self) -> JumpHost | None:
-        """The jump host from proxy_jump or the ssh args (validated to agree); None connects directly."""
-        value = next((v for v in self._jump_values().values() if v is not None), None)
-        return parse_proxy_jump(value) if value is not None else None
+    def proxy_jump_value(self) -> str | None:
+        """The ProxyJump the inventory gives (proxy_jump or the ssh args, validated to agree; `none` for a direct
+        connection whatever the ssh config says); None when it gives none."""
+        return next((v for v in self._jump_values().values() if v is not None), None)
+
 
 
 READ_VARS = tuple(HostVars.model_fields)
@@ -358,6 +352,20 @@ def expand_local_path(value: str, relative_to: Path) -> Path:
     """A path from the inventory on this machine: ~ expanded, relative to the inventory file."""
     expanded = Path(os.path.expanduser(value))
     return expanded if expanded.is_absolute() else (relative_to.parent / expanded)
+
+
+def ssh_target(inventory_path: Path, host: Host, accept_new_host_key: bool, environ: Mapping[str, str]) -> SSHTarget:
+    """How to reach the host: its inventory vars (paths relative to the inventory), over what the ssh config says
+    for its address (remote/ssh_config.py)."""
+    hv = host.vars
+    config_path = ssh_config_path(hv.ssh_config_file, inventory_path, environ)
+    given = GivenSSH(
+        user=hv.ansible_user, port=hv.ansible_port, proxy_jump=hv.proxy_jump_value,
+        key_file=expand_local_path(hv.ansible_ssh_private_key_file, inventory_path)
+        if hv.ansible_ssh_private_key_file else None,
+        known_hosts_file=expand_local_path(hv.known_hosts_file, inventory_path) if hv.known_hosts_file else None,
+        connect_timeout_s=hv.connect_timeout_s, accept_new_host_key=accept_new_host_key)
+    return resolve_ssh_target(host.address, given, read_ssh_config(config_path), config_path)
 
 
 def check_profile_fits_host(profile: Profile, host: Host, profile_source: Path) -> None:

@@ -43,7 +43,7 @@ class JumpPair:
                               text=True).stdout.split()[1]
 
     def ssh_target(self, known_hosts: Path, accept_new: bool = False) -> SSHTarget:
-        return SSHTarget(host=self.target_ip, user=manage.GUEST_USER, key_file=self.jump.key,
+        return SSHTarget(host=self.target_ip, user=manage.GUEST_USER, key_files=(self.jump.key,),
                          known_hosts_file=known_hosts, accept_new_host_key=accept_new,
                          jump=JumpHost(self.jump.guest_ip, 22, manage.GUEST_USER))
 
@@ -97,8 +97,8 @@ def test_the_target_is_not_reachable_without_the_jump_host(pair: JumpPair, tmp_p
                                                                                       pair.target.guest_ip))
     once = SSH_CONNECT.copy(sleep=lambda _: None, stop=stop_after_attempt(1))
     for address in (pair.target_ip, pair.target.guest_ip):
-        direct = SSHTarget(host=address, user=manage.GUEST_USER, key_file=pair.jump.key, known_hosts_file=known_hosts,
-                           connect_timeout_s=3)
+        direct = SSHTarget(host=address, user=manage.GUEST_USER, key_files=(pair.jump.key,),
+                           known_hosts_file=known_hosts, connect_timeout_s=3)
         with pytest.raises(ConnectFailed, match="cannot connect"), FabricRemote(direct, once) as remote:
             remote.run([Step("probe", ("true",))])
 
