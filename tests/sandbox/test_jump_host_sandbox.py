@@ -91,6 +91,31 @@ def test_inventory_proxyjump_reaches_the_target_through_the_jump_host(pair: Jump
     assert written.stdout.split() == ["640", "root"]
 
 
+def test_ssh_config_host_aliases_reach_the_target_through_the_jump_host(pair: JumpPair, tmp_path: Path) -> None:
+    """Input tried: an inventory naming only the alias `vm` (and the ssh config file), an ssh config the test writes
+    with `Host vm` (HostName, User, IdentityFile, UserKnownHostsFile, ProxyJump node) and `Host node` for the jump
+    host; both the paramiko connection and rsync's ssh (a directory pushed) reach the target."""
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(pair.key_line(pair.jump, pair.jump.guest_ip) + pair.key_line(pair.target, pair.target_ip))
+    (tmp_path / "ssh_config").write_text(
+        f"Host node\n  HostName {pair.jump.guest_ip}\n  User {manage.GUEST_USER}\n\n"
+        f"Host vm\n  HostName {pair.target_ip}\n  User {manage.GUEST_USER}\n  ProxyJump node\n"
+        f"  IdentityFile {pair.jump.key}\n  UserKnownHostsFile {known_hosts}\n")
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("all:\n  hosts:\n    vm: {ssh_config_file: ssh_config}\n")
+    target = resolve_target(load_inventory(inventory), "vm")
+    assert target.ssh.jump == JumpHost(pair.jump.guest_ip, 22, manage.GUEST_USER)
+    pushed = tmp_path / "pushed"
+    pushed.mkdir()
+    (pushed / "a.txt").write_text("by rsync through the node\n")
+    with FabricRemote(target.ssh) as remote:
+        name, = remote.run([Step("hostname", ("cat", "/etc/hostname"))])
+        remote.push_directory(pushed, PurePosixPath("/srv/sglang-deploy-alias"), None)
+        copied, = remote.run([Step("read back", ("cat", "/srv/sglang-deploy-alias/a.txt"), sudo=True)])
+    assert name.stdout.strip() == pair.target.name
+    assert copied.stdout == "by rsync through the node\n"
+
+
 def test_the_target_is_not_reachable_without_the_jump_host(pair: JumpPair, tmp_path: Path) -> None:
     known_hosts = tmp_path / "known_hosts"
     known_hosts.write_text(pair.key_line(pair.target, pair.target_ip) + pair.key_line(pair.target,
