@@ -110,6 +110,9 @@ class HostVars(BaseModel):
                                                             "internet")
     router_index: Annotated[str, StringConstraints(pattern=r"^https?://[^\s]+$")] | None = Field(
         None, description="package index the router host downloads the lock's wheels from (default PyPI)")
+    notify_webhook: Annotated[str, StringConstraints(pattern=r"^https?://[^\s]+$", max_length=2048)] | None = Field(
+        None, description="URL that receives a JSON notification (Slack-compatible `text`) on a rollback, a gate "
+                          "failure, a crash loop given up and a deploy done")
     proxy_jump: str | None = Field(None, description="jump host, [user@]host[:port] as OpenSSH's ProxyJump")
     ansible_ssh_common_args: str | None = Field(None, description="only -o ProxyJump=... / -J ... is honoured")
     ansible_ssh_extra_args: str | None = Field(None, description="only -o ProxyJump=... / -J ... is honoured")

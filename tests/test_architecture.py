@@ -23,7 +23,7 @@ LAYERS: dict[str, frozenset[str]] = {
     "base": frozenset({"__init__", "errors", "yaml_io", "bundled", "progress", "interrupts", "digests",
                        "model_stage", "versions", "json_lines", "host_paths"}) | HOST_SCRIPTS,
     "transport": frozenset({"remote", "remote.steps", "remote.batch", "remote.ssh", "remote.ssh_config",
-                            "remote.connection", "readings"}),
+                            "remote.connection", "remote.webhook", "readings"}),
     "schema": frozenset({"settings", "profile", "profile.fields", "profile.choices", "profile.sections",
                         "profile.model", "profile.loading", "profile.stored", "inventory", "inventory_formats"}),
     "planning": frozenset(),

@@ -9,6 +9,7 @@ against a known_hosts file (Fabric's default accepts unknown keys; we refuse the
     ssh         SSHTarget, JumpHost, host keys, the connect policy and its errors, rsync's ssh options
     ssh_config  the user's OpenSSH config and the inventory's values resolved into one SSHTarget
     connection  FabricRemote: the connection, running round trips, uploads, pushing a directory
+    webhook     notifications POSTed to the inventory's notify_webhook, in the background, with retries
 """
 
 from deploy_lib.remote.batch import (
