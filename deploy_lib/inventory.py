@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
+import paramiko
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
 from deploy_lib.errors import ConfigError, did_you_mean
@@ -20,6 +20,8 @@ from deploy_lib.profile import AbsPath, Profile, format_validation_error
 from deploy_lib.remote import SSHTarget
 from deploy_lib.remote.ssh_config import (
     GivenSSH,
+    config_hostname,
+    proxy_jump_in_ssh_args,
     read_ssh_config,
     resolve_ssh_target,
     split_proxy_jump,
@@ -28,35 +30,6 @@ from deploy_lib.remote.ssh_config import (
 
 _GROUP_KEYS = {"hosts", "children", "vars"}
 _HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,253}$")
-_SSH_ARGS_HELP = ("sglang-deploy connects with Paramiko, not the ssh binary, and honours only a jump host here: "
-                  "`-o ProxyJump=user@host[:port]` or `-J user@host[:port]` (or the `proxy_jump` var)")
-
-
-def proxy_jump_in_ssh_args(args: str) -> str | None:
-    """The ProxyJump value of an `ansible_ssh_common_args` string; ValueError for anything else in it."""
-    try:
-        words = shlex.split(args)
-    except ValueError as error:
-        raise ValueError(f"cannot split {args!r} like a shell: {error}") from None
-    found: list[str] = []
-    index = 0
-    while index < len(words):
-        word = words[index]
-        if word in ("-o", "-J") and index + 1 < len(words):
-            flag, value, index = word, words[index + 1], index + 2
-        elif word.startswith(("-o", "-J")) and len(word) > 2:
-            flag, value, index = word[:2], word[2:], index + 1
-        else:
-            raise ValueError(f"{word!r} cannot be honoured. {_SSH_ARGS_HELP}")
-        if flag == "-o":
-            key, _, rest = value.replace("=", " ", 1).partition(" ")
-            if key.lower() != "proxyjump" or not rest.strip():
-                raise ValueError(f"-o {value!r} cannot be honoured. {_SSH_ARGS_HELP}")
-            value = rest.strip()
-        found.append(value)
-    if len(set(found)) > 1:
-        raise ValueError(f"gives {len(found)} different jump hosts: {', '.join(found)}")
-    return found[0] if found else None
 
 
 class RouterPolicy(StrEnum):
@@ -162,10 +135,18 @@ class Host(BaseModel):
     groups: tuple[str, ...]
     vars: HostVars
     warnings: tuple[str, ...] = ()  # vars that look meant for this tool but are not read (typos, other ansible_*)
+    config_hostname: str | None = None  # the ssh config's HostName for ssh_alias, where it has one
+
+    @property
+    def ssh_alias(self) -> str:
+        """What ssh is asked to reach, as Ansible hands it to ssh: ansible_host, else the inventory name."""
+        return self.vars.ansible_host or self.name
 
     @property
     def address(self) -> str:
-        return self.vars.ansible_host or self.name
+        """Where the host is reached (endpoints, a multi-node release's dist-init address): the ssh config's
+        HostName for ssh_alias, else ssh_alias itself."""
+        return self.config_hostname or self.ssh_alias
 
 
 class Inventory(BaseModel):
@@ -315,8 +296,9 @@ def _host_vars(source: str, layers: list[tuple[Path, dict[str, Any]]]) -> tuple[
             from None
 
 
-def load_inventory(path: Path) -> Inventory:
-    """An Ansible inventory (YAML, or INI for any other file name) with the group_vars/ and host_vars/ beside it."""
+def load_inventory(path: Path, environ: Mapping[str, str] = os.environ) -> Inventory:
+    """An Ansible inventory (YAML, or INI for any other file name) with the group_vars/ and host_vars/ beside it;
+    each host's address through the ssh config (`ssh_target`)."""
     raw = read_inventory_source(path)
     if set(raw) != {"all"}:
         extra = sorted(set(raw) - {"all"})
@@ -327,14 +309,19 @@ def load_inventory(path: Path) -> Inventory:
     collected.add("all", list(collected.host_vars), [], {})  # `all` holds every host, wherever it was written
     groups = collected.resolve(path)
     group_files = {group: read_vars_files(path.parent / "group_vars", group) for group in groups}
+    configs: dict[Path | None, paramiko.SSHConfig] = {}
     hosts = {}
     for name in collected.host_vars:
         member_of = [group for group, members in groups.items() if name in members]
         host_vars, parsed = _host_vars(f"host {name}", _vars_layers(path, collected, group_files, name, member_of))
         if parsed.profile and ("/" in parsed.profile or parsed.profile.endswith(".yaml")):
             parsed = parsed.model_copy(update={"profile": str(expand_local_path(parsed.profile, path))})
+        config_path = ssh_config_path(parsed.ssh_config_file, path, environ)
+        alias = parsed.ansible_host or name
+        hostname = config_hostname(configs.setdefault(config_path, read_ssh_config(config_path)), alias, config_path)
         hosts[name] = Host(name=name, groups=tuple(member_of), vars=parsed,
-                           warnings=_ignored_vars(path, name, host_vars))
+                           warnings=_ignored_vars(path, name, host_vars),
+                           config_hostname=hostname if hostname != alias else None)
     if not hosts:
         raise ConfigError(f"{path}: no hosts defined")
     return Inventory(path=path, hosts=hosts, groups=groups)
@@ -368,7 +355,7 @@ def ssh_target(inventory_path: Path, host: Host, accept_new_host_key: bool, envi
         if hv.ansible_ssh_private_key_file else None,
         known_hosts_file=expand_local_path(hv.known_hosts_file, inventory_path) if hv.known_hosts_file else None,
         connect_timeout_s=hv.connect_timeout_s, accept_new_host_key=accept_new_host_key)
-    return resolve_ssh_target(host.address, given, read_ssh_config(config_path), config_path)
+    return resolve_ssh_target(host.ssh_alias, given, read_ssh_config(config_path), config_path)
 
 
 def check_profile_fits_host(profile: Profile, host: Host, profile_source: Path) -> None:

@@ -71,6 +71,17 @@ def test_a_host_alias_takes_hostname_user_port_keys_jump_and_known_hosts_from_th
     assert not ssh.identities_only
 
 
+def test_the_hosts_address_is_the_configs_hostname_for_endpoints_and_multi_node(tmp_path: Path) -> None:
+    """Input tried: host `gpu1` known only by its ssh config HostName (the address a router, a status endpoint and a
+    multi-node release's dist-init address use), and `gpu2` with ansible_host, which is looked up instead."""
+    (tmp_path / "ssh_config").write_text("Host gpu1\n  HostName 192.0.2.41\nHost edge\n  HostName 192.0.2.42\n")
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("all:\n  vars: {ssh_config_file: ssh_config}\n  hosts:\n    gpu1: {}\n"
+                         "    gpu2: {ansible_host: edge}\n    gpu3: {}\n")
+    loaded = load_inventory(inventory)
+    assert [loaded.host(name).address for name in ("gpu1", "gpu2", "gpu3")] == ["192.0.2.41", "192.0.2.42", "gpu3"]
+
+
 def test_inventory_vars_win_over_the_config(tmp_path: Path) -> None:
     """Input tried: every connection var set in the inventory, `proxy_jump: none` against the config's ProxyJump."""
     ssh = _target(tmp_path, "ssh_config_file: ssh_config, ansible_host: gpu7, ansible_user: bob, ansible_port: 22,"

@@ -13,6 +13,7 @@ import getpass
 import glob
 import os
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,6 +34,8 @@ _INCLUDE_RE = re.compile(r"^\s*include\s+(?P<patterns>.+?)\s*$", re.IGNORECASE)
 # OpenSSH's ProxyJump destination: [ssh://][user@]host[:port], an IPv6 address in brackets.
 _JUMP_RE = re.compile(r"^(?:ssh://)?(?:(?P<user>[a-z_][a-z0-9_\-]{0,31})@)?"
                       r"(?P<host>[A-Za-z0-9][A-Za-z0-9.\-]{0,253}|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?$")
+_SSH_ARGS_HELP = ("sglang-deploy connects with Paramiko, not the ssh binary, and honours only a jump host here: "
+                  "`-o ProxyJump=user@host[:port]` or `-J user@host[:port]` (or the `proxy_jump` var)")
 _UNSUPPORTED = {"proxycommand": "write `ProxyJump [user@]host[:port]` for that host instead",
                 "remotecommand": "remove it for that host (sglang-deploy runs its own commands)"}
 
@@ -64,6 +67,33 @@ def split_proxy_jump(value: str) -> tuple[str | None, str, int | None] | None:
     if port is not None and not 1 <= port <= 65535:
         raise ValueError(f"{value!r}: port {port} is not in 1-65535")
     return match.group("user"), match.group("host").strip("[]"), port
+
+
+def proxy_jump_in_ssh_args(args: str) -> str | None:
+    """The ProxyJump value of an `ansible_ssh_common_args` string; ValueError for anything else in it."""
+    try:
+        words = shlex.split(args)
+    except ValueError as error:
+        raise ValueError(f"cannot split {args!r} like a shell: {error}") from None
+    found: list[str] = []
+    index = 0
+    while index < len(words):
+        word = words[index]
+        if word in ("-o", "-J") and index + 1 < len(words):
+            flag, value, index = word, words[index + 1], index + 2
+        elif word.startswith(("-o", "-J")) and len(word) > 2:
+            flag, value, index = word[:2], word[2:], index + 1
+        else:
+            raise ValueError(f"{word!r} cannot be honoured. {_SSH_ARGS_HELP}")
+        if flag == "-o":
+            key, _, rest = value.replace("=", " ", 1).partition(" ")
+            if key.lower() != "proxyjump" or not rest.strip():
+                raise ValueError(f"-o {value!r} cannot be honoured. {_SSH_ARGS_HELP}")
+            value = rest.strip()
+        found.append(value)
+    if len(set(found)) > 1:
+        raise ValueError(f"gives {len(found)} different jump hosts: {', '.join(found)}")
+    return found[0] if found else None
 
 
 def ssh_config_path(inventory_value: str | None, inventory_path: Path, environ: Mapping[str, str]) -> Path | None:
@@ -118,6 +148,15 @@ def read_ssh_config(path: Path | None) -> paramiko.SSHConfig:
         raise ConfigError(f"{path}: cannot parse the ssh config: {error}") from None
 
 
+def config_hostname(config: paramiko.SSHConfig, alias: str, source: Path | None) -> str:
+    """The address `alias` stands for (its HostName, else itself); ConfigError for one unsafe in a command line."""
+    hostname = config.lookup(alias).get("hostname", alias)
+    if not _HOSTNAME_RE.match(hostname):
+        raise ConfigError(f"{source}: Host {alias}: HostName {hostname!r} is not a host name or address",
+                          "write one name or address, without spaces or options")
+    return hostname
+
+
 def lookup_host(config: paramiko.SSHConfig, alias: str, source: Path | None) -> SSHConfigHost:
     """What `config` says for `alias`; ConfigError naming the file, the Host and the key of a value this tool cannot
     honour or that would not be safe in a command line."""
@@ -126,10 +165,7 @@ def lookup_host(config: paramiko.SSHConfig, alias: str, source: Path | None) -> 
     for key, fix in _UNSUPPORTED.items():
         if key in found:
             raise ConfigError(f"{where}: {key} cannot be honoured (sglang-deploy connects with paramiko)", fix)
-    hostname = found.get("hostname", alias)
-    if not _HOSTNAME_RE.match(hostname):
-        raise ConfigError(f"{where}: HostName {hostname!r} is not a host name or address",
-                          "write one name or address, without spaces or options")
+    hostname = config_hostname(config, alias, source)
     user = found.get("user")
     if user is not None and not _USER_RE.match(user):
         raise ConfigError(f"{where}: User {user!r} is not a login name", "write a login name such as deploy")
