@@ -15,7 +15,7 @@ import string
 from pathlib import Path
 from typing import Any
 
-from deploy_lib.errors import ConfigError
+from deploy_lib.errors import ConfigError, did_you_mean
 from deploy_lib.yaml_io import load_yaml_mapping
 
 MAX_RANGE_HOSTS = 4096  # a range is a rack, not a data centre; a typo such as [1:100000] is refused
@@ -86,7 +86,8 @@ def read_ini_inventory(path: Path) -> dict[str, Any]:
     inventory's shape; ConfigError names the file and line."""
     groups: dict[str, dict[str, Any]] = {}
     declared: set[str] = set()  # groups with a section of their own (a [g:vars] alone does not declare g)
-    children_of: dict[str, int] = {}  # a child named in [parent:children] -> line, until it is declared
+    children_of: dict[str, int] = {}  # a child named in [parent:children] -> its line
+    vars_of: dict[str, int] = {}  # a group with a [group:vars] section -> its line
     name, kind = "ungrouped", "hosts"
     lines = path.read_text(encoding="utf-8", errors="strict").splitlines()
     for number, raw in enumerate(lines, start=1):
@@ -106,6 +107,8 @@ def read_ini_inventory(path: Path) -> dict[str, Any]:
             groups.setdefault(name, {"hosts": {}, "vars": {}, "children": {}})
             if kind != "vars":
                 declared.add(name)
+            else:
+                vars_of.setdefault(name, number)
             continue
         group = groups.setdefault(name, {"hosts": {}, "vars": {}, "children": {}})
         if kind == "vars":
@@ -123,6 +126,13 @@ def read_ini_inventory(path: Path) -> dict[str, Any]:
         line, child = undeclared[0]
         raise ConfigError(f"{path}:{line}: group {child!r} is a child but has no section of its own",
                           f"add a [{child}] section (empty if it has no hosts of its own)")
+    # as Ansible: vars for a group that is never declared are a mistake (a typo of its name, most likely)
+    vars_only = sorted((line, group) for group, line in vars_of.items()
+                       if group not in declared and group not in ("all", "ungrouped"))
+    if vars_only:
+        line, group = vars_only[0]
+        raise ConfigError(f"{path}:{line}: [{group}:vars] is for a group that has no section of its own"
+                          f"{did_you_mean(group, declared)}", f"add a [{group}] section, or fix the group's name")
     all_group = groups.pop("all", {"hosts": {}, "vars": {}, "children": {}})
     ungrouped = groups.pop("ungrouped", {"hosts": {}, "vars": {}, "children": {}})
     return {"all": {"hosts": {**all_group["hosts"], **ungrouped["hosts"]}, "vars": all_group["vars"],
