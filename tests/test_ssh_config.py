@@ -127,6 +127,7 @@ def test_identities_only_turns_the_agent_off(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(("config", "expected"), [
     ("Host gpu1\n  HostName 1.2.3.4 -oProxyCommand=touch/tmp/x\n", "Host gpu1: HostName '1.2.3.4 -oProxyCommand"),
+    ("Host gpu1\n  HostName -oBatchMode\n", "Host gpu1: HostName '-oBatchMode' is not a host name"),
     ("Host gpu1\n  User root;reboot\n", "Host gpu1: User 'root;reboot' is not a login name"),
     ("Host gpu1\n  Port 22 -oX\n", "Host gpu1: Port '22 -oX' is not in 1-65535"),
     ("Host gpu1\n  Port 0\n", "Host gpu1: Port '0' is not in 1-65535"),

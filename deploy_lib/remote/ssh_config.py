@@ -28,7 +28,7 @@ DEFAULT_SSH_CONFIG = Path("~/.ssh/config")
 NO_SSH_CONFIG = "none"
 MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
 MAX_CONFIG_BYTES = 1_000_000
-_HOSTNAME_RE = re.compile(r"^[A-Za-z0-9.:\-\[\]_]{1,255}$")
+_HOSTNAME_RE = re.compile(r"^[A-Za-z0-9\[][A-Za-z0-9.:\-\[\]_]{0,254}$")  # never an option: no leading -
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_\-]{0,31}$")
 _INCLUDE_RE = re.compile(r"^\s*include\s+(?P<patterns>.+?)\s*$", re.IGNORECASE)
 # OpenSSH's ProxyJump destination: [ssh://][user@]host[:port], an IPv6 address in brackets.
