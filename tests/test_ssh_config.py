@@ -120,6 +120,13 @@ def test_include_is_read_relative_to_home_ssh(tmp_path: Path, _home: Path) -> No
     assert (ssh.port, ssh.user) == (2301, "everyone")
 
 
+def test_a_proxyjump_for_every_host_does_not_make_the_jump_host_its_own_jump(tmp_path: Path) -> None:
+    """Input tried: `Host *` with `ProxyJump bastion`, as people write it, which names bastion itself too."""
+    ssh = _target(tmp_path, "ssh_config_file: ssh_config",
+                  config="Host bastion\n  HostName 198.51.100.7\nHost *\n  ProxyJump bastion\n")
+    assert ssh.jump == JumpHost("198.51.100.7", 22, getpass.getuser())
+
+
 def test_identities_only_turns_the_agent_off(tmp_path: Path) -> None:
     ssh = _target(tmp_path, "ssh_config_file: ssh_config", host="strict")
     assert ssh.identities_only and ssh.key_files == (Path("/abs/only"),)

@@ -213,7 +213,8 @@ def resolve_ssh_target(alias: str, given: GivenSSH, config: paramiko.SSHConfig, 
         if parts is not None:
             jump_user, jump_alias, jump_port = parts
             hop = lookup_host(config, jump_alias, source)
-            if hop.proxy_jump is not None:
+            # `Host *` with ProxyJump names the jump host itself too: that is no chain (Fabric's get_gateway skips it)
+            if hop.proxy_jump not in (None, jump_alias):
                 raise ConfigError(f"{source}: Host {jump_alias}: ProxyJump {hop.proxy_jump!r} makes a chain of jump "
                                   "hosts; one jump host is supported", f"reach {jump_alias} directly")
             jump = JumpHost(host=hop.hostname, port=jump_port or hop.port or 22,
