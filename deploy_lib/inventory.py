@@ -1,75 +1,35 @@
-"""Ansible-style YAML inventory (all / hosts / children / vars): hosts, their connection settings and GPU facts."""
+"""Ansible inventories (YAML all / hosts / children / vars, or INI; group_vars/ and host_vars/ beside them): hosts,
+their connection settings and GPU facts, with Ansible's precedence of vars."""
 
 from __future__ import annotations
 
-import getpass
 import os
 import re
-import shlex
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
+import paramiko
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
 from deploy_lib.errors import ConfigError, did_you_mean
+from deploy_lib.inventory_formats import expand_host_pattern, read_inventory_source, read_vars_files
 from deploy_lib.profile import AbsPath, Profile, format_validation_error
-from deploy_lib.remote import JumpHost
-from deploy_lib.yaml_io import load_yaml_mapping
+from deploy_lib.remote import SSHTarget
+from deploy_lib.remote.ssh_config import (
+    GivenSSH,
+    config_hostname,
+    proxy_jump_in_ssh_args,
+    read_ssh_config,
+    resolve_ssh_target,
+    split_proxy_jump,
+    ssh_config_path,
+)
 
 _GROUP_KEYS = {"hosts", "children", "vars"}
 _HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,253}$")
-# OpenSSH's ProxyJump destination: [ssh://][user@]host[:port], an IPv6 address in brackets.
-_JUMP_RE = re.compile(r"^(?:ssh://)?(?:(?P<user>[a-z_][a-z0-9_\-]{0,31})@)?"
-                      r"(?P<host>[A-Za-z0-9][A-Za-z0-9.\-]{0,253}|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?$")
-_SSH_ARGS_HELP = ("sglang-deploy connects with Paramiko, not the ssh binary, and honours only a jump host here: "
-                  "`-o ProxyJump=user@host[:port]` or `-J user@host[:port]` (or the `proxy_jump` var)")
-
-
-def parse_proxy_jump(value: str) -> JumpHost | None:
-    """`[user@]host[:port]` (OpenSSH's ProxyJump; `none` means no jump); ValueError says what is wrong.
-
-    Without `user@` the jump host is logged in as the local user, as OpenSSH does.
-    """
-    if value == "none":
-        return None
-    if "," in value:
-        raise ValueError(f"{value!r} is a chain of jump hosts; one jump host is supported")
-    match = _JUMP_RE.fullmatch(value)
-    if match is None:
-        raise ValueError(f"{value!r} is not a jump host; write user@host or user@host:port")
-    port = int(match.group("port") or 22)
-    if not 1 <= port <= 65535:
-        raise ValueError(f"{value!r}: port {port} is not in 1-65535")
-    return JumpHost(host=match.group("host").strip("[]"), port=port, user=match.group("user") or getpass.getuser())
-
-
-def proxy_jump_in_ssh_args(args: str) -> str | None:
-    """The ProxyJump value of an `ansible_ssh_common_args` string; ValueError for anything else in it."""
-    try:
-        words = shlex.split(args)
-    except ValueError as error:
-        raise ValueError(f"cannot split {args!r} like a shell: {error}") from None
-    found: list[str] = []
-    index = 0
-    while index < len(words):
-        word = words[index]
-        if word in ("-o", "-J") and index + 1 < len(words):
-            flag, value, index = word, words[index + 1], index + 2
-        elif word.startswith(("-o", "-J")) and len(word) > 2:
-            flag, value, index = word[:2], word[2:], index + 1
-        else:
-            raise ValueError(f"{word!r} cannot be honoured. {_SSH_ARGS_HELP}")
-        if flag == "-o":
-            key, _, rest = value.replace("=", " ", 1).partition(" ")
-            if key.lower() != "proxyjump" or not rest.strip():
-                raise ValueError(f"-o {value!r} cannot be honoured. {_SSH_ARGS_HELP}")
-            value = rest.strip()
-        found.append(value)
-    if len(set(found)) > 1:
-        raise ValueError(f"gives {len(found)} different jump hosts: {', '.join(found)}")
-    return found[0] if found else None
 
 
 class RouterPolicy(StrEnum):
@@ -87,10 +47,17 @@ class HostVars(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     ansible_host: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9.:\-\[\]]+$", max_length=255)] | None = None
-    ansible_user: Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_\-]{0,31}$")] = "root"
-    ansible_port: Annotated[int, Field(ge=1, le=65535)] = 22
-    ansible_ssh_private_key_file: str | None = None
-    known_hosts_file: str | None = Field(None, description="known_hosts to check the host key against")
+    ansible_user: Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_\-]{0,31}$")] | None = Field(
+        None, description="login user; default: the ssh config's User, else the local user (as Ansible)")
+    ansible_port: Annotated[int, Field(ge=1, le=65535)] | None = Field(
+        None, description="SSH port; default: the ssh config's Port, else 22")
+    ansible_ssh_private_key_file: str | None = Field(None, description="key file; default: the ssh config's "
+                                                                       "IdentityFile, else the agent and ~/.ssh keys")
+    known_hosts_file: str | None = Field(None, description="known_hosts to check the host key against; default: the "
+                                                           "ssh config's UserKnownHostsFile, else ~/.ssh/known_hosts")
+    ssh_config_file: str | None = Field(None, description="OpenSSH client config read for this host (relative to "
+                                                          "the inventory; `none`: none); default "
+                                                          "$SGLANG_DEPLOY_SSH_CONFIG, else ~/.ssh/config")
     connect_timeout_s: Annotated[float, Field(gt=0, le=300)] = 10
     gpu_count: Annotated[int, Field(ge=0, le=64)] | None = Field(None, description="declared; preflight reads it")
     gpu_arch: Annotated[str, StringConstraints(pattern=r"^sm[0-9]{2,3}[a-z]?$")] | None = Field(
@@ -116,6 +83,9 @@ class HostVars(BaseModel):
                                                             "internet")
     router_index: Annotated[str, StringConstraints(pattern=r"^https?://[^\s]+$")] | None = Field(
         None, description="package index the router host downloads the lock's wheels from (default PyPI)")
+    notify_webhook: Annotated[str, StringConstraints(pattern=r"^https?://[^\s]+$", max_length=2048)] | None = Field(
+        None, description="URL that receives a JSON notification (Slack-compatible `text`) on a rollback, a gate "
+                          "failure, a crash loop given up and a deploy done")
     proxy_jump: str | None = Field(None, description="jump host, [user@]host[:port] as OpenSSH's ProxyJump")
     ansible_ssh_common_args: str | None = Field(None, description="only -o ProxyJump=... / -J ... is honoured")
     ansible_ssh_extra_args: str | None = Field(None, description="only -o ProxyJump=... / -J ... is honoured")
@@ -124,7 +94,7 @@ class HostVars(BaseModel):
     @classmethod
     def _proxy_jump(cls, value: str | None) -> str | None:
         if value is not None:
-            parse_proxy_jump(value)
+            split_proxy_jump(value)
         return value
 
     @field_validator("ansible_ssh_common_args", "ansible_ssh_extra_args")
@@ -133,7 +103,7 @@ class HostVars(BaseModel):
         if value is not None:
             jump = proxy_jump_in_ssh_args(value)
             if jump is not None:
-                parse_proxy_jump(jump)
+                split_proxy_jump(jump)
         return value
 
     @model_validator(mode="after")
@@ -149,10 +119,11 @@ class HostVars(BaseModel):
                    if (args := getattr(self, key)) is not None}}
 
     @property
-    def jump(self) -> JumpHost | None:
-        """The jump host from proxy_jump or the ssh args (validated to agree); None connects directly."""
-        value = next((v for v in self._jump_values().values() if v is not None), None)
-        return parse_proxy_jump(value) if value is not None else None
+    def proxy_jump_value(self) -> str | None:
+        """The ProxyJump the inventory gives (proxy_jump or the ssh args, validated to agree; `none` for a direct
+        connection whatever the ssh config says); None when it gives none."""
+        return next((v for v in self._jump_values().values() if v is not None), None)
+
 
 
 READ_VARS = tuple(HostVars.model_fields)
@@ -164,10 +135,18 @@ class Host(BaseModel):
     groups: tuple[str, ...]
     vars: HostVars
     warnings: tuple[str, ...] = ()  # vars that look meant for this tool but are not read (typos, other ansible_*)
+    config_hostname: str | None = None  # the ssh config's HostName for ssh_alias, where it has one
+
+    @property
+    def ssh_alias(self) -> str:
+        """What ssh is asked to reach, as Ansible hands it to ssh: ansible_host, else the inventory name."""
+        return self.vars.ansible_host or self.name
 
     @property
     def address(self) -> str:
-        return self.vars.ansible_host or self.name
+        """Where the host is reached (endpoints, a multi-node release's dist-init address): the ssh config's
+        HostName for ssh_alias, else ssh_alias itself."""
+        return self.config_hostname or self.ssh_alias
 
 
 class Inventory(BaseModel):
@@ -199,17 +178,20 @@ class Inventory(BaseModel):
 
 
 @dataclass
-class _GroupGraph:
-    """Groups as Ansible keeps them: one group per name, whatever the number of places it is written; a group's hosts
-    and children are the union of every place."""
+class _Collected:
+    """An inventory file as Ansible keeps it: one group per name, whatever the number of places it is written (its
+    hosts, children and vars the union of every place, a later value winning); each host's own vars likewise."""
 
     hosts: dict[str, list[str]] = field(default_factory=dict)
     children: dict[str, list[str]] = field(default_factory=dict)
+    group_vars: dict[str, dict[str, Any]] = field(default_factory=dict)
+    host_vars: dict[str, dict[str, Any]] = field(default_factory=dict)
 
-    def add(self, group: str, hosts: list[str], children: list[str]) -> None:
+    def add(self, group: str, hosts: list[str], children: list[str], group_vars: dict[str, Any]) -> None:
         for kind, names in ((self.hosts, hosts), (self.children, children)):
             known = kind.setdefault(group, [])
-            known += [name for name in names if name not in known]
+            known += [name for name in dict.fromkeys(names) if name not in known]
+        self.group_vars[group] = {**self.group_vars.get(group, {}), **group_vars}
 
     def members(self, path: Path, group: str, chain: tuple[str, ...] = ()) -> list[str]:
         """The group's own hosts, then each child's in the order written; a group among its own children is an error
@@ -230,11 +212,25 @@ class _GroupGraph:
         groups.setdefault("ungrouped", tuple(host for host in self.hosts["all"] if host not in grouped))
         return groups
 
+    def depth(self, group: str) -> int:
+        """Ansible's group depth: 0 for all, else one more than its deepest parent (a group of no parent is all's)."""
+        if group == "all":
+            return 0
+        parents = [name for name, children in self.children.items() if group in children and name != "all"]
+        return 1 + max((self.depth(parent) for parent in parents), default=0)
 
-def _walk_group(path: Path, where: str, group: Any, inherited: dict[str, Any], name: str,
-                found: dict[str, dict[str, Any]], graph: _GroupGraph) -> None:
+    def precedence(self, groups: list[str]) -> list[str]:
+        """A host's groups from weakest to strongest, as Ansible merges their vars: all first, then by depth (a child
+        overrides its parent), ansible_group_priority, then name."""
+        def key(group: str) -> tuple[int, int, str]:
+            priority = self.group_vars.get(group, {}).get("ansible_group_priority", 1)
+            return self.depth(group), priority if isinstance(priority, int) else 1, group
+        return sorted(groups, key=key)
+
+
+def _walk_group(path: Path, where: str, group: Any, name: str, collected: _Collected) -> None:
     if group is None:
-        graph.add(name, [], [])
+        collected.add(name, [], [], {})
         return
     if not isinstance(group, dict):
         raise ConfigError(f"{path}: {where}: a group must be a mapping with hosts/children/vars")
@@ -244,45 +240,88 @@ def _walk_group(path: Path, where: str, group: Any, inherited: dict[str, Any], n
     group_vars = group.get("vars") or {}
     if not isinstance(group_vars, dict):
         raise ConfigError(f"{path}: {where}.vars: must be a mapping")
-    scope = {**inherited, **group_vars}
     hosts = group.get("hosts") or {}
     if not isinstance(hosts, dict):
         raise ConfigError(f"{path}: {where}.hosts: must be a mapping of host name to vars")
-    for host_name, host_vars in hosts.items():
-        if not isinstance(host_name, str) or not _HOST_NAME_RE.match(host_name):
-            raise ConfigError(f"{path}: {where}.hosts: {host_name!r} is not a valid host name")
+    names: list[str] = []
+    for pattern, host_vars in hosts.items():
         if host_vars is not None and not isinstance(host_vars, dict):
-            raise ConfigError(f"{path}: {where}.hosts.{host_name}: must be a mapping of vars")
-        found[host_name] = {**found.get(host_name, {}), **scope, **(host_vars or {})}
+            raise ConfigError(f"{path}: {where}.hosts.{pattern}: must be a mapping of vars")
+        for host_name in _host_names(path, where, pattern):
+            if not _HOST_NAME_RE.match(host_name):
+                raise ConfigError(f"{path}: {where}.hosts: {host_name!r} is not a valid host name",
+                                  "letters, digits, `.`, `_` and `-`; a range is written gpu[1:8]")
+            collected.host_vars[host_name] = {**collected.host_vars.get(host_name, {}), **(host_vars or {})}
+            names.append(host_name)
     children = group.get("children") or {}
     if not isinstance(children, dict):
         raise ConfigError(f"{path}: {where}.children: must be a mapping of group name to group")
-    graph.add(name, list(hosts), [str(child_name) for child_name in children])
+    collected.add(name, names, [str(child_name) for child_name in children], group_vars)
     for child_name, child in children.items():
-        _walk_group(path, f"{where}.children.{child_name}", child, scope, str(child_name), found, graph)
+        _walk_group(path, f"{where}.children.{child_name}", child, str(child_name), collected)
 
 
-def load_inventory(path: Path) -> Inventory:
-    raw = load_yaml_mapping(path)
+def _host_names(path: Path, where: str, pattern: Any) -> list[str]:
+    """The hosts a key of `hosts:` names: itself, or each host of a range (gpu[1:8])."""
+    if not isinstance(pattern, str):
+        raise ConfigError(f"{path}: {where}.hosts: {pattern!r} is not a valid host name")
+    try:
+        return expand_host_pattern(pattern)
+    except ValueError as error:
+        raise ConfigError(f"{path}: {where}.hosts: {error}") from None
+
+
+def _vars_layers(path: Path, collected: _Collected, group_files: dict[str, list[tuple[Path, dict[str, Any]]]],
+                 host: str, member_of: list[str]) -> list[tuple[Path, dict[str, Any]]]:
+    """A host's vars with the file each came from, in Ansible's precedence, weakest first: the inventory file's group
+    vars, group_vars/ files (all, then the host's groups), the inventory file's host vars, host_vars/ files."""
+    ordered = collected.precedence(member_of)
+    return [*((path, collected.group_vars.get(group, {})) for group in ordered),
+            *(layer for group in ordered for layer in group_files[group]),
+            (path, collected.host_vars[host]), *read_vars_files(path.parent / "host_vars", host)]
+
+
+def _host_vars(source: str, layers: list[tuple[Path, dict[str, Any]]]) -> tuple[dict[str, Any], HostVars]:
+    """The merged vars and what this tool reads of them; ConfigError names the file the wrong value came from."""
+    merged: dict[str, Any] = {}
+    origin: dict[str, Path] = {}
+    for file, layer in layers:
+        merged |= layer
+        origin |= dict.fromkeys(layer, file)
+    try:
+        return merged, HostVars.model_validate(merged)
+    except ValidationError as err:
+        first_key = str(err.errors()[0]["loc"][0]) if err.errors()[0]["loc"] else ""
+        raise ConfigError(format_validation_error(f"{origin.get(first_key, layers[0][0])}: {source}", err)) \
+            from None
+
+
+def load_inventory(path: Path, environ: Mapping[str, str] = os.environ) -> Inventory:
+    """An Ansible inventory (YAML, or INI for any other file name) with the group_vars/ and host_vars/ beside it;
+    each host's address through the ssh config (`ssh_target`)."""
+    raw = read_inventory_source(path)
     if set(raw) != {"all"}:
         extra = sorted(set(raw) - {"all"})
         raise ConfigError(f"{path}: top level must be `all:` only" + (f", found {extra[0]!r}" if extra else ""),
                           "Ansible YAML inventory: all: {hosts:, children:, vars:}")
-    found: dict[str, dict[str, Any]] = {}
-    graph = _GroupGraph()
-    _walk_group(path, "all", raw["all"], {}, "all", found, graph)
-    graph.add("all", list(found), [])  # `all` holds every host, wherever it was written
-    groups = graph.resolve(path)
+    collected = _Collected()
+    _walk_group(path, "all", raw["all"], "all", collected)
+    collected.add("all", list(collected.host_vars), [], {})  # `all` holds every host, wherever it was written
+    groups = collected.resolve(path)
+    group_files = {group: read_vars_files(path.parent / "group_vars", group) for group in groups}
+    configs: dict[Path | None, paramiko.SSHConfig] = {}
     hosts = {}
-    for name, host_vars in found.items():
-        try:
-            parsed = HostVars.model_validate(host_vars)
-        except ValidationError as err:
-            raise ConfigError(format_validation_error(f"{path}: host {name}", err)) from None
+    for name in collected.host_vars:
+        member_of = [group for group, members in groups.items() if name in members]
+        host_vars, parsed = _host_vars(f"host {name}", _vars_layers(path, collected, group_files, name, member_of))
         if parsed.profile and ("/" in parsed.profile or parsed.profile.endswith(".yaml")):
             parsed = parsed.model_copy(update={"profile": str(expand_local_path(parsed.profile, path))})
-        member_of = tuple(group for group, members in groups.items() if name in members)
-        hosts[name] = Host(name=name, groups=member_of, vars=parsed, warnings=_ignored_vars(path, name, host_vars))
+        config_path = ssh_config_path(parsed.ssh_config_file, path, environ)
+        alias = parsed.ansible_host or name
+        hostname = config_hostname(configs.setdefault(config_path, read_ssh_config(config_path)), alias, config_path)
+        hosts[name] = Host(name=name, groups=tuple(member_of), vars=parsed,
+                           warnings=_ignored_vars(path, name, host_vars),
+                           config_hostname=hostname if hostname != alias else None)
     if not hosts:
         raise ConfigError(f"{path}: no hosts defined")
     return Inventory(path=path, hosts=hosts, groups=groups)
@@ -303,6 +342,20 @@ def expand_local_path(value: str, relative_to: Path) -> Path:
     """A path from the inventory on this machine: ~ expanded, relative to the inventory file."""
     expanded = Path(os.path.expanduser(value))
     return expanded if expanded.is_absolute() else (relative_to.parent / expanded)
+
+
+def ssh_target(inventory_path: Path, host: Host, accept_new_host_key: bool, environ: Mapping[str, str]) -> SSHTarget:
+    """How to reach the host: its inventory vars (paths relative to the inventory), over what the ssh config says
+    for its address (remote/ssh_config.py)."""
+    hv = host.vars
+    config_path = ssh_config_path(hv.ssh_config_file, inventory_path, environ)
+    given = GivenSSH(
+        user=hv.ansible_user, port=hv.ansible_port, proxy_jump=hv.proxy_jump_value,
+        key_file=expand_local_path(hv.ansible_ssh_private_key_file, inventory_path)
+        if hv.ansible_ssh_private_key_file else None,
+        known_hosts_file=expand_local_path(hv.known_hosts_file, inventory_path) if hv.known_hosts_file else None,
+        connect_timeout_s=hv.connect_timeout_s, accept_new_host_key=accept_new_host_key)
+    return resolve_ssh_target(host.ssh_alias, given, read_ssh_config(config_path), config_path)
 
 
 def check_profile_fits_host(profile: Profile, host: Host, profile_source: Path) -> None:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from deploy_lib.errors import ConfigError
-from deploy_lib.inventory import Host, Inventory, check_profile_fits_host, expand_local_path, load_inventory
+from deploy_lib.inventory import Host, Inventory, check_profile_fits_host, load_inventory, ssh_target
 from deploy_lib.profile import LoadedProfile, load_profile
 from deploy_lib.remote import SSHTarget
 from deploy_lib.store import StoreLayout
@@ -85,14 +86,8 @@ def resolve_group(inventory: Inventory, group: str, accept_new_host_key: bool = 
 
 
 def _target(inventory: Inventory, host: Host, accept_new_host_key: bool) -> Target:
-    hv = host.vars
-    key_file = expand_local_path(hv.ansible_ssh_private_key_file, inventory.path) if hv.ansible_ssh_private_key_file \
-        else None
-    known_hosts = expand_local_path(hv.known_hosts_file or "~/.ssh/known_hosts", inventory.path)
-    ssh = SSHTarget(host=host.address, port=hv.ansible_port, user=hv.ansible_user, key_file=key_file,
-                    known_hosts_file=known_hosts, connect_timeout_s=hv.connect_timeout_s,
-                    accept_new_host_key=accept_new_host_key, jump=hv.jump)
-    return Target(host=host, ssh=ssh, deploy_root=PurePosixPath(hv.deploy_root))
+    ssh = ssh_target(inventory.path, host, accept_new_host_key, os.environ)
+    return Target(host=host, ssh=ssh, deploy_root=PurePosixPath(host.vars.deploy_root))
 
 
 def profile_for_host(project: Project, given: str | None, target: Target) -> LoadedProfile | None:

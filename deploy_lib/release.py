@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shlex
+import subprocess
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -34,6 +36,28 @@ SECRET_NOT_AVAILABLE = "not available here"
 SECRET_VALUES = "values"  # the Change that says secret values differ (a digest comparison)
 
 
+SECRET_COMMAND_TIMEOUT_S = 120  # a password manager may ask for its own unlock at the terminal
+
+
+def _secret_from_command(name: str, argv: tuple[str, ...]) -> str:
+    """The stdout of the secret's command run here without a shell (one trailing newline dropped); its output is
+    never shown, its stderr only when it fails."""
+    shown = shlex.join(argv)
+    try:
+        done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                              timeout=SECRET_COMMAND_TIMEOUT_S, check=False)
+    except FileNotFoundError:
+        raise ConfigError(f"secret {name}: command {argv[0]!r} is not found on this machine",
+                          f"install it or fix the secret's `command:` ({shown})") from None
+    except (OSError, subprocess.TimeoutExpired) as error:
+        raise ConfigError(f"secret {name}: `{shown}` did not run: {error}") from None
+    if done.returncode != 0:
+        said = done.stderr.strip().splitlines()[-1][:300] if done.stderr.strip() else "no message"
+        raise ConfigError(f"secret {name}: `{shown}` exited with status {done.returncode}: {said}",
+                          "run it yourself to see why (not signed in to the password manager?)")
+    return done.stdout.removesuffix("\n")
+
+
 def read_secret(name: str, ref: SecretRef, environ: Mapping[str, str]) -> str:
     """The secret's value from this machine; never from the profile itself."""
     if ref.env is not None:
@@ -41,6 +65,8 @@ def read_secret(name: str, ref: SecretRef, environ: Mapping[str, str]) -> str:
             raise ConfigError(f"secret {name}: environment variable {ref.env} is not set on this machine",
                               f"export {ref.env}=... before deploying")
         value = environ[ref.env]
+    elif ref.command is not None:
+        value = _secret_from_command(name, ref.command)
     else:
         path = Path(os.path.expanduser(str(ref.file)))
         try:
@@ -48,7 +74,8 @@ def read_secret(name: str, ref: SecretRef, environ: Mapping[str, str]) -> str:
         except OSError as err:
             raise ConfigError(f"secret {name}: cannot read {path}: {err.strerror}") from None
     if not value or any(c in value for c in "\x00\n\r"):
-        raise ConfigError(f"secret {name}: value from {ref.env or ref.file} is empty or has a newline/NUL")
+        source = ref.env or ref.file or f"`{shlex.join(ref.command or ())}`"
+        raise ConfigError(f"secret {name}: value from {source} is empty or has a newline/NUL")
     return value
 
 
@@ -70,7 +97,9 @@ def available_secrets(profile: Profile, environ: Mapping[str, str]) -> tuple[dic
 
 def describe_secret_source(ref: Mapping[str, Any]) -> str:
     """Where a secret is read from, in the profile's own syntax: never its value."""
-    return "{" + ", ".join(f"{key}: {value}" for key, value in ref.items() if value is not None) + "}"
+    def shown(value: Any) -> str:
+        return "[" + ", ".join(map(str, value)) + "]" if isinstance(value, list | tuple) else str(value)
+    return "{" + ", ".join(f"{key}: {shown(value)}" for key, value in ref.items() if value is not None) + "}"
 
 
 def _secret_sources(metadata: Mapping[str, Any]) -> dict[str, str]:

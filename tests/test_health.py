@@ -611,7 +611,7 @@ def sandbox() -> Iterator[FabricRemote]:
     try:
         testhost("start")
         facts = dict(line.split("=", 1) for line in testhost("info").splitlines() if "=" in line)
-        remote = FabricRemote(SSHTarget(host=facts["guest_ip"], user="deploy", key_file=Path(facts["key"]),
+        remote = FabricRemote(SSHTarget(host=facts["guest_ip"], user="deploy", key_files=(Path(facts["key"]),),
                                         known_hosts_file=Path(facts["known_hosts"])))
         remote.run([Step("mkdir", ("mkdir", "-p", "/opt/ladder-probe"), sudo=True),
                     Put(PurePosixPath("/opt/ladder-probe/server.py"), FAKE_SERVER.encode(), 0o644, sudo=True)])

@@ -341,17 +341,21 @@ def test_only_files_that_differ_from_the_newest_version_on_the_host_are_pushed(t
 
 
 def test_the_rsync_command_checks_the_host_key_and_links_unchanged_files(tmp_path: Path) -> None:
-    ssh = SSHTarget(host="192.0.2.10", port=2222, user="deploy", key_file=Path("/k/id"),
+    ssh = SSHTarget(host="192.0.2.10", port=2222, user="deploy", key_files=(Path("/k/id"),),
                     known_hosts_file=Path("/k/known_hosts"))
     argv = rsync_argv(ssh, tmp_path, PurePosixPath("/srv/m/abc.tmp"), PurePosixPath("/srv/m/old"))
     shell = argv[argv.index("-e") + 1]
     assert "StrictHostKeyChecking=yes" in shell and "UserKnownHostsFile=/k/known_hosts" in shell
     assert "-p 2222" in shell and "-i /k/id" in shell
+    # the ssh config was resolved into the target: rsync's ssh reads none, and offers the agent with the key file
+    assert shell.startswith("ssh -p 2222 -F /dev/null ") and "IdentitiesOnly" not in shell
+    assert "-o IdentitiesOnly=yes" in rsync_argv(replace(ssh, identities_only=True), tmp_path,
+                                                 PurePosixPath("/d"), None)[argv.index("-e") + 1]
     assert argv[argv.index("--rsync-path") + 1] == "sudo -n rsync" and "--link-dest=/srv/m/old" in argv
     assert argv[-2:] == [f"{tmp_path}/", "deploy@192.0.2.10:/srv/m/abc.tmp/"]
     jumped = rsync_argv(replace(ssh, jump=JumpHost("192.0.2.1", 22, "root")), tmp_path, PurePosixPath("/d"), None)
     proxy = jumped[jumped.index("-e") + 1]
-    assert "ProxyCommand=ssh -p 22 -o BatchMode=yes -o StrictHostKeyChecking=yes" in proxy
+    assert "ProxyCommand=ssh -p 22 -F /dev/null -o BatchMode=yes -o StrictHostKeyChecking=yes" in proxy
     assert "-W %h:%p root@192.0.2.1" in proxy
 
 

@@ -19,7 +19,13 @@ REPO = Path(__file__).resolve().parent.parent
 PROFILES = REPO / "inventory" / "profiles"
 DATA = Path(__file__).resolve().parent / "data"
 BAD_PROFILES = sorted(p for p in (DATA / "bad_profiles").glob("*.yaml") if p.stem != "valid-parent")
-BAD_INVENTORIES = sorted((DATA / "bad_inventories").glob("*.yaml"))
+# a bad inventory is a file (YAML, or INI: .ini), or a directory: its inventory `hosts.yaml` or `hosts` (INI) with
+# the group_vars/ and host_vars/ beside it; the inventory's first line says what error it must give
+BAD_INVENTORIES = sorted(p for p in (DATA / "bad_inventories").iterdir() if p.suffix in (".yaml", ".ini") or p.is_dir())
+
+
+def inventory_file(entry: Path) -> Path:
+    return next(p for p in (entry / "hosts.yaml", entry / "hosts") if p.exists()) if entry.is_dir() else entry
 
 
 def expected_message(path: Path) -> str:
@@ -152,10 +158,11 @@ def test_a_profile_may_name_its_schema_for_editors(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("path", BAD_INVENTORIES, ids=lambda p: p.stem)
 def test_bad_inventory_is_refused_naming_file_and_key(path: Path) -> None:
-    """Input tried: the inventory file itself (its first line says what error it must give)."""
+    """Input tried: the inventory file itself, with its group_vars/ and host_vars/ for a directory (the inventory's
+    first line says what error it must give)."""
     with pytest.raises(ConfigError) as caught:
-        load_inventory(path)
-    assert expected_message(path) in str(caught.value)
+        load_inventory(inventory_file(path))
+    assert expected_message(inventory_file(path)) in str(caught.value)
     assert str(path) in str(caught.value)
 
 

@@ -61,7 +61,7 @@ class SshServer:
     workdir: Path
 
     def target(self, known_hosts: Path, accept_new: bool = False) -> SSHTarget:
-        return SSHTarget(host="127.0.0.1", port=self.port, user=getpass.getuser(), key_file=self.client_key,
+        return SSHTarget(host="127.0.0.1", port=self.port, user=getpass.getuser(), key_files=(self.client_key,),
                          known_hosts_file=known_hosts, connect_timeout_s=5, accept_new_host_key=accept_new)
 
     def known_hosts(self, directory: Path) -> Path:
@@ -182,7 +182,7 @@ def test_refused_connection_is_retried_then_reported(tmp_path: Path) -> None:
 def _through_itself(sshd: SshServer, known_hosts: Path, accept_new: bool = False) -> SSHTarget:
     """`localhost` reached through the jump host `127.0.0.1` (the same sshd): two hops, two known_hosts names."""
     direct = sshd.target(known_hosts, accept_new)
-    return SSHTarget(host="localhost", port=sshd.port, user=direct.user, key_file=direct.key_file,
+    return SSHTarget(host="localhost", port=sshd.port, user=direct.user, key_files=direct.key_files,
                      known_hosts_file=known_hosts, connect_timeout_s=5, accept_new_host_key=accept_new,
                      jump=JumpHost("127.0.0.1", sshd.port, direct.user))
 

@@ -3,6 +3,7 @@ environment names, secrets given by reference."""
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Annotated, Any
 
@@ -13,6 +14,7 @@ from pydantic import (
     ConfigDict,
     Field,
     StringConstraints,
+    field_validator,
     model_validator,
 )
 
@@ -40,25 +42,38 @@ class Strict(BaseModel):
 
 
 class SecretRef(Strict):
-    """A secret given by reference: the name of a local environment variable, or a local file holding it."""
+    """A secret given by reference: the name of a local environment variable, a local file holding it, or a local
+    command that prints it (a password manager's CLI: `op read ...`, `pass show ...`, `sops -d ...`)."""
 
     env: EnvName | None = None
     file: Text | None = None
+    command: Annotated[tuple[Text, ...], Field(min_length=1, max_length=64)] | None = Field(
+        None, description="argv run on this machine without a shell; its stdout is the value")
+
+    @field_validator("command", mode="before")
+    @classmethod
+    def _command_is_a_list(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            raise ValueError(f"write the command as a list of words, run without a shell: e.g. "
+                             f"`command: {json.dumps(value.split())}`")
+        return value
 
     @model_validator(mode="after")
     def _exactly_one(self) -> SecretRef:
-        if (self.env is None) == (self.file is None):
-            raise ValueError("give exactly one of `env: VAR_NAME` or `file: /path/to/secret`")
+        if sum(source is not None for source in (self.env, self.file, self.command)) != 1:
+            raise ValueError("give exactly one of `env: VAR_NAME`, `file: /path/to/secret` or "
+                             "`command: [op, read, op://vault/item/field]`")
         return self
 
 
 def _secret_ref(value: Any) -> Any:
     if isinstance(value, str | int | float):
         raise ValueError(
-            "secrets are never written inline; give `{env: VAR_NAME}` (a local environment variable) "
-            "or `{file: /path}` (a local file)"
+            "secrets are never written inline; give `{env: VAR_NAME}` (a local environment variable), "
+            "`{file: /path}` (a local file) or `{command: [pass, show, NAME]}` (a local command that prints it)"
         )
     return value
 
 
-SecretField = Annotated[SecretRef, BeforeValidator(_secret_ref), Field(description="{env: NAME} or {file: PATH}")]
+SecretField = Annotated[SecretRef, BeforeValidator(_secret_ref), Field(
+    description="{env: NAME}, {file: PATH} or {command: [ARGV...]}")]

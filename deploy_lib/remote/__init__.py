@@ -7,7 +7,9 @@ against a known_hosts file (Fabric's default accepts unknown keys; we refuse the
     steps       Step, Put, StepResult, the Remote protocol; how a step is shown; when a result is a failure
     batch       a batch as round trips: the bash script that runs several steps in one, and its output's parser
     ssh         SSHTarget, JumpHost, host keys, the connect policy and its errors, rsync's ssh options
+    ssh_config  the user's OpenSSH config and the inventory's values resolved into one SSHTarget
     connection  FabricRemote: the connection, running round trips, uploads, pushing a directory
+    webhook     notifications POSTed to the inventory's notify_webhook, in the background, with retries
 """
 
 from deploy_lib.remote.batch import (

@@ -115,15 +115,18 @@ class FabricRemote:
     def _open_hop(self, hop: JumpHost, gateway: fabric.Connection | None) -> fabric.Connection:
         """One SSH connection (through `gateway` when given), its host key checked against known_hosts."""
         target = self.target
+        # an empty ssh config: the user's was read into `target` already (remote/ssh_config.py)
         config = fabric.Config(lazy=True, ssh_config=paramiko.SSHConfig(),
                                overrides={"runners": {"remote": _WholeStdinRemote}})
         # Fabric truncates its own connect_timeout to an int; paramiko's timeouts take the float as given.
         connect_kwargs: dict[str, Any] = {"timeout": target.connect_timeout_s,
                                           "banner_timeout": target.connect_timeout_s,
                                           "auth_timeout": target.connect_timeout_s}
-        if target.key_file is not None:
-            connect_kwargs |= {"key_filename": str(target.key_file.expanduser()), "look_for_keys": False,
-                               "allow_agent": False}
+        # OpenSSH's order: the key files given, the agent's keys (unless IdentitiesOnly), the default keys only
+        # when no key file is given
+        connect_kwargs |= {"allow_agent": not target.identities_only, "look_for_keys": not target.key_files}
+        if target.key_files:
+            connect_kwargs["key_filename"] = [str(key.expanduser()) for key in target.key_files]
         connection = fabric.Connection(host=hop.host, user=hop.user, port=hop.port, config=config,
                                        connect_kwargs=connect_kwargs, gateway=gateway or False)
         client = connection.client

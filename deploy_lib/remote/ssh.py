@@ -36,15 +36,18 @@ class JumpHost:
 
 @dataclass(frozen=True)
 class SSHTarget:
-    """Connection settings of one host, as the inventory gives them.
+    """Connection settings of one host, as the inventory and the user's ssh config give them (resolved once, see
+    ssh_config.py): each key file is tried, then the ssh agent's keys unless `identities_only` (OpenSSH's
+    IdentitiesOnly), then with no key file the default ~/.ssh keys.
 
-    A jump host is reached with the same key and known_hosts file as the target; each hop's host key is checked.
+    A jump host is reached with the same keys and known_hosts file as the target; each hop's host key is checked.
     """
 
     host: str
     port: int = 22
     user: str = "root"
-    key_file: Path | None = None
+    key_files: tuple[Path, ...] = ()
+    identities_only: bool = False
     known_hosts_file: Path = field(default_factory=lambda: Path("~/.ssh/known_hosts"))
     connect_timeout_s: float = 10
     accept_new_host_key: bool = False
@@ -109,13 +112,17 @@ class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
 
 
 def rsync_argv(target: SSHTarget, local_dir: Path, dest: PurePosixPath, link_dest: PurePosixPath | None) -> list[str]:
-    """rsync over ssh with this target's key and host-key checking (its known_hosts, strict), as root on the host
-    (sudo -n for another user); unchanged files hard-linked from link_dest; partial files kept for a resume."""
-    checks = ["-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
+    """rsync over ssh with this target's keys and host-key checking (its known_hosts, strict), as root on the host
+    (sudo -n for another user); unchanged files hard-linked from link_dest; partial files kept for a resume. The
+    ssh config is not read again (-F /dev/null): its values are already in the target, as for the paramiko
+    connection."""
+    checks = ["-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
               "-o", f"UserKnownHostsFile={target.known_hosts_path}",
               "-o", f"ConnectTimeout={max(1, round(target.connect_timeout_s))}"]
-    if target.key_file is not None:
-        checks += ["-i", str(target.key_file.expanduser()), "-o", "IdentitiesOnly=yes"]
+    for key_file in target.key_files:
+        checks += ["-i", str(key_file.expanduser())]
+    if target.identities_only:
+        checks += ["-o", "IdentitiesOnly=yes"]
     ssh = ["ssh", "-p", str(target.port), *checks]
     if target.jump is not None:  # the jump hop gets the same key and host-key checks (ProxyJump would not pass -o)
         hop = ["ssh", "-p", str(target.jump.port), *checks, "-W", "%h:%p", f"{target.jump.user}@{target.jump.host}"]
@@ -153,9 +160,16 @@ def connect_error(target: SSHTarget, error: Exception, hop: JumpHost, through_ju
             hint=f"if the {what} was reinstalled, remove the old entry with "
                  f"`ssh-keygen -R {shlex.quote(known_hosts_name(hop))} -f {shlex.quote(str(known))}` "
                  f"and connect again; --accept-new-host-key never replaces a changed key")
+    if isinstance(error, paramiko.PasswordRequiredException):
+        keys = " ".join(shlex.quote(str(key)) for key in target.key_files) or "KEY_FILE"
+        return ConnectFailed(f"SSH authentication as {hop.user!r} on {what} {hop.host}:{hop.port}{via} failed: a key "
+                             f"file is encrypted ({error}) and no ssh agent key was accepted",
+                             hint=f"load the key into your ssh agent (`ssh-add {keys}`; the agent is offered with "
+                                  "key files unless IdentitiesOnly is set) and rerun")
     if isinstance(error, paramiko.AuthenticationException):
         return ConnectFailed(f"SSH authentication as {hop.user!r} on {what} {hop.host}:{hop.port}{via} failed: "
-                             f"{error}", hint="check the inventory's user and key_file")
+                             f"{error}", hint="check the user and key file (inventory: ansible_user, "
+                                  "ansible_ssh_private_key_file; ssh config: User, IdentityFile) and the ssh agent")
     if isinstance(error, paramiko.ChannelException) and jump is not None:
         return ConnectFailed(f"jump host {jump.address} cannot open a connection to {hop.host}:{hop.port}: "
                              f"{error}", hint="is the host up, at the address the jump host sees it by?")

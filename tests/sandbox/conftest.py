@@ -79,7 +79,7 @@ def sandbox_guest(venv_layer: Path) -> Iterator[manage.Guest]:
 @pytest.fixture(scope="module")
 def sandbox_ssh(sandbox_guest: manage.Guest) -> Iterator[FabricRemote]:
     remote = FabricRemote(SSHTarget(host=sandbox_guest.guest_ip, user=manage.GUEST_USER,
-                                    key_file=sandbox_guest.key, known_hosts_file=sandbox_guest.known_hosts))
+                                    key_files=(sandbox_guest.key,), known_hosts_file=sandbox_guest.known_hosts))
     yield remote
     remote.close()
 

@@ -43,7 +43,7 @@ class JumpPair:
                               text=True).stdout.split()[1]
 
     def ssh_target(self, known_hosts: Path, accept_new: bool = False) -> SSHTarget:
-        return SSHTarget(host=self.target_ip, user=manage.GUEST_USER, key_file=self.jump.key,
+        return SSHTarget(host=self.target_ip, user=manage.GUEST_USER, key_files=(self.jump.key,),
                          known_hosts_file=known_hosts, accept_new_host_key=accept_new,
                          jump=JumpHost(self.jump.guest_ip, 22, manage.GUEST_USER))
 
@@ -91,14 +91,39 @@ def test_inventory_proxyjump_reaches_the_target_through_the_jump_host(pair: Jump
     assert written.stdout.split() == ["640", "root"]
 
 
+def test_ssh_config_host_aliases_reach_the_target_through_the_jump_host(pair: JumpPair, tmp_path: Path) -> None:
+    """Input tried: an inventory naming only the alias `vm` (and the ssh config file), an ssh config the test writes
+    with `Host vm` (HostName, User, IdentityFile, UserKnownHostsFile, ProxyJump node) and `Host node` for the jump
+    host; both the paramiko connection and rsync's ssh (a directory pushed) reach the target."""
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(pair.key_line(pair.jump, pair.jump.guest_ip) + pair.key_line(pair.target, pair.target_ip))
+    (tmp_path / "ssh_config").write_text(
+        f"Host node\n  HostName {pair.jump.guest_ip}\n  User {manage.GUEST_USER}\n\n"
+        f"Host vm\n  HostName {pair.target_ip}\n  User {manage.GUEST_USER}\n  ProxyJump node\n"
+        f"  IdentityFile {pair.jump.key}\n  UserKnownHostsFile {known_hosts}\n")
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("all:\n  hosts:\n    vm: {ssh_config_file: ssh_config}\n")
+    target = resolve_target(load_inventory(inventory), "vm")
+    assert target.ssh.jump == JumpHost(pair.jump.guest_ip, 22, manage.GUEST_USER)
+    pushed = tmp_path / "pushed"
+    pushed.mkdir()
+    (pushed / "a.txt").write_text("by rsync through the node\n")
+    with FabricRemote(target.ssh) as remote:
+        name, = remote.run([Step("hostname", ("cat", "/etc/hostname"))])
+        remote.push_directory(pushed, PurePosixPath("/srv/sglang-deploy-alias"), None)
+        copied, = remote.run([Step("read back", ("cat", "/srv/sglang-deploy-alias/a.txt"), sudo=True)])
+    assert name.stdout.strip() == pair.target.name
+    assert copied.stdout == "by rsync through the node\n"
+
+
 def test_the_target_is_not_reachable_without_the_jump_host(pair: JumpPair, tmp_path: Path) -> None:
     known_hosts = tmp_path / "known_hosts"
     known_hosts.write_text(pair.key_line(pair.target, pair.target_ip) + pair.key_line(pair.target,
                                                                                       pair.target.guest_ip))
     once = SSH_CONNECT.copy(sleep=lambda _: None, stop=stop_after_attempt(1))
     for address in (pair.target_ip, pair.target.guest_ip):
-        direct = SSHTarget(host=address, user=manage.GUEST_USER, key_file=pair.jump.key, known_hosts_file=known_hosts,
-                           connect_timeout_s=3)
+        direct = SSHTarget(host=address, user=manage.GUEST_USER, key_files=(pair.jump.key,),
+                           known_hosts_file=known_hosts, connect_timeout_s=3)
         with pytest.raises(ConnectFailed, match="cannot connect"), FabricRemote(direct, once) as remote:
             remote.run([Step("probe", ("true",))])
 

@@ -1,0 +1,231 @@
+"""The user's OpenSSH config (~/.ssh/config, or the one the inventory or $SGLANG_DEPLOY_SSH_CONFIG names) as the
+inventory's defaults: what it resolves to, what it refuses, and connections through a Host alias to a real sshd on
+127.0.0.1 (the fixture of test_remote_ssh.py)."""
+
+from __future__ import annotations
+
+import getpass
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from test_remote_ssh import SshServer, sshd  # noqa: F401  (the fixture, started for this module too)
+
+from deploy_lib.errors import ConfigError, ConnectFailed
+from deploy_lib.inventory import load_inventory
+from deploy_lib.project import resolve_target
+from deploy_lib.remote import FabricRemote, JumpHost, SSHTarget, Step
+from deploy_lib.remote.ssh_config import SSH_CONFIG_ENV
+
+CONFIG = """\
+Host bastion
+  HostName 198.51.100.7
+  User hop
+  Port 2022
+  IdentityFile ~/keys/bastion
+Host gpu*
+  HostName 192.0.2.%h
+  User alice
+  Port 2200
+  IdentityFile ~/keys/one
+  IdentityFile /abs/two
+  ProxyJump bastion
+  UserKnownHostsFile /etc/ssh/gpu_known_hosts ~/.ssh/other
+Host strict
+  IdentitiesOnly yes
+  IdentityFile /abs/only
+"""
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A HOME of the test's own: the default ~/.ssh/config is the test's, never the developer's."""
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.delenv(SSH_CONFIG_ENV, raising=False)
+    return home
+
+
+def _target(tmp_path: Path, host_vars: str, host: str = "gpu1", config: str | None = CONFIG,
+            config_name: str = "ssh_config") -> SSHTarget:
+    if config is not None:
+        (tmp_path / config_name).write_text(config)
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(f"all:\n  hosts:\n    {host}: {{{host_vars}}}\n")
+    return resolve_target(load_inventory(inventory), host).ssh
+
+
+def test_a_host_alias_takes_hostname_user_port_keys_jump_and_known_hosts_from_the_config(
+        tmp_path: Path, _home: Path) -> None:
+    """Input tried: an inventory host with no connection vars but `ssh_config_file`, matched by `Host gpu*`."""
+    ssh = _target(tmp_path, "ssh_config_file: ssh_config")
+    assert (ssh.host, ssh.user, ssh.port) == ("192.0.2.gpu1", "alice", 2200)
+    # the jump host's own IdentityFile is offered too; its HostName, User and Port are its Host block's
+    assert ssh.key_files == (_home / "keys/one", Path("/abs/two"), _home / "keys/bastion")
+    assert ssh.jump == JumpHost("198.51.100.7", 2022, "hop")
+    assert ssh.known_hosts_file == Path("/etc/ssh/gpu_known_hosts")
+    assert not ssh.identities_only
+
+
+def test_the_hosts_address_is_the_configs_hostname_for_endpoints_and_multi_node(tmp_path: Path) -> None:
+    """Input tried: host `gpu1` known only by its ssh config HostName (the address a router, a status endpoint and a
+    multi-node release's dist-init address use), and `gpu2` with ansible_host, which is looked up instead."""
+    (tmp_path / "ssh_config").write_text("Host gpu1\n  HostName 192.0.2.41\nHost edge\n  HostName 192.0.2.42\n")
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text("all:\n  vars: {ssh_config_file: ssh_config}\n  hosts:\n    gpu1: {}\n"
+                         "    gpu2: {ansible_host: edge}\n    gpu3: {}\n")
+    loaded = load_inventory(inventory)
+    assert [loaded.host(name).address for name in ("gpu1", "gpu2", "gpu3")] == ["192.0.2.41", "192.0.2.42", "gpu3"]
+
+
+def test_inventory_vars_win_over_the_config(tmp_path: Path) -> None:
+    """Input tried: every connection var set in the inventory, `proxy_jump: none` against the config's ProxyJump."""
+    ssh = _target(tmp_path, "ssh_config_file: ssh_config, ansible_host: gpu7, ansible_user: bob, ansible_port: 22,"
+                            " ansible_ssh_private_key_file: k/id, known_hosts_file: kh, proxy_jump: none")
+    assert (ssh.host, ssh.user, ssh.port, ssh.jump) == ("192.0.2.gpu7", "bob", 22, None)  # ansible_host is the alias
+    assert ssh.key_files == (tmp_path / "k/id",) and ssh.known_hosts_file == tmp_path / "kh"
+    jumped = _target(tmp_path, "ssh_config_file: ssh_config, proxy_jump: 'carol@bastion:2023'")
+    assert jumped.jump == JumpHost("198.51.100.7", 2023, "carol")
+
+
+def test_without_user_anywhere_the_login_is_the_local_user_as_in_ansible(tmp_path: Path) -> None:
+    ssh = _target(tmp_path, "ansible_host: 192.0.2.5", host="plain", config=None)
+    assert (ssh.user, ssh.port, ssh.key_files, ssh.jump) == (getpass.getuser(), 22, (), None)
+    assert ssh.known_hosts_file == Path("~/.ssh/known_hosts")
+
+
+def test_the_default_is_home_ssh_config_the_env_var_points_elsewhere_or_turns_it_off(
+        tmp_path: Path, _home: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (_home / ".ssh/config").write_text("Host gpu1\n  User fromhome\n")
+    assert _target(tmp_path, "", config=None).user == "fromhome"
+    (tmp_path / "elsewhere").write_text("Host gpu1\n  User fromenv\n")
+    monkeypatch.setenv(SSH_CONFIG_ENV, str(tmp_path / "elsewhere"))
+    assert _target(tmp_path, "", config=None).user == "fromenv"
+    monkeypatch.setenv(SSH_CONFIG_ENV, "none")
+    assert _target(tmp_path, "", config=None).user == getpass.getuser()
+    assert _target(tmp_path, "ssh_config_file: elsewhere", config=None).user == "fromenv"  # the inventory wins
+
+
+def test_include_is_read_relative_to_home_ssh(tmp_path: Path, _home: Path) -> None:
+    """Input tried: `Include conf.d/*` (paramiko alone skips Include) with two files, read in name order."""
+    (_home / ".ssh/conf.d").mkdir()
+    (_home / ".ssh/conf.d/10-gpu").write_text("Host gpu1\n  Port 2301\n")
+    (_home / ".ssh/conf.d/20-all").write_text("Host *\n  Port 2302\n  User everyone\n")
+    (_home / ".ssh/config").write_text("Include conf.d/*\n")
+    ssh = _target(tmp_path, "", config=None)
+    assert (ssh.port, ssh.user) == (2301, "everyone")
+
+
+def test_a_proxyjump_for_every_host_does_not_make_the_jump_host_its_own_jump(tmp_path: Path) -> None:
+    """Input tried: `Host *` with `ProxyJump bastion`, as people write it, which names bastion itself too."""
+    ssh = _target(tmp_path, "ssh_config_file: ssh_config",
+                  config="Host bastion\n  HostName 198.51.100.7\nHost *\n  ProxyJump bastion\n")
+    assert ssh.jump == JumpHost("198.51.100.7", 22, getpass.getuser())
+
+
+def test_identities_only_turns_the_agent_off(tmp_path: Path) -> None:
+    ssh = _target(tmp_path, "ssh_config_file: ssh_config", host="strict")
+    assert ssh.identities_only and ssh.key_files == (Path("/abs/only"),)
+
+
+@pytest.mark.parametrize(("config", "expected"), [
+    ("Host gpu1\n  HostName 1.2.3.4 -oProxyCommand=touch/tmp/x\n", "Host gpu1: HostName '1.2.3.4 -oProxyCommand"),
+    ("Host gpu1\n  HostName -oBatchMode\n", "Host gpu1: HostName '-oBatchMode' is not a host name"),
+    ("Host gpu1\n  User root;reboot\n", "Host gpu1: User 'root;reboot' is not a login name"),
+    ("Host gpu1\n  Port 22 -oX\n", "Host gpu1: Port '22 -oX' is not in 1-65535"),
+    ("Host gpu1\n  Port 0\n", "Host gpu1: Port '0' is not in 1-65535"),
+    ("Host gpu1\n  ProxyCommand nc %h %p\n", "Host gpu1: proxycommand cannot be honoured"),
+    ("Host gpu1\n  ProxyJump a,b\n", "is a chain of jump hosts"),
+    ("Host gpu1\n  ProxyJump j\nHost j\n  ProxyJump k\n", "Host j: ProxyJump 'k' makes a chain of jump hosts"),
+    ("Host gpu1\n  ProxyJump 'x;y'\n", "is not a jump host"),
+    ("Include loop\n", "Include nested more than 16 deep"),
+])
+def test_a_value_that_cannot_be_honoured_is_refused_naming_file_host_and_key(
+        tmp_path: Path, config: str, expected: str) -> None:
+    """Input tried: each hostile or unsupported ssh config value in turn (a loop: a file that includes itself)."""
+    config = config.replace("Include loop", f"Include {tmp_path / 'ssh_config'}")
+    with pytest.raises(ConfigError) as refused:
+        _target(tmp_path, "ssh_config_file: ssh_config", config=config)
+    assert expected in str(refused.value) and str(tmp_path / "ssh_config") in str(refused.value)
+
+
+def test_a_missing_ssh_config_file_is_refused_naming_the_inventory_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"hosts.yaml: ssh_config_file: .*absent is not a file"):
+        _target(tmp_path, "ssh_config_file: absent", config=None)
+
+
+def _alias_config(tmp_path: Path, server: SshServer, key: Path, extra: str = "") -> None:
+    (tmp_path / "ssh_config").write_text(f"Host lab\n  HostName 127.0.0.1\n  Port {server.port}\n"
+                                         f"  User {getpass.getuser()}\n  IdentityFile {key}\n{extra}")
+
+
+def _known_hosts(tmp_path: Path, server: SshServer) -> Path:
+    kind, blob = server.host_public_key.read_text().split()[:2]
+    (tmp_path / "known_hosts").write_text(f"[127.0.0.1]:{server.port} {kind} {blob}\n")
+    return tmp_path / "known_hosts"
+
+
+def test_a_host_alias_of_the_ssh_config_reaches_the_server(sshd: SshServer, tmp_path: Path,  # noqa: F811
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input tried: an inventory naming only `lab`, whose address, port, user and key are the ssh config's."""
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    _alias_config(tmp_path, sshd, sshd.client_key)
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(f"all:\n  hosts:\n    lab: {{ssh_config_file: ssh_config, known_hosts_file: "
+                         f"{_known_hosts(tmp_path, sshd)}}}\n")
+    with FabricRemote(resolve_target(load_inventory(inventory), "lab").ssh) as remote:
+        assert remote.run([Step("who", ("id", "-un"))])[0].stdout == f"{getpass.getuser()}\n"
+
+
+def _encrypted_copy(server: SshServer, tmp_path: Path) -> Path:
+    key = tmp_path / "encrypted"
+    key.write_bytes(server.client_key.read_bytes())
+    key.chmod(0o600)
+    subprocess.run(["ssh-keygen", "-q", "-p", "-N", "s3cret pass", "-P", "", "-f", str(key)], check=True)
+    return key
+
+
+def test_an_encrypted_key_without_an_agent_is_refused_saying_to_load_it(sshd: SshServer, tmp_path: Path,  # noqa: F811
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input tried: IdentityFile a passphrase-protected copy of the authorised key, no ssh agent."""
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    key = _encrypted_copy(sshd, tmp_path)
+    target = SSHTarget(host="127.0.0.1", port=sshd.port, user=getpass.getuser(), key_files=(key,),
+                       known_hosts_file=_known_hosts(tmp_path, sshd), connect_timeout_s=5)
+    with pytest.raises(ConnectFailed) as refused, FabricRemote(target) as remote:
+        remote.run([Step("probe", ("true",))])
+    assert "is encrypted" in refused.value.message and f"ssh-add {key}" in (refused.value.hint or "")
+
+
+def test_with_a_key_file_set_the_agents_keys_are_still_offered(sshd: SshServer, tmp_path: Path,  # noqa: F811
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input tried: the encrypted key file in the inventory and the same key loaded in an ssh-agent this test starts
+    (before, a key file turned the agent off and the connection failed)."""
+    key = _encrypted_copy(sshd, tmp_path)
+    socket_path = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket_path)], stdout=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if socket_path.exists():
+                break
+            time.sleep(0.05)
+        subprocess.run(["ssh-add", "-q", str(sshd.client_key)], check=True,
+                       env={**os.environ, "SSH_AUTH_SOCK": str(socket_path)})
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(socket_path))
+        _alias_config(tmp_path, sshd, key)
+        inventory = tmp_path / "hosts.yaml"
+        inventory.write_text(f"all:\n  hosts:\n    lab: {{ssh_config_file: ssh_config, ansible_ssh_private_key_file: "
+                             f"{key}, known_hosts_file: {_known_hosts(tmp_path, sshd)}}}\n")
+        with FabricRemote(resolve_target(load_inventory(inventory), "lab").ssh) as remote:
+            assert remote.run([Step("probe", ("echo", "via agent"))])[0].stdout == "via agent\n"
+        _alias_config(tmp_path, sshd, key, extra="  IdentitiesOnly yes\n")  # OpenSSH's way to turn the agent off
+        with pytest.raises(ConnectFailed, match="is encrypted"), \
+                FabricRemote(resolve_target(load_inventory(inventory), "lab").ssh) as remote:
+            remote.run([Step("probe", ("true",))])
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=10)
