@@ -204,6 +204,8 @@ def print_status(report: StatusReport) -> None:
         console.print("no release deployed")
     restarts = f" (NRestarts={report.restarts} since the deploy)" if report.current else ""
     console.print(f"unit {report.unit_state}{restarts}; {report.readiness}")
+    if report.last_start:
+        console.print(f"last start: {report.last_start}", markup=False)
     if report.endpoint:
         console.print(f"endpoint {report.endpoint} (OpenAI API under {report.endpoint}/v1)", markup=False)
     for item in report.drift:
@@ -280,6 +282,9 @@ def print_releases(rows: list[ReleaseRow]) -> None:
         table.add_row("*" if row.is_current else "", row.id, row.staged_at[:16].replace("T", " "), row.profile,
                       row.sglang_version, row.outcome, row.throughput, row.gpu_power)
     console.print(table)
+    for row in rows:  # one line each: the phases do not fit the table's width
+        if row.last_start:
+            console.print(f"{row.id} last start: {row.last_start}", markup=False)
 
 
 def print_bench(result: BenchResult) -> None:
