@@ -294,10 +294,12 @@ def print_bench(result: BenchResult) -> None:
         console.print(f"  {gpu.line()}")
 
 
-def print_comparison(a: BenchResult, b: BenchResult, rows: list[ComparisonRow]) -> None:
-    table = _table("", a.release_id, b.release_id, "ratio (b / a)")
+def print_comparison(results: list[BenchResult], rows: list[ComparisonRow]) -> None:
+    first = results[0].release_id
+    table = _table("", *(r.release_id for r in results), *(f"{r.release_id} / {first}" for r in results[1:]))
     for row in rows:
-        table.add_row(row.label, _figure(row.a), _figure(row.b), f"{row.ratio:.2f}" if row.ratio is not None else "")
+        table.add_row(row.label, *map(_figure, row.values),
+                      *(f"{value:.2f}" if value is not None else "" for value in row.ratios[1:]))
     console.print(table)
 
 

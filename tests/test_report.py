@@ -137,3 +137,43 @@ def test_the_browser_check_sees_a_request_the_page_tries_and_blank_charts(tmp_pa
     blank.write_text("".join(part.split("</svg>", 1)[-1] for part in html.split("<svg")))
     opened = open_page(blank, tmp_path / "blank")
     assert not any(series_per_chart(opened.dom).values()) and coloured_rows(opened.screenshot) == []
+
+
+def test_the_report_task_writes_the_files_and_prints_where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The task end to end, with a scripted host in place of the SSH connection (the default inventory's host)."""
+    from invoke import Context
+
+    from deploy_cli.report_task import report as report_task
+    from deploy_lib import remote
+
+    host = a_host()
+    host.reply(store.FACT_HISTORY, stdout=HISTORY.read_text())
+
+    class Connection:
+        def __init__(self, *_: object, **__: object) -> None:
+            pass
+
+        def __enter__(self) -> object:
+            return host
+
+        def __exit__(self, *_: object) -> None:
+            pass
+
+    monkeypatch.setattr(remote, "FabricRemote", Connection)
+    monkeypatch.delenv("SGLANG_DEPLOY_INVENTORY", raising=False)
+    report_task(Context(), out=str(tmp_path / "out"), release=[A])
+    page = tmp_path / "out" / f"report-{target().host.name}-sglang.html"
+    assert f"report written to {page}" in capsys.readouterr().out and page.is_file()
+    concurrency = (tmp_path / "out" / f"report-{target().host.name}-sglang-concurrency.csv").read_text()
+    assert A in concurrency and C not in concurrency, "only the chosen release's line"
+
+
+def test_the_report_task_refuses_host_and_group_together() -> None:
+    from invoke import Context, Exit
+
+    from deploy_cli.report_task import report as report_task
+
+    with pytest.raises(Exit, match="--host and --group are exclusive") as refused:
+        report_task(Context(), host="a", group="b")
+    assert refused.value.code == 2
