@@ -138,6 +138,8 @@ def gpu_power(readings: Sequence[GpuReading]) -> str | None:
         labels = [f"{release}\n{when[5:16].replace('T', ' ')}" for when, release in runs]
         for axes in (power, util):
             axes.set_xticks(range(len(runs)), labels, fontsize="small")
+        top = max((r.power_limit_w or r.power_peak_w or r.power_mean_w or 0 for r in readings), default=0)
+        power.set_ylim(0, top * 1.3 or None)  # room above the limit for the legend
         power.set_ylabel("power (W): mean, peak")
         util.set_ylabel("utilisation % (mean)")
         util.set_ylim(0, 100)

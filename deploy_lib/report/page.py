@@ -31,6 +31,7 @@ class Section:
     svg: Markup | None
     columns: Sequence[str]
     rows: Sequence[Row]
+    open: bool = False  # the table shows without a click (the causes the chart numbers)
 
 
 def sections(data: ReportData) -> list[Section]:
@@ -46,11 +47,11 @@ def sections(data: ReportData) -> list[Section]:
                 "Output tok/s (top) and p99 time to first token (bottom) of each benchmark, one line per concurrency; "
                 "a red cross is a benchmark the gate failed, a numbered line a failed release or a rollback (causes "
                 "below).", svg(charts.throughput_over_time(data.benchmarks, data.marks)),
-                ("#", *COLUMNS["marks"]), marks),
+                ("#", *COLUMNS["marks"]), marks, open=True),
         Section("concurrency", "Throughput against concurrency",
                 "Each chosen release's newest benchmark at every concurrency level it ran, one line per release.",
-                svg(charts.throughput_vs_concurrency(data.concurrency)), COLUMNS["concurrency"],
-                tables["concurrency"]),
+                svg(charts.throughput_vs_concurrency(data.concurrency)),
+                ("release", "when", "outcome", "concurrency", "output_tok_s", "ttft_p99_ms"), tables["concurrency"]),
         Section("power", "GPU power and utilisation during each benchmark",
                 "Mean power per GPU (bars), its peak (black tick) and the power limit (dashed): a GPU far under its "
                 "limit waits on something else. Below: mean utilisation.",
