@@ -15,7 +15,7 @@ import pytest
 
 CHROMIUM_FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                   "--disable-component-update", "--disable-sync", "--no-first-run", "--enable-logging=stderr",
-                  "--v=0")
+                  "--v=0", "--virtual-time-budget=10000")  # virtual time: the page settles however busy the machine
 
 
 @dataclass(frozen=True)
@@ -90,29 +90,38 @@ def series_per_chart(dom: str) -> dict[str, list[str]]:
     return parser.charts
 
 
-def _drawn(pixel: tuple[int, int, int]) -> bool:
-    """A saturated colour (not white, grey or black) other than the red of the page's failed rows' text."""
-    red, green, blue = pixel
-    reddish = red > green + 60 and abs(green - blue) < 40
-    return max(pixel) - min(pixel) > 80 and not reddish
+MIN_FRAME_PX = 400
+# the plotting areas of the report's charts: throughput and TTFT, concurrency, power and utilisation, phases, events
+REPORT_AREAS = 7
+MIN_DRAWN_PX = 50
 
 
-def coloured_rows(png: Path) -> list[tuple[int, int]]:
-    """The screenshot's bands of rows (start, end) that hold strongly coloured pixels (drawn data: matplotlib's
-    colours; text and axes are black or grey, the page white)."""
-    from PIL import Image  # matplotlib's own dependency
+def chart_areas(png: Path) -> list[tuple[int, int, int]]:
+    """Each chart's plotting area in the screenshot as (top row, bottom row, drawn pixels inside it): an area lies
+    between two axis frame lines (a row holding an unbroken dark run of MIN_FRAME_PX: matplotlib's spines, never a
+    dashed line, text or the page's light table borders), and its drawn pixels are strongly coloured ones (not
+    white, grey or black), so a chart whose data is missing counts 0."""
+    import numpy as np
+    from PIL import Image  # matplotlib's own dependencies
 
     with Image.open(png) as image:
-        rgb = image.convert("RGB")
-        width, height = rgb.size
-        pixels = rgb.load()
-        assert pixels is not None
-        bands: list[tuple[int, int]] = []
-        for y in range(0, height, 4):
-            coloured = sum(1 for x in range(0, width, 4) if _drawn(pixels[x, y]))
-            if coloured >= 3:
-                if bands and y - bands[-1][1] <= 24:
-                    bands[-1] = (bands[-1][0], y)
-                else:
-                    bands.append((y, y))
-    return [band for band in bands if band[1] - band[0] >= 80]
+        rgb = np.asarray(image.convert("RGB")).astype(int)
+    dark = (rgb.max(axis=2) < 190) & ((rgb.max(axis=2) - rgb.min(axis=2)) < 40)  # grey to black: a spine, antialiased
+    coloured = (rgb.max(axis=2) - rgb.min(axis=2)) > 80
+    frames: list[tuple[int, int, int]] = []  # (row, first column, last column) of each frame line
+    for row in range(dark.shape[0]):
+        columns = np.flatnonzero(dark[row])
+        if len(columns) < MIN_FRAME_PX:
+            continue
+        breaks = np.flatnonzero(np.diff(columns) > 1)
+        starts, ends = np.r_[0, breaks + 1], np.r_[breaks, len(columns) - 1]
+        longest = int(np.argmax(ends - starts))
+        if ends[longest] - starts[longest] + 1 >= MIN_FRAME_PX:
+            if frames and row - frames[-1][0] <= 3:  # one antialiased line over two or three rows
+                continue
+            frames.append((row, int(columns[starts[longest]]), int(columns[ends[longest]])))
+    areas = []
+    for (top, left, right), (bottom, _, _) in zip(frames[::2], frames[1::2], strict=False):
+        inside = coloured[top + 3:bottom - 1, left + 2:right - 1]
+        areas.append((top, bottom, int(inside.sum())))
+    return areas

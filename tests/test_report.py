@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import pytest
-from browser import coloured_rows, open_page, series_per_chart
+from browser import MIN_DRAWN_PX, REPORT_AREAS, chart_areas, open_page, series_per_chart
 from test_deploy_plan import target
 from test_rollback import a_host
 
@@ -120,7 +120,8 @@ def test_the_page_opens_in_chromium_with_no_console_message_no_request_and_every
     assert opened.console == [] and opened.page_requests == []
     drawn = series_per_chart(opened.dom)
     assert set(drawn) == set(CHARTS) and all(drawn[chart] for chart in CHARTS), drawn
-    assert len(coloured_rows(opened.screenshot)) >= len(CHARTS), "each chart's area holds drawn data"
+    areas = chart_areas(opened.screenshot)
+    assert len(areas) == REPORT_AREAS and all(drawn >= MIN_DRAWN_PX for *_, drawn in areas), areas
 
 
 def test_the_browser_check_sees_a_request_the_page_tries_and_blank_charts(tmp_path: Path) -> None:
@@ -136,7 +137,7 @@ def test_the_browser_check_sees_a_request_the_page_tries_and_blank_charts(tmp_pa
     blank = tmp_path / "blank.html"
     blank.write_text("".join(part.split("</svg>", 1)[-1] for part in html.split("<svg")))
     opened = open_page(blank, tmp_path / "blank")
-    assert not any(series_per_chart(opened.dom).values()) and coloured_rows(opened.screenshot) == []
+    assert not any(series_per_chart(opened.dom).values()) and chart_areas(opened.screenshot) == []
 
 
 def test_the_report_task_writes_the_files_and_prints_where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser import coloured_rows, open_page, series_per_chart
+from browser import MIN_DRAWN_PX, REPORT_AREAS, chart_areas, open_page, series_per_chart
 from recording_progress import RecordingProgress
 from rig import Rig
 
@@ -72,4 +72,5 @@ def test_two_releases_deployed_and_benchmarked_make_a_report_that_opens_in_chrom
     assert opened.console == [] and opened.page_requests == []
     drawn = series_per_chart(opened.dom)
     assert all(drawn.get(chart) for chart in CHARTS), drawn
-    assert len(coloured_rows(opened.screenshot)) >= len(CHARTS)
+    areas = chart_areas(opened.screenshot)
+    assert len(areas) == REPORT_AREAS and all(drawn >= MIN_DRAWN_PX for *_, drawn in areas), areas
