@@ -93,8 +93,9 @@ def journal_since(matches: list[str], after_cursor: str | None, patterns: list[s
         done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, [], f"journalctl: {exc}"
-    if done.returncode != 0:
-        return None, [], f"journalctl exited {done.returncode}"
+    if done.returncode != 0:  # a cursor journald no longer knows (rotated, vacuumed): the newest line alone, no marks
+        newest, error = last_journal_line(matches, after_cursor)
+        return newest, [], error or f"journalctl --after-cursor exited {done.returncode}: no startup lines"
     compiled = [re.compile(pattern) for pattern in patterns]
     newest, marks = None, []
     for line in done.stdout.splitlines():

@@ -92,6 +92,18 @@ def test_the_probe_sends_back_every_marked_line_since_its_cursor_with_the_journa
     assert (tmp_path / "journalctl.args").read_text().splitlines() == [
         "-o", "json", "--no-pager", "-q", "--after-cursor=s=a;i=2f", *unit_matches("sglang.service")]
 
+def test_a_cursor_journald_no_longer_knows_still_gives_the_newest_line(tmp_path: Path) -> None:
+    """Input tried: journalctl failing on --after-cursor (exit 1), as for a cursor of a vacuumed journal file."""
+    fails_on_cursor = 'case "$*" in *--after-cursor*) exit 1;; esac; '
+    failing = JOURNAL.replace("printf '%s\\n' \"$@\"", fails_on_cursor + "printf '%s\\n' \"$@\"")
+    path = fake_tools(tmp_path, systemctl=SYSTEMCTL, journalctl=failing)
+    target = ProbeTarget(unit="sglang.service", port=closed_port())
+    step = probe_step(target, Rung.GENERATE, after_cursor="s=gone;i=1", marks=MARKER_PATTERNS)
+    snap = Snapshot.model_validate(run_probe(step, path))
+    assert snap.marks == () and snap.last_log is not None and snap.last_log.cursor == "s=a;i=33"
+    assert snap.journal_error == "journalctl --after-cursor exited 1: no startup lines"
+
+
 def test_a_deploy_records_its_start_phases_and_ladder_times_in_the_history_line() -> None:
     """The probe's snapshots carry the start's log lines (as the probe sends them back) and a timed generation."""
     host = a_host()
