@@ -105,6 +105,13 @@ def test_a_hostile_cause_and_host_name_stay_text(tmp_path: Path) -> None:
     assert "<script>" not in html and "&lt;script&gt;alert(&#34;x&#34;)&lt;/script&gt; &amp;" in html
 
 
+def test_an_out_directory_that_cannot_be_made_is_named(tmp_path: Path) -> None:
+    """Input tried: --out under a regular file."""
+    (tmp_path / "file").write_text("")
+    with pytest.raises(ConfigError, match=f"cannot write the report to {tmp_path / 'file' / 'out'}"):
+        write_report(report(), tmp_path / "file" / "out")
+
+
 def test_the_report_reads_the_history_through_one_read_of_the_store_and_writes_nothing() -> None:
     host = a_host()
     host.reply(store.FACT_HISTORY, stdout=HISTORY.read_text())

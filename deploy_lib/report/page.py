@@ -98,15 +98,15 @@ def file_stem(data: ReportData) -> str:
 
 def write_report(data: ReportData, out_dir: Path) -> tuple[Path, ...]:
     """Write the page, its JSON and a CSV per table into `out_dir` (made if missing); the paths written, page first."""
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as failed:
-        raise ConfigError(f"cannot write the report to {out_dir}: {failed.strerror}",
-                          "give --out a directory you can write to") from None
     stem = file_stem(data)
     files = {out_dir / f"{stem}.html": render_html(data), out_dir / f"{stem}.json": json_text(data)}
     tables = data.tables()
     files |= {out_dir / f"{stem}-{name}.csv": csv_text(COLUMNS[name], tables[name]) for name in TABLES}
-    for path, text in files.items():
-        path.write_text(text, encoding="utf-8")
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for path, text in files.items():
+            path.write_text(text, encoding="utf-8")
+    except OSError as failed:
+        raise ConfigError(f"cannot write the report to {out_dir}: {failed.strerror or failed}",
+                          "give --out a directory you can write to") from None
     return tuple(files)
