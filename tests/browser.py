@@ -107,7 +107,7 @@ def chart_areas(png: Path) -> list[tuple[int, int, int]]:
     with Image.open(png) as image:
         rgb = np.asarray(image.convert("RGB")).astype(int)
     dark = (rgb.max(axis=2) < 190) & ((rgb.max(axis=2) - rgb.min(axis=2)) < 40)  # grey to black: a spine, antialiased
-    coloured = (rgb.max(axis=2) - rgb.min(axis=2)) > 80
+    coloured = (rgb.max(axis=2) - rgb.min(axis=2)) > 60  # the events chart's green #2e7d32 spans 79
     frames: list[tuple[int, int, int]] = []  # (row, first column, last column) of each frame line
     for row in range(dark.shape[0]):
         columns = np.flatnonzero(dark[row])
