@@ -663,24 +663,26 @@ def unlock(c: Context, force: bool = False, host: str | None = None, inventory: 
 
 
 @task(help={"profile": IN_USE_HELP + " (its bench settings are used)",
-            "compare": "two release ids: print their newest benchmarks side by side (no new run)"},
+            "compare": "a release id; repeat for two or more: their newest benchmarks side by side (no new run)"},
       iterable=["compare"])
 def bench(c: Context, profile: str | None = None, compare: list[str] | None = None, host: str | None = None,
           inventory: str | None = None, service: str | None = None, json: bool = False, verbose: bool = False
           ) -> None:
     """Run SGLang's serving benchmark against the current release and record it (`--compare A --compare B`)."""
     from deploy_lib import status as host_status
+    from deploy_lib.throughput import comparison_records
     _report_as(json, verbose)
-    if compare and len(compare) != 2:
-        raise Exit("error: --compare takes two release ids: --compare A --compare B", code=2)
+    if compare and len(compare) < 2:
+        raise Exit("error: --compare takes two release ids or more: --compare A --compare B [--compare C ...]",
+                   code=2)
     target = _target(inventory, host)
     with _remote(target) as remote:
         loaded = _profile_in_use(profile, target, remote, service)
         if compare:
-            compared = _run(lambda: host_status.compare_benchmarks(
-                target, loaded.profile.service.name, remote, compare[0], compare[1]))
-            _show({"a": compared[0], "b": compared[1], "rows": compared[2]},
-                  lambda report: ui.print_comparison(report["a"], report["b"], report["rows"]))
+            results, rows = _run(lambda: host_status.compare_benchmarks(
+                target, loaded.profile.service.name, remote, compare))
+            _show({"results": results, "rows": rows, "records": comparison_records(results, rows)},
+                  lambda report: ui.print_comparison(report["results"], report["rows"]))
             return
         _show(_run(lambda: host_status.bench_current(target, loaded, remote, dict(os.environ), _progress())),
               ui.print_bench)

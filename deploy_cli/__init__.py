@@ -204,6 +204,8 @@ def print_status(report: StatusReport) -> None:
         console.print("no release deployed")
     restarts = f" (NRestarts={report.restarts} since the deploy)" if report.current else ""
     console.print(f"unit {report.unit_state}{restarts}; {report.readiness}")
+    if report.last_start:
+        console.print(f"last start: {report.last_start}", markup=False)
     if report.endpoint:
         console.print(f"endpoint {report.endpoint} (OpenAI API under {report.endpoint}/v1)", markup=False)
     for item in report.drift:
@@ -280,6 +282,9 @@ def print_releases(rows: list[ReleaseRow]) -> None:
         table.add_row("*" if row.is_current else "", row.id, row.staged_at[:16].replace("T", " "), row.profile,
                       row.sglang_version, row.outcome, row.throughput, row.gpu_power)
     console.print(table)
+    for row in rows:  # one line each: the phases do not fit the table's width
+        if row.last_start:
+            console.print(f"{row.id} last start: {row.last_start}", markup=False)
 
 
 def print_bench(result: BenchResult) -> None:
@@ -289,10 +294,12 @@ def print_bench(result: BenchResult) -> None:
         console.print(f"  {gpu.line()}")
 
 
-def print_comparison(a: BenchResult, b: BenchResult, rows: list[ComparisonRow]) -> None:
-    table = _table("", a.release_id, b.release_id, "ratio (b / a)")
+def print_comparison(results: list[BenchResult], rows: list[ComparisonRow]) -> None:
+    first = results[0].release_id
+    table = _table("", *(r.release_id for r in results), *(f"{r.release_id} / {first}" for r in results[1:]))
     for row in rows:
-        table.add_row(row.label, _figure(row.a), _figure(row.b), f"{row.ratio:.2f}" if row.ratio is not None else "")
+        table.add_row(row.label, *map(_figure, row.values),
+                      *(f"{value:.2f}" if value is not None else "" for value in row.ratios[1:]))
     console.print(table)
 
 

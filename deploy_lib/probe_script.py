@@ -13,6 +13,7 @@ snapshot, so one round trip always yields a verdict.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -23,6 +24,8 @@ import urllib.request
 UNIT_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "ExecMainPID", "ExecMainStatus", "ExecMainCode",
                    "Result", "InvocationID")
 BODY_EXCERPT_CHARS = 300
+MARK_WINDOW = 5000  # entries read for marks when the unit had no journal before the restart
+MAX_MARKS = 500  # marked lines sent back by one probe (every TP rank logs each)
 GENERATION_RETRY_S = 0.25  # while waiting, a generation that failed is sent again at most this often
 
 
@@ -75,6 +78,36 @@ def last_journal_line(matches: list[str], after_cursor: str | None) -> tuple[dic
     if after_cursor and cursor == after_cursor:
         return None, None  # nothing logged since
     return {"text": journal_message(entry), "cursor": cursor}, None
+
+
+def journal_since(matches: list[str], after_cursor: str | None, patterns: list[str]
+                  ) -> tuple[dict[str, str] | None, list[dict[str, object]], str | None]:
+    """The unit's newest entry after `after_cursor` (as `last_journal_line`) and every entry since it whose text
+    matches one of `patterns` as {text, usec} (the journal's time), from one read, so no line falls between two."""
+    if shutil.which("journalctl") is None:
+        return None, [], "journalctl not found"
+    # every entry after the cursor (the ladder's previous look); without one, this unit's newest MARK_WINDOW
+    window = ["--after-cursor=" + after_cursor] if after_cursor else ["-n", str(MARK_WINDOW)]
+    argv = ["journalctl", "-o", "json", "--no-pager", "-q", *window, *matches]
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return None, [], f"journalctl: {exc}"
+    if done.returncode != 0:  # a cursor journald no longer knows (rotated, vacuumed): the newest line alone, no marks
+        newest, error = last_journal_line(matches, after_cursor)
+        return newest, [], error or f"journalctl --after-cursor exited {done.returncode}: no startup lines"
+    compiled = [re.compile(pattern) for pattern in patterns]
+    newest, marks = None, []
+    for line in done.stdout.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        text = journal_message(entry)
+        newest = {"text": text, "cursor": str(entry.get("__CURSOR", ""))}
+        if any(pattern.search(text) for pattern in compiled) and len(marks) < MAX_MARKS:
+            marks.append({"text": text[:BODY_EXCERPT_CHARS], "usec": int(entry.get("__REALTIME_TIMESTAMP") or 0)})
+    return newest, marks, None
 
 
 def port_open(host: str, port: int, timeout_s: float) -> tuple[bool, str | None]:
@@ -202,7 +235,11 @@ def probe(config: dict[str, object]) -> dict[str, object]:
             break
         time.sleep(poll_s)
     matches = config.get("journal_matches")
-    if matches:
+    patterns = config.get("journal_marks")
+    if matches and patterns:
+        snapshot["last_log"], snapshot["marks"], snapshot["journal_error"] = journal_since(
+            [str(match) for match in matches], config.get("journal_after_cursor"), [str(p) for p in patterns])
+    elif matches:
         snapshot["last_log"], snapshot["journal_error"] = last_journal_line(
             [str(match) for match in matches], config.get("journal_after_cursor"))
     snapshot["state"] = state

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
@@ -18,13 +18,22 @@ from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.facts import Gpu, read_host_facts
 from deploy_lib.gpu_check import parse_topology_results, topology_steps
 from deploy_lib.health import Rung, Snapshot, http_url, parse_snapshot, probe_step, reachable_host
+from deploy_lib.health.startup import startup_line
 from deploy_lib.models import StoredModel, read_stored
 from deploy_lib.profile import LoadedProfile, Profile, format_validation_error, read_stored_profile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.readings import Fact, Readings, read
 from deploy_lib.remote import Remote, Step
-from deploy_lib.store import RELEASE_FILE, StoreFacts, Tags, host_lock, read_store_facts
+from deploy_lib.store import (
+    ACTIVATIONS,
+    RELEASE_FILE,
+    HistoryEntry,
+    StoreFacts,
+    Tags,
+    host_lock,
+    read_store_facts,
+)
 from deploy_lib.throughput import (
     BenchResult,
     ComparisonRow,
@@ -53,6 +62,7 @@ class ReleaseRow:
     is_current: bool
     throughput: str  # the newest benchmark's output tok/s per concurrency level
     gpu_power: str = ""  # the GPUs' power draw during that benchmark
+    last_start: str = ""  # the newest start's phases: "weights 2m10s, cuda graphs 1m05s, first generation 0.2 s"
 
 
 @dataclass(frozen=True)
@@ -77,6 +87,7 @@ class StatusReport:
     drift: tuple[str, ...] = ()         # hand edits since the last deploy (a deploy refuses them without --force)
     topology: str | None = None         # the GPUs' links and P2P support in one line (gpu-check's reading)
     venv_problem: str | None = None     # why the release's venv's packages could not be read (its python is gone)
+    last_start: str = ""                # the current release's newest start's phases (health.startup)
 
 
 def serving_endpoint(metadata: Mapping[str, Any], host_address: str) -> str | None:
@@ -94,14 +105,25 @@ def _age_s(iso: str, now: datetime) -> float | None:
         return None
 
 
+def startup_by_release(history: Sequence[HistoryEntry]) -> dict[str, str]:
+    """Each release's newest start (any activation) that recorded its phases, as `startup_line` says it."""
+    lines: dict[str, str] = {}
+    for entry in history:
+        if entry.event in ACTIVATIONS and (line := startup_line(entry.timings)):
+            lines[entry.tags.release] = line
+    return lines
+
+
 def release_rows(store: StoreFacts) -> list[ReleaseRow]:
     outcomes = store.outcomes()
     throughput = throughput_by_release(store.history)
     power = power_by_release(store.history)
+    starts = startup_by_release(store.history)
     rows = [ReleaseRow(id=r.id, staged_at=r.staged_at, profile=str(r.metadata.get("profile_name", "?")),
                        sglang_version=str(r.metadata.get("sglang_version", "?")),
                        outcome=outcomes.get(r.id, "never started"), is_current=r.id == store.current,
-                       throughput=throughput.get(r.id, ""), gpu_power=power.get(r.id, ""))
+                       throughput=throughput.get(r.id, ""), gpu_power=power.get(r.id, ""),
+                       last_start=starts.get(r.id, ""))
             for r in store.releases]
     return rows + [ReleaseRow(id=d.id, staged_at="", profile="?", sglang_version="?", outcome=f"damaged ({d.reason})",
                               is_current=d.id == store.current, throughput="") for d in store.damaged]
@@ -154,7 +176,8 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
         gpus=facts.gpus, gpu_error=facts.gpu_error,
         lock_holder=(str(lock.owner) if lock.owner else "unknown owner") if lock else None,
         current_problem=facts.store.current_problem(),
-        topology=links.one_line() if links else links_error)
+        topology=links.one_line() if links else links_error,
+        last_start=startup_by_release(facts.store.history).get(facts.store.current or "", ""))
 
 
 def _installed(readings: Readings, packages: Fact[InstalledFacts] | None) -> tuple[InstalledFacts | None, str | None]:
@@ -247,7 +270,7 @@ def bench_current(target: Target, loaded: LoadedProfile, remote: Remote, environ
                                loaded.profile.bench, progress, probe.api_key)
 
 
-def compare_benchmarks(target: Target, service: str, remote: Remote, release_a: str, release_b: str
-                       ) -> tuple[BenchResult, BenchResult, list[ComparisonRow]]:
+def compare_benchmarks(target: Target, service: str, remote: Remote, releases: Sequence[str]
+                       ) -> tuple[list[BenchResult], list[ComparisonRow]]:
     layout = target.layout(service)
-    return compare_releases(read_store_facts(remote, layout).history, release_a, release_b)
+    return compare_releases(read_store_facts(remote, layout).history, releases)

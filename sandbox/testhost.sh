@@ -29,7 +29,7 @@ TH_LAYERS=${TH_LAYERS:-}                     # read-only layers over the rootfs,
 # command:package. sshd and systemd-analyze serve the tests (a local sshd; offline unit verification).
 HOST_TOOLS=(mmdebstrap:mmdebstrap systemd-nspawn:systemd-container ip:iproute2 ssh:openssh-client
             ssh-keygen:openssh-client zstd:zstd rsync:rsync /usr/sbin/sshd:openssh-server
-            systemd-analyze:systemd setpriv:util-linux)
+            systemd-analyze:systemd setpriv:util-linux chromium:chromium)
 
 [[ $TH_NAME =~ ^[a-z][a-z0-9-]{0,11}$ ]] || { echo "TH_NAME must match [a-z][a-z0-9-]{0,11}" >&2; exit 2; }
 

@@ -25,6 +25,7 @@ from deploy_lib.throughput import (
     bench_history_entry,
     compare,
     compare_releases,
+    comparison_records,
     evaluate_gate,
     find_baseline,
     gate_after_ready,
@@ -257,10 +258,21 @@ def test_releases_show_their_newest_throughput() -> None:
 
 
 def test_compare_side_by_side_with_ratio() -> None:
-    rows = {row.label: row for row in compare(result("r1", level(64, 880.0)), result("r2", level(64, 236.0)))}
-    assert rows["c=64 output tok/s"].a == 880.0 and rows["c=64 output tok/s"].b == 236.0
-    assert rows["c=64 output tok/s"].ratio == pytest.approx(236.0 / 880.0)
-    assert rows["c=64 p99 TTFT ms"].ratio == 1.0
+    rows = {row.label: row for row in compare([result("r1", level(64, 880.0)), result("r2", level(64, 236.0))])}
+    assert rows["c=64 output tok/s"].values == (880.0, 236.0)
+    assert rows["c=64 output tok/s"].ratios == (1.0, pytest.approx(236.0 / 880.0))
+    assert rows["c=64 p99 TTFT ms"].ratios == (1.0, 1.0)
+
+
+def test_compare_takes_any_number_of_releases_and_their_levels_need_not_match() -> None:
+    """Input tried: three releases, the third benchmarked at another concurrency."""
+    results = [result("r1", level(64, 880.0)), result("r2", level(64, 236.0)), result("r3", level(128, 990.0))]
+    rows = {row.label: row for row in compare(results)}
+    assert rows["c=64 output tok/s"].values == (880.0, 236.0, None)
+    assert rows["c=128 output tok/s"].ratios == (None, None, None), "no first value: no ratio"
+    records = comparison_records(results, list(rows.values()))
+    assert {"release": "r3", "figure": "c=128 output tok/s", "value": 990.0, "ratio_to_first": None} in records
+    assert len(records) == 3 * len(rows)
 
 
 # --- settings ---------------------------------------------------------------------------------------------
@@ -396,11 +408,13 @@ def test_gate_after_ready_keeps_a_release_within_the_ratio() -> None:
 
 def test_compare_releases_from_history_names_a_release_without_a_benchmark() -> None:
     history = [benched("r1", 880.0), benched("r2", 236.0, passed=False)]
-    a, b, rows = compare_releases(history, "r1", "r2")
-    assert (a.release_id, b.release_id) == ("r1", "r2") and rows[0].ratio == pytest.approx(236.0 / 880.0)
+    results, rows = compare_releases(history, ["r1", "r2"])
+    assert [r.release_id for r in results] == ["r1", "r2"] and rows[0].ratios[1] == pytest.approx(236.0 / 880.0)
     with pytest.raises(ConfigError, match="release r9 has no benchmark") as caught:
-        compare_releases(history, "r1", "r9")
+        compare_releases(history, ["r1", "r9"])
     assert "r1, r2" in str(caught.value.hint)
+    with pytest.raises(ConfigError, match="needs two releases or more, got 1"):
+        compare_releases(history, ["r1"])
 
 
 def test_releases_show_the_gpu_power_of_their_newest_benchmark() -> None:

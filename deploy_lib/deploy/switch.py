@@ -200,6 +200,7 @@ class Transition:
                             started_at=restarted_at, clock=self.clock)
         self.verified = release_id
         self.timings["ready"] = round(report.duration_s, 3)
+        self.timings |= report.timings()  # its phases from the server's log lines, and the ladder's rung times
         self.progress.step_done("readiness", report.duration_s)
         # The verified start leaves the start-limit window (reset-failed), so the restart policy allows the same number
         # of restarts whether a crash comes a minute or a day after the deploy; sent with the healthy record.

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from tenacity import (
     Retrying,
@@ -19,6 +19,7 @@ from tenacity import (
 from deploy_lib.errors import ReadinessFailed
 from deploy_lib.health.probe import WATCH_S, ProbeTarget, parse_snapshot, probe_step
 from deploy_lib.health.snapshot import Rung, Snapshot
+from deploy_lib.health.startup import MARKER_PATTERNS, LogMark, startup_phases, startup_timings
 from deploy_lib.health.verdict import NotReady, ProbeRejected, Ready, UnitFailed, Verdict, assess
 from deploy_lib.progress import Progress
 from deploy_lib.remote import Remote
@@ -74,6 +75,14 @@ class ReadyReport:
     attempts: int
     snapshot: Snapshot
     last_log_line: str | None
+    marks: tuple[LogMark, ...] = ()  # the startup lines this start logged (health.startup)
+    rungs_s: Mapping[str, float] = field(default_factory=dict)  # rung -> seconds from the restart to passing it
+
+    def timings(self) -> dict[str, float]:
+        """This start's phases (the logged ones that are known, and the first generation) and rung times."""
+        generation = self.snapshot.generation
+        first = generation.seconds if generation is not None and generation.text else None
+        return startup_timings(startup_phases(self.marks, first), self.rungs_s)
 
 
 @dataclass
@@ -97,6 +106,8 @@ class _LadderRun:
     last_log_line: str | None = None
     attempts: int = 0
     warned_slow: bool = False
+    marks: list[LogMark] = field(default_factory=list)
+    rungs_s: dict[str, float] = field(default_factory=dict)
 
     def elapsed(self) -> float:
         return self.clock() - self.started_at
@@ -108,9 +119,11 @@ class _LadderRun:
 
     def probe(self, rung: Rung, wait_s: float = 0.0) -> Verdict:
         self.attempts += 1
-        [result] = self.remote.run([probe_step(self.target, rung, self.after_cursor, self.state, wait_s)])
+        [result] = self.remote.run([probe_step(self.target, rung, self.after_cursor, self.state, wait_s,
+                                               MARKER_PATTERNS)])
         snapshot = parse_snapshot(result, rung)
         self.state = snapshot.state
+        self.marks.extend(snapshot.marks)
         if snapshot.last_log is not None:
             self.after_cursor = snapshot.last_log.cursor
             if snapshot.last_log.text != self.last_log_line:
@@ -130,6 +143,7 @@ class _LadderRun:
         waiting_on = Rung(verdict.rung) if isinstance(verdict, NotReady) else None
         passed = self.rung.index + 1 if waiting_on is None else waiting_on.index
         for rung in list(Rung)[self.rungs_passed:passed]:
+            self.rungs_s[str(rung)] = self.elapsed()
             self.progress.step_done(f"readiness: {rung}", self.elapsed())
         self.rungs_passed = max(self.rungs_passed, passed)
         if waiting_on is not None and waiting_on != self.waiting_on:
@@ -179,4 +193,4 @@ def wait_ready(remote: Remote, target: ProbeTarget, *, deadline_s: float, progre
                                   f"{after.message}", "grace", run.evidence(after), after.hint)
         progress.step_done("readiness: grace", run.elapsed())
     return ReadyReport(rung=rung, duration_s=duration_s, attempts=run.attempts, snapshot=ready.snapshot,
-                       last_log_line=run.last_log_line)
+                       last_log_line=run.last_log_line, marks=tuple(run.marks), rungs_s=dict(run.rungs_s))

@@ -4,6 +4,7 @@ and its JSON snapshot parsed."""
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from importlib import resources
 from typing import Any
@@ -77,15 +78,17 @@ PROBE_SOURCE = resources.files("deploy_lib").joinpath("probe_script.py").read_te
 
 
 def probe_step(target: ProbeTarget, rung: Rung, after_cursor: str | None = None, seen: str | None = None,
-               wait_s: float = 0.0) -> Step:
+               wait_s: float = 0.0, marks: Sequence[str] = ()) -> Step:
     """One remote step running the probe for every rung up to `rung`: one look, or with `wait_s` a look every
-    POLL_S until the state differs from `seen` (the `state` of the caller's last snapshot)."""
+    POLL_S until the state differs from `seen` (the `state` of the caller's last snapshot). With `marks` (regexes:
+    startup.MARKER_PATTERNS) it also sends back every journal line since `after_cursor` that matches one."""
     wants_generation = rung is Rung.GENERATE and target.generation is not None
     generation = target.generation if wants_generation else None
     config = {
         "unit": target.unit,
         "journal_matches": list(unit_matches(target.unit)) if target.unit else None,
         "journal_after_cursor": after_cursor,
+        "journal_marks": list(marks) or None,
         "seen": seen,
         "wait_s": wait_s,
         "poll_s": POLL_S,

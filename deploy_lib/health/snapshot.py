@@ -8,6 +8,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from deploy_lib.health.startup import LogMark
+
 
 class Rung(StrEnum):
     """The rungs in the order they are climbed; a ladder runs up to and including a target rung."""
@@ -91,6 +93,7 @@ class Snapshot(BaseModel):
     health_error: str | None = None
     generation: Generation | None = None
     last_log: LogLine | None = None
+    marks: tuple[LogMark, ...] = ()  # the startup lines since the last look (health.startup), when asked for
     journal_error: str | None = None
     state: str | None = None  # what the verdict depends on, as the probe compares it (passed back as `seen`)
     probe_s: float = 0.0

@@ -99,14 +99,15 @@ def throughput_by_release(history: Sequence[HistoryEntry]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class ComparisonRow:
+    """One figure of every compared release, in the order they were given."""
+
     label: str
-    a: float | None
-    b: float | None
+    values: tuple[float | None, ...]
 
     @property
-    def ratio(self) -> float | None:
-        """b / a."""
-        return ratio(self.b, self.a)
+    def ratios(self) -> tuple[float | None, ...]:
+        """Each release's value over the first release's (the first is 1.0, or None without a value)."""
+        return tuple(ratio(value, self.values[0]) for value in self.values)
 
 
 _COMPARED = (("output_tok_s", "output tok/s"), ("ttft_mean_ms", "mean TTFT ms"), ("ttft_median_ms", "median TTFT ms"),
@@ -114,23 +115,33 @@ _COMPARED = (("output_tok_s", "output tok/s"), ("ttft_mean_ms", "mean TTFT ms"),
              ("itl_p99_ms", "p99 ITL ms"))
 
 
-def compare(a: BenchResult, b: BenchResult) -> list[ComparisonRow]:
-    """Side by side, per concurrency level either ran, with ratio b/a (`invoke bench --compare A B`)."""
-    figures_a, figures_b = a.figures(), b.figures()
-    levels = sorted({level.concurrency for level in (*a.levels, *b.levels)})
-    return [ComparisonRow(f"c={c} {label}", figures_a.get(f"c{c}.{key}"), figures_b.get(f"c{c}.{key}"))
+def compare(results: Sequence[BenchResult]) -> list[ComparisonRow]:
+    """Side by side, per concurrency level any ran, with each one's ratio to the first (`invoke bench --compare A
+    --compare B [--compare C ...]`)."""
+    figures = [result.figures() for result in results]
+    levels = sorted({level.concurrency for result in results for level in result.levels})
+    return [ComparisonRow(f"c={c} {label}", tuple(each.get(f"c{c}.{key}") for each in figures))
             for c in levels for key, label in _COMPARED]
 
 
-def compare_releases(history: Sequence[HistoryEntry], release_a: str, release_b: str
-                     ) -> tuple[BenchResult, BenchResult, list[ComparisonRow]]:
+def comparison_records(results: Sequence[BenchResult], rows: Sequence[ComparisonRow]) -> list[dict[str, object]]:
+    """The comparison as flat records (one per release and figure) for CSV and JSON."""
+    return [{"release": result.release_id, "figure": row.label, "value": row.values[index],
+             "ratio_to_first": row.ratios[index]} for row in rows for index, result in enumerate(results)]
+
+
+def compare_releases(history: Sequence[HistoryEntry], releases: Sequence[str]
+                     ) -> tuple[list[BenchResult], list[ComparisonRow]]:
     """Each release's newest benchmark from history, side by side; ConfigError names a release without one."""
+    if len(releases) < 2:
+        raise ConfigError(f"a comparison needs two releases or more, got {len(releases)}",
+                          "`invoke bench --compare A --compare B` (repeat --compare for more)")
     results = []
-    for release in (release_a, release_b):
+    for release in releases:
         found = latest_bench(history, release)
         if found is None:
             known = sorted({entry.tags.release for entry in history if entry.event in MEASURED and entry.figures})
             raise ConfigError(f"release {release} has no benchmark in history",
                               f"benchmarked releases: {', '.join(known) or 'none'}; `invoke bench` runs one")
         results.append(found)
-    return results[0], results[1], compare(results[0], results[1])
+    return results, compare(results)

@@ -1,0 +1,37 @@
+"""`invoke report`: a host's story in pictures, from its history: throughput and p99 TTFT of every benchmark over
+time (failed releases and rollbacks marked with their cause), throughput against concurrency per release, GPU power
+and utilisation against the power limit, start phases per release, and crashes and restarts on a time line. One
+self-contained HTML page plus CSV and JSON of the same tables.
+
+    data    the tables, collected from history (pure)
+    charts  matplotlib figures as inline SVG (matplotlib loads only here)
+    page    the HTML page (Jinja2), the CSV files and the JSON document, written
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+
+from deploy_lib.project import Target
+from deploy_lib.remote import Remote
+from deploy_lib.report.data import ReportData, collect
+from deploy_lib.store import iso_time, read_store_facts
+
+
+def read_report(target: Target, service: str, remote: Remote, releases: Sequence[str] = (),
+                now: datetime | None = None) -> ReportData:
+    """The report's tables from the host's history (one read of its store, nothing written)."""
+    store = read_store_facts(remote, target.layout(service))
+    return collect(store.history, target.host.name, service, iso_time(now or datetime.now(UTC)), releases)
+
+
+def write_report(data: ReportData, out_dir: Path) -> tuple[Path, ...]:
+    """The page, its JSON and a CSV per table in `out_dir`; the paths written, the page first."""
+    from deploy_lib.report.page import write_report as write  # Jinja2 and matplotlib load only to write one
+
+    return write(data, out_dir)
+
+
+__all__ = ["ReportData", "collect", "read_report", "write_report"]

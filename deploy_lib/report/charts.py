@@ -1,0 +1,195 @@
+"""The report's charts, drawn by matplotlib (Agg, SVG text): each returns one inline <svg> element, or None when
+its table is empty. Every plotted series carries an SVG id starting `series-` (matplotlib's gid), so a browser
+test can count what was drawn. matplotlib is imported here only: no other command pays for it."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from deploy_lib.health.startup import PHASE_LABELS, PHASES
+from deploy_lib.report.data import BenchPoint, GpuReading, HostEvent, ReleaseMark, StartRow
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
+
+FAILED_COLOR = "#c62828"
+LIMIT_COLOR = "#444444"
+WIDTH_IN = 10.0
+
+
+def _pyplot() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    matplotlib.rcParams["svg.hashsalt"] = "sglang-deploy-report"  # the same history draws the same bytes
+    matplotlib.rcParams["svg.fonttype"] = "path"  # glyphs as paths: the page needs no font
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+@contextmanager
+def _figure(rows: int, height_in: float) -> Iterator[tuple[Figure, Any]]:
+    plt = _pyplot()
+    figure, axes = plt.subplots(rows, 1, figsize=(WIDTH_IN, height_in), squeeze=False, layout="constrained")
+    try:
+        yield figure, [row[0] for row in axes]
+    finally:
+        plt.close(figure)
+
+
+def _svg(figure: Figure) -> str:
+    out = io.StringIO()
+    figure.savefig(out, format="svg")
+    text = out.getvalue()
+    return text[text.index("<svg"):]  # inline: no XML declaration or DOCTYPE inside the HTML
+
+
+def _tag_bars(bars: Any, gid: str) -> None:
+    """A bar chart's series: each bar its own id (`gid-N`), as matplotlib writes one group per patch."""
+    for number, bar in enumerate(bars):
+        bar.set_gid(f"{gid}-{number}")
+
+
+def _when(iso: str) -> datetime:
+    return datetime.fromisoformat(iso)
+
+
+def throughput_over_time(points: Sequence[BenchPoint], marks: Sequence[ReleaseMark]) -> str | None:
+    """Output tok/s and p99 TTFT of each benchmark, one line per concurrency; failed benchmarks as red crosses, failed
+    releases and rollbacks as numbered vertical lines (their causes are listed under the chart)."""
+    if not points:
+        return None
+    with _figure(2, 6.0) as (figure, (tok_s, ttft)):
+        for concurrency in sorted({p.concurrency for p in points}):
+            level = [p for p in points if p.concurrency == concurrency]
+            for axes, value, name in ((tok_s, lambda p: p.output_tok_s, "tok_s"),
+                                      (ttft, lambda p: p.ttft_p99_ms, "ttft")):
+                shown = [p for p in level if value(p) is not None]
+                line, = axes.plot([_when(p.when) for p in shown], [value(p) for p in shown], marker="o",
+                                  label=f"concurrency {concurrency}")
+                line.set_gid(f"series-{name}-c{concurrency}")
+                failed = [p for p in shown if p.outcome == "failed"]
+                if failed:
+                    axes.scatter([_when(p.when) for p in failed], [value(p) for p in failed], marker="x", s=80,
+                                 color=FAILED_COLOR, zorder=3, label="failed (gate or run)" if concurrency ==
+                                 min(p.concurrency for p in points) else None).set_gid(f"series-{name}-failed")
+        for number, mark in enumerate(marks, 1):
+            for axes in (tok_s, ttft):
+                axes.axvline(_when(mark.when), color=FAILED_COLOR if mark.outcome == "failed" else LIMIT_COLOR,
+                             linestyle="--", linewidth=0.8)
+            tok_s.annotate(str(number), (_when(mark.when), 1.0), xycoords=("data", "axes fraction"),
+                           ha="center", va="bottom", color=FAILED_COLOR if mark.outcome == "failed" else LIMIT_COLOR)
+        tok_s.set_ylabel("output tok/s")
+        ttft.set_ylabel("p99 TTFT (ms)")
+        tok_s.set_ylim(bottom=0)
+        ttft.set_ylim(bottom=0)
+        tok_s.legend(loc="lower left", fontsize="small")
+        figure.autofmt_xdate()
+        return _svg(figure)
+
+
+def throughput_vs_concurrency(points: Sequence[BenchPoint]) -> str | None:
+    """One line per release: its newest benchmark's output tok/s at each concurrency level."""
+    if not points:
+        return None
+    with _figure(1, 4.0) as (figure, (axes,)):
+        for release in dict.fromkeys(p.release for p in points):
+            levels = sorted((p for p in points if p.release == release), key=lambda p: p.concurrency)
+            line, = axes.plot([p.concurrency for p in levels], [p.output_tok_s for p in levels], marker="o",
+                              label=f"{release} ({levels[0].profile})")
+            line.set_gid(f"series-concurrency-{release}")
+        axes.set_xscale("log", base=2)
+        axes.set_xlabel("concurrency")
+        axes.set_ylabel("output tok/s")
+        axes.set_ylim(bottom=0)
+        axes.legend(fontsize="small")
+        return _svg(figure)
+
+
+def gpu_power(readings: Sequence[GpuReading]) -> str | None:
+    """Per benchmark, each GPU's mean power (bar) and peak (tick) against its power limit (dashed), and its mean
+    utilisation below."""
+    if not readings:
+        return None
+    runs = list(dict.fromkeys((r.when, r.release) for r in readings))
+    gpus = sorted({r.gpu for r in readings})
+    width = 0.8 / len(gpus)
+    with _figure(2, 6.0) as (figure, (power, util)):
+        for slot, gpu in enumerate(gpus):
+            mine = {(r.when, r.release): r for r in readings if r.gpu == gpu}
+            xs = [i + (slot - (len(gpus) - 1) / 2) * width for i, run in enumerate(runs) if run in mine]
+            shown = [mine[run] for run in runs if run in mine]
+            _tag_bars(power.bar(xs, [r.power_mean_w or 0 for r in shown], width, label=f"GPU {gpu}"),
+                      f"series-power-gpu{gpu}")
+            peaks = [(x, r.power_peak_w) for x, r in zip(xs, shown, strict=True) if r.power_peak_w is not None]
+            if peaks:
+                power.scatter(*zip(*peaks, strict=True), marker="_", s=120, color="black", zorder=3)
+            _tag_bars(util.bar(xs, [r.util_mean_pct or 0 for r in shown], width), f"series-util-gpu{gpu}")
+        for i, run in enumerate(runs):
+            limits = [r.power_limit_w for r in readings if (r.when, r.release) == run and r.power_limit_w]
+            if limits:
+                power.hlines(max(limits), i - 0.45, i + 0.45, colors=LIMIT_COLOR, linestyles="--",
+                             label="power limit" if i == 0 else None)
+        labels = [f"{release}\n{when[5:16].replace('T', ' ')}" for when, release in runs]
+        for axes in (power, util):
+            axes.set_xticks(range(len(runs)), labels, fontsize="small")
+        top = max((r.power_limit_w or r.power_peak_w or r.power_mean_w or 0 for r in readings), default=0)
+        power.set_ylim(0, top * 1.3 or None)  # room above the limit for the legend
+        power.set_ylabel("power (W): mean, peak")
+        util.set_ylabel("utilisation % (mean)")
+        util.set_ylim(0, 100)
+        power.legend(fontsize="small", ncols=min(len(gpus) + 1, 5), loc="upper left")
+        return _svg(figure)
+
+
+def start_phases(starts: Sequence[StartRow]) -> str | None:
+    """One horizontal bar per start, its known phases stacked in order; an unknown phase is left out of the bar (the
+    table under the chart says "unknown")."""
+    known = [row for row in starts if any(v is not None for v in row.phases().values())]
+    if not known:
+        return None
+    with _figure(1, 1.2 + 0.45 * len(known)) as (figure, (axes,)):
+        left = [0.0] * len(known)
+        for name in PHASES:
+            seconds = [row.phases()[name] or 0.0 for row in known]
+            _tag_bars(axes.barh(range(len(known)), seconds, left=left, label=PHASE_LABELS[name]),
+                      f"series-phase-{name}")
+            left = [a + b for a, b in zip(left, seconds, strict=True)]
+        axes.set_yticks(range(len(known)), [f"{row.release} {row.event} {row.when[5:16].replace('T', ' ')}"
+                                            for row in known], fontsize="small")
+        axes.invert_yaxis()
+        axes.set_xlabel("seconds from the restart")
+        axes.legend(fontsize="small", ncols=len(PHASES), loc="lower right")
+        return _svg(figure)
+
+
+def _event_color(event: HostEvent) -> str:
+    if event.outcome in ("failed", "crashed"):
+        return FAILED_COLOR
+    return "#ef6c00" if event.outcome == "restarted" else "#2e7d32"
+
+
+EVENT_ROWS = ("deploy", "rollback", "adopt", "start", "restart", "stop", "crash", "failure")
+
+
+def host_events(events: Sequence[HostEvent]) -> str | None:
+    """Starts, stops, failures and crashes on one time line: a row per kind, failed ones red."""
+    if not events:
+        return None
+    rows = [kind for kind in EVENT_ROWS if any(e.event == kind for e in events)]
+    with _figure(1, 1.0 + 0.4 * len(rows)) as (figure, (axes,)):
+        for kind in rows:
+            mine = [e for e in events if e.event == kind]
+            axes.scatter([_when(e.when) for e in mine], [rows.index(kind)] * len(mine), s=60,
+                         c=[_event_color(e) for e in mine], marker="o").set_gid(f"series-event-{kind}")
+        axes.set_yticks(range(len(rows)), rows)
+        axes.set_ylim(-0.5, len(rows) - 0.5)
+        axes.invert_yaxis()
+        figure.autofmt_xdate()
+        return _svg(figure)
+

@@ -1,0 +1,166 @@
+"""What a host's report shows, collected from its history.jsonl (pure: no host, no plotting): benchmarks over time,
+throughput against concurrency, GPU power and utilisation during each benchmark, start phases, crashes and
+restarts; each table also as rows for CSV and JSON."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from deploy_lib.errors import ConfigError
+from deploy_lib.health.startup import PHASES, RUNG_PREFIX, recorded_phases
+from deploy_lib.store import ACTIVATIONS, FAILED, HistoryEntry
+from deploy_lib.throughput import BenchResult
+
+Row = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class BenchPoint:
+    """One benchmark at one concurrency level."""
+
+    when: str
+    release: str
+    profile: str
+    sglang: str
+    outcome: str  # healthy, or failed (the gate rejected it, or it did not run to the end)
+    cause: str
+    concurrency: int
+    output_tok_s: float
+    ttft_p99_ms: float | None
+
+
+@dataclass(frozen=True)
+class ReleaseMark:
+    """A release that failed (a start or its benchmark), or a rollback: marked on the benchmarks' time line."""
+
+    when: str
+    release: str
+    event: str
+    outcome: str
+    cause: str
+
+
+@dataclass(frozen=True)
+class GpuReading:
+    """One GPU during one benchmark, as the sampler recorded it."""
+
+    when: str
+    release: str
+    gpu: int
+    power_mean_w: float | None
+    power_peak_w: float | None
+    power_limit_w: float | None
+    util_mean_pct: float | None
+
+
+@dataclass(frozen=True)
+class StartRow:
+    """One start of a release and its phases (None: unknown, its log line was not seen)."""
+
+    when: str
+    release: str
+    event: str
+    outcome: str
+    ready_s: float | None
+    init: float | None
+    weights: float | None
+    kv_cache: float | None
+    cuda_graphs: float | None
+    warmup: float | None
+    first_generation: float | None
+
+    def phases(self) -> dict[str, float | None]:
+        return {name: getattr(self, name) for name in PHASES}
+
+
+@dataclass(frozen=True)
+class HostEvent:
+    """A start, failure, crash or stop on the host's time line."""
+
+    when: str
+    release: str
+    event: str
+    outcome: str
+    cause: str
+
+
+@dataclass(frozen=True)
+class ReportData:
+    host: str
+    service: str
+    generated_at: str
+    benchmarks: tuple[BenchPoint, ...]
+    marks: tuple[ReleaseMark, ...]
+    concurrency: tuple[BenchPoint, ...]  # the chosen releases' newest benchmark, every level
+    gpus: tuple[GpuReading, ...]
+    starts: tuple[StartRow, ...]
+    events: tuple[HostEvent, ...]
+
+    def tables(self) -> dict[str, list[Row]]:
+        """Every table as rows of plain values (the CSV files and the JSON document)."""
+        return {name: [asdict(row) for row in getattr(self, name)] for name in TABLES}
+
+
+TABLES: tuple[str, ...] = ("benchmarks", "marks", "concurrency", "gpus", "starts", "events")
+COLUMNS: dict[str, tuple[str, ...]] = {
+    name: tuple(f.name for f in fields(kind)) for name, kind in
+    (("benchmarks", BenchPoint), ("marks", ReleaseMark), ("concurrency", BenchPoint), ("gpus", GpuReading),
+     ("starts", StartRow), ("events", HostEvent))}
+TIMELINE_EVENTS = (*ACTIVATIONS, "failure", "crash", "stop")
+
+
+def _bench_points(entry: HistoryEntry) -> list[BenchPoint]:
+    result = BenchResult.from_figures(entry.tags.release, entry.figures)
+    return [BenchPoint(when=entry.when, release=entry.tags.release, profile=entry.tags.profile,
+                       sglang=entry.tags.versions.get("sglang", ""), outcome=entry.outcome, cause=entry.cause,
+                       concurrency=level.concurrency, output_tok_s=level.output_tok_s, ttft_p99_ms=level.ttft.p99_ms)
+            for level in result.levels]
+
+
+def _gpu_readings(entry: HistoryEntry) -> list[GpuReading]:
+    indices = sorted({int(key[3:].split(".", 1)[0]) for key in entry.figures
+                      if key.startswith("gpu") and key[3:].split(".", 1)[0].isdigit()})
+
+    def value(index: int, metric: str) -> float | None:
+        return entry.figures.get(f"gpu{index}.{metric}")
+
+    return [GpuReading(when=entry.when, release=entry.tags.release, gpu=index,
+                       power_mean_w=value(index, "power_mean_w"), power_peak_w=value(index, "power_peak_w"),
+                       power_limit_w=value(index, "power_limit_w"), util_mean_pct=value(index, "util_mean_pct"))
+            for index in indices]
+
+
+def _start_row(entry: HistoryEntry) -> StartRow | None:
+    """A start that recorded any phase or rung time; one recorded before they were has nothing to show."""
+    phases = recorded_phases(entry.timings)
+    if all(value is None for value in phases.values()) and not any(k.startswith(RUNG_PREFIX) for k in entry.timings):
+        return None
+    return StartRow(when=entry.when, release=entry.tags.release, event=entry.event, outcome=entry.outcome,
+                    ready_s=entry.timings.get("ready"), **phases)
+
+
+def collect(history: Sequence[HistoryEntry], host: str, service: str, generated_at: str,
+            releases: Sequence[str] = ()) -> ReportData:
+    """The report's tables from a host's history, oldest first; `releases` picks the lines of the throughput-vs-
+    concurrency chart (default: every benchmarked release). ConfigError names a chosen release never benchmarked."""
+    benches = [entry for entry in history if entry.event == "bench" and entry.figures]
+    points = [point for entry in benches for point in _bench_points(entry)]
+    benchmarked = list(dict.fromkeys(point.release for point in points))
+    unknown = [release for release in releases if release not in benchmarked]
+    if unknown:
+        raise ConfigError(f"{host}: release {', '.join(unknown)} has no benchmark in history",
+                          f"benchmarked releases: {', '.join(benchmarked) or 'none'}")
+    newest = {point.release: point.when for point in points}
+    concurrency = tuple(point for point in points if point.release in (releases or benchmarked)
+                        and point.when == newest[point.release])
+    marks = tuple(ReleaseMark(entry.when, entry.tags.release, entry.event, entry.outcome, entry.cause)
+                  for entry in history
+                  if (entry.outcome == FAILED and entry.event in (*ACTIVATIONS, "bench")) or entry.event == "rollback")
+    starts = tuple(row for entry in history if entry.event in ACTIVATIONS and (row := _start_row(entry)))
+    events = tuple(HostEvent(entry.when, entry.tags.release, entry.event, entry.outcome, entry.cause)
+                   for entry in history if entry.event in TIMELINE_EVENTS)
+    return ReportData(host=host, service=service, generated_at=generated_at, benchmarks=tuple(points), marks=marks,
+                      concurrency=concurrency, gpus=tuple(r for entry in benches for r in _gpu_readings(entry)),
+                      starts=starts, events=events)
