@@ -116,7 +116,7 @@ def test_port_closed_while_loading_then_503_then_200(start_sim) -> None:
     status, metrics = http(sim.base + "/metrics")
     assert status == 200 and b"sglang:num_running_reqs" in metrics
     log = sim.log.read_text()
-    assert log.index("Load weight begin") < log.index("Capture cuda graph end") < log.index("fired up")
+    assert log.index("Load weight begin") < log.index("Capture target decode CUDA graph end") < log.index("fired up")
 
 
 def test_api_key_guards_everything_but_the_probes(start_sim) -> None:
