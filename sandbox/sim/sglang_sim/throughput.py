@@ -27,10 +27,9 @@ class Knobs:
     @classmethod
     def from_args(cls, args: dict[str, Any], defaults: Knobs) -> Knobs:
         """Knobs from the parsed command line; unset ones take SGLang's defaults (`defaults`)."""
-        graph_config = str(args.get("cuda_graph_config") or "")
+        # the per-phase flag, its convenience switch, the deprecated one (--cuda-graph-config JSON is not read)
         decode_graph_off = (bool(args.get("disable_cuda_graph")) or bool(args.get("disable_decode_cuda_graph"))
-                            or args.get("cuda_graph_backend_decode") == "disabled"
-                            or '"decode": {"backend": "disabled"' in graph_config.replace("'", '"'))
+                            or args.get("cuda_graph_backend_decode") == "disabled")
         chunk = args.get("chunked_prefill_size")
         return cls(
             moe_runner_backend=str(args.get("moe_runner_backend") or defaults.moe_runner_backend),
