@@ -87,7 +87,7 @@ def test_systemd_unit_runs_the_sim_health_goes_refused_503_200_and_journal_has_i
     assert states == ["refused", 503, 200]
     assert sim.show("ActiveState") == "active"
     journal = sim.journal()
-    for line in ("Load weight begin", "KV Cache is allocated", "Capture cuda graph begin",
+    for line in ("Load weight begin", "KV Cache is allocated", "Capture target decode CUDA graph begin",
                  "The server is fired up and ready to roll!"):
         assert line in journal
 

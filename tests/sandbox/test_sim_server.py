@@ -10,23 +10,26 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from http_client import http
-from sglang_sim.throughput import ThroughputModel
+from sglang_sim.throughput import Knobs, ThroughputModel
 from sglang_sim.upstream import InstalledUpstream
 from upstream_edits import patch_sglang_0_5_23_gates
 from waits import STATE_WAIT_S
 
+from deploy_lib.diagnose import diagnose
 from sandbox import wheelhouse
 
 pytestmark = pytest.mark.wheels
 
 SHORT_PHASES = {"init": 0.1, "weights": 0.8, "kv_cache": 0.1, "cuda_graph": 0.2, "warmup": 0.6}
-# a request the tests watch in flight: 60 tokens last 3.6 s at the sim's one-request rate (16.8 tok/s; fused 4.5), long
+# a request the tests watch in flight: 60 tokens last 3 s at the sim's one-request rate (20 tok/s with decode graphs,
+# 16.8 without; fused 4.5), long
 # enough for a poller on a loaded machine to see it; a poller that misses it fails the test, it never waits for ever
 IN_FLIGHT_TOKENS = 60
 
@@ -116,7 +119,7 @@ def test_port_closed_while_loading_then_503_then_200(start_sim) -> None:
     status, metrics = http(sim.base + "/metrics")
     assert status == 200 and b"sglang:num_running_reqs" in metrics
     log = sim.log.read_text()
-    assert log.index("Load weight begin") < log.index("Capture cuda graph end") < log.index("fired up")
+    assert log.index("Load weight begin") < log.index("Capture target decode CUDA graph end") < log.index("fired up")
 
 
 def test_api_key_guards_everything_but_the_probes(start_sim) -> None:
@@ -227,12 +230,13 @@ def generation_rate_during_one_request(sim: RunningSim) -> float:
 def test_fusion_forced_on_sm120_through_the_gate_only_patch_runs_at_degraded_throughput(
         start_sim, patched_sim_venv: Path) -> None:
     model = ThroughputModel.default()
+    knobs = Knobs.from_args({}, model.defaults)  # neither start sets a knob the model answers
     fused = start_sim("--enable-flashinfer-allreduce-fusion", "--enable-metrics", venv=patched_sim_venv)
     fused.wait_states("/health")
-    assert generation_rate_during_one_request(fused) == pytest.approx(model.aggregate_tok_s(1, True), abs=0.01)
+    assert generation_rate_during_one_request(fused) == pytest.approx(model.aggregate_tok_s(1, True, knobs), abs=0.01)
     plain = start_sim("--enable-metrics", venv=patched_sim_venv)
     plain.wait_states("/health")
-    assert generation_rate_during_one_request(plain) == pytest.approx(model.aggregate_tok_s(1), abs=0.01)
+    assert generation_rate_during_one_request(plain) == pytest.approx(model.aggregate_tok_s(1, False, knobs), abs=0.01)
 
 
 def test_a_cold_flashinfer_jit_cache_needs_ninja_on_path(start_sim, patched_sim_venv: Path, tmp_path: Path) -> None:
@@ -301,3 +305,85 @@ def test_both_nodes_stopped_together_exit_0(start_sim) -> None:
         node.process.send_signal(signal.SIGTERM)
     assert [node.process.wait(timeout=STATE_WAIT_S) for node in nodes] == [0, 0]
     assert not any("Watchdog" in node.log.read_text() for node in nodes)
+
+
+# --- the launch knobs ------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("graph_args", "failing_line"), [
+    ((), "Exception: Capture cuda graph failed: CUDA out of memory. Tried to allocate "),
+    (("--cuda-graph-backend-decode", "disabled"), "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate "),
+])
+def test_mem_fraction_static_too_high_fails_the_start_with_torchs_oom_which_the_tool_diagnoses(
+        start_sim, graph_args: tuple[str, ...], failing_line: str) -> None:
+    """--mem-fraction-static 0.99 leaves ~1 GB of the 96 GB GPU beside the static pool: the decode graphs' capture
+    (SGLang re-raises torch's OOM with its advice) or, without graphs, the warmup forward runs out of memory."""
+    sim = start_sim("--mem-fraction-static", "0.99", *graph_args)
+    assert sim.process.wait(timeout=STATE_WAIT_S) == 1
+    log = sim.log.read_text()
+    assert failing_line in log
+    assert "The server is fired up" not in log and http(sim.base + "/health")[0] == "refused"
+    assert diagnose(log.splitlines()).signature == "cuda_out_of_memory"
+
+
+def test_without_decode_cuda_graphs_no_capture_phase_and_decode_is_slower_than_a_peer_with_them(start_sim) -> None:
+    """--disable-cuda-graph (deprecated in 0.5.23, still parsed) and its replacement both skip the capture; the
+    decode rate (sglang:gen_throughput, the model's figure) is the graphs' peer's over the configured factor."""
+    graphs = start_sim("--enable-metrics")
+    eager = start_sim("--enable-metrics", "--disable-cuda-graph")
+    replacement = start_sim("--enable-metrics", "--cuda-graph-backend-decode", "disabled")
+    for sim in (graphs, eager, replacement):
+        sim.wait_states("/health")
+    log = graphs.log.read_text()
+    assert log.index("Load weight end") < log.index("KV Cache is allocated") \
+        < log.index("Capture target decode CUDA graph begin") < log.index("Capture target decode CUDA graph end") \
+        < log.index("The server is fired up and ready to roll!")
+    for sim in (eager, replacement):
+        assert "CUDA graph begin" not in sim.log.read_text() and "CUDA graph end" not in sim.log.read_text()
+    factor = ThroughputModel.default().cuda_graph_decode_factor
+    assert generation_rate_during_one_request(graphs) == pytest.approx(
+        factor * generation_rate_during_one_request(eager), rel=1e-3)
+
+
+def test_requests_beyond_max_running_requests_wait_and_get_their_first_token_after_a_slot_frees(start_sim) -> None:
+    """Four streamed requests against a batch of two: two run, two wait (as /v1/loads and /metrics count them), and
+    no waiting request gets its first token before a running one has finished. A peer without the cap runs all four."""
+    capped = start_sim("--enable-metrics", "--max-running-requests", "2")
+    peer = start_sim("--enable-metrics")
+    for sim in (capped, peer):
+        sim.wait_states("/health")
+    for sim, most_running, most_waiting in ((capped, 2, 2), (peer, 4, 0)):
+        first_token: list[float] = []
+        finished: list[float] = []
+
+        def stream(sim: RunningSim = sim, first_token: list[float] = first_token,
+                   finished: list[float] = finished) -> None:
+            request = {"text": "x", "stream": True, "sampling_params": {"max_new_tokens": IN_FLIGHT_TOKENS}}
+            events = stream_events(sim.base + "/generate", request)
+            first_token.append(next(events))
+            finished.append(list(events)[-1])
+
+        workers = [threading.Thread(target=stream) for _ in range(4)]
+        for worker in workers:
+            worker.start()
+        seen: set[tuple[int, int]] = set()
+        while any(worker.is_alive() for worker in workers):
+            load = json.loads(http(sim.base + "/v1/loads")[1])["loads"][0]
+            seen.add((load["num_running_reqs"], load["num_waiting_reqs"]))
+            time.sleep(0.02)
+        for worker in workers:
+            worker.join()
+        assert max(running for running, _ in seen) == most_running, seen
+        assert max(waiting for _, waiting in seen) == most_waiting, seen
+        assert len(finished) == 4
+        if sim is capped:
+            assert sorted(first_token)[2] >= min(finished)  # the third first token came after the first finish
+            assert gauges(sim)["sglang:num_queue_reqs"] == 0
+
+
+def stream_events(url: str, body: dict) -> Iterator[float]:
+    """The arrival time (monotonic) of each streamed event of a POST."""
+    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=STATE_WAIT_S) as response:
+        for line in response:
+            if line.startswith(b"data: "):
+                yield time.monotonic()

@@ -12,16 +12,19 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn
 
+from sglang_sim import startup_texts as texts
 from sglang_sim.argcheck import RESULT_MARKER
 from sglang_sim.config import SimConfig
+from sglang_sim.engine import Engine, Launch
 from sglang_sim.gpus import Gpu, query_gpus
 from sglang_sim.rendezvous import Rendezvous, RendezvousFailed, Topology
-from sglang_sim.server import Engine, Launch, ServerState, SimHTTPServer, Status, log
-from sglang_sim.throughput import ThroughputModel
+from sglang_sim.server import ServerState, SimHTTPServer, Status, log
+from sglang_sim.throughput import MemoryNeed, ThroughputModel
 from sglang_sim.upstream import JIT_MESSAGE, RESOLVER_MESSAGE, Fusion, InstalledUpstream, line_of
 from sglang_sim.weights import OFFLINE_MESSAGE, missing_weights
 
 GIB = 1024.0
+TORCH_MODULE_TO = (Path(sys.prefix) / "lib/python3.11/site-packages/torch/nn/modules/module.py", "to")
 
 
 def parse_launch_args(argv: list[str]) -> dict[str, Any]:
@@ -59,8 +62,8 @@ class Simulation:
         fused = self.engine.fused_on_sm120 if self.engine else False
         state = {"pid": os.getpid(), "gpus": list(range(self.gpus_per_node)),
                  "memory_used_mib": self.memory_used_mib,
-                 "power_w": round(self.model.power_w(running, fused), 2),
-                 "util_pct": round(100 * self.model.load(running, fused))}
+                 "power_w": round(self.model.power_w(running, fused, self.launch.knobs), 2),
+                 "util_pct": round(100 * self.model.load(running, fused, self.launch.knobs))}
         try:
             self.config.state_dir.mkdir(parents=True, exist_ok=True)
             tmp = self.state_file.with_suffix(f".tmp{os.getpid()}")
@@ -97,8 +100,11 @@ class Simulation:
             log("Received SIGTERM while loading; exiting.")
             self.exit(0)
 
+    def avail_mib(self) -> float:
+        return self.gpus[0].memory_mib - self.memory_used_mib
+
     def gib_avail(self) -> str:
-        return f"{(self.gpus[0].memory_mib - self.memory_used_mib) / GIB:.2f} GB"
+        return texts.gb(self.avail_mib())
 
     # --- startup -------------------------------------------------------------
     def load(self, fusion: Fusion) -> None:
@@ -115,7 +121,7 @@ class Simulation:
         self.phase("init")
         self.memory_used_mib = 580
         log("Init torch distributed ends. mem usage=0.57 GB", self.rank)
-        log(f"Load weight begin. avail mem={self.gib_avail()}", self.rank)
+        log(texts.load_weight_begin(self.avail_mib()), self.rank)
         if self.config.has_fault("hang-loading"):
             self.stop.wait()
             self.exit(0)
@@ -126,23 +132,15 @@ class Simulation:
             log(f"Loading safetensors checkpoint shards: {percent:3d}% Completed | {percent * 83 // 100}/83", self.rank)
             if percent == 50 and self.config.has_fault("oom"):
                 self.crash([(srt / "managers/scheduler.py", "run_scheduler_process"),
-                            (srt / "model_executor/model_runner.py", "load_model"),
-                            (Path(sys.prefix) / "lib/python3.11/site-packages/torch/nn/modules/module.py", "to")],
-                           "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a "
-                           f"total capacity of {total / GIB:.2f} GiB of which 1.06 GiB is free. Including "
-                           "non-PyTorch memory, this process has "
-                           f"{total / GIB - 1.06:.2f} GiB memory in use. If reserved but unallocated memory is "
-                           "large try setting PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid "
-                           "fragmentation.  See documentation for Memory Management  "
-                           "(https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)")
-        log(f"Load weight end. elapsed={self.config.phases_s['weights']:.2f} s, "
-            f"type={self.config.architecture}, dtype=torch.bfloat16, avail mem={self.gib_avail()}, "
-            f"mem usage={weights_mib / GIB:.2f} GB.", self.rank)
+                            (srt / "model_executor/model_runner.py", "load_model"), TORCH_MODULE_TO],
+                           "torch.OutOfMemoryError: " + texts.cuda_out_of_memory(2048, total, 1.06 * GIB))
+        quantization = self.launch.server_args.get("quantization")
+        log(texts.load_weight_end(self.config.phases_s["weights"], self.config.architecture, quantization,
+                                  self.avail_mib(), weights_mib), self.rank)
         self.phase("kv_cache")
         self.memory_used_mib = int(total * self.launch.mem_fraction_static)
-        log(f"KV Cache is allocated. #tokens: {self.max_total_num_tokens()}, "
-            f"KV size: {(self.memory_used_mib - 580 - weights_mib) / GIB:.2f} GB", self.rank)
-        log(f"Memory pool end. avail mem={self.gib_avail()}", self.rank)
+        log(texts.kv_cache_allocated(self.max_total_num_tokens(), self.memory_used_mib - 580 - weights_mib), self.rank)
+        log(texts.memory_pool_end(self.avail_mib()), self.rank)
         if fusion is Fusion.CRASH_RESOLVER:
             module = self.upstream.fusion_module
             self.crash([(srt / "managers/scheduler.py", "run_scheduler_process"),
@@ -153,8 +151,14 @@ class Simulation:
             log("FlashInfer workspace preflight probe failed on at least one rank "
                 "(cuMulticastGetGranularity failed for FlashInfer workspace preflight). "
                 "Skipping allreduce fusion.", self.rank)
-        log(f"Capture cuda graph begin. This can take up to several minutes. avail mem={self.gib_avail()}", self.rank)
-        self.phase("cuda_graph")
+        knobs = self.launch.knobs
+        need = self.model.memory_need(knobs, total)
+        if knobs.decode_cuda_graph:
+            log(texts.capture_decode_begin(self.launch.server_args.get("cuda_graph_backend_decode") or "full",
+                                           self.avail_mib()), self.rank)
+            self.phase("cuda_graph")
+        if not need.fits:
+            self.out_of_memory(need, srt)
         if fusion is Fusion.CRASH_JIT:
             jit = self.upstream.jit_module
             assert jit is not None  # the JIT gate was read from it
@@ -164,14 +168,29 @@ class Simulation:
                        f"Exception: Capture cuda graph failed: RuntimeError: {JIT_MESSAGE}")
         if fusion is Fusion.FUSED:
             self.jit_build("trtllm_comm", [(srt / "model_executor/model_runner.py", "init_device_graphs")])
-        self.memory_used_mib = min(total, self.memory_used_mib + 1200)
-        log(f"Capture cuda graph end. Time elapsed: {self.config.phases_s['cuda_graph']:.2f} s. "
-            f"mem usage=1.17 GB. avail mem={self.gib_avail()}", self.rank)
+        if knobs.decode_cuda_graph:
+            self.memory_used_mib = min(total, self.memory_used_mib + int(self.model.cuda_graph_mib))
+            log(texts.capture_decode_end(knobs.cuda_graph_max_bs, self.config.phases_s["cuda_graph"],
+                                         self.model.cuda_graph_mib, self.avail_mib()), self.rank)
         if self.config.has_fault("nccl-timeout"):
             self.nccl_timeout()
-        log(f"max_total_num_tokens={self.max_total_num_tokens()}, chunked_prefill_size=8192, "
-            f"max_prefill_tokens=16384, max_running_requests={self.launch.max_running_requests}, "
+        log(f"max_total_num_tokens={self.max_total_num_tokens()}, chunked_prefill_size={knobs.chunked_prefill_size}, "
+            f"max_prefill_tokens={knobs.max_prefill_tokens}, max_running_requests={self.launch.max_running_requests}, "
             f"context_len={self.config.context_length}, available_gpu_mem={self.gib_avail()}", self.rank)
+
+    def out_of_memory(self, need: MemoryNeed, srt: Path) -> NoReturn:
+        """--mem-fraction-static left too little beside the static pool: torch's OOM while capturing the decode
+        graphs (SGLang re-raises it with its advice), or in the eager warmup forward without them."""
+        total = self.gpus[0].memory_mib
+        oom = texts.cuda_out_of_memory(need.needed_mib - self.model.context_mib, total, need.free_mib)
+        runner = srt / "model_executor/runner"
+        if need.phase == "cuda_graph":
+            self.crash([(srt / "model_executor/model_runner.py", "init_device_graphs"),
+                        (runner / "decode_cuda_graph_runner.py", "capture")],
+                       texts.capture_failed(oom))  # SGLang catches the RuntimeError (torch's OOM) and re-raises
+        self.crash([(srt / "managers/scheduler.py", "run_scheduler_process"),
+                    (runner / "base_runner.py", "_dummy_run"), (srt / "model_executor/model_runner.py", "forward"),
+                    TORCH_MODULE_TO], "torch.OutOfMemoryError: " + oom)
 
     def jit_build(self, module: str, frames: list[tuple[Path, str]]) -> None:
         """FlashInfer's JitSpec.build_and_load: a module in the JIT cache is loaded; a cold one is built by running
@@ -303,7 +322,7 @@ class Simulation:
         server.shutdown()
         server.socket.close()
         self.engine.shutdown.set()  # a hung generation (fault) ends instead of blocking the drain
-        while self.engine.running:
+        while self.engine.running or self.engine.waiting:
             time.sleep(0.05)
         log("INFO:     Waiting for application shutdown.")
         log("INFO:     Application shutdown complete.")

@@ -1,4 +1,4 @@
-"""HTTP side of the simulated server: SGLang's endpoints, status codes, auth and token pacing."""
+"""HTTP side of the simulated server: SGLang's endpoints, status codes and auth (pacing: engine.py)."""
 
 from __future__ import annotations
 
@@ -6,17 +6,16 @@ import enum
 import json
 import math
 import secrets
-import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from sglang_sim.throughput import ThroughputModel
+from sglang_sim.engine import Engine, Launch
 
 WORDS = ("The simulated model answers with plain words so that token counts are easy to check and the "
          "stream is readable in a terminal while the sandbox runs").split()
@@ -41,113 +40,6 @@ def log(message: str, rank: str = "") -> None:
 
 def count_tokens(text: str) -> int:
     return max(1, math.ceil(len(text) / 4))
-
-
-@dataclass(frozen=True)
-class Launch:
-    """What the simulated server takes from its parsed command line."""
-
-    model_path: str
-    served_model_name: str
-    host: str
-    port: int
-    tp_size: int
-    api_key: str | None
-    enable_metrics: bool
-    mem_fraction_static: float
-    max_running_requests: int
-    fusion_requested: bool
-    server_args: dict[str, Any]
-
-    @classmethod
-    def from_args(cls, args: dict[str, Any]) -> Launch:
-        backend = args.get("flashinfer_allreduce_fusion_backend")
-        return cls(
-            model_path=args["model_path"],
-            served_model_name=args.get("served_model_name") or args["model_path"],
-            host=args.get("host") or "127.0.0.1",
-            port=int(args.get("port") or 30000),
-            tp_size=int(args.get("tp_size") or 1),
-            api_key=args.get("api_key"),
-            enable_metrics=bool(args.get("enable_metrics")),
-            mem_fraction_static=float(args.get("mem_fraction_static") or 0.88),
-            max_running_requests=int(args.get("max_running_requests") or 1024),
-            fusion_requested=bool(args.get("enable_flashinfer_allreduce_fusion")) or backend not in (None, "None"),
-            server_args={k: v for k, v in args.items() if k not in ("api_key", "admin_api_key")},
-        )
-
-
-@dataclass
-class Engine:
-    """Paces generation by the throughput model and keeps the counters /metrics reports."""
-
-    model: ThroughputModel
-    launch: Launch
-    fused_on_sm120: bool
-    scale: float
-    hang_generation: bool
-    die_after: int | None
-    on_fatal: Callable[[str], None]
-    shutdown: threading.Event = field(default_factory=threading.Event)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    running: int = 0
-    finished: int = 0
-    prompt_tokens_total: int = 0
-    generation_tokens_total: int = 0
-    ttft_sum_s: float = 0.0
-
-    def per_request_tok_s(self) -> float:
-        concurrency = min(self.running, self.launch.max_running_requests)
-        return self.model.per_request_tok_s(concurrency, self.fused_on_sm120) * self.scale
-
-    def aggregate_tok_s(self) -> float:
-        concurrency = min(self.running, self.launch.max_running_requests)
-        return self.model.aggregate_tok_s(concurrency, self.fused_on_sm120) * self.scale
-
-    def generate(self, prompt_tokens: int, max_tokens: int, tick_s: float, internal: bool = False) -> Iterator[int]:
-        """Yield the number of new tokens each time some are due; the sum is max_tokens."""
-        with self.lock:
-            self.running += 1
-        try:
-            if self.hang_generation and not internal:
-                self.shutdown.wait()
-                return
-            ttft = self.model.time_to_first_token_s(prompt_tokens) / self.scale
-            time.sleep(ttft)
-            with self.lock:
-                self.prompt_tokens_total += prompt_tokens
-                self.ttft_sum_s += ttft
-            produced, due = 0, 1.0
-            last = time.monotonic()
-            while produced < max_tokens:
-                step = min(max_tokens - produced, int(due + 1e-9))  # 0.075 s x 40 tok/s is 2.999... in floats
-                if step:
-                    produced += step
-                    due -= step
-                    with self.lock:
-                        self.generation_tokens_total += step
-                    yield step
-                if produced >= max_tokens:
-                    break
-                rate = self.per_request_tok_s()
-                # never past the moment the last token is due: a 4-token answer takes ttft + 3 tokens' time, not a tick
-                time.sleep(min(max(tick_s, 1.0 / rate), max((max_tokens - produced - due) / rate, 0.001)))
-                # tokens for the time that passed, not the time asked for: a wake-up a busy CPU delays is made
-                # up in the next chunk, so the pace is the model's whatever the machine's load
-                now = time.monotonic()
-                due += rate * (now - last)
-                last = now
-        finally:
-            with self.lock:
-                self.running -= 1
-
-    def complete(self) -> None:
-        """A response went out in full; the die-after fault fires once the Nth one has."""
-        with self.lock:
-            self.finished += 1
-            finished = self.finished
-        if self.die_after is not None and finished >= self.die_after:
-            self.on_fatal(f"after {finished} requests")
 
 
 def token_text(start: int, count: int) -> str:
@@ -286,11 +178,10 @@ class Handler(BaseHTTPRequestHandler):
         """As sglang/srt/entrypoints/v1_loads.py (0.5.23): one load snapshot per DP rank, its core scalars (the
         rollout's drain waits on num_running_reqs + num_waiting_reqs)."""
         engine, launch = self.state.engine, self.state.launch
-        waiting = max(0, engine.running - launch.max_running_requests)
         self.send_json(200, {
             "timestamp": datetime.now(UTC).isoformat(), "version": self.state.version, "accelerator": None,
             "num_accelerators": launch.tp_size, "loads": [{
-                "dp_rank": 0, "num_running_reqs": engine.running - waiting, "num_waiting_reqs": waiting,
+                "dp_rank": 0, "num_running_reqs": engine.running, "num_waiting_reqs": engine.waiting,
                 "max_total_num_tokens": self.state.max_total_num_tokens,
                 "max_running_requests": launch.max_running_requests,
                 "gen_throughput": round(engine.aggregate_tok_s(), 2)}]})
@@ -305,7 +196,7 @@ class Handler(BaseHTTPRequestHandler):
         lines = []
         for name, kind, value in (
             ("num_running_reqs", "gauge", engine.running),
-            ("num_queue_reqs", "gauge", max(0, engine.running - self.state.launch.max_running_requests)),
+            ("num_queue_reqs", "gauge", engine.waiting),
             ("token_usage", "gauge", round(usage, 4)),
             ("gen_throughput", "gauge", round(engine.aggregate_tok_s(), 2)),
             ("prompt_tokens_total", "counter", engine.prompt_tokens_total),
