@@ -4,6 +4,7 @@ recordings (tests/data/p2p/h200-1gpu-2026-12-01), and a Proxmox node composed fr
 
 from __future__ import annotations
 
+import json
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -136,3 +137,17 @@ def _connect(remote: FakeRemote):
         assert target.host.name == "pve1" and target.ssh.host == "192.0.2.2"
         yield remote
     return connect
+
+
+def test_the_batch_as_run_on_the_lent_h200_vm():
+    # vm-batch.json: vm_steps' argv run on the lent H200 machine, each result as it came back
+    recorded = json.loads(read(H200_VM / "vm-batch.json"))["results"]
+    assert [r["argv"] for r in recorded] == [list(step.argv) for step in vm_steps("/tmp/nccl-topo.xml")]
+    remote = FakeRemote()
+    for result in recorded:
+        remote.reply(result["name"], exit_code=result["exit_code"], stdout=result["stdout"], stderr=result["stderr"])
+    verdict, _ = read_peer_to_peer(remote, None, ("NVIDIA H200",), {}, {}, None, "/tmp/nccl-topo.xml")
+    assert verdict.notes[:4] == (
+        "a VM (firecracker): cpuinfo: hypervisor flag; kernel cmdline: --firecracker-init; "
+        "kernel log: Hypervisor detected: KVM", "PCIe link: 00000000:00:06.0 gen 5 x16 (nvidia-smi)",
+        "PCIe link: 0000:00:06.0 gen 5 x0 (NCCL topology)", "VM sign: NCCL topology reads 0000:00:06.0 at width 0")
