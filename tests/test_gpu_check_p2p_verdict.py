@@ -170,3 +170,14 @@ def test_bare_metal_without_a_cause_found_says_so():
 def test_one_gpu_has_no_pair():
     verdict = p2p_verdict(VmSide(KVM_GUEST, {}, {}), None, {})
     assert verdict.pairs == () and "fewer than two GPUs: no pair to judge" in verdict.notes
+
+
+def test_status_line_and_json_carry_the_verdict():
+    verdict = p2p_verdict(guest(), composed_node(), {})
+    assert verdict.one_line() == ("peer-to-peer on 0 of 1 GPU pairs; causes: ACS redirect on, GPUs under different "
+                                  "root complexes, IOMMU in translated mode, VM without a GPUDirect clique")
+    as_json = json.loads(json.dumps(verdict.as_dict()))
+    assert as_json["pairs"][0]["gpus"] == [0, 1] and as_json["pairs"][0]["p2p"] is False
+    assert [f["cause"] for f in as_json["pairs"][0]["findings"]] == ["vm_no_clique", "acs_redirect", "root_complexes",
+                                                                     "iommu_translated"]
+    assert as_json["interim"][1].startswith("SGLang: --disable-custom-all-reduce")

@@ -8,6 +8,7 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 from deploy_lib.gpu_check.p2p.links import GpuLink, vm_signs
 from deploy_lib.gpu_check.p2p.node import IommuFlags, PciDevice, PciTree, QmConfig
@@ -82,6 +83,23 @@ class P2pVerdict:
     pairs: tuple[PairVerdict, ...]
     interim: tuple[str, ...]  # what to run until the fix
     notes: tuple[str, ...]  # readings, unreadable sources, assumptions
+
+    def one_line(self) -> str:
+        """For `status`: how many pairs have P2P, and the causes found for the others."""
+        if not self.pairs:
+            return "peer-to-peer: no GPU pair"
+        missing = [pair for pair in self.pairs if not pair.p2p]
+        causes = sorted({finding.cause.value for pair in missing for finding in pair.findings})
+        return f"peer-to-peer on {len(self.pairs) - len(missing)} of {len(self.pairs)} GPU pairs" + \
+            (f"; causes: {', '.join(causes)}" if causes else "")
+
+    def as_dict(self) -> dict[str, Any]:
+        """For `gpu-check --json`: pairs with their findings, the interim advice and the notes."""
+        return {"pairs": [{"gpus": list(pair.gpus), "p2p": pair.p2p, "read": pair.read, "write": pair.write,
+                           "findings": [{"cause": finding.cause.name.lower(), "detail": finding.detail,
+                                         "fixes": list(finding.fixes), "trade_off": finding.trade_off}
+                                        for finding in pair.findings]} for pair in self.pairs],
+                "interim": list(self.interim), "notes": list(self.notes)}
 
     def lines(self) -> list[str]:
         """The "peer-to-peer" section of the report."""
