@@ -181,3 +181,11 @@ def test_status_line_and_json_carry_the_verdict():
     assert [f["cause"] for f in as_json["pairs"][0]["findings"]] == ["vm_no_clique", "acs_redirect", "root_complexes",
                                                                      "iommu_translated"]
     assert as_json["interim"][1].startswith("SGLang: --disable-custom-all-reduce")
+
+
+def test_iommu_on_by_default_without_a_flag_still_asks_for_pass_through():
+    # an AMD node whose IOMMU is on without amd_iommu= (the kernel's default) and IOMMU groups present
+    (finding,) = findings(p2p_verdict(guest(), composed_node("qm-config-clique.conf", cmdline="root=/dev/sda1 ro"), {}),
+                          Cause.IOMMU_TRANSLATED)
+    assert "cmdline: no IOMMU flag, no iommu=pt" in finding.detail
+    assert finding.fixes == ("on pve1: add iommu=pt to the kernel command line, then reboot",)

@@ -239,11 +239,13 @@ def _node_findings(node: NodeReadings, pair: tuple[int, int]) -> list[Finding]:
              "wrong or slow, give each root complex's GPUs their own clique id")))
     if node.iommu is not None and node.iommu.mode(bool(node.groups)) == "translated":
         flags = " ".join(f"{k}={v}" for k, v in (("intel_iommu", node.iommu.intel_iommu),
-                                                  ("amd_iommu", node.iommu.amd_iommu)) if v) or "no iommu flags"
+                                                  ("amd_iommu", node.iommu.amd_iommu)) if v)
         findings.append(Finding(
-            Cause.IOMMU_TRANSLATED, f"the node's IOMMU translates DMA (cmdline: {flags}, no iommu=pt); with ACS "
-            "redirect this routes P2P through the IOMMU (the RTX PRO 6000 hang of local-inference-lab/rtx6kpro#15)",
-            (f"on {node.name}: add iommu=pt to the kernel command line (next to {flags}), then reboot",),
+            Cause.IOMMU_TRANSLATED, f"the node's IOMMU translates DMA (cmdline: {flags or 'no IOMMU flag'}, no "
+            "iommu=pt); with ACS redirect this routes P2P through the IOMMU (the RTX PRO 6000 hang of "
+            "local-inference-lab/rtx6kpro#15)",
+            (f"on {node.name}: add iommu=pt to the kernel command line" + (f" (next to {flags})" if flags else "")
+             + ", then reboot",),
             "iommu=pt stops translating DMA of devices the host keeps; passed-through devices stay translated"))
     return findings
 
