@@ -11,7 +11,14 @@ from pathlib import Path
 import pytest
 
 from deploy_lib.errors import ConfigError, ConnectFailed
-from deploy_lib.gpu_check.p2p.reading import node_steps, proxmox_node, read_node, read_peer_to_peer, vm_steps
+from deploy_lib.gpu_check.p2p.reading import (
+    check_peer_to_peer,
+    node_steps,
+    proxmox_node,
+    read_node,
+    read_peer_to_peer,
+    vm_steps,
+)
 from deploy_lib.gpu_check.p2p.verdict import Cause
 from deploy_lib.gpu_check.topology import parse_topology
 from deploy_lib.inventory import load_inventory
@@ -151,3 +158,22 @@ def test_the_batch_as_run_on_the_lent_h200_vm():
         "a VM (firecracker): cpuinfo: hypervisor flag; kernel cmdline: --firecracker-init; "
         "kernel log: Hypervisor detected: KVM", "PCIe link: 00000000:00:06.0 gen 5 x16 (nvidia-smi)",
         "PCIe link: 0000:00:06.0 gen 5 x0 (NCCL topology)", "VM sign: NCCL topology reads 0000:00:06.0 at width 0")
+
+
+def test_after_a_gpu_check_report_the_section_uses_its_topology_transports_and_environment(found, tmp_path):
+    # the 2 x H200 run with NCCL_P2P_DISABLE=1 (tests/data/gpu_check/h200x2-2026-11-30/p2p-disable.json)
+    from deploy_lib.gpu_check.allreduce import parse_check_output
+    from deploy_lib.gpu_check.subject import CheckSubject, GpuCheckReport
+    h200x2 = DATA / "gpu_check/h200x2-2026-11-30"
+    topology = parse_topology(*(read(h200x2 / name) for name in ("topo-m.txt", "topo-p2p-r.txt", "topo-p2p-w.txt")))
+    check = parse_check_output(json.loads(read(h200x2 / "p2p-disable.json")))
+    report = GpuCheckReport(CheckSubject("release 1a2b3c4d5e6f", "/opt/ml-env", 2, {"NCCL_P2P_DISABLE": "1"}),
+                            topology, None, None, check)
+    (path := tmp_path / "hosts.yaml").write_text("all:\n  hosts:\n    vm: {ansible_host: 192.0.2.10}\n")
+    inventory = load_inventory(path)
+    opened = []
+    verdict, _ = check_peer_to_peer(report, inventory, resolve_target(inventory, "vm"), h200_vm(), opened.append)
+    assert opened == []  # no proxmox_node: no connection to anything but the host
+    (pair,) = verdict.pairs
+    assert [f.cause for f in pair.findings] == [Cause.DISABLED_BY_ENV] and pair.p2p is False
+    assert any(note.startswith("NCCL chose: SHM/direct/direct") for note in verdict.notes)

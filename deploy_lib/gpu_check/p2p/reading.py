@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from deploy_lib.errors import ConfigError, DeployError
 from deploy_lib.gpu_check.p2p import links, node, vm
@@ -16,6 +17,9 @@ from deploy_lib.inventory import Inventory
 from deploy_lib.project import Target, resolve_target
 from deploy_lib.readings import ANY_EXIT, Readings
 from deploy_lib.remote import Remote, Step
+
+if TYPE_CHECKING:
+    from deploy_lib.gpu_check.subject import GpuCheckReport
 
 LINK_QUERY = "index,name,pci.bus_id,pcie.link.gen.current,pcie.link.gen.max,pcie.link.width.current," \
              "pcie.link.width.max"
@@ -135,3 +139,15 @@ def read_peer_to_peer(remote: Remote, topology: Topology | None, gpu_names: tupl
     """The VM-side batch on the inventory host, then the verdict (with the node's readings, when one is named)."""
     side, unread = parse_vm_side(Readings(remote.run(vm_steps(topo_dump_path))), topology, gpu_names, transports)
     return p2p_verdict(side, node_readings, environment), unread
+
+
+def check_peer_to_peer(report: GpuCheckReport, inventory: Inventory, target: Target, remote: Remote,
+                       connect: Callable[[Target], AbstractContextManager[Remote]], accept_new_host_key: bool = False,
+                       topo_dump_path: str | None = None) -> tuple[P2pVerdict, tuple[str, ...]]:
+    """gpu-check's peer-to-peer section after its report: the VM batch on `remote`, the node's batch where the host's
+    vars name one (opened with `connect`, like the router's host), the verdict with the check's NCCL environment."""
+    found = proxmox_node(inventory, target, accept_new_host_key)
+    node_readings = read_node(found, connect) if found is not None else None
+    gpu_names = tuple(name for name in report.check.gpus if name)
+    return read_peer_to_peer(remote, report.topology, gpu_names, report.check.transports, report.subject.environment,
+                             node_readings, topo_dump_path)
