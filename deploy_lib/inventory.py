@@ -86,6 +86,10 @@ class HostVars(BaseModel):
     notify_webhook: Annotated[str, StringConstraints(pattern=r"^https?://[^\s]+$", max_length=2048)] | None = Field(
         None, description="URL that receives a JSON notification (Slack-compatible `text`) on a rollback, a gate "
                           "failure, a crash loop given up and a deploy done")
+    proxmox_node: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,253}$")] | None = Field(
+        None, description="inventory host of the Proxmox VE node this VM runs on; gpu-check reads it, read-only")
+    proxmox_vmid: Annotated[int, Field(ge=100, le=999999999)] | None = Field(
+        None, description="this VM's id on proxmox_node (`qm config` reads its passthrough)")
     proxy_jump: str | None = Field(None, description="jump host, [user@]host[:port] as OpenSSH's ProxyJump")
     ansible_ssh_common_args: str | None = Field(None, description="only -o ProxyJump=... / -J ... is honoured")
     ansible_ssh_extra_args: str | None = Field(None, description="only -o ProxyJump=... / -J ... is honoured")
@@ -105,6 +109,12 @@ class HostVars(BaseModel):
             if jump is not None:
                 split_proxy_jump(jump)
         return value
+
+    @model_validator(mode="after")
+    def _proxmox_pair(self) -> HostVars:
+        if (self.proxmox_node is None) != (self.proxmox_vmid is None):
+            raise ValueError("proxmox_node and proxmox_vmid go together: the node and this VM's id on it")
+        return self
 
     @model_validator(mode="after")
     def _one_jump_host(self) -> HostVars:

@@ -15,7 +15,8 @@ import pytest
 PACKAGE = Path(__file__).resolve().parent.parent / "deploy_lib"
 
 # Modules shipped to the host whole (run there by the host's python): they import nothing of deploy_lib.
-HOST_SCRIPTS = frozenset({"sglang_options", "probe_script", "gpu_check_script", "router_script"}) | frozenset(
+HOST_SCRIPTS = frozenset({"sglang_options", "probe_script", "gpu_check_script", "router_script",
+                          "gpu_check.p2p.measure_script"}) | frozenset(
     f"venvs.{name}_script" for name in ("python_facts", "installed", "relocate", "inspect", "verify", "extract_uv",
                                         "fetch_uv", "tree", "imported_from"))
 # Bottom to top; a module not named here is "planning".

@@ -23,12 +23,14 @@ from deploy_lib.profile import load_profile
 from deploy_lib.release import build_release
 from deploy_lib.store import StoreLayout
 from deploy_lib.venvs.host_scripts import RELOCATE_SCRIPT
+from deploy_lib.gpu_check.p2p.measure import SCRIPT_SOURCE as P2P_MEASURE_SCRIPT
 
 loaded = load_profile(Path(sys.argv[1]), "glm5-nvfp4")
 release = build_release(loaded, StoreLayout(service="sglang", root=PurePosixPath("/opt/sglang-deploy")), "0.5.23", {})
 print(json.dumps({"package": deploy_lib.__file__, "templates": str(TEMPLATES_DIR), "roles": str(ROLES_DIR),
                   "unit": release.unit_text, "env": release.env_text, "launcher": release.launcher_text,
-                  "patch_sets": [p.name for p in list_patch_sets(ROLES_DIR)], "relocate_script": RELOCATE_SCRIPT}))
+                  "patch_sets": [p.name for p in list_patch_sets(ROLES_DIR)], "relocate_script": RELOCATE_SCRIPT,
+                  "p2p_measure_script": P2P_MEASURE_SCRIPT}))
 """
 
 
@@ -51,3 +53,4 @@ def test_a_non_editable_install_renders_and_lists_the_patch_sets(tmp_path: Path)
     assert 'CUDA_HOME="/usr/local/cuda-12.8"' in result["env"]
     assert result["patch_sets"] == ["fusion-sm120", "nsa-aliases"]
     assert result["relocate_script"] == (REPO / "deploy_lib" / "venvs" / "relocate_script.py").read_text()
+    assert result["p2p_measure_script"] == (REPO / "deploy_lib" / "gpu_check" / "p2p" / "measure_script.py").read_text()
