@@ -607,7 +607,7 @@ def gpu_check(c: Context, profile: str | None = None, stop_server: bool = False,
               host: str | None = None, inventory: str | None = None, service: str | None = None, json: bool = False,
               verbose: bool = False) -> None:
     """Prove the host's GPUs and NCCL settings: topology and P2P advice, then an exactly verified all-reduce."""
-    from deploy_lib import gpu_check as gpu_checks
+    from deploy_lib.gpu_check import on_host as gpu_checks
     _report_as(json, verbose)
     target = _target(inventory, host)
     loaded = _run(lambda: PROJECT.profile(profile)) if profile else None

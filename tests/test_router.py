@@ -466,7 +466,7 @@ def test_a_gpu_check_that_stops_a_replica_drains_it_first_and_adds_it_back_once_
     """`invoke gpu-check --stop-server --host H` of a replica: taken out before its server stops for the check, added
     back once the current release serves again (failed before: the check stopped the server with the replica still
     in the router)."""
-    from deploy_lib.gpu_check import run_gpu_check
+    from deploy_lib.gpu_check.on_host import run_gpu_check
     host = StoppableHost({"A": [READY], "B": [READY]})
     router = answering(remove={"was_listed": True, "drained": 1}, add={})
     stops_before_drain: list[int] = []
@@ -487,7 +487,7 @@ def test_a_gpu_check_that_fails_after_the_stop_restarts_the_replica_and_puts_it_
     """The all-reduce's round trip is lost: the check fails, the release is started again and serves, so the replica
     goes back into the router and the error does not call it left out."""
     from deploy_lib.errors import ConnectFailed
-    from deploy_lib.gpu_check import run_gpu_check
+    from deploy_lib.gpu_check.on_host import run_gpu_check
     host = StoppableHost({"A": [READY], "B": [READY]})
     host.reply("all-reduce check", raises=ConnectFailed("the connection to a was lost during the all-reduce check"))
     router = answering(remove={"was_listed": True}, add={})

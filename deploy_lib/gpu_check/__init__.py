@@ -9,11 +9,12 @@ torch with CUDA there and says so when it is missing, never faking a result.
     allreduce   the all-reduce script's step, its sizes, and its JSON report parsed
     subject     what a check runs with (a release's or a profile's venv, TP size, NCCL environment), the report,
                 and when a deploy runs it (preflight.gpu_check)
-    on_host     `invoke gpu-check` on one host, under the host lock
+    on_host     `invoke gpu-check` on one host, under the host lock: a command, not re-exported here, because it
+                drives deploy (stop, start) while deploy needs this package's planning half (import it as
+                deploy_lib.gpu_check.on_host)
 """
 
 from deploy_lib.gpu_check.allreduce import check_step, parse_check_output, parse_check_result, parse_sizes
-from deploy_lib.gpu_check.on_host import run_gpu_check
 from deploy_lib.gpu_check.subject import (
     REPORT_PREFIX,
     GpuCheckReport,
@@ -38,7 +39,6 @@ __all__ = [
     "parse_topology",
     "parse_topology_results",
     "read_check_batch",
-    "run_gpu_check",
     "subject_of_profile",
     "subject_of_release",
     "topology_steps",

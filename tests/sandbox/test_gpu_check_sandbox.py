@@ -14,7 +14,7 @@ from recording_progress import RecordingProgress
 
 from deploy_lib import deploy as engine
 from deploy_lib.errors import PreflightError
-from deploy_lib.gpu_check import run_gpu_check
+from deploy_lib.gpu_check.on_host import run_gpu_check
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote
 from deploy_lib.status import read_status
