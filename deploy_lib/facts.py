@@ -20,7 +20,6 @@ from deploy_lib.host_paths import venv_python
 from deploy_lib.readings import TOOL_ABSENT_OK, Fact, Readings, read
 from deploy_lib.remote import Put, Remote, Step, StepResult, concurrently
 from deploy_lib.render import loaded_unit_digest
-from deploy_lib.sglang_options import CACHE_HEADER
 from deploy_lib.store import (
     ENV_FILE,
     LAUNCHER_FILE,
@@ -35,7 +34,9 @@ GPU_FIELDS = ("index", "name", "uuid", "compute_cap", "memory.total", "memory.us
               "utilization.gpu", "driver_version")
 # The nvidia-smi arguments whose output parse_gpus reads (telemetry samples use the same columns).
 NVIDIA_SMI_QUERY = ("nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits")
+# The extractor, sent to the venv's python as text (never imported here); its cache's first line.
 OPTIONS_SOURCE = resources.files("deploy_lib").joinpath("sglang_options.py").read_text(encoding="utf-8")
+CACHE_HEADER = "sglang-deploy sglang facts 1"
 
 FACT_GPUS = "host facts: GPUs"
 FACT_UNIT = "host facts: unit state"
@@ -219,7 +220,7 @@ SGLANG_CHECK = f"""if [ -x "$2" ] && [ -f "$1" ] && [ "$(sed -n 1p "$1")" = '{CA
        = "$(sed -n 's/^L //p' "$1")  -" ]; then
   exec sed -n 's/^J //p' "$1"
 fi
-[ "$3" = write ] && [ -d "$4" ] && exec "$2" -I - --cache "$1"
+[ "$3" = write ] && [ -d "$4" ] && exec "$2" -I - --cache "$1" '{CACHE_HEADER}'
 exec "$2" -I -
 """
 # The cache's name changes with the extractor and the check, so another version of the tool never reads it.

@@ -25,7 +25,7 @@ from deploy_lib.readings import ABSENT_OK, Fact, Readings
 from deploy_lib.release import argv_options
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.server_args import API_KEY_ENV, ARGS, Arg, arg_tokens
-from deploy_lib.sglang_options import ParsedArg, convert_value, find_option, parse_argv
+from deploy_lib.sglang_argv import ParsedArg, convert_value, find_option, parse_argv
 from deploy_lib.versions import SPELLINGS
 
 RELEASE_ZERO = "0"

@@ -34,7 +34,8 @@ from deploy_lib.hand_process import (
 from deploy_lib.profile import Profile, load_profile
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.server_args import sglang_args
-from deploy_lib.sglang_options import check_argv, extract
+from deploy_lib.sglang_argv import check_argv
+from deploy_lib.sglang_options import extract
 from deploy_lib.store import ReleaseRecord
 
 pytest_plugins = ("wheelcache",)

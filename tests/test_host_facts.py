@@ -142,6 +142,35 @@ def test_sglang_facts_are_computed_once_then_read_from_the_cache_without_python(
     assert again == first and venv.python_starts == 1  # the shell answered from the cache
 
 
+def facts_file_of(copy: Path, edited: Path | None) -> str:
+    """SGLANG_FACTS_FILE as a copy of deploy_lib in `copy` computes it, with a comment line appended to `edited` (a
+    path inside the package) first."""
+    import deploy_lib
+    shutil.copytree(Path(deploy_lib.__file__).parent, copy / "deploy_lib", ignore=shutil.ignore_patterns("__pycache__"))
+    if edited is not None:
+        with (copy / "deploy_lib" / edited).open("a") as source:
+            source.write("# an edit\n")
+    script = "import deploy_lib, deploy_lib.facts as f; print(deploy_lib.__file__); print(f.SGLANG_FACTS_FILE)"
+    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=copy, timeout=120,
+                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(copy)})
+    assert shown.returncode == 0, shown.stderr
+    imported_from, name = shown.stdout.split()
+    assert Path(imported_from).is_relative_to(copy)
+    return name
+
+
+def test_only_an_edit_to_the_script_the_host_runs_renames_the_hosts_sglang_facts_cache(tmp_path: Path) -> None:
+    """The cache beside each venv is named by the extractor's text: an edit to the local argv checker keeps every
+    host's cache (failed before: checker and extractor were one file, sglang_options.py, hashed whole); an edit to
+    the extractor renames it, so no host reads facts an older extractor computed."""
+    import deploy_lib
+    from deploy_lib import sglang_argv, sglang_options
+    package = Path(deploy_lib.__file__).parent
+    as_is = facts_file_of(tmp_path / "as-is", None)
+    assert facts_file_of(tmp_path / "checker", Path(sglang_argv.__file__).relative_to(package)) == as_is
+    assert facts_file_of(tmp_path / "extractor", Path(sglang_options.__file__).relative_to(package)) != as_is
+
+
 def test_the_step_fits_in_the_facts_round_trip() -> None:
     """The extractor travels inside the batch's script (a here-document), so the facts stay one round trip."""
     assert inline_stdin(sglang_step(LAYOUT, "/root/ml-env", True)) is not None

@@ -30,7 +30,7 @@ from deploy_lib.project import Target, resolve_group
 from deploy_lib.release import build_release
 from deploy_lib.remote import Put, Step, StepResult
 from deploy_lib.server_args import sglang_args
-from deploy_lib.sglang_options import build_parser, check_argv, find_option
+from deploy_lib.sglang_argv import build_parser, check_argv, find_option
 from deploy_lib.store import HEALTHY, ReleaseRecord, StoreFacts, StoreLayout, Tags, history_entry
 
 pytest_plugins = ("wheelcache",)  # real_options

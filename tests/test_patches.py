@@ -47,7 +47,8 @@ from deploy_lib.patches.on_host import base_profile, patched_profile
 from deploy_lib.project import Project
 from deploy_lib.readings import ABSENT_OK, Readings
 from deploy_lib.remote import StepResult
-from deploy_lib.sglang_options import check_argv, extract
+from deploy_lib.sglang_argv import check_argv
+from deploy_lib.sglang_options import extract
 from sandbox.sim.sglang_sim.upstream import Fusion, InstalledUpstream
 
 pytest_plugins = ("wheelcache",)  # imported lazily below: a plugin imported before it is registered is not rewritten

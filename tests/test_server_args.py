@@ -25,9 +25,10 @@ from deploy_lib.server_args import (
     sglang_args,
     spelling,
 )
-from deploy_lib.sglang_options import build_parser, check_argv, extract, find_option, version_key
+from deploy_lib.sglang_argv import build_parser, check_argv, find_option
+from deploy_lib.sglang_options import extract
 from deploy_lib.store import StoreLayout
-from deploy_lib.versions import SPELLINGS
+from deploy_lib.versions import SPELLINGS, version_key
 
 pytest_plugins = ("wheelcache",)  # the sglang_source fixture
 PROFILES = Path(__file__).resolve().parent.parent / "inventory" / "profiles"

@@ -12,7 +12,7 @@ from deploy_lib.facts import HostFacts, require_gpus
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.project import Target
 from deploy_lib.release import RecordedRelease
-from deploy_lib.sglang_options import check_argv
+from deploy_lib.sglang_argv import check_argv
 from deploy_lib.store import ENV_FILE, UNIT_FILE, ReleaseRecord, StoreFacts, StoreLayout
 
 MIN_FREE_BYTES = 64 * 1024 * 1024  # a release is a few KB, but a full disk breaks journald and pip alike
