@@ -7,17 +7,16 @@ is pure (`assess`); waiting is a tenacity policy value (`ladder_policy`); `wait_
 through a Progress.
 
     snapshot    the rungs and what one probe saw (Snapshot)
-    verdict     deciding one snapshot: Ready, NotReady (retry), UnitFailed or ProbeRejected (stop now)
+    verdict     deciding one snapshot: Ready, NotReady (retry), UnitFailed or ProbeRejected (stop now); the
+                start-time prediction
     probe       where and how a server is probed, the probe's step and its output parsed
-    ladder      the retry and grace policies, the start-time prediction, `wait_ready`
+    ladder      the retry and grace policies, `wait_ready` (a host action)
 """
 
 from deploy_lib.health.ladder import (
     ReadyReport,
-    StartPrediction,
     grace_policy,
     ladder_policy,
-    predict_start,
     wait_ready,
 )
 from deploy_lib.health.probe import (
@@ -31,7 +30,16 @@ from deploy_lib.health.probe import (
     reachable_host,
 )
 from deploy_lib.health.snapshot import Rung, Snapshot
-from deploy_lib.health.verdict import NotReady, ProbeRejected, Ready, UnitFailed, Verdict, assess
+from deploy_lib.health.verdict import (
+    NotReady,
+    ProbeRejected,
+    Ready,
+    StartPrediction,
+    UnitFailed,
+    Verdict,
+    assess,
+    predict_start,
+)
 
 __all__ = [
     "POLL_S",

@@ -1,4 +1,4 @@
-"""Host facts read before acting: one read-only batch, pure parsers, a frozen HostFacts."""
+"""Host facts (pure): the one read-only batch a deploy reads before acting, its parsers, a frozen HostFacts."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from deploy_lib.cuda_toolkit import CudaToolkit, parse_toolkit, toolkit_steps
 from deploy_lib.digests import sha256_text
 from deploy_lib.errors import PreflightError
 from deploy_lib.host_paths import venv_python
-from deploy_lib.readings import TOOL_ABSENT_OK, Fact, Readings, read
-from deploy_lib.remote import Put, Remote, Step, StepResult, concurrently
+from deploy_lib.readings import TOOL_ABSENT_OK, Fact, Readings
+from deploy_lib.remote import Put, Step, StepResult, concurrently
 from deploy_lib.render import loaded_unit_digest
 from deploy_lib.store import (
     ENV_FILE,
@@ -339,16 +339,6 @@ def fact_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_hom
 def _existing_parents(path: PurePosixPath) -> tuple[str, ...]:
     # df fails for a path that does not exist yet but still prints the others; the last line is the nearest.
     return tuple(str(p) for p in reversed([path, *path.parents]) if str(p) != "/")
-
-
-def read_host_facts(remote: Remote, layout: StoreLayout, venv: str | None, port: int | None,
-                    cuda_home: str | None = None, working_directory: str | None = None,
-                    model_steps: Sequence[Step] = (), release_id: str | None = None,
-                    write_caches: bool = True) -> HostFacts:
-    readings = read(remote, fact_batch(layout, venv, port, cuda_home, working_directory, model_steps, release_id,
-                                       write_caches))
-    return parse_host_facts(readings, layout, venv, port, cuda_home, working_directory, model_steps, release_id,
-                            write_caches)
 
 
 def parse_host_facts(readings: Readings, layout: StoreLayout, venv: str | None, port: int | None,
