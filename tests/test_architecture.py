@@ -28,30 +28,35 @@ PACKAGE = Path(__file__).resolve().parent.parent / "deploy_lib"
 
 # Modules shipped to the host whole (run there by the host's python): they import nothing of deploy_lib, and are
 # exempt from the line limit.
-HOST_SCRIPTS = frozenset({"sglang_options", "probe_script", "gpu_check_script", "router_script", "model_stage"}) | \
+HOST_SCRIPTS = frozenset({"host_scripts.sglang_options", "host_scripts.probe",
+                          "host_scripts.gpu_check", "host_scripts.model_stage", "router_script"}) | \
     frozenset(f"venvs.{name}_script" for name in ("python_facts", "installed", "relocate", "inspect", "verify",
                                                   "extract_uv", "fetch_uv", "tree", "imported_from"))
 OPS_PREFIX = "ops."
-# Bottom to top.
+# Bottom to top. The folders follow the layers (README, "Architecture"): base at the top of deploy_lib, host_scripts/,
+# remote/ and facts/readings, profile/ and inventory, facts/ and release/ for planning, commands/, ops/; a concern's
+# own package (deploy/, store/, models/, venvs/, health/, throughput/, patches/, gpu_check/) holds its planning and
+# its host actions side by side, each module named below.
 LAYERS: dict[str, frozenset[str]] = {
     # what every layer uses: the exception tree, YAML and JSON-lines reading, digests, progress callbacks, what each
     # SGLang release spells
-    "base": frozenset({"__init__", "errors", "yaml_io", "bundled", "progress", "interrupts", "digests", "versions",
-                       "json_lines", "host_paths"}),
+    "base": frozenset({"__init__", "host_scripts", "errors", "yaml_io", "bundled", "progress", "interrupts",
+                       "digests", "versions", "json_lines", "host_paths"}),
     "host scripts": HOST_SCRIPTS,
-    # Step / StepResult as data, the one connection that runs them, a batch of reads (readings)
+    # Step / StepResult as data, the one connection that runs them, a batch of reads (facts.readings)
     "transport": frozenset({"remote", "remote.steps", "remote.batch", "remote.ssh", "remote.connection",
-                            "readings"}),
+                            "facts.readings"}),
     # pydantic models of what the user writes
-    "schema": frozenset({"settings", "profile", "profile.fields", "profile.choices", "profile.sections",
+    "schema": frozenset({"profile", "profile.fields", "profile.choices", "profile.sections", "profile.settings",
                         "profile.model", "profile.loading", "profile.stored", "inventory"}),
     # pure: profile + host facts -> release -> Steps, and parsers of StepResults; never a Remote
     "planning": frozenset({
-        "project", "release", "render", "server_args", "sglang_argv", "hand_process", "diagnose", "cuda_toolkit",
+        "project",
+        "facts", "facts.host", "facts.cuda_toolkit", "facts.diagnose", "facts.hand_process",
+        "release", "release.model", "release.render", "release.server_args", "release.argv_check",
         "deploy.plan", "deploy.preflight",
         "gpu_check", "gpu_check.allreduce", "gpu_check.subject", "gpu_check.topology",
         "health.probe", "health.snapshot", "health.verdict",
-        "facts.host",
         "models.facts", "models.hub", "models.pushed", "models.script", "models.sources", "models.transfer",
         "patches", "patches.audit", "patches.engine", "patches.host_files", "patches.spec", "patches.text",
         "patches.variants", "patches.versions",
@@ -60,9 +65,9 @@ LAYERS: dict[str, frozenset[str]] = {
         "venvs.caches", "venvs.host_scripts", "venvs.installed", "venvs.interpreter", "venvs.lock", "venvs.paths",
         "venvs.wheels",
     }),
-    # read or change one host through a Remote: a batch of facts, the lock, the readiness ladder, a venv build
+    # read or change one host through a Remote: the facts batch read, the readiness ladder, a venv build
     "host actions": frozenset({
-        "facts", "facts.read", "crashes",
+        "facts.read", "facts.crashes",
         "deploy.prune", "deploy.switch",
         "health", "health.ladder",
         "models", "models.staging", "models.stored",
@@ -71,8 +76,8 @@ LAYERS: dict[str, frozenset[str]] = {
         "venvs.store_facts",
     }),
     # one user-visible operation on one host, under the host lock
-    "commands": frozenset({"deploy", "deploy.engine", "adopt", "status", "uninstall", "gpu_check.on_host",
-                           "patches.on_host"}),
+    "commands": frozenset({"deploy", "deploy.engine", "commands", "commands.adopt", "commands.status",
+                           "commands.uninstall", "commands.gpu_check", "commands.patches"}),
     # many hosts: a group, a multi-node release, replicas behind a router (any ops.* module, and these until they
     # move there)
     "ops": frozenset({"fleet", "multinode", "multinode_deploy", "multinode_switch", "router", "router_deploy"}),
@@ -103,8 +108,8 @@ def layer_of(module: str) -> str | None:
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
-    """deploy_lib/facts.py -> "facts"; a subpackage's modules are dotted: deploy_lib/patches/spec.py -> "patches.spec",
-    deploy_lib/patches/__init__.py -> "patches"."""
+    """deploy_lib/errors.py -> "errors"; a subpackage's modules are dotted: deploy_lib/patches/spec.py ->
+    "patches.spec", deploy_lib/patches/__init__.py -> "patches"."""
     parts = path.relative_to(package).with_suffix("").parts
     return ".".join(parts[:-1] if parts[-1] == "__init__" and len(parts) > 1 else parts)
 
@@ -240,7 +245,7 @@ def test_every_named_module_exists() -> None:
 
 def test_no_module_uses_a_layer_above_its_own() -> None:
     assert upward_imports(use_graph()) == [], (
-        "move the imported code down (a profile model into deploy_lib/settings.py, a version fact into "
+        "move the imported code down (a profile model into deploy_lib/profile/settings.py, a version fact into "
         "deploy_lib/versions.py) instead of importing upward")
 
 
@@ -277,10 +282,10 @@ def test_a_module_named_in_no_layer_is_reported_and_an_ops_module_is_named() -> 
 
 @pytest.mark.parametrize(("graph", "expected"), [
     ({"profile": {"release"}}, ["profile (schema) imports release (planning)"]),
-    ({"settings": {"venvs"}}, ["settings (schema) imports venvs (host actions)"]),
+    ({"profile.settings": {"venvs"}}, ["profile.settings (schema) imports venvs (host actions)"]),
     ({"store.layout": {"deploy"}}, ["store.layout (planning) imports deploy (commands)"]),
     ({"remote": {"profile"}}, ["remote (transport) imports profile (schema)"]),
-    ({"status": {"fleet"}}, ["status (commands) imports fleet (ops)"]),
+    ({"commands.status": {"fleet"}}, ["commands.status (commands) imports fleet (ops)"]),
     ({"release": {"brand_new"}}, ["release (planning) imports brand_new (None)"]),
     ({"deploy": {"profile", "store", "remote", "errors"}, "ops.deploy": {"deploy", "fleet"}}, []),
 ])
@@ -312,10 +317,10 @@ def test_the_check_catches_a_pure_module_that_runs_steps(tmp_path: Path) -> None
     data = tmp_path / "data.py"
     data.write_text("from deploy_lib.remote import Step, StepResult\ndef parse(result: StepResult) -> str: ...\n")
     reaching = {name: reaches_the_host(tmp_path / f"{path}.py") for name, path in
-                (("render", "calling"), ("release", "typed"), ("store.lock", "typed"), ("versions", "dotted"),
-                 ("diagnose", "data"))}
+                (("release.render", "calling"), ("release", "typed"), ("store.lock", "typed"),
+                 ("versions", "dotted"), ("facts.diagnose", "data"))}
     assert impure(reaching) == ["release (planning) reaches the host: Remote",
-                                "render (planning) reaches the host: remote.run",
+                                "release.render (planning) reaches the host: remote.run",
                                 "versions (base) reaches the host: FabricRemote"]
     # a module waiting for its split is left out only while it is named in SPLIT_PENDING
     assert impure({"store.lock": {"Remote"}}) == []
@@ -332,8 +337,8 @@ def test_the_reader_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:
 
 def test_the_reader_names_a_subpackage_module_by_its_dotted_name(tmp_path: Path) -> None:
     source = tmp_path / "m.py"
-    source.write_text("from deploy_lib.patches import PatchSet, on_host\nfrom deploy_lib.patches.spec import Name\n")
-    assert imported_modules(source) == {"patches", "patches.on_host", "patches.spec"}
+    source.write_text("from deploy_lib.gpu_check import advise, subject\nfrom deploy_lib.patches.spec import Name\n")
+    assert imported_modules(source) == {"gpu_check", "gpu_check.subject", "patches.spec"}
     assert module_name(PACKAGE / "patches" / "__init__.py") == "patches"
 
 

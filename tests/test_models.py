@@ -42,8 +42,8 @@ from deploy_lib.models import (
     weights,
 )
 from deploy_lib.profile import ModelSource, Profile
+from deploy_lib.release.server_args import sglang_args
 from deploy_lib.remote import JumpHost, SSHTarget, Step, StepResult, rsync_argv
-from deploy_lib.server_args import sglang_args
 
 COMMIT_A = "a" * 40
 COMMIT_B = "b" * 40

@@ -14,11 +14,11 @@ from typing import Any
 
 import pytest
 
-from deploy_lib import sglang_options
+from deploy_lib.host_scripts import sglang_options
+from deploy_lib.host_scripts.sglang_options import extract
 from deploy_lib.profile import load_profile
-from deploy_lib.server_args import sglang_args
-from deploy_lib.sglang_argv import build_parser, check_argv, find_option
-from deploy_lib.sglang_options import extract
+from deploy_lib.release.argv_check import build_parser, check_argv, find_option
+from deploy_lib.release.server_args import sglang_args
 from deploy_lib.versions import version_key
 
 pytest_plugins = ("wheelcache",)  # the sglang_source fixture

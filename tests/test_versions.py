@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from deploy_lib.profile import choices
-from deploy_lib.server_args import spelling
-from deploy_lib.sglang_argv import find_option
+from deploy_lib.release.argv_check import find_option
+from deploy_lib.release.server_args import spelling
 from deploy_lib.versions import (
     BENCH_MODULES,
     CHOICE_FLAGS,

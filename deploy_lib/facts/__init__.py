@@ -1,89 +1,11 @@
-"""Host facts: what a deploy reads of a host before acting, in one read-only batch.
+"""What the tool reads of a host, and the pure parsers that make data of it. A new host fact goes here: a
+`readings.Fact` (a read-only Step and the parser of its StepResult) in the module whose decision needs it.
 
-    host    the batch's steps, their pure parsers, HostFacts (planning: what the plan decides from)
-    read    read_host_facts: the batch run through a Remote (a host action)
+    readings      Fact and Readings: a batch of host reads and its results (transport)
+    host          the facts a deploy reads before acting in one batch, HostFacts (planning)
+    read          read_host_facts: that batch run through a Remote (a host action)
+    cuda_toolkit  the CUDA toolkit at the release's CUDA_HOME and what FlashInfer's JIT needs of it
+    diagnose      startup-failure signatures matched against the unit's journal
+    crashes       what systemd's restart policy did to the current release, read from the journal and recorded
+    hand_process  a server run by hand, as `invoke adopt` reads it from /proc
 """
-
-from deploy_lib.facts.host import (
-    CACHE_HEADER,
-    FACT_DISK,
-    FACT_FILE_SUMS,
-    FACT_GPUS,
-    FACT_IMPORT,
-    FACT_PORT,
-    FACT_RELEASE_SUMS,
-    FACT_SGLANG,
-    FACT_UNIT,
-    FACT_UNIT_FILE,
-    FACT_UNIT_LINK,
-    FACT_UNIT_TIMES,
-    GPU_FIELDS,
-    IMPORT_CHECK,
-    IMPORT_SCRIPT,
-    NVIDIA_SMI_QUERY,
-    OPTIONS_SOURCE,
-    SGLANG_CHECK,
-    SGLANG_FACTS_FILE,
-    Gpu,
-    HostFacts,
-    SGLangInstall,
-    UnitFacts,
-    fact_batch,
-    gpu_step,
-    import_step,
-    parse_free_bytes,
-    parse_gpus,
-    parse_host_facts,
-    parse_import_shadow,
-    parse_sglang_install,
-    parse_sha256sums,
-    parse_systemctl_show,
-    parse_unit,
-    parse_unit_times,
-    require_gpus,
-    sglang_step,
-    unit_step,
-)
-from deploy_lib.facts.read import read_host_facts
-
-__all__ = [
-    "CACHE_HEADER",
-    "FACT_DISK",
-    "FACT_FILE_SUMS",
-    "FACT_GPUS",
-    "FACT_IMPORT",
-    "FACT_PORT",
-    "FACT_RELEASE_SUMS",
-    "FACT_SGLANG",
-    "FACT_UNIT",
-    "FACT_UNIT_FILE",
-    "FACT_UNIT_LINK",
-    "FACT_UNIT_TIMES",
-    "GPU_FIELDS",
-    "IMPORT_CHECK",
-    "IMPORT_SCRIPT",
-    "NVIDIA_SMI_QUERY",
-    "OPTIONS_SOURCE",
-    "SGLANG_CHECK",
-    "SGLANG_FACTS_FILE",
-    "Gpu",
-    "HostFacts",
-    "SGLangInstall",
-    "UnitFacts",
-    "fact_batch",
-    "gpu_step",
-    "import_step",
-    "parse_free_bytes",
-    "parse_gpus",
-    "parse_host_facts",
-    "parse_import_shadow",
-    "parse_sglang_install",
-    "parse_sha256sums",
-    "parse_systemctl_show",
-    "parse_unit",
-    "parse_unit_times",
-    "read_host_facts",
-    "require_gpus",
-    "sglang_step",
-    "unit_step",
-]

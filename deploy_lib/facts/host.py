@@ -13,13 +13,13 @@ from importlib import resources
 from pathlib import PurePosixPath
 from typing import Any
 
-from deploy_lib.cuda_toolkit import CudaToolkit, parse_toolkit, toolkit_steps
 from deploy_lib.digests import sha256_text
 from deploy_lib.errors import PreflightError
+from deploy_lib.facts.cuda_toolkit import CudaToolkit, parse_toolkit, toolkit_steps
+from deploy_lib.facts.readings import TOOL_ABSENT_OK, Fact, Readings
 from deploy_lib.host_paths import venv_python
-from deploy_lib.readings import TOOL_ABSENT_OK, Fact, Readings
+from deploy_lib.release.render import loaded_unit_digest
 from deploy_lib.remote import Put, Step, StepResult, concurrently
-from deploy_lib.render import loaded_unit_digest
 from deploy_lib.store import (
     ENV_FILE,
     LAUNCHER_FILE,
@@ -35,7 +35,7 @@ GPU_FIELDS = ("index", "name", "uuid", "compute_cap", "memory.total", "memory.us
 # The nvidia-smi arguments whose output parse_gpus reads (telemetry samples use the same columns).
 NVIDIA_SMI_QUERY = ("nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits")
 # The extractor, sent to the venv's python as text (never imported here); its cache's first line.
-OPTIONS_SOURCE = resources.files("deploy_lib").joinpath("sglang_options.py").read_text(encoding="utf-8")
+OPTIONS_SOURCE = resources.files("deploy_lib.host_scripts").joinpath("sglang_options.py").read_text(encoding="utf-8")
 CACHE_HEADER = "sglang-deploy sglang facts 1"
 
 FACT_GPUS = "host facts: GPUs"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from deploy_lib.facts.host import HostFacts, fact_batch, parse_host_facts
-from deploy_lib.readings import read
+from deploy_lib.facts.readings import read
 from deploy_lib.remote import Remote, Step
 from deploy_lib.store import StoreLayout
 

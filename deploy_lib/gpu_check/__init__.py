@@ -2,7 +2,7 @@
 
 Pure parts (parsers of `nvidia-smi topo -m` / `topo -p2p r|w`, the advisor, the report of the all-reduce script's
 JSON) are tested on real recorded output; on_host is the one place that runs steps. The all-reduce runs on the host
-as deploy_lib/gpu_check_script.py under the release venv's python, with the release's NCCL environment; it needs
+as deploy_lib/host_scripts/gpu_check.py under the release venv's python, with the release's NCCL environment; it needs
 torch with CUDA there and says so when it is missing, never faking a result.
 
     topology    `nvidia-smi topo` parsed, peer-to-peer support, the NCCL_P2P_LEVEL / NCCL_P2P_DISABLE advice

@@ -1,6 +1,6 @@
 """The readiness ladder: unit active and not restarted -> port open -> health endpoint 200 -> a real generation.
 
-Every attempt is ONE remote step: deploy_lib/probe_script.py runs on the host under `python3 -`, looks at all
+Every attempt is ONE remote step: deploy_lib/host_scripts/probe.py runs on the host under `python3 -`, looks at all
 rungs every 50 ms and returns a JSON snapshot as soon as anything the verdict depends on changes (or after
 `WATCH_S`), so a crash or "ready" is noticed within a poll of the host, not a round trip plus a backoff. Deciding
 is pure (`assess`); waiting is a tenacity policy value (`ladder_policy`); `wait_ready` joins them and reports

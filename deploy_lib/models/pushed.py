@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from deploy_lib.errors import ConfigError
-from deploy_lib.facts import parse_free_bytes
+from deploy_lib.facts.host import parse_free_bytes
+from deploy_lib.facts.readings import ABSENT_OK
 from deploy_lib.models.facts import FACT_MODEL, ModelFacts, ModelFile, ReleaseModel
-from deploy_lib.readings import ABSENT_OK
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.store import STAGING_SUFFIX
 

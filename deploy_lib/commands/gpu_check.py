@@ -7,7 +7,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 from deploy_lib import deploy
 from deploy_lib.errors import ConfigError, DeployError, PreflightError
-from deploy_lib.facts import read_host_facts
+from deploy_lib.facts.read import read_host_facts
 from deploy_lib.gpu_check.allreduce import DEFAULT_SIZES, parse_sizes
 from deploy_lib.gpu_check.subject import (
     CheckSubject,

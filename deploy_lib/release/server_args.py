@@ -2,8 +2,8 @@
 
 Flags that were renamed across SGLang releases are data (deploy_lib/versions.py SPELLINGS), each citing the sglang
 wheels on PyPI whose argument parser (srt/server_args.py, from 0.5.15 also srt/arg_groups/) establishes it, read by
-deploy_lib/sglang_options.py.
-Preflight checks the result against the parser of the version actually installed (sglang_argv.check_argv).
+deploy_lib/host_scripts/sglang_options.py.
+Preflight checks the result against the parser of the version actually installed (argv_check.check_argv).
 
 The API key never appears in argv: SGLang only takes it as `--api-key` (no environment variable, 0.5.6 - 0.5.23),
 so with a key the server starts through a one-line launcher that moves SGLANG_API_KEY from the environment (the

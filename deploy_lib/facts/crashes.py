@@ -14,8 +14,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
-from deploy_lib.diagnose import Diagnosis, diagnose, journal_argv
-from deploy_lib.facts import UnitFacts
+from deploy_lib.facts.diagnose import Diagnosis, diagnose, journal_argv
+from deploy_lib.facts.host import UnitFacts
 from deploy_lib.json_lines import json_objects
 from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.store import (

@@ -20,9 +20,9 @@ from 0.5.20 those fields live in the namespace classes passed to `collect_input_
 Choices given by name are followed through the module's imports into sibling sglang files; what cannot be resolved
 statically (a comprehension over an enum, a runtime registry) is reported as `choices: null`, meaning unchecked.
 
-deploy_lib/sglang_argv.py checks an argv against these options locally; this file alone is what the host runs, and
-the host's cache of its result is keyed by its text (facts.SGLANG_FACTS_FILE), so an edit to the local checker
-leaves every host's cache valid. Runs on Python >= 3.9.
+deploy_lib/release/argv_check.py checks an argv against these options locally; this file alone is what the host
+runs, and the host's cache of its result is keyed by its text (facts.host.SGLANG_FACTS_FILE), so an edit to the
+local checker leaves every host's cache valid. Runs on Python >= 3.9.
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""An SGLang argv checked locally against the launch options that deploy_lib/sglang_options.py read on the host.
+"""An SGLang argv checked locally against the launch options that deploy_lib/host_scripts/sglang_options.py read on
+the host.
 
 `check_argv(options, argv)` mimics argparse (allow_abbrev=True, as SGLang's parser) closely enough for preflight:
 unknown or ambiguous flags, prefix abbreviations, missing values, values given to switches, bad choices;
