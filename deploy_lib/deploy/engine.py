@@ -47,9 +47,7 @@ from deploy_lib.models import (
     PushedModel,
     Weights,
     check_model,
-    push_model,
     size_text,
-    stage_model,
     weights,
 )
 from deploy_lib.profile import LoadedProfile, Profile
@@ -262,6 +260,8 @@ def check_before_start(run: Transition, plan: Plan) -> None:
 
 def stage_weights(run: Transition, model: Weights, venv: str, plan: Plan, facts: HostFacts) -> None:
     """The model phase: bring the weights the release names onto the host, while the old release serves."""
+    from deploy_lib.models.staging import push_model, stage_model  # loads only for a deploy that stages weights
+
     run.progress.phase_started(f"model: {model.label}")
     started = run.clock()
     if isinstance(model, HubModel):
