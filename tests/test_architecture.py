@@ -1,4 +1,4 @@
-"""The import graph of deploy_lib: every module in a named layer, each importing only its own layer or one below, no
+"""The import graph of deploy_lib: every module in a named layer, each using only its own layer or those below, no
 import cycle, and the pure layers never reaching a connection (README, "Architecture").
 
 Two graphs are read from the source, with every import counted (top level, inside a function, under
