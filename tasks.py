@@ -90,7 +90,7 @@ IN_USE_HELP = ("profile: a name or a path (default: the host's `profile` var in 
 
 def _profile_in_use(profile: str | None, target: Target, remote: FabricRemote, service: str | None) -> LoadedProfile:
     """The profile given or named by the inventory, else the one the host's current release was deployed from."""
-    from deploy_lib import status as host_status
+    from deploy_lib.commands import status as host_status
     return _run(lambda: profile_for_host(PROJECT, profile, target)
                 or host_status.current_profile(target, _service(service), remote))
 
@@ -286,8 +286,8 @@ def _show(report: T, print_table: Callable[[T], None]) -> None:
 def render(c: Context, profile: str | None = None, host: str | None = None, inventory: str | None = None,
            sglang_version: str = NEWEST_SGLANG) -> None:
     """Print the unit, the env file (secrets redacted) and the argv of a profile, without touching any host."""
-    from deploy_lib.release import build_release
-    from deploy_lib.server_args import secret_environment
+    from deploy_lib.release.model import build_release
+    from deploy_lib.release.server_args import secret_environment
     loaded, target = _load(profile, inventory, host)
 
     def build() -> object:
@@ -303,8 +303,8 @@ def plan(c: Context, profile: str | None = None, against: str | None = None, hos
          inventory: str | None = None, sglang_version: str = NEWEST_SGLANG, accept_new_host_key: bool = False,
          verbose: bool = False) -> None:
     """Semantic diff (flags, environment, secrets, venv, patches) of a profile against the host or another profile."""
-    from deploy_lib.release import build_release, diff_releases
-    from deploy_lib.server_args import secret_environment
+    from deploy_lib.release.model import build_release, diff_releases
+    from deploy_lib.release.server_args import secret_environment
     if against is None:
         deploy(c, profile, host=host, inventory=inventory, dry_run=True, accept_new_host_key=accept_new_host_key,
                verbose=verbose)
@@ -483,7 +483,7 @@ def adopt(c: Context, profile: str, pid: str | None = None, unit: str | None = N
           accept_new_host_key: bool = False) -> None:
     """Take over a server started by hand (--pid, or --unit for a hand-written systemd unit): record it as release 0
     and write the profile that reproduces it."""
-    from deploy_lib.adopt import adopt as adopt_server
+    from deploy_lib.commands.adopt import adopt as adopt_server
     from deploy_lib.profile import profile_path
     from deploy_lib.remote import FabricRemote
     if (pid is None) == (unit is None) or (pid is not None and not pid.isdigit()):
@@ -550,7 +550,7 @@ def restart(c: Context, host: str | None = None, inventory: str | None = None, s
 def uninstall(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
               yes: bool = False) -> None:
     """Remove the unit, releases, managed venvs and caches from the host; history is copied here first."""
-    from deploy_lib import uninstall as remove
+    from deploy_lib.commands import uninstall as remove
     from deploy_lib.remote import FabricRemote
     target = _target(inventory, host)
     name = _service(service)
@@ -570,7 +570,7 @@ def uninstall(c: Context, host: str | None = None, inventory: str | None = None,
 def releases(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
              service: str | None = None, json: bool = False, verbose: bool = False) -> None:
     """List the releases on the host with their outcome and measured throughput."""
-    from deploy_lib import status as host_status
+    from deploy_lib.commands import status as host_status
     _report_as(json, verbose)
     targets = _group(inventory, host, group)
     if targets is not None:
@@ -586,7 +586,7 @@ def releases(c: Context, host: str | None = None, group: str | None = None, inve
 def status(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
            service: str | None = None, json: bool = False, verbose: bool = False) -> None:
     """Current release and its age, unit state, readiness, versions, patches and a per-GPU table."""
-    from deploy_lib import status as host_status
+    from deploy_lib.commands import status as host_status
     _report_as(json, verbose)
     targets = _group(inventory, host, group)
     if targets is not None:
@@ -607,7 +607,7 @@ def gpu_check(c: Context, profile: str | None = None, stop_server: bool = False,
               host: str | None = None, inventory: str | None = None, service: str | None = None, json: bool = False,
               verbose: bool = False) -> None:
     """Prove the host's GPUs and NCCL settings: topology and P2P advice, then an exactly verified all-reduce."""
-    from deploy_lib import gpu_check as gpu_checks
+    from deploy_lib.commands import gpu_check as gpu_checks
     _report_as(json, verbose)
     target = _target(inventory, host)
     loaded = _run(lambda: PROJECT.profile(profile)) if profile else None
@@ -628,7 +628,7 @@ def gpu_check(c: Context, profile: str | None = None, stop_server: bool = False,
 def logs(c: Context, lines: int = 100, follow: bool = False, host: str | None = None, group: str | None = None,
          inventory: str | None = None, service: str | None = None, verbose: bool = False) -> None:
     """Print the server's log from the host's journal."""
-    from deploy_lib import status as host_status
+    from deploy_lib.commands import status as host_status
     _report_as(verbose=verbose)
     if group is not None and follow:
         raise Exit("error: --follow follows one host's journal: give --host, or --group without --follow",
@@ -669,7 +669,7 @@ def bench(c: Context, profile: str | None = None, compare: list[str] | None = No
           inventory: str | None = None, service: str | None = None, json: bool = False, verbose: bool = False
           ) -> None:
     """Run SGLang's serving benchmark against the current release and record it (`--compare A --compare B`)."""
-    from deploy_lib import status as host_status
+    from deploy_lib.commands import status as host_status
     from deploy_lib.throughput import comparison_records
     _report_as(json, verbose)
     if compare and len(compare) < 2:
@@ -724,7 +724,7 @@ def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | 
 def venv_remove(c: Context, venv_hash: str, host: str | None = None, inventory: str | None = None,
                 service: str | None = None, yes: bool = False) -> None:
     """Remove a managed venv (adopted ones stay until removed here) unless a release or derived venv needs it."""
-    from deploy_lib import uninstall as remove
+    from deploy_lib.commands import uninstall as remove
     from deploy_lib.remote import FabricRemote
     target = _target(inventory, host)
     _consent(f"remove venv {venv_hash} of {_service(service)} on {target.host.name}?", yes)
@@ -737,7 +737,7 @@ def venv_remove(c: Context, venv_hash: str, host: str | None = None, inventory: 
 def venv_list(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
               json: bool = False, verbose: bool = False) -> None:
     """List managed venvs: hash, kind, size, the releases using them, derived venvs, versions."""
-    from deploy_lib import status as host_status
+    from deploy_lib.commands import status as host_status
     _report_as(json, verbose)
     target = _target(inventory, host)
     with _remote(target) as remote:
@@ -747,7 +747,7 @@ def venv_list(c: Context, host: str | None = None, inventory: str | None = None,
 @task(name="list")
 def model_list(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
     """List model revisions in the host's HF caches and pushed versions: size, staged by us, the releases using them."""
-    from deploy_lib import status as host_status
+    from deploy_lib.commands import status as host_status
     from deploy_lib.remote import FabricRemote
     target = _run(lambda: _target(inventory, host))
     with FabricRemote(target.ssh) as remote:
@@ -783,7 +783,7 @@ def patches_list(c: Context) -> None:
 def patches_check(c: Context, name: str, profile: str | None = None, host: str | None = None,
                   inventory: str | None = None, service: str | None = None, verbose: bool = False) -> None:
     """Each target's state (absent, applied, native, conflict) in the current release's venv; changes nothing."""
-    from deploy_lib.patches import on_host
+    from deploy_lib.commands import patches as on_host
     _report_as(verbose=verbose)
     ui.print_check(_patch_run(profile, host, inventory, service, on_host.check, _patch_set(name)))
 
@@ -792,7 +792,7 @@ def patches_check(c: Context, name: str, profile: str | None = None, host: str |
 def patches_audit(c: Context, name: str, profile: str | None = None, host: str | None = None,
                   inventory: str | None = None, service: str | None = None, verbose: bool = False) -> None:
     """Every architecture bound on the patch set's code path, with file:line and its value on the set's GPUs."""
-    from deploy_lib.patches import on_host
+    from deploy_lib.commands import patches as on_host
     _report_as(verbose=verbose)
     ui.print_audit(_patch_run(profile, host, inventory, service, on_host.audit, _patch_set(name)))
 
@@ -803,7 +803,7 @@ def patches_enable(c: Context, name: str, profile: str | None = None, host: str 
                    verbose: bool = False) -> None:
     """Make a patched venv (derived; the base is untouched) and deploy the profile on it (the set's feature on)."""
     from deploy_lib import deploy as deploy_engine
-    from deploy_lib.patches import on_host
+    from deploy_lib.commands import patches as on_host
     _report_as(verbose=verbose)
     patch_set = _patch_set(name)
     target = _target(inventory, host)
@@ -825,7 +825,7 @@ def patches_disable(c: Context, name: str, profile: str | None = None, host: str
                     verbose: bool = False) -> None:
     """Deploy the profile (the set's feature off) on the venv the patched one was derived from."""
     from deploy_lib import deploy as deploy_engine
-    from deploy_lib.patches import on_host
+    from deploy_lib.commands import patches as on_host
     _report_as(verbose=verbose)
     patch_set = _patch_set(name)
     target = _target(inventory, host)

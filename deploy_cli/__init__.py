@@ -16,25 +16,25 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.markup import escape
 
-from deploy_lib.diagnose import shorten_log_line
 from deploy_lib.errors import DeployError
+from deploy_lib.facts.diagnose import shorten_log_line
 
 if TYPE_CHECKING:  # the reports' types only: a task imports the library modules it runs (tasks.py)
     from rich.table import Table
     from tenacity import RetryCallState
 
-    from deploy_lib.adopt import Adopted
+    from deploy_lib.commands.adopt import Adopted
+    from deploy_lib.commands.status import ReleaseRow, StatusReport
+    from deploy_lib.commands.uninstall import Uninstalled
     from deploy_lib.deploy import Outcome, Plan
     from deploy_lib.fleet import FleetRun, Summary
     from deploy_lib.gpu_check import GpuCheckReport
     from deploy_lib.models import StoredModel
     from deploy_lib.patches import AuditReport, CheckReport, PatchSet
-    from deploy_lib.release import Release
+    from deploy_lib.release.model import Release
     from deploy_lib.remote import StepResult
     from deploy_lib.router_deploy import RouterOutcome
-    from deploy_lib.status import ReleaseRow, StatusReport
     from deploy_lib.throughput import BenchResult, ComparisonRow
-    from deploy_lib.uninstall import Uninstalled
     from deploy_lib.venvs import VenvRecord, VenvResult
 
 # Width: the terminal's, else $COLUMNS (rich reads it), else 120 when output goes to a pipe or file.

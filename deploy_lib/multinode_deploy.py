@@ -29,7 +29,8 @@ from deploy_lib.deploy import (
     stage_weights,
 )
 from deploy_lib.errors import ConfigError, DeployError, PreflightError
-from deploy_lib.facts import HostFacts, read_host_facts
+from deploy_lib.facts.host import HostFacts
+from deploy_lib.facts.read import read_host_facts
 from deploy_lib.fleet import FleetRun, HostRun
 from deploy_lib.health import Ready
 from deploy_lib.interrupts import interrupted, signal_name, signals_raise
@@ -39,7 +40,7 @@ from deploy_lib.multinode_switch import Member, NodeFailed, activate, common_rel
 from deploy_lib.profile import read_stored_profile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
-from deploy_lib.release import resolve_secrets
+from deploy_lib.release.model import resolve_secrets
 from deploy_lib.remote import Remote
 from deploy_lib.store import HEALTHY, host_lock, read_store_facts
 

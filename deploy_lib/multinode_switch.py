@@ -20,8 +20,8 @@ from deploy_lib.deploy import (
     start_prediction,
     stop_step,
 )
-from deploy_lib.diagnose import Diagnosis, journal_cursor_step, parse_journal_cursor
 from deploy_lib.errors import DeployError, ReadinessFailed, RollbackFailed
+from deploy_lib.facts.diagnose import Diagnosis, journal_cursor_step, parse_journal_cursor
 from deploy_lib.health import ProbeTarget, ReadyReport, Rung, wait_ready
 from deploy_lib.interrupts import Interrupt, interrupted, signal_name, signals_noted
 from deploy_lib.profile import read_stored_profile

@@ -22,13 +22,13 @@ from typing import Any
 
 from deploy_lib.bundled import TEMPLATES_DIR
 from deploy_lib.errors import ConfigError, RouterFailed
+from deploy_lib.facts.readings import ABSENT_OK
 from deploy_lib.inventory import Host, Inventory, RouterPolicy
 from deploy_lib.profile import RestartPolicy, read_stored_profile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Project, Target, load_for_target
-from deploy_lib.readings import ABSENT_OK
+from deploy_lib.release.render import EnvSpec, UnitSpec, render_env, render_unit
 from deploy_lib.remote import Remote, Step, StepResult
-from deploy_lib.render import EnvSpec, UnitSpec, render_env, render_unit
 from deploy_lib.store import RELEASE_FILE, StoreLayout
 
 SERVICE = "sglang-router"

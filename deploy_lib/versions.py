@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from deploy_lib.sglang_options import version_key
+from packaging.version import InvalidVersion, Version
 
 # The releases whose wheels the tests read (oldest first); the last is the newest the tool knows, the default of
 # `invoke render --sglang-version` and `invoke plan --against`.
@@ -24,6 +24,15 @@ NEWEST_SGLANG = KNOWN_SGLANG[-1]
 # `/ready` (no generation, cheapest) is routed from this release on (srt/entrypoints/http_server.py: absent in the
 # 0.5.15.post1 wheel, present in 0.5.20); older releases only have `/health`, which runs a 1-token generation.
 READY_ENDPOINT_SINCE = "0.5.20"
+
+
+def version_key(text: str) -> Version:
+    """The version `text` names, in PEP 440 order (packaging.version: 1.0.dev1 < 1.0a1 < 1.0rc1 < 1.0 == 1.0.0 <
+    1.0.post1); a local label is dropped (0.5.23+cu128, a CUDA build of 0.5.23, is 0.5.23)."""
+    try:
+        return Version(Version(text.strip()).public)
+    except InvalidVersion:
+        raise ValueError(f"{text!r} is not a version (expected e.g. 0.5.15 or 0.5.15.post1)") from None
 
 
 def reached(sglang_version: str, since: str) -> bool:

@@ -13,11 +13,10 @@ import yaml
 from fake_remote import FakeRemote
 from test_deploy_plan import NOW, deployed, facts, first_plan, target
 
-from deploy_lib.adopt import STEP_UNIT, read_process, read_unit
+from deploy_lib.commands.adopt import STEP_UNIT, read_process, read_unit
 from deploy_lib.deploy import hand_run_check, hand_run_pid, plan_deploy, preflight
 from deploy_lib.errors import DriftDetected, PreflightError
-from deploy_lib.facts import UnitFacts
-from deploy_lib.hand_process import (
+from deploy_lib.facts.hand_process import (
     STEP_CMDLINE,
     STEP_CWD,
     STEP_ENVIRON,
@@ -31,10 +30,12 @@ from deploy_lib.hand_process import (
     profile_yaml,
     split_launch,
 )
+from deploy_lib.facts.host import UnitFacts
+from deploy_lib.host_scripts.sglang_options import extract
 from deploy_lib.profile import Profile, load_profile
+from deploy_lib.release.argv_check import check_argv
+from deploy_lib.release.server_args import sglang_args
 from deploy_lib.remote import Step, StepResult
-from deploy_lib.server_args import sglang_args
-from deploy_lib.sglang_options import check_argv, extract
 from deploy_lib.store import ReleaseRecord
 
 pytest_plugins = ("wheelcache",)

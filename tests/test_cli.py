@@ -162,7 +162,7 @@ def test_a_deploy_outcome_as_json_has_release_previous_timings_cause_and_exit_co
 
 def test_tables_fit_the_width_in_columns() -> None:
     """Input tried: `COLUMNS=70 invoke releases | cat` (tables were always 120 wide when piped)."""
-    script = ("import deploy_cli as ui; from deploy_lib.status import ReleaseRow; "
+    script = ("import deploy_cli as ui; from deploy_lib.commands.status import ReleaseRow; "
               "ui.print_releases([ReleaseRow('8e51991efed1', '2026-11-29T11:50:00', 'glm5-nvfp4-fusion+fusion-sm120', "
               "'0.5.23', 'healthy', True, 'c64: 871.2 tok/s, c1024: 3,582.0 tok/s')])")
     for columns, width in (("70", 70), (None, 120)):
@@ -197,8 +197,8 @@ def test_loading_the_tasks_leaves_the_template_engine_patch_sets_and_sandbox_rig
     shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert shown.returncode == 0, shown.stderr
     loaded = set(json.loads(shown.stdout))
-    not_needed = {"jinja2", "deploy_lib.render", "deploy_lib.deploy", "deploy_lib.patches",
-                  "deploy_lib.adopt", "deploy_lib.gpu_check", "deploy_lib.status", "deploy_lib.uninstall",
+    not_needed = {"jinja2", "deploy_lib.release.render", "deploy_lib.deploy", "deploy_lib.patches",
+                  "deploy_lib.commands", "deploy_lib.gpu_check",
                   "sandbox.manage", "sandbox.hub", "sandbox.wheelhouse"}
     assert not_needed & loaded == set()
 
@@ -235,11 +235,11 @@ def test_the_whole_no_op_deploy_renders_neither_the_unit_nor_the_env_file(monkey
     from test_deploy_plan import PROJECT, target
     from test_deploy_trips import serving_the_profile
 
-    import deploy_lib.release
+    import deploy_lib.release.model
     from deploy_lib.deploy import Options, deploy
     host, release_id = serving_the_profile()
     for name in ("render_digested_unit", "render_launcher", "render_env", "render_env_redacted"):
-        monkeypatch.setattr(deploy_lib.release, name, lambda *_: pytest.fail("a no-op rendered a release file"))
+        monkeypatch.setattr(deploy_lib.release.model, name, lambda *_: pytest.fail("a no-op rendered a release file"))
     outcome = deploy(PROJECT.profile("glm5-nvfp4"), target(), host, RecordingProgress(), Options(grace_s=0))
     assert (outcome.action, outcome.release_id) == ("unchanged", release_id)
 
@@ -253,8 +253,9 @@ def test_a_command_writes_the_bytecode_of_what_it_imports_unless_python_is_told_
     shown = invoke("render", "-p", "glm5-nvfp4", env={"PYTHONPYCACHEPREFIX": str(tmp_path),
                                                       "PYTHONDONTWRITEBYTECODE": "1" if no_bytecode else ""})
     assert shown.returncode == 0, shown.stderr
-    written = {path.name.split(".")[0] for path in tmp_path.rglob("*.pyc") if "deploy_lib" in path.parts}
-    assert written == set() if no_bytecode else {"project", "release", "render"} <= written
+    written = {f"{path.parent.name}/{path.name.split('.')[0]}" for path in tmp_path.rglob("*.pyc")
+               if "deploy_lib" in path.parts}  # the prefix mirrors the source tree: <folder>/<module>.cpython-3xx.pyc
+    assert written == set() if no_bytecode else {"deploy_lib/project", "release/model", "release/render"} <= written
     tasks_py = list((tmp_path / REPO.relative_to(REPO.anchor)).glob("tasks.*.pyc"))  # the prefix mirrors the path
     assert tasks_py == [] if no_bytecode else len(tasks_py) == 1
 

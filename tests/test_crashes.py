@@ -14,7 +14,8 @@ from fake_remote import FakeRemote
 from rich.console import Console
 
 import deploy_cli as ui
-from deploy_lib.crashes import (
+from deploy_lib.commands.status import StatusReport
+from deploy_lib.facts.crashes import (
     Crash,
     CrashReport,
     crash_loop_advice,
@@ -24,9 +25,8 @@ from deploy_lib.crashes import (
     record_crashes,
     unit_crashed,
 )
-from deploy_lib.diagnose import Diagnosis
-from deploy_lib.facts import UnitFacts
-from deploy_lib.status import StatusReport
+from deploy_lib.facts.diagnose import Diagnosis
+from deploy_lib.facts.host import UnitFacts
 from deploy_lib.store import (
     FAILED,
     HEALTHY,

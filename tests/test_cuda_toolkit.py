@@ -16,7 +16,10 @@ from recording_progress import RecordingProgress
 from test_deploy_plan import PROJECT, facts, target
 
 from deploy_lib.bundled import ROLES_DIR
-from deploy_lib.cuda_toolkit import (
+from deploy_lib.commands import patches as on_host
+from deploy_lib.deploy import Options, plan_deploy, preflight
+from deploy_lib.errors import PreflightError
+from deploy_lib.facts.cuda_toolkit import (
     FACT_NVCC,
     FACT_VERSION_JSON,
     CudaToolkit,
@@ -25,9 +28,7 @@ from deploy_lib.cuda_toolkit import (
     sm12x_problem,
     toolkit_steps,
 )
-from deploy_lib.deploy import Options, plan_deploy, preflight
-from deploy_lib.errors import PreflightError
-from deploy_lib.patches import find_patch_set, on_host
+from deploy_lib.patches import find_patch_set
 from deploy_lib.remote import Put, Step, StepResult
 
 pytest_plugins = ("wheelcache",)

@@ -15,7 +15,7 @@ from test_server_args import with_changes
 from deploy_lib.deploy import plan_deploy, preflight, release_tags
 from deploy_lib.deploy.plan import switch_batches
 from deploy_lib.errors import ConfigError, DriftDetected, PreflightError
-from deploy_lib.facts import (
+from deploy_lib.facts.host import (
     FACT_IMPORT,
     Gpu,
     HostFacts,
@@ -31,7 +31,7 @@ from deploy_lib.facts import (
 from deploy_lib.inventory import HostVars
 from deploy_lib.profile import LoadedProfile, SecretRef, load_profile
 from deploy_lib.project import Project, Target, resolve_target
-from deploy_lib.release import available_secrets, resolve_secrets
+from deploy_lib.release.model import available_secrets, resolve_secrets
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.store import (
     ENV_FILE,

@@ -12,10 +12,10 @@ from test_host_lock import HOLDER
 from test_rollback import LAYOUT, LIVE_PROBE, NOW, READY, ScriptedHost, _tags, a_host, changed_profile
 from test_store import release_entries
 
-from deploy_lib import facts as host_facts
 from deploy_lib import store
 from deploy_lib.deploy import Options, deploy
 from deploy_lib.errors import LockHeld
+from deploy_lib.facts import host as host_facts
 from deploy_lib.models import FACT_CACHE
 from deploy_lib.remote import Put, round_trips
 from deploy_lib.store import HEALTHY, history_entry

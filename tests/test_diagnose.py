@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from deploy_lib.diagnose import (
+from deploy_lib.facts.diagnose import (
     SIGNATURES,
     UNKNOWN_TAIL_LINES,
     diagnose,

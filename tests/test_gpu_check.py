@@ -11,7 +11,6 @@ from typing import Any
 
 import pytest
 
-from deploy_lib import gpu_check_script as script
 from deploy_lib.gpu_check import (
     advise,
     check_step,
@@ -19,9 +18,10 @@ from deploy_lib.gpu_check import (
     parse_check_result,
     parse_topology,
 )
+from deploy_lib.host_scripts import gpu_check as script
 from deploy_lib.profile import load_profile
+from deploy_lib.release.server_args import launch_environment
 from deploy_lib.remote import StepResult
-from deploy_lib.server_args import launch_environment
 
 REPO = Path(__file__).resolve().parent.parent
 H200 = REPO / "tests/data/gpu_check/h200x2-2026-11-30"

@@ -19,9 +19,9 @@ from test_deploy_plan import NOW, PROJECT, deployed, facts, first_plan, options_
 from test_rollback import LAYOUT, READY, ScriptedHost
 
 from deploy_lib import deploy as engine
-from deploy_lib import facts as host_facts
-from deploy_lib.diagnose import diagnose
 from deploy_lib.errors import PreflightError, ReadinessFailed
+from deploy_lib.facts import host as host_facts
+from deploy_lib.facts.diagnose import diagnose
 from deploy_lib.gpu_check import check_reasons, check_step, subject_of_profile, subject_of_release
 from deploy_lib.profile import LoadedProfile, Profile
 from deploy_lib.remote import Step

@@ -20,7 +20,8 @@ from fake_remote import FakeRemote
 from recording_progress import RecordingProgress
 from tenacity import stop_after_attempt
 
-from deploy_lib.diagnose import (
+from deploy_lib.errors import ReadinessFailed, StepFailed
+from deploy_lib.facts.diagnose import (
     JOURNAL_SYNC,
     diagnose,
     journal_cursor_step,
@@ -28,7 +29,6 @@ from deploy_lib.diagnose import (
     parse_journal_cursor,
     unit_matches,
 )
-from deploy_lib.errors import ReadinessFailed, StepFailed
 from deploy_lib.health import (
     POLL_S,
     WATCH_S,
@@ -48,9 +48,9 @@ from deploy_lib.health import (
     probe_step,
     wait_ready,
 )
+from deploy_lib.profile.settings import BenchSettings
 from deploy_lib.progress import NullProgress
 from deploy_lib.remote import FabricRemote, Put, SSHTarget, Step
-from deploy_lib.settings import BenchSettings
 from deploy_lib.throughput import BenchRun
 from deploy_lib.versions import health_path_for
 
@@ -63,7 +63,7 @@ def snapshot(active: str = "active", sub: str = "running", restarts: int = 0, pi
              status: int = 0, code: int = 1, result: str = "success", port: bool = False,
              port_error: str | None = "refused", health: int | None = None, gen: dict[str, Any] | None = None,
              log: str | None = None, cursor: str = "s=1") -> Snapshot:
-    """A probe snapshot as probe_script.py prints it."""
+    """A probe snapshot as host_scripts/probe.py prints it."""
     return Snapshot.model_validate({
         "unit": {"ActiveState": active, "SubState": sub, "NRestarts": str(restarts), "ExecMainPID": str(pid),
                  "ExecMainStatus": str(status), "ExecMainCode": str(code), "Result": result,

@@ -19,8 +19,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 from test_sglang_options import SYNTHETIC, write_tree
 
-from deploy_lib import model_stage
-from deploy_lib.facts import (
+from deploy_lib.facts.host import (
     FACT_SGLANG,
     SGLangInstall,
     fact_batch,
@@ -29,10 +28,11 @@ from deploy_lib.facts import (
     parse_sglang_install,
     sglang_step,
 )
+from deploy_lib.host_scripts import model_stage
+from deploy_lib.host_scripts.sglang_options import extract
 from deploy_lib.models import HubModel, parse_model_result
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.remote.batch import inline_stdin
-from deploy_lib.sglang_options import extract
 from deploy_lib.store import StoreLayout
 
 
@@ -140,6 +140,36 @@ def test_sglang_facts_are_computed_once_then_read_from_the_cache_without_python(
     (venv.site / "__pycache__").mkdir()  # the server's first start compiles top-level modules: no new package
     again = read_sglang(venv, tmp_path / "store")
     assert again == first and venv.python_starts == 1  # the shell answered from the cache
+
+
+def facts_file_of(copy: Path, edited: Path | None) -> str:
+    """SGLANG_FACTS_FILE as a copy of deploy_lib in `copy` computes it, with a comment line appended to `edited` (a
+    path inside the package) first."""
+    import deploy_lib
+    shutil.copytree(Path(deploy_lib.__file__).parent, copy / "deploy_lib", ignore=shutil.ignore_patterns("__pycache__"))
+    if edited is not None:
+        with (copy / "deploy_lib" / edited).open("a") as source:
+            source.write("# an edit\n")
+    script = "import deploy_lib, deploy_lib.facts.host as f; print(deploy_lib.__file__); print(f.SGLANG_FACTS_FILE)"
+    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=copy, timeout=120,
+                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(copy)})
+    assert shown.returncode == 0, shown.stderr
+    imported_from, name = shown.stdout.split()
+    assert Path(imported_from).is_relative_to(copy)
+    return name
+
+
+def test_only_an_edit_to_the_script_the_host_runs_renames_the_hosts_sglang_facts_cache(tmp_path: Path) -> None:
+    """The cache beside each venv is named by the extractor's text: an edit to the local argv checker keeps every
+    host's cache (failed before: checker and extractor were one file, sglang_options.py, hashed whole); an edit to
+    the extractor renames it, so no host reads facts an older extractor computed."""
+    import deploy_lib
+    from deploy_lib.host_scripts import sglang_options
+    from deploy_lib.release import argv_check
+    package = Path(deploy_lib.__file__).parent
+    as_is = facts_file_of(tmp_path / "as-is", None)
+    assert facts_file_of(tmp_path / "checker", Path(argv_check.__file__).relative_to(package)) == as_is
+    assert facts_file_of(tmp_path / "extractor", Path(sglang_options.__file__).relative_to(package)) != as_is
 
 
 def test_the_step_fits_in_the_facts_round_trip() -> None:

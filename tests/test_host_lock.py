@@ -12,8 +12,9 @@ from test_deploy_plan import PROJECT, target
 
 from deploy_lib import deploy as engine
 from deploy_lib import venvs
+from deploy_lib.commands import patches as on_host
 from deploy_lib.errors import LockHeld
-from deploy_lib.patches import find_patch_set, on_host
+from deploy_lib.patches import find_patch_set
 from deploy_lib.store import (
     FACT_CLOCK,
     FACT_LOCK,

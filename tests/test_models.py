@@ -37,13 +37,12 @@ from deploy_lib.models import (
     parse_stored,
     parse_versions,
     prune_models,
-    push_model,
-    stage_model,
     weights,
 )
+from deploy_lib.models.staging import push_model, stage_model
 from deploy_lib.profile import ModelSource, Profile
+from deploy_lib.release.server_args import sglang_args
 from deploy_lib.remote import JumpHost, SSHTarget, Step, StepResult, rsync_argv
-from deploy_lib.server_args import sglang_args
 
 COMMIT_A = "a" * 40
 COMMIT_B = "b" * 40

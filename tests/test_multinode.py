@@ -20,17 +20,17 @@ from pydantic import ValidationError
 from recording_progress import RecordingProgress
 
 from deploy_lib.deploy import Transition
-from deploy_lib.diagnose import Diagnosis
 from deploy_lib.errors import ConfigError, ReadinessFailed
+from deploy_lib.facts.diagnose import Diagnosis
 from deploy_lib.inventory import load_inventory
 from deploy_lib.multinode import dist_init_addr, group_release_id, plan_nodes, refuse_single_host
 from deploy_lib.multinode_switch import Member, NodeFailed, activate, blamed, common_release, each, restore
 from deploy_lib.profile import LoadedProfile, Profile, load_profile
 from deploy_lib.project import Target, resolve_group
-from deploy_lib.release import build_release
+from deploy_lib.release.argv_check import build_parser, check_argv, find_option
+from deploy_lib.release.model import build_release
+from deploy_lib.release.server_args import sglang_args
 from deploy_lib.remote import Put, Step, StepResult
-from deploy_lib.server_args import sglang_args
-from deploy_lib.sglang_options import build_parser, check_argv, find_option
 from deploy_lib.store import HEALTHY, ReleaseRecord, StoreFacts, StoreLayout, Tags, history_entry
 
 pytest_plugins = ("wheelcache",)  # real_options

@@ -18,11 +18,12 @@ from test_cli import invoke
 
 import deploy_cli as ui
 from deploy_lib import deploy as engine
+from deploy_lib.commands.status import StatusReport, follow_log, read_status, serving_endpoint
+from deploy_lib.commands.uninstall import removal_steps, uninstall
 from deploy_lib.errors import DeployError
-from deploy_lib.facts import FACT_UNIT, FACT_UNIT_LINK
+from deploy_lib.facts.host import FACT_UNIT, FACT_UNIT_LINK
 from deploy_lib.project import Project, resolve_target
 from deploy_lib.remote import OutputLine, Put, Step, StepResult
-from deploy_lib.status import StatusReport, follow_log, read_status, serving_endpoint
 from deploy_lib.store import (
     FACT_CURRENT,
     FACT_HISTORY,
@@ -34,7 +35,6 @@ from deploy_lib.store import (
     StoreLayout,
     Tags,
 )
-from deploy_lib.uninstall import removal_steps, uninstall
 from deploy_lib.venvs.installed import FACT_INSTALLED
 
 REPO = Path(__file__).resolve().parent.parent

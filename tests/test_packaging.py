@@ -20,7 +20,7 @@ import deploy_lib
 from deploy_lib.bundled import ROLES_DIR, TEMPLATES_DIR
 from deploy_lib.patches import list_patch_sets
 from deploy_lib.profile import load_profile
-from deploy_lib.release import build_release
+from deploy_lib.release.model import build_release
 from deploy_lib.store import StoreLayout
 from deploy_lib.venvs.host_scripts import RELOCATE_SCRIPT
 from deploy_lib.gpu_check.p2p.measure import SCRIPT_SOURCE as P2P_MEASURE_SCRIPT

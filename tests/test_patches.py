@@ -16,7 +16,10 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
+from deploy_lib.commands.patches import base_profile, patched_profile
 from deploy_lib.errors import ConfigError, PreflightError
+from deploy_lib.facts.readings import ABSENT_OK, Readings
+from deploy_lib.host_scripts.sglang_options import extract
 from deploy_lib.patches import (
     GpuArch,
     PatchConflict,
@@ -43,11 +46,9 @@ from deploy_lib.patches import (
     select_variants,
     sha256_text,
 )
-from deploy_lib.patches.on_host import base_profile, patched_profile
 from deploy_lib.project import Project
-from deploy_lib.readings import ABSENT_OK, Readings
+from deploy_lib.release.argv_check import check_argv
 from deploy_lib.remote import StepResult
-from deploy_lib.sglang_options import check_argv, extract
 from sandbox.sim.sglang_sim.upstream import Fusion, InstalledUpstream
 
 pytest_plugins = ("wheelcache",)  # imported lazily below: a plugin imported before it is registered is not rewritten
@@ -490,8 +491,9 @@ def test_nsa_aliases_insert_only_the_aliases_and_disable_restores_the_wheel_byte
 @pytest.mark.parametrize("version", [v for v, (state, _) in NSA_GENERATIONS.items() if state is A])
 def test_the_patched_sglang_accepts_the_seeds_nsa_flags_as_upstreams_deprecated_aliases(nsa_aliases, version,
                                                                                          tmp_path):
-    """SGLang's own options, read from the patched file as preflight reads them (deploy_lib/sglang_options.py):
-    unrecognized before, deprecated aliases of the --dsa-* flags (same dest, same choices) after."""
+    """SGLang's own options, read from the patched file as preflight reads them
+    (deploy_lib/host_scripts/sglang_options.py): unrecognized before, deprecated aliases of the --dsa-* flags (same
+    dest, same choices) after."""
     versions = {"sglang": version}
     root = unpacked_sglang(version)
     files = read_site_packages(root, files_needed(nsa_aliases, versions))

@@ -1,4 +1,5 @@
-"""The one fact vocabulary (deploy_lib/readings.py): a fact is a read-only step and its parser, read in one batch."""
+"""The one fact vocabulary (deploy_lib/facts/readings.py): a fact is a read-only step and its parser, read in one
+batch."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import pytest
 from fake_remote import FakeRemote
 
 from deploy_lib.errors import StepFailed
-from deploy_lib.readings import ABSENT_OK, TOOL_ABSENT_OK, Fact, Readings, read
+from deploy_lib.facts.readings import ABSENT_OK, TOOL_ABSENT_OK, Fact, Readings, read
 from deploy_lib.remote import Put, Step, StepResult
 
 OWNER = Fact(Step("lock owner", ("cat", "--", "/opt/x/.lock/owner"), ok=ABSENT_OK),

@@ -22,7 +22,7 @@ from systemd_syntax import exec_start_argv, parse_env_file, parse_exec, parse_un
 
 from deploy_lib.digests import short_hash
 from deploy_lib.errors import ConfigError
-from deploy_lib.render import (
+from deploy_lib.release.render import (
     MAX_ARG_BYTES,
     REDACTED,
     EnvSpec,

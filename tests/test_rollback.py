@@ -15,15 +15,15 @@ from recording_progress import RecordingProgress
 from test_deploy_plan import PROJECT, deployed, facts, first_plan, options_accepting, target
 from test_store import release_entries
 
-from deploy_lib import facts as host_facts
 from deploy_lib import store
 from deploy_lib.deploy import Options, check_release, check_release_files, deploy, probe_target, recorded_tags
 from deploy_lib.errors import Interrupted, PreflightError, ReadinessFailed, Terminated
-from deploy_lib.facts import SGLangInstall
+from deploy_lib.facts import host as host_facts
+from deploy_lib.facts.host import SGLangInstall
 from deploy_lib.interrupts import Interrupt, interrupted, signal_name, signals_raise
 from deploy_lib.models import FACT_MODEL
 from deploy_lib.profile import LoadedProfile, read_stored_profile
-from deploy_lib.release import RecordedRelease
+from deploy_lib.release.model import RecordedRelease
 from deploy_lib.remote import OutputLine, Put, Step, StepResult, describe
 from deploy_lib.store import (
     ENV_FILE,

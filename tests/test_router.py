@@ -15,11 +15,11 @@ from systemd_syntax import exec_start_argv, parse_unit_file
 from test_deploy_plan import PROJECT, first_plan, target
 from test_rollback import READY, ScriptedHost
 
-from deploy_lib import facts as host_facts
 from deploy_lib import store
 from deploy_lib.deploy import Transition
 from deploy_lib.deploy.plan import ACTIVATE, VERIFIED, activation_steps
 from deploy_lib.errors import ConfigError, LockHeld, ReadinessFailed, RollbackFailed, RouterFailed
+from deploy_lib.facts import host as host_facts
 from deploy_lib.fleet import Rollout
 from deploy_lib.inventory import RouterPolicy, load_inventory
 from deploy_lib.project import Project, resolve_group
@@ -466,7 +466,7 @@ def test_a_gpu_check_that_stops_a_replica_drains_it_first_and_adds_it_back_once_
     """`invoke gpu-check --stop-server --host H` of a replica: taken out before its server stops for the check, added
     back once the current release serves again (failed before: the check stopped the server with the replica still
     in the router)."""
-    from deploy_lib.gpu_check import run_gpu_check
+    from deploy_lib.commands.gpu_check import run_gpu_check
     host = StoppableHost({"A": [READY], "B": [READY]})
     router = answering(remove={"was_listed": True, "drained": 1}, add={})
     stops_before_drain: list[int] = []
@@ -486,8 +486,8 @@ def test_a_gpu_check_that_fails_after_the_stop_restarts_the_replica_and_puts_it_
         tmp_path: Path) -> None:
     """The all-reduce's round trip is lost: the check fails, the release is started again and serves, so the replica
     goes back into the router and the error does not call it left out."""
+    from deploy_lib.commands.gpu_check import run_gpu_check
     from deploy_lib.errors import ConnectFailed
-    from deploy_lib.gpu_check import run_gpu_check
     host = StoppableHost({"A": [READY], "B": [READY]})
     host.reply("all-reduce check", raises=ConnectFailed("the connection to a was lost during the all-reduce check"))
     router = answering(remove={"was_listed": True}, add={})
@@ -518,7 +518,7 @@ def test_an_uninstalled_replica_is_drained_under_the_lock_before_its_unit_stops_
         tmp_path: Path) -> None:
     """`invoke uninstall --host H` of a replica (failed before: the unit stopped with the replica still in the
     router): the replica is gone, so it is not added back, and a note says the router's own release still names it."""
-    from deploy_lib.uninstall import uninstall
+    from deploy_lib.commands.uninstall import uninstall
     host = installed_replica(f"{StoreLayout('sglang').current}/sglang.service")
     router = answering(remove={"was_listed": True, "drained": 2})
     progress = RecordingProgress()
@@ -542,7 +542,7 @@ def test_an_uninstalled_replica_is_drained_under_the_lock_before_its_unit_stops_
 def test_uninstalling_a_replica_whose_unit_the_tool_did_not_make_leaves_it_serving_in_the_router(
         tmp_path: Path) -> None:
     """The tool leaves a unit it did not make running, so that server still serves: the router is not touched."""
-    from deploy_lib.uninstall import uninstall
+    from deploy_lib.commands.uninstall import uninstall
     host = installed_replica("/etc/systemd/system/hand-made.service")
     router = answering()
     front = front_of(tmp_path, router)
@@ -557,7 +557,7 @@ def test_an_uninstall_whose_drain_the_router_refuses_removes_nothing_and_release
     """The router answers an error to the removal: exit 10 with the router's words, the replica's unit and store
     stay as they were, and the host's lock is released (failed before: the lock was left held, so every later
     command on the host was refused until `invoke unlock`)."""
-    from deploy_lib.uninstall import uninstall
+    from deploy_lib.commands.uninstall import uninstall
     host = installed_replica(f"{StoreLayout('sglang').current}/sglang.service")
     router = answering(remove={"error": "DELETE /workers/x answered 500: boom"})
     with pytest.raises(RouterFailed, match=r"taking http://192\.0\.2\.10:8000 out: DELETE"):

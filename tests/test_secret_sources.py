@@ -13,7 +13,7 @@ from test_deploy_plan import NOW, facts, first_plan, target
 from deploy_lib.deploy import plan_deploy
 from deploy_lib.errors import ConfigError
 from deploy_lib.profile import SecretRef, load_profile
-from deploy_lib.release import available_secrets, resolve_secrets
+from deploy_lib.release.model import available_secrets, resolve_secrets
 
 HOSTILE = "hf_$(touch PWNED);`id`'\"\\ *"
 

@@ -14,9 +14,11 @@ import pytest
 from launcher_run import argv_printer, launched_argv
 
 from deploy_lib.errors import ConfigError
+from deploy_lib.host_scripts.sglang_options import extract
 from deploy_lib.profile import Profile, SecretRef, load_profile
-from deploy_lib.release import build_release
-from deploy_lib.server_args import (
+from deploy_lib.release.argv_check import build_parser, check_argv, find_option
+from deploy_lib.release.model import build_release
+from deploy_lib.release.server_args import (
     API_KEY_ENV,
     API_KEY_LAUNCHER,
     launch_argv,
@@ -25,9 +27,8 @@ from deploy_lib.server_args import (
     sglang_args,
     spelling,
 )
-from deploy_lib.sglang_options import build_parser, check_argv, extract, find_option, version_key
 from deploy_lib.store import StoreLayout
-from deploy_lib.versions import SPELLINGS
+from deploy_lib.versions import SPELLINGS, version_key
 
 pytest_plugins = ("wheelcache",)  # the sglang_source fixture
 PROFILES = Path(__file__).resolve().parent.parent / "inventory" / "profiles"

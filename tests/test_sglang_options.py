@@ -14,10 +14,12 @@ from typing import Any
 
 import pytest
 
-from deploy_lib import sglang_options
+from deploy_lib.host_scripts import sglang_options
+from deploy_lib.host_scripts.sglang_options import extract
 from deploy_lib.profile import load_profile
-from deploy_lib.server_args import sglang_args
-from deploy_lib.sglang_options import build_parser, check_argv, extract, find_option, version_key
+from deploy_lib.release.argv_check import build_parser, check_argv, find_option
+from deploy_lib.release.server_args import sglang_args
+from deploy_lib.versions import version_key
 
 pytest_plugins = ("wheelcache",)  # the sglang_source fixture
 EXTRACTOR = Path(sglang_options.__file__)
@@ -33,9 +35,10 @@ def test_versions_order_as_pep440() -> None:
     assert sorted(reversed(ordered), key=version_key) == ordered
     assert version_key("0.5.0") == version_key("0.5")
     assert version_key("0.5.23+cu128") == version_key("0.5.23")
+    assert version_key("0.5.15-post") == version_key("0.5.15.post0")  # PEP 440's implicit post number
 
 
-@pytest.mark.parametrize("bad", ["", "latest", "0.5.x", "0.5.15-post", "0..5"])
+@pytest.mark.parametrize("bad", ["", "latest", "0.5.x", "0.5.15-hotfix", "0..5"])
 def test_version_rejects_non_versions(bad: str) -> None:
     with pytest.raises(ValueError, match="is not a version"):
         version_key(bad)

@@ -19,7 +19,7 @@ from sglang_sim.engine import Engine, Launch
 from sglang_sim.server import BATCH_TICK_S, STREAM_TICK_S
 from sglang_sim.throughput import ThroughputModel
 
-from deploy_lib.diagnose import diagnose
+from deploy_lib.facts.diagnose import diagnose
 
 TTFT_S = 0.1
 TOK_S = 40.0  # one request alone

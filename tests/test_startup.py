@@ -12,11 +12,11 @@ from test_deploy_plan import target
 from test_health import SYSTEMCTL, closed_port, fake_tools, run_probe
 from test_rollback import READY, a_host, changed_profile
 
+from deploy_lib.commands.status import startup_by_release
 from deploy_lib.deploy import Options, deploy
-from deploy_lib.diagnose import unit_matches
+from deploy_lib.facts.diagnose import unit_matches
 from deploy_lib.health import ProbeTarget, Rung, Snapshot, probe_step
 from deploy_lib.health.startup import MARKER_PATTERNS, LogMark, startup_line, startup_phases
-from deploy_lib.status import startup_by_release
 from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, Tags, history_entry
 
 T0 = 1_764_590_000_000_000  # usec: the restart

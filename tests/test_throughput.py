@@ -13,7 +13,7 @@ from pydantic import ValidationError
 from recording_progress import RecordingProgress
 
 from deploy_lib.errors import ConfigError, GateFailed, StepFailed
-from deploy_lib.settings import BenchSettings, GateSettings
+from deploy_lib.profile.settings import BenchSettings, GateSettings
 from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, StoreLayout, Tags, history_entry
 from deploy_lib.throughput import (
     STEP_BENCH_MODULE,

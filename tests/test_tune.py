@@ -12,8 +12,8 @@ from test_deploy_plan import PROJECT, options_accepting
 from deploy_lib.errors import ConfigError
 from deploy_lib.patches import list_patch_sets
 from deploy_lib.profile.overrides import scalar, with_overrides
-from deploy_lib.release import build_release
-from deploy_lib.settings import BenchSettings
+from deploy_lib.profile.settings import BenchSettings
+from deploy_lib.release.model import build_release
 from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, StoreLayout, Tags, history_entry
 from deploy_lib.throughput import BenchResult, Latency, LevelResult
 from deploy_lib.tune import Objective, Sla, TuneSpec, parse_vary, sweep_spec

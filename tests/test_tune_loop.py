@@ -15,12 +15,12 @@ from test_rollback import DEAD, READY, ScriptedHost, a_host
 from test_store import release_entries
 
 from deploy_cli import jsonable
-from deploy_lib import facts as host_facts
 from deploy_lib import store
 from deploy_lib.errors import Interrupted
+from deploy_lib.facts import host as host_facts
 from deploy_lib.interrupts import Interrupt
 from deploy_lib.profile import LoadedProfile
-from deploy_lib.release import build_release
+from deploy_lib.release.model import build_release
 from deploy_lib.remote import OutputLine, Put, Step, StepResult
 from deploy_lib.store import StoreLayout
 from deploy_lib.throughput import STEP_BENCH_MODULE

@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from deploy_lib.profile import choices
-from deploy_lib.server_args import spelling
-from deploy_lib.sglang_options import find_option, version_key
+from deploy_lib.release.argv_check import find_option
+from deploy_lib.release.server_args import spelling
 from deploy_lib.versions import (
     BENCH_MODULES,
     CHOICE_FLAGS,
@@ -21,6 +21,7 @@ from deploy_lib.versions import (
     SPELLINGS,
     health_path_for,
     reached,
+    version_key,
 )
 
 pytest_plugins = ("wheelcache",)  # the real_options fixture

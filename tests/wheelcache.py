@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 
-from deploy_lib.sglang_options import extract
+from deploy_lib.host_scripts.sglang_options import extract
 
 # fnmatch patterns over wheel member names; `*` also matches `/`. Python sources and the dist-info are all the
 # extractor and the patch tests read; compiled extensions and data files are left in the wheel.

@@ -9,8 +9,6 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from deploy_lib.crashes import record_new_crashes
-from deploy_lib.cuda_toolkit import cuda_home
 from deploy_lib.deploy.plan import (
     Plan,
     VenvChoice,
@@ -35,9 +33,13 @@ from deploy_lib.deploy.switch import (
     restore,
     stop_unit,
 )
-from deploy_lib.diagnose import diagnose
 from deploy_lib.errors import ConfigError, GateFailed, GpuCheckFailed, ReadinessFailed, RemoteError
-from deploy_lib.facts import HostFacts, fact_batch, parse_host_facts, read_host_facts
+from deploy_lib.facts.crashes import record_new_crashes
+from deploy_lib.facts.cuda_toolkit import cuda_home
+from deploy_lib.facts.diagnose import diagnose
+from deploy_lib.facts.host import HostFacts, fact_batch, parse_host_facts
+from deploy_lib.facts.read import read_host_facts
+from deploy_lib.facts.readings import read as read_facts
 from deploy_lib.health import Ready, ReadyReport
 from deploy_lib.interrupts import signals_raise
 from deploy_lib.models import (
@@ -45,19 +47,16 @@ from deploy_lib.models import (
     PushedModel,
     Weights,
     check_model,
-    push_model,
     size_text,
-    stage_model,
     weights,
 )
 from deploy_lib.profile import LoadedProfile, Profile
+from deploy_lib.profile.settings import GateSettings
 from deploy_lib.progress import NullProgress, Progress
 from deploy_lib.project import Target
-from deploy_lib.readings import read as read_facts
-from deploy_lib.release import available_secrets, resolve_secrets
+from deploy_lib.release.model import available_secrets, resolve_secrets
+from deploy_lib.release.server_args import API_KEY_ENV, launch_environment
 from deploy_lib.remote import Remote, concurrently
-from deploy_lib.server_args import API_KEY_ENV, launch_environment
-from deploy_lib.settings import GateSettings
 from deploy_lib.store import (
     FAILED,
     HEALTHY,
@@ -162,7 +161,7 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
     venv = options.venv or choose_venv(remote, layout, target, profile, options.dry_run, progress)
     progress.phase_started("facts")
     started = run.clock()
-    # the toolkit decides only whether FlashInfer can JIT-build the fusion's kernels (deploy_lib/cuda_toolkit.py)
+    # the toolkit decides only whether FlashInfer can JIT-build the fusion's kernels (deploy_lib/facts/cuda_toolkit.py)
     toolkit_home = cuda_home(launch_environment(profile)) if profile.features.allreduce_fusion else None
     fact_args = (layout, venv.path, profile.server.port, toolkit_home, profile.service.working_directory,
                  model.fact_steps(venv.path), None, not options.dry_run)
@@ -264,6 +263,8 @@ def check_before_start(run: Transition, plan: Plan) -> None:
 
 def stage_weights(run: Transition, model: Weights, venv: str, plan: Plan, facts: HostFacts) -> None:
     """The model phase: bring the weights the release names onto the host, while the old release serves."""
+    from deploy_lib.models.staging import push_model, stage_model  # loads only for a deploy that stages weights
+
     run.progress.phase_started(f"model: {model.label}")
     started = run.clock()
     if isinstance(model, HubModel):

@@ -3,23 +3,23 @@ facts, its batches (stage, switch and restart, once verified), drift, and the ha
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import Any
 
-from deploy_lib.crashes import start_limit_note
-from deploy_lib.diagnose import journal_cursor_step
 from deploy_lib.digests import sha256_text
 from deploy_lib.errors import DriftDetected, PreflightError
-from deploy_lib.facts import HostFacts
+from deploy_lib.facts.diagnose import journal_cursor_step
+from deploy_lib.facts.host import HostFacts
+from deploy_lib.facts.readings import ABSENT_OK, Readings
 from deploy_lib.health import StartPrediction, predict_start
 from deploy_lib.models import HubModel, ModelFacts, Weights, size_text
-from deploy_lib.profile import LoadedProfile
+from deploy_lib.profile import LoadedProfile, RestartPolicy, ServiceSpec
 from deploy_lib.project import Target
-from deploy_lib.readings import ABSENT_OK, Readings
-from deploy_lib.release import SECRET_NOT_AVAILABLE, SECRET_VALUES, Change, Release, build_release, diff_releases
+from deploy_lib.release.model import SECRET_NOT_AVAILABLE, SECRET_VALUES, Change, Release, build_release, diff_releases
 from deploy_lib.remote import Put, Step, StepResult, describe
 from deploy_lib.store import (
     ENV_FILE,
@@ -359,3 +359,17 @@ def start_prediction(store: StoreFacts, profile_name: str) -> StartPrediction | 
     durations = [entry.timings["ready"] for entry in store.history
                  if entry.outcome == HEALTHY and entry.tags.profile == profile_name and "ready" in entry.timings]
     return predict_start(durations)
+
+
+def start_limit_note(service: ServiceSpec, median_start_s: float | None) -> str | None:
+    """A server that crashes while loading restarts every load time + restart_sec; when start_limit_burst of those
+    do not fit in the start-limit interval, systemd never gives up (its window is fixed, not sliding)."""
+    if service.restart is RestartPolicy.no or median_start_s is None:
+        return None
+    period_s = median_start_s + service.restart_sec
+    if service.start_limit_burst * period_s < service.start_limit_interval_s:
+        return None
+    return (f"starts of this profile take {median_start_s:.0f} s (median): a server that crashes while loading "
+            f"would restart every ~{period_s:.0f} s, and {service.start_limit_burst} restarts do not fit in "
+            f"service.start_limit_interval_s ({service.start_limit_interval_s} s), so systemd would never give up; "
+            f"raise it above {math.ceil(service.start_limit_burst * period_s)} s")

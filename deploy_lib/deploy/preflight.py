@@ -5,14 +5,14 @@ from __future__ import annotations
 
 import re
 
-from deploy_lib.cuda_toolkit import FIX_HINT, sm12x_problem
 from deploy_lib.deploy.plan import Plan
 from deploy_lib.errors import ConfigError, PreflightError
-from deploy_lib.facts import HostFacts, require_gpus
+from deploy_lib.facts.cuda_toolkit import FIX_HINT, sm12x_problem
+from deploy_lib.facts.host import HostFacts, require_gpus
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.project import Target
-from deploy_lib.release import RecordedRelease
-from deploy_lib.sglang_options import check_argv
+from deploy_lib.release.argv_check import check_argv
+from deploy_lib.release.model import RecordedRelease
 from deploy_lib.store import ENV_FILE, UNIT_FILE, ReleaseRecord, StoreFacts, StoreLayout
 
 MIN_FREE_BYTES = 64 * 1024 * 1024  # a release is a few KB, but a full disk breaks journald and pip alike

@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
+from deploy_lib.facts.readings import ANY_EXIT
 from deploy_lib.models import FACT_CACHE, doomed_models, listing_steps, model_locations, parse_stored, prune_models
 from deploy_lib.progress import Progress
-from deploy_lib.readings import ANY_EXIT
 from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.store import (
     HEALTHY,

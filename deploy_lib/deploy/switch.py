@@ -9,17 +9,8 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, NoReturn
 
-from deploy_lib.cuda_toolkit import cuda_home
 from deploy_lib.deploy.plan import ACTIVATE, VERIFIED, start_prediction, stop_step, switch_batches
 from deploy_lib.deploy.preflight import check_release, check_release_files
-from deploy_lib.diagnose import (
-    JOURNAL_SYNC,
-    Diagnosis,
-    diagnose,
-    journal_cursor_step,
-    journal_step,
-    parse_journal_cursor,
-)
 from deploy_lib.errors import (
     ConnectFailed,
     DeployError,
@@ -29,7 +20,18 @@ from deploy_lib.errors import (
     ReadinessFailed,
     RollbackFailed,
 )
-from deploy_lib.facts import HostFacts, parse_systemctl_show, read_host_facts
+from deploy_lib.facts.cuda_toolkit import cuda_home
+from deploy_lib.facts.diagnose import (
+    JOURNAL_SYNC,
+    Diagnosis,
+    diagnose,
+    journal_cursor_step,
+    journal_step,
+    parse_journal_cursor,
+)
+from deploy_lib.facts.host import HostFacts, parse_systemctl_show
+from deploy_lib.facts.read import read_host_facts
+from deploy_lib.facts.readings import ABSENT_OK, Readings
 from deploy_lib.health import (
     GenerationProbe,
     NotReady,
@@ -47,10 +49,9 @@ from deploy_lib.interrupts import interrupted, signal_name
 from deploy_lib.profile import read_stored_profile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
-from deploy_lib.readings import ABSENT_OK, Readings
-from deploy_lib.release import RecordedRelease, read_secret
+from deploy_lib.release.model import RecordedRelease, read_secret
+from deploy_lib.release.server_args import API_KEY_ENV
 from deploy_lib.remote import Put, Remote, Step, StepResult
-from deploy_lib.server_args import API_KEY_ENV
 from deploy_lib.store import (
     FAILED,
     HEALTHY,

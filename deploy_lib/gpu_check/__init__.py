@@ -1,19 +1,18 @@
 """gpu-check: the GPUs' topology and peer-to-peer support, NCCL advice from them, and a verified all-reduce.
 
 Pure parts (parsers of `nvidia-smi topo -m` / `topo -p2p r|w`, the advisor, the report of the all-reduce script's
-JSON) are tested on real recorded output; on_host is the one place that runs steps. The all-reduce runs on the host
-as deploy_lib/gpu_check_script.py under the release venv's python, with the release's NCCL environment; it needs
-torch with CUDA there and says so when it is missing, never faking a result.
+JSON) are tested on real recorded output; the command `invoke gpu-check` (deploy_lib/commands/gpu_check.py) is the
+one place that runs steps. The all-reduce runs on the host as deploy_lib/host_scripts/gpu_check.py under the release
+venv's python, with the release's NCCL environment; it needs torch with CUDA there and says so when it is missing,
+never faking a result.
 
     topology    `nvidia-smi topo` parsed, peer-to-peer support, the NCCL_P2P_LEVEL / NCCL_P2P_DISABLE advice
     allreduce   the all-reduce script's step, its sizes, and its JSON report parsed
     subject     what a check runs with (a release's or a profile's venv, TP size, NCCL environment), the report,
                 and when a deploy runs it (preflight.gpu_check)
-    on_host     `invoke gpu-check` on one host, under the host lock
 """
 
 from deploy_lib.gpu_check.allreduce import check_step, parse_check_output, parse_check_result, parse_sizes
-from deploy_lib.gpu_check.on_host import run_gpu_check
 from deploy_lib.gpu_check.subject import (
     REPORT_PREFIX,
     GpuCheckReport,
@@ -38,7 +37,6 @@ __all__ = [
     "parse_topology",
     "parse_topology_results",
     "read_check_batch",
-    "run_gpu_check",
     "subject_of_profile",
     "subject_of_release",
     "topology_steps",

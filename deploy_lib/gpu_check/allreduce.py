@@ -1,4 +1,4 @@
-"""The verified all-reduce: deploy_lib/gpu_check_script.py run by the venv's python on the host, the sizes it
+"""The verified all-reduce: deploy_lib/host_scripts/gpu_check.py run by the venv's python on the host, the sizes it
 sends, and its JSON report parsed (a wrong sum names the GPU pair and the size)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 from deploy_lib.errors import ConfigError
 from deploy_lib.remote import Step, StepResult
 
-SCRIPT_SOURCE = resources.files("deploy_lib").joinpath("gpu_check_script.py").read_text(encoding="utf-8")
+SCRIPT_SOURCE = resources.files("deploy_lib.host_scripts").joinpath("gpu_check.py").read_text(encoding="utf-8")
 DEFAULT_SIZES = (1 << 10, 64 << 10, 1 << 20, 16 << 20, 256 << 20)  # 1 KiB .. 256 MiB
 
 

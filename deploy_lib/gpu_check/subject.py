@@ -12,8 +12,8 @@ from deploy_lib.gpu_check.allreduce import DEFAULT_SIZES, CheckResult, check_ste
 from deploy_lib.gpu_check.topology import Advice, Topology, advise, parse_topology_results, topology_steps
 from deploy_lib.host_paths import venv_python
 from deploy_lib.profile import LoadedProfile, ParallelSpec, read_stored_profile
+from deploy_lib.release.server_args import launch_environment
 from deploy_lib.remote import Step, StepResult
-from deploy_lib.server_args import launch_environment
 
 
 @dataclass(frozen=True)

@@ -7,7 +7,7 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from deploy_lib.readings import ANY_EXIT
+from deploy_lib.facts.readings import ANY_EXIT
 from deploy_lib.remote import Step, StepResult
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")

@@ -1,23 +1,22 @@
 """The readiness ladder: unit active and not restarted -> port open -> health endpoint 200 -> a real generation.
 
-Every attempt is ONE remote step: deploy_lib/probe_script.py runs on the host under `python3 -`, looks at all
+Every attempt is ONE remote step: deploy_lib/host_scripts/probe.py runs on the host under `python3 -`, looks at all
 rungs every 50 ms and returns a JSON snapshot as soon as anything the verdict depends on changes (or after
 `WATCH_S`), so a crash or "ready" is noticed within a poll of the host, not a round trip plus a backoff. Deciding
 is pure (`assess`); waiting is a tenacity policy value (`ladder_policy`); `wait_ready` joins them and reports
 through a Progress.
 
     snapshot    the rungs and what one probe saw (Snapshot)
-    verdict     deciding one snapshot: Ready, NotReady (retry), UnitFailed or ProbeRejected (stop now)
+    verdict     deciding one snapshot: Ready, NotReady (retry), UnitFailed or ProbeRejected (stop now); the
+                start-time prediction
     probe       where and how a server is probed, the probe's step and its output parsed
-    ladder      the retry and grace policies, the start-time prediction, `wait_ready`
+    ladder      the retry and grace policies, `wait_ready` (a host action)
 """
 
 from deploy_lib.health.ladder import (
     ReadyReport,
-    StartPrediction,
     grace_policy,
     ladder_policy,
-    predict_start,
     wait_ready,
 )
 from deploy_lib.health.probe import (
@@ -31,7 +30,16 @@ from deploy_lib.health.probe import (
     reachable_host,
 )
 from deploy_lib.health.snapshot import Rung, Snapshot
-from deploy_lib.health.verdict import NotReady, ProbeRejected, Ready, UnitFailed, Verdict, assess
+from deploy_lib.health.verdict import (
+    NotReady,
+    ProbeRejected,
+    Ready,
+    StartPrediction,
+    UnitFailed,
+    Verdict,
+    assess,
+    predict_start,
+)
 
 __all__ = [
     "POLL_S",

@@ -1,10 +1,9 @@
-"""Climbing the ladder: the retry and grace policies, what past starts predict of this one, and `wait_ready`."""
+"""Climbing the ladder (a host action, through a Remote): the retry and grace policies and `wait_ready`."""
 
 from __future__ import annotations
 
-import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
 from tenacity import (
@@ -20,7 +19,7 @@ from deploy_lib.errors import ReadinessFailed
 from deploy_lib.health.probe import WATCH_S, ProbeTarget, parse_snapshot, probe_step
 from deploy_lib.health.snapshot import Rung, Snapshot
 from deploy_lib.health.startup import MARKER_PATTERNS, LogMark, startup_phases, startup_timings
-from deploy_lib.health.verdict import NotReady, ProbeRejected, Ready, UnitFailed, Verdict, assess
+from deploy_lib.health.verdict import NotReady, ProbeRejected, Ready, StartPrediction, UnitFailed, Verdict, assess
 from deploy_lib.progress import Progress
 from deploy_lib.remote import Remote
 
@@ -39,31 +38,6 @@ def grace_policy(grace_s: float) -> Retrying:
                     retry=retry_if_result(lambda verdict: isinstance(verdict, Ready)),
                     retry_error_callback=lambda state: state.outcome.result() if state.outcome else None,
                     name="grace")
-
-
-@dataclass(frozen=True)
-class StartPrediction:
-    """What past successful starts of a profile say about this one."""
-
-    samples: int
-    median_s: float
-    threshold_s: float
-
-    def warning(self) -> str:
-        return f"start is taking longer than the last {self.samples} starts (median {self.median_s:.0f} s)"
-
-
-def predict_start(durations_s: Sequence[float], factor: float = 1.5, margin_s: float = 30.0,
-                  min_samples: int = 3, window: int = 10) -> StartPrediction | None:
-    """Median of the last `window` successful start durations; warn past median * factor + margin.
-
-    None until there are `min_samples` starts: a guess from one or two starts warns too often.
-    """
-    recent = [d for d in durations_s if d > 0][-window:]
-    if len(recent) < min_samples:
-        return None
-    median = statistics.median(recent)
-    return StartPrediction(samples=len(recent), median_s=median, threshold_s=median * factor + margin_s)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""Where and how one server is probed: the probe's one remote step (probe_script.py under the host's python),
+"""Where and how one server is probed: the probe's one remote step (host_scripts/probe.py under the host's python),
 and its JSON snapshot parsed."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from deploy_lib.diagnose import unit_matches
 from deploy_lib.errors import ReadinessFailed
+from deploy_lib.facts.diagnose import unit_matches
 from deploy_lib.health.snapshot import Rung, Snapshot
 from deploy_lib.remote import Step, StepResult
 
@@ -74,7 +74,7 @@ def http_url(host: str, port: int | str) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-PROBE_SOURCE = resources.files("deploy_lib").joinpath("probe_script.py").read_text(encoding="utf-8")
+PROBE_SOURCE = resources.files("deploy_lib.host_scripts").joinpath("probe.py").read_text(encoding="utf-8")
 
 
 def probe_step(target: ProbeTarget, rung: Rung, after_cursor: str | None = None, seen: str | None = None,

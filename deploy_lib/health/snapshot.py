@@ -1,4 +1,4 @@
-"""The rungs of the ladder, and what one probe saw (Snapshot), as probe_script.py prints it."""
+"""The rungs of the ladder, and what one probe saw (Snapshot), as host_scripts/probe.py prints it."""
 
 from __future__ import annotations
 
@@ -81,7 +81,7 @@ class LogLine(BaseModel):
 
 
 class Snapshot(BaseModel):
-    """What one probe saw, as printed by probe_script.py."""
+    """What one probe saw, as printed by host_scripts/probe.py."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 

@@ -1,7 +1,10 @@
-"""Deciding one snapshot (pure): Ready up to a rung, NotReady (retry), UnitFailed or ProbeRejected (stop now)."""
+"""Deciding one snapshot (pure): Ready up to a rung, NotReady (retry), UnitFailed or ProbeRejected (stop now); and
+what past starts predict of this one (StartPrediction)."""
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from deploy_lib.errors import ReadinessFailed
@@ -114,3 +117,28 @@ def assess(snapshot: Snapshot, baseline_restarts: int | None, rung: Rung,
         return NotReady(f"generation answered 200 without text ({gen.error or gen.body!r})", Rung.GENERATE, evidence)
     return NotReady(f"generation failed: {gen.error or f'status {gen.status}: {gen.body}'} after {gen.seconds:.1f} s",
                     Rung.GENERATE, evidence)
+
+
+@dataclass(frozen=True)
+class StartPrediction:
+    """What past successful starts of a profile say about this one."""
+
+    samples: int
+    median_s: float
+    threshold_s: float
+
+    def warning(self) -> str:
+        return f"start is taking longer than the last {self.samples} starts (median {self.median_s:.0f} s)"
+
+
+def predict_start(durations_s: Sequence[float], factor: float = 1.5, margin_s: float = 30.0,
+                  min_samples: int = 3, window: int = 10) -> StartPrediction | None:
+    """Median of the last `window` successful start durations; warn past median * factor + margin.
+
+    None until there are `min_samples` starts: a guess from one or two starts warns too often.
+    """
+    recent = [d for d in durations_s if d > 0][-window:]
+    if len(recent) < min_samples:
+        return None
+    median = statistics.median(recent)
+    return StartPrediction(samples=len(recent), median_s=median, threshold_s=median * factor + margin_s)

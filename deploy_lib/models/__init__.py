@@ -9,8 +9,10 @@ happens under the lock before the switch, while the old release serves; the unit
     facts       what a source of weights reports (ModelFacts), the check before a deploy, what a release records
     script      model_stage.py run by the venv's python on the host, and its result line
     transfer    progress lines of a download or push (rate, ETA)
-    hub         a hub model: plan and stage with huggingface_hub
-    pushed      an rsync source: this machine's directory pushed into a version directory on the host
+    hub         a hub model: planned by huggingface_hub on the host
+    pushed      an rsync source: this machine's directory and the version directories on the host
+    staging     the weights moved onto the host: a hub model staged, an rsync source pushed (host actions; not
+                re-exported: it loads only for a deploy that stages weights)
     sources     where a profile's weights come from (hub, pushed, or a directory already on the host)
     stored      what the host holds (`invoke model.list`) and pruning what no kept release uses
 """
@@ -25,8 +27,8 @@ from deploy_lib.models.facts import (
     check_model,
     size_text,
 )
-from deploy_lib.models.hub import STAGE_MODEL, HubModel, hub_model, stage_model
-from deploy_lib.models.pushed import PushedModel, parse_versions, push_model
+from deploy_lib.models.hub import STAGE_MODEL, HubModel, hub_model
+from deploy_lib.models.pushed import PushedModel, parse_versions
 from deploy_lib.models.script import BOOTSTRAP, parse_model_result
 from deploy_lib.models.sources import HostPathModel, weights
 from deploy_lib.models.stored import (
@@ -67,9 +69,7 @@ __all__ = [
     "parse_stored",
     "parse_versions",
     "prune_models",
-    "push_model",
     "read_stored",
     "size_text",
-    "stage_model",
     "weights",
 ]

@@ -4,17 +4,15 @@ host's HF cache by huggingface_hub."""
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from deploy_lib.errors import ConfigError, RemoteError
+from deploy_lib.errors import ConfigError
 from deploy_lib.inventory import HostVars
 from deploy_lib.models.facts import FACT_MODEL, ModelFacts, ReleaseModel
-from deploy_lib.models.script import PROGRESS_PREFIX, kept_plan_name, parse_model_result, script_step
-from deploy_lib.models.transfer import TransferMeter, show_end
+from deploy_lib.models.script import kept_plan_name, parse_model_result, script_step
 from deploy_lib.profile import Profile
-from deploy_lib.progress import Progress
-from deploy_lib.remote import Remote, Step, StepResult
+from deploy_lib.remote import Step, StepResult
 
 STAGE_MODEL = "model: stage"
 STAGE_TIMEOUT_S = 48 * 3600  # several hundred GB over a slow link; Ctrl-C or a dropped connection stops it sooner
@@ -79,25 +77,3 @@ def hub_model(profile: Profile, host_vars: HostVars, secrets: Mapping[str, str])
                     hf_home=host_vars.hf_home or profile.env.get("HF_HOME"),
                     endpoint=host_vars.hf_endpoint or profile.env.get("HF_ENDPOINT"),
                     user=profile.service.user, token=secrets.get("HF_TOKEN"))
-
-
-def stage_model(remote: Remote, model: HubModel, venv: str, commit: str, progress: Progress,
-                clock: Callable[[], float]) -> ModelFacts:
-    """Download what the cache lacks of `commit`; progress every few seconds; RemoteError if it fails."""
-    meter = TransferMeter(clock())
-
-    def on_line(line: str) -> None:
-        if line.startswith(PROGRESS_PREFIX):
-            done, total = (int(part) for part in line[len(PROGRESS_PREFIX):].split())
-            shown = meter.sample(done, total, clock())
-            if shown is not None:
-                progress.transfer(f"model {model.repo}: {shown}")
-
-    result = remote.run([model.step(venv, "stage", commit)], on_output=on_line)[0]
-    facts = parse_model_result(result)
-    show_end(meter, progress, f"model {model.repo}", clock())
-    if facts.error is not None:
-        raise RemoteError(f"staging model {model.repo} at {commit} from {model.hub} failed: {facts.message}; "
-                          "nothing was switched, the current release keeps serving",
-                          "rerun the deploy: files already downloaded are kept and a partial file is resumed")
-    return facts

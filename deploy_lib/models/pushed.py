@@ -6,17 +6,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from deploy_lib.errors import ConfigError
-from deploy_lib.facts import parse_free_bytes
+from deploy_lib.facts.host import parse_free_bytes
+from deploy_lib.facts.readings import ABSENT_OK
 from deploy_lib.models.facts import FACT_MODEL, ModelFacts, ModelFile, ReleaseModel
-from deploy_lib.models.transfer import TransferMeter, show_end
-from deploy_lib.progress import Progress
-from deploy_lib.readings import ABSENT_OK
-from deploy_lib.remote import Remote, Step, StepResult
+from deploy_lib.remote import Step, StepResult
 from deploy_lib.store import STAGING_SUFFIX
 
 FACT_MODEL_DISK = "host facts: model directory disk"
@@ -123,33 +121,3 @@ def newest_version(versions: Mapping[str, Mapping[str, tuple[int, int]]], listin
         if len(parts) == 4 and parts[0] in versions:
             times[parts[0]] = float(parts[3])
     return max(times, key=lambda name: times[name]) if times else None
-
-
-
-def _rsync_done_bytes(line: str) -> int | None:
-    """Bytes done from an rsync --info=progress2 line: `   1,234,567  12%   10.00MB/s    0:00:10 ...`."""
-    first = line.split(maxsplit=1)[0] if line.strip() else ""
-    digits = first.replace(",", "")
-    return int(digits) if digits.isdigit() and "%" in line else None
-
-
-def push_model(remote: Remote, model: PushedModel, listing: str, progress: Progress,
-               clock: Callable[[], float]) -> ModelFacts:
-    """rsync the local directory into <base>/<digest>.tmp (unchanged files hard-linked from the newest version,
-    a partial earlier push resumed), then rename it to <base>/<digest>: a version directory is complete or absent."""
-    facts = model.parse([StepResult(Step(FACT_MODEL, ("true",)), 0, listing, "", 0.0),
-                         StepResult(Step(FACT_MODEL_DISK, ("true",)), 0, "", "", 0.0)])
-    staging = model.base / (model.digest + STAGING_SUFFIX)
-    meter = TransferMeter(clock())
-
-    def on_line(line: str) -> None:
-        done = _rsync_done_bytes(line)
-        shown = meter.sample(done, facts.missing_bytes, clock()) if done is not None else None
-        if shown is not None:
-            progress.transfer(f"push {model.local_dir}: {shown}")
-
-    remote.run([Step("model: version directory", ("mkdir", "-p", "--", str(staging)), sudo=True)])
-    remote.push_directory(model.local_dir, staging, model.link_dest(listing), on_output=on_line)
-    show_end(meter, progress, f"push {model.local_dir}", clock())
-    remote.run([Step("model: publish version", ("mv", "-T", "--", str(staging), str(model.version_dir)), sudo=True)])
-    return facts

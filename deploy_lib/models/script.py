@@ -9,11 +9,11 @@ from importlib import resources
 from typing import Any
 
 from deploy_lib.host_paths import venv_python
-from deploy_lib.model_stage import PLAN_HEADER, RECORD_DIR, plan_name
+from deploy_lib.host_scripts.model_stage import PLAN_HEADER, RECORD_DIR, plan_name
 from deploy_lib.models.facts import ModelFacts, ModelFile
 from deploy_lib.remote import Step, StepResult
 
-STAGE_SOURCE = resources.files("deploy_lib").joinpath("model_stage.py").read_text(encoding="utf-8")
+STAGE_SOURCE = resources.files("deploy_lib.host_scripts").joinpath("model_stage.py").read_text(encoding="utf-8")
 # Reads the request (first stdin line), then runs the rest of stdin (model_stage.py) and its main().
 BOOTSTRAP = ('import json,sys;r=json.loads(sys.stdin.readline());g={"__name__":"model_stage"};'
              'exec(compile(sys.stdin.read(),"model_stage.py","exec"),g);sys.exit(g["main"](r))')

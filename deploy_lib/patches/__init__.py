@@ -1,8 +1,9 @@
 """Patch sets as data: pick the variant for the installed versions, tell the states apart, apply, revert, audit.
 
 A patch set is a directory (roles/<name>/): meta.yaml plus targets/<target>.yaml, each target with variants per
-version range that give the file, the exact upstream (gated) text and our (patched) text. Everything but on_host is
-a pure function over file texts, so the same code runs on wheels unpacked by the tests and on files read from a host.
+version range that give the file, the exact upstream (gated) text and our (patched) text. Everything here is a pure
+function over file texts, so the same code runs on wheels unpacked by the tests and on files read from a host; check /
+audit / enable / disable on a host is the command deploy_lib/commands/patches.py.
 
     versions    version ranges (">=0.5.8.post1,<0.5.16")
     spec        the YAML files as pydantic models; load, list, find
@@ -11,7 +12,6 @@ a pure function over file texts, so the same code runs on wheels unpacked by the
     engine      a whole set: refusals, warnings, check (dry run), enable, disable
     audit       the architecture bounds on the set's code path
     host_files  reading the files on a host, the record's place, the JIT cache to clear
-    on_host     check / audit / enable / disable on a host (a derived venv and a normal deploy)
 """
 
 from deploy_lib.patches.audit import ArchBound, AuditReport, GpuArch, audit, audit_paths

@@ -66,7 +66,7 @@ class CheckReport:
     variants: Mapping[str, Variant]
     targets: tuple[TargetReport, ...]
     warnings: tuple[str, ...]
-    toolkit: str | None = None  # the CUDA toolkit and FlashInfer's verdict on it (deploy_lib/cuda_toolkit.py)
+    toolkit: str | None = None  # the CUDA toolkit and FlashInfer's verdict on it (deploy_lib/facts/cuda_toolkit.py)
     sources: Mapping[str, str] = field(default_factory=dict)  # distribution -> e.g. "editable: /root/sglang/python"
 
     @property

@@ -1,15 +1,17 @@
 """Version ranges of a patch set: ">=0.5.8.post1,<0.5.16" (one lower and one upper bound at most, or "==V"),
-compared by version_key as PEP 440 orders SGLang's and FlashInfer's versions."""
+compared as PEP 440 orders SGLang's and FlashInfer's versions (versions.version_key, packaging.version)."""
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
 
-from deploy_lib.sglang_options import version_key
+from packaging.version import Version
+
+from deploy_lib.versions import version_key
 
 _CLAUSE_RE = re.compile(r"^\s*(>=|<=|==|>|<)\s*([0-9][0-9A-Za-z.]*)\s*$")
-Bound = tuple[tuple, bool]  # (version key, inclusive)
+Bound = tuple[Version, bool]  # (version, inclusive)
 
 
 @dataclass(frozen=True)
@@ -44,8 +46,9 @@ class VersionRange:
         key = version_key(version)
         above = self.lower is None or key > self.lower[0] or (key == self.lower[0] and self.lower[1])
         below = self.upper is None or key < self.upper[0] or (key == self.upper[0] and self.upper[1])
-        if below and self.upper is not None and not self.upper[1] and key[0] == self.upper[0][0]:
-            below = not _is_prerelease(key)  # PEP 440: "<0.5.16" admits no 0.5.16rc1
+        if below and self.upper is not None and not self.upper[1] \
+                and version_key(key.base_version) == version_key(self.upper[0].base_version):
+            below = not key.is_prerelease  # PEP 440: "<0.5.16" admits no 0.5.16rc1
         return above and below
 
     def overlaps(self, other: VersionRange) -> bool:
@@ -55,11 +58,6 @@ class VersionRange:
         lower = max(lowers, key=lambda b: (b[0], not b[1])) if lowers else None
         upper = min(uppers, key=lambda b: (b[0], b[1])) if uppers else None
         return not _empty(lower, upper)
-
-
-def _is_prerelease(key: tuple) -> bool:
-    final = version_key("0")
-    return key[1] != final[1] or key[3] != final[3]
 
 
 def _empty(lower: Bound | None, upper: Bound | None) -> bool:

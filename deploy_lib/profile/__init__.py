@@ -7,7 +7,7 @@
     loading     profile files: `extends:` chains, validation errors that name the file and key
     stored      a release's recorded profile, read leniently so an old release stays rollback-able
 
-The sections operations act on (`bench:`, `gate:`, `preflight:`, `venv:`) are in deploy_lib/settings.py.
+The sections operations act on (`bench:`, `gate:`, `preflight:`, `venv:`) are in deploy_lib/profile/settings.py.
 """
 
 from deploy_lib.profile.choices import RestartPolicy

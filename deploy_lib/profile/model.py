@@ -29,7 +29,7 @@ from deploy_lib.profile.sections import (
     ServiceSpec,
     env_text,
 )
-from deploy_lib.settings import BenchSettings, GateSettings, PreflightSettings
+from deploy_lib.profile.settings import BenchSettings, GateSettings, PreflightSettings
 
 
 class Profile(Strict):

@@ -1,5 +1,5 @@
 """The sections of a profile (`model:`, `parallel:`, `memory:`, `backends:`, `features:`, `server:`, `nccl:`,
-`service:`); the sections operations act on are in deploy_lib/settings.py."""
+`service:`); the sections operations act on are in deploy_lib/profile/settings.py."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ from deploy_lib.profile.choices import (
     RestartPolicy,
 )
 from deploy_lib.profile.fields import AbsPath, SecretField, Strict, Text, no_control_chars
-from deploy_lib.settings import VenvSpec
+from deploy_lib.profile.settings import VenvSpec
 
 # Model ids and paths reach argv, the unit and the journal: shell metacharacters are refused outright.
 _MODEL_RE = re.compile(r"^[A-Za-z0-9._\-/+@:=,~ ]+$")

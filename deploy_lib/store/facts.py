@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from deploy_lib.readings import ABSENT_OK, Readings, read
+from deploy_lib.facts.readings import ABSENT_OK, Readings, read
 from deploy_lib.remote import Remote, Step, StepResult
 from deploy_lib.store.history import ACTIVATIONS, CRASHED, FAILED, HEALTHY, RESTARTED, HistoryEntry
 from deploy_lib.store.layout import ENV_FILE, RELEASE_FILE, STAGING_SUFFIX, UNIT_FILE, StoreLayout

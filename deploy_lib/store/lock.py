@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
 from deploy_lib.errors import DeployError, LockHeld, StepFailed
-from deploy_lib.readings import ABSENT_OK, Readings, read
+from deploy_lib.facts.readings import ABSENT_OK, Readings, read
 from deploy_lib.remote import OutputLine, Put, Remote, Step, StepResult
 from deploy_lib.store.layout import FILE_MODE, StoreLayout, iso_time, json_line
 

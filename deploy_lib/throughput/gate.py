@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from deploy_lib.settings import GateSettings
+from deploy_lib.profile.settings import GateSettings
 from deploy_lib.throughput.results import BenchResult, ratio
 
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from deploy_lib.errors import ConfigError
-from deploy_lib.settings import BenchSettings
+from deploy_lib.profile.settings import BenchSettings
 from deploy_lib.store import (
     ACTIVATIONS,
     FAILED,

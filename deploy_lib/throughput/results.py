@@ -7,10 +7,10 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from deploy_lib.facts import Gpu, parse_gpus
+from deploy_lib.facts.host import Gpu, parse_gpus
 from deploy_lib.json_lines import json_objects
+from deploy_lib.profile.settings import BenchSettings
 from deploy_lib.remote import Step, StepResult
-from deploy_lib.settings import BenchSettings
 
 
 @dataclass(frozen=True)

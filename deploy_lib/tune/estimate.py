@@ -7,7 +7,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from deploy_lib.settings import BenchSettings
+from deploy_lib.profile.settings import BenchSettings
 from deploy_lib.store import HEALTHY, HistoryEntry
 
 RERUNS = 2  # the top two, once each, when they are within the noise

@@ -17,16 +17,16 @@ from deploy_lib.deploy import GRACE_S, Options, release_tags
 from deploy_lib.deploy import deploy as deploy_release
 from deploy_lib.deploy import rollback as switch_to
 from deploy_lib.errors import ConfigError, DeployError, Interrupted, PreflightError, ReadinessFailed
-from deploy_lib.facts import read_host_facts
+from deploy_lib.facts.read import read_host_facts
 from deploy_lib.interrupts import interrupted, signals_raise
 from deploy_lib.patches import PatchSet
 from deploy_lib.patches.profiles import base_profile
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
-from deploy_lib.release import Change, resolve_secrets
+from deploy_lib.release.model import Change, resolve_secrets
+from deploy_lib.release.server_args import API_KEY_ENV
 from deploy_lib.remote import Remote
-from deploy_lib.server_args import API_KEY_ENV
 from deploy_lib.store import FAILED, HistoryEntry, StoreFacts, StoreLayout, Tags, append_history, read_store_facts
 from deploy_lib.throughput import BenchResult, run_benchmark
 from deploy_lib.tune import decide
@@ -224,7 +224,7 @@ def _deploy(run: _Sweep, candidate: Candidate) -> tuple[str, Mapping[str, Any], 
     if candidate.patch_set is None:
         outcome = deploy_release(candidate.loaded, run.target, run.remote, run.progress, options)
     else:
-        from deploy_lib.patches.on_host import enable  # loads only for a sweep over patch sets
+        from deploy_lib.commands.patches import enable  # loads only for a sweep over patch sets
 
         base = base_profile(candidate.loaded, candidate.patch_set)
         outcome = enable(run.remote, candidate.patch_set, base, candidate.loaded, run.target, run.progress,

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from deploy_lib.errors import ConfigError
 from deploy_lib.profile import format_validation_error
 from deploy_lib.profile.overrides import scalar
-from deploy_lib.settings import BenchSettings
+from deploy_lib.profile.settings import BenchSettings
 from deploy_lib.throughput import LevelResult
 from deploy_lib.yaml_io import load_yaml_mapping
 

@@ -38,7 +38,7 @@ Everything here builds Step/Put batches and parses what they read; the few funct
     host_scripts the *_script.py files of this package (standard library only) sent to the host's python
 """
 
-from deploy_lib.settings import VenvSpec
+from deploy_lib.profile.settings import VenvSpec
 from deploy_lib.venvs.adopted import (
     FACT_ADOPT_PYTHON,
     FACT_INSPECT,

@@ -13,8 +13,8 @@ from pathlib import PurePosixPath
 
 from deploy_lib.digests import short_hash
 from deploy_lib.errors import ConfigError, PreflightError, StepFailed
+from deploy_lib.facts.readings import Fact, read
 from deploy_lib.host_paths import venv_python
-from deploy_lib.readings import Fact, read
 from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.store import StoreLayout, host_lock, iso_time
 from deploy_lib.venvs.host_scripts import INSPECT_SCRIPT

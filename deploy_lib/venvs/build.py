@@ -15,9 +15,9 @@ from typing import Any
 from deploy_lib.digests import short_hash
 from deploy_lib.errors import StepFailed
 from deploy_lib.host_paths import venv_python
+from deploy_lib.profile.settings import VenvSpec
 from deploy_lib.progress import NullProgress, Progress
 from deploy_lib.remote import Put, Remote, Step, StepResult, describe
-from deploy_lib.settings import VenvSpec
 from deploy_lib.store import StoreLayout, host_lock, iso_time
 from deploy_lib.venvs.host_scripts import (
     EXTRACT_UV_SCRIPT,

@@ -15,8 +15,8 @@ from typing import Any
 
 from deploy_lib.digests import sha256_bytes, short_hash
 from deploy_lib.errors import ConfigError, PreflightError
+from deploy_lib.facts.readings import ABSENT_OK, Fact, read
 from deploy_lib.host_paths import venv_python
-from deploy_lib.readings import ABSENT_OK, Fact, read
 from deploy_lib.remote import Put, Remote, Step
 from deploy_lib.store import StoreLayout, host_lock, iso_time
 from deploy_lib.venvs.host_scripts import (

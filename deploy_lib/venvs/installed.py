@@ -14,8 +14,8 @@ from pathlib import PurePosixPath
 from urllib.parse import unquote, urlparse
 
 from deploy_lib.errors import PreflightError
+from deploy_lib.facts.readings import Fact
 from deploy_lib.host_paths import venv_python
-from deploy_lib.readings import Fact
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.venvs.host_scripts import INSTALLED_FACTS_SCRIPT
 

@@ -11,7 +11,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from deploy_lib.errors import ConfigError
-from deploy_lib.readings import ABSENT_OK, Fact, read
+from deploy_lib.facts.readings import ABSENT_OK, Fact, read
 from deploy_lib.remote import Put, Remote, Step
 from deploy_lib.store import STAGING_SUFFIX, StoreLayout
 from deploy_lib.venvs.paths import (

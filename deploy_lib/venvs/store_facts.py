@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from deploy_lib.readings import ABSENT_OK, Fact, Readings, read
+from deploy_lib.facts.readings import ABSENT_OK, Fact, Readings, read
 from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.store import STAGING_SUFFIX, StoreLayout
 from deploy_lib.venvs.interpreter import PythonFacts, python_fact

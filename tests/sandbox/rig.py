@@ -26,9 +26,9 @@ from recording_progress import RecordingProgress
 from waits import STATE_WAIT_S
 
 from deploy_lib import deploy as engine
+from deploy_lib.commands.status import StatusReport, read_status
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote
-from deploy_lib.status import StatusReport, read_status
 from sandbox import manage
 
 REFERENCE = "glm5-nvfp4"

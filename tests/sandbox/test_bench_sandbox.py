@@ -18,10 +18,11 @@ from recording_progress import RecordingProgress
 from rig import Rig
 
 from deploy_lib import deploy as engine
+from deploy_lib.commands import patches as on_host
 from deploy_lib.errors import GateFailed
-from deploy_lib.patches import find_patch_set, on_host
+from deploy_lib.patches import find_patch_set
+from deploy_lib.profile.settings import BenchSettings, GateSettings
 from deploy_lib.remote import FabricRemote
-from deploy_lib.settings import BenchSettings, GateSettings
 from deploy_lib.store import FAILED, HEALTHY, StoreFacts, StoreLayout, Tags, read_store_facts
 from deploy_lib.throughput import (
     BenchResult,

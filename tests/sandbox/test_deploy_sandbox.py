@@ -13,6 +13,7 @@ from rig import FAULT_OF_CRASHY, GUEST_FAULT, Rig
 from waits import STATE_WAIT_S
 
 from deploy_lib import deploy as engine
+from deploy_lib.commands.status import list_releases, read_status
 from deploy_lib.errors import (
     ConfigError,
     ConnectFailed,
@@ -24,7 +25,6 @@ from deploy_lib.errors import (
 )
 from deploy_lib.project import load_for_host
 from deploy_lib.remote import FabricRemote, OutputLine, Step
-from deploy_lib.status import list_releases, read_status
 from deploy_lib.store import StoreLayout, this_process_owner
 
 pytestmark = pytest.mark.sandbox

@@ -10,8 +10,9 @@ from recording_progress import RecordingProgress
 from rig import Rig
 
 from deploy_lib import deploy as engine
+from deploy_lib.commands import patches as on_host
 from deploy_lib.errors import GateFailed
-from deploy_lib.patches import find_patch_set, on_host
+from deploy_lib.patches import find_patch_set
 from deploy_lib.remote import FabricRemote
 from sandbox import wheelhouse
 

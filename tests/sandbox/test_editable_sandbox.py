@@ -18,11 +18,12 @@ from recording_progress import RecordingProgress
 
 from deploy_lib import deploy as engine
 from deploy_lib import patches, venvs
+from deploy_lib.commands import patches as on_host
+from deploy_lib.commands.status import read_status
 from deploy_lib.errors import PreflightError
-from deploy_lib.patches import find_patch_set, on_host
+from deploy_lib.patches import find_patch_set
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote
-from deploy_lib.status import read_status
 from sandbox import manage, wheelhouse
 
 pytestmark = pytest.mark.sandbox

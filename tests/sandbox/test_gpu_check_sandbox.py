@@ -13,11 +13,11 @@ from projects import project_for_guest
 from recording_progress import RecordingProgress
 
 from deploy_lib import deploy as engine
+from deploy_lib.commands.gpu_check import run_gpu_check
+from deploy_lib.commands.status import read_status
 from deploy_lib.errors import PreflightError
-from deploy_lib.gpu_check import run_gpu_check
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote
-from deploy_lib.status import read_status
 from deploy_lib.store import read_store_facts
 from sandbox import manage
 

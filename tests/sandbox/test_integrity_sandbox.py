@@ -15,10 +15,10 @@ from recording_progress import RecordingProgress
 from rig import TEST_PROFILES, Rig
 
 from deploy_lib import deploy as engine
+from deploy_lib.commands.status import list_releases
 from deploy_lib.errors import LockHeld, PreflightError, ReadinessFailed, StepFailed
 from deploy_lib.project import load_for_host
 from deploy_lib.remote import FabricRemote, OutputLine, Put, Step, StepResult
-from deploy_lib.status import list_releases
 from sandbox import manage, wheelhouse
 
 pytestmark = pytest.mark.sandbox

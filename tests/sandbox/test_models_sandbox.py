@@ -18,12 +18,12 @@ from recording_progress import RecordingProgress
 from waits import STATE_WAIT_S
 
 from deploy_lib import deploy as engine
-from deploy_lib.diagnose import diagnose
+from deploy_lib.commands.status import list_models
 from deploy_lib.errors import Interrupted, PreflightError
+from deploy_lib.facts.diagnose import diagnose
 from deploy_lib.models import FACT_MODEL, STAGE_MODEL, StoredModel
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote
-from deploy_lib.status import list_models
 from sandbox import hub, manage, names
 
 pytestmark = pytest.mark.sandbox

@@ -12,11 +12,11 @@ from recording_progress import RecordingProgress
 from rig import Rig
 
 from deploy_lib import deploy as engine
-from deploy_lib.adopt import adopt
+from deploy_lib.commands.adopt import adopt
+from deploy_lib.commands.status import read_status
+from deploy_lib.commands.uninstall import uninstall
 from deploy_lib.errors import DriftDetected, ReadinessFailed, SudoPasswordRequired
-from deploy_lib.server_args import sglang_args
-from deploy_lib.status import read_status
-from deploy_lib.uninstall import uninstall
+from deploy_lib.release.server_args import sglang_args
 from sandbox import manage
 
 pytestmark = pytest.mark.sandbox

@@ -14,8 +14,7 @@ from pathlib import PurePosixPath
 import pytest
 from systemd_syntax import exec_start_argv, parse_env_file
 
-from deploy_lib.remote import Put, Remote, Step
-from deploy_lib.render import (
+from deploy_lib.release.render import (
     EnvSpec,
     UnitSpec,
     render_env,
@@ -24,6 +23,7 @@ from deploy_lib.render import (
     systemd_env_value,
     systemd_exec_arg,
 )
+from deploy_lib.remote import Put, Remote, Step
 from deploy_lib.store import ENV_FILE_MODE, FILE_MODE, LAUNCHER_MODE
 
 pytestmark = pytest.mark.sandbox

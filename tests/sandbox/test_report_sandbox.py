@@ -15,9 +15,9 @@ from browser import MIN_DRAWN_PX, REPORT_AREAS, chart_areas, open_page, series_p
 from recording_progress import RecordingProgress
 from rig import Rig
 
+from deploy_lib.commands.status import list_releases
+from deploy_lib.profile.settings import BenchSettings
 from deploy_lib.report import read_report, write_report
-from deploy_lib.settings import BenchSettings
-from deploy_lib.status import list_releases
 from deploy_lib.store import Tags, read_store_facts
 from deploy_lib.throughput import bench_on_demand
 from sandbox import manage

@@ -14,10 +14,10 @@ import pytest
 from guest_group import GuestGroup, booted_group
 from http_client import http
 
+from deploy_lib.commands.status import list_releases
 from deploy_lib.inventory import load_inventory
 from deploy_lib.project import resolve_target
 from deploy_lib.remote import FabricRemote
-from deploy_lib.status import list_releases
 from sandbox import manage
 from sandbox.traffic import Client
 

@@ -22,7 +22,7 @@ from sglang_sim.upstream import InstalledUpstream
 from upstream_edits import patch_sglang_0_5_23_gates
 from waits import STATE_WAIT_S
 
-from deploy_lib.diagnose import diagnose
+from deploy_lib.facts.diagnose import diagnose
 from sandbox import wheelhouse
 
 pytestmark = pytest.mark.wheels

@@ -1,4 +1,4 @@
-"""Host facts read before acting: one read-only batch, pure parsers, a frozen HostFacts."""
+"""Host facts (pure): the one read-only batch a deploy reads before acting, its parsers, a frozen HostFacts."""
 
 from __future__ import annotations
 
@@ -13,14 +13,13 @@ from importlib import resources
 from pathlib import PurePosixPath
 from typing import Any
 
-from deploy_lib.cuda_toolkit import CudaToolkit, parse_toolkit, toolkit_steps
 from deploy_lib.digests import sha256_text
 from deploy_lib.errors import PreflightError
+from deploy_lib.facts.cuda_toolkit import CudaToolkit, parse_toolkit, toolkit_steps
+from deploy_lib.facts.readings import TOOL_ABSENT_OK, Fact, Readings
 from deploy_lib.host_paths import venv_python
-from deploy_lib.readings import TOOL_ABSENT_OK, Fact, Readings, read
-from deploy_lib.remote import Put, Remote, Step, StepResult, concurrently
-from deploy_lib.render import loaded_unit_digest
-from deploy_lib.sglang_options import CACHE_HEADER
+from deploy_lib.release.render import loaded_unit_digest
+from deploy_lib.remote import Put, Step, StepResult, concurrently
 from deploy_lib.store import (
     ENV_FILE,
     LAUNCHER_FILE,
@@ -35,7 +34,9 @@ GPU_FIELDS = ("index", "name", "uuid", "compute_cap", "memory.total", "memory.us
               "utilization.gpu", "driver_version")
 # The nvidia-smi arguments whose output parse_gpus reads (telemetry samples use the same columns).
 NVIDIA_SMI_QUERY = ("nvidia-smi", f"--query-gpu={','.join(GPU_FIELDS)}", "--format=csv,noheader,nounits")
-OPTIONS_SOURCE = resources.files("deploy_lib").joinpath("sglang_options.py").read_text(encoding="utf-8")
+# The extractor, sent to the venv's python as text (never imported here); its cache's first line.
+OPTIONS_SOURCE = resources.files("deploy_lib.host_scripts").joinpath("sglang_options.py").read_text(encoding="utf-8")
+CACHE_HEADER = "sglang-deploy sglang facts 1"
 
 FACT_GPUS = "host facts: GPUs"
 FACT_UNIT = "host facts: unit state"
@@ -219,7 +220,7 @@ SGLANG_CHECK = f"""if [ -x "$2" ] && [ -f "$1" ] && [ "$(sed -n 1p "$1")" = '{CA
        = "$(sed -n 's/^L //p' "$1")  -" ]; then
   exec sed -n 's/^J //p' "$1"
 fi
-[ "$3" = write ] && [ -d "$4" ] && exec "$2" -I - --cache "$1"
+[ "$3" = write ] && [ -d "$4" ] && exec "$2" -I - --cache "$1" '{CACHE_HEADER}'
 exec "$2" -I -
 """
 # The cache's name changes with the extractor and the check, so another version of the tool never reads it.
@@ -338,16 +339,6 @@ def fact_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_hom
 def _existing_parents(path: PurePosixPath) -> tuple[str, ...]:
     # df fails for a path that does not exist yet but still prints the others; the last line is the nearest.
     return tuple(str(p) for p in reversed([path, *path.parents]) if str(p) != "/")
-
-
-def read_host_facts(remote: Remote, layout: StoreLayout, venv: str | None, port: int | None,
-                    cuda_home: str | None = None, working_directory: str | None = None,
-                    model_steps: Sequence[Step] = (), release_id: str | None = None,
-                    write_caches: bool = True) -> HostFacts:
-    readings = read(remote, fact_batch(layout, venv, port, cuda_home, working_directory, model_steps, release_id,
-                                       write_caches))
-    return parse_host_facts(readings, layout, venv, port, cuda_home, working_directory, model_steps, release_id,
-                            write_caches)
 
 
 def parse_host_facts(readings: Readings, layout: StoreLayout, venv: str | None, port: int | None,

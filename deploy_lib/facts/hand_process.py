@@ -4,8 +4,8 @@ to, and the profile that reproduces it.
 Its arguments go back to profile keys through the same table the renderer writes them from (server_args.ARGS, with
 the versioned spellings), matched by the installed parser's own destinations, so `--model`, `--tp 8` and a
 deprecated spelling land on the right key; what no key models stays in extra_args as written. Secret-looking
-environment values and `--api-key` become `{env: NAME}` references. deploy_lib/adopt.py reads the host and records
-release 0.
+environment values and `--api-key` become `{env: NAME}` references. deploy_lib/commands/adopt.py reads the host and
+records release 0.
 """
 
 
@@ -20,12 +20,12 @@ import yaml
 from pydantic import ValidationError
 
 from deploy_lib.errors import ConfigError, PreflightError
+from deploy_lib.facts.readings import ABSENT_OK, Fact, Readings
 from deploy_lib.profile import NCCL_ENV, SECRET_NAME_RE, Profile
-from deploy_lib.readings import ABSENT_OK, Fact, Readings
-from deploy_lib.release import argv_options
+from deploy_lib.release.argv_check import ParsedArg, convert_value, find_option, parse_argv
+from deploy_lib.release.model import argv_options
+from deploy_lib.release.server_args import API_KEY_ENV, ARGS, Arg, arg_tokens
 from deploy_lib.remote import Step, StepResult
-from deploy_lib.server_args import API_KEY_ENV, ARGS, Arg, arg_tokens
-from deploy_lib.sglang_options import ParsedArg, convert_value, find_option, parse_argv
 from deploy_lib.versions import SPELLINGS
 
 RELEASE_ZERO = "0"

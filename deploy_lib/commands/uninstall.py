@@ -10,9 +10,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from deploy_lib.errors import ConfigError
-from deploy_lib.facts import HostFacts, read_host_facts
+from deploy_lib.facts.host import HostFacts
+from deploy_lib.facts.read import read_host_facts
+from deploy_lib.facts.readings import ABSENT_OK
 from deploy_lib.project import Target
-from deploy_lib.readings import ABSENT_OK
 from deploy_lib.remote import Put, Remote, Step
 from deploy_lib.store import (
     RELEASE_FILE,

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 
+from deploy_lib import deploy
 from deploy_lib.errors import ConfigError, DeployError, PreflightError
-from deploy_lib.facts import read_host_facts
-from deploy_lib.gpu_check.allreduce import DEFAULT_SIZES
+from deploy_lib.facts.read import read_host_facts
+from deploy_lib.gpu_check.allreduce import DEFAULT_SIZES, parse_sizes
 from deploy_lib.gpu_check.subject import (
     CheckSubject,
     GpuCheckReport,
@@ -22,6 +23,9 @@ from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.remote import Remote
 from deploy_lib.store import host_lock
+
+# parse_sizes beside the command it feeds: the CLI parses --sizes and runs the check from this one module
+__all__ = ["check_host", "parse_sizes", "run_gpu_check"]
 
 
 def check_host(remote: Remote, progress: Progress, subject: CheckSubject, sizes: Sequence[int] = DEFAULT_SIZES,
@@ -44,8 +48,6 @@ def run_gpu_check(target: Target, service: str, remote: Remote, progress: Progre
     current release through the readiness ladder (deploy.start), whatever the check found. `before_stop` runs just
     before the server stops (a router takes the replica out); an error of the check carries the release serving
     again after the restart (`serving_id`), so the router takes the replica back."""
-    from deploy_lib import deploy  # here: deploy imports this module for preflight.gpu_check
-
     layout = target.layout(service)
     facts = read_host_facts(remote, layout, venv=None, port=None)
     record = facts.store.release(facts.store.current) if facts.store.current else None

@@ -25,9 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from deploy_lib.readings import TOOL_ABSENT_OK, Readings
+from deploy_lib.facts.readings import TOOL_ABSENT_OK, Readings
 from deploy_lib.remote import Step, StepResult
-from deploy_lib.sglang_options import version_key
+from deploy_lib.versions import version_key
 
 DEFAULT_CUDA_HOME = "/usr/local/cuda"
 FACT_VERSION_JSON = "host facts: CUDA toolkit version.json"

@@ -2,8 +2,8 @@
 
 Flags that were renamed across SGLang releases are data (deploy_lib/versions.py SPELLINGS), each citing the sglang
 wheels on PyPI whose argument parser (srt/server_args.py, from 0.5.15 also srt/arg_groups/) establishes it, read by
-deploy_lib/sglang_options.py.
-Preflight checks the result against the parser of the version actually installed (sglang_options.check_argv).
+deploy_lib/host_scripts/sglang_options.py.
+Preflight checks the result against the parser of the version actually installed (argv_check.check_argv).
 
 The API key never appears in argv: SGLang only takes it as `--api-key` (no environment variable, 0.5.6 - 0.5.23),
 so with a key the server starts through a one-line launcher that moves SGLANG_API_KEY from the environment (the
@@ -19,8 +19,7 @@ from typing import Any
 from deploy_lib.errors import ConfigError
 from deploy_lib.host_paths import venv_python
 from deploy_lib.profile import Profile, SecretRef
-from deploy_lib.sglang_options import version_key
-from deploy_lib.versions import SPELLINGS, Spelling
+from deploy_lib.versions import SPELLINGS, Spelling, version_key
 
 API_KEY_ENV = "SGLANG_API_KEY"
 # The PATH systemd 252 gives a service that sets none, as Debian 12 builds it (split-usr; src/basic/path-util.h

@@ -9,16 +9,14 @@ time it reads the host (status, deploy, rollback): the README's "Reliability" se
 
 from __future__ import annotations
 
-import math
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
-from deploy_lib.diagnose import Diagnosis, diagnose, journal_argv
-from deploy_lib.facts import UnitFacts
+from deploy_lib.facts.diagnose import Diagnosis, diagnose, journal_argv
+from deploy_lib.facts.host import UnitFacts
 from deploy_lib.json_lines import json_objects
-from deploy_lib.profile import RestartPolicy, ServiceSpec
 from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.store import (
     CRASHED,
@@ -232,20 +230,6 @@ def record_new_crashes(remote: Remote, layout: StoreLayout, store: StoreFacts, u
     report = read_crashes(remote, layout, unit)
     record_crashes(remote, layout, store, report)
     return report
-
-
-def start_limit_note(service: ServiceSpec, median_start_s: float | None) -> str | None:
-    """A server that crashes while loading restarts every load time + restart_sec; when start_limit_burst of those
-    do not fit in the start-limit interval, systemd never gives up (its window is fixed, not sliding)."""
-    if service.restart is RestartPolicy.no or median_start_s is None:
-        return None
-    period_s = median_start_s + service.restart_sec
-    if service.start_limit_burst * period_s < service.start_limit_interval_s:
-        return None
-    return (f"starts of this profile take {median_start_s:.0f} s (median): a server that crashes while loading "
-            f"would restart every ~{period_s:.0f} s, and {service.start_limit_burst} restarts do not fit in "
-            f"service.start_limit_interval_s ({service.start_limit_interval_s} s), so systemd would never give up; "
-            f"raise it above {math.ceil(service.start_limit_burst * period_s)} s")
 
 
 def crash_loop_advice(report: CrashReport | None, store: StoreFacts) -> str | None:

@@ -1,7 +1,7 @@
 """`invoke adopt`: take over a server that runs by hand as release 0 and write the profile that reproduces it.
 
 Read-only first: the process's argv, environment, working directory and user (/proc/PID), the venv its interpreter
-belongs to, and the options of the SGLang installed there; deploy_lib/hand_process.py turns them into the profile
+belongs to, and the options of the SGLang installed there; deploy_lib/facts/hand_process.py turns them into the profile
 (pure). Secrets go by reference: their values go only into release 0's env file on the host (0600), never into the
 profile.
 
@@ -22,8 +22,7 @@ from typing import Any
 
 from deploy_lib.deploy import keep_replaced_unit
 from deploy_lib.errors import ConfigError, PreflightError
-from deploy_lib.facts import HostFacts, parse_systemctl_show, read_host_facts
-from deploy_lib.hand_process import (
+from deploy_lib.facts.hand_process import (
     RELEASE_ZERO,
     HandProcess,
     ProcessFacts,
@@ -33,10 +32,12 @@ from deploy_lib.hand_process import (
     profile_yaml,
     split_launch,
 )
+from deploy_lib.facts.host import HostFacts, parse_systemctl_show
+from deploy_lib.facts.read import read_host_facts
+from deploy_lib.facts.readings import Fact, read
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.project import Target
-from deploy_lib.readings import Fact, read
-from deploy_lib.release import build_release
+from deploy_lib.release.model import build_release
 from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.store import (
     HEALTHY,

@@ -224,7 +224,7 @@ def diagnose(journal_lines: Iterable[str], signatures: Sequence[Signature] = SIG
         return Diagnosis("unknown", "the server logged nothing since the restart",
                          "run the unit's ExecStart by hand on the host to see why it does not start", ())
     return Diagnosis("unknown", "no known failure signature in the log; its last lines are below",
-                     "read the evidence; add a signature to deploy_lib/diagnose.py once the cause is known",
+                     "read the evidence; add a signature to deploy_lib/facts/diagnose.py once the cause is known",
                      tuple(lines[-UNKNOWN_TAIL_LINES:]))
 
 

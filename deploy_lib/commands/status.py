@@ -11,11 +11,13 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from deploy_lib.crashes import CrashReport, crash_loop_advice, read_crashes, record_new_crashes
 from deploy_lib.deploy import detect_drift, probe_target
-from deploy_lib.diagnose import journal_argv, journal_step
 from deploy_lib.errors import ConfigError, PreflightError
-from deploy_lib.facts import Gpu, read_host_facts
+from deploy_lib.facts.crashes import CrashReport, crash_loop_advice, read_crashes, record_new_crashes
+from deploy_lib.facts.diagnose import journal_argv, journal_step
+from deploy_lib.facts.host import Gpu
+from deploy_lib.facts.read import read_host_facts
+from deploy_lib.facts.readings import Fact, Readings, read
 from deploy_lib.gpu_check import parse_topology_results, topology_steps
 from deploy_lib.health import Rung, Snapshot, http_url, parse_snapshot, probe_step, reachable_host
 from deploy_lib.health.startup import startup_line
@@ -23,7 +25,6 @@ from deploy_lib.models import StoredModel, read_stored
 from deploy_lib.profile import LoadedProfile, Profile, format_validation_error, read_stored_profile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
-from deploy_lib.readings import Fact, Readings, read
 from deploy_lib.remote import Remote, Step
 from deploy_lib.store import (
     ACTIVATIONS,

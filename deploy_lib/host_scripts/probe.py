@@ -58,7 +58,7 @@ def journal_message(entry: dict[str, object]) -> str:
 
 def last_journal_line(matches: list[str], after_cursor: str | None) -> tuple[dict[str, str] | None, str | None]:
     """The unit's newest journal entry after `after_cursor` as {text, cursor}, or None and why not; `matches` are
-    journalctl's for the unit (deploy_lib.diagnose.unit_matches, the same as every other read of its journal)."""
+    journalctl's for the unit (deploy_lib.facts.diagnose.unit_matches, the same as every other read of its journal)."""
     if shutil.which("journalctl") is None:
         return None, "journalctl not found"
     # The newest entry, compared with the cursor: `-n 1 --after-cursor` would give the OLDEST entry after it.

@@ -12,18 +12,19 @@ from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from urllib.parse import quote
 
-from deploy_lib import cuda_toolkit, patches, readings
+from deploy_lib import patches
 from deploy_lib.deploy import Options, Outcome, VenvChoice, deploy
 from deploy_lib.errors import PreflightError
-from deploy_lib.facts import gpu_step, parse_gpus
+from deploy_lib.facts import cuda_toolkit, readings
+from deploy_lib.facts.host import gpu_step, parse_gpus
+from deploy_lib.facts.readings import Fact
 from deploy_lib.patches.profiles import base_profile as base_profile  # callers name them on_host.*
 from deploy_lib.patches.profiles import patched_profile as patched_profile
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
-from deploy_lib.readings import Fact
+from deploy_lib.release.server_args import launch_environment
 from deploy_lib.remote import Remote
-from deploy_lib.server_args import launch_environment
 from deploy_lib.store import StoreLayout, host_lock, read_store_facts
 from deploy_lib.venvs import (
     InstalledFacts,

@@ -17,7 +17,7 @@ from deploy_lib.digests import sha256_text
 from deploy_lib.errors import ConfigError
 from deploy_lib.models import ReleaseModel
 from deploy_lib.profile import LoadedProfile, Profile, SecretRef, StoredProfile, read_stored_profile
-from deploy_lib.render import (
+from deploy_lib.release.render import (
     EnvSpec,
     UnitSpec,
     render_digested_unit,
@@ -29,7 +29,7 @@ from deploy_lib.render import (
     validate_env,
     validate_unit,
 )
-from deploy_lib.server_args import API_KEY_ENV, launch_argv, launch_environment, secret_environment, sglang_args
+from deploy_lib.release.server_args import API_KEY_ENV, launch_argv, launch_environment, secret_environment, sglang_args
 from deploy_lib.store import ENV_FILE, LAUNCHER_FILE, UNIT_FILE, StoreLayout
 
 SECRET_NOT_AVAILABLE = "not available here"

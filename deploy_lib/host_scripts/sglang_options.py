@@ -20,16 +20,14 @@ from 0.5.20 those fields live in the namespace classes passed to `collect_input_
 Choices given by name are followed through the module's imports into sibling sglang files; what cannot be resolved
 statically (a comprehension over an enum, a runtime registry) is reported as `choices: null`, meaning unchecked.
 
-`check_argv(options, argv)` then mimics argparse (allow_abbrev=True, as SGLang's parser) closely enough for
-preflight: unknown or ambiguous flags, prefix abbreviations, missing values, values given to switches, bad choices.
-Runs on Python >= 3.9.
+deploy_lib/release/argv_check.py checks an argv against these options locally; this file alone is what the host
+runs, and the host's cache of its result is keyed by its text (facts.host.SGLANG_FACTS_FILE), so an edit to the
+local checker leaves every host's cache valid. Runs on Python >= 3.9.
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
-import difflib
 import hashlib
 import importlib.metadata
 import importlib.util
@@ -40,38 +38,6 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-# ---------------------------------------------------------------------------------------------------------------
-# Versions: the subset of PEP 440 that SGLang and FlashInfer publish (N.N.N, aN/bN/rcN, .postN, .devN, +local).
-# ---------------------------------------------------------------------------------------------------------------
-
-_VERSION_RE = re.compile(
-    r"^v?(?P<release>\d+(?:\.\d+)*)(?:[-_.]?(?P<pre>a|b|rc)(?P<pre_n>\d+))?"
-    r"(?:[-_.]?post(?P<post>\d+))?(?:[-_.]?dev(?P<dev>\d+))?(?:\+[a-z0-9.]+)?$",
-    re.IGNORECASE,
-)
-_PRE_PHASES = {"a": 0, "b": 1, "rc": 2}
-_FINAL = 3
-
-
-def version_key(text: str) -> tuple[Any, ...]:
-    """A sort key ordering versions as PEP 440 does: 1.0.dev1 < 1.0a1 < 1.0rc1 < 1.0 == 1.0.0 < 1.0.post1."""
-    match = _VERSION_RE.match(text.strip())
-    if match is None:
-        raise ValueError(f"{text!r} is not a version (expected e.g. 0.5.15 or 0.5.15.post1)")
-    release = [int(part) for part in match["release"].split(".")]
-    while len(release) > 1 and release[-1] == 0:
-        release.pop()
-    post = int(match["post"]) if match["post"] is not None else -1
-    dev = int(match["dev"]) if match["dev"] is not None else float("inf")
-    if match["pre"] is not None:
-        pre: tuple[int, int] = (_PRE_PHASES[match["pre"].lower()], int(match["pre_n"]))
-    elif post < 0 and match["dev"] is not None:
-        pre = (-1, 0)  # 1.0.dev1 sorts before 1.0a1
-    else:
-        pre = (_FINAL, 0)
-    return (tuple(release), pre, post, dev)
-
 
 # ---------------------------------------------------------------------------------------------------------------
 # Static evaluation of the few expression shapes SGLang uses for choice lists.
@@ -297,7 +263,6 @@ def _iterate(value: Any) -> list[Any]:
 
 _ZERO_ARG_ACTIONS = {"store_true", "store_false", "store_const", "append_const", "count", "help", "version"}
 _NOT_GIVEN = object()  # `nargs=` absent, as opposed to `nargs=None`
-_REPEATABLE_ACTIONS = {"append", "append_const", "count", "extend"}
 _DEPRECATED_HELP = re.compile(r"^\W*(?:note:\s*)?deprecated\b", re.IGNORECASE)
 
 
@@ -548,9 +513,11 @@ DISTRIBUTIONS = {"sglang_version": ("sglang",), "flashinfer_version": ("flashinf
                  "nccl_version": ("nvidia-nccl-cu13", "nvidia-nccl-cu12", "nvidia-nccl-cu11")}
 
 
-def _dist_versions(site_packages: Path, inputs: dict[str, str]) -> dict[str, str | None]:
+def _dist_versions(site_packages: Path, inputs: dict[str, str], warnings: list[str]) -> dict[str, str | None]:
     """DISTRIBUTIONS' versions from the METADATA of the distributions installed under site_packages (one scan);
-    the METADATA files they came from go into `inputs`."""
+    the METADATA files they came from go into `inputs`. Two versions of one distribution there (a dist-info left
+    behind) give the first in name order, and a warning naming both (no version ordering here: standard library
+    only)."""
     found: dict[str, list[str]] = {key: [] for key in DISTRIBUTIONS}
     for metadata in sorted(site_packages.glob("*.dist-info/METADATA")):
         headers: dict[str, str] = {}
@@ -565,7 +532,10 @@ def _dist_versions(site_packages: Path, inputs: dict[str, str]) -> dict[str, str
             if name in names and "version" in headers:
                 found[key].append(headers["version"])
                 inputs[str(metadata)] = hashlib.sha256(data).hexdigest()
-    return {key: max(versions, key=version_key) if versions else None for key, versions in found.items()}
+    for key, versions in found.items():
+        if len(set(versions)) > 1:
+            warnings.append(f"{site_packages} holds {' and '.join(versions)} as {key}: reporting {versions[0]}")
+    return {key: versions[0] if versions else None for key, versions in found.items()}
 
 
 def extract(site_packages: Path, inputs: dict[str, str] | None = None) -> dict[str, Any]:
@@ -591,7 +561,7 @@ def extract(site_packages: Path, inputs: dict[str, str] | None = None) -> dict[s
             only = {k.arg: extractor.literal(k.value, server_args, scope) for k in node.keywords}.get("fields")
             for source in _field_sources(server_args, cls, node.args[1]):
                 extractor.dataclass_fields(source, set(only) if only else None)
-    versions = _dist_versions(site_packages, tree.inputs)
+    versions = _dist_versions(site_packages, tree.inputs, extractor.warnings)
     if inputs is not None:
         inputs.update(tree.inputs)
     return {
@@ -616,227 +586,6 @@ def _field_sources(server_args: _Module, cls: ast.ClassDef, arg: ast.expr) -> li
                     raise ValueError(f"{server_args.path}: cannot resolve collect_input_fields(): {err}") from None
                 sources.extend(ns for ns in _iterate(namespaces) if isinstance(ns, _ClassRef))
     return sources
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# argv checking (argparse semantics, allow_abbrev=True)
-# ---------------------------------------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ArgvProblem:
-    """One thing SGLang's parser would reject (severity "error") or warn about ("warning") in an argv."""
-
-    kind: str  # unrecognized | ambiguous | abbreviation | missing-value | unexpected-value | invalid-choice |
-    #            invalid-type | required | refused | duplicate | help | deprecated
-    arg: str
-    message: str
-    severity: str = "error"
-
-
-_HELP = {"option_strings": ["-h", "--help"], "dest": "help", "action": "help", "nargs": 0, "choices": None,
-         "type": None, "required": False, "deprecated": False, "error": None}
-_NEGATIVE_NUMBER = re.compile(r"^-\d+$|^-\d*\.\d+$")
-
-
-def _is_value(token: str, table: dict[str, dict[str, Any]]) -> bool:
-    """argparse's test for a token that is not an option (`_parse_optional` returning None)."""
-    if not token.startswith("-") or token == "-":
-        return True
-    name = token.split("=", 1)[0]
-    if token in table or name in table or (token.startswith("--") and any(s.startswith(name) for s in table)):
-        return False
-    return bool(_NEGATIVE_NUMBER.match(token)) or " " in token  # SGLang has no option that looks like a number
-
-
-def convert_value(value: str, type_name: str | None) -> Any:
-    """A value as the option's type would give it (int and float; anything else stays text)."""
-    if type_name == "int":
-        return int(value)
-    if type_name == "float":
-        return float(value)
-    return value
-
-
-@dataclass(frozen=True)
-class ParsedArg:
-    """One option as argparse would read it from an argv: its record (None: unknown), the option string it matched
-    (the full one for an abbreviation), its values, and the tokens exactly as written."""
-
-    record: dict[str, Any] | None
-    used: str
-    values: tuple[str, ...]
-    tokens: tuple[str, ...]
-
-
-def check_argv(options: dict[str, dict[str, Any]], argv: list[str] | tuple[str, ...]) -> list[ArgvProblem]:
-    """Problems SGLang's argparse parser would have with argv (the arguments after `-m sglang.launch_server`)."""
-    return parse_argv(options, argv)[1]
-
-
-def parse_argv(options: dict[str, dict[str, Any]], argv: list[str] | tuple[str, ...]
-               ) -> tuple[list[ParsedArg], list[ArgvProblem]]:
-    """argv read as SGLang's argparse parser reads it: each option with its values, and the problems it would have."""
-    table: dict[str, dict[str, Any]] = {"-h": _HELP, "--help": _HELP}
-    for record in options.values():
-        for string in record["option_strings"]:
-            table[string] = record
-    problems: list[ArgvProblem] = []
-    parsed: list[ParsedArg] = []
-    seen: dict[str, int] = {}
-    tokens = list(argv)
-    i = 0
-    while i < len(tokens):
-        token = tokens[i]
-        start = i
-        i += 1
-        if token == "--" or _is_value(token, table):
-            rest = tokens[i - 1:] if token == "--" else [token]
-            if token == "--":
-                i = len(tokens)
-            problems.append(ArgvProblem("unrecognized", token, f"unrecognized arguments: {' '.join(rest)}"))
-            parsed.append(ParsedArg(None, token, (), tuple(rest)))
-            continue
-        record, used, explicit, problem = _match_option(token, table)
-        if record is None and problem is None:
-            unknown = [token]  # argparse lists the values after an unknown flag as unrecognized too
-            while i < len(tokens) and _is_value(tokens[i], table):
-                unknown.append(tokens[i])
-                i += 1
-            problem = ArgvProblem("unrecognized", token,
-                                  f"unrecognized arguments: {' '.join(unknown)}{_suggestion(used, table)}")
-        if problem is not None:
-            problems.append(problem)
-        if record is None:
-            parsed.append(ParsedArg(None, used, (), tuple(tokens[start:i])))
-            continue
-        values: list[str] = []
-        nargs = record["nargs"]
-        if explicit is not None:
-            if nargs == 0:
-                problems.append(ArgvProblem("unexpected-value", token,
-                                            f"argument {used}: ignored explicit argument {explicit!r}"))
-            elif isinstance(nargs, int) and nargs > 1:
-                problems.append(ArgvProblem("missing-value", token, f"argument {used}: expected {nargs} arguments"))
-            values = [explicit]
-        elif nargs != 0:
-            limit = {None: 1, "?": 1, "*": len(tokens), "+": len(tokens)}.get(nargs, nargs)
-            while i < len(tokens) and len(values) < limit and _is_value(tokens[i], table):
-                values.append(tokens[i])
-                i += 1
-            needed = {None: 1, "?": 0, "*": 0, "+": 1}.get(nargs, nargs)
-            if len(values) < needed:
-                what = "one argument" if nargs is None else "at least one argument" if nargs == "+" \
-                    else f"{nargs} arguments"
-                problems.append(ArgvProblem("missing-value", token, f"argument {used}: expected {what}"))
-        elif i < len(tokens) and _is_value(tokens[i], table):
-            problems.append(ArgvProblem("unexpected-value", tokens[i],
-                                        f"unrecognized arguments: {tokens[i]} ({used} is a switch and takes no value)"))
-            i += 1
-        problems.extend(_value_problems(record, used, values))
-        parsed.append(ParsedArg(record, used, tuple(values), tuple(tokens[start:i])))
-        key = record["option_strings"][0]
-        seen[key] = seen.get(key, 0) + 1
-        if seen[key] == 2 and record["action"] not in _REPEATABLE_ACTIONS:
-            problems.append(ArgvProblem("duplicate", token, f"{key} is given more than once; the last one wins"))
-    missing = [r["option_strings"][0] for r in options.values() if r["required"] and r["option_strings"][0] not in seen]
-    if missing:
-        problems.append(ArgvProblem("required", missing[0],
-                                    f"the following arguments are required: {', '.join(missing)}"))
-    return parsed, problems
-
-
-def find_option(options: dict[str, dict[str, Any]], flag: str) -> dict[str, Any] | None:
-    """The option registered under `flag` as any of its option strings (aliases included), or None."""
-    return next((record for record in options.values() if flag in record["option_strings"]), None)
-
-
-def _match_option(token: str, table: dict[str, dict[str, Any]]
-                  ) -> tuple[dict[str, Any] | None, str, str | None, ArgvProblem | None]:
-    """(record, option string used, explicit `=value`, problem) for a token that looks like an option; record and
-    problem are both None for an unknown flag."""
-    if token in table:
-        return table[token], token, None, None
-    name, sep, explicit = token.partition("=")
-    if sep and name in table:
-        return table[name], name, explicit, None
-    matches = sorted(s for s in table if s.startswith(name)) if token.startswith("--") else []
-    if len(matches) > 1:
-        return None, name, None, ArgvProblem(
-            "ambiguous", token, f"ambiguous option: {name} could match {', '.join(matches)}")
-    if len(matches) == 1:
-        full = matches[0]
-        return table[full], full, explicit if sep else None, ArgvProblem(
-            "abbreviation", token,
-            f"{name} is accepted only as an abbreviation of {full}; write {full} (a later flag starting with "
-            f"{name} would make it ambiguous)")
-    return None, name, None, None
-
-
-def _suggestion(name: str, table: dict[str, dict[str, Any]]) -> str:
-    close = difflib.get_close_matches(name, [s for s in table if s.startswith("--")], n=1, cutoff=0.75)
-    return f" (did you mean {close[0]}?)" if close else ""
-
-
-def _value_problems(record: dict[str, Any], used: str, values: list[str]) -> list[ArgvProblem]:
-    problems = []
-    if record["action"] == "help":
-        problems.append(ArgvProblem("help", used, f"{used} prints the help text and exits instead of serving"))
-    if record["error"]:
-        problems.append(ArgvProblem("refused", used, f"{used}: {record['error']}"))
-    elif record["deprecated"]:
-        problems.append(ArgvProblem("deprecated", used, f"{used} is deprecated in this SGLang version", "warning"))
-    for value in values:
-        try:
-            converted = convert_value(value, record["type"])
-        except ValueError:
-            problems.append(ArgvProblem("invalid-type", value, f"argument {used}: invalid {record['type']} value: "
-                                                               f"{value!r}"))
-            continue
-        choices = record["choices"]
-        if choices is not None and converted not in choices and str(converted) not in map(str, choices):
-            listed = ", ".join(repr(c) for c in choices)
-            problems.append(ArgvProblem("invalid-choice", value,
-                                        f"argument {used}: invalid choice: {value!r} (choose from {listed})"))
-    return problems
-
-
-# ---------------------------------------------------------------------------------------------------------------
-# A real argparse parser from extracted options (the simulated server and tests use it as a second opinion)
-# ---------------------------------------------------------------------------------------------------------------
-
-
-class _Refused(argparse.Action):
-    def __init__(self, option_strings: list[str], dest: str, error_message: str = "", **kwargs: Any) -> None:
-        self.error_message = error_message
-        super().__init__(option_strings, dest, nargs=0, **kwargs)
-
-    def __call__(self, parser: argparse.ArgumentParser, namespace: Any, values: Any, option_string: Any = None) -> None:
-        parser.error(self.error_message)
-
-
-def build_parser(options: dict[str, dict[str, Any]], prog: str = "sglang serve") -> argparse.ArgumentParser:
-    """An argparse parser accepting what the extracted options accept (types int/float checked, others as str)."""
-    parser = argparse.ArgumentParser(prog=prog)
-    types = {"int": int, "float": float}
-    for record in options.values():
-        strings, dest = record["option_strings"], record["dest"]
-        kwargs: dict[str, Any] = {"dest": dest, "default": argparse.SUPPRESS}
-        if record["error"]:
-            parser.add_argument(*strings, action=_Refused, error_message=record["error"], **kwargs)
-        elif record["action"] == "BooleanOptionalAction":
-            positive = [s for s in strings if not s.startswith("--no-")]
-            parser.add_argument(*positive, action=argparse.BooleanOptionalAction, **kwargs)
-        elif record["nargs"] == 0:
-            action = {"store_false": "store_false", "count": "count"}.get(record["action"], "store_const")
-            const = {"const": True} if action == "store_const" else {}
-            parser.add_argument(*strings, action=action, **const, **kwargs)
-        else:
-            action = record["action"] if record["action"] in ("append", "extend") else "store"
-            parser.add_argument(*strings, action=action, nargs=record["nargs"], choices=record["choices"],
-                                type=types.get(record["type"] or "", str), required=record["required"], **kwargs)
-    return parser
-
 
 def extract_installed(inputs: dict[str, str] | None = None) -> dict[str, Any]:
     """extract() for the sglang this interpreter would import, located without importing it; `inputs` receives the
@@ -871,10 +620,9 @@ def extract_installed(inputs: dict[str, str] | None = None) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------------------------------------------------------
-# The cache of the result beside the venv (facts.py's SGLANG_CHECK reads it with sh and coreutils, no Python)
+# The cache of the result beside the venv (facts.py's SGLANG_CHECK reads it with sh and coreutils, no Python, and
+# names its first line, the header)
 # ---------------------------------------------------------------------------------------------------------------
-
-CACHE_HEADER = "sglang-deploy sglang facts 1"
 
 
 def path_listing() -> tuple[list[str], str] | None:
@@ -906,13 +654,15 @@ def startup_inputs(dirs: list[str]) -> dict[str, str]:
     return found
 
 
-def write_cache(path: Path, result: dict[str, Any], dirs: list[str], listing: str, inputs: dict[str, str]) -> None:
-    """The result and what verifies it (its own sha256, the listing's, each input's as `sha256sum -c` reads it),
-    written to a temporary file and renamed over `path`; older caches of the same venv (another tool version) go."""
+def write_cache(path: Path, header: str, result: dict[str, Any], dirs: list[str], listing: str,
+                inputs: dict[str, str]) -> None:
+    """`header`, then the result and what verifies it (its own sha256, the listing's, each input's as `sha256sum -c`
+    reads it), written to a temporary file and renamed over `path`; older caches of the same venv (another tool
+    version) go."""
     if any("\\" in name or "\n" in name for name in [*dirs, *inputs]):
         return
     payload = json.dumps(result, sort_keys=True)
-    lines = [CACHE_HEADER, f"P {hashlib.sha256((payload + chr(10)).encode()).hexdigest()}", f"L {listing}",
+    lines = [header, f"P {hashlib.sha256((payload + chr(10)).encode()).hexdigest()}", f"L {listing}",
              *(f"D {d}" for d in dirs), *(f"S {digest}  {name}" for name, digest in sorted(inputs.items())),
              f"J {payload}"]
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -925,9 +675,9 @@ def write_cache(path: Path, result: dict[str, Any], dirs: list[str], listing: st
 
 
 def main(argv: list[str]) -> int:
-    cache = Path(argv[2]) if len(argv) == 3 and argv[1] == "--cache" else None
+    cache = Path(argv[2]) if len(argv) == 4 and argv[1] == "--cache" else None
     if len(argv) > 2 and cache is None:
-        print(json.dumps({"error": "usage: python3 sglang_options.py [SITE_PACKAGES_DIR | --cache FILE]"}))
+        print(json.dumps({"error": "usage: python3 sglang_options.py [SITE_PACKAGES_DIR | --cache FILE HEADER]"}))
         return 1
     before = path_listing() if cache is not None else None
     inputs: dict[str, str] = {}
@@ -938,7 +688,7 @@ def main(argv: list[str]) -> int:
         return 1
     if cache is not None and before is not None and inputs and path_listing() == before:
         try:
-            write_cache(cache, result, before[0], before[1], {**inputs, **startup_inputs(before[0])})
+            write_cache(cache, argv[3], result, before[0], before[1], {**inputs, **startup_inputs(before[0])})
         except OSError:
             pass  # no cache: the next read runs this script again
     print(json.dumps(result, sort_keys=True))
