@@ -35,7 +35,7 @@ def main(started: float, inventory: str, profile: str) -> dict[str, object]:
     import tasks
     wall, cpu = _mark("invoke and tasks.py", wall, cpu)
     from deploy_lib import deploy as engine
-    from deploy_lib import multinode  # noqa: F401  (the deploy task imports both)
+    from deploy_lib.ops import multinode  # noqa: F401  (the deploy task imports both)
     from deploy_lib.progress import NullProgress
     from deploy_lib.project import Project, load_for_host
     from deploy_lib.remote import FabricRemote
