@@ -297,11 +297,11 @@ def _rollback(run: Transition, lock: LockOnFirstChange, to: str | None, alone: b
     history line."""
     store = read_store_facts(run.remote, run.layout)
     run.previous = store.current
+    if alone:
+        refuse_one_node(store, (to or store.last_healthy(exclude=store.current), store.current), run.where,
+                        "rolled back", "`invoke rollback --group G` rolls every node of the release back together")
     record = rollback_record(store, to, run.where, run.layout)
     target_id = record.id
-    if alone:
-        refuse_one_node(store, (target_id, store.current), run.where, "rolled back",
-                        "`invoke rollback --group G` rolls every node of the release back together")
     tags = recorded_tags(run.target, target_id, record.metadata)
     facts = run.check_target(target_id, record.metadata)
     lock.decided_from(facts.store.lock, store.digest, f"rollback to {target_id}")
