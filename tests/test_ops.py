@@ -180,3 +180,31 @@ def test_a_multi_node_deploy_refuses_one_host_and_a_rolling_rollout_before_askin
         commands.deploy(project, scope(tmp_path, group="pair", rollout=Rollout.parse(["1"])), "glm5-nvfp4-3nodes",
                         Options(), hosts.reach())
     assert hosts.connected == []
+
+
+def test_the_project_is_the_nearest_directory_upwards_holding_inventory_or_the_one_named(tmp_path: Path) -> None:
+    """Never the tool's install location (failed before: the tasks read the checkout's inventory wherever they ran)."""
+    (tmp_path / "mine" / "inventory").mkdir(parents=True)
+    (tmp_path / "mine" / "deep" / "er").mkdir(parents=True)
+    assert Project.find(tmp_path / "mine" / "deep" / "er", {}).root == (tmp_path / "mine").resolve()
+    assert Project.find(tmp_path, {}).root == tmp_path.resolve()  # none upwards: the working directory's own
+    assert Project.find(tmp_path, {"SGLANG_DEPLOY_PROJECT": str(tmp_path / "mine")}).root == tmp_path / "mine"
+    with pytest.raises(ConfigError, match="does not exist"):
+        Project.find(tmp_path, {"SGLANG_DEPLOY_PROJECT": str(tmp_path / "nowhere")})
+
+
+def test_init_writes_a_starter_project_and_overwrites_nothing(tmp_path: Path) -> None:
+    """Input tried: init twice in one directory; the second refuses, naming the files, and writes nothing."""
+    from deploy_lib.project import write_starter
+    written = write_starter(tmp_path)
+    assert [path.relative_to(tmp_path).as_posix() for path in written] == [
+        "inventory/hosts.yaml", "inventory/profiles/glm5-nvfp4.yaml", ".gitignore"]
+    project = Project(tmp_path)
+    assert project.profile("glm5-nvfp4").profile.parallel.tp == 8
+    assert list(project.inventory(None).hosts) == ["pve-gpu1"]
+    (tmp_path / ".gitignore").write_text("mine\n")
+    (tmp_path / "inventory" / "hosts.yaml").unlink()
+    with pytest.raises(ConfigError, match=r"\.gitignore.*overwrites nothing") as refused:
+        write_starter(tmp_path)
+    assert refused.value.exit_code == 2 and "hosts.yaml" not in refused.value.message
+    assert not (tmp_path / "inventory" / "hosts.yaml").exists() and (tmp_path / ".gitignore").read_text() == "mine\n"
