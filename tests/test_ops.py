@@ -208,3 +208,15 @@ def test_init_writes_a_starter_project_and_overwrites_nothing(tmp_path: Path) ->
         write_starter(tmp_path)
     assert refused.value.exit_code == 2 and "hosts.yaml" not in refused.value.message
     assert not (tmp_path / "inventory" / "hosts.yaml").exists() and (tmp_path / ".gitignore").read_text() == "mine\n"
+
+
+def test_a_rolling_rollback_of_a_group_to_its_multi_node_release_is_refused_on_every_node(tmp_path: Path) -> None:
+    """Input tried: `rollback --group pair --to r0 --serial 1`, r0 a two-node release on both hosts (failed before:
+    with --serial the multi-node check was skipped and each node was rolled back alone, batch by batch)."""
+    nodes = {name: installed(release("r0", nnodes=2, node_rank=rank), release("r1"))
+             for rank, name in enumerate(("n1", "n2"))}
+    fleet = commands.rollback(scope(tmp_path, group="pair", rollout=Rollout.parse(["1"])), "sglang", "r0",
+                              Hosts(**nodes).reach())
+    assert fleet.failed == ["n1", "n2"] and fleet.exit_code == 2
+    assert all("--serial and --max-fail do not apply" in run.error.message for run in fleet.runs if run.error)
+    assert all(changed(remote) == [] for remote in nodes.values())
