@@ -45,7 +45,7 @@ TAGS = {"who": "u@m", "host": "h", "release": "r1", "profile": "p", "profile_has
 
 
 def release(release_id: str, nnodes: int = 1, node_rank: int = 0) -> dict[str, Any]:
-    return {"id": release_id, "tags": TAGS | {"release": release_id},
+    return {"id": release_id, "tags": TAGS | {"release": release_id}, "venv": "/opt/ml-env",
             "profile": {"server": {"port": 8000}, "parallel": {"tp": 4, "nnodes": nnodes, "node_rank": node_rank,
                                                                "dist_init_addr": "192.0.2.11:5000"}}}
 
@@ -220,3 +220,13 @@ def test_a_rolling_rollback_of_a_group_to_its_multi_node_release_is_refused_on_e
     assert fleet.failed == ["n1", "n2"] and fleet.exit_code == 2
     assert all("--serial and --max-fail do not apply" in run.error.message for run in fleet.runs if run.error)
     assert all(changed(remote) == [] for remote in nodes.values())
+
+
+def test_a_gpu_check_that_would_stop_one_node_of_a_multi_node_release_is_refused_and_leaves_it_serving(
+        tmp_path: Path) -> None:
+    """Input tried: `gpu-check --stop-server --host n1`, n1 a node of a running two-node release (failed before: its
+    server was stopped for the check, the other node left alone at the rendezvous)."""
+    node = installed(release("r1", nnodes=2))
+    with pytest.raises(ConfigError, match="not stopped on n1 alone"):
+        commands.gpu_check(scope(tmp_path, host="n1"), "sglang", None, True, [1024], Hosts(n1=node).reach())
+    assert "systemd: stop" not in node.ran_names() and changed(node) == []
