@@ -95,14 +95,14 @@ def scope(tmp_path: Path, host: str | None = None, group: str | None = None, rol
 def changed(remote: FakeRemote) -> list[str]:
     """The steps that change the host: anything past reading its store and taking or releasing its lock."""
     return [name for name in remote.ran_names() if not name.startswith(("store facts", "lock", "host facts"))
-            and not name.endswith("/lock/owner.json")
+            and not name.endswith("/lock/owner.json") and not name.startswith("readiness probe")
             and name not in (host_facts.FACT_UNIT, "router: serving release")]
 
 
 @pytest.mark.parametrize(("act", "says"), [
-    (lambda s, reach: commands.stop(s, "sglang", reach), "not stopped on n1 alone"),
-    (lambda s, reach: commands.start(s, "sglang", True, reach), "not restarted on n1 alone"),
-    (lambda s, reach: commands.rollback(s, "sglang", "r0", reach), "not rolled back on n1 alone"),
+    (lambda s, reach: commands.stop(s, "sglang", reach), "n1 alone is not stopped"),
+    (lambda s, reach: commands.start(s, "sglang", True, reach), "n1 alone is not restarted"),
+    (lambda s, reach: commands.rollback(s, "sglang", "r0", reach), "n1 alone is not rolled back"),
 ])
 def test_one_node_of_a_multi_node_release_is_refused_alone_and_nothing_changes(tmp_path: Path, act: Any,
                                                                                says: str) -> None:
@@ -227,6 +227,16 @@ def test_a_gpu_check_that_would_stop_one_node_of_a_multi_node_release_is_refused
     """Input tried: `gpu-check --stop-server --host n1`, n1 a node of a running two-node release (failed before: its
     server was stopped for the check, the other node left alone at the rendezvous)."""
     node = installed(release("r1", nnodes=2))
-    with pytest.raises(ConfigError, match="not stopped on n1 alone"):
+    with pytest.raises(ConfigError, match="n1 alone is not stopped"):
         commands.gpu_check(scope(tmp_path, host="n1"), "sglang", None, True, [1024], Hosts(n1=node).reach())
     assert "systemd: stop" not in node.ran_names() and changed(node) == []
+
+
+def test_a_deploy_to_one_node_of_a_multi_node_release_is_refused_before_any_change(tmp_path: Path) -> None:
+    """Input tried: `deploy --profile glm5-nvfp4 --host n1`, n1 running node 0 of a two-node release (failed
+    before: n1 was switched to the single-node release, the other node left at the rendezvous)."""
+    node = installed(release("r1", nnodes=2))
+    with pytest.raises(ConfigError, match="n1 alone is not deployed to"):
+        commands.deploy(Project(REPO), scope(tmp_path, host="n1"), "glm5-nvfp4", Options(environ={"HF_TOKEN": "x"}),
+                        Hosts(n1=node).reach())
+    assert changed(node) == [] and "systemd: stop" not in node.ran_names()

@@ -96,6 +96,7 @@ class Options:
     patches: tuple[str, ...] = ()       # patch sets applied in that venv, recorded in the release
     gate: bool = False                  # run the throughput gate even when the profile has no `gate:`
     before_restart: Callable[[], None] | None = None  # runs before the server stops (a router takes it out)
+    alone: bool = True                  # one host on its own, not one of a group deploying together
 
 
 def choose_venv(remote: Remote, layout: StoreLayout, target: Target, profile: Profile, dry_run: bool,
@@ -177,6 +178,9 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
     hand_pid = hand_run_pid(current.metadata if current else None,
                             remote.run(hand_run_check(current.metadata if current else None)))
     run.previous = facts.store.current
+    if options.alone and not options.dry_run:  # one node taken elsewhere leaves the others at the rendezvous
+        refuse_one_node(facts.store, (facts.store.current,), target.host.name, "deployed to",
+                        "`invoke deploy --profile P --group G` deploys the group of its nodes together")
     run.timings["facts"] = round(run.clock() - started, 3)
     model_facts = model.parse(facts.model_results)
     check_model(model, model_facts, target.host.name)

@@ -124,5 +124,5 @@ def refuse_one_node(store: StoreFacts, release_ids: tuple[str | None, ...], wher
         parallel = read_stored_profile(record.metadata.get("profile")).parallel if record else None
         if parallel is not None and parallel.nnodes > 1:
             raise ConfigError(f"{where}: release {release_id} is node {parallel.node_rank} of a {parallel.nnodes}-node "
-                              f"release: its nodes start, stop and switch together, so it is not {command} on "
-                              f"{where} alone; nothing was changed", whole)
+                              f"release: its nodes start, stop and switch together, so {where} alone is not "
+                              f"{command}; nothing was changed", whole)

@@ -52,7 +52,7 @@ def deploy(project: Project, scope: Scope, profile: str | None, options: Options
 
     def deploy_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None) -> Outcome:
         return engine.deploy(loaded_for[target.host.name], target, remote, progress,
-                             replace(options, before_restart=drain))
+                             replace(options, before_restart=drain, alone=scope.one_host))
     return run_each(scope, reach, behind(front, lambda t: loaded_for[t.host.name].profile.service.name, deploy_host),
                     rolled_out(front, scope, reach))
 
