@@ -1,6 +1,6 @@
 """`make bench` (fleet part, issue 15): wall time of a changed deploy to 1, 2 and 4 sandbox guests in parallel, the
-group deploy's own runner (deploy_lib.fleet.run_hosts over the per-host deploy), on guests of its own that are always
-stopped at the end. Target: 4 guests within 1.5x of one. Figures are printed, never asserted.
+group deploy's own runner (deploy_lib.ops.fleet.run_hosts over the per-host deploy), on guests of its own that are
+always stopped at the end. Target: 4 guests within 1.5x of one. Figures are printed, never asserted.
 
 Every guest is a systemd-nspawn machine on this machine, so N guests share its cores: what grows with N here is CPU
 contention (sshd, systemd, the simulated servers' startup), which separate GPU hosts do not share.
@@ -22,8 +22,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from deploy_lib import deploy as engine
-from deploy_lib.fleet import run_hosts
 from deploy_lib.inventory import load_inventory
+from deploy_lib.ops.fleet import run_hosts
 from deploy_lib.progress import NullProgress
 from deploy_lib.project import Project, Target, load_for_target, resolve_group
 from deploy_lib.remote import FabricRemote

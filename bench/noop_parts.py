@@ -35,12 +35,12 @@ def main(started: float, inventory: str, profile: str) -> dict[str, object]:
     import tasks
     wall, cpu = _mark("invoke and tasks.py", wall, cpu)
     from deploy_lib import deploy as engine
-    from deploy_lib import multinode  # noqa: F401  (the deploy task imports both)
+    from deploy_lib.ops import commands, multinode, scope  # noqa: F401  (the deploy task imports them)
     from deploy_lib.progress import NullProgress
     from deploy_lib.project import Project, load_for_host
     from deploy_lib.remote import FabricRemote
     wall, cpu = _mark("the deploy engine's modules", wall, cpu)
-    loaded, target = load_for_host(Project(tasks.PROJECT.root), profile, inventory, None)
+    loaded, target = load_for_host(Project(tasks.CHECKOUT), profile, inventory, None)
     wall, cpu = _mark("profile and inventory", wall, cpu)
     with FabricRemote(target.ssh) as remote:
         remote._connect()  # the connection alone; the deploy reuses it

@@ -20,13 +20,13 @@ from pathlib import Path
 
 from bench.fleet import guests, say
 from deploy_lib import deploy as engine
-from deploy_lib.fleet import Rollout, run_hosts
 from deploy_lib.inventory import load_inventory
+from deploy_lib.ops.fleet import Rollout, run_hosts
+from deploy_lib.ops.router import replica_urls, router_site, worker_url
+from deploy_lib.ops.router_deploy import behind_router, deploy_router
 from deploy_lib.progress import NullProgress
 from deploy_lib.project import Project, Target, load_for_target, resolve_group, resolve_target
 from deploy_lib.remote import FabricRemote
-from deploy_lib.router import replica_urls, router_site, worker_url
-from deploy_lib.router_deploy import behind_router, deploy_router
 from sandbox import manage, names
 from sandbox.traffic import Client
 

@@ -178,7 +178,7 @@ def prepare(sglang_version: str = DEFAULT_SGLANG, flashinfer_version: str = DEFA
 def router_wheelhouse() -> Path:
     """<cache>/router-wheels-<version>: links to the wheels of the router's lock and uv's, the directory a router
     host without internet builds its venv from (`router_wheelhouse`)."""
-    from deploy_lib.router import ROUTER_VERSION
+    from deploy_lib.ops.router import ROUTER_VERSION
     directory = cache_root() / f"router-wheels-{ROUTER_VERSION}"
     directory.mkdir(parents=True, exist_ok=True)
     for wheel in (*download_with_dependencies((f"sglang-router=={ROUTER_VERSION}",)), download("uv", UV_VERSION)):

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import shutil
 import signal
+from pathlib import Path
 
 import pytest
+
+INVENTORY = Path(__file__).resolve().parent.parent / "inventory"
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -12,3 +16,7 @@ def pytest_configure(config: pytest.Config) -> None:
     # then installs no KeyboardInterrupt handler: the Ctrl-C tests, and the children they start, need the default.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    # The checkout tracks no user's hosts (inventory/hosts.yaml is the user's own, as `sglang-deploy init` writes
+    # it); the tests read the reference rig through the default inventory, as a user's project would hold it.
+    if not (INVENTORY / "hosts.yaml").exists():
+        shutil.copyfile(INVENTORY / "hosts.example.yaml", INVENTORY / "hosts.yaml")

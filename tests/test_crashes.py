@@ -13,7 +13,8 @@ import pytest
 from fake_remote import FakeRemote
 from rich.console import Console
 
-import deploy_cli as ui
+from deploy_cli import present as ui
+from deploy_cli import reports
 from deploy_lib.commands.status import StatusReport
 from deploy_lib.facts.crashes import (
     Crash,
@@ -177,7 +178,7 @@ def test_status_of_a_crash_loop_prints_the_count_the_last_crash_the_verdict_and_
         monkeypatch: pytest.MonkeyPatch) -> None:
     out = io.StringIO()
     monkeypatch.setattr(ui, "console", Console(file=out, width=200))
-    ui.print_status(crash_loop_status())
+    reports.print_status(crash_loop_status())
     lines = out.getvalue().splitlines()
     assert "unit failed/failed (NRestarts=4 since the deploy); port closed" in lines
     assert "last crash 2026-11-30 17:31:18 UTC: exit status 1: a CUDA kernel failed [cuda_runtime_error]" in lines

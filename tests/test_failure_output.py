@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-import deploy_cli as ui
+from deploy_cli import present as ui
 from deploy_lib.errors import ReadinessFailed
 
 SERVER_ARGS = ("[2026-11-29 11:50:37] server_args=ServerArgs(model_path='lukealonso/GLM-5-NVFP4', "

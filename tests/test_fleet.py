@@ -14,8 +14,8 @@ from recording_progress import RecordingProgress
 from test_cli import invoke
 
 from deploy_lib.errors import ConfigError, DeployError, LockHeld, ReadinessFailed, RemoteError, RollbackFailed
-from deploy_lib.fleet import FleetRun, HostEnd, Rollout, run_hosts, summarize, worst_exit_code
 from deploy_lib.inventory import load_inventory
+from deploy_lib.ops.fleet import FleetRun, HostEnd, Rollout, run_hosts, summarize, worst_exit_code
 from deploy_lib.project import Target, resolve_group
 from sandbox import manage, names
 

@@ -16,7 +16,8 @@ from recording_progress import RecordingProgress
 from rich.console import Console
 from test_cli import invoke
 
-import deploy_cli as ui
+from deploy_cli import present as ui
+from deploy_cli import reports
 from deploy_lib import deploy as engine
 from deploy_lib.commands.status import StatusReport, follow_log, read_status, serving_endpoint
 from deploy_lib.commands.uninstall import removal_steps, uninstall
@@ -237,5 +238,5 @@ def test_status_shows_the_installed_versions_and_a_jit_cache_installed_from_a_so
 def status_text(report: StatusReport, monkeypatch: pytest.MonkeyPatch) -> str:
     out = io.StringIO()
     monkeypatch.setattr(ui, "console", Console(file=out, width=200))
-    ui.print_status(report)
+    reports.print_status(report)
     return out.getvalue()

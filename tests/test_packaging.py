@@ -54,3 +54,42 @@ def test_a_non_editable_install_renders_and_lists_the_patch_sets(tmp_path: Path)
     assert result["patch_sets"] == ["fusion-sm120", "nsa-aliases"]
     assert result["relocate_script"] == (REPO / "deploy_lib" / "venvs" / "relocate_script.py").read_text()
     assert result["p2p_measure_script"] == (REPO / "deploy_lib" / "gpu_check" / "p2p" / "measure_script.py").read_text()
+
+
+def test_in_a_fresh_venv_the_installed_command_starts_a_project_renders_it_and_lists_only_user_tasks(
+        tmp_path: Path) -> None:
+    """`pip install .` (not editable) into a new venv, then in an empty directory: `sglang-deploy init`,
+    `render --profile glm5-nvfp4`, `--list`; init again refuses to overwrite. Failed before: the installed command
+    found no tasks (`Can't find any collection named 'tasks'!`, exit 1) and had no init."""
+    import sysconfig
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
+    purelib = Path(subprocess.run([str(venv / "bin" / "python"), "-c", "import sysconfig; "
+                                   "print(sysconfig.get_paths()['purelib'])"], check=True, capture_output=True,
+                                  text=True).stdout.strip())
+    # the dependencies (fabric, invoke, pydantic...) from this interpreter, appended after the venv's own packages
+    (purelib / "dependencies.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "--quiet",
+                    "--no-deps", str(REPO)], check=True, capture_output=True, text=True, timeout=600)
+    project = tmp_path / "mine"
+    project.mkdir()
+    environ = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_DEPLOY_", "PYTHON"))}
+
+    def command(*argv: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(venv / "bin" / "sglang-deploy"), *argv], cwd=project, env=environ,
+                              capture_output=True, text=True, timeout=120)
+    started = command("init")
+    assert started.returncode == 0, started.stderr
+    assert {path.relative_to(project).as_posix() for path in project.rglob("*") if path.is_file()} == {
+        "inventory/hosts.yaml", "inventory/profiles/glm5-nvfp4.yaml", ".gitignore"}
+    rendered = command("render", "--profile", "glm5-nvfp4")
+    assert rendered.returncode == 0, rendered.stderr
+    assert "--tp-size" in rendered.stdout and "ExecStart=/opt/sglang-deploy/sglang/current/launch" in rendered.stdout
+    listed = command("--list")
+    assert listed.returncode == 0, listed.stderr
+    names = {line.split()[0] for line in listed.stdout.splitlines() if line.startswith("  ")}
+    assert {"deploy", "rollback", "render", "init", "patch-fusion", "router.deploy", "venv.build"} <= names
+    assert not {name for name in names if name.startswith(("sandbox", "demo"))}
+    again = command("init")
+    assert again.returncode == 2 and "overwrites nothing" in again.stderr
+    assert "hosts.yaml" in again.stderr

@@ -20,11 +20,9 @@ from deploy_lib.deploy import Transition
 from deploy_lib.deploy.plan import ACTIVATE, VERIFIED, activation_steps
 from deploy_lib.errors import ConfigError, LockHeld, ReadinessFailed, RollbackFailed, RouterFailed
 from deploy_lib.facts import host as host_facts
-from deploy_lib.fleet import Rollout
 from deploy_lib.inventory import RouterPolicy, load_inventory
-from deploy_lib.project import Project, resolve_group
-from deploy_lib.remote import OutputLine, Put, Step, StepResult
-from deploy_lib.router import (
+from deploy_lib.ops.fleet import Rollout
+from deploy_lib.ops.router import (
     DEFAULT_LOCK,
     ROUTER_VERSION,
     RouterMembership,
@@ -34,7 +32,9 @@ from deploy_lib.router import (
     router_site,
     worker_url,
 )
-from deploy_lib.router_deploy import RouterFront, behind_router, one_at_a_time, router_in_front
+from deploy_lib.ops.router_deploy import RouterFront, behind_router, one_at_a_time, router_in_front
+from deploy_lib.project import Project, resolve_group
+from deploy_lib.remote import OutputLine, Put, Step, StepResult
 from deploy_lib.store import StoreLayout
 
 GROUP = """\

@@ -302,9 +302,9 @@ def test_the_tune_task_refuses_a_bad_vary_with_exit_2_before_any_connection(caps
     """Input tried: `invoke tune --vary memory.max_running_request=64` (a misspelt key), no host reachable."""
     from invoke import Collection, Program
 
-    from deploy_cli import tune_task
+    from deploy_cli import tune as tune_tasks
 
-    program = Program(namespace=Collection(tune=tune_task.collection))
+    program = Program(namespace=Collection(tune=tune_tasks.collection))
     with pytest.raises(SystemExit) as ended:
         program.run(["invoke", "tune", "--profile", "glm5-nvfp4", "--vary", "memory.max_running_request=64",
                      "--dry-run"])

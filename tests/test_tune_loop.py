@@ -14,7 +14,7 @@ from test_deploy_plan import PROJECT, options_accepting, target
 from test_rollback import DEAD, READY, ScriptedHost, a_host
 from test_store import release_entries
 
-from deploy_cli import jsonable
+from deploy_cli.present import jsonable
 from deploy_lib import store
 from deploy_lib.errors import Interrupted
 from deploy_lib.facts import host as host_facts

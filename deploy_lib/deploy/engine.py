@@ -20,7 +20,7 @@ from deploy_lib.deploy.plan import (
     stop_hand_run,
     switch_batches,
 )
-from deploy_lib.deploy.preflight import preflight, rollback_record
+from deploy_lib.deploy.preflight import preflight, refuse_one_node, rollback_record
 from deploy_lib.deploy.prune import around_the_restart, prune_after_deploy, prune_read_steps
 from deploy_lib.deploy.switch import (
     GRACE_S,
@@ -97,6 +97,7 @@ class Options:
     before_restart: Callable[[], None] | None = None  # runs before the server stops (a router takes it out)
     skip_gate: bool = False             # no gate even when the profile has one: a sweep measures its candidates
     keep_releases_at_least: int = 0     # prune keeps this many at least: a sweep's best release stays on the host
+    alone: bool = True                  # one host on its own, not one of a group deploying together
 
 
 def choose_venv(remote: Remote, layout: StoreLayout, target: Target, profile: Profile, dry_run: bool,
@@ -178,6 +179,9 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
     hand_pid = hand_run_pid(current.metadata if current else None,
                             remote.run(hand_run_check(current.metadata if current else None)))
     run.previous = facts.store.current
+    if options.alone and not options.dry_run:  # one node taken elsewhere leaves the others at the rendezvous
+        refuse_one_node(facts.store, (facts.store.current,), target.host.name, "deployed to",
+                        "`invoke deploy --profile P --group G` deploys the group of its nodes together")
     run.timings["facts"] = round(run.clock() - started, 3)
     model_facts = model.parse(facts.model_results)
     check_model(model, model_facts, target.host.name)
@@ -279,26 +283,31 @@ def stage_weights(run: Transition, model: Weights, venv: str, plan: Plan, facts:
 
 def rollback(target: Target, service: str, remote: Remote, progress: Progress, to: str | None,
              environ: Mapping[str, str], clock: Callable[[], float] = time.monotonic,
-             grace_s: float = GRACE_S, before_restart: Callable[[], None] | None = None) -> Outcome:
+             grace_s: float = GRACE_S, before_restart: Callable[[], None] | None = None, alone: bool = True
+             ) -> Outcome:
     """Switch to release `to` (default: the last healthy one before current) after the same preflight as a deploy,
-    and verify it; when it fails (or a signal comes), switch back to the release that was serving."""
+    and verify it; when it fails (or a signal comes), switch back to the release that was serving. A host `alone`
+    (not one of a group acting together) is refused when either release is one node of a multi-node release."""
     run = Transition(remote, target.layout(service), target, progress, environ, clock, grace_s=grace_s,
                      before_restart=before_restart)
     with signals_raise():
         try:
             with lock_on_first_change(remote, run.layout, "rollback", target.host.name) as lock:
                 run.lock = run.remote = lock
-                return _rollback(run, lock, to)
+                return _rollback(run, lock, to, alone)
         except KeyboardInterrupt as stop:
             raise run.interrupted_outside(stop) from None
 
 
-def _rollback(run: Transition, lock: LockOnFirstChange, to: str | None) -> Outcome:
+def _rollback(run: Transition, lock: LockOnFirstChange, to: str | None, alone: bool) -> Outcome:
     """The target chosen from one read of the store and checked with the host facts; the lock is taken, if the
     store is still as first read, with the first change (a crash record, else the switch) and released with the
     history line."""
     store = read_store_facts(run.remote, run.layout)
     run.previous = store.current
+    if alone:
+        refuse_one_node(store, (to or store.last_healthy(exclude=store.current), store.current), run.where,
+                        "rolled back", "`invoke rollback --group G` rolls every node of the release back together")
     record = rollback_record(store, to, run.where, run.layout)
     target_id = record.id
     tags = recorded_tags(run.target, target_id, record.metadata)
@@ -332,7 +341,7 @@ def _current_release(store: StoreFacts, where: str) -> ReleaseRecord:
 
 def start(target: Target, service: str, remote: Remote, progress: Progress, environ: Mapping[str, str],
           restart: bool, clock: Callable[[], float] = time.monotonic,
-          before_restart: Callable[[], None] | None = None) -> Outcome:
+          before_restart: Callable[[], None] | None = None, alone: bool = True) -> Outcome:
     """Start (or restart) the current release and climb the readiness ladder, as a deploy does; a release that
     does not come up is rolled back to the last healthy one like a failed deploy. Under the host's lock, taken with
     the switch (`lock_on_first_change`): a start that finds the server running changes nothing. The unit file
@@ -344,6 +353,9 @@ def start(target: Target, service: str, remote: Remote, progress: Progress, envi
         facts = read_host_facts(lock, layout, venv=None, port=None)
         lock.decided_from(facts.store.lock, facts.store.digest)
         record = _current_release(facts.store, target.host.name)
+        if alone:
+            refuse_one_node(facts.store, (record.id,), target.host.name, f"{event}ed",
+                            "`invoke deploy --profile P --group G` starts every node of the release together")
         if not restart and facts.unit.active_state == "active":
             return Outcome("already running", record.id, record.id)
         tags = Tags.from_dict(record.metadata["tags"])
@@ -360,13 +372,18 @@ def start(target: Target, service: str, remote: Remote, progress: Progress, envi
     return Outcome("restarted" if restart else "started", record.id, record.id, ready=ready, timings=run.timings)
 
 
-def stop(target: Target, service: str, remote: Remote, before_stop: Callable[[], None] | None = None) -> Outcome:
+def stop(target: Target, service: str, remote: Remote, before_stop: Callable[[], None] | None = None,
+         alone: bool = True) -> Outcome:
     """Stop the current release's unit (SGLang drains in-flight requests first); recorded in history. `before_stop`
-    runs just before the server stops (a router takes it out)."""
+    runs just before the server stops (a router takes it out). A node of a multi-node release is stopped only with
+    the others (`alone` False: the group's command)."""
     layout = target.layout(service)
     with host_lock(remote, layout, "stop", target.host.name):
         store = read_store_facts(remote, layout)
         record = _current_release(store, target.host.name)
+        if alone:
+            refuse_one_node(store, (record.id,), target.host.name, "stopped",
+                            "`invoke stop --group G` stops every node of the release together")
         tags = Tags.from_dict(record.metadata["tags"])
         if before_stop is not None:
             before_stop()

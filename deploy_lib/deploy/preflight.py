@@ -9,7 +9,7 @@ from deploy_lib.deploy.plan import Plan
 from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.facts.cuda_toolkit import FIX_HINT, sm12x_problem
 from deploy_lib.facts.host import HostFacts, require_gpus
-from deploy_lib.profile import LoadedProfile
+from deploy_lib.profile import LoadedProfile, read_stored_profile
 from deploy_lib.project import Target
 from deploy_lib.release.argv_check import check_argv
 from deploy_lib.release.model import RecordedRelease
@@ -112,3 +112,17 @@ def rollback_record(store: StoreFacts, to: str | None, where: str, layout: Store
         known = ", ".join(r.id for r in store.releases) or "none"
         raise ConfigError(f"{where}: release {target_id!r} is not on the host", f"releases: {known}")
     return record
+
+
+def refuse_one_node(store: StoreFacts, release_ids: tuple[str | None, ...], where: str, command: str,
+                    whole: str) -> None:
+    """A node of a multi-node release is switched, started and stopped with its other nodes, never alone: the
+    others would wait at the rendezvous for it (or it for them). ConfigError naming the release and `whole`, the
+    command that acts on every node; nothing is changed."""
+    for release_id in dict.fromkeys(release_ids):
+        record = store.release(release_id) if release_id else None
+        parallel = read_stored_profile(record.metadata.get("profile")).parallel if record else None
+        if parallel is not None and parallel.nnodes > 1:
+            raise ConfigError(f"{where}: release {release_id} is node {parallel.node_rank} of a {parallel.nnodes}-node "
+                              f"release: its nodes start, stop and switch together, so {where} alone is not "
+                              f"{command}; nothing was changed", whole)

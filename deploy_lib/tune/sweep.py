@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deploy_lib.errors import ConfigError, PreflightError, did_you_mean
-from deploy_lib.host_scripts.sglang_options import check_argv
 from deploy_lib.patches import FLASHINFER, PatchSet, refuse_unless_applicable, select_variants
 from deploy_lib.patches.profiles import patched_profile
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.profile.overrides import with_overrides
 from deploy_lib.profile.settings import BenchSettings
+from deploy_lib.release.argv_check import check_argv
 from deploy_lib.release.model import Change, build_release, diff_releases
 from deploy_lib.release.server_args import secret_environment
 from deploy_lib.store import StoreLayout

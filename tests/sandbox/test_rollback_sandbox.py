@@ -37,17 +37,15 @@ PROFILES = {
 # `invoke` run on the repo's tasks.py with the test project in place of the repo's (its profiles, its inventory)
 TASKS_SHIM = """\
 import importlib.util
+import os
 import sys
-from pathlib import Path
 
 sys.path.insert(0, {repo!r})
+os.environ["SGLANG_DEPLOY_PROJECT"] = {root!r}  # the project the tasks find (deploy_lib.project.Project.find)
 spec = importlib.util.spec_from_file_location("sglang_deploy_tasks", {tasks!r})
 tasks = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = tasks  # dataclasses in tasks.py look their module up
 spec.loader.exec_module(tasks)
-from deploy_lib.project import Project  # noqa: E402
-
-tasks.PROJECT = Project(Path({root!r}))
 ns = tasks.ns
 """
 

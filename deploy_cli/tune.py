@@ -1,22 +1,20 @@
-"""`invoke tune` and `invoke tune.show`: options in, one call of deploy_lib.tune, the table out (`--json`: one JSON
-document on stdout, progress on stderr). Mounted by tasks.py as the `tune` collection (`tune` is its default)."""
+"""tune, tune.show: a sweep of profile settings and patch sets on one host, each candidate a release benchmarked over
+a concurrency ladder; its table (`--json`: one JSON document on stdout, progress on stderr)."""
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import TYPE_CHECKING
 
 from invoke import Collection, Context, Exit
 
-import deploy_cli as ui
+from deploy_cli import common
+from deploy_cli import present as ui
 from deploy_cli.options import task
-from deploy_lib.errors import DeployError
-from deploy_lib.project import Project, Target, load_for_host, resolve_target
 
-PROJECT = Project(Path(__file__).resolve().parent.parent)
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from deploy_lib.tune import Planned
 
 HELP = {
     "vary": "KEY=V1,V2,...: a profile path (memory.max_running_requests=64,256,1024; features.cuda_graph=true,false) "
@@ -29,25 +27,6 @@ HELP = {
 }
 
 
-def _run(action: Callable[[], T], as_json: bool) -> T:
-    try:
-        return action()
-    except DeployError as error:
-        if as_json:
-            ui.print_json(ui.failure_json(error))
-        ui.print_error(error)
-        raise Exit(code=error.exit_code) from None
-
-
-def _remote(target: Target):  # type: ignore[no-untyped-def]
-    from deploy_lib.remote import FabricRemote
-    return FabricRemote(target.ssh)
-
-
-def _inventory(given: str | None) -> str | None:
-    return given or os.environ.get("SGLANG_DEPLOY_INVENTORY")
-
-
 @task(name="tune", default=True, iterable=["vary"], help=HELP)
 def tune(c: Context, profile: str | None = None, vary: list[str] | None = None, spec: str | None = None,
          host: str | None = None, inventory: str | None = None, dry_run: bool = False, resume: str | None = None,
@@ -57,35 +36,27 @@ def tune(c: Context, profile: str | None = None, vary: list[str] | None = None, 
     from deploy_lib.bundled import ROLES_DIR
     from deploy_lib.patches import list_patch_sets
 
-    loaded, target = _run(lambda: load_for_host(PROJECT, profile, _inventory(inventory), host,
-                                                accept_new_host_key), json)
-    ui.print_warnings(target.host.warnings)
+    common.report_as(json)
+    loaded, target = common.load(profile, inventory, host, accept_new_host_key)
     given = {"keep": keep} if keep else {}
     if resume is None:
-        sweep_spec, sources = _run(lambda: tuning.sweep_spec(Path(spec) if spec else None, vary or [], given), json)
+        sweep_spec, sources = common.run(lambda: tuning.sweep_spec(Path(spec) if spec else None, vary or [], given))
     elif vary or spec or keep:
-        raise Exit("error: --resume continues the sweep as it was started: drop --vary, --spec and --keep", code=2)
+        raise Exit("error: --resume continues the sweep as it was started: drop --vary, --spec and --keep",
+                   code=common.BAD_OPTION)
     else:
         sweep_spec, sources = None, {}
-    if not dry_run and not yes and not _run(lambda: ui.confirm(f"tune {loaded.name} on {target.host.name}: "
-                                                               "each candidate restarts the server?"), json):
-        raise Exit("cancelled: nothing was changed", code=1)
+    if not dry_run:
+        common.consent(f"tune {loaded.name} on {target.host.name}: each candidate restarts the server?", yes)
     request = tuning.Request(sweep_spec, sources, tuple(list_patch_sets(ROLES_DIR)), dict(os.environ),
                              dry_run=dry_run, resume=resume)
-    progress = ui.TerminalProgress(ui.errors if json else ui.console, "")
-    with _remote(target) as remote:
-        result = _run(lambda: tuning.tune(loaded, target, remote, progress, request), json)
-    if json:
-        ui.print_json(result)
-    elif isinstance(result, tuning.Planned):
-        ui.print_lines(_planned_lines(result))
-    else:
-        ui.print_lines(tuning.table_lines(result))
+    with common.remote(target) as remote:
+        result = common.run(lambda: tuning.tune(loaded, target, remote, common.progress(), request))
+    common.show(result, lambda shown: ui.print_lines(
+        _planned_lines(shown) if isinstance(shown, tuning.Planned) else tuning.table_lines(shown)))
 
 
-def _planned_lines(planned: object) -> list[str]:
-    from deploy_lib.tune import Planned
-    assert isinstance(planned, Planned)
+def _planned_lines(planned: Planned) -> list[str]:
     lines = [f"{len(planned.sweep.candidates)} candidates against release {planned.original}, benchmark "
              f"{planned.sweep.bench.describe()}:"]
     for candidate in planned.sweep.candidates:
@@ -101,15 +72,11 @@ def show(c: Context, tune_id: str, host: str | None = None, inventory: str | Non
          service: str | None = None, json: bool = False) -> None:
     """Print a sweep's table again, from the host's history."""
     from deploy_lib import tune as tuning
-    from deploy_lib.profile import ServiceSpec
-
-    target = _run(lambda: resolve_target(PROJECT.inventory(_inventory(inventory)), host), json)
-    with _remote(target) as remote:
-        report = _run(lambda: tuning.show(remote, target, service or ServiceSpec().name, tune_id), json)
-    if json:
-        ui.print_json(report)
-    else:
-        ui.print_lines(tuning.table_lines(report))
+    common.report_as(json)
+    target = common.target(inventory, host)
+    with common.remote(target) as remote:
+        report = common.run(lambda: tuning.show(remote, target, common.service_name(service), tune_id))
+    common.show(report, lambda shown: ui.print_lines(tuning.table_lines(shown)))
 
 
 collection = Collection(tune, show)

@@ -17,13 +17,9 @@ from typing import Literal, TypeVar
 
 from deploy_lib.deploy import restart_steps
 from deploy_lib.errors import DeployError, LockHeld, RouterFailed
-from deploy_lib.fleet import Rollout, Size
 from deploy_lib.inventory import Inventory
-from deploy_lib.profile.settings import VenvSpec
-from deploy_lib.progress import Progress
-from deploy_lib.project import Target, resolve_target
-from deploy_lib.remote import Put, Remote, Step
-from deploy_lib.router import (
+from deploy_lib.ops.fleet import Rollout, Size
+from deploy_lib.ops.router import (
     READY_DEADLINE_S,
     SERVICE,
     RouterMembership,
@@ -36,6 +32,10 @@ from deploy_lib.router import (
     serving_step,
     serving_url,
 )
+from deploy_lib.profile.settings import VenvSpec
+from deploy_lib.progress import Progress
+from deploy_lib.project import Target, resolve_target
+from deploy_lib.remote import Put, Remote, Step
 from deploy_lib.store import (
     FAILED,
     HEALTHY,

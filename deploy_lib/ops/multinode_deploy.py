@@ -31,12 +31,12 @@ from deploy_lib.deploy import (
 from deploy_lib.errors import ConfigError, DeployError, PreflightError
 from deploy_lib.facts.host import HostFacts
 from deploy_lib.facts.read import read_host_facts
-from deploy_lib.fleet import FleetRun, HostRun
 from deploy_lib.health import Ready
 from deploy_lib.interrupts import interrupted, signal_name, signals_raise
 from deploy_lib.models import ModelFacts, Weights, check_model, weights
-from deploy_lib.multinode import Node, group_release_id
-from deploy_lib.multinode_switch import Member, NodeFailed, activate, common_release, each, restore
+from deploy_lib.ops.fleet import FleetRun, HostRun
+from deploy_lib.ops.multinode import Node, group_release_id
+from deploy_lib.ops.multinode_switch import Member, NodeFailed, activate, common_release, each, restore
 from deploy_lib.profile import read_stored_profile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
@@ -159,10 +159,12 @@ def _stage(state: NodeDeploy) -> None:
 
 
 def rollback_nodes(targets: Sequence[Target], remotes: Mapping[str, Remote], progress_of: Callable[[str], Progress],
-                   service: str, to: str | None, environ: Mapping[str, str], grace_s: float) -> list[Outcome] | None:
+                   service: str, to: str | None, environ: Mapping[str, str], grace_s: float, rolling: bool = False
+                   ) -> list[Outcome] | None:
     """A group rollback whose target is a multi-node release: every node to it by the coordinated switch, after
     the same preflight as a single host's rollback on every node; on failure every node back to what ran. None when
-    the target is not multi-node (the caller rolls each host back on its own)."""
+    the target is not multi-node (the caller rolls each host back on its own). `rolling` (--serial, --max-fail) is
+    refused for a multi-node target: its nodes restart together."""
     runs = _runs(targets, remotes, progress_of, service, environ, grace_s)
     with signals_raise(), ExitStack() as locks:
         _lock_all(locks, runs, f"rollback to {to or 'the last healthy release'} (multi-node)")
@@ -174,6 +176,9 @@ def rollback_nodes(targets: Sequence[Target], remotes: Mapping[str, Remote], pro
         nnodes = {read_stored_profile(m.get("profile")).parallel.nnodes for m in metadata.values()}
         if not metadata or nnodes == {1}:
             return None
+        if rolling:
+            raise ConfigError(f"release {target_id} is multi-node: its nodes restart together, so --serial and "
+                              "--max-fail do not apply", "roll the group back without them")
         missing = sorted(set(runs) - set(metadata))
         if target_id is None or missing or nnodes != {len(runs)}:
             raise ConfigError(f"release {target_id or '(none in common)'} is not a multi-node release of these "

@@ -6,7 +6,6 @@ failure explains the others'. Used by the multi-node deploy and rollback (multin
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
@@ -24,6 +23,7 @@ from deploy_lib.errors import DeployError, ReadinessFailed, RollbackFailed
 from deploy_lib.facts.diagnose import Diagnosis, journal_cursor_step, parse_journal_cursor
 from deploy_lib.health import ProbeTarget, ReadyReport, Rung, wait_ready
 from deploy_lib.interrupts import Interrupt, interrupted, signal_name, signals_noted
+from deploy_lib.ops.fleet import in_parallel
 from deploy_lib.profile import read_stored_profile
 from deploy_lib.store import FAILED, HEALTHY, StoreFacts, Tags, switch_current
 
@@ -76,9 +76,8 @@ def each(items: Sequence[T], act: Callable[[T], Any]) -> list[Any]:
     """`act` on every node at once (one thread and connection each); the first error is raised once all ended. A
     signal meanwhile is noted and raised (as KeyboardInterrupt) only once every node's round trip has ended, so what
     follows (the switch back) never shares a connection with a step still running."""
-    with signals_noted() as noted, ThreadPoolExecutor(max_workers=len(items), thread_name_prefix="node") as pool:
-        futures = [pool.submit(act, item) for item in items]
-        wait(futures)
+    with signals_noted() as noted:
+        futures = in_parallel(items, act, "node")
     if noted:
         raise Interrupt(noted[0])
     for future in futures:

@@ -28,6 +28,7 @@ from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 
 T = TypeVar("T")
+Item = TypeVar("Item")
 _SIZE_RE = re.compile(r"^(?P<number>[0-9]{1,6})(?P<percent>%?)$")
 # errors raised before anything on the host changed (README exit-code table: "nothing"; no connection at all)
 _NOTHING_CHANGED = (ConfigError, PreflightError, LockHeld, DriftDetected, ConnectFailed)
@@ -164,10 +165,8 @@ def run_hosts(targets: Sequence[Target], act: Callable[[Target], T], progress: P
                 continue
             if len(batches) > 1:
                 progress.phase_started(f"batch {number} of {len(batches)}: {', '.join(batch)}")
-            with ThreadPoolExecutor(max_workers=len(batch), thread_name_prefix="host") as pool:
-                futures = {host: pool.submit(act, by_name[host]) for host in batch}
-                wait(futures.values())
-            done = {host: _host_run(host, future) for host, future in futures.items()}
+            futures = in_parallel([by_name[host] for host in batch], act, "host")
+            done = {host: _host_run(host, future) for host, future in zip(batch, futures, strict=True)}
             runs |= done
             failed_in_batch = sum(run.error is not None for run in done.values())
             failed_total += failed_in_batch
@@ -179,6 +178,16 @@ def run_hosts(targets: Sequence[Target], act: Callable[[Target], T], progress: P
                                "further host was started; the hosts already running finished first") \
         if signals else None
     return FleetRun(tuple(runs[host] for host in by_name), tuple(map(tuple, batches)), stopped, interruption)
+
+
+def in_parallel(items: Sequence[Item], act: Callable[[Item], T], thread_name: str) -> list[Future[T]]:
+    """`act` on every item at once, one thread (and so one connection) each; returns once every one has ended, its
+    result or error in its future. The one way hosts act together: a group's batch (run_hosts: each host's error
+    is its own) and a multi-node release's nodes (multinode_switch.each: the first error is the group's)."""
+    with ThreadPoolExecutor(max_workers=len(items), thread_name_prefix=thread_name) as pool:
+        futures = [pool.submit(act, item) for item in items]
+        wait(futures)
+    return futures
 
 
 def _signals_noted(progress: Progress) -> AbstractContextManager[list[int]]:
@@ -263,5 +272,5 @@ def serving_after(error: DeployError) -> str:
     return "unknown (see status)"
 
 
-__all__ = ["ALL_AT_ONCE", "FleetRun", "HostEnd", "HostRun", "HostSummary", "Rollout", "Size", "Summary", "run_hosts",
-           "serving_after", "summarize", "worst_exit_code"]
+__all__ = ["ALL_AT_ONCE", "FleetRun", "HostEnd", "HostRun", "HostSummary", "Rollout", "Size", "Summary", "in_parallel",
+           "run_hosts", "serving_after", "summarize", "worst_exit_code"]

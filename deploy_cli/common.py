@@ -1,0 +1,202 @@
+"""What every task shares: the project (found from the working directory), the hosts named by --host/--group, how
+the library reaches them (connections, progress, consent: ops.Reach), one library call with its error as exit code,
+and a command's end printed for one host or a group."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
+
+from invoke import Exit
+
+from deploy_cli import present as ui
+from deploy_lib.errors import EXIT_CODES, ConfigError, DeployError
+from deploy_lib.profile import LoadedProfile, ServiceSpec
+from deploy_lib.project import Project, Target, load_for_host, profile_for_host, resolve_target
+
+if TYPE_CHECKING:
+    from deploy_lib.deploy import Outcome
+    from deploy_lib.ops.fleet import FleetRun, Rollout
+    from deploy_lib.ops.scope import Reach, Scope
+    from deploy_lib.remote import FabricRemote
+
+T = TypeVar("T")
+BAD_OPTION = EXIT_CODES[ConfigError]
+IN_USE_HELP = ("profile: a name or a path (default: the host's `profile` var in the inventory, else the profile of "
+               "the host's current release)")
+
+
+@dataclass(frozen=True)
+class Output:
+    """How the running task reports: `--json` puts one JSON document on stdout and everything else (progress,
+    warnings, errors) on stderr; `-v` shows every remote step as it comes back."""
+
+    as_json: bool = False
+    verbose: bool = False
+
+
+_output = Output()  # one task per command line; each task that takes --json or -v sets it first
+
+
+def report_as(as_json: bool = False, verbose: bool = False) -> None:
+    global _output
+    _output = Output(as_json, verbose)
+
+
+def output() -> Output:
+    return _output
+
+
+def run(action: Callable[[], T]) -> T:
+    """Run one library call; a DeployError becomes its message (and with --json its JSON) and its exit code."""
+    try:
+        return action()
+    except DeployError as error:
+        if _output.as_json:
+            ui.print_json(ui.failure_json(error))
+        ui.print_error(error)
+        raise Exit(code=error.exit_code) from None
+
+
+@cache
+def project() -> Project:
+    """The user's project: found from the working directory (deploy_lib.project.Project.find)."""
+    return run(lambda: Project.find(Path.cwd(), os.environ))
+
+
+def inventory_given(given: str | None) -> str | None:
+    return given or os.environ.get("SGLANG_DEPLOY_INVENTORY")
+
+
+def service_name(service: str | None) -> str:
+    return service or ServiceSpec().name
+
+
+def target(inventory: str | None, host: str | None, accept_new_host_key: bool = False) -> Target:
+    """The inventory's host; vars that look like typos are warned about."""
+    found = run(lambda: resolve_target(project().inventory(inventory_given(inventory)), host, accept_new_host_key))
+    ui.print_warnings(found.host.warnings)
+    return found
+
+
+def load(profile: str | None, inventory: str | None, host: str | None,
+         accept_new_host_key: bool = False) -> tuple[LoadedProfile, Target]:
+    """Profile and host, checked against each other; vars that look like typos are warned about."""
+    loaded, found = run(lambda: load_for_host(project(), profile, inventory_given(inventory), host,
+                                              accept_new_host_key))
+    ui.print_warnings(found.host.warnings)
+    return loaded, found
+
+
+def profile_in_use(profile: str | None, found: Target, remote: FabricRemote, service: str | None) -> LoadedProfile:
+    """The profile given or named by the inventory, else the one the host's current release was deployed from."""
+    from deploy_lib.commands import status as host_status
+    return run(lambda: profile_for_host(project(), profile, found)
+               or host_status.current_profile(found, service_name(service), remote))
+
+
+def rollout(serial: list[str] | None, max_fail: str | None) -> Rollout | None:
+    """--serial and --max-fail; None without them (every host at once): a one-host command never loads the fleet."""
+    if not serial and max_fail is None:
+        return None
+    from deploy_lib.ops.fleet import Rollout
+    return run(lambda: Rollout.parse(serial or (), max_fail))
+
+
+def scope(inventory: str | None, host: str | None, group: str | None = None, accept_new_host_key: bool = False,
+          rolled: Rollout | None = None) -> Scope:
+    """The hosts --host or --group name (ops.scope.select); their vars that look like typos are warned about."""
+    from deploy_lib.ops.scope import select
+    chosen = run(lambda: select(project().inventory(inventory_given(inventory)), host, group, accept_new_host_key,
+                                rolled))
+    for each in chosen.targets:
+        ui.print_warnings(each.host.warnings)
+    return chosen
+
+
+def consent(question: str, yes: bool) -> None:
+    """Every task that changes a host asks first: --yes, or y at a terminal; exit 1 otherwise."""
+    if not yes and not run(lambda: ui.confirm(question)):
+        raise Exit("cancelled: nothing was changed", code=1)
+
+
+def consent_possible(yes: bool) -> None:
+    """For a task that can ask only once connected: refuse at once when there is no terminal to answer on."""
+    if not yes:
+        run(ui.require_terminal)
+
+
+def remote(found: Target, prefixed: bool = False) -> FabricRemote:
+    from deploy_lib.remote import FabricRemote
+    host = found.host.name if prefixed else ""
+    return FabricRemote(found.ssh, on_result=ui.step_printer(host=host) if _output.verbose else None)
+
+
+def progress(host: str = "") -> ui.TerminalProgress:
+    return ui.TerminalProgress(ui.errors if _output.as_json else ui.console, host)
+
+
+def reach(yes: bool = True) -> Reach:
+    """How the library's operations reach the hosts from this terminal: a FabricRemote each, progress lines,
+    consent by --yes or at the terminal (a refusal is exit 1, nothing changed)."""
+    from deploy_lib.ops.scope import Reach
+
+    def asked(question: str) -> None:
+        if not yes and not ui.confirm(question):
+            raise Exit("cancelled: nothing was changed", code=1)
+    return Reach(remote, progress, asked, dict(os.environ))
+
+
+def show(report: T, print_table: Callable[[T], None]) -> None:
+    if _output.as_json:
+        ui.print_json(report)
+    else:
+        print_table(report)
+
+
+def show_each(fleet: FleetRun[T], print_report: Callable[[T], None], one_host: bool) -> None:
+    """A read-only task's reports: one host's as it is, a group's host by host; exit with the worst host's code."""
+    if one_host:
+        show(fleet.runs[0].result, print_report)  # type: ignore[arg-type]
+        return
+    if _output.as_json:
+        ui.print_json({run.host: ui.failure_json(run.error) if run.error else run.result for run in fleet.runs})
+    else:
+        ui.print_each_host(fleet, print_report)
+    if fleet.exit_code:
+        raise Exit(code=fleet.exit_code)
+
+
+def show_outcomes(fleet: FleetRun[Outcome], one_host: bool) -> None:
+    """A deploy's or rollback's end. One host: its outcome. A group: plans (dry run), the per-host table; exit 0
+    only when every host is on its new release, else the worst host's code."""
+    if one_host:
+        outcome = fleet.runs[0].result
+        assert outcome is not None  # a one-host command's error was raised
+        if _output.as_json:
+            ui.print_json(ui.outcome_json(outcome))
+        else:
+            ui.print_outcome(outcome)
+        return
+    from deploy_lib.ops.fleet import HostEnd, summarize
+
+    def ended(outcome: Outcome) -> HostEnd:  # a dry run changed nothing: what ran before still runs
+        serving = outcome.previous_id if outcome.action == "planned" else outcome.release_id
+        return HostEnd(outcome.action, outcome.release_id, serving,
+                       outcome.ready.duration_s if outcome.ready else None)
+    summary = summarize(fleet, ended)
+    ui.print_host_errors(fleet)
+    if _output.as_json:
+        ui.print_json(ui.fleet_json(fleet, summary, ui.outcome_json))
+    else:
+        for each in fleet.runs:
+            if each.result is not None and each.result.plan is not None and each.result.action == "planned":
+                ui.console.rule(each.host)
+                ui.print_plan(each.result.plan)
+        ui.print_fleet(summary)
+    if summary.exit_code:
+        raise Exit(code=summary.exit_code)

@@ -1,0 +1,105 @@
+"""start, stop, restart, uninstall, adopt, unlock: a host's server and its store, without a new release."""
+
+from __future__ import annotations
+
+import os
+
+from invoke import Context, Exit
+
+from deploy_cli import common, reports
+from deploy_cli import present as ui
+from deploy_cli.options import task
+
+GROUP_HELP = {"group": "inventory group: every host of it at once (a multi-node release stops as a whole); "
+                       "exclusive with --host"}
+
+
+@task(help=GROUP_HELP)
+def stop(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
+         service: str | None = None, yes: bool = False) -> None:
+    """Stop the server (the current release stays current; `invoke start` brings it back)."""
+    from deploy_lib.ops import commands
+    hosts = common.scope(inventory, host, group)
+    fleet = common.run(lambda: commands.stop(hosts, common.service_name(service), common.reach(yes)))
+    _show_lifecycle(fleet, hosts.one_host)
+
+
+def _show_lifecycle(fleet: object, one_host: bool) -> None:
+    common.show_each(fleet, ui.print_outcome, one_host)  # type: ignore[arg-type]
+
+
+def _start(restart: bool, host: str | None, inventory: str | None, service: str | None, yes: bool) -> None:
+    from deploy_lib.ops import commands
+    hosts = common.scope(inventory, host)
+    fleet = common.run(lambda: commands.start(hosts, common.service_name(service), restart, common.reach(yes)))
+    _show_lifecycle(fleet, hosts.one_host)
+
+
+@task
+def start(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
+          yes: bool = False) -> None:
+    """Start the current release and wait until it serves (readiness ladder); rolled back if it cannot start."""
+    _start(False, host, inventory, service, yes)
+
+
+@task
+def restart(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
+            yes: bool = False) -> None:
+    """Restart the current release and wait until it serves (readiness ladder); rolled back if it cannot start."""
+    _start(True, host, inventory, service, yes)
+
+
+@task
+def uninstall(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
+              yes: bool = False) -> None:
+    """Remove the unit, releases, managed venvs and caches from the host; history is copied here first."""
+    from deploy_lib.commands.uninstall import local_state_dir
+    from deploy_lib.ops import commands
+    hosts = common.scope(inventory, host)
+    fleet = common.run(lambda: commands.uninstall(hosts, common.service_name(service), local_state_dir(os.environ),
+                                                  common.reach(yes)))
+    common.show_each(fleet, reports.print_uninstalled, hosts.one_host)
+
+
+@task(help={"pid": "process id of the SGLang server running by hand on the host (`pgrep -af sglang.launch_server`)",
+            "profile": "name of the profile to write (inventory/profiles/NAME.yaml; must not exist)",
+            "unit": "a hand-written systemd unit running the server; it becomes the service of that name",
+            "service": "service name to manage a --pid server as (default sglang)"})
+def adopt(c: Context, profile: str, pid: str | None = None, unit: str | None = None, host: str | None = None,
+          inventory: str | None = None, service: str | None = None, yes: bool = False,
+          accept_new_host_key: bool = False) -> None:
+    """Take over a server started by hand (--pid, or --unit for a hand-written systemd unit): record it as release 0
+    and write the profile that reproduces it."""
+    from deploy_lib.commands.adopt import adopt as adopt_server
+    from deploy_lib.profile import profile_path
+    if (pid is None) == (unit is None) or (pid is not None and not pid.isdigit()):
+        raise Exit("error: adopt takes --pid PID (a process id) or --unit NAME (a systemd unit), one of them",
+                   code=2)
+    path = common.run(lambda: profile_path(common.project().profiles_dir, profile))
+    if path.exists():
+        raise Exit(f"error: {path} exists; adopt writes a new profile, give another --profile name", code=2)
+    target = common.target(inventory, host, accept_new_host_key)
+    name = (unit or "").removesuffix(".service") or common.service_name(service)
+    what = f"unit {name}.service" if unit else f"pid {pid}"
+    common.consent(f"adopt {what} on {target.host.name} as release 0 of service {name}?", yes)
+    with common.remote(target) as remote:
+        result = common.run(lambda: adopt_server(target, name, remote, profile, int(pid) if pid else None,
+                                                 from_unit=unit is not None))
+    path.write_text(result.profile_text)
+    reports.print_adopted_server(result, path)
+
+
+@task(help={"force": "remove the lock even if its owner looks alive"})
+def unlock(c: Context, force: bool = False, host: str | None = None, inventory: str | None = None,
+           service: str | None = None, verbose: bool = False, yes: bool = False) -> None:
+    """Remove a stale deploy lock (or any lock, with --force)."""
+    from deploy_lib.store import LockContext
+    from deploy_lib.store import unlock as unlock_store
+    common.report_as(verbose=verbose)
+    target = common.target(inventory, host)
+    name = common.service_name(service)
+    common.consent(f"remove the lock of {name} on {target.host.name}?", yes)
+    with common.remote(target) as remote:
+        removed = common.run(lambda: unlock_store(remote, target.layout(name), force,
+                                                  LockContext(where=target.host.name)))
+    ui.console.print(f"removed the lock held by {removed.owner}" if removed else "there was no lock")

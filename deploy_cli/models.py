@@ -1,0 +1,18 @@
+"""model.list: the model revisions on a host."""
+
+from __future__ import annotations
+
+from invoke import Context
+
+from deploy_cli import common, reports
+from deploy_cli.options import task
+
+
+@task(name="list")
+def model_list(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None) -> None:
+    """List model revisions in the host's HF caches and pushed versions: size, staged by us, the releases using them."""
+    from deploy_lib.commands import status as host_status
+    from deploy_lib.remote import FabricRemote
+    target = common.run(lambda: common.target(inventory, host))
+    with FabricRemote(target.ssh) as remote:
+        reports.print_models(common.run(lambda: host_status.list_models(target, common.service_name(service), remote)))

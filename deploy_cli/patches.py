@@ -1,0 +1,134 @@
+"""patch, patch-fusion, patches.*: the patch sets under roles/ on a host's venv."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import TYPE_CHECKING, TypeVar
+
+from invoke import Context, Exit
+
+from deploy_cli import common, reports
+from deploy_cli import present as ui
+from deploy_cli.options import task
+
+if TYPE_CHECKING:
+    from deploy_lib.patches import PatchSet
+
+T = TypeVar("T")
+FUSION_PATCH_SET = "fusion-sm120"
+
+
+def _patch_set(name: str) -> PatchSet:
+    from deploy_lib.bundled import ROLES_DIR
+    from deploy_lib.patches import find_patch_set
+    return common.run(lambda: find_patch_set(ROLES_DIR, name))
+
+
+def _patch_run(profile: str | None, host: str | None, inventory: str | None, service: str | None,
+               action: Callable[..., T], *args: object) -> T:
+    target = common.target(inventory, host)
+    with common.remote(target) as remote:
+        loaded = common.profile_in_use(profile, target, remote, service)
+        return common.run(lambda: action(remote, *args, loaded, target))
+
+
+PATCH_HELP = {"name": "patch set name (see `invoke patches.list`)", "profile": common.IN_USE_HELP}
+
+
+@task(name="list")
+def patches_list(c: Context) -> None:
+    """List the patch sets under roles/ with what they are for."""
+    from deploy_lib.bundled import ROLES_DIR
+    from deploy_lib.patches import list_patch_sets
+    reports.print_patch_sets(common.run(lambda: list_patch_sets(ROLES_DIR)))
+
+
+@task(name="check", help=PATCH_HELP)
+def patches_check(c: Context, name: str, profile: str | None = None, host: str | None = None,
+                  inventory: str | None = None, service: str | None = None, verbose: bool = False) -> None:
+    """Each target's state (absent, applied, native, conflict) in the current release's venv; changes nothing."""
+    from deploy_lib.commands import patches as on_host
+    common.report_as(verbose=verbose)
+    reports.print_check(_patch_run(profile, host, inventory, service, on_host.check, _patch_set(name)))
+
+
+@task(name="audit", help=PATCH_HELP)
+def patches_audit(c: Context, name: str, profile: str | None = None, host: str | None = None,
+                  inventory: str | None = None, service: str | None = None, verbose: bool = False) -> None:
+    """Every architecture bound on the patch set's code path, with file:line and its value on the set's GPUs."""
+    from deploy_lib.commands import patches as on_host
+    common.report_as(verbose=verbose)
+    reports.print_audit(_patch_run(profile, host, inventory, service, on_host.audit, _patch_set(name)))
+
+
+@task(name="enable", help=PATCH_HELP)
+def patches_enable(c: Context, name: str, profile: str | None = None, host: str | None = None,
+                   inventory: str | None = None, service: str | None = None, yes: bool = False,
+                   verbose: bool = False) -> None:
+    """Make a patched venv (derived; the base is untouched) and deploy the profile on it (the set's feature on)."""
+    from deploy_lib import deploy as deploy_engine
+    from deploy_lib.commands import patches as on_host
+    common.report_as(verbose=verbose)
+    patch_set = _patch_set(name)
+    target = common.target(inventory, host)
+    common.consent_possible(yes)  # the question needs the host's profile: refuse before connecting if none can answer
+    with common.remote(target) as remote:
+        base = on_host.base_profile(common.profile_in_use(profile, target, remote, service), patch_set)
+        patched = on_host.patched_profile(base, patch_set)
+        common.consent(f"patch {name} and deploy {patched.name} to {target.host.name}?", yes)
+        report, outcome = common.run(lambda: on_host.enable(remote, patch_set, base, patched, target,
+                                                       common.progress(), deploy_engine.Options(
+                                                           environ=dict(os.environ))))
+    reports.print_check(report)
+    ui.print_outcome(outcome)
+
+
+@task(name="disable", help=PATCH_HELP)
+def patches_disable(c: Context, name: str, profile: str | None = None, host: str | None = None,
+                    inventory: str | None = None, service: str | None = None, yes: bool = False,
+                    verbose: bool = False) -> None:
+    """Deploy the profile (the set's feature off) on the venv the patched one was derived from."""
+    from deploy_lib import deploy as deploy_engine
+    from deploy_lib.commands import patches as on_host
+    common.report_as(verbose=verbose)
+    patch_set = _patch_set(name)
+    target = common.target(inventory, host)
+    common.consent_possible(yes)
+    with common.remote(target) as remote:
+        base = on_host.base_profile(common.profile_in_use(profile, target, remote, service), patch_set)
+        common.consent(f"deploy {base.name} without {name} to {target.host.name}?", yes)
+        outcome = common.run(lambda: on_host.disable(remote, patch_set, base, target, common.progress(),
+                                                deploy_engine.Options(environ=dict(os.environ))))
+    ui.print_outcome(outcome)
+
+
+PATCH_ACTION_HELP = {"profile": PATCH_HELP["profile"], "enable": "patch and deploy the profile on the patched venv",
+                     "disable": "deploy the profile on the unpatched venv the patched one was derived from",
+                     "check": "print each target's state, change nothing",
+                     "audit": "list every architecture bound on the patch set's code path"}
+
+
+@task(help={"set": PATCH_HELP["name"], **PATCH_ACTION_HELP})
+def patch(c: Context, set: str, enable: bool = False, disable: bool = False, check: bool = False, audit: bool = False,
+          profile: str | None = None, host: str | None = None, inventory: str | None = None,
+          service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
+    """A patch set under roles/ (`invoke patches.list`): --set NAME, then --enable | --disable | --check | --audit."""
+    common.report_as(verbose=verbose)
+    chosen = [flag for flag, on in (("enable", enable), ("disable", disable), ("check", check), ("audit", audit))
+              if on]
+    if len(chosen) != 1:
+        raise Exit("error: give exactly one of --enable, --disable, --check, --audit", code=2)
+    action = {"enable": patches_enable, "disable": patches_disable, "check": patches_check, "audit": patches_audit}
+    kwargs = {"yes": yes} if chosen[0] in ("enable", "disable") else {}
+    action[chosen[0]](c, set, profile=profile, host=host, inventory=inventory, service=service, verbose=verbose,
+                      **kwargs)
+
+
+@task(name="patch-fusion", help=PATCH_ACTION_HELP)
+def patch_fusion(c: Context, enable: bool = False, disable: bool = False, check: bool = False, audit: bool = False,
+                 profile: str | None = None, host: str | None = None, inventory: str | None = None,
+                 service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
+    """The SM120 allreduce-fusion patch set: `invoke patch --set fusion-sm120`."""
+    patch(c, FUSION_PATCH_SET, enable=enable, disable=disable, check=check, audit=audit, profile=profile, host=host,
+          inventory=inventory, service=service, yes=yes, verbose=verbose)

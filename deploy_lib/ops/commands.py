@@ -1,0 +1,204 @@
+"""Every command that acts on hosts, for one host or a group: which path it takes (one multi-node release over the
+group's nodes, replicas behind a router, independent hosts), the router drain around each replica, the rollout
+(--serial, --max-fail, one at a time behind a router), the consent question; all through the one runner
+(scope.run_each) with its one result, a FleetRun. The per-host work is the engine's (deploy_lib/deploy), the
+status reads' (deploy_lib/status) and uninstall's; the CLI only presents what these return."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import ExitStack
+from dataclasses import replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from deploy_lib.errors import ConfigError, DeployError
+from deploy_lib.ops.scope import Reach, Scope, behind, rolled_out, router_in_front, run_each
+from deploy_lib.progress import Progress
+from deploy_lib.project import Project, Target, load_for_target
+from deploy_lib.remote import Remote
+
+if TYPE_CHECKING:
+    from deploy_lib.commands.status import ReleaseRow, StatusReport
+    from deploy_lib.commands.uninstall import Uninstalled
+    from deploy_lib.deploy import Options, Outcome
+    from deploy_lib.gpu_check import GpuCheckReport
+    from deploy_lib.ops.fleet import FleetRun
+    from deploy_lib.profile import LoadedProfile
+
+LAST_HEALTHY = "the last healthy release"
+
+
+def deploy(project: Project, scope: Scope, profile: str | None, options: Options, reach: Reach) -> FleetRun[Outcome]:
+    """The profile (else each host's `profile` var) on every host of the scope: a multi-node profile on the group's
+    nodes as one release, replicas behind their router one at a time, other hosts batch by batch."""
+    from deploy_lib import deploy as engine
+    from deploy_lib.ops import multinode
+    loaded_for = {t.host.name: load_for_target(project, profile, scope.inventory, t) for t in scope.targets}
+    if scope.one_host:
+        [(name, loaded)] = loaded_for.items()
+        multinode.refuse_single_host(loaded, name)
+    multi = next((loaded for loaded in loaded_for.values() if multinode.is_multi_node(loaded)), None)
+    if multi is not None and len({loaded.path for loaded in loaded_for.values()}) > 1:
+        raise ConfigError(f"profile {multi.name} is multi-node: every host of group {scope.group} runs it, so give it "
+                          f"to all (--profile {multi.name}) instead of each host's `profile` var")
+    front = router_in_front(scope, reach) if multi is None else None
+    if not options.dry_run:
+        names = ", ".join(sorted({loaded.name for loaded in loaded_for.values()}))
+        reach.consent(f"deploy {names} to {scope.names[0]}?" if scope.one_host else
+                      f"deploy {names} to {len(scope.targets)} hosts of group {scope.group} ({', '.join(loaded_for)})?")
+    if multi is not None:
+        return _deploy_nodes(multi, scope, options, reach)
+
+    def deploy_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None) -> Outcome:
+        return engine.deploy(loaded_for[target.host.name], target, remote, progress,
+                             replace(options, before_restart=drain, alone=scope.one_host))
+    return run_each(scope, reach, behind(front, lambda t: loaded_for[t.host.name].profile.service.name, deploy_host),
+                    rolled_out(front, scope, reach))
+
+
+def _deploy_nodes(loaded: LoadedProfile, scope: Scope, options: Options, reach: Reach) -> FleetRun[Outcome]:
+    """A multi-node release on the group's hosts as one: one connection per node, progress prefixed by its name."""
+    from deploy_lib.ops.multinode import plan_nodes
+    from deploy_lib.ops.multinode_deploy import as_fleet, deploy_nodes
+    if scope.rollout is not None:
+        raise ConfigError(f"profile {loaded.name} is multi-node: its nodes restart together, so --serial and "
+                          "--max-fail do not apply")
+    nodes = plan_nodes(loaded, scope.targets, str(scope.group))
+    with ExitStack() as connections:
+        remotes = {node.name: connections.enter_context(reach.connect(node.target, True)) for node in nodes}
+        fleet = as_fleet([node.name for node in nodes], lambda: deploy_nodes(nodes, remotes, reach.progress, options))
+    assert fleet is not None  # a deploy always ends with outcomes or an error
+    return fleet
+
+
+def rollback(scope: Scope, service: str, to: str | None, reach: Reach) -> FleetRun[Outcome]:
+    """Every host of the scope back to `to` (default: each one's last healthy release); a group whose target is a
+    multi-node release is rolled back as one (no --serial or --max-fail then), one node alone is refused."""
+    from deploy_lib import deploy as engine
+    if scope.one_host:
+        front = router_in_front(scope, reach)
+        reach.consent(f"roll {scope.names[0]} back to {to or LAST_HEALTHY}?")
+    else:
+        reach.consent(f"roll {len(scope.targets)} hosts of group {scope.group} ({', '.join(scope.names)}) back to "
+                      f"{to or LAST_HEALTHY}?")
+        multi = _rollback_nodes(scope, service, to, reach)
+        if multi is not None:
+            return multi
+        front = router_in_front(scope, reach)
+
+    def rollback_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None
+                      ) -> Outcome:
+        return engine.rollback(target, service, remote, progress, to, reach.environ, before_restart=drain,
+                               alone=scope.one_host)
+    return run_each(scope, reach, behind(front, service, rollback_host), rolled_out(front, scope, reach))
+
+
+def _rollback_nodes(scope: Scope, service: str, to: str | None, reach: Reach) -> FleetRun[Outcome] | None:
+    """A group whose rollback target is a multi-node release, rolled back as one; None when it is not."""
+    from deploy_lib.deploy import GRACE_S
+    from deploy_lib.ops.multinode_deploy import as_fleet, rollback_nodes
+    with ExitStack() as connections:
+        remotes = {t.host.name: connections.enter_context(reach.connect(t, True)) for t in scope.targets}
+        return as_fleet(scope.names, lambda: rollback_nodes(scope.targets, remotes, reach.progress, service, to,
+                                                            reach.environ, GRACE_S, rolling=scope.rollout is not None))
+
+
+def start(scope: Scope, service: str, restart: bool, reach: Reach) -> FleetRun[Outcome]:
+    """(Re)start the current release on every host of the scope and climb the readiness ladder; a node of a
+    multi-node release is refused (`deploy --group` starts every node together)."""
+    from deploy_lib import deploy as engine
+    front = router_in_front(scope, reach)
+    reach.consent(f"{'restart' if restart else 'start'} {service} on {_where(scope)}?")
+
+    def start_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None) -> Outcome:
+        return engine.start(target, service, remote, progress, reach.environ, restart, before_restart=drain)
+    return run_each(scope, reach, behind(front, service, start_host), rolled_out(front, scope, reach))
+
+
+def stop(scope: Scope, service: str, reach: Reach) -> FleetRun[Outcome]:
+    """Stop the server on every host of the scope (a group: all at once, so a multi-node release stops as a whole;
+    one node of it alone is refused); a replica stays out of its router until started."""
+    from deploy_lib import deploy as engine
+    front = router_in_front(scope, reach)
+    reach.consent(f"stop {service} on {_where(scope)}?")
+
+    def stop_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None) -> Outcome:
+        return engine.stop(target, service, remote, before_stop=drain, alone=scope.one_host)
+    return run_each(scope, reach, behind(front, service, stop_host, leaves_out="stopped"),
+                    rolled_out(front, scope, reach))
+
+
+def uninstall(scope: Scope, service: str, state_dir: Path, reach: Reach) -> FleetRun[Uninstalled]:
+    """Remove the unit, releases, managed venvs and caches; each host's history is copied to `state_dir` first."""
+    from deploy_lib.commands import uninstall as remove
+    bases = ", ".join(sorted({str(target.layout(service).base) for target in scope.targets}))
+    front = router_in_front(scope, reach)
+    reach.consent(f"remove service {service} from {_where(scope)}: stop its unit, delete {bases} (releases, managed "
+                  f"venvs, caches)? history is kept in {state_dir}")
+
+    def remove_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None
+                    ) -> Uninstalled:
+        return remove.uninstall(target, service, remote, state_dir, before_stop=drain)
+    return run_each(scope, reach, behind(front, service, remove_host, leaves_out="uninstalled"),
+                    rolled_out(front, scope, reach))
+
+
+def gpu_check(scope: Scope, service: str, loaded: LoadedProfile | None, stop_server: bool, sizes: list[int],
+              reach: Reach) -> FleetRun[GpuCheckReport]:
+    """The NCCL check on every host of the scope; --stop-server takes a replica out of its router for the check
+    (one node of a multi-node release is refused: its server is stopped only with the others)."""
+    from deploy_lib.commands import gpu_check as checks
+
+    def check_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None
+                   ) -> GpuCheckReport:
+        return checks.run_gpu_check(target, service, remote, progress, loaded, stop_server, reach.environ, sizes,
+                                    before_stop=drain)
+    front = router_in_front(scope, reach) if stop_server else None
+    return run_each(scope, reach, behind(front, service, check_host), rolled_out(front, scope, reach))
+
+
+def status(scope: Scope, service: str, reach: Reach) -> FleetRun[StatusReport]:
+    from deploy_lib.commands import status as host_status
+    return run_each(scope, reach, lambda target, remote, _: host_status.read_status(target, service, remote))
+
+
+def releases(scope: Scope, service: str, reach: Reach) -> FleetRun[list[ReleaseRow]]:
+    from deploy_lib.commands import status as host_status
+    return run_each(scope, reach, lambda target, remote, _: host_status.list_releases(target, service, remote))
+
+
+def logs(scope: Scope, service: str, lines: int, reach: Reach) -> FleetRun[list[str]]:
+    from deploy_lib.commands import status as host_status
+    return run_each(scope, reach, lambda target, remote, _: host_status.read_log(target, service, remote, lines))
+
+
+def report(scope: Scope, service: str, releases: Sequence[str], out: Path, reach: Reach
+           ) -> FleetRun[tuple[Path, ...]]:
+    """Each host's history read (a group's hosts at once), then its page, CSV and JSON written under `out` one host
+    after the other (matplotlib's pyplot, which draws the charts, is not thread-safe); the paths, page first."""
+    from deploy_lib.report import read_report, write_report
+    read = run_each(scope, reach, lambda target, remote, _: read_report(target, service, remote, releases))
+    if scope.one_host:
+        return replace(read, runs=tuple(replace(run, result=write_report(run.result, out)) for run in read.runs))
+    written = []
+    for run in read.runs:
+        try:
+            written.append(replace(run, result=write_report(run.result, out) if run.result is not None else None))
+        except DeployError as error:
+            written.append(replace(run, result=None, error=error))
+    return replace(read, runs=tuple(written))
+
+
+def _where(scope: Scope) -> str:
+    return scope.names[0] if scope.one_host else f"{len(scope.targets)} hosts of group {scope.group} " \
+        f"({', '.join(scope.names)})"
+
+
+def one(fleet: FleetRun[Any]) -> Any:
+    """A one-host command's result (its error was raised)."""
+    [run] = fleet.runs
+    return run.result
+
+
+__all__ = ["deploy", "gpu_check", "logs", "one", "releases", "rollback", "start", "status", "stop", "uninstall"]

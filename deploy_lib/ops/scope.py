@@ -1,0 +1,120 @@
+"""Which hosts a command acts on and how it reaches them: one host, or a group's hosts run through the one
+multi-host runner (fleet.run_hosts); every command's result is a FleetRun (per-host results or errors, the worst
+exit code, an interruption noted), a one-host command's with its one host."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, TypeVar
+
+from deploy_lib.errors import ConfigError
+from deploy_lib.inventory import Inventory
+from deploy_lib.progress import Progress
+from deploy_lib.project import Target, resolve_group, resolve_target
+from deploy_lib.remote import Remote
+
+if TYPE_CHECKING:
+    from deploy_lib.ops.fleet import FleetRun, Rollout
+    from deploy_lib.ops.router_deploy import LeftOut, RouterFront
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Scope:
+    """The hosts a command acts on, as the user named them: one host (`group` None) or every host of a group."""
+
+    inventory: Inventory
+    targets: tuple[Target, ...]
+    group: str | None = None
+    rollout: Rollout | None = None   # --serial / --max-fail; None: every host at once
+    accept_new_host_key: bool = False
+
+    @property
+    def one_host(self) -> bool:
+        return self.group is None
+
+    @property
+    def names(self) -> list[str]:
+        return [target.host.name for target in self.targets]
+
+
+def select(inventory: Inventory, host: str | None, group: str | None, accept_new_host_key: bool = False,
+           rollout: Rollout | None = None) -> Scope:
+    """--host (default: the only host) or --group; --serial and --max-fail need a group."""
+    if group is None:
+        if rollout is not None:
+            raise ConfigError("--serial and --max-fail roll out over a group: give --group G")
+        return Scope(inventory, (resolve_target(inventory, host, accept_new_host_key),),
+                     accept_new_host_key=accept_new_host_key)
+    if host is not None:
+        raise ConfigError("--host and --group are exclusive: give one host (--host) or one group (--group)")
+    return Scope(inventory, tuple(resolve_group(inventory, group, accept_new_host_key)), group, rollout,
+                 accept_new_host_key)
+
+
+@dataclass(frozen=True)
+class Reach:
+    """How an operation reaches its hosts and asks: the caller's connection (`prefixed`: the host's name shown on
+    each step, for a group), progress (`""`: the whole command's, else a host's), and consent (raises when the user
+    does not agree; the library never asks a terminal itself)."""
+
+    connect: Callable[[Target, bool], AbstractContextManager[Remote]]
+    progress: Callable[[str], Progress]
+    consent: Callable[[str], None]
+    environ: Mapping[str, str] = field(default_factory=dict)
+
+
+def run_each(scope: Scope, reach: Reach, act: Callable[[Target, Remote, Progress], T],
+             rollout: Rollout | None = None) -> FleetRun[T]:
+    """`act` on every host of the scope: one host in this thread, its error raised as a one-host command's; a
+    group's hosts through fleet.run_hosts (batch by batch, one connection each, progress prefixed by the host)."""
+    from deploy_lib.ops.fleet import ALL_AT_ONCE, FleetRun, HostRun, run_hosts
+    if scope.one_host:
+        [target] = scope.targets
+        with reach.connect(target, False) as remote:
+            result = act(target, remote, reach.progress(""))
+        return FleetRun((HostRun(target.host.name, result=result),), ((target.host.name,),))
+
+    def on_host(target: Target) -> T:
+        with reach.connect(target, True) as remote:
+            return act(target, remote, reach.progress(target.host.name))
+    return run_hosts(scope.targets, on_host, reach.progress(""), rollout or ALL_AT_ONCE)
+
+
+def router_in_front(scope: Scope, reach: Reach) -> RouterFront | None:
+    """The router the hosts' `router` var names; nothing of the router is imported when none names one."""
+    if not any(target.host.vars.router for target in scope.targets):
+        return None
+    from deploy_lib.ops.router_deploy import router_in_front as find
+    return find(scope.inventory, scope.targets, scope.accept_new_host_key, lambda target: reach.connect(target, True))
+
+
+def behind(front: RouterFront | None, service: str | Callable[[Target], str],
+           transition: Callable[[Target, Remote, Progress, Callable[[], None] | None], T],
+           leaves_out: LeftOut | None = None) -> Callable[[Target, Remote, Progress], T]:
+    """A per-host transition (`transition(target, remote, progress, before_restart)`) of `service` (or each host's)
+    with the router around it (router_deploy.behind_router): the replica out before its server stops, back once
+    it serves."""
+    def act(target: Target, remote: Remote, progress: Progress) -> T:
+        if front is None:
+            return transition(target, remote, progress, None)
+        from deploy_lib.ops.router_deploy import behind_router
+        name = service if isinstance(service, str) else service(target)
+        return behind_router(front, target, name, remote, progress,
+                             lambda drain: transition(target, remote, progress, drain), leaves_out)
+    return act
+
+
+def rolled_out(front: RouterFront | None, scope: Scope, reach: Reach) -> Rollout | None:
+    """The scope's rollout; behind a router, one replica at a time unless --serial says otherwise."""
+    if front is None or scope.one_host:
+        return scope.rollout
+    from deploy_lib.ops.fleet import ALL_AT_ONCE
+    from deploy_lib.ops.router_deploy import one_at_a_time
+    return one_at_a_time(front, scope.rollout or ALL_AT_ONCE, reach.progress(""))
+
+
+__all__ = ["Reach", "Scope", "behind", "rolled_out", "router_in_front", "run_each", "select"]

@@ -1,0 +1,242 @@
+"""The operations of deploy_lib/ops driven as the CLI drives them, with fake hosts (no subprocess, no SSH): one host,
+a group, a group behind a router, a multi-node release; which path each takes, the consent asked, the one result."""
+
+from __future__ import annotations
+
+import json
+from contextlib import nullcontext
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_remote import FakeRemote
+from recording_progress import RecordingProgress
+from test_router import answering, config_of
+
+from deploy_lib import store
+from deploy_lib.deploy import Options
+from deploy_lib.errors import ConfigError, ConnectFailed
+from deploy_lib.facts import host as host_facts
+from deploy_lib.inventory import load_inventory
+from deploy_lib.ops import commands
+from deploy_lib.ops.fleet import Rollout
+from deploy_lib.ops.scope import Reach, Scope, select
+from deploy_lib.project import Project
+from deploy_lib.store import StoreLayout
+
+REPO = Path(__file__).resolve().parent.parent
+HOSTS = """\
+all:
+  vars: {gpu_count: 8}
+  hosts:
+    edge: {ansible_host: 192.0.2.9}
+  children:
+    pair:
+      hosts:
+        n1: {ansible_host: 192.0.2.11}
+        n2: {ansible_host: 192.0.2.12}
+    replicas:
+      hosts:
+        a: {ansible_host: 192.0.2.2}
+        b: {ansible_host: 192.0.2.3}
+      vars: {router: edge, router_port: 31000}
+"""
+TAGS = {"who": "u@m", "host": "h", "release": "r1", "profile": "p", "profile_hash": "x", "versions": {}}
+
+
+def release(release_id: str, nnodes: int = 1, node_rank: int = 0) -> dict[str, Any]:
+    return {"id": release_id, "tags": TAGS | {"release": release_id}, "venv": "/opt/ml-env",
+            "profile": {"server": {"port": 8000}, "parallel": {"tp": 4, "nnodes": nnodes, "node_rank": node_rank,
+                                                               "dist_init_addr": "192.0.2.11:5000"}}}
+
+
+def installed(*releases: dict[str, Any]) -> FakeRemote:
+    """A host whose store holds `releases`, the last one current and its unit running."""
+    layout = StoreLayout("sglang")
+    ids = [r["id"] for r in releases]
+    return (FakeRemote()
+            .reply(store.FACT_LOCK, exit_code=1)
+            .reply(store.FACT_CURRENT, stdout=f"releases/{ids[-1]}\n")
+            .reply(store.FACT_RELEASE_DIRS, stdout="".join(f"{i}\0" + "".join(f"{i}/{name}\0" for name in (
+                store.RELEASE_FILE, store.UNIT_FILE, store.ENV_FILE)) for i in ids))
+            .reply(store.FACT_RELEASE_FILES, stdout="".join(f"{layout.releases}/{r['id']}/release.json\0"
+                                                            f"{json.dumps(r)}\n" for r in releases))
+            .reply("router: serving release", stdout=json.dumps(releases[-1]))
+            .reply(host_facts.FACT_UNIT, stdout="ActiveState=active\nSubState=running\nLoadState=loaded\n"))
+
+
+class Hosts:
+    """The fake hosts by name, reached as ops.scope.Reach reaches them; records the consent questions."""
+
+    def __init__(self, **remotes: FakeRemote) -> None:
+        self.remotes = remotes
+        self.asked: list[str] = []
+        self.connected: list[str] = []
+
+    def reach(self, agree: bool = True) -> Reach:
+        def connect(target: Any, prefixed: bool) -> Any:
+            self.connected.append(target.host.name)
+            return nullcontext(self.remotes[target.host.name])
+
+        def consent(question: str) -> None:
+            self.asked.append(question)
+            if not agree:
+                raise ConfigError("cancelled: nothing was changed")
+        return Reach(connect, lambda host: RecordingProgress(), consent, {})
+
+
+def scope(tmp_path: Path, host: str | None = None, group: str | None = None, rollout: Rollout | None = None
+          ) -> Scope:
+    path = tmp_path / "hosts.yaml"
+    path.write_text(HOSTS)
+    return select(load_inventory(path), host, group, rollout=rollout)
+
+
+def changed(remote: FakeRemote) -> list[str]:
+    """The steps that change the host: anything past reading its store and taking or releasing its lock."""
+    return [name for name in remote.ran_names() if not name.startswith(("store facts", "lock", "host facts"))
+            and not name.endswith("/lock/owner.json") and not name.startswith("readiness probe")
+            and name not in (host_facts.FACT_UNIT, "router: serving release")]
+
+
+@pytest.mark.parametrize(("act", "says"), [
+    (lambda s, reach: commands.stop(s, "sglang", reach), "n1 alone is not stopped"),
+    (lambda s, reach: commands.start(s, "sglang", True, reach), "n1 alone is not restarted"),
+    (lambda s, reach: commands.rollback(s, "sglang", "r0", reach), "n1 alone is not rolled back"),
+])
+def test_one_node_of_a_multi_node_release_is_refused_alone_and_nothing_changes(tmp_path: Path, act: Any,
+                                                                               says: str) -> None:
+    """Input tried: `stop`, `restart`, `rollback --to r0` with --host n1, whose current release r1 is node 0 of a
+    two-node release (failed before: the node was stopped, restarted or switched alone, the other node left waiting
+    at the rendezvous)."""
+    node = installed(release("r0"), release("r1", nnodes=2))
+    hosts = Hosts(n1=node)
+    with pytest.raises(ConfigError, match=says) as refused:
+        act(scope(tmp_path, host="n1"), hosts.reach())
+    assert "release r1 is node 0 of a 2-node release" in refused.value.message and refused.value.exit_code == 2
+    assert "--group G" in (refused.value.hint or "")
+    assert changed(node) == []
+
+
+def test_a_group_stops_every_node_of_its_multi_node_release(tmp_path: Path) -> None:
+    nodes = {name: installed(release("r1", nnodes=2, node_rank=rank)) for rank, name in enumerate(("n1", "n2"))}
+    hosts = Hosts(**nodes)
+    fleet = commands.stop(scope(tmp_path, group="pair"), "sglang", hosts.reach())
+    assert fleet.exit_code == 0 and [run.result.action for run in fleet.runs] == ["stopped", "stopped"]
+    assert hosts.asked == ["stop sglang on 2 hosts of group pair (n1, n2)?"]
+    assert all("systemd: stop" in remote.ran_names() for remote in nodes.values())
+
+
+def test_a_refused_consent_connects_to_no_host(tmp_path: Path) -> None:
+    hosts = Hosts(n1=installed(release("r1")))
+    with pytest.raises(ConfigError, match="cancelled"):
+        commands.stop(scope(tmp_path, host="n1"), "sglang", hosts.reach(agree=False))
+    assert hosts.asked == ["stop sglang on n1?"] and hosts.connected == []
+
+
+def test_a_group_behind_a_router_stops_one_replica_at_a_time_each_taken_out_first(tmp_path: Path) -> None:
+    router = answering(remove={"was_listed": True})
+    hosts = Hosts(a=installed(release("r1")), b=installed(release("r1")), edge=router)
+    fleet = commands.stop(scope(tmp_path, group="replicas"), "sglang", hosts.reach())
+    assert fleet.exit_code == 0 and fleet.batches == (("a",), ("b",))
+    assert [(c["action"], c["worker"]) for c in config_of(router)] == [("remove", "http://192.0.2.2:8000"),
+                                                                         ("remove", "http://192.0.2.3:8000")]
+
+
+def test_a_read_only_command_on_a_group_gives_each_hosts_result_and_the_worst_exit_code(tmp_path: Path) -> None:
+    lost = FakeRemote().reply(lambda step: True, raises=ConnectFailed("n2: connection refused"))
+    hosts = Hosts(n1=installed(release("r1")), n2=lost)
+    fleet = commands.releases(scope(tmp_path, group="pair"), "sglang", hosts.reach())
+    assert [run.host for run in fleet.runs] == ["n1", "n2"] and fleet.failed == ["n2"]
+    assert [row.id for row in fleet.runs[0].result] == ["r1"]
+    assert fleet.exit_code == ConnectFailed.exit_code
+
+
+def test_a_one_host_command_raises_its_hosts_error(tmp_path: Path) -> None:
+    lost = FakeRemote().reply(lambda step: True, raises=ConnectFailed("n2: connection refused"))
+    with pytest.raises(ConnectFailed):
+        commands.status(scope(tmp_path, host="n2"), "sglang", Hosts(n2=lost).reach())
+
+
+@pytest.mark.parametrize(("host", "group", "rollout", "says"), [
+    (None, None, Rollout.parse(["1"]), "--serial and --max-fail roll out over a group"),
+    ("n1", "pair", None, "--host and --group are exclusive"),
+])
+def test_hosts_named_two_ways_or_a_rollout_without_a_group_are_refused(tmp_path: Path, host: str | None,
+                                                                       group: str | None, rollout: Rollout | None,
+                                                                       says: str) -> None:
+    with pytest.raises(ConfigError, match=says):
+        scope(tmp_path, host, group, rollout)
+
+
+def test_a_multi_node_deploy_refuses_one_host_and_a_rolling_rollout_before_asking_or_connecting(tmp_path: Path) -> None:
+    project = Project(REPO)
+    hosts = Hosts()
+    with pytest.raises(ConfigError, match="is not deployed to n1 alone"):
+        commands.deploy(project, scope(tmp_path, host="n1"), "glm5-nvfp4-3nodes", Options(), hosts.reach())
+    with pytest.raises(ConfigError, match="group pair has 2 host"):
+        commands.deploy(project, scope(tmp_path, group="pair"), "glm5-nvfp4-3nodes", Options(), hosts.reach())
+    with pytest.raises(ConfigError, match="--serial and --max-fail do not apply"):
+        commands.deploy(project, scope(tmp_path, group="pair", rollout=Rollout.parse(["1"])), "glm5-nvfp4-3nodes",
+                        Options(), hosts.reach())
+    assert hosts.connected == []
+
+
+def test_the_project_is_the_nearest_directory_upwards_holding_inventory_or_the_one_named(tmp_path: Path) -> None:
+    """Never the tool's install location (failed before: the tasks read the checkout's inventory wherever they ran)."""
+    (tmp_path / "mine" / "inventory").mkdir(parents=True)
+    (tmp_path / "mine" / "deep" / "er").mkdir(parents=True)
+    assert Project.find(tmp_path / "mine" / "deep" / "er", {}).root == (tmp_path / "mine").resolve()
+    assert Project.find(tmp_path, {}).root == tmp_path.resolve()  # none upwards: the working directory's own
+    assert Project.find(tmp_path, {"SGLANG_DEPLOY_PROJECT": str(tmp_path / "mine")}).root == tmp_path / "mine"
+    with pytest.raises(ConfigError, match="does not exist"):
+        Project.find(tmp_path, {"SGLANG_DEPLOY_PROJECT": str(tmp_path / "nowhere")})
+
+
+def test_init_writes_a_starter_project_and_overwrites_nothing(tmp_path: Path) -> None:
+    """Input tried: init twice in one directory; the second refuses, naming the files, and writes nothing."""
+    from deploy_lib.project import write_starter
+    written = write_starter(tmp_path)
+    assert [path.relative_to(tmp_path).as_posix() for path in written] == [
+        "inventory/hosts.yaml", "inventory/profiles/glm5-nvfp4.yaml", ".gitignore"]
+    project = Project(tmp_path)
+    assert project.profile("glm5-nvfp4").profile.parallel.tp == 8
+    assert list(project.inventory(None).hosts) == ["pve-gpu1"]
+    (tmp_path / ".gitignore").write_text("mine\n")
+    (tmp_path / "inventory" / "hosts.yaml").unlink()
+    with pytest.raises(ConfigError, match=r"\.gitignore.*overwrites nothing") as refused:
+        write_starter(tmp_path)
+    assert refused.value.exit_code == 2 and "hosts.yaml" not in refused.value.message
+    assert not (tmp_path / "inventory" / "hosts.yaml").exists() and (tmp_path / ".gitignore").read_text() == "mine\n"
+
+
+def test_a_rolling_rollback_of_a_group_to_its_multi_node_release_is_refused_on_every_node(tmp_path: Path) -> None:
+    """Input tried: `rollback --group pair --to r0 --serial 1`, r0 a two-node release on both hosts (failed before:
+    with --serial the multi-node check was skipped and each node was rolled back alone, batch by batch)."""
+    nodes = {name: installed(release("r0", nnodes=2, node_rank=rank), release("r1"))
+             for rank, name in enumerate(("n1", "n2"))}
+    fleet = commands.rollback(scope(tmp_path, group="pair", rollout=Rollout.parse(["1"])), "sglang", "r0",
+                              Hosts(**nodes).reach())
+    assert fleet.failed == ["n1", "n2"] and fleet.exit_code == 2
+    assert all("--serial and --max-fail do not apply" in run.error.message for run in fleet.runs if run.error)
+    assert all(changed(remote) == [] for remote in nodes.values())
+
+
+def test_a_gpu_check_that_would_stop_one_node_of_a_multi_node_release_is_refused_and_leaves_it_serving(
+        tmp_path: Path) -> None:
+    """Input tried: `gpu-check --stop-server --host n1`, n1 a node of a running two-node release (failed before: its
+    server was stopped for the check, the other node left alone at the rendezvous)."""
+    node = installed(release("r1", nnodes=2))
+    with pytest.raises(ConfigError, match="n1 alone is not stopped"):
+        commands.gpu_check(scope(tmp_path, host="n1"), "sglang", None, True, [1024], Hosts(n1=node).reach())
+    assert "systemd: stop" not in node.ran_names() and changed(node) == []
+
+
+def test_a_deploy_to_one_node_of_a_multi_node_release_is_refused_before_any_change(tmp_path: Path) -> None:
+    """Input tried: `deploy --profile glm5-nvfp4 --host n1`, n1 running node 0 of a two-node release (failed
+    before: n1 was switched to the single-node release, the other node left at the rendezvous)."""
+    node = installed(release("r1", nnodes=2))
+    with pytest.raises(ConfigError, match="n1 alone is not deployed to"):
+        commands.deploy(Project(REPO), scope(tmp_path, host="n1"), "glm5-nvfp4", Options(environ={"HF_TOKEN": "x"}),
+                        Hosts(n1=node).reach())
+    assert changed(node) == [] and "systemd: stop" not in node.ran_names()
