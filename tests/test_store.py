@@ -344,7 +344,9 @@ def test_acquire_is_mkdir_then_owner_file() -> None:
     remote = FakeRemote()
     take_lock(remote, LAYOUT, OWNER, CONTEXT)
     assert remote.ran_argvs() == [("mkdir", "-p", "--", "/opt/sglang-deploy/sglang"),
-                                  ("mkdir", "--", "/opt/sglang-deploy/sglang/lock")]
+                                  ("mkdir", "--", "/opt/sglang-deploy/sglang/lock"),
+                                  ("cp", "--", "/proc/sys/kernel/random/boot_id",
+                                   "/opt/sglang-deploy/sglang/lock/boot_id")]  # in which boot of the host
     written = LockOwner.from_json(remote.file_text(LAYOUT.lock_owner))
     assert written == OWNER  # hostile owner fields survive: JSON through SFTP, no shell involved
 

@@ -15,9 +15,11 @@ from deploy_lib.store.layout import StoreLayout, iso_time, json_line
 
 # Events that start a release and judge it (healthy or failed); `stop`, `crash`, `prune` and `bench` judge no start.
 ACTIVATIONS = ("deploy", "rollback", "adopt", "start", "restart")
-EVENTS = (*ACTIVATIONS, "failure", "bench", "crash", "prune", "stop")
+# `lock`: a command took over the lock of an owner that was gone (lock.py, owner_gone); its cause says whose and why.
+EVENTS = (*ACTIVATIONS, "failure", "bench", "crash", "prune", "stop", "lock")
 HEALTHY, FAILED, UNCHANGED, RESTARTED, STOPPED = "healthy", "failed", "unchanged", "restarted", "stopped"
-OUTCOMES = (HEALTHY, FAILED, UNCHANGED, RESTARTED, STOPPED)
+TAKEN_OVER = "taken-over"
+OUTCOMES = (HEALTHY, FAILED, UNCHANGED, RESTARTED, STOPPED, TAKEN_OVER)
 CRASHED = "crashed"  # a release's outcome in `invoke releases` once systemd gave up restarting it
 
 
