@@ -38,6 +38,7 @@ from deploy_lib.store import (
     append_history,
     history_entry,
     lock_on_first_change,
+    parse_history,
     prune_releases,
     read_store_facts,
     release_json,
@@ -448,6 +449,21 @@ def test_lock_over_ssh_held_then_taken_over_then_unlocked(remote: FabricRemote, 
         unlock(remote, layout, force=False, context=elsewhere)
     assert unlock(remote, layout, force=True, context=elsewhere) is not None
     assert not Path(str(layout.lock)).exists()
+
+
+def test_a_history_line_torn_by_a_power_loss_is_kept_and_the_next_line_is_not_glued_to_it(
+        remote: FabricRemote, tmp_path: Path) -> None:
+    """Input tried: history.jsonl whose last line was cut off mid-way (no newline), as a power cut leaves it."""
+    layout = StoreLayout("sglang", root=PurePosixPath(tmp_path / HOSTILE_DIR))
+    history = Path(str(layout.history))
+    history.parent.mkdir(parents=True)
+    tags = Tags("ops@laptop", "gpu1", "r1", "glm5-nvfp4", "ph", {})
+    whole = history_entry("deploy", HEALTHY, tags, datetime.now(UTC)).to_json()
+    history.write_bytes(whole + whole[:40])
+    remote.run(append_history(layout, history_entry("rollback", HEALTHY, tags, datetime.now(UTC))))
+    entries, unreadable = parse_history(history.read_text())
+    assert [e.event for e in entries] == ["deploy", "rollback"] and unreadable == 1
+    assert history.read_bytes().startswith(whole + whole[:40] + b"\n"), "the torn line is kept as it was"
 
 
 def test_each_result_is_reported_as_it_arrives_failures_included(sshd: SshServer, tmp_path: Path) -> None:

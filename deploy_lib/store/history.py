@@ -87,9 +87,14 @@ def history_entry(event: str, outcome: str, tags: Tags, when: datetime, cause: s
     return HistoryEntry(event, outcome, iso_time(when), tags, cause, dict(timings or {}), dict(figures or {}))
 
 
+# A line cut off by a power loss is ended first, so the new line is not glued to it (the torn one stays, counted as
+# unreadable); then one write of one line on an O_APPEND file (concurrent appends never interleave), then fsync.
+_APPEND = 'if [ -s "$1" ] && [ -n "$(tail -c 1 -- "$1")" ]; then echo >> "$1"; fi; cat >> "$1" && sync -- "$1"'
+
+
 def append_history(layout: StoreLayout, entry: HistoryEntry) -> list[Step | Put]:
-    # tee -a: one write of one line on an O_APPEND file, so concurrent appends never interleave.
-    return [Step("history: append", ("tee", "-a", "--", str(layout.history)), sudo=True, stdin=entry.to_json())]
+    return [Step("history: append", ("sh", "-c", _APPEND, "sh", str(layout.history)), sudo=True,
+                 stdin=entry.to_json())]
 
 
 def release_json(metadata: Mapping[str, Any], tags: Tags, staged_at: datetime) -> bytes:
