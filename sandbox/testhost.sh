@@ -228,7 +228,8 @@ mount_layer() {    # the overlay on the rootfs; its upper and work dirs on the g
   local rw=$RUN i dev
   mkdir -p "$ROOT"
   if [ -f "$DISK" ]; then
-    for i in $(seq 1 40); do [ -z "$(losetup -j "$DISK")" ] && break; sleep 0.25; done
+    # the last mount of the image goes when the killed guest's namespaces are freed: minutes on a loaded machine
+    for i in $(seq 1 600); do [ -z "$(losetup -j "$DISK")" ] && break; sleep 0.25; done
     # mounted twice (a lazy unmount still under way), the filesystem would be written by two superblocks
     [ -z "$(losetup -j "$DISK")" ] || { log "$DISK is still attached: $(losetup -j "$DISK")"; exit 1; }
     mkdir -p "$RUN/disk"

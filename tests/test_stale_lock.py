@@ -26,7 +26,7 @@ from deploy_lib.store import (
     owner_gone,
     take_lock,
 )
-from deploy_lib.store.lock import LOCK_STILL_THEIRS, lock_staleness
+from deploy_lib.store.lock import FACT_UP, LOCK_STILL_THEIRS, lock_staleness
 
 LAYOUT = StoreLayout("sglang")
 BOOT_THEN, BOOT_NOW = "3ddfbdf7-140e-464f-96dd-25a9ed396369", "0b8bcf0f-1945-47ab-845d-7b05926d0b94"
@@ -48,6 +48,9 @@ def _info(owner: LockOwner | None = HOLDER, taken: str | None = BOOT_THEN, now: 
     (_info(taken=None), "ci-runner", True, None),                   # a lock of an older version: no boot id
     (_info(taken=None), "laptop", False, "no longer running"),
     (_info(now=None), "ci-runner", True, None),                     # the host's boot id could not be read
+    # no boot id (a power cut between the mkdir and its files): older than the host's uptime is an earlier boot
+    (LockInfo(None, 90, None, BOOT_NOW, 20), "ci-runner", True, "the lock is 90 s old, the host up 20 s"),
+    (LockInfo(None, 10, None, BOOT_NOW, 20), "ci-runner", True, None),
 ])
 def test_an_owner_is_gone_after_a_reboot_or_when_its_process_here_ended(lock: LockInfo, this_host: str, alive: bool,
                                                                        gone: str | None) -> None:
@@ -130,4 +133,18 @@ def test_a_deploy_takes_a_dead_owners_lock_over_in_its_first_change() -> None:
     names = [step.name for step in batch]
     assert names.index(LOCK_STILL_THEIRS) < names.index("lock: take") < \
         names.index("lock: store unchanged since it was read") < names.index("history: append")
+    assert [r["event"] for r in _history(remote)] == ["lock"]
+
+
+def test_a_lock_dir_left_empty_by_a_power_cut_is_taken_over_only_if_it_is_the_one_that_was_read() -> None:
+    """Found by the crash-point test: the power went after `mkdir lock` reached the disk and before owner.json and
+    boot_id did; after the boot, the lock is older than the host's uptime."""
+    remote = (FakeRemote()
+              .reply(LOCK_TAKE, exit_code=1, stderr="mkdir: cannot create directory: File exists", times=1)
+              .reply(FACT_CLOCK, stdout="1764634200\n").reply(FACT_LOCK, stdout="1764634110\n")
+              .reply(FACT_LOCK_OWNER, exit_code=1).reply(FACT_LOCK_BOOT, exit_code=1)
+              .reply(FACT_BOOT_ID, stdout=f"{BOOT_NOW}\n").reply(FACT_UP, stdout="   20\n"))
+    take_lock(remote, LAYOUT, ME, LockContext(where="gpu1", this_host="ci-runner"))
+    guard = remote.batches[-1][0]
+    assert guard.name == LOCK_STILL_THEIRS and guard.argv[-2:] == ("/opt/sglang-deploy/sglang/lock", "1764634110")
     assert [r["event"] for r in _history(remote)] == ["lock"]

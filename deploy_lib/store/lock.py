@@ -32,6 +32,7 @@ FACT_LOCK = "store facts: lock"
 FACT_LOCK_OWNER = "store facts: lock owner"
 FACT_LOCK_BOOT = "store facts: lock boot id"
 FACT_BOOT_ID = "store facts: lock: the host's boot id"
+FACT_UP = "store facts: lock: seconds since the host booted"  # pid 1's age: a VM's kernel or a container's init
 BOOT_ID = "/proc/sys/kernel/random/boot_id"  # a new random id at each boot of the kernel (a container's: of it)
 FACT_STORE_DIGEST = "store facts: digest"
 
@@ -61,6 +62,7 @@ def lock_fact_steps(layout: StoreLayout) -> list[Step]:
         Step(FACT_LOCK_OWNER, ("cat", "--", str(layout.lock_owner)), ok=ABSENT_OK),
         Step(FACT_LOCK_BOOT, ("cat", "--", str(lock_boot_file(layout))), ok=ABSENT_OK),
         Step(FACT_BOOT_ID, ("cat", "--", BOOT_ID), ok=ABSENT_OK),
+        Step(FACT_UP, ("ps", "-o", "etimes=", "-p", "1"), ok=ABSENT_OK),
     ]
 
 
@@ -105,8 +107,10 @@ def this_process_owner(purpose: str, now: datetime) -> LockOwner:
 class LockInfo:
     owner: LockOwner | None  # None: owner.json missing or unreadable
     age_s: float             # from the lock directory's mtime, by the host's own clock
-    taken_in_boot: str | None = None  # the host's boot id when it was taken (None: a lock of an older version)
-    host_boot: str | None = None      # the host's boot id now
+    taken_in_boot: str | None = None  # the host's boot id when it was taken (None: a lock of an older version, or
+    host_boot: str | None = None      # a power cut before it was written); the host's boot id now
+    host_up_s: float | None = None    # seconds since the host booted
+    taken_at: str | None = field(default=None, compare=False)  # its mtime as `stat` printed it: the takeover guard
 
 
 def _boot_id(result: StepResult | None) -> str | None:
@@ -114,21 +118,23 @@ def _boot_id(result: StepResult | None) -> str | None:
 
 
 def parse_lock(clock_out: str, stat: StepResult, owner: StepResult, taken_in_boot: StepResult | None = None,
-               host_boot: StepResult | None = None) -> LockInfo | None:
+               host_boot: StepResult | None = None, host_up: StepResult | None = None) -> LockInfo | None:
     if stat.exit_code != 0:
         return None
     try:
         lock_owner: LockOwner | None = LockOwner.from_json(owner.stdout) if owner.exit_code == 0 else None
     except (ValueError, KeyError, TypeError):
         lock_owner = None
+    up = _boot_id(host_up)
     return LockInfo(lock_owner, max(float(clock_out.strip()) - float(stat.stdout.strip()), 0.0),
-                    _boot_id(taken_in_boot), _boot_id(host_boot))
+                    _boot_id(taken_in_boot), _boot_id(host_boot), float(up) if up and up.isdigit() else None,
+                    stat.stdout.strip())
 
 
 def parse_lock_facts(results: Sequence[StepResult] | Readings) -> LockInfo | None:
     found = Readings.of(results)
     return parse_lock(found[FACT_CLOCK].stdout, found[FACT_LOCK], found[FACT_LOCK_OWNER], found.get(FACT_LOCK_BOOT),
-                      found.get(FACT_BOOT_ID))
+                      found.get(FACT_BOOT_ID), found.get(FACT_UP))
 
 
 LOCK_TAKE = "lock: take"
@@ -179,6 +185,10 @@ def owner_gone(lock: LockInfo, this_host: str, is_alive: Callable[[int], bool]) 
     process on this very machine no longer exists. None: it may still be working (`unlock --force` for the rest)."""
     if lock.taken_in_boot and lock.host_boot and lock.taken_in_boot != lock.host_boot:
         return f"the host has rebooted since it was taken (boot {lock.taken_in_boot[:8]}, now {lock.host_boot[:8]})"
+    # no boot id: a power cut between the mkdir and its files, or an older version's lock; its age tells
+    if lock.taken_in_boot is None and lock.host_up_s is not None and lock.age_s > lock.host_up_s + 1:
+        return f"the host has rebooted since it was taken (the lock is {lock.age_s:.0f} s old, the host up " \
+               f"{lock.host_up_s:.0f} s)"
     owner = lock.owner
     if owner is not None and owner.host == this_host and not is_alive(owner.pid):
         return f"its owner, pid {owner.pid} on this machine ({this_host}), is no longer running"
@@ -245,8 +255,14 @@ class Takeover:
         """Remove the dead owner's lock, only if it is still that one (another command may have taken it over
         first: then the take fails as on any held lock); the history line is appended by `recorded`."""
         owner, boot = self.lock.owner, self.lock.taken_in_boot
-        check = (("grep", "-q", "-F", "-e", f'"token":"{owner.token}"', "--", str(layout.lock_owner)) if owner
-                 else ("grep", "-q", "-x", "-F", "-e", boot or "", "--", str(lock_boot_file(layout))))
+        if owner is not None:
+            token = f'"token":"{owner.token}"'
+            check: tuple[str, ...] = ("grep", "-q", "-F", "-e", token, "--", str(layout.lock_owner))
+        elif boot is not None:
+            check = ("grep", "-q", "-x", "-F", "-e", boot, "--", str(lock_boot_file(layout)))
+        else:  # neither: the very directory that was read (its mtime)
+            check = ("sh", "-c", 'test "$(stat -c %Y -- "$1")" = "$2"', "sh", str(layout.lock),
+                     self.lock.taken_at or "")
         return [Step(LOCK_STILL_THEIRS, check, sudo=True), Step("lock: take over", ("rm", "-rf", "--",
                                                                                    str(layout.lock)), sudo=True)]
 
