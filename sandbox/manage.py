@@ -62,7 +62,7 @@ def _testhost(command: str, name: str, timeout_s: float = 300, layers: tuple[Pat
                             timeout=timeout_s)
     if result.returncode != 0:
         raise RemoteError(f"sandbox {command} {name} failed (exit {result.returncode})",
-                          hint=result.stderr.strip().splitlines()[-1] if result.stderr.strip() else None)
+                          hint="\n".join(result.stderr.strip().splitlines()[-3:]) or None)
     return result.stdout
 
 

@@ -283,7 +283,10 @@ kill_all() {         # every process of the guest (nspawn's supervisor included)
   local i
   cgroup_busy || return 0
   echo 1 > "$(cgroup_v2)/cgroup.kill"
-  for i in $(seq 1 40); do cgroup_busy || break; sleep 0.25; done
+  # a process inside a system call on the shut-down disk dies when the call returns: up to minutes under load
+  for i in $(seq 1 480); do cgroup_busy || return 0; sleep 0.25; done
+  log "still running after the kill: $(find "$(cgroup_v2)" -name cgroup.procs -exec cat {} + 2>/dev/null |
+    xargs -r ps -o pid=,stat=,wchan:20=,comm= -p | tr '\n' ';')"
 }
 
 remove_sub_cgroups() {  # nspawn makes its supervisor/payload cgroups again at the next boot

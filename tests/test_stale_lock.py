@@ -143,7 +143,7 @@ def test_a_lock_dir_left_empty_by_a_power_cut_is_taken_over_only_if_it_is_the_on
               .reply(LOCK_TAKE, exit_code=1, stderr="mkdir: cannot create directory: File exists", times=1)
               .reply(FACT_CLOCK, stdout="1764634200\n").reply(FACT_LOCK, stdout="1764634110\n")
               .reply(FACT_LOCK_OWNER, exit_code=1).reply(FACT_LOCK_BOOT, exit_code=1)
-              .reply(FACT_BOOT_ID, stdout=f"{BOOT_NOW}\n").reply(FACT_UP, stdout="   20\n"))
+              .reply(FACT_BOOT_ID, stdout=f"{BOOT_NOW}\n").reply(FACT_UP, stdout="120.50 10050 100\n"))  # up 20 s
     take_lock(remote, LAYOUT, ME, LockContext(where="gpu1", this_host="ci-runner"))
     guard = remote.batches[-1][0]
     assert guard.name == LOCK_STILL_THEIRS and guard.argv[-2:] == ("/opt/sglang-deploy/sglang/lock", "1764634110")

@@ -33,6 +33,9 @@ FACT_LOCK_OWNER = "store facts: lock owner"
 FACT_LOCK_BOOT = "store facts: lock boot id"
 FACT_BOOT_ID = "store facts: lock: the host's boot id"
 FACT_UP = "store facts: lock: seconds since the host booted"  # pid 1's age: a VM's kernel or a container's init
+# pid 1's age to the clock tick: the kernel's uptime less pid 1's start (/proc/1/stat field 22, in ticks since the
+# kernel booted), so a container's init counts as its host's boot
+_PID1_AGE = 'set -- $(cat /proc/uptime) $(cut -d" " -f22 /proc/1/stat) $(getconf CLK_TCK); echo "$1 $3 $4"'
 BOOT_ID = "/proc/sys/kernel/random/boot_id"  # a new random id at each boot of the kernel (a container's: of it)
 FACT_STORE_DIGEST = "store facts: digest"
 
@@ -57,12 +60,12 @@ def parse_store_digest(result: StepResult | None) -> str | None:
 
 def lock_fact_steps(layout: StoreLayout) -> list[Step]:
     return [
-        Step(FACT_CLOCK, ("date", "+%s")),
-        Step(FACT_LOCK, ("stat", "-c", "%Y", "--", str(layout.lock)), ok=ABSENT_OK),
+        Step(FACT_CLOCK, ("date", "+%s.%N")),
+        Step(FACT_LOCK, ("stat", "-c", "%.9Y", "--", str(layout.lock)), ok=ABSENT_OK),
         Step(FACT_LOCK_OWNER, ("cat", "--", str(layout.lock_owner)), ok=ABSENT_OK),
         Step(FACT_LOCK_BOOT, ("cat", "--", str(lock_boot_file(layout))), ok=ABSENT_OK),
         Step(FACT_BOOT_ID, ("cat", "--", BOOT_ID), ok=ABSENT_OK),
-        Step(FACT_UP, ("ps", "-o", "etimes=", "-p", "1"), ok=ABSENT_OK),
+        Step(FACT_UP, ("sh", "-c", _PID1_AGE), ok=ABSENT_OK),
     ]
 
 
@@ -125,10 +128,17 @@ def parse_lock(clock_out: str, stat: StepResult, owner: StepResult, taken_in_boo
         lock_owner: LockOwner | None = LockOwner.from_json(owner.stdout) if owner.exit_code == 0 else None
     except (ValueError, KeyError, TypeError):
         lock_owner = None
-    up = _boot_id(host_up)
     return LockInfo(lock_owner, max(float(clock_out.strip()) - float(stat.stdout.strip()), 0.0),
-                    _boot_id(taken_in_boot), _boot_id(host_boot), float(up) if up and up.isdigit() else None,
-                    stat.stdout.strip())
+                    _boot_id(taken_in_boot), _boot_id(host_boot), _pid1_age(host_up), stat.stdout.strip())
+
+
+def _pid1_age(result: StepResult | None) -> float | None:
+    """Seconds since pid 1 started, from `_PID1_AGE`'s "UPTIME START_TICKS TICKS_PER_S"."""
+    try:
+        uptime, start, ticks = (float(word) for word in (_boot_id(result) or "").split())
+        return uptime - start / ticks
+    except (ValueError, ZeroDivisionError):
+        return None
 
 
 def parse_lock_facts(results: Sequence[StepResult] | Readings) -> LockInfo | None:
@@ -186,7 +196,7 @@ def owner_gone(lock: LockInfo, this_host: str, is_alive: Callable[[int], bool]) 
     if lock.taken_in_boot and lock.host_boot and lock.taken_in_boot != lock.host_boot:
         return f"the host has rebooted since it was taken (boot {lock.taken_in_boot[:8]}, now {lock.host_boot[:8]})"
     # no boot id: a power cut between the mkdir and its files, or an older version's lock; its age tells
-    if lock.taken_in_boot is None and lock.host_up_s is not None and lock.age_s > lock.host_up_s + 1:
+    if lock.taken_in_boot is None and lock.host_up_s is not None and lock.age_s > lock.host_up_s:
         return f"the host has rebooted since it was taken (the lock is {lock.age_s:.0f} s old, the host up " \
                f"{lock.host_up_s:.0f} s)"
     owner = lock.owner
@@ -261,7 +271,7 @@ class Takeover:
         elif boot is not None:
             check = ("grep", "-q", "-x", "-F", "-e", boot, "--", str(lock_boot_file(layout)))
         else:  # neither: the very directory that was read (its mtime)
-            check = ("sh", "-c", 'test "$(stat -c %Y -- "$1")" = "$2"', "sh", str(layout.lock),
+            check = ("sh", "-c", 'test "$(stat -c %.9Y -- "$1")" = "$2"', "sh", str(layout.lock),
                      self.lock.taken_at or "")
         return [Step(LOCK_STILL_THEIRS, check, sudo=True), Step("lock: take over", ("rm", "-rf", "--",
                                                                                    str(layout.lock)), sudo=True)]
