@@ -228,10 +228,11 @@ mount_layer() {    # the overlay on the rootfs; its upper and work dirs on the g
   local rw=$RUN i dev
   mkdir -p "$ROOT"
   if [ -f "$DISK" ]; then
-    # the last mount of the image goes when the killed guest's namespaces are freed: minutes on a loaded machine
-    for i in $(seq 1 600); do [ -z "$(losetup -j "$DISK")" ] && break; sleep 0.25; done
-    # mounted twice (a lazy unmount still under way), the filesystem would be written by two superblocks
-    [ -z "$(losetup -j "$DISK")" ] || { log "$DISK is still attached: $(losetup -j "$DISK")"; exit 1; }
+    # The image's previous filesystem can outlive its unmount here: another guest's nspawn, started while it was
+    # mounted, holds a copy of the mount until it exits. reboot and crash shut that filesystem down first (it writes
+    # nothing more), so a second mount of the image is safe; the old loop device detaches when its holder exits.
+    for i in $(seq 1 40); do [ -z "$(losetup -j "$DISK")" ] && break; sleep 0.25; done
+    [ -z "$(losetup -j "$DISK")" ] || log "the image's previous filesystem (shut down) is still held elsewhere"
     mkdir -p "$RUN/disk"
     # a loop device of its own (mount -o loop may reuse one still attached to the image); detached at umount
     dev=$(losetup -f --show "$DISK")
@@ -296,6 +297,11 @@ remove_sub_cgroups() {  # nspawn makes its supervisor/payload cgroups again at t
   done
 }
 
+shutdown_disk() {    # EXT4_IOC_SHUTDOWN on the guest's disk: 1 flushes the journal first, 2 does not (a power cut)
+  [ -f "$DISK" ] || return 0
+  python3 -c 'import fcntl, os, struct, sys; fcntl.ioctl(os.open(sys.argv[1], os.O_RDONLY), 0x8004587d, struct.pack("I", int(sys.argv[2])))' "$RUN/disk" "$1"
+}
+
 cmd_reboot() {       # the guest's own `systemctl reboot`: its services stop cleanly, then nspawn exits (133)
   local pid i
   running || { log "not running"; exit 1; }
@@ -305,6 +311,7 @@ cmd_reboot() {       # the guest's own `systemctl reboot`: its services stop cle
   for i in $(seq 1 $((TH_STOP_TIMEOUT * 2))); do alive "$pid" || break; sleep 0.5; done
   alive "$pid" && log "reboot hung for $TH_STOP_TIMEOUT s: forcing kill"
   kill_all
+  if [ -f "$DISK" ]; then sync -f "$RUN/disk"; shutdown_disk 1; fi   # all written, then nothing more
   unmount_layer
   remove_sub_cgroups
   log "rebooting"
@@ -320,7 +327,7 @@ cmd_crash() {        # power loss: no shutdown; the disk keeps only what reached
   # The power cut: the guest's filesystem stops writing at once, its journal not flushed and its dirty pages dropped
   # (ext4's shutdown ioctl, EXT4_IOC_SHUTDOWN with EXT4_GOING_FLAGS_NOLOGFLUSH, as xfstests' crash tests use it):
   # the disk keeps what the guest had synced and what the kernel had written back, nothing after this instant.
-  python3 -c 'import fcntl, os, struct, sys; fcntl.ioctl(os.open(sys.argv[1], os.O_RDONLY), 0x8004587d, struct.pack("I", 2))' "$RUN/disk"
+  shutdown_disk 2
   kill_all
   unmount_layer
   log "power lost; booting"
