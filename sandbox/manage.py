@@ -55,14 +55,14 @@ class Guest:
 
 
 def _testhost(command: str, name: str, timeout_s: float = 300, layers: tuple[Path, ...] = (),
-              stop_timeout_s: int = 30) -> str:
+              stop_timeout_s: int = 30, disk_mib: int = 0) -> str:
     env = {**os.environ, "TH_NAME": name, "TH_LAYERS": ":".join(map(str, layers)),
-           "TH_STOP_TIMEOUT": str(stop_timeout_s)}
+           "TH_STOP_TIMEOUT": str(stop_timeout_s), "TH_DISK": str(disk_mib or "")}
     result = subprocess.run(["bash", str(TESTHOST), command], env=env, capture_output=True, text=True,
                             timeout=timeout_s)
     if result.returncode != 0:
         raise RemoteError(f"sandbox {command} {name} failed (exit {result.returncode})",
-                          hint=result.stderr.strip().splitlines()[-1] if result.stderr.strip() else None)
+                          hint="\n".join(result.stderr.strip().splitlines()[-3:]) or None)
     return result.stdout
 
 
@@ -100,11 +100,15 @@ def _record_inventory_name(name: str, present: bool) -> None:
     _inventory_names_file().write_text("".join(f"{n}\n" for n in sorted(names, key=_by_number)))
 
 
-def up(name: str = DEFAULT_NAME, record: bool = True, layers: tuple[Path, ...] = ()) -> Guest:
-    """Build the rootfs if needed (cached tarball), boot the guest (over read-only `layers`, e.g. venv_layer's),
-    wait for ssh, start its hub; list it in the inventory."""
+DISK_MIB = 8192  # a guest's own disk (sparse: it takes what the guest writes)
+
+
+def up(name: str = DEFAULT_NAME, record: bool = True, layers: tuple[Path, ...] = (), disk: bool = False) -> Guest:
+    """Build the rootfs if needed (cached tarball), boot the guest (over read-only `layers`, e.g. venv_layer's;
+    with `disk`, its writable layer on an ext4 disk of its own, which `crash` needs), wait for ssh, start its hub;
+    list it in the inventory."""
     _testhost("build", name)
-    _testhost("start", name, timeout_s=120, layers=layers)
+    _testhost("start", name, timeout_s=120, layers=layers, disk_mib=DISK_MIB if disk else 0)
     started = guest(name)
     hub.start(name, started.host_ip)
     if record:
@@ -122,6 +126,20 @@ def down(name: str = DEFAULT_NAME, record: bool = True, poweroff_s: int = 30) ->
     if record and name != DEFAULT_NAME:
         _record_inventory_name(name, present=False)
         write_inventory()
+    return guest(name)
+
+
+def reboot(name: str = DEFAULT_NAME, poweroff_s: int = 30) -> Guest:
+    """A clean reboot: the guest's systemd stops its services and reboots (killed after `poweroff_s`), and the guest
+    boots again over the same writable layer, address and host key."""
+    _testhost("reboot", name, timeout_s=poweroff_s + 300, stop_timeout_s=poweroff_s)
+    return guest(name)
+
+
+def crash(name: str = DEFAULT_NAME) -> Guest:
+    """A power loss: the guest's disk stops taking writes at once (what was not synced or written back is lost),
+    every process of it is killed, no shutdown runs; then it boots again over that disk. Needs `up(disk=True)`."""
+    _testhost("crash", name, timeout_s=300)
     return guest(name)
 
 

@@ -9,7 +9,7 @@ import os
 from invoke import Context, Exit
 
 from deploy_cli.options import task
-from deploy_lib.errors import ConfigError
+from deploy_lib.errors import ConfigError, RemoteError
 from sandbox import names
 
 
@@ -19,10 +19,12 @@ from sandbox import names
     "venv": f"also give each guest {names.GUEST_VENV} from the wheelhouse (real sglang + the sim)",
     "sglang": "sglang version for --venv", "flashinfer": "flashinfer-python version for --venv",
     "router": f"the guest that runs the SGLang router in front of group `{names.GROUP}` (written into its vars; "
-              "`invoke router.deploy --group sandbox` deploys it)"})
+              "`invoke router.deploy --group sandbox` deploys it)",
+    "disk": "give a new guest's writable layer an ext4 disk of its own, so that `sandbox.crash` loses what was not "
+            "synced"})
 def up(c: Context, name: list[str] | None = None, count: int = 0, venv: bool = False,
        sglang: str = names.DEFAULT_SGLANG, flashinfer: str = names.DEFAULT_FLASHINFER,
-       router: str | None = None) -> None:
+       router: str | None = None, disk: bool = False) -> None:
     """Boot sandbox guests (Debian 12, systemd, sshd; simulated GPUs) and write inventory/sandbox.yaml (group
     `sandbox`); with --venv a new guest boots over the wheelhouse's venv layer, and a running one gets /opt/ml-env built
     unless it was built from the same wheels."""
@@ -35,7 +37,7 @@ def up(c: Context, name: list[str] | None = None, count: int = 0, venv: bool = F
     house = wheelhouse.prepare(sglang, flashinfer) if venv else None
     layers = (manage.venv_layer(house),) if house is not None else ()
     for each in guests:
-        guest = manage.up(each, layers=layers)
+        guest = manage.up(each, layers=layers, disk=disk)
         if house is not None:
             if manage.guest_venv_is(guest, house):
                 print(f"{guest.name}: {names.GUEST_VENV} is up to date")
@@ -66,6 +68,31 @@ def down(c: Context, name: str = names.DEFAULT_NAME) -> None:
 
     manage.down(name)
     print(f"{name} down")
+
+
+@task(help={"name": f"guest name (default {names.DEFAULT_NAME})"})
+def reboot(c: Context, name: str = names.DEFAULT_NAME) -> None:
+    """Reboot a sandbox guest cleanly (its systemd stops the services); it comes back over the same writable layer."""
+    from sandbox import manage
+
+    try:
+        manage.reboot(name)
+    except RemoteError as error:
+        raise Exit(f"error: {error}", code=error.exit_code) from None
+    print(f"{name} rebooted")
+
+
+@task(help={"name": f"guest name (default {names.DEFAULT_NAME}; started with `sandbox.up --disk`)"})
+def crash(c: Context, name: str = names.DEFAULT_NAME) -> None:
+    """Cut a sandbox guest's power: its disk keeps only what was synced or written back, every process dies at once,
+    no shutdown; then it boots again over that disk."""
+    from sandbox import manage
+
+    try:
+        manage.crash(name)
+    except RemoteError as error:
+        raise Exit(f"error: {error}", code=error.exit_code) from None
+    print(f"{name} lost power and booted again")
 
 
 @task(help={"name": f"guest name (default {names.DEFAULT_NAME})", "user": "login user (deploy or root)",

@@ -8,6 +8,9 @@
 #   testhost.sh build            # pristine rootfs in $TH_DIR/rootfs (reuses the cached tarball)
 #   testhost.sh start            # overlay on the rootfs (and $TH_LAYERS), netns + veth, boot, wait for ssh
 #   testhost.sh stop             # power off (force after $TH_STOP_TIMEOUT s), remove everything
+#   testhost.sh reboot           # clean reboot: the guest's systemd reboots, it boots again over the same layer
+#   testhost.sh crash            # power loss: every guest process killed at once, the disk as it was at that
+#                                # instant (writes still in the page cache lost), booted again (needs TH_DISK)
 #   testhost.sh status           # one line per instance: name, state, guest IP
 #   testhost.sh info             # KEY=VALUE facts of instance $TH_NAME (for sandbox/manage.py)
 #   testhost.sh ssh [cmd...]     # ssh root@guest
@@ -26,10 +29,12 @@ TH_SUITE=${TH_SUITE:-bookworm}
 TH_PKGS=${TH_PKGS:-systemd,systemd-sysv,dbus,openssh-server,iproute2,python3,python3-venv,ca-certificates,curl,procps,sudo,less,rsync}
 TH_STOP_TIMEOUT=${TH_STOP_TIMEOUT:-30}
 TH_LAYERS=${TH_LAYERS:-}                     # read-only layers over the rootfs, top first (dir:dir), e.g. a built venv
+TH_DISK=${TH_DISK:-}                         # MiB: the writable layer gets an ext4 disk of its own (a loop device)
 # command:package. sshd and systemd-analyze serve the tests (a local sshd; offline unit verification).
+# losetup and mkfs.ext4 give a guest its own disk (TH_DISK, for `crash`).
 HOST_TOOLS=(mmdebstrap:mmdebstrap systemd-nspawn:systemd-container ip:iproute2 ssh:openssh-client
             ssh-keygen:openssh-client zstd:zstd rsync:rsync /usr/sbin/sshd:openssh-server
-            systemd-analyze:systemd setpriv:util-linux chromium:chromium)
+            systemd-analyze:systemd setpriv:util-linux chromium:chromium losetup:mount mkfs.ext4:e2fsprogs)
 
 [[ $TH_NAME =~ ^[a-z][a-z0-9-]{0,11}$ ]] || { echo "TH_NAME must match [a-z][a-z0-9-]{0,11}" >&2; exit 2; }
 
@@ -51,6 +56,7 @@ TH_PREFIX=30
 
 RUN=$TH_DIR/run/$TH_NAME                     # per-instance state
 ROOT=$RUN/root                               # overlay mount = container root
+DISK=$RUN/disk.img                           # the writable layer's own disk (TH_DISK), mounted on $RUN/disk
 NETNS=th-$TH_NAME
 VETH=th-$TH_NAME                             # host-side veth (name <= 15 chars)
 KEY=$TH_DIR/ssh/id_ed25519
@@ -176,7 +182,7 @@ cmd_start() {
     log "already running"; return
   fi
   cmd_stop                                   # clear leftovers of a crashed run
-  mkdir -p "$RUN/upper" "$RUN/work" "$ROOT" "$TH_DIR/ssh" "$TH_DIR/known_hosts"
+  mkdir -p "$RUN" "$TH_DIR/ssh" "$TH_DIR/known_hosts"
   with_lock claim_index
   TH_INDEX=$(cat "$RUN/index"); set_addresses
   if ip -o addr show | grep -qE "inet ($TH_HOST_IP|$TH_GUEST_IP)/"; then
@@ -184,9 +190,14 @@ cmd_start() {
     log "address $TH_HOST_IP or $TH_GUEST_IP already in use on this host; pick another TH_INDEX"; exit 1
   fi
   with_lock make_client_key
+  printf '%s\n' "$TH_LAYERS" > "$RUN/layers"
+  if [ -n "$TH_DISK" ]; then
+    truncate -s "${TH_DISK}M" "$DISK"
+    mkfs.ext4 -q -F -E lazy_itable_init=1,lazy_journal_init=1 "$DISK"
+  fi
 
-  # 1. throw-away writable layer over the pristine rootfs; per-instance identity
-  mount -t overlay overlay -o "lowerdir=${TH_LAYERS:+$TH_LAYERS:}$TH_DIR/rootfs,upperdir=$RUN/upper,workdir=$RUN/work" "$ROOT"
+  # 1. writable layer over the pristine rootfs, kept by reboot and crash, thrown away by stop; per-instance identity
+  mount_layer
   install -d -m 700 "$ROOT/root/.ssh"
   install -m 600 "$KEY.pub" "$ROOT/root/.ssh/authorized_keys"
   ids=$(awk -F: '$1=="deploy"{print $3":"$4}' "$ROOT/etc/passwd")
@@ -199,8 +210,9 @@ cmd_start() {
   ssh-keygen -q -t ed25519 -N '' -C "root@$TH_NAME" -f "$ROOT/etc/ssh/ssh_host_ed25519_key"
   awk -v ip="$TH_GUEST_IP" '{print ip, $1, $2}' "$ROOT/etc/ssh/ssh_host_ed25519_key.pub" > "$KNOWN_HOSTS"
   install_gpu_standins
+  sync -f "$ROOT/etc"   # a new machine's files are on its disk: a power loss right after boot keeps them
 
-  # 2. own network namespace + veth pair; the container gets no default route
+  # 2. own network namespace + veth pair; the container gets no default route (they stay over reboot and crash)
   ip netns add "$NETNS"
   ip link add "$VETH" type veth peer name host0 netns "$NETNS"
   ip addr add "$TH_HOST_IP/$TH_PREFIX" dev "$VETH"
@@ -209,7 +221,40 @@ cmd_start() {
   ip -n "$NETNS" addr add "$TH_GUEST_IP/$TH_PREFIX" dev host0
   ip -n "$NETNS" link set host0 up
   guest_routes
+  boot
+}
 
+mount_layer() {    # the overlay on the rootfs; its upper and work dirs on the guest's own disk when it has one
+  local rw=$RUN i dev
+  mkdir -p "$ROOT"
+  if [ -f "$DISK" ]; then
+    # The image's previous filesystem can outlive its unmount here: another guest's nspawn, started while it was
+    # mounted, holds a copy of the mount until it exits. reboot and crash shut that filesystem down first (it writes
+    # nothing more), so a second mount of the image is safe; the old loop device detaches when its holder exits.
+    for i in $(seq 1 40); do [ -z "$(losetup -j "$DISK")" ] && break; sleep 0.25; done
+    [ -z "$(losetup -j "$DISK")" ] || log "the image's previous filesystem (shut down) is still held elsewhere"
+    mkdir -p "$RUN/disk"
+    # a loop device of its own (mount -o loop may reuse one still attached to the image); detached at umount
+    dev=$(losetup -f --show "$DISK")
+    mount "$dev" "$RUN/disk"
+    losetup -d "$dev"
+    rw=$RUN/disk
+  fi
+  mkdir -p "$rw/upper" "$rw/work"
+  mount -t overlay overlay -o "lowerdir=${TH_LAYERS:+$TH_LAYERS:}$TH_DIR/rootfs,upperdir=$rw/upper,workdir=$rw/work" "$ROOT"
+}
+
+unmount_layer() {   # a killed guest's mount namespace goes away a moment after its last process: umount retries
+  local m i
+  for m in "$ROOT" "$RUN/disk"; do
+    mountpoint -q "$m" 2>/dev/null || continue
+    for i in $(seq 1 40); do umount "$m" 2>/dev/null && break; sleep 0.25; done
+    if mountpoint -q "$m" 2>/dev/null; then umount -l "$m"; fi
+  done
+}
+
+boot() {
+  local cg pid i state
   # 3. own cgroup, so nspawn's supervisor/payload sub-cgroups land under it
   for cg in $(cgroup_dirs); do mkdir -p "$cg"; done
 
@@ -224,13 +269,70 @@ cmd_start() {
   # 5. ready = sshd accepts the key and boot has finished
   for i in $(seq 1 120); do
     alive "$pid" || { log "nspawn exited:"; cat "$RUN/nspawn.log" >&2; exit 1; }
-    if ssh "${SSH_OPTS[@]}" "root@$TH_GUEST_IP" systemctl is-system-running --wait >/dev/null 2>&1; then
+    # booted: running, or degraded (a unit failed at boot, which a test after a crash wants to see)
+    state=$(ssh "${SSH_OPTS[@]}" "root@$TH_GUEST_IP" systemctl is-system-running --wait 2>/dev/null || true)
+    if [ "$state" = running ] || [ "$state" = degraded ]; then
       log "up: ssh deploy@$TH_GUEST_IP  key=$KEY  known_hosts=$KNOWN_HOSTS"
       return
     fi
     sleep 0.5
   done
   log "timed out waiting for ssh; see $RUN/nspawn.log"; exit 1
+}
+
+kill_all() {         # every process of the guest (nspawn's supervisor included) at once, as a power cut would
+  local i
+  cgroup_busy || return 0
+  echo 1 > "$(cgroup_v2)/cgroup.kill"
+  # a process inside a system call on the shut-down disk dies when the call returns: up to minutes under load
+  for i in $(seq 1 480); do cgroup_busy || return 0; sleep 0.25; done
+  log "still running after the kill: $(find "$(cgroup_v2)" -name cgroup.procs -exec cat {} + 2>/dev/null |
+    xargs -r ps -o pid=,stat=,wchan:20=,comm= -p | tr '\n' ';')"
+}
+
+remove_sub_cgroups() {  # nspawn makes its supervisor/payload cgroups again at the next boot
+  local cg
+  for cg in $(cgroup_dirs); do
+    if [ -d "$cg" ]; then find "$cg" -mindepth 1 -depth -type d -exec rmdir {} + 2>/dev/null || true; fi
+  done
+}
+
+shutdown_disk() {    # EXT4_IOC_SHUTDOWN on the guest's disk: 1 flushes the journal first, 2 does not (a power cut)
+  [ -f "$DISK" ] || return 0
+  python3 -c 'import fcntl, os, struct, sys; fcntl.ioctl(os.open(sys.argv[1], os.O_RDONLY), 0x8004587d, struct.pack("I", int(sys.argv[2])))' "$RUN/disk" "$1"
+}
+
+cmd_reboot() {       # the guest's own `systemctl reboot`: its services stop cleanly, then nspawn exits (133)
+  local pid i
+  running || { log "not running"; exit 1; }
+  TH_LAYERS=$(cat "$RUN/layers")
+  pid=$(cat "$RUN/nspawn.pid")
+  ssh "${SSH_OPTS[@]}" "root@$TH_GUEST_IP" 'systemctl reboot' >/dev/null 2>&1 || true
+  for i in $(seq 1 $((TH_STOP_TIMEOUT * 2))); do alive "$pid" || break; sleep 0.5; done
+  alive "$pid" && log "reboot hung for $TH_STOP_TIMEOUT s: forcing kill"
+  kill_all
+  if [ -f "$DISK" ]; then sync -f "$RUN/disk"; shutdown_disk 1; fi   # all written, then nothing more
+  unmount_layer
+  remove_sub_cgroups
+  log "rebooting"
+  mount_layer
+  boot
+}
+
+cmd_crash() {        # power loss: no shutdown; the disk keeps only what reached it before the kill
+  [ -f "$DISK" ] || { log "no disk of its own: a killed guest's unsynced writes would survive in this machine's" \
+                          "page cache; start it with TH_DISK=MiB (sandbox.up --disk)"; exit 1; }
+  running || { log "not running"; exit 1; }
+  TH_LAYERS=$(cat "$RUN/layers")
+  # The power cut: the guest's filesystem stops writing at once, its journal not flushed and its dirty pages dropped
+  # (ext4's shutdown ioctl, EXT4_IOC_SHUTDOWN with EXT4_GOING_FLAGS_NOLOGFLUSH, as xfstests' crash tests use it):
+  # the disk keeps what the guest had synced and what the kernel had written back, nothing after this instant.
+  shutdown_disk 2
+  kill_all
+  unmount_layer
+  log "power lost; booting"
+  mount_layer
+  boot
 }
 
 cmd_stop() {
@@ -242,10 +344,9 @@ cmd_stop() {
   fi
   if cgroup_busy; then     # hung shutdown or orphaned container: kill the whole cgroup tree
     log "forcing kill"
-    echo 1 > "$(cgroup_v2)/cgroup.kill"
-    for i in $(seq 1 20); do cgroup_busy || break; sleep 0.25; done
+    kill_all
   fi
-  if mountpoint -q "$ROOT" 2>/dev/null; then umount "$ROOT" || umount -l "$ROOT"; fi
+  unmount_layer
   ip netns del "$NETNS" 2>/dev/null || true      # also removes the veth pair
   ip link del "$VETH" 2>/dev/null || true
   for cg in $(cgroup_dirs); do
@@ -274,6 +375,6 @@ cmd_status() {
 cmd_ssh() { exec ssh "${SSH_OPTS[@]}" "root@$TH_GUEST_IP" "$@"; }
 
 case ${1:-} in
-  deps|deps-if-missing|build|start|stop|status|info|ssh) "cmd_$1" "${@:2}" ;;
-  *) echo "usage: $0 deps|deps-if-missing|build|start|stop|status|info|ssh" >&2; exit 2 ;;
+  deps|deps-if-missing|build|start|stop|reboot|crash|status|info|ssh) "cmd_$1" "${@:2}" ;;
+  *) echo "usage: $0 deps|deps-if-missing|build|start|stop|reboot|crash|status|info|ssh" >&2; exit 2 ;;
 esac

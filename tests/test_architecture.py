@@ -62,7 +62,8 @@ LAYERS: dict[str, frozenset[str]] = {
         "models.facts", "models.hub", "models.pushed", "models.script", "models.sources", "models.transfer",
         "patches", "patches.audit", "patches.engine", "patches.host_files", "patches.spec", "patches.text",
         "patches.variants", "patches.versions",
-        "store", "store.facts", "store.history", "store.layout", "store.lock", "store.releases",
+        "store", "store.facts", "store.first_change", "store.history", "store.layout", "store.lock",
+        "store.releases",
         "throughput.gate", "throughput.history", "throughput.results",
         "venvs.caches", "venvs.host_scripts", "venvs.installed", "venvs.interpreter", "venvs.lock", "venvs.paths",
         "venvs.wheels",
@@ -103,6 +104,8 @@ SPLIT_PENDING: dict[str, str] = {
     "store.facts": "read_store_facts(remote, layout) beside StoreFacts and its parser: it goes to a host-action "
                    "module (store/ is being changed on another branch)",
     "store.lock": "host_lock(remote, ...), the lock taken and released, beside LockInfo and its parser (likewise)",
+    "store.first_change": "LockOnFirstChange, the lock taken with a deploy's first change: with host_lock, to the "
+                          "host-action module",
 }
 MAX_LINES = 400
 # Modules over MAX_LINES whose split is under way; the name goes when the split lands.

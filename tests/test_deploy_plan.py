@@ -452,7 +452,7 @@ def test_redeploying_a_release_whose_files_are_damaged_stages_it_again() -> None
     again = plan_deploy(loaded, target(), replace(damaged, store=store), {}, False, NOW)
     assert not again.unchanged, "a damaged current release is never 'no changes'"
     names = [getattr(step, "name", "") for step in again.batches["stage"]]
-    assert names[-2:] == ["stage: remove the damaged release", "stage: publish"]
+    assert names[-3:] == ["stage: remove the damaged release", "stage: publish", "stage: flush the publish"]
     assert any("is damaged (release.json is not valid JSON" in note for note in again.notes)
 
 

@@ -240,3 +240,19 @@ def status_text(report: StatusReport, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setattr(ui, "console", Console(file=out, width=200))
     reports.print_status(report)
     return out.getvalue()
+
+
+def test_status_says_when_the_current_release_was_switched_to_but_never_verified(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input tried: r1 current while history's last start is r0's healthy deploy (the deploy that switched to r1
+    never finished: killed, or the host went down), then with r1's healthy deploy after it."""
+    venv = venv_with(tmp_path / "env", {"flashinfer-python": None})
+    r0 = HistoryEntry("deploy", "healthy", "2026-11-30T09:00:00Z", Tags(**{**TAGS.as_dict(), "release": "r0"}))
+    r1 = HistoryEntry("deploy", "healthy", "2026-11-30T10:01:00Z", TAGS)
+    unfinished = host_with_venv(venv).reply(FACT_HISTORY, stdout=r0.to_json().decode())
+    report = read_status(TARGET, "sglang", unfinished)
+    assert not report.verified and report.advice is not None
+    assert "release r1 was switched to but never verified" in status_text(report, monkeypatch)
+    verified = host_with_venv(venv).reply(FACT_HISTORY, stdout=(r0.to_json() + r1.to_json()).decode())
+    report = read_status(TARGET, "sglang", verified)
+    assert report.verified and report.advice is None

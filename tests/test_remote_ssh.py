@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import getpass
 import hashlib
+import json
 import os
 import shutil
 import signal
@@ -36,8 +37,8 @@ from deploy_lib.store import (
     acquire_lock,
     append_history,
     history_entry,
-    holding_lock,
     lock_on_first_change,
+    parse_history,
     prune_releases,
     read_store_facts,
     release_json,
@@ -426,19 +427,43 @@ def test_switch_to_a_missing_release_changes_nothing(remote: FabricRemote, tmp_p
     assert sorted(p.name for p in (tmp_path / "sglang").iterdir()) == []
 
 
-def test_lock_over_ssh_held_then_stale_then_unlocked(remote: FabricRemote, tmp_path: Path) -> None:
+def test_lock_over_ssh_held_then_taken_over_then_unlocked(remote: FabricRemote, tmp_path: Path) -> None:
+    """A lock whose owner process on this machine is gone is taken over by the next take, with one line and a
+    history record; from another machine the same lock is only held; `unlock --force` clears a live one."""
     layout = StoreLayout("sglang", root=PurePosixPath(tmp_path / HOSTILE_DIR))
     first = LockOwner("o'brien", "laptop", 999_999_999, "2026-11-29T10:00:00+00:00", "r1", "tok1")
-    here = LockContext(where="gpu1", this_host="laptop", is_alive=lambda pid: pid != first.pid)
+    lines: list[str] = []
+    here = LockContext(where="gpu1", this_host="laptop", is_alive=lambda pid: pid != first.pid, note=lines.append)
+    elsewhere = LockContext(where="gpu1", this_host="ci-runner", is_alive=lambda pid: True)
     take_lock(remote, layout, first, here)
-    with pytest.raises(LockHeld, match=r"held by o'brien@laptop \(pid 999999999\).*looks stale"):
-        take_lock(remote, layout, this_process_owner("r2", datetime.now(UTC)), here)
-    assert LockOwner.from_json((Path(str(layout.lock_owner))).read_text()) == first
-    assert unlock(remote, layout, force=False, context=here) is not None
+    with pytest.raises(LockHeld, match=r"held by o'brien@laptop \(pid 999999999\)"):
+        take_lock(remote, layout, this_process_owner("r2", datetime.now(UTC)), elsewhere)
     second = this_process_owner("r2", datetime.now(UTC))
-    with holding_lock(remote, layout, second, here):
-        assert Path(str(layout.lock)).is_dir()
+    take_lock(remote, layout, second, here)
+    assert lines == [f"took over the deploy lock on gpu1 from {first}: its owner, pid 999999999 on this machine "
+                     "(laptop), is no longer running"]
+    assert LockOwner.from_json((Path(str(layout.lock_owner))).read_text()) == second
+    record = json.loads(Path(str(layout.history)).read_text().splitlines()[-1])
+    assert (record["event"], record["outcome"], record["cause"]) == ("lock", "taken-over", lines[0])
+    with pytest.raises(LockHeld, match="--force"):
+        unlock(remote, layout, force=False, context=elsewhere)
+    assert unlock(remote, layout, force=True, context=elsewhere) is not None
     assert not Path(str(layout.lock)).exists()
+
+
+def test_a_history_line_torn_by_a_power_loss_is_kept_and_the_next_line_is_not_glued_to_it(
+        remote: FabricRemote, tmp_path: Path) -> None:
+    """Input tried: history.jsonl whose last line was cut off mid-way (no newline), as a power cut leaves it."""
+    layout = StoreLayout("sglang", root=PurePosixPath(tmp_path / HOSTILE_DIR))
+    history = Path(str(layout.history))
+    history.parent.mkdir(parents=True)
+    tags = Tags("ops@laptop", "gpu1", "r1", "glm5-nvfp4", "ph", {})
+    whole = history_entry("deploy", HEALTHY, tags, datetime.now(UTC)).to_json()
+    history.write_bytes(whole + whole[:40])
+    remote.run(append_history(layout, history_entry("rollback", HEALTHY, tags, datetime.now(UTC))))
+    entries, unreadable = parse_history(history.read_text())
+    assert [e.event for e in entries] == ["deploy", "rollback"] and unreadable == 1
+    assert history.read_bytes().startswith(whole + whole[:40] + b"\n"), "the torn line is kept as it was"
 
 
 def test_each_result_is_reported_as_it_arrives_failures_included(sshd: SshServer, tmp_path: Path) -> None:

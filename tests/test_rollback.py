@@ -319,8 +319,9 @@ def test_the_dry_run_lists_exactly_the_steps_the_deploy_then_runs() -> None:
     ran = [[_shown(step) for step in batch if not _not_listed(step)] for batch in host.batches]
     before_ladder = [_shown(step) for step in (*batches["stage"], *batches["switch and restart"])]
     assert before_ladder in ran, "the stage, switch and restart batches ran as listed, in one round trip"
-    taking = [step.name for step in host.batches[ran.index(before_ladder)][:4]]
-    assert taking == ["lock: store directory", "lock: take", f"put {LAYOUT.lock_owner}", store.LOCK_STORE_UNCHANGED], \
+    taking = [step.name for step in host.batches[ran.index(before_ladder)][:5]]
+    assert taking == ["lock: store directory", "lock: take", f"put {LAYOUT.lock_owner}", "lock: boot id",
+                      store.LOCK_STORE_UNCHANGED], \
         "the lock is taken in that round trip, the first that changes the host"
     after = ran[ran.index(before_ladder) + 1:]
     probes = [batch for batch in after if batch and batch[0].startswith("readiness probe")]

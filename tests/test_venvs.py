@@ -243,8 +243,8 @@ def outside_lock(remote: FakeRemote) -> list[Step | Put]:
     """The steps that ran, less the lock's own; asserts that all of them ran while the lock was held."""
     names = [step.name for step in remote.ran]
     taken, released = names.index("lock: take"), len(names) - 1 - names[::-1].index("lock: release")
-    inside = remote.ran[taken + 2:released - 1]  # after mkdir + owner.json, before the ownership check
-    assert len(inside) == len(remote.ran) - 5, "every step of the command runs inside the lock"
+    inside = remote.ran[taken + 3:released - 1]  # after mkdir, owner.json and boot id, before the ownership check
+    assert len(inside) == len(remote.ran) - 6, "every step of the command runs inside the lock"
     return inside
 
 

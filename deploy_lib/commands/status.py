@@ -89,6 +89,7 @@ class StatusReport:
     topology: str | None = None         # the GPUs' links and P2P support in one line (gpu-check's reading)
     venv_problem: str | None = None     # why the release's venv's packages could not be read (its python is gone)
     last_start: str = ""                # the current release's newest start's phases (health.startup)
+    verified: bool = True               # history records the current release's last start healthy
 
 
 def serving_endpoint(metadata: Mapping[str, Any], host_address: str) -> str | None:
@@ -163,8 +164,12 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
     readings = read(remote, [*topology, *([packages] if packages else [])])
     links, links_error = parse_topology_results([readings[step.name] for step in topology])
     installed, venv_problem = _installed(readings, packages)
+    verified = record is None or facts.store.verified_since_switch(record.id)
+    unverified = never_verified(record.id) if record is not None and not verified else None
+    advice = [crash_loop_advice(crashes, facts.store), unverified]
     return StatusReport(
-        restarts=facts.unit.n_restarts, crashes=crashes, advice=crash_loop_advice(crashes, facts.store),
+        verified=verified, advice="; ".join(filter(None, advice)) or None,
+        restarts=facts.unit.n_restarts, crashes=crashes,
         venv_versions={name: installed.versions[name] for name in STATUS_DISTRIBUTIONS
                        if name in installed.versions} if installed else {},
         venv_sources={name: installed.origins[name].describe() for name in STATUS_DISTRIBUTIONS
@@ -179,6 +184,12 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
         current_problem=facts.store.current_problem(),
         topology=links.one_line() if links else links_error,
         last_start=startup_by_release(facts.store.history).get(facts.store.current or "", ""))
+
+
+def never_verified(release_id: str) -> str:
+    return (f"release {release_id} was switched to but never verified (the command that switched it did not finish: "
+            "killed, or the host went down); systemd starts it at boot all the same. `invoke deploy` of its profile "
+            "verifies it, or rolls back if it does not come up")
 
 
 def _installed(readings: Readings, packages: Fact[InstalledFacts] | None) -> tuple[InstalledFacts | None, str | None]:

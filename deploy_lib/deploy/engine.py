@@ -61,6 +61,7 @@ from deploy_lib.store import (
     FAILED,
     HEALTHY,
     STOPPED,
+    LockContext,
     LockOnFirstChange,
     ReleaseRecord,
     StoreFacts,
@@ -144,11 +145,12 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
                 return _deploy(run, loaded, options, *available_secrets(profile, options.environ))
             secrets = resolve_secrets(profile, options.environ)  # ConfigError before any connection
             purpose, where = f"deploy {loaded.name}", target.host.name
+            context = LockContext(where=where, note=progress.note)  # a dead owner's lock: taken over, one line
             with ExitStack() as held:
                 if profile.service.venv_build is not None and options.venv is None:
                     # building the venv changes the host before the facts are read: the lock from the first step
-                    held.enter_context(host_lock(remote, run.layout, purpose, where))
-                run.lock = held.enter_context(lock_on_first_change(remote, run.layout, purpose, where))
+                    held.enter_context(host_lock(remote, run.layout, purpose, where, context))
+                run.lock = held.enter_context(lock_on_first_change(remote, run.layout, purpose, where, context))
                 run.remote = run.lock
                 return _deploy(run, loaded, options, secrets, {})
         except KeyboardInterrupt as stop:
@@ -292,7 +294,8 @@ def rollback(target: Target, service: str, remote: Remote, progress: Progress, t
                      before_restart=before_restart)
     with signals_raise():
         try:
-            with lock_on_first_change(remote, run.layout, "rollback", target.host.name) as lock:
+            with lock_on_first_change(remote, run.layout, "rollback", target.host.name,
+                                      LockContext(where=target.host.name, note=progress.note)) as lock:
                 run.lock = run.remote = lock
                 return _rollback(run, lock, to, alone)
         except KeyboardInterrupt as stop:
@@ -349,7 +352,8 @@ def start(target: Target, service: str, remote: Remote, progress: Progress, envi
     changed (`unit_held`)."""
     layout = target.layout(service)
     event = "restart" if restart else "start"
-    with lock_on_first_change(remote, layout, event, target.host.name) as lock:
+    with lock_on_first_change(remote, layout, event, target.host.name,
+                              LockContext(where=target.host.name, note=progress.note)) as lock:
         facts = read_host_facts(lock, layout, venv=None, port=None)
         lock.decided_from(facts.store.lock, facts.store.digest)
         record = _current_release(facts.store, target.host.name)

@@ -109,6 +109,12 @@ class StoreFacts:
                        and not (entry.event == "crash" and entry.outcome == RESTARTED)), None)
         return latest is not None and latest.tags.release == release_id and latest.outcome == HEALTHY
 
+    def verified_since_switch(self, release_id: str) -> bool:
+        """The last start history records is this release's, healthy: false for a release `current` was switched to
+        by a command that never finished (killed, or its host went down before the readiness ladder ended)."""
+        latest = next((entry for entry in reversed(self.history) if entry.event in ACTIVATIONS), None)
+        return latest is not None and latest.tags.release == release_id and latest.outcome == HEALTHY
+
     def outcomes(self) -> dict[str, str]:
         """Each release's latest start outcome from history (for `invoke releases`); `crashed` when a
         crash that systemd did not restart (the start limit, or Restart=no) came after it."""

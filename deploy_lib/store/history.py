@@ -16,9 +16,11 @@ from deploy_lib.store.layout import StoreLayout, iso_time, json_line
 # Events that start a release and judge it (healthy or failed); `stop`, `crash`, `prune`, `bench` and `tune` (one
 # measured candidate of a sweep, deploy_lib/tune/) judge no start.
 ACTIVATIONS = ("deploy", "rollback", "adopt", "start", "restart")
-EVENTS = (*ACTIVATIONS, "failure", "bench", "crash", "prune", "stop", "tune")
+# `lock`: a command took over the lock of an owner that was gone (lock.py, owner_gone); its cause says whose and why.
+EVENTS = (*ACTIVATIONS, "failure", "bench", "crash", "prune", "stop", "tune", "lock")
 HEALTHY, FAILED, UNCHANGED, RESTARTED, STOPPED = "healthy", "failed", "unchanged", "restarted", "stopped"
-OUTCOMES = (HEALTHY, FAILED, UNCHANGED, RESTARTED, STOPPED)
+TAKEN_OVER = "taken-over"
+OUTCOMES = (HEALTHY, FAILED, UNCHANGED, RESTARTED, STOPPED, TAKEN_OVER)
 CRASHED = "crashed"  # a release's outcome in `invoke releases` once systemd gave up restarting it
 
 
@@ -89,9 +91,14 @@ def history_entry(event: str, outcome: str, tags: Tags, when: datetime, cause: s
                         dict(tune or {}))
 
 
+# A line cut off by a power loss is ended first, so the new line is not glued to it (the torn one stays, counted as
+# unreadable); then one write of one line on an O_APPEND file (concurrent appends never interleave), then fsync.
+_APPEND = 'if [ -s "$1" ] && [ -n "$(tail -c 1 -- "$1")" ]; then echo >> "$1"; fi; cat >> "$1" && sync -- "$1"'
+
+
 def append_history(layout: StoreLayout, entry: HistoryEntry) -> list[Step | Put]:
-    # tee -a: one write of one line on an O_APPEND file, so concurrent appends never interleave.
-    return [Step("history: append", ("tee", "-a", "--", str(layout.history)), sudo=True, stdin=entry.to_json())]
+    return [Step("history: append", ("sh", "-c", _APPEND, "sh", str(layout.history)), sudo=True,
+                 stdin=entry.to_json())]
 
 
 def release_json(metadata: Mapping[str, Any], tags: Tags, staged_at: datetime) -> bytes:

@@ -1,6 +1,7 @@
-"""The host lock (Kamal's: mkdir is the atomic test-and-set, owner.json says who): who holds it, whether it looks
-abandoned, the one re-entrant `host_lock` every change to a store runs under, and `lock_on_first_change` for a
-command that decides from one read whether it changes anything at all (a deploy: a no-op writes nothing)."""
+"""The host lock (Kamal's: mkdir is the atomic test-and-set, owner.json says who, boot_id in which boot of the host it
+was taken): who holds it, whether it looks abandoned, when the next command takes it over (its owner is gone: the
+host rebooted, or the owner's process on this machine ended), and the one re-entrant `host_lock` every change to a
+store runs under. `lock_on_first_change` (first_change.py) is the lock of a command that may change nothing."""
 
 from __future__ import annotations
 
@@ -11,13 +12,14 @@ import secrets
 import socket
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 
 from deploy_lib.errors import DeployError, LockHeld, StepFailed
 from deploy_lib.facts.readings import ABSENT_OK, Readings, read
-from deploy_lib.remote import OutputLine, Put, Remote, Step, StepResult
+from deploy_lib.remote import Put, Remote, Step, StepResult
+from deploy_lib.store.history import TAKEN_OVER, Tags, append_history, history_entry, operator_name
 from deploy_lib.store.layout import FILE_MODE, StoreLayout, iso_time, json_line
 
 # A lock older than this is reported as stale even when its owner cannot be checked (another machine).
@@ -28,6 +30,13 @@ OWNERLESS_LOCK_GRACE_S = 60
 FACT_CLOCK = "store facts: clock"
 FACT_LOCK = "store facts: lock"
 FACT_LOCK_OWNER = "store facts: lock owner"
+FACT_LOCK_BOOT = "store facts: lock boot id"
+FACT_BOOT_ID = "store facts: lock: the host's boot id"
+FACT_UP = "store facts: lock: seconds since the host booted"  # pid 1's age: a VM's kernel or a container's init
+# pid 1's age to the clock tick: the kernel's uptime less pid 1's start (/proc/1/stat field 22, in ticks since the
+# kernel booted), so a container's init counts as its host's boot
+_PID1_AGE = 'set -- $(cat /proc/uptime) $(cut -d" " -f22 /proc/1/stat) $(getconf CLK_TCK); echo "$1 $3 $4"'
+BOOT_ID = "/proc/sys/kernel/random/boot_id"  # a new random id at each boot of the kernel (a container's: of it)
 FACT_STORE_DIGEST = "store facts: digest"
 
 # What a command decides from and another command changes: where current points, each release directory and file
@@ -51,10 +60,18 @@ def parse_store_digest(result: StepResult | None) -> str | None:
 
 def lock_fact_steps(layout: StoreLayout) -> list[Step]:
     return [
-        Step(FACT_CLOCK, ("date", "+%s")),
-        Step(FACT_LOCK, ("stat", "-c", "%Y", "--", str(layout.lock)), ok=ABSENT_OK),
+        Step(FACT_CLOCK, ("date", "+%s.%N")),
+        Step(FACT_LOCK, ("stat", "-c", "%.9Y", "--", str(layout.lock)), ok=ABSENT_OK),
         Step(FACT_LOCK_OWNER, ("cat", "--", str(layout.lock_owner)), ok=ABSENT_OK),
+        Step(FACT_LOCK_BOOT, ("cat", "--", str(lock_boot_file(layout))), ok=ABSENT_OK),
+        Step(FACT_BOOT_ID, ("cat", "--", BOOT_ID), ok=ABSENT_OK),
+        Step(FACT_UP, ("sh", "-c", _PID1_AGE), ok=ABSENT_OK),
     ]
+
+
+def lock_boot_file(layout: StoreLayout) -> PurePosixPath:
+    """The host's boot id when the lock was taken, copied by the host itself in the take's round trip."""
+    return layout.lock / "boot_id"
 
 
 @dataclass(frozen=True)
@@ -93,21 +110,41 @@ def this_process_owner(purpose: str, now: datetime) -> LockOwner:
 class LockInfo:
     owner: LockOwner | None  # None: owner.json missing or unreadable
     age_s: float             # from the lock directory's mtime, by the host's own clock
+    taken_in_boot: str | None = None  # the host's boot id when it was taken (None: a lock of an older version, or
+    host_boot: str | None = None      # a power cut before it was written); the host's boot id now
+    host_up_s: float | None = None    # seconds since the host booted
+    taken_at: str | None = field(default=None, compare=False)  # its mtime as `stat` printed it: the takeover guard
 
 
-def parse_lock(clock_out: str, stat: StepResult, owner: StepResult) -> LockInfo | None:
+def _boot_id(result: StepResult | None) -> str | None:
+    return result.stdout.strip() or None if result is not None and result.exit_code == 0 else None
+
+
+def parse_lock(clock_out: str, stat: StepResult, owner: StepResult, taken_in_boot: StepResult | None = None,
+               host_boot: StepResult | None = None, host_up: StepResult | None = None) -> LockInfo | None:
     if stat.exit_code != 0:
         return None
     try:
         lock_owner: LockOwner | None = LockOwner.from_json(owner.stdout) if owner.exit_code == 0 else None
     except (ValueError, KeyError, TypeError):
         lock_owner = None
-    return LockInfo(lock_owner, max(float(clock_out.strip()) - float(stat.stdout.strip()), 0.0))
+    return LockInfo(lock_owner, max(float(clock_out.strip()) - float(stat.stdout.strip()), 0.0),
+                    _boot_id(taken_in_boot), _boot_id(host_boot), _pid1_age(host_up), stat.stdout.strip())
+
+
+def _pid1_age(result: StepResult | None) -> float | None:
+    """Seconds since pid 1 started, from `_PID1_AGE`'s "UPTIME START_TICKS TICKS_PER_S"."""
+    try:
+        uptime, start, ticks = (float(word) for word in (_boot_id(result) or "").split())
+        return uptime - start / ticks
+    except (ValueError, ZeroDivisionError):
+        return None
 
 
 def parse_lock_facts(results: Sequence[StepResult] | Readings) -> LockInfo | None:
     found = Readings.of(results)
-    return parse_lock(found[FACT_CLOCK].stdout, found[FACT_LOCK], found[FACT_LOCK_OWNER])
+    return parse_lock(found[FACT_CLOCK].stdout, found[FACT_LOCK], found[FACT_LOCK_OWNER], found.get(FACT_LOCK_BOOT),
+                      found.get(FACT_BOOT_ID), found.get(FACT_UP))
 
 
 LOCK_TAKE = "lock: take"
@@ -125,6 +162,7 @@ def acquire_lock(layout: StoreLayout, owner: LockOwner) -> list[Step | Put]:
         Step("lock: store directory", ("mkdir", "-p", "--", str(layout.base)), sudo=True),
         Step(LOCK_TAKE, ("mkdir", "--", str(layout.lock)), sudo=True),
         Put(layout.lock_owner, owner.to_json(), FILE_MODE, sudo=True),
+        Step("lock: boot id", ("cp", "--", BOOT_ID, str(lock_boot_file(layout))), sudo=True),
     ]
 
 
@@ -151,13 +189,29 @@ def pid_alive(pid: int) -> bool:
     return True
 
 
-def lock_staleness(lock: LockInfo, this_host: str, is_alive: Callable[[int], bool],
-                   stale_after_s: float = STALE_LOCK_AFTER_S) -> str | None:
-    """Why the lock looks abandoned, or None while its owner may still be working."""
+def owner_gone(lock: LockInfo, this_host: str, is_alive: Callable[[int], bool]) -> str | None:
+    """Why the lock's owner is certainly gone, so the next command takes the lock over: the host rebooted since
+    it was taken (no command survives its host's reboot: the owner's round trips ended with it), or the owner's
+    process on this very machine no longer exists. None: it may still be working (`unlock --force` for the rest)."""
+    if lock.taken_in_boot and lock.host_boot and lock.taken_in_boot != lock.host_boot:
+        return f"the host has rebooted since it was taken (boot {lock.taken_in_boot[:8]}, now {lock.host_boot[:8]})"
+    # no boot id: a power cut between the mkdir and its files, or an older version's lock; its age tells
+    if lock.taken_in_boot is None and lock.host_up_s is not None and lock.age_s > lock.host_up_s:
+        return f"the host has rebooted since it was taken (the lock is {lock.age_s:.0f} s old, the host up " \
+               f"{lock.host_up_s:.0f} s)"
     owner = lock.owner
     if owner is not None and owner.host == this_host and not is_alive(owner.pid):
         return f"its owner, pid {owner.pid} on this machine ({this_host}), is no longer running"
-    if owner is None and lock.age_s > OWNERLESS_LOCK_GRACE_S:
+    return None
+
+
+def lock_staleness(lock: LockInfo, this_host: str, is_alive: Callable[[int], bool],
+                   stale_after_s: float = STALE_LOCK_AFTER_S) -> str | None:
+    """Why the lock looks abandoned, or None while its owner may still be working."""
+    gone = owner_gone(lock, this_host, is_alive)
+    if gone is not None:
+        return gone
+    if lock.owner is None and lock.age_s > OWNERLESS_LOCK_GRACE_S:
         return f"it has no readable owner.json and is {lock.age_s:.0f} s old"
     if lock.age_s > stale_after_s:
         return f"it is {lock.age_s / 3600:.1f} h old (stale after {stale_after_s / 3600:.1f} h)"
@@ -182,10 +236,52 @@ class LockContext:
     this_host: str = field(default_factory=socket.gethostname)
     is_alive: Callable[[int], bool] = pid_alive
     stale_after_s: float = STALE_LOCK_AFTER_S
+    note: Callable[[str], None] | None = None    # where the one line of a takeover goes (the command's progress)
 
     def held_by(self, lock: LockInfo) -> LockHeld:
         return lock_held_error(self.where, lock, lock_staleness(lock, self.this_host, self.is_alive,
                                                                 self.stale_after_s))
+
+    def takeover(self, lock: LockInfo) -> Takeover | None:
+        """The takeover of a lock whose owner is gone; None: the lock stands."""
+        reason = owner_gone(lock, self.this_host, self.is_alive)
+        if reason is None:
+            return None
+        holder = str(lock.owner) if lock.owner else "an unknown owner"
+        return Takeover(lock, f"took over the deploy lock on {self.where} from {holder}: {reason}")
+
+    def announce(self, takeover: Takeover | None) -> None:
+        """Say the takeover's line, once it happened."""
+        if takeover is not None and self.note is not None:
+            self.note(takeover.line)
+
+
+@dataclass(frozen=True)
+class Takeover:
+    lock: LockInfo
+    line: str
+
+    def steps(self, layout: StoreLayout, where: str) -> list[Step | Put]:
+        """Remove the dead owner's lock, only if it is still that one (another command may have taken it over
+        first: then the take fails as on any held lock); the history line is appended by `recorded`."""
+        owner, boot = self.lock.owner, self.lock.taken_in_boot
+        if owner is not None:
+            token = f'"token":"{owner.token}"'
+            check: tuple[str, ...] = ("grep", "-q", "-F", "-e", token, "--", str(layout.lock_owner))
+        elif boot is not None:
+            check = ("grep", "-q", "-x", "-F", "-e", boot, "--", str(lock_boot_file(layout)))
+        else:  # neither: the very directory that was read (its mtime)
+            check = ("sh", "-c", 'test "$(stat -c %.9Y -- "$1")" = "$2"', "sh", str(layout.lock),
+                     self.lock.taken_at or "")
+        return [Step(LOCK_STILL_THEIRS, check, sudo=True), Step("lock: take over", ("rm", "-rf", "--",
+                                                                                   str(layout.lock)), sudo=True)]
+
+    def recorded(self, layout: StoreLayout, where: str) -> list[Step | Put]:
+        tags = Tags(who=operator_name(), host=where, release="", profile="", profile_hash="")
+        return append_history(layout, history_entry("lock", TAKEN_OVER, tags, datetime.now(UTC), self.line))
+
+
+LOCK_STILL_THEIRS = "lock: still the dead owner's"
 
 
 def read_lock(remote: Remote, layout: StoreLayout) -> LockInfo | None:
@@ -200,14 +296,27 @@ def raise_if_held(remote: Remote, layout: StoreLayout, context: LockContext) -> 
 
 
 def take_lock(remote: Remote, layout: StoreLayout, owner: LockOwner, context: LockContext) -> None:
-    """Take the lock, or raise LockHeld naming its owner (and whether it looks stale)."""
+    """Take the lock (over from an owner that is gone: `LockContext.takeover`), or raise LockHeld naming its owner
+    (and whether it looks stale)."""
     try:
         remote.run(acquire_lock(layout, owner))
     except StepFailed as failure:
         if getattr(failure.step, "name", None) != LOCK_TAKE:
             raise
-        raise_if_held(remote, layout, context)
-        raise
+        lock = read_lock(remote, layout)
+        takeover = context.takeover(lock) if lock is not None else None
+        if takeover is None:
+            raise_if_held(remote, layout, context)
+            raise
+        try:
+            remote.run([*takeover.steps(layout, context.where), *acquire_lock(layout, owner),
+                        *takeover.recorded(layout, context.where)])
+            context.announce(takeover)
+        except StepFailed as again:  # another command took it over first
+            if getattr(again.step, "name", None) not in (LOCK_TAKE, LOCK_STILL_THEIRS):
+                raise
+            raise_if_held(remote, layout, context)
+            raise
 
 
 @contextmanager
@@ -245,7 +354,7 @@ def release_quietly(remote: Remote, layout: StoreLayout, owner: LockOwner) -> No
 
 # Locks this process holds, by (remote, lock path): a library call that changes the host takes the lock itself, and
 # one that runs inside another (patch-fusion's deploy, deploy's venv build) reuses it, as Kamal's `holding_lock?`.
-_HELD: dict[tuple[int, str], LockOwner] = {}
+HELD: dict[tuple[int, str], LockOwner] = {}
 
 
 @contextmanager
@@ -254,138 +363,16 @@ def host_lock(remote: Remote, layout: StoreLayout, purpose: str, where: str,
     """The one lock for every change to a service's store on a host: deploy, rollback, venv build/adopt/derive,
     patching, prune. Re-entrant within this process; released on any exit, Ctrl-C included (`holding_lock`)."""
     key = (id(remote), str(layout.lock))
-    if key in _HELD:
-        yield _HELD[key]
+    if key in HELD:
+        yield HELD[key]
         return
     owner = this_process_owner(purpose, datetime.now(UTC))
     with holding_lock(remote, layout, owner, context or LockContext(where=where)) as held:
-        _HELD[key] = held
+        HELD[key] = held
         try:
             yield held
         finally:
-            del _HELD[key]
-
-
-class LockOnFirstChange:
-    """The host's lock for a command that may change nothing: a Remote that passes the command's read through, then
-    takes the lock in the first round trip after it and releases it in the last (`finish`), so that a command that
-    changes nothing takes no lock and writes nothing.
-
-    The read carries the lock's state and the store's digest (`release_fact_steps`); `decided_from` refuses at once
-    when someone holds the lock (LockHeld, as `take_lock` would). The take is a compare-and-set: mkdir, owner.json,
-    then the store's digest compared with the one read, all before the first change of that round trip; a store
-    another command changed meanwhile ends the command with LockHeld and nothing changed. Inside a lock this process
-    holds already (`host_lock`: a patch-fusion deploy, a venv build) it only passes batches through."""
-
-    def __init__(self, remote: Remote, layout: StoreLayout, owner: LockOwner, context: LockContext,
-                 held_already: bool) -> None:
-        self.inner = remote
-        self.layout = layout
-        self.owner = owner
-        self.context = context
-        self.held_already = held_already
-        self.digest: str | None = None  # the store as the command read it; None: not decided yet
-        self.taken = False  # the take was sent: released on the way out, if it is still ours
-        self.released = False
-
-    def decided_from(self, lock: LockInfo | None, digest: str | None, purpose: str | None = None) -> None:
-        """The command decides from a read carrying the lock's state and the store's digest: raise LockHeld when
-        another run holds the lock; any later batch takes it first (owner.json saying `purpose`, when given)."""
-        if self.held_already:
-            return
-        if purpose is not None:
-            self.owner = replace(self.owner, purpose=purpose)
-        if lock is not None:
-            raise self.context.held_by(lock)
-        self.digest = digest or ""
-
-    def _take_steps(self) -> list[Step | Put]:
-        if self.held_already or self.digest is None or self.taken:
-            return []
-        return [*acquire_lock(self.layout, self.owner), store_unchanged_step(self.layout, self.digest)]
-
-    def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
-        if not batch:
-            return []
-        return self._send([*batch], [], on_output)
-
-    def finish(self, batch: Sequence[Step | Put]) -> list[StepResult]:
-        """Run the command's last batch with the lock's release in the same round trip (when the command took the
-        lock, or takes it with this batch); raise LockHeld when the lock is no longer ours by then."""
-        taking = bool(batch and self._take_steps())
-        release = release_lock(self.layout, self.owner) if (self.taken and not self.released) or taking else []
-        if not batch and not release:
-            return []
-        try:
-            results = self._send([*batch], release, None)
-        except StepFailed as failure:
-            if getattr(failure.step, "name", None) != LOCK_STILL_OURS:
-                raise
-            self.released = True
-            raise no_longer_ours(self.context.where) from failure
-        self.released = self.released or bool(release)
-        return results
-
-    def _send(self, batch: list[Step | Put], release: Sequence[Step | Put], on_output: OutputLine | None
-              ) -> list[StepResult]:
-        """One call of the inner remote: the take first when the lock is still to be taken, the release last."""
-        take = self._take_steps()
-        if not take:
-            return self.inner.run([*batch, *release], on_output)[:len(batch)]
-        self.taken = True
-        try:
-            results = self.inner.run([*take, *batch, *release], on_output)
-        except StepFailed as failure:
-            name = getattr(failure.step, "name", None)
-            if name == LOCK_TAKE:
-                self.taken = False
-                raise_if_held(self.inner, self.layout, self.context)
-                raise
-            if name == LOCK_STORE_UNCHANGED:
-                self.release_quietly()
-                raise LockHeld(f"the release store on {self.context.where} changed after this command read it "
-                               "(another command ran meanwhile); nothing was changed",
-                               hint="rerun: it decides again from the host as it is now") from None
-            raise
-        return results[len(take):len(take) + len(batch)]
-
-    def push_directory(self, local_dir: Path, dest: PurePosixPath, link_dest: PurePosixPath | None,
-                       on_output: OutputLine | None = None) -> StepResult:
-        self._send([], [], None)  # rsync is a round trip of its own: the lock is taken before it
-        return self.inner.push_directory(local_dir, dest, link_dest, on_output)
-
-    def close(self) -> None:
-        self.inner.close()
-
-    def release_quietly(self) -> None:
-        """Release the lock if this command took it and it is still ours; an error here would hide the real one."""
-        if self.taken and not self.released:
-            self.released = True
-            release_quietly(self.inner, self.layout, self.owner)
-
-
-@contextmanager
-def lock_on_first_change(remote: Remote, layout: StoreLayout, purpose: str, where: str,
-                         context: LockContext | None = None) -> Iterator[LockOnFirstChange]:
-    """The block's remote (`LockOnFirstChange`): the lock taken with the first batch after the read the block
-    decides from, released with its last (`finish`) or on any exit, Ctrl-C included; inside `host_lock` it passes
-    batches through."""
-    key = (id(remote), str(layout.lock))
-    held = _HELD.get(key)
-    locked = LockOnFirstChange(remote, layout, held or this_process_owner(purpose, datetime.now(UTC)),
-                               context or LockContext(where=where), held_already=held is not None)
-    # the lock held already is held through this remote too: a venv build inside the block re-enters it
-    through = (id(locked), str(layout.lock))
-    if held is not None:
-        _HELD[through] = held
-    try:
-        yield locked
-    except BaseException:
-        locked.release_quietly()
-        raise
-    finally:
-        _HELD.pop(through, None)
-    locked.finish([])
+            del HELD[key]
 
 
 def unlock(remote: Remote, layout: StoreLayout, force: bool, context: LockContext) -> LockInfo | None:

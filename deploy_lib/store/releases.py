@@ -55,6 +55,8 @@ def stage_release(layout: StoreLayout, release_id: str, unit_text: str, env_text
         Step("stage: flush to disk", ("sync", "--", *map(str, files), str(staging)), sudo=True),
         *(replace if replace_damaged else []),
         Step("stage: publish", ("mv", "-T", "--", str(staging), str(final)), sudo=True),
+        # the rename on disk before anything points at it: `current` never names a release a power cut takes back
+        Step("stage: flush the publish", ("sync", "--", str(layout.releases)), sudo=True),
     ]
 
 
@@ -76,6 +78,8 @@ def switch_current(layout: StoreLayout, release_id: str) -> list[Step | Put]:
         Step("switch: temp unit link", ("ln", "-sfn", "--", str(layout.current / UNIT_FILE), str(temp_unit)),
              sudo=True),
         Step("switch: unit link", ("mv", "-T", "--", str(temp_unit), str(layout.unit_link)), sudo=True),
+        # both renames on disk before the restart: after a power cut systemd boots what was switched to
+        Step("switch: flush", ("sync", "--", str(layout.base), str(layout.unit_dir)), sudo=True),
     ]
 
 

@@ -15,7 +15,9 @@
 A new sandbox test module takes `sandbox_venv` (or `sandbox_guest`) and builds its rig from it, e.g.
 `Rig.on(sandbox_venv, tmp_path_factory, PROFILES)` (rig.py); tests in one module share its guest and run in order.
 A test that needs more guests at once starts them with `manage.up(name, record=False, layers=(venv_layer,))` under
-a unique name and always stops them. `make test` runs modules in parallel (pytest-xdist, --dist loadfile): a
+a unique name and always stops them; one that reboots its guest or cuts its power (`manage.reboot`, `manage.crash`)
+starts it with `disk=True`, so that its writable layer is a disk of its own (test_reboot_sandbox.py).
+`make test` runs modules in parallel (pytest-xdist, --dist loadfile): a
 module must not rely on anything outside its own guests, and what it shares on this machine (the cache) is locked.
 """
 
