@@ -3,7 +3,7 @@ with a client sending requests through the router all along: the failed requests
 rollout adds over the same client's p99 before it. Two guests of the bench's own (the router on the first), always
 stopped at the end. Figures are printed, never asserted.
 
-    .venv/bin/python -m bench.router [--threads 4] [--steady-s 20]
+    .venv/bin/python -m bench.router [--threads 4] [--steady-s 20] [--quick]
 """
 
 from __future__ import annotations
@@ -60,7 +60,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=4, help="client threads sending requests through the router")
     parser.add_argument("--steady-s", type=float, default=20.0, help="how long the client runs before the rollout")
+    parser.add_argument("--quick", action="store_true", help="one client thread, 2 s before the rollout: checks it runs")
     options = parser.parse_args(argv)
+    if options.quick:
+        options.threads, options.steady_s = 1, 2.0
     if os.geteuid() != 0:
         say("the router bench needs root (sandbox guests are systemd-nspawn machines)")
         return 2

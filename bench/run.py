@@ -6,7 +6,7 @@ Every figure is the median of several runs, printed with its target and PASS/MIS
 __REALTIME_TIMESTAMP; the guest is a container on this machine, so its clock is this machine's clock and they
 compare directly with time.time() taken here.
 
-    .venv/bin/python -m bench.run [--runs 5] [--venv-runs 3]
+    .venv/bin/python -m bench.run [--runs 5] [--venv-runs 3] [--quick] [--no-peer]
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from bench import peer as peer_module
 from bench.figures import Figure, deploy_figures, table
 from bench.measure import (
     FAULT_FILE,
@@ -34,39 +35,57 @@ from bench.measure import (
     no_op_redeploy,
     whole_process_no_op,
 )
-from bench.staging import OTHER_FLASHINFER, measure_models, measure_venvs
+from bench.peer import Peer
+from bench.staging import MODEL_SHARD_VALUES, OTHER_FLASHINFER, QUICK_SHARD_VALUES, measure_models, measure_venvs
 from bench.timeline import say
 from sandbox import manage, wheelhouse
 
 ANSIBLE = "Ansible, for comparison: ~1 s per task, > 4 s for a four-task play on one host."
 
 
-def measure_deploys(rig: Rig, runs: int) -> list[Figure]:
+def measure_deploys(rig: Rig, runs: int, peer_work: Path | None) -> list[Figure]:
+    """Our deploy figures; with `peer_work`, pyinfra's beside them (its files there), each of its runs right after
+    ours (interleaved) so a change of the machine's load hits both."""
     rig.root(f"mkdir -p /etc/sglang-sim && echo oom > {FAULT_FILE}")
     with rig.command(PROFILE) as (_remote, _progress, deploy):
-        say(f"first deploy of {PROFILE}: {deploy().action}")
+        outcome = deploy()
+        say(f"first deploy of {PROFILE}: {outcome.action}")
+    assert outcome.plan is not None
+    peer = Peer(rig, outcome.plan.release, peer_work) if peer_work else None
+    if peer:
+        peer.first()
+        say(f"first deploy of {peer_module.SERVICE} by pyinfra")
     no_ops = [no_op_redeploy(rig) for _ in range(runs)]
     say(f"no-op redeploys: {', '.join(f'{run.seconds:.2f} s' for run in no_ops)}")
     pycache = Path(tempfile.mkdtemp(prefix="sglang-bench-pycache-"))
     whole_process_no_op(rig, pycache)  # writes the bytecode cache
-    processes = [whole_process_no_op(rig, pycache) for _ in range(runs)]
+    processes, peer_no_ops, floors = [], [], []
+    for _ in range(runs):
+        processes.append(whole_process_no_op(rig, pycache))
+        floors.append(peer_module.floor(rig))
+        if peer:
+            peer_no_ops.append(peer.no_op())
     parts = [no_op_parts(rig, pycache) for _ in range(runs)]
     shutil.rmtree(pycache)
-    say(f"no-op deploys, whole process: {', '.join(f'{run.seconds:.2f} s' for run in processes)}")
-    changed = []
+    say(f"no-op deploys, whole process: {', '.join(f'{run.seconds:.2f} s' for run in processes)}"
+        + (f"; pyinfra {', '.join(f'{run.seconds:.2f} s' for run in peer_no_ops)}" if peer else ""))
+    changed, peer_changed = [], []
     for run in range(runs):
         changed.append(changed_deploy(rig, f"bench-{run}"))
         say(f"changed deploy {run + 1}/{runs}: total {changed[-1].total_s:.2f} s, "
             f"server start {changed[-1].server_start_s:.2f} s")
+        if peer:
+            peer_changed.append(peer.changed(run))
+            say(f"  pyinfra: total {peer_changed[-1].total_s:.2f} s, server start "
+                f"{peer_changed[-1].server_start_s:.2f} s")
     crashes = []
     for run in range(runs):
         crashes.append(crash_and_roll_back(rig))
         say(f"crash {run + 1}/{runs}: noticed {crashes[-1].noticed_s:.2f} s, rollback {crashes[-1].rollback_s:.2f} s")
     long_steps = [long_step_cpu(rig) for _ in range(runs)]
     say(f"long steps: client CPU {', '.join(f'{run.cpu_s:.3f} s' for run in long_steps)}")
-    return deploy_figures(no_ops, processes, parts, changed, crashes, long_steps)
-
-
+    figures = peer_module.peer_figures(processes, peer_no_ops, floors, changed, peer_changed) if peer else []
+    return figures + deploy_figures(no_ops, processes, parts, changed, crashes, long_steps)
 
 
 @contextmanager
@@ -91,7 +110,12 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="one-changed-package builds (each a new venv in the guest)")
     parser.add_argument("--guest", help="measure on this running guest (neither started nor stopped here)")
     parser.add_argument("--only", choices=("deploys", "venvs", "models"), help="measure this group of figures only")
+    parser.add_argument("--no-peer", action="store_true", help="without pyinfra's figures beside ours")
+    parser.add_argument("--quick", action="store_true",
+                        help="one run of everything at the smallest sizes (1 MB of weights): checks that it runs")
     options = parser.parse_args(argv)
+    if options.quick:
+        options.runs, options.venv_runs = 1, 1
     if os.geteuid() != 0:
         say("make bench needs root (the sandbox guest is a systemd-nspawn machine)")
         return 2
@@ -101,12 +125,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         if not manage.guest_venv_is(guest, house):
             manage.build_guest_venv(guest, house)
         rig = make_rig(guest, Path(work), options.runs)
+        peer_module.write_profiles(rig.project.root / "inventory" / "profiles", options.runs)
         wanted = {options.only} if options.only else {"deploys", "venvs", "models"}
-        figures = measure_deploys(rig, options.runs) if "deploys" in wanted else []
+        peer_work = None if options.no_peer else Path(work) / "peer"
+        figures = measure_deploys(rig, options.runs, peer_work) if "deploys" in wanted else []
         if "venvs" in wanted:
             figures += measure_venvs(rig, house, options.runs, options.venv_runs, Path(work))
         if "models" in wanted:
-            figures += measure_models(rig, options.runs)
+            figures += measure_models(rig, options.runs, QUICK_SHARD_VALUES if options.quick else MODEL_SHARD_VALUES)
     load = " / ".join(f"{value:.1f}" for value in os.getloadavg())
     say(f"\nmake bench on the sandbox guest ({time.time() - started:.0f} s in all; load average now {load})\n")
     say(table(figures))

@@ -24,13 +24,15 @@ OTHER_FLASHINFER = ("0.6.12", "0.6.16.post4", "0.6.17")
 MODEL_REPO = "bench/weights"
 MODEL_PROFILE = "bench-model"
 MODEL_SHARD_VALUES = (25_000_000, 25_000_000)  # two float32 shards of 100 MB each
+QUICK_SHARD_VALUES = (250_000,)  # `--quick`: one shard of 1 MB
 MODEL_CACHE = "/root/.cache/huggingface"
 
 
-def measure_models(rig: Rig, runs: int) -> list[Figure]:
-    """Staging a 200 MB model from the guest's hub into its HF cache (the model phase of a deploy), against rsync of
-    the same files over SSH on the same veth; then an unchanged model: the no-op redeploy's round trips."""
-    files = hub.stand_in_files(MODEL_REPO, shard_values=MODEL_SHARD_VALUES)
+def measure_models(rig: Rig, runs: int, shard_values: tuple[int, ...] = MODEL_SHARD_VALUES) -> list[Figure]:
+    """Staging a model (200 MB; 1 MB in `--quick`) from the guest's hub into its HF cache (the model phase of a
+    deploy), against rsync of the same files over SSH on the same veth; then an unchanged model: the no-op
+    redeploy's round trips."""
+    files = hub.stand_in_files(MODEL_REPO, shard_values=shard_values)
     hub.commit(rig.guest.hub, MODEL_REPO, files, "bench weights")
     total = sum(len(data) for name, data in files.items() if not name.endswith(".md"))
     (rig.project.root / "inventory" / "profiles" / f"{MODEL_PROFILE}.yaml").write_text(

@@ -98,11 +98,11 @@ class JournalEntry:
 class Journal:
     """The unit's journal on the guest, read as root over a separate ssh (never inside a measured command)."""
 
-    def __init__(self, guest: manage.Guest) -> None:
-        self.guest = guest
+    def __init__(self, guest: manage.Guest, unit: str = UNIT) -> None:
+        self.guest, self.unit = guest, unit
 
     def read(self, *options: str) -> list[JournalEntry]:
-        text = manage.run_on(self.guest, shlex.join(["journalctl", "-u", UNIT, "-o", "json", "--no-pager", "-q",
+        text = manage.run_on(self.guest, shlex.join(["journalctl", "-u", self.unit, "-o", "json", "--no-pager", "-q",
                                                      *options]))
         entries = []
         for line in text.splitlines():
@@ -113,7 +113,7 @@ class Journal:
         return entries
 
     def cursor(self) -> str | None:
-        text = manage.run_on(self.guest, shlex.join(["journalctl", "-u", UNIT, "-o", "json", "-n", "1", "-q"]))
+        text = manage.run_on(self.guest, shlex.join(["journalctl", "-u", self.unit, "-o", "json", "-n", "1", "-q"]))
         return json.loads(text)["__CURSOR"] if text.strip() else None
 
     def since(self, cursor: str | None) -> list[JournalEntry]:
