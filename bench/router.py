@@ -60,7 +60,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=4, help="client threads sending requests through the router")
     parser.add_argument("--steady-s", type=float, default=20.0, help="how long the client runs before the rollout")
-    parser.add_argument("--quick", action="store_true", help="one client thread, 2 s before the rollout: checks it runs")
+    parser.add_argument("--quick", action="store_true", help="1 client thread, 2 s before the rollout: checks it runs")
     options = parser.parse_args(argv)
     if options.quick:
         options.threads, options.steady_s = 1, 2.0
