@@ -23,6 +23,7 @@ from pathlib import Path
 from bench.figures import Figure
 from bench.measure import PROFILE, REPO, ChangedRun, ProcessRun, Rig
 from bench.timeline import Journal, ready_instant, restart_instant
+from deploy_lib.models import ReleaseModel
 from deploy_lib.project import load_for_host
 from deploy_lib.release import Release, build_release
 from deploy_lib.server_args import launch_environment
@@ -33,7 +34,8 @@ PORT = 8001
 DEPLOY_FILE = REPO / "bench" / "peer_deploy.py"
 PYINFRA = Path(sys.executable).with_name("pyinfra")
 POLL_S = 0.1  # the wait's poll interval, as a pyinfra user writes `until curl ...; do sleep 0.1; done`
-WAIT = f"until curl -sf -o /dev/null http://127.0.0.1:{PORT}/health_generate; do sleep {POLL_S:g}; done"
+WAIT = (f"timeout 600 sh -c 'until curl -sf -o /dev/null http://127.0.0.1:{PORT}/health_generate; "
+        f"do sleep {POLL_S:g}; done'")
 WAIT_OP = "wait for readiness"
 
 
@@ -77,15 +79,15 @@ class Peer:
         self.inventory = work / "inventory.py"
 
     def write(self, profile: str) -> None:
-        """The unit, env file and launcher deploy_lib renders for `profile` (ours' venv, version and host-side
-        environment), as local files, and the inventory that names them."""
+        """The unit, env file and launcher deploy_lib renders for `profile` (ours' venv, version, staged weights and
+        host-side environment), as local files, and the inventory that names them."""
         loaded, target = load_for_host(self.rig.project, profile, self.rig.inventory, None)
         ours_loaded, _ = load_for_host(self.rig.project, PROFILE, self.rig.inventory, None)
         host_side = {name: value for name, value in self.ours.environment.items()
                      if name not in launch_environment(ours_loaded.profile)}
         layout = target.layout(SERVICE)
         release = build_release(loaded, layout, self.ours.sglang_version, {}, venv=self.ours.venv,
-                                extra_environment=host_side)
+                                extra_environment=host_side, model=ReleaseModel(**self.ours.model))
         assert release.launcher_text is not None
         files = [(self.work / "unit", f"/etc/systemd/system/{SERVICE}.service", "644", release.unit_text),
                  (self.work / "env", str(layout.current / ENV_FILE), "600", release.env_text),
@@ -133,7 +135,8 @@ class Peer:
         entries = self.journal.since(cursor)
         restarted = restart_instant(entries, started)
         ready = ready_instant(entries, restarted)
-        waiting = next(index for index, (_, line) in enumerate(lines) if WAIT_OP in line)
+        waiting = next(index for index, (_, line) in enumerate(lines) if "Starting operation" in line
+                       and WAIT_OP in line)
         noticed = next(at for at, line in lines[waiting + 1:] if "Success" in line)
         return PeerChanged(seconds, ready - restarted, noticed - ready)
 
