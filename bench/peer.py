@@ -49,7 +49,7 @@ def write_profiles(profiles: Path, runs: int) -> None:
     systemd.service has no such step (another operation would cost it a round trip ours does not pay)."""
     for run in ["first", *range(runs)]:
         (profiles / f"{profile_name(run)}.yaml").write_text(
-            f"extends: {PROFILE}\nservice:\n  name: {SERVICE}\n  start_limit_burst: 100\nserver:\n  port: {PORT}\n"
+            f"extends: {PROFILE}\nservice:\n  name: {SERVICE}\n  start_limit_burst: 50\nserver:\n  port: {PORT}\n"
             f"env:\n  BENCH_RUN: '{run}'\n")
 
 
