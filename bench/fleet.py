@@ -4,9 +4,9 @@ own that are always stopped at the end. Figures are printed, never asserted.
 
 Every guest is a systemd-nspawn machine on this machine, so N guests share its cores: the simulated servers' start
 grows with N here (CPU contention separate GPU hosts do not share). So the figure judged is the tool's own time: the
-group's wall time minus the slowest host's server start (restart -> "fired up", from each guest's journal); target
-8 hosts <= 1.5x one. Beside it the client's CPU per host (what limits a large fleet on one core; target <= 0.1 s per
-host for a no-op) and the round trips per host.
+group's wall time minus the slowest host's server start (restart -> "fired up", from each guest's journal; the grace
+window after Ready stays in it, the same 2 s at every size); target 8 hosts <= 1.5x one. Beside it the client's CPU
+per host (what limits a large fleet on one core; target <= 0.1 s per host for a no-op) and the round trips per host.
 
     .venv/bin/python -m bench.fleet [--runs 3] [--guests 8] [--quick]
 """
