@@ -23,6 +23,11 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
+# the bench extra (pyinfra, the peer bench/peer.py measures beside ours); `test` includes it, a venv made before not
+$(VENV)/.bench-installed: $(VENV)/.installed
+	$(PY) -m pip install -q -e '.[bench]'
+	touch $@
+
 host-deps:
 	bash sandbox/testhost.sh deps-if-missing
 
@@ -41,7 +46,7 @@ demo: install host-deps
 demo-fleet: install host-deps
 	$(VENV)/bin/invoke demo-fleet
 
-bench: install host-deps
+bench: install $(VENV)/.bench-installed host-deps
 	$(PY) -m bench.run
 	$(PY) -m bench.fleet
 	$(PY) -m bench.router

@@ -3,7 +3,7 @@ with a client sending requests through the router all along: the failed requests
 rollout adds over the same client's p99 before it. Two guests of the bench's own (the router on the first), always
 stopped at the end. Figures are printed, never asserted.
 
-    .venv/bin/python -m bench.router [--threads 4] [--steady-s 20]
+    .venv/bin/python -m bench.router [--threads 4] [--steady-s 20] [--quick]
 """
 
 from __future__ import annotations
@@ -15,17 +15,18 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 
 from bench.fleet import guests, say
 from deploy_lib import deploy as engine
 from deploy_lib.inventory import load_inventory
-from deploy_lib.ops.fleet import Rollout, run_hosts
-from deploy_lib.ops.router import replica_urls, router_site, worker_url
-from deploy_lib.ops.router_deploy import behind_router, deploy_router
+from deploy_lib.ops import commands
+from deploy_lib.ops.fleet import Rollout
+from deploy_lib.ops.router import replica_urls, router_site
+from deploy_lib.ops.router_deploy import deploy_router
+from deploy_lib.ops.scope import Reach, select
 from deploy_lib.progress import NullProgress
-from deploy_lib.project import Project, Target, load_for_target, resolve_group, resolve_target
+from deploy_lib.project import Project, resolve_group, resolve_target
 from deploy_lib.remote import FabricRemote
 from sandbox import manage, names
 from sandbox.traffic import Client
@@ -36,21 +37,11 @@ PORT = manage.ROUTER_PORT
 
 
 def rolling_deploy(project: Project, inventory: Path, profile: str) -> None:
-    """`deploy --group sandbox --serial 1` as tasks.py runs it: each replica behind the router's drain."""
-    known = load_inventory(inventory)
-    targets = resolve_group(known, names.GROUP)
-    site = router_site(known, [target.host for target in targets])
-    assert site is not None
-    router_target = resolve_target(known, site.host.name)
-
-    def deploy_one(target: Target) -> engine.Outcome:
-        loaded = load_for_target(project, profile, known, target)
-        with FabricRemote(target.ssh) as remote:
-            return behind_router(site, router_target, lambda t: FabricRemote(t.ssh),
-                                 worker_url(target.host, loaded.profile.server.port), NullProgress(),
-                                 lambda drain: engine.deploy(loaded, target, remote, NullProgress(),
-                                                             replace(engine.Options(), before_restart=drain)))
-    fleet = run_hosts(targets, deploy_one, NullProgress(), Rollout.parse(["1"]))
+    """`deploy --group sandbox --serial 1` through the library's own operation (deploy_lib.ops.commands.deploy, what
+    the task calls): each replica behind the router's drain."""
+    scope = select(load_inventory(inventory), None, names.GROUP, rollout=Rollout.parse(["1"]))
+    reach = Reach(lambda target, _prefixed: FabricRemote(target.ssh), lambda _host: NullProgress(), lambda _q: None)
+    fleet = commands.deploy(project, scope, profile, engine.Options(), reach)
     failed = {run.host: run.error.message for run in fleet.runs if run.error is not None}
     if failed:
         raise SystemExit(f"bench: a replica's deploy failed: {failed}")
@@ -60,7 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--threads", type=int, default=4, help="client threads sending requests through the router")
     parser.add_argument("--steady-s", type=float, default=20.0, help="how long the client runs before the rollout")
+    parser.add_argument("--quick", action="store_true", help="1 client thread, 2 s before the rollout: checks it runs")
     options = parser.parse_args(argv)
+    if options.quick:
+        options.threads, options.steady_s = 1, 2.0
     if os.geteuid() != 0:
         say("the router bench needs root (sandbox guests are systemd-nspawn machines)")
         return 2
