@@ -36,7 +36,7 @@ from deploy_lib.deploy.switch import (
     stop_unit,
 )
 from deploy_lib.diagnose import diagnose
-from deploy_lib.errors import ConfigError, GateFailed, GpuCheckFailed, ReadinessFailed, RemoteError
+from deploy_lib.errors import ConfigError, ConnectionLost, GateFailed, GpuCheckFailed, ReadinessFailed, RemoteError
 from deploy_lib.facts import HostFacts, fact_batch, parse_host_facts, read_host_facts
 from deploy_lib.health import Ready, ReadyReport
 from deploy_lib.interrupts import signals_raise
@@ -153,6 +153,8 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
                 return _deploy(run, loaded, options, secrets, {})
         except KeyboardInterrupt as stop:
             raise run.interrupted_outside(stop) from None
+        except ConnectionLost as lost:
+            raise run.connection_lost(lost, f"deploy --profile {loaded.name}") from None
 
 
 def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: Mapping[str, str],
@@ -290,6 +292,8 @@ def rollback(target: Target, service: str, remote: Remote, progress: Progress, t
                 return _rollback(run, lock, to)
         except KeyboardInterrupt as stop:
             raise run.interrupted_outside(stop) from None
+        except ConnectionLost as lost:
+            raise run.connection_lost(lost, "rollback") from None
 
 
 def _rollback(run: Transition, lock: LockOnFirstChange, to: str | None) -> Outcome:

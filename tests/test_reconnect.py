@@ -1,0 +1,144 @@
+"""A dropped connection: which steps are sent again on a new connection, how often, what never is, and the silence
+bound of a round trip. FabricRemote runs over a fake transport here (its round trip replaced by a function that
+drops or answers); tests/test_remote_ssh.py drops a real OpenSSH connection."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from pathlib import PurePosixPath
+
+import pytest
+from tenacity import wait_none
+
+from deploy_lib.errors import ConnectFailed, ConnectionLost
+from deploy_lib.health import ProbeTarget, Rung, probe_step
+from deploy_lib.readings import read
+from deploy_lib.remote import FabricRemote, Put, SSHTarget, Step, StepResult
+from deploy_lib.remote.batch import KILL_AFTER_S, SilenceBound
+from deploy_lib.remote.connection import _Dropped
+from deploy_lib.remote.ssh import SSH_RECONNECT
+from deploy_lib.remote.steps import repeatable
+from deploy_lib.store import StoreLayout, switch_current
+
+READ = Step("read current", ("readlink", "--", "/opt/x/current"), repeatable=True)
+RESTART = Step("systemd: restart", ("systemctl", "restart", "--", "sglang.service"), sudo=True)
+
+
+class FakeTransport:
+    """Stands in for the channel: each round trip gets the script steps it would send; `drops` says how many round
+    trips die before answering, and after how many results."""
+
+    def __init__(self, drops: int, results_before_drop: int = 0) -> None:
+        self.drops, self.results_before_drop = drops, results_before_drop
+        self.sent: list[list[str]] = []
+
+    def run_steps(self, steps: tuple[Step, ...], on_output: Callable[[str], None] | None = None) -> list[StepResult]:
+        self.sent.append([step.name for step in steps])
+        answered = [StepResult(step, 0, f"{step.name}\n", "", 0.0) for step in steps]
+        if len(self.sent) <= self.drops:
+            cut = min(self.results_before_drop, len(steps) - 1)
+            raise _Dropped(answered[:cut], steps[cut], "the connection closed")
+        return answered
+
+
+def _remote(transport: FakeTransport, monkeypatch: pytest.MonkeyPatch) -> FabricRemote:
+    remote = FabricRemote(SSHTarget(host="192.0.2.1"), reconnect_policy=SSH_RECONNECT.copy(wait=wait_none()))
+    monkeypatch.setattr(remote, "_run_steps", transport.run_steps)
+    return remote
+
+
+def test_a_dropped_read_is_sent_again_on_a_new_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    transport = FakeTransport(drops=2)
+    [result] = _remote(transport, monkeypatch).run([READ])
+    assert result.stdout == "read current\n"
+    assert transport.sent == [["read current"]] * 3
+
+
+def test_the_steps_whose_results_came_are_not_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    second = Step("read unit", ("systemctl", "show", "--", "sglang.service"), repeatable=True)
+    transport = FakeTransport(drops=1, results_before_drop=1)
+    results = _remote(transport, monkeypatch).run([READ, second])
+    assert [r.step.name for r in results] == ["read current", "read unit"]
+    assert transport.sent == [["read current", "read unit"], ["read unit"]]
+
+
+def test_reconnecting_is_bounded_and_ends_in_connection_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    transport = FakeTransport(drops=1000)
+    with pytest.raises(ConnectionLost, match=r"lost during step 'read current'.*sent again on a new connection 5 "
+                                             "time") as lost:
+        _remote(transport, monkeypatch).run([READ])
+    assert len(transport.sent) == 6  # SSH_RECONNECT: six attempts in all (or 60 s)
+    assert lost.value.step == READ and lost.value.exit_code == 11
+
+
+def test_a_restart_or_a_switch_is_never_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    layout = StoreLayout(root=PurePosixPath("/opt/sglang-deploy"), service="sglang")
+    for batch in ([RESTART], [READ, RESTART], switch_current(layout, "r1")):
+        transport = FakeTransport(drops=1, results_before_drop=1 if batch[0] is READ else 0)
+        with pytest.raises(ConnectionLost, match="is not safe to repeat") as lost:
+            _remote(transport, monkeypatch).run(batch)
+        assert len(transport.sent) == 1, f"{batch[-1].name} was sent again"
+        assert lost.value.completed == (("read current",) if batch[0] is READ else ())
+
+
+def test_a_drop_before_a_repeatable_tail_resends_only_that_tail(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A restart whose result came, then a read: the read goes again, the restart does not."""
+    transport = FakeTransport(drops=1, results_before_drop=1)
+    results = _remote(transport, monkeypatch).run([RESTART, READ])
+    assert [r.step.name for r in results] == ["systemd: restart", "read current"]
+    assert transport.sent == [["systemd: restart", "read current"], ["read current"]]
+
+
+def test_a_put_is_sent_again_as_its_write_and_rename(monkeypatch: pytest.MonkeyPatch) -> None:
+    put = Put(PurePosixPath("/opt/x/releases/.r1.tmp/app.env"), b"A=1\n", 0o600, sudo=True)
+    transport = FakeTransport(drops=1, results_before_drop=1)  # the write came, the rename did not
+    [result] = _remote(transport, monkeypatch).run([put])
+    assert result.step == put and result.exit_code == 0
+    first, again = transport.sent
+    assert again == first, "the whole Put again, to the same temp file"
+
+
+def test_a_first_connect_that_fails_is_not_a_lost_connection(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A host that is down before anything was sent: ConnectFailed at once (nothing changed), not retried here."""
+    calls: list[int] = []
+
+    def refuse(steps: Sequence[Step], on_output: object = None) -> list[StepResult]:
+        calls.append(1)
+        raise ConnectFailed("cannot connect to host root@192.0.2.1:22: timed out")
+
+    remote = FabricRemote(SSHTarget(host="192.0.2.1"), reconnect_policy=SSH_RECONNECT.copy(wait=wait_none()))
+    monkeypatch.setattr(remote, "_run_steps", refuse)
+    with pytest.raises(ConnectFailed) as failed:
+        remote.run([READ])
+    assert not isinstance(failed.value, ConnectionLost) and calls == [1]
+
+
+def test_which_step_kinds_are_safe_to_repeat() -> None:
+    layout = StoreLayout(root=PurePosixPath("/opt/sglang-deploy"), service="sglang")
+    probe = probe_step(ProbeTarget(unit="sglang.service", port=30000), Rung.GENERATE)
+    assert repeatable(probe) and repeatable(Put(PurePosixPath("/etc/x"), b"x", 0o644))
+    assert not any(repeatable(step) for step in [RESTART, *switch_current(layout, "r1")])
+
+    class Recorder:
+        def __init__(self) -> None:
+            self.batches: list[Sequence[Step | Put]] = []
+
+        def run(self, batch: Sequence[Step | Put], on_output: object = None) -> list[StepResult]:
+            self.batches.append(batch)
+            return [StepResult(step, 0, "", "", 0.0) for step in batch]
+
+    recorder = Recorder()
+    read(recorder, [Step("a read", ("cat", "--", "/etc/hostname"))])  # type: ignore[arg-type]
+    assert all(repeatable(step) for step in recorder.batches[0]), "every step of readings.read is a read"
+
+
+def test_the_silence_bound_is_the_longest_timeout_of_the_steps_still_running() -> None:
+    steps = [Step("quick", ("true",), timeout_s=5), Step("long", ("sleep", "1"), timeout_s=300),
+             Step("last", ("true",), timeout_s=20)]
+    bound = SilenceBound(steps, "cafe", grace_s=15)
+    assert bound.bound_s == 300 + KILL_AFTER_S + 15
+    bound.seen("cafe 0 start\nout\n\ncafe 0 end 0 1.0 1.1\ncafe 1 start\n")
+    assert bound.bound_s == 300 + KILL_AFTER_S + 15
+    bound.seen("\ncafe 1 e")  # a marker split over two chunks
+    bound.seen("nd 0 1.1 2.0\n")
+    assert bound.ended == 2 and bound.bound_s == 20 + KILL_AFTER_S + 15
