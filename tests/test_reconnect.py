@@ -4,8 +4,12 @@ drops or answers); tests/test_remote_ssh.py drops a real OpenSSH connection."""
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+import threading
 from collections.abc import Callable, Sequence
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 import pytest
 from tenacity import wait_none
@@ -142,3 +146,27 @@ def test_the_silence_bound_is_the_longest_timeout_of_the_steps_still_running() -
     bound.seen("\ncafe 1 e")  # a marker split over two chunks
     bound.seen("nd 0 1.1 2.0\n")
     assert bound.ended == 2 and bound.bound_s == 20 + KILL_AFTER_S + 15
+
+
+def test_a_host_that_sends_no_ssh_banner_is_one_line_and_no_paramiko_traceback(tmp_path: Path) -> None:
+    """A host powered off mid-boot, or a port that accepts and closes: paramiko's transport thread logged "Error
+    reading SSH protocol banner" with its traceback through Python's last-resort handler, before the tool's error.
+    Run in a child process: pytest's own log capture would hide what a user's terminal shows."""
+    with socket.socket() as server:
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        closer = threading.Thread(target=lambda: [server.accept()[0].close() for _ in range(2)], daemon=True)
+        closer.start()
+        script = ("from pathlib import Path\nfrom tenacity import stop_after_attempt\n"
+                  "from deploy_lib.errors import ConnectFailed\n"
+                  "from deploy_lib.remote import SSH_CONNECT, FabricRemote, SSHTarget, Step\n"
+                  f"target = SSHTarget(host='127.0.0.1', port={port}, connect_timeout_s=5, "
+                  f"known_hosts_file=Path({str(tmp_path / 'known_hosts')!r}))\n"
+                  "try:\n"
+                  "    FabricRemote(target, SSH_CONNECT.copy(stop=stop_after_attempt(1))).run([Step('x', ('true',))])\n"
+                  "except ConnectFailed as failed:\n"
+                  "    print(type(failed).__name__, failed.message)\n")
+        ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    assert ran.stdout.startswith("ConnectFailed cannot connect to host"), ran.stdout + ran.stderr
+    assert "Traceback" not in ran.stderr and "protocol banner" not in ran.stderr, ran.stderr
