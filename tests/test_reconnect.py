@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 
 import pytest
+from recording_progress import RecordingProgress
 from tenacity import wait_none
 
 from deploy_lib.errors import ConnectFailed, ConnectionLost
@@ -170,3 +171,36 @@ def test_a_host_that_sends_no_ssh_banner_is_one_line_and_no_paramiko_traceback(t
         ran = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     assert ran.stdout.startswith("ConnectFailed cannot connect to host"), ran.stdout + ran.stderr
     assert "Traceback" not in ran.stderr and "protocol banner" not in ran.stderr, ran.stderr
+
+
+@pytest.mark.parametrize("lost_at", ["stage:", "readiness probe (generate)"])
+def test_a_deploy_that_cannot_finish_says_the_step_the_link_and_whether_it_was_verified(lost_at: str) -> None:
+    """Input tried: the host's connection lost for good (ConnectionLost from the remote layer) at the first stage step
+    (the round trip with the switch in flight) or at every probe of the ladder (switched; lost past the deadline)."""
+    from test_deploy_plan import target
+    from test_deploy_trips import with_service
+    from test_rollback import a_host, changed_profile
+
+    from deploy_lib.deploy import Options, deploy
+
+    host = a_host()
+    error = ConnectionLost(f"connection to fake@host:22 lost during step {lost_at!r}", step=Step(lost_at, ("true",)))
+    if lost_at.startswith("stage"):
+        host.reply(lambda step: step.name.startswith(lost_at), raises=error)
+    else:
+        lost_everywhere = type("LostEverywhere", (dict,), {"__missing__": lambda self, key: [error]})()
+        lost_everywhere["B"] = host.probes["B"]
+        host.probes = lost_everywhere
+    loaded = with_service(changed_profile(), startup_timeout_s=5)  # the least a profile takes
+    with pytest.raises(ConnectionLost) as lost:
+        deploy(loaded, target(), host, RecordingProgress(), Options(grace_s=0))
+    message, new = lost.value.message, lost.value.release_id
+    assert message.startswith(f"{target().host.name}: connection to fake@host:22 lost during step") and new != "B"
+    if lost_at.startswith("stage"):
+        assert f"current is B, or {new} if the host ran on" in message
+        assert "systemd: restart" not in host.ran_names()
+    else:
+        assert f"current is {new};" in message
+    assert f"release {new} was NOT verified" in message
+    assert f"`invoke deploy --profile {loaded.name}`" in (lost.value.hint or "")
+    assert lost.value.exit_code == 11

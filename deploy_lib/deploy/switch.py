@@ -241,6 +241,7 @@ class Transition:
         verified = "" if self.switched_to is None else \
             f"; release {self.switched_to} was {'verified' if self.verified == self.switched_to else 'NOT verified'}"
         lost.message = f"{self.where}: {lost.message}; {link}{verified}"
+        lost.about(self.switched_to, self.previous, self.timings)
         lost.hint = (f"once the host answers: `invoke status` shows what it serves; `invoke {command}` verifies the "
                      "current release (or rolls back); the lock of the lost command, if it is still there, is "
                      "released with `invoke unlock`")
