@@ -22,7 +22,7 @@ HOST_SCRIPTS = frozenset({"sglang_options", "probe_script", "gpu_check_script", 
 LAYERS: dict[str, frozenset[str]] = {
     "base": frozenset({"__init__", "errors", "yaml_io", "bundled", "progress", "interrupts", "digests",
                        "model_stage", "versions", "json_lines", "host_paths"}) | HOST_SCRIPTS,
-    "transport": frozenset({"remote", "remote.steps", "remote.batch", "remote.ssh", "remote.ssh_config",
+    "transport": frozenset({"remote", "remote.steps", "remote.batch", "remote.ssh", "remote.ssh_config", "remote.sftp",
                             "remote.connection", "remote.webhook", "readings"}),
     "schema": frozenset({"settings", "profile", "profile.fields", "profile.choices", "profile.sections",
                         "profile.model", "profile.loading", "profile.stored", "profile.overrides", "inventory",
