@@ -8,12 +8,13 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 
 import pytest
 from recording_progress import RecordingProgress
-from tenacity import wait_none
+from tenacity import stop_after_delay, wait_none
 
 from deploy_lib.errors import ConnectFailed, ConnectionLost
 from deploy_lib.health import ProbeTarget, Rung, probe_step
@@ -69,11 +70,27 @@ def test_the_steps_whose_results_came_are_not_sent_again(monkeypatch: pytest.Mon
 
 def test_reconnecting_is_bounded_and_ends_in_connection_lost(monkeypatch: pytest.MonkeyPatch) -> None:
     transport = FakeTransport(drops=1000)
-    with pytest.raises(ConnectionLost, match=r"lost during step 'read current'.*sent again on a new connection 5 "
+    with pytest.raises(ConnectionLost, match=r"lost during step 'read current'.*sent again on a new connection 6 "
                                              "time") as lost:
         _remote(transport, monkeypatch).run([READ])
-    assert len(transport.sent) == 6  # SSH_RECONNECT: six attempts in all (or 60 s)
+    assert len(transport.sent) == 7  # the round trip, then SSH_RECONNECT's six attempts (or 60 s from the drop)
     assert lost.value.step == READ and lost.value.exit_code == 11
+
+
+def test_a_drop_after_a_long_round_trip_is_still_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The policy's delay counts from the drop: a probe found dead after its silence bound (minutes) is sent again."""
+    transport = FakeTransport(drops=1)
+    remote = _remote(transport, monkeypatch)
+    remote.reconnect_policy = SSH_RECONNECT.copy(wait=wait_none(), stop=stop_after_delay(0.05))
+    sent = transport.run_steps
+
+    def slow_first(steps: tuple[Step, ...], on_output: Callable[[str], None] | None = None) -> list[StepResult]:
+        if not transport.sent:
+            time.sleep(0.1)  # longer than the whole reconnect budget
+        return sent(steps, on_output)
+
+    monkeypatch.setattr(remote, "_run_steps", slow_first)
+    assert remote.run([READ])[0].stdout == "read current\n" and len(transport.sent) == 2
 
 
 def test_a_restart_or_a_switch_is_never_sent_again(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -259,10 +259,16 @@ class FabricRemote:
             return after_drop and all(repeatable(step) for step in left)
 
         try:
+            try:
+                return attempt()  # the first connect failing raises ConnectFailed from here: nothing was sent
+            except _Dropped as dropped:
+                if not may_send_again(dropped):
+                    raise
+            # the policy's attempts and delay count from the drop, not from a long step's start
             return self.reconnect_policy.copy(retry=retry_if_exception(may_send_again))(attempt)
         except (_Dropped, ConnectFailed) as error:
             if not drops:
-                raise  # the first connect failed: nothing was sent
+                raise
             raise self._lost(left, drops[0], attempts - 1, error, tuple(result.step.name for result in done)
                              ) from error
 
