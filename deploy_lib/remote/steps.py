@@ -112,8 +112,8 @@ class Remote(Protocol):
 def repeatable(step: Step | Put) -> bool:
     """May this step be sent again after a dropped connection, not knowing whether it ran? A step marked so (reads:
     every step of `readings.read`, the readiness probe, the host-state read after an interrupt) and every Put: it
-    writes a temp file of the same name and content, then renames it onto dest, so a second attempt leaves the same
-    bytes wherever the first stopped. Never a restart, a stop, the switch of `current`, the lock's take or release,
+    writes a temp file of the same content, then renames it onto dest, so a second attempt leaves the same bytes
+    wherever the first stopped. Never a restart, a stop, the switch of `current`, the lock's take or release,
     a history append or a prune: each changes the host in a way a second attempt would repeat or undo."""
     return isinstance(step, Put) or step.repeatable
 
