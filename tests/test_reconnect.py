@@ -20,8 +20,7 @@ from deploy_lib.errors import ConnectFailed, ConnectionLost
 from deploy_lib.health import ProbeTarget, Rung, probe_step
 from deploy_lib.readings import read
 from deploy_lib.remote import FabricRemote, Put, SSHTarget, Step, StepResult
-from deploy_lib.remote.batch import KILL_AFTER_S, SilenceBound
-from deploy_lib.remote.connection import _Dropped
+from deploy_lib.remote.batch import KILL_AFTER_S, Dropped, SilenceBound
 from deploy_lib.remote.ssh import SSH_RECONNECT
 from deploy_lib.remote.steps import repeatable
 from deploy_lib.store import StoreLayout, switch_current
@@ -43,7 +42,7 @@ class FakeTransport:
         answered = [StepResult(step, 0, f"{step.name}\n", "", 0.0) for step in steps]
         if len(self.sent) <= self.drops:
             cut = min(self.results_before_drop, len(steps) - 1)
-            raise _Dropped(answered[:cut], steps[cut], "the connection closed")
+            raise Dropped(answered[:cut], steps[cut], "the connection closed")
         return answered
 
 

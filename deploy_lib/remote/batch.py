@@ -237,6 +237,14 @@ def parse_batch_output(steps: Sequence[Step], marker: str, stdout: str, stderr: 
     return results, running_out, running_err
 
 
+class Dropped(Exception):
+    """The connection died during a round trip: the results that came before, the step whose result did not, why."""
+
+    def __init__(self, results: Sequence[StepResult], running: Step | Put, reason: str) -> None:
+        super().__init__(reason)
+        self.results, self.running, self.reason = list(results), running, reason
+
+
 class SilenceBound:
     """How long a round trip's channel may stay silent: the longest timeout of the steps whose end marker has not come
     (each runs under `timeout -k`), plus `grace_s`. Fed the stdout as it arrives; pure, no clock."""

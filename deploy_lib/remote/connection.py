@@ -27,6 +27,7 @@ from deploy_lib.remote.batch import (
     PUT_TIMEOUT_S,
     ROUND_TRIP_GRACE_S,
     SILENCE_GRACE_S,
+    Dropped,
     SilenceBound,
     batch_script,
     channel_stdin,
@@ -70,14 +71,6 @@ EXIT_POLL_MAX_S = 0.05  # ... and at least every 50 ms
 
 # The silence bound of the round trip this thread is waiting on (set around `connection.run`, read by the runner).
 _SILENCE: ContextVar[SilenceBound | None] = ContextVar("silence", default=None)
-
-
-class _Dropped(Exception):
-    """The connection died during a round trip: the results that came before, the step whose result did not, why."""
-
-    def __init__(self, results: Sequence[StepResult], running: Step | Put, reason: str) -> None:
-        super().__init__(reason)
-        self.results, self.running, self.reason = list(results), running, reason
 
 
 def exit_poll_s(waited_s: float) -> float:
@@ -234,7 +227,7 @@ class FabricRemote:
         token = secrets.token_hex(6)  # the same temp names on every attempt: a Put sent again overwrites its own file
         left: tuple[Step | Put, ...] = (trip,) if isinstance(trip, Put) else trip
         done: list[StepResult] = []
-        drops: list[_Dropped] = []
+        drops: list[Dropped] = []
         attempts = 0
 
         def attempt() -> list[StepResult]:
@@ -244,7 +237,7 @@ class FabricRemote:
                 if isinstance(trip, Put):  # a new temp name: SFTP creates it exclusively
                     return [*done, self._put(trip, secrets.token_hex(6))]
                 return [*done, *self._run_trip(left, token, on_output)]
-            except _Dropped as dropped:
+            except Dropped as dropped:
                 self.close()
                 if not isinstance(trip, Put):  # the steps whose results came are not sent again
                     count = trip_steps_done(left, dropped.results)
@@ -254,25 +247,25 @@ class FabricRemote:
                 raise
 
         def may_send_again(error: BaseException) -> bool:
-            after_drop = isinstance(error, _Dropped) or (
+            after_drop = isinstance(error, Dropped) or (
                 bool(drops) and isinstance(error, ConnectFailed) and unreachable(error))
             return after_drop and all(repeatable(step) for step in left)
 
         try:
             try:
                 return attempt()  # the first connect failing raises ConnectFailed from here: nothing was sent
-            except _Dropped as dropped:
+            except Dropped as dropped:
                 if not may_send_again(dropped):
                     raise
             # the policy's attempts and delay count from the drop, not from a long step's start
             return self.reconnect_policy.copy(retry=retry_if_exception(may_send_again))(attempt)
-        except (_Dropped, ConnectFailed) as error:
+        except (Dropped, ConnectFailed) as error:
             if not drops:
                 raise
             raise self._lost(left, drops[0], attempts - 1, error, tuple(result.step.name for result in done)
                              ) from error
 
-    def _lost(self, left: tuple[Step | Put, ...], first: _Dropped, resent: int, last: Exception,
+    def _lost(self, left: tuple[Step | Put, ...], first: Dropped, resent: int, last: Exception,
               completed: tuple[str, ...]) -> ConnectionLost:
         """The error for a round trip that could not be finished: its step whose result never came, and why."""
         unsafe = next((step for step in left if not repeatable(step)), None)
@@ -311,7 +304,7 @@ class FabricRemote:
         except CommandTimedOut as error:
             raw, timed_out = error.result, True
         except (paramiko.SSHException, OSError, EOFError) as error:
-            raise _Dropped([], steps[0], str(error) or type(error).__name__) from error
+            raise Dropped([], steps[0], str(error) or type(error).__name__) from error
         finally:
             _SILENCE.reset(watching)
         results, out, err = parse_batch_output(steps, marker, raw.stdout, raw.stderr)
@@ -320,12 +313,12 @@ class FabricRemote:
         running = steps[len(results)]
         elapsed = time.monotonic() - started
         if silence.gave_up_after_s is not None:
-            raise _Dropped(results, running, f"nothing arrived for {silence.gave_up_after_s:.0f} s, longer than "
+            raise Dropped(results, running, f"nothing arrived for {silence.gave_up_after_s:.0f} s, longer than "
                                              "its steps' timeouts allow: a dead connection")
         if timed_out:
             return [*results, StepResult(running, TIMED_OUT_EXIT, out, err, elapsed)]
         if self._connection is None or not self._connection.is_connected:
-            raise _Dropped(results, running, "the connection closed")
+            raise Dropped(results, running, "the connection closed")
         # The script itself died (no bash on the host, or killed): report it against the step it was running.
         return [*results, StepResult(running, raw.exited or -1, out, err or raw.stderr, elapsed)]
 
@@ -360,7 +353,7 @@ class FabricRemote:
             else:
                 code, stderr = put_directly(sftp, put, token)
         except (TimeoutError, ConnectionError, paramiko.SSHException, EOFError) as error:
-            raise _Dropped([], put, str(error) or type(error).__name__) from error
+            raise Dropped([], put, str(error) or type(error).__name__) from error
         except OSError as error:  # what the SFTP server refused: no such directory, permission, disk full
             code, stderr = 1, str(error.strerror or error)
         return StepResult(put, code, "", stderr, time.monotonic() - started)
