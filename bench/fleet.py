@@ -1,6 +1,6 @@
 """`make bench` (fleet part, issues 15 and 30): a changed deploy, then a no-op, to 1, 2, 4 and 8 sandbox guests in
-parallel through the group deploy's own runner (deploy_lib.ops.fleet.run_hosts over the per-host deploy), on guests of its
-own that are always stopped at the end. Figures are printed, never asserted.
+parallel through the group deploy's own runner (deploy_lib.ops.fleet.run_hosts over the per-host deploy), on guests
+of its own that are always stopped at the end. Figures are printed, never asserted.
 
 Every guest is a systemd-nspawn machine on this machine, so N guests share its cores: the simulated servers' start
 grows with N here (CPU contention separate GPU hosts do not share). So the figure judged is the tool's own time: the
@@ -28,7 +28,6 @@ from pathlib import Path
 from bench.timeline import Journal, StampedRemote, ready_instant, restart_instant, say
 from deploy_lib import deploy as engine
 from deploy_lib.errors import DeployError
-from deploy_lib.ops.fleet import run_hosts
 from deploy_lib.inventory import load_inventory
 from deploy_lib.ops.fleet import run_hosts
 from deploy_lib.progress import NullProgress

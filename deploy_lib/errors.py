@@ -64,6 +64,22 @@ class ConnectFailed(RemoteError):
     """The host could not be reached or its host key was refused."""
 
 
+class ConnectionLost(RemoteError):
+    """The connection dropped during a command, and reconnecting (for steps safe to repeat) did not bring it back.
+
+    `step` is the last step sent whose result never came (None: between round trips); `completed` names the steps
+    of that round trip whose results did come. The command that was running adds what it knows of the host (the
+    link `current`, whether the new release was verified) to the message before it reaches the user."""
+
+    exit_code = 11
+
+    def __init__(self, message: str, step: object = None, completed: tuple[str, ...] = (),
+                 hint: str | None = None) -> None:
+        super().__init__(message, hint)
+        self.step = step
+        self.completed = completed
+
+
 class StepFailed(RemoteError):
     """A remote step exited with a code it does not accept; keeps the result."""
 
@@ -141,5 +157,5 @@ class Terminated(Interrupted):
 EXIT_CODES: dict[type[DeployError], int] = {
     cls: cls.exit_code
     for cls in (DeployError, ConfigError, PreflightError, LockHeld, RemoteError, ReadinessFailed,
-                GateFailed, RollbackFailed, DriftDetected, RouterFailed, Interrupted, Terminated)
+                GateFailed, RollbackFailed, DriftDetected, RouterFailed, ConnectionLost, Interrupted, Terminated)
 }

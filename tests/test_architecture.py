@@ -45,7 +45,7 @@ LAYERS: dict[str, frozenset[str]] = {
                        "digests", "versions", "json_lines", "host_paths"}),
     "host scripts": HOST_SCRIPTS,
     # Step / StepResult as data, the one connection that runs them, a batch of reads (facts.readings)
-    "transport": frozenset({"remote", "remote.steps", "remote.batch", "remote.ssh", "remote.ssh_config",
+    "transport": frozenset({"remote", "remote.steps", "remote.batch", "remote.ssh", "remote.ssh_config", "remote.sftp",
                             "remote.connection", "remote.webhook", "facts.readings"}),
     # pydantic models of what the user writes
     "schema": frozenset({"profile", "profile.fields", "profile.choices", "profile.sections", "profile.settings",

@@ -6,6 +6,7 @@ Skips with a reason when sshd (Debian package openssh-server) is not installed.
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import hashlib
 import json
@@ -23,10 +24,11 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
 import pytest
-from tenacity import stop_after_attempt
+from tenacity import stop_after_attempt, wait_none
 
-from deploy_lib.errors import ConnectFailed, LockHeld, StepFailed, StepTimedOut
+from deploy_lib.errors import ConnectFailed, ConnectionLost, LockHeld, StepFailed, StepTimedOut
 from deploy_lib.remote import SSH_CONNECT, FabricRemote, JumpHost, Put, SSHTarget, Step
+from deploy_lib.remote.ssh import SSH_RECONNECT
 from deploy_lib.store import (
     HEALTHY,
     LockContext,
@@ -316,9 +318,51 @@ def test_step_past_its_timeout_is_killed_and_reported(remote: FabricRemote, tmp_
 def test_dropped_connection_is_reported_and_the_next_batch_reconnects(remote: FabricRemote) -> None:
     kill_own_session = ("sh", "-c", 'p=$$; until case $(cat /proc/$p/comm) in sshd*) true;; *) false;; esac; '
                                     'do p=$(cut -d" " -f4 /proc/$p/stat); done; kill -9 $p; sleep 5')
-    with pytest.raises(ConnectFailed, match="lost during step 'drop'"):
+    with pytest.raises(ConnectionLost, match="lost during step 'drop'"):
         remote.run([Step("drop", kill_own_session)])
     assert remote.run([Step("again", ("echo", "back"))])[0].stdout == "back\n"
+
+
+_FIND_OWN_SSHD = ('p=$$; until case $(cat /proc/$p/comm) in sshd*) true;; *) false;; esac; '
+                  'do p=$(cut -d" " -f4 /proc/$p/stat); done; ')
+
+
+def test_a_dropped_read_is_sent_again_on_a_new_connection_and_a_restart_is_not(sshd: SshServer,
+                                                                             tmp_path: Path) -> None:
+    """The connection drops once (the step kills its own sshd session the first time it runs): a step marked safe
+    to repeat is sent again on a new connection and its result comes back; one that is not is sent once."""
+    runs = tmp_path / "runs"
+    drop_once = ("sh", "-c", f'echo run >>"$1"; [ "$(wc -l <"$1")" -gt 1 ] && {{ echo answered; exit 0; }}; '
+                             f'{_FIND_OWN_SSHD}kill -9 $p; sleep 5', "sh", str(runs))
+    fast = SSH_RECONNECT.copy(wait=wait_none())
+    with FabricRemote(sshd.target(sshd.known_hosts(tmp_path)), reconnect_policy=fast) as remote:
+        [result] = remote.run([Step("read", drop_once, repeatable=True)])
+        assert result.stdout == "answered\n" and runs.read_text() == "run\nrun\n"
+        runs.unlink()
+        with pytest.raises(ConnectionLost, match="'restart' is not safe to repeat") as lost:
+            remote.run([Step("before", ("true",)), Step("restart", drop_once)])
+        assert runs.read_text() == "run\n" and lost.value.completed == ("before",)
+
+
+def test_a_round_trip_that_hears_nothing_past_its_steps_timeouts_is_a_dead_connection(sshd: SshServer,
+                                                                                      tmp_path: Path) -> None:
+    """A half-open connection: the step stops its own sshd session (SIGSTOP), so the channel stays open and silent.
+    The round trip ends after the step's timeout, `timeout`'s kill delay and the grace, as a lost connection."""
+    pid_file = tmp_path / "sshd.pid"
+    freeze = ("sh", "-c", f'{_FIND_OWN_SSHD}echo $p >"$1"; kill -STOP $p; sleep 30', "sh", str(pid_file))
+    remote = FabricRemote(sshd.target(sshd.known_hosts(tmp_path)), silence_grace_s=1)
+    try:
+        with pytest.raises(ConnectionLost, match=r"nothing arrived for .* a dead connection"):
+            remote.run([Step("frozen", freeze, timeout_s=1)])
+    finally:
+        remote.close()
+        if pid_file.exists():  # the session this test stopped: continued, then ended (unless already gone)
+            frozen = int(pid_file.read_text())
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(frozen, signal.SIGCONT)
+                os.kill(frozen, signal.SIGKILL)
+    assert FabricRemote(sshd.target(sshd.known_hosts(tmp_path))).run([Step("after", ("echo", "ok"))])[0].stdout == \
+        "ok\n"
 
 
 def test_put_writes_atomically_with_mode_before_rename(remote: FabricRemote, tmp_path: Path) -> None:

@@ -33,7 +33,7 @@ from deploy_lib.deploy.switch import (
     restore,
     stop_unit,
 )
-from deploy_lib.errors import ConfigError, GateFailed, GpuCheckFailed, ReadinessFailed, RemoteError
+from deploy_lib.errors import ConfigError, ConnectionLost, GateFailed, GpuCheckFailed, ReadinessFailed, RemoteError
 from deploy_lib.facts.crashes import record_new_crashes
 from deploy_lib.facts.cuda_toolkit import cuda_home
 from deploy_lib.facts.diagnose import diagnose
@@ -42,14 +42,7 @@ from deploy_lib.facts.read import read_host_facts
 from deploy_lib.facts.readings import read as read_facts
 from deploy_lib.health import Ready, ReadyReport
 from deploy_lib.interrupts import signals_raise
-from deploy_lib.models import (
-    HubModel,
-    PushedModel,
-    Weights,
-    check_model,
-    size_text,
-    weights,
-)
+from deploy_lib.models import HubModel, PushedModel, Weights, check_model, size_text, weights
 from deploy_lib.profile import LoadedProfile, Profile
 from deploy_lib.profile.settings import GateSettings
 from deploy_lib.progress import NullProgress, Progress
@@ -155,6 +148,8 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
                 return _deploy(run, loaded, options, secrets, {})
         except KeyboardInterrupt as stop:
             raise run.interrupted_outside(stop) from None
+        except ConnectionLost as lost:
+            raise run.connection_lost(lost, f"deploy --profile {loaded.name}") from None
 
 
 def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: Mapping[str, str],
@@ -300,6 +295,8 @@ def rollback(target: Target, service: str, remote: Remote, progress: Progress, t
                 return _rollback(run, lock, to, alone)
         except KeyboardInterrupt as stop:
             raise run.interrupted_outside(stop) from None
+        except ConnectionLost as lost:
+            raise run.connection_lost(lost, "rollback") from None
 
 
 def _rollback(run: Transition, lock: LockOnFirstChange, to: str | None, alone: bool) -> Outcome:

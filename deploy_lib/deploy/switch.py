@@ -13,6 +13,7 @@ from deploy_lib.deploy.plan import ACTIVATE, VERIFIED, start_prediction, stop_st
 from deploy_lib.deploy.preflight import check_release, check_release_files
 from deploy_lib.errors import (
     ConnectFailed,
+    ConnectionLost,
     DeployError,
     GateFailed,
     Interrupted,
@@ -67,6 +68,7 @@ from deploy_lib.store import (
 from deploy_lib.versions import health_path_for
 
 GRACE_S = 2.0  # healthy, then dead within this window, is a failed start
+SWITCH_CURRENT = "switch: current"  # the step of store.switch_current that moves the link
 
 
 def recorded_tags(target: Target, release_id: str, metadata: Mapping[str, Any]) -> Tags:
@@ -120,6 +122,7 @@ class Transition:
     unsent: list[Step | Put] = field(default_factory=list)  # the verified batch, sent with the healthy record
     lock: LockOnFirstChange | None = None  # a deploy's lock, taken with its first change and released with `last`
     read_at_switch: Readings | None = None  # what the last activation's round trip read and did
+    switch_confirmed: bool = False  # the result of the last activation's round trip came: `current` is switched_to
 
     @property
     def where(self) -> str:
@@ -188,8 +191,10 @@ class Transition:
             self.before_restart()
         restarted_at = self.clock()
         self.switched_to = release_id  # from here on a signal switches back: the switch may be under way
+        self.switch_confirmed = False
         batch = [*staged, *reads, *batches[ACTIVATE], *reads_after_restart]
         results = self.phase(f"stage, {ACTIVATE}" if staged else ACTIVATE, batch)
+        self.switch_confirmed = True
         self.read_at_switch = Readings(results)
         cursor_step = journal_cursor_step(self.layout.unit_name)
         self.cursor = parse_journal_cursor(next(r.stdout for r in results if r.step == cursor_step))
@@ -210,18 +215,38 @@ class Transition:
 
     def host_state(self) -> str:
         """Where `current` points and what the unit does, read once more (best effort: after an interrupt)."""
-        steps = [Step("state: current", ("readlink", "--", str(self.layout.current)), ok=ABSENT_OK),
-                 Step("state: unit", ("systemctl", "show", "-p", "ActiveState,SubState", "--", self.layout.unit_name))]
+        steps = [Step("state: current", ("readlink", "--", str(self.layout.current)), ok=ABSENT_OK, repeatable=True),
+                 Step("state: unit", ("systemctl", "show", "-p", "ActiveState,SubState", "--", self.layout.unit_name),
+                      repeatable=True)]
         try:
             try:
                 current, unit = self.remote.run(steps)
-            except ConnectFailed:  # the interrupt cut a round trip (a probe waiting on the host): read over a new one
+            except (ConnectFailed, ConnectionLost):  # the interrupt cut a round trip (a waiting probe): read again
                 current, unit = self.remote.run(steps)
         except (DeployError, KeyboardInterrupt) as error:
             return f"unknown (it could not be read: {error or type(error).__name__})"
         props = parse_systemctl_show(unit.stdout)
         return (f"current: {parse_current(current.stdout) or 'none'}, unit {props.get('ActiveState', '?')}/"
                 f"{props.get('SubState', '?')}")
+
+    def connection_lost(self, lost: ConnectionLost, command: str) -> ConnectionLost:
+        """The lost connection's error, completed with what this command knows of the host: where `current` points,
+        whether the release switched to was verified, and what to run once the host answers again."""
+        if self.switched_to is None:
+            link = f"current is {self.previous or 'none'} (nothing was switched)"
+        elif self.switch_confirmed or SWITCH_CURRENT in lost.completed:
+            link = f"current is {self.switched_to}"
+        else:  # the host runs a round trip's script on after its connection died
+            link = (f"current is {self.previous or 'none'}, or {self.switched_to} if the host ran on (the switch was "
+                    "in that round trip)")
+        verified = "" if self.switched_to is None else \
+            f"; release {self.switched_to} was {'verified' if self.verified == self.switched_to else 'NOT verified'}"
+        lost.message = f"{self.where}: {lost.message}; {link}{verified}"
+        lost.about(self.switched_to, self.previous, self.timings)
+        lost.hint = (f"once the host answers: `invoke status` shows what it serves; `invoke {command}` verifies the "
+                     "current release (or rolls back); the lock of the lost command, if it is still there, is "
+                     "released with `invoke unlock`")
+        return lost
 
     def interrupted_outside(self, stop: KeyboardInterrupt) -> Interrupted:
         """The error for a signal that came outside a switch and its verification."""

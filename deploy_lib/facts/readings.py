@@ -5,7 +5,7 @@ parser (tested on captured output), batched with the others and parsed from the 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Generic, TypeVar
 
 from deploy_lib.remote import Remote, Step, StepResult
@@ -66,5 +66,7 @@ class Readings:
 
 
 def read(remote: Remote, steps: Iterable[Fact[Any] | Step]) -> Readings:
-    """Run read-only steps (facts, or plain steps parsed by hand) as one batch."""
-    return Readings(remote.run([item.step if isinstance(item, Fact) else item for item in steps]))
+    """Run read-only steps (facts, or plain steps parsed by hand) as one batch; a read is safe to send again after a
+    dropped connection (`remote.steps.repeatable`)."""
+    return Readings(remote.run([replace(item.step if isinstance(item, Fact) else item, repeatable=True)
+                                for item in steps]))

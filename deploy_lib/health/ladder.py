@@ -15,7 +15,7 @@ from tenacity import (
     wait_none,
 )
 
-from deploy_lib.errors import ReadinessFailed
+from deploy_lib.errors import ConnectionLost, ReadinessFailed
 from deploy_lib.health.probe import WATCH_S, ProbeTarget, parse_snapshot, probe_step
 from deploy_lib.health.snapshot import Rung, Snapshot
 from deploy_lib.health.startup import MARKER_PATTERNS, LogMark, startup_phases, startup_timings
@@ -25,10 +25,11 @@ from deploy_lib.remote import Remote
 
 
 def ladder_policy(deadline_s: float, progress: Progress) -> Retrying:
-    """Retry NotReady only, at once (the probe itself waits on the host), never start an attempt past the deadline,
-    re-raise the last error as it is."""
+    """Retry NotReady, at once (the probe itself waits on the host), and a connection lost for good after the remote
+    layer's own reconnects (a partition shorter than the deadline does not fail the start); never start an attempt
+    past the deadline, re-raise the last error as it is."""
     return Retrying(stop=stop_before_delay(deadline_s), wait=wait_none(),
-                    retry=retry_if_exception_type(NotReady),
+                    retry=retry_if_exception_type((NotReady, ConnectionLost)),
                     before_sleep=progress.retrying, reraise=True, name="readiness")
 
 

@@ -106,7 +106,7 @@ def probe_step(target: ProbeTarget, rung: Rung, after_cursor: str | None = None,
     timeout_s = 15 + wait_s + target.http_timeout_s + (generation.timeout_s if generation else 0)
     # sudo: reading a system unit's journal needs root or the systemd-journal group.
     return Step(name=f"readiness probe ({rung})", argv=(target.python, "-"), sudo=True, stdin=stdin,
-                timeout_s=timeout_s, secret=bool(generation and target.api_key))
+                timeout_s=timeout_s, secret=bool(generation and target.api_key), repeatable=True)
 
 
 def parse_snapshot(result: StepResult, rung: Rung) -> Snapshot:

@@ -13,6 +13,9 @@ from deploy_lib.remote.steps import Put, Step, StepResult
 KILL_AFTER_S = 5
 # Extra seconds a round trip may take beyond its steps' own timeouts before the channel is dropped.
 ROUND_TRIP_GRACE_S = 15
+# Seconds a round trip's channel may see nothing beyond the longest timeout of its steps still running: past that the
+# host's `timeout` would have ended the step and its end marker would have come, so the connection is dead.
+SILENCE_GRACE_S = 15
 # A round trip's script travels as one argv element; Linux caps one argument at 128 KiB.
 MAX_SCRIPT_CHARS = 100_000
 # Non-secret text stdin up to this size travels inside the script as a here-document ending in this line, so
@@ -107,6 +110,17 @@ def put_results(trip: Sequence[Step | Put], results: Sequence[StepResult]) -> li
                                  first.stderr + (second.stderr if second else ""),
                                  first.duration_s + (second.duration_s if second else 0.0)))
     return joined
+
+
+def trip_steps_done(trip: Sequence[Step | Put], script_results: Sequence[StepResult]) -> int:
+    """How many of a run's steps have all their results among `script_results` (a Put is its write and rename)."""
+    count = index = 0
+    for step in trip:
+        index += 2 if isinstance(step, Put) else 1
+        if index > len(script_results):
+            break
+        count += 1
+    return count
 
 
 def concurrently(steps: Sequence[Step]) -> list[Step]:
@@ -221,3 +235,39 @@ def parse_batch_output(steps: Sequence[Step], marker: str, stdout: str, stderr: 
     running_out = outs[len(results)].text if len(outs) > len(results) else ""
     running_err = errs[len(results)].text if len(errs) > len(results) else ""
     return results, running_out, running_err
+
+
+class Dropped(Exception):
+    """The connection died during a round trip: the results that came before, the step whose result did not, why."""
+
+    def __init__(self, results: Sequence[StepResult], running: Step | Put, reason: str) -> None:
+        super().__init__(reason)
+        self.results, self.running, self.reason = list(results), running, reason
+
+
+class SilenceBound:
+    """How long a round trip's channel may stay silent: the longest timeout of the steps whose end marker has not come
+    (each runs under `timeout -k`), plus `grace_s`. Fed the stdout as it arrives; pure, no clock."""
+
+    def __init__(self, steps: Sequence[Step], marker: str, grace_s: float = SILENCE_GRACE_S) -> None:
+        self.steps, self.marker, self.grace_s = steps, marker, grace_s
+        self.ended = 0  # steps whose end marker has arrived
+        self._pending = ""  # the end of the stdout seen so far: a marker may arrive split over two chunks
+        self.gave_up_after_s: float | None = None  # set by the waiter that found the channel silent past the bound
+
+    def seen(self, text: str) -> None:
+        self._pending += text
+        while self.ended < len(self.steps):
+            closing = f"{self.marker} {self.ended} end "
+            at = self._pending.find(closing)
+            if at < 0:
+                break
+            self._pending = self._pending[at + len(closing):]
+            self.ended += 1
+        self._pending = self._pending[-(len(self.marker) + 24):]
+
+    @property
+    def bound_s(self) -> float:
+        running = self.steps[self.ended:]
+        longest = max((step.timeout_s for step in running), default=0.0)
+        return longest + KILL_AFTER_S + self.grace_s

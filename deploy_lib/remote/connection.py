@@ -4,12 +4,14 @@ directories."""
 from __future__ import annotations
 
 import io
+import logging
 import secrets
 import shlex
 import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
+from contextvars import ContextVar
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -17,34 +19,58 @@ import fabric
 import fabric.runners
 import paramiko
 from invoke.exceptions import CommandTimedOut
-from tenacity import Retrying
+from tenacity import Retrying, retry_if_exception
 
-from deploy_lib.errors import ConnectFailed
+from deploy_lib.errors import ConnectFailed, ConnectionLost
 from deploy_lib.remote.batch import (
     KILL_AFTER_S,
     PUT_TIMEOUT_S,
     ROUND_TRIP_GRACE_S,
+    SILENCE_GRACE_S,
+    Dropped,
+    SilenceBound,
     batch_script,
     channel_stdin,
     parse_batch_output,
     put_results,
     round_trips,
     script_steps,
+    trip_steps_done,
 )
+from deploy_lib.remote.sftp import put_directly, remove_quietly, upload
 from deploy_lib.remote.ssh import (
+    KEEPALIVE_S,
     SSH_CONNECT,
+    SSH_RECONNECT,
     JumpHost,
     KnownHostsPolicy,
     SSHTarget,
     connect_error,
     rsync_argv,
+    unreachable,
 )
-from deploy_lib.remote.steps import TIMED_OUT_EXIT, OutputLine, Put, Step, StepResult, check_result
+from deploy_lib.remote.steps import (
+    TIMED_OUT_EXIT,
+    OutputLine,
+    Put,
+    Step,
+    StepResult,
+    check_result,
+    repeatable,
+)
+
+# paramiko's transport thread logs a failed connection with its traceback ("Error reading SSH protocol banner"),
+# which Python's last-resort handler would print; the failure reaches the user as ConnectFailed/ConnectionLost.
+logging.getLogger("paramiko").addHandler(logging.NullHandler())
+logging.getLogger("paramiko").propagate = False
 
 EXIT_POLL_S = 0.001  # the first looks at the channel: a short round trip ends within 1 ms of its exit status
 EXIT_POLL_FAST_S = 0.1  # how long a round trip is looked at every EXIT_POLL_S
 EXIT_POLL_SHARE = 0.01  # after that, a look every 1 % of the time waited so far ...
 EXIT_POLL_MAX_S = 0.05  # ... and at least every 50 ms
+
+# The silence bound of the round trip this thread is waiting on (set around `connection.run`, read by the runner).
+_SILENCE: ContextVar[SilenceBound | None] = ContextVar("silence", default=None)
 
 
 def exit_poll_s(waited_s: float) -> float:
@@ -76,17 +102,34 @@ class _WholeStdinRemote(fabric.runners.Remote):
         sleep, not the channel's status_event: waiting on that takes a lock paramiko's thread needs, and a Ctrl-C
         landing there once left a round trip waiting forever."""
         sent = time.monotonic()
+        silence = _SILENCE.get()
+        heard, seen_out, seen_err = sent, 0, 0
         while not (self.process_is_finished or self.has_dead_threads):
-            time.sleep(exit_poll_s(time.monotonic() - sent))
+            now = time.monotonic()
+            if silence is None:
+                pass
+            elif len(self.stdout) > seen_out or len(self.stderr) > seen_err:
+                for chunk in self.stdout[seen_out:]:
+                    silence.seen(chunk)
+                seen_out, seen_err, heard = len(self.stdout), len(self.stderr), now
+            elif now - heard > silence.bound_s:
+                # nothing for longer than the host's `timeout` allows the running steps: a dead connection
+                silence.gave_up_after_s = now - heard
+                self.channel.close()
+                return
+            time.sleep(exit_poll_s(now - sent))
 
 
 class FabricRemote:
     """Runs batches over one lazily opened, reused Fabric connection to `target`."""
 
     def __init__(self, target: SSHTarget, connect_policy: Retrying = SSH_CONNECT,
-                 on_result: Callable[[StepResult], None] | None = None) -> None:
+                 on_result: Callable[[StepResult], None] | None = None, reconnect_policy: Retrying = SSH_RECONNECT,
+                 silence_grace_s: float = SILENCE_GRACE_S) -> None:
         self.target = target
         self.connect_policy = connect_policy
+        self.reconnect_policy = reconnect_policy
+        self.silence_grace_s = silence_grace_s
         self.on_result = on_result
         self.round_trips = 0  # SSH execs + uploads so far: what batching saves, shown by `make bench`
         self._connection: fabric.Connection | None = None
@@ -135,6 +178,7 @@ class FabricRemote:
             if target.known_hosts_path.exists():
                 client.load_host_keys(str(target.known_hosts_path))
             self.connect_policy.copy()(connection.open)
+            connection.transport.set_keepalive(KEEPALIVE_S)
         except (paramiko.SSHException, OSError, EOFError) as error:
             client.close()
             raise connect_error(target, error, hop, through_jump=gateway is not None) from error
@@ -162,8 +206,7 @@ class FabricRemote:
         results: list[StepResult] = []
         try:
             for trip in round_trips(batch):
-                trip_results = [self._put(trip)] if isinstance(trip, Put) else self._run_trip(trip, on_output)
-                for result in trip_results:
+                for result in self._send(trip, on_output):
                     if self.on_result is not None:
                         self.on_result(result)
                     check_result(result, self.target.address, self.target.user)
@@ -177,8 +220,69 @@ class FabricRemote:
             raise
         return results
 
-    def _run_trip(self, trip: tuple[Step | Put, ...], on_output: OutputLine | None = None) -> list[StepResult]:
-        return put_results(trip, self._run_steps(tuple(script_steps(trip, secrets.token_hex(6))), on_output))
+    def _send(self, trip: Put | tuple[Step | Put, ...], on_output: OutputLine | None) -> list[StepResult]:
+        """One round trip; when its connection drops, the steps whose results had not come are sent again on a new
+        connection (`reconnect_policy`), if every one of them is safe to repeat (`steps.repeatable`). Otherwise, or
+        when no new connection works, ConnectionLost names the step whose result never came."""
+        token = secrets.token_hex(6)  # the same temp names on every attempt: a Put sent again overwrites its own file
+        left: tuple[Step | Put, ...] = (trip,) if isinstance(trip, Put) else trip
+        done: list[StepResult] = []
+        drops: list[Dropped] = []
+        attempts = 0
+
+        def attempt() -> list[StepResult]:
+            nonlocal left, attempts
+            attempts += 1
+            try:
+                if isinstance(trip, Put):  # a new temp name: SFTP creates it exclusively
+                    return [*done, self._put(trip, secrets.token_hex(6))]
+                return [*done, *self._run_trip(left, token, on_output)]
+            except Dropped as dropped:
+                self.close()
+                if not isinstance(trip, Put):  # the steps whose results came are not sent again
+                    count = trip_steps_done(left, dropped.results)
+                    done.extend(put_results(left[:count], dropped.results))
+                    left = left[count:]
+                drops.append(dropped)
+                raise
+
+        def may_send_again(error: BaseException) -> bool:
+            after_drop = isinstance(error, Dropped) or (
+                bool(drops) and isinstance(error, ConnectFailed) and unreachable(error))
+            return after_drop and all(repeatable(step) for step in left)
+
+        try:
+            try:
+                return attempt()  # the first connect failing raises ConnectFailed from here: nothing was sent
+            except Dropped as dropped:
+                if not may_send_again(dropped):
+                    raise
+            # the policy's attempts and delay count from the drop, not from a long step's start
+            return self.reconnect_policy.copy(retry=retry_if_exception(may_send_again))(attempt)
+        except (Dropped, ConnectFailed) as error:
+            if not drops:
+                raise
+            raise self._lost(left, drops[0], attempts - 1, error, tuple(result.step.name for result in done)
+                             ) from error
+
+    def _lost(self, left: tuple[Step | Put, ...], first: Dropped, resent: int, last: Exception,
+              completed: tuple[str, ...]) -> ConnectionLost:
+        """The error for a round trip that could not be finished: its step whose result never came, and why."""
+        unsafe = next((step for step in left if not repeatable(step)), None)
+        if unsafe is not None:
+            again = f"not sent again: {unsafe.name!r} is not safe to repeat"
+        else:
+            again = f"sent again on a new connection {resent} time(s), the last: {last}"
+        step = left[0]
+        return ConnectionLost(
+            f"connection to {self.target.address} lost during step {step.name!r} ({first.reason}); {again}",
+            step=step, completed=completed,
+            hint="the host may have run that step and the ones after it in its round trip; `invoke status` shows "
+                 "what it serves")
+
+    def _run_trip(self, trip: tuple[Step | Put, ...], token: str, on_output: OutputLine | None = None
+                  ) -> list[StepResult]:
+        return put_results(trip, self._run_steps(tuple(script_steps(trip, token)), on_output))
 
     def _run_steps(self, steps: tuple[Step, ...], on_output: OutputLine | None = None) -> list[StepResult]:
         connection = self._connect()
@@ -189,6 +293,8 @@ class FabricRemote:
         started = time.monotonic()
         self.round_trips += 1
         timed_out = False
+        silence = SilenceBound(steps, marker, self.silence_grace_s)
+        watching = _SILENCE.set(silence)
         try:
             # streamed: invoke copies stdout to out_stream only when it is not hidden
             streaming = {"hide": "err", "out_stream": _LineSink(on_output)} if on_output else {"hide": True}
@@ -198,20 +304,21 @@ class FabricRemote:
         except CommandTimedOut as error:
             raw, timed_out = error.result, True
         except (paramiko.SSHException, OSError, EOFError) as error:
-            self.close()
-            raise ConnectFailed(f"connection to {self.target.address} lost during step {steps[0].name!r}: "
-                                f"{error}", hint="nothing after that step ran; rerun the command") from error
+            raise Dropped([], steps[0], str(error) or type(error).__name__) from error
+        finally:
+            _SILENCE.reset(watching)
         results, out, err = parse_batch_output(steps, marker, raw.stdout, raw.stderr)
         if len(results) == len(steps) or (results and results[-1].exit_code not in results[-1].step.ok):
             return results
         running = steps[len(results)]
         elapsed = time.monotonic() - started
+        if silence.gave_up_after_s is not None:
+            raise Dropped(results, running, f"nothing arrived for {silence.gave_up_after_s:.0f} s, longer than "
+                                             "its steps' timeouts allow: a dead connection")
         if timed_out:
             return [*results, StepResult(running, TIMED_OUT_EXIT, out, err, elapsed)]
         if self._connection is None or not self._connection.is_connected:
-            self.close()
-            raise ConnectFailed(f"connection to {self.target.address} lost during step {running.name!r}",
-                                hint="that step may or may not have finished; rerun the command")
+            raise Dropped(results, running, "the connection closed")
         # The script itself died (no bash on the host, or killed): report it against the step it was running.
         return [*results, StepResult(running, raw.exited or -1, out, err or raw.stderr, elapsed)]
 
@@ -234,10 +341,9 @@ class FabricRemote:
         check_result(result, self.target.address)
         return result
 
-    def _put(self, put: Put) -> StepResult:
+    def _put(self, put: Put, token: str) -> StepResult:
         connection = self._connect()
         started = time.monotonic()
-        token = secrets.token_hex(6)
         self.round_trips += 1
         try:
             sftp = connection.sftp()
@@ -245,10 +351,9 @@ class FabricRemote:
             if put.sudo and self.target.user != "root":
                 code, stderr = self._put_via_sudo(sftp, put, token)
             else:
-                code, stderr = _put_directly(sftp, put, token)
+                code, stderr = put_directly(sftp, put, token)
         except (TimeoutError, ConnectionError, paramiko.SSHException, EOFError) as error:
-            self.close()
-            raise ConnectFailed(f"connection to {self.target.address} lost during {put.name}: {error}") from error
+            raise Dropped([], put, str(error) or type(error).__name__) from error
         except OSError as error:  # what the SFTP server refused: no such directory, permission, disk full
             code, stderr = 1, str(error.strerror or error)
         return StepResult(put, code, "", stderr, time.monotonic() - started)
@@ -260,7 +365,7 @@ class FabricRemote:
         temp = put.temp_path(token)
         sftp.mkdir(str(private), 0o700)
         try:
-            _upload(sftp, staged, put.data, 0o600)
+            upload(sftp, staged, put.data, 0o600)
             results = self._run_steps((
                 Step(f"{put.name}: install", ("install", "-m", f"0{put.mode:o}", "-o", "root", "-g", "root",
                                               "-T", "--", str(staged), str(temp)), sudo=True),
@@ -272,8 +377,8 @@ class FabricRemote:
             self._run_steps((Step(f"{put.name}: clean up", ("rm", "-f", "--", str(temp)), sudo=True),))
             return failed.exit_code, failed.stderr
         finally:
-            _remove_quietly(sftp, staged)
-            _remove_quietly(sftp, private, directory=True)
+            remove_quietly(sftp, staged)
+            remove_quietly(sftp, private, directory=True)
 
 
 class _LineSink:
@@ -291,29 +396,3 @@ class _LineSink:
 
     def flush(self) -> None:
         pass
-
-
-def _put_directly(sftp: paramiko.SFTPClient, put: Put, token: str) -> tuple[int, str]:
-    temp = put.temp_path(token)
-    try:
-        _upload(sftp, temp, put.data, put.mode)
-        sftp.posix_rename(str(temp), str(put.dest))
-    except OSError:
-        _remove_quietly(sftp, temp)
-        raise
-    return 0, ""
-
-
-def _upload(sftp: paramiko.SFTPClient, path: PurePosixPath, data: bytes, mode: int) -> None:
-    """Create `path` exclusively, set its mode while still empty, then write: no moment with wider access."""
-    with sftp.open(str(path), "wbx") as remote_file:
-        remote_file.chmod(mode)
-        remote_file.set_pipelined(True)
-        remote_file.write(data)
-
-
-def _remove_quietly(sftp: paramiko.SFTPClient, path: PurePosixPath, directory: bool = False) -> None:
-    try:
-        (sftp.rmdir if directory else sftp.remove)(str(path))
-    except OSError:
-        pass  # already gone, or never created

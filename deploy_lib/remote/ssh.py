@@ -84,6 +84,20 @@ SSH_CONNECT = Retrying(
 )
 
 
+# After a connection dropped mid-command: how often, and how long, a new one is tried before the steps that are safe to
+# repeat are sent again (`FabricRemote.run`; which steps: `steps.repeatable`). Each attempt opens through SSH_CONNECT.
+# A partition of about a minute is ridden out here; the readiness ladder rides out a longer one up to its deadline.
+SSH_RECONNECT = Retrying(
+    stop=stop_after_attempt(6) | stop_after_delay(60),
+    wait=wait_exponential_jitter(initial=1, max=10),
+    reraise=True,
+    name="ssh-reconnect",
+)
+# Seconds between SSH keepalives on an open connection: a connection the host dropped while we only waited is found
+# dead when the network returns (its reset answers the keepalive), not at our next write.
+KEEPALIVE_S = 10
+
+
 class UnknownHostKey(paramiko.SSHException):
     def __init__(self, hostname: str, key: paramiko.PKey) -> None:
         super().__init__(f"unknown host key for {hostname}")
@@ -138,6 +152,14 @@ def rsync_argv(target: SSHTarget, local_dir: Path, dest: PurePosixPath, link_des
 
 def known_hosts_name(hop: JumpHost) -> str:
     return hop.host if hop.port == 22 else f"[{hop.host}]:{hop.port}"
+
+
+def unreachable(error: ConnectFailed) -> bool:
+    """A connect that failed on the network (no route, timed out, refused, reset, no SSH banner), which a later
+    attempt may get past; a host key or authentication refusal is final."""
+    cause = error.__cause__
+    final = (UnknownHostKey, paramiko.BadHostKeyException, paramiko.AuthenticationException)
+    return isinstance(cause, OSError | EOFError | paramiko.SSHException) and not isinstance(cause, final)
 
 
 def connect_error(target: SSHTarget, error: Exception, hop: JumpHost, through_jump: bool) -> ConnectFailed:

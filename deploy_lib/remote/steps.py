@@ -37,6 +37,9 @@ class Step:
     # Consecutive concurrent steps of a round trip run at the same time (read-only facts that each start a Python);
     # their results come back in order, and the batch stops after them when one failed.
     concurrent: bool = False
+    # Safe to send again on a new connection when the connection dropped before its result came (`repeatable`):
+    # a read, or a write that leaves the same result however far the first attempt got.
+    repeatable: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.argv, tuple) or not self.argv or not all(isinstance(a, str) for a in self.argv):
@@ -104,6 +107,15 @@ class Remote(Protocol):
     def push_directory(self, local_dir: Path, dest: PurePosixPath, link_dest: PurePosixPath | None,
                        on_output: OutputLine | None = None) -> StepResult: ...
     def close(self) -> None: ...
+
+
+def repeatable(step: Step | Put) -> bool:
+    """May this step be sent again after a dropped connection, not knowing whether it ran? A step marked so (reads:
+    every step of `readings.read`, the readiness probe, the host-state read after an interrupt) and every Put: it
+    writes a temp file of the same content, then renames it onto dest, so a second attempt leaves the same bytes
+    wherever the first stopped. Never a restart, a stop, the switch of `current`, the lock's take or release,
+    a history append or a prune: each changes the host in a way a second attempt would repeat or undo."""
+    return isinstance(step, Put) or step.repeatable
 
 
 def display(step: Step | Put) -> str:
