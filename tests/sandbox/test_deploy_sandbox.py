@@ -270,23 +270,25 @@ def test_healthy_then_dead_within_the_grace_window_is_rolled_back(rig: Rig, heal
     assert rig.current() == healthy and rig.unit_state() == "active"
 
 
-def test_a_stale_lock_is_reported_and_unlock_clears_it(rig: Rig, healthy: str) -> None:
-    """Input tried: a lock whose owner is a process of this machine that no longer runs."""
+def test_a_lock_whose_owner_process_is_gone_is_taken_over_with_a_line_and_a_history_record(rig: Rig,
+                                                                                          healthy: str) -> None:
+    """Input tried: a lock whose owner is a process of this machine that no longer runs (issue 31 point 4: before,
+    the deploy refused with "looks stale" and the user had to run unlock)."""
     import socket
     from datetime import UTC, datetime
 
-    from deploy_lib.store import LockContext, LockOwner, unlock
+    from deploy_lib.store import LockOwner
 
     layout = StoreLayout("sglang")
     dead = LockOwner(user="someone", host=socket.gethostname(), pid=2**22 + 17, time=datetime.now(UTC).isoformat(),
                      purpose="x", token="t")
     rig.write(str(layout.lock_owner), dead.to_json().decode())  # its directory is the lock
-    with pytest.raises(LockHeld, match="looks stale"):
-        rig.deploy("glm5-omp4")
-    with rig.connect() as (target, remote):
-        removed = unlock(remote, layout, force=False, context=LockContext(where=target.host.name))
-    assert removed is not None and removed.owner == dead
-    assert rig.deploy("glm5-omp4").action == "deployed"
+    progress = RecordingProgress()
+    assert rig.deploy("glm5-omp4", progress).action == "deployed"
+    [line] = [str(note) for note in progress.of_kind("note") if "took over the deploy lock" in str(note)]
+    assert f"pid {dead.pid} on this machine" in line and "is no longer running" in line
+    [record] = [h for h in rig.history() if h["event"] == "lock"]
+    assert (record["outcome"], record["cause"]) == ("taken-over", line)
 
 
 def test_a_store_on_a_full_filesystem_is_refused_before_anything_changes(rig: Rig, healthy: str,

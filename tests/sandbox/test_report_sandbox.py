@@ -25,7 +25,8 @@ from sandbox import manage
 pytestmark = [pytest.mark.sandbox, pytest.mark.wheels]
 SERVICE = "sglang-report"
 TOKENIZER = "/opt/sim-tokenizer"
-OVERRIDES = f"service:\n  name: {SERVICE}\nserver:\n  port: 8200\n"
+# decode CUDA graphs on (the reference profile runs without): their capture is a start phase the report shows
+OVERRIDES = f"service:\n  name: {SERVICE}\nserver:\n  port: 8200\nfeatures:\n  cuda_graph: true\n"
 PROFILES = {"report-ref": f"extends: glm5-nvfp4\n{OVERRIDES}",
             "report-omp4": f"extends: glm5-nvfp4\n{OVERRIDES}env:\n  OMP_NUM_THREADS: '4'\n"}
 # small, for a 2-core machine: two levels so the concurrency chart has lines
