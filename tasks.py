@@ -44,6 +44,7 @@ from deploy_cli.deploy import deploy, rollback
 from deploy_cli.inspect import releases, status
 from deploy_cli.options import task
 from deploy_cli.patches import patch_fusion
+from deploy_cli.report import report
 from deploy_cli.router import router_deploy
 from deploy_lib.project import SANDBOX_INVENTORY
 from sandbox import tasks as sandbox_tasks
@@ -64,7 +65,8 @@ def _demo_step(title: str, command: str, action: Callable[[], None]) -> None:
 @task
 def demo(c: Context) -> None:
     """Our users' week on the sandbox VM: a gated deploy, a fusion release that cannot start, the patched one the gate
-    rolls back, a slow release kept without a gate and rolled back by hand, the releases with their figures."""
+    rolls back, a slow release kept without a gate and rolled back by hand, the releases with their figures, and the
+    report that draws them."""
     started = time.monotonic()
     sandbox_tasks.up(c, venv=True)  # a running guest keeps its venv when the wheels are the same
     sandbox_tasks.empty(c)  # the story starts on an empty host
@@ -85,6 +87,8 @@ def demo(c: Context) -> None:
     _demo_step("6. roll back by hand", "rollback", lambda: rollback(c, **on))
     _demo_step("7. releases: outcome, measured throughput and GPU power", "releases",
                lambda: releases(c, inventory=inventory, host=th1))
+    _demo_step("8. the host's story in pictures: throughput per release, power against the limit, start phases",
+               "report --out report", lambda: report(c, inventory=inventory, host=th1, out=str(CHECKOUT / "report")))
     ui.console.print(f"demo done in {time.monotonic() - started:.0f} s")
 
 
