@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import signal
 from pathlib import Path
@@ -18,5 +19,7 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     # The checkout tracks no user's hosts (inventory/hosts.yaml is the user's own, as `sglang-deploy init` writes
     # it); the tests read the reference rig through the default inventory, as a user's project would hold it.
-    if not (INVENTORY / "hosts.yaml").exists():
-        shutil.copyfile(INVENTORY / "hosts.example.yaml", INVENTORY / "hosts.yaml")
+    if not (INVENTORY / "hosts.yaml").exists():  # copied whole, then renamed: a worker never reads half of it
+        partial = INVENTORY / f".hosts.yaml.{os.getpid()}"
+        shutil.copyfile(INVENTORY / "hosts.example.yaml", partial)
+        os.replace(partial, INVENTORY / "hosts.yaml")
