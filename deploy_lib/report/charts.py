@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
 from deploy_lib.health.startup import PHASE_LABELS, PHASES
-from deploy_lib.report.data import BenchPoint, GpuReading, HostEvent, ReleaseMark, StartRow
+from deploy_lib.report.data import BenchPoint, GpuReading, HistoryEvent, StartRow
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -59,7 +59,7 @@ def _when(iso: str) -> datetime:
     return datetime.fromisoformat(iso)
 
 
-def throughput_over_time(points: Sequence[BenchPoint], marks: Sequence[ReleaseMark]) -> str | None:
+def throughput_over_time(points: Sequence[BenchPoint], marks: Sequence[HistoryEvent]) -> str | None:
     """Output tok/s and p99 TTFT of each benchmark, one line per concurrency; failed benchmarks as red crosses, failed
     releases and rollbacks as numbered vertical lines (their causes are listed under the chart)."""
     if not points:
@@ -168,7 +168,7 @@ def start_phases(starts: Sequence[StartRow]) -> str | None:
         return _svg(figure)
 
 
-def _event_color(event: HostEvent) -> str:
+def _event_color(event: HistoryEvent) -> str:
     if event.outcome in ("failed", "crashed"):
         return FAILED_COLOR
     return "#ef6c00" if event.outcome == "restarted" else "#2e7d32"
@@ -177,7 +177,7 @@ def _event_color(event: HostEvent) -> str:
 EVENT_ROWS = ("deploy", "rollback", "adopt", "start", "restart", "stop", "crash", "failure")
 
 
-def host_events(events: Sequence[HostEvent]) -> str | None:
+def host_events(events: Sequence[HistoryEvent]) -> str | None:
     """Starts, stops, failures and crashes on one time line: a row per kind, failed ones red."""
     if not events:
         return None
