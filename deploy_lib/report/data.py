@@ -113,7 +113,7 @@ def _bench_points(entry: HistoryEntry) -> list[BenchPoint]:
             for level in result.levels]
 
 
-def _gpu_readings(entry: HistoryEntry) -> list[GpuReading]:
+def gpu_readings(entry: HistoryEntry) -> list[GpuReading]:
     indices = sorted({int(key[3:].split(".", 1)[0]) for key in entry.figures
                       if key.startswith("gpu") and key[3:].split(".", 1)[0].isdigit()})
 
@@ -154,5 +154,5 @@ def collect(history: Sequence[HistoryEntry], host: str, service: str, generated_
     starts = tuple(row for entry in history if entry.event in ACTIVATIONS and (row := _start_row(entry)))
     events = tuple(HistoryEvent.of(entry) for entry in history if entry.event in TIMELINE_EVENTS)
     return ReportData(host=host, service=service, generated_at=generated_at, benchmarks=tuple(points), marks=marks,
-                      concurrency=concurrency, gpus=tuple(r for entry in benches for r in _gpu_readings(entry)),
+                      concurrency=concurrency, gpus=tuple(r for entry in benches for r in gpu_readings(entry)),
                       starts=starts, events=events)
