@@ -150,9 +150,9 @@ class _Power(Protocol):
     def util_mean_pct(self) -> float | None: ...
 
 
-def _power_bars(runs: Sequence[tuple[str, Sequence[_Power]]], name: str) -> str:
+def _power_bars(runs: Sequence[tuple[str, Sequence[_Power]]], prefix: str) -> str:
     """Per run (its tick label, its GPUs' figures): each GPU's mean power (bar) and peak (tick) against the power
-    limit (dashed), and its mean utilisation below; series ids `series-NAME-gpuN`, `series-NAME-util-gpuN`."""
+    limit (dashed), and its mean utilisation below; series ids `series-PREFIXpower-gpuN`, `series-PREFIXutil-gpuN`."""
     readings = [r for _, shown in runs for r in shown]
     gpus = sorted({r.gpu for r in readings})
     width = 0.8 / len(gpus)
@@ -162,11 +162,11 @@ def _power_bars(runs: Sequence[tuple[str, Sequence[_Power]]], name: str) -> str:
                       for r in shown if r.gpu == gpu]
             xs, shown = [x for x, _ in placed], [r for _, r in placed]
             _tag_bars(power.bar(xs, [r.power_mean_w or 0 for r in shown], width, label=f"GPU {gpu}"),
-                      f"series-{name}-gpu{gpu}")
+                      f"series-{prefix}power-gpu{gpu}")
             peaks = [(x, r.power_peak_w) for x, r in placed if r.power_peak_w is not None]
             if peaks:
                 power.scatter(*zip(*peaks, strict=True), marker="_", s=120, color="black", zorder=3)
-            _tag_bars(util.bar(xs, [r.util_mean_pct or 0 for r in shown], width), f"series-{name}-util-gpu{gpu}")
+            _tag_bars(util.bar(xs, [r.util_mean_pct or 0 for r in shown], width), f"series-{prefix}util-gpu{gpu}")
         for i, (_, shown) in enumerate(runs):
             limits = [r.power_limit_w for r in shown if r.power_limit_w]
             if limits:
@@ -190,7 +190,7 @@ def gpu_power(readings: Sequence[GpuReading]) -> str | None:
     runs = list(dict.fromkeys((r.when, r.release) for r in readings))
     return _power_bars([(f"{release}\n{when[5:16].replace('T', ' ')}",
                          [r for r in readings if (r.when, r.release) == (when, release)]) for when, release in runs],
-                       "power")
+                       "")
 
 
 def sweep_power(gpus: Sequence[SweepGpu], candidates: Sequence[SweepCandidate]) -> str | None:
@@ -198,7 +198,7 @@ def sweep_power(gpus: Sequence[SweepGpu], candidates: Sequence[SweepCandidate]) 
     runs = [(f"{c.number}{' (winner)' if c.winner else ''}" if c.number else "base",
              [g for g in gpus if g.number == c.number]) for c in candidates]
     runs = [(label, shown) for label, shown in runs if shown]
-    return _power_bars(runs, "tune-power") if runs else None
+    return _power_bars(runs, "tune-") if runs else None
 
 
 def start_phases(starts: Sequence[StartRow]) -> str | None:
