@@ -158,8 +158,8 @@ def _power_bars(runs: Sequence[tuple[str, Sequence[_Power]]], prefix: str) -> st
     width = 0.8 / len(gpus)
     with _figure(2, 6.0) as (figure, (power, util)):
         for slot, gpu in enumerate(gpus):
-            placed = [(i + (slot - (len(gpus) - 1) / 2) * width, r) for i, (_, shown) in enumerate(runs)
-                      for r in shown if r.gpu == gpu]
+            placed = [(i + (slot - (len(gpus) - 1) / 2) * width, r) for i, (_, of_run) in enumerate(runs)
+                      for r in of_run if r.gpu == gpu]
             xs, shown = [x for x, _ in placed], [r for _, r in placed]
             _tag_bars(power.bar(xs, [r.power_mean_w or 0 for r in shown], width, label=f"GPU {gpu}"),
                       f"series-{prefix}power-gpu{gpu}")
@@ -167,8 +167,8 @@ def _power_bars(runs: Sequence[tuple[str, Sequence[_Power]]], prefix: str) -> st
             if peaks:
                 power.scatter(*zip(*peaks, strict=True), marker="_", s=120, color="black", zorder=3)
             _tag_bars(util.bar(xs, [r.util_mean_pct or 0 for r in shown], width), f"series-{prefix}util-gpu{gpu}")
-        for i, (_, shown) in enumerate(runs):
-            limits = [r.power_limit_w for r in shown if r.power_limit_w]
+        for i, (_, of_run) in enumerate(runs):
+            limits = [r.power_limit_w for r in of_run if r.power_limit_w]
             if limits:
                 power.hlines(max(limits), i - 0.45, i + 0.45, colors=LIMIT_COLOR, linestyles="--",
                              label="power limit" if i == 0 else None)
