@@ -1,5 +1,6 @@
 """report: each host's story in pictures from its history (throughput, power against the limit, start phases,
-crashes), written as a page, CSV and JSON."""
+crashes), or one tuning sweep's (`--tune ID`: its candidates, their throughput and power), written as a page, CSV and
+JSON."""
 
 from __future__ import annotations
 
@@ -16,16 +17,17 @@ from deploy_cli.options import task
     "group": "inventory group: a report for each host of it; exclusive with --host",
     "out": "directory for the page, its CSV files and JSON document (default: report)",
     "release": "a release whose throughput against concurrency is drawn; repeat for several (default: every "
-               "benchmarked release)"})
+               "benchmarked release)",
+    "tune": "a tuning sweep's id (`invoke tune` prints it): the page of its candidates instead of the host's story"})
 def report(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
            service: str | None = None, out: str = "report", release: list[str] | None = None,
-           json: bool = False, verbose: bool = False) -> None:
-    """Write the host's story in pictures from its history: throughput, power, start phases, crashes."""
+           tune: str | None = None, json: bool = False, verbose: bool = False) -> None:
+    """Write the host's story in pictures from its history: throughput, power, start phases, crashes; or a sweep's."""
     from deploy_lib.ops import commands
     common.report_as(json, verbose)
     hosts = common.scope(inventory, host, group)
     fleet = common.run(lambda: commands.report(hosts, common.service_name(service), release or (), Path(out),
-                                               common.reach()))
+                                               common.reach(), tune))
     common.show_each(fleet, _print_written, hosts.one_host)
 
 

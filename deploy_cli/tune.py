@@ -14,7 +14,8 @@ from deploy_cli import present as ui
 from deploy_cli.options import task
 
 if TYPE_CHECKING:
-    from deploy_lib.tune import Planned
+    from deploy_lib.tune import Planned, TuneReport
+    from deploy_lib.tune.estimate import Estimate
 
 HELP = {
     "vary": "KEY=V1,V2,...: a profile path (memory.max_running_requests=64,256,1024; features.cuda_graph=true,false) "
@@ -53,18 +54,59 @@ def tune(c: Context, profile: str | None = None, vary: list[str] | None = None, 
     with common.remote(target) as remote:
         result = common.run(lambda: tuning.tune(loaded, target, remote, common.progress(), request))
     common.show(result, lambda shown: ui.print_lines(
-        _planned_lines(shown) if isinstance(shown, tuning.Planned) else tuning.table_lines(shown)))
+        planned_lines(shown) if isinstance(shown, tuning.Planned) else table_lines(shown)))
 
 
-def _planned_lines(planned: Planned) -> list[str]:
+def planned_lines(planned: Planned) -> list[str]:
+    """A dry run as text: each candidate with its differences, the skipped ones, the notes and the estimate."""
     lines = [f"{len(planned.sweep.candidates)} candidates against release {planned.original}, benchmark "
              f"{planned.sweep.bench.describe()}:"]
     for candidate in planned.sweep.candidates:
         lines.append(f"  {candidate.label}")
         lines += [f"      {change}" for change in planned.changes[candidate.label]] or ["      (as the release)"]
     lines += [f"skipped {item.label}: {item.reason}" for item in planned.sweep.skipped]
-    lines += [*planned.sweep.notes, f"estimate: {planned.estimate.line()}"]
+    lines += [*planned.sweep.notes, f"estimate: {estimate_line(planned.estimate)}"]
     return lines
+
+
+def estimate_line(estimate: Estimate) -> str:
+    """`about 41 min: 5 starts of ~300 s (median of 3 recorded), 8 benchmarks of ~120 s`."""
+    start = (f"{estimate.starts} starts of ~{estimate.start_s:,.0f} s (median of {estimate.start_samples} recorded)"
+             if estimate.start_s is not None else f"{estimate.starts} starts (no start recorded on this host)")
+    bench = (f"{estimate.runs} benchmarks of ~{estimate.bench_s:,.0f} s" if estimate.bench_s is not None
+             else f"{estimate.runs} benchmarks (none recorded at these settings)")
+    total = estimate.total_s
+    about = f"about {total / 60:,.0f} min" if total is not None else "no estimate"
+    return f"{about}: {start}, {bench}"
+
+
+def table_lines(report: TuneReport) -> list[str]:
+    """The table as text lines (for `tune.show` and the end of a sweep): one row per candidate and level."""
+    head = (f"tune {report.tune_id}: {report.profile}, objective {report.spec.objective.value}"
+            f"{f' at {report.spec.level}' if report.spec.level else ''}, SLA {report.spec.sla.describe()}")
+    lines = [head, f"{'candidate':<44} {'outcome':<10} {'level':>6} {'out tok/s':>10} {'req/s':>7} "
+                   f"{'TTFT p99':>9} {'TPOT p99':>9} {'SLA':<4} power"]
+    for row in ([report.base] if report.base else []) + list(report.rows):
+        levels = row.levels or (None,)
+        for index, level in enumerate(levels):
+            first = index == 0
+            cells = (f"{level.concurrency:>6} {level.output_tok_s:>10,.1f} {level.request_rate:>7.2f} "
+                     f"{_ms(level.ttft.p99_ms):>9} {_ms(level.tpot.p99_ms):>9}") if level else f"{'':>45}"
+            lines.append(f"{row.label if first else '':<44} {row.outcome if first else '':<10} {cells} "
+                         f"{('yes' if row.sla_met else 'no') if first else '':<4} {row.power if first else ''}")
+        if row.changes:
+            lines.append(f"    {row.changes}")
+        if row.cause and not row.sla_met:
+            lines.append(f"    {row.cause}")
+    if report.finished:
+        lines.append(f"winner: {report.winner or 'none'}; serving: {report.serving}; {report.reason}")
+    else:
+        lines.append(f"not finished: `invoke tune --resume {report.tune_id}` runs the rest")
+    return lines
+
+
+def _ms(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.0f} ms"
 
 
 @task(name="show", help={"tune_id": "the sweep's id (`invoke tune` prints it)"})
@@ -76,7 +118,7 @@ def show(c: Context, tune_id: str, host: str | None = None, inventory: str | Non
     target = common.target(inventory, host)
     with common.remote(target) as remote:
         report = common.run(lambda: tuning.show(remote, target, common.service_name(service), tune_id))
-    common.show(report, lambda shown: ui.print_lines(tuning.table_lines(shown)))
+    common.show(report, lambda shown: ui.print_lines(table_lines(shown)))
 
 
 collection = Collection(tune, show)

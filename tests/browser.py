@@ -93,6 +93,8 @@ def series_per_chart(dom: str) -> dict[str, list[str]]:
 MIN_FRAME_PX = 400
 # the plotting areas of the report's charts: throughput and TTFT, concurrency, power and utilisation, phases, events
 REPORT_AREAS = 7
+# a tuning sweep's page (`report --tune ID`): throughput against concurrency, power and utilisation
+SWEEP_AREAS = 3
 MIN_DRAWN_PX = 50
 
 

@@ -71,7 +71,7 @@ LAYERS: dict[str, frozenset[str]] = {
         "gpu_check.p2p.verdict", "gpu_check.p2p.vm",
         "health.startup", "patches.profiles",
         "tune.decide", "tune.estimate", "tune.record", "tune.spec", "tune.sweep",
-        "report.charts", "report.data", "report.page",
+        "report.charts", "report.data", "report.page", "report.sweep",
     }),
     # read or change one host through a Remote: the facts batch read, the readiness ladder, a venv build
     "host actions": frozenset({

@@ -1,5 +1,6 @@
 """`invoke report` from a recorded history (tests/data/report/history.jsonl: the demo's week on th1, as the tool's
-own serializers write it): what each table collects, the files written, and the page opened in headless Chromium."""
+own serializers write it) and `invoke report --tune ID` from a recorded sweep (tests/data/report/sweep.jsonl, as the
+tune loop wrote it): what each table collects, the files written, and the pages opened in headless Chromium."""
 
 from __future__ import annotations
 
@@ -8,19 +9,22 @@ import json
 from pathlib import Path
 
 import pytest
-from browser import MIN_DRAWN_PX, REPORT_AREAS, chart_areas, open_page, series_per_chart
+from browser import MIN_DRAWN_PX, REPORT_AREAS, SWEEP_AREAS, chart_areas, open_page, series_per_chart
 from test_deploy_plan import target
 from test_rollback import a_host
 
 from deploy_lib import store
 from deploy_lib.errors import ConfigError
-from deploy_lib.report import ReportData, collect, read_report, write_report
+from deploy_lib.report import ReportData, SweepData, collect, collect_sweep, read_report, read_sweep, write_report
 from deploy_lib.report.data import COLUMNS, TABLES
 from deploy_lib.store import HistoryEntry
 
 HISTORY = Path(__file__).parent / "data" / "report" / "history.jsonl"
 A, B, C, D = "ac2a8743bd47", "21a6cd18cbea", "9da6e34445c9", "faf22e9b79da"
 CHARTS = ("chart-throughput", "chart-concurrency", "chart-power", "chart-starts", "chart-events")
+SWEEP = Path(__file__).parent / "data" / "report" / "sweep.jsonl"
+TUNE = "t20261202-062647-0b6e"
+SWEEP_CHARTS = ("chart-tune-concurrency", "chart-tune-power")
 
 
 def recorded() -> list[HistoryEntry]:
@@ -29,6 +33,14 @@ def recorded() -> list[HistoryEntry]:
 
 def report(releases: tuple[str, ...] = ()) -> ReportData:
     return collect(recorded(), "th1", "sglang", "2026-11-30T20:00:00+00:00", releases)
+
+
+def swept() -> list[HistoryEntry]:
+    return [HistoryEntry.from_json(line) for line in SWEEP.read_text().splitlines()]
+
+
+def sweep(history: list[HistoryEntry] | None = None) -> SweepData:
+    return collect_sweep(swept() if history is None else history, "th1", "sglang", "2026-12-02T07:00:00+00:00", TUNE)
 
 
 def test_every_benchmark_is_a_point_per_concurrency_and_failed_releases_are_marked_with_their_cause() -> None:
@@ -120,15 +132,18 @@ def test_the_report_reads_the_history_through_one_read_of_the_store_and_writes_n
     assert all(name.startswith("store facts:") for name in host.ran_names())
 
 
-def test_the_page_opens_in_chromium_with_no_console_message_no_request_and_every_chart_drawn(tmp_path: Path
+@pytest.mark.parametrize("kind", ["host", "sweep"])
+def test_the_page_opens_in_chromium_with_no_console_message_no_request_and_every_chart_drawn(kind: str, tmp_path: Path
                                                                                            ) -> None:
-    [page, *_] = write_report(report(), tmp_path / "out")
+    data, charts, chart_count = (report(), CHARTS, REPORT_AREAS) if kind == "host" else \
+        (sweep(), SWEEP_CHARTS, SWEEP_AREAS)
+    [page, *_] = write_report(data, tmp_path / "out")
     opened = open_page(page, tmp_path)
     assert opened.console == [] and opened.page_requests == []
     drawn = series_per_chart(opened.dom)
-    assert set(drawn) == set(CHARTS) and all(drawn[chart] for chart in CHARTS), drawn
+    assert set(drawn) == set(charts) and all(drawn[chart] for chart in charts), drawn
     areas = chart_areas(opened.screenshot)
-    assert len(areas) == REPORT_AREAS and all(drawn >= MIN_DRAWN_PX for *_, drawn in areas), areas
+    assert len(areas) == chart_count and all(drawn >= MIN_DRAWN_PX for *_, drawn in areas), areas
 
 
 def test_the_browser_check_sees_a_request_the_page_tries_and_blank_charts(tmp_path: Path) -> None:
@@ -147,16 +162,12 @@ def test_the_browser_check_sees_a_request_the_page_tries_and_blank_charts(tmp_pa
     assert not any(series_per_chart(opened.dom).values()) and chart_areas(opened.screenshot) == []
 
 
-def test_the_report_task_writes_the_files_and_prints_where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    """The task end to end, with a scripted host in place of the SSH connection (the default inventory's host)."""
-    from invoke import Context
-
-    from deploy_cli.report import report as report_task
+def scripted_host(monkeypatch: pytest.MonkeyPatch, history: Path) -> None:
+    """A scripted host holding `history` in place of the SSH connection to the default inventory's host."""
     from deploy_lib import remote
 
     host = a_host()
-    host.reply(store.FACT_HISTORY, stdout=HISTORY.read_text())
+    host.reply(store.FACT_HISTORY, stdout=history.read_text())
 
     class Connection:
         def __init__(self, *_: object, **__: object) -> None:
@@ -170,6 +181,16 @@ def test_the_report_task_writes_the_files_and_prints_where(tmp_path: Path, monke
 
     monkeypatch.setattr(remote, "FabricRemote", Connection)
     monkeypatch.delenv("SGLANG_DEPLOY_INVENTORY", raising=False)
+
+
+def test_the_report_task_writes_the_files_and_prints_where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The task end to end, with a scripted host in place of the SSH connection (the default inventory's host)."""
+    from invoke import Context
+
+    from deploy_cli.report import report as report_task
+
+    scripted_host(monkeypatch, HISTORY)
     report_task(Context(), out=str(tmp_path / "out"), release=[A])
     page = tmp_path / "out" / f"report-{target().host.name}-sglang.html"
     assert f"report written to {page}" in capsys.readouterr().out and page.is_file()
@@ -187,3 +208,109 @@ def test_the_report_task_refuses_host_and_group_together(capsys: pytest.CaptureF
         report_task(Context(), host="a", group="b")
     assert refused.value.code == 2
     assert "--host and --group are exclusive" in capsys.readouterr().err
+
+
+# --- a tuning sweep: `report --tune ID` -------------------------------------------------------------------------
+
+
+def test_a_sweeps_table_has_the_base_then_each_candidate_with_its_outcome_objective_and_power() -> None:
+    data = sweep()
+    assert [(c.number, c.candidate, c.outcome, c.sla_met) for c in data.candidates] == [
+        (0, "base", "measured", True),
+        (1, "memory.max_running_requests=64 memory.mem_fraction_static=0.9", "missed SLA", False),
+        (2, "memory.max_running_requests=64 memory.mem_fraction_static=0.99", "failed", False),
+        (3, "memory.max_running_requests=1024 memory.mem_fraction_static=0.9", "measured", True),
+        (4, "memory.max_running_requests=1024 memory.mem_fraction_static=0.99", "failed", False)]
+    base, missed, failed, winner, _ = data.candidates
+    assert (base.release, base.objective, base.vs_base_pct) == ("B", 934.4, None)
+    assert (winner.winner, winner.objective, winner.vs_base_pct) == (True, 3737.6, 300.0)
+    assert [c.candidate for c in data.candidates if c.winner] == [data.winner]
+    assert missed.objective is None and missed.cause == "at 1024: p99 TTFT 1,600 ms > 500 ms"
+    assert "failed: the unit failed" in failed.cause and failed.power_mean_w is None, "it never ran a benchmark"
+    assert winner.changes == "~ flag --mem-fraction-static: 0.92 -> 0.9" and winner.cause == ""
+    assert (winner.power_mean_w, winner.power_limit_w, winner.util_mean_pct) == (249.5, 600.0, 90.0)
+    assert (data.finished, data.serving, data.sla) == (True, winner.release, "p99 TTFT <= 500 ms")
+    assert data.objective == "throughput at concurrency 1024 (output tok/s)" and "+300.0%" in data.reason
+
+
+def test_a_sweeps_figures_are_per_candidate_and_level_and_its_gpus_per_candidate() -> None:
+    data = sweep()
+    assert {lv.number for lv in data.levels} == {0, 1, 3}, "the failed candidates ran no benchmark"
+    assert [(lv.concurrency, lv.output_tok_s) for lv in data.levels if lv.number == 3] == [
+        (64, 233.6), (256, 934.4), (1024, 3737.6)]
+    assert [lv.ttft_p99_ms for lv in data.levels if lv.number == 1] == [100.0, 400.0, 1600.0]
+    assert len(data.gpus) == 3 * 8 and {g.gpu for g in data.gpus if g.number == 3} == set(range(8))
+
+
+def test_a_sweep_cut_short_says_how_to_finish_it(tmp_path: Path) -> None:
+    """Input tried: the recorded sweep without its end line (as history holds it after Ctrl-C)."""
+    cut = [entry for entry in swept() if entry.tune.get("role") != "end"]
+    data = sweep(cut)
+    assert not data.finished and data.winner is None and not any(c.winner for c in data.candidates)
+    [page, *_] = write_report(data, tmp_path)
+    assert f"`invoke tune --profile glm5-nvfp4 --resume {TUNE}` runs the rest" in page.read_text()
+
+
+def test_a_tune_id_not_in_history_is_named_with_the_ids_that_are() -> None:
+    """Input tried: --tune t20261202-000000-beef, a sweep the host never ran."""
+    with pytest.raises(ConfigError, match="th1: no tuning sweep 't20261202-000000-beef'") as refused:
+        collect_sweep(swept(), "th1", "sglang", "now", "t20261202-000000-beef")
+    assert f"sweeps on th1: {TUNE}" in (refused.value.hint or "")
+    with pytest.raises(ConfigError) as none:
+        collect_sweep(recorded(), "th1", "sglang", "now", TUNE)
+    assert "sweeps on th1: none" in (none.value.hint or "")
+
+
+def test_a_sweeps_files_hold_its_tables_as_csv_and_json_beside_the_page(tmp_path: Path) -> None:
+    data = sweep()
+    paths = write_report(data, tmp_path)
+    stem = f"report-th1-sglang-{TUNE}"
+    assert [path.name for path in paths] == [f"{stem}.html", f"{stem}.json", f"{stem}-candidates.csv",
+                                             f"{stem}-levels.csv", f"{stem}-gpus.csv"]
+    document = json.loads((tmp_path / f"{stem}.json").read_text())
+    assert (document["tune_id"], document["winner"], document["reason"]) == (TUNE, data.winner, data.reason)
+    for name in ("candidates", "levels", "gpus"):
+        with (tmp_path / f"{stem}-{name}.csv").open() as table:
+            rows = list(csv.DictReader(table))
+        assert len(rows) == len(document[name]) == len(getattr(data, name)), name
+    assert rows[0]["candidate"] == "base" and document["candidates"][3]["winner"] is True
+    html = paths[0].read_text()
+    assert "Why: winner memory.max_running_requests=1024" in html and "changes: ~ flag --mem-fraction-static" in html
+
+
+def test_the_sweep_is_read_through_one_read_of_the_store_and_writes_nothing() -> None:
+    host = a_host()
+    host.reply(store.FACT_HISTORY, stdout=SWEEP.read_text())
+    data = read_sweep(target(), "sglang", host, TUNE)
+    assert len(data.candidates) == 5 and data.host == target().host.name
+    assert all(name.startswith("store facts:") for name in host.ran_names())
+
+
+def test_the_report_task_with_tune_writes_the_sweeps_page(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    from invoke import Context
+
+    from deploy_cli.report import report as report_task
+
+    scripted_host(monkeypatch, SWEEP)
+    report_task(Context(), out=str(tmp_path), tune=TUNE)
+    page = tmp_path / f"report-{target().host.name}-sglang-{TUNE}.html"
+    assert f"report written to {page}" in capsys.readouterr().out and page.is_file()
+
+
+def test_the_report_task_names_a_tune_id_the_host_lacks_and_exits_2(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    """Input tried: `report --tune t1` on a host whose one sweep is another; then `--tune` with `--release`."""
+    from invoke import Context, Exit
+
+    from deploy_cli.report import report as report_task
+
+    scripted_host(monkeypatch, SWEEP)
+    with pytest.raises(Exit) as refused:
+        report_task(Context(), out=str(tmp_path), tune="t1")
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "no tuning sweep 't1'" in err and TUNE in err
+    with pytest.raises(Exit) as both:
+        report_task(Context(), out=str(tmp_path), tune=TUNE, release=[A])
+    assert both.value.code == 2 and "--tune" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == [], "nothing written"

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from test_deploy_plan import PROJECT, options_accepting
 
+from deploy_cli.tune import estimate_line, table_lines
 from deploy_lib.errors import ConfigError
 from deploy_lib.patches import list_patch_sets
 from deploy_lib.profile.overrides import scalar, with_overrides
@@ -19,7 +20,7 @@ from deploy_lib.throughput import BenchResult, Latency, LevelResult
 from deploy_lib.tune import Objective, Sla, TuneSpec, parse_vary, sweep_spec
 from deploy_lib.tune.decide import NOISE_FLOOR, Score, Standing, decide, end_release, noise, score, serve_next, to_run
 from deploy_lib.tune.estimate import estimate
-from deploy_lib.tune.record import BASE, CANDIDATE, read_tune, run_line, start_line, table_lines
+from deploy_lib.tune.record import BASE, CANDIDATE, read_tune, run_line, start_line
 from deploy_lib.tune.sweep import HostView, build_sweep, clip_ladder, differences
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
@@ -267,9 +268,9 @@ def test_the_estimate_uses_this_hosts_recorded_starts_and_benchmark_length() -> 
                                                                              level(1024, 1.0, duration=90.0)).figures())
     found = estimate([*starts, benched], SETTINGS, candidates=4, base_runs=2)
     assert (found.starts, found.start_s, found.runs, found.bench_s) == (5, 300.0, 8, 120.0)
-    assert found.total_s == 5 * 300 + 8 * 120 and found.line().startswith("about 41 min: 5 starts of ~300 s")
+    assert found.total_s == 5 * 300 + 8 * 120 and estimate_line(found).startswith("about 41 min: 5 starts of ~300 s")
     unknown = estimate(starts[:1], SETTINGS.model_copy(update={"concurrency": [1]}), 1, 2)
-    assert unknown.total_s is None and "none recorded at these settings" in unknown.line()
+    assert unknown.total_s is None and "none recorded at these settings" in estimate_line(unknown)
 
 
 def test_a_sweep_reads_back_from_history_lines_as_the_same_table() -> None:

@@ -173,12 +173,17 @@ def logs(scope: Scope, service: str, lines: int, reach: Reach) -> FleetRun[list[
     return run_each(scope, reach, lambda target, remote, _: host_status.read_log(target, service, remote, lines))
 
 
-def report(scope: Scope, service: str, releases: Sequence[str], out: Path, reach: Reach
+def report(scope: Scope, service: str, releases: Sequence[str], out: Path, reach: Reach, tune: str | None = None
            ) -> FleetRun[tuple[Path, ...]]:
     """Each host's history read (a group's hosts at once), then its page, CSV and JSON written under `out` one host
-    after the other (matplotlib's pyplot, which draws the charts, is not thread-safe); the paths, page first."""
-    from deploy_lib.report import read_report, write_report
-    read = run_each(scope, reach, lambda target, remote, _: read_report(target, service, remote, releases))
+    after the other (matplotlib's pyplot, which draws the charts, is not thread-safe); the paths, page first. With
+    `tune`, the page of that tuning sweep instead of the host's story."""
+    if tune is not None and releases:
+        raise ConfigError(f"--release {releases[0]} with --tune {tune}: --release picks lines of the host's report, "
+                          "a sweep's page draws its candidates", "give one of them")
+    from deploy_lib.report import read_report, read_sweep, write_report
+    read = run_each(scope, reach, lambda target, remote, _: read_sweep(target, service, remote, tune) if tune
+                    else read_report(target, service, remote, releases))
     if scope.one_host:
         return replace(read, runs=tuple(replace(run, result=write_report(run.result, out)) for run in read.runs))
     written = []

@@ -8,10 +8,11 @@ import io
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from deploy_lib.health.startup import PHASE_LABELS, PHASES
-from deploy_lib.report.data import BenchPoint, GpuReading, HostEvent, ReleaseMark, StartRow
+from deploy_lib.report.data import BenchPoint, GpuReading, HistoryEvent, StartRow
+from deploy_lib.report.sweep import SweepCandidate, SweepGpu, SweepLevel
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -59,7 +60,7 @@ def _when(iso: str) -> datetime:
     return datetime.fromisoformat(iso)
 
 
-def throughput_over_time(points: Sequence[BenchPoint], marks: Sequence[ReleaseMark]) -> str | None:
+def throughput_over_time(points: Sequence[BenchPoint], marks: Sequence[HistoryEvent]) -> str | None:
     """Output tok/s and p99 TTFT of each benchmark, one line per concurrency; failed benchmarks as red crosses, failed
     releases and rollbacks as numbered vertical lines (their causes are listed under the chart)."""
     if not points:
@@ -93,16 +94,13 @@ def throughput_over_time(points: Sequence[BenchPoint], marks: Sequence[ReleaseMa
         return _svg(figure)
 
 
-def throughput_vs_concurrency(points: Sequence[BenchPoint]) -> str | None:
-    """One line per release: its newest benchmark's output tok/s at each concurrency level."""
-    if not points:
-        return None
+def _lines_vs_concurrency(lines: Sequence[tuple[str, str, Sequence[tuple[int, float]], dict[str, Any]]]) -> str:
+    """One line per (label, series id, points of concurrency and output tok/s, matplotlib style)."""
     with _figure(1, 4.0) as (figure, (axes,)):
-        for release in dict.fromkeys(p.release for p in points):
-            levels = sorted((p for p in points if p.release == release), key=lambda p: p.concurrency)
-            line, = axes.plot([p.concurrency for p in levels], [p.output_tok_s for p in levels], marker="o",
-                              label=f"{release} ({levels[0].profile})")
-            line.set_gid(f"series-concurrency-{release}")
+        for label, gid, points, style in lines:
+            shown = sorted(points)
+            line, = axes.plot([c for c, _ in shown], [v for _, v in shown], marker="o", label=label, **style)
+            line.set_gid(gid)
         axes.set_xscale("log", base=2)
         axes.set_xlabel("concurrency")
         axes.set_ylabel("output tok/s")
@@ -111,33 +109,71 @@ def throughput_vs_concurrency(points: Sequence[BenchPoint]) -> str | None:
         return _svg(figure)
 
 
-def gpu_power(readings: Sequence[GpuReading]) -> str | None:
-    """Per benchmark, each GPU's mean power (bar) and peak (tick) against its power limit (dashed), and its mean
-    utilisation below."""
-    if not readings:
+def throughput_vs_concurrency(points: Sequence[BenchPoint]) -> str | None:
+    """One line per release: its newest benchmark's output tok/s at each concurrency level."""
+    if not points:
         return None
-    runs = list(dict.fromkeys((r.when, r.release) for r in readings))
+    releases = list(dict.fromkeys(p.release for p in points))
+    return _lines_vs_concurrency([
+        (f"{release} ({next(p.profile for p in points if p.release == release)})", f"series-concurrency-{release}",
+         [(p.concurrency, p.output_tok_s) for p in points if p.release == release], {}) for release in releases])
+
+
+def sweep_vs_concurrency(levels: Sequence[SweepLevel], candidates: Sequence[SweepCandidate]) -> str | None:
+    """One line per candidate measured (the pre-sweep release dashed grey, the winner thick)."""
+    drawn = [c for c in candidates if any(level.number == c.number for level in levels)]
+    if not drawn:
+        return None
+
+    def style(candidate: SweepCandidate) -> dict[str, Any]:
+        if candidate.number == 0:
+            return {"color": LIMIT_COLOR, "linestyle": "--"}
+        return {"linewidth": 3.0} if candidate.winner else {}
+
+    return _lines_vs_concurrency([
+        (f"{c.number}: {c.candidate}{' (winner)' if c.winner else ''}", f"series-tune-concurrency-{c.number}",
+         [(lv.concurrency, lv.output_tok_s) for lv in levels if lv.number == c.number], style(c)) for c in drawn])
+
+
+class _Power(Protocol):
+    """A GPU's figures during one run (GpuReading, SweepGpu)."""
+
+    @property
+    def gpu(self) -> int: ...
+    @property
+    def power_mean_w(self) -> float | None: ...
+    @property
+    def power_peak_w(self) -> float | None: ...
+    @property
+    def power_limit_w(self) -> float | None: ...
+    @property
+    def util_mean_pct(self) -> float | None: ...
+
+
+def _power_bars(runs: Sequence[tuple[str, Sequence[_Power]]], prefix: str) -> str:
+    """Per run (its tick label, its GPUs' figures): each GPU's mean power (bar) and peak (tick) against the power
+    limit (dashed), and its mean utilisation below; series ids `series-PREFIXpower-gpuN`, `series-PREFIXutil-gpuN`."""
+    readings = [r for _, shown in runs for r in shown]
     gpus = sorted({r.gpu for r in readings})
     width = 0.8 / len(gpus)
     with _figure(2, 6.0) as (figure, (power, util)):
         for slot, gpu in enumerate(gpus):
-            mine = {(r.when, r.release): r for r in readings if r.gpu == gpu}
-            xs = [i + (slot - (len(gpus) - 1) / 2) * width for i, run in enumerate(runs) if run in mine]
-            shown = [mine[run] for run in runs if run in mine]
+            placed = [(i + (slot - (len(gpus) - 1) / 2) * width, r) for i, (_, of_run) in enumerate(runs)
+                      for r in of_run if r.gpu == gpu]
+            xs, shown = [x for x, _ in placed], [r for _, r in placed]
             _tag_bars(power.bar(xs, [r.power_mean_w or 0 for r in shown], width, label=f"GPU {gpu}"),
-                      f"series-power-gpu{gpu}")
-            peaks = [(x, r.power_peak_w) for x, r in zip(xs, shown, strict=True) if r.power_peak_w is not None]
+                      f"series-{prefix}power-gpu{gpu}")
+            peaks = [(x, r.power_peak_w) for x, r in placed if r.power_peak_w is not None]
             if peaks:
                 power.scatter(*zip(*peaks, strict=True), marker="_", s=120, color="black", zorder=3)
-            _tag_bars(util.bar(xs, [r.util_mean_pct or 0 for r in shown], width), f"series-util-gpu{gpu}")
-        for i, run in enumerate(runs):
-            limits = [r.power_limit_w for r in readings if (r.when, r.release) == run and r.power_limit_w]
+            _tag_bars(util.bar(xs, [r.util_mean_pct or 0 for r in shown], width), f"series-{prefix}util-gpu{gpu}")
+        for i, (_, of_run) in enumerate(runs):
+            limits = [r.power_limit_w for r in of_run if r.power_limit_w]
             if limits:
                 power.hlines(max(limits), i - 0.45, i + 0.45, colors=LIMIT_COLOR, linestyles="--",
                              label="power limit" if i == 0 else None)
-        labels = [f"{release}\n{when[5:16].replace('T', ' ')}" for when, release in runs]
         for axes in (power, util):
-            axes.set_xticks(range(len(runs)), labels, fontsize="small")
+            axes.set_xticks(range(len(runs)), [label for label, _ in runs], fontsize="small")
         top = max((r.power_limit_w or r.power_peak_w or r.power_mean_w or 0 for r in readings), default=0)
         power.set_ylim(0, top * 1.3 or None)  # room above the limit for the legend
         power.set_ylabel("power (W): mean, peak")
@@ -145,6 +181,24 @@ def gpu_power(readings: Sequence[GpuReading]) -> str | None:
         util.set_ylim(0, 100)
         power.legend(fontsize="small", ncols=min(len(gpus) + 1, 5), loc="upper left")
         return _svg(figure)
+
+
+def gpu_power(readings: Sequence[GpuReading]) -> str | None:
+    """Per benchmark (release and time), each GPU's power against its limit and its utilisation."""
+    if not readings:
+        return None
+    runs = list(dict.fromkeys((r.when, r.release) for r in readings))
+    return _power_bars([(f"{release}\n{when[5:16].replace('T', ' ')}",
+                         [r for r in readings if (r.when, r.release) == (when, release)]) for when, release in runs],
+                       "")
+
+
+def sweep_power(gpus: Sequence[SweepGpu], candidates: Sequence[SweepCandidate]) -> str | None:
+    """Per candidate measured (numbered as in the table), each GPU's power against its limit and its utilisation."""
+    runs = [(f"{c.number}{' (winner)' if c.winner else ''}" if c.number else "base",
+             [g for g in gpus if g.number == c.number]) for c in candidates]
+    runs = [(label, shown) for label, shown in runs if shown]
+    return _power_bars(runs, "tune-") if runs else None
 
 
 def start_phases(starts: Sequence[StartRow]) -> str | None:
@@ -168,7 +222,7 @@ def start_phases(starts: Sequence[StartRow]) -> str | None:
         return _svg(figure)
 
 
-def _event_color(event: HostEvent) -> str:
+def _event_color(event: HistoryEvent) -> str:
     if event.outcome in ("failed", "crashed"):
         return FAILED_COLOR
     return "#ef6c00" if event.outcome == "restarted" else "#2e7d32"
@@ -177,7 +231,7 @@ def _event_color(event: HostEvent) -> str:
 EVENT_ROWS = ("deploy", "rollback", "adopt", "start", "restart", "stop", "crash", "failure")
 
 
-def host_events(events: Sequence[HostEvent]) -> str | None:
+def host_events(events: Sequence[HistoryEvent]) -> str | None:
     """Starts, stops, failures and crashes on one time line: a row per kind, failed ones red."""
     if not events:
         return None

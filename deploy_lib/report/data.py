@@ -32,17 +32,6 @@ class BenchPoint:
 
 
 @dataclass(frozen=True)
-class ReleaseMark:
-    """A release that failed (a start or its benchmark), or a rollback: marked on the benchmarks' time line."""
-
-    when: str
-    release: str
-    event: str
-    outcome: str
-    cause: str
-
-
-@dataclass(frozen=True)
 class GpuReading:
     """One GPU during one benchmark, as the sampler recorded it."""
 
@@ -76,14 +65,19 @@ class StartRow:
 
 
 @dataclass(frozen=True)
-class HostEvent:
-    """A start, failure, crash or stop on the host's time line."""
+class HistoryEvent:
+    """One history line on a time line: a failed release (a start or its benchmark) or a rollback, marked on the
+    benchmarks' chart; or a start, failure, crash or stop on the host's events chart."""
 
     when: str
     release: str
     event: str
     outcome: str
     cause: str
+
+    @classmethod
+    def of(cls, entry: HistoryEntry) -> HistoryEvent:
+        return cls(entry.when, entry.tags.release, entry.event, entry.outcome, entry.cause)
 
 
 @dataclass(frozen=True)
@@ -92,11 +86,11 @@ class ReportData:
     service: str
     generated_at: str
     benchmarks: tuple[BenchPoint, ...]
-    marks: tuple[ReleaseMark, ...]
+    marks: tuple[HistoryEvent, ...]
     concurrency: tuple[BenchPoint, ...]  # the chosen releases' newest benchmark, every level
     gpus: tuple[GpuReading, ...]
     starts: tuple[StartRow, ...]
-    events: tuple[HostEvent, ...]
+    events: tuple[HistoryEvent, ...]
 
     def tables(self) -> dict[str, list[Row]]:
         """Every table as rows of plain values (the CSV files and the JSON document)."""
@@ -106,8 +100,8 @@ class ReportData:
 TABLES: tuple[str, ...] = ("benchmarks", "marks", "concurrency", "gpus", "starts", "events")
 COLUMNS: dict[str, tuple[str, ...]] = {
     name: tuple(f.name for f in fields(kind)) for name, kind in
-    (("benchmarks", BenchPoint), ("marks", ReleaseMark), ("concurrency", BenchPoint), ("gpus", GpuReading),
-     ("starts", StartRow), ("events", HostEvent))}
+    (("benchmarks", BenchPoint), ("marks", HistoryEvent), ("concurrency", BenchPoint), ("gpus", GpuReading),
+     ("starts", StartRow), ("events", HistoryEvent))}
 TIMELINE_EVENTS = (*ACTIVATIONS, "failure", "crash", "stop")
 
 
@@ -119,7 +113,7 @@ def _bench_points(entry: HistoryEntry) -> list[BenchPoint]:
             for level in result.levels]
 
 
-def _gpu_readings(entry: HistoryEntry) -> list[GpuReading]:
+def gpu_readings(entry: HistoryEntry) -> list[GpuReading]:
     indices = sorted({int(key[3:].split(".", 1)[0]) for key in entry.figures
                       if key.startswith("gpu") and key[3:].split(".", 1)[0].isdigit()})
 
@@ -155,12 +149,10 @@ def collect(history: Sequence[HistoryEntry], host: str, service: str, generated_
     newest = {point.release: point.when for point in points}
     concurrency = tuple(point for point in points if point.release in (releases or benchmarked)
                         and point.when == newest[point.release])
-    marks = tuple(ReleaseMark(entry.when, entry.tags.release, entry.event, entry.outcome, entry.cause)
-                  for entry in history
+    marks = tuple(HistoryEvent.of(entry) for entry in history
                   if (entry.outcome == FAILED and entry.event in (*ACTIVATIONS, "bench")) or entry.event == "rollback")
     starts = tuple(row for entry in history if entry.event in ACTIVATIONS and (row := _start_row(entry)))
-    events = tuple(HostEvent(entry.when, entry.tags.release, entry.event, entry.outcome, entry.cause)
-                   for entry in history if entry.event in TIMELINE_EVENTS)
+    events = tuple(HistoryEvent.of(entry) for entry in history if entry.event in TIMELINE_EVENTS)
     return ReportData(host=host, service=service, generated_at=generated_at, benchmarks=tuple(points), marks=marks,
-                      concurrency=concurrency, gpus=tuple(r for entry in benches for r in _gpu_readings(entry)),
+                      concurrency=concurrency, gpus=tuple(r for entry in benches for r in gpu_readings(entry)),
                       starts=starts, events=events)

@@ -1,5 +1,5 @@
 """The report's files: one self-contained HTML page (charts inline as SVG, no request at view time), a CSV file per
-table and one JSON document of them all, written side by side."""
+table and one JSON document of them all, written side by side; for a host's history or for one tuning sweep."""
 
 from __future__ import annotations
 
@@ -18,7 +18,8 @@ from markupsafe import Markup
 
 from deploy_lib.errors import ConfigError
 from deploy_lib.report import charts
-from deploy_lib.report.data import COLUMNS, TABLES, ReportData, Row
+from deploy_lib.report.data import COLUMNS, ReportData, Row
+from deploy_lib.report.sweep import SWEEP_COLUMNS, SweepData
 
 TEMPLATE = "report.html.j2"
 
@@ -32,16 +33,38 @@ class Section:
     columns: Sequence[str]
     rows: Sequence[Row]
     open: bool = False  # the table shows without a click (the causes the chart numbers)
+    chart: bool = True  # False: a table alone, no "nothing recorded" where a chart would be
+    detail: Sequence[str] = ()  # long columns, shown under each row across the table ("column: value")
+    missing: str = "unknown"  # an empty cell: a start phase not logged is unknown; a failed run has no figure (-)
+
+    def details(self, row: Row) -> list[tuple[str, Any]]:
+        """The row's detail columns that hold something."""
+        return [(column, row[column]) for column in self.detail if row[column]]
+
+
+@dataclass(frozen=True)
+class Page:
+    """What one report writes: the page's text and sections, and the tables for its CSV files and JSON document."""
+
+    title: str
+    intro: str
+    notes: Sequence[str]              # lines under the intro: a sweep's winner and why
+    sections: Sequence[Section]
+    stem: str                         # of every file name
+    head: dict[str, Any]              # the JSON document's fields before its tables
+    tables: dict[str, list[Row]]
+    columns: dict[str, tuple[str, ...]]
+
+
+def _svg(text: str | None) -> Markup | None:
+    return Markup(text) if text is not None else None  # matplotlib escapes the text it draws
 
 
 def sections(data: ReportData) -> list[Section]:
     """The page's sections in order: each chart with the table it draws (or the causes it numbers)."""
     tables = data.tables()
     marks = [{"#": number, **row} for number, row in enumerate(tables["marks"], 1)]
-
-    def svg(text: str | None) -> Markup | None:
-        return Markup(text) if text is not None else None  # matplotlib escapes the text it draws
-
+    svg = _svg
     return [
         Section("throughput", "Throughput and p99 TTFT of every benchmark",
                 "Output tok/s (top) and p99 time to first token (bottom) of each benchmark, one line per concurrency; "
@@ -68,10 +91,61 @@ def sections(data: ReportData) -> list[Section]:
     ]
 
 
-def render_html(data: ReportData) -> str:
+INTRO = "The same tables are in the CSV files and the JSON document next to this page."
+
+
+def host_page(data: ReportData) -> Page:
+    return Page(f"{data.host}: {data.service}", f"From the host's history, read {data.generated_at} (UTC). {INTRO}",
+                (), sections(data), file_stem(data.host, data.service),
+                {"host": data.host, "service": data.service, "generated_at": data.generated_at}, data.tables(),
+                dict(COLUMNS))
+
+
+# the page marks the winner in bold and names it above; changes and causes go under their row
+SHORT_COLUMNS = tuple(c for c in SWEEP_COLUMNS["candidates"] if c not in ("changes", "cause", "winner"))
+
+
+def sweep_sections(data: SweepData) -> list[Section]:
+    tables = data.tables()
+    return [
+        Section("candidates", "Candidates",
+                f"The release serving before the sweep (0, base: {data.original}) and each candidate, numbered as the "
+                "charts number them: what differs from the base flag by flag, the outcome (measured; missed SLA; "
+                "failed: it did not start, or its benchmark did not run to the end; skipped: a rule refused it "
+                f"before anything ran), whether it met the SLA ({data.sla}), the objective ({data.objective}: the "
+                "mean of its runs that met the SLA), its gain over the base's best run, and its GPUs' power and "
+                "utilisation during its newest run.", None, SHORT_COLUMNS, tables["candidates"], open=True,
+                chart=False, detail=("changes", "cause"), missing="-"),
+        Section("tune-concurrency", "Throughput against concurrency, per candidate",
+                "Each candidate's newest run at every level of the ladder, one line each: the base dashed, the "
+                "winner thick. A candidate that failed has no line.",
+                _svg(charts.sweep_vs_concurrency(data.levels, data.candidates)), SWEEP_COLUMNS["levels"],
+                tables["levels"], open=True, missing="-"),
+        Section("tune-power", "GPU power against the limit, per candidate",
+                "Each candidate's GPUs during its newest run (numbered as in the table): mean power (bars), peak "
+                "(black tick) and the power limit (dashed); below, mean utilisation.",
+                _svg(charts.sweep_power(data.gpus, data.candidates)), SWEEP_COLUMNS["gpus"], tables["gpus"],
+                missing="-"),
+    ]
+
+
+def sweep_page(data: SweepData) -> Page:
+    if data.finished:
+        winner = next((c for c in data.candidates if c.winner), None)
+        notes = [f"Winner: {f'{winner.number}: {winner.candidate}' if winner else 'none'}; serving at the end: "
+                 f"release {data.serving}.", f"Why: {data.reason}"]
+    else:
+        notes = [f"Not finished: `invoke tune --profile {data.profile} --resume {data.tune_id}` runs the rest."]
+    return Page(f"{data.host}: {data.service}, tuning sweep {data.tune_id}",
+                f"Profile {data.profile}, from the host's history, read {data.generated_at} (UTC). {INTRO}", notes,
+                sweep_sections(data), file_stem(data.host, data.service, data.tune_id),
+                {"kind": "tuning sweep", **data.summary()}, data.tables(), dict(SWEEP_COLUMNS))
+
+
+def render_html(page: Page) -> str:
     environment = Environment(autoescape=True, undefined=StrictUndefined, keep_trailing_newline=True)
     template = resources.files("deploy_lib.report").joinpath(TEMPLATE).read_text(encoding="utf-8")
-    return environment.from_string(template).render(data=data, sections=sections(data))
+    return environment.from_string(template).render(page=page)
 
 
 def csv_text(columns: Sequence[str], rows: Sequence[Row]) -> str:
@@ -82,26 +156,25 @@ def csv_text(columns: Sequence[str], rows: Sequence[Row]) -> str:
     return out.getvalue()
 
 
-def json_text(data: ReportData) -> str:
-    document: dict[str, Any] = {"host": data.host, "service": data.service, "generated_at": data.generated_at,
-                                **data.tables()}
-    return json.dumps(document, indent=1) + "\n"
+def json_text(page: Page) -> str:
+    return json.dumps({**page.head, **page.tables}, indent=1) + "\n"
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9_.-]")
 
 
-def file_stem(data: ReportData) -> str:
-    """report-<host>-<service>, with anything but letters, digits, `_.-` as `_` (a host name is inventory text)."""
-    return _UNSAFE.sub("_", f"report-{data.host}-{data.service}")
+def file_stem(*names: str) -> str:
+    """report-<host>-<service>[-<sweep>], with anything but letters, digits, `_.-` as `_` (a host name is inventory
+    text)."""
+    return _UNSAFE.sub("_", "-".join(("report", *names)))
 
 
-def write_report(data: ReportData, out_dir: Path) -> tuple[Path, ...]:
+def write_report(data: ReportData | SweepData, out_dir: Path) -> tuple[Path, ...]:
     """Write the page, its JSON and a CSV per table into `out_dir` (made if missing); the paths written, page first."""
-    stem = file_stem(data)
-    files = {out_dir / f"{stem}.html": render_html(data), out_dir / f"{stem}.json": json_text(data)}
-    tables = data.tables()
-    files |= {out_dir / f"{stem}-{name}.csv": csv_text(COLUMNS[name], tables[name]) for name in TABLES}
+    page = sweep_page(data) if isinstance(data, SweepData) else host_page(data)
+    files = {out_dir / f"{page.stem}.html": render_html(page), out_dir / f"{page.stem}.json": json_text(page)}
+    files |= {out_dir / f"{page.stem}-{name}.csv": csv_text(page.columns[name], rows)
+              for name, rows in page.tables.items()}
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         for path, text in files.items():

@@ -11,9 +11,9 @@ in the host's history under the sweep's id.
 """
 
 from deploy_lib.tune.loop import Planned, Request, show, tune, unit_of
-from deploy_lib.tune.record import TuneReport, table_lines, tune_ids
+from deploy_lib.tune.record import TuneReport, tune_ids
 from deploy_lib.tune.spec import Keep, Objective, Sla, TuneSpec, load_spec, parse_vary, sweep_spec
 from deploy_lib.tune.sweep import Candidate, Skipped, Sweep
 
 __all__ = ["Candidate", "Keep", "Objective", "Planned", "Request", "Skipped", "Sla", "Sweep", "TuneReport",
-           "TuneSpec", "load_spec", "parse_vary", "show", "sweep_spec", "table_lines", "tune", "tune_ids", "unit_of"]
+           "TuneSpec", "load_spec", "parse_vary", "show", "sweep_spec", "tune", "tune_ids", "unit_of"]

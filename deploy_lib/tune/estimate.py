@@ -27,14 +27,6 @@ class Estimate:
             return None
         return self.starts * self.start_s + self.runs * self.bench_s
 
-    def line(self) -> str:
-        start = (f"{self.starts} starts of ~{self.start_s:,.0f} s (median of {self.start_samples} recorded)"
-                 if self.start_s is not None else f"{self.starts} starts (no start recorded on this host)")
-        bench = (f"{self.runs} benchmarks of ~{self.bench_s:,.0f} s" if self.bench_s is not None
-                 else f"{self.runs} benchmarks (none recorded at these settings)")
-        total = self.total_s
-        about = f"about {total / 60:,.0f} min" if total is not None else "no estimate"
-        return f"{about}: {start}, {bench}"
 
 
 def recorded_start_s(history: Sequence[HistoryEntry]) -> tuple[float | None, int]:

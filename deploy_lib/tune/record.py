@@ -131,31 +131,3 @@ def read_tune(history: Sequence[HistoryEntry], tune: str) -> TuneReport:
                       winner=end.tune.get("candidate") if end else None,
                       serving=end.tags.release if end else None, reason=end.cause if end else "")
 
-
-def table_lines(report: TuneReport) -> list[str]:
-    """The table as text lines (for `tune.show` and the end of a sweep): one row per candidate and level."""
-    head = (f"tune {report.tune_id}: {report.profile}, objective {report.spec.objective.value}"
-            f"{f' at {report.spec.level}' if report.spec.level else ''}, SLA {report.spec.sla.describe()}")
-    lines = [head, f"{'candidate':<44} {'outcome':<10} {'level':>6} {'out tok/s':>10} {'req/s':>7} "
-                   f"{'TTFT p99':>9} {'TPOT p99':>9} {'SLA':<4} power"]
-    for row in ([report.base] if report.base else []) + list(report.rows):
-        levels = row.levels or (None,)
-        for index, level in enumerate(levels):
-            first = index == 0
-            cells = (f"{level.concurrency:>6} {level.output_tok_s:>10,.1f} {level.request_rate:>7.2f} "
-                     f"{_ms(level.ttft.p99_ms):>9} {_ms(level.tpot.p99_ms):>9}") if level else f"{'':>45}"
-            lines.append(f"{row.label if first else '':<44} {row.outcome if first else '':<10} {cells} "
-                         f"{('yes' if row.sla_met else 'no') if first else '':<4} {row.power if first else ''}")
-        if row.changes:
-            lines.append(f"    {row.changes}")
-        if row.cause and not row.sla_met:
-            lines.append(f"    {row.cause}")
-    if report.finished:
-        lines.append(f"winner: {report.winner or 'none'}; serving: {report.serving}; {report.reason}")
-    else:
-        lines.append(f"not finished: `invoke tune --resume {report.tune_id}` runs the rest")
-    return lines
-
-
-def _ms(value: float | None) -> str:
-    return "n/a" if value is None else f"{value:,.0f} ms"
