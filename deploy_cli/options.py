@@ -78,6 +78,11 @@ class Task(InvokeTask):  # type: ignore[type-arg]
                          if p.name != "c" and p.default is inspect.Parameter.empty]
         super().__init__(body, **kwargs)
 
+    def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Any]:
+        self.help = dict(self.option_help)  # invoke pops each text as it builds a parser; every build needs them all
+        arguments: list[Any] = super().get_arguments(ignore_unknown_help)
+        return arguments
+
     def arg_opts(self, name: str, default: Any, taken_names: set[str]) -> dict[str, Any]:
         opts: dict[str, Any] = super().arg_opts(name, default, taken_names)
         if name in SHORT_FLAGS:
