@@ -5,7 +5,7 @@ and a command's end printed for one host or a group."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -83,11 +83,12 @@ def target(inventory: str | None, host: str | None, accept_new_host_key: bool = 
     return found
 
 
-def load(profile: str | None, inventory: str | None, host: str | None,
-         accept_new_host_key: bool = False) -> tuple[LoadedProfile, Target]:
-    """Profile and host, checked against each other; vars that look like typos are warned about."""
+def load(profile: str | None, inventory: str | None, host: str | None, accept_new_host_key: bool = False,
+         overrides: Sequence[str] = ()) -> tuple[LoadedProfile, Target]:
+    """Profile (with `--set` overrides) and host, checked against each other; vars that look like typos are warned
+    about."""
     loaded, found = run(lambda: load_for_host(project(), profile, inventory_given(inventory), host,
-                                              accept_new_host_key))
+                                              accept_new_host_key, overrides))
     ui.print_warnings(found.host.warnings)
     return loaded, found
 

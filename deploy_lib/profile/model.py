@@ -100,6 +100,7 @@ class LoadedProfile(BaseModel):
     path: Path
     chain: tuple[str, ...]  # this profile first, then its parents
     profile: Profile
+    overrides: tuple[str, ...] = ()  # `--set path=value` texts applied on top of the file, in the order given
 
 
 SCHEMA_KEY = "$schema"
