@@ -100,7 +100,11 @@ def schema(c: Context, output: str | None = None) -> None:
     from deploy_lib.profile import profile_json_schema
     text = json.dumps(profile_json_schema(), indent=2)
     if output:
-        Path(output).write_text(text + "\n")
+        try:
+            Path(output).write_text(text + "\n")
+        except OSError as err:
+            raise Exit(f"error: cannot write the schema to {output}: {err.strerror or err}",
+                       code=common.BAD_OPTION) from None
     else:
         ui.console.print(text, markup=False)
 

@@ -52,9 +52,13 @@ COMMON_HELP = {
 def _whole_number(option: str) -> Callable[[str], int]:
     def convert(text: str) -> int:
         try:
-            return int(text)
+            number = int(text)
         except ValueError:
-            raise Exit(f"error: --{option} takes a whole number, got {text!r}", code=BAD_OPTION_EXIT) from None
+            number = -1
+        if number < 0:  # every number option counts something (lines, ...): a negative one means nothing
+            raise Exit(f"error: --{option} takes a whole number (0 or more), got {text!r}",
+                       code=BAD_OPTION_EXIT) from None
+        return number
     convert.__name__ = "int"  # what `--help` shows as the value's kind
     return convert
 

@@ -71,7 +71,25 @@ def test_a_number_option_given_a_word_is_a_sentence_and_exit_2() -> None:
     """Input tried: `logs -n abc` (it printed a ValueError traceback)."""
     refused = invoke("logs", "-n", "abc")
     assert refused.returncode == 2
-    assert refused.stderr.strip() == "error: --lines takes a whole number, got 'abc'"
+    assert refused.stderr.strip() == "error: --lines takes a whole number (0 or more), got 'abc'"
+
+
+@pytest.mark.parametrize("argv", [("logs", "--lines=-5"), ("logs", "-n", "-5", "-H", "nosuch")])
+def test_a_negative_count_is_refused_before_any_host(argv: tuple[str, ...]) -> None:
+    """Input tried: `logs --lines=-5` and `logs -n -5` (both were accepted and passed to journalctl)."""
+    refused = invoke(*argv)
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == "error: --lines takes a whole number (0 or more), got '-5'"
+
+
+@pytest.mark.parametrize(("where", "why"), [("no/such/dir/x.json", "No such file or directory"),
+                                          ("", "Is a directory")])
+def test_a_schema_that_cannot_be_written_is_a_sentence_and_exit_2(tmp_path: Path, where: str, why: str) -> None:
+    """Input tried: `schema -o /no/such/dir/x.json` (a FileNotFoundError traceback) and `schema -o` a directory."""
+    output = tmp_path / where
+    refused = invoke("schema", "-o", str(output))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip() == f"error: cannot write the schema to {output}: {why}"
 
 
 def test_a_missing_required_option_names_it() -> None:
