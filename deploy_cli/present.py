@@ -273,6 +273,14 @@ def fleet_json(fleet: FleetRun[Any], summary: Summary, report: Callable[[Any], A
             "stopped": summary.stopped, "serving": summary.by_release, "exit_code": summary.exit_code}
 
 
+def status_failure_json(error: DeployError, host: str | None, service: str) -> dict[str, Any]:
+    """`status --json` when the host could not be read: a status report's keys, unknown, and why."""
+    from deploy_lib.commands.status import StatusReport
+    unknown: dict[str, Any] = {field.name: None for field in dataclasses.fields(StatusReport) if field.repr}
+    return {**unknown, "host": host, "service": service, "unit_state": "unknown", "readiness": "unknown",
+            "error": type(error).__name__, "cause": error.message, "hint": error.hint, "exit_code": error.exit_code}
+
+
 def failure_json(error: DeployError) -> dict[str, Any]:
     return {"outcome": "failed", "release": error.release_id, "previous": error.previous_id,
             "timings": dict(error.timings), "ready_s": None, "cause": error.message, "hint": error.hint,

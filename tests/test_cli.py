@@ -160,8 +160,8 @@ def test_an_inventory_typo_is_a_warning_on_stderr(tmp_path: Path) -> None:
             "ignored; did you mean `ansible_host`?") in shown.stderr.replace("\n", " ")
 
 
-@pytest.mark.parametrize("argv", [("deploy", "--json", "-p", "no-such-profile"), ("status", "--json", "-H", "nosuch"),
-                                  ("releases", "--json", "-H", "nosuch"), ("rollback", "--json", "-H", "nosuch")])
+@pytest.mark.parametrize("argv", [("deploy", "--json", "-p", "no-such-profile"), ("releases", "--json", "-H", "nosuch"),
+                                  ("rollback", "--json", "-H", "nosuch"), ("plan", "--json", "-p", "no-such-profile")])
 def test_json_is_one_document_on_stdout_even_when_the_command_fails(argv: tuple[str, ...]) -> None:
     failed = invoke(*argv)
     document = json.loads(failed.stdout)
@@ -169,6 +169,17 @@ def test_json_is_one_document_on_stdout_even_when_the_command_fails(argv: tuple[
     assert document["outcome"] == "failed" and document["error"] == "ConfigError"
     assert {"release", "previous", "timings", "cause", "hint", "exit_code"} <= set(document)
     assert failed.stderr.startswith("error: ")
+
+
+def test_status_json_of_a_host_it_cannot_read_is_a_status_report_with_the_cause() -> None:
+    """Input tried: `status --json -H nosuch` (it printed a deploy's outcome: release, previous, timings)."""
+    failed = invoke("status", "--json", "-H", "nosuch")
+    document = json.loads(failed.stdout)
+    assert failed.returncode == document["exit_code"] == 2
+    assert (document["host"], document["service"], document["unit_state"], document["current"]) == \
+        ("nosuch", "sglang", "unknown", None)
+    assert document["error"] == "ConfigError" and "unknown host 'nosuch'" in document["cause"]
+    assert not {"release", "previous", "timings", "outcome"} & set(document)
 
 
 def test_a_deploy_outcome_as_json_has_release_previous_timings_cause_and_exit_code() -> None:
@@ -301,7 +312,31 @@ def test_the_sglang_deploy_command_loads_no_tasks_py_and_writes_the_bytecode_of_
 
 def test_patch_without_a_set_is_exit_2_naming_the_option() -> None:
     refused = invoke("patch", "--check")
-    assert refused.returncode == 2 and "--set" in refused.stderr
+    assert refused.returncode == 2 and "--name" in refused.stderr
+
+
+@pytest.mark.parametrize("argv", [("patch", "--name", "fusion-sm120"), ("patch", "--set", "fusion-sm120"),
+                                  ("patches.check", "--name", "fusion-sm120")])
+def test_a_patch_sets_name_is_given_as_name_everywhere_and_the_old_set_still_parses(argv: tuple[str, ...]) -> None:
+    """Input tried: the spellings above with --check against a host not in the inventory: each parses and reaches the
+    host lookup (before: `patches.check NAME` in the README did not parse, `patch` knew only --set)."""
+    refused = invoke(*argv, "--check", "-H", "nosuch") if argv[0] == "patch" else invoke(*argv, "-H", "nosuch")
+    assert refused.returncode == 2 and "unknown host 'nosuch'" in refused.stderr
+
+
+HOST_TASKS_WITHOUT_VERBOSE = {"render"}  # --host picks the inventory's vars only; every other one talks to the host
+JSON_TASKS = {"plan", "render", "logs", "model.list", "patches.list", "patches.check", "patches.audit",
+              "patches.enable", "patches.disable", "patch", "patch-fusion", "status", "releases", "deploy",
+              "rollback", "venv.list", "bench"}
+
+
+def test_every_task_that_talks_to_a_host_takes_verbose_and_the_reporting_ones_take_json() -> None:
+    """Input tried: `stop -v`, `start -v`, `restart -v`, `uninstall -v`, `adopt -v`, `venv.remove -v`, `model.list -v`
+    (refused before), and --json on plan, render, logs, model.list, patches.* (refused before)."""
+    options = {name: set(each.option_help) for name, each in all_tasks()}
+    no_verbose = {name for name, taken in options.items() if "host" in taken and "verbose" not in taken}
+    assert no_verbose == HOST_TASKS_WITHOUT_VERBOSE
+    assert {name for name in JSON_TASKS if "json" not in options[name]} == set()
 
 
 def test_the_deploy_engine_loads_the_benchmark_only_for_a_gated_deploy() -> None:
