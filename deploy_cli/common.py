@@ -5,11 +5,11 @@ and a command's end printed for one host or a group."""
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from invoke import Exit
 
@@ -37,14 +37,17 @@ class Output:
 
     as_json: bool = False
     verbose: bool = False
+    failure: Callable[[DeployError], dict[str, Any]] = ui.failure_json  # a failure's --json document, as the
+    # command's own document is shaped (a deploy's outcome by default, status: a status report)
 
 
 _output = Output()  # one task per command line; each task that takes --json or -v sets it first
 
 
-def report_as(as_json: bool = False, verbose: bool = False) -> None:
+def report_as(as_json: bool = False, verbose: bool = False,
+              failure: Callable[[DeployError], dict[str, Any]] = ui.failure_json) -> None:
     global _output
-    _output = Output(as_json, verbose)
+    _output = Output(as_json, verbose, failure)
 
 
 def output() -> Output:
@@ -57,7 +60,7 @@ def run(action: Callable[[], T]) -> T:
         return action()
     except DeployError as error:
         if _output.as_json:
-            ui.print_json(ui.failure_json(error))
+            ui.print_json(_output.failure(error))
         ui.print_error(error)
         raise Exit(code=error.exit_code) from None
 
@@ -83,11 +86,12 @@ def target(inventory: str | None, host: str | None, accept_new_host_key: bool = 
     return found
 
 
-def load(profile: str | None, inventory: str | None, host: str | None,
-         accept_new_host_key: bool = False) -> tuple[LoadedProfile, Target]:
-    """Profile and host, checked against each other; vars that look like typos are warned about."""
+def load(profile: str | None, inventory: str | None, host: str | None, accept_new_host_key: bool = False,
+         overrides: Sequence[str] = ()) -> tuple[LoadedProfile, Target]:
+    """Profile (with `--set` overrides) and host, checked against each other; vars that look like typos are warned
+    about."""
     loaded, found = run(lambda: load_for_host(project(), profile, inventory_given(inventory), host,
-                                              accept_new_host_key))
+                                              accept_new_host_key, overrides))
     ui.print_warnings(found.host.warnings)
     return loaded, found
 
@@ -164,7 +168,7 @@ def show_each(fleet: FleetRun[T], print_report: Callable[[T], None], one_host: b
         show(fleet.runs[0].result, print_report)  # type: ignore[arg-type]
         return
     if _output.as_json:
-        ui.print_json({run.host: ui.failure_json(run.error) if run.error else run.result for run in fleet.runs})
+        ui.print_json({run.host: _output.failure(run.error) if run.error else run.result for run in fleet.runs})
     else:
         ui.print_each_host(fleet, print_report)
     if fleet.exit_code:

@@ -4,56 +4,94 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from invoke import Context
+from invoke import Context, Exit
 
 from deploy_cli import common
 from deploy_cli import present as ui
 from deploy_cli.options import task
 from deploy_lib.versions import NEWEST_SGLANG
 
+if TYPE_CHECKING:
+    from deploy_lib.deploy import Outcome
+    from deploy_lib.ops.fleet import FleetRun, Rollout
+    from deploy_lib.release.model import Change, Release
 
-@task(help={"sglang_version": f"SGLang version to render for (default {NEWEST_SGLANG})"})
+
+SET_HELP = {"set_": "override a profile value: --set path.to.key=value (repeatable; checked by the profile's schema "
+                    "like the file, shown in the plan, recorded in the release)"}
+
+
+@task(iterable=["set_"], help={"sglang_version": f"SGLang version to render for (default {NEWEST_SGLANG})", **SET_HELP})
 def render(c: Context, profile: str | None = None, host: str | None = None, inventory: str | None = None,
-           sglang_version: str = NEWEST_SGLANG) -> None:
+           sglang_version: str = NEWEST_SGLANG, set_: list[str] | None = None, json: bool = False) -> None:
     """Print the unit, the env file (secrets redacted) and the argv of a profile, without touching any host."""
     from deploy_lib.release.model import build_release
     from deploy_lib.release.server_args import secret_environment
-    loaded, target = common.load(profile, inventory, host)
+    common.report_as(json)
+    loaded, target = common.load(profile, inventory, host, overrides=set_ or ())
 
     def build() -> object:
         placeholders = {name: "<secret>" for name in secret_environment(loaded.profile)}
         layout = target.layout(loaded.profile.service.name)
         return build_release(loaded, layout, sglang_version, placeholders, venv=target.venv_override)
-    ui.print_release(common.run(build))  # type: ignore[arg-type]
+    release: Release = common.run(build)  # type: ignore[assignment]
+    common.show(ui.release_json(release), lambda _: ui.print_release(release))
 
 
-@task(help={"against": "compare with this profile instead of the host's release",
-            "sglang_version": "SGLang version for --against renders"})
+@task(iterable=["set_"], help={"against": "compare with this profile instead of the host's release",
+                              "sglang_version": "SGLang version for --against renders",
+                              "detailed_exitcode": "exit 0 when nothing would change, 2 when something would, 1 on "
+                                                   "any error (Terraform's drift check)", **SET_HELP})
 def plan(c: Context, profile: str | None = None, against: str | None = None, host: str | None = None,
-         inventory: str | None = None, sglang_version: str = NEWEST_SGLANG, accept_new_host_key: bool = False,
-         verbose: bool = False) -> None:
+         group: str | None = None, inventory: str | None = None, sglang_version: str = NEWEST_SGLANG,
+         set_: list[str] | None = None, accept_new_host_key: bool = False, detailed_exitcode: bool = False,
+         json: bool = False, verbose: bool = False) -> None:
     """Semantic diff (flags, environment, secrets, venv, patches) of a profile against the host or another profile."""
+    common.report_as(json, verbose)
+    try:
+        changed = _plan(profile, against, host, group, inventory, sglang_version, set_ or (), accept_new_host_key)
+    except Exit as ended:  # with --detailed-exitcode 2 means "changes", so every failure is 1
+        if detailed_exitcode and ended.code:
+            raise Exit(ended.message, code=1) from None
+        raise
+    if detailed_exitcode and changed:
+        raise Exit(code=2)
+
+
+def _plan(profile: str | None, against: str | None, host: str | None, group: str | None, inventory: str | None,
+          sglang_version: str, overrides: Sequence[str], accept_new_host_key: bool) -> bool:
+    """Print the plan; True when something would change."""
     from deploy_lib.release.model import build_release, diff_releases
     from deploy_lib.release.server_args import secret_environment
     if against is None:
-        deploy(c, profile, host=host, inventory=inventory, dry_run=True, accept_new_host_key=accept_new_host_key,
-               verbose=verbose)
-        return
+        fleet, one_host = _deploy_run(profile, host, group, None, inventory, overrides, accept_new_host_key,
+                                      yes=True, dry_run=True)
+        common.show_outcomes(fleet, one_host)
+        return any(run.result is not None and run.result.plan is not None and not run.result.plan.unchanged
+                   for run in fleet.runs)
+    if group is not None:
+        raise Exit("error: --against compares two profiles for one host: give --host, not --group",
+                   code=common.BAD_OPTION)
+    loaded_pair = [common.load(name, inventory, host, overrides=given)
+                   for name, given in ((against, ()), (profile, overrides))]
 
-    loaded_pair = [common.load(name, inventory, host) for name in (against, profile)]
-
-    def compare() -> list[str]:
+    def compare() -> list[Change]:
         releases = []
         for loaded, target in loaded_pair:
             layout = target.layout(loaded.profile.service.name)
             releases.append(build_release(loaded, layout, sglang_version,
                                           {n: "<secret>" for n in secret_environment(loaded.profile)}))
-        changes = diff_releases(releases[0].metadata(), releases[1].metadata())
-        names = " -> ".join(loaded.name for loaded, _ in loaded_pair)
-        return [f"{names}: {len(changes) or 'no'} change(s)", *(f"  {c}" for c in changes)]
-    ui.print_lines(common.run(compare))
+        return diff_releases(releases[0].metadata(), releases[1].metadata())
+    changes = common.run(compare)
+    names = [loaded.name for loaded, _ in loaded_pair]
+    common.show({"from": names[0], "to": names[1], "changes": [str(change) for change in changes]},
+                lambda shown: ui.print_lines([f"{' -> '.join(names)}: {len(changes) or 'no'} change(s)",
+                                              *(f"  {change}" for change in shown["changes"])]))
+    return bool(changes)
 
 
 @task(help={"output": "write the schema to this file instead of printing it"})
@@ -62,25 +100,39 @@ def schema(c: Context, output: str | None = None) -> None:
     from deploy_lib.profile import profile_json_schema
     text = json.dumps(profile_json_schema(), indent=2)
     if output:
-        Path(output).write_text(text + "\n")
+        try:
+            Path(output).write_text(text + "\n")
+        except OSError as err:
+            raise Exit(f"error: cannot write the schema to {output}: {err.strerror or err}",
+                       code=common.BAD_OPTION) from None
     else:
         ui.console.print(text, markup=False)
 
 
-@task(iterable=["serial"], help={"dry_run": "print the plan and stop (reads the host only)",
-                                 "gate": "benchmark the new release and roll it back if slower than the last good one"})
+@task(iterable=["serial", "set_"], help={
+    "dry_run": "print the plan and stop (reads the host only)",
+    "gate": "benchmark the new release and roll it back if slower than the last good one", **SET_HELP})
 def deploy(c: Context, profile: str | None = None, host: str | None = None, group: str | None = None,
            serial: list[str] | None = None, max_fail: str | None = None, inventory: str | None = None,
-           dry_run: bool = False, yes: bool = False, force: bool = False, accept_new_host_key: bool = False,
-           gate: bool = False, json: bool = False, verbose: bool = False) -> None:
+           set_: list[str] | None = None, dry_run: bool = False, yes: bool = False, force: bool = False,
+           accept_new_host_key: bool = False, gate: bool = False, json: bool = False, verbose: bool = False) -> None:
     """Deploy a profile: plan, preflight, stage, switch, restart, verify; roll back automatically on failure."""
+    common.report_as(json, verbose)
+    fleet, one_host = _deploy_run(profile, host, group, common.rollout(serial, max_fail), inventory, set_ or (),
+                                  accept_new_host_key, yes, dry_run, force, gate)
+    common.show_outcomes(fleet, one_host)
+
+
+def _deploy_run(profile: str | None, host: str | None, group: str | None, rolled: Rollout | None,
+                inventory: str | None, overrides: Sequence[str], accept_new_host_key: bool, yes: bool,
+                dry_run: bool, force: bool = False, gate: bool = False) -> tuple[FleetRun[Outcome], bool]:
+    """The deploy (or its dry run) of the hosts --host/--group name, and whether that is one host."""
     from deploy_lib.deploy import Options
     from deploy_lib.ops import commands
-    common.report_as(json, verbose)
     options = Options(dry_run=dry_run, force=force, environ=dict(os.environ), gate=gate)
-    hosts = common.scope(inventory, host, group, accept_new_host_key, common.rollout(serial, max_fail))
-    fleet = common.run(lambda: commands.deploy(common.project(), hosts, profile, options, common.reach(yes)))
-    common.show_outcomes(fleet, hosts.one_host)
+    hosts = common.scope(inventory, host, group, accept_new_host_key, rolled)
+    return common.run(lambda: commands.deploy(common.project(), hosts, profile, options, common.reach(yes),
+                                              overrides)), hosts.one_host
 
 
 @task(iterable=["serial"], help={"to": "release id (default: the last healthy release before the current one)"})

@@ -29,21 +29,26 @@ def status(c: Context, host: str | None = None, group: str | None = None, invent
            service: str | None = None, json: bool = False, verbose: bool = False) -> None:
     """Current release and its age, unit state, readiness, versions, patches and a per-GPU table."""
     from deploy_lib.ops import commands
-    common.report_as(json, verbose)
+    name = common.service_name(service)
+    common.report_as(json, verbose, lambda error: ui.status_failure_json(error, host, name))
     hosts = common.scope(inventory, host, group)
-    fleet = common.run(lambda: commands.status(hosts, common.service_name(service), common.reach()))
+    fleet = common.run(lambda: commands.status(hosts, name, common.reach()))
     common.show_each(fleet, reports.print_status, hosts.one_host)
 
 
 @task(help={"lines": "number of lines (default 100)", "follow": "keep printing new lines (Ctrl-C stops)"})
 def logs(c: Context, lines: int = 100, follow: bool = False, host: str | None = None, group: str | None = None,
-         inventory: str | None = None, service: str | None = None, verbose: bool = False) -> None:
+         inventory: str | None = None, service: str | None = None, json: bool = False, verbose: bool = False
+         ) -> None:
     """Print the server's log from the host's journal."""
     from deploy_lib.commands import status as host_status
     from deploy_lib.ops import commands
-    common.report_as(verbose=verbose)
+    common.report_as(json, verbose)
     if group is not None and follow:
         raise Exit("error: --follow follows one host's journal: give --host, or --group without --follow",
+                   code=common.BAD_OPTION)
+    if json and follow:
+        raise Exit("error: --json prints one document when the command ends, and --follow does not end: give one",
                    code=common.BAD_OPTION)
     name = common.service_name(service)
     if follow:

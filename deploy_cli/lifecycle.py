@@ -16,9 +16,10 @@ GROUP_HELP = {"group": "inventory group: every host of it at once (a multi-node 
 
 @task(help=GROUP_HELP)
 def stop(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
-         service: str | None = None, yes: bool = False) -> None:
+         service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
     """Stop the server (the current release stays current; `invoke start` brings it back)."""
     from deploy_lib.ops import commands
+    common.report_as(verbose=verbose)
     hosts = common.scope(inventory, host, group)
     fleet = common.run(lambda: commands.stop(hosts, common.service_name(service), common.reach(yes)))
     _show_lifecycle(fleet, hosts.one_host)
@@ -28,8 +29,10 @@ def _show_lifecycle(fleet: object, one_host: bool) -> None:
     common.show_each(fleet, ui.print_outcome, one_host)  # type: ignore[arg-type]
 
 
-def _start(restart: bool, host: str | None, inventory: str | None, service: str | None, yes: bool) -> None:
+def _start(restart: bool, host: str | None, inventory: str | None, service: str | None, yes: bool,
+           verbose: bool) -> None:
     from deploy_lib.ops import commands
+    common.report_as(verbose=verbose)
     hosts = common.scope(inventory, host)
     fleet = common.run(lambda: commands.start(hosts, common.service_name(service), restart, common.reach(yes)))
     _show_lifecycle(fleet, hosts.one_host)
@@ -37,24 +40,25 @@ def _start(restart: bool, host: str | None, inventory: str | None, service: str 
 
 @task
 def start(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
-          yes: bool = False) -> None:
+          yes: bool = False, verbose: bool = False) -> None:
     """Start the current release and wait until it serves (readiness ladder); rolled back if it cannot start."""
-    _start(False, host, inventory, service, yes)
+    _start(False, host, inventory, service, yes, verbose)
 
 
 @task
 def restart(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
-            yes: bool = False) -> None:
+            yes: bool = False, verbose: bool = False) -> None:
     """Restart the current release and wait until it serves (readiness ladder); rolled back if it cannot start."""
-    _start(True, host, inventory, service, yes)
+    _start(True, host, inventory, service, yes, verbose)
 
 
 @task
 def uninstall(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
-              yes: bool = False) -> None:
+              yes: bool = False, verbose: bool = False) -> None:
     """Remove the unit, releases, managed venvs and caches from the host; history is copied here first."""
     from deploy_lib.commands.uninstall import local_state_dir
     from deploy_lib.ops import commands
+    common.report_as(verbose=verbose)
     hosts = common.scope(inventory, host)
     fleet = common.run(lambda: commands.uninstall(hosts, common.service_name(service), local_state_dir(os.environ),
                                                   common.reach(yes)))
@@ -67,11 +71,12 @@ def uninstall(c: Context, host: str | None = None, inventory: str | None = None,
             "service": "service name to manage a --pid server as (default sglang)"})
 def adopt(c: Context, profile: str, pid: str | None = None, unit: str | None = None, host: str | None = None,
           inventory: str | None = None, service: str | None = None, yes: bool = False,
-          accept_new_host_key: bool = False) -> None:
+          accept_new_host_key: bool = False, verbose: bool = False) -> None:
     """Take over a server started by hand (--pid, or --unit for a hand-written systemd unit): record it as release 0
     and write the profile that reproduces it."""
     from deploy_lib.commands.adopt import adopt as adopt_server
     from deploy_lib.profile import profile_path
+    common.report_as(verbose=verbose)
     if (pid is None) == (unit is None) or (pid is not None and not pid.isdigit()):
         raise Exit("error: adopt takes --pid PID (a process id) or --unit NAME (a systemd unit), one of them",
                    code=2)

@@ -52,9 +52,13 @@ COMMON_HELP = {
 def _whole_number(option: str) -> Callable[[str], int]:
     def convert(text: str) -> int:
         try:
-            return int(text)
+            number = int(text)
         except ValueError:
-            raise Exit(f"error: --{option} takes a whole number, got {text!r}", code=BAD_OPTION_EXIT) from None
+            number = -1
+        if number < 0:  # every number option counts something (lines, ...): a negative one means nothing
+            raise Exit(f"error: --{option} takes a whole number (0 or more), got {text!r}",
+                       code=BAD_OPTION_EXIT) from None
+        return number
     convert.__name__ = "int"  # what `--help` shows as the value's kind
     return convert
 
@@ -63,6 +67,8 @@ class Task(InvokeTask):  # type: ignore[type-arg]
     """An invoke Task that follows the conventions above."""
 
     def __init__(self, body: Callable[..., Any], **kwargs: Any) -> None:
+        # option -> its other long spellings, kept so that older command lines still parse
+        self.option_aliases: dict[str, list[str]] = kwargs.pop("option_aliases", None) or {}
         kwargs.setdefault("positional", ())
         kwargs["auto_shortflags"] = False
         given_help = kwargs.pop("help", None) or {}
@@ -87,6 +93,7 @@ class Task(InvokeTask):  # type: ignore[type-arg]
         opts: dict[str, Any] = super().arg_opts(name, default, taken_names)
         if name in SHORT_FLAGS:
             opts["names"] = [*opts["names"], SHORT_FLAGS[name]]
+        opts["names"] = [*opts["names"], *self.option_aliases.get(name, ())]
         if opts.get("kind") is int:
             opts["kind"] = _whole_number(opts["names"][0])
         return opts

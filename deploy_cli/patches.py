@@ -37,39 +37,44 @@ PATCH_HELP = {"name": "patch set name (see `invoke patches.list`)", "profile": c
 
 
 @task(name="list")
-def patches_list(c: Context) -> None:
+def patches_list(c: Context, json: bool = False) -> None:
     """List the patch sets under roles/ with what they are for."""
     from deploy_lib.bundled import ROLES_DIR
     from deploy_lib.patches import list_patch_sets
-    reports.print_patch_sets(common.run(lambda: list_patch_sets(ROLES_DIR)))
+    common.report_as(json)
+    common.show(common.run(lambda: list_patch_sets(ROLES_DIR)), reports.print_patch_sets)
 
 
 @task(name="check", help=PATCH_HELP)
 def patches_check(c: Context, name: str, profile: str | None = None, host: str | None = None,
-                  inventory: str | None = None, service: str | None = None, verbose: bool = False) -> None:
+                  inventory: str | None = None, service: str | None = None, json: bool = False,
+                  verbose: bool = False) -> None:
     """Each target's state (absent, applied, native, conflict) in the current release's venv; changes nothing."""
     from deploy_lib.commands import patches as on_host
-    common.report_as(verbose=verbose)
-    reports.print_check(_patch_run(profile, host, inventory, service, on_host.check, _patch_set(name)))
+    common.report_as(json, verbose)
+    common.show(_patch_run(profile, host, inventory, service, on_host.check, _patch_set(name)),
+                reports.print_check)
 
 
 @task(name="audit", help=PATCH_HELP)
 def patches_audit(c: Context, name: str, profile: str | None = None, host: str | None = None,
-                  inventory: str | None = None, service: str | None = None, verbose: bool = False) -> None:
+                  inventory: str | None = None, service: str | None = None, json: bool = False,
+                  verbose: bool = False) -> None:
     """Every architecture bound on the patch set's code path, with file:line and its value on the set's GPUs."""
     from deploy_lib.commands import patches as on_host
-    common.report_as(verbose=verbose)
-    reports.print_audit(_patch_run(profile, host, inventory, service, on_host.audit, _patch_set(name)))
+    common.report_as(json, verbose)
+    common.show(_patch_run(profile, host, inventory, service, on_host.audit, _patch_set(name)),
+                reports.print_audit)
 
 
 @task(name="enable", help=PATCH_HELP)
 def patches_enable(c: Context, name: str, profile: str | None = None, host: str | None = None,
                    inventory: str | None = None, service: str | None = None, yes: bool = False,
-                   verbose: bool = False) -> None:
+                   json: bool = False, verbose: bool = False) -> None:
     """Make a patched venv (derived; the base is untouched) and deploy the profile on it (the set's feature on)."""
     from deploy_lib import deploy as deploy_engine
     from deploy_lib.commands import patches as on_host
-    common.report_as(verbose=verbose)
+    common.report_as(json, verbose)
     patch_set = _patch_set(name)
     target = common.target(inventory, host)
     common.consent_possible(yes)  # the question needs the host's profile: refuse before connecting if none can answer
@@ -80,18 +85,21 @@ def patches_enable(c: Context, name: str, profile: str | None = None, host: str 
         report, outcome = common.run(lambda: on_host.enable(remote, patch_set, base, patched, target,
                                                        common.progress(), deploy_engine.Options(
                                                            environ=dict(os.environ))))
-    reports.print_check(report)
-    ui.print_outcome(outcome)
+    if json:
+        ui.print_json({"check": report, "deploy": ui.outcome_json(outcome)})
+    else:
+        reports.print_check(report)
+        ui.print_outcome(outcome)
 
 
 @task(name="disable", help=PATCH_HELP)
 def patches_disable(c: Context, name: str, profile: str | None = None, host: str | None = None,
                     inventory: str | None = None, service: str | None = None, yes: bool = False,
-                    verbose: bool = False) -> None:
+                    json: bool = False, verbose: bool = False) -> None:
     """Deploy the profile (the set's feature off) on the venv the patched one was derived from."""
     from deploy_lib import deploy as deploy_engine
     from deploy_lib.commands import patches as on_host
-    common.report_as(verbose=verbose)
+    common.report_as(json, verbose)
     patch_set = _patch_set(name)
     target = common.target(inventory, host)
     common.consent_possible(yes)
@@ -100,7 +108,7 @@ def patches_disable(c: Context, name: str, profile: str | None = None, host: str
         common.consent(f"deploy {base.name} without {name} to {target.host.name}?", yes)
         outcome = common.run(lambda: on_host.disable(remote, patch_set, base, target, common.progress(),
                                                 deploy_engine.Options(environ=dict(os.environ))))
-    ui.print_outcome(outcome)
+    common.show(ui.outcome_json(outcome) if json else outcome, ui.print_outcome)
 
 
 PATCH_ACTION_HELP = {"profile": PATCH_HELP["profile"], "enable": "patch and deploy the profile on the patched venv",
@@ -109,26 +117,28 @@ PATCH_ACTION_HELP = {"profile": PATCH_HELP["profile"], "enable": "patch and depl
                      "audit": "list every architecture bound on the patch set's code path"}
 
 
-@task(help={"set": PATCH_HELP["name"], **PATCH_ACTION_HELP})
-def patch(c: Context, set: str, enable: bool = False, disable: bool = False, check: bool = False, audit: bool = False,
-          profile: str | None = None, host: str | None = None, inventory: str | None = None,
-          service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
-    """A patch set under roles/ (`invoke patches.list`): --set NAME, then --enable | --disable | --check | --audit."""
-    common.report_as(verbose=verbose)
+# `--set NAME` was the first spelling of the patch set's name here; it stays accepted (every other task says --name)
+@task(help={"name": PATCH_HELP["name"] + "; --set NAME is accepted too", **PATCH_ACTION_HELP},
+      option_aliases={"name": ["set"]})
+def patch(c: Context, name: str, enable: bool = False, disable: bool = False, check: bool = False,
+          audit: bool = False, profile: str | None = None, host: str | None = None, inventory: str | None = None,
+          service: str | None = None, yes: bool = False, json: bool = False, verbose: bool = False) -> None:
+    """A patch set under roles/ (`invoke patches.list`): --name NAME, then --enable | --disable | --check | --audit."""
+    common.report_as(json, verbose)
     chosen = [flag for flag, on in (("enable", enable), ("disable", disable), ("check", check), ("audit", audit))
               if on]
     if len(chosen) != 1:
         raise Exit("error: give exactly one of --enable, --disable, --check, --audit", code=2)
     action = {"enable": patches_enable, "disable": patches_disable, "check": patches_check, "audit": patches_audit}
     kwargs = {"yes": yes} if chosen[0] in ("enable", "disable") else {}
-    action[chosen[0]](c, set, profile=profile, host=host, inventory=inventory, service=service, verbose=verbose,
-                      **kwargs)
+    action[chosen[0]](c, name, profile=profile, host=host, inventory=inventory, service=service, json=json,
+                      verbose=verbose, **kwargs)
 
 
 @task(name="patch-fusion", help=PATCH_ACTION_HELP)
 def patch_fusion(c: Context, enable: bool = False, disable: bool = False, check: bool = False, audit: bool = False,
                  profile: str | None = None, host: str | None = None, inventory: str | None = None,
-                 service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
-    """The SM120 allreduce-fusion patch set: `invoke patch --set fusion-sm120`."""
+                 service: str | None = None, yes: bool = False, json: bool = False, verbose: bool = False) -> None:
+    """The SM120 allreduce-fusion patch set: `invoke patch --name fusion-sm120`."""
     patch(c, FUSION_PATCH_SET, enable=enable, disable=disable, check=check, audit=audit, profile=profile, host=host,
-          inventory=inventory, service=service, yes=yes, verbose=verbose)
+          inventory=inventory, service=service, yes=yes, json=json, verbose=verbose)

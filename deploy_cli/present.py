@@ -100,6 +100,12 @@ def print_release(release: Release) -> None:
         console.print(release.launcher_text, markup=False, end="")
 
 
+def release_json(release: Release) -> dict[str, Any]:
+    """`render --json`: the release's metadata and the files as they would be written (secrets redacted)."""
+    return {**release.metadata(), "unit_file": release.unit_text, "env_file": release.env_text_redacted,
+            "launcher_file": release.launcher_text}
+
+
 def print_lines(lines: Iterable[str]) -> None:
     for line in lines:
         console.print(line, markup=False)
@@ -255,7 +261,8 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
             "timings": dict(outcome.timings), "ready_s": outcome.ready.duration_s if outcome.ready else None,
             "cause": None, "hint": None, "exit_code": 0,
             "changes": [str(change) for change in plan.changes] if plan else [],
-            "secrets_not_available": dict(plan.secrets_not_available) if plan else {}}
+            "secrets_not_available": dict(plan.secrets_not_available) if plan else {},
+            "overrides": list(plan.release.overrides) if plan else []}
 
 
 def fleet_json(fleet: FleetRun[Any], summary: Summary, report: Callable[[Any], Any]) -> dict[str, Any]:
@@ -264,6 +271,14 @@ def fleet_json(fleet: FleetRun[Any], summary: Summary, report: Callable[[Any], A
              else {"outcome": "not started"} for run in fleet.runs}
     return {"hosts": hosts, "batches": [list(batch) for batch in fleet.batches], "not_started": fleet.not_started,
             "stopped": summary.stopped, "serving": summary.by_release, "exit_code": summary.exit_code}
+
+
+def status_failure_json(error: DeployError, host: str | None, service: str) -> dict[str, Any]:
+    """`status --json` when the host could not be read: a status report's keys, unknown, and why."""
+    from deploy_lib.commands.status import StatusReport
+    unknown: dict[str, Any] = {field.name: None for field in dataclasses.fields(StatusReport) if field.repr}
+    return {**unknown, "host": host, "service": service, "unit_state": "unknown", "readiness": "unknown",
+            "error": type(error).__name__, "cause": error.message, "hint": error.hint, "exit_code": error.exit_code}
 
 
 def failure_json(error: DeployError) -> dict[str, Any]:

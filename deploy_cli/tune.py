@@ -31,13 +31,14 @@ HELP = {
 @task(name="tune", default=True, iterable=["vary"], help=HELP)
 def tune(c: Context, profile: str | None = None, vary: list[str] | None = None, spec: str | None = None,
          host: str | None = None, inventory: str | None = None, dry_run: bool = False, resume: str | None = None,
-         keep: str | None = None, yes: bool = False, accept_new_host_key: bool = False, json: bool = False) -> None:
+         keep: str | None = None, yes: bool = False, accept_new_host_key: bool = False, json: bool = False,
+         verbose: bool = False) -> None:
     """Sweep profile settings and patch sets on one host: each candidate a release, benchmarked over a ladder."""
     from deploy_lib import tune as tuning
     from deploy_lib.bundled import ROLES_DIR
     from deploy_lib.patches import list_patch_sets
 
-    common.report_as(json)
+    common.report_as(json, verbose)
     loaded, target = common.load(profile, inventory, host, accept_new_host_key)
     given = {"keep": keep} if keep else {}
     if resume is None:
@@ -111,10 +112,10 @@ def _ms(value: float | None) -> str:
 
 @task(name="show", help={"tune_id": "the sweep's id (`invoke tune` prints it)"})
 def show(c: Context, tune_id: str, host: str | None = None, inventory: str | None = None,
-         service: str | None = None, json: bool = False) -> None:
+         service: str | None = None, json: bool = False, verbose: bool = False) -> None:
     """Print a sweep's table again, from the host's history."""
     from deploy_lib import tune as tuning
-    common.report_as(json)
+    common.report_as(json, verbose)
     target = common.target(inventory, host)
     with common.remote(target) as remote:
         report = common.run(lambda: tuning.show(remote, target, common.service_name(service), tune_id))

@@ -46,13 +46,13 @@ def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | 
 
 @task(name="remove", help={"venv_hash": "the managed venv's hash (`invoke venv.list`)"})
 def venv_remove(c: Context, venv_hash: str, host: str | None = None, inventory: str | None = None,
-                service: str | None = None, yes: bool = False) -> None:
+                service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
     """Remove a managed venv (adopted ones stay until removed here) unless a release or derived venv needs it."""
     from deploy_lib.commands import uninstall as remove
-    from deploy_lib.remote import FabricRemote
+    common.report_as(verbose=verbose)
     target = common.target(inventory, host)
     common.consent(f"remove venv {venv_hash} of {common.service_name(service)} on {target.host.name}?", yes)
-    with FabricRemote(target.ssh) as remote:
+    with common.remote(target) as remote:
         common.run(lambda: remove.remove_venv(target, common.service_name(service), remote, venv_hash))
     ui.console.print(f"removed venv {venv_hash} and its caches", markup=False)
 

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from deploy_lib.errors import ConfigError
 from deploy_lib.inventory import Host, Inventory, check_profile_fits_host, load_inventory, ssh_target
 from deploy_lib.profile import LoadedProfile, load_profile
+from deploy_lib.profile.overrides import from_command_line
 from deploy_lib.remote import SSHTarget
 from deploy_lib.store import StoreLayout
 
@@ -55,10 +56,10 @@ class Project:
             return path.parent, path.stem
         return self.profiles_dir, given
 
-    def profile(self, given: str) -> LoadedProfile:
-        """The profile (a name or a path; `extends:` looks beside it), with a venv_build's relative lock and
-        wheelhouse paths made absolute from the project root."""
-        loaded = load_profile(*self.profile_location(given))
+    def profile(self, given: str, overrides: Sequence[str] = ()) -> LoadedProfile:
+        """The profile (a name or a path; `extends:` looks beside it) with `--set path=value` overrides applied, and
+        a venv_build's relative lock and wheelhouse paths made absolute from the project root."""
+        loaded = from_command_line(load_profile(*self.profile_location(given)), overrides)
         spec = loaded.profile.service.venv_build
         if spec is None:
             return loaded
@@ -107,29 +108,33 @@ def _target(inventory: Inventory, host: Host, accept_new_host_key: bool) -> Targ
     return Target(host=host, ssh=ssh, deploy_root=PurePosixPath(host.vars.deploy_root))
 
 
-def profile_for_host(project: Project, given: str | None, target: Target) -> LoadedProfile | None:
-    """The profile given, else the host's `profile` var; checked against the host as far as the inventory's declared
-    facts allow. None when neither names one."""
+def profile_for_host(project: Project, given: str | None, target: Target, overrides: Sequence[str] = ()
+                     ) -> LoadedProfile | None:
+    """The profile given, else the host's `profile` var, with `--set` overrides; checked against the host as far as
+    the inventory's declared facts allow. None when neither names one."""
     chosen = given or target.host.vars.profile
     if chosen is None:
+        if overrides:
+            raise ConfigError(f"--set {overrides[0]!r}: no profile to set it in for {target.host.name}",
+                              "give --profile NAME, or set `profile` for the host in the inventory")
         return None
-    loaded = project.profile(chosen)
+    loaded = project.profile(chosen, overrides)
     check_profile_fits_host(loaded.profile, target.host, loaded.path)
     return loaded
 
 
 def load_for_host(project: Project, profile_given: str | None, inventory_given: str | None, host_name: str | None,
-                  accept_new_host_key: bool = False) -> tuple[LoadedProfile, Target]:
-    """Profile and target: the profile given, else the one the inventory names for the host."""
+                  accept_new_host_key: bool = False, overrides: Sequence[str] = ()) -> tuple[LoadedProfile, Target]:
+    """Profile and target: the profile given, else the one the inventory names for the host, with `--set`."""
     inventory = project.inventory(inventory_given)
     target = resolve_target(inventory, host_name, accept_new_host_key)
-    return load_for_target(project, profile_given, inventory, target), target
+    return load_for_target(project, profile_given, inventory, target, overrides), target
 
 
-def load_for_target(project: Project, profile_given: str | None, inventory: Inventory, target: Target
-                    ) -> LoadedProfile:
-    """The profile given, else the one the inventory names for the target's host."""
-    loaded = profile_for_host(project, profile_given, target)
+def load_for_target(project: Project, profile_given: str | None, inventory: Inventory, target: Target,
+                    overrides: Sequence[str] = ()) -> LoadedProfile:
+    """The profile given, else the one the inventory names for the target's host, with `--set` overrides."""
+    loaded = profile_for_host(project, profile_given, target, overrides)
     if loaded is None:
         raise ConfigError(f"which profile for {target.host.name}? none was given and {inventory.path} sets no "
                           "`profile` for the host", "give --profile NAME (or a path to its .yaml file)")

@@ -115,3 +115,59 @@ SPELLINGS: dict[str, tuple[Spelling, ...]] = {
                  "--disable-cuda-graph as DeprecatedStoreTrueAction pointing to these two flags"),
     ),
 }
+
+
+@dataclass(frozen=True)
+class Arg:
+    """How one profile key reaches the command line: a flag with its value, a switch written when the key equals
+    `on`, or a versioned spelling (`setting` in SPELLINGS). The renderer and `invoke adopt` read the same rows."""
+
+    key: str                        # dotted profile key, e.g. "parallel.tp"
+    flag: str | None = None
+    setting: str | None = None
+    switch: bool = False
+    on: bool = True
+    omit: object = None             # a value that is not written (the flag's own default)
+    multi_node: bool = False        # written only when parallel.nnodes > 1
+
+
+# In command-line order; the order is part of each release's id.
+ARGS: tuple[Arg, ...] = (
+    Arg("model.path", "--model-path"),
+    Arg("model.served_name", "--served-model-name"),
+    Arg("model.tokenizer", "--tokenizer-path"),
+    Arg("model.reasoning_parser", "--reasoning-parser"),
+    Arg("model.tool_call_parser", "--tool-call-parser"),
+    Arg("model.trust_remote_code", "--trust-remote-code", switch=True),
+    Arg("parallel.tp", "--tp-size"),
+    Arg("parallel.pp", "--pp-size", omit=1),
+    Arg("parallel.dp", "--dp-size", omit=1),
+    Arg("parallel.nnodes", "--nnodes", multi_node=True),
+    Arg("parallel.node_rank", "--node-rank", multi_node=True),
+    Arg("parallel.dist_init_addr", "--dist-init-addr", multi_node=True),
+    Arg("memory.mem_fraction_static", "--mem-fraction-static"),
+    Arg("memory.max_running_requests", "--max-running-requests"),
+    Arg("memory.chunked_prefill_size", "--chunked-prefill-size"),
+    Arg("model.kv_cache_dtype", "--kv-cache-dtype"),
+    Arg("model.quantization", "--quantization"),
+    Arg("backends.attention", "--attention-backend"),
+    Arg("backends.fp8_gemm", setting="fp8_gemm"),
+    Arg("backends.dsa_decode", setting="dsa_decode"),
+    Arg("backends.dsa_prefill", setting="dsa_prefill"),
+    Arg("backends.moe_runner", "--moe-runner-backend"),
+    Arg("features.cuda_graph", setting="cuda_graph_off", switch=True, on=False),
+    Arg("features.radix_cache", "--disable-radix-cache", switch=True, on=False),
+    Arg("features.allreduce_fusion", setting="allreduce_fusion", switch=True),
+    Arg("features.metrics", "--enable-metrics", switch=True),
+    Arg("server.host", "--host"),
+    Arg("server.port", "--port"),
+)
+
+
+def modelled_flags(arg: Arg) -> frozenset[str]:
+    """Every flag a row may write, in any SGLang version the tool knows."""
+    if arg.flag is not None:
+        return frozenset({arg.flag})
+    return frozenset(token for spelled in SPELLINGS[arg.setting or ""] for token in spelled.argv
+                     if token.startswith("--"))
+

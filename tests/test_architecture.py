@@ -54,7 +54,7 @@ LAYERS: dict[str, frozenset[str]] = {
     # pure: profile + host facts -> release -> Steps, and parsers of StepResults; never a Remote
     "planning": frozenset({
         "project",
-        "facts", "facts.host", "facts.cuda_toolkit", "facts.diagnose", "facts.hand_process",
+        "facts", "facts.host", "facts.cuda_toolkit", "facts.diagnose", "facts.hand_process", "facts.sglang_config",
         "release", "release.model", "release.render", "release.server_args", "release.argv_check",
         "deploy.plan", "deploy.preflight",
         "gpu_check", "gpu_check.allreduce", "gpu_check.subject", "gpu_check.topology",

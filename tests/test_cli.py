@@ -71,7 +71,25 @@ def test_a_number_option_given_a_word_is_a_sentence_and_exit_2() -> None:
     """Input tried: `logs -n abc` (it printed a ValueError traceback)."""
     refused = invoke("logs", "-n", "abc")
     assert refused.returncode == 2
-    assert refused.stderr.strip() == "error: --lines takes a whole number, got 'abc'"
+    assert refused.stderr.strip() == "error: --lines takes a whole number (0 or more), got 'abc'"
+
+
+@pytest.mark.parametrize("argv", [("logs", "--lines=-5"), ("logs", "-n", "-5", "-H", "nosuch")])
+def test_a_negative_count_is_refused_before_any_host(argv: tuple[str, ...]) -> None:
+    """Input tried: `logs --lines=-5` and `logs -n -5` (both were accepted and passed to journalctl)."""
+    refused = invoke(*argv)
+    assert refused.returncode == 2
+    assert refused.stderr.strip() == "error: --lines takes a whole number (0 or more), got '-5'"
+
+
+@pytest.mark.parametrize(("where", "why"), [("no/such/dir/x.json", "No such file or directory"),
+                                          ("", "Is a directory")])
+def test_a_schema_that_cannot_be_written_is_a_sentence_and_exit_2(tmp_path: Path, where: str, why: str) -> None:
+    """Input tried: `schema -o /no/such/dir/x.json` (a FileNotFoundError traceback) and `schema -o` a directory."""
+    output = tmp_path / where
+    refused = invoke("schema", "-o", str(output))
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr
+    assert refused.stderr.strip() == f"error: cannot write the schema to {output}: {why}"
 
 
 def test_a_missing_required_option_names_it() -> None:
@@ -142,8 +160,8 @@ def test_an_inventory_typo_is_a_warning_on_stderr(tmp_path: Path) -> None:
             "ignored; did you mean `ansible_host`?") in shown.stderr.replace("\n", " ")
 
 
-@pytest.mark.parametrize("argv", [("deploy", "--json", "-p", "no-such-profile"), ("status", "--json", "-H", "nosuch"),
-                                  ("releases", "--json", "-H", "nosuch"), ("rollback", "--json", "-H", "nosuch")])
+@pytest.mark.parametrize("argv", [("deploy", "--json", "-p", "no-such-profile"), ("releases", "--json", "-H", "nosuch"),
+                                  ("rollback", "--json", "-H", "nosuch"), ("plan", "--json", "-p", "no-such-profile")])
 def test_json_is_one_document_on_stdout_even_when_the_command_fails(argv: tuple[str, ...]) -> None:
     failed = invoke(*argv)
     document = json.loads(failed.stdout)
@@ -153,12 +171,23 @@ def test_json_is_one_document_on_stdout_even_when_the_command_fails(argv: tuple[
     assert failed.stderr.startswith("error: ")
 
 
+def test_status_json_of_a_host_it_cannot_read_is_a_status_report_with_the_cause() -> None:
+    """Input tried: `status --json -H nosuch` (it printed a deploy's outcome: release, previous, timings)."""
+    failed = invoke("status", "--json", "-H", "nosuch")
+    document = json.loads(failed.stdout)
+    assert failed.returncode == document["exit_code"] == 2
+    assert (document["host"], document["service"], document["unit_state"], document["current"]) == \
+        ("nosuch", "sglang", "unknown", None)
+    assert document["error"] == "ConfigError" and "unknown host 'nosuch'" in document["cause"]
+    assert not {"release", "previous", "timings", "outcome"} & set(document)
+
+
 def test_a_deploy_outcome_as_json_has_release_previous_timings_cause_and_exit_code() -> None:
     outcome = Outcome("deployed", "8e51991efed1", "1850be766a74", timings={"stage": 0.29, "readiness": 7.6})
     assert json.loads(json.dumps(ui.outcome_json(outcome))) == {
         "outcome": "deployed", "release": "8e51991efed1", "previous": "1850be766a74",
         "timings": {"stage": 0.29, "readiness": 7.6}, "ready_s": None, "cause": None, "hint": None, "exit_code": 0,
-        "changes": [], "secrets_not_available": {}}
+        "changes": [], "secrets_not_available": {}, "overrides": []}
 
 
 def test_tables_fit_the_width_in_columns() -> None:
@@ -283,7 +312,31 @@ def test_the_sglang_deploy_command_loads_no_tasks_py_and_writes_the_bytecode_of_
 
 def test_patch_without_a_set_is_exit_2_naming_the_option() -> None:
     refused = invoke("patch", "--check")
-    assert refused.returncode == 2 and "--set" in refused.stderr
+    assert refused.returncode == 2 and "--name" in refused.stderr
+
+
+@pytest.mark.parametrize("argv", [("patch", "--name", "fusion-sm120"), ("patch", "--set", "fusion-sm120"),
+                                  ("patches.check", "--name", "fusion-sm120")])
+def test_a_patch_sets_name_is_given_as_name_everywhere_and_the_old_set_still_parses(argv: tuple[str, ...]) -> None:
+    """Input tried: the spellings above with --check against a host not in the inventory: each parses and reaches the
+    host lookup (before: `patches.check NAME` in the README did not parse, `patch` knew only --set)."""
+    refused = invoke(*argv, "--check", "-H", "nosuch") if argv[0] == "patch" else invoke(*argv, "-H", "nosuch")
+    assert refused.returncode == 2 and "unknown host 'nosuch'" in refused.stderr
+
+
+HOST_TASKS_WITHOUT_VERBOSE = {"render"}  # --host picks the inventory's vars only; every other one talks to the host
+JSON_TASKS = {"plan", "render", "logs", "model.list", "patches.list", "patches.check", "patches.audit",
+              "patches.enable", "patches.disable", "patch", "patch-fusion", "status", "releases", "deploy",
+              "rollback", "venv.list", "bench"}
+
+
+def test_every_task_that_talks_to_a_host_takes_verbose_and_the_reporting_ones_take_json() -> None:
+    """Input tried: `stop -v`, `start -v`, `restart -v`, `uninstall -v`, `adopt -v`, `venv.remove -v`, `model.list -v`
+    (refused before), and --json on plan, render, logs, model.list, patches.* (refused before)."""
+    options = {name: set(each.option_help) for name, each in all_tasks()}
+    no_verbose = {name for name, taken in options.items() if "host" in taken and "verbose" not in taken}
+    assert no_verbose == HOST_TASKS_WITHOUT_VERBOSE
+    assert {name for name in JSON_TASKS if "json" not in options[name]} == set()
 
 
 def test_the_deploy_engine_loads_the_benchmark_only_for_a_gated_deploy() -> None:

@@ -24,7 +24,7 @@ HOST_CHANGING = [
     ["venv.adopt", "--path", "/root/ml-env"],
     ["patch-fusion", "--enable"],
     ["patch-fusion", "--disable"],
-    ["patch", "--set", "nsa-aliases", "--enable"],
+    ["patch", "--name", "nsa-aliases", "--enable"],
 ]
 
 

@@ -17,6 +17,7 @@ from deploy_lib.deploy import Options, deploy
 from deploy_lib.errors import LockHeld
 from deploy_lib.facts import host as host_facts
 from deploy_lib.models import FACT_CACHE
+from deploy_lib.profile import LoadedProfile
 from deploy_lib.remote import Put, round_trips
 from deploy_lib.store import HEALTHY, history_entry
 
@@ -27,10 +28,11 @@ def writes(host: ScriptedHost) -> list[str]:
     return [name for name in host.ran_names() if name.startswith(WRITES)]
 
 
-def serving_the_profile() -> tuple[ScriptedHost, str]:
-    """A host where the reference profile was deployed and verified: its release is current and serving."""
+def serving_the_profile(loaded: LoadedProfile | None = None) -> tuple[ScriptedHost, str]:
+    """A host where the reference profile (or `loaded`) was deployed and verified: its release is current and
+    serving."""
     host = a_host()
-    outcome = deploy(PROJECT.profile("glm5-nvfp4"), target(), host, RecordingProgress(), Options(grace_s=0))
+    outcome = deploy(loaded or PROJECT.profile("glm5-nvfp4"), target(), host, RecordingProgress(), Options(grace_s=0))
     rid = outcome.release_id
     assert outcome.action == "deployed" and rid is not None
     metadata = json.loads(host.file_text(LAYOUT.staging(rid) / store.RELEASE_FILE))

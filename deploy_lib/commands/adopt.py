@@ -35,6 +35,7 @@ from deploy_lib.facts.hand_process import (
 from deploy_lib.facts.host import HostFacts, parse_systemctl_show
 from deploy_lib.facts.read import read_host_facts
 from deploy_lib.facts.readings import Fact, read
+from deploy_lib.facts.sglang_config import config_fact, config_path, merged_arguments
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.project import Target
 from deploy_lib.release.model import build_release
@@ -105,6 +106,16 @@ def read_unit(remote: Remote, unit_name: str, where: str) -> tuple[int, str, str
     return pid, fragment, read(remote, [text]).value(text)
 
 
+def _config_merged(remote: Remote, args: tuple[str, ...], cwd: str, options: dict[str, dict[str, Any]],
+                   where: str) -> tuple[str, ...] | None:
+    """The arguments SGLang parsed from a `--config FILE` command (the file read on the host), or None."""
+    path = config_path(args, cwd)
+    if path is None:
+        return None
+    text = config_fact(path, where)
+    return merged_arguments(args, read(remote, [text]).value(text), options, path, where)
+
+
 def adopt(target: Target, service: str, remote: Remote, profile_name: str, pid: int | None = None,
           from_unit: bool = False, now: datetime | None = None) -> Adopted:
     """Record the server running as `pid` (or as the main process of the hand-written unit `service`, `from_unit`)
@@ -126,7 +137,8 @@ def adopt(target: Target, service: str, remote: Remote, profile_name: str, pid: 
     _refuse_managed(facts, target, service, from_unit)
     source = f"unit {layout.unit_name} (pid {pid})" if unit_file else f"pid {pid}"
     description = f"adopted from {source} on {where} ({now.astimezone(UTC):%Y-%m-%d %H:%M} UTC)"
-    adopted = adopt_profile(process, launch, venv, facts.sglang.options, version, description, service)
+    merged = _config_merged(remote, launch.args, process.cwd, facts.sglang.options, where)
+    adopted = adopt_profile(process, launch, venv, facts.sglang.options, version, description, service, merged)
     loaded = LoadedProfile(name=profile_name, path=Path(f"{profile_name}.yaml"), chain=(profile_name,),
                            profile=adopted.profile)
     release = build_release(loaded, layout, version, adopted.secrets, venv=venv,

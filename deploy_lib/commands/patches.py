@@ -221,7 +221,7 @@ def _disable(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, t
     if context.record is None or not context.record.base_venv:
         raise PreflightError(f"{target.host.name}: the current release's venv {context.venv} is not patched by "
                              f"{patch_set.name}",
-                             hint=f"`invoke patch --set {patch_set.name} --check` shows each target's state")
+                             hint=f"`invoke patch --name {patch_set.name} --check` shows each target's state")
     layout = context.layout
     markers = parse_store_facts(layout, remote.run(store_fact_steps(layout))).markers
     if context.record.base_venv not in markers:

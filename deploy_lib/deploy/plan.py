@@ -93,7 +93,8 @@ class Plan:
 
     def dry_run_lines(self) -> list[str]:
         shown_id = self.release_id or "id not known here (it depends on secret values)"
-        lines = [f"release {shown_id} (profile {self.release.profile_name}, SGLang "
+        overridden = "".join(f" --set {text}" for text in self.release.overrides)
+        lines = [f"release {shown_id} (profile {self.release.profile_name}{overridden}, SGLang "
                  f"{self.release.sglang_version}); current: {self.current_id or 'none'}"]
         if self.unchanged:
             lines.append("no changes")

@@ -3,7 +3,8 @@ to, and the profile that reproduces it.
 
 Its arguments go back to profile keys through the same table the renderer writes them from (server_args.ARGS, with
 the versioned spellings), matched by the installed parser's own destinations, so `--model`, `--tp 8` and a
-deprecated spelling land on the right key; what no key models stays in extra_args as written. Secret-looking
+deprecated spelling land on the right key; what no key models stays in extra_args as written. A `--config FILE`
+command is read as SGLang reads it (facts/sglang_config.py), and a repeated option keeps its last value. Secret-looking
 environment values and `--api-key` become `{env: NAME}` references. deploy_lib/commands/adopt.py reads the host and
 records release 0.
 """
@@ -265,10 +266,26 @@ def _api_key(parsed: Sequence[ParsedArg]) -> tuple[str | None, list[ParsedArg]]:
     return key, [p for p in parsed if not (p.record and p.record["dest"] == "api_key")]
 
 
+# argparse actions that add up over repeats; every other option keeps its last value
+ACCUMULATING_ACTIONS = frozenset({"append", "append_const", "count", "extend"})
+
+
+def last_wins(parsed: Sequence[ParsedArg]) -> list[ParsedArg]:
+    """The arguments without those a later one of the same option overrides, as argparse reads them."""
+    last = {str(p.record["dest"]): index for index, p in enumerate(parsed)
+            if p.record is not None and p.record.get("action") not in ACCUMULATING_ACTIONS}
+    return [p for index, p in enumerate(parsed)
+            if p.record is None or last.get(str(p.record["dest"]), index) == index]
+
+
 def adopt_profile(process: HandProcess, launch: Launch, venv: str, options: Mapping[str, dict[str, Any]],
-                  sglang_version: str, description: str, service: str = "sglang") -> AdoptedProfile:
-    """The profile that reproduces the process (pure): a key per modelled argument, the rest in extra_args."""
-    parsed, _ = parse_argv(dict(options), list(launch.args))
+                  sglang_version: str, description: str, service: str = "sglang",
+                  merged_args: Sequence[str] | None = None) -> AdoptedProfile:
+    """The profile that reproduces the process (pure): a key per modelled argument, the rest in extra_args.
+    `merged_args`: what SGLang parsed when the command names a `--config` file (facts/sglang_config.py); release 0
+    still runs the command as written."""
+    as_written, _ = parse_argv(dict(options), list(launch.args))
+    parsed = last_wins(as_written if merged_args is None else parse_argv(dict(options), list(merged_args))[0])
     mapped, rest = map_arguments(options, parsed)
     api_key, rest = _api_key(rest)
     environment = split_environment(process.environ, launch.unbuffered)
@@ -311,7 +328,7 @@ def adopt_profile(process: HandProcess, launch: Launch, venv: str, options: Mapp
         rendered = arg_tokens(profile, by_key[item.key], sglang_version)
         if written != rendered:
             notes.append(f"{' '.join(written)} is written {' '.join(rendered) or '(default, not written)'}")
-    launch_args = tuple(token for p in _api_key(parsed)[1] for token in p.tokens)
+    launch_args = tuple(token for p in _api_key(as_written)[1] for token in p.tokens)
     return AdoptedProfile(profile, launch_args, secrets, environment.venv, tuple(notes))
 
 

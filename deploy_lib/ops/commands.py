@@ -29,12 +29,15 @@ if TYPE_CHECKING:
 LAST_HEALTHY = "the last healthy release"
 
 
-def deploy(project: Project, scope: Scope, profile: str | None, options: Options, reach: Reach) -> FleetRun[Outcome]:
-    """The profile (else each host's `profile` var) on every host of the scope: a multi-node profile on the group's
-    nodes as one release, replicas behind their router one at a time, other hosts batch by batch."""
+def deploy(project: Project, scope: Scope, profile: str | None, options: Options, reach: Reach,
+           overrides: Sequence[str] = ()) -> FleetRun[Outcome]:
+    """The profile (else each host's `profile` var, with `--set` overrides) on every host of the scope: a multi-node
+    profile on the group's nodes as one release, replicas behind their router one at a time, other hosts batch by
+    batch."""
     from deploy_lib import deploy as engine
     from deploy_lib.ops import multinode
-    loaded_for = {t.host.name: load_for_target(project, profile, scope.inventory, t) for t in scope.targets}
+    loaded_for = {t.host.name: load_for_target(project, profile, scope.inventory, t, overrides)
+                  for t in scope.targets}
     if scope.one_host:
         [(name, loaded)] = loaded_for.items()
         multinode.refuse_single_host(loaded, name)

@@ -30,6 +30,7 @@ from deploy_lib.profile.sections import (
     env_text,
 )
 from deploy_lib.profile.settings import BenchSettings, GateSettings, PreflightSettings
+from deploy_lib.versions import ARGS, modelled_flags
 
 
 class Profile(Strict):
@@ -82,7 +83,19 @@ class Profile(Strict):
         for arg in self.extra_args:
             if arg.startswith("--") and arg.split("=", 1)[0] in ("--api-key", "--admin-api-key"):
                 raise ValueError(f"extra_args: {arg.split('=', 1)[0]} would put a secret in argv; use server.api_key")
+        self._no_flag_twice()
         return self
+
+    def _no_flag_twice(self) -> None:
+        """A flag a key of the profile writes may not be given again in extra_args (SGLang would take the last)."""
+        given = {arg.split("=", 1)[0] for arg in self.extra_args if arg.startswith("--")}
+        for row in ARGS:
+            section_name, key = row.key.split(".", 1)
+            section = getattr(self, section_name)
+            twice = sorted(given & modelled_flags(row))
+            if twice and key in section.model_fields_set:
+                raise ValueError(f"{row.key} ({getattr(section, key)}) and extra_args ({twice[0]}) both give "
+                                 f"{twice[0]}: set it in one place (as {row.key})")
 
     def environment(self) -> dict[str, str]:
         """Non-secret environment of the server process, NCCL first, in a stable order."""
@@ -100,6 +113,7 @@ class LoadedProfile(BaseModel):
     path: Path
     chain: tuple[str, ...]  # this profile first, then its parents
     profile: Profile
+    overrides: tuple[str, ...] = ()  # `--set path=value` texts applied on top of the file, in the order given
 
 
 SCHEMA_KEY = "$schema"

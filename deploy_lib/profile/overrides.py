@@ -4,7 +4,7 @@ the override came from."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import yaml
@@ -36,6 +36,31 @@ def _set_path(data: dict[str, Any], path: str, value: Any, source: str) -> None:
                               f"{path} cannot be set", "`invoke schema` prints every key a profile may have")
         node = child
     node[parts[-1]] = value
+
+
+SET_SOURCE = "--set"
+
+
+def parse_assignments(texts: Sequence[str]) -> dict[str, Any]:
+    """`--set path.to.key=value` options as path -> value (the last of a path repeated wins); a text without `=`
+    is refused naming it."""
+    assignments: dict[str, Any] = {}
+    for text in texts:
+        path, equals, value = text.partition("=")
+        if not equals or not path.strip():
+            raise ConfigError(f"{SET_SOURCE} {text!r}: not of the form path.to.key=value",
+                              "e.g. --set memory.max_running_requests=512 (repeat --set for several)")
+        assignments[path.strip()] = scalar(value)
+    return assignments
+
+
+def from_command_line(loaded: LoadedProfile, texts: Sequence[str]) -> LoadedProfile:
+    """The profile with `--set` options applied and recorded (LoadedProfile.overrides), validated whole."""
+    if not texts:
+        return loaded
+    given = " ".join(f"{SET_SOURCE} {text}" for text in texts)
+    changed = with_overrides(loaded, parse_assignments(texts), f"profile {loaded.name} with {given}")
+    return changed.model_copy(update={"overrides": (*loaded.overrides, *texts)})
 
 
 def with_overrides(loaded: LoadedProfile, overrides: Mapping[str, Any], source: str) -> LoadedProfile:

@@ -30,6 +30,9 @@ from deploy_lib.profile.fields import AbsPath, SecretField, Strict, Text, no_con
 from deploy_lib.profile.settings import VenvSpec
 
 # Model ids and paths reach argv, the unit and the journal: shell metacharacters are refused outright.
+# A Hub repo id as huggingface_hub 0.36.0 checks one (utils/_validators.py REPO_ID_REGEX, validate_repo_id: no `--`
+# or `..`): so `./weights/glm`, `../glm`, `~/glm` and `a/b/c` are not ids.
+_HUB_REPO_RE = re.compile(r"^(?!.*(?:--|\.\.))(\b[\w\-.]+\b/)?\b[\w\-.]{1,96}\b$")
 _MODEL_RE = re.compile(r"^[A-Za-z0-9._\-/+@:=,~ ]+$")
 
 
@@ -67,6 +70,11 @@ class ModelSpec(Strict):
             raise ValueError(
                 "model path may contain letters, digits, spaces and . _ - / + @ : = , ~ only "
                 "(no ; $ ` quotes or other shell characters)"
+            )
+        if not value.startswith("/") and not _HUB_REPO_RE.match(value):
+            raise ValueError(
+                f"{value!r} is neither an absolute path on the host nor a Hugging Face repo id (owner/name): a "
+                "relative path is not resolved anywhere; give the weights' absolute directory on the host"
             )
         return value
 

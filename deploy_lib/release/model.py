@@ -141,6 +141,7 @@ class Release:
     torch_version: str | None = None  # the venv's torch and NCCL: preflight.gpu_check compares them with current's
     nccl_version: str | None = None
     hand_written_unit: str | None = field(default=None, repr=False)  # an adopted unit file, kept as release 0's
+    overrides: tuple[str, ...] = ()  # the `--set path=value` options the profile was deployed with
 
     @cached_property
     def unit_text(self) -> str:
@@ -182,6 +183,7 @@ class Release:
             "nccl_version": self.nccl_version, "venv": self.venv, "argv": list(self.argv),
             "args": list(self.args), "environment": self.environment, "secret_names": list(self.secret_names),
             "secrets_digest": self.secrets_digest, "patches": list(self.patches), "model": self.model,
+            "overrides": list(self.overrides),
         }
 
 
@@ -240,7 +242,7 @@ def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: st
         flashinfer_version=flashinfer_version, venv=profile.service.venv, argv=argv,
         args=argv[3:], environment=environment, secret_names=tuple(sorted(secrets)),
         secrets_digest=secrets_digest, unit=unit_spec, env=env_spec, patches=patches, model=model.metadata(),
-        torch_version=torch_version, nccl_version=nccl_version,
+        torch_version=torch_version, nccl_version=nccl_version, overrides=loaded.overrides,
     )
 
 

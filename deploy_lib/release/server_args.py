@@ -13,13 +13,12 @@ the launcher. `${SGLANG_API_KEY}` expansion in ExecStart would put the key in th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 from deploy_lib.errors import ConfigError
 from deploy_lib.host_paths import venv_python
 from deploy_lib.profile import Profile, SecretRef
-from deploy_lib.versions import SPELLINGS, Spelling, version_key
+from deploy_lib.versions import ARGS, SPELLINGS, Arg, Spelling, version_key
 
 API_KEY_ENV = "SGLANG_API_KEY"
 # The PATH systemd 252 gives a service that sets none, as Debian 12 builds it (split-usr; src/basic/path-util.h
@@ -59,53 +58,6 @@ def _versioned(setting: str, sglang_version: str, value: str | None, key: str) -
             f"remove {key} from the profile or install SGLang >= {first.since}",
         )
     return tuple(value if part == "{}" and value is not None else part for part in chosen.argv)
-
-
-@dataclass(frozen=True)
-class Arg:
-    """How one profile key reaches the command line: a flag with its value, a switch written when the key equals
-    `on`, or a versioned spelling (`setting` in SPELLINGS). The renderer and `invoke adopt` read the same rows."""
-
-    key: str                        # dotted profile key, e.g. "parallel.tp"
-    flag: str | None = None
-    setting: str | None = None
-    switch: bool = False
-    on: bool = True
-    omit: object = None             # a value that is not written (the flag's own default)
-    multi_node: bool = False        # written only when parallel.nnodes > 1
-
-
-# In command-line order; the order is part of each release's id.
-ARGS: tuple[Arg, ...] = (
-    Arg("model.path", "--model-path"),
-    Arg("model.served_name", "--served-model-name"),
-    Arg("model.tokenizer", "--tokenizer-path"),
-    Arg("model.reasoning_parser", "--reasoning-parser"),
-    Arg("model.tool_call_parser", "--tool-call-parser"),
-    Arg("model.trust_remote_code", "--trust-remote-code", switch=True),
-    Arg("parallel.tp", "--tp-size"),
-    Arg("parallel.pp", "--pp-size", omit=1),
-    Arg("parallel.dp", "--dp-size", omit=1),
-    Arg("parallel.nnodes", "--nnodes", multi_node=True),
-    Arg("parallel.node_rank", "--node-rank", multi_node=True),
-    Arg("parallel.dist_init_addr", "--dist-init-addr", multi_node=True),
-    Arg("memory.mem_fraction_static", "--mem-fraction-static"),
-    Arg("memory.max_running_requests", "--max-running-requests"),
-    Arg("memory.chunked_prefill_size", "--chunked-prefill-size"),
-    Arg("model.kv_cache_dtype", "--kv-cache-dtype"),
-    Arg("model.quantization", "--quantization"),
-    Arg("backends.attention", "--attention-backend"),
-    Arg("backends.fp8_gemm", setting="fp8_gemm"),
-    Arg("backends.dsa_decode", setting="dsa_decode"),
-    Arg("backends.dsa_prefill", setting="dsa_prefill"),
-    Arg("backends.moe_runner", "--moe-runner-backend"),
-    Arg("features.cuda_graph", setting="cuda_graph_off", switch=True, on=False),
-    Arg("features.radix_cache", "--disable-radix-cache", switch=True, on=False),
-    Arg("features.allreduce_fusion", setting="allreduce_fusion", switch=True),
-    Arg("features.metrics", "--enable-metrics", switch=True),
-    Arg("server.host", "--host"),
-    Arg("server.port", "--port"),
-)
 
 
 def profile_value(profile: Profile, key: str) -> Any:

@@ -1,0 +1,119 @@
+"""`invoke adopt` of a server SGLang's docs launch from a YAML file (`--config FILE`): the file read on the host,
+merged as SGLang 0.5.23 merges it (checked against the wheel's own ConfigArgumentMerger), the adopted profile
+rendering the same launch as one adopted from flags."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_remote import FakeRemote
+from test_adopt import HAND_0523, HAND_ENV, PROFILES, hand, options  # noqa: F401 (options: the wheel's parser)
+
+from deploy_lib.commands.adopt import _config_merged
+from deploy_lib.errors import PreflightError
+from deploy_lib.facts.hand_process import adopt_profile, split_launch
+from deploy_lib.facts.sglang_config import STEP_CONFIG, config_arguments, config_path
+from deploy_lib.profile import load_profile
+from deploy_lib.release.server_args import sglang_args
+
+pytest_plugins = ("wheelcache",)
+# The reference launch split as SGLang's docs show it: most options in the file, a few on the command line; the
+# file's tp-size 4 is overridden by `--tp 8` on the command line (command-line flags win).
+SERVER_YAML = """\
+model-path: lukealonso/GLM-5-NVFP4
+served-model-name: glm-5
+reasoning-parser: glm45
+tool-call-parser: glm47
+trust-remote-code: true
+tp-size: 4
+mem-fraction-static: 0.92
+max-running-requests: 1024
+kv-cache-dtype: auto
+quantization: modelopt_fp4
+attention-backend: flashinfer
+fp8-gemm-backend: cutlass
+dsa-decode-backend: trtllm
+dsa-prefill-backend: trtllm
+moe-runner-backend: flashinfer_cutlass
+disable-radix-cache: true
+enable-metrics: false
+"""
+HAND_CONFIG = ["python", "-m", "sglang.launch_server", "--config", "configs/server.yaml", "--tp", "8",
+               "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
+               "--host", "0.0.0.0", "--port", "8000"]
+CONFIG_ON_HOST = "/root/configs/server.yaml"  # the process runs in /root (test_adopt.hand)
+
+
+def upstream_merger(sglang_source: Callable[[str], Path], version: str, records: dict[str, Any]) -> Any:
+    """SGLang's own ConfigArgumentMerger from the wheel, over a parser with the wheel's store and store_true
+    options (its module imports only the standard library and yaml)."""
+    path = sglang_source(version) / "sglang" / "srt" / "utils" / "server_args_config_parser.py"
+    spec = importlib.util.spec_from_file_location("sglang_config_parser", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    parser = argparse.ArgumentParser()
+    for record in records.values():
+        if record["action"] in ("store", "store_true"):
+            parser.add_argument(*record["option_strings"], dest=record["dest"], action=record["action"])
+    return module.ConfigArgumentMerger(parser)
+
+
+@pytest.mark.wheels
+@pytest.mark.parametrize("text", [SERVER_YAML, "tp_size: 2\nenable_metrics: true\nlora-paths: [a, b]\n"
+                                               "json-model-override-args: {x: 1}\nchunked-prefill-size: null\n"
+                                               "trust-remote-code: false\n", ""])
+def test_the_files_arguments_are_those_sglangs_own_merger_makes(options, sglang_source, text: str) -> None:  # noqa: F811
+    """Input tried: the reference launch as a file; keys with `_`, a list, a mapping, a null and false switches;
+    an empty file."""
+    import yaml
+    merger = upstream_merger(sglang_source, "0.5.23", options("0.5.23"))
+    expected = merger._convert_config_to_args(yaml.safe_load(text) or {})
+    assert config_arguments(text, options("0.5.23"), "/x.yaml", "gpu1") == expected
+
+
+@pytest.mark.wheels
+def test_a_server_started_from_a_config_file_is_adopted_as_one_started_with_flags(options) -> None:  # noqa: F811
+    """Input tried: `python -m sglang.launch_server --config configs/server.yaml --tp 8 ...` run from /root, the
+    file giving tp-size 4 (failed before: the file was not read, the profile had only the command line's flags)."""
+    remote = FakeRemote().reply(("cat", "--", CONFIG_ON_HOST), stdout=SERVER_YAML)
+    process = hand(HAND_CONFIG)
+    launch = split_launch(process, "gpu1")
+    merged = _config_merged(remote, launch.args, process.cwd, options("0.5.23"), "gpu1")
+    assert remote.ran_names() == [STEP_CONFIG], "the file is read on the host, from the server's directory"
+    result = adopt_profile(process, launch, "/root/ml-env", options("0.5.23"), "0.5.23", "adopted", "sglang", merged)
+    from_flags = adopt_profile(hand(HAND_0523), split_launch(hand(HAND_0523), "gpu1"), "/root/ml-env",
+                               options("0.5.23"), "0.5.23", "adopted")
+    reference = load_profile(PROFILES, "glm5-nvfp4").profile
+    assert result.profile.parallel.tp == 8, "the command line's --tp 8 wins over the file's tp-size 4"
+    assert sglang_args(result.profile, "0.5.23") == sglang_args(from_flags.profile, "0.5.23") == \
+        sglang_args(reference, "0.5.23")
+    assert result.profile.extra_args == []
+    assert result.launch_args == tuple(HAND_CONFIG[3:]), "release 0 runs the command as written, file and all"
+
+
+def test_without_the_token_config_nothing_is_read() -> None:
+    """SGLang merges only for the token `--config` (prepare_server_args: `"--config" in argv`)."""
+    assert config_path(("--config=/x.yaml", "--port", "1"), "/root") is None
+    assert config_path(("--config", "../etc/s.yaml"), "/root/run") == "/root/etc/s.yaml"
+    remote = FakeRemote()
+    assert _config_merged(remote, ("--port", "1"), "/root", {}, "gpu1") is None and remote.batches == []
+
+
+@pytest.mark.parametrize(("stdout", "exit_code", "says"), [
+    ("", 1, "--config file /root/configs/server.yaml cannot be read now: cat: /root/configs/server.yaml: No such"),
+    ("- a\n- b\n", 0, "does not hold a mapping at its top level"),
+    ("a: [\n", 0, "/root/configs/server.yaml is not YAML"),
+])
+def test_a_config_file_gone_or_not_a_mapping_is_refused_naming_it(stdout: str, exit_code: int, says: str) -> None:
+    """Input tried: the file removed since the server started; a YAML list; broken YAML."""
+    remote = FakeRemote().reply(("cat", "--", CONFIG_ON_HOST), stdout=stdout, exit_code=exit_code,
+                                stderr="cat: /root/configs/server.yaml: No such file or directory" if exit_code else "")
+    with pytest.raises(PreflightError, match=says):
+        _config_merged(remote, tuple(HAND_CONFIG[3:]), "/root", {}, "gpu1")
+    assert all(step.name == STEP_CONFIG for batch in remote.batches for step in batch), "nothing but the read"
