@@ -135,7 +135,7 @@ def print_peer_to_peer(verdict: P2pVerdict) -> None:
         style = "bold" if text == "peer-to-peer:" else "green" if text.startswith("GPU") and ": P2P" in text else \
             "red" if text.startswith("GPU") else "yellow" if text.startswith("cause:") else \
             "bold" if text.startswith("fix:") else None
-        _print(line, style=style, markup=False, overflow="fold")
+        _print(line, style=style, markup=False)
 
 
 def print_releases(rows: list[ReleaseRow]) -> None:

@@ -6,6 +6,7 @@ VM side reported; a deploy's preflight.gpu_check reads none of it."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from contextlib import nullcontext
 from pathlib import Path
@@ -20,6 +21,7 @@ from test_ops import installed
 
 from deploy_cli import present, reports
 from deploy_cli.present import jsonable
+from deploy_lib.commands.gpu_check import parse_sizes
 from deploy_lib.errors import ConfigError, ConnectFailed
 from deploy_lib.facts import host as host_facts
 from deploy_lib.gpu_check.p2p.verdict import Cause
@@ -190,3 +192,35 @@ def test_status_prints_the_verdicts_line_and_the_node_not_read(tmp_path: Path, m
     assert printed[at + 1:at + 3] == [
         "  Proxmox node pve1, VM 105: not read (unreachable: pve1 (192.0.2.2:22): connection refused)",
         "  each pair's cause and fix: `invoke gpu-check` (or `status --json`)"]
+
+
+def test_the_steps_recorded_on_the_lent_h200_read_through_gpu_check(tmp_path: Path) -> None:
+    """tests/data/p2p/h200-1gpu-2026-12-02/gpu-check-run.json: gpu-check's own steps run on a one-GPU H200 VM, the
+    all-reduce writing NCCL's topology dump, answered here by argv; gpu-check sends exactly those steps."""
+    recorded = json.loads((DATA / "p2p/h200-1gpu-2026-12-02/gpu-check-run.json").read_text())
+    release = {"id": "r1", "tags": {}, "venv": "/opt/torch/.venv",
+               "profile": {"server": {"port": 8000}, "parallel": {"tp": 1}}}
+    host = (installed(release)
+            .reply(host_facts.FACT_UNIT, stdout="ActiveState=inactive\nSubState=dead\nLoadState=loaded\n"))
+    for result in recorded["results"]:
+        host.reply(tuple(result["argv"]), exit_code=result["exit_code"], stdout=result["stdout"],
+                   stderr=result["stderr"])
+    hosts = Reached()
+    hosts.remotes["vm105"] = host
+    text = INVENTORY.replace(", proxmox_node: pve1, proxmox_vmid: 105", "")
+    sizes = list(parse_sizes([]))  # the CLI's default sizes, as the recording ran them
+    report = commands.one(commands.gpu_check(vm_scope(tmp_path, text), "sglang", None, False, sizes, hosts.reach()))
+    sent = [step for step in host.ran if isinstance(step, Step) and not step.name.startswith(
+        ("store facts", "host facts", "lock", "readiness probe")) and step.name != host_facts.FACT_UNIT
+        and not step.name.endswith("/lock/owner.json")]
+    assert [list(step.argv) for step in sent] == [result["argv"] for result in recorded["results"]]
+    check = next(step for step in sent if step.name == "all-reduce check")
+    assert hashlib.sha256(check.stdin or b"").hexdigest() == recorded["check_stdin_sha256"]
+    assert report.check.verified and report.check.gpus == ("NVIDIA H200",)
+    verdict = report.peer_to_peer
+    assert verdict is not None and verdict.pairs == ()
+    assert verdict.notes[0].startswith("a VM (firecracker): cpuinfo: hypervisor flag; kernel cmdline: "
+                                       "--firecracker-init")
+    assert "PCIe link: 00000000:00:06.0 gen 5 x16 (nvidia-smi)" in verdict.notes
+    assert "VM sign: NCCL topology reads 0000:00:06.0 at width 0" in verdict.notes  # the dump this run wrote
+    assert "fewer than two GPUs: no pair to judge" in verdict.notes
