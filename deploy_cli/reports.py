@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from deploy_lib.commands.status import ReleaseRow, StatusReport
     from deploy_lib.commands.uninstall import Uninstalled
     from deploy_lib.gpu_check import GpuCheckReport
+    from deploy_lib.gpu_check.p2p import P2pVerdict
     from deploy_lib.models import StoredModel
     from deploy_lib.patches import AuditReport, CheckReport, PatchSet
     from deploy_lib.throughput import BenchResult, ComparisonRow
@@ -69,6 +70,14 @@ def print_status(report: StatusReport) -> None:
     _print(f"{len(report.gpus)} GPUs: {', '.join(names)}")
     if report.topology:
         _print(f"topology: {escape(report.topology)}")
+    if report.peer_to_peer is not None:
+        verdict = report.peer_to_peer
+        _print(verdict.one_line(), markup=False)
+        for note in verdict.notes:
+            if note.startswith(("Proxmox node", "not read")):
+                _print(f"  {note}", markup=False)
+        if not all(pair.p2p for pair in verdict.pairs):
+            _print("  each pair's cause and fix: `invoke gpu-check` (or `status --json`)", markup=False)
     table = _table("GPU", "memory used / total (MiB)", "power draw / limit (W)", "util %")
     for gpu in report.gpus:
         power = f"{gpu.power_draw_w:.0f} / {gpu.power_limit_w:.0f}" if gpu.power_draw_w is not None \
@@ -114,6 +123,19 @@ def print_gpu_check(report: GpuCheckReport) -> None:
     for line in lines[:-1]:
         _print(escape(line))
     _print(lines[-1], style="green" if report.check.verified else "red")
+    if report.peer_to_peer is not None:
+        print_peer_to_peer(report.peer_to_peer)
+
+
+def print_peer_to_peer(verdict: P2pVerdict) -> None:
+    """gpu-check's "peer-to-peer" section: per pair P2P or not, each cause with its fix and trade-off, the advice
+    until then; the verdict's own lines, coloured by what they say."""
+    for line in verdict.lines():
+        text = line.strip()
+        style = "bold" if text == "peer-to-peer:" else "green" if text.startswith("GPU") and ": P2P" in text else \
+            "red" if text.startswith("GPU") else "yellow" if text.startswith("cause:") else \
+            "bold" if text.startswith("fix:") else None
+        _print(line, style=style, markup=False)
 
 
 def print_releases(rows: list[ReleaseRow]) -> None:

@@ -13,6 +13,7 @@ import pytest
 from deploy_lib.errors import ConfigError, ConnectFailed
 from deploy_lib.gpu_check.p2p.reading import (
     check_peer_to_peer,
+    node_reader,
     node_steps,
     proxmox_node,
     read_node,
@@ -40,8 +41,9 @@ def read(path: Path) -> str:
     return path.read_text()
 
 
-def h200_vm() -> FakeRemote:
-    remote = FakeRemote()
+def h200_vm(remote: FakeRemote | None = None) -> FakeRemote:
+    """`remote` (default: a new one) answering the VM-side batch as the lent H200 VM did."""
+    remote = FakeRemote() if remote is None else remote
     remote.reply("p2p: systemd-detect-virt", exit_code=127, stderr="bash: systemd-detect-virt: command not found")
     remote.reply("p2p: dmi", exit_code=1, stderr=read(H200_VM / "dmi-ls.txt"))
     remote.reply("p2p: cpuinfo hypervisor", stdout="16\n")
@@ -172,7 +174,8 @@ def test_after_a_gpu_check_report_the_section_uses_its_topology_transports_and_e
     (path := tmp_path / "hosts.yaml").write_text("all:\n  hosts:\n    vm: {ansible_host: 192.0.2.10}\n")
     inventory = load_inventory(path)
     opened = []
-    verdict, _ = check_peer_to_peer(report, inventory, resolve_target(inventory, "vm"), h200_vm(), opened.append)
+    target = resolve_target(inventory, "vm")
+    verdict = check_peer_to_peer(report, h200_vm(), node_reader(inventory, [target], opened.append)(target))
     assert opened == []  # no proxmox_node: no connection to anything but the host
     (pair,) = verdict.pairs
     assert [f.cause for f in pair.findings] == [Cause.DISABLED_BY_ENV] and pair.p2p is False

@@ -8,6 +8,7 @@ import json
 import shlex
 from pathlib import Path
 
+from deploy_cli.present import jsonable
 from deploy_lib.gpu_check.allreduce import parse_check_output
 from deploy_lib.gpu_check.p2p import node, vm
 from deploy_lib.gpu_check.p2p.verdict import Cause, NodeReadings, VmSide, clique_args, p2p_verdict
@@ -176,10 +177,11 @@ def test_status_line_and_json_carry_the_verdict():
     verdict = p2p_verdict(guest(), composed_node(), {})
     assert verdict.one_line() == ("peer-to-peer on 0 of 1 GPU pairs; causes: ACS redirect on, GPUs under different "
                                   "root complexes, IOMMU in translated mode, VM without a GPUDirect clique")
-    as_json = json.loads(json.dumps(verdict.as_dict()))
+    as_json = json.loads(json.dumps(jsonable(verdict)))  # as `gpu-check --json` and `status --json` write it
     assert as_json["pairs"][0]["gpus"] == [0, 1] and as_json["pairs"][0]["p2p"] is False
-    assert [f["cause"] for f in as_json["pairs"][0]["findings"]] == ["vm_no_clique", "acs_redirect", "root_complexes",
-                                                                     "iommu_translated"]
+    assert [f["kind"] for f in as_json["pairs"][0]["findings"]] == ["vm_no_clique", "acs_redirect", "root_complexes",
+                                                                    "iommu_translated"]
+    assert as_json["pairs"][0]["findings"][1]["cause"] == "ACS redirect on"
     assert as_json["interim"][1].startswith("SGLang: --disable-custom-all-reduce")
 
 

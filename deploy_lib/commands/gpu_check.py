@@ -1,9 +1,13 @@
 """`invoke gpu-check` on one host: the topology and the all-reduce with the GPUs free, the server stopped and
-restarted through the readiness ladder when asked, all under the host lock."""
+restarted through the readiness ladder when asked, all under the host lock; then, when asked, the peer-to-peer
+section (gpu_check.p2p: the VM-side reads on the host, the Proxmox node's when the host names one)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
+from pathlib import PurePosixPath
+from typing import TYPE_CHECKING
 
 from deploy_lib import deploy
 from deploy_lib.errors import ConfigError, DeployError, PreflightError
@@ -21,16 +25,22 @@ from deploy_lib.gpu_check.topology import parse_topology_results, topology_steps
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
-from deploy_lib.remote import Remote
+from deploy_lib.remote import Remote, Step
 from deploy_lib.store import host_lock
+
+if TYPE_CHECKING:
+    from deploy_lib.gpu_check.p2p.reading import NodeReader
 
 # parse_sizes beside the command it feeds: the CLI parses --sizes and runs the check from this one module
 __all__ = ["check_host", "parse_sizes", "run_gpu_check"]
+TOPO_DUMP_NAME = "gpu-check-nccl-topo.xml"  # NCCL_TOPO_DUMP_FILE of gpu-check's all-reduce, in the service's base
 
 
 def check_host(remote: Remote, progress: Progress, subject: CheckSubject, sizes: Sequence[int] = DEFAULT_SIZES,
-               deadline_s: float = 300) -> GpuCheckReport:
-    """Topology + advice, then the all-reduce; the GPUs must already be free (the caller stops the server)."""
+               deadline_s: float = 300, topo_dump: PurePosixPath | None = None) -> GpuCheckReport:
+    """Topology + advice, then the all-reduce; the GPUs must already be free (the caller stops the server). With
+    `topo_dump`, NCCL writes its topology there during the all-reduce (an older dump removed first); the report's
+    subject keeps the release's own environment."""
     progress.phase_started("topology")
     topology_results = remote.run(topology_steps())
     topology, _ = parse_topology_results(topology_results)
@@ -38,16 +48,23 @@ def check_host(remote: Remote, progress: Progress, subject: CheckSubject, sizes:
         raise PreflightError(f"{subject.source} runs TP {subject.world_size} but the host has "
                              f"{topology.gpu_count} GPUs")
     progress.phase_started(f"all-reduce over {subject.world_size} GPUs")
-    return read_check_batch(subject, [*topology_results, *remote.run([subject_step(subject, sizes, deadline_s)])])
+    run_with = subject if topo_dump is None else replace(
+        subject, environment={**subject.environment, "NCCL_TOPO_DUMP_FILE": str(topo_dump)})
+    clear = [] if topo_dump is None else [Step("p2p: remove an older NCCL topology dump", ("rm", "-f", "--",
+                                                                                          str(topo_dump)), sudo=True)]
+    *_, check = remote.run([*clear, subject_step(run_with, sizes, deadline_s)])
+    return read_check_batch(subject, [*topology_results, check])
 
 
 def run_gpu_check(target: Target, service: str, remote: Remote, progress: Progress, loaded: LoadedProfile | None,
                   stop_server: bool, environ: Mapping[str, str], sizes: Sequence[int] = DEFAULT_SIZES,
-                  before_stop: Callable[[], None] | None = None) -> GpuCheckReport:
+                  before_stop: Callable[[], None] | None = None, peer_to_peer: NodeReader | None = None
+                  ) -> GpuCheckReport:
     """gpu-check on one host: refuse while the server holds the GPUs unless told to stop it; then restart the
     current release through the readiness ladder (deploy.start), whatever the check found. `before_stop` runs just
     before the server stops (a router takes the replica out); an error of the check carries the release serving
-    again after the restart (`serving_id`), so the router takes the replica back."""
+    again after the restart (`serving_id`), so the router takes the replica back. With `peer_to_peer` (the reader of
+    the host's Proxmox node), the report carries the peer-to-peer verdict, read once the GPUs serve again."""
     layout = target.layout(service)
     facts = read_host_facts(remote, layout, venv=None, port=None)
     record = facts.store.release(facts.store.current) if facts.store.current else None
@@ -63,13 +80,14 @@ def run_gpu_check(target: Target, service: str, remote: Remote, progress: Progre
         raise PreflightError(f"{target.host.name}: {layout.unit_name} is running and holds the GPUs; the check needs "
                              "them free", "`invoke gpu-check --stop-server` stops it and restarts the current release "
                              "through the readiness ladder afterwards")
+    topo_dump = layout.base / TOPO_DUMP_NAME if peer_to_peer is not None else None
     # held from the stop to the restart, so no deploy starts a server on the GPUs while the check runs
     with host_lock(remote, layout, "gpu-check", target.host.name):
         if running:
             progress.note(f"stopping {layout.unit_name} for the check")
             deploy.stop(target, service, remote, before_stop=before_stop)
         try:
-            return check_host(remote, progress, subject, sizes)
+            report = check_host(remote, progress, subject, sizes, topo_dump=topo_dump)
         except DeployError as failed:  # raised only once the restart below served the release again
             if running:
                 failed.serving_id = facts.store.current
@@ -78,3 +96,11 @@ def run_gpu_check(target: Target, service: str, remote: Remote, progress: Progre
             if running:
                 progress.note(f"restarting {layout.unit_name}")
                 deploy.start(target, service, remote, progress, environ, restart=False)
+    if peer_to_peer is None:
+        return report
+    from deploy_lib.gpu_check.p2p.reading import check_peer_to_peer
+    progress.phase_started("peer-to-peer (read-only: the VM, and its Proxmox node where named)")
+    node_readings = peer_to_peer(target)
+    gpu_names = tuple(gpu.name for gpu in facts.gpus or ())
+    return replace(report, peer_to_peer=check_peer_to_peer(report, remote, node_readings, gpu_names,
+                                                           str(topo_dump)))

@@ -19,6 +19,9 @@ from deploy_lib.facts.host import Gpu
 from deploy_lib.facts.read import read_host_facts
 from deploy_lib.facts.readings import Fact, Readings, read
 from deploy_lib.gpu_check import parse_topology_results, topology_steps
+from deploy_lib.gpu_check.p2p import reading as p2p_reading
+from deploy_lib.gpu_check.p2p.reading import NodeReader
+from deploy_lib.gpu_check.p2p.verdict import P2pVerdict, p2p_verdict
 from deploy_lib.health import Rung, Snapshot, http_url, parse_snapshot, probe_step, reachable_host
 from deploy_lib.health.startup import startup_line
 from deploy_lib.models import StoredModel, read_stored
@@ -90,6 +93,7 @@ class StatusReport:
     venv_problem: str | None = None     # why the release's venv's packages could not be read (its python is gone)
     last_start: str = ""                # the current release's newest start's phases (health.startup)
     verified: bool = True               # history records the current release's last start healthy
+    peer_to_peer: P2pVerdict | None = None  # which GPU pairs have P2P, the cause and fix for the others
 
 
 def serving_endpoint(metadata: Mapping[str, Any], host_address: str) -> str | None:
@@ -139,7 +143,10 @@ def _readiness(snapshot: Snapshot) -> str:
     return f"not ready (health {snapshot.health_status or snapshot.health_error})"
 
 
-def read_status(target: Target, service: str, remote: Remote, now: datetime | None = None) -> StatusReport:
+def read_status(target: Target, service: str, remote: Remote, now: datetime | None = None,
+                peer_to_peer: NodeReader | None = None) -> StatusReport:
+    """The host's status; with `peer_to_peer` (the reader of the host's Proxmox node) also the peer-to-peer verdict,
+    its VM-side reads in the round trip of the topology."""
     layout = target.layout(service)
     facts = read_host_facts(remote, layout, venv=None, port=None)
     record = facts.store.release(facts.store.current) if facts.store.current else None
@@ -161,8 +168,14 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
     venv = PurePosixPath(str(metadata["venv"])) if metadata.get("venv") else None
     topology = topology_steps()
     packages = installed_fact(venv, STATUS_DISTRIBUTIONS, ()) if venv else None
-    readings = read(remote, [*topology, *([packages] if packages else [])])
+    p2p_reads = p2p_reading.vm_steps() if peer_to_peer is not None else []
+    readings = read(remote, [*topology, *([packages] if packages else []), *p2p_reads])
     links, links_error = parse_topology_results([readings[step.name] for step in topology])
+    verdict = None
+    if peer_to_peer is not None:
+        side, unread = p2p_reading.parse_vm_side(readings, links, tuple(gpu.name for gpu in facts.gpus or ()), {})
+        verdict = p2p_reading.with_unread(p2p_verdict(side, peer_to_peer(target), metadata.get("environment") or {}),
+                                          unread)
     installed, venv_problem = _installed(readings, packages)
     verified = record is None or facts.store.verified_since_switch(record.id)
     unverified = never_verified(record.id) if record is not None and not verified else None
@@ -182,7 +195,7 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
         gpus=facts.gpus, gpu_error=facts.gpu_error,
         lock_holder=(str(lock.owner) if lock.owner else "unknown owner") if lock else None,
         current_problem=facts.store.current_problem(),
-        topology=links.one_line() if links else links_error,
+        topology=links.one_line() if links else links_error, peer_to_peer=verdict,
         last_start=startup_by_release(facts.store.history).get(facts.store.current or "", ""))
 
 

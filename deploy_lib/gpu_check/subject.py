@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from deploy_lib.gpu_check.allreduce import DEFAULT_SIZES, CheckResult, check_step, parse_check_result
 from deploy_lib.gpu_check.topology import Advice, Topology, advise, parse_topology_results, topology_steps
@@ -14,6 +14,9 @@ from deploy_lib.host_paths import venv_python
 from deploy_lib.profile import LoadedProfile, ParallelSpec, read_stored_profile
 from deploy_lib.release.server_args import launch_environment
 from deploy_lib.remote import Step, StepResult
+
+if TYPE_CHECKING:
+    from deploy_lib.gpu_check.p2p.verdict import P2pVerdict
 
 
 @dataclass(frozen=True)
@@ -51,6 +54,7 @@ class GpuCheckReport:
     topology_error: str | None
     advice: Advice | None
     check: CheckResult
+    peer_to_peer: P2pVerdict | None = None  # `invoke gpu-check`'s section; None in a deploy's preflight.gpu_check
 
 
 def subject_step(subject: CheckSubject, sizes: Sequence[int], deadline_s: float) -> Step:

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     from deploy_lib.commands.uninstall import Uninstalled
     from deploy_lib.deploy import Options, Outcome
     from deploy_lib.gpu_check import GpuCheckReport
+    from deploy_lib.gpu_check.p2p.reading import NodeReader
     from deploy_lib.ops.fleet import FleetRun
     from deploy_lib.profile import LoadedProfile
 
@@ -152,18 +153,28 @@ def gpu_check(scope: Scope, service: str, loaded: LoadedProfile | None, stop_ser
     """The NCCL check on every host of the scope; --stop-server takes a replica out of its router for the check
     (one node of a multi-node release is refused: its server is stopped only with the others)."""
     from deploy_lib.commands import gpu_check as checks
+    nodes = _proxmox_nodes(scope, reach)
 
     def check_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None
                    ) -> GpuCheckReport:
         return checks.run_gpu_check(target, service, remote, progress, loaded, stop_server, reach.environ, sizes,
-                                    before_stop=drain)
+                                    before_stop=drain, peer_to_peer=nodes)
     front = router_in_front(scope, reach) if stop_server else None
     return run_each(scope, reach, behind(front, service, check_host), rolled_out(front, scope, reach))
 
 
 def status(scope: Scope, service: str, reach: Reach) -> FleetRun[StatusReport]:
     from deploy_lib.commands import status as host_status
-    return run_each(scope, reach, lambda target, remote, _: host_status.read_status(target, service, remote))
+    nodes = _proxmox_nodes(scope, reach)
+    return run_each(scope, reach, lambda target, remote, _: host_status.read_status(target, service, remote,
+                                                                                    peer_to_peer=nodes))
+
+
+def _proxmox_nodes(scope: Scope, reach: Reach) -> NodeReader:
+    """The Proxmox node each host's vars name, for the peer-to-peer verdict (read-only, through `reach`)."""
+    from deploy_lib.gpu_check.p2p.reading import node_reader
+    return node_reader(scope.inventory, scope.targets, lambda target: reach.connect(target, True),
+                       scope.accept_new_host_key)
 
 
 def releases(scope: Scope, service: str, reach: Reach) -> FleetRun[list[ReleaseRow]]:

@@ -4,9 +4,9 @@ a node that cannot be reached leaves the VM side reported and says the node was 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from deploy_lib.errors import ConfigError, DeployError
@@ -133,6 +133,27 @@ def read_node(found: ProxmoxNode, connect: Callable[[Target], AbstractContextMan
         return NodeReadings(name, found.vmid, f"unreachable: {exc.message}")
 
 
+NodeReader = Callable[[Target], NodeReadings | None]
+
+
+def node_reader(inventory: Inventory, targets: Sequence[Target],
+                connect: Callable[[Target], AbstractContextManager[Remote]], accept_new_host_key: bool = False
+                ) -> NodeReader:
+    """Each host's Proxmox node resolved now, so a wrong `proxmox_node` is a ConfigError before any connection; the
+    reader returned reads a host's node when called (None: the host names no node)."""
+    nodes = {target.host.name: proxmox_node(inventory, target, accept_new_host_key) for target in targets}
+
+    def read(target: Target) -> NodeReadings | None:
+        found = nodes.get(target.host.name)
+        return read_node(found, connect) if found is not None else None
+    return read
+
+
+def with_unread(verdict: P2pVerdict, unread: Sequence[str]) -> P2pVerdict:
+    """The verdict whose notes also say what could not be read in the VM, and why."""
+    return replace(verdict, notes=(*verdict.notes, *(f"not read: {item}" for item in unread)))
+
+
 def read_peer_to_peer(remote: Remote, topology: Topology | None, gpu_names: tuple[str, ...],
                       transports: Mapping[str, int], environment: Mapping[str, str], node_readings: NodeReadings | None,
                       topo_dump_path: str | None = None) -> tuple[P2pVerdict, tuple[str, ...]]:
@@ -141,13 +162,12 @@ def read_peer_to_peer(remote: Remote, topology: Topology | None, gpu_names: tupl
     return p2p_verdict(side, node_readings, environment), unread
 
 
-def check_peer_to_peer(report: GpuCheckReport, inventory: Inventory, target: Target, remote: Remote,
-                       connect: Callable[[Target], AbstractContextManager[Remote]], accept_new_host_key: bool = False,
-                       topo_dump_path: str | None = None) -> tuple[P2pVerdict, tuple[str, ...]]:
-    """gpu-check's peer-to-peer section after its report: the VM batch on `remote`, the node's batch where the host's
-    vars name one (opened with `connect`, like the router's host), the verdict with the check's NCCL environment."""
-    found = proxmox_node(inventory, target, accept_new_host_key)
-    node_readings = read_node(found, connect) if found is not None else None
-    gpu_names = tuple(name for name in report.check.gpus if name)
-    return read_peer_to_peer(remote, report.topology, gpu_names, report.check.transports, report.subject.environment,
-                             node_readings, topo_dump_path)
+def check_peer_to_peer(report: GpuCheckReport, remote: Remote, node_readings: NodeReadings | None,
+                       gpu_names: tuple[str, ...] = (), topo_dump_path: str | None = None) -> P2pVerdict:
+    """gpu-check's peer-to-peer section after its report: the VM batch on `remote` (NCCL's topology dump of the
+    check's run at `topo_dump_path`), the verdict with the node's readings (None: no node named), the check's
+    topology, transports and NCCL environment; `gpu_names` when the check itself named none (it did not run)."""
+    names = tuple(name for name in report.check.gpus if name) or gpu_names
+    verdict, unread = read_peer_to_peer(remote, report.topology, names, report.check.transports,
+                                        report.subject.environment, node_readings, topo_dump_path)
+    return with_unread(verdict, unread)

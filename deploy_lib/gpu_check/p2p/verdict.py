@@ -8,7 +8,6 @@ import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
 from deploy_lib.gpu_check.p2p.links import GpuLink, vm_signs
 from deploy_lib.gpu_check.p2p.node import IommuFlags, PciDevice, PciTree, QmConfig
@@ -39,6 +38,11 @@ class Finding:
     detail: str
     fixes: tuple[str, ...]
     trade_off: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """The cause as a stable key for scripts (`--json`): "acs_redirect", "vm_no_clique", ..."""
+        return self.cause.name.lower()
 
 
 @dataclass(frozen=True)
@@ -92,14 +96,6 @@ class P2pVerdict:
         causes = sorted({finding.cause.value for pair in missing for finding in pair.findings})
         return f"peer-to-peer on {len(self.pairs) - len(missing)} of {len(self.pairs)} GPU pairs" + \
             (f"; causes: {', '.join(causes)}" if causes else "")
-
-    def as_dict(self) -> dict[str, Any]:
-        """For `gpu-check --json`: pairs with their findings, the interim advice and the notes."""
-        return {"pairs": [{"gpus": list(pair.gpus), "p2p": pair.p2p, "read": pair.read, "write": pair.write,
-                           "findings": [{"cause": finding.cause.name.lower(), "detail": finding.detail,
-                                         "fixes": list(finding.fixes), "trade_off": finding.trade_off}
-                                        for finding in pair.findings]} for pair in self.pairs],
-                "interim": list(self.interim), "notes": list(self.notes)}
 
     def lines(self) -> list[str]:
         """The "peer-to-peer" section of the report."""
