@@ -66,8 +66,9 @@ def measure_pairs(remote: Remote, progress: Progress, subject: CheckSubject, gpu
     said why."""
     from deploy_lib.gpu_check.p2p.measure import Measurement, measure_step, parse_measure_result
     if gpu_count < 2:
-        seen = "one GPU" if gpu_count == 1 else f"{gpu_count} GPUs"
-        return Measurement(None, skipped=f"{seen} on the host, no pair to copy between")
+        seen = "one GPU on the host" if gpu_count == 1 else "no GPU seen on the host (topo -m, the GPU table and " \
+            "the all-reduce named none)"
+        return Measurement(None, skipped=f"{seen}, no pair to copy between")
     progress.phase_started(f"P2P copies between {gpu_count} GPUs (each ordered pair)")
     (result,) = remote.run([measure_step(str(venv_python(subject.venv)))])
     return parse_measure_result(result)

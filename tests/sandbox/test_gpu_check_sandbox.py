@@ -90,7 +90,7 @@ def test_a_due_check_in_a_venv_without_torch_is_refused_before_anything_stops(
         deployed: tuple[Project, str, manage.Guest]) -> None:
     project, inventory, guest = deployed
     loaded, target = load_for_host(project, "gc-p2p-off", inventory, None)
-    venv = target.venv_override or loaded.profile.service.venv
+    venv = target.venv_of(loaded.profile)
     with FabricRemote(target.ssh) as remote:
         before = read_store_facts(remote, target.layout(SERVICE))
         with pytest.raises(PreflightError) as refused:
