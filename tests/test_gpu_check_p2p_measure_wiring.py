@@ -147,14 +147,14 @@ def test_a_venv_without_python_is_refused_by_name_before_the_server_stops() -> N
     """Input tried: --stop-server on a host whose release venv has no bin/python3 (sudo exits 1 for a missing
     command, so the all-reduce used to fail as a step, exit 5)."""
     host = StoppableHost({"A": [READY], "B": [READY]})
-    host.reply("gpu-check: venv python", exit_code=3)
+    host.reply("host facts: venv python (gpu-check)", exit_code=3)
     with pytest.raises(PreflightError) as refused:
         run_gpu_check(target(), "sglang", host, RecordingProgress(), None, True, {}, peer_to_peer=lambda _: None)
     assert "release B checks with venv /root/ml-env (release B's record), which has no /root/ml-env/bin/python3" \
         in refused.value.message
     assert "python3 -m venv /root/ml-env" in (refused.value.hint or "")
     assert "systemd: stop" not in host.ran_names() and "all-reduce check" not in host.ran_names()
-    step = next(s for s in host.ran if isinstance(s, Step) and s.name == "gpu-check: venv python")
+    step = next(s for s in host.ran if isinstance(s, Step) and s.name == "host facts: venv python (gpu-check)")
     assert step.sudo and step.argv == ("sh", "-c", 'test -x "$1" || exit 3', "sh", "/root/ml-env/bin/python3")
 
 

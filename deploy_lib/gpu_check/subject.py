@@ -60,7 +60,7 @@ NO_PYTHON = 3  # the python step's own exit for "not there" (sudo's own failures
 
 def python_step(subject: CheckSubject) -> Step:
     """Whether the venv's python is there, read under sudo (a venv under /root is hidden from other users)."""
-    return Step("gpu-check: venv python", ("sh", "-c", f'test -x "$1" || exit {NO_PYTHON}', "sh",
+    return Step("host facts: venv python (gpu-check)", ("sh", "-c", f'test -x "$1" || exit {NO_PYTHON}', "sh",
                                            str(venv_python(subject.venv))),
                 sudo=True, ok=frozenset({0, NO_PYTHON}), timeout_s=15, repeatable=True)
 
