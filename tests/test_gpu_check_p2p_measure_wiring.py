@@ -174,3 +174,12 @@ def test_a_profile_checks_with_the_hosts_venv_var_as_a_deploy_would(tmp_path: Pa
     # the one rule deploy resolves it by
     (path := tmp_path / "hosts.yaml").write_text(text)
     assert resolve_target(load_inventory(path), "vm105").venv_of(checked().profile) == "/opt/host-venv"
+
+
+def test_status_never_copies_and_its_verdict_says_no_measurement(tmp_path: Path) -> None:
+    hosts = Reached()
+    report = commands.one(commands.status(vm_scope(tmp_path), "sglang", hosts.reach()))
+    assert report.peer_to_peer is not None and report.peer_to_peer.measurement is None
+    assert json.loads(json.dumps(jsonable(report)))["peer_to_peer"]["measurement"] is None
+    assert "p2p measure" not in hosts.remotes["vm105"].ran_names()
+    assert not any(line.strip().startswith("P2P measurement") for line in report.peer_to_peer.lines())
