@@ -134,7 +134,7 @@ def print_peer_to_peer(verdict: P2pVerdict) -> None:
         text = line.strip()
         style = "bold" if text == "peer-to-peer:" else "green" if text.startswith("GPU") and ": P2P" in text else \
             "red" if text.startswith("GPU") else "yellow" if text.startswith("cause:") else \
-            "bold" if text.startswith("fix:") else None
+            "bold" if text.startswith("fix:") else "red" if text.startswith("disagrees:") else None
         _print(line, style=style, markup=False)
 
 

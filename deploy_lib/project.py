@@ -9,7 +9,7 @@ from pathlib import Path, PurePosixPath
 
 from deploy_lib.errors import ConfigError
 from deploy_lib.inventory import Host, Inventory, check_profile_fits_host, load_inventory, ssh_target
-from deploy_lib.profile import LoadedProfile, load_profile
+from deploy_lib.profile import LoadedProfile, Profile, load_profile
 from deploy_lib.profile.overrides import from_command_line
 from deploy_lib.remote import SSHTarget
 from deploy_lib.store import StoreLayout
@@ -88,6 +88,11 @@ class Target:
     @property
     def venv_override(self) -> str | None:
         return self.host.vars.venv
+
+    def venv_of(self, profile: Profile) -> str:
+        """The venv `profile` runs from on this host (one without venv_build): the host's `venv` var, else the
+        profile's service.venv; deploy, status and gpu-check all resolve it here."""
+        return self.venv_override or profile.service.venv
 
     def layout(self, service: str) -> StoreLayout:
         """Where `service`'s releases live on this host."""

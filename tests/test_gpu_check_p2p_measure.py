@@ -46,7 +46,8 @@ def test_a_peer_pair_line_says_whether_torch_saw_peer_access():
 
 def test_the_step_sends_the_committed_script_and_reads_failures():
     step = measure_step("/opt/ml-env/bin/python3", loopback=True)
-    assert step.argv == ("/opt/ml-env/bin/python3", "-") and step.stdin.decode().startswith(SCRIPT_SOURCE)
+    assert step.argv == ("timeout", "--kill-after=10", "240", "/opt/ml-env/bin/python3", "-")
+    assert step.stdin.decode().startswith(SCRIPT_SOURCE)
     assert step.stdin.decode().endswith("run_measure_and_print('{\"sizes\": [1048576, 67108864, 268435456], "
                                         "\"loopback\": true}')\n")
     assert parse_measure_result(StepResult(step, 127, "", "", 0.0)).error.startswith("the release's venv has no python")

@@ -1,6 +1,7 @@
 """`invoke gpu-check` on one host: the topology and the all-reduce with the GPUs free, the server stopped and
 restarted through the readiness ladder when asked, all under the host lock; then, when asked, the peer-to-peer
-section (gpu_check.p2p: the VM-side reads on the host, the Proxmox node's when the host names one)."""
+section (gpu_check.p2p: the per-pair copy measurement while the GPUs are still free, the VM-side reads on the host,
+the Proxmox node's when the host names one)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,15 @@ from deploy_lib.gpu_check.allreduce import DEFAULT_SIZES, parse_sizes
 from deploy_lib.gpu_check.subject import (
     CheckSubject,
     GpuCheckReport,
+    python_step,
     read_check_batch,
     subject_of_profile,
     subject_of_release,
     subject_step,
+    venv_has_python,
 )
 from deploy_lib.gpu_check.topology import parse_topology_results, topology_steps
+from deploy_lib.host_paths import venv_python
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
@@ -29,6 +33,7 @@ from deploy_lib.remote import Remote, Step
 from deploy_lib.store import host_lock
 
 if TYPE_CHECKING:
+    from deploy_lib.gpu_check.p2p.measure import Measurement
     from deploy_lib.gpu_check.p2p.reading import NodeReader
 
 # parse_sizes beside the command it feeds: the CLI parses --sizes and runs the check from this one module
@@ -56,6 +61,19 @@ def check_host(remote: Remote, progress: Progress, subject: CheckSubject, sizes:
     return read_check_batch(subject, [*topology_results, check])
 
 
+def measure_pairs(remote: Remote, progress: Progress, subject: CheckSubject, gpu_count: int) -> Measurement:
+    """The per-pair copies (read-only, ended by timeout(1)); the GPUs must already be free. One GPU: skipped, and
+    said why."""
+    from deploy_lib.gpu_check.p2p.measure import Measurement, measure_step, parse_measure_result
+    if gpu_count < 2:
+        seen = "one GPU on the host" if gpu_count == 1 else "no GPU seen on the host (topo -m, the GPU table and " \
+            "the all-reduce named none)"
+        return Measurement(None, skipped=f"{seen}, no pair to copy between")
+    progress.phase_started(f"P2P copies between {gpu_count} GPUs (each ordered pair)")
+    (result,) = remote.run([measure_step(str(venv_python(subject.venv)))])
+    return parse_measure_result(result)
+
+
 def run_gpu_check(target: Target, service: str, remote: Remote, progress: Progress, loaded: LoadedProfile | None,
                   stop_server: bool, environ: Mapping[str, str], sizes: Sequence[int] = DEFAULT_SIZES,
                   before_stop: Callable[[], None] | None = None, peer_to_peer: NodeReader | None = None
@@ -69,7 +87,7 @@ def run_gpu_check(target: Target, service: str, remote: Remote, progress: Progre
     facts = read_host_facts(remote, layout, venv=None, port=None)
     record = facts.store.release(facts.store.current) if facts.store.current else None
     if loaded is not None:
-        subject = subject_of_profile(loaded)
+        subject = subject_of_profile(loaded, target)
     elif record is not None:
         subject = subject_of_release(record.id, record.metadata)
     else:
@@ -80,7 +98,10 @@ def run_gpu_check(target: Target, service: str, remote: Remote, progress: Progre
         raise PreflightError(f"{target.host.name}: {layout.unit_name} is running and holds the GPUs; the check needs "
                              "them free", "`invoke gpu-check --stop-server` stops it and restarts the current release "
                              "through the readiness ladder afterwards")
+    (has_python,) = remote.run([python_step(subject)])
+    venv_has_python(target.host.name, subject, has_python)  # before anything stops
     topo_dump = layout.base / TOPO_DUMP_NAME if peer_to_peer is not None else None
+    measurement: Measurement | None = None
     # held from the stop to the restart, so no deploy starts a server on the GPUs while the check runs
     with host_lock(remote, layout, "gpu-check", target.host.name):
         if running:
@@ -88,6 +109,11 @@ def run_gpu_check(target: Target, service: str, remote: Remote, progress: Progre
             deploy.stop(target, service, remote, before_stop=before_stop)
         try:
             report = check_host(remote, progress, subject, sizes, topo_dump=topo_dump)
+            if peer_to_peer is not None:  # after the all-reduce, while the GPUs are still free
+                # topo -m lists no link on a one-GPU host: the facts' GPU table and the check's ranks count too
+                gpu_count = max(report.topology.gpu_count if report.topology else 0, len(facts.gpus or ()),
+                                len(report.check.gpus))
+                measurement = measure_pairs(remote, progress, subject, gpu_count)
         except DeployError as failed:  # raised only once the restart below served the release again
             if running:
                 failed.serving_id = facts.store.current
@@ -103,4 +129,4 @@ def run_gpu_check(target: Target, service: str, remote: Remote, progress: Progre
     node_readings = peer_to_peer(target)
     gpu_names = tuple(gpu.name for gpu in facts.gpus or ())
     return replace(report, peer_to_peer=check_peer_to_peer(report, remote, node_readings, gpu_names,
-                                                           str(topo_dump)))
+                                                           str(topo_dump), measurement))

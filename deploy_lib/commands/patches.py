@@ -85,7 +85,7 @@ def current_venv(remote: Remote, layout: StoreLayout, loaded: LoadedProfile, tar
     record = store.release(store.current) if store.current else None
     if record is not None and record.metadata.get("venv"):
         return PurePosixPath(str(record.metadata["venv"]))
-    return PurePosixPath(target.venv_override or loaded.profile.service.venv)
+    return PurePosixPath(target.venv_of(loaded.profile))
 
 
 def read_context(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProfile, target: Target,

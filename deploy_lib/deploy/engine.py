@@ -99,7 +99,7 @@ def choose_venv(remote: Remote, layout: StoreLayout, target: Target, profile: Pr
     """Build (or reuse) the profile's locked venv; it is immutable, so building it changes nothing that runs."""
     spec = profile.service.venv_build
     if spec is None:
-        return VenvChoice(target.venv_override or profile.service.venv)
+        return VenvChoice(target.venv_of(profile))
     # the venv builder loads only for a profile that builds its venv (a no-op of the others never runs it)
     from deploy_lib.venvs import cache_dir_steps, cache_environment, ensure_venv, load_lock, plan_build
     from deploy_lib.venvs import read_facts as read_venv_facts

@@ -237,7 +237,7 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
     id for all its nodes, instead of this host's content id."""
     not_available = dict(secrets_not_available or {})
     secrets = {**secrets, **{name: SECRET_NOT_AVAILABLE for name in not_available}}
-    venv = venv or VenvChoice(target.venv_override or loaded.profile.service.venv)
+    venv = venv or VenvChoice(target.venv_of(loaded.profile))
     layout = target.layout(loaded.profile.service.name)
     version = facts.sglang.sglang_version or venv.sglang_version
     if version is None:

@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from deploy_lib.errors import PreflightError
 from deploy_lib.gpu_check.allreduce import DEFAULT_SIZES, CheckResult, check_step, parse_check_result
 from deploy_lib.gpu_check.topology import Advice, Topology, advise, parse_topology_results, topology_steps
 from deploy_lib.host_paths import venv_python
@@ -17,6 +18,7 @@ from deploy_lib.remote import Step, StepResult
 
 if TYPE_CHECKING:
     from deploy_lib.gpu_check.p2p.verdict import P2pVerdict
+    from deploy_lib.project import Target
 
 
 @dataclass(frozen=True)
@@ -27,6 +29,7 @@ class CheckSubject:
     venv: str
     world_size: int
     environment: dict[str, str]
+    venv_from: str = ""  # where `venv` was named: "release R's record", "the host's `venv` var", ...
 
 
 def ranks_on_this_node(parallel: ParallelSpec) -> int:
@@ -38,13 +41,39 @@ def subject_of_release(release_id: str, metadata: Mapping[str, Any]) -> CheckSub
     """A release as release.json records it (a deploy's new release: its metadata())."""
     return CheckSubject(f"release {release_id}", str(metadata["venv"]),
                         ranks_on_this_node(read_stored_profile(metadata.get("profile")).parallel),
-                        dict(metadata.get("environment") or {}))
+                        dict(metadata.get("environment") or {}), f"release {release_id}'s record")
 
 
-def subject_of_profile(loaded: LoadedProfile) -> CheckSubject:
-    profile = loaded.profile
-    return CheckSubject(f"profile {loaded.name}", profile.service.venv, ranks_on_this_node(profile.parallel),
-                        launch_environment(profile))
+def subject_of_profile(loaded: LoadedProfile, target: Target | None = None) -> CheckSubject:
+    """A profile on `target`: its venv as a deploy there resolves it (the host's `venv` var first)."""
+    venv = target.venv_of(loaded.profile) if target is not None else loaded.profile.service.venv
+    venv_from = f"{target.host.name}'s `venv` var" if target is not None and target.venv_override else \
+        f"profile {loaded.name}'s service.venv"
+    # as build_release does: the venv replaces the profile's, so PATH and VIRTUAL_ENV follow it
+    profile = loaded.profile.model_copy(update={"service": loaded.profile.service.model_copy(update={"venv": venv})})
+    return CheckSubject(f"profile {loaded.name}", venv, ranks_on_this_node(profile.parallel),
+                        launch_environment(profile), venv_from)
+
+
+NO_PYTHON = 3  # the python step's own exit for "not there" (sudo's own failures exit 1)
+
+
+def python_step(subject: CheckSubject) -> Step:
+    """Whether the venv's python is there, read under sudo (a venv under /root is hidden from other users)."""
+    return Step("host facts: venv python (gpu-check)", ("sh", "-c", f'test -x "$1" || exit {NO_PYTHON}', "sh",
+                                           str(venv_python(subject.venv))),
+                sudo=True, ok=frozenset({0, NO_PYTHON}), timeout_s=15, repeatable=True)
+
+
+def venv_has_python(host: str, subject: CheckSubject, result: StepResult) -> None:
+    """python_step's result: a venv without python is a PreflightError naming the venv, where it was named, and what
+    to run."""
+    if result.exit_code == NO_PYTHON:
+        raise PreflightError(
+            f"{host}: {subject.source} checks with venv {subject.venv} ({subject.venv_from}), which has no "
+            f"{venv_python(subject.venv)}: the all-reduce and the copies run under that python",
+            f"create it on {host} (`python3 -m venv {subject.venv}`, then torch with CUDA into it), or point the "
+            "host's `venv` var or the profile's service.venv at a venv that has them")
 
 
 @dataclass(frozen=True)

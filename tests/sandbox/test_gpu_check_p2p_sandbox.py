@@ -134,6 +134,8 @@ def test_invoke_gpu_check_prints_the_section_with_a_cause_and_fix_for_each_pair(
     assert "      fix: on pve1, until reboot: setpci -s 0000:40:01.1 ECAP_ACS+6.w=0000" in section
     assert "    SGLang: --disable-custom-all-reduce (its custom all-reduce needs peer access between the GPUs)" in \
         section
+    # the per-pair copies ran on the guest (sudo timeout 240 PYTHON -) and said why they could not measure
+    assert any(line.startswith("  P2P measurement not run: needs torch with CUDA") for line in section), section
     as_json = invoke_in_checkout(checkout, "gpu-check", "--profile", "p2p-ref", "--host", node_stand_in.name,
                                  "--inventory", "inventory/hosts.yaml", "--json")
     pairs_json = json.loads(as_json.stdout)["peer_to_peer"]["pairs"]

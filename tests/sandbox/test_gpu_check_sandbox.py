@@ -7,6 +7,7 @@ not due lets the deploy run as without the key."""
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from projects import project_for_guest
@@ -27,7 +28,10 @@ PROFILES = {"gc-ref": f"extends: glm5-nvfp4\nservice:\n  name: {SERVICE}\nserver
             # what the check depends on changes: it must run
             "gc-p2p-off": "extends: gc-ref\npreflight:\n  gpu_check: true\nnccl:\n  p2p_disable: true\n",
             # a new release whose NCCL setup and venv are the current one's
-            "gc-threads": "extends: gc-ref\npreflight:\n  gpu_check: true\nenv:\n  OMP_NUM_THREADS: \"4\"\n"}
+            "gc-threads": "extends: gc-ref\npreflight:\n  gpu_check: true\nenv:\n  OMP_NUM_THREADS: \"4\"\n",
+            # a venv that is not there: the guest's `venv` var names the one a deploy would use
+            "gc-elsewhere": "extends: gc-ref\nservice:\n  venv: /opt/no-such-venv\n"}
+NO_VENV = "/opt/no-such-venv"
 
 
 @pytest.fixture(scope="module")
@@ -86,7 +90,7 @@ def test_a_due_check_in_a_venv_without_torch_is_refused_before_anything_stops(
         deployed: tuple[Project, str, manage.Guest]) -> None:
     project, inventory, guest = deployed
     loaded, target = load_for_host(project, "gc-p2p-off", inventory, None)
-    venv = target.venv_override or loaded.profile.service.venv
+    venv = target.venv_of(loaded.profile)
     with FabricRemote(target.ssh) as remote:
         before = read_store_facts(remote, target.layout(SERVICE))
         with pytest.raises(PreflightError) as refused:
@@ -111,3 +115,37 @@ def test_a_deploy_whose_nccl_setup_is_unchanged_runs_no_check(deployed: tuple[Pr
     assert any(text.startswith("gpu check (preflight.gpu_check) not needed") for kind, text in progress.events
                if kind == "note" and isinstance(text, str))
     assert facts.current == outcome.release_id and facts.history[-1].outcome == "healthy"
+
+
+def test_a_venv_without_python_is_refused_by_name_and_nothing_stops(
+        deployed: tuple[Project, str, manage.Guest], tmp_path: Path) -> None:
+    """Input tried: the guest's `venv` var set to a path that does not exist, --stop-server (failed before: sudo
+    exits 1 for a command it cannot find, so the all-reduce step failed, exit 5, after the server had stopped)."""
+    project, inventory, guest = deployed
+    moved = tmp_path / "sandbox.yaml"
+    text = Path(inventory).read_text()
+    assert f"venv: {manage.GUEST_VENV}" in text
+    moved.write_text(text.replace(f"venv: {manage.GUEST_VENV}", f"venv: {NO_VENV}"))
+    loaded, target = load_for_host(project, "gc-ref", str(moved), None)
+    with FabricRemote(target.ssh) as remote:
+        before = read_store_facts(remote, target.layout(SERVICE))
+        with pytest.raises(PreflightError) as refused:
+            run_gpu_check(target, SERVICE, remote, RecordingProgress(), loaded, True, {})
+        after = read_store_facts(remote, target.layout(SERVICE))
+    assert refused.value.exit_code == 3
+    assert f"checks with venv {NO_VENV} ({target.host.name}'s `venv` var), which has no {NO_VENV}/bin/python3" in \
+        refused.value.message
+    assert f"python3 -m venv {NO_VENV}" in (refused.value.hint or "")
+    assert after.history == before.history
+    assert manage.run_on(guest, f"systemctl is-active {SERVICE}.service", user="root").strip() == "active"
+
+
+def test_a_profile_is_checked_with_the_hosts_venv_var(deployed: tuple[Project, str, manage.Guest]) -> None:
+    """`gpu-check --profile gc-elsewhere` (service.venv names no venv on the guest): the guest's `venv` var wins, as
+    in a deploy, so the check runs there and says it needs torch (failed before: the profile's venv was used)."""
+    project, inventory, _ = deployed
+    loaded, target = load_for_host(project, "gc-elsewhere", inventory, None)
+    with FabricRemote(target.ssh) as remote:
+        report = run_gpu_check(target, SERVICE, remote, RecordingProgress(), loaded, True, {})
+    assert report.subject.venv == str(manage.GUEST_VENV) and report.subject.source == "profile gc-elsewhere"
+    assert report.check.error is not None and report.check.error.startswith("needs torch with CUDA")

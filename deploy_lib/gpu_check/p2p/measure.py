@@ -1,5 +1,6 @@
 """The per-pair GPU copy measurement: deploy_lib/gpu_check/p2p/measure_script.py run by the release venv's python on
-the host, and its JSON report parsed (bandwidth per size, the latency of a 4-byte copy, every element compared)."""
+the host under `timeout`, its JSON report parsed (bandwidth per size, the latency of a 4-byte copy, every element
+compared), and where a pair's copies disagree with the driver's P2P verdict for it."""
 
 from __future__ import annotations
 
@@ -9,10 +10,14 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from deploy_lib.facts.readings import ANY_EXIT
 from deploy_lib.remote import Step, StepResult
 
 SCRIPT_SOURCE = resources.files("deploy_lib.gpu_check.p2p").joinpath("measure_script.py").read_text(encoding="utf-8")
 DEFAULT_SIZES = (1 << 20, 64 << 20, 256 << 20)
+DEADLINE_S = 240  # 8 GPUs are 56 ordered pairs, each well under a second even through host memory
+TIMED_OUT = frozenset({124, 137})  # timeout(1): the deadline passed (137: killed after the grace period)
+NO_PYTHON = 127  # timeout(1) could not run the venv's python
 
 
 @dataclass(frozen=True)
@@ -24,6 +29,11 @@ class PairMeasure:
     gbps: tuple[tuple[int, float], ...]  # (size in bytes, GB/s)
     latency_us: float
     wrong: tuple[str, ...]
+
+    @property
+    def sums_verified(self) -> bool:
+        """Every element of every copy arrived as sent."""
+        return not self.wrong
 
     def line(self) -> str:
         name = f"GPU{self.src} (device-local copy)" if self.loopback else f"GPU{self.src} -> GPU{self.dst}"
@@ -42,13 +52,53 @@ class Measurement:
     error: str | None
     gpus: tuple[str, ...] = ()
     pairs: tuple[PairMeasure, ...] = ()
+    skipped: str | None = None  # why the script was not run at all (one GPU)
+
+    def summary(self) -> str:
+        """One line for the peer-to-peer section: measured, skipped and why, or not run and why."""
+        if self.skipped:
+            return f"P2P measurement skipped: {self.skipped}"
+        if self.error:
+            return f"P2P measurement not run: {self.error}"
+        if not self.pairs:
+            return f"P2P measurement: {len(self.gpus)} GPU, no pair to measure"
+        sizes = ", ".join(_mib(size) for size, _ in self.pairs[0].gbps)
+        wrong = sum(1 for pair in self.pairs if pair.wrong)
+        return (f"P2P measurement: {len(self.pairs)} directed copies between {len(self.gpus)} GPUs at {sizes}, "
+                + (f"{wrong} with WRONG elements" if wrong else "every element verified"))
 
     def lines(self) -> list[str]:
-        if self.error:
-            return [f"P2P measurement not run: {self.error}"]
-        if not self.pairs:
-            return [f"P2P measurement: {len(self.gpus)} GPU, no pair to measure"]
+        if self.skipped or self.error or not self.pairs:
+            return [self.summary()]
         return [pair.line() for pair in self.pairs]
+
+    def of_pair(self, pair: tuple[int, int]) -> tuple[PairMeasure, ...]:
+        """Both directions of an unordered pair, as measured."""
+        return tuple(measured for measured in self.pairs if {measured.src, measured.dst} == set(pair)
+                     and not measured.loopback)
+
+
+def disagreements(driver_p2p: str, measured: Sequence[PairMeasure]) -> tuple[str, ...]:
+    """Where the copies contradict the driver's verdict (`driver_p2p`: nvidia-smi's read status, "OK" or a code):
+    the driver says P2P but torch copies through host memory, the driver says none but torch has peer access, or a
+    copy arrived wrong."""
+    out = []
+    for pair in measured:
+        name, rate = f"GPU{pair.src} -> GPU{pair.dst}", _largest(pair)
+        if driver_p2p == "OK" and not pair.peer_access:
+            out.append(f"nvidia-smi reports P2P, but the copy {name} went through host memory (torch sees no peer "
+                       f"access): {rate}")
+        elif driver_p2p != "OK" and pair.peer_access:
+            out.append(f"nvidia-smi reports {driver_p2p}, but torch has peer access {name}: {rate}")
+        if pair.wrong:
+            out.append(f"the copy {name} arrived WRONG ({'; '.join(pair.wrong)}): keep NCCL off P2P on this pair "
+                       "(nccl.p2p_disable: true) until it copies exactly")
+    return tuple(out)
+
+
+def _largest(pair: PairMeasure) -> str:
+    size, rate = pair.gbps[-1] if pair.gbps else (0, 0.0)
+    return f"{rate:.1f} GB/s at {_mib(size)}"
 
 
 def parse_measure_output(payload: dict[str, Any]) -> Measurement:
@@ -63,16 +113,22 @@ def parse_measure_output(payload: dict[str, Any]) -> Measurement:
     return Measurement(None, tuple(payload.get("gpus") or ()), pairs)
 
 
-def measure_step(python: str, sizes: Sequence[int] = DEFAULT_SIZES, loopback: bool = False) -> Step:
-    """The script on stdin under the venv's python (127: no python there)."""
+def measure_step(python: str, sizes: Sequence[int] = DEFAULT_SIZES, loopback: bool = False,
+                 deadline_s: int = DEADLINE_S) -> Step:
+    """The script on stdin under the venv's python, ended by timeout(1) at `deadline_s` (127: no python there);
+    every exit is read, so a crashed measurement is reported in the section, never a failed gpu-check."""
     config = json.dumps({"sizes": list(sizes), "loopback": loopback})
     program = f"{SCRIPT_SOURCE}\nrun_measure_and_print({config!r})\n"
-    return Step("p2p measure", (python, "-"), sudo=True, stdin=program.encode(), ok=frozenset({0, 127}), timeout_s=300)
+    return Step("p2p measure", ("timeout", "--kill-after=10", str(deadline_s), python, "-"), sudo=True,
+                stdin=program.encode(), ok=ANY_EXIT, timeout_s=deadline_s + 60)
 
 
 def parse_measure_result(result: StepResult) -> Measurement:
-    if result.exit_code == 127:
+    if result.exit_code == NO_PYTHON:
         return Measurement("the release's venv has no python (needs torch with CUDA)")
+    if result.exit_code in TIMED_OUT:
+        deadline = result.step.argv[2] if isinstance(result.step, Step) else "?"
+        return Measurement(f"the copies did not finish within {deadline} s (ended by timeout)")
     try:
         return parse_measure_output(json.loads(result.stdout.strip().splitlines()[-1]))
     except (IndexError, ValueError, KeyError) as exc:

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 from deploy_lib.errors import ConfigError, DeployError
 from deploy_lib.facts.readings import ANY_EXIT, Readings
 from deploy_lib.gpu_check.p2p import links, node, vm
+from deploy_lib.gpu_check.p2p.measure import Measurement
 from deploy_lib.gpu_check.p2p.verdict import NodeReadings, P2pVerdict, VmSide, p2p_verdict
 from deploy_lib.gpu_check.topology import Topology
 from deploy_lib.inventory import Inventory
@@ -156,18 +157,22 @@ def with_unread(verdict: P2pVerdict, unread: Sequence[str]) -> P2pVerdict:
 
 def read_peer_to_peer(remote: Remote, topology: Topology | None, gpu_names: tuple[str, ...],
                       transports: Mapping[str, int], environment: Mapping[str, str], node_readings: NodeReadings | None,
-                      topo_dump_path: str | None = None) -> tuple[P2pVerdict, tuple[str, ...]]:
-    """The VM-side batch on the inventory host, then the verdict (with the node's readings, when one is named)."""
+                      topo_dump_path: str | None = None, measurement: Measurement | None = None
+                      ) -> tuple[P2pVerdict, tuple[str, ...]]:
+    """The VM-side batch on the inventory host, then the verdict (with the node's readings, when one is named, and
+    gpu-check's copy measurement, when it ran)."""
     side, unread = parse_vm_side(Readings(remote.run(vm_steps(topo_dump_path))), topology, gpu_names, transports)
-    return p2p_verdict(side, node_readings, environment), unread
+    return p2p_verdict(side, node_readings, environment, measurement), unread
 
 
 def check_peer_to_peer(report: GpuCheckReport, remote: Remote, node_readings: NodeReadings | None,
-                       gpu_names: tuple[str, ...] = (), topo_dump_path: str | None = None) -> P2pVerdict:
+                       gpu_names: tuple[str, ...] = (), topo_dump_path: str | None = None,
+                       measurement: Measurement | None = None) -> P2pVerdict:
     """gpu-check's peer-to-peer section after its report: the VM batch on `remote` (NCCL's topology dump of the
     check's run at `topo_dump_path`), the verdict with the node's readings (None: no node named), the check's
-    topology, transports and NCCL environment; `gpu_names` when the check itself named none (it did not run)."""
+    topology, transports and NCCL environment, and the per-pair copies of `measurement`; `gpu_names` when the check
+    itself named none (it did not run)."""
     names = tuple(name for name in report.check.gpus if name) or gpu_names
     verdict, unread = read_peer_to_peer(remote, report.topology, names, report.check.transports,
-                                        report.subject.environment, node_readings, topo_dump_path)
+                                        report.subject.environment, node_readings, topo_dump_path, measurement)
     return with_unread(verdict, unread)

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from deploy_lib.gpu_check.p2p.links import GpuLink, vm_signs
+from deploy_lib.gpu_check.p2p.measure import Measurement, PairMeasure, disagreements
 from deploy_lib.gpu_check.p2p.node import IommuFlags, PciDevice, PciTree, QmConfig
 from deploy_lib.gpu_check.p2p.vm import VmReading
 from deploy_lib.gpu_check.topology import P2P_STATUS
@@ -75,6 +76,8 @@ class PairVerdict:
     read: str
     write: str
     findings: tuple[Finding, ...]
+    measured: tuple[PairMeasure, ...] = ()  # gpu-check's copies, both directions; () where not measured
+    disagreement: tuple[str, ...] = ()  # where the copies contradict the driver's read/write status
 
     @property
     def p2p(self) -> bool:
@@ -87,6 +90,7 @@ class P2pVerdict:
     pairs: tuple[PairVerdict, ...]
     interim: tuple[str, ...]  # what to run until the fix
     notes: tuple[str, ...]  # readings, unreadable sources, assumptions
+    measurement: str | None = None  # the copy measurement's line (measured, skipped or not run); None: not asked
 
     def one_line(self) -> str:
         """For `status`: how many pairs have P2P, and the causes found for the others."""
@@ -100,10 +104,14 @@ class P2pVerdict:
     def lines(self) -> list[str]:
         """The "peer-to-peer" section of the report."""
         out = ["peer-to-peer:", *(f"  {note}" for note in self.notes)]
+        if self.measurement:
+            out.append(f"  {self.measurement}")
         for pair in self.pairs:
             i, j = pair.gpus
             status = "P2P" if pair.p2p else "no P2P"
             out.append(f"  GPU{i}-GPU{j}: {status} (read {_status(pair.read)}, write {_status(pair.write)})")
+            out += [f"    measured {measured.line()}" for measured in pair.measured]
+            out += [f"    disagrees: {text}" for text in pair.disagreement]
             for finding in pair.findings:
                 out.append(f"    cause: {finding.cause.value}: {finding.detail}")
                 out += [f"      fix: {fix}" for fix in finding.fixes]
@@ -282,10 +290,11 @@ def interim_advice(pairs: tuple[PairVerdict, ...], gpu_names: tuple[str, ...]) -
             "worth a tuning sweep")
 
 
-def p2p_verdict(side: VmSide, node: NodeReadings | None, environment: Mapping[str, str]) -> P2pVerdict:
-    """VM-side readings (+ the node's, where one is named) -> the verdict per pair, with fixes and interim advice."""
-    pairs = tuple(PairVerdict((i, j), read, side.p2p_write.get((i, j), "U"),
-                              _pair_findings(side, node, (i, j), read, side.p2p_write.get((i, j), "U"), environment))
+def p2p_verdict(side: VmSide, node: NodeReadings | None, environment: Mapping[str, str],
+                measurement: Measurement | None = None) -> P2pVerdict:
+    """VM-side readings (+ the node's, where one is named) -> the verdict per pair, with fixes and interim advice;
+    with gpu-check's copy `measurement`, each pair's copies and where they disagree with the driver."""
+    pairs = tuple(_pair_verdict(side, node, (i, j), read, environment, measurement)
                   for (i, j), read in sorted(side.p2p_read.items()) if i < j)
     notes = [side.vm.one_line()]
     notes += [f"PCIe link: {link.text()}" for link in side.links]
@@ -297,4 +306,14 @@ def p2p_verdict(side: VmSide, node: NodeReadings | None, environment: Mapping[st
                      "read (GPU i of the VM taken to be its i-th hostpci entry)"))
     if not pairs:
         notes.append("fewer than two GPUs: no pair to judge")
-    return P2pVerdict(pairs, interim_advice(pairs, side.gpu_names), tuple(notes))
+    return P2pVerdict(pairs, interim_advice(pairs, side.gpu_names), tuple(notes),
+                      measurement.summary() if measurement else None)
+
+
+def _pair_verdict(side: VmSide, node: NodeReadings | None, pair: tuple[int, int], read: str,
+                  environment: Mapping[str, str], measurement: Measurement | None) -> PairVerdict:
+    write = side.p2p_write.get(pair, "U")
+    measured = measurement.of_pair(pair) if measurement else ()
+    driver = read if read != "OK" else write  # the driver's P2P status: "OK" only when both are
+    return PairVerdict(pair, read, write, _pair_findings(side, node, pair, read, write, environment), measured,
+                       disagreements(driver, measured))
