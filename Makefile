@@ -31,8 +31,10 @@ $(VENV)/.bench-installed: $(VENV)/.installed
 host-deps:
 	bash sandbox/testhost.sh deps-if-missing
 
+# mypy checks the wiring between modules (what it covers and how strictly: [tool.mypy] in pyproject.toml)
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 test: install host-deps lint
 	$(PYTEST)
@@ -52,4 +54,4 @@ bench: install $(VENV)/.bench-installed host-deps
 	$(PY) -m bench.router
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

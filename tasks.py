@@ -12,7 +12,7 @@ from pathlib import Path
 # invoke turns bytecode writing off for whatever it imports after its own options (Program.parse_core, unless
 # --write-pyc): a checkout's modules were compiled from source on every command, +40 % of the imports' CPU.
 # Python's own setting (-B, PYTHONDONTWRITEBYTECODE) decides again, for the modules imported from here on.
-sys.dont_write_bytecode = sys.flags.dont_write_bytecode
+sys.dont_write_bytecode = bool(sys.flags.dont_write_bytecode)
 
 
 def _cache_own_bytecode() -> None:

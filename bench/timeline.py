@@ -8,6 +8,7 @@ import shlex
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
 
 from tenacity import RetryCallState
 
@@ -71,6 +72,14 @@ class StampedRemote:
             return self.inner.run(batch, on_output)
         finally:
             self.batches.append(Batch(started, time.time(), tuple(step.name for step in batch)))
+
+    def push_directory(self, local_dir: Path, dest: PurePosixPath, link_dest: PurePosixPath | None,
+                       on_output: OutputLine | None = None) -> StepResult:
+        started = time.time()
+        try:
+            return self.inner.push_directory(local_dir, dest, link_dest, on_output)
+        finally:
+            self.batches.append(Batch(started, time.time(), (f"push {local_dir} -> {dest}",)))
 
     def close(self) -> None:
         self.inner.close()

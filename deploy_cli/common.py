@@ -165,7 +165,9 @@ def show(report: T, print_table: Callable[[T], None]) -> None:
 def show_each(fleet: FleetRun[T], print_report: Callable[[T], None], one_host: bool) -> None:
     """A read-only task's reports: one host's as it is, a group's host by host; exit with the worst host's code."""
     if one_host:
-        show(fleet.runs[0].result, print_report)  # type: ignore[arg-type]
+        report = fleet.runs[0].result
+        assert report is not None  # a one-host command's error was raised; no task's report is None
+        show(report, print_report)
         return
     if _output.as_json:
         ui.print_json({run.host: _output.failure(run.error) if run.error else run.result for run in fleet.runs})

@@ -34,11 +34,11 @@ def render(c: Context, profile: str | None = None, host: str | None = None, inve
     common.report_as(json)
     loaded, target = common.load(profile, inventory, host, overrides=set_ or ())
 
-    def build() -> object:
+    def build() -> Release:
         placeholders = {name: "<secret>" for name in secret_environment(loaded.profile)}
         layout = target.layout(loaded.profile.service.name)
         return build_release(loaded, layout, sglang_version, placeholders, venv=target.venv_override)
-    release: Release = common.run(build)  # type: ignore[assignment]
+    release = common.run(build)
     common.show(ui.release_json(release), lambda _: ui.print_release(release))
 
 

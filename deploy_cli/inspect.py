@@ -81,7 +81,7 @@ def bench(c: Context, profile: str | None = None, compare: list[str] | None = No
             results, rows = common.run(lambda: host_status.compare_benchmarks(
                 target, loaded.profile.service.name, remote, compare))
             common.show({"results": results, "rows": rows, "records": comparison_records(results, rows)},
-                        lambda report: reports.print_comparison(report["results"], report["rows"]))
+                        lambda _: reports.print_comparison(results, rows))
             return
         common.show(common.run(lambda: host_status.bench_current(target, loaded, remote, dict(os.environ),
                                                                  common.progress())), reports.print_bench)

@@ -3,12 +3,17 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from invoke import Context, Exit
 
 from deploy_cli import common, reports
 from deploy_cli import present as ui
 from deploy_cli.options import task
+
+if TYPE_CHECKING:
+    from deploy_lib.deploy import Outcome
+    from deploy_lib.ops.fleet import FleetRun
 
 GROUP_HELP = {"group": "inventory group: every host of it at once (a multi-node release stops as a whole); "
                        "exclusive with --host"}
@@ -25,8 +30,8 @@ def stop(c: Context, host: str | None = None, group: str | None = None, inventor
     _show_lifecycle(fleet, hosts.one_host)
 
 
-def _show_lifecycle(fleet: object, one_host: bool) -> None:
-    common.show_each(fleet, ui.print_outcome, one_host)  # type: ignore[arg-type]
+def _show_lifecycle(fleet: FleetRun[Outcome], one_host: bool) -> None:
+    common.show_each(fleet, ui.print_outcome, one_host)
 
 
 def _start(restart: bool, host: str | None, inventory: str | None, service: str | None, yes: bool,

@@ -63,7 +63,7 @@ def _whole_number(option: str) -> Callable[[str], int]:
     return convert
 
 
-class Task(InvokeTask):  # type: ignore[type-arg]
+class Task(InvokeTask):
     """An invoke Task that follows the conventions above."""
 
     def __init__(self, body: Callable[..., Any], **kwargs: Any) -> None:

@@ -108,7 +108,7 @@ def patches_disable(c: Context, name: str, profile: str | None = None, host: str
         common.consent(f"deploy {base.name} without {name} to {target.host.name}?", yes)
         outcome = common.run(lambda: on_host.disable(remote, patch_set, base, target, common.progress(),
                                                 deploy_engine.Options(environ=dict(os.environ))))
-    common.show(ui.outcome_json(outcome) if json else outcome, ui.print_outcome)
+    common.show(ui.outcome_json(outcome), lambda _: ui.print_outcome(outcome))
 
 
 PATCH_ACTION_HELP = {"profile": PATCH_HELP["profile"], "enable": "patch and deploy the profile on the patched venv",

@@ -24,7 +24,7 @@ class DeployProgram(Program):
         super().parse_core(argv)
         # invoke turns bytecode writing off (unless --write-pyc) before a command runs: the modules the task then
         # imports were compiled from source on every command. Python's own setting (-B) decides instead.
-        sys.dont_write_bytecode = sys.flags.dont_write_bytecode
+        sys.dont_write_bytecode = bool(sys.flags.dont_write_bytecode)
         given = self.args["project"].value
         if given:
             os.environ[PROJECT_ENV] = given

@@ -123,16 +123,17 @@ def read_ini_inventory(path: Path) -> dict[str, Any]:
             _ini_host_line(where, line, group["hosts"])
     undeclared = sorted((line, child) for child, line in children_of.items() if child not in declared)
     if undeclared:
-        line, child = undeclared[0]
-        raise ConfigError(f"{path}:{line}: group {child!r} is a child but has no section of its own",
+        line_no, child = undeclared[0]
+        raise ConfigError(f"{path}:{line_no}: group {child!r} is a child but has no section of its own",
                           f"add a [{child}] section (empty if it has no hosts of its own)")
     # as Ansible: vars for a group that is never declared are a mistake (a typo of its name, most likely)
     vars_only = sorted((line, group) for group, line in vars_of.items()
                        if group not in declared and group not in ("all", "ungrouped"))
     if vars_only:
-        line, group = vars_only[0]
-        raise ConfigError(f"{path}:{line}: [{group}:vars] is for a group that has no section of its own"
-                          f"{did_you_mean(group, declared)}", f"add a [{group}] section, or fix the group's name")
+        line_no, vars_group = vars_only[0]
+        raise ConfigError(f"{path}:{line_no}: [{vars_group}:vars] is for a group that has no section of its own"
+                          f"{did_you_mean(vars_group, declared)}",
+                          f"add a [{vars_group}] section, or fix the group's name")
     all_group = groups.pop("all", {"hosts": {}, "vars": {}, "children": {}})
     ungrouped = groups.pop("ungrouped", {"hosts": {}, "vars": {}, "children": {}})
     return {"all": {"hosts": {**all_group["hosts"], **ungrouped["hosts"]}, "vars": all_group["vars"],

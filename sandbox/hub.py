@@ -180,9 +180,11 @@ def safetensors(name: str, values: int, seed: int = 0) -> bytes:
     return struct.pack("<Q", len(header)) + header + body[:values * 4]
 
 
-def stand_in_files(repo_id: str, shard_values: tuple[int, int] = (2048, 1024), seed: int = 0) -> dict[str, bytes]:
-    """What SGLang reads from a checkpoint, small: config, tokenizer config, an index and two weight shards."""
-    shards = {f"model-0000{i + 1}-of-00002.safetensors": safetensors(f"layer{i}.weight", values, seed + i)
+def stand_in_files(repo_id: str, shard_values: tuple[int, ...] = (2048, 1024), seed: int = 0) -> dict[str, bytes]:
+    """What SGLang reads from a checkpoint, small: config, tokenizer config, an index and one weight shard per
+    value (two by default), named as transformers names shards: model-00001-of-00002.safetensors."""
+    count = len(shard_values)
+    shards = {f"model-{i + 1:05d}-of-{count:05d}.safetensors": safetensors(f"layer{i}.weight", values, seed + i)
               for i, values in enumerate(shard_values)}
     index = {"metadata": {"total_size": sum(len(data) for data in shards.values())},
              "weight_map": {f"layer{i}.weight": shard for i, shard in enumerate(shards)}}

@@ -539,9 +539,8 @@ def test_inspection_lists_distributions_and_reports_drift_that_changes_the_hash(
 
 
 def test_a_system_python_is_not_adopted() -> None:
-    python = Path(sys.base_prefix) / "bin" / "python3"
-    if not python.exists():
-        pytest.skip(f"no {python}")
+    # the interpreter this venv was made from (python3.X is there in every CPython install; python3 may not be)
+    python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
     out = run_script(str(python), venvs.INSPECT_SCRIPT)
     with pytest.raises(PreflightError, match="not a virtual environment"):
         venvs.parse_inspection(PurePosixPath("/usr"), StepResult(Step("i", ("x",)), 0, out, "", 0.0))

@@ -94,15 +94,16 @@ def read_context(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProf
     venv = current_venv(remote, layout, loaded, target)
     environment = launch_environment(loaded.profile)
     home = cuda_toolkit.cuda_home(environment) if patch_set.meta.jit_cache else None
-    facts = {"gpus": Fact(gpu_step("patch facts: GPUs"), parse_gpus),
-             "installed": installed_fact(venv, patches.distributions(patch_set), patches.top_level_packages(patch_set),
-                                         "patch facts: venv"),
-             "record": patches.record_fact(venv)}
-    found = readings.read(remote, [*facts.values(), *(cuda_toolkit.toolkit_steps(home) if home else ())])
-    gpus, gpu_error = found.value(facts["gpus"])
+    gpus_fact = Fact(gpu_step("patch facts: GPUs"), parse_gpus)
+    installed_read = installed_fact(venv, patches.distributions(patch_set), patches.top_level_packages(patch_set),
+                                    "patch facts: venv")
+    record_read = patches.record_fact(venv)
+    found = readings.read(remote, [gpus_fact, installed_read, record_read,
+                                   *(cuda_toolkit.toolkit_steps(home) if home else ())])
+    gpus, gpu_error = found.value(gpus_fact)
     if not gpus:
         raise PreflightError(f"{target.host.name}: cannot read the GPUs: {gpu_error or 'nvidia-smi lists none'}")
-    installed = found.value(facts["installed"])
+    installed = found.value(installed_read)
     if paths is None:
         paths = patches.files_needed(patch_set, installed.versions)
     file_facts = patches.file_facts({path: installed.location(path) for path in paths})
@@ -110,7 +111,7 @@ def read_context(remote: Remote, patch_set: patches.PatchSet, loaded: LoadedProf
     files = {path: text for path, fact in file_facts.items() if (text := texts.value(fact)) is not None}
     return PatchContext(layout=layout, venv=venv, venv_hash=release_venv_hash(layout, str(venv)), installed=installed,
                         gpu_arch=gpus[0].arch, compute_cap=gpus[0].compute_cap, files=files,
-                        record=found.value(facts["record"]),
+                        record=found.value(record_read),
                         toolkit=cuda_toolkit.parse_toolkit(home, found) if home else None, environment=environment)
 
 

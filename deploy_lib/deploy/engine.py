@@ -231,9 +231,9 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
         run.record("deploy", FAILED, tags, diagnosis.cause)
         restore(run, facts.store, plan.release.id, interrupt, diagnosis, restore_id, plan.current_id)
     # the commit, the prune and the lock's release in one round trip
-    read = run.read_at_switch.results if run.read_at_switch else ()
+    read_at_switch = run.read_at_switch.results if run.read_at_switch else ()
     keep = max(profile.service.keep_releases, options.keep_releases_at_least)
-    removal, removed = prune_after_deploy(layout, keep, tags, read)
+    removal, removed = prune_after_deploy(layout, keep, tags, read_at_switch)
     run.record("deploy", HEALTHY, tags, then=removal, last=True)
     if removed:
         progress.note("pruned " + "; ".join(removed))

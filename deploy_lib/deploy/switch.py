@@ -90,11 +90,11 @@ def probe_target(layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapp
     Only the generation rung sends the API key, so a probe without it needs none (and reads none)."""
     server = read_stored_profile(metadata.get("profile")).server
     version = metadata.get("sglang_version")
-    with_key = generation and server.api_key is not None
+    key = server.api_key if generation else None
     return ProbeTarget(unit=layout.unit_name, port=server.port, host=server.host,
                        health_path=health_path_for(str(version)) if version else "/health",
                        generation=GenerationProbe() if generation else None,
-                       api_key=read_secret(API_KEY_ENV, server.api_key, environ) if with_key else None)
+                       api_key=read_secret(API_KEY_ENV, key, environ) if key is not None else None)
 
 
 def live_probe(layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]) -> Step:
@@ -170,7 +170,8 @@ class Transition:
         step = live_probe(self.layout, metadata, self.environ)
         seen = read.get(step.name) if read is not None else None
         try:
-            [result] = [seen] if seen is not None and replace(seen.step, concurrent=False) == step else \
+            # the facts' round trip sends it as a concurrent step
+            [result] = [seen] if seen is not None and seen.step in (step, replace(step, concurrent=True)) else \
                 self.remote.run([step])
             return assess(parse_snapshot(result, Rung.HEALTH), None, Rung.HEALTH)
         except ReadinessFailed as broken:
@@ -331,7 +332,7 @@ def _switch_back(run: Transition, store: StoreFacts, failed_id: str, failure: De
         run.activate(restore_id, metadata, start_prediction(store, tags.profile), run.grace_s,
                      switch_batches(run.layout, facts, restore_id))
     except ReadinessFailed as second:
-        second_diagnosis = run.journal_diagnosis(run.cursor, record.metadata.get("profile_name"))
+        second_diagnosis = run.journal_diagnosis(run.cursor, metadata.get("profile_name"))
         stop_unit(run.remote, run.layout)
         run.record("rollback", FAILED, tags, failure_line(second, second_diagnosis))
         raise RollbackFailed(

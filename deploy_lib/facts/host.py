@@ -19,7 +19,7 @@ from deploy_lib.facts.cuda_toolkit import CudaToolkit, parse_toolkit, toolkit_st
 from deploy_lib.facts.readings import TOOL_ABSENT_OK, Fact, Readings
 from deploy_lib.host_paths import venv_python
 from deploy_lib.release.render import loaded_unit_digest
-from deploy_lib.remote import Put, Step, StepResult, concurrently
+from deploy_lib.remote import Step, StepResult, concurrently
 from deploy_lib.store import (
     ENV_FILE,
     LAUNCHER_FILE,
@@ -321,7 +321,7 @@ def _host_facts(layout: StoreLayout, port: int | None, venv: str | None, working
 
 def fact_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_home: str | None = None,
                working_directory: str | None = None, model_steps: Sequence[Step] = (),
-               release_id: str | None = None, write_caches: bool = True) -> list[Step | Put]:
+               release_id: str | None = None, write_caches: bool = True) -> list[Step]:
     """Everything preflight and the plan need, read-only, in as few round trips as the batching allows.
 
     Without a venv (status) SGLang is not inspected; without a port no listener is looked up; without a CUDA_HOME

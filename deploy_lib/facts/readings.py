@@ -19,14 +19,15 @@ TOOL_ABSENT_OK = ABSENT_OK | {2, 127}
 ANY_EXIT = frozenset(range(256))
 
 T = TypeVar("T")
+T_co = TypeVar("T_co", covariant=True)  # a Fact[dict] is a Fact[Mapping]: its value only comes out
 
 
 @dataclass(frozen=True)
-class Fact(Generic[T]):
+class Fact(Generic[T_co]):
     """One read-only step and the pure parser of its result (its `ok` codes say which misses are facts)."""
 
     step: Step
-    parse: Callable[[StepResult], T]
+    parse: Callable[[StepResult], T_co]
 
     @property
     def name(self) -> str:

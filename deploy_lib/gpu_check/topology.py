@@ -137,7 +137,8 @@ def parse_topology_results(results: Sequence[StepResult]) -> tuple[Topology | No
         return None, "nvidia-smi not found on the host"
     failed = next((r for r in results if r.exit_code != 0), None)
     if failed is not None:
-        return None, f"`{' '.join(failed.step.argv)}` exited {failed.exit_code}"
+        command = failed.step.argv if isinstance(failed.step, Step) else (failed.step.name,)
+        return None, f"`{' '.join(command)}` exited {failed.exit_code}"
     try:
         return parse_topology(*(r.stdout for r in results)), None
     except ValueError as exc:

@@ -116,7 +116,7 @@ class _LadderRun:
         if isinstance(verdict, UnitFailed | ProbeRejected):
             raise verdict
         waiting_on = Rung(verdict.rung) if isinstance(verdict, NotReady) else None
-        passed = self.rung.index + 1 if waiting_on is None else waiting_on.index
+        passed = self.rung.position + 1 if waiting_on is None else waiting_on.position
         for rung in list(Rung)[self.rungs_passed:passed]:
             self.rungs_s[str(rung)] = self.elapsed()
             self.progress.step_done(f"readiness: {rung}", self.elapsed())
@@ -160,7 +160,7 @@ def wait_ready(remote: Remote, target: ProbeTarget, *, deadline_s: float, progre
     duration_s = run.elapsed()
     if grace_s > 0:
         progress.phase_started(f"readiness: grace {grace_s:.0f} s")
-        grace_rung, grace_ends = min(rung, Rung.HEALTH, key=lambda r: r.index), run.clock() + grace_s
+        grace_rung, grace_ends = min(rung, Rung.HEALTH, key=lambda r: r.position), run.clock() + grace_s
         after = (grace or grace_policy(grace_s))(
             lambda: run.probe(grace_rung, max(0.0, min(WATCH_S, grace_ends - run.clock()))))
         if not isinstance(after, Ready):

@@ -95,7 +95,7 @@ def probe_step(target: ProbeTarget, rung: Rung, after_cursor: str | None = None,
         "host": target.probe_host,
         "port": target.port,
         "connect_timeout_s": target.connect_timeout_s,
-        "health_path": target.health_path if rung.index >= Rung.HEALTH.index else None,
+        "health_path": target.health_path if rung.position >= Rung.HEALTH.position else None,
         "http_timeout_s": target.http_timeout_s,
         "generate": None if generation is None else {
             "path": generation.path, "body": generation.body(), "timeout_s": generation.timeout_s,

@@ -20,7 +20,7 @@ class Rung(StrEnum):
     GENERATE = "generate"
 
     @property
-    def index(self) -> int:
+    def position(self) -> int:  # not `index`: that is str.index, which a StrEnum member keeps
         return list(Rung).index(self)
 
 

@@ -21,6 +21,7 @@ import socket
 import subprocess
 import sys
 import time
+from typing import Any  # the config and the records are JSON objects
 
 VALUE_PERIOD = 7
 # NCCL INFO lines: "NCCL INFO Channel 00/0 : 0[0] -> 1[1] via P2P/CUMEM/read" (2.2x) and "... via SHM/direct/direct"
@@ -37,9 +38,9 @@ def bus_bandwidth(algbw_gbps: float, world_size: int) -> float:
     return algbw_gbps * 2 * (world_size - 1) / world_size
 
 
-def parse_transports(nccl_log: str) -> list[dict[str, object]]:
+def parse_transports(nccl_log: str) -> list[dict[str, Any]]:
     """The transport NCCL chose per channel and peer, from NCCL_DEBUG=INFO lines, each (channel, from, to) once."""
-    seen: dict[tuple[int, int, int], dict[str, object]] = {}
+    seen: dict[tuple[int, int, int], dict[str, Any]] = {}
     for match in CHANNEL_LINE.finditer(nccl_log):
         channel, src, dst = int(match.group(1)), int(match.group(2)), int(match.group(4))
         seen.setdefault((channel, src, dst), {"channel": channel, "from_rank": src, "to_rank": dst,
@@ -67,7 +68,7 @@ def explain_wrong_element(index: int, got: float, world_size: int) -> str:
 # worker: one process per GPU
 
 
-def worker(config: dict[str, object]) -> None:
+def worker(config: dict[str, Any]) -> None:
     import torch  # only the workers need torch
     import torch.distributed as dist
 
@@ -76,8 +77,8 @@ def worker(config: dict[str, object]) -> None:
     device = torch.device("cuda", rank)
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=device)
     emit({"rank": rank, "event": "ready", "gpu": torch.cuda.get_device_name(device)})
-    iterations, warmup = int(config.get("iterations", 5)), int(config.get("warmup", 2))  # type: ignore[call-overload]
-    for size_bytes in config["sizes"]:  # type: ignore[attr-defined]
+    iterations, warmup = int(config.get("iterations", 5)), int(config.get("warmup", 2))
+    for size_bytes in config["sizes"]:
         count = max(1, int(size_bytes) // 4)
         pattern = (torch.arange(count, device=device, dtype=torch.int64) % VALUE_PERIOD + 1).to(torch.float32)
         contribution = pattern * float(1 << rank)
@@ -110,7 +111,7 @@ def worker(config: dict[str, object]) -> None:
     emit({"rank": rank, "event": "done"})
 
 
-def emit(record: dict[str, object]) -> None:
+def emit(record: dict[str, Any]) -> None:
     print("GPUCHECK " + json.dumps(record), flush=True)
 
 
@@ -136,23 +137,23 @@ def has_torch_cuda() -> str | None:
     return None
 
 
-def summarise(world: int, records: list[dict[str, object]], nccl_log: str, hung: list[dict[str, object]],
-              exit_codes: dict[int, int | None], failed: list[dict[str, object]]) -> dict[str, object]:
+def summarise(world: int, records: list[dict[str, Any]], nccl_log: str, hung: list[dict[str, Any]],
+              exit_codes: dict[int, int | None], failed: list[dict[str, Any]]) -> dict[str, Any]:
     """The check's result from what the workers printed: per size the slowest rank's time, every wrong result."""
-    by_size: dict[int, dict[str, object]] = {}
+    by_size: dict[int, dict[str, Any]] = {}
     for record in records:
         if record["event"] != "size":
             continue
-        row = by_size.setdefault(int(record["size_bytes"]), {"size_bytes": record["size_bytes"], "seconds": 0.0,  # type: ignore[call-overload]
+        row = by_size.setdefault(int(record["size_bytes"]), {"size_bytes": record["size_bytes"], "seconds": 0.0,
                                                               "wrong": []})
-        row["seconds"] = max(float(row["seconds"]), float(record["seconds"]))  # type: ignore[arg-type]
+        row["seconds"] = max(float(row["seconds"]), float(record["seconds"]))
         if record["wrong"]:
-            row["wrong"].append({"rank": record["rank"], "detail": record["wrong"]})  # type: ignore[attr-defined]
+            row["wrong"].append({"rank": record["rank"], "detail": record["wrong"]})
     for row in by_size.values():
-        algbw = int(row["size_bytes"]) / float(row["seconds"]) / 1e9 if row["seconds"] else 0.0  # type: ignore[call-overload,arg-type]
+        algbw = int(row["size_bytes"]) / float(row["seconds"]) / 1e9 if row["seconds"] else 0.0
         row["algbw_gbps"], row["busbw_gbps"] = round(algbw, 3), round(bus_bandwidth(algbw, world), 3)
-    gpus = {int(r["rank"]): r["gpu"] for r in records if r["event"] == "ready"}  # type: ignore[call-overload]
-    done = sorted(int(r["rank"]) for r in records if r["event"] == "done")  # type: ignore[call-overload]
+    gpus = {int(r["rank"]): r["gpu"] for r in records if r["event"] == "ready"}
+    done = sorted(int(r["rank"]) for r in records if r["event"] == "done")
     sizes = [by_size[size] for size in sorted(by_size)]
     return {"world_size": world, "gpus": [gpus.get(rank) for rank in range(world)], "sizes": sizes,
             "transports": parse_transports(nccl_log), "nccl_version": nccl_version(nccl_log), "hung": hung,
@@ -163,8 +164,8 @@ def summarise(world: int, records: list[dict[str, object]], nccl_log: str, hung:
             "error": None}
 
 
-def rank_report(rank: int, records: list[dict[str, object]], output: str, exit_code: int | None
-                ) -> dict[str, object]:
+def rank_report(rank: int, records: list[dict[str, Any]], output: str, exit_code: int | None
+                ) -> dict[str, Any]:
     """Where a rank that did not finish stopped: inside an all-reduce (waiting on a peer), or outside one; and, for
     one that exited by itself, its error (a traceback's last line) and NCCL's warnings."""
     entered = [r["size_bytes"] for r in records if r["rank"] == rank and r["event"] == "enter"]
@@ -183,12 +184,12 @@ def rank_report(rank: int, records: list[dict[str, object]], output: str, exit_c
             "nccl_warnings": [line.strip() for line in lines if "NCCL WARN" in line][:5]}
 
 
-def run_check(config: dict[str, object], source: str) -> dict[str, object]:
-    world = int(config["world_size"])  # type: ignore[call-overload]
+def run_check(config: dict[str, Any], source: str) -> dict[str, Any]:
+    world = int(config["world_size"])
     missing = has_torch_cuda()
     if missing:
         return {"world_size": world, "error": missing, "verified": False}
-    env = {**os.environ, **{str(k): str(v) for k, v in config.get("env", {}).items()},  # type: ignore[attr-defined]
+    env = {**os.environ, **{str(k): str(v) for k, v in config.get("env", {}).items()},
            "NCCL_DEBUG": "INFO", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "WORLD_SIZE": str(world)}
     logs = [f"/tmp/gpucheck-{os.getpid()}-{rank}.log" for rank in range(world)]
@@ -199,7 +200,7 @@ def run_check(config: dict[str, object], source: str) -> dict[str, object]:
             workers.append(subprocess.Popen([sys.executable, "-c", program, json.dumps(config)],
                                             env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
                                             stdout=log, stderr=subprocess.STDOUT))
-    deadline = time.monotonic() + float(config.get("deadline_s", 120))  # type: ignore[arg-type]
+    deadline = time.monotonic() + float(config.get("deadline_s", 120))
     while time.monotonic() < deadline and any(w.poll() is None for w in workers):
         if any(w.poll() not in (None, 0) for w in workers):
             deadline = min(deadline, time.monotonic() + PEER_GRACE_S)

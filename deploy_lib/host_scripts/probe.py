@@ -20,6 +20,7 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
+from typing import Any  # the config and the snapshot are JSON objects
 
 UNIT_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "ExecMainPID", "ExecMainStatus", "ExecMainCode",
                    "Result", "InvocationID")
@@ -48,7 +49,7 @@ def unit_state(unit: str) -> tuple[dict[str, str] | None, str | None]:
     return parse_systemctl_show(done.stdout), None
 
 
-def journal_message(entry: dict[str, object]) -> str:
+def journal_message(entry: dict[str, Any]) -> str:
     """MESSAGE of a `journalctl -o json` entry; journald sends non-UTF-8 text as a list of byte values."""
     message = entry.get("MESSAGE")
     if isinstance(message, list):
@@ -81,7 +82,7 @@ def last_journal_line(matches: list[str], after_cursor: str | None) -> tuple[dic
 
 
 def journal_since(matches: list[str], after_cursor: str | None, patterns: list[str]
-                  ) -> tuple[dict[str, str] | None, list[dict[str, object]], str | None]:
+                  ) -> tuple[dict[str, str] | None, list[dict[str, Any]], str | None]:
     """The unit's newest entry after `after_cursor` (as `last_journal_line`) and every entry since it whose text
     matches one of `patterns` as {text, usec} (the journal's time), from one read, so no line falls between two."""
     if shutil.which("journalctl") is None:
@@ -97,7 +98,8 @@ def journal_since(matches: list[str], after_cursor: str | None, patterns: list[s
         newest, error = last_journal_line(matches, after_cursor)
         return newest, [], error or f"journalctl --after-cursor exited {done.returncode}: no startup lines"
     compiled = [re.compile(pattern) for pattern in patterns]
-    newest, marks = None, []
+    newest = None
+    marks: list[dict[str, Any]] = []
     for line in done.stdout.splitlines():
         try:
             entry = json.loads(line)
@@ -167,7 +169,7 @@ def generated_text(payload: object) -> str | None:
     return None
 
 
-def generate(base_url: str, spec: dict[str, object]) -> dict[str, object]:
+def generate(base_url: str, spec: dict[str, Any]) -> dict[str, Any]:
     """One real generation request; the API key goes only into the Authorization header."""
     headers = {"Content-Type": "application/json"}
     if spec.get("api_key"):
@@ -175,7 +177,7 @@ def generate(base_url: str, spec: dict[str, object]) -> dict[str, object]:
     started = time.monotonic()
     status, body, error = http_request(base_url + str(spec["path"]), float(spec["timeout_s"]),
                                        json.dumps(spec["body"]).encode(), headers)
-    result: dict[str, object] = {"status": status, "text": None, "error": error,
+    result: dict[str, Any] = {"status": status, "text": None, "error": error,
                                  "seconds": round(time.monotonic() - started, 3), "body": None}
     if status == 200:
         try:
@@ -187,11 +189,11 @@ def generate(base_url: str, spec: dict[str, object]) -> dict[str, object]:
     return result
 
 
-def look(config: dict[str, object], generation: dict[str, object] | None = None) -> dict[str, object]:
+def look(config: dict[str, Any], generation: dict[str, Any] | None = None) -> dict[str, Any]:
     """One look at the unit, port and health endpoint, and a generation once they pass (`generation`: the answer
     to reuse instead of sending another); later rungs are only tried once the earlier ones pass, so a loading
     server costs little."""
-    snapshot: dict[str, object] = {"unit": None, "unit_error": None, "port_open": False, "port_error": None,
+    snapshot: dict[str, Any] = {"unit": None, "unit_error": None, "port_open": False, "port_error": None,
                                    "health_status": None, "health_error": None, "generation": None,
                                    "last_log": None, "journal_error": None}
     unit = config.get("unit")
@@ -210,7 +212,7 @@ def look(config: dict[str, object], generation: dict[str, object] | None = None)
     return snapshot
 
 
-def state_of(snapshot: dict[str, object]) -> str:
+def state_of(snapshot: dict[str, Any]) -> str:
     """Everything the ladder's verdict depends on, as one string (no error texts, no durations)."""
     unit = dict(snapshot["unit"] or {})
     generation = dict(snapshot["generation"] or {})
@@ -219,7 +221,7 @@ def state_of(snapshot: dict[str, object]) -> str:
                        generation.get("status"), bool(generation.get("text"))])
 
 
-def probe(config: dict[str, object]) -> dict[str, object]:
+def probe(config: dict[str, Any]) -> dict[str, Any]:
     """A snapshot once its state differs from `seen`, or the last one when `wait_s` has passed."""
     started = time.monotonic()
     wait_until = started + float(config.get("wait_s") or 0)

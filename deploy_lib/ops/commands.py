@@ -148,7 +148,7 @@ def uninstall(scope: Scope, service: str, state_dir: Path, reach: Reach) -> Flee
                     rolled_out(front, scope, reach))
 
 
-def gpu_check(scope: Scope, service: str, loaded: LoadedProfile | None, stop_server: bool, sizes: list[int],
+def gpu_check(scope: Scope, service: str, loaded: LoadedProfile | None, stop_server: bool, sizes: Sequence[int],
               reach: Reach) -> FleetRun[GpuCheckReport]:
     """The NCCL check on every host of the scope; --stop-server takes a replica out of its router for the check
     (one node of a multi-node release is refused: its server is stopped only with the others)."""
@@ -195,18 +195,20 @@ def report(scope: Scope, service: str, releases: Sequence[str], out: Path, reach
     if tune is not None and releases:
         raise ConfigError(f"--release {releases[0]} with --tune {tune}: --release picks lines of the host's report, "
                           "a sweep's page draws its candidates", "give one of them")
+    from deploy_lib.ops.fleet import FleetRun, HostRun
     from deploy_lib.report import read_report, read_sweep, write_report
     read = run_each(scope, reach, lambda target, remote, _: read_sweep(target, service, remote, tune) if tune
                     else read_report(target, service, remote, releases))
-    if scope.one_host:
-        return replace(read, runs=tuple(replace(run, result=write_report(run.result, out)) for run in read.runs))
-    written = []
+    written: list[HostRun[tuple[Path, ...]]] = []
     for run in read.runs:
         try:
-            written.append(replace(run, result=write_report(run.result, out) if run.result is not None else None))
+            paths = write_report(run.result, out) if run.result is not None else None
+            written.append(HostRun(run.host, result=paths, error=run.error, started=run.started))
         except DeployError as error:
-            written.append(replace(run, result=None, error=error))
-    return replace(read, runs=tuple(written))
+            if scope.one_host:  # raised as a one-host command's error
+                raise
+            written.append(HostRun(run.host, error=error, started=run.started))
+    return FleetRun(tuple(written), read.batches, stopped=read.stopped, interruption=read.interruption)
 
 
 def _where(scope: Scope) -> str:

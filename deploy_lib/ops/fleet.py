@@ -70,7 +70,8 @@ class Rollout:
     def batches(self, hosts: Sequence[str]) -> list[list[str]]:
         """Ansible's serialized batches: without serial one batch of every host; a percentage of the whole group,
         rounded down but at least one host."""
-        left, found = list(hosts), []
+        left = list(hosts)
+        found: list[list[str]] = []
         sizes = self.serial or (None,)
         while left:
             size = sizes[min(len(found), len(sizes) - 1)]

@@ -81,8 +81,8 @@ def each(items: Sequence[T], act: Callable[[T], Any]) -> list[Any]:
     if noted:
         raise Interrupt(noted[0])
     for future in futures:
-        if future.exception() is not None:
-            raise future.exception()  # type: ignore[misc]
+        if (error := future.exception()) is not None:
+            raise error
     return [future.result() for future in futures]
 
 

@@ -73,9 +73,9 @@ def parse_argv(options: dict[str, dict[str, Any]], argv: list[str] | tuple[str, 
                ) -> tuple[list[ParsedArg], list[ArgvProblem]]:
     """argv read as SGLang's argparse parser reads it: each option with its values, and the problems it would have."""
     table: dict[str, dict[str, Any]] = {"-h": _HELP, "--help": _HELP}
-    for record in options.values():
-        for string in record["option_strings"]:
-            table[string] = record
+    for option in options.values():
+        for string in option["option_strings"]:
+            table[string] = option
     problems: list[ArgvProblem] = []
     parsed: list[ParsedArg] = []
     seen: dict[str, int] = {}
@@ -224,7 +224,7 @@ def build_parser(options: dict[str, dict[str, Any]], prog: str = "sglang serve")
             parser.add_argument(*positive, action=argparse.BooleanOptionalAction, **kwargs)
         elif record["nargs"] == 0:
             action = {"store_false": "store_false", "count": "count"}.get(record["action"], "store_const")
-            const = {"const": True} if action == "store_const" else {}
+            const: dict[str, Any] = {"const": True} if action == "store_const" else {}
             parser.add_argument(*strings, action=action, **const, **kwargs)
         else:
             action = record["action"] if record["action"] in ("append", "extend") else "store"

@@ -15,6 +15,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from packaging.version import Version
+
 from deploy_lib.errors import ConfigError
 from deploy_lib.host_paths import venv_python
 from deploy_lib.profile import Profile, SecretRef
@@ -35,7 +37,7 @@ API_KEY_LAUNCHER = (
 )
 
 
-def parse_version(sglang_version: str) -> tuple[Any, ...]:
+def parse_version(sglang_version: str) -> Version:
     try:
         return version_key(sglang_version)
     except ValueError as err:

@@ -308,7 +308,7 @@ class FabricRemote:
         finally:
             _SILENCE.reset(watching)
         results, out, err = parse_batch_output(steps, marker, raw.stdout, raw.stderr)
-        if len(results) == len(steps) or (results and results[-1].exit_code not in results[-1].step.ok):
+        if len(results) == len(steps) or (results and results[-1].exit_code not in steps[len(results) - 1].ok):
             return results
         running = steps[len(results)]
         elapsed = time.monotonic() - started
@@ -332,7 +332,8 @@ class FabricRemote:
         with tempfile.TemporaryFile() as errors:  # a file, not a pipe: a chatty stderr cannot block the progress
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors)
             assert process.stdout is not None
-            for chunk in iter(lambda: process.stdout.read1(65536), b""):  # type: ignore[union-attr]
+            # typeshed types Popen.stdout as IO[bytes]; with bufsize left at -1 it is a BufferedReader, which has read1
+            for chunk in iter(lambda: process.stdout.read1(65536), b""):  # type: ignore[union-attr,attr-defined]
                 sink.write(chunk.decode(errors="replace").replace("\r", "\n"))  # progress2 redraws with \r
             code = process.wait()
             errors.seek(0)

@@ -146,8 +146,8 @@ def run_benchmark(remote: Remote, layout: StoreLayout, release_metadata: Mapping
     started = clock()
     try:
         module = parse_module(remote.run([module_step(target.python)])[0])
-    except RemoteError as error:
-        return BenchResult(target.release_id, settings, error=f"could not inspect the venv: {error.message}")
+    except RemoteError as failure:
+        return BenchResult(target.release_id, settings, error=f"could not inspect the venv: {failure.message}")
     if module is None:
         return BenchResult(target.release_id, settings,
                            error=f"no SGLang serving benchmark ({_MODULE_NAMES}) in {target.python}")

@@ -137,11 +137,11 @@ class UvSteps:
 
 def uv_steps(spec: VenvSpec, layout: StoreLayout, facts: VenvFacts, interpreter: str) -> UvSteps:
     filename, sha = uv_wheel(facts.python)
-    fetch = ()
+    fetch: tuple[Step, ...] = ()
     if spec.index is not None and sha not in facts.store.wheels:
         fetch = (Step(FETCH_UV_STEP, (interpreter, "-I", "-c", FETCH_UV_SCRIPT, spec.index, filename, sha,
                                       str(wheel_dir(layout, sha))), sudo=True, timeout_s=900),)
-    extract = ()
+    extract: tuple[Step, ...] = ()
     if sha not in facts.store.tools:
         extract = (Step("venv build: uv binary", (interpreter, "-I", "-c", EXTRACT_UV_SCRIPT,
                                                   str(wheel_dir(layout, sha)), UV_BINARY_MEMBER,

@@ -16,12 +16,12 @@ import sys
 from importlib import metadata
 
 
-def file_digest(path: str, algorithm: str):  # hashlib's type differs across Python versions
+def file_digest(path: str, algorithm: str) -> bytes:
     digest = hashlib.new(algorithm)
     with open(path, "rb") as stream:
         for chunk in iter(lambda: stream.read(1 << 20), b""):
             digest.update(chunk)
-    return digest
+    return digest.digest()
 
 
 def drift_of(dist: metadata.Distribution, record: str) -> list[list[str]]:
@@ -36,8 +36,8 @@ def drift_of(dist: metadata.Distribution, record: str) -> list[list[str]]:
         except FileNotFoundError:
             drift.append([row[0], "missing"])
             continue
-        if base64.urlsafe_b64encode(actual.digest()).rstrip(b"=").decode() != expected:
-            drift.append([row[0], file_digest(path, "sha256").hexdigest()])
+        if base64.urlsafe_b64encode(actual).rstrip(b"=").decode() != expected:
+            drift.append([row[0], file_digest(path, "sha256").hex()])
     return drift
 
 

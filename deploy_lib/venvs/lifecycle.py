@@ -56,7 +56,8 @@ class VenvRecord:
 def _base_first(markers: Mapping[str, Mapping[str, Any]]) -> list[str]:
     def depth(venv_hash: str, seen: frozenset[str] = frozenset()) -> int:
         base = markers.get(venv_hash, {}).get("base")
-        return 0 if base not in markers or base in seen else 1 + depth(base, seen | {venv_hash})
+        return 1 + depth(base, seen | {venv_hash}) if isinstance(base, str) and base in markers and base not in seen \
+            else 0
     return sorted(markers, key=lambda h: (depth(h), h))
 
 

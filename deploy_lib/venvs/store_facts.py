@@ -12,7 +12,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from deploy_lib.facts.readings import ABSENT_OK, Fact, Readings, read
-from deploy_lib.remote import Put, Remote, Step, StepResult
+from deploy_lib.remote import Remote, Step, StepResult
 from deploy_lib.store import STAGING_SUFFIX, StoreLayout
 from deploy_lib.venvs.interpreter import PythonFacts, python_fact
 from deploy_lib.venvs.paths import HASH_RE, MARKER_FILE, tool_store, wheel_store
@@ -52,7 +52,7 @@ def store_facts(layout: StoreLayout) -> dict[str, Fact[Any]]:
     }
 
 
-def store_fact_steps(layout: StoreLayout) -> list[Step | Put]:
+def store_fact_steps(layout: StoreLayout) -> list[Step]:
     return [fact.step for fact in store_facts(layout).values()]
 
 

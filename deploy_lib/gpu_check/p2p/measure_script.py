@@ -10,19 +10,20 @@ from __future__ import annotations
 import json
 import sys
 import time
+from typing import Any  # the config and the records are JSON objects
 
 LATENCY_COPIES = 200
 REPEATS = 5
 
 
-def pattern(torch, count: int, src: int, dst: int, device: str):  # type: ignore[no-untyped-def]
+def pattern(torch: Any, count: int, src: int, dst: int, device: str) -> Any:  # torch and a tensor of it
     """A pattern that differs per pair and per element: a copy that lands misplaced or stale is caught."""
     return (torch.arange(count, dtype=torch.int32, device=device) * 7 + src * 1000 + dst) % 2147483647
 
 
-def measure_pair(torch, src: int, dst: int, sizes: list[int], plant: bool) -> dict[str, object]:  # type: ignore[no-untyped-def]
+def measure_pair(torch: Any, src: int, dst: int, sizes: list[int], plant: bool) -> dict[str, Any]:
     source_device, dest_device = f"cuda:{src}", f"cuda:{dst}"
-    result: dict[str, object] = {"src": src, "dst": dst, "loopback": src == dst, "sizes": [], "wrong": [],
+    result: dict[str, Any] = {"src": src, "dst": dst, "loopback": src == dst, "sizes": [], "wrong": [],
                                  "peer_access": src == dst or bool(torch.cuda.can_device_access_peer(src, dst))}
     for size in sizes:
         count = size // 4
@@ -43,9 +44,9 @@ def measure_pair(torch, src: int, dst: int, sizes: list[int], plant: bool) -> di
         mismatch = (received != expected).nonzero()
         if mismatch.numel():
             index = int(mismatch[0].item())
-            result["wrong"].append({"size_bytes": size, "element": index, "count": int(mismatch.numel()),  # type: ignore[attr-defined]
+            result["wrong"].append({"size_bytes": size, "element": index, "count": int(mismatch.numel()),
                                     "expected": int(expected[index].item()), "got": int(received[index].item())})
-        result["sizes"].append({"size_bytes": size, "seconds": seconds, "gbps": round(size / seconds / 1e9, 3)})  # type: ignore[attr-defined]
+        result["sizes"].append({"size_bytes": size, "seconds": seconds, "gbps": round(size / seconds / 1e9, 3)})
     tiny_sent = torch.ones(1, dtype=torch.int32, device=source_device)
     tiny = torch.empty(1, dtype=torch.int32, device=dest_device)
     tiny.copy_(tiny_sent)
@@ -58,7 +59,7 @@ def measure_pair(torch, src: int, dst: int, sizes: list[int], plant: bool) -> di
     return result
 
 
-def run_measure(config: dict[str, object]) -> dict[str, object]:
+def run_measure(config: dict[str, Any]) -> dict[str, Any]:
     try:
         import torch
     except ImportError as exc:
@@ -70,7 +71,7 @@ def run_measure(config: dict[str, object]) -> dict[str, object]:
     pairs = [(i, j) for i in range(count) for j in range(count) if i != j]
     if not pairs and config.get("loopback"):
         pairs = [(0, 0)]
-    sizes = [int(size) for size in config.get("sizes", [1 << 20, 64 << 20])]  # type: ignore[attr-defined]
+    sizes = [int(size) for size in config.get("sizes", [1 << 20, 64 << 20])]
     return {"gpus": names, "torch": torch.__version__, "error": None,
             "pairs": [measure_pair(torch, i, j, sizes, bool(config.get("plant_wrong_element"))) for i, j in pairs]}
 

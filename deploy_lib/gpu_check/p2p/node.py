@@ -41,7 +41,7 @@ class IommuFlags:
 
 
 def parse_cmdline(cmdline: str) -> IommuFlags:
-    words = dict(word.split("=", 1) if "=" in word else (word, "") for word in cmdline.split())
+    words = {key: value for key, _, value in (word.partition("=") for word in cmdline.split())}
     pci_options = words.get("pci", "").split(",")
     return IommuFlags(words.get("intel_iommu"), words.get("amd_iommu"), words.get("iommu") == "pt",
                       words.get("pcie_acs_override"), "noacs" in pci_options)
@@ -188,7 +188,7 @@ def parse_qm_config(text: str) -> QmConfig:
         if not (match := re.fullmatch(r"hostpci(\d+)", key)):
             continue
         first, *rest = value.split(",")
-        options = dict(item.split("=", 1) if "=" in item else (item, "") for item in rest)
+        options = {key: value for key, _, value in (item.partition("=") for item in rest)}
         if first.startswith("mapping="):
             hostpci[int(match.group(1))] = HostPci(int(match.group(1)), (), options, False, first.split("=", 1)[1])
             continue

@@ -98,8 +98,8 @@ class _Anything(str):
     def __enter__(self) -> _Anything:
         return self
 
-    def __exit__(self, *exc: object) -> bool:
-        return False
+    def __exit__(self, *exc: object) -> None:  # None: an exception inside the block goes on
+        return None
 
     def __hash__(self) -> int:
         return id(self)

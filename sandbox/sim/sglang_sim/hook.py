@@ -29,10 +29,11 @@ class _BarePackageLoader(importlib.abc.Loader):
         return None
 
     def exec_module(self, module: types.ModuleType) -> None:
+        # typeshed's ModuleType declares no attribute a module may be given at runtime (as below)
         try:
-            module.__version__ = importlib.metadata.version("sglang")
+            module.__version__ = importlib.metadata.version("sglang")  # type: ignore[attr-defined]
         except importlib.metadata.PackageNotFoundError:
-            module.__version__ = "0.0.0.dev0"
+            module.__version__ = "0.0.0.dev0"  # type: ignore[attr-defined]
 
 
 class _SimLaunchLoader(importlib.abc.InspectLoader):
@@ -40,7 +41,9 @@ class _SimLaunchLoader(importlib.abc.InspectLoader):
         return SIM_ENTRY
 
     def exec_module(self, module: types.ModuleType) -> None:
-        exec(self.get_code(module.__name__), module.__dict__)
+        code = self.get_code(module.__name__)
+        assert code is not None  # compiled from get_source's text, which is always there
+        exec(code, module.__dict__)
 
 
 def _benchmark_stand_ins(sglang_dir: Path) -> None:
@@ -62,7 +65,7 @@ def _benchmark_stand_ins(sglang_dir: Path) -> None:
 
 class _BenchmarkLoader(importlib.machinery.SourceFileLoader):
     # runpy (`python -m`) calls get_code, an import calls exec_module -> get_code: both pass here
-    def get_code(self, fullname: str) -> types.CodeType:
+    def get_code(self, fullname: str) -> types.CodeType | None:
         _benchmark_stand_ins(Path(self.path).parents[1])
         return super().get_code(fullname)
 

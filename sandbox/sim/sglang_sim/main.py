@@ -277,7 +277,7 @@ class Simulation:
         self.engine = Engine(
             model=self.model, launch=self.launch, fused_on_sm120=fused_on_sm120,
             scale=self.config.throughput_scale, hang_generation=self.config.has_fault("generation-hang"),
-            die_after=self.config.fault.count if self.config.has_fault("die-after") else None,
+            die_after=fault.count if (fault := self.config.fault) is not None and fault.name == "die-after" else None,
             on_fatal=self.die_after_requests)
         state = ServerState(self.launch, self.engine, self.upstream.sglang_version,
                             self.upstream.has_ready_endpoint, self.config.architecture,

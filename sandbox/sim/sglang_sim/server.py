@@ -276,6 +276,7 @@ class Handler(BaseHTTPRequestHandler):
                     "total_tokens": prompt_tokens + produced}
 
         def choice(text: str, done: bool, delta: bool) -> dict[str, Any]:
+            content: dict[str, Any]
             if chat:
                 content = {"delta" if delta else "message": {"role": "assistant", "content": text}}
             else:
