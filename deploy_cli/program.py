@@ -73,11 +73,12 @@ def _flag(flag: str, context: ParserContext, initial: ParserContext) -> Argument
 
 def with_operand(tokens: list[str], contexts: Lexicon, initial: ParserContext, operands: dict[str, str]) -> list[str]:
     """`deploy glm5-nvfp4 -y` as `deploy --profile glm5-nvfp4 -y`: the first bare word after a task that names an
-    operand, and is not an option's value, a task's name or after `--`, becomes that option. The option's own flag
-    given too leaves the word for invoke to refuse."""
+    operand, and is not an option's value, a task's name or after `--`, becomes that option. The word and the
+    option both is a ParseError; a word after the option is left for invoke to refuse."""
     result: list[str] = []
-    context, filled, waiting = initial, False, False
+    context, word, by_option, waiting = initial, "", False, False
     for index, token in enumerate(tokens):
+        operand = operands.get(context.name or "")
         if token == "--":
             return result + tokens[index:]
         if waiting:
@@ -93,16 +94,18 @@ def with_operand(tokens: list[str], contexts: Lexicon, initial: ParserContext, o
                 else:
                     flag = "-" + flag[-1]
             argument = _flag(flag, context, initial)
-            operand = operands.get(context.name or "")
-            filled = filled or (argument is not None and argument.name == operand)
+            if argument is not None and argument.name == operand:
+                if word:
+                    raise ParseError(f"the {operand} is given twice: as the word {word!r} and by {flag}", context)
+                by_option = True
             waiting = argument is not None and argument.takes_value and not argument.optional and not has_value
             result.append(token)
         elif token in contexts:
-            context, filled = contexts[token], False
+            context, word, by_option = contexts[token], "", False
             result.append(token)
-        elif (operand := operands.get(context.name or "")) and not filled:
+        elif operand and not word and not by_option:
             result += [f"--{operand}", token]
-            filled = True
+            word = token
         else:
             result.append(token)
     return result
@@ -147,8 +150,8 @@ class DeployProgram(Program):
         contexts = self._make_parser().contexts
         operands = {name: task.operand for name in self.collection.task_names
                     if (task := self.collection[name]) is not None and getattr(task, "operand", None)}
-        self.core.unparsed[:] = with_operand(self.core.unparsed, contexts, self.initial_context, operands)
         try:
+            self.core.unparsed[:] = with_operand(self.core.unparsed, contexts, self.initial_context, operands)
             super().parse_tasks()
         except ParseError as error:
             raise self.usage_error(error) from None

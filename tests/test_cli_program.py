@@ -154,6 +154,7 @@ def test_a_word_after_deploy_render_or_plan_is_the_profile(tmp_path: Path) -> No
     deployed = sglang_deploy("deploy", "no-such-profile", "-i", "hosts.yaml", "--json", cwd=tmp_path)
     assert deployed.returncode == 2 and "no-such-profile" in deployed.stderr and "No idea" not in deployed.stderr
     both = sglang_deploy("render", "glm5-nvfp4", "--profile", "glm5-nvfp4-fusion")
-    assert both.returncode == 2 and both.stdout == ""
+    assert (both.returncode, both.stdout) == (2, "")
+    assert both.stderr.startswith("error: the profile is given twice: as the word 'glm5-nvfp4' and by --profile")
     helped = sglang_deploy("deploy", "--help")
     assert helped.returncode == 0 and helped.stdout.startswith(f"Usage: {NAME} deploy [--options] [PROFILE]")
