@@ -27,6 +27,11 @@ NAME = "sglang-deploy"
 USAGE_ERROR = EXIT_CODES[ConfigError]  # 2: nothing was run
 PIPE_CLOSED = 1  # as Python's recipe (library/signal.html, note on SIGPIPE) and rich's Console.on_broken_pipe end
 HIDDEN_CORE = ("complete",)  # what the completion script calls; nobody types it
+DRIFT_CHECK = "detailed_exitcode"  # plan's Terraform contract: 2 means "changes", so a usage error there is 1
+
+
+def usage_code(drift_check: bool) -> int:
+    return 1 if drift_check else USAGE_ERROR
 
 
 def stdout_gone() -> NoReturn:
@@ -44,14 +49,16 @@ class OneTaskExecutor(Executor):
 
     def execute(self, *tasks: Any) -> dict[Any, Any]:
         names = [getattr(each, "name", each) for each in tasks]
+        contexts = [each for each in tasks if isinstance(each, ParserContext)]
+        code = usage_code(any(DRIFT_CHECK in each.args and each.args[DRIFT_CHECK].value for each in contexts))
         if len(names) > 1:
             raise Exit(f"error: one task per command: `{names[1]}` is a second task after `{names[0]}`; nothing "
-                       "was run (a value goes after its option: `--host NAME`)", code=USAGE_ERROR)
+                       "was run (a value goes after its option: `--host NAME`)", code=code)
         dry = self.core is not None and "dry" in self.core[0].args and self.core[0].args.dry.value
-        for context in (each for each in tasks if isinstance(each, ParserContext)):
+        for context in contexts:
             if dry and "dry_run" not in context.args:
                 raise Exit(f"error: --dry (-R) is the task's --dry-run, and `{context.name}` has none; nothing was "
-                           "run", code=USAGE_ERROR)
+                           "run", code=code)
             if dry:
                 context.args["dry_run"].value = True
         try:
@@ -162,7 +169,8 @@ class DeployProgram(Program):
         where = f"`{self.binary} {task} --help` lists its options" if task else (
             f"`{self.binary} --help` lists the tasks")
         said = re.sub(r"<Argument: ([\w-]+)[^>]*>", r"--\1", str(error))  # invoke names a flag by its repr
-        return Exit(f"error: {said} ({where})", code=USAGE_ERROR)
+        drift_check = "--" + DRIFT_CHECK.replace("_", "-") in self.argv
+        return Exit(f"error: {said} ({where})", code=usage_code(drift_check))
 
     def update_config(self, merge: bool = True) -> None:
         """invoke's options for `c.run` (echo, pty, hide, warn, sudo, timeouts) are not the tool's: nothing to add."""

@@ -102,6 +102,15 @@ def test_a_usage_error_found_by_the_parser_exits_2_like_the_tools_own(argv: tupl
     assert (refused.returncode, refused.stderr.strip()) == (2, said)
 
 
+@pytest.mark.parametrize("argv", [("plan", "--detailed-exitcode", "--bogus"), ("-R", "plan", "--detailed-exitcode"),
+                                  ("plan", "--detailed-exitcode", "-p", "glm5-nvfp4", "status")])
+def test_a_usage_error_of_a_drift_check_is_1_not_the_2_that_means_changes(argv: tuple[str, ...]) -> None:
+    """Input tried: `plan --detailed-exitcode` with an unknown option, with -R, with a second task (exit 2, which
+    cron or CI reads as "something would change" under Terraform's contract)."""
+    refused = sglang_deploy(*argv)
+    assert (refused.returncode, refused.stdout) == (1, "") and refused.stderr.startswith("error: ")
+
+
 def test_every_option_that_takes_a_value_shows_its_placeholder_in_help(capsys: pytest.CaptureFixture[str]) -> None:
     """Input tried: `TASK --help` for every task (--serial, --compare, --sizes and --lines showed no value: a list
     or a checked number is neither invoke's STRING nor INT)."""
