@@ -48,17 +48,17 @@ class OneTaskExecutor(Executor):
     echoes the shell commands of `c.run`, which no task uses, so a real deploy ran)."""
 
     def execute(self, *tasks: Any) -> dict[Any, Any]:
-        names = [getattr(each, "name", each) for each in tasks]
         contexts = [each for each in tasks if isinstance(each, ParserContext)]
         code = usage_code(any(DRIFT_CHECK in each.args and each.args[DRIFT_CHECK].value for each in contexts))
-        if len(names) > 1:
-            raise Exit(f"error: one task per command: `{names[1]}` is a second task after `{names[0]}`; nothing "
-                       "was run (a value goes after its option: `--host NAME`)", code=code)
+        if len(tasks) > 1:
+            first, second = (self.typed(each) for each in tasks[:2])
+            raise Exit(f"error: one task per command: `{second}` is a second task after `{first}`; nothing was run "
+                       "(a value goes after its option: `--host NAME`)", code=code)
         dry = self.core is not None and "dry" in self.core[0].args and self.core[0].args.dry.value
         for context in contexts:
             if dry and "dry_run" not in context.args:
-                raise Exit(f"error: --dry (-R) is the task's --dry-run, and `{context.name}` has none; nothing was "
-                           "run", code=code)
+                raise Exit(f"error: --dry (-R) is the task's --dry-run, and `{self.typed(context)}` has none; "
+                           "nothing was run", code=code)
             if dry:
                 context.args["dry_run"].value = True
         try:
@@ -67,6 +67,11 @@ class OneTaskExecutor(Executor):
         except BrokenPipeError:
             stdout_gone()
         return results
+
+    def typed(self, task: Any) -> str:
+        """The task's name as a user types it (`tune` for tune.tune)."""
+        from deploy_cli.usage import shown_name
+        return shown_name(self.collection, getattr(task, "name", task))
 
 
 def _flag(flag: str, context: ParserContext, initial: ParserContext) -> Argument | None:
