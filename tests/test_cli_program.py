@@ -8,10 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from invoke.util import Lexicon
 from test_cli import REPO, invoke
 
 from deploy_cli.collection import user_tasks
-from deploy_cli.program import NAME, PIPE_CLOSED, DeployProgram, OneTaskExecutor
+from deploy_cli.program import NAME, PIPE_CLOSED, DeployProgram, OneTaskExecutor, with_operand
 
 SGLANG_DEPLOY = "import sys; from deploy_cli.program import main; sys.argv[0] = 'sglang-deploy'; main()"
 
@@ -167,3 +168,22 @@ def test_a_word_after_deploy_render_or_plan_is_the_profile(tmp_path: Path) -> No
     assert both.stderr.startswith("error: the profile is given twice: as the word 'glm5-nvfp4' and by --profile")
     helped = sglang_deploy("deploy", "--help")
     assert helped.returncode == 0 and helped.stdout.startswith(f"Usage: {NAME} deploy [--options] [PROFILE]")
+
+
+@pytest.mark.parametrize(("argv", "read"), [
+    (["deploy", "-yi", "inv.yaml", "glm5"], ["deploy", "-yi", "inv.yaml", "--profile", "glm5"]),
+    (["deploy", "-pglm5", "-y"], ["deploy", "-pglm5", "-y"]),
+    (["deploy", "--serial", "1", "glm5"], ["deploy", "--serial", "1", "--profile", "glm5"]),
+    (["deploy", "--inventory=glm5", "glm5"], ["deploy", "--inventory=glm5", "--profile", "glm5"]),
+    (["render", "--help"], ["render", "--help"]),
+    (["status", "gpu1"], ["status", "gpu1"]),
+    (["deploy", "--", "glm5"], ["deploy", "--", "glm5"])])
+def test_the_word_taken_as_the_profile_is_neither_a_value_nor_a_flag(argv: list[str], read: list[str]) -> None:
+    """Input tried: the word after a flag cluster whose last flag takes a value (`-yi inv.yaml`), a value glued to
+    its flag (`-pglm5`), after a repeatable option's value, after `--`; a task without a profile operand (`status`
+    keeps its stray word for the parser to refuse)."""
+    namespace = user_tasks()
+    contexts = Lexicon({context.name: context for context in namespace.to_contexts()})
+    operands = {name: namespace[name].operand for name in namespace.task_names if namespace[name].operand}
+    assert operands == {"deploy": "profile", "render": "profile", "plan": "profile"}
+    assert with_operand(argv, contexts, DeployProgram(namespace=namespace).initial_context, operands) == read
