@@ -73,7 +73,8 @@ def task_list(collection: Collection) -> list[str]:
 
 def option_spec(argument: Argument, inverse: bool = False) -> str:
     """`-n LINES, --lines=LINES`: every option that takes a value shows it; a repeatable one ends with `...`."""
-    placeholder = PLACEHOLDERS.get(argument.name) or argument.name.upper().replace("-", "_")
+    named = max(argument.names, key=len)  # the long name: `max-fail`, not the attribute's max_fail
+    placeholder = PLACEHOLDERS.get(named) or named.upper().replace("-", "_")
     shown = []
     for name in sorted(argument.names, key=len):
         flag = f"-{name}" if len(name) == 1 else f"--{'[no-]' if inverse else ''}{name}"
