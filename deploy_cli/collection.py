@@ -1,11 +1,25 @@
 """Every user task in one invoke Collection: the namespace of `sglang-deploy`, mounted by the checkout's tasks.py
-(which adds the sandbox and demo tasks)."""
+(which adds the sandbox and demo tasks); and the families its help lists them by."""
 
 from __future__ import annotations
 
 from invoke import Collection
 
 from deploy_cli import deploy, inspect, lifecycle, models, patches, project, report, router, tune, venv
+
+# The families of `sglang-deploy --help`, in its order: a task's family is the module its body is written in.
+FAMILIES = {
+    deploy.__name__: "Releases: what a profile becomes, and taking hosts to it or back",
+    lifecycle.__name__: "A host's server and its store, without a new release",
+    inspect.__name__: "Reading a host: state, history, journal, benchmark, GPUs",
+    report.__name__: "Report",
+    tune.__name__: "Tuning",
+    patches.__name__: "Patch sets",
+    venv.__name__: "Virtual environments on the host",
+    models.__name__: "Models",
+    router.__name__: "SGLang's router in front of a group",
+    project.__name__: "The project and the tool",
+}
 
 
 def user_tasks() -> Collection:
@@ -22,4 +36,4 @@ def user_tasks() -> Collection:
     return tasks
 
 
-__all__ = ["user_tasks"]
+__all__ = ["FAMILIES", "user_tasks"]

@@ -25,7 +25,8 @@ SET_HELP = {"set_": "override a profile value: --set path.to.key=value (repeatab
                     "like the file, shown in the plan, recorded in the release)"}
 
 
-@task(iterable=["set_"], help={"sglang_version": f"SGLang version to render for (default {NEWEST_SGLANG})", **SET_HELP})
+@task(operand="profile", iterable=["set_"],
+      help={"sglang_version": f"SGLang version to render for (default {NEWEST_SGLANG})", **SET_HELP})
 def render(c: Context, profile: str | None = None, host: str | None = None, inventory: str | None = None,
            sglang_version: str = NEWEST_SGLANG, set_: list[str] | None = None, json: bool = False) -> None:
     """Print the unit, the env file (secrets redacted) and the argv of a profile, without touching any host."""
@@ -42,7 +43,7 @@ def render(c: Context, profile: str | None = None, host: str | None = None, inve
     common.show(ui.release_json(release), lambda _: ui.print_release(release))
 
 
-@task(iterable=["set_"], help={"against": "compare with this profile instead of the host's release",
+@task(operand="profile", iterable=["set_"], help={"against": "compare with this profile instead of the host's release",
                               "sglang_version": "SGLang version for --against renders",
                               "detailed_exitcode": "exit 0 when nothing would change, 2 when something would, 1 on "
                                                    "any error (Terraform's drift check)", **SET_HELP})
@@ -109,7 +110,7 @@ def schema(c: Context, output: str | None = None) -> None:
         ui.console.print(text, markup=False)
 
 
-@task(iterable=["serial", "set_"], help={
+@task(operand="profile", iterable=["serial", "set_"], help={
     "dry_run": "print the plan and stop (reads the host only)",
     "gate": "benchmark the new release and roll it back if slower than the last good one", **SET_HELP})
 def deploy(c: Context, profile: str | None = None, host: str | None = None, group: str | None = None,

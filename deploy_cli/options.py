@@ -1,6 +1,8 @@
 """One set of command-line conventions for every task: `-h` is help, a short flag means the same option in every
 task, every option has help text, options are given by name (never positionally, so `TASK --help` is help), a
-required option that is missing and a value of the wrong type are sentences with exit 2."""
+required option that is missing and a value of the wrong type are sentences with exit 2. A task may name one
+option as its operand (`operand="profile"`): `sglang-deploy deploy NAME` is `deploy --profile NAME` (deploy_cli.program
+turns the bare word into the option before invoke parses the line)."""
 
 from __future__ import annotations
 
@@ -73,6 +75,9 @@ class Task(InvokeTask):
         kwargs["auto_shortflags"] = False
         given_help = kwargs.pop("help", None) or {}
         names = [name for name in inspect.signature(body).parameters if name != "c"]
+        self.operand: str | None = kwargs.pop("operand", None)  # the option a bare word after the task fills
+        if self.operand is not None and self.operand not in names:
+            raise TypeError(f"task {body.__name__}: operand {self.operand!r} is none of its options")
         kwargs["help"] = {name: given_help.get(name) or COMMON_HELP.get(name) for name in names}
         unknown = set(given_help) - set(names)
         undocumented = [name for name, text in kwargs["help"].items() if not text]

@@ -1,35 +1,237 @@
 """`sglang-deploy`: the user tasks of the installed package (deploy_cli.collection) under the tool's own name, in
 any project directory (found from the working directory, or `--project DIR`), with `--version`. No tasks.py is
-looked for: the checkout's tasks.py is for `invoke` there (it adds the sandbox and demo)."""
+looked for: the checkout's tasks.py is for `invoke` there (it adds the sandbox and demo).
+
+The program is invoke's Program with the habits of a deploy tool: one task per command, `--dry` meaning the task's
+--dry-run, help of its own (what it is, the tasks by family, only the options that apply, every value shown), usage
+errors exit 2 whoever finds them, a word after deploy/render/plan is the profile, and output cut by a closed pipe
+(`| head`) ends quietly. OneTaskExecutor carries the first two and the pipe to the checkout's `invoke` as well
+(invoke.yaml names it)."""
 
 from __future__ import annotations
 
 import os
+import re
 import sys
 from importlib.metadata import version
+from typing import Any, NoReturn
 
-from invoke import Argument, Program
+from invoke import Argument, Executor, Exit, ParseError, Program
+from invoke.parser import ParserContext
+from invoke.util import Lexicon
 
+from deploy_lib.errors import EXIT_CODES, ConfigError
 from deploy_lib.project import PROJECT_ENV
 
 NAME = "sglang-deploy"
+USAGE_ERROR = EXIT_CODES[ConfigError]  # 2: nothing was run
+PIPE_CLOSED = 1  # as Python's recipe (library/signal.html, note on SIGPIPE) and rich's Console.on_broken_pipe end
+HIDDEN_CORE = ("complete",)  # what the completion script calls; nobody types it
+DRIFT_CHECK = "detailed_exitcode"  # plan's Terraform contract: 2 means "changes", so a usage error there is 1
+
+
+def usage_code(drift_check: bool) -> int:
+    return 1 if drift_check else USAGE_ERROR
+
+
+def stdout_gone() -> NoReturn:
+    """The reader of stdout went away (`| head`): stop without a traceback. Later writes, and the flush at exit, go
+    to /dev/null, or Python would report the broken pipe once more on its way out."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise Exit(code=PIPE_CLOSED)
+
+
+class OneTaskExecutor(Executor):
+    """Runs the one task of a command line. A second task is refused before anything runs (invoke would run both:
+    `render -p glm5-nvfp4 uninstall` uninstalled); invoke's `--dry` (`-R`) is the task's --dry-run or refused (invoke
+    echoes the shell commands of `c.run`, which no task uses, so a real deploy ran)."""
+
+    def execute(self, *tasks: Any) -> dict[Any, Any]:
+        contexts = [each for each in tasks if isinstance(each, ParserContext)]
+        code = usage_code(any(DRIFT_CHECK in each.args and each.args[DRIFT_CHECK].value for each in contexts))
+        if len(tasks) > 1:
+            first, second = (self.typed(each) for each in tasks[:2])
+            raise Exit(f"error: one task per command: `{second}` is a second task after `{first}`; nothing was run "
+                       "(a value goes after its option: `--host NAME`)", code=code)
+        dry = self.core is not None and "dry" in self.core[0].args and self.core[0].args.dry.value
+        for context in contexts:
+            if dry and "dry_run" not in context.args:
+                raise Exit(f"error: --dry (-R) is the task's --dry-run, and `{self.typed(context)}` has none; "
+                           "nothing was run", code=code)
+            if dry:
+                context.args["dry_run"].value = True
+        try:
+            results: dict[Any, Any] = super().execute(*tasks)
+            sys.stdout.flush()
+        except BrokenPipeError:
+            stdout_gone()
+        return results
+
+    def typed(self, task: Any) -> str:
+        """The task's name as a user types it (`tune` for tune.tune)."""
+        from deploy_cli.usage import shown_name
+        return shown_name(self.collection, getattr(task, "name", task))
+
+
+def _flag(flag: str, context: ParserContext, initial: ParserContext) -> Argument | None:
+    """The task's option, else the program's (invoke reads a program option after the task too)."""
+    for each in (context, initial):
+        if flag in each.flags:  # a Lexicon: `in` and [] know the short aliases, .get does not
+            found: Argument = each.flags[flag]
+            return found
+    return None
+
+
+def with_operand(tokens: list[str], contexts: Lexicon, initial: ParserContext, operands: dict[str, str]) -> list[str]:
+    """`deploy glm5-nvfp4 -y` as `deploy --profile glm5-nvfp4 -y`: the first bare word after a task that names an
+    operand, and is not an option's value, a task's name or after `--`, becomes that option. The word and the
+    option both is a ParseError; a word after the option is left for invoke to refuse."""
+    result: list[str] = []
+    context, word, by_option, waiting = initial, "", False, False
+    for index, token in enumerate(tokens):
+        operand = operands.get(context.name or "")
+        if token == "--":
+            return result + tokens[index:]
+        if waiting:
+            result.append(token)
+            waiting = False
+            continue
+        if token.startswith("-") and token != "-":
+            flag, has_value = token.partition("=")[0], "=" in token
+            if not flag.startswith("--") and len(flag) > 2:  # a cluster: -ifile (a value), -yv or -yi FILE (flags)
+                head = _flag(flag[:2], context, initial)
+                if head is not None and head.takes_value:
+                    flag, has_value = flag[:2], True
+                else:
+                    flag = "-" + flag[-1]
+            argument = _flag(flag, context, initial)
+            if argument is not None and argument.name == operand:
+                if word:
+                    raise ParseError(f"the {operand} is given twice: as the word {word!r} and by {flag}", context)
+                by_option = True
+            waiting = argument is not None and argument.takes_value and not argument.optional and not has_value
+            result.append(token)
+        elif token in contexts:
+            context, word, by_option = contexts[token], "", False
+            result.append(token)
+        elif operand and not word and not by_option:
+            result += [f"--{operand}", token]
+            word = token
+        else:
+            result.append(token)
+    return result
 
 
 class DeployProgram(Program):
     def core_args(self) -> list[Argument]:
-        return [*super().core_args(), Argument(names=("project",), help="the project directory (default: the "
-                                               "nearest one upwards holding inventory/)")]
+        return [
+            Argument(names=("help", "h"), optional=True, help="this help, or a task's options: TASK --help"),
+            Argument(names=("version", "V"), kind=bool, default=False, help="the tool's version"),
+            Argument(names=("list", "l"), kind=bool, default=False, help="the tasks by family, as above"),
+            Argument(names=("project",), help="the project directory (default: $SGLANG_DEPLOY_PROJECT, else the "
+                                              "nearest directory upwards holding inventory/)"),
+            Argument(names=("dry", "R"), kind=bool, default=False,
+                     help="the task's --dry-run (deploy, tune); refused by a task without one"),
+            Argument(names=("print-completion-script",), default="",
+                     help="print the tab-completion script for this shell: bash, zsh or fish"),
+            Argument(names=("complete",), kind=bool, default=False, help="print completions of the line so far"),
+        ]
 
     def parse_core(self, argv: list[str] | None) -> None:
-        super().parse_core(argv)
+        from invoke.completion.complete import print_completion_script
+        self.normalize_argv(argv)
+        try:
+            self.parse_core_args()
+        except ParseError as error:
+            raise self.usage_error(error) from None
         # invoke turns bytecode writing off (unless --write-pyc) before a command runs: the modules the task then
         # imports were compiled from source on every command. Python's own setting (-B) decides instead.
         sys.dont_write_bytecode = bool(sys.flags.dont_write_bytecode)
+        if self.args.version.value:
+            self.print_version()
+            raise Exit
+        if self.args["print-completion-script"].value:
+            print_completion_script(shell=self.args["print-completion-script"].value, names=self.binary_names)
+            raise Exit
         given = self.args["project"].value
         if given:
             os.environ[PROJECT_ENV] = given
 
+    def parse_tasks(self) -> None:
+        contexts = self._make_parser().contexts
+        operands = {name: task.operand for name in self.collection.task_names
+                    if (task := self.collection[name]) is not None and getattr(task, "operand", None)}
+        try:
+            self.core.unparsed[:] = with_operand(self.core.unparsed, contexts, self.initial_context, operands)
+            super().parse_tasks()
+        except ParseError as error:
+            raise self.usage_error(error) from None
+
+    def usage_error(self, error: ParseError) -> Exit:
+        """invoke's parse errors (exit 1 there) as the tool's usage errors: `error: ...` naming where, exit 2."""
+        task = error.context.name if error.context is not None and error.context.name else None
+        where = f"`{self.binary} {task} --help` lists its options" if task else (
+            f"`{self.binary} --help` lists the tasks")
+        said = re.sub(r"<Argument: ([\w-]+)[^>]*>", r"--\1", str(error))  # invoke names a flag by its repr
+        drift_check = "--" + DRIFT_CHECK.replace("_", "-") in self.argv
+        return Exit(f"error: {said} ({where})", code=usage_code(drift_check))
+
+    def update_config(self, merge: bool = True) -> None:
+        """invoke's options for `c.run` (echo, pty, hide, warn, sudo, timeouts) are not the tool's: nothing to add."""
+        if merge:
+            self.config.merge()
+
+    def parse_cleanup(self) -> None:
+        from invoke.completion.complete import complete
+        asked = self.args.help.value
+        if asked is True:
+            self.print_help()
+            raise Exit
+        if asked:
+            if asked not in self.parser.contexts:
+                raise Exit(f"error: no task named {asked!r} (`{self.binary} --help` lists the tasks)",
+                           code=USAGE_ERROR)
+            self.print_task_help(asked)
+            raise Exit
+        if self.args.list.value:
+            self.print_lines(self.task_lines())
+            raise Exit
+        if self.args.complete.value:
+            complete(names=self.binary_names, core=self.core, initial_context=self.initial_context,
+                     collection=self.collection, parser=self._make_parser())
+        if not self.tasks:
+            self.no_tasks_given()
+
+    def task_lines(self) -> list[str]:
+        from deploy_cli.usage import task_list
+        return task_list(self.collection)
+
+    def print_help(self) -> None:
+        from deploy_cli.usage import overview
+        self.print_lines(overview(self.binary, self.version, self.collection, self.initial_context, HIDDEN_CORE))
+
+    def print_task_help(self, name: str) -> None:
+        from deploy_cli.usage import shown_name, task_help
+        self.print_lines(task_help(self.binary, shown_name(self.collection, name), self.collection[name],
+                                   self.parser.contexts[name]))
+
+    @staticmethod
+    def print_lines(lines: list[str]) -> None:
+        print("\n".join(lines))
+
 
 def main() -> None:
     from deploy_cli.collection import user_tasks
-    DeployProgram(name=NAME, binary=NAME, version=version(NAME), namespace=user_tasks()).run()
+    program = DeployProgram(name=NAME, binary=NAME, version=version(NAME), namespace=user_tasks(),
+                            executor_class=OneTaskExecutor)
+    try:
+        try:
+            program.run()
+        finally:
+            sys.stdout.flush()  # help is written at exit otherwise, past the try
+    except BrokenPipeError:
+        try:
+            stdout_gone()
+        except Exit as stopped:
+            sys.exit(stopped.code)
