@@ -406,8 +406,8 @@ class FakeSGLang(BaseHTTPRequestHandler):
         self.seen_auth.append(self.headers.get("Authorization"))
         if self.headers.get("Authorization") != f"Bearer {self.api_key}":
             self.reply(401, b'{"error": "Unauthorized"}')
-        elif self.path == "/generate" and body["sampling_params"]["max_new_tokens"] == 4:
-            self.reply(200, json.dumps({"text": " Paris", "meta_info": {"completion_tokens": 4}}).encode())
+        elif self.path == "/generate" and body["sampling_params"]["max_new_tokens"] == 2:
+            self.reply(200, json.dumps({"text": " Paris", "meta_info": {"completion_tokens": 2}}).encode())
         else:
             self.reply(400, b"{}")
 
