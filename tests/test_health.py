@@ -310,7 +310,7 @@ def test_a_server_bound_to_every_address_is_probed_on_loopback() -> None:
 
 def test_a_probe_without_an_api_key_is_not_masked() -> None:
     step = probe_step(ProbeTarget(unit="sglang.service", port=30000), Rung.GENERATE)
-    assert not step.secret and step.argv == ("python3", "-") and step.sudo
+    assert not step.secret and step.argv == ("python3", "-I", "-S", "-") and step.sudo
 
 
 def test_a_host_without_python3_fails_the_probe_step_loudly() -> None:
