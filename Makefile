@@ -52,6 +52,7 @@ bench: install $(VENV)/.bench-installed host-deps
 	$(PY) -m bench.run
 	$(PY) -m bench.fleet
 	$(PY) -m bench.router
+	$(PY) -m bench.tune
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

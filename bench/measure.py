@@ -15,7 +15,15 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from bench.timeline import Journal, StampedProgress, StampedRemote, exit_instant, ready_instant, restart_instant
+from bench.timeline import (
+    GuestSshCpu,
+    Journal,
+    StampedProgress,
+    StampedRemote,
+    exit_instant,
+    ready_instant,
+    restart_instant,
+)
 from deploy_lib import deploy as engine
 from deploy_lib import venvs
 from deploy_lib.errors import ReadinessFailed
@@ -41,6 +49,7 @@ class Rig:
     project: Project
     inventory: str
     journal: Journal
+    ssh_cpu: GuestSshCpu
 
     @contextmanager
     def command(self, profile: str) -> Iterator[tuple[StampedRemote, StampedProgress,
@@ -67,7 +76,7 @@ def make_rig(guest: manage.Guest, root: Path, changed_runs: int) -> Rig:
         f"extends: {PROFILE}\nenv:\n  SGLANG_SIM_FAULT: {FAULT_FILE}\nservice:\n  startup_timeout_s: 30\n")
     inventory = root / "inventory" / "sandbox.yaml"
     inventory.write_text(manage.inventory_text([guest]))
-    return Rig(guest, Project(root), str(inventory), Journal(guest))
+    return Rig(guest, Project(root), str(inventory), Journal(guest), GuestSshCpu(guest))
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -113,6 +122,7 @@ def long_step_cpu(rig: Rig) -> LongStepRun:
 class ProcessRun:
     seconds: float
     cpu_s: float  # user + sys of the process: what a loaded machine inflates far less than the wall time
+    guest_cpu_s: float = 0.0  # the guest's CPU for the command's SSH connections and all they ran (GuestSshCpu)
 
 
 def whole_process_no_op(rig: Rig, pycache: Path) -> ProcessRun:
@@ -121,12 +131,14 @@ def whole_process_no_op(rig: Rig, pycache: Path) -> ProcessRun:
     environ = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
     argv = [sys.executable, "-m", "invoke", "--search-root", str(REPO), "deploy", "--profile", PROFILE, "--yes",
             "--inventory", rig.inventory]
+    guest_before = rig.ssh_cpu.seconds()
     before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.time()
     done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120,
                           env={**environ, "PYTHONPYCACHEPREFIX": str(pycache)})
     seconds, after = time.time() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
     assert done.returncode == 0 and "no changes" in done.stdout, done.stdout + done.stderr
-    return ProcessRun(seconds, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return ProcessRun(seconds, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
+                      rig.ssh_cpu.seconds() - guest_before)
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ def write_profiles(profiles: Path, runs: int) -> None:
 class PeerNoOp:
     seconds: float
     cpu_s: float
+    guest_cpu_s: float  # the guest's CPU for its SSH connections and all they ran (bench.timeline.GuestSshCpu)
 
 
 @dataclass(frozen=True)
@@ -125,10 +126,12 @@ class Peer:
 
     def no_op(self) -> PeerNoOp:
         cursor = self.journal.cursor()
+        guest_before = self.rig.ssh_cpu.seconds()
         seconds, cpu, _lines = self._run()
+        guest_cpu = self.rig.ssh_cpu.seconds() - guest_before
         restarted = [entry for entry in self.journal.since(cursor) if entry.job_type is not None]
         assert not restarted, f"pyinfra's no-op restarted {SERVICE}: {restarted}"
-        return PeerNoOp(seconds, cpu)
+        return PeerNoOp(seconds, cpu, guest_cpu)
 
     def changed(self, run: int) -> PeerChanged:
         self.write(profile_name(run))
@@ -168,7 +171,7 @@ def _median(samples: Sequence[float]) -> float:
 
 def ratio_figure(name: str, ours: Sequence[float], theirs: Sequence[float], least: float | None) -> Figure:
     """ours | pyinfra | how many times faster ours is; PASS when at least `least` (None: context)."""
-    ratio = _median(theirs) / _median(ours)
+    ratio = _median(theirs) / _median(ours) if _median(ours) > 0 else float("inf")
     return Figure(name, f"{_median(ours):.2f} s | pyinfra {_median(theirs):.2f} s | {ratio:.2f}x", len(ours),
                   f">= {least:g}x faster" if least else "", None if least is None else ratio >= least)
 
@@ -183,6 +186,8 @@ def peer_figures(processes: Sequence[ProcessRun], peer_no_ops: Sequence[PeerNoOp
                      [run.seconds for run in peer_no_ops], 2.5),
         ratio_figure("  the process's CPU (user + sys)", [run.cpu_s for run in processes],
                      [run.cpu_s for run in peer_no_ops], None),
+        ratio_figure("  the guest's CPU (its sshd and all the command ran there)",
+                     [run.guest_cpu_s for run in processes], [run.guest_cpu_s for run in peer_no_ops], None),
         Figure("  floor on the same guest: `python3 -c pass` + `ssh host true`",
                f"{_median([f.seconds for f in floors]):.2f} s ({_median([f.interpreter_s for f in floors]):.2f} + "
                f"{_median([f.ssh_s for f in floors]):.2f}); the no-op {no_op:.2f} s is "

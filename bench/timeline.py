@@ -4,6 +4,7 @@ this side, and the unit's journal on the guest (whose clock is this machine's: t
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import time
 from collections.abc import Callable, Sequence
@@ -145,6 +146,46 @@ def ready_instant(entries: Sequence[JournalEntry], after: float) -> float:
 def exit_instant(entries: Sequence[JournalEntry], after: float) -> float:
     return first_entry(entries, after, lambda entry: EXIT_LINE in entry.message)
 
+
+
+# ---------------------------------------------------------------------------------------------------------
+# The guest's CPU for what came in over SSH
+
+
+class GuestSshCpu:
+    """The CPU seconds the guest spent on SSH connections: its sshd listener's reaped children (each connection's
+    sshd, with the crypto and every process its sessions ran, counted when the connection closed), read from this
+    machine's /proc (the guest is a container here). What a command costs the host beyond the client's own CPU; a
+    server started by systemd is not in it."""
+
+    def __init__(self, guest: manage.Guest) -> None:
+        cgroup = f"/testhost.{guest.name}/payload/system.slice/ssh.service"
+        self.pid = next(pid for pid in _pids() if _cmdline(pid).startswith("sshd: /usr/sbin/sshd -D [listener]")
+                        and cgroup in _read(f"/proc/{pid}/cgroup"))
+
+    def seconds(self) -> float:
+        """The total so far, once every connection opened before has closed (waits up to 5 s for them)."""
+        deadline = time.monotonic() + 5
+        while _read(f"/proc/{self.pid}/task/{self.pid}/children").strip() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        fields = _read(f"/proc/{self.pid}/stat").rsplit(")", 1)[1].split()
+        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
+
+
+def _pids() -> list[int]:
+    return [int(name) for name in os.listdir("/proc") if name.isdigit()]
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as file:
+            return file.read()
+    except OSError:
+        return ""
+
+
+def _cmdline(pid: int) -> str:
+    return _read(f"/proc/{pid}/cmdline").replace("\0", " ")
 
 
 def say(text: str) -> None:

@@ -233,6 +233,16 @@ def test_loading_the_tasks_leaves_the_template_engine_patch_sets_and_sandbox_rig
     assert not_needed & loaded == set()
 
 
+def test_the_cyclic_collector_is_on_again_once_the_tasks_are_loaded() -> None:
+    """tasks.py holds the collector off while its imports build long-lived objects (~13 % of their CPU); a command
+    that runs for hours (a sweep, a rolling deploy) must still collect its cycles: on again, the imports frozen."""
+    script = "import gc, json; import tasks; print(json.dumps([gc.isenabled(), gc.get_freeze_count()]))"
+    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    enabled, frozen = json.loads(shown.stdout)
+    assert enabled and frozen > 10_000
+
+
 def test_a_no_op_deploy_renders_nothing_and_leaves_what_it_does_not_run_unloaded() -> None:
     """A no-op compares release ids (plan and preflight, as `invoke deploy` runs them on a one-host command, with what
     the task imports): the unit and env file are rendered only to be staged or shown, the venv builder, the prune's

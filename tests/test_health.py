@@ -310,7 +310,7 @@ def test_a_server_bound_to_every_address_is_probed_on_loopback() -> None:
 
 def test_a_probe_without_an_api_key_is_not_masked() -> None:
     step = probe_step(ProbeTarget(unit="sglang.service", port=30000), Rung.GENERATE)
-    assert not step.secret and step.argv == ("python3", "-") and step.sudo
+    assert not step.secret and step.argv == ("python3", "-I", "-S", "-") and step.sudo
 
 
 def test_a_host_without_python3_fails_the_probe_step_loudly() -> None:
@@ -406,8 +406,8 @@ class FakeSGLang(BaseHTTPRequestHandler):
         self.seen_auth.append(self.headers.get("Authorization"))
         if self.headers.get("Authorization") != f"Bearer {self.api_key}":
             self.reply(401, b'{"error": "Unauthorized"}')
-        elif self.path == "/generate" and body["sampling_params"]["max_new_tokens"] == 4:
-            self.reply(200, json.dumps({"text": " Paris", "meta_info": {"completion_tokens": 4}}).encode())
+        elif self.path == "/generate" and body["sampling_params"]["max_new_tokens"] == 2:
+            self.reply(200, json.dumps({"text": " Paris", "meta_info": {"completion_tokens": 2}}).encode())
         else:
             self.reply(400, b"{}")
 

@@ -268,6 +268,19 @@ def test_a_round_trip_ends_when_the_exit_status_arrives_not_at_a_poll(remote: Fa
     assert result.exit_code == 0 and invoke_naps == [] and connection.EXIT_POLL_S <= 0.001
 
 
+def test_each_hop_sends_its_small_packets_at_once(sshd: SshServer, tmp_path: Path) -> None:
+    """A connection's socket has TCP_NODELAY, as OpenSSH's ssh sets it: with Nagle's algorithm every channel a round
+    trip opened waited about 40 ms for the server's delayed ACK (failed before: the option was 0). Through a jump
+    host, the jump host's own connection carries it."""
+    known_hosts = tmp_path / "known_hosts"
+    known_hosts.write_text(_known_line(sshd, "127.0.0.1") + _known_line(sshd, "localhost"))
+    for target in (sshd.target(known_hosts), _through_itself(sshd, known_hosts)):
+        with FabricRemote(target) as remote:
+            assert remote.run([Step("probe", ("true",))])[0].exit_code == 0
+            direct = remote._gateway or remote._connect()
+            assert direct.transport.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
+
+
 def test_hostile_arguments_and_binary_stdin_arrive_unchanged(remote: FabricRemote) -> None:
     hostile = ("a b", "it's", '"q"', "$(touch /tmp/pwned)", "`id`", "line1\nline2", "*", "~", "-n", "")
     payload = bytes(range(256)) * 64

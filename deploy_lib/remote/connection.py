@@ -46,6 +46,8 @@ from deploy_lib.remote.ssh import (
     KnownHostsPolicy,
     SSHTarget,
     connect_error,
+    connect_kwargs,
+    open_hop,
     rsync_argv,
     unreachable,
 )
@@ -161,23 +163,14 @@ class FabricRemote:
         # an empty ssh config: the user's was read into `target` already (remote/ssh_config.py)
         config = fabric.Config(lazy=True, ssh_config=paramiko.SSHConfig(),
                                overrides={"runners": {"remote": _WholeStdinRemote}})
-        # Fabric truncates its own connect_timeout to an int; paramiko's timeouts take the float as given.
-        connect_kwargs: dict[str, Any] = {"timeout": target.connect_timeout_s,
-                                          "banner_timeout": target.connect_timeout_s,
-                                          "auth_timeout": target.connect_timeout_s}
-        # OpenSSH's order: the key files given, the agent's keys (unless IdentitiesOnly), the default keys only
-        # when no key file is given
-        connect_kwargs |= {"allow_agent": not target.identities_only, "look_for_keys": not target.key_files}
-        if target.key_files:
-            connect_kwargs["key_filename"] = [str(key.expanduser()) for key in target.key_files]
         connection = fabric.Connection(host=hop.host, user=hop.user, port=hop.port, config=config,
-                                       connect_kwargs=connect_kwargs, gateway=gateway or False)
+                                       connect_kwargs=connect_kwargs(target), gateway=gateway or False)
         client = connection.client
         client.set_missing_host_key_policy(KnownHostsPolicy(target.known_hosts_path, target.accept_new_host_key))
         try:
             if target.known_hosts_path.exists():
                 client.load_host_keys(str(target.known_hosts_path))
-            self.connect_policy.copy()(connection.open)
+            self.connect_policy.copy()(lambda: open_hop(connection, hop, target.connect_timeout_s, gateway is None))
             connection.transport.set_keepalive(KEEPALIVE_S)
         except (paramiko.SSHException, OSError, EOFError) as error:
             client.close()

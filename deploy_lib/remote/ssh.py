@@ -6,9 +6,12 @@ from __future__ import annotations
 import base64
 import hashlib
 import shlex
+import socket
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
+from typing import Any
 
+import fabric
 import paramiko
 from tenacity import (
     Retrying,
@@ -160,6 +163,39 @@ def unreachable(error: ConnectFailed) -> bool:
     cause = error.__cause__
     final = (UnknownHostKey, paramiko.BadHostKeyException, paramiko.AuthenticationException)
     return isinstance(cause, OSError | EOFError | paramiko.SSHException) and not isinstance(cause, final)
+
+
+def connect_kwargs(target: SSHTarget) -> dict[str, Any]:
+    """paramiko's connect arguments for every hop of `target`: its timeouts and the keys to offer."""
+    # Fabric truncates its own connect_timeout to an int; paramiko's timeouts take the float as given.
+    kwargs: dict[str, Any] = {"timeout": target.connect_timeout_s, "banner_timeout": target.connect_timeout_s,
+                              "auth_timeout": target.connect_timeout_s}
+    # OpenSSH's order: the key files given, the agent's keys (unless IdentitiesOnly), the default keys only
+    # when no key file is given
+    kwargs |= {"allow_agent": not target.identities_only, "look_for_keys": not target.key_files}
+    if target.key_files:
+        kwargs["key_filename"] = [str(key.expanduser()) for key in target.key_files]
+    return kwargs
+
+
+def open_hop(connection: fabric.Connection, hop: JumpHost, timeout_s: float, direct: bool) -> None:
+    """Open `connection`; a `direct` one (no jump host before it) on a TCP socket of ours with TCP_NODELAY, as
+    OpenSSH's ssh sets it: with Nagle's algorithm each small SSH request waited for the peer's delayed ACK, about
+    40 ms in the handshake and 40 ms for every channel a round trip opens (measured against OpenSSH 9.2 on
+    loopback). Through a jump host the hop is a channel of the jump host's connection, which has it."""
+    if not direct:
+        connection.open()
+        return
+    sock = socket.create_connection((hop.host, hop.port), timeout=timeout_s)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        connection.connect_kwargs["sock"] = sock
+        connection.open()
+    except BaseException:
+        sock.close()
+        raise
+    finally:
+        connection.connect_kwargs.pop("sock", None)
 
 
 def connect_error(target: SSHTarget, error: Exception, hop: JumpHost, through_jump: bool) -> ConnectFailed:

@@ -45,3 +45,8 @@ def test_bench_router_quick_prints_failed_requests_during_the_rollout() -> None:
     """Failed before: bench/router.py called behind_router with its old argument order (TypeError in StoreLayout)."""
     output = run_quick("bench.router")
     assert "failed (" in output and "added p99 latency" in output, output[-4000:]
+
+
+def test_bench_tune_quick_prints_a_candidates_overhead() -> None:
+    output = run_quick("bench.tune")
+    assert "a candidate's overhead (total - server start - benchmark - grace window)" in output, output[-4000:]

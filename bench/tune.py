@@ -1,0 +1,141 @@
+"""`make bench` (tuning part, issue 30 point 4): what a tuning sweep's candidate costs beyond the server's own start
+and the benchmark, on a sandbox guest of its own that is always stopped at the end. Figures are printed, never
+asserted.
+
+A sweep (deploy_lib.tune, as `invoke tune` runs it) over `memory.max_running_requests`, the benchmark sized small
+(the figure is the tool's time around it, not the server's throughput). Per candidate, from the progress events
+and the unit's journal: the candidate's whole time (its progress phase to the next one, or to the sweep's return),
+the server's start (restart -> "fired up"), the benchmark (its progress phase), the ladder's grace window (a policy's
+wait, 2 s of watching a Ready server, as every deploy's), and the rest: the tool's own overhead (stage, switch,
+restart sent, readiness noticed, history). Target: the overhead without the grace window <= 1 s.
+
+    .venv/bin/python -m bench.tune [--candidates 2] [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from bench.measure import make_rig
+from bench.run import guest_for_bench
+from bench.timeline import StampedProgress, ready_instant, restart_instant, say
+from deploy_lib import tune as tuning
+from deploy_lib.bundled import ROLES_DIR
+from deploy_lib.deploy import Options
+from deploy_lib.deploy import deploy as deploy_release
+from deploy_lib.patches import list_patch_sets
+from deploy_lib.project import load_for_host
+from deploy_lib.remote import FabricRemote
+from sandbox import manage, wheelhouse
+
+PROFILE = "bench-tune"
+# The sandbox profile's benchmark, small: 64 prompts of 32 -> 8 tokens at one level (seconds, not a minute)
+PROFILE_TEXT = ("extends: glm5-nvfp4-sandbox\nbench:\n  prompts: 64\n  input_len: 32\n  output_len: 8\n"
+                "  concurrency: [64]\n")
+LADDER = [64]  # one level of the sweep's ladder (its default climbs several)
+CAPS = (256, 512, 1024, 128)  # max_running_requests of the candidates (the base serves 64)
+OVERHEAD_S = 1.0
+
+
+@dataclass(frozen=True)
+class CandidateRun:
+    label: str
+    total_s: float
+    server_start_s: float
+    benchmark_s: float
+    grace_s: float
+
+    @property
+    def overhead_s(self) -> float:
+        return self.total_s - self.server_start_s - self.benchmark_s - self.grace_s
+
+
+def _phases(progress: StampedProgress, prefix: str) -> list[tuple[float, str]]:
+    return [(at, str(name)) for at, kind, name in progress.events if kind == "phase" and str(name).startswith(prefix)]
+
+
+def _between(progress: StampedProgress, kind: str, name: str, start: float, end: float) -> list[float]:
+    return [at for at, event_kind, value in progress.events if event_kind == kind and value == name
+            and start <= at <= end]
+
+
+def measure(candidates: int) -> tuple[list[CandidateRun], float]:
+    """One sweep of `candidates` candidates on a guest of its own: each candidate's figures, and the sweep's wall."""
+    with guest_for_bench(None) as guest, tempfile.TemporaryDirectory(prefix="sglang-bench-tune-") as work:
+        house = wheelhouse.prepare()
+        if not manage.guest_venv_is(guest, house):
+            manage.build_guest_venv(guest, house)
+        rig = make_rig(guest, Path(work), 0)
+        (rig.project.root / "inventory" / "profiles" / f"{PROFILE}.yaml").write_text(
+            PROFILE_TEXT + "memory:\n  max_running_requests: 64\n")
+        loaded, target = load_for_host(rig.project, PROFILE, rig.inventory, None)
+        with FabricRemote(target.ssh) as remote:
+            deploy_release(loaded, target, remote, StampedProgress(), Options(skip_gate=True))
+        caps = ",".join(map(str, CAPS[:candidates]))
+        spec, sources = tuning.sweep_spec(None, [f"memory.max_running_requests={caps}"], {"ladder": LADDER})
+        request = tuning.Request(spec, sources, tuple(list_patch_sets(ROLES_DIR)))
+        progress, cursor = StampedProgress(), rig.journal.cursor()
+        started = time.time()
+        with FabricRemote(target.ssh) as remote:
+            report = tuning.tune(loaded, target, remote, progress, request)
+        ended = time.time()
+        assert isinstance(report, tuning.TuneReport) and report.finished, report
+        entries = rig.journal.since(cursor)
+    # a candidate ends where the next one starts, or the sweep switches (back to the best, to the winner), or returns
+    marks = _phases(progress, "tune")
+    runs = []
+    for index, (at, name) in enumerate(marks):
+        if not name.startswith(f"tune {report.tune_id}: candidate "):
+            continue
+        end = marks[index + 1][0] if index + 1 < len(marks) else ended
+        restarted = restart_instant(entries, at)
+        bench_started = _between(progress, "phase", "benchmark", at, end)
+        bench_done = _between(progress, "done", "benchmark", at, end)
+        grace_started = [when for when, kind, value in progress.events if kind == "phase"
+                         and str(value).startswith("readiness: grace") and at <= when <= end]
+        grace_done = _between(progress, "done", "readiness: grace", at, end)
+        runs.append(CandidateRun(name.split(": ", 2)[-1], end - at, ready_instant(entries, restarted) - restarted,
+                                 sum(b - a for a, b in zip(bench_started, bench_done, strict=True)),
+                                 sum(b - a for a, b in zip(grace_started, grace_done, strict=True))))
+    return runs, ended - started
+
+
+def report_lines(runs: Sequence[CandidateRun], sweep_s: float) -> list[str]:
+    lines = [f"{'candidate':<40}  {'total':>7}  {'start':>7}  {'bench':>7}  {'grace':>7}  {'overhead':>8}"]
+    for run in runs:
+        lines.append(f"{run.label:<40}  {run.total_s:>5.2f} s  {run.server_start_s:>5.2f} s  {run.benchmark_s:>5.2f} s"
+                     f"  {run.grace_s:>5.2f} s  {run.overhead_s:>6.2f} s")
+    median = statistics.median(run.overhead_s for run in runs)
+    verdict = "PASS" if median <= OVERHEAD_S else "MISS"
+    lines.append(f"a candidate's overhead (total - server start - benchmark - grace window), median of {len(runs)}: "
+                 f"{median:.2f} s ({verdict}, target <= {OVERHEAD_S:g} s); with the grace window "
+                 f"{statistics.median(run.overhead_s + run.grace_s for run in runs):.2f} s; the sweep "
+                 f"{sweep_s:.1f} s in all (the base benchmarked twice first)")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--candidates", type=int, default=3, choices=range(1, len(CAPS) + 1))
+    parser.add_argument("--quick", action="store_true", help="one candidate: checks that it runs")
+    options = parser.parse_args(argv)
+    if os.geteuid() != 0:
+        say("the tune bench needs root (the sandbox guest is a systemd-nspawn machine)")
+        return 2
+    runs, sweep_s = measure(1 if options.quick else options.candidates)
+    say(f"\ntuning sweep on a sandbox guest (load average {os.getloadavg()[0]:.1f}):")
+    for line in report_lines(runs, sweep_s):
+        say(f"  {line}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
