@@ -34,7 +34,8 @@ TH_DISK=${TH_DISK:-}                         # MiB: the writable layer gets an e
 # losetup and mkfs.ext4 give a guest its own disk (TH_DISK, for `crash`).
 HOST_TOOLS=(mmdebstrap:mmdebstrap systemd-nspawn:systemd-container ip:iproute2 ssh:openssh-client
             ssh-keygen:openssh-client zstd:zstd rsync:rsync /usr/sbin/sshd:openssh-server
-            systemd-analyze:systemd setpriv:util-linux chromium:chromium losetup:mount mkfs.ext4:e2fsprogs)
+            systemd-analyze:systemd setpriv:util-linux chromium:chromium losetup:mount mkfs.ext4:e2fsprogs
+            stress-ng:stress-ng)
 
 [[ $TH_NAME =~ ^[a-z][a-z0-9-]{0,11}$ ]] || { echo "TH_NAME must match [a-z][a-z0-9-]{0,11}" >&2; exit 2; }
 

@@ -378,6 +378,33 @@ def test_a_round_trip_that_hears_nothing_past_its_steps_timeouts_is_a_dead_conne
         "ok\n"
 
 
+def test_a_round_trip_whose_channel_never_opens_is_a_dead_connection_and_sent_again(
+        sshd: SshServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A link that died between two round trips: the connection's sshd session is stopped (SIGSTOP) after the first,
+    so the next one's channel open is never answered (paramiko would wait an hour for it, and without end for the
+    exec's reply). Past the bound (2 s here, 30 s by default) it is a dead connection: a step safe to repeat is sent
+    again on a new connection, one that is not ends in ConnectionLost saying why."""
+    monkeypatch.setattr("deploy_lib.remote.ssh.CHANNEL_OPEN_S", 2.0)
+    fast = SSH_RECONNECT.copy(wait=wait_none())
+    frozen: list[int] = []
+    own_sshd = ("sh", "-c", f"{_FIND_OWN_SSHD}echo $p")
+    try:
+        with FabricRemote(sshd.target(sshd.known_hosts(tmp_path)), reconnect_policy=fast) as remote:
+            for step in (Step("read", ("echo", "answered"), repeatable=True), Step("restart", ("true",))):
+                frozen.append(int(remote.run([Step("own sshd", own_sshd)])[0].stdout))
+                os.kill(frozen[-1], signal.SIGSTOP)
+                if step.repeatable:
+                    assert remote.run([step])[0].stdout == "answered\n"
+                else:
+                    with pytest.raises(ConnectionLost, match=r"its channel did not open within 2 s: a dead conn"):
+                        remote.run([step])
+    finally:
+        for pid in frozen:  # the sessions this test stopped: continued, then ended (unless already gone)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_put_writes_atomically_with_mode_before_rename(remote: FabricRemote, tmp_path: Path) -> None:
     dest = tmp_path / "dir with space" / "app.env"
     dest.parent.mkdir()

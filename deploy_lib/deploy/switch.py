@@ -123,6 +123,8 @@ class Transition:
     lock: LockOnFirstChange | None = None  # a deploy's lock, taken with its first change and released with `last`
     read_at_switch: Readings | None = None  # what the last activation's round trip read and did
     switch_confirmed: bool = False  # the result of the last activation's round trip came: `current` is switched_to
+    linked_before: str | None = None  # where `current` pointed before the last activation's round trip
+    restoring: tuple[str, str, str] | None = None  # during a restore: the failed release, its failure, the target
 
     @property
     def where(self) -> str:
@@ -191,6 +193,7 @@ class Transition:
         if self.before_restart is not None:
             self.before_restart()
         restarted_at = self.clock()
+        self.linked_before = self.switched_to if self.switched_to is not None else self.previous
         self.switched_to = release_id  # from here on a signal switches back: the switch may be under way
         self.switch_confirmed = False
         batch = [*staged, *reads, *batches[ACTIVATE], *reads_after_restart]
@@ -198,7 +201,8 @@ class Transition:
         self.switch_confirmed = True
         self.read_at_switch = Readings(results)
         cursor_step = journal_cursor_step(self.layout.unit_name)
-        self.cursor = parse_journal_cursor(next(r.stdout for r in results if r.step == cursor_step))
+        # by name: a restore sends its steps marked repeatable (`_switch_back`), otherwise the same
+        self.cursor = parse_journal_cursor(next(r.stdout for r in results if r.step.name == cursor_step.name))
         service = read_stored_profile(metadata.get("profile")).service
         self.progress.phase_started("readiness")
         report = wait_ready(self.remote, probe_target(self.layout, metadata, self.environ),
@@ -238,15 +242,22 @@ class Transition:
         elif self.switch_confirmed or SWITCH_CURRENT in lost.completed:
             link = f"current is {self.switched_to}"
         else:  # the host runs a round trip's script on after its connection died
-            link = (f"current is {self.previous or 'none'}, or {self.switched_to} if the host ran on (the switch was "
-                    "in that round trip)")
+            link = (f"current is {self.linked_before or 'none'}, or {self.switched_to} if the host ran on (the switch "
+                    "was in that round trip)")
         verified = "" if self.switched_to is None else \
             f"; release {self.switched_to} was {'verified' if self.verified == self.switched_to else 'NOT verified'}"
-        lost.message = f"{self.where}: {lost.message}; {link}{verified}"
-        lost.about(self.switched_to, self.previous, self.timings)
-        lost.hint = (f"once the host answers: `invoke status` shows what it serves; `invoke {command}` verifies the "
-                     "current release (or rolls back); the lock of the lost command, if it is still there, is "
-                     "released with `invoke unlock`")
+        unlock = "the lock of the lost command, if it is still there, is released with `invoke unlock`"
+        if self.restoring is None:
+            lost.message = f"{self.where}: {lost.message}; {link}{verified}"
+            lost.about(self.switched_to, self.previous, self.timings)
+            lost.hint = (f"once the host answers: `invoke status` shows what it serves; `invoke {command}` verifies "
+                         f"the current release (or rolls back); {unlock}")
+            return lost
+        failed, failure, restore_id = self.restoring  # `restore` has said which release failed (`about`)
+        lost.message = (f"{self.where}: release {failed} failed ({failure}) and the rollback to {restore_id} did not "
+                        f"finish: {lost.message}; {link}{verified}")
+        lost.hint = (f"once the host answers: `invoke status` shows what it serves; `invoke rollback --to "
+                     f"{restore_id}` finishes the rollback (switches if needed, restarts and verifies it); {unlock}")
         return lost
 
     def interrupted_outside(self, stop: KeyboardInterrupt) -> Interrupted:
@@ -318,6 +329,7 @@ def _switch_back(run: Transition, store: StoreFacts, failed_id: str, failure: De
                                   "release to roll back to, so the unit is stopped", diagnosis)
     metadata = dict(record.metadata) if (record := store.release(restore_id)) else {}
     tags = recorded_tags(run.target, restore_id, metadata)
+    run.restoring = (failed_id, first, restore_id)  # what a lost connection's message says from here on
     try:
         facts = run.check_target(restore_id, metadata)
     except PreflightError as refused:
@@ -328,9 +340,12 @@ def _switch_back(run: Transition, store: StoreFacts, failed_id: str, failure: De
                              hint=refused.hint) from None
     run.progress.note(f"rolling back to release {restore_id}")
     run.timings = {}
+    # sent again on a new connection after a drop: however far an attempt got, the next leaves `current` on the
+    # release to return to, restarted; this command's lock (which a drop does not release) keeps others out
+    batches = {name: [replace(step, repeatable=True) if isinstance(step, Step) else step for step in batch]
+               for name, batch in switch_batches(run.layout, facts, restore_id).items()}
     try:
-        run.activate(restore_id, metadata, start_prediction(store, tags.profile), run.grace_s,
-                     switch_batches(run.layout, facts, restore_id))
+        run.activate(restore_id, metadata, start_prediction(store, tags.profile), run.grace_s, batches)
     except ReadinessFailed as second:
         second_diagnosis = run.journal_diagnosis(run.cursor, metadata.get("profile_name"))
         stop_unit(run.remote, run.layout)

@@ -7,7 +7,7 @@ import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from deploy_lib.remote.steps import Put, Step, StepResult
+from deploy_lib.remote.steps import OutputLine, Put, Step, StepResult
 
 # Seconds `timeout` waits after TERM before it sends KILL.
 KILL_AFTER_S = 5
@@ -271,3 +271,19 @@ class SilenceBound:
         running = self.steps[self.ended:]
         longest = max((step.timeout_s for step in running), default=0.0)
         return longest + KILL_AFTER_S + self.grace_s
+
+class LineSink:
+    """A stream for invoke's out_stream that hands each complete line to a callback."""
+
+    def __init__(self, on_line: OutputLine) -> None:
+        self.on_line = on_line
+        self.pending = ""
+
+    def write(self, text: str) -> None:
+        self.pending += text
+        *lines, self.pending = self.pending.split("\n")
+        for line in lines:
+            self.on_line(line)
+
+    def flush(self) -> None:
+        pass

@@ -28,6 +28,7 @@ from deploy_lib.remote.batch import (
     ROUND_TRIP_GRACE_S,
     SILENCE_GRACE_S,
     Dropped,
+    LineSink,
     SilenceBound,
     batch_script,
     channel_stdin,
@@ -42,6 +43,7 @@ from deploy_lib.remote.ssh import (
     KEEPALIVE_S,
     SSH_CONNECT,
     SSH_RECONNECT,
+    ChannelWatch,
     JumpHost,
     KnownHostsPolicy,
     SSHTarget,
@@ -73,6 +75,7 @@ EXIT_POLL_MAX_S = 0.05  # ... and at least every 50 ms
 
 # The silence bound of the round trip this thread is waiting on (set around `connection.run`, read by the runner).
 _SILENCE: ContextVar[SilenceBound | None] = ContextVar("silence", default=None)
+_OPENING: ContextVar[ChannelWatch | None] = ContextVar("opening", default=None)  # ... and its channel's open
 
 
 def exit_poll_s(waited_s: float) -> float:
@@ -103,6 +106,8 @@ class _WholeStdinRemote(fabric.runners.Remote):
         invoke looks every 10 ms, which each round trip paid, then less often as the wait grows (`exit_poll_s`). A
         sleep, not the channel's status_event: waiting on that takes a lock paramiko's thread needs, and a Ctrl-C
         landing there once left a round trip waiting forever."""
+        if (opening := _OPENING.get()) is not None:
+            opening.started()  # the command runs: from here on the silence bound watches the channel
         sent = time.monotonic()
         silence = _SILENCE.get()
         heard, seen_out, seen_err = sent, 0, 0
@@ -287,19 +292,23 @@ class FabricRemote:
         self.round_trips += 1
         timed_out = False
         silence = SilenceBound(steps, marker, self.silence_grace_s)
-        watching = _SILENCE.set(silence)
+        opening = ChannelWatch(connection.transport)
+        watching, watching_open = _SILENCE.set(silence), _OPENING.set(opening.start())
         try:
             # streamed: invoke copies stdout to out_stream only when it is not hidden
-            streaming = {"hide": "err", "out_stream": _LineSink(on_output)} if on_output else {"hide": True}
+            streaming = {"hide": "err", "out_stream": LineSink(on_output)} if on_output else {"hide": True}
             raw = connection.run(shlex.join(("bash", "-c", script)), warn=True, encoding="utf-8",
                                  in_stream=io.BytesIO(stdin) if stdin is not None else False, timeout=deadline,
                                  **streaming)
         except CommandTimedOut as error:
             raw, timed_out = error.result, True
         except (paramiko.SSHException, OSError, EOFError) as error:
-            raise Dropped([], steps[0], str(error) or type(error).__name__) from error
+            raise Dropped([], steps[0], f"its channel did not open within {opening.bound_s:.0f} s: a dead connection"
+                          if opening.fired else str(error) or type(error).__name__) from error
         finally:
+            opening.started()
             _SILENCE.reset(watching)
+            _OPENING.reset(watching_open)
         results, out, err = parse_batch_output(steps, marker, raw.stdout, raw.stderr)
         if len(results) == len(steps) or (results and results[-1].exit_code not in steps[len(results) - 1].ok):
             return results
@@ -321,7 +330,7 @@ class FabricRemote:
         step = Step(f"push {local_dir} -> {dest}", tuple(argv), timeout_s=48 * 3600)
         started = time.monotonic()
         self.round_trips += 1
-        sink = _LineSink(on_output or (lambda line: None))
+        sink = LineSink(on_output or (lambda line: None))
         with tempfile.TemporaryFile() as errors:  # a file, not a pipe: a chatty stderr cannot block the progress
             process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors)
             assert process.stdout is not None
@@ -374,19 +383,3 @@ class FabricRemote:
             remove_quietly(sftp, staged)
             remove_quietly(sftp, private, directory=True)
 
-
-class _LineSink:
-    """A stream for invoke's out_stream that hands each complete line to a callback."""
-
-    def __init__(self, on_line: OutputLine) -> None:
-        self.on_line = on_line
-        self.pending = ""
-
-    def write(self, text: str) -> None:
-        self.pending += text
-        *lines, self.pending = self.pending.split("\n")
-        for line in lines:
-            self.on_line(line)
-
-    def flush(self) -> None:
-        pass

@@ -7,6 +7,7 @@ import base64
 import hashlib
 import shlex
 import socket
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -99,6 +100,30 @@ SSH_RECONNECT = Retrying(
 # Seconds between SSH keepalives on an open connection: a connection the host dropped while we only waited is found
 # dead when the network returns (its reset answers the keepalive), not at our next write.
 KEEPALIVE_S = 10
+# How long a round trip's channel may take to open and start its command. paramiko waits up to an hour for the open
+# (Transport.channel_timeout) and without end for the exec's reply (Channel.exec_command), and the silence bound
+# starts only once the command runs: a link that died just before a round trip would hang it there.
+CHANNEL_OPEN_S = 30.0
+
+
+class ChannelWatch:
+    """Closes `transport` (the waits in paramiko then raise) unless `started` comes within CHANNEL_OPEN_S."""
+
+    def __init__(self, transport: paramiko.Transport) -> None:
+        self.fired, self.bound_s = False, CHANNEL_OPEN_S
+        self._timer = threading.Timer(self.bound_s, self._fire, (transport,))
+        self._timer.daemon = True
+
+    def _fire(self, transport: paramiko.Transport) -> None:
+        self.fired = True
+        transport.close()
+
+    def start(self) -> ChannelWatch:
+        self._timer.start()
+        return self
+
+    def started(self) -> None:
+        self._timer.cancel()
 
 
 class UnknownHostKey(paramiko.SSHException):

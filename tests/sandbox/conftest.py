@@ -15,8 +15,9 @@
 A new sandbox test module takes `sandbox_venv` (or `sandbox_guest`) and builds its rig from it, e.g.
 `Rig.on(sandbox_venv, tmp_path_factory, PROFILES)` (rig.py); tests in one module share its guest and run in order.
 A test that needs more guests at once starts them with `manage.up(name, record=False, layers=(venv_layer,))` under
-a unique name and always stops them; one that reboots its guest or cuts its power (`manage.reboot`, `manage.crash`)
-starts it with `disk=True`, so that its writable layer is a disk of its own (test_reboot_sandbox.py).
+a unique name and always stops them. A module that reboots its guest or cuts its power (`manage.reboot`,
+`manage.crash`) is marked `pytest.mark.own_disk`: its guest then starts with `disk=True`, so that its writable layer
+is a disk of its own (test_reboot_sandbox.py, test_power_loss_sandbox.py).
 `make test` runs modules in parallel (pytest-xdist, --dist loadfile): a
 module must not rely on anything outside its own guests, and what it shares on this machine (the cache) is locked.
 """
@@ -70,10 +71,11 @@ _guests = itertools.count(1)
 
 
 @pytest.fixture(scope="module")
-def sandbox_guest(venv_layer: Path) -> Iterator[manage.Guest]:
+def sandbox_guest(venv_layer: Path, request: pytest.FixtureRequest) -> Iterator[manage.Guest]:
     name = f"pt{os.getpid()}m{next(_guests)}"[:12]
+    own_disk = request.node.get_closest_marker("own_disk") is not None  # the module reboots or crashes its guest
     try:
-        yield manage.up(name, record=False, layers=(venv_layer,))
+        yield manage.up(name, record=False, layers=(venv_layer,), disk=own_disk)
     finally:
         manage.down(name, record=False, poweroff_s=0)  # its writable layer is thrown away: no clean shutdown needed
 

@@ -5,6 +5,9 @@ is listed by `releases` (complete or damaged, never silently missing), history p
 never fatal), and the next deploy succeeds with no `unlock` (the lock of the deploy that died with its host is
 taken over: the host's boot id changed).
 
+The same test runs again with `stress-ng --cpu 2` loading this machine (the guest's CPUs too), on a reduced set of
+points (CRASH_POINTS_LOADED, default 6) drawn from CRASH_SEED + 1: the order of writes must not depend on timing.
+
 CRASH_SEED replays a run (the points it used are in the failure message); CRASH_POINTS sets how many (default 20)."""
 
 from __future__ import annotations
@@ -12,8 +15,12 @@ from __future__ import annotations
 import json
 import os
 import random
+import shutil
+import signal
+import subprocess
 import threading
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -26,10 +33,11 @@ from deploy_lib.remote import FabricRemote, OutputLine, Put, Step, StepResult
 from deploy_lib.store import RELEASE_FILE, parse_history
 from sandbox import manage
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.own_disk]
 
 SEED = int(os.environ.get("CRASH_SEED", "31"))
 POINTS = int(os.environ.get("CRASH_POINTS", "20"))
+LOADED_POINTS = int(os.environ.get("CRASH_POINTS_LOADED", "6"))  # under stress-ng --cpu 2: a reduced set
 LATEST_S = 12.0  # crash points fall in the first LATEST_S seconds of a deploy: stage, switch, ladder, history, prune
 PROFILES = ("glm5-omp4", REFERENCE)  # deployed in turn: every deploy is a change
 
@@ -67,20 +75,6 @@ class DiesWithHost:
 
     def close(self) -> None:
         self.inner.close()
-
-
-@pytest.fixture(scope="module")
-def powered_guest(venv_layer: Path) -> Iterator[manage.Guest]:
-    name = f"pl{os.getpid()}"[:12]
-    try:
-        yield manage.up(name, record=False, layers=(venv_layer,), disk=True)
-    finally:
-        manage.down(name, record=False, poweroff_s=0)
-
-
-@pytest.fixture(scope="module")
-def rig(powered_guest: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Rig:
-    return Rig.on(powered_guest, tmp_path_factory)
 
 
 def deploy_until_the_power_is_cut(rig: Rig, profile: str, after_s: float) -> str:
@@ -124,18 +118,40 @@ def assert_store_intact(rig: Rig, known: set[str], where: str) -> None:
     assert entries and unreadable <= 1, f"{where}: history has {unreadable} unreadable lines"
 
 
-def test_a_power_loss_at_any_point_of_a_deploy_loses_nothing(rig: Rig) -> None:
-    draw = random.Random(SEED)
-    points = [round(draw.uniform(0, LATEST_S), 2) for _ in range(POINTS)]
+@contextmanager
+def cpu_load(workers: int) -> Iterator[None]:
+    """`stress-ng --cpu N` running on this machine (where the guest runs too) for the block; stopped by its PID."""
+    stress = subprocess.Popen(["stress-ng", "--cpu", str(workers), "--quiet"], stdin=subprocess.DEVNULL,
+                              start_new_session=True)  # its own process group: the workers it forks end with it
+    try:
+        yield
+        loaded_throughout = stress.poll() is None
+    finally:
+        os.killpg(stress.pid, signal.SIGTERM)
+        stress.wait(30)
+    assert loaded_throughout, f"stress-ng ended (exit {stress.returncode}) before the crash points did"
+
+
+@pytest.mark.parametrize(("load", "points"), [(0, POINTS), (2, LOADED_POINTS)], ids=["idle", "stress-ng-cpu-2"])
+def test_a_power_loss_at_any_point_of_a_deploy_loses_nothing(rig: Rig, load: int, points: int) -> None:
+    """Input tried: `points` power cuts at seeded moments of changed deploys; with `stress-ng --cpu 2` running for
+    the `stress-ng-cpu-2` case (fewer points: each deploy is slower), whose points come from the seed + 1."""
+    if load and shutil.which("stress-ng") is None:
+        pytest.skip("stress-ng is not installed: `sandbox/testhost.sh deps` installs the host tools")
+    seed = SEED + (1 if load else 0)
+    draw = random.Random(seed)
+    moments = [round(draw.uniform(0, LATEST_S), 2) for _ in range(points)]
     known = {rig.deploy(profile).release_id for profile in reversed(PROFILES)}  # both releases staged and healthy
     manage.reboot(rig.guest.name)  # ... and on the disk
     seen = []
-    for number, after_s in enumerate(points):
-        profile = PROFILES[number % 2]
-        where = f"crash point {number} ({after_s} s into a deploy of {profile}; CRASH_SEED={SEED})"
-        seen.append((after_s, deploy_until_the_power_is_cut(rig, profile, after_s)))
-        assert_store_intact(rig, known, where)
-        outcome = rig.deploy(profile)
-        assert outcome.action in ("deployed", "unchanged"), where
-        assert rig.current() == outcome.release_id, where
-    assert len(seen) == POINTS, seen
+    with cpu_load(load) if load else nullcontext():
+        for number, after_s in enumerate(moments):
+            profile = PROFILES[number % 2]
+            where = (f"crash point {number} ({after_s} s into a deploy of {profile}; CRASH_SEED={SEED}, "
+                     f"stress-ng --cpu {load}, seed {seed})")
+            seen.append((after_s, deploy_until_the_power_is_cut(rig, profile, after_s)))
+            assert_store_intact(rig, known, where)
+            outcome = rig.deploy(profile)
+            assert outcome.action in ("deployed", "unchanged"), where
+            assert rig.current() == outcome.release_id, where
+    assert len(seen) == points, seen

@@ -7,8 +7,6 @@ left by a command of the boot before is taken over by the next command."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 from recording_progress import RecordingProgress
@@ -19,23 +17,9 @@ from deploy_lib.remote import FabricRemote
 from deploy_lib.store import LockOwner, acquire_lock
 from sandbox import manage
 
-pytestmark = pytest.mark.sandbox
+pytestmark = [pytest.mark.sandbox, pytest.mark.own_disk]
 
 BOOT_ID = "cat /proc/sys/kernel/random/boot_id"
-
-
-@pytest.fixture(scope="module")
-def powered_guest(venv_layer: Path) -> Iterator[manage.Guest]:
-    name = f"pw{os.getpid()}"[:12]
-    try:
-        yield manage.up(name, record=False, layers=(venv_layer,), disk=True)
-    finally:
-        manage.down(name, record=False, poweroff_s=0)
-
-
-@pytest.fixture(scope="module")
-def rig(powered_guest: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Rig:
-    return Rig.on(powered_guest, tmp_path_factory)
 
 
 class HostWentDown(BaseException):

@@ -1,0 +1,61 @@
+"""The automatic rollback when the connection drops under it (issue 31, point 5): a deploy whose release fails its
+verification rolls back, and the round trip that switches back and restarts loses its connection. The rollback's
+steps are safe to send again on a new connection (the remote layer does, within its policy); when that does not
+bring the host back, the error says which release failed, where `current` may point, that the rollback target was
+not verified, and that `invoke rollback --to <target>` finishes it. The sandbox test with a real link cut:
+tests/sandbox/test_netdrop_sandbox.py."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from recording_progress import RecordingProgress
+from test_deploy_plan import target
+from test_rollback import DEAD, READY, a_host, changed_profile
+
+from deploy_lib.deploy import Options, deploy
+from deploy_lib.errors import ConnectionLost
+from deploy_lib.remote import OutputLine, Put, Step, StepResult
+from deploy_lib.remote.steps import repeatable
+
+SWITCH = "switch: temp link"
+
+
+class OnlyBServes(dict):  # type: ignore[type-arg]
+    """Probe answers: B (the release serving before the deploy) is ready, any other release is dead."""
+
+    def __missing__(self, release_id: str) -> list[object]:
+        return [READY] if release_id == "B" else [DEAD]
+
+
+def test_a_rollback_whose_connection_is_lost_says_what_failed_where_current_is_and_what_to_run() -> None:
+    """Input tried: the new release dead at its first probe, then the rollback's switch-and-restart round trip lost
+    for good (ConnectionLost from the remote layer, as after its reconnects gave up)."""
+    host = a_host()
+    host.probes = OnlyBServes()
+    switch_batches: list[list[Step | Put]] = []
+    scripted_run = host.run
+
+    def run(batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
+        switch = next((step for step in batch if step.name == SWITCH), None)
+        if switch is not None:
+            switch_batches.append(list(batch))
+            if len(switch_batches) == 2:  # the rollback's: nothing of it came back
+                raise ConnectionLost(f"connection to fake@host:22 lost during step {batch[0].name!r}",
+                                     step=batch[0])
+        return scripted_run(batch, on_output)
+
+    host.run = run  # type: ignore[method-assign]
+    with pytest.raises(ConnectionLost) as lost:
+        deploy(changed_profile(), target(), host, RecordingProgress(), Options(grace_s=0))
+    new = lost.value.release_id
+    message, hint = lost.value.message, lost.value.hint or ""
+    assert new not in (None, "B") and lost.value.exit_code == 11
+    assert f"release {new} failed (" in message and "the rollback to B did not finish" in message
+    assert f"current is {new}, or B if the host ran on" in message, message
+    assert "release B was NOT verified" in message
+    assert "`invoke rollback --to B`" in hint and "`invoke status`" in hint
+    assert all(repeatable(step) for step in switch_batches[1]), \
+        "the rollback's round trip may be sent again on a new connection"
+    assert not all(repeatable(step) for step in switch_batches[0]), "the deploy's own switch is not sent again"
