@@ -109,15 +109,32 @@ def _rollback_nodes(scope: Scope, service: str, to: str | None, reach: Reach) ->
 
 
 def start(scope: Scope, service: str, restart: bool, reach: Reach) -> FleetRun[Outcome]:
-    """(Re)start the current release on every host of the scope and climb the readiness ladder; a node of a
-    multi-node release is refused (`deploy --group` starts every node together)."""
+    """(Re)start the current release on every host of the scope and climb the readiness ladder: a group whose
+    current release is one multi-node release is (re)started as one (every node together, the ladder on node 0), a
+    node of one alone is refused; replicas behind a router are taken out one at a time."""
     from deploy_lib import deploy as engine
     front = router_in_front(scope, reach)
     reach.consent(f"{'restart' if restart else 'start'} {service} on {_where(scope)}?")
+    if not scope.one_host:
+        multi = _start_nodes(scope, service, restart, reach)
+        if multi is not None:
+            return multi
 
     def start_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None) -> Outcome:
         return engine.start(target, service, remote, progress, reach.environ, restart, before_restart=drain)
     return run_each(scope, reach, behind(front, service, start_host), rolled_out(front, scope, reach))
+
+
+def _start_nodes(scope: Scope, service: str, restart: bool, reach: Reach) -> FleetRun[Outcome] | None:
+    """A group whose current release is multi-node, (re)started as one; None when it is not."""
+    from deploy_lib.deploy import GRACE_S
+    from deploy_lib.ops.multinode_deploy import as_fleet, start_nodes
+    if scope.rollout is not None:
+        return None  # each host with its rollout: a node of a multi-node release is refused alone
+    with ExitStack() as connections:
+        remotes = {t.host.name: connections.enter_context(reach.connect(t, True)) for t in scope.targets}
+        return as_fleet(scope.names, lambda: start_nodes(scope.targets, remotes, reach.progress, service, restart,
+                                                         reach.environ, GRACE_S))
 
 
 def stop(scope: Scope, service: str, reach: Reach) -> FleetRun[Outcome]:
@@ -134,7 +151,9 @@ def stop(scope: Scope, service: str, reach: Reach) -> FleetRun[Outcome]:
 
 
 def uninstall(scope: Scope, service: str, state_dir: Path, reach: Reach) -> FleetRun[Uninstalled]:
-    """Remove the unit, releases, managed venvs and caches; each host's history is copied to `state_dir` first."""
+    """Remove the unit, releases, managed venvs and caches; each host's history is copied to `state_dir` first. A
+    group's hosts go all at once (a multi-node release as a whole; one node of it alone is refused), replicas behind
+    a router one at a time, each taken out first."""
     from deploy_lib.commands import uninstall as remove
     bases = ", ".join(sorted({str(target.layout(service).base) for target in scope.targets}))
     front = router_in_front(scope, reach)
@@ -143,7 +162,7 @@ def uninstall(scope: Scope, service: str, state_dir: Path, reach: Reach) -> Flee
 
     def remove_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None
                     ) -> Uninstalled:
-        return remove.uninstall(target, service, remote, state_dir, before_stop=drain)
+        return remove.uninstall(target, service, remote, state_dir, before_stop=drain, alone=scope.one_host)
     return run_each(scope, reach, behind(front, service, remove_host, leaves_out="uninstalled"),
                     rolled_out(front, scope, reach))
 
