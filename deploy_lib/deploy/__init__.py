@@ -14,8 +14,11 @@ and `invoke start`.
 
 from deploy_lib.deploy.engine import Options, Outcome, choose_venv, deploy, rollback, stage_weights, start, stop
 from deploy_lib.deploy.plan import (
+    ACTIVATE,
+    VERIFIED,
     Plan,
     VenvChoice,
+    activation_steps,
     detect_drift,
     hand_run_check,
     hand_run_pid,
@@ -31,16 +34,19 @@ from deploy_lib.deploy.preflight import check_release, check_release_files, pref
 from deploy_lib.deploy.prune import prune
 from deploy_lib.deploy.switch import (
     GRACE_S,
+    Readiness,
     Transition,
     failure_line,
     interruption,
     probe_target,
     recorded_tags,
+    restore,
     same_kind,
 )
 
-__all__ = ["GRACE_S", "Options", "Outcome", "Plan", "Transition", "VenvChoice", "check_release", "check_release_files",
-           "choose_venv", "deploy", "detect_drift", "failure_line", "hand_run_check", "hand_run_pid", "interruption",
-           "keep_replaced_unit", "plan_deploy", "preflight", "probe_target", "prune", "recorded_tags", "release_tags",
-           "reset_failed_step", "restart_steps", "rollback", "same_kind", "stage_weights", "start", "start_prediction",
-           "stop", "stop_step"]
+__all__ = ["ACTIVATE", "GRACE_S", "VERIFIED", "Options", "Outcome", "Plan", "Readiness", "Transition", "VenvChoice",
+           "activation_steps", "check_release", "check_release_files", "choose_venv", "deploy", "detect_drift",
+           "failure_line", "hand_run_check", "hand_run_pid", "interruption", "keep_replaced_unit", "plan_deploy",
+           "preflight", "probe_target", "prune", "recorded_tags", "release_tags", "reset_failed_step",
+           "restart_steps", "restore", "rollback", "same_kind", "stage_weights", "start", "start_prediction", "stop",
+           "stop_step"]

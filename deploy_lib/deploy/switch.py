@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import Any, NoReturn, Protocol
 
 from deploy_lib.deploy.plan import ACTIVATE, VERIFIED, start_prediction, stop_step, switch_batches
 from deploy_lib.deploy.preflight import check_release, check_release_files
@@ -102,6 +102,47 @@ def live_probe(layout: StoreLayout, metadata: Mapping[str, Any], environ: Mappin
     return probe_step(probe_target(layout, metadata, environ, generation=False), Rung.HEALTH)
 
 
+@dataclass(frozen=True)
+class Readiness:
+    """How a release's start is verified: where the ladder probes it, up to which rung, within which deadline."""
+
+    probe: ProbeTarget
+    rung: Rung
+    deadline_s: float
+
+
+class ReleaseKind(Protocol):
+    """What a Transition needs to know of the kind of release it switches (SGLang's server, the router): how its
+    start is verified, how it is probed while it runs, and the batches that switch back to one of its store."""
+
+    def readiness(self, layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]
+                  ) -> Readiness: ...
+
+    def live_probe(self, layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]) -> Step: ...
+
+    def switch_batches(self, run: Transition, release_id: str, metadata: Mapping[str, Any]
+                       ) -> Mapping[str, Sequence[Step | Put]]: ...
+
+
+class ServerRelease:
+    """SGLang's server: verified up to a generation within its profile's startup timeout; switched back to after
+    the same preflight as a rollback (`check_target`: venv, GPUs, port, its files)."""
+
+    def readiness(self, layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]) -> Readiness:
+        return Readiness(probe_target(layout, metadata, environ), Rung.GENERATE,
+                         read_stored_profile(metadata.get("profile")).service.startup_timeout_s)
+
+    def live_probe(self, layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]) -> Step:
+        return live_probe(layout, metadata, environ)
+
+    def switch_batches(self, run: Transition, release_id: str, metadata: Mapping[str, Any]
+                       ) -> Mapping[str, Sequence[Step | Put]]:
+        return switch_batches(run.layout, run.check_target(release_id, metadata), release_id)
+
+
+SERVER = ServerRelease()
+
+
 @dataclass
 class Transition:
     """One command against one host: the remote, the clock, where timings go, and how far the transition got."""
@@ -123,6 +164,7 @@ class Transition:
     lock: LockOnFirstChange | None = None  # a deploy's lock, taken with its first change and released with `last`
     read_at_switch: Readings | None = None  # what the last activation's round trip read and did
     switch_confirmed: bool = False  # the result of the last activation's round trip came: `current` is switched_to
+    kind: ReleaseKind = SERVER  # what is switched: SGLang's server, or the router (ops/router_deploy.py)
 
     @property
     def where(self) -> str:
@@ -167,7 +209,7 @@ class Transition:
     def live_verdict(self, metadata: Mapping[str, Any], read: Readings | None = None) -> Verdict:
         """One probe of the running server up to the health endpoint (no generation): is it ready right now?
         Taken from `read` when that batch sent this very probe (the facts' round trip), else sent now."""
-        step = live_probe(self.layout, metadata, self.environ)
+        step = self.kind.live_probe(self.layout, metadata, self.environ)
         seen = read.get(step.name) if read is not None else None
         try:
             # the facts' round trip sends it as a concurrent step
@@ -199,12 +241,11 @@ class Transition:
         self.read_at_switch = Readings(results)
         cursor_step = journal_cursor_step(self.layout.unit_name)
         self.cursor = parse_journal_cursor(next(r.stdout for r in results if r.step == cursor_step))
-        service = read_stored_profile(metadata.get("profile")).service
+        readiness = self.kind.readiness(self.layout, metadata, self.environ)
         self.progress.phase_started("readiness")
-        report = wait_ready(self.remote, probe_target(self.layout, metadata, self.environ),
-                            deadline_s=service.startup_timeout_s, progress=self.progress, rung=Rung.GENERATE,
-                            baseline_restarts=0, after_cursor=self.cursor, prediction=prediction, grace_s=grace_s,
-                            started_at=restarted_at, clock=self.clock)
+        report = wait_ready(self.remote, readiness.probe, deadline_s=readiness.deadline_s, progress=self.progress,
+                            rung=readiness.rung, baseline_restarts=0, after_cursor=self.cursor,
+                            prediction=prediction, grace_s=grace_s, started_at=restarted_at, clock=self.clock)
         self.verified = release_id
         self.timings["ready"] = round(report.duration_s, 3)
         self.timings |= report.timings()  # its phases from the server's log lines, and the ladder's rung times
@@ -319,7 +360,7 @@ def _switch_back(run: Transition, store: StoreFacts, failed_id: str, failure: De
     metadata = dict(record.metadata) if (record := store.release(restore_id)) else {}
     tags = recorded_tags(run.target, restore_id, metadata)
     try:
-        facts = run.check_target(restore_id, metadata)
+        batches = run.kind.switch_batches(run, restore_id, metadata)
     except PreflightError as refused:
         stop_unit(run.remote, run.layout)
         run.record("rollback", FAILED, tags, refused.message)
@@ -329,8 +370,7 @@ def _switch_back(run: Transition, store: StoreFacts, failed_id: str, failure: De
     run.progress.note(f"rolling back to release {restore_id}")
     run.timings = {}
     try:
-        run.activate(restore_id, metadata, start_prediction(store, tags.profile), run.grace_s,
-                     switch_batches(run.layout, facts, restore_id))
+        run.activate(restore_id, metadata, start_prediction(store, tags.profile), run.grace_s, batches)
     except ReadinessFailed as second:
         second_diagnosis = run.journal_diagnosis(run.cursor, metadata.get("profile_name"))
         stop_unit(run.remote, run.layout)
