@@ -146,13 +146,13 @@ def progress(host: str = "") -> ui.TerminalProgress:
 
 def reach(yes: bool = True) -> Reach:
     """How the library's operations reach the hosts from this terminal: a FabricRemote each, progress lines,
-    consent by --yes or at the terminal (a refusal is exit 1, nothing changed)."""
+    consent by --yes or at the terminal (a refusal is exit 1, nothing changed); the project's hooks/."""
     from deploy_lib.ops.scope import Reach
 
     def asked(question: str) -> None:
         if not yes and not ui.confirm(question):
             raise Exit("cancelled: nothing was changed", code=1)
-    return Reach(remote, progress, asked, dict(os.environ))
+    return Reach(remote, progress, asked, dict(os.environ), project_root=project().root)
 
 
 def show(report: T, print_table: Callable[[T], None]) -> None:

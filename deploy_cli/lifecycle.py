@@ -15,8 +15,8 @@ if TYPE_CHECKING:
     from deploy_lib.deploy import Outcome
     from deploy_lib.ops.fleet import FleetRun
 
-GROUP_HELP = {"group": "inventory group: every host of it at once (a multi-node release stops as a whole); "
-                       "exclusive with --host"}
+GROUP_HELP = {"group": "inventory group: every host of it at once (a multi-node release as a whole; replicas "
+                       "behind a router one at a time); exclusive with --host"}
 
 
 @task(help=GROUP_HELP)
@@ -34,37 +34,37 @@ def _show_lifecycle(fleet: FleetRun[Outcome], one_host: bool) -> None:
     common.show_each(fleet, ui.print_outcome, one_host)
 
 
-def _start(restart: bool, host: str | None, inventory: str | None, service: str | None, yes: bool,
-           verbose: bool) -> None:
+def _start(restart: bool, host: str | None, group: str | None, inventory: str | None, service: str | None,
+           yes: bool, verbose: bool) -> None:
     from deploy_lib.ops import commands
     common.report_as(verbose=verbose)
-    hosts = common.scope(inventory, host)
+    hosts = common.scope(inventory, host, group)
     fleet = common.run(lambda: commands.start(hosts, common.service_name(service), restart, common.reach(yes)))
     _show_lifecycle(fleet, hosts.one_host)
 
 
-@task
-def start(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
-          yes: bool = False, verbose: bool = False) -> None:
+@task(help=GROUP_HELP)
+def start(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
+          service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
     """Start the current release and wait until it serves (readiness ladder); rolled back if it cannot start."""
-    _start(False, host, inventory, service, yes, verbose)
+    _start(False, host, group, inventory, service, yes, verbose)
 
 
-@task
-def restart(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
-            yes: bool = False, verbose: bool = False) -> None:
+@task(help=GROUP_HELP)
+def restart(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
+            service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
     """Restart the current release and wait until it serves (readiness ladder); rolled back if it cannot start."""
-    _start(True, host, inventory, service, yes, verbose)
+    _start(True, host, group, inventory, service, yes, verbose)
 
 
-@task
-def uninstall(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
-              yes: bool = False, verbose: bool = False) -> None:
+@task(help=GROUP_HELP)
+def uninstall(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
+              service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
     """Remove the unit, releases, managed venvs and caches from the host; history is copied here first."""
     from deploy_lib.commands.uninstall import local_state_dir
     from deploy_lib.ops import commands
     common.report_as(verbose=verbose)
-    hosts = common.scope(inventory, host)
+    hosts = common.scope(inventory, host, group)
     fleet = common.run(lambda: commands.uninstall(hosts, common.service_name(service), local_state_dir(os.environ),
                                                   common.reach(yes)))
     common.show_each(fleet, reports.print_uninstalled, hosts.one_host)

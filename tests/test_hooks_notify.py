@@ -7,17 +7,24 @@ import json
 import stat
 import threading
 from collections.abc import Iterator
+from contextlib import nullcontext
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import pytest
+from fake_remote import FakeRemote
+from recording_progress import RecordingProgress
 from tenacity import stop_after_attempt, wait_none
 
-from deploy_lib.errors import ConfigError, PreflightError
+from deploy_lib.deploy import Options
+from deploy_lib.errors import ConfigError, PreflightError, ReadinessFailed
 from deploy_lib.hooks import HookContext, HookEvent, run_hook
 from deploy_lib.inventory import load_inventory
+from deploy_lib.ops import commands
+from deploy_lib.ops.scope import Reach, Scope
+from deploy_lib.project import Target
 from deploy_lib.remote.webhook import NOTIFY_RETRY, Notification, Notifier, NotifyEvent, send
 
 CONTEXT = HookContext(command="deploy", hosts=("gpu1", "gpu2"), profile="glm5-nvfp4", release_id="ac2a8743bd47",
@@ -145,3 +152,163 @@ def test_no_webhook_sends_nothing_and_the_inventory_refuses_a_url_that_is_not_ht
     inventory.write_text("all:\n  hosts: {gpu1: {}}\n  vars: {notify_webhook: 'file:///etc/passwd'}\n")
     with pytest.raises(ConfigError, match="host gpu1: notify_webhook: String should match pattern"):
         load_inventory(inventory)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The hooks and the webhook around the ops layer's deploy, rollback and status (deploy_lib/ops/notices.py): a fake
+# host, the project's real hook executables, a real HTTP receiver on loopback
+
+ENV_DUMP = "env | grep ^SGLANG_DEPLOY_ | sort > \"$0.seen\"\n"
+
+
+def told(target: Target, url: str) -> Target:
+    """The target with the inventory's notify_webhook set to `url`."""
+    return replace(target, host=target.host.model_copy(update={"vars": target.host.vars.model_copy(
+        update={"notify_webhook": url})}))
+
+
+def one_host(remote: FakeRemote, url: str | None, project_root: Path | None, asked: list[str] | None = None
+             ) -> tuple[Scope, Reach, RecordingProgress]:
+    """One host (the reference target) reached through `remote`, hooks from `project_root`, webhook `url`."""
+    from test_deploy_plan import PROJECT, target
+    host = told(target(), url) if url else target()
+    progress = RecordingProgress()
+    connected = asked if asked is not None else []
+
+    def connect(found: Target, prefixed: bool) -> Any:
+        connected.append(found.host.name)
+        return nullcontext(remote)
+    return (Scope(PROJECT.inventory(None), (host,)),
+            Reach(connect, lambda name: progress, lambda question: None, {"PATH": "/usr/bin:/bin"},
+                  project_root=project_root, notify_retry=FAST), progress)
+
+
+def seen(root: Path, event: str) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in (root / "hooks" / f"{event}.seen").read_text().splitlines())
+
+
+def test_a_failing_pre_deploy_hook_stops_the_deploy_before_any_host_is_reached(tmp_path: Path) -> None:
+    """Input tried: `deploy --profile glm5-nvfp4` with a pre-deploy hook that exits 3 (failed before: the ops
+    deploy never ran the project's hooks)."""
+    from test_deploy_plan import PROJECT
+    from test_rollback import a_host
+    _hook(tmp_path, "pre-deploy", "echo 'change freeze'; exit 3\n")
+    connected: list[str] = []
+    scope, reach, _ = one_host(a_host(), None, tmp_path, connected)
+    with pytest.raises(PreflightError, match="deploy stopped before any host changed") as stopped:
+        commands.deploy(PROJECT, scope, "glm5-nvfp4", Options(grace_s=0), reach)
+    assert "| change freeze" in stopped.value.message and stopped.value.exit_code == 3
+    assert connected == []
+
+
+def test_a_deploy_done_runs_post_deploy_and_tells_the_webhook(tmp_path: Path,
+                                                              receiver: tuple[str, type[_Receiver]]) -> None:
+    from test_deploy_plan import PROJECT
+    from test_rollback import a_host
+    url, handler = receiver
+    for event in ("pre-deploy", "post-deploy", "post-rollback"):
+        _hook(tmp_path, event, ENV_DUMP)
+    scope, reach, _ = one_host(a_host(), url, tmp_path)
+    fleet = commands.deploy(PROJECT, scope, "glm5-nvfp4", Options(grace_s=0), reach)
+    outcome = commands.one(fleet)
+    assert outcome.action == "deployed"
+    host = scope.names[0]
+    assert seen(tmp_path, "pre-deploy") == {"SGLANG_DEPLOY_COMMAND": "deploy", "SGLANG_DEPLOY_EVENT": "pre-deploy",
+                                            "SGLANG_DEPLOY_HOSTS": host, "SGLANG_DEPLOY_PROFILE": "glm5-nvfp4"}
+    assert seen(tmp_path, "post-deploy") == {
+        "SGLANG_DEPLOY_COMMAND": "deploy", "SGLANG_DEPLOY_EVENT": "post-deploy", "SGLANG_DEPLOY_HOSTS": host,
+        "SGLANG_DEPLOY_PROFILE": "glm5-nvfp4", "SGLANG_DEPLOY_RELEASE": outcome.release_id,
+        "SGLANG_DEPLOY_PREVIOUS": "B", "SGLANG_DEPLOY_OUTCOME": "deployed"}
+    assert not (tmp_path / "hooks" / "post-rollback.seen").exists(), "nothing was rolled back"
+    body, = handler.bodies
+    assert (body["event"], body["host"], body["release"], body["serving"]) == ("deployed", host, outcome.release_id,
+                                                                              outcome.release_id)
+    assert body["text"] == f":white_check_mark: sglang-deploy {host} (sglang): deployed release " \
+                           f"{outcome.release_id} (was B)"
+
+
+class DeadExceptB(dict):  # type: ignore[type-arg]
+    """Probe answers by release: B (what served before) comes up, every other release dies at its start."""
+
+    def __missing__(self, release_id: str) -> list[object]:
+        from test_rollback import DEAD, READY
+        return [READY] if release_id == "B" else [DEAD]
+
+
+def test_a_deploy_rolled_back_automatically_runs_post_rollback_and_tells_the_webhook(
+        tmp_path: Path, receiver: tuple[str, type[_Receiver]]) -> None:
+    """Input tried: a deploy whose new release dies at its start; B is restored."""
+    from test_deploy_plan import PROJECT
+    from test_rollback import a_host
+    url, handler = receiver
+    for event in ("post-deploy", "post-rollback"):
+        _hook(tmp_path, event, ENV_DUMP)
+    remote = a_host()
+    remote.probes = DeadExceptB()
+    scope, reach, _ = one_host(remote, url, tmp_path)
+    with pytest.raises(ReadinessFailed, match="rolled back, release B is serving") as failed:
+        commands.deploy(PROJECT, scope, "glm5-nvfp4", Options(grace_s=0), reach)
+    new = failed.value.release_id
+    assert seen(tmp_path, "post-deploy")["SGLANG_DEPLOY_OUTCOME"] == "rolled-back"
+    after = seen(tmp_path, "post-rollback")
+    assert (after["SGLANG_DEPLOY_RELEASE"], after["SGLANG_DEPLOY_PREVIOUS"], after["SGLANG_DEPLOY_OUTCOME"]) == (
+        "B", new, "rolled-back")
+    body, = handler.bodies
+    assert (body["event"], body["release"], body["serving"]) == ("rolled-back", new, "B")
+    assert "rolled back, release B is serving" in body["text"]
+
+
+def test_a_rollback_by_hand_runs_its_hooks_and_tells_the_webhook(tmp_path: Path,
+                                                                 receiver: tuple[str, type[_Receiver]]) -> None:
+    from test_rollback import READY, ScriptedHost
+    url, handler = receiver
+    for event in ("pre-rollback", "post-rollback"):
+        _hook(tmp_path, event, ENV_DUMP)
+    scope, reach, _ = one_host(ScriptedHost({"A": [READY], "B": [READY]}), url, tmp_path)
+    outcome = commands.one(commands.rollback(scope, "sglang", "A", reach))
+    assert (outcome.action, outcome.release_id, outcome.previous_id) == ("rolled back", "A", "B")
+    assert seen(tmp_path, "pre-rollback")["SGLANG_DEPLOY_RELEASE"] == "A"
+    assert "SGLANG_DEPLOY_OUTCOME" not in seen(tmp_path, "pre-rollback")
+    after = seen(tmp_path, "post-rollback")
+    assert (after["SGLANG_DEPLOY_RELEASE"], after["SGLANG_DEPLOY_PREVIOUS"], after["SGLANG_DEPLOY_OUTCOME"]) == (
+        "A", "B", "rolled-back")
+    body, = handler.bodies
+    assert (body["event"], body["release"], body["serving"]) == ("rolled-back", "A", "A")
+    assert body["message"] == "rolled back by hand to release A (was B)"
+
+
+def test_a_failing_post_hook_and_an_unreachable_webhook_are_notes_and_the_deploy_stands(
+        tmp_path: Path, receiver: tuple[str, type[_Receiver]]) -> None:
+    """Input tried: a post-deploy hook that exits 1, the webhook a port nothing listens on."""
+    from test_deploy_plan import PROJECT
+    from test_rollback import a_host
+    url, _ = receiver
+    closed = url.replace(url.split(":")[2].split("/")[0], "1")
+    _hook(tmp_path, "post-deploy", "echo 'pager down' >&2; exit 1\n")
+    scope, reach, progress = one_host(a_host(), closed, tmp_path)
+    outcome = commands.one(commands.deploy(PROJECT, scope, "glm5-nvfp4", Options(grace_s=0), reach))
+    assert outcome.action == "deployed"
+    notes = [str(note) for note in progress.of_kind("note") if "hook" in str(note)]
+    assert len(notes) == 2
+    assert "post-deploy hook" in notes[0] and "exited with status 1" in notes[0] and "pager down" in notes[0]
+    assert f"{scope.names[0]}: the deployed notification was not delivered to the webhook" in notes[1]
+
+
+def test_a_crash_loop_given_up_is_told_by_the_status_read_that_recorded_it(
+        tmp_path: Path, receiver: tuple[str, type[_Receiver]]) -> None:
+    """The read that first finds the crash loop records it and tells the webhook; a later read (the crash already in
+    history) tells nobody again."""
+    from test_crashes import crash_loop_status
+
+    from deploy_lib.ops.fleet import FleetRun, HostRun
+    from deploy_lib.ops.notices import crash_loops
+    url, handler = receiver
+    scope, reach, _ = one_host(FakeRemote(), url, tmp_path)
+    host = scope.names[0]
+    first = replace(crash_loop_status(), host=host, recorded_crashes=4)
+    crash_loops(FleetRun((HostRun(host, result=first),), ((host,),)), scope, reach)
+    crash_loops(FleetRun((HostRun(host, result=replace(first, recorded_crashes=0)),), ((host,),)), scope, reach)
+    body, = handler.bodies
+    assert (body["event"], body["host"], body["release"]) == ("crash-loop-given-up", host, "r2")
+    assert body["text"].startswith(f":rotating_light: sglang-deploy {host} (sglang): release r2 is down: gave up "
+                                   "after 3 restarts: exit status 1")

@@ -103,12 +103,14 @@ def changed(remote: FakeRemote) -> list[str]:
     (lambda s, reach: commands.stop(s, "sglang", reach), "n1 alone is not stopped"),
     (lambda s, reach: commands.start(s, "sglang", True, reach), "n1 alone is not restarted"),
     (lambda s, reach: commands.rollback(s, "sglang", "r0", reach), "n1 alone is not rolled back"),
+    (lambda s, reach: commands.uninstall(s, "sglang", s.inventory.path.parent / "state", reach),
+     "n1 alone is not uninstalled"),
 ])
 def test_one_node_of_a_multi_node_release_is_refused_alone_and_nothing_changes(tmp_path: Path, act: Any,
                                                                                says: str) -> None:
-    """Input tried: `stop`, `restart`, `rollback --to r0` with --host n1, whose current release r1 is node 0 of a
-    two-node release (failed before: the node was stopped, restarted or switched alone, the other node left waiting
-    at the rendezvous)."""
+    """Input tried: `stop`, `restart`, `rollback --to r0`, `uninstall` with --host n1, whose current release r1 is
+    node 0 of a two-node release (failed before: the node was stopped, restarted, switched or removed alone, the
+    other node left waiting at the rendezvous)."""
     node = installed(release("r0"), release("r1", nnodes=2))
     hosts = Hosts(n1=node)
     with pytest.raises(ConfigError, match=says) as refused:
@@ -125,6 +127,62 @@ def test_a_group_stops_every_node_of_its_multi_node_release(tmp_path: Path) -> N
     assert fleet.exit_code == 0 and [run.result.action for run in fleet.runs] == ["stopped", "stopped"]
     assert hosts.asked == ["stop sglang on 2 hosts of group pair (n1, n2)?"]
     assert all("systemd: stop" in remote.ran_names() for remote in nodes.values())
+
+
+READY = {"unit": {"ActiveState": "active", "SubState": "running", "NRestarts": "0", "ExecMainPID": "7"},
+         "port_open": True, "health_status": 200, "generation": {"status": 200, "text": " Paris"}}
+
+
+def serving_node(rank: int) -> FakeRemote:
+    """Node `rank` of the two-node release r1 (r0 before it, healthy), whose probes find it serving."""
+    node = installed(release("r0", nnodes=2, node_rank=rank), release("r1", nnodes=2, node_rank=rank))
+    return (node.reply(lambda step: getattr(step, "name", "").startswith("readiness probe"), stdout=json.dumps(READY))
+            .reply(lambda step: getattr(step, "name", "").startswith("read sglang.service journal"),
+                   stdout='{"__CURSOR": "c1"}\n'))
+
+
+def test_a_group_restarts_its_multi_node_release_as_one(tmp_path: Path) -> None:
+    """Input tried: `restart --group pair`, both hosts on the two-node release r1 (failed before: each node was
+    refused alone, so a multi-node release could not be restarted at all)."""
+    nodes = {"n1": serving_node(0), "n2": serving_node(1)}
+    hosts = Hosts(**nodes)
+    fleet = commands.start(scope(tmp_path, group="pair"), "sglang", True, hosts.reach())
+    assert fleet.exit_code == 0 and [run.result.action for run in fleet.runs] == ["restarted", "restarted"]
+    assert [run.result.release_id for run in fleet.runs] == ["r1", "r1"] and fleet.batches == (("n1", "n2"),)
+    assert hosts.asked == ["restart sglang on 2 hosts of group pair (n1, n2)?"]
+    for remote in nodes.values():
+        names = remote.ran_names()
+        assert names.index("systemd: stop") < names.index("systemd: restart") < names.index("history: append")
+    assert "readiness probe (generate)" in nodes["n1"].ran_names()  # node 0 serves HTTP; n2's unit is watched
+    assert "readiness probe (generate)" not in nodes["n2"].ran_names()
+
+
+def test_a_group_start_of_a_multi_node_release_already_running_changes_nothing(tmp_path: Path) -> None:
+    nodes = {"n1": serving_node(0), "n2": serving_node(1)}
+    fleet = commands.start(scope(tmp_path, group="pair"), "sglang", False, Hosts(**nodes).reach())
+    assert [run.result.action for run in fleet.runs] == ["already running", "already running"]
+    assert all(changed(remote) == [] for remote in nodes.values())
+
+
+def test_a_group_uninstalls_every_node_of_its_multi_node_release(tmp_path: Path) -> None:
+    nodes = {name: installed(release("r1", nnodes=2, node_rank=rank)) for rank, name in enumerate(("n1", "n2"))}
+    hosts = Hosts(**nodes)
+    fleet = commands.uninstall(scope(tmp_path, group="pair"), "sglang", tmp_path / "state", hosts.reach())
+    assert fleet.exit_code == 0 and [run.result.host for run in fleet.runs] == ["n1", "n2"]
+    assert hosts.asked[0].startswith("remove service sglang from 2 hosts of group pair (n1, n2)")
+    assert all("uninstall: release store" in remote.ran_names() for remote in nodes.values())
+    assert sorted(path.name.split("-")[0] for path in (tmp_path / "state" / "uninstalled").iterdir()) == ["n1", "n2"]
+
+
+def test_a_group_behind_a_router_restarts_one_replica_at_a_time_each_taken_out_first(tmp_path: Path) -> None:
+    router = answering(remove={"was_listed": True}, add={"was_listed": False})
+    replicas = {name: installed(release("r1")).reply(lambda step: getattr(step, "name", "").startswith(
+        "readiness probe"), stdout=json.dumps(READY)) for name in ("a", "b")}
+    fleet = commands.start(scope(tmp_path, group="replicas"), "sglang", True, Hosts(**replicas, edge=router).reach())
+    assert fleet.exit_code == 0 and fleet.batches == (("a",), ("b",))
+    assert [(c["action"], c["worker"]) for c in config_of(router)] == [
+        ("remove", "http://192.0.2.2:8000"), ("add", "http://192.0.2.2:8000"),
+        ("remove", "http://192.0.2.3:8000"), ("add", "http://192.0.2.3:8000")]
 
 
 def test_a_refused_consent_connects_to_no_host(tmp_path: Path) -> None:

@@ -567,3 +567,99 @@ def test_an_uninstall_whose_drain_the_router_refuses_removes_nothing_and_release
     names = host.ran_names()
     assert not any(name.startswith("uninstall: ") and name != "uninstall: read history" for name in names)
     assert names.index(store.LOCK_TAKE) < names.index("lock: release")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The router's own release through the server's switch, ladder and restore (deploy/switch.Transition, issue 24)
+
+
+class RouterHost(FakeRemote):
+    """The router's host: `current` follows the switch, and each readiness probe answers for the release it names
+    (`answers[release]`, a probe snapshot)."""
+
+    def __init__(self, answers: dict[str, dict]) -> None:
+        super().__init__()
+        self.current, self.answers = "", answers
+
+    def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
+        for step in batch:
+            if step.name == "switch: temp link":
+                self.current = step.argv[-2].removeprefix("releases/")  # type: ignore[union-attr]
+        if batch and batch[0].name.startswith("readiness probe"):
+            self.reply(batch[0].name, stdout=json.dumps(self.answers[self.current]), times=1)
+        return super().run(batch, on_output)
+
+    def switches(self) -> list[str]:
+        return [step.argv[-2].removeprefix("releases/") for step in self.ran  # type: ignore[union-attr]
+                if getattr(step, "name", "") == "switch: temp link"]
+
+    def history(self) -> list[tuple[str, str, str]]:
+        lines = [json.loads(step.stdin) for step in self.ran if getattr(step, "name", "") == "history: append"]
+        return [(line["event"], line["outcome"], line["release"]) for line in lines]
+
+
+def router_releases(tmp_path: Path, healthy_before: bool) -> tuple[store.StoreFacts, object, store.Tags, str]:
+    """The router's store with its release for one worker current (recorded healthy, or never), the release for one
+    worker more, its tags, and the current one's id."""
+    from datetime import UTC, datetime
+
+    from deploy_lib.ops.router import SERVICE
+    site, layout = site_of(tmp_path), StoreLayout(SERVICE)
+    venv = PurePosixPath("/opt/sglang/sglang-router/venvs/v1")
+    old, new = (build_router_release(site, venv, "v1", workers, layout.env_file, "replicas")
+                for workers in (["http://192.0.2.2:8000"], ["http://192.0.2.2:8000", "http://192.0.2.3:8000"]))
+    tags = {release.id: store.Tags("u@m", "edge", release.id, SERVICE, "v1") for release in (old, new)}
+    record = store.ReleaseRecord(old.id, "2026-12-01T00:00:00+00:00",
+                                 {**old.metadata, "tags": tags[old.id].as_dict()})
+    when = datetime(2026, 12, 1, tzinfo=UTC)
+    history = (store.history_entry("deploy", store.HEALTHY, tags[old.id], when),) if healthy_before else ()
+    return (store.StoreFacts(current=old.id, releases=(record,), incomplete=(), history=history, lock=None), new,
+            tags[new.id], old.id)
+
+
+def router_run(remote: RouterHost) -> Transition:
+    from deploy_lib.ops.router import SERVICE
+    from deploy_lib.ops.router_deploy import ROUTER_RELEASE
+    return Transition(remote, StoreLayout(SERVICE), target(), RecordingProgress(), {}, grace_s=0,
+                      kind=ROUTER_RELEASE)
+
+
+def test_a_router_release_is_switched_and_verified_by_the_routers_own_readiness_probe(tmp_path: Path) -> None:
+    """The ladder's probe for the router: its unit, its port and /health, no generation (it serves none itself)."""
+    from deploy_lib.ops.router_deploy import activate_router
+    router_store, new, tags, _ = router_releases(tmp_path, healthy_before=True)
+    remote = RouterHost({new.id: READY})
+    run = router_run(remote)
+    activate_router(run, router_store, new, tags, [])
+    assert remote.switches() == [new.id] and run.verified == new.id
+    probes = [step.name for step in remote.ran if getattr(step, "name", "").startswith("readiness probe")]
+    assert probes and set(probes) == {"readiness probe (health)"}
+    assert "systemd: reset-failed" in [step.name for step in run.unsent], "sent with the healthy record"
+
+
+def test_a_router_release_that_does_not_come_up_is_restored_to_its_last_healthy_one(tmp_path: Path) -> None:
+    """Input tried: a new router release whose unit fails at its start (failed before: its own switch-back path, no
+    grace window, no verification of the release switched back to through the same ladder, no rollback record)."""
+    from test_rollback import DEAD
+
+    from deploy_lib.ops.router_deploy import activate_router
+    router_store, new, tags, old = router_releases(tmp_path, healthy_before=True)
+    remote = RouterHost({new.id: DEAD, old: READY})
+    with pytest.raises(RouterFailed, match=f"rolled back, release {old} is serving") as failed:
+        activate_router(router_run(remote), router_store, new, tags, [])
+    assert failed.value.exit_code == 10 and failed.value.serving_id == old and failed.value.release_id == new.id
+    assert remote.switches() == [new.id, old]
+    assert remote.history() == [("deploy", store.FAILED, new.id), ("rollback", store.HEALTHY, old)]
+
+
+def test_a_router_release_that_fails_with_no_healthy_one_before_stops_the_router(tmp_path: Path) -> None:
+    from test_rollback import DEAD
+
+    from deploy_lib.ops.router_deploy import activate_router
+    router_store, new, tags, old = router_releases(tmp_path, healthy_before=False)
+    remote = RouterHost({new.id: DEAD, old: READY})
+    with pytest.raises(RouterFailed, match="no earlier healthy release to roll back to, so the unit is stopped") as \
+            failed:
+        activate_router(router_run(remote), router_store, new, tags, [])
+    assert failed.value.serving_id is None and remote.switches() == [new.id]
+    assert "systemd: stop" in remote.ran_names()

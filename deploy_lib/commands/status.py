@@ -13,7 +13,7 @@ from pydantic import ValidationError
 
 from deploy_lib.deploy import detect_drift, probe_target
 from deploy_lib.errors import ConfigError, PreflightError
-from deploy_lib.facts.crashes import CrashReport, crash_loop_advice, read_crashes, record_new_crashes
+from deploy_lib.facts.crashes import CrashReport, crash_loop_advice, read_crashes, record_crashes
 from deploy_lib.facts.diagnose import journal_argv, journal_step
 from deploy_lib.facts.host import Gpu
 from deploy_lib.facts.read import read_host_facts
@@ -94,6 +94,7 @@ class StatusReport:
     last_start: str = ""                # the current release's newest start's phases (health.startup)
     verified: bool = True               # history records the current release's last start healthy
     peer_to_peer: P2pVerdict | None = None  # which GPU pairs have P2P, the cause and fix for the others
+    recorded_crashes: int = 0           # history lines this read added for crashes it found first
 
 
 def serving_endpoint(metadata: Mapping[str, Any], host_address: str) -> str | None:
@@ -161,10 +162,10 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
         [result] = remote.run([probe_step(probe, Rung.HEALTH)])
         readiness = _readiness(parse_snapshot(result, Rung.HEALTH))
     lock = facts.store.lock
-    crashes = None
+    crashes, recorded = None, 0
     if record is not None:  # a deploy holding the lock owns the unit's restarts (its ladder reports them)
-        crashes = record_new_crashes(remote, layout, facts.store, facts.unit) if lock is None else \
-            read_crashes(remote, layout, facts.unit)
+        crashes = read_crashes(remote, layout, facts.unit)
+        recorded = record_crashes(remote, layout, facts.store, crashes) if lock is None else 0
     venv = PurePosixPath(str(metadata["venv"])) if metadata.get("venv") else None
     topology = topology_steps()
     packages = installed_fact(venv, STATUS_DISTRIBUTIONS, ()) if venv else None
@@ -182,7 +183,7 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
     advice = [crash_loop_advice(crashes, facts.store), unverified]
     return StatusReport(
         verified=verified, advice="; ".join(filter(None, advice)) or None,
-        restarts=facts.unit.n_restarts, crashes=crashes,
+        restarts=facts.unit.n_restarts, crashes=crashes, recorded_crashes=recorded,
         venv_versions={name: installed.versions[name] for name in STATUS_DISTRIBUTIONS
                        if name in installed.versions} if installed else {},
         venv_sources={name: installed.origins[name].describe() for name in STATUS_DISTRIBUTIONS

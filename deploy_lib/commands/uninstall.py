@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+from deploy_lib.deploy.preflight import refuse_one_node
 from deploy_lib.errors import ConfigError
 from deploy_lib.facts.host import HostFacts
 from deploy_lib.facts.read import read_host_facts
@@ -72,15 +73,19 @@ def local_copy_dir(state_dir: Path, host: str, service: str, now: datetime) -> P
 
 
 def uninstall(target: Target, service: str, remote: Remote, state_dir: Path, now: datetime | None = None,
-              before_stop: Callable[[], None] | None = None) -> Uninstalled:
+              before_stop: Callable[[], None] | None = None, alone: bool = True) -> Uninstalled:
     """Copy history and release records to `state_dir`, then remove the service's store and unit under the lock.
     `before_stop` runs under the lock just before the tool's unit stops (a router takes the replica out); a unit
-    the tool did not make is left running, so it is not called then."""
+    the tool did not make is left running, so it is not called then. A host `alone` (not one of a group removed
+    together) is refused, with nothing changed, when its current release is one node of a multi-node release."""
     layout = target.layout(service)
     facts = read_host_facts(remote, layout, venv=None, port=None)
     if facts.store.current is None and not facts.store.releases and not facts.store.history:
         raise ConfigError(f"{target.host.name}: nothing of service {service} is installed under {layout.base}",
                           "`invoke status` shows what the host runs")
+    if alone:
+        refuse_one_node(facts.store, (facts.store.current,), target.host.name, "uninstalled",
+                        "`invoke uninstall --group G` removes every node of the release together")
     [history] = remote.run([Step("uninstall: read history", ("cat", "--", str(layout.history)), sudo=True,
                                  ok=ABSENT_OK)])
     copy = local_copy_dir(state_dir, target.host.name, service, now or datetime.now(UTC))

@@ -7,15 +7,19 @@ and `invoke start`.
     plan        the Plan of a release and its batches (stage, switch and restart, once verified), drift, the
                 hand-run server of an adopted release
     preflight   read-only checks that the host can run a release, new or recorded
-    switch      one command's transition of one host (activate, record) and the restore after a failed start
+    switch      one command's transition of one host (activate, record)
+    restore     the restore after a failed start: back to the last healthy release, or the unit stopped
     prune       the prune after a deploy, decided from one read
     engine      the commands: deploy, rollback, start, stop
 """
 
 from deploy_lib.deploy.engine import Options, Outcome, choose_venv, deploy, rollback, stage_weights, start, stop
 from deploy_lib.deploy.plan import (
+    ACTIVATE,
+    VERIFIED,
     Plan,
     VenvChoice,
+    activation_steps,
     detect_drift,
     hand_run_check,
     hand_run_pid,
@@ -29,8 +33,10 @@ from deploy_lib.deploy.plan import (
 )
 from deploy_lib.deploy.preflight import check_release, check_release_files, preflight
 from deploy_lib.deploy.prune import prune
+from deploy_lib.deploy.restore import restore
 from deploy_lib.deploy.switch import (
     GRACE_S,
+    Readiness,
     Transition,
     failure_line,
     interruption,
@@ -39,8 +45,9 @@ from deploy_lib.deploy.switch import (
     same_kind,
 )
 
-__all__ = ["GRACE_S", "Options", "Outcome", "Plan", "Transition", "VenvChoice", "check_release", "check_release_files",
-           "choose_venv", "deploy", "detect_drift", "failure_line", "hand_run_check", "hand_run_pid", "interruption",
-           "keep_replaced_unit", "plan_deploy", "preflight", "probe_target", "prune", "recorded_tags", "release_tags",
-           "reset_failed_step", "restart_steps", "rollback", "same_kind", "stage_weights", "start", "start_prediction",
-           "stop", "stop_step"]
+__all__ = ["ACTIVATE", "GRACE_S", "VERIFIED", "Options", "Outcome", "Plan", "Readiness", "Transition", "VenvChoice",
+           "activation_steps", "check_release", "check_release_files", "choose_venv", "deploy", "detect_drift",
+           "failure_line", "hand_run_check", "hand_run_pid", "interruption", "keep_replaced_unit", "plan_deploy",
+           "preflight", "probe_target", "prune", "recorded_tags", "release_tags", "reset_failed_step",
+           "restart_steps", "restore", "rollback", "same_kind", "stage_weights", "start", "start_prediction", "stop",
+           "stop_step"]

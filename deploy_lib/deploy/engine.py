@@ -22,6 +22,7 @@ from deploy_lib.deploy.plan import (
 )
 from deploy_lib.deploy.preflight import preflight, refuse_one_node, rollback_record
 from deploy_lib.deploy.prune import around_the_restart, prune_after_deploy, prune_read_steps
+from deploy_lib.deploy.restore import restore
 from deploy_lib.deploy.switch import (
     GRACE_S,
     Transition,
@@ -30,7 +31,6 @@ from deploy_lib.deploy.switch import (
     interruption,
     live_probe,
     recorded_tags,
-    restore,
     stop_unit,
 )
 from deploy_lib.errors import ConfigError, ConnectionLost, GateFailed, GpuCheckFailed, ReadinessFailed, RemoteError

@@ -1,5 +1,5 @@
 """One command's transition of one host: switch `current` to a release, restart, climb the readiness ladder, record
-history; and the restore after a failed or interrupted start (back to the last healthy release, or the unit stopped)."""
+history (the restore after a failed start is deploy/restore.py)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import Any, Protocol
 
-from deploy_lib.deploy.plan import ACTIVATE, VERIFIED, start_prediction, stop_step, switch_batches
+from deploy_lib.deploy.plan import ACTIVATE, VERIFIED, stop_step, switch_batches
 from deploy_lib.deploy.preflight import check_release, check_release_files
 from deploy_lib.errors import (
     ConnectFailed,
@@ -17,9 +17,7 @@ from deploy_lib.errors import (
     DeployError,
     GateFailed,
     Interrupted,
-    PreflightError,
     ReadinessFailed,
-    RollbackFailed,
 )
 from deploy_lib.facts.cuda_toolkit import cuda_home
 from deploy_lib.facts.diagnose import (
@@ -54,10 +52,8 @@ from deploy_lib.release.model import RecordedRelease, read_secret
 from deploy_lib.release.server_args import API_KEY_ENV
 from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.store import (
-    FAILED,
     HEALTHY,
     LockOnFirstChange,
-    StoreFacts,
     StoreLayout,
     Tags,
     append_history,
@@ -102,6 +98,47 @@ def live_probe(layout: StoreLayout, metadata: Mapping[str, Any], environ: Mappin
     return probe_step(probe_target(layout, metadata, environ, generation=False), Rung.HEALTH)
 
 
+@dataclass(frozen=True)
+class Readiness:
+    """How a release's start is verified: where the ladder probes it, up to which rung, within which deadline."""
+
+    probe: ProbeTarget
+    rung: Rung
+    deadline_s: float
+
+
+class ReleaseKind(Protocol):
+    """What a Transition needs to know of the kind of release it switches (SGLang's server, the router): how its
+    start is verified, how it is probed while it runs, and the batches that switch back to one of its store."""
+
+    def readiness(self, layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]
+                  ) -> Readiness: ...
+
+    def live_probe(self, layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]) -> Step: ...
+
+    def switch_batches(self, run: Transition, release_id: str, metadata: Mapping[str, Any]
+                       ) -> Mapping[str, Sequence[Step | Put]]: ...
+
+
+class ServerRelease:
+    """SGLang's server: verified up to a generation within its profile's startup timeout; switched back to after
+    the same preflight as a rollback (`check_target`: venv, GPUs, port, its files)."""
+
+    def readiness(self, layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]) -> Readiness:
+        return Readiness(probe_target(layout, metadata, environ), Rung.GENERATE,
+                         read_stored_profile(metadata.get("profile")).service.startup_timeout_s)
+
+    def live_probe(self, layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]) -> Step:
+        return live_probe(layout, metadata, environ)
+
+    def switch_batches(self, run: Transition, release_id: str, metadata: Mapping[str, Any]
+                       ) -> Mapping[str, Sequence[Step | Put]]:
+        return switch_batches(run.layout, run.check_target(release_id, metadata), release_id)
+
+
+SERVER = ServerRelease()
+
+
 @dataclass
 class Transition:
     """One command against one host: the remote, the clock, where timings go, and how far the transition got."""
@@ -125,6 +162,7 @@ class Transition:
     switch_confirmed: bool = False  # the result of the last activation's round trip came: `current` is switched_to
     linked_before: str | None = None  # where `current` pointed before the last activation's round trip
     restoring: tuple[str, str, str] | None = None  # during a restore: the failed release, its failure, the target
+    kind: ReleaseKind = SERVER  # what is switched: SGLang's server, or the router (ops/router_deploy.py)
 
     @property
     def where(self) -> str:
@@ -169,7 +207,7 @@ class Transition:
     def live_verdict(self, metadata: Mapping[str, Any], read: Readings | None = None) -> Verdict:
         """One probe of the running server up to the health endpoint (no generation): is it ready right now?
         Taken from `read` when that batch sent this very probe (the facts' round trip), else sent now."""
-        step = live_probe(self.layout, metadata, self.environ)
+        step = self.kind.live_probe(self.layout, metadata, self.environ)
         seen = read.get(step.name) if read is not None else None
         try:
             # the facts' round trip sends it as a concurrent step
@@ -203,12 +241,11 @@ class Transition:
         cursor_step = journal_cursor_step(self.layout.unit_name)
         # by name: a restore sends its steps marked repeatable (`_switch_back`), otherwise the same
         self.cursor = parse_journal_cursor(next(r.stdout for r in results if r.step.name == cursor_step.name))
-        service = read_stored_profile(metadata.get("profile")).service
+        readiness = self.kind.readiness(self.layout, metadata, self.environ)
         self.progress.phase_started("readiness")
-        report = wait_ready(self.remote, probe_target(self.layout, metadata, self.environ),
-                            deadline_s=service.startup_timeout_s, progress=self.progress, rung=Rung.GENERATE,
-                            baseline_restarts=0, after_cursor=self.cursor, prediction=prediction, grace_s=grace_s,
-                            started_at=restarted_at, clock=self.clock)
+        report = wait_ready(self.remote, readiness.probe, deadline_s=readiness.deadline_s, progress=self.progress,
+                            rung=readiness.rung, baseline_restarts=0, after_cursor=self.cursor,
+                            prediction=prediction, grace_s=grace_s, started_at=restarted_at, clock=self.clock)
         self.verified = release_id
         self.timings["ready"] = round(report.duration_s, 3)
         self.timings |= report.timings()  # its phases from the server's log lines, and the ladder's rung times
@@ -306,67 +343,3 @@ def same_kind(failure: DeployError, message: str, diagnosis: Diagnosis) -> Deplo
     error = GateFailed if isinstance(failure, GateFailed) else ReadinessFailed
     evidence = diagnosis.evidence or getattr(failure, "evidence", ())
     return error(message, getattr(failure, "rung", ""), evidence, diagnosis.hint or failure.hint)
-
-
-def restore(run: Transition, store: StoreFacts, failed_id: str, failure: DeployError, diagnosis: Diagnosis,
-             restore_id: str | None, previous_id: str | None) -> NoReturn:
-    """Return the host to `restore_id` after `failed_id` failed or was interrupted; raise what the user must know
-    (about `failed_id`, which replaced `previous_id`)."""
-    try:
-        _switch_back(run, store, failed_id, failure, diagnosis, restore_id)
-    except DeployError as ended:
-        ended.about(failed_id, previous_id, run.timings)
-        raise
-
-
-def _switch_back(run: Transition, store: StoreFacts, failed_id: str, failure: DeployError, diagnosis: Diagnosis,
-                 restore_id: str | None) -> NoReturn:
-    """The restore: the target passes the same preflight as any switch and the same ladder, grace window included."""
-    where, first = run.where, failure_line(failure, diagnosis)
-    if restore_id is None:
-        stop_unit(run.remote, run.layout)
-        raise same_kind(failure, f"{where}: release {failed_id} failed: {first}; there is no earlier healthy "
-                                  "release to roll back to, so the unit is stopped", diagnosis)
-    metadata = dict(record.metadata) if (record := store.release(restore_id)) else {}
-    tags = recorded_tags(run.target, restore_id, metadata)
-    run.restoring = (failed_id, first, restore_id)  # what a lost connection's message says from here on
-    try:
-        facts = run.check_target(restore_id, metadata)
-    except PreflightError as refused:
-        stop_unit(run.remote, run.layout)
-        run.record("rollback", FAILED, tags, refused.message)
-        raise RollbackFailed(f"{where}: release {failed_id} failed ({first}) and the rollback target {restore_id} "
-                             f"cannot run: {refused.message}; the unit is stopped", original=failure,
-                             hint=refused.hint) from None
-    run.progress.note(f"rolling back to release {restore_id}")
-    run.timings = {}
-    # sent again on a new connection after a drop: however far an attempt got, the next leaves `current` on the
-    # release to return to, restarted; this command's lock (which a drop does not release) keeps others out
-    batches = {name: [replace(step, repeatable=True) if isinstance(step, Step) else step for step in batch]
-               for name, batch in switch_batches(run.layout, facts, restore_id).items()}
-    try:
-        run.activate(restore_id, metadata, start_prediction(store, tags.profile), run.grace_s, batches)
-    except ReadinessFailed as second:
-        second_diagnosis = run.journal_diagnosis(run.cursor, metadata.get("profile_name"))
-        stop_unit(run.remote, run.layout)
-        run.record("rollback", FAILED, tags, failure_line(second, second_diagnosis))
-        raise RollbackFailed(
-            f"{where}: release {failed_id} failed ({first}) and the rollback to {restore_id} "
-            f"failed too ({failure_line(second, second_diagnosis)}); the unit is stopped",
-            original=failure,
-            hint=f"first failure: {diagnosis.hint}\n  rollback failure: {second_diagnosis.hint}") from second
-    except KeyboardInterrupt as again:
-        state = run.host_state()
-        cause = f"interrupted again ({signal_name(again)}) during the rollback to {restore_id}, before it was verified"
-        try:
-            run.record("rollback", FAILED, tags, cause)
-        except (DeployError, KeyboardInterrupt):
-            pass  # the host's state, said below, matters more than the history line
-        raise interrupted(again, f"{where}: {cause}; the host now: {state}",
-                          hint="`invoke status` shows whether it serves; `invoke rollback` or a deploy verifies it"
-                          ) from None
-    run.record("rollback", HEALTHY, tags, f"after {failed_id} failed: {first}")
-    ended = same_kind(failure, f"{where}: release {failed_id} failed: {first}; rolled back, release {restore_id} "
-                                "is serving", diagnosis)
-    ended.serving_id = restore_id
-    raise ended

@@ -51,14 +51,23 @@ def deploy(project: Project, scope: Scope, profile: str | None, options: Options
         names = ", ".join(sorted({loaded.name for loaded in loaded_for.values()}))
         reach.consent(f"deploy {names} to {scope.names[0]}?" if scope.one_host else
                       f"deploy {names} to {len(scope.targets)} hosts of group {scope.group} ({', '.join(loaded_for)})?")
-    if multi is not None:
-        return _deploy_nodes(multi, scope, options, reach)
+    def service_of(host: str) -> str:
+        return loaded_for[host].profile.service.name
 
     def deploy_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None) -> Outcome:
         return engine.deploy(loaded_for[target.host.name], target, remote, progress,
                              replace(options, before_restart=drain, alone=scope.one_host))
-    return run_each(scope, reach, behind(front, lambda t: loaded_for[t.host.name].profile.service.name, deploy_host),
-                    rolled_out(front, scope, reach))
+
+    def act() -> FleetRun[Outcome]:
+        if multi is not None:
+            return _deploy_nodes(multi, scope, options, reach)
+        return run_each(scope, reach, behind(front, lambda t: service_of(t.host.name), deploy_host),
+                        rolled_out(front, scope, reach))
+    if options.dry_run:  # a plan changes nothing: no hook runs, nobody is told
+        return act()
+    from deploy_lib.ops.notices import Announced
+    names = ",".join(sorted({loaded.name for loaded in loaded_for.values()}))
+    return Announced("deploy", scope, service_of, reach, names).around(act)
 
 
 def _deploy_nodes(loaded: LoadedProfile, scope: Scope, options: Options, reach: Reach) -> FleetRun[Outcome]:
@@ -80,22 +89,28 @@ def rollback(scope: Scope, service: str, to: str | None, reach: Reach) -> FleetR
     """Every host of the scope back to `to` (default: each one's last healthy release); a group whose target is a
     multi-node release is rolled back as one (no --serial or --max-fail then), one node alone is refused."""
     from deploy_lib import deploy as engine
+    from deploy_lib.ops.notices import Announced
+    front = router_in_front(scope, reach) if scope.one_host else None
     if scope.one_host:
-        front = router_in_front(scope, reach)
         reach.consent(f"roll {scope.names[0]} back to {to or LAST_HEALTHY}?")
     else:
         reach.consent(f"roll {len(scope.targets)} hosts of group {scope.group} ({', '.join(scope.names)}) back to "
                       f"{to or LAST_HEALTHY}?")
-        multi = _rollback_nodes(scope, service, to, reach)
-        if multi is not None:
-            return multi
-        front = router_in_front(scope, reach)
 
     def rollback_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None
                       ) -> Outcome:
         return engine.rollback(target, service, remote, progress, to, reach.environ, before_restart=drain,
                                alone=scope.one_host)
-    return run_each(scope, reach, behind(front, service, rollback_host), rolled_out(front, scope, reach))
+
+    def act() -> FleetRun[Outcome]:
+        if scope.one_host:
+            return run_each(scope, reach, behind(front, service, rollback_host))
+        multi = _rollback_nodes(scope, service, to, reach)
+        if multi is not None:
+            return multi
+        replicas = router_in_front(scope, reach)
+        return run_each(scope, reach, behind(replicas, service, rollback_host), rolled_out(replicas, scope, reach))
+    return Announced("rollback", scope, service, reach).around(act, to)
 
 
 def _rollback_nodes(scope: Scope, service: str, to: str | None, reach: Reach) -> FleetRun[Outcome] | None:
@@ -109,15 +124,36 @@ def _rollback_nodes(scope: Scope, service: str, to: str | None, reach: Reach) ->
 
 
 def start(scope: Scope, service: str, restart: bool, reach: Reach) -> FleetRun[Outcome]:
-    """(Re)start the current release on every host of the scope and climb the readiness ladder; a node of a
-    multi-node release is refused (`deploy --group` starts every node together)."""
+    """(Re)start the current release on every host of the scope and climb the readiness ladder: a group whose
+    current release is one multi-node release is (re)started as one (every node together, the ladder on node 0), a
+    node of one alone is refused; replicas behind a router are taken out one at a time."""
     from deploy_lib import deploy as engine
+    from deploy_lib.ops.notices import Announced
     front = router_in_front(scope, reach)
     reach.consent(f"{'restart' if restart else 'start'} {service} on {_where(scope)}?")
 
     def start_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None) -> Outcome:
         return engine.start(target, service, remote, progress, reach.environ, restart, before_restart=drain)
-    return run_each(scope, reach, behind(front, service, start_host), rolled_out(front, scope, reach))
+
+    def act() -> FleetRun[Outcome]:
+        multi = None if scope.one_host else _start_nodes(scope, service, restart, reach)
+        if multi is not None:
+            return multi
+        return run_each(scope, reach, behind(front, service, start_host), rolled_out(front, scope, reach))
+    # no hooks of its own; the webhook hears of the automatic rollback of a release that did not come up
+    return Announced("restart" if restart else "start", scope, service, reach).around(act)
+
+
+def _start_nodes(scope: Scope, service: str, restart: bool, reach: Reach) -> FleetRun[Outcome] | None:
+    """A group whose current release is multi-node, (re)started as one; None when it is not."""
+    from deploy_lib.deploy import GRACE_S
+    from deploy_lib.ops.multinode_deploy import as_fleet, start_nodes
+    if scope.rollout is not None:
+        return None  # each host with its rollout: a node of a multi-node release is refused alone
+    with ExitStack() as connections:
+        remotes = {t.host.name: connections.enter_context(reach.connect(t, True)) for t in scope.targets}
+        return as_fleet(scope.names, lambda: start_nodes(scope.targets, remotes, reach.progress, service, restart,
+                                                         reach.environ, GRACE_S))
 
 
 def stop(scope: Scope, service: str, reach: Reach) -> FleetRun[Outcome]:
@@ -134,7 +170,9 @@ def stop(scope: Scope, service: str, reach: Reach) -> FleetRun[Outcome]:
 
 
 def uninstall(scope: Scope, service: str, state_dir: Path, reach: Reach) -> FleetRun[Uninstalled]:
-    """Remove the unit, releases, managed venvs and caches; each host's history is copied to `state_dir` first."""
+    """Remove the unit, releases, managed venvs and caches; each host's history is copied to `state_dir` first. A
+    group's hosts go all at once (a multi-node release as a whole; one node of it alone is refused), replicas behind
+    a router one at a time, each taken out first."""
     from deploy_lib.commands import uninstall as remove
     bases = ", ".join(sorted({str(target.layout(service).base) for target in scope.targets}))
     front = router_in_front(scope, reach)
@@ -143,7 +181,7 @@ def uninstall(scope: Scope, service: str, state_dir: Path, reach: Reach) -> Flee
 
     def remove_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None
                     ) -> Uninstalled:
-        return remove.uninstall(target, service, remote, state_dir, before_stop=drain)
+        return remove.uninstall(target, service, remote, state_dir, before_stop=drain, alone=scope.one_host)
     return run_each(scope, reach, behind(front, service, remove_host, leaves_out="uninstalled"),
                     rolled_out(front, scope, reach))
 
@@ -164,10 +202,14 @@ def gpu_check(scope: Scope, service: str, loaded: LoadedProfile | None, stop_ser
 
 
 def status(scope: Scope, service: str, reach: Reach) -> FleetRun[StatusReport]:
+    """Each host's status; the webhook hears of a crash loop systemd gave up on, from the read that finds it."""
     from deploy_lib.commands import status as host_status
+    from deploy_lib.ops.notices import crash_loops
     nodes = _proxmox_nodes(scope, reach)
-    return run_each(scope, reach, lambda target, remote, _: host_status.read_status(target, service, remote,
-                                                                                    peer_to_peer=nodes))
+    fleet = run_each(scope, reach, lambda target, remote, _: host_status.read_status(target, service, remote,
+                                                                                     peer_to_peer=nodes))
+    crash_loops(fleet, scope, reach)
+    return fleet
 
 
 def _proxmox_nodes(scope: Scope, reach: Reach) -> NodeReader:

@@ -42,7 +42,7 @@ from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.release.model import resolve_secrets
 from deploy_lib.remote import Remote
-from deploy_lib.store import HEALTHY, host_lock, read_store_facts
+from deploy_lib.store import HEALTHY, StoreFacts, host_lock, read_store_facts
 
 
 @dataclass
@@ -171,21 +171,11 @@ def rollback_nodes(targets: Sequence[Target], remotes: Mapping[str, Remote], pro
         stores = {name: read_store_facts(run.remote, run.layout) for name, run in runs.items()}
         currents = {store.current for store in stores.values()}
         target_id = to or common_release(list(stores.values()), next(iter(currents)) if len(currents) == 1 else None)
-        metadata = {name: dict(record.metadata) for name, store in stores.items()
-                    if target_id and (record := store.release(target_id))}
-        nnodes = {read_stored_profile(m.get("profile")).parallel.nnodes for m in metadata.values()}
-        if not metadata or nnodes == {1}:
+        found = _members(runs, stores, target_id, "--serial and --max-fail do not apply" if rolling else None)
+        if found is None:
             return None
-        if rolling:
-            raise ConfigError(f"release {target_id} is multi-node: its nodes restart together, so --serial and "
-                              "--max-fail do not apply", "roll the group back without them")
-        missing = sorted(set(runs) - set(metadata))
-        if target_id is None or missing or nnodes != {len(runs)}:
-            raise ConfigError(f"release {target_id or '(none in common)'} is not a multi-node release of these "
-                              f"{len(runs)} hosts" + (f": not on {', '.join(missing)}" if missing else ""),
-                              "`invoke releases --group G` lists each node's releases; --to names one on every node")
-        members = sorted((Member(name, read_stored_profile(metadata[name].get("profile")).parallel.node_rank, run,
-                                 stores[name]) for name, run in runs.items()), key=lambda member: member.rank)
+        members, metadata = found
+        assert target_id is not None  # _members found the release on every node
         each(members, lambda m: m.run.check_target(target_id, metadata[m.name]))
         previous = stores[members[0].name].current
         restore_id = previous if len(currents) == 1 and previous != target_id else None
@@ -202,6 +192,65 @@ def rollback_nodes(targets: Sequence[Target], remotes: Mapping[str, Remote], pro
     return [Outcome("rolled back", target_id, stores[name].current, ready=ready) for name in runs]
 
 
+def _members(runs: Mapping[str, Transition], stores: Mapping[str, StoreFacts], target_id: str | None,
+             refused: str | None) -> tuple[list[Member], dict[str, dict[str, Any]]] | None:
+    """The nodes of `target_id` in rank order with its release.json on each, when it is a multi-node release of
+    exactly these hosts; None when it is a single-host release (each host acts on its own). ConfigError when it is
+    multi-node but not on every host, or when `refused` says what does not apply to a multi-node release."""
+    metadata = {name: dict(record.metadata) for name, store in stores.items()
+                if target_id and (record := store.release(target_id))}
+    nnodes = {read_stored_profile(m.get("profile")).parallel.nnodes for m in metadata.values()}
+    if not metadata or nnodes == {1}:
+        return None
+    if refused is not None:
+        raise ConfigError(f"release {target_id} is multi-node: its nodes restart together, so {refused}",
+                          "act on the group without them")
+    missing = sorted(set(runs) - set(metadata))
+    if target_id is None or missing or nnodes != {len(runs)}:
+        raise ConfigError(f"release {target_id or '(none in common)'} is not a multi-node release of these "
+                          f"{len(runs)} hosts" + (f": not on {', '.join(missing)}" if missing else ""),
+                          "`invoke releases --group G` lists each node's releases; --to names one on every node")
+    members = sorted((Member(name, read_stored_profile(metadata[name].get("profile")).parallel.node_rank, run,
+                             stores[name]) for name, run in runs.items()), key=lambda member: member.rank)
+    return members, metadata
+
+
+def start_nodes(targets: Sequence[Target], remotes: Mapping[str, Remote], progress_of: Callable[[str], Progress],
+                service: str, restart: bool, environ: Mapping[str, str], grace_s: float) -> list[Outcome] | None:
+    """A group start or restart whose current release is one multi-node release on every host: every node stopped
+    and started together by the coordinated switch (the ladder on node 0), a start with every node's unit active
+    changing nothing; on failure every node back to their previous common healthy release. None when the current
+    release is not multi-node (the caller starts each host on its own, refusing a node left alone)."""
+    event = "restart" if restart else "start"
+    runs = _runs(targets, remotes, progress_of, service, environ, grace_s)
+    with signals_raise(), ExitStack() as locks:
+        _lock_all(locks, runs, f"{event} (multi-node)")
+        facts = dict(zip(runs, each(list(runs.values()), lambda run: read_host_facts(run.remote, run.layout, venv=None,
+                                                                                      port=None)), strict=True))
+        stores = {name: read.store for name, read in facts.items()}
+        currents = {store.current for store in stores.values()}
+        current = next(iter(currents)) if len(currents) == 1 else None
+        found = _members(runs, stores, current, None)
+        if found is None:
+            return None
+        members, metadata = found
+        assert current is not None  # _members found the release on every node
+        if not restart and all(read.unit.active_state == "active" for read in facts.values()):
+            return [Outcome("already running", current, current) for _ in runs]
+        restore_id = common_release(list(stores.values()), current)
+        tags = {m.name: recorded_tags(m.run.target, current, metadata[m.name]) for m in members}
+        try:
+            ready = activate(members, current, metadata)
+        except NodeFailed as failed:
+            restore(members, event, current, tags, failed.failure, failed.where, restore_id, current)
+        except KeyboardInterrupt as stop:
+            interrupt, diagnosis = interruption(stop)
+            restore(members, event, current, tags, interrupt, None, restore_id, current, diagnosis)
+        for member in members:
+            member.run.record(event, HEALTHY, tags[member.name])
+    return [Outcome("restarted" if restart else "started", current, current, ready=ready) for _ in runs]
+
+
 def as_fleet(names: Sequence[str], act: Callable[[], Sequence[Any] | None]) -> FleetRun[Any] | None:
     """A multi-node command's end as a group command's: every node's outcome, or every node with the one error."""
     try:
@@ -214,4 +263,4 @@ def as_fleet(names: Sequence[str], act: Callable[[], Sequence[Any] | None]) -> F
                     (tuple(names),))
 
 
-__all__ = ["as_fleet", "deploy_nodes", "rollback_nodes"]
+__all__ = ["as_fleet", "deploy_nodes", "rollback_nodes", "start_nodes"]

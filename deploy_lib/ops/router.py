@@ -23,6 +23,7 @@ from typing import Any
 from deploy_lib.bundled import TEMPLATES_DIR
 from deploy_lib.errors import ConfigError, RouterFailed
 from deploy_lib.facts.readings import ABSENT_OK
+from deploy_lib.health import ProbeTarget
 from deploy_lib.inventory import Host, Inventory, RouterPolicy
 from deploy_lib.profile import RestartPolicy, read_stored_profile
 from deploy_lib.progress import Progress
@@ -205,6 +206,13 @@ class RouterMembership:
         self.taken_out = None
 
 
+def router_probe(layout: StoreLayout, metadata: Mapping[str, Any]) -> ProbeTarget:
+    """The router release's readiness probe, on the router's host: its unit running, its port open and /health
+    answering 200 (sglang_router's liveness route); no generation rung, the router serves none of its own."""
+    port = int(dict(metadata.get("router") or {}).get("port") or 0)
+    return ProbeTarget(unit=layout.unit_name, port=port, health_path="/health", generation=None)
+
+
 def router_workers(remote: Remote, site: RouterSite) -> list[dict[str, Any]]:
     answer = parse_answer(remote.run([router_step(site, "list", deadline_s=10)])[0], site, "listing its workers")
     return list(answer["workers"])
@@ -247,5 +255,5 @@ def build_router_release(site: RouterSite, venv: PurePosixPath, venv_hash: str, 
 
 
 __all__ = ["DEFAULT_LOCK", "ROUTER_VERSION", "SERVICE", "RouterMembership", "RouterRelease", "RouterSite",
-           "build_router_release", "parse_answer", "replica_urls", "router_argv", "router_site", "router_step",
-           "router_workers", "serving_step", "serving_url", "worker_url"]
+           "build_router_release", "parse_answer", "replica_urls", "router_argv", "router_probe", "router_site",
+           "router_step", "router_workers", "serving_step", "serving_url", "worker_url"]

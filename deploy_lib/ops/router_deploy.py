@@ -1,5 +1,6 @@
-"""The router's own release on its host: build its venv from the lock, stage, switch, restart, wait until it
-answers, record it in its store's history; a router that does not answer is switched back to the release before.
+"""The router's own release on its host: build its venv from the lock, stage, then the server's own path
+(deploy/switch.Transition): switch, restart, the readiness ladder with the router's probe, history; a router that
+does not come up is restored to its last healthy release and verified the same way.
 
 The store is the server's layout under another service name (`sglang-router`): releases/, current, history.jsonl,
 lock/ and /etc/systemd/system/sglang-router.service, so `invoke releases -s sglang-router`, `logs` and `status`
@@ -8,15 +9,28 @@ read it as they read the server's.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
-from deploy_lib.deploy import restart_steps
-from deploy_lib.errors import DeployError, LockHeld, RouterFailed
+from deploy_lib.deploy import (
+    ACTIVATE,
+    GRACE_S,
+    VERIFIED,
+    Readiness,
+    Transition,
+    activation_steps,
+    failure_line,
+    interruption,
+    reset_failed_step,
+    restore,
+    start_prediction,
+)
+from deploy_lib.errors import DeployError, LockHeld, ReadinessFailed, RouterFailed
+from deploy_lib.health import Ready, Rung, probe_step
+from deploy_lib.interrupts import signals_raise
 from deploy_lib.inventory import Inventory
 from deploy_lib.ops.fleet import Rollout, Size
 from deploy_lib.ops.router import (
@@ -26,9 +40,8 @@ from deploy_lib.ops.router import (
     RouterRelease,
     RouterSite,
     build_router_release,
-    parse_answer,
+    router_probe,
     router_site,
-    router_step,
     serving_step,
     serving_url,
 )
@@ -39,16 +52,14 @@ from deploy_lib.remote import Put, Remote, Step
 from deploy_lib.store import (
     FAILED,
     HEALTHY,
+    StoreFacts,
     StoreLayout,
     Tags,
-    append_history,
-    history_entry,
     host_lock,
     operator_name,
     read_store_facts,
     release_json,
     stage_release,
-    switch_current,
 )
 from deploy_lib.venvs import ensure_venv
 
@@ -71,55 +82,80 @@ class RouterOutcome:
     workers: tuple[str, ...]
 
 
+class RouterReleaseKind:
+    """The router's release as a Transition switches it: verified by the router's probe (`router_probe`: unit,
+    port, /health) within READY_DEADLINE_S; switched back to with the plain switch and restart (its venv is the
+    store's own, built from the lock; no GPU or port preflight applies)."""
+
+    def readiness(self, layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]) -> Readiness:
+        return Readiness(router_probe(layout, metadata), Rung.HEALTH, READY_DEADLINE_S)
+
+    def live_probe(self, layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]) -> Step:
+        return probe_step(router_probe(layout, metadata), Rung.HEALTH)
+
+    def switch_batches(self, run: Transition, release_id: str, metadata: Mapping[str, Any]
+                       ) -> Mapping[str, Sequence[Step | Put]]:
+        return {ACTIVATE: activation_steps(run.layout, release_id), VERIFIED: [reset_failed_step(run.layout)]}
+
+
+ROUTER_RELEASE = RouterReleaseKind()
+
+
 def deploy_router(site: RouterSite, target: Target, remote: Remote, workers: Sequence[str], group: str,
-                  progress: Progress) -> RouterOutcome:
-    """Take the router's host to the router release serving `workers`; RouterFailed when it does not answer."""
+                  progress: Progress, grace_s: float = GRACE_S) -> RouterOutcome:
+    """Take the router's host to the router release serving `workers`, through the same switch, readiness ladder
+    and restore as a server's (deploy/switch.Transition): a router that does not come up (or a signal meanwhile)
+    is switched back to its last healthy release and verified the same way; RouterFailed saying what serves now
+    (RollbackFailed when that fails too: its unit is stopped)."""
     layout = target.layout(SERVICE)
     where = target.host.name
-    with host_lock(remote, layout, f"router deploy for {group}", where):
-        spec = VenvSpec(lock=site.lock, wheelhouse=site.wheelhouse, index=site.index)
-        venv = ensure_venv(remote, layout, spec, progress=progress, where=where)
-        store = read_store_facts(remote, layout)
-        release = build_router_release(site, venv.path, venv.hash, workers, layout.env_file, group)
-        tags = Tags(operator_name(), where, release.id, SERVICE, venv.hash,
-                    {name: venv.distributions[name] for name in ("sglang-router",) if name in venv.distributions})
-        if store.current == release.id and _answers(remote, site, deadline_s=5):
-            return RouterOutcome("unchanged", release.id, store.current, tuple(workers))
-        staged = [] if store.release(release.id) else stage_release(
-            layout, release.id, release.unit_text, release.env_text,
-            release_json(release.metadata, tags, datetime.now(UTC)))
-        _activate(remote, layout, release, staged, progress)
-        if _answers(remote, site, READY_DEADLINE_S):
-            remote.run(append_history(layout, history_entry("deploy", HEALTHY, tags, datetime.now(UTC))))
-            return RouterOutcome("deployed", release.id, store.current, tuple(workers))
-        remote.run(append_history(layout, history_entry("deploy", FAILED, tags, datetime.now(UTC),
-                                                        "the router did not answer /health")))
-        back = ""
-        if store.current and store.current != release.id:
-            progress.note(f"router: switching back to release {store.current}")
-            remote.run([*switch_current(layout, store.current), *restart_steps(layout)])
-            back = f"; switched back to release {store.current}" + \
-                ("" if _answers(remote, site, READY_DEADLINE_S) else ", which does not answer either")
-        raise RouterFailed(f"{where}: router release {release.id} did not answer /health on port {site.port} within "
-                           f"{READY_DEADLINE_S:.0f} s{back}",
-                           hint=f"its journal: `invoke logs -H {where} -s {SERVICE}`")
+    run = Transition(remote, layout, target, progress, {}, grace_s=grace_s, kind=ROUTER_RELEASE)
+    with signals_raise(), host_lock(remote, layout, f"router deploy for {group}", where):
+        try:
+            spec = VenvSpec(lock=site.lock, wheelhouse=site.wheelhouse, index=site.index)
+            venv = ensure_venv(remote, layout, spec, progress=progress, where=where)
+            store = read_store_facts(remote, layout)
+            run.previous = store.current
+            release = build_router_release(site, venv.path, venv.hash, workers, layout.env_file, group)
+            tags = Tags(operator_name(), where, release.id, SERVICE, venv.hash,
+                        {name: venv.distributions[name] for name in ("sglang-router",) if name in venv.distributions})
+            if store.current == release.id and isinstance(run.live_verdict(release.metadata), Ready):
+                return RouterOutcome("unchanged", release.id, store.current, tuple(workers))
+            staged = [] if store.release(release.id) else stage_release(
+                layout, release.id, release.unit_text, release.env_text,
+                release_json(release.metadata, tags, datetime.now(UTC)))
+            activate_router(run, store, release, tags, staged)
+        except KeyboardInterrupt as stop:
+            raise run.interrupted_outside(stop) from None
+        run.record("deploy", HEALTHY, tags)
+    return RouterOutcome("deployed", release.id, store.current, tuple(workers))
 
 
-def _activate(remote: Remote, layout: StoreLayout, release: RouterRelease, staged: Sequence[Step | Put],
-              progress: Progress) -> None:
-    name = "router: stage, switch and restart" if staged else "router: switch and restart"
-    progress.phase_started(name)
-    started = time.monotonic()
-    remote.run([*staged, *switch_current(layout, release.id), *restart_steps(layout)])
-    progress.step_done(name, round(time.monotonic() - started, 3))
-
-
-def _answers(remote: Remote, site: RouterSite, deadline_s: float) -> bool:
+def activate_router(run: Transition, store: StoreFacts, release: RouterRelease, tags: Tags,
+                    staged: Sequence[Step | Put]) -> None:
+    """The switch to the router's release and its verification (`run.kind` is ROUTER_RELEASE); on failure or a
+    signal, history records it and the restore takes the router back to its last healthy release (`store` is its
+    store as read before), or stops its unit when it has none."""
+    restore_id = store.last_healthy(exclude=release.id)
     try:
-        parse_answer(remote.run([router_step(site, "ready", deadline_s=deadline_s)])[0], site, "waiting for /health")
-    except RouterFailed:
-        return False
-    return True
+        run.activate(release.id, release.metadata, start_prediction(store, SERVICE), run.grace_s,
+                     ROUTER_RELEASE.switch_batches(run, release.id, release.metadata), staged)
+        return
+    except ReadinessFailed as failure:
+        diagnosis = run.journal_diagnosis(run.cursor, SERVICE)
+        run.record("deploy", FAILED, tags, failure_line(failure, diagnosis))
+        first: DeployError = failure
+    except KeyboardInterrupt as stop:
+        first, diagnosis = interruption(stop)
+        run.record("deploy", FAILED, tags, diagnosis.cause)
+    try:
+        restore(run, store, release.id, first, diagnosis, restore_id, store.current)
+    except ReadinessFailed as ended:  # the router's own failure: exit 10, as when it cannot take a replica out
+        failed = RouterFailed(f"{ended.message} (the router's own release, service {SERVICE})",
+                              hint=f"its journal: `invoke logs -H {run.where} -s {SERVICE}`")
+        failed.about(ended.release_id, ended.previous_id, ended.timings)
+        failed.serving_id = ended.serving_id
+        raise failed from None
 
 
 @dataclass(frozen=True)
@@ -195,5 +231,5 @@ def behind_router(front: RouterFront | None, target: Target, service: str, remot
         return outcome
 
 
-__all__ = ["LEFT_OUT", "LeftOut", "RouterFront", "RouterOutcome", "behind_router", "deploy_router", "one_at_a_time",
-           "router_in_front"]
+__all__ = ["LEFT_OUT", "ROUTER_RELEASE", "LeftOut", "RouterFront", "RouterOutcome", "RouterReleaseKind",
+           "activate_router", "behind_router", "deploy_router", "one_at_a_time", "router_in_front"]

@@ -7,6 +7,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
 from deploy_lib.errors import ConfigError
@@ -16,6 +17,8 @@ from deploy_lib.project import Target, resolve_group, resolve_target
 from deploy_lib.remote import Remote
 
 if TYPE_CHECKING:
+    from tenacity import Retrying
+
     from deploy_lib.ops.fleet import FleetRun, Rollout
     from deploy_lib.ops.router_deploy import LeftOut, RouterFront
 
@@ -59,12 +62,15 @@ def select(inventory: Inventory, host: str | None, group: str | None, accept_new
 class Reach:
     """How an operation reaches its hosts and asks: the caller's connection (`prefixed`: the host's name shown on
     each step, for a group), progress (`""`: the whole command's, else a host's), and consent (raises when the user
-    does not agree; the library never asks a terminal itself)."""
+    does not agree; the library never asks a terminal itself); the project whose hooks run, the webhook's
+    retries."""
 
     connect: Callable[[Target, bool], AbstractContextManager[Remote]]
     progress: Callable[[str], Progress]
     consent: Callable[[str], None]
     environ: Mapping[str, str] = field(default_factory=dict)
+    project_root: Path | None = None  # whose hooks/ run around a deploy or rollback (ops/notices.py); None: none
+    notify_retry: Retrying | None = None  # the webhook's retries (None: remote.webhook.NOTIFY_RETRY)
 
 
 def run_each(scope: Scope, reach: Reach, act: Callable[[Target, Remote, Progress], T],

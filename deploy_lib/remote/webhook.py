@@ -47,10 +47,12 @@ class NotifyEvent(StrEnum):
     rolled_back = "rolled-back"
     gate_failed = "gate-failed"
     crash_loop = "crash-loop-given-up"
+    failed = "failed"  # a start that failed with no earlier release to go back to, or whose rollback failed
 
 
 _ICONS = {NotifyEvent.deployed: ":white_check_mark:", NotifyEvent.rolled_back: ":leftwards_arrow_with_hook:",
-          NotifyEvent.gate_failed: ":chart_with_downwards_trend:", NotifyEvent.crash_loop: ":rotating_light:"}
+          NotifyEvent.gate_failed: ":chart_with_downwards_trend:", NotifyEvent.crash_loop: ":rotating_light:",
+          NotifyEvent.failed: ":x:"}
 
 
 @dataclass(frozen=True)

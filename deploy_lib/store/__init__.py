@@ -13,10 +13,14 @@ Layout (design.md, "The release"), under <root>/<service>/:
     history     the tag set, history.jsonl lines, release.json
     facts       one read-only batch of the store's state and its pure parsers (StoreFacts)
     releases    stage, repair, switch and prune releases
-    lock        the host lock (Kamal's: mkdir is the atomic test-and-set, owner.json says who)
+    lock        the host lock (Kamal's: mkdir is the atomic test-and-set, owner.json says who): its steps, parsers
+                and decisions
+    on_host     what reaches the host (host actions): `read_store_facts`, `take_lock`, `holding_lock`,
+                `host_lock`, `unlock`
+    first_change  the lock of a command that may change nothing, taken with its first change (host actions)
 
-Nothing here opens a connection: the few functions that act (`take_lock`, `holding_lock`, `host_lock`,
-`lock_on_first_change`, `unlock`, `read_store_facts`) only call a `Remote` they are given.
+Nothing here opens a connection: on_host and first_change only call a `Remote` they are given; the other modules
+are pure (the planning layer).
 """
 
 from deploy_lib.store.facts import (
@@ -31,7 +35,6 @@ from deploy_lib.store.facts import (
     parse_history,
     parse_release_files,
     parse_store_facts,
-    read_store_facts,
     release_fact_steps,
 )
 from deploy_lib.store.first_change import LockOnFirstChange, lock_on_first_change
@@ -75,16 +78,12 @@ from deploy_lib.store.lock import (
     LockInfo,
     LockOwner,
     acquire_lock,
-    holding_lock,
-    host_lock,
     lock_staleness,
     owner_gone,
-    release_quietly,
     remove_lock,
-    take_lock,
     this_process_owner,
-    unlock,
 )
+from deploy_lib.store.on_host import holding_lock, host_lock, read_store_facts, release_quietly, take_lock, unlock
 from deploy_lib.store.releases import (
     describe_pruned_releases,
     prune_releases,

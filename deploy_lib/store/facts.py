@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from deploy_lib.facts.readings import ABSENT_OK, Readings, read
-from deploy_lib.remote import Remote, Step, StepResult
+from deploy_lib.facts.readings import ABSENT_OK, Readings
+from deploy_lib.remote import Step, StepResult
 from deploy_lib.store.history import ACTIVATIONS, CRASHED, FAILED, HEALTHY, RESTARTED, HistoryEntry
 from deploy_lib.store.layout import ENV_FILE, RELEASE_FILE, STAGING_SUFFIX, UNIT_FILE, StoreLayout
 from deploy_lib.store.lock import (
@@ -218,7 +218,3 @@ def parse_store_facts(layout: StoreLayout, results: Sequence[StepResult] | Readi
         damaged=tuple(damaged),
         digest=parse_store_digest(found.get(FACT_STORE_DIGEST)),
     )
-
-
-def read_store_facts(remote: Remote, layout: StoreLayout) -> StoreFacts:
-    return parse_store_facts(layout, read(remote, release_fact_steps(layout)))

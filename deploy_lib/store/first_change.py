@@ -13,7 +13,6 @@ from deploy_lib.errors import LockHeld, StepFailed
 from deploy_lib.remote import OutputLine, Put, Remote, Step, StepResult
 from deploy_lib.store.layout import StoreLayout
 from deploy_lib.store.lock import (
-    HELD,
     LOCK_STILL_OURS,
     LOCK_STILL_THEIRS,
     LOCK_STORE_UNCHANGED,
@@ -22,14 +21,12 @@ from deploy_lib.store.lock import (
     LockInfo,
     LockOwner,
     Takeover,
-    acquire_lock,
+    first_change_take,
     no_longer_ours,
-    raise_if_held,
     release_lock,
-    release_quietly,
-    store_unchanged_step,
     this_process_owner,
 )
+from deploy_lib.store.on_host import HELD, raise_if_held, release_quietly
 
 
 class LockOnFirstChange:
@@ -72,12 +69,7 @@ class LockOnFirstChange:
     def _take_steps(self) -> list[Step | Put]:
         if self.held_already or self.digest is None or self.taken:
             return []
-        where = self.context.where
-        removal, record = (self.takeover.steps(self.layout, where), self.takeover.recorded(self.layout, where)) \
-            if self.takeover else ([], [])
-        # the history line after the digest's comparison: it is part of this command's change
-        return [*removal, *acquire_lock(self.layout, self.owner), store_unchanged_step(self.layout, self.digest),
-                *record]
+        return first_change_take(self.layout, self.owner, self.digest, self.takeover, self.context.where)
 
     def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
         if not batch:

@@ -1,7 +1,8 @@
 """The host lock (Kamal's: mkdir is the atomic test-and-set, owner.json says who, boot_id in which boot of the host it
 was taken): who holds it, whether it looks abandoned, when the next command takes it over (its owner is gone: the
-host rebooted, or the owner's process on this machine ended), and the one re-entrant `host_lock` every change to a
-store runs under. `lock_on_first_change` (first_change.py) is the lock of a command that may change nothing."""
+host rebooted, or the owner's process on this machine ended), and the steps that take, check and release it: all
+pure. on_host.py sends them (`take_lock`, the re-entrant `host_lock` every change to a store runs under);
+`lock_on_first_change` (first_change.py) is the lock of a command that may change nothing."""
 
 from __future__ import annotations
 
@@ -10,15 +11,14 @@ import json
 import os
 import secrets
 import socket
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
 
-from deploy_lib.errors import DeployError, LockHeld, StepFailed
-from deploy_lib.facts.readings import ABSENT_OK, Readings, read
-from deploy_lib.remote import Put, Remote, Step, StepResult
+from deploy_lib.errors import LockHeld
+from deploy_lib.facts.readings import ABSENT_OK, Readings
+from deploy_lib.remote import Put, Step, StepResult
 from deploy_lib.store.history import TAKEN_OVER, Tags, append_history, history_entry, operator_name
 from deploy_lib.store.layout import FILE_MODE, StoreLayout, iso_time, json_line
 
@@ -284,104 +284,15 @@ class Takeover:
 LOCK_STILL_THEIRS = "lock: still the dead owner's"
 
 
-def read_lock(remote: Remote, layout: StoreLayout) -> LockInfo | None:
-    return parse_lock_facts(read(remote, lock_fact_steps(layout)))
-
-
-def raise_if_held(remote: Remote, layout: StoreLayout, context: LockContext) -> None:
-    """After a failed take: LockHeld naming the holder; none when no lock exists (not contention: a full disk...)."""
-    lock = read_lock(remote, layout)
-    if lock is not None:
-        raise context.held_by(lock) from None
-
-
-def take_lock(remote: Remote, layout: StoreLayout, owner: LockOwner, context: LockContext) -> None:
-    """Take the lock (over from an owner that is gone: `LockContext.takeover`), or raise LockHeld naming its owner
-    (and whether it looks stale)."""
-    try:
-        remote.run(acquire_lock(layout, owner))
-    except StepFailed as failure:
-        if getattr(failure.step, "name", None) != LOCK_TAKE:
-            raise
-        lock = read_lock(remote, layout)
-        takeover = context.takeover(lock) if lock is not None else None
-        if takeover is None:
-            raise_if_held(remote, layout, context)
-            raise
-        try:
-            remote.run([*takeover.steps(layout, context.where), *acquire_lock(layout, owner),
-                        *takeover.recorded(layout, context.where)])
-            context.announce(takeover)
-        except StepFailed as again:  # another command took it over first
-            if getattr(again.step, "name", None) not in (LOCK_TAKE, LOCK_STILL_THEIRS):
-                raise
-            raise_if_held(remote, layout, context)
-            raise
-
-
-@contextmanager
-def holding_lock(remote: Remote, layout: StoreLayout, owner: LockOwner, context: LockContext) -> Iterator[LockOwner]:
-    """Hold the lock for the block; released on any exit, Ctrl-C included, if it is still ours."""
-    try:
-        take_lock(remote, layout, owner, context)
-    except KeyboardInterrupt:  # the host may have taken it before the interrupt reached this process
-        release_quietly(remote, layout, owner)
-        raise
-    try:
-        yield owner
-    except BaseException:
-        release_quietly(remote, layout, owner)
-        raise
-    try:
-        remote.run(release_lock(layout, owner))
-    except StepFailed as failure:
-        if getattr(failure.step, "name", None) != LOCK_STILL_OURS:
-            raise
-        raise no_longer_ours(context.where) from failure
-
-
 def no_longer_ours(where: str) -> LockHeld:
     return LockHeld(f"the deploy lock on {where} was no longer ours at the end of this run (forced open and taken "
                     "by someone else?); it was left in place", hint="`invoke unlock` shows who holds it now")
 
 
-def release_quietly(remote: Remote, layout: StoreLayout, owner: LockOwner) -> None:
-    try:
-        remote.run(release_lock(layout, owner))
-    except DeployError:
-        pass  # the error that is propagating matters more than a lock left behind
-
-
-# Locks this process holds, by (remote, lock path): a library call that changes the host takes the lock itself, and
-# one that runs inside another (patch-fusion's deploy, deploy's venv build) reuses it, as Kamal's `holding_lock?`.
-HELD: dict[tuple[int, str], LockOwner] = {}
-
-
-@contextmanager
-def host_lock(remote: Remote, layout: StoreLayout, purpose: str, where: str,
-              context: LockContext | None = None) -> Iterator[LockOwner]:
-    """The one lock for every change to a service's store on a host: deploy, rollback, venv build/adopt/derive,
-    patching, prune. Re-entrant within this process; released on any exit, Ctrl-C included (`holding_lock`)."""
-    key = (id(remote), str(layout.lock))
-    if key in HELD:
-        yield HELD[key]
-        return
-    owner = this_process_owner(purpose, datetime.now(UTC))
-    with holding_lock(remote, layout, owner, context or LockContext(where=where)) as held:
-        HELD[key] = held
-        try:
-            yield held
-        finally:
-            del HELD[key]
-
-
-def unlock(remote: Remote, layout: StoreLayout, force: bool, context: LockContext) -> LockInfo | None:
-    """Remove the lock if stale, or if `force`; returns what was removed (None: there was no lock)."""
-    lock = read_lock(remote, layout)
-    if lock is None:
-        return None
-    staleness = lock_staleness(lock, context.this_host, context.is_alive, context.stale_after_s)
-    if staleness is None and not force:
-        raise lock_held_error(context.where, lock, None)
-    remote.run(remove_lock(layout))
-    return lock
+def first_change_take(layout: StoreLayout, owner: LockOwner, digest: str, takeover: Takeover | None, where: str
+                      ) -> list[Step | Put]:
+    """The take of a lock with a command's first change: a dead owner's lock removed, mkdir and owner.json, then the
+    store's digest compared with the one the command decided from; the takeover's history line after the comparison
+    (it is part of this command's change)."""
+    removal, record = (takeover.steps(layout, where), takeover.recorded(layout, where)) if takeover else ([], [])
+    return [*removal, *acquire_lock(layout, owner), store_unchanged_step(layout, digest), *record]

@@ -1,0 +1,182 @@
+"""What a deploy, rollback, start or restart tells the world beside its own output: the project's hooks
+(deploy_lib/hooks.py: `hooks/pre-deploy`, `post-deploy`, `pre-rollback`, `post-rollback`) run on this machine around
+it, and each host's webhook (the inventory's `notify_webhook`, remote/webhook.py) told how it ended on that host.
+
+A failing pre- hook stops the command before any host is reached. A post- hook's failure and a notification that
+could not be delivered are progress notes: the command's own result and exit code stay what they were. The webhook
+hears of a deploy done, a rollback (by hand, or the automatic one after a failed start or gate), a gate failure, a
+failed start nothing could be rolled back to, and a crash loop systemd gave up on (found by `status`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeVar
+
+from deploy_lib.errors import DeployError, GateFailed, ReadinessFailed, RollbackFailed
+from deploy_lib.hooks import HookContext, HookEvent, run_hook
+from deploy_lib.ops.scope import Reach, Scope
+
+if TYPE_CHECKING:
+    from deploy_lib.commands.status import StatusReport
+    from deploy_lib.deploy import Outcome
+    from deploy_lib.ops.fleet import FleetRun
+    from deploy_lib.remote.webhook import Notification
+
+T = TypeVar("T")
+PRE = {"deploy": HookEvent.pre_deploy, "rollback": HookEvent.pre_rollback}
+POST = {"deploy": HookEvent.post_deploy, "rollback": HookEvent.post_rollback}
+ROLLED_BACK = "rolled-back"
+FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class HostEnd:
+    """How a command ended on one host: its outcome, or its error."""
+
+    host: str
+    outcome: Outcome | None = None
+    error: DeployError | None = None
+
+    @property
+    def label(self) -> str:
+        """deployed, unchanged, rolled-back, started, restarted, failed: a hook's SGLANG_DEPLOY_OUTCOME."""
+        if self.outcome is not None:
+            return self.outcome.action.replace(" ", "-")
+        return ROLLED_BACK if self.error is not None and self.error.serving_id else FAILED
+
+    @property
+    def automatic_rollback(self) -> bool:
+        return self.error is not None and self.error.serving_id is not None
+
+
+def notification(end: HostEnd, service: str) -> Notification | None:
+    """What the host's webhook is told of this end; None for an end nobody needs to hear of (unchanged, already
+    running, a started release, an error before anything changed)."""
+    from deploy_lib.remote.webhook import Notification, NotifyEvent  # loads only where a webhook is set
+    error, outcome = end.error, end.outcome
+    if outcome is not None:
+        was = outcome.previous_id or "none"
+        if outcome.action == "deployed":
+            return Notification(NotifyEvent.deployed, end.host, service,
+                                f"deployed release {outcome.release_id} (was {was})", outcome.release_id,
+                                outcome.release_id)
+        if outcome.action == "rolled back":
+            return Notification(NotifyEvent.rolled_back, end.host, service,
+                                f"rolled back by hand to release {outcome.release_id} (was {was})",
+                                outcome.release_id, outcome.release_id)
+        return None
+    if error is None or error.release_id is None:
+        return None  # refused or lost before a release was switched: nothing changed that a person must hear of
+    first_line = error.message.splitlines()[0]
+    if isinstance(error, GateFailed) and error.serving_id:
+        return Notification(NotifyEvent.gate_failed, end.host, service, first_line, error.release_id,
+                            error.serving_id)
+    if error.serving_id:
+        return Notification(NotifyEvent.rolled_back, end.host, service, first_line, error.release_id,
+                            error.serving_id)
+    if isinstance(error, RollbackFailed | ReadinessFailed):  # a start that failed with nothing to go back to
+        return Notification(NotifyEvent.failed, end.host, service, first_line, error.release_id, None)
+    return None
+
+
+def _ends(fleet: FleetRun[Outcome]) -> list[HostEnd]:
+    return [HostEnd(run.host, run.result, run.error) for run in fleet.runs if run.started]
+
+
+def _joined(ids: Sequence[str | None]) -> str | None:
+    found = list(dict.fromkeys(i for i in ids if i))
+    return ",".join(found) or None
+
+
+def _group_label(ends: Sequence[HostEnd]) -> str:
+    """One word for the whole command: every host's, when they share it; else failed when any host failed, else
+    deployed (some hosts deployed, the others unchanged)."""
+    labels = {end.label for end in ends}
+    if len(labels) == 1:
+        return labels.pop()
+    return FAILED if FAILED in labels or ROLLED_BACK in labels else "deployed"
+
+
+def _released(end: HostEnd) -> tuple[str | None, str | None]:
+    """(the release the command took the host to, the one before): from the outcome, or the error's `about`."""
+    if end.outcome is not None:
+        return end.outcome.release_id, end.outcome.previous_id
+    return (end.error.release_id, end.error.previous_id) if end.error is not None else (None, None)
+
+
+class Announced:
+    """A command between its hooks, its hosts' webhooks told how it ended (`around`)."""
+
+    def __init__(self, command: str, scope: Scope, service: str | Callable[[str], str], reach: Reach,
+                 profile: str | None = None) -> None:
+        self.command, self.scope, self.reach, self.profile = command, scope, reach, profile
+        self.service_of = service if callable(service) else (lambda host: service)
+        self.progress = reach.progress("")
+
+    def hook(self, event: HookEvent | None, release_id: str | None = None, previous_id: str | None = None,
+             outcome: str | None = None) -> None:
+        """The event's hook of the project, if it has one; a pre- hook's failure raises (PreflightError)."""
+        if event is None or self.reach.project_root is None:
+            return
+        context = HookContext(self.command, tuple(self.scope.names), self.profile, release_id, previous_id, outcome)
+        result = run_hook(self.reach.project_root, event, context, self.reach.environ)
+        if result is not None and not result.ok:
+            self.progress.note(f"{event.value} hook {result.path} exited with status {result.exit_code} (the "
+                               f"{self.command} itself is done)" + (f": {result.output}" if result.output else ""))
+
+    def around(self, act: Callable[[], FleetRun[Outcome]], release_id: str | None = None) -> FleetRun[Outcome]:
+        """The pre- hook (before any host is reached), `act`, then the post- hooks and the notifications; an error
+        `act` raises (a one-host command's) is raised again after them."""
+        self.hook(PRE.get(self.command), release_id)
+        try:
+            fleet = act()
+        except DeployError as error:  # a one-host command's, or a whole group's (a multi-node release refused)
+            self.ended([HostEnd(host, error=error) for host in self.scope.names])
+            raise
+        self.ended(_ends(fleet))
+        return fleet
+
+    def ended(self, ends: Sequence[HostEnd]) -> None:
+        released = [_released(end) for end in ends]
+        self.hook(POST.get(self.command), _joined([r for r, _ in released]), _joined([p for _, p in released]),
+                  _group_label(ends) if ends else None)
+        restored = [end for end in ends if end.automatic_rollback]
+        if restored and self.command != "rollback":  # the automatic rollback after a failed start or gate
+            self.hook(HookEvent.post_rollback, _joined([end.error.serving_id for end in restored if end.error]),
+                      _joined([end.error.release_id for end in restored if end.error]), ROLLED_BACK)
+        told = {target.host.name for target in self.scope.targets if target.host.vars.notify_webhook}
+        self.notify([(end.host, notification(end, self.service_of(end.host))) for end in ends if end.host in told])
+
+    def notify(self, notes: Sequence[tuple[str, Notification | None]]) -> None:
+        """Each notification to its host's webhook, all sent at once; waits a bounded time for them at the end."""
+        from deploy_lib.remote.webhook import NOTIFY_RETRY, Notifier
+        urls = {target.host.name: target.host.vars.notify_webhook for target in self.scope.targets}
+        notifiers: dict[str, Notifier] = {}
+        for host, note in notes:
+            url = urls.get(host)
+            if note is not None and url is not None:
+                notifiers.setdefault(url, Notifier(url, self.reach.notify_retry or NOTIFY_RETRY)).notify(note)
+        for notifier in notifiers.values():
+            for sent in notifier.close():
+                if not sent.delivered:
+                    self.progress.note(f"{sent.notification.host}: the {sent.notification.event} notification was "
+                                       f"not delivered to the webhook: {sent.error}")
+
+
+def crash_loops(fleet: FleetRun[StatusReport], scope: Scope, reach: Reach) -> None:
+    """Tell each host's webhook of a crash loop systemd gave up on that this status read found first (it recorded
+    the crash that ended it in history: the next read finds it recorded and tells nobody again)."""
+    from deploy_lib.remote.webhook import Notification, NotifyEvent
+    notes: list[tuple[str, Notification | None]] = []
+    for run in fleet.runs:
+        report = run.result
+        if report is not None and report.crashes is not None and report.crashes.gave_up and report.recorded_crashes:
+            notes.append((run.host, Notification(NotifyEvent.crash_loop, run.host, report.service,
+                                                 f"release {report.current} is down: {report.crashes.verdict}",
+                                                 report.current, None)))
+    if notes:
+        Announced("status", scope, "", reach).notify(notes)
+
+
+__all__ = ["Announced", "HostEnd", "crash_loops", "notification"]
