@@ -25,14 +25,16 @@ HELP = {
                "change nothing",
     "resume": "a sweep's id: run the candidates it did not finish (their figures are in history)",
     "keep": "winner (default): keep the winner when it beats the pre-sweep release beyond the noise; none: report only",
+    "search": "grid (default): every candidate the full benchmark; halving: every candidate a short benchmark "
+              "(a quarter of the output tokens), the best half the full one (spec `halving:` sets eta, the length)",
 }
 
 
 @task(name="tune", default=True, iterable=["vary"], help=HELP)
 def tune(c: Context, profile: str | None = None, vary: list[str] | None = None, spec: str | None = None,
          host: str | None = None, inventory: str | None = None, dry_run: bool = False, resume: str | None = None,
-         keep: str | None = None, yes: bool = False, accept_new_host_key: bool = False, json: bool = False,
-         verbose: bool = False) -> None:
+         keep: str | None = None, search: str | None = None, yes: bool = False, accept_new_host_key: bool = False,
+         json: bool = False, verbose: bool = False) -> None:
     """Sweep profile settings and patch sets on one host: each candidate a release, benchmarked over a ladder."""
     from deploy_lib import tune as tuning
     from deploy_lib.bundled import ROLES_DIR
@@ -40,11 +42,11 @@ def tune(c: Context, profile: str | None = None, vary: list[str] | None = None, 
 
     common.report_as(json, verbose)
     loaded, target = common.load(profile, inventory, host, accept_new_host_key)
-    given = {"keep": keep} if keep else {}
+    given = {key: value for key, value in (("keep", keep), ("search", search)) if value}
     if resume is None:
         sweep_spec, sources = common.run(lambda: tuning.sweep_spec(Path(spec) if spec else None, vary or [], given))
-    elif vary or spec or keep:
-        raise Exit("error: --resume continues the sweep as it was started: drop --vary, --spec and --keep",
+    elif vary or spec or given:
+        raise Exit("error: --resume continues the sweep as it was started: drop --vary, --spec, --keep and --search",
                    code=common.BAD_OPTION)
     else:
         sweep_spec, sources = None, {}
@@ -76,6 +78,8 @@ def estimate_line(estimate: Estimate) -> str:
              if estimate.start_s is not None else f"{estimate.starts} starts (no start recorded on this host)")
     bench = (f"{estimate.runs} benchmarks of ~{estimate.bench_s:,.0f} s" if estimate.bench_s is not None
              else f"{estimate.runs} benchmarks (none recorded at these settings)")
+    if estimate.short_runs:
+        bench += f", {estimate.short_runs} short ones of ~{estimate.short_fraction:.0%} of that"
     total = estimate.total_s
     about = f"about {total / 60:,.0f} min" if total is not None else "no estimate"
     return f"{about}: {start}, {bench}"

@@ -1,14 +1,15 @@
 """The sweep on one host: the base benchmarked twice (its noise), then each candidate deployed as a release through
 the deploy engine (stage, switch, readiness ladder, automatic rollback), benchmarked over the ladder with the GPU
-sampler, judged and recorded in history; after a candidate that failed or missed the SLA the best healthy release
-so far serves again. At the end the winner stays or the pre-sweep release is restored. A signal leaves the best
-verified release (or the original) serving; `resume` continues a sweep without running its finished candidates."""
+sampler, judged and recorded in history (search: halving benchmarks all short first, the best 1 in eta in full);
+after a candidate that failed or missed the SLA the best healthy release so far serves again. At the end the winner
+stays or the pre-sweep release is restored. A signal leaves the best verified release (or the original) serving;
+`resume` continues a sweep without running its finished candidates."""
 
 from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -22,6 +23,7 @@ from deploy_lib.interrupts import interrupted, signals_raise
 from deploy_lib.patches import PatchSet
 from deploy_lib.patches.profiles import base_profile
 from deploy_lib.profile import LoadedProfile
+from deploy_lib.profile.settings import BenchSettings
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
 from deploy_lib.release.model import Change, resolve_secrets
@@ -34,8 +36,10 @@ from deploy_lib.tune.estimate import Estimate, estimate
 from deploy_lib.tune.record import (
     BASE,
     CANDIDATE,
+    ELIMINATED,
     END,
     RERUN,
+    SHORT,
     SKIPPED,
     TuneReport,
     read_tune,
@@ -44,7 +48,7 @@ from deploy_lib.tune.record import (
     tune_id,
     tune_line,
 )
-from deploy_lib.tune.spec import Keep, Objective, TuneSpec
+from deploy_lib.tune.spec import Keep, Objective, Search, TuneSpec
 from deploy_lib.tune.sweep import Candidate, HostView, Sweep, build_sweep, check_values, differences
 
 BASE_RUNS = 2  # the base's repeated runs give the noise a winner must beat
@@ -112,7 +116,9 @@ class _Sweep:
         return [row.standing() for row in self.report().rows]
 
     def best(self) -> str | None:
-        best = decide.best_so_far(self.standings())
+        """The best healthy release so far: by the full benchmark, else (search: halving) by the short one."""
+        report = self.report()
+        best = decide.best_so_far(self.standings()) or decide.best_so_far([row.standing() for row in report.short])
         return best.release_id if best else None
 
     def serving(self) -> str | None:
@@ -125,10 +131,10 @@ class _Sweep:
         switch_to(self.target, self.loaded.profile.service.name, self.remote, self.progress, release_id,
                   self.request.environ, grace_s=self.request.grace_s)
 
-    def benchmark(self, release_id: str) -> tuple[BenchResult, decide.Score]:
+    def benchmark(self, release_id: str, bench: BenchSettings | None = None) -> tuple[BenchResult, decide.Score]:
         api_key = resolve_secrets(self.loaded.profile, self.request.environ).get(API_KEY_ENV)
-        result = run_benchmark(self.remote, self.layout, self.metadata[release_id], self.sweep.bench, self.progress,
-                               api_key, self.clock)
+        result = run_benchmark(self.remote, self.layout, self.metadata[release_id], bench or self.sweep.bench,
+                               self.progress, api_key, self.clock)
         return result, decide.score(result, self.spec.objective, self.spec.level or self.sweep.level, self.spec.sla)
 
 
@@ -171,8 +177,11 @@ def tune(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progre
         left = decide.to_run([c.label for c in sweep.candidates], finished.finished_labels if finished else [])
         base = store.release(current)
         changes = {c.label: tuple(differences(base.metadata if base else None, c, host)) for c in sweep.candidates}
-        return Planned(sweep, current, changes, estimate(store.history, sweep.bench, len(left),
-                                                         0 if finished and finished.base else BASE_RUNS))
+        halving = spec.halving if spec.search is Search.halving else None
+        return Planned(sweep, current, changes, estimate(
+            store.history, sweep.bench, len(left), 0 if finished and finished.base else BASE_RUNS,
+            halving.survivors(len(sweep.candidates)) if halving else None,
+            halving.short_bench(sweep.bench) if halving else None))
     run = _Sweep(loaded, target, remote, progress, request, spec, sweep,
                  request.resume or tune_id(datetime.now(UTC), secrets.token_hex(2)), original, store, clock)
     run.metadata |= {r.id: r.metadata for r in store.releases}
@@ -205,6 +214,9 @@ def _run(run: _Sweep, host: HostView) -> TuneReport:
             result, score = run.benchmark(run.original)
             run.record(run_line(run.tune, BASE, "base", _tags(run.metadata[run.original]), datetime.now(UTC),
                                 result, score))
+    if run.spec.search is Search.halving:
+        _halving_rounds(run, host)
+        return _finish(run)
     remaining = decide.to_run([c.label for c in run.sweep.candidates], run.report().finished_labels)
     by_label = {c.label: c for c in run.sweep.candidates}
     for number, label in enumerate(remaining, start=1):
@@ -243,8 +255,10 @@ def _failed_tags(run: _Sweep, known: int) -> Tags | None:
     return failed.tags if failed is not None else None
 
 
-def _candidate(run: _Sweep, candidate: Candidate, host: HostView) -> bool:
-    """Deploy, benchmark, judge and record one candidate; True when it was healthy and met the SLA."""
+def _candidate(run: _Sweep, candidate: Candidate, host: HostView, bench: BenchSettings | None = None,
+               role: str = CANDIDATE) -> bool:
+    """Deploy, benchmark (`bench`, default the sweep's), judge and record one candidate (its run under `role`; a
+    start that failed is always a candidate's final line); True when it was healthy and met the SLA."""
     original = run.store.release(run.original)
     changes = [str(c) for c in differences(original.metadata if original else run.metadata[run.original],
                                            candidate, host)]
@@ -259,12 +273,64 @@ def _candidate(run: _Sweep, candidate: Candidate, host: HostView) -> bool:
                             changes=changes, has_release=failed_tags is not None))
         return False
     run.metadata[release_id] = {**metadata, "tags": tags.as_dict()}  # as release.json holds it
-    result, score = run.benchmark(release_id)
-    run.record(run_line(run.tune, CANDIDATE, candidate.label, tags, datetime.now(UTC), result, score,
-                        changes=changes))
+    result, score = run.benchmark(release_id, bench)
+    run.record(run_line(run.tune, role, candidate.label, tags, datetime.now(UTC), result, score, changes=changes))
     if not score.qualifies:
         run.progress.note(f"candidate {candidate.label}: {'; '.join(score.misses) or 'no figures'}")
     return score.qualifies
+
+
+def _short_entry(history: Sequence[HistoryEntry], tune: str, label: str) -> HistoryEntry:
+    return next(e for e in reversed(history) if e.event == "tune" and e.tune.get("id") == tune
+                and e.tune.get("role") == SHORT and e.tune.get("candidate") == label)
+
+
+def _survivors(short: Sequence[decide.Standing], count: int) -> list[decide.Standing]:
+    """The `count` best short runs that qualified (healthy, SLA met), best first."""
+    return sorted((s for s in short if s.values), key=lambda s: s.value, reverse=True)[:count]
+
+
+def _halving_rounds(run: _Sweep, host: HostView) -> None:
+    """search: halving: every candidate a release benchmarked short; the best one in eta benchmarked again in full
+    (they compete as a grid's candidates do), the others recorded as eliminated with their short figures. A resume
+    repeats no short run in history, nor a survivor's full run."""
+    halving = run.spec.halving
+    short_bench = halving.short_bench(run.sweep.bench)
+    labels = [c.label for c in run.sweep.candidates]
+    by_label = {c.label: c for c in run.sweep.candidates}
+    report = run.report()
+    left = decide.to_run(labels, [*(row.label for row in report.short), *report.finished_labels])
+    for number, label in enumerate(left, start=1):
+        run.progress.phase_started(f"tune {run.tune}: short round {number}/{len(left)}: {label} "
+                                   f"({short_bench.output_len} output tokens)")
+        ok = _candidate(run, by_label[label], host, short_bench, SHORT)
+        back = decide.serve_next(run.serving(), ok, run.best(), run.original)
+        if back is not None:
+            run.switch(back)
+    report = run.report()
+    kept = _survivors([row.standing() for row in report.short], halving.survivors(len(labels)))
+    kept_labels = [s.label for s in kept]
+    finished = set(report.finished_labels)
+    for row in report.short:
+        if row.label in finished or row.label in kept_labels:
+            continue
+        entry = _short_entry(run.history, run.tune, row.label)
+        why = (f"eliminated by the short benchmark ({short_bench.output_len} output tokens): "
+               + (f"{row.values[-1]:,.1f} below the {len(kept)} survivors" if row.values else row.cause))
+        run.record(tune_line(run.tune, ELIMINATED, entry.tags, datetime.now(UTC), outcome=FAILED, cause=why,
+                             label=row.label, figures=entry.figures,
+                             extra={"sla_met": entry.tune.get("sla_met", "no"), "changes": row.changes}))
+    for number, standing in enumerate(kept, start=1):
+        if standing.label in finished:
+            continue
+        assert standing.release_id is not None
+        run.progress.phase_started(f"tune {run.tune}: full benchmark {number}/{len(kept)}: {standing.label}")
+        if run.serving() != standing.release_id:
+            run.switch(standing.release_id)
+        entry = _short_entry(run.history, run.tune, standing.label)
+        result, score = run.benchmark(standing.release_id)
+        run.record(run_line(run.tune, CANDIDATE, standing.label, entry.tags, datetime.now(UTC), result, score,
+                            changes=[entry.tune["changes"]] if entry.tune.get("changes") else []))
 
 
 def _finish(run: _Sweep) -> TuneReport:
