@@ -76,7 +76,7 @@ LAYERS: dict[str, frozenset[str]] = {
     # read or change one host through a Remote: the facts batch read, the readiness ladder, a venv build
     "host actions": frozenset({
         "facts.read", "facts.crashes",
-        "deploy.prune", "deploy.switch",
+        "deploy.prune", "deploy.switch", "tune.request",
         "health", "health.ladder",
         "models", "models.staging", "models.stored",
         "throughput", "throughput.benchmark",

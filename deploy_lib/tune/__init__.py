@@ -10,8 +10,9 @@ in the host's history under the sweep's id.
     loop        the sweep on one host through the deploy engine; dry run, resume, show
 """
 
-from deploy_lib.tune.loop import Planned, Request, show, tune, unit_of
+from deploy_lib.tune.loop import show, tune
 from deploy_lib.tune.record import TuneReport, tune_ids
+from deploy_lib.tune.request import Planned, Request, unit_of
 from deploy_lib.tune.spec import Keep, Objective, Sla, TuneSpec, load_spec, parse_vary, sweep_spec
 from deploy_lib.tune.sweep import Candidate, Skipped, Sweep
 

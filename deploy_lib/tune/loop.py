@@ -10,29 +10,28 @@ from __future__ import annotations
 import secrets
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from deploy_lib.deploy import GRACE_S, Options, release_tags
+from deploy_lib.deploy import Options, Outcome, release_tags
 from deploy_lib.deploy import deploy as deploy_release
 from deploy_lib.deploy import rollback as switch_to
 from deploy_lib.errors import ConfigError, DeployError, Interrupted, PreflightError, ReadinessFailed
 from deploy_lib.facts.read import read_host_facts
 from deploy_lib.interrupts import interrupted, signals_raise
-from deploy_lib.patches import PatchSet
 from deploy_lib.patches.profiles import base_profile
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.profile.settings import BenchSettings
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
-from deploy_lib.release.model import Change, resolve_secrets
+from deploy_lib.release.model import resolve_secrets
 from deploy_lib.release.server_args import API_KEY_ENV
 from deploy_lib.remote import Remote
 from deploy_lib.store import FAILED, HistoryEntry, StoreFacts, StoreLayout, Tags, append_history, read_store_facts
 from deploy_lib.throughput import BenchResult, run_benchmark
 from deploy_lib.tune import decide
-from deploy_lib.tune.estimate import Estimate, estimate
+from deploy_lib.tune.estimate import estimate
 from deploy_lib.tune.record import (
     BASE,
     CANDIDATE,
@@ -48,35 +47,11 @@ from deploy_lib.tune.record import (
     tune_id,
     tune_line,
 )
-from deploy_lib.tune.spec import Keep, Objective, Search, TuneSpec
+from deploy_lib.tune.request import Planned, Request, unit_of
+from deploy_lib.tune.spec import Keep, Search, TuneSpec
 from deploy_lib.tune.sweep import Candidate, HostView, Sweep, build_sweep, check_values, differences
 
 BASE_RUNS = 2  # the base's repeated runs give the noise a winner must beat
-
-
-@dataclass(frozen=True)
-class Request:
-    spec: TuneSpec | None                    # None: a resumed sweep's own, from history
-    sources: Mapping[str, str]               # where each varied key was given, for errors
-    patch_sets: tuple[PatchSet, ...] = ()
-    environ: Mapping[str, str] = field(default_factory=dict)
-    dry_run: bool = False
-    resume: str | None = None                # a sweep's id: run what it has not finished
-    grace_s: float = GRACE_S
-
-
-@dataclass(frozen=True)
-class Planned:
-    """A dry run: the candidates and what differs from the serving release, the skipped ones, the time it takes."""
-
-    sweep: Sweep
-    original: str
-    changes: Mapping[str, tuple[Change, ...]]
-    estimate: Estimate
-
-
-def unit_of(spec: TuneSpec) -> str:
-    return "req/s" if spec.objective is Objective.goodput else "tok/s"
 
 
 @dataclass
@@ -167,11 +142,14 @@ def tune(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progre
             raise ConfigError(f"sweep {request.resume} tuned profile {done.profile}, not {loaded.name}",
                               f"resume it with --profile {done.profile}")
         spec, original = done.spec, done.original
+        request = replace(request, share=done.share or None)
         sources = {key: f"sweep {request.resume}: vary.{key}" for key in spec.vary}
     if spec is None:
         raise ConfigError("tune needs something to vary: --vary KEY=V1,V2,... or --spec tune/NAME.yaml",
                           "or --resume TUNE_ID to finish a sweep")
     sweep = build_sweep(loaded, spec, sources, request.patch_sets, host)
+    if request.share is not None:  # a group's host: its share of the candidates (the skipped ones are everyone's)
+        sweep = replace(sweep, candidates=tuple(c for c in sweep.candidates if c.label in request.share))
     if request.dry_run:  # a resumed sweep's estimate counts what it still runs
         finished = read_tune(store.history, request.resume) if request.resume else None
         left = decide.to_run([c.label for c in sweep.candidates], finished.finished_labels if finished else [])
@@ -183,7 +161,8 @@ def tune(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progre
             halving.survivors(len(sweep.candidates)) if halving else None,
             halving.short_bench(sweep.bench) if halving else None))
     run = _Sweep(loaded, target, remote, progress, request, spec, sweep,
-                 request.resume or tune_id(datetime.now(UTC), secrets.token_hex(2)), original, store, clock)
+                 request.resume or request.tune_id or tune_id(datetime.now(UTC), secrets.token_hex(2)), original,
+                 store, clock)
     run.metadata |= {r.id: r.metadata for r in store.releases}
     with signals_raise():
         try:
@@ -200,7 +179,7 @@ def _run(run: _Sweep, host: HostView) -> TuneReport:
     now = datetime.now(UTC)
     if run.request.resume is None:
         run.record(start_line(run.tune, run.spec, run.loaded.name, _tags(run.metadata[run.original]), now,
-                              len(run.sweep.candidates)))
+                              len(run.sweep.candidates), run.request.share))
         for skipped in run.sweep.skipped:
             run.record(tune_line(run.tune, SKIPPED, _tags(run.metadata[run.original]), now, outcome=FAILED,
                                  cause=skipped.reason, label=skipped.label, extra={"release": ""}))
@@ -220,6 +199,7 @@ def _run(run: _Sweep, host: HostView) -> TuneReport:
     remaining = decide.to_run([c.label for c in run.sweep.candidates], run.report().finished_labels)
     by_label = {c.label: c for c in run.sweep.candidates}
     for number, label in enumerate(remaining, start=1):
+        _stop_if_asked(run)
         run.progress.phase_started(f"tune {run.tune}: candidate {number}/{len(remaining)}: {label}")
         ok = _candidate(run, by_label[label], host)
         back = decide.serve_next(run.serving(), ok, run.best(), run.original)
@@ -228,19 +208,29 @@ def _run(run: _Sweep, host: HostView) -> TuneReport:
     return _finish(run)
 
 
+def _stop_if_asked(run: _Sweep) -> None:
+    """A group's sweep noted a signal: start no further candidate (_stopped: the best so far serves)."""
+    if run.request.stop is not None and run.request.stop():
+        raise Interrupted("a signal was noted")
+
+
+def deploy_candidate(candidate: Candidate, target: Target, remote: Remote, progress: Progress,
+                     options: Options) -> Outcome:
+    """The candidate as a release (its own venv when it carries a patch set); the engine rolls back a failed start.
+    Also a group's rollout of the winner to each host."""
+    if candidate.patch_set is None:
+        return deploy_release(candidate.loaded, target, remote, progress, options)
+    from deploy_lib.commands.patches import enable  # loads only for a sweep over patch sets
+
+    base = base_profile(candidate.loaded, candidate.patch_set)
+    return enable(remote, candidate.patch_set, base, candidate.loaded, target, progress, options)[1]
+
+
 def _deploy(run: _Sweep, candidate: Candidate) -> tuple[str, Mapping[str, Any], Tags]:
-    """The candidate as a release (its own venv when it carries a patch set); the engine rolls back a failed start."""
     keep = len(run.store.releases) + len(run.sweep.candidates) + 1
     options = Options(environ=run.request.environ, grace_s=run.request.grace_s, skip_gate=True,
                       keep_releases_at_least=keep)
-    if candidate.patch_set is None:
-        outcome = deploy_release(candidate.loaded, run.target, run.remote, run.progress, options)
-    else:
-        from deploy_lib.commands.patches import enable  # loads only for a sweep over patch sets
-
-        base = base_profile(candidate.loaded, candidate.patch_set)
-        outcome = enable(run.remote, candidate.patch_set, base, candidate.loaded, run.target, run.progress,
-                         options)[1]
+    outcome = deploy_candidate(candidate, run.target, run.remote, run.progress, options)
     assert outcome.plan is not None and outcome.release_id is not None
     release = outcome.plan.release
     return outcome.release_id, release.metadata(), release_tags(run.target, release)
@@ -301,6 +291,7 @@ def _halving_rounds(run: _Sweep, host: HostView) -> None:
     report = run.report()
     left = decide.to_run(labels, [*(row.label for row in report.short), *report.finished_labels])
     for number, label in enumerate(left, start=1):
+        _stop_if_asked(run)
         run.progress.phase_started(f"tune {run.tune}: short round {number}/{len(left)}: {label} "
                                    f"({short_bench.output_len} output tokens)")
         ok = _candidate(run, by_label[label], host, short_bench, SHORT)

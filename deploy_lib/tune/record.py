@@ -33,9 +33,12 @@ def tune_line(tune: str, role: str, tags: Tags, when: datetime, *, outcome: str 
                          tune={"id": tune, "role": role, **({"candidate": label} if label else {}), **(extra or {})})
 
 
-def start_line(tune: str, spec: TuneSpec, profile: str, tags: Tags, when: datetime, candidates: int) -> HistoryEntry:
+def start_line(tune: str, spec: TuneSpec, profile: str, tags: Tags, when: datetime, candidates: int,
+               share: Sequence[str] | None = None) -> HistoryEntry:
+    """`share`: a group's host runs these candidates of the spec (a resume runs the same)."""
     return tune_line(tune, START, tags, when, cause=f"sweep of {candidates} candidates over {profile} started",
-                     extra={"spec": json.dumps(spec.identity(), sort_keys=True), "profile": profile})
+                     extra={"spec": json.dumps(spec.identity(), sort_keys=True), "profile": profile,
+                            **({"share": json.dumps(list(share))} if share is not None else {})})
 
 
 def run_line(tune: str, role: str, label: str, tags: Tags, when: datetime, result: BenchResult | None, score: Score,
@@ -83,6 +86,7 @@ class TuneReport:
     serving: str | None = None        # the release serving at the end
     reason: str = ""
     short: tuple[Row, ...] = ()       # search: halving: each candidate's short-round run, in the order they ran
+    share: tuple[str, ...] = ()       # a group's host: the candidates it runs (empty: every one)
 
     @property
     def finished_labels(self) -> list[str]:
@@ -135,5 +139,6 @@ def read_tune(history: Sequence[HistoryEntry], tune: str) -> TuneReport:
                       _row("base", base) if base else None, tuple(rows), end is not None,
                       winner=end.tune.get("candidate") if end else None,
                       serving=end.tags.release if end else None, reason=end.cause if end else "",
-                      short=tuple(_row(label, entries) for label, entries in short.items()))
+                      short=tuple(_row(label, entries) for label, entries in short.items()),
+                      share=tuple(json.loads(start.tune["share"])) if "share" in start.tune else ())
 

@@ -1,0 +1,103 @@
+"""`tune --group`: one sweep over a group's replicas at once (deploy_lib/ops/tune_group.py), each replica a scripted
+host of tests/test_tune_loop.py (its store follows the engine's writes, its benchmark answers from its serving
+release's profile); no SSH, no subprocess."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from recording_progress import RecordingProgress
+from test_deploy_plan import PROJECT, target
+from test_tune_loop import SweepHost, a_sweep_host, request
+
+from deploy_lib.errors import ConfigError, Interrupted
+from deploy_lib.ops.scope import Reach, Scope
+from deploy_lib.ops.tune_group import GroupTune, deal, tune_group
+from deploy_lib.tune import Request, show
+
+BASE = PROJECT.profile("glm5-nvfp4")
+FOUR_CAPS = ("memory.max_running_requests=64,256,1024,512",)
+CAP = "memory.max_running_requests="
+
+
+def replica(name: str) -> Any:
+    found = target()
+    return replace(found, host=found.host.model_copy(update={"name": name}))
+
+
+def group(hosts: dict[str, SweepHost]) -> tuple[Scope, Reach]:
+    scope = Scope(PROJECT.inventory(None), tuple(replica(name) for name in hosts), group="pair")
+    reach = Reach(lambda t, prefixed: nullcontext(hosts[t.host.name]), lambda name: RecordingProgress(),
+                  lambda question: None)
+    return scope, reach
+
+
+def serving_cap(host: SweepHost) -> int:
+    return host.current_metadata()["profile"]["memory"]["max_running_requests"]
+
+
+def test_candidates_are_dealt_round_robin_over_the_hosts() -> None:
+    assert deal(["c1", "c2", "c3", "c4", "c5"], ["a", "b"]) == {"a": ("c1", "c3", "c5"), "b": ("c2", "c4")}
+    assert deal(["c1"], ["a", "b", "c"]) == {"a": ("c1",), "b": (), "c": ()}, "a host without a share serves on"
+
+
+def test_two_replicas_share_four_candidates_and_the_winner_is_rolled_out_to_both() -> None:
+    hosts = {"a": a_sweep_host(*FOUR_CAPS), "b": a_sweep_host(*FOUR_CAPS)}
+    scope, reach = group(hosts)
+    result = tune_group(scope, BASE, request(*FOUR_CAPS), reach)
+    assert isinstance(result, GroupTune)
+    assert result.shares == {"a": (f"{CAP}64", f"{CAP}1024"), "b": (f"{CAP}256", f"{CAP}512")}
+    ran = {name: [line["tune"].get("candidate") for line in host.tune_lines() if line["tune"]["role"] == "candidate"]
+           for name, host in hosts.items()}
+    assert ran == {"a": [f"{CAP}64", f"{CAP}1024"], "b": [f"{CAP}256", f"{CAP}512"]}, "each ran its share only"
+    report = result.report
+    assert sorted(row.label for row in report.rows) == sorted(f"{CAP}{n}" for n in (64, 256, 512, 1024))
+    assert report.base is not None and len(report.base.values) == 4, "the base's runs on both hosts give the noise"
+    assert report.winner == f"{CAP}1024" and "kept" in report.reason and report.reason.startswith("group pair")
+    assert serving_cap(hosts["a"]) == serving_cap(hosts["b"]) == 1024, "the winner serves on every host"
+    assert result.rollout is not None and result.rollout.batches == (("a",), ("b",)), "one host at a time"
+    assert [run.result.action for run in result.rollout.runs if run.result] == ["unchanged", "deployed"], \
+        "a measured the winner and keeps it; b gets it by the rolling deploy"
+    assert result.exit_code == 0 and set(result.serving or {}) == {"a", "b"}
+    for name, host in hosts.items():
+        ends = [line for line in host.tune_lines() if line["tune"]["role"] == "end"]
+        assert ends[-1]["cause"].startswith("group pair:"), f"{name} records the group's decision last"
+    assert show(hosts["b"], replica("b"), "sglang", report.tune_id).winner == f"{CAP}1024"
+
+
+def test_no_winner_beyond_the_noise_puts_each_host_back_on_its_own_release() -> None:
+    """Input tried: caps 64 and 64 again (as the pre-sweep release) and 32, with keep: winner."""
+    vary = ("memory.max_running_requests=64,32",)
+    hosts = {"a": a_sweep_host(*vary), "b": a_sweep_host(*vary)}
+    before = {name: host.current for name, host in hosts.items()}
+    scope, reach = group(hosts)
+    result = tune_group(scope, BASE, request(*vary), reach)
+    assert isinstance(result, GroupTune) and result.rollout is None
+    assert "not beyond the noise" in result.report.reason
+    assert {name: host.current for name, host in hosts.items()} == before
+
+
+def test_ctrl_c_on_one_replica_leaves_each_on_its_best_and_resume_finishes_the_sweep() -> None:
+    hosts = {"a": a_sweep_host(*FOUR_CAPS), "b": a_sweep_host(*FOUR_CAPS)}
+    hosts["a"].interrupt_at = (1024, 1024)
+    scope, reach = group(hosts)
+    with pytest.raises(Interrupted, match="interrupted on group pair") as caught:
+        tune_group(scope, BASE, request(*FOUR_CAPS), reach)
+    assert serving_cap(hosts["a"]) == 64, "a serves its best verified candidate"
+    tune_id = caught.value.hint.split("--resume ")[1].split("`")[0]  # type: ignore[union-attr]
+    result = tune_group(scope, BASE, Request(None, {}, resume=tune_id, grace_s=0), reach)
+    assert isinstance(result, GroupTune) and result.report.tune_id == tune_id
+    ran = [line["tune"].get("candidate") for line in hosts["a"].tune_lines() if line["tune"]["role"] == "candidate"]
+    assert ran == [f"{CAP}64", f"{CAP}1024"], "the resume ran a's cut candidate, not its finished one"
+    assert result.report.winner == f"{CAP}1024" and serving_cap(hosts["b"]) == 1024
+
+
+def test_a_multi_node_profile_is_refused_before_any_host_is_touched() -> None:
+    hosts = {"a": a_sweep_host(*FOUR_CAPS), "b": a_sweep_host(*FOUR_CAPS)}
+    scope, reach = group(hosts)
+    with pytest.raises(ConfigError, match="multi-node"):
+        tune_group(scope, PROJECT.profile("glm5-nvfp4-3nodes"), request(*FOUR_CAPS), reach)
+    assert all(not host.tune_lines() for host in hosts.values())
