@@ -14,6 +14,7 @@ from deploy_cli import present as ui
 from deploy_cli.options import task
 
 if TYPE_CHECKING:
+    from deploy_lib.ops.tune_group import GroupTune
     from deploy_lib.tune import Planned, Request, TuneReport
     from deploy_lib.tune.estimate import Estimate
 
@@ -68,19 +69,29 @@ def tune(c: Context, profile: str | None = None, vary: list[str] | None = None, 
 
 def _tune_group(profile: str | None, host: str | None, group: str, inventory: str | None,
                 accept_new_host_key: bool, request: Request, yes: bool) -> None:
-    from deploy_lib.ops.tune_group import tune_group
+    from deploy_lib.ops.tune_group import GroupTune, tune_group
     from deploy_lib.project import load_for_target
 
     chosen = common.scope(inventory, host, group, accept_new_host_key)
     loaded = common.run(lambda: load_for_target(common.project(), profile, chosen.inventory, chosen.targets[0]))
-    common.consent(f"tune {loaded.name} on the {len(chosen.targets)} hosts of group {group}: each candidate restarts "
-                   "the server it runs on?", yes)
+    if not request.dry_run:
+        common.consent(f"tune {loaded.name} on the {len(chosen.targets)} hosts of group {group}: each candidate "
+                       "restarts the server it runs on?", yes)
     result = common.run(lambda: tune_group(chosen, loaded, request, common.reach(yes=True)))
-    common.show(result, lambda shown: ui.print_lines(
-        [*table_lines(shown.report), *(f"{host}: serving {release}"
-                                               for host, release in (shown.serving or {}).items())]))
-    if result.exit_code:
+    common.show(result, lambda shown: ui.print_lines(_result_lines(shown)))
+    if isinstance(result, GroupTune) and result.exit_code:
         raise Exit(code=result.exit_code)
+
+
+def _result_lines(shown: GroupTune | TuneReport | Planned) -> list[str]:
+    """A group's table and what each host serves; a multi-node group's (one server) as one host's."""
+    from deploy_lib import tune as tuning
+    if isinstance(shown, tuning.Planned):
+        return planned_lines(shown)
+    if isinstance(shown, tuning.TuneReport):
+        return table_lines(shown)
+    return [*table_lines(shown.report), *(f"{host}: serving {release}"
+                                                 for host, release in (shown.serving or {}).items())]
 
 
 def planned_lines(planned: Planned) -> list[str]:

@@ -4,6 +4,7 @@ release's profile); no SSH, no subprocess."""
 
 from __future__ import annotations
 
+import json
 from contextlib import nullcontext
 from dataclasses import replace
 from typing import Any
@@ -11,12 +12,16 @@ from typing import Any
 import pytest
 from recording_progress import RecordingProgress
 from test_deploy_plan import PROJECT, target
-from test_tune_loop import SweepHost, a_sweep_host, request
+from test_tune_loop import SweepHost, a_sweep_host, request, sglang_knowing_every_flag
 
-from deploy_lib.errors import ConfigError, Interrupted
+from deploy_lib.deploy import Options
+from deploy_lib.errors import Interrupted
+from deploy_lib.ops.multinode import plan_nodes
+from deploy_lib.ops.multinode_deploy import deploy_nodes
 from deploy_lib.ops.scope import Reach, Scope
 from deploy_lib.ops.tune_group import GroupTune, deal, tune_group
-from deploy_lib.tune import Request, show
+from deploy_lib.profile.overrides import with_overrides
+from deploy_lib.tune import Request, TuneReport, show
 
 BASE = PROJECT.profile("glm5-nvfp4")
 FOUR_CAPS = ("memory.max_running_requests=64,256,1024,512",)
@@ -95,9 +100,30 @@ def test_ctrl_c_on_one_replica_leaves_each_on_its_best_and_resume_finishes_the_s
     assert result.report.winner == f"{CAP}1024" and serving_cap(hosts["b"]) == 1024
 
 
-def test_a_multi_node_profile_is_refused_before_any_host_is_touched() -> None:
-    hosts = {"a": a_sweep_host(*FOUR_CAPS), "b": a_sweep_host(*FOUR_CAPS)}
+def test_a_multi_node_group_is_tuned_as_one_unit_each_candidate_on_every_node() -> None:
+    """Input tried: glm5-nvfp4-3nodes over three hosts, caps 256 and 1024, after the group deployed it with 64."""
+    multi = PROJECT.profile("glm5-nvfp4-3nodes")
+    vary = ("memory.max_running_requests=256,1024",)
+    hosts = {name: a_sweep_host(*vary) for name in ("n1", "n2", "n3")}
     scope, reach = group(hosts)
-    with pytest.raises(ConfigError, match="multi-node"):
-        tune_group(scope, PROJECT.profile("glm5-nvfp4-3nodes"), request(*FOUR_CAPS), reach)
-    assert all(not host.tune_lines() for host in hosts.values())
+    capped = {cap: with_overrides(multi, {"memory.max_running_requests": cap}, "test") for cap in (64, 256, 1024)}
+    profiles = [node.loaded for loaded in capped.values() for node in plan_nodes(loaded, scope.targets, "pair")]
+    for host in hosts.values():
+        sglang_knowing_every_flag(host, *profiles)
+    remotes = dict(hosts)
+    deploy_nodes(plan_nodes(capped[64], scope.targets, "pair"), remotes, lambda name: RecordingProgress(),
+                 Options(grace_s=0))
+    before = {name: host.current for name, host in hosts.items()}
+    assert len(set(before.values())) == 1, "one release id on every node"
+    report = tune_group(scope, multi, request(*vary), reach)
+    assert isinstance(report, TuneReport) and report.finished, "one table: the group is one server"
+    assert [row.outcome for row in report.rows] == ["measured", "measured"]
+    assert report.winner == f"{CAP}1024"
+    serving = {name: host.current for name, host in hosts.items()}
+    assert len(set(serving.values())) == 1 and serving["n1"] == report.serving != before["n1"], \
+        "every node serves the winner, one release"
+    assert all(serving_cap(host) == 1024 for host in hosts.values())
+    assert hosts["n1"].tune_lines() and not hosts["n2"].tune_lines(), "node 0 benchmarks and records the sweep"
+    for name, host in hosts.items():
+        deployed = [json.loads(line)["release"] for line in host.lines if json.loads(line)["event"] == "deploy"]
+        assert {row.release_id for row in report.rows} <= set(deployed), f"each candidate a release on {name}"

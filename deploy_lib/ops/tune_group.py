@@ -4,13 +4,15 @@ release, recorded in its own history under the sweep's one id) while hosts witho
 the hosts' histories read together: the base's runs on every host give the noise, so a host-to-host difference is
 not taken for an improvement. A winner beyond the noise is rolled out to every host with the rolling deploy (one
 host at a time, stopping at the first failure; the host that measured it is unchanged); otherwise each host's
-pre-sweep release serves again. A multi-node profile's group is refused for now (its nodes are one server)."""
+pre-sweep release serves again. A multi-node profile's group is one server, tuned as one unit: each candidate a
+release on every node at once, benchmarked on node 0."""
 
 from __future__ import annotations
 
 import secrets
 from collections.abc import Mapping, Sequence
 from concurrent.futures import Future
+from contextlib import ExitStack
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 
@@ -20,16 +22,18 @@ from deploy_lib.errors import ConfigError, DeployError, Interrupted
 from deploy_lib.interrupts import signals_noted
 from deploy_lib.ops.fleet import FleetRun, HostRun, Rollout, Size, run_hosts
 from deploy_lib.ops.fleet import in_parallel as at_once
+from deploy_lib.ops.multinode import is_multi_node, plan_nodes
+from deploy_lib.ops.multinode_deploy import deploy_nodes, rollback_nodes
 from deploy_lib.ops.scope import Reach, Scope
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.project import Target
 from deploy_lib.store import HistoryEntry, Tags, append_history, read_store_facts
 from deploy_lib.tune import decide
-from deploy_lib.tune.loop import deploy_candidate, tune
+from deploy_lib.tune.loop import Unit, deploy_candidate, tune
 from deploy_lib.tune.record import END, TuneReport, read_tune, tune_id, tune_line
-from deploy_lib.tune.request import Request, unit_of
+from deploy_lib.tune.request import Planned, Request, unit_of
 from deploy_lib.tune.spec import Keep
-from deploy_lib.tune.sweep import build_sweep, check_values
+from deploy_lib.tune.sweep import Candidate, build_sweep, check_values
 
 ROLLOUT = Rollout((Size(1),), Size(0))  # the winner one host at a time; the first failure stops it
 
@@ -60,12 +64,11 @@ def _shares(scope: Scope, loaded: LoadedProfile, request: Request) -> dict[str, 
     return deal([c.label for c in sweep.candidates], scope.names)
 
 
-def tune_group(scope: Scope, loaded: LoadedProfile, request: Request, reach: Reach) -> GroupTune | TuneReport:
+def tune_group(scope: Scope, loaded: LoadedProfile, request: Request, reach: Reach
+               ) -> GroupTune | TuneReport | Planned:
     """The sweep of `request` over the group's hosts; a multi-node profile's group as one server (one table)."""
-    if loaded.profile.parallel.nnodes > 1:
-        raise ConfigError(f"profile {loaded.name} is multi-node: its {loaded.profile.parallel.nnodes} nodes are one "
-                          "server, and tune does not yet deploy a candidate to every node as one release",
-                          "tune a single-node profile of the same model, or deploy the candidates by hand")
+    if is_multi_node(loaded):
+        return _tune_nodes(scope, loaded, request, reach)
     if request.dry_run:
         raise ConfigError("--dry-run with --group: run it with --host on one of the group's hosts (each runs the "
                           "same kind of candidates)")
@@ -97,6 +100,27 @@ def tune_group(scope: Scope, loaded: LoadedProfile, request: Request, reach: Rea
     if parts.failed:
         return GroupTune(replace(merged, finished=False), {t.host.name: shares[t.host.name] for t in working}, parts)
     return _finish(scope, loaded, request, reach, merged, parts, {h: r.share for h, r in _results(parts)})
+
+
+def _tune_nodes(scope: Scope, loaded: LoadedProfile, request: Request, reach: Reach) -> TuneReport | Planned:
+    """A multi-node server tuned as one unit: each candidate a release on every node at once (the group deploy's
+    coordinated switch), benchmarked on node 0 and recorded in its history; between candidates and at the end
+    the whole group switches together (the group rollback's path)."""
+    nodes = plan_nodes(loaded, scope.targets, str(scope.group))  # the group fits the profile, or ConfigError
+    service = loaded.profile.service.name
+    with ExitStack() as connections:
+        remotes = {t.host.name: connections.enter_context(reach.connect(t, True)) for t in scope.targets}
+
+        def deploy(candidate: Candidate, options: Options) -> Outcome:
+            return deploy_nodes(plan_nodes(candidate.loaded, scope.targets, str(scope.group)), remotes,
+                                reach.progress, options)[0]
+
+        def switch(release_id: str) -> None:
+            rollback_nodes(list(scope.targets), remotes, reach.progress, service, release_id, request.environ,
+                           request.grace_s)
+        head = nodes[0].target
+        return tune(loaded, head, remotes[head.host.name], reach.progress(head.host.name), request,
+                    unit=Unit(deploy, switch))
 
 
 def _host_run(name: str, future: Future[TuneReport]) -> HostRun[TuneReport]:

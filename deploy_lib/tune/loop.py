@@ -54,6 +54,15 @@ from deploy_lib.tune.sweep import Candidate, HostView, Sweep, build_sweep, check
 BASE_RUNS = 2  # the base's repeated runs give the noise a winner must beat
 
 
+@dataclass(frozen=True)
+class Unit:
+    """How a sweep changes what serves when the server is more than the host it reads, records and benchmarks on
+    (a multi-node release: every node at once, through ops.multinode_deploy); None: that host alone."""
+
+    deploy: Callable[[Candidate, Options], Outcome]
+    switch: Callable[[str], None]
+
+
 @dataclass
 class _Sweep:
     """One run of the loop: the host, what it has written, and the releases it can switch to."""
@@ -69,6 +78,7 @@ class _Sweep:
     original: str
     store: StoreFacts
     clock: Callable[[], float]
+    unit: Unit | None = None
     written: list[HistoryEntry] = field(default_factory=list)
     metadata: dict[str, Mapping[str, Any]] = field(default_factory=dict)   # release id -> release.json
 
@@ -103,6 +113,9 @@ class _Sweep:
 
     def switch(self, release_id: str) -> None:
         self.progress.phase_started(f"tune: switch to release {release_id}")
+        if self.unit is not None:
+            self.unit.switch(release_id)
+            return
         switch_to(self.target, self.loaded.profile.service.name, self.remote, self.progress, release_id,
                   self.request.environ, grace_s=self.request.grace_s)
 
@@ -129,9 +142,9 @@ def _host_view(remote: Remote, target: Target, loaded: LoadedProfile) -> tuple[S
 
 
 def tune(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progress, request: Request,
-         clock: Callable[[], float] = time.monotonic) -> TuneReport | Planned:
-    """Run (or, dry, plan) the sweep of `request` over `loaded` on one host; the table, read back from history.
-    A key or value the profile refuses is a ConfigError before the host is read."""
+         clock: Callable[[], float] = time.monotonic, unit: Unit | None = None) -> TuneReport | Planned:
+    """Run (or, dry, plan) the sweep of `request` over `loaded` on one host (or the `unit` it heads); the table,
+    read back from history. A key or value the profile refuses is a ConfigError before the host is read."""
     if request.spec is not None:
         check_values(loaded, request.spec, request.sources, request.patch_sets)
     store, host, current = _host_view(remote, target, loaded)
@@ -162,7 +175,7 @@ def tune(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progre
             halving.short_bench(sweep.bench) if halving else None))
     run = _Sweep(loaded, target, remote, progress, request, spec, sweep,
                  request.resume or request.tune_id or tune_id(datetime.now(UTC), secrets.token_hex(2)), original,
-                 store, clock)
+                 store, clock, unit)
     run.metadata |= {r.id: r.metadata for r in store.releases}
     with signals_raise():
         try:
@@ -230,7 +243,8 @@ def _deploy(run: _Sweep, candidate: Candidate) -> tuple[str, Mapping[str, Any], 
     keep = len(run.store.releases) + len(run.sweep.candidates) + 1
     options = Options(environ=run.request.environ, grace_s=run.request.grace_s, skip_gate=True,
                       keep_releases_at_least=keep)
-    outcome = deploy_candidate(candidate, run.target, run.remote, run.progress, options)
+    outcome = (run.unit.deploy(candidate, options) if run.unit is not None
+               else deploy_candidate(candidate, run.target, run.remote, run.progress, options))
     assert outcome.plan is not None and outcome.release_id is not None
     release = outcome.plan.release
     return outcome.release_id, release.metadata(), release_tags(run.target, release)
