@@ -127,3 +127,24 @@ def test_a_multi_node_group_is_tuned_as_one_unit_each_candidate_on_every_node() 
     for name, host in hosts.items():
         deployed = [json.loads(line)["release"] for line in host.lines if json.loads(line)["event"] == "deploy"]
         assert {row.release_id for row in report.rows} <= set(deployed), f"each candidate a release on {name}"
+
+
+def test_a_multi_node_sweep_prunes_none_of_its_candidates_on_any_node() -> None:
+    """Input tried: service.keep_releases 2 (the least), three candidates: each node keeps every one of them, so the
+    best so far can serve again (a group deploy pruned to keep_releases alone)."""
+    multi = with_overrides(PROJECT.profile("glm5-nvfp4-3nodes"), {"service.keep_releases": 2}, "test")
+    vary = ("memory.max_running_requests=128,256,1024",)
+    hosts = {name: a_sweep_host(*vary) for name in ("n1", "n2", "n3")}
+    scope, reach = group(hosts)
+    capped = {cap: with_overrides(multi, {"memory.max_running_requests": cap}, "test") for cap in (64, 128, 256, 1024)}
+    for host in hosts.values():
+        sglang_knowing_every_flag(host, *(node.loaded for loaded in capped.values()
+                                          for node in plan_nodes(loaded, scope.targets, "pair")))
+    deploy_nodes(plan_nodes(capped[64], scope.targets, "pair"), dict(hosts), lambda name: RecordingProgress(),
+                 Options(grace_s=0))
+    report = tune_group(scope, multi, request(*vary), reach)
+    assert isinstance(report, TuneReport) and report.finished
+    candidates = {row.release_id for row in report.rows}
+    for name, host in hosts.items():
+        pruned = " ".join(json.loads(line)["cause"] for line in host.lines if json.loads(line)["event"] == "prune")
+        assert not [release for release in candidates if release and release in pruned], f"{name} pruned {pruned}"
