@@ -148,3 +148,18 @@ def test_a_multi_node_sweep_prunes_none_of_its_candidates_on_any_node() -> None:
     for name, host in hosts.items():
         pruned = " ".join(json.loads(line)["cause"] for line in host.lines if json.loads(line)["event"] == "prune")
         assert not [release for release in candidates if release and release in pruned], f"{name} pruned {pruned}"
+
+
+def test_resuming_a_group_sweep_leaves_the_hosts_without_a_share_serving() -> None:
+    """Input tried: one candidate over three hosts, Ctrl-C in its benchmark on the first, then --resume."""
+    vary = ("memory.max_running_requests=1024",)
+    hosts = {name: a_sweep_host(*vary) for name in ("a", "b", "c")}
+    hosts["a"].interrupt_at = (1024, 1024)
+    scope, reach = group(hosts)
+    with pytest.raises(Interrupted) as caught:
+        tune_group(scope, BASE, request(*vary), reach)
+    tune_id = caught.value.hint.split("--resume ")[1].split("`")[0]  # type: ignore[union-attr]
+    result = tune_group(scope, BASE, Request(None, {}, resume=tune_id, grace_s=0), reach)
+    assert isinstance(result, GroupTune) and not result.parts.failed and result.report.winner == f"{CAP}1024"
+    assert [run.host for run in result.parts.runs] == ["a"], "b and c ran no share: nothing to resume there"
+    assert {serving_cap(host) for host in hosts.values()} == {1024}, "the winner rolled out to all three"

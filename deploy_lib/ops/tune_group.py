@@ -30,7 +30,7 @@ from deploy_lib.project import Target
 from deploy_lib.store import HistoryEntry, Tags, append_history, read_store_facts
 from deploy_lib.tune import decide
 from deploy_lib.tune.loop import Unit, deploy_candidate, tune
-from deploy_lib.tune.record import END, TuneReport, read_tune, tune_id, tune_line
+from deploy_lib.tune.record import END, TuneReport, read_tune, tune_id, tune_ids, tune_line
 from deploy_lib.tune.request import Planned, Request, unit_of
 from deploy_lib.tune.spec import Keep
 from deploy_lib.tune.sweep import Candidate, build_sweep, check_values
@@ -75,7 +75,8 @@ def tune_group(scope: Scope, loaded: LoadedProfile, request: Request, reach: Rea
     shares = _shares(scope, loaded, request)
     sweep_id = request.resume or tune_id(datetime.now(UTC), secrets.token_hex(2))
     service = loaded.profile.service.name
-    working = [t for t in scope.targets if shares[t.host.name] or request.resume]
+    working = [t for t in scope.targets
+               if shares[t.host.name] or (request.resume and _ran(t, service, sweep_id, reach))]
     histories: dict[str, list[HistoryEntry]] = {}
 
     def part(target: Target) -> TuneReport:
@@ -121,6 +122,12 @@ def _tune_nodes(scope: Scope, loaded: LoadedProfile, request: Request, reach: Re
         head = nodes[0].target
         return tune(loaded, head, remotes[head.host.name], reach.progress(head.host.name), request,
                     unit=Unit(deploy, switch))
+
+
+def _ran(target: Target, service: str, sweep_id: str, reach: Reach) -> bool:
+    """Whether the host ran a share of the sweep (a resume leaves the others serving)."""
+    with reach.connect(target, True) as remote:
+        return sweep_id in tune_ids(read_store_facts(remote, target.layout(service)).history)
 
 
 def _host_run(name: str, future: Future[TuneReport]) -> HostRun[TuneReport]:
