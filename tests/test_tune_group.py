@@ -7,18 +7,22 @@ from __future__ import annotations
 import json
 from contextlib import nullcontext
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 from recording_progress import RecordingProgress
 from test_deploy_plan import PROJECT, target
+from test_ops import HOSTS
+from test_router import answering, config_of
 from test_tune_loop import SweepHost, a_sweep_host, request, sglang_knowing_every_flag
 
 from deploy_lib.deploy import Options
 from deploy_lib.errors import Interrupted
+from deploy_lib.inventory import load_inventory
 from deploy_lib.ops.multinode import plan_nodes
 from deploy_lib.ops.multinode_deploy import deploy_nodes
-from deploy_lib.ops.scope import Reach, Scope
+from deploy_lib.ops.scope import Reach, Scope, select
 from deploy_lib.ops.tune_group import GroupTune, deal, tune_group
 from deploy_lib.profile.overrides import with_overrides
 from deploy_lib.tune import Request, TuneReport, show
@@ -163,3 +167,24 @@ def test_resuming_a_group_sweep_leaves_the_hosts_without_a_share_serving() -> No
     assert isinstance(result, GroupTune) and not result.parts.failed and result.report.winner == f"{CAP}1024"
     assert [run.host for run in result.parts.runs] == ["a"], "b and c ran no share: nothing to resume there"
     assert {serving_cap(host) for host in hosts.values()} == {1024}, "the winner rolled out to all three"
+
+
+def test_behind_a_router_each_replica_is_out_for_its_whole_share_and_back_once_it_serves(tmp_path: Path) -> None:
+    """Input tried: group replicas (a, b) whose vars name router edge; two candidates, one each."""
+    vary = ("memory.max_running_requests=256,1024",)
+    hosts: dict[str, Any] = {"a": a_sweep_host(*vary), "b": a_sweep_host(*vary)}
+    router = answering(remove={"was_listed": True}, add={"elapsed_s": 0.1})
+    (tmp_path / "hosts.yaml").write_text(HOSTS)
+    scope = select(load_inventory(tmp_path / "hosts.yaml"), None, "replicas")
+    reach = Reach(lambda t, prefixed: nullcontext({**hosts, "edge": router}[t.host.name]),
+                  lambda name: RecordingProgress(), lambda question: None)
+    result = tune_group(scope, BASE, request(*vary), reach)
+    assert isinstance(result, GroupTune) and result.report.winner == f"{CAP}1024"
+    calls = [(c["action"], c["worker"]) for c in config_of(router)]
+    a_url, b_url = "http://192.0.2.2:8000", "http://192.0.2.3:8000"
+    assert calls[:4] in ([("remove", a_url), ("remove", b_url), ("add", a_url), ("add", b_url)],
+                         [("remove", a_url), ("remove", b_url), ("add", b_url), ("add", a_url)],
+                         [("remove", b_url), ("remove", a_url), ("add", a_url), ("add", b_url)],
+                         [("remove", b_url), ("remove", a_url), ("add", b_url), ("add", a_url)]), \
+        "each replica out once for its share (both at once), back after it"
+    assert calls[4:] == [("remove", a_url), ("add", a_url)], "the rollout: only a (b measured 1024) restarts"

@@ -73,7 +73,8 @@ class SweepHost(ScriptedHost):
         for name, out in ((store.FACT_CURRENT, f"releases/{self.current}\n"),
                           (store.FACT_RELEASE_DIRS, release_entries(*self.releases)),
                           (store.FACT_RELEASE_FILES, files), (store.FACT_HISTORY, "".join(self.lines)),
-                          (host_facts.FACT_FILE_SUMS, sums)):
+                          (host_facts.FACT_FILE_SUMS, sums),
+                          ("router: serving release", json.dumps(self.current_metadata()))):
             self.reply(name, stdout=out)
 
     def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:

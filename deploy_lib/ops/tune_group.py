@@ -4,13 +4,14 @@ release, recorded in its own history under the sweep's one id) while hosts witho
 the hosts' histories read together: the base's runs on every host give the noise, so a host-to-host difference is
 not taken for an improvement. A winner beyond the noise is rolled out to every host with the rolling deploy (one
 host at a time, stopping at the first failure; the host that measured it is unchanged); otherwise each host's
-pre-sweep release serves again. A multi-node profile's group is one server, tuned as one unit: each candidate a
-release on every node at once, benchmarked on node 0."""
+pre-sweep release serves again. Behind SGLang's router a replica is taken out for its whole share (its benchmarks
+measure the candidate alone) and added back once it serves a verified release. A multi-node profile's group is one
+server, tuned as one unit: each candidate a release on every node at once, benchmarked on node 0."""
 
 from __future__ import annotations
 
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import ExitStack
 from dataclasses import dataclass, replace
@@ -24,9 +25,12 @@ from deploy_lib.ops.fleet import FleetRun, HostRun, Rollout, Size, run_hosts
 from deploy_lib.ops.fleet import in_parallel as at_once
 from deploy_lib.ops.multinode import is_multi_node, plan_nodes
 from deploy_lib.ops.multinode_deploy import deploy_nodes, rollback_nodes
-from deploy_lib.ops.scope import Reach, Scope
+from deploy_lib.ops.router_deploy import behind_router
+from deploy_lib.ops.scope import Reach, Scope, behind, router_in_front
 from deploy_lib.profile import LoadedProfile
+from deploy_lib.progress import Progress
 from deploy_lib.project import Target
+from deploy_lib.remote import Remote
 from deploy_lib.store import HistoryEntry, Tags, append_history, read_store_facts
 from deploy_lib.tune import decide
 from deploy_lib.tune.loop import Unit, deploy_candidate, tune
@@ -79,12 +83,19 @@ def tune_group(scope: Scope, loaded: LoadedProfile, request: Request, reach: Rea
                if shares[t.host.name] or (request.resume and _ran(t, service, sweep_id, reach))]
     histories: dict[str, list[HistoryEntry]] = {}
 
+    front = router_in_front(scope, reach)
+
     def part(target: Target) -> TuneReport:
         name = target.host.name
         with reach.connect(target, True) as remote:
             share = None if request.resume else shares[name]
-            report = tune(loaded, target, remote, reach.progress(name),
-                          replace(request, tune_id=sweep_id, share=share, stop=lambda: bool(noted)))
+
+            def sweep(drain: Callable[[], None] | None) -> TuneReport | Planned:
+                if drain is not None:  # out of the router for its whole share: each benchmark measures one candidate
+                    drain()
+                return tune(loaded, target, remote, reach.progress(name),
+                            replace(request, tune_id=sweep_id, share=share, stop=lambda: bool(noted)))
+            report = behind_router(front, target, service, remote, reach.progress(name), sweep)
             histories[name] = list(read_store_facts(remote, target.layout(service)).history)
         assert isinstance(report, TuneReport)
         return report
@@ -157,12 +168,17 @@ def _finish(scope: Scope, loaded: LoadedProfile, request: Request, reach: Reach,
                                                      request.patch_sets, None).candidates}
         winner = by_label[decision.winner.label]
 
-        def roll_out(target: Target) -> Outcome:
+        def roll_out(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None
+                     ) -> Outcome:
+            # skip_gate: the sweep measured the winner with its own benchmark (the gate's would only repeat it)
+            return deploy_candidate(winner, target, remote, progress, Options(
+                environ=request.environ, grace_s=request.grace_s, skip_gate=True, before_restart=drain))
+        act = behind(router_in_front(scope, reach), loaded.profile.service.name, roll_out)
+
+        def on_host(target: Target) -> Outcome:
             with reach.connect(target, True) as remote:
-                # skip_gate: the sweep measured the winner with its own benchmark (the gate's would only repeat it)
-                return deploy_candidate(winner, target, remote, reach.progress(target.host.name),
-                                        Options(environ=request.environ, grace_s=request.grace_s, skip_gate=True))
-        rollout = run_hosts(scope.targets, roll_out, reach.progress(""), ROLLOUT)
+                return act(target, remote, reach.progress(target.host.name))
+        rollout = run_hosts(scope.targets, on_host, reach.progress(""), ROLLOUT)
     else:
         def restore(target: Target) -> None:
             name = target.host.name

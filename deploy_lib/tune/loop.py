@@ -378,9 +378,12 @@ def _stopped(run: _Sweep, stop: BaseException) -> DeployError:
     message = f"tune {run.tune} interrupted: release {serving} is serving"
     hint = f"`invoke tune --resume {run.tune}` runs the candidates not finished"
     if isinstance(stop, Interrupted):  # the engine finished its own transition first: keep its signal's exit code
-        return type(stop)(message, hint)
-    assert isinstance(stop, KeyboardInterrupt)
-    return interrupted(stop, message, hint)
+        error = type(stop)(message, hint)
+    else:
+        assert isinstance(stop, KeyboardInterrupt)
+        error = interrupted(stop, message, hint)
+    error.serving_id = serving  # a verified release serves: a router may take the replica back
+    return error
 
 
 def show(remote: Remote, target: Target, service: str, tune: str) -> TuneReport:
