@@ -11,6 +11,7 @@ from test_deploy_plan import PROJECT, options_accepting
 
 from deploy_cli.tune import estimate_line, table_lines
 from deploy_lib.errors import ConfigError
+from deploy_lib.models.facts import ReleaseModel
 from deploy_lib.patches import list_patch_sets
 from deploy_lib.profile.overrides import scalar, with_overrides
 from deploy_lib.profile.settings import BenchSettings
@@ -168,6 +169,19 @@ def test_the_ladder_is_clipped_to_the_prompts_and_to_the_largest_batch_any_candi
 def test_differences_are_shown_flag_by_flag_against_the_serving_release() -> None:
     on = host()
     base = build_release(BASE_PROFILE, LAYOUT, "0.5.23", {}, flashinfer_version="0.7.2").metadata()
+    sweep = sweep_of("memory.max_running_requests=64,1024", on=on)
+    assert [str(c) for c in differences(base, sweep.candidates[0], on)] == [
+        "~ flag --max-running-requests: 1024 -> 64"]
+    assert differences(base, sweep.candidates[1], on) == []
+
+
+def test_differences_against_a_release_whose_weights_were_resolved_name_only_what_the_candidate_changes() -> None:
+    """Input tried: the serving release staged from the hub (its revision resolved to a commit in /root/.cache);
+    a cap of 64. Failed before: the candidate, built without the resolved weights, also showed --revision, HF_HOME
+    and the model's commit as removed (`make demo`'s table)."""
+    on = host()
+    weights = ReleaseModel(BASE_PROFILE.profile.model.path, "main", "a" * 40, "/root/.cache/huggingface")
+    base = build_release(BASE_PROFILE, LAYOUT, "0.5.23", {}, flashinfer_version="0.7.2", model=weights).metadata()
     sweep = sweep_of("memory.max_running_requests=64,1024", on=on)
     assert [str(c) for c in differences(base, sweep.candidates[0], on)] == [
         "~ flag --max-running-requests: 1024 -> 64"]
