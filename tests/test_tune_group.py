@@ -17,6 +17,7 @@ from test_ops import HOSTS
 from test_router import answering, config_of
 from test_tune_loop import SweepHost, a_sweep_host, request, sglang_knowing_every_flag
 
+from deploy_cli.present import jsonable
 from deploy_lib.deploy import Options
 from deploy_lib.errors import Interrupted
 from deploy_lib.inventory import load_inventory
@@ -75,6 +76,9 @@ def test_two_replicas_share_four_candidates_and_the_winner_is_rolled_out_to_both
         ends = [line for line in host.tune_lines() if line["tune"]["role"] == "end"]
         assert ends[-1]["cause"].startswith("group pair:"), f"{name} records the group's decision last"
     assert show(hosts["b"], replica("b"), "sglang", report.tune_id).winner == f"{CAP}1024"
+    as_json = json.loads(json.dumps(jsonable(result)))  # --json
+    assert as_json["report"]["winner"] == f"{CAP}1024" and as_json["shares"]["b"] == [f"{CAP}256", f"{CAP}512"]
+    assert as_json["rolled_out"] == {"a": "unchanged", "b": "deployed"} and as_json["failed"] == {}
 
 
 def test_no_winner_beyond_the_noise_puts_each_host_back_on_its_own_release() -> None:

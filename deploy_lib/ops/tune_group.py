@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from contextlib import ExitStack
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from deploy_lib.deploy import Options, Outcome
@@ -46,13 +46,29 @@ ROLLOUT = Rollout((Size(1),), Size(0))  # the winner one host at a time; the fir
 class GroupTune:
     report: TuneReport                         # every host's candidates in one table, with the group's decision
     shares: Mapping[str, tuple[str, ...]]      # host -> the candidates it ran
-    parts: FleetRun[TuneReport]                # each host's own part of the sweep: its table or its error
-    rollout: FleetRun[Outcome] | None = None   # the winner's rolling deploy; None: no winner was kept
+    # each host's own part of the sweep (its table or its error); the winner's rolling deploy, None when no winner
+    # was kept. Not in --json as they are: `failed` and `rolled_out` say what they hold
+    parts: FleetRun[TuneReport] = field(repr=False)
+    rollout: FleetRun[Outcome] | None = field(default=None, repr=False)
     serving: Mapping[str, str] | None = None   # host -> the release serving at the end
 
     @property
     def exit_code(self) -> int:
         return max(self.parts.exit_code, self.rollout.exit_code if self.rollout else 0)
+
+    @property
+    def failed(self) -> dict[str, str]:
+        """Host -> why its part of the sweep failed."""
+        return {run.host: run.error.message for run in self.parts.runs if run.error is not None}
+
+    @property
+    def rolled_out(self) -> dict[str, str]:
+        """Host -> what the winner's rollout did there (deployed, unchanged, failed: why, not started)."""
+        if self.rollout is None:
+            return {}
+        return {run.host: run.result.action if run.result is not None else
+                f"failed: {run.error.message}" if run.error is not None else "not started"
+                for run in self.rollout.runs}
 
 
 def deal(labels: Sequence[str], hosts: Sequence[str]) -> dict[str, tuple[str, ...]]:
