@@ -345,3 +345,21 @@ def test_the_spec_files_of_the_repo_are_valid_sweeps() -> None:
         spec, sources = sweep_spec(path, [])
         sweep = build_sweep(BASE_PROFILE, spec, sources, PATCH_SETS, host())
         assert sweep.candidates, path
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    (["--host", "gpu1", "--group", "sandbox"], "--host and --group are exclusive"),
+    (["--group", "nosuchgroup"], "nosuchgroup"),
+])
+def test_the_tune_task_refuses_a_bad_group_with_exit_2_before_any_connection(
+        capsys: pytest.CaptureFixture[str], given: list[str], says: str) -> None:
+    """Input tried: --group with --host; a group the inventory does not have."""
+    from invoke import Collection, Program
+
+    from deploy_cli import tune as tune_tasks
+
+    program = Program(namespace=Collection(tune=tune_tasks.collection))
+    with pytest.raises(SystemExit) as ended:
+        program.run(["invoke", "tune", "--profile", "glm5-nvfp4", "--vary", "memory.max_running_requests=64",
+                     *given, "--yes"])
+    assert ended.value.code == 2 and says in capsys.readouterr().err
