@@ -192,3 +192,20 @@ def test_behind_a_router_each_replica_is_out_for_its_whole_share_and_back_once_i
                          [("remove", b_url), ("remove", a_url), ("add", b_url), ("add", a_url)]), \
         "each replica out once for its share (both at once), back after it"
     assert calls[4:] == [("remove", a_url), ("add", a_url)], "the rollout: only a (b measured 1024) restarts"
+
+
+def test_a_host_lost_in_its_share_ends_the_group_sweep_unfinished_with_its_code_and_rolls_nothing_out() -> None:
+    """Input tried: host b's connection refused from the start; a ran its share."""
+    from fake_remote import FakeRemote
+
+    from deploy_lib.errors import ConnectFailed
+
+    hosts: dict[str, Any] = {"a": a_sweep_host(*FOUR_CAPS),
+                             "b": FakeRemote().reply(lambda step: True, raises=ConnectFailed("b: refused"))}
+    scope, reach = group(hosts)
+    before = serving_cap(hosts["a"])
+    result = tune_group(scope, BASE, request(*FOUR_CAPS), reach)
+    assert isinstance(result, GroupTune) and not result.report.finished and result.rollout is None
+    assert result.failed == {"b": "b: refused"} and result.exit_code == ConnectFailed.exit_code
+    assert "b failed, so no winner is rolled out" in result.report.reason
+    assert serving_cap(hosts["a"]) == 1024 != before, "a serves its own share's winner, verified"

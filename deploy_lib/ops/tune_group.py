@@ -20,7 +20,7 @@ from datetime import UTC, datetime
 from deploy_lib.deploy import Options, Outcome
 from deploy_lib.deploy import rollback as switch_to
 from deploy_lib.errors import ConfigError, DeployError, Interrupted
-from deploy_lib.interrupts import signals_noted
+from deploy_lib.interrupts import Interrupt, interrupted, signals_noted
 from deploy_lib.ops.fleet import FleetRun, HostRun, Rollout, Size, run_hosts
 from deploy_lib.ops.fleet import in_parallel as at_once
 from deploy_lib.ops.multinode import is_multi_node, plan_nodes
@@ -97,8 +97,10 @@ def tune_group(scope: Scope, loaded: LoadedProfile, request: Request, reach: Rea
     service = loaded.profile.service.name
     working = [t for t in scope.targets
                if shares[t.host.name] or (request.resume and _ran(t, service, sweep_id, reach))]
+    if not working:
+        raise ConfigError(f"no candidate of the sweep can run on group {scope.group}: the profile refuses every "
+                          "combination", "`invoke tune --host H --dry-run` lists each one and why")
     histories: dict[str, list[HistoryEntry]] = {}
-
     front = router_in_front(scope, reach)
 
     def part(target: Target) -> TuneReport:
@@ -121,12 +123,21 @@ def tune_group(scope: Scope, loaded: LoadedProfile, request: Request, reach: Rea
         futures = at_once(working, part, "tune")
     runs = tuple(_host_run(t.host.name, f) for t, f in zip(working, futures, strict=True))
     parts = FleetRun(runs, (tuple(t.host.name for t in working),))
-    if noted or any(isinstance(run.error, Interrupted) for run in runs):
-        raise Interrupted(f"tune {sweep_id} interrupted on group {scope.group}: each host serves its best so far",
-                          f"`invoke tune --group {scope.group} --resume {sweep_id}` runs the candidates not finished")
+    message = f"tune {sweep_id} interrupted on group {scope.group}: each host serves its best so far"
+    hint = f"`invoke tune --group {scope.group} --resume {sweep_id}` runs the candidates not finished"
+    if noted:  # SIGINT 130, SIGTERM 143, as a group deploy
+        raise interrupted(Interrupt(noted[0]), message, hint)
+    cut = next((run.error for run in runs if isinstance(run.error, Interrupted)), None)
+    if cut is not None:
+        raise type(cut)(message, hint)
+    if not histories:  # no host got as far as its sweep: the first one's error is the group's
+        raise next(run.error for run in runs if run.error is not None)
     merged = read_tune([e for name in histories for e in histories[name]], sweep_id)
     if parts.failed:
-        return GroupTune(replace(merged, finished=False), {t.host.name: shares[t.host.name] for t in working}, parts)
+        why = f"group {scope.group}: {', '.join(parts.failed)} failed, so no winner is rolled out; each host serves " \
+              "its own best so far"
+        return GroupTune(replace(merged, finished=False, reason=why),
+                         {t.host.name: shares[t.host.name] for t in working}, parts)
     return _finish(scope, loaded, request, reach, merged, parts, {h: r.share for h, r in _results(parts)})
 
 
