@@ -44,3 +44,8 @@ def test_bench_router_quick_prints_failed_requests_during_the_rollout() -> None:
     """Failed before: bench/router.py called behind_router with its old argument order (TypeError in StoreLayout)."""
     output = run_quick("bench.router")
     assert "failed (" in output and "added p99 latency" in output, output[-4000:]
+
+
+def test_bench_tune_group_quick_prints_the_group_against_one_host() -> None:
+    output = run_quick("bench.tune_group")
+    assert "group / one host:" in output, output[-4000:]
