@@ -7,7 +7,9 @@ in the host's history under the sweep's id.
     decide      score, noise, winner, the release to serve next, what a resume still runs (pure)
     estimate    how long it takes, from the host's recorded starts and benchmarks (pure)
     record      the sweep's history lines, and its table read back from them
-    loop        the sweep on one host through the deploy engine; dry run, resume, show
+    request     what a tune command asks (spec, dry run, resume, a group's share) and what a dry run answers
+    loop        the sweep on one host (or a multi-node Unit) through the deploy engine, grid or successive halving;
+                dry run, resume, show. A group's replicas at once: deploy_lib/ops/tune_group.py
 """
 
 from deploy_lib.tune.loop import show, tune
