@@ -53,6 +53,7 @@ bench: install $(VENV)/.bench-installed host-deps
 	$(PY) -m bench.fleet
 	$(PY) -m bench.router
 	$(PY) -m bench.tune
+	$(PY) -m bench.tune_group
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -51,6 +51,7 @@ from deploy_cli.options import task
 from deploy_cli.patches import patch_fusion
 from deploy_cli.report import report
 from deploy_cli.router import router_deploy
+from deploy_cli.tune import tune
 from deploy_lib.project import SANDBOX_INVENTORY
 from sandbox import tasks as sandbox_tasks
 
@@ -73,8 +74,8 @@ def _demo_step(title: str, command: str, action: Callable[[], None]) -> None:
 @task
 def demo(c: Context) -> None:
     """Our users' week on the sandbox VM: a gated deploy, a fusion release that cannot start, the patched one the gate
-    rolls back, a slow release kept without a gate and rolled back by hand, the releases with their figures, and the
-    report that draws them."""
+    rolls back, a slow release kept without a gate and rolled back by hand, the releases with their figures, a short
+    tune sweep that keeps the faster candidate, and the report that draws them."""
     started = time.monotonic()
     sandbox_tasks.up(c, venv=True)  # a running guest keeps its venv when the wheels are the same
     sandbox_tasks.empty(c)  # the story starts on an empty host
@@ -95,7 +96,10 @@ def demo(c: Context) -> None:
     _demo_step("6. roll back by hand", "rollback", lambda: rollback(c, **on))
     _demo_step("7. releases: outcome, measured throughput and GPU power", "releases",
                lambda: releases(c, inventory=inventory, host=th1))
-    _demo_step("8. the host's story in pictures: throughput per release, power against the limit, start phases",
+    _demo_step("8. tune: each candidate a release, benchmarked; the winner kept when it beats the serving release",
+               "tune --profile glm5-nvfp4-sandbox --spec tune/demo-sandbox.yaml",
+               lambda: tune(c, "glm5-nvfp4-sandbox", spec=str(CHECKOUT / "tune" / "demo-sandbox.yaml"), **on))
+    _demo_step("9. the host's story in pictures: throughput per release, power against the limit, start phases",
                "report --out report", lambda: report(c, inventory=inventory, host=th1, out=str(CHECKOUT / "report")))
     ui.console.print(f"demo done in {time.monotonic() - started:.0f} s")
 

@@ -14,7 +14,8 @@ from deploy_cli import present as ui
 from deploy_cli.options import task
 
 if TYPE_CHECKING:
-    from deploy_lib.tune import Planned, TuneReport
+    from deploy_lib.ops.tune_group import GroupTune
+    from deploy_lib.tune import Planned, Request, TuneReport
     from deploy_lib.tune.estimate import Estimate
 
 HELP = {
@@ -25,37 +26,72 @@ HELP = {
                "change nothing",
     "resume": "a sweep's id: run the candidates it did not finish (their figures are in history)",
     "keep": "winner (default): keep the winner when it beats the pre-sweep release beyond the noise; none: report only",
+    "group": "a group of replicas: its hosts run different candidates at once (dealt round-robin), the winner is "
+             "rolled out to all one host at a time",
+    "search": "grid (default): every candidate the full benchmark; halving: every candidate a short benchmark "
+              "(a quarter of the output tokens), the best half the full one (spec `halving:` sets eta, the length)",
 }
 
 
 @task(name="tune", default=True, iterable=["vary"], help=HELP)
 def tune(c: Context, profile: str | None = None, vary: list[str] | None = None, spec: str | None = None,
-         host: str | None = None, inventory: str | None = None, dry_run: bool = False, resume: str | None = None,
-         keep: str | None = None, yes: bool = False, accept_new_host_key: bool = False, json: bool = False,
-         verbose: bool = False) -> None:
-    """Sweep profile settings and patch sets on one host: each candidate a release, benchmarked over a ladder."""
+         host: str | None = None, group: str | None = None, inventory: str | None = None, dry_run: bool = False,
+         resume: str | None = None, keep: str | None = None, search: str | None = None, yes: bool = False,
+         accept_new_host_key: bool = False, json: bool = False, verbose: bool = False) -> None:
+    """Sweep profile settings and patch sets on one host (or a group's replicas at once): each candidate a release,
+    benchmarked over a ladder."""
     from deploy_lib import tune as tuning
     from deploy_lib.bundled import ROLES_DIR
     from deploy_lib.patches import list_patch_sets
 
     common.report_as(json, verbose)
-    loaded, target = common.load(profile, inventory, host, accept_new_host_key)
-    given = {"keep": keep} if keep else {}
+    given = {key: value for key, value in (("keep", keep), ("search", search)) if value}
     if resume is None:
         sweep_spec, sources = common.run(lambda: tuning.sweep_spec(Path(spec) if spec else None, vary or [], given))
-    elif vary or spec or keep:
-        raise Exit("error: --resume continues the sweep as it was started: drop --vary, --spec and --keep",
+    elif vary or spec or given:
+        raise Exit("error: --resume continues the sweep as it was started: drop --vary, --spec, --keep and --search",
                    code=common.BAD_OPTION)
     else:
         sweep_spec, sources = None, {}
-    if not dry_run:
-        common.consent(f"tune {loaded.name} on {target.host.name}: each candidate restarts the server?", yes)
     request = tuning.Request(sweep_spec, sources, tuple(list_patch_sets(ROLES_DIR)), dict(os.environ),
                              dry_run=dry_run, resume=resume)
+    if group is not None:
+        _tune_group(profile, host, group, inventory, accept_new_host_key, request, yes)
+        return
+    loaded, target = common.load(profile, inventory, host, accept_new_host_key)
+    if not dry_run:
+        common.consent(f"tune {loaded.name} on {target.host.name}: each candidate restarts the server?", yes)
     with common.remote(target) as remote:
         result = common.run(lambda: tuning.tune(loaded, target, remote, common.progress(), request))
     common.show(result, lambda shown: ui.print_lines(
         planned_lines(shown) if isinstance(shown, tuning.Planned) else table_lines(shown)))
+
+
+def _tune_group(profile: str | None, host: str | None, group: str, inventory: str | None,
+                accept_new_host_key: bool, request: Request, yes: bool) -> None:
+    from deploy_lib.ops.tune_group import GroupTune, tune_group
+    from deploy_lib.project import load_for_target
+
+    chosen = common.scope(inventory, host, group, accept_new_host_key)
+    loaded = common.run(lambda: load_for_target(common.project(), profile, chosen.inventory, chosen.targets[0]))
+    if not request.dry_run:
+        common.consent(f"tune {loaded.name} on the {len(chosen.targets)} hosts of group {group}: each candidate "
+                       "restarts the server it runs on?", yes)
+    result = common.run(lambda: tune_group(chosen, loaded, request, common.reach(yes=True)))
+    common.show(result, lambda shown: ui.print_lines(_result_lines(shown)))
+    if isinstance(result, GroupTune) and result.exit_code:
+        raise Exit(code=result.exit_code)
+
+
+def _result_lines(shown: GroupTune | TuneReport | Planned) -> list[str]:
+    """A group's table and what each host serves; a multi-node group's (one server) as one host's."""
+    from deploy_lib import tune as tuning
+    if isinstance(shown, tuning.Planned):
+        return planned_lines(shown)
+    if isinstance(shown, tuning.TuneReport):
+        return table_lines(shown)
+    return [*table_lines(shown.report), *(f"{host}: serving {release}"
+                                                 for host, release in (shown.serving or {}).items())]
 
 
 def planned_lines(planned: Planned) -> list[str]:
@@ -76,6 +112,8 @@ def estimate_line(estimate: Estimate) -> str:
              if estimate.start_s is not None else f"{estimate.starts} starts (no start recorded on this host)")
     bench = (f"{estimate.runs} benchmarks of ~{estimate.bench_s:,.0f} s" if estimate.bench_s is not None
              else f"{estimate.runs} benchmarks (none recorded at these settings)")
+    if estimate.short_runs:
+        bench += f", {estimate.short_runs} short ones of ~{estimate.short_fraction:.0%} of that"
     total = estimate.total_s
     about = f"about {total / 60:,.0f} min" if total is not None else "no estimate"
     return f"{about}: {start}, {bench}"

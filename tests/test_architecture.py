@@ -75,7 +75,7 @@ LAYERS: dict[str, frozenset[str]] = {
     # read or change one host through a Remote: the facts batch read, the readiness ladder, a venv build
     "host actions": frozenset({
         "facts.read", "facts.crashes",
-        "deploy.prune", "deploy.restore", "deploy.switch",
+        "deploy.prune", "deploy.restore", "deploy.switch", "tune.request",
         "store", "store.on_host", "store.first_change",
         "health", "health.ladder",
         "models", "models.staging", "models.stored",

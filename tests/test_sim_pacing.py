@@ -88,6 +88,16 @@ def test_an_answer_takes_its_first_token_then_one_token_time_per_token_not_a_who
     assert clock.now == pytest.approx(TTFT_S + (max_tokens - 1) / TOK_S)
 
 
+def test_stream_interval_writes_the_first_token_at_once_then_every_n_tokens_in_the_same_time(
+        clock: VirtualClock) -> None:
+    """Input tried: --stream-interval 8 on a 32-token answer (the sandbox profile's setting): five writes, not 32."""
+    engine = make_engine(FlatModel(), stream_interval=8)
+    writes = list(engine.generate(prompt_tokens=5, max_tokens=32, tick_s=STREAM_TICK_S,
+                                  interval=engine.launch.stream_interval))
+    assert writes == [1, 8, 8, 8, 7]
+    assert clock.now == pytest.approx(TTFT_S + 31 / TOK_S)
+
+
 def fill(engine: Engine, concurrency: int) -> list[threading.Thread]:
     """`concurrency` requests arrive at once; those beyond the cap wait in line (in threads, released at the end)."""
     waiters = []

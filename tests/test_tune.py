@@ -11,6 +11,7 @@ from test_deploy_plan import PROJECT, options_accepting
 
 from deploy_cli.tune import estimate_line, table_lines
 from deploy_lib.errors import ConfigError
+from deploy_lib.models.facts import ReleaseModel
 from deploy_lib.patches import list_patch_sets
 from deploy_lib.profile.overrides import scalar, with_overrides
 from deploy_lib.profile.settings import BenchSettings
@@ -107,6 +108,17 @@ def test_a_spec_file_is_checked_key_by_key_and_a_key_in_both_places_is_refused(t
         sweep_spec(None, [])
 
 
+def test_a_bad_search_or_halving_setting_names_the_key() -> None:
+    """Input tried: --search bogus; halving.eta 1 (nothing would be eliminated) in a spec file."""
+    with pytest.raises(ConfigError, match="search: Input should be 'grid' or 'halving'"):
+        sweep_spec(None, ["memory.max_running_requests=64,128"], {"search": "bogus"})
+    with pytest.raises(ConfigError, match=r"halving\.eta: Input should be greater than or equal to 2"):
+        sweep_spec(None, ["memory.max_running_requests=64,128"], {"search": "halving", "halving": {"eta": 1}})
+    halving = sweep_spec(None, ["memory.max_running_requests=64,128"], {"search": "halving"})[0].halving
+    bench = BASE_PROFILE.profile.bench
+    assert halving.short_bench(bench).output_len == bench.output_len // 4 and halving.survivors(5) == 3
+
+
 # --- the candidates -------------------------------------------------------------------------------------------
 
 
@@ -168,6 +180,19 @@ def test_the_ladder_is_clipped_to_the_prompts_and_to_the_largest_batch_any_candi
 def test_differences_are_shown_flag_by_flag_against_the_serving_release() -> None:
     on = host()
     base = build_release(BASE_PROFILE, LAYOUT, "0.5.23", {}, flashinfer_version="0.7.2").metadata()
+    sweep = sweep_of("memory.max_running_requests=64,1024", on=on)
+    assert [str(c) for c in differences(base, sweep.candidates[0], on)] == [
+        "~ flag --max-running-requests: 1024 -> 64"]
+    assert differences(base, sweep.candidates[1], on) == []
+
+
+def test_differences_against_a_release_whose_weights_were_resolved_name_only_what_the_candidate_changes() -> None:
+    """Input tried: the serving release staged from the hub (its revision resolved to a commit in /root/.cache);
+    a cap of 64. Failed before: the candidate, built without the resolved weights, also showed --revision, HF_HOME
+    and the model's commit as removed (`make demo`'s table)."""
+    on = host()
+    weights = ReleaseModel(BASE_PROFILE.profile.model.path, "main", "a" * 40, "/root/.cache/huggingface")
+    base = build_release(BASE_PROFILE, LAYOUT, "0.5.23", {}, flashinfer_version="0.7.2", model=weights).metadata()
     sweep = sweep_of("memory.max_running_requests=64,1024", on=on)
     assert [str(c) for c in differences(base, sweep.candidates[0], on)] == [
         "~ flag --max-running-requests: 1024 -> 64"]
@@ -320,3 +345,21 @@ def test_the_spec_files_of_the_repo_are_valid_sweeps() -> None:
         spec, sources = sweep_spec(path, [])
         sweep = build_sweep(BASE_PROFILE, spec, sources, PATCH_SETS, host())
         assert sweep.candidates, path
+
+
+@pytest.mark.parametrize(("given", "says"), [
+    (["--host", "gpu1", "--group", "sandbox"], "--host and --group are exclusive"),
+    (["--group", "nosuchgroup"], "nosuchgroup"),
+])
+def test_the_tune_task_refuses_a_bad_group_with_exit_2_before_any_connection(
+        capsys: pytest.CaptureFixture[str], given: list[str], says: str) -> None:
+    """Input tried: --group with --host; a group the inventory does not have."""
+    from invoke import Collection, Program
+
+    from deploy_cli import tune as tune_tasks
+
+    program = Program(namespace=Collection(tune=tune_tasks.collection))
+    with pytest.raises(SystemExit) as ended:
+        program.run(["invoke", "tune", "--profile", "glm5-nvfp4", "--vary", "memory.max_running_requests=64",
+                     *given, "--yes"])
+    assert ended.value.code == 2 and says in capsys.readouterr().err

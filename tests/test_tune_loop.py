@@ -56,6 +56,7 @@ class SweepHost(ScriptedHost):
                 break
         self.lines = [line for line in self._history_text().splitlines(keepends=True)]
         self.interrupt_at: tuple[int, int] | None = None   # (max_running_requests, concurrency): Ctrl-C there, once
+        self.interrupt_output_len: int | None = None       # ... in a benchmark of this many output tokens only
         self.interrupt_start: int | None = None            # max_running_requests: SIGTERM while it starts, once
 
     def _history_text(self) -> str:
@@ -72,7 +73,8 @@ class SweepHost(ScriptedHost):
         for name, out in ((store.FACT_CURRENT, f"releases/{self.current}\n"),
                           (store.FACT_RELEASE_DIRS, release_entries(*self.releases)),
                           (store.FACT_RELEASE_FILES, files), (store.FACT_HISTORY, "".join(self.lines)),
-                          (host_facts.FACT_FILE_SUMS, sums)):
+                          (host_facts.FACT_FILE_SUMS, sums),
+                          ("router: serving release", json.dumps(self.current_metadata()))):
             self.reply(name, stdout=out)
 
     def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
@@ -85,7 +87,9 @@ class SweepHost(ScriptedHost):
             if isinstance(step, Step) and step.name.startswith("bench: concurrency "):
                 level = int(step.name.rsplit(" ", 1)[1])
                 running = self.current_metadata()["profile"]["memory"].get("max_running_requests")
-                if self.interrupt_at == (running, level):
+                argv = list(step.argv)
+                output_len = int(argv[argv.index("--random-output-len") + 1]) if "--random-output-len" in argv else 0
+                if self.interrupt_at == (running, level) and self.interrupt_output_len in (None, output_len):
                     self.interrupt_at = None
                     raise Interrupt(signal.SIGINT)
                 self.reply(f"bench: read c{level}.jsonl", stdout=self._jsonl(level), times=1)
@@ -285,3 +289,55 @@ def test_a_signal_while_a_candidate_starts_finishes_the_switch_back_then_the_bes
                 if line["tune"].get("candidate") == "memory.max_running_requests=256")
     assert host.current == best
     assert [line["tune"]["role"] for line in host.tune_lines()][-1] == "candidate", "the cut candidate is not recorded"
+
+
+FOUR_CAPS = ("memory.max_running_requests=64,128,256,1024",)
+
+
+def test_halving_benchmarks_every_candidate_short_then_the_best_half_in_full_and_keeps_the_winner() -> None:
+    """Input tried: search halving (eta 2) over four caps: all four short (8 of 32 output tokens), 256 and 1024 full."""
+    host = a_sweep_host(*FOUR_CAPS)
+    report = sweep(host, request(*FOUR_CAPS, search="halving"))
+    assert isinstance(report, TuneReport) and report.finished
+    labels = [f"memory.max_running_requests={n}" for n in (64, 128, 256, 1024)]
+    roles = [(line["tune"]["role"], line["tune"].get("candidate")) for line in host.tune_lines()]
+    assert roles[3:7] == [("short", label) for label in labels]
+    assert roles[7:] == [("eliminated", labels[0]), ("eliminated", labels[1]), ("candidate", labels[3]),
+                         ("candidate", labels[2]), ("end", labels[3])], "survivors run full, best first"
+    assert [line["figures"]["settings.output_len"] for line in host.tune_lines() if line["tune"]["role"] == "short"
+            ] == [8.0] * 4, "the short round's benchmark has a quarter of the output tokens"
+    full = [line for line in host.tune_lines() if line["tune"]["role"] in ("base", "candidate")]
+    assert {line["figures"]["settings.output_len"] for line in full} == {32.0}
+    by_label = {row.label: row for row in report.rows}
+    assert [by_label[label].outcome for label in labels] == ["eliminated", "eliminated", "measured", "measured"]
+    assert "eliminated by the short benchmark" in by_label[labels[0]].cause
+    assert report.winner == labels[3] and "kept" in report.reason and host.current == report.serving
+    deploys = [json.loads(line) for line in host.lines if json.loads(line)["event"] == "deploy"]
+    assert [d["outcome"] for d in deploys][-4:] == ["healthy"] * 4, "every candidate it tried is a release"
+    assert by_label[labels[3]].release_id == report.serving
+
+
+def test_halving_resumed_after_the_short_round_does_not_run_it_again() -> None:
+    """Input tried: Ctrl-C in the full benchmark of the first survivor (cap 1024 at concurrency 1024)."""
+    host = a_sweep_host(*FOUR_CAPS)
+    host.interrupt_at, host.interrupt_output_len = (1024, 1024), 32
+    with pytest.raises(Interrupted) as caught:
+        sweep(host, request(*FOUR_CAPS, search="halving"))
+    tune_id = caught.value.hint.split("--resume ")[1].split("`")[0]  # type: ignore[union-attr]
+    shorts = [line for line in host.tune_lines() if line["tune"]["role"] == "short"]
+    assert len(shorts) == 4
+    report = sweep(host, Request(None, {}, resume=tune_id, grace_s=0))
+    assert isinstance(report, TuneReport) and report.finished
+    roles = [line["tune"]["role"] for line in host.tune_lines()]
+    assert roles.count("short") == 4 and roles.count("eliminated") == 2 and roles.count("candidate") == 2
+    assert report.winner == "memory.max_running_requests=1024" and host.current == report.serving
+
+
+def test_the_dry_run_of_halving_counts_short_runs_and_the_survivors_starts() -> None:
+    host = a_sweep_host(*FOUR_CAPS)
+    tune_spec, sources = sweep_spec(None, FOUR_CAPS, {"bench": BENCH, "search": "halving"})
+    planned = sweep(host, Request(tune_spec, sources, dry_run=True))
+    assert isinstance(planned, Planned)
+    assert (planned.estimate.starts, planned.estimate.runs, planned.estimate.short_runs) == (4 + 1 + 2,
+                                                                                             BASE_RUNS + 2 + 2, 4)
+    assert planned.estimate.short_fraction == 0.25

@@ -110,7 +110,8 @@ def deploy_nodes(nodes: Sequence[Node], remotes: Mapping[str, Remote], progress_
             restore(states, "deploy", release_id, tags, interrupt, None, restore_id, plans[0].current_id, diagnosis)
         for state in states:
             state.run.record("deploy", HEALTHY, tags[state.name])
-            prune(state.run.remote, state.run.layout, head.profile.service.keep_releases, tags[state.name],
+            prune(state.run.remote, state.run.layout,
+                  max(head.profile.service.keep_releases, options.keep_releases_at_least), tags[state.name],
                   state.run.progress)
     return [Outcome("deployed", release_id, plan.current_id, plan=plan, ready=ready) for plan in plans]
 

@@ -7,11 +7,14 @@ in the host's history under the sweep's id.
     decide      score, noise, winner, the release to serve next, what a resume still runs (pure)
     estimate    how long it takes, from the host's recorded starts and benchmarks (pure)
     record      the sweep's history lines, and its table read back from them
-    loop        the sweep on one host through the deploy engine; dry run, resume, show
+    request     what a tune command asks (spec, dry run, resume, a group's share) and what a dry run answers
+    loop        the sweep on one host (or a multi-node Unit) through the deploy engine, grid or successive halving;
+                dry run, resume, show. A group's replicas at once: deploy_lib/ops/tune_group.py
 """
 
-from deploy_lib.tune.loop import Planned, Request, show, tune, unit_of
+from deploy_lib.tune.loop import show, tune
 from deploy_lib.tune.record import TuneReport, tune_ids
+from deploy_lib.tune.request import Planned, Request, unit_of
 from deploy_lib.tune.spec import Keep, Objective, Sla, TuneSpec, load_spec, parse_vary, sweep_spec
 from deploy_lib.tune.sweep import Candidate, Skipped, Sweep
 

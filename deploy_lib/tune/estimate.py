@@ -20,13 +20,14 @@ class Estimate:
     start_samples: int
     runs: int                   # benchmarks: the base's runs, each candidate's, the re-runs at most
     bench_s: float | None       # one benchmark over the whole ladder; None: never run at these settings
+    short_runs: int = 0         # search: halving: the short round's benchmarks, each ~short_fraction of a full one
+    short_fraction: float = 1.0
 
     @property
     def total_s(self) -> float | None:
         if self.start_s is None or self.bench_s is None:
             return None
-        return self.starts * self.start_s + self.runs * self.bench_s
-
+        return self.starts * self.start_s + (self.runs + self.short_runs * self.short_fraction) * self.bench_s
 
 
 def recorded_start_s(history: Sequence[HistoryEntry]) -> tuple[float | None, int]:
@@ -47,8 +48,13 @@ def recorded_bench_s(history: Sequence[HistoryEntry], settings: BenchSettings) -
     return None
 
 
-def estimate(history: Sequence[HistoryEntry], settings: BenchSettings, candidates: int, base_runs: int) -> Estimate:
+def estimate(history: Sequence[HistoryEntry], settings: BenchSettings, candidates: int, base_runs: int,
+             survivors: int | None = None, short: BenchSettings | None = None) -> Estimate:
+    """`survivors` and `short` for search: halving: every candidate runs `short`, the survivors (each switched to
+    again) the full benchmark."""
     start_s, samples = recorded_start_s(history)
-    return Estimate(starts=candidates + 1, start_s=start_s, start_samples=samples,
-                    runs=base_runs + candidates + (RERUNS if candidates > 1 else 0),
-                    bench_s=recorded_bench_s(history, settings))
+    full = candidates if survivors is None else survivors
+    return Estimate(starts=candidates + 1 + (survivors or 0), start_s=start_s, start_samples=samples,
+                    runs=base_runs + full + (RERUNS if full > 1 else 0), bench_s=recorded_bench_s(history, settings),
+                    short_runs=candidates if survivors is not None else 0,
+                    short_fraction=short.output_len / settings.output_len if short else 1.0)

@@ -1,41 +1,44 @@
 """The sweep on one host: the base benchmarked twice (its noise), then each candidate deployed as a release through
 the deploy engine (stage, switch, readiness ladder, automatic rollback), benchmarked over the ladder with the GPU
-sampler, judged and recorded in history; after a candidate that failed or missed the SLA the best healthy release
-so far serves again. At the end the winner stays or the pre-sweep release is restored. A signal leaves the best
-verified release (or the original) serving; `resume` continues a sweep without running its finished candidates."""
+sampler, judged and recorded in history (search: halving benchmarks all short first, the best 1 in eta in full);
+after a candidate that failed or missed the SLA the best healthy release so far serves again. At the end the winner
+stays or the pre-sweep release is restored. A signal leaves the best verified release (or the original) serving;
+`resume` continues a sweep without running its finished candidates."""
 
 from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
-from deploy_lib.deploy import GRACE_S, Options, release_tags
+from deploy_lib.deploy import Options, Outcome, release_tags
 from deploy_lib.deploy import deploy as deploy_release
 from deploy_lib.deploy import rollback as switch_to
 from deploy_lib.errors import ConfigError, DeployError, Interrupted, PreflightError, ReadinessFailed
 from deploy_lib.facts.read import read_host_facts
 from deploy_lib.interrupts import interrupted, signals_raise
-from deploy_lib.patches import PatchSet
 from deploy_lib.patches.profiles import base_profile
 from deploy_lib.profile import LoadedProfile
+from deploy_lib.profile.settings import BenchSettings
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
-from deploy_lib.release.model import Change, resolve_secrets
+from deploy_lib.release.model import resolve_secrets
 from deploy_lib.release.server_args import API_KEY_ENV
 from deploy_lib.remote import Remote
 from deploy_lib.store import FAILED, HistoryEntry, StoreFacts, StoreLayout, Tags, append_history, read_store_facts
 from deploy_lib.throughput import BenchResult, run_benchmark
 from deploy_lib.tune import decide
-from deploy_lib.tune.estimate import Estimate, estimate
+from deploy_lib.tune.estimate import estimate
 from deploy_lib.tune.record import (
     BASE,
     CANDIDATE,
+    ELIMINATED,
     END,
     RERUN,
+    SHORT,
     SKIPPED,
     TuneReport,
     read_tune,
@@ -44,35 +47,20 @@ from deploy_lib.tune.record import (
     tune_id,
     tune_line,
 )
-from deploy_lib.tune.spec import Keep, Objective, TuneSpec
+from deploy_lib.tune.request import Planned, Request, unit_of
+from deploy_lib.tune.spec import Keep, Search, TuneSpec
 from deploy_lib.tune.sweep import Candidate, HostView, Sweep, build_sweep, check_values, differences
 
 BASE_RUNS = 2  # the base's repeated runs give the noise a winner must beat
 
 
 @dataclass(frozen=True)
-class Request:
-    spec: TuneSpec | None                    # None: a resumed sweep's own, from history
-    sources: Mapping[str, str]               # where each varied key was given, for errors
-    patch_sets: tuple[PatchSet, ...] = ()
-    environ: Mapping[str, str] = field(default_factory=dict)
-    dry_run: bool = False
-    resume: str | None = None                # a sweep's id: run what it has not finished
-    grace_s: float = GRACE_S
+class Unit:
+    """How a sweep changes what serves when the server is more than the host it reads, records and benchmarks on
+    (a multi-node release: every node at once, through ops.multinode_deploy); None: that host alone."""
 
-
-@dataclass(frozen=True)
-class Planned:
-    """A dry run: the candidates and what differs from the serving release, the skipped ones, the time it takes."""
-
-    sweep: Sweep
-    original: str
-    changes: Mapping[str, tuple[Change, ...]]
-    estimate: Estimate
-
-
-def unit_of(spec: TuneSpec) -> str:
-    return "req/s" if spec.objective is Objective.goodput else "tok/s"
+    deploy: Callable[[Candidate, Options], Outcome]
+    switch: Callable[[str], None]
 
 
 @dataclass
@@ -90,6 +78,7 @@ class _Sweep:
     original: str
     store: StoreFacts
     clock: Callable[[], float]
+    unit: Unit | None = None
     written: list[HistoryEntry] = field(default_factory=list)
     metadata: dict[str, Mapping[str, Any]] = field(default_factory=dict)   # release id -> release.json
 
@@ -112,7 +101,9 @@ class _Sweep:
         return [row.standing() for row in self.report().rows]
 
     def best(self) -> str | None:
-        best = decide.best_so_far(self.standings())
+        """The best healthy release so far: by the full benchmark, else (search: halving) by the short one."""
+        report = self.report()
+        best = decide.best_so_far(self.standings()) or decide.best_so_far([row.standing() for row in report.short])
         return best.release_id if best else None
 
     def serving(self) -> str | None:
@@ -122,13 +113,16 @@ class _Sweep:
 
     def switch(self, release_id: str) -> None:
         self.progress.phase_started(f"tune: switch to release {release_id}")
+        if self.unit is not None:
+            self.unit.switch(release_id)
+            return
         switch_to(self.target, self.loaded.profile.service.name, self.remote, self.progress, release_id,
                   self.request.environ, grace_s=self.request.grace_s)
 
-    def benchmark(self, release_id: str) -> tuple[BenchResult, decide.Score]:
+    def benchmark(self, release_id: str, bench: BenchSettings | None = None) -> tuple[BenchResult, decide.Score]:
         api_key = resolve_secrets(self.loaded.profile, self.request.environ).get(API_KEY_ENV)
-        result = run_benchmark(self.remote, self.layout, self.metadata[release_id], self.sweep.bench, self.progress,
-                               api_key, self.clock)
+        result = run_benchmark(self.remote, self.layout, self.metadata[release_id], bench or self.sweep.bench,
+                               self.progress, api_key, self.clock)
         return result, decide.score(result, self.spec.objective, self.spec.level or self.sweep.level, self.spec.sla)
 
 
@@ -148,9 +142,9 @@ def _host_view(remote: Remote, target: Target, loaded: LoadedProfile) -> tuple[S
 
 
 def tune(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progress, request: Request,
-         clock: Callable[[], float] = time.monotonic) -> TuneReport | Planned:
-    """Run (or, dry, plan) the sweep of `request` over `loaded` on one host; the table, read back from history.
-    A key or value the profile refuses is a ConfigError before the host is read."""
+         clock: Callable[[], float] = time.monotonic, unit: Unit | None = None) -> TuneReport | Planned:
+    """Run (or, dry, plan) the sweep of `request` over `loaded` on one host (or the `unit` it heads); the table,
+    read back from history. A key or value the profile refuses is a ConfigError before the host is read."""
     if request.spec is not None:
         check_values(loaded, request.spec, request.sources, request.patch_sets)
     store, host, current = _host_view(remote, target, loaded)
@@ -161,20 +155,27 @@ def tune(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progre
             raise ConfigError(f"sweep {request.resume} tuned profile {done.profile}, not {loaded.name}",
                               f"resume it with --profile {done.profile}")
         spec, original = done.spec, done.original
+        request = replace(request, share=done.share or None)
         sources = {key: f"sweep {request.resume}: vary.{key}" for key in spec.vary}
     if spec is None:
         raise ConfigError("tune needs something to vary: --vary KEY=V1,V2,... or --spec tune/NAME.yaml",
                           "or --resume TUNE_ID to finish a sweep")
     sweep = build_sweep(loaded, spec, sources, request.patch_sets, host)
+    if request.share is not None:  # a group's host: its share of the candidates (the skipped ones are everyone's)
+        sweep = replace(sweep, candidates=tuple(c for c in sweep.candidates if c.label in request.share))
     if request.dry_run:  # a resumed sweep's estimate counts what it still runs
         finished = read_tune(store.history, request.resume) if request.resume else None
         left = decide.to_run([c.label for c in sweep.candidates], finished.finished_labels if finished else [])
         base = store.release(current)
         changes = {c.label: tuple(differences(base.metadata if base else None, c, host)) for c in sweep.candidates}
-        return Planned(sweep, current, changes, estimate(store.history, sweep.bench, len(left),
-                                                         0 if finished and finished.base else BASE_RUNS))
+        halving = spec.halving if spec.search is Search.halving else None
+        return Planned(sweep, current, changes, estimate(
+            store.history, sweep.bench, len(left), 0 if finished and finished.base else BASE_RUNS,
+            halving.survivors(len(sweep.candidates)) if halving else None,
+            halving.short_bench(sweep.bench) if halving else None))
     run = _Sweep(loaded, target, remote, progress, request, spec, sweep,
-                 request.resume or tune_id(datetime.now(UTC), secrets.token_hex(2)), original, store, clock)
+                 request.resume or request.tune_id or tune_id(datetime.now(UTC), secrets.token_hex(2)), original,
+                 store, clock, unit)
     run.metadata |= {r.id: r.metadata for r in store.releases}
     with signals_raise():
         try:
@@ -191,7 +192,7 @@ def _run(run: _Sweep, host: HostView) -> TuneReport:
     now = datetime.now(UTC)
     if run.request.resume is None:
         run.record(start_line(run.tune, run.spec, run.loaded.name, _tags(run.metadata[run.original]), now,
-                              len(run.sweep.candidates)))
+                              len(run.sweep.candidates), run.request.share))
         for skipped in run.sweep.skipped:
             run.record(tune_line(run.tune, SKIPPED, _tags(run.metadata[run.original]), now, outcome=FAILED,
                                  cause=skipped.reason, label=skipped.label, extra={"release": ""}))
@@ -205,9 +206,13 @@ def _run(run: _Sweep, host: HostView) -> TuneReport:
             result, score = run.benchmark(run.original)
             run.record(run_line(run.tune, BASE, "base", _tags(run.metadata[run.original]), datetime.now(UTC),
                                 result, score))
+    if run.spec.search is Search.halving:
+        _halving_rounds(run, host)
+        return _finish(run)
     remaining = decide.to_run([c.label for c in run.sweep.candidates], run.report().finished_labels)
     by_label = {c.label: c for c in run.sweep.candidates}
     for number, label in enumerate(remaining, start=1):
+        _stop_if_asked(run)
         run.progress.phase_started(f"tune {run.tune}: candidate {number}/{len(remaining)}: {label}")
         ok = _candidate(run, by_label[label], host)
         back = decide.serve_next(run.serving(), ok, run.best(), run.original)
@@ -216,19 +221,30 @@ def _run(run: _Sweep, host: HostView) -> TuneReport:
     return _finish(run)
 
 
+def _stop_if_asked(run: _Sweep) -> None:
+    """A group's sweep noted a signal: start no further candidate (_stopped: the best so far serves)."""
+    if run.request.stop is not None and run.request.stop():
+        raise Interrupted("a signal was noted")
+
+
+def deploy_candidate(candidate: Candidate, target: Target, remote: Remote, progress: Progress,
+                     options: Options) -> Outcome:
+    """The candidate as a release (its own venv when it carries a patch set); the engine rolls back a failed start.
+    Also a group's rollout of the winner to each host."""
+    if candidate.patch_set is None:
+        return deploy_release(candidate.loaded, target, remote, progress, options)
+    from deploy_lib.commands.patches import enable  # loads only for a sweep over patch sets
+
+    base = base_profile(candidate.loaded, candidate.patch_set)
+    return enable(remote, candidate.patch_set, base, candidate.loaded, target, progress, options)[1]
+
+
 def _deploy(run: _Sweep, candidate: Candidate) -> tuple[str, Mapping[str, Any], Tags]:
-    """The candidate as a release (its own venv when it carries a patch set); the engine rolls back a failed start."""
     keep = len(run.store.releases) + len(run.sweep.candidates) + 1
     options = Options(environ=run.request.environ, grace_s=run.request.grace_s, skip_gate=True,
                       keep_releases_at_least=keep)
-    if candidate.patch_set is None:
-        outcome = deploy_release(candidate.loaded, run.target, run.remote, run.progress, options)
-    else:
-        from deploy_lib.commands.patches import enable  # loads only for a sweep over patch sets
-
-        base = base_profile(candidate.loaded, candidate.patch_set)
-        outcome = enable(run.remote, candidate.patch_set, base, candidate.loaded, run.target, run.progress,
-                         options)[1]
+    outcome = (run.unit.deploy(candidate, options) if run.unit is not None
+               else deploy_candidate(candidate, run.target, run.remote, run.progress, options))
     assert outcome.plan is not None and outcome.release_id is not None
     release = outcome.plan.release
     return outcome.release_id, release.metadata(), release_tags(run.target, release)
@@ -243,8 +259,10 @@ def _failed_tags(run: _Sweep, known: int) -> Tags | None:
     return failed.tags if failed is not None else None
 
 
-def _candidate(run: _Sweep, candidate: Candidate, host: HostView) -> bool:
-    """Deploy, benchmark, judge and record one candidate; True when it was healthy and met the SLA."""
+def _candidate(run: _Sweep, candidate: Candidate, host: HostView, bench: BenchSettings | None = None,
+               role: str = CANDIDATE) -> bool:
+    """Deploy, benchmark (`bench`, default the sweep's), judge and record one candidate (its run under `role`; a
+    start that failed is always a candidate's final line); True when it was healthy and met the SLA."""
     original = run.store.release(run.original)
     changes = [str(c) for c in differences(original.metadata if original else run.metadata[run.original],
                                            candidate, host)]
@@ -259,12 +277,65 @@ def _candidate(run: _Sweep, candidate: Candidate, host: HostView) -> bool:
                             changes=changes, has_release=failed_tags is not None))
         return False
     run.metadata[release_id] = {**metadata, "tags": tags.as_dict()}  # as release.json holds it
-    result, score = run.benchmark(release_id)
-    run.record(run_line(run.tune, CANDIDATE, candidate.label, tags, datetime.now(UTC), result, score,
-                        changes=changes))
+    result, score = run.benchmark(release_id, bench)
+    run.record(run_line(run.tune, role, candidate.label, tags, datetime.now(UTC), result, score, changes=changes))
     if not score.qualifies:
         run.progress.note(f"candidate {candidate.label}: {'; '.join(score.misses) or 'no figures'}")
     return score.qualifies
+
+
+def _short_entry(history: Sequence[HistoryEntry], tune: str, label: str) -> HistoryEntry:
+    return next(e for e in reversed(history) if e.event == "tune" and e.tune.get("id") == tune
+                and e.tune.get("role") == SHORT and e.tune.get("candidate") == label)
+
+
+def _survivors(short: Sequence[decide.Standing], count: int) -> list[decide.Standing]:
+    """The `count` best short runs that qualified (healthy, SLA met), best first."""
+    return sorted((s for s in short if s.values), key=lambda s: s.value, reverse=True)[:count]
+
+
+def _halving_rounds(run: _Sweep, host: HostView) -> None:
+    """search: halving: every candidate a release benchmarked short; the best one in eta benchmarked again in full
+    (they compete as a grid's candidates do), the others recorded as eliminated with their short figures. A resume
+    repeats no short run in history, nor a survivor's full run."""
+    halving = run.spec.halving
+    short_bench = halving.short_bench(run.sweep.bench)
+    labels = [c.label for c in run.sweep.candidates]
+    by_label = {c.label: c for c in run.sweep.candidates}
+    report = run.report()
+    left = decide.to_run(labels, [*(row.label for row in report.short), *report.finished_labels])
+    for number, label in enumerate(left, start=1):
+        _stop_if_asked(run)
+        run.progress.phase_started(f"tune {run.tune}: short round {number}/{len(left)}: {label} "
+                                   f"({short_bench.output_len} output tokens)")
+        ok = _candidate(run, by_label[label], host, short_bench, SHORT)
+        back = decide.serve_next(run.serving(), ok, run.best(), run.original)
+        if back is not None:
+            run.switch(back)
+    report = run.report()
+    kept = _survivors([row.standing() for row in report.short], halving.survivors(len(labels)))
+    kept_labels = [s.label for s in kept]
+    finished = set(report.finished_labels)
+    for row in report.short:
+        if row.label in finished or row.label in kept_labels:
+            continue
+        entry = _short_entry(run.history, run.tune, row.label)
+        why = (f"eliminated by the short benchmark ({short_bench.output_len} output tokens): "
+               + (f"{row.values[-1]:,.1f} below the {len(kept)} survivors" if row.values else row.cause))
+        run.record(tune_line(run.tune, ELIMINATED, entry.tags, datetime.now(UTC), outcome=FAILED, cause=why,
+                             label=row.label, figures=entry.figures,
+                             extra={"sla_met": entry.tune.get("sla_met", "no"), "changes": row.changes}))
+    for number, standing in enumerate(kept, start=1):
+        if standing.label in finished:
+            continue
+        assert standing.release_id is not None
+        run.progress.phase_started(f"tune {run.tune}: full benchmark {number}/{len(kept)}: {standing.label}")
+        if run.serving() != standing.release_id:
+            run.switch(standing.release_id)
+        entry = _short_entry(run.history, run.tune, standing.label)
+        result, score = run.benchmark(standing.release_id)
+        run.record(run_line(run.tune, CANDIDATE, standing.label, entry.tags, datetime.now(UTC), result, score,
+                            changes=[entry.tune["changes"]] if entry.tune.get("changes") else []))
 
 
 def _finish(run: _Sweep) -> TuneReport:
@@ -307,9 +378,12 @@ def _stopped(run: _Sweep, stop: BaseException) -> DeployError:
     message = f"tune {run.tune} interrupted: release {serving} is serving"
     hint = f"`invoke tune --resume {run.tune}` runs the candidates not finished"
     if isinstance(stop, Interrupted):  # the engine finished its own transition first: keep its signal's exit code
-        return type(stop)(message, hint)
-    assert isinstance(stop, KeyboardInterrupt)
-    return interrupted(stop, message, hint)
+        error = type(stop)(message, hint)
+    else:
+        assert isinstance(stop, KeyboardInterrupt)
+        error = interrupted(stop, message, hint)
+    error.serving_id = serving  # a verified release serves: a router may take the replica back
+    return error
 
 
 def show(remote: Remote, target: Target, service: str, tune: str) -> TuneReport:

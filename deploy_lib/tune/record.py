@@ -17,7 +17,8 @@ from deploy_lib.tune.decide import Score, Standing
 from deploy_lib.tune.spec import TuneSpec
 
 START, BASE, CANDIDATE, RERUN, SKIPPED, END = "start", "base", "candidate", "rerun", "skipped", "end"
-MEASURED, MISSED_SLA, FAILED_RUN = "measured", "missed SLA", "failed"  # a row's outcome (or SKIPPED)
+SHORT, ELIMINATED = "short", "eliminated"  # search: halving: a short-round run; a candidate that did not survive it
+MEASURED, MISSED_SLA, FAILED_RUN = "measured", "missed SLA", "failed"  # a row's outcome (or SKIPPED, ELIMINATED)
 OBJECTIVE_KEY = "tune.objective"  # the run's objective figure, beside the benchmark's own
 
 
@@ -32,9 +33,12 @@ def tune_line(tune: str, role: str, tags: Tags, when: datetime, *, outcome: str 
                          tune={"id": tune, "role": role, **({"candidate": label} if label else {}), **(extra or {})})
 
 
-def start_line(tune: str, spec: TuneSpec, profile: str, tags: Tags, when: datetime, candidates: int) -> HistoryEntry:
+def start_line(tune: str, spec: TuneSpec, profile: str, tags: Tags, when: datetime, candidates: int,
+               share: Sequence[str] | None = None) -> HistoryEntry:
+    """`share`: a group's host runs these candidates of the spec (a resume runs the same)."""
     return tune_line(tune, START, tags, when, cause=f"sweep of {candidates} candidates over {profile} started",
-                     extra={"spec": json.dumps(spec.identity(), sort_keys=True), "profile": profile})
+                     extra={"spec": json.dumps(spec.identity(), sort_keys=True), "profile": profile,
+                            **({"share": json.dumps(list(share))} if share is not None else {})})
 
 
 def run_line(tune: str, role: str, label: str, tags: Tags, when: datetime, result: BenchResult | None, score: Score,
@@ -81,6 +85,8 @@ class TuneReport:
     winner: str | None = None
     serving: str | None = None        # the release serving at the end
     reason: str = ""
+    short: tuple[Row, ...] = ()       # search: halving: each candidate's short-round run, in the order they ran
+    share: tuple[str, ...] = ()       # a group's host: the candidates it runs (empty: every one)
 
     @property
     def finished_labels(self) -> list[str]:
@@ -92,7 +98,7 @@ def _row(label: str, entries: Sequence[HistoryEntry]) -> Row:
     result = BenchResult.from_figures(newest.tags.release, newest.figures) if newest.figures else None
     values = tuple(e.figures[OBJECTIVE_KEY] for e in entries if e.outcome == HEALTHY and OBJECTIVE_KEY in e.figures)
     role = newest.tune.get("role")
-    outcome = SKIPPED if role == SKIPPED else MEASURED if newest.outcome == HEALTHY else \
+    outcome = role if role in (SKIPPED, ELIMINATED) else MEASURED if newest.outcome == HEALTHY else \
         MISSED_SLA if result is not None and result.ok else FAILED_RUN
     release = None if role == SKIPPED or newest.tune.get("release") == "" else newest.tags.release
     return Row(label, release, outcome, newest.tune.get("sla_met") == "yes", newest.tune.get("changes", ""),
@@ -120,14 +126,19 @@ def read_tune(history: Sequence[HistoryEntry], tune: str) -> TuneReport:
     spec = TuneSpec.model_validate(json.loads(start.tune["spec"]))
     base = [e for e in lines if e.tune.get("role") == BASE]
     by_label: dict[str, list[HistoryEntry]] = {}
+    short: dict[str, list[HistoryEntry]] = {}
     for entry in lines:
-        if entry.tune.get("role") in (CANDIDATE, RERUN, SKIPPED):
+        if entry.tune.get("role") in (CANDIDATE, RERUN, SKIPPED, ELIMINATED):
             by_label.setdefault(entry.tune["candidate"], []).append(entry)
+        elif entry.tune.get("role") == SHORT:
+            short.setdefault(entry.tune["candidate"], []).append(entry)
     rows = [_row(label, entries) for label, entries in by_label.items()]
     rows.sort(key=lambda row: row.outcome == SKIPPED)
     end = next((e for e in reversed(lines) if e.tune.get("role") == END), None)
     return TuneReport(tune, start.tune.get("profile", start.tags.profile), spec, start.tags.release,
                       _row("base", base) if base else None, tuple(rows), end is not None,
                       winner=end.tune.get("candidate") if end else None,
-                      serving=end.tags.release if end else None, reason=end.cause if end else "")
+                      serving=end.tags.release if end else None, reason=end.cause if end else "",
+                      short=tuple(_row(label, entries) for label, entries in short.items()),
+                      share=tuple(json.loads(start.tune["share"])) if "share" in start.tune else ())
 

@@ -58,6 +58,29 @@ class Sla(BaseModel):
         return ", ".join(given) or "none"
 
 
+class Search(StrEnum):
+    grid = "grid"        # every candidate, the full benchmark
+    halving = "halving"  # successive halving: every candidate the short benchmark, the best 1 in eta the full one
+
+
+class Halving(BaseModel):
+    """The short round of `search: halving`: every candidate is a release benchmarked with fewer output tokens; the
+    best `1/eta` of them (at least one) run the full benchmark and compete."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    eta: int = Field(2, ge=2, le=16, description="one candidate in eta survives the short round")
+    short_output_len: int | None = Field(
+        None, ge=1, le=10_000_000,
+        description="output tokens per request of the short benchmark (default: a quarter of the full one's)")
+
+    def short_bench(self, bench: BenchSettings) -> BenchSettings:
+        output_len = self.short_output_len or max(1, bench.output_len // 4)
+        return bench.model_copy(update={"output_len": min(output_len, bench.output_len)})
+
+    def survivors(self, candidates: int) -> int:
+        return max(1, -(-candidates // self.eta))
+
+
 class TuneSpec(BaseModel):
     """tune/NAME.yaml (or the --vary options): the grid, how each candidate is measured and judged."""
 
@@ -71,6 +94,8 @@ class TuneSpec(BaseModel):
     level: Level | None = Field(None, description="the level the throughput objective reads (default: the highest)")
     sla: Sla = Field(default_factory=Sla)
     keep: Keep = Keep.winner
+    search: Search = Search.grid
+    halving: Halving = Field(default_factory=Halving, description="the short round of `search: halving`")
 
     @field_validator("bench", mode="before")
     @classmethod

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from deploy_lib.errors import ConfigError, PreflightError, did_you_mean
+from deploy_lib.models.facts import ReleaseModel
 from deploy_lib.patches import FLASHINFER, PatchSet, refuse_unless_applicable, select_variants
 from deploy_lib.patches.profiles import patched_profile
 from deploy_lib.profile import LoadedProfile
@@ -168,7 +169,12 @@ def differences(base_metadata: Mapping[str, Any] | None, candidate: Candidate, h
     """What differs from the release serving before the sweep, flag by flag (the diff `invoke plan` shows)."""
     placeholders = {name: "<secret>" for name in secret_environment(candidate.loaded.profile)}
     patches = (candidate.patch_set.name,) if candidate.patch_set else ()
+    wanted = candidate.loaded.profile.model
+    recorded = dict((base_metadata or {}).get("model") or {})
+    # the same weights as the serving release: resolved as its deploy resolved them (commit, cache), not a change
+    same = recorded.get("path") == wanted.path and wanted.revision in (None, recorded.get("revision"))
     release = build_release(candidate.loaded, host.layout, host.sglang_version, placeholders,
                             venv=str(base_metadata.get("venv")) if base_metadata and not patches else None,
-                            patches=patches, flashinfer_version=host.flashinfer_version)
+                            patches=patches, flashinfer_version=host.flashinfer_version,
+                            model=ReleaseModel(**recorded) if same else None)
     return diff_releases(base_metadata, release.metadata())

@@ -146,6 +146,19 @@ def test_streamed_chat_completion_counts_its_tokens(start_sim) -> None:
     assert chunks[-1]["usage"]["completion_tokens"] == 6
 
 
+def test_stream_interval_writes_the_first_token_then_every_n_with_the_count_in_meta_info(start_sim) -> None:
+    """Input tried: --stream-interval 4 (SGLang's own flag) and a streamed /generate of 10 tokens, as the benchmark
+    client sends it: 1 + 4 + 4 + 1 tokens in four writes, each carrying the count so far (what the client counts)."""
+    sim = start_sim("--stream-interval", "4")
+    sim.wait_states("/health")
+    status, body = http(sim.base + "/generate", body={"text": "hello", "stream": True,
+                                                      "sampling_params": {"max_new_tokens": 10}})
+    events = [line.removeprefix("data: ") for line in body.decode().splitlines() if line.startswith("data: ")]
+    assert status == 200 and events[-1] == "[DONE]"
+    counts = [json.loads(event)["meta_info"]["completion_tokens"] for event in events[:-1]]
+    assert counts == [1, 5, 9, 10]
+
+
 def test_fusion_on_sm120_with_unpatched_gate_exits_with_the_upstream_error(start_sim) -> None:
     sim = start_sim("--enable-flashinfer-allreduce-fusion")
     assert sim.process.wait(timeout=STATE_WAIT_S) == 1

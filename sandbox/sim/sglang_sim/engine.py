@@ -27,6 +27,7 @@ class Launch:
     api_key: str | None
     enable_metrics: bool
     max_running_requests: int
+    stream_interval: int            # a streamed answer goes out every this many tokens (SGLang's --stream-interval)
     fusion_requested: bool
     knobs: Knobs
     server_args: dict[str, Any]
@@ -43,6 +44,7 @@ class Launch:
             api_key=args.get("api_key"),
             enable_metrics=bool(args.get("enable_metrics")),
             max_running_requests=int(args.get("max_running_requests") or DEFAULT_MAX_RUNNING_REQUESTS),
+            stream_interval=max(1, int(args.get("stream_interval") or 1)),
             fusion_requested=bool(args.get("enable_flashinfer_allreduce_fusion")) or backend not in (None, "None"),
             knobs=Knobs.from_args(args, (model or ThroughputModel.default()).defaults),
             server_args={k: v for k, v in args.items() if k not in ("api_key", "admin_api_key")},
@@ -113,8 +115,10 @@ class Engine:
                 self.running_prompt_tokens += next_prompt_tokens
                 handed_over.set()
 
-    def generate(self, prompt_tokens: int, max_tokens: int, tick_s: float, internal: bool = False) -> Iterator[int]:
-        """Yield the number of new tokens each time some are due; the sum is max_tokens."""
+    def generate(self, prompt_tokens: int, max_tokens: int, tick_s: float, internal: bool = False,
+                 interval: int = 1) -> Iterator[int]:
+        """Yield the number of new tokens each time some are due: the first at once, then at least `interval` at a
+        time (the last may be fewer), as SGLang's scheduler streams with --stream-interval; the sum is max_tokens."""
         arrived = time.monotonic()
         self._admit(prompt_tokens)
         try:
@@ -128,8 +132,9 @@ class Engine:
                 self.ttft_sum_s += last - arrived  # the wait for a slot included
             produced, due = 0, 1.0
             while produced < max_tokens:
-                step = min(max_tokens - produced, int(due + 1e-9))  # 0.075 s x 40 tok/s is 2.999... in floats
-                if step:
+                left = max_tokens - produced
+                step = min(left, int(due + 1e-9))  # 0.075 s x 40 tok/s is 2.999... in floats
+                if step and (produced == 0 or step >= min(interval, left)):
                     produced += step
                     due -= step
                     with self.lock:
@@ -138,8 +143,9 @@ class Engine:
                 if produced >= max_tokens:
                     break
                 rate = self.per_request_tok_s()
+                wanted = min(interval, max_tokens - produced) - due  # tokens still to come before the next write
                 # never past the moment the last token is due: a 4-token answer takes ttft + 3 tokens' time, not a tick
-                time.sleep(min(max(tick_s, 1.0 / rate), max((max_tokens - produced - due) / rate, 0.001)))
+                time.sleep(min(max(tick_s, wanted / rate), max((max_tokens - produced - due) / rate, 0.001)))
                 # tokens for the time that passed, not the time asked for: a wake-up a busy CPU delays is made
                 # up in the next chunk, so the pace is the model's whatever the machine's load
                 now = time.monotonic()

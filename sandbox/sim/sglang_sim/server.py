@@ -227,7 +227,8 @@ class Handler(BaseHTTPRequestHandler):
         if stream:
             self.start_stream()
         produced = 0
-        for step in engine.generate(prompt_tokens, max_tokens, tick):
+        interval = self.state.launch.stream_interval if stream else 1
+        for step in engine.generate(prompt_tokens, max_tokens, tick, interval=interval):
             if stream:
                 self.send_event(chunk(token_text(produced, step), produced + step))
             produced += step

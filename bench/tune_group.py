@@ -1,0 +1,102 @@
+"""`make bench` (tune part, issue 26): one sweep of four candidates on one sandbox guest, then the same sweep over a
+group of two guests (`tune --group`: two candidates each, at once), on guests of its own that are always stopped
+at the end. The figure is the group's wall time over the one host's (about half: the base's runs and the
+candidates run side by side). Printed, never asserted.
+
+Both guests share this machine's cores, so the simulated servers and the benchmark clients of two hosts compete for
+CPU where two GPU hosts would not: the group's ratio here is an upper bound of what separate hosts see.
+
+    .venv/bin/python -m bench.tune_group [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from bench.fleet import guests
+from bench.timeline import say
+from deploy_lib import deploy as engine
+from deploy_lib.bundled import ROLES_DIR
+from deploy_lib.inventory import load_inventory
+from deploy_lib.ops.scope import Reach, Scope
+from deploy_lib.ops.tune_group import GroupTune, tune_group
+from deploy_lib.patches import list_patch_sets
+from deploy_lib.progress import NullProgress
+from deploy_lib.project import Project, load_for_target, resolve_group
+from deploy_lib.remote import FabricRemote
+from deploy_lib.tune import Request, TuneReport, sweep_spec, tune
+from sandbox import manage, names
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILE = "glm5-nvfp4-sandbox"
+TOKENIZER = "/opt/sim-tokenizer"
+# four caps, the pre-sweep release's 64 among them; a short benchmark at one level keeps each run a few seconds
+VARY = ("memory.max_running_requests=128,256,512,1024",)
+SPEC = {"bench": {"tokenizer": TOKENIZER, "prompts": 256, "input_len": 32, "output_len": 32, "timeout_s": 300},
+        "ladder": [256], "keep": "none"}
+
+
+def _request() -> Request:
+    spec, sources = sweep_spec(None, VARY, SPEC)
+    return Request(spec, sources, tuple(list_patch_sets(ROLES_DIR)), dict(os.environ))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the same (one sweep each): checks that it runs")
+    parser.parse_args(argv)
+    if os.geteuid() != 0:
+        say("the tune bench needs root (sandbox guests are systemd-nspawn machines)")
+        return 2
+    with guests(2) as booted, tempfile.TemporaryDirectory(prefix="sglang-bench-tune-") as work:
+        if len(booted) < 2:
+            say("the tune bench needs two guests")
+            return 2
+        root = Path(work)
+        shutil.copytree(REPO / "inventory" / "profiles", root / "inventory" / "profiles")
+        (root / "inventory" / "profiles" / "tune-bench-64.yaml").write_text(
+            f"extends: {PROFILE}\nmemory:\n  max_running_requests: 64\n")
+        inventory = root / "inventory" / "sandbox.yaml"
+        inventory.write_text(manage.inventory_text(booted))
+        project = Project(root)
+        known = load_inventory(inventory)
+        targets = resolve_group(known, names.GROUP)
+        for guest in booted:
+            manage.run_on(guest, f"/opt/ml-env/bin/python -m sglang_sim.tokenizer {TOKENIZER}")
+        loaded = load_for_target(project, PROFILE, known, targets[0])
+
+        def serve_64() -> None:  # the pre-sweep release on every guest
+            for target in targets:
+                with FabricRemote(target.ssh) as remote:
+                    engine.deploy(load_for_target(project, "tune-bench-64", known, target), target, remote,
+                                  NullProgress(), engine.Options(skip_gate=True))
+        serve_64()
+        say(f"one host: {len(VARY[0].split(','))} candidates")
+        started = time.monotonic()
+        with FabricRemote(targets[0].ssh) as remote:
+            one = tune(loaded, targets[0], remote, NullProgress(), _request())
+        one_s = time.monotonic() - started
+        assert isinstance(one, TuneReport) and one.finished, one
+        serve_64()
+        say("a group of two: the same candidates, two each at once")
+        reach = Reach(lambda target, prefixed: FabricRemote(target.ssh), lambda name: NullProgress(),
+                      lambda question: None, dict(os.environ))
+        started = time.monotonic()
+        two = tune_group(Scope(known, tuple(targets), names.GROUP), loaded, _request(), reach)
+        two_s = time.monotonic() - started
+        assert isinstance(two, GroupTune) and two.report.finished and not two.parts.failed, two
+    say(f"\ntune, {len(one.rows)} candidates (load average {os.getloadavg()[0]:.1f}):")
+    say(f"  one host: {one_s:.1f} s; a group of two: {two_s:.1f} s; group / one host: {two_s / one_s:.2f}x "
+        "(target about 0.5x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
