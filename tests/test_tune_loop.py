@@ -274,6 +274,10 @@ def test_the_top_two_within_the_noise_are_benchmarked_once_more_before_the_winne
     assert roles == ["start", "base", "base", "candidate", "candidate", "rerun", "rerun", "end"]
     assert [len(row.values) for row in report.rows] == [2, 2]
     assert report.winner is not None and host.current == report.serving
+    measured = {line["tune"]["candidate"]: line["tune"]["changes"] for line in host.tune_lines()
+                if line["tune"]["role"] == "candidate"}
+    assert any(measured.values()) and {row.label: row.changes for row in report.rows} == measured, \
+        "a candidate run again keeps what differs from the base in the table"
     notes = [text for kind, text in host.progress.events if kind == "note"]
     assert any("are within the noise" in str(text) for text in notes)
 

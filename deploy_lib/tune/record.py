@@ -101,7 +101,9 @@ def _row(label: str, entries: Sequence[HistoryEntry]) -> Row:
     outcome = role if role in (SKIPPED, ELIMINATED) else MEASURED if newest.outcome == HEALTHY else \
         MISSED_SLA if result is not None and result.ok else FAILED_RUN
     release = None if role == SKIPPED or newest.tune.get("release") == "" else newest.tags.release
-    return Row(label, release, outcome, newest.tune.get("sla_met") == "yes", newest.tune.get("changes", ""),
+    # a rerun line records no changes: they are the candidate's own run's
+    changes = next((e.tune["changes"] for e in reversed(entries) if e.tune.get("changes")), "")
+    return Row(label, release, outcome, newest.tune.get("sla_met") == "yes", changes,
                result.levels if result else (), _gpus(newest.figures), values, newest.cause)
 
 
