@@ -24,6 +24,7 @@ from deploy_cli.present import jsonable
 from deploy_lib.commands.gpu_check import parse_sizes
 from deploy_lib.errors import ConfigError, ConnectFailed
 from deploy_lib.facts import host as host_facts
+from deploy_lib.gpu_check import GpuCheckReport
 from deploy_lib.gpu_check.p2p.verdict import Cause
 from deploy_lib.inventory import load_inventory
 from deploy_lib.ops import commands
@@ -194,15 +195,17 @@ def test_status_prints_the_verdicts_line_and_the_node_not_read(tmp_path: Path, m
         "  each pair's cause and fix: `invoke gpu-check` (or `status --json`)"]
 
 
-def test_the_steps_recorded_on_the_lent_h200_read_through_gpu_check(tmp_path: Path) -> None:
-    """tests/data/p2p/h200-1gpu-2026-12-02/gpu-check-run.json: gpu-check's own steps run on a one-GPU H200 VM, the
-    all-reduce writing NCCL's topology dump, answered here by argv; gpu-check sends exactly those steps."""
-    recorded = json.loads((DATA / "p2p/h200-1gpu-2026-12-02/gpu-check-run.json").read_text())
+RECORDING = DATA / "p2p/h200-1gpu-2026-12-02-0743/gpu-check-run.json"  # re-record: tests/record_gpu_check.py
+
+
+def one_gpu_gpu_check(tmp_path: Path, results: list[dict[str, Any]]) -> tuple[FakeRemote, GpuCheckReport]:
+    """gpu-check with the CLI's default sizes on a one-GPU host (release venv /opt/torch/.venv, no Proxmox node),
+    each step answered by argv from `results` (a recording's); the host and the report."""
     release = {"id": "r1", "tags": {}, "venv": "/opt/torch/.venv",
                "profile": {"server": {"port": 8000}, "parallel": {"tp": 1}}}
     host = (installed(release)
             .reply(host_facts.FACT_UNIT, stdout="ActiveState=inactive\nSubState=dead\nLoadState=loaded\n"))
-    for result in recorded["results"]:
+    for result in results:
         host.reply(tuple(result["argv"]), exit_code=result["exit_code"], stdout=result["stdout"],
                    stderr=result["stderr"])
     hosts = Reached()
@@ -210,13 +213,29 @@ def test_the_steps_recorded_on_the_lent_h200_read_through_gpu_check(tmp_path: Pa
     text = INVENTORY.replace(", proxmox_node: pve1, proxmox_vmid: 105", "")
     sizes = list(parse_sizes([]))  # the CLI's default sizes, as the recording ran them
     report = commands.one(commands.gpu_check(vm_scope(tmp_path, text), "sglang", None, False, sizes, hosts.reach()))
-    # host facts include the venv python test, which came after the recording (answered: the python is there)
-    sent = [step for step in host.ran if isinstance(step, Step) and not step.name.startswith(
+    return host, report
+
+
+def sent_steps(host: FakeRemote) -> list[Step]:
+    """The steps of gpu-check's check and peer-to-peer section, in order: not the store/lock/facts reads around it
+    (those need the deploy store, which a lent machine has not)."""
+    return [step for step in host.ran if isinstance(step, Step) and not step.name.startswith(
         ("store facts", "host facts", "lock", "readiness probe")) and step.name != host_facts.FACT_UNIT
         and not step.name.endswith("/lock/owner.json")]
+
+
+def test_the_steps_recorded_on_the_lent_h200_read_through_gpu_check(tmp_path: Path) -> None:
+    """RECORDING: gpu-check's own steps run on a one-GPU H200 VM, the all-reduce writing NCCL's topology dump,
+    answered here by argv; gpu-check sends exactly those steps."""
+    recorded = json.loads(RECORDING.read_text())
+    host, report = one_gpu_gpu_check(tmp_path, recorded["results"])
+    sent = sent_steps(host)
     assert [list(step.argv) for step in sent] == [result["argv"] for result in recorded["results"]]
     check = next(step for step in sent if step.name == "all-reduce check")
-    assert hashlib.sha256(check.stdin or b"").hexdigest() == recorded["check_stdin_sha256"]
+    assert hashlib.sha256(check.stdin or b"").hexdigest() == recorded["check_stdin_sha256"], (
+        f"the all-reduce program gpu-check ships (deploy_lib/host_scripts/gpu_check.py wrapped by check_step) is "
+        f"not the one {RECORDING.parent.name} ran: re-record it on a one-GPU machine with tests/record_gpu_check.py "
+        f"(its docstring says how) into a new dated folder and point RECORDING at it")
     assert report.check.verified and report.check.gpus == ("NVIDIA H200",)
     verdict = report.peer_to_peer
     assert verdict is not None and verdict.pairs == ()
