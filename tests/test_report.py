@@ -9,7 +9,16 @@ import json
 from pathlib import Path
 
 import pytest
-from browser import MIN_DRAWN_PX, REPORT_AREAS, SWEEP_AREAS, chart_areas, open_page, series_per_chart
+from browser import (
+    REPORT_AREAS,
+    REPORT_CHARTS,
+    SWEEP_AREAS,
+    SWEEP_CHARTS,
+    assert_page_drawn,
+    chart_areas,
+    open_page,
+    series_per_chart,
+)
 from test_deploy_plan import target
 from test_rollback import a_host
 
@@ -21,10 +30,8 @@ from deploy_lib.store import HistoryEntry
 
 HISTORY = Path(__file__).parent / "data" / "report" / "history.jsonl"
 A, B, C, D = "ac2a8743bd47", "21a6cd18cbea", "9da6e34445c9", "faf22e9b79da"
-CHARTS = ("chart-throughput", "chart-concurrency", "chart-power", "chart-starts", "chart-events")
 SWEEP = Path(__file__).parent / "data" / "report" / "sweep.jsonl"
 TUNE = "t20261202-062647-0b6e"
-SWEEP_CHARTS = ("chart-tune-concurrency", "chart-tune-power")
 
 
 def recorded() -> list[HistoryEntry]:
@@ -135,15 +142,10 @@ def test_the_report_reads_the_history_through_one_read_of_the_store_and_writes_n
 @pytest.mark.parametrize("kind", ["host", "sweep"])
 def test_the_page_opens_in_chromium_with_no_console_message_no_request_and_every_chart_drawn(kind: str, tmp_path: Path
                                                                                            ) -> None:
-    data, charts, chart_count = (report(), CHARTS, REPORT_AREAS) if kind == "host" else \
+    data, charts, chart_count = (report(), REPORT_CHARTS, REPORT_AREAS) if kind == "host" else \
         (sweep(), SWEEP_CHARTS, SWEEP_AREAS)
     [page, *_] = write_report(data, tmp_path / "out")
-    opened = open_page(page, tmp_path)
-    assert opened.console == [] and opened.page_requests == []
-    drawn = series_per_chart(opened.dom)
-    assert set(drawn) == set(charts) and all(drawn[chart] for chart in charts), drawn
-    areas = chart_areas(opened.screenshot)
-    assert len(areas) == chart_count and all(drawn >= MIN_DRAWN_PX for *_, drawn in areas), areas
+    assert_page_drawn(page, tmp_path, charts, chart_count)
 
 
 def test_the_browser_check_sees_a_request_the_page_tries_and_blank_charts(tmp_path: Path) -> None:
