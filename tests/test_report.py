@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -242,6 +243,16 @@ def test_a_sweeps_figures_are_per_candidate_and_level_and_its_gpus_per_candidate
         (64, 233.6), (256, 934.4), (1024, 3737.6)]
     assert [lv.ttft_p99_ms for lv in data.levels if lv.number == 1] == [100.0, 400.0, 1600.0]
     assert len(data.gpus) == 3 * 8 and {g.gpu for g in data.gpus if g.number == 3} == set(range(8))
+
+
+def test_a_candidate_run_again_within_the_noise_keeps_what_differs_from_the_base() -> None:
+    """Input tried: the recorded sweep with the winner run again before its end (the tune loop's rerun of the top
+    candidates within the noise records no changes, as a real sweep on a sandbox guest wrote it)."""
+    history = swept()
+    winner = [e for e in history if e.tune.get("role") == "candidate" and e.outcome == "healthy"][-1]
+    rerun = replace(winner, tune={**winner.tune, "role": "rerun", "changes": ""})
+    data = sweep([*history[:-1], rerun, history[-1]])
+    assert [c.changes for c in data.candidates if c.winner] == ["~ flag --mem-fraction-static: 0.92 -> 0.9"]
 
 
 def test_a_sweep_cut_short_says_how_to_finish_it(tmp_path: Path) -> None:
