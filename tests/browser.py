@@ -91,9 +91,12 @@ def series_per_chart(dom: str) -> dict[str, list[str]]:
 
 
 MIN_FRAME_PX = 400
-# the plotting areas of the report's charts: throughput and TTFT, concurrency, power and utilisation, phases, events
+# the host's page: its charts, and their plotting areas (throughput and TTFT, concurrency, power and utilisation,
+# phases, events)
+REPORT_CHARTS = ("chart-throughput", "chart-concurrency", "chart-power", "chart-starts", "chart-events")
 REPORT_AREAS = 7
 # a tuning sweep's page (`report --tune ID`): throughput against concurrency, power and utilisation
+SWEEP_CHARTS = ("chart-tune-concurrency", "chart-tune-power")
 SWEEP_AREAS = 3
 MIN_DRAWN_PX = 50
 
@@ -127,3 +130,14 @@ def chart_areas(png: Path) -> list[tuple[int, int, int]]:
         inside = coloured[top + 3:bottom - 1, left + 2:right - 1]
         areas.append((top, bottom, int(inside.sum())))
     return areas
+
+
+def assert_page_drawn(page: Path, work: Path, charts: tuple[str, ...], area_count: int) -> None:
+    """The page opened in Chromium: no console message, no request it started, each of `charts` (and no other) with
+    series in the DOM, and `area_count` plotting areas in the screenshot, each with drawn pixels."""
+    opened = open_page(page, work)
+    assert opened.console == [] and opened.page_requests == [], (opened.console, opened.page_requests)
+    drawn = series_per_chart(opened.dom)
+    assert set(drawn) == set(charts) and all(drawn[chart] for chart in charts), drawn
+    areas = chart_areas(opened.screenshot)
+    assert len(areas) == area_count and all(pixels >= MIN_DRAWN_PX for *_, pixels in areas), areas

@@ -14,14 +14,17 @@ engine: deploy, roll back, read the store, arm the simulator's faults.
 from __future__ import annotations
 
 import json
+import os
 import shlex
+import subprocess
+import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Self
 
 import pytest
-from projects import project_for_guest
+from projects import REPO, project_for_guest
 from recording_progress import RecordingProgress
 from waits import STATE_WAIT_S
 
@@ -110,6 +113,17 @@ class Rig:
         for path in (FAULT_OF_SHORT, GUEST_FAULT, *fault_paths):
             self.fault(None, path)
         return self.deploy(self.profile).release_id
+
+    # --- through the command line ----------------------------------------------------------------------
+    def invoke(self, *argv: str) -> Any:
+        """`invoke ARGV --json` run from the rig's project against the guest (its inventory and host): the JSON
+        document on stdout; a non-zero exit fails the test with what the command said on stderr."""
+        environ = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DEPLOY_")}
+        ran = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *argv, "--inventory",
+                              self.inventory, "--host", self.guest.name, "--json"], cwd=self.project.root,
+                             stdin=subprocess.DEVNULL, capture_output=True, text=True, env=environ, timeout=1800)
+        assert ran.returncode == 0, f"invoke {' '.join(argv)}: exit {ran.returncode}\n{ran.stderr[-4000:]}"
+        return json.loads(ran.stdout)
 
     # --- on the guest, as root --------------------------------------------------------------------------
     def root(self, command: str) -> str:
