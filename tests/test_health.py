@@ -433,8 +433,8 @@ def server() -> Iterator[ThreadingHTTPServer]:
     httpd.server_close()
 
 
-def run_probe(step: Step, path: str | None = None) -> dict[str, Any]:
-    env = dict(os.environ, PATH=path if path is not None else os.environ["PATH"])
+def run_probe(step: Step, path: str | None = None, **environ: str) -> dict[str, Any]:
+    env = dict(os.environ, PATH=path if path is not None else os.environ["PATH"], **environ)
     done = subprocess.run([sys.executable, "-"], input=step.stdin, capture_output=True, timeout=60, env=env,
                           check=True)
     [line] = done.stdout.decode().splitlines()
@@ -460,6 +460,16 @@ def test_probe_sees_a_warming_server_and_does_not_generate_yet(server: Threading
     snap = Snapshot.model_validate(run_probe(probe_step(target, Rung.GENERATE)))
     assert snap.port_open and snap.health_status == 503 and snap.generation is None
     assert FakeSGLang.seen_auth == []
+
+
+def test_a_proxy_in_the_probes_environment_never_sees_its_requests(server: ThreadingHTTPServer) -> None:
+    """Input tried: http_proxy and HTTP_PROXY naming a closed port: health and generation still reach the server."""
+    FakeSGLang.health_status = 200
+    target = ProbeTarget(unit=None, port=server.server_address[1], api_key="sk-local-77",
+                         generation=GenerationProbe(timeout_s=10))
+    proxy = f"http://127.0.0.1:{closed_port()}"
+    snap = Snapshot.model_validate(run_probe(probe_step(target, Rung.GENERATE), http_proxy=proxy, HTTP_PROXY=proxy))
+    assert snap.health_status == 200 and snap.generation is not None and snap.generation.status == 200
 
 
 def test_probe_generates_with_the_api_key_in_the_header_only(server: ThreadingHTTPServer) -> None:

@@ -4,6 +4,7 @@ Python script gives."""
 
 from __future__ import annotations
 
+import contextlib
 import getpass
 import hashlib
 import http.server
@@ -12,7 +13,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
@@ -321,16 +322,19 @@ class NoLibrary:
         raise AssertionError(f"huggingface_hub's {name} was used")
 
 
-def test_a_branch_at_a_commit_a_stage_completed_is_planned_without_huggingface_hub(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The branch is resolved by one request to the hub API (here a loopback server), and the commit's record
-    answers the rest: huggingface_hub is never imported (it costs the python most of its time)."""
-    staged = staged_cache(tmp_path / "hf")
-    record = Path(model_stage.record_path({"hf_home": str(tmp_path / "hf"), "repo": "org/tiny"}, COMMIT))
+def record_stage(hf_home: Path) -> None:
+    """The cache of staged_cache with the record a stage of COMMIT writes before its first byte."""
+    staged = staged_cache(hf_home)
+    record = Path(model_stage.record_path({"hf_home": str(hf_home), "repo": "org/tiny"}, COMMIT))
     record.parent.mkdir(parents=True, exist_ok=True)
     record.write_text(json.dumps({"repo": "org/tiny", "commit": COMMIT, "allow": [], "ignore": [],
                                   "files": staged["files"]}))
-    asked: list[str] = []
+
+
+@contextlib.contextmanager
+def loopback_hub(asked: list[str]) -> Iterator[str]:
+    """A hub API on loopback answering every GET with COMMIT as the revision's sha; each request's path (the
+    absolute URL when it came through it as a proxy) noted in `asked`; yields its URL."""
 
     class Hub(http.server.BaseHTTPRequestHandler):
         def do_GET(self) -> None:
@@ -346,14 +350,87 @@ def test_a_branch_at_a_commit_a_stage_completed_is_planned_without_huggingface_h
 
     server = http.server.HTTPServer(("127.0.0.1", 0), Hub)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    (tmp_path / "lib" / "huggingface_hub").mkdir(parents=True)
-    (tmp_path / "lib" / "huggingface_hub" / "__init__.py").write_text("raise ImportError('not to be imported')\n")
-    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
-    monkeypatch.setenv("HF_ENDPOINT", f"http://127.0.0.1:{server.server_port}")
     try:
-        planned = model_stage.plan({"repo": "org/tiny", "revision": "main", "allow": [], "ignore": [],
-                                    "hf_home": str(tmp_path / "hf"), "token": None}, NoLibrary())
+        yield f"http://127.0.0.1:{server.server_port}"
     finally:
         server.shutdown()
+
+
+def bare_venv(root: Path) -> Path:
+    """A venv of this interpreter without pip or anything else installed: its site-packages directory."""
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, capture_output=True)
+    [site] = root.glob("lib/python3*/site-packages")
+    return site
+
+
+# huggingface_hub as a package that fails the plan when imported: found, but only to be looked at
+UNIMPORTABLE_HUB = "raise ImportError('huggingface_hub was imported')\n"
+
+
+def test_a_branch_at_a_commit_a_stage_completed_is_planned_without_huggingface_hub(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The branch is resolved by one request to the hub API (here a loopback server), and the commit's record
+    answers the rest: huggingface_hub is never imported (it costs the python most of its time)."""
+    record_stage(tmp_path / "hf")
+    asked: list[str] = []
+    (tmp_path / "lib" / "huggingface_hub").mkdir(parents=True)
+    (tmp_path / "lib" / "huggingface_hub" / "__init__.py").write_text(UNIMPORTABLE_HUB)
+    monkeypatch.syspath_prepend(str(tmp_path / "lib"))
+    with loopback_hub(asked) as endpoint:
+        monkeypatch.setenv("HF_ENDPOINT", endpoint)
+        planned = model_stage.plan({"repo": "org/tiny", "revision": "main", "allow": [], "ignore": [],
+                                    "hf_home": str(tmp_path / "hf"), "token": None}, NoLibrary())
     assert asked == ["/api/models/org/tiny/revision/main"]
     assert (planned["commit"], planned["missing"], planned["asked_hub"]) == (COMMIT, [], True)
+
+
+def venv_plan(tmp_path: Path, endpoint: str, env: dict[str, str] | None = None) -> StepResult:
+    """The facts' plan step of org/tiny at `main` run for real by the venv at tmp_path/venv (runuser's prefix
+    dropped), against the cache record_stage leaves."""
+    record_stage(tmp_path / "hf")
+    model = HubModel("org/tiny", "main", (), (), str(tmp_path / "hf"), endpoint, getpass.getuser())
+    step = model.fact_steps(str(tmp_path / "venv"))[0]
+    return run_step(replace(step, argv=step.argv[4:]), env={"PATH": "/usr/bin:/bin", **(env or {})})
+
+
+def test_the_venvs_python_plans_a_branch_without_processing_its_site_packages(tmp_path: Path) -> None:
+    """Input tried: a venv holding huggingface_hub (unimportable) and a .pth file that would leave a mark at any
+    start with site: the plan is answered, the hub asked once, huggingface_hub found but not imported, no mark."""
+    site = bare_venv(tmp_path / "venv")
+    (site / "huggingface_hub").mkdir()
+    (site / "huggingface_hub" / "__init__.py").write_text(UNIMPORTABLE_HUB)
+    mark = tmp_path / "site-was-processed"
+    (site / "mark.pth").write_text(f"import pathlib; pathlib.Path({str(mark)!r}).touch()\n")
+    asked: list[str] = []
+    with loopback_hub(asked) as endpoint:
+        result = venv_plan(tmp_path, endpoint)
+    planned = parse_model_result(result)
+    assert (planned.error, planned.commit, planned.complete, planned.asked_hub) == (None, COMMIT, True, True), \
+        result.stderr
+    assert asked == ["/api/models/org/tiny/revision/main"] and not mark.exists()
+
+
+def test_huggingface_hub_reachable_only_through_a_pth_file_is_still_found(tmp_path: Path) -> None:
+    """Input tried: huggingface_hub outside site-packages, on sys.path only through a .pth file (as an editable
+    install puts it): site is processed, the library found, and the branch resolved by the hub."""
+    site = bare_venv(tmp_path / "venv")
+    (tmp_path / "src" / "huggingface_hub").mkdir(parents=True)
+    (tmp_path / "src" / "huggingface_hub" / "__init__.py").write_text(UNIMPORTABLE_HUB)
+    (site / "editable.pth").write_text(f"{tmp_path / 'src'}\n")
+    asked: list[str] = []
+    with loopback_hub(asked) as endpoint:
+        planned = parse_model_result(venv_plan(tmp_path, endpoint))
+    assert (planned.commit, planned.complete) == (COMMIT, True) and len(asked) == 1
+
+
+def test_a_proxy_in_the_environment_carries_the_hub_request(tmp_path: Path) -> None:
+    """Input tried: http_proxy naming a loopback server and a hub endpoint that does not resolve: the request goes
+    to the proxy, for the endpoint's URL."""
+    site = bare_venv(tmp_path / "venv")
+    (site / "huggingface_hub").mkdir()
+    (site / "huggingface_hub" / "__init__.py").write_text(UNIMPORTABLE_HUB)
+    asked: list[str] = []
+    with loopback_hub(asked) as proxy:
+        planned = parse_model_result(venv_plan(tmp_path, "http://hub.invalid:1", {"http_proxy": proxy}))
+    assert asked == ["http://hub.invalid:1/api/models/org/tiny/revision/main"]
+    assert (planned.commit, planned.complete) == (COMMIT, True)

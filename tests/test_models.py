@@ -14,6 +14,7 @@ import pytest
 from fake_remote import FakeRemote
 from recording_progress import RecordingProgress
 from test_deploy_plan import NOW, PROJECT, deployed, facts, target
+from test_host_facts import bare_venv
 
 from deploy_lib.deploy import plan_deploy
 from deploy_lib.errors import ConfigError, PreflightError, RemoteError
@@ -123,15 +124,16 @@ def test_the_step_runs_the_venv_python_as_the_service_user() -> None:
     assert json.loads(step.stdin.split(b"\n", 1)[0])["revision"] == COMMIT_A  # type: ignore[union-attr]
 
 
-def test_the_bootstrap_runs_the_script_that_follows_the_request_on_stdin() -> None:
-    """The real bootstrap and script, here without huggingface_hub (`-S`: no site-packages, so it cannot be
-    importable whatever this machine has installed): the script itself reports that as data. It used to skip when
-    huggingface_hub happened to be importable, checking nothing."""
+def test_the_bootstrap_runs_the_script_that_follows_the_request_on_stdin(tmp_path: Path) -> None:
+    """The real bootstrap and script, here in a venv without huggingface_hub (made here with nothing installed, so
+    it cannot be importable whatever this machine has): the script itself reports that as data. It used to skip
+    when huggingface_hub happened to be importable, checking nothing."""
+    bare_venv(tmp_path / "venv")
     model = hub_model(reference(), HostVars(), {})
     assert model is not None
-    step = model.step(sys.prefix, "plan")
-    done = subprocess.run([sys.executable, "-I", "-S", "-c", BOOTSTRAP], input=step.stdin, capture_output=True,
-                          env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    step = model.step(str(tmp_path / "venv"), "plan")
+    done = subprocess.run([str(tmp_path / "venv" / "bin" / "python3"), "-I", "-S", "-c", BOOTSTRAP],
+                          input=step.stdin, capture_output=True, env={"PATH": "/usr/bin:/bin"}, timeout=60)
     parsed = parse_model_result(result(done.stdout.decode(), done.returncode, done.stderr.decode()))
     assert parsed.error == "no_library" and "huggingface_hub" in parsed.message
 

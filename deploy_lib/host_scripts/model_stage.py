@@ -1,11 +1,13 @@
 """Runs ON THE HOST, by the release's venv python (sent on stdin): plan or stage a model snapshot in the HF cache.
 
 Standard library plus the venv's own huggingface_hub (a dependency of SGLang's stack: the library SGLang itself
-downloads with). `deploy_lib.models` runs it as `python -I -c BOOTSTRAP` with stdin = one JSON line (the request)
+downloads with). `deploy_lib.models` runs it as `python -I -S -c BOOTSTRAP` with stdin = one JSON line (the request)
 followed by this source: {"action": "plan"|"stage"|"list"|"prune", "repo", "revision", "allow",
 "ignore", "hf_home", "endpoint", "token", "user", "commits"}. The token only enters this process's
 environment; it is never printed. `list` and `prune` read and delete cache revisions with the library's own
-scan_cache_dir, and prune only what a stage of ours recorded.
+scan_cache_dir, and prune only what a stage of ours recorded. Started without site (-S): a plan answered from our
+records and one request to the hub's API needs the standard library only; site-packages (their .pth files included)
+are added at the first need of huggingface_hub (with_site_packages).
 
 Output: `PROGRESS <done bytes> <total bytes>` lines while staging (about once a second), then one line
 `RESULT <json>`: the resolved commit, the files the server loads with size and blob name, which of them are
@@ -22,11 +24,12 @@ import pwd
 import sys
 import threading
 import urllib.parse
-import urllib.request
 
 RECORD_DIR = "sglang-deploy"  # <HF_HOME>/sglang-deploy/<repo folder>/<commit>.json: what a stage of ours started
 PLAN_HEADER = "sglang-deploy model plan 1"
 FULL_COMMIT_LEN = 40
+PROXY_VARIABLES = ("http_proxy", "https_proxy", "all_proxy")  # urllib.request's (getproxies_environment), any case
+SITE = {"added": False}
 
 
 def emit(kind, payload):
@@ -116,18 +119,60 @@ def recorded(request):
     return files if len(in_cache(request, revision, files)[0]) == len(files) else None
 
 
+def with_site_packages():
+    """The venv's site-packages on sys.path, with their .pth files, as a python started without -S has them."""
+    if sys.flags.no_site and not SITE["added"]:
+        import site
+
+        site.main()
+        SITE["added"] = True
+
+
+def hub_library_found():
+    """Whether huggingface_hub is importable: installed as a package directory in the venv's site-packages (looked
+    at without site), else wherever site's processing puts it (an editable install's .pth, system site-packages)."""
+    lib = os.path.join(os.path.dirname(os.path.dirname(sys.executable)), "lib",
+                       f"python{sys.version_info[0]}.{sys.version_info[1]}", "site-packages")
+    if os.path.isfile(os.path.join(lib, "huggingface_hub", "__init__.py")):
+        return True
+    with_site_packages()
+    return importlib.util.find_spec("huggingface_hub") is not None
+
+
+def get_json(url, headers):
+    """The JSON body of GET `url`: with http.client (half urllib.request's imports), or with urllib.request when the
+    environment names a proxy, which only urllib honours. Anything but 200 raises."""
+    parts = urllib.parse.urlsplit(url)
+    if any(name.lower() in PROXY_VARIABLES for name in os.environ) or parts.scheme not in ("http", "https"):
+        from urllib.request import Request, urlopen
+
+        with urlopen(Request(url, headers=headers), timeout=10) as response:
+            return json.load(response)
+    import http.client
+
+    kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+    connection = kind(parts.netloc, timeout=10)
+    try:
+        connection.request("GET", parts.path + ("?" + parts.query if parts.query else ""), headers=headers)
+        response = connection.getresponse()
+        if response.status != 200:  # a redirect too: huggingface_hub follows it
+            raise LookupError(f"{url}: HTTP {response.status}")
+        return json.load(response)
+    finally:
+        connection.close()
+
+
 def resolved(request):
     """The commit `revision` names on the hub now, from one standard-library request to the endpoint huggingface_hub's
     model_info asks (GET <endpoint>/api/models/<repo>/revision/<revision>); None on any failure, which the library
     then meets and reports as it always did (a venv without the library is reported so, without asking the hub)."""
-    if importlib.util.find_spec("huggingface_hub") is None:
+    if not hub_library_found():
         return None
     endpoint = os.environ.get("HF_ENDPOINT", "https://huggingface.co").rstrip("/")
     url = f"{endpoint}/api/models/{request['repo']}/revision/{urllib.parse.quote(request['revision'], safe='')}"
     headers = {"Authorization": f"Bearer {request['token']}"} if request.get("token") else {}
     try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers), timeout=10) as response:
-            sha = json.load(response).get("sha")
+        sha = get_json(url, headers).get("sha")
     except Exception:  # unreachable, gated, not found, not JSON: huggingface_hub says which
         return None
     full = isinstance(sha, str) and len(sha) == FULL_COMMIT_LEN and all(c in "0123456789abcdef" for c in sha)
@@ -203,6 +248,7 @@ def remove_partials(blobs_dir):
 
 
 def stage(request, api):
+    with_site_packages()
     from huggingface_hub import snapshot_download
 
     result = plan(request, api)
@@ -246,6 +292,7 @@ def stage(request, api):
 def cache_revisions(request, api):
     """Every model revision in the cache, with its size and whether a stage of ours recorded it (started it: a
     stopped stage's part of a revision is ours too)."""
+    with_site_packages()
     from huggingface_hub import scan_cache_dir
 
     hub_dir = os.path.join(request["hf_home"], "hub")
@@ -265,6 +312,7 @@ def cache_revisions(request, api):
 def prune_revisions(request, api):
     """Delete revisions a stage of ours recorded (never others) with huggingface_hub's own deletion, which keeps
     every blob another revision still links."""
+    with_site_packages()
     from huggingface_hub import scan_cache_dir
 
     listed = cache_revisions(request, api)["revisions"]
@@ -292,6 +340,7 @@ class Hub:
 
     def __getattr__(self, name):
         if self.api is None:
+            with_site_packages()
             from huggingface_hub import HfApi
 
             self.api = HfApi()

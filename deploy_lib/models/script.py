@@ -47,7 +47,7 @@ def script_step(name: str, venv: str, user: str, request: Mapping[str, Any], tim
     """model_stage.py run by the venv's python as `user`; the request (a token included) travels on stdin. With
     `kept_plan` (a plan's path, model_stage.plan_name) the shell answers first when that plan still verifies."""
     stdin = (json.dumps(request) + "\n" + STAGE_SOURCE).encode()
-    python = (str(venv_python(venv)), "-I", "-c", BOOTSTRAP)
+    python = (str(venv_python(venv)), "-I", "-S", "-c", BOOTSTRAP)  # site-packages when needed (model_stage.py)
     check = ("sh", "-c", PLAN_CHECK, "sh", request.get("hf_home") or "", user, kept_plan) if kept_plan else ()
     return Step(name, ("runuser", "-u", user, "--", *check, *python), sudo=True, stdin=stdin,
                 ok=frozenset({0, 1, 127}), timeout_s=timeout_s, secret=request.get("token") is not None)

@@ -41,7 +41,7 @@ def test_a_no_op_redeploy_starts_no_python_for_sglangs_options_or_import_origin(
     assert rig.root("ls -A /root | grep -c '^sglang' || true").strip() == "0"  # nothing to shadow the venv's SGLang
     again, starts = deploy_counting_python(rig, "glm5-nvfp4")
     assert again.action == "unchanged" and again.release_id == first.release_id
-    assert "-I|-" not in starts and "-I|-c" in starts  # SGLang's options from the cache; the model plan still ran
+    assert "-I|-" not in starts and "-I|-S" in starts  # SGLang's options from the cache; the model plan still ran
     assert not [start for start in starts if start.startswith("-c|")]  # the import check answered in the shell
 
 
