@@ -103,13 +103,6 @@ def _newest(lines: Sequence[HistoryEntry], label: str) -> HistoryEntry:
     return [e for e in lines if e.tune.get("role") in roles and e.tune.get("candidate", "base") == label][-1]
 
 
-def _changes(lines: Sequence[HistoryEntry], row: TuneRow) -> str:
-    """What differs from the base, as the candidate's own run recorded it (its reruns within the noise record none)."""
-    recorded = [e.tune.get("changes", "") for e in lines
-                if e.tune.get("role") == CANDIDATE and e.tune.get("candidate") == row.label]
-    return next((changes for changes in recorded if changes), row.changes)
-
-
 def _mean(values: Sequence[float | None]) -> float | None:
     known = [v for v in values if v is not None]
     return round(statistics.fmean(known), 1) if known else None
@@ -120,7 +113,7 @@ def _most(values: Sequence[float | None]) -> float | None:
 
 
 def _candidate(number: int, row: TuneRow, gpus: Sequence[GpuReading], base: float | None,
-               winner: str | None, changes: str) -> SweepCandidate:
+               winner: str | None) -> SweepCandidate:
     objective = round(statistics.fmean(row.values), 3) if row.values else None
     vs_base = round((objective / base - 1) * 100, 1) if objective is not None and base else None
     return SweepCandidate(number=number, candidate=row.label, release=row.release_id, outcome=row.outcome,
@@ -129,7 +122,7 @@ def _candidate(number: int, row: TuneRow, gpus: Sequence[GpuReading], base: floa
                           power_peak_w=_most([g.power_peak_w for g in gpus]),
                           power_limit_w=_most([g.power_limit_w for g in gpus]),
                           util_mean_pct=_mean([g.util_mean_pct for g in gpus]), winner=row.label == winner,
-                          changes=changes, cause=row.cause if not row.sla_met else "")
+                          changes=row.changes, cause=row.cause if not row.sla_met else "")
 
 
 def collect_sweep(history: Sequence[HistoryEntry], host: str, service: str, generated_at: str,
@@ -151,7 +144,7 @@ def collect_sweep(history: Sequence[HistoryEntry], host: str, service: str, gene
                   f"({UNITS[report.spec.objective]})",
         sla=report.spec.sla.describe(), original=report.original, finished=report.finished, winner=report.winner,
         serving=report.serving, reason=report.reason,
-        candidates=tuple(_candidate(n, row, readings[row.label], base, report.winner, _changes(lines, row))
+        candidates=tuple(_candidate(n, row, readings[row.label], base, report.winner)
                          for n, row in numbered),
         levels=tuple(SweepLevel(n, row.label, lv.concurrency, lv.output_tok_s, round(lv.request_rate, 3),
                                 lv.ttft.p99_ms, lv.tpot.p99_ms, lv.itl.p99_ms)
