@@ -1,5 +1,5 @@
 """The import graph of deploy_lib: every module in a named layer, each using only its own layer or those below, no
-import cycle, and the pure layers never reaching a connection (README, "Architecture").
+import cycle, and the pure layers never reaching a connection (docs/architecture.md).
 
 Two graphs are read from the source, with every import counted (top level, inside a function, under
 TYPE_CHECKING: a lazy import is still a dependency, and a type names what the code holds):
@@ -34,7 +34,7 @@ HOST_SCRIPTS = frozenset({"host_scripts.sglang_options", "host_scripts.probe",
     frozenset(f"venvs.{name}_script" for name in ("python_facts", "installed", "relocate", "inspect", "verify",
                                                   "extract_uv", "fetch_uv", "tree", "imported_from"))
 OPS_PREFIX = "ops."
-# Bottom to top. The folders follow the layers (README, "Architecture"): base at the top of deploy_lib, host_scripts/,
+# Bottom to top. The folders follow the layers (docs/architecture.md): base at the top of deploy_lib, host_scripts/,
 # remote/ and facts/readings, profile/ and inventory, facts/ and release/ for planning, commands/, ops/; a concern's
 # own package (deploy/, store/, models/, venvs/, health/, throughput/, patches/, gpu_check/) holds its planning and
 # its host actions side by side, each module named below.
@@ -271,7 +271,7 @@ def test_host_scripts_import_nothing_of_deploy_lib() -> None:
 
 
 def test_no_module_is_over_about_400_lines() -> None:
-    """One concern per module: a module past the limit becomes a package of smaller ones (README, "Architecture");
+    """One concern per module: a module past the limit becomes a package of smaller ones (docs/architecture.md);
     a host script shipped whole is exempt."""
     lengths = {module: len(path.read_text().splitlines()) for module, path in _files().items()}
     over = {module: lines for module, lines in lengths.items() if lines > MAX_LINES and module not in HOST_SCRIPTS}
