@@ -109,6 +109,19 @@ def test_a_long_string_under_the_file_limit_is_refused_by_key(tmp_path: Path) ->
         load_profile(tmp_path, "long")
 
 
+def test_a_typed_key_set_to_null_leaves_its_flag_to_extra_args(tmp_path: Path) -> None:
+    """Input tried: the reference profile extended with backends.dsa_decode: null and a hand-written
+    --nsa-decode-backend (refused as given twice before; the typed key then writes no flag)."""
+    shutil.copy(PROFILES / "glm5-nvfp4.yaml", tmp_path / "glm5-nvfp4.yaml")
+    _write(tmp_path, "nsa", 'extends: glm5-nvfp4\nbackends: {dsa_decode: null}\n'
+                            'extra_args: ["--nsa-decode-backend", "flashmla_kv"]\n')
+    profile = load_profile(tmp_path, "nsa").profile
+    assert profile.backends.dsa_decode is None and profile.extra_args[-2:] == ["--nsa-decode-backend", "flashmla_kv"]
+    _write(tmp_path, "twice", 'extends: glm5-nvfp4\nextra_args: ["--nsa-decode-backend", "flashmla_kv"]\n')
+    with pytest.raises(ConfigError, match="backends.dsa_decode .trtllm. and extra_args .--nsa-decode-backend. both"):
+        load_profile(tmp_path, "twice")
+
+
 def test_unknown_profile_lists_the_known_ones() -> None:
     with pytest.raises(ConfigError) as caught:
         load_profile(PROFILES, "glm6")

@@ -87,13 +87,14 @@ class Profile(Strict):
         return self
 
     def _no_flag_twice(self) -> None:
-        """A flag a key of the profile writes may not be given again in extra_args (SGLang would take the last)."""
+        """A flag a key of the profile writes may not be given again in extra_args (SGLang would take the last); a key
+        set to null writes no flag, so the flag may then be given by hand."""
         given = {arg.split("=", 1)[0] for arg in self.extra_args if arg.startswith("--")}
         for row in ARGS:
             section_name, key = row.key.split(".", 1)
             section = getattr(self, section_name)
             twice = sorted(given & modelled_flags(row))
-            if twice and key in section.model_fields_set:
+            if twice and key in section.model_fields_set and getattr(section, key) is not None:
                 raise ValueError(f"{row.key} ({getattr(section, key)}) and extra_args ({twice[0]}) both give "
                                  f"{twice[0]}: set it in one place (as {row.key})")
 

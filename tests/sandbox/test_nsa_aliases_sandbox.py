@@ -24,7 +24,9 @@ from sandbox import manage
 
 pytestmark = pytest.mark.sandbox
 STORE = "/opt/sglang-deploy/sglang"
-PROFILES = {"glm5-nsa": 'extends: glm5-nvfp4\nextra_args: ["--nsa-decode-backend", "flashmla_kv"]\n'}
+# the typed backend off: given both ways, the one setting would be refused as set twice
+PROFILES = {"glm5-nsa": 'extends: glm5-nvfp4\nbackends: {dsa_decode: null}\n'
+                        'extra_args: ["--nsa-decode-backend", "flashmla_kv"]\n'}
 
 
 def root(guest: manage.Guest, command: str) -> str:
