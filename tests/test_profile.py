@@ -118,7 +118,8 @@ def test_a_typed_key_set_to_null_leaves_its_flag_to_extra_args(tmp_path: Path) -
     profile = load_profile(tmp_path, "nsa").profile
     assert profile.backends.dsa_decode is None and profile.extra_args[-2:] == ["--nsa-decode-backend", "flashmla_kv"]
     _write(tmp_path, "twice", 'extends: glm5-nvfp4\nextra_args: ["--nsa-decode-backend", "flashmla_kv"]\n')
-    with pytest.raises(ConfigError, match=r"backends\.dsa_decode \(trtllm\) and extra_args \(--nsa-decode-backend\) both"):
+    twice = r"backends\.dsa_decode \(trtllm\) and extra_args \(--nsa-decode-backend\) both"
+    with pytest.raises(ConfigError, match=twice):
         load_profile(tmp_path, "twice")
 
 
