@@ -167,7 +167,7 @@ def run_hosts(targets: Sequence[Target], act: Callable[[Target], T], progress: P
             if len(batches) > 1:
                 progress.phase_started(f"batch {number} of {len(batches)}: {', '.join(batch)}")
             futures = in_parallel([by_name[host] for host in batch], act, "host")
-            done = {host: _host_run(host, future) for host, future in zip(batch, futures, strict=True)}
+            done = {host: host_run(host, future) for host, future in zip(batch, futures, strict=True)}
             runs |= done
             failed_in_batch = sum(run.error is not None for run in done.values())
             failed_total += failed_in_batch
@@ -199,7 +199,8 @@ def _signals_noted(progress: Progress) -> AbstractContextManager[list[int]]:
                                                       "the running ones finish first"))
 
 
-def _host_run(host: str, future: Future[T]) -> HostRun[T]:
+def host_run(host: str, future: Future[T]) -> HostRun[T]:
+    """A finished host's future as its result: a DeployError is that host's failure, anything else a bug raised."""
     error = future.exception()
     if error is None:
         return HostRun(host, result=future.result())

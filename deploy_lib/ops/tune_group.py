@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import secrets
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
 from deploy_lib.deploy import Options, Outcome
 from deploy_lib.deploy import rollback as switch_to
-from deploy_lib.errors import ConfigError, DeployError, Interrupted
+from deploy_lib.errors import ConfigError, Interrupted
 from deploy_lib.interrupts import Interrupt, interrupted, signals_noted
-from deploy_lib.ops.fleet import FleetRun, HostRun, Rollout, Size, run_hosts
+from deploy_lib.ops.fleet import FleetRun, Rollout, Size, host_run, run_hosts
 from deploy_lib.ops.fleet import in_parallel as at_once
 from deploy_lib.ops.multinode import is_multi_node, plan_nodes
 from deploy_lib.ops.multinode_deploy import deploy_nodes, rollback_nodes
@@ -121,7 +120,7 @@ def tune_group(scope: Scope, loaded: LoadedProfile, request: Request, reach: Rea
     with signals_noted(lambda signum: reach.progress("").note(
             "signal: no host starts a further candidate; each finishes the one it runs")) as noted:
         futures = at_once(working, part, "tune")
-    runs = tuple(_host_run(t.host.name, f) for t, f in zip(working, futures, strict=True))
+    runs = tuple(host_run(t.host.name, f) for t, f in zip(working, futures, strict=True))
     parts = FleetRun(runs, (tuple(t.host.name for t in working),))
     message = f"tune {sweep_id} interrupted on group {scope.group}: each host serves its best so far"
     hint = f"`invoke tune --group {scope.group} --resume {sweep_id}` runs the candidates not finished"
@@ -166,15 +165,6 @@ def _ran(target: Target, service: str, sweep_id: str, reach: Reach) -> bool:
     """Whether the host ran a share of the sweep (a resume leaves the others serving)."""
     with reach.connect(target, True) as remote:
         return sweep_id in tune_ids(read_store_facts(remote, target.layout(service)).history)
-
-
-def _host_run(name: str, future: Future[TuneReport]) -> HostRun[TuneReport]:
-    error = future.exception()
-    if error is None:
-        return HostRun(name, result=future.result())
-    if isinstance(error, DeployError):
-        return HostRun(name, error=error)
-    raise error  # a bug, not a host's failure: shown whole
 
 
 def _results(parts: FleetRun[TuneReport]) -> list[tuple[str, TuneReport]]:
