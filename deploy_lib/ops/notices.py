@@ -10,17 +10,16 @@ failed start nothing could be rolled back to, and a crash loop systemd gave up o
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 from deploy_lib.errors import DeployError, GateFailed, ReadinessFailed, RollbackFailed
 from deploy_lib.hooks import HookContext, HookEvent, run_hook
+from deploy_lib.ops.fleet import FleetRun, HostRun
 from deploy_lib.ops.scope import Reach, Scope
 
 if TYPE_CHECKING:
     from deploy_lib.commands.status import StatusReport
     from deploy_lib.deploy import Outcome
-    from deploy_lib.ops.fleet import FleetRun
     from deploy_lib.remote.webhook import Notification
 
 T = TypeVar("T")
@@ -30,31 +29,22 @@ ROLLED_BACK = "rolled-back"
 FAILED = "failed"
 
 
-@dataclass(frozen=True)
-class HostEnd:
-    """How a command ended on one host: its outcome, or its error."""
-
-    host: str
-    outcome: Outcome | None = None
-    error: DeployError | None = None
-
-    @property
-    def label(self) -> str:
-        """deployed, unchanged, rolled-back, started, restarted, failed: a hook's SGLANG_DEPLOY_OUTCOME."""
-        if self.outcome is not None:
-            return self.outcome.action.replace(" ", "-")
-        return ROLLED_BACK if self.error is not None and self.error.serving_id else FAILED
-
-    @property
-    def automatic_rollback(self) -> bool:
-        return self.error is not None and self.error.serving_id is not None
+def _label(end: HostRun[Outcome]) -> str:
+    """deployed, unchanged, rolled-back, started, restarted, failed: a hook's SGLANG_DEPLOY_OUTCOME."""
+    if end.result is not None:
+        return end.result.action.replace(" ", "-")
+    return ROLLED_BACK if end.error is not None and end.error.serving_id else FAILED
 
 
-def notification(end: HostEnd, service: str) -> Notification | None:
+def _rolled_back_by_itself(end: HostRun[Outcome]) -> bool:
+    return end.error is not None and end.error.serving_id is not None
+
+
+def notification(end: HostRun[Outcome], service: str) -> Notification | None:
     """What the host's webhook is told of this end; None for an end nobody needs to hear of (unchanged, already
     running, a started release, an error before anything changed)."""
     from deploy_lib.remote.webhook import Notification, NotifyEvent  # loads only where a webhook is set
-    error, outcome = end.error, end.outcome
+    error, outcome = end.error, end.result
     if outcome is not None:
         was = outcome.previous_id or "none"
         if outcome.action == "deployed":
@@ -80,8 +70,8 @@ def notification(end: HostEnd, service: str) -> Notification | None:
     return None
 
 
-def _ends(fleet: FleetRun[Outcome]) -> list[HostEnd]:
-    return [HostEnd(run.host, run.result, run.error) for run in fleet.runs if run.started]
+def _ends(fleet: FleetRun[Outcome]) -> list[HostRun[Outcome]]:
+    return [run for run in fleet.runs if run.started]
 
 
 def _joined(ids: Sequence[str | None]) -> str | None:
@@ -89,19 +79,19 @@ def _joined(ids: Sequence[str | None]) -> str | None:
     return ",".join(found) or None
 
 
-def _group_label(ends: Sequence[HostEnd]) -> str:
+def _group_label(ends: Sequence[HostRun[Outcome]]) -> str:
     """One word for the whole command: every host's, when they share it; else failed when any host failed, else
     deployed (some hosts deployed, the others unchanged)."""
-    labels = {end.label for end in ends}
+    labels = {_label(end) for end in ends}
     if len(labels) == 1:
         return labels.pop()
     return FAILED if FAILED in labels or ROLLED_BACK in labels else "deployed"
 
 
-def _released(end: HostEnd) -> tuple[str | None, str | None]:
+def _released(end: HostRun[Outcome]) -> tuple[str | None, str | None]:
     """(the release the command took the host to, the one before): from the outcome, or the error's `about`."""
-    if end.outcome is not None:
-        return end.outcome.release_id, end.outcome.previous_id
+    if end.result is not None:
+        return end.result.release_id, end.result.previous_id
     return (end.error.release_id, end.error.previous_id) if end.error is not None else (None, None)
 
 
@@ -132,16 +122,16 @@ class Announced:
         try:
             fleet = act()
         except DeployError as error:  # a one-host command's, or a whole group's (a multi-node release refused)
-            self.ended([HostEnd(host, error=error) for host in self.scope.names])
+            self.ended([HostRun(host, error=error) for host in self.scope.names])
             raise
         self.ended(_ends(fleet))
         return fleet
 
-    def ended(self, ends: Sequence[HostEnd]) -> None:
+    def ended(self, ends: Sequence[HostRun[Outcome]]) -> None:
         released = [_released(end) for end in ends]
         self.hook(POST.get(self.command), _joined([r for r, _ in released]), _joined([p for _, p in released]),
                   _group_label(ends) if ends else None)
-        restored = [end for end in ends if end.automatic_rollback]
+        restored = [end for end in ends if _rolled_back_by_itself(end)]
         if restored and self.command != "rollback":  # the automatic rollback after a failed start or gate
             self.hook(HookEvent.post_rollback, _joined([end.error.serving_id for end in restored if end.error]),
                       _joined([end.error.release_id for end in restored if end.error]), ROLLED_BACK)
@@ -179,4 +169,4 @@ def crash_loops(fleet: FleetRun[StatusReport], scope: Scope, reach: Reach) -> No
         Announced("status", scope, "", reach).notify(notes)
 
 
-__all__ = ["Announced", "HostEnd", "crash_loops", "notification"]
+__all__ = ["Announced", "crash_loops", "notification"]
