@@ -177,11 +177,17 @@ def prepare(sglang_version: str = DEFAULT_SGLANG, flashinfer_version: str = DEFA
 
 def router_wheelhouse() -> Path:
     """<cache>/router-wheels-<version>: links to the wheels of the router's lock and uv's, the directory a router
-    host without internet builds its venv from (`router_wheelhouse`)."""
-    from deploy_lib.ops.router import ROUTER_VERSION
+    host without internet builds its venv from (`router_wheelhouse`). Every version is the lock's: resolving
+    sglang-router alone takes the newest dependencies PyPI has today, which the lock's hashes refuse."""
+    from deploy_lib.ops.router import DEFAULT_LOCK, ROUTER_VERSION
+    from deploy_lib.venvs.lock import load_lock
+    pins = tuple(f"{name}=={version}" for name, version in load_lock(DEFAULT_LOCK).distributions().items())
     directory = cache_root() / f"router-wheels-{ROUTER_VERSION}"
     directory.mkdir(parents=True, exist_ok=True)
-    for wheel in (*download_with_dependencies((f"sglang-router=={ROUTER_VERSION}",)), download("uv", UV_VERSION)):
+    wheels = (*download_with_dependencies(pins), download("uv", UV_VERSION))
+    for stale in set(directory.iterdir()) - {directory / w.name for w in wheels}:  # an earlier lock's links
+        stale.unlink()
+    for wheel in wheels:
         if not (directory / wheel.name).exists():
             (directory / wheel.name).symlink_to(wheel)
     return directory
