@@ -33,7 +33,7 @@ def _patch_run(profile: str | None, host: str | None, inventory: str | None, ser
         return common.run(lambda: action(remote, *args, loaded, target))
 
 
-PATCH_HELP = {"name": "patch set name (see `invoke patches.list`)", "profile": common.IN_USE_HELP}
+PATCH_HELP = {"name": "patch set name (see `patches.list`)", "profile": common.IN_USE_HELP}
 
 
 @task(name="list")
@@ -123,7 +123,7 @@ PATCH_ACTION_HELP = {"profile": PATCH_HELP["profile"], "enable": "patch and depl
 def patch(c: Context, name: str, enable: bool = False, disable: bool = False, check: bool = False,
           audit: bool = False, profile: str | None = None, host: str | None = None, inventory: str | None = None,
           service: str | None = None, yes: bool = False, json: bool = False, verbose: bool = False) -> None:
-    """A patch set under roles/ (`invoke patches.list`): --name NAME, then --enable | --disable | --check | --audit."""
+    """A patch set under roles/ (`patches.list`): --name NAME, then --enable | --disable | --check | --audit."""
     common.report_as(json, verbose)
     chosen = [flag for flag, on in (("enable", enable), ("disable", disable), ("check", check), ("audit", audit))
               if on]
@@ -139,6 +139,6 @@ def patch(c: Context, name: str, enable: bool = False, disable: bool = False, ch
 def patch_fusion(c: Context, enable: bool = False, disable: bool = False, check: bool = False, audit: bool = False,
                  profile: str | None = None, host: str | None = None, inventory: str | None = None,
                  service: str | None = None, yes: bool = False, json: bool = False, verbose: bool = False) -> None:
-    """The SM120 allreduce-fusion patch set: `invoke patch --name fusion-sm120`."""
+    """The SM120 allreduce-fusion patch set: `patch --name fusion-sm120`."""
     patch(c, FUSION_PATCH_SET, enable=enable, disable=disable, check=check, audit=audit, profile=profile, host=host,
           inventory=inventory, service=service, yes=yes, json=json, verbose=verbose)

@@ -148,7 +148,7 @@ def _ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value:,.0f} ms"
 
 
-@task(name="show", help={"tune_id": "the sweep's id (`invoke tune` prints it)"})
+@task(name="show", help={"tune_id": "the sweep's id (`tune` prints it)"})
 def show(c: Context, tune_id: str, host: str | None = None, inventory: str | None = None,
          service: str | None = None, json: bool = False, verbose: bool = False) -> None:
     """Print a sweep's table again, from the host's history."""
