@@ -608,8 +608,8 @@ def test_after_ctrl_c_at_any_point_of_a_round_trip_the_next_step_runs(remote: Fa
     reading its result). A CI run saw the rollback's first step after an interrupt fail with 'connection lost'.
 
     The loop ends once the handler has run, not only on the KeyboardInterrupt: one landing in paramiko's
-    `Channel.__del__` (paramiko 4.0.0 and 5.1.0 channel.py: a bare `except: pass` around close, run whenever a dropped channel is
-    collected) is swallowed, and a loop waiting for it ran for ever on a loaded machine."""
+    `Channel.__del__` (paramiko 4.0.0 and 5.1.0 channel.py: a bare `except: pass` around close, run whenever a
+    dropped channel is collected) is swallowed, and a loop waiting for it ran for ever on a loaded machine."""
     handled = threading.Event()
 
     def interrupt(signum: int, frame: object) -> None:
