@@ -386,6 +386,34 @@ def test_a_sweep_runs_the_deploy_hooks_and_tells_the_webhook_of_the_winner_it_ke
         assert handler.bodies == []
 
 
+def test_a_group_sweep_tells_each_hosts_webhook_of_the_winner_it_serves_now(
+        tmp_path: Path, receiver: tuple[str, type[_Receiver]]) -> None:
+    """Input tried: `tune --group pair` over two replicas, the winner measured on a (the rollout leaves it
+    "unchanged") and rolled out to b: both went from B to the winner, so both webhooks hear "deployed"."""
+    from test_deploy_plan import PROJECT
+    from test_tune_group import BASE, FOUR_CAPS, replica
+    from test_tune_loop import a_sweep_host, request
+
+    from deploy_lib.ops.tune_group import GroupTune
+    url, handler = receiver
+    _hook(tmp_path, "post-deploy", ENV_DUMP)
+    hosts = {"a": a_sweep_host(*FOUR_CAPS), "b": a_sweep_host(*FOUR_CAPS)}
+    scope = Scope(PROJECT.inventory(None), tuple(told(replica(name), url) for name in hosts), group="pair")
+    reach = Reach(lambda found, prefixed: nullcontext(hosts[found.host.name]), lambda name: RecordingProgress(),
+                  lambda question: None, {"PATH": "/usr/bin:/bin"}, project_root=tmp_path, notify_retry=FAST)
+    result = commands.tune(scope, BASE, request(*FOUR_CAPS), reach)
+    assert isinstance(result, GroupTune) and result.serving is not None
+    winner = result.serving["a"]
+    assert result.serving == {"a": winner, "b": winner} and winner != "B"
+    assert [run.result.action for run in (result.rollout.runs if result.rollout else ()) if run.result] == [
+        "unchanged", "deployed"]
+    after = seen(tmp_path, "post-deploy")
+    assert (after["SGLANG_DEPLOY_HOSTS"], after["SGLANG_DEPLOY_RELEASE"], after["SGLANG_DEPLOY_PREVIOUS"],
+            after["SGLANG_DEPLOY_OUTCOME"]) == ("a,b", winner, "B", "deployed")
+    assert sorted((body["host"], body["event"], body["release"]) for body in handler.bodies) == [
+        ("a", "deployed", winner), ("b", "deployed", winner)]
+
+
 def test_a_router_release_that_did_not_come_up_tells_the_webhook_it_was_rolled_back(
         tmp_path: Path, receiver: tuple[str, type[_Receiver]]) -> None:
     """Input tried: a router release whose unit fails at its start, restored to the one before (the router's own

@@ -203,8 +203,9 @@ def _sweep_end(result: TuneReport | Planned) -> SweepEnd:
 
 def sweep_ends(result: GroupTune | TuneReport | Planned, scope: Scope) -> list[HostRun[SweepEnd]]:
     """Each host's end of a sweep. One host, or a multi-node group (one server, one table): the sweep's end on every
-    host. A group of replicas: a host's error (its part, or the winner's rollout there), else what the rollout did
-    there, else the release it serves at the end."""
+    host. A group of replicas: a host's error (its part, or the winner's rollout there), else the release it serves
+    at the end (the rollout's) against the one before the sweep (a host that measured the winner is "unchanged" by
+    the rollout, but deployed by the sweep)."""
     from deploy_lib.tune import Planned, TuneReport
     if isinstance(result, TuneReport | Planned):
         return [HostRun(host, result=_sweep_end(result)) for host in scope.names]
@@ -217,11 +218,9 @@ def sweep_ends(result: GroupTune | TuneReport | Planned, scope: Scope) -> list[H
     def end(host: str) -> HostRun[SweepEnd]:
         if host in errors:
             return HostRun(host, error=errors[host])
-        if host in outcomes:
-            done = outcomes[host]
-            return HostRun(host, result=SweepEnd(done.action, done.release_id, done.previous_id))
-        serving = (result.serving or {}).get(host)
-        before = originals.get(host, serving)
+        rolled = outcomes.get(host)
+        serving = rolled.release_id if rolled is not None else (result.serving or {}).get(host)
+        before = originals.get(host) or (rolled.previous_id if rolled is not None else None) or serving
         return HostRun(host, result=SweepEnd("deployed" if serving != before else "unchanged", serving, before))
     return [end(host) for host in scope.names]
 
