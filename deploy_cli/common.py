@@ -122,6 +122,12 @@ def scope(inventory: str | None, host: str | None, group: str | None = None, acc
     return chosen
 
 
+def one_host_scope(found: Target, inventory: str | None) -> Scope:
+    """A host already resolved (its warnings shown) as the scope of a command on it alone."""
+    from deploy_lib.ops.scope import Scope
+    return Scope(project().inventory(inventory_given(inventory)), (found,))
+
+
 def consent(question: str, yes: bool) -> None:
     """Every task that changes a host asks first: --yes, or y at a terminal; exit 1 otherwise."""
     if not yes and not run(lambda: ui.confirm(question)):

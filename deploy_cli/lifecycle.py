@@ -22,7 +22,7 @@ GROUP_HELP = {"group": "inventory group: every host of it at once (a multi-node 
 @task(help=GROUP_HELP)
 def stop(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
          service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
-    """Stop the server (the current release stays current; `invoke start` brings it back)."""
+    """Stop the server (the current release stays current; `start` brings it back)."""
     from deploy_lib.ops import commands
     common.report_as(verbose=verbose)
     hosts = common.scope(inventory, host, group)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import TYPE_CHECKING, TypeVar
 
@@ -13,7 +12,8 @@ from deploy_cli import present as ui
 from deploy_cli.options import task
 
 if TYPE_CHECKING:
-    from deploy_lib.patches import PatchSet
+    from deploy_lib.deploy import Outcome
+    from deploy_lib.patches import CheckReport, PatchSet
 
 T = TypeVar("T")
 FUSION_PATCH_SET = "fusion-sm120"
@@ -33,7 +33,7 @@ def _patch_run(profile: str | None, host: str | None, inventory: str | None, ser
         return common.run(lambda: action(remote, *args, loaded, target))
 
 
-PATCH_HELP = {"name": "patch set name (see `invoke patches.list`)", "profile": common.IN_USE_HELP}
+PATCH_HELP = {"name": "patch set name (see `patches.list`)", "profile": common.IN_USE_HELP}
 
 
 @task(name="list")
@@ -72,23 +72,13 @@ def patches_enable(c: Context, name: str, profile: str | None = None, host: str 
                    inventory: str | None = None, service: str | None = None, yes: bool = False,
                    json: bool = False, verbose: bool = False) -> None:
     """Make a patched venv (derived; the base is untouched) and deploy the profile on it (the set's feature on)."""
-    from deploy_lib import deploy as deploy_engine
-    from deploy_lib.commands import patches as on_host
     common.report_as(json, verbose)
-    patch_set = _patch_set(name)
-    target = common.target(inventory, host)
-    common.consent_possible(yes)  # the question needs the host's profile: refuse before connecting if none can answer
-    with common.remote(target) as remote:
-        base = on_host.base_profile(common.profile_in_use(profile, target, remote, service), patch_set)
-        patched = on_host.patched_profile(base, patch_set)
-        common.consent(f"patch {name} and deploy {patched.name} to {target.host.name}?", yes)
-        report, outcome = common.run(lambda: on_host.enable(remote, patch_set, base, patched, target,
-                                                       common.progress(), deploy_engine.Options(
-                                                           environ=dict(os.environ))))
+    report, outcome = _patch_deploy(name, profile, host, inventory, service, yes, enable=True)
     if json:
         ui.print_json({"check": report, "deploy": ui.outcome_json(outcome)})
     else:
-        reports.print_check(report)
+        if report is not None:
+            reports.print_check(report)
         ui.print_outcome(outcome)
 
 
@@ -97,18 +87,20 @@ def patches_disable(c: Context, name: str, profile: str | None = None, host: str
                     inventory: str | None = None, service: str | None = None, yes: bool = False,
                     json: bool = False, verbose: bool = False) -> None:
     """Deploy the profile (the set's feature off) on the venv the patched one was derived from."""
-    from deploy_lib import deploy as deploy_engine
-    from deploy_lib.commands import patches as on_host
     common.report_as(json, verbose)
-    patch_set = _patch_set(name)
-    target = common.target(inventory, host)
-    common.consent_possible(yes)
-    with common.remote(target) as remote:
-        base = on_host.base_profile(common.profile_in_use(profile, target, remote, service), patch_set)
-        common.consent(f"deploy {base.name} without {name} to {target.host.name}?", yes)
-        outcome = common.run(lambda: on_host.disable(remote, patch_set, base, target, common.progress(),
-                                                deploy_engine.Options(environ=dict(os.environ))))
+    _, outcome = _patch_deploy(name, profile, host, inventory, service, yes, enable=False)
     common.show(ui.outcome_json(outcome), lambda _: ui.print_outcome(outcome))
+
+
+def _patch_deploy(name: str, profile: str | None, host: str | None, inventory: str | None, service: str | None,
+                  yes: bool, enable: bool) -> tuple[CheckReport | None, Outcome]:
+    """The set's enable or disable (ops.commands.patch: its consent question, the deploy hooks and the webhook)."""
+    from deploy_lib.ops import commands
+    patch_set = _patch_set(name)
+    chosen = common.scope(inventory, host)
+    common.consent_possible(yes)  # the question needs the host's profile: refuse before connecting if none can answer
+    return common.run(lambda: commands.patch(common.project(), chosen, patch_set, profile,
+                                             common.service_name(service), enable, common.reach(yes)))
 
 
 PATCH_ACTION_HELP = {"profile": PATCH_HELP["profile"], "enable": "patch and deploy the profile on the patched venv",
@@ -123,7 +115,7 @@ PATCH_ACTION_HELP = {"profile": PATCH_HELP["profile"], "enable": "patch and depl
 def patch(c: Context, name: str, enable: bool = False, disable: bool = False, check: bool = False,
           audit: bool = False, profile: str | None = None, host: str | None = None, inventory: str | None = None,
           service: str | None = None, yes: bool = False, json: bool = False, verbose: bool = False) -> None:
-    """A patch set under roles/ (`invoke patches.list`): --name NAME, then --enable | --disable | --check | --audit."""
+    """A patch set under roles/ (`patches.list`): --name NAME, then --enable | --disable | --check | --audit."""
     common.report_as(json, verbose)
     chosen = [flag for flag, on in (("enable", enable), ("disable", disable), ("check", check), ("audit", audit))
               if on]
@@ -139,6 +131,6 @@ def patch(c: Context, name: str, enable: bool = False, disable: bool = False, ch
 def patch_fusion(c: Context, enable: bool = False, disable: bool = False, check: bool = False, audit: bool = False,
                  profile: str | None = None, host: str | None = None, inventory: str | None = None,
                  service: str | None = None, yes: bool = False, json: bool = False, verbose: bool = False) -> None:
-    """The SM120 allreduce-fusion patch set: `invoke patch --name fusion-sm120`."""
+    """The SM120 allreduce-fusion patch set: `patch --name fusion-sm120`."""
     patch(c, FUSION_PATCH_SET, enable=enable, disable=disable, check=check, audit=audit, profile=profile, host=host,
           inventory=inventory, service=service, yes=yes, json=json, verbose=verbose)

@@ -18,7 +18,7 @@ from deploy_cli.options import task
     "out": "directory for the page, its CSV files and JSON document (default: report)",
     "release": "a release whose throughput against concurrency is drawn; repeat for several (default: every "
                "benchmarked release)",
-    "tune": "a tuning sweep's id (`invoke tune` prints it): the page of its candidates instead of the host's story"})
+    "tune": "a tuning sweep's id (`tune` prints it): the page of its candidates instead of the host's story"})
 def report(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
            service: str | None = None, out: str = "report", release: list[str] | None = None,
            tune: str | None = None, json: bool = False, verbose: bool = False) -> None:

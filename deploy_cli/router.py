@@ -35,15 +35,15 @@ def router_deploy(c: Context, group: str, profile: str | None = None, inventory:
                   yes: bool = False, accept_new_host_key: bool = False, json: bool = False,
                   verbose: bool = False) -> None:
     """Deploy SGLang's router (sglang-router) in front of a group's servers, as its own unit and release."""
+    from deploy_lib.ops import commands
     from deploy_lib.ops.router import replica_urls
-    from deploy_lib.ops.router_deploy import deploy_router
     common.report_as(json, verbose)
     known, targets, site, router_target = _router_of(inventory, group, accept_new_host_key)
     workers = common.run(lambda: replica_urls(common.project(), profile, known, targets))
     common.consent(f"deploy the router for group {group} ({', '.join(workers)}) to {site.host.name}:{site.port}?",
                    yes)
-    with common.remote(router_target) as remote:
-        outcome = common.run(lambda: deploy_router(site, router_target, remote, workers, group, common.progress()))
+    outcome = common.run(lambda: commands.router_deploy(common.one_host_scope(router_target, inventory), site,
+                                                        workers, group, common.reach(yes=True)))
     common.show(outcome, ui.print_router_outcome)
 
 

@@ -58,18 +58,19 @@ def tune(c: Context, profile: str | None = None, vary: list[str] | None = None, 
     if group is not None:
         _tune_group(profile, host, group, inventory, accept_new_host_key, request, yes)
         return
+    from deploy_lib.ops import commands
     loaded, target = common.load(profile, inventory, host, accept_new_host_key)
     if not dry_run:
         common.consent(f"tune {loaded.name} on {target.host.name}: each candidate restarts the server?", yes)
-    with common.remote(target) as remote:
-        result = common.run(lambda: tuning.tune(loaded, target, remote, common.progress(), request))
-    common.show(result, lambda shown: ui.print_lines(
-        planned_lines(shown) if isinstance(shown, tuning.Planned) else table_lines(shown)))
+    result = common.run(lambda: commands.tune(common.one_host_scope(target, inventory), loaded, request,
+                                              common.reach(yes=True)))
+    common.show(result, lambda shown: ui.print_lines(_result_lines(shown)))
 
 
 def _tune_group(profile: str | None, host: str | None, group: str, inventory: str | None,
                 accept_new_host_key: bool, request: Request, yes: bool) -> None:
-    from deploy_lib.ops.tune_group import GroupTune, tune_group
+    from deploy_lib.ops import commands
+    from deploy_lib.ops.tune_group import GroupTune
     from deploy_lib.project import load_for_target
 
     chosen = common.scope(inventory, host, group, accept_new_host_key)
@@ -77,7 +78,7 @@ def _tune_group(profile: str | None, host: str | None, group: str, inventory: st
     if not request.dry_run:
         common.consent(f"tune {loaded.name} on the {len(chosen.targets)} hosts of group {group}: each candidate "
                        "restarts the server it runs on?", yes)
-    result = common.run(lambda: tune_group(chosen, loaded, request, common.reach(yes=True)))
+    result = common.run(lambda: commands.tune(chosen, loaded, request, common.reach(yes=True)))
     common.show(result, lambda shown: ui.print_lines(_result_lines(shown)))
     if isinstance(result, GroupTune) and result.exit_code:
         raise Exit(code=result.exit_code)
@@ -148,7 +149,7 @@ def _ms(value: float | None) -> str:
     return "n/a" if value is None else f"{value:,.0f} ms"
 
 
-@task(name="show", help={"tune_id": "the sweep's id (`invoke tune` prints it)"})
+@task(name="show", help={"tune_id": "the sweep's id (`tune` prints it)"})
 def show(c: Context, tune_id: str, host: str | None = None, inventory: str | None = None,
          service: str | None = None, json: bool = False, verbose: bool = False) -> None:
     """Print a sweep's table again, from the host's history."""

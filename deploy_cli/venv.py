@@ -44,7 +44,7 @@ def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | 
     reports.print_adopted(result)
 
 
-@task(name="remove", help={"venv_hash": "the managed venv's hash (`invoke venv.list`)"})
+@task(name="remove", help={"venv_hash": "the managed venv's hash (`venv.list`)"})
 def venv_remove(c: Context, venv_hash: str, host: str | None = None, inventory: str | None = None,
                 service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
     """Remove a managed venv (adopted ones stay until removed here) unless a release or derived venv needs it."""

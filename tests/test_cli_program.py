@@ -132,6 +132,20 @@ def test_every_option_that_takes_a_value_shows_its_placeholder_in_help(capsys: p
         assert f"  {option} " in capsys.readouterr().out
 
 
+def test_no_tasks_help_names_a_command_the_installed_tool_does_not_have(capsys: pytest.CaptureFixture[str]) -> None:
+    """Input tried: `TASK --help` for every task and the overview (stop's help said "`invoke start` brings it back",
+    patch-fusion's "`invoke patch --name fusion-sm120`": there is no `invoke` where the tool is pip-installed). A
+    task's help names another by the task's name alone, as the README's task table does."""
+    namespace = user_tasks()
+    program = DeployProgram(name=NAME, binary=NAME, version="0", namespace=namespace, executor_class=OneTaskExecutor)
+    shown = {}
+    for task in [*namespace.task_names, None]:
+        program.run([NAME, *([task] if task else []), "--help"], exit=False)
+        shown[task] = " ".join(capsys.readouterr().out.split())  # a line wrapped after `invoke` is found too
+    assert "`start` brings it back" in shown["stop"]
+    assert {task: text for task, text in shown.items() if "invoke " in text} == {}
+
+
 @pytest.mark.parametrize(("program", "argv"), [("sglang-deploy", ("--help",)), ("sglang-deploy", ()),
                                                ("sglang-deploy", ("schema",)), ("invoke", ("schema",))])
 def test_output_into_a_closed_pipe_ends_quietly(program: str, argv: tuple[str, ...]) -> None:

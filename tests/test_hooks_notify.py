@@ -312,3 +312,132 @@ def test_a_crash_loop_given_up_is_told_by_the_status_read_that_recorded_it(
     assert (body["event"], body["host"], body["release"]) == ("crash-loop-given-up", host, "r2")
     assert body["text"].startswith(f":rotating_light: sglang-deploy {host} (sglang): release r2 is down: gave up "
                                    "after 3 restarts: exit status 1")
+
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# The other commands that deploy a release (ops.commands.patch, tune, router_deploy) run the deploy hooks and tell
+# the webhook the same way
+
+def _patch(scope: Scope, reach: Reach, tmp_path: Path) -> object:
+    from test_deploy_plan import PROJECT
+
+    from deploy_lib.bundled import ROLES_DIR
+    from deploy_lib.patches import find_patch_set
+    return commands.patch(PROJECT, scope, find_patch_set(ROLES_DIR, "fusion-sm120"), "glm5-nvfp4", "sglang", True,
+                          reach)
+
+
+def _tune(scope: Scope, reach: Reach, tmp_path: Path) -> object:
+    from test_tune_loop import BASE, MRR, request
+    return commands.tune(scope, BASE, request(*MRR), reach)
+
+
+def _router(scope: Scope, reach: Reach, tmp_path: Path) -> object:
+    from test_router import site_of
+    return commands.router_deploy(scope, site_of(tmp_path), ["http://192.0.2.2:8000"], "replicas", reach)
+
+
+@pytest.mark.parametrize(("command", "run", "profile"), [("patch", _patch, "glm5-nvfp4+fusion-sm120"),
+                                                         ("tune", _tune, "glm5-nvfp4"),
+                                                         ("router.deploy", _router, None)])
+def test_a_failing_pre_deploy_hook_stops_patch_tune_and_router_deploy_before_any_host_is_touched(
+        tmp_path: Path, command: str, run: Any, profile: str | None) -> None:
+    """Input tried: `patch-fusion --enable --profile glm5-nvfp4`, `tune --vary ...` and `router.deploy` with a
+    pre-deploy hook that exits 3 (failed before: none of them ran the project's hooks, so a change freeze the hook
+    enforces did not hold for them)."""
+    _hook(tmp_path, "pre-deploy", ENV_DUMP + "echo 'change freeze'; exit 3\n")
+    remote, connected = FakeRemote(), []
+    scope, reach, _ = one_host(remote, None, tmp_path, connected)
+    with pytest.raises(PreflightError, match=f"{command} stopped before any host changed") as stopped:
+        run(scope, reach, tmp_path)
+    assert "| change freeze" in stopped.value.message and stopped.value.exit_code == 3
+    assert remote.batches == [], "nothing was sent to the host"
+    # the patch reads the host's profile for its question when none is given: connected, nothing sent yet
+    assert connected == (scope.names if command == "patch" else []), "tune and router.deploy do not even connect"
+    told = seen(tmp_path, "pre-deploy")
+    assert (told["SGLANG_DEPLOY_COMMAND"], told.get("SGLANG_DEPLOY_PROFILE")) == (command, profile)
+
+
+@pytest.mark.parametrize("keep", ["winner", "none"])
+def test_a_sweep_runs_the_deploy_hooks_and_tells_the_webhook_of_the_winner_it_kept(
+        tmp_path: Path, receiver: tuple[str, type[_Receiver]], keep: str) -> None:
+    """Input tried: `tune` over three max_running_requests values, the fastest kept (a new release serves), and
+    with `keep: none` (the release from before serves again: nothing changed that anyone must hear of)."""
+    from test_tune_loop import BASE, MRR, a_sweep_host, request
+    url, handler = receiver
+    for event in ("pre-deploy", "post-deploy"):
+        _hook(tmp_path, event, ENV_DUMP)
+    scope, reach, _ = one_host(a_sweep_host(*MRR), url, tmp_path)
+    report = commands.tune(scope, BASE, request(*MRR, keep=keep), reach)
+    assert seen(tmp_path, "pre-deploy")["SGLANG_DEPLOY_COMMAND"] == "tune"
+    after = seen(tmp_path, "post-deploy")
+    serving = getattr(report, "serving", None)
+    kept = keep == "winner"
+    assert (after["SGLANG_DEPLOY_COMMAND"], after["SGLANG_DEPLOY_PROFILE"], after["SGLANG_DEPLOY_RELEASE"],
+            after["SGLANG_DEPLOY_PREVIOUS"], after["SGLANG_DEPLOY_OUTCOME"]) == (
+        "tune", "glm5-nvfp4", serving, "B", "deployed" if kept else "unchanged")
+    assert (serving != "B") is kept
+    if kept:
+        body, = handler.bodies
+        assert (body["event"], body["host"], body["release"]) == ("deployed", scope.names[0], serving)
+        assert body["message"] == f"deployed release {serving} (was B)"
+    else:
+        assert handler.bodies == []
+
+
+def test_a_group_sweep_tells_each_hosts_webhook_of_the_winner_it_serves_now(
+        tmp_path: Path, receiver: tuple[str, type[_Receiver]]) -> None:
+    """Input tried: `tune --group pair` over two replicas, the winner measured on a (the rollout leaves it
+    "unchanged") and rolled out to b: both went from B to the winner, so both webhooks hear "deployed"."""
+    from test_deploy_plan import PROJECT
+    from test_tune_group import BASE, FOUR_CAPS, replica
+    from test_tune_loop import a_sweep_host, request
+
+    from deploy_lib.ops.tune_group import GroupTune
+    url, handler = receiver
+    _hook(tmp_path, "post-deploy", ENV_DUMP)
+    hosts = {"a": a_sweep_host(*FOUR_CAPS), "b": a_sweep_host(*FOUR_CAPS)}
+    scope = Scope(PROJECT.inventory(None), tuple(told(replica(name), url) for name in hosts), group="pair")
+    reach = Reach(lambda found, prefixed: nullcontext(hosts[found.host.name]), lambda name: RecordingProgress(),
+                  lambda question: None, {"PATH": "/usr/bin:/bin"}, project_root=tmp_path, notify_retry=FAST)
+    result = commands.tune(scope, BASE, request(*FOUR_CAPS), reach)
+    assert isinstance(result, GroupTune) and result.serving is not None
+    winner = result.serving["a"]
+    assert result.serving == {"a": winner, "b": winner} and winner != "B"
+    assert [run.result.action for run in (result.rollout.runs if result.rollout else ()) if run.result] == [
+        "unchanged", "deployed"]
+    after = seen(tmp_path, "post-deploy")
+    assert (after["SGLANG_DEPLOY_HOSTS"], after["SGLANG_DEPLOY_RELEASE"], after["SGLANG_DEPLOY_PREVIOUS"],
+            after["SGLANG_DEPLOY_OUTCOME"]) == ("a,b", winner, "B", "deployed")
+    assert sorted((body["host"], body["event"], body["release"]) for body in handler.bodies) == [
+        ("a", "deployed", winner), ("b", "deployed", winner)]
+
+
+def test_a_router_release_that_did_not_come_up_tells_the_webhook_it_was_rolled_back(
+        tmp_path: Path, receiver: tuple[str, type[_Receiver]]) -> None:
+    """Input tried: a router release whose unit fails at its start, restored to the one before (the router's own
+    switch, ladder and restore: ops.router_deploy.activate_router) between router.deploy's hooks."""
+    from test_rollback import DEAD, READY
+    from test_router import RouterHost, router_releases, router_run
+
+    from deploy_lib.errors import RouterFailed
+    from deploy_lib.ops.notices import Announced
+    from deploy_lib.ops.router import SERVICE
+    from deploy_lib.ops.router_deploy import RouterOutcome, activate_router
+    url, handler = receiver
+    _hook(tmp_path, "post-rollback", ENV_DUMP)
+    router_store, new, tags, old = router_releases(tmp_path, healthy_before=True)
+    remote = RouterHost({new.id: DEAD, old: READY})
+    scope, reach, _ = one_host(remote, url, tmp_path)
+
+    def release() -> RouterOutcome:  # deploy_router's switch and verification, its venv and staging left out
+        activate_router(router_run(remote), router_store, new, tags, [])
+        return RouterOutcome("deployed", new.id, old, ())
+    with pytest.raises(RouterFailed):
+        Announced("router.deploy", scope, SERVICE, reach).around_one(release, lambda done: done)
+    after = seen(tmp_path, "post-rollback")
+    assert (after["SGLANG_DEPLOY_COMMAND"], after["SGLANG_DEPLOY_RELEASE"], after["SGLANG_DEPLOY_PREVIOUS"]) == (
+        "router.deploy", old, new.id)
+    body, = handler.bodies
+    assert (body["event"], body["service"], body["release"], body["serving"]) == ("rolled-back", SERVICE, new.id, old)

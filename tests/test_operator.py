@@ -256,3 +256,26 @@ def test_status_says_when_the_current_release_was_switched_to_but_never_verified
     verified = host_with_venv(venv).reply(FACT_HISTORY, stdout=(r0.to_json() + r1.to_json()).decode())
     report = read_status(TARGET, "sglang", verified)
     assert report.verified and report.advice is None
+
+
+@pytest.mark.parametrize(("history", "said"), [
+    ((("deploy", "failed", "r1"),), "no other healthy release is on the host to go back to"),
+    ((("deploy", "healthy", "r0"), ("rollback", "failed", "r1")),
+     "and nothing was verified since: release r1 is current; `invoke rollback --to r0` goes back to release r0")])
+def test_status_of_a_release_whose_verification_failed_says_so_and_what_is_left_to_go_back_to(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, history: tuple[tuple[str, str, str], ...], said: str) -> None:
+    """Input tried: r1 current after its first deploy failed (nothing to go back to), and after a rollback by hand to
+    it failed (status said r1 "was switched to but never verified")."""
+    lines = [HistoryEntry(event, outcome, "2026-11-30T10:01:00Z", Tags(**{**TAGS.as_dict(), "release": rid}),
+                          cause="the unit failed" if outcome == "failed" else "") for event, outcome, rid in history]
+    remote = host_with_venv(venv_with(tmp_path / "env", {"flashinfer-python": None}))
+    r0 = {"id": "r0", "staged_at": "2026-11-30T09:00:00+00:00", "tags": {**TAGS.as_dict(), "release": "r0"}}
+    files = [result.stdout for result in remote.run([Step(FACT_RELEASE_FILES, ("true",))])]
+    remote.reply(FACT_RELEASE_DIRS, stdout="".join(
+        f"{rid}\0{rid}/release.json\0{rid}/sglang.service\0{rid}/sglang.env\0" for rid in ("r0", "r1")))
+    remote.reply(FACT_RELEASE_FILES, stdout=files[0] + f"{LAYOUT.releases}/r0/release.json\0{json.dumps(r0)}\n")
+    report = read_status(TARGET, "sglang", remote.reply(FACT_HISTORY, stdout=b"".join(
+        line.to_json() for line in lines).decode()))
+    shown = " ".join(status_text(report, monkeypatch).split())
+    assert f"release r1 failed its verification ({history[-1][0]}, 2026-11-30T10:01:00Z: the unit failed)" in shown
+    assert said in shown and "never verified" not in shown

@@ -28,6 +28,7 @@ from tenacity import stop_after_attempt, wait_none
 
 from deploy_lib.errors import ConnectFailed, ConnectionLost, LockHeld, StepFailed, StepTimedOut
 from deploy_lib.remote import SSH_CONNECT, FabricRemote, JumpHost, Put, SSHTarget, Step
+from deploy_lib.remote.batch import MAX_INLINE_STDIN
 from deploy_lib.remote.ssh import SSH_RECONNECT
 from deploy_lib.store import (
     HEALTHY,
@@ -405,6 +406,30 @@ def test_a_round_trip_whose_channel_never_opens_is_a_dead_connection_and_sent_ag
                 os.kill(pid, signal.SIGKILL)
 
 
+def test_a_put_whose_sftp_channel_never_opens_is_a_dead_connection_and_sent_again(
+        sshd: SshServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same dead link under an upload: the connection's sshd session is stopped before its first Put, so the
+    SFTP channel's open is never answered. Before, the upload waited there (paramiko's hour for the open; the
+    subsystem's start without end); now past the bound (2 s here) it is a dead connection and the Put, safe to
+    repeat, is sent again on a new one. (A small Put goes inline in a round trip's script, under the run's bound.)"""
+    monkeypatch.setattr("deploy_lib.remote.ssh.CHANNEL_OPEN_S", 2.0)
+    dest, data = tmp_path / "weights.bin", b"w" * (MAX_INLINE_STDIN + 1)  # too large to go inline: over SFTP
+    frozen: list[int] = []
+    try:
+        with FabricRemote(sshd.target(sshd.known_hosts(tmp_path)),
+                          reconnect_policy=SSH_RECONNECT.copy(wait=wait_none())) as remote:
+            frozen.append(int(remote.run([Step("own sshd", ("sh", "-c", f"{_FIND_OWN_SSHD}echo $p"))])[0].stdout))
+            os.kill(frozen[-1], signal.SIGSTOP)
+            [result] = remote.run([Put(PurePosixPath(dest), data, 0o600)])
+    finally:
+        for pid in frozen:  # the session this test stopped: continued, then ended (unless already gone)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGKILL)
+    assert result.exit_code == 0 and dest.read_bytes() == data
+    assert remote.round_trips == 3, "the read, the upload cut off, the upload sent again on a new connection"
+
+
 def test_put_writes_atomically_with_mode_before_rename(remote: FabricRemote, tmp_path: Path) -> None:
     dest = tmp_path / "dir with space" / "app.env"
     dest.parent.mkdir()
@@ -608,8 +633,8 @@ def test_after_ctrl_c_at_any_point_of_a_round_trip_the_next_step_runs(remote: Fa
     reading its result). A CI run saw the rollback's first step after an interrupt fail with 'connection lost'.
 
     The loop ends once the handler has run, not only on the KeyboardInterrupt: one landing in paramiko's
-    `Channel.__del__` (paramiko 5.1 channel.py: a bare `except: pass` around close, run whenever a dropped channel is
-    collected) is swallowed, and a loop waiting for it ran for ever on a loaded machine."""
+    `Channel.__del__` (paramiko 4.0.0 and 5.1.0 channel.py: a bare `except: pass` around close, run whenever a
+    dropped channel is collected) is swallowed, and a loop waiting for it ran for ever on a loaded machine."""
     handled = threading.Event()
 
     def interrupt(signum: int, frame: object) -> None:

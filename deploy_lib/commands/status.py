@@ -31,6 +31,7 @@ from deploy_lib.project import Target
 from deploy_lib.remote import Remote, Step
 from deploy_lib.store import (
     ACTIVATIONS,
+    FAILED,
     RELEASE_FILE,
     HistoryEntry,
     StoreFacts,
@@ -179,7 +180,7 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
                                           unread)
     installed, venv_problem = _installed(readings, packages)
     verified = record is None or facts.store.verified_since_switch(record.id)
-    unverified = never_verified(record.id) if record is not None and not verified else None
+    unverified = not_verified(facts.store, record.id) if record is not None and not verified else None
     advice = [crash_loop_advice(crashes, facts.store), unverified]
     return StatusReport(
         verified=verified, advice="; ".join(filter(None, advice)) or None,
@@ -200,10 +201,26 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
         last_start=startup_by_release(facts.store.history).get(facts.store.current or "", ""))
 
 
-def never_verified(release_id: str) -> str:
-    return (f"release {release_id} was switched to but never verified (the command that switched it did not finish: "
-            "killed, or the host went down); systemd starts it at boot all the same. `invoke deploy` of its profile "
-            "verifies it, or rolls back if it does not come up")
+def not_verified(store: StoreFacts, current: str) -> str:
+    """Why history holds no healthy start of the current release since it became current: a failed verification
+    whose rollback did not finish (the connection lost, or the command killed), or a switch never verified."""
+    latest = next((entry for entry in reversed(store.history) if entry.event in ACTIVATIONS), None)
+    if latest is None or latest.outcome != FAILED:
+        return (f"release {current} was switched to but never verified (the command that switched it did not "
+                "finish: killed, or the host went down); systemd starts it at boot all the same. `invoke deploy` of "
+                "its profile verifies it, or rolls back if it does not come up")
+    failed, back = latest.tags.release, store.last_healthy(exclude=latest.tags.release)
+    said = f"release {failed} failed its verification ({latest.event}, {latest.when}: {latest.cause or 'no cause'})"
+    if failed != current:  # the switch back happened, its verification was never recorded
+        return (f"{said}; release {current} is current again, but the rollback that switched back to it did not "
+                f"finish (the connection lost, or the command killed): it was not verified since. `invoke rollback "
+                f"--to {current}` verifies it")
+    if back is None or latest.event == "rollback":  # nothing to go back to, or the rollback itself failed
+        return f"{said}, and nothing was verified since: release {current} is current" + (
+            f"; `invoke rollback --to {back}` goes back to release {back}, the last healthy one" if back else
+            "; no other healthy release is on the host to go back to: fix the profile and deploy it again")
+    return (f"{said}; release {current} is still current: the rollback to release {back} after it did not finish (the "
+            f"connection lost, or the command killed). `invoke rollback --to {back}` finishes it")
 
 
 def _installed(readings: Readings, packages: Fact[InstalledFacts] | None) -> tuple[InstalledFacts | None, str | None]:

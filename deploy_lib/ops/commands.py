@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 from deploy_lib.errors import ConfigError, DeployError
 from deploy_lib.ops.scope import Reach, Scope, behind, rolled_out, router_in_front, run_each
 from deploy_lib.progress import Progress
-from deploy_lib.project import Project, Target, load_for_target
+from deploy_lib.project import Project, Target, load_for_target, profile_for_host
 from deploy_lib.remote import Remote
 
 if TYPE_CHECKING:
@@ -25,7 +25,12 @@ if TYPE_CHECKING:
     from deploy_lib.gpu_check import GpuCheckReport
     from deploy_lib.gpu_check.p2p.reading import NodeReader
     from deploy_lib.ops.fleet import FleetRun
+    from deploy_lib.ops.router import RouterSite
+    from deploy_lib.ops.router_deploy import RouterOutcome
+    from deploy_lib.ops.tune_group import GroupTune
+    from deploy_lib.patches import CheckReport, PatchSet
     from deploy_lib.profile import LoadedProfile
+    from deploy_lib.tune import Planned, Request, TuneReport
 
 LAST_HEALTHY = "the last healthy release"
 
@@ -142,6 +147,66 @@ def start(scope: Scope, service: str, restart: bool, reach: Reach) -> FleetRun[O
         return run_each(scope, reach, behind(front, service, start_host), rolled_out(front, scope, reach))
     # no hooks of its own; the webhook hears of the automatic rollback of a release that did not come up
     return Announced("restart" if restart else "start", scope, service, reach).around(act)
+
+
+def patch(project: Project, scope: Scope, patch_set: PatchSet, profile: str | None, service: str, enable: bool,
+          reach: Reach) -> tuple[CheckReport | None, Outcome]:
+    """A patch set's enable (a patched venv, the profile deployed on it; its check report too) or disable (the
+    profile on the venv it was derived from) on one host. The profile is the one given, the host's `profile` var,
+    else its current release's (read from the host); then the consent question, then the project's deploy hooks
+    around the change, the host's webhook told how it ended."""
+    from deploy_lib import deploy as engine
+    from deploy_lib.commands import patches as on_host
+    from deploy_lib.commands.status import current_profile
+    from deploy_lib.ops.notices import Announced
+    [target] = scope.targets
+    options = engine.Options(environ=dict(reach.environ))
+    with reach.connect(target, False) as remote:
+        base = on_host.base_profile(profile_for_host(project, profile, target)
+                                    or current_profile(target, service, remote), patch_set)
+        deployed = on_host.patched_profile(base, patch_set) if enable else base
+        reach.consent(f"patch {patch_set.name} and deploy {deployed.name} to {target.host.name}?" if enable else
+                      f"deploy {base.name} without {patch_set.name} to {target.host.name}?")
+        announced = Announced("patch", scope, base.profile.service.name, reach, deployed.name)
+        if enable:
+            return announced.around_one(lambda: on_host.enable(remote, patch_set, base, deployed, target,
+                                                               reach.progress(""), options), lambda done: done[1])
+        return None, announced.around_one(lambda: on_host.disable(remote, patch_set, base, target,
+                                                                  reach.progress(""), options), lambda done: done)
+
+
+def tune(scope: Scope, loaded: LoadedProfile, request: Request, reach: Reach) -> TuneReport | Planned | GroupTune:
+    """A sweep on one host, or over a group's hosts at once (ops/tune_group); one that changes hosts (not a dry run)
+    between the project's deploy hooks, each host's webhook told how it ended there."""
+    from deploy_lib.ops.notices import Announced, sweep_ends
+
+    def act() -> TuneReport | Planned | GroupTune:
+        if not scope.one_host:
+            from deploy_lib.ops.tune_group import tune_group
+            return tune_group(scope, loaded, request, reach)
+        from deploy_lib.tune import tune as sweep
+        [target] = scope.targets
+        with reach.connect(target, False) as remote:
+            return sweep(loaded, target, remote, reach.progress(""), request)
+    if request.dry_run:  # a plan changes nothing: no hook runs, nobody is told
+        return act()
+    return Announced("tune", scope, loaded.profile.service.name, reach, loaded.name).around_call(
+        act, lambda done: sweep_ends(done, scope))
+
+
+def router_deploy(scope: Scope, site: RouterSite, workers: Sequence[str], group: str, reach: Reach
+                  ) -> RouterOutcome:
+    """The router's release serving `workers` on its host (`scope`: that host), between the project's deploy hooks,
+    the host's webhook told how it ended."""
+    from deploy_lib.ops.notices import Announced
+    from deploy_lib.ops.router import SERVICE
+    from deploy_lib.ops.router_deploy import deploy_router
+    [target] = scope.targets
+
+    def act() -> RouterOutcome:
+        with reach.connect(target, False) as remote:
+            return deploy_router(site, target, remote, workers, group, reach.progress(""))
+    return Announced("router.deploy", scope, SERVICE, reach).around_one(act, lambda done: done)
 
 
 def _start_nodes(scope: Scope, service: str, restart: bool, reach: Reach) -> FleetRun[Outcome] | None:
@@ -264,4 +329,5 @@ def one(fleet: FleetRun[Any]) -> Any:
     return run.result
 
 
-__all__ = ["deploy", "gpu_check", "logs", "one", "releases", "rollback", "start", "status", "stop", "uninstall"]
+__all__ = ["deploy", "gpu_check", "logs", "one", "patch", "releases", "rollback", "router_deploy", "start", "status",
+           "stop", "tune", "uninstall"]

@@ -1,6 +1,8 @@
 """What a deploy, rollback, start or restart tells the world beside its own output: the project's hooks
 (deploy_lib/hooks.py: `hooks/pre-deploy`, `post-deploy`, `pre-rollback`, `post-rollback`) run on this machine around
-it, and each host's webhook (the inventory's `notify_webhook`, remote/webhook.py) told how it ended on that host.
+it, and each host's webhook (the inventory's `notify_webhook`, remote/webhook.py) told how it ended on that host. The
+other commands that deploy releases (a patch set's enable or disable, a tuning sweep, the router's release) run the
+deploy hooks and tell the webhook the same way.
 
 A failing pre- hook stops the command before any host is reached. A post- hook's failure and a notification that
 could not be delivered are progress notes: the command's own result and exit code stay what they were. The webhook
@@ -10,7 +12,8 @@ failed start nothing could be rolled back to, and a crash loop systemd gave up o
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from deploy_lib.errors import DeployError, GateFailed, ReadinessFailed, RollbackFailed
 from deploy_lib.hooks import HookContext, HookEvent, run_hook
@@ -19,28 +22,53 @@ from deploy_lib.ops.scope import Reach, Scope
 
 if TYPE_CHECKING:
     from deploy_lib.commands.status import StatusReport
-    from deploy_lib.deploy import Outcome
+    from deploy_lib.ops.tune_group import GroupTune
     from deploy_lib.remote.webhook import Notification
+    from deploy_lib.tune import Planned, TuneReport
 
 T = TypeVar("T")
-PRE = {"deploy": HookEvent.pre_deploy, "rollback": HookEvent.pre_rollback}
-POST = {"deploy": HookEvent.post_deploy, "rollback": HookEvent.post_rollback}
+DEPLOYS = ("deploy", "patch", "tune", "router.deploy")  # the commands that take a host to a new release
+PRE = {"rollback": HookEvent.pre_rollback} | {command: HookEvent.pre_deploy for command in DEPLOYS}
+POST = {"rollback": HookEvent.post_rollback} | {command: HookEvent.post_deploy for command in DEPLOYS}
 ROLLED_BACK = "rolled-back"
 FAILED = "failed"
 
 
-def _label(end: HostRun[Outcome]) -> str:
+class Ended(Protocol):
+    """A host's end as its hooks and webhook hear of it: deploy's Outcome, the router's RouterOutcome, a sweep's."""
+
+    @property
+    def action(self) -> str: ...  # deployed | unchanged | rolled back | started | restarted
+    @property
+    def release_id(self) -> str | None: ...  # the release the command left serving
+    @property
+    def previous_id(self) -> str | None: ...  # the one serving before
+
+
+E = TypeVar("E", bound=Ended)
+
+
+@dataclass(frozen=True)
+class SweepEnd:
+    """A tuning sweep's end on a host: its winner deployed, or the release that served before serving again."""
+
+    action: str
+    release_id: str | None
+    previous_id: str | None
+
+
+def _label(end: HostRun[E]) -> str:
     """deployed, unchanged, rolled-back, started, restarted, failed: a hook's SGLANG_DEPLOY_OUTCOME."""
     if end.result is not None:
         return end.result.action.replace(" ", "-")
     return ROLLED_BACK if end.error is not None and end.error.serving_id else FAILED
 
 
-def _rolled_back_by_itself(end: HostRun[Outcome]) -> bool:
+def _rolled_back_by_itself(end: HostRun[E]) -> bool:
     return end.error is not None and end.error.serving_id is not None
 
 
-def notification(end: HostRun[Outcome], service: str) -> Notification | None:
+def notification(end: HostRun[E], service: str) -> Notification | None:
     """What the host's webhook is told of this end; None for an end nobody needs to hear of (unchanged, already
     running, a started release, an error before anything changed)."""
     from deploy_lib.remote.webhook import Notification, NotifyEvent  # loads only where a webhook is set
@@ -70,7 +98,7 @@ def notification(end: HostRun[Outcome], service: str) -> Notification | None:
     return None
 
 
-def _ends(fleet: FleetRun[Outcome]) -> list[HostRun[Outcome]]:
+def _ends(fleet: FleetRun[E]) -> list[HostRun[E]]:
     return [run for run in fleet.runs if run.started]
 
 
@@ -79,7 +107,7 @@ def _joined(ids: Sequence[str | None]) -> str | None:
     return ",".join(found) or None
 
 
-def _group_label(ends: Sequence[HostRun[Outcome]]) -> str:
+def _group_label(ends: Sequence[HostRun[E]]) -> str:
     """One word for the whole command: every host's, when they share it; else failed when any host failed, else
     deployed (some hosts deployed, the others unchanged)."""
     labels = {_label(end) for end in ends}
@@ -88,7 +116,7 @@ def _group_label(ends: Sequence[HostRun[Outcome]]) -> str:
     return FAILED if FAILED in labels or ROLLED_BACK in labels else "deployed"
 
 
-def _released(end: HostRun[Outcome]) -> tuple[str | None, str | None]:
+def _released(end: HostRun[E]) -> tuple[str | None, str | None]:
     """(the release the command took the host to, the one before): from the outcome, or the error's `about`."""
     if end.result is not None:
         return end.result.release_id, end.result.previous_id
@@ -115,19 +143,29 @@ class Announced:
             self.progress.note(f"{event.value} hook {result.path} exited with status {result.exit_code} (the "
                                f"{self.command} itself is done)" + (f": {result.output}" if result.output else ""))
 
-    def around(self, act: Callable[[], FleetRun[Outcome]], release_id: str | None = None) -> FleetRun[Outcome]:
+    def around(self, act: Callable[[], FleetRun[E]], release_id: str | None = None) -> FleetRun[E]:
         """The pre- hook (before any host is reached), `act`, then the post- hooks and the notifications; an error
         `act` raises (a one-host command's) is raised again after them."""
+        return self.around_call(act, _ends, release_id)
+
+    def around_call(self, act: Callable[[], T], ends: Callable[[T], Sequence[HostRun[E]]],
+                    release_id: str | None = None) -> T:
+        """`around` for a command whose result is not a FleetRun of ends: `ends` reads each host's end from it."""
         self.hook(PRE.get(self.command), release_id)
         try:
-            fleet = act()
+            result = act()
         except DeployError as error:  # a one-host command's, or a whole group's (a multi-node release refused)
             self.ended([HostRun(host, error=error) for host in self.scope.names])
             raise
-        self.ended(_ends(fleet))
-        return fleet
+        self.ended(ends(result))
+        return result
 
-    def ended(self, ends: Sequence[HostRun[Outcome]]) -> None:
+    def around_one(self, act: Callable[[], T], end_of: Callable[[T], E]) -> T:
+        """`around` for a one-host command whose result holds its end (`end_of`: a patch set's deploy, a sweep)."""
+        [host] = self.scope.names
+        return self.around_call(act, lambda result: [HostRun(host, result=end_of(result))])
+
+    def ended(self, ends: Sequence[HostRun[E]]) -> None:
         released = [_released(end) for end in ends]
         self.hook(POST.get(self.command), _joined([r for r, _ in released]), _joined([p for _, p in released]),
                   _group_label(ends) if ends else None)
@@ -154,6 +192,39 @@ class Announced:
                                        f"not delivered to the webhook: {sent.error}")
 
 
+def _sweep_end(result: TuneReport | Planned) -> SweepEnd:
+    """A sweep's end on the host it ran on: its winner deployed when it kept one, else the release before serving."""
+    from deploy_lib.tune import TuneReport
+    if not isinstance(result, TuneReport):  # a dry run (it runs no hook): nothing changed
+        return SweepEnd("unchanged", result.original, result.original)
+    kept = result.serving is not None and result.serving != result.original
+    return SweepEnd("deployed" if kept else "unchanged", result.serving or result.original, result.original)
+
+
+def sweep_ends(result: GroupTune | TuneReport | Planned, scope: Scope) -> list[HostRun[SweepEnd]]:
+    """Each host's end of a sweep. One host, or a multi-node group (one server, one table): the sweep's end on every
+    host. A group of replicas: a host's error (its part, or the winner's rollout there), else the release it serves
+    at the end (the rollout's) against the one before the sweep (a host that measured the winner is "unchanged" by
+    the rollout, but deployed by the sweep)."""
+    from deploy_lib.tune import Planned, TuneReport
+    if isinstance(result, TuneReport | Planned):
+        return [HostRun(host, result=_sweep_end(result)) for host in scope.names]
+    rollout = result.rollout.runs if result.rollout else ()
+    errors = {run.host: run.error for run in result.parts.runs if run.error is not None} | {
+        run.host: run.error for run in rollout if run.error is not None}
+    outcomes = {run.host: run.result for run in rollout if run.result is not None}
+    originals = {run.host: run.result.original for run in result.parts.runs if run.result is not None}
+
+    def end(host: str) -> HostRun[SweepEnd]:
+        if host in errors:
+            return HostRun(host, error=errors[host])
+        rolled = outcomes.get(host)
+        serving = rolled.release_id if rolled is not None else (result.serving or {}).get(host)
+        before = originals.get(host) or (rolled.previous_id if rolled is not None else None) or serving
+        return HostRun(host, result=SweepEnd("deployed" if serving != before else "unchanged", serving, before))
+    return [end(host) for host in scope.names]
+
+
 def crash_loops(fleet: FleetRun[StatusReport], scope: Scope, reach: Reach) -> None:
     """Tell each host's webhook of a crash loop systemd gave up on that this status read found first (it recorded
     the crash that ended it in history: the next read finds it recorded and tells nobody again)."""
@@ -169,4 +240,4 @@ def crash_loops(fleet: FleetRun[StatusReport], scope: Scope, reach: Reach) -> No
         Announced("status", scope, "", reach).notify(notes)
 
 
-__all__ = ["Announced", "crash_loops", "notification"]
+__all__ = ["Announced", "Ended", "SweepEnd", "crash_loops", "notification", "sweep_ends"]

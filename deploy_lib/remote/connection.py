@@ -38,7 +38,7 @@ from deploy_lib.remote.batch import (
     script_steps,
     trip_steps_done,
 )
-from deploy_lib.remote.sftp import put_directly, remove_quietly, upload
+from deploy_lib.remote.sftp import open_sftp, put_directly, remove_quietly, upload
 from deploy_lib.remote.ssh import (
     KEEPALIVE_S,
     SSH_CONNECT,
@@ -349,8 +349,7 @@ class FabricRemote:
         started = time.monotonic()
         self.round_trips += 1
         try:
-            sftp = connection.sftp()
-            sftp.get_channel().settimeout(PUT_TIMEOUT_S)
+            sftp = open_sftp(connection, PUT_TIMEOUT_S)
             if put.sudo and self.target.user != "root":
                 code, stderr = self._put_via_sudo(sftp, put, token)
             else:

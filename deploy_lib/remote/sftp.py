@@ -1,12 +1,35 @@
-"""Writing a file over SFTP: created exclusively with its mode, written, renamed onto its destination."""
+"""Writing a file over SFTP: the channel opened within the bound a round trip's has, the file created exclusively
+with its mode, written, renamed onto its destination."""
 
 from __future__ import annotations
 
 from pathlib import PurePosixPath
 
 import paramiko
+from fabric import Connection
 
+from deploy_lib.remote.ssh import ChannelWatch
 from deploy_lib.remote.steps import Put
+
+
+def open_sftp(connection: Connection, timeout_s: float) -> paramiko.SFTPClient:
+    """The connection's SFTP client (Fabric keeps one per connection), each of its requests bounded by `timeout_s`;
+    its channel's open and the subsystem's start bounded as a round trip's are (ssh.ChannelWatch): paramiko would
+    wait up to an hour for them on a dead link."""
+    opening = ChannelWatch(connection.transport).start()
+    try:
+        sftp: paramiko.SFTPClient = connection.sftp()
+        channel = sftp.get_channel()
+        if channel is not None:
+            channel.settimeout(timeout_s)
+        return sftp
+    except (paramiko.SSHException, OSError, EOFError) as error:
+        if opening.fired:
+            raise paramiko.SSHException(f"its SFTP channel did not open within {opening.bound_s:.0f} s: a dead "
+                                        "connection") from error
+        raise
+    finally:
+        opening.started()
 
 
 def put_directly(sftp: paramiko.SFTPClient, put: Put, token: str) -> tuple[int, str]:
