@@ -18,7 +18,6 @@ from rich.console import Console
 from rich.markup import escape
 
 from deploy_lib.errors import DeployError
-from deploy_lib.facts.diagnose import shorten_log_line
 
 if TYPE_CHECKING:  # the reports' types only: a task imports the library modules it runs (tasks.py)
     from rich.table import Table
@@ -61,6 +60,7 @@ class TerminalProgress:
                            f"({retry_state.seconds_since_start:.1f} s)")
 
     def log_line(self, text: str) -> None:
+        from deploy_lib.facts.diagnose import shorten_log_line  # a log line comes from the host: the remote is loaded
         self.last_log = text
         self.out.print(f"{self._stamp()}   [cyan]server:[/cyan] {escape(shorten_log_line(text))}")
 
@@ -77,6 +77,7 @@ def _table(*headers: str) -> Table:
 
 
 def print_error(error: DeployError) -> None:
+    from deploy_lib.facts.diagnose import shorten_log_line  # with the failure table, SSH: `import tasks` loads neither
     errors.print(f"[bold red]error:[/bold red] {escape(error.message)}", markup=True)
     evidence: Iterable[str] = getattr(error, "evidence", ()) or ()
     for line in evidence:
@@ -156,6 +157,7 @@ def print_host_errors(fleet: FleetRun[Any]) -> None:
 
 def print_fleet(summary: Summary) -> None:
     """A group's end: the per-host table, which hosts run which release, why the rollout stopped."""
+    from deploy_lib.facts.diagnose import shorten_log_line
     table = _table("host", "release", "outcome", "serving now", "ready (s)", "cause")
     for row in summary.rows:
         style = "green" if row.outcome in ("deployed", "unchanged", "rolled back", "planned") else \

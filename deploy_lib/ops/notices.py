@@ -23,7 +23,7 @@ from deploy_lib.ops.scope import Reach, Scope
 if TYPE_CHECKING:
     from deploy_lib.commands.status import StatusReport
     from deploy_lib.ops.tune_group import GroupTune
-    from deploy_lib.remote.webhook import Notification
+    from deploy_lib.remote.webhook import Notification, Notifier
     from deploy_lib.tune import Planned, TuneReport
 
 T = TypeVar("T")
@@ -178,12 +178,12 @@ class Announced:
 
     def notify(self, notes: Sequence[tuple[str, Notification | None]]) -> None:
         """Each notification to its host's webhook, all sent at once; waits a bounded time for them at the end."""
-        from deploy_lib.remote.webhook import NOTIFY_RETRY, Notifier
         urls = {target.host.name: target.host.vars.notify_webhook for target in self.scope.targets}
         notifiers: dict[str, Notifier] = {}
         for host, note in notes:
             url = urls.get(host)
             if note is not None and url is not None:
+                from deploy_lib.remote.webhook import NOTIFY_RETRY, Notifier  # urllib.request: a webhook only
                 notifiers.setdefault(url, Notifier(url, self.reach.notify_retry or NOTIFY_RETRY)).notify(note)
         for notifier in notifiers.values():
             for sent in notifier.close():

@@ -12,6 +12,8 @@ against a known_hosts file (Fabric's default accepts unknown keys; we refuse the
     webhook     notifications POSTed to the inventory's notify_webhook, in the background, with retries
 """
 
+from typing import TYPE_CHECKING, Any
+
 from deploy_lib.remote.batch import (
     MAX_INLINE_STDIN,
     MAX_SCRIPT_CHARS,
@@ -23,7 +25,6 @@ from deploy_lib.remote.batch import (
     round_trips,
     script_steps,
 )
-from deploy_lib.remote.connection import FabricRemote
 from deploy_lib.remote.ssh import SSH_CONNECT, JumpHost, SSHTarget, rsync_argv
 from deploy_lib.remote.steps import (
     MASK,
@@ -37,6 +38,18 @@ from deploy_lib.remote.steps import (
     describe,
     display,
 )
+
+if TYPE_CHECKING:
+    from deploy_lib.remote.connection import FabricRemote
+
+
+def __getattr__(name: str) -> Any:
+    """FabricRemote on first use: the steps, the inventory's SSH settings and a plan need no Fabric (PEP 562)."""
+    if name == "FabricRemote":
+        from deploy_lib.remote.connection import FabricRemote
+        return FabricRemote
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "MASK",

@@ -10,9 +10,8 @@ import socket
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import fabric
 import paramiko
 from tenacity import (
     Retrying,
@@ -23,6 +22,9 @@ from tenacity import (
 )
 
 from deploy_lib.errors import ConnectFailed
+
+if TYPE_CHECKING:  # the connection's type only: reading a host's settings loads no Fabric
+    import fabric
 
 
 @dataclass(frozen=True)
