@@ -55,8 +55,9 @@ class Profile(Strict):
                                                         "it back when it is slower than the last good release")
     preflight: PreflightSettings = Field(default_factory=PreflightSettings,
                                          description="checks a deploy runs before it starts the release")
-    extra_args: list[Text] = Field(
-        default_factory=list, description="flags not modelled here; checked against the host's SGLang at preflight")
+    extra_args: list[Text] = Field(  # a lambda, not `list`: see ModelSpec.ignore_patterns
+        default_factory=lambda: [],
+        description="flags not modelled here; checked against the host's SGLang at preflight")
 
     @field_validator("env", mode="before")
     @classmethod

@@ -51,7 +51,8 @@ class ModelSpec(Strict):
         None, description="commit, tag or branch of a hub model (default main), resolved to a commit at plan time")
     allow_patterns: list[Pattern] = Field(default_factory=lambda: list(DEFAULT_ALLOW_PATTERNS),
                                           description="files of the repo staged on the host (fnmatch patterns)")
-    ignore_patterns: list[Pattern] = Field(default_factory=list, description="files never staged")
+    # a lambda, not `list`: pydantic reads a builtin's signature by tokenizing its text (a 4 ms regex, every command)
+    ignore_patterns: list[Pattern] = Field(default_factory=lambda: [], description="files never staged")
     source: ModelSource | None = Field(
         None, description="{rsync: LOCAL_DIR}: push the weights from this machine into a version directory under "
                           "the absolute model.path on the host (for hosts without internet)")
