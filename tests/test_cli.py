@@ -222,14 +222,16 @@ def test_patch_without_one_action_is_a_sentence_and_exit_2(task: list[str]) -> N
 
 
 def test_loading_the_tasks_leaves_the_template_engine_patch_sets_and_sandbox_rig_unloaded() -> None:
-    """Each `invoke` command pays for what tasks.py imports: only what a command runs is loaded, in its task."""
+    """Each `invoke` command pays for what tasks.py imports: only what a command runs is loaded, in its task. Was:
+    the failure table and Fabric loaded by every command (the progress printer's log-line shortener, the remote
+    package's FabricRemote, the SSH settings' connection type)."""
     script = "import json, sys; import tasks; print(json.dumps(sorted(sys.modules)))"
     shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
     assert shown.returncode == 0, shown.stderr
     loaded = set(json.loads(shown.stdout))
     not_needed = {"jinja2", "deploy_lib.release.render", "deploy_lib.deploy", "deploy_lib.patches",
-                  "deploy_lib.commands", "deploy_lib.gpu_check",
-                  "sandbox.manage", "sandbox.hub", "sandbox.wheelhouse"}
+                  "deploy_lib.commands", "deploy_lib.gpu_check", "deploy_lib.facts.diagnose", "fabric",
+                  "deploy_lib.remote.connection", "sandbox.manage", "sandbox.hub", "sandbox.wheelhouse"}
     assert not_needed & loaded == set()
 
 
@@ -267,6 +269,26 @@ def test_a_no_op_deploy_renders_nothing_and_leaves_what_it_does_not_run_unloaded
     assert report["unchanged"]
     assert {"jinja2", "deploy_lib.ops.fleet", "rich.table", "deploy_lib.venvs", "deploy_lib.gpu_check"} & set(
         report["loaded"]) == set()
+
+
+def test_a_no_op_deploy_with_its_hooks_and_notices_loads_no_webhook_sender() -> None:
+    """The deploy command's whole no-op (ops.commands.deploy: the hooks, the notices, the engine) on a host without
+    `notify_webhook`, in a fresh process with what the task imports: the webhook's sender and urllib.request load
+    only for a host that has a webhook. Was: loaded by every deploy and rollback to tell no one."""
+    script = ("import json, sys; sys.path.insert(0, 'tests'); import tasks; from contextlib import nullcontext; "
+              "from recording_progress import RecordingProgress; from test_deploy_plan import PROJECT, target; "
+              "from test_deploy_trips import serving_the_profile; from deploy_lib.deploy import Options; "
+              "from deploy_lib.ops import commands; from deploy_lib.ops.scope import Reach, Scope; "
+              "host, release_id = serving_the_profile(); progress = RecordingProgress(); "
+              "reach = Reach(lambda found, prefixed: nullcontext(host), lambda name: progress, lambda question: None); "
+              "fleet = commands.deploy(PROJECT, Scope(PROJECT.inventory(None), (target(),)), 'glm5-nvfp4', "
+              "Options(grace_s=0), reach); "
+              "print(json.dumps({'action': commands.one(fleet).action, 'loaded': sorted(sys.modules)}))")
+    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    report = json.loads(shown.stdout)
+    assert report["action"] == "unchanged"
+    assert {"deploy_lib.remote.webhook", "urllib.request", "http.client"} & set(report["loaded"]) == set()
 
 
 def test_the_whole_no_op_deploy_renders_neither_the_unit_nor_the_env_file(monkeypatch: pytest.MonkeyPatch) -> None:
