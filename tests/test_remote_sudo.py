@@ -1,0 +1,142 @@
+"""The batch script's root runs through a real `sudo` on this machine (Debian package sudo, a host tool of
+sandbox/testhost.sh): consecutive root steps share one `sudo -n`, and each step's result stays its own.
+
+Two callers: root, for whom `sudo -n` never asks (as a user with NOPASSWD), and `nobody` (through setpriv), whom
+it asks for a password. Each runs the script the host would run for the inventory user `deploy`."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path, PurePosixPath
+
+import pytest
+
+from deploy_lib.errors import StepTimedOut, SudoPasswordRequired
+from deploy_lib.remote import (
+    Put,
+    Step,
+    StepResult,
+    batch_script,
+    channel_stdin,
+    check_result,
+    concurrently,
+    parse_batch_output,
+    script_steps,
+)
+from deploy_lib.remote.steps import SUDO_PASSWORD_PROMPT
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("sudo") is None or shutil.which("setpriv") is None,
+                                reason="needs root, sudo (Debian package sudo) and setpriv: `make host-deps`")
+
+MARKER = "0123456789abcdef"
+AS_NOBODY = ("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups")
+# The PID of the nearest `sudo` above the step (its process, timeout, the script's bash, ...), or "none".
+SUDO_ABOVE = """p=$PPID
+while [ "$p" -gt 1 ]; do
+  read -r name </proc/$p/comm
+  if [ "$name" = sudo ]; then echo "$p"; exit 0; fi
+  while read -r key value _; do if [ "$key" = PPid: ]; then p=$value; fi; done </proc/$p/status
+done
+echo none"""
+HOSTILE = ("a b", "it's", '"q"', "'\"'\"'", "${HOME}", "`id`", "line1\nline2", "*", "-rf", "", "\\", "exit 0")
+
+
+def run_as(steps: list[Step], user: str, caller: tuple[str, ...] = (), stdin: bytes = b""
+           ) -> tuple[list[StepResult], subprocess.CompletedProcess[bytes]]:
+    """The script for inventory user `user`, run by this machine's bash as `caller` (root when empty)."""
+    done = subprocess.run([*caller, "bash", "-c", batch_script(steps, user, MARKER)], input=stdin,
+                          capture_output=True, cwd="/", timeout=60)
+    results, _, _ = parse_batch_output(steps, MARKER, done.stdout.decode(), done.stderr.decode())
+    return results, done
+
+
+def sudo_above(name: str) -> Step:
+    return Step(name, ("sh", "-c", SUDO_ABOVE), sudo=True)
+
+
+def test_consecutive_root_steps_share_one_sudo_and_a_user_step_ends_the_run() -> None:
+    steps = [Step("user", ("true",)), sudo_above("a"), sudo_above("b"), Step("user between", ("true",)),
+             sudo_above("c"), *concurrently([sudo_above("d"), sudo_above("e")]), sudo_above("f")]
+    results, _ = run_as(steps, "deploy")
+    above = {result.step.name: result.stdout.strip() for result in results if result.step.sudo}
+    assert "none" not in above.values()
+    assert above["a"] == above["b"]
+    assert above["c"] == above["d"] == above["e"] == above["f"] != above["a"]
+
+
+def test_a_lone_root_step_keeps_its_own_sudo() -> None:
+    results, _ = run_as([Step("user", ("true",)), sudo_above("alone"), Step("user after", ("true",))], "deploy")
+    assert results[1].stdout.strip() != "none"
+    assert "bash -c" not in batch_script([sudo_above("alone")], "deploy", MARKER)
+
+
+def test_each_root_step_gives_the_result_it_gives_as_root() -> None:
+    """Hostile argv and here-document stdin, stdout and stderr, an accepted non-zero code and concurrent steps:
+    through one sudo as `deploy` the same results, step by step, as the same steps run by root without sudo."""
+    steps = [
+        Step("hostile argv", ("printf", "%s\\0", *HOSTILE), sudo=True),
+        Step("hostile stdin", ("cat",), sudo=True, stdin=("".join(f"{text}\n" for text in HOSTILE)).encode()),
+        Step("stderr and code 3", ("sh", "-c", "echo out; echo err >&2; exit 3"), sudo=True, ok=frozenset({0, 3})),
+        Step("user", ("printf", "%s", "between")),
+        *concurrently([Step("slow", ("sh", "-c", "sleep 0.2; echo slow"), sudo=True),
+                       Step("fast", ("sh", "-c", "echo fast >&2"), sudo=True, ok=frozenset({0, 1}))]),
+        Step("who", ("id", "-un"), sudo=True),
+    ]
+    as_deploy, done = run_as(steps, "deploy")
+    as_root, _ = run_as(steps, "root")
+    assert [(r.step.name, r.exit_code, r.stdout, r.stderr) for r in as_deploy] == \
+        [(r.step.name, r.exit_code, r.stdout, r.stderr) for r in as_root]
+    assert as_deploy[0].stdout.split("\0")[:-1] == list(HOSTILE)
+    assert as_deploy[-1].stdout == "root\n" and done.returncode == 0
+
+
+def test_a_code_not_accepted_in_a_root_run_stops_the_batch_there() -> None:
+    steps = [Step("first", ("true",), sudo=True), Step("fails", ("sh", "-c", "echo why >&2; exit 2"), sudo=True),
+             Step("after, root", ("touch", "/nonexistent-never-made"), sudo=True), Step("after, user", ("true",))]
+    results, done = run_as(steps, "deploy")
+    assert [(r.step.name, r.exit_code, r.stderr) for r in results] == [("first", 0, ""), ("fails", 2, "why\n")]
+    assert done.returncode == 0  # the script stops as it does after any step's failure
+
+
+def test_a_root_step_over_its_timeout_is_ended_alone_and_reads_as_a_timeout() -> None:
+    steps = [Step("quick", ("true",), sudo=True), Step("slow", ("sleep", "30"), sudo=True, timeout_s=0.5),
+             Step("never", ("true",), sudo=True)]
+    results, _ = run_as(steps, "deploy")
+    assert [r.exit_code for r in results] == [0, 124]
+    with pytest.raises(StepTimedOut, match=r"timed out after 0\.5 s"):
+        check_result(results[1], "deploy@gpu1:22")
+
+
+def test_a_secret_sudo_put_reads_the_channel_inside_the_root_run(tmp_path: Path) -> None:
+    dest = tmp_path / "it's here" / "app.env"
+    dest.parent.mkdir()
+    put = Put(PurePosixPath(dest), b"TOKEN=s3cr3t\n", 0o600, sudo=True, secret=True)
+    steps = [Step("before", ("true",), sudo=True), *script_steps([put], "0123456789ab")]
+    assert "s3cr3t" not in batch_script(steps, "deploy", MARKER)
+    results, _ = run_as(steps, "deploy", stdin=channel_stdin(steps) or b"")
+    assert [r.exit_code for r in results] == [0, 0, 0]
+    assert dest.read_bytes() == b"TOKEN=s3cr3t\n" and (dest.stat().st_mode & 0o777) == 0o600
+    assert sorted(p.name for p in dest.parent.iterdir()) == ["app.env"]
+
+
+def test_without_passwordless_sudo_every_root_step_meets_the_prompt_as_it_would_alone(tmp_path: Path) -> None:
+    """A read that accepts exit 1 ("absent") gets the prompt and the batch goes on, as it did with a sudo of its
+    own per step; check_result then names the user and the sudoers line. No root step ran."""
+    witness = tmp_path / "ran as root"
+    read = frozenset({0, 1})
+    steps = [Step("read a", ("cat", "/etc/shadow"), sudo=True, ok=read),
+             Step("read b", ("id", "-u"), sudo=True, ok=read), Step("user", ("id", "-un")),
+             Step("write", ("touch", str(witness)), sudo=True),
+             Step("never", ("true",), sudo=True)]
+    results, done = run_as(steps, "deploy", AS_NOBODY)
+    assert [(r.step.name, r.exit_code) for r in results] == [("read a", 1), ("read b", 1), ("user", 0), ("write", 1)]
+    assert results[2].stdout == "nobody\n"
+    for result in (results[0], results[1], results[3]):
+        assert result.stdout == "" and result.stderr.count(SUDO_PASSWORD_PROMPT) == 1
+    assert not witness.exists() and done.returncode == 0
+    with pytest.raises(SudoPasswordRequired) as raised:
+        check_result(results[0], "deploy@gpu1:22", user="deploy")
+    assert "asks deploy for a password (step 'read a')" in raised.value.message
+    assert "deploy ALL=(ALL) NOPASSWD: ALL" in str(raised.value.hint)
