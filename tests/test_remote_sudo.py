@@ -12,6 +12,7 @@ import subprocess
 from pathlib import Path, PurePosixPath
 
 import pytest
+from sudo_above import sudo_above
 
 from deploy_lib.errors import StepTimedOut, SudoPasswordRequired
 from deploy_lib.remote import (
@@ -32,14 +33,6 @@ pytestmark = pytest.mark.skipif(os.geteuid() != 0 or shutil.which("sudo") is Non
 
 MARKER = "0123456789abcdef"
 AS_NOBODY = ("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups")
-# The PID of the nearest `sudo` above the step (its process, timeout, the script's bash, ...), or "none".
-SUDO_ABOVE = """p=$PPID
-while [ "$p" -gt 1 ]; do
-  read -r name </proc/$p/comm
-  if [ "$name" = sudo ]; then echo "$p"; exit 0; fi
-  while read -r key value _; do if [ "$key" = PPid: ]; then p=$value; fi; done </proc/$p/status
-done
-echo none"""
 HOSTILE = ("a b", "it's", '"q"', "'\"'\"'", "${HOME}", "`id`", "line1\nline2", "*", "-rf", "", "\\", "exit 0")
 
 
@@ -50,10 +43,6 @@ def run_as(steps: list[Step], user: str, caller: tuple[str, ...] = (), stdin: by
                           capture_output=True, cwd="/", timeout=60)
     results, _, _ = parse_batch_output(steps, MARKER, done.stdout.decode(), done.stderr.decode())
     return results, done
-
-
-def sudo_above(name: str) -> Step:
-    return Step(name, ("sh", "-c", SUDO_ABOVE), sudo=True)
 
 
 def test_consecutive_root_steps_share_one_sudo_and_a_user_step_ends_the_run() -> None:
@@ -140,3 +129,28 @@ def test_without_passwordless_sudo_every_root_step_meets_the_prompt_as_it_would_
         check_result(results[0], "deploy@gpu1:22", user="deploy")
     assert "asks deploy for a password (step 'read a')" in raised.value.message
     assert "deploy ALL=(ALL) NOPASSWD: ALL" in str(raised.value.hint)
+
+
+def test_a_root_run_ended_by_a_signal_ends_the_batch_and_sends_none_of_its_steps_again(tmp_path: Path) -> None:
+    """A root run's bash killed halfway (here by its own step) is not taken for a refusal: no step runs twice."""
+    count = tmp_path / "appended"
+    kill_the_run = "read -r _ _ _ parent _ </proc/$PPID/stat; kill -KILL $parent"  # timeout's parent: the run's bash
+    steps = [Step("append", ("sh", "-c", f"echo x >> {count}"), sudo=True),
+             Step("kill the run", ("sh", "-c", kill_the_run), sudo=True), Step("never", ("true",))]
+    results, done = run_as(steps, "deploy")
+    assert [r.step.name for r in results] == ["append"]
+    assert count.read_text() == "x\n" and done.returncode == 128 + 9
+
+
+def test_without_sudo_on_the_host_each_root_step_fails_as_it_would_alone(tmp_path: Path) -> None:
+    tools = tmp_path / "bin"
+    tools.mkdir()
+    for tool in ("timeout", "id"):
+        (tools / tool).symlink_to(shutil.which(tool) or tool)
+    steps = [Step("read", ("id", "-u"), sudo=True, ok=frozenset({0, 127})), Step("root", ("id", "-u"), sudo=True),
+             Step("never", ("id", "-u"))]
+    done = subprocess.run([shutil.which("bash") or "bash", "-c", batch_script(steps, "deploy", MARKER)],
+                          capture_output=True, cwd="/", timeout=60, env={"PATH": str(tools)})
+    results, _, _ = parse_batch_output(steps, MARKER, done.stdout.decode(), done.stderr.decode())
+    assert [(r.step.name, r.exit_code) for r in results] == [("read", 127), ("root", 127)]
+    assert all("failed to run command 'sudo'" in r.stderr for r in results)
