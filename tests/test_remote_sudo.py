@@ -98,16 +98,29 @@ def test_a_root_step_over_its_timeout_is_ended_alone_and_reads_as_a_timeout() ->
         check_result(results[1], "deploy@gpu1:22")
 
 
-def test_a_secret_sudo_put_reads_the_channel_inside_the_root_run(tmp_path: Path) -> None:
+def test_a_secret_sudo_put_reads_the_channel_under_a_sudo_of_its_own_between_root_runs(tmp_path: Path) -> None:
+    """A root run's bash reads its lines from stdin, so the step that reads the channel (a secret Put's write) keeps
+    a sudo of its own; the root steps around it still share theirs."""
     dest = tmp_path / "it's here" / "app.env"
     dest.parent.mkdir()
     put = Put(PurePosixPath(dest), b"TOKEN=s3cr3t\n", 0o600, sudo=True, secret=True)
-    steps = [Step("before", ("true",), sudo=True), *script_steps([put], "0123456789ab")]
+    steps = [sudo_above("a"), sudo_above("b"), *script_steps([put], "0123456789ab"), sudo_above("c")]
     assert "s3cr3t" not in batch_script(steps, "deploy", MARKER)
     results, _ = run_as(steps, "deploy", stdin=channel_stdin(steps) or b"")
-    assert [r.exit_code for r in results] == [0, 0, 0]
+    assert [r.exit_code for r in results] == [0, 0, 0, 0, 0]
+    assert results[0].stdout == results[1].stdout != results[4].stdout
     assert dest.read_bytes() == b"TOKEN=s3cr3t\n" and (dest.stat().st_mode & 0o777) == 0o600
     assert sorted(p.name for p in dest.parent.iterdir()) == ["app.env"]
+
+
+def test_sudo_is_given_a_short_command_line_whatever_the_steps_stdin() -> None:
+    """sudo logs the command line of each command it runs: a root run's steps and their here-documents (the facts'
+    36 KB option reader) travel on its bash's stdin instead."""
+    text = "print('option reader')\n" * 2000
+    script = batch_script([Step("reader", ("python3", "-"), sudo=True, stdin=text.encode()), sudo_above("b")],
+                          "deploy", MARKER)
+    [sudo_line] = [line for line in script.splitlines() if line.startswith("sudo ")]
+    assert len(sudo_line) < 200 and "option reader" not in sudo_line
 
 
 def test_without_passwordless_sudo_every_root_step_meets_the_prompt_as_it_would_alone(tmp_path: Path) -> None:

@@ -163,10 +163,11 @@ def _starts(marker: str, index: int) -> str:
 
 def _segments(steps: Sequence[Step], user: str) -> list[tuple[bool, list[list[int]]]]:
     """The script's groups in order, each consecutive two or more steps that need root (and `user` is not root)
-    gathered into one root run (True): one `sudo -n` runs them all. A concurrent group joins a run only whole."""
+    gathered into one root run (True): one `sudo -n` runs them all. A concurrent group joins a run only whole, a step
+    that reads the channel never (the run's bash reads its own lines from stdin)."""
     segments: list[tuple[bool, list[list[int]]]] = []
     for group in _groups(steps):
-        root = user != "root" and all(steps[index].sudo for index in group)
+        root = user != "root" and all(steps[index].sudo and channel_stdin([steps[index]]) is None for index in group)
         if root and segments and segments[-1][0]:
             segments[-1][1].append(group)
         else:
@@ -201,22 +202,23 @@ def _group_lines(steps: Sequence[Step], group: list[int], marker: str, command: 
 
 
 def _root_run_lines(steps: Sequence[Step], groups: list[list[int]], marker: str) -> list[str]:
-    """A root run: its steps' lines, as text in a variable, run by one `sudo -n bash -c`, each step still under its
-    own `timeout` with its own stdin and markers. The run's bash exits ROOT_RUN_STOPPED where a step's code was not
-    accepted, and the batch stops there. Where sudo did not start that bash (it exits 1 when it asks for a password
-    or refuses the command, 126/127 when it cannot be run), the same lines run here with `sudo -n --` before each
-    step, so each step's result and its password prompt are what a step of its own would give (steps.check_result);
-    a run's bash ended by a signal (128+) ends the batch without sending its steps again."""
+    """A root run: its steps' lines, as text in a variable, which one `sudo -n bash` reads from its stdin and runs,
+    each step still under its own `timeout` with its own stdin and markers (on stdin, not in its command line: sudo
+    logs a command line, and the facts' would hold SGLang's 36 KB option reader). The run's bash exits
+    ROOT_RUN_STOPPED where a step's code was not accepted, and the batch stops there. Where sudo did not start that
+    bash (it exits 1 when it asks for a password or refuses the command, 126/127 when it cannot be run), the same
+    lines run here with `sudo -n --` before each step, so each step's result and its password prompt are what a step
+    of its own would give (steps.check_result); a run's bash ended by a signal (128+) ends the batch without sending
+    its steps again."""
     body = "\n".join(line for group in groups for line in _group_lines(
-        steps, group, marker, lambda step: '"${as_root[@]}" ' + shlex.join(step.argv), 'exit "$stop"')) + "\n"
-    first = groups[0][0]
-    needs_channel = channel_stdin([steps[index] for group in groups for index in group]) is not None
-    return [f"r{first}={shlex.quote(body)}",
-            f'sudo -n -- bash -c "exec 3<&0; as_root=(); stop={ROOT_RUN_STOPPED}; ${{r{first}}}exit 0" '
-            f"sglang-deploy {'<&3' if needs_channel else '</dev/null'}",
+        steps, group, marker, lambda step: '"${as_root[@]}" ' + shlex.join(step.argv), 'exit "$stop"'))
+    lines = f"r{groups[0][0]}"
+    return [f"{lines}={shlex.quote(body)}",
+            f"sudo -n -- bash -c 'as_root=() stop={ROOT_RUN_STOPPED}; eval \"$(</dev/stdin)\"; exit 0' "
+            f'sglang-deploy <<<"${lines}"',
             "rc=$?",
             f"case $rc in 0) ;; {ROOT_RUN_STOPPED}) exit 0 ;; 1|126|127) "
-            f'as_root=(sudo -n --); stop=0; eval "$r{first}"; as_root=() ;; *) exit "$rc" ;; esac']
+            f'as_root=(sudo -n --); stop=0; eval "${lines}"; as_root=() ;; *) exit "$rc" ;; esac']
 
 
 def batch_script(steps: Sequence[Step], user: str, marker: str) -> str:

@@ -70,17 +70,23 @@ def test_a_linked_unit_from_the_store_follows_current(sandbox_ssh: FabricRemote,
     assert guest_shell.sudo(f"stat -c %a {layout.env_file('r2')}").strip() == "600"
 
 
-def test_consecutive_root_steps_share_one_sudo_with_a_secret_put_among_them(sandbox_ssh: FabricRemote,
-                                                                          guest_shell: GuestShell) -> None:
-    dest = "/etc/sglang-deploy-test/one-sudo.env"
-    results = sandbox_ssh.run([sudo_above("a"), Step("make dir", ("mkdir", "-p", "/etc/sglang-deploy-test"), sudo=True),
-                               Put(PurePosixPath(dest), b"TOKEN=hunter2\n", 0o600, sudo=True, secret=True),
-                               sudo_above("b"), Step("as deploy", ("id", "-un")), sudo_above("c"), sudo_above("d")])
-    above = [result.stdout.strip() for result in results if result.step.name in ("a", "b", "c", "d")]
-    assert "none" not in above and above[0] == above[1] != above[2] == above[3]
-    assert results[4].stdout == "deploy\n"
-    assert guest_shell.sudo(f"stat -c '%U:%G %a' {dest}").strip() == "root:root 600"
-    assert guest_shell.sudo(f"cat {dest}") == "TOKEN=hunter2\n"
+def test_consecutive_root_steps_share_one_sudo_and_a_secret_put_keeps_its_own(sandbox_ssh: FabricRemote,
+                                                                             guest_shell: GuestShell) -> None:
+    """Over SSH as `deploy`: a Put of text joins the root run around it; a secret Put's write reads the channel, so it
+    has a sudo of its own and its rename starts the next run; a step as `deploy` ends a run."""
+    plain, secret = "/etc/sglang-deploy-test/one-sudo.conf", "/etc/sglang-deploy-test/one-sudo.env"
+    results = sandbox_ssh.run([
+        sudo_above("a"), Step("make dir", ("mkdir", "-p", "/etc/sglang-deploy-test"), sudo=True),
+        Put(PurePosixPath(plain), b"it's text\n", 0o644, sudo=True), sudo_above("b"),
+        Put(PurePosixPath(secret), b"TOKEN=hunter2\n", 0o600, sudo=True, secret=True), sudo_above("c"),
+        Step("as deploy", ("id", "-un")), sudo_above("d"), sudo_above("e")])
+    above = {result.step.name: result.stdout.strip() for result in results if len(result.step.name) == 1}
+    assert "none" not in above.values()
+    assert above["a"] == above["b"] != above["c"] != above["d"] == above["e"]
+    assert results[6].stdout == "deploy\n"
+    assert guest_shell.sudo(f"stat -c '%U:%G %a' {plain} {secret}").split() == ["root:root", "644", "root:root",
+                                                                                 "600"]
+    assert guest_shell.sudo(f"cat {plain} {secret}") == "it's text\nTOKEN=hunter2\n"
 
 
 def test_without_passwordless_sudo_the_first_root_step_reports_the_prompt(sandbox_ssh: FabricRemote,
