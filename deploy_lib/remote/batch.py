@@ -212,13 +212,14 @@ def _root_run_lines(steps: Sequence[Step], groups: list[list[int]], marker: str)
     its steps again."""
     body = "\n".join(line for group in groups for line in _group_lines(
         steps, group, marker, lambda step: '"${as_root[@]}" ' + shlex.join(step.argv), 'exit "$stop"'))
-    lines = f"r{groups[0][0]}"
-    return [f"{lines}={shlex.quote(body)}",
-            f"sudo -n -- bash -c 'as_root=() stop={ROOT_RUN_STOPPED}; eval \"$(</dev/stdin)\"; exit 0' "
-            f'sglang-deploy <<<"${lines}"',
+    variable = f"r{groups[0][0]}"
+    return [f"{variable}={shlex.quote(body)}",
+            # lines it could not read end the batch (exit 2, the run's first step's code) rather than run none of them
+            f"sudo -n -- bash -c 'as_root=() stop={ROOT_RUN_STOPPED}; run=$(</dev/stdin) || exit 2; eval \"$run\"; "
+            f'exit 0\' sglang-deploy <<<"${variable}"',
             "rc=$?",
             f"case $rc in 0) ;; {ROOT_RUN_STOPPED}) exit 0 ;; 1|126|127) "
-            f'as_root=(sudo -n --); stop=0; eval "${lines}"; as_root=() ;; *) exit "$rc" ;; esac']
+            f'as_root=(sudo -n --); stop=0; eval "${variable}"; as_root=() ;; *) exit "$rc" ;; esac']
 
 
 def batch_script(steps: Sequence[Step], user: str, marker: str) -> str:
