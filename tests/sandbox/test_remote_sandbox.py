@@ -104,16 +104,15 @@ def test_without_passwordless_sudo_the_first_root_step_reports_the_prompt(sandbo
 
 def test_sudo_for_named_commands_only_still_runs_each_allowed_step(sandbox_ssh: FabricRemote,
                                                                    guest_shell: GuestShell) -> None:
-    """A sudoers rule for some commands refuses the root run's bash: its steps then run with a sudo each, as they
-    did before root runs shared one, and a command outside the rule fails as that step, with sudo's reason."""
+    """A sudoers rule for some commands asks a password for the root run's bash: its steps then run with a sudo
+    each, as they did before root runs shared one, and a command outside the rule meets the prompt as that step."""
     guest_shell.write(SUDOERS, "deploy ALL=(root) NOPASSWD: /usr/bin/id, /usr/bin/cat /etc/hostname\n")
     try:
         allowed = sandbox_ssh.run([Step("who", ("id", "-un"), sudo=True), Step("name", ("cat", "/etc/hostname"),
                                                                             sudo=True)])
-        with pytest.raises(StepFailed) as refused:
+        with pytest.raises(SudoPasswordRequired) as refused:
             sandbox_ssh.run([Step("who", ("id", "-un"), sudo=True), Step("shadow", ("cat", "/etc/shadow"), sudo=True)])
     finally:
         guest_shell.write(SUDOERS, PASSWORDLESS)
     assert allowed[0].stdout == "root\n" and allowed[1].stdout.strip() != ""
-    assert refused.value.step.name == "shadow"
-    assert "not allowed to execute" in refused.value.result.stderr
+    assert "asks deploy for a password (step 'shadow')" in refused.value.message
