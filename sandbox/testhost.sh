@@ -31,11 +31,12 @@ TH_STOP_TIMEOUT=${TH_STOP_TIMEOUT:-30}
 TH_LAYERS=${TH_LAYERS:-}                     # read-only layers over the rootfs, top first (dir:dir), e.g. a built venv
 TH_DISK=${TH_DISK:-}                         # MiB: the writable layer gets an ext4 disk of its own (a loop device)
 # command:package. sshd and systemd-analyze serve the tests (a local sshd; offline unit verification).
-# losetup and mkfs.ext4 give a guest its own disk (TH_DISK, for `crash`).
+# losetup and mkfs.ext4 give a guest its own disk (TH_DISK, for `crash`). sudo runs the batch script's root runs
+# in tests/test_remote_sudo.py.
 HOST_TOOLS=(mmdebstrap:mmdebstrap systemd-nspawn:systemd-container ip:iproute2 ssh:openssh-client
             ssh-keygen:openssh-client zstd:zstd rsync:rsync /usr/sbin/sshd:openssh-server
             systemd-analyze:systemd setpriv:util-linux chromium:chromium losetup:mount mkfs.ext4:e2fsprogs
-            stress-ng:stress-ng)
+            stress-ng:stress-ng sudo:sudo)
 
 [[ $TH_NAME =~ ^[a-z][a-z0-9-]{0,11}$ ]] || { echo "TH_NAME must match [a-z][a-z0-9-]{0,11}" >&2; exit 2; }
 

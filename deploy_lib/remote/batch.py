@@ -4,7 +4,7 @@ lines, under coreutils `timeout`), and the parser of that script's output. Pure:
 from __future__ import annotations
 
 import shlex
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
 from deploy_lib.remote.steps import OutputLine, Put, Step, StepResult
@@ -23,6 +23,11 @@ MAX_SCRIPT_CHARS = 100_000
 MAX_INLINE_STDIN = 48 * 1024
 HEREDOC_END = "SGLANG_DEPLOY_STDIN_END"
 PUT_TIMEOUT_S = 120
+# What a root run's bash (one `sudo -n` for consecutive root steps) exits with after a code a step does not accept;
+# sudo itself exits 1 when it refuses, and a bash ended by a signal 128+.
+ROOT_RUN_STOPPED = 3
+# A script's length is judged as a non-root user's: its root runs travel quoted inside it, so it is the longer one.
+LONGEST_SCRIPT_USER = "nonroot"
 
 
 def command_line(step: Step, user: str) -> str:
@@ -83,7 +88,8 @@ def round_trips(batch: Sequence[Step | Put]) -> list[Put | tuple[Step | Put, ...
             continue
         added = script_steps([step], "0" * 12)
         needs_channel = channel_stdin(added) is not None
-        too_long = len(batch_script(script_steps([*run, step], "0" * 12), "root", "0" * 16)) > MAX_SCRIPT_CHARS
+        too_long = len(batch_script(script_steps([*run, step], "0" * 12), LONGEST_SCRIPT_USER,
+                                    "0" * 16)) > MAX_SCRIPT_CHARS
         if run and ((needs_channel and channel_stdin(script_steps(run, "0" * 12)) is not None) or too_long):
             trips.append(tuple(run))
             run = []
@@ -155,38 +161,82 @@ def _starts(marker: str, index: int) -> str:
     return f"printf '%s\\n' '{marker} {index} start'; printf '%s\\n' '{marker} {index} start' >&2"
 
 
+def _segments(steps: Sequence[Step], user: str) -> list[tuple[bool, list[list[int]]]]:
+    """The script's groups in order, each consecutive two or more steps that need root (and `user` is not root)
+    gathered into one root run (True): one `sudo -n` runs them all. A concurrent group joins a run only whole, a step
+    that reads the channel never (the run's bash reads its own lines from stdin)."""
+    segments: list[tuple[bool, list[list[int]]]] = []
+    for group in _groups(steps):
+        root = user != "root" and all(steps[index].sudo and channel_stdin([steps[index]]) is None for index in group)
+        if root and segments and segments[-1][0]:
+            segments[-1][1].append(group)
+        else:
+            segments.append((root, [group]))
+    return [(root and sum(len(group) for group in groups) > 1, groups) for root, groups in segments]
+
+
+def _group_lines(steps: Sequence[Step], group: list[int], marker: str, command: Callable[[Step], str],
+                 stop: str) -> list[str]:
+    """One group's lines: its step (or its concurrent steps) framed by markers, then `stop` after a code not in a
+    step's ok set."""
+    oks = [f"case $rc{index} in {'|'.join(str(code) for code in sorted(steps[index].ok))}) ;; *) {stop} ;; esac"
+           for index in group]
+    if len(group) == 1:
+        [index] = group
+        step = steps[index]
+        return [_starts(marker, index), "t0=$EPOCHREALTIME",
+                f"timeout -k {KILL_AFTER_S} {step.timeout_s:g} {command(step)}{_redirect(step, ' <&3')}",
+                f"rc{index}=$?", *_markers(marker, index, f"$rc{index} $t0 $EPOCHREALTIME"), *oks]
+    lines = ['[ -n "$d" ] || { d=$(mktemp -d) && trap \'rm -rf -- "$d"\' EXIT; }']
+    for index in group:
+        step, files = steps[index], f'"$d/{index}"'
+        lines += [f"( t0=$EPOCHREALTIME; timeout -k {KILL_AFTER_S} {step.timeout_s:g} "
+                  f"{command(step)} >{files}.out 2>{files}.err{_redirect(step, ' <&3')}",
+                  f"printf '%s %s %s' \"$?\" \"$t0\" \"$EPOCHREALTIME\" >{files}.rc ) &"]
+    lines.append("wait")
+    for index in group:
+        files = f'"$d/{index}"'
+        lines += [_starts(marker, index), f"cat -- {files}.out; cat -- {files}.err >&2",
+                  f"read -r rc{index} t0 t1 <{files}.rc", *_markers(marker, index, f"$rc{index} $t0 $t1")]
+    return lines + oks
+
+
+def _root_run_lines(steps: Sequence[Step], groups: list[list[int]], marker: str) -> list[str]:
+    """A root run: its steps' lines, as text in a variable, which one `sudo -n bash` reads from its stdin and runs,
+    each step still under its own `timeout` with its own stdin and markers (on stdin, not in its command line: sudo
+    logs a command line, and the facts' would hold SGLang's 36 KB option reader). The run's bash exits
+    ROOT_RUN_STOPPED where a step's code was not accepted, and the batch stops there. Where sudo did not start that
+    bash (it exits 1 when it asks for a password or refuses the command, 126/127 when it cannot be run), the same
+    lines run here with `sudo -n --` before each step, so each step's result and its password prompt are what a step
+    of its own would give (steps.check_result); a run's bash ended by a signal (128+) ends the batch without sending
+    its steps again."""
+    body = "\n".join(line for group in groups for line in _group_lines(
+        steps, group, marker, lambda step: '"${as_root[@]}" ' + shlex.join(step.argv), 'exit "$stop"'))
+    variable = f"r{groups[0][0]}"
+    return [f"{variable}={shlex.quote(body)}",
+            # lines it could not read end the batch (exit 2, the run's first step's code) rather than run none of them
+            f"sudo -n -- bash -c 'as_root=() stop={ROOT_RUN_STOPPED}; run=$(</dev/stdin) || exit 2; eval \"$run\"; "
+            f'exit 0\' sglang-deploy <<<"${variable}"',
+            "rc=$?",
+            f"case $rc in 0) ;; {ROOT_RUN_STOPPED}) exit 0 ;; 1|126|127) "
+            f'as_root=(sudo -n --); stop=0; eval "${variable}"; as_root=() ;; *) exit "$rc" ;; esac']
+
+
 def batch_script(steps: Sequence[Step], user: str, marker: str) -> str:
     """A bash script running `steps` in order, each framed by marker lines on stdout and stderr.
 
     Each step runs under coreutils `timeout` (its own timeout, then KILL), its exit code and start/end
     times go into the closing marker, and the script stops after the first code not in the step's ok set.
     A run of concurrent steps starts together, each writing into files of a private directory, and is framed
-    in order once all have ended.
+    in order once all have ended. Consecutive steps that need root share one `sudo -n` (`_root_run_lines`).
     """
     lines = ["exec 3<&0", "d="]  # a background job's stdin is /dev/null: a concurrent step reads the channel from fd 3
-    for group in _groups(steps):
-        oks = [f"case $rc{index} in {'|'.join(str(code) for code in sorted(steps[index].ok))}) ;; *) exit 0 ;; esac"
-               for index in group]
-        if len(group) == 1:
-            [index] = group
-            step = steps[index]
-            lines += [_starts(marker, index), "t0=$EPOCHREALTIME",
-                      f"timeout -k {KILL_AFTER_S} {step.timeout_s:g} {command_line(step, user)}"
-                      f"{_redirect(step, ' <&3')}",
-                      f"rc{index}=$?", *_markers(marker, index, f"$rc{index} $t0 $EPOCHREALTIME"), *oks]
+    for root, groups in _segments(steps, user):
+        if root:
+            lines += _root_run_lines(steps, groups, marker)
             continue
-        lines.append('[ -n "$d" ] || { d=$(mktemp -d) && trap \'rm -rf -- "$d"\' EXIT; }')
-        for index in group:
-            step, files = steps[index], f'"$d/{index}"'
-            lines += [f"( t0=$EPOCHREALTIME; timeout -k {KILL_AFTER_S} {step.timeout_s:g} "
-                      f"{command_line(step, user)} >{files}.out 2>{files}.err{_redirect(step, ' <&3')}",
-                      f"printf '%s %s %s' \"$?\" \"$t0\" \"$EPOCHREALTIME\" >{files}.rc ) &"]
-        lines.append("wait")
-        for index in group:
-            files = f'"$d/{index}"'
-            lines += [_starts(marker, index), f"cat -- {files}.out; cat -- {files}.err >&2",
-                      f"read -r rc{index} t0 t1 <{files}.rc", *_markers(marker, index, f"$rc{index} $t0 $t1")]
-        lines += oks
+        [group] = groups
+        lines += _group_lines(steps, group, marker, lambda step: command_line(step, user), "exit 0")
     return "\n".join(lines) + "\n"
 
 

@@ -1,5 +1,6 @@
-"""deploy_lib.remote and .store on the sandbox guest as the non-root user `deploy`: the sudo paths (steps behind
-`sudo -n`, Puts through a private temp dir + install), and a unit linked from the store that systemd loads."""
+"""deploy_lib.remote and .store on the sandbox guest as the non-root user `deploy`: the sudo paths (consecutive root
+steps behind one `sudo -n`, Puts through a private temp dir + install; without passwordless sudo, and with sudo for
+named commands only), and a unit linked from the store that systemd loads."""
 
 from __future__ import annotations
 
@@ -8,8 +9,9 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 import pytest
+from sudo_above import sudo_above
 
-from deploy_lib.errors import StepFailed
+from deploy_lib.errors import StepFailed, SudoPasswordRequired
 from deploy_lib.remote import FabricRemote, Put, Step
 from deploy_lib.store import (
     StoreLayout,
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
     from guest_shell import GuestShell
 
 pytestmark = pytest.mark.sandbox
+SUDOERS = "/etc/sudoers.d/deploy"
+PASSWORDLESS = "deploy ALL=(ALL) NOPASSWD:ALL\n"
 
 UNIT = """[Unit]
 Description=store link test ({release})
@@ -64,3 +68,51 @@ def test_a_linked_unit_from_the_store_follows_current(sandbox_ssh: FabricRemote,
     facts = read_store_facts(sandbox_ssh, layout)
     assert facts.current == "r2" and [r.id for r in facts.releases] == ["r1", "r2"]
     assert guest_shell.sudo(f"stat -c %a {layout.env_file('r2')}").strip() == "600"
+
+
+def test_consecutive_root_steps_share_one_sudo_and_a_secret_put_keeps_its_own(sandbox_ssh: FabricRemote,
+                                                                             guest_shell: GuestShell) -> None:
+    """Over SSH as `deploy`: a Put of text joins the root run around it; a secret Put's write reads the channel, so it
+    has a sudo of its own and its rename starts the next run; a step as `deploy` ends a run."""
+    plain, secret = "/etc/sglang-deploy-test/one-sudo.conf", "/etc/sglang-deploy-test/one-sudo.env"
+    results = sandbox_ssh.run([
+        sudo_above("a"), Step("make dir", ("mkdir", "-p", "/etc/sglang-deploy-test"), sudo=True),
+        Put(PurePosixPath(plain), b"it's text\n", 0o644, sudo=True), sudo_above("b"),
+        Put(PurePosixPath(secret), b"TOKEN=hunter2\n", 0o600, sudo=True, secret=True), sudo_above("c"),
+        Step("as deploy", ("id", "-un")), sudo_above("d"), sudo_above("e")])
+    above = {result.step.name: result.stdout.strip() for result in results if len(result.step.name) == 1}
+    assert "none" not in above.values()
+    assert above["a"] == above["b"] != above["c"] != above["d"] == above["e"]
+    assert results[6].stdout == "deploy\n"
+    assert guest_shell.sudo(f"stat -c '%U:%G %a' {plain} {secret}").split() == ["root:root", "644", "root:root",
+                                                                                 "600"]
+    assert guest_shell.sudo(f"cat {plain} {secret}") == "it's text\nTOKEN=hunter2\n"
+
+
+def test_without_passwordless_sudo_the_first_root_step_reports_the_prompt(sandbox_ssh: FabricRemote,
+                                                                          guest_shell: GuestShell) -> None:
+    guest_shell.write(SUDOERS, "deploy ALL=(ALL) ALL\n")
+    try:
+        with pytest.raises(SudoPasswordRequired) as raised:
+            sandbox_ssh.run([Step("user", ("true",)), Step("root a", ("true",), sudo=True),
+                             Step("root b", ("touch", "/etc/sglang-deploy-never"), sudo=True)])
+    finally:
+        guest_shell.write(SUDOERS, PASSWORDLESS)
+    assert "asks deploy for a password (step 'root a')" in raised.value.message
+    assert guest_shell.run("test -e /etc/sglang-deploy-never")[0] == 1
+
+
+def test_sudo_for_named_commands_only_still_runs_each_allowed_step(sandbox_ssh: FabricRemote,
+                                                                   guest_shell: GuestShell) -> None:
+    """A sudoers rule for some commands asks a password for the root run's bash: its steps then run with a sudo
+    each, as they did before root runs shared one, and a command outside the rule meets the prompt as that step."""
+    guest_shell.write(SUDOERS, "deploy ALL=(root) NOPASSWD: /usr/bin/id, /usr/bin/cat /etc/hostname\n")
+    try:
+        allowed = sandbox_ssh.run([Step("who", ("id", "-un"), sudo=True), Step("name", ("cat", "/etc/hostname"),
+                                                                            sudo=True)])
+        with pytest.raises(SudoPasswordRequired) as refused:
+            sandbox_ssh.run([Step("who", ("id", "-un"), sudo=True), Step("shadow", ("cat", "/etc/shadow"), sudo=True)])
+    finally:
+        guest_shell.write(SUDOERS, PASSWORDLESS)
+    assert allowed[0].stdout == "root\n" and allowed[1].stdout.strip() != ""
+    assert "asks deploy for a password (step 'shadow')" in refused.value.message
