@@ -1,5 +1,5 @@
-"""Preflight: read-only checks that the host can run a release (new or recorded), PreflightError before anything
-changes."""
+"""Preflight: what a deploy reads for it once it knows it changes the host (PreflightReads), and the read-only checks
+that the host can run a release (new or recorded), PreflightError before anything changes."""
 
 from __future__ import annotations
 
