@@ -14,11 +14,11 @@ from test_store import release_entries
 
 from deploy_lib import store
 from deploy_lib.deploy import Options, deploy
-from deploy_lib.errors import LockHeld
+from deploy_lib.errors import LockHeld, PreflightError
 from deploy_lib.facts import host as host_facts
 from deploy_lib.models import FACT_CACHE
 from deploy_lib.profile import LoadedProfile
-from deploy_lib.remote import Put, round_trips
+from deploy_lib.remote import Put, Step, round_trips
 from deploy_lib.store import HEALTHY, history_entry
 
 WRITES = ("lock:", "stage:", "switch:", "systemd:", "history:", "put ")
@@ -57,6 +57,69 @@ def test_a_no_op_deploy_is_one_round_trip_and_writes_nothing_not_even_the_lock()
     assert len(host.batches) == 1 and len(round_trips(host.batches[0])) == 1, "the facts' one round trip"
     assert LIVE_PROBE in host.ran_names(), "the live probe of the serving release rode in it"
     assert writes(host) == []
+
+
+# What only preflight reads (deploy_lib/facts/host.py PREFLIGHT_ONLY): a no-op never sends it.
+PREFLIGHT_TOOLS = ("nvidia-smi", "df", "ss")
+
+
+def tools_run(host: ScriptedHost, batch: list[Step | Put] | None = None) -> set[str]:
+    return {step.argv[0] for step in (host.ran if batch is None else batch) if isinstance(step, Step)}
+
+
+def test_a_no_op_reads_no_gpus_disk_or_port_listeners() -> None:
+    host, _ = serving_the_profile()
+    outcome = deploy(PROJECT.profile("glm5-nvfp4"), target(), host, RecordingProgress(), Options(grace_s=0))
+    assert outcome.action == "unchanged"
+    assert tools_run(host) & set(PREFLIGHT_TOOLS) == set(), "no nvidia-smi, df or ss on the host"
+    assert host_facts.FACT_IMPORT not in host.ran_names()
+
+
+def test_a_change_reads_what_preflight_needs_in_one_round_trip_after_the_decision_and_before_the_lock() -> None:
+    host, _ = serving_the_profile()
+    outcome = deploy(changed_profile(), target(), host, RecordingProgress(), Options(grace_s=0))
+    assert outcome.action == "deployed"
+    decided, preflight_read, staged = host.batches[:3]
+    assert tools_run(host, decided) & set(PREFLIGHT_TOOLS) == set()
+    assert tools_run(host, preflight_read) >= set(PREFLIGHT_TOOLS) and len(round_trips(preflight_read)) == 1
+    assert not [step for step in preflight_read if step.name.startswith(WRITES)], "read beside the lock, not under it"
+    assert staged[1].name == store.LOCK_TAKE, "the lock is taken with the stage, the first change, as before"
+
+
+def test_a_dry_run_reads_what_preflight_needs_in_its_one_round_trip_and_refuses_as_a_deploy_would() -> None:
+    host, _ = serving_the_profile()
+    planned = deploy(changed_profile(), target(), host, RecordingProgress(), Options(dry_run=True))
+    assert planned.action == "planned"
+    assert tools_run(host, host.batches[0]) >= set(PREFLIGHT_TOOLS)
+    assert sum(len(round_trips(batch)) for batch in host.batches) == 1
+    host.reply(host_facts.FACT_GPUS, stdout="0, NVIDIA RTX PRO 6000 Blackwell Server Edition, GPU-0, 12.0, 97887, 0, "
+                                            "30, 600, 0, 580\n")
+    with pytest.raises(PreflightError, match="the profile needs 8 GPUs, nvidia-smi shows 1"):
+        deploy(PROJECT.profile("glm5-nvfp4"), target(), host, RecordingProgress(), Options(dry_run=True))
+
+
+@pytest.mark.parametrize(("fact", "stdout", "refusal"), [
+    (host_facts.FACT_GPUS, "".join(f"{i}, NVIDIA RTX PRO 6000 Blackwell Server Edition, GPU-{i}, 12.0, 97887, 0, "
+                                   "30, 600, 0, 580\n" for i in range(4)),
+     "the profile needs 8 GPUs, nvidia-smi shows 4"),
+    (host_facts.FACT_DISK, "Filesystem 1-blocks Used Available Capacity Mounted on\n/dev/sda 10 1 1048576 99% /\n",
+     "only 1 MiB free under"),
+    (host_facts.FACT_PORT, 'LISTEN 0 4096 0.0.0.0:8000 0.0.0.0:* users:(("nc",pid=999,fd=3))\n',
+     "port 8000 is already in use by another process"),
+])
+def test_a_change_preflight_refuses_changes_nothing_on_the_host(fact: str, stdout: str, refusal: str) -> None:
+    """Inputs tried: 4 GPUs for a profile of 8; 1 MiB free; the port held by another process while the unit is
+    stopped (so the release must be restarted: a change)."""
+    host, _ = serving_the_profile()
+    host.reply(fact, stdout=stdout)
+    profile = changed_profile()
+    if fact == host_facts.FACT_PORT:
+        host.reply(host_facts.FACT_UNIT, stdout="ActiveState=inactive\nSubState=dead\nLoadState=loaded\n")
+        profile = PROJECT.profile("glm5-nvfp4")
+    with pytest.raises(PreflightError, match=refusal):
+        deploy(profile, target(), host, RecordingProgress(), Options(grace_s=0))
+    assert len(host.batches) == 2, "the decision's read, then preflight's"
+    assert writes(host) == [] and not any(isinstance(step, Put) for step in host.ran), "not even the lock"
 
 
 def test_a_release_current_but_not_ready_is_restarted_under_the_lock() -> None:

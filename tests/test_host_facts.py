@@ -20,21 +20,30 @@ from pathlib import Path, PurePosixPath
 import pytest
 from test_sglang_options import SYNTHETIC, write_tree
 
+from deploy_lib.facts.cuda_toolkit import FACT_VERSION_JSON
 from deploy_lib.facts.host import (
+    FACT_DISK,
+    FACT_GPUS,
+    FACT_IMPORT,
+    FACT_PORT,
     FACT_SGLANG,
     SGLangInstall,
     fact_batch,
     import_step,
+    parse_host_facts,
     parse_import_shadow,
     parse_sglang_install,
+    preflight_batch,
     sglang_step,
+    with_preflight_facts,
 )
+from deploy_lib.facts.readings import Readings
 from deploy_lib.host_scripts import model_stage
 from deploy_lib.host_scripts.sglang_options import extract
 from deploy_lib.models import HubModel, parse_model_result
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.remote.batch import inline_stdin
-from deploy_lib.store import StoreLayout
+from deploy_lib.store import FACT_LOCK, FACT_LOCK_OWNER, StoreLayout
 
 
 def run_step(step: Step, env: dict[str, str] | None = None) -> StepResult:
@@ -192,6 +201,37 @@ def test_the_facts_batch_of_a_dry_run_asks_for_a_read_only_step() -> None:
         [step] = [step for step in fact_batch(LAYOUT, "/root/ml-env", 8000, write_caches=write)
                   if isinstance(step, Step) and step.name == FACT_SGLANG]
         assert step.argv[-2] == mode
+
+
+def test_the_decision_and_preflight_batches_read_what_the_whole_batch_reads() -> None:
+    """A deploy decides from the batch without preflight's facts and reads those only for a change: together the two
+    batches send the whole batch's steps once each, and parse to the HostFacts it gives. Inputs tried: 2 GPUs, a
+    listener, 5 GB free, a CUDA toolkit, a working directory (the import check), a model step."""
+    where = (LAYOUT, "/root/ml-env", 8000, "/usr/local/cuda", "/srv/work")
+    model = Step("model plan", ("true",))
+    replies = {FACT_GPUS: "0, NVIDIA H200, GPU-0, 9.0, 143771, 0, 80, 700, 0, 580\n"
+                          "1, NVIDIA H200, GPU-1, 9.0, 143771, 0, 80, 700, 0, 580\n",
+               FACT_PORT: 'LISTEN 0 4096 0.0.0.0:8000 0.0.0.0:* users:(("python",pid=7,fd=3))\n',
+               FACT_DISK: "Filesystem 1-blocks Used Available Capacity Mounted on\n/dev/sda 9 1 5000000000 1% /\n",
+               FACT_VERSION_JSON: '{"cuda": {"version": "12.8.1"}}', FACT_SGLANG: '{"sglang_version": "0.5.23"}',
+               FACT_IMPORT: json.dumps({"served": ["/srv/work/sglang"], "installed": ["/venv/sglang"]})}
+
+    def answered(steps: list[Step]) -> Readings:
+        absent = (FACT_LOCK, FACT_LOCK_OWNER)  # no lock held
+        return Readings(StepResult(step, int(step.name in absent), replies.get(step.name, ""), "", 0.0)
+                        for step in steps)
+
+    whole = fact_batch(*where, model_steps=(model,))
+    decision, preflight = fact_batch(*where, model_steps=(model,), preflight=False), preflight_batch(*where)
+    assert sorted(step.name for step in (*decision, *preflight)) == sorted(step.name for step in whole)
+    assert {step.argv[0] for step in preflight} >= {"nvidia-smi", "df", "ss"}
+    assert not {step.argv[0] for step in decision} & {"nvidia-smi", "df", "ss"}
+    split = with_preflight_facts(parse_host_facts(answered(decision), *where, (model,), preflight=False),
+                                 answered(preflight), *where)
+    assert split == parse_host_facts(answered(whole), *where, (model,))
+    assert len(split.gpus or ()) == 2 and split.free_bytes == 5_000_000_000
+    assert split.import_shadow == "/srv/work/sglang" and split.port_listeners
+    assert split.cuda_toolkit is not None and split.cuda_toolkit.version == "12.8"
 
 
 def edit_server_args(venv: Venv) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from functools import partial
 
 from deploy_lib.deploy.plan import (
     Plan,
@@ -20,7 +21,7 @@ from deploy_lib.deploy.plan import (
     stop_hand_run,
     switch_batches,
 )
-from deploy_lib.deploy.preflight import preflight, refuse_one_node, rollback_record
+from deploy_lib.deploy.preflight import PreflightReads, current_record, preflight, refuse_one_node, rollback_record
 from deploy_lib.deploy.prune import around_the_restart, prune_after_deploy, prune_read_steps
 from deploy_lib.deploy.restore import restore
 from deploy_lib.deploy.switch import (
@@ -33,7 +34,7 @@ from deploy_lib.deploy.switch import (
     recorded_tags,
     stop_unit,
 )
-from deploy_lib.errors import ConfigError, ConnectionLost, GateFailed, GpuCheckFailed, ReadinessFailed, RemoteError
+from deploy_lib.errors import ConnectionLost, GateFailed, GpuCheckFailed, ReadinessFailed, RemoteError
 from deploy_lib.facts.crashes import record_new_crashes
 from deploy_lib.facts.cuda_toolkit import cuda_home
 from deploy_lib.facts.diagnose import diagnose
@@ -57,7 +58,6 @@ from deploy_lib.store import (
     LockContext,
     LockOnFirstChange,
     ReleaseRecord,
-    StoreFacts,
     StoreLayout,
     Tags,
     host_lock,
@@ -123,12 +123,13 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
     """Take the host to the profile's release, or back to its last healthy one; raise DeployError on failure.
 
     Everything but a dry run decides from one read of the host that carries the lock's state (held by another run:
-    LockHeld) and, when the release serves already, the live probe: a no-op is that one round trip and writes
-    nothing. Any change takes the lock in its first round trip, only if the store is still as read (compare-and-set,
-    `lock_on_first_change`), and releases it in the last, so the switch and the prune see the store the decision
-    saw; a venv build (`service.venv_build`) changes the host before that read and takes the lock first. SIGINT and
-    SIGTERM after the switch finish the transition (back to the last healthy release) and end the command with
-    Interrupted/Terminated."""
+    LockHeld) and, when the release serves already, the live probe, and leaves out what only preflight reads: a
+    no-op is that one round trip and writes nothing. A change then reads that (GPUs, listeners, disk, ...) in one
+    more read-only round trip, for preflight, takes the lock in its first change, only if the store is still as read
+    (compare-and-set, `lock_on_first_change`), and releases it in the last, so the switch and the prune see the
+    store the decision saw; a venv build (`service.venv_build`) changes the host before that read and takes the lock
+    first. SIGINT and SIGTERM after the switch finish the transition (back to the last healthy release) and end the
+    command with Interrupted/Terminated."""
     profile = loaded.profile
     run = Transition(remote, target.layout(profile.service.name), target, progress, options.environ, clock,
                grace_s=options.grace_s, before_restart=options.before_restart)
@@ -162,7 +163,7 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
     # the toolkit decides only whether FlashInfer can JIT-build the fusion's kernels (deploy_lib/facts/cuda_toolkit.py)
     toolkit_home = cuda_home(launch_environment(profile)) if profile.features.allreduce_fusion else None
     fact_args = (layout, venv.path, profile.server.port, toolkit_home, profile.service.working_directory,
-                 model.fact_steps(venv.path), None, not options.dry_run)
+                 model.fact_steps(venv.path), None, not options.dry_run, options.dry_run)
     # the live probe for a release that may serve already; the version only picks its health path, taken as one
     # with /ready (live_verdict sends it again when the plan's release says otherwise)
     speculative = {"profile": profile.model_dump(mode="json"),
@@ -172,22 +173,26 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
     facts = parse_host_facts(read, *fact_args)
     if run.lock is not None:
         run.lock.decided_from(facts.store.lock, facts.store.digest)
-    current = facts.store.release(facts.store.current) if facts.store.current else None
-    hand_pid = hand_run_pid(current.metadata if current else None,
-                            remote.run(hand_run_check(current.metadata if current else None)))
     run.previous = facts.store.current
     if options.alone and not options.dry_run:  # one node taken elsewhere leaves the others at the rendezvous
         refuse_one_node(facts.store, (facts.store.current,), target.host.name, "deployed to",
                         "`invoke deploy --profile P --group G` deploys the group of its nodes together")
-    run.timings["facts"] = round(run.clock() - started, 3)
     model_facts = model.parse(facts.model_results)
     check_model(model, model_facts, target.host.name)
-    plan = plan_deploy(loaded, target, facts, secrets, options.force, datetime.now(UTC), venv, options.patches,
-                       not_available, hand_pid, model, model_facts)
-    preflight(plan, loaded, target, facts, hand_pid)
+    planned = partial(plan_deploy, loaded, target, secrets=secrets, force=options.force, now=datetime.now(UTC),
+                      venv=venv, patches=options.patches, secrets_not_available=not_available, model=model,
+                      model_facts=model_facts)
+    plan = planned(facts)
     if plan.unchanged and not isinstance(verdict := run.live_verdict(plan.release.metadata(), read), Ready):
         plan = replace(plan, unchanged=False, notes=(*plan.notes, f"release {plan.release.id} is current but not "
                                                      f"ready ({verdict.message}): it is restarted and verified"))
+    if options.dry_run or not plan.unchanged:  # beside the lock (`inner`): a change preflight refuses writes nothing
+        reads = PreflightReads(facts, fact_args[:5], options.dry_run)
+        facts, hand_pid = reads.parse(read_facts(remote if run.lock is None else run.lock.inner, reads.steps))
+        if hand_pid is not None:  # an adopted release 0's server still runs: the plan stops it before the restart
+            plan = planned(facts, hand_pid=hand_pid)
+        preflight(plan, loaded, target, facts, hand_pid)
+    run.timings["facts"] = round(run.clock() - started, 3)
     for note in () if options.dry_run else plan.notes:  # a dry run prints them with the plan
         progress.note(note)
     if options.dry_run:
@@ -331,14 +336,6 @@ def _rollback(run: Transition, lock: LockOnFirstChange, to: str | None, alone: b
     return Outcome("rolled back", target_id, store.current, ready=ready, timings=run.timings)
 
 
-def _current_release(store: StoreFacts, where: str) -> ReleaseRecord:
-    record = store.release(store.current) if store.current else None
-    if record is None or "tags" not in record.metadata:
-        raise ConfigError(f"{where}: no release is deployed (current: {store.current or 'none'})",
-                          "`invoke deploy --profile P` first, or `invoke adopt` a server that runs by hand")
-    return record
-
-
 def start(target: Target, service: str, remote: Remote, progress: Progress, environ: Mapping[str, str],
           restart: bool, clock: Callable[[], float] = time.monotonic,
           before_restart: Callable[[], None] | None = None, alone: bool = True) -> Outcome:
@@ -353,7 +350,7 @@ def start(target: Target, service: str, remote: Remote, progress: Progress, envi
                               LockContext(where=target.host.name, note=progress.note)) as lock:
         facts = read_host_facts(lock, layout, venv=None, port=None)
         lock.decided_from(facts.store.lock, facts.store.digest)
-        record = _current_release(facts.store, target.host.name)
+        record = current_record(facts.store, target.host.name)
         if alone:
             refuse_one_node(facts.store, (record.id,), target.host.name, f"{event}ed",
                             "`invoke deploy --profile P --group G` starts every node of the release together")
@@ -381,7 +378,7 @@ def stop(target: Target, service: str, remote: Remote, before_stop: Callable[[],
     layout = target.layout(service)
     with host_lock(remote, layout, "stop", target.host.name):
         store = read_store_facts(remote, layout)
-        record = _current_release(store, target.host.name)
+        record = current_record(store, target.host.name)
         if alone:
             refuse_one_node(store, (record.id,), target.host.name, "stopped",
                             "`invoke stop --group G` stops every node of the release together")

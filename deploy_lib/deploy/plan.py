@@ -47,7 +47,7 @@ ACTIVATE = "switch and restart"
 VERIFIED = "once verified"
 
 
-def hand_run_check(metadata: Mapping[str, Any] | None) -> list[Step | Put]:
+def hand_run_check(metadata: Mapping[str, Any] | None) -> list[Step]:
     """For a current release adopted from a hand-run process (release 0): is that very process still running?"""
     adopted = dict((metadata or {}).get("adopted") or {})
     if not adopted.get("pid"):
@@ -56,10 +56,10 @@ def hand_run_check(metadata: Mapping[str, Any] | None) -> list[Step | Put]:
                  ok=ABSENT_OK)]
 
 
-def hand_run_pid(metadata: Mapping[str, Any] | None, results: list[StepResult]) -> int | None:
+def hand_run_pid(metadata: Mapping[str, Any] | None, results: Sequence[StepResult] | Readings) -> int | None:
     """The adopted process's pid when /proc still shows its command line (same checksum: not a reused pid)."""
     adopted = dict((metadata or {}).get("adopted") or {})
-    found = Readings(results).get(FACT_HAND_RUN)
+    found = Readings.of(results).get(FACT_HAND_RUN)
     if found is None or found.exit_code != 0 or found.stdout.split()[:1] != [adopted.get("cmdline_sha256")]:
         return None
     return int(adopted["pid"])

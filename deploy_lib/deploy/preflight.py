@@ -1,21 +1,53 @@
-"""Preflight: read-only checks that the host can run a release (new or recorded), PreflightError before anything
-changes."""
+"""Preflight: what a deploy reads for it once it knows it changes the host (PreflightReads), and the read-only checks
+that the host can run a release (new or recorded), PreflightError before anything changes."""
 
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
 
-from deploy_lib.deploy.plan import Plan
+from deploy_lib.deploy.plan import Plan, hand_run_check, hand_run_pid
 from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.facts.cuda_toolkit import FIX_HINT, sm12x_problem
-from deploy_lib.facts.host import HostFacts, require_gpus
+from deploy_lib.facts.host import HostFacts, preflight_batch, require_gpus, with_preflight_facts
+from deploy_lib.facts.readings import Readings
 from deploy_lib.profile import LoadedProfile, read_stored_profile
 from deploy_lib.project import Target
 from deploy_lib.release.argv_check import check_argv
 from deploy_lib.release.model import RecordedRelease
+from deploy_lib.remote import Step
 from deploy_lib.store import ENV_FILE, UNIT_FILE, ReleaseRecord, StoreFacts, StoreLayout
 
 MIN_FREE_BYTES = 64 * 1024 * 1024  # a release is a few KB, but a full disk breaks journald and pip alike
+# Where preflight_batch reads: the store's layout, the venv, the port, the CUDA_HOME and the working directory.
+ReadPlace = tuple[StoreLayout, str | None, int | None, str | None, str | None]
+
+
+@dataclass(frozen=True)
+class PreflightReads:
+    """What a deploy reads once it knows it changes the host, before it changes anything, from the `facts` it decided
+    from: what only preflight needs (`preflight_batch`; a dry run read it with the rest: `read_already`) and whether
+    the adopted server of a current release 0 still runs (`hand_run_check`)."""
+
+    facts: HostFacts
+    where: ReadPlace
+    read_already: bool
+
+    @property
+    def metadata(self) -> Mapping[str, Any] | None:
+        current = self.facts.store.release(self.facts.store.current or "")
+        return current.metadata if current else None
+
+    @property
+    def steps(self) -> list[Step]:
+        return [*([] if self.read_already else preflight_batch(*self.where)), *hand_run_check(self.metadata)]
+
+    def parse(self, readings: Readings) -> tuple[HostFacts, int | None]:
+        """The facts completed from a batch holding `steps`, and the adopted server's pid if it still runs."""
+        found = self.facts if self.read_already else with_preflight_facts(self.facts, readings, *self.where)
+        return found, hand_run_pid(self.metadata, readings)
 
 
 def _listener_pids(listeners: tuple[str, ...]) -> set[int]:
@@ -111,6 +143,15 @@ def rollback_record(store: StoreFacts, to: str | None, where: str, layout: Store
     if record is None:
         known = ", ".join(r.id for r in store.releases) or "none"
         raise ConfigError(f"{where}: release {target_id!r} is not on the host", f"releases: {known}")
+    return record
+
+
+def current_record(store: StoreFacts, where: str) -> ReleaseRecord:
+    """The current release of a start, restart or stop; ConfigError when none is deployed."""
+    record = store.release(store.current) if store.current else None
+    if record is None or "tags" not in record.metadata:
+        raise ConfigError(f"{where}: no release is deployed (current: {store.current or 'none'})",
+                          "`invoke deploy --profile P` first, or `invoke adopt` a server that runs by hand")
     return record
 
 

@@ -7,7 +7,7 @@ import io
 import json
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from importlib import resources
 from pathlib import PurePosixPath
@@ -288,9 +288,17 @@ def _sums(layout: StoreLayout, name: str, release: PurePosixPath) -> Fact[dict[s
                      sudo=True, ok=TOOL_ABSENT_OK), lambda result: parse_sha256sums(result.stdout))
 
 
+# What only preflight reads (and the CUDA toolkit): none of it computes the release or says whether the current one
+# serves, so a deploy reads it once it knows it changes the host (`preflight_batch`), a no-op never.
+PREFLIGHT_ONLY = ("gpus", "port_listeners", "free_bytes", "import_shadow")
+NOT_READ = "not read"
+
+
 def _host_facts(layout: StoreLayout, port: int | None, venv: str | None, working_directory: str | None,
-                release_id: str | None, write_caches: bool) -> dict[str, Fact[Any]]:
-    """The single-step facts of the batch by the HostFacts field each fills; the optional ones only when asked."""
+                release_id: str | None, write_caches: bool, decision: bool = True, preflight: bool = True
+                ) -> dict[str, Fact[Any]]:
+    """The single-step facts of the batch by the HostFacts field each fills; the optional ones only when asked; those
+    a deploy decides from (all but PREFLIGHT_ONLY), those only preflight reads, or both."""
     facts: dict[str, Fact[Any]] = {
         "gpus": Fact(gpu_step(FACT_GPUS), parse_gpus),
         "unit": Fact(unit_step(layout), parse_unit),
@@ -316,24 +324,33 @@ def _host_facts(layout: StoreLayout, port: int | None, venv: str | None, working
         facts["sglang"] = Fact(sglang_step(layout, venv, write_caches), parse_sglang_install)
     if venv is not None and working_directory is not None:
         facts["import_shadow"] = Fact(import_step(venv, working_directory), parse_import_shadow)
-    return facts
+    return {role: fact for role, fact in facts.items() if (preflight if role in PREFLIGHT_ONLY else decision)}
 
 
 def fact_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_home: str | None = None,
                working_directory: str | None = None, model_steps: Sequence[Step] = (),
-               release_id: str | None = None, write_caches: bool = True) -> list[Step]:
+               release_id: str | None = None, write_caches: bool = True, preflight: bool = True) -> list[Step]:
     """Everything preflight and the plan need, read-only, in as few round trips as the batching allows.
 
     Without a venv (status) SGLang is not inspected; without a port no listener is looked up; without a CUDA_HOME
     no toolkit is read; the weights' own fact steps (models.Weights.fact_steps) ride along; with a release id (a
     rollback target) that release's files are checksummed. The one thing it may write is the cache of what the
-    venv holds of SGLang (derived, verified on read), and only with `write_caches` (not for a dry run)."""
-    facts = _host_facts(layout, port, venv, working_directory, release_id, write_caches)
+    venv holds of SGLang (derived, verified on read), and only with `write_caches` (not for a dry run). Without
+    `preflight`, what a deploy decides from: all but `preflight_batch` (GPUs, listeners, disk, toolkit, ...)."""
+    facts = _host_facts(layout, port, venv, working_directory, release_id, write_caches, preflight=preflight)
     # the steps that each start a Python in the venv (SGLang's options, its import origin, the model plan) run
     # at the same time, after the quick reads
     slow = [facts.pop(role).step for role in ("sglang", "import_shadow") if role in facts]
     return [*release_fact_steps(layout), *(fact.step for fact in facts.values()),
-            *(toolkit_steps(cuda_home) if cuda_home is not None else ()), *concurrently([*slow, *model_steps])]
+            *(toolkit_steps(cuda_home) if cuda_home is not None and preflight else ()),
+            *concurrently([*slow, *model_steps])]
+
+
+def preflight_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_home: str | None = None,
+                    working_directory: str | None = None) -> list[Step]:
+    """What `fact_batch(..., preflight=False)` leaves out, read-only: a deploy's read before it changes anything."""
+    decision = fact_batch(layout, venv, port, cuda_home, working_directory, preflight=False)
+    return [step for step in fact_batch(layout, venv, port, cuda_home, working_directory) if step not in decision]
 
 
 def _existing_parents(path: PurePosixPath) -> tuple[str, ...]:
@@ -341,23 +358,34 @@ def _existing_parents(path: PurePosixPath) -> tuple[str, ...]:
     return tuple(str(p) for p in reversed([path, *path.parents]) if str(p) != "/")
 
 
+def _values(readings: Readings, facts: dict[str, Fact[Any]], cuda_home: str | None) -> dict[str, Any]:
+    """The HostFacts fields that `facts` and the toolkit at `cuda_home` fill, from a batch that read them."""
+    values = {role: readings.value(fact) for role, fact in facts.items()}
+    if "gpus" in values:
+        values["gpus"], values["gpu_error"] = values.pop("gpus")
+    return {**values, "cuda_toolkit": parse_toolkit(cuda_home, readings) if cuda_home is not None else None}
+
+
 def parse_host_facts(readings: Readings, layout: StoreLayout, venv: str | None, port: int | None,
                      cuda_home: str | None = None, working_directory: str | None = None,
                      model_steps: Sequence[Step] = (), release_id: str | None = None,
-                     write_caches: bool = True) -> HostFacts:
-    """HostFacts from a batch holding `fact_batch` with the same arguments (and steps of the caller's own)."""
-    facts = _host_facts(layout, port, venv, working_directory, release_id, write_caches)
-    values = {role: readings.value(fact) for role, fact in facts.items()}
-    gpus, gpu_error = values.pop("gpus")
-    return HostFacts(
-        store=parse_store_facts(layout, readings),
-        gpus=gpus, gpu_error=gpu_error,
-        sglang=values.pop("sglang", SGLangInstall(True, None, None, {}, "not read")),
-        cuda_toolkit=parse_toolkit(cuda_home, readings) if cuda_home is not None else None,
-        model_results=tuple(readings[step.name] for step in model_steps),
-        port_listeners=values.pop("port_listeners", ()),
-        **values,
-    )
+                     write_caches: bool = True, preflight: bool = True) -> HostFacts:
+    """HostFacts from a batch holding `fact_batch` with the same arguments (and steps of the caller's own); without
+    `preflight`, what only preflight reads is "not read" (nothing found) until `with_preflight_facts`."""
+    facts = _host_facts(layout, port, venv, working_directory, release_id, write_caches, preflight=preflight)
+    values: dict[str, Any] = {"gpus": None, "gpu_error": NOT_READ, "free_bytes": None, "port_listeners": (),
+                              "sglang": SGLangInstall(True, None, None, {}, NOT_READ),
+                              **_values(readings, facts, cuda_home if preflight else None)}
+    return HostFacts(store=parse_store_facts(layout, readings),
+                     model_results=tuple(readings[step.name] for step in model_steps), **values)
+
+
+def with_preflight_facts(facts: HostFacts, readings: Readings, layout: StoreLayout, venv: str | None,
+                         port: int | None, cuda_home: str | None = None, working_directory: str | None = None
+                         ) -> HostFacts:
+    """`facts` with what only preflight reads, from a batch holding `preflight_batch` with the same arguments."""
+    return replace(facts, **_values(readings, _host_facts(layout, port, venv, working_directory, None, False,
+                                                          decision=False), cuda_home))
 
 
 def require_gpus(facts: HostFacts, needed: int, where: str) -> tuple[Gpu, ...]:
