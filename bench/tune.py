@@ -23,19 +23,19 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.measure import make_rig
 from bench.run import guest_for_bench
-from bench.timeline import Batch, StampedProgress, StampedRemote, ready_instant, restart_instant, say
+from bench.timeline import StampedProgress, StampedRemote, ready_instant, restart_instant, say
 from deploy_lib import tune as tuning
 from deploy_lib.bundled import ROLES_DIR
 from deploy_lib.deploy import Options
 from deploy_lib.deploy import deploy as deploy_release
 from deploy_lib.patches import list_patch_sets
 from deploy_lib.project import load_for_host
-from deploy_lib.remote import FabricRemote
+from deploy_lib.remote import FabricRemote, OutputLine, Put, Step, StepResult
 from sandbox import manage, wheelhouse
 
 PROFILE = "bench-tune"
@@ -45,6 +45,7 @@ PROFILE_TEXT = ("extends: glm5-nvfp4-sandbox\nbench:\n  prompts: 64\n  input_len
 LADDER = [64]  # one level of the sweep's ladder (its default climbs several)
 CAPS = (256, 512, 1024, 128)  # max_running_requests of the candidates (the base serves 64)
 OVERHEAD_S = 1.0
+SLOW_STEP_S = 0.03  # a step the timeline names
 
 
 @dataclass(frozen=True)
@@ -70,11 +71,30 @@ def _between(progress: StampedProgress, kind: str, name: str, start: float, end:
             and start <= at <= end]
 
 
-def timeline(progress: StampedProgress, batches: Sequence[Batch], start: float, end: float) -> tuple[str, ...]:
+@dataclass
+class TimedRemote(StampedRemote):
+    """A StampedRemote that also keeps how long each step of each batch took on the host."""
+
+    steps: dict[int, list[tuple[str, float]]] = field(default_factory=dict)
+
+    def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
+        results = super().run(batch, on_output)
+        self.steps[len(self.batches) - 1] = [(r.step.name, r.duration_s) for r in results]
+        return results
+
+
+def _slowest(steps: Sequence[tuple[str, float]]) -> str:
+    slow = sorted((s for s in steps if s[1] >= SLOW_STEP_S), key=lambda s: -s[1])[:4]
+    return "".join(f"; {name} {seconds:.3f} s" for name, seconds in slow)
+
+
+def timeline(progress: StampedProgress, remote: TimedRemote, start: float, end: float) -> tuple[str, ...]:
     """The candidate's round trips and progress events in order, each line its offset from the candidate's start,
-    what it was and, for a round trip, how long it took; the time spent on this side between them in brackets."""
-    events = [(b.started, f"trip {b.ended - b.started:.3f} s: {b.names[0]} ({len(b.names)} steps)", b.ended)
-              for b in batches if start <= b.started <= end]
+    what it was and, for a round trip, how long it took (and its slowest steps on the host); the time spent on
+    this side between them in brackets."""
+    events = [(b.started, f"trip {b.ended - b.started:.3f} s: {b.names[0]} ({len(b.names)} steps)"
+               f"{_slowest(remote.steps.get(i, ()))}", b.ended)
+              for i, b in enumerate(remote.batches) if start <= b.started <= end]
     events += [(at, f"{kind} {value}", at) for at, kind, value in progress.events
                if start <= at <= end and kind in ("phase", "done")]
     lines, busy_until = [], start
@@ -105,7 +125,7 @@ def measure(candidates: int) -> tuple[list[CandidateRun], float]:
         request = tuning.Request(spec, sources, tuple(list_patch_sets(ROLES_DIR)))
         progress, cursor = StampedProgress(), rig.journal.cursor()
         started = time.time()
-        stamped = StampedRemote(FabricRemote(target.ssh))
+        stamped = TimedRemote(FabricRemote(target.ssh))
         try:
             report = tuning.tune(loaded, target, stamped, progress, request)
         finally:
@@ -129,7 +149,7 @@ def measure(candidates: int) -> tuple[list[CandidateRun], float]:
         runs.append(CandidateRun(name.split(": ", 2)[-1], end - at, ready_instant(entries, restarted) - restarted,
                                  sum(b - a for a, b in zip(bench_started, bench_done, strict=True)),
                                  sum(b - a for a, b in zip(grace_started, grace_done, strict=True)),
-                                 timeline(progress, stamped.batches, at, end)))
+                                 timeline(progress, stamped, at, end)))
     return runs, ended - started
 
 

@@ -14,6 +14,7 @@ from test_tune_loop import BASE, MRR, SweepHost, a_sweep_host, request, sweep
 from deploy_lib.facts import host as host_facts
 from deploy_lib.host_paths import venv_python
 from deploy_lib.remote import OutputLine, Put, Step, StepResult, round_trips
+from deploy_lib.throughput import STEP_BENCH_MODULE
 from deploy_lib.tune import TuneReport
 from deploy_lib.tune.loop import _host_view
 
@@ -69,6 +70,7 @@ def test_a_healthy_candidate_costs_its_deploy_its_benchmark_and_its_history_line
     assert store_reads(last) == 0
     assert [line["tune"]["role"] for line in host.tune_lines()] == ["start", "base", "base", "candidate",
                                                                     "candidate", "candidate", "end"]
+    assert host.ran_names().count(STEP_BENCH_MODULE) == 1, "one venv: inspected once for the sweep's 5 benchmarks"
 
 
 def test_a_candidate_that_fails_to_start_reads_the_store_once_for_its_tags_and_what_serves() -> None:

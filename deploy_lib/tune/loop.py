@@ -82,6 +82,7 @@ class _Sweep:
     serving_id: str | None = None     # what this run's last deploy or switch left serving; None: read it
     written: list[HistoryEntry] = field(default_factory=list)
     metadata: dict[str, Mapping[str, Any]] = field(default_factory=dict)   # release id -> release.json
+    modules: dict[str, str] = field(default_factory=dict)  # venv python -> its benchmark module (run_benchmark)
 
     @property
     def layout(self) -> StoreLayout:
@@ -129,7 +130,7 @@ class _Sweep:
     def benchmark(self, release_id: str, bench: BenchSettings | None = None) -> tuple[BenchResult, decide.Score]:
         api_key = resolve_secrets(self.loaded.profile, self.request.environ).get(API_KEY_ENV)
         result = run_benchmark(self.remote, self.layout, self.metadata[release_id], bench or self.sweep.bench,
-                               self.progress, api_key, self.clock)
+                               self.progress, api_key, self.clock, self.modules)
         return result, decide.score(result, self.spec.objective, self.spec.level or self.sweep.level, self.spec.sla)
 
 
@@ -262,8 +263,7 @@ def _deploy(run: _Sweep, candidate: Candidate) -> tuple[str, Mapping[str, Any], 
 def _failed_tags(run: _Sweep, known: int) -> Tags | None:
     """The tags of the release the engine recorded as failed after the first `known` history lines (the store is
     read again); None when it recorded none (refused before anything was staged)."""
-    run.read()
-    failed = next((e for e in reversed(run.store.history[known:]) if e.event == "deploy" and e.outcome == FAILED),
+    failed = next((e for e in reversed(run.read().history[known:]) if e.event == "deploy" and e.outcome == FAILED),
                   None)
     return failed.tags if failed is not None else None
 
