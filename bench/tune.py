@@ -7,9 +7,11 @@ A sweep (deploy_lib.tune, as `invoke tune` runs it) over `memory.max_running_req
 and the unit's journal: the candidate's whole time (its progress phase to the next one, or to the sweep's return),
 the server's start (restart -> "fired up"), the benchmark (its progress phase), the ladder's grace window (a policy's
 wait, 2 s of watching a Ready server, as every deploy's), and the rest: the tool's own overhead (stage, switch,
-restart sent, readiness noticed, history). Target: the overhead without the grace window <= 1 s.
+restart sent, readiness noticed, history). Target: the overhead without the grace window <= 1 s. `--timeline`
+prints each candidate's round trips (their first step's name, their count of steps) and progress phases in order,
+with the time between them spent on this side.
 
-    .venv/bin/python -m bench.tune [--candidates 2] [--quick]
+    .venv/bin/python -m bench.tune [--candidates 2] [--quick] [--timeline]
 """
 
 from __future__ import annotations
@@ -21,19 +23,19 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from bench.measure import make_rig
 from bench.run import guest_for_bench
-from bench.timeline import StampedProgress, ready_instant, restart_instant, say
+from bench.timeline import StampedProgress, StampedRemote, ready_instant, restart_instant, say
 from deploy_lib import tune as tuning
 from deploy_lib.bundled import ROLES_DIR
 from deploy_lib.deploy import Options
 from deploy_lib.deploy import deploy as deploy_release
 from deploy_lib.patches import list_patch_sets
 from deploy_lib.project import load_for_host
-from deploy_lib.remote import FabricRemote
+from deploy_lib.remote import FabricRemote, OutputLine, Put, Step, StepResult
 from sandbox import manage, wheelhouse
 
 PROFILE = "bench-tune"
@@ -43,6 +45,7 @@ PROFILE_TEXT = ("extends: glm5-nvfp4-sandbox\nbench:\n  prompts: 64\n  input_len
 LADDER = [64]  # one level of the sweep's ladder (its default climbs several)
 CAPS = (256, 512, 1024, 128)  # max_running_requests of the candidates (the base serves 64)
 OVERHEAD_S = 1.0
+SLOW_STEP_S = 0.03  # a step the timeline names
 
 
 @dataclass(frozen=True)
@@ -52,6 +55,7 @@ class CandidateRun:
     server_start_s: float
     benchmark_s: float
     grace_s: float
+    timeline: tuple[str, ...] = ()
 
     @property
     def overhead_s(self) -> float:
@@ -65,6 +69,43 @@ def _phases(progress: StampedProgress, prefix: str) -> list[tuple[float, str]]:
 def _between(progress: StampedProgress, kind: str, name: str, start: float, end: float) -> list[float]:
     return [at for at, event_kind, value in progress.events if event_kind == kind and value == name
             and start <= at <= end]
+
+
+@dataclass
+class TimedRemote(StampedRemote):
+    """A StampedRemote that also keeps how long each step of each batch took on the host."""
+
+    steps: dict[int, list[tuple[str, float]]] = field(default_factory=dict)
+
+    def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
+        results = super().run(batch, on_output)
+        self.steps[len(self.batches) - 1] = [(r.step.name, r.duration_s) for r in results]
+        return results
+
+
+def _slowest(steps: Sequence[tuple[str, float]]) -> str:
+    slow = sorted((s for s in steps if s[1] >= SLOW_STEP_S), key=lambda s: -s[1])[:4]
+    return "".join(f"; {name} {seconds:.3f} s" for name, seconds in slow)
+
+
+def timeline(progress: StampedProgress, remote: TimedRemote, start: float, end: float) -> tuple[str, ...]:
+    """The candidate's round trips and progress events in order, each line its offset from the candidate's start,
+    what it was and, for a round trip, how long it took (and its slowest steps on the host); the time spent on
+    this side between them in brackets."""
+    events = [(b.started, f"trip {b.ended - b.started:.3f} s: {b.names[0]} ({len(b.names)} steps)"
+               f"{_slowest(remote.steps.get(i, ()))}", b.ended)
+              for i, b in enumerate(remote.batches) if start <= b.started <= end]
+    events += [(at, f"{kind} {value}", at) for at, kind, value in progress.events
+               if start <= at <= end and kind in ("phase", "done")]
+    lines, busy_until = [], start
+    for at, what, until in sorted(events):
+        if at - busy_until > 0.005:
+            lines.append(f"         [{at - busy_until:.3f} s on this side]")
+        lines.append(f"{at - start:+7.3f}  {what}")
+        busy_until = max(busy_until, until)
+    if end - busy_until > 0.005:
+        lines.append(f"         [{end - busy_until:.3f} s on this side]")
+    return tuple(lines)
 
 
 def measure(candidates: int) -> tuple[list[CandidateRun], float]:
@@ -84,8 +125,11 @@ def measure(candidates: int) -> tuple[list[CandidateRun], float]:
         request = tuning.Request(spec, sources, tuple(list_patch_sets(ROLES_DIR)))
         progress, cursor = StampedProgress(), rig.journal.cursor()
         started = time.time()
-        with FabricRemote(target.ssh) as remote:
-            report = tuning.tune(loaded, target, remote, progress, request)
+        stamped = TimedRemote(FabricRemote(target.ssh))
+        try:
+            report = tuning.tune(loaded, target, stamped, progress, request)
+        finally:
+            stamped.close()
         ended = time.time()
         assert isinstance(report, tuning.TuneReport) and report.finished, report
         entries = rig.journal.since(cursor)
@@ -104,7 +148,8 @@ def measure(candidates: int) -> tuple[list[CandidateRun], float]:
         grace_done = _between(progress, "done", "readiness: grace", at, end)
         runs.append(CandidateRun(name.split(": ", 2)[-1], end - at, ready_instant(entries, restarted) - restarted,
                                  sum(b - a for a, b in zip(bench_started, bench_done, strict=True)),
-                                 sum(b - a for a, b in zip(grace_started, grace_done, strict=True))))
+                                 sum(b - a for a, b in zip(grace_started, grace_done, strict=True)),
+                                 timeline(progress, stamped, at, end)))
     return runs, ended - started
 
 
@@ -126,6 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--candidates", type=int, default=3, choices=range(1, len(CAPS) + 1))
     parser.add_argument("--quick", action="store_true", help="one candidate: checks that it runs")
+    parser.add_argument("--timeline", action="store_true", help="each candidate's round trips and phases in order")
     options = parser.parse_args(argv)
     if os.geteuid() != 0:
         say("the tune bench needs root (the sandbox guest is a systemd-nspawn machine)")
@@ -134,6 +180,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"\ntuning sweep on a sandbox guest (load average {os.getloadavg()[0]:.1f}):")
     for line in report_lines(runs, sweep_s):
         say(f"  {line}")
+    for run in runs if options.timeline else ():
+        say(f"\n{run.label}:")
+        for line in run.timeline:
+            say(f"  {line}")
     return 0
 
 

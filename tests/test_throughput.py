@@ -14,6 +14,7 @@ from recording_progress import RecordingProgress
 
 from deploy_lib.errors import ConfigError, GateFailed, StepFailed
 from deploy_lib.profile.settings import BenchSettings, GateSettings
+from deploy_lib.remote import round_trips
 from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, StoreLayout, Tags, history_entry
 from deploy_lib.throughput import (
     STEP_BENCH_MODULE,
@@ -327,6 +328,28 @@ def test_run_benchmark_runs_sglangs_benchmark_on_the_host_and_reads_its_jsonl() 
     assert names.index(STEP_SAMPLER_START) < names.index("bench: concurrency 64") < names.index(STEP_SAMPLER_STOP)
     assert names[-1] == "bench: remove run directory"
     assert ("note", "benchmark: 871.2 tok/s at concurrency 64, p99 TTFT 114 ms") in progress.events
+
+
+def test_a_benchmark_is_three_round_trips_and_a_venv_is_inspected_once_for_a_sweeps_runs() -> None:
+    """The module check, the sampler's start with the first level, the results; a second run of the same venv
+    (`modules` kept between runs, as a sweep keeps it) skips the check."""
+    remote, modules = host(), dict[str, str]()
+    first = run_benchmark(remote, LAYOUT, metadata(), SETTINGS, RecordingProgress(), modules=modules)
+    assert first.ok and [len(round_trips(batch)) for batch in remote.batches] == [1, 1, 1]
+    assert [batch[-1].name for batch in remote.batches] == [STEP_BENCH_MODULE, "bench: concurrency 64",
+                                                            "bench: remove run directory"]
+    assert [step.name for step in remote.batches[1]][:2] == ["bench: run directory", STEP_SAMPLER_START]
+    remote.batches.clear()
+    second = run_benchmark(remote, LAYOUT, metadata("r3"), SETTINGS, RecordingProgress(), modules=modules)
+    assert second.ok and [batch[-1].name for batch in remote.batches] == ["bench: concurrency 64",
+                                                                           "bench: remove run directory"]
+    assert modules == {"/opt/ml-env/bin/python3": MODULE_NEW}
+
+
+def test_a_venv_without_the_benchmark_is_not_remembered_as_having_one() -> None:
+    remote, modules = host(module=""), dict[str, str]()
+    assert not run_benchmark(remote, LAYOUT, metadata(), SETTINGS, RecordingProgress(), modules=modules).ok
+    assert modules == {}
 
 
 def test_old_sglang_runs_the_old_module_and_a_tokenizer_setting_wins() -> None:

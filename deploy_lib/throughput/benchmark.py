@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
@@ -138,28 +138,35 @@ def collect_steps(run_dir: PurePosixPath, outputs: Sequence[PurePosixPath]) -> l
 
 
 def run_benchmark(remote: Remote, layout: StoreLayout, release_metadata: Mapping[str, Any], settings: BenchSettings,
-                  progress: Progress, api_key: str | None = None,
-                  clock: Callable[[], float] = time.monotonic) -> BenchResult:
-    """Benchmark the release serving on the host now; never raises for a benchmark that fails (see `.error`)."""
+                  progress: Progress, api_key: str | None = None, clock: Callable[[], float] = time.monotonic,
+                  modules: MutableMapping[str, str] | None = None) -> BenchResult:
+    """Benchmark the release serving on the host now; never raises for a benchmark that fails (see `.error`).
+    `modules` (venv python -> its benchmark module) keeps what earlier runs found: a sweep inspects a venv once."""
     target = BenchRun.of_release(release_metadata, settings)
     progress.phase_started("benchmark")
     started = clock()
+    module = (modules or {}).get(target.python)
     try:
-        module = parse_module(remote.run([module_step(target.python)])[0])
+        module = module or parse_module(remote.run([module_step(target.python)])[0])
     except RemoteError as failure:
         return BenchResult(target.release_id, settings, error=f"could not inspect the venv: {failure.message}")
     if module is None:
         return BenchResult(target.release_id, settings,
                            error=f"no SGLang serving benchmark ({_MODULE_NAMES}) in {target.python}")
+    if modules is not None:
+        modules[target.python] = module
     run_dir = layout.base / "bench" / f"{target.release_id}-{secrets.token_hex(4)}"
     outputs = [run_dir / f"c{c}.jsonl" for c in settings.concurrency]
     finished: list[int] = []  # concurrency levels whose run exited 0
     error: str | None = None
+    # the sampler starts in the first level's round trip, just before it
+    sampler = sampler_steps(run_dir, len(settings.concurrency) * (settings.timeout_s + 60))
     try:
-        remote.run(sampler_steps(run_dir, len(settings.concurrency) * (settings.timeout_s + 60)))
         for concurrency, output in zip(settings.concurrency, outputs, strict=True):
             progress.note(f"benchmark: concurrency {concurrency}, {settings.prompts} prompts")
-            result = remote.run([benchmark_step(target, module, settings, concurrency, output, api_key)])[0]
+            result = remote.run([*sampler, benchmark_step(target, module, settings, concurrency, output,
+                                                          api_key)])[-1]
+            sampler = []
             if result.exit_code != 0:
                 how = "timed out" if result.exit_code == TIMED_OUT_EXIT else f"exited {result.exit_code}"
                 error = f"{module} at concurrency {concurrency} {how}: {_tail(result)}"

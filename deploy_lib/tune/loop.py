@@ -79,8 +79,10 @@ class _Sweep:
     store: StoreFacts
     clock: Callable[[], float]
     unit: Unit | None = None
+    serving_id: str | None = None     # what this run's last deploy or switch left serving; None: read it
     written: list[HistoryEntry] = field(default_factory=list)
     metadata: dict[str, Mapping[str, Any]] = field(default_factory=dict)   # release id -> release.json
+    modules: dict[str, str] = field(default_factory=dict)  # venv python -> its benchmark module (run_benchmark)
 
     @property
     def layout(self) -> StoreLayout:
@@ -106,23 +108,29 @@ class _Sweep:
         best = decide.best_so_far(self.standings()) or decide.best_so_far([row.standing() for row in report.short])
         return best.release_id if best else None
 
-    def serving(self) -> str | None:
+    def serving(self) -> str | None:  # read from the host after a failed start's rollback or a signal
+        return self.serving_id if self.serving_id is not None else self.read().current
+
+    def read(self) -> StoreFacts:
         self.store = read_store_facts(self.remote, self.layout)
         self.written = []  # the host's history holds them now
-        return self.store.current
+        self.serving_id = self.store.current
+        return self.store
 
     def switch(self, release_id: str) -> None:
         self.progress.phase_started(f"tune: switch to release {release_id}")
+        self.serving_id = None  # unknown until the switch returns
         if self.unit is not None:
             self.unit.switch(release_id)
-            return
-        switch_to(self.target, self.loaded.profile.service.name, self.remote, self.progress, release_id,
-                  self.request.environ, grace_s=self.request.grace_s)
+        else:
+            switch_to(self.target, self.loaded.profile.service.name, self.remote, self.progress, release_id,
+                      self.request.environ, grace_s=self.request.grace_s)
+        self.serving_id = release_id
 
     def benchmark(self, release_id: str, bench: BenchSettings | None = None) -> tuple[BenchResult, decide.Score]:
         api_key = resolve_secrets(self.loaded.profile, self.request.environ).get(API_KEY_ENV)
         result = run_benchmark(self.remote, self.layout, self.metadata[release_id], bench or self.sweep.bench,
-                               self.progress, api_key, self.clock)
+                               self.progress, api_key, self.clock, self.modules)
         return result, decide.score(result, self.spec.objective, self.spec.level or self.sweep.level, self.spec.sla)
 
 
@@ -133,7 +141,7 @@ def _host_view(remote: Remote, target: Target, loaded: LoadedProfile) -> tuple[S
     if current is None:
         raise ConfigError(f"{target.host.name}: no release serves, so there is nothing to compare a candidate with",
                           f"`invoke deploy --profile {loaded.name}` first")
-    facts = read_host_facts(remote, layout, venv=str(current.metadata.get("venv") or loaded.profile.service.venv),
+    facts = read_host_facts(remote, layout, venv=str(current.metadata.get("venv") or target.venv_of(loaded.profile)),
                             port=None, write_caches=False)
     gpus = facts.gpus or ()
     version = facts.sglang.sglang_version or str(current.metadata.get("sglang_version") or "")
@@ -175,7 +183,7 @@ def tune(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progre
             halving.short_bench(sweep.bench) if halving else None))
     run = _Sweep(loaded, target, remote, progress, request, spec, sweep,
                  request.resume or request.tune_id or tune_id(datetime.now(UTC), secrets.token_hex(2)), original,
-                 store, clock, unit)
+                 store, clock, unit, store.current)
     run.metadata |= {r.id: r.metadata for r in store.releases}
     with signals_raise():
         try:
@@ -243,9 +251,11 @@ def _deploy(run: _Sweep, candidate: Candidate) -> tuple[str, Mapping[str, Any], 
     keep = len(run.store.releases) + len(run.sweep.candidates) + 1
     options = Options(environ=run.request.environ, grace_s=run.request.grace_s, skip_gate=True,
                       keep_releases_at_least=keep)
+    run.serving_id = None  # a failed start's rollback leaves serving what the store says
     outcome = (run.unit.deploy(candidate, options) if run.unit is not None
                else deploy_candidate(candidate, run.target, run.remote, run.progress, options))
     assert outcome.plan is not None and outcome.release_id is not None
+    run.serving_id = outcome.release_id
     release = outcome.plan.release
     return outcome.release_id, release.metadata(), release_tags(run.target, release)
 
@@ -253,8 +263,7 @@ def _deploy(run: _Sweep, candidate: Candidate) -> tuple[str, Mapping[str, Any], 
 def _failed_tags(run: _Sweep, known: int) -> Tags | None:
     """The tags of the release the engine recorded as failed after the first `known` history lines (the store is
     read again); None when it recorded none (refused before anything was staged)."""
-    run.serving()
-    failed = next((e for e in reversed(run.store.history[known:]) if e.event == "deploy" and e.outcome == FAILED),
+    failed = next((e for e in reversed(run.read().history[known:]) if e.event == "deploy" and e.outcome == FAILED),
                   None)
     return failed.tags if failed is not None else None
 
