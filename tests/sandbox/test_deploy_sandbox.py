@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shlex
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -55,8 +56,13 @@ def test_a_no_op_asks_the_health_endpoint_through_the_connection_or_on_a_host_th
     `AllowTcpForwarding no` the probe runs on the host. Inputs tried: forwarding allowed, then refused: a no-op stays
     one, and a server stopped by hand is found not ready and restarted."""
     request = health_request(ProbeTarget(unit=None, port=8000, health_path="/ready"))
+    since = int(time.time())
     with rig.connect() as (_, remote):
         assert http_status(remote.forward("127.0.0.1", 8000, request, 5).answer) == 200
+    assert rig.deploy(REFERENCE).action == "unchanged"
+    # each connection ended as sshd expects: a reset one ends it without its normal exit (failed before: the client
+    # closed while sshd's close of the forwarded channel was on its way)
+    assert "Connection reset" not in rig.root(f"journalctl -q -u ssh.service --since @{since} || true")
     dropin = "/etc/ssh/sshd_config.d/50-no-forwarding.conf"
     rig.root(f"echo 'AllowTcpForwarding no' > {dropin} && systemctl reload ssh")
     try:
