@@ -76,7 +76,7 @@ class Engine:
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     ttft_sum_s: float = 0.0
-    last_output_at: float = 0.0  # time.time() of the newest token any request produced (SGLang's last_receive_tstamp)
+    last_output_at: float = 0.0  # monotonic time of the newest token of any request (SGLang's last_receive_tstamp)
     line: deque[tuple[threading.Event, int]] = field(default_factory=deque)  # the waiting, in arrival order
 
     def _rate(self, per_request: bool) -> float:
@@ -142,7 +142,7 @@ class Engine:
                     due -= step
                     with self.lock:
                         self.generation_tokens_total += step if log_metrics else 0
-                        self.last_output_at = time.time()
+                        self.last_output_at = time.monotonic()
                     yield step
                 if produced >= max_tokens:
                     break

@@ -163,12 +163,12 @@ class Handler(BaseHTTPRequestHandler):
             self.health()
             return
         engine = self.state.engine
-        asked_at = time.time()
+        asked_at = time.monotonic()  # SGLang's time.time(); the engine keeps monotonic times
         # input_ids [0], max_new_tokens 1, log_metrics False: a request of one prompt token, not in /metrics
         threading.Thread(target=lambda: [*engine.generate(1, 1, BATCH_TICK_S, log_metrics=False)],
                          daemon=True).start()
         timeout_s = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT") or 20)
-        while time.time() < asked_at + timeout_s:
+        while time.monotonic() < asked_at + timeout_s:
             time.sleep(HEALTH_CHECK_LOOK_S)
             if engine.last_output_at > asked_at:
                 self.health()
