@@ -1,8 +1,8 @@
 """What the no-op's live probe costs the guest (issue 30): the host probe (host_scripts/probe.py under `python3 -I
 -S`, with sudo, systemctl, journalctl and its requests: what a host whose sshd refuses forwarding still runs)
 against the forwarded one (one `systemctl show` on the host, the health request through the SSH connection), each
-on a connection of its own, less a connection that runs only `true`; interleaved, so a change of load hits all
-three."""
+on a connection of its own, less a connection that runs only `true` as often; interleaved, so a change of load hits
+all three. Each connection probes REPEAT times: the kernel counts CPU in 10 ms ticks."""
 
 from __future__ import annotations
 
@@ -18,11 +18,13 @@ from deploy_lib.health.live import health_request
 from deploy_lib.project import load_for_host
 from deploy_lib.remote import FabricRemote, Step
 
+REPEAT = 10
+
 
 @dataclass(frozen=True)
 class LiveProbeRun:
-    host_s: float  # the guest's CPU for the host probe, a bare connection's taken off
-    forwarded_s: float  # ... for the unit's systemctl show and the forwarded health request
+    host_s: float  # the guest's CPU for one host probe in a round trip, a bare round trip's taken off
+    forwarded_s: float  # ... for the unit's systemctl show in one and the forwarded health request
 
 
 def live_probe_cpu(rig: Rig, metadata: dict[str, object]) -> LiveProbeRun:
@@ -32,8 +34,9 @@ def live_probe_cpu(rig: Rig, metadata: dict[str, object]) -> LiveProbeRun:
     def guest_cpu(work: Callable[[FabricRemote, ProbeTarget], object]) -> float:
         before = rig.ssh_cpu.seconds()
         with FabricRemote(target.ssh) as remote:
-            work(remote, probe)
-        return rig.ssh_cpu.seconds() - before
+            for _ in range(REPEAT):
+                work(remote, probe)
+        return (rig.ssh_cpu.seconds() - before) / REPEAT
 
     def forwarded(remote: FabricRemote, probe: ProbeTarget) -> None:
         remote.run([live_unit_step(probe)])
