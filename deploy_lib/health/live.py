@@ -8,13 +8,16 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from deploy_lib.errors import ReadinessFailed
+from deploy_lib.facts.host import parse_systemctl_show
 from deploy_lib.health.probe import ProbeTarget, parse_snapshot, probe_step
 from deploy_lib.health.snapshot import Rung, Snapshot, UnitState
 from deploy_lib.health.verdict import NotReady, Verdict, assess
-from deploy_lib.host_scripts.probe import UNIT_PROPERTIES, parse_systemctl_show
 from deploy_lib.remote import Forwarded, Remote, Step, StepResult, forward
 
 LIVE_UNIT = "live probe: unit state"
+# the properties the verdict reads, as host_scripts/probe.py asks for them (that script is not imported: it loads
+# http.client, which a no-op needs nowhere else)
+UNIT_PROPERTIES = tuple(str(field.alias) for field in UnitState.model_fields.values())
 EVERY_EXIT = frozenset(range(256))  # a unit state that cannot be read is a reading (unit_error), not a failed batch
 
 

@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-import paramiko
-from paramiko.common import OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+if TYPE_CHECKING:
+    import paramiko
 
 READ_CHUNK = 65536
 CLOSE_WAIT_S = 1.0  # sshd's close answers our EOF within a round trip
@@ -46,6 +46,9 @@ def exchange(transport: paramiko.Transport, host: str, port: int, data: bytes, t
     """Open a direct-tcpip channel to host:port on `transport`, send `data`, read until the server closes (no `data`:
     connect only), and let sshd close the channel. A connection that fails here is not an answer (`sent` False): the
     caller's round trips have the reconnects."""
+    import paramiko  # with the connection that calls it: the data above needs no SSH library
+    from paramiko.common import OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+
     try:
         channel = transport.open_channel("direct-tcpip", (host, port), ("127.0.0.1", 0), timeout=timeout_s)
     except paramiko.ChannelException as refused:  # the open's reason code says which (RFC 4254 5.1)
