@@ -197,6 +197,7 @@ def peer_figures(processes: Sequence[ProcessRun], peer_no_ops: Sequence[PeerNoOp
         ratio_figure("  server's own start (restart -> fired up), context", [run.server_start_s for run in changed],
                      [run.server_start_s for run in peer_changed], None),
         Figure("peer: readiness noticed after fired up (ours | pyinfra)",
-               f"{noticed:.2f} s | pyinfra {peer_noticed:.2f} s (its poll every {POLL_S:g} s, no generation)",
+               f"{noticed:.2f} s | pyinfra {peer_noticed:.2f} s (a poll every {POLL_S:g} s of /health_generate, "
+               "which generates 1 token and looks for it once a second)",
                len(changed), "<= pyinfra's", noticed <= peer_noticed),
     ]

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from bench import peer as peer_module
 from bench.figures import Figure, deploy_figures, table
+from bench.live_probe import live_probe_cpu, live_probe_figures
 from bench.measure import (
     FAULT_FILE,
     PROFILE,
@@ -57,6 +58,9 @@ def measure_deploys(rig: Rig, runs: int, peer_work: Path | None) -> list[Figure]
         say(f"first deploy of {peer_module.SERVICE} by pyinfra")
     no_ops = [no_op_redeploy(rig) for _ in range(runs)]
     say(f"no-op redeploys: {', '.join(f'{run.seconds:.2f} s' for run in no_ops)}")
+    probes = [live_probe_cpu(rig, outcome.plan.release.metadata()) for _ in range(runs)]
+    say(f"live probe, the guest's CPU: forwarded {', '.join(f'{run.forwarded_s:.3f} s' for run in probes)}; "
+        f"on the host {', '.join(f'{run.host_s:.3f} s' for run in probes)}")
     pycache = Path(tempfile.mkdtemp(prefix="sglang-bench-pycache-"))
     whole_process_no_op(rig, pycache)  # writes the bytecode cache
     processes, peer_no_ops, floors = [], [], []
@@ -85,7 +89,8 @@ def measure_deploys(rig: Rig, runs: int, peer_work: Path | None) -> list[Figure]
     long_steps = [long_step_cpu(rig) for _ in range(runs)]
     say(f"long steps: client CPU {', '.join(f'{run.cpu_s:.3f} s' for run in long_steps)}")
     figures = peer_module.peer_figures(processes, peer_no_ops, floors, changed, peer_changed) if peer else []
-    return figures + deploy_figures(no_ops, processes, parts, changed, crashes, long_steps)
+    return figures + live_probe_figures(probes) + deploy_figures(no_ops, processes, parts, changed, crashes,
+                                                                  long_steps)
 
 
 @contextmanager

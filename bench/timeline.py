@@ -13,7 +13,7 @@ from pathlib import Path, PurePosixPath
 
 from tenacity import RetryCallState
 
-from deploy_lib.remote import FabricRemote, OutputLine, Put, Step, StepResult
+from deploy_lib.remote import FabricRemote, Forwarded, OutputLine, Put, Step, StepResult
 from sandbox import manage
 
 UNIT = "sglang.service"
@@ -81,6 +81,13 @@ class StampedRemote:
             return self.inner.push_directory(local_dir, dest, link_dest, on_output)
         finally:
             self.batches.append(Batch(started, time.time(), (f"push {local_dir} -> {dest}",)))
+
+    def forward(self, host: str, port: int, data: bytes, timeout_s: float) -> Forwarded:
+        started = time.time()
+        try:
+            return self.inner.forward(host, port, data, timeout_s)
+        finally:
+            self.batches.append(Batch(started, time.time(), (f"forward {host}:{port}",)))
 
     def close(self) -> None:
         self.inner.close()

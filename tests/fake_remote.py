@@ -9,6 +9,7 @@ accept and raises StepFailed/StepTimedOut through the same `check_result`.
     remote.reply(("readlink", "--", "/opt/x/current"), stdout="releases/r1\n")
     remote.reply(lambda step: step.name == "lock: take", exit_code=1)
     remote.reply("restart", raises=ConnectFailed("connection lost"))
+    remote.forward_reply(30000, Forwarded(sent=True, connected=True, answer=b"HTTP/1.1 200 OK\r\n\r\n"))
     remote.run(batch)
     assert remote.ran_names() == [...]
 """
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from deploy_lib.errors import DeployError
-from deploy_lib.remote import OutputLine, Put, Step, StepResult, check_result
+from deploy_lib.remote import NOT_SENT, Forwarded, OutputLine, Put, Step, StepResult, check_result
 
 Match = tuple[str, ...] | str | Callable[[Step | Put], bool]
 
@@ -44,7 +45,9 @@ def _matcher(match: Match) -> Callable[[Step | Put], bool]:
 
 
 class FakeRemote:
-    """Records steps and answers canned results; a Put succeeds and is kept in `files` unless a rule says no."""
+    """Records steps and answers canned results; a Put succeeds and is kept in `files` unless a rule says no. A
+    forwarded exchange is answered by `forward_reply` for its port; without one the host forwards nothing (as an
+    sshd with AllowTcpForwarding no)."""
 
     def __init__(self, where: str = "fake@host:22") -> None:
         self.where = where
@@ -55,6 +58,8 @@ class FakeRemote:
         self.pushes: list[tuple[Path, PurePosixPath, PurePosixPath | None]] = []
         self.push_stdout = ""  # what a push_directory reports as rsync's progress output
         self._rules: list[_Rule] = []
+        self.forwards: list[tuple[str, int, bytes]] = []  # every forwarded exchange asked for: host, port, data
+        self._forward_replies: dict[int, Forwarded] = {}
 
     def reply(self, match: Match, exit_code: int = 0, stdout: str = "", stderr: str = "", *,
               raises: DeployError | None = None, times: int | None = None) -> FakeRemote:
@@ -83,6 +88,15 @@ class FakeRemote:
                 self.files[step.dest] = step
             results.append(result)
         return results
+
+    def forward_reply(self, port: int, answer: Forwarded) -> FakeRemote:
+        """Answer every exchange forwarded to `port` with `answer` (the host's sshd forwards from now on)."""
+        self._forward_replies[port] = answer
+        return self
+
+    def forward(self, host: str, port: int, data: bytes, timeout_s: float) -> Forwarded:
+        self.forwards.append((host, port, data))
+        return self._forward_replies.get(port, NOT_SENT)
 
     def close(self) -> None:
         self.closed = True

@@ -46,7 +46,8 @@ LAYERS: dict[str, frozenset[str]] = {
     "host scripts": HOST_SCRIPTS,
     # Step / StepResult as data, the one connection that runs them, a batch of reads (facts.readings)
     "transport": frozenset({"remote", "remote.steps", "remote.batch", "remote.ssh", "remote.ssh_config", "remote.sftp",
-                            "remote.connection", "remote.webhook", "facts.readings"}),
+                            "remote.connection", "remote.forward", "remote.webhook",
+                            "facts.readings"}),
     # pydantic models of what the user writes
     "schema": frozenset({"profile", "profile.fields", "profile.choices", "profile.sections", "profile.settings",
                         "profile.model", "profile.loading", "profile.stored", "profile.overrides", "inventory",
@@ -77,7 +78,7 @@ LAYERS: dict[str, frozenset[str]] = {
         "facts.read", "facts.crashes",
         "deploy.prune", "deploy.restore", "deploy.switch", "tune.request",
         "store", "store.on_host", "store.first_change",
-        "health", "health.ladder",
+        "health", "health.ladder", "health.live",
         "models", "models.staging", "models.stored",
         "throughput", "throughput.benchmark",
         "venvs", "venvs.adopted", "venvs.build", "venvs.derived", "venvs.lifecycle", "venvs.publish",

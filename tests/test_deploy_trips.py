@@ -16,6 +16,7 @@ from deploy_lib import store
 from deploy_lib.deploy import Options, deploy
 from deploy_lib.errors import LockHeld, PreflightError
 from deploy_lib.facts import host as host_facts
+from deploy_lib.health import LIVE_UNIT
 from deploy_lib.models import FACT_CACHE
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.remote import Put, Step, round_trips
@@ -55,7 +56,11 @@ def test_a_no_op_deploy_is_one_round_trip_and_writes_nothing_not_even_the_lock()
     outcome = deploy(PROJECT.profile("glm5-nvfp4"), target(), host, RecordingProgress(), Options(grace_s=0))
     assert (outcome.action, outcome.release_id) == ("unchanged", rid)
     assert len(host.batches) == 1 and len(round_trips(host.batches[0])) == 1, "the facts' one round trip"
-    assert LIVE_PROBE in host.ran_names(), "the live probe of the serving release rode in it"
+    assert LIVE_UNIT in host.ran_names(), "the live probe's unit state rode in it"
+    assert not any(name.startswith(LIVE_PROBE) for name in host.ran_names()), "no probe process on the host"
+    [(where, port, request)] = host.forwards
+    assert (where, port) == ("127.0.0.1", 8000) and request.startswith(b"GET /ready HTTP/1.1\r\n"), \
+        "its health request went through the SSH connection"
     assert writes(host) == []
 
 
@@ -122,10 +127,25 @@ def test_a_change_preflight_refuses_changes_nothing_on_the_host(fact: str, stdou
     assert writes(host) == [] and not any(isinstance(step, Put) for step in host.ran), "not even the lock"
 
 
-def test_a_release_current_but_not_ready_is_restarted_under_the_lock() -> None:
-    """Input tried: the facts' live probe finds the current release's health endpoint answering 503."""
+def test_a_host_that_forwards_nothing_is_probed_by_the_host_probe_in_one_more_round_trip() -> None:
+    """Input tried: the host's sshd refuses TCP forwarding (AllowTcpForwarding no)."""
     host, rid = serving_the_profile()
-    host.reply(LIVE_PROBE, stdout=json.dumps({**READY, "health_status": 503}))
+    host.forwarding = False
+    outcome = deploy(PROJECT.profile("glm5-nvfp4"), target(), host, RecordingProgress(), Options(grace_s=0))
+    assert (outcome.action, outcome.release_id) == ("unchanged", rid)
+    assert [batch[0].name for batch in host.batches[1:]] == [LIVE_PROBE]
+    assert writes(host) == []
+
+
+@pytest.mark.parametrize("forwarding", [True, False], ids=["forwarded", "host probe"])
+@pytest.mark.parametrize("answer", [{"health_status": 503}, {"port_open": False, "health_status": None}],
+                         ids=["503", "port closed"])
+def test_a_release_current_but_not_ready_is_restarted_under_the_lock(forwarding: bool, answer: dict) -> None:
+    """Inputs tried: the current release's health endpoint answering 503, and its port closed; its health request
+    forwarded through the connection, and sent by the host probe."""
+    host, rid = serving_the_profile()
+    host.forwarding = forwarding
+    host.probes[rid] = [{**READY, **answer}, READY]
     outcome = deploy(PROJECT.profile("glm5-nvfp4"), target(), host, RecordingProgress(), Options(grace_s=0))
     assert outcome.action == "deployed" and outcome.release_id == rid
     names = host.ran_names()

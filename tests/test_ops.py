@@ -95,7 +95,7 @@ def scope(tmp_path: Path, host: str | None = None, group: str | None = None, rol
 def changed(remote: FakeRemote) -> list[str]:
     """The steps that change the host: anything past reading its store and taking or releasing its lock."""
     return [name for name in remote.ran_names() if not name.startswith(("store facts", "lock", "host facts"))
-            and not name.endswith("/lock/owner.json") and not name.startswith("readiness probe")
+            and not name.endswith("/lock/owner.json") and not name.startswith(("readiness probe", "live probe"))
             and name not in (host_facts.FACT_UNIT, "router: serving release")]
 
 

@@ -20,11 +20,12 @@ from deploy_lib.deploy import Options, check_release, check_release_files, deplo
 from deploy_lib.errors import Interrupted, PreflightError, ReadinessFailed, Terminated
 from deploy_lib.facts import host as host_facts
 from deploy_lib.facts.host import SGLangInstall
+from deploy_lib.health import LIVE_UNIT
 from deploy_lib.interrupts import Interrupt, interrupted, signal_name, signals_raise
 from deploy_lib.models import FACT_MODEL
 from deploy_lib.profile import LoadedProfile, read_stored_profile
 from deploy_lib.release.model import RecordedRelease
-from deploy_lib.remote import OutputLine, Put, Step, StepResult, describe
+from deploy_lib.remote import NOT_SENT, Forwarded, OutputLine, Put, Step, StepResult, describe
 from deploy_lib.store import (
     ENV_FILE,
     FAILED,
@@ -152,12 +153,14 @@ DEAD = {"unit": {"ActiveState": "failed", "SubState": "failed", "NRestarts": "0"
 
 class ScriptedHost(FakeRemote):
     """A host holding releases A and B (B current and serving); each probe answers for the release `current` names
-    with the next of its scripted snapshots (the last one repeats), or raises it."""
+    with the next of its scripted snapshots (the last one repeats), or raises it. A live probe is answered from the
+    same script, its unit state on the host and its health request forwarded (`forwarding`: the host's sshd forwards
+    TCP; without, it refuses and the host probe answers)."""
 
-    def __init__(self, probes: dict[str, list[object]], sglang_ok: bool = True) -> None:
+    def __init__(self, probes: dict[str, list[object]], sglang_ok: bool = True, forwarding: bool = True) -> None:
         super().__init__()
         _, plan = first_plan()
-        self.current, self.probes = "B", probes
+        self.current, self.probes, self.forwarding = "B", probes, forwarding
         releases = {rid: {**plan.release.record(), "id": rid, "staged_at": f"2026-11-30T1{n}:00:00+00:00",
                           "tags": {**_tags(rid).as_dict(), "profile": "glm5-nvfp4"}}
                     for n, rid in enumerate(("A", "B"))}
@@ -188,12 +191,28 @@ class ScriptedHost(FakeRemote):
             if step.name == "switch: temp link":
                 self.current = step.argv[-2].removeprefix("releases/")  # type: ignore[union-attr]
         if batch and batch[0].name.startswith("readiness probe"):
-            script = self.probes[self.current]
-            answer = script.pop(0) if len(script) > 1 else script[0]
-            if isinstance(answer, BaseException):
-                raise answer
-            self.reply(batch[0].name, stdout=json.dumps(answer), times=1)
+            self.reply(batch[0].name, stdout=json.dumps(self.next_snapshot()), times=1)
+        if any(step.name == LIVE_UNIT for step in batch):  # the script's next snapshot, which `forward` then takes
+            unit = dict(self.next_snapshot(take=False).get("unit") or {})
+            self.reply(LIVE_UNIT, stdout="".join(f"{key}={value}\n" for key, value in unit.items()), times=1)
         return super().run(batch, on_output)
+
+    def next_snapshot(self, take: bool = True) -> dict:
+        script = self.probes[self.current]
+        answer = script.pop(0) if take and len(script) > 1 else script[0]
+        if isinstance(answer, BaseException):
+            raise answer
+        return answer
+
+    def forward(self, host: str, port: int, data: bytes, timeout_s: float) -> Forwarded:
+        self.forwards.append((host, port, data))
+        if not self.forwarding:
+            return NOT_SENT
+        snapshot = self.next_snapshot()
+        if not snapshot.get("port_open"):
+            return Forwarded(sent=True, error="Connection refused")
+        status = snapshot.get("health_status")
+        return Forwarded(sent=True, connected=True, answer=f"HTTP/1.1 {status} -\r\n\r\n".encode() if status else b"")
 
     def rollback(self, to: str = "A") -> object:
         from recording_progress import RecordingProgress

@@ -33,15 +33,13 @@ from deploy_lib.facts.read import read_host_facts
 from deploy_lib.facts.readings import ABSENT_OK, Readings
 from deploy_lib.health import (
     GenerationProbe,
-    NotReady,
     ProbeTarget,
     ReadyReport,
     Rung,
     StartPrediction,
     Verdict,
-    assess,
-    parse_snapshot,
-    probe_step,
+    live_unit_step,
+    live_verdict,
     wait_ready,
 )
 from deploy_lib.interrupts import interrupted, signal_name
@@ -93,9 +91,14 @@ def probe_target(layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapp
                        api_key=read_secret(API_KEY_ENV, key, environ) if key is not None else None)
 
 
+def live_target(layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]) -> ProbeTarget:
+    """Where `Transition.live_verdict` probes a running release: unit, port and health endpoint, no generation."""
+    return probe_target(layout, metadata, environ, generation=False)
+
+
 def live_probe(layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]) -> Step:
-    """The probe `Transition.live_verdict` sends for a release: unit, port and health endpoint, no generation."""
-    return probe_step(probe_target(layout, metadata, environ, generation=False), Rung.HEALTH)
+    """The host's part of a release's live probe (its unit's state), for a round trip that goes anyway (the facts')."""
+    return live_unit_step(live_target(layout, metadata, environ))
 
 
 @dataclass(frozen=True)
@@ -109,12 +112,13 @@ class Readiness:
 
 class ReleaseKind(Protocol):
     """What a Transition needs to know of the kind of release it switches (SGLang's server, the router): how its
-    start is verified, how it is probed while it runs, and the batches that switch back to one of its store."""
+    start is verified, where it is probed while it runs, and the batches that switch back to one of its store."""
 
     def readiness(self, layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]
                   ) -> Readiness: ...
 
-    def live_probe(self, layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]) -> Step: ...
+    def live_target(self, layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]
+                    ) -> ProbeTarget: ...
 
     def switch_batches(self, run: Transition, release_id: str, metadata: Mapping[str, Any]
                        ) -> Mapping[str, Sequence[Step | Put]]: ...
@@ -128,8 +132,9 @@ class ServerRelease:
         return Readiness(probe_target(layout, metadata, environ), Rung.GENERATE,
                          read_stored_profile(metadata.get("profile")).service.startup_timeout_s)
 
-    def live_probe(self, layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]) -> Step:
-        return live_probe(layout, metadata, environ)
+    def live_target(self, layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]
+                    ) -> ProbeTarget:
+        return live_target(layout, metadata, environ)
 
     def switch_batches(self, run: Transition, release_id: str, metadata: Mapping[str, Any]
                        ) -> Mapping[str, Sequence[Step | Put]]:
@@ -205,17 +210,16 @@ class Transition:
         return facts
 
     def live_verdict(self, metadata: Mapping[str, Any], read: Readings | None = None) -> Verdict:
-        """One probe of the running server up to the health endpoint (no generation): is it ready right now?
-        Taken from `read` when that batch sent this very probe (the facts' round trip), else sent now."""
-        step = self.kind.live_probe(self.layout, metadata, self.environ)
+        """One probe of the running server up to the health endpoint (no generation): is it ready right now? The
+        unit's state is taken from `read` when that batch read it (the facts' round trip), else read now; the health
+        request goes through the connection (health/live.py)."""
+        target = self.kind.live_target(self.layout, metadata, self.environ)
+        step = live_unit_step(target)
         seen = read.get(step.name) if read is not None else None
-        try:
-            # the facts' round trip sends it as a concurrent step
-            [result] = [seen] if seen is not None and seen.step in (step, replace(step, concurrent=True)) else \
-                self.remote.run([step])
-            return assess(parse_snapshot(result, Rung.HEALTH), None, Rung.HEALTH)
-        except ReadinessFailed as broken:
-            return NotReady(broken.message, broken.rung, broken.evidence)
+        # the facts' round trip sends it as a concurrent step
+        unit = seen if seen is not None and seen.step in (step, replace(step, concurrent=True)) else None
+        # a read: past the lock's wrapper, which takes the lock with any batch after the facts (a no-op takes none)
+        return live_verdict(self.lock.inner if self.lock is not None else self.remote, target, unit)
 
     def activate(self, release_id: str, metadata: Mapping[str, Any], prediction: StartPrediction | None,
                  grace_s: float, batches: Mapping[str, Sequence[Step | Put]],

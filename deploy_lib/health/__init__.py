@@ -11,6 +11,8 @@ through a Progress.
                 start-time prediction
     probe       where and how a server is probed, the probe's step and its output parsed
     ladder      the retry and grace policies, `wait_ready` (a host action)
+    live        the live probe of a running server: its unit read on the host, its health request forwarded through
+                the SSH connection (a host action)
 """
 
 from deploy_lib.health.ladder import (
@@ -19,6 +21,7 @@ from deploy_lib.health.ladder import (
     ladder_policy,
     wait_ready,
 )
+from deploy_lib.health.live import LIVE_UNIT, live_unit_step, live_verdict
 from deploy_lib.health.probe import (
     POLL_S,
     WATCH_S,
@@ -42,6 +45,7 @@ from deploy_lib.health.verdict import (
 )
 
 __all__ = [
+    "LIVE_UNIT",
     "POLL_S",
     "WATCH_S",
     "GenerationProbe",
@@ -59,6 +63,8 @@ __all__ = [
     "grace_policy",
     "http_url",
     "ladder_policy",
+    "live_unit_step",
+    "live_verdict",
     "parse_snapshot",
     "predict_start",
     "probe_step",

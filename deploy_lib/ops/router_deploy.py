@@ -29,7 +29,7 @@ from deploy_lib.deploy import (
     start_prediction,
 )
 from deploy_lib.errors import DeployError, LockHeld, ReadinessFailed, RouterFailed
-from deploy_lib.health import Ready, Rung, probe_step
+from deploy_lib.health import ProbeTarget, Ready, Rung
 from deploy_lib.interrupts import signals_raise
 from deploy_lib.inventory import Inventory
 from deploy_lib.ops.fleet import Rollout, Size
@@ -90,8 +90,9 @@ class RouterReleaseKind:
     def readiness(self, layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]) -> Readiness:
         return Readiness(router_probe(layout, metadata), Rung.HEALTH, READY_DEADLINE_S)
 
-    def live_probe(self, layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]) -> Step:
-        return probe_step(router_probe(layout, metadata), Rung.HEALTH)
+    def live_target(self, layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]
+                    ) -> ProbeTarget:
+        return router_probe(layout, metadata)
 
     def switch_batches(self, run: Transition, release_id: str, metadata: Mapping[str, Any]
                        ) -> Mapping[str, Sequence[Step | Put]]:

@@ -9,6 +9,7 @@ against a known_hosts file (Fabric's default accepts unknown keys; we refuse the
     ssh         SSHTarget, JumpHost, host keys, the connect policy and its errors, rsync's ssh options
     ssh_config  the user's OpenSSH config and the inventory's values resolved into one SSHTarget
     connection  FabricRemote: the connection, running round trips, uploads, pushing a directory
+    forward     one TCP exchange forwarded through the connection (a direct-tcpip channel, as `ssh -L`)
     webhook     notifications POSTed to the inventory's notify_webhook, in the background, with retries
 """
 
@@ -25,6 +26,7 @@ from deploy_lib.remote.batch import (
     round_trips,
     script_steps,
 )
+from deploy_lib.remote.forward import NOT_SENT, Forwarded, Forwarder, forward
 from deploy_lib.remote.ssh import SSH_CONNECT, JumpHost, SSHTarget, rsync_argv
 from deploy_lib.remote.steps import (
     MASK,
@@ -55,9 +57,12 @@ __all__ = [
     "MASK",
     "MAX_INLINE_STDIN",
     "MAX_SCRIPT_CHARS",
+    "NOT_SENT",
     "SSH_CONNECT",
     "TIMED_OUT_EXIT",
     "FabricRemote",
+    "Forwarded",
+    "Forwarder",
     "JumpHost",
     "OutputLine",
     "Put",
@@ -72,6 +77,7 @@ __all__ = [
     "concurrently",
     "describe",
     "display",
+    "forward",
     "parse_batch_output",
     "round_trips",
     "rsync_argv",

@@ -38,6 +38,7 @@ from deploy_lib.remote.batch import (
     script_steps,
     trip_steps_done,
 )
+from deploy_lib.remote.forward import Forwarded, exchange
 from deploy_lib.remote.sftp import open_sftp, put_directly, remove_quietly, upload
 from deploy_lib.remote.ssh import (
     KEEPALIVE_S,
@@ -138,7 +139,7 @@ class FabricRemote:
         self.reconnect_policy = reconnect_policy
         self.silence_grace_s = silence_grace_s
         self.on_result = on_result
-        self.round_trips = 0  # SSH execs + uploads so far: what batching saves, shown by `make bench`
+        self.round_trips = 0  # SSH execs, uploads and forwarded exchanges so far: what batching saves (`make bench`)
         self._connection: fabric.Connection | None = None
         self._gateway: fabric.Connection | None = None
         # connections an interrupt left behind, closed with this remote (see `run`)
@@ -323,6 +324,12 @@ class FabricRemote:
             raise Dropped(results, running, "the connection closed")
         # The script itself died (no bash on the host, or killed): report it against the step it was running.
         return [*results, StepResult(running, raw.exited or -1, out, err or raw.stderr, elapsed)]
+
+    def forward(self, host: str, port: int, data: bytes, timeout_s: float) -> Forwarded:
+        """One TCP exchange with host:port as the host reaches it, through this connection (remote/forward.py)."""
+        transport = self._connect().transport
+        self.round_trips += 1
+        return exchange(transport, host, port, data, timeout_s)
 
     def push_directory(self, local_dir: Path, dest: PurePosixPath, link_dest: PurePosixPath | None,
                        on_output: OutputLine | None = None) -> StepResult:

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import shlex
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from recording_progress import RecordingProgress
-from rig import FAULT_OF_CRASHY, GUEST_FAULT, Rig
+from rig import FAULT_OF_CRASHY, GUEST_FAULT, REFERENCE, Rig
 from waits import STATE_WAIT_S
 
 from deploy_lib import deploy as engine
@@ -23,6 +24,8 @@ from deploy_lib.errors import (
     ReadinessFailed,
     RollbackFailed,
 )
+from deploy_lib.health import ProbeTarget
+from deploy_lib.health.live import health_request, http_status
 from deploy_lib.project import load_for_host
 from deploy_lib.remote import FabricRemote, OutputLine, Step
 from deploy_lib.store import StoreLayout, this_process_owner
@@ -45,6 +48,32 @@ def test_deploy_the_reference_profile_then_redeploy_is_a_no_op(rig: Rig) -> None
     history_before = len(rig.history())
     again = rig.deploy("glm5-nvfp4")
     assert again.action == "unchanged" and len(rig.history()) == history_before
+
+
+def test_a_no_op_asks_the_health_endpoint_through_the_connection_or_on_a_host_that_refuses_forwarding(
+        rig: Rig, healthy: str) -> None:
+    """The live probe's health request goes through the SSH connection (OpenSSH's sshd forwards by default); with
+    `AllowTcpForwarding no` the probe runs on the host. Inputs tried: forwarding allowed, then refused: a no-op stays
+    one, and a server stopped by hand is restarted."""
+    request = health_request(ProbeTarget(unit=None, port=8000, health_path="/ready"))
+    since = int(time.time())
+    with rig.connect() as (_, remote):
+        assert http_status(remote.forward("127.0.0.1", 8000, request, 5).answer) == 200
+    assert rig.deploy(REFERENCE).action == "unchanged"
+    # each connection ended as sshd expects: a reset one ends it without its normal exit (failed before: the client
+    # closed while sshd's close of the forwarded channel was on its way)
+    assert "Connection reset" not in rig.root(f"journalctl -q -u ssh.service --since @{since} || true")
+    dropin = "/etc/ssh/sshd_config.d/50-no-forwarding.conf"
+    rig.root(f"echo 'AllowTcpForwarding no' > {dropin} && systemctl reload ssh")
+    try:
+        with rig.connect() as (_, remote):
+            assert not remote.forward("127.0.0.1", 8000, request, 5).sent, "the sshd refuses forwarding"
+        assert rig.deploy(REFERENCE).action == "unchanged" and rig.current() == healthy
+        rig.root(f"systemctl stop {rig.service}.service")
+        outcome = rig.deploy(REFERENCE)
+        assert outcome.action == "deployed" and outcome.release_id == healthy and rig.unit_state() == "active"
+    finally:
+        rig.root(f"rm -f {dropin} && systemctl reload ssh")
 
 
 def test_a_changed_profile_deploys_a_new_release_and_keeps_the_old(rig: Rig, healthy: str) -> None:

@@ -170,6 +170,29 @@ def test_fusion_on_an_sm90_host_starts(start_sim) -> None:
     assert sim.wait_states("/health")[-1] == 200
 
 
+def test_health_generate_answers_only_after_a_generation_as_sglangs_does(start_sim, monkeypatch) -> None:
+    """SGLang's /health_generate sends a 1-token generation and answers 200 once the scheduler produced output, 503
+    when it produced none within SGLANG_HEALTH_CHECK_TIMEOUT; /ready does not generate. Inputs tried: a healthy
+    server, then one whose generations hang (the fault), with the timeout at 2 s."""
+    monkeypatch.setenv("SGLANG_HEALTH_CHECK_TIMEOUT", "2")
+    healthy = start_sim("--enable-metrics")
+    healthy.wait_states("/ready")
+
+    def generated_tokens() -> str:
+        metrics = http(healthy.base + "/metrics")[1].decode().splitlines()
+        return next(line for line in metrics if line.startswith("sglang:generation_tokens_total"))
+
+    before = generated_tokens()
+    assert http(healthy.base + "/health_generate")[0] == 200
+    assert generated_tokens() == before, "its generation is not in /metrics (log_metrics=False)"
+    healthy.process.kill()
+    hung = start_sim(fault="generation-hang")
+    hung.wait_states("/ready")
+    assert http(hung.base + "/health_generate")[0] == 503
+    assert http(hung.base + "/ready")[0] == 200
+    assert "Health check failed" in hung.log.read_text()
+
+
 def test_sigterm_finishes_the_request_in_flight_then_exits_0(start_sim) -> None:
     sim = start_sim("--enable-metrics")
     sim.wait_states("/health")

@@ -76,6 +76,7 @@ class Engine:
     prompt_tokens_total: int = 0
     generation_tokens_total: int = 0
     ttft_sum_s: float = 0.0
+    last_output_at: float = 0.0  # monotonic time of the newest token of any request (SGLang's last_receive_tstamp)
     line: deque[tuple[threading.Event, int]] = field(default_factory=deque)  # the waiting, in arrival order
 
     def _rate(self, per_request: bool) -> float:
@@ -116,9 +117,10 @@ class Engine:
                 handed_over.set()
 
     def generate(self, prompt_tokens: int, max_tokens: int, tick_s: float, internal: bool = False,
-                 interval: int = 1) -> Iterator[int]:
+                 interval: int = 1, log_metrics: bool = True) -> Iterator[int]:
         """Yield the number of new tokens each time some are due: the first at once, then at least `interval` at a
-        time (the last may be fewer), as SGLang's scheduler streams with --stream-interval; the sum is max_tokens."""
+        time (the last may be fewer), as SGLang's scheduler streams with --stream-interval; the sum is max_tokens.
+        `log_metrics=False` (SGLang's health check request) leaves the /metrics counters as they are."""
         arrived = time.monotonic()
         self._admit(prompt_tokens)
         try:
@@ -127,9 +129,10 @@ class Engine:
                 return
             time.sleep(self.model.time_to_first_token_s(prompt_tokens, self.launch.knobs) / self.scale)
             last = time.monotonic()
-            with self.lock:
-                self.prompt_tokens_total += prompt_tokens
-                self.ttft_sum_s += last - arrived  # the wait for a slot included
+            if log_metrics:
+                with self.lock:
+                    self.prompt_tokens_total += prompt_tokens
+                    self.ttft_sum_s += last - arrived  # the wait for a slot included
             produced, due = 0, 1.0
             while produced < max_tokens:
                 left = max_tokens - produced
@@ -138,7 +141,8 @@ class Engine:
                     produced += step
                     due -= step
                     with self.lock:
-                        self.generation_tokens_total += step
+                        self.generation_tokens_total += step if log_metrics else 0
+                        self.last_output_at = time.monotonic()
                     yield step
                 if produced >= max_tokens:
                     break

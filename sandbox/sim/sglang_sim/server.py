@@ -5,7 +5,9 @@ from __future__ import annotations
 import enum
 import json
 import math
+import os
 import secrets
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -21,6 +23,7 @@ WORDS = ("The simulated model answers with plain words so that token counts are 
          "stream is readable in a terminal while the sandbox runs").split()
 STREAM_TICK_S = 0.05   # a streamed response writes at most this often
 BATCH_TICK_S = 0.25    # a non-streamed response re-reads the concurrency this often
+HEALTH_CHECK_LOOK_S = 1.0  # SGLang's health_generate looks for an output once a second (`await asyncio.sleep(1)`)
 
 
 class Status(enum.Enum):
@@ -149,6 +152,29 @@ class Handler(BaseHTTPRequestHandler):
             self.end_headers()
         else:
             self.send_json(503, {"status": self.state.status.value})
+
+    def health_generate(self) -> None:
+        """As SGLang's `health_generate` (sglang/srt/entrypoints/http_server.py, 0.5.9 and 0.5.23): 503 while
+        starting or draining; otherwise a 1-token generation goes to the scheduler, and the answer is 200 at the first
+        look, once a second, that finds any output produced since the request came (so never within 1 s), or 503 after
+        SGLANG_HEALTH_CHECK_TIMEOUT (20 s: a hung scheduler). SGLang's /health is this same function; the
+        simulator's /health answers as SGLang's does with SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false."""
+        if self.state.status is not Status.UP:
+            self.health()
+            return
+        engine = self.state.engine
+        asked_at = time.monotonic()  # SGLang's time.time(); the engine keeps monotonic times
+        # input_ids [0], max_new_tokens 1, log_metrics False: a request of one prompt token, not in /metrics
+        threading.Thread(target=lambda: [*engine.generate(1, 1, BATCH_TICK_S, log_metrics=False)],
+                         daemon=True).start()
+        timeout_s = float(os.environ.get("SGLANG_HEALTH_CHECK_TIMEOUT") or 20)
+        while time.monotonic() < asked_at + timeout_s:
+            time.sleep(HEALTH_CHECK_LOOK_S)
+            if engine.last_output_at > asked_at:
+                self.health()
+                return
+        log(f"Health check failed. Server couldn't get a response from detokenizer for last {timeout_s:g} seconds.")
+        self.send_json(503, {"status": "UnHealthy"})
 
     def models(self) -> None:
         name = self.state.launch.served_model_name
@@ -298,7 +324,7 @@ class Handler(BaseHTTPRequestHandler):
 
 ROUTES: dict[tuple[str, str], Callable[[Handler], None]] = {
     ("GET", "/health"): Handler.health,
-    ("GET", "/health_generate"): Handler.health,
+    ("GET", "/health_generate"): Handler.health_generate,
     ("GET", "/ready"): Handler.health,
     ("GET", "/v1/models"): Handler.models,
     ("GET", "/model_info"): Handler.model_info,

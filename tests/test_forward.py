@@ -1,0 +1,153 @@
+"""A TCP exchange forwarded through an SSH connection (remote/forward.py), against paramiko's own SSH server on
+loopback that forwards as OpenSSH's sshd does (or refuses, as with AllowTcpForwarding no), to a real HTTP server."""
+
+from __future__ import annotations
+
+import socket
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import paramiko
+import pytest
+from paramiko.common import (
+    AUTH_SUCCESSFUL,
+    OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED,
+    OPEN_FAILED_CONNECT_FAILED,
+    OPEN_SUCCEEDED,
+)
+
+from deploy_lib.health import ProbeTarget
+from deploy_lib.health.live import health_request, http_status
+from deploy_lib.remote.forward import exchange
+
+
+class Health(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        body = b"warming up" if self.path == "/ready" else b""
+        self.send_response(503 if body else 200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+
+class Sshd(paramiko.ServerInterface):
+    """Accepts the client without auth; opens direct-tcpip channels as sshd does: it connects first, then confirms
+    (or refuses with OpenSSH's reason codes)."""
+
+    def __init__(self, forwarding: bool) -> None:
+        self.forwarding = forwarding
+        self.sockets: dict[int, socket.socket] = {}
+
+    def get_allowed_auths(self, username: str) -> str:
+        return "none"
+
+    def check_auth_none(self, username: str) -> int:
+        return AUTH_SUCCESSFUL
+
+    def check_channel_direct_tcpip_request(self, chanid: int, origin: tuple[str, int],
+                                           destination: tuple[str, int]) -> int:
+        if not self.forwarding:
+            return OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+        try:
+            self.sockets[chanid] = socket.create_connection(destination, timeout=5)
+        except OSError:
+            return OPEN_FAILED_CONNECT_FAILED
+        return OPEN_SUCCEEDED
+
+
+def _pump(source: socket.socket | paramiko.Channel, sink: socket.socket | paramiko.Channel) -> None:
+    try:
+        while data := source.recv(65536):
+            sink.sendall(data)
+    except OSError:
+        pass
+    finally:
+        sink.close()
+
+
+@pytest.fixture
+def http_port() -> Iterator[int]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Health)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+def connected(forwarding: bool) -> tuple[paramiko.Transport, paramiko.Transport]:
+    """(client, server) transports of one SSH connection on loopback; the server forwards what it accepts."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    client_socket = socket.create_connection(listener.getsockname())
+    server_socket, _ = listener.accept()
+    listener.close()
+    server = paramiko.Transport(server_socket)
+    server.add_server_key(paramiko.ECDSAKey.generate())
+    sshd = Sshd(forwarding)
+
+    def serve() -> None:
+        server.start_server(server=sshd)  # returns once the client's handshake is done
+        while server.is_active():
+            channel = server.accept(timeout=0.2)
+            if channel is not None:
+                upstream = sshd.sockets.pop(channel.get_id())
+                threading.Thread(target=_pump, args=(channel, upstream), daemon=True).start()
+                threading.Thread(target=_pump, args=(upstream, channel), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    client = paramiko.Transport(client_socket)
+    client.start_client(timeout=10)
+    client.auth_none("deploy")
+    return client, server
+
+
+@pytest.fixture
+def ssh() -> Iterator[paramiko.Transport]:
+    client, server = connected(forwarding=True)
+    yield client
+    client.close()
+    server.close()
+
+
+def test_a_forwarded_request_gets_the_servers_whole_answer(ssh: paramiko.Transport, http_port: int) -> None:
+    for path, status in (("/health", 200), ("/ready", 503)):
+        target = ProbeTarget(unit=None, port=http_port, health_path=path)
+        answer = exchange(ssh, "127.0.0.1", http_port, health_request(target), 5)
+        assert answer.sent and answer.connected and answer.error is None
+        assert http_status(answer.answer) == status
+        assert answer.answer.endswith(b"warming up" if status == 503 else b"\r\n\r\n")
+
+
+def test_a_closed_port_is_a_forwarded_answer_of_its_own(ssh: paramiko.Transport) -> None:
+    """Input tried: a port nothing listens on (a server still loading): sshd's connect fails, the open says so."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        closed = taken.getsockname()[1]
+    answer = exchange(ssh, "127.0.0.1", closed, b"GET / HTTP/1.1\r\n\r\n", 5)
+    assert answer.sent and not answer.connected and answer.error
+
+
+def test_an_exchange_without_data_only_connects(ssh: paramiko.Transport, http_port: int) -> None:
+    answer = exchange(ssh, "127.0.0.1", http_port, b"", 5)
+    assert answer.sent and answer.connected and answer.answer == b""
+
+
+def test_a_host_that_refuses_forwarding_leaves_the_question_unsent(http_port: int) -> None:
+    """Input tried: the sshd answers the open "administratively prohibited" (AllowTcpForwarding no)."""
+    client, server = connected(forwarding=False)
+    try:
+        answer = exchange(client, "127.0.0.1", http_port, b"GET / HTTP/1.1\r\n\r\n", 5)
+    finally:
+        client.close()
+        server.close()
+    assert not answer.sent and not answer.connected and "does not forward" in (answer.error or "")
+
+
+def test_http_status_reads_the_first_line_only() -> None:
+    assert http_status(b"HTTP/1.1 200 OK\r\nX: HTTP/1.1 503\r\n\r\n") == 200
+    assert http_status(b"HTTP/1.0 503 Service Unavailable\r\n\r\n") == 503
+    assert http_status(b"") is None and http_status(b"SSH-2.0-OpenSSH_9.2\r\n") is None
