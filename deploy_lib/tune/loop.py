@@ -2,8 +2,9 @@
 the deploy engine (stage, switch, readiness ladder, automatic rollback), benchmarked over the ladder with the GPU
 sampler, judged and recorded in history (search: halving benchmarks all short first, the best 1 in eta in full);
 after a candidate that failed or missed the SLA the best healthy release so far serves again. At the end the winner
-stays or the pre-sweep release is restored. A signal leaves the best verified release (or the original) serving;
-`resume` continues a sweep without running its finished candidates."""
+stays or the pre-sweep release is restored (a group's host benchmarks the base its part of BASE_RUNS and ends with
+its share: the group decides once, over every host, in ops.tune_group). A signal leaves the best verified release
+(or the original) serving; `resume` continues a sweep without running its finished candidates."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ from deploy_lib.tune.request import Planned, Request, unit_of
 from deploy_lib.tune.spec import Keep, Search, TuneSpec
 from deploy_lib.tune.sweep import Candidate, HostView, Sweep, build_sweep, check_values, differences
 
-BASE_RUNS = 2  # the base's repeated runs give the noise a winner must beat
+BASE_RUNS = 2  # the base's repeated runs give the noise a winner must beat (a group's: over all its hosts)
 
 
 @dataclass(frozen=True)
@@ -101,10 +102,7 @@ class _Sweep:
         return [row.standing() for row in self.report().rows]
 
     def best(self) -> str | None:
-        """The best healthy release so far: by the full benchmark, else (search: halving) by the short one."""
-        report = self.report()
-        best = decide.best_so_far(self.standings()) or decide.best_so_far([row.standing() for row in report.short])
-        return best.release_id if best else None
+        return best_so_far(self.report())
 
     def serving(self) -> str | None:
         self.store = read_store_facts(self.remote, self.layout)
@@ -124,6 +122,13 @@ class _Sweep:
         result = run_benchmark(self.remote, self.layout, self.metadata[release_id], bench or self.sweep.bench,
                                self.progress, api_key, self.clock)
         return result, decide.score(result, self.spec.objective, self.spec.level or self.sweep.level, self.spec.sla)
+
+
+def best_so_far(report: TuneReport) -> str | None:
+    """The best healthy release so far: by the full benchmark, else (search: halving) by the short one."""
+    best = decide.best_so_far([row.standing() for row in report.rows]) or \
+        decide.best_so_far([row.standing() for row in report.short])
+    return best.release_id if best else None
 
 
 def _host_view(remote: Remote, target: Target, loaded: LoadedProfile) -> tuple[StoreFacts, HostView, str]:
@@ -201,7 +206,7 @@ def _run(run: _Sweep, host: HostView) -> TuneReport:
     if run.report().base is None:
         if run.serving() != run.original:
             run.switch(run.original)
-        for _ in range(BASE_RUNS):
+        for _ in range(-(-BASE_RUNS // run.request.hosts)):  # a group's hosts split them, at once
             run.progress.phase_started(f"tune {run.tune}: the pre-sweep release {run.original}")
             result, score = run.benchmark(run.original)
             run.record(run_line(run.tune, BASE, "base", _tags(run.metadata[run.original]), datetime.now(UTC),
@@ -339,6 +344,8 @@ def _halving_rounds(run: _Sweep, host: HostView) -> None:
 
 
 def _finish(run: _Sweep) -> TuneReport:
+    if run.request.share is not None:  # a group's host: the group decides once and switches every host at most once
+        return run.report()
     base = run.report().base
     base_values = base.values if base else ()
     unit = unit_of(run.spec)
