@@ -147,14 +147,19 @@ def test_a_signal_to_the_group_leaves_every_host_on_its_best_so_far() -> None:
     vary = ("memory.max_running_requests=1024,256,512,128",)
     hosts = {"a": a_sweep_host(*vary), "b": a_sweep_host(*vary)}
     b, run = hosts["b"], hosts["b"].run
+    told, noted = RecordingProgress(), threading.Event()
+    told.note = lambda text: noted.set()  # type: ignore[method-assign]
 
     def signalling(batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
-        if serving_cap(b) == 256 and any(isinstance(step, Step) and step.name.startswith("bench: concurrency")
-                                         for step in batch):
+        if not noted.is_set() and serving_cap(b) == 256 and any(
+                isinstance(step, Step) and step.name.startswith("bench: concurrency") for step in batch):
             signal.pthread_kill(threading.main_thread().ident or 0, signal.SIGINT)  # as Ctrl-C, to the handler
+            noted.wait(10)  # the main thread has noted it before b's benchmark goes on
         return run(batch, on_output)
     b.run = signalling  # type: ignore[method-assign]
-    scope, reach = group(hosts)
+    scope, _ = group(hosts)
+    reach = Reach(lambda t, prefixed: nullcontext(hosts[t.host.name]),
+                  lambda name: told if name == "" else RecordingProgress(), lambda question: None)
     with pytest.raises(Interrupted, match="each host serves its best so far") as caught:
         tune_group(scope, BASE, request(*vary), reach)
     assert caught.value.exit_code == 130
@@ -230,9 +235,11 @@ def test_resuming_a_group_sweep_leaves_the_hosts_without_a_share_serving() -> No
     assert {serving_cap(host) for host in hosts.values()} == {1024}, "the winner rolled out to all three"
 
 
-def test_behind_a_router_each_replica_is_out_for_its_whole_share_and_back_once_it_serves(tmp_path: Path) -> None:
-    """Input tried: group replicas (a, b) whose vars name router edge; two candidates, one each."""
-    vary = ("memory.max_running_requests=256,1024",)
+A_URL, B_URL = "http://192.0.2.2:8000", "http://192.0.2.3:8000"
+
+
+def behind_a_router(tmp_path: Path, *vary: str) -> tuple[GroupTune | TuneReport | Any, list[tuple[str, str]]]:
+    """The sweep over group replicas (a, b) whose vars name router edge; what it returned, the router's calls."""
     hosts: dict[str, Any] = {"a": a_sweep_host(*vary), "b": a_sweep_host(*vary)}
     router = answering(remove={"was_listed": True}, add={"elapsed_s": 0.1})
     (tmp_path / "hosts.yaml").write_text(HOSTS)
@@ -240,15 +247,30 @@ def test_behind_a_router_each_replica_is_out_for_its_whole_share_and_back_once_i
     reach = Reach(lambda t, prefixed: nullcontext({**hosts, "edge": router}[t.host.name]),
                   lambda name: RecordingProgress(), lambda question: None)
     result = tune_group(scope, BASE, request(*vary), reach)
+    return result, [(c["action"], c["worker"]) for c in config_of(router)]
+
+
+def test_behind_a_router_each_replica_is_out_for_its_whole_share_and_back_once_it_serves(tmp_path: Path) -> None:
+    """Input tried: two candidates, one each."""
+    result, calls = behind_a_router(tmp_path, "memory.max_running_requests=256,1024")
     assert isinstance(result, GroupTune) and result.report.winner == f"{CAP}1024"
-    calls = [(c["action"], c["worker"]) for c in config_of(router)]
-    a_url, b_url = "http://192.0.2.2:8000", "http://192.0.2.3:8000"
+    a_url, b_url = A_URL, B_URL
     assert calls[:4] in ([("remove", a_url), ("remove", b_url), ("add", a_url), ("add", b_url)],
                          [("remove", a_url), ("remove", b_url), ("add", b_url), ("add", a_url)],
                          [("remove", b_url), ("remove", a_url), ("add", a_url), ("add", b_url)],
                          [("remove", b_url), ("remove", a_url), ("add", b_url), ("add", a_url)]), \
         "each replica out once for its share (both at once), back after it"
     assert calls[4:] == [("remove", a_url), ("add", a_url)], "the rollout: only a (b measured 1024) restarts"
+
+
+def test_behind_a_router_a_replica_goes_back_to_its_original_out_of_the_router(tmp_path: Path) -> None:
+    """Input tried: caps 64 (the pre-sweep release's figure, a release of its own) on a and 32 on b, keep: winner:
+    no winner beyond the noise, so both switch back at once."""
+    result, calls = behind_a_router(tmp_path, "memory.max_running_requests=64,32")
+    assert isinstance(result, GroupTune) and result.rollout is None and "not beyond the noise" in result.report.reason
+    for url in (A_URL, B_URL):
+        assert [action for action, worker in calls[4:] if worker == url] == ["remove", "add"], \
+            f"{url} is out of the router while it switches back to its original"
 
 
 def test_a_host_lost_in_its_share_ends_the_group_sweep_unfinished_with_its_code_and_rolls_nothing_out() -> None:
