@@ -37,7 +37,7 @@ from sandbox import manage, names
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = "glm5-nvfp4-sandbox"
 TOKENIZER = "/opt/sim-tokenizer"
-# four caps, the pre-sweep release's 64 among them; a short benchmark at one level keeps each run a few seconds
+# four caps above the pre-sweep release's 64; a short benchmark at one level keeps each run a few seconds
 VARY = ("memory.max_running_requests=128,256,512,1024",)
 SPEC = {"bench": {"tokenizer": TOKENIZER, "prompts": 256, "input_len": 32, "output_len": 32, "timeout_s": 300},
         "ladder": [256], "keep": "none"}
@@ -46,6 +46,11 @@ SPEC = {"bench": {"tokenizer": TOKENIZER, "prompts": 256, "input_len": 32, "outp
 def _request() -> Request:
     spec, sources = sweep_spec(None, VARY, SPEC)
     return Request(spec, sources, tuple(list_patch_sets(ROLES_DIR)), dict(os.environ))
+
+
+def benchmarks(progress: StampedProgress) -> int:
+    """The host's benchmarks (the base's, the candidates', any re-run): the sweep's most of its time."""
+    return sum(kind == "phase" and text == "benchmark" for _, kind, text in progress.events)
 
 
 def timeline(title: str, started: float, hosts: dict[str, StampedProgress]) -> None:
@@ -108,6 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     say(f"\ntune, {len(one.rows)} candidates (load average {os.getloadavg()[0]:.1f}):")
     say(f"  one host: {one_s:.1f} s; a group of two: {two_s:.1f} s; group / one host: {two_s / one_s:.2f}x "
         "(target about 0.5x)")
+    say(f"  benchmarks run: one host {benchmarks(one_progress)}; the group's hosts "
+        f"{', '.join(str(benchmarks(progress)) for name, progress in stamped.items() if name)}")
     timeline("one host", one_at, {targets[0].host.name: one_progress})
     timeline("a group of two", two_at, stamped)
     return 0

@@ -34,7 +34,7 @@ from deploy_lib.project import Target
 from deploy_lib.remote import Remote
 from deploy_lib.store import HistoryEntry, Tags, append_history, read_store_facts
 from deploy_lib.tune import decide
-from deploy_lib.tune.loop import Unit, best_so_far, deploy_candidate, tune
+from deploy_lib.tune.loop import Unit, deploy_candidate, tune
 from deploy_lib.tune.record import END, TuneReport, read_tune, tune_id, tune_ids, tune_line
 from deploy_lib.tune.request import Planned, Request, unit_of
 from deploy_lib.tune.spec import Keep
@@ -126,7 +126,7 @@ def tune_group(scope: Scope, loaded: LoadedProfile, request: Request, reach: Rea
         runs = tuple(host_run(t.host.name, f) for t, f in zip(working, futures, strict=True))
         parts = FleetRun(runs, (tuple(t.host.name for t in working),))
         if noted or parts.failed:  # no decision: each host that ended its share serves its best so far
-            _serve(scope, loaded, request, reach, {host: best_so_far(report) or report.original
+            _serve(scope, loaded, request, reach, {host: report.best_release() or report.original
                                                     for host, report in _results(parts)})
     message = f"tune {sweep_id} interrupted on group {scope.group}: each host serves its best so far"
     hint = f"`invoke tune --group {scope.group} --resume {sweep_id}` runs the candidates not finished"
@@ -217,6 +217,7 @@ def _serve(scope: Scope, loaded: LoadedProfile, request: Request, reach: Reach, 
 
     def switch(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None) -> None:
         if read_store_facts(remote, target.layout(service)).current != wanted[target.host.name]:
+            progress.phase_started(f"tune: switch to release {wanted[target.host.name]}")  # as the one-host loop's
             switch_to(target, service, remote, progress, wanted[target.host.name], request.environ,
                       grace_s=request.grace_s, before_restart=drain)
     act = behind(router_in_front(scope, reach), service, switch)

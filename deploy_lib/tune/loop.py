@@ -102,7 +102,7 @@ class _Sweep:
         return [row.standing() for row in self.report().rows]
 
     def best(self) -> str | None:
-        return best_so_far(self.report())
+        return self.report().best_release()
 
     def serving(self) -> str | None:
         self.store = read_store_facts(self.remote, self.layout)
@@ -122,13 +122,6 @@ class _Sweep:
         result = run_benchmark(self.remote, self.layout, self.metadata[release_id], bench or self.sweep.bench,
                                self.progress, api_key, self.clock)
         return result, decide.score(result, self.spec.objective, self.spec.level or self.sweep.level, self.spec.sla)
-
-
-def best_so_far(report: TuneReport) -> str | None:
-    """The best healthy release so far: by the full benchmark, else (search: halving) by the short one."""
-    best = decide.best_so_far([row.standing() for row in report.rows]) or \
-        decide.best_so_far([row.standing() for row in report.short])
-    return best.release_id if best else None
 
 
 def _host_view(remote: Remote, target: Target, loaded: LoadedProfile) -> tuple[StoreFacts, HostView, str]:
@@ -206,7 +199,7 @@ def _run(run: _Sweep, host: HostView) -> TuneReport:
     if run.report().base is None:
         if run.serving() != run.original:
             run.switch(run.original)
-        for _ in range(-(-BASE_RUNS // run.request.hosts)):  # a group's hosts split them, at once
+        for _ in range(-(-BASE_RUNS // run.request.hosts)):  # a group's hosts split them (rounded up), at once
             run.progress.phase_started(f"tune {run.tune}: the pre-sweep release {run.original}")
             result, score = run.benchmark(run.original)
             run.record(run_line(run.tune, BASE, "base", _tags(run.metadata[run.original]), datetime.now(UTC),
