@@ -114,7 +114,7 @@ def tune_group(scope: Scope, loaded: LoadedProfile, request: Request, reach: Rea
                     drain()
                 return tune(loaded, target, remote, reach.progress(name),
                             replace(request, tune_id=sweep_id, share=share, stop=lambda: bool(noted),
-                                    hosts=len(working)))
+                                    sharing=len(working)))
             report = behind_router(front, target, service, remote, reach.progress(name), sweep)
             histories[name] = list(read_store_facts(remote, target.layout(service)).history)
         assert isinstance(report, TuneReport)

@@ -199,7 +199,7 @@ def _run(run: _Sweep, host: HostView) -> TuneReport:
     if run.report().base is None:
         if run.serving() != run.original:
             run.switch(run.original)
-        for _ in range(-(-BASE_RUNS // run.request.hosts)):  # a group's hosts split them (rounded up), at once
+        for _ in range(-(-BASE_RUNS // run.request.sharing)):  # a group's hosts split them (rounded up), at once
             run.progress.phase_started(f"tune {run.tune}: the pre-sweep release {run.original}")
             result, score = run.benchmark(run.original)
             run.record(run_line(run.tune, BASE, "base", _tags(run.metadata[run.original]), datetime.now(UTC),
