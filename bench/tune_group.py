@@ -1,7 +1,9 @@
 """`make bench` (tune part, issue 26): one sweep of four candidates on one sandbox guest, then the same sweep over a
 group of two guests (`tune --group`: two candidates each, at once), on guests of its own that are always stopped
-at the end. The figure is the group's wall time over the one host's (about half: the base's runs and the
-candidates run side by side). Printed, never asserted.
+at the end. The figure is the group's wall time over the one host's (about half: each guest benchmarks the base
+once and runs its two candidates, both at once, and the group decides once, where the one host benchmarks the base
+twice and re-runs its top two when they are within the noise), with each side's benchmark count and each host's
+phases. Printed, never asserted.
 
 Both guests share this machine's cores, so the simulated servers and the benchmark clients of two hosts compete for
 CPU where two GPU hosts would not: the group's ratio here is an upper bound of what separate hosts see.
