@@ -1,7 +1,9 @@
 """`make bench` (tune part, issue 26): one sweep of four candidates on one sandbox guest, then the same sweep over a
 group of two guests (`tune --group`: two candidates each, at once), on guests of its own that are always stopped
-at the end. The figure is the group's wall time over the one host's (about half: the base's runs and the
-candidates run side by side). Printed, never asserted.
+at the end. The figure is the group's wall time over the one host's (about half: each guest benchmarks the base
+once and runs its two candidates, both at once, and the group decides once, where the one host benchmarks the base
+twice and re-runs its top two when they are within the noise), with each side's benchmark count and each host's
+phases. Printed, never asserted.
 
 Both guests share this machine's cores, so the simulated servers and the benchmark clients of two hosts compete for
 CPU where two GPU hosts would not: the group's ratio here is an upper bound of what separate hosts see.
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.fleet import guests
-from bench.timeline import say
+from bench.timeline import StampedProgress, say
 from deploy_lib import deploy as engine
 from deploy_lib.bundled import ROLES_DIR
 from deploy_lib.inventory import load_inventory
@@ -37,7 +39,7 @@ from sandbox import manage, names
 REPO = Path(__file__).resolve().parents[1]
 PROFILE = "glm5-nvfp4-sandbox"
 TOKENIZER = "/opt/sim-tokenizer"
-# four caps, the pre-sweep release's 64 among them; a short benchmark at one level keeps each run a few seconds
+# four caps above the pre-sweep release's 64; a short benchmark at one level keeps each run a few seconds
 VARY = ("memory.max_running_requests=128,256,512,1024",)
 SPEC = {"bench": {"tokenizer": TOKENIZER, "prompts": 256, "input_len": 32, "output_len": 32, "timeout_s": 300},
         "ladder": [256], "keep": "none"}
@@ -46,6 +48,21 @@ SPEC = {"bench": {"tokenizer": TOKENIZER, "prompts": 256, "input_len": 32, "outp
 def _request() -> Request:
     spec, sources = sweep_spec(None, VARY, SPEC)
     return Request(spec, sources, tuple(list_patch_sets(ROLES_DIR)), dict(os.environ))
+
+
+def benchmarks(progress: StampedProgress) -> int:
+    """The host's benchmarks (the base's, the candidates', any re-run): the sweep's most of its time."""
+    return sum(kind == "phase" and text == "benchmark" for _, kind, text in progress.events)
+
+
+def timeline(title: str, started: float, hosts: dict[str, StampedProgress]) -> None:
+    """Each host's phases (seconds since the sweep started, and how long until that host's next event)."""
+    say(f"  {title}:")
+    for name, progress in hosts.items():
+        stamps = [(at, text) for at, kind, text in progress.events if kind == "phase"]
+        ends = [at for at, _, _ in progress.events]
+        for (at, text), nxt in zip(stamps, [*[at for at, _ in stamps[1:]], max(ends, default=started)], strict=True):
+            say(f"    {name or 'group'} {at - started:7.1f} s +{nxt - at:5.1f} s  {text}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -79,22 +96,29 @@ def main(argv: Sequence[str] | None = None) -> int:
                                   NullProgress(), engine.Options(skip_gate=True))
         serve_64()
         say(f"one host: {len(VARY[0].split(','))} candidates")
-        started = time.monotonic()
+        one_progress = StampedProgress()
+        one_at, started = time.time(), time.monotonic()
         with FabricRemote(targets[0].ssh) as remote:
-            one = tune(loaded, targets[0], remote, NullProgress(), _request())
+            one = tune(loaded, targets[0], remote, one_progress, _request())
         one_s = time.monotonic() - started
         assert isinstance(one, TuneReport) and one.finished, one
         serve_64()
         say("a group of two: the same candidates, two each at once")
-        reach = Reach(lambda target, prefixed: FabricRemote(target.ssh), lambda name: NullProgress(),
-                      lambda question: None, dict(os.environ))
-        started = time.monotonic()
+        stamped: dict[str, StampedProgress] = {}
+        reach = Reach(lambda target, prefixed: FabricRemote(target.ssh),
+                      lambda name: stamped.setdefault(name, StampedProgress()), lambda question: None,
+                      dict(os.environ))
+        two_at, started = time.time(), time.monotonic()
         two = tune_group(Scope(known, tuple(targets), names.GROUP), loaded, _request(), reach)
         two_s = time.monotonic() - started
         assert isinstance(two, GroupTune) and two.report.finished and not two.parts.failed, two
     say(f"\ntune, {len(one.rows)} candidates (load average {os.getloadavg()[0]:.1f}):")
     say(f"  one host: {one_s:.1f} s; a group of two: {two_s:.1f} s; group / one host: {two_s / one_s:.2f}x "
         "(target about 0.5x)")
+    say(f"  benchmarks run: one host {benchmarks(one_progress)}; the group's hosts "
+        f"{', '.join(str(benchmarks(progress)) for name, progress in stamped.items() if name)}")
+    timeline("one host", one_at, {targets[0].host.name: one_progress})
+    timeline("a group of two", two_at, stamped)
     return 0
 
 

@@ -1,12 +1,14 @@
 """`tune --group G`: one sweep over the replicas of a group at once. The candidates are dealt round-robin over the
-hosts (inventory order); each host runs its share as the one-host loop does (its base twice, each candidate a
-release, recorded in its own history under the sweep's one id) while hosts without a share serve on. The table is
-the hosts' histories read together: the base's runs on every host give the noise, so a host-to-host difference is
-not taken for an improvement. A winner beyond the noise is rolled out to every host with the rolling deploy (one
-host at a time, stopping at the first failure; the host that measured it is unchanged); otherwise each host's
-pre-sweep release serves again. Behind SGLang's router a replica is taken out for its whole share (its benchmarks
-measure the candidate alone) and added back once it serves a verified release. A multi-node profile's group is one
-server, tuned as one unit: each candidate a release on every node at once, benchmarked on node 0."""
+hosts (inventory order); each host runs its share as the one-host loop does (each candidate a release, recorded in
+its own history under the sweep's one id) while hosts without a share serve on. The base's runs are split over the
+hosts at once (two hosts: once each), and the table is the hosts' histories read together: the base's runs on
+every host give the noise, so a host-to-host difference is not taken for an improvement. The group decides once, at
+the end: a winner beyond the noise is rolled out to every host with the rolling deploy (one host at a time,
+stopping at the first failure; the host that measured it is unchanged); otherwise each host's pre-sweep release
+serves again, on every host at once. No host switches twice at the end. Behind SGLang's router a replica is taken
+out for its whole share (its benchmarks measure the candidate alone) and added back once it serves a verified
+release. A multi-node profile's group is one server, tuned as one unit: each candidate a release on every node at
+once, benchmarked on node 0."""
 
 from __future__ import annotations
 
@@ -111,7 +113,8 @@ def tune_group(scope: Scope, loaded: LoadedProfile, request: Request, reach: Rea
                 if drain is not None:  # out of the router for its whole share: each benchmark measures one candidate
                     drain()
                 return tune(loaded, target, remote, reach.progress(name),
-                            replace(request, tune_id=sweep_id, share=share, stop=lambda: bool(noted)))
+                            replace(request, tune_id=sweep_id, share=share, stop=lambda: bool(noted),
+                                    sharing=len(working)))
             report = behind_router(front, target, service, remote, reach.progress(name), sweep)
             histories[name] = list(read_store_facts(remote, target.layout(service)).history)
         assert isinstance(report, TuneReport)
@@ -120,8 +123,11 @@ def tune_group(scope: Scope, loaded: LoadedProfile, request: Request, reach: Rea
     with signals_noted(lambda signum: reach.progress("").note(
             "signal: no host starts a further candidate; each finishes the one it runs")) as noted:
         futures = at_once(working, part, "tune")
-    runs = tuple(host_run(t.host.name, f) for t, f in zip(working, futures, strict=True))
-    parts = FleetRun(runs, (tuple(t.host.name for t in working),))
+        runs = tuple(host_run(t.host.name, f) for t, f in zip(working, futures, strict=True))
+        parts = FleetRun(runs, (tuple(t.host.name for t in working),))
+        if noted or parts.failed:  # no decision: each host that ended its share serves its best so far
+            _serve(scope, loaded, request, reach, {host: report.best_release() or report.original
+                                                    for host, report in _results(parts)})
     message = f"tune {sweep_id} interrupted on group {scope.group}: each host serves its best so far"
     hint = f"`invoke tune --group {scope.group} --resume {sweep_id}` runs the candidates not finished"
     if noted:  # SIGINT 130, SIGTERM 143, as a group deploy
@@ -197,19 +203,31 @@ def _finish(scope: Scope, loaded: LoadedProfile, request: Request, reach: Reach,
                 return act(target, remote, reach.progress(target.host.name))
         rollout = run_hosts(scope.targets, on_host, reach.progress(""), ROLLOUT)
     else:
-        def restore(target: Target) -> None:
-            name = target.host.name
-            with reach.connect(target, True) as remote:
-                if name in originals and read_store_facts(remote, target.layout(
-                        loaded.profile.service.name)).current != originals[name]:
-                    switch_to(target, loaded.profile.service.name, remote, reach.progress(name), originals[name],
-                              request.environ, grace_s=request.grace_s)
-        for future in at_once(list(scope.targets), restore, "restore"):
-            future.result()
+        _serve(scope, loaded, request, reach, originals)
     serving = _record_end(scope, loaded, reach, merged.tune_id, decision, set(originals))
     report = replace(merged, finished=True, winner=decision.winner.label if decision.winner else None,
                      serving=None, reason=f"group {scope.group}: {decision.reason}")
     return GroupTune(report, shares, parts, rollout, serving)
+
+
+def _serve(scope: Scope, loaded: LoadedProfile, request: Request, reach: Reach, wanted: Mapping[str, str]) -> None:
+    """Each host of `wanted` switched to its release there, at once (behind the router: out around its restart), when
+    it serves another."""
+    service = loaded.profile.service.name
+
+    def switch(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None) -> None:
+        if read_store_facts(remote, target.layout(service)).current != wanted[target.host.name]:
+            progress.phase_started(f"tune: switch to release {wanted[target.host.name]}")  # as the one-host loop's
+            switch_to(target, service, remote, progress, wanted[target.host.name], request.environ,
+                      grace_s=request.grace_s, before_restart=drain)
+    act = behind(router_in_front(scope, reach), service, switch)
+
+    def on_host(target: Target) -> None:
+        with reach.connect(target, True) as remote:
+            act(target, remote, reach.progress(target.host.name))
+    hosts = [t for t in scope.targets if t.host.name in wanted]
+    for future in at_once(hosts, on_host, "restore") if hosts else ():
+        future.result()
 
 
 def _record_end(scope: Scope, loaded: LoadedProfile, reach: Reach, sweep_id: str, decision: decide.Decision,

@@ -85,8 +85,8 @@ def best_so_far(standings: Sequence[Standing]) -> Standing | None:
 def decide(base: float | None, standings: Sequence[Standing], base_noise: float, keep_winner: bool,
            unit: str, rerun: bool = True) -> Decision:
     """The winner by the objective; the top two re-run once when within the noise of each other (unless not
-    `rerun`: a group's top two ran on different hosts, each host re-ran its own); kept when it beats the pre-sweep
-    release (`base`, None when it did not qualify) by more than the noise."""
+    `rerun`: a group's top two ran on different hosts, whose spread the noise already is); kept when it beats the
+    pre-sweep release (`base`, None when it did not qualify) by more than the noise."""
     ranked = _ranked(standings)
     if not ranked:
         return Decision(None, False, (), "no candidate was healthy and met the SLA: the pre-sweep release serves")

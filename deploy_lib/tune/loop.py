@@ -2,8 +2,9 @@
 the deploy engine (stage, switch, readiness ladder, automatic rollback), benchmarked over the ladder with the GPU
 sampler, judged and recorded in history (search: halving benchmarks all short first, the best 1 in eta in full);
 after a candidate that failed or missed the SLA the best healthy release so far serves again. At the end the winner
-stays or the pre-sweep release is restored. A signal leaves the best verified release (or the original) serving;
-`resume` continues a sweep without running its finished candidates."""
+stays or the pre-sweep release is restored (a group's host benchmarks the base its part of BASE_RUNS and ends with
+its share: the group decides once, over every host, in ops.tune_group). A signal leaves the best verified release
+(or the original) serving; `resume` continues a sweep without running its finished candidates."""
 
 from __future__ import annotations
 
@@ -51,7 +52,7 @@ from deploy_lib.tune.request import Planned, Request, unit_of
 from deploy_lib.tune.spec import Keep, Search, TuneSpec
 from deploy_lib.tune.sweep import Candidate, HostView, Sweep, build_sweep, check_values, differences
 
-BASE_RUNS = 2  # the base's repeated runs give the noise a winner must beat
+BASE_RUNS = 2  # the base's repeated runs give the noise a winner must beat (a group's: over all its hosts)
 
 
 @dataclass(frozen=True)
@@ -103,10 +104,7 @@ class _Sweep:
         return [row.standing() for row in self.report().rows]
 
     def best(self) -> str | None:
-        """The best healthy release so far: by the full benchmark, else (search: halving) by the short one."""
-        report = self.report()
-        best = decide.best_so_far(self.standings()) or decide.best_so_far([row.standing() for row in report.short])
-        return best.release_id if best else None
+        return self.report().best_release()
 
     def serving(self) -> str | None:  # read from the host after a failed start's rollback or a signal
         return self.serving_id if self.serving_id is not None else self.read().current
@@ -209,7 +207,7 @@ def _run(run: _Sweep, host: HostView) -> TuneReport:
     if run.report().base is None:
         if run.serving() != run.original:
             run.switch(run.original)
-        for _ in range(BASE_RUNS):
+        for _ in range(-(-BASE_RUNS // run.request.sharing)):  # a group's hosts split them (rounded up), at once
             run.progress.phase_started(f"tune {run.tune}: the pre-sweep release {run.original}")
             result, score = run.benchmark(run.original)
             run.record(run_line(run.tune, BASE, "base", _tags(run.metadata[run.original]), datetime.now(UTC),
@@ -348,6 +346,8 @@ def _halving_rounds(run: _Sweep, host: HostView) -> None:
 
 
 def _finish(run: _Sweep) -> TuneReport:
+    if run.request.share is not None:  # a group's host: the group decides once and switches every host at most once
+        return run.report()
     base = run.report().base
     base_values = base.values if base else ()
     unit = unit_of(run.spec)

@@ -13,7 +13,7 @@ from deploy_lib.errors import ConfigError
 from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, Tags, history_entry
 from deploy_lib.throughput import BenchResult, LevelResult
 from deploy_lib.throughput.history import gpu_power
-from deploy_lib.tune.decide import Score, Standing
+from deploy_lib.tune.decide import Score, Standing, best_so_far
 from deploy_lib.tune.spec import TuneSpec
 
 START, BASE, CANDIDATE, RERUN, SKIPPED, END = "start", "base", "candidate", "rerun", "skipped", "end"
@@ -91,6 +91,11 @@ class TuneReport:
     @property
     def finished_labels(self) -> list[str]:
         return [row.label for row in self.rows if row.outcome != SKIPPED]
+
+    def best_release(self) -> str | None:
+        """The best healthy release so far: by the full benchmark, else (search: halving) by the short one."""
+        best = best_so_far([row.standing() for row in self.rows]) or best_so_far([row.standing() for row in self.short])
+        return best.release_id if best else None
 
 
 def _row(label: str, entries: Sequence[HistoryEntry]) -> Row:

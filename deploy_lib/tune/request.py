@@ -26,6 +26,8 @@ class Request:
     tune_id: str | None = None               # a group's sweep: the one id every host records
     share: tuple[str, ...] | None = None     # a group's sweep: the candidates (labels) this host runs; None: all
     stop: Callable[[], bool] | None = None   # a group's sweep: a signal was noted, start no further candidate
+    sharing: int = 1                         # a group's sweep: how many hosts run a share at once (the base's
+                                             # runs are split over them: their spread is the noise across hosts)
 
 
 @dataclass(frozen=True)
