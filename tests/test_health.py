@@ -658,8 +658,10 @@ def test_sandbox_ladder_reaches_a_generation_and_shows_only_this_starts_lines(sa
                         started_at=started_at)
     assert report.rung == Rung.GENERATE
     assert report.snapshot.unit is not None and report.snapshot.unit.n_restarts == 0
-    logs = progress.of_kind("log")
-    assert sum("Load weight begin" in str(line) for line in logs) == 1
+    # the marks are every startup line read since the cursor, whatever the looks' cadence: this start's one, not the
+    # earlier start's (the lines shown are the last one at each look, so a loaded machine may show none of them)
+    assert sum("Load weight begin" in mark.text for mark in report.marks) == 1
+    assert sum("Load weight begin" in str(line) for line in progress.of_kind("log")) <= 1
     assert "readiness: generate" in [name for name, _s in progress.of_kind("done")]  # type: ignore[misc]
 
 
