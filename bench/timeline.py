@@ -82,10 +82,11 @@ class StampedRemote:
         finally:
             self.batches.append(Batch(started, time.time(), (f"push {local_dir} -> {dest}",)))
 
-    def forward(self, host: str, port: int, data: bytes, timeout_s: float) -> Forwarded:
+    def forward(self, host: str, port: int, data: bytes, timeout_s: float,
+                whole: Callable[[bytes], bool] | None = None) -> Forwarded:
         started = time.time()
         try:
-            return self.inner.forward(host, port, data, timeout_s)
+            return self.inner.forward(host, port, data, timeout_s, whole)
         finally:
             self.batches.append(Batch(started, time.time(), (f"forward {host}:{port}",)))
 

@@ -7,9 +7,9 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Sequence
-from pathlib import Path, PurePosixPath
+from collections.abc import Callable, Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path, PurePosixPath
 
 import paramiko
 import pytest
@@ -22,7 +22,8 @@ from paramiko.common import (
 
 from deploy_lib.errors import ReadinessFailed
 from deploy_lib.health import NotReady, ProbeRejected, ProbeTarget, Ready, Verdict
-from deploy_lib.health.live import health_request, http_status, live_verdict
+from deploy_lib.health.live import health_request, live_verdict
+from deploy_lib.host_scripts.probe import answer_status
 from deploy_lib.remote import Forwarded, OutputLine, Put, Step, StepResult
 from deploy_lib.remote.forward import exchange
 
@@ -124,7 +125,7 @@ def test_a_forwarded_request_gets_the_servers_whole_answer(ssh: paramiko.Transpo
         target = ProbeTarget(unit=None, port=http_port, health_path=path)
         answer = exchange(ssh, "127.0.0.1", http_port, health_request(target), 5)
         assert answer.sent and answer.connected and answer.error is None
-        assert http_status(answer.answer) == status
+        assert answer_status(answer.answer)[0] == status
         assert answer.answer.endswith(b"warming up" if status == 503 else b"\r\n\r\n")
 
 
@@ -152,10 +153,18 @@ def test_a_host_that_refuses_forwarding_leaves_the_question_unsent(http_port: in
     assert not answer.sent and not answer.connected and "does not forward" in (answer.error or "")
 
 
-def test_http_status_reads_the_first_line_only() -> None:
-    assert http_status(b"HTTP/1.1 200 OK\r\nX: HTTP/1.1 503\r\n\r\n") == 200
-    assert http_status(b"HTTP/1.0 503 Service Unavailable\r\n\r\n") == 503
-    assert http_status(b"") is None and http_status(b"SSH-2.0-OpenSSH_9.2\r\n") is None
+def test_an_answers_status_is_read_from_its_first_line_and_its_end_from_its_length() -> None:
+    assert answer_status(b"HTTP/1.1 200 OK\r\nX: HTTP/1.1 503\r\n\r\n")[0] == 200
+    assert answer_status(b"HTTP/1.0 503 Service Unavailable\r\n\r\n") == (503, None)  # ends at the close
+    assert answer_status(b"") == (None, False) and answer_status(b"HTT") == (None, False)
+    assert answer_status(b"HTTP/1.1 2") == (None, False)  # a status line not whole yet has no status
+    assert answer_status(b"SSH-2.0-OpenSSH_9.2\r\n") == (None, True)
+    assert answer_status(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\no") == (200, False)
+    assert answer_status(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok") == (200, True)
+    assert answer_status(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n") == (200, False)
+    assert answer_status(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nok\r\n0\r\n\r\n") == \
+        (200, True)
+    assert answer_status(b"HTTP/1.1 204 No Content\r\n\r\n") == (204, True)
 
 
 # What a server on the port sends to whatever it is asked, and whether it then closes the connection; each is a state
@@ -228,8 +237,9 @@ class ForwardingRemote(HostRemote):
     def __init__(self, transport: paramiko.Transport) -> None:
         self.transport = transport
 
-    def forward(self, host: str, port: int, data: bytes, timeout_s: float) -> Forwarded:
-        return exchange(self.transport, host, port, data, timeout_s)
+    def forward(self, host: str, port: int, data: bytes, timeout_s: float,
+                whole: Callable[[bytes], bool] | None = None) -> Forwarded:
+        return exchange(self.transport, host, port, data, timeout_s, whole)
 
 
 def test_the_forwarded_and_the_host_probe_give_one_server_state_the_same_verdict(
