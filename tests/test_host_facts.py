@@ -237,8 +237,8 @@ def test_the_decision_and_preflight_batches_read_what_the_whole_batch_reads() ->
 
 
 @pytest.mark.parametrize(("venv", "port", "cuda_home", "working_directory", "write_caches"),
-                         itertools.product([None, "/root/ml-env"], [None, 8000], [None, "/usr/local/cuda"],
-                                           [None, "/srv/work"], [True, False]))
+                         list(itertools.product([None, "/root/ml-env"], [None, 8000], [None, "/usr/local/cuda"],
+                                                [None, "/srv/work"], [True, False])))
 def test_whatever_a_deploy_gives_the_two_batches_send_each_step_of_the_whole_once(
         venv: str | None, port: int | None, cuda_home: str | None, working_directory: str | None,
         write_caches: bool) -> None:
