@@ -236,10 +236,12 @@ class ForwardingRemote(HostRemote):
 
     def __init__(self, transport: paramiko.Transport) -> None:
         self.transport = transport
+        self.answers: list[Forwarded] = []
 
     def forward(self, host: str, port: int, data: bytes, timeout_s: float,
                 whole: Callable[[bytes], bool] | None = None) -> Forwarded:
-        return exchange(self.transport, host, port, data, timeout_s, whole)
+        self.answers.append(exchange(self.transport, host, port, data, timeout_s, whole))
+        return self.answers[-1]
 
 
 def test_the_forwarded_and_the_host_probe_give_one_server_state_the_same_verdict(
@@ -247,8 +249,10 @@ def test_the_forwarded_and_the_host_probe_give_one_server_state_the_same_verdict
     """The live probe forwards its health request where the host's sshd allows it, and runs the host probe where it
     does not (AllowTcpForwarding no): whichever way a host is reached, the same server gets the same verdict."""
     name, port = server_state
-    target = ProbeTarget(unit=None, port=port, http_timeout_s=1.0)
-    forwarded = live_verdict(ForwardingRemote(ssh), target)
+    target = ProbeTarget(unit=None, port=port, http_timeout_s=2.0)
+    through_ssh = ForwardingRemote(ssh)
+    forwarded = live_verdict(through_ssh, target)
+    assert [answer.sent for answer in through_ssh.answers] == [True], "decided forwarded, not by the host probe"
     on_host = live_verdict(HostRemote(), target)
     assert (type(forwarded), forwarded.rung if isinstance(forwarded, ReadinessFailed) else None) == \
         (type(on_host), on_host.rung if isinstance(on_host, ReadinessFailed) else None), name
