@@ -14,7 +14,7 @@ from bench.figures import Figure
 from bench.measure import PROFILE, Rig
 from deploy_lib.deploy.switch import live_target
 from deploy_lib.health import ProbeTarget, Rung, live_unit_step, probe_step
-from deploy_lib.health.live import health_request, whole_answer
+from deploy_lib.health.live import health_request
 from deploy_lib.project import load_for_host
 from deploy_lib.remote import FabricRemote, Step
 
@@ -40,7 +40,7 @@ def live_probe_cpu(rig: Rig, metadata: dict[str, object]) -> LiveProbeRun:
 
     def forwarded(remote: FabricRemote, probe: ProbeTarget) -> None:
         remote.run([live_unit_step(probe)])
-        answer = remote.forward(probe.probe_host, probe.port, health_request(probe), probe.http_timeout_s, whole_answer)
+        answer = remote.forward(probe.probe_host, probe.port, health_request(probe), probe.http_timeout_s)
         assert answer.sent and answer.connected, answer
 
     bare = guest_cpu(lambda remote, _: remote.run([Step("connect", ("true",))]))

@@ -82,11 +82,10 @@ class StampedRemote:
         finally:
             self.batches.append(Batch(started, time.time(), (f"push {local_dir} -> {dest}",)))
 
-    def forward(self, host: str, port: int, data: bytes, timeout_s: float,
-                whole: Callable[[bytes], bool] | None = None) -> Forwarded:
+    def forward(self, host: str, port: int, data: bytes, timeout_s: float) -> Forwarded:
         started = time.time()
         try:
-            return self.inner.forward(host, port, data, timeout_s, whole)
+            return self.inner.forward(host, port, data, timeout_s)
         finally:
             self.batches.append(Batch(started, time.time(), (f"forward {host}:{port}",)))
 

@@ -94,8 +94,7 @@ class FakeRemote:
         self._forward_replies[port] = answer
         return self
 
-    def forward(self, host: str, port: int, data: bytes, timeout_s: float,
-                whole: Callable[[bytes], bool] | None = None) -> Forwarded:
+    def forward(self, host: str, port: int, data: bytes, timeout_s: float) -> Forwarded:
         self.forwards.append((host, port, data))
         return self._forward_replies.get(port, NOT_SENT)
 

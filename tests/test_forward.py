@@ -7,7 +7,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path, PurePosixPath
 
@@ -238,9 +238,8 @@ class ForwardingRemote(HostRemote):
         self.transport = transport
         self.answers: list[Forwarded] = []
 
-    def forward(self, host: str, port: int, data: bytes, timeout_s: float,
-                whole: Callable[[bytes], bool] | None = None) -> Forwarded:
-        self.answers.append(exchange(self.transport, host, port, data, timeout_s, whole))
+    def forward(self, host: str, port: int, data: bytes, timeout_s: float) -> Forwarded:
+        self.answers.append(exchange(self.transport, host, port, data, timeout_s))
         return self.answers[-1]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import signal
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
@@ -204,8 +204,7 @@ class ScriptedHost(FakeRemote):
             raise answer
         return answer
 
-    def forward(self, host: str, port: int, data: bytes, timeout_s: float,
-                whole: Callable[[bytes], bool] | None = None) -> Forwarded:
+    def forward(self, host: str, port: int, data: bytes, timeout_s: float) -> Forwarded:
         self.forwards.append((host, port, data))
         if not self.forwarding:
             return NOT_SENT

@@ -13,7 +13,6 @@ from deploy_lib.health.snapshot import Rung, Snapshot, UnitState
 from deploy_lib.health.verdict import NotReady, Verdict, assess
 from deploy_lib.host_scripts.probe import (
     UNIT_PROPERTIES,
-    answer_status,
     health_get,
     health_reading,
     parse_systemctl_show,
@@ -35,12 +34,6 @@ def health_request(target: ProbeTarget) -> bytes:
     """The health endpoint's GET, as the host probe sends it; nothing for a target without one (the exchange only
     connects: the port rung)."""
     return b"" if target.health_path is None else health_get(target.probe_host, target.port, target.health_path)
-
-
-def whole_answer(answer: bytes) -> bool:
-    """Has the server sent its whole answer (host_scripts/probe.py's answer_status)? The exchange ends there even
-    where the server keeps the connection open."""
-    return answer_status(answer)[1] is True
 
 
 def unit_reading(unit: StepResult) -> tuple[UnitState | None, str | None]:
@@ -67,8 +60,7 @@ def forwarded_snapshot(target: ProbeTarget, unit: StepResult | None, answer: For
 def live_verdict(remote: Remote, target: ProbeTarget, unit: StepResult | None = None) -> Verdict:
     """Is the server ready right now, up to its health endpoint? `unit` is the live_unit_step's result when a batch
     sent it already (the facts' round trip), else it is read here. A probe that cannot be read is NotReady."""
-    answer = forward(remote, target.probe_host, target.port, health_request(target), target.http_timeout_s,
-                     whole_answer)
+    answer = forward(remote, target.probe_host, target.port, health_request(target), target.http_timeout_s)
     try:
         if not answer.sent:
             [result] = remote.run([probe_step(target, Rung.HEALTH)])

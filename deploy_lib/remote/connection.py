@@ -281,8 +281,7 @@ class FabricRemote:
         # The script itself died (no bash on the host, or killed): report it against the step it was running.
         return [*results, StepResult(running, raw.exited or -1, out, err or raw.stderr, elapsed)]
 
-    def forward(self, host: str, port: int, data: bytes, timeout_s: float,
-                whole: Callable[[bytes], bool] | None = None) -> Forwarded:
+    def forward(self, host: str, port: int, data: bytes, timeout_s: float) -> Forwarded:
         """One TCP exchange with host:port as the host reaches it, through this connection (remote/forward.py)."""
         if self._reads is not None and isinstance(ahead := self._reads.take(Exchange(host, port, data, timeout_s)),
                                                   Forwarded):
@@ -290,7 +289,7 @@ class FabricRemote:
             return ahead
         transport = self._connect().transport
         self.round_trips += 1
-        return exchange(transport, host, port, data, timeout_s, whole)
+        return exchange(transport, host, port, data, timeout_s)
 
     def push_directory(self, local_dir: Path, dest: PurePosixPath, link_dest: PurePosixPath | None,
                        on_output: OutputLine | None = None) -> StepResult:

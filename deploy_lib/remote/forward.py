@@ -6,7 +6,6 @@ channel's open "administratively prohibited", and the caller asks the host inste
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -35,21 +34,18 @@ NOT_SENT = Forwarded(sent=False, error="this remote does not forward connections
 class Forwarder(Protocol):
     """A Remote that can forward a TCP exchange through its connection (FabricRemote; tests' FakeRemote)."""
 
-    def forward(self, host: str, port: int, data: bytes, timeout_s: float,
-                whole: Callable[[bytes], bool] | None = None) -> Forwarded: ...
+    def forward(self, host: str, port: int, data: bytes, timeout_s: float) -> Forwarded: ...
 
 
-def forward(remote: object, host: str, port: int, data: bytes, timeout_s: float,
-            whole: Callable[[bytes], bool] | None = None) -> Forwarded:
+def forward(remote: object, host: str, port: int, data: bytes, timeout_s: float) -> Forwarded:
     """`remote.forward(...)` where the remote forwards; NOT_SENT for one that does not (a test's wrapper)."""
-    return remote.forward(host, port, data, timeout_s, whole) if isinstance(remote, Forwarder) else NOT_SENT
+    return remote.forward(host, port, data, timeout_s) if isinstance(remote, Forwarder) else NOT_SENT
 
 
-def exchange(transport: paramiko.Transport, host: str, port: int, data: bytes, timeout_s: float,
-             whole: Callable[[bytes], bool] | None = None) -> Forwarded:
-    """Open a direct-tcpip channel to host:port on `transport`, send `data`, read until the server closes or the
-    answer is `whole` (no `data`: connect only), and let sshd close the channel. A connection that fails here is not
-    an answer (`sent` False): the caller's round trips have the reconnects."""
+def exchange(transport: paramiko.Transport, host: str, port: int, data: bytes, timeout_s: float) -> Forwarded:
+    """Open a direct-tcpip channel to host:port on `transport`, send `data`, read until the server closes (no `data`:
+    connect only), and let sshd close the channel. A connection that fails here is not an answer (`sent` False): the
+    caller's round trips have the reconnects."""
     import paramiko  # with the connection that calls it: the data above needs no SSH library
     from paramiko.common import OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
 
@@ -66,7 +62,7 @@ def exchange(transport: paramiko.Transport, host: str, port: int, data: bytes, t
         channel.settimeout(timeout_s)
         if data:
             channel.sendall(data)
-            while not (whole is not None and whole(b"".join(chunks))) and (chunk := channel.recv(READ_CHUNK)):
+            while chunk := channel.recv(READ_CHUNK):
                 chunks.append(chunk)
         _close_from_the_host(channel)
     except TimeoutError:  # socket.timeout, which paramiko raises, is TimeoutError
