@@ -160,9 +160,8 @@ class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
 def rsync_argv(target: SSHTarget, local_dir: Path, dest: PurePosixPath, link_dest: PurePosixPath | None) -> list[str]:
     """rsync over ssh with this target's keys and host-key checking (its known_hosts, strict), as root on the host
     (sudo -n for another user); a dead link given up within CHANNEL_OPEN_S; unchanged files hard-linked from
-    link_dest; partial files kept for a resume. The
-    ssh config is not read again (-F /dev/null): its values are already in the target, as for the paramiko
-    connection."""
+    link_dest; partial files kept for a resume. The ssh config is not read again (-F /dev/null): its values are
+    already in the target, as for the paramiko connection."""
     checks = ["-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
               "-o", f"UserKnownHostsFile={target.known_hosts_path}",
               "-o", f"ConnectTimeout={max(1, round(target.connect_timeout_s))}",
