@@ -89,7 +89,8 @@ LAYERS: dict[str, frozenset[str]] = {
     }),
     # one user-visible operation on one host, under the host lock
     "commands": frozenset({"deploy", "deploy.engine", "commands", "commands.adopt", "commands.status",
-                           "commands.uninstall", "commands.gpu_check", "commands.patches", "tune", "tune.loop"}),
+                           "commands.uninstall", "commands.gpu_check", "commands.patches", "tune", "tune.loop",
+                           "tune.candidate"}),
     # many hosts: a group, a multi-node release, replicas behind a router (any ops.* module, and these until they
     # move there)
     "ops": frozenset(),

@@ -8,11 +8,13 @@ import contextlib
 import getpass
 import hashlib
 import http.server
+import itertools
 import json
 import shutil
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
@@ -232,6 +234,20 @@ def test_the_decision_and_preflight_batches_read_what_the_whole_batch_reads() ->
     assert len(split.gpus or ()) == 2 and split.free_bytes == 5_000_000_000
     assert split.import_shadow == "/srv/work/sglang" and split.port_listeners
     assert split.cuda_toolkit is not None and split.cuda_toolkit.version == "12.8"
+
+
+@pytest.mark.parametrize(("venv", "port", "cuda_home", "working_directory", "write_caches"),
+                         list(itertools.product([None, "/root/ml-env"], [None, 8000], [None, "/usr/local/cuda"],
+                                                [None, "/srv/work"], [True, False])))
+def test_whatever_a_deploy_gives_the_two_batches_send_each_step_of_the_whole_once(
+        venv: str | None, port: int | None, cuda_home: str | None, working_directory: str | None,
+        write_caches: bool) -> None:
+    """Inputs tried: every combination of a venv (status has none), a port, a CUDA_HOME, a working directory and a
+    dry run's cache setting: no read is sent twice, none is left out."""
+    where = (LAYOUT, venv, port, cuda_home, working_directory)
+    whole = fact_batch(*where, write_caches=write_caches)
+    split = [*fact_batch(*where, write_caches=write_caches, preflight=False), *preflight_batch(*where)]
+    assert Counter(split) == Counter(whole)  # the same steps, each once, argv and stdin alike
 
 
 def edit_server_args(venv: Venv) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from dataclasses import dataclass, replace
@@ -44,6 +45,7 @@ from deploy_lib.models.staging import push_model, stage_model
 from deploy_lib.profile import ModelSource, Profile
 from deploy_lib.release.server_args import sglang_args
 from deploy_lib.remote import JumpHost, SSHTarget, Step, StepResult, rsync_argv
+from deploy_lib.remote.ssh import CHANNEL_OPEN_S, KEEPALIVE_S
 
 COMMIT_A = "a" * 40
 COMMIT_B = "b" * 40
@@ -358,6 +360,21 @@ def test_the_rsync_command_checks_the_host_key_and_links_unchanged_files(tmp_pat
     proxy = jumped[jumped.index("-e") + 1]
     assert "ProxyCommand=ssh -p 22 -F /dev/null -o BatchMode=yes -o StrictHostKeyChecking=yes" in proxy
     assert "-W %h:%p root@192.0.2.1" in proxy
+
+
+def test_the_rsync_push_gives_up_on_a_dead_link_within_the_bound_of_a_round_trips_channel(tmp_path: Path) -> None:
+    """A link that dies during a push (or between its ssh's handshake and rsync's start) ends it within
+    CHANNEL_OPEN_S, as an SFTP upload's channel does, on both hops: its ssh sends a keepalive every KEEPALIVE_S of
+    silence and gives up at the check after ServerAliveCountMax unanswered ones (OpenSSH's server_alive_check)."""
+    ssh = SSHTarget(host="192.0.2.10", port=2222, user="deploy", known_hosts_file=Path("/k/known_hosts"),
+                    jump=JumpHost("192.0.2.1", 22, "root"))
+    argv = rsync_argv(ssh, tmp_path, PurePosixPath("/d"), None)
+    outer = shlex.split(argv[argv.index("-e") + 1])
+    hop = shlex.split(next(option for option in outer if option.startswith("ProxyCommand=")).split("=", 1)[1])
+    for command in (outer, hop):
+        options = dict(option.split("=", 1) for option in command if "=" in option and "%" not in option)
+        assert int(options["ServerAliveInterval"]) == KEEPALIVE_S
+        assert int(options["ServerAliveInterval"]) * (int(options["ServerAliveCountMax"]) + 1) == CHANNEL_OPEN_S
 
 
 def test_a_push_goes_to_a_staging_directory_renamed_when_complete(tmp_path: Path) -> None:

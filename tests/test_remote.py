@@ -4,9 +4,11 @@ local bash, the parser on captured output, failure reporting, and the FakeRemote
 from __future__ import annotations
 
 import shlex
+import shutil
 import subprocess
 from itertools import accumulate
 from pathlib import Path, PurePosixPath
+from typing import NamedTuple
 
 import pytest
 from fake_remote import FakeRemote
@@ -120,7 +122,7 @@ def test_a_put_in_a_run_writes_a_temp_file_with_its_mode_then_renames_it(tmp_pat
     old_inode = dest.stat().st_ino
     put = Put(PurePosixPath(dest), b"TOKEN=s3cr3t\n", 0o600, secret=True)
     steps = script_steps([put], "0123456789ab")
-    results, _, _ = _run_script_locally(steps, stdin=put.data)
+    results = run_script(steps, stdin=put.data).results
     assert [r.exit_code for r in results] == [0, 0]
     assert dest.read_bytes() == b"TOKEN=s3cr3t\n" and (dest.stat().st_mode & 0o777) == 0o600
     assert dest.stat().st_ino != old_inode  # replaced by a rename, never rewritten in place
@@ -136,7 +138,7 @@ def test_non_secret_text_stdin_travels_in_the_script_so_several_share_a_round_tr
     assert round_trips([s1, s2, secret]) == [(s1, s2, secret)]
     assert round_trips([secret, binary]) == [(secret,), (binary,)]
     assert channel_stdin([s1, s2, secret]) == b"token\n"
-    results, _, _ = _run_script_locally([s1, s2, secret], stdin=b"token\n")
+    results = run_script([s1, s2, secret], stdin=b"token\n").results
     assert [r.stdout for r in results] == ["first\nscript\n", "1001\n", "token\n"]
     assert "token" not in batch_script([s1, s2, secret], "root", "m" * 16)
 
@@ -181,11 +183,24 @@ def test_a_long_step_wakes_the_client_rarely_and_a_short_round_trip_still_ends_w
     assert all(nap <= max(0.001, waited / 100) + 1e-12 and nap <= 0.05 for nap, waited in naps)
 
 
-def _run_script_locally(steps: list[Step], stdin: bytes = b"") -> tuple[list[StepResult], str, str]:
+class ScriptRun(NamedTuple):
+    """What the batch script did on this machine: its steps' results, the running step's output, the bash."""
+
+    results: list[StepResult]
+    running_out: str
+    running_err: str
+    process: subprocess.CompletedProcess[bytes]
+
+
+def run_script(steps: list[Step], stdin: bytes = b"", user: str = "root", caller: tuple[str, ...] = (),
+               env: dict[str, str] | None = None) -> ScriptRun:
+    """The batch script for inventory user `user`, run by this machine's bash as `caller` (this process's user when
+    empty) with `stdin` on the channel, as the host would run it, and its output parsed."""
     marker = "f00dfeedcafe0001"
-    proc = subprocess.run(["bash", "-c", batch_script(steps, "root", marker)], input=stdin,
-                          capture_output=True, check=True)
-    return parse_batch_output(steps, marker, proc.stdout.decode(), proc.stderr.decode())
+    bash = shutil.which("bash") or "bash"  # found here: `env` may give a PATH without it
+    done = subprocess.run([*caller, bash, "-c", batch_script(steps, user, marker)], input=stdin,
+                          capture_output=True, cwd="/", timeout=60, env=env)
+    return ScriptRun(*parse_batch_output(steps, marker, done.stdout.decode(), done.stderr.decode()), done)
 
 
 def test_batch_script_runs_steps_in_order_and_stops_at_the_first_unaccepted_code(tmp_path) -> None:
@@ -197,7 +212,8 @@ def test_batch_script_runs_steps_in_order_and_stops_at_the_first_unaccepted_code
         Step("fails", ("sh", "-c", "exit 5")),
         Step("after", ("touch", str(after))),
     ]
-    results, running_out, running_err = _run_script_locally(steps, stdin=b"piped")
+    results, running_out, running_err, done = run_script(steps, stdin=b"piped")
+    assert done.returncode == 0  # the script stops after a failed step as after the last
     assert [(r.step.name, r.exit_code, r.stdout, r.stderr) for r in results] == [
         ("no newline", 0, "a\nb", ""),
         ("accepted 3", 3, "out\n", "err\n"),
@@ -210,7 +226,7 @@ def test_batch_script_runs_steps_in_order_and_stops_at_the_first_unaccepted_code
 
 def test_only_the_stdin_step_reads_the_channel() -> None:
     steps = [Step("reads nothing", ("wc", "-c")), Step("gets stdin", ("wc", "-c"), stdin=b"12345")]
-    results, _, _ = _run_script_locally(steps, stdin=b"12345")
+    results = run_script(steps, stdin=b"12345").results
     assert [r.stdout.strip() for r in results] == ["0", "5"]
 
 
@@ -228,7 +244,7 @@ def test_concurrent_steps_run_at_the_same_time_and_report_in_order(tmp_path) -> 
              _rendezvous("waits for b", a, b), _rendezvous("waits for a", b, a),
              Step("channel stdin", ("cat",), stdin=b"\x00channel", concurrent=True),
              Step("after", ("echo", "last"))]
-    results, _, _ = _run_script_locally(steps, stdin=b"\x00channel")
+    results = run_script(steps, stdin=b"\x00channel").results
     assert [(r.step.name, r.exit_code, r.stdout, r.stderr) for r in results] == [
         ("before", 0, "first\n", ""), ("talks", 3, "out\n", "err\n"), ("inline stdin", 0, "inline\n", ""),
         ("waits for b", 0, "", ""), ("waits for a", 0, "", ""), ("channel stdin", 0, "\x00channel", ""),
@@ -240,13 +256,13 @@ def test_a_failed_concurrent_step_stops_the_batch_after_its_group(tmp_path) -> N
     after = tmp_path / "after"
     steps = [*concurrently([Step("fails", ("sh", "-c", "exit 5")), Step("still runs", ("echo", "ran"))]),
              Step("after", ("touch", str(after)))]
-    results, _, _ = _run_script_locally(steps)
+    results = run_script(steps).results
     assert [(r.step.name, r.exit_code, r.stdout) for r in results] == [("fails", 5, ""), ("still runs", 0, "ran\n")]
     assert not after.exists()
 
 
 def test_batch_script_times_out_a_step_with_exit_124() -> None:
-    results, _, _ = _run_script_locally([Step("slow", ("sleep", "5"), timeout_s=0.2), Step("next", ("true",))])
+    results = run_script([Step("slow", ("sleep", "5"), timeout_s=0.2), Step("next", ("true",))]).results
     assert [(r.step.name, r.exit_code) for r in results] == [("slow", 124)]
     with pytest.raises(StepTimedOut, match=r"timed out after 0\.2 s"):
         check_result(results[0], "root@h:22")

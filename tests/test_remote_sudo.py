@@ -8,22 +8,20 @@ from __future__ import annotations
 
 import os
 import shutil
-import subprocess
 from pathlib import Path, PurePosixPath
 
 import pytest
 from sudo_above import sudo_above
+from test_remote import run_script
 
 from deploy_lib.errors import StepTimedOut, SudoPasswordRequired
 from deploy_lib.remote import (
     Put,
     Step,
-    StepResult,
     batch_script,
     channel_stdin,
     check_result,
     concurrently,
-    parse_batch_output,
     script_steps,
 )
 from deploy_lib.remote.steps import SUDO_PASSWORD_PROMPT
@@ -36,19 +34,10 @@ AS_NOBODY = ("setpriv", "--reuid=nobody", "--regid=nogroup", "--clear-groups")
 HOSTILE = ("a b", "it's", '"q"', "'\"'\"'", "${HOME}", "`id`", "line1\nline2", "*", "-rf", "", "\\", "exit 0")
 
 
-def run_as(steps: list[Step], user: str, caller: tuple[str, ...] = (), stdin: bytes = b""
-           ) -> tuple[list[StepResult], subprocess.CompletedProcess[bytes]]:
-    """The script for inventory user `user`, run by this machine's bash as `caller` (root when empty)."""
-    done = subprocess.run([*caller, "bash", "-c", batch_script(steps, user, MARKER)], input=stdin,
-                          capture_output=True, cwd="/", timeout=60)
-    results, _, _ = parse_batch_output(steps, MARKER, done.stdout.decode(), done.stderr.decode())
-    return results, done
-
-
 def test_consecutive_root_steps_share_one_sudo_and_a_user_step_ends_the_run() -> None:
     steps = [Step("user", ("true",)), sudo_above("a"), sudo_above("b"), Step("user between", ("true",)),
              sudo_above("c"), *concurrently([sudo_above("d"), sudo_above("e")]), sudo_above("f")]
-    results, _ = run_as(steps, "deploy")
+    results = run_script(steps, user="deploy").results
     above = {result.step.name: result.stdout.strip() for result in results if result.step.sudo}
     assert "none" not in above.values()
     assert above["a"] == above["b"]
@@ -56,7 +45,8 @@ def test_consecutive_root_steps_share_one_sudo_and_a_user_step_ends_the_run() ->
 
 
 def test_a_lone_root_step_keeps_its_own_sudo() -> None:
-    results, _ = run_as([Step("user", ("true",)), sudo_above("alone"), Step("user after", ("true",))], "deploy")
+    results = run_script([Step("user", ("true",)), sudo_above("alone"), Step("user after", ("true",))],
+                         user="deploy").results
     assert results[1].stdout.strip() != "none"
     assert "bash -c" not in batch_script([sudo_above("alone")], "deploy", MARKER)
 
@@ -73,8 +63,8 @@ def test_each_root_step_gives_the_result_it_gives_as_root() -> None:
                        Step("fast", ("sh", "-c", "echo fast >&2"), sudo=True, ok=frozenset({0, 1}))]),
         Step("who", ("id", "-un"), sudo=True),
     ]
-    as_deploy, done = run_as(steps, "deploy")
-    as_root, _ = run_as(steps, "root")
+    as_deploy, _, _, done = run_script(steps, user="deploy")
+    as_root = run_script(steps, user="root").results
     assert [(r.step.name, r.exit_code, r.stdout, r.stderr) for r in as_deploy] == \
         [(r.step.name, r.exit_code, r.stdout, r.stderr) for r in as_root]
     assert as_deploy[0].stdout.split("\0")[:-1] == list(HOSTILE)
@@ -84,7 +74,7 @@ def test_each_root_step_gives_the_result_it_gives_as_root() -> None:
 def test_a_code_not_accepted_in_a_root_run_stops_the_batch_there() -> None:
     steps = [Step("first", ("true",), sudo=True), Step("fails", ("sh", "-c", "echo why >&2; exit 2"), sudo=True),
              Step("after, root", ("touch", "/nonexistent-never-made"), sudo=True), Step("after, user", ("true",))]
-    results, done = run_as(steps, "deploy")
+    results, _, _, done = run_script(steps, user="deploy")
     assert [(r.step.name, r.exit_code, r.stderr) for r in results] == [("first", 0, ""), ("fails", 2, "why\n")]
     assert done.returncode == 0  # the script stops as it does after any step's failure
 
@@ -92,7 +82,7 @@ def test_a_code_not_accepted_in_a_root_run_stops_the_batch_there() -> None:
 def test_a_root_step_over_its_timeout_is_ended_alone_and_reads_as_a_timeout() -> None:
     steps = [Step("quick", ("true",), sudo=True), Step("slow", ("sleep", "30"), sudo=True, timeout_s=0.5),
              Step("never", ("true",), sudo=True)]
-    results, _ = run_as(steps, "deploy")
+    results = run_script(steps, user="deploy").results
     assert [r.exit_code for r in results] == [0, 124]
     with pytest.raises(StepTimedOut, match=r"timed out after 0\.5 s"):
         check_result(results[1], "deploy@gpu1:22")
@@ -106,7 +96,7 @@ def test_a_secret_sudo_put_reads_the_channel_under_a_sudo_of_its_own_between_roo
     put = Put(PurePosixPath(dest), b"TOKEN=s3cr3t\n", 0o600, sudo=True, secret=True)
     steps = [sudo_above("a"), sudo_above("b"), *script_steps([put], "0123456789ab"), sudo_above("c")]
     assert "s3cr3t" not in batch_script(steps, "deploy", MARKER)
-    results, _ = run_as(steps, "deploy", stdin=channel_stdin(steps) or b"")
+    results = run_script(steps, channel_stdin(steps) or b"", user="deploy").results
     assert [r.exit_code for r in results] == [0, 0, 0, 0, 0]
     assert results[0].stdout == results[1].stdout != results[4].stdout
     assert dest.read_bytes() == b"TOKEN=s3cr3t\n" and (dest.stat().st_mode & 0o777) == 0o600
@@ -132,7 +122,7 @@ def test_without_passwordless_sudo_every_root_step_meets_the_prompt_as_it_would_
              Step("read b", ("id", "-u"), sudo=True, ok=read), Step("user", ("id", "-un")),
              Step("write", ("touch", str(witness)), sudo=True),
              Step("never", ("true",), sudo=True)]
-    results, done = run_as(steps, "deploy", AS_NOBODY)
+    results, _, _, done = run_script(steps, user="deploy", caller=AS_NOBODY)
     assert [(r.step.name, r.exit_code) for r in results] == [("read a", 1), ("read b", 1), ("user", 0), ("write", 1)]
     assert results[2].stdout == "nobody\n"
     for result in (results[0], results[1], results[3]):
@@ -150,7 +140,7 @@ def test_a_root_run_ended_by_a_signal_ends_the_batch_and_sends_none_of_its_steps
     kill_the_run = "read -r _ _ _ parent _ </proc/$PPID/stat; kill -KILL $parent"  # timeout's parent: the run's bash
     steps = [Step("append", ("sh", "-c", f"echo x >> {count}"), sudo=True),
              Step("kill the run", ("sh", "-c", kill_the_run), sudo=True), Step("never", ("true",))]
-    results, done = run_as(steps, "deploy")
+    results, _, _, done = run_script(steps, user="deploy")
     assert [r.step.name for r in results] == ["append"]
     assert count.read_text() == "x\n" and done.returncode == 128 + 9
 
@@ -162,8 +152,6 @@ def test_without_sudo_on_the_host_each_root_step_fails_as_it_would_alone(tmp_pat
         (tools / tool).symlink_to(shutil.which(tool) or tool)
     steps = [Step("read", ("id", "-u"), sudo=True, ok=frozenset({0, 127})), Step("root", ("id", "-u"), sudo=True),
              Step("never", ("id", "-u"))]
-    done = subprocess.run([shutil.which("bash") or "bash", "-c", batch_script(steps, "deploy", MARKER)],
-                          capture_output=True, cwd="/", timeout=60, env={"PATH": str(tools)})
-    results, _, _ = parse_batch_output(steps, MARKER, done.stdout.decode(), done.stderr.decode())
+    results = run_script(steps, user="deploy", env={"PATH": str(tools)}).results
     assert [(r.step.name, r.exit_code) for r in results] == [("read", 127), ("root", 127)]
     assert all("failed to run command 'sudo'" in r.stderr for r in results)

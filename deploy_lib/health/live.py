@@ -8,16 +8,18 @@ from __future__ import annotations
 from pydantic import ValidationError
 
 from deploy_lib.errors import ReadinessFailed
-from deploy_lib.facts.host import parse_systemctl_show
 from deploy_lib.health.probe import ProbeTarget, parse_snapshot, probe_step
 from deploy_lib.health.snapshot import Rung, Snapshot, UnitState
 from deploy_lib.health.verdict import NotReady, Verdict, assess
+from deploy_lib.host_scripts.probe import (
+    UNIT_PROPERTIES,
+    health_get,
+    health_reading,
+    parse_systemctl_show,
+)
 from deploy_lib.remote import Forwarded, Remote, Step, StepResult, forward
 
 LIVE_UNIT = "live probe: unit state"
-# the properties the verdict reads, as host_scripts/probe.py asks for them (that script is not imported: it loads
-# http.client, which a no-op needs nowhere else)
-UNIT_PROPERTIES = tuple(str(field.alias) for field in UnitState.model_fields.values())
 EVERY_EXIT = frozenset(range(256))  # a unit state that cannot be read is a reading (unit_error), not a failed batch
 
 
@@ -29,19 +31,9 @@ def live_unit_step(target: ProbeTarget) -> Step:
 
 
 def health_request(target: ProbeTarget) -> bytes:
-    """The health endpoint's GET, closed after its answer (so the answer ends where the connection does); nothing
-    for a target without one (the exchange only connects: the port rung)."""
-    if target.health_path is None:
-        return b""
-    host = f"[{target.probe_host}]" if ":" in target.probe_host else target.probe_host
-    return (f"GET {target.health_path or '/'} HTTP/1.1\r\nHost: {host}:{target.port}\r\nConnection: close\r\n"
-            "Accept: */*\r\n\r\n").encode()
-
-
-def http_status(answer: bytes) -> int | None:
-    """The status code of an HTTP/1.x answer's first line; None when there is none."""
-    first = answer.split(b"\r\n", 1)[0].split()
-    return int(first[1]) if len(first) >= 2 and first[0].startswith(b"HTTP/") and first[1].isdigit() else None
+    """The health endpoint's GET, as the host probe sends it; nothing for a target without one (the exchange only
+    connects: the port rung)."""
+    return b"" if target.health_path is None else health_get(target.probe_host, target.port, target.health_path)
 
 
 def unit_reading(unit: StepResult) -> tuple[UnitState | None, str | None]:
@@ -57,10 +49,9 @@ def unit_reading(unit: StepResult) -> tuple[UnitState | None, str | None]:
 def forwarded_snapshot(target: ProbeTarget, unit: StepResult | None, answer: Forwarded) -> Snapshot:
     """The snapshot the host probe would have printed, from the unit's `systemctl show` and the forwarded request."""
     state, unit_error = unit_reading(unit) if target.unit and unit is not None else (None, None)
-    status = http_status(answer.answer) if answer.connected and target.health_path else None
-    health_error = None
-    if answer.connected and target.health_path and status is None:
-        health_error = answer.error or "no HTTP answer"
+    # the host probe's own decision of its answer: the same server state gets the same verdict either way
+    status, health_error = health_reading(answer.answer, answer.error) if answer.connected and target.health_path \
+        else (None, None)
     return Snapshot(unit=state, unit_error=unit_error, port_open=answer.connected,
                     port_error=None if answer.connected else answer.error, health_status=status,
                     health_error=health_error)

@@ -12,14 +12,12 @@ snapshot, so one round trip always yields a verdict.
 
 from __future__ import annotations
 
-import http.client
 import json
 import re
 import shutil
 import socket
 import subprocess
 import time
-import urllib.parse
 from typing import Any  # the config and the snapshot are JSON objects
 
 UNIT_PROPERTIES = ("ActiveState", "SubState", "NRestarts", "ExecMainPID", "ExecMainStatus", "ExecMainCode",
@@ -28,6 +26,7 @@ BODY_EXCERPT_CHARS = 300
 MARK_WINDOW = 5000  # entries read for marks when the unit had no journal before the restart
 MAX_MARKS = 500  # marked lines sent back by one probe (every TP rank logs each)
 GENERATION_RETRY_S = 0.25  # while waiting, a generation that failed is sent again at most this often
+READ_CHUNK = 65536
 
 
 def parse_systemctl_show(text: str) -> dict[str, str]:
@@ -125,10 +124,92 @@ def port_open(host: str, port: int, timeout_s: float) -> tuple[bool, str | None]
         return False, exc.strerror or str(exc)
 
 
+def health_get(host: str, port: int, path: str) -> bytes:
+    """The health endpoint's GET as both probes send it (this one from the host, deploy_lib.health.live's through the
+    SSH connection), closed after its answer."""
+    name = "[" + host + "]" if ":" in host else host
+    return ("GET " + (path or "/") + " HTTP/1.1\r\nHost: " + name + ":" + str(port) + "\r\nConnection: close\r\n"
+            "Accept: */*\r\n\r\n").encode()
+
+
+def answer_status(answer: bytes) -> tuple[int | None, bool | None]:
+    """An HTTP/1.x answer's status code (None: no status line yet) and whether it is whole: its body as long as its
+    Content-Length, or its last chunk come (True); more to come (False); None where only the server's close ends
+    it (no length given). What is not HTTP, or not the chunks it claims, is whole without a status: more would not
+    help."""
+    if b"\r\n" not in answer:  # no whole status line yet: more to come while it can still become one
+        return None, not b"HTTP/".startswith(answer[:5]) and not answer.startswith(b"HTTP/")
+    head, separator, body = answer.partition(b"\r\n\r\n")
+    lines = head.split(b"\r\n")
+    first = lines[0].split()
+    if len(first) < 2 or not first[0].startswith(b"HTTP/") or not first[1].isdigit():
+        return None, True
+    status = int(first[1])
+    if not separator:
+        return status, False
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        headers[name.strip().lower()] = value.strip().lower()
+    if status < 200 or status in (204, 304):  # no body, whatever the headers say (RFC 9112 6.3)
+        return status, True
+    if b"chunked" in headers.get(b"transfer-encoding", b""):
+        at = 0
+        while True:  # each chunk: its size in hex, CRLF, the data, CRLF; the last one's size is 0
+            end = body.find(b"\r\n", at)
+            if end < 0:
+                return status, False
+            try:
+                size = int(body[at:end].split(b";")[0], 16)
+            except ValueError:
+                return None, True
+            if size == 0:
+                return status, True
+            at = end + 2 + size + 2
+    length = headers.get(b"content-length", b"")
+    return status, len(body) >= int(length) if length.isdigit() else None
+
+
+def health_reading(answer: bytes, error: str | None) -> tuple[int | None, str | None]:
+    """(status, error) of the health endpoint from its answer, read until it was whole (answer_status), the server
+    closed, or `error` (timeout, reset) ended the read: the one decision of both probes. A status counts only from
+    a whole answer: a server stalled after its status line, or cut off in its body, has not answered."""
+    status, whole = answer_status(answer)
+    if status is not None and (whole or (whole is None and error is None)):
+        return status, None
+    if status is None:
+        return None, error or "no HTTP answer"
+    return None, error or "the server closed the connection before its whole answer"
+
+
+def exchange(host: str, port: int, data: bytes, timeout_s: float) -> tuple[bytes, str | None]:
+    """One TCP exchange from the host: `data` sent, the answer read until it is whole (answer_status) or the server
+    closes; the error that ended it otherwise, in a word or two (as port_open)."""
+    chunks: list[bytes] = []
+    try:
+        with socket.create_connection((host, port), timeout=timeout_s) as connection:
+            connection.sendall(data)
+            while answer_status(b"".join(chunks))[1] is not True:
+                chunk = connection.recv(READ_CHUNK)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+    except ConnectionRefusedError:
+        return b"".join(chunks), "refused"
+    except (TimeoutError, socket.timeout):  # noqa: UP041  (socket.timeout is TimeoutError only from Python 3.10)
+        return b"".join(chunks), "timeout"
+    except OSError as exc:
+        return b"".join(chunks), exc.strerror or str(exc)
+    return b"".join(chunks), None
+
+
 def http_request(url: str, timeout_s: float, body: bytes | None = None,
                  headers: dict[str, str] | None = None) -> tuple[int | None, str, str | None]:
     """(status, body excerpt, error) of one request; an HTTP error status is a result, not an error. Straight to
     the server with http.client (half urllib.request's imports): proxies from the environment never see it."""
+    import http.client  # here, for the generation only: deploy_lib.health.live imports this file into a no-op
+    import urllib.parse
+
     parts = urllib.parse.urlsplit(url)
     connection = http.client.HTTPConnection(parts.hostname or "", parts.port, timeout=timeout_s)
     try:
@@ -202,9 +283,10 @@ def look(config: dict[str, Any], generation: dict[str, Any] | None = None) -> di
     base_url = f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
     health_ok = snapshot["port_open"]
     if snapshot["port_open"] and config.get("health_path"):
-        status, _body, error = http_request(base_url + str(config["health_path"]), float(config["http_timeout_s"]))
-        snapshot["health_status"], snapshot["health_error"] = status, error
-        health_ok = status == 200
+        answer, error = exchange(host, port, health_get(host, port, str(config["health_path"])),
+                                 float(config["http_timeout_s"]))
+        snapshot["health_status"], snapshot["health_error"] = health_reading(answer, error)
+        health_ok = snapshot["health_status"] == 200
     if health_ok and config.get("generate"):
         snapshot["generation"] = generation or generate(base_url, config["generate"])
     return snapshot

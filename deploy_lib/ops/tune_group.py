@@ -34,7 +34,8 @@ from deploy_lib.project import Target
 from deploy_lib.remote import Remote
 from deploy_lib.store import HistoryEntry, Tags, append_history, read_store_facts
 from deploy_lib.tune import decide
-from deploy_lib.tune.loop import Unit, deploy_candidate, tune
+from deploy_lib.tune.candidate import Unit, deploy_candidate
+from deploy_lib.tune.loop import tune
 from deploy_lib.tune.record import END, TuneReport, read_tune, tune_id, tune_ids, tune_line
 from deploy_lib.tune.request import Planned, Request, unit_of
 from deploy_lib.tune.spec import Keep

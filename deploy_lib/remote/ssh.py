@@ -159,12 +159,17 @@ class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
 
 def rsync_argv(target: SSHTarget, local_dir: Path, dest: PurePosixPath, link_dest: PurePosixPath | None) -> list[str]:
     """rsync over ssh with this target's keys and host-key checking (its known_hosts, strict), as root on the host
-    (sudo -n for another user); unchanged files hard-linked from link_dest; partial files kept for a resume. The
-    ssh config is not read again (-F /dev/null): its values are already in the target, as for the paramiko
-    connection."""
+    (sudo -n for another user); a dead link given up within CHANNEL_OPEN_S; unchanged files hard-linked from
+    link_dest; partial files kept for a resume. The ssh config is not read again (-F /dev/null): its values are
+    already in the target, as for the paramiko connection."""
     checks = ["-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
               "-o", f"UserKnownHostsFile={target.known_hosts_path}",
-              "-o", f"ConnectTimeout={max(1, round(target.connect_timeout_s))}"]
+              "-o", f"ConnectTimeout={max(1, round(target.connect_timeout_s))}",
+              # a link that dies once the handshake is done ends the push within CHANNEL_OPEN_S, as an SFTP upload's
+              # channel (sftp.open_sftp) and a round trip's do: ConnectTimeout bounds only the connect and handshake.
+              # ssh gives up at the check after the CountMax-th unanswered one (OpenSSH clientloop.c server_alive_check)
+              "-o", f"ServerAliveInterval={KEEPALIVE_S}",
+              "-o", f"ServerAliveCountMax={max(1, round(CHANNEL_OPEN_S / KEEPALIVE_S) - 1)}"]
     for key_file in target.key_files:
         checks += ["-i", str(key_file.expanduser())]
     if target.identities_only:

@@ -8,7 +8,9 @@ in the host's history under the sweep's id.
     estimate    how long it takes, from the host's recorded starts and benchmarks (pure)
     record      the sweep's history lines, and its table read back from them
     request     what a tune command asks (spec, dry run, resume, a group's share) and what a dry run answers
-    loop        the sweep on one host (or a multi-node Unit) through the deploy engine, grid or successive halving;
+    candidate   one candidate deployed through the deploy engine, benchmarked, judged and recorded; the sweep run's
+                state (what serves, what it wrote) and how it switches (this host, or a multi-node Unit)
+    loop        the sweep on one host: the base, the candidates in order (grid or successive halving), the end;
                 dry run, resume, show. A group's replicas at once: deploy_lib/ops/tune_group.py
 """
 

@@ -4,34 +4,27 @@ sampler, judged and recorded in history (search: halving benchmarks all short fi
 after a candidate that failed or missed the SLA the best healthy release so far serves again. At the end the winner
 stays or the pre-sweep release is restored (a group's host benchmarks the base its part of BASE_RUNS and ends with
 its share: the group decides once, over every host, in ops.tune_group). A signal leaves the best verified release
-(or the original) serving; `resume` continues a sweep without running its finished candidates."""
+(or the original) serving; `resume` continues a sweep without running its finished candidates. One candidate's
+deploy, benchmark and record, and the run's state: tune/candidate.py."""
 
 from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Sequence
+from dataclasses import replace
 from datetime import UTC, datetime
-from typing import Any
 
-from deploy_lib.deploy import Options, Outcome, release_tags
-from deploy_lib.deploy import deploy as deploy_release
-from deploy_lib.deploy import rollback as switch_to
-from deploy_lib.errors import ConfigError, DeployError, Interrupted, PreflightError, ReadinessFailed
+from deploy_lib.errors import ConfigError, DeployError, Interrupted
 from deploy_lib.facts.read import read_host_facts
 from deploy_lib.interrupts import interrupted, signals_raise
-from deploy_lib.patches.profiles import base_profile
 from deploy_lib.profile import LoadedProfile
-from deploy_lib.profile.settings import BenchSettings
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
-from deploy_lib.release.model import resolve_secrets
-from deploy_lib.release.server_args import API_KEY_ENV
 from deploy_lib.remote import Remote
-from deploy_lib.store import FAILED, HistoryEntry, StoreFacts, StoreLayout, Tags, append_history, read_store_facts
-from deploy_lib.throughput import BenchResult, run_benchmark
+from deploy_lib.store import FAILED, HistoryEntry, StoreFacts, read_store_facts
 from deploy_lib.tune import decide
+from deploy_lib.tune.candidate import SweepRun, Unit, run_candidate, stop_if_asked, tags_of
 from deploy_lib.tune.estimate import estimate
 from deploy_lib.tune.record import (
     BASE,
@@ -49,87 +42,10 @@ from deploy_lib.tune.record import (
     tune_line,
 )
 from deploy_lib.tune.request import Planned, Request, unit_of
-from deploy_lib.tune.spec import Keep, Search, TuneSpec
-from deploy_lib.tune.sweep import Candidate, HostView, Sweep, build_sweep, check_values, differences
+from deploy_lib.tune.spec import Keep, Search
+from deploy_lib.tune.sweep import HostView, build_sweep, check_values, differences
 
 BASE_RUNS = 2  # the base's repeated runs give the noise a winner must beat (a group's: over all its hosts)
-
-
-@dataclass(frozen=True)
-class Unit:
-    """How a sweep changes what serves when the server is more than the host it reads, records and benchmarks on
-    (a multi-node release: every node at once, through ops.multinode_deploy); None: that host alone."""
-
-    deploy: Callable[[Candidate, Options], Outcome]
-    switch: Callable[[str], None]
-
-
-@dataclass
-class _Sweep:
-    """One run of the loop: the host, what it has written, and the releases it can switch to."""
-
-    loaded: LoadedProfile
-    target: Target
-    remote: Remote
-    progress: Progress
-    request: Request
-    spec: TuneSpec
-    sweep: Sweep
-    tune: str
-    original: str
-    store: StoreFacts
-    clock: Callable[[], float]
-    unit: Unit | None = None
-    serving_id: str | None = None     # what this run's last deploy or switch left serving; None: read it
-    written: list[HistoryEntry] = field(default_factory=list)
-    metadata: dict[str, Mapping[str, Any]] = field(default_factory=dict)   # release id -> release.json
-    modules: dict[str, str] = field(default_factory=dict)  # venv python -> its benchmark module (run_benchmark)
-
-    @property
-    def layout(self) -> StoreLayout:
-        return self.target.layout(self.loaded.profile.service.name)
-
-    @property
-    def history(self) -> list[HistoryEntry]:
-        return [*self.store.history, *self.written]
-
-    def record(self, entry: HistoryEntry) -> None:
-        self.remote.run(append_history(self.layout, entry))
-        self.written.append(entry)
-
-    def report(self) -> TuneReport:
-        return read_tune(self.history, self.tune)
-
-    def standings(self) -> list[decide.Standing]:
-        return [row.standing() for row in self.report().rows]
-
-    def best(self) -> str | None:
-        return self.report().best_release()
-
-    def serving(self) -> str | None:  # read from the host after a failed start's rollback or a signal
-        return self.serving_id if self.serving_id is not None else self.read().current
-
-    def read(self) -> StoreFacts:
-        self.store = read_store_facts(self.remote, self.layout)
-        self.written = []  # the host's history holds them now
-        self.serving_id = self.store.current
-        return self.store
-
-    def switch(self, release_id: str) -> None:
-        self.progress.phase_started(f"tune: switch to release {release_id}")
-        self.serving_id = None  # unknown until the switch returns
-        if self.unit is not None:
-            self.unit.switch(release_id)
-        else:
-            switch_to(self.target, self.loaded.profile.service.name, self.remote, self.progress, release_id,
-                      self.request.environ, grace_s=self.request.grace_s)
-        self.serving_id = release_id
-
-    def benchmark(self, release_id: str, bench: BenchSettings | None = None) -> tuple[BenchResult, decide.Score]:
-        api_key = resolve_secrets(self.loaded.profile, self.request.environ).get(API_KEY_ENV)
-        result = run_benchmark(self.remote, self.layout, self.metadata[release_id], bench or self.sweep.bench,
-                               self.progress, api_key, self.clock, self.modules)
-        return result, decide.score(result, self.spec.objective, self.spec.level or self.sweep.level, self.spec.sla)
 
 
 def _host_view(remote: Remote, target: Target, loaded: LoadedProfile) -> tuple[StoreFacts, HostView, str]:
@@ -179,7 +95,7 @@ def tune(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progre
             store.history, sweep.bench, len(left), 0 if finished and finished.base else BASE_RUNS,
             halving.survivors(len(sweep.candidates)) if halving else None,
             halving.short_bench(sweep.bench) if halving else None))
-    run = _Sweep(loaded, target, remote, progress, request, spec, sweep,
+    run = SweepRun(loaded, target, remote, progress, request, spec, sweep,
                  request.resume or request.tune_id or tune_id(datetime.now(UTC), secrets.token_hex(2)), original,
                  store, clock, unit, store.current)
     run.metadata |= {r.id: r.metadata for r in store.releases}
@@ -190,17 +106,13 @@ def tune(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progre
             raise _stopped(run, stop) from None
 
 
-def _tags(metadata: Mapping[str, Any]) -> Tags:
-    return Tags.from_dict(metadata["tags"])
-
-
-def _run(run: _Sweep, host: HostView) -> TuneReport:
+def _run(run: SweepRun, host: HostView) -> TuneReport:
     now = datetime.now(UTC)
     if run.request.resume is None:
-        run.record(start_line(run.tune, run.spec, run.loaded.name, _tags(run.metadata[run.original]), now,
+        run.record(start_line(run.tune, run.spec, run.loaded.name, tags_of(run.metadata[run.original]), now,
                               len(run.sweep.candidates), run.request.share))
         for skipped in run.sweep.skipped:
-            run.record(tune_line(run.tune, SKIPPED, _tags(run.metadata[run.original]), now, outcome=FAILED,
+            run.record(tune_line(run.tune, SKIPPED, tags_of(run.metadata[run.original]), now, outcome=FAILED,
                                  cause=skipped.reason, label=skipped.label, extra={"release": ""}))
     for note in run.sweep.notes:
         run.progress.note(note)
@@ -210,7 +122,7 @@ def _run(run: _Sweep, host: HostView) -> TuneReport:
         for _ in range(-(-BASE_RUNS // run.request.sharing)):  # a group's hosts split them (rounded up), at once
             run.progress.phase_started(f"tune {run.tune}: the pre-sweep release {run.original}")
             result, score = run.benchmark(run.original)
-            run.record(run_line(run.tune, BASE, "base", _tags(run.metadata[run.original]), datetime.now(UTC),
+            run.record(run_line(run.tune, BASE, "base", tags_of(run.metadata[run.original]), datetime.now(UTC),
                                 result, score))
     if run.spec.search is Search.halving:
         _halving_rounds(run, host)
@@ -218,77 +130,13 @@ def _run(run: _Sweep, host: HostView) -> TuneReport:
     remaining = decide.to_run([c.label for c in run.sweep.candidates], run.report().finished_labels)
     by_label = {c.label: c for c in run.sweep.candidates}
     for number, label in enumerate(remaining, start=1):
-        _stop_if_asked(run)
+        stop_if_asked(run)
         run.progress.phase_started(f"tune {run.tune}: candidate {number}/{len(remaining)}: {label}")
-        ok = _candidate(run, by_label[label], host)
+        ok = run_candidate(run, by_label[label], host)
         back = decide.serve_next(run.serving(), ok, run.best(), run.original)
         if back is not None:
             run.switch(back)
     return _finish(run)
-
-
-def _stop_if_asked(run: _Sweep) -> None:
-    """A group's sweep noted a signal: start no further candidate (_stopped: the best so far serves)."""
-    if run.request.stop is not None and run.request.stop():
-        raise Interrupted("a signal was noted")
-
-
-def deploy_candidate(candidate: Candidate, target: Target, remote: Remote, progress: Progress,
-                     options: Options) -> Outcome:
-    """The candidate as a release (its own venv when it carries a patch set); the engine rolls back a failed start.
-    Also a group's rollout of the winner to each host."""
-    if candidate.patch_set is None:
-        return deploy_release(candidate.loaded, target, remote, progress, options)
-    from deploy_lib.commands.patches import enable  # loads only for a sweep over patch sets
-
-    base = base_profile(candidate.loaded, candidate.patch_set)
-    return enable(remote, candidate.patch_set, base, candidate.loaded, target, progress, options)[1]
-
-
-def _deploy(run: _Sweep, candidate: Candidate) -> tuple[str, Mapping[str, Any], Tags]:
-    keep = len(run.store.releases) + len(run.sweep.candidates) + 1
-    options = Options(environ=run.request.environ, grace_s=run.request.grace_s, skip_gate=True,
-                      keep_releases_at_least=keep)
-    run.serving_id = None  # a failed start's rollback leaves serving what the store says
-    outcome = (run.unit.deploy(candidate, options) if run.unit is not None
-               else deploy_candidate(candidate, run.target, run.remote, run.progress, options))
-    assert outcome.plan is not None and outcome.release_id is not None
-    run.serving_id = outcome.release_id
-    release = outcome.plan.release
-    return outcome.release_id, release.metadata(), release_tags(run.target, release)
-
-
-def _failed_tags(run: _Sweep, known: int) -> Tags | None:
-    """The tags of the release the engine recorded as failed after the first `known` history lines (the store is
-    read again); None when it recorded none (refused before anything was staged)."""
-    failed = next((e for e in reversed(run.read().history[known:]) if e.event == "deploy" and e.outcome == FAILED),
-                  None)
-    return failed.tags if failed is not None else None
-
-
-def _candidate(run: _Sweep, candidate: Candidate, host: HostView, bench: BenchSettings | None = None,
-               role: str = CANDIDATE) -> bool:
-    """Deploy, benchmark (`bench`, default the sweep's), judge and record one candidate (its run under `role`; a
-    start that failed is always a candidate's final line); True when it was healthy and met the SLA."""
-    original = run.store.release(run.original)
-    changes = [str(c) for c in differences(original.metadata if original else run.metadata[run.original],
-                                           candidate, host)]
-    known = len(run.store.history)
-    try:
-        release_id, metadata, tags = _deploy(run, candidate)
-    except (ReadinessFailed, PreflightError, ConfigError) as failed:  # diagnosed, rolled back, recorded by the engine
-        run.progress.note(f"candidate {candidate.label} failed: {failed.message}")
-        failed_tags = _failed_tags(run, known)
-        run.record(run_line(run.tune, CANDIDATE, candidate.label, failed_tags or _tags(run.metadata[run.original]),
-                            datetime.now(UTC), None, decide.Score(None, False), cause=failed.message.splitlines()[0],
-                            changes=changes, has_release=failed_tags is not None))
-        return False
-    run.metadata[release_id] = {**metadata, "tags": tags.as_dict()}  # as release.json holds it
-    result, score = run.benchmark(release_id, bench)
-    run.record(run_line(run.tune, role, candidate.label, tags, datetime.now(UTC), result, score, changes=changes))
-    if not score.qualifies:
-        run.progress.note(f"candidate {candidate.label}: {'; '.join(score.misses) or 'no figures'}")
-    return score.qualifies
 
 
 def _short_entry(history: Sequence[HistoryEntry], tune: str, label: str) -> HistoryEntry:
@@ -301,7 +149,7 @@ def _survivors(short: Sequence[decide.Standing], count: int) -> list[decide.Stan
     return sorted((s for s in short if s.values), key=lambda s: s.value, reverse=True)[:count]
 
 
-def _halving_rounds(run: _Sweep, host: HostView) -> None:
+def _halving_rounds(run: SweepRun, host: HostView) -> None:
     """search: halving: every candidate a release benchmarked short; the best one in eta benchmarked again in full
     (they compete as a grid's candidates do), the others recorded as eliminated with their short figures. A resume
     repeats no short run in history, nor a survivor's full run."""
@@ -312,10 +160,10 @@ def _halving_rounds(run: _Sweep, host: HostView) -> None:
     report = run.report()
     left = decide.to_run(labels, [*(row.label for row in report.short), *report.finished_labels])
     for number, label in enumerate(left, start=1):
-        _stop_if_asked(run)
+        stop_if_asked(run)
         run.progress.phase_started(f"tune {run.tune}: short round {number}/{len(left)}: {label} "
                                    f"({short_bench.output_len} output tokens)")
-        ok = _candidate(run, by_label[label], host, short_bench, SHORT)
+        ok = run_candidate(run, by_label[label], host, short_bench, SHORT)
         back = decide.serve_next(run.serving(), ok, run.best(), run.original)
         if back is not None:
             run.switch(back)
@@ -345,7 +193,7 @@ def _halving_rounds(run: _Sweep, host: HostView) -> None:
                             changes=[entry.tune["changes"]] if entry.tune.get("changes") else []))
 
 
-def _finish(run: _Sweep) -> TuneReport:
+def _finish(run: SweepRun) -> TuneReport:
     if run.request.share is not None:  # a group's host: the group decides once and switches every host at most once
         return run.report()
     base = run.report().base
@@ -362,18 +210,18 @@ def _finish(run: _Sweep) -> TuneReport:
             if run.serving() != standing.release_id:
                 run.switch(standing.release_id)
             result, score = run.benchmark(standing.release_id)
-            run.record(run_line(run.tune, RERUN, standing.label, _tags(run.metadata[standing.release_id]),
+            run.record(run_line(run.tune, RERUN, standing.label, tags_of(run.metadata[standing.release_id]),
                                 datetime.now(UTC), result, score))
     serving = decide.end_release(decision, run.original)
     if run.serving() != serving:
         run.switch(serving)
     run.progress.note(decision.reason)
-    run.record(tune_line(run.tune, END, _tags(run.metadata[serving]), datetime.now(UTC), cause=decision.reason,
+    run.record(tune_line(run.tune, END, tags_of(run.metadata[serving]), datetime.now(UTC), cause=decision.reason,
                          label=decision.winner.label if decision.winner else ""))
     return run.report()
 
 
-def _stopped(run: _Sweep, stop: BaseException) -> DeployError:
+def _stopped(run: SweepRun, stop: BaseException) -> DeployError:
     """After a signal: the best verified release (or the original) serves; the error names the sweep to resume."""
     wanted = run.best() or run.original
     try:

@@ -25,7 +25,8 @@ from deploy_lib.errors import (
     RollbackFailed,
 )
 from deploy_lib.health import ProbeTarget
-from deploy_lib.health.live import health_request, http_status
+from deploy_lib.health.live import health_request
+from deploy_lib.host_scripts.probe import answer_status
 from deploy_lib.project import load_for_host
 from deploy_lib.remote import FabricRemote, OutputLine, Step
 from deploy_lib.store import StoreLayout, this_process_owner
@@ -58,7 +59,7 @@ def test_a_no_op_asks_the_health_endpoint_through_the_connection_or_on_a_host_th
     request = health_request(ProbeTarget(unit=None, port=8000, health_path="/ready"))
     since = int(time.time())
     with rig.connect() as (_, remote):
-        assert http_status(remote.forward("127.0.0.1", 8000, request, 5).answer) == 200
+        assert answer_status(remote.forward("127.0.0.1", 8000, request, 5).answer)[0] == 200
     assert rig.deploy(REFERENCE).action == "unchanged"
     # each connection ended as sshd expects: a reset one ends it without its normal exit (failed before: the client
     # closed while sshd's close of the forwarded channel was on its way)
