@@ -77,6 +77,7 @@ class HostPhases:
     noticed: float
     grace_ended: float
     ended: float
+    cpu_to_restart: float  # the host's thread's CPU from its start to sending the restart (its SSH thread's aside)
 
     @property
     def start_s(self) -> float:
@@ -115,16 +116,16 @@ def group_deploy(project: Project, inventory: Path, targets: list[Target], profi
     loaded = {t.host.name: load_for_target(project, profile, known, t) for t in targets}
     cursors = {t.host.name: journals[t.host.name].cursor() for t in targets}
     remotes: dict[str, StampedRemote] = {}
-    spans: dict[str, tuple[float, float]] = {}
+    spans: dict[str, tuple[float, float, float]] = {}
 
     def deploy_one(target: Target) -> engine.Outcome:
         remote = remotes[target.host.name] = StampedRemote(FabricRemote(target.ssh))
-        began = time.time()
+        began, cpu = time.time(), time.thread_time()
         try:
             return engine.deploy(loaded[target.host.name], target, remote, NullProgress(), engine.Options())
         finally:
             remote.close()
-            spans[target.host.name] = (began, time.time())
+            spans[target.host.name] = (began, time.time(), cpu)
     guests_cpu = sum(manage.cpu_s(journals[t.host.name].guest) for t in targets)
     cpu, started, wall_started = time.process_time(), time.monotonic(), time.time()
     fleet = run_hosts(targets, deploy_one, NullProgress())
@@ -141,7 +142,7 @@ def group_deploy(project: Project, inventory: Path, targets: list[Target], profi
                     guests_cpu, phases)
 
 
-def host_phases(remote: StampedRemote, entries: Sequence[JournalEntry], span: tuple[float, float],
+def host_phases(remote: StampedRemote, entries: Sequence[JournalEntry], span: tuple[float, float, float],
                 group_started: float) -> HostPhases:
     [restart] = remote.restarts()
     restarted = restart_instant(entries, restart.started)
@@ -149,9 +150,10 @@ def host_phases(remote: StampedRemote, entries: Sequence[JournalEntry], span: tu
 
     def last_end(probe: str) -> float:
         return max(batch.ended for batch in remote.batches if batch.names == (probe,))
-    return HostPhases(*(instant - group_started for instant in (
-        span[0], restarted, ready, last_end(f"readiness probe ({Rung.GENERATE})"),
-        last_end(f"readiness probe ({Rung.HEALTH})"), span[1])))
+    return HostPhases(span[0] - group_started, restarted - group_started, ready - group_started,
+                      last_end(f"readiness probe ({Rung.GENERATE})") - group_started,
+                      last_end(f"readiness probe ({Rung.HEALTH})") - group_started, span[1] - group_started,
+                      restart.thread_cpu - span[2])
 
 
 def report(changed: dict[int, list[GroupRun]], no_ops: dict[int, list[GroupRun]]) -> list[str]:
@@ -194,13 +196,15 @@ PHASES = {  # a changed deploy's parts on one host, from HostPhases
 
 
 def phase_report(changed: dict[int, list[GroupRun]]) -> list[str]:
-    """Where each host's changed deploy went, median over every host of every run and (after /) the slowest."""
-    lines = [f"{'hosts':>5}  " + "  ".join(f"{name:>13}" for name in PHASES)]
+    """Where each host's changed deploy went, median over every host of every run and (after /) the slowest; and the
+    CPU every host's thread used before its restart, all hosts together (what one interpreter lock serialises)."""
+    lines = [f"{'hosts':>5}  " + "  ".join(f"{name:>13}" for name in PHASES) + "  client CPU to the restarts"]
     for size, runs in changed.items():
         hosts = [host for run in runs for host in run.phases]
         cells = [f"{statistics.median(map(part, hosts)):>5.2f} /{max(map(part, hosts)):>5.2f} s"
                  for part in PHASES.values()]
-        lines.append(f"{size:>5}  " + "  ".join(cells))
+        serial = statistics.median(sum(host.cpu_to_restart for host in run.phases) for run in runs)
+        lines.append(f"{size:>5}  " + "  ".join(cells) + f"  {serial:>24.2f} s")
     return lines
 
 
