@@ -58,6 +58,7 @@ class Batch:
     started: float
     ended: float
     names: tuple[str, ...]
+    thread_cpu: float = 0.0  # the sending thread's CPU (time.thread_time) when it was sent
 
 
 @dataclass
@@ -68,11 +69,11 @@ class StampedRemote:
     batches: list[Batch] = field(default_factory=list)
 
     def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
-        started = time.time()
+        started, cpu = time.time(), time.thread_time()
         try:
             return self.inner.run(batch, on_output)
         finally:
-            self.batches.append(Batch(started, time.time(), tuple(step.name for step in batch)))
+            self.batches.append(Batch(started, time.time(), tuple(step.name for step in batch), cpu))
 
     def push_directory(self, local_dir: Path, dest: PurePosixPath, link_dest: PurePosixPath | None,
                        on_output: OutputLine | None = None) -> StepResult:

@@ -202,6 +202,14 @@ def write_inventory(path: Path = INVENTORY) -> Path:
     return path
 
 
+def cpu_s(g: Guest) -> float:
+    """The CPU every process of the guest has used so far (its cgroup, as testhost.sh's `cgroup_v2` names it)."""
+    hybrid = Path("/sys/fs/cgroup/unified")
+    stat = (hybrid if hybrid.is_dir() else Path("/sys/fs/cgroup")) / f"testhost.{g.name}" / "cpu.stat"
+    usage = dict(line.split() for line in stat.read_text().splitlines())
+    return int(usage["usage_usec"]) / 1e6
+
+
 def run_on(g: Guest, command: str, timeout_s: float = 600, user: str = "root", stdin: str = "") -> str:
     """`command` (a shell command line) on the guest as `user`, `stdin` on its standard input (empty by default, so
     the command never reads this process's own); its stdout, or RemoteError on a non-zero exit."""

@@ -27,6 +27,7 @@ import pytest
 from tenacity import stop_after_attempt, wait_none
 
 from deploy_lib.errors import ConnectFailed, ConnectionLost, LockHeld, StepFailed, StepTimedOut
+from deploy_lib.ops.fleet import in_parallel
 from deploy_lib.remote import SSH_CONNECT, FabricRemote, JumpHost, Put, SSHTarget, Step
 from deploy_lib.remote.batch import MAX_INLINE_STDIN
 from deploy_lib.remote.ssh import SSH_RECONNECT
@@ -269,6 +270,20 @@ def test_a_round_trip_ends_when_the_exit_status_arrives_not_at_a_poll(remote: Fa
     assert result.exit_code == 0 and invoke_naps == [] and runner.EXIT_POLL_S <= 0.001
 
 
+def test_a_groups_host_waits_on_its_exit_status_not_on_polls(remote: FabricRemote,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A group's hosts run in worker threads (ops.fleet.in_parallel), where the wait is woken by the exit status:
+    8 threads each looking every millisecond took the interpreter lock from one another (failed before: the worker
+    slept between its looks, as the main thread still does)."""
+    from deploy_lib.remote import connection
+    naps: list[float] = []
+    clock = type("Clock", (), {"sleep": staticmethod(naps.append), "monotonic": staticmethod(time.monotonic)})
+    monkeypatch.setattr(connection, "time", clock)
+    [ran] = in_parallel([remote], lambda host: host.run([Step("a while", ("sh", "-c", "sleep 0.3; echo done"))]),
+                        "host")
+    assert [(result.exit_code, result.stdout) for result in ran.result()] == [(0, "done\n")] and naps == []
+
+
 def test_each_hop_sends_its_small_packets_at_once(sshd: SshServer, tmp_path: Path) -> None:
     """A connection's socket has TCP_NODELAY, as OpenSSH's ssh sets it: with Nagle's algorithm every channel a round
     trip opened waited about 40 ms for the server's delayed ACK (failed before: the option was 0). Through a jump
@@ -358,16 +373,21 @@ def test_a_dropped_read_is_sent_again_on_a_new_connection_and_a_restart_is_not(s
         assert runs.read_text() == "run\n" and lost.value.completed == ("before",)
 
 
+@pytest.mark.parametrize("thread", ["main", "a group's host"])
 def test_a_round_trip_that_hears_nothing_past_its_steps_timeouts_is_a_dead_connection(sshd: SshServer,
-                                                                                      tmp_path: Path) -> None:
+                                                                                      tmp_path: Path,
+                                                                                      thread: str) -> None:
     """A half-open connection: the step stops its own sshd session (SIGSTOP), so the channel stays open and silent.
-    The round trip ends after the step's timeout, `timeout`'s kill delay and the grace, as a lost connection."""
+    The round trip ends after the step's timeout, `timeout`'s kill delay and the grace, as a lost connection, in the
+    main thread (which sleeps between its looks) and in a group's worker thread (woken by the channel's event)."""
     pid_file = tmp_path / "sshd.pid"
     freeze = ("sh", "-c", f'{_FIND_OWN_SSHD}echo $p >"$1"; kill -STOP $p; sleep 30', "sh", str(pid_file))
     remote = FabricRemote(sshd.target(sshd.known_hosts(tmp_path)), silence_grace_s=1)
     try:
+        def send(host: FabricRemote) -> object:
+            return host.run([Step("frozen", freeze, timeout_s=1)])
         with pytest.raises(ConnectionLost, match=r"nothing arrived for .* a dead connection"):
-            remote.run([Step("frozen", freeze, timeout_s=1)])
+            send(remote) if thread == "main" else in_parallel([remote], send, "host")[0].result()
     finally:
         remote.close()
         if pid_file.exists():  # the session this test stopped: continued, then ended (unless already gone)

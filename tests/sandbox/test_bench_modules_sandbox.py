@@ -39,6 +39,7 @@ def test_bench_run_quick_prints_every_group_with_pyinfra_beside_ours() -> None:
 def test_bench_fleet_quick_prints_own_time_cpu_and_round_trips_per_host() -> None:
     output = run_quick("bench.fleet")
     assert "own time, 2 hosts / one" in output and "trips/host" in output, output[-4000:]
+    assert "a changed deploy's parts per host" in output and "to restart" in output, output[-4000:]
 
 
 def test_bench_router_quick_prints_failed_requests_during_the_rollout() -> None:
