@@ -77,6 +77,8 @@ def test_the_second_run_takes_its_reads_from_ahead_and_the_host_ran_each_once(
     target = sshd.target(sshd.known_hosts(tmp_path))
     counter = tmp_path / "counter"
     health = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+    record = record_path(record_dir(environ), COMMAND, "/project")
+    written = []
     for run in (1, 2):
         started = command(environ, monkeypatch)
         with FabricRemote(target) as remote:
@@ -84,9 +86,11 @@ def test_the_second_run_takes_its_reads_from_ahead_and_the_host_ran_each_once(
             answer = remote.forward("127.0.0.1", http_port, health, 5)
             assert remote.round_trips == 2
         started.finish()
+        written.append(record.stat().st_ino)
         assert result.stdout.strip() == str(run)  # the second run's read is its own run's, not the first's
         assert answer.answer.startswith(b"HTTP/1.0 200") or answer.answer.startswith(b"HTTP/1.1 200")
     assert counter.read_text() == "x\nx\n"  # sent once per command, ahead in the second
+    assert written[0] == written[1]  # the second run read the same: its record was not written again
     assert ASKED == ["/health", "/health"]
 
 

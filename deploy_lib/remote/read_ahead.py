@@ -114,7 +114,7 @@ def start(command: Sequence[str], cwd: str, environ: Mapping[str, str]) -> None:
     read_ahead = ReadAhead(path, command, cwd)
     reads_record.install(read_ahead)
     atexit.register(read_ahead.finish)
-    hosts = reads_record.load(path, command, cwd)
+    hosts = read_ahead.loaded = reads_record.load(path, command, cwd)
     if hosts:
         import deploy_lib.remote.connection  # noqa: F401  (here, not in the threads: one importer, no import race)
 

@@ -173,6 +173,7 @@ class ReadAhead:
         self.path, self.command, self.cwd = path, tuple(command), cwd
         self._ahead: dict[SSHTarget, Sent] = {}
         self._read: dict[SSHTarget, tuple[object, tuple[Op, ...]]] = {}
+        self.loaded: list[tuple[SSHTarget, tuple[Op, ...]]] = []  # the record as this command found it
         self._lock = threading.Lock()
 
     def send(self, hosts: Sequence[Sent]) -> None:
@@ -199,7 +200,7 @@ class ReadAhead:
         with self._lock:
             unclaimed, self._ahead = list(self._ahead.values()), {}
             read = [(target, ops) for target, (_, ops) in self._read.items()]
-        if read:
+        if read and read != self.loaded:  # a record that says the same stays as it is
             save(self.path, self.command, self.cwd, read)
         for ahead in unclaimed:
             ahead.let_finish(FINISH_WAIT_S)
