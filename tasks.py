@@ -41,6 +41,11 @@ _cache_own_bytecode()
 # and never walks them again (gc.freeze: they move to a generation it leaves alone).
 gc.disable()
 
+from deploy_lib.remote import read_ahead
+
+# A command line that read its hosts last time sends the same reads now, while the imports below run.
+read_ahead.start(sys.argv, os.getcwd(), os.environ)
+
 from invoke import Collection, Context, Exit
 
 from deploy_cli import present as ui

@@ -21,7 +21,6 @@ from invoke.parser import ParserContext
 from invoke.util import Lexicon
 
 from deploy_lib.errors import EXIT_CODES, ConfigError
-from deploy_lib.project import PROJECT_ENV
 
 NAME = "sglang-deploy"
 USAGE_ERROR = EXIT_CODES[ConfigError]  # 2: nothing was run
@@ -156,6 +155,7 @@ class DeployProgram(Program):
             raise Exit
         given = self.args["project"].value
         if given:
+            from deploy_lib.project import PROJECT_ENV
             os.environ[PROJECT_ENV] = given
 
     def parse_tasks(self) -> None:
@@ -222,6 +222,8 @@ class DeployProgram(Program):
 
 
 def main() -> None:
+    from deploy_lib.remote import read_ahead
+    read_ahead.start(sys.argv, os.getcwd(), os.environ)  # before the tasks' imports, which it runs beside
     from deploy_cli.collection import user_tasks
     program = DeployProgram(name=NAME, binary=NAME, version=version(NAME), namespace=user_tasks(),
                             executor_class=OneTaskExecutor)

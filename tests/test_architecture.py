@@ -46,7 +46,8 @@ LAYERS: dict[str, frozenset[str]] = {
     "host scripts": HOST_SCRIPTS,
     # Step / StepResult as data, the one connection that runs them, a batch of reads (facts.readings)
     "transport": frozenset({"remote", "remote.steps", "remote.batch", "remote.ssh", "remote.ssh_config", "remote.sftp",
-                            "remote.connection", "remote.forward", "remote.webhook",
+                            "remote.connection", "remote.forward", "remote.webhook", "remote.runner",
+                            "remote.read_ahead", "remote.reads_record",
                             "facts.readings"}),
     # pydantic models of what the user writes
     "schema": frozenset({"profile", "profile.fields", "profile.choices", "profile.sections", "profile.settings",

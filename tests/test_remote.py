@@ -167,13 +167,13 @@ def test_a_long_step_wakes_the_client_rarely_and_a_short_round_trip_still_ends_w
     """The wait for a round trip's exit status looked at the channel every millisecond for as long as the step ran:
     1,000 wake-ups a second through a venv build or a model download. Here a 10-minute step, on a clock the naps
     advance."""
-    from deploy_lib.remote import connection
+    from deploy_lib.remote import runner
     clock = _FakeClock()
-    monkeypatch.setattr(connection, "time", clock)
+    monkeypatch.setattr(runner, "time", clock)
     step_s = 600.0
     waiting = type("Waiting", (), {"process_is_finished": property(lambda _: clock.now >= step_s),
                                    "has_dead_threads": False})()
-    connection._WholeStdinRemote.wait(waiting)  # type: ignore[arg-type]
+    runner.WholeStdinRemote.wait(waiting)  # type: ignore[arg-type]
     naps = list(zip(clock.naps, [0.0, *accumulate(clock.naps)], strict=False))  # (nap, time waited when it began)
     assert all(nap == 0.001 for nap, waited in naps if waited < 0.1)
     assert len(naps) < step_s * 25  # 20 a second once the wait is long, not 1,000

@@ -262,11 +262,11 @@ def test_a_round_trip_ends_when_the_exit_status_arrives_not_at_a_poll(remote: Fa
     """invoke's wait slept 10 ms between looks at the channel, which every round trip paid up to once more."""
     import invoke.runners
 
-    from deploy_lib.remote import connection
+    from deploy_lib.remote import runner
     invoke_naps: list[float] = []
     monkeypatch.setattr(invoke.runners, "time", type("Clock", (), {"sleep": staticmethod(invoke_naps.append)}))
     [result] = remote.run([Step("a while", ("sleep", "0.3"))])
-    assert result.exit_code == 0 and invoke_naps == [] and connection.EXIT_POLL_S <= 0.001
+    assert result.exit_code == 0 and invoke_naps == [] and runner.EXIT_POLL_S <= 0.001
 
 
 def test_each_hop_sends_its_small_packets_at_once(sshd: SshServer, tmp_path: Path) -> None:

@@ -11,9 +11,7 @@ import subprocess
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from contextvars import ContextVar
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 import fabric
 import fabric.runners
@@ -39,6 +37,8 @@ from deploy_lib.remote.batch import (
     trip_steps_done,
 )
 from deploy_lib.remote.forward import Forwarded, exchange
+from deploy_lib.remote.reads_record import Exchange, reads_for
+from deploy_lib.remote.runner import OPENING, SILENCE, WholeStdinRemote
 from deploy_lib.remote.sftp import open_sftp, put_directly, remove_quietly, upload
 from deploy_lib.remote.ssh import (
     KEEPALIVE_S,
@@ -69,71 +69,12 @@ from deploy_lib.remote.steps import (
 logging.getLogger("paramiko").addHandler(logging.NullHandler())
 logging.getLogger("paramiko").propagate = False
 
-EXIT_POLL_S = 0.001  # the first looks at the channel: a short round trip ends within 1 ms of its exit status
-EXIT_POLL_FAST_S = 0.1  # how long a round trip is looked at every EXIT_POLL_S
-EXIT_POLL_SHARE = 0.01  # after that, a look every 1 % of the time waited so far ...
-EXIT_POLL_MAX_S = 0.05  # ... and at least every 50 ms
-
-# The silence bound of the round trip this thread is waiting on (set around `connection.run`, read by the runner).
-_SILENCE: ContextVar[SilenceBound | None] = ContextVar("silence", default=None)
-_OPENING: ContextVar[ChannelWatch | None] = ContextVar("opening", default=None)  # ... and its channel's open
-
-
-def exit_poll_s(waited_s: float) -> float:
-    """The pause before the next look at a round trip's channel, `waited_s` after it was sent: every millisecond for
-    the first 100 ms, then growing with the wait, so that the wait adds at most 1 % (or 1 ms) to any round trip and
-    a long step (a venv build, a model download, a gpu check: minutes) wakes this process 20 times a second, not
-    1,000 (`make bench`: the client's CPU during a long step)."""
-    if waited_s < EXIT_POLL_FAST_S:
-        return EXIT_POLL_S
-    return min(EXIT_POLL_MAX_S, max(EXIT_POLL_S, waited_s * EXIT_POLL_SHARE))
-
-
-class _WholeStdinRemote(fabric.runners.Remote):
-    """Sends a step's stdin in one write, then EOF: invoke's own pump moves one byte per 10 ms. On Ctrl-C it closes
-    the channel: invoke would otherwise wait for the remote command to end before raising (it joins its output
-    threads without a timeout, invoke 2.x runners.py `_run_body`), e.g. for the whole of a model download."""
-
-    def handle_stdin(self, input_: Any, output: Any, echo: bool = False) -> None:
-        self.channel.sendall(input_.getvalue())
-        self.channel.shutdown_write()
-
-    def send_interrupt(self, interrupt: KeyboardInterrupt) -> None:
-        self.channel.close()  # the remote command sees its output closed and stops at its next write
-        raise interrupt
-
-    def wait(self) -> None:
-        """Until the command's exit status (or the channel's close) arrives, looking every millisecond at first where
-        invoke looks every 10 ms, which each round trip paid, then less often as the wait grows (`exit_poll_s`). A
-        sleep, not the channel's status_event: waiting on that takes a lock paramiko's thread needs, and a Ctrl-C
-        landing there once left a round trip waiting forever."""
-        if (opening := _OPENING.get()) is not None:
-            opening.started()  # the command runs: from here on the silence bound watches the channel
-        sent = time.monotonic()
-        silence = _SILENCE.get()
-        heard, seen_out, seen_err = sent, 0, 0
-        while not (self.process_is_finished or self.has_dead_threads):
-            now = time.monotonic()
-            if silence is None:
-                pass
-            elif len(self.stdout) > seen_out or len(self.stderr) > seen_err:
-                for chunk in self.stdout[seen_out:]:
-                    silence.seen(chunk)
-                seen_out, seen_err, heard = len(self.stdout), len(self.stderr), now
-            elif now - heard > silence.bound_s:
-                # nothing for longer than the host's `timeout` allows the running steps: a dead connection
-                silence.gave_up_after_s = now - heard
-                self.channel.close()
-                return
-            time.sleep(exit_poll_s(now - sent))
-
-
 class FabricRemote:
     """Runs batches over one lazily opened, reused Fabric connection to `target`."""
 
     def __init__(self, target: SSHTarget, connect_policy: Retrying = SSH_CONNECT,
                  on_result: Callable[[StepResult], None] | None = None, reconnect_policy: Retrying = SSH_RECONNECT,
-                 silence_grace_s: float = SILENCE_GRACE_S) -> None:
+                 silence_grace_s: float = SILENCE_GRACE_S, read_ahead: bool = True) -> None:
         self.target = target
         self.connect_policy = connect_policy
         self.reconnect_policy = reconnect_policy
@@ -144,13 +85,20 @@ class FabricRemote:
         self._gateway: fabric.Connection | None = None
         # connections an interrupt left behind, closed with this remote (see `run`)
         self._interrupted: list[fabric.Connection] = []
+        # what was read ahead for this target, and what it reads first (remote/read_ahead.py; a CLI's command only)
+        self._reads = reads_for(self, target) if read_ahead else None
 
     # -- connection ------------------------------------------------------------------------------------
 
     def _connect(self) -> fabric.Connection:
         if self._connection is not None and self._connection.is_connected:
             return self._connection
-        self.close()
+        self._close_connection()
+        if self._reads is not None and (ahead := self._reads.connection()) is not None:
+            self._connection, self._gateway = ahead._connection, ahead._gateway  # opened ahead: taken, not closed
+            if self._connection is not None and self._connection.is_connected:
+                return self._connection
+            self._close_connection()
         target = self.target
         # The jump host is opened first, on its own, so that a refusal names the hop it came from.
         gateway = self._open_hop(target.jump, None) if target.jump else None
@@ -168,7 +116,7 @@ class FabricRemote:
         target = self.target
         # an empty ssh config: the user's was read into `target` already (remote/ssh_config.py)
         config = fabric.Config(lazy=True, ssh_config=paramiko.SSHConfig(),
-                               overrides={"runners": {"remote": _WholeStdinRemote}})
+                               overrides={"runners": {"remote": WholeStdinRemote}})
         connection = fabric.Connection(host=hop.host, user=hop.user, port=hop.port, config=config,
                                        connect_kwargs=connect_kwargs(target), gateway=gateway or False)
         client = connection.client
@@ -184,6 +132,11 @@ class FabricRemote:
         return connection
 
     def close(self) -> None:
+        self._close_connection()
+        if self._reads is not None:
+            self._reads.close()
+
+    def _close_connection(self) -> None:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
@@ -284,6 +237,9 @@ class FabricRemote:
         return put_results(trip, self._run_steps(tuple(script_steps(trip, token)), on_output))
 
     def _run_steps(self, steps: tuple[Step, ...], on_output: OutputLine | None = None) -> list[StepResult]:
+        if self._reads is not None and isinstance(ahead := self._reads.take(steps), list) and on_output is None:
+            self.round_trips += 1
+            return ahead
         connection = self._connect()
         marker = secrets.token_hex(8)
         script = batch_script(steps, self.target.user, marker)
@@ -294,7 +250,7 @@ class FabricRemote:
         timed_out = False
         silence = SilenceBound(steps, marker, self.silence_grace_s)
         opening = ChannelWatch(connection.transport)
-        watching, watching_open = _SILENCE.set(silence), _OPENING.set(opening.start())
+        watching, watching_open = SILENCE.set(silence), OPENING.set(opening.start())
         try:
             # streamed: invoke copies stdout to out_stream only when it is not hidden
             streaming = {"hide": "err", "out_stream": LineSink(on_output)} if on_output else {"hide": True}
@@ -308,8 +264,8 @@ class FabricRemote:
                           if opening.fired else str(error) or type(error).__name__) from error
         finally:
             opening.started()
-            _SILENCE.reset(watching)
-            _OPENING.reset(watching_open)
+            SILENCE.reset(watching)
+            OPENING.reset(watching_open)
         results, out, err = parse_batch_output(steps, marker, raw.stdout, raw.stderr)
         if len(results) == len(steps) or (results and results[-1].exit_code not in steps[len(results) - 1].ok):
             return results
@@ -327,12 +283,18 @@ class FabricRemote:
 
     def forward(self, host: str, port: int, data: bytes, timeout_s: float) -> Forwarded:
         """One TCP exchange with host:port as the host reaches it, through this connection (remote/forward.py)."""
+        if self._reads is not None and isinstance(ahead := self._reads.take(Exchange(host, port, data, timeout_s)),
+                                                  Forwarded):
+            self.round_trips += 1
+            return ahead
         transport = self._connect().transport
         self.round_trips += 1
         return exchange(transport, host, port, data, timeout_s)
 
     def push_directory(self, local_dir: Path, dest: PurePosixPath, link_dest: PurePosixPath | None,
                        on_output: OutputLine | None = None) -> StepResult:
+        if self._reads is not None:
+            self._reads.seen(None)
         argv = rsync_argv(self.target, local_dir, dest, link_dest)
         step = Step(f"push {local_dir} -> {dest}", tuple(argv), timeout_s=48 * 3600)
         started = time.monotonic()
@@ -352,6 +314,8 @@ class FabricRemote:
         return result
 
     def _put(self, put: Put, token: str) -> StepResult:
+        if self._reads is not None:
+            self._reads.seen(None)
         connection = self._connect()
         started = time.monotonic()
         self.round_trips += 1
