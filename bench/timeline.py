@@ -120,8 +120,10 @@ class Journal:
         self.guest, self.unit = guest, unit
 
     def read(self, *options: str) -> list[JournalEntry]:
-        text = manage.run_on(self.guest, shlex.join(["journalctl", "-u", self.unit, "-o", "json", "--no-pager", "-q",
-                                                     *options]))
+        """The unit's entries once journald has processed every stream (`--sync`): the lines a server printed just
+        before are not in the journal until then (systemd/systemd#28650)."""
+        text = manage.run_on(self.guest, "journalctl --sync; " + shlex.join(
+            ["journalctl", "-u", self.unit, "-o", "json", "--no-pager", "-q", *options]))
         entries = []
         for line in text.splitlines():
             record = json.loads(line)

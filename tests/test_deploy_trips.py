@@ -91,6 +91,24 @@ def test_a_change_reads_what_preflight_needs_in_one_round_trip_after_the_decisio
     assert staged[1].name == store.LOCK_TAKE, "the lock is taken with the stage, the first change, as before"
 
 
+def test_a_deploy_expecting_a_change_reads_what_preflight_needs_with_the_decision_and_a_refusal_changes_nothing(
+        ) -> None:
+    """A sweep's candidate (`expect_change`): one read before the stage; 4 GPUs for a profile of 8 still refused
+    before anything is written."""
+    host, _ = serving_the_profile()
+    outcome = deploy(changed_profile(), target(), host, RecordingProgress(), Options(grace_s=0, expect_change=True))
+    assert outcome.action == "deployed"
+    decided, staged = host.batches[:2]
+    assert tools_run(host, decided) >= set(PREFLIGHT_TOOLS) and len(round_trips(decided)) == 1
+    assert staged[1].name == store.LOCK_TAKE, "the lock is taken with the stage, the first change"
+    host, _ = serving_the_profile()
+    host.reply(host_facts.FACT_GPUS, stdout="".join(f"{i}, NVIDIA RTX PRO 6000 Blackwell Server Edition, GPU-{i}, "
+                                                    "12.0, 97887, 0, 30, 600, 0, 580\n" for i in range(4)))
+    with pytest.raises(PreflightError, match="the profile needs 8 GPUs, nvidia-smi shows 4"):
+        deploy(changed_profile(), target(), host, RecordingProgress(), Options(grace_s=0, expect_change=True))
+    assert len(host.batches) == 1 and writes(host) == [], "the one read, not even the lock"
+
+
 def test_a_dry_run_reads_what_preflight_needs_in_its_one_round_trip_and_refuses_as_a_deploy_would() -> None:
     host, _ = serving_the_profile()
     planned = deploy(changed_profile(), target(), host, RecordingProgress(), Options(dry_run=True))

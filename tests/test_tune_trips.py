@@ -9,13 +9,14 @@ from dataclasses import replace
 
 from recording_progress import RecordingProgress
 from test_deploy_plan import target
-from test_tune_loop import BASE, MRR, SweepHost, a_sweep_host, request, sweep
+from test_tune_loop import BASE, BENCH, MRR, SweepHost, a_sweep_host, request, sglang_knowing_every_flag, sweep
 
+from deploy_lib.deploy.plan import ACTIVATE
 from deploy_lib.facts import host as host_facts
 from deploy_lib.host_paths import venv_python
 from deploy_lib.remote import OutputLine, Put, Step, StepResult, round_trips
 from deploy_lib.throughput import STEP_BENCH_MODULE
-from deploy_lib.tune import TuneReport
+from deploy_lib.tune import Request, TuneReport, sweep_spec
 from deploy_lib.tune.loop import _host_view
 
 TRIP = "trip"
@@ -95,7 +96,7 @@ def test_the_sweep_reads_sglang_from_the_venv_the_hosts_inventory_names() -> Non
         update={"venv": inventory_venv})}))
     assert BASE.profile.service.venv != inventory_venv
     host.progress = RecordingProgress()
-    _, view, current = _host_view(host, on_host, BASE)
+    _, view, current = _host_view(host, on_host, BASE, write_caches=True)
     sglang_reads = [step for step in host.ran if getattr(step, "name", "") == host_facts.FACT_SGLANG]
     assert len(sglang_reads) == 1 and str(venv_python(inventory_venv)) in sglang_reads[0].argv, \
         "the host's venv, not the profile's service.venv"
@@ -110,3 +111,47 @@ def test_the_base_runs_start_without_reading_the_store_again() -> None:
     first_base = next(i for i, (kind, value) in enumerate(host.progress.events)
                       if kind == "phase" and str(value).startswith(base_phase))
     assert store_reads(host.progress.events[:first_base]) == 1, "the store is read once, when the sweep starts"
+
+
+def before_the_switch(events: Sequence[tuple[str, object]]) -> list[tuple[int, tuple[str, ...]]]:
+    """The round trips of a candidate before the one that stages, switches and restarts."""
+    switch = next(i for i, (kind, value) in enumerate(events) if kind == "phase" and ACTIVATE in str(value))
+    return [value for kind, value in events[:switch] if kind == TRIP]  # type: ignore[misc]
+
+
+def test_a_candidates_deploy_reads_the_host_once_before_its_switch_preflight_included() -> None:
+    host = counting_host(*MRR)
+    report = sweep(host, request(*MRR))
+    assert isinstance(report, TuneReport) and report.finished
+    for events in candidate_events(host, report.tune_id):
+        [(trips, names)] = before_the_switch(events)
+        assert trips == 1, "the decision's facts and preflight's in one round trip"
+        assert {host_facts.FACT_GPUS, host_facts.FACT_DISK, host_facts.FACT_PORT} <= set(names)
+
+
+def test_the_sweeps_read_of_sglang_is_the_one_its_candidates_deploys_send_and_a_dry_run_writes_no_cache() -> None:
+    """The first read leaves the venv's SGLang facts cached (the write form of the step), so that no candidate's
+    deploy starts a Python to read them again; a dry run sends the read-only form."""
+    host = counting_host(*MRR)
+    assert isinstance(sweep(host, request(*MRR)), TuneReport)
+    reads = [step for step in host.ran if getattr(step, "name", "") == host_facts.FACT_SGLANG]
+    assert len(reads) == 4 and len({step.argv for step in reads}) == 1, "the sweep's read and 3 deploys' alike"
+    assert "write" in reads[0].argv
+    planned = counting_host(*MRR)
+    sweep(planned, Request(*sweep_spec(None, MRR, {"bench": BENCH}), dry_run=True))
+    [dry] = [step for step in planned.ran if getattr(step, "name", "") == host_facts.FACT_SGLANG]
+    assert "write" not in dry.argv and "read" in dry.argv
+
+
+def test_the_sweeps_start_and_its_skipped_candidates_are_recorded_in_one_round_trip() -> None:
+    """Input tried: chunked_prefill_size=4096, a flag the host's SGLang does not have (skipped), beside null."""
+    vary = ("memory.chunked_prefill_size=null,4096",)
+    host = counting_host(*vary)
+    sglang_knowing_every_flag(host, BASE)
+    report = sweep(host, request(*vary))
+    assert isinstance(report, TuneReport)
+    first_write = next(value for kind, value in host.progress.events
+                       if kind == TRIP and "history: append" in value[1])  # type: ignore[index]
+    assert first_write == (1, ("history: append", "history: append"))
+    assert [line["tune"]["role"] for line in host.tune_lines()][:2] == ["start", "skipped"]
+    assert [row.outcome for row in report.rows] == ["measured", "skipped"]

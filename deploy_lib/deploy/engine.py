@@ -92,6 +92,7 @@ class Options:
     skip_gate: bool = False             # no gate even when the profile has one: a sweep measures its candidates
     keep_releases_at_least: int = 0     # prune keeps this many at least: a sweep's best release stays on the host
     alone: bool = True                  # one host on its own, not one of a group deploying together
+    expect_change: bool = False         # a sweep's candidate: preflight's facts go in the decision's read
 
 
 def choose_venv(remote: Remote, layout: StoreLayout, target: Target, profile: Profile, dry_run: bool,
@@ -162,8 +163,9 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
     started = run.clock()
     # the toolkit decides only whether FlashInfer can JIT-build the fusion's kernels (deploy_lib/facts/cuda_toolkit.py)
     toolkit_home = cuda_home(launch_environment(profile)) if profile.features.allreduce_fusion else None
+    preflight_now = options.dry_run or options.expect_change  # preflight's facts in the decision's read
     fact_args = (layout, venv.path, profile.server.port, toolkit_home, profile.service.working_directory,
-                 model.fact_steps(venv.path), None, not options.dry_run, options.dry_run)
+                 model.fact_steps(venv.path), None, not options.dry_run, preflight_now)
     # the live probe for a release that may serve already; the version only picks its health path, taken as one
     # with /ready (live_verdict sends it again when the plan's release says otherwise)
     speculative = {"profile": profile.model_dump(mode="json"),
@@ -187,7 +189,7 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
         plan = replace(plan, unchanged=False, notes=(*plan.notes, f"release {plan.release.id} is current but not "
                                                      f"ready ({verdict.message}): it is restarted and verified"))
     if options.dry_run or not plan.unchanged:  # beside the lock (`inner`): a change preflight refuses writes nothing
-        reads = PreflightReads(facts, fact_args[:5], options.dry_run)
+        reads = PreflightReads(facts, fact_args[:5], preflight_now)
         facts, hand_pid = reads.parse(read_facts(remote if run.lock is None else run.lock.inner, reads.steps))
         if hand_pid is not None:  # an adopted release 0's server still runs: the plan stops it before the restart
             plan = planned(facts, hand_pid=hand_pid)

@@ -68,9 +68,9 @@ class SweepRun:
     def history(self) -> list[HistoryEntry]:
         return [*self.store.history, *self.written]
 
-    def record(self, entry: HistoryEntry) -> None:
-        self.remote.run(append_history(self.layout, entry))
-        self.written.append(entry)
+    def record(self, *entries: HistoryEntry) -> None:  # in one round trip
+        self.remote.run([step for entry in entries for step in append_history(self.layout, entry)])
+        self.written.extend(entries)
 
     def report(self) -> TuneReport:
         return read_tune(self.history, self.tune)
@@ -132,7 +132,7 @@ def deploy_candidate(candidate: Candidate, target: Target, remote: Remote, progr
 def _deploy(run: SweepRun, candidate: Candidate) -> tuple[str, Mapping[str, Any], Tags]:
     keep = len(run.store.releases) + len(run.sweep.candidates) + 1
     options = Options(environ=run.request.environ, grace_s=run.request.grace_s, skip_gate=True,
-                      keep_releases_at_least=keep)
+                      keep_releases_at_least=keep, expect_change=True)
     run.serving_id = None  # a failed start's rollback leaves serving what the store says
     outcome = (run.unit.deploy(candidate, options) if run.unit is not None
                else deploy_candidate(candidate, run.target, run.remote, run.progress, options))

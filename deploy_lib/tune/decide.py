@@ -82,6 +82,11 @@ def best_so_far(standings: Sequence[Standing]) -> Standing | None:
     return ranked[0] if ranked else None
 
 
+def survivors(short: Sequence[Standing], count: int) -> list[Standing]:
+    """search: halving: the `count` best short runs that qualified (healthy, SLA met), best first."""
+    return sorted((s for s in short if s.values), key=lambda s: s.value, reverse=True)[:count]
+
+
 def decide(base: float | None, standings: Sequence[Standing], base_noise: float, keep_winner: bool,
            unit: str, rerun: bool = True) -> Decision:
     """The winner by the objective; the top two re-run once when within the noise of each other (unless not

@@ -48,15 +48,17 @@ from deploy_lib.tune.sweep import HostView, build_sweep, check_values, differenc
 BASE_RUNS = 2  # the base's repeated runs give the noise a winner must beat (a group's: over all its hosts)
 
 
-def _host_view(remote: Remote, target: Target, loaded: LoadedProfile) -> tuple[StoreFacts, HostView, str]:
+def _host_view(remote: Remote, target: Target, loaded: LoadedProfile, write_caches: bool
+               ) -> tuple[StoreFacts, HostView, str]:
     layout = target.layout(loaded.profile.service.name)
     store = read_store_facts(remote, layout)
     current = store.release(store.current) if store.current else None
     if current is None:
         raise ConfigError(f"{target.host.name}: no release serves, so there is nothing to compare a candidate with",
                           f"`invoke deploy --profile {loaded.name}` first")
+    # `write_caches` (not a dry run): the SGLang facts' cache this leaves spares the first candidate's deploy a Python
     facts = read_host_facts(remote, layout, venv=str(current.metadata.get("venv") or target.venv_of(loaded.profile)),
-                            port=None, write_caches=False)
+                            port=None, write_caches=write_caches)
     gpus = facts.gpus or ()
     version = facts.sglang.sglang_version or str(current.metadata.get("sglang_version") or "")
     return store, HostView(layout, version, facts.sglang.flashinfer_version, facts.sglang.options,
@@ -69,7 +71,7 @@ def tune(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progre
     read back from history. A key or value the profile refuses is a ConfigError before the host is read."""
     if request.spec is not None:
         check_values(loaded, request.spec, request.sources, request.patch_sets)
-    store, host, current = _host_view(remote, target, loaded)
+    store, host, current = _host_view(remote, target, loaded, not request.dry_run)
     spec, sources, original = request.spec, request.sources, current
     if request.resume is not None:
         done = read_tune(store.history, request.resume)
@@ -109,11 +111,11 @@ def tune(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progre
 def _run(run: SweepRun, host: HostView) -> TuneReport:
     now = datetime.now(UTC)
     if run.request.resume is None:
-        run.record(start_line(run.tune, run.spec, run.loaded.name, tags_of(run.metadata[run.original]), now,
-                              len(run.sweep.candidates), run.request.share))
-        for skipped in run.sweep.skipped:
-            run.record(tune_line(run.tune, SKIPPED, tags_of(run.metadata[run.original]), now, outcome=FAILED,
-                                 cause=skipped.reason, label=skipped.label, extra={"release": ""}))
+        tags = tags_of(run.metadata[run.original])
+        run.record(start_line(run.tune, run.spec, run.loaded.name, tags, now, len(run.sweep.candidates),
+                              run.request.share),
+                   *(tune_line(run.tune, SKIPPED, tags, now, outcome=FAILED, cause=skipped.reason, label=skipped.label,
+                               extra={"release": ""}) for skipped in run.sweep.skipped))
     for note in run.sweep.notes:
         run.progress.note(note)
     if run.report().base is None:
@@ -144,11 +146,6 @@ def _short_entry(history: Sequence[HistoryEntry], tune: str, label: str) -> Hist
                 and e.tune.get("role") == SHORT and e.tune.get("candidate") == label)
 
 
-def _survivors(short: Sequence[decide.Standing], count: int) -> list[decide.Standing]:
-    """The `count` best short runs that qualified (healthy, SLA met), best first."""
-    return sorted((s for s in short if s.values), key=lambda s: s.value, reverse=True)[:count]
-
-
 def _halving_rounds(run: SweepRun, host: HostView) -> None:
     """search: halving: every candidate a release benchmarked short; the best one in eta benchmarked again in full
     (they compete as a grid's candidates do), the others recorded as eliminated with their short figures. A resume
@@ -168,7 +165,7 @@ def _halving_rounds(run: SweepRun, host: HostView) -> None:
         if back is not None:
             run.switch(back)
     report = run.report()
-    kept = _survivors([row.standing() for row in report.short], halving.survivors(len(labels)))
+    kept = decide.survivors([row.standing() for row in report.short], halving.survivors(len(labels)))
     kept_labels = [s.label for s in kept]
     finished = set(report.finished_labels)
     for row in report.short:
