@@ -26,7 +26,6 @@ from deploy_lib.remote.steps import Step, StepResult
 if TYPE_CHECKING:
     from deploy_lib.remote.forward import Forwarded
 
-SWITCH_ENV = "SGLANG_DEPLOY_READ_AHEAD"
 FORMAT = 1
 MAX_OPS = 4  # a no-op's reads: the facts' round trip(s) and the probe's request; more would be sent ahead for nothing
 MAX_HOSTS = 64  # a larger fleet's command line reads ahead for its first 64 hosts
