@@ -44,7 +44,7 @@ class RouterPolicy(StrEnum):
 class HostVars(BaseModel):
     """The vars this tool reads; an Ansible inventory may carry others, which are kept but not used."""
 
-    model_config = ConfigDict(extra="ignore", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="ignore", frozen=True)
 
     ansible_host: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9.:\-\[\]]+$", max_length=255)] | None = None
     ansible_user: Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_\-]{0,31}$")] | None = Field(
@@ -140,7 +140,7 @@ READ_VARS = tuple(HostVars.model_fields)
 
 
 class Host(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
     name: str
     groups: tuple[str, ...]
     vars: HostVars
@@ -160,7 +160,7 @@ class Host(BaseModel):
 
 
 class Inventory(BaseModel):
-    model_config = ConfigDict(frozen=True)
+    model_config = ConfigDict(defer_build=True, frozen=True)
     path: Path
     hosts: dict[str, Host]
     groups: dict[str, tuple[str, ...]] = {}  # group -> its hosts, children's included, in inventory order

@@ -27,7 +27,7 @@ class Rung(StrEnum):
 class UnitState(BaseModel):
     """The `systemctl show` properties the ladder decides on."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True, populate_by_name=True)
 
     active_state: str = Field("", alias="ActiveState")
     sub_state: str = Field("", alias="SubState")
@@ -64,7 +64,7 @@ class UnitState(BaseModel):
 
 
 class Generation(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     status: int | None = None
     text: str | None = None
@@ -74,7 +74,7 @@ class Generation(BaseModel):
 
 
 class LogLine(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     text: str
     cursor: str
@@ -83,7 +83,7 @@ class LogLine(BaseModel):
 class Snapshot(BaseModel):
     """What one probe saw, as printed by host_scripts/probe.py."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     unit: UnitState | None = None
     unit_error: str | None = None

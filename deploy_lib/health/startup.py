@@ -21,7 +21,7 @@ from pydantic import BaseModel, ConfigDict
 class LogMark(BaseModel):
     """One journal line that matched a marker, with the journal's time of it (microseconds since the epoch)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     text: str
     usec: int

@@ -30,7 +30,7 @@ def _relative_path(value: str) -> str:
 
 
 class FrozenModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
 
 class Edit(FrozenModel):

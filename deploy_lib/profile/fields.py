@@ -38,7 +38,7 @@ SECRET_NAME_RE = re.compile(r"(TOKEN|SECRET|PASSWORD|PASSWD|API_KEY|APIKEY|CREDE
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, use_enum_values=False)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True, use_enum_values=False)
 
 
 class SecretRef(Strict):

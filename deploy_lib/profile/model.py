@@ -38,17 +38,17 @@ class Profile(Strict):
 
     description: Text | None = None
     model: ModelSpec
-    parallel: ParallelSpec = ParallelSpec()
-    memory: MemorySpec = MemorySpec()
-    backends: BackendSpec = BackendSpec()
-    features: FeatureSpec = FeatureSpec()
-    server: ServerSpec = ServerSpec()
-    nccl: NcclSpec = NcclSpec()
+    parallel: ParallelSpec = Field(default_factory=ParallelSpec)
+    memory: MemorySpec = Field(default_factory=MemorySpec)
+    backends: BackendSpec = Field(default_factory=BackendSpec)
+    features: FeatureSpec = Field(default_factory=FeatureSpec)
+    server: ServerSpec = Field(default_factory=ServerSpec)
+    nccl: NcclSpec = Field(default_factory=NcclSpec)
     env: dict[EnvName, Annotated[str, StringConstraints(max_length=MAX_STRING), AfterValidator(no_control_chars)]] = (
         Field(default_factory=dict, description="other environment of the server process"))
     secrets: dict[EnvName, SecretField] = Field(
         default_factory=dict, description="environment variables whose values are read locally at deploy time")
-    service: ServiceSpec = ServiceSpec()
+    service: ServiceSpec = Field(default_factory=ServiceSpec)
     bench: BenchSettings = Field(default_factory=BenchSettings,
                                  description="SGLang's serving benchmark, run by the gate and `invoke bench`")
     gate: GateSettings | None = Field(None, description="benchmark every new release after it is ready and roll "
@@ -110,7 +110,7 @@ class Profile(Strict):
 class LoadedProfile(BaseModel):
     """A validated profile with where it came from."""
 
-    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    model_config = ConfigDict(defer_build=True, frozen=True, arbitrary_types_allowed=True)
     name: str
     path: Path
     chain: tuple[str, ...]  # this profile first, then its parents

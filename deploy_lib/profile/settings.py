@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 class BenchSettings(BaseModel):
     """How the release is benchmarked: SGLang's serving benchmark, random-ids dataset, one run per level."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
     prompts: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
         1024, description="requests per concurrency level (--num-prompts); at least the highest level")
     input_len: Annotated[int, Field(ge=1, le=10_000_000)] = Field(1024, description="prompt tokens per request")
@@ -56,7 +56,7 @@ class BenchSettings(BaseModel):
 class GateSettings(BaseModel):
     """When a benchmarked release is rolled back: ratios against the last good release at the same settings."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
     min_throughput_ratio: Annotated[float, Field(gt=0, le=10)] = Field(
         0.9, description="output throughput must be at least this times the baseline's, at every level")
     max_ttft_p99_ratio: Annotated[float, Field(gt=0, le=100)] = Field(
@@ -66,7 +66,7 @@ class GateSettings(BaseModel):
 class PreflightSettings(BaseModel):
     """What a deploy checks on the host before it starts a release, besides what it always checks."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
     gpu_check: bool = Field(
         False, description="when the NCCL environment, the TP size or the venv's torch/NCCL differ from the current "
                            "release's, stop the old server and run gpu-check's verified all-reduce before starting "
@@ -80,7 +80,7 @@ class PreflightSettings(BaseModel):
 class VenvSpec(BaseModel):
     """How the server's venv is built: a lock (pinned, hashed) and where its wheels come from."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
 
     lock: Path = Field(description="pinned requirements with --hash lines (pip-compile --generate-hashes, "
                                    "uv pip compile --generate-hashes); it must be complete: uv installs it --no-deps")

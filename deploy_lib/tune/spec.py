@@ -39,7 +39,7 @@ class Keep(StrEnum):
 class Sla(BaseModel):
     """p99 limits a level must meet, in milliseconds; none given: every level meets it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
     ttft_p99: Millis | None = Field(None, description="p99 time to first token, ms")
     tpot_p99: Millis | None = Field(None, description="p99 time per output token, ms")
     itl_p99: Millis | None = Field(None, description="p99 inter-token latency, ms")
@@ -67,7 +67,7 @@ class Halving(BaseModel):
     """The short round of `search: halving`: every candidate is a release benchmarked with fewer output tokens; the
     best `1/eta` of them (at least one) run the full benchmark and compete."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
     eta: int = Field(2, ge=2, le=16, description="one candidate in eta survives the short round")
     short_output_len: int | None = Field(
         None, ge=1, le=10_000_000,
@@ -84,7 +84,7 @@ class Halving(BaseModel):
 class TuneSpec(BaseModel):
     """tune/NAME.yaml (or the --vary options): the grid, how each candidate is measured and judged."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
     vary: dict[str, list[Value]] = Field(min_length=1, description="profile path (or `patches`) -> values to try")
     bench: BenchSettings | None = Field(
         None, description="the benchmark of every run (default: the profile's `bench:`); its levels are `ladder`")
