@@ -12,6 +12,7 @@ from collections import defaultdict
 from collections.abc import Iterator
 from importlib.metadata import version as package_version
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import pytest
 from invoke import Collection
@@ -31,6 +32,13 @@ def invoke(*argv: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> s
     environ = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEPLOY_INVENTORY", "HF_TOKEN")} | (env or {})
     return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *argv], cwd=cwd,
                           capture_output=True, text=True, env=environ, timeout=120)
+
+
+def fresh_process_json(script: str, *argv: str) -> Any:
+    """What `script`, run by a new interpreter in the checkout, printed as JSON (its exit status 0)."""
+    shown = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert shown.returncode == 0, shown.stderr
+    return json.loads(shown.stdout)
 
 
 def all_tasks(collection: Collection = tasks.ns, prefix: str = "") -> Iterator[tuple[str, Task]]:
@@ -226,9 +234,7 @@ def test_loading_the_tasks_leaves_the_template_engine_patch_sets_and_sandbox_rig
     the failure table and Fabric loaded by every command (the progress printer's log-line shortener, the remote
     package's FabricRemote, the SSH settings' connection type)."""
     script = "import json, sys; import tasks; print(json.dumps(sorted(sys.modules)))"
-    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert shown.returncode == 0, shown.stderr
-    loaded = set(json.loads(shown.stdout))
+    loaded = set(fresh_process_json(script))
     not_needed = {"jinja2", "deploy_lib.release.render", "deploy_lib.deploy", "deploy_lib.patches",
                   "deploy_lib.commands", "deploy_lib.gpu_check", "deploy_lib.facts.diagnose", "fabric",
                   "deploy_lib.remote.connection", "sandbox.manage", "sandbox.hub", "sandbox.wheelhouse"}
@@ -244,18 +250,14 @@ def test_loading_the_tasks_builds_no_model_s_validator() -> None:
               "if module.__name__.startswith('deploy_') for name, cls in vars(module).items() "
               "if isinstance(cls, type) and issubclass(cls, BaseModel) and cls.__module__ == module.__name__ "
               "and cls.__pydantic_complete__)))")
-    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert shown.returncode == 0, shown.stderr
-    assert json.loads(shown.stdout) == []
+    assert fresh_process_json(script) == []
 
 
 def test_the_cyclic_collector_is_on_again_once_the_tasks_are_loaded() -> None:
     """tasks.py holds the collector off while its imports build long-lived objects (~13 % of their CPU); a command
     that runs for hours (a sweep, a rolling deploy) must still collect its cycles: on again, the imports frozen."""
     script = "import gc, json; import tasks; print(json.dumps([gc.isenabled(), gc.get_freeze_count()]))"
-    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert shown.returncode == 0, shown.stderr
-    enabled, frozen = json.loads(shown.stdout)
+    enabled, frozen = fresh_process_json(script)
     assert enabled and frozen > 10_000
 
 
@@ -276,10 +278,7 @@ def test_a_no_op_deploy_renders_nothing_and_leaves_what_it_does_not_run_unloaded
               "host = facts(tuple(current.metadata['args']), current=current, active='active'); "
               "plan = plan_deploy(loaded, target(), host, {}, False, NOW); preflight(plan, loaded, target(), host); "
               "print(json.dumps({'unchanged': plan.unchanged, 'loaded': sorted(sys.modules)}))")
-    shown = subprocess.run([sys.executable, "-c", script, json.dumps(dataclasses.asdict(current))],
-                           capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert shown.returncode == 0, shown.stderr
-    report = json.loads(shown.stdout)
+    report = fresh_process_json(script, json.dumps(dataclasses.asdict(current)))
     assert report["unchanged"]
     assert {"jinja2", "deploy_lib.ops.fleet", "rich.table", "deploy_lib.venvs", "deploy_lib.gpu_check"} & set(
         report["loaded"]) == set()
@@ -298,9 +297,7 @@ def test_a_no_op_deploy_with_its_hooks_and_notices_loads_no_webhook_sender() -> 
               "fleet = commands.deploy(PROJECT, Scope(PROJECT.inventory(None), (target(),)), 'glm5-nvfp4', "
               "Options(grace_s=0), reach); "
               "print(json.dumps({'action': commands.one(fleet).action, 'loaded': sorted(sys.modules)}))")
-    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert shown.returncode == 0, shown.stderr
-    report = json.loads(shown.stdout)
+    report = fresh_process_json(script)
     assert report["action"] == "unchanged"
     assert {"deploy_lib.remote.webhook", "urllib.request", "http.client"} & set(report["loaded"]) == set()
 
@@ -387,6 +384,4 @@ def test_every_task_that_talks_to_a_host_takes_verbose_and_the_reporting_ones_ta
 
 def test_the_deploy_engine_loads_the_benchmark_only_for_a_gated_deploy() -> None:
     script = "import json, sys; import deploy_lib.deploy; print(json.dumps(sorted(sys.modules)))"
-    shown = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert shown.returncode == 0, shown.stderr
-    assert {"deploy_lib.throughput", "deploy_lib.patches"} & set(json.loads(shown.stdout)) == set()
+    assert {"deploy_lib.throughput", "deploy_lib.patches"} & set(fresh_process_json(script)) == set()
