@@ -66,7 +66,10 @@ def test_a_no_op_asks_the_health_endpoint_through_the_connection_or_on_a_host_th
     # closed while sshd's close of the forwarded channel was on its way)
     assert "Connection reset" not in rig.root(f"journalctl -q -u ssh.service --since @{since} || true")
     dropin = "/etc/ssh/sshd_config.d/50-no-forwarding.conf"
-    rig.root(f"echo 'AllowTcpForwarding no' > {dropin} && systemctl reload ssh")
+    # restart, not reload: reload returns once SIGHUP is sent, and sshd re-executes with its port closed for a moment
+    # (the next connection was refused 2 times in 20); Type=notify makes restart wait until sshd listens again, and
+    # KillMode=process keeps this command's own session
+    rig.root(f"echo 'AllowTcpForwarding no' > {dropin} && systemctl restart ssh")
     try:
         with rig.connect() as (_, remote):
             assert not remote.forward("127.0.0.1", 8000, request, 5).sent, "the sshd refuses forwarding"
@@ -75,7 +78,7 @@ def test_a_no_op_asks_the_health_endpoint_through_the_connection_or_on_a_host_th
         outcome = rig.deploy(REFERENCE)
         assert outcome.action == "deployed" and outcome.release_id == healthy and rig.unit_state() == "active"
     finally:
-        rig.root(f"rm -f {dropin} && systemctl reload ssh")
+        rig.root(f"rm -f {dropin} && systemctl restart ssh")
 
 
 def test_the_command_line_s_read_ahead_never_answers_for_a_host_that_changed(rig: Rig, healthy: str) -> None:
