@@ -3,48 +3,9 @@ the sandbox VMs and the demos, which need this checkout's test rig. `invoke --li
 
 from __future__ import annotations
 
-import gc
-import os
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-
-# invoke turns bytecode writing off for whatever it imports after its own options (Program.parse_core, unless
-# --write-pyc): a checkout's modules were compiled from source on every command, +40 % of the imports' CPU.
-# Python's own setting (-B, PYTHONDONTWRITEBYTECODE) decides again, for the modules imported from here on.
-sys.dont_write_bytecode = bool(sys.flags.dont_write_bytecode)
-
-
-def _cache_own_bytecode() -> None:
-    """This file itself was compiled before the line above ran, and invoke's loader never writes its cache: each
-    command compiled its 900 lines again (~6 ms CPU). Write the cache when it is missing or older than the file, as
-    an import would; a directory we may not write to keeps the old cost."""
-    cached = __spec__.cached if __spec__ is not None else None
-    if sys.dont_write_bytecode or not cached:
-        return
-    try:
-        if os.stat(cached).st_mtime >= os.stat(__file__).st_mtime:
-            return
-    except FileNotFoundError:
-        pass
-    import py_compile
-    try:
-        py_compile.compile(__file__, cfile=cached, quiet=2)
-    except OSError:
-        pass
-
-
-_cache_own_bytecode()
-# The imports below make some 10^5 objects that live as long as the command (pydantic's schemas, Rich's styles): the
-# cyclic collector walking them while they were made cost ~13 % of the imports' CPU. It runs again once they are in,
-# and never walks them again (gc.freeze: they move to a generation it leaves alone).
-gc.disable()
-
-from deploy_lib.remote import read_ahead
-
-# A command line that read its hosts last time sends the same reads now, while the imports below run.
-read_ahead.start(sys.argv, os.getcwd(), os.environ)
 
 from invoke import Collection, Context, Exit
 
@@ -59,9 +20,6 @@ from deploy_cli.router import router_deploy
 from deploy_cli.tune import tune
 from deploy_lib.project import SANDBOX_INVENTORY
 from sandbox import tasks as sandbox_tasks
-
-gc.freeze()
-gc.enable()
 
 CHECKOUT = Path(__file__).resolve().parent  # the sandbox's inventory is the checkout's own, wherever invoke runs
 

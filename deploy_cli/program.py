@@ -144,9 +144,6 @@ class DeployProgram(Program):
             self.parse_core_args()
         except ParseError as error:
             raise self.usage_error(error) from None
-        # invoke turns bytecode writing off (unless --write-pyc) before a command runs: the modules the task then
-        # imports were compiled from source on every command. Python's own setting (-B) decides instead.
-        sys.dont_write_bytecode = bool(sys.flags.dont_write_bytecode)
         if self.args.version.value:
             self.print_version()
             raise Exit
@@ -222,8 +219,6 @@ class DeployProgram(Program):
 
 
 def main() -> None:
-    from deploy_lib.remote import read_ahead
-    read_ahead.start(sys.argv, os.getcwd(), os.environ)  # before the tasks' imports, which it runs beside
     from deploy_cli.collection import user_tasks
     program = DeployProgram(name=NAME, binary=NAME, version=version(NAME), namespace=user_tasks(),
                             executor_class=OneTaskExecutor)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import io
 import json
 import os
@@ -12,7 +11,6 @@ from collections import defaultdict
 from collections.abc import Iterator
 from importlib.metadata import version as package_version
 from pathlib import Path, PurePosixPath
-from typing import Any
 
 import pytest
 from invoke import Collection
@@ -32,13 +30,6 @@ def invoke(*argv: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> s
     environ = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEPLOY_INVENTORY", "HF_TOKEN")} | (env or {})
     return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *argv], cwd=cwd,
                           capture_output=True, text=True, env=environ, timeout=120)
-
-
-def fresh_process_json(script: str, *argv: str) -> Any:
-    """What `script`, run by a new interpreter in the checkout, printed as JSON (its exit status 0)."""
-    shown = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True, cwd=REPO, timeout=120)
-    assert shown.returncode == 0, shown.stderr
-    return json.loads(shown.stdout)
 
 
 def all_tasks(collection: Collection = tasks.ns, prefix: str = "") -> Iterator[tuple[str, Task]]:
@@ -229,79 +220,6 @@ def test_patch_without_one_action_is_a_sentence_and_exit_2(task: list[str]) -> N
         2, "error: give exactly one of --enable, --disable, --check, --audit")
 
 
-def test_loading_the_tasks_leaves_the_template_engine_patch_sets_and_sandbox_rig_unloaded() -> None:
-    """Each `invoke` command pays for what tasks.py imports: only what a command runs is loaded, in its task. Was:
-    the failure table and Fabric loaded by every command (the progress printer's log-line shortener, the remote
-    package's FabricRemote, the SSH settings' connection type)."""
-    script = "import json, sys; import tasks; print(json.dumps(sorted(sys.modules)))"
-    loaded = set(fresh_process_json(script))
-    not_needed = {"jinja2", "deploy_lib.release.render", "deploy_lib.deploy", "deploy_lib.patches",
-                  "deploy_lib.commands", "deploy_lib.gpu_check", "deploy_lib.facts.diagnose", "fabric",
-                  "deploy_lib.remote.connection", "sandbox.manage", "sandbox.hub", "sandbox.wheelhouse"}
-    assert not_needed & loaded == set()
-
-
-def test_loading_the_tasks_builds_no_model_s_validator() -> None:
-    """pydantic builds a model's validator when a command first validates one (defer_build), not when tasks.py
-    imports it: `--list`, `--help` and the commands that read no profile skip the work (~17 ms of CPU, measured by
-    `invoke --list`). Was: every profile section's validator built at import, by the `= ParallelSpec()` defaults."""
-    script = ("import json, sys; import tasks; from pydantic import BaseModel; "
-              "print(json.dumps(sorted(f'{cls.__module__}.{name}' for module in list(sys.modules.values()) "
-              "if module.__name__.startswith('deploy_') for name, cls in vars(module).items() "
-              "if isinstance(cls, type) and issubclass(cls, BaseModel) and cls.__module__ == module.__name__ "
-              "and cls.__pydantic_complete__)))")
-    assert fresh_process_json(script) == []
-
-
-def test_the_cyclic_collector_is_on_again_once_the_tasks_are_loaded() -> None:
-    """tasks.py holds the collector off while its imports build long-lived objects (~13 % of their CPU); a command
-    that runs for hours (a sweep, a rolling deploy) must still collect its cycles: on again, the imports frozen."""
-    script = "import gc, json; import tasks; print(json.dumps([gc.isenabled(), gc.get_freeze_count()]))"
-    enabled, frozen = fresh_process_json(script)
-    assert enabled and frozen > 10_000
-
-
-def test_a_no_op_deploy_renders_nothing_and_leaves_what_it_does_not_run_unloaded() -> None:
-    """A no-op compares release ids (plan and preflight, as `invoke deploy` runs them on a one-host command, with what
-    the task imports): the unit and env file are rendered only to be staged or shown, the venv builder, the prune's
-    venv reads and the gpu check load only when they run. Was: Jinja2 loaded and both files rendered on every deploy;
-    then the venvs and gpu_check packages loaded on every deploy (the engine's, the plan's and the facts' imports)."""
-    from test_deploy_plan import deployed, first_plan
-    current = deployed(first_plan()[1])
-    script = ("import json, sys; sys.path.insert(0, 'tests'); import tasks; "
-              "from test_deploy_plan import NOW, PROJECT, facts, target; "
-              "from deploy_lib.deploy import plan_deploy, preflight; from deploy_lib.store import ReleaseRecord; "
-              "from deploy_lib.ops import commands, multinode, scope; from deploy_lib.remote import FabricRemote; "
-              "from deploy_cli import common; "
-              "current = ReleaseRecord(**json.loads(sys.argv[1])); loaded = PROJECT.profile('glm5-nvfp4'); "
-              "common.scope(None, None, None, False, common.rollout(None, None)); "  # the deploy task's one host
-              "host = facts(tuple(current.metadata['args']), current=current, active='active'); "
-              "plan = plan_deploy(loaded, target(), host, {}, False, NOW); preflight(plan, loaded, target(), host); "
-              "print(json.dumps({'unchanged': plan.unchanged, 'loaded': sorted(sys.modules)}))")
-    report = fresh_process_json(script, json.dumps(dataclasses.asdict(current)))
-    assert report["unchanged"]
-    assert {"jinja2", "deploy_lib.ops.fleet", "rich.table", "deploy_lib.venvs", "deploy_lib.gpu_check"} & set(
-        report["loaded"]) == set()
-
-
-def test_a_no_op_deploy_with_its_hooks_and_notices_loads_no_webhook_sender() -> None:
-    """The deploy command's whole no-op (ops.commands.deploy: the hooks, the notices, the engine) on a host without
-    `notify_webhook`, in a fresh process with what the task imports: the webhook's sender and urllib.request load
-    only for a host that has a webhook. Was: loaded by every deploy and rollback to tell no one."""
-    script = ("import json, sys; sys.path.insert(0, 'tests'); import tasks; from contextlib import nullcontext; "
-              "from recording_progress import RecordingProgress; from test_deploy_plan import PROJECT, target; "
-              "from test_deploy_trips import serving_the_profile; from deploy_lib.deploy import Options; "
-              "from deploy_lib.ops import commands; from deploy_lib.ops.scope import Reach, Scope; "
-              "host, release_id = serving_the_profile(); progress = RecordingProgress(); "
-              "reach = Reach(lambda found, prefixed: nullcontext(host), lambda name: progress, lambda question: None); "
-              "fleet = commands.deploy(PROJECT, Scope(PROJECT.inventory(None), (target(),)), 'glm5-nvfp4', "
-              "Options(grace_s=0), reach); "
-              "print(json.dumps({'action': commands.one(fleet).action, 'loaded': sorted(sys.modules)}))")
-    report = fresh_process_json(script)
-    assert report["action"] == "unchanged"
-    assert {"deploy_lib.remote.webhook", "urllib.request", "http.client"} & set(report["loaded"]) == set()
-
-
 def test_the_whole_no_op_deploy_renders_neither_the_unit_nor_the_env_file(monkeypatch: pytest.MonkeyPatch) -> None:
     """The deploy engine's no-op (facts, plan, preflight, the live probe: its one round trip) against a scripted host
     that serves the profile's release; a render would raise."""
@@ -319,27 +237,11 @@ def test_the_whole_no_op_deploy_renders_neither_the_unit_nor_the_env_file(monkey
 
 
 @pytest.mark.parametrize("no_bytecode", [False, True])
-def test_a_command_writes_the_bytecode_of_what_it_imports_unless_python_is_told_not_to(
-        tmp_path: Path, no_bytecode: bool) -> None:
-    """invoke switches bytecode writing off for what it imports after its own options, so every command compiled the
-    tool's modules from source again (failed before: no deploy_lib bytecode written), and tasks.py, which invoke loads
-    with writing off, too (failed before: no tasks.py bytecode). PYTHONDONTWRITEBYTECODE wins."""
-    shown = invoke("render", "-p", "glm5-nvfp4", env={"PYTHONPYCACHEPREFIX": str(tmp_path),
-                                                      "PYTHONDONTWRITEBYTECODE": "1" if no_bytecode else ""})
-    assert shown.returncode == 0, shown.stderr
-    written = {f"{path.parent.name}/{path.name.split('.')[0]}" for path in tmp_path.rglob("*.pyc")
-               if "deploy_lib" in path.parts}  # the prefix mirrors the source tree: <folder>/<module>.cpython-3xx.pyc
-    assert written == set() if no_bytecode else {"deploy_lib/project", "release/model", "release/render"} <= written
-    tasks_py = list((tmp_path / REPO.relative_to(REPO.anchor)).glob("tasks.*.pyc"))  # the prefix mirrors the path
-    assert tasks_py == [] if no_bytecode else len(tasks_py) == 1
-
-
-@pytest.mark.parametrize("no_bytecode", [False, True])
 def test_the_sglang_deploy_command_loads_no_tasks_py_and_writes_the_bytecode_of_what_it_imports(
         tmp_path: Path, no_bytecode: bool) -> None:
-    """`sglang-deploy` runs the package's own tasks (no tasks.py is looked for: an installed tool has none); invoke
-    switches bytecode writing off before a command runs, and the program gives it back to Python (failed before:
-    the command needed the checkout's tasks.py). PYTHONDONTWRITEBYTECODE wins."""
+    """`sglang-deploy` runs the package's own tasks (no tasks.py is looked for: an installed tool has none; failed
+    before: the command needed the checkout's tasks.py); its own parse of the command line leaves bytecode writing to
+    Python (invoke's parse switches it off unless --write-pyc). PYTHONDONTWRITEBYTECODE wins."""
     script = "import sys; from deploy_cli.program import main; sys.argv[0] = 'sglang-deploy'; main()"
     environ = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEPLOY_INVENTORY", "PYTHONDONTWRITEBYTECODE")}
     shown = subprocess.run([sys.executable, "-c", script, "render", "-p", "glm5-nvfp4"], capture_output=True,
@@ -380,8 +282,3 @@ def test_every_task_that_talks_to_a_host_takes_verbose_and_the_reporting_ones_ta
     no_verbose = {name for name, taken in options.items() if "host" in taken and "verbose" not in taken}
     assert no_verbose == HOST_TASKS_WITHOUT_VERBOSE
     assert {name for name in JSON_TASKS if "json" not in options[name]} == set()
-
-
-def test_the_deploy_engine_loads_the_benchmark_only_for_a_gated_deploy() -> None:
-    script = "import json, sys; import deploy_lib.deploy; print(json.dumps(sorted(sys.modules)))"
-    assert {"deploy_lib.throughput", "deploy_lib.patches"} & set(fresh_process_json(script)) == set()
