@@ -60,11 +60,10 @@ def part_figure(name: str, walls: Sequence[float], cpus: Sequence[float]) -> Fig
                   None)
 
 
-def process_figures(processes: Sequence[ProcessRun], alone: Sequence[ProcessRun], parts: Sequence[ProcessParts]
-                    ) -> list[Figure]:
-    """The whole-process no-op, the same without read-ahead (`alone`, interleaved), and where its time goes: each
-    part of bench/noop_parts.py (no read-ahead), then what `invoke` adds (its command line parse, the output): the
-    whole without read-ahead minus the parts, wall and CPU."""
+def process_figures(processes: Sequence[ProcessRun], parts: Sequence[ProcessParts]) -> list[Figure]:
+    """The whole-process no-op and where its time goes: each part of bench/noop_parts.py, then what `invoke` adds
+    (its command line parse, the output): the whole minus the parts, wall and CPU. Its one target, ahead of
+    pyinfra in the same run, is judged beside pyinfra's figure (bench/peer.py)."""
     names = list(parts[0].parts)
     wall = {name: [run.parts[name][0] for run in parts] for name in names}
     cpu = {name: [run.parts[name][1] for run in parts] for name in names}
@@ -74,17 +73,13 @@ def process_figures(processes: Sequence[ProcessRun], alone: Sequence[ProcessRun]
             for name in names]
     parts_wall = sum(statistics.median(values) for values in wall.values())
     parts_cpu = sum(statistics.median(values) for values in cpu.values())
-    without = statistics.median(run.seconds for run in alone)
     return [
         seconds_figure(f"no-op `invoke deploy --profile {PROFILE} --yes`, whole process",
-                       [run.seconds for run in processes], 0.8),
+                       [run.seconds for run in processes], None),
         seconds_figure("  the process's own CPU time (user + sys)", [run.cpu_s for run in processes], None),
-        Figure("  the same without read-ahead, each round trip sent when asked (interleaved)",
-               f"{without:.2f} s, CPU {statistics.median(run.cpu_s for run in alone):.2f} s; read-ahead "
-               f"{without / statistics.median(run.seconds for run in processes):.2f}x faster", len(alone), "", None),
         *rows,
-        part_figure("  - the rest: invoke's command line parse, the output (whole without read-ahead - parts)",
-                    [run.seconds - parts_wall for run in alone], [run.cpu_s - parts_cpu for run in alone]),
+        part_figure("  - the rest: invoke's command line parse, the output (whole - parts)",
+                    [run.seconds - parts_wall for run in processes], [run.cpu_s - parts_cpu for run in processes]),
     ]
 
 
@@ -95,8 +90,8 @@ def long_step_figure(runs: Sequence[LongStepRun]) -> Figure:
                   f"{cpu:.3f} s ({share:.1%} of the step)", len(runs), "", None)
 
 
-def deploy_figures(no_ops: Sequence[NoOpRun], processes: Sequence[ProcessRun], alone: Sequence[ProcessRun],
-                   parts: Sequence[ProcessParts], changed: Sequence[ChangedRun], crashes: Sequence[CrashRun],
+def deploy_figures(no_ops: Sequence[NoOpRun], processes: Sequence[ProcessRun], parts: Sequence[ProcessParts],
+                   changed: Sequence[ChangedRun], crashes: Sequence[CrashRun],
                    long_steps: Sequence[LongStepRun]) -> list[Figure]:
     round_trips = statistics.median(run.round_trips for run in no_ops)
     plural = "" if round_trips == 1 else "s"
@@ -104,7 +99,7 @@ def deploy_figures(no_ops: Sequence[NoOpRun], processes: Sequence[ProcessRun], a
     return [
         seconds_figure(f"no-op redeploy (one SSH connection, {round_trips:g} round trip{plural})",
                        [run.seconds for run in no_ops], 1.0),
-        *process_figures(processes, alone, parts),
+        *process_figures(processes, parts),
         seconds_figure("changed deploy, total", [run.total_s for run in changed], None),
         seconds_figure("  server's own start (restart -> fired up)", [run.server_start_s for run in changed], None),
         # the grace window is a policy's wait (GRACE_S), not the tool's overhead: targets judge the time around it

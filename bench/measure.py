@@ -29,7 +29,6 @@ from deploy_lib import venvs
 from deploy_lib.errors import ReadinessFailed
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote, SSHTarget, Step
-from deploy_lib.remote.read_ahead import SWITCH_ENV
 from deploy_lib.store import StoreLayout, host_lock
 from sandbox import manage
 
@@ -126,17 +125,17 @@ class ProcessRun:
     guest_cpu_s: float = 0.0  # the guest's CPU for the command's SSH connections and all they ran (GuestSshCpu)
 
 
-def whole_process_no_op(rig: Rig, pycache: Path, read_ahead: bool = True) -> ProcessRun:
+def whole_process_no_op(rig: Rig, pycache: Path, write_pyc: bool = False) -> ProcessRun:
     """`invoke deploy --profile P --yes` as a user runs it, a no-op: the process's wall time, Python's start and
-    every import included. Bytecode is cached (in `pycache`) as an installed tool's is; the first run writes it, and
-    the record its next runs read ahead from (remote/read_ahead.py; `read_ahead` False: the same command without)."""
+    every import included. Bytecode is cached (in `pycache`) as an installed tool's is: a first run with `write_pyc`
+    (invoke's --write-pyc; invoke writes none of what it imports after its own options otherwise) writes it."""
     environ = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
-    argv = [sys.executable, "-m", "invoke", "--search-root", str(REPO), "deploy", "--profile", PROFILE, "--yes",
-            "--inventory", rig.inventory]
+    argv = [sys.executable, "-m", "invoke", *(["--write-pyc"] if write_pyc else []), "--search-root", str(REPO),
+            "deploy", "--profile", PROFILE, "--yes", "--inventory", rig.inventory]
     guest_before = rig.ssh_cpu.seconds()
     before, started = resource.getrusage(resource.RUSAGE_CHILDREN), time.time()
     done = subprocess.run(argv, capture_output=True, text=True, cwd=REPO, timeout=120,
-                          env={**environ, "PYTHONPYCACHEPREFIX": str(pycache), SWITCH_ENV: str(int(read_ahead))})
+                          env={**environ, "PYTHONPYCACHEPREFIX": str(pycache)})
     seconds, after = time.time() - started, resource.getrusage(resource.RUSAGE_CHILDREN)
     assert done.returncode == 0 and "no changes" in done.stdout, done.stdout + done.stderr
     return ProcessRun(seconds, after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime,
@@ -152,12 +151,12 @@ class ProcessParts:
 
 
 def no_op_parts(rig: Rig, pycache: Path) -> ProcessParts:
-    """The whole process's parts, from a fresh process that does what the deploy task does (bench/noop_parts.py),
-    each round trip sent when the deploy asks for it (no read-ahead): where the work goes."""
+    """The whole process's parts, from a fresh process that does what the deploy task does (bench/noop_parts.py):
+    where the work goes."""
     environ = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
     done = subprocess.run([sys.executable, "-m", "bench.noop_parts", repr(time.time()), rig.inventory, PROFILE],
                           capture_output=True, text=True, cwd=REPO, timeout=120,
-                          env={**environ, "PYTHONPYCACHEPREFIX": str(pycache), SWITCH_ENV: "0"})
+                          env={**environ, "PYTHONPYCACHEPREFIX": str(pycache)})
     assert done.returncode == 0, done.stdout + done.stderr
     report = json.loads(done.stdout)
     parts = {"Python's start (interpreter, site)": (report["interpreter"]["wall_s"], report["interpreter"]["cpu_s"])}

@@ -62,18 +62,16 @@ def measure_deploys(rig: Rig, runs: int, peer_work: Path | None) -> list[Figure]
     say(f"live probe, the guest's CPU: forwarded {', '.join(f'{run.forwarded_s:.3f} s' for run in probes)}; "
         f"on the host {', '.join(f'{run.host_s:.3f} s' for run in probes)}")
     pycache = Path(tempfile.mkdtemp(prefix="sglang-bench-pycache-"))
-    whole_process_no_op(rig, pycache)  # writes the bytecode cache and the read-ahead's record
-    processes, alone, peer_no_ops, floors = [], [], [], []
+    whole_process_no_op(rig, pycache, write_pyc=True)  # writes the bytecode cache
+    processes, peer_no_ops, floors = [], [], []
     for _ in range(runs):
         processes.append(whole_process_no_op(rig, pycache))
-        alone.append(whole_process_no_op(rig, pycache, read_ahead=False))
         floors.append(peer_module.floor(rig))
         if peer:
             peer_no_ops.append(peer.no_op())
     parts = [no_op_parts(rig, pycache) for _ in range(runs)]
     shutil.rmtree(pycache)
-    say(f"no-op deploys, whole process: {', '.join(f'{run.seconds:.2f} s' for run in processes)}; without "
-        f"read-ahead {', '.join(f'{run.seconds:.2f} s' for run in alone)}"
+    say(f"no-op deploys, whole process: {', '.join(f'{run.seconds:.2f} s' for run in processes)}"
         + (f"; pyinfra {', '.join(f'{run.seconds:.2f} s' for run in peer_no_ops)}" if peer else ""))
     changed, peer_changed = [], []
     for run in range(runs):
@@ -91,8 +89,7 @@ def measure_deploys(rig: Rig, runs: int, peer_work: Path | None) -> list[Figure]
     long_steps = [long_step_cpu(rig) for _ in range(runs)]
     say(f"long steps: client CPU {', '.join(f'{run.cpu_s:.3f} s' for run in long_steps)}")
     figures = peer_module.peer_figures(processes, peer_no_ops, floors, changed, peer_changed) if peer else []
-    return figures + live_probe_figures(probes) + deploy_figures(no_ops, processes, alone, parts, changed, crashes,
-                                                                  long_steps)
+    return figures + live_probe_figures(probes) + deploy_figures(no_ops, processes, parts, changed, crashes, long_steps)
 
 
 @contextmanager
