@@ -13,9 +13,6 @@ INVENTORY = Path(__file__).resolve().parent.parent / "inventory"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    # The CLI's read-ahead keeps a record per command line in the user's cache; tests that run it say so
-    # (tests/test_read_ahead.py), every other command a test runs reads its hosts only when it asks.
-    os.environ.setdefault("SGLANG_DEPLOY_READ_AHEAD", "0")
     # A run started in the background by a shell (CI scripts, `make test &`) inherits SIGINT ignored, and Python
     # then installs no KeyboardInterrupt handler: the Ctrl-C tests, and the children they start, need the default.
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:

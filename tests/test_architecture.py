@@ -47,7 +47,6 @@ LAYERS: dict[str, frozenset[str]] = {
     # Step / StepResult as data, the one connection that runs them, a batch of reads (facts.readings)
     "transport": frozenset({"remote", "remote.steps", "remote.batch", "remote.ssh", "remote.ssh_config", "remote.sftp",
                             "remote.connection", "remote.forward", "remote.webhook", "remote.runner",
-                            "remote.read_ahead", "remote.reads_record",
                             "facts.readings"}),
     # pydantic models of what the user writes
     "schema": frozenset({"profile", "profile.fields", "profile.choices", "profile.sections", "profile.settings",

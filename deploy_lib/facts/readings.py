@@ -68,7 +68,6 @@ class Readings:
 
 def read(remote: Remote, steps: Iterable[Fact[Any] | Step]) -> Readings:
     """Run read-only steps (facts, or plain steps parsed by hand) as one batch; a read is safe to send again after a
-    dropped connection (`remote.steps.repeatable`), and to send ahead (`Step.read`, remote/read_ahead.py); nothing to
-    read sends nothing."""
-    batch = [replace(item.step if isinstance(item, Fact) else item, repeatable=True, read=True) for item in steps]
+    dropped connection (`remote.steps.repeatable`); nothing to read sends nothing."""
+    batch = [replace(item.step if isinstance(item, Fact) else item, repeatable=True) for item in steps]
     return Readings(remote.run(batch) if batch else ())

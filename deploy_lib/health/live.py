@@ -27,7 +27,7 @@ def live_unit_step(target: ProbeTarget) -> Step:
     """The host's part of the live probe: the unit's properties the verdict reads (the ladder's own set)."""
     unit = target.unit or ""
     return Step(LIVE_UNIT, ("systemctl", "show", "--no-pager", "-p", ",".join(UNIT_PROPERTIES), "--", unit),
-                ok=EVERY_EXIT, timeout_s=10, repeatable=True, read=True)
+                ok=EVERY_EXIT, timeout_s=10, repeatable=True)
 
 
 def health_request(target: ProbeTarget) -> bytes:

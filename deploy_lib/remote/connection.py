@@ -37,7 +37,6 @@ from deploy_lib.remote.batch import (
     trip_steps_done,
 )
 from deploy_lib.remote.forward import Forwarded, exchange
-from deploy_lib.remote.reads_record import Exchange, reads_for
 from deploy_lib.remote.runner import OPENING, SILENCE, WholeStdinRemote
 from deploy_lib.remote.sftp import open_sftp, put_directly, remove_quietly, upload
 from deploy_lib.remote.ssh import (
@@ -74,7 +73,7 @@ class FabricRemote:
 
     def __init__(self, target: SSHTarget, connect_policy: Retrying = SSH_CONNECT,
                  on_result: Callable[[StepResult], None] | None = None, reconnect_policy: Retrying = SSH_RECONNECT,
-                 silence_grace_s: float = SILENCE_GRACE_S, read_ahead: bool = True) -> None:
+                 silence_grace_s: float = SILENCE_GRACE_S) -> None:
         self.target = target
         self.connect_policy = connect_policy
         self.reconnect_policy = reconnect_policy
@@ -85,8 +84,6 @@ class FabricRemote:
         self._gateway: fabric.Connection | None = None
         # connections an interrupt left behind, closed with this remote (see `run`)
         self._interrupted: list[fabric.Connection] = []
-        # what was read ahead for this target, and what it reads first (remote/read_ahead.py; a CLI's command only)
-        self._reads = reads_for(self, target) if read_ahead else None
 
     # -- connection ------------------------------------------------------------------------------------
 
@@ -94,11 +91,6 @@ class FabricRemote:
         if self._connection is not None and self._connection.is_connected:
             return self._connection
         self._close_connection()
-        if self._reads is not None and (ahead := self._reads.connection()) is not None:
-            self._connection, self._gateway = ahead._connection, ahead._gateway  # opened ahead: taken, not closed
-            if self._connection is not None and self._connection.is_connected:
-                return self._connection
-            self._close_connection()
         target = self.target
         # The jump host is opened first, on its own, so that a refusal names the hop it came from.
         gateway = self._open_hop(target.jump, None) if target.jump else None
@@ -133,8 +125,6 @@ class FabricRemote:
 
     def close(self) -> None:
         self._close_connection()
-        if self._reads is not None:
-            self._reads.close()
 
     def _close_connection(self) -> None:
         if self._connection is not None:
@@ -237,9 +227,6 @@ class FabricRemote:
         return put_results(trip, self._run_steps(tuple(script_steps(trip, token)), on_output))
 
     def _run_steps(self, steps: tuple[Step, ...], on_output: OutputLine | None = None) -> list[StepResult]:
-        if self._reads is not None and isinstance(ahead := self._reads.take(steps), list) and on_output is None:
-            self.round_trips += 1
-            return ahead
         connection = self._connect()
         marker = secrets.token_hex(8)
         script = batch_script(steps, self.target.user, marker)
@@ -283,18 +270,12 @@ class FabricRemote:
 
     def forward(self, host: str, port: int, data: bytes, timeout_s: float) -> Forwarded:
         """One TCP exchange with host:port as the host reaches it, through this connection (remote/forward.py)."""
-        if self._reads is not None and isinstance(ahead := self._reads.take(Exchange(host, port, data, timeout_s)),
-                                                  Forwarded):
-            self.round_trips += 1
-            return ahead
         transport = self._connect().transport
         self.round_trips += 1
         return exchange(transport, host, port, data, timeout_s)
 
     def push_directory(self, local_dir: Path, dest: PurePosixPath, link_dest: PurePosixPath | None,
                        on_output: OutputLine | None = None) -> StepResult:
-        if self._reads is not None:
-            self._reads.seen(None)
         argv = rsync_argv(self.target, local_dir, dest, link_dest)
         step = Step(f"push {local_dir} -> {dest}", tuple(argv), timeout_s=48 * 3600)
         started = time.monotonic()
@@ -314,8 +295,6 @@ class FabricRemote:
         return result
 
     def _put(self, put: Put, token: str) -> StepResult:
-        if self._reads is not None:
-            self._reads.seen(None)
         connection = self._connect()
         started = time.monotonic()
         self.round_trips += 1

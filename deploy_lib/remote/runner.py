@@ -51,7 +51,7 @@ class WholeStdinRemote(fabric.runners.Remote):
         invoke looks every 10 ms, which each round trip paid, then less often as the wait grows (`exit_poll_s`). In
         the main thread a sleep, not the channel's status_event: waiting on that takes a lock paramiko's thread
         needs, and a Ctrl-C landing there once left a round trip waiting forever. A worker thread (a group's host,
-        `ops.fleet.in_parallel`; a read-ahead) gets no signal, so it waits on the event, woken when the status
+        `ops.fleet.in_parallel`) gets no signal, so it waits on the event, woken when the status
         arrives: a group's threads polling every millisecond took the interpreter lock from each other (`make
         bench`: the client's CPU per host in a group's changed deploy 0.21 -> 0.14 s)."""
         woken = None if threading.current_thread() is threading.main_thread() else self.channel.status_event

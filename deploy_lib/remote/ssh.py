@@ -89,9 +89,6 @@ SSH_CONNECT = Retrying(
     name="ssh-connect",
 )
 
-# A read-ahead's connect (remote/read_ahead.py): one attempt, since the command's own connect retries and reports.
-ONE_CONNECT = Retrying(stop=stop_after_attempt(1), reraise=True, name="ssh-connect-once")
-
 # After a connection dropped mid-command: how often, and how long, a new one is tried before the steps that are safe to
 # repeat are sent again (`FabricRemote.run`; which steps: `steps.repeatable`). Each attempt opens through SSH_CONNECT.
 # A partition of about a minute is ridden out here; the readiness ladder rides out a longer one up to its deadline.

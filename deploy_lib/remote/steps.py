@@ -40,9 +40,6 @@ class Step:
     # Safe to send again on a new connection when the connection dropped before its result came (`repeatable`):
     # a read, or a write that leaves the same result however far the first attempt got.
     repeatable: bool = False
-    # Changes nothing on the host (facts.readings.read marks its steps so): a round trip of such steps may be sent
-    # before the command asks for it (remote/read_ahead.py).
-    read: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.argv, tuple) or not self.argv or not all(isinstance(a, str) for a in self.argv):

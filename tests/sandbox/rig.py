@@ -21,7 +21,6 @@ import sys
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Self
 
 import pytest
@@ -117,21 +116,14 @@ class Rig:
 
     # --- through the command line ----------------------------------------------------------------------
     def invoke(self, *argv: str) -> Any:
-        """`invoke ARGV --json` run from the rig's project against the guest (its inventory and host), as a user runs
-        it (its read-ahead on, its record in the rig's own cache directory): the JSON document on stdout; a non-zero
-        exit fails the test with what the command said on stderr."""
+        """`invoke ARGV --json` run from the rig's project against the guest (its inventory and host): the JSON
+        document on stdout; a non-zero exit fails the test with what the command said on stderr."""
         environ = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DEPLOY_")}
-        environ["XDG_CACHE_HOME"] = str(self.cache)
         ran = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *argv, "--inventory",
                               self.inventory, "--host", self.guest.name, "--json"], cwd=self.project.root,
                              stdin=subprocess.DEVNULL, capture_output=True, text=True, env=environ, timeout=1800)
         assert ran.returncode == 0, f"invoke {' '.join(argv)}: exit {ran.returncode}\n{ran.stderr[-4000:]}"
         return json.loads(ran.stdout)
-
-    @property
-    def cache(self) -> Path:
-        """The user's cache directory of the rig's commands (the read-ahead's records)."""
-        return self.project.root / ".cache"
 
     # --- on the guest, as root --------------------------------------------------------------------------
     def root(self, command: str) -> str:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shlex
 import time
 from collections.abc import Callable
@@ -79,21 +78,6 @@ def test_a_no_op_asks_the_health_endpoint_through_the_connection_or_on_a_host_th
         assert outcome.action == "deployed" and outcome.release_id == healthy and rig.unit_state() == "active"
     finally:
         rig.root(f"rm -f {dropin} && systemctl restart ssh")
-
-
-def test_the_command_line_s_read_ahead_never_answers_for_a_host_that_changed(rig: Rig, healthy: str) -> None:
-    """The CLI sends a command line's remembered reads while it starts (remote/read_ahead.py). Inputs tried: the same
-    `deploy` three times, the server stopped by hand before the third: the first two are no-ops, the second read
-    ahead from the first's record, and the third, read ahead too, sees the stopped server and restarts it."""
-    deploy = ("deploy", "--profile", rig.profile, "--yes")
-    assert rig.invoke(*deploy)["outcome"] == "unchanged"
-    [record] = (rig.cache / "sglang-deploy" / "read-ahead").glob("*.json")
-    remembered = json.loads(record.read_text())["hosts"]
-    assert [list(op) for op in remembered[0]["ops"]] == [["trip"], ["exchange"]]  # the facts, the health GET
-    assert rig.invoke(*deploy)["outcome"] == "unchanged"
-    rig.root(f"systemctl stop {rig.service}.service")
-    restarted = rig.invoke(*deploy)
-    assert restarted["outcome"] == "deployed" and restarted["release"] == healthy and rig.unit_state() == "active"
 
 
 def test_a_changed_profile_deploys_a_new_release_and_keeps_the_old(rig: Rig, healthy: str) -> None:
