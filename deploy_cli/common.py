@@ -194,19 +194,15 @@ def show_outcomes(fleet: FleetRun[Outcome], one_host: bool) -> None:
         else:
             ui.print_outcome(outcome)
         return
-    from deploy_lib.ops.fleet import HostEnd, summarize
-
-    def ended(outcome: Outcome) -> HostEnd:  # a dry run changed nothing: what ran before still runs
-        serving = outcome.previous_id if outcome.action == "planned" else outcome.release_id
-        return HostEnd(outcome.action, outcome.release_id, serving,
-                       outcome.ready.duration_s if outcome.ready else None)
-    summary = summarize(fleet, ended)
+    from deploy_lib.ops.fleet import outcome_end, summarize
+    from deploy_lib.outcomes import Action
+    summary = summarize(fleet, outcome_end)
     ui.print_host_errors(fleet)
     if _output.as_json:
         ui.print_json(ui.fleet_json(fleet, summary, ui.outcome_json))
     else:
         for each in fleet.runs:
-            if each.result is not None and each.result.plan is not None and each.result.action == "planned":
+            if each.result is not None and each.result.plan is not None and each.result.action is Action.planned:
                 ui.console.rule(each.host)
                 ui.print_plan(each.result.plan)
         ui.print_fleet(summary)

@@ -41,8 +41,8 @@ OPS_PREFIX = "ops."
 LAYERS: dict[str, frozenset[str]] = {
     # what every layer uses: the exception tree, YAML and JSON-lines reading, digests, progress callbacks, what each
     # SGLang release spells
-    "base": frozenset({"__init__", "host_scripts", "errors", "yaml_io", "bundled", "progress", "interrupts",
-                       "digests", "versions", "json_lines", "host_paths"}),
+    "base": frozenset({"__init__", "host_scripts", "errors", "outcomes", "yaml_io", "bundled", "progress",
+                       "interrupts", "digests", "versions", "json_lines", "host_paths"}),
     "host scripts": HOST_SCRIPTS,
     # Step / StepResult as data, the one connection that runs them, a batch of reads (facts.readings)
     "transport": frozenset({"remote", "remote.steps", "remote.batch", "remote.ssh", "remote.ssh_config", "remote.sftp",

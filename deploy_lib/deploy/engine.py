@@ -44,6 +44,7 @@ from deploy_lib.facts.readings import read as read_facts
 from deploy_lib.health import Ready, ReadyReport
 from deploy_lib.interrupts import signals_raise
 from deploy_lib.models import HubModel, PushedModel, Weights, check_model, size_text, weights
+from deploy_lib.outcomes import Action
 from deploy_lib.profile import LoadedProfile, Profile
 from deploy_lib.profile.settings import GateSettings
 from deploy_lib.progress import NullProgress, Progress
@@ -71,7 +72,7 @@ from deploy_lib.versions import READY_ENDPOINT_SINCE
 class Outcome:
     """The end of a deploy or rollback that did not raise."""
 
-    action: str                       # deployed | unchanged | planned | rolled back
+    action: Action
     release_id: str | None            # None: a plan whose release id depends on secrets not available here
     previous_id: str | None
     plan: Plan | None = None
@@ -198,9 +199,9 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
     for note in () if options.dry_run else plan.notes:  # a dry run prints them with the plan
         progress.note(note)
     if options.dry_run:
-        return Outcome("planned", plan.release_id, plan.current_id, plan=plan, timings=run.timings)
+        return Outcome(Action.planned, plan.release_id, plan.current_id, plan=plan, timings=run.timings)
     if plan.unchanged:
-        return Outcome("unchanged", plan.release.id, plan.current_id, plan=plan, timings=run.timings)
+        return Outcome(Action.unchanged, plan.release.id, plan.current_id, plan=plan, timings=run.timings)
     tags = release_tags(target, plan.release)
     restore_id = facts.store.last_healthy(exclude=plan.release.id)
     record_new_crashes(remote, layout, facts.store, facts.unit)  # the restart below resets their count
@@ -244,7 +245,7 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
     run.record("deploy", HEALTHY, tags, then=removal, last=True)
     if removed:
         progress.note("pruned " + "; ".join(removed))
-    return Outcome("deployed", plan.release.id, plan.current_id, plan=plan, ready=ready, timings=run.timings)
+    return Outcome(Action.deployed, plan.release.id, plan.current_id, plan=plan, ready=ready, timings=run.timings)
 
 
 def check_before_start(run: Transition, plan: Plan) -> None:
@@ -335,7 +336,7 @@ def _rollback(run: Transition, lock: LockOnFirstChange, to: str | None, alone: b
         run.record("rollback", FAILED, tags, diagnosis.cause)
         restore(run, facts.store, target_id, interrupt, diagnosis, restore_id, store.current)
     run.record("rollback", HEALTHY, tags, f"by hand from {store.current or 'none'}", last=True)
-    return Outcome("rolled back", target_id, store.current, ready=ready, timings=run.timings)
+    return Outcome(Action.rolled_back, target_id, store.current, ready=ready, timings=run.timings)
 
 
 def start(target: Target, service: str, remote: Remote, progress: Progress, environ: Mapping[str, str],
@@ -357,7 +358,7 @@ def start(target: Target, service: str, remote: Remote, progress: Progress, envi
             refuse_one_node(facts.store, (record.id,), target.host.name, f"{event}ed",
                             "`invoke deploy --profile P --group G` starts every node of the release together")
         if not restart and facts.unit.active_state == "active":
-            return Outcome("already running", record.id, record.id)
+            return Outcome(Action.already_running, record.id, record.id)
         tags = Tags.from_dict(record.metadata["tags"])
         run = Transition(lock, layout, target, progress, environ, clock, before_restart=before_restart, lock=lock)
         try:
@@ -369,7 +370,8 @@ def start(target: Target, service: str, remote: Remote, progress: Progress, envi
             restore(run, facts.store, record.id, failure, diagnosis, facts.store.last_healthy(exclude=record.id),
                      record.id)
         run.record(event, HEALTHY, tags, last=True)
-    return Outcome("restarted" if restart else "started", record.id, record.id, ready=ready, timings=run.timings)
+    return Outcome(Action.restarted if restart else Action.started, record.id, record.id, ready=ready,
+                   timings=run.timings)
 
 
 def stop(target: Target, service: str, remote: Remote, before_stop: Callable[[], None] | None = None,
@@ -393,4 +395,4 @@ def stop(target: Target, service: str, remote: Remote, before_stop: Callable[[],
                                      .stop_timeout_s))
         stop_unit(remote, layout)
         Transition(remote, layout, target, NullProgress(), {}).record("stop", STOPPED, tags, "by hand")
-    return Outcome("stopped", record.id, record.id)
+    return Outcome(Action.stopped, record.id, record.id)

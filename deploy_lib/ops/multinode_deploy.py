@@ -37,6 +37,7 @@ from deploy_lib.models import ModelFacts, Weights, check_model, weights
 from deploy_lib.ops.fleet import FleetRun, HostRun
 from deploy_lib.ops.multinode import Node, group_release_id
 from deploy_lib.ops.multinode_switch import Member, NodeFailed, activate, common_release, each, restore
+from deploy_lib.outcomes import Action
 from deploy_lib.profile import read_stored_profile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
@@ -87,11 +88,11 @@ def deploy_nodes(nodes: Sequence[Node], remotes: Mapping[str, Remote], progress_
             plans = [state.plan for state in states]
             release_id = plans[0].release.id
             if options.dry_run:
-                return [Outcome("planned", release_id, plan.current_id, plan=plan) for plan in plans]
+                return [Outcome(Action.planned, release_id, plan.current_id, plan=plan) for plan in plans]
             # unchanged: every node's release current, active and recorded healthy, and node 0 answering now
             if all(plan.unchanged for plan in plans) and \
                     isinstance(states[0].run.live_verdict(plans[0].release.metadata()), Ready):
-                return [Outcome("unchanged", release_id, plan.current_id, plan=plan) for plan in plans]
+                return [Outcome(Action.unchanged, release_id, plan.current_id, plan=plan) for plan in plans]
             restore_id = common_release([state.store for state in states], release_id)
             each(states, _stage)
         except KeyboardInterrupt as stop:
@@ -113,7 +114,7 @@ def deploy_nodes(nodes: Sequence[Node], remotes: Mapping[str, Remote], progress_
             prune(state.run.remote, state.run.layout,
                   max(head.profile.service.keep_releases, options.keep_releases_at_least), tags[state.name],
                   state.run.progress)
-    return [Outcome("deployed", release_id, plan.current_id, plan=plan, ready=ready) for plan in plans]
+    return [Outcome(Action.deployed, release_id, plan.current_id, plan=plan, ready=ready) for plan in plans]
 
 
 def _plan(nodes: Sequence[Node], runs: Mapping[str, Transition], options: Options, secrets: Mapping[str, str]
@@ -190,7 +191,7 @@ def rollback_nodes(targets: Sequence[Target], remotes: Mapping[str, Remote], pro
             restore(members, "rollback", target_id, tags, interrupt, None, restore_id, previous, diagnosis)
         for member in members:
             member.run.record("rollback", HEALTHY, tags[member.name], f"by hand from {previous or 'none'}")
-    return [Outcome("rolled back", target_id, stores[name].current, ready=ready) for name in runs]
+    return [Outcome(Action.rolled_back, target_id, stores[name].current, ready=ready) for name in runs]
 
 
 def _members(runs: Mapping[str, Transition], stores: Mapping[str, StoreFacts], target_id: str | None,
@@ -237,7 +238,7 @@ def start_nodes(targets: Sequence[Target], remotes: Mapping[str, Remote], progre
         members, metadata = found
         assert current is not None  # _members found the release on every node
         if not restart and all(read.unit.active_state == "active" for read in facts.values()):
-            return [Outcome("already running", current, current) for _ in runs]
+            return [Outcome(Action.already_running, current, current) for _ in runs]
         restore_id = common_release(list(stores.values()), current)
         tags = {m.name: recorded_tags(m.run.target, current, metadata[m.name]) for m in members}
         try:
@@ -249,7 +250,7 @@ def start_nodes(targets: Sequence[Target], remotes: Mapping[str, Remote], progre
             restore(members, event, current, tags, interrupt, None, restore_id, current, diagnosis)
         for member in members:
             member.run.record(event, HEALTHY, tags[member.name])
-    return [Outcome("restarted" if restart else "started", current, current, ready=ready) for _ in runs]
+    return [Outcome(Action.restarted if restart else Action.started, current, current, ready=ready) for _ in runs]
 
 
 def as_fleet(names: Sequence[str], act: Callable[[], Sequence[Any] | None]) -> FleetRun[Any] | None:

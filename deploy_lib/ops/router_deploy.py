@@ -45,6 +45,7 @@ from deploy_lib.ops.router import (
     serving_step,
     serving_url,
 )
+from deploy_lib.outcomes import Action
 from deploy_lib.profile.settings import VenvSpec
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target, resolve_target
@@ -76,7 +77,7 @@ LEFT_OUT: dict[LeftOut, str] = {
 
 @dataclass(frozen=True)
 class RouterOutcome:
-    action: str               # deployed | unchanged
+    action: Action            # deployed | unchanged
     release_id: str
     previous_id: str | None
     workers: tuple[str, ...]
@@ -121,7 +122,7 @@ def deploy_router(site: RouterSite, target: Target, remote: Remote, workers: Seq
             tags = Tags(operator_name(), where, release.id, SERVICE, venv.hash,
                         {name: venv.distributions[name] for name in ("sglang-router",) if name in venv.distributions})
             if store.current == release.id and isinstance(run.live_verdict(release.metadata), Ready):
-                return RouterOutcome("unchanged", release.id, store.current, tuple(workers))
+                return RouterOutcome(Action.unchanged, release.id, store.current, tuple(workers))
             staged = [] if store.release(release.id) else stage_release(
                 layout, release.id, release.unit_text, release.env_text,
                 release_json(release.metadata, tags, datetime.now(UTC)))
@@ -129,7 +130,7 @@ def deploy_router(site: RouterSite, target: Target, remote: Remote, workers: Seq
         except KeyboardInterrupt as stop:
             raise run.interrupted_outside(stop) from None
         run.record("deploy", HEALTHY, tags)
-    return RouterOutcome("deployed", release.id, store.current, tuple(workers))
+    return RouterOutcome(Action.deployed, release.id, store.current, tuple(workers))
 
 
 def activate_router(run: Transition, store: StoreFacts, release: RouterRelease, tags: Tags,

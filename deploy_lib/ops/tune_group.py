@@ -28,6 +28,7 @@ from deploy_lib.ops.multinode import is_multi_node, plan_nodes
 from deploy_lib.ops.multinode_deploy import deploy_nodes, rollback_nodes
 from deploy_lib.ops.router_deploy import behind_router
 from deploy_lib.ops.scope import Reach, Scope, behind, router_in_front
+from deploy_lib.outcomes import Action
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
@@ -69,7 +70,7 @@ class GroupTune:
         if self.rollout is None:
             return {}
         return {run.host: run.result.action if run.result is not None else
-                f"failed: {run.error.message}" if run.error is not None else "not started"
+                f"{Action.failed}: {run.error.message}" if run.error is not None else Action.not_started
                 for run in self.rollout.runs}
 
 
