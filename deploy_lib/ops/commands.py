@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,8 +59,8 @@ def deploy(project: Project, scope: Scope, profile: str | None, options: Options
         return loaded_for[host].profile.service.name
 
     def deploy_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None) -> Outcome:
-        return engine.deploy(loaded_for[target.host.name], target, remote, progress,
-                             replace(options, before_restart=drain, alone=scope.one_host))
+        return engine.deploy(loaded_for[target.host.name], target, remote, progress, options, before_restart=drain,
+                             alone=scope.one_host)
 
     def act() -> FleetRun[Outcome]:
         if multi is not None:

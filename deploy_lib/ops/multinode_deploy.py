@@ -13,9 +13,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from deploy_lib.deploy import (
+    BatchKind,
     Options,
     Outcome,
     Plan,
+    SweepCandidate,
     Transition,
     choose_venv,
     hand_run_check,
@@ -26,10 +28,11 @@ from deploy_lib.deploy import (
     prune,
     recorded_tags,
     release_tags,
+    releases_to_keep,
     stage_weights,
 )
 from deploy_lib.errors import ConfigError, DeployError, PreflightError
-from deploy_lib.facts.host import HostFacts
+from deploy_lib.facts.host import FactRequest, HostFacts
 from deploy_lib.facts.read import read_host_facts
 from deploy_lib.health import Ready
 from deploy_lib.interrupts import interrupted, signal_name, signals_raise
@@ -70,9 +73,10 @@ def _lock_all(locks: ExitStack, runs: Mapping[str, Transition], purpose: str) ->
 
 
 def deploy_nodes(nodes: Sequence[Node], remotes: Mapping[str, Remote], progress_of: Callable[[str], Progress],
-                 options: Options) -> list[Outcome]:
+                 options: Options, sweep: SweepCandidate | None = None) -> list[Outcome]:
     """Take every node to the group's release, or every node back to the previous common release; one Outcome per
-    node in rank order, or one DeployError for the group that names the node that failed."""
+    node in rank order, or one DeployError for the group that names the node that failed. `sweep`: a tuning
+    sweep's candidate, whose releases the prune keeps."""
     head = nodes[0].loaded
     if head.profile.preflight.gpu_check:
         raise ConfigError(f"profile {head.name}: preflight.gpu_check runs NCCL's check within one host; a multi-node "
@@ -111,8 +115,7 @@ def deploy_nodes(nodes: Sequence[Node], remotes: Mapping[str, Remote], progress_
             restore(states, "deploy", release_id, tags, interrupt, None, restore_id, plans[0].current_id, diagnosis)
         for state in states:
             state.run.record("deploy", HEALTHY, tags[state.name])
-            prune(state.run.remote, state.run.layout,
-                  max(head.profile.service.keep_releases, options.keep_releases_at_least), tags[state.name],
+            prune(state.run.remote, state.run.layout, releases_to_keep(head.profile, sweep), tags[state.name],
                   state.run.progress)
     return [Outcome(Action.deployed, release_id, plan.current_id, plan=plan, ready=ready) for plan in plans]
 
@@ -126,9 +129,10 @@ def _plan(nodes: Sequence[Node], runs: Mapping[str, Transition], options: Option
         model = weights(profile, node.target.host.vars, secrets)
         venv = choose_venv(run.remote, run.layout, node.target, profile, options.dry_run, run.progress)
         run.progress.phase_started("facts")
-        facts = read_host_facts(run.remote, run.layout, venv.path, profile.server.port, None,
-                                profile.service.working_directory, model.fact_steps(venv.path),
-                                write_caches=not options.dry_run)
+        facts = read_host_facts(run.remote, FactRequest(run.layout, venv.path, profile.server.port, None,
+                                                        profile.service.working_directory,
+                                                        tuple(model.fact_steps(venv.path)),
+                                                        write_caches=not options.dry_run))
         current = facts.store.release(facts.store.current) if facts.store.current else None
         hand_pid = hand_run_pid(current.metadata if current else None,
                                 run.remote.run(hand_run_check(current.metadata if current else None)))
@@ -157,7 +161,7 @@ def _stage(state: NodeDeploy) -> None:
     """The weights and the release's files onto the node, while the old release still serves."""
     if not state.model_facts.complete:
         stage_weights(state.run, state.model, state.plan.release.venv, state.plan, state.facts)
-    state.run.phase("stage", state.plan.batches.get("stage", []))
+    state.run.phase(BatchKind.stage, state.plan.batches.stage)
 
 
 def rollback_nodes(targets: Sequence[Target], remotes: Mapping[str, Remote], progress_of: Callable[[str], Progress],
@@ -227,8 +231,8 @@ def start_nodes(targets: Sequence[Target], remotes: Mapping[str, Remote], progre
     runs = _runs(targets, remotes, progress_of, service, environ, grace_s)
     with signals_raise(), ExitStack() as locks:
         _lock_all(locks, runs, f"{event} (multi-node)")
-        facts = dict(zip(runs, each(list(runs.values()), lambda run: read_host_facts(run.remote, run.layout, venv=None,
-                                                                                      port=None)), strict=True))
+        facts = dict(zip(runs, each(list(runs.values()), lambda run: read_host_facts(
+            run.remote, FactRequest(run.layout, venv=None, port=None))), strict=True))
         stores = {name: read.store for name, read in facts.items()}
         currents = {store.current for store in stores.values()}
         current = next(iter(currents)) if len(currents) == 1 else None

@@ -16,17 +16,15 @@ from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
 from deploy_lib.deploy import (
-    ACTIVATE,
     GRACE_S,
-    VERIFIED,
     Readiness,
+    SwitchBatches,
     Transition,
-    activation_steps,
     failure_line,
     interruption,
-    reset_failed_step,
     restore,
     start_prediction,
+    switch_batches,
 )
 from deploy_lib.errors import DeployError, LockHeld, ReadinessFailed, RouterFailed
 from deploy_lib.health import ProbeTarget, Ready, Rung
@@ -95,9 +93,8 @@ class RouterReleaseKind:
                     ) -> ProbeTarget:
         return router_probe(layout, metadata)
 
-    def switch_batches(self, run: Transition, release_id: str, metadata: Mapping[str, Any]
-                       ) -> Mapping[str, Sequence[Step | Put]]:
-        return {ACTIVATE: activation_steps(run.layout, release_id), VERIFIED: [reset_failed_step(run.layout)]}
+    def switch_batches(self, run: Transition, release_id: str, metadata: Mapping[str, Any]) -> SwitchBatches:
+        return switch_batches(run.layout, release_id, held=False)
 
 
 ROUTER_RELEASE = RouterReleaseKind()
