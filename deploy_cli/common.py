@@ -128,12 +128,6 @@ def one_host_scope(found: Target, inventory: str | None) -> Scope:
     return Scope(project().inventory(inventory_given(inventory)), (found,))
 
 
-def consent(question: str, yes: bool) -> None:
-    """Every task that changes a host asks first: --yes, or y at a terminal; exit 1 otherwise."""
-    if not yes and not run(lambda: ui.confirm(question)):
-        raise Exit("cancelled: nothing was changed", code=1)
-
-
 def consent_possible(yes: bool) -> None:
     """For a task that can ask only once connected: refuse at once when there is no terminal to answer on."""
     if not yes:
@@ -152,7 +146,8 @@ def progress(host: str = "") -> ui.TerminalProgress:
 
 def reach(yes: bool = True) -> Reach:
     """How the library's operations reach the hosts from this terminal: a FabricRemote each, progress lines,
-    consent by --yes or at the terminal (a refusal is exit 1, nothing changed); the project's hooks/."""
+    consent by --yes or at the terminal, the one way every task that changes a host asks (a refusal is exit 1,
+    nothing changed); the project's hooks/."""
     from deploy_lib.ops.scope import Reach
 
     def asked(question: str) -> None:

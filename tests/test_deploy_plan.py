@@ -12,7 +12,7 @@ from pathlib import Path, PurePosixPath
 import pytest
 from test_server_args import with_changes
 
-from deploy_lib.deploy import plan_deploy, preflight, release_tags
+from deploy_lib.deploy import plan_against, plan_deploy, preflight, release_tags
 from deploy_lib.deploy.plan import recorded_switch
 from deploy_lib.errors import ConfigError, DriftDetected, PreflightError
 from deploy_lib.facts.host import (
@@ -257,6 +257,16 @@ def test_switching_profiles_shows_the_semantic_diff() -> None:
                          False, NOW)
     assert [str(c) for c in fusion.changes] == ["+ flag --flashinfer-allreduce-fusion-backend = auto"]
     assert fusion.release.id != plan.release.id
+
+
+def test_plan_against_another_profile_shows_the_same_diff_from_the_profiles_alone() -> None:
+    """`plan --against`, decided in the library: from `old` to `new`, as a deploy from one to the other would show."""
+    base, fusion = PROJECT.profile("glm5-nvfp4"), PROJECT.profile("glm5-nvfp4-fusion")
+    assert [str(c) for c in plan_against(base, fusion, target(), "0.5.23")] == [
+        "+ flag --flashinfer-allreduce-fusion-backend = auto"]
+    assert [str(c) for c in plan_against(fusion, base, target(), "0.5.23")] == [
+        "- flag --flashinfer-allreduce-fusion-backend (was auto)"]
+    assert plan_against(base, base, target(), "0.5.23") == ()
 
 
 def test_a_unit_file_edited_by_hand_is_drift_and_force_overwrites_it() -> None:

@@ -38,6 +38,7 @@ from deploy_lib.deploy.plan import (
     hand_run_check,
     hand_run_pid,
     keep_replaced_unit,
+    plan_against,
     plan_deploy,
     recorded_switch,
     release_tags,
@@ -62,9 +63,9 @@ from deploy_lib.deploy.switch import (
 )
 
 __all__ = ["GRACE_S", "Batch", "BatchKind", "Options", "Outcome", "PatchedVenv", "Plan", "PlanBatches", "Readiness",
-           "SweepCandidate", "SwitchBatches", "Transition", "VenvChoice",
-           "activation_steps", "check_release", "check_release_files", "choose_venv", "deploy", "detect_drift",
-           "failure_line", "hand_run_check", "hand_run_pid", "interruption", "keep_replaced_unit", "plan_deploy",
-           "preflight", "probe_target", "prune", "recorded_switch", "recorded_tags", "release_tags", "releases_to_keep",
+           "SweepCandidate", "SwitchBatches", "Transition", "VenvChoice", "activation_steps", "check_release",
+           "check_release_files", "choose_venv", "deploy", "detect_drift", "failure_line", "hand_run_check",
+           "hand_run_pid", "interruption", "keep_replaced_unit", "plan_against", "plan_deploy", "preflight",
+           "probe_target", "prune", "recorded_switch", "recorded_tags", "release_tags", "releases_to_keep",
            "reset_failed_step", "restart_steps", "restore", "rollback", "same_kind", "stage_weights", "start",
            "start_prediction", "stop", "stop_step", "switch_batches"]

@@ -20,7 +20,15 @@ from deploy_lib.health import StartPrediction, predict_start
 from deploy_lib.models import HubModel, ModelFacts, ReleaseModel, Weights, size_text
 from deploy_lib.profile import LoadedProfile, RestartPolicy, ServiceSpec
 from deploy_lib.project import Target
-from deploy_lib.release.model import SECRET_NOT_AVAILABLE, SECRET_VALUES, Change, Release, build_release, diff_releases
+from deploy_lib.release.model import (
+    SECRET_NOT_AVAILABLE,
+    SECRET_VALUES,
+    Change,
+    Release,
+    build_release,
+    diff_releases,
+    placeholder_secrets,
+)
 from deploy_lib.remote import Put, Step, StepResult, describe
 from deploy_lib.store import (
     ENV_FILE,
@@ -319,6 +327,15 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
                 changes=_changes(host.current_metadata, release, not_available), drift=drift,
                 unchanged=host.unchanged, batches=batches, secrets_not_available=not_available,
                 notes=tuple(note for note in notes if note), gpu_check_reasons=check_reasons)
+
+
+def plan_against(old: LoadedProfile, new: LoadedProfile, target: Target, sglang_version: str) -> tuple[Change, ...]:
+    """What taking this host from profile `old` to `new` would change, from the profiles alone: no host is read, so
+    secrets are placeholders and the SGLang version is the one given (`plan --against`)."""
+    def rendered(loaded: LoadedProfile) -> Release:
+        return build_release(loaded, target.layout(loaded.profile.service.name), sglang_version,
+                             placeholder_secrets(loaded.profile))
+    return tuple(diff_releases(rendered(old).metadata(), rendered(new).metadata()))
 
 
 def _release(loaded: LoadedProfile, target: Target, layout: StoreLayout, facts: HostFacts, venv: VenvChoice,

@@ -251,6 +251,12 @@ def outcome_end(outcome: Outcome) -> HostEnd:
     return HostEnd(outcome.action, outcome.release_id, serving, outcome.ready.duration_s if outcome.ready else None)
 
 
+def would_change(fleet: FleetRun[Outcome]) -> bool:
+    """A dry run's verdict: some host's plan changes it (`plan --detailed-exitcode` exits 2 then)."""
+    return any(run.result is not None and run.result.plan is not None and not run.result.plan.unchanged
+               for run in fleet.runs)
+
+
 def summarize(fleet: FleetRun[T], ended: Callable[[T], HostEnd]) -> Summary:
     """The per-host table and which hosts run which release, from the per-host outcomes and errors."""
     rows = []
@@ -285,4 +291,5 @@ def serving_after(error: DeployError) -> str:
 
 
 __all__ = ["ALL_AT_ONCE", "FleetRun", "HostEnd", "HostRun", "HostSummary", "Rollout", "Size", "Summary", "in_parallel",
-           "outcome_end", "run_hosts", "serving_after", "summarize", "worst_exit_code"]
+           "outcome_end", "run_hosts", "serving_after", "summarize", "worst_exit_code",
+           "would_change"]
