@@ -128,12 +128,6 @@ def one_host_scope(found: Target, inventory: str | None) -> Scope:
     return Scope(project().inventory(inventory_given(inventory)), (found,))
 
 
-def consent(question: str, yes: bool) -> None:
-    """Every task that changes a host asks first: --yes, or y at a terminal; exit 1 otherwise."""
-    if not yes and not run(lambda: ui.confirm(question)):
-        raise Exit("cancelled: nothing was changed", code=1)
-
-
 def consent_possible(yes: bool) -> None:
     """For a task that can ask only once connected: refuse at once when there is no terminal to answer on."""
     if not yes:
@@ -152,7 +146,8 @@ def progress(host: str = "") -> ui.TerminalProgress:
 
 def reach(yes: bool = True) -> Reach:
     """How the library's operations reach the hosts from this terminal: a FabricRemote each, progress lines,
-    consent by --yes or at the terminal (a refusal is exit 1, nothing changed); the project's hooks/."""
+    consent by --yes or at the terminal, the one way every task that changes a host asks (a refusal is exit 1,
+    nothing changed); the project's hooks/."""
     from deploy_lib.ops.scope import Reach
 
     def asked(question: str) -> None:
@@ -194,19 +189,15 @@ def show_outcomes(fleet: FleetRun[Outcome], one_host: bool) -> None:
         else:
             ui.print_outcome(outcome)
         return
-    from deploy_lib.ops.fleet import HostEnd, summarize
-
-    def ended(outcome: Outcome) -> HostEnd:  # a dry run changed nothing: what ran before still runs
-        serving = outcome.previous_id if outcome.action == "planned" else outcome.release_id
-        return HostEnd(outcome.action, outcome.release_id, serving,
-                       outcome.ready.duration_s if outcome.ready else None)
-    summary = summarize(fleet, ended)
+    from deploy_lib.ops.fleet import outcome_end, summarize
+    from deploy_lib.outcomes import Action
+    summary = summarize(fleet, outcome_end)
     ui.print_host_errors(fleet)
     if _output.as_json:
         ui.print_json(ui.fleet_json(fleet, summary, ui.outcome_json))
     else:
         for each in fleet.runs:
-            if each.result is not None and each.result.plan is not None and each.result.action == "planned":
+            if each.result is not None and each.result.plan is not None and each.result.action is Action.planned:
                 ui.console.rule(each.host)
                 ui.print_plan(each.result.plan)
         ui.print_fleet(summary)

@@ -18,7 +18,6 @@ from deploy_lib.versions import NEWEST_SGLANG
 if TYPE_CHECKING:
     from deploy_lib.deploy import Outcome
     from deploy_lib.ops.fleet import FleetRun, Rollout
-    from deploy_lib.release.model import Change, Release
 
 
 SET_HELP = {"set_": "override a profile value: --set path.to.key=value (repeatable; checked by the profile's schema "
@@ -30,16 +29,11 @@ SET_HELP = {"set_": "override a profile value: --set path.to.key=value (repeatab
 def render(c: Context, profile: str | None = None, host: str | None = None, inventory: str | None = None,
            sglang_version: str = NEWEST_SGLANG, set_: list[str] | None = None, json: bool = False) -> None:
     """Print the unit, the env file (secrets redacted) and the argv of a profile, without touching any host."""
-    from deploy_lib.release.model import build_release
-    from deploy_lib.release.server_args import secret_environment
+    from deploy_lib.release.model import build_release, placeholder_secrets
     common.report_as(json)
     loaded, target = common.load(profile, inventory, host, overrides=set_ or ())
-
-    def build() -> Release:
-        placeholders = {name: "<secret>" for name in secret_environment(loaded.profile)}
-        layout = target.layout(loaded.profile.service.name)
-        return build_release(loaded, layout, sglang_version, placeholders, venv=target.venv_override)
-    release = common.run(build)
+    release = common.run(lambda: build_release(loaded, target.layout(loaded.profile.service.name), sglang_version,
+                                               placeholder_secrets(loaded.profile), venv=target.venv_override))
     common.show(ui.release_json(release), lambda _: ui.print_release(release))
 
 
@@ -66,29 +60,20 @@ def plan(c: Context, profile: str | None = None, against: str | None = None, hos
 def _plan(profile: str | None, against: str | None, host: str | None, group: str | None, inventory: str | None,
           sglang_version: str, overrides: Sequence[str], accept_new_host_key: bool) -> bool:
     """Print the plan; True when something would change."""
-    from deploy_lib.release.model import build_release, diff_releases
-    from deploy_lib.release.server_args import secret_environment
     if against is None:
+        from deploy_lib.ops.fleet import would_change
         fleet, one_host = _deploy_run(profile, host, group, None, inventory, overrides, accept_new_host_key,
                                       yes=True, dry_run=True)
         common.show_outcomes(fleet, one_host)
-        return any(run.result is not None and run.result.plan is not None and not run.result.plan.unchanged
-                   for run in fleet.runs)
+        return would_change(fleet)
     if group is not None:
         raise Exit("error: --against compares two profiles for one host: give --host, not --group",
                    code=common.BAD_OPTION)
-    loaded_pair = [common.load(name, inventory, host, overrides=given)
-                   for name, given in ((against, ()), (profile, overrides))]
-
-    def compare() -> list[Change]:
-        releases = []
-        for loaded, target in loaded_pair:
-            layout = target.layout(loaded.profile.service.name)
-            releases.append(build_release(loaded, layout, sglang_version,
-                                          {n: "<secret>" for n in secret_environment(loaded.profile)}))
-        return diff_releases(releases[0].metadata(), releases[1].metadata())
-    changes = common.run(compare)
-    names = [loaded.name for loaded, _ in loaded_pair]
+    from deploy_lib.deploy import plan_against
+    (old, _), (new, target) = [common.load(name, inventory, host, overrides=given)
+                               for name, given in ((against, ()), (profile, overrides))]
+    changes = common.run(lambda: plan_against(old, new, target, sglang_version))
+    names = [old.name, new.name]
     common.show({"from": names[0], "to": names[1], "changes": [str(change) for change in changes]},
                 lambda shown: ui.print_lines([f"{' -> '.join(names)}: {len(changes) or 'no'} change(s)",
                                               *(f"  {change}" for change in shown["changes"])]))

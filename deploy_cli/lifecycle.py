@@ -79,7 +79,7 @@ def adopt(c: Context, profile: str, pid: str | None = None, unit: str | None = N
           accept_new_host_key: bool = False, verbose: bool = False) -> None:
     """Take over a server started by hand (--pid, or --unit for a hand-written systemd unit): record it as release 0
     and write the profile that reproduces it."""
-    from deploy_lib.commands.adopt import adopt as adopt_server
+    from deploy_lib.ops import commands
     from deploy_lib.profile import profile_path
     common.report_as(verbose=verbose)
     if (pid is None) == (unit is None) or (pid is not None and not pid.isdigit()):
@@ -89,12 +89,8 @@ def adopt(c: Context, profile: str, pid: str | None = None, unit: str | None = N
     if path.exists():
         raise Exit(f"error: {path} exists; adopt writes a new profile, give another --profile name", code=2)
     target = common.target(inventory, host, accept_new_host_key)
-    name = (unit or "").removesuffix(".service") or common.service_name(service)
-    what = f"unit {name}.service" if unit else f"pid {pid}"
-    common.consent(f"adopt {what} on {target.host.name} as release 0 of service {name}?", yes)
-    with common.remote(target) as remote:
-        result = common.run(lambda: adopt_server(target, name, remote, profile, int(pid) if pid else None,
-                                                 from_unit=unit is not None))
+    result = common.run(lambda: commands.adopt(common.one_host_scope(target, inventory), common.service_name(service),
+                                               profile, int(pid) if pid else None, unit, common.reach(yes)))
     path.write_text(result.profile_text)
     reports.print_adopted_server(result, path)
 
@@ -103,13 +99,9 @@ def adopt(c: Context, profile: str, pid: str | None = None, unit: str | None = N
 def unlock(c: Context, force: bool = False, host: str | None = None, inventory: str | None = None,
            service: str | None = None, verbose: bool = False, yes: bool = False) -> None:
     """Remove a stale deploy lock (or any lock, with --force)."""
-    from deploy_lib.store import LockContext
-    from deploy_lib.store import unlock as unlock_store
+    from deploy_lib.ops import commands
     common.report_as(verbose=verbose)
     target = common.target(inventory, host)
-    name = common.service_name(service)
-    common.consent(f"remove the lock of {name} on {target.host.name}?", yes)
-    with common.remote(target) as remote:
-        removed = common.run(lambda: unlock_store(remote, target.layout(name), force,
-                                                  LockContext(where=target.host.name)))
+    removed = common.run(lambda: commands.unlock(common.one_host_scope(target, inventory),
+                                                 common.service_name(service), force, common.reach(yes)))
     ui.console.print(f"removed the lock held by {removed.owner}" if removed else "there was no lock")

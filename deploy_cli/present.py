@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from deploy_lib.errors import DeployError
+from deploy_lib.outcomes import Action
 
 if TYPE_CHECKING:  # the reports' types only: a task imports the library modules it runs (tasks.py)
     from rich.table import Table
@@ -113,13 +114,13 @@ def print_lines(lines: Iterable[str]) -> None:
 
 
 def print_outcome(outcome: Outcome) -> None:
-    if outcome.action == "planned" and outcome.plan is not None:
+    if outcome.action is Action.planned and outcome.plan is not None:
         print_plan(outcome.plan)
         return
-    if outcome.action == "unchanged":
+    if outcome.action is Action.unchanged:
         console.print(f"no changes: release {outcome.release_id} is current and running")
         return
-    if outcome.action in ("stopped", "already running"):
+    if outcome.action in (Action.stopped, Action.already_running):
         console.print(f"{outcome.action}: release {outcome.release_id}")
         return
     ready = f" ready in {outcome.ready.duration_s:.1f} s" if outcome.ready else ""
@@ -128,7 +129,7 @@ def print_outcome(outcome: Outcome) -> None:
 
 
 def print_router_outcome(outcome: RouterOutcome) -> None:
-    if outcome.action == "unchanged":
+    if outcome.action is Action.unchanged:
         console.print(f"no changes: router release {outcome.release_id} is current and answering")
     else:
         console.print(f"[bold green]{outcome.action}[/bold green]: router release {outcome.release_id} is serving "
@@ -155,13 +156,15 @@ def print_host_errors(fleet: FleetRun[Any]) -> None:
             print_error(run.error)
 
 
+ON_THEIR_RELEASE = (Action.deployed, Action.unchanged, Action.rolled_back, Action.planned)  # a table's green rows
+
+
 def print_fleet(summary: Summary) -> None:
     """A group's end: the per-host table, which hosts run which release, why the rollout stopped."""
     from deploy_lib.facts.diagnose import shorten_log_line
     table = _table("host", "release", "outcome", "serving now", "ready (s)", "cause")
     for row in summary.rows:
-        style = "green" if row.outcome in ("deployed", "unchanged", "rolled back", "planned") else \
-            "yellow" if row.outcome == "not started" else "red"
+        style = "green" if row.outcome in ON_THEIR_RELEASE else "yellow" if row.outcome is Action.not_started else "red"
         table.add_row(row.host, row.release or "", f"[{style}]{escape(row.outcome)}[/{style}]", row.serving,
                       f"{row.ready_s:.1f}" if row.ready_s is not None else "", escape(shorten_log_line(row.cause)))
     console.print(table)
@@ -270,7 +273,7 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
 def fleet_json(fleet: FleetRun[Any], summary: Summary, report: Callable[[Any], Any]) -> dict[str, Any]:
     """A group's run for scripts: each host's own document (as for one host) under `hosts`, and the rollout."""
     hosts = {run.host: (failure_json(run.error) if run.error else jsonable(report(run.result))) if run.started
-             else {"outcome": "not started"} for run in fleet.runs}
+             else {"outcome": Action.not_started} for run in fleet.runs}
     return {"hosts": hosts, "batches": [list(batch) for batch in fleet.batches], "not_started": fleet.not_started,
             "stopped": summary.stopped, "serving": summary.by_release, "exit_code": summary.exit_code}
 
@@ -284,7 +287,7 @@ def status_failure_json(error: DeployError, host: str | None, service: str) -> d
 
 
 def failure_json(error: DeployError) -> dict[str, Any]:
-    return {"outcome": "failed", "release": error.release_id, "previous": error.previous_id,
+    return {"outcome": Action.failed, "release": error.release_id, "previous": error.previous_id,
             "timings": dict(error.timings), "ready_s": None, "cause": error.message, "hint": error.hint,
             "exit_code": error.exit_code, "error": type(error).__name__, "serving": error.serving_id,
             "evidence": list(getattr(error, "evidence", ()) or ())}

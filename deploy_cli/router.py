@@ -40,10 +40,8 @@ def router_deploy(c: Context, group: str, profile: str | None = None, inventory:
     common.report_as(json, verbose)
     known, targets, site, router_target = _router_of(inventory, group, accept_new_host_key)
     workers = common.run(lambda: replica_urls(common.project(), profile, known, targets))
-    common.consent(f"deploy the router for group {group} ({', '.join(workers)}) to {site.host.name}:{site.port}?",
-                   yes)
     outcome = common.run(lambda: commands.router_deploy(common.one_host_scope(router_target, inventory), site,
-                                                        workers, group, common.reach(yes=True)))
+                                                        workers, group, common.reach(yes)))
     common.show(outcome, ui.print_router_outcome)
 
 

@@ -60,10 +60,8 @@ def tune(c: Context, profile: str | None = None, vary: list[str] | None = None, 
         return
     from deploy_lib.ops import commands
     loaded, target = common.load(profile, inventory, host, accept_new_host_key)
-    if not dry_run:
-        common.consent(f"tune {loaded.name} on {target.host.name}: each candidate restarts the server?", yes)
     result = common.run(lambda: commands.tune(common.one_host_scope(target, inventory), loaded, request,
-                                              common.reach(yes=True)))
+                                              common.reach(yes)))
     common.show(result, lambda shown: ui.print_lines(_result_lines(shown)))
 
 
@@ -75,10 +73,7 @@ def _tune_group(profile: str | None, host: str | None, group: str, inventory: st
 
     chosen = common.scope(inventory, host, group, accept_new_host_key)
     loaded = common.run(lambda: load_for_target(common.project(), profile, chosen.inventory, chosen.targets[0]))
-    if not request.dry_run:
-        common.consent(f"tune {loaded.name} on the {len(chosen.targets)} hosts of group {group}: each candidate "
-                       "restarts the server it runs on?", yes)
-    result = common.run(lambda: commands.tune(chosen, loaded, request, common.reach(yes=True)))
+    result = common.run(lambda: commands.tune(chosen, loaded, request, common.reach(yes)))
     common.show(result, lambda shown: ui.print_lines(_result_lines(shown)))
     if isinstance(result, GroupTune) and result.exit_code:
         raise Exit(code=result.exit_code)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import PurePosixPath
 
-from invoke import Context, Exit
+from invoke import Context
 
 from deploy_cli import common, reports
 from deploy_cli import present as ui
@@ -15,17 +15,11 @@ from deploy_cli.options import task
 def venv_build(c: Context, profile: str | None = None, host: str | None = None, inventory: str | None = None,
                verbose: bool = False, yes: bool = False) -> None:
     """Build (or reuse) the content-addressed venv of a profile's lock on the host; only missing wheels travel."""
-    from deploy_lib.venvs import ensure_venv
+    from deploy_lib.ops import commands
     common.report_as(verbose=verbose)
     loaded, target = common.load(profile, inventory, host)
-    spec = loaded.profile.service.venv_build
-    if spec is None:
-        raise Exit(f"error: profile {loaded.name} has no service.venv_build", code=2)
-    common.consent(f"build the venv of {loaded.name} on {target.host.name}?", yes)
-    layout = target.layout(loaded.profile.service.name)
-    with common.remote(target) as remote:
-        result = common.run(lambda: ensure_venv(remote, layout, spec, progress=common.progress(),
-                                                where=target.host.name))
+    result = common.run(lambda: commands.venv_build(common.one_host_scope(target, inventory), loaded,
+                                                    common.reach(yes)))
     ui.console.print(f"venv {result.hash} at {result.path}: {'reused' if result.reused else 'built'}, "
                      f"{len(result.wheels_sent)} wheels ({result.bytes_sent} bytes) sent")
 
@@ -34,13 +28,12 @@ def venv_build(c: Context, profile: str | None = None, host: str | None = None, 
 def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | None = None,
                service: str | None = None, verbose: bool = False, yes: bool = False) -> None:
     """Record a hand-made venv as a managed, immutable one (hard-linked copy); report files that drifted."""
-    from deploy_lib.venvs import adopt as adopt_venv
+    from deploy_lib.ops import commands
     common.report_as(verbose=verbose)
     target = common.target(inventory, host)
-    common.consent(f"adopt {path} as a managed venv on {target.host.name}?", yes)
-    layout = target.layout(common.service_name(service))
-    with common.remote(target) as remote:
-        result = common.run(lambda: adopt_venv(remote, layout, PurePosixPath(path), where=target.host.name))
+    result = common.run(lambda: commands.venv_adopt(common.one_host_scope(target, inventory),
+                                                    common.service_name(service), PurePosixPath(path),
+                                                    common.reach(yes)))
     reports.print_adopted(result)
 
 
@@ -48,12 +41,11 @@ def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | 
 def venv_remove(c: Context, venv_hash: str, host: str | None = None, inventory: str | None = None,
                 service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
     """Remove a managed venv (adopted ones stay until removed here) unless a release or derived venv needs it."""
-    from deploy_lib.commands import uninstall as remove
+    from deploy_lib.ops import commands
     common.report_as(verbose=verbose)
     target = common.target(inventory, host)
-    common.consent(f"remove venv {venv_hash} of {common.service_name(service)} on {target.host.name}?", yes)
-    with common.remote(target) as remote:
-        common.run(lambda: remove.remove_venv(target, common.service_name(service), remote, venv_hash))
+    common.run(lambda: commands.venv_remove(common.one_host_scope(target, inventory), common.service_name(service),
+                                            venv_hash, common.reach(yes)))
     ui.console.print(f"removed venv {venv_hash} and its caches", markup=False)
 
 

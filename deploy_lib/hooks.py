@@ -15,6 +15,7 @@ from enum import StrEnum
 from pathlib import Path
 
 from deploy_lib.errors import ConfigError, PreflightError
+from deploy_lib.outcomes import Action
 
 HOOKS_DIR = "hooks"
 HOOK_TIMEOUT_S = 600  # a hook that asks a person or a CI system may take minutes; one that hangs is ended
@@ -42,7 +43,7 @@ class HookContext:
     profile: str | None = None
     release_id: str | None = None  # the release being deployed (or rolled back to)
     previous_id: str | None = None  # the release serving before
-    outcome: str | None = None  # post- hooks: deployed, unchanged, rolled-back, failed
+    outcome: Action | None = None  # post- hooks: deployed, unchanged, rolled back, failed
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def hook_environment(event: HookEvent, context: HookContext, environ: Mapping[st
     _OUTCOME: each set only when known, so that a hook can test `[ -n "$SGLANG_DEPLOY_RELEASE" ]`."""
     values = {"EVENT": event.value, "COMMAND": context.command, "HOSTS": ",".join(context.hosts),
               "PROFILE": context.profile, "RELEASE": context.release_id, "PREVIOUS": context.previous_id,
-              "OUTCOME": context.outcome}
+              "OUTCOME": context.outcome.word if context.outcome else None}
     own = {f"{ENV_PREFIX}{key}": value for key, value in values.items() if value}
     # a value of the caller's own environment never stands in for one that is not known here
     inherited = {key: value for key, value in environ.items()

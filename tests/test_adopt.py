@@ -187,7 +187,7 @@ def test_the_first_deploy_over_an_adopted_server_stops_the_hand_run_process_firs
     preflight(new, loaded, target(), held, hand_pid=4242)  # the port is held by the server being replaced
     with pytest.raises(PreflightError, match="port 8000 is already in use"):
         preflight(new, loaded, target(), held)
-    activation = [step.argv for step in new.batches["switch and restart"] if isinstance(step, Step)]
+    activation = [step.argv for step in new.batches.switch.activate if isinstance(step, Step)]
     stop = [("kill", "-TERM", "--", "4242"), ("tail", "--pid=4242", "-s", "0.2", "-f", "/dev/null")]
     # after the switch, before systemd starts the new release
     assert activation.index(stop[0]) > activation.index(("mv", "-T", "--", "/opt/sglang-deploy/sglang/.current.tmp",
@@ -214,10 +214,11 @@ def test_a_first_deploy_over_a_hand_made_unit_is_refused_showing_it_and_forced_k
     assert "ExecStart=/root/ml-env/bin/python -m sglang.launch_server" in refused.value.message
     assert "--force" in str(refused.value.hint)
     forced = plan_deploy(loaded, target(), hand, {}, True, NOW)
-    copy = next(step for step in forced.batches["stage"] if step.name == "keep the replaced unit: copy")
+    copy = next(step for step in forced.batches.stage if step.name == "keep the replaced unit: copy")
     assert copy.argv[:3] == ("cp", "-P", "--preserve=all") and copy.argv[-2] == "/etc/systemd/system/sglang.service"
     assert copy.argv[-1].startswith("/opt/sglang-deploy/sglang/replaced/sglang.service.")
-    assert next(iter(forced.batches)) == "stage"  # deploy runs the stage batch before the switch replaces the file
+    # deploy runs the stage batch before the switch replaces the file
+    assert forced.batches.in_order()[0].kind == "stage"
     assert any("a copy of the replaced unit is kept at /opt/sglang-deploy/sglang/replaced/" in line
                for line in forced.dry_run_lines())
 

@@ -20,6 +20,8 @@ import tasks
 from deploy_cli import present as ui
 from deploy_cli.options import Task
 from deploy_lib.deploy import Outcome
+from deploy_lib.hooks import HookContext, HookEvent, hook_environment
+from deploy_lib.outcomes import Action
 from deploy_lib.remote import MASK, Put, Step, StepResult
 
 REPO = Path(__file__).resolve().parent.parent
@@ -182,11 +184,28 @@ def test_status_json_of_a_host_it_cannot_read_is_a_status_report_with_the_cause(
 
 
 def test_a_deploy_outcome_as_json_has_release_previous_timings_cause_and_exit_code() -> None:
-    outcome = Outcome("deployed", "8e51991efed1", "1850be766a74", timings={"stage": 0.29, "readiness": 7.6})
+    outcome = Outcome(Action.deployed, "8e51991efed1", "1850be766a74", timings={"stage": 0.29, "readiness": 7.6})
     assert json.loads(json.dumps(ui.outcome_json(outcome))) == {
         "outcome": "deployed", "release": "8e51991efed1", "previous": "1850be766a74",
         "timings": {"stage": 0.29, "readiness": 7.6}, "ready_s": None, "cause": None, "hint": None, "exit_code": 0,
         "changes": [], "secrets_not_available": {}, "overrides": []}
+
+
+@pytest.mark.parametrize(("action", "in_json", "printed", "hooks_see"), [
+    (Action.deployed, "deployed", "deployed: release A is serving (was B);", "deployed"),
+    (Action.rolled_back, "rolled back", "rolled back: release A is serving (was B);", "rolled-back"),
+    (Action.unchanged, "unchanged", "no changes: release A is current and running", "unchanged"),
+    (Action.already_running, "already running", "already running: release A", "already-running")])
+def test_an_outcome_is_spelled_as_the_readme_documents_it_in_json_terminal_and_hooks(
+        action: Action, in_json: str, printed: str, hooks_see: str) -> None:
+    """README "Scripting" (`outcome`: `rolled back` ...) and "Hooks" (SGLANG_DEPLOY_OUTCOME: `rolled-back` ...)."""
+    outcome = Outcome(action, "A", "B")
+    assert json.loads(json.dumps(ui.outcome_json(outcome)))["outcome"] == in_json
+    with ui.console.capture() as shown:
+        ui.print_outcome(outcome)
+    assert shown.get().startswith(printed)
+    told = hook_environment(HookEvent.post_deploy, HookContext("deploy", ("gpu1",), outcome=action), {})
+    assert told["SGLANG_DEPLOY_OUTCOME"] == hooks_see
 
 
 def test_tables_fit_the_width_in_columns() -> None:

@@ -25,6 +25,10 @@ HOST_CHANGING = [
     ["patch-fusion", "--enable"],
     ["patch-fusion", "--disable"],
     ["patch", "--name", "nsa-aliases", "--enable"],
+    # asked by the library through Reach since issue 38, as the ones above
+    ["tune", "--profile", "glm5-nvfp4", "--vary", "memory.max_running_requests=64,128"],
+    ["venv.remove", "--venv-hash", "0123456789ab"],
+    ["adopt", "--profile", "adopted-by-the-consent-test", "--pid", "4242"],
 ]
 
 

@@ -12,8 +12,8 @@ from pathlib import Path, PurePosixPath
 import pytest
 from test_server_args import with_changes
 
-from deploy_lib.deploy import plan_deploy, preflight, release_tags
-from deploy_lib.deploy.plan import switch_batches
+from deploy_lib.deploy import plan_against, plan_deploy, preflight, release_tags
+from deploy_lib.deploy.plan import recorded_switch
 from deploy_lib.errors import ConfigError, DriftDetected, PreflightError
 from deploy_lib.facts.host import (
     FACT_IMPORT,
@@ -115,11 +115,11 @@ def deployed(plan) -> ReleaseRecord:
 
 def test_first_deploy_stages_switches_and_restarts() -> None:
     _, plan = first_plan()
-    assert list(plan.batches) == ["stage", "switch and restart", "once verified"]
+    assert [batch.kind for batch in plan.batches.in_order()] == ["stage", "switch and restart", "once verified"]
     assert plan.current_id is None and not plan.unchanged
     assert any(str(c) == "+ flag --tp-size = 8" for c in plan.changes)
     layout = StoreLayout("sglang")
-    puts = [step for step in plan.batches["stage"] if not isinstance(step, Step)]
+    puts = [step for step in plan.batches.stage if not isinstance(step, Step)]
     assert {p.dest for p in puts} == {layout.staging(plan.release.id) / name
                                       for name in ("sglang.service", "sglang.env", "launch", "release.json")}
     assert next(p for p in puts if p.dest.name == "sglang.env").mode == 0o600
@@ -154,7 +154,8 @@ def test_redeploy_of_a_running_release_history_does_not_record_healthy_restarts_
     loaded, plan = first_plan()
     again = plan_deploy(loaded, target(), facts(current=deployed(plan), active="active", verified=False), {}, False,
                         NOW)
-    assert not again.unchanged and list(again.batches) == ["switch and restart", "once verified"]
+    assert not again.unchanged and [batch.kind for batch in again.batches.in_order()] == [
+        "switch and restart", "once verified"]
     assert any("does not record it as verified" in note for note in again.notes)
 
 
@@ -165,18 +166,19 @@ def test_redeploy_when_the_current_release_directory_was_deleted_stages_it_again
     gone = replace(gone, store=replace(gone.store, releases=()), unit=replace(gone.unit, load_state="not-found"),
                    file_sums={})
     again = plan_deploy(loaded, target(), gone, {}, False, NOW)
-    assert not again.unchanged and list(again.batches) == ["stage", "switch and restart", "once verified"]
+    assert not again.unchanged and [batch.kind for batch in again.batches.in_order()] == [
+        "stage", "switch and restart", "once verified"]
     assert any("missing or damaged on the host" in note for note in again.notes)
 
 
 def test_redeploy_of_a_stopped_release_restarts_without_restaging() -> None:
     loaded, plan = first_plan()
     again = plan_deploy(loaded, target(), facts(current=deployed(plan), active="failed"), {}, False, NOW)
-    assert list(again.batches) == ["switch and restart", "once verified"]
+    assert [batch.kind for batch in again.batches.in_order()] == ["switch and restart", "once verified"]
 
 
 def _reloads(plan) -> bool:  # type: ignore[no-untyped-def]
-    return "systemd: daemon-reload" in [step.name for step in plan.batches["switch and restart"]]
+    return "systemd: daemon-reload" in [step.name for step in plan.batches.switch.activate]
 
 
 def holding(host: HostFacts, release: ReleaseRecord | None = None, **times: Decimal) -> HostFacts:
@@ -214,14 +216,14 @@ def test_a_new_release_with_the_same_unit_settings_links_current_unit_file_and_s
         switch = plan_deploy(other, target(), held, {}, False, NOW)
         assert switch.release.id != plan.release.id and switch.release.unit_text == plan.release.unit_text
         assert not _reloads(switch)
-        link = next(step for step in switch.batches["stage"] if isinstance(step, Step) and step.argv[0] == "ln")
+        link = next(step for step in switch.batches.stage if isinstance(step, Step) and step.argv[0] == "ln")
         assert link.argv[-2:] == (str(layout.release(plan.release.id) / UNIT_FILE),
                                   str(layout.staging(switch.release.id) / UNIT_FILE))
-        assert UNIT_FILE not in {step.dest.name for step in switch.batches["stage"] if not isinstance(step, Step)}
+        assert UNIT_FILE not in {step.dest.name for step in switch.batches.stage if not isinstance(step, Step)}
     slower_stop = with_profile(loaded, service={"stop_timeout_s": 123})
     changed = plan_deploy(slower_stop, target(), held, {}, False, NOW)
     assert "TimeoutStopSec=123" in changed.release.unit_text and _reloads(changed)
-    assert UNIT_FILE in {step.dest.name for step in changed.batches["stage"] if not isinstance(step, Step)}
+    assert UNIT_FILE in {step.dest.name for step in changed.batches.stage if not isinstance(step, Step)}
     asking = replace(held, unit=replace(held.unit, need_daemon_reload=True))
     assert _reloads(plan_deploy(PROJECT.profile("glm5-nvfp4-fusion"), target(), asking, {}, False, NOW))
 
@@ -237,8 +239,8 @@ def test_a_switch_to_a_recorded_release_skips_daemon_reload_only_when_its_unit_f
     layout, a, b = StoreLayout("sglang"), current.id, older.id
 
     def reloads(**times: Decimal) -> bool:
-        return "systemd: daemon-reload" in [step.name for step in switch_batches(layout, holding(host, **times), b)[
-            "switch and restart"]]
+        return "systemd: daemon-reload" in [step.name for step in recorded_switch(layout, holding(host, **times),
+                                                                                    b).activate]
 
     assert not reloads(**{a: Decimal("20.5"), b: Decimal("10.25")})
     assert not reloads(**{a: Decimal("20.5"), b: Decimal("20.5")})
@@ -257,6 +259,16 @@ def test_switching_profiles_shows_the_semantic_diff() -> None:
     assert fusion.release.id != plan.release.id
 
 
+def test_plan_against_another_profile_shows_the_same_diff_from_the_profiles_alone() -> None:
+    """`plan --against`, decided in the library: from `old` to `new`, as a deploy from one to the other would show."""
+    base, fusion = PROJECT.profile("glm5-nvfp4"), PROJECT.profile("glm5-nvfp4-fusion")
+    assert [str(c) for c in plan_against(base, fusion, target(), "0.5.23")] == [
+        "+ flag --flashinfer-allreduce-fusion-backend = auto"]
+    assert [str(c) for c in plan_against(fusion, base, target(), "0.5.23")] == [
+        "- flag --flashinfer-allreduce-fusion-backend (was auto)"]
+    assert plan_against(base, base, target(), "0.5.23") == ()
+
+
 def test_a_unit_file_edited_by_hand_is_drift_and_force_overwrites_it() -> None:
     """Input tried: the current release's sglang.service with a checksum other than the one recorded."""
     loaded, plan = first_plan()
@@ -265,8 +277,8 @@ def test_a_unit_file_edited_by_hand_is_drift_and_force_overwrites_it() -> None:
         plan_deploy(loaded, target(), facts(current=deployed(plan), active="active", sums=edited), {}, False, NOW)
     forced = plan_deploy(loaded, target(), facts(current=deployed(plan), active="active", sums=edited), {}, True,
                          NOW)
-    assert list(forced.batches) == ["stage", "switch and restart", "once verified"]
-    rewritten = {step.dest.name for step in forced.batches["stage"] if not isinstance(step, Step)}
+    assert [batch.kind for batch in forced.batches.in_order()] == ["stage", "switch and restart", "once verified"]
+    rewritten = {step.dest.name for step in forced.batches.stage if not isinstance(step, Step)}
     assert rewritten == {UNIT_FILE, ENV_FILE, LAUNCHER_FILE}, "the published release is repaired in place"
 
 
@@ -451,7 +463,7 @@ def test_redeploying_a_release_whose_files_are_damaged_stages_it_again() -> None
                                                                                           "JSON (...)"),))
     again = plan_deploy(loaded, target(), replace(damaged, store=store), {}, False, NOW)
     assert not again.unchanged, "a damaged current release is never 'no changes'"
-    names = [getattr(step, "name", "") for step in again.batches["stage"]]
+    names = [getattr(step, "name", "") for step in again.batches.stage]
     assert names[-3:] == ["stage: remove the damaged release", "stage: publish", "stage: flush the publish"]
     assert any("is damaged (release.json is not valid JSON" in note for note in again.notes)
 

@@ -13,7 +13,7 @@ from test_rollback import LAYOUT, LIVE_PROBE, NOW, READY, ScriptedHost, _tags, a
 from test_store import release_entries
 
 from deploy_lib import store
-from deploy_lib.deploy import Options, deploy
+from deploy_lib.deploy import Options, SweepCandidate, deploy
 from deploy_lib.errors import LockHeld, PreflightError
 from deploy_lib.facts import host as host_facts
 from deploy_lib.health import LIVE_UNIT
@@ -93,10 +93,11 @@ def test_a_change_reads_what_preflight_needs_in_one_round_trip_after_the_decisio
 
 def test_a_deploy_expecting_a_change_reads_what_preflight_needs_with_the_decision_and_a_refusal_changes_nothing(
         ) -> None:
-    """A sweep's candidate (`expect_change`): one read before the stage; 4 GPUs for a profile of 8 still refused
+    """A sweep's candidate (SweepCandidate): one read before the stage; 4 GPUs for a profile of 8 still refused
     before anything is written."""
     host, _ = serving_the_profile()
-    outcome = deploy(changed_profile(), target(), host, RecordingProgress(), Options(grace_s=0, expect_change=True))
+    outcome = deploy(changed_profile(), target(), host, RecordingProgress(), Options(grace_s=0),
+                     sweep=SweepCandidate(keep_releases_at_least=0))
     assert outcome.action == "deployed"
     decided, staged = host.batches[:2]
     assert tools_run(host, decided) >= set(PREFLIGHT_TOOLS) and len(round_trips(decided)) == 1
@@ -105,7 +106,8 @@ def test_a_deploy_expecting_a_change_reads_what_preflight_needs_with_the_decisio
     host.reply(host_facts.FACT_GPUS, stdout="".join(f"{i}, NVIDIA RTX PRO 6000 Blackwell Server Edition, GPU-{i}, "
                                                     "12.0, 97887, 0, 30, 600, 0, 580\n" for i in range(4)))
     with pytest.raises(PreflightError, match="the profile needs 8 GPUs, nvidia-smi shows 4"):
-        deploy(changed_profile(), target(), host, RecordingProgress(), Options(grace_s=0, expect_change=True))
+        deploy(changed_profile(), target(), host, RecordingProgress(), Options(grace_s=0),
+               sweep=SweepCandidate(keep_releases_at_least=0))
     assert len(host.batches) == 1 and writes(host) == [], "the one read, not even the lock"
 
 

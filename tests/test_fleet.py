@@ -16,6 +16,7 @@ from test_cli import invoke
 from deploy_lib.errors import ConfigError, DeployError, LockHeld, ReadinessFailed, RemoteError, RollbackFailed
 from deploy_lib.inventory import load_inventory
 from deploy_lib.ops.fleet import FleetRun, HostEnd, Rollout, run_hosts, summarize, worst_exit_code
+from deploy_lib.outcomes import Action
 from deploy_lib.project import Target, resolve_group
 from sandbox import manage, names
 
@@ -150,7 +151,7 @@ class Hosts:
 
 
 def summary_of(fleet: FleetRun[str]):  # type: ignore[no-untyped-def]
-    return summarize(fleet, lambda release: HostEnd("deployed", release, release, 1.5))
+    return summarize(fleet, lambda release: HostEnd(Action.deployed, release, release, 1.5))
 
 
 def test_the_hosts_of_a_batch_run_at_the_same_time(tmp_path: Path) -> None:

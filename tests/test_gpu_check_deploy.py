@@ -109,8 +109,9 @@ def plan_over(current: LoadedProfile, new: LoadedProfile, current_versions: dict
 
 def test_the_plan_stops_the_old_server_and_checks_between_staging_and_the_switch() -> None:
     plan = plan_over(checked(), checked(p2p_disable=True), venv_versions=TORCH)
-    assert list(plan.batches) == ["stage", "gpu check", "switch and restart", "once verified"]
-    stop, *topology, check = plan.batches["gpu check"]
+    assert [batch.kind for batch in plan.batches.in_order()] == [
+        "stage", "gpu check", "switch and restart", "once verified"]
+    stop, *topology, check = plan.batches.gpu_check
     assert isinstance(stop, Step) and stop.argv == ("systemctl", "stop", "--", "sglang.service")
     assert [s.argv[:3] for s in topology if isinstance(s, Step)] == [("nvidia-smi", "topo", "-m")] + \
         [("nvidia-smi", "topo", "-p2p")] * 2
@@ -134,19 +135,19 @@ def test_no_check_when_nothing_it_depends_on_changed_or_the_key_is_off() -> None
     data["memory"]["mem_fraction_static"] = 0.9
     other_memory = checked().model_copy(update={"profile": Profile.model_validate(data)})
     plan = plan_over(checked(), other_memory, venv_versions=TORCH)
-    assert "gpu check" not in plan.batches and plan.gpu_check_reasons == ()
+    assert not plan.batches.gpu_check and plan.gpu_check_reasons == ()
     assert any("gpu check (preflight.gpu_check) not needed" in note for note in plan.notes)
     off = plan_over(checked(), checked(gpu_check=False, p2p_disable=True), venv_versions=TORCH)
-    assert "gpu check" not in off.batches and not any("gpu check" in note for note in off.notes)
+    assert not off.batches.gpu_check and not any("gpu check" in note for note in off.notes)
 
 
 def test_a_hand_run_server_is_stopped_before_the_check_not_at_the_restart() -> None:
     record = deployed(engine.plan_deploy(checked(), target(), facts(venv_versions=TORCH), {}, False, NOW))
     host = facts(current=record, active="inactive", venv_versions=TORCH)
     plan = engine.plan_deploy(checked(p2p_disable=True), target(), host, {}, False, NOW, hand_pid=4242)
-    assert [s.name for s in plan.batches["gpu check"][:3]] == [
+    assert [s.name for s in plan.batches.gpu_check[:3]] == [
         "adopted server: stop pid 4242", "adopted server: wait for pid 4242 to exit", "systemd: stop"]
-    assert not any("4242" in s.name for s in plan.batches["switch and restart"])
+    assert not any("4242" in s.name for s in plan.batches.switch.activate)
 
 
 def test_a_venv_without_torch_is_refused_at_preflight_naming_the_venv_and_the_key() -> None:

@@ -24,6 +24,7 @@ from deploy_lib.hooks import HookContext, HookEvent, run_hook
 from deploy_lib.inventory import load_inventory
 from deploy_lib.ops import commands
 from deploy_lib.ops.scope import Reach, Scope
+from deploy_lib.outcomes import Action
 from deploy_lib.project import Target
 from deploy_lib.remote.webhook import NOTIFY_RETRY, Notification, Notifier, NotifyEvent, send
 
@@ -43,7 +44,7 @@ def _hook(root: Path, event: str, body: str) -> Path:
 def test_a_hook_gets_the_deploys_facts_in_its_environment_and_runs_in_the_project(tmp_path: Path) -> None:
     """Input tried: a post-deploy hook that writes its environment, with a stale SGLANG_DEPLOY_PREVIOUS inherited."""
     _hook(tmp_path, "post-deploy", "env | grep ^SGLANG_DEPLOY_ | sort > seen; pwd >> seen\n")
-    result = run_hook(tmp_path, HookEvent.post_deploy, replace(CONTEXT, outcome="deployed"),
+    result = run_hook(tmp_path, HookEvent.post_deploy, replace(CONTEXT, outcome=Action.deployed),
                       {"PATH": "/usr/bin:/bin", "SGLANG_DEPLOY_PREVIOUS": "stale"})
     assert result is not None and result.ok
     assert (tmp_path / "seen").read_text().splitlines() == [
@@ -433,7 +434,7 @@ def test_a_router_release_that_did_not_come_up_tells_the_webhook_it_was_rolled_b
 
     def release() -> RouterOutcome:  # deploy_router's switch and verification, its venv and staging left out
         activate_router(router_run(remote), router_store, new, tags, [])
-        return RouterOutcome("deployed", new.id, old, ())
+        return RouterOutcome(Action.deployed, new.id, old, ())
     with pytest.raises(RouterFailed):
         Announced("router.deploy", scope, SERVICE, reach).around_one(release, lambda done: done)
     after = seen(tmp_path, "post-rollback")

@@ -29,6 +29,7 @@ from deploy_lib.facts.host import (
     FACT_IMPORT,
     FACT_PORT,
     FACT_SGLANG,
+    FactRequest,
     SGLangInstall,
     fact_batch,
     import_step,
@@ -200,7 +201,7 @@ def test_a_dry_run_reads_the_cache_but_never_writes_it(venv: Venv, tmp_path: Pat
 
 def test_the_facts_batch_of_a_dry_run_asks_for_a_read_only_step() -> None:
     for write, mode in ((True, "write"), (False, "read")):
-        [step] = [step for step in fact_batch(LAYOUT, "/root/ml-env", 8000, write_caches=write)
+        [step] = [step for step in fact_batch(FactRequest(LAYOUT, "/root/ml-env", 8000, write_caches=write))
                   if isinstance(step, Step) and step.name == FACT_SGLANG]
         assert step.argv[-2] == mode
 
@@ -209,8 +210,9 @@ def test_the_decision_and_preflight_batches_read_what_the_whole_batch_reads() ->
     """A deploy decides from the batch without preflight's facts and reads those only for a change: together the two
     batches send the whole batch's steps once each, and parse to the HostFacts it gives. Inputs tried: 2 GPUs, a
     listener, 5 GB free, a CUDA toolkit, a working directory (the import check), a model step."""
-    where = (LAYOUT, "/root/ml-env", 8000, "/usr/local/cuda", "/srv/work")
     model = Step("model plan", ("true",))
+    whole = FactRequest(LAYOUT, "/root/ml-env", 8000, "/usr/local/cuda", "/srv/work", (model,))
+    decision = replace(whole, preflight=False)
     replies = {FACT_GPUS: "0, NVIDIA H200, GPU-0, 9.0, 143771, 0, 80, 700, 0, 580\n"
                           "1, NVIDIA H200, GPU-1, 9.0, 143771, 0, 80, 700, 0, 580\n",
                FACT_PORT: 'LISTEN 0 4096 0.0.0.0:8000 0.0.0.0:* users:(("python",pid=7,fd=3))\n',
@@ -223,14 +225,12 @@ def test_the_decision_and_preflight_batches_read_what_the_whole_batch_reads() ->
         return Readings(StepResult(step, int(step.name in absent), replies.get(step.name, ""), "", 0.0)
                         for step in steps)
 
-    whole = fact_batch(*where, model_steps=(model,))
-    decision, preflight = fact_batch(*where, model_steps=(model,), preflight=False), preflight_batch(*where)
-    assert sorted(step.name for step in (*decision, *preflight)) == sorted(step.name for step in whole)
+    decided, preflight = fact_batch(decision), preflight_batch(decision)
+    assert sorted(step.name for step in (*decided, *preflight)) == sorted(step.name for step in fact_batch(whole))
     assert {step.argv[0] for step in preflight} >= {"nvidia-smi", "df", "ss"}
-    assert not {step.argv[0] for step in decision} & {"nvidia-smi", "df", "ss"}
-    split = with_preflight_facts(parse_host_facts(answered(decision), *where, (model,), preflight=False),
-                                 answered(preflight), *where)
-    assert split == parse_host_facts(answered(whole), *where, (model,))
+    assert not {step.argv[0] for step in decided} & {"nvidia-smi", "df", "ss"}
+    split = with_preflight_facts(parse_host_facts(answered(decided), decision), answered(preflight), decision)
+    assert split == parse_host_facts(answered(fact_batch(whole)), whole)
     assert len(split.gpus or ()) == 2 and split.free_bytes == 5_000_000_000
     assert split.import_shadow == "/srv/work/sglang" and split.port_listeners
     assert split.cuda_toolkit is not None and split.cuda_toolkit.version == "12.8"
@@ -244,9 +244,10 @@ def test_whatever_a_deploy_gives_the_two_batches_send_each_step_of_the_whole_onc
         write_caches: bool) -> None:
     """Inputs tried: every combination of a venv (status has none), a port, a CUDA_HOME, a working directory and a
     dry run's cache setting: no read is sent twice, none is left out."""
-    where = (LAYOUT, venv, port, cuda_home, working_directory)
-    whole = fact_batch(*where, write_caches=write_caches)
-    split = [*fact_batch(*where, write_caches=write_caches, preflight=False), *preflight_batch(*where)]
+    request = FactRequest(LAYOUT, venv, port, cuda_home, working_directory, write_caches=write_caches)
+    whole = fact_batch(request)
+    decision = replace(request, preflight=False)
+    split = [*fact_batch(decision), *preflight_batch(decision)]
     assert Counter(split) == Counter(whole)  # the same steps, each once, argv and stdin alike
 
 

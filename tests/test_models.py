@@ -235,8 +235,9 @@ def test_a_new_upstream_commit_is_a_new_release_and_a_visible_change() -> None:
 
 def test_missing_weights_are_staged_before_the_release_files() -> None:
     plan = plan_with(model_facts(missing=("config.json",), missing_bytes=120))
-    assert list(plan.batches) == ["model", "stage", "switch and restart", "once verified"]
-    assert plan.batches["model"][0].name == STAGE_MODEL
+    assert [batch.kind for batch in plan.batches.in_order()] == [
+        "model", "stage", "switch and restart", "once verified"]
+    assert plan.batches.model[0].name == STAGE_MODEL
     assert any("1 of 3 files to stage, 120 B to download" in note for note in plan.notes)
 
 
@@ -245,7 +246,7 @@ def test_complete_weights_of_the_running_release_are_a_no_op_but_lost_files_are_
     assert plan_with(model_facts(), current=deployed(first), active="active").unchanged
     lost = plan_with(model_facts(missing=("config.json",), missing_bytes=120), current=deployed(first),
                      active="active")
-    assert not lost.unchanged and next(iter(lost.batches)) == "model"
+    assert not lost.unchanged and lost.batches.in_order()[0].kind == "model"
 
 
 def test_revision_is_passed_on_every_sglang_version_we_render_for() -> None:

@@ -4,8 +4,9 @@ a group, a group behind a router, a multi-node release; which path each takes, t
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from contextlib import nullcontext
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
@@ -190,6 +191,60 @@ def test_a_refused_consent_connects_to_no_host(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="cancelled"):
         commands.stop(scope(tmp_path, host="n1"), "sglang", hosts.reach(agree=False))
     assert hosts.asked == ["stop sglang on n1?"] and hosts.connected == []
+
+
+def _asking_in_the_library(tmp_path: Path) -> dict[str, tuple[Callable[[Reach], object], str]]:
+    """Each command whose question the CLI asked itself before (issue 38): how it is called, the question it asks."""
+    from deploy_lib import tune as tuning
+    from deploy_lib.ops.router import router_site
+    from deploy_lib.project import load_for_target
+    one, group = scope(tmp_path, host="n1"), scope(tmp_path, group="replicas")
+    loaded = load_for_target(Project(REPO), "glm5-nvfp4", one.inventory, one.targets[0])
+    spec, sources = tuning.sweep_spec(None, ["memory.max_running_requests=64,128"], {})
+    request = tuning.Request(spec, sources, ())
+    site = router_site(group.inventory, [target.host for target in group.targets])
+    assert site is not None
+    edge = select(group.inventory, "edge", None)
+    return {
+        "tune": (lambda reach: commands.tune(one, loaded, request, reach),
+                 "tune glm5-nvfp4 on n1: each candidate restarts the server?"),
+        "tune --group": (lambda reach: commands.tune(group, loaded, request, reach),
+                         "tune glm5-nvfp4 on the 2 hosts of group replicas: each candidate restarts the server it "
+                         "runs on?"),
+        "router.deploy": (lambda reach: commands.router_deploy(edge, site, ["http://192.0.2.2:8000"], "replicas",
+                                                               reach),
+                          "deploy the router for group replicas (http://192.0.2.2:8000) to edge:31000?"),
+        "venv.adopt": (lambda reach: commands.venv_adopt(one, "sglang", PurePosixPath("/root/ml-env"), reach),
+                       "adopt /root/ml-env as a managed venv on n1?"),
+        "venv.remove": (lambda reach: commands.venv_remove(one, "sglang", "0123456789ab", reach),
+                        "remove venv 0123456789ab of sglang on n1?"),
+        "adopt --pid": (lambda reach: commands.adopt(one, "sglang", "by-hand", 4242, None, reach),
+                        "adopt pid 4242 on n1 as release 0 of service sglang?"),
+        "adopt --unit": (lambda reach: commands.adopt(one, "sglang", "by-hand", None, "llm.service", reach),
+                         "adopt unit llm.service on n1 as release 0 of service llm?"),
+        "unlock": (lambda reach: commands.unlock(one, "sglang", False, reach), "remove the lock of sglang on n1?"),
+    }
+
+
+@pytest.mark.parametrize("command", ["tune", "tune --group", "router.deploy", "venv.adopt", "venv.remove",
+                                     "adopt --pid", "adopt --unit", "unlock"])
+def test_every_command_that_changes_a_host_asks_through_reach_before_connecting(tmp_path: Path, command: str) -> None:
+    """Consent is asked one way: the library asks through `Reach.consent` (the CLI's terminal or --yes), so a
+    refusal there connects to no host. Input tried: each command whose task asked the terminal itself before."""
+    hosts = Hosts()
+    call, question = _asking_in_the_library(tmp_path)[command]
+    with pytest.raises(ConfigError, match="cancelled"):
+        call(hosts.reach(agree=False))
+    assert hosts.asked == [question] and hosts.connected == []
+
+
+def test_a_venv_build_of_a_profile_without_one_is_refused_before_the_question(tmp_path: Path) -> None:
+    from deploy_lib.project import load_for_target
+    one, hosts = scope(tmp_path, host="n1"), Hosts()
+    loaded = load_for_target(Project(REPO), "glm5-nvfp4", one.inventory, one.targets[0])
+    with pytest.raises(ConfigError, match=r"profile glm5-nvfp4 has no service\.venv_build"):
+        commands.venv_build(one, loaded, hosts.reach())
+    assert hosts.asked == [] and hosts.connected == []
 
 
 def test_a_group_behind_a_router_stops_one_replica_at_a_time_each_taken_out_first(tmp_path: Path) -> None:

@@ -329,14 +329,15 @@ def test_the_dry_run_lists_exactly_the_steps_the_deploy_then_runs() -> None:
     planned = deploy(loaded, target(), host, RecordingProgress(), Options(dry_run=True, grace_s=0))
     assert planned.plan is not None
     batches = planned.plan.batches
-    assert list(batches) == ["stage", "switch and restart", "once verified"]
-    assert [f"{phase}:" for phase in batches] == [line for line in planned.plan.dry_run_lines() if line.endswith(":")]
+    assert [batch.kind for batch in batches.in_order()] == ["stage", "switch and restart", "once verified"]
+    assert [f"{batch.kind}:" for batch in batches.in_order()] == [line for line in planned.plan.dry_run_lines()
+                                                                  if line.endswith(":")]
     host.batches.clear()
     host.results.clear()
     outcome = deploy(loaded, target(), host, RecordingProgress(), Options(grace_s=0))
     assert outcome.action == "deployed" and outcome.release_id == planned.release_id
     ran = [[_shown(step) for step in batch if not _not_listed(step)] for batch in host.batches]
-    before_ladder = [_shown(step) for step in (*batches["stage"], *batches["switch and restart"])]
+    before_ladder = [_shown(step) for step in (*batches.stage, *batches.switch.activate)]
     assert before_ladder in ran, "the stage, switch and restart batches ran as listed, in one round trip"
     taking = [step.name for step in host.batches[ran.index(before_ladder)][:5]]
     assert taking == ["lock: store directory", "lock: take", f"put {LAYOUT.lock_owner}", "lock: boot id",
@@ -344,5 +345,5 @@ def test_the_dry_run_lists_exactly_the_steps_the_deploy_then_runs() -> None:
         "the lock is taken in that round trip, the first that changes the host"
     after = ran[ran.index(before_ladder) + 1:]
     probes = [batch for batch in after if batch and batch[0].startswith("readiness probe")]
-    verified = [_shown(step) for step in batches["once verified"]]
+    verified = [_shown(step) for step in batches.switch.verified]
     assert probes and after[len(probes)][:len(verified)] == verified, "sent with the history line, first"

@@ -17,7 +17,7 @@ from test_rollback import READY, ScriptedHost
 
 from deploy_lib import store
 from deploy_lib.deploy import Transition
-from deploy_lib.deploy.plan import ACTIVATE, VERIFIED, activation_steps
+from deploy_lib.deploy.plan import switch_batches
 from deploy_lib.errors import ConfigError, LockHeld, ReadinessFailed, RollbackFailed, RouterFailed
 from deploy_lib.facts import host as host_facts
 from deploy_lib.inventory import RouterPolicy, load_inventory
@@ -312,7 +312,7 @@ def test_the_deploy_engine_drains_before_the_switch_and_restart_and_again_on_eac
     run = Transition(host, StoreLayout("sglang"), target(), RecordingProgress(), {}, grace_s=0,
                before_restart=lambda: drained_at.append(len(host.batches)))
     run.activate("A", first_plan()[1].release.metadata(), None, 0,
-                 {ACTIVATE: activation_steps(run.layout, "A"), VERIFIED: []})
+                 switch_batches(run.layout, "A", held=False))
     switched_in = next(i for i, batch in enumerate(host.batches)
                        if any(getattr(step, "name", "") == "switch: temp link" for step in batch))
     assert drained_at == [switched_in]  # called when every batch before the switch had run, none after

@@ -11,7 +11,7 @@ from recording_progress import RecordingProgress
 from test_deploy_plan import target
 from test_tune_loop import BASE, BENCH, MRR, SweepHost, a_sweep_host, request, sglang_knowing_every_flag, sweep
 
-from deploy_lib.deploy.plan import ACTIVATE
+from deploy_lib.deploy.plan import BatchKind
 from deploy_lib.facts import host as host_facts
 from deploy_lib.host_paths import venv_python
 from deploy_lib.remote import OutputLine, Put, Step, StepResult, round_trips
@@ -115,7 +115,7 @@ def test_the_base_runs_start_without_reading_the_store_again() -> None:
 
 def before_the_switch(events: Sequence[tuple[str, object]]) -> list[tuple[int, tuple[str, ...]]]:
     """The round trips of a candidate before the one that stages, switches and restarts."""
-    switch = next(i for i, (kind, value) in enumerate(events) if kind == "phase" and ACTIVATE in str(value))
+    switch = next(i for i, (kind, value) in enumerate(events) if kind == "phase" and BatchKind.activate in str(value))
     return [value for kind, value in events[:switch] if kind == TRIP]  # type: ignore[misc]
 
 

@@ -32,7 +32,7 @@ from deploy_lib.facts.hand_process import (
     profile_yaml,
     split_launch,
 )
-from deploy_lib.facts.host import HostFacts, parse_systemctl_show
+from deploy_lib.facts.host import FactRequest, HostFacts, parse_systemctl_show
 from deploy_lib.facts.read import read_host_facts
 from deploy_lib.facts.readings import Fact, read
 from deploy_lib.facts.sglang_config import config_fact, config_path, merged_arguments
@@ -130,7 +130,7 @@ def adopt(target: Target, service: str, remote: Remote, profile_name: str, pid: 
     candidates = interpreter_candidates(process, launch.interpreter)
     venv_fact = interpreter_fact(candidates, where)
     interpreter, venv = read(remote, [venv_fact]).value(venv_fact)
-    facts = read_host_facts(remote, layout, venv, port=None)
+    facts = read_host_facts(remote, FactRequest(layout, venv, port=None))
     version = facts.sglang.sglang_version
     if version is None:
         raise PreflightError(f"{where}: no SGLang found in {venv}: {facts.sglang.error}")

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from deploy_lib import deploy
 from deploy_lib.errors import ConfigError, DeployError, PreflightError
+from deploy_lib.facts.host import FactRequest
 from deploy_lib.facts.read import read_host_facts
 from deploy_lib.gpu_check.allreduce import DEFAULT_SIZES, parse_sizes
 from deploy_lib.gpu_check.subject import (
@@ -84,7 +85,7 @@ def run_gpu_check(target: Target, service: str, remote: Remote, progress: Progre
     again after the restart (`serving_id`), so the router takes the replica back. With `peer_to_peer` (the reader of
     the host's Proxmox node), the report carries the peer-to-peer verdict, read once the GPUs serve again."""
     layout = target.layout(service)
-    facts = read_host_facts(remote, layout, venv=None, port=None)
+    facts = read_host_facts(remote, FactRequest(layout, venv=None, port=None))
     record = facts.store.release(facts.store.current) if facts.store.current else None
     if loaded is not None:
         subject = subject_of_profile(loaded, target)

@@ -7,13 +7,13 @@ deploy.deploy, so the readiness ladder and the rollback apply to a patched relea
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import PurePosixPath
 from urllib.parse import quote
 
 from deploy_lib import patches
-from deploy_lib.deploy import Options, Outcome, VenvChoice, deploy
+from deploy_lib.deploy import Options, Outcome, PatchedVenv, SweepCandidate, VenvChoice, deploy
 from deploy_lib.errors import PreflightError
 from deploy_lib.facts import cuda_toolkit, readings
 from deploy_lib.facts.host import gpu_step, parse_gpus
@@ -144,17 +144,22 @@ def _managed_base(remote: Remote, context: PatchContext, progress: Progress) -> 
 
 
 def enable(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, patched: LoadedProfile, target: Target,
-           progress: Progress, options: Options) -> tuple[patches.CheckReport, Outcome]:
-    """Check every target without writing, make the patched venv as a derived venv, deploy `patched` on it.
+           progress: Progress, options: Options, before_restart: Callable[[], None] | None = None,
+           sweep: SweepCandidate | None = None) -> tuple[patches.CheckReport, Outcome]:
+    """Check every target without writing, make the patched venv as a derived venv, deploy `patched` on it
+    (`before_restart` and `sweep` as `deploy` takes them).
 
     All under the host's lock: adopting, deriving, clearing the JIT cache and the deploy are one change."""
     layout = target.layout(base.profile.service.name)
     with host_lock(remote, layout, f"patch {patch_set.name} and deploy {patched.name}", target.host.name):
-        return _enable(remote, patch_set, base, patched, target, progress, options)
+        report, venv = _patched_venv(remote, patch_set, base, patched, target, progress)
+        return report, deploy(patched, target, remote, progress, options, before_restart=before_restart,
+                              patched=PatchedVenv(venv, (patch_set.name,)), sweep=sweep)
 
 
-def _enable(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, patched: LoadedProfile, target: Target,
-            progress: Progress, options: Options) -> tuple[patches.CheckReport, Outcome]:
+def _patched_venv(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, patched: LoadedProfile,
+                  target: Target, progress: Progress) -> tuple[patches.CheckReport, VenvChoice]:
+    """The patch set's report and the venv it made (derived from the managed base venv, JIT cache cleared)."""
     context = read_context(remote, patch_set, base, target)
     patches.refuse_another_sets_record(patch_set, context.record)
     if context.toolkit_problem:  # refused before any venv is made: deploy's preflight would refuse the release
@@ -176,8 +181,7 @@ def _enable(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, pa
     remote.run([*cache_dir_steps(context.layout, venv_hash, patched.profile.service.user),
                 *patches.clear_jit_cache_steps(patch_set, workspace, context.versions, sudo=True)])
     venv = VenvChoice(str(derived.path if derived else base_venv), cache_environment(context.layout, venv_hash))
-    outcome = deploy(patched, target, remote, progress, _with(options, venv, (patch_set.name,)))
-    return enabled.report, outcome
+    return enabled.report, venv
 
 
 def _derived_files(context: PatchContext, enabled: patches.Enabled,
@@ -229,8 +233,4 @@ def _disable(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfile, t
         raise PreflightError(f"{target.host.name}: the unpatched venv {context.record.base_venv} is gone")
     venv = VenvChoice(str(layout.venvs / context.record.base_venv),
                       cache_environment(layout, context.record.base_venv))
-    return deploy(base, target, remote, progress, _with(options, venv, ()))
-
-
-def _with(options: Options, venv: VenvChoice, applied: tuple[str, ...]) -> Options:
-    return replace(options, venv=venv, patches=applied)
+    return deploy(base, target, remote, progress, options, patched=PatchedVenv(venv))

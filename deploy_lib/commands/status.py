@@ -15,7 +15,7 @@ from deploy_lib.deploy import detect_drift, probe_target
 from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.facts.crashes import CrashReport, crash_loop_advice, read_crashes, record_crashes
 from deploy_lib.facts.diagnose import journal_argv, journal_step
-from deploy_lib.facts.host import Gpu
+from deploy_lib.facts.host import FactRequest, Gpu
 from deploy_lib.facts.read import read_host_facts
 from deploy_lib.facts.readings import Fact, Readings, read
 from deploy_lib.gpu_check import parse_topology_results, topology_steps
@@ -150,7 +150,7 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
     """The host's status; with `peer_to_peer` (the reader of the host's Proxmox node) also the peer-to-peer verdict,
     its VM-side reads in the round trip of the topology."""
     layout = target.layout(service)
-    facts = read_host_facts(remote, layout, venv=None, port=None)
+    facts = read_host_facts(remote, FactRequest(layout, venv=None, port=None))
     record = facts.store.release(facts.store.current) if facts.store.current else None
     metadata = record.metadata if record else {}
     readiness = "no release deployed" if facts.store.current is None else "not probed: the release is unreadable"

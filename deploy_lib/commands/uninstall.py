@@ -11,7 +11,7 @@ from pathlib import Path
 
 from deploy_lib.deploy.preflight import refuse_one_node
 from deploy_lib.errors import ConfigError
-from deploy_lib.facts.host import HostFacts
+from deploy_lib.facts.host import FactRequest, HostFacts
 from deploy_lib.facts.read import read_host_facts
 from deploy_lib.facts.readings import ABSENT_OK
 from deploy_lib.project import Target
@@ -79,7 +79,7 @@ def uninstall(target: Target, service: str, remote: Remote, state_dir: Path, now
     the tool did not make is left running, so it is not called then. A host `alone` (not one of a group removed
     together) is refused, with nothing changed, when its current release is one node of a multi-node release."""
     layout = target.layout(service)
-    facts = read_host_facts(remote, layout, venv=None, port=None)
+    facts = read_host_facts(remote, FactRequest(layout, venv=None, port=None))
     if facts.store.current is None and not facts.store.releases and not facts.store.history:
         raise ConfigError(f"{target.host.name}: nothing of service {service} is installed under {layout.base}",
                           "`invoke status` shows what the host runs")

@@ -13,23 +13,40 @@ and `invoke start`.
     engine      the commands: deploy, rollback, start, stop
 """
 
-from deploy_lib.deploy.engine import Options, Outcome, choose_venv, deploy, rollback, stage_weights, start, stop
+from deploy_lib.deploy.engine import (
+    Options,
+    Outcome,
+    PatchedVenv,
+    SweepCandidate,
+    choose_venv,
+    deploy,
+    releases_to_keep,
+    rollback,
+    stage_weights,
+    start,
+    stop,
+)
 from deploy_lib.deploy.plan import (
-    ACTIVATE,
-    VERIFIED,
+    Batch,
+    BatchKind,
     Plan,
+    PlanBatches,
+    SwitchBatches,
     VenvChoice,
     activation_steps,
     detect_drift,
     hand_run_check,
     hand_run_pid,
     keep_replaced_unit,
+    plan_against,
     plan_deploy,
+    recorded_switch,
     release_tags,
     reset_failed_step,
     restart_steps,
     start_prediction,
     stop_step,
+    switch_batches,
 )
 from deploy_lib.deploy.preflight import check_release, check_release_files, preflight
 from deploy_lib.deploy.prune import prune
@@ -45,9 +62,10 @@ from deploy_lib.deploy.switch import (
     same_kind,
 )
 
-__all__ = ["ACTIVATE", "GRACE_S", "VERIFIED", "Options", "Outcome", "Plan", "Readiness", "Transition", "VenvChoice",
-           "activation_steps", "check_release", "check_release_files", "choose_venv", "deploy", "detect_drift",
-           "failure_line", "hand_run_check", "hand_run_pid", "interruption", "keep_replaced_unit", "plan_deploy",
-           "preflight", "probe_target", "prune", "recorded_tags", "release_tags", "reset_failed_step",
-           "restart_steps", "restore", "rollback", "same_kind", "stage_weights", "start", "start_prediction", "stop",
-           "stop_step"]
+__all__ = ["GRACE_S", "Batch", "BatchKind", "Options", "Outcome", "PatchedVenv", "Plan", "PlanBatches", "Readiness",
+           "SweepCandidate", "SwitchBatches", "Transition", "VenvChoice", "activation_steps", "check_release",
+           "check_release_files", "choose_venv", "deploy", "detect_drift", "failure_line", "hand_run_check",
+           "hand_run_pid", "interruption", "keep_replaced_unit", "plan_against", "plan_deploy", "preflight",
+           "probe_target", "prune", "recorded_switch", "recorded_tags", "release_tags", "releases_to_keep",
+           "reset_failed_step", "restart_steps", "restore", "rollback", "same_kind", "stage_weights", "start",
+           "start_prediction", "stop", "stop_step", "switch_batches"]

@@ -8,18 +8,18 @@ from collections.abc import Callable, Mapping
 from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from functools import partial
 
 from deploy_lib.deploy.plan import (
+    BatchKind,
     Plan,
     VenvChoice,
     hand_run_check,
     hand_run_pid,
     plan_deploy,
+    recorded_switch,
     release_tags,
     start_prediction,
     stop_hand_run,
-    switch_batches,
 )
 from deploy_lib.deploy.preflight import PreflightReads, current_record, preflight, refuse_one_node, rollback_record
 from deploy_lib.deploy.prune import around_the_restart, prune_after_deploy, prune_read_steps
@@ -38,12 +38,13 @@ from deploy_lib.errors import ConnectionLost, GateFailed, GpuCheckFailed, Readin
 from deploy_lib.facts.crashes import record_new_crashes
 from deploy_lib.facts.cuda_toolkit import cuda_home
 from deploy_lib.facts.diagnose import diagnose
-from deploy_lib.facts.host import HostFacts, fact_batch, parse_host_facts
+from deploy_lib.facts.host import FactRequest, HostFacts, fact_batch, parse_host_facts
 from deploy_lib.facts.read import read_host_facts
 from deploy_lib.facts.readings import read as read_facts
 from deploy_lib.health import Ready, ReadyReport
 from deploy_lib.interrupts import signals_raise
-from deploy_lib.models import HubModel, PushedModel, Weights, check_model, size_text, weights
+from deploy_lib.models import HubModel, ModelFacts, PushedModel, Weights, check_model, size_text, weights
+from deploy_lib.outcomes import Action
 from deploy_lib.profile import LoadedProfile, Profile
 from deploy_lib.profile.settings import GateSettings
 from deploy_lib.progress import NullProgress, Progress
@@ -71,7 +72,7 @@ from deploy_lib.versions import READY_ENDPOINT_SINCE
 class Outcome:
     """The end of a deploy or rollback that did not raise."""
 
-    action: str                       # deployed | unchanged | planned | rolled back
+    action: Action
     release_id: str | None            # None: a plan whose release id depends on secrets not available here
     previous_id: str | None
     plan: Plan | None = None
@@ -81,18 +82,36 @@ class Outcome:
 
 @dataclass(frozen=True)
 class Options:
+    """A deploy as its user asks for it (the `deploy` task's flags), whoever the caller."""
+
     dry_run: bool = False
     force: bool = False
     grace_s: float = GRACE_S
     environ: Mapping[str, str] = field(default_factory=dict)
-    venv: VenvChoice | None = None      # a venv decided by the caller (a patched venv), instead of the profile's
-    patches: tuple[str, ...] = ()       # patch sets applied in that venv, recorded in the release
     gate: bool = False                  # run the throughput gate even when the profile has no `gate:`
-    before_restart: Callable[[], None] | None = None  # runs before the server stops (a router takes it out)
-    skip_gate: bool = False             # no gate even when the profile has one: a sweep measures its candidates
-    keep_releases_at_least: int = 0     # prune keeps this many at least: a sweep's best release stays on the host
-    alone: bool = True                  # one host on its own, not one of a group deploying together
-    expect_change: bool = False         # a sweep's candidate: preflight's facts go in the decision's read
+    skip_gate: bool = False             # no gate even when the profile has one: a sweep measures its releases itself
+
+
+@dataclass(frozen=True)
+class PatchedVenv:
+    """A patch set's deploy: the venv it decided (patched, or the one it was derived from) instead of the
+    profile's."""
+
+    venv: VenvChoice
+    patches: tuple[str, ...] = ()       # patch sets applied in that venv, recorded in the release
+
+
+@dataclass(frozen=True)
+class SweepCandidate:
+    """A tuning sweep's candidate: it changes the host (so preflight's facts go in the decision's read), and the
+    prune keeps the sweep's releases (so its best one stays on the host)."""
+
+    keep_releases_at_least: int
+
+
+def releases_to_keep(profile: Profile, sweep: SweepCandidate | None) -> int:
+    """How many releases a deploy's prune keeps: the profile's, and a sweep's at least."""
+    return max(profile.service.keep_releases, sweep.keep_releases_at_least if sweep else 0)
 
 
 def choose_venv(remote: Remote, layout: StoreLayout, target: Target, profile: Profile, dry_run: bool,
@@ -120,8 +139,11 @@ def choose_venv(remote: Remote, layout: StoreLayout, target: Target, profile: Pr
 
 
 def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progress, options: Options,
-           clock: Callable[[], float] = time.monotonic) -> Outcome:
+           clock: Callable[[], float] = time.monotonic, before_restart: Callable[[], None] | None = None,
+           alone: bool = True, patched: PatchedVenv | None = None, sweep: SweepCandidate | None = None) -> Outcome:
     """Take the host to the profile's release, or back to its last healthy one; raise DeployError on failure.
+    `before_restart` runs before the server stops (a router takes the replica out); `alone`: one host on its own,
+    not one of a group deploying together; `patched`: a patch set's venv; `sweep`: a tuning sweep's candidate.
 
     Everything but a dry run decides from one read of the host that carries the lock's state (held by another run:
     LockHeld) and, when the release serves already, the live probe, and leaves out what only preflight reads: a
@@ -133,103 +155,162 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
     command with Interrupted/Terminated."""
     profile = loaded.profile
     run = Transition(remote, target.layout(profile.service.name), target, progress, options.environ, clock,
-               grace_s=options.grace_s, before_restart=options.before_restart)
+                     grace_s=options.grace_s, before_restart=before_restart)
     with signals_raise():
         try:
             if options.dry_run:  # a plan needs no secret value: it says which ones it could not read
-                return _deploy(run, loaded, options, *available_secrets(profile, options.environ))
-            secrets = resolve_secrets(profile, options.environ)  # ConfigError before any connection
+                return _deploy(run, _Ask(loaded, options, *available_secrets(profile, options.environ), patched,
+                                         sweep, alone))
+            ask = _Ask(loaded, options, resolve_secrets(profile, options.environ), {}, patched, sweep, alone)
             purpose, where = f"deploy {loaded.name}", target.host.name
             context = LockContext(where=where, note=progress.note)  # a dead owner's lock: taken over, one line
             with ExitStack() as held:
-                if profile.service.venv_build is not None and options.venv is None:
+                if profile.service.venv_build is not None and patched is None:
                     # building the venv changes the host before the facts are read: the lock from the first step
                     held.enter_context(host_lock(remote, run.layout, purpose, where, context))
                 run.lock = held.enter_context(lock_on_first_change(remote, run.layout, purpose, where, context))
                 run.remote = run.lock
-                return _deploy(run, loaded, options, secrets, {})
+                return _deploy(run, ask)
         except KeyboardInterrupt as stop:
             raise run.interrupted_outside(stop) from None
         except ConnectionLost as lost:
             raise run.connection_lost(lost, f"deploy --profile {loaded.name}") from None
 
 
-def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: Mapping[str, str],
-            not_available: Mapping[str, str]) -> Outcome:
-    profile, remote, layout, target, progress = loaded.profile, run.remote, run.layout, run.target, run.progress
-    model = weights(profile, target.host.vars, secrets)
-    venv = options.venv or choose_venv(remote, layout, target, profile, options.dry_run, progress)
-    progress.phase_started("facts")
+@dataclass(frozen=True)
+class _Ask:
+    """One deploy as its phases read it: the profile, its caller's options, the secrets."""
+
+    loaded: LoadedProfile
+    options: Options
+    secrets: Mapping[str, str]
+    not_available: Mapping[str, str]  # a dry run's secrets it could not read: name -> why
+    patched: PatchedVenv | None
+    sweep: SweepCandidate | None
+    alone: bool
+
+    @property
+    def preflight_now(self) -> bool:
+        """Preflight's facts go in the decision's read: a dry run shows them, a sweep's candidate changes the host."""
+        return self.options.dry_run or self.sweep is not None
+
+
+@dataclass(frozen=True)
+class _Decided:
+    """The plan and what it was made from."""
+
+    plan: Plan
+    facts: HostFacts
+    request: FactRequest
+    venv: VenvChoice
+    model: Weights
+    model_facts: ModelFacts
+    replan: Callable[[HostFacts, int | None], Plan]  # the plan again, from completed facts and a hand-run pid
+
+
+def _deploy(run: Transition, ask: _Ask) -> Outcome:
+    """The venv, the decision's read and its plan, preflight when it changes the host; then the stage, the switch
+    and its verification (a failure rolls back), and the commit."""
+    venv = ask.patched.venv if ask.patched else choose_venv(run.remote, run.layout, run.target, ask.loaded.profile,
+                                                            ask.options.dry_run, run.progress)
+    run.progress.phase_started("facts")
     started = run.clock()
+    decided = _decide(run, ask, venv)
+    if ask.options.dry_run or not decided.plan.unchanged:
+        decided = _preflight(run, ask, decided)
+    run.timings["facts"] = round(run.clock() - started, 3)
+    plan = decided.plan
+    if ask.options.dry_run:  # its notes are printed with the plan
+        return Outcome(Action.planned, plan.release_id, plan.current_id, plan=plan, timings=run.timings)
+    for note in plan.notes:
+        run.progress.note(note)
+    if plan.unchanged:
+        return Outcome(Action.unchanged, plan.release.id, plan.current_id, plan=plan, timings=run.timings)
+    tags = release_tags(run.target, plan.release)
+    ready = _switch(run, ask, decided, tags)
+    _commit(run, ask, tags)
+    return Outcome(Action.deployed, plan.release.id, plan.current_id, plan=plan, ready=ready, timings=run.timings)
+
+
+def _decide(run: Transition, ask: _Ask, venv: VenvChoice) -> _Decided:
+    """The one read the decision needs (the facts, the lock's state, the live probe of a release that may serve
+    already) and the plan made from it; a release current but not ready is restarted."""
+    profile = ask.loaded.profile
+    model = weights(profile, run.target.host.vars, ask.secrets)
     # the toolkit decides only whether FlashInfer can JIT-build the fusion's kernels (deploy_lib/facts/cuda_toolkit.py)
     toolkit_home = cuda_home(launch_environment(profile)) if profile.features.allreduce_fusion else None
-    preflight_now = options.dry_run or options.expect_change  # preflight's facts in the decision's read
-    fact_args = (layout, venv.path, profile.server.port, toolkit_home, profile.service.working_directory,
-                 model.fact_steps(venv.path), None, not options.dry_run, preflight_now)
+    request = FactRequest(run.layout, venv.path, profile.server.port, toolkit_home,
+                          profile.service.working_directory, tuple(model.fact_steps(venv.path)),
+                          write_caches=not ask.options.dry_run, preflight=ask.preflight_now)
     # the live probe for a release that may serve already; the version only picks its health path, taken as one
     # with /ready (live_verdict sends it again when the plan's release says otherwise)
     speculative = {"profile": profile.model_dump(mode="json"),
                    "sglang_version": venv.sglang_version or READY_ENDPOINT_SINCE}
-    read = read_facts(remote, [*fact_batch(*fact_args), *concurrently([live_probe(layout, speculative,
-                                                                                    options.environ)])])
-    facts = parse_host_facts(read, *fact_args)
+    read = read_facts(run.remote, [*fact_batch(request),
+                                   *concurrently([live_probe(run.layout, speculative, ask.options.environ)])])
+    facts = parse_host_facts(read, request)
     if run.lock is not None:
         run.lock.decided_from(facts.store.lock, facts.store.digest)
     run.previous = facts.store.current
-    if options.alone and not options.dry_run:  # one node taken elsewhere leaves the others at the rendezvous
-        refuse_one_node(facts.store, (facts.store.current,), target.host.name, "deployed to",
+    if ask.alone and not ask.options.dry_run:  # one node taken elsewhere leaves the others at the rendezvous
+        refuse_one_node(facts.store, (facts.store.current,), run.where, "deployed to",
                         "`invoke deploy --profile P --group G` deploys the group of its nodes together")
     model_facts = model.parse(facts.model_results)
-    check_model(model, model_facts, target.host.name)
-    planned = partial(plan_deploy, loaded, target, secrets=secrets, force=options.force, now=datetime.now(UTC),
-                      venv=venv, patches=options.patches, secrets_not_available=not_available, model=model,
-                      model_facts=model_facts)
-    plan = planned(facts)
+    check_model(model, model_facts, run.where)
+
+    def replan(found: HostFacts, hand_pid: int | None = None) -> Plan:
+        return plan_deploy(ask.loaded, run.target, found, ask.secrets, ask.options.force, datetime.now(UTC), venv,
+                           ask.patched.patches if ask.patched else (), ask.not_available, hand_pid, model,
+                           model_facts)
+    plan = replan(facts)
     if plan.unchanged and not isinstance(verdict := run.live_verdict(plan.release.metadata(), read), Ready):
         plan = replace(plan, unchanged=False, notes=(*plan.notes, f"release {plan.release.id} is current but not "
                                                      f"ready ({verdict.message}): it is restarted and verified"))
-    if options.dry_run or not plan.unchanged:  # beside the lock (`inner`): a change preflight refuses writes nothing
-        reads = PreflightReads(facts, fact_args[:5], preflight_now)
-        facts, hand_pid = reads.parse(read_facts(remote if run.lock is None else run.lock.inner, reads.steps))
-        if hand_pid is not None:  # an adopted release 0's server still runs: the plan stops it before the restart
-            plan = planned(facts, hand_pid=hand_pid)
-        preflight(plan, loaded, target, facts, hand_pid)
-    run.timings["facts"] = round(run.clock() - started, 3)
-    for note in () if options.dry_run else plan.notes:  # a dry run prints them with the plan
-        progress.note(note)
-    if options.dry_run:
-        return Outcome("planned", plan.release_id, plan.current_id, plan=plan, timings=run.timings)
-    if plan.unchanged:
-        return Outcome("unchanged", plan.release.id, plan.current_id, plan=plan, timings=run.timings)
-    tags = release_tags(target, plan.release)
+    return _Decided(plan, facts, request, venv, model, model_facts, replan)
+
+
+def _preflight(run: Transition, ask: _Ask, decided: _Decided) -> _Decided:
+    """What only preflight reads, beside the lock (`inner`: a change preflight refuses writes nothing), and its
+    checks; an adopted release 0's server that still runs is stopped by the plan before the restart."""
+    reads = PreflightReads(decided.facts, decided.request, ask.preflight_now)
+    facts, hand_pid = reads.parse(read_facts(run.remote if run.lock is None else run.lock.inner, reads.steps))
+    plan = decided.plan if hand_pid is None else decided.replan(facts, hand_pid)
+    preflight(plan, ask.loaded, run.target, facts, hand_pid)
+    return replace(decided, plan=plan, facts=facts)
+
+
+def _switch(run: Transition, ask: _Ask, decided: _Decided, tags: Tags) -> ReadyReport:
+    """The weights and the stage, the NCCL check, the switch and its readiness ladder, the gate; a failed start
+    (or a signal) rolls back to the last healthy release and raises."""
+    plan, facts, profile = decided.plan, decided.facts, ask.loaded.profile
     restore_id = facts.store.last_healthy(exclude=plan.release.id)
-    record_new_crashes(remote, layout, facts.store, facts.unit)  # the restart below resets their count
-    if not model_facts.complete:
-        stage_weights(run, model, venv.path, plan, facts)
-    staged = plan.batches.get("stage", [])
+    record_new_crashes(run.remote, run.layout, facts.store, facts.unit)  # the restart below resets their count
+    if not decided.model_facts.complete:
+        stage_weights(run, decided.model, decided.venv.path, plan, facts)
+    staged = plan.batches.stage
     if plan.gpu_check_reasons:  # the NCCL check runs between the stage and the switch: the stage goes alone, first
-        run.phase("stage", staged)
-        staged = []
-    gate = None if options.skip_gate else profile.gate or (GateSettings() if options.gate else None)
+        run.phase(BatchKind.stage, staged)
+        staged = ()
+    gate = None if ask.options.skip_gate else profile.gate or (GateSettings() if ask.options.gate else None)
     known = [*facts.store.releases, ReleaseRecord(plan.release.id, "", plan.release.metadata())]
     try:
         if plan.gpu_check_reasons:
             check_before_start(run, plan)
         # what prune decides from, read under the lock with the switch: the store, its venvs, the kept weights
-        before_switch, after_restart = around_the_restart(prune_read_steps(layout, known))
-        ready = run.activate(plan.release.id, plan.release.metadata(), start_prediction(facts.store, loaded.name),
-                             options.grace_s, plan.batches, staged, before_switch, after_restart)
+        before_switch, after_restart = around_the_restart(prune_read_steps(run.layout, known))
+        ready = run.activate(plan.release.id, plan.release.metadata(), start_prediction(facts.store, ask.loaded.name),
+                             ask.options.grace_s, plan.batches.switch, staged, before_switch, after_restart)
         if gate is not None:
             from deploy_lib.throughput import gate_after_ready  # the benchmark's code loads only for a gated deploy
 
-            remote.run(run.unsent)  # the start is verified before the benchmark judges it
+            run.remote.run(run.unsent)  # the start is verified before the benchmark judges it
             run.unsent = []
-            gate_after_ready(remote, layout, plan.release.metadata(), tags, profile.bench, gate,
-                             facts.store.history, progress, secrets.get(API_KEY_ENV))
+            gate_after_ready(run.remote, run.layout, plan.release.metadata(), tags, profile.bench, gate,
+                             facts.store.history, run.progress, ask.secrets.get(API_KEY_ENV))
     except ReadinessFailed as failure:
         diagnosis = gate_diagnosis(failure) if isinstance(failure, GateFailed) else \
-            diagnose(failure.evidence, profile=loaded.name) if isinstance(failure, GpuCheckFailed) else \
-            run.journal_diagnosis(run.cursor, loaded.name)
+            diagnose(failure.evidence, profile=ask.loaded.name) if isinstance(failure, GpuCheckFailed) else \
+            run.journal_diagnosis(run.cursor, ask.loaded.name)
         run.record("deploy", FAILED, tags, failure_line(failure, diagnosis))
         restore(run, facts.store, plan.release.id, failure, diagnosis, restore_id, plan.current_id)
     except KeyboardInterrupt as stop:
@@ -237,14 +318,17 @@ def _deploy(run: Transition, loaded: LoadedProfile, options: Options, secrets: M
         interrupt, diagnosis = interruption(stop)
         run.record("deploy", FAILED, tags, diagnosis.cause)
         restore(run, facts.store, plan.release.id, interrupt, diagnosis, restore_id, plan.current_id)
-    # the commit, the prune and the lock's release in one round trip
+    return ready
+
+
+def _commit(run: Transition, ask: _Ask, tags: Tags) -> None:
+    """The healthy record, the prune (decided from what the switch read) and the lock's release in one round trip."""
     read_at_switch = run.read_at_switch.results if run.read_at_switch else ()
-    keep = max(profile.service.keep_releases, options.keep_releases_at_least)
-    removal, removed = prune_after_deploy(layout, keep, tags, read_at_switch)
+    removal, removed = prune_after_deploy(run.layout, releases_to_keep(ask.loaded.profile, ask.sweep), tags,
+                                          read_at_switch)
     run.record("deploy", HEALTHY, tags, then=removal, last=True)
     if removed:
-        progress.note("pruned " + "; ".join(removed))
-    return Outcome("deployed", plan.release.id, plan.current_id, plan=plan, ready=ready, timings=run.timings)
+        run.progress.note("pruned " + "; ".join(removed))
 
 
 def check_before_start(run: Transition, plan: Plan) -> None:
@@ -256,7 +340,7 @@ def check_before_start(run: Transition, plan: Plan) -> None:
     if run.before_restart is not None:  # the check stops the old server
         run.before_restart()
     try:
-        results = run.phase("gpu check", plan.batches["gpu check"])
+        results = run.phase(BatchKind.gpu_check, plan.batches.gpu_check)
     except RemoteError as lost:  # the old server may be stopped already: roll back as after any failed start
         raise GpuCheckFailed(f"the NCCL check did not complete: {lost.message}", "gpu check",
                              (f"{gpu_check.REPORT_PREFIX}error: {lost.message}",)) from lost
@@ -325,7 +409,7 @@ def _rollback(run: Transition, lock: LockOnFirstChange, to: str | None, alone: b
     record_new_crashes(run.remote, run.layout, facts.store, facts.unit)  # a crash loop: why a person rolls back
     try:
         ready = run.activate(target_id, record.metadata, start_prediction(facts.store, tags.profile), run.grace_s,
-                             switch_batches(run.layout, facts, target_id))
+                             recorded_switch(run.layout, facts, target_id))
     except ReadinessFailed as failure:
         diagnosis = run.journal_diagnosis(run.cursor, tags.profile)
         run.record("rollback", FAILED, tags, failure_line(failure, diagnosis))
@@ -335,7 +419,7 @@ def _rollback(run: Transition, lock: LockOnFirstChange, to: str | None, alone: b
         run.record("rollback", FAILED, tags, diagnosis.cause)
         restore(run, facts.store, target_id, interrupt, diagnosis, restore_id, store.current)
     run.record("rollback", HEALTHY, tags, f"by hand from {store.current or 'none'}", last=True)
-    return Outcome("rolled back", target_id, store.current, ready=ready, timings=run.timings)
+    return Outcome(Action.rolled_back, target_id, store.current, ready=ready, timings=run.timings)
 
 
 def start(target: Target, service: str, remote: Remote, progress: Progress, environ: Mapping[str, str],
@@ -350,26 +434,27 @@ def start(target: Target, service: str, remote: Remote, progress: Progress, envi
     event = "restart" if restart else "start"
     with lock_on_first_change(remote, layout, event, target.host.name,
                               LockContext(where=target.host.name, note=progress.note)) as lock:
-        facts = read_host_facts(lock, layout, venv=None, port=None)
+        facts = read_host_facts(lock, FactRequest(layout, venv=None, port=None))
         lock.decided_from(facts.store.lock, facts.store.digest)
         record = current_record(facts.store, target.host.name)
         if alone:
             refuse_one_node(facts.store, (record.id,), target.host.name, f"{event}ed",
                             "`invoke deploy --profile P --group G` starts every node of the release together")
         if not restart and facts.unit.active_state == "active":
-            return Outcome("already running", record.id, record.id)
+            return Outcome(Action.already_running, record.id, record.id)
         tags = Tags.from_dict(record.metadata["tags"])
         run = Transition(lock, layout, target, progress, environ, clock, before_restart=before_restart, lock=lock)
         try:
             ready = run.activate(record.id, record.metadata, start_prediction(facts.store, tags.profile), GRACE_S,
-                                 switch_batches(layout, facts, record.id))
+                                 recorded_switch(layout, facts, record.id))
         except ReadinessFailed as failure:
             diagnosis = run.journal_diagnosis(run.cursor, tags.profile)
             run.record(event, FAILED, tags, failure_line(failure, diagnosis))
             restore(run, facts.store, record.id, failure, diagnosis, facts.store.last_healthy(exclude=record.id),
                      record.id)
         run.record(event, HEALTHY, tags, last=True)
-    return Outcome("restarted" if restart else "started", record.id, record.id, ready=ready, timings=run.timings)
+    return Outcome(Action.restarted if restart else Action.started, record.id, record.id, ready=ready,
+                   timings=run.timings)
 
 
 def stop(target: Target, service: str, remote: Remote, before_stop: Callable[[], None] | None = None,
@@ -393,4 +478,4 @@ def stop(target: Target, service: str, remote: Remote, before_stop: Callable[[],
                                      .stop_timeout_s))
         stop_unit(remote, layout)
         Transition(remote, layout, target, NullProgress(), {}).record("stop", STOPPED, tags, "by hand")
-    return Outcome("stopped", record.id, record.id)
+    return Outcome(Action.stopped, record.id, record.id)

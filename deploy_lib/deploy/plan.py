@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
+from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -16,10 +17,18 @@ from deploy_lib.facts.diagnose import journal_cursor_step
 from deploy_lib.facts.host import HostFacts
 from deploy_lib.facts.readings import ABSENT_OK, Readings
 from deploy_lib.health import StartPrediction, predict_start
-from deploy_lib.models import HubModel, ModelFacts, Weights, size_text
+from deploy_lib.models import HubModel, ModelFacts, ReleaseModel, Weights, size_text
 from deploy_lib.profile import LoadedProfile, RestartPolicy, ServiceSpec
 from deploy_lib.project import Target
-from deploy_lib.release.model import SECRET_NOT_AVAILABLE, SECRET_VALUES, Change, Release, build_release, diff_releases
+from deploy_lib.release.model import (
+    SECRET_NOT_AVAILABLE,
+    SECRET_VALUES,
+    Change,
+    Release,
+    build_release,
+    diff_releases,
+    placeholder_secrets,
+)
 from deploy_lib.remote import Put, Step, StepResult, describe
 from deploy_lib.store import (
     ENV_FILE,
@@ -27,6 +36,7 @@ from deploy_lib.store import (
     HEALTHY,
     LAUNCHER_FILE,
     UNIT_FILE,
+    DamagedRelease,
     StoreFacts,
     StoreLayout,
     Tags,
@@ -40,11 +50,55 @@ from deploy_lib.store import (
 FACT_HAND_RUN = "adopted server: still running"
 
 
-# The plan's batches that `Transition.activate` runs: before the ladder (with the stage, in one round trip), after it.
-ACTIVATE = "switch and restart"
+Steps = tuple[Step | Put, ...]
 
 
-VERIFIED = "once verified"
+class BatchKind(StrEnum):
+    """A plan's batches; each value names its phase and heads its steps in a dry run."""
+
+    model = "model"
+    stage = "stage"
+    gpu_check = "gpu check"
+    activate = "switch and restart"
+    verified = "once verified"
+
+
+@dataclass(frozen=True)
+class Batch:
+    kind: BatchKind
+    steps: Steps
+
+
+@dataclass(frozen=True)
+class SwitchBatches:
+    """What `Transition.activate` runs: before the ladder (with the stage, in one round trip), and with the healthy
+    record once the release is verified."""
+
+    activate: Steps
+    verified: Steps
+
+    def repeatable(self) -> SwitchBatches:
+        """The same steps, each marked safe to send again on a new connection after a drop (a restore's)."""
+        def again(steps: Steps) -> Steps:
+            return tuple(replace(step, repeatable=True) if isinstance(step, Step) else step for step in steps)
+        return SwitchBatches(again(self.activate), again(self.verified))
+
+
+@dataclass(frozen=True)
+class PlanBatches:
+    """A deploy's batches: the weights (a hub model's), the release's files, the NCCL check, the switch."""
+
+    switch: SwitchBatches
+    model: Steps = ()
+    stage: Steps = ()
+    gpu_check: Steps = ()
+
+    def in_order(self) -> tuple[Batch, ...]:
+        """The batches a deploy runs, in its order, the empty ones left out (a dry run lists them so)."""
+        batches = (Batch(BatchKind.model, self.model), Batch(BatchKind.stage, self.stage),
+                   Batch(BatchKind.gpu_check, self.gpu_check), Batch(BatchKind.activate, self.switch.activate),
+                   Batch(BatchKind.verified, self.switch.verified))
+        return tuple(batch for batch in batches if batch.steps)
 
 
 def hand_run_check(metadata: Mapping[str, Any] | None) -> list[Step]:
@@ -81,7 +135,7 @@ class Plan:
     changes: tuple[Change, ...]
     drift: tuple[str, ...]
     unchanged: bool
-    batches: Mapping[str, list[Step | Put]]
+    batches: PlanBatches
     notes: tuple[str, ...] = ()
     secrets_not_available: Mapping[str, str] = field(default_factory=dict)  # name -> why (a plan needs no value)
     gpu_check_reasons: tuple[str, ...] = ()  # preflight.gpu_check runs (batch "gpu check") because of these
@@ -105,9 +159,9 @@ class Plan:
                   for name, why in self.secrets_not_available.items()]
         lines += [f"  drift: {item}" for item in self.drift]
         lines += [f"  note: {note}" for note in self.notes]
-        for phase, batch in ({} if self.unchanged else self.batches).items():
-            lines.append(f"{phase}:")
-            lines += [f"  {line}" for line in describe(batch)]
+        for batch in () if self.unchanged else self.batches.in_order():
+            lines.append(f"{batch.kind}:")
+            lines += [f"  {line}" for line in describe(batch.steps)]
         return lines
 
 
@@ -218,11 +272,18 @@ def unit_held(layout: StoreLayout, facts: HostFacts, release_id: str, unit_diges
             and not facts.unit.need_daemon_reload and not_newer and not detect_drift(layout, facts))
 
 
-def switch_batches(layout: StoreLayout, facts: HostFacts, release_id: str) -> dict[str, list[Step | Put]]:
-    """The batches of a switch to a recorded release (rollback, a restore) or a restart of current, from the host's
-    facts: `activate`'s, and the reset sent with the healthy record."""
-    held = unit_held(layout, facts, release_id, recorded_unit_digest(facts, release_id))
-    return {ACTIVATE: activation_steps(layout, release_id, reload=not held), VERIFIED: [reset_failed_step(layout)]}
+def switch_batches(layout: StoreLayout, release_id: str, held: bool, before_restart: Sequence[Step | Put] = ()
+                   ) -> SwitchBatches:
+    """The switch to a release and its restart (a daemon-reload unless systemd holds its unit already: `held`), and
+    the reset sent with the healthy record."""
+    return SwitchBatches(tuple(activation_steps(layout, release_id, before_restart, reload=not held)),
+                         (reset_failed_step(layout),))
+
+
+def recorded_switch(layout: StoreLayout, facts: HostFacts, release_id: str) -> SwitchBatches:
+    """The switch to a recorded release (rollback, a restore) or a restart of current, from the host's facts."""
+    return switch_batches(layout, release_id, unit_held(layout, facts, release_id, recorded_unit_digest(facts,
+                                                                                                     release_id)))
 
 
 def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets: Mapping[str, str],
@@ -236,93 +297,183 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
     `model_facts` what the host holds of them (check_model has passed). `release_id`: a multi-node release's one
     id for all its nodes, instead of this host's content id."""
     not_available = dict(secrets_not_available or {})
-    secrets = {**secrets, **{name: SECRET_NOT_AVAILABLE for name in not_available}}
     venv = venv or VenvChoice(target.venv_of(loaded.profile))
     layout = target.layout(loaded.profile.service.name)
+    placeheld = {**secrets, **dict.fromkeys(not_available, SECRET_NOT_AVAILABLE)}
+    release = _release(loaded, target, layout, facts, venv, placeheld, patches,
+                       model.release_model(model_facts) if model and model_facts else None, release_id)
+    drift = _drift_unless_forced(layout, facts, target.host.name, force)
+    host = _HostAgainstRelease.of(layout, facts, release, drift, model_facts)
+    check_reasons = _gpu_check_reasons(loaded, host.current_metadata, release)
+    hand_stop = stop_hand_run(hand_pid, loaded.profile.service.stop_timeout_s) if hand_pid else []
+    # a unit the tool did not write is copied into the store with the stage; the switch then replaces it
+    keep_unit, kept_at = keep_replaced_unit(layout, now) if hand_made_unit(layout, facts) and not host.unchanged \
+        else ([], None)
+    batches = PlanBatches(
+        switch=switch_batches(layout, release.id, _switch_held(layout, facts, release, host),
+                              [] if check_reasons else hand_stop),  # the check stops the old server itself
+        model=_model_batch(model, model_facts, venv),
+        stage=(*_stage_batch(layout, facts, release, release_tags(target, release), now, host), *keep_unit),
+        gpu_check=_gpu_check_batch(layout, release, check_reasons, hand_stop))
+    notes = (venv.build_note, _past_failure(facts, release.id),
+             start_limit_note(loaded.profile.service, _median_start_s(facts.store, loaded.name)),
+             host.damaged and f"release {release.id} on the host is damaged ({host.damaged.reason}); it is staged "
+                              "again",
+             host.not_verified, _model_note(model, model_facts),
+             _gpu_check_note(loaded, host.current_id, release, check_reasons),
+             _hand_stop_note(hand_pid, host, check_reasons),
+             kept_at and f"a copy of the replaced unit is kept at {kept_at}")
+    return Plan(release=release, current_id=host.current_id,
+                changes=_changes(host.current_metadata, release, not_available), drift=drift,
+                unchanged=host.unchanged, batches=batches, secrets_not_available=not_available,
+                notes=tuple(note for note in notes if note), gpu_check_reasons=check_reasons)
+
+
+def plan_against(old: LoadedProfile, new: LoadedProfile, target: Target, sglang_version: str) -> tuple[Change, ...]:
+    """What taking this host from profile `old` to `new` would change, from the profiles alone: no host is read, so
+    secrets are placeholders and the SGLang version is the one given (`plan --against`)."""
+    def rendered(loaded: LoadedProfile) -> Release:
+        return build_release(loaded, target.layout(loaded.profile.service.name), sglang_version,
+                             placeholder_secrets(loaded.profile))
+    return tuple(diff_releases(rendered(old).metadata(), rendered(new).metadata()))
+
+
+def _release(loaded: LoadedProfile, target: Target, layout: StoreLayout, facts: HostFacts, venv: VenvChoice,
+             secrets: Mapping[str, str], patches: tuple[str, ...], model: ReleaseModel | None,
+             release_id: str | None) -> Release:
+    """The release the profile makes on this host's venv; PreflightError when no SGLang is known to be there."""
     version = facts.sglang.sglang_version or venv.sglang_version
     if version is None:
         raise PreflightError(f"{target.host.name}: no SGLang found in {venv.path}: {facts.sglang.error}",
                              "create the venv on the host (or point service.venv / the host's `venv` var at it)")
-    release = build_release(loaded, layout, version, secrets, venv=venv.path, patches=patches,
-                            flashinfer_version=facts.sglang.flashinfer_version, extra_environment=venv.environment,
-                            model=model.release_model(model_facts) if model and model_facts else None,
-                            torch_version=facts.sglang.torch_version, nccl_version=facts.sglang.nccl_version,
-                            release_id=release_id)
-    current_id = facts.store.current
-    current = facts.store.release(current_id) if current_id else None
-    current_metadata = current.metadata if current else None
+    return build_release(loaded, layout, version, secrets, venv=venv.path, patches=patches,
+                         flashinfer_version=facts.sglang.flashinfer_version, extra_environment=venv.environment,
+                         model=model, torch_version=facts.sglang.torch_version,
+                         nccl_version=facts.sglang.nccl_version, release_id=release_id)
+
+
+def _drift_unless_forced(layout: StoreLayout, facts: HostFacts, where: str, force: bool) -> tuple[str, ...]:
+    """The drift, which only --force may replace (DriftDetected without it)."""
     drift = detect_drift(layout, facts)
     if drift and not force:
-        raise DriftDetected(f"{target.host.name}: the deployed files were changed by hand:\n  " + "\n  ".join(drift),
+        raise DriftDetected(f"{where}: the deployed files were changed by hand:\n  " + "\n  ".join(drift),
                             "deploy with --force to replace them (a replaced unit file is copied into the store), "
                             "copy the edits into the profile, or `invoke adopt` the server that runs by hand")
-    hand_stop = stop_hand_run(hand_pid, loaded.profile.service.stop_timeout_s) if hand_pid else []
-    if loaded.profile.preflight.gpu_check:
-        from deploy_lib import gpu_check  # loads only for a profile that asks for the check
-        check_reasons = gpu_check.check_reasons(current_metadata, release.metadata())
-    else:
-        check_reasons = ()
-    # the check needs the GPUs: the old server (and a hand-run one) stops before it, not at the restart
-    takeover = [] if check_reasons else hand_stop
-    not_verified = _why_not_verified(facts, release.id) if current_id == release.id and not drift else None
-    weights_missing = model_facts is not None and not model_facts.complete
-    have_release = facts.store.release(release.id) is not None
-    damaged = facts.store.damaged_release(release.id)
-    unchanged = current_id == release.id and not drift and not not_verified and not weights_missing
-    tags = release_tags(target, release)
-    batches: dict[str, list[Step | Put]] = {}
-    prediction = start_prediction(facts.store, loaded.name)
-    notes = [venv.build_note, _past_failure(facts, release.id),
-             start_limit_note(loaded.profile.service, prediction.median_s if prediction else None),
-             damaged and f"release {release.id} on the host is damaged ({damaged.reason}); it is staged again",
-             not_verified]
-    if model is not None and model_facts is not None and weights_missing:
-        if isinstance(model, HubModel):
-            batches["model"] = [model.step(venv.path, "stage", model_facts.commit)]
-        notes.append(f"{model.label} ({model_facts.commit}): {len(model_facts.missing)} of "
-                     f"{len(model_facts.files)} files to stage, {size_text(model_facts.missing_bytes)} to "
-                     f"{model.verb} into {model_facts.hf_home}")
-    # a new release whose unit text is current's: its unit file is current's, hard-linked (`unit_held`)
-    linked = not have_release and not drift and current_id is not None and \
-        facts.file_sums.get(UNIT_FILE) == sha256_text(release.unit_text)
-    if not have_release:
-        batches["stage"] = stage_release(layout, release.id, release.unit_text, release.env_text,
-                                         release_json(release.record(), tags, now), replace_damaged=damaged is not None,
-                                         launcher_text=release.launcher_text,
-                                         unit_from=layout.release(current_id) / UNIT_FILE if linked and current_id
-                                         else None)
-    elif drift and current_id == release.id:
-        batches["stage"] = repair_release(layout, release.id, release.unit_text, release.env_text,
-                                          release.launcher_text)
+    return drift
+
+
+@dataclass(frozen=True)
+class _HostAgainstRelease:
+    """What the host holds of the release: whether it is current, on disk (damaged?), verified, its weights."""
+
+    current_id: str | None
+    current_metadata: Mapping[str, Any] | None
+    is_current: bool
+    drift: tuple[str, ...]
+    have_release: bool
+    damaged: DamagedRelease | None
+    not_verified: str | None       # why the current release, this one, is restarted all the same
+    weights_missing: bool
+    linked: bool                   # a new release whose unit text is current's: its unit file hard-linked
+
+    @property
+    def unchanged(self) -> bool:
+        return self.is_current and not self.drift and not self.not_verified and not self.weights_missing
+
+    @classmethod
+    def of(cls, layout: StoreLayout, facts: HostFacts, release: Release, drift: tuple[str, ...],
+           model_facts: ModelFacts | None) -> _HostAgainstRelease:
+        current_id = facts.store.current
+        current = facts.store.release(current_id) if current_id else None
+        is_current = current_id == release.id
+        have_release = facts.store.release(release.id) is not None
+        return cls(current_id=current_id, current_metadata=current.metadata if current else None,
+                   is_current=is_current, drift=drift, have_release=have_release,
+                   damaged=facts.store.damaged_release(release.id),
+                   not_verified=_why_not_verified(facts, release.id) if is_current and not drift else None,
+                   weights_missing=model_facts is not None and not model_facts.complete,
+                   linked=not have_release and not drift and current_id is not None
+                   and facts.file_sums.get(UNIT_FILE) == sha256_text(release.unit_text))
+
+
+def _gpu_check_reasons(loaded: LoadedProfile, current_metadata: Mapping[str, Any] | None, release: Release
+                       ) -> tuple[str, ...]:
+    """Why preflight.gpu_check runs the NCCL check before this release starts; () when it does not."""
+    if not loaded.profile.preflight.gpu_check:
+        return ()
+    from deploy_lib import gpu_check  # loads only for a profile that asks for the check
+    return gpu_check.check_reasons(current_metadata, release.metadata())
+
+
+def _switch_held(layout: StoreLayout, facts: HostFacts, release: Release, host: _HostAgainstRelease) -> bool:
+    """systemd holds this release's unit text, and no unit file is rewritten (drift repaired, damage restaged)."""
+    digest = recorded_unit_digest(facts, release.id) if host.have_release else release.unit_digest
+    return unit_held(layout, facts, release.id, digest, host.linked) and host.damaged is None
+
+
+def _model_batch(model: Weights | None, model_facts: ModelFacts | None, venv: VenvChoice) -> Steps:
+    """A hub model's missing files staged on the host (pushed weights travel from here, not in a batch)."""
+    if isinstance(model, HubModel) and model_facts is not None and not model_facts.complete:
+        return (model.step(venv.path, "stage", model_facts.commit),)
+    return ()
+
+
+def _stage_batch(layout: StoreLayout, facts: HostFacts, release: Release, tags: Tags, now: datetime,
+                 host: _HostAgainstRelease) -> Steps:
+    """A release not on the host written to it; the current one's drifted files rewritten."""
+    if not host.have_release:
+        unit_from = layout.release(host.current_id) / UNIT_FILE if host.linked and host.current_id else None
+        return tuple(stage_release(layout, release.id, release.unit_text, release.env_text,
+                                   release_json(release.record(), tags, now), replace_damaged=host.damaged is not None,
+                                   launcher_text=release.launcher_text, unit_from=unit_from))
+    if host.drift and host.is_current:
+        return tuple(repair_release(layout, release.id, release.unit_text, release.env_text, release.launcher_text))
+    return ()
+
+
+def _gpu_check_batch(layout: StoreLayout, release: Release, check_reasons: tuple[str, ...],
+                     hand_stop: Sequence[Step | Put]) -> Steps:
+    """The old server (and a hand-run one) stopped, then NCCL's all-reduce verified: the check needs the GPUs."""
+    if not check_reasons:
+        return ()
+    from deploy_lib import gpu_check
+    return (*hand_stop, stop_step(layout),
+            *gpu_check.check_batch(gpu_check.subject_of_release(release.id, release.metadata())))
+
+
+def _model_note(model: Weights | None, model_facts: ModelFacts | None) -> str | None:
+    if model is None or model_facts is None or model_facts.complete:
+        return None
+    return (f"{model.label} ({model_facts.commit}): {len(model_facts.missing)} of {len(model_facts.files)} files to "
+            f"stage, {size_text(model_facts.missing_bytes)} to {model.verb} into {model_facts.hf_home}")
+
+
+def _gpu_check_note(loaded: LoadedProfile, current_id: str | None, release: Release,
+                    check_reasons: tuple[str, ...]) -> str | None:
     if check_reasons:
+        from deploy_lib import gpu_check
         subject = gpu_check.subject_of_release(release.id, release.metadata())
-        batches["gpu check"] = [*hand_stop, stop_step(layout), *gpu_check.check_batch(subject)]
-        notes.append(f"gpu check (preflight.gpu_check): {'; '.join(check_reasons)}: the old server stops and NCCL's "
-                     f"all-reduce is verified on {subject.world_size} GPUs with this release's venv and environment "
-                     "before SGLang starts")
-    elif loaded.profile.preflight.gpu_check:
-        notes.append("gpu check (preflight.gpu_check) not needed: TP size, NCCL environment and the venv's "
-                     f"torch/NCCL are those of release {current_id}")
-    # systemd holds this release's unit text, and no unit file is rewritten (drift repaired, damage restaged)
-    digest = recorded_unit_digest(facts, release.id) if have_release else release.unit_digest
-    held = unit_held(layout, facts, release.id, digest, linked) and damaged is None
-    batches[ACTIVATE] = activation_steps(layout, release.id, takeover, reload=not held)
-    batches[VERIFIED] = [reset_failed_step(layout)]
-    replaced_note = None
-    if hand_made_unit(layout, facts) and not unchanged:
-        # with the staging: deploy runs this batch from the plan, and the switch (from activate) replaces the file
-        keep, copy = keep_replaced_unit(layout, now)
-        model_batch = {"model": batches.pop("model")} if "model" in batches else {}
-        batches = {**model_batch, "stage": [*batches.pop("stage", []), *keep], **batches}
-        replaced_note = f"a copy of the replaced unit is kept at {copy}"
-    hand_note = f"the hand-run server (pid {hand_pid}, adopted as release {current_id}) is stopped before the " \
-        f"{'gpu check' if check_reasons else 'restart'}" if hand_stop and not unchanged else None
-    changes = [change for change in diff_releases(current_metadata, release.metadata())
-               if not (not_available and change.kind == "secret" and change.name == SECRET_VALUES)]
-    return Plan(release=release, current_id=current_id, changes=tuple(changes), drift=drift, unchanged=unchanged,
-                batches=batches, secrets_not_available=not_available,
-                notes=tuple(note for note in (*notes, hand_note, replaced_note) if note),
-                gpu_check_reasons=check_reasons)
+        return (f"gpu check (preflight.gpu_check): {'; '.join(check_reasons)}: the old server stops and NCCL's "
+                f"all-reduce is verified on {subject.world_size} GPUs with this release's venv and environment "
+                "before SGLang starts")
+    if loaded.profile.preflight.gpu_check:
+        return ("gpu check (preflight.gpu_check) not needed: TP size, NCCL environment and the venv's "
+                f"torch/NCCL are those of release {current_id}")
+    return None
+
+
+def _hand_stop_note(hand_pid: int | None, host: _HostAgainstRelease, check_reasons: tuple[str, ...]) -> str | None:
+    if not hand_pid or host.unchanged:
+        return None
+    return (f"the hand-run server (pid {hand_pid}, adopted as release {host.current_id}) is stopped before the "
+            f"{'gpu check' if check_reasons else 'restart'}")
+
+
+def _changes(current_metadata: Mapping[str, Any] | None, release: Release, not_available: Mapping[str, str]
+             ) -> tuple[Change, ...]:
+    """The release against the current one; with secrets not available here, their values are not compared."""
+    return tuple(change for change in diff_releases(current_metadata, release.metadata())
+                 if not (not_available and change.kind == "secret" and change.name == SECRET_VALUES))
 
 
 def _why_not_verified(facts: HostFacts, release_id: str) -> str | None:
@@ -360,6 +511,11 @@ def start_prediction(store: StoreFacts, profile_name: str) -> StartPrediction | 
     durations = [entry.timings["ready"] for entry in store.history
                  if entry.outcome == HEALTHY and entry.tags.profile == profile_name and "ready" in entry.timings]
     return predict_start(durations)
+
+
+def _median_start_s(store: StoreFacts, profile_name: str) -> float | None:
+    prediction = start_prediction(store, profile_name)
+    return prediction.median_s if prediction else None
 
 
 def start_limit_note(service: ServiceSpec, median_start_s: float | None) -> str | None:

@@ -11,7 +11,7 @@ from typing import Any
 from deploy_lib.deploy.plan import Plan, hand_run_check, hand_run_pid
 from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.facts.cuda_toolkit import FIX_HINT, sm12x_problem
-from deploy_lib.facts.host import HostFacts, preflight_batch, require_gpus, with_preflight_facts
+from deploy_lib.facts.host import FactRequest, HostFacts, preflight_batch, require_gpus, with_preflight_facts
 from deploy_lib.facts.readings import Readings
 from deploy_lib.profile import LoadedProfile, read_stored_profile
 from deploy_lib.project import Target
@@ -21,8 +21,6 @@ from deploy_lib.remote import Step
 from deploy_lib.store import ENV_FILE, UNIT_FILE, ReleaseRecord, StoreFacts, StoreLayout
 
 MIN_FREE_BYTES = 64 * 1024 * 1024  # a release is a few KB, but a full disk breaks journald and pip alike
-# Where preflight_batch reads: the store's layout, the venv, the port, the CUDA_HOME and the working directory.
-ReadPlace = tuple[StoreLayout, str | None, int | None, str | None, str | None]
 
 
 @dataclass(frozen=True)
@@ -32,7 +30,7 @@ class PreflightReads:
     the adopted server of a current release 0 still runs (`hand_run_check`)."""
 
     facts: HostFacts
-    where: ReadPlace
+    request: FactRequest  # the decision's read, whose preflight part this completes
     read_already: bool
 
     @property
@@ -42,11 +40,11 @@ class PreflightReads:
 
     @property
     def steps(self) -> list[Step]:
-        return [*([] if self.read_already else preflight_batch(*self.where)), *hand_run_check(self.metadata)]
+        return [*([] if self.read_already else preflight_batch(self.request)), *hand_run_check(self.metadata)]
 
     def parse(self, readings: Readings) -> tuple[HostFacts, int | None]:
         """The facts completed from a batch holding `steps`, and the adopted server's pid if it still runs."""
-        found = self.facts if self.read_already else with_preflight_facts(self.facts, readings, *self.where)
+        found = self.facts if self.read_already else with_preflight_facts(self.facts, readings, self.request)
         return found, hand_run_pid(self.metadata, readings)
 
 

@@ -3,7 +3,6 @@ ladder as any switch, or the unit stopped."""
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import NoReturn
 
 from deploy_lib.deploy.plan import start_prediction
@@ -11,7 +10,6 @@ from deploy_lib.deploy.switch import Transition, failure_line, recorded_tags, sa
 from deploy_lib.errors import DeployError, PreflightError, ReadinessFailed, RollbackFailed
 from deploy_lib.facts.diagnose import Diagnosis
 from deploy_lib.interrupts import interrupted, signal_name
-from deploy_lib.remote import Step
 from deploy_lib.store import FAILED, HEALTHY, StoreFacts
 
 
@@ -38,7 +36,7 @@ def _switch_back(run: Transition, store: StoreFacts, failed_id: str, failure: De
     tags = recorded_tags(run.target, restore_id, metadata)
     run.restoring = (failed_id, first, restore_id)  # what a lost connection's message says from here on
     try:
-        batches = run.kind.switch_batches(run, restore_id, metadata)
+        switch = run.kind.switch_batches(run, restore_id, metadata)
     except PreflightError as refused:
         stop_unit(run.remote, run.layout)
         run.record("rollback", FAILED, tags, refused.message)
@@ -49,10 +47,8 @@ def _switch_back(run: Transition, store: StoreFacts, failed_id: str, failure: De
     run.timings = {}
     # sent again on a new connection after a drop: however far an attempt got, the next leaves `current` on the
     # release to return to, restarted; this command's lock (which a drop does not release) keeps others out
-    batches = {name: [replace(step, repeatable=True) if isinstance(step, Step) else step for step in batch]
-               for name, batch in batches.items()}
     try:
-        run.activate(restore_id, metadata, start_prediction(store, tags.profile), run.grace_s, batches)
+        run.activate(restore_id, metadata, start_prediction(store, tags.profile), run.grace_s, switch.repeatable())
     except ReadinessFailed as second:
         second_diagnosis = run.journal_diagnosis(run.cursor, metadata.get("profile_name"))
         stop_unit(run.remote, run.layout)

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from deploy_lib.deploy.plan import ACTIVATE, VERIFIED, stop_step, switch_batches
+from deploy_lib.deploy.plan import BatchKind, SwitchBatches, recorded_switch, stop_step
 from deploy_lib.deploy.preflight import check_release, check_release_files
 from deploy_lib.errors import (
     ConnectFailed,
@@ -28,7 +28,7 @@ from deploy_lib.facts.diagnose import (
     journal_step,
     parse_journal_cursor,
 )
-from deploy_lib.facts.host import HostFacts, parse_systemctl_show
+from deploy_lib.facts.host import FactRequest, HostFacts, parse_systemctl_show
 from deploy_lib.facts.read import read_host_facts
 from deploy_lib.facts.readings import ABSENT_OK, Readings
 from deploy_lib.health import (
@@ -120,8 +120,7 @@ class ReleaseKind(Protocol):
     def live_target(self, layout: StoreLayout, metadata: Mapping[str, Any], environ: Mapping[str, str]
                     ) -> ProbeTarget: ...
 
-    def switch_batches(self, run: Transition, release_id: str, metadata: Mapping[str, Any]
-                       ) -> Mapping[str, Sequence[Step | Put]]: ...
+    def switch_batches(self, run: Transition, release_id: str, metadata: Mapping[str, Any]) -> SwitchBatches: ...
 
 
 class ServerRelease:
@@ -136,9 +135,8 @@ class ServerRelease:
                     ) -> ProbeTarget:
         return live_target(layout, metadata, environ)
 
-    def switch_batches(self, run: Transition, release_id: str, metadata: Mapping[str, Any]
-                       ) -> Mapping[str, Sequence[Step | Put]]:
-        return switch_batches(run.layout, run.check_target(release_id, metadata), release_id)
+    def switch_batches(self, run: Transition, release_id: str, metadata: Mapping[str, Any]) -> SwitchBatches:
+        return recorded_switch(run.layout, run.check_target(release_id, metadata), release_id)
 
 
 SERVER = ServerRelease()
@@ -173,7 +171,7 @@ class Transition:
     def where(self) -> str:
         return self.target.host.name
 
-    def phase(self, name: str, batch: list[Step | Put]) -> list[StepResult]:
+    def phase(self, name: str, batch: Sequence[Step | Put]) -> list[StepResult]:
         if not batch:
             return []
         self.progress.phase_started(name)
@@ -203,8 +201,9 @@ class Transition:
         for note in release.profile.notes(release_id):
             self.progress.note(note)
         toolkit_home = cuda_home(release.environment) if release.profile.features.allreduce_fusion else None
-        facts = read_host_facts(self.remote, self.layout, release.venv, release.profile.server.port, toolkit_home,
-                                release.profile.service.working_directory, release_id=release_id)
+        facts = read_host_facts(self.remote, FactRequest(self.layout, release.venv, release.profile.server.port,
+                                                         toolkit_home, release.profile.service.working_directory,
+                                                         release_id=release_id))
         check_release(release, self.target, facts)
         check_release_files(release, self.layout, facts, self.where)
         return facts
@@ -222,13 +221,13 @@ class Transition:
         return live_verdict(self.lock.inner if self.lock is not None else self.remote, target, unit)
 
     def activate(self, release_id: str, metadata: Mapping[str, Any], prediction: StartPrediction | None,
-                 grace_s: float, batches: Mapping[str, Sequence[Step | Put]],
+                 grace_s: float, switch: SwitchBatches,
                  staged: Sequence[Step | Put] = (), reads: Sequence[Step | Put] = (),
                  reads_after_restart: Sequence[Step] = ()) -> ReadyReport:
         """Switch `current` to a release on the host, restart, and climb the readiness ladder.
 
-        A deploy gives its plan's batches (what its dry run listed), with the stage batch in `staged`; a switch
-        to a recorded release gives `plan.switch_batches` for that release. One round trip stages, reads the
+        A deploy gives its plan's switch (what its dry run listed), with the stage batch in `staged`; a switch
+        to a recorded release gives `plan.recorded_switch` for that release. One round trip stages, reads the
         journal position, switches and restarts; from that position on, the ladder shows this start's log lines
         and a failure is diagnosed from them (`self.cursor`). `reads` run in it between the stage and the switch,
         `reads_after_restart` at its end (both in `self.read_at_switch`)."""
@@ -238,8 +237,8 @@ class Transition:
         self.linked_before = self.switched_to if self.switched_to is not None else self.previous
         self.switched_to = release_id  # from here on a signal switches back: the switch may be under way
         self.switch_confirmed = False
-        batch = [*staged, *reads, *batches[ACTIVATE], *reads_after_restart]
-        results = self.phase(f"stage, {ACTIVATE}" if staged else ACTIVATE, batch)
+        batch = [*staged, *reads, *switch.activate, *reads_after_restart]
+        results = self.phase(f"{BatchKind.stage}, {BatchKind.activate}" if staged else BatchKind.activate, batch)
         self.switch_confirmed = True
         self.read_at_switch = Readings(results)
         cursor_step = journal_cursor_step(self.layout.unit_name)
@@ -256,7 +255,7 @@ class Transition:
         self.progress.step_done("readiness", report.duration_s)
         # The verified start leaves the start-limit window (reset-failed), so the restart policy allows the same number
         # of restarts whether a crash comes a minute or a day after the deploy; sent with the healthy record.
-        self.unsent = list(batches[VERIFIED])
+        self.unsent = list(switch.verified)
         return report
 
     def host_state(self) -> str:

@@ -6,7 +6,7 @@ import csv
 import io
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal, InvalidOperation
 from importlib import resources
@@ -294,63 +294,82 @@ PREFLIGHT_ONLY = ("gpus", "port_listeners", "free_bytes", "import_shadow")
 NOT_READ = "not read"
 
 
-def _host_facts(layout: StoreLayout, port: int | None, venv: str | None, working_directory: str | None,
-                release_id: str | None, write_caches: bool, decision: bool = True, preflight: bool = True
-                ) -> dict[str, Fact[Any]]:
-    """The single-step facts of the batch by the HostFacts field each fills; the optional ones only when asked; those
-    a deploy decides from (all but PREFLIGHT_ONLY), those only preflight reads, or both."""
-    facts: dict[str, Fact[Any]] = {
-        "gpus": Fact(gpu_step(FACT_GPUS), parse_gpus),
-        "unit": Fact(unit_step(layout), parse_unit),
-        "unit_link": Fact(Step(FACT_UNIT_LINK, ("readlink", "--", str(layout.unit_link)), ok=TOOL_ABSENT_OK),
-                          lambda result: result.stdout.strip() if result.exit_code == 0 else None),
-        "unit_file": Fact(Step(FACT_UNIT_FILE, ("systemctl", "cat", "--", layout.unit_name), ok=TOOL_ABSENT_OK),
-                          _stdout_if_found),
-        "file_sums": _sums(layout, FACT_FILE_SUMS, layout.current),
-        # what decides whether a switch keeps systemd's NeedDaemonReload "no" (deploy/plan.py unit_held)
-        "unit_times": Fact(Step(FACT_UNIT_TIMES, ("find", str(layout.releases), "-mindepth", "2", "-maxdepth", "2",
-                                                  "-name", UNIT_FILE, "-printf", "%h %T@\\0"), ok=TOOL_ABSENT_OK),
-                           lambda result: parse_unit_times(result.stdout)),
-        "free_bytes": Fact(Step(FACT_DISK, ("df", "-P", "-B1", "--", "/", *_existing_parents(layout.root)),
-                                ok=TOOL_ABSENT_OK), lambda result: parse_free_bytes(result.stdout)),
-    }
-    if release_id is not None:
-        facts["release_sums"] = _sums(layout, FACT_RELEASE_SUMS, layout.release(release_id))
-    if port is not None:
-        facts["port_listeners"] = Fact(
-            Step(FACT_PORT, ("ss", "-Htlnp", f"sport = :{port}"), sudo=True, ok=TOOL_ABSENT_OK),
-            lambda result: tuple(line for line in result.stdout.splitlines() if line.strip()))
-    if venv is not None:
-        facts["sglang"] = Fact(sglang_step(layout, venv, write_caches), parse_sglang_install)
-    if venv is not None and working_directory is not None:
-        facts["import_shadow"] = Fact(import_step(venv, working_directory), parse_import_shadow)
-    return {role: fact for role, fact in facts.items() if (preflight if role in PREFLIGHT_ONLY else decision)}
+@dataclass(frozen=True)
+class FactRequest:
+    """What a read of the host facts asks for. Without a venv (status) SGLang is not inspected; without a port no
+    listener is looked up; without a CUDA_HOME no toolkit is read; the weights' own fact steps
+    (models.Weights.fact_steps) ride along; with a release id (a rollback target) that release's files are
+    checksummed. The one thing it may write is the cache of what the venv holds of SGLang (derived, verified on
+    read), and only with `write_caches` (not for a dry run). Without `preflight`, what a deploy decides from: all
+    but what only preflight reads (GPUs, listeners, disk, toolkit, ...: `preflight_part`)."""
+
+    layout: StoreLayout
+    venv: str | None
+    port: int | None
+    cuda_home: str | None = None
+    working_directory: str | None = None
+    model_steps: tuple[Step, ...] = ()
+    release_id: str | None = None
+    write_caches: bool = True
+    preflight: bool = True
+
+    @property
+    def preflight_part(self) -> FactRequest:
+        """The request of what only preflight reads of this one: a deploy reads it once it knows it changes the host."""
+        return FactRequest(self.layout, self.venv, self.port, self.cuda_home, self.working_directory)
+
+    def facts(self, decision: bool = True) -> dict[str, Fact[Any]]:
+        """The single-step facts of the batch by the HostFacts field each fills; the optional ones only when asked;
+        those a deploy decides from (all but PREFLIGHT_ONLY), those only preflight reads, or both."""
+        layout = self.layout
+        facts: dict[str, Fact[Any]] = {
+            "gpus": Fact(gpu_step(FACT_GPUS), parse_gpus),
+            "unit": Fact(unit_step(layout), parse_unit),
+            "unit_link": Fact(Step(FACT_UNIT_LINK, ("readlink", "--", str(layout.unit_link)), ok=TOOL_ABSENT_OK),
+                              lambda result: result.stdout.strip() if result.exit_code == 0 else None),
+            "unit_file": Fact(Step(FACT_UNIT_FILE, ("systemctl", "cat", "--", layout.unit_name), ok=TOOL_ABSENT_OK),
+                              _stdout_if_found),
+            "file_sums": _sums(layout, FACT_FILE_SUMS, layout.current),
+            # what decides whether a switch keeps systemd's NeedDaemonReload "no" (deploy/plan.py unit_held)
+            "unit_times": Fact(Step(FACT_UNIT_TIMES, ("find", str(layout.releases), "-mindepth", "2", "-maxdepth",
+                                                      "2", "-name", UNIT_FILE, "-printf", "%h %T@\\0"),
+                                    ok=TOOL_ABSENT_OK),
+                               lambda result: parse_unit_times(result.stdout)),
+            "free_bytes": Fact(Step(FACT_DISK, ("df", "-P", "-B1", "--", "/", *_existing_parents(layout.root)),
+                                    ok=TOOL_ABSENT_OK), lambda result: parse_free_bytes(result.stdout)),
+        }
+        if self.release_id is not None:
+            facts["release_sums"] = _sums(layout, FACT_RELEASE_SUMS, layout.release(self.release_id))
+        if self.port is not None:
+            facts["port_listeners"] = Fact(
+                Step(FACT_PORT, ("ss", "-Htlnp", f"sport = :{self.port}"), sudo=True, ok=TOOL_ABSENT_OK),
+                lambda result: tuple(line for line in result.stdout.splitlines() if line.strip()))
+        if self.venv is not None:
+            facts["sglang"] = Fact(sglang_step(layout, self.venv, self.write_caches), parse_sglang_install)
+        if self.venv is not None and self.working_directory is not None:
+            facts["import_shadow"] = Fact(import_step(self.venv, self.working_directory), parse_import_shadow)
+        return {role: fact for role, fact in facts.items()
+                if (self.preflight if role in PREFLIGHT_ONLY else decision)}
 
 
-def fact_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_home: str | None = None,
-               working_directory: str | None = None, model_steps: Sequence[Step] = (),
-               release_id: str | None = None, write_caches: bool = True, preflight: bool = True) -> list[Step]:
-    """Everything preflight and the plan need, read-only, in as few round trips as the batching allows.
-
-    Without a venv (status) SGLang is not inspected; without a port no listener is looked up; without a CUDA_HOME
-    no toolkit is read; the weights' own fact steps (models.Weights.fact_steps) ride along; with a release id (a
-    rollback target) that release's files are checksummed. The one thing it may write is the cache of what the
-    venv holds of SGLang (derived, verified on read), and only with `write_caches` (not for a dry run). Without
-    `preflight`, what a deploy decides from: all but `preflight_batch` (GPUs, listeners, disk, toolkit, ...)."""
-    facts = _host_facts(layout, port, venv, working_directory, release_id, write_caches, preflight=preflight)
+def fact_batch(request: FactRequest) -> list[Step]:
+    """Everything preflight and the plan need (what `request` asks for), read-only, in as few round trips as the
+    batching allows."""
+    facts = request.facts()
     # the steps that each start a Python in the venv (SGLang's options, its import origin, the model plan) run
     # at the same time, after the quick reads
     slow = [facts.pop(role).step for role in ("sglang", "import_shadow") if role in facts]
-    return [*release_fact_steps(layout), *(fact.step for fact in facts.values()),
-            *(toolkit_steps(cuda_home) if cuda_home is not None and preflight else ()),
-            *concurrently([*slow, *model_steps])]
+    return [*release_fact_steps(request.layout), *(fact.step for fact in facts.values()),
+            *(toolkit_steps(request.cuda_home) if request.cuda_home is not None and request.preflight else ()),
+            *concurrently([*slow, *request.model_steps])]
 
 
-def preflight_batch(layout: StoreLayout, venv: str | None, port: int | None, cuda_home: str | None = None,
-                    working_directory: str | None = None) -> list[Step]:
-    """What `fact_batch(..., preflight=False)` leaves out, read-only: a deploy's read before it changes anything."""
-    decision = fact_batch(layout, venv, port, cuda_home, working_directory, preflight=False)
-    return [step for step in fact_batch(layout, venv, port, cuda_home, working_directory) if step not in decision]
+def preflight_batch(request: FactRequest) -> list[Step]:
+    """What `fact_batch` of the request without `preflight` leaves out, read-only: a deploy's read before it changes
+    anything."""
+    whole = request.preflight_part
+    decision = fact_batch(replace(whole, preflight=False))
+    return [step for step in fact_batch(whole) if step not in decision]
 
 
 def _existing_parents(path: PurePosixPath) -> tuple[str, ...]:
@@ -366,26 +385,20 @@ def _values(readings: Readings, facts: dict[str, Fact[Any]], cuda_home: str | No
     return {**values, "cuda_toolkit": parse_toolkit(cuda_home, readings) if cuda_home is not None else None}
 
 
-def parse_host_facts(readings: Readings, layout: StoreLayout, venv: str | None, port: int | None,
-                     cuda_home: str | None = None, working_directory: str | None = None,
-                     model_steps: Sequence[Step] = (), release_id: str | None = None,
-                     write_caches: bool = True, preflight: bool = True) -> HostFacts:
-    """HostFacts from a batch holding `fact_batch` with the same arguments (and steps of the caller's own); without
-    `preflight`, what only preflight reads is "not read" (nothing found) until `with_preflight_facts`."""
-    facts = _host_facts(layout, port, venv, working_directory, release_id, write_caches, preflight=preflight)
+def parse_host_facts(readings: Readings, request: FactRequest) -> HostFacts:
+    """HostFacts from a batch holding `fact_batch(request)` (and steps of the caller's own); without `preflight`,
+    what only preflight reads is "not read" (nothing found) until `with_preflight_facts`."""
     values: dict[str, Any] = {"gpus": None, "gpu_error": NOT_READ, "free_bytes": None, "port_listeners": (),
                               "sglang": SGLangInstall(True, None, None, {}, NOT_READ),
-                              **_values(readings, facts, cuda_home if preflight else None)}
-    return HostFacts(store=parse_store_facts(layout, readings),
-                     model_results=tuple(readings[step.name] for step in model_steps), **values)
+                              **_values(readings, request.facts(), request.cuda_home if request.preflight else None)}
+    return HostFacts(store=parse_store_facts(request.layout, readings),
+                     model_results=tuple(readings[step.name] for step in request.model_steps), **values)
 
 
-def with_preflight_facts(facts: HostFacts, readings: Readings, layout: StoreLayout, venv: str | None,
-                         port: int | None, cuda_home: str | None = None, working_directory: str | None = None
-                         ) -> HostFacts:
-    """`facts` with what only preflight reads, from a batch holding `preflight_batch` with the same arguments."""
-    return replace(facts, **_values(readings, _host_facts(layout, port, venv, working_directory, None, False,
-                                                          decision=False), cuda_home))
+def with_preflight_facts(facts: HostFacts, readings: Readings, request: FactRequest) -> HostFacts:
+    """`facts` with what only preflight reads, from a batch holding `preflight_batch(request)`."""
+    whole = request.preflight_part
+    return replace(facts, **_values(readings, whole.facts(decision=False), whole.cuda_home))
 
 
 def require_gpus(facts: HostFacts, needed: int, where: str) -> tuple[Gpu, ...]:

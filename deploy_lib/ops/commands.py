@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import ExitStack
-from dataclasses import replace
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 from deploy_lib.errors import ConfigError, DeployError
@@ -19,6 +18,7 @@ from deploy_lib.project import Project, Target, load_for_target, profile_for_hos
 from deploy_lib.remote import Remote
 
 if TYPE_CHECKING:
+    from deploy_lib.commands.adopt import Adopted
     from deploy_lib.commands.status import ReleaseRow, StatusReport
     from deploy_lib.commands.uninstall import Uninstalled
     from deploy_lib.deploy import Options, Outcome
@@ -30,7 +30,9 @@ if TYPE_CHECKING:
     from deploy_lib.ops.tune_group import GroupTune
     from deploy_lib.patches import CheckReport, PatchSet
     from deploy_lib.profile import LoadedProfile
+    from deploy_lib.store import LockInfo
     from deploy_lib.tune import Planned, Request, TuneReport
+    from deploy_lib.venvs import VenvResult
 
 LAST_HEALTHY = "the last healthy release"
 
@@ -60,8 +62,8 @@ def deploy(project: Project, scope: Scope, profile: str | None, options: Options
         return loaded_for[host].profile.service.name
 
     def deploy_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None) -> Outcome:
-        return engine.deploy(loaded_for[target.host.name], target, remote, progress,
-                             replace(options, before_restart=drain, alone=scope.one_host))
+        return engine.deploy(loaded_for[target.host.name], target, remote, progress, options, before_restart=drain,
+                             alone=scope.one_host)
 
     def act() -> FleetRun[Outcome]:
         if multi is not None:
@@ -177,8 +179,12 @@ def patch(project: Project, scope: Scope, patch_set: PatchSet, profile: str | No
 
 def tune(scope: Scope, loaded: LoadedProfile, request: Request, reach: Reach) -> TuneReport | Planned | GroupTune:
     """A sweep on one host, or over a group's hosts at once (ops/tune_group); one that changes hosts (not a dry run)
-    between the project's deploy hooks, each host's webhook told how it ended there."""
+    after the consent question, between the project's deploy hooks, each host's webhook told how it ended there."""
     from deploy_lib.ops.notices import Announced, sweep_ends
+    if not request.dry_run:
+        reach.consent(f"tune {loaded.name} on {scope.names[0]}: each candidate restarts the server?" if scope.one_host
+                      else f"tune {loaded.name} on the {len(scope.targets)} hosts of group {scope.group}: each "
+                      "candidate restarts the server it runs on?")
 
     def act() -> TuneReport | Planned | GroupTune:
         if not scope.one_host:
@@ -196,12 +202,13 @@ def tune(scope: Scope, loaded: LoadedProfile, request: Request, reach: Reach) ->
 
 def router_deploy(scope: Scope, site: RouterSite, workers: Sequence[str], group: str, reach: Reach
                   ) -> RouterOutcome:
-    """The router's release serving `workers` on its host (`scope`: that host), between the project's deploy hooks,
-    the host's webhook told how it ended."""
+    """The router's release serving `workers` on its host (`scope`: that host), after the consent question, between
+    the project's deploy hooks, the host's webhook told how it ended."""
     from deploy_lib.ops.notices import Announced
     from deploy_lib.ops.router import SERVICE
     from deploy_lib.ops.router_deploy import deploy_router
     [target] = scope.targets
+    reach.consent(f"deploy the router for group {group} ({', '.join(workers)}) to {site.host.name}:{site.port}?")
 
     def act() -> RouterOutcome:
         with reach.connect(target, False) as remote:
@@ -318,6 +325,59 @@ def report(scope: Scope, service: str, releases: Sequence[str], out: Path, reach
     return FleetRun(tuple(written), read.batches, stopped=read.stopped, interruption=read.interruption)
 
 
+def venv_build(scope: Scope, loaded: LoadedProfile, reach: Reach) -> VenvResult:
+    """The profile's locked venv (`service.venv_build`) built on the host, or reused; only missing wheels travel."""
+    from deploy_lib.venvs import ensure_venv
+    [target] = scope.targets
+    spec = loaded.profile.service.venv_build
+    if spec is None:
+        raise ConfigError(f"profile {loaded.name} has no service.venv_build")
+    reach.consent(f"build the venv of {loaded.name} on {target.host.name}?")
+    with reach.connect(target, False) as remote:
+        return ensure_venv(remote, target.layout(loaded.profile.service.name), spec, progress=reach.progress(""),
+                           where=target.host.name)
+
+
+def venv_adopt(scope: Scope, service: str, path: PurePosixPath, reach: Reach) -> VenvResult:
+    """A hand-made venv recorded as a managed, immutable one (a hard-linked copy)."""
+    from deploy_lib.venvs import adopt
+    [target] = scope.targets
+    reach.consent(f"adopt {path} as a managed venv on {target.host.name}?")
+    with reach.connect(target, False) as remote:
+        return adopt(remote, target.layout(service), path, where=target.host.name)
+
+
+def venv_remove(scope: Scope, service: str, venv_hash: str, reach: Reach) -> None:
+    """A managed venv and its caches removed, unless a release or a derived venv needs it."""
+    from deploy_lib.commands.uninstall import remove_venv
+    [target] = scope.targets
+    reach.consent(f"remove venv {venv_hash} of {service} on {target.host.name}?")
+    with reach.connect(target, False) as remote:
+        remove_venv(target, service, remote, venv_hash)
+
+
+def adopt(scope: Scope, service: str, profile: str, pid: int | None, unit: str | None, reach: Reach) -> Adopted:
+    """A server started by hand (`pid`, or the hand-written systemd `unit`, which names the service) recorded as
+    release 0, and the profile that reproduces it."""
+    from deploy_lib.commands.adopt import adopt as adopt_server
+    [target] = scope.targets
+    name = (unit or "").removesuffix(".service") or service
+    what = f"unit {name}.service" if unit else f"pid {pid}"
+    reach.consent(f"adopt {what} on {target.host.name} as release 0 of service {name}?")
+    with reach.connect(target, False) as remote:
+        return adopt_server(target, name, remote, profile, pid, from_unit=unit is not None)
+
+
+def unlock(scope: Scope, service: str, force: bool, reach: Reach) -> LockInfo | None:
+    """The service's lock removed when its owner is gone (any lock, with `force`); what was removed, None: none."""
+    from deploy_lib.store import LockContext
+    from deploy_lib.store import unlock as unlock_store
+    [target] = scope.targets
+    reach.consent(f"remove the lock of {service} on {target.host.name}?")
+    with reach.connect(target, False) as remote:
+        return unlock_store(remote, target.layout(service), force, LockContext(where=target.host.name))
+
+
 def _where(scope: Scope) -> str:
     return scope.names[0] if scope.one_host else f"{len(scope.targets)} hosts of group {scope.group} " \
         f"({', '.join(scope.names)})"
@@ -329,5 +389,5 @@ def one(fleet: FleetRun[Any]) -> Any:
     return run.result
 
 
-__all__ = ["deploy", "gpu_check", "logs", "one", "patch", "releases", "rollback", "router_deploy", "start", "status",
-           "stop", "tune", "uninstall"]
+__all__ = ["adopt", "deploy", "gpu_check", "logs", "one", "patch", "releases", "rollback", "router_deploy", "start",
+           "status", "stop", "tune", "uninstall", "unlock", "venv_adopt", "venv_build", "venv_remove"]

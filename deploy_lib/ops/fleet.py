@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from deploy_lib.errors import (
     ConfigError,
@@ -24,8 +24,12 @@ from deploy_lib.errors import (
     RollbackFailed,
 )
 from deploy_lib.interrupts import Interrupt, interrupted, signals_noted
+from deploy_lib.outcomes import Action
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
+
+if TYPE_CHECKING:
+    from deploy_lib.deploy import Outcome
 
 T = TypeVar("T")
 Item = TypeVar("Item")
@@ -213,7 +217,7 @@ def host_run(host: str, future: Future[T]) -> HostRun[T]:
 class HostEnd:
     """How a host's call that returned ended: what the command did, and what runs there now (a dry run: what ran)."""
 
-    outcome: str
+    outcome: Action
     release: str | None
     serving: str | None
     ready_s: float | None = None
@@ -224,7 +228,7 @@ class HostSummary:
     """One row of a group deploy's or rollback's result table."""
 
     host: str
-    outcome: str                 # deployed, unchanged, rolled back, planned, failed, not started
+    outcome: Action
     release: str | None          # the release this command took the host to (or tried to)
     serving: str                 # what runs on the host now, as far as this command knows
     ready_s: float | None = None
@@ -241,15 +245,27 @@ class Summary:
     by_release: dict[str, list[str]] = field(default_factory=dict)  # serving release -> hosts
 
 
+def outcome_end(outcome: Outcome) -> HostEnd:
+    """A deploy's, rollback's or plan's end on a host; a dry run changed nothing, so what ran before still serves."""
+    serving = outcome.previous_id if outcome.action is Action.planned else outcome.release_id
+    return HostEnd(outcome.action, outcome.release_id, serving, outcome.ready.duration_s if outcome.ready else None)
+
+
+def would_change(fleet: FleetRun[Outcome]) -> bool:
+    """A dry run's verdict: some host's plan changes it (`plan --detailed-exitcode` exits 2 then)."""
+    return any(run.result is not None and run.result.plan is not None and not run.result.plan.unchanged
+               for run in fleet.runs)
+
+
 def summarize(fleet: FleetRun[T], ended: Callable[[T], HostEnd]) -> Summary:
     """The per-host table and which hosts run which release, from the per-host outcomes and errors."""
     rows = []
     for run in fleet.runs:
         if not run.started:
             why = fleet.stopped or (fleet.interruption.message if fleet.interruption else "")
-            rows.append(HostSummary(run.host, "not started", None, "untouched", cause=why))
+            rows.append(HostSummary(run.host, Action.not_started, None, "untouched", cause=why))
         elif run.error is not None:
-            rows.append(HostSummary(run.host, "failed", run.error.release_id, serving_after(run.error), None,
+            rows.append(HostSummary(run.host, Action.failed, run.error.release_id, serving_after(run.error), None,
                                     run.error.message, run.error.exit_code))
         else:
             assert run.result is not None
@@ -275,4 +291,5 @@ def serving_after(error: DeployError) -> str:
 
 
 __all__ = ["ALL_AT_ONCE", "FleetRun", "HostEnd", "HostRun", "HostSummary", "Rollout", "Size", "Summary", "in_parallel",
-           "run_hosts", "serving_after", "summarize", "worst_exit_code"]
+           "outcome_end", "run_hosts", "serving_after", "summarize", "worst_exit_code",
+           "would_change"]

@@ -13,9 +13,11 @@ from datetime import UTC, datetime
 from typing import Any
 
 from deploy_lib.deploy import (
+    BatchKind,
     Options,
     Outcome,
     Plan,
+    SweepCandidate,
     Transition,
     choose_venv,
     hand_run_check,
@@ -26,10 +28,11 @@ from deploy_lib.deploy import (
     prune,
     recorded_tags,
     release_tags,
+    releases_to_keep,
     stage_weights,
 )
 from deploy_lib.errors import ConfigError, DeployError, PreflightError
-from deploy_lib.facts.host import HostFacts
+from deploy_lib.facts.host import FactRequest, HostFacts
 from deploy_lib.facts.read import read_host_facts
 from deploy_lib.health import Ready
 from deploy_lib.interrupts import interrupted, signal_name, signals_raise
@@ -37,6 +40,7 @@ from deploy_lib.models import ModelFacts, Weights, check_model, weights
 from deploy_lib.ops.fleet import FleetRun, HostRun
 from deploy_lib.ops.multinode import Node, group_release_id
 from deploy_lib.ops.multinode_switch import Member, NodeFailed, activate, common_release, each, restore
+from deploy_lib.outcomes import Action
 from deploy_lib.profile import read_stored_profile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
@@ -69,9 +73,10 @@ def _lock_all(locks: ExitStack, runs: Mapping[str, Transition], purpose: str) ->
 
 
 def deploy_nodes(nodes: Sequence[Node], remotes: Mapping[str, Remote], progress_of: Callable[[str], Progress],
-                 options: Options) -> list[Outcome]:
+                 options: Options, sweep: SweepCandidate | None = None) -> list[Outcome]:
     """Take every node to the group's release, or every node back to the previous common release; one Outcome per
-    node in rank order, or one DeployError for the group that names the node that failed."""
+    node in rank order, or one DeployError for the group that names the node that failed. `sweep`: a tuning
+    sweep's candidate, whose releases the prune keeps."""
     head = nodes[0].loaded
     if head.profile.preflight.gpu_check:
         raise ConfigError(f"profile {head.name}: preflight.gpu_check runs NCCL's check within one host; a multi-node "
@@ -87,11 +92,11 @@ def deploy_nodes(nodes: Sequence[Node], remotes: Mapping[str, Remote], progress_
             plans = [state.plan for state in states]
             release_id = plans[0].release.id
             if options.dry_run:
-                return [Outcome("planned", release_id, plan.current_id, plan=plan) for plan in plans]
+                return [Outcome(Action.planned, release_id, plan.current_id, plan=plan) for plan in plans]
             # unchanged: every node's release current, active and recorded healthy, and node 0 answering now
             if all(plan.unchanged for plan in plans) and \
                     isinstance(states[0].run.live_verdict(plans[0].release.metadata()), Ready):
-                return [Outcome("unchanged", release_id, plan.current_id, plan=plan) for plan in plans]
+                return [Outcome(Action.unchanged, release_id, plan.current_id, plan=plan) for plan in plans]
             restore_id = common_release([state.store for state in states], release_id)
             each(states, _stage)
         except KeyboardInterrupt as stop:
@@ -110,10 +115,9 @@ def deploy_nodes(nodes: Sequence[Node], remotes: Mapping[str, Remote], progress_
             restore(states, "deploy", release_id, tags, interrupt, None, restore_id, plans[0].current_id, diagnosis)
         for state in states:
             state.run.record("deploy", HEALTHY, tags[state.name])
-            prune(state.run.remote, state.run.layout,
-                  max(head.profile.service.keep_releases, options.keep_releases_at_least), tags[state.name],
+            prune(state.run.remote, state.run.layout, releases_to_keep(head.profile, sweep), tags[state.name],
                   state.run.progress)
-    return [Outcome("deployed", release_id, plan.current_id, plan=plan, ready=ready) for plan in plans]
+    return [Outcome(Action.deployed, release_id, plan.current_id, plan=plan, ready=ready) for plan in plans]
 
 
 def _plan(nodes: Sequence[Node], runs: Mapping[str, Transition], options: Options, secrets: Mapping[str, str]
@@ -125,9 +129,10 @@ def _plan(nodes: Sequence[Node], runs: Mapping[str, Transition], options: Option
         model = weights(profile, node.target.host.vars, secrets)
         venv = choose_venv(run.remote, run.layout, node.target, profile, options.dry_run, run.progress)
         run.progress.phase_started("facts")
-        facts = read_host_facts(run.remote, run.layout, venv.path, profile.server.port, None,
-                                profile.service.working_directory, model.fact_steps(venv.path),
-                                write_caches=not options.dry_run)
+        facts = read_host_facts(run.remote, FactRequest(run.layout, venv.path, profile.server.port, None,
+                                                        profile.service.working_directory,
+                                                        tuple(model.fact_steps(venv.path)),
+                                                        write_caches=not options.dry_run))
         current = facts.store.release(facts.store.current) if facts.store.current else None
         hand_pid = hand_run_pid(current.metadata if current else None,
                                 run.remote.run(hand_run_check(current.metadata if current else None)))
@@ -156,7 +161,7 @@ def _stage(state: NodeDeploy) -> None:
     """The weights and the release's files onto the node, while the old release still serves."""
     if not state.model_facts.complete:
         stage_weights(state.run, state.model, state.plan.release.venv, state.plan, state.facts)
-    state.run.phase("stage", state.plan.batches.get("stage", []))
+    state.run.phase(BatchKind.stage, state.plan.batches.stage)
 
 
 def rollback_nodes(targets: Sequence[Target], remotes: Mapping[str, Remote], progress_of: Callable[[str], Progress],
@@ -190,7 +195,7 @@ def rollback_nodes(targets: Sequence[Target], remotes: Mapping[str, Remote], pro
             restore(members, "rollback", target_id, tags, interrupt, None, restore_id, previous, diagnosis)
         for member in members:
             member.run.record("rollback", HEALTHY, tags[member.name], f"by hand from {previous or 'none'}")
-    return [Outcome("rolled back", target_id, stores[name].current, ready=ready) for name in runs]
+    return [Outcome(Action.rolled_back, target_id, stores[name].current, ready=ready) for name in runs]
 
 
 def _members(runs: Mapping[str, Transition], stores: Mapping[str, StoreFacts], target_id: str | None,
@@ -226,8 +231,8 @@ def start_nodes(targets: Sequence[Target], remotes: Mapping[str, Remote], progre
     runs = _runs(targets, remotes, progress_of, service, environ, grace_s)
     with signals_raise(), ExitStack() as locks:
         _lock_all(locks, runs, f"{event} (multi-node)")
-        facts = dict(zip(runs, each(list(runs.values()), lambda run: read_host_facts(run.remote, run.layout, venv=None,
-                                                                                      port=None)), strict=True))
+        facts = dict(zip(runs, each(list(runs.values()), lambda run: read_host_facts(
+            run.remote, FactRequest(run.layout, venv=None, port=None))), strict=True))
         stores = {name: read.store for name, read in facts.items()}
         currents = {store.current for store in stores.values()}
         current = next(iter(currents)) if len(currents) == 1 else None
@@ -237,7 +242,7 @@ def start_nodes(targets: Sequence[Target], remotes: Mapping[str, Remote], progre
         members, metadata = found
         assert current is not None  # _members found the release on every node
         if not restart and all(read.unit.active_state == "active" for read in facts.values()):
-            return [Outcome("already running", current, current) for _ in runs]
+            return [Outcome(Action.already_running, current, current) for _ in runs]
         restore_id = common_release(list(stores.values()), current)
         tags = {m.name: recorded_tags(m.run.target, current, metadata[m.name]) for m in members}
         try:
@@ -249,7 +254,7 @@ def start_nodes(targets: Sequence[Target], remotes: Mapping[str, Remote], progre
             restore(members, event, current, tags, interrupt, None, restore_id, current, diagnosis)
         for member in members:
             member.run.record(event, HEALTHY, tags[member.name])
-    return [Outcome("restarted" if restart else "started", current, current, ready=ready) for _ in runs]
+    return [Outcome(Action.restarted if restart else Action.started, current, current, ready=ready) for _ in runs]
 
 
 def as_fleet(names: Sequence[str], act: Callable[[], Sequence[Any] | None]) -> FleetRun[Any] | None:

@@ -19,6 +19,7 @@ from deploy_lib.errors import DeployError, GateFailed, ReadinessFailed, Rollback
 from deploy_lib.hooks import HookContext, HookEvent, run_hook
 from deploy_lib.ops.fleet import FleetRun, HostRun
 from deploy_lib.ops.scope import Reach, Scope
+from deploy_lib.outcomes import Action
 
 if TYPE_CHECKING:
     from deploy_lib.commands.status import StatusReport
@@ -30,15 +31,13 @@ T = TypeVar("T")
 DEPLOYS = ("deploy", "patch", "tune", "router.deploy")  # the commands that take a host to a new release
 PRE = {"rollback": HookEvent.pre_rollback} | {command: HookEvent.pre_deploy for command in DEPLOYS}
 POST = {"rollback": HookEvent.post_rollback} | {command: HookEvent.post_deploy for command in DEPLOYS}
-ROLLED_BACK = "rolled-back"
-FAILED = "failed"
 
 
 class Ended(Protocol):
     """A host's end as its hooks and webhook hear of it: deploy's Outcome, the router's RouterOutcome, a sweep's."""
 
     @property
-    def action(self) -> str: ...  # deployed | unchanged | rolled back | started | restarted
+    def action(self) -> Action: ...
     @property
     def release_id(self) -> str | None: ...  # the release the command left serving
     @property
@@ -52,16 +51,16 @@ E = TypeVar("E", bound=Ended)
 class SweepEnd:
     """A tuning sweep's end on a host: its winner deployed, or the release that served before serving again."""
 
-    action: str
+    action: Action
     release_id: str | None
     previous_id: str | None
 
 
-def _label(end: HostRun[E]) -> str:
-    """deployed, unchanged, rolled-back, started, restarted, failed: a hook's SGLANG_DEPLOY_OUTCOME."""
+def _action(end: HostRun[E]) -> Action:
+    """The result's; an error's is rolled back when the release before serves again, else failed."""
     if end.result is not None:
-        return end.result.action.replace(" ", "-")
-    return ROLLED_BACK if end.error is not None and end.error.serving_id else FAILED
+        return end.result.action
+    return Action.rolled_back if end.error is not None and end.error.serving_id else Action.failed
 
 
 def _rolled_back_by_itself(end: HostRun[E]) -> bool:
@@ -75,11 +74,11 @@ def notification(end: HostRun[E], service: str) -> Notification | None:
     error, outcome = end.error, end.result
     if outcome is not None:
         was = outcome.previous_id or "none"
-        if outcome.action == "deployed":
+        if outcome.action is Action.deployed:
             return Notification(NotifyEvent.deployed, end.host, service,
                                 f"deployed release {outcome.release_id} (was {was})", outcome.release_id,
                                 outcome.release_id)
-        if outcome.action == "rolled back":
+        if outcome.action is Action.rolled_back:
             return Notification(NotifyEvent.rolled_back, end.host, service,
                                 f"rolled back by hand to release {outcome.release_id} (was {was})",
                                 outcome.release_id, outcome.release_id)
@@ -107,13 +106,13 @@ def _joined(ids: Sequence[str | None]) -> str | None:
     return ",".join(found) or None
 
 
-def _group_label(ends: Sequence[HostRun[E]]) -> str:
-    """One word for the whole command: every host's, when they share it; else failed when any host failed, else
+def _group_action(ends: Sequence[HostRun[E]]) -> Action:
+    """One outcome for the whole command: every host's, when they share it; else failed when any host failed, else
     deployed (some hosts deployed, the others unchanged)."""
-    labels = {_label(end) for end in ends}
-    if len(labels) == 1:
-        return labels.pop()
-    return FAILED if FAILED in labels or ROLLED_BACK in labels else "deployed"
+    actions = {_action(end) for end in ends}
+    if len(actions) == 1:
+        return actions.pop()
+    return Action.failed if actions & {Action.failed, Action.rolled_back} else Action.deployed
 
 
 def _released(end: HostRun[E]) -> tuple[str | None, str | None]:
@@ -133,7 +132,7 @@ class Announced:
         self.progress = reach.progress("")
 
     def hook(self, event: HookEvent | None, release_id: str | None = None, previous_id: str | None = None,
-             outcome: str | None = None) -> None:
+             outcome: Action | None = None) -> None:
         """The event's hook of the project, if it has one; a pre- hook's failure raises (PreflightError)."""
         if event is None or self.reach.project_root is None:
             return
@@ -168,11 +167,11 @@ class Announced:
     def ended(self, ends: Sequence[HostRun[E]]) -> None:
         released = [_released(end) for end in ends]
         self.hook(POST.get(self.command), _joined([r for r, _ in released]), _joined([p for _, p in released]),
-                  _group_label(ends) if ends else None)
+                  _group_action(ends) if ends else None)
         restored = [end for end in ends if _rolled_back_by_itself(end)]
         if restored and self.command != "rollback":  # the automatic rollback after a failed start or gate
             self.hook(HookEvent.post_rollback, _joined([end.error.serving_id for end in restored if end.error]),
-                      _joined([end.error.release_id for end in restored if end.error]), ROLLED_BACK)
+                      _joined([end.error.release_id for end in restored if end.error]), Action.rolled_back)
         told = {target.host.name for target in self.scope.targets if target.host.vars.notify_webhook}
         self.notify([(end.host, notification(end, self.service_of(end.host))) for end in ends if end.host in told])
 
@@ -196,9 +195,9 @@ def _sweep_end(result: TuneReport | Planned) -> SweepEnd:
     """A sweep's end on the host it ran on: its winner deployed when it kept one, else the release before serving."""
     from deploy_lib.tune import TuneReport
     if not isinstance(result, TuneReport):  # a dry run (it runs no hook): nothing changed
-        return SweepEnd("unchanged", result.original, result.original)
+        return SweepEnd(Action.unchanged, result.original, result.original)
     kept = result.serving is not None and result.serving != result.original
-    return SweepEnd("deployed" if kept else "unchanged", result.serving or result.original, result.original)
+    return SweepEnd(Action.deployed if kept else Action.unchanged, result.serving or result.original, result.original)
 
 
 def sweep_ends(result: GroupTune | TuneReport | Planned, scope: Scope) -> list[HostRun[SweepEnd]]:
@@ -221,7 +220,8 @@ def sweep_ends(result: GroupTune | TuneReport | Planned, scope: Scope) -> list[H
         rolled = outcomes.get(host)
         serving = rolled.release_id if rolled is not None else (result.serving or {}).get(host)
         before = originals.get(host) or (rolled.previous_id if rolled is not None else None) or serving
-        return HostRun(host, result=SweepEnd("deployed" if serving != before else "unchanged", serving, before))
+        return HostRun(host, result=SweepEnd(Action.deployed if serving != before else Action.unchanged, serving,
+                                                    before))
     return [end(host) for host in scope.names]
 
 

@@ -16,17 +16,15 @@ from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
 from deploy_lib.deploy import (
-    ACTIVATE,
     GRACE_S,
-    VERIFIED,
     Readiness,
+    SwitchBatches,
     Transition,
-    activation_steps,
     failure_line,
     interruption,
-    reset_failed_step,
     restore,
     start_prediction,
+    switch_batches,
 )
 from deploy_lib.errors import DeployError, LockHeld, ReadinessFailed, RouterFailed
 from deploy_lib.health import ProbeTarget, Ready, Rung
@@ -45,6 +43,7 @@ from deploy_lib.ops.router import (
     serving_step,
     serving_url,
 )
+from deploy_lib.outcomes import Action
 from deploy_lib.profile.settings import VenvSpec
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target, resolve_target
@@ -76,7 +75,7 @@ LEFT_OUT: dict[LeftOut, str] = {
 
 @dataclass(frozen=True)
 class RouterOutcome:
-    action: str               # deployed | unchanged
+    action: Action            # deployed | unchanged
     release_id: str
     previous_id: str | None
     workers: tuple[str, ...]
@@ -94,9 +93,8 @@ class RouterReleaseKind:
                     ) -> ProbeTarget:
         return router_probe(layout, metadata)
 
-    def switch_batches(self, run: Transition, release_id: str, metadata: Mapping[str, Any]
-                       ) -> Mapping[str, Sequence[Step | Put]]:
-        return {ACTIVATE: activation_steps(run.layout, release_id), VERIFIED: [reset_failed_step(run.layout)]}
+    def switch_batches(self, run: Transition, release_id: str, metadata: Mapping[str, Any]) -> SwitchBatches:
+        return switch_batches(run.layout, release_id, held=False)
 
 
 ROUTER_RELEASE = RouterReleaseKind()
@@ -121,7 +119,7 @@ def deploy_router(site: RouterSite, target: Target, remote: Remote, workers: Seq
             tags = Tags(operator_name(), where, release.id, SERVICE, venv.hash,
                         {name: venv.distributions[name] for name in ("sglang-router",) if name in venv.distributions})
             if store.current == release.id and isinstance(run.live_verdict(release.metadata), Ready):
-                return RouterOutcome("unchanged", release.id, store.current, tuple(workers))
+                return RouterOutcome(Action.unchanged, release.id, store.current, tuple(workers))
             staged = [] if store.release(release.id) else stage_release(
                 layout, release.id, release.unit_text, release.env_text,
                 release_json(release.metadata, tags, datetime.now(UTC)))
@@ -129,7 +127,7 @@ def deploy_router(site: RouterSite, target: Target, remote: Remote, workers: Seq
         except KeyboardInterrupt as stop:
             raise run.interrupted_outside(stop) from None
         run.record("deploy", HEALTHY, tags)
-    return RouterOutcome("deployed", release.id, store.current, tuple(workers))
+    return RouterOutcome(Action.deployed, release.id, store.current, tuple(workers))
 
 
 def activate_router(run: Transition, store: StoreFacts, release: RouterRelease, tags: Tags,

@@ -18,7 +18,7 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from deploy_lib.deploy import Options, Outcome
+from deploy_lib.deploy import Options, Outcome, SweepCandidate
 from deploy_lib.deploy import rollback as switch_to
 from deploy_lib.errors import ConfigError, Interrupted
 from deploy_lib.interrupts import Interrupt, interrupted, signals_noted
@@ -28,6 +28,7 @@ from deploy_lib.ops.multinode import is_multi_node, plan_nodes
 from deploy_lib.ops.multinode_deploy import deploy_nodes, rollback_nodes
 from deploy_lib.ops.router_deploy import behind_router
 from deploy_lib.ops.scope import Reach, Scope, behind, router_in_front
+from deploy_lib.outcomes import Action
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.progress import Progress
 from deploy_lib.project import Target
@@ -69,7 +70,7 @@ class GroupTune:
         if self.rollout is None:
             return {}
         return {run.host: run.result.action if run.result is not None else
-                f"failed: {run.error.message}" if run.error is not None else "not started"
+                f"{Action.failed}: {run.error.message}" if run.error is not None else Action.not_started
                 for run in self.rollout.runs}
 
 
@@ -156,9 +157,9 @@ def _tune_nodes(scope: Scope, loaded: LoadedProfile, request: Request, reach: Re
     with ExitStack() as connections:
         remotes = {t.host.name: connections.enter_context(reach.connect(t, True)) for t in scope.targets}
 
-        def deploy(candidate: Candidate, options: Options) -> Outcome:
+        def deploy(candidate: Candidate, options: Options, sweep: SweepCandidate) -> Outcome:
             return deploy_nodes(plan_nodes(candidate.loaded, scope.targets, str(scope.group)), remotes,
-                                reach.progress, options)[0]
+                                reach.progress, options, sweep)[0]
 
         def switch(release_id: str) -> None:
             rollback_nodes(list(scope.targets), remotes, reach.progress, service, release_id, request.environ,
@@ -196,7 +197,7 @@ def _finish(scope: Scope, loaded: LoadedProfile, request: Request, reach: Reach,
                      ) -> Outcome:
             # skip_gate: the sweep measured the winner with its own benchmark (the gate's would only repeat it)
             return deploy_candidate(winner, target, remote, progress, Options(
-                environ=request.environ, grace_s=request.grace_s, skip_gate=True, before_restart=drain))
+                environ=request.environ, grace_s=request.grace_s, skip_gate=True), before_restart=drain)
         act = behind(router_in_front(scope, reach), loaded.profile.service.name, roll_out)
 
         def on_host(target: Target) -> Outcome:

@@ -34,6 +34,7 @@ from deploy_lib.store import ENV_FILE, LAUNCHER_FILE, UNIT_FILE, StoreLayout
 
 SECRET_NOT_AVAILABLE = "not available here"
 SECRET_VALUES = "values"  # the Change that says secret values differ (a digest comparison)
+SECRET_PLACEHOLDER = "<secret>"
 
 
 SECRET_COMMAND_TIMEOUT_S = 120  # a password manager may ask for its own unlock at the terminal
@@ -185,6 +186,12 @@ class Release:
             "secrets_digest": self.secrets_digest, "patches": list(self.patches), "model": self.model,
             "overrides": list(self.overrides),
         }
+
+
+def placeholder_secrets(profile: Profile) -> dict[str, str]:
+    """Each secret the profile names, a placeholder standing in for a value not read (a render, a comparison of
+    profiles, a sweep's argv)."""
+    return {name: SECRET_PLACEHOLDER for name in secret_environment(profile)}
 
 
 def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: str, secrets: Mapping[str, str],

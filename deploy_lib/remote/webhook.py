@@ -19,6 +19,8 @@ from typing import Any
 
 from tenacity import Retrying, retry_if_exception, stop_after_attempt, stop_after_delay, wait_exponential
 
+from deploy_lib.outcomes import Action
+
 SEND_TIMEOUT_S = 5.0  # one POST
 
 
@@ -43,11 +45,11 @@ USER_AGENT = "sglang-deploy"
 
 
 class NotifyEvent(StrEnum):
-    deployed = "deployed"
-    rolled_back = "rolled-back"
+    deployed = Action.deployed.word
+    rolled_back = Action.rolled_back.word
     gate_failed = "gate-failed"
     crash_loop = "crash-loop-given-up"
-    failed = "failed"  # a start that failed with no earlier release to go back to, or whose rollback failed
+    failed = Action.failed.word  # a start that failed with no earlier release to go back to, or whose rollback failed
 
 
 _ICONS = {NotifyEvent.deployed: ":white_check_mark:", NotifyEvent.rolled_back: ":leftwards_arrow_with_hook:",

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from deploy_lib.deploy import Options, Outcome, release_tags
+from deploy_lib.deploy import Options, Outcome, SweepCandidate, release_tags
 from deploy_lib.deploy import deploy as deploy_release
 from deploy_lib.deploy import rollback as switch_to
 from deploy_lib.errors import ConfigError, Interrupted, PreflightError, ReadinessFailed
@@ -35,7 +35,7 @@ class Unit:
     """How a sweep changes what serves when the server is more than the host it reads, records and benchmarks on
     (a multi-node release: every node at once, through ops.multinode_deploy); None: that host alone."""
 
-    deploy: Callable[[Candidate, Options], Outcome]
+    deploy: Callable[[Candidate, Options, SweepCandidate], Outcome]
     switch: Callable[[str], None]
 
 
@@ -117,25 +117,27 @@ def stop_if_asked(run: SweepRun) -> None:
         raise Interrupted("a signal was noted")
 
 
-def deploy_candidate(candidate: Candidate, target: Target, remote: Remote, progress: Progress,
-                     options: Options) -> Outcome:
+def deploy_candidate(candidate: Candidate, target: Target, remote: Remote, progress: Progress, options: Options,
+                     before_restart: Callable[[], None] | None = None, sweep: SweepCandidate | None = None
+                     ) -> Outcome:
     """The candidate as a release (its own venv when it carries a patch set); the engine rolls back a failed start.
-    Also a group's rollout of the winner to each host."""
+    Also a group's rollout of the winner to each host (`before_restart`: its router's drain)."""
     if candidate.patch_set is None:
-        return deploy_release(candidate.loaded, target, remote, progress, options)
+        return deploy_release(candidate.loaded, target, remote, progress, options, before_restart=before_restart,
+                              sweep=sweep)
     from deploy_lib.commands.patches import enable  # loads only for a sweep over patch sets
 
     base = base_profile(candidate.loaded, candidate.patch_set)
-    return enable(remote, candidate.patch_set, base, candidate.loaded, target, progress, options)[1]
+    return enable(remote, candidate.patch_set, base, candidate.loaded, target, progress, options, before_restart,
+                  sweep)[1]
 
 
 def _deploy(run: SweepRun, candidate: Candidate) -> tuple[str, Mapping[str, Any], Tags]:
-    keep = len(run.store.releases) + len(run.sweep.candidates) + 1
-    options = Options(environ=run.request.environ, grace_s=run.request.grace_s, skip_gate=True,
-                      keep_releases_at_least=keep, expect_change=True)
+    options = Options(environ=run.request.environ, grace_s=run.request.grace_s, skip_gate=True)
+    sweep = SweepCandidate(keep_releases_at_least=len(run.store.releases) + len(run.sweep.candidates) + 1)
     run.serving_id = None  # a failed start's rollback leaves serving what the store says
-    outcome = (run.unit.deploy(candidate, options) if run.unit is not None
-               else deploy_candidate(candidate, run.target, run.remote, run.progress, options))
+    outcome = (run.unit.deploy(candidate, options, sweep) if run.unit is not None
+               else deploy_candidate(candidate, run.target, run.remote, run.progress, options, sweep=sweep))
     assert outcome.plan is not None and outcome.release_id is not None
     run.serving_id = outcome.release_id
     release = outcome.plan.release

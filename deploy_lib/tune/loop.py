@@ -16,6 +16,7 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 from deploy_lib.errors import ConfigError, DeployError, Interrupted
+from deploy_lib.facts.host import FactRequest
 from deploy_lib.facts.read import read_host_facts
 from deploy_lib.interrupts import interrupted, signals_raise
 from deploy_lib.profile import LoadedProfile
@@ -57,8 +58,8 @@ def _host_view(remote: Remote, target: Target, loaded: LoadedProfile, write_cach
         raise ConfigError(f"{target.host.name}: no release serves, so there is nothing to compare a candidate with",
                           f"`invoke deploy --profile {loaded.name}` first")
     # `write_caches` (not a dry run): the SGLang facts' cache this leaves spares the first candidate's deploy a Python
-    facts = read_host_facts(remote, layout, venv=str(current.metadata.get("venv") or target.venv_of(loaded.profile)),
-                            port=None, write_caches=write_caches)
+    venv = str(current.metadata.get("venv") or target.venv_of(loaded.profile))
+    facts = read_host_facts(remote, FactRequest(layout, venv, port=None, write_caches=write_caches))
     gpus = facts.gpus or ()
     version = facts.sglang.sglang_version or str(current.metadata.get("sglang_version") or "")
     return store, HostView(layout, version, facts.sglang.flashinfer_version, facts.sglang.options,

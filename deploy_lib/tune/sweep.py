@@ -17,8 +17,7 @@ from deploy_lib.profile import LoadedProfile
 from deploy_lib.profile.overrides import with_overrides
 from deploy_lib.profile.settings import BenchSettings
 from deploy_lib.release.argv_check import check_argv
-from deploy_lib.release.model import Change, build_release, diff_releases
-from deploy_lib.release.server_args import secret_environment
+from deploy_lib.release.model import Change, build_release, diff_releases, placeholder_secrets
 from deploy_lib.store import StoreLayout
 from deploy_lib.tune.spec import NO_PATCHES, PATCHES_KEY, TuneSpec, Value, setting_text
 
@@ -107,8 +106,7 @@ def clip_ladder(ladder: Sequence[int], prompts: int, caps: Sequence[int | None])
 
 
 def _release_args(loaded: LoadedProfile, host: HostView) -> tuple[str, ...]:
-    placeholders = {name: "<secret>" for name in secret_environment(loaded.profile)}
-    return build_release(loaded, host.layout, host.sglang_version, placeholders).args
+    return build_release(loaded, host.layout, host.sglang_version, placeholder_secrets(loaded.profile)).args
 
 
 def _refusal(candidate: Candidate, host: HostView | None) -> str | None:
@@ -167,7 +165,7 @@ def build_sweep(base: LoadedProfile, spec: TuneSpec, sources: Mapping[str, str],
 
 def differences(base_metadata: Mapping[str, Any] | None, candidate: Candidate, host: HostView) -> list[Change]:
     """What differs from the release serving before the sweep, flag by flag (the diff `invoke plan` shows)."""
-    placeholders = {name: "<secret>" for name in secret_environment(candidate.loaded.profile)}
+    placeholders = placeholder_secrets(candidate.loaded.profile)
     patches = (candidate.patch_set.name,) if candidate.patch_set else ()
     wanted = candidate.loaded.profile.model
     recorded = dict((base_metadata or {}).get("model") or {})

@@ -110,11 +110,11 @@ def test_a_venv_gone_before_the_restart_is_diagnosed_and_rolled_back(rig: Rig, h
     """Input tried: the release's venv (a copy of /opt/ml-env) deleted between preflight and the restart."""
     rig.root("rm -rf /opt/ml-env-doomed && cp -al /opt/ml-env /opt/ml-env-doomed")
     loaded, target = rig.target("glm5-short")
-    options = engine.Options(venv=engine.VenvChoice("/opt/ml-env-doomed"))
     with FabricRemote(target.ssh) as inner, pytest.raises(ReadinessFailed) as caught:
         remote = BeforeBatch(inner, lambda step: step.name.startswith("switch:"),
                              lambda: rig.root("rm -rf /opt/ml-env-doomed"))
-        engine.deploy(loaded, target, remote, RecordingProgress(), options)
+        engine.deploy(loaded, target, remote, RecordingProgress(), engine.Options(),
+                      patched=engine.PatchedVenv(engine.VenvChoice("/opt/ml-env-doomed")))
     message = str(caught.value)
     assert "the release's venv is gone: /opt/ml-env-doomed/bin/python3 does not exist" in message
     assert f"release {healthy} is serving" in message
