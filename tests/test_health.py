@@ -570,7 +570,7 @@ UNIT = "ladder-probe.service"
 PORT = 30123
 # A stand-in server: loads, binds, warms up (503), then serves; modes make it crash, die or hang.
 FAKE_SERVER = '''
-import json, sys, threading, time
+import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 load_s, warm_s, port, mode = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 print("[2026-11-29 11:02:12 TP0] Load weight begin. avail mem=93.21 GB", flush=True)
@@ -593,16 +593,14 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+        if mode == "die":  # dead once it has served the ladder's generation: within any grace window, on any machine
+            os._exit(1)
     def log_message(self, *args):
         pass
 server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
 print(f"[2026-11-29 11:04:40] INFO:     Uvicorn running on http://127.0.0.1:{port}", flush=True)
 time.sleep(warm_s)
 print("[2026-11-29 11:04:43] The server is fired up and ready to roll!", flush=True)
-if mode == "die":
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    time.sleep(3)
-    sys.exit(1)
 server.serve_forever()
 '''
 

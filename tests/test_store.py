@@ -57,14 +57,22 @@ TAGS = Tags(who="ops@laptop", host="gpu1", release="r2", profile="glm5-nvfp4", p
             versions={"sglang": "0.5.9", "flashinfer": "0.6.1"})
 
 
-def test_layout_follows_the_design() -> None:
-    assert LAYOUT.release("abc") == PurePosixPath("/opt/sglang-deploy/sglang/releases/abc")
-    assert LAYOUT.staging("abc") == PurePosixPath("/opt/sglang-deploy/sglang/releases/abc.tmp")
-    assert LAYOUT.current == PurePosixPath("/opt/sglang-deploy/sglang/current")
-    assert LAYOUT.history == PurePosixPath("/opt/sglang-deploy/sglang/history.jsonl")
-    assert LAYOUT.lock_owner == PurePosixPath("/opt/sglang-deploy/sglang/lock/owner.json")
-    assert LAYOUT.unit_link == PurePosixPath("/etc/systemd/system/sglang.service")
-    assert LAYOUT.env_file("abc") == PurePosixPath("/opt/sglang-deploy/sglang/releases/abc/sglang.env")
+def store_paths(layout: StoreLayout) -> set[PurePosixPath]:
+    return {layout.release("abc"), layout.staging("abc"), layout.env_file("abc"), layout.current, layout.history,
+            layout.lock_owner, layout.unit_link}
+
+
+def test_two_services_on_one_host_share_no_store_path() -> None:
+    assert not store_paths(LAYOUT) & store_paths(StoreLayout("sglang-b"))
+    assert all(path.is_relative_to(LAYOUT.root / LAYOUT.service) for path in store_paths(LAYOUT) - {LAYOUT.unit_link})
+
+
+def test_a_release_is_staged_beside_itself_and_holds_its_own_env_file() -> None:
+    """Publishing renames the staging directory onto the release (one filesystem); switching `current` switches the
+    environment the unit reads."""
+    assert LAYOUT.staging("abc").parent == LAYOUT.release("abc").parent
+    assert LAYOUT.staging("abc") != LAYOUT.release("abc")
+    assert LAYOUT.env_file("abc").parent == LAYOUT.release("abc")
 
 
 @pytest.mark.parametrize("service", ["", "a b", "x/y", "sglang.service", "-rf", "../etc"])
