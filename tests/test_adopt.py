@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 import yaml
-from fake_remote import FakeRemote
+from helpers.fake_remote import FakeRemote
 from test_deploy_plan import NOW, deployed, facts, first_plan, target
 
 from deploy_lib.commands.adopt import STEP_UNIT, read_process, read_unit
@@ -38,7 +38,7 @@ from deploy_lib.release.server_args import sglang_args
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.store import ReleaseRecord
 
-pytest_plugins = ("wheelcache",)
+pytest_plugins = ("helpers.wheelcache",)
 PROFILES = Path(__file__).resolve().parent.parent / "inventory" / "profiles"
 TOKEN = "hf_s3cr3t-value"
 # Our reference user's launch (README: the reference profile is that command), as typed in an activated venv.

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_remote import FakeRemote
+from helpers.fake_remote import FakeRemote
 from test_adopt import HAND_0523, HAND_ENV, PROFILES, hand, options  # noqa: F401 (options: the wheel's parser)
 
 from deploy_lib.commands.adopt import _config_merged
@@ -21,7 +21,7 @@ from deploy_lib.facts.sglang_config import STEP_CONFIG, config_arguments, config
 from deploy_lib.profile import load_profile
 from deploy_lib.release.server_args import sglang_args
 
-pytest_plugins = ("wheelcache",)
+pytest_plugins = ("helpers.wheelcache",)
 # The reference launch split as SGLang's docs show it: most options in the file, a few on the command line; the
 # file's tp-size 4 is overridden by `--tp 8` on the command line (command-line flags win).
 SERVER_YAML = """\

@@ -289,7 +289,7 @@ def test_a_no_op_deploy_with_its_hooks_and_notices_loads_no_webhook_sender() -> 
     `notify_webhook`, in a fresh process with what the task imports: the webhook's sender and urllib.request load
     only for a host that has a webhook. Was: loaded by every deploy and rollback to tell no one."""
     script = ("import json, sys; sys.path.insert(0, 'tests'); import tasks; from contextlib import nullcontext; "
-              "from recording_progress import RecordingProgress; from test_deploy_plan import PROJECT, target; "
+              "from helpers.recording_progress import RecordingProgress; from test_deploy_plan import PROJECT, target; "
               "from test_deploy_trips import serving_the_profile; from deploy_lib.deploy import Options; "
               "from deploy_lib.ops import commands; from deploy_lib.ops.scope import Reach, Scope; "
               "host, release_id = serving_the_profile(); progress = RecordingProgress(); "
@@ -305,7 +305,7 @@ def test_a_no_op_deploy_with_its_hooks_and_notices_loads_no_webhook_sender() -> 
 def test_the_whole_no_op_deploy_renders_neither_the_unit_nor_the_env_file(monkeypatch: pytest.MonkeyPatch) -> None:
     """The deploy engine's no-op (facts, plan, preflight, the live probe: its one round trip) against a scripted host
     that serves the profile's release; a render would raise."""
-    from recording_progress import RecordingProgress
+    from helpers.recording_progress import RecordingProgress
     from test_deploy_plan import PROJECT, target
     from test_deploy_trips import serving_the_profile
 

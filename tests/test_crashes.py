@@ -10,7 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from fake_remote import FakeRemote
+from helpers.fake_remote import FakeRemote
 from rich.console import Console
 
 from deploy_cli import present as ui

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from recording_progress import RecordingProgress
+from helpers.recording_progress import RecordingProgress
 from test_deploy_plan import PROJECT, target
 from test_host_lock import HOLDER
 from test_rollback import LAYOUT, LIVE_PROBE, NOW, READY, ScriptedHost, _tags, a_host, changed_profile

@@ -10,7 +10,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from recording_progress import RecordingProgress
+from helpers.recording_progress import RecordingProgress
 from test_cli import invoke
 
 from deploy_lib.errors import ConfigError, DeployError, LockHeld, ReadinessFailed, RemoteError, RollbackFailed

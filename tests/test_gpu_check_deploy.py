@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_remote import FakeRemote
-from recording_progress import RecordingProgress
+from helpers.fake_remote import FakeRemote
+from helpers.recording_progress import RecordingProgress
 from test_deploy_plan import NOW, PROJECT, deployed, facts, first_plan, options_accepting, target
 from test_rollback import LAYOUT, READY, ScriptedHost
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from recording_progress import RecordingProgress
+from helpers.recording_progress import RecordingProgress
 from rich.console import Console
 from test_deploy_plan import target
 from test_gpu_check_deploy import checked

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from helpers.fake_remote import FakeRemote
 
 from deploy_lib.errors import ConfigError, ConnectFailed
 from deploy_lib.gpu_check.p2p.reading import (
@@ -25,7 +26,6 @@ from deploy_lib.gpu_check.topology import parse_topology
 from deploy_lib.inventory import load_inventory
 from deploy_lib.project import resolve_target
 from deploy_lib.remote import Step
-from tests.fake_remote import FakeRemote
 
 DATA = Path(__file__).resolve().parent / "data"
 H200_VM = DATA / "p2p/h200-1gpu-2026-12-01"

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_remote import FakeRemote
-from recording_progress import RecordingProgress
+from helpers.fake_remote import FakeRemote
+from helpers.recording_progress import RecordingProgress
 from rich.console import Console
 from test_gpu_check_p2p_reading import COMPOSED, DATA, composed_node, h200_vm
 from test_ops import installed

@@ -16,8 +16,8 @@ from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
 import pytest
-from fake_remote import FakeRemote
-from recording_progress import RecordingProgress
+from helpers.fake_remote import FakeRemote
+from helpers.recording_progress import RecordingProgress
 from tenacity import stop_after_attempt
 
 from deploy_lib.errors import ReadinessFailed, StepFailed

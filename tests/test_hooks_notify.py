@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from fake_remote import FakeRemote
-from recording_progress import RecordingProgress
+from helpers.fake_remote import FakeRemote
+from helpers.recording_progress import RecordingProgress
 from tenacity import stop_after_attempt, wait_none
 
 from deploy_lib.deploy import Options

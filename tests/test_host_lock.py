@@ -6,8 +6,8 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 
 import pytest
-from fake_remote import FakeRemote
-from recording_progress import RecordingProgress
+from helpers.fake_remote import FakeRemote
+from helpers.recording_progress import RecordingProgress
 from test_deploy_plan import PROJECT, target
 
 from deploy_lib import deploy as engine

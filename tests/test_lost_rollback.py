@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from recording_progress import RecordingProgress
+from helpers.recording_progress import RecordingProgress
 from test_deploy_plan import target
 from test_rollback import DEAD, LAYOUT, READY, ScriptedHost, a_host, changed_profile
 from test_store import release_entries

@@ -12,8 +12,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
 import pytest
-from fake_remote import FakeRemote
-from recording_progress import RecordingProgress
+from helpers.fake_remote import FakeRemote
+from helpers.recording_progress import RecordingProgress
 from test_deploy_plan import NOW, PROJECT, deployed, facts, target
 from test_host_facts import bare_venv
 

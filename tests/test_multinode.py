@@ -15,9 +15,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
-from fake_remote import FakeRemote
+from helpers.fake_remote import FakeRemote
+from helpers.recording_progress import RecordingProgress
 from pydantic import ValidationError
-from recording_progress import RecordingProgress
 
 from deploy_lib.deploy import Transition
 from deploy_lib.errors import ConfigError, ReadinessFailed
@@ -33,7 +33,7 @@ from deploy_lib.release.server_args import sglang_args
 from deploy_lib.remote import Put, Step, StepResult
 from deploy_lib.store import HEALTHY, ReleaseRecord, StoreFacts, StoreLayout, Tags, history_entry
 
-pytest_plugins = ("wheelcache",)  # real_options
+pytest_plugins = ("helpers.wheelcache",)  # real_options
 PROFILES = Path(__file__).resolve().parent.parent / "inventory" / "profiles"
 
 NODES = """\

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_remote import FakeRemote
-from recording_progress import RecordingProgress
+from helpers.fake_remote import FakeRemote
+from helpers.recording_progress import RecordingProgress
 from rich.console import Console
 from test_cli import invoke
 

@@ -11,8 +11,8 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
+from helpers.recording_progress import RecordingProgress
 from invoke import Context, Exit
-from recording_progress import RecordingProgress
 from test_deploy_plan import PROJECT, REPO, target
 from test_deploy_trips import serving_the_profile, writes
 from test_ops import Hosts, installed, release, scope

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 
 import pytest
-from fake_remote import FakeRemote
+from helpers.fake_remote import FakeRemote
 
 from deploy_lib.errors import StepFailed
 from deploy_lib.facts.readings import ABSENT_OK, TOOL_ABSENT_OK, Fact, Readings, read

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 
 import pytest
-from recording_progress import RecordingProgress
+from helpers.recording_progress import RecordingProgress
 from tenacity import stop_after_delay, wait_none
 
 from deploy_lib.errors import ConnectFailed, ConnectionLost

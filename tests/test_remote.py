@@ -11,7 +11,7 @@ from pathlib import Path, PurePosixPath
 from typing import NamedTuple
 
 import pytest
-from fake_remote import FakeRemote
+from helpers.fake_remote import FakeRemote
 
 from deploy_lib.errors import ConnectFailed, StepFailed, StepTimedOut, SudoPasswordRequired
 from deploy_lib.remote import (

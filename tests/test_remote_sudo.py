@@ -11,7 +11,7 @@ import shutil
 from pathlib import Path, PurePosixPath
 
 import pytest
-from sudo_above import sudo_above
+from helpers.sudo_above import sudo_above
 from test_remote import run_script
 
 from deploy_lib.errors import StepTimedOut, SudoPasswordRequired

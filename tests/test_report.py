@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from browser import (
+from helpers.browser import (
     REPORT_AREAS,
     REPORT_CHARTS,
     SWEEP_AREAS,

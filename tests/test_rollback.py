@@ -10,8 +10,8 @@ from dataclasses import replace
 from datetime import UTC, datetime
 
 import pytest
-from fake_remote import FakeRemote
-from recording_progress import RecordingProgress
+from helpers.fake_remote import FakeRemote
+from helpers.recording_progress import RecordingProgress
 from test_deploy_plan import PROJECT, deployed, facts, first_plan, options_accepting, target
 from test_store import release_entries
 
@@ -215,7 +215,7 @@ class ScriptedHost(FakeRemote):
         return Forwarded(sent=True, connected=True, answer=f"HTTP/1.1 {status} -\r\n\r\n".encode() if status else b"")
 
     def rollback(self, to: str = "A") -> object:
-        from recording_progress import RecordingProgress
+        from helpers.recording_progress import RecordingProgress
 
         from deploy_lib.deploy import rollback
 

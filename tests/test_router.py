@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import pytest
-from fake_remote import FakeRemote
-from recording_progress import RecordingProgress
-from systemd_syntax import exec_start_argv, parse_unit_file
+from helpers.fake_remote import FakeRemote
+from helpers.recording_progress import RecordingProgress
+from helpers.systemd_syntax import exec_start_argv, parse_unit_file
 from test_deploy_plan import PROJECT, first_plan, target
 from test_rollback import READY, ScriptedHost
 

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from launcher_run import argv_printer, launched_argv
+from helpers.launcher_run import argv_printer, launched_argv
 
 from deploy_lib.errors import ConfigError
 from deploy_lib.host_scripts.sglang_options import extract
@@ -30,7 +30,7 @@ from deploy_lib.release.server_args import (
 from deploy_lib.store import StoreLayout
 from deploy_lib.versions import SPELLINGS, version_key
 
-pytest_plugins = ("wheelcache",)  # the sglang_source fixture
+pytest_plugins = ("helpers.wheelcache",)  # the sglang_source fixture
 PROFILES = Path(__file__).resolve().parent.parent / "inventory" / "profiles"
 
 

@@ -21,7 +21,7 @@ from deploy_lib.release.argv_check import build_parser, check_argv, find_option
 from deploy_lib.release.server_args import sglang_args
 from deploy_lib.versions import version_key
 
-pytest_plugins = ("wheelcache",)  # the sglang_source fixture
+pytest_plugins = ("helpers.wheelcache",)  # the sglang_source fixture
 EXTRACTOR = Path(sglang_options.__file__)
 
 # ---------------------------------------------------------------------------------------------------------------

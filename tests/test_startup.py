@@ -7,7 +7,7 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from recording_progress import RecordingProgress
+from helpers.recording_progress import RecordingProgress
 from test_deploy_plan import target
 from test_health import SYSTEMCTL, closed_port, fake_tools, run_probe
 from test_rollback import READY, a_host, changed_profile

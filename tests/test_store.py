@@ -9,7 +9,7 @@ from datetime import UTC, datetime
 from pathlib import PurePosixPath
 
 import pytest
-from fake_remote import FakeRemote
+from helpers.fake_remote import FakeRemote
 
 from deploy_lib.errors import ConfigError, LockHeld, StepFailed
 from deploy_lib.remote import Put, Step, StepResult, command_line, describe

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from recording_progress import RecordingProgress
+from helpers.recording_progress import RecordingProgress
 from test_deploy_plan import PROJECT, target
 from test_ops import HOSTS
 from test_router import answering, config_of
@@ -275,7 +275,7 @@ def test_behind_a_router_a_replica_goes_back_to_its_original_out_of_the_router(t
 
 def test_a_host_lost_in_its_share_ends_the_group_sweep_unfinished_with_its_code_and_rolls_nothing_out() -> None:
     """Input tried: host b's connection refused from the start; a ran its share, 1024 then 128 (its best first)."""
-    from fake_remote import FakeRemote
+    from helpers.fake_remote import FakeRemote
 
     from deploy_lib.errors import ConnectFailed
 

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from pathlib import PurePosixPath
 
 import pytest
-from recording_progress import RecordingProgress
+from helpers.recording_progress import RecordingProgress
 from test_deploy_plan import PROJECT, options_accepting, target
 from test_rollback import DEAD, READY, ScriptedHost, a_host
 from test_store import release_entries

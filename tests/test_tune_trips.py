@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from recording_progress import RecordingProgress
+from helpers.recording_progress import RecordingProgress
 from test_deploy_plan import target
 from test_tune_loop import BASE, BENCH, MRR, SweepHost, a_sweep_host, request, sglang_knowing_every_flag, sweep
 

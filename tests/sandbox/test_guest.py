@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from guest_shell import GuestShell
-from http_client import http
-from waits import wait_for
+from helpers.guest_shell import GuestShell
+from helpers.http_client import http
+from helpers.waits import wait_for
 
 from sandbox import manage
 

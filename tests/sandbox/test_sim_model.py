@@ -10,10 +10,10 @@ from importlib import resources
 from pathlib import Path
 
 import pytest
+from helpers.upstream_edits import PREFLIGHT, RESOLVER_0_5_23, RUNTIME, replace
 from sglang_sim.config import Fault, SimConfig
 from sglang_sim.throughput import ThroughputModel
 from sglang_sim.upstream import Fusion, InstalledUpstream
-from upstream_edits import PREFLIGHT, RESOLVER_0_5_23, RUNTIME, replace
 
 from sandbox import wheelhouse
 

@@ -17,9 +17,9 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from recording_progress import RecordingProgress
-from rig import Rig
-from waits import wait_for
+from helpers.recording_progress import RecordingProgress
+from helpers.rig import Rig
+from helpers.waits import wait_for
 
 from deploy_lib import tune as tuning
 from deploy_lib.bundled import ROLES_DIR
