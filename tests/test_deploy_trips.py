@@ -7,10 +7,10 @@ import json
 
 import pytest
 from helpers.recording_progress import RecordingProgress
+from helpers.store_output import release_entries
 from test_deploy_plan import PROJECT, target
 from test_host_lock import HOLDER
 from test_rollback import LAYOUT, LIVE_PROBE, NOW, READY, ScriptedHost, _tags, a_host, changed_profile
-from test_store import release_entries
 
 from deploy_lib import store
 from deploy_lib.deploy import Options, deploy

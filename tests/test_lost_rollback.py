@@ -11,9 +11,9 @@ from collections.abc import Sequence
 
 import pytest
 from helpers.recording_progress import RecordingProgress
+from helpers.store_output import release_entries
 from test_deploy_plan import target
 from test_rollback import DEAD, LAYOUT, READY, ScriptedHost, a_host, changed_profile
-from test_store import release_entries
 
 from deploy_lib import store
 from deploy_lib.commands.status import read_status

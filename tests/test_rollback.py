@@ -12,8 +12,8 @@ from datetime import UTC, datetime
 import pytest
 from helpers.fake_remote import FakeRemote
 from helpers.recording_progress import RecordingProgress
+from helpers.store_output import release_entries
 from test_deploy_plan import PROJECT, deployed, facts, first_plan, options_accepting, target
-from test_store import release_entries
 
 from deploy_lib import store
 from deploy_lib.deploy import Options, check_release, check_release_files, deploy, probe_target, recorded_tags

@@ -10,6 +10,7 @@ from pathlib import PurePosixPath
 
 import pytest
 from helpers.fake_remote import FakeRemote
+from helpers.store_output import release_entries
 
 from deploy_lib.errors import ConfigError, LockHeld, StepFailed
 from deploy_lib.remote import Put, Step, StepResult, command_line, describe
@@ -202,12 +203,6 @@ def _release_json(release_id: str, staged_at: str) -> str:
 def _history(*entries: tuple[str, str, str]) -> str:
     return "".join(history_entry(event, outcome, Tags("w", "h", rid, "p", "ph"), WHEN).to_json().decode()
                    for event, outcome, rid in entries)
-
-
-def release_entries(*release_ids: str) -> str:
-    """`find releases -mindepth 1 -maxdepth 2 -printf %P\\0` of complete releases."""
-    return "".join(f"{rid}\0{rid}/release.json\0{rid}/sglang.service\0{rid}/sglang.env\0{rid}/launch\0"
-                   for rid in release_ids)
 
 
 CAPTURED_HISTORY = (("deploy", HEALTHY, "r1"), ("deploy", HEALTHY, "r2"), ("deploy", "failed", "r3"),

@@ -10,9 +10,9 @@ from pathlib import PurePosixPath
 
 import pytest
 from helpers.recording_progress import RecordingProgress
+from helpers.store_output import release_entries
 from test_deploy_plan import PROJECT, options_accepting, target
 from test_rollback import DEAD, READY, ScriptedHost, a_host
-from test_store import release_entries
 
 from deploy_cli.present import jsonable
 from deploy_lib import store
