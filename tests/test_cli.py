@@ -15,6 +15,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
+from helpers.cli import REPO, invoke
 from invoke import Collection
 from rich.console import Console
 
@@ -23,15 +24,6 @@ from deploy_cli import present as ui
 from deploy_cli.options import Task
 from deploy_lib.deploy import Outcome
 from deploy_lib.remote import MASK, Put, Step, StepResult
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def invoke(*argv: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`invoke ARGV` as a user types it, in cwd (the project root unless a test says otherwise)."""
-    environ = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEPLOY_INVENTORY", "HF_TOKEN")} | (env or {})
-    return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *argv], cwd=cwd,
-                          capture_output=True, text=True, env=environ, timeout=120)
 
 
 def fresh_process_json(script: str, *argv: str) -> Any:
@@ -266,10 +258,10 @@ def test_a_no_op_deploy_renders_nothing_and_leaves_what_it_does_not_run_unloaded
     the task imports): the unit and env file are rendered only to be staged or shown, the venv builder, the prune's
     venv reads and the gpu check load only when they run. Was: Jinja2 loaded and both files rendered on every deploy;
     then the venvs and gpu_check packages loaded on every deploy (the engine's, the plan's and the facts' imports)."""
-    from test_deploy_plan import deployed, first_plan
+    from helpers.deploy_plan import deployed, first_plan
     current = deployed(first_plan()[1])
     script = ("import json, sys; sys.path.insert(0, 'tests'); import tasks; "
-              "from test_deploy_plan import NOW, PROJECT, facts, target; "
+              "from helpers.deploy_plan import NOW, PROJECT, facts, target; "
               "from deploy_lib.deploy import plan_deploy, preflight; from deploy_lib.store import ReleaseRecord; "
               "from deploy_lib.ops import commands, multinode, scope; from deploy_lib.remote import FabricRemote; "
               "from deploy_cli import common; "
@@ -289,8 +281,9 @@ def test_a_no_op_deploy_with_its_hooks_and_notices_loads_no_webhook_sender() -> 
     `notify_webhook`, in a fresh process with what the task imports: the webhook's sender and urllib.request load
     only for a host that has a webhook. Was: loaded by every deploy and rollback to tell no one."""
     script = ("import json, sys; sys.path.insert(0, 'tests'); import tasks; from contextlib import nullcontext; "
-              "from helpers.recording_progress import RecordingProgress; from test_deploy_plan import PROJECT, target; "
-              "from test_deploy_trips import serving_the_profile; from deploy_lib.deploy import Options; "
+              "from helpers.recording_progress import RecordingProgress; "
+              "from helpers.deploy_plan import PROJECT, target; "
+              "from helpers.deploy_trips import serving_the_profile; from deploy_lib.deploy import Options; "
               "from deploy_lib.ops import commands; from deploy_lib.ops.scope import Reach, Scope; "
               "host, release_id = serving_the_profile(); progress = RecordingProgress(); "
               "reach = Reach(lambda found, prefixed: nullcontext(host), lambda name: progress, lambda question: None); "
@@ -305,9 +298,9 @@ def test_a_no_op_deploy_with_its_hooks_and_notices_loads_no_webhook_sender() -> 
 def test_the_whole_no_op_deploy_renders_neither_the_unit_nor_the_env_file(monkeypatch: pytest.MonkeyPatch) -> None:
     """The deploy engine's no-op (facts, plan, preflight, the live probe: its one round trip) against a scripted host
     that serves the profile's release; a render would raise."""
+    from helpers.deploy_plan import PROJECT, target
+    from helpers.deploy_trips import serving_the_profile
     from helpers.recording_progress import RecordingProgress
-    from test_deploy_plan import PROJECT, target
-    from test_deploy_trips import serving_the_profile
 
     import deploy_lib.release.model
     from deploy_lib.deploy import Options, deploy

@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
+from helpers.deploy_plan import PROJECT, facts, target
 from helpers.fake_remote import FakeRemote
 from helpers.recording_progress import RecordingProgress
-from test_deploy_plan import PROJECT, facts, target
 
 from deploy_lib.bundled import ROLES_DIR
 from deploy_lib.commands import patches as on_host

@@ -5,9 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import os
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -17,6 +15,7 @@ from typing import Any, ClassVar
 
 import pytest
 from helpers.fake_remote import FakeRemote
+from helpers.health import SYSTEMCTL, closed_port, fake_tools, run_probe
 from helpers.recording_progress import RecordingProgress
 from tenacity import stop_after_attempt
 
@@ -433,20 +432,6 @@ def server() -> Iterator[ThreadingHTTPServer]:
     httpd.server_close()
 
 
-def run_probe(step: Step, path: str | None = None, **environ: str) -> dict[str, Any]:
-    env = dict(os.environ, PATH=path if path is not None else os.environ["PATH"], **environ)
-    done = subprocess.run([sys.executable, "-"], input=step.stdin, capture_output=True, timeout=60, env=env,
-                          check=True)
-    [line] = done.stdout.decode().splitlines()
-    return json.loads(line)
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_probe_reports_a_closed_port_as_refused_and_tries_nothing_further(tmp_path: Path) -> None:
     target = ProbeTarget(unit=None, port=closed_port())
     result = run_probe(probe_step(target, Rung.GENERATE))
@@ -516,23 +501,10 @@ def test_a_waiting_probe_that_sees_no_change_returns_its_last_look_when_the_wait
     assert again.probe_s >= 0.3 - POLL_S and FakeSGLang.health_requests >= 2
 
 
-SYSTEMCTL = """#!/bin/sh
-echo "$@" > "{directory}/systemctl.args"
-printf 'ActiveState=active\\nSubState=running\\nNRestarts=0\\nExecMainPID=4242\\nExecMainStatus=0\\n'
-printf 'ExecMainCode=0\\nResult=success\\nInvocationID=0f4c\\n'
-"""
 JOURNALCTL = """#!/bin/sh
 printf '%s\\n' "$@" > "{directory}/journalctl.args"
 echo '{"__CURSOR":"s=abc;i=2f","MESSAGE":"[2026-11-29 11:02:03 TP0] Load weight begin. avail mem=93.21 GB"}'
 """
-
-
-def fake_tools(directory: Path, **scripts: str) -> str:
-    """Scripts named like the host's tools, first on a PATH that has nothing else but /bin and /usr/bin."""
-    for name, text in scripts.items():
-        (directory / name).write_text(text.replace("{directory}", str(directory)))
-        (directory / name).chmod(0o755)
-    return f"{directory}:/usr/bin:/bin"
 
 
 def test_probe_reads_the_unit_state_and_newest_journal_line(tmp_path: Path) -> None:

@@ -189,7 +189,7 @@ def test_the_node_named_is_the_one_whose_failure_explains_the_others() -> None:
 
 
 def test_a_multi_node_group_deploy_refuses_a_rolling_rollout_and_a_group_of_the_wrong_size(tmp_path: Path) -> None:
-    from test_cli import invoke
+    from helpers.cli import invoke
     (tmp_path / "glm5-nvfp4.yaml").write_text((PROFILES / "glm5-nvfp4.yaml").read_text())
     profile = tmp_path / "two.yaml"
     profile.write_text("extends: glm5-nvfp4\nparallel:\n  nnodes: 2\n  dist_init_port: 5757\n")

@@ -11,12 +11,12 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from helpers.remote_ssh import SshServer
 from tenacity import Retrying, stop_after_attempt
 
 from deploy_lib.errors import ConnectFailed
 from deploy_lib.remote import FabricRemote, SSHTarget, Step, read_ahead, reads_record
 from deploy_lib.remote.reads_record import Exchange, load, record_dir, record_path, save, sent_ahead
-from tests.test_remote_ssh import SshServer, sshd  # noqa: F401  (the module's sshd fixture)
 
 COMMAND = ("sglang-deploy", "deploy", "--profile", "glm5-nvfp4")
 
@@ -72,7 +72,7 @@ def counting_read(counter: Path) -> Step:
 
 
 def test_the_second_run_takes_its_reads_from_ahead_and_the_host_ran_each_once(
-        sshd: SshServer, tmp_path: Path, environ: dict[str, str], monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        sshd: SshServer, tmp_path: Path, environ: dict[str, str], monkeypatch: pytest.MonkeyPatch,
         http_port: int) -> None:
     target = sshd.target(sshd.known_hosts(tmp_path))
     counter = tmp_path / "counter"
@@ -95,7 +95,7 @@ def test_the_second_run_takes_its_reads_from_ahead_and_the_host_ran_each_once(
 
 
 def test_a_batch_other_than_the_one_remembered_is_sent_by_the_command(
-        sshd: SshServer, tmp_path: Path, environ: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+        sshd: SshServer, tmp_path: Path, environ: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     """The profile changed between two runs: the command reads what it reads now, on the connection opened ahead."""
     target = sshd.target(sshd.known_hosts(tmp_path))
     counter = tmp_path / "counter"
@@ -118,7 +118,7 @@ def test_a_batch_other_than_the_one_remembered_is_sent_by_the_command(
     Step("a read of a secret", ("cat", "/etc/x"), read=True, secret=True),
 ])
 def test_nothing_that_may_change_the_host_or_holds_a_secret_is_remembered(
-        sshd: SshServer, tmp_path: Path, environ: dict[str, str], monkeypatch: pytest.MonkeyPatch,  # noqa: F811
+        sshd: SshServer, tmp_path: Path, environ: dict[str, str], monkeypatch: pytest.MonkeyPatch,
         first: Step) -> None:
     target = sshd.target(sshd.known_hosts(tmp_path))
     started = command(environ, monkeypatch)
@@ -135,7 +135,7 @@ def replace_argv(step: Step) -> Step:
 
 
 def test_a_target_that_may_accept_a_new_host_key_is_not_remembered(
-        sshd: SshServer, tmp_path: Path, environ: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811
+        sshd: SshServer, tmp_path: Path, environ: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     target = sshd.target(sshd.known_hosts(tmp_path), accept_new=True)
     started = command(environ, monkeypatch)
     with FabricRemote(target) as remote:

@@ -20,8 +20,8 @@ from helpers.browser import (
     open_page,
     series_per_chart,
 )
-from test_deploy_plan import target
-from test_rollback import a_host
+from helpers.deploy_plan import target
+from helpers.rollback import a_host
 
 from deploy_lib import store
 from deploy_lib.errors import ConfigError

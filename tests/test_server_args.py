@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from helpers.launcher_run import argv_printer, launched_argv
+from helpers.server_args import with_changes
 
 from deploy_lib.errors import ConfigError
 from deploy_lib.host_scripts.sglang_options import extract
@@ -36,13 +37,6 @@ PROFILES = Path(__file__).resolve().parent.parent / "inventory" / "profiles"
 
 def reference(name: str = "glm5-nvfp4") -> Profile:
     return load_profile(PROFILES, name).profile
-
-
-def with_changes(profile: Profile, **sections: dict[str, Any]) -> Profile:
-    data = profile.model_dump(mode="json")
-    for section, values in sections.items():
-        data[section] = {**data[section], **values} if isinstance(data[section], dict) else values
-    return Profile.model_validate(data)
 
 
 # The hand-written launch of issue 2, with `--model` and the abbreviation `--tp` written out in full.

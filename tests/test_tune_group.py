@@ -9,16 +9,16 @@ import signal
 import threading
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
+from helpers.deploy_plan import PROJECT
+from helpers.ops import HOSTS
 from helpers.recording_progress import RecordingProgress
-from test_deploy_plan import PROJECT, target
-from test_ops import HOSTS
-from test_router import answering, config_of
-from test_tune_loop import SweepHost, a_sweep_host, request, sglang_knowing_every_flag
+from helpers.router import answering, config_of
+from helpers.tune_group import BASE, FOUR_CAPS, replica
+from helpers.tune_loop import SweepHost, a_sweep_host, request, sglang_knowing_every_flag
 
 from deploy_cli.present import jsonable
 from deploy_lib.deploy import Options
@@ -32,14 +32,7 @@ from deploy_lib.profile.overrides import with_overrides
 from deploy_lib.remote import OutputLine, Put, Step, StepResult
 from deploy_lib.tune import Request, TuneReport, show
 
-BASE = PROJECT.profile("glm5-nvfp4")
-FOUR_CAPS = ("memory.max_running_requests=64,256,1024,512",)
 CAP = "memory.max_running_requests="
-
-
-def replica(name: str) -> Any:
-    found = target()
-    return replace(found, host=found.host.model_copy(update={"name": name}))
 
 
 def group(hosts: dict[str, SweepHost]) -> tuple[Scope, Reach]:

@@ -16,7 +16,7 @@ import pytest
 from helpers.browser import REPORT_AREAS, REPORT_CHARTS, SWEEP_AREAS, SWEEP_CHARTS, assert_page_drawn
 from helpers.recording_progress import RecordingProgress
 from helpers.rig import Rig
-from test_tune_sandbox import tune_lines
+from helpers.tune_sandbox import tune_lines
 
 from deploy_lib.commands.status import list_releases
 from deploy_lib.profile.settings import BenchSettings

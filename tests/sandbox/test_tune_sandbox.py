@@ -19,6 +19,7 @@ from collections.abc import Iterator
 import pytest
 from helpers.recording_progress import RecordingProgress
 from helpers.rig import Rig
+from helpers.tune_sandbox import tune_lines
 from helpers.waits import wait_for
 
 from deploy_lib import tune as tuning
@@ -65,10 +66,6 @@ def sweep(rig: Rig, req: tuning.Request, progress: RecordingProgress | None = No
         report = tuning.tune(loaded, target, remote, progress or RecordingProgress(), req)
     assert isinstance(report, tuning.TuneReport)
     return report
-
-
-def tune_lines(rig: Rig, tune_id: str) -> list[dict[str, object]]:
-    return [h for h in rig.history() if h["event"] == "tune" and h["tune"]["id"] == tune_id]  # type: ignore[index]
 
 
 def objective(row: object) -> float:
