@@ -11,6 +11,7 @@ from bench.figures import Figure, VenvRuns, seconds_figure, table, venv_figures
 from bench.measure import VenvRun
 from bench.peer import POLLED, ratio_figure, readiness_figure
 from bench.staging import model_no_op_figure
+from bench.tune import grid_line
 
 
 def verdict(figure: Figure) -> str:
@@ -58,6 +59,11 @@ def test_a_large_wheel_whose_share_grows_beyond_the_runs_spread_prints_miss(tmp_
 
     assert verdict(share([4.0, 4.1, 4.2])) == "MISS"
     assert verdict(share([2.1, 2.2, 2.3])) == "PASS"
+
+
+def test_a_grid_whose_larger_cap_gains_less_than_its_target_prints_miss() -> None:
+    assert "2.00x (MISS, target >= 3x" in grid_line(1024, {64: 900.0, 1024: 1800.0})
+    assert "4.00x (PASS, target >= 3x" in grid_line(1024, {64: 900.0, 1024: 3600.0})
 
 
 def test_a_target_without_its_verdict_cannot_be_printed() -> None:
