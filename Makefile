@@ -26,7 +26,7 @@ install: $(VENV)/.installed
 
 # pyinfra, the peer bench/peer.py runs beside ours (a program of its own, through a subprocess), in an environment of
 # its own: it caps paramiko below 5, and the suite runs against the paramiko a user's `pip install` gets
-$(BENCH_VENV)/.installed: bench/requirements.txt
+$(BENCH_VENV)/.installed: bench/requirements.txt | $(VENV)/.installed  # after it: python3-venv is ensured there
 	python3 -m venv $(BENCH_VENV)
 	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
 	$(BENCH_VENV)/bin/python -m pip install -q -r bench/requirements.txt
