@@ -5,6 +5,7 @@
 # make bench: print the performance figures (no timed assertions anywhere in tests)
 SHELL := /bin/bash
 VENV  ?= .venv
+BENCH_VENV := .venv-bench
 PY    := $(VENV)/bin/python
 # Test modules run in parallel, each whole on one worker (its module-scoped guest with it); the sandbox tests mostly
 # wait on guests, so more workers than cores pay off. --durations=10 prints the slowest ten.
@@ -12,7 +13,7 @@ TEST_WORKERS ?= 4
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10
 export SGLANG_DEPLOY_CACHE ?= /var/tmp/sglang-deploy-cache
 
-.PHONY: test test-fast demo demo-fleet bench lint install host-deps clean
+.PHONY: test test-fast demo demo-fleet bench lint install bench-venv host-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	@python3 -m venv --help >/dev/null 2>&1 || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv; }
@@ -23,10 +24,15 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# the bench extra (pyinfra, the peer bench/peer.py measures beside ours); `test` includes it, a venv made before not
-$(VENV)/.bench-installed: $(VENV)/.installed
-	$(PY) -m pip install -q -e '.[bench]'
+# pyinfra, the peer bench/peer.py runs beside ours (a program of its own, through a subprocess), in an environment of
+# its own: it caps paramiko below 5, and the suite runs against the paramiko a user's `pip install` gets
+$(BENCH_VENV)/.installed: bench/requirements.txt | $(VENV)/.installed  # after it: python3-venv is ensured there
+	python3 -m venv $(BENCH_VENV)
+	$(BENCH_VENV)/bin/python -m pip install -q --upgrade pip
+	$(BENCH_VENV)/bin/python -m pip install -q -r bench/requirements.txt
 	touch $@
+
+bench-venv: $(BENCH_VENV)/.installed
 
 host-deps:
 	bash sandbox/testhost.sh deps-if-missing
@@ -36,7 +42,8 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
-test: install host-deps lint
+# the sandbox's quick run of bench.run runs the peer (tests/sandbox/test_bench_modules_sandbox.py)
+test: install bench-venv host-deps lint
 	$(PYTEST)
 
 test-fast: install lint
@@ -48,7 +55,7 @@ demo: install host-deps
 demo-fleet: install host-deps
 	$(VENV)/bin/invoke demo-fleet
 
-bench: install $(VENV)/.bench-installed host-deps
+bench: install bench-venv host-deps
 	$(PY) -m bench.run
 	$(PY) -m bench.fleet
 	$(PY) -m bench.router
@@ -56,4 +63,4 @@ bench: install $(VENV)/.bench-installed host-deps
 	$(PY) -m bench.tune_group
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(BENCH_VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -1,8 +1,8 @@
-"""A peer measured in the same run (issue 30): pyinfra (PyPI, the `bench` extra) doing the job `invoke deploy` does on
-the same guest, with the unit, env file and launcher text deploy_lib renders for the same profile, run by
-bench/peer_deploy.py. bench/run.py interleaves its runs with ours (ours, theirs, ours, ...), so a change of the
-shared machine's load hits both; the figures it judges are ratios. Also the floor of a no-op on the same guest: one
-interpreter start (`python3 -c pass`) plus one SSH handshake and round trip (`ssh host true`).
+"""A peer measured in the same run (issue 30): pyinfra (PyPI, in .venv-bench: bench/requirements.txt) doing the job
+`invoke deploy` does on the same guest, with the unit, env file and launcher text deploy_lib renders for the same
+profile, run by bench/peer_deploy.py. bench/run.py interleaves its runs with ours (ours, theirs, ours, ...), so a
+change of the shared machine's load hits both; the figures it judges are ratios. Also the floor of a no-op on the
+same guest: one interpreter start (`python3 -c pass`) plus one SSH handshake and round trip (`ssh host true`).
 
 The peer's server is its own unit (`sglang-peer`, port 8001, its files under /etc/systemd/system and
 /opt/sglang-peer), so it neither sees nor disturbs ours.
@@ -32,11 +32,21 @@ from deploy_lib.store import ENV_FILE, LAUNCHER_FILE
 SERVICE = "sglang-peer"
 PORT = 8001
 DEPLOY_FILE = REPO / "bench" / "peer_deploy.py"
-PYINFRA = Path(sys.executable).with_name("pyinfra")
+PYINFRA = REPO / ".venv-bench" / "bin" / "pyinfra"  # its own environment (Makefile: why)
 POLL_S = 0.1  # the wait's poll interval, as a pyinfra user writes `until curl ...; do sleep 0.1; done`
-WAIT = (f"timeout 600 sh -c 'until curl -sf -o /dev/null http://127.0.0.1:{PORT}/health_generate; "
-        f"do sleep {POLL_S:g}; done'")
-WAIT_OP = "wait for readiness"
+# What a pyinfra user polls, both shown: SGLang's `/health`, which the simulator answers without generating (SGLang's
+# with generation off), and `/health_generate`, a 1-token generation looked for once a second (SGLang's `/health` by
+# default). Each its own operation, in this order, so each success line is the instant that endpoint was noticed.
+POLLED = ("/health", "/health_generate")
+
+
+def wait_op(endpoint: str) -> str:
+    return f"wait for {endpoint}"
+
+
+def wait_command(endpoint: str) -> str:
+    return (f"timeout 600 sh -c 'until curl -sf -o /dev/null http://127.0.0.1:{PORT}{endpoint}; "
+            f"do sleep {POLL_S:g}; done'")
 
 
 def profile_name(run: int | str) -> str:
@@ -64,7 +74,8 @@ class PeerNoOp:
 class PeerChanged:
     total_s: float
     server_start_s: float  # restart instant -> "fired up" (the journal's clock), as ours
-    ready_noticed_s: float  # "fired up" -> pyinfra printed the wait's success (stamped here, unbuffered output)
+    # per endpoint polled: "fired up" -> pyinfra printed its wait's success (stamped here, unbuffered output)
+    ready_noticed_s: dict[str, float]
 
     @property
     def overhead_s(self) -> float:
@@ -76,7 +87,7 @@ class Peer:
 
     def __init__(self, rig: Rig, ours: Release, work: Path) -> None:
         if not PYINFRA.exists():
-            raise SystemExit(f"bench: {PYINFRA} not found: `make bench` installs it (pip install -e '.[bench]')")
+            raise SystemExit(f"bench: {PYINFRA} not found: `make bench` installs it (make bench-venv)")
         self.rig, self.ours, self.work = rig, ours, work
         self.journal = Journal(rig.guest, unit=f"{SERVICE}.service")
         work.mkdir(parents=True, exist_ok=True)
@@ -102,7 +113,7 @@ class Peer:
         data = {"ssh_user": guest.ssh_argv()[-1].split("@")[0], "ssh_key": str(guest.key),
                 "ssh_known_hosts_file": str(guest.known_hosts), "ssh_strict_host_key_checking": "yes",
                 "peer": {"files": [(str(local), dest, mode) for local, dest, mode, _ in files], "service": SERVICE,
-                         "wait": WAIT}}
+                         "waits": [(wait_op(endpoint), wait_command(endpoint)) for endpoint in POLLED]}}
         self.inventory.write_text(f"hosts = [({guest.guest_ip!r}, {data!r})]\n")
 
     def _run(self) -> tuple[float, float, list[tuple[float, str]]]:
@@ -141,10 +152,15 @@ class Peer:
         entries = self.journal.since(cursor)
         restarted = restart_instant(entries, started)
         ready = ready_instant(entries, restarted)
-        waiting = next(index for index, (_, line) in enumerate(lines) if "Starting operation" in line
-                       and WAIT_OP in line)
-        noticed = next(at for at, line in lines[waiting + 1:] if "Success" in line)
-        return PeerChanged(seconds, ready - restarted, noticed - ready)
+        return PeerChanged(seconds, ready - restarted,
+                           {endpoint: noticed_at(lines, wait_op(endpoint)) - ready for endpoint in POLLED})
+
+
+def noticed_at(lines: Sequence[tuple[float, str]], operation: str) -> float:
+    """When pyinfra printed the success that follows the start of `operation` (its output lines, stamped)."""
+    started = next(index for index, (_, line) in enumerate(lines) if "Starting operation" in line
+                   and operation in line)
+    return next(at for at, line in lines[started + 1:] if "Success" in line)
 
 
 @dataclass(frozen=True)
@@ -184,8 +200,7 @@ def ahead_figure(name: str, ours: Sequence[float], theirs: Sequence[float]) -> F
 
 def peer_figures(processes: Sequence[ProcessRun], peer_no_ops: Sequence[PeerNoOp], floors: Sequence[FloorRun],
                  changed: Sequence[ChangedRun], peer_changed: Sequence[PeerChanged]) -> list[Figure]:
-    noticed, peer_noticed = _median([r.ready_noticed_s for r in changed]), _median([r.ready_noticed_s
-                                                                                    for r in peer_changed])
+    noticed = _median([r.ready_noticed_s for r in changed])
     no_op = _median([run.seconds for run in processes])
     return [
         ahead_figure("peer: no-op whole process (ours | pyinfra | ratio)", [run.seconds for run in processes],
@@ -202,8 +217,14 @@ def peer_figures(processes: Sequence[ProcessRun], peer_no_ops: Sequence[PeerNoOp
                      [run.tool_s - run.grace_s for run in changed], [run.overhead_s for run in peer_changed], 2.0),
         ratio_figure("  server's own start (restart -> fired up), context", [run.server_start_s for run in changed],
                      [run.server_start_s for run in peer_changed], None),
-        Figure("peer: readiness noticed after fired up (ours | pyinfra)",
-               f"{noticed:.2f} s | pyinfra {peer_noticed:.2f} s (a poll every {POLL_S:g} s of /health_generate, "
-               "which generates 1 token and looks for it once a second)",
-               len(changed), "<= pyinfra's", noticed <= peer_noticed),
+        *(readiness_figure(endpoint, noticed, [run.ready_noticed_s[endpoint] for run in peer_changed])
+          for endpoint in POLLED),
     ]
+
+
+def readiness_figure(endpoint: str, ours: float, theirs: Sequence[float]) -> Figure:
+    """Readiness noticed after "fired up": ours (up to a generation of the ladder's) against pyinfra polling
+    `endpoint`; judged: ours no later."""
+    return Figure(f"peer: readiness noticed after fired up (ours | pyinfra polling {endpoint})",
+                  f"{ours:.2f} s | pyinfra {_median(theirs):.2f} s (a poll every {POLL_S:g} s)", len(theirs),
+                  "<= pyinfra's", ours <= _median(theirs))

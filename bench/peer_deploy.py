@@ -16,4 +16,5 @@ unit = puts[0]
 systemd.daemon_reload(name="daemon-reload", _sudo=True, _if=unit.did_change)
 systemd.service(name="restart", service=peer["service"], running=True, restarted=True, enabled=True, _sudo=True,
                 _if=any_changed(*puts))
-server.shell(name="wait for readiness", commands=[peer["wait"]], _sudo=True, _if=any_changed(*puts))
+for name, command in peer["waits"]:
+    server.shell(name=name, commands=[command], _sudo=True, _if=any_changed(*puts))

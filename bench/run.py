@@ -41,8 +41,6 @@ from bench.staging import MODEL_SHARD_VALUES, OTHER_FLASHINFER, QUICK_SHARD_VALU
 from bench.timeline import say
 from sandbox import manage, wheelhouse
 
-ANSIBLE = "Ansible, for comparison: ~1 s per task, > 4 s for a four-task play on one host."
-
 
 def measure_deploys(rig: Rig, runs: int, peer_work: Path | None) -> list[Figure]:
     """Our deploy figures; with `peer_work`, pyinfra's beside them (its files there), each of its runs right after
@@ -140,7 +138,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     load = " / ".join(f"{value:.1f}" for value in os.getloadavg())
     say(f"\nmake bench on the sandbox guest ({time.time() - started:.0f} s in all; load average now {load})\n")
     say(table(figures))
-    say(f"\n{ANSIBLE}")
     return 0
 
 

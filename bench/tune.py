@@ -7,7 +7,9 @@ A sweep (deploy_lib.tune, as `invoke tune` runs it) over `memory.max_running_req
 and the unit's journal: the candidate's whole time (its progress phase to the next one, or to the sweep's return),
 the server's start (restart -> "fired up"), the benchmark (its progress phase), the ladder's grace window (a policy's
 wait, 2 s of watching a Ready server, as every deploy's), and the rest: the tool's own overhead (stage, switch,
-restart sent, readiness noticed, history). Target: the overhead without the grace window <= 1 s. `--timeline`
+restart sent, readiness noticed, history). Target: the overhead without the grace window <= 1 s. Then, on a guest of
+its own, the grid's throughput: caps 64 and 1,024 at concurrency 1,024 on the sandbox profile's own benchmark
+(`--quick`: the small one, which only checks that it runs). Target: >= 3x. `--timeline`
 prints each candidate's round trips (their first step's name, their count of steps) and progress phases in order,
 with the time between them spent on this side.
 
@@ -22,11 +24,12 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from bench.measure import make_rig
+from bench.measure import Rig, make_rig
 from bench.run import guest_for_bench
 from bench.timeline import StampedProgress, StampedRemote, ready_instant, restart_instant, say
 from deploy_lib import tune as tuning
@@ -34,7 +37,8 @@ from deploy_lib.bundled import ROLES_DIR
 from deploy_lib.deploy import Options
 from deploy_lib.deploy import deploy as deploy_release
 from deploy_lib.patches import list_patch_sets
-from deploy_lib.project import load_for_host
+from deploy_lib.profile import LoadedProfile
+from deploy_lib.project import Target, load_for_host
 from deploy_lib.remote import FabricRemote, OutputLine, Put, Step, StepResult
 from sandbox import manage, wheelhouse
 
@@ -45,6 +49,12 @@ PROFILE_TEXT = ("extends: glm5-nvfp4-sandbox\nbench:\n  prompts: 64\n  input_len
 LADDER = [64]  # one level of the sweep's ladder (its default climbs several)
 CAPS = (256, 512, 1024, 128)  # max_running_requests of the candidates (the base serves 64)
 OVERHEAD_S = 1.0
+# The grid's throughput (moved here from tests/sandbox/test_tune_sandbox.py: a figure, not an assertion): caps 64 and
+# 1,024 at concurrency 1,024 on the sandbox profile's own benchmark (1,024 prompts of 32 -> 32 tokens). The simulator's
+# curve gives 4.25x; the benchmark client, one process on a loaded machine, costs the cap of 1,024 a little.
+GRID_CAPS = (64, 1024)
+GRID_LADDER = [1024]
+GRID_LEAST = 3.0
 SLOW_STEP_S = 0.03  # a step the timeline names
 
 
@@ -108,21 +118,54 @@ def timeline(progress: StampedProgress, remote: TimedRemote, start: float, end: 
     return tuple(lines)
 
 
-def measure(candidates: int) -> tuple[list[CandidateRun], float]:
-    """One sweep of `candidates` candidates on a guest of its own: each candidate's figures, and the sweep's wall."""
+@contextmanager
+def serving_rig(profile_text: str) -> Iterator[tuple[Rig, LoadedProfile, Target]]:
+    """A guest of its own serving `profile_text` as PROFILE (its gate skipped: a sweep measures it as its base)."""
     with guest_for_bench(None) as guest, tempfile.TemporaryDirectory(prefix="sglang-bench-tune-") as work:
         house = wheelhouse.prepare()
         if not manage.guest_venv_is(guest, house):
             manage.build_guest_venv(guest, house)
         rig = make_rig(guest, Path(work), 0)
-        (rig.project.root / "inventory" / "profiles" / f"{PROFILE}.yaml").write_text(
-            PROFILE_TEXT + "memory:\n  max_running_requests: 64\n")
+        (rig.project.root / "inventory" / "profiles" / f"{PROFILE}.yaml").write_text(profile_text)
         loaded, target = load_for_host(rig.project, PROFILE, rig.inventory, None)
         with FabricRemote(target.ssh) as remote:
             deploy_release(loaded, target, remote, StampedProgress(), Options(skip_gate=True))
-        caps = ",".join(map(str, CAPS[:candidates]))
-        spec, sources = tuning.sweep_spec(None, [f"memory.max_running_requests={caps}"], {"ladder": LADDER})
-        request = tuning.Request(spec, sources, tuple(list_patch_sets(ROLES_DIR)))
+        yield rig, loaded, target
+
+
+def sweep_request(caps: Sequence[int], ladder: list[int]) -> tuning.Request:
+    spec, sources = tuning.sweep_spec(None, [f"memory.max_running_requests={','.join(map(str, caps))}"],
+                                      {"ladder": ladder})
+    return tuning.Request(spec, sources, tuple(list_patch_sets(ROLES_DIR)))
+
+
+def measure_grid(quick: bool) -> tuple[int, dict[int, float]]:
+    """The grid's level and objective (output tok/s) per cap; `quick`: the small benchmark, which only checks that it
+    runs."""
+    base = PROFILE_TEXT if quick else "extends: glm5-nvfp4-sandbox\n"
+    ladder = LADDER if quick else GRID_LADDER
+    with serving_rig(base + "memory:\n  max_running_requests: 64\n") as (_rig, loaded, target), \
+            FabricRemote(target.ssh) as remote:
+        report = tuning.tune(loaded, target, remote, StampedProgress(), sweep_request(GRID_CAPS, ladder))
+    assert isinstance(report, tuning.TuneReport) and report.finished, report
+    rows = {row.label: row for row in report.rows}
+    return ladder[0], {cap: statistics.fmean(row.values) if row.values else 0.0
+                       for cap in GRID_CAPS for row in [rows[f"memory.max_running_requests={cap}"]]}
+
+
+def grid_line(level: int, objective: dict[int, float]) -> str:
+    low, high = (objective[cap] for cap in GRID_CAPS)
+    ratio = high / low if low > 0 else float("inf")
+    verdict = "PASS" if ratio >= GRID_LEAST else "MISS"
+    return (f"the grid at concurrency {level:,}: cap {GRID_CAPS[1]:,} {high:,.0f} tok/s, cap {GRID_CAPS[0]} "
+            f"{low:,.0f} tok/s: {ratio:.2f}x ({verdict}, target >= {GRID_LEAST:g}x at {GRID_LADDER[0]:,}; the "
+            "simulator's curve: 4.25x)")
+
+
+def measure(candidates: int) -> tuple[list[CandidateRun], float]:
+    """One sweep of `candidates` candidates on a guest of its own: each candidate's figures, and the sweep's wall."""
+    with serving_rig(PROFILE_TEXT + "memory:\n  max_running_requests: 64\n") as (rig, loaded, target):
+        request = sweep_request(CAPS[:candidates], LADDER)
         progress, cursor = StampedProgress(), rig.journal.cursor()
         started = time.time()
         stamped = TimedRemote(FabricRemote(target.ssh))
@@ -184,6 +227,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         say(f"\n{run.label}:")
         for line in run.timeline:
             say(f"  {line}")
+    say(f"\n{grid_line(*measure_grid(options.quick))}")
     return 0
 
 

@@ -1,7 +1,7 @@
 """What the tool knows about SGLang releases, in one place: the module a maintainer edits when SGLang ships one.
 
 Every row cites the wheels it was read from. tests/test_versions.py checks each row against the real sglang
-wheels of KNOWN_SGLANG (tests/wheelcache.py downloads them once), and tests/test_server_args.py renders the
+wheels of KNOWN_SGLANG (tests/helpers/wheelcache.py downloads them once), and tests/test_server_args.py renders the
 reference profiles for each of them and parses the result with that version's own argument parser.
 
 When SGLang ships a release: add it to KNOWN_SGLANG, run `pytest -m wheels tests/test_versions.py

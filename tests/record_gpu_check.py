@@ -1,8 +1,8 @@
 """Re-record tests/data/p2p/<machine>-<date>/gpu-check-run.json: gpu-check's steps for a one-GPU host, run on one.
 
-Part 1, here (the project's venv): gpu-check runs through the test's own fake-remote route
-(test_gpu_check_p2p_wiring.one_gpu_gpu_check), so the steps are the ones the code sends today, and this prints a
-shell command that runs them on the machine:
+Part 1, here (the project's venv): gpu-check runs through the tests' own fake-remote route
+(tests/helpers/gpu_check_p2p_wiring.py, one_gpu_gpu_check), so the steps are the ones the code sends today, and this
+prints a shell command that runs them on the machine:
 
     .venv/bin/python tests/record_gpu_check.py [--answers tests/data/p2p/<older>/gpu-check-run.json]
 
@@ -92,7 +92,7 @@ def record(plan: dict[str, Any]) -> dict[str, Any]:
 
 def plan(answers: list[dict[str, Any]]) -> dict[str, Any]:
     """Part 1: the steps gpu-check sends a one-GPU host, through the test's fake-remote route."""
-    from test_gpu_check_p2p_wiring import TOPO_DUMP, one_gpu_gpu_check, sent_steps
+    from helpers.gpu_check_p2p_wiring import TOPO_DUMP, one_gpu_gpu_check, sent_steps
 
     from deploy_lib.gpu_check.allreduce import SCRIPT_SOURCE
 
@@ -131,6 +131,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(Path(__file__).resolve().parent))  # the test modules, as pytest's pythonpath has them
+    sys.path.insert(0, str(Path(__file__).resolve().parent))  # the test helpers, as pytest's pythonpath has them
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     main()

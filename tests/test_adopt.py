@@ -5,13 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from fake_remote import FakeRemote
-from test_deploy_plan import NOW, deployed, facts, first_plan, target
+from helpers.adopt import HAND_0523, HAND_ENV, PROFILES, TOKEN, hand
+from helpers.deploy_plan import NOW, deployed, facts, first_plan, target
+from helpers.fake_remote import FakeRemote
 
 from deploy_lib.commands.adopt import STEP_UNIT, read_process, read_unit
 from deploy_lib.deploy import hand_run_check, hand_run_pid, plan_deploy, preflight
@@ -22,7 +22,6 @@ from deploy_lib.facts.hand_process import (
     STEP_ENVIRON,
     STEP_EXISTS,
     STEP_USER,
-    HandProcess,
     adopt_profile,
     choose_venv,
     interpreter_candidates,
@@ -31,44 +30,13 @@ from deploy_lib.facts.hand_process import (
     split_launch,
 )
 from deploy_lib.facts.host import UnitFacts
-from deploy_lib.host_scripts.sglang_options import extract
 from deploy_lib.profile import Profile, load_profile
 from deploy_lib.release.argv_check import check_argv
 from deploy_lib.release.server_args import sglang_args
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.store import ReleaseRecord
 
-pytest_plugins = ("wheelcache",)
-PROFILES = Path(__file__).resolve().parent.parent / "inventory" / "profiles"
-TOKEN = "hf_s3cr3t-value"
-# Our reference user's launch (README: the reference profile is that command), as typed in an activated venv.
-HAND_0523 = (
-    "python -m sglang.launch_server --model lukealonso/GLM-5-NVFP4 --served-model-name glm-5 "
-    "--reasoning-parser glm45 --tool-call-parser glm47 --trust-remote-code --tp 8 --mem-fraction-static 0.92 "
-    "--max-running-requests 1024 --kv-cache-dtype auto --quantization modelopt_fp4 --attention-backend flashinfer "
-    "--fp8-gemm-backend cutlass --dsa-decode-backend trtllm --dsa-prefill-backend trtllm "
-    "--moe-runner-backend flashinfer_cutlass --disable-cuda-graph --disable-radix-cache --host 0.0.0.0 --port 8000"
-).split()
-HAND_ENV = {
-    "NCCL_IB_DISABLE": "1", "NCCL_P2P_LEVEL": "5", "NCCL_MIN_NCHANNELS": "8", "PYTHONUNBUFFERED": "1",
-    "OMP_NUM_THREADS": "8", "SAFETENSORS_FAST_GPU": "1", "CUDA_HOME": "/usr/local/cuda-12.8", "HF_TOKEN": TOKEN,
-    "VIRTUAL_ENV": "/root/ml-env", "PATH": "/root/ml-env/bin:/usr/local/bin:/usr/bin:/bin", "HOME": "/root",
-    "SHELL": "/bin/bash", "SSH_CONNECTION": "192.0.2.1 5000 192.0.2.10 22", "PWD": "/root", "TERM": "xterm",
-}
-
-
-@pytest.fixture(scope="module")
-def options(sglang_source: Callable[[str], Path]) -> Callable[[str], dict[str, Any]]:
-    cache: dict[str, dict[str, Any]] = {}
-
-    def get(version: str) -> dict[str, Any]:
-        cache.setdefault(version, extract(sglang_source(version))["options"])
-        return cache[version]
-    return get
-
-
-def hand(argv: list[str], environ: dict[str, str] | None = None) -> HandProcess:
-    return HandProcess(4242, tuple(argv), environ if environ is not None else HAND_ENV, "/root", "root")
+pytest_plugins = ("helpers.wheelcache",)
 
 
 def adopted(version: str, argv: list[str], options: Callable[[str], dict[str, Any]],

@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_remote import FakeRemote
-from test_adopt import HAND_0523, HAND_ENV, PROFILES, hand, options  # noqa: F401 (options: the wheel's parser)
+from helpers.adopt import HAND_0523, PROFILES, hand
+from helpers.fake_remote import FakeRemote
 
 from deploy_lib.commands.adopt import _config_merged
 from deploy_lib.errors import PreflightError
@@ -21,7 +21,7 @@ from deploy_lib.facts.sglang_config import STEP_CONFIG, config_arguments, config
 from deploy_lib.profile import load_profile
 from deploy_lib.release.server_args import sglang_args
 
-pytest_plugins = ("wheelcache",)
+pytest_plugins = ("helpers.wheelcache",)
 # The reference launch split as SGLang's docs show it: most options in the file, a few on the command line; the
 # file's tp-size 4 is overridden by `--tp 8` on the command line (command-line flags win).
 SERVER_YAML = """\
@@ -68,7 +68,7 @@ def upstream_merger(sglang_source: Callable[[str], Path], version: str, records:
 @pytest.mark.parametrize("text", [SERVER_YAML, "tp_size: 2\nenable_metrics: true\nlora-paths: [a, b]\n"
                                                "json-model-override-args: {x: 1}\nchunked-prefill-size: null\n"
                                                "trust-remote-code: false\n", ""])
-def test_the_files_arguments_are_those_sglangs_own_merger_makes(options, sglang_source, text: str) -> None:  # noqa: F811
+def test_the_files_arguments_are_those_sglangs_own_merger_makes(options, sglang_source, text: str) -> None:
     """Input tried: the reference launch as a file; keys with `_`, a list, a mapping, a null and false switches;
     an empty file."""
     import yaml
@@ -78,7 +78,7 @@ def test_the_files_arguments_are_those_sglangs_own_merger_makes(options, sglang_
 
 
 @pytest.mark.wheels
-def test_a_server_started_from_a_config_file_is_adopted_as_one_started_with_flags(options) -> None:  # noqa: F811
+def test_a_server_started_from_a_config_file_is_adopted_as_one_started_with_flags(options) -> None:
     """Input tried: `python -m sglang.launch_server --config configs/server.yaml --tp 8 ...` run from /root, the
     file giving tp-size 4 (failed before: the file was not read, the profile had only the command line's flags)."""
     remote = FakeRemote().reply(("cat", "--", CONFIG_ON_HOST), stdout=SERVER_YAML)

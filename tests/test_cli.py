@@ -13,6 +13,7 @@ from importlib.metadata import version as package_version
 from pathlib import Path, PurePosixPath
 
 import pytest
+from helpers.cli import REPO, invoke
 from invoke import Collection
 from rich.console import Console
 
@@ -23,15 +24,6 @@ from deploy_lib.deploy import Outcome
 from deploy_lib.hooks import HookContext, HookEvent, hook_environment
 from deploy_lib.outcomes import Action
 from deploy_lib.remote import MASK, Put, Step, StepResult
-
-REPO = Path(__file__).resolve().parent.parent
-
-
-def invoke(*argv: str, cwd: Path = REPO, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    """`invoke ARGV` as a user types it, in cwd (the project root unless a test says otherwise)."""
-    environ = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEPLOY_INVENTORY", "HF_TOKEN")} | (env or {})
-    return subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *argv], cwd=cwd,
-                          capture_output=True, text=True, env=environ, timeout=120)
 
 
 def all_tasks(collection: Collection = tasks.ns, prefix: str = "") -> Iterator[tuple[str, Task]]:
@@ -242,9 +234,9 @@ def test_patch_without_one_action_is_a_sentence_and_exit_2(task: list[str]) -> N
 def test_the_whole_no_op_deploy_renders_neither_the_unit_nor_the_env_file(monkeypatch: pytest.MonkeyPatch) -> None:
     """The deploy engine's no-op (facts, plan, preflight, the live probe: its one round trip) against a scripted host
     that serves the profile's release; a render would raise."""
-    from recording_progress import RecordingProgress
-    from test_deploy_plan import PROJECT, target
-    from test_deploy_trips import serving_the_profile
+    from helpers.deploy_plan import PROJECT, target
+    from helpers.deploy_trips import serving_the_profile
+    from helpers.recording_progress import RecordingProgress
 
     import deploy_lib.release.model
     from deploy_lib.deploy import Options, deploy

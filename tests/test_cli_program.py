@@ -8,8 +8,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers.cli import REPO, invoke
 from invoke.util import Lexicon
-from test_cli import REPO, invoke
 
 from deploy_cli.collection import user_tasks
 from deploy_cli.program import NAME, PIPE_CLOSED, DeployProgram, OneTaskExecutor, with_operand

@@ -7,18 +7,15 @@ from __future__ import annotations
 import io
 import json
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
-from fake_remote import FakeRemote
+from helpers.crashes import EVENTS, GAVE_UP, LOOP_GAVE_UP, crash_loop_status, diagnosed, unit
+from helpers.fake_remote import FakeRemote
 from rich.console import Console
 
 from deploy_cli import present as ui
 from deploy_cli import reports
-from deploy_lib.commands.status import StatusReport
 from deploy_lib.facts.crashes import (
-    Crash,
-    CrashReport,
     crash_loop_advice,
     diagnosis_step,
     parse_crashes,
@@ -26,8 +23,6 @@ from deploy_lib.facts.crashes import (
     record_crashes,
     unit_crashed,
 )
-from deploy_lib.facts.diagnose import Diagnosis
-from deploy_lib.facts.host import UnitFacts
 from deploy_lib.store import (
     FAILED,
     HEALTHY,
@@ -41,20 +36,10 @@ from deploy_lib.store import (
     parse_history,
 )
 
-EVENTS = (Path(__file__).parent / "data" / "journal" / "crash-events-252.jsonl").read_text().splitlines()
-LOOP_GAVE_UP = "\n".join(EVENTS[:27])       # first loop: 4 crashes, the 4th restart refused
 FIRST_CRASH_PENDING = "\n".join(EVENTS[:7])  # first crash, systemd waiting RestartSec before the restart
 ALL = "\n".join(EVENTS)                      # ... then the SIGKILL, restarted and running again
 LAYOUT = StoreLayout("sglang")
 ILLEGAL_ACCESS = "torch.AcceleratorError: CUDA error: an illegal memory access was encountered"
-
-
-def unit(active: str, sub: str, restarts: int, result: str = "success") -> UnitFacts:
-    return UnitFacts(active_state=active, sub_state=sub, main_pid=0, n_restarts=restarts, load_state="loaded",
-                     result=result)
-
-
-GAVE_UP = unit("failed", "failed", 4, "exit-code")  # what systemd 252 shows after the start limit refused
 
 
 def test_a_crash_loop_that_hit_the_start_limit_is_four_crashes_and_three_restarts() -> None:
@@ -109,12 +94,6 @@ def test_each_crash_is_diagnosed_from_the_lines_of_its_own_start() -> None:
     assert "-r" in step.argv and step.sudo
 
 
-def diagnosed(report: CrashReport) -> CrashReport:
-    cause = Diagnosis("cuda_runtime_error", "a CUDA kernel failed", "h", ())
-    return CrashReport(report.restarts, tuple(Crash(c.at_us, c.started_us, c.result, c.exit, c.restarted, cause)
-                                              for c in report.crashes), report.gave_up, report.down)
-
-
 TAGS = Tags(who="ops@laptop", host="th1", release="r2", profile="glm5-nvfp4", profile_hash="h",
             versions={"sglang": "0.5.23"})
 WHEN = datetime(2026, 11, 30, 3, 0, tzinfo=UTC)
@@ -164,14 +143,6 @@ def test_a_crash_loop_names_the_rollback_and_its_target() -> None:
     assert "no earlier healthy release" in str(crash_loop_advice(report, alone))
     running = parse_crashes(ALL, unit("active", "running", 1))
     assert crash_loop_advice(running, store) is None
-
-
-def crash_loop_status() -> StatusReport:
-    report = diagnosed(parse_crashes(LOOP_GAVE_UP, GAVE_UP))
-    return StatusReport(host="th1", service="sglang", current="r2", current_age_s=60.0, metadata={},
-                        unit_state="failed/failed", readiness="port closed", gpus=None, gpu_error="n/a",
-                        lock_holder=None, venv_versions={}, restarts=4, crashes=report,
-                        advice="release r2 is down after 4 crash(es); `invoke rollback` returns to release r1")
 
 
 def test_status_of_a_crash_loop_prints_the_count_the_last_crash_the_verdict_and_the_way_back(

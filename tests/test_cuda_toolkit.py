@@ -11,9 +11,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from fake_remote import FakeRemote
-from recording_progress import RecordingProgress
-from test_deploy_plan import PROJECT, facts, target
+from helpers.deploy_plan import PROJECT, facts, target
+from helpers.fake_remote import FakeRemote
+from helpers.recording_progress import RecordingProgress
 
 from deploy_lib.bundled import ROLES_DIR
 from deploy_lib.commands import patches as on_host
@@ -31,7 +31,7 @@ from deploy_lib.facts.cuda_toolkit import (
 from deploy_lib.patches import find_patch_set
 from deploy_lib.remote import Put, Step, StepResult
 
-pytest_plugins = ("wheelcache",)
+pytest_plugins = ("helpers.wheelcache",)
 
 NOW = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
 # version.json of a CUDA 12.8 Update 1 toolkit and nvcc's banner, as the toolkits ship them
@@ -102,7 +102,7 @@ def run_real_compilation_context(source: Path, toolkit: str, environ: dict[str, 
 @pytest.mark.parametrize("flashinfer", WHEEL_VERSIONS)
 def test_our_rule_agrees_with_the_real_wheels_compilation_context(flashinfer: str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    from wheelcache import unpacked
+    from helpers.wheelcache import unpacked
 
     source = unpacked("flashinfer-python", flashinfer, members=("flashinfer/compilation_context.py",)) \
         / "flashinfer" / "compilation_context.py"

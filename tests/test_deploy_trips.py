@@ -6,11 +6,12 @@ from __future__ import annotations
 import json
 
 import pytest
-from recording_progress import RecordingProgress
-from test_deploy_plan import PROJECT, target
-from test_host_lock import HOLDER
-from test_rollback import LAYOUT, LIVE_PROBE, NOW, READY, ScriptedHost, _tags, a_host, changed_profile
-from test_store import release_entries
+from helpers.deploy_plan import PROJECT, target
+from helpers.deploy_trips import WRITES, serving_the_profile, with_service, writes
+from helpers.host_lock import HOLDER
+from helpers.recording_progress import RecordingProgress
+from helpers.rollback import LAYOUT, LIVE_PROBE, READY, ScriptedHost, _tags, a_host, changed_profile
+from helpers.store_output import release_entries
 
 from deploy_lib import store
 from deploy_lib.deploy import Options, SweepCandidate, deploy
@@ -18,37 +19,7 @@ from deploy_lib.errors import LockHeld, PreflightError
 from deploy_lib.facts import host as host_facts
 from deploy_lib.health import LIVE_UNIT
 from deploy_lib.models import FACT_CACHE
-from deploy_lib.profile import LoadedProfile
 from deploy_lib.remote import Put, Step, round_trips
-from deploy_lib.store import HEALTHY, history_entry
-
-WRITES = ("lock:", "stage:", "switch:", "systemd:", "history:", "put ")
-
-
-def writes(host: ScriptedHost) -> list[str]:
-    return [name for name in host.ran_names() if name.startswith(WRITES)]
-
-
-def serving_the_profile(loaded: LoadedProfile | None = None) -> tuple[ScriptedHost, str]:
-    """A host where the reference profile (or `loaded`) was deployed and verified: its release is current and
-    serving."""
-    host = a_host()
-    outcome = deploy(loaded or PROJECT.profile("glm5-nvfp4"), target(), host, RecordingProgress(), Options(grace_s=0))
-    rid = outcome.release_id
-    assert outcome.action == "deployed" and rid is not None
-    metadata = json.loads(host.file_text(LAYOUT.staging(rid) / store.RELEASE_FILE))
-    files = "".join(f"{LAYOUT.releases}/{r}/release.json\0{json.dumps(m)}\n" for r, m in
-                    (("B", {**metadata, "id": "B"}), (rid, metadata)))
-    history = "".join(history_entry("deploy", HEALTHY, tags, NOW).to_json().decode()
-                      for tags in (_tags("B"), store.Tags.from_dict(metadata["tags"])))
-    sums = "".join(f"{digest}  /x/{name}\n" for name, digest in metadata["files"].items())
-    for name, stdout in ((store.FACT_CURRENT, f"releases/{rid}\n"), (store.FACT_RELEASE_DIRS,
-                         release_entries("B", rid)), (store.FACT_RELEASE_FILES, files),
-                         (store.FACT_HISTORY, history), (host_facts.FACT_FILE_SUMS, sums)):
-        host.reply(name, stdout=stdout)
-    host.batches.clear()
-    host.results.clear()
-    return host, rid
 
 
 def test_a_no_op_deploy_is_one_round_trip_and_writes_nothing_not_even_the_lock() -> None:
@@ -207,12 +178,6 @@ def test_a_lock_taken_by_another_run_between_the_read_and_the_take_is_theirs() -
         deploy(changed_profile(), target(), host, RecordingProgress(), Options(grace_s=0))
     assert "lock: release" not in host.ran_names(), "their lock is left alone"
     assert not any(isinstance(step, Put) and step.dest != LAYOUT.lock_owner for step in host.ran)
-
-
-def with_service(loaded, **changes):  # type: ignore[no-untyped-def]
-    profile = loaded.profile
-    return loaded.model_copy(update={"profile": profile.model_copy(update={
-        "service": profile.service.model_copy(update=changes)})})
 
 
 def test_after_the_ladder_one_round_trip_commits_prunes_and_releases_the_lock() -> None:

@@ -12,7 +12,7 @@ import sys
 from pathlib import Path, PurePosixPath
 
 import pytest
-from wheelcache import wheel_path
+from helpers.wheelcache import wheel_path
 
 from deploy_lib import patches
 from deploy_lib.remote import StepResult

@@ -10,8 +10,8 @@ import threading
 from pathlib import Path
 
 import pytest
-from recording_progress import RecordingProgress
-from test_cli import invoke
+from helpers.cli import invoke
+from helpers.recording_progress import RecordingProgress
 
 from deploy_lib.errors import ConfigError, DeployError, LockHeld, ReadinessFailed, RemoteError, RollbackFailed
 from deploy_lib.inventory import load_inventory

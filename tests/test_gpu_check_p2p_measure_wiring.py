@@ -14,13 +14,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from recording_progress import RecordingProgress
+from helpers.deploy_plan import target
+from helpers.gpu_check_deploy import checked
+from helpers.gpu_check_p2p_reading import DATA
+from helpers.gpu_check_p2p_wiring import INVENTORY, Reached, vm_scope
+from helpers.recording_progress import RecordingProgress
+from helpers.rollback import READY
+from helpers.router import StoppableHost
 from rich.console import Console
-from test_deploy_plan import target
-from test_gpu_check_deploy import checked
-from test_gpu_check_p2p_reading import DATA
-from test_gpu_check_p2p_wiring import INVENTORY, Reached, vm_scope
-from test_router import READY, StoppableHost
 
 from deploy_cli import present, reports
 from deploy_cli.present import jsonable

@@ -9,6 +9,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
+from helpers.fake_remote import FakeRemote
+from helpers.gpu_check_p2p_reading import COMPOSED, DATA, H200_VM, composed_node, h200_vm, read
 
 from deploy_lib.errors import ConfigError, ConnectFailed
 from deploy_lib.gpu_check.p2p.reading import (
@@ -25,43 +27,12 @@ from deploy_lib.gpu_check.topology import parse_topology
 from deploy_lib.inventory import load_inventory
 from deploy_lib.project import resolve_target
 from deploy_lib.remote import Step
-from tests.fake_remote import FakeRemote
 
-DATA = Path(__file__).resolve().parent / "data"
-H200_VM = DATA / "p2p/h200-1gpu-2026-12-01"
-COMPOSED = DATA / "p2p/composed-node"
 INVENTORY = """all:
   hosts:
     vm105: {ansible_host: 192.0.2.10, proxmox_node: pve1, proxmox_vmid: 105}
     pve1: {ansible_host: 192.0.2.2}
 """
-
-
-def read(path: Path) -> str:
-    return path.read_text()
-
-
-def h200_vm(remote: FakeRemote | None = None) -> FakeRemote:
-    """`remote` (default: a new one) answering the VM-side batch as the lent H200 VM did."""
-    remote = FakeRemote() if remote is None else remote
-    remote.reply("p2p: systemd-detect-virt", exit_code=127, stderr="bash: systemd-detect-virt: command not found")
-    remote.reply("p2p: dmi", exit_code=1, stderr=read(H200_VM / "dmi-ls.txt"))
-    remote.reply("p2p: cpuinfo hypervisor", stdout="16\n")
-    remote.reply("p2p: cmdline", stdout=read(H200_VM / "proc-cmdline.txt"))
-    remote.reply("p2p: kernel log", stdout=read(H200_VM / "dmesg-hypervisor-lines.txt"))
-    remote.reply("p2p: links", stdout=read(H200_VM / "nvidia-smi-query.csv"))
-    remote.reply("p2p: NCCL topology dump", stdout=read(H200_VM / "nccl-topo-dump.xml"))
-    return remote
-
-
-def composed_node() -> FakeRemote:
-    remote = FakeRemote("root@pve1:22")
-    remote.reply("node: cmdline", stdout=read(COMPOSED / "proc-cmdline.txt"))
-    remote.reply("node: iommu groups", stdout=read(COMPOSED / "iommu-groups-find.txt"))
-    remote.reply("node: lspci -t", stdout=read(COMPOSED / "lspci-t.txt"))
-    remote.reply("node: lspci -vvv", stdout=read(COMPOSED / "lspci-vvv.txt"))
-    remote.reply("node: qm config", stdout=read(COMPOSED / "qm-config-no-clique.conf"))
-    return remote
 
 
 def test_the_h200_vm_batch_reports_the_vm_its_link_and_nccls_width_0():

@@ -8,73 +8,26 @@ from __future__ import annotations
 
 import hashlib
 import json
-from contextlib import nullcontext
 from pathlib import Path
-from typing import Any
 
 import pytest
-from fake_remote import FakeRemote
-from recording_progress import RecordingProgress
+from helpers.gpu_check_p2p_reading import DATA
+from helpers.gpu_check_p2p_wiring import (
+    INVENTORY,
+    TOPO_DUMP,
+    Reached,
+    one_gpu_gpu_check,
+    sent_steps,
+    vm_scope,
+)
 from rich.console import Console
-from test_gpu_check_p2p_reading import COMPOSED, DATA, composed_node, h200_vm
-from test_ops import installed
 
 from deploy_cli import present, reports
 from deploy_cli.present import jsonable
-from deploy_lib.commands.gpu_check import parse_sizes
-from deploy_lib.errors import ConfigError, ConnectFailed
-from deploy_lib.facts import host as host_facts
-from deploy_lib.gpu_check import GpuCheckReport
+from deploy_lib.errors import ConfigError
 from deploy_lib.gpu_check.p2p.verdict import Cause
-from deploy_lib.inventory import load_inventory
 from deploy_lib.ops import commands
-from deploy_lib.ops.scope import Reach, Scope, select
 from deploy_lib.remote import Step
-
-H200X2 = DATA / "gpu_check/h200x2-2026-11-30"
-INVENTORY = """all:
-  hosts:
-    vm105: {ansible_host: 192.0.2.10, proxmox_node: pve1, proxmox_vmid: 105}
-    pve1: {ansible_host: 192.0.2.2}
-"""
-TOPO_DUMP = "/opt/sglang-deploy/sglang/gpu-check-nccl-topo.xml"
-
-
-def vm105() -> FakeRemote:
-    """Release r1 (TP 2, NCCL_P2P_DISABLE=1) installed and stopped; two GPUs whose driver says CNS; the all-reduce
-    answers with the 2 x H200 run under NCCL_P2P_DISABLE=1 (shared memory)."""
-    release = {"id": "r1", "tags": {}, "venv": "/opt/ml-env", "environment": {"NCCL_P2P_DISABLE": "1"},
-               "profile": {"server": {"port": 8000}, "parallel": {"tp": 2}}}
-    cns = (COMPOSED / "vm-topo-p2p-r.txt").read_text()
-    remote = (installed(release)
-              .reply(host_facts.FACT_UNIT, stdout="ActiveState=inactive\nSubState=dead\nLoadState=loaded\n")
-              .reply("topology", stdout=(H200X2 / "topo-m.txt").read_text())
-              .reply("p2p read", stdout=cns).reply("p2p write", stdout=cns)
-              .reply("readiness probe (health)", stdout='{"port_open": false}\n')
-              .reply("all-reduce check", stdout=json.dumps(json.loads((H200X2 / "p2p-disable.json").read_text()))))
-    return h200_vm(remote)
-
-
-class Reached:
-    """vm105 and pve1 as ops.scope.Reach reaches them; a node in `refused` cannot be connected to."""
-
-    def __init__(self, refused: bool = False) -> None:
-        self.remotes = {"vm105": vm105(), "pve1": composed_node()}
-        self.refused = refused
-        self.connected: list[str] = []
-
-    def reach(self) -> Reach:
-        def connect(target: Any, prefixed: bool) -> Any:
-            self.connected.append(target.host.name)
-            if self.refused and target.host.name == "pve1":
-                raise ConnectFailed("pve1 (192.0.2.2:22): connection refused")
-            return nullcontext(self.remotes[target.host.name])
-        return Reach(connect, lambda host: RecordingProgress(), lambda question: None, {})
-
-
-def vm_scope(tmp_path: Path, text: str = INVENTORY) -> Scope:
-    (path := tmp_path / "hosts.yaml").write_text(text)
-    return select(load_inventory(path), "vm105", None)
 
 
 def test_gpu_check_carries_the_verdict_with_the_nodes_causes_and_fixes(tmp_path: Path) -> None:
@@ -173,8 +126,8 @@ def test_the_report_prints_the_peer_to_peer_section(tmp_path: Path, monkeypatch:
 
 def test_a_deploys_preflight_check_reads_no_peer_to_peer_and_dumps_no_topology() -> None:
     """preflight.gpu_check keeps its behaviour: the same all-reduce step, no NCCL topology dump, no VM or node read."""
-    from test_gpu_check_deploy import CheckHost, checked, recorded_stdout
-    from test_rollback import READY
+    from helpers.gpu_check_deploy import CheckHost, checked, recorded_stdout
+    from helpers.rollback import READY
     host = CheckHost(recorded_stdout("deploy-step-reference-env"), [READY])
     outcome = host.deploy(checked(p2p_disable=True))
     assert outcome.action == "deployed" and "gpu check" in outcome.timings
@@ -196,32 +149,6 @@ def test_status_prints_the_verdicts_line_and_the_node_not_read(tmp_path: Path, m
 
 
 RECORDING = DATA / "p2p/h200-1gpu-2026-12-02-0743/gpu-check-run.json"  # re-record: tests/record_gpu_check.py
-
-
-def one_gpu_gpu_check(tmp_path: Path, results: list[dict[str, Any]]) -> tuple[FakeRemote, GpuCheckReport]:
-    """gpu-check with the CLI's default sizes on a one-GPU host (release venv /opt/torch/.venv, no Proxmox node),
-    each step answered by argv from `results` (a recording's); the host and the report."""
-    release = {"id": "r1", "tags": {}, "venv": "/opt/torch/.venv",
-               "profile": {"server": {"port": 8000}, "parallel": {"tp": 1}}}
-    host = (installed(release)
-            .reply(host_facts.FACT_UNIT, stdout="ActiveState=inactive\nSubState=dead\nLoadState=loaded\n"))
-    for result in results:
-        host.reply(tuple(result["argv"]), exit_code=result["exit_code"], stdout=result["stdout"],
-                   stderr=result["stderr"])
-    hosts = Reached()
-    hosts.remotes["vm105"] = host
-    text = INVENTORY.replace(", proxmox_node: pve1, proxmox_vmid: 105", "")
-    sizes = list(parse_sizes([]))  # the CLI's default sizes, as the recording ran them
-    report = commands.one(commands.gpu_check(vm_scope(tmp_path, text), "sglang", None, False, sizes, hosts.reach()))
-    return host, report
-
-
-def sent_steps(host: FakeRemote) -> list[Step]:
-    """The steps of gpu-check's check and peer-to-peer section, in order: not the store/lock/facts reads around it
-    (those need the deploy store, which a lent machine has not)."""
-    return [step for step in host.ran if isinstance(step, Step) and not step.name.startswith(
-        ("store facts", "host facts", "lock", "readiness probe")) and step.name != host_facts.FACT_UNIT
-        and not step.name.endswith("/lock/owner.json")]
 
 
 def test_the_steps_recorded_on_the_lent_h200_read_through_gpu_check(tmp_path: Path) -> None:

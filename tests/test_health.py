@@ -5,9 +5,7 @@ from __future__ import annotations
 import ast
 import json
 import os
-import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -16,8 +14,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any, ClassVar
 
 import pytest
-from fake_remote import FakeRemote
-from recording_progress import RecordingProgress
+from helpers.fake_remote import FakeRemote
+from helpers.health import SYSTEMCTL, closed_port, fake_tools, run_probe
+from helpers.recording_progress import RecordingProgress
 from tenacity import stop_after_attempt
 
 from deploy_lib.errors import ReadinessFailed, StepFailed
@@ -433,20 +432,6 @@ def server() -> Iterator[ThreadingHTTPServer]:
     httpd.server_close()
 
 
-def run_probe(step: Step, path: str | None = None, **environ: str) -> dict[str, Any]:
-    env = dict(os.environ, PATH=path if path is not None else os.environ["PATH"], **environ)
-    done = subprocess.run([sys.executable, "-"], input=step.stdin, capture_output=True, timeout=60, env=env,
-                          check=True)
-    [line] = done.stdout.decode().splitlines()
-    return json.loads(line)
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_probe_reports_a_closed_port_as_refused_and_tries_nothing_further(tmp_path: Path) -> None:
     target = ProbeTarget(unit=None, port=closed_port())
     result = run_probe(probe_step(target, Rung.GENERATE))
@@ -516,23 +501,10 @@ def test_a_waiting_probe_that_sees_no_change_returns_its_last_look_when_the_wait
     assert again.probe_s >= 0.3 - POLL_S and FakeSGLang.health_requests >= 2
 
 
-SYSTEMCTL = """#!/bin/sh
-echo "$@" > "{directory}/systemctl.args"
-printf 'ActiveState=active\\nSubState=running\\nNRestarts=0\\nExecMainPID=4242\\nExecMainStatus=0\\n'
-printf 'ExecMainCode=0\\nResult=success\\nInvocationID=0f4c\\n'
-"""
 JOURNALCTL = """#!/bin/sh
 printf '%s\\n' "$@" > "{directory}/journalctl.args"
 echo '{"__CURSOR":"s=abc;i=2f","MESSAGE":"[2026-11-29 11:02:03 TP0] Load weight begin. avail mem=93.21 GB"}'
 """
-
-
-def fake_tools(directory: Path, **scripts: str) -> str:
-    """Scripts named like the host's tools, first on a PATH that has nothing else but /bin and /usr/bin."""
-    for name, text in scripts.items():
-        (directory / name).write_text(text.replace("{directory}", str(directory)))
-        (directory / name).chmod(0o755)
-    return f"{directory}:/usr/bin:/bin"
 
 
 def test_probe_reads_the_unit_state_and_newest_journal_line(tmp_path: Path) -> None:
@@ -570,7 +542,7 @@ UNIT = "ladder-probe.service"
 PORT = 30123
 # A stand-in server: loads, binds, warms up (503), then serves; modes make it crash, die or hang.
 FAKE_SERVER = '''
-import json, sys, threading, time
+import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 load_s, warm_s, port, mode = float(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
 print("[2026-11-29 11:02:12 TP0] Load weight begin. avail mem=93.21 GB", flush=True)
@@ -593,16 +565,14 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(body)))
         self.end_headers()
         self.wfile.write(body)
+        if mode == "die":  # dead once it has served the ladder's generation: within any grace window, on any machine
+            os._exit(1)
     def log_message(self, *args):
         pass
 server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
 print(f"[2026-11-29 11:04:40] INFO:     Uvicorn running on http://127.0.0.1:{port}", flush=True)
 time.sleep(warm_s)
 print("[2026-11-29 11:04:43] The server is fired up and ready to roll!", flush=True)
-if mode == "die":
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    time.sleep(3)
-    sys.exit(1)
 server.serve_forever()
 '''
 

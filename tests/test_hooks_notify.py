@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import pytest
-from fake_remote import FakeRemote
-from recording_progress import RecordingProgress
+from helpers.fake_remote import FakeRemote
+from helpers.recording_progress import RecordingProgress
 from tenacity import stop_after_attempt, wait_none
 
 from deploy_lib.deploy import Options
@@ -171,7 +171,7 @@ def told(target: Target, url: str) -> Target:
 def one_host(remote: FakeRemote, url: str | None, project_root: Path | None, asked: list[str] | None = None
              ) -> tuple[Scope, Reach, RecordingProgress]:
     """One host (the reference target) reached through `remote`, hooks from `project_root`, webhook `url`."""
-    from test_deploy_plan import PROJECT, target
+    from helpers.deploy_plan import PROJECT, target
     host = told(target(), url) if url else target()
     progress = RecordingProgress()
     connected = asked if asked is not None else []
@@ -191,8 +191,8 @@ def seen(root: Path, event: str) -> dict[str, str]:
 def test_a_failing_pre_deploy_hook_stops_the_deploy_before_any_host_is_reached(tmp_path: Path) -> None:
     """Input tried: `deploy --profile glm5-nvfp4` with a pre-deploy hook that exits 3 (failed before: the ops
     deploy never ran the project's hooks)."""
-    from test_deploy_plan import PROJECT
-    from test_rollback import a_host
+    from helpers.deploy_plan import PROJECT
+    from helpers.rollback import a_host
     _hook(tmp_path, "pre-deploy", "echo 'change freeze'; exit 3\n")
     connected: list[str] = []
     scope, reach, _ = one_host(a_host(), None, tmp_path, connected)
@@ -204,8 +204,8 @@ def test_a_failing_pre_deploy_hook_stops_the_deploy_before_any_host_is_reached(t
 
 def test_a_deploy_done_runs_post_deploy_and_tells_the_webhook(tmp_path: Path,
                                                               receiver: tuple[str, type[_Receiver]]) -> None:
-    from test_deploy_plan import PROJECT
-    from test_rollback import a_host
+    from helpers.deploy_plan import PROJECT
+    from helpers.rollback import a_host
     url, handler = receiver
     for event in ("pre-deploy", "post-deploy", "post-rollback"):
         _hook(tmp_path, event, ENV_DUMP)
@@ -232,15 +232,15 @@ class DeadExceptB(dict):  # type: ignore[type-arg]
     """Probe answers by release: B (what served before) comes up, every other release dies at its start."""
 
     def __missing__(self, release_id: str) -> list[object]:
-        from test_rollback import DEAD, READY
+        from helpers.rollback import DEAD, READY
         return [READY] if release_id == "B" else [DEAD]
 
 
 def test_a_deploy_rolled_back_automatically_runs_post_rollback_and_tells_the_webhook(
         tmp_path: Path, receiver: tuple[str, type[_Receiver]]) -> None:
     """Input tried: a deploy whose new release dies at its start; B is restored."""
-    from test_deploy_plan import PROJECT
-    from test_rollback import a_host
+    from helpers.deploy_plan import PROJECT
+    from helpers.rollback import a_host
     url, handler = receiver
     for event in ("post-deploy", "post-rollback"):
         _hook(tmp_path, event, ENV_DUMP)
@@ -261,7 +261,7 @@ def test_a_deploy_rolled_back_automatically_runs_post_rollback_and_tells_the_web
 
 def test_a_rollback_by_hand_runs_its_hooks_and_tells_the_webhook(tmp_path: Path,
                                                                  receiver: tuple[str, type[_Receiver]]) -> None:
-    from test_rollback import READY, ScriptedHost
+    from helpers.rollback import READY, ScriptedHost
     url, handler = receiver
     for event in ("pre-rollback", "post-rollback"):
         _hook(tmp_path, event, ENV_DUMP)
@@ -281,8 +281,8 @@ def test_a_rollback_by_hand_runs_its_hooks_and_tells_the_webhook(tmp_path: Path,
 def test_a_failing_post_hook_and_an_unreachable_webhook_are_notes_and_the_deploy_stands(
         tmp_path: Path, receiver: tuple[str, type[_Receiver]]) -> None:
     """Input tried: a post-deploy hook that exits 1, the webhook a port nothing listens on."""
-    from test_deploy_plan import PROJECT
-    from test_rollback import a_host
+    from helpers.deploy_plan import PROJECT
+    from helpers.rollback import a_host
     url, _ = receiver
     closed = url.replace(url.split(":")[2].split("/")[0], "1")
     _hook(tmp_path, "post-deploy", "echo 'pager down' >&2; exit 1\n")
@@ -299,7 +299,7 @@ def test_a_crash_loop_given_up_is_told_by_the_status_read_that_recorded_it(
         tmp_path: Path, receiver: tuple[str, type[_Receiver]]) -> None:
     """The read that first finds the crash loop records it and tells the webhook; a later read (the crash already in
     history) tells nobody again."""
-    from test_crashes import crash_loop_status
+    from helpers.crashes import crash_loop_status
 
     from deploy_lib.ops.fleet import FleetRun, HostRun
     from deploy_lib.ops.notices import crash_loops
@@ -321,7 +321,7 @@ def test_a_crash_loop_given_up_is_told_by_the_status_read_that_recorded_it(
 # the webhook the same way
 
 def _patch(scope: Scope, reach: Reach, tmp_path: Path) -> object:
-    from test_deploy_plan import PROJECT
+    from helpers.deploy_plan import PROJECT
 
     from deploy_lib.bundled import ROLES_DIR
     from deploy_lib.patches import find_patch_set
@@ -330,12 +330,12 @@ def _patch(scope: Scope, reach: Reach, tmp_path: Path) -> object:
 
 
 def _tune(scope: Scope, reach: Reach, tmp_path: Path) -> object:
-    from test_tune_loop import BASE, MRR, request
+    from helpers.tune_loop import BASE, MRR, request
     return commands.tune(scope, BASE, request(*MRR), reach)
 
 
 def _router(scope: Scope, reach: Reach, tmp_path: Path) -> object:
-    from test_router import site_of
+    from helpers.router import site_of
     return commands.router_deploy(scope, site_of(tmp_path), ["http://192.0.2.2:8000"], "replicas", reach)
 
 
@@ -365,7 +365,7 @@ def test_a_sweep_runs_the_deploy_hooks_and_tells_the_webhook_of_the_winner_it_ke
         tmp_path: Path, receiver: tuple[str, type[_Receiver]], keep: str) -> None:
     """Input tried: `tune` over three max_running_requests values, the fastest kept (a new release serves), and
     with `keep: none` (the release from before serves again: nothing changed that anyone must hear of)."""
-    from test_tune_loop import BASE, MRR, a_sweep_host, request
+    from helpers.tune_loop import BASE, MRR, a_sweep_host, request
     url, handler = receiver
     for event in ("pre-deploy", "post-deploy"):
         _hook(tmp_path, event, ENV_DUMP)
@@ -391,9 +391,9 @@ def test_a_group_sweep_tells_each_hosts_webhook_of_the_winner_it_serves_now(
         tmp_path: Path, receiver: tuple[str, type[_Receiver]]) -> None:
     """Input tried: `tune --group pair` over two replicas, the winner measured on a (the rollout leaves it
     "unchanged") and rolled out to b: both went from B to the winner, so both webhooks hear "deployed"."""
-    from test_deploy_plan import PROJECT
-    from test_tune_group import BASE, FOUR_CAPS, replica
-    from test_tune_loop import a_sweep_host, request
+    from helpers.deploy_plan import PROJECT
+    from helpers.tune_group import BASE, FOUR_CAPS, replica
+    from helpers.tune_loop import a_sweep_host, request
 
     from deploy_lib.ops.tune_group import GroupTune
     url, handler = receiver
@@ -419,8 +419,8 @@ def test_a_router_release_that_did_not_come_up_tells_the_webhook_it_was_rolled_b
         tmp_path: Path, receiver: tuple[str, type[_Receiver]]) -> None:
     """Input tried: a router release whose unit fails at its start, restored to the one before (the router's own
     switch, ladder and restore: ops.router_deploy.activate_router) between router.deploy's hooks."""
-    from test_rollback import DEAD, READY
-    from test_router import RouterHost, router_releases, router_run
+    from helpers.rollback import DEAD, READY
+    from helpers.router import RouterHost, router_releases, router_run
 
     from deploy_lib.errors import RouterFailed
     from deploy_lib.ops.notices import Announced

@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
 import pytest
-from test_sglang_options import SYNTHETIC, write_tree
+from helpers.host_facts import bare_venv
+from helpers.sglang_options import SYNTHETIC, write_tree
 
 from deploy_lib.facts.cuda_toolkit import FACT_VERSION_JSON
 from deploy_lib.facts.host import (
@@ -411,13 +412,6 @@ def loopback_hub(asked: list[str]) -> Iterator[str]:
         yield f"http://127.0.0.1:{server.server_port}"
     finally:
         server.shutdown()
-
-
-def bare_venv(root: Path) -> Path:
-    """A venv of this interpreter without pip or anything else installed: its site-packages directory."""
-    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(root)], check=True, capture_output=True)
-    [site] = root.glob("lib/python3*/site-packages")
-    return site
 
 
 # huggingface_hub as a package that fails the plan when imported: found, but only to be looked at

@@ -6,9 +6,10 @@ from __future__ import annotations
 from pathlib import Path, PurePosixPath
 
 import pytest
-from fake_remote import FakeRemote
-from recording_progress import RecordingProgress
-from test_deploy_plan import PROJECT, target
+from helpers.deploy_plan import PROJECT, target
+from helpers.fake_remote import FakeRemote
+from helpers.host_lock import HOLDER
+from helpers.recording_progress import RecordingProgress
 
 from deploy_lib import deploy as engine
 from deploy_lib import venvs
@@ -28,7 +29,6 @@ from deploy_lib.store import (
 
 REPO = Path(__file__).resolve().parent.parent
 LAYOUT = StoreLayout("sglang")
-HOLDER = LockOwner("other", "elsewhere", 77, "2026-11-30T17:00:00+00:00", "deploy glm5-omp4", "beef")
 
 
 def held_elsewhere() -> FakeRemote:

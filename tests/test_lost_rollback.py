@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import pytest
-from recording_progress import RecordingProgress
-from test_deploy_plan import target
-from test_rollback import DEAD, LAYOUT, READY, ScriptedHost, a_host, changed_profile
-from test_store import release_entries
+from helpers.deploy_plan import target
+from helpers.recording_progress import RecordingProgress
+from helpers.rollback import DEAD, LAYOUT, READY, ScriptedHost, a_host, changed_profile
+from helpers.store_output import release_entries
 
 from deploy_lib import store
 from deploy_lib.commands.status import read_status

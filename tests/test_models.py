@@ -12,10 +12,10 @@ from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
 import pytest
-from fake_remote import FakeRemote
-from recording_progress import RecordingProgress
-from test_deploy_plan import NOW, PROJECT, deployed, facts, target
-from test_host_facts import bare_venv
+from helpers.deploy_plan import NOW, PROJECT, deployed, facts, target
+from helpers.fake_remote import FakeRemote
+from helpers.host_facts import bare_venv
+from helpers.recording_progress import RecordingProgress
 
 from deploy_lib.deploy import plan_deploy
 from deploy_lib.errors import ConfigError, PreflightError, RemoteError

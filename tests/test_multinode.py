@@ -15,9 +15,9 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 import pytest
-from fake_remote import FakeRemote
+from helpers.fake_remote import FakeRemote
+from helpers.recording_progress import RecordingProgress
 from pydantic import ValidationError
-from recording_progress import RecordingProgress
 
 from deploy_lib.deploy import Transition
 from deploy_lib.errors import ConfigError, ReadinessFailed
@@ -33,7 +33,7 @@ from deploy_lib.release.server_args import sglang_args
 from deploy_lib.remote import Put, Step, StepResult
 from deploy_lib.store import HEALTHY, ReleaseRecord, StoreFacts, StoreLayout, Tags, history_entry
 
-pytest_plugins = ("wheelcache",)  # real_options
+pytest_plugins = ("helpers.wheelcache",)  # real_options
 PROFILES = Path(__file__).resolve().parent.parent / "inventory" / "profiles"
 
 NODES = """\
@@ -189,7 +189,7 @@ def test_the_node_named_is_the_one_whose_failure_explains_the_others() -> None:
 
 
 def test_a_multi_node_group_deploy_refuses_a_rolling_rollout_and_a_group_of_the_wrong_size(tmp_path: Path) -> None:
-    from test_cli import invoke
+    from helpers.cli import invoke
     (tmp_path / "glm5-nvfp4.yaml").write_text((PROFILES / "glm5-nvfp4.yaml").read_text())
     profile = tmp_path / "two.yaml"
     profile.write_text("extends: glm5-nvfp4\nparallel:\n  nnodes: 2\n  dist_init_port: 5757\n")

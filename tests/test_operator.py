@@ -11,10 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_remote import FakeRemote
-from recording_progress import RecordingProgress
+from helpers.cli import invoke
+from helpers.fake_remote import FakeRemote
+from helpers.recording_progress import RecordingProgress
 from rich.console import Console
-from test_cli import invoke
 
 from deploy_cli import present as ui
 from deploy_cli import reports

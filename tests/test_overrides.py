@@ -11,12 +11,12 @@ from contextlib import nullcontext
 from pathlib import Path
 
 import pytest
+from helpers.deploy_plan import PROJECT, REPO, target
+from helpers.deploy_trips import serving_the_profile, writes
+from helpers.ops import Hosts, installed, release, scope
+from helpers.recording_progress import RecordingProgress
+from helpers.rollback import LAYOUT
 from invoke import Context, Exit
-from recording_progress import RecordingProgress
-from test_deploy_plan import PROJECT, REPO, target
-from test_deploy_trips import serving_the_profile, writes
-from test_ops import Hosts, installed, release, scope
-from test_rollback import LAYOUT
 
 from deploy_cli import common
 from deploy_cli import deploy as deploy_tasks

@@ -51,7 +51,8 @@ from deploy_lib.release.argv_check import check_argv
 from deploy_lib.remote import StepResult
 from sandbox.sim.sglang_sim.upstream import Fusion, InstalledUpstream
 
-pytest_plugins = ("wheelcache",)  # imported lazily below: a plugin imported before it is registered is not rewritten
+# imported lazily below: a plugin imported before it is registered is not rewritten
+pytest_plugins = ("helpers.wheelcache",)
 
 ROLE = Path(__file__).resolve().parent.parent / "roles" / "fusion-sm120"
 FLASHINFER_MEMBERS = ("flashinfer/*.py", "flashinfer/data/include/flashinfer/comm/*.cuh",
@@ -107,7 +108,7 @@ def patch_set() -> PatchSet:
 
 
 def site_packages(generation: Generation) -> tuple[Path, Path]:
-    from wheelcache import unpacked
+    from helpers.wheelcache import unpacked
 
     return unpacked("sglang", generation.sglang), unpacked("flashinfer-python", generation.flashinfer,
                                                           members=FLASHINFER_MEMBERS)
@@ -132,7 +133,7 @@ def target_files(patch_set: PatchSet, generation: Generation) -> dict[str, str]:
 def wheel_member_sha256(path: str, generation: Generation) -> str:
     dist, version = ("sglang", generation.sglang) if path.startswith("sglang/") else \
         ("flashinfer-python", generation.flashinfer)
-    from wheelcache import wheel_path
+    from helpers.wheelcache import wheel_path
 
     with zipfile.ZipFile(wheel_path(dist, version)) as wheel:
         return hashlib.sha256(wheel.read(path)).hexdigest()
@@ -461,7 +462,7 @@ def nsa_aliases() -> PatchSet:
 
 
 def unpacked_sglang(version: str) -> Path:
-    from wheelcache import unpacked
+    from helpers.wheelcache import unpacked
 
     return unpacked("sglang", version)
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import PurePosixPath
 
 import pytest
-from fake_remote import FakeRemote
+from helpers.fake_remote import FakeRemote
 
 from deploy_lib.errors import StepFailed
 from deploy_lib.facts.readings import ABSENT_OK, TOOL_ABSENT_OK, Fact, Readings, read
@@ -47,9 +47,9 @@ def test_a_fact_not_in_the_batch_names_itself() -> None:
         readings.value(OWNER)
 
 
-def test_readings_skip_puts_and_keep_the_batch_order() -> None:
+def test_a_put_in_the_batch_is_not_a_reading() -> None:
     put = Put(PurePosixPath("/opt/x/f"), b"", 0o644)
-    results = [StepResult(put, 0, "", "", 0.0), StepResult(OWNER.step, 0, "bob\n", "", 0.0)]
-    readings = Readings(results)
-    assert readings.results == tuple(results) and Readings.of(readings) is readings
-    assert readings.get(put.name) is None and readings.value(OWNER) == "bob"
+    same_name = Step(put.name, ("cat", "--", "/opt/x/f"))
+    readings = Readings([StepResult(same_name, 0, "bob\n", "", 0.0), StepResult(put, 0, "", "", 0.0)])
+    assert readings.stdout(put.name) == "bob\n"  # the step's result, not the put's written after it
+    assert put.name not in Readings([StepResult(put, 0, "", "", 0.0)])

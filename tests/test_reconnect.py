@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path, PurePosixPath
 
 import pytest
-from recording_progress import RecordingProgress
+from helpers.recording_progress import RecordingProgress
 from tenacity import stop_after_delay, wait_none
 
 from deploy_lib.errors import ConnectFailed, ConnectionLost
@@ -193,9 +193,9 @@ def test_a_host_that_sends_no_ssh_banner_is_one_line_and_no_paramiko_traceback(t
 def test_a_deploy_that_cannot_finish_says_the_step_the_link_and_whether_it_was_verified(lost_at: str) -> None:
     """Input tried: the host's connection lost for good (ConnectionLost from the remote layer) at the first stage step
     (the round trip with the switch in flight) or at every probe of the ladder (switched; lost past the deadline)."""
-    from test_deploy_plan import target
-    from test_deploy_trips import with_service
-    from test_rollback import a_host, changed_profile
+    from helpers.deploy_plan import target
+    from helpers.deploy_trips import with_service
+    from helpers.rollback import a_host, changed_profile
 
     from deploy_lib.deploy import Options, deploy
 

@@ -11,7 +11,6 @@ import getpass
 import hashlib
 import json
 import os
-import shutil
 import signal
 import socket
 import stat
@@ -19,11 +18,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
 import pytest
+from helpers.remote_ssh import SshServer, free_port, keygen
 from tenacity import stop_after_attempt, wait_none
 
 from deploy_lib.errors import ConnectFailed, ConnectionLost, LockHeld, StepFailed, StepTimedOut
@@ -54,75 +54,6 @@ from deploy_lib.store import (
     this_process_owner,
     unlock,
 )
-
-SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
-
-
-@dataclass(frozen=True)
-class SshServer:
-    port: int
-    host_public_key: Path
-    client_key: Path
-    workdir: Path
-
-    def target(self, known_hosts: Path, accept_new: bool = False) -> SSHTarget:
-        return SSHTarget(host="127.0.0.1", port=self.port, user=getpass.getuser(), key_files=(self.client_key,),
-                         known_hosts_file=known_hosts, connect_timeout_s=5, accept_new_host_key=accept_new)
-
-    def known_hosts(self, directory: Path) -> Path:
-        """A known_hosts file that trusts this server's real host key."""
-        path = directory / "known_hosts"
-        path.write_text(f"[127.0.0.1]:{self.port} {self.host_public_key.read_text().split(' ')[0]} "
-                        f"{self.host_public_key.read_text().split(' ')[1]}\n")
-        return path
-
-
-def _keygen(path: Path) -> None:
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "", "-f", str(path)], check=True)
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
-    if not os.path.exists(SSHD) or not shutil.which("ssh-keygen"):
-        pytest.skip("needs OpenSSH's sshd and ssh-keygen: apt-get install -y openssh-server")
-    workdir = tmp_path_factory.mktemp("sshd")
-    _keygen(workdir / "host_ed25519")
-    _keygen(workdir / "client_ed25519")
-    (workdir / "authorized_keys").write_text((workdir / "client_ed25519.pub").read_text())
-    (workdir / "authorized_keys").chmod(0o600)
-    sftp_server = next((p for p in ("/usr/lib/openssh/sftp-server", "/usr/libexec/sftp-server")
-                        if os.path.exists(p)), "internal-sftp")
-    config = workdir / "sshd_config"
-    config.write_text("\n".join([
-        "ListenAddress 127.0.0.1", f"HostKey {workdir / 'host_ed25519'}",
-        f"AuthorizedKeysFile {workdir / 'authorized_keys'}", "PidFile none", "UsePAM no", "StrictModes no",
-        "PermitRootLogin prohibit-password", "PasswordAuthentication no", "KbdInteractiveAuthentication no",
-        f"Subsystem sftp {sftp_server}", "LogLevel ERROR", ""]))
-    if os.geteuid() == 0:
-        Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation directory
-    port = _free_port()
-    log = (workdir / "sshd.log").open("wb")
-    server = subprocess.Popen([SSHD, "-D", "-e", "-f", str(config), "-p", str(port)], stdout=log, stderr=log)
-    try:
-        for _ in range(100):
-            if server.poll() is not None:
-                pytest.fail(f"sshd exited: {(workdir / 'sshd.log').read_text()}")
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                time.sleep(0.1)
-        yield SshServer(port, workdir / "host_ed25519.pub", workdir / "client_ed25519", workdir)
-    finally:
-        server.terminate()
-        server.wait(timeout=10)
-        log.close()
 
 
 @pytest.fixture
@@ -163,7 +94,7 @@ def test_unknown_host_key_is_recorded_and_accepted_with_opt_in(sshd: SshServer, 
 
 
 def test_changed_host_key_is_refused_even_with_opt_in(sshd: SshServer, tmp_path: Path) -> None:
-    _keygen(tmp_path / "other")
+    keygen(tmp_path / "other")
     known_hosts = tmp_path / "known_hosts"
     kind, blob = (tmp_path / "other.pub").read_text().split()[:2]
     known_hosts.write_text(f"[127.0.0.1]:{sshd.port} {kind} {blob}\n")
@@ -177,7 +108,7 @@ def test_changed_host_key_is_refused_even_with_opt_in(sshd: SshServer, tmp_path:
 
 
 def test_refused_connection_is_retried_then_reported(tmp_path: Path) -> None:
-    target = SSHTarget(host="127.0.0.1", port=_free_port(), known_hosts_file=tmp_path / "known_hosts")
+    target = SSHTarget(host="127.0.0.1", port=free_port(), known_hosts_file=tmp_path / "known_hosts")
     remote = FabricRemote(target, connect_policy=SSH_CONNECT.copy(sleep=lambda _: None,
                                                                   stop=stop_after_attempt(2)))
     with pytest.raises(ConnectFailed, match=f"cannot connect to .*127.0.0.1:{target.port}"):
@@ -228,7 +159,7 @@ def test_unknown_key_of_the_jump_host_is_refused(sshd: SshServer, tmp_path: Path
 
 
 def test_changed_key_of_the_jump_host_is_refused_even_with_opt_in(sshd: SshServer, tmp_path: Path) -> None:
-    _keygen(tmp_path / "other")
+    keygen(tmp_path / "other")
     known_hosts = tmp_path / "known_hosts"
     known_hosts.write_text(_known_line(sshd, "127.0.0.1", tmp_path / "other.pub"))
     with (pytest.raises(ConnectFailed) as refused,

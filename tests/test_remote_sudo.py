@@ -11,8 +11,8 @@ import shutil
 from pathlib import Path, PurePosixPath
 
 import pytest
-from sudo_above import sudo_above
-from test_remote import run_script
+from helpers.remote import run_script
+from helpers.sudo_above import sudo_above
 
 from deploy_lib.errors import StepTimedOut, SudoPasswordRequired
 from deploy_lib.remote import (

@@ -1,6 +1,6 @@
 """Rendering of the unit and the env file: content, refusals, and round trips of hostile values.
 
-Round trips are checked twice: through tests/systemd_syntax.py (a reader written from systemd's
+Round trips are checked twice: through tests/helpers/systemd_syntax.py (a reader written from systemd's
 documented rules) and, independently of that reader, through the host's real systemd binaries:
 `systemd-analyze verify` and the unit dump of `systemd --test` (which shows systemd's own argv).
 """
@@ -17,8 +17,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from launcher_run import argv_printer, launched_argv
-from systemd_syntax import exec_start_argv, parse_env_file, parse_exec, parse_unit_file
+from helpers.launcher_run import argv_printer, launched_argv
+from helpers.systemd_syntax import exec_start_argv, parse_env_file, parse_exec, parse_unit_file
 
 from deploy_lib.digests import short_hash
 from deploy_lib.errors import ConfigError

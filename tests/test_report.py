@@ -10,7 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from browser import (
+from helpers.browser import (
     REPORT_AREAS,
     REPORT_CHARTS,
     SWEEP_AREAS,
@@ -20,8 +20,8 @@ from browser import (
     open_page,
     series_per_chart,
 )
-from test_deploy_plan import target
-from test_rollback import a_host
+from helpers.deploy_plan import target
+from helpers.rollback import a_host
 
 from deploy_lib import store
 from deploy_lib.errors import ConfigError

@@ -9,11 +9,22 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import pytest
-from fake_remote import FakeRemote
-from recording_progress import RecordingProgress
-from systemd_syntax import exec_start_argv, parse_unit_file
-from test_deploy_plan import PROJECT, first_plan, target
-from test_rollback import READY, ScriptedHost
+from helpers.deploy_plan import PROJECT, first_plan, target
+from helpers.fake_remote import FakeRemote
+from helpers.recording_progress import RecordingProgress
+from helpers.rollback import READY, ScriptedHost
+from helpers.router import (
+    GROUP,
+    RouterHost,
+    StoppableHost,
+    answering,
+    config_of,
+    inventory,
+    router_releases,
+    router_run,
+    site_of,
+)
+from helpers.systemd_syntax import exec_start_argv, parse_unit_file
 
 from deploy_lib import store
 from deploy_lib.deploy import Transition
@@ -26,7 +37,6 @@ from deploy_lib.ops.router import (
     DEFAULT_LOCK,
     ROUTER_VERSION,
     RouterMembership,
-    RouterSite,
     build_router_release,
     replica_urls,
     router_site,
@@ -36,31 +46,6 @@ from deploy_lib.ops.router_deploy import RouterFront, behind_router, one_at_a_ti
 from deploy_lib.project import Project, resolve_group
 from deploy_lib.remote import OutputLine, Put, Step, StepResult
 from deploy_lib.store import StoreLayout
-
-GROUP = """\
-all:
-  hosts:
-    edge: {ansible_host: 192.0.2.9}
-  children:
-    replicas:
-      hosts:
-        a: {ansible_host: 192.0.2.2}
-        b: {ansible_host: "2001:db8::3"}
-      vars: {router: edge, router_port: 31000, router_policy: round_robin%s}
-"""
-
-
-def inventory(tmp_path: Path, extra: str = "") -> Path:
-    path = tmp_path / "hosts.yaml"
-    path.write_text(GROUP % extra)
-    return path
-
-
-def site_of(tmp_path: Path, extra: str = "") -> RouterSite:
-    loaded = load_inventory(inventory(tmp_path, extra))
-    site = router_site(loaded, loaded.group("replicas"))
-    assert site is not None
-    return site
 
 
 def test_the_group_vars_name_the_router_host_port_and_policy_and_its_venv_comes_from_the_bundled_lock(
@@ -130,21 +115,6 @@ def test_the_router_release_runs_launch_router_on_the_replicas_and_its_id_follow
     fewer = build_router_release(site, venv, "abc", workers[:1], layout.env_file, "replicas")
     other_venv = build_router_release(site, venv, "abd", workers, layout.env_file, "replicas")
     assert same.id == release.id and len({release.id, fewer.id, other_venv.id}) == 3
-
-
-def answering(**answers: dict) -> FakeRemote:
-    """The router's host: each router action answers its JSON object."""
-    remote = FakeRemote()
-    for action, answer in answers.items():
-        remote.reply(lambda step, action=action: step.name.startswith(f"router: {action}"),
-                     stdout=json.dumps(answer) + "\n")
-    return remote
-
-
-def config_of(remote: FakeRemote) -> list[dict]:
-    """What each router step asked, from the call appended to the script."""
-    calls = [step.stdin.decode().rsplit("run_and_print(", 1)[1] for batch in remote.batches for step in batch]
-    return [json.loads(eval(call.rsplit(")", 1)[0])) for call in calls]
 
 
 @pytest.mark.parametrize(("drained", "said"), [(3, "3 requests"), (1, "1 request")])
@@ -450,17 +420,6 @@ def test_a_group_behind_a_router_restarts_one_replica_at_a_time_unless_serial_sa
     assert one_at_a_time(None, Rollout.parse(()), progress).batches(["a", "b"]) == [["a", "b"]]
 
 
-class StoppableHost(ScriptedHost):
-    """ScriptedHost whose unit reads inactive once `systemctl stop` ran, until it is restarted."""
-
-    def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
-        results = super().run(batch, on_output)
-        if any(step.name == "systemd: stop" for step in batch):
-            self.reply(host_facts.FACT_UNIT, stdout="ActiveState=inactive\nSubState=dead\nLoadState=loaded\n",
-                       times=1)
-        return results
-
-
 def test_a_gpu_check_that_stops_a_replica_drains_it_first_and_adds_it_back_once_it_serves_again(
         tmp_path: Path) -> None:
     """`invoke gpu-check --stop-server --host H` of a replica: taken out before its server stops for the check, added
@@ -573,57 +532,6 @@ def test_an_uninstall_whose_drain_the_router_refuses_removes_nothing_and_release
 # The router's own release through the server's switch, ladder and restore (deploy/switch.Transition, issue 24)
 
 
-class RouterHost(FakeRemote):
-    """The router's host: `current` follows the switch, and each readiness probe answers for the release it names
-    (`answers[release]`, a probe snapshot)."""
-
-    def __init__(self, answers: dict[str, dict]) -> None:
-        super().__init__()
-        self.current, self.answers = "", answers
-
-    def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
-        for step in batch:
-            if step.name == "switch: temp link":
-                self.current = step.argv[-2].removeprefix("releases/")  # type: ignore[union-attr]
-        if batch and batch[0].name.startswith("readiness probe"):
-            self.reply(batch[0].name, stdout=json.dumps(self.answers[self.current]), times=1)
-        return super().run(batch, on_output)
-
-    def switches(self) -> list[str]:
-        return [step.argv[-2].removeprefix("releases/") for step in self.ran  # type: ignore[union-attr]
-                if getattr(step, "name", "") == "switch: temp link"]
-
-    def history(self) -> list[tuple[str, str, str]]:
-        lines = [json.loads(step.stdin) for step in self.ran if getattr(step, "name", "") == "history: append"]
-        return [(line["event"], line["outcome"], line["release"]) for line in lines]
-
-
-def router_releases(tmp_path: Path, healthy_before: bool) -> tuple[store.StoreFacts, object, store.Tags, str]:
-    """The router's store with its release for one worker current (recorded healthy, or never), the release for one
-    worker more, its tags, and the current one's id."""
-    from datetime import UTC, datetime
-
-    from deploy_lib.ops.router import SERVICE
-    site, layout = site_of(tmp_path), StoreLayout(SERVICE)
-    venv = PurePosixPath("/opt/sglang/sglang-router/venvs/v1")
-    old, new = (build_router_release(site, venv, "v1", workers, layout.env_file, "replicas")
-                for workers in (["http://192.0.2.2:8000"], ["http://192.0.2.2:8000", "http://192.0.2.3:8000"]))
-    tags = {release.id: store.Tags("u@m", "edge", release.id, SERVICE, "v1") for release in (old, new)}
-    record = store.ReleaseRecord(old.id, "2026-12-01T00:00:00+00:00",
-                                 {**old.metadata, "tags": tags[old.id].as_dict()})
-    when = datetime(2026, 12, 1, tzinfo=UTC)
-    history = (store.history_entry("deploy", store.HEALTHY, tags[old.id], when),) if healthy_before else ()
-    return (store.StoreFacts(current=old.id, releases=(record,), incomplete=(), history=history, lock=None), new,
-            tags[new.id], old.id)
-
-
-def router_run(remote: RouterHost) -> Transition:
-    from deploy_lib.ops.router import SERVICE
-    from deploy_lib.ops.router_deploy import ROUTER_RELEASE
-    return Transition(remote, StoreLayout(SERVICE), target(), RecordingProgress(), {}, grace_s=0,
-                      kind=ROUTER_RELEASE)
-
-
 def test_a_router_release_is_switched_and_verified_by_the_routers_own_readiness_probe(tmp_path: Path) -> None:
     """The ladder's probe for the router: its unit, its port and /health, no generation (it serves none itself)."""
     from deploy_lib.ops.router_deploy import activate_router
@@ -640,7 +548,7 @@ def test_a_router_release_is_switched_and_verified_by_the_routers_own_readiness_
 def test_a_router_release_that_does_not_come_up_is_restored_to_its_last_healthy_one(tmp_path: Path) -> None:
     """Input tried: a new router release whose unit fails at its start (failed before: its own switch-back path, no
     grace window, no verification of the release switched back to through the same ladder, no rollback record)."""
-    from test_rollback import DEAD
+    from helpers.rollback import DEAD
 
     from deploy_lib.ops.router_deploy import activate_router
     router_store, new, tags, old = router_releases(tmp_path, healthy_before=True)
@@ -653,7 +561,7 @@ def test_a_router_release_that_does_not_come_up_is_restored_to_its_last_healthy_
 
 
 def test_a_router_release_that_fails_with_no_healthy_one_before_stops_the_router(tmp_path: Path) -> None:
-    from test_rollback import DEAD
+    from helpers.rollback import DEAD
 
     from deploy_lib.ops.router_deploy import activate_router
     router_store, new, tags, old = router_releases(tmp_path, healthy_before=False)

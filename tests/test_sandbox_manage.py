@@ -7,12 +7,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from helpers.sandbox_manage import HOSTILE_DIR, HOSTILE_TEXT
 
 from sandbox import manage
-
-# quotes, command substitution, a glob, an option-looking start, a printf format, backslashes, a newline, non-ASCII
-HOSTILE_TEXT = "-n '; touch pwned-text #\n$(touch pwned-sub) `touch pwned-tick` %s %n \\x41\\\\ * é\n\n"
-HOSTILE_DIR = "a dir/$(touch pwned-dir)/'q' \"d\" *"
 
 
 @pytest.mark.parametrize("shell", ["sh", "bash"])

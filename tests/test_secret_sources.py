@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_deploy_plan import NOW, facts, first_plan, target
+from helpers.deploy_plan import NOW, facts, first_plan, target
 
 from deploy_lib.deploy import plan_deploy
 from deploy_lib.errors import ConfigError

@@ -11,7 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from launcher_run import argv_printer, launched_argv
+from helpers.launcher_run import argv_printer, launched_argv
+from helpers.server_args import with_changes
 
 from deploy_lib.errors import ConfigError
 from deploy_lib.host_scripts.sglang_options import extract
@@ -30,19 +31,12 @@ from deploy_lib.release.server_args import (
 from deploy_lib.store import StoreLayout
 from deploy_lib.versions import SPELLINGS, version_key
 
-pytest_plugins = ("wheelcache",)  # the sglang_source fixture
+pytest_plugins = ("helpers.wheelcache",)  # the sglang_source fixture
 PROFILES = Path(__file__).resolve().parent.parent / "inventory" / "profiles"
 
 
 def reference(name: str = "glm5-nvfp4") -> Profile:
     return load_profile(PROFILES, name).profile
-
-
-def with_changes(profile: Profile, **sections: dict[str, Any]) -> Profile:
-    data = profile.model_dump(mode="json")
-    for section, values in sections.items():
-        data[section] = {**data[section], **values} if isinstance(data[section], dict) else values
-    return Profile.model_validate(data)
 
 
 # The hand-written launch of issue 2, with `--model` and the abbreviation `--tp` written out in full.

@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from test_remote_ssh import SshServer, sshd  # noqa: F401  (the fixture, started for this module too)
+from helpers.remote_ssh import SshServer
 
 from deploy_lib.errors import ConfigError, ConnectFailed
 from deploy_lib.inventory import load_inventory
@@ -169,7 +169,7 @@ def _known_hosts(tmp_path: Path, server: SshServer) -> Path:
     return tmp_path / "known_hosts"
 
 
-def test_a_host_alias_of_the_ssh_config_reaches_the_server(sshd: SshServer, tmp_path: Path,  # noqa: F811
+def test_a_host_alias_of_the_ssh_config_reaches_the_server(sshd: SshServer, tmp_path: Path,
                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """Input tried: an inventory naming only `lab`, whose address, port, user and key are the ssh config's."""
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
@@ -189,7 +189,7 @@ def _encrypted_copy(server: SshServer, tmp_path: Path) -> Path:
     return key
 
 
-def test_an_encrypted_key_without_an_agent_is_refused_saying_to_load_it(sshd: SshServer, tmp_path: Path,  # noqa: F811
+def test_an_encrypted_key_without_an_agent_is_refused_saying_to_load_it(sshd: SshServer, tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Input tried: IdentityFile a passphrase-protected copy of the authorised key, no ssh agent."""
     monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
@@ -201,7 +201,7 @@ def test_an_encrypted_key_without_an_agent_is_refused_saying_to_load_it(sshd: Ss
     assert "is encrypted" in refused.value.message and f"ssh-add {key}" in (refused.value.hint or "")
 
 
-def test_with_a_key_file_set_the_agents_keys_are_still_offered(sshd: SshServer, tmp_path: Path,  # noqa: F811
+def test_with_a_key_file_set_the_agents_keys_are_still_offered(sshd: SshServer, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     """Input tried: the encrypted key file in the inventory and the same key loaded in an ssh-agent this test starts
     (before, a key file turned the agent off and the connection failed)."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from fake_remote import FakeRemote
+from helpers.fake_remote import FakeRemote
 
 from deploy_lib.errors import LockHeld
 from deploy_lib.remote import Step

@@ -7,10 +7,10 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
-from recording_progress import RecordingProgress
-from test_deploy_plan import target
-from test_health import SYSTEMCTL, closed_port, fake_tools, run_probe
-from test_rollback import READY, a_host, changed_profile
+from helpers.deploy_plan import target
+from helpers.health import SYSTEMCTL, closed_port, fake_tools, run_probe
+from helpers.recording_progress import RecordingProgress
+from helpers.rollback import READY, a_host, changed_profile
 
 from deploy_lib.commands.status import startup_by_release
 from deploy_lib.deploy import Options, deploy

@@ -9,7 +9,8 @@ from datetime import UTC, datetime
 from pathlib import PurePosixPath
 
 import pytest
-from fake_remote import FakeRemote
+from helpers.fake_remote import FakeRemote
+from helpers.store_output import release_entries
 
 from deploy_lib.errors import ConfigError, LockHeld, StepFailed
 from deploy_lib.remote import Put, Step, StepResult, command_line, describe
@@ -57,14 +58,22 @@ TAGS = Tags(who="ops@laptop", host="gpu1", release="r2", profile="glm5-nvfp4", p
             versions={"sglang": "0.5.9", "flashinfer": "0.6.1"})
 
 
-def test_layout_follows_the_design() -> None:
-    assert LAYOUT.release("abc") == PurePosixPath("/opt/sglang-deploy/sglang/releases/abc")
-    assert LAYOUT.staging("abc") == PurePosixPath("/opt/sglang-deploy/sglang/releases/abc.tmp")
-    assert LAYOUT.current == PurePosixPath("/opt/sglang-deploy/sglang/current")
-    assert LAYOUT.history == PurePosixPath("/opt/sglang-deploy/sglang/history.jsonl")
-    assert LAYOUT.lock_owner == PurePosixPath("/opt/sglang-deploy/sglang/lock/owner.json")
-    assert LAYOUT.unit_link == PurePosixPath("/etc/systemd/system/sglang.service")
-    assert LAYOUT.env_file("abc") == PurePosixPath("/opt/sglang-deploy/sglang/releases/abc/sglang.env")
+def store_paths(layout: StoreLayout) -> set[PurePosixPath]:
+    return {layout.release("abc"), layout.staging("abc"), layout.env_file("abc"), layout.current, layout.history,
+            layout.lock_owner, layout.unit_link}
+
+
+def test_two_services_on_one_host_share_no_store_path() -> None:
+    assert not store_paths(LAYOUT) & store_paths(StoreLayout("sglang-b"))
+    assert all(path.is_relative_to(LAYOUT.root / LAYOUT.service) for path in store_paths(LAYOUT) - {LAYOUT.unit_link})
+
+
+def test_a_release_is_staged_beside_itself_and_holds_its_own_env_file() -> None:
+    """Publishing renames the staging directory onto the release (one filesystem); switching `current` switches the
+    environment the unit reads."""
+    assert LAYOUT.staging("abc").parent == LAYOUT.release("abc").parent
+    assert LAYOUT.staging("abc") != LAYOUT.release("abc")
+    assert LAYOUT.env_file("abc").parent == LAYOUT.release("abc")
 
 
 @pytest.mark.parametrize("service", ["", "a b", "x/y", "sglang.service", "-rf", "../etc"])
@@ -194,12 +203,6 @@ def _release_json(release_id: str, staged_at: str) -> str:
 def _history(*entries: tuple[str, str, str]) -> str:
     return "".join(history_entry(event, outcome, Tags("w", "h", rid, "p", "ph"), WHEN).to_json().decode()
                    for event, outcome, rid in entries)
-
-
-def release_entries(*release_ids: str) -> str:
-    """`find releases -mindepth 1 -maxdepth 2 -printf %P\\0` of complete releases."""
-    return "".join(f"{rid}\0{rid}/release.json\0{rid}/sglang.service\0{rid}/sglang.env\0{rid}/launch\0"
-                   for rid in release_ids)
 
 
 CAPTURED_HISTORY = (("deploy", HEALTHY, "r1"), ("deploy", HEALTHY, "r2"), ("deploy", "failed", "r3"),

@@ -8,7 +8,7 @@ reader against the real systemd binaries.
 from __future__ import annotations
 
 import pytest
-from systemd_syntax import (
+from helpers.systemd_syntax import (
     SystemdSyntaxError,
     exec_start_argv,
     expand_environment,

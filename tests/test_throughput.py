@@ -8,9 +8,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from fake_remote import FakeRemote
+from helpers.fake_remote import FakeRemote
+from helpers.recording_progress import RecordingProgress
 from pydantic import ValidationError
-from recording_progress import RecordingProgress
 
 from deploy_lib.errors import ConfigError, GateFailed, StepFailed
 from deploy_lib.profile.settings import BenchSettings, GateSettings
@@ -38,7 +38,7 @@ from deploy_lib.throughput import (
 )
 from deploy_lib.versions import BENCH_MODULES
 
-pytest_plugins = ("wheelcache",)
+pytest_plugins = ("helpers.wheelcache",)
 
 DATA = Path(__file__).parent / "data" / "bench"
 MODULE_OLD, MODULE_NEW = (m.module for m in BENCH_MODULES)

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
-from test_deploy_plan import PROJECT, options_accepting
+from helpers.deploy_plan import PROJECT, options_accepting
 
 from deploy_cli.tune import estimate_line, table_lines
 from deploy_lib.errors import ConfigError

@@ -9,16 +9,16 @@ import signal
 import threading
 from collections.abc import Sequence
 from contextlib import nullcontext
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
-from recording_progress import RecordingProgress
-from test_deploy_plan import PROJECT, target
-from test_ops import HOSTS
-from test_router import answering, config_of
-from test_tune_loop import SweepHost, a_sweep_host, request, sglang_knowing_every_flag
+from helpers.deploy_plan import PROJECT
+from helpers.ops import HOSTS
+from helpers.recording_progress import RecordingProgress
+from helpers.router import answering, config_of
+from helpers.tune_group import BASE, FOUR_CAPS, replica
+from helpers.tune_loop import SweepHost, a_sweep_host, request, sglang_knowing_every_flag
 
 from deploy_cli.present import jsonable
 from deploy_lib.deploy import Options
@@ -32,14 +32,7 @@ from deploy_lib.profile.overrides import with_overrides
 from deploy_lib.remote import OutputLine, Put, Step, StepResult
 from deploy_lib.tune import Request, TuneReport, show
 
-BASE = PROJECT.profile("glm5-nvfp4")
-FOUR_CAPS = ("memory.max_running_requests=64,256,1024,512",)
 CAP = "memory.max_running_requests="
-
-
-def replica(name: str) -> Any:
-    found = target()
-    return replace(found, host=found.host.model_copy(update={"name": name}))
 
 
 def group(hosts: dict[str, SweepHost]) -> tuple[Scope, Reach]:
@@ -275,7 +268,7 @@ def test_behind_a_router_a_replica_goes_back_to_its_original_out_of_the_router(t
 
 def test_a_host_lost_in_its_share_ends_the_group_sweep_unfinished_with_its_code_and_rolls_nothing_out() -> None:
     """Input tried: host b's connection refused from the start; a ran its share, 1024 then 128 (its best first)."""
-    from fake_remote import FakeRemote
+    from helpers.fake_remote import FakeRemote
 
     from deploy_lib.errors import ConnectFailed
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from recording_progress import RecordingProgress
-from test_deploy_plan import target
-from test_tune_loop import BASE, BENCH, MRR, SweepHost, a_sweep_host, request, sglang_knowing_every_flag, sweep
+from helpers.deploy_plan import target
+from helpers.recording_progress import RecordingProgress
+from helpers.tune_loop import BASE, BENCH, MRR, SweepHost, a_sweep_host, request, sglang_knowing_every_flag, sweep
 
 from deploy_lib.deploy.plan import BatchKind
 from deploy_lib.facts import host as host_facts

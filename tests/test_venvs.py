@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
 import pytest
-from fake_remote import FakeRemote
+from helpers.fake_remote import FakeRemote
 from pydantic import ValidationError
 
 from deploy_lib import venvs

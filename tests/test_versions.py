@@ -24,7 +24,7 @@ from deploy_lib.versions import (
     version_key,
 )
 
-pytest_plugins = ("wheelcache",)  # the real_options fixture
+pytest_plugins = ("helpers.wheelcache",)  # the real_options fixture
 
 
 def test_known_releases_are_in_order_and_the_newest_is_last() -> None:

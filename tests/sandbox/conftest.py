@@ -32,8 +32,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from guest_shell import GuestShell
-from rig import Rig
+from helpers.guest_shell import GuestShell
+from helpers.rig import Rig
 
 from deploy_lib.remote import FabricRemote, SSHTarget
 from sandbox import manage, wheelhouse

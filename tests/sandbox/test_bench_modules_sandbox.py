@@ -51,6 +51,7 @@ def test_bench_router_quick_prints_failed_requests_during_the_rollout() -> None:
 def test_bench_tune_quick_prints_a_candidates_overhead() -> None:
     output = run_quick("bench.tune")
     assert "a candidate's overhead (total - server start - benchmark - grace window)" in output, output[-4000:]
+    assert "the grid at concurrency 64: cap 1,024" in output, output[-4000:]
 
 
 def test_bench_tune_group_quick_prints_the_group_against_one_host() -> None:

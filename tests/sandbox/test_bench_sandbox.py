@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from recording_progress import RecordingProgress
-from rig import Rig
+from helpers.recording_progress import RecordingProgress
+from helpers.rig import Rig
 
 from deploy_lib import deploy as engine
 from deploy_lib.commands import patches as on_host

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from waits import STATE_WAIT_S
+from helpers.waits import STATE_WAIT_S
 
 from sandbox import manage
 

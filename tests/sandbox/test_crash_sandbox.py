@@ -4,7 +4,7 @@ switched to itself, whatever other deploy tests left on a shared guest)."""
 from __future__ import annotations
 
 import pytest
-from rig import FAULT_OF_CRASHY, Rig
+from helpers.rig import FAULT_OF_CRASHY, Rig
 
 pytestmark = pytest.mark.sandbox
 

@@ -7,8 +7,8 @@ import json
 from pathlib import Path
 
 import pytest
-from projects import project_for_guest
-from recording_progress import RecordingProgress
+from helpers.projects import project_for_guest
+from helpers.recording_progress import RecordingProgress
 
 from deploy_lib import deploy as engine
 from deploy_lib.bundled import ROLES_DIR

@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from recording_progress import RecordingProgress
-from rig import FAULT_OF_CRASHY, GUEST_FAULT, REFERENCE, Rig
-from waits import STATE_WAIT_S
+from helpers.recording_progress import RecordingProgress
+from helpers.rig import FAULT_OF_CRASHY, GUEST_FAULT, REFERENCE, Rig
+from helpers.waits import STATE_WAIT_S
 
 from deploy_lib import deploy as engine
 from deploy_lib.commands.status import list_releases, read_status

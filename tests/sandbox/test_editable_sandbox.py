@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 import yaml
-from projects import project_for_guest
-from recording_progress import RecordingProgress
+from helpers.projects import project_for_guest
+from helpers.recording_progress import RecordingProgress
 
 from deploy_lib import deploy as engine
 from deploy_lib import patches, venvs

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from guest_group import STORE, GuestGroup, booted_group
+from helpers.guest_group import STORE, GuestGroup, booted_group
 
 from deploy_lib.inventory import load_inventory
 from deploy_lib.project import resolve_target

@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from projects import project_for_guest
-from recording_progress import RecordingProgress
+from helpers.projects import project_for_guest
+from helpers.recording_progress import RecordingProgress
 
 from deploy_lib import deploy as engine
 from deploy_lib.commands.gpu_check import run_gpu_check

@@ -14,9 +14,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from guest_shell import GuestShell
-from http_client import http
-from waits import wait_for
+from helpers.guest_shell import GuestShell
+from helpers.http_client import http
+from helpers.waits import wait_for
 
 from sandbox import manage
 
@@ -201,7 +201,7 @@ def test_guest_gpus_are_configurable_per_guest(guest_shell: GuestShell) -> None:
 def test_put_text_writes_exactly_the_text_at_a_hostile_path_on_the_guest(sandbox_guest: manage.Guest) -> None:
     """Input tried: a path and a text holding quotes, command substitutions, a newline and non-ASCII (the same as
     tests/test_sandbox_manage.py's, there run by this machine's shells)."""
-    from test_sandbox_manage import HOSTILE_DIR, HOSTILE_TEXT
+    from helpers.sandbox_manage import HOSTILE_DIR, HOSTILE_TEXT
 
     path = f"/root/put text/{HOSTILE_DIR}/-fault; x"
     manage.put_text(sandbox_guest, path, HOSTILE_TEXT)

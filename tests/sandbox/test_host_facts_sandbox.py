@@ -4,7 +4,7 @@ the working directory with the shell, without starting the venv's python for eit
 from __future__ import annotations
 
 import pytest
-from rig import Rig
+from helpers.rig import Rig
 
 from deploy_lib import deploy as engine
 from sandbox.names import GUEST_VENV

@@ -9,10 +9,10 @@ from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
-import hub_gate
 import pytest
-from hub_gate import HubGate
-from waits import STATE_WAIT_S
+from helpers import hub_gate
+from helpers.hub_gate import HubGate
+from helpers.waits import STATE_WAIT_S
 
 from sandbox.hub import Hub
 

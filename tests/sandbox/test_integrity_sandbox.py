@@ -11,8 +11,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
-from recording_progress import RecordingProgress
-from rig import TEST_PROFILES, Rig
+from helpers.recording_progress import RecordingProgress
+from helpers.rig import TEST_PROFILES, Rig
 
 from deploy_lib import deploy as engine
 from deploy_lib.commands.status import list_releases

@@ -12,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from hub_gate import HubGate
-from projects import project_for_guest
-from recording_progress import RecordingProgress
-from waits import STATE_WAIT_S
+from helpers.hub_gate import HubGate
+from helpers.projects import project_for_guest
+from helpers.recording_progress import RecordingProgress
+from helpers.waits import STATE_WAIT_S
 
 from deploy_lib import deploy as engine
 from deploy_lib.commands.status import list_models

@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from guest_group import GuestGroup, booted_group
+from helpers.guest_group import GuestGroup, booted_group
 
 from sandbox import manage
 

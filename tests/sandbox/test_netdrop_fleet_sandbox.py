@@ -8,9 +8,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from guest_group import GuestGroup, booted_group
-from netcut import CutDuring
-from recording_progress import RecordingProgress
+from helpers.guest_group import GuestGroup, booted_group
+from helpers.netcut import CutDuring
+from helpers.recording_progress import RecordingProgress
 
 from deploy_lib import deploy as engine
 from deploy_lib.ops.fleet import HostEnd, Rollout, run_hosts, summarize

@@ -9,9 +9,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from netcut import CutDuring
-from recording_progress import RecordingProgress
-from rig import REFERENCE, TEST_PROFILES, Rig
+from helpers.netcut import CutDuring
+from helpers.recording_progress import RecordingProgress
+from helpers.rig import REFERENCE, TEST_PROFILES, Rig
 from tenacity import stop_after_attempt
 
 from deploy_lib import deploy as engine

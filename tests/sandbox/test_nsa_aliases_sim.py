@@ -35,7 +35,9 @@ def parsed(done: subprocess.CompletedProcess[str]) -> dict:
 
 @pytest.mark.parametrize("version", ["0.5.20", "0.5.21", "0.5.22", "0.5.23"])
 def test_the_patched_server_args_take_the_nsa_flags_with_upstreams_warning(sim_venv, version, tmp_path):
-    from wheelcache import unpacked  # imported here: a pytest plugin imported before it is registered is not rewritten
+    from helpers.wheelcache import (
+        unpacked,  # imported here: a pytest plugin imported before it is registered is not rewritten
+    )
 
     patch_set = load_patch_set(ROLES_DIR / "nsa-aliases")
     wheel = unpacked("sglang", version)

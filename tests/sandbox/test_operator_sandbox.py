@@ -8,8 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from recording_progress import RecordingProgress
-from rig import Rig
+from helpers.recording_progress import RecordingProgress
+from helpers.rig import Rig
 
 from deploy_lib import deploy as engine
 from deploy_lib.commands.adopt import adopt

@@ -24,8 +24,8 @@ from contextlib import contextmanager, nullcontext
 from pathlib import Path, PurePosixPath
 
 import pytest
-from recording_progress import RecordingProgress
-from rig import REFERENCE, Rig
+from helpers.recording_progress import RecordingProgress
+from helpers.rig import REFERENCE, Rig
 
 from deploy_lib import deploy as engine
 from deploy_lib.commands.status import list_releases

@@ -9,8 +9,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from recording_progress import RecordingProgress
-from rig import REFERENCE, Rig
+from helpers.recording_progress import RecordingProgress
+from helpers.rig import REFERENCE, Rig
 
 from deploy_lib.errors import LockHeld
 from deploy_lib.remote import FabricRemote

@@ -9,7 +9,7 @@ from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
 import pytest
-from sudo_above import sudo_above
+from helpers.sudo_above import sudo_above
 
 from deploy_lib.errors import StepFailed, SudoPasswordRequired
 from deploy_lib.remote import FabricRemote, Put, Step
@@ -23,7 +23,7 @@ from deploy_lib.store import (
 )
 
 if TYPE_CHECKING:
-    from guest_shell import GuestShell
+    from helpers.guest_shell import GuestShell
 
 pytestmark = pytest.mark.sandbox
 SUDOERS = "/etc/sudoers.d/deploy"

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import PurePosixPath
 
 import pytest
-from systemd_syntax import exec_start_argv, parse_env_file
+from helpers.systemd_syntax import exec_start_argv, parse_env_file
 
 from deploy_lib.release.render import (
     EnvSpec,

@@ -13,10 +13,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from browser import REPORT_AREAS, REPORT_CHARTS, SWEEP_AREAS, SWEEP_CHARTS, assert_page_drawn
-from recording_progress import RecordingProgress
-from rig import Rig
-from test_tune_sandbox import tune_lines
+from helpers.browser import REPORT_AREAS, REPORT_CHARTS, SWEEP_AREAS, SWEEP_CHARTS, assert_page_drawn
+from helpers.recording_progress import RecordingProgress
+from helpers.rig import Rig
+from helpers.tune_sandbox import tune_lines
 
 from deploy_lib.commands.status import list_releases
 from deploy_lib.profile.settings import BenchSettings

@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from recording_progress import RecordingProgress
-from rig import FAULT_OF_SHORT, GUEST_FAULT, TEST_PROFILES, Rig
+from helpers.recording_progress import RecordingProgress
+from helpers.rig import FAULT_OF_SHORT, GUEST_FAULT, TEST_PROFILES, Rig
 
 from deploy_lib import deploy as engine
 from deploy_lib.errors import PreflightError, ReadinessFailed, RollbackFailed

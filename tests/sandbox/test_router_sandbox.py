@@ -11,8 +11,8 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from guest_group import GuestGroup, booted_group
-from http_client import http
+from helpers.guest_group import GuestGroup, booted_group
+from helpers.http_client import http
 
 from deploy_lib.commands.status import list_releases
 from deploy_lib.inventory import load_inventory

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from http_client import http
+from helpers.http_client import http
+from helpers.upstream_edits import patch_sglang_0_5_23_gates
+from helpers.waits import STATE_WAIT_S
 from sglang_sim.throughput import Knobs, ThroughputModel
 from sglang_sim.upstream import InstalledUpstream
-from upstream_edits import patch_sglang_0_5_23_gates
-from waits import STATE_WAIT_S
 
 from deploy_lib.facts.diagnose import diagnose
 from sandbox import wheelhouse

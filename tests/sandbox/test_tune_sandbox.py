@@ -17,9 +17,10 @@ import threading
 from collections.abc import Iterator
 
 import pytest
-from recording_progress import RecordingProgress
-from rig import Rig
-from waits import wait_for
+from helpers.recording_progress import RecordingProgress
+from helpers.rig import Rig
+from helpers.tune_sandbox import tune_lines
+from helpers.waits import wait_for
 
 from deploy_lib import tune as tuning
 from deploy_lib.bundled import ROLES_DIR
@@ -67,36 +68,30 @@ def sweep(rig: Rig, req: tuning.Request, progress: RecordingProgress | None = No
     return report
 
 
-def tune_lines(rig: Rig, tune_id: str) -> list[dict[str, object]]:
-    return [h for h in rig.history() if h["event"] == "tune" and h["tune"]["id"] == tune_id]  # type: ignore[index]
-
-
 def objective(row: object) -> float:
     values = row.values  # type: ignore[attr-defined]
     assert values, row
     return sum(values) / len(values)
 
 
-def test_the_grid_of_caps_and_fusion_finds_1024_unfused_at_4x_the_cap_of_64_keeps_it_and_serves_it(rig: Rig) -> None:
-    """The simulator serves 4.25x from a cap of 64 to 1,024 at concurrency 1,024 (1.65x from 256). The profile's
-    --stream-interval 8 keeps SGLang's benchmark client, one process on a loaded machine, far below its ceiling
-    (at one write per token it tied caps 256 and 1,024 at ~1,800 tok/s); the ramp of 1,024 requests still costs the
-    cap of 1,024 a little, so "about 4x" is asserted as more than 3x."""
+def test_the_grid_of_caps_and_fusion_measures_every_candidate_and_serves_the_one_its_measurements_favour(
+        rig: Rig) -> None:
+    """Which cap measures best on a loaded machine is `make bench`'s to show (bench/tune.py); here the loop's own
+    behaviour: every candidate of the grid starts and is measured (the fusion-sm120 patch set applies on the
+    simulator's SM120), the winner is the one with the best recorded objective, and the release that serves at the
+    end is the winner's when the loop kept it, else the one from before."""
     before = serve(rig, BEFORE_64)
     report = sweep(rig, request("memory.max_running_requests=64,256,1024", "patches=none,fusion-sm120"))
     rows = {row.label: row for row in report.rows}
     for label, row in rows.items():
         print(f"{label}: {row.outcome}, {row.values} {row.cause}")
     assert len(rows) == 6, [(r.label, r.outcome, r.cause) for r in report.rows]
-    assert report.finished and report.winner == MRR_1024, report.reason
-    ratio = objective(rows[MRR_1024]) / objective(rows[MRR_64])
-    print(f"winner {report.winner}: {ratio:.2f}x the cap of 64")
-    assert ratio > 3, f"the simulator's curve gives ~4.25x at 1,024, measured {ratio:.2f}x"
-    assert objective(rows[MRR_1024]) > objective(rows[MRR_256])
-    for label, row in rows.items():
-        if "fusion-sm120" in label:  # skipped by a rule, failed and rolled back, or measured at its 0.27x
-            assert row.outcome in ("skipped", "failed", "measured"), (label, row.outcome, row.cause)
-    assert "kept" in report.reason and report.serving == rows[MRR_1024].release_id != before
+    assert [row.outcome for row in rows.values()] == ["measured"] * 6, [(r.label, r.outcome, r.cause)
+                                                                       for r in report.rows]
+    assert report.finished and report.winner == max(rows, key=lambda label: objective(rows[label])), report.reason
+    assert report.winner is not None
+    kept = report.reason.endswith(": kept")
+    assert report.serving == (rows[report.winner].release_id if kept else before), report.reason
     assert rig.current() == report.serving and rig.unit_state() == "active"
     rig.wait_ready()
     roles = [line["tune"]["role"] for line in tune_lines(rig, report.tune_id)]  # type: ignore[index]

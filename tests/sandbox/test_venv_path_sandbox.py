@@ -9,9 +9,9 @@ import json
 from pathlib import Path
 
 import pytest
-from projects import project_for_guest
-from recording_progress import RecordingProgress
-from systemd_syntax import parse_env_file
+from helpers.projects import project_for_guest
+from helpers.recording_progress import RecordingProgress
+from helpers.systemd_syntax import parse_env_file
 
 from deploy_lib import deploy as engine
 from deploy_lib.bundled import ROLES_DIR

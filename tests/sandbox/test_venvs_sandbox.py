@@ -26,7 +26,7 @@ from deploy_lib.store import StoreLayout
 from sandbox import wheelhouse
 
 if TYPE_CHECKING:
-    from guest_shell import GuestShell
+    from helpers.guest_shell import GuestShell
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.wheels]
 

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any, ClassVar, TypeVar
 
 import pytest
-from projects import project_for_guest
 
+from helpers.projects import project_for_guest
 from sandbox import manage, names
 
 REPO = Path(__file__).resolve().parents[2]

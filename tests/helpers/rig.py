@@ -24,14 +24,14 @@ from dataclasses import dataclass
 from typing import Any, Self
 
 import pytest
-from projects import REPO, project_for_guest
-from recording_progress import RecordingProgress
-from waits import STATE_WAIT_S
 
 from deploy_lib import deploy as engine
 from deploy_lib.commands.status import StatusReport, read_status
 from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote
+from helpers.projects import REPO, project_for_guest
+from helpers.recording_progress import RecordingProgress
+from helpers.waits import STATE_WAIT_S
 from sandbox import manage
 
 REFERENCE = "glm5-nvfp4"

@@ -7,7 +7,7 @@ Concurrent test processes serialise on an flock in the cache directory.
 
 Use in a test module:
 
-    pytest_plugins = ("wheelcache",)  # registers the sglang_source fixture (tests/ is on sys.path under pytest)
+    pytest_plugins = ("helpers.wheelcache",)  # registers the sglang_source fixture (tests/ is on sys.path under pytest)
 
     @pytest.mark.wheels
     def test_x(sglang_source):
