@@ -13,9 +13,19 @@ import pytest
 from helpers.cli import invoke
 from helpers.recording_progress import RecordingProgress
 
+from deploy_lib.deploy import Outcome
 from deploy_lib.errors import ConfigError, DeployError, LockHeld, ReadinessFailed, RemoteError, RollbackFailed
 from deploy_lib.inventory import load_inventory
-from deploy_lib.ops.fleet import FleetRun, HostEnd, Rollout, run_hosts, summarize, worst_exit_code
+from deploy_lib.ops.fleet import (
+    FleetRun,
+    HostEnd,
+    HostRun,
+    Rollout,
+    outcome_end,
+    run_hosts,
+    summarize,
+    worst_exit_code,
+)
 from deploy_lib.outcomes import Action
 from deploy_lib.project import Target, resolve_group
 from sandbox import manage, names
@@ -152,6 +162,15 @@ class Hosts:
 
 def summary_of(fleet: FleetRun[str]):  # type: ignore[no-untyped-def]
     return summarize(fleet, lambda release: HostEnd(Action.deployed, release, release, 1.5))
+
+
+def test_a_group_plan_shows_each_host_serving_what_it_served_and_a_deploy_its_new_release() -> None:
+    """`plan --group G` changes nothing: the table's `serving now` is the release before; after a deploy, the new."""
+    fleet = FleetRun((HostRun("a", result=Outcome(Action.planned, "new", "old")),
+                      HostRun("b", result=Outcome(Action.deployed, "new", "old"))), (("a", "b"),))
+    summary = summarize(fleet, outcome_end)
+    assert [(row.host, row.outcome, row.release, row.serving) for row in summary.rows] == [
+        ("a", "planned", "new", "old"), ("b", "deployed", "new", "new")]
 
 
 def test_the_hosts_of_a_batch_run_at_the_same_time(tmp_path: Path) -> None:
