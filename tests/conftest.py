@@ -37,6 +37,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
+    """OpenSSH's sshd on loopback for the module, with keys of its own."""
     if not os.path.exists(SSHD) or not shutil.which("ssh-keygen"):
         pytest.skip("needs OpenSSH's sshd and ssh-keygen: apt-get install -y openssh-server")
     workdir = tmp_path_factory.mktemp("sshd")
@@ -75,6 +76,7 @@ def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:
 
 @pytest.fixture(scope="module")
 def options(sglang_source: Callable[[str], Path]) -> Callable[[str], dict[str, Any]]:
+    """SGLang's server options of a version, read from its wheel (the module registers helpers.wheelcache)."""
     cache: dict[str, dict[str, Any]] = {}
 
     def get(version: str) -> dict[str, Any]:
