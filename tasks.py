@@ -18,7 +18,7 @@ from deploy_cli.patches import patch_fusion
 from deploy_cli.report import report
 from deploy_cli.router import router_deploy
 from deploy_cli.tune import tune
-from deploy_lib.project import SANDBOX_INVENTORY
+from deploy_lib.deploy.project import SANDBOX_INVENTORY
 from sandbox import tasks as sandbox_tasks
 
 CHECKOUT = Path(__file__).resolve().parent  # the sandbox's inventory is the checkout's own, wherever invoke runs

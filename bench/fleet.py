@@ -29,13 +29,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from bench.timeline import Journal, JournalEntry, StampedRemote, ready_instant, restart_instant, say
-from deploy_lib import deploy as engine
+from deploy_lib.commands import deploy as engine
+from deploy_lib.deploy.project import Project, Target, load_for_target, resolve_group
 from deploy_lib.errors import DeployError
 from deploy_lib.health import Rung
-from deploy_lib.inventory import load_inventory
+from deploy_lib.inventory.model import load_inventory
 from deploy_lib.ops.fleet import run_hosts
 from deploy_lib.progress import NullProgress
-from deploy_lib.project import Project, Target, load_for_target, resolve_group
 from deploy_lib.remote import FabricRemote
 from sandbox import manage, names, wheelhouse
 

@@ -12,10 +12,10 @@ from dataclasses import dataclass
 
 from bench.figures import Figure
 from bench.measure import PROFILE, Rig
-from deploy_lib.deploy.switch import live_target
-from deploy_lib.health import ProbeTarget, Rung, live_unit_step, probe_step
-from deploy_lib.health.live import health_request
-from deploy_lib.project import load_for_host
+from deploy_lib.deploy.project import load_for_host
+from deploy_lib.health import ProbeTarget, Rung, probe_step
+from deploy_lib.host.live_probe import health_request, live_unit_step
+from deploy_lib.host.switch import live_target
 from deploy_lib.remote import FabricRemote, Step
 
 REPEAT = 10

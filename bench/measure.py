@@ -24,12 +24,14 @@ from bench.timeline import (
     ready_instant,
     restart_instant,
 )
-from deploy_lib import deploy as engine
 from deploy_lib import venvs
+from deploy_lib.commands import deploy as engine
+from deploy_lib.deploy.project import Project, load_for_host
 from deploy_lib.errors import ReadinessFailed
-from deploy_lib.project import Project, load_for_host
+from deploy_lib.host import venv_build
+from deploy_lib.host.store import host_lock
 from deploy_lib.remote import FabricRemote, SSHTarget, Step
-from deploy_lib.store import StoreLayout, host_lock
+from deploy_lib.store import StoreLayout
 from sandbox import manage
 
 REPO = Path(__file__).resolve().parents[1]
@@ -252,6 +254,6 @@ def ensure_venv_timed(ssh: SSHTarget, spec: venvs.VenvSpec) -> VenvRun:
     with FabricRemote(ssh) as remote, host_lock(remote, VENV_LAYOUT, "bench", "the guest"):
         before = remote.round_trips
         started = time.time()
-        result = venvs.ensure_venv(remote, VENV_LAYOUT, spec)
+        result = venv_build.ensure_venv(remote, VENV_LAYOUT, spec)
         return VenvRun(time.time() - started, result.bytes_sent, result.wheels_sent, remote.round_trips - before)
 

@@ -34,10 +34,10 @@ def main(started: float, inventory: str, profile: str) -> dict[str, object]:
 
     import tasks
     wall, cpu = _mark("invoke and tasks.py", wall, cpu)
-    from deploy_lib import deploy as engine
-    from deploy_lib.ops import commands, multinode, scope  # noqa: F401  (the deploy task imports them)
+    from deploy_lib.commands import deploy as engine
+    from deploy_lib.deploy.project import Project, load_for_host
+    from deploy_lib.ops import dispatch, multinode, scope  # noqa: F401  (the deploy task imports them)
     from deploy_lib.progress import NullProgress
-    from deploy_lib.project import Project, load_for_host
     from deploy_lib.remote import FabricRemote
     wall, cpu = _mark("the deploy engine's modules", wall, cpu)
     loaded, target = load_for_host(Project(tasks.CHECKOUT), profile, inventory, None)

@@ -23,8 +23,8 @@ from pathlib import Path
 from bench.figures import Figure
 from bench.measure import PROFILE, REPO, ChangedRun, ProcessRun, Rig
 from bench.timeline import Journal, ready_instant, restart_instant
+from deploy_lib.deploy.project import load_for_host
 from deploy_lib.models import ReleaseModel
-from deploy_lib.project import load_for_host
 from deploy_lib.release.model import Release, build_release
 from deploy_lib.release.server_args import launch_environment
 from deploy_lib.store import ENV_FILE, LAUNCHER_FILE

@@ -18,15 +18,15 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from bench.fleet import guests, say
-from deploy_lib import deploy as engine
-from deploy_lib.inventory import load_inventory
-from deploy_lib.ops import commands
+from deploy_lib.commands import deploy as engine
+from deploy_lib.deploy.project import Project, resolve_group, resolve_target
+from deploy_lib.inventory.model import load_inventory
+from deploy_lib.ops import dispatch
 from deploy_lib.ops.fleet import Rollout
 from deploy_lib.ops.router import replica_urls, router_site
 from deploy_lib.ops.router_deploy import deploy_router
 from deploy_lib.ops.scope import Reach, select
 from deploy_lib.progress import NullProgress
-from deploy_lib.project import Project, resolve_group, resolve_target
 from deploy_lib.remote import FabricRemote
 from sandbox import manage, names
 from sandbox.traffic import Client
@@ -37,11 +37,11 @@ PORT = manage.ROUTER_PORT
 
 
 def rolling_deploy(project: Project, inventory: Path, profile: str) -> None:
-    """`deploy --group sandbox --serial 1` through the library's own operation (deploy_lib.ops.commands.deploy, what
+    """`deploy --group sandbox --serial 1` through the library's own operation (deploy_lib.ops.dispatch.deploy, what
     the task calls): each replica behind the router's drain."""
     scope = select(load_inventory(inventory), None, names.GROUP, rollout=Rollout.parse(["1"]))
     reach = Reach(lambda target, _prefixed: FabricRemote(target.ssh), lambda _host: NullProgress(), lambda _q: None)
-    fleet = commands.deploy(project, scope, profile, engine.Options(), reach)
+    fleet = dispatch.deploy(project, scope, profile, engine.Options(), reach)
     failed = {run.host: run.error.message for run in fleet.runs if run.error is not None}
     if failed:
         raise SystemExit(f"bench: a replica's deploy failed: {failed}")

@@ -13,7 +13,8 @@ from bench.figures import LARGE_WHEEL, Figure, VenvRuns, venv_figures
 from bench.measure import PROFILE, VENV_LAYOUT, Rig, VenvRun, ensure_venv_timed
 from bench.timeline import say
 from deploy_lib import venvs
-from deploy_lib.project import load_for_host
+from deploy_lib.deploy.project import load_for_host
+from deploy_lib.host import venv_build, venv_store
 from deploy_lib.remote import FabricRemote
 from sandbox import hub, wheelhouse
 
@@ -92,7 +93,7 @@ def measure_venvs(rig: Rig, house: wheelhouse.Wheelhouse, runs: int, changed_run
 
     def rebuilt(built: venvs.VenvSpec) -> VenvRun:
         """The published venv of `built` removed (its wheels and uv's cache stay), then built again."""
-        venv = venvs.venv_path(VENV_LAYOUT, venvs.venv_hash(venvs.load_lock(built.lock), facts.python))
+        venv = venvs.venv_path(VENV_LAYOUT, venv_build.venv_hash(venvs.load_lock(built.lock), facts.python))
         rig.root(f"rm -rf {shlex.quote(str(venv))}")
         return ensure_venv_timed(target.ssh, built)
 
@@ -100,7 +101,7 @@ def measure_venvs(rig: Rig, house: wheelhouse.Wheelhouse, runs: int, changed_run
     first = ensure_venv_timed(target.ssh, base)
     say(f"venv built: {len(first.wheels_sent)} wheels, {first.bytes_sent / 1e6:.1f} MB in {first.seconds:.1f} s")
     with FabricRemote(target.ssh) as remote:
-        facts = venvs.read_facts(remote, VENV_LAYOUT, base.python)
+        facts = venv_store.read_facts(remote, VENV_LAYOUT, base.python)
     unchanged = [ensure_venv_timed(target.ssh, base) for _ in range(runs)]
     changed = []
     for number, other in enumerate(others):

@@ -34,11 +34,13 @@ from bench.run import guest_for_bench
 from bench.timeline import StampedProgress, StampedRemote, ready_instant, restart_instant, say
 from deploy_lib import tune as tuning
 from deploy_lib.bundled import ROLES_DIR
-from deploy_lib.deploy import Options
-from deploy_lib.deploy import deploy as deploy_release
+from deploy_lib.commands import tune as commands_tune
+from deploy_lib.commands import tune_request
+from deploy_lib.commands.deploy import Options
+from deploy_lib.commands.deploy import deploy as deploy_release
+from deploy_lib.deploy.project import Target, load_for_host
 from deploy_lib.patches import list_patch_sets
 from deploy_lib.profile import LoadedProfile
-from deploy_lib.project import Target, load_for_host
 from deploy_lib.remote import FabricRemote, OutputLine, Put, Step, StepResult
 from sandbox import manage, wheelhouse
 
@@ -133,10 +135,10 @@ def serving_rig(profile_text: str) -> Iterator[tuple[Rig, LoadedProfile, Target]
         yield rig, loaded, target
 
 
-def sweep_request(caps: Sequence[int], ladder: list[int]) -> tuning.Request:
+def sweep_request(caps: Sequence[int], ladder: list[int]) -> tune_request.Request:
     spec, sources = tuning.sweep_spec(None, [f"memory.max_running_requests={','.join(map(str, caps))}"],
                                       {"ladder": ladder})
-    return tuning.Request(spec, sources, tuple(list_patch_sets(ROLES_DIR)))
+    return tune_request.Request(spec, sources, tuple(list_patch_sets(ROLES_DIR)))
 
 
 def measure_grid(quick: bool) -> tuple[int, dict[int, float]]:
@@ -146,7 +148,7 @@ def measure_grid(quick: bool) -> tuple[int, dict[int, float]]:
     ladder = LADDER if quick else GRID_LADDER
     with serving_rig(base + "memory:\n  max_running_requests: 64\n") as (_rig, loaded, target), \
             FabricRemote(target.ssh) as remote:
-        report = tuning.tune(loaded, target, remote, StampedProgress(), sweep_request(GRID_CAPS, ladder))
+        report = commands_tune.tune(loaded, target, remote, StampedProgress(), sweep_request(GRID_CAPS, ladder))
     assert isinstance(report, tuning.TuneReport) and report.finished, report
     rows = {row.label: row for row in report.rows}
     return ladder[0], {cap: statistics.fmean(row.values) if row.values else 0.0
@@ -170,7 +172,7 @@ def measure(candidates: int) -> tuple[list[CandidateRun], float]:
         started = time.time()
         stamped = TimedRemote(FabricRemote(target.ssh))
         try:
-            report = tuning.tune(loaded, target, stamped, progress, request)
+            report = commands_tune.tune(loaded, target, stamped, progress, request)
         finally:
             stamped.close()
         ended = time.time()

@@ -24,16 +24,18 @@ from pathlib import Path
 
 from bench.fleet import guests
 from bench.timeline import StampedProgress, say
-from deploy_lib import deploy as engine
 from deploy_lib.bundled import ROLES_DIR
-from deploy_lib.inventory import load_inventory
+from deploy_lib.commands import deploy as engine
+from deploy_lib.commands.tune import tune
+from deploy_lib.commands.tune_request import Request
+from deploy_lib.deploy.project import Project, load_for_target, resolve_group
+from deploy_lib.inventory.model import load_inventory
 from deploy_lib.ops.scope import Reach, Scope
 from deploy_lib.ops.tune_group import GroupTune, tune_group
 from deploy_lib.patches import list_patch_sets
 from deploy_lib.progress import NullProgress
-from deploy_lib.project import Project, load_for_target, resolve_group
 from deploy_lib.remote import FabricRemote
-from deploy_lib.tune import Request, TuneReport, sweep_spec, tune
+from deploy_lib.tune import TuneReport, sweep_spec
 from sandbox import manage, names
 
 REPO = Path(__file__).resolve().parents[1]

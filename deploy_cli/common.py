@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from invoke import Exit
 
 from deploy_cli import present as ui
+from deploy_lib.deploy.project import Project, Target, load_for_host, profile_for_host, resolve_target
 from deploy_lib.errors import EXIT_CODES, ConfigError, DeployError
 from deploy_lib.profile import LoadedProfile, ServiceSpec
-from deploy_lib.project import Project, Target, load_for_host, profile_for_host, resolve_target
 
 if TYPE_CHECKING:
-    from deploy_lib.deploy import Outcome
+    from deploy_lib.commands.deploy import Outcome
     from deploy_lib.ops.fleet import FleetRun, Rollout
     from deploy_lib.ops.scope import Reach, Scope
     from deploy_lib.remote import FabricRemote
@@ -67,7 +67,7 @@ def run(action: Callable[[], T]) -> T:
 
 @cache
 def project() -> Project:
-    """The user's project: found from the working directory (deploy_lib.project.Project.find)."""
+    """The user's project: found from the working directory (deploy_lib.deploy.project.Project.find)."""
     return run(lambda: Project.find(Path.cwd(), os.environ))
 
 

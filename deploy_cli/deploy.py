@@ -16,7 +16,7 @@ from deploy_cli.options import task
 from deploy_lib.versions import NEWEST_SGLANG
 
 if TYPE_CHECKING:
-    from deploy_lib.deploy import Outcome
+    from deploy_lib.commands.deploy import Outcome
     from deploy_lib.ops.fleet import FleetRun, Rollout
 
 
@@ -69,7 +69,7 @@ def _plan(profile: str | None, against: str | None, host: str | None, group: str
     if group is not None:
         raise Exit("error: --against compares two profiles for one host: give --host, not --group",
                    code=common.BAD_OPTION)
-    from deploy_lib.deploy import plan_against
+    from deploy_lib.deploy.plan import plan_against
     (old, _), (new, target) = [common.load(name, inventory, host, overrides=given)
                                for name, given in ((against, ()), (profile, overrides))]
     changes = common.run(lambda: plan_against(old, new, target, sglang_version))
@@ -113,11 +113,11 @@ def _deploy_run(profile: str | None, host: str | None, group: str | None, rolled
                 inventory: str | None, overrides: Sequence[str], accept_new_host_key: bool, yes: bool,
                 dry_run: bool, force: bool = False, gate: bool = False) -> tuple[FleetRun[Outcome], bool]:
     """The deploy (or its dry run) of the hosts --host/--group name, and whether that is one host."""
-    from deploy_lib.deploy import Options
-    from deploy_lib.ops import commands
+    from deploy_lib.commands.deploy import Options
+    from deploy_lib.ops import dispatch
     options = Options(dry_run=dry_run, force=force, environ=dict(os.environ), gate=gate)
     hosts = common.scope(inventory, host, group, accept_new_host_key, rolled)
-    return common.run(lambda: commands.deploy(common.project(), hosts, profile, options, common.reach(yes),
+    return common.run(lambda: dispatch.deploy(common.project(), hosts, profile, options, common.reach(yes),
                                               overrides)), hosts.one_host
 
 
@@ -127,8 +127,8 @@ def rollback(c: Context, to: str | None = None, host: str | None = None, group: 
              service: str | None = None, accept_new_host_key: bool = False, json: bool = False,
              verbose: bool = False, yes: bool = False) -> None:
     """Switch back to an earlier release on the host and verify it."""
-    from deploy_lib.ops import commands
+    from deploy_lib.ops import dispatch
     common.report_as(json, verbose)
     hosts = common.scope(inventory, host, group, accept_new_host_key, common.rollout(serial, max_fail))
-    fleet = common.run(lambda: commands.rollback(hosts, common.service_name(service), to, common.reach(yes)))
+    fleet = common.run(lambda: dispatch.rollback(hosts, common.service_name(service), to, common.reach(yes)))
     common.show_outcomes(fleet, hosts.one_host)

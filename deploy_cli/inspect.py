@@ -17,10 +17,10 @@ from deploy_lib.errors import EXIT_CODES, PreflightError
 def releases(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
              service: str | None = None, json: bool = False, verbose: bool = False) -> None:
     """List the releases on the host with their outcome and measured throughput."""
-    from deploy_lib.ops import commands
+    from deploy_lib.ops import dispatch
     common.report_as(json, verbose)
     hosts = common.scope(inventory, host, group)
-    fleet = common.run(lambda: commands.releases(hosts, common.service_name(service), common.reach()))
+    fleet = common.run(lambda: dispatch.releases(hosts, common.service_name(service), common.reach()))
     common.show_each(fleet, reports.print_releases, hosts.one_host)
 
 
@@ -28,11 +28,11 @@ def releases(c: Context, host: str | None = None, group: str | None = None, inve
 def status(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
            service: str | None = None, json: bool = False, verbose: bool = False) -> None:
     """Current release and its age, unit state, readiness, versions, patches and a per-GPU table."""
-    from deploy_lib.ops import commands
+    from deploy_lib.ops import dispatch
     name = common.service_name(service)
     common.report_as(json, verbose, lambda error: ui.status_failure_json(error, host, name))
     hosts = common.scope(inventory, host, group)
-    fleet = common.run(lambda: commands.status(hosts, name, common.reach()))
+    fleet = common.run(lambda: dispatch.status(hosts, name, common.reach()))
     common.show_each(fleet, reports.print_status, hosts.one_host)
 
 
@@ -42,7 +42,7 @@ def logs(c: Context, lines: int = 100, follow: bool = False, host: str | None = 
          ) -> None:
     """Print the server's log from the host's journal."""
     from deploy_lib.commands import status as host_status
-    from deploy_lib.ops import commands
+    from deploy_lib.ops import dispatch
     common.report_as(json, verbose)
     if group is not None and follow:
         raise Exit("error: --follow follows one host's journal: give --host, or --group without --follow",
@@ -57,7 +57,7 @@ def logs(c: Context, lines: int = 100, follow: bool = False, host: str | None = 
             common.run(lambda: ui.print_lines(host_status.follow_log(target, name, remote, lines)))
         return
     hosts = common.scope(inventory, host, group)
-    fleet = common.run(lambda: commands.logs(hosts, name, lines, common.reach()))
+    fleet = common.run(lambda: dispatch.logs(hosts, name, lines, common.reach()))
     common.show_each(fleet, ui.print_lines, hosts.one_host)
 
 
@@ -97,14 +97,14 @@ def gpu_check(c: Context, profile: str | None = None, stop_server: bool = False,
               verbose: bool = False) -> None:
     """Prove the host's GPUs and NCCL settings: topology and P2P advice, then an exactly verified all-reduce."""
     from deploy_lib.commands.gpu_check import parse_sizes
-    from deploy_lib.ops import commands
+    from deploy_lib.ops import dispatch
     common.report_as(json, verbose)
     hosts = common.scope(inventory, host)
     loaded = common.run(lambda: common.project().profile(profile)) if profile else None
     byte_sizes = common.run(lambda: parse_sizes(sizes or []))
-    fleet = common.run(lambda: commands.gpu_check(hosts, common.service_name(service), loaded, stop_server,
+    fleet = common.run(lambda: dispatch.gpu_check(hosts, common.service_name(service), loaded, stop_server,
                                                   byte_sizes, common.reach()))
-    report = commands.one(fleet)
+    report = dispatch.one(fleet)
     common.show(report, reports.print_gpu_check)
     if not report.check.verified:
         raise Exit(code=EXIT_CODES[PreflightError])

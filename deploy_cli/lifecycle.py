@@ -12,7 +12,7 @@ from deploy_cli import present as ui
 from deploy_cli.options import task
 
 if TYPE_CHECKING:
-    from deploy_lib.deploy import Outcome
+    from deploy_lib.commands.deploy import Outcome
     from deploy_lib.ops.fleet import FleetRun
 
 GROUP_HELP = {"group": "inventory group: every host of it at once (a multi-node release as a whole; replicas "
@@ -23,10 +23,10 @@ GROUP_HELP = {"group": "inventory group: every host of it at once (a multi-node 
 def stop(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
          service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
     """Stop the server (the current release stays current; `start` brings it back)."""
-    from deploy_lib.ops import commands
+    from deploy_lib.ops import dispatch
     common.report_as(verbose=verbose)
     hosts = common.scope(inventory, host, group)
-    fleet = common.run(lambda: commands.stop(hosts, common.service_name(service), common.reach(yes)))
+    fleet = common.run(lambda: dispatch.stop(hosts, common.service_name(service), common.reach(yes)))
     _show_lifecycle(fleet, hosts.one_host)
 
 
@@ -36,10 +36,10 @@ def _show_lifecycle(fleet: FleetRun[Outcome], one_host: bool) -> None:
 
 def _start(restart: bool, host: str | None, group: str | None, inventory: str | None, service: str | None,
            yes: bool, verbose: bool) -> None:
-    from deploy_lib.ops import commands
+    from deploy_lib.ops import dispatch
     common.report_as(verbose=verbose)
     hosts = common.scope(inventory, host, group)
-    fleet = common.run(lambda: commands.start(hosts, common.service_name(service), restart, common.reach(yes)))
+    fleet = common.run(lambda: dispatch.start(hosts, common.service_name(service), restart, common.reach(yes)))
     _show_lifecycle(fleet, hosts.one_host)
 
 
@@ -62,10 +62,10 @@ def uninstall(c: Context, host: str | None = None, group: str | None = None, inv
               service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
     """Remove the unit, releases, managed venvs and caches from the host; history is copied here first."""
     from deploy_lib.commands.uninstall import local_state_dir
-    from deploy_lib.ops import commands
+    from deploy_lib.ops import dispatch
     common.report_as(verbose=verbose)
     hosts = common.scope(inventory, host, group)
-    fleet = common.run(lambda: commands.uninstall(hosts, common.service_name(service), local_state_dir(os.environ),
+    fleet = common.run(lambda: dispatch.uninstall(hosts, common.service_name(service), local_state_dir(os.environ),
                                                   common.reach(yes)))
     common.show_each(fleet, reports.print_uninstalled, hosts.one_host)
 
@@ -79,7 +79,7 @@ def adopt(c: Context, profile: str, pid: str | None = None, unit: str | None = N
           accept_new_host_key: bool = False, verbose: bool = False) -> None:
     """Take over a server started by hand (--pid, or --unit for a hand-written systemd unit): record it as release 0
     and write the profile that reproduces it."""
-    from deploy_lib.ops import commands
+    from deploy_lib.ops import dispatch
     from deploy_lib.profile import profile_path
     common.report_as(verbose=verbose)
     if (pid is None) == (unit is None) or (pid is not None and not pid.isdigit()):
@@ -89,7 +89,7 @@ def adopt(c: Context, profile: str, pid: str | None = None, unit: str | None = N
     if path.exists():
         raise Exit(f"error: {path} exists; adopt writes a new profile, give another --profile name", code=2)
     target = common.target(inventory, host, accept_new_host_key)
-    result = common.run(lambda: commands.adopt(common.one_host_scope(target, inventory), common.service_name(service),
+    result = common.run(lambda: dispatch.adopt(common.one_host_scope(target, inventory), common.service_name(service),
                                                profile, int(pid) if pid else None, unit, common.reach(yes)))
     path.write_text(result.profile_text)
     reports.print_adopted_server(result, path)
@@ -99,9 +99,9 @@ def adopt(c: Context, profile: str, pid: str | None = None, unit: str | None = N
 def unlock(c: Context, force: bool = False, host: str | None = None, inventory: str | None = None,
            service: str | None = None, verbose: bool = False, yes: bool = False) -> None:
     """Remove a stale deploy lock (or any lock, with --force)."""
-    from deploy_lib.ops import commands
+    from deploy_lib.ops import dispatch
     common.report_as(verbose=verbose)
     target = common.target(inventory, host)
-    removed = common.run(lambda: commands.unlock(common.one_host_scope(target, inventory),
+    removed = common.run(lambda: dispatch.unlock(common.one_host_scope(target, inventory),
                                                  common.service_name(service), force, common.reach(yes)))
     ui.console.print(f"removed the lock held by {removed.owner}" if removed else "there was no lock")

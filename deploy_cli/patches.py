@@ -12,7 +12,7 @@ from deploy_cli import present as ui
 from deploy_cli.options import task
 
 if TYPE_CHECKING:
-    from deploy_lib.deploy import Outcome
+    from deploy_lib.commands.deploy import Outcome
     from deploy_lib.patches import CheckReport, PatchSet
 
 T = TypeVar("T")
@@ -95,11 +95,11 @@ def patches_disable(c: Context, name: str, profile: str | None = None, host: str
 def _patch_deploy(name: str, profile: str | None, host: str | None, inventory: str | None, service: str | None,
                   yes: bool, enable: bool) -> tuple[CheckReport | None, Outcome]:
     """The set's enable or disable (ops.commands.patch: its consent question, the deploy hooks and the webhook)."""
-    from deploy_lib.ops import commands
+    from deploy_lib.ops import dispatch
     patch_set = _patch_set(name)
     chosen = common.scope(inventory, host)
     common.consent_possible(yes)  # the question needs the host's profile: refuse before connecting if none can answer
-    return common.run(lambda: commands.patch(common.project(), chosen, patch_set, profile,
+    return common.run(lambda: dispatch.patch(common.project(), chosen, patch_set, profile,
                                              common.service_name(service), enable, common.reach(yes)))
 
 

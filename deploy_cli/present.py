@@ -24,7 +24,8 @@ if TYPE_CHECKING:  # the reports' types only: a task imports the library modules
     from rich.table import Table
     from tenacity import RetryCallState
 
-    from deploy_lib.deploy import Outcome, Plan
+    from deploy_lib.commands.deploy import Outcome
+    from deploy_lib.deploy.plan import Plan
     from deploy_lib.ops.fleet import FleetRun, Summary
     from deploy_lib.ops.router_deploy import RouterOutcome
     from deploy_lib.release.model import Release

@@ -152,7 +152,7 @@ class DeployProgram(Program):
             raise Exit
         given = self.args["project"].value
         if given:
-            from deploy_lib.project import PROJECT_ENV
+            from deploy_lib.deploy.project import PROJECT_ENV
             os.environ[PROJECT_ENV] = given
 
     def parse_tasks(self) -> None:

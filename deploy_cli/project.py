@@ -15,7 +15,7 @@ from deploy_cli.options import task
 def init(c: Context, directory: str = ".") -> None:
     """Start a project: inventory/hosts.yaml with an example host, inventory/profiles/ with the reference profile
     glm5-nvfp4 and a .gitignore; refuses to overwrite any file."""
-    from deploy_lib.project import write_starter
+    from deploy_lib.deploy.project import write_starter
     for path in common.run(lambda: write_starter(Path(directory))):
         ui.console.print(f"wrote {path}", markup=False)
     ui.console.print("next: put your host in inventory/hosts.yaml, then `sglang-deploy render --profile glm5-nvfp4`",

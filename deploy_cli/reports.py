@@ -16,10 +16,11 @@ if TYPE_CHECKING:
     from deploy_lib.commands.uninstall import Uninstalled
     from deploy_lib.gpu_check import GpuCheckReport
     from deploy_lib.gpu_check.p2p import P2pVerdict
-    from deploy_lib.models import StoredModel
+    from deploy_lib.host.models_stored import StoredModel
+    from deploy_lib.host.venv_lifecycle import VenvRecord
+    from deploy_lib.host.venv_publish import VenvResult
     from deploy_lib.patches import AuditReport, CheckReport, PatchSet
     from deploy_lib.throughput import BenchResult, ComparisonRow
-    from deploy_lib.venvs import VenvRecord, VenvResult
 
 
 def _print(text: object, **options: Any) -> None:

@@ -11,9 +11,9 @@ from deploy_cli import present as ui
 from deploy_cli.options import task
 
 if TYPE_CHECKING:
-    from deploy_lib.inventory import Inventory
+    from deploy_lib.deploy.project import Target
+    from deploy_lib.inventory.model import Inventory
     from deploy_lib.ops.router import RouterSite
-    from deploy_lib.project import Target
 
 
 def _router_of(inventory: str | None, group: str, accept_new_host_key: bool
@@ -35,12 +35,12 @@ def router_deploy(c: Context, group: str, profile: str | None = None, inventory:
                   yes: bool = False, accept_new_host_key: bool = False, json: bool = False,
                   verbose: bool = False) -> None:
     """Deploy SGLang's router (sglang-router) in front of a group's servers, as its own unit and release."""
-    from deploy_lib.ops import commands
+    from deploy_lib.ops import dispatch
     from deploy_lib.ops.router import replica_urls
     common.report_as(json, verbose)
     known, targets, site, router_target = _router_of(inventory, group, accept_new_host_key)
     workers = common.run(lambda: replica_urls(common.project(), profile, known, targets))
-    outcome = common.run(lambda: commands.router_deploy(common.one_host_scope(router_target, inventory), site,
+    outcome = common.run(lambda: dispatch.router_deploy(common.one_host_scope(router_target, inventory), site,
                                                         workers, group, common.reach(yes)))
     common.show(outcome, ui.print_router_outcome)
 

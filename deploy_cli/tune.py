@@ -14,8 +14,9 @@ from deploy_cli import present as ui
 from deploy_cli.options import task
 
 if TYPE_CHECKING:
+    from deploy_lib.commands.tune_request import Planned, Request
     from deploy_lib.ops.tune_group import GroupTune
-    from deploy_lib.tune import Planned, Request, TuneReport
+    from deploy_lib.tune import TuneReport
     from deploy_lib.tune.estimate import Estimate
 
 HELP = {
@@ -42,6 +43,7 @@ def tune(c: Context, profile: str | None = None, vary: list[str] | None = None, 
     benchmarked over a ladder."""
     from deploy_lib import tune as tuning
     from deploy_lib.bundled import ROLES_DIR
+    from deploy_lib.commands import tune_request
     from deploy_lib.patches import list_patch_sets
 
     common.report_as(json, verbose)
@@ -53,27 +55,27 @@ def tune(c: Context, profile: str | None = None, vary: list[str] | None = None, 
                    code=common.BAD_OPTION)
     else:
         sweep_spec, sources = None, {}
-    request = tuning.Request(sweep_spec, sources, tuple(list_patch_sets(ROLES_DIR)), dict(os.environ),
+    request = tune_request.Request(sweep_spec, sources, tuple(list_patch_sets(ROLES_DIR)), dict(os.environ),
                              dry_run=dry_run, resume=resume)
     if group is not None:
         _tune_group(profile, host, group, inventory, accept_new_host_key, request, yes)
         return
-    from deploy_lib.ops import commands
+    from deploy_lib.ops import dispatch
     loaded, target = common.load(profile, inventory, host, accept_new_host_key)
-    result = common.run(lambda: commands.tune(common.one_host_scope(target, inventory), loaded, request,
+    result = common.run(lambda: dispatch.tune(common.one_host_scope(target, inventory), loaded, request,
                                               common.reach(yes)))
     common.show(result, lambda shown: ui.print_lines(_result_lines(shown)))
 
 
 def _tune_group(profile: str | None, host: str | None, group: str, inventory: str | None,
                 accept_new_host_key: bool, request: Request, yes: bool) -> None:
-    from deploy_lib.ops import commands
+    from deploy_lib.deploy.project import load_for_target
+    from deploy_lib.ops import dispatch
     from deploy_lib.ops.tune_group import GroupTune
-    from deploy_lib.project import load_for_target
 
     chosen = common.scope(inventory, host, group, accept_new_host_key)
     loaded = common.run(lambda: load_for_target(common.project(), profile, chosen.inventory, chosen.targets[0]))
-    result = common.run(lambda: commands.tune(chosen, loaded, request, common.reach(yes)))
+    result = common.run(lambda: dispatch.tune(chosen, loaded, request, common.reach(yes)))
     common.show(result, lambda shown: ui.print_lines(_result_lines(shown)))
     if isinstance(result, GroupTune) and result.exit_code:
         raise Exit(code=result.exit_code)
@@ -82,7 +84,8 @@ def _tune_group(profile: str | None, host: str | None, group: str, inventory: st
 def _result_lines(shown: GroupTune | TuneReport | Planned) -> list[str]:
     """A group's table and what each host serves; a multi-node group's (one server) as one host's."""
     from deploy_lib import tune as tuning
-    if isinstance(shown, tuning.Planned):
+    from deploy_lib.commands import tune_request
+    if isinstance(shown, tune_request.Planned):
         return planned_lines(shown)
     if isinstance(shown, tuning.TuneReport):
         return table_lines(shown)
@@ -148,7 +151,7 @@ def _ms(value: float | None) -> str:
 def show(c: Context, tune_id: str, host: str | None = None, inventory: str | None = None,
          service: str | None = None, json: bool = False, verbose: bool = False) -> None:
     """Print a sweep's table again, from the host's history."""
-    from deploy_lib import tune as tuning
+    from deploy_lib.commands import tune as tuning
     common.report_as(json, verbose)
     target = common.target(inventory, host)
     with common.remote(target) as remote:

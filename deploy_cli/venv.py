@@ -15,10 +15,10 @@ from deploy_cli.options import task
 def venv_build(c: Context, profile: str | None = None, host: str | None = None, inventory: str | None = None,
                verbose: bool = False, yes: bool = False) -> None:
     """Build (or reuse) the content-addressed venv of a profile's lock on the host; only missing wheels travel."""
-    from deploy_lib.ops import commands
+    from deploy_lib.ops import dispatch
     common.report_as(verbose=verbose)
     loaded, target = common.load(profile, inventory, host)
-    result = common.run(lambda: commands.venv_build(common.one_host_scope(target, inventory), loaded,
+    result = common.run(lambda: dispatch.venv_build(common.one_host_scope(target, inventory), loaded,
                                                     common.reach(yes)))
     ui.console.print(f"venv {result.hash} at {result.path}: {'reused' if result.reused else 'built'}, "
                      f"{len(result.wheels_sent)} wheels ({result.bytes_sent} bytes) sent")
@@ -28,10 +28,10 @@ def venv_build(c: Context, profile: str | None = None, host: str | None = None, 
 def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | None = None,
                service: str | None = None, verbose: bool = False, yes: bool = False) -> None:
     """Record a hand-made venv as a managed, immutable one (hard-linked copy); report files that drifted."""
-    from deploy_lib.ops import commands
+    from deploy_lib.ops import dispatch
     common.report_as(verbose=verbose)
     target = common.target(inventory, host)
-    result = common.run(lambda: commands.venv_adopt(common.one_host_scope(target, inventory),
+    result = common.run(lambda: dispatch.venv_adopt(common.one_host_scope(target, inventory),
                                                     common.service_name(service), PurePosixPath(path),
                                                     common.reach(yes)))
     reports.print_adopted(result)
@@ -41,10 +41,10 @@ def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | 
 def venv_remove(c: Context, venv_hash: str, host: str | None = None, inventory: str | None = None,
                 service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
     """Remove a managed venv (adopted ones stay until removed here) unless a release or derived venv needs it."""
-    from deploy_lib.ops import commands
+    from deploy_lib.ops import dispatch
     common.report_as(verbose=verbose)
     target = common.target(inventory, host)
-    common.run(lambda: commands.venv_remove(common.one_host_scope(target, inventory), common.service_name(service),
+    common.run(lambda: dispatch.venv_remove(common.one_host_scope(target, inventory), common.service_name(service),
                                             venv_hash, common.reach(yes)))
     ui.console.print(f"removed venv {venv_hash} and its caches", markup=False)
 

@@ -14,7 +14,8 @@ from helpers.deploy_plan import NOW, deployed, facts, first_plan, target
 from helpers.fake_remote import FakeRemote
 
 from deploy_lib.commands.adopt import STEP_UNIT, read_process, read_unit
-from deploy_lib.deploy import hand_run_check, hand_run_pid, plan_deploy, preflight
+from deploy_lib.deploy.plan import hand_run_check, hand_run_pid, plan_deploy
+from deploy_lib.deploy.preflight import preflight
 from deploy_lib.errors import DriftDetected, PreflightError
 from deploy_lib.facts.hand_process import (
     STEP_CMDLINE,

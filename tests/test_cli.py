@@ -20,8 +20,8 @@ from rich.console import Console
 import tasks
 from deploy_cli import present as ui
 from deploy_cli.options import Task
-from deploy_lib.deploy import Outcome
-from deploy_lib.hooks import HookContext, HookEvent, hook_environment
+from deploy_lib.commands.deploy import Outcome
+from deploy_lib.host.hooks import HookContext, HookEvent, hook_environment
 from deploy_lib.outcomes import Action
 from deploy_lib.remote import MASK, Put, Step, StepResult
 
@@ -239,7 +239,7 @@ def test_the_whole_no_op_deploy_renders_neither_the_unit_nor_the_env_file(monkey
     from helpers.recording_progress import RecordingProgress
 
     import deploy_lib.release.model
-    from deploy_lib.deploy import Options, deploy
+    from deploy_lib.commands.deploy import Options, deploy
     host, release_id = serving_the_profile()
     for name in ("render_digested_unit", "render_launcher", "render_env", "render_env_redacted"):
         monkeypatch.setattr(deploy_lib.release.model, name, lambda *_: pytest.fail("a no-op rendered a release file"))

@@ -17,7 +17,9 @@ from helpers.recording_progress import RecordingProgress
 
 from deploy_lib.bundled import ROLES_DIR
 from deploy_lib.commands import patches as on_host
-from deploy_lib.deploy import Options, plan_deploy, preflight
+from deploy_lib.commands.deploy import Options
+from deploy_lib.deploy.plan import plan_deploy
+from deploy_lib.deploy.preflight import preflight
 from deploy_lib.errors import PreflightError
 from deploy_lib.facts.cuda_toolkit import (
     FACT_NVCC,

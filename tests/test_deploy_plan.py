@@ -12,8 +12,8 @@ import pytest
 from helpers.deploy_plan import NOW, PROJECT, deployed, facts, first_plan, target
 from helpers.server_args import with_changes
 
-from deploy_lib.deploy import plan_against, plan_deploy, preflight
-from deploy_lib.deploy.plan import recorded_switch
+from deploy_lib.deploy.plan import plan_against, plan_deploy, recorded_switch
+from deploy_lib.deploy.preflight import preflight
 from deploy_lib.errors import ConfigError, DriftDetected, PreflightError
 from deploy_lib.facts.host import (
     FACT_IMPORT,

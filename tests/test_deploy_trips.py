@@ -14,11 +14,11 @@ from helpers.rollback import LAYOUT, LIVE_PROBE, READY, ScriptedHost, _tags, a_h
 from helpers.store_output import release_entries
 
 from deploy_lib import store
-from deploy_lib.deploy import Options, SweepCandidate, deploy
+from deploy_lib.commands.deploy import Options, SweepCandidate, deploy
 from deploy_lib.errors import LockHeld, PreflightError
 from deploy_lib.facts import host as host_facts
-from deploy_lib.health import LIVE_UNIT
-from deploy_lib.models import FACT_CACHE
+from deploy_lib.host.live_probe import LIVE_UNIT
+from deploy_lib.host.models_stored import FACT_CACHE
 from deploy_lib.remote import Put, Step, round_trips
 
 

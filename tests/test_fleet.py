@@ -13,9 +13,10 @@ import pytest
 from helpers.cli import invoke
 from helpers.recording_progress import RecordingProgress
 
-from deploy_lib.deploy import Outcome
+from deploy_lib.commands.deploy import Outcome
+from deploy_lib.deploy.project import Target, resolve_group
 from deploy_lib.errors import ConfigError, DeployError, LockHeld, ReadinessFailed, RemoteError, RollbackFailed
-from deploy_lib.inventory import load_inventory
+from deploy_lib.inventory.model import load_inventory
 from deploy_lib.ops.fleet import (
     FleetRun,
     HostEnd,
@@ -27,7 +28,6 @@ from deploy_lib.ops.fleet import (
     worst_exit_code,
 )
 from deploy_lib.outcomes import Action
-from deploy_lib.project import Target, resolve_group
 from sandbox import manage, names
 
 REPO = Path(__file__).resolve().parent.parent

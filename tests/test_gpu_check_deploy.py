@@ -18,7 +18,8 @@ from helpers.fake_remote import FakeRemote
 from helpers.gpu_check_deploy import TORCH, CheckHost, checked, recorded_stdout
 from helpers.rollback import READY
 
-from deploy_lib import deploy as engine
+from deploy_lib.deploy import plan as engine
+from deploy_lib.deploy import preflight as deploy_preflight
 from deploy_lib.errors import PreflightError, ReadinessFailed
 from deploy_lib.facts.diagnose import diagnose
 from deploy_lib.gpu_check import check_reasons, check_step, subject_of_profile, subject_of_release
@@ -136,12 +137,12 @@ def test_a_venv_without_torch_is_refused_at_preflight_naming_the_venv_and_the_ke
     plan = plan_over(checked(), checked(p2p_disable=True), current_versions=None)
     loaded = checked(p2p_disable=True)
     with pytest.raises(PreflightError) as refused:
-        engine.preflight(plan, loaded, target(), facts(plan.release.args))
+        deploy_preflight.preflight(plan, loaded, target(), facts(plan.release.args))
     assert refused.value.exit_code == 3
     assert "preflight.gpu_check: the NCCL check must run (env NCCL_P2P_DISABLE (none) -> 1), but /root/ml-env " \
            "has no torch" in refused.value.message
     assert "preflight.gpu_check: false in profile glm5-nvfp4" in (refused.value.hint or "")
-    engine.preflight(plan, loaded, target(), facts(plan.release.args, venv_versions=TORCH))
+    deploy_preflight.preflight(plan, loaded, target(), facts(plan.release.args, venv_versions=TORCH))
 
 
 # ---------------------------------------------------------------------------------------------------------

@@ -8,8 +8,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from deploy_lib.gpu_check.p2p import measure_script
 from deploy_lib.gpu_check.p2p.measure import SCRIPT_SOURCE, measure_step, parse_measure_output, parse_measure_result
+from deploy_lib.host_scripts import p2p_measure
 from deploy_lib.remote import StepResult
 
 H200_VM = Path(__file__).resolve().parent / "data/p2p/h200-1gpu-2026-12-01"
@@ -67,4 +67,4 @@ def test_the_script_without_torch_says_so(monkeypatch):
             raise ImportError("No module named 'torch'")
         return real_import(name, *args, **kwargs)
     monkeypatch.setattr(builtins, "__import__", no_torch)
-    assert measure_script.run_measure({}) == {"error": "needs torch with CUDA (No module named 'torch')"}
+    assert p2p_measure.run_measure({}) == {"error": "needs torch with CUDA (No module named 'torch')"}

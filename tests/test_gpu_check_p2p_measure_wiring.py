@@ -1,4 +1,4 @@
-"""The per-pair copy measurement wired into `invoke gpu-check` (deploy_lib.ops.commands, no SSH), the venv gpu-check
+"""The per-pair copy measurement wired into `invoke gpu-check` (deploy_lib.ops.dispatch, no SSH), the venv gpu-check
 runs with (the host's `venv` var first, as a deploy resolves it) and a venv without python refused by name.
 
 The VM host is test_gpu_check_p2p_wiring's vm105 (two GPUs, the 2 x H200 topology). No host with two GPUs was lent,
@@ -26,10 +26,10 @@ from rich.console import Console
 from deploy_cli import present, reports
 from deploy_cli.present import jsonable
 from deploy_lib.commands.gpu_check import run_gpu_check
+from deploy_lib.deploy.project import resolve_target
 from deploy_lib.errors import PreflightError
-from deploy_lib.inventory import load_inventory
-from deploy_lib.ops import commands
-from deploy_lib.project import resolve_target
+from deploy_lib.inventory.model import load_inventory
+from deploy_lib.ops import dispatch
 from deploy_lib.remote import Step
 
 H200_1GPU = DATA / "p2p/h200-1gpu-2026-12-01"
@@ -51,7 +51,7 @@ def pair_copies(peer_access: bool, wrong_direction: tuple[int, int] | None = Non
 
 
 def checked_vm(tmp_path: Path, hosts: Reached, text: str = INVENTORY) -> Any:
-    return commands.one(commands.gpu_check(vm_scope(tmp_path, text), "sglang", None, False, [1024], hosts.reach()))
+    return dispatch.one(dispatch.gpu_check(vm_scope(tmp_path, text), "sglang", None, False, [1024], hosts.reach()))
 
 
 def test_two_gpus_are_copied_after_the_all_reduce_and_each_pair_shows_its_copies(tmp_path: Path) -> None:
@@ -165,7 +165,7 @@ def test_a_profile_checks_with_the_hosts_venv_var_as_a_deploy_would(tmp_path: Pa
     text = INVENTORY.replace("proxmox_vmid: 105}", "proxmox_vmid: 105, venv: /opt/host-venv}")
     hosts = Reached()
     host = hosts.remotes["vm105"]
-    report = commands.one(commands.gpu_check(vm_scope(tmp_path, text), "sglang", checked(tp=2), False, [1024],
+    report = dispatch.one(dispatch.gpu_check(vm_scope(tmp_path, text), "sglang", checked(tp=2), False, [1024],
                                              hosts.reach()))
     assert report.subject.venv == "/opt/host-venv" and report.subject.venv_from == "vm105's `venv` var"
     assert report.subject.environment["VIRTUAL_ENV"] == "/opt/host-venv"
@@ -179,7 +179,7 @@ def test_a_profile_checks_with_the_hosts_venv_var_as_a_deploy_would(tmp_path: Pa
 
 def test_status_never_copies_and_its_verdict_says_no_measurement(tmp_path: Path) -> None:
     hosts = Reached()
-    report = commands.one(commands.status(vm_scope(tmp_path), "sglang", hosts.reach()))
+    report = dispatch.one(dispatch.status(vm_scope(tmp_path), "sglang", hosts.reach()))
     assert report.peer_to_peer is not None and report.peer_to_peer.measurement is None
     assert json.loads(json.dumps(jsonable(report)))["peer_to_peer"]["measurement"] is None
     assert "p2p measure" not in hosts.remotes["vm105"].ran_names()

@@ -12,8 +12,11 @@ import pytest
 from helpers.fake_remote import FakeRemote
 from helpers.gpu_check_p2p_reading import COMPOSED, DATA, H200_VM, composed_node, h200_vm, read
 
+from deploy_lib.deploy.project import resolve_target
 from deploy_lib.errors import ConfigError, ConnectFailed
-from deploy_lib.gpu_check.p2p.reading import (
+from deploy_lib.gpu_check.p2p.verdict import Cause
+from deploy_lib.gpu_check.topology import parse_topology
+from deploy_lib.host.p2p_reading import (
     check_peer_to_peer,
     node_reader,
     node_steps,
@@ -22,10 +25,7 @@ from deploy_lib.gpu_check.p2p.reading import (
     read_peer_to_peer,
     vm_steps,
 )
-from deploy_lib.gpu_check.p2p.verdict import Cause
-from deploy_lib.gpu_check.topology import parse_topology
-from deploy_lib.inventory import load_inventory
-from deploy_lib.project import resolve_target
+from deploy_lib.inventory.model import load_inventory
 from deploy_lib.remote import Step
 
 INVENTORY = """all:

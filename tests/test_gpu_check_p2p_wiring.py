@@ -1,4 +1,4 @@
-"""The peer-to-peer verdict wired into the commands, as the CLI drives them (deploy_lib.ops.commands, no SSH): the
+"""The peer-to-peer verdict wired into the commands, as the CLI drives them (deploy_lib.ops.dispatch, no SSH): the
 VM host answers as the lent H200 VM did (tests/data/p2p/h200-1gpu-2026-12-01) with the 2 x H200 topology and the
 `CNS` P2P matrix of tests/data/p2p/composed-node, its node pve1 with the composed node's outputs (that folder's
 README says where each comes from). gpu-check and status carry the verdict; a node that cannot be reached leaves the
@@ -26,13 +26,13 @@ from deploy_cli import present, reports
 from deploy_cli.present import jsonable
 from deploy_lib.errors import ConfigError
 from deploy_lib.gpu_check.p2p.verdict import Cause
-from deploy_lib.ops import commands
+from deploy_lib.ops import dispatch
 from deploy_lib.remote import Step
 
 
 def test_gpu_check_carries_the_verdict_with_the_nodes_causes_and_fixes(tmp_path: Path) -> None:
     hosts = Reached()
-    report = commands.one(commands.gpu_check(vm_scope(tmp_path), "sglang", None, False, [1024], hosts.reach()))
+    report = dispatch.one(dispatch.gpu_check(vm_scope(tmp_path), "sglang", None, False, [1024], hosts.reach()))
     verdict = report.peer_to_peer
     assert verdict is not None and hosts.connected == ["vm105", "pve1"]
     (pair,) = verdict.pairs
@@ -49,7 +49,7 @@ def test_gpu_check_carries_the_verdict_with_the_nodes_causes_and_fixes(tmp_path:
 
 def test_the_all_reduce_dumps_ncclss_topology_and_the_report_keeps_the_releases_environment(tmp_path: Path) -> None:
     hosts = Reached()
-    report = commands.one(commands.gpu_check(vm_scope(tmp_path), "sglang", None, False, [1024], hosts.reach()))
+    report = dispatch.one(dispatch.gpu_check(vm_scope(tmp_path), "sglang", None, False, [1024], hosts.reach()))
     host = hosts.remotes["vm105"]
     names = host.ran_names()
     assert names.index("p2p: remove an older NCCL topology dump") + 1 == names.index("all-reduce check")
@@ -63,7 +63,7 @@ def test_the_all_reduce_dumps_ncclss_topology_and_the_report_keeps_the_releases_
 
 def test_an_unreachable_node_leaves_the_vm_side_in_gpu_checks_verdict(tmp_path: Path) -> None:
     hosts = Reached(refused=True)
-    report = commands.one(commands.gpu_check(vm_scope(tmp_path), "sglang", None, False, [1024], hosts.reach()))
+    report = dispatch.one(dispatch.gpu_check(vm_scope(tmp_path), "sglang", None, False, [1024], hosts.reach()))
     verdict = report.peer_to_peer
     assert verdict is not None and report.check.verified
     assert "Proxmox node pve1, VM 105: not read (unreachable: pve1 (192.0.2.2:22): connection refused)" in \
@@ -79,13 +79,13 @@ def test_a_node_that_is_no_inventory_host_is_refused_before_any_connection(tmp_p
     hosts = Reached()
     text = INVENTORY.replace("    pve1: {ansible_host: 192.0.2.2}\n", "")  # tried: proxmox_node pve1, no host pve1
     with pytest.raises(ConfigError, match="vm105's proxmox_node 'pve1' is not a host of the inventory"):
-        commands.gpu_check(vm_scope(tmp_path, text), "sglang", None, False, [1024], hosts.reach())
+        dispatch.gpu_check(vm_scope(tmp_path, text), "sglang", None, False, [1024], hosts.reach())
     assert hosts.connected == []
 
 
 def test_status_carries_the_verdict_in_one_line_and_as_json(tmp_path: Path) -> None:
     hosts = Reached()
-    report = commands.one(commands.status(vm_scope(tmp_path), "sglang", hosts.reach()))
+    report = dispatch.one(dispatch.status(vm_scope(tmp_path), "sglang", hosts.reach()))
     verdict = report.peer_to_peer
     assert verdict is not None and hosts.connected == ["vm105", "pve1"]
     assert verdict.one_line() == ("peer-to-peer on 0 of 1 GPU pairs; causes: ACS redirect on, GPUs under different "
@@ -102,7 +102,7 @@ def test_status_carries_the_verdict_in_one_line_and_as_json(tmp_path: Path) -> N
 def test_a_host_without_a_node_gets_the_vm_side_and_no_other_connection(tmp_path: Path) -> None:
     hosts = Reached()
     text = INVENTORY.replace(", proxmox_node: pve1, proxmox_vmid: 105", "")
-    report = commands.one(commands.gpu_check(vm_scope(tmp_path, text), "sglang", None, False, [1024],
+    report = dispatch.one(dispatch.gpu_check(vm_scope(tmp_path, text), "sglang", None, False, [1024],
                                              hosts.reach()))
     assert hosts.connected == ["vm105"] and report.peer_to_peer is not None
     (pair,) = report.peer_to_peer.pairs
@@ -112,7 +112,7 @@ def test_a_host_without_a_node_gets_the_vm_side_and_no_other_connection(tmp_path
 
 
 def test_the_report_prints_the_peer_to_peer_section(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    report = commands.one(commands.gpu_check(vm_scope(tmp_path), "sglang", None, False, [1024], Reached().reach()))
+    report = dispatch.one(dispatch.gpu_check(vm_scope(tmp_path), "sglang", None, False, [1024], Reached().reach()))
     monkeypatch.setattr(present, "console", Console(record=True, width=10_000, highlight=False))
     reports.print_gpu_check(report)
     printed = present.console.export_text().splitlines()
@@ -138,7 +138,7 @@ def test_a_deploys_preflight_check_reads_no_peer_to_peer_and_dumps_no_topology()
 
 def test_status_prints_the_verdicts_line_and_the_node_not_read(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                                ) -> None:
-    report = commands.one(commands.status(vm_scope(tmp_path), "sglang", Reached(refused=True).reach()))
+    report = dispatch.one(dispatch.status(vm_scope(tmp_path), "sglang", Reached(refused=True).reach()))
     monkeypatch.setattr(present, "console", Console(record=True, width=10_000, highlight=False))
     reports.print_status(report)
     printed = present.console.export_text().splitlines()

@@ -40,17 +40,15 @@ from deploy_lib.health import (
     Snapshot,
     UnitFailed,
     assess,
-    grace_policy,
-    ladder_policy,
     parse_snapshot,
     predict_start,
     probe_step,
-    wait_ready,
 )
+from deploy_lib.host.benchmark import BenchRun
+from deploy_lib.host.ladder import grace_policy, ladder_policy, wait_ready
 from deploy_lib.profile.settings import BenchSettings
 from deploy_lib.progress import NullProgress
 from deploy_lib.remote import FabricRemote, Put, SSHTarget, Step
-from deploy_lib.throughput import BenchRun
 from deploy_lib.versions import health_path_for
 
 

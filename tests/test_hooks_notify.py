@@ -18,14 +18,14 @@ from helpers.fake_remote import FakeRemote
 from helpers.recording_progress import RecordingProgress
 from tenacity import stop_after_attempt, wait_none
 
-from deploy_lib.deploy import Options
+from deploy_lib.commands.deploy import Options
+from deploy_lib.deploy.project import Target
 from deploy_lib.errors import ConfigError, PreflightError, ReadinessFailed
-from deploy_lib.hooks import HookContext, HookEvent, run_hook
-from deploy_lib.inventory import load_inventory
-from deploy_lib.ops import commands
+from deploy_lib.host.hooks import HookContext, HookEvent, run_hook
+from deploy_lib.inventory.model import load_inventory
+from deploy_lib.ops import dispatch
 from deploy_lib.ops.scope import Reach, Scope
 from deploy_lib.outcomes import Action
-from deploy_lib.project import Target
 from deploy_lib.remote.webhook import NOTIFY_RETRY, Notification, Notifier, NotifyEvent, send
 
 CONTEXT = HookContext(command="deploy", hosts=("gpu1", "gpu2"), profile="glm5-nvfp4", release_id="ac2a8743bd47",
@@ -197,7 +197,7 @@ def test_a_failing_pre_deploy_hook_stops_the_deploy_before_any_host_is_reached(t
     connected: list[str] = []
     scope, reach, _ = one_host(a_host(), None, tmp_path, connected)
     with pytest.raises(PreflightError, match="deploy stopped before any host changed") as stopped:
-        commands.deploy(PROJECT, scope, "glm5-nvfp4", Options(grace_s=0), reach)
+        dispatch.deploy(PROJECT, scope, "glm5-nvfp4", Options(grace_s=0), reach)
     assert "| change freeze" in stopped.value.message and stopped.value.exit_code == 3
     assert connected == []
 
@@ -210,8 +210,8 @@ def test_a_deploy_done_runs_post_deploy_and_tells_the_webhook(tmp_path: Path,
     for event in ("pre-deploy", "post-deploy", "post-rollback"):
         _hook(tmp_path, event, ENV_DUMP)
     scope, reach, _ = one_host(a_host(), url, tmp_path)
-    fleet = commands.deploy(PROJECT, scope, "glm5-nvfp4", Options(grace_s=0), reach)
-    outcome = commands.one(fleet)
+    fleet = dispatch.deploy(PROJECT, scope, "glm5-nvfp4", Options(grace_s=0), reach)
+    outcome = dispatch.one(fleet)
     assert outcome.action == "deployed"
     host = scope.names[0]
     assert seen(tmp_path, "pre-deploy") == {"SGLANG_DEPLOY_COMMAND": "deploy", "SGLANG_DEPLOY_EVENT": "pre-deploy",
@@ -248,7 +248,7 @@ def test_a_deploy_rolled_back_automatically_runs_post_rollback_and_tells_the_web
     remote.probes = DeadExceptB()
     scope, reach, _ = one_host(remote, url, tmp_path)
     with pytest.raises(ReadinessFailed, match="rolled back, release B is serving") as failed:
-        commands.deploy(PROJECT, scope, "glm5-nvfp4", Options(grace_s=0), reach)
+        dispatch.deploy(PROJECT, scope, "glm5-nvfp4", Options(grace_s=0), reach)
     new = failed.value.release_id
     assert seen(tmp_path, "post-deploy")["SGLANG_DEPLOY_OUTCOME"] == "rolled-back"
     after = seen(tmp_path, "post-rollback")
@@ -266,7 +266,7 @@ def test_a_rollback_by_hand_runs_its_hooks_and_tells_the_webhook(tmp_path: Path,
     for event in ("pre-rollback", "post-rollback"):
         _hook(tmp_path, event, ENV_DUMP)
     scope, reach, _ = one_host(ScriptedHost({"A": [READY], "B": [READY]}), url, tmp_path)
-    outcome = commands.one(commands.rollback(scope, "sglang", "A", reach))
+    outcome = dispatch.one(dispatch.rollback(scope, "sglang", "A", reach))
     assert (outcome.action, outcome.release_id, outcome.previous_id) == ("rolled back", "A", "B")
     assert seen(tmp_path, "pre-rollback")["SGLANG_DEPLOY_RELEASE"] == "A"
     assert "SGLANG_DEPLOY_OUTCOME" not in seen(tmp_path, "pre-rollback")
@@ -287,7 +287,7 @@ def test_a_failing_post_hook_and_an_unreachable_webhook_are_notes_and_the_deploy
     closed = url.replace(url.split(":")[2].split("/")[0], "1")
     _hook(tmp_path, "post-deploy", "echo 'pager down' >&2; exit 1\n")
     scope, reach, progress = one_host(a_host(), closed, tmp_path)
-    outcome = commands.one(commands.deploy(PROJECT, scope, "glm5-nvfp4", Options(grace_s=0), reach))
+    outcome = dispatch.one(dispatch.deploy(PROJECT, scope, "glm5-nvfp4", Options(grace_s=0), reach))
     assert outcome.action == "deployed"
     notes = [str(note) for note in progress.of_kind("note") if "hook" in str(note)]
     assert len(notes) == 2
@@ -325,18 +325,18 @@ def _patch(scope: Scope, reach: Reach, tmp_path: Path) -> object:
 
     from deploy_lib.bundled import ROLES_DIR
     from deploy_lib.patches import find_patch_set
-    return commands.patch(PROJECT, scope, find_patch_set(ROLES_DIR, "fusion-sm120"), "glm5-nvfp4", "sglang", True,
+    return dispatch.patch(PROJECT, scope, find_patch_set(ROLES_DIR, "fusion-sm120"), "glm5-nvfp4", "sglang", True,
                           reach)
 
 
 def _tune(scope: Scope, reach: Reach, tmp_path: Path) -> object:
     from helpers.tune_loop import BASE, MRR, request
-    return commands.tune(scope, BASE, request(*MRR), reach)
+    return dispatch.tune(scope, BASE, request(*MRR), reach)
 
 
 def _router(scope: Scope, reach: Reach, tmp_path: Path) -> object:
     from helpers.router import site_of
-    return commands.router_deploy(scope, site_of(tmp_path), ["http://192.0.2.2:8000"], "replicas", reach)
+    return dispatch.router_deploy(scope, site_of(tmp_path), ["http://192.0.2.2:8000"], "replicas", reach)
 
 
 @pytest.mark.parametrize(("command", "run", "profile"), [("patch", _patch, "glm5-nvfp4+fusion-sm120"),
@@ -370,7 +370,7 @@ def test_a_sweep_runs_the_deploy_hooks_and_tells_the_webhook_of_the_winner_it_ke
     for event in ("pre-deploy", "post-deploy"):
         _hook(tmp_path, event, ENV_DUMP)
     scope, reach, _ = one_host(a_sweep_host(*MRR), url, tmp_path)
-    report = commands.tune(scope, BASE, request(*MRR, keep=keep), reach)
+    report = dispatch.tune(scope, BASE, request(*MRR, keep=keep), reach)
     assert seen(tmp_path, "pre-deploy")["SGLANG_DEPLOY_COMMAND"] == "tune"
     after = seen(tmp_path, "post-deploy")
     serving = getattr(report, "serving", None)
@@ -402,7 +402,7 @@ def test_a_group_sweep_tells_each_hosts_webhook_of_the_winner_it_serves_now(
     scope = Scope(PROJECT.inventory(None), tuple(told(replica(name), url) for name in hosts), group="pair")
     reach = Reach(lambda found, prefixed: nullcontext(hosts[found.host.name]), lambda name: RecordingProgress(),
                   lambda question: None, {"PATH": "/usr/bin:/bin"}, project_root=tmp_path, notify_retry=FAST)
-    result = commands.tune(scope, BASE, request(*FOUR_CAPS), reach)
+    result = dispatch.tune(scope, BASE, request(*FOUR_CAPS), reach)
     assert isinstance(result, GroupTune) and result.serving is not None
     winner = result.serving["a"]
     assert result.serving == {"a": winner, "b": winner} and winner != "B"

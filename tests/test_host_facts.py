@@ -41,12 +41,12 @@ from deploy_lib.facts.host import (
     sglang_step,
     with_preflight_facts,
 )
-from deploy_lib.facts.readings import Readings
 from deploy_lib.host_scripts import model_stage
 from deploy_lib.host_scripts.sglang_options import extract
 from deploy_lib.models import HubModel, parse_model_result
 from deploy_lib.remote import Step, StepResult
 from deploy_lib.remote.batch import inline_stdin
+from deploy_lib.remote.readings import Readings
 from deploy_lib.store import FACT_LOCK, FACT_LOCK_OWNER, StoreLayout
 
 

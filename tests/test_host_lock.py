@@ -11,21 +11,16 @@ from helpers.fake_remote import FakeRemote
 from helpers.host_lock import HOLDER
 from helpers.recording_progress import RecordingProgress
 
-from deploy_lib import deploy as engine
 from deploy_lib import venvs
+from deploy_lib.commands import deploy as engine
 from deploy_lib.commands import patches as on_host
 from deploy_lib.errors import LockHeld
+from deploy_lib.host import venv_adopt, venv_derive
+from deploy_lib.host import venv_build as host_venv_build
+from deploy_lib.host.store import host_lock
+from deploy_lib.host.store_first_change import lock_on_first_change
 from deploy_lib.patches import find_patch_set
-from deploy_lib.store import (
-    FACT_CLOCK,
-    FACT_LOCK,
-    FACT_LOCK_OWNER,
-    LOCK_TAKE,
-    LockOwner,
-    StoreLayout,
-    host_lock,
-    lock_on_first_change,
-)
+from deploy_lib.store import FACT_CLOCK, FACT_LOCK, FACT_LOCK_OWNER, LOCK_TAKE, LockOwner, StoreLayout
 
 REPO = Path(__file__).resolve().parent.parent
 LAYOUT = StoreLayout("sglang")
@@ -93,9 +88,9 @@ def test_deploy_takes_the_lock_before_it_builds_the_locked_venv(tmp_path: Path) 
 def test_venv_build_adopt_and_derive_refuse_while_the_lock_is_held(tmp_path: Path) -> None:
     (tmp_path / "lock.txt").write_text("alpha==1.0 --hash=sha256:" + "a" * 64 + "\n")
     spec = venvs.VenvSpec(lock=tmp_path / "lock.txt", wheelhouse=tmp_path)
-    for act in (lambda remote: venvs.ensure_venv(remote, LAYOUT, spec),
-                lambda remote: venvs.adopt(remote, LAYOUT, PurePosixPath("/root/ml-env")),
-                lambda remote: venvs.derive(remote, LAYOUT, "0" * 16, {"x.py": b"x"})):
+    for act in (lambda remote: host_venv_build.ensure_venv(remote, LAYOUT, spec),
+                lambda remote: venv_adopt.adopt(remote, LAYOUT, PurePosixPath("/root/ml-env")),
+                lambda remote: venv_derive.derive(remote, LAYOUT, "0" * 16, {"x.py": b"x"})):
         remote = held_elsewhere()
         with pytest.raises(LockHeld):
             act(remote)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from deploy_lib.inventory import load_inventory
-from deploy_lib.inventory_formats import expand_host_pattern
+from deploy_lib.inventory.formats import expand_host_pattern
+from deploy_lib.inventory.model import load_inventory
 
 
 def _files(root: Path, files: dict[str, str]) -> Path:

@@ -16,8 +16,8 @@ from helpers.rollback import DEAD, LAYOUT, READY, ScriptedHost, a_host, changed_
 from helpers.store_output import release_entries
 
 from deploy_lib import store
+from deploy_lib.commands.deploy import Options, deploy
 from deploy_lib.commands.status import read_status
-from deploy_lib.deploy import Options, deploy
 from deploy_lib.errors import ConnectionLost
 from deploy_lib.remote import OutputLine, Put, Step, StepResult
 from deploy_lib.remote.steps import repeatable

@@ -17,13 +17,20 @@ from helpers.fake_remote import FakeRemote
 from helpers.host_facts import bare_venv
 from helpers.recording_progress import RecordingProgress
 
-from deploy_lib.deploy import plan_deploy
+from deploy_lib.deploy.plan import plan_deploy
 from deploy_lib.errors import ConfigError, PreflightError, RemoteError
-from deploy_lib.inventory import HostVars
-from deploy_lib.models import (
-    BOOTSTRAP,
+from deploy_lib.host.model_staging import push_model, stage_model
+from deploy_lib.host.models_stored import (
     FACT_BASE,
     FACT_CACHE,
+    listing_steps,
+    model_locations,
+    parse_stored,
+    prune_models,
+)
+from deploy_lib.inventory.model import HostVars
+from deploy_lib.models import (
+    BOOTSTRAP,
     MIN_FREE_AFTER_BYTES,
     STAGE_MODEL,
     HostPathModel,
@@ -33,15 +40,10 @@ from deploy_lib.models import (
     TransferMeter,
     check_model,
     hub_model,
-    listing_steps,
-    model_locations,
     parse_model_result,
-    parse_stored,
     parse_versions,
-    prune_models,
     weights,
 )
-from deploy_lib.models.staging import push_model, stage_model
 from deploy_lib.profile import ModelSource, Profile
 from deploy_lib.release.server_args import sglang_args
 from deploy_lib.remote import JumpHost, SSHTarget, Step, StepResult, rsync_argv

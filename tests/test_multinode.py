@@ -19,14 +19,14 @@ from helpers.fake_remote import FakeRemote
 from helpers.recording_progress import RecordingProgress
 from pydantic import ValidationError
 
-from deploy_lib.deploy import Transition
+from deploy_lib.deploy.project import Target, resolve_group
 from deploy_lib.errors import ConfigError, ReadinessFailed
 from deploy_lib.facts.diagnose import Diagnosis
-from deploy_lib.inventory import load_inventory
+from deploy_lib.host.switch import Transition
+from deploy_lib.inventory.model import load_inventory
 from deploy_lib.ops.multinode import dist_init_addr, group_release_id, plan_nodes, refuse_single_host
 from deploy_lib.ops.multinode_switch import Member, NodeFailed, activate, blamed, common_release, each, restore
 from deploy_lib.profile import LoadedProfile, Profile, load_profile
-from deploy_lib.project import Target, resolve_group
 from deploy_lib.release.argv_check import build_parser, check_argv, find_option
 from deploy_lib.release.model import build_release
 from deploy_lib.release.server_args import sglang_args

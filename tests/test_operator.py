@@ -18,12 +18,12 @@ from rich.console import Console
 
 from deploy_cli import present as ui
 from deploy_cli import reports
-from deploy_lib import deploy as engine
+from deploy_lib.commands import deploy as engine
 from deploy_lib.commands.status import StatusReport, follow_log, read_status, serving_endpoint
 from deploy_lib.commands.uninstall import removal_steps, uninstall
+from deploy_lib.deploy.project import Project, resolve_target
 from deploy_lib.errors import DeployError
 from deploy_lib.facts.host import FACT_UNIT, FACT_UNIT_LINK
-from deploy_lib.project import Project, resolve_target
 from deploy_lib.remote import OutputLine, Put, Step, StepResult
 from deploy_lib.store import (
     FACT_CURRENT,

@@ -13,13 +13,13 @@ from helpers.fake_remote import FakeRemote
 from helpers.ops import Hosts, installed, release, scope
 from helpers.router import answering, config_of
 
-from deploy_lib.deploy import Options
+from deploy_lib.commands.deploy import Options
+from deploy_lib.deploy.project import Project
 from deploy_lib.errors import ConfigError, ConnectFailed
 from deploy_lib.facts import host as host_facts
-from deploy_lib.ops import commands
+from deploy_lib.ops import dispatch
 from deploy_lib.ops.fleet import Rollout
 from deploy_lib.ops.scope import Reach, select
-from deploy_lib.project import Project
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,10 +32,10 @@ def changed(remote: FakeRemote) -> list[str]:
 
 
 @pytest.mark.parametrize(("act", "says"), [
-    (lambda s, reach: commands.stop(s, "sglang", reach), "n1 alone is not stopped"),
-    (lambda s, reach: commands.start(s, "sglang", True, reach), "n1 alone is not restarted"),
-    (lambda s, reach: commands.rollback(s, "sglang", "r0", reach), "n1 alone is not rolled back"),
-    (lambda s, reach: commands.uninstall(s, "sglang", s.inventory.path.parent / "state", reach),
+    (lambda s, reach: dispatch.stop(s, "sglang", reach), "n1 alone is not stopped"),
+    (lambda s, reach: dispatch.start(s, "sglang", True, reach), "n1 alone is not restarted"),
+    (lambda s, reach: dispatch.rollback(s, "sglang", "r0", reach), "n1 alone is not rolled back"),
+    (lambda s, reach: dispatch.uninstall(s, "sglang", s.inventory.path.parent / "state", reach),
      "n1 alone is not uninstalled"),
 ])
 def test_one_node_of_a_multi_node_release_is_refused_alone_and_nothing_changes(tmp_path: Path, act: Any,
@@ -55,7 +55,7 @@ def test_one_node_of_a_multi_node_release_is_refused_alone_and_nothing_changes(t
 def test_a_group_stops_every_node_of_its_multi_node_release(tmp_path: Path) -> None:
     nodes = {name: installed(release("r1", nnodes=2, node_rank=rank)) for rank, name in enumerate(("n1", "n2"))}
     hosts = Hosts(**nodes)
-    fleet = commands.stop(scope(tmp_path, group="pair"), "sglang", hosts.reach())
+    fleet = dispatch.stop(scope(tmp_path, group="pair"), "sglang", hosts.reach())
     assert fleet.exit_code == 0 and [run.result.action for run in fleet.runs] == ["stopped", "stopped"]
     assert hosts.asked == ["stop sglang on 2 hosts of group pair (n1, n2)?"]
     assert all("systemd: stop" in remote.ran_names() for remote in nodes.values())
@@ -78,7 +78,7 @@ def test_a_group_restarts_its_multi_node_release_as_one(tmp_path: Path) -> None:
     refused alone, so a multi-node release could not be restarted at all)."""
     nodes = {"n1": serving_node(0), "n2": serving_node(1)}
     hosts = Hosts(**nodes)
-    fleet = commands.start(scope(tmp_path, group="pair"), "sglang", True, hosts.reach())
+    fleet = dispatch.start(scope(tmp_path, group="pair"), "sglang", True, hosts.reach())
     assert fleet.exit_code == 0 and [run.result.action for run in fleet.runs] == ["restarted", "restarted"]
     assert [run.result.release_id for run in fleet.runs] == ["r1", "r1"] and fleet.batches == (("n1", "n2"),)
     assert hosts.asked == ["restart sglang on 2 hosts of group pair (n1, n2)?"]
@@ -91,7 +91,7 @@ def test_a_group_restarts_its_multi_node_release_as_one(tmp_path: Path) -> None:
 
 def test_a_group_start_of_a_multi_node_release_already_running_changes_nothing(tmp_path: Path) -> None:
     nodes = {"n1": serving_node(0), "n2": serving_node(1)}
-    fleet = commands.start(scope(tmp_path, group="pair"), "sglang", False, Hosts(**nodes).reach())
+    fleet = dispatch.start(scope(tmp_path, group="pair"), "sglang", False, Hosts(**nodes).reach())
     assert [run.result.action for run in fleet.runs] == ["already running", "already running"]
     assert all(changed(remote) == [] for remote in nodes.values())
 
@@ -99,7 +99,7 @@ def test_a_group_start_of_a_multi_node_release_already_running_changes_nothing(t
 def test_a_group_uninstalls_every_node_of_its_multi_node_release(tmp_path: Path) -> None:
     nodes = {name: installed(release("r1", nnodes=2, node_rank=rank)) for rank, name in enumerate(("n1", "n2"))}
     hosts = Hosts(**nodes)
-    fleet = commands.uninstall(scope(tmp_path, group="pair"), "sglang", tmp_path / "state", hosts.reach())
+    fleet = dispatch.uninstall(scope(tmp_path, group="pair"), "sglang", tmp_path / "state", hosts.reach())
     assert fleet.exit_code == 0 and [run.result.host for run in fleet.runs] == ["n1", "n2"]
     assert hosts.asked[0].startswith("remove service sglang from 2 hosts of group pair (n1, n2)")
     assert all("uninstall: release store" in remote.ran_names() for remote in nodes.values())
@@ -110,7 +110,7 @@ def test_a_group_behind_a_router_restarts_one_replica_at_a_time_each_taken_out_f
     router = answering(remove={"was_listed": True}, add={"was_listed": False})
     replicas = {name: installed(release("r1")).reply(lambda step: getattr(step, "name", "").startswith(
         "readiness probe"), stdout=json.dumps(READY)) for name in ("a", "b")}
-    fleet = commands.start(scope(tmp_path, group="replicas"), "sglang", True, Hosts(**replicas, edge=router).reach())
+    fleet = dispatch.start(scope(tmp_path, group="replicas"), "sglang", True, Hosts(**replicas, edge=router).reach())
     assert fleet.exit_code == 0 and fleet.batches == (("a",), ("b",))
     assert [(c["action"], c["worker"]) for c in config_of(router)] == [
         ("remove", "http://192.0.2.2:8000"), ("add", "http://192.0.2.2:8000"),
@@ -120,40 +120,41 @@ def test_a_group_behind_a_router_restarts_one_replica_at_a_time_each_taken_out_f
 def test_a_refused_consent_connects_to_no_host(tmp_path: Path) -> None:
     hosts = Hosts(n1=installed(release("r1")))
     with pytest.raises(ConfigError, match="cancelled"):
-        commands.stop(scope(tmp_path, host="n1"), "sglang", hosts.reach(agree=False))
+        dispatch.stop(scope(tmp_path, host="n1"), "sglang", hosts.reach(agree=False))
     assert hosts.asked == ["stop sglang on n1?"] and hosts.connected == []
 
 
 def _asking_in_the_library(tmp_path: Path) -> dict[str, tuple[Callable[[Reach], object], str]]:
     """Each command whose question the CLI asked itself before (issue 38): how it is called, the question it asks."""
     from deploy_lib import tune as tuning
+    from deploy_lib.commands import tune_request
+    from deploy_lib.deploy.project import load_for_target
     from deploy_lib.ops.router import router_site
-    from deploy_lib.project import load_for_target
     one, group = scope(tmp_path, host="n1"), scope(tmp_path, group="replicas")
     loaded = load_for_target(Project(REPO), "glm5-nvfp4", one.inventory, one.targets[0])
     spec, sources = tuning.sweep_spec(None, ["memory.max_running_requests=64,128"], {})
-    request = tuning.Request(spec, sources, ())
+    request = tune_request.Request(spec, sources, ())
     site = router_site(group.inventory, [target.host for target in group.targets])
     assert site is not None
     edge = select(group.inventory, "edge", None)
     return {
-        "tune": (lambda reach: commands.tune(one, loaded, request, reach),
+        "tune": (lambda reach: dispatch.tune(one, loaded, request, reach),
                  "tune glm5-nvfp4 on n1: each candidate restarts the server?"),
-        "tune --group": (lambda reach: commands.tune(group, loaded, request, reach),
+        "tune --group": (lambda reach: dispatch.tune(group, loaded, request, reach),
                          "tune glm5-nvfp4 on the 2 hosts of group replicas: each candidate restarts the server it "
                          "runs on?"),
-        "router.deploy": (lambda reach: commands.router_deploy(edge, site, ["http://192.0.2.2:8000"], "replicas",
+        "router.deploy": (lambda reach: dispatch.router_deploy(edge, site, ["http://192.0.2.2:8000"], "replicas",
                                                                reach),
                           "deploy the router for group replicas (http://192.0.2.2:8000) to edge:31000?"),
-        "venv.adopt": (lambda reach: commands.venv_adopt(one, "sglang", PurePosixPath("/root/ml-env"), reach),
+        "venv.adopt": (lambda reach: dispatch.venv_adopt(one, "sglang", PurePosixPath("/root/ml-env"), reach),
                        "adopt /root/ml-env as a managed venv on n1?"),
-        "venv.remove": (lambda reach: commands.venv_remove(one, "sglang", "0123456789ab", reach),
+        "venv.remove": (lambda reach: dispatch.venv_remove(one, "sglang", "0123456789ab", reach),
                         "remove venv 0123456789ab of sglang on n1?"),
-        "adopt --pid": (lambda reach: commands.adopt(one, "sglang", "by-hand", 4242, None, reach),
+        "adopt --pid": (lambda reach: dispatch.adopt(one, "sglang", "by-hand", 4242, None, reach),
                         "adopt pid 4242 on n1 as release 0 of service sglang?"),
-        "adopt --unit": (lambda reach: commands.adopt(one, "sglang", "by-hand", None, "llm.service", reach),
+        "adopt --unit": (lambda reach: dispatch.adopt(one, "sglang", "by-hand", None, "llm.service", reach),
                          "adopt unit llm.service on n1 as release 0 of service llm?"),
-        "unlock": (lambda reach: commands.unlock(one, "sglang", False, reach), "remove the lock of sglang on n1?"),
+        "unlock": (lambda reach: dispatch.unlock(one, "sglang", False, reach), "remove the lock of sglang on n1?"),
     }
 
 
@@ -170,18 +171,18 @@ def test_every_command_that_changes_a_host_asks_through_reach_before_connecting(
 
 
 def test_a_venv_build_of_a_profile_without_one_is_refused_before_the_question(tmp_path: Path) -> None:
-    from deploy_lib.project import load_for_target
+    from deploy_lib.deploy.project import load_for_target
     one, hosts = scope(tmp_path, host="n1"), Hosts()
     loaded = load_for_target(Project(REPO), "glm5-nvfp4", one.inventory, one.targets[0])
     with pytest.raises(ConfigError, match=r"profile glm5-nvfp4 has no service\.venv_build"):
-        commands.venv_build(one, loaded, hosts.reach())
+        dispatch.venv_build(one, loaded, hosts.reach())
     assert hosts.asked == [] and hosts.connected == []
 
 
 def test_a_group_behind_a_router_stops_one_replica_at_a_time_each_taken_out_first(tmp_path: Path) -> None:
     router = answering(remove={"was_listed": True})
     hosts = Hosts(a=installed(release("r1")), b=installed(release("r1")), edge=router)
-    fleet = commands.stop(scope(tmp_path, group="replicas"), "sglang", hosts.reach())
+    fleet = dispatch.stop(scope(tmp_path, group="replicas"), "sglang", hosts.reach())
     assert fleet.exit_code == 0 and fleet.batches == (("a",), ("b",))
     assert [(c["action"], c["worker"]) for c in config_of(router)] == [("remove", "http://192.0.2.2:8000"),
                                                                          ("remove", "http://192.0.2.3:8000")]
@@ -190,7 +191,7 @@ def test_a_group_behind_a_router_stops_one_replica_at_a_time_each_taken_out_firs
 def test_a_read_only_command_on_a_group_gives_each_hosts_result_and_the_worst_exit_code(tmp_path: Path) -> None:
     lost = FakeRemote().reply(lambda step: True, raises=ConnectFailed("n2: connection refused"))
     hosts = Hosts(n1=installed(release("r1")), n2=lost)
-    fleet = commands.releases(scope(tmp_path, group="pair"), "sglang", hosts.reach())
+    fleet = dispatch.releases(scope(tmp_path, group="pair"), "sglang", hosts.reach())
     assert [run.host for run in fleet.runs] == ["n1", "n2"] and fleet.failed == ["n2"]
     assert [row.id for row in fleet.runs[0].result] == ["r1"]
     assert fleet.exit_code == ConnectFailed.exit_code
@@ -199,7 +200,7 @@ def test_a_read_only_command_on_a_group_gives_each_hosts_result_and_the_worst_ex
 def test_a_one_host_command_raises_its_hosts_error(tmp_path: Path) -> None:
     lost = FakeRemote().reply(lambda step: True, raises=ConnectFailed("n2: connection refused"))
     with pytest.raises(ConnectFailed):
-        commands.status(scope(tmp_path, host="n2"), "sglang", Hosts(n2=lost).reach())
+        dispatch.status(scope(tmp_path, host="n2"), "sglang", Hosts(n2=lost).reach())
 
 
 @pytest.mark.parametrize(("host", "group", "rollout", "says"), [
@@ -217,11 +218,11 @@ def test_a_multi_node_deploy_refuses_one_host_and_a_rolling_rollout_before_askin
     project = Project(REPO)
     hosts = Hosts()
     with pytest.raises(ConfigError, match="is not deployed to n1 alone"):
-        commands.deploy(project, scope(tmp_path, host="n1"), "glm5-nvfp4-3nodes", Options(), hosts.reach())
+        dispatch.deploy(project, scope(tmp_path, host="n1"), "glm5-nvfp4-3nodes", Options(), hosts.reach())
     with pytest.raises(ConfigError, match="group pair has 2 host"):
-        commands.deploy(project, scope(tmp_path, group="pair"), "glm5-nvfp4-3nodes", Options(), hosts.reach())
+        dispatch.deploy(project, scope(tmp_path, group="pair"), "glm5-nvfp4-3nodes", Options(), hosts.reach())
     with pytest.raises(ConfigError, match="--serial and --max-fail do not apply"):
-        commands.deploy(project, scope(tmp_path, group="pair", rollout=Rollout.parse(["1"])), "glm5-nvfp4-3nodes",
+        dispatch.deploy(project, scope(tmp_path, group="pair", rollout=Rollout.parse(["1"])), "glm5-nvfp4-3nodes",
                         Options(), hosts.reach())
     assert hosts.connected == []
 
@@ -239,7 +240,7 @@ def test_the_project_is_the_nearest_directory_upwards_holding_inventory_or_the_o
 
 def test_init_writes_a_starter_project_and_overwrites_nothing(tmp_path: Path) -> None:
     """Input tried: init twice in one directory; the second refuses, naming the files, and writes nothing."""
-    from deploy_lib.project import write_starter
+    from deploy_lib.deploy.project import write_starter
     written = write_starter(tmp_path)
     assert [path.relative_to(tmp_path).as_posix() for path in written] == [
         "inventory/hosts.yaml", "inventory/profiles/glm5-nvfp4.yaml", ".gitignore"]
@@ -259,7 +260,7 @@ def test_a_rolling_rollback_of_a_group_to_its_multi_node_release_is_refused_on_e
     with --serial the multi-node check was skipped and each node was rolled back alone, batch by batch)."""
     nodes = {name: installed(release("r0", nnodes=2, node_rank=rank), release("r1"))
              for rank, name in enumerate(("n1", "n2"))}
-    fleet = commands.rollback(scope(tmp_path, group="pair", rollout=Rollout.parse(["1"])), "sglang", "r0",
+    fleet = dispatch.rollback(scope(tmp_path, group="pair", rollout=Rollout.parse(["1"])), "sglang", "r0",
                               Hosts(**nodes).reach())
     assert fleet.failed == ["n1", "n2"] and fleet.exit_code == 2
     assert all("--serial and --max-fail do not apply" in run.error.message for run in fleet.runs if run.error)
@@ -272,7 +273,7 @@ def test_a_gpu_check_that_would_stop_one_node_of_a_multi_node_release_is_refused
     server was stopped for the check, the other node left alone at the rendezvous)."""
     node = installed(release("r1", nnodes=2))
     with pytest.raises(ConfigError, match="n1 alone is not stopped"):
-        commands.gpu_check(scope(tmp_path, host="n1"), "sglang", None, True, [1024], Hosts(n1=node).reach())
+        dispatch.gpu_check(scope(tmp_path, host="n1"), "sglang", None, True, [1024], Hosts(n1=node).reach())
     assert "systemd: stop" not in node.ran_names() and changed(node) == []
 
 
@@ -281,6 +282,6 @@ def test_a_deploy_to_one_node_of_a_multi_node_release_is_refused_before_any_chan
     before: n1 was switched to the single-node release, the other node left at the rendezvous)."""
     node = installed(release("r1", nnodes=2))
     with pytest.raises(ConfigError, match="n1 alone is not deployed to"):
-        commands.deploy(Project(REPO), scope(tmp_path, host="n1"), "glm5-nvfp4", Options(environ={"HF_TOKEN": "x"}),
+        dispatch.deploy(Project(REPO), scope(tmp_path, host="n1"), "glm5-nvfp4", Options(environ={"HF_TOKEN": "x"}),
                         Hosts(n1=node).reach())
     assert changed(node) == [] and "systemd: stop" not in node.ran_names()

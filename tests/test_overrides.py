@@ -21,9 +21,9 @@ from invoke import Context, Exit
 from deploy_cli import common
 from deploy_cli import deploy as deploy_tasks
 from deploy_lib import store
-from deploy_lib.deploy import Options, deploy
+from deploy_lib.commands.deploy import Options, deploy
 from deploy_lib.errors import ConfigError
-from deploy_lib.ops import commands
+from deploy_lib.ops import dispatch
 
 CAP = "memory.max_running_requests=512"  # the reference profile says 1024
 
@@ -68,7 +68,7 @@ def test_a_bad_override_is_refused_naming_key_and_why_before_any_host_is_reached
     a path through a value, a tp of 3)."""
     hosts = Hosts(n1=installed(release("r1")))
     with pytest.raises(ConfigError) as refused:
-        commands.deploy(PROJECT, scope(tmp_path, host="n1"), "glm5-nvfp4", Options(), hosts.reach(), [given])
+        dispatch.deploy(PROJECT, scope(tmp_path, host="n1"), "glm5-nvfp4", Options(), hosts.reach(), [given])
     assert says in refused.value.message and refused.value.exit_code == 2
     assert hosts.connected == [] and hosts.asked == []
 

@@ -52,8 +52,8 @@ def test_a_non_editable_install_renders_and_lists_the_patch_sets(tmp_path: Path)
     assert "exec /root/ml-env/bin/python3 -m sglang.launch_server" in result["launcher"]
     assert 'CUDA_HOME="/usr/local/cuda-12.8"' in result["env"]
     assert result["patch_sets"] == ["fusion-sm120", "nsa-aliases"]
-    assert result["relocate_script"] == (REPO / "deploy_lib" / "venvs" / "relocate_script.py").read_text()
-    assert result["p2p_measure_script"] == (REPO / "deploy_lib" / "gpu_check" / "p2p" / "measure_script.py").read_text()
+    assert result["relocate_script"] == (REPO / "deploy_lib" / "host_scripts" / "venv_relocate.py").read_text()
+    assert result["p2p_measure_script"] == (REPO / "deploy_lib" / "host_scripts" / "p2p_measure.py").read_text()
 
 
 def test_in_a_fresh_venv_the_installed_command_starts_a_project_renders_it_and_lists_only_user_tasks(

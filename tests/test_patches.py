@@ -17,8 +17,8 @@ from pathlib import Path, PurePosixPath
 import pytest
 
 from deploy_lib.commands.patches import base_profile, patched_profile
+from deploy_lib.deploy.project import Project
 from deploy_lib.errors import ConfigError, PreflightError
-from deploy_lib.facts.readings import ABSENT_OK, Readings
 from deploy_lib.host_scripts.sglang_options import extract
 from deploy_lib.patches import (
     GpuArch,
@@ -46,9 +46,9 @@ from deploy_lib.patches import (
     select_variants,
     sha256_text,
 )
-from deploy_lib.project import Project
 from deploy_lib.release.argv_check import check_argv
 from deploy_lib.remote import StepResult
+from deploy_lib.remote.readings import ABSENT_OK, Readings
 from sandbox.sim.sglang_sim.upstream import Fusion, InstalledUpstream
 
 # imported lazily below: a plugin imported before it is registered is not rewritten

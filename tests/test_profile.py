@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
+from deploy_lib.deploy.project import Project, resolve_target
 from deploy_lib.errors import ConfigError
-from deploy_lib.inventory import check_profile_fits_host, load_inventory
+from deploy_lib.inventory.model import check_profile_fits_host, load_inventory
 from deploy_lib.profile import Profile, load_profile, profile_json_schema
-from deploy_lib.project import Project, resolve_target
 from deploy_lib.remote import JumpHost
 
 REPO = Path(__file__).resolve().parent.parent

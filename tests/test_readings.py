@@ -1,4 +1,4 @@
-"""The one fact vocabulary (deploy_lib/facts/readings.py): a fact is a read-only step and its parser, read in one
+"""The one fact vocabulary (deploy_lib/remote/readings.py): a fact is a read-only step and its parser, read in one
 batch."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from helpers.fake_remote import FakeRemote
 
 from deploy_lib.errors import StepFailed
-from deploy_lib.facts.readings import ABSENT_OK, TOOL_ABSENT_OK, Fact, Readings, read
 from deploy_lib.remote import Put, Step, StepResult
+from deploy_lib.remote.readings import ABSENT_OK, TOOL_ABSENT_OK, Fact, Readings, read
 
 OWNER = Fact(Step("lock owner", ("cat", "--", "/opt/x/.lock/owner"), ok=ABSENT_OK),
              lambda result: result.stdout.strip() if result.exit_code == 0 else None)

@@ -17,10 +17,10 @@ from helpers.recording_progress import RecordingProgress
 from tenacity import stop_after_delay, wait_none
 
 from deploy_lib.errors import ConnectFailed, ConnectionLost
-from deploy_lib.facts.readings import read
 from deploy_lib.health import ProbeTarget, Rung, probe_step
 from deploy_lib.remote import FabricRemote, Put, SSHTarget, Step, StepResult
 from deploy_lib.remote.batch import KILL_AFTER_S, Dropped, SilenceBound
+from deploy_lib.remote.readings import read
 from deploy_lib.remote.ssh import SSH_RECONNECT
 from deploy_lib.remote.steps import repeatable
 from deploy_lib.store import StoreLayout, switch_current
@@ -197,7 +197,7 @@ def test_a_deploy_that_cannot_finish_says_the_step_the_link_and_whether_it_was_v
     from helpers.deploy_trips import with_service
     from helpers.rollback import a_host, changed_profile
 
-    from deploy_lib.deploy import Options, deploy
+    from deploy_lib.commands.deploy import Options, deploy
 
     host = a_host()
     error = ConnectionLost(f"connection to fake@host:22 lost during step {lost_at!r}", step=Step(lost_at, ("true",)))

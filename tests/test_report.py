@@ -25,8 +25,9 @@ from helpers.rollback import a_host
 
 from deploy_lib import store
 from deploy_lib.errors import ConfigError
-from deploy_lib.report import ReportData, SweepData, collect, collect_sweep, read_report, read_sweep, write_report
-from deploy_lib.report.data import COLUMNS, TABLES
+from deploy_lib.host.report import read_report, read_sweep, write_report
+from deploy_lib.report.data import COLUMNS, TABLES, ReportData, collect
+from deploy_lib.report.sweep import SweepData, collect_sweep
 from deploy_lib.store import HistoryEntry
 
 HISTORY = Path(__file__).parent / "data" / "report" / "history.jsonl"

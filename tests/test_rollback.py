@@ -22,10 +22,12 @@ from helpers.rollback import (
 )
 
 from deploy_lib import store
-from deploy_lib.deploy import Options, check_release, check_release_files, deploy, probe_target, recorded_tags
+from deploy_lib.commands.deploy import Options, deploy
+from deploy_lib.deploy.preflight import check_release, check_release_files
 from deploy_lib.errors import Interrupted, PreflightError, ReadinessFailed, Terminated
 from deploy_lib.facts import host as host_facts
 from deploy_lib.facts.host import SGLangInstall
+from deploy_lib.host.switch import probe_target, recorded_tags
 from deploy_lib.interrupts import Interrupt, interrupted, signal_name, signals_raise
 from deploy_lib.profile import read_stored_profile
 from deploy_lib.release.model import RecordedRelease

@@ -27,11 +27,12 @@ from helpers.router import (
 from helpers.systemd_syntax import exec_start_argv, parse_unit_file
 
 from deploy_lib import store
-from deploy_lib.deploy import Transition
 from deploy_lib.deploy.plan import switch_batches
+from deploy_lib.deploy.project import Project, resolve_group
 from deploy_lib.errors import ConfigError, LockHeld, ReadinessFailed, RollbackFailed, RouterFailed
 from deploy_lib.facts import host as host_facts
-from deploy_lib.inventory import RouterPolicy, load_inventory
+from deploy_lib.host.switch import Transition
+from deploy_lib.inventory.model import RouterPolicy, load_inventory
 from deploy_lib.ops.fleet import Rollout
 from deploy_lib.ops.router import (
     DEFAULT_LOCK,
@@ -43,7 +44,6 @@ from deploy_lib.ops.router import (
     worker_url,
 )
 from deploy_lib.ops.router_deploy import RouterFront, behind_router, one_at_a_time, router_in_front
-from deploy_lib.project import Project, resolve_group
 from deploy_lib.remote import OutputLine, Put, Step, StepResult
 from deploy_lib.store import StoreLayout
 
@@ -291,7 +291,7 @@ def test_the_deploy_engine_drains_before_the_switch_and_restart_and_again_on_eac
 def test_restart_and_stop_of_a_replica_call_the_routers_hook_before_the_server_stops() -> None:
     """`invoke restart --host H` drains before the switch and restart (and adds back after, as a deploy); `invoke stop
     --host H` drains before the unit stops."""
-    from deploy_lib.deploy import start, stop
+    from deploy_lib.commands.deploy import start, stop
     host = ScriptedHost({"A": [READY], "B": [READY]})
     drained_at: list[int] = []
     outcome = start(target(), "sglang", host, RecordingProgress(), {}, restart=True,
@@ -373,7 +373,7 @@ def test_a_rollback_behind_a_router_drains_the_port_it_routes_to_now_and_readmit
     """`invoke rollback --group G` (and `--host H`) on a replica: B serves on 8001, the rollback goes back to A on
     8000. Failed before the fix: the drain took out the target's URL (:8000), so the router kept sending requests to
     the server being stopped (:8001)."""
-    from deploy_lib.deploy import rollback
+    from deploy_lib.commands.deploy import rollback
     host = PortedHost()
     router = answering(remove={"was_listed": True, "drained": 2}, add={})
     serving_at_drain: list[str] = []

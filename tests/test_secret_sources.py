@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 from helpers.deploy_plan import NOW, facts, first_plan, target
 
-from deploy_lib.deploy import plan_deploy
+from deploy_lib.deploy.plan import plan_deploy
 from deploy_lib.errors import ConfigError
 from deploy_lib.profile import SecretRef, load_profile
 from deploy_lib.release.model import available_secrets, resolve_secrets

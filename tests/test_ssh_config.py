@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 from helpers.remote_ssh import SshServer
 
+from deploy_lib.deploy.project import resolve_target
 from deploy_lib.errors import ConfigError, ConnectFailed
-from deploy_lib.inventory import load_inventory
-from deploy_lib.project import resolve_target
+from deploy_lib.inventory.model import load_inventory
 from deploy_lib.remote import FabricRemote, JumpHost, SSHTarget, Step
 from deploy_lib.remote.ssh_config import SSH_CONFIG_ENV
 

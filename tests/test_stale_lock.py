@@ -10,6 +10,8 @@ import pytest
 from helpers.fake_remote import FakeRemote
 
 from deploy_lib.errors import LockHeld
+from deploy_lib.host.store import take_lock
+from deploy_lib.host.store_first_change import lock_on_first_change
 from deploy_lib.remote import Step
 from deploy_lib.store import (
     FACT_BOOT_ID,
@@ -22,9 +24,7 @@ from deploy_lib.store import (
     LockInfo,
     LockOwner,
     StoreLayout,
-    lock_on_first_change,
     owner_gone,
-    take_lock,
 )
 from deploy_lib.store.lock import FACT_UP, LOCK_STILL_THEIRS, lock_staleness
 

@@ -13,6 +13,7 @@ from helpers.fake_remote import FakeRemote
 from helpers.store_output import release_entries
 
 from deploy_lib.errors import ConfigError, LockHeld, StepFailed
+from deploy_lib.host.store import holding_lock, take_lock, unlock
 from deploy_lib.remote import Put, Step, StepResult, command_line, describe
 from deploy_lib.store import (
     FACT_CLOCK,
@@ -35,7 +36,6 @@ from deploy_lib.store import (
     append_history,
     describe_pruned_releases,
     history_entry,
-    holding_lock,
     lock_staleness,
     parse_current,
     parse_history,
@@ -47,8 +47,6 @@ from deploy_lib.store import (
     releases_to_prune,
     stage_release,
     switch_current,
-    take_lock,
-    unlock,
 )
 
 LAYOUT = StoreLayout("sglang")

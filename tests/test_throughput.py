@@ -13,13 +13,17 @@ from helpers.recording_progress import RecordingProgress
 from pydantic import ValidationError
 
 from deploy_lib.errors import ConfigError, GateFailed, StepFailed
+from deploy_lib.host.benchmark import (
+    STEP_BENCH_MODULE,
+    STEP_SAMPLER_START,
+    STEP_SAMPLER_STOP,
+    gate_after_ready,
+    run_benchmark,
+)
 from deploy_lib.profile.settings import BenchSettings, GateSettings
 from deploy_lib.remote import round_trips
 from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, StoreLayout, Tags, history_entry
 from deploy_lib.throughput import (
-    STEP_BENCH_MODULE,
-    STEP_SAMPLER_START,
-    STEP_SAMPLER_STOP,
     BenchResult,
     Latency,
     LevelResult,
@@ -29,11 +33,9 @@ from deploy_lib.throughput import (
     comparison_records,
     evaluate_gate,
     find_baseline,
-    gate_after_ready,
     parse_level,
     parse_telemetry,
     power_by_release,
-    run_benchmark,
     throughput_by_release,
 )
 from deploy_lib.versions import BENCH_MODULES

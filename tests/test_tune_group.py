@@ -21,16 +21,18 @@ from helpers.tune_group import BASE, FOUR_CAPS, replica
 from helpers.tune_loop import SweepHost, a_sweep_host, request, sglang_knowing_every_flag
 
 from deploy_cli.present import jsonable
-from deploy_lib.deploy import Options
+from deploy_lib.commands.deploy import Options
+from deploy_lib.commands.tune import show
+from deploy_lib.commands.tune_request import Request
 from deploy_lib.errors import Interrupted
-from deploy_lib.inventory import load_inventory
+from deploy_lib.inventory.model import load_inventory
 from deploy_lib.ops.multinode import plan_nodes
 from deploy_lib.ops.multinode_deploy import deploy_nodes
 from deploy_lib.ops.scope import Reach, Scope, select
 from deploy_lib.ops.tune_group import GroupTune, deal, tune_group
 from deploy_lib.profile.overrides import with_overrides
 from deploy_lib.remote import OutputLine, Put, Step, StepResult
-from deploy_lib.tune import Request, TuneReport, show
+from deploy_lib.tune import TuneReport
 
 CAP = "memory.max_running_requests="
 

@@ -17,11 +17,12 @@ from helpers.tune_loop import (
 )
 
 from deploy_cli.present import jsonable
-from deploy_lib import store
+from deploy_lib.commands.tune import BASE_RUNS, show
+from deploy_lib.commands.tune_request import Planned, Request
 from deploy_lib.errors import Interrupted
+from deploy_lib.host import store
 from deploy_lib.throughput.history import throughput_by_release
-from deploy_lib.tune import Planned, Request, TuneReport, show, sweep_spec
-from deploy_lib.tune.loop import BASE_RUNS
+from deploy_lib.tune import TuneReport, sweep_spec
 
 
 def test_the_dry_run_lists_candidates_flag_by_flag_and_changes_nothing() -> None:

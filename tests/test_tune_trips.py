@@ -11,13 +11,14 @@ from helpers.deploy_plan import target
 from helpers.recording_progress import RecordingProgress
 from helpers.tune_loop import BASE, BENCH, MRR, SweepHost, a_sweep_host, request, sglang_knowing_every_flag, sweep
 
+from deploy_lib.commands.tune import _host_view
+from deploy_lib.commands.tune_request import Request
 from deploy_lib.deploy.plan import BatchKind
 from deploy_lib.facts import host as host_facts
+from deploy_lib.host.benchmark import STEP_BENCH_MODULE
 from deploy_lib.host_paths import venv_python
 from deploy_lib.remote import OutputLine, Put, Step, StepResult, round_trips
-from deploy_lib.throughput import STEP_BENCH_MODULE
-from deploy_lib.tune import Request, TuneReport, sweep_spec
-from deploy_lib.tune.loop import _host_view
+from deploy_lib.tune import TuneReport, sweep_spec
 
 TRIP = "trip"
 

@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parent.parent
 CALLS = '''
 from deploy_lib.ops.router_deploy import RouterFront, behind_router
 from deploy_lib.progress import NullProgress
-from deploy_lib.project import Target
+from deploy_lib.deploy.project import Target
 from deploy_lib.remote import FabricRemote, Remote
 
 

@@ -24,6 +24,7 @@ from pydantic import ValidationError
 
 from deploy_lib import venvs
 from deploy_lib.errors import ConfigError, DeployError, PreflightError, StepFailed, StepTimedOut
+from deploy_lib.host import venv_adopt, venv_build, venv_derive, venv_lifecycle, venv_publish, venv_store
 from deploy_lib.remote import Put, Step, StepResult
 from deploy_lib.store import StoreLayout
 
@@ -73,7 +74,7 @@ def test_reordering_and_comments_do_not_change_the_normalised_lock() -> None:
     shuffled = (f"# other comment\nbeta-pkg[extra]==2.0 ; python_version >= \"3.8\" --hash sha256:{B_SHA}\n\n"
                 f"ALPHA==1.0 --hash=sha256:{A_SHA}  # pinned\n")
     assert lock(shuffled).text() == lock().text()
-    assert venvs.venv_hash(lock(shuffled), PY311) == venvs.venv_hash(lock(), PY311)
+    assert venv_build.venv_hash(lock(shuffled), PY311) == venv_build.venv_hash(lock(), PY311)
 
 
 @pytest.mark.parametrize(("text", "line", "why"), [
@@ -102,13 +103,13 @@ def test_an_empty_lock_is_refused(tmp_path: Path) -> None:
 
 
 def test_venv_hash_covers_lock_python_version_and_platform() -> None:
-    base = venvs.venv_hash(lock(), PY311)
+    base = venv_build.venv_hash(lock(), PY311)
     other_python = venvs.PythonFacts("cpython", "3.11.9", "linux-x86_64", "cpython-311-x86_64-linux-gnu", "x86_64")
     other_platform = venvs.PythonFacts("cpython", "3.11.2", "linux-aarch64", "cpython-311-aarch64-linux-gnu",
                                        "aarch64")
     changed_lock = lock(LOCK_TEXT.replace("alpha==1.0", "alpha==1.1"))
-    hashes = {base, venvs.venv_hash(lock(), other_python), venvs.venv_hash(lock(), other_platform),
-              venvs.venv_hash(changed_lock, PY311)}
+    hashes = {base, venv_build.venv_hash(lock(), other_python), venv_build.venv_hash(lock(), other_platform),
+              venv_build.venv_hash(changed_lock, PY311)}
     assert len(hashes) == 4 and all(len(h) == venvs.HASH_CHARS for h in hashes)
 
 
@@ -187,19 +188,19 @@ def test_markers_are_read_and_unreadable_or_foreign_ones_count_as_absent() -> No
     good, bad, foreign = "a" * 16, "b" * 16, "c" * 16
     stream = (marker_stream({good: {"hash": good, "kind": "built"}, foreign: {"hash": good}})
               + f"\0{bad}/venv.json\0{{not json\n")
-    assert venvs.parse_markers(stream) == {good: {"hash": good, "kind": "built"}}
-    assert venvs.parse_markers("") == {}
+    assert venv_store.parse_markers(stream) == {good: {"hash": good, "kind": "built"}}
+    assert venv_store.parse_markers("") == {}
 
 
 def test_wheel_names_on_the_host_are_their_sha256_directories() -> None:
     stream = f"{A_SHA}/alpha-1.0-py3-none-any.whl\0{B_SHA}/b.whl\0stray.whl\0"
-    assert venvs.parse_wheel_names(stream) == {A_SHA, B_SHA}
+    assert venv_store.parse_wheel_names(stream) == {A_SHA, B_SHA}
 
 
 def test_a_missing_interpreter_is_a_preflight_error() -> None:
     remote = FakeRemote().reply(venvs.FACT_PYTHON, exit_code=127, stderr="python3: command not found")
     with pytest.raises(PreflightError, match="no usable interpreter 'python3'"):
-        venvs.read_facts(remote, LAYOUT, "python3")
+        venv_store.read_facts(remote, LAYOUT, "python3")
 
 
 # --- build ----------------------------------------------------------------------------------------------
@@ -212,11 +213,11 @@ def host(markers: dict[str, dict] | None = None, entries: tuple[str, ...] = (),
     names = sorted(set(entries) | set(markers))
     return (FakeRemote()
             .reply(venvs.FACT_PYTHON, stdout=json.dumps(python.as_dict()) + "\n")
-            .reply(venvs.FACT_ADOPT_PYTHON, stdout=json.dumps(python.as_dict()) + "\n")
-            .reply(venvs.FACT_MARKERS, stdout=marker_stream(markers))
-            .reply(venvs.FACT_DIRS, stdout="".join(f"{n}\0" for n in names))
-            .reply(venvs.FACT_WHEELS, stdout="".join(f"{s}/w.whl\0" for s in wheels))
-            .reply(venvs.FACT_TOOLS, stdout="".join(f"{s}/uv\0" for s in tools)))
+            .reply(venv_adopt.FACT_ADOPT_PYTHON, stdout=json.dumps(python.as_dict()) + "\n")
+            .reply(venv_store.FACT_MARKERS, stdout=marker_stream(markers))
+            .reply(venv_store.FACT_DIRS, stdout="".join(f"{n}\0" for n in names))
+            .reply(venv_store.FACT_WHEELS, stdout="".join(f"{s}/w.whl\0" for s in wheels))
+            .reply(venv_store.FACT_TOOLS, stdout="".join(f"{s}/uv\0" for s in tools)))
 
 
 def spec_for(tmp_path: Path, text: str = LOCK_TEXT) -> venvs.VenvSpec:
@@ -250,9 +251,9 @@ def outside_lock(remote: FakeRemote) -> list[Step | Put]:
 
 def test_a_first_build_sends_the_wheels_then_builds_in_tmp_and_publishes_last(tmp_path: Path) -> None:
     spec = spec_for(tmp_path)
-    digest = venvs.venv_hash(venvs.load_lock(spec.lock), PY311)
+    digest = venv_build.venv_hash(venvs.load_lock(spec.lock), PY311)
     remote = host()
-    result = venvs.ensure_venv(remote, LAYOUT, spec, NOW)
+    result = venv_build.ensure_venv(remote, LAYOUT, spec, NOW)
     tmp, final = f"/opt/sd/sglang/venvs/{digest}.tmp", f"/opt/sd/sglang/venvs/{digest}"
     assert (result.hash, str(result.path), result.reused) == (digest, final, False)
     assert result.bytes_sent == 4 and sorted(result.wheels_sent) == ["alpha-1.0-py3-none-any.whl",
@@ -261,8 +262,8 @@ def test_a_first_build_sends_the_wheels_then_builds_in_tmp_and_publishes_last(tm
         [f"/opt/sd/sglang/wheels/{A_SHA}/alpha-1.0-py3-none-any.whl",
          f"/opt/sd/sglang/wheels/{B_SHA}/beta_pkg-2.0-py3-none-any.whl", f"/opt/sd/sglang/wheels/{UV_SHA}/{UV_FILE}"])
     names = remote.ran_names()
-    order = [names.index(n) for n in ("venv build: clear leftovers", venvs.VERIFY_STEP, "venv build: uv binary",
-                                      "venv build: create", venvs.INSTALL_STEP, "venv build: relocate scripts",
+    order = [names.index(n) for n in ("venv build: clear leftovers", venv_build.VERIFY_STEP, "venv build: uv binary",
+                                      "venv build: create", venv_build.INSTALL_STEP, "venv build: relocate scripts",
                                       "venv build: marker", "venv build: flush to disk", "venv build: publish")]
     assert order == sorted(order)
     argvs = {s.name: s.argv for s in remote.ran if isinstance(s, Step)}
@@ -274,7 +275,7 @@ def test_a_first_build_sends_the_wheels_then_builds_in_tmp_and_publishes_last(tm
     assert create[:2] == (uv, "venv") and create[-4:] == ("--python", "python3", "--", tmp)
     assert create[create.index("--cache-dir") + 1] == "/opt/sd/sglang/uv-cache" and "--no-python-downloads" in create
     assert argvs["venv build: publish"] == ("mv", "-T", "--", tmp, final)
-    install = argvs[venvs.INSTALL_STEP]
+    install = argvs[venv_build.INSTALL_STEP]
     assert install[:3] == (uv, "pip", "install")
     assert install[install.index("--python") + 1] == f"{tmp}/bin/python3"
     assert install[install.index("--link-mode") + 1] == "hardlink"
@@ -292,7 +293,7 @@ def test_a_first_build_sends_the_wheels_then_builds_in_tmp_and_publishes_last(tm
 
 def test_only_wheels_missing_on_the_host_travel(tmp_path: Path) -> None:
     remote = host(wheels=(A_SHA, UV_SHA), tools=(UV_SHA,))
-    result = venvs.ensure_venv(remote, LAYOUT, spec_for(tmp_path), NOW)
+    result = venv_build.ensure_venv(remote, LAYOUT, spec_for(tmp_path), NOW)
     wheel_puts = [p for p in puts(remote) if "/wheels/" in str(p.dest)]
     assert [p.data for p in wheel_puts] == [b"b"] and result.bytes_sent == 1
     assert "venv build: uv binary" not in remote.ran_names()  # its binary is in tools/ already
@@ -303,9 +304,9 @@ def test_wheels_the_host_has_are_not_read_here(tmp_path: Path) -> None:
     (spec.wheelhouse / "alpha-1.0-py3-none-any.whl").write_bytes(b"not read: the host has alpha's wheel")
     (spec.wheelhouse / UV_FILE).unlink()
     remote = host(wheels=(A_SHA, UV_SHA))
-    result = venvs.ensure_venv(remote, LAYOUT, spec, NOW)
+    result = venv_build.ensure_venv(remote, LAYOUT, spec, NOW)
     assert result.wheels_sent == ("beta_pkg-2.0-py3-none-any.whl",)
-    verify = next(s for s in remote.ran if s.name == venvs.VERIFY_STEP)
+    verify = next(s for s in remote.ran if s.name == venv_build.VERIFY_STEP)
     assert dict(zip(verify.argv[4::2], verify.argv[5::2], strict=True)) == {
         sha: f"/opt/sd/sglang/wheels/{sha}" for sha in (A_SHA, B_SHA, UV_SHA)}
 
@@ -314,13 +315,13 @@ def test_the_uv_wheel_must_be_the_pinned_one(tmp_path: Path) -> None:
     spec = spec_for(tmp_path)
     (spec.wheelhouse / UV_FILE).write_bytes(b"another uv")
     with pytest.raises(ConfigError, match=f"sha256 {sha(b'another uv')}, but uv 0.13.9 is pinned at {UV_SHA}"):
-        venvs.ensure_venv(host(), LAYOUT, spec, NOW)
+        venv_build.ensure_venv(host(), LAYOUT, spec, NOW)
     (spec.wheelhouse / UV_FILE).unlink()
     with pytest.raises(ConfigError, match=f"has no {UV_FILE}") as raised:
-        venvs.ensure_venv(host(), LAYOUT, spec, NOW)
+        venv_build.ensure_venv(host(), LAYOUT, spec, NOW)
     assert "pip download --no-deps --only-binary=:all: --platform manylinux_2_17_x86_64" in str(raised.value)
     with pytest.raises(ConfigError, match="no uv wheel is pinned for riscv64 hosts"):
-        venvs.ensure_venv(host(python=replace(PY311, machine="riscv64")), LAYOUT, spec, NOW)
+        venv_build.ensure_venv(host(python=replace(PY311, machine="riscv64")), LAYOUT, spec, NOW)
 
 
 def test_the_pinned_uv_wheels_are_pypis() -> None:
@@ -333,31 +334,31 @@ def test_the_pinned_uv_wheels_are_pypis() -> None:
 
 def test_a_published_venv_is_reused_without_transfer_or_build(tmp_path: Path) -> None:
     spec = spec_for(tmp_path)
-    digest = venvs.venv_hash(venvs.load_lock(spec.lock), PY311)
+    digest = venv_build.venv_hash(venvs.load_lock(spec.lock), PY311)
     remote = host(markers={digest: {"hash": digest, "kind": "built"}})
-    result = venvs.ensure_venv(remote, LAYOUT, spec, NOW)
+    result = venv_build.ensure_venv(remote, LAYOUT, spec, NOW)
     assert result.reused and result.bytes_sent == 0 and puts(remote) == []
     assert all(s.name.startswith("venv facts") for s in outside_lock(remote))
 
 
 def test_reuse_does_not_read_the_wheelhouse(tmp_path: Path) -> None:
     spec = spec_for(tmp_path)
-    digest = venvs.venv_hash(venvs.load_lock(spec.lock), PY311)
+    digest = venv_build.venv_hash(venvs.load_lock(spec.lock), PY311)
     for wheel in spec.wheelhouse.iterdir():
         wheel.unlink()
-    assert venvs.ensure_venv(host(markers={digest: {"hash": digest}}), LAYOUT, spec, NOW).reused
+    assert venv_build.ensure_venv(host(markers={digest: {"hash": digest}}), LAYOUT, spec, NOW).reused
 
 
 def test_an_interrupted_build_is_cleared_but_an_unmarked_venv_directory_is_left_to_a_person(tmp_path: Path) -> None:
     spec = spec_for(tmp_path)
-    digest = venvs.venv_hash(venvs.load_lock(spec.lock), PY311)
+    digest = venv_build.venv_hash(venvs.load_lock(spec.lock), PY311)
     remote = host(entries=(f"{digest}.tmp",))
-    venvs.ensure_venv(remote, LAYOUT, spec, NOW)
+    venv_build.ensure_venv(remote, LAYOUT, spec, NOW)
     clear = next(s for s in remote.ran if s.name == "venv build: clear leftovers")
     assert clear.argv == ("rm", "-rf", "--", f"/opt/sd/sglang/venvs/{digest}.tmp")
     remote = host(entries=(digest, f"{digest}.tmp"))
     with pytest.raises(PreflightError, match=f"venvs/{digest} exists but has no readable venv.json"):
-        venvs.ensure_venv(remote, LAYOUT, spec, NOW)
+        venv_build.ensure_venv(remote, LAYOUT, spec, NOW)
     assert not any(isinstance(s, Put) or s.argv[0] == "rm" for s in outside_lock(remote))
 
 
@@ -376,9 +377,9 @@ error: Failed to download `alpha==1.0`
 
 
 def test_a_uv_failure_shows_uvs_own_error_and_publishes_nothing(tmp_path: Path) -> None:
-    remote = host().reply(venvs.INSTALL_STEP, exit_code=1, stderr=UV_HASH_ERROR)
+    remote = host().reply(venv_build.INSTALL_STEP, exit_code=1, stderr=UV_HASH_ERROR)
     with pytest.raises(StepFailed) as raised:
-        venvs.ensure_venv(remote, LAYOUT, spec_for(tmp_path), NOW)
+        venv_build.ensure_venv(remote, LAYOUT, spec_for(tmp_path), NOW)
     message = str(raised.value)
     assert "nothing was published" in message and "uv said:" in message
     assert "Hash mismatch for `alpha==1.0`" in message and "sha256:0000" in message
@@ -387,16 +388,16 @@ def test_a_uv_failure_shows_uvs_own_error_and_publishes_nothing(tmp_path: Path) 
 
 
 def test_an_interrupted_install_leaves_the_venv_unpublished(tmp_path: Path) -> None:
-    remote = host().reply(venvs.INSTALL_STEP, exit_code=124, stderr="Resolved 1 package ...\n")
+    remote = host().reply(venv_build.INSTALL_STEP, exit_code=124, stderr="Resolved 1 package ...\n")
     with pytest.raises(StepTimedOut):
-        venvs.ensure_venv(remote, LAYOUT, spec_for(tmp_path), NOW)
-    assert outside_lock(remote)[-1].name == venvs.INSTALL_STEP
+        venv_build.ensure_venv(remote, LAYOUT, spec_for(tmp_path), NOW)
+    assert outside_lock(remote)[-1].name == venv_build.INSTALL_STEP
 
 
 def test_a_wheel_changed_after_planning_is_not_sent(tmp_path: Path) -> None:
     spec = spec_for(tmp_path)
-    facts = venvs.read_facts(host(), LAYOUT, "python3")
-    plan = venvs.plan_build(spec, venvs.load_lock(spec.lock), LAYOUT, facts, NOW)
+    facts = venv_store.read_facts(host(), LAYOUT, "python3")
+    plan = venv_build.plan_build(spec, venvs.load_lock(spec.lock), LAYOUT, facts, NOW)
     (spec.wheelhouse / "alpha-1.0-py3-none-any.whl").write_bytes(b"tampered")
     with pytest.raises(DeployError, match="changed while deploying"):
         list(plan.batches())
@@ -406,18 +407,18 @@ def test_index_mode_installs_from_the_url_with_hashes_and_sends_nothing(tmp_path
     (tmp_path / "requirements.lock").write_text(LOCK_TEXT)
     spec = venvs.VenvSpec(lock=tmp_path / "requirements.lock", index="https://pypi.org/simple")
     remote = host()
-    result = venvs.ensure_venv(remote, LAYOUT, spec, NOW)
-    install = next(s.argv for s in remote.ran if s.name == venvs.INSTALL_STEP)
+    result = venv_build.ensure_venv(remote, LAYOUT, spec, NOW)
+    install = next(s.argv for s in remote.ran if s.name == venv_build.INSTALL_STEP)
     assert result.bytes_sent == 0 and puts(remote) == []
     assert "--no-index" not in install and "--find-links" not in install and "--offline" not in install
     assert install[install.index("--index-url") + 1] == "https://pypi.org/simple" and "--require-hashes" in install
     names = remote.ran_names()
-    assert names.index(venvs.FETCH_UV_STEP) < names.index(venvs.VERIFY_STEP) < names.index("venv build: uv binary")
-    fetch = next(s.argv for s in remote.ran if s.name == venvs.FETCH_UV_STEP)
+    assert names.index(venv_build.FETCH_UV_STEP) < names.index(venv_build.VERIFY_STEP) < names.index("venv build: uv binary")
+    fetch = next(s.argv for s in remote.ran if s.name == venv_build.FETCH_UV_STEP)
     assert fetch[4:] == ("https://pypi.org/simple", UV_FILE, UV_SHA, f"/opt/sd/sglang/wheels/{UV_SHA}")
     again = host(wheels=(UV_SHA,), tools=(UV_SHA,))
-    venvs.ensure_venv(again, LAYOUT, spec, NOW)
-    assert venvs.FETCH_UV_STEP not in again.ran_names() and "venv build: uv binary" not in again.ran_names()
+    venv_build.ensure_venv(again, LAYOUT, spec, NOW)
+    assert venv_build.FETCH_UV_STEP not in again.ran_names() and "venv build: uv binary" not in again.ran_names()
 
 
 def test_the_host_fetches_the_pinned_uv_wheel_from_a_simple_index(tmp_path: Path) -> None:
@@ -449,11 +450,11 @@ def test_the_host_fetches_the_pinned_uv_wheel_from_a_simple_index(tmp_path: Path
 
 def test_the_dry_run_lists_sends_without_reading_wheels(tmp_path: Path) -> None:
     spec = spec_for(tmp_path)
-    plan = venvs.plan_build(spec, venvs.load_lock(spec.lock), LAYOUT, venvs.read_facts(host(), LAYOUT, "python3"),
+    plan = venv_build.plan_build(spec, venvs.load_lock(spec.lock), LAYOUT, venv_store.read_facts(host(), LAYOUT, "python3"),
                             NOW)
     lines = plan.describe()
     assert sum(line.startswith("send wheel") for line in lines) == 3  # alpha, beta and uv
-    assert any(venvs.INSTALL_STEP in line for line in lines)
+    assert any(venv_build.INSTALL_STEP in line for line in lines)
 
 
 # --- host-side scripts, run for real --------------------------------------------------------------------
@@ -518,8 +519,8 @@ def test_installed_facts_read_the_distributions_the_caller_names_not_a_fixed_lis
     assert venvs.parse_installed(venv, StepResult(unasked, 0, done.stdout, "", 0.0)).versions == {}
 
 
-def inspect(root: Path) -> venvs.Inspection:
-    fact = venvs.inspect_fact(PurePosixPath(str(root)))
+def inspect(root: Path) -> venv_adopt.Inspection:
+    fact = venv_adopt.inspect_fact(PurePosixPath(str(root)))
     return fact.parse(StepResult(fact.step, 0, run_script(str(root / "bin" / "python3"), venvs.INSPECT_SCRIPT), "",
                                  0.0))
 
@@ -534,8 +535,8 @@ def test_inspection_lists_distributions_and_reports_drift_that_changes_the_hash(
     (site / "demo" / "__init__.py").unlink()
     removed = inspect(tmp_path / "env")
     assert removed.drift == {"demo": (("demo/__init__.py", "missing"),)}
-    assert len({venvs.adopted_hash(found, PY311) for found in (clean, drifted, removed)}) == 3
-    assert venvs.adopted_hash(clean, PY311) != venvs.adopted_hash(clean, replace(PY311, version="3.12.1"))
+    assert len({venv_adopt.adopted_hash(found, PY311) for found in (clean, drifted, removed)}) == 3
+    assert venv_adopt.adopted_hash(clean, PY311) != venv_adopt.adopted_hash(clean, replace(PY311, version="3.12.1"))
 
 
 def test_a_system_python_is_not_adopted() -> None:
@@ -543,7 +544,7 @@ def test_a_system_python_is_not_adopted() -> None:
     python = Path(sys.base_prefix) / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
     out = run_script(str(python), venvs.INSPECT_SCRIPT)
     with pytest.raises(PreflightError, match="not a virtual environment"):
-        venvs.parse_inspection(PurePosixPath("/usr"), StepResult(Step("i", ("x",)), 0, out, "", 0.0))
+        venv_adopt.parse_inspection(PurePosixPath("/usr"), StepResult(Step("i", ("x",)), 0, out, "", 0.0))
 
 
 # --- adopt ----------------------------------------------------------------------------------------------
@@ -556,11 +557,11 @@ INSPECTION = {"prefix": "/root/ml-env", "base_prefix": "/usr", "distributions": 
 
 def test_adopt_copies_with_hard_links_relocates_and_records_drift() -> None:
     source = PurePosixPath("/root/ml-env")
-    remote = host().reply(venvs.FACT_INSPECT, stdout=json.dumps(INSPECTION) + "\n")
-    result = venvs.adopt(remote, LAYOUT, source, NOW)
+    remote = host().reply(venv_adopt.FACT_INSPECT, stdout=json.dumps(INSPECTION) + "\n")
+    result = venv_adopt.adopt(remote, LAYOUT, source, NOW)
     tmp, final = f"/opt/sd/sglang/venvs/{result.hash}.tmp", f"/opt/sd/sglang/venvs/{result.hash}"
     argvs = {s.name: s.argv for s in remote.ran if isinstance(s, Step)}
-    assert argvs[venvs.FACT_INSPECT][0] == "/root/ml-env/bin/python3"
+    assert argvs[venv_adopt.FACT_INSPECT][0] == "/root/ml-env/bin/python3"
     assert argvs["venv adopt: hard-linked copy"] == ("cp", "-al", "--", "/root/ml-env", tmp)
     assert argvs["venv adopt: relocate scripts"][-3:] == (tmp, "/root/ml-env", final)
     assert argvs["venv adopt: publish"] == ("mv", "-T", "--", tmp, final)
@@ -572,18 +573,18 @@ def test_adopt_copies_with_hard_links_relocates_and_records_drift() -> None:
 
 
 def test_adopting_the_same_content_again_changes_nothing() -> None:
-    inspection = venvs.parse_inspection(PurePosixPath("/root/ml-env"),
+    inspection = venv_adopt.parse_inspection(PurePosixPath("/root/ml-env"),
                                         StepResult(Step("i", ("x",)), 0, json.dumps(INSPECTION), "", 0.0))
-    digest = venvs.adopted_hash(inspection, PY311)
-    remote = host(markers={digest: {"hash": digest}}).reply(venvs.FACT_INSPECT, stdout=json.dumps(INSPECTION))
-    result = venvs.adopt(remote, LAYOUT, PurePosixPath("/root/ml-env"), NOW)
+    digest = venv_adopt.adopted_hash(inspection, PY311)
+    remote = host(markers={digest: {"hash": digest}}).reply(venv_adopt.FACT_INSPECT, stdout=json.dumps(INSPECTION))
+    result = venv_adopt.adopt(remote, LAYOUT, PurePosixPath("/root/ml-env"), NOW)
     assert result.reused and all(isinstance(s, Step) and s.name.startswith(("venv facts", "venv adopt: inspect"))
                                  for s in outside_lock(remote))
 
 
 def test_adopt_refuses_relative_paths() -> None:
     with pytest.raises(ConfigError, match="absolute path"):
-        venvs.inspect_step(PurePosixPath("ml-env"))
+        venv_adopt.inspect_step(PurePosixPath("ml-env"))
 
 
 # --- derive ---------------------------------------------------------------------------------------------
@@ -595,18 +596,18 @@ REL = "lib/python3.11/site-packages/sglang/srt/layers/communicator.py"
 
 
 def test_derived_hash_depends_on_base_and_new_bytes_not_on_order() -> None:
-    one = venvs.derived_hash(BASE, {REL: b"x", "a.txt": b"y"})
-    assert one == venvs.derived_hash(BASE, {"a.txt": b"y", REL: b"x"})
-    assert one != venvs.derived_hash(BASE, {REL: b"x", "a.txt": b"z"})
-    assert one != venvs.derived_hash("f" * 16, {REL: b"x", "a.txt": b"y"})
+    one = venv_derive.derived_hash(BASE, {REL: b"x", "a.txt": b"y"})
+    assert one == venv_derive.derived_hash(BASE, {"a.txt": b"y", REL: b"x"})
+    assert one != venv_derive.derived_hash(BASE, {REL: b"x", "a.txt": b"z"})
+    assert one != venv_derive.derived_hash("f" * 16, {REL: b"x", "a.txt": b"y"})
 
 
 def test_derive_copies_with_links_and_replaces_files_as_new_files() -> None:
     remote = host(markers={BASE: BASE_MARKER}).reply(
-        venvs.FACT_MODES, stdout=f"640 /opt/sd/sglang/venvs/{BASE}/{REL}\0")
-    result = venvs.derive(remote, LAYOUT, BASE, {REL: b"patched\n", "share/new.txt": b"n"}, NOW)
+        venv_derive.FACT_MODES, stdout=f"640 /opt/sd/sglang/venvs/{BASE}/{REL}\0")
+    result = venv_derive.derive(remote, LAYOUT, BASE, {REL: b"patched\n", "share/new.txt": b"n"}, NOW)
     tmp, final = f"/opt/sd/sglang/venvs/{result.hash}.tmp", f"/opt/sd/sglang/venvs/{result.hash}"
-    assert result.hash == venvs.derived_hash(BASE, {REL: b"patched\n", "share/new.txt": b"n"})
+    assert result.hash == venv_derive.derived_hash(BASE, {REL: b"patched\n", "share/new.txt": b"n"})
     argvs = {s.name: s.argv for s in remote.ran if isinstance(s, Step)}
     assert argvs["venv derive: hard-linked copy"] == ("cp", "-al", "--", f"/opt/sd/sglang/venvs/{BASE}", tmp)
     replaced = remote.files[PurePosixPath(f"{tmp}/{REL}")]
@@ -627,10 +628,10 @@ def test_derive_copies_a_checkouts_package_in_as_new_files_and_checks_it_is_impo
     """An editable install's package (outside the venv) is copied into the derived venv, digest-checked."""
     tree = "lib/python3.11/site-packages/sglang"
     source = PurePosixPath("/root/sglang/python/sglang")
-    remote = host(markers={BASE: BASE_MARKER}).reply(venvs.FACT_TREES, stdout=json.dumps({str(source): "d" * 64}))
-    result = venvs.derive(remote, LAYOUT, BASE, {REL: b"patched\n"}, NOW, copied={tree: source})
-    assert result.hash == venvs.derived_hash(BASE, {REL: b"patched\n"}, {tree: "d" * 64})
-    assert result.hash != venvs.derived_hash(BASE, {REL: b"patched\n"}), "the tree's content is part of the hash"
+    remote = host(markers={BASE: BASE_MARKER}).reply(venv_derive.FACT_TREES, stdout=json.dumps({str(source): "d" * 64}))
+    result = venv_derive.derive(remote, LAYOUT, BASE, {REL: b"patched\n"}, NOW, copied={tree: source})
+    assert result.hash == venv_derive.derived_hash(BASE, {REL: b"patched\n"}, {tree: "d" * 64})
+    assert result.hash != venv_derive.derived_hash(BASE, {REL: b"patched\n"}), "the tree's content is part of the hash"
     tmp = f"/opt/sd/sglang/venvs/{result.hash}.tmp"
     names = remote.ran_names()
     copy_step = f"venv derive: copy {source}"
@@ -660,16 +661,16 @@ def test_a_checkout_package_is_copied_and_its_direct_url_no_longer_says_editable
 
 def test_derive_needs_a_published_base_and_sane_paths() -> None:
     with pytest.raises(PreflightError, match="not published"):
-        venvs.derive(host(), LAYOUT, BASE, {REL: b"x"}, NOW)
+        venv_derive.derive(host(), LAYOUT, BASE, {REL: b"x"}, NOW)
     for bad in ("/etc/passwd", "../x", "a/../../x", "venv.json", ""):
         with pytest.raises(ConfigError):
-            venvs.check_relpath(bad)
+            venv_derive.check_relpath(bad)
 
 
 def test_an_already_derived_venv_is_reused() -> None:
-    digest = venvs.derived_hash(BASE, {REL: b"x"})
+    digest = venv_derive.derived_hash(BASE, {REL: b"x"})
     remote = host(markers={BASE: BASE_MARKER, digest: {"hash": digest, "base": BASE}})
-    assert venvs.derive(remote, LAYOUT, BASE, {REL: b"x"}, NOW).reused
+    assert venv_derive.derive(remote, LAYOUT, BASE, {REL: b"x"}, NOW).reused
     assert all(isinstance(s, Step) and s.name.startswith(("venv facts", "venv derive: modes"))
                for s in outside_lock(remote))
 
@@ -691,15 +692,15 @@ def test_caches_live_under_the_venvs_own_directory() -> None:
 
 
 def test_flashinfer_jit_cache_is_warned_about() -> None:
-    assert venvs.jit_cache_warnings({"sglang": "0.5.23"}) == []
-    assert "prebuilt kernels" in venvs.jit_cache_warnings({"flashinfer_jit_cache": "0.7.2"})[0]
+    assert venv_publish.jit_cache_warnings({"sglang": "0.5.23"}) == []
+    assert "prebuilt kernels" in venv_publish.jit_cache_warnings({"flashinfer_jit_cache": "0.7.2"})[0]
 
 
 # --- lifecycle ------------------------------------------------------------------------------------------
 
 
 OLD, NEW, PATCHED, ORPHAN = "1" * 16, "2" * 16, "3" * 16, "4" * 16
-STORE = venvs.VenvStoreFacts(
+STORE = venv_store.VenvStoreFacts(
     markers={OLD: {"hash": OLD, "wheels": [A_SHA], "distributions": {"SGLang": "0.5.23", "torch": "2.9.1", "x": "1"}},
              NEW: {"hash": NEW, "wheels": [B_SHA]},
              PATCHED: {"hash": PATCHED, "base": NEW}, ORPHAN: {"hash": ORPHAN, "wheels": ["c" * 64]}},
@@ -708,10 +709,10 @@ STORE = venvs.VenvStoreFacts(
 
 
 def test_list_shows_sizes_base_first_with_releases_and_derived_venvs() -> None:
-    fact = venvs.sizes_fact(LAYOUT, STORE)
+    fact = venv_lifecycle.sizes_fact(LAYOUT, STORE)
     assert fact is not None and fact.step.argv[-1].endswith(PATCHED)  # derived after its base: its links count once
-    sizes = venvs.parse_sizes(f"100\t/opt/sd/sglang/venvs/{OLD}\n7\t/opt/sd/sglang/venvs/{PATCHED}\n")
-    records = venvs.venv_records(STORE, sizes, {"r1": OLD, "r2": PATCHED, "r3": PATCHED, "r0": None})
+    sizes = venv_lifecycle.parse_sizes(f"100\t/opt/sd/sglang/venvs/{OLD}\n7\t/opt/sd/sglang/venvs/{PATCHED}\n")
+    records = venv_lifecycle.venv_records(STORE, sizes, {"r1": OLD, "r2": PATCHED, "r3": PATCHED, "r0": None})
     by_hash = {r.hash: r for r in records}
     assert (by_hash[OLD].size_bytes, by_hash[OLD].releases) == (100, ("r1",))
     assert by_hash[OLD].versions() == {"sglang": "0.5.23", "torch": "2.9.1"}
@@ -720,17 +721,17 @@ def test_list_shows_sizes_base_first_with_releases_and_derived_venvs() -> None:
 
 
 def test_list_venvs_runs_facts_then_sizes() -> None:
-    remote = host(markers={OLD: {"hash": OLD}}).reply(venvs.FACT_SIZES, stdout=f"42\t/opt/sd/sglang/venvs/{OLD}\n")
-    records = venvs.list_venvs(remote, LAYOUT, {"r1": OLD})
+    remote = host(markers={OLD: {"hash": OLD}}).reply(venv_lifecycle.FACT_SIZES, stdout=f"42\t/opt/sd/sglang/venvs/{OLD}\n")
+    records = venv_lifecycle.list_venvs(remote, LAYOUT, {"r1": OLD})
     assert [(r.hash, r.size_bytes, r.releases) for r in records] == [(OLD, 42, ("r1",))]
 
 
 def test_prune_keeps_venvs_of_kept_releases_and_their_bases_and_clears_leftovers() -> None:
-    plan = venvs.plan_prune(STORE, [PATCHED, None])
+    plan = venv_lifecycle.plan_prune(STORE, [PATCHED, None])
     assert plan.venvs == (OLD, ORPHAN)
     assert plan.leftovers == (f"{ORPHAN}.tmp",) and STORE.strays == ("5" * 16, "hand-made")  # strays stay
     assert plan.wheels == tuple(sorted([A_SHA, "c" * 64]))  # B_SHA made NEW, the base of the kept PATCHED
-    (step,) = venvs.prune_steps(LAYOUT, plan)
+    (step,) = venv_lifecycle.prune_steps(LAYOUT, plan)
     assert set(step.argv[3:]) == {f"/opt/sd/sglang/venvs/{OLD}", f"/opt/sd/sglang/venvs/{ORPHAN}",
                                   f"/opt/sd/sglang/cache/{OLD}", f"/opt/sd/sglang/cache/{ORPHAN}",
                                   f"/opt/sd/sglang/venvs/{ORPHAN}.tmp",
@@ -738,8 +739,8 @@ def test_prune_keeps_venvs_of_kept_releases_and_their_bases_and_clears_leftovers
                                   f"/opt/sd/sglang/tools/{A_SHA}", f"/opt/sd/sglang/tools/{'c' * 64}",
                                   *(str(LAYOUT.sglang_facts_dir(venvs.venv_path(LAYOUT, h)))
                                     for h in (OLD, ORPHAN))}
-    assert venvs.prune_steps(LAYOUT, venvs.plan_prune(
-        venvs.VenvStoreFacts({OLD: {"hash": OLD}}, (OLD,), frozenset()), [OLD])) == []
+    assert venv_lifecycle.prune_steps(LAYOUT, venv_lifecycle.plan_prune(
+        venv_store.VenvStoreFacts({OLD: {"hash": OLD}}, (OLD,), frozenset()), [OLD])) == []
 
 
 def test_release_json_venv_field_maps_to_a_managed_hash() -> None:
@@ -785,13 +786,13 @@ def test_a_verified_wheel_is_read_again_only_once_it_was_written(tmp_path: Path)
 
 
 def test_a_damaged_wheel_on_the_host_stops_the_build_before_the_install(tmp_path: Path) -> None:
-    remote = host(wheels=(A_SHA, B_SHA, UV_SHA)).reply(venvs.VERIFY_STEP, exit_code=1,
+    remote = host(wheels=(A_SHA, B_SHA, UV_SHA)).reply(venv_build.VERIFY_STEP, exit_code=1,
                                                        stderr="…: sha256 0, expected 1\n")
     with pytest.raises(StepFailed, match="expected 1") as raised:
-        venvs.ensure_venv(remote, LAYOUT, spec_for(tmp_path), NOW)
+        venv_build.ensure_venv(remote, LAYOUT, spec_for(tmp_path), NOW)
     assert "rerun to send them again" in str(raised.value)
-    assert outside_lock(remote)[-1].name == venvs.VERIFY_STEP and puts(remote) == []
-    verify = next(s for s in remote.ran if s.name == venvs.VERIFY_STEP)
+    assert outside_lock(remote)[-1].name == venv_build.VERIFY_STEP and puts(remote) == []
+    verify = next(s for s in remote.ran if s.name == venv_build.VERIFY_STEP)
     pairs = dict(zip(verify.argv[4::2], verify.argv[5::2], strict=True))
     assert pairs == {digest: f"/opt/sd/sglang/wheels/{digest}" for digest in (A_SHA, B_SHA, UV_SHA)}
 
@@ -799,21 +800,21 @@ def test_a_damaged_wheel_on_the_host_stops_the_build_before_the_install(tmp_path
 def test_an_adopted_venv_is_never_pruned_by_a_deploy_only_removed_by_name() -> None:
     # reported: a venv registered with venv.adopt was pruned by the next ordinary deploy
     adopted = "a" * 16
-    store = venvs.VenvStoreFacts({**STORE.markers, adopted: {"hash": adopted, "kind": "adopted"}},
+    store = venv_store.VenvStoreFacts({**STORE.markers, adopted: {"hash": adopted, "kind": "adopted"}},
                                  (*STORE.entries, adopted), STORE.wheels)
-    assert adopted not in venvs.plan_prune(store, [PATCHED]).venvs
-    plan = venvs.removal_plan(store, adopted, {"r1": PATCHED})
-    (step,) = venvs.prune_steps(LAYOUT, plan)
+    assert adopted not in venv_lifecycle.plan_prune(store, [PATCHED]).venvs
+    plan = venv_lifecycle.removal_plan(store, adopted, {"r1": PATCHED})
+    (step,) = venv_lifecycle.prune_steps(LAYOUT, plan)
     assert set(step.argv[3:]) == {f"/opt/sd/sglang/venvs/{adopted}", f"/opt/sd/sglang/cache/{adopted}",
                                   str(LAYOUT.sglang_facts_dir(f"/opt/sd/sglang/venvs/{adopted}"))}
 
 
 def test_removing_a_venv_a_release_or_a_derived_venv_needs_is_refused() -> None:
     with pytest.raises(ConfigError, match=f"venv {OLD} is still needed: releases r1"):
-        venvs.removal_plan(STORE, OLD, {"r1": OLD})
+        venv_lifecycle.removal_plan(STORE, OLD, {"r1": OLD})
     with pytest.raises(ConfigError, match=f"derived venvs {PATCHED}"):
-        venvs.removal_plan(STORE, NEW, {})
+        venv_lifecycle.removal_plan(STORE, NEW, {})
     with pytest.raises(ConfigError, match="no managed venv 'nope'"):
-        venvs.removal_plan(STORE, "nope", {})
-    plan = venvs.removal_plan(STORE, ORPHAN, {})
+        venv_lifecycle.removal_plan(STORE, "nope", {})
+    plan = venv_lifecycle.removal_plan(STORE, ORPHAN, {})
     assert plan.venvs == (ORPHAN,) and plan.wheels == ("c" * 64,)

@@ -20,7 +20,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from deploy_lib.deploy import keep_replaced_unit
+from deploy_lib.deploy.plan import keep_replaced_unit
+from deploy_lib.deploy.project import Target
 from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.facts.hand_process import (
     RELEASE_ZERO,
@@ -33,19 +34,18 @@ from deploy_lib.facts.hand_process import (
     split_launch,
 )
 from deploy_lib.facts.host import FactRequest, HostFacts, parse_systemctl_show
-from deploy_lib.facts.read import read_host_facts
-from deploy_lib.facts.readings import Fact, read
 from deploy_lib.facts.sglang_config import config_fact, config_path, merged_arguments
+from deploy_lib.host.facts import read_host_facts
+from deploy_lib.host.store import host_lock
 from deploy_lib.profile import LoadedProfile
-from deploy_lib.project import Target
 from deploy_lib.release.model import build_release
 from deploy_lib.remote import Put, Remote, Step, StepResult
+from deploy_lib.remote.readings import Fact, read
 from deploy_lib.store import (
     HEALTHY,
     Tags,
     append_history,
     history_entry,
-    host_lock,
     operator_name,
     release_json,
     stage_release,

@@ -10,10 +10,10 @@ from dataclasses import replace
 from pathlib import PurePosixPath
 from typing import TYPE_CHECKING
 
-from deploy_lib import deploy
+from deploy_lib.commands import deploy
+from deploy_lib.deploy.project import Target
 from deploy_lib.errors import ConfigError, DeployError, PreflightError
 from deploy_lib.facts.host import FactRequest
-from deploy_lib.facts.read import read_host_facts
 from deploy_lib.gpu_check.allreduce import DEFAULT_SIZES, parse_sizes
 from deploy_lib.gpu_check.subject import (
     CheckSubject,
@@ -26,16 +26,16 @@ from deploy_lib.gpu_check.subject import (
     venv_has_python,
 )
 from deploy_lib.gpu_check.topology import parse_topology_results, topology_steps
+from deploy_lib.host.facts import read_host_facts
+from deploy_lib.host.store import host_lock
 from deploy_lib.host_paths import venv_python
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.progress import Progress
-from deploy_lib.project import Target
 from deploy_lib.remote import Remote, Step
-from deploy_lib.store import host_lock
 
 if TYPE_CHECKING:
     from deploy_lib.gpu_check.p2p.measure import Measurement
-    from deploy_lib.gpu_check.p2p.reading import NodeReader
+    from deploy_lib.host.p2p_reading import NodeReader
 
 # parse_sizes beside the command it feeds: the CLI parses --sizes and runs the check from this one module
 __all__ = ["check_host", "parse_sizes", "run_gpu_check"]
@@ -125,7 +125,7 @@ def run_gpu_check(target: Target, service: str, remote: Remote, progress: Progre
                 deploy.start(target, service, remote, progress, environ, restart=False)
     if peer_to_peer is None:
         return report
-    from deploy_lib.gpu_check.p2p.reading import check_peer_to_peer
+    from deploy_lib.host.p2p_reading import check_peer_to_peer
     progress.phase_started("peer-to-peer (read-only: the VM, and its Proxmox node where named)")
     node_readings = peer_to_peer(target)
     gpu_names = tuple(gpu.name for gpu in facts.gpus or ())

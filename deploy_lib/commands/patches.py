@@ -13,30 +13,25 @@ from pathlib import PurePosixPath
 from urllib.parse import quote
 
 from deploy_lib import patches
-from deploy_lib.deploy import Options, Outcome, PatchedVenv, SweepCandidate, VenvChoice, deploy
+from deploy_lib.commands.deploy import Options, Outcome, PatchedVenv, SweepCandidate, deploy
+from deploy_lib.deploy.plan import VenvChoice
+from deploy_lib.deploy.project import Target
 from deploy_lib.errors import PreflightError
-from deploy_lib.facts import cuda_toolkit, readings
+from deploy_lib.facts import cuda_toolkit
 from deploy_lib.facts.host import gpu_step, parse_gpus
-from deploy_lib.facts.readings import Fact
+from deploy_lib.host.store import host_lock, read_store_facts
+from deploy_lib.host.venv_adopt import adopt
+from deploy_lib.host.venv_derive import derive
+from deploy_lib.host.venv_store import parse_store_facts, store_fact_steps
 from deploy_lib.patches.profiles import base_profile as base_profile  # callers name them on_host.*
 from deploy_lib.patches.profiles import patched_profile as patched_profile
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.progress import Progress
-from deploy_lib.project import Target
 from deploy_lib.release.server_args import launch_environment
-from deploy_lib.remote import Remote
-from deploy_lib.store import StoreLayout, host_lock, read_store_facts
-from deploy_lib.venvs import (
-    InstalledFacts,
-    adopt,
-    cache_dir_steps,
-    cache_environment,
-    derive,
-    installed_fact,
-    parse_store_facts,
-    release_venv_hash,
-    store_fact_steps,
-)
+from deploy_lib.remote import Remote, readings
+from deploy_lib.remote.readings import Fact
+from deploy_lib.store import StoreLayout
+from deploy_lib.venvs import InstalledFacts, cache_dir_steps, cache_environment, installed_fact, release_venv_hash
 
 
 @dataclass(frozen=True)

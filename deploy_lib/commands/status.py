@@ -11,50 +11,31 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from deploy_lib.deploy import detect_drift, probe_target
+from deploy_lib.deploy.plan import detect_drift
+from deploy_lib.deploy.project import Target
 from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.facts.crashes import CrashReport, crash_loop_advice, read_crashes, record_crashes
 from deploy_lib.facts.diagnose import journal_argv, journal_step
 from deploy_lib.facts.host import FactRequest, Gpu
-from deploy_lib.facts.read import read_host_facts
-from deploy_lib.facts.readings import Fact, Readings, read
 from deploy_lib.gpu_check import parse_topology_results, topology_steps
-from deploy_lib.gpu_check.p2p import reading as p2p_reading
-from deploy_lib.gpu_check.p2p.reading import NodeReader
 from deploy_lib.gpu_check.p2p.verdict import P2pVerdict, p2p_verdict
 from deploy_lib.health import Rung, Snapshot, http_url, parse_snapshot, probe_step, reachable_host
 from deploy_lib.health.startup import startup_line
-from deploy_lib.models import StoredModel, read_stored
+from deploy_lib.host import p2p_reading
+from deploy_lib.host.benchmark import bench_on_demand
+from deploy_lib.host.facts import read_host_facts
+from deploy_lib.host.models_stored import StoredModel, read_stored
+from deploy_lib.host.p2p_reading import NodeReader
+from deploy_lib.host.store import host_lock, read_store_facts
+from deploy_lib.host.switch import probe_target
+from deploy_lib.host.venv_lifecycle import STATUS_DISTRIBUTIONS, VenvRecord, list_venvs
 from deploy_lib.profile import LoadedProfile, Profile, format_validation_error, read_stored_profile
 from deploy_lib.progress import Progress
-from deploy_lib.project import Target
 from deploy_lib.remote import Remote, Step
-from deploy_lib.store import (
-    ACTIVATIONS,
-    FAILED,
-    RELEASE_FILE,
-    HistoryEntry,
-    StoreFacts,
-    Tags,
-    host_lock,
-    read_store_facts,
-)
-from deploy_lib.throughput import (
-    BenchResult,
-    ComparisonRow,
-    bench_on_demand,
-    compare_releases,
-    power_by_release,
-    throughput_by_release,
-)
-from deploy_lib.venvs import (
-    STATUS_DISTRIBUTIONS,
-    InstalledFacts,
-    VenvRecord,
-    installed_fact,
-    list_venvs,
-    release_venv_hash,
-)
+from deploy_lib.remote.readings import Fact, Readings, read
+from deploy_lib.store import ACTIVATIONS, FAILED, RELEASE_FILE, HistoryEntry, StoreFacts, Tags
+from deploy_lib.throughput import BenchResult, ComparisonRow, compare_releases, power_by_release, throughput_by_release
+from deploy_lib.venvs import InstalledFacts, installed_fact, release_venv_hash
 
 
 @dataclass(frozen=True)

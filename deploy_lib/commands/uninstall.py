@@ -10,26 +10,18 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from deploy_lib.deploy.preflight import refuse_one_node
+from deploy_lib.deploy.project import Target
 from deploy_lib.errors import ConfigError
 from deploy_lib.facts.host import FactRequest, HostFacts
-from deploy_lib.facts.read import read_host_facts
-from deploy_lib.facts.readings import ABSENT_OK
-from deploy_lib.project import Target
+from deploy_lib.host.facts import read_host_facts
+from deploy_lib.host.store import host_lock, read_store_facts, release_quietly, take_lock
+from deploy_lib.host.venv_lifecycle import prune_steps, removal_plan
+from deploy_lib.host.venv_store import parse_store_facts as parse_venv_store_facts
+from deploy_lib.host.venv_store import store_fact_steps as venv_store_fact_steps
 from deploy_lib.remote import Put, Remote, Step
-from deploy_lib.store import (
-    RELEASE_FILE,
-    UNIT_FILE,
-    LockContext,
-    StoreLayout,
-    host_lock,
-    read_store_facts,
-    release_quietly,
-    take_lock,
-    this_process_owner,
-)
-from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
-from deploy_lib.venvs import prune_steps, release_venv_hash, removal_plan
-from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps
+from deploy_lib.remote.readings import ABSENT_OK
+from deploy_lib.store import RELEASE_FILE, UNIT_FILE, LockContext, StoreLayout, this_process_owner
+from deploy_lib.venvs import release_venv_hash
 
 HISTORY_COPY = "history.jsonl"
 

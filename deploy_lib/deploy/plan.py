@@ -11,15 +11,14 @@ from enum import StrEnum
 from pathlib import PurePosixPath
 from typing import Any
 
+from deploy_lib.deploy.project import Target
 from deploy_lib.digests import sha256_text
 from deploy_lib.errors import DriftDetected, PreflightError
 from deploy_lib.facts.diagnose import journal_cursor_step
 from deploy_lib.facts.host import HostFacts
-from deploy_lib.facts.readings import ABSENT_OK, Readings
 from deploy_lib.health import StartPrediction, predict_start
 from deploy_lib.models import HubModel, ModelFacts, ReleaseModel, Weights, size_text
 from deploy_lib.profile import LoadedProfile, RestartPolicy, ServiceSpec
-from deploy_lib.project import Target
 from deploy_lib.release.model import (
     SECRET_NOT_AVAILABLE,
     SECRET_VALUES,
@@ -30,6 +29,7 @@ from deploy_lib.release.model import (
     placeholder_secrets,
 )
 from deploy_lib.remote import Put, Step, StepResult, describe
+from deploy_lib.remote.readings import ABSENT_OK, Readings
 from deploy_lib.store import (
     ENV_FILE,
     FAILED,

@@ -9,15 +9,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from deploy_lib.deploy.plan import Plan, hand_run_check, hand_run_pid
+from deploy_lib.deploy.project import Target
 from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.facts.cuda_toolkit import FIX_HINT, sm12x_problem
 from deploy_lib.facts.host import FactRequest, HostFacts, preflight_batch, require_gpus, with_preflight_facts
-from deploy_lib.facts.readings import Readings
 from deploy_lib.profile import LoadedProfile, read_stored_profile
-from deploy_lib.project import Target
 from deploy_lib.release.argv_check import check_argv
 from deploy_lib.release.model import RecordedRelease
 from deploy_lib.remote import Step
+from deploy_lib.remote.readings import Readings
 from deploy_lib.store import ENV_FILE, UNIT_FILE, ReleaseRecord, StoreFacts, StoreLayout
 
 MIN_FREE_BYTES = 64 * 1024 * 1024  # a release is a few KB, but a full disk breaks journald and pip alike

@@ -25,8 +25,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import PurePosixPath
 
-from deploy_lib.facts.readings import TOOL_ABSENT_OK, Readings
 from deploy_lib.remote import Step, StepResult
+from deploy_lib.remote.readings import TOOL_ABSENT_OK, Readings
 from deploy_lib.versions import version_key
 
 DEFAULT_CUDA_HOME = "/usr/local/cuda"

@@ -21,12 +21,12 @@ import yaml
 from pydantic import ValidationError
 
 from deploy_lib.errors import ConfigError, PreflightError
-from deploy_lib.facts.readings import ABSENT_OK, Fact, Readings
 from deploy_lib.profile import NCCL_ENV, SECRET_NAME_RE, Profile
 from deploy_lib.release.argv_check import ParsedArg, convert_value, find_option, parse_argv
 from deploy_lib.release.model import argv_options
 from deploy_lib.release.server_args import API_KEY_ENV, ARGS, Arg, arg_tokens
 from deploy_lib.remote import Step, StepResult
+from deploy_lib.remote.readings import ABSENT_OK, Fact, Readings
 from deploy_lib.versions import SPELLINGS
 
 RELEASE_ZERO = "0"

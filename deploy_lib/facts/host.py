@@ -16,10 +16,10 @@ from typing import Any
 from deploy_lib.digests import sha256_text
 from deploy_lib.errors import PreflightError
 from deploy_lib.facts.cuda_toolkit import CudaToolkit, parse_toolkit, toolkit_steps
-from deploy_lib.facts.readings import TOOL_ABSENT_OK, Fact, Readings
 from deploy_lib.host_paths import venv_python
 from deploy_lib.release.render import loaded_unit_digest
 from deploy_lib.remote import Step, StepResult, concurrently
+from deploy_lib.remote.readings import TOOL_ABSENT_OK, Fact, Readings
 from deploy_lib.store import (
     ENV_FILE,
     LAUNCHER_FILE,

@@ -19,8 +19,8 @@ from typing import Any
 import yaml
 
 from deploy_lib.errors import PreflightError
-from deploy_lib.facts.readings import ABSENT_OK, Fact
 from deploy_lib.remote import Step, StepResult
+from deploy_lib.remote.readings import ABSENT_OK, Fact
 
 CONFIG_FLAG = "--config"
 STEP_CONFIG = "adopt: config file"

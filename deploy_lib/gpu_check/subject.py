@@ -17,8 +17,8 @@ from deploy_lib.release.server_args import launch_environment
 from deploy_lib.remote import Step, StepResult
 
 if TYPE_CHECKING:
+    from deploy_lib.deploy.project import Target
     from deploy_lib.gpu_check.p2p.verdict import P2pVerdict
-    from deploy_lib.project import Target
 
 
 @dataclass(frozen=True)

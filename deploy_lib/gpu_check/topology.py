@@ -7,8 +7,8 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from deploy_lib.facts.readings import ANY_EXIT
 from deploy_lib.remote import Step, StepResult
+from deploy_lib.remote.readings import ANY_EXIT
 
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 GPU_NAME = re.compile(r"^GPU(\d+)$")

@@ -15,13 +15,6 @@ through a Progress.
                 the SSH connection (a host action)
 """
 
-from deploy_lib.health.ladder import (
-    ReadyReport,
-    grace_policy,
-    ladder_policy,
-    wait_ready,
-)
-from deploy_lib.health.live import LIVE_UNIT, live_unit_step, live_verdict
 from deploy_lib.health.probe import (
     POLL_S,
     WATCH_S,
@@ -45,29 +38,7 @@ from deploy_lib.health.verdict import (
 )
 
 __all__ = [
-    "LIVE_UNIT",
-    "POLL_S",
-    "WATCH_S",
-    "GenerationProbe",
-    "NotReady",
-    "ProbeRejected",
-    "ProbeTarget",
-    "Ready",
-    "ReadyReport",
-    "Rung",
-    "Snapshot",
-    "StartPrediction",
-    "UnitFailed",
-    "Verdict",
-    "assess",
-    "grace_policy",
-    "http_url",
-    "ladder_policy",
-    "live_unit_step",
-    "live_verdict",
-    "parse_snapshot",
-    "predict_start",
-    "probe_step",
+    "POLL_S", "WATCH_S", "GenerationProbe", "NotReady", "ProbeRejected", "ProbeTarget", "Ready", "Rung", "Snapshot",
+    "StartPrediction", "UnitFailed", "Verdict", "assess", "http_url", "parse_snapshot", "predict_start", "probe_step",
     "reachable_host",
-    "wait_ready",
 ]

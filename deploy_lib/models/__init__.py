@@ -31,45 +31,10 @@ from deploy_lib.models.hub import STAGE_MODEL, HubModel, hub_model
 from deploy_lib.models.pushed import PushedModel, parse_versions
 from deploy_lib.models.script import BOOTSTRAP, parse_model_result
 from deploy_lib.models.sources import HostPathModel, weights
-from deploy_lib.models.stored import (
-    FACT_BASE,
-    FACT_CACHE,
-    StoredModel,
-    doomed_models,
-    listing_steps,
-    model_locations,
-    parse_stored,
-    prune_models,
-    read_stored,
-)
 from deploy_lib.models.transfer import TransferMeter
 
 __all__ = [
-    "BOOTSTRAP",
-    "FACT_BASE",
-    "FACT_CACHE",
-    "FACT_MODEL",
-    "MIN_FREE_AFTER_BYTES",
-    "STAGE_MODEL",
-    "HostPathModel",
-    "HubModel",
-    "ModelFacts",
-    "ModelFile",
-    "PushedModel",
-    "ReleaseModel",
-    "StoredModel",
-    "TransferMeter",
-    "Weights",
-    "check_model",
-    "doomed_models",
-    "hub_model",
-    "listing_steps",
-    "model_locations",
-    "parse_model_result",
-    "parse_stored",
-    "parse_versions",
-    "prune_models",
-    "read_stored",
-    "size_text",
-    "weights",
+    "BOOTSTRAP", "FACT_MODEL", "MIN_FREE_AFTER_BYTES", "STAGE_MODEL", "HostPathModel", "HubModel", "ModelFacts",
+    "ModelFile", "PushedModel", "ReleaseModel", "TransferMeter", "Weights", "check_model", "hub_model",
+    "parse_model_result", "parse_versions", "size_text", "weights",
 ]

@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
 from deploy_lib.errors import ConfigError
-from deploy_lib.inventory import HostVars
+from deploy_lib.inventory.model import HostVars
 from deploy_lib.models.facts import FACT_MODEL, ModelFacts, ReleaseModel
 from deploy_lib.models.script import kept_plan_name, parse_model_result, script_step
 from deploy_lib.profile import Profile

@@ -12,9 +12,9 @@ from pathlib import Path, PurePosixPath
 
 from deploy_lib.errors import ConfigError
 from deploy_lib.facts.host import parse_free_bytes
-from deploy_lib.facts.readings import ABSENT_OK
 from deploy_lib.models.facts import FACT_MODEL, ModelFacts, ModelFile, ReleaseModel
 from deploy_lib.remote import Step, StepResult
+from deploy_lib.remote.readings import ABSENT_OK
 from deploy_lib.store import STAGING_SUFFIX
 
 FACT_MODEL_DISK = "host facts: model directory disk"

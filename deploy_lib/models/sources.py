@@ -7,13 +7,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from deploy_lib.facts.readings import ABSENT_OK
-from deploy_lib.inventory import HostVars
+from deploy_lib.inventory.model import HostVars
 from deploy_lib.models.facts import FACT_MODEL, ModelFacts, ReleaseModel, Weights
 from deploy_lib.models.hub import hub_model
 from deploy_lib.models.pushed import pushed_model
 from deploy_lib.profile import Profile
 from deploy_lib.remote import Step, StepResult
+from deploy_lib.remote.readings import ABSENT_OK
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Generic, TypeVar
 
+from deploy_lib.deploy.project import Target
 from deploy_lib.errors import (
     ConfigError,
     ConnectFailed,
@@ -26,10 +27,9 @@ from deploy_lib.errors import (
 from deploy_lib.interrupts import Interrupt, interrupted, signals_noted
 from deploy_lib.outcomes import Action
 from deploy_lib.progress import Progress
-from deploy_lib.project import Target
 
 if TYPE_CHECKING:
-    from deploy_lib.deploy import Outcome
+    from deploy_lib.commands.deploy import Outcome
 
 T = TypeVar("T")
 Item = TypeVar("Item")

@@ -12,9 +12,9 @@ import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from deploy_lib.deploy.project import Target
 from deploy_lib.errors import ConfigError
 from deploy_lib.profile import LoadedProfile
-from deploy_lib.project import Target
 
 
 @dataclass(frozen=True)

@@ -12,29 +12,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from deploy_lib.deploy import (
-    BatchKind,
-    Options,
-    Outcome,
-    Plan,
-    SweepCandidate,
-    Transition,
-    choose_venv,
-    hand_run_check,
-    hand_run_pid,
-    interruption,
-    plan_deploy,
-    preflight,
-    prune,
-    recorded_tags,
-    release_tags,
-    releases_to_keep,
-    stage_weights,
-)
+from deploy_lib.commands.deploy import Options, Outcome, SweepCandidate, choose_venv, releases_to_keep, stage_weights
+from deploy_lib.deploy.plan import BatchKind, Plan, hand_run_check, hand_run_pid, plan_deploy, release_tags
+from deploy_lib.deploy.preflight import preflight
+from deploy_lib.deploy.project import Target
 from deploy_lib.errors import ConfigError, DeployError, PreflightError
 from deploy_lib.facts.host import FactRequest, HostFacts
-from deploy_lib.facts.read import read_host_facts
 from deploy_lib.health import Ready
+from deploy_lib.host.facts import read_host_facts
+from deploy_lib.host.prune import prune
+from deploy_lib.host.store import host_lock, read_store_facts
+from deploy_lib.host.switch import Transition, interruption, recorded_tags
 from deploy_lib.interrupts import interrupted, signal_name, signals_raise
 from deploy_lib.models import ModelFacts, Weights, check_model, weights
 from deploy_lib.ops.fleet import FleetRun, HostRun
@@ -43,10 +31,9 @@ from deploy_lib.ops.multinode_switch import Member, NodeFailed, activate, common
 from deploy_lib.outcomes import Action
 from deploy_lib.profile import read_stored_profile
 from deploy_lib.progress import Progress
-from deploy_lib.project import Target
 from deploy_lib.release.model import resolve_secrets
 from deploy_lib.remote import Remote
-from deploy_lib.store import HEALTHY, StoreFacts, host_lock, read_store_facts
+from deploy_lib.store import HEALTHY, StoreFacts
 
 
 @dataclass

@@ -9,19 +9,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
-from deploy_lib.deploy import (
-    Transition,
-    failure_line,
-    probe_target,
-    reset_failed_step,
-    restart_steps,
-    same_kind,
-    start_prediction,
-    stop_step,
-)
+from deploy_lib.deploy.plan import reset_failed_step, restart_steps, start_prediction, stop_step
 from deploy_lib.errors import DeployError, ReadinessFailed, RollbackFailed
 from deploy_lib.facts.diagnose import Diagnosis, journal_cursor_step, parse_journal_cursor
-from deploy_lib.health import ProbeTarget, ReadyReport, Rung, wait_ready
+from deploy_lib.health import ProbeTarget, Rung
+from deploy_lib.host.ladder import ReadyReport, wait_ready
+from deploy_lib.host.switch import Transition, failure_line, probe_target, same_kind
 from deploy_lib.interrupts import Interrupt, interrupted, signal_name, signals_noted
 from deploy_lib.ops.fleet import in_parallel
 from deploy_lib.profile import read_stored_profile

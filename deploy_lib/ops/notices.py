@@ -1,5 +1,5 @@
 """What a deploy, rollback, start or restart tells the world beside its own output: the project's hooks
-(deploy_lib/hooks.py: `hooks/pre-deploy`, `post-deploy`, `pre-rollback`, `post-rollback`) run on this machine around
+(deploy_lib/host/hooks.py: `hooks/pre-deploy`, `post-deploy`, `pre-rollback`, `post-rollback`) run on this machine around
 it, and each host's webhook (the inventory's `notify_webhook`, remote/webhook.py) told how it ended on that host. The
 other commands that deploy releases (a patch set's enable or disable, a tuning sweep, the router's release) run the
 deploy hooks and tell the webhook the same way.
@@ -16,16 +16,17 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from deploy_lib.errors import DeployError, GateFailed, ReadinessFailed, RollbackFailed
-from deploy_lib.hooks import HookContext, HookEvent, run_hook
+from deploy_lib.host.hooks import HookContext, HookEvent, run_hook
 from deploy_lib.ops.fleet import FleetRun, HostRun
 from deploy_lib.ops.scope import Reach, Scope
 from deploy_lib.outcomes import Action
 
 if TYPE_CHECKING:
     from deploy_lib.commands.status import StatusReport
+    from deploy_lib.commands.tune_request import Planned
     from deploy_lib.ops.tune_group import GroupTune
     from deploy_lib.remote.webhook import Notification, Notifier
-    from deploy_lib.tune import Planned, TuneReport
+    from deploy_lib.tune import TuneReport
 
 T = TypeVar("T")
 DEPLOYS = ("deploy", "patch", "tune", "router.deploy")  # the commands that take a host to a new release
@@ -205,7 +206,8 @@ def sweep_ends(result: GroupTune | TuneReport | Planned, scope: Scope) -> list[H
     host. A group of replicas: a host's error (its part, or the winner's rollout there), else the release it serves
     at the end (the rollout's) against the one before the sweep (a host that measured the winner is "unchanged" by
     the rollout, but deployed by the sweep)."""
-    from deploy_lib.tune import Planned, TuneReport
+    from deploy_lib.commands.tune_request import Planned
+    from deploy_lib.tune import TuneReport
     if isinstance(result, TuneReport | Planned):
         return [HostRun(host, result=_sweep_end(result)) for host in scope.names]
     rollout = result.rollout.runs if result.rollout else ()

@@ -7,7 +7,7 @@ from a venv built from a hashed lock of sglang-router and its dependencies. The 
 the group's hosts and each host's profile port. During a deploy of a replica, `RouterMembership` removes the
 replica from the router through the router's worker-management API before the server stops (and waits for its
 requests in flight to finish), and adds it back once the host serves a verified release again. The API calls run
-on the router's host (deploy_lib/router_script.py), so the router's port need not be reachable from here.
+on the router's host (deploy_lib/host_scripts/router.py), so the router's port need not be reachable from here.
 """
 
 from __future__ import annotations
@@ -21,21 +21,21 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from deploy_lib.bundled import TEMPLATES_DIR
+from deploy_lib.deploy.project import Project, Target, load_for_target
 from deploy_lib.errors import ConfigError, RouterFailed
-from deploy_lib.facts.readings import ABSENT_OK
 from deploy_lib.health import ProbeTarget
-from deploy_lib.inventory import Host, Inventory, RouterPolicy
+from deploy_lib.inventory.model import Host, Inventory, RouterPolicy
 from deploy_lib.profile import RestartPolicy, read_stored_profile
 from deploy_lib.progress import Progress
-from deploy_lib.project import Project, Target, load_for_target
 from deploy_lib.release.render import EnvSpec, UnitSpec, render_env, render_unit
 from deploy_lib.remote import Remote, Step, StepResult
+from deploy_lib.remote.readings import ABSENT_OK
 from deploy_lib.store import RELEASE_FILE, StoreLayout
 
 SERVICE = "sglang-router"
-ROUTER_VERSION = "0.3.2"  # the sglang-router the bundled lock pins; its /workers API is what router_script.py calls
+ROUTER_VERSION = "0.3.2"  # the sglang-router the bundled lock pins; its /workers API is what host_scripts/router.py calls
 DEFAULT_LOCK = TEMPLATES_DIR / "sglang-router.lock"
-SCRIPT_SOURCE = resources.files("deploy_lib").joinpath("router_script.py").read_text(encoding="utf-8")
+SCRIPT_SOURCE = resources.files("deploy_lib.host_scripts").joinpath("router.py").read_text(encoding="utf-8")
 MEMBERSHIP_DEADLINE_S = 300.0  # removal + drain of a replica, or its registration, before the rollout gives up
 READY_DEADLINE_S = 120.0       # a restarted router answering /health
 

@@ -15,21 +15,16 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any, Literal, TypeVar
 
-from deploy_lib.deploy import (
-    GRACE_S,
-    Readiness,
-    SwitchBatches,
-    Transition,
-    failure_line,
-    interruption,
-    restore,
-    start_prediction,
-    switch_batches,
-)
+from deploy_lib.deploy.plan import SwitchBatches, start_prediction, switch_batches
+from deploy_lib.deploy.project import Target, resolve_target
 from deploy_lib.errors import DeployError, LockHeld, ReadinessFailed, RouterFailed
 from deploy_lib.health import ProbeTarget, Ready, Rung
+from deploy_lib.host.restore import restore
+from deploy_lib.host.store import host_lock, read_store_facts
+from deploy_lib.host.switch import GRACE_S, Readiness, Transition, failure_line, interruption
+from deploy_lib.host.venv_build import ensure_venv
 from deploy_lib.interrupts import signals_raise
-from deploy_lib.inventory import Inventory
+from deploy_lib.inventory.model import Inventory
 from deploy_lib.ops.fleet import Rollout, Size
 from deploy_lib.ops.router import (
     READY_DEADLINE_S,
@@ -46,21 +41,8 @@ from deploy_lib.ops.router import (
 from deploy_lib.outcomes import Action
 from deploy_lib.profile.settings import VenvSpec
 from deploy_lib.progress import Progress
-from deploy_lib.project import Target, resolve_target
 from deploy_lib.remote import Put, Remote, Step
-from deploy_lib.store import (
-    FAILED,
-    HEALTHY,
-    StoreFacts,
-    StoreLayout,
-    Tags,
-    host_lock,
-    operator_name,
-    read_store_facts,
-    release_json,
-    stage_release,
-)
-from deploy_lib.venvs import ensure_venv
+from deploy_lib.store import FAILED, HEALTHY, StoreFacts, StoreLayout, Tags, operator_name, release_json, stage_release
 
 T = TypeVar("T")
 LeftOut = Literal["stopped", "uninstalled"]

@@ -10,10 +10,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar
 
+from deploy_lib.deploy.project import Target, resolve_group, resolve_target
 from deploy_lib.errors import ConfigError
-from deploy_lib.inventory import Inventory
+from deploy_lib.inventory.model import Inventory
 from deploy_lib.progress import Progress
-from deploy_lib.project import Target, resolve_group, resolve_target
 from deploy_lib.remote import Remote
 
 if TYPE_CHECKING:

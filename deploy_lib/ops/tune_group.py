@@ -18,9 +18,14 @@ from contextlib import ExitStack
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 
-from deploy_lib.deploy import Options, Outcome, SweepCandidate
-from deploy_lib.deploy import rollback as switch_to
+from deploy_lib.commands.deploy import Options, Outcome, SweepCandidate
+from deploy_lib.commands.deploy import rollback as switch_to
+from deploy_lib.commands.tune import tune
+from deploy_lib.commands.tune_candidate import Unit, deploy_candidate
+from deploy_lib.commands.tune_request import Planned, Request, unit_of
+from deploy_lib.deploy.project import Target
 from deploy_lib.errors import ConfigError, Interrupted
+from deploy_lib.host.store import read_store_facts
 from deploy_lib.interrupts import Interrupt, interrupted, signals_noted
 from deploy_lib.ops.fleet import FleetRun, Rollout, Size, host_run, run_hosts
 from deploy_lib.ops.fleet import in_parallel as at_once
@@ -31,14 +36,10 @@ from deploy_lib.ops.scope import Reach, Scope, behind, router_in_front
 from deploy_lib.outcomes import Action
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.progress import Progress
-from deploy_lib.project import Target
 from deploy_lib.remote import Remote
-from deploy_lib.store import HistoryEntry, Tags, append_history, read_store_facts
+from deploy_lib.store import HistoryEntry, Tags, append_history
 from deploy_lib.tune import decide
-from deploy_lib.tune.candidate import Unit, deploy_candidate
-from deploy_lib.tune.loop import tune
 from deploy_lib.tune.record import END, TuneReport, read_tune, tune_id, tune_ids, tune_line
-from deploy_lib.tune.request import Planned, Request, unit_of
 from deploy_lib.tune.spec import Keep
 from deploy_lib.tune.sweep import Candidate, build_sweep, check_values
 

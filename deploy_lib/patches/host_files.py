@@ -11,11 +11,11 @@ from collections.abc import Mapping
 from functools import partial
 from pathlib import PurePosixPath
 
-from deploy_lib.facts.readings import ABSENT_OK, Fact
 from deploy_lib.patches.audit import audit_paths
 from deploy_lib.patches.spec import PatchSet
 from deploy_lib.patches.text import PatchConflict, PatchRecord
 from deploy_lib.remote import Step, StepResult
+from deploy_lib.remote.readings import ABSENT_OK, Fact
 
 RECORD_FILE = "sglang-deploy-patches.json"  # kept in the patched venv, beside bin/
 

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from deploy_lib.facts.readings import ABSENT_OK, Readings
 from deploy_lib.remote import Step, StepResult
+from deploy_lib.remote.readings import ABSENT_OK, Readings
 from deploy_lib.store.history import ACTIVATIONS, CRASHED, FAILED, HEALTHY, RESTARTED, HistoryEntry
 from deploy_lib.store.layout import ENV_FILE, RELEASE_FILE, STAGING_SUFFIX, UNIT_FILE, StoreLayout
 from deploy_lib.store.lock import (

@@ -17,8 +17,8 @@ from datetime import UTC, datetime
 from pathlib import PurePosixPath
 
 from deploy_lib.errors import LockHeld
-from deploy_lib.facts.readings import ABSENT_OK, Readings
 from deploy_lib.remote import Put, Step, StepResult
+from deploy_lib.remote.readings import ABSENT_OK, Readings
 from deploy_lib.store.history import TAKEN_OVER, Tags, append_history, history_entry, operator_name
 from deploy_lib.store.layout import FILE_MODE, StoreLayout, iso_time, json_line
 

@@ -13,16 +13,6 @@ benchmark and is stopped by its PID.
     benchmark   the steps on the host and running them; the gate after a deploy, `invoke bench`
 """
 
-from deploy_lib.throughput.benchmark import (
-    STEP_BENCH_MODULE,
-    STEP_SAMPLER_START,
-    STEP_SAMPLER_STOP,
-    BenchRun,
-    GateRun,
-    bench_on_demand,
-    gate_after_ready,
-    run_benchmark,
-)
 from deploy_lib.throughput.gate import evaluate_gate
 from deploy_lib.throughput.history import (
     ComparisonRow,
@@ -37,26 +27,7 @@ from deploy_lib.throughput.history import (
 from deploy_lib.throughput.results import BenchResult, Latency, LevelResult, parse_level, parse_telemetry
 
 __all__ = [
-    "STEP_BENCH_MODULE",
-    "STEP_SAMPLER_START",
-    "STEP_SAMPLER_STOP",
-    "BenchResult",
-    "BenchRun",
-    "ComparisonRow",
-    "GateRun",
-    "Latency",
-    "LevelResult",
-    "bench_history_entry",
-    "bench_on_demand",
-    "compare",
-    "compare_releases",
-    "comparison_records",
-    "evaluate_gate",
-    "find_baseline",
-    "gate_after_ready",
-    "parse_level",
-    "parse_telemetry",
-    "power_by_release",
-    "run_benchmark",
+    "BenchResult", "ComparisonRow", "Latency", "LevelResult", "bench_history_entry", "compare", "compare_releases",
+    "comparison_records", "evaluate_gate", "find_baseline", "parse_level", "parse_telemetry", "power_by_release",
     "throughput_by_release",
 ]

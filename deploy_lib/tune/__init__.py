@@ -14,11 +14,11 @@ in the host's history under the sweep's id.
                 dry run, resume, show. A group's replicas at once: deploy_lib/ops/tune_group.py
 """
 
-from deploy_lib.tune.loop import show, tune
 from deploy_lib.tune.record import TuneReport, tune_ids
-from deploy_lib.tune.request import Planned, Request, unit_of
 from deploy_lib.tune.spec import Keep, Objective, Sla, TuneSpec, load_spec, parse_vary, sweep_spec
 from deploy_lib.tune.sweep import Candidate, Skipped, Sweep
 
-__all__ = ["Candidate", "Keep", "Objective", "Planned", "Request", "Skipped", "Sla", "Sweep", "TuneReport",
-           "TuneSpec", "load_spec", "parse_vary", "show", "sweep_spec", "tune", "tune_ids", "unit_of"]
+__all__ = [
+    "Candidate", "Keep", "Objective", "Skipped", "Sla", "Sweep", "TuneReport", "TuneSpec", "load_spec", "parse_vary",
+    "sweep_spec", "tune_ids",
+]

@@ -10,8 +10,8 @@ from importlib import resources
 
 
 def script_source(name: str) -> str:
-    """The text of deploy_lib/venvs/<name>_script.py."""
-    return resources.files("deploy_lib.venvs").joinpath(f"{name}_script.py").read_text(encoding="utf-8")
+    """The text of deploy_lib/host_scripts/venv_<name>.py."""
+    return resources.files("deploy_lib.host_scripts").joinpath(f"venv_{name}.py").read_text(encoding="utf-8")
 
 
 PYTHON_FACTS_SCRIPT = script_source("python_facts")

@@ -1,6 +1,6 @@
 """What a venv imports, and from where: an editable install (a source checkout) lives outside the venv.
 
-Read by the venv's own python (installed_script.py), for `invoke status` and for patch sets, which need the real
+Read by the venv's own python (host_scripts/venv_installed.py), for `invoke status` and for patch sets, which need the real
 location of the files they change.
 """
 
@@ -14,9 +14,9 @@ from pathlib import PurePosixPath
 from urllib.parse import unquote, urlparse
 
 from deploy_lib.errors import PreflightError
-from deploy_lib.facts.readings import Fact
 from deploy_lib.host_paths import venv_python
 from deploy_lib.remote import Step, StepResult
+from deploy_lib.remote.readings import Fact
 from deploy_lib.venvs.host_scripts import INSTALLED_FACTS_SCRIPT
 
 FACT_INSTALLED = "venv facts: installed packages"

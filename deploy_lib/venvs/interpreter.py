@@ -11,8 +11,8 @@ from functools import partial
 from typing import Any
 
 from deploy_lib.errors import PreflightError
-from deploy_lib.facts.readings import Fact
 from deploy_lib.remote import Step, StepResult
+from deploy_lib.remote.readings import Fact
 from deploy_lib.venvs.host_scripts import PYTHON_FACTS_SCRIPT
 
 FACT_PYTHON = "venv facts: host python"

@@ -7,15 +7,15 @@ from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
-from deploy_lib.deploy import plan_deploy, release_tags
+from deploy_lib.deploy.plan import plan_deploy, release_tags
+from deploy_lib.deploy.project import Project, Target, resolve_target
 from deploy_lib.facts.host import (
     Gpu,
     HostFacts,
     SGLangInstall,
     UnitFacts,
 )
-from deploy_lib.inventory import HostVars
-from deploy_lib.project import Project, Target, resolve_target
+from deploy_lib.inventory.model import HostVars
 from deploy_lib.store import (
     HEALTHY,
     UNIT_FILE,

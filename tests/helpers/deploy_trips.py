@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from deploy_lib import store
-from deploy_lib.deploy import Options, deploy
+from deploy_lib.commands.deploy import Options, deploy
 from deploy_lib.facts import host as host_facts
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.store import HEALTHY, history_entry

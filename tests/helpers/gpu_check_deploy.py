@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from deploy_lib import deploy as engine
+from deploy_lib.commands import deploy as engine
 from deploy_lib.facts import host as host_facts
 from deploy_lib.profile import LoadedProfile, Profile
 from deploy_lib.store import UNIT_FILE

@@ -11,8 +11,8 @@ from deploy_lib.commands.gpu_check import parse_sizes
 from deploy_lib.errors import ConnectFailed
 from deploy_lib.facts import host as host_facts
 from deploy_lib.gpu_check import GpuCheckReport
-from deploy_lib.inventory import load_inventory
-from deploy_lib.ops import commands
+from deploy_lib.inventory.model import load_inventory
+from deploy_lib.ops import dispatch
 from deploy_lib.ops.scope import Reach, Scope, select
 from deploy_lib.remote import Step
 from helpers.fake_remote import FakeRemote
@@ -84,7 +84,7 @@ def one_gpu_gpu_check(tmp_path: Path, results: list[dict[str, Any]]) -> tuple[Fa
     hosts.remotes["vm105"] = host
     text = INVENTORY.replace(", proxmox_node: pve1, proxmox_vmid: 105", "")
     sizes = list(parse_sizes([]))  # the CLI's default sizes, as the recording ran them
-    report = commands.one(commands.gpu_check(vm_scope(tmp_path, text), "sglang", None, False, sizes, hosts.reach()))
+    report = dispatch.one(dispatch.gpu_check(vm_scope(tmp_path, text), "sglang", None, False, sizes, hosts.reach()))
     return host, report
 
 

@@ -10,7 +10,7 @@ from typing import Any
 from deploy_lib import store
 from deploy_lib.errors import ConfigError
 from deploy_lib.facts import host as host_facts
-from deploy_lib.inventory import load_inventory
+from deploy_lib.inventory.model import load_inventory
 from deploy_lib.ops.fleet import Rollout
 from deploy_lib.ops.scope import Reach, Scope, select
 from deploy_lib.store import StoreLayout

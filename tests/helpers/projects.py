@@ -7,7 +7,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from deploy_lib.project import Project
+from deploy_lib.deploy.project import Project
 from sandbox import manage
 
 REPO = Path(__file__).resolve().parents[2]

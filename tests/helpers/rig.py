@@ -25,9 +25,9 @@ from typing import Any, Self
 
 import pytest
 
-from deploy_lib import deploy as engine
+from deploy_lib.commands import deploy as engine
 from deploy_lib.commands.status import StatusReport, read_status
-from deploy_lib.project import Project, load_for_host
+from deploy_lib.deploy.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote
 from helpers.projects import REPO, project_for_guest
 from helpers.recording_progress import RecordingProgress

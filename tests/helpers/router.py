@@ -7,9 +7,9 @@ from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from deploy_lib import store
-from deploy_lib.deploy import Transition
 from deploy_lib.facts import host as host_facts
-from deploy_lib.inventory import load_inventory
+from deploy_lib.host.switch import Transition
+from deploy_lib.inventory.model import load_inventory
 from deploy_lib.ops.router import (
     RouterSite,
     build_router_release,

@@ -8,14 +8,16 @@ from collections.abc import Sequence
 from pathlib import PurePosixPath
 
 from deploy_lib import store
+from deploy_lib.commands.tune import tune
+from deploy_lib.commands.tune_request import Planned, Request
 from deploy_lib.facts import host as host_facts
+from deploy_lib.host.benchmark import STEP_BENCH_MODULE
 from deploy_lib.interrupts import Interrupt
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.release.model import build_release
 from deploy_lib.remote import OutputLine, Put, Step, StepResult
 from deploy_lib.store import StoreLayout
-from deploy_lib.throughput import STEP_BENCH_MODULE
-from deploy_lib.tune import Planned, Request, TuneReport, sweep_spec, tune
+from deploy_lib.tune import TuneReport, sweep_spec
 from deploy_lib.versions import BENCH_MODULES
 from helpers.deploy_plan import PROJECT, options_accepting, target
 from helpers.recording_progress import RecordingProgress

@@ -17,21 +17,16 @@ import pytest
 from helpers.recording_progress import RecordingProgress
 from helpers.rig import Rig
 
-from deploy_lib import deploy as engine
+from deploy_lib.commands import deploy as engine
 from deploy_lib.commands import patches as on_host
 from deploy_lib.errors import GateFailed
+from deploy_lib.host.benchmark import GateRun, bench_on_demand, gate_after_ready
+from deploy_lib.host.store import read_store_facts
 from deploy_lib.patches import find_patch_set
 from deploy_lib.profile.settings import BenchSettings, GateSettings
 from deploy_lib.remote import FabricRemote
-from deploy_lib.store import FAILED, HEALTHY, StoreFacts, StoreLayout, Tags, read_store_facts
-from deploy_lib.throughput import (
-    BenchResult,
-    GateRun,
-    bench_on_demand,
-    find_baseline,
-    gate_after_ready,
-    throughput_by_release,
-)
+from deploy_lib.store import FAILED, HEALTHY, StoreFacts, StoreLayout, Tags
+from deploy_lib.throughput import BenchResult, find_baseline, throughput_by_release
 from sandbox import manage
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.wheels]

@@ -13,8 +13,9 @@ from helpers.recording_progress import RecordingProgress
 from helpers.rig import FAULT_OF_CRASHY, GUEST_FAULT, REFERENCE, Rig
 from helpers.waits import STATE_WAIT_S
 
-from deploy_lib import deploy as engine
+from deploy_lib.commands import deploy as engine
 from deploy_lib.commands.status import list_releases, read_status
+from deploy_lib.deploy.project import load_for_host
 from deploy_lib.errors import (
     ConfigError,
     ConnectFailed,
@@ -25,9 +26,8 @@ from deploy_lib.errors import (
     RollbackFailed,
 )
 from deploy_lib.health import ProbeTarget
-from deploy_lib.health.live import health_request
+from deploy_lib.host.live_probe import health_request
 from deploy_lib.host_scripts.probe import answer_status
-from deploy_lib.project import load_for_host
 from deploy_lib.remote import FabricRemote, OutputLine, Step
 from deploy_lib.store import StoreLayout, this_process_owner
 

@@ -9,7 +9,7 @@ import pytest
 from helpers.recording_progress import RecordingProgress
 from helpers.rig import Rig
 
-from deploy_lib import deploy as engine
+from deploy_lib.commands import deploy as engine
 from deploy_lib.commands import patches as on_host
 from deploy_lib.errors import GateFailed
 from deploy_lib.patches import find_patch_set

@@ -16,13 +16,14 @@ import yaml
 from helpers.projects import project_for_guest
 from helpers.recording_progress import RecordingProgress
 
-from deploy_lib import deploy as engine
-from deploy_lib import patches, venvs
+from deploy_lib import patches
+from deploy_lib.commands import deploy as engine
 from deploy_lib.commands import patches as on_host
 from deploy_lib.commands.status import read_status
+from deploy_lib.deploy.project import Project, load_for_host
 from deploy_lib.errors import PreflightError
+from deploy_lib.host import venv_adopt
 from deploy_lib.patches import find_patch_set
-from deploy_lib.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote
 from sandbox import manage, wheelhouse
 
@@ -94,7 +95,7 @@ def test_patch_set_on_an_editable_sglang_reads_enables_and_disables_in_the_check
         assert {t.target: t.state.value for t in applied.targets}["runtime-gate"] == "applied"
         assert f"sglang copy of {CHECKOUT}" in applied.summary_lines()
         context = on_host.read_context(remote, patch_set, base, target)
-        adopted = venvs.adopt(remote, context.layout, manage.GUEST_EDITABLE_VENV)
+        adopted = venv_adopt.adopt(remote, context.layout, manage.GUEST_EDITABLE_VENV)
         assert adopted.reused and adopted.editable == {"sglang": str(CHECKOUT)}
     assert rig.root("systemctl is-active sglang.service").strip() == "active"
 

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from helpers.guest_group import STORE, GuestGroup, booted_group
 
-from deploy_lib.inventory import load_inventory
-from deploy_lib.project import resolve_target
+from deploy_lib.deploy.project import resolve_target
+from deploy_lib.host.store import host_lock
+from deploy_lib.inventory.model import load_inventory
 from deploy_lib.remote import FabricRemote
-from deploy_lib.store import host_lock
 from sandbox import manage
 
 pytestmark = pytest.mark.sandbox

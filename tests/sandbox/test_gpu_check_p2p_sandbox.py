@@ -18,11 +18,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from deploy_lib.gpu_check.p2p.reading import proxmox_node, read_node, read_peer_to_peer
+from deploy_lib.deploy.project import resolve_target
 from deploy_lib.gpu_check.p2p.verdict import Cause
 from deploy_lib.gpu_check.topology import parse_topology_results, topology_steps
-from deploy_lib.inventory import load_inventory
-from deploy_lib.project import resolve_target
+from deploy_lib.host.p2p_reading import proxmox_node, read_node, read_peer_to_peer
+from deploy_lib.inventory.model import load_inventory
 from deploy_lib.remote import FabricRemote
 from sandbox import manage
 

@@ -13,13 +13,13 @@ import pytest
 from helpers.projects import project_for_guest
 from helpers.recording_progress import RecordingProgress
 
-from deploy_lib import deploy as engine
+from deploy_lib.commands import deploy as engine
 from deploy_lib.commands.gpu_check import run_gpu_check
 from deploy_lib.commands.status import read_status
+from deploy_lib.deploy.project import Project, load_for_host
 from deploy_lib.errors import PreflightError
-from deploy_lib.project import Project, load_for_host
+from deploy_lib.host.store import read_store_facts
 from deploy_lib.remote import FabricRemote
-from deploy_lib.store import read_store_facts
 from sandbox import manage
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.wheels]

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from helpers.rig import Rig
 
-from deploy_lib import deploy as engine
+from deploy_lib.commands import deploy as engine
 from sandbox.names import GUEST_VENV
 
 pytestmark = pytest.mark.sandbox

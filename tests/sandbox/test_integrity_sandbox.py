@@ -14,10 +14,11 @@ import pytest
 from helpers.recording_progress import RecordingProgress
 from helpers.rig import TEST_PROFILES, Rig
 
-from deploy_lib import deploy as engine
+from deploy_lib.commands import deploy as engine
 from deploy_lib.commands.status import list_releases
+from deploy_lib.deploy import plan
+from deploy_lib.deploy.project import load_for_host
 from deploy_lib.errors import LockHeld, PreflightError, ReadinessFailed, StepFailed
-from deploy_lib.project import load_for_host
 from deploy_lib.remote import FabricRemote, OutputLine, Put, Step, StepResult
 from sandbox import manage, wheelhouse
 
@@ -114,7 +115,7 @@ def test_a_venv_gone_before_the_restart_is_diagnosed_and_rolled_back(rig: Rig, h
         remote = BeforeBatch(inner, lambda step: step.name.startswith("switch:"),
                              lambda: rig.root("rm -rf /opt/ml-env-doomed"))
         engine.deploy(loaded, target, remote, RecordingProgress(), engine.Options(),
-                      patched=engine.PatchedVenv(engine.VenvChoice("/opt/ml-env-doomed")))
+                      patched=engine.PatchedVenv(plan.VenvChoice("/opt/ml-env-doomed")))
     message = str(caught.value)
     assert "the release's venv is gone: /opt/ml-env-doomed/bin/python3 does not exist" in message
     assert f"release {healthy} is serving" in message
@@ -153,7 +154,7 @@ RACE_BUILD = """
 import sys
 from pathlib import Path
 from deploy_lib import venvs
-from deploy_lib.project import Project, load_for_host
+from deploy_lib.deploy.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote
 root, inventory = sys.argv[1:3]
 loaded, target = load_for_host(Project(Path(root)), "glm5-race", inventory, None)

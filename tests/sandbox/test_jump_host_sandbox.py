@@ -16,9 +16,9 @@ from pathlib import Path, PurePosixPath
 import pytest
 from tenacity import stop_after_attempt
 
+from deploy_lib.deploy.project import resolve_target
 from deploy_lib.errors import ConnectFailed
-from deploy_lib.inventory import load_inventory
-from deploy_lib.project import resolve_target
+from deploy_lib.inventory.model import load_inventory
 from deploy_lib.remote import SSH_CONNECT, FabricRemote, JumpHost, Put, SSHTarget, Step
 from sandbox import manage
 

@@ -17,12 +17,13 @@ from helpers.projects import project_for_guest
 from helpers.recording_progress import RecordingProgress
 from helpers.waits import STATE_WAIT_S
 
-from deploy_lib import deploy as engine
+from deploy_lib.commands import deploy as engine
 from deploy_lib.commands.status import list_models
+from deploy_lib.deploy.project import Project, load_for_host
 from deploy_lib.errors import Interrupted, PreflightError
 from deploy_lib.facts.diagnose import diagnose
-from deploy_lib.models import FACT_MODEL, STAGE_MODEL, StoredModel
-from deploy_lib.project import Project, load_for_host
+from deploy_lib.host.models_stored import StoredModel
+from deploy_lib.models import FACT_MODEL, STAGE_MODEL
 from deploy_lib.remote import FabricRemote
 from sandbox import hub, manage, names
 

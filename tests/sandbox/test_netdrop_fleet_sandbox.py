@@ -12,9 +12,9 @@ from helpers.guest_group import GuestGroup, booted_group
 from helpers.netcut import CutDuring
 from helpers.recording_progress import RecordingProgress
 
-from deploy_lib import deploy as engine
+from deploy_lib.commands import deploy as engine
+from deploy_lib.deploy.project import Project, Target, load_for_target, resolve_group
 from deploy_lib.ops.fleet import HostEnd, Rollout, run_hosts, summarize
-from deploy_lib.project import Project, Target, load_for_target, resolve_group
 from deploy_lib.remote import FabricRemote
 from sandbox import names
 

@@ -14,7 +14,7 @@ from helpers.recording_progress import RecordingProgress
 from helpers.rig import REFERENCE, TEST_PROFILES, Rig
 from tenacity import stop_after_attempt
 
-from deploy_lib import deploy as engine
+from deploy_lib.commands import deploy as engine
 from deploy_lib.errors import ConnectionLost, DeployError, ReadinessFailed
 from deploy_lib.remote import FabricRemote
 from deploy_lib.remote.ssh import SSH_RECONNECT

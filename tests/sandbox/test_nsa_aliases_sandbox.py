@@ -13,12 +13,12 @@ import pytest
 from helpers.projects import project_for_guest
 from helpers.recording_progress import RecordingProgress
 
-from deploy_lib import deploy as engine
 from deploy_lib.bundled import ROLES_DIR
+from deploy_lib.commands import deploy as engine
 from deploy_lib.commands import patches as on_host
+from deploy_lib.deploy.project import load_for_host
 from deploy_lib.errors import PreflightError
 from deploy_lib.patches import State, find_patch_set
-from deploy_lib.project import load_for_host
 from deploy_lib.remote import FabricRemote
 from sandbox import manage
 

@@ -11,7 +11,7 @@ import pytest
 from helpers.recording_progress import RecordingProgress
 from helpers.rig import Rig
 
-from deploy_lib import deploy as engine
+from deploy_lib.commands import deploy as engine
 from deploy_lib.commands.adopt import adopt
 from deploy_lib.commands.status import read_status
 from deploy_lib.commands.uninstall import uninstall

@@ -12,15 +12,9 @@ import pytest
 from helpers.sudo_above import sudo_above
 
 from deploy_lib.errors import StepFailed, SudoPasswordRequired
+from deploy_lib.host.store import read_store_facts
 from deploy_lib.remote import FabricRemote, Put, Step
-from deploy_lib.store import (
-    StoreLayout,
-    Tags,
-    read_store_facts,
-    release_json,
-    stage_release,
-    switch_current,
-)
+from deploy_lib.store import StoreLayout, Tags, release_json, stage_release, switch_current
 
 if TYPE_CHECKING:
     from helpers.guest_shell import GuestShell

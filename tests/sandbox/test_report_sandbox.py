@@ -19,10 +19,11 @@ from helpers.rig import Rig
 from helpers.tune_sandbox import tune_lines
 
 from deploy_lib.commands.status import list_releases
+from deploy_lib.host.benchmark import bench_on_demand
+from deploy_lib.host.report import read_report, write_report
+from deploy_lib.host.store import read_store_facts
 from deploy_lib.profile.settings import BenchSettings
-from deploy_lib.report import read_report, write_report
-from deploy_lib.store import Tags, read_store_facts
-from deploy_lib.throughput import bench_on_demand
+from deploy_lib.store import Tags
 from sandbox import manage
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.wheels]

@@ -17,7 +17,8 @@ import pytest
 from helpers.recording_progress import RecordingProgress
 from helpers.rig import FAULT_OF_SHORT, GUEST_FAULT, TEST_PROFILES, Rig
 
-from deploy_lib import deploy as engine
+from deploy_lib.commands import deploy as engine
+from deploy_lib.deploy import plan
 from deploy_lib.errors import PreflightError, ReadinessFailed, RollbackFailed
 from sandbox import manage
 
@@ -41,7 +42,7 @@ import os
 import sys
 
 sys.path.insert(0, {repo!r})
-os.environ["SGLANG_DEPLOY_PROJECT"] = {root!r}  # the project the tasks find (deploy_lib.project.Project.find)
+os.environ["SGLANG_DEPLOY_PROJECT"] = {root!r}  # the project the tasks find (deploy_lib.deploy.project.Project.find)
 spec = importlib.util.spec_from_file_location("sglang_deploy_tasks", {tasks!r})
 tasks = importlib.util.module_from_spec(spec)
 sys.modules[spec.name] = tasks  # dataclasses in tasks.py look their module up
@@ -122,7 +123,7 @@ def deploy_hanging_while_loading(rig: Rig, tmp_path: Path) -> Cli:
 def test_hand_rollback_to_a_release_whose_venv_is_gone_is_refused_before_the_switch(rig: Rig, healthy: str) -> None:
     """Input tried: release A on /opt/ml-env-old, B on /opt/ml-env, then /opt/ml-env-old deleted; rollback --to A."""
     rig.root(f"rm -rf {OLD_VENV} && cp -a /opt/ml-env {OLD_VENV}")
-    old = rig.deploy("glm5-omp4", venv=engine.VenvChoice(OLD_VENV)).release_id
+    old = rig.deploy("glm5-omp4", venv=plan.VenvChoice(OLD_VENV)).release_id
     assert rig.deploy("glm5-nvfp4").release_id == healthy
     rig.root(f"rm -rf {OLD_VENV}")
     before = (rig.current(), rig.history(), rig.release_dirs())

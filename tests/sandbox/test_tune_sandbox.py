@@ -24,6 +24,8 @@ from helpers.waits import wait_for
 
 from deploy_lib import tune as tuning
 from deploy_lib.bundled import ROLES_DIR
+from deploy_lib.commands import tune as commands_tune
+from deploy_lib.commands import tune_request
 from deploy_lib.errors import Interrupted
 from deploy_lib.patches import list_patch_sets
 from deploy_lib.remote import FabricRemote
@@ -53,17 +55,17 @@ def serve(rig: Rig, profile: str) -> str:
     return rig.deploy(profile, skip_gate=True).release_id
 
 
-def request(*vary: str, resume: str | None = None) -> tuning.Request:
+def request(*vary: str, resume: str | None = None) -> tune_request.Request:
     if resume is not None:
-        return tuning.Request(None, {}, tuple(list_patch_sets(ROLES_DIR)), resume=resume)
+        return tune_request.Request(None, {}, tuple(list_patch_sets(ROLES_DIR)), resume=resume)
     spec, sources = tuning.sweep_spec(None, vary, {"ladder": LADDER})
-    return tuning.Request(spec, sources, tuple(list_patch_sets(ROLES_DIR)))
+    return tune_request.Request(spec, sources, tuple(list_patch_sets(ROLES_DIR)))
 
 
-def sweep(rig: Rig, req: tuning.Request, progress: RecordingProgress | None = None) -> tuning.TuneReport:
+def sweep(rig: Rig, req: tune_request.Request, progress: RecordingProgress | None = None) -> tuning.TuneReport:
     loaded, target = rig.target(PROFILE)
     with FabricRemote(target.ssh) as remote:
-        report = tuning.tune(loaded, target, remote, progress or RecordingProgress(), req)
+        report = commands_tune.tune(loaded, target, remote, progress or RecordingProgress(), req)
     assert isinstance(report, tuning.TuneReport)
     return report
 

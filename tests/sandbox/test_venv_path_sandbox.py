@@ -13,11 +13,11 @@ from helpers.projects import project_for_guest
 from helpers.recording_progress import RecordingProgress
 from helpers.systemd_syntax import parse_env_file
 
-from deploy_lib import deploy as engine
 from deploy_lib.bundled import ROLES_DIR
+from deploy_lib.commands import deploy as engine
 from deploy_lib.commands import patches as on_host
+from deploy_lib.deploy.project import load_for_host
 from deploy_lib.patches import find_patch_set
-from deploy_lib.project import load_for_host
 from deploy_lib.release.server_args import SYSTEMD_DEFAULT_PATH
 from deploy_lib.remote import FabricRemote
 from sandbox import manage

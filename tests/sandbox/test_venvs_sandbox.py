@@ -20,6 +20,7 @@ import pytest
 
 from deploy_lib import venvs
 from deploy_lib.errors import ConfigError, StepFailed, StepTimedOut
+from deploy_lib.host import venv_adopt, venv_build, venv_derive, venv_lifecycle, venv_publish, venv_store
 from deploy_lib.host_paths import venv_python
 from deploy_lib.remote import FabricRemote, OutputLine, Put, Step, StepResult
 from deploy_lib.store import StoreLayout
@@ -77,10 +78,10 @@ def store(sandbox_ssh: FabricRemote) -> None:
 
 @pytest.fixture(scope="module")
 def built(store: None, sandbox_ssh: FabricRemote, wheelhouse_default: wheelhouse.Wheelhouse, house: Path,
-          tmp_path_factory: pytest.TempPathFactory) -> tuple[venvs.VenvSpec, venvs.VenvResult, CountingRemote]:
+          tmp_path_factory: pytest.TempPathFactory) -> tuple[venvs.VenvSpec, venv_publish.VenvResult, CountingRemote]:
     remote = counting(sandbox_ssh)
     built_spec = spec(tmp_path_factory.mktemp("lock"), house, wheelhouse_default.wheels)
-    return built_spec, venvs.ensure_venv(remote, LAYOUT, built_spec), remote
+    return built_spec, venv_build.ensure_venv(remote, LAYOUT, built_spec), remote
 
 
 def sh(*words: object) -> str:
@@ -98,7 +99,7 @@ def sums(shell: GuestShell, directory: PurePosixPath) -> str:
 
 
 def test_a_build_sends_every_wheel_once_and_publishes_a_working_venv(
-        built: tuple[venvs.VenvSpec, venvs.VenvResult, CountingRemote],
+        built: tuple[venvs.VenvSpec, venv_publish.VenvResult, CountingRemote],
         wheelhouse_default: wheelhouse.Wheelhouse, guest_shell: GuestShell) -> None:
     _, result, remote = built
     assert not result.reused
@@ -120,22 +121,22 @@ def test_a_build_sends_every_wheel_once_and_publishes_a_working_venv(
 
 
 def test_a_second_run_reuses_the_venv_without_sending_anything(
-        built: tuple[venvs.VenvSpec, venvs.VenvResult, CountingRemote], sandbox_ssh: FabricRemote) -> None:
+        built: tuple[venvs.VenvSpec, venv_publish.VenvResult, CountingRemote], sandbox_ssh: FabricRemote) -> None:
     built_spec, first, _ = built
     remote = counting(sandbox_ssh)
-    again = venvs.ensure_venv(remote, LAYOUT, built_spec)
+    again = venv_build.ensure_venv(remote, LAYOUT, built_spec)
     assert (again.hash, again.reused, again.bytes_sent) == (first.hash, True, 0)
     assert remote.sent == []
 
 
 def test_a_lock_change_builds_a_new_venv_sending_only_the_changed_wheel(
-        built: tuple[venvs.VenvSpec, venvs.VenvResult, CountingRemote], sandbox_ssh: FabricRemote,
+        built: tuple[venvs.VenvSpec, venv_publish.VenvResult, CountingRemote], sandbox_ssh: FabricRemote,
         wheelhouse_default: wheelhouse.Wheelhouse, house: Path, tmp_path: Path, guest_shell: GuestShell) -> None:
     _, old, _ = built
     other_flashinfer = house / wheelhouse.download("flashinfer-python", "0.6.12").name
     wheels = [other_flashinfer if w == wheelhouse_default.flashinfer else w for w in wheelhouse_default.wheels]
     remote = counting(sandbox_ssh)
-    new = venvs.ensure_venv(remote, LAYOUT, spec(tmp_path, house, wheels))
+    new = venv_build.ensure_venv(remote, LAYOUT, spec(tmp_path, house, wheels))
     assert new.hash != old.hash and not new.reused
     assert [Path(str(p.dest)).name for p in remote.sent if "/wheels/" in str(p.dest)] == [other_flashinfer.name]
     assert remote.wheel_bytes() == other_flashinfer.stat().st_size
@@ -145,7 +146,7 @@ def test_a_lock_change_builds_a_new_venv_sending_only_the_changed_wheel(
 
 
 def test_a_damaged_wheel_on_the_host_fails_before_pip_and_is_sent_again_next_time(
-        built: tuple[venvs.VenvSpec, venvs.VenvResult, CountingRemote], sandbox_ssh: FabricRemote,
+        built: tuple[venvs.VenvSpec, venv_publish.VenvResult, CountingRemote], sandbox_ssh: FabricRemote,
         wheelhouse_default: wheelhouse.Wheelhouse, house: Path, tmp_path: Path, guest_shell: GuestShell) -> None:
     msgspec = wheelhouse_default.dependencies[0]
     digest = hashlib.sha256(msgspec.read_bytes()).hexdigest()
@@ -155,11 +156,11 @@ def test_a_damaged_wheel_on_the_host_fails_before_pip_and_is_sent_again_next_tim
     small = spec(tmp_path, house, [msgspec, wheelhouse_default.sim])
     remote = counting(sandbox_ssh)
     with pytest.raises(StepFailed, match=rf"{re.escape(str(on_host))}: sha256 [0-9a-f]+, expected {digest}; removed"):
-        venvs.ensure_venv(remote, LAYOUT, small)
-    target = venvs.venv_hash(venvs.load_lock(small.lock), venvs.read_facts(sandbox_ssh, LAYOUT, "python3").python)
+        venv_build.ensure_venv(remote, LAYOUT, small)
+    target = venv_build.venv_hash(venvs.load_lock(small.lock), venv_store.read_facts(sandbox_ssh, LAYOUT, "python3").python)
     assert guest_shell.run(sh("test", "-e", venvs.venv_path(LAYOUT, target)))[0] == 1
     assert remote.sent == []
-    rebuilt = venvs.ensure_venv(remote, LAYOUT, small)
+    rebuilt = venv_build.ensure_venv(remote, LAYOUT, small)
     assert rebuilt.hash == target and rebuilt.wheels_sent == (msgspec.name,)
     assert python_says(guest_shell, rebuilt.path, "import msgspec; print(msgspec.__file__)").startswith(
         str(rebuilt.path))
@@ -176,7 +177,7 @@ def test_a_corrupted_wheel_in_the_wheelhouse_fails_before_anything_travels(
     (damaged / other_sglang.name).write_bytes(bytes(data))
     remote = counting(sandbox_ssh)
     with pytest.raises(ConfigError, match=r"hash mismatch for sglang==0\.5\.20"):
-        venvs.ensure_venv(remote, LAYOUT, venvs.VenvSpec(lock=lock, wheelhouse=damaged))
+        venv_build.ensure_venv(remote, LAYOUT, venvs.VenvSpec(lock=lock, wheelhouse=damaged))
     assert remote.sent == []
 
 
@@ -187,12 +188,12 @@ def test_a_uv_failure_shows_uvs_own_error_lines_and_publishes_nothing(
     # a requirement with a marker may lack a local wheel (uv decides on the host): this one is true there
     lock.write_text(lock.read_text() + f'nosuch==1.0 ; python_version >= "3" --hash=sha256:{"0" * 64}\n')
     with pytest.raises(StepFailed) as raised:
-        venvs.ensure_venv(sandbox_ssh, LAYOUT, venvs.VenvSpec(lock=lock, wheelhouse=house))
+        venv_build.ensure_venv(sandbox_ssh, LAYOUT, venvs.VenvSpec(lock=lock, wheelhouse=house))
     message = str(raised.value)
     assert "uv said:" in message and "nothing was published" in message
     assert "error: No solution found" in message and "there is no version of nosuch==1.0" in message
-    facts = venvs.read_facts(sandbox_ssh, LAYOUT, "python3")
-    target = venvs.venv_hash(venvs.load_lock(lock), facts.python)
+    facts = venv_store.read_facts(sandbox_ssh, LAYOUT, "python3")
+    target = venv_build.venv_hash(venvs.load_lock(lock), facts.python)
     assert f"{target}.tmp" in facts.store.entries and target not in facts.store.entries
 
 
@@ -204,7 +205,7 @@ class KilledInstall:
     inner: FabricRemote
 
     def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
-        return self.inner.run([replace(s, argv=("sleep", "600"), timeout_s=1) if s.name == venvs.INSTALL_STEP else s
+        return self.inner.run([replace(s, argv=("sleep", "600"), timeout_s=1) if s.name == venv_build.INSTALL_STEP else s
                                for s in batch], on_output)
 
     def close(self) -> None:
@@ -217,21 +218,21 @@ def test_an_interrupted_build_leaves_nothing_usable_and_the_next_run_clears_it(
     other_sglang = house / wheelhouse.download("sglang", "0.5.20").name
     interrupted = spec(tmp_path, house, [other_sglang, *wheelhouse_default.dependencies])
     with pytest.raises(StepTimedOut):
-        venvs.ensure_venv(KilledInstall(sandbox_ssh), LAYOUT, interrupted)
-    facts = venvs.read_facts(sandbox_ssh, LAYOUT, "python3")
-    target = venvs.venv_hash(venvs.load_lock(interrupted.lock), facts.python)
+        venv_build.ensure_venv(KilledInstall(sandbox_ssh), LAYOUT, interrupted)
+    facts = venv_store.read_facts(sandbox_ssh, LAYOUT, "python3")
+    target = venv_build.venv_hash(venvs.load_lock(interrupted.lock), facts.python)
     assert f"{target}.tmp" in facts.store.entries and not facts.store.published(target)
     assert target not in facts.store.entries
     staged_marker = venvs.staging_path(LAYOUT, target) / venvs.MARKER_FILE
     assert guest_shell.run(sh("sudo", "-n", "test", "-e", staged_marker))[0] == 1
-    result = venvs.ensure_venv(sandbox_ssh, LAYOUT, interrupted)
+    result = venv_build.ensure_venv(sandbox_ssh, LAYOUT, interrupted)
     assert result.hash == target and not result.reused
     entries = guest_shell.sudo(sh("ls", "-A", LAYOUT.venvs)).split()
     assert target in entries and f"{target}.tmp" not in entries
 
 
 def test_adopt_a_hand_made_venv_reports_drift_and_runs_from_its_new_place(
-        built: tuple[venvs.VenvSpec, venvs.VenvResult, CountingRemote], sandbox_ssh: FabricRemote,
+        built: tuple[venvs.VenvSpec, venv_publish.VenvResult, CountingRemote], sandbox_ssh: FabricRemote,
         wheelhouse_default: wheelhouse.Wheelhouse, guest_shell: GuestShell) -> None:
     msgspec = wheelhouse_default.dependencies[0]
     on_host = venvs.wheel_dir(LAYOUT, hashlib.sha256(msgspec.read_bytes()).hexdigest()) / msgspec.name
@@ -241,7 +242,7 @@ def test_adopt_a_hand_made_venv_reports_drift_and_runs_from_its_new_place(
                                   sh(source / "bin" / "pip", "install", "-q", "--no-index", "--no-deps", on_host),
                                   f"{sh('echo', '# edited by hand')} >> {sh(edited)}"]), timeout_s=300)
     source_pip = guest_shell.sudo(sh("head", "-1", source / "bin" / "pip"))
-    result = venvs.adopt(sandbox_ssh, LAYOUT, source)
+    result = venv_adopt.adopt(sandbox_ssh, LAYOUT, source)
     assert not result.reused and set(result.drift) == {"msgspec"}
     assert [path for path, _ in result.drift["msgspec"]] == ["msgspec/__init__.py"]
     assert python_says(guest_shell, result.path, "import msgspec; print(msgspec.__file__)") == (
@@ -251,16 +252,16 @@ def test_adopt_a_hand_made_venv_reports_drift_and_runs_from_its_new_place(
     assert guest_shell.sudo(sh("head", "-1", source / "bin" / "pip")) == source_pip
     marker = json.loads(guest_shell.sudo(sh("cat", result.path / "venv.json")))
     assert marker["kind"] == "adopted" and marker["source"] == str(source) and "msgspec" in marker["drift"]
-    assert venvs.adopt(sandbox_ssh, LAYOUT, source).reused
+    assert venv_adopt.adopt(sandbox_ssh, LAYOUT, source).reused
 
 
 def test_a_derived_venv_leaves_its_base_byte_identical_and_both_run(
-        built: tuple[venvs.VenvSpec, venvs.VenvResult, CountingRemote], sandbox_ssh: FabricRemote,
+        built: tuple[venvs.VenvSpec, venv_publish.VenvResult, CountingRemote], sandbox_ssh: FabricRemote,
         guest_shell: GuestShell) -> None:
     _, base, _ = built
     version_py = f"{SITE}/sglang/version.py"
     before = sums(guest_shell, base.path)
-    derived = venvs.derive(sandbox_ssh, LAYOUT, base.hash, {version_py: b'__version__ = "0.5.23+patched"\n'})
+    derived = venv_derive.derive(sandbox_ssh, LAYOUT, base.hash, {version_py: b'__version__ = "0.5.23+patched"\n'})
     assert sums(guest_shell, base.path) == before
     ask = "import sglang.version as v; print(v.__file__, v.__version__)"
     assert python_says(guest_shell, base.path, ask) == f"{base.path}/{version_py} 0.5.23"
@@ -270,11 +271,11 @@ def test_a_derived_venv_leaves_its_base_byte_identical_and_both_run(
     assert inode(base.path) == inode(derived.path)  # linked
     marker = json.loads(guest_shell.sudo(sh("cat", derived.path / "venv.json")))
     assert marker["base"] == base.hash and list(marker["replaced"]) == [version_py]
-    assert venvs.derive(sandbox_ssh, LAYOUT, base.hash, {version_py: b'__version__ = "0.5.23+patched"\n'}).reused
+    assert venv_derive.derive(sandbox_ssh, LAYOUT, base.hash, {version_py: b'__version__ = "0.5.23+patched"\n'}).reused
 
 
 def test_cache_directories_belong_to_the_service_user(
-        built: tuple[venvs.VenvSpec, venvs.VenvResult, CountingRemote], sandbox_ssh: FabricRemote,
+        built: tuple[venvs.VenvSpec, venv_publish.VenvResult, CountingRemote], sandbox_ssh: FabricRemote,
         guest_shell: GuestShell) -> None:
     _, base, _ = built
     sandbox_ssh.run(venvs.cache_dir_steps(LAYOUT, base.hash, "deploy"))
@@ -283,21 +284,21 @@ def test_cache_directories_belong_to_the_service_user(
 
 
 def test_list_and_prune_keep_what_kept_releases_use_and_their_bases(
-        built: tuple[venvs.VenvSpec, venvs.VenvResult, CountingRemote], sandbox_ssh: FabricRemote,
+        built: tuple[venvs.VenvSpec, venv_publish.VenvResult, CountingRemote], sandbox_ssh: FabricRemote,
         guest_shell: GuestShell) -> None:
     _, base, _ = built
-    facts = venvs.read_facts(sandbox_ssh, LAYOUT, "python3").store
+    facts = venv_store.read_facts(sandbox_ssh, LAYOUT, "python3").store
     derived = next(h for h, m in facts.markers.items() if m.get("base") == base.hash)
-    records = {r.hash: r for r in venvs.list_venvs(sandbox_ssh, LAYOUT, {"r1": base.hash, "r2": derived})}
+    records = {r.hash: r for r in venv_lifecycle.list_venvs(sandbox_ssh, LAYOUT, {"r1": base.hash, "r2": derived})}
     assert records[base.hash].derived == (derived,) and records[derived].releases == ("r2",)
     assert 0 < records[derived].size_bytes < records[base.hash].size_bytes  # hard links count once
-    plan = venvs.plan_prune(facts, [derived])
+    plan = venv_lifecycle.plan_prune(facts, [derived])
     adopted = [h for h, m in facts.markers.items() if m.get("kind") == "adopted"]  # stay until venv.remove
     assert base.hash not in plan.venvs and derived not in plan.venvs and not set(adopted) & set(plan.venvs)
     assert len(plan.venvs) == len(facts.markers) - 2 - len(adopted)
-    sandbox_ssh.run(venvs.prune_steps(LAYOUT, plan))
+    sandbox_ssh.run(venv_lifecycle.prune_steps(LAYOUT, plan))
     assert sorted(guest_shell.sudo(sh("ls", "-A", LAYOUT.venvs)).split()) == sorted([base.hash, derived, *adopted])
-    wheels_left = venvs.read_facts(sandbox_ssh, LAYOUT, "python3").store.wheels
+    wheels_left = venv_store.read_facts(sandbox_ssh, LAYOUT, "python3").store.wheels
     assert wheels_left == set(facts.markers[base.hash]["wheels"])
     ask = "import sglang.version as v; print(v.__version__)"
     assert python_says(guest_shell, venvs.venv_path(LAYOUT, derived), ask) == "0.5.23+patched"

@@ -1,4 +1,4 @@
-"""The per-pair GPU copy measurement: deploy_lib/gpu_check/p2p/measure_script.py run by the release venv's python on
+"""The per-pair GPU copy measurement: deploy_lib/host_scripts/p2p_measure.py run by the release venv's python on
 the host under `timeout`, its JSON report parsed (bandwidth per size, the latency of a 4-byte copy, every element
 compared), and where a pair's copies disagree with the driver's P2P verdict for it."""
 
@@ -10,10 +10,10 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from deploy_lib.facts.readings import ANY_EXIT
 from deploy_lib.remote import Step, StepResult
+from deploy_lib.remote.readings import ANY_EXIT
 
-SCRIPT_SOURCE = resources.files("deploy_lib.gpu_check.p2p").joinpath("measure_script.py").read_text(encoding="utf-8")
+SCRIPT_SOURCE = resources.files("deploy_lib.host_scripts").joinpath("p2p_measure.py").read_text(encoding="utf-8")
 DEFAULT_SIZES = (1 << 20, 64 << 20, 256 << 20)
 DEADLINE_S = 240  # 8 GPUs are 56 ordered pairs, each well under a second even through host memory
 TIMED_OUT = frozenset({124, 137})  # timeout(1): the deadline passed (137: killed after the grace period)

@@ -7,10 +7,17 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from deploy_lib.facts.readings import ANY_EXIT
-from deploy_lib.models import FACT_CACHE, doomed_models, listing_steps, model_locations, parse_stored, prune_models
+from deploy_lib.host.models_stored import (
+    FACT_CACHE,
+    doomed_models,
+    listing_steps,
+    model_locations,
+    parse_stored,
+    prune_models,
+)
 from deploy_lib.progress import Progress
 from deploy_lib.remote import Put, Remote, Step, StepResult
+from deploy_lib.remote.readings import ANY_EXIT
 from deploy_lib.store import (
     HEALTHY,
     ReleaseRecord,
@@ -31,7 +38,7 @@ from deploy_lib.store import (
 
 def store_read_steps(layout: StoreLayout) -> list[Step | Put]:
     """The store's releases, current and history, and its venvs."""
-    from deploy_lib.venvs import store_fact_steps as venv_store_fact_steps
+    from deploy_lib.host.venv_store import store_fact_steps as venv_store_fact_steps
 
     return [*release_fact_steps(layout), *venv_store_fact_steps(layout)]
 
@@ -73,8 +80,9 @@ def prune_batch(layout: StoreLayout, keep: int, tags: Tags, read: Sequence[StepR
     staged model revisions no kept release uses: the steps that remove them and record what was removed in history
     (a damaged release with its reason), and those phrases; nothing when nothing is to go. `read` holds
     `prune_read_steps`'s results, `store` the release store as the removal will find it."""
-    from deploy_lib.venvs import describe_prune, plan_prune, prune_steps, release_venv_hash
-    from deploy_lib.venvs import parse_store_facts as parse_venv_store_facts
+    from deploy_lib.host.venv_lifecycle import describe_prune, plan_prune, prune_steps
+    from deploy_lib.host.venv_store import parse_store_facts as parse_venv_store_facts
+    from deploy_lib.venvs import release_venv_hash
 
     venv_store = parse_venv_store_facts(layout, read)
     doomed = releases_to_prune(store, keep)

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from deploy_lib.facts.readings import ABSENT_OK, Fact, Readings, read
 from deploy_lib.remote import Remote, Step, StepResult
+from deploy_lib.remote.readings import ABSENT_OK, Fact, Readings, read
 from deploy_lib.store import STAGING_SUFFIX, StoreLayout
 from deploy_lib.venvs.interpreter import PythonFacts, python_fact
 from deploy_lib.venvs.paths import HASH_RE, MARKER_FILE, tool_store, wheel_store

@@ -13,15 +13,8 @@ from pathlib import PurePosixPath
 
 from deploy_lib.digests import short_hash
 from deploy_lib.errors import ConfigError, PreflightError, StepFailed
-from deploy_lib.facts.readings import Fact, read
-from deploy_lib.host_paths import venv_python
-from deploy_lib.remote import Put, Remote, Step, StepResult
-from deploy_lib.store import StoreLayout, host_lock, iso_time
-from deploy_lib.venvs.host_scripts import INSPECT_SCRIPT
-from deploy_lib.venvs.installed import file_url_path
-from deploy_lib.venvs.interpreter import PythonFacts, python_fact
-from deploy_lib.venvs.paths import staging_path, venv_path
-from deploy_lib.venvs.publish import (
+from deploy_lib.host.store import host_lock
+from deploy_lib.host.venv_publish import (
     COPY_TIMEOUT_S,
     VenvResult,
     clear_steps,
@@ -29,7 +22,15 @@ from deploy_lib.venvs.publish import (
     publish_steps,
     relocate_step,
 )
-from deploy_lib.venvs.store_facts import VenvStoreFacts, parse_store_facts, store_fact_steps
+from deploy_lib.host.venv_store import VenvStoreFacts, parse_store_facts, store_fact_steps
+from deploy_lib.host_paths import venv_python
+from deploy_lib.remote import Put, Remote, Step, StepResult
+from deploy_lib.remote.readings import Fact, read
+from deploy_lib.store import StoreLayout, iso_time
+from deploy_lib.venvs.host_scripts import INSPECT_SCRIPT
+from deploy_lib.venvs.installed import file_url_path
+from deploy_lib.venvs.interpreter import PythonFacts, python_fact
+from deploy_lib.venvs.paths import staging_path, venv_path
 
 INSPECT_TIMEOUT_S = 1800
 FACT_INSPECT = "venv adopt: inspect"
@@ -59,7 +60,7 @@ def adopt_python_fact(venv: PurePosixPath) -> Fact[PythonFacts]:
 
 @dataclass(frozen=True)
 class Inspection:
-    """What the venv's own python finds installed (inspect_script.py); its interpreter is a fact of its own."""
+    """What the venv's own python finds installed (host_scripts/venv_inspect.py); its interpreter is a fact of its own."""
 
     source: PurePosixPath
     distributions: Mapping[str, str]             # name -> version

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from deploy_lib.errors import ConfigError
-from deploy_lib.inventory import Host, Inventory, check_profile_fits_host, load_inventory, ssh_target
+from deploy_lib.inventory.model import Host, Inventory, check_profile_fits_host, load_inventory, ssh_target
 from deploy_lib.profile import LoadedProfile, Profile, load_profile
 from deploy_lib.profile.overrides import from_command_line
 from deploy_lib.remote import SSHTarget

@@ -11,12 +11,12 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from deploy_lib.errors import PreflightError
+from deploy_lib.host.venv_store import VenvStoreFacts
 from deploy_lib.host_paths import venv_python
 from deploy_lib.remote import Put, Step
 from deploy_lib.store import StoreLayout, json_line
 from deploy_lib.venvs.host_scripts import RELOCATE_SCRIPT
 from deploy_lib.venvs.paths import MARKER_FILE, canonical_name, staging_path, venv_path
-from deploy_lib.venvs.store_facts import VenvStoreFacts
 
 COPY_TIMEOUT_S = 1800
 JIT_CACHE_DISTRIBUTION = "flashinfer-jit-cache"

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from deploy_lib.facts.host import FactRequest, HostFacts, fact_batch, parse_host_facts
-from deploy_lib.facts.readings import read
 from deploy_lib.remote import Remote
+from deploy_lib.remote.readings import read
 
 
 def read_host_facts(remote: Remote, request: FactRequest) -> HostFacts:

@@ -15,16 +15,8 @@ from typing import Any
 
 from deploy_lib.digests import sha256_bytes, short_hash
 from deploy_lib.errors import ConfigError, PreflightError
-from deploy_lib.facts.readings import ABSENT_OK, Fact, read
-from deploy_lib.host_paths import venv_python
-from deploy_lib.remote import Put, Remote, Step
-from deploy_lib.store import StoreLayout, host_lock, iso_time
-from deploy_lib.venvs.host_scripts import (
-    IMPORTED_FROM_SCRIPT,
-    TREE_SCRIPT,
-)
-from deploy_lib.venvs.paths import MARKER_FILE, check_venv_hash, staging_path, venv_path
-from deploy_lib.venvs.publish import (
+from deploy_lib.host.store import host_lock
+from deploy_lib.host.venv_publish import (
     COPY_TIMEOUT_S,
     VenvResult,
     clear_steps,
@@ -32,7 +24,16 @@ from deploy_lib.venvs.publish import (
     publish_steps,
     relocate_step,
 )
-from deploy_lib.venvs.store_facts import VenvStoreFacts, parse_store_facts, store_facts
+from deploy_lib.host.venv_store import VenvStoreFacts, parse_store_facts, store_facts
+from deploy_lib.host_paths import venv_python
+from deploy_lib.remote import Put, Remote, Step
+from deploy_lib.remote.readings import ABSENT_OK, Fact, read
+from deploy_lib.store import StoreLayout, iso_time
+from deploy_lib.venvs.host_scripts import (
+    IMPORTED_FROM_SCRIPT,
+    TREE_SCRIPT,
+)
+from deploy_lib.venvs.paths import MARKER_FILE, check_venv_hash, staging_path, venv_path
 
 FACT_MODES = "venv derive: modes of replaced files"
 
@@ -87,7 +88,7 @@ class CopiedTree:
 
 
 def tree_digests_fact(python: PurePosixPath, sources: Iterable[PurePosixPath]) -> Fact[dict[str, str]]:
-    """Source directory -> the digest of its content (tree_script.py), checked again after the copy."""
+    """Source directory -> the digest of its content (host_scripts/venv_tree.py), checked again after the copy."""
     return Fact(Step(FACT_TREES, (str(python), "-I", "-c", TREE_SCRIPT, "digest", *map(str, sources)), sudo=True,
                      timeout_s=COPY_TIMEOUT_S),
                 lambda result: {str(source): str(digest) for source, digest in json.loads(result.stdout).items()})

@@ -13,12 +13,12 @@ from typing import Any
 
 from deploy_lib.errors import GateFailed, RemoteError
 from deploy_lib.facts.host import NVIDIA_SMI_QUERY
-from deploy_lib.facts.readings import ABSENT_OK, ANY_EXIT
 from deploy_lib.health import http_url, reachable_host
 from deploy_lib.host_paths import venv_python
 from deploy_lib.profile.settings import BenchSettings, GateSettings
 from deploy_lib.progress import Progress
 from deploy_lib.remote import TIMED_OUT_EXIT, Put, Remote, Step, StepResult
+from deploy_lib.remote.readings import ABSENT_OK, ANY_EXIT
 from deploy_lib.store import (
     HistoryEntry,
     StoreLayout,

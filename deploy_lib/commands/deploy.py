@@ -22,9 +22,20 @@ from deploy_lib.deploy.plan import (
     stop_hand_run,
 )
 from deploy_lib.deploy.preflight import PreflightReads, current_record, preflight, refuse_one_node, rollback_record
-from deploy_lib.deploy.prune import around_the_restart, prune_after_deploy, prune_read_steps
-from deploy_lib.deploy.restore import restore
-from deploy_lib.deploy.switch import (
+from deploy_lib.deploy.project import Target
+from deploy_lib.errors import ConnectionLost, GateFailed, GpuCheckFailed, ReadinessFailed, RemoteError
+from deploy_lib.facts.crashes import record_new_crashes
+from deploy_lib.facts.cuda_toolkit import cuda_home
+from deploy_lib.facts.diagnose import diagnose
+from deploy_lib.facts.host import FactRequest, HostFacts, fact_batch, parse_host_facts
+from deploy_lib.health import Ready
+from deploy_lib.host.facts import read_host_facts
+from deploy_lib.host.ladder import ReadyReport
+from deploy_lib.host.prune import around_the_restart, prune_after_deploy, prune_read_steps
+from deploy_lib.host.restore import restore
+from deploy_lib.host.store import host_lock, read_store_facts
+from deploy_lib.host.store_first_change import LockOnFirstChange, lock_on_first_change
+from deploy_lib.host.switch import (
     GRACE_S,
     Transition,
     failure_line,
@@ -34,37 +45,17 @@ from deploy_lib.deploy.switch import (
     recorded_tags,
     stop_unit,
 )
-from deploy_lib.errors import ConnectionLost, GateFailed, GpuCheckFailed, ReadinessFailed, RemoteError
-from deploy_lib.facts.crashes import record_new_crashes
-from deploy_lib.facts.cuda_toolkit import cuda_home
-from deploy_lib.facts.diagnose import diagnose
-from deploy_lib.facts.host import FactRequest, HostFacts, fact_batch, parse_host_facts
-from deploy_lib.facts.read import read_host_facts
-from deploy_lib.facts.readings import read as read_facts
-from deploy_lib.health import Ready, ReadyReport
 from deploy_lib.interrupts import signals_raise
 from deploy_lib.models import HubModel, ModelFacts, PushedModel, Weights, check_model, size_text, weights
 from deploy_lib.outcomes import Action
 from deploy_lib.profile import LoadedProfile, Profile
 from deploy_lib.profile.settings import GateSettings
 from deploy_lib.progress import NullProgress, Progress
-from deploy_lib.project import Target
 from deploy_lib.release.model import available_secrets, resolve_secrets
 from deploy_lib.release.server_args import API_KEY_ENV, launch_environment
 from deploy_lib.remote import Remote, concurrently
-from deploy_lib.store import (
-    FAILED,
-    HEALTHY,
-    STOPPED,
-    LockContext,
-    LockOnFirstChange,
-    ReleaseRecord,
-    StoreLayout,
-    Tags,
-    host_lock,
-    lock_on_first_change,
-    read_store_facts,
-)
+from deploy_lib.remote.readings import read as read_facts
+from deploy_lib.store import FAILED, HEALTHY, STOPPED, LockContext, ReleaseRecord, StoreLayout, Tags
 from deploy_lib.versions import READY_ENDPOINT_SINCE
 
 
@@ -121,8 +112,9 @@ def choose_venv(remote: Remote, layout: StoreLayout, target: Target, profile: Pr
     if spec is None:
         return VenvChoice(target.venv_of(profile))
     # the venv builder loads only for a profile that builds its venv (a no-op of the others never runs it)
-    from deploy_lib.venvs import cache_dir_steps, cache_environment, ensure_venv, load_lock, plan_build
-    from deploy_lib.venvs import read_facts as read_venv_facts
+    from deploy_lib.host.venv_build import ensure_venv, plan_build
+    from deploy_lib.host.venv_store import read_facts as read_venv_facts
+    from deploy_lib.venvs import cache_dir_steps, cache_environment, load_lock
 
     lock = load_lock(spec.lock)
     if dry_run:
@@ -301,7 +293,7 @@ def _switch(run: Transition, ask: _Ask, decided: _Decided, tags: Tags) -> ReadyR
         ready = run.activate(plan.release.id, plan.release.metadata(), start_prediction(facts.store, ask.loaded.name),
                              ask.options.grace_s, plan.batches.switch, staged, before_switch, after_restart)
         if gate is not None:
-            from deploy_lib.throughput import gate_after_ready  # the benchmark's code loads only for a gated deploy
+            from deploy_lib.host.benchmark import gate_after_ready  # the benchmark's code loads only for a gated deploy
 
             run.remote.run(run.unsent)  # the start is verified before the benchmark judges it
             run.unsent = []
@@ -355,7 +347,7 @@ def check_before_start(run: Transition, plan: Plan) -> None:
 
 def stage_weights(run: Transition, model: Weights, venv: str, plan: Plan, facts: HostFacts) -> None:
     """The model phase: bring the weights the release names onto the host, while the old release serves."""
-    from deploy_lib.models.staging import push_model, stage_model  # loads only for a deploy that stages weights
+    from deploy_lib.host.model_staging import push_model, stage_model  # loads only for a deploy that stages weights
 
     run.progress.phase_started(f"model: {model.label}")
     started = run.clock()

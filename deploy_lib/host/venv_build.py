@@ -14,11 +14,21 @@ from typing import Any
 
 from deploy_lib.digests import short_hash
 from deploy_lib.errors import StepFailed
+from deploy_lib.host.store import host_lock
+from deploy_lib.host.venv_publish import (
+    VenvResult,
+    clear_steps,
+    jit_cache_warnings,
+    publish_steps,
+    relocate_step,
+    staged_file_step,
+)
+from deploy_lib.host.venv_store import VenvFacts, read_facts
 from deploy_lib.host_paths import venv_python
 from deploy_lib.profile.settings import VenvSpec
 from deploy_lib.progress import NullProgress, Progress
 from deploy_lib.remote import Put, Remote, Step, StepResult, describe
-from deploy_lib.store import StoreLayout, host_lock, iso_time
+from deploy_lib.store import StoreLayout, iso_time
 from deploy_lib.venvs.host_scripts import (
     EXTRACT_UV_SCRIPT,
     FETCH_UV_SCRIPT,
@@ -27,15 +37,6 @@ from deploy_lib.venvs.host_scripts import (
 from deploy_lib.venvs.interpreter import PythonFacts
 from deploy_lib.venvs.lock import Lock, load_lock
 from deploy_lib.venvs.paths import staging_path, uv_binary, uv_cache, venv_path, wheel_dir
-from deploy_lib.venvs.publish import (
-    VenvResult,
-    clear_steps,
-    jit_cache_warnings,
-    publish_steps,
-    relocate_step,
-    staged_file_step,
-)
-from deploy_lib.venvs.store_facts import VenvFacts, read_facts
 from deploy_lib.venvs.wheels import (
     UV_BINARY_MEMBER,
     LocalWheel,

@@ -15,7 +15,7 @@ import paramiko
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
 from deploy_lib.errors import ConfigError, did_you_mean
-from deploy_lib.inventory_formats import expand_host_pattern, read_inventory_source, read_vars_files
+from deploy_lib.inventory.formats import expand_host_pattern, read_inventory_source, read_vars_files
 from deploy_lib.profile import AbsPath, Profile, format_validation_error
 from deploy_lib.remote import SSHTarget
 from deploy_lib.remote.ssh_config import (

@@ -6,9 +6,9 @@ from __future__ import annotations
 from typing import NoReturn
 
 from deploy_lib.deploy.plan import start_prediction
-from deploy_lib.deploy.switch import Transition, failure_line, recorded_tags, same_kind, stop_unit
 from deploy_lib.errors import DeployError, PreflightError, ReadinessFailed, RollbackFailed
 from deploy_lib.facts.diagnose import Diagnosis
+from deploy_lib.host.switch import Transition, failure_line, recorded_tags, same_kind, stop_unit
 from deploy_lib.interrupts import interrupted, signal_name
 from deploy_lib.store import FAILED, HEALTHY, StoreFacts
 

@@ -9,15 +9,15 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from deploy_lib.deploy.project import Target, resolve_target
 from deploy_lib.errors import ConfigError, DeployError
-from deploy_lib.facts.readings import ANY_EXIT, Readings
 from deploy_lib.gpu_check.p2p import links, node, vm
 from deploy_lib.gpu_check.p2p.measure import Measurement
 from deploy_lib.gpu_check.p2p.verdict import NodeReadings, P2pVerdict, VmSide, p2p_verdict
 from deploy_lib.gpu_check.topology import Topology
-from deploy_lib.inventory import Inventory
-from deploy_lib.project import Target, resolve_target
+from deploy_lib.inventory.model import Inventory
 from deploy_lib.remote import Remote, Step
+from deploy_lib.remote.readings import ANY_EXIT, Readings
 
 if TYPE_CHECKING:
     from deploy_lib.gpu_check.subject import GpuCheckReport

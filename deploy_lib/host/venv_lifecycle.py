@@ -11,8 +11,10 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from deploy_lib.errors import ConfigError
-from deploy_lib.facts.readings import ABSENT_OK, Fact, read
+from deploy_lib.host.venv_publish import JIT_CACHE_DISTRIBUTION
+from deploy_lib.host.venv_store import VenvStoreFacts, parse_store_facts, store_fact_steps
 from deploy_lib.remote import Put, Remote, Step
+from deploy_lib.remote.readings import ABSENT_OK, Fact, read
 from deploy_lib.store import STAGING_SUFFIX, StoreLayout
 from deploy_lib.venvs.paths import (
     cache_path,
@@ -22,8 +24,6 @@ from deploy_lib.venvs.paths import (
     venv_path,
     wheel_dir,
 )
-from deploy_lib.venvs.publish import JIT_CACHE_DISTRIBUTION
-from deploy_lib.venvs.store_facts import VenvStoreFacts, parse_store_facts, store_fact_steps
 
 # What `invoke status` and `invoke venvs` show, in this order (the JIT cache: FlashInfer's prebuilt kernels)
 STATUS_DISTRIBUTIONS = ("sglang", "flashinfer-python", JIT_CACHE_DISTRIBUTION, "torch")

@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 from pathlib import Path, PurePosixPath
 
 from deploy_lib.errors import LockHeld, StepFailed
+from deploy_lib.host.store import HELD, raise_if_held, release_quietly
 from deploy_lib.remote import OutputLine, Put, Remote, Step, StepResult
 from deploy_lib.store.layout import StoreLayout
 from deploy_lib.store.lock import (
@@ -26,7 +27,6 @@ from deploy_lib.store.lock import (
     release_lock,
     this_process_owner,
 )
-from deploy_lib.store.on_host import HELD, raise_if_held, release_quietly
 
 
 class LockOnFirstChange:

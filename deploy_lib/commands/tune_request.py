@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from deploy_lib.deploy.switch import GRACE_S
+from deploy_lib.host.switch import GRACE_S
 from deploy_lib.patches import PatchSet
 from deploy_lib.release.model import Change
 from deploy_lib.tune.estimate import Estimate

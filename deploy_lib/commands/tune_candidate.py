@@ -1,6 +1,6 @@
 """One candidate's life on the host, and the state of the sweep run it belongs to: deployed as a release through the
 deploy engine (its own venv for a patch set; the engine rolls back a failed start), benchmarked, judged against the
-objective and the SLA, recorded in history. The order of the candidates and the sweep's end are tune/loop.py's."""
+objective and the SLA, recorded in history. The order of the candidates and the sweep's end are commands/tune.py's."""
 
 from __future__ import annotations
 
@@ -9,23 +9,26 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from deploy_lib.deploy import Options, Outcome, SweepCandidate, release_tags
-from deploy_lib.deploy import deploy as deploy_release
-from deploy_lib.deploy import rollback as switch_to
+from deploy_lib.commands.deploy import Options, Outcome, SweepCandidate
+from deploy_lib.commands.deploy import deploy as deploy_release
+from deploy_lib.commands.deploy import rollback as switch_to
+from deploy_lib.commands.tune_request import Request
+from deploy_lib.deploy.plan import release_tags
+from deploy_lib.deploy.project import Target
 from deploy_lib.errors import ConfigError, Interrupted, PreflightError, ReadinessFailed
+from deploy_lib.host.benchmark import run_benchmark
+from deploy_lib.host.store import read_store_facts
 from deploy_lib.patches.profiles import base_profile
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.profile.settings import BenchSettings
 from deploy_lib.progress import Progress
-from deploy_lib.project import Target
 from deploy_lib.release.model import resolve_secrets
 from deploy_lib.release.server_args import API_KEY_ENV
 from deploy_lib.remote import Remote
-from deploy_lib.store import FAILED, HistoryEntry, StoreFacts, StoreLayout, Tags, append_history, read_store_facts
-from deploy_lib.throughput import BenchResult, run_benchmark
+from deploy_lib.store import FAILED, HistoryEntry, StoreFacts, StoreLayout, Tags, append_history
+from deploy_lib.throughput import BenchResult
 from deploy_lib.tune import decide
 from deploy_lib.tune.record import CANDIDATE, TuneReport, read_tune, run_line
-from deploy_lib.tune.request import Request
 from deploy_lib.tune.spec import TuneSpec
 from deploy_lib.tune.sweep import Candidate, HostView, Sweep, differences
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import PurePosixPath
 from typing import Any
 
-from deploy_lib.facts.readings import ABSENT_OK
 from deploy_lib.models.script import RESULT_PREFIX, script_step
 from deploy_lib.remote import Remote, Step, StepResult
+from deploy_lib.remote.readings import ABSENT_OK
 
 
 @dataclass(frozen=True)

@@ -5,7 +5,7 @@ after a candidate that failed or missed the SLA the best healthy release so far 
 stays or the pre-sweep release is restored (a group's host benchmarks the base its part of BASE_RUNS and ends with
 its share: the group decides once, over every host, in ops.tune_group). A signal leaves the best verified release
 (or the original) serving; `resume` continues a sweep without running its finished candidates. One candidate's
-deploy, benchmark and record, and the run's state: tune/candidate.py."""
+deploy, benchmark and record, and the run's state: commands/tune_candidate.py."""
 
 from __future__ import annotations
 
@@ -15,17 +15,19 @@ from collections.abc import Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
+from deploy_lib.commands.tune_candidate import SweepRun, Unit, run_candidate, stop_if_asked, tags_of
+from deploy_lib.commands.tune_request import Planned, Request, unit_of
+from deploy_lib.deploy.project import Target
 from deploy_lib.errors import ConfigError, DeployError, Interrupted
 from deploy_lib.facts.host import FactRequest
-from deploy_lib.facts.read import read_host_facts
+from deploy_lib.host.facts import read_host_facts
+from deploy_lib.host.store import read_store_facts
 from deploy_lib.interrupts import interrupted, signals_raise
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.progress import Progress
-from deploy_lib.project import Target
 from deploy_lib.remote import Remote
-from deploy_lib.store import FAILED, HistoryEntry, StoreFacts, read_store_facts
+from deploy_lib.store import FAILED, HistoryEntry, StoreFacts
 from deploy_lib.tune import decide
-from deploy_lib.tune.candidate import SweepRun, Unit, run_candidate, stop_if_asked, tags_of
 from deploy_lib.tune.estimate import estimate
 from deploy_lib.tune.record import (
     BASE,
@@ -42,7 +44,6 @@ from deploy_lib.tune.record import (
     tune_id,
     tune_line,
 )
-from deploy_lib.tune.request import Planned, Request, unit_of
 from deploy_lib.tune.spec import Keep, Search
 from deploy_lib.tune.sweep import HostView, build_sweep, check_values, differences
 

@@ -10,8 +10,8 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 
 from deploy_lib.errors import DeployError, StepFailed
-from deploy_lib.facts.readings import read
 from deploy_lib.remote import Remote
+from deploy_lib.remote.readings import read
 from deploy_lib.store.facts import StoreFacts, parse_store_facts, release_fact_steps
 from deploy_lib.store.layout import StoreLayout
 from deploy_lib.store.lock import (

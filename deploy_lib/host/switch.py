@@ -1,5 +1,5 @@
 """One command's transition of one host: switch `current` to a release, restart, climb the readiness ladder, record
-history (the restore after a failed start is deploy/restore.py)."""
+history (the restore after a failed start is host/restore.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any, Protocol
 
 from deploy_lib.deploy.plan import BatchKind, SwitchBatches, recorded_switch, stop_step
 from deploy_lib.deploy.preflight import check_release, check_release_files
+from deploy_lib.deploy.project import Target
 from deploy_lib.errors import (
     ConnectFailed,
     ConnectionLost,
@@ -29,36 +30,19 @@ from deploy_lib.facts.diagnose import (
     parse_journal_cursor,
 )
 from deploy_lib.facts.host import FactRequest, HostFacts, parse_systemctl_show
-from deploy_lib.facts.read import read_host_facts
-from deploy_lib.facts.readings import ABSENT_OK, Readings
-from deploy_lib.health import (
-    GenerationProbe,
-    ProbeTarget,
-    ReadyReport,
-    Rung,
-    StartPrediction,
-    Verdict,
-    live_unit_step,
-    live_verdict,
-    wait_ready,
-)
+from deploy_lib.health import GenerationProbe, ProbeTarget, Rung, StartPrediction, Verdict
+from deploy_lib.host.facts import read_host_facts
+from deploy_lib.host.ladder import ReadyReport, wait_ready
+from deploy_lib.host.live_probe import live_unit_step, live_verdict
+from deploy_lib.host.store_first_change import LockOnFirstChange
 from deploy_lib.interrupts import interrupted, signal_name
 from deploy_lib.profile import read_stored_profile
 from deploy_lib.progress import Progress
-from deploy_lib.project import Target
 from deploy_lib.release.model import RecordedRelease, read_secret
 from deploy_lib.release.server_args import API_KEY_ENV
 from deploy_lib.remote import Put, Remote, Step, StepResult
-from deploy_lib.store import (
-    HEALTHY,
-    LockOnFirstChange,
-    StoreLayout,
-    Tags,
-    append_history,
-    history_entry,
-    operator_name,
-    parse_current,
-)
+from deploy_lib.remote.readings import ABSENT_OK, Readings
+from deploy_lib.store import HEALTHY, StoreLayout, Tags, append_history, history_entry, operator_name, parse_current
 from deploy_lib.versions import health_path_for
 
 GRACE_S = 2.0  # healthy, then dead within this window, is a failed start
@@ -211,7 +195,7 @@ class Transition:
     def live_verdict(self, metadata: Mapping[str, Any], read: Readings | None = None) -> Verdict:
         """One probe of the running server up to the health endpoint (no generation): is it ready right now? The
         unit's state is taken from `read` when that batch read it (the facts' round trip), else read now; the health
-        request goes through the connection (health/live.py)."""
+        request goes through the connection (host/live_probe.py)."""
         target = self.kind.live_target(self.layout, metadata, self.environ)
         step = live_unit_step(target)
         seen = read.get(step.name) if read is not None else None

@@ -11,19 +11,21 @@ from contextlib import ExitStack
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
+from deploy_lib.deploy.project import Project, Target, load_for_target, profile_for_host
 from deploy_lib.errors import ConfigError, DeployError
 from deploy_lib.ops.scope import Reach, Scope, behind, rolled_out, router_in_front, run_each
 from deploy_lib.progress import Progress
-from deploy_lib.project import Project, Target, load_for_target, profile_for_host
 from deploy_lib.remote import Remote
 
 if TYPE_CHECKING:
     from deploy_lib.commands.adopt import Adopted
+    from deploy_lib.commands.deploy import Options, Outcome
     from deploy_lib.commands.status import ReleaseRow, StatusReport
+    from deploy_lib.commands.tune_request import Planned, Request
     from deploy_lib.commands.uninstall import Uninstalled
-    from deploy_lib.deploy import Options, Outcome
     from deploy_lib.gpu_check import GpuCheckReport
-    from deploy_lib.gpu_check.p2p.reading import NodeReader
+    from deploy_lib.host.p2p_reading import NodeReader
+    from deploy_lib.host.venv_publish import VenvResult
     from deploy_lib.ops.fleet import FleetRun
     from deploy_lib.ops.router import RouterSite
     from deploy_lib.ops.router_deploy import RouterOutcome
@@ -31,8 +33,7 @@ if TYPE_CHECKING:
     from deploy_lib.patches import CheckReport, PatchSet
     from deploy_lib.profile import LoadedProfile
     from deploy_lib.store import LockInfo
-    from deploy_lib.tune import Planned, Request, TuneReport
-    from deploy_lib.venvs import VenvResult
+    from deploy_lib.tune import TuneReport
 
 LAST_HEALTHY = "the last healthy release"
 
@@ -42,7 +43,7 @@ def deploy(project: Project, scope: Scope, profile: str | None, options: Options
     """The profile (else each host's `profile` var, with `--set` overrides) on every host of the scope: a multi-node
     profile on the group's nodes as one release, replicas behind their router one at a time, other hosts batch by
     batch."""
-    from deploy_lib import deploy as engine
+    from deploy_lib.commands import deploy as engine
     from deploy_lib.ops import multinode
     loaded_for = {t.host.name: load_for_target(project, profile, scope.inventory, t, overrides)
                   for t in scope.targets}
@@ -95,7 +96,7 @@ def _deploy_nodes(loaded: LoadedProfile, scope: Scope, options: Options, reach: 
 def rollback(scope: Scope, service: str, to: str | None, reach: Reach) -> FleetRun[Outcome]:
     """Every host of the scope back to `to` (default: each one's last healthy release); a group whose target is a
     multi-node release is rolled back as one (no --serial or --max-fail then), one node alone is refused."""
-    from deploy_lib import deploy as engine
+    from deploy_lib.commands import deploy as engine
     from deploy_lib.ops.notices import Announced
     front = router_in_front(scope, reach) if scope.one_host else None
     if scope.one_host:
@@ -122,7 +123,7 @@ def rollback(scope: Scope, service: str, to: str | None, reach: Reach) -> FleetR
 
 def _rollback_nodes(scope: Scope, service: str, to: str | None, reach: Reach) -> FleetRun[Outcome] | None:
     """A group whose rollback target is a multi-node release, rolled back as one; None when it is not."""
-    from deploy_lib.deploy import GRACE_S
+    from deploy_lib.host.switch import GRACE_S
     from deploy_lib.ops.multinode_deploy import as_fleet, rollback_nodes
     with ExitStack() as connections:
         remotes = {t.host.name: connections.enter_context(reach.connect(t, True)) for t in scope.targets}
@@ -134,7 +135,7 @@ def start(scope: Scope, service: str, restart: bool, reach: Reach) -> FleetRun[O
     """(Re)start the current release on every host of the scope and climb the readiness ladder: a group whose
     current release is one multi-node release is (re)started as one (every node together, the ladder on node 0), a
     node of one alone is refused; replicas behind a router are taken out one at a time."""
-    from deploy_lib import deploy as engine
+    from deploy_lib.commands import deploy as engine
     from deploy_lib.ops.notices import Announced
     front = router_in_front(scope, reach)
     reach.consent(f"{'restart' if restart else 'start'} {service} on {_where(scope)}?")
@@ -157,7 +158,7 @@ def patch(project: Project, scope: Scope, patch_set: PatchSet, profile: str | No
     profile on the venv it was derived from) on one host. The profile is the one given, the host's `profile` var,
     else its current release's (read from the host); then the consent question, then the project's deploy hooks
     around the change, the host's webhook told how it ended."""
-    from deploy_lib import deploy as engine
+    from deploy_lib.commands import deploy as engine
     from deploy_lib.commands import patches as on_host
     from deploy_lib.commands.status import current_profile
     from deploy_lib.ops.notices import Announced
@@ -190,7 +191,7 @@ def tune(scope: Scope, loaded: LoadedProfile, request: Request, reach: Reach) ->
         if not scope.one_host:
             from deploy_lib.ops.tune_group import tune_group
             return tune_group(scope, loaded, request, reach)
-        from deploy_lib.tune import tune as sweep
+        from deploy_lib.commands.tune import tune as sweep
         [target] = scope.targets
         with reach.connect(target, False) as remote:
             return sweep(loaded, target, remote, reach.progress(""), request)
@@ -218,7 +219,7 @@ def router_deploy(scope: Scope, site: RouterSite, workers: Sequence[str], group:
 
 def _start_nodes(scope: Scope, service: str, restart: bool, reach: Reach) -> FleetRun[Outcome] | None:
     """A group whose current release is multi-node, (re)started as one; None when it is not."""
-    from deploy_lib.deploy import GRACE_S
+    from deploy_lib.host.switch import GRACE_S
     from deploy_lib.ops.multinode_deploy import as_fleet, start_nodes
     if scope.rollout is not None:
         return None  # each host with its rollout: a node of a multi-node release is refused alone
@@ -231,7 +232,7 @@ def _start_nodes(scope: Scope, service: str, restart: bool, reach: Reach) -> Fle
 def stop(scope: Scope, service: str, reach: Reach) -> FleetRun[Outcome]:
     """Stop the server on every host of the scope (a group: all at once, so a multi-node release stops as a whole;
     one node of it alone is refused); a replica stays out of its router until started."""
-    from deploy_lib import deploy as engine
+    from deploy_lib.commands import deploy as engine
     front = router_in_front(scope, reach)
     reach.consent(f"stop {service} on {_where(scope)}?")
 
@@ -286,7 +287,7 @@ def status(scope: Scope, service: str, reach: Reach) -> FleetRun[StatusReport]:
 
 def _proxmox_nodes(scope: Scope, reach: Reach) -> NodeReader:
     """The Proxmox node each host's vars name, for the peer-to-peer verdict (read-only, through `reach`)."""
-    from deploy_lib.gpu_check.p2p.reading import node_reader
+    from deploy_lib.host.p2p_reading import node_reader
     return node_reader(scope.inventory, scope.targets, lambda target: reach.connect(target, True),
                        scope.accept_new_host_key)
 
@@ -309,8 +310,8 @@ def report(scope: Scope, service: str, releases: Sequence[str], out: Path, reach
     if tune is not None and releases:
         raise ConfigError(f"--release {releases[0]} with --tune {tune}: --release picks lines of the host's report, "
                           "a sweep's page draws its candidates", "give one of them")
+    from deploy_lib.host.report import read_report, read_sweep, write_report
     from deploy_lib.ops.fleet import FleetRun, HostRun
-    from deploy_lib.report import read_report, read_sweep, write_report
     read = run_each(scope, reach, lambda target, remote, _: read_sweep(target, service, remote, tune) if tune
                     else read_report(target, service, remote, releases))
     written: list[HostRun[tuple[Path, ...]]] = []
@@ -327,7 +328,7 @@ def report(scope: Scope, service: str, releases: Sequence[str], out: Path, reach
 
 def venv_build(scope: Scope, loaded: LoadedProfile, reach: Reach) -> VenvResult:
     """The profile's locked venv (`service.venv_build`) built on the host, or reused; only missing wheels travel."""
-    from deploy_lib.venvs import ensure_venv
+    from deploy_lib.host.venv_build import ensure_venv
     [target] = scope.targets
     spec = loaded.profile.service.venv_build
     if spec is None:
@@ -340,7 +341,7 @@ def venv_build(scope: Scope, loaded: LoadedProfile, reach: Reach) -> VenvResult:
 
 def venv_adopt(scope: Scope, service: str, path: PurePosixPath, reach: Reach) -> VenvResult:
     """A hand-made venv recorded as a managed, immutable one (a hard-linked copy)."""
-    from deploy_lib.venvs import adopt
+    from deploy_lib.host.venv_adopt import adopt
     [target] = scope.targets
     reach.consent(f"adopt {path} as a managed venv on {target.host.name}?")
     with reach.connect(target, False) as remote:
@@ -370,8 +371,8 @@ def adopt(scope: Scope, service: str, profile: str, pid: int | None, unit: str |
 
 def unlock(scope: Scope, service: str, force: bool, reach: Reach) -> LockInfo | None:
     """The service's lock removed when its owner is gone (any lock, with `force`); what was removed, None: none."""
+    from deploy_lib.host.store import unlock as unlock_store
     from deploy_lib.store import LockContext
-    from deploy_lib.store import unlock as unlock_store
     [target] = scope.targets
     reach.consent(f"remove the lock of {service} on {target.host.name}?")
     with reach.connect(target, False) as remote:
