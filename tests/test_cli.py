@@ -263,7 +263,7 @@ def test_the_sglang_deploy_command_loads_no_tasks_py_and_writes_the_bytecode_of_
     assert list((tmp_path / REPO.relative_to(REPO.anchor)).glob("tasks.*.pyc")) == []  # the prefix mirrors the path
     written = {f"{path.parent.name}/{path.name.split('.')[0]}" for path in tmp_path.rglob("*.pyc")
                if "deploy_lib" in path.parts}  # the prefix mirrors the source tree: <folder>/<module>.cpython-3xx.pyc
-    assert written == set() if no_bytecode else {"deploy_lib/project", "release/model", "release/render"} <= written
+    assert written == set() if no_bytecode else {"deploy/project", "release/model", "release/render"} <= written
 
 
 def test_patch_without_a_set_is_exit_2_naming_the_option() -> None:

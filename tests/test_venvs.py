@@ -413,7 +413,8 @@ def test_index_mode_installs_from_the_url_with_hashes_and_sends_nothing(tmp_path
     assert "--no-index" not in install and "--find-links" not in install and "--offline" not in install
     assert install[install.index("--index-url") + 1] == "https://pypi.org/simple" and "--require-hashes" in install
     names = remote.ran_names()
-    assert names.index(venv_build.FETCH_UV_STEP) < names.index(venv_build.VERIFY_STEP) < names.index("venv build: uv binary")
+    fetch_at, verify_at = names.index(venv_build.FETCH_UV_STEP), names.index(venv_build.VERIFY_STEP)
+    assert fetch_at < verify_at < names.index("venv build: uv binary")
     fetch = next(s.argv for s in remote.ran if s.name == venv_build.FETCH_UV_STEP)
     assert fetch[4:] == ("https://pypi.org/simple", UV_FILE, UV_SHA, f"/opt/sd/sglang/wheels/{UV_SHA}")
     again = host(wheels=(UV_SHA,), tools=(UV_SHA,))
@@ -450,8 +451,8 @@ def test_the_host_fetches_the_pinned_uv_wheel_from_a_simple_index(tmp_path: Path
 
 def test_the_dry_run_lists_sends_without_reading_wheels(tmp_path: Path) -> None:
     spec = spec_for(tmp_path)
-    plan = venv_build.plan_build(spec, venvs.load_lock(spec.lock), LAYOUT, venv_store.read_facts(host(), LAYOUT, "python3"),
-                            NOW)
+    facts = venv_store.read_facts(host(), LAYOUT, "python3")
+    plan = venv_build.plan_build(spec, venvs.load_lock(spec.lock), LAYOUT, facts, NOW)
     lines = plan.describe()
     assert sum(line.startswith("send wheel") for line in lines) == 3  # alpha, beta and uv
     assert any(venv_build.INSTALL_STEP in line for line in lines)
@@ -721,7 +722,8 @@ def test_list_shows_sizes_base_first_with_releases_and_derived_venvs() -> None:
 
 
 def test_list_venvs_runs_facts_then_sizes() -> None:
-    remote = host(markers={OLD: {"hash": OLD}}).reply(venv_lifecycle.FACT_SIZES, stdout=f"42\t/opt/sd/sglang/venvs/{OLD}\n")
+    remote = host(markers={OLD: {"hash": OLD}}).reply(venv_lifecycle.FACT_SIZES,
+                                                      stdout=f"42\t/opt/sd/sglang/venvs/{OLD}\n")
     records = venv_lifecycle.list_venvs(remote, LAYOUT, {"r1": OLD})
     assert [(r.hash, r.size_bytes, r.releases) for r in records] == [(OLD, 42, ("r1",))]
 

@@ -60,7 +60,8 @@ def adopt_python_fact(venv: PurePosixPath) -> Fact[PythonFacts]:
 
 @dataclass(frozen=True)
 class Inspection:
-    """What the venv's own python finds installed (host_scripts/venv_inspect.py); its interpreter is a fact of its own."""
+    """What the venv's own python finds installed (host_scripts/venv_inspect.py); its interpreter is a fact of its
+    own."""
 
     source: PurePosixPath
     distributions: Mapping[str, str]             # name -> version

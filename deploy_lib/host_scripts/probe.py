@@ -125,8 +125,8 @@ def port_open(host: str, port: int, timeout_s: float) -> tuple[bool, str | None]
 
 
 def health_get(host: str, port: int, path: str) -> bytes:
-    """The health endpoint's GET as both probes send it (this one from the host, deploy_lib.host.live_probe's through the
-    SSH connection), closed after its answer."""
+    """The health endpoint's GET as both probes send it (this one from the host, deploy_lib.host.live_probe's through
+    the SSH connection), closed after its answer."""
     name = "[" + host + "]" if ":" in host else host
     return ("GET " + (path or "/") + " HTTP/1.1\r\nHost: " + name + ":" + str(port) + "\r\nConnection: close\r\n"
             "Accept: */*\r\n\r\n").encode()

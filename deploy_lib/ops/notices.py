@@ -1,8 +1,8 @@
 """What a deploy, rollback, start or restart tells the world beside its own output: the project's hooks
-(deploy_lib/host/hooks.py: `hooks/pre-deploy`, `post-deploy`, `pre-rollback`, `post-rollback`) run on this machine around
-it, and each host's webhook (the inventory's `notify_webhook`, remote/webhook.py) told how it ended on that host. The
-other commands that deploy releases (a patch set's enable or disable, a tuning sweep, the router's release) run the
-deploy hooks and tell the webhook the same way.
+(deploy_lib/host/hooks.py: `hooks/pre-deploy`, `post-deploy`, `pre-rollback`, `post-rollback`) run on this machine
+around it, and each host's webhook (the inventory's `notify_webhook`, remote/webhook.py) told how it ended on that
+host. The other commands that deploy releases (a patch set's enable or disable, a tuning sweep, the router's
+release) run the deploy hooks and tell the webhook the same way.
 
 A failing pre- hook stops the command before any host is reached. A post- hook's failure and a notification that
 could not be delivered are progress notes: the command's own result and exit code stay what they were. The webhook

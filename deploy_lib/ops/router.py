@@ -33,7 +33,8 @@ from deploy_lib.remote.readings import ABSENT_OK
 from deploy_lib.store import RELEASE_FILE, StoreLayout
 
 SERVICE = "sglang-router"
-ROUTER_VERSION = "0.3.2"  # the sglang-router the bundled lock pins; its /workers API is what host_scripts/router.py calls
+# the sglang-router the bundled lock pins; its /workers API is what host_scripts/router.py calls
+ROUTER_VERSION = "0.3.2"
 DEFAULT_LOCK = TEMPLATES_DIR / "sglang-router.lock"
 SCRIPT_SOURCE = resources.files("deploy_lib.host_scripts").joinpath("router.py").read_text(encoding="utf-8")
 MEMBERSHIP_DEADLINE_S = 300.0  # removal + drain of a replica, or its registration, before the rollout gives up

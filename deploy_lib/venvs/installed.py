@@ -1,7 +1,7 @@
 """What a venv imports, and from where: an editable install (a source checkout) lives outside the venv.
 
-Read by the venv's own python (host_scripts/venv_installed.py), for `invoke status` and for patch sets, which need the real
-location of the files they change.
+Read by the venv's own python (host_scripts/venv_installed.py), for `invoke status` and for patch sets, which need
+the real location of the files they change.
 """
 
 from __future__ import annotations

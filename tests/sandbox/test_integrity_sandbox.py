@@ -153,14 +153,14 @@ def test_a_full_disk_while_writing_the_env_file_shows_the_os_error_and_never_the
 RACE_BUILD = """
 import sys
 from pathlib import Path
-from deploy_lib import venvs
 from deploy_lib.deploy.project import Project, load_for_host
+from deploy_lib.host import venv_build
 from deploy_lib.remote import FabricRemote
 root, inventory = sys.argv[1:3]
 loaded, target = load_for_host(Project(Path(root)), "glm5-race", inventory, None)
 with FabricRemote(target.ssh) as remote:
-    built = venvs.ensure_venv(remote, target.layout("sglang"), loaded.profile.service.venv_build,
-                              where=target.host.name)
+    built = venv_build.ensure_venv(remote, target.layout("sglang"), loaded.profile.service.venv_build,
+                                   where=target.host.name)
 print("built", built.hash, built.path)
 """
 

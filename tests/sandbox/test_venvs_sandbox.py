@@ -157,7 +157,8 @@ def test_a_damaged_wheel_on_the_host_fails_before_pip_and_is_sent_again_next_tim
     remote = counting(sandbox_ssh)
     with pytest.raises(StepFailed, match=rf"{re.escape(str(on_host))}: sha256 [0-9a-f]+, expected {digest}; removed"):
         venv_build.ensure_venv(remote, LAYOUT, small)
-    target = venv_build.venv_hash(venvs.load_lock(small.lock), venv_store.read_facts(sandbox_ssh, LAYOUT, "python3").python)
+    python = venv_store.read_facts(sandbox_ssh, LAYOUT, "python3").python
+    target = venv_build.venv_hash(venvs.load_lock(small.lock), python)
     assert guest_shell.run(sh("test", "-e", venvs.venv_path(LAYOUT, target)))[0] == 1
     assert remote.sent == []
     rebuilt = venv_build.ensure_venv(remote, LAYOUT, small)
@@ -205,8 +206,8 @@ class KilledInstall:
     inner: FabricRemote
 
     def run(self, batch: Sequence[Step | Put], on_output: OutputLine | None = None) -> list[StepResult]:
-        return self.inner.run([replace(s, argv=("sleep", "600"), timeout_s=1) if s.name == venv_build.INSTALL_STEP else s
-                               for s in batch], on_output)
+        return self.inner.run([replace(s, argv=("sleep", "600"), timeout_s=1) if s.name == venv_build.INSTALL_STEP
+                               else s for s in batch], on_output)
 
     def close(self) -> None:
         pass
