@@ -1,5 +1,5 @@
-"""The import graph of deploy_lib: every module in a named layer, each using only its own layer or those below, no
-import cycle, and the pure layers never reaching a connection (docs/architecture.md).
+"""The import graph of deploy_lib: each module's layer follows from its folder, each module uses only its own layer
+or those below, no import cycle, and the pure layers never reach a connection (docs/architecture.md).
 
 Two graphs are read from the source, with every import counted (top level, inside a function, under
 TYPE_CHECKING: a lazy import is still a dependency, and a type names what the code holds):
@@ -9,11 +9,9 @@ TYPE_CHECKING: a lazy import is still a dependency, and a type names what the co
   which names exist yet). Importing a submodule also runs its package's `__init__` first; that implicit edge is not
   counted, or every package that re-exports its modules would be a cycle.
 - the use graph, where each imported name is defined: the same import uses `store.layout`, because store's
-  `__init__` re-exports StoreLayout from there. Layers and purity are judged on it, so a planning module may take a
-  pure name from a package whose `__init__` also re-exports a host action, but not the host action.
+  `__init__` re-exports StoreLayout from there. Layers and purity are judged on it.
 
-A new module goes into one of LAYERS by name (a module named nowhere fails the test); a module of the ops layer
-(many hosts) is any `ops.*`.
+A new module takes the layer of the folder it is put in; a new folder of deploy_lib is named in FOLDER_LAYERS.
 """
 
 from __future__ import annotations
@@ -26,90 +24,43 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parent.parent / "deploy_lib"
 
-# Modules shipped to the host whole (run there by the host's python): they import nothing of deploy_lib.
-HOST_SCRIPTS = frozenset({"host_scripts.sglang_options", "host_scripts.probe",
-                          "host_scripts.gpu_check", "host_scripts.model_stage", "router_script",
-                          "gpu_check.p2p.measure_script"}) | \
-    frozenset(f"venvs.{name}_script" for name in ("python_facts", "installed", "relocate", "inspect", "verify",
-                                                  "extract_uv", "fetch_uv", "tree", "imported_from"))
-OPS_PREFIX = "ops."
-# Bottom to top. The folders follow the layers (docs/architecture.md): base at the top of deploy_lib, host_scripts/,
-# remote/ and facts/readings, profile/ and inventory, facts/ and release/ for planning, commands/, ops/; a concern's
-# own package (deploy/, store/, models/, venvs/, health/, throughput/, patches/, gpu_check/) holds its planning and
-# its host actions side by side, each module named below.
-LAYERS: dict[str, frozenset[str]] = {
-    # what every layer uses: the exception tree, YAML and JSON-lines reading, digests, progress callbacks, what each
-    # SGLang release spells
-    "base": frozenset({"__init__", "host_scripts", "errors", "outcomes", "yaml_io", "bundled", "progress",
-                       "interrupts", "digests", "versions", "json_lines", "host_paths"}),
-    "host scripts": HOST_SCRIPTS,
-    # Step / StepResult as data, the one connection that runs them, a batch of reads (facts.readings)
-    "transport": frozenset({"remote", "remote.steps", "remote.batch", "remote.ssh", "remote.ssh_config", "remote.sftp",
-                            "remote.connection", "remote.forward", "remote.webhook", "remote.runner",
-                            "facts.readings"}),
+# Bottom to top.
+LAYERS = ("base", "host scripts", "transport", "schema", "planning", "host actions", "commands", "ops")
+# The top-level modules of deploy_lib are the base: the exception tree, YAML and JSON-lines reading, digests, progress
+# callbacks, what each SGLang release spells. Each folder is one layer:
+FOLDER_LAYERS: dict[str, str] = {
+    # scripts shipped whole to a host's python: they import nothing of deploy_lib
+    "host_scripts": "host scripts",
+    # Step / StepResult as data, the one connection that runs them, a batch of reads
+    "remote": "transport",
     # pydantic models of what the user writes
-    "schema": frozenset({"profile", "profile.fields", "profile.choices", "profile.sections", "profile.settings",
-                        "profile.model", "profile.loading", "profile.stored", "profile.overrides", "inventory",
-                        "inventory_formats"}),
-    # pure: profile + host facts -> release -> Steps, and parsers of StepResults; never a Remote
-    "planning": frozenset({
-        "project",
-        "facts", "facts.host", "facts.cuda_toolkit", "facts.diagnose", "facts.hand_process", "facts.sglang_config",
-        "release", "release.model", "release.render", "release.server_args", "release.argv_check",
-        "deploy.plan", "deploy.preflight",
-        "gpu_check", "gpu_check.allreduce", "gpu_check.subject", "gpu_check.topology",
-        "health.probe", "health.snapshot", "health.verdict",
-        "models.facts", "models.hub", "models.pushed", "models.script", "models.sources", "models.transfer",
-        "patches", "patches.audit", "patches.engine", "patches.host_files", "patches.spec", "patches.text",
-        "patches.variants", "patches.versions",
-        "store.facts", "store.history", "store.layout", "store.lock", "store.releases",
-        "throughput.gate", "throughput.history", "throughput.results",
-        "venvs.caches", "venvs.host_scripts", "venvs.installed", "venvs.interpreter", "venvs.lock", "venvs.paths",
-        "venvs.wheels",
-        "gpu_check.p2p", "gpu_check.p2p.links", "gpu_check.p2p.measure", "gpu_check.p2p.node",
-        "gpu_check.p2p.verdict", "gpu_check.p2p.vm",
-        "health.startup", "patches.profiles",
-        "tune.decide", "tune.estimate", "tune.record", "tune.spec", "tune.sweep",
-        "report.charts", "report.data", "report.page", "report.sweep",
-    }),
-    # read or change one host through a Remote: the facts batch read, the readiness ladder, a venv build
-    "host actions": frozenset({
-        "facts.read", "facts.crashes",
-        "deploy.prune", "deploy.restore", "deploy.switch", "tune.request",
-        "store", "store.on_host", "store.first_change",
-        "health", "health.ladder", "health.live",
-        "models", "models.staging", "models.stored",
-        "throughput", "throughput.benchmark",
-        "venvs", "venvs.adopted", "venvs.build", "venvs.derived", "venvs.lifecycle", "venvs.publish",
-        "venvs.store_facts",
-        "gpu_check.p2p.reading", "report",
-        "hooks",  # runs the project's hook executables on this machine
-    }),
+    "profile": "schema", "inventory": "schema",
+    # pure, one folder per concern: profile + host facts -> release -> Steps, and parsers of StepResults
+    **dict.fromkeys(("facts", "release", "deploy", "gpu_check", "health", "models", "patches", "store", "throughput",
+                     "venvs", "tune", "report"), "planning"),
+    # read or change one host through a Remote: the facts read, the lock, the switch, the ladder, a venv build
+    "host": "host actions",
     # one user-visible operation on one host, under the host lock
-    "commands": frozenset({"deploy", "deploy.engine", "commands", "commands.adopt", "commands.status",
-                           "commands.uninstall", "commands.gpu_check", "commands.patches", "tune", "tune.loop",
-                           "tune.candidate"}),
-    # many hosts: a group, a multi-node release, replicas behind a router (any ops.* module, and these until they
-    # move there)
-    "ops": frozenset(),
+    "commands": "commands",
+    # many hosts: a group, a multi-node release, replicas behind a router
+    "ops": "ops",
 }
-ORDER = list(LAYERS)
 # Layers the README calls pure: computed without SSH, unit-tested without a host.
 PURE = frozenset({"base", "schema", "planning"})
 # What a module needs to reach a host: the Remote protocol (a parameter typed with it) or the SSH connection; or a
 # call of `.run` on something named remote. (remote.concurrently only marks Steps: data.)
 REACHING_THE_HOST = frozenset({"Remote", "FabricRemote"})
-# Modules of a pure layer that still hold one function reaching the host, each with the split that removes it; a
-# module goes from here when it no longer reaches the host (the test fails until it does).
-SPLIT_PENDING: dict[str, str] = {}
-MAX_LINES = 400  # bench/'s modules; deploy_lib's have no line cap (issue 38: a module doing one job stays whole)
 
 
-def layer_of(module: str) -> str | None:
-    """The layer that names `module`; None for a module named nowhere."""
-    if module == OPS_PREFIX.rstrip(".") or module.startswith(OPS_PREFIX):
-        return "ops"
-    return next((name for name, members in LAYERS.items() if module in members), None)
+def layer_of(module: str, package: Path = PACKAGE) -> str | None:
+    """The layer of a module, from its folder: a top-level module of deploy_lib is base; None for a folder named in
+    no layer, or a module that is not there."""
+    folder, _, rest = module.partition(".")
+    if folder in FOLDER_LAYERS:
+        return FOLDER_LAYERS[folder]
+    if not rest and (module == "__init__" or (package / f"{module}.py").is_file()):
+        return "base"
+    return None
 
 
 def module_name(path: Path, package: Path = PACKAGE) -> str:
@@ -198,7 +149,7 @@ def unnamed(modules: Iterable[str]) -> list[str]:
 def upward_imports(graph: Mapping[str, set[str]]) -> list[str]:
     def rank(module: str) -> int:
         layer = layer_of(module)
-        return ORDER.index(layer) if layer else len(ORDER)  # unnamed: above everything, so never imported
+        return LAYERS.index(layer) if layer else len(LAYERS)  # unnamed: above everything, so never imported
     return sorted(f"{module} ({layer_of(module)}) imports {dep} ({layer_of(dep)})"
                   for module, deps in graph.items() for dep in deps if rank(dep) > rank(module))
 
@@ -233,19 +184,18 @@ def cycles(graph: Mapping[str, set[str]]) -> list[list[str]]:
     return sorted(found)
 
 
-def impure(reaching: Mapping[str, set[str]], pending: Mapping[str, str] = SPLIT_PENDING) -> list[str]:
+def impure(reaching: Mapping[str, set[str]]) -> list[str]:
     return sorted(f"{module} ({layer_of(module)}) reaches the host: {', '.join(sorted(what))}"
-                  for module, what in reaching.items() if what and layer_of(module) in PURE and module not in pending)
+                  for module, what in reaching.items() if what and layer_of(module) in PURE)
 
 
-def test_every_module_is_in_a_named_layer() -> None:
-    assert unnamed(_files()) == [], "name each new module in one of LAYERS (the docstring says which)"
+def test_every_module_is_in_a_layer() -> None:
+    assert unnamed(_files()) == [], "name the new folder in FOLDER_LAYERS (the docstring says which)"
 
 
-def test_every_named_module_exists() -> None:
-    """A renamed or removed module leaves no stale name behind that would hide a new module's layer."""
-    named = set().union(*LAYERS.values())
-    assert named - set(_files()) == set()
+def test_every_folder_named_exists() -> None:
+    """A renamed or removed folder leaves no stale name behind."""
+    assert {folder for folder in FOLDER_LAYERS if not (PACKAGE / folder / "__init__.py").is_file()} == set()
 
 
 def test_no_module_uses_a_layer_above_its_own() -> None:
@@ -260,37 +210,36 @@ def test_there_is_no_import_cycle() -> None:
 
 def test_no_module_of_a_pure_layer_reaches_the_host() -> None:
     reaching = {module: reaches_the_host(path) for module, path in _files().items()}
-    assert impure(reaching) == [], "a module that runs steps belongs in host actions (or above)"
-    assert {module for module in SPLIT_PENDING if not reaching[module]} == set(), "split: remove from SPLIT_PENDING"
+    assert impure(reaching) == [], "a module that runs steps belongs in deploy_lib/host/ (or above)"
 
 
 def test_host_scripts_import_nothing_of_deploy_lib() -> None:
     graph = import_graph()
-    assert {script: graph[script] for script in HOST_SCRIPTS} == {script: set() for script in HOST_SCRIPTS}
-
-
-def test_no_bench_module_is_over_400_lines() -> None:
-    """bench/ keeps the same limit (bench/run.py was 703 lines before its split, issue 30)."""
-    bench = PACKAGE.parent / "bench"
-    over = {path.name: n for path in bench.glob("*.py") if (n := len(path.read_text().splitlines())) > MAX_LINES}
-    assert not over, f"split these bench modules: {over}"
+    scripts = {module: graph[module] for module in graph if layer_of(module) == "host scripts"}
+    assert len(scripts) > 10 and {script: deps for script, deps in scripts.items() if deps} == {}
 
 
 # --- each check shown failing on a bad input -------------------------------------------------------------------
 
 
-def test_a_module_named_in_no_layer_is_reported_and_an_ops_module_is_named() -> None:
-    assert unnamed(["errors", "brand_new", "ops.deploy", "deploy.brand_new"]) == ["brand_new", "deploy.brand_new"]
+def test_a_module_takes_the_layer_of_its_folder(tmp_path: Path) -> None:
+    assert [layer_of(m) for m in ("errors", "__init__", "host_scripts", "remote.readings", "inventory.model",
+                                  "store.layout", "host.switch", "commands.deploy", "ops.deploy")] == [
+        "base", "base", "host scripts", "transport", "schema", "planning", "host actions", "commands", "ops"]
+    (tmp_path / "new_folder").mkdir()
+    (tmp_path / "top.py").touch()
+    assert [layer_of(m, tmp_path) for m in ("top", "new_folder.module", "absent")] == ["base", None, None]
 
 
 @pytest.mark.parametrize(("graph", "expected"), [
     ({"profile": {"release"}}, ["profile (schema) imports release (planning)"]),
-    ({"profile.settings": {"venvs"}}, ["profile.settings (schema) imports venvs (host actions)"]),
-    ({"store.layout": {"deploy"}}, ["store.layout (planning) imports deploy (commands)"]),
+    ({"profile.settings": {"host.venv_build"}}, ["profile.settings (schema) imports host.venv_build (host actions)"]),
+    ({"store.layout": {"commands.deploy"}}, ["store.layout (planning) imports commands.deploy (commands)"]),
     ({"remote": {"profile"}}, ["remote (transport) imports profile (schema)"]),
     ({"commands.status": {"ops.fleet"}}, ["commands.status (commands) imports ops.fleet (ops)"]),
     ({"release": {"brand_new"}}, ["release (planning) imports brand_new (None)"]),
-    ({"deploy": {"profile", "store", "remote", "errors"}, "ops.deploy": {"deploy", "ops.fleet"}}, []),
+    ({"commands.deploy": {"profile", "store", "remote", "host.switch", "errors"},
+      "ops.deploy": {"commands.deploy", "ops.fleet"}}, []),
 ])
 def test_the_check_catches_an_upward_import(graph: dict[str, set[str]], expected: list[str]) -> None:
     assert upward_imports(graph) == expected
@@ -326,9 +275,7 @@ def test_the_check_catches_a_pure_module_that_runs_steps(tmp_path: Path) -> None
                                 "release.render (planning) reaches the host: remote.run",
                                 "store.lock (planning) reaches the host: Remote",
                                 "versions (base) reaches the host: FabricRemote"]
-    # a module waiting for its split is left out only while it is named in SPLIT_PENDING
-    assert impure({"store.lock": {"Remote"}}, pending={"store.lock": "host_lock moves out"}) == []
-    assert impure({"store.lock": {"Remote"}}, pending={}) == ["store.lock (planning) reaches the host: Remote"]
+    assert impure({"host.store": {"Remote"}, "commands.deploy": {"Remote"}}) == []
 
 
 def test_the_reader_sees_lazy_and_type_checking_imports(tmp_path: Path) -> None:
@@ -348,9 +295,9 @@ def test_the_reader_names_a_subpackage_module_by_its_dotted_name(tmp_path: Path)
 
 def test_a_name_a_package_re_exports_is_used_from_the_module_that_defines_it(tmp_path: Path) -> None:
     """`from deploy_lib.store import StoreLayout` runs store's __init__ (import graph) but uses store.layout (use
-    graph); `from deploy_lib.store import host_lock` uses store.on_host, a host action."""
+    graph); `from deploy_lib.store import FACT_LOCK` uses store.lock."""
     source = tmp_path / "m.py"
-    source.write_text("from deploy_lib.store import StoreLayout, host_lock\nfrom deploy_lib import store\n")
+    source.write_text("from deploy_lib.store import StoreLayout, FACT_LOCK\nfrom deploy_lib import store\n")
     facades = {"store": reexports(PACKAGE / "store" / "__init__.py")}
     assert imported_modules(source) == {"store"}
-    assert used_modules(source, facades) == {"store", "store.layout", "store.on_host"}
+    assert used_modules(source, facades) == {"store", "store.layout", "store.lock"}
