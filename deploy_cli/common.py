@@ -98,9 +98,9 @@ def load(profile: str | None, inventory: str | None, host: str | None, accept_ne
 
 def profile_in_use(profile: str | None, found: Target, remote: FabricRemote, service: str | None) -> LoadedProfile:
     """The profile given or named by the inventory, else the one the host's current release was deployed from."""
-    from deploy_lib.commands import status as host_status
+    from deploy_lib.commands import releases as host_releases
     return run(lambda: profile_for_host(project(), profile, found)
-               or host_status.current_profile(found, service_name(service), remote))
+               or host_releases.current_profile(found, service_name(service), remote))
 
 
 def rollout(serial: list[str] | None, max_fail: str | None) -> Rollout | None:

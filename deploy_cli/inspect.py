@@ -41,7 +41,7 @@ def logs(c: Context, lines: int = 100, follow: bool = False, host: str | None = 
          inventory: str | None = None, service: str | None = None, json: bool = False, verbose: bool = False
          ) -> None:
     """Print the server's log from the host's journal."""
-    from deploy_lib.commands import status as host_status
+    from deploy_lib.commands import logs as host_logs
     from deploy_lib.ops import dispatch
     common.report_as(json, verbose)
     if group is not None and follow:
@@ -54,7 +54,7 @@ def logs(c: Context, lines: int = 100, follow: bool = False, host: str | None = 
     if follow:
         target = common.target(inventory, host)
         with common.remote(target) as remote:
-            common.run(lambda: ui.print_lines(host_status.follow_log(target, name, remote, lines)))
+            common.run(lambda: ui.print_lines(host_logs.follow_log(target, name, remote, lines)))
         return
     hosts = common.scope(inventory, host, group)
     fleet = common.run(lambda: dispatch.logs(hosts, name, lines, common.reach()))
@@ -68,7 +68,7 @@ def bench(c: Context, profile: str | None = None, compare: list[str] | None = No
           inventory: str | None = None, service: str | None = None, json: bool = False, verbose: bool = False
           ) -> None:
     """Run SGLang's serving benchmark against the current release and record it (`--compare A --compare B`)."""
-    from deploy_lib.commands import status as host_status
+    from deploy_lib.commands import bench as host_bench
     from deploy_lib.throughput import comparison_records
     common.report_as(json, verbose)
     if compare and len(compare) < 2:
@@ -78,12 +78,12 @@ def bench(c: Context, profile: str | None = None, compare: list[str] | None = No
     with common.remote(target) as remote:
         loaded = common.profile_in_use(profile, target, remote, service)
         if compare:
-            results, rows = common.run(lambda: host_status.compare_benchmarks(
+            results, rows = common.run(lambda: host_bench.compare_benchmarks(
                 target, loaded.profile.service.name, remote, compare))
             common.show({"results": results, "rows": rows, "records": comparison_records(results, rows)},
                         lambda _: reports.print_comparison(results, rows))
             return
-        common.show(common.run(lambda: host_status.bench_current(target, loaded, remote, dict(os.environ),
+        common.show(common.run(lambda: host_bench.bench_current(target, loaded, remote, dict(os.environ),
                                                                  common.progress())), reports.print_bench)
 
 

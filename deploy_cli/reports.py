@@ -12,7 +12,8 @@ from deploy_cli.present import _table
 
 if TYPE_CHECKING:
     from deploy_lib.commands.adopt import Adopted
-    from deploy_lib.commands.status import ReleaseRow, StatusReport
+    from deploy_lib.commands.releases import ReleaseRow
+    from deploy_lib.commands.status import StatusReport
     from deploy_lib.commands.uninstall import Uninstalled
     from deploy_lib.gpu_check import GpuCheckReport
     from deploy_lib.gpu_check.p2p import P2pVerdict

@@ -53,9 +53,9 @@ def venv_remove(c: Context, venv_hash: str, host: str | None = None, inventory: 
 def venv_list(c: Context, host: str | None = None, inventory: str | None = None, service: str | None = None,
               json: bool = False, verbose: bool = False) -> None:
     """List managed venvs: hash, kind, size, the releases using them, derived venvs, versions."""
-    from deploy_lib.commands import status as host_status
+    from deploy_lib.commands import host_contents
     common.report_as(json, verbose)
     target = common.target(inventory, host)
     with common.remote(target) as remote:
-        common.show(common.run(lambda: host_status.list_managed_venvs(target, common.service_name(service), remote)),
+        common.show(common.run(lambda: host_contents.list_managed_venvs(target, common.service_name(service), remote)),
                     reports.print_venvs)

@@ -202,7 +202,7 @@ def test_an_outcome_is_spelled_as_the_readme_documents_it_in_json_terminal_and_h
 
 def test_tables_fit_the_width_in_columns() -> None:
     """Input tried: `COLUMNS=70 invoke releases | cat` (tables were always 120 wide when piped)."""
-    script = ("from deploy_cli import reports as ui; from deploy_lib.commands.status import ReleaseRow; "
+    script = ("from deploy_cli import reports as ui; from deploy_lib.commands.releases import ReleaseRow; "
               "ui.print_releases([ReleaseRow('8e51991efed1', '2026-11-29T11:50:00', 'glm5-nvfp4-fusion+fusion-sm120', "
               "'0.5.23', 'healthy', True, 'c64: 871.2 tok/s, c1024: 3,582.0 tok/s')])")
     for columns, width in (("70", 70), (None, 120)):

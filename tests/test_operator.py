@@ -19,7 +19,8 @@ from rich.console import Console
 from deploy_cli import present as ui
 from deploy_cli import reports
 from deploy_lib.commands import deploy as engine
-from deploy_lib.commands.status import StatusReport, follow_log, read_status, serving_endpoint
+from deploy_lib.commands.logs import follow_log
+from deploy_lib.commands.status import StatusReport, read_status, serving_endpoint
 from deploy_lib.commands.uninstall import removal_steps, uninstall
 from deploy_lib.deploy.project import Project, resolve_target
 from deploy_lib.errors import DeployError

@@ -13,7 +13,7 @@ from helpers.recording_progress import RecordingProgress
 from helpers.rollback import READY, a_host, changed_profile
 
 from deploy_lib.commands.deploy import Options, deploy
-from deploy_lib.commands.status import startup_by_release
+from deploy_lib.commands.releases import startup_by_release
 from deploy_lib.facts.diagnose import unit_matches
 from deploy_lib.health import ProbeTarget, Rung, Snapshot, probe_step
 from deploy_lib.health.startup import MARKER_PATTERNS, LogMark, startup_line, startup_phases

@@ -1,54 +1,32 @@
-"""Read-only views of a host: status, the releases on it, the server's log."""
+"""A host's status: its current release, the unit, readiness, GPUs, venv, crashes and drift, in one read."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path, PurePosixPath
+from pathlib import PurePosixPath
 from typing import Any
 
-from pydantic import ValidationError
-
+from deploy_lib.commands.releases import startup_by_release
 from deploy_lib.deploy.plan import detect_drift
 from deploy_lib.deploy.project import Target
-from deploy_lib.errors import ConfigError, PreflightError
+from deploy_lib.errors import PreflightError
 from deploy_lib.facts.crashes import CrashReport, crash_loop_advice, read_crashes, record_crashes
-from deploy_lib.facts.diagnose import journal_argv, journal_step
 from deploy_lib.facts.host import FactRequest, Gpu
 from deploy_lib.gpu_check import parse_topology_results, topology_steps
 from deploy_lib.gpu_check.p2p.verdict import P2pVerdict, p2p_verdict
 from deploy_lib.health import Rung, Snapshot, http_url, parse_snapshot, probe_step, reachable_host
-from deploy_lib.health.startup import startup_line
 from deploy_lib.host import p2p_reading
-from deploy_lib.host.benchmark import bench_on_demand
 from deploy_lib.host.facts import read_host_facts
-from deploy_lib.host.models_stored import StoredModel, read_stored
 from deploy_lib.host.p2p_reading import NodeReader
-from deploy_lib.host.store import host_lock, read_store_facts
 from deploy_lib.host.switch import probe_target
-from deploy_lib.host.venv_lifecycle import STATUS_DISTRIBUTIONS, VenvRecord, list_venvs
-from deploy_lib.profile import LoadedProfile, Profile, format_validation_error, read_stored_profile
-from deploy_lib.progress import Progress
-from deploy_lib.remote import Remote, Step
+from deploy_lib.host.venv_lifecycle import STATUS_DISTRIBUTIONS
+from deploy_lib.profile import read_stored_profile
+from deploy_lib.remote import Remote
 from deploy_lib.remote.readings import Fact, Readings, read
-from deploy_lib.store import ACTIVATIONS, FAILED, RELEASE_FILE, HistoryEntry, StoreFacts, Tags
-from deploy_lib.throughput import BenchResult, ComparisonRow, compare_releases, power_by_release, throughput_by_release
-from deploy_lib.venvs import InstalledFacts, installed_fact, release_venv_hash
-
-
-@dataclass(frozen=True)
-class ReleaseRow:
-    id: str
-    staged_at: str
-    profile: str
-    sglang_version: str
-    outcome: str
-    is_current: bool
-    throughput: str  # the newest benchmark's output tok/s per concurrency level
-    gpu_power: str = ""  # the GPUs' power draw during that benchmark
-    last_start: str = ""  # the newest start's phases: "weights 2m10s, cuda graphs 1m05s, first generation 0.2 s"
+from deploy_lib.store import ACTIVATIONS, FAILED, StoreFacts
+from deploy_lib.venvs import InstalledFacts, installed_fact
 
 
 @dataclass(frozen=True)
@@ -92,30 +70,6 @@ def _age_s(iso: str, now: datetime) -> float | None:
         return (now - datetime.fromisoformat(iso)).total_seconds()
     except ValueError:
         return None
-
-
-def startup_by_release(history: Sequence[HistoryEntry]) -> dict[str, str]:
-    """Each release's newest start (any activation) that recorded its phases, as `startup_line` says it."""
-    lines: dict[str, str] = {}
-    for entry in history:
-        if entry.event in ACTIVATIONS and (line := startup_line(entry.timings)):
-            lines[entry.tags.release] = line
-    return lines
-
-
-def release_rows(store: StoreFacts) -> list[ReleaseRow]:
-    outcomes = store.outcomes()
-    throughput = throughput_by_release(store.history)
-    power = power_by_release(store.history)
-    starts = startup_by_release(store.history)
-    rows = [ReleaseRow(id=r.id, staged_at=r.staged_at, profile=str(r.metadata.get("profile_name", "?")),
-                       sglang_version=str(r.metadata.get("sglang_version", "?")),
-                       outcome=outcomes.get(r.id, "never started"), is_current=r.id == store.current,
-                       throughput=throughput.get(r.id, ""), gpu_power=power.get(r.id, ""),
-                       last_start=starts.get(r.id, ""))
-            for r in store.releases]
-    return rows + [ReleaseRow(id=d.id, staged_at="", profile="?", sglang_version="?", outcome=f"damaged ({d.reason})",
-                              is_current=d.id == store.current, throughput="") for d in store.damaged]
 
 
 def _readiness(snapshot: Snapshot) -> str:
@@ -214,87 +168,3 @@ def _installed(readings: Readings, packages: Fact[InstalledFacts] | None) -> tup
         return None, unreadable.message
 
 
-def list_releases(target: Target, service: str, remote: Remote) -> list[ReleaseRow]:
-    layout = target.layout(service)
-    return release_rows(read_store_facts(remote, layout))
-
-
-def read_log(target: Target, service: str, remote: Remote, lines: int) -> list[str]:
-    layout = target.layout(service)
-    [result] = remote.run([journal_step(layout.unit_name, max_lines=lines)])
-    return result.stdout.splitlines()
-
-
-def follow_log(target: Target, service: str, remote: Remote, lines: int, poll_s: float = 1.0,
-               sleep: Callable[[float], None] = time.sleep) -> Iterator[str]:
-    """The last `lines` lines, then new ones as they come (polled over the open connection) until interrupted."""
-    layout = target.layout(service)
-    cursor: str | None = None
-    count = lines
-    while True:
-        after = (f"--after-cursor={cursor}",) if cursor else ()
-        argv = journal_argv(layout.unit_name, count, "--show-cursor", *after)
-        [result] = remote.run([Step("follow journal", argv, sudo=True, timeout_s=30)])
-        for line in result.stdout.splitlines():
-            if line.startswith("-- cursor: "):
-                cursor = line.removeprefix("-- cursor: ")
-            else:
-                yield line
-        count = 10_000
-        sleep(poll_s)
-
-
-def list_managed_venvs(target: Target, service: str, remote: Remote) -> list[VenvRecord]:
-    """The host's managed venvs with the releases that use them."""
-    layout = target.layout(service)
-    store = read_store_facts(remote, layout)
-    return list_venvs(remote, layout, {r.id: release_venv_hash(layout, str(r.metadata.get("venv", "")))
-                                       for r in store.releases})
-
-
-def current_profile(target: Target, service: str, remote: Remote) -> LoadedProfile:
-    """The profile the host's current release was deployed from (its release.json keeps it whole)."""
-    layout = target.layout(service)
-    store = read_store_facts(remote, layout)
-    record = store.release(store.current) if store.current else None
-    if record is None:
-        raise ConfigError(f"{target.host.name}: no release of {service} is deployed, so no profile is in use",
-                          "give --profile NAME (or a path), or --service for another service")
-    name = str(record.metadata.get("profile_name") or record.id)
-    source = f"{target.host.name}: {layout.release(record.id) / RELEASE_FILE}: profile"
-    try:
-        profile = Profile.model_validate(record.metadata.get("profile") or {})
-    except ValidationError as err:
-        raise ConfigError(format_validation_error(source, err), "give --profile NAME (or a path)") from None
-    return LoadedProfile(name=name, path=Path(str(layout.release(record.id) / RELEASE_FILE)), chain=(name,),
-                         profile=profile)
-
-
-def list_models(target: Target, service: str, remote: Remote) -> list[StoredModel]:
-    """Model revisions and pushed versions in the places the host's releases keep weights, with their users."""
-    store = read_store_facts(remote, target.layout(service))
-    return read_stored(remote, store.releases)
-
-
-def bench_current(target: Target, loaded: LoadedProfile, remote: Remote, environ: Mapping[str, str],
-                  progress: Progress) -> BenchResult:
-    """`invoke bench`: SGLang's serving benchmark against the current release, recorded in history.
-
-    Under the host's lock: no deploy restarts the server under the benchmark, and its files and history line are
-    written like any other change."""
-    layout = target.layout(loaded.profile.service.name)
-    with host_lock(remote, layout, "benchmark", target.host.name):
-        store = read_store_facts(remote, layout)
-        record = store.release(store.current) if store.current else None
-        if record is None:
-            raise ConfigError(f"{target.host.name}: {store.current_problem() or 'no release is deployed'}",
-                              "`invoke deploy` first")
-        probe = probe_target(layout, record.metadata, environ)
-        return bench_on_demand(remote, layout, record.metadata, Tags.from_dict(record.metadata["tags"]),
-                               loaded.profile.bench, progress, probe.api_key)
-
-
-def compare_benchmarks(target: Target, service: str, remote: Remote, releases: Sequence[str]
-                       ) -> tuple[list[BenchResult], list[ComparisonRow]]:
-    layout = target.layout(service)
-    return compare_releases(read_store_facts(remote, layout).history, releases)

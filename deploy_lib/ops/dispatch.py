@@ -20,7 +20,8 @@ from deploy_lib.remote import Remote
 if TYPE_CHECKING:
     from deploy_lib.commands.adopt import Adopted
     from deploy_lib.commands.deploy import Options, Outcome
-    from deploy_lib.commands.status import ReleaseRow, StatusReport
+    from deploy_lib.commands.releases import ReleaseRow
+    from deploy_lib.commands.status import StatusReport
     from deploy_lib.commands.tune_request import Planned, Request
     from deploy_lib.commands.uninstall import Uninstalled
     from deploy_lib.gpu_check import GpuCheckReport
@@ -160,7 +161,7 @@ def patch(project: Project, scope: Scope, patch_set: PatchSet, profile: str | No
     around the change, the host's webhook told how it ended."""
     from deploy_lib.commands import deploy as engine
     from deploy_lib.commands import patches as on_host
-    from deploy_lib.commands.status import current_profile
+    from deploy_lib.commands.releases import current_profile
     from deploy_lib.ops.notices import Announced
     [target] = scope.targets
     options = engine.Options(environ=dict(reach.environ))
@@ -293,13 +294,13 @@ def _proxmox_nodes(scope: Scope, reach: Reach) -> NodeReader:
 
 
 def releases(scope: Scope, service: str, reach: Reach) -> FleetRun[list[ReleaseRow]]:
-    from deploy_lib.commands import status as host_status
-    return run_each(scope, reach, lambda target, remote, _: host_status.list_releases(target, service, remote))
+    from deploy_lib.commands import releases as host_releases
+    return run_each(scope, reach, lambda target, remote, _: host_releases.list_releases(target, service, remote))
 
 
 def logs(scope: Scope, service: str, lines: int, reach: Reach) -> FleetRun[list[str]]:
-    from deploy_lib.commands import status as host_status
-    return run_each(scope, reach, lambda target, remote, _: host_status.read_log(target, service, remote, lines))
+    from deploy_lib.commands import logs as host_logs
+    return run_each(scope, reach, lambda target, remote, _: host_logs.read_log(target, service, remote, lines))
 
 
 def report(scope: Scope, service: str, releases: Sequence[str], out: Path, reach: Reach, tune: str | None = None

@@ -14,7 +14,8 @@ from helpers.rig import FAULT_OF_CRASHY, GUEST_FAULT, REFERENCE, Rig
 from helpers.waits import STATE_WAIT_S
 
 from deploy_lib.commands import deploy as engine
-from deploy_lib.commands.status import list_releases, read_status
+from deploy_lib.commands.releases import list_releases
+from deploy_lib.commands.status import read_status
 from deploy_lib.deploy.project import load_for_host
 from deploy_lib.errors import (
     ConfigError,

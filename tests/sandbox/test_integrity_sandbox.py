@@ -15,7 +15,7 @@ from helpers.recording_progress import RecordingProgress
 from helpers.rig import TEST_PROFILES, Rig
 
 from deploy_lib.commands import deploy as engine
-from deploy_lib.commands.status import list_releases
+from deploy_lib.commands.releases import list_releases
 from deploy_lib.deploy import plan
 from deploy_lib.deploy.project import load_for_host
 from deploy_lib.errors import LockHeld, PreflightError, ReadinessFailed, StepFailed

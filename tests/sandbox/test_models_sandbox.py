@@ -18,7 +18,7 @@ from helpers.recording_progress import RecordingProgress
 from helpers.waits import STATE_WAIT_S
 
 from deploy_lib.commands import deploy as engine
-from deploy_lib.commands.status import list_models
+from deploy_lib.commands.host_contents import list_models
 from deploy_lib.deploy.project import Project, load_for_host
 from deploy_lib.errors import Interrupted, PreflightError
 from deploy_lib.facts.diagnose import diagnose

@@ -28,7 +28,7 @@ from helpers.recording_progress import RecordingProgress
 from helpers.rig import REFERENCE, Rig
 
 from deploy_lib.commands import deploy as engine
-from deploy_lib.commands.status import list_releases
+from deploy_lib.commands.releases import list_releases
 from deploy_lib.remote import FabricRemote, OutputLine, Put, Step, StepResult
 from deploy_lib.store import RELEASE_FILE, parse_history
 from sandbox import manage

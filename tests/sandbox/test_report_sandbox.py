@@ -18,7 +18,7 @@ from helpers.recording_progress import RecordingProgress
 from helpers.rig import Rig
 from helpers.tune_sandbox import tune_lines
 
-from deploy_lib.commands.status import list_releases
+from deploy_lib.commands.releases import list_releases
 from deploy_lib.host.benchmark import bench_on_demand
 from deploy_lib.host.report import read_report, write_report
 from deploy_lib.host.store import read_store_facts

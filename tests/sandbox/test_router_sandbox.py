@@ -14,7 +14,7 @@ import pytest
 from helpers.guest_group import GuestGroup, booted_group
 from helpers.http_client import http
 
-from deploy_lib.commands.status import list_releases
+from deploy_lib.commands.releases import list_releases
 from deploy_lib.deploy.project import resolve_target
 from deploy_lib.inventory.model import load_inventory
 from deploy_lib.remote import FabricRemote
