@@ -14,7 +14,7 @@ from bench.figures import Figure
 from bench.measure import PROFILE, Rig
 from deploy_lib.deploy.project import load_for_host
 from deploy_lib.health import ProbeTarget, Rung, probe_step
-from deploy_lib.host.live_probe import health_request, live_unit_step
+from deploy_lib.host.readiness import health_request, live_unit_step
 from deploy_lib.host.switch import live_target
 from deploy_lib.remote import FabricRemote, Step
 

@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from deploy_lib.commands.uninstall import Uninstalled
     from deploy_lib.gpu_check import GpuCheckReport
     from deploy_lib.gpu_check.p2p import P2pVerdict
-    from deploy_lib.host.models_stored import StoredModel
+    from deploy_lib.host.models import StoredModel
     from deploy_lib.host.venv_lifecycle import VenvRecord
     from deploy_lib.host.venv_publish import VenvResult
     from deploy_lib.patches import AuditReport, CheckReport, PatchSet

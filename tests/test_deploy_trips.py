@@ -17,8 +17,8 @@ from deploy_lib import store
 from deploy_lib.commands.deploy import Options, SweepCandidate, deploy
 from deploy_lib.errors import LockHeld, PreflightError
 from deploy_lib.facts import host as host_facts
-from deploy_lib.host.live_probe import LIVE_UNIT
-from deploy_lib.host.models_stored import FACT_CACHE
+from deploy_lib.host.models import FACT_CACHE
+from deploy_lib.host.readiness import LIVE_UNIT
 from deploy_lib.remote import Put, Step, round_trips
 
 

@@ -22,7 +22,7 @@ from paramiko.common import (
 
 from deploy_lib.errors import ReadinessFailed
 from deploy_lib.health import NotReady, ProbeRejected, ProbeTarget, Ready, Verdict
-from deploy_lib.host.live_probe import health_request, live_verdict
+from deploy_lib.host.readiness import health_request, live_verdict
 from deploy_lib.host_scripts.probe import answer_status
 from deploy_lib.remote import Forwarded, OutputLine, Put, Step, StepResult
 from deploy_lib.remote.forward import exchange

@@ -45,7 +45,7 @@ from deploy_lib.health import (
     probe_step,
 )
 from deploy_lib.host.benchmark import BenchRun
-from deploy_lib.host.ladder import grace_policy, ladder_policy, wait_ready
+from deploy_lib.host.readiness import grace_policy, ladder_policy, wait_ready
 from deploy_lib.profile.settings import BenchSettings
 from deploy_lib.progress import NullProgress
 from deploy_lib.remote import FabricRemote, Put, SSHTarget, Step

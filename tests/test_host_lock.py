@@ -17,8 +17,7 @@ from deploy_lib.commands import patches as on_host
 from deploy_lib.errors import LockHeld
 from deploy_lib.host import venv_adopt, venv_derive
 from deploy_lib.host import venv_build as host_venv_build
-from deploy_lib.host.store import host_lock
-from deploy_lib.host.store_first_change import lock_on_first_change
+from deploy_lib.host.store import host_lock, lock_on_first_change
 from deploy_lib.patches import find_patch_set
 from deploy_lib.store import FACT_CLOCK, FACT_LOCK, FACT_LOCK_OWNER, LOCK_TAKE, LockOwner, StoreLayout
 

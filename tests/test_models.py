@@ -19,14 +19,15 @@ from helpers.recording_progress import RecordingProgress
 
 from deploy_lib.deploy.plan import plan_deploy
 from deploy_lib.errors import ConfigError, PreflightError, RemoteError
-from deploy_lib.host.model_staging import push_model, stage_model
-from deploy_lib.host.models_stored import (
+from deploy_lib.host.models import (
     FACT_BASE,
     FACT_CACHE,
     listing_steps,
     model_locations,
     parse_stored,
     prune_models,
+    push_model,
+    stage_model,
 )
 from deploy_lib.inventory.model import HostVars
 from deploy_lib.models import (

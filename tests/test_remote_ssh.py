@@ -27,8 +27,7 @@ from helpers.remote_ssh import SshServer, free_port, keygen
 from tenacity import stop_after_attempt, wait_none
 
 from deploy_lib.errors import ConnectFailed, ConnectionLost, LockHeld, StepFailed, StepTimedOut
-from deploy_lib.host.store import read_store_facts, take_lock, unlock
-from deploy_lib.host.store_first_change import lock_on_first_change
+from deploy_lib.host.store import lock_on_first_change, read_store_facts, take_lock, unlock
 from deploy_lib.ops.fleet import in_parallel
 from deploy_lib.remote import SSH_CONNECT, FabricRemote, JumpHost, Put, SSHTarget, Step
 from deploy_lib.remote.batch import MAX_INLINE_STDIN

@@ -10,8 +10,7 @@ import pytest
 from helpers.fake_remote import FakeRemote
 
 from deploy_lib.errors import LockHeld
-from deploy_lib.host.store import take_lock
-from deploy_lib.host.store_first_change import lock_on_first_change
+from deploy_lib.host.store import lock_on_first_change, take_lock
 from deploy_lib.remote import Step
 from deploy_lib.store import (
     FACT_BOOT_ID,

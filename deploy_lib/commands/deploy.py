@@ -30,11 +30,10 @@ from deploy_lib.facts.diagnose import diagnose
 from deploy_lib.facts.host import FactRequest, HostFacts, fact_batch, parse_host_facts
 from deploy_lib.health import Ready
 from deploy_lib.host.facts import read_host_facts
-from deploy_lib.host.ladder import ReadyReport
 from deploy_lib.host.prune import around_the_restart, prune_after_deploy, prune_read_steps
+from deploy_lib.host.readiness import ReadyReport
 from deploy_lib.host.restore import restore
-from deploy_lib.host.store import host_lock, read_store_facts
-from deploy_lib.host.store_first_change import LockOnFirstChange, lock_on_first_change
+from deploy_lib.host.store import LockOnFirstChange, host_lock, lock_on_first_change, read_store_facts
 from deploy_lib.host.switch import (
     GRACE_S,
     Transition,
@@ -347,7 +346,7 @@ def check_before_start(run: Transition, plan: Plan) -> None:
 
 def stage_weights(run: Transition, model: Weights, venv: str, plan: Plan, facts: HostFacts) -> None:
     """The model phase: bring the weights the release names onto the host, while the old release serves."""
-    from deploy_lib.host.model_staging import push_model, stage_model  # loads only for a deploy that stages weights
+    from deploy_lib.host.models import push_model, stage_model  # loads only for a deploy that stages weights
 
     run.progress.phase_started(f"model: {model.label}")
     started = run.clock()

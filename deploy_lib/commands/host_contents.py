@@ -4,7 +4,7 @@ releases that use it."""
 from __future__ import annotations
 
 from deploy_lib.deploy.project import Target
-from deploy_lib.host.models_stored import StoredModel, read_stored
+from deploy_lib.host.models import StoredModel, read_stored
 from deploy_lib.host.store import read_store_facts
 from deploy_lib.host.venv_lifecycle import VenvRecord, list_venvs
 from deploy_lib.remote import Remote

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
 
-from deploy_lib.host.models_stored import (
+from deploy_lib.host.models import (
     FACT_CACHE,
     doomed_models,
     listing_steps,

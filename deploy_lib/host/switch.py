@@ -32,9 +32,8 @@ from deploy_lib.facts.diagnose import (
 from deploy_lib.facts.host import FactRequest, HostFacts, parse_systemctl_show
 from deploy_lib.health import GenerationProbe, ProbeTarget, Rung, StartPrediction, Verdict
 from deploy_lib.host.facts import read_host_facts
-from deploy_lib.host.ladder import ReadyReport, wait_ready
-from deploy_lib.host.live_probe import live_unit_step, live_verdict
-from deploy_lib.host.store_first_change import LockOnFirstChange
+from deploy_lib.host.readiness import ReadyReport, live_unit_step, live_verdict, wait_ready
+from deploy_lib.host.store import LockOnFirstChange
 from deploy_lib.interrupts import interrupted, signal_name
 from deploy_lib.profile import read_stored_profile
 from deploy_lib.progress import Progress
@@ -195,7 +194,7 @@ class Transition:
     def live_verdict(self, metadata: Mapping[str, Any], read: Readings | None = None) -> Verdict:
         """One probe of the running server up to the health endpoint (no generation): is it ready right now? The
         unit's state is taken from `read` when that batch read it (the facts' round trip), else read now; the health
-        request goes through the connection (host/live_probe.py)."""
+        request goes through the connection (host/readiness.py)."""
         target = self.kind.live_target(self.layout, metadata, self.environ)
         step = live_unit_step(target)
         seen = read.get(step.name) if read is not None else None

@@ -125,7 +125,7 @@ def port_open(host: str, port: int, timeout_s: float) -> tuple[bool, str | None]
 
 
 def health_get(host: str, port: int, path: str) -> bytes:
-    """The health endpoint's GET as both probes send it (this one from the host, deploy_lib.host.live_probe's through
+    """The health endpoint's GET as both probes send it (this one from the host, deploy_lib.host.readiness's through
     the SSH connection), closed after its answer."""
     name = "[" + host + "]" if ":" in host else host
     return ("GET " + (path or "/") + " HTTP/1.1\r\nHost: " + name + ":" + str(port) + "\r\nConnection: close\r\n"
@@ -207,7 +207,7 @@ def http_request(url: str, timeout_s: float, body: bytes | None = None,
                  headers: dict[str, str] | None = None) -> tuple[int | None, str, str | None]:
     """(status, body excerpt, error) of one request; an HTTP error status is a result, not an error. Straight to
     the server with http.client (half urllib.request's imports): proxies from the environment never see it."""
-    import http.client  # here, for the generation only: deploy_lib.host.live_probe imports this file into a no-op
+    import http.client  # here, for the generation only: deploy_lib.host.readiness imports this file into a no-op
     import urllib.parse
 
     parts = urllib.parse.urlsplit(url)

@@ -13,7 +13,7 @@ from deploy_lib.deploy.plan import reset_failed_step, restart_steps, start_predi
 from deploy_lib.errors import DeployError, ReadinessFailed, RollbackFailed
 from deploy_lib.facts.diagnose import Diagnosis, journal_cursor_step, parse_journal_cursor
 from deploy_lib.health import ProbeTarget, Rung
-from deploy_lib.host.ladder import ReadyReport, wait_ready
+from deploy_lib.host.readiness import ReadyReport, wait_ready
 from deploy_lib.host.switch import Transition, failure_line, probe_target, same_kind
 from deploy_lib.interrupts import Interrupt, interrupted, signal_name, signals_noted
 from deploy_lib.ops.fleet import in_parallel

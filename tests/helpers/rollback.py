@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from deploy_lib import store
 from deploy_lib.facts import host as host_facts
-from deploy_lib.host.live_probe import LIVE_UNIT
+from deploy_lib.host.readiness import LIVE_UNIT
 from deploy_lib.models import FACT_MODEL
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.remote import NOT_SENT, Forwarded, OutputLine, Put, Step, StepResult

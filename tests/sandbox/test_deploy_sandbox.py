@@ -27,7 +27,7 @@ from deploy_lib.errors import (
     RollbackFailed,
 )
 from deploy_lib.health import ProbeTarget
-from deploy_lib.host.live_probe import health_request
+from deploy_lib.host.readiness import health_request
 from deploy_lib.host_scripts.probe import answer_status
 from deploy_lib.remote import FabricRemote, OutputLine, Step
 from deploy_lib.store import StoreLayout, this_process_owner

@@ -22,7 +22,7 @@ from deploy_lib.commands.host_contents import list_models
 from deploy_lib.deploy.project import Project, load_for_host
 from deploy_lib.errors import Interrupted, PreflightError
 from deploy_lib.facts.diagnose import diagnose
-from deploy_lib.host.models_stored import StoredModel
+from deploy_lib.host.models import StoredModel
 from deploy_lib.models import FACT_MODEL, STAGE_MODEL
 from deploy_lib.remote import FabricRemote
 from sandbox import hub, manage, names
