@@ -15,14 +15,8 @@ from rich.console import Console
 
 from deploy_cli import present as ui
 from deploy_cli import reports
-from deploy_lib.facts.crashes import (
-    crash_loop_advice,
-    diagnosis_step,
-    parse_crashes,
-    read_crashes,
-    record_crashes,
-    unit_crashed,
-)
+from deploy_lib.facts.crashes import crash_loop_advice, diagnosis_step, parse_crashes, unit_crashed
+from deploy_lib.host.facts import read_crashes, record_crashes
 from deploy_lib.store import (
     FAILED,
     HEALTHY,

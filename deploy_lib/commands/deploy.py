@@ -24,12 +24,11 @@ from deploy_lib.deploy.plan import (
 from deploy_lib.deploy.preflight import PreflightReads, current_record, preflight, refuse_one_node, rollback_record
 from deploy_lib.deploy.project import Target
 from deploy_lib.errors import ConnectionLost, GateFailed, GpuCheckFailed, ReadinessFailed, RemoteError
-from deploy_lib.facts.crashes import record_new_crashes
 from deploy_lib.facts.cuda_toolkit import cuda_home
 from deploy_lib.facts.diagnose import diagnose
 from deploy_lib.facts.host import FactRequest, HostFacts, fact_batch, parse_host_facts
 from deploy_lib.health import Ready
-from deploy_lib.host.facts import read_host_facts
+from deploy_lib.host.facts import read_host_facts, record_new_crashes
 from deploy_lib.host.prune import around_the_restart, prune_after_deploy, prune_read_steps
 from deploy_lib.host.readiness import ReadyReport
 from deploy_lib.host.restore import restore

@@ -12,13 +12,13 @@ from deploy_lib.commands.releases import startup_by_release
 from deploy_lib.deploy.plan import detect_drift
 from deploy_lib.deploy.project import Target
 from deploy_lib.errors import PreflightError
-from deploy_lib.facts.crashes import CrashReport, crash_loop_advice, read_crashes, record_crashes
+from deploy_lib.facts.crashes import CrashReport, crash_loop_advice
 from deploy_lib.facts.host import FactRequest, Gpu
 from deploy_lib.gpu_check import parse_topology_results, topology_steps
 from deploy_lib.gpu_check.p2p.verdict import P2pVerdict, p2p_verdict
 from deploy_lib.health import Rung, Snapshot, http_url, parse_snapshot, probe_step, reachable_host
 from deploy_lib.host import p2p_reading
-from deploy_lib.host.facts import read_host_facts
+from deploy_lib.host.facts import read_crashes, read_host_facts, record_crashes
 from deploy_lib.host.p2p_reading import NodeReader
 from deploy_lib.host.switch import probe_target
 from deploy_lib.host.venv_lifecycle import STATUS_DISTRIBUTIONS

@@ -10,24 +10,20 @@ time it reads the host (status, deploy, rollback): the README's "Reliability" se
 from __future__ import annotations
 
 import signal
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 
-from deploy_lib.facts.diagnose import Diagnosis, diagnose, journal_argv
+from deploy_lib.facts.diagnose import Diagnosis, journal_argv
 from deploy_lib.facts.host import UnitFacts
 from deploy_lib.json_lines import json_objects
-from deploy_lib.remote import Put, Remote, Step, StepResult
+from deploy_lib.remote import Step
 from deploy_lib.store import (
-    CRASHED,
     FAILED,
-    HEALTHY,
     RESTARTED,
     HistoryEntry,
     StoreFacts,
     StoreLayout,
     Tags,
-    append_history,
     operator_name,
 )
 
@@ -171,15 +167,6 @@ def diagnosis_step(layout: StoreLayout, crash: Crash) -> Step:
                                   f"--until={_journal_time(crash.at_us)}"))
 
 
-def diagnose_crashes(remote: Remote, layout: StoreLayout, crashes: Sequence[Crash]) -> tuple[Crash, ...]:
-    """Each crash with its diagnosis, from one round trip."""
-    if not crashes:
-        return ()
-    results: list[StepResult] = remote.run([diagnosis_step(layout, crash) for crash in crashes])
-    return tuple(replace(crash, diagnosis=diagnose(reversed(result.stdout.splitlines())))
-                 for crash, result in zip(crashes, results, strict=True))
-
-
 def crash_entry(crash: Crash, tags: Tags, report: CrashReport, index: int) -> HistoryEntry:
     """The history line of the `index`th crash (1-based) of a report."""
     last = index == len(report.crashes)
@@ -193,43 +180,10 @@ def crash_entry(crash: Crash, tags: Tags, report: CrashReport, index: int) -> Hi
                         crash.iso(), replace(tags, who=operator_name()), cause)
 
 
-def read_crashes(remote: Remote, layout: StoreLayout, unit: UnitFacts) -> CrashReport | None:
-    """The current release's crashes with their diagnoses; None (and no journal read) when there were none."""
-    if not unit_crashed(unit):
-        return None
-    [events] = remote.run([crash_events_step(layout)])
-    report = parse_crashes(events.stdout, unit)
-    return replace(report, crashes=diagnose_crashes(remote, layout, report.crashes))
-
-
 def unrecorded(report: CrashReport, store: StoreFacts, release: str) -> list[tuple[int, Crash]]:
     """The report's crashes (with their 1-based index) that history does not have yet."""
     seen = {entry.when for entry in store.history if entry.event == "crash" and entry.tags.release == release}
     return [(index, crash) for index, crash in enumerate(report.crashes, start=1) if crash.iso() not in seen]
-
-
-def record_crashes(remote: Remote, layout: StoreLayout, store: StoreFacts, report: CrashReport | None) -> int:
-    """Append a `crash` history line for each crash of the current release not yet recorded; how many."""
-    record = store.release(store.current) if store.current else None
-    if report is None or record is None or "tags" not in record.metadata or \
-            store.outcomes().get(record.id) not in (HEALTHY, CRASHED):
-        return 0  # a release that never came up healthy: its failed start is recorded already
-    tags = Tags.from_dict(record.metadata["tags"])
-    batch: list[Step | Put] = []
-    for index, crash in unrecorded(report, store, record.id):
-        batch += append_history(layout, crash_entry(crash, tags, report, index))
-    if batch:
-        remote.run(batch)
-    return len(batch)
-
-
-def record_new_crashes(remote: Remote, layout: StoreLayout, store: StoreFacts, unit: UnitFacts
-                       ) -> CrashReport | None:
-    """Read the current release's crashes and add the ones history lacks (before a deploy or rollback replaces
-    the release, whose restart count is then gone)."""
-    report = read_crashes(remote, layout, unit)
-    record_crashes(remote, layout, store, report)
-    return report
 
 
 def crash_loop_advice(report: CrashReport | None, store: StoreFacts) -> str | None:
@@ -242,4 +196,3 @@ def crash_loop_advice(report: CrashReport | None, store: StoreFacts) -> str | No
                 "healthy release; fix the cause and `invoke deploy`")
     return (f"release {store.current} is down after {len(report.crashes)} crash(es); `invoke rollback` returns "
             f"to release {target}, the last healthy one")
-
