@@ -94,7 +94,7 @@ def patches_disable(c: Context, name: str, profile: str | None = None, host: str
 
 def _patch_deploy(name: str, profile: str | None, host: str | None, inventory: str | None, service: str | None,
                   yes: bool, enable: bool) -> tuple[CheckReport | None, Outcome]:
-    """The set's enable or disable (ops.commands.patch: its consent question, the deploy hooks and the webhook)."""
+    """The set's enable or disable (ops.dispatch.patch: its consent question, the deploy hooks and the webhook)."""
     from deploy_lib.ops import dispatch
     patch_set = _patch_set(name)
     chosen = common.scope(inventory, host)

@@ -1,4 +1,4 @@
-"""One exception tree for the whole library; tasks.py maps each class to an exit code."""
+"""One exception tree for the whole library; each class carries the exit code deploy_cli/common.py exits with."""
 
 from __future__ import annotations
 

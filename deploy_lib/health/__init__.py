@@ -3,16 +3,14 @@
 Every attempt is ONE remote step: deploy_lib/host_scripts/probe.py runs on the host under `python3 -`, looks at all
 rungs every 50 ms and returns a JSON snapshot as soon as anything the verdict depends on changes (or after
 `WATCH_S`), so a crash or "ready" is noticed within a poll of the host, not a round trip plus a backoff. Deciding
-is pure (`assess`); waiting is a tenacity policy value (`ladder_policy`); `wait_ready` joins them and reports
-through a Progress.
+is pure (`assess`); waiting is a tenacity policy value (`ladder_policy`); `wait_ready` (deploy_lib/host/readiness.py)
+joins them and reports through a Progress.
 
     snapshot    the rungs and what one probe saw (Snapshot)
     verdict     deciding one snapshot: Ready, NotReady (retry), UnitFailed or ProbeRejected (stop now); the
                 start-time prediction
     probe       where and how a server is probed, the probe's step and its output parsed
-    ladder      the retry and grace policies, `wait_ready` (a host action)
-    live        the live probe of a running server: its unit read on the host, its health request forwarded through
-                the SSH connection (a host action)
+    startup     a start's phases from SGLang's log lines
 """
 
 from deploy_lib.health.probe import (

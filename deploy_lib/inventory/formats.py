@@ -1,6 +1,6 @@
 """The parts of Ansible's inventory formats beyond one YAML file: host ranges (`gpu[01:08]`), the INI format, and the
 `group_vars/` and `host_vars/` files beside an inventory. Each reads into the YAML inventory's shape or a vars
-mapping; inventory.py applies Ansible's precedence.
+mapping; model.py applies Ansible's precedence.
 
 Behaviour follows ansible-core 2.17: `expand_hostname_range` (ansible/plugins/inventory/__init__.py), the INI
 plugin (ansible/plugins/inventory/ini.py) and `find_vars_files` (ansible/parsing/dataloader.py).

@@ -11,10 +11,9 @@ happens under the lock before the switch, while the old release serves; the unit
     transfer    progress lines of a download or push (rate, ETA)
     hub         a hub model: planned by huggingface_hub on the host
     pushed      an rsync source: this machine's directory and the version directories on the host
-    staging     the weights moved onto the host: a hub model staged, an rsync source pushed (host actions; not
-                re-exported: it loads only for a deploy that stages weights)
     sources     where a profile's weights come from (hub, pushed, or a directory already on the host)
-    stored      what the host holds (`invoke model.list`) and pruning what no kept release uses
+
+Staging, listing and pruning on the host are deploy_lib/host/models.py.
 """
 
 from deploy_lib.models.facts import (

@@ -1,8 +1,8 @@
 """Every command that acts on hosts, for one host or a group: which path it takes (one multi-node release over the
 group's nodes, replicas behind a router, independent hosts), the router drain around each replica, the rollout
 (--serial, --max-fail, one at a time behind a router), the consent question; all through the one runner
-(scope.run_each) with its one result, a FleetRun. The per-host work is the engine's (deploy_lib/deploy), the
-status reads' (deploy_lib/status) and uninstall's; the CLI only presents what these return."""
+(scope.run_each) with its one result, a FleetRun. The per-host work is the one-host commands' (deploy_lib/commands:
+the deploy engine, the status reads, uninstall, ...); the CLI only presents what these return."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
 """A multi-node release deployed to (or rolled back on) its nodes as one: every node locked, read and preflighted
 before any switch; then the coordinated switch of multinode_switch.py (all stopped, then all started; the ladder on
 node 0, the unit alive on the others; any node failing takes every node back to their previous common release).
-Built from the per-host engine (deploy_lib/deploy: its transition, plan, preflight, batches and history), one
-connection per node."""
+Built from the per-host engine's parts (deploy_lib/deploy: plan and preflight; deploy_lib/host: the transition,
+batches and history), one connection per node."""
 
 from __future__ import annotations
 

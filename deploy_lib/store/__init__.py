@@ -15,12 +15,8 @@ Layout (design.md, "The release"), under <root>/<service>/:
     releases    stage, repair, switch and prune releases
     lock        the host lock (Kamal's: mkdir is the atomic test-and-set, owner.json says who): its steps, parsers
                 and decisions
-    on_host     what reaches the host (host actions): `read_store_facts`, `take_lock`, `holding_lock`,
-                `host_lock`, `unlock`
-    first_change  the lock of a command that may change nothing, taken with its first change (host actions)
-
-Nothing here opens a connection: on_host and first_change only call a `Remote` they are given; the other modules
-are pure (the planning layer).
+Nothing here reaches the host: deploy_lib/host/store.py sends these batches (`read_store_facts`, `host_lock`,
+`lock_on_first_change`).
 """
 
 from deploy_lib.store.facts import (

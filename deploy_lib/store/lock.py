@@ -1,8 +1,8 @@
 """The host lock (Kamal's: mkdir is the atomic test-and-set, owner.json says who, boot_id in which boot of the host it
 was taken): who holds it, whether it looks abandoned, when the next command takes it over (its owner is gone: the
 host rebooted, or the owner's process on this machine ended), and the steps that take, check and release it: all
-pure. on_host.py sends them (`take_lock`, the re-entrant `host_lock` every change to a store runs under);
-`lock_on_first_change` (first_change.py) is the lock of a command that may change nothing."""
+pure. deploy_lib/host/store.py sends them (`take_lock`, the re-entrant `host_lock` every change to a store runs
+under, and `lock_on_first_change`, the lock of a command that may change nothing)."""
 
 from __future__ import annotations
 

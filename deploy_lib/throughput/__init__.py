@@ -10,7 +10,8 @@ benchmark and is stopped by its PID.
     results     what a benchmark measured (levels, GPU telemetry) and the parsers of its JSONL and telemetry CSV
     gate        the verdict: every level's throughput and p99 TTFT against the baseline's (pure)
     history     figures in history.jsonl: the baseline, the newest benchmark of a release, comparisons
-    benchmark   the steps on the host and running them; the gate after a deploy, `invoke bench`
+
+The benchmark run on the host (the gate after a deploy, `invoke bench`) is deploy_lib/host/benchmark.py.
 """
 
 from deploy_lib.throughput.gate import evaluate_gate

@@ -7,11 +7,10 @@ in the host's history under the sweep's id.
     decide      score, noise, winner, the release to serve next, what a resume still runs (pure)
     estimate    how long it takes, from the host's recorded starts and benchmarks (pure)
     record      the sweep's history lines, and its table read back from them
-    request     what a tune command asks (spec, dry run, resume, a group's share) and what a dry run answers
-    candidate   one candidate deployed through the deploy engine, benchmarked, judged and recorded; the sweep run's
-                state (what serves, what it wrote) and how it switches (this host, or a multi-node Unit)
-    loop        the sweep on one host: the base, the candidates in order (grid or successive halving), the end;
-                dry run, resume, show. A group's replicas at once: deploy_lib/ops/tune_group.py
+
+The command is deploy_lib/commands/tune.py (the sweep on one host), with tune_request.py (what it is asked) and
+tune_candidate.py (one candidate deployed, benchmarked, judged, recorded); a group's replicas at once:
+deploy_lib/ops/tune_group.py.
 """
 
 from deploy_lib.tune.record import TuneReport, tune_ids

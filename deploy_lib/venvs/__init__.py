@@ -19,23 +19,18 @@ links: the base never changes. Paths baked into a venv (console-script shebangs,
 rewritten for the new location, again as new files; the server itself runs as `<venv>/bin/python3 -m
 sglang.launch_server`, which needs none.
 
-Everything here builds Step/Put batches and parses what they read; the few functions that act (`ensure_venv`,
-`adopt`, `derive`, `list_venvs`) only call a Remote they are given.
+Everything here builds Step/Put batches and parses what they read. What acts on the host is in deploy_lib/host/:
+venv_store (what the store holds, read in one batch), venv_publish, venv_build, venv_adopt, venv_derive and
+venv_lifecycle (list and prune).
 
     paths        names in the store (venvs/<hash>, wheels/<sha256>, tools/, uv-cache/, cache/<hash>) and the
                  hashes
     lock         the requirements lock: every line pinned with `==` and hashed
     interpreter  who the host's (or a venv's) python is: what a venv's hash covers of it
-    store_facts  what the store holds (published venvs, leftovers, wheels, uv binaries), read in one batch
     installed    what a venv imports and from where (editable installs), for status and patch sets
     wheels       which local wheels fit the host and which it lacks; the pinned uv wheel
-    publish      what build, adopt and derive share: relocation, the marker, the publishing rename, the result
-    build        a venv from a lock (uv venv + uv pip install), reused when published
-    adopted      a hand-made venv recorded as a managed one
-    derived      a patched venv: a hard-linked copy of its base with new files
     caches       the JIT and compile caches of each venv
-    lifecycle    list and prune
-    host_scripts the *_script.py files of this package (standard library only) sent to the host's python
+    host_scripts the text of the venv scripts the host's python runs (deploy_lib/host_scripts/venv_*.py)
 """
 
 from deploy_lib.profile.settings import VenvSpec

@@ -1,7 +1,7 @@
 """The venv scripts that run on the host, as the source text sent to `python3 -I -c` there.
 
-Each is a file of this package (`*_script.py`: standard library only, no deploy_lib imports), so it is linted and
-unit-tested like the rest of the code and travels whole.
+Each is a file of deploy_lib/host_scripts/ (`venv_*.py`: standard library only, no deploy_lib imports), so it is
+linted and unit-tested like the rest of the code and travels whole.
 """
 
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """gpu-check's peer-to-peer section: why P2P between GPUs is missing inside a VM and on its Proxmox node, and how
-to get it back. Pure parsers of real outputs and a verdict with advice; `reading` holds the read-only steps.
+to get it back. Pure parsers of real outputs and a verdict with advice; deploy_lib/host/p2p_reading.py runs the
+read-only steps, the measurement's script is deploy_lib/host_scripts/p2p_measure.py.
 
     vm        whether the host is a VM and which hypervisor (systemd-detect-virt, DMI, cpuinfo, kernel lines)
     links     each GPU's PCIe link (nvidia-smi, sysfs) and NCCL's topology dump (NCCL_TOPO_DUMP_FILE)
