@@ -20,6 +20,8 @@ $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q -e '.[test]'
+	# invoke runs without writing bytecode: compiled once here, so a command in the checkout does not recompile each
+	$(PY) -m compileall -q deploy_lib deploy_cli tasks.py
 	touch $@
 
 install: $(VENV)/.installed
