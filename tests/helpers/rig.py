@@ -94,10 +94,12 @@ class Rig:
         with FabricRemote(target.ssh) as remote:
             yield target, remote
 
-    def deploy(self, profile: str, progress: RecordingProgress | None = None, **options: object) -> engine.Outcome:
+    def deploy(self, profile: str, progress: RecordingProgress | None = None, patched: engine.PatchedVenv | None = None,
+               **options: object) -> engine.Outcome:
         loaded, target = self.target(profile)
         with FabricRemote(target.ssh) as remote:
-            return engine.deploy(loaded, target, remote, progress or RecordingProgress(), engine.Options(**options))
+            return engine.deploy(loaded, target, remote, progress or RecordingProgress(), engine.Options(**options),
+                                 patched=patched)
 
     def rollback(self, to: str | None = None) -> engine.Outcome:
         with self.connect() as (target, remote):

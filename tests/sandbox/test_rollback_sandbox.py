@@ -123,7 +123,7 @@ def deploy_hanging_while_loading(rig: Rig, tmp_path: Path) -> Cli:
 def test_hand_rollback_to_a_release_whose_venv_is_gone_is_refused_before_the_switch(rig: Rig, healthy: str) -> None:
     """Input tried: release A on /opt/ml-env-old, B on /opt/ml-env, then /opt/ml-env-old deleted; rollback --to A."""
     rig.root(f"rm -rf {OLD_VENV} && cp -a /opt/ml-env {OLD_VENV}")
-    old = rig.deploy("glm5-omp4", venv=plan.VenvChoice(OLD_VENV)).release_id
+    old = rig.deploy("glm5-omp4", patched=engine.PatchedVenv(plan.VenvChoice(OLD_VENV))).release_id
     assert rig.deploy("glm5-nvfp4").release_id == healthy
     rig.root(f"rm -rf {OLD_VENV}")
     before = (rig.current(), rig.history(), rig.release_dirs())
