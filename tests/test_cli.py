@@ -190,7 +190,8 @@ def test_a_deploy_outcome_as_json_has_release_previous_timings_cause_and_exit_co
     (Action.already_running, "already running", "already running: release A", "already-running")])
 def test_an_outcome_is_spelled_as_the_readme_documents_it_in_json_terminal_and_hooks(
         action: Action, in_json: str, printed: str, hooks_see: str) -> None:
-    """README "Scripting" (`outcome`: `rolled back` ...) and "Hooks" (SGLANG_DEPLOY_OUTCOME: `rolled-back` ...)."""
+    """docs/commands.md "Scripting" (`outcome`: `rolled back` ...) and docs/hooks.md (SGLANG_DEPLOY_OUTCOME:
+    `rolled-back` ...)."""
     outcome = Outcome(action, "A", "B")
     assert json.loads(json.dumps(ui.outcome_json(outcome)))["outcome"] == in_json
     with ui.console.capture() as shown:

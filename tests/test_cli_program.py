@@ -135,7 +135,7 @@ def test_every_option_that_takes_a_value_shows_its_placeholder_in_help(capsys: p
 def test_no_tasks_help_names_a_command_the_installed_tool_does_not_have(capsys: pytest.CaptureFixture[str]) -> None:
     """Input tried: `TASK --help` for every task and the overview (stop's help said "`invoke start` brings it back",
     patch-fusion's "`invoke patch --name fusion-sm120`": there is no `invoke` where the tool is pip-installed). A
-    task's help names another by the task's name alone, as the README's task table does."""
+    task's help names another by the task's name alone, as the task table of docs/commands.md does."""
     namespace = user_tasks()
     program = DeployProgram(name=NAME, binary=NAME, version="0", namespace=namespace, executor_class=OneTaskExecutor)
     shown = {}

@@ -164,7 +164,7 @@ def test_json_schema_lists_every_top_level_key_and_forbids_others() -> None:
 
 
 def test_a_profile_may_name_its_schema_for_editors(tmp_path: Path) -> None:
-    """Input tried: the README's two ways of pointing an editor at `invoke schema`'s output."""
+    """Input tried: docs/profiles.md's two ways of pointing an editor at `invoke schema`'s output."""
     _write(tmp_path, "edited", "# yaml-language-server: $schema=../../profile.schema.json\n"
                                "$schema: ../../profile.schema.json\nmodel: {path: m}\n")
     assert load_profile(tmp_path, "edited").profile == Profile.model_validate({"model": {"path": "m"}})

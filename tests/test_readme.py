@@ -1,21 +1,26 @@
-"""The README's profile reference, exit codes and task table stay in step with the code."""
+"""The README and the guide under docs/ stay in step with the code: the profile reference, the exit codes, the task
+tables, the profiles they show, and the promises' tests."""
 
 from __future__ import annotations
 
 import re
+import textwrap
 import typing
 from pathlib import Path
 
+import yaml
 from invoke.parser import Parser
 from pydantic import BaseModel
 
 import tasks  # the checkout's namespace: the user tasks and the sandbox's
+from deploy_cli.collection import user_tasks
 from deploy_cli.program import DeployProgram, with_operand
 from deploy_lib.errors import EXIT_CODES
 from deploy_lib.profile import Profile, SecretRef
 
 ROOT = Path(__file__).resolve().parent.parent
 README = (ROOT / "README.md").read_text()
+DOCS = ROOT / "docs"
 TASK_NAMES = {alias for name, aliases in tasks.ns.task_names.items() for alias in (name, *aliases)}
 
 
@@ -35,21 +40,21 @@ def field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
 
 
 def test_profile_reference_lists_every_key() -> None:
-    section = README.split("### Profile reference", 1)[1].split("\n## ", 1)[0]
+    section = (DOCS / "profiles.md").read_text().split("## Profile reference", 1)[1].split("\n## ", 1)[0]
     listed = set(re.findall(r"^\| `([a-z0-9_.]+)` \|", section, re.MULTILINE))
     expected = {path for path in field_paths(Profile)} | {"extends"}
-    assert sorted(expected - listed) == [], "keys missing from the README's profile reference"
-    assert sorted(listed - expected) == [], "README lists keys the profile model does not have"
+    assert sorted(expected - listed) == [], "keys missing from docs/profiles.md's reference"
+    assert sorted(listed - expected) == [], "docs/profiles.md lists keys the profile model does not have"
 
 
 def test_exit_code_table_matches_the_error_classes() -> None:
-    section = README.split("## Exit codes", 1)[1].split("\n## ", 1)[0]
+    section = (DOCS / "troubleshooting.md").read_text().split("\n## ", 1)[0]
     rows = dict(re.findall(r"^\| (\d+) \| `(\w+)` \|", section, re.MULTILINE))
     assert {name: int(code) for code, name in rows.items()} == {cls.__name__: code for cls, code in EXIT_CODES.items()}
 
 
 def test_every_reliability_promise_names_tests_that_exist() -> None:
-    section = README.split("## Reliability", 1)[1].split("\n## ", 1)[0]
+    section = (DOCS / "testing.md").read_text().split("## Reliability", 1)[1].split("\n## ", 1)[0]
     promises = [item for item in section.split("\n- ")[1:]]
     assert promises, "the Reliability section lists no promise"
     defined = {name for path in (ROOT / "tests").rglob("test_*.py")
@@ -66,10 +71,10 @@ def test_every_docs_page_is_linked_from_the_readme() -> None:
 
 
 def table_commands() -> list[tuple[str, list[str]]]:
-    """Each command line the README's task table writes in its first column, as argv: a cell's backticked pieces
-    in order (a piece without a task continues the one before), optional parts kept, of `A\\|B` the first or the
+    """Each command line the task table of docs/commands.md writes in its first column, as argv: a cell's backticked
+    pieces in order (a piece without a task continues the one before), optional parts kept, of `A\\|B` the first or the
     option, `/` and `...` dropped."""
-    section = README.split("## Tasks", 1)[1].split("\n## ", 1)[0]
+    section = (DOCS / "commands.md").read_text().split("## Every task", 1)[1].split("\n## ", 1)[0]
     table = section.split("| task | what it does |", 1)[1].split("\n\n", 1)[0]
     commands = []
     for row in table.splitlines()[2:]:
@@ -107,3 +112,72 @@ def test_every_task_and_option_the_task_table_names_exists_and_parses() -> None:
         given = [("1" if i in numbers else word) for i, word in enumerate(argv)]
         parsed = parser.parse_argv(with_operand(given, parser.contexts, program.initial_context, operands))
         assert [each.name for each in parsed[1:]] == [context.name], cell
+
+
+def test_the_readmes_one_line_per_command_names_every_user_task_and_only_those() -> None:
+    """The README's command table, one line a command: each name it gives is a task of the installed command, and
+    every such task is there (a family as `patches.*`)."""
+    section = README.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    cells = [row.split(" | ", 1)[0] for row in section.splitlines() if row.startswith("| `")]
+    named = {word.split()[0] for cell in cells for word in re.findall(r"`([^`]+)`", cell)}
+    user = {alias for name, aliases in user_tasks().task_names.items() for alias in (name, *aliases)} - {"tune.tune"}
+    families = {name[:-1] for name in named if name.endswith(".*")}
+    assert sorted(name for name in named - user if not name.endswith(".*")) == [], "not a task of sglang-deploy"
+    assert sorted(name for name in user - named if name.split(".", 1)[0] + "." not in families) == [], \
+        "a task of sglang-deploy the README's command table leaves out"
+
+
+PROFILE_PAGES = [ROOT / "README.md", DOCS / "getting-started.md", DOCS / "profiles.md"]
+
+
+def test_every_profile_the_guide_shows_is_a_valid_profile() -> None:
+    """Each ```yaml block of the README and the guide's first pages that starts with `model:` loads as a whole
+    profile (the minimal one of two lines included): a user may copy it as it is."""
+    blocks = [(page.name, block) for page in PROFILE_PAGES
+              for block in re.findall(r"^ *```yaml\n(.*?)^ *```", page.read_text(), re.MULTILINE | re.DOTALL)]
+    profiles = [(name, textwrap.dedent(block)) for name, block in blocks if textwrap.dedent(block).startswith("model:")]
+    assert len(profiles) >= 4
+    for name, text in profiles:
+        assert Profile.model_validate(yaml.safe_load(text)).model.path, name
+    assert {"model: {path: Qwen/Qwen3-8B}\nparallel: {tp: 1}\n"} <= {text for _, text in profiles}
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading: lower case, punctuation but `-` and `_` dropped, spaces as `-`."""
+    return re.sub(r"[^\w\- ]", "", heading.strip().lower()).replace(" ", "-")
+
+
+def test_every_link_between_the_pages_resolves_to_a_page_and_a_heading() -> None:
+    pages = [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]
+    anchors = {page.resolve(): {slug(h) for h in re.findall(r"^#+ (.*)$", page.read_text(), re.MULTILINE)}
+               for page in pages}
+    broken = []
+    for page in pages:
+        prose = re.sub(r"^```.*?^```", "", page.read_text(), flags=re.MULTILINE | re.DOTALL)
+        for target in re.findall(r"\]\(([^)\s]+)\)", prose):
+            if re.match(r"[a-z]+:", target):
+                continue
+            path, _, anchor = target.partition("#")
+            resolved = (page.parent / path).resolve() if path else page.resolve()
+            if not resolved.exists() or (anchor and resolved in anchors and anchor not in anchors[resolved]):
+                broken.append(f"{page.name}: {target}")
+    assert broken == []
+
+
+# The pages a user reads first; the maintainers' pages (architecture, testing, performance, sandbox) and the
+# area pages not yet rewritten for users (deploy, fleet, gpu-check, launch-command, patch-sets, router, venvs,
+# benchmark, demo) are not held to it yet.
+USER_PAGES = [ROOT / "README.md", *(DOCS / f"{name}.md" for name in (
+    "getting-started", "profiles", "inventory", "commands", "troubleshooting", "upgrading", "hooks", "tuning",
+    "report"))]
+
+
+def test_the_users_pages_name_no_test_date_or_load_average() -> None:
+    """Measured figures are dated on docs/performance.md; a user's page says what to do. Code blocks and inline
+    code (a command's output, an example document) are not prose and may carry a date."""
+    found = []
+    for page in USER_PAGES:
+        prose = re.sub(r"`[^`]*`", "", re.sub(r"^```.*?^```", "", page.read_text(), flags=re.MULTILINE | re.DOTALL))
+        for pattern in (r"\btest_\w+", r"\btests/", r"\b20\d\d-[01]\d-[0-3]\d\b", r"load average", r"\bload \d"):
+            found += [f"{page.name}: {hit}" for hit in re.findall(pattern, prose)]
+    assert found == []
