@@ -220,6 +220,8 @@ class DeployProgram(Program):
 
 def main() -> None:
     from deploy_cli.collection import user_tasks
+    from deploy_lib.program_name import set_program
+    set_program(NAME)  # the messages name `sglang-deploy TASK`, the command the user ran
     program = DeployProgram(name=NAME, binary=NAME, version=version(NAME), namespace=user_tasks(),
                             executor_class=OneTaskExecutor)
     try:

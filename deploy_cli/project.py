@@ -30,8 +30,8 @@ def init(c: Context, model: str | None = None, gpus: int = 1, host: str | None =
     ui.console.print("the host must already have:", markup=False)
     for need in project.host_needs:
         ui.console.print(f"  {need}", markup=False)
-    ui.console.print(f"next: `sglang-deploy plan {project.profile} --accept-new-host-key`, then "
-                     f"`sglang-deploy deploy {project.profile}`", markup=False)
+    ui.console.print(f"next: `invoke plan {project.profile} --accept-new-host-key`, then "  # as the program run
+                     f"`invoke deploy {project.profile}`", markup=False)
 
 
 @task

@@ -74,7 +74,8 @@ def test_the_top_level_help_is_the_tools_own_with_the_tasks_by_family(argv: tupl
     assert headings[:3] == ["Releases: what a profile becomes, and taking hosts to it or back:",
                             "A host's server and its store, without a new release:",
                             "Reading a host: state, history, journal, benchmark, GPUs:"]
-    assert headings[-1] == "Options:" and "Other tasks:" not in headings  # every module of tasks has its family
+    assert headings[-2:] == ["Options:", "Exit codes:"]
+    assert "Other tasks:" not in headings  # every module of tasks has its family
     listed = {line.split()[0] for line in text.split("\nOptions:")[0].splitlines()
               if line.startswith("  ") and not line.startswith("   ")}  # a task's line, not a wrapped one
     expected = {name for name in user_tasks().task_names if name != "tune.tune"} | {"tune"}
