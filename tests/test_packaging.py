@@ -104,3 +104,22 @@ def test_in_a_fresh_venv_the_installed_command_starts_a_project_renders_it_and_l
     rendered = command("render", "qwen3-8b", cwd=mine)
     assert rendered.returncode == 0, rendered.stderr
     assert "--model-path Qwen/Qwen3-8B" in rendered.stdout and "--tp-size 1" in rendered.stdout
+
+
+def test_the_wheel_builds_without_warnings_and_carries_the_readme_and_only_the_example_profile(tmp_path: Path) -> None:
+    """Failed before: every build warned `Package 'deploy_lib.starter.profiles' is absent from the packages
+    configuration`, and the wheel's metadata had no description (no `readme` in pyproject.toml)."""
+    import zipfile
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--verbose", "--wheel-dir",
+                            str(tmp_path), str(REPO)], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr
+    assert "absent from the packages configuration" not in built.stdout + built.stderr
+    [wheel] = tmp_path.glob("sglang_deploy-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        [metadata] = [name for name in names if name.endswith(".dist-info/METADATA")]
+        text = archive.read(metadata).decode()
+    assert "Description-Content-Type: text/markdown" in text
+    assert text.split("\n\n", 1)[1].strip() == (REPO / "README.md").read_text().strip()
+    assert {name for name in names if name.startswith("deploy_lib/starter/")} == {
+        "deploy_lib/starter/hosts.example.yaml", "deploy_lib/starter/profiles/glm5-nvfp4.yaml"}
