@@ -4,6 +4,7 @@ checkout; the installed command's help names neither `invoke` nor a page it does
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -65,3 +66,25 @@ def test_the_installed_commands_help_lists_every_exit_code_and_points_to_no_read
 
 def test_the_library_speaks_as_the_checkout_until_an_entry_point_says_otherwise() -> None:
     assert spoken("run `invoke status`") == "run `invoke status`"
+
+
+def test_every_command_a_message_names_is_in_backquotes_so_it_is_spoken() -> None:
+    """`spoken` turns `` `invoke TASK` `` into the program the user ran; a message that names a task as bare
+    `invoke TASK` would reach the installed command's user as is (failed before: "(full line: invoke logs)")."""
+    import ast
+
+    from deploy_cli.collection import user_tasks
+    tasks = {alias for name, aliases in user_tasks().task_names.items() for alias in (name, *aliases)}
+    bare = re.compile(r"(?<!`)\binvoke ([a-z][\w.-]*)")
+    root = Path(__file__).resolve().parent.parent
+    found = []
+    for path in sorted([*(root / "deploy_lib").rglob("*.py"), *(root / "deploy_cli").rglob("*.py")]):
+        tree = ast.parse(path.read_text())
+        docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                      if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                      and ast.get_docstring(node) is not None}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+                found += [f"{path.relative_to(root)}:{node.lineno}: invoke {task}"
+                          for task in bare.findall(node.value) if task in tasks]
+    assert found == []
