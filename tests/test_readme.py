@@ -164,11 +164,11 @@ def test_every_link_between_the_pages_resolves_to_a_page_and_a_heading() -> None
     assert broken == []
 
 
-# The user's pages; not the maintainers' (architecture, testing, performance, sandbox), nor yet the three that still
-# mix how it is built and tested into what a user does (deploy, gpu-check, launch-command).
+# The user's pages; not the maintainers' (architecture, testing, performance, sandbox), nor yet the two that still
+# mix how it is built and tested into what a user does (deploy, launch-command).
 USER_PAGES = [ROOT / "README.md", *(DOCS / f"{name}.md" for name in (
     "getting-started", "profiles", "inventory", "commands", "troubleshooting", "upgrading", "hooks", "tuning",
-    "report", "fleet", "router", "venvs", "patch-sets", "benchmark", "demo"))]
+    "report", "fleet", "router", "venvs", "patch-sets", "benchmark", "demo", "gpu-check"))]
 
 
 def test_the_users_pages_name_no_test_date_or_load_average() -> None:
