@@ -179,3 +179,14 @@ def test_the_users_pages_name_no_test_date_or_load_average() -> None:
         for pattern in (r"\btest_\w+", r"\btests/", r"\b20\d\d-[01]\d-[0-3]\d\b", r"load average", r"\bload \d"):
             found += [f"{page.name}: {hit}" for hit in re.findall(pattern, prose)]
     assert found == []
+
+
+def test_every_inventory_the_guide_shows_loads(tmp_path: Path) -> None:
+    """Each ```yaml block of docs/inventory.md that starts with `all:` loads as an inventory, its hosts named."""
+    from deploy_lib.inventory.model import load_inventory
+    blocks = [block for block in re.findall(r"^```yaml\n(.*?)^```", (DOCS / "inventory.md").read_text(),
+                                            re.MULTILINE | re.DOTALL) if block.startswith("all:")]
+    assert blocks
+    for number, block in enumerate(blocks):
+        (tmp_path / f"{number}.yaml").write_text(block)
+        assert load_inventory(tmp_path / f"{number}.yaml").hosts
