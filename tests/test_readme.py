@@ -190,3 +190,14 @@ def test_every_inventory_the_guide_shows_loads(tmp_path: Path) -> None:
     for number, block in enumerate(blocks):
         (tmp_path / f"{number}.yaml").write_text(block)
         assert load_inventory(tmp_path / f"{number}.yaml").hosts
+
+
+def test_the_committed_reference_is_what_the_code_generates() -> None:
+    """docs/reference.md is generated from each task's definition and the error classes; an option, a help text or
+    an exit code changed without regenerating it fails here (`python -m deploy_cli.reference > docs/reference.md`)."""
+    from deploy_cli.reference import reference_page
+    generated = reference_page()
+    assert (DOCS / "reference.md").read_text() == generated
+    named = set(re.findall(r"^### (\S+)$", generated, re.MULTILINE))
+    assert named == {aliases[0] if aliases else name for name, aliases in user_tasks().task_names.items()}
+    assert all(f"| {code} |" in generated for code in EXIT_CODES.values())
