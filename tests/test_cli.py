@@ -281,7 +281,9 @@ def test_a_patch_sets_name_is_given_as_name_everywhere_and_the_old_set_still_par
     assert refused.returncode == 2 and "unknown host 'nosuch'" in refused.stderr
 
 
-HOST_TASKS_WITHOUT_VERBOSE = {"render"}  # --host picks the inventory's vars only; every other one talks to the host
+# render: --host picks the inventory's vars only; init: --host is the address it writes; every other one talks to
+# the host
+HOST_TASKS_WITHOUT_VERBOSE = {"render", "init"}
 JSON_TASKS = {"plan", "render", "logs", "model.list", "patches.list", "patches.check", "patches.audit",
               "patches.enable", "patches.disable", "patch", "patch-fusion", "status", "releases", "deploy",
               "rollback", "venv.list", "bench"}
