@@ -6,11 +6,14 @@ from __future__ import annotations
 import re
 import textwrap
 import typing
+from enum import Enum
 from pathlib import Path
 
 import yaml
 from invoke.parser import Parser
 from pydantic import BaseModel
+from pydantic.fields import FieldInfo
+from pydantic_core import PydanticUndefined
 
 import tasks  # the checkout's namespace: the user tasks and the sandbox's
 from deploy_cli.collection import user_tasks
@@ -45,6 +48,40 @@ def test_profile_reference_lists_every_key() -> None:
     expected = {path for path in field_paths(Profile)} | {"extends"}
     assert sorted(expected - listed) == [], "keys missing from docs/profiles.md's reference"
     assert sorted(listed - expected) == [], "docs/profiles.md lists keys the profile model does not have"
+
+
+def shown_default(info: FieldInfo) -> str:
+    """A field's default as the reference writes it: `required`, empty for none, `true`, an enum's value, `[a, b]`."""
+    if info.default is PydanticUndefined and info.default_factory is None:
+        return "required"
+    value = info.get_default(call_default_factory=True)
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list):
+        return "[" + ", ".join(str(each) for each in value) + "]"
+    return str(value.value if isinstance(value, Enum) else value)
+
+
+def test_profile_reference_gives_each_keys_default_as_the_model_has_it() -> None:
+    """Failed before: `model.revision` said `main` where the model has none (the repo's main branch is SGLang's)."""
+    section = (DOCS / "profiles.md").read_text().split("## Profile reference", 1)[1].split("\n## ", 1)[0]
+    shown = {key: cell.strip() for key, cell in re.findall(r"^\| `([a-z0-9_.]+)` \|([^|]*)\|", section, re.MULTILINE)}
+    fields = dict(field_infos(Profile))
+    assert {key: cell for key, cell in shown.items() if key != "extends" and cell != shown_default(fields[key])} == {}
+
+
+def field_infos(model: type[BaseModel], prefix: str = "") -> list[tuple[str, FieldInfo]]:
+    """Each key of the reference with its field: a section's own (its default None when it may be absent) too."""
+    infos = []
+    for name, info in model.model_fields.items():
+        nested = [arg for arg in (info.annotation, *typing.get_args(info.annotation))
+                  if isinstance(arg, type) and issubclass(arg, BaseModel) and arg is not SecretRef]
+        infos.append((prefix + name, info))
+        if nested:
+            infos += field_infos(nested[0], prefix + name + ".")
+    return infos
 
 
 def test_exit_code_table_matches_the_error_classes() -> None:
