@@ -10,17 +10,18 @@ errors exit 2 whoever finds them, a word after deploy/render/plan is the profile
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import sys
 from importlib.metadata import version
 from typing import Any, NoReturn
 
-from invoke import Argument, Executor, Exit, ParseError, Program
+from invoke import Argument, Executor, Exit, ParseError, Parser, Program
 from invoke.parser import ParserContext
 from invoke.util import Lexicon
 
-from deploy_lib.errors import EXIT_CODES, ConfigError
+from deploy_lib.errors import EXIT_CODES, ConfigError, did_you_mean
 
 NAME = "sglang-deploy"
 USAGE_ERROR = EXIT_CODES[ConfigError]  # 2: nothing was run
@@ -49,6 +50,11 @@ class OneTaskExecutor(Executor):
     def execute(self, *tasks: Any) -> dict[Any, Any]:
         contexts = [each for each in tasks if isinstance(each, ParserContext)]
         code = usage_code(any(DRIFT_CHECK in each.args and each.args[DRIFT_CHECK].value for each in contexts))
+        if self.core is not None:  # the checkout's `invoke` parsed the line with invoke's parser alone
+            try:
+                check_line(list(self.core.unparsed), Parser(self.collection.to_contexts()).contexts, self.core[0])
+            except ParseError as error:
+                raise Exit(f"error: {error}", code=code) from None
         if len(tasks) > 1:
             first, second = (self.typed(each) for each in tasks[:2])
             raise Exit(f"error: one task per command: `{second}` is a second task after `{first}`; nothing was run "
@@ -122,6 +128,89 @@ def with_operand(tokens: list[str], contexts: Lexicon, initial: ParserContext, o
     return result
 
 
+# Ansible's flags that users type out of habit, and what this tool spells for each (a task that has a flag of the
+# same name, as `patch --check`, keeps its own).
+ANSIBLE_HABITS = {
+    "--limit": "a host is `--host NAME`, a group `--group NAME`",
+    "-e": "a profile value is overridden by `--set path.to.key=value`",
+    "--extra-vars": "a profile value is overridden by `--set path.to.key=value`",
+    "--check": "what would change is `--dry-run` (deploy, tune) or the `plan` task",
+    "-C": "what would change is `--dry-run` (deploy, tune) or the `plan` task",
+}
+
+
+def _long_names(context: ParserContext, initial: ParserContext) -> list[str]:
+    """The long flags a user may type in the context (`--profile`; a Lexicon lists no alias such as `-p`)."""
+    return [*context.flags, *context.inverse_flags, *initial.flags]
+
+
+def _is_flag(token: str, context: ParserContext, initial: ParserContext) -> bool:
+    """A token that is a flag, not a value: one the context or the program knows, or any `--word`."""
+    flag = token.partition("=")[0]
+    known = flag in context.flags or flag in context.inverse_flags or flag in initial.flags
+    return known or (flag.startswith("--") and len(flag) > 2)
+
+
+def _unknown_flag(flag: str, context: ParserContext, initial: ParserContext) -> ParseError:
+    where = f"`{context.name}`" if context.name else "the program"
+    if flag in ANSIBLE_HABITS:
+        return ParseError(f"{flag} is Ansible's, and {where} has no such option: {ANSIBLE_HABITS[flag]}", context)
+    names = {name.lstrip("-"): name for name in _long_names(context, initial)}  # the dashes would match them all
+    close = difflib.get_close_matches(flag.lstrip("-"), list(names), n=1, cutoff=0.6)
+    return ParseError(f"{where} has no option {flag}" + "".join(f"; did you mean `{names[name]}`?" for name in close),
+                      context)
+
+
+def check_line(tokens: list[str], contexts: Lexicon, initial: ParserContext) -> None:
+    """Refuse what invoke's parser would guess at, naming the flag as typed: an option that takes a value given
+    without one (invoke let a repeatable one pass empty: `--serial --dry-run` deployed every host at once), a
+    single-value option given twice, an unknown flag or task (with the nearest name), a bare word no option takes.
+    A value is the next token unless that is a flag; `--` ends the check."""
+    from deploy_cli.usage import option_spec
+    context, given, index = initial, dict[str | None, str](), 0
+    while index < len(tokens):
+        token = tokens[index]
+        index += 1
+        if token == "--":
+            return
+        if not token.startswith("-") or token == "-":
+            if token in contexts:
+                context, given = contexts[token], {}
+            elif context is initial:
+                raise ParseError(f"no task named {token!r}{did_you_mean(token, list(contexts))}", context)
+            else:
+                raise ParseError(f"`{context.name}` takes no bare word: {token!r} is no option's value (a value "
+                                 "goes after its option: `--host NAME`)", context)
+            continue
+        flag, has_value = token.partition("=")[0], "=" in token
+        if not flag.startswith("--") and len(flag) > 2:  # a cluster: -ifile (a value), -yv or -yi FILE (flags)
+            head = _flag(flag[:2], context, initial)
+            for short in ([] if head is not None and head.takes_value else flag[1:-1]):
+                if _flag("-" + short, context, initial) is None:
+                    raise _unknown_flag("-" + short, context, initial)
+            flag, has_value = (flag[:2], True) if head is not None and head.takes_value else ("-" + flag[-1],
+                                                                                                has_value)
+        argument = _flag(context.inverse_flags.get(flag, flag), context, initial)
+        if argument is None:
+            raise _unknown_flag(flag, context, initial)
+        if not argument.takes_value or argument.optional:
+            continue
+        if has_value:
+            value = token.partition("=")[2] if "=" in token else token[2:]
+        else:
+            following = tokens[index] if index < len(tokens) else None
+            if following is None or following == "--" or _is_flag(following, context, initial):
+                after = f"before {following}" if following else "at the end of the line"
+                shown = option_spec(argument).split(", ")[-1].removesuffix(" ...")
+                raise ParseError(f"{flag} needs a value ({shown}): none was "
+                                 f"given {after}; nothing was run", context)
+            value, index = following, index + 1
+        if argument.kind is not list and argument.name in given:
+            raise ParseError(f"{flag} is given twice ({given[argument.name]!r}, then {value!r}) and takes one "
+                             "value: give it once; nothing was run", context)
+        given[argument.name] = value
+
+
 class DeployProgram(Program):
     def core_args(self) -> list[Argument]:
         return [
@@ -161,6 +250,7 @@ class DeployProgram(Program):
                     if (task := self.collection[name]) is not None and getattr(task, "operand", None)}
         try:
             self.core.unparsed[:] = with_operand(self.core.unparsed, contexts, self.initial_context, operands)
+            check_line(self.core.unparsed, contexts, self.initial_context)
             super().parse_tasks()
         except ParseError as error:
             raise self.usage_error(error) from None
