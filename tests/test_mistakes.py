@@ -1,16 +1,19 @@
 """Operator mistakes, tried as a new user would type them: each is refused with exit 2 before anything runs, naming
-the flag (or the file) as typed and what to give instead; none is guessed at, none ends in a traceback.
+the flag (or the file and where in it) as typed and what to give instead; none is guessed at, none ends in a
+traceback.
 
-The table is the record: the command line as typed, and how the refusal starts."""
+The tables are the record: the command line as typed (and the files it reads), and how the refusal starts."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
-from helpers.cli import invoke
+from helpers.cli import REPO, invoke
 from invoke.util import Lexicon
 
+from deploy_cli import common
 from deploy_cli.collection import user_tasks
 from deploy_cli.program import NAME, DeployProgram, OneTaskExecutor, check_line
 
@@ -71,20 +74,108 @@ ANSIBLE = [
 ]
 
 
-@pytest.mark.parametrize(("line", "refusal"), NO_VALUE + TWICE + UNKNOWN + ANSIBLE)
-def test_a_mistake_on_the_command_line_is_refused_naming_the_flag_as_typed(
-        line: str, refusal: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-        capsys: pytest.CaptureFixture[str]) -> None:
-    """Through `sglang-deploy`'s own program, in a directory that is no project: a mistake taken as a command would
-    fail later, on the missing inventory, with another message."""
-    monkeypatch.chdir(tmp_path)
+def sglang_deploy(line: str, capsys: pytest.CaptureFixture[str]) -> tuple[object, str, str]:
+    """`sglang-deploy LINE` through the program's own run, in the working directory: (exit code, stdout, stderr)."""
     program = DeployProgram(name=NAME, binary=NAME, version="0", namespace=user_tasks(),
                             executor_class=OneTaskExecutor)
-    with pytest.raises(SystemExit) as ended:
+    try:
         program.run([NAME, *line.split()])
+        code: object = 0
+    except SystemExit as ended:
+        code = ended.code
     shown = capsys.readouterr()
-    assert (ended.value.code, shown.out) == (2, "")
-    assert shown.err.startswith(refusal), shown.err
+    return code, shown.out, shown.err
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.chdir(tmp_path)
+    common.project.cache_clear()  # the project is found once per process: here, once per test
+    for name in ("SGLANG_DEPLOY_INVENTORY", "SGLANG_DEPLOY_PROJECT"):
+        monkeypatch.delenv(name, raising=False)
+    return tmp_path
+
+
+@pytest.mark.parametrize(("line", "refusal"), NO_VALUE + TWICE + UNKNOWN + ANSIBLE)
+def test_a_mistake_on_the_command_line_is_refused_naming_the_flag_as_typed(
+        line: str, refusal: str, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Through `sglang-deploy`'s own program, in a directory that is no project: a mistake taken as a command would
+    fail later, on the missing inventory, with another message."""
+    code, out, err = sglang_deploy(line, capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith(refusal), err
+
+
+PROFILE = REPO / "inventory" / "profiles" / "glm5-nvfp4.yaml"
+INVENTORY = b"all:\n  hosts:\n    gpu1: {ansible_host: 127.0.0.1}\n"
+LATIN1 = "café".encode("latin-1")
+# (what is wrong, the files written (None: a FIFO), the command line ({P}: a good profile), the refusal ({tmp}: the
+# working directory)); a project with a good inventory/hosts.yaml unless the case writes its own.
+FILES = [
+    ("a profile in Latin-1", {"p.yaml": b"service: {name: " + LATIN1 + b"}\n"}, "render -p {tmp}/p.yaml",
+     "error: {tmp}/p.yaml:1: not UTF-8: byte 0xe9 at offset 19\nhint: save the file as UTF-8 (`iconv -f LATIN1"),
+    ("a profile in UTF-16", {"p.yaml": "service: {name: x}\n".encode("utf-16")}, "render {tmp}/p.yaml",
+     "error: {tmp}/p.yaml:1: not UTF-8: byte 0xff at offset 0 (the file is UTF-16)\nhint: save the file as UTF-8 "
+     "(`iconv -f UTF-16"),
+    ("a profile extended by a Latin-1 one", {"p.yaml": b"extends: base\n", "base.yaml": b"# " + LATIN1 + b"\n"},
+     "render {tmp}/p.yaml", "error: {tmp}/base.yaml:1: not UTF-8: byte 0xe9 at offset 5"),
+    ("a YAML inventory in Latin-1 (line 3)", {"inventory/hosts.yaml": b"all:\n  hosts:\n    " + LATIN1 + b": {}\n"},
+     "render {P}", "error: {tmp}/inventory/hosts.yaml:3: not UTF-8: byte 0xe9 at offset 21"),
+    ("an INI inventory in Latin-1", {"hosts.ini": b"[gpu]\ngpu1 ansible_host=" + LATIN1 + b"\n"},
+     "render {P} -i hosts.ini", "error: {tmp}/hosts.ini:2: not UTF-8: byte 0xe9 at offset 27"),
+    ("an INI inventory in UTF-16", {"hosts": "[gpu]\ngpu1\n".encode("utf-16")}, "render {P} -i hosts",
+     "error: {tmp}/hosts:1: not UTF-8: byte 0xff at offset 0 (the file is UTF-16)"),
+    ("group_vars in Latin-1", {"inventory/group_vars/all.yml": b"note: " + LATIN1 + b"\n"}, "render {P}",
+     "error: {tmp}/inventory/group_vars/all.yml:1: not UTF-8: byte 0xe9 at offset 9"),
+    ("host_vars in UTF-16", {"inventory/host_vars/gpu1.yaml": "note: x\n".encode("utf-16")}, "render {P}",
+     "error: {tmp}/inventory/host_vars/gpu1.yaml:1: not UTF-8: byte 0xff at offset 0 (the file is UTF-16)"),
+    ("a tune spec in Latin-1", {"spec.yaml": b"vary:\n  note: " + LATIN1 + b"\n"},
+     "tune -p {P} --spec spec.yaml --dry-run", "error: spec.yaml:2: not UTF-8: byte 0xe9 at offset 17"),
+    ("a profile that is a directory", {"d.yaml/x": b""}, "render {tmp}/d.yaml",
+     "error: {tmp}/d.yaml: cannot read: a directory"),
+    ("a profile that is a FIFO", {"f.yaml": None}, "render {tmp}/f.yaml",
+     "error: {tmp}/f.yaml: cannot read: not a regular file"),
+    ("an inventory that is a FIFO", {"hosts.yaml": None}, "render {P} -i hosts.yaml",
+     "error: {tmp}/hosts.yaml: cannot read: not a regular file"),
+    ("an inventory directory without a hosts file", {"inv/group_vars/all.yml": b"{}\n"}, "render {P} -i inv",
+     "error: {tmp}/inv: a directory without an inventory file (hosts.yaml, hosts.yml, hosts.json, hosts.ini, "
+     "hosts)\nhint: give the inventory file itself with -i"),
+    ("an inventory directory with two hosts files", {"inv/hosts.yaml": INVENTORY, "inv/hosts.ini": b"gpu1\n"},
+     "render {P} -i inv", "error: {tmp}/inv: a directory with 2 inventory files (hosts.yaml, hosts.ini)"),
+]
+
+
+def write_files(root: Path, files: dict[str, bytes | None]) -> None:
+    for name, content in {"inventory/hosts.yaml": INVENTORY, **files}.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if content is None:
+            os.mkfifo(path)
+        else:
+            path.write_bytes(content)
+
+
+@pytest.mark.parametrize(("wrong", "files", "line", "refusal"), FILES, ids=[case[0] for case in FILES])
+def test_a_file_the_tool_cannot_read_is_refused_naming_it_and_where(
+        wrong: str, files: dict[str, bytes | None], line: str, refusal: str, workdir: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Input tried: each file the tool reads, not UTF-8 (a UnicodeDecodeError traceback, exit 1), not a regular
+    file, or a directory given where a file is."""
+    write_files(workdir, files)
+    code, out, err = sglang_deploy(line.format(P=PROFILE, tmp=workdir), capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith(refusal.format(tmp=workdir)), err
+
+
+def test_an_inventory_directory_is_its_hosts_file_with_its_group_vars(workdir: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Input tried: `-i inventory/` as Ansible takes it (exit 2: "is a directory"). Its hosts file is the inventory,
+    and the directory's group_vars/ apply (a var of no meaning there is warned about, naming it)."""
+    write_files(workdir, {"inventory/group_vars/all.yml": b"ansible_hots: x\n"})
+    by_file = sglang_deploy(f"render {PROFILE} -i inventory/hosts.yaml", capsys)
+    by_directory = sglang_deploy(f"render {PROFILE} -i inventory/", capsys)
+    assert by_file[0] == 0, by_file[2]
+    assert by_directory == by_file and "ansible_hots" in by_file[2]
 
 
 @pytest.mark.parametrize(("line", "refusal"), [

@@ -15,7 +15,7 @@ import paramiko
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
 from deploy_lib.errors import ConfigError, did_you_mean
-from deploy_lib.inventory.formats import expand_host_pattern, read_inventory_source, read_vars_files
+from deploy_lib.inventory.formats import expand_host_pattern, inventory_file, read_inventory_source, read_vars_files
 from deploy_lib.profile import AbsPath, Profile, format_validation_error
 from deploy_lib.remote import SSHTarget
 from deploy_lib.remote.ssh_config import (
@@ -308,7 +308,8 @@ def _host_vars(source: str, layers: list[tuple[Path, dict[str, Any]]]) -> tuple[
 
 def load_inventory(path: Path, environ: Mapping[str, str] = os.environ) -> Inventory:
     """An Ansible inventory (YAML, or INI for any other file name) with the group_vars/ and host_vars/ beside it;
-    each host's address through the ssh config (`ssh_target`)."""
+    each host's address through the ssh config (`ssh_target`). A directory is its hosts file (`inventory_file`)."""
+    path = inventory_file(path)
     raw = read_inventory_source(path)
     if set(raw) != {"all"}:
         extra = sorted(set(raw) - {"all"})

@@ -42,7 +42,7 @@ def _resolve(profiles_dir: Path, name: str, seen: tuple[str, ...]) -> tuple[dict
     if name in seen:
         cycle = " -> ".join((*seen, name))
         raise ConfigError(f"{path}: extends: cycle {cycle}", "remove one `extends:` from the cycle")
-    if not path.is_file():
+    if not path.exists():  # a directory or a device of that name is refused as such where it is read
         known = sorted(p.stem for p in profiles_dir.glob("*.yaml"))
         where = f"{profile_path(profiles_dir, seen[-1])}: extends: " if seen else ""
         raise ConfigError(f"{where}profile {name!r} not found ({path})", f"known profiles: {', '.join(known)}")
