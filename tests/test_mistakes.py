@@ -205,3 +205,51 @@ def test_a_line_that_means_one_thing_is_not_refused(line: str) -> None:
         for alias in aliases:
             contexts.alias(alias, to=name)
     check_line(line.split(), contexts, DeployProgram(namespace=namespace).initial_context)
+
+
+GROUPED = b"all:\n  children:\n    gpu:\n      hosts:\n        gpu1: {ansible_host: 127.0.0.1}\n"
+# (what is wrong, the files written, the command line ({P}: the reference profile, TP 8), the refusal ({tmp}: the
+# working directory)): each names the file and key the wrong value is written in, and a hint with real numbers.
+BLAME = [
+    ("gpu_count 0 in the inventory", {"inventory/hosts.yaml": INVENTORY.replace(b"}", b", gpu_count: 0}")},
+     "render {P}", "error: {tmp}/inventory/hosts.yaml: host gpu1: gpu_count: 0 declares a host without GPUs, and "
+                   "{P} needs 8\nhint: set gpu_count to the host's GPUs"),
+    ("gpu_count 0 in group_vars", {"inventory/hosts.yaml": GROUPED, "inventory/group_vars/gpu.yml": b"gpu_count: 0\n"},
+     "render {P}", "error: {tmp}/inventory/group_vars/gpu.yml: host gpu1: gpu_count: 0 declares a host without GPUs"),
+    ("tp 8 x dp 2 on 8 GPUs", {"inventory/hosts.yaml": INVENTORY.replace(b"}", b", gpu_count: 8}")},
+     "render {P} --set parallel.dp=2",
+     "error: {P}: parallel: tp 8 x dp 2 needs 16 GPUs per node, host gpu1 has 8 ({tmp}/inventory/hosts.yaml: host "
+     "gpu1: gpu_count)\nhint: tp x dp x pp (per node) must be at most 8: use tp 4 x dp 2 or tp 8, or a host with 16 "
+     "GPUs"),
+    ("tp 4 x pp 3 on 8 GPUs", {"inventory/hosts.yaml": INVENTORY.replace(b"}", b", gpu_count: 8}")},
+     "render {P} --set parallel.tp=4 --set parallel.pp=3",
+     "error: {P}: parallel: tp 4 x pp 3 needs 12 GPUs per node, host gpu1 has 8 ({tmp}/inventory/hosts.yaml: host "
+     "gpu1: gpu_count)\nhint: tp x dp x pp (per node) must be at most 8: use tp 2 x pp 3 or tp 4 x pp 2, or a host "
+     "with 12 GPUs"),
+    ("tp 8 on 4 GPUs from host_vars", {"inventory/host_vars/gpu1.yml": b"gpu_count: 4\n"}, "render {P}",
+     "error: {P}: parallel: tp 8 needs 8 GPUs per node, host gpu1 has 4 ({tmp}/inventory/host_vars/gpu1.yml: host "
+     "gpu1: gpu_count)\nhint: tp x dp x pp (per node) must be at most 4: use tp 4, or a host with 8 GPUs"),
+]
+
+
+@pytest.mark.parametrize(("wrong", "files", "line", "refusal"), BLAME, ids=[case[0] for case in BLAME])
+def test_a_profile_that_does_not_fit_the_host_blames_the_file_that_is_wrong(
+        wrong: str, files: dict[str, bytes | None], line: str, refusal: str, workdir: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Input tried: `gpu_count: 0` in the inventory (blamed on the profile's parallel.tp, hint `use tp <= 0`), TP 8 x
+    DP 2 and TP 4 x PP 3 on 8 GPUs (hint `use tp <= 8` though tp was 8), a count from host_vars/."""
+    write_files(workdir, files)
+    code, out, err = sglang_deploy(line.format(P=PROFILE, tmp=workdir), capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith(refusal.format(P=PROFILE, tmp=workdir)), err
+
+
+def test_a_typo_in_group_vars_is_warned_about_naming_that_file(workdir: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Input tried: `ansible_hots` in group_vars/gpu.yml (the warning named inventory/hosts.yaml)."""
+    write_files(workdir, {"inventory/hosts.yaml": GROUPED, "inventory/group_vars/gpu.yml": b"ansible_hots: x\n",
+                          "inventory/host_vars/gpu1.yml": b"gpu_cout: 8\n"})
+    code, _, err = sglang_deploy(f"render {PROFILE}", capsys)
+    assert code == 0, err
+    assert f"{workdir}/inventory/group_vars/gpu.yml: host gpu1: ansible_hots is not a var" in err
+    assert f"{workdir}/inventory/host_vars/gpu1.yml: host gpu1: gpu_cout is not a var" in err
