@@ -31,10 +31,11 @@ if TYPE_CHECKING:  # the reports' types only: a task imports the library modules
     from deploy_lib.release.model import Release
     from deploy_lib.remote import StepResult
 
-# Width: the terminal's, else $COLUMNS (rich reads it), else 120 when output goes to a pipe or file.
-console = Console(highlight=False, soft_wrap=True,
+# Width: the terminal's, else $COLUMNS (rich reads it), else 120 when output goes to a pipe or file. No emoji codes:
+# escape() leaves them, and a message's `[begin:end:step]` was printed as `[begin🔚step]`.
+console = Console(highlight=False, soft_wrap=True, emoji=False,
                   width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120)
-errors = Console(stderr=True, highlight=False, soft_wrap=True)
+errors = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 class TerminalProgress:

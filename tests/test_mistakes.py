@@ -226,6 +226,9 @@ BLAME = [
      "error: {P}: parallel: tp 4 x pp 3 needs 12 GPUs per node, host gpu1 has 8 ({tmp}/inventory/hosts.yaml: host "
      "gpu1: gpu_count)\nhint: tp x dp x pp (per node) must be at most 8: use tp 2 x pp 3 or tp 4 x pp 2, or a host "
      "with 12 GPUs"),
+    ("a host range without its end", {"inventory/hosts.yaml": b"all:\n  hosts:\n    gpu[1:]: {}\n"}, "render {P}",
+     "error: {tmp}/inventory/hosts.yaml: all.hosts: 'gpu[1:]': the range has no end. write a range as [begin:end] or "
+     "[begin:end:step], e.g. gpu[1:8]"),
     ("tp 8 on 4 GPUs from host_vars", {"inventory/host_vars/gpu1.yml": b"gpu_count: 4\n"}, "render {P}",
      "error: {P}: parallel: tp 8 needs 8 GPUs per node, host gpu1 has 4 ({tmp}/inventory/host_vars/gpu1.yml: host "
      "gpu1: gpu_count)\nhint: tp x dp x pp (per node) must be at most 4: use tp 4, or a host with 8 GPUs"),
@@ -237,7 +240,8 @@ def test_a_profile_that_does_not_fit_the_host_blames_the_file_that_is_wrong(
         wrong: str, files: dict[str, bytes | None], line: str, refusal: str, workdir: Path,
         capsys: pytest.CaptureFixture[str]) -> None:
     """Input tried: `gpu_count: 0` in the inventory (blamed on the profile's parallel.tp, hint `use tp <= 0`), TP 8 x
-    DP 2 and TP 4 x PP 3 on 8 GPUs (hint `use tp <= 8` though tp was 8), a count from host_vars/."""
+    DP 2 and TP 4 x PP 3 on 8 GPUs (hint `use tp <= 8` though tp was 8), a count from host_vars/; a range without
+    its end (the hint printed `[begin🔚step]`: rich read `:end:` as an emoji code)."""
     write_files(workdir, files)
     code, out, err = sglang_deploy(line.format(P=PROFILE, tmp=workdir), capsys)
     assert (code, out) == (2, "")
