@@ -7,6 +7,7 @@ The tables are the record: the command line as typed (and the files it reads), a
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -88,15 +89,26 @@ def sglang_deploy(line: str, capsys: pytest.CaptureFixture[str]) -> tuple[object
 
 
 @pytest.fixture
-def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """tmp_path as the working directory, its own project (the project is found once per process: here, once per
+    test, and not kept for the tests after it)."""
     monkeypatch.chdir(tmp_path)
-    common.project.cache_clear()  # the project is found once per process: here, once per test
     for name in ("SGLANG_DEPLOY_INVENTORY", "SGLANG_DEPLOY_PROJECT"):
         monkeypatch.delenv(name, raising=False)
-    return tmp_path
+    common.project.cache_clear()
+    yield tmp_path
+    common.project.cache_clear()
 
+# A wrong value is named by the flag that gave it (`--search random` was reported as `--vary: search: ...`).
+VALUES = [
+    ("tune --vary features.cuda_graph=true,false --search random",
+     "error: --search 'random': Input should be 'grid' or 'halving'"),
+    ("tune --vary features.cuda_graph=true,false --keep x", "error: --keep 'x': Input should be 'winner' or 'none'"),
+    ("tune --vary features.cuda_graph=true,false --keep winer",
+     "error: --keep 'winer': Input should be 'winner' or 'none'; did you mean `winner`?"),
+]
 
-@pytest.mark.parametrize(("line", "refusal"), NO_VALUE + TWICE + UNKNOWN + ANSIBLE)
+@pytest.mark.parametrize(("line", "refusal"), NO_VALUE + TWICE + UNKNOWN + ANSIBLE + VALUES)
 def test_a_mistake_on_the_command_line_is_refused_naming_the_flag_as_typed(
         line: str, refusal: str, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """Through `sglang-deploy`'s own program, in a directory that is no project: a mistake taken as a command would
