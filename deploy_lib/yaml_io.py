@@ -1,7 +1,7 @@
 """The one place a file the user wrote is read (profiles, inventories in YAML and INI, group_vars/ and host_vars/,
-tune specs, patch sets): not a file, unreadable, too large or not UTF-8 is a ConfigError naming the file and where.
-YAML reading that refuses what PyYAML lets through silently (duplicate keys), reads merge keys (`<<: *base`),
-refuses Ansible Vault values by key, and names file and line."""
+tune specs, patch sets, secret files, the ssh config): not a file, unreadable, too large or not UTF-8 is a
+ConfigError naming the file and where. YAML reading that refuses what PyYAML lets through silently (duplicate keys),
+reads merge keys (`<<: *base`), refuses Ansible Vault values by key, and names file and line."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import yaml
 
 from deploy_lib.errors import ConfigError
 
-MAX_FILE_BYTES = 1_000_000  # a profile or inventory is a few KB; anything this large is a mistake
+MAX_FILE_BYTES = 1_000_000  # a profile, an inventory or an ssh config is a few KB; anything this large is a mistake
 MERGE_TAG = "tag:yaml.org,2002:merge"
 _INI_SECTION = re.compile(r"^\[[^:\]\s]+(?::\w+)?\]\s*$")  # [group], [group:vars]: an INI inventory's sections
 VAULT_FILE_HEADER = "$ANSIBLE_VAULT;"  # the first line of a file `ansible-vault encrypt` wrote
@@ -66,7 +66,7 @@ def read_text_file(path: Path) -> str:
             raise ConfigError(f"{path}: cannot read: {kind}")
         size = path.stat().st_size
         if size > MAX_FILE_BYTES:
-            raise ConfigError(f"{path}: {size} bytes is too large for a profile or inventory "
+            raise ConfigError(f"{path}: {size} bytes is too large for a profile, an inventory or a config "
                               f"(limit {MAX_FILE_BYTES})")
         data = path.read_bytes()
     except OSError as err:
