@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import re
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -17,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, StringConstraints, Validation
 
 from deploy_lib.errors import ConfigError, did_you_mean
 from deploy_lib.inventory.formats import expand_host_pattern, inventory_file, read_inventory_source, read_vars_files
-from deploy_lib.profile import AbsPath, ParallelSpec, Profile, format_validation_error
+from deploy_lib.profile import AbsPath, Profile, format_validation_error
 from deploy_lib.remote import SSHTarget
 from deploy_lib.remote.ssh_config import (
     GivenSSH,
@@ -390,26 +389,6 @@ def check_profile_fits_host(profile: Profile, host: Host, profile_source: Path) 
                           "GPUs")
     if needed <= declared:
         return
-    raise ConfigError(f"{profile_source}: parallel: {_layout(parallel)} needs {needed} GPUs per node, host "
-                      f"{host.name} has {declared} ({where})", _fitting(parallel, declared))
+    raise ConfigError(f"{profile_source}: parallel: {parallel.shape} needs {needed} GPUs per node, host "
+                      f"{host.name} has {declared} ({where})", parallel.fitting(declared))
 
-
-def _layout(parallel: ParallelSpec) -> str:
-    """`tp 8 x dp 2`, `tp 4 x pp 3 over 2 nodes`: the factors of the GPUs a layout takes."""
-    factors = " x ".join(f"{name} {size}" for name, size in (("tp", parallel.tp), ("dp", parallel.dp),
-                                                              ("pp", parallel.pp)) if size > 1 or name == "tp")
-    return factors + (f" over {parallel.nnodes} nodes" if parallel.nnodes > 1 else "")
-
-
-def _fitting(parallel: ParallelSpec, declared: int) -> str:
-    """The hint: the same layout with a smaller tp, dp or pp that fits the node's GPUs, where one does."""
-    options = []
-    for name in ("tp", "dp", "pp"):
-        given: int = getattr(parallel, name)
-        sizes = typing.get_args(ParallelSpec.model_fields["tp"].annotation) if name == "tp" else range(1, given)
-        smaller = [size for size in sizes if size < given
-                   and parallel.model_copy(update={name: size}).gpus_per_node <= declared]
-        if smaller:
-            options.append(_layout(parallel.model_copy(update={name: max(smaller)})))
-    fits = f"use {' or '.join(options)}, or " if options else ""
-    return f"tp x dp x pp (per node) must be at most {declared}: {fits}a host with {parallel.gpus_per_node} GPUs"
