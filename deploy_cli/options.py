@@ -69,8 +69,6 @@ class Task(InvokeTask):
     """An invoke Task that follows the conventions above."""
 
     def __init__(self, body: Callable[..., Any], **kwargs: Any) -> None:
-        # option -> its other long spellings, kept so that older command lines still parse
-        self.option_aliases: dict[str, list[str]] = kwargs.pop("option_aliases", None) or {}
         kwargs.setdefault("positional", ())
         kwargs["auto_shortflags"] = False
         given_help = kwargs.pop("help", None) or {}
@@ -98,7 +96,6 @@ class Task(InvokeTask):
         opts: dict[str, Any] = super().arg_opts(name, default, taken_names)
         if name in SHORT_FLAGS:
             opts["names"] = [*opts["names"], SHORT_FLAGS[name]]
-        opts["names"] = [*opts["names"], *self.option_aliases.get(name, ())]
         if opts.get("kind") is int:
             opts["kind"] = _whole_number(opts["names"][0])
         return opts

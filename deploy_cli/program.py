@@ -128,14 +128,17 @@ def with_operand(tokens: list[str], contexts: Lexicon, initial: ParserContext, o
     return result
 
 
-# Ansible's flags that users type out of habit, and what this tool spells for each (a task that has a flag of the
-# same name, as `patch --check`, keeps its own).
-ANSIBLE_HABITS = {
-    "--limit": "a host is `--host NAME`, a group `--group NAME`",
-    "-e": "a profile value is overridden by `--set path.to.key=value`",
-    "--extra-vars": "a profile value is overridden by `--set path.to.key=value`",
-    "--check": "what would change is `--dry-run` (deploy, tune) or the `plan` task",
-    "-C": "what would change is `--dry-run` (deploy, tune) or the `plan` task",
+# Flags a task does not have, typed out of habit (Ansible's) or from another task, and what to type instead; a task
+# that has a flag of the same name (`patch --check`) keeps its own.
+EXTRA_VARS = "Ansible's extra vars are a profile's values here: `--set path.to.key=value` (deploy, plan, render)"
+CHECK_MODE = "Ansible's check mode is `--dry-run` (deploy, tune) or the `plan` task here"
+ANSWERED = {
+    "--limit": "Ansible's --limit is `--host NAME` or `--group NAME` here",
+    "-e": EXTRA_VARS,
+    "--extra-vars": EXTRA_VARS,
+    "--check": CHECK_MODE,
+    "-C": CHECK_MODE,
+    "--set": "--set overrides a profile value (deploy, plan, render); a patch set is `--name NAME`",
 }
 
 
@@ -153,8 +156,8 @@ def _is_flag(token: str, context: ParserContext, initial: ParserContext) -> bool
 
 def _unknown_flag(flag: str, context: ParserContext, initial: ParserContext) -> ParseError:
     where = f"`{context.name}`" if context.name else "the program"
-    if flag in ANSIBLE_HABITS:
-        return ParseError(f"{flag} is Ansible's, and {where} has no such option: {ANSIBLE_HABITS[flag]}", context)
+    if flag in ANSWERED:
+        return ParseError(f"{where} has no option {flag}: {ANSWERED[flag]}", context)
     names = {name.lstrip("-"): name for name in _long_names(context, initial)}  # the dashes would match them all
     close = difflib.get_close_matches(flag.lstrip("-"), list(names), n=1, cutoff=0.6)
     return ParseError(f"{where} has no option {flag}" + "".join(f"; did you mean `{names[name]}`?" for name in close),

@@ -62,16 +62,20 @@ UNKNOWN = [
     ("render glm5-nvfp4 glm5-nvfp4-fusion", "error: `render` takes no bare word: 'glm5-nvfp4-fusion'"),
 ]
 ANSIBLE = [
-    ("deploy --limit gpu1", "error: --limit is Ansible's, and `deploy` has no such option: a host is `--host NAME`, "
-                            "a group `--group NAME`"),
-    ("--limit gpu1 status", "error: --limit is Ansible's, and the program has no such option: a host is"),
-    ("status -e x=1", "error: -e is Ansible's, and `status` has no such option: a profile value is overridden by "
-                      "`--set path.to.key=value`"),
-    ("deploy --extra-vars server.port=30001", "error: --extra-vars is Ansible's, and `deploy` has no such option: "
-                                              "a profile value is overridden by `--set"),
-    ("deploy --check", "error: --check is Ansible's, and `deploy` has no such option: what would change is "
-                       "`--dry-run` (deploy, tune) or the `plan` task"),
-    ("render -C", "error: -C is Ansible's, and `render` has no such option: what would change is `--dry-run`"),
+    ("deploy --limit gpu1", "error: `deploy` has no option --limit: Ansible's --limit is `--host NAME` or "
+                            "`--group NAME` here"),
+    ("--limit gpu1 status", "error: the program has no option --limit: Ansible's --limit is `--host NAME`"),
+    ("status -e x=1", "error: `status` has no option -e: Ansible's extra vars are a profile's values here: "
+                      "`--set path.to.key=value` (deploy, plan, render)"),
+    ("deploy --extra-vars server.port=30001", "error: `deploy` has no option --extra-vars: Ansible's extra vars are "
+                                              "a profile's values here: `--set"),
+    ("deploy --check", "error: `deploy` has no option --check: Ansible's check mode is `--dry-run` (deploy, tune) or "
+                       "the `plan` task here"),
+    ("render -C", "error: `render` has no option -C: Ansible's check mode is `--dry-run`"),
+    # --set is a profile override wherever it is taken; patch's first spelling of the set's name is refused
+    ("patch --set fusion-sm120 --check", "error: `patch` has no option --set: --set overrides a profile value "
+                                         "(deploy, plan, render); a patch set is `--name NAME`"),
+    ("status --set server.port=1", "error: `status` has no option --set: --set overrides a profile value"),
 ]
 
 
