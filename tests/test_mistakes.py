@@ -38,6 +38,14 @@ NO_VALUE = [
     ("logs -n", "error: -n needs a value (--lines=LINES): none was given at the end"),
     ("status --host --json", "error: --host needs a value (--host=HOST): none was given before --json"),
     ("deploy --host --dryrun", "error: --host needs a value (--host=HOST): none was given before --dryrun"),
+    ("deploy --group -y", "error: --group needs a value (--group=GROUP): none was given before -y"),
+    ("deploy --group gpu --max-fail --yes", "error: --max-fail needs a value (--max-fail=MAX_FAIL): none was given "
+                                            "before --yes"),
+    ("deploy -yp", "error: -p needs a value (--profile=PROFILE): none was given at the end"),
+    ("render glm5-nvfp4 --sglang-version", "error: --sglang-version needs a value"),
+    ("rollback --to --yes", "error: --to needs a value (--to=TO): none was given before --yes"),
+    ("logs -H", "error: -H needs a value (--host=HOST): none was given at the end"),
+    ("status -i", "error: -i needs a value (--inventory=INVENTORY): none was given at the end"),
 ]
 TWICE = [
     ("logs -n 5 -n 10", "error: -n is given twice ('5', then '10') and takes one value: give it once"),
@@ -51,6 +59,12 @@ UNKNOWN = [
     ("deply", "error: no task named 'deply'; did you mean `deploy`? (`sglang-deploy --help` lists the tasks)"),
     ("stauts", "error: no task named 'stauts'; did you mean `status`?"),
     ("nosuch", "error: no task named 'nosuch' (`sglang-deploy --help` lists the tasks)"),
+    ("rollbak", "error: no task named 'rollbak'; did you mean `rollback`?"),
+    ("relases", "error: no task named 'relases'; did you mean `releases`?"),
+    ("--projct . status", "error: the program has no option --projct; did you mean `--project`?"),
+    ("deploy --grup gpu", "error: `deploy` has no option --grup; did you mean `--group`?"),
+    ("logs --follw", "error: `logs` has no option --follw; did you mean `--follow`?"),
+    ("deploy -yq", "error: `deploy` has no option -q"),
     ("render --profle glm5-nvfp4", "error: `render` has no option --profle; did you mean `--profile`? "
                                    "(`sglang-deploy render --help` lists its options)"),
     ("deploy --dryrun", "error: `deploy` has no option --dryrun; did you mean `--dry-run`?"),
