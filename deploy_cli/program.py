@@ -47,10 +47,12 @@ class OneTaskExecutor(Executor):
     `render -p glm5-nvfp4 uninstall` uninstalled); invoke's `--dry` (`-R`) is the task's --dry-run or refused (invoke
     echoes the shell commands of `c.run`, which no task uses, so a real deploy ran)."""
 
+    line_checked = False  # by the program: `sglang-deploy` checks the line before invoke's parser reads it
+
     def execute(self, *tasks: Any) -> dict[Any, Any]:
         contexts = [each for each in tasks if isinstance(each, ParserContext)]
         code = usage_code(any(DRIFT_CHECK in each.args and each.args[DRIFT_CHECK].value for each in contexts))
-        if self.core is not None:  # the checkout's `invoke` parsed the line with invoke's parser alone
+        if self.core is not None and not self.line_checked:  # the checkout's `invoke`: invoke's parser alone
             try:
                 check_line(list(self.core.unparsed), Parser(self.collection.to_contexts()).contexts, self.core[0])
             except ParseError as error:
@@ -214,6 +216,12 @@ def check_line(tokens: list[str], contexts: Lexicon, initial: ParserContext) -> 
         given[argument.name] = value
 
 
+class CheckedLineExecutor(OneTaskExecutor):
+    """`sglang-deploy`'s executor: DeployProgram.parse_tasks has checked the line (check_line) already."""
+
+    line_checked = True
+
+
 class DeployProgram(Program):
     def core_args(self) -> list[Argument]:
         return [
@@ -314,7 +322,7 @@ class DeployProgram(Program):
 def main() -> None:
     from deploy_cli.collection import user_tasks
     program = DeployProgram(name=NAME, binary=NAME, version=version(NAME), namespace=user_tasks(),
-                            executor_class=OneTaskExecutor)
+                            executor_class=CheckedLineExecutor)
     try:
         try:
             program.run()
