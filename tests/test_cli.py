@@ -64,7 +64,7 @@ def test_a_number_option_given_a_word_is_a_sentence_and_exit_2() -> None:
     """Input tried: `logs -n abc` (it printed a ValueError traceback)."""
     refused = invoke("logs", "-n", "abc")
     assert refused.returncode == 2
-    assert refused.stderr.strip() == "error: --lines takes a whole number (0 or more), got 'abc'"
+    assert refused.stderr.strip() == "error: -n/--lines takes a whole number (0 or more), got 'abc'"
 
 
 @pytest.mark.parametrize("argv", [("logs", "--lines=-5"), ("logs", "-n", "-5", "-H", "nosuch")])
@@ -72,7 +72,7 @@ def test_a_negative_count_is_refused_before_any_host(argv: tuple[str, ...]) -> N
     """Input tried: `logs --lines=-5` and `logs -n -5` (both were accepted and passed to journalctl)."""
     refused = invoke(*argv)
     assert refused.returncode == 2
-    assert refused.stderr.strip() == "error: --lines takes a whole number (0 or more), got '-5'"
+    assert refused.stderr.strip() == "error: -n/--lines takes a whole number (0 or more), got '-5'"
 
 
 @pytest.mark.parametrize(("where", "why"), [("no/such/dir/x.json", "No such file or directory"),

@@ -117,8 +117,11 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     yield tmp_path
     common.project.cache_clear()
 
-# A wrong value is named by the flag that gave it (`--search random` was reported as `--vary: search: ...`).
+# A wrong value is named by the flag that gave it (`--search random` was reported as `--vary: search: ...`, `-n abc`
+# as `--lines`).
 VALUES = [
+    ("logs -n abc", "error: -n/--lines takes a whole number (0 or more), got 'abc'"),
+    ("logs --lines=-5", "error: -n/--lines takes a whole number (0 or more), got '-5'"),
     ("tune --vary features.cuda_graph=true,false --search random",
      "error: --search 'random': Input should be 'grid' or 'halving'"),
     ("tune --vary features.cuda_graph=true,false --keep x", "error: --keep 'x': Input should be 'winner' or 'none'"),
