@@ -17,6 +17,8 @@ from invoke.util import Lexicon
 from deploy_cli import common
 from deploy_cli.collection import user_tasks
 from deploy_cli.program import NAME, DeployProgram, OneTaskExecutor, check_line
+from deploy_lib.errors import ConfigError
+from deploy_lib.yaml_io import read_text_file
 
 # (command line, the refusal's first words). Options that take a value, given without one: invoke let a repeatable
 # one pass empty (`--serial --dry-run` deployed every host of the group in one batch).
@@ -293,3 +295,19 @@ def test_a_typo_in_group_vars_is_warned_about_naming_that_file(workdir: Path,
     assert code == 0, err
     assert f"{workdir}/inventory/group_vars/gpu.yml: host gpu1: ansible_hots is not a var" in err
     assert f"{workdir}/inventory/host_vars/gpu1.yml: host gpu1: gpu_cout is not a var" in err
+
+
+def test_a_file_that_cannot_be_opened_is_refused_naming_it_and_why(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input tried: a profile without read permission for the user (as root, which reads every file, the refusal
+    of the operating system is stood in for)."""
+    profile = tmp_path / "p.yaml"
+    profile.write_text("model: {path: m}\n")
+
+    def refused(path: Path) -> bytes:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(Path, "read_bytes", refused)
+    with pytest.raises(ConfigError) as refusal:
+        read_text_file(profile)
+    assert (str(refusal.value), refusal.value.exit_code) == (f"{profile}: cannot read: Permission denied", 2)
