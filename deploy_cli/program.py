@@ -4,9 +4,10 @@ looked for: the checkout's tasks.py is for `invoke` there (it adds the sandbox a
 
 The program is invoke's Program with the habits of a deploy tool: one task per command, `--dry` meaning the task's
 --dry-run, help of its own (what it is, the tasks by family, only the options that apply, every value shown), usage
-errors exit 2 whoever finds them, a word after deploy/render/plan is the profile, and output cut by a closed pipe
-(`| head`) ends quietly. OneTaskExecutor carries the first two and the pipe to the checkout's `invoke` as well
-(invoke.yaml names it)."""
+errors exit 2 whoever finds them, nothing on the line guessed at (check_line: an option without its value, one
+given twice, an unknown task or flag with the nearest name), a word after deploy/render/plan is the profile, and
+output cut by a closed pipe (`| head`) ends quietly. OneTaskExecutor carries the first two, the pipe and the check of
+an option without its value to the checkout's `invoke` as well (invoke.yaml names it)."""
 
 from __future__ import annotations
 
@@ -288,8 +289,8 @@ class DeployProgram(Program):
             raise Exit
         if asked:
             if asked not in self.parser.contexts:
-                raise Exit(f"error: no task named {asked!r} (`{self.binary} --help` lists the tasks)",
-                           code=USAGE_ERROR)
+                raise Exit(f"error: no task named {asked!r}{did_you_mean(asked, list(self.parser.contexts))} "
+                           f"(`{self.binary} --help` lists the tasks)", code=USAGE_ERROR)
             self.print_task_help(asked)
             raise Exit
         if self.args.list.value:

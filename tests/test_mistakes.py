@@ -62,6 +62,7 @@ UNKNOWN = [
     ("stauts", "error: no task named 'stauts'; did you mean `status`?"),
     ("nosuch", "error: no task named 'nosuch' (`sglang-deploy --help` lists the tasks)"),
     ("rollbak", "error: no task named 'rollbak'; did you mean `rollback`?"),
+    ("--help rollbak", "error: no task named 'rollbak'; did you mean `rollback`? (`sglang-deploy --help` lists"),
     ("relases", "error: no task named 'relases'; did you mean `releases`?"),
     ("--projct . status", "error: the program has no option --projct; did you mean `--project`?"),
     ("deploy --grup gpu", "error: `deploy` has no option --grup; did you mean `--group`?"),
