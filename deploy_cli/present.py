@@ -41,10 +41,11 @@ class SpokenConsole(Console):
         super().print(*(spoken(each) if isinstance(each, str) else each for each in objects), **options)
 
 
-# Width: the terminal's, else $COLUMNS (rich reads it), else 120 when output goes to a pipe or file.
-console = SpokenConsole(highlight=False, soft_wrap=True,
+# Width: the terminal's, else $COLUMNS (rich reads it), else 120 when output goes to a pipe or file. No emoji codes:
+# escape() leaves them, and a message's `[begin:end:step]` was printed as `[begin🔚step]`.
+console = SpokenConsole(highlight=False, soft_wrap=True, emoji=False,
                         width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120)
-errors = SpokenConsole(stderr=True, highlight=False, soft_wrap=True)
+errors = SpokenConsole(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 class TerminalProgress:

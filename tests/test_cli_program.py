@@ -90,10 +90,10 @@ def test_invokes_options_for_shell_commands_are_not_the_tools(argv: tuple[str, .
 
 
 @pytest.mark.parametrize(("argv", "said"), [
-    (("logs", "--bogus"), "error: No idea what '--bogus' is! (`sglang-deploy logs --help` lists its options)"),
-    (("logs", "-n"), "error: Flag --lines needed value and was not given one! (`sglang-deploy logs --help` lists "
-                     "its options)"),
-    (("nosuch",), "error: No idea what 'nosuch' is! (`sglang-deploy --help` lists the tasks)"),
+    (("logs", "--bogus"), "error: `logs` has no option --bogus (`sglang-deploy logs --help` lists its options)"),
+    (("logs", "-n"), "error: -n needs a value (--lines=LINES): none was given at the end of the line; nothing was "
+                     "run (`sglang-deploy logs --help` lists its options)"),
+    (("nosuch",), "error: no task named 'nosuch' (`sglang-deploy --help` lists the tasks)"),
     (("--help", "nosuch"), "error: no task named 'nosuch' (`sglang-deploy --help` lists the tasks)"),
     (("--project",), "error: Flag --project needed value and was not given one! (`sglang-deploy --help` lists the "
                      "tasks)")])

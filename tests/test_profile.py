@@ -209,7 +209,8 @@ def test_tp_larger_than_the_hosts_gpu_count_is_refused(tmp_path: Path) -> None:
     """Input tried: the TP8 reference profile against a host declaring 4 GPUs."""
     path = _write(tmp_path, "inv", "all:\n  hosts:\n    small: {gpu_count: 4}\n")
     loaded = load_profile(PROFILES, "glm5-nvfp4")
-    with pytest.raises(ConfigError, match=r"parallel\.tp: needs 8 GPUs per node, host small has 4"):
+    with pytest.raises(ConfigError, match=r"parallel: tp 8 needs 8 GPUs per node, host small has 4 \(.*inv.yaml: host "
+                                          r"small: gpu_count\)"):
         check_profile_fits_host(loaded.profile, load_inventory(path).host("small"), loaded.path)
 
 
