@@ -51,14 +51,18 @@ COMMON_HELP = {
 }
 
 
-def _whole_number(option: str) -> Callable[[str], int]:
+def _whole_number(names: list[str]) -> Callable[[str], int]:
+    """The converter of a number option; its refusal names each spelling (`-n/--lines`): the one typed is among
+    them (invoke converts the value without saying which was typed)."""
+    option = "/".join(f"-{name}" if len(name) == 1 else f"--{name}" for name in sorted(names, key=len))
+
     def convert(text: str) -> int:
         try:
             number = int(text)
         except ValueError:
             number = -1
         if number < 0:  # every number option counts something (lines, ...): a negative one means nothing
-            raise Exit(f"error: --{option} takes a whole number (0 or more), got {text!r}",
+            raise Exit(f"error: {option} takes a whole number (0 or more), got {text!r}",
                        code=BAD_OPTION_EXIT) from None
         return number
     convert.__name__ = "int"  # what `--help` shows as the value's kind
@@ -69,8 +73,6 @@ class Task(InvokeTask):
     """An invoke Task that follows the conventions above."""
 
     def __init__(self, body: Callable[..., Any], **kwargs: Any) -> None:
-        # option -> its other long spellings, kept so that older command lines still parse
-        self.option_aliases: dict[str, list[str]] = kwargs.pop("option_aliases", None) or {}
         kwargs.setdefault("positional", ())
         kwargs["auto_shortflags"] = False
         given_help = kwargs.pop("help", None) or {}
@@ -98,9 +100,8 @@ class Task(InvokeTask):
         opts: dict[str, Any] = super().arg_opts(name, default, taken_names)
         if name in SHORT_FLAGS:
             opts["names"] = [*opts["names"], SHORT_FLAGS[name]]
-        opts["names"] = [*opts["names"], *self.option_aliases.get(name, ())]
         if opts.get("kind") is int:
-            opts["kind"] = _whole_number(opts["names"][0])
+            opts["kind"] = _whole_number(opts["names"])
         return opts
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

@@ -109,9 +109,9 @@ PATCH_ACTION_HELP = {"profile": PATCH_HELP["profile"], "enable": "patch and depl
                      "audit": "list every architecture bound on the patch set's code path"}
 
 
-# `--set NAME` was the first spelling of the patch set's name here; it stays accepted (every other task says --name)
-@task(help={"name": PATCH_HELP["name"] + "; --set NAME is accepted too", **PATCH_ACTION_HELP},
-      option_aliases={"name": ["set"]})
+# `--set NAME` was the first spelling of the patch set's name here; --set is a profile override in every task that has
+# it, so `patch --set` is refused naming --name (deploy_cli/program.py ANSWERED)
+@task(help={"name": PATCH_HELP["name"], **PATCH_ACTION_HELP})
 def patch(c: Context, name: str, enable: bool = False, disable: bool = False, check: bool = False,
           audit: bool = False, profile: str | None = None, host: str | None = None, inventory: str | None = None,
           service: str | None = None, yes: bool = False, json: bool = False, verbose: bool = False) -> None:

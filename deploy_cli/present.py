@@ -19,6 +19,7 @@ from rich.markup import escape
 
 from deploy_lib.errors import DeployError
 from deploy_lib.outcomes import Action
+from deploy_lib.program_name import spoken
 
 if TYPE_CHECKING:  # the reports' types only: a task imports the library modules it runs (tasks.py)
     from rich.table import Table
@@ -31,10 +32,20 @@ if TYPE_CHECKING:  # the reports' types only: a task imports the library modules
     from deploy_lib.release.model import Release
     from deploy_lib.remote import StepResult
 
-# Width: the terminal's, else $COLUMNS (rich reads it), else 120 when output goes to a pipe or file.
-console = Console(highlight=False, soft_wrap=True,
-                  width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120)
-errors = Console(stderr=True, highlight=False, soft_wrap=True)
+
+class SpokenConsole(Console):
+    """A rich Console whose text names commands as the program the user ran spells them (`sglang-deploy status`
+    from the installed command, `invoke status` in the checkout): every line a task prints goes through here."""
+
+    def print(self, *objects: Any, **options: Any) -> None:
+        super().print(*(spoken(each) if isinstance(each, str) else each for each in objects), **options)
+
+
+# Width: the terminal's, else $COLUMNS (rich reads it), else 120 when output goes to a pipe or file. No emoji codes:
+# escape() leaves them, and a message's `[begin:end:step]` was printed as `[begin🔚step]`.
+console = SpokenConsole(highlight=False, soft_wrap=True, emoji=False,
+                        width=None if sys.stdout.isatty() or os.environ.get("COLUMNS") else 120)
+errors = SpokenConsole(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 
 class TerminalProgress:
@@ -257,7 +268,7 @@ def jsonable(value: Any) -> Any:
 
 def print_json(data: Any) -> None:
     """One JSON document on stdout (progress and errors go to stderr)."""
-    sys.stdout.write(json.dumps(jsonable(data), indent=2, sort_keys=True) + "\n")
+    sys.stdout.write(spoken(json.dumps(jsonable(data), indent=2, sort_keys=True)) + "\n")
 
 
 def outcome_json(outcome: Outcome) -> dict[str, Any]:

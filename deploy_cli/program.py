@@ -4,23 +4,25 @@ looked for: the checkout's tasks.py is for `invoke` there (it adds the sandbox a
 
 The program is invoke's Program with the habits of a deploy tool: one task per command, `--dry` meaning the task's
 --dry-run, help of its own (what it is, the tasks by family, only the options that apply, every value shown), usage
-errors exit 2 whoever finds them, a word after deploy/render/plan is the profile, and output cut by a closed pipe
-(`| head`) ends quietly. OneTaskExecutor carries the first two and the pipe to the checkout's `invoke` as well
-(invoke.yaml names it)."""
+errors exit 2 whoever finds them, nothing on the line guessed at (check_line: an option without its value, one
+given twice, an unknown task or flag with the nearest name), a word after deploy/render/plan is the profile, and
+output cut by a closed pipe (`| head`) ends quietly. OneTaskExecutor carries the first two, the pipe and the check of
+an option without its value to the checkout's `invoke` as well (invoke.yaml names it)."""
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import sys
 from importlib.metadata import version
 from typing import Any, NoReturn
 
-from invoke import Argument, Executor, Exit, ParseError, Program
+from invoke import Argument, Executor, Exit, ParseError, Parser, Program
 from invoke.parser import ParserContext
 from invoke.util import Lexicon
 
-from deploy_lib.errors import EXIT_CODES, ConfigError
+from deploy_lib.errors import EXIT_CODES, ConfigError, did_you_mean
 
 NAME = "sglang-deploy"
 USAGE_ERROR = EXIT_CODES[ConfigError]  # 2: nothing was run
@@ -46,9 +48,16 @@ class OneTaskExecutor(Executor):
     `render -p glm5-nvfp4 uninstall` uninstalled); invoke's `--dry` (`-R`) is the task's --dry-run or refused (invoke
     echoes the shell commands of `c.run`, which no task uses, so a real deploy ran)."""
 
+    line_checked = False  # by the program: `sglang-deploy` checks the line before invoke's parser reads it
+
     def execute(self, *tasks: Any) -> dict[Any, Any]:
         contexts = [each for each in tasks if isinstance(each, ParserContext)]
         code = usage_code(any(DRIFT_CHECK in each.args and each.args[DRIFT_CHECK].value for each in contexts))
+        if self.core is not None and not self.line_checked:  # the checkout's `invoke`: invoke's parser alone
+            try:
+                check_line(list(self.core.unparsed), Parser(self.collection.to_contexts()).contexts, self.core[0])
+            except ParseError as error:
+                raise Exit(f"error: {error}", code=code) from None
         if len(tasks) > 1:
             first, second = (self.typed(each) for each in tasks[:2])
             raise Exit(f"error: one task per command: `{second}` is a second task after `{first}`; nothing was run "
@@ -122,6 +131,98 @@ def with_operand(tokens: list[str], contexts: Lexicon, initial: ParserContext, o
     return result
 
 
+# Flags a task does not have, typed out of habit (Ansible's) or from another task, and what to type instead; a task
+# that has a flag of the same name (`patch --check`) keeps its own.
+EXTRA_VARS = "Ansible's extra vars are a profile's values here: `--set path.to.key=value` (deploy, plan, render)"
+CHECK_MODE = "Ansible's check mode is `--dry-run` (deploy, tune) or the `plan` task here"
+ANSWERED = {
+    "--limit": "Ansible's --limit is `--host NAME` or `--group NAME` here",
+    "-e": EXTRA_VARS,
+    "--extra-vars": EXTRA_VARS,
+    "--check": CHECK_MODE,
+    "-C": CHECK_MODE,
+    "--set": "--set overrides a profile value (deploy, plan, render); a patch set is `--name NAME`",
+}
+
+
+def _long_names(context: ParserContext, initial: ParserContext) -> list[str]:
+    """The long flags a user may type in the context (`--profile`; a Lexicon lists no alias such as `-p`)."""
+    return [*context.flags, *context.inverse_flags, *initial.flags]
+
+
+def _is_flag(token: str, context: ParserContext, initial: ParserContext) -> bool:
+    """A token that is a flag, not a value: one the context or the program knows, or any `--word`."""
+    flag = token.partition("=")[0]
+    known = flag in context.flags or flag in context.inverse_flags or flag in initial.flags
+    return known or (flag.startswith("--") and len(flag) > 2)
+
+
+def _unknown_flag(flag: str, context: ParserContext, initial: ParserContext) -> ParseError:
+    where = f"`{context.name}`" if context.name else "the program"
+    if flag in ANSWERED:
+        return ParseError(f"{where} has no option {flag}: {ANSWERED[flag]}", context)
+    names = {name.lstrip("-"): name for name in _long_names(context, initial)}  # the dashes would match them all
+    close = difflib.get_close_matches(flag.lstrip("-"), list(names), n=1, cutoff=0.6)
+    return ParseError(f"{where} has no option {flag}" + "".join(f"; did you mean `{names[name]}`?" for name in close),
+                      context)
+
+
+def check_line(tokens: list[str], contexts: Lexicon, initial: ParserContext) -> None:
+    """Refuse what invoke's parser would guess at, naming the flag as typed: an option that takes a value given
+    without one (invoke let a repeatable one pass empty: `--serial --dry-run` deployed every host at once), a
+    single-value option given twice, an unknown flag or task (with the nearest name), a bare word no option takes.
+    A value is the next token unless that is a flag; `--` ends the check."""
+    from deploy_cli.usage import option_spec
+    context, given, index = initial, dict[str | None, str](), 0
+    while index < len(tokens):
+        token = tokens[index]
+        index += 1
+        if token == "--":
+            return
+        if not token.startswith("-") or token == "-":
+            if token in contexts:
+                context, given = contexts[token], {}
+            elif context is initial:
+                raise ParseError(f"no task named {token!r}{did_you_mean(token, list(contexts))}", context)
+            else:
+                raise ParseError(f"`{context.name}` takes no bare word: {token!r} is no option's value (a value "
+                                 "goes after its option: `--host NAME`)", context)
+            continue
+        flag, has_value = token.partition("=")[0], "=" in token
+        if not flag.startswith("--") and len(flag) > 2:  # a cluster: -ifile (a value), -yv or -yi FILE (flags)
+            head = _flag(flag[:2], context, initial)
+            for short in ([] if head is not None and head.takes_value else flag[1:-1]):
+                if _flag("-" + short, context, initial) is None:
+                    raise _unknown_flag("-" + short, context, initial)
+            flag, has_value = (flag[:2], True) if head is not None and head.takes_value else ("-" + flag[-1],
+                                                                                                has_value)
+        argument = _flag(context.inverse_flags.get(flag, flag), context, initial)
+        if argument is None:
+            raise _unknown_flag(flag, context, initial)
+        if not argument.takes_value or argument.optional:
+            continue
+        if has_value:
+            value = token.partition("=")[2] if "=" in token else token[2:]
+        else:
+            following = tokens[index] if index < len(tokens) else None
+            if following is None or following == "--" or _is_flag(following, context, initial):
+                after = f"before {following}" if following else "at the end of the line"
+                shown = option_spec(argument).split(", ")[-1].removesuffix(" ...")
+                raise ParseError(f"{flag} needs a value ({shown}): none was "
+                                 f"given {after}; nothing was run", context)
+            value, index = following, index + 1
+        if argument.kind is not list and argument.name in given:
+            raise ParseError(f"{flag} is given twice ({given[argument.name]!r}, then {value!r}) and takes one "
+                             "value: give it once; nothing was run", context)
+        given[argument.name] = value
+
+
+class CheckedLineExecutor(OneTaskExecutor):
+    """`sglang-deploy`'s executor: DeployProgram.parse_tasks has checked the line (check_line) already."""
+
+    line_checked = True
+
+
 class DeployProgram(Program):
     def core_args(self) -> list[Argument]:
         return [
@@ -161,6 +262,7 @@ class DeployProgram(Program):
                     if (task := self.collection[name]) is not None and getattr(task, "operand", None)}
         try:
             self.core.unparsed[:] = with_operand(self.core.unparsed, contexts, self.initial_context, operands)
+            check_line(self.core.unparsed, contexts, self.initial_context)
             super().parse_tasks()
         except ParseError as error:
             raise self.usage_error(error) from None
@@ -187,8 +289,8 @@ class DeployProgram(Program):
             raise Exit
         if asked:
             if asked not in self.parser.contexts:
-                raise Exit(f"error: no task named {asked!r} (`{self.binary} --help` lists the tasks)",
-                           code=USAGE_ERROR)
+                raise Exit(f"error: no task named {asked!r}{did_you_mean(asked, list(self.parser.contexts))} "
+                           f"(`{self.binary} --help` lists the tasks)", code=USAGE_ERROR)
             self.print_task_help(asked)
             raise Exit
         if self.args.list.value:
@@ -220,8 +322,10 @@ class DeployProgram(Program):
 
 def main() -> None:
     from deploy_cli.collection import user_tasks
+    from deploy_lib.program_name import set_program
+    set_program(NAME)  # the messages name `sglang-deploy TASK`, the command the user ran
     program = DeployProgram(name=NAME, binary=NAME, version=version(NAME), namespace=user_tasks(),
-                            executor_class=OneTaskExecutor)
+                            executor_class=CheckedLineExecutor)
     try:
         try:
             program.run()

@@ -11,15 +11,27 @@ from deploy_cli import present as ui
 from deploy_cli.options import task
 
 
-@task(help={"directory": "where to write the project (default: the working directory)"})
-def init(c: Context, directory: str = ".") -> None:
-    """Start a project: inventory/hosts.yaml with an example host, inventory/profiles/ with the reference profile
-    glm5-nvfp4 and a .gitignore; refuses to overwrite any file."""
-    from deploy_lib.deploy.project import write_starter
-    for path in common.run(lambda: write_starter(Path(directory))):
+@task(help={"model": "your model: a Hugging Face repo id (Qwen/Qwen3-8B) or the weights' absolute path on the host",
+            "gpus": "GPUs the model runs on, its tensor parallelism: 1, 2, 4, 8 or 16 (default 1)",
+            "host": "the GPU host's address (or an alias of your ssh config)",
+            "user": "the SSH user (default: your ssh config's User, else your local user)",
+            "venv": "where SGLang is installed on the host (default /root/ml-env)",
+            "name": "the profile's name (default: the model's, in lower case)",
+            "example": "a bundled example instead of your model: glm5-nvfp4 (the reference rig)",
+            "directory": "where to write the project (default: the working directory)"})
+def init(c: Context, model: str | None = None, gpus: int = 1, host: str | None = None, user: str | None = None,
+         venv: str | None = None, name: str | None = None, example: str | None = None, directory: str = ".") -> None:
+    """Start a project for your model: inventory/profiles/NAME.yaml (only what differs from SGLang's defaults),
+    inventory/hosts.yaml with your host, a .gitignore; contacts nothing, overwrites nothing."""
+    from deploy_lib.deploy.starter import ModelRequest, new_project, write_project
+    project = common.run(lambda: new_project(example, ModelRequest(model, gpus, host, user, venv, name)))
+    for path in common.run(lambda: write_project(Path(directory), project)):
         ui.console.print(f"wrote {path}", markup=False)
-    ui.console.print("next: put your host in inventory/hosts.yaml, then `sglang-deploy render --profile glm5-nvfp4`",
-                     markup=False)
+    ui.console.print("the host must already have:", markup=False)
+    for need in project.host_needs:
+        ui.console.print(f"  {need}", markup=False)
+    ui.console.print(f"next: `invoke plan {project.profile} --accept-new-host-key`, then "  # as the program run
+                     f"`invoke deploy {project.profile}`", markup=False)
 
 
 @task

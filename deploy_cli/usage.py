@@ -4,6 +4,7 @@ options, and a task's options each with the placeholder of its value (argparse's
 from __future__ import annotations
 
 import inspect
+import re
 import shutil
 import textwrap
 from collections.abc import Iterable, Iterator
@@ -111,9 +112,22 @@ def overview(binary: str, version: str, collection: Collection, core: ParserCont
     return [*textwrap.wrap(f"{binary} {version} {ABOUT}", width() - 1), "",
             f"Usage: {binary} [--project DIR] TASK [--options]", f"       {binary} TASK --help", "",
             *task_list(collection), "Options:", *columns(option_rows(core, hidden)), "",
-            *textwrap.wrap(f"One task per command; `{binary} TASK --help` lists its options. Exit codes: 0 done, 1 "
-                           "failed or declined, 2 a usage or configuration error (nothing was run), 3 to 11 and "
-                           "130/143 as the README's table says.", width() - 1)]
+            f"One task per command; `{binary} TASK --help` lists its options.", "", "Exit codes:",
+            *columns(exit_code_rows())]
 
 
-__all__ = ["option_spec", "overview", "shown_name", "task_help", "task_list"]
+def exit_code_rows() -> list[tuple[str, str]]:
+    """Each exit code with what it means, from the error classes (deploy_lib.errors): the first clause of each
+    class's docstring, its parenthesis left out."""
+    from deploy_lib.errors import EXIT_CODES, DeployError
+    rows = [(INDENT + "0", "done"), (INDENT + "1", "failed, or the question was answered no")]
+    for error, code in EXIT_CODES.items():
+        if error is not DeployError:
+            first = re.split(r"[;:]|\. ", (error.__doc__ or "").split("\n\n")[0].replace("\n", " "), maxsplit=1)[0]
+            meaning = re.sub(r" \([^)]*\)", "", first).rstrip(".")
+            spoken = meaning if meaning[:2].isupper() else meaning[0].lower() + meaning[1:]  # SIGINT stays SIGINT
+            rows.append((INDENT + str(code), f"{spoken} ({error.__name__})"))
+    return rows
+
+
+__all__ = ["exit_code_rows", "option_spec", "overview", "shown_name", "task_help", "task_list"]

@@ -1,5 +1,7 @@
-"""YAML reading that refuses what PyYAML lets through silently (duplicate keys), reads merge keys (`<<: *base`),
-refuses Ansible Vault values by key, and names file and line."""
+"""The one place a file the user wrote is read (profiles, inventories in YAML and INI, group_vars/ and host_vars/,
+tune specs, patch sets, secret files, the ssh config): not a file, unreadable, too large or not UTF-8 is a
+ConfigError naming the file and where. YAML reading that refuses what PyYAML lets through silently (duplicate keys),
+reads merge keys (`<<: *base`), refuses Ansible Vault values by key, and names file and line."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import yaml
 
 from deploy_lib.errors import ConfigError
 
-MAX_FILE_BYTES = 1_000_000  # a profile or inventory is a few KB; anything this large is a mistake
+MAX_FILE_BYTES = 1_000_000  # a profile, an inventory or an ssh config is a few KB; anything this large is a mistake
 MERGE_TAG = "tag:yaml.org,2002:merge"
 _INI_SECTION = re.compile(r"^\[[^:\]\s]+(?::\w+)?\]\s*$")  # [group], [group:vars]: an INI inventory's sections
 VAULT_FILE_HEADER = "$ANSIBLE_VAULT;"  # the first line of a file `ansible-vault encrypt` wrote
@@ -54,16 +56,36 @@ def _refuse_vault(path: Path, data: Any, where: str = "") -> None:
         _refuse_vault(path, value, f"{where}.{key}" if where else str(key))
 
 
+def read_text_file(path: Path) -> str:
+    """PATH's text; ConfigError (exit 2) for a path that is no regular file, one that cannot be read, one too large
+    for a profile or inventory, and text that is not UTF-8 (naming the line and byte offset of the first bad
+    byte)."""
+    try:
+        if not path.is_file():
+            kind = "a directory" if path.is_dir() else "not a regular file" if path.exists() else "no such file"
+            raise ConfigError(f"{path}: cannot read: {kind}")
+        size = path.stat().st_size
+        if size > MAX_FILE_BYTES:
+            raise ConfigError(f"{path}: {size} bytes is too large for a profile, an inventory or a config "
+                              f"(limit {MAX_FILE_BYTES})")
+        data = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read: {err.strerror or err}") from None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        encoding = "UTF-16" if data.startswith((b"\xff\xfe", b"\xfe\xff")) else "LATIN1"  # a BOM, else a guess
+        raise ConfigError(f"{path}:{line}: not UTF-8: byte 0x{data[err.start]:02x} at offset {err.start}"
+                          + (" (the file is UTF-16)" if encoding == "UTF-16" else ""),
+                          f"save the file as UTF-8 (`iconv -f {encoding} -t UTF-8`, or the editor's encoding "
+                          "menu)") from None
+
+
 def load_yaml_mapping(path: Path, allow_empty: bool = False, ini_hint: bool = False) -> dict[str, Any]:
     """Parse PATH as a YAML mapping ({} for an empty file when `allow_empty`); ConfigError names the file and line of
     any problem, and with `ini_hint` says so when the file looks like an INI inventory."""
-    try:
-        size = path.stat().st_size
-    except OSError as err:
-        raise ConfigError(f"{path}: cannot read: {err.strerror}") from None
-    if size > MAX_FILE_BYTES:
-        raise ConfigError(f"{path}: {size} bytes is too large for a profile or inventory (limit {MAX_FILE_BYTES})")
-    text = path.read_text(encoding="utf-8", errors="strict")
+    text = read_text_file(path)
     if text.startswith(VAULT_FILE_HEADER):
         raise ConfigError(f"{path}: the whole file is encrypted with Ansible Vault and cannot be read", VAULT_HINT)
     try:

@@ -45,7 +45,7 @@ FOLDER_LAYERS: dict[str, str] = {
     # many hosts: a group, a multi-node release, replicas behind a router
     "ops": "ops",
 }
-# Layers the README calls pure: computed without SSH, unit-tested without a host.
+# Layers docs/architecture.md calls pure: computed without SSH, unit-tested without a host.
 PURE = frozenset({"base", "schema", "planning"})
 # What a module needs to reach a host: the Remote protocol (a parameter typed with it) or the SSH connection; or a
 # call of `.run` on something named remote. (remote.concurrently only marks Steps: data.)

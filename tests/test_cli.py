@@ -64,7 +64,7 @@ def test_a_number_option_given_a_word_is_a_sentence_and_exit_2() -> None:
     """Input tried: `logs -n abc` (it printed a ValueError traceback)."""
     refused = invoke("logs", "-n", "abc")
     assert refused.returncode == 2
-    assert refused.stderr.strip() == "error: --lines takes a whole number (0 or more), got 'abc'"
+    assert refused.stderr.strip() == "error: -n/--lines takes a whole number (0 or more), got 'abc'"
 
 
 @pytest.mark.parametrize("argv", [("logs", "--lines=-5"), ("logs", "-n", "-5", "-H", "nosuch")])
@@ -72,7 +72,7 @@ def test_a_negative_count_is_refused_before_any_host(argv: tuple[str, ...]) -> N
     """Input tried: `logs --lines=-5` and `logs -n -5` (both were accepted and passed to journalctl)."""
     refused = invoke(*argv)
     assert refused.returncode == 2
-    assert refused.stderr.strip() == "error: --lines takes a whole number (0 or more), got '-5'"
+    assert refused.stderr.strip() == "error: -n/--lines takes a whole number (0 or more), got '-5'"
 
 
 @pytest.mark.parametrize(("where", "why"), [("no/such/dir/x.json", "No such file or directory"),
@@ -190,7 +190,8 @@ def test_a_deploy_outcome_as_json_has_release_previous_timings_cause_and_exit_co
     (Action.already_running, "already running", "already running: release A", "already-running")])
 def test_an_outcome_is_spelled_as_the_readme_documents_it_in_json_terminal_and_hooks(
         action: Action, in_json: str, printed: str, hooks_see: str) -> None:
-    """README "Scripting" (`outcome`: `rolled back` ...) and "Hooks" (SGLANG_DEPLOY_OUTCOME: `rolled-back` ...)."""
+    """docs/commands.md "Scripting" (`outcome`: `rolled back` ...) and docs/hooks.md (SGLANG_DEPLOY_OUTCOME:
+    `rolled-back` ...)."""
     outcome = Outcome(action, "A", "B")
     assert json.loads(json.dumps(ui.outcome_json(outcome)))["outcome"] == in_json
     with ui.console.capture() as shown:
@@ -224,7 +225,7 @@ def test_verbose_shows_each_remote_step_with_its_output_and_masks_secrets() -> N
     assert "hf_x" not in "\n".join(lines) and lines[-1] == f"    | {MASK}"
 
 
-@pytest.mark.parametrize("task", [["patch-fusion"], ["patch", "--set", "fusion-sm120", "--check", "--audit"]])
+@pytest.mark.parametrize("task", [["patch-fusion"], ["patch", "--name", "fusion-sm120", "--check", "--audit"]])
 def test_patch_without_one_action_is_a_sentence_and_exit_2(task: list[str]) -> None:
     refused = invoke(*task)
     assert (refused.returncode, refused.stderr.strip()) == (
@@ -271,16 +272,18 @@ def test_patch_without_a_set_is_exit_2_naming_the_option() -> None:
     assert refused.returncode == 2 and "--name" in refused.stderr
 
 
-@pytest.mark.parametrize("argv", [("patch", "--name", "fusion-sm120"), ("patch", "--set", "fusion-sm120"),
-                                  ("patches.check", "--name", "fusion-sm120")])
-def test_a_patch_sets_name_is_given_as_name_everywhere_and_the_old_set_still_parses(argv: tuple[str, ...]) -> None:
+@pytest.mark.parametrize("argv", [("patch", "--name", "fusion-sm120"), ("patches.check", "--name", "fusion-sm120")])
+def test_a_patch_sets_name_is_given_as_name_everywhere(argv: tuple[str, ...]) -> None:
     """Input tried: the spellings above with --check against a host not in the inventory: each parses and reaches the
-    host lookup (before: `patches.check NAME` in the README did not parse, `patch` knew only --set)."""
+    host lookup (before: `patches.check NAME` in the README did not parse, `patch` knew only --set). `patch --set`,
+    the first spelling, is refused naming --name (tests/test_mistakes.py): --set is a profile override elsewhere."""
     refused = invoke(*argv, "--check", "-H", "nosuch") if argv[0] == "patch" else invoke(*argv, "-H", "nosuch")
     assert refused.returncode == 2 and "unknown host 'nosuch'" in refused.stderr
 
 
-HOST_TASKS_WITHOUT_VERBOSE = {"render"}  # --host picks the inventory's vars only; every other one talks to the host
+# render: --host picks the inventory's vars only; init: --host is the address it writes; every other one talks to
+# the host
+HOST_TASKS_WITHOUT_VERBOSE = {"render", "init"}
 JSON_TASKS = {"plan", "render", "logs", "model.list", "patches.list", "patches.check", "patches.audit",
               "patches.enable", "patches.disable", "patch", "patch-fusion", "status", "releases", "deploy",
               "rollback", "venv.list", "bench"}

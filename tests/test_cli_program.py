@@ -74,7 +74,8 @@ def test_the_top_level_help_is_the_tools_own_with_the_tasks_by_family(argv: tupl
     assert headings[:3] == ["Releases: what a profile becomes, and taking hosts to it or back:",
                             "A host's server and its store, without a new release:",
                             "Reading a host: state, history, journal, benchmark, GPUs:"]
-    assert headings[-1] == "Options:" and "Other tasks:" not in headings  # every module of tasks has its family
+    assert headings[-2:] == ["Options:", "Exit codes:"]
+    assert "Other tasks:" not in headings  # every module of tasks has its family
     listed = {line.split()[0] for line in text.split("\nOptions:")[0].splitlines()
               if line.startswith("  ") and not line.startswith("   ")}  # a task's line, not a wrapped one
     expected = {name for name in user_tasks().task_names if name != "tune.tune"} | {"tune"}
@@ -89,10 +90,10 @@ def test_invokes_options_for_shell_commands_are_not_the_tools(argv: tuple[str, .
 
 
 @pytest.mark.parametrize(("argv", "said"), [
-    (("logs", "--bogus"), "error: No idea what '--bogus' is! (`sglang-deploy logs --help` lists its options)"),
-    (("logs", "-n"), "error: Flag --lines needed value and was not given one! (`sglang-deploy logs --help` lists "
-                     "its options)"),
-    (("nosuch",), "error: No idea what 'nosuch' is! (`sglang-deploy --help` lists the tasks)"),
+    (("logs", "--bogus"), "error: `logs` has no option --bogus (`sglang-deploy logs --help` lists its options)"),
+    (("logs", "-n"), "error: -n needs a value (--lines=LINES): none was given at the end of the line; nothing was "
+                     "run (`sglang-deploy logs --help` lists its options)"),
+    (("nosuch",), "error: no task named 'nosuch' (`sglang-deploy --help` lists the tasks)"),
     (("--help", "nosuch"), "error: no task named 'nosuch' (`sglang-deploy --help` lists the tasks)"),
     (("--project",), "error: Flag --project needed value and was not given one! (`sglang-deploy --help` lists the "
                      "tasks)")])
@@ -135,7 +136,7 @@ def test_every_option_that_takes_a_value_shows_its_placeholder_in_help(capsys: p
 def test_no_tasks_help_names_a_command_the_installed_tool_does_not_have(capsys: pytest.CaptureFixture[str]) -> None:
     """Input tried: `TASK --help` for every task and the overview (stop's help said "`invoke start` brings it back",
     patch-fusion's "`invoke patch --name fusion-sm120`": there is no `invoke` where the tool is pip-installed). A
-    task's help names another by the task's name alone, as the README's task table does."""
+    task's help names another by the task's name alone, as the task table of docs/commands.md does."""
     namespace = user_tasks()
     program = DeployProgram(name=NAME, binary=NAME, version="0", namespace=namespace, executor_class=OneTaskExecutor)
     shown = {}

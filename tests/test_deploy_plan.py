@@ -224,10 +224,26 @@ def test_a_launcher_edited_by_hand_is_drift() -> None:
 
 
 def test_preflight_refuses_too_few_gpus() -> None:
-    """Input tried: an 8-GPU profile against nvidia-smi showing 4 GPUs."""
+    """Input tried: an 8-GPU profile against nvidia-smi showing 4 GPUs (the hint said `lower parallel.tp` whatever
+    the layout)."""
     loaded, plan = first_plan()
-    with pytest.raises(PreflightError, match="needs 8 GPUs, nvidia-smi shows 4"):
+    with pytest.raises(PreflightError, match="needs 8 GPUs per node, nvidia-smi shows 4") as refused:
         preflight(plan, loaded, target(), facts(plan.release.args, gpus=4))
+    assert "parallel: tp 8 needs" in str(refused.value)
+    assert refused.value.hint == "tp x dp x pp (per node) must be at most 4: use tp 4, or a host with 8 GPUs"
+
+
+@pytest.mark.parametrize(("overrides", "gpus", "note"), [
+    (("parallel.tp=4",), 6, "parallel: tp 4 takes 4 of the host's 6 GPUs; 2 stay idle (tp x dp x pp per node may "
+                            "be up to 6)"),
+    (("parallel.tp=2", "parallel.dp=3"), 8, "parallel: tp 2 x dp 3 takes 6 of the host's 8 GPUs; 2 stay idle"),
+    ((), 8, None)])
+def test_a_plan_says_which_gpus_a_layout_leaves_idle(overrides: tuple[str, ...], gpus: int, note: str | None) -> None:
+    """Input tried: TP 4 on 6 GPUs and TP 2 x DP 3 on 8 (planned without a word); TP 8 on 8 has no note."""
+    loaded = PROJECT.profile("glm5-nvfp4", overrides)
+    plan = plan_deploy(loaded, target(), facts(gpus=gpus), {}, False, NOW)
+    said = [each for each in plan.notes if "stay idle" in each]
+    assert [each[:len(note)] for each in said] == [note] if note else said == []
 
 
 def test_preflight_refuses_a_host_without_nvidia_smi() -> None:

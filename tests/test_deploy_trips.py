@@ -76,7 +76,7 @@ def test_a_deploy_expecting_a_change_reads_what_preflight_needs_with_the_decisio
     host, _ = serving_the_profile()
     host.reply(host_facts.FACT_GPUS, stdout="".join(f"{i}, NVIDIA RTX PRO 6000 Blackwell Server Edition, GPU-{i}, "
                                                     "12.0, 97887, 0, 30, 600, 0, 580\n" for i in range(4)))
-    with pytest.raises(PreflightError, match="the profile needs 8 GPUs, nvidia-smi shows 4"):
+    with pytest.raises(PreflightError, match="the profile's parallel: tp 8 needs 8 GPUs per node, nvidia-smi shows 4"):
         deploy(changed_profile(), target(), host, RecordingProgress(), Options(grace_s=0),
                sweep=SweepCandidate(keep_releases_at_least=0))
     assert len(host.batches) == 1 and writes(host) == [], "the one read, not even the lock"
@@ -90,14 +90,14 @@ def test_a_dry_run_reads_what_preflight_needs_in_its_one_round_trip_and_refuses_
     assert sum(len(round_trips(batch)) for batch in host.batches) == 1
     host.reply(host_facts.FACT_GPUS, stdout="0, NVIDIA RTX PRO 6000 Blackwell Server Edition, GPU-0, 12.0, 97887, 0, "
                                             "30, 600, 0, 580\n")
-    with pytest.raises(PreflightError, match="the profile needs 8 GPUs, nvidia-smi shows 1"):
+    with pytest.raises(PreflightError, match="the profile's parallel: tp 8 needs 8 GPUs per node, nvidia-smi shows 1"):
         deploy(PROJECT.profile("glm5-nvfp4"), target(), host, RecordingProgress(), Options(dry_run=True))
 
 
 @pytest.mark.parametrize(("fact", "stdout", "refusal"), [
     (host_facts.FACT_GPUS, "".join(f"{i}, NVIDIA RTX PRO 6000 Blackwell Server Edition, GPU-{i}, 12.0, 97887, 0, "
                                    "30, 600, 0, 580\n" for i in range(4)),
-     "the profile needs 8 GPUs, nvidia-smi shows 4"),
+     "the profile's parallel: tp 8 needs 8 GPUs per node, nvidia-smi shows 4"),
     (host_facts.FACT_DISK, "Filesystem 1-blocks Used Available Capacity Mounted on\n/dev/sda 10 1 1048576 99% /\n",
      "only 1 MiB free under"),
     (host_facts.FACT_PORT, 'LISTEN 0 4096 0.0.0.0:8000 0.0.0.0:* users:(("nc",pid=999,fd=3))\n',

@@ -89,7 +89,7 @@ def test_the_server_args_line_is_shortened_in_failure_output() -> None:
     long_line = line.replace("...)", ", ".join(f"option_{i}=None" for i in range(600)) + ")")
     assert len(long_line) > 10_000
     shown = shorten_log_line(long_line)
-    assert shown == long_line[:200] + "... (full line: invoke logs)"
+    assert shown == long_line[:200] + "... (full line: `invoke logs`)"
     short = "[2026-11-29 11:02:05 TP0] Load weight begin."
     assert shorten_log_line(short) == short
 

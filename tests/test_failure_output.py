@@ -21,7 +21,7 @@ def test_the_ladder_shows_the_server_args_line_shortened() -> None:
     out = recording()
     ui.TerminalProgress(out).log_line(SERVER_ARGS)
     shown = out.export_text()
-    assert SERVER_ARGS[:200] + "... (full line: invoke logs)" in shown and "option_699" not in shown
+    assert SERVER_ARGS[:200] + "... (full line: `invoke logs`)" in shown and "option_699" not in shown
 
 
 def test_an_errors_evidence_shows_the_server_args_line_shortened(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -29,4 +29,4 @@ def test_an_errors_evidence_shows_the_server_args_line_shortened(monkeypatch: py
     monkeypatch.setattr(ui, "errors", err)
     ui.print_error(ReadinessFailed("release r1 failed", evidence=(SERVER_ARGS, "ValueError: boom")))
     shown = err.export_text()
-    assert "(full line: invoke logs)" in shown and "option_699" not in shown and "ValueError: boom" in shown
+    assert "(full line: `invoke logs`)" in shown and "option_699" not in shown and "ValueError: boom" in shown

@@ -240,8 +240,8 @@ def test_the_project_is_the_nearest_directory_upwards_holding_inventory_or_the_o
 
 def test_init_writes_a_starter_project_and_overwrites_nothing(tmp_path: Path) -> None:
     """Input tried: init twice in one directory; the second refuses, naming the files, and writes nothing."""
-    from deploy_lib.deploy.project import write_starter
-    written = write_starter(tmp_path)
+    from deploy_lib.deploy.starter import for_example, write_project
+    written = write_project(tmp_path, for_example("glm5-nvfp4"))
     assert [path.relative_to(tmp_path).as_posix() for path in written] == [
         "inventory/hosts.yaml", "inventory/profiles/glm5-nvfp4.yaml", ".gitignore"]
     project = Project(tmp_path)
@@ -250,7 +250,7 @@ def test_init_writes_a_starter_project_and_overwrites_nothing(tmp_path: Path) ->
     (tmp_path / ".gitignore").write_text("mine\n")
     (tmp_path / "inventory" / "hosts.yaml").unlink()
     with pytest.raises(ConfigError, match=r"\.gitignore.*overwrites nothing") as refused:
-        write_starter(tmp_path)
+        write_project(tmp_path, for_example("glm5-nvfp4"))
     assert refused.value.exit_code == 2 and "hosts.yaml" not in refused.value.message
     assert not (tmp_path / "inventory" / "hosts.yaml").exists() and (tmp_path / ".gitignore").read_text() == "mine\n"
 

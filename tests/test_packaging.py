@@ -58,8 +58,9 @@ def test_a_non_editable_install_renders_and_lists_the_patch_sets(tmp_path: Path)
 
 def test_in_a_fresh_venv_the_installed_command_starts_a_project_renders_it_and_lists_only_user_tasks(
         tmp_path: Path) -> None:
-    """`pip install .` (not editable) into a new venv, then in an empty directory: `sglang-deploy init`,
-    `render --profile glm5-nvfp4`, `--list`; init again refuses to overwrite. Failed before: the installed command
+    """`pip install .` (not editable) into a new venv, then in an empty directory: `sglang-deploy init --example
+    glm5-nvfp4`, `render --profile glm5-nvfp4`, `--list`; init again refuses to overwrite; in another, the README's
+    `init --model Qwen/Qwen3-8B --gpus 1 --host 192.0.2.10` and `render qwen3-8b`. Failed before: the installed command
     found no tasks (`Can't find any collection named 'tasks'!`, exit 1) and had no init."""
     import sysconfig
     venv = tmp_path / "venv"
@@ -75,10 +76,10 @@ def test_in_a_fresh_venv_the_installed_command_starts_a_project_renders_it_and_l
     project.mkdir()
     environ = {k: v for k, v in os.environ.items() if not k.startswith(("SGLANG_DEPLOY_", "PYTHON"))}
 
-    def command(*argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([str(venv / "bin" / "sglang-deploy"), *argv], cwd=project, env=environ,
+    def command(*argv: str, cwd: Path = project) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(venv / "bin" / "sglang-deploy"), *argv], cwd=cwd, env=environ,
                               capture_output=True, text=True, timeout=120)
-    started = command("init")
+    started = command("init", "--example", "glm5-nvfp4")
     assert started.returncode == 0, started.stderr
     assert {path.relative_to(project).as_posix() for path in project.rglob("*") if path.is_file()} == {
         "inventory/hosts.yaml", "inventory/profiles/glm5-nvfp4.yaml", ".gitignore"}
@@ -90,6 +91,35 @@ def test_in_a_fresh_venv_the_installed_command_starts_a_project_renders_it_and_l
     names = {line.split()[0] for line in listed.stdout.splitlines() if line.startswith("  ")}
     assert {"deploy", "rollback", "render", "init", "patch-fusion", "router.deploy", "venv.build"} <= names
     assert not {name for name in names if name.startswith(("sandbox", "demo"))}
-    again = command("init")
+    again = command("init", "--example", "glm5-nvfp4")
     assert again.returncode == 2 and "overwrites nothing" in again.stderr
     assert "hosts.yaml" in again.stderr
+    mine = tmp_path / "qwen"
+    mine.mkdir()
+    asked = command("init", cwd=mine)
+    assert asked.returncode == 2 and "--model" in asked.stderr and not any(mine.iterdir())
+    started = command("init", "--model", "Qwen/Qwen3-8B", "--gpus", "1", "--host", "192.0.2.10", cwd=mine)
+    assert started.returncode == 0, started.stderr
+    assert "SGLang installed in a virtual environment at /root/ml-env" in started.stdout
+    rendered = command("render", "qwen3-8b", cwd=mine)
+    assert rendered.returncode == 0, rendered.stderr
+    assert "--model-path Qwen/Qwen3-8B" in rendered.stdout and "--tp-size 1" in rendered.stdout
+
+
+def test_the_wheel_builds_without_warnings_and_carries_the_readme_and_only_the_example_profile(tmp_path: Path) -> None:
+    """Failed before: every build warned `Package 'deploy_lib.starter.profiles' is absent from the packages
+    configuration`, and the wheel's metadata had no description (no `readme` in pyproject.toml)."""
+    import zipfile
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--verbose", "--wheel-dir",
+                            str(tmp_path), str(REPO)], capture_output=True, text=True, timeout=600)
+    assert built.returncode == 0, built.stderr
+    assert "absent from the packages configuration" not in built.stdout + built.stderr
+    [wheel] = tmp_path.glob("sglang_deploy-*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+        [metadata] = [name for name in names if name.endswith(".dist-info/METADATA")]
+        text = archive.read(metadata).decode()
+    assert "Description-Content-Type: text/markdown" in text
+    assert text.split("\n\n", 1)[1].strip() == (REPO / "README.md").read_text().strip()
+    assert {name for name in names if name.startswith("deploy_lib/starter/")} == {
+        "deploy_lib/starter/hosts.example.yaml", "deploy_lib/starter/profiles/glm5-nvfp4.yaml"}

@@ -164,7 +164,7 @@ def test_json_schema_lists_every_top_level_key_and_forbids_others() -> None:
 
 
 def test_a_profile_may_name_its_schema_for_editors(tmp_path: Path) -> None:
-    """Input tried: the README's two ways of pointing an editor at `invoke schema`'s output."""
+    """Input tried: docs/profiles.md's two ways of pointing an editor at `invoke schema`'s output."""
     _write(tmp_path, "edited", "# yaml-language-server: $schema=../../profile.schema.json\n"
                                "$schema: ../../profile.schema.json\nmodel: {path: m}\n")
     assert load_profile(tmp_path, "edited").profile == Profile.model_validate({"model": {"path": "m"}})
@@ -209,7 +209,8 @@ def test_tp_larger_than_the_hosts_gpu_count_is_refused(tmp_path: Path) -> None:
     """Input tried: the TP8 reference profile against a host declaring 4 GPUs."""
     path = _write(tmp_path, "inv", "all:\n  hosts:\n    small: {gpu_count: 4}\n")
     loaded = load_profile(PROFILES, "glm5-nvfp4")
-    with pytest.raises(ConfigError, match=r"parallel\.tp: needs 8 GPUs per node, host small has 4"):
+    with pytest.raises(ConfigError, match=r"parallel: tp 8 needs 8 GPUs per node, host small has 4 \(.*inv.yaml: host "
+                                          r"small: gpu_count\)"):
         check_profile_fits_host(loaded.profile, load_inventory(path).host("small"), loaded.path)
 
 

@@ -567,7 +567,7 @@ def test_push_directory_sends_changed_files_and_links_the_rest(remote: FabricRem
     assert (first / "shard.safetensors").read_bytes() == b"x" * 300_000 and any("100%" in line for line in lines)
     shard = local / "shard.safetensors"
     shard.write_bytes(b"y" * 300_000)
-    # rsync's quick check compares size and mtime (a limit the README states for the rsync source): an edit of the
+    # rsync's quick check compares size and mtime (docs/deploy.md: "as rsync's own quick check"): an edit of the
     # same size within the same second as the first push is invisible to it, so the test edits later, as users do
     later = (first / "shard.safetensors").stat().st_mtime + 5
     os.utime(shard, (later, later))

@@ -75,3 +75,20 @@ def test_a_plan_shows_where_the_secret_comes_from_never_its_value() -> None:
     assert f"  + secret HF_TOKEN = {{command: [{sys.executable}, -c, print('hf_' + 'X' * 3 + 'MANAGER')]}}" in lines
     shown = "\n".join([*lines, plan.release.env_text_redacted, json.dumps(plan.release.record())])
     assert "hf_XXXMANAGER" not in shown
+
+
+@pytest.mark.parametrize(("content", "refusal"), [
+    ("hf_caf\xe9".encode("latin-1"), "secret HF_TOKEN: {path}:1: not UTF-8: byte 0xe9 at offset 6"),
+    (None, "secret HF_TOKEN: {path}: cannot read: a directory"),
+    (b"", "secret HF_TOKEN: value from {path} is empty")])
+def test_a_secret_file_that_is_not_text_is_refused_naming_it(tmp_path: Path, content: bytes | None,
+                                                              refusal: str) -> None:
+    """Input tried: a secret file in Latin-1 (a UnicodeDecodeError traceback) and a directory given as the file."""
+    path = tmp_path / "token"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ConfigError) as refused:
+        resolve_secrets(_profile_with(tmp_path, json.dumps({"file": str(path)})), {})
+    assert str(refused.value).startswith(refusal.format(path=path))

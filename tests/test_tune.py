@@ -110,7 +110,7 @@ def test_a_spec_file_is_checked_key_by_key_and_a_key_in_both_places_is_refused(t
 
 def test_a_bad_search_or_halving_setting_names_the_key() -> None:
     """Input tried: --search bogus; halving.eta 1 (nothing would be eliminated) in a spec file."""
-    with pytest.raises(ConfigError, match="search: Input should be 'grid' or 'halving'"):
+    with pytest.raises(ConfigError, match=r"^--search 'bogus': Input should be 'grid' or 'halving'"):
         sweep_spec(None, ["memory.max_running_requests=64,128"], {"search": "bogus"})
     with pytest.raises(ConfigError, match=r"halving\.eta: Input should be greater than or equal to 2"):
         sweep_spec(None, ["memory.max_running_requests=64,128"], {"search": "halving", "halving": {"eta": 1}})

@@ -38,6 +38,7 @@ from deploy_lib.facts.sglang_config import config_fact, config_path, merged_argu
 from deploy_lib.host.facts import read_host_facts
 from deploy_lib.host.store import host_lock
 from deploy_lib.profile import LoadedProfile
+from deploy_lib.program_name import spoken
 from deploy_lib.release.model import build_release
 from deploy_lib.remote import Put, Remote, Step, StepResult
 from deploy_lib.remote.readings import Fact, read
@@ -167,7 +168,7 @@ def adopt(target: Target, service: str, remote: Remote, profile_name: str, pid: 
                     *takeover, *switch_current(layout, RELEASE_ZERO), *reload,
                     *append_history(layout, history_entry("adopt", HEALTHY, tags, now, f"adopted {source}"))])
     how = f"--unit {service}" if unit_file else f"--pid {pid}"
-    header = (f"Written by `invoke adopt {how}` on {where}: SGLang {version} in {venv}.\n"
+    header = spoken(f"Written by `invoke adopt {how}` on {where}: SGLang {version} in {venv}.\n"
               f"Release 0 on the host runs exactly that {'unit' if unit_file else 'command'}; deploying this "
               "profile replaces it.")
     if release.secret_names:

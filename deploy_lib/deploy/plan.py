@@ -18,7 +18,7 @@ from deploy_lib.facts.diagnose import journal_cursor_step
 from deploy_lib.facts.host import HostFacts
 from deploy_lib.health import StartPrediction, predict_start
 from deploy_lib.models import HubModel, ModelFacts, ReleaseModel, Weights, size_text
-from deploy_lib.profile import LoadedProfile, RestartPolicy, ServiceSpec
+from deploy_lib.profile import LoadedProfile, ParallelSpec, RestartPolicy, ServiceSpec
 from deploy_lib.release.model import (
     SECRET_NOT_AVAILABLE,
     SECRET_VALUES,
@@ -319,7 +319,7 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
              start_limit_note(loaded.profile.service, _median_start_s(facts.store, loaded.name)),
              host.damaged and f"release {release.id} on the host is damaged ({host.damaged.reason}); it is staged "
                               "again",
-             host.not_verified, _model_note(model, model_facts),
+             host.not_verified, _model_note(model, model_facts), _idle_gpus_note(loaded.profile.parallel, facts),
              _gpu_check_note(loaded, host.current_id, release, check_reasons),
              _hand_stop_note(hand_pid, host, check_reasons),
              kept_at and f"a copy of the replaced unit is kept at {kept_at}")
@@ -439,6 +439,16 @@ def _gpu_check_batch(layout: StoreLayout, release: Release, check_reasons: tuple
     from deploy_lib import gpu_check
     return (*hand_stop, stop_step(layout),
             *gpu_check.check_batch(gpu_check.subject_of_release(release.id, release.metadata())))
+
+
+def _idle_gpus_note(parallel: ParallelSpec, facts: HostFacts) -> str | None:
+    """A layout that takes fewer GPUs than nvidia-smi shows leaves the others idle: said, not refused (a host may
+    keep GPUs for something else)."""
+    shown, used = len(facts.gpus or ()), parallel.gpus_per_node
+    if shown <= used:
+        return None
+    return (f"parallel: {parallel.shape} takes {used} of the host's {shown} GPUs; {shown - used} stay idle "
+            f"(tp x dp x pp per node may be up to {shown})")
 
 
 def _model_note(model: Weights | None, model_facts: ModelFacts | None) -> str | None:

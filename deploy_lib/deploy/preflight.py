@@ -70,7 +70,7 @@ def check_release(release: RecordedRelease, target: Target, facts: HostFacts, ha
     flag known to it, port (free, or held by our unit or the adopted hand-run server `hand_pid`), disk;
     PreflightError before anything changes."""
     where = target.host.name
-    gpus = require_gpus(facts, release.profile.parallel.gpus_per_node, where)
+    gpus = require_gpus(facts, release.profile.parallel, where)
     declared = target.host.vars.gpu_arch
     if declared and gpus and gpus[0].arch != declared:
         raise PreflightError(f"{where}: the inventory declares {declared}, nvidia-smi reports {gpus[0].arch} "

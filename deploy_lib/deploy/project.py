@@ -144,33 +144,3 @@ def load_for_target(project: Project, profile_given: str | None, inventory: Inve
         raise ConfigError(f"which profile for {target.host.name}? none was given and {inventory.path} sets no "
                           "`profile` for the host", "give --profile NAME (or a path to its .yaml file)")
     return loaded
-
-
-STARTER_GITIGNORE = """\
-# local state of this sglang-deploy project, never shared
-.env
-.venv/
-__pycache__/
-"""
-
-
-def starter_files() -> dict[str, str]:
-    """What `sglang-deploy init` writes, by path under the project root: an inventory with one example host, the
-    reference profile, a .gitignore for local state."""
-    from deploy_lib.bundled import STARTER_DIR
-    return {DEFAULT_INVENTORY: (STARTER_DIR / "hosts.example.yaml").read_text(),
-            "inventory/profiles/glm5-nvfp4.yaml": (STARTER_DIR / "profiles" / "glm5-nvfp4.yaml").read_text(),
-            ".gitignore": STARTER_GITIGNORE}
-
-
-def write_starter(root: Path) -> list[Path]:
-    """A new project at `root`; refused, with nothing written, when any of its files exists already."""
-    files = {root / name: text for name, text in starter_files().items()}
-    existing = [str(path) for path in files if path.exists()]
-    if existing:
-        raise ConfigError(f"{', '.join(existing)} exist(s) already; init writes a new project and overwrites nothing",
-                          "run `sglang-deploy init` in an empty directory, or edit the existing files")
-    for path, text in files.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return list(files)

@@ -4,7 +4,7 @@ systemd writes a structured journal message for each step of a crash (process ex
 "Scheduled restart job", the start limit); `crash_events_step` reads only those (from PID 1, about our unit),
 `parse_crashes` turns them into Crash values, and the server's own lines between a start and its crash are
 diagnosed with the same signature table as a failed deploy. The tool records each crash in history the next
-time it reads the host (status, deploy, rollback): the README's "Reliability" section says why.
+time it reads the host (status, deploy, rollback): docs/deploy.md ("After the deploy") says why.
 """
 
 from __future__ import annotations

@@ -232,7 +232,7 @@ def shorten_log_line(line: str) -> str:
     """SGLang logs its whole `server_args=ServerArgs(...)` (~10 KB) on one line at startup; failure output shows
     its start only and says where the rest is."""
     if "server_args=ServerArgs(" in line and len(line) > SERVER_ARGS_PREVIEW_CHARS:
-        return f"{line[:SERVER_ARGS_PREVIEW_CHARS]}... (full line: invoke logs)"
+        return f"{line[:SERVER_ARGS_PREVIEW_CHARS]}... (full line: `invoke logs`)"
     return line
 
 

@@ -17,6 +17,7 @@ from deploy_lib.digests import sha256_text
 from deploy_lib.errors import PreflightError
 from deploy_lib.facts.cuda_toolkit import CudaToolkit, parse_toolkit, toolkit_steps
 from deploy_lib.host_paths import venv_python
+from deploy_lib.profile import ParallelSpec
 from deploy_lib.release.render import loaded_unit_digest
 from deploy_lib.remote import Step, StepResult, concurrently
 from deploy_lib.remote.readings import TOOL_ABSENT_OK, Fact, Readings
@@ -401,11 +402,11 @@ def with_preflight_facts(facts: HostFacts, readings: Readings, request: FactRequ
     return replace(facts, **_values(readings, whole.facts(decision=False), whole.cuda_home))
 
 
-def require_gpus(facts: HostFacts, needed: int, where: str) -> tuple[Gpu, ...]:
+def require_gpus(facts: HostFacts, parallel: ParallelSpec, where: str) -> tuple[Gpu, ...]:
     if facts.gpus is None:
         raise PreflightError(f"{where}: cannot read the GPUs: {facts.gpu_error}",
                              "install the NVIDIA driver (nvidia-smi) on the host")
-    if len(facts.gpus) < needed:
-        raise PreflightError(f"{where}: the profile needs {needed} GPUs, nvidia-smi shows {len(facts.gpus)}",
-                             "lower parallel.tp or deploy to a host with more GPUs")
+    if len(facts.gpus) < parallel.gpus_per_node:
+        raise PreflightError(f"{where}: the profile's parallel: {parallel.shape} needs {parallel.gpus_per_node} "
+                             f"GPUs per node, nvidia-smi shows {len(facts.gpus)}", parallel.fitting(len(facts.gpus)))
     return facts.gpus

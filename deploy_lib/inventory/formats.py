@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any
 
 from deploy_lib.errors import ConfigError, did_you_mean
-from deploy_lib.yaml_io import load_yaml_mapping
+from deploy_lib.yaml_io import load_yaml_mapping, read_text_file
 
 MAX_RANGE_HOSTS = 4096  # a range is a rack, not a data centre; a typo such as [1:100000] is refused
 VARS_EXTENSIONS = (".yml", ".yaml", ".json")  # Ansible's YAML_FILENAME_EXTENSIONS
 YAML_SUFFIXES = (".yaml", ".yml", ".json")  # an inventory with any other name is read as INI, as Ansible does
+INVENTORY_NAMES = ("hosts.yaml", "hosts.yml", "hosts.json", "hosts.ini", "hosts")  # the file of an inventory dir
 _RANGE_HELP = "write a range as [begin:end] or [begin:end:step], e.g. gpu[1:8], gpu[01:08] or rack-[a:d]"
 _SECTION_RE = re.compile(r"^\[([^:\]\s]+)(?::(\w+))?\]\s*(?:[#;].*)?$")
 _PORT_RE = re.compile(r"^(?P<name>[^:\[\]]+|[^:]*\[[^\]]*\][^:]*):(?P<port>[0-9]{1,5})$")
@@ -89,7 +90,7 @@ def read_ini_inventory(path: Path) -> dict[str, Any]:
     children_of: dict[str, int] = {}  # a child named in [parent:children] -> its line
     vars_of: dict[str, int] = {}  # a group with a [group:vars] section -> its line
     name, kind = "ungrouped", "hosts"
-    lines = path.read_text(encoding="utf-8", errors="strict").splitlines()
+    lines = read_text_file(path).splitlines()
     for number, raw in enumerate(lines, start=1):
         line = raw.strip()
         where = f"{path}:{number}"
@@ -162,15 +163,25 @@ def _ini_host_line(where: str, line: str, hosts: dict[str, Any]) -> None:
         hosts[host] = {**hosts.get(host, {}), **host_vars}
 
 
+def inventory_file(path: Path) -> Path:
+    """The inventory file PATH names: PATH itself, or for a directory (Ansible's `-i inventory/`) its one
+    `hosts` file (hosts.yaml, hosts.yml, hosts.json, hosts.ini or hosts), whose group_vars/ and host_vars/ are the
+    directory's own. The directory's other files are not merged, as Ansible would: one file is the inventory."""
+    if not path.is_dir():
+        return path
+    found = [path / name for name in INVENTORY_NAMES if (path / name).is_file()]
+    if len(found) == 1:
+        return found[0]
+    which = (f"with {len(found)} inventory files ({', '.join(each.name for each in found)})" if found
+             else f"without an inventory file ({', '.join(INVENTORY_NAMES)})")
+    raise ConfigError(f"{path}: a directory {which}", "give the inventory file itself with -i, or keep one "
+                                                      "hosts file in the directory")
+
+
 def read_inventory_source(path: Path) -> dict[str, Any]:
     """The inventory file in the YAML shape: .yaml/.yml/.json as YAML, any other name as INI (Ansible's order)."""
-    if path.is_dir():
-        raise ConfigError(f"{path}: is a directory; give the inventory file in it",
-                          "sglang-deploy reads one inventory file (with group_vars/ and host_vars/ beside it)")
     if path.suffix in YAML_SUFFIXES:
         return load_yaml_mapping(path, ini_hint=True)
-    if not path.exists():
-        raise ConfigError(f"{path}: cannot read: no such file")
     return read_ini_inventory(path)
 
 

@@ -15,7 +15,7 @@ import paramiko
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
 from deploy_lib.errors import ConfigError, did_you_mean
-from deploy_lib.inventory.formats import expand_host_pattern, read_inventory_source, read_vars_files
+from deploy_lib.inventory.formats import expand_host_pattern, inventory_file, read_inventory_source, read_vars_files
 from deploy_lib.profile import AbsPath, Profile, format_validation_error
 from deploy_lib.remote import SSHTarget
 from deploy_lib.remote.ssh_config import (
@@ -145,6 +145,7 @@ class Host(BaseModel):
     groups: tuple[str, ...]
     vars: HostVars
     warnings: tuple[str, ...] = ()  # vars that look meant for this tool but are not read (typos, other ansible_*)
+    var_files: dict[str, Path] = {}  # each var -> the file its value came from (inventory, group_vars/, host_vars/)
     config_hostname: str | None = None  # the ssh config's HostName for ssh_alias, where it has one
 
     @property
@@ -291,15 +292,17 @@ def _vars_layers(path: Path, collected: _Collected, group_files: dict[str, list[
             (path, collected.host_vars[host]), *read_vars_files(path.parent / "host_vars", host)]
 
 
-def _host_vars(source: str, layers: list[tuple[Path, dict[str, Any]]]) -> tuple[dict[str, Any], HostVars]:
-    """The merged vars and what this tool reads of them; ConfigError names the file the wrong value came from."""
+def _host_vars(source: str, layers: list[tuple[Path, dict[str, Any]]]
+               ) -> tuple[dict[str, Any], dict[str, Path], HostVars]:
+    """The merged vars, the file each came from, and what this tool reads of them; ConfigError names the file the
+    wrong value came from."""
     merged: dict[str, Any] = {}
     origin: dict[str, Path] = {}
     for file, layer in layers:
         merged |= layer
         origin |= dict.fromkeys(layer, file)
     try:
-        return merged, HostVars.model_validate(merged)
+        return merged, origin, HostVars.model_validate(merged)
     except ValidationError as err:
         first_key = str(err.errors()[0]["loc"][0]) if err.errors()[0]["loc"] else ""
         raise ConfigError(format_validation_error(f"{origin.get(first_key, layers[0][0])}: {source}", err)) \
@@ -308,7 +311,8 @@ def _host_vars(source: str, layers: list[tuple[Path, dict[str, Any]]]) -> tuple[
 
 def load_inventory(path: Path, environ: Mapping[str, str] = os.environ) -> Inventory:
     """An Ansible inventory (YAML, or INI for any other file name) with the group_vars/ and host_vars/ beside it;
-    each host's address through the ssh config (`ssh_target`)."""
+    each host's address through the ssh config (`ssh_target`). A directory is its hosts file (`inventory_file`)."""
+    path = inventory_file(path)
     raw = read_inventory_source(path)
     if set(raw) != {"all"}:
         extra = sorted(set(raw) - {"all"})
@@ -323,27 +327,29 @@ def load_inventory(path: Path, environ: Mapping[str, str] = os.environ) -> Inven
     hosts = {}
     for name in collected.host_vars:
         member_of = [group for group, members in groups.items() if name in members]
-        host_vars, parsed = _host_vars(f"host {name}", _vars_layers(path, collected, group_files, name, member_of))
+        host_vars, origin, parsed = _host_vars(f"host {name}",
+                                               _vars_layers(path, collected, group_files, name, member_of))
         if parsed.profile and ("/" in parsed.profile or parsed.profile.endswith(".yaml")):
             parsed = parsed.model_copy(update={"profile": str(expand_local_path(parsed.profile, path))})
         config_path = ssh_config_path(parsed.ssh_config_file, path, environ)
         alias = parsed.ansible_host or name
         hostname = config_hostname(configs.setdefault(config_path, read_ssh_config(config_path)), alias, config_path)
         hosts[name] = Host(name=name, groups=tuple(member_of), vars=parsed,
-                           warnings=_ignored_vars(path, name, host_vars),
+                           warnings=_ignored_vars(origin, name, host_vars), var_files=origin,
                            config_hostname=hostname if hostname != alias else None)
     if not hosts:
         raise ConfigError(f"{path}: no hosts defined")
     return Inventory(path=path, hosts=hosts, groups=groups)
 
 
-def _ignored_vars(path: Path, host: str, host_vars: dict[str, Any]) -> tuple[str, ...]:
-    """An ansible_* var this tool does not read, or any var close to one it does, is most likely a typo."""
+def _ignored_vars(origin: dict[str, Path], host: str, host_vars: dict[str, Any]) -> tuple[str, ...]:
+    """An ansible_* var this tool does not read, or any var close to one it does, is most likely a typo: named with
+    the file it is written in."""
     warnings = []
     for name in sorted(set(host_vars) - set(READ_VARS)):
         suggestion = did_you_mean(name, READ_VARS, cutoff=0.85)  # ansible_ names share a long prefix
         if name.startswith("ansible_") or suggestion:
-            warnings.append(f"{path}: host {host}: {name} is not a var sglang-deploy reads, so it is ignored"
+            warnings.append(f"{origin[name]}: host {host}: {name} is not a var sglang-deploy reads, so it is ignored"
                             f"{suggestion}")
     return tuple(warnings)
 
@@ -369,10 +375,20 @@ def ssh_target(inventory_path: Path, host: Host, accept_new_host_key: bool, envi
 
 
 def check_profile_fits_host(profile: Profile, host: Host, profile_source: Path) -> None:
-    """What can be checked before SSH: the declared GPU count and architecture against the profile."""
-    needed = profile.parallel.gpus_per_node
+    """What can be checked before SSH: the GPU count the inventory declares (named where it is written) against the
+    GPUs the profile's layout needs on each node (tp x dp x pp, over its nodes)."""
     declared = host.vars.gpu_count
-    if declared is not None and needed > declared:
-        raise ConfigError(
-            f"{profile_source}: parallel.tp: needs {needed} GPUs per node, host {host.name} has {declared}",
-            f"use tp <= {declared} or a host with more GPUs")
+    if declared is None:
+        return
+    parallel = profile.parallel
+    needed = parallel.gpus_per_node
+    where = f"{host.var_files.get('gpu_count', 'the inventory')}: host {host.name}: gpu_count"
+    if declared == 0:
+        raise ConfigError(f"{where}: 0 declares a host without GPUs, and {profile_source} needs {needed}",
+                          "set gpu_count to the host's GPUs (`nvidia-smi -L` lists them), or deploy to a host with "
+                          "GPUs")
+    if needed <= declared:
+        return
+    raise ConfigError(f"{profile_source}: parallel: {parallel.shape} needs {needed} GPUs per node, host "
+                      f"{host.name} has {declared} ({where})", parallel.fitting(declared))
+

@@ -34,7 +34,7 @@ if TYPE_CHECKING:
 T = TypeVar("T")
 Item = TypeVar("Item")
 _SIZE_RE = re.compile(r"^(?P<number>[0-9]{1,6})(?P<percent>%?)$")
-# errors raised before anything on the host changed (README exit-code table: "nothing"; no connection at all)
+# errors raised before anything on the host changed (docs/troubleshooting.md: "nothing"; no connection at all)
 _NOTHING_CHANGED = (ConfigError, PreflightError, LockHeld, DriftDetected, ConnectFailed)
 
 

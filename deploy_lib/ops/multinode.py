@@ -39,8 +39,8 @@ def refuse_single_host(loaded: LoadedProfile, host: str) -> None:
     if is_multi_node(loaded):
         raise ConfigError(f"profile {loaded.name} has parallel.nnodes {loaded.profile.parallel.nnodes}: its nodes "
                           f"start, verify and roll back together, so it is not deployed to {host} alone",
-                          "deploy it to the group of its nodes: invoke deploy --profile "
-                          f"{loaded.name} --group G")
+                          "deploy it to the group of its nodes: `invoke deploy --profile "
+                          f"{loaded.name} --group G`")
 
 
 def assign_ranks(targets: Sequence[Target], nnodes: int, group: str) -> list[tuple[int, Target]]:

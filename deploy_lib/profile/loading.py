@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import typing
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +42,7 @@ def _resolve(profiles_dir: Path, name: str, seen: tuple[str, ...]) -> tuple[dict
     if name in seen:
         cycle = " -> ".join((*seen, name))
         raise ConfigError(f"{path}: extends: cycle {cycle}", "remove one `extends:` from the cycle")
-    if not path.is_file():
+    if not path.exists():  # a directory or a device of that name is refused as such where it is read
         known = sorted(p.stem for p in profiles_dir.glob("*.yaml"))
         where = f"{profile_path(profiles_dir, seen[-1])}: extends: " if seen else ""
         raise ConfigError(f"{where}profile {name!r} not found ({path})", f"known profiles: {', '.join(known)}")
@@ -58,8 +58,10 @@ def _resolve(profiles_dir: Path, name: str, seen: tuple[str, ...]) -> tuple[dict
 
 
 def format_validation_error(source: str, err: ValidationError, model: type[BaseModel] | None = None,
-                            extra_keys: Iterable[str] = ()) -> str:
-    """One line per problem, naming the key; with `model`, a close known key or choice is suggested."""
+                            extra_keys: Iterable[str] = (), flags: Mapping[str, str] | None = None) -> str:
+    """One line per problem, naming the key; with `model`, a close known key or choice is suggested. A top-level
+    key given by a command-line flag (`flags`: key -> flag) is named by that flag and the value typed, not `source`;
+    a key inside it stays `source: key`."""
     lines = []
     for item in err.errors():
         key = ".".join(str(p) for p in item["loc"]) or "(top level)"
@@ -72,7 +74,8 @@ def format_validation_error(source: str, err: ValidationError, model: type[BaseM
         elif item["type"] in ("enum", "literal_error"):
             choices = re.findall(r"'([^']*)'", (item.get("ctx") or {}).get("expected", ""))
             msg += did_you_mean(str(item["input"]), choices)
-        lines.append(f"{source}: {key}: {msg}")
+        flag = (flags or {}).get(str(item["loc"][0])) if len(item["loc"]) == 1 else None
+        lines.append(f"{flag} {item['input']!r}: {msg}" if flag else f"{source}: {key}: {msg}")
     return "\n".join(lines)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     AfterValidator,
@@ -119,6 +119,26 @@ class ParallelSpec(Strict):
     @property
     def gpus_per_node(self) -> int:
         return self.tp * self.pp * self.dp // self.nnodes
+
+    @property
+    def shape(self) -> str:
+        """`tp 8 x dp 2`, `tp 4 x pp 3 over 2 nodes`: the factors of the GPUs the layout takes."""
+        factors = " x ".join(f"{name} {size}" for name, size in (("tp", self.tp), ("dp", self.dp), ("pp", self.pp))
+                             if size > 1 or name == "tp")
+        return factors + (f" over {self.nnodes} nodes" if self.nnodes > 1 else "")
+
+    def fitting(self, gpus: int) -> str:
+        """A hint for a node of GPUS too few: this layout with a smaller tp, dp or pp that fits, where one does."""
+        options = []
+        for name in ("tp", "dp", "pp"):
+            given: int = getattr(self, name)
+            sizes = get_args(ParallelSpec.model_fields["tp"].annotation) if name == "tp" else range(1, given)
+            smaller = [size for size in sizes if size < given
+                       and self.model_copy(update={name: size}).gpus_per_node <= gpus]
+            if smaller:
+                options.append(self.model_copy(update={name: max(smaller)}).shape)
+        fits = f"use {' or '.join(options)}, or " if options else ""
+        return f"tp x dp x pp (per node) must be at most {gpus}: {fits}a host with {self.gpus_per_node} GPUs"
 
 
 class MemorySpec(Strict):

@@ -31,6 +31,7 @@ from deploy_lib.release.render import (
 )
 from deploy_lib.release.server_args import API_KEY_ENV, launch_argv, launch_environment, secret_environment, sglang_args
 from deploy_lib.store import ENV_FILE, LAUNCHER_FILE, UNIT_FILE, StoreLayout
+from deploy_lib.yaml_io import read_text_file
 
 SECRET_NOT_AVAILABLE = "not available here"
 SECRET_VALUES = "values"  # the Change that says secret values differ (a digest comparison)
@@ -71,9 +72,9 @@ def read_secret(name: str, ref: SecretRef, environ: Mapping[str, str]) -> str:
     else:
         path = Path(os.path.expanduser(str(ref.file)))
         try:
-            value = path.read_text().rstrip("\n")
-        except OSError as err:
-            raise ConfigError(f"secret {name}: cannot read {path}: {err.strerror}") from None
+            value = read_text_file(path).rstrip("\n")
+        except ConfigError as err:
+            raise ConfigError(f"secret {name}: {err.message}", err.hint) from None
     if not value or any(c in value for c in "\x00\n\r"):
         source = ref.env or ref.file or f"`{shlex.join(ref.command or ())}`"
         raise ConfigError(f"secret {name}: value from {source} is empty or has a newline/NUL")

@@ -22,12 +22,12 @@ import paramiko
 
 from deploy_lib.errors import ConfigError
 from deploy_lib.remote.ssh import JumpHost, SSHTarget
+from deploy_lib.yaml_io import read_text_file
 
 SSH_CONFIG_ENV = "SGLANG_DEPLOY_SSH_CONFIG"  # a path, or `none` to read no ssh config
 DEFAULT_SSH_CONFIG = Path("~/.ssh/config")
 NO_SSH_CONFIG = "none"
 MAX_INCLUDE_DEPTH = 16  # OpenSSH's READCONF_MAX_DEPTH
-MAX_CONFIG_BYTES = 1_000_000
 _HOSTNAME_RE = re.compile(r"^[A-Za-z0-9\[][A-Za-z0-9.:\-\[\]_]{0,254}$")  # never an option: no leading -
 _USER_RE = re.compile(r"^[a-z_][a-z0-9_\-]{0,31}$")
 _INCLUDE_RE = re.compile(r"^\s*include\s+(?P<patterns>.+?)\s*$", re.IGNORECASE)
@@ -119,12 +119,7 @@ def _text_with_includes(path: Path, depth: int = 0) -> str:
     relative pattern is under ~/.ssh, as OpenSSH takes it for a user config."""
     if depth > MAX_INCLUDE_DEPTH:
         raise ConfigError(f"{path}: Include nested more than {MAX_INCLUDE_DEPTH} deep", "is an Include a loop?")
-    try:
-        if path.stat().st_size > MAX_CONFIG_BYTES:
-            raise ConfigError(f"{path}: too large for an ssh config (limit {MAX_CONFIG_BYTES} bytes)")
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise ConfigError(f"{path}: cannot read the ssh config: {error}") from None
+    lines = read_text_file(path).splitlines()
     out: list[str] = []
     for line in lines:
         include = _INCLUDE_RE.match(line)

@@ -17,6 +17,7 @@ from jinja2 import Environment, StrictUndefined
 from markupsafe import Markup
 
 from deploy_lib.errors import ConfigError
+from deploy_lib.program_name import spoken
 from deploy_lib.report import charts
 from deploy_lib.report.data import COLUMNS, ReportData, Row
 from deploy_lib.report.sweep import SWEEP_COLUMNS, SweepData
@@ -135,7 +136,7 @@ def sweep_page(data: SweepData) -> Page:
         notes = [f"Winner: {f'{winner.number}: {winner.candidate}' if winner else 'none'}; serving at the end: "
                  f"release {data.serving}.", f"Why: {data.reason}"]
     else:
-        notes = [f"Not finished: `invoke tune --profile {data.profile} --resume {data.tune_id}` runs the rest."]
+        notes = [spoken(f"Not finished: `invoke tune --profile {data.profile} --resume {data.tune_id}` runs the rest.")]
     return Page(f"{data.host}: {data.service}, tuning sweep {data.tune_id}",
                 f"Profile {data.profile}, from the host's history, read {data.generated_at} (UTC). {INTRO}", notes,
                 sweep_sections(data), file_stem(data.host, data.service, data.tune_id),

@@ -181,7 +181,8 @@ def sweep_spec(path: Path | None, vary: Sequence[str], overrides: Mapping[str, A
     try:
         spec = TuneSpec.model_validate({**base, **(overrides or {}), "vary": {**base.get("vary", {}), **given}})
     except ValidationError as err:
-        raise ConfigError(format_validation_error(str(path or "--vary"), err, TuneSpec)) from None
+        flags = {key: f"--{key}" for key in overrides or {}}
+        raise ConfigError(format_validation_error(str(path or "--vary"), err, TuneSpec, flags=flags)) from None
     return spec, sources
 
 

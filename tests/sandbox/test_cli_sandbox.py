@@ -1,4 +1,5 @@
-"""The command line against a sandbox guest, as a user types it: the README's quick start followed line by line,
+"""The command line against a sandbox guest, as a user types it: the checkout's quick start (docs/getting-started.md,
+"From a checkout of the tool") followed line by line,
 then --json, -v, defaults taken from the host's current release, and a plan without secret values."""
 
 from __future__ import annotations
@@ -22,13 +23,13 @@ from sandbox import manage
 
 pytestmark = pytest.mark.sandbox
 REPO = Path(__file__).resolve().parents[2]
-README = (REPO / "README.md").read_text()
+GETTING_STARTED = (REPO / "docs" / "getting-started.md").read_text()
 ANSI = re.compile(r"\x1b\[[0-9;]*m")
 
 
 def quick_start_lines() -> list[str]:
-    """The quick start's shell block, one command per line (a heredoc kept whole)."""
-    section = README.split("## Quick start", 1)[1].split("\n## ", 1)[0]
+    """The checkout's quick start, its shell block, one command per line (a heredoc kept whole)."""
+    section = GETTING_STARTED.split("## From a checkout of the tool", 1)[1].split("\n## ", 1)[0]
     block = section.split("```bash\n", 1)[1].split("```", 1)[0]
     commands, heredoc = [], None
     for line in block.splitlines():
@@ -101,7 +102,7 @@ def user(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -
 
 
 def test_the_quick_start_as_written_deploys_to_a_fresh_host(user: User) -> None:
-    """Every line of the README's quick start, in order. What a real host has and the guest has not is stated
+    """Every line of the checkout's quick start, in order. What a real host has and the guest has not is stated
     here: the guest's address, key and known_hosts replace the example's, its venv is /opt/ml-env, and it reaches
     no hub but the sandbox's own (hf_endpoint)."""
     guest = user.guest
@@ -113,7 +114,7 @@ def test_the_quick_start_as_written_deploys_to_a_fresh_host(user: User) -> None:
         if command.startswith("invoke adopt"):
             if "adopt" in user.invoke("--list").stdout.split():
                 command = command.replace("--pid 4242", f"--pid {user.start_by_hand()}")
-            else:  # before `adopt` exists: the README's alternative, then its edit (the guest's venv)
+            else:  # before `adopt` exists: the page's alternative, then its edit (the guest's venv)
                 user.sh("cp inventory/profiles/glm5-nvfp4.yaml inventory/profiles/gpu1.yaml")
                 profile = user.checkout / "inventory" / "profiles" / "gpu1.yaml"
                 profile.write_text(profile.read_text().replace("venv: /root/ml-env", "venv: /opt/ml-env"))
@@ -124,7 +125,7 @@ def test_the_quick_start_as_written_deploys_to_a_fresh_host(user: User) -> None:
                                  f"known_hosts_file: {guest.known_hosts}, hf_endpoint: {guest.hub.endpoint}}}")
         command = command.split("  #", 1)[0].rstrip()
         if command.startswith("invoke plan") and "--accept-new-host-key" not in command:
-            command += " --accept-new-host-key"  # README: the first command that connects takes it
+            command += " --accept-new-host-key"  # the page: the first command that connects takes it
         result = user.typed(command)
         ran.append(command)
         assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"

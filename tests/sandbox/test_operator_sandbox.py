@@ -79,8 +79,9 @@ def test_uninstall_removes_unit_and_store_and_keeps_history_here(rig: Rig, tmp_p
     assert (done.copy / f"{release}.release.json").is_file()
 
 
-# Our reference user's launch as typed in an activated venv (README: the reference profile is that command), with
-# the DSA spelling SGLang 0.5.23 needs; `--model`, `--tp` and `--disable-cuda-graph` stay as users write them.
+# Our reference user's launch as typed in an activated venv (docs/profiles.md: the reference profile is that
+# command), with the DSA spelling SGLang 0.5.23 needs; `--model`, `--tp` and `--disable-cuda-graph` stay as users
+# write them.
 HAND_ARGS = (
     "--model lukealonso/GLM-5-NVFP4 --served-model-name glm-5 --reasoning-parser glm45 --tool-call-parser glm47 "
     "--trust-remote-code --tp 8 --mem-fraction-static 0.92 --max-running-requests 1024 --kv-cache-dtype auto "

@@ -1,0 +1,92 @@
+"""`sglang-deploy init` for any model: the profile it writes holds only what the user gave, loads and renders, the
+inventory holds their host; a hostile value is refused naming its option, one YAML would misread is quoted."""
+
+from __future__ import annotations
+
+from pathlib import Path, PurePosixPath
+
+import pytest
+import yaml
+
+from deploy_lib.deploy.project import Project
+from deploy_lib.deploy.starter import ModelRequest, for_model, new_project, write_project
+from deploy_lib.errors import ConfigError
+from deploy_lib.release.model import build_release
+from deploy_lib.store import StoreLayout
+
+
+def started(tmp_path: Path, request: ModelRequest, example: str | None = None) -> Project:
+    write_project(tmp_path, new_project(example, request))
+    return Project(tmp_path)
+
+
+def launcher(project: Project, name: str) -> str:
+    layout = StoreLayout(service="sglang", root=PurePosixPath("/opt/sglang-deploy"))
+    return build_release(project.profile(name), layout, "0.5.23", {}).launcher_text
+
+
+def test_a_model_on_two_gpus_is_a_two_line_profile_that_renders_and_an_inventory_of_the_host(tmp_path: Path) -> None:
+    project = started(tmp_path, ModelRequest("Qwen/Qwen3-8B", 2, "192.0.2.10", user="deploy"))
+    profile = tmp_path / "inventory" / "profiles" / "qwen3-8b.yaml"
+    body = [line for line in profile.read_text().splitlines() if not line.startswith("#")]
+    assert body == ["model: {path: Qwen/Qwen3-8B}", "parallel: {tp: 2}"]
+    argv = launcher(project, "qwen3-8b")
+    assert "--model-path Qwen/Qwen3-8B" in argv and "--tp-size 2" in argv and "/root/ml-env/bin/python3" in argv
+    host = project.inventory(None).host(None)
+    assert host.name == "gpu1" and host.address == "192.0.2.10"
+    assert (host.vars.ansible_user, host.vars.gpu_count, host.vars.profile) == ("deploy", 2, "qwen3-8b")
+    assert (tmp_path / ".gitignore").exists()
+
+
+def test_the_venv_and_name_given_end_up_in_the_files_and_the_host_needs_that_venv(tmp_path: Path) -> None:
+    request = ModelRequest("/models/llama-3.1-8b", 1, "gpu-box", venv="/opt/sglang", name="llama")
+    made = for_model(request)
+    assert made.profile == "llama" and "SGLang installed in a virtual environment at /opt/sglang" in made.host_needs[0]
+    project = started(tmp_path, request)
+    argv = launcher(project, "llama")
+    assert "exec /opt/sglang/bin/python3 -m sglang.launch_server" in argv
+    assert "--model-path /models/llama-3.1-8b" in argv
+    assert project.inventory(None).host(None).vars.profile == "llama"
+
+
+def test_without_a_venv_the_host_must_have_the_default_one(tmp_path: Path) -> None:
+    assert for_model(ModelRequest("Qwen/Qwen3-8B", 1, "192.0.2.10")).host_needs[0].startswith(
+        "SGLang installed in a virtual environment at /root/ml-env")
+
+
+@pytest.mark.parametrize(("request_", "option"), [
+    (ModelRequest("Qwen/Qwen3-8B; rm -rf /", 1, "192.0.2.10"), "--model"),
+    (ModelRequest("./weights", 1, "192.0.2.10"), "--model"),
+    (ModelRequest("Qwen/Qwen3-8B", 3, "192.0.2.10"), "--gpus"),
+    (ModelRequest("Qwen/Qwen3-8B", 1, "192.0.2.10 -oProxyCommand=sh"), "--host"),
+    (ModelRequest("Qwen/Qwen3-8B", 1, "192.0.2.10", user="root\nHost *"), "--user"),
+    (ModelRequest("Qwen/Qwen3-8B", 1, "192.0.2.10", venv="ml-env"), "--venv"),
+    (ModelRequest("Qwen/Qwen3-8B", 1, "192.0.2.10", name="../../etc/x"), "--name"),
+    (ModelRequest(None, 1, "192.0.2.10"), "--model"),
+], ids=["shell", "relative-model", "gpus", "ssh-option", "newline-user", "relative-venv", "path-name", "no-model"])
+def test_a_hostile_or_missing_value_is_refused_naming_its_option_and_nothing_is_written(
+        tmp_path: Path, request_: ModelRequest, option: str) -> None:
+    with pytest.raises(ConfigError, match=option) as refused:
+        write_project(tmp_path, new_project(None, request_))
+    assert refused.value.exit_code == 2 and not any(tmp_path.iterdir())
+
+
+def test_values_yaml_would_misread_are_quoted_and_read_back_as_given(tmp_path: Path) -> None:
+    """A model path with `: ` and a host alias spelled as YAML's null and a number: written quoted, read back as
+    text (failed without quoting: `null` would be no address, `10` a number)."""
+    started(tmp_path, ModelRequest("/models/a: b", 1, "null", name="null"))
+    written = yaml.safe_load((tmp_path / "inventory" / "profiles" / "null.yaml").read_text())
+    assert written == {"model": {"path": "/models/a: b"}, "parallel": {"tp": 1}}
+    host = Project(tmp_path).inventory(None).host(None)
+    assert host.address == "null" and host.vars.profile == "null"
+
+
+def test_the_reference_rig_is_an_example_and_model_with_example_or_neither_is_refused(tmp_path: Path) -> None:
+    project = started(tmp_path, ModelRequest(None, 1, None), example="glm5-nvfp4")
+    assert project.profile("glm5-nvfp4").profile.parallel.tp == 8
+    with pytest.raises(ConfigError, match="not both"):
+        new_project("glm5-nvfp4", ModelRequest("Qwen/Qwen3-8B", 1, None))
+    with pytest.raises(ConfigError, match="did you mean `glm5-nvfp4`"):
+        new_project("glm5-nvfp", ModelRequest(None, 1, None))
+    with pytest.raises(ConfigError, match="--model and --host"):
+        new_project(None, ModelRequest(None, 1, None))

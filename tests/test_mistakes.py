@@ -1,0 +1,314 @@
+"""Operator mistakes, tried as a new user would type them: each is refused with exit 2 before anything runs, naming
+the flag (or the file and where in it) as typed and what to give instead; none is guessed at, none ends in a
+traceback.
+
+The tables are the record: the command line as typed (and the files it reads), and how the refusal starts."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from helpers.cli import REPO, invoke
+from invoke.util import Lexicon
+
+from deploy_cli import common
+from deploy_cli.collection import user_tasks
+from deploy_cli.program import NAME, DeployProgram, OneTaskExecutor, check_line
+from deploy_lib.errors import ConfigError
+from deploy_lib.yaml_io import read_text_file
+
+# (command line, the refusal's first words). Options that take a value, given without one: invoke let a repeatable
+# one pass empty (`--serial --dry-run` deployed every host of the group in one batch).
+NO_VALUE = [
+    ("deploy --group gpu --serial --dry-run", "error: --serial needs a value (--serial=SERIAL): none was given "
+                                              "before --dry-run; nothing was run"),
+    ("deploy --group gpu --serial", "error: --serial needs a value (--serial=SERIAL): none was given at the end"),
+    ("rollback --group gpu --serial --yes", "error: --serial needs a value (--serial=SERIAL): none was given before "
+                                            "--yes"),
+    ("bench --compare", "error: --compare needs a value (--compare=COMPARE): none was given at the end"),
+    ("bench --compare 20260101-a --compare", "error: --compare needs a value"),
+    ("render glm5-nvfp4 --set", "error: --set needs a value (--set=SET): none was given at the end"),
+    ("plan glm5-nvfp4 --set --json", "error: --set needs a value (--set=SET): none was given before --json"),
+    ("report --release", "error: --release needs a value (--release=RELEASE): none"),
+    ("gpu-check --sizes", "error: --sizes needs a value (--sizes=SIZES): none"),
+    ("tune --vary --dry-run", "error: --vary needs a value (--vary=VARY): none was given before --dry-run"),
+    ("deploy --profile --yes", "error: --profile needs a value (--profile=PROFILE): none was given before --yes"),
+    ("deploy -p -y", "error: -p needs a value (--profile=PROFILE): none was given before -y"),
+    ("logs -n", "error: -n needs a value (--lines=LINES): none was given at the end"),
+    ("status --host --json", "error: --host needs a value (--host=HOST): none was given before --json"),
+    ("deploy --host --dryrun", "error: --host needs a value (--host=HOST): none was given before --dryrun"),
+    ("deploy --group -y", "error: --group needs a value (--group=GROUP): none was given before -y"),
+    ("deploy --group gpu --max-fail --yes", "error: --max-fail needs a value (--max-fail=MAX_FAIL): none was given "
+                                            "before --yes"),
+    ("deploy -yp", "error: -p needs a value (--profile=PROFILE): none was given at the end"),
+    ("render glm5-nvfp4 --sglang-version", "error: --sglang-version needs a value"),
+    ("rollback --to --yes", "error: --to needs a value (--to=TO): none was given before --yes"),
+    ("logs -H", "error: -H needs a value (--host=HOST): none was given at the end"),
+    ("status -i", "error: -i needs a value (--inventory=INVENTORY): none was given at the end"),
+]
+TWICE = [
+    ("logs -n 5 -n 10", "error: -n is given twice ('5', then '10') and takes one value: give it once"),
+    ("logs --lines=5 --lines 10", "error: --lines is given twice ('5', then '10')"),
+    ("logs -n5 --lines=10", "error: --lines is given twice ('5', then '10')"),
+    ("deploy --host a --host b", "error: --host is given twice ('a', then 'b')"),
+    ("deploy -H a --host=b", "error: --host is given twice ('a', then 'b')"),
+    ("render --sglang-version 0.5.9 --sglang-version 0.5.23", "error: --sglang-version is given twice"),
+]
+UNKNOWN = [
+    ("deply", "error: no task named 'deply'; did you mean `deploy`? (`sglang-deploy --help` lists the tasks)"),
+    ("stauts", "error: no task named 'stauts'; did you mean `status`?"),
+    ("nosuch", "error: no task named 'nosuch' (`sglang-deploy --help` lists the tasks)"),
+    ("rollbak", "error: no task named 'rollbak'; did you mean `rollback`?"),
+    ("--help rollbak", "error: no task named 'rollbak'; did you mean `rollback`? (`sglang-deploy --help` lists"),
+    ("relases", "error: no task named 'relases'; did you mean `releases`?"),
+    ("--projct . status", "error: the program has no option --projct; did you mean `--project`?"),
+    ("deploy --grup gpu", "error: `deploy` has no option --grup; did you mean `--group`?"),
+    ("logs --follw", "error: `logs` has no option --follw; did you mean `--follow`?"),
+    ("deploy -yq", "error: `deploy` has no option -q"),
+    ("render --profle glm5-nvfp4", "error: `render` has no option --profle; did you mean `--profile`? "
+                                   "(`sglang-deploy render --help` lists its options)"),
+    ("deploy --dryrun", "error: `deploy` has no option --dryrun; did you mean `--dry-run`?"),
+    ("status --hots gpu1", "error: `status` has no option --hots; did you mean `--host`?"),
+    ("logs --bogus", "error: `logs` has no option --bogus (`sglang-deploy logs --help` lists its options)"),
+    ("render -yq", "error: `render` has no option -y"),
+    ("status gpu1", "error: `status` takes no bare word: 'gpu1' is no option's value (a value goes after its "
+                    "option: `--host NAME`)"),
+    ("render glm5-nvfp4 glm5-nvfp4-fusion", "error: `render` takes no bare word: 'glm5-nvfp4-fusion'"),
+]
+ANSIBLE = [
+    ("deploy --limit gpu1", "error: `deploy` has no option --limit: Ansible's --limit is `--host NAME` or "
+                            "`--group NAME` here"),
+    ("--limit gpu1 status", "error: the program has no option --limit: Ansible's --limit is `--host NAME`"),
+    ("status -e x=1", "error: `status` has no option -e: Ansible's extra vars are a profile's values here: "
+                      "`--set path.to.key=value` (deploy, plan, render)"),
+    ("deploy --extra-vars server.port=30001", "error: `deploy` has no option --extra-vars: Ansible's extra vars are "
+                                              "a profile's values here: `--set"),
+    ("deploy --check", "error: `deploy` has no option --check: Ansible's check mode is `--dry-run` (deploy, tune) or "
+                       "the `plan` task here"),
+    ("render -C", "error: `render` has no option -C: Ansible's check mode is `--dry-run`"),
+    # --set is a profile override wherever it is taken; patch's first spelling of the set's name is refused
+    ("patch --set fusion-sm120 --check", "error: `patch` has no option --set: --set overrides a profile value "
+                                         "(deploy, plan, render); a patch set is `--name NAME`"),
+    ("status --set server.port=1", "error: `status` has no option --set: --set overrides a profile value"),
+]
+
+
+def sglang_deploy(line: str, capsys: pytest.CaptureFixture[str]) -> tuple[object, str, str]:
+    """`sglang-deploy LINE` through the program's own run, in the working directory: (exit code, stdout, stderr)."""
+    program = DeployProgram(name=NAME, binary=NAME, version="0", namespace=user_tasks(),
+                            executor_class=OneTaskExecutor)
+    try:
+        program.run([NAME, *line.split()])
+        code: object = 0
+    except SystemExit as ended:
+        code = ended.code
+    shown = capsys.readouterr()
+    return code, shown.out, shown.err
+
+
+@pytest.fixture
+def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """tmp_path as the working directory, its own project (the project is found once per process: here, once per
+    test, and not kept for the tests after it)."""
+    monkeypatch.chdir(tmp_path)
+    for name in ("SGLANG_DEPLOY_INVENTORY", "SGLANG_DEPLOY_PROJECT"):
+        monkeypatch.delenv(name, raising=False)
+    common.project.cache_clear()
+    yield tmp_path
+    common.project.cache_clear()
+
+# A wrong value is named by the flag that gave it (`--search random` was reported as `--vary: search: ...`, `-n abc`
+# as `--lines`).
+VALUES = [
+    ("logs -n abc", "error: -n/--lines takes a whole number (0 or more), got 'abc'"),
+    ("logs --lines=-5", "error: -n/--lines takes a whole number (0 or more), got '-5'"),
+    ("tune --vary features.cuda_graph=true,false --search random",
+     "error: --search 'random': Input should be 'grid' or 'halving'"),
+    ("tune --vary features.cuda_graph=true,false --keep x", "error: --keep 'x': Input should be 'winner' or 'none'"),
+    ("tune --vary features.cuda_graph=true,false --keep winer",
+     "error: --keep 'winer': Input should be 'winner' or 'none'; did you mean `winner`?"),
+]
+
+@pytest.mark.parametrize(("line", "refusal"), NO_VALUE + TWICE + UNKNOWN + ANSIBLE + VALUES)
+def test_a_mistake_on_the_command_line_is_refused_naming_the_flag_as_typed(
+        line: str, refusal: str, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Through `sglang-deploy`'s own program, in a directory that is no project: a mistake taken as a command would
+    fail later, on the missing inventory, with another message."""
+    code, out, err = sglang_deploy(line, capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith(refusal), err
+
+
+PROFILE = REPO / "inventory" / "profiles" / "glm5-nvfp4.yaml"
+INVENTORY = b"all:\n  hosts:\n    gpu1: {ansible_host: 127.0.0.1}\n"
+LATIN1 = "café".encode("latin-1")
+# (what is wrong, the files written (None: a FIFO), the command line ({P}: a good profile), the refusal ({tmp}: the
+# working directory)); a project with a good inventory/hosts.yaml unless the case writes its own.
+FILES = [
+    ("a profile in Latin-1", {"p.yaml": b"service: {name: " + LATIN1 + b"}\n"}, "render -p {tmp}/p.yaml",
+     "error: {tmp}/p.yaml:1: not UTF-8: byte 0xe9 at offset 19\nhint: save the file as UTF-8 (`iconv -f LATIN1"),
+    ("a profile in UTF-16", {"p.yaml": "service: {name: x}\n".encode("utf-16")}, "render {tmp}/p.yaml",
+     "error: {tmp}/p.yaml:1: not UTF-8: byte 0xff at offset 0 (the file is UTF-16)\nhint: save the file as UTF-8 "
+     "(`iconv -f UTF-16"),
+    ("a profile extended by a Latin-1 one", {"p.yaml": b"extends: base\n", "base.yaml": b"# " + LATIN1 + b"\n"},
+     "render {tmp}/p.yaml", "error: {tmp}/base.yaml:1: not UTF-8: byte 0xe9 at offset 5"),
+    ("a YAML inventory in Latin-1 (line 3)", {"inventory/hosts.yaml": b"all:\n  hosts:\n    " + LATIN1 + b": {}\n"},
+     "render {P}", "error: {tmp}/inventory/hosts.yaml:3: not UTF-8: byte 0xe9 at offset 21"),
+    ("an INI inventory in Latin-1", {"hosts.ini": b"[gpu]\ngpu1 ansible_host=" + LATIN1 + b"\n"},
+     "render {P} -i hosts.ini", "error: {tmp}/hosts.ini:2: not UTF-8: byte 0xe9 at offset 27"),
+    ("an INI inventory in UTF-16", {"hosts": "[gpu]\ngpu1\n".encode("utf-16")}, "render {P} -i hosts",
+     "error: {tmp}/hosts:1: not UTF-8: byte 0xff at offset 0 (the file is UTF-16)"),
+    ("group_vars in Latin-1", {"inventory/group_vars/all.yml": b"note: " + LATIN1 + b"\n"}, "render {P}",
+     "error: {tmp}/inventory/group_vars/all.yml:1: not UTF-8: byte 0xe9 at offset 9"),
+    ("host_vars in UTF-16", {"inventory/host_vars/gpu1.yaml": "note: x\n".encode("utf-16")}, "render {P}",
+     "error: {tmp}/inventory/host_vars/gpu1.yaml:1: not UTF-8: byte 0xff at offset 0 (the file is UTF-16)"),
+    ("a tune spec in Latin-1", {"spec.yaml": b"vary:\n  note: " + LATIN1 + b"\n"},
+     "tune -p {P} --spec spec.yaml --dry-run", "error: spec.yaml:2: not UTF-8: byte 0xe9 at offset 17"),
+    ("an ssh config in Latin-1", {"inventory/hosts.yaml": INVENTORY.replace(b"}", b", ssh_config_file: ssh_config}"),
+                                  "inventory/ssh_config": b"Host gpu1\n  User " + LATIN1 + b"\n"},
+     "render {P}", "error: {tmp}/inventory/ssh_config:2: not UTF-8: byte 0xe9 at offset 20"),
+    ("a profile that is a directory", {"d.yaml/x": b""}, "render {tmp}/d.yaml",
+     "error: {tmp}/d.yaml: cannot read: a directory"),
+    ("a profile that is a FIFO", {"f.yaml": None}, "render {tmp}/f.yaml",
+     "error: {tmp}/f.yaml: cannot read: not a regular file"),
+    ("an inventory that is a FIFO", {"hosts.yaml": None}, "render {P} -i hosts.yaml",
+     "error: {tmp}/hosts.yaml: cannot read: not a regular file"),
+    ("an inventory directory without a hosts file", {"inv/group_vars/all.yml": b"{}\n"}, "render {P} -i inv",
+     "error: {tmp}/inv: a directory without an inventory file (hosts.yaml, hosts.yml, hosts.json, hosts.ini, "
+     "hosts)\nhint: give the inventory file itself with -i"),
+    ("an inventory directory with two hosts files", {"inv/hosts.yaml": INVENTORY, "inv/hosts.ini": b"gpu1\n"},
+     "render {P} -i inv", "error: {tmp}/inv: a directory with 2 inventory files (hosts.yaml, hosts.ini)"),
+]
+
+
+def write_files(root: Path, files: dict[str, bytes | None]) -> None:
+    for name, content in {"inventory/hosts.yaml": INVENTORY, **files}.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if content is None:
+            os.mkfifo(path)
+        else:
+            path.write_bytes(content)
+
+
+@pytest.mark.parametrize(("wrong", "files", "line", "refusal"), FILES, ids=[case[0] for case in FILES])
+def test_a_file_the_tool_cannot_read_is_refused_naming_it_and_where(
+        wrong: str, files: dict[str, bytes | None], line: str, refusal: str, workdir: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Input tried: each file the tool reads, not UTF-8 (a UnicodeDecodeError traceback, exit 1), not a regular
+    file, or a directory given where a file is."""
+    write_files(workdir, files)
+    code, out, err = sglang_deploy(line.format(P=PROFILE, tmp=workdir), capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith(refusal.format(tmp=workdir)), err
+
+
+def test_an_inventory_directory_is_its_hosts_file_with_its_group_vars(workdir: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """Input tried: `-i inventory/` as Ansible takes it (exit 2: "is a directory"). Its hosts file is the inventory,
+    and the directory's group_vars/ apply (a var of no meaning there is warned about, naming it)."""
+    write_files(workdir, {"inventory/group_vars/all.yml": b"ansible_hots: x\n"})
+    by_file = sglang_deploy(f"render {PROFILE} -i inventory/hosts.yaml", capsys)
+    by_directory = sglang_deploy(f"render {PROFILE} -i inventory/", capsys)
+    assert by_file[0] == 0, by_file[2]
+    assert by_directory == by_file and "ansible_hots" in by_file[2]
+
+
+@pytest.mark.parametrize(("line", "refusal"), [
+    ("deploy --group gpu --serial --dry-run", "error: --serial needs a value (--serial=SERIAL): none was given "
+                                              "before --dry-run; nothing was run"),
+    ("bench --compare", "error: --compare needs a value (--compare=COMPARE): none was given at the end"),
+    ("render -p glm5-nvfp4 --set", "error: --set needs a value (--set=SET): none was given at the end")])
+def test_the_checkouts_invoke_refuses_a_repeatable_option_without_its_value_too(line: str, refusal: str,
+                                                                                   tmp_path: Path) -> None:
+    """invoke's own parser, which the checkout's `invoke` runs, accepts `--serial --dry-run` as no --serial at all:
+    the task's executor refuses it before the task runs."""
+    refused = invoke(*line.split(), cwd=tmp_path)
+    assert (refused.returncode, refused.stdout) == (2, "")
+    assert refused.stderr.startswith(refusal), refused.stderr
+
+
+@pytest.mark.parametrize("line", [
+    "deploy --serial 1 --serial 50% -p glm5", "logs -n5", "logs --lines=-1", "render -pglm5 --set a=b --set c=d",
+    "deploy -yi inv.yaml", "status --host deploy", "patch --check --name fusion-sm120", "deploy --help",
+    "bench --compare a --compare b", "render --json --profile x -- anything"])
+def test_a_line_that_means_one_thing_is_not_refused(line: str) -> None:
+    """Values that look like something else (a task's name, a negative number) stay values; a task's own flag of an
+    Ansible name (`patch --check`) stays its own; what follows `--` is not read."""
+    namespace = user_tasks()
+    contexts = Lexicon({context.name: context for context in namespace.to_contexts()})
+    for name, aliases in namespace.task_names.items():
+        for alias in aliases:
+            contexts.alias(alias, to=name)
+    check_line(line.split(), contexts, DeployProgram(namespace=namespace).initial_context)
+
+
+GROUPED = b"all:\n  children:\n    gpu:\n      hosts:\n        gpu1: {ansible_host: 127.0.0.1}\n"
+# (what is wrong, the files written, the command line ({P}: the reference profile, TP 8), the refusal ({tmp}: the
+# working directory)): each names the file and key the wrong value is written in, and a hint with real numbers.
+BLAME = [
+    ("gpu_count 0 in the inventory", {"inventory/hosts.yaml": INVENTORY.replace(b"}", b", gpu_count: 0}")},
+     "render {P}", "error: {tmp}/inventory/hosts.yaml: host gpu1: gpu_count: 0 declares a host without GPUs, and "
+                   "{P} needs 8\nhint: set gpu_count to the host's GPUs"),
+    ("gpu_count 0 in group_vars", {"inventory/hosts.yaml": GROUPED, "inventory/group_vars/gpu.yml": b"gpu_count: 0\n"},
+     "render {P}", "error: {tmp}/inventory/group_vars/gpu.yml: host gpu1: gpu_count: 0 declares a host without GPUs"),
+    ("tp 8 x dp 2 on 8 GPUs", {"inventory/hosts.yaml": INVENTORY.replace(b"}", b", gpu_count: 8}")},
+     "render {P} --set parallel.dp=2",
+     "error: {P}: parallel: tp 8 x dp 2 needs 16 GPUs per node, host gpu1 has 8 ({tmp}/inventory/hosts.yaml: host "
+     "gpu1: gpu_count)\nhint: tp x dp x pp (per node) must be at most 8: use tp 4 x dp 2 or tp 8, or a host with 16 "
+     "GPUs"),
+    ("tp 4 x pp 3 on 8 GPUs", {"inventory/hosts.yaml": INVENTORY.replace(b"}", b", gpu_count: 8}")},
+     "render {P} --set parallel.tp=4 --set parallel.pp=3",
+     "error: {P}: parallel: tp 4 x pp 3 needs 12 GPUs per node, host gpu1 has 8 ({tmp}/inventory/hosts.yaml: host "
+     "gpu1: gpu_count)\nhint: tp x dp x pp (per node) must be at most 8: use tp 2 x pp 3 or tp 4 x pp 2, or a host "
+     "with 12 GPUs"),
+    ("a host range without its end", {"inventory/hosts.yaml": b"all:\n  hosts:\n    gpu[1:]: {}\n"}, "render {P}",
+     "error: {tmp}/inventory/hosts.yaml: all.hosts: 'gpu[1:]': the range has no end. write a range as [begin:end] or "
+     "[begin:end:step], e.g. gpu[1:8]"),
+    ("tp 8 on 4 GPUs from host_vars", {"inventory/host_vars/gpu1.yml": b"gpu_count: 4\n"}, "render {P}",
+     "error: {P}: parallel: tp 8 needs 8 GPUs per node, host gpu1 has 4 ({tmp}/inventory/host_vars/gpu1.yml: host "
+     "gpu1: gpu_count)\nhint: tp x dp x pp (per node) must be at most 4: use tp 4, or a host with 8 GPUs"),
+]
+
+
+@pytest.mark.parametrize(("wrong", "files", "line", "refusal"), BLAME, ids=[case[0] for case in BLAME])
+def test_a_profile_that_does_not_fit_the_host_blames_the_file_that_is_wrong(
+        wrong: str, files: dict[str, bytes | None], line: str, refusal: str, workdir: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Input tried: `gpu_count: 0` in the inventory (blamed on the profile's parallel.tp, hint `use tp <= 0`), TP 8 x
+    DP 2 and TP 4 x PP 3 on 8 GPUs (hint `use tp <= 8` though tp was 8), a count from host_vars/; a range without
+    its end (the hint printed `[begin🔚step]`: rich read `:end:` as an emoji code)."""
+    write_files(workdir, files)
+    code, out, err = sglang_deploy(line.format(P=PROFILE, tmp=workdir), capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith(refusal.format(P=PROFILE, tmp=workdir)), err
+
+
+def test_a_typo_in_group_vars_is_warned_about_naming_that_file(workdir: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """Input tried: `ansible_hots` in group_vars/gpu.yml (the warning named inventory/hosts.yaml)."""
+    write_files(workdir, {"inventory/hosts.yaml": GROUPED, "inventory/group_vars/gpu.yml": b"ansible_hots: x\n",
+                          "inventory/host_vars/gpu1.yml": b"gpu_cout: 8\n"})
+    code, _, err = sglang_deploy(f"render {PROFILE}", capsys)
+    assert code == 0, err
+    assert f"{workdir}/inventory/group_vars/gpu.yml: host gpu1: ansible_hots is not a var" in err
+    assert f"{workdir}/inventory/host_vars/gpu1.yml: host gpu1: gpu_cout is not a var" in err
+
+
+def test_a_file_that_cannot_be_opened_is_refused_naming_it_and_why(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input tried: a profile without read permission for the user (as root, which reads every file, the refusal
+    of the operating system is stood in for)."""
+    profile = tmp_path / "p.yaml"
+    profile.write_text("model: {path: m}\n")
+
+    def refused(path: Path) -> bytes:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    monkeypatch.setattr(Path, "read_bytes", refused)
+    with pytest.raises(ConfigError) as refusal:
+        read_text_file(profile)
+    assert (str(refusal.value), refusal.value.exit_code) == (f"{profile}: cannot read: Permission denied", 2)
