@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 from bench.timeline import (
+    READY_LINE,
     GuestSshCpu,
     Journal,
     StampedProgress,
@@ -193,7 +194,7 @@ def changed_deploy(rig: Rig, profile: str) -> ChangedRun:
         returned = time.time()
     ended = time.time()
     assert outcome.action == "deployed", outcome.action
-    entries = rig.journal.since(cursor)
+    entries = rig.journal.since_showing(cursor, READY_LINE)
     [restart] = remote.restarts()
     restarted = restart_instant(entries, restart.started)
     ready = ready_instant(entries, restarted)

@@ -139,6 +139,16 @@ class Journal:
     def since(self, cursor: str | None) -> list[JournalEntry]:
         return self.read(f"--after-cursor={cursor}") if cursor else self.read()
 
+    def since_showing(self, cursor: str | None, line: str, wait_s: float = 15.0) -> list[JournalEntry]:
+        """The entries since `cursor` once one ends with `line`: on a loaded machine the server can print its ready
+        line after the ladder's generation was answered, so the first read may come before it."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            entries = self.since(cursor)
+            if any(entry.message.endswith(line) for entry in entries) or time.monotonic() >= deadline:
+                return entries
+            time.sleep(0.5)
+
 
 def first_entry(entries: Sequence[JournalEntry], after: float, matches: Callable[[JournalEntry], bool]) -> float:
     return next(entry.at for entry in entries if entry.at >= after and matches(entry))
