@@ -134,6 +134,8 @@ def table_lines(report: TuneReport) -> list[str]:
                          f"{('yes' if row.sla_met else 'no') if first else '':<4} {row.power if first else ''}")
         if row.changes:
             lines.append(f"    {row.changes}")
+        if row.downtime:
+            lines.append(f"    {row.downtime.line()}")
         if row.cause and not row.sla_met:
             lines.append(f"    {row.cause}")
     if report.finished:
