@@ -20,7 +20,7 @@ from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, StoreLayout, Tags, h
 from deploy_lib.throughput import BenchResult, Latency, LevelResult
 from deploy_lib.tune import Objective, Sla, TuneSpec, parse_vary, sweep_spec
 from deploy_lib.tune.decide import NOISE_FLOOR, Score, Standing, decide, end_release, noise, score, serve_next, to_run
-from deploy_lib.tune.estimate import estimate
+from deploy_lib.tune.estimate import LevelEstimate, estimate
 from deploy_lib.tune.record import BASE, CANDIDATE, read_tune, run_line, start_line
 from deploy_lib.tune.sweep import HostView, build_sweep, clip_ladder, differences
 
@@ -292,10 +292,24 @@ def test_the_estimate_uses_this_hosts_recorded_starts_and_benchmark_length() -> 
     benched = history_entry("bench", HEALTHY, tags("r2"), NOW, figures=bench("r2", level(64, 1.0, duration=30.0),
                                                                              level(1024, 1.0, duration=90.0)).figures())
     found = estimate([*starts, benched], SETTINGS, candidates=4, base_runs=2)
-    assert (found.starts, found.start_s, found.runs, found.bench_s) == (5, 300.0, 8, 120.0)
-    assert found.total_s == 5 * 300 + 8 * 120 and estimate_line(found).startswith("about 41 min: 5 starts of ~300 s")
-    unknown = estimate(starts[:1], SETTINGS.model_copy(update={"concurrency": [1]}), 1, 2)
-    assert unknown.total_s is None and "none recorded at these settings" in estimate_line(unknown)
+    # the recorded run sent 1024 prompts at each level; level 64 now sends 320 of them, so it takes 320/1024 as long
+    assert found.levels == (LevelEstimate(64, 320, 9.4), LevelEstimate(1024, 1024, 90.0))
+    assert (found.starts, found.start_s, found.runs, found.bench_s) == (5, 300.0, 8, 99.4)
+    assert found.total_s == 5 * 300 + 8 * 99.4
+    assert estimate_line(found) == ("about 38 min: 5 starts of ~300 s (median of 3 recorded), 8 benchmarks of ~99 s "
+                                    "(level 64: 320 prompts ~9 s, level 1024: 1024 prompts ~90 s)")
+    unknown = estimate([*starts[:1], benched], SETTINGS.model_copy(update={"concurrency": [1, 64]}), 1, 2)
+    assert unknown.total_s is None and estimate_line(unknown).endswith(
+        "(not every level recorded at these lengths) (level 1: 32 prompts (never run here), level 64: 320 prompts "
+        "~9 s)")
+
+
+def test_each_level_sends_a_few_rounds_of_its_concurrency_within_the_profiles_prompts() -> None:
+    """The README's first sweep: the default ladder 1, 64, 256, 1024 with the profile's 1,024 prompts sent all 1,024
+    at concurrency 1 (1.87 s each on the sandbox: it timed out)."""
+    settings = BenchSettings(prompts=1024, concurrency=[1, 64, 256, 1024])
+    assert [settings.prompts_at(c) for c in settings.concurrency] == [32, 320, 1024, 1024]
+    assert BenchSettings(prompts=100, concurrency=[1, 8, 100]).prompts_at(8) == 40
 
 
 def test_a_sweep_reads_back_from_history_lines_as_the_same_table() -> None:
