@@ -22,7 +22,7 @@ from deploy_lib.tune import Objective, Sla, TuneSpec, parse_vary, sweep_spec
 from deploy_lib.tune.decide import NOISE_FLOOR, Score, Standing, decide, end_release, noise, score, serve_next, to_run
 from deploy_lib.tune.estimate import LevelEstimate, estimate
 from deploy_lib.tune.record import BASE, CANDIDATE, read_tune, run_line, start_line
-from deploy_lib.tune.sweep import HostView, build_sweep, clip_ladder, differences
+from deploy_lib.tune.sweep import HostView, build_sweep, clip_ladder, differences, environment_switches
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 LAYOUT = StoreLayout("sglang")
@@ -122,12 +122,20 @@ def test_a_bad_search_or_halving_setting_names_the_key() -> None:
 # --- the candidates -------------------------------------------------------------------------------------------
 
 
-def test_the_candidates_are_the_grids_product_in_the_order_given() -> None:
+def test_the_candidates_are_the_grids_product_those_on_one_patch_set_together() -> None:
+    """The grid alternates the patch set (none, fusion, none, fusion: 3 switches of venv); grouped, it changes once."""
     sweep = sweep_of("memory.max_running_requests=64,1024", "patches=none,fusion-sm120")
     assert [c.label for c in sweep.candidates] == [
-        "memory.max_running_requests=64 patches=none", "memory.max_running_requests=64 patches=fusion-sm120",
-        "memory.max_running_requests=1024 patches=none", "memory.max_running_requests=1024 patches=fusion-sm120"]
-    fused = sweep.candidates[1]
+        "memory.max_running_requests=64 patches=none", "memory.max_running_requests=1024 patches=none",
+        "memory.max_running_requests=64 patches=fusion-sm120", "memory.max_running_requests=1024 patches=fusion-sm120"]
+    assert environment_switches(sweep.candidates) == 1
+    assert "candidates grouped by venv and patch set: 1 switch of either instead of 3" in sweep.notes
+    assert [c.label for c in sweep_of("patches=none,fusion-sm120", "memory.max_running_requests=64,1024").candidates
+            ] == [
+        "patches=none memory.max_running_requests=64", "patches=none memory.max_running_requests=1024",
+        "patches=fusion-sm120 memory.max_running_requests=64", "patches=fusion-sm120 memory.max_running_requests=1024"
+    ], "a grid grouped already keeps its order"
+    fused = sweep.candidates[2]
     assert fused.patch_set is not None and fused.loaded.profile.features.allreduce_fusion
     assert fused.loaded.name == "glm5-nvfp4+fusion-sm120"
     assert sweep.candidates[0].loaded.profile.memory.max_running_requests == 64
