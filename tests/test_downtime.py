@@ -14,7 +14,7 @@ import pytest
 from helpers.deploy_plan import PROJECT, target
 from helpers.deploy_trips import serving_the_profile
 from helpers.recording_progress import RecordingProgress
-from helpers.rollback import LAYOUT, READY, ScriptedHost, a_host, changed_profile
+from helpers.rollback import DEAD, LAYOUT, READY, ScriptedHost, a_host, changed_profile
 from helpers.store_output import release_entries
 from rich.console import Console
 
@@ -25,6 +25,7 @@ from deploy_lib.commands.releases import downtime_by_release
 from deploy_lib.commands.status import read_status
 from deploy_lib.deploy.plan import RESTART
 from deploy_lib.deploy.project import Target
+from deploy_lib.errors import ReadinessFailed
 from deploy_lib.facts import host as host_facts
 from deploy_lib.health.downtime import Downtime
 from deploy_lib.health.startup import LogMark
@@ -124,6 +125,24 @@ def test_a_rollback_and_a_restart_report_their_downtime() -> None:
     assert Downtime.from_timings(host.history_lines()[-1].timings) == back.downtime
     again = start(target(), "sglang", host, RecordingProgress(), {}, restart=True, clock=host.clock)
     assert again.downtime == Downtime(host.stop_to_answer_s(), SERVER_S, PHASES)
+
+
+class NewReleaseDies(dict):  # type: ignore[type-arg]
+    def __missing__(self, release_id: str) -> list[object]:
+        return [STARTED] if release_id == "B" else [DEAD]
+
+
+def test_a_failed_deploy_reports_the_downtime_until_the_release_it_rolled_back_to_answers() -> None:
+    """Two ladders pass while nothing answers: the new release's (dead) and the restored one's."""
+    host = TimedHost(a_host())
+    host.probes = NewReleaseDies()
+    with pytest.raises(ReadinessFailed) as failed:
+        deployed(host)
+    downtime = present.failure_json(failed.value)["downtime"]
+    assert downtime is not None and downtime["total_s"] >= 2 * PROBE_S
+    restored = host.history_lines()[-1]
+    assert (restored.event, restored.outcome, restored.tags.release) == ("rollback", HEALTHY, "B")
+    assert Downtime.from_timings(restored.timings) == Downtime(downtime["total_s"], SERVER_S, PHASES)
 
 
 def test_a_no_op_deploy_reports_no_downtime() -> None:
