@@ -306,6 +306,8 @@ def test_the_estimate_uses_this_hosts_recorded_starts_and_benchmark_length() -> 
     assert found.total_s == 5 * 300 + 8 * 99.4
     assert estimate_line(found) == ("about 38 min: 5 starts of ~300 s (median of 3 recorded), 8 benchmarks of ~99 s "
                                     "(level 64: 320 prompts ~9 s, level 1024: 1024 prompts ~90 s)")
+    switched = history_entry("deploy", HEALTHY, tags("r3"), NOW, timings={"ready": 200.0, "downtime": 500.0})
+    assert estimate([*starts, switched], SETTINGS, 4, 2).start_s == 350.0, "a switch costs its downtime, from the stop"
     unknown = estimate([*starts[:1], benched], SETTINGS.model_copy(update={"concurrency": [1, 64]}), 1, 2)
     assert unknown.total_s is None and estimate_line(unknown).endswith(
         "(not every level recorded at these lengths) (level 1: 32 prompts (never run here), level 64: 320 prompts "

@@ -1,6 +1,6 @@
-"""How long a sweep takes, from this host's history: the median of its recorded start times (a release's `ready`
-timing) and, level by level, the duration of the newest run of that level at the same lengths, scaled to the
-prompts the level sends (pure)."""
+"""How long a sweep takes, from this host's history: the median of its recorded starts (a switch's downtime, else a
+release's `ready` timing) and, level by level, the duration of the newest run of that level at the same lengths,
+scaled to the prompts the level sends (pure)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from deploy_lib.health.downtime import DOWNTIME
 from deploy_lib.profile.settings import BenchSettings
 from deploy_lib.store import HEALTHY, HistoryEntry
 
@@ -48,8 +49,10 @@ class Estimate:
 
 
 def recorded_start_s(history: Sequence[HistoryEntry]) -> tuple[float | None, int]:
-    """The median time to ready of this host's healthy starts (any profile), and how many there were."""
-    durations = [e.timings["ready"] for e in history if e.outcome == HEALTHY and e.timings.get("ready", 0) > 0]
+    """The median start of this host's healthy starts (any profile), and how many there were: a start's downtime
+    where it recorded one (what a candidate's switch costs, from the stop), else its time to ready."""
+    durations = [e.timings.get(DOWNTIME) or e.timings["ready"] for e in history
+                 if e.outcome == HEALTHY and e.timings.get("ready", 0) > 0]
     return (statistics.median(durations) if durations else None), len(durations)
 
 
