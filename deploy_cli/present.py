@@ -138,6 +138,8 @@ def print_outcome(outcome: Outcome) -> None:
     ready = f" ready in {outcome.ready.duration_s:.1f} s" if outcome.ready else ""
     console.print(f"[bold green]{outcome.action}[/bold green]: release {outcome.release_id} is serving "
                   f"(was {outcome.previous_id or 'none'});{ready}")
+    console.print(outcome.downtime.line() if outcome.downtime else "downtime: none (no server was running before)",
+                  markup=False)
 
 
 def print_router_outcome(outcome: RouterOutcome) -> None:
@@ -276,7 +278,7 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
     plan = outcome.plan
     return {"outcome": outcome.action, "release": outcome.release_id, "previous": outcome.previous_id,
             "timings": dict(outcome.timings), "ready_s": outcome.ready.duration_s if outcome.ready else None,
-            "cause": None, "hint": None, "exit_code": 0,
+            "downtime": jsonable(outcome.downtime), "cause": None, "hint": None, "exit_code": 0,
             "changes": [str(change) for change in plan.changes] if plan else [],
             "secrets_not_available": dict(plan.secrets_not_available) if plan else {},
             "overrides": list(plan.release.overrides) if plan else []}
@@ -299,7 +301,9 @@ def status_failure_json(error: DeployError, host: str | None, service: str) -> d
 
 
 def failure_json(error: DeployError) -> dict[str, Any]:
+    from deploy_lib.health.downtime import Downtime  # a failed switch's, through its restore
     return {"outcome": Action.failed, "release": error.release_id, "previous": error.previous_id,
-            "timings": dict(error.timings), "ready_s": None, "cause": error.message, "hint": error.hint,
+            "timings": dict(error.timings), "ready_s": None,
+            "downtime": jsonable(Downtime.from_timings(error.timings)), "cause": error.message, "hint": error.hint,
             "exit_code": error.exit_code, "error": type(error).__name__, "serving": error.serving_id,
             "evidence": list(getattr(error, "evidence", ()) or ())}

@@ -51,6 +51,8 @@ def print_status(report: StatusReport) -> None:
     _print(f"unit {report.unit_state}{restarts}; {report.readiness}")
     if report.last_start:
         _print(f"last start: {report.last_start}", markup=False)
+    if report.last_downtime:
+        _print(f"last switch: {report.last_downtime.line()}", markup=False)
     if report.endpoint:
         _print(f"endpoint {report.endpoint} (OpenAI API under {report.endpoint}/v1)", markup=False)
     for item in report.drift:
@@ -151,6 +153,8 @@ def print_releases(rows: list[ReleaseRow]) -> None:
     for row in rows:  # one line each: the phases do not fit the table's width
         if row.last_start:
             _print(f"{row.id} last start: {row.last_start}", markup=False)
+        if row.last_downtime:
+            _print(f"{row.id} last switch: {row.last_downtime.line()}", markup=False)
 
 
 def print_bench(result: BenchResult) -> None:

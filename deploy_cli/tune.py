@@ -106,11 +106,15 @@ def planned_lines(planned: Planned) -> list[str]:
 
 
 def estimate_line(estimate: Estimate) -> str:
-    """`about 41 min: 5 starts of ~300 s (median of 3 recorded), 8 benchmarks of ~120 s`."""
+    """`about 41 min: 5 starts of ~300 s (median of 3 recorded), 8 benchmarks of ~120 s (level 64: 320 prompts
+    ~30 s, level 1024: 1024 prompts ~90 s)`."""
     start = (f"{estimate.starts} starts of ~{estimate.start_s:,.0f} s (median of {estimate.start_samples} recorded)"
              if estimate.start_s is not None else f"{estimate.starts} starts (no start recorded on this host)")
+    levels = ", ".join(f"level {level.concurrency}: {level.prompts} prompts "
+                       f"{'(never run here)' if level.seconds is None else f'~{level.seconds:,.0f} s'}"
+                       for level in estimate.levels)
     bench = (f"{estimate.runs} benchmarks of ~{estimate.bench_s:,.0f} s" if estimate.bench_s is not None
-             else f"{estimate.runs} benchmarks (none recorded at these settings)")
+             else f"{estimate.runs} benchmarks (not every level recorded at these lengths)") + f" ({levels})"
     if estimate.short_runs:
         bench += f", {estimate.short_runs} short ones of ~{estimate.short_fraction:.0%} of that"
     total = estimate.total_s
@@ -134,6 +138,8 @@ def table_lines(report: TuneReport) -> list[str]:
                          f"{('yes' if row.sla_met else 'no') if first else '':<4} {row.power if first else ''}")
         if row.changes:
             lines.append(f"    {row.changes}")
+        if row.downtime:
+            lines.append(f"    {row.downtime.line()}")
         if row.cause and not row.sla_met:
             lines.append(f"    {row.cause}")
     if report.finished:

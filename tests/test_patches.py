@@ -16,7 +16,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 
-from deploy_lib.commands.patches import base_profile, patched_profile
+from deploy_lib.commands.patches import PatchContext, _reused_venv, base_profile, patched_profile
 from deploy_lib.deploy.project import Project
 from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.host_scripts.sglang_options import extract
@@ -49,6 +49,8 @@ from deploy_lib.patches import (
 from deploy_lib.release.argv_check import check_argv
 from deploy_lib.remote import StepResult
 from deploy_lib.remote.readings import ABSENT_OK, Readings
+from deploy_lib.store import StoreLayout
+from deploy_lib.venvs import InstalledFacts, cache_environment
 from sandbox.sim.sglang_sim.upstream import Fusion, InstalledUpstream
 
 # imported lazily below: a plugin imported before it is registered is not rewritten
@@ -534,3 +536,27 @@ def test_a_patch_set_reads_the_versions_of_its_own_distributions(patch_set: Patc
     """Its packages, what its warnings name and its JIT cache's distribution; torch, which neither set names, not."""
     assert distributions(patch_set) == ("flashinfer-jit-cache", "flashinfer-python", "sglang")
     assert distributions(nsa_aliases) == ("sglang",)
+
+
+@pytest.mark.wheels
+@pytest.mark.parametrize("generation", GENERATIONS, ids=IDS)
+def test_a_venv_this_set_patched_already_serves_the_next_release_as_it_is(patch_set, generation):
+    """A sweep's candidates on one patch set run one after another, so the second finds the current release on the
+    set's patched venv; enabling the set again there conflicted (`nothing written: these targets are in neither the
+    upstream nor the patched state`): it needs the record to know its own patched files."""
+    files = target_files(patch_set, generation)
+    enabled = enable(patch_set, files, generation.versions, gpu_arch="sm120")
+    patched = {**files, **enabled.files}
+    record = PatchRecord.from_json(enabled.record.to_json(), "record.json")
+    layout = StoreLayout("sglang")
+    installed = InstalledFacts(PurePosixPath("/x"), PurePosixPath("/x"), generation.versions, {}, {})
+    venv_hash = "0123456789abcdef"
+    context = PatchContext(layout=layout, venv=layout.venvs / venv_hash, venv_hash=venv_hash, installed=installed,
+                           gpu_arch="sm120", compute_cap="12.0", files=patched, record=record, toolkit=None,
+                           environment={})
+    loaded = patched_profile(Project(ROLE.parent.parent).profile("glm5-nvfp4"), patch_set)
+    report, venv = _reused_venv(patch_set, loaded, context, venv_hash)
+    assert venv.path == str(layout.venvs / venv_hash) and not report.conflicts
+    assert venv.environment == cache_environment(layout, venv_hash), "its own caches, warm from the last release"
+    with pytest.raises(PatchConflict, match="neither the upstream nor the patched state"):
+        enable(patch_set, patched, generation.versions, gpu_arch="sm120")

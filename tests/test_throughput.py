@@ -308,6 +308,18 @@ def bench_steps(remote: FakeRemote) -> list:
     return [step for step in remote.ran if step.name.startswith("bench: concurrency")]
 
 
+def test_each_level_sends_prompts_sized_to_its_concurrency_and_is_judged_complete_on_them() -> None:
+    """The profile's 1,024 prompts are a ceiling: concurrency 1 sends 32 (the floor), not all 1,024 one at a time."""
+    remote = host()
+    one = {**json.loads(real_line("sglang-0.5.23-c64.jsonl").splitlines()[-1]), "completed": 32, "max_concurrency": 1}
+    remote.reply("bench: read c1.jsonl", stdout=json.dumps(one) + "\n")
+    settings = BenchSettings(prompts=1024, input_len=128, output_len=64, concurrency=[1, 64])
+    bench = run_benchmark(remote, LAYOUT, metadata(), settings, RecordingProgress())
+    sent = {step.name: step.argv[step.argv.index("--num-prompts") + 1] for step in bench_steps(remote)}
+    assert sent == {"bench: concurrency 1": "32", "bench: concurrency 64": "320"}
+    assert bench.levels[0].completed == 32 and bench.error == "only 256 of 320 requests completed at concurrency 64"
+
+
 def test_run_benchmark_runs_sglangs_benchmark_on_the_host_and_reads_its_jsonl() -> None:
     remote, progress = host(), RecordingProgress()
     environment = {"HF_HOME": "/data/hf", "PYTHONUNBUFFERED": "1"}

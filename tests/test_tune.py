@@ -20,9 +20,9 @@ from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, StoreLayout, Tags, h
 from deploy_lib.throughput import BenchResult, Latency, LevelResult
 from deploy_lib.tune import Objective, Sla, TuneSpec, parse_vary, sweep_spec
 from deploy_lib.tune.decide import NOISE_FLOOR, Score, Standing, decide, end_release, noise, score, serve_next, to_run
-from deploy_lib.tune.estimate import estimate
+from deploy_lib.tune.estimate import LevelEstimate, estimate
 from deploy_lib.tune.record import BASE, CANDIDATE, read_tune, run_line, start_line
-from deploy_lib.tune.sweep import HostView, build_sweep, clip_ladder, differences
+from deploy_lib.tune.sweep import HostView, build_sweep, clip_ladder, differences, environment_switches
 
 NOW = datetime(2026, 12, 1, 12, 0, tzinfo=UTC)
 LAYOUT = StoreLayout("sglang")
@@ -122,12 +122,20 @@ def test_a_bad_search_or_halving_setting_names_the_key() -> None:
 # --- the candidates -------------------------------------------------------------------------------------------
 
 
-def test_the_candidates_are_the_grids_product_in_the_order_given() -> None:
+def test_the_candidates_are_the_grids_product_those_on_one_patch_set_together() -> None:
+    """The grid alternates the patch set (none, fusion, none, fusion: 3 switches of venv); grouped, it changes once."""
     sweep = sweep_of("memory.max_running_requests=64,1024", "patches=none,fusion-sm120")
     assert [c.label for c in sweep.candidates] == [
-        "memory.max_running_requests=64 patches=none", "memory.max_running_requests=64 patches=fusion-sm120",
-        "memory.max_running_requests=1024 patches=none", "memory.max_running_requests=1024 patches=fusion-sm120"]
-    fused = sweep.candidates[1]
+        "memory.max_running_requests=64 patches=none", "memory.max_running_requests=1024 patches=none",
+        "memory.max_running_requests=64 patches=fusion-sm120", "memory.max_running_requests=1024 patches=fusion-sm120"]
+    assert environment_switches(sweep.candidates) == 1
+    assert "candidates grouped by venv and patch set: 1 switch of either instead of 3" in sweep.notes
+    assert [c.label for c in sweep_of("patches=none,fusion-sm120", "memory.max_running_requests=64,1024").candidates
+            ] == [
+        "patches=none memory.max_running_requests=64", "patches=none memory.max_running_requests=1024",
+        "patches=fusion-sm120 memory.max_running_requests=64", "patches=fusion-sm120 memory.max_running_requests=1024"
+    ], "a grid grouped already keeps its order"
+    fused = sweep.candidates[2]
     assert fused.patch_set is not None and fused.loaded.profile.features.allreduce_fusion
     assert fused.loaded.name == "glm5-nvfp4+fusion-sm120"
     assert sweep.candidates[0].loaded.profile.memory.max_running_requests == 64
@@ -292,10 +300,26 @@ def test_the_estimate_uses_this_hosts_recorded_starts_and_benchmark_length() -> 
     benched = history_entry("bench", HEALTHY, tags("r2"), NOW, figures=bench("r2", level(64, 1.0, duration=30.0),
                                                                              level(1024, 1.0, duration=90.0)).figures())
     found = estimate([*starts, benched], SETTINGS, candidates=4, base_runs=2)
-    assert (found.starts, found.start_s, found.runs, found.bench_s) == (5, 300.0, 8, 120.0)
-    assert found.total_s == 5 * 300 + 8 * 120 and estimate_line(found).startswith("about 41 min: 5 starts of ~300 s")
-    unknown = estimate(starts[:1], SETTINGS.model_copy(update={"concurrency": [1]}), 1, 2)
-    assert unknown.total_s is None and "none recorded at these settings" in estimate_line(unknown)
+    # the recorded run sent 1024 prompts at each level; level 64 now sends 320 of them, so it takes 320/1024 as long
+    assert found.levels == (LevelEstimate(64, 320, 9.4), LevelEstimate(1024, 1024, 90.0))
+    assert (found.starts, found.start_s, found.runs, found.bench_s) == (5, 300.0, 8, 99.4)
+    assert found.total_s == 5 * 300 + 8 * 99.4
+    assert estimate_line(found) == ("about 38 min: 5 starts of ~300 s (median of 3 recorded), 8 benchmarks of ~99 s "
+                                    "(level 64: 320 prompts ~9 s, level 1024: 1024 prompts ~90 s)")
+    switched = history_entry("deploy", HEALTHY, tags("r3"), NOW, timings={"ready": 200.0, "downtime": 500.0})
+    assert estimate([*starts, switched], SETTINGS, 4, 2).start_s == 350.0, "a switch costs its downtime, from the stop"
+    unknown = estimate([*starts[:1], benched], SETTINGS.model_copy(update={"concurrency": [1, 64]}), 1, 2)
+    assert unknown.total_s is None and estimate_line(unknown).endswith(
+        "(not every level recorded at these lengths) (level 1: 32 prompts (never run here), level 64: 320 prompts "
+        "~9 s)")
+
+
+def test_each_level_sends_a_few_rounds_of_its_concurrency_within_the_profiles_prompts() -> None:
+    """The README's first sweep: the default ladder 1, 64, 256, 1024 with the profile's 1,024 prompts sent all 1,024
+    at concurrency 1 (1.87 s each on the sandbox: it timed out)."""
+    settings = BenchSettings(prompts=1024, concurrency=[1, 64, 256, 1024])
+    assert [settings.prompts_at(c) for c in settings.concurrency] == [32, 320, 1024, 1024]
+    assert BenchSettings(prompts=100, concurrency=[1, 8, 100]).prompts_at(8) == 40
 
 
 def test_a_sweep_reads_back_from_history_lines_as_the_same_table() -> None:

@@ -17,6 +17,7 @@ from helpers.tune_loop import (
 )
 
 from deploy_cli.present import jsonable
+from deploy_cli.tune import table_lines
 from deploy_lib.commands.tune import BASE_RUNS, show
 from deploy_lib.commands.tune_request import Planned, Request
 from deploy_lib.errors import Interrupted
@@ -61,6 +62,8 @@ def test_a_sweep_deploys_each_candidate_keeps_the_winner_and_records_every_run()
     assert as_json["winner"] == report.winner and as_json["rows"][2]["levels"][1]["concurrency"] == 1024
     deploys = [json.loads(line) for line in host.lines if json.loads(line)["event"] == "deploy"]
     assert [d["outcome"] for d in deploys][-3:] == ["healthy"] * 3, "each candidate a release like any other"
+    assert all(row.downtime is not None for row in report.rows), "each candidate stopped a running server"
+    assert sum("downtime" in line for line in table_lines(report)) == 3, "the table shows each candidate's"
 
 
 def test_a_candidate_that_fails_to_start_is_recorded_and_the_sweep_goes_on() -> None:

@@ -28,6 +28,7 @@ from deploy_lib.facts.cuda_toolkit import cuda_home
 from deploy_lib.facts.diagnose import diagnose
 from deploy_lib.facts.host import FactRequest, HostFacts, fact_batch, parse_host_facts
 from deploy_lib.health import Ready
+from deploy_lib.health.downtime import Downtime
 from deploy_lib.host.facts import read_host_facts, record_new_crashes
 from deploy_lib.host.prune import around_the_restart, prune_after_deploy, prune_read_steps
 from deploy_lib.host.readiness import ReadyReport
@@ -67,6 +68,7 @@ class Outcome:
     plan: Plan | None = None
     ready: ReadyReport | None = None
     timings: Mapping[str, float] = field(default_factory=dict)
+    downtime: Downtime | None = None  # None: nothing was restarted, or no server ran before
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,8 @@ def _deploy(run: Transition, ask: _Ask) -> Outcome:
     tags = release_tags(run.target, plan.release)
     ready = _switch(run, ask, decided, tags)
     _commit(run, ask, tags)
-    return Outcome(Action.deployed, plan.release.id, plan.current_id, plan=plan, ready=ready, timings=run.timings)
+    return Outcome(Action.deployed, plan.release.id, plan.current_id, plan=plan, ready=ready, timings=run.timings,
+                   downtime=run.downtime)
 
 
 def _decide(run: Transition, ask: _Ask, venv: VenvChoice) -> _Decided:
@@ -242,6 +245,7 @@ def _decide(run: Transition, ask: _Ask, venv: VenvChoice) -> _Decided:
     if run.lock is not None:
         run.lock.decided_from(facts.store.lock, facts.store.digest)
     run.previous = facts.store.current
+    run.serving_before = facts.unit.active_state == "active"
     if ask.alone and not ask.options.dry_run:  # one node taken elsewhere leaves the others at the rendezvous
         refuse_one_node(facts.store, (facts.store.current,), run.where, "deployed to",
                         "`invoke deploy --profile P --group G` deploys the group of its nodes together")
@@ -265,6 +269,7 @@ def _preflight(run: Transition, ask: _Ask, decided: _Decided) -> _Decided:
     reads = PreflightReads(decided.facts, decided.request, ask.preflight_now)
     facts, hand_pid = reads.parse(read_facts(run.remote if run.lock is None else run.lock.inner, reads.steps))
     plan = decided.plan if hand_pid is None else decided.replan(facts, hand_pid)
+    run.serving_before = run.serving_before or hand_pid is not None
     preflight(plan, ask.loaded, run.target, facts, hand_pid)
     return replace(decided, plan=plan, facts=facts)
 
@@ -329,6 +334,8 @@ def check_before_start(run: Transition, plan: Plan) -> None:
     subject = gpu_check.subject_of_release(plan.release.id, plan.release.metadata())
     if run.before_restart is not None:  # the check stops the old server
         run.before_restart()
+    if run.serving_before:  # its batch stops the old server first
+        run.stopped_at = run.clock()
     try:
         results = run.phase(BatchKind.gpu_check, plan.batches.gpu_check)
     except RemoteError as lost:  # the old server may be stopped already: roll back as after any failed start
@@ -393,6 +400,7 @@ def _rollback(run: Transition, lock: LockOnFirstChange, to: str | None, alone: b
     target_id = record.id
     tags = recorded_tags(run.target, target_id, record.metadata)
     facts = run.check_target(target_id, record.metadata)
+    run.serving_before = facts.unit.active_state == "active"
     lock.decided_from(facts.store.lock, store.digest, f"rollback to {target_id}")
     serving = store.current if store.current != target_id and facts.store.release(store.current or "") else None
     restore_id = serving or facts.store.last_healthy(exclude=target_id)
@@ -409,7 +417,8 @@ def _rollback(run: Transition, lock: LockOnFirstChange, to: str | None, alone: b
         run.record("rollback", FAILED, tags, diagnosis.cause)
         restore(run, facts.store, target_id, interrupt, diagnosis, restore_id, store.current)
     run.record("rollback", HEALTHY, tags, f"by hand from {store.current or 'none'}", last=True)
-    return Outcome(Action.rolled_back, target_id, store.current, ready=ready, timings=run.timings)
+    return Outcome(Action.rolled_back, target_id, store.current, ready=ready, timings=run.timings,
+                   downtime=run.downtime)
 
 
 def start(target: Target, service: str, remote: Remote, progress: Progress, environ: Mapping[str, str],
@@ -433,7 +442,8 @@ def start(target: Target, service: str, remote: Remote, progress: Progress, envi
         if not restart and facts.unit.active_state == "active":
             return Outcome(Action.already_running, record.id, record.id)
         tags = Tags.from_dict(record.metadata["tags"])
-        run = Transition(lock, layout, target, progress, environ, clock, before_restart=before_restart, lock=lock)
+        run = Transition(lock, layout, target, progress, environ, clock, before_restart=before_restart, lock=lock,
+                         serving_before=facts.unit.active_state == "active")
         try:
             ready = run.activate(record.id, record.metadata, start_prediction(facts.store, tags.profile), GRACE_S,
                                  recorded_switch(layout, facts, record.id))
@@ -444,7 +454,7 @@ def start(target: Target, service: str, remote: Remote, progress: Progress, envi
                      record.id)
         run.record(event, HEALTHY, tags, last=True)
     return Outcome(Action.restarted if restart else Action.started, record.id, record.id, ready=ready,
-                   timings=run.timings)
+                   timings=run.timings, downtime=run.downtime)
 
 
 def stop(target: Target, service: str, remote: Remote, before_stop: Callable[[], None] | None = None,

@@ -160,6 +160,8 @@ def _patched_venv(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfi
     if context.toolkit_problem:  # refused before any venv is made: deploy's preflight would refuse the release
         raise PreflightError(f"{target.host.name}: {patch_set.name}'s kernels cannot be built: "
                              f"{context.toolkit_problem}", cuda_toolkit.FIX_HINT)
+    if context.record is not None and context.record.patch_set == patch_set.name and context.venv_hash is not None:
+        return _reused_venv(patch_set, patched, context, context.venv_hash)
     enabled = patches.enable(patch_set, context.files, context.versions, gpu_arch=context.gpu_arch,
                              nnodes=patched.profile.parallel.nnodes)
     for warning in enabled.report.warnings:
@@ -177,6 +179,20 @@ def _patched_venv(remote: Remote, patch_set: patches.PatchSet, base: LoadedProfi
                 *patches.clear_jit_cache_steps(patch_set, workspace, context.versions, sudo=True)])
     venv = VenvChoice(str(derived.path if derived else base_venv), cache_environment(context.layout, venv_hash))
     return enabled.report, venv
+
+
+def _reused_venv(patch_set: patches.PatchSet, patched: LoadedProfile, context: PatchContext, venv_hash: str
+                 ) -> tuple[patches.CheckReport, VenvChoice]:
+    """The current release runs on this patch set's venv already (a sweep's candidates on one patch set run one
+    after another): the next release runs on it as it is, its JIT cache kept warm; PatchConflict when its files are
+    no longer as the record says."""
+    report = patches.check(patch_set, context.files, context.versions, gpu_arch=context.gpu_arch,
+                           nnodes=patched.profile.parallel.nnodes, record=context.record)
+    if report.conflicts:
+        raise patches.PatchConflict("nothing written: the patched venv's targets are no longer as its record says:\n"
+                                    + "\n".join(report.summary_lines()),
+                                    hint="`invoke patches.disable` returns to the base venv; enable it from there")
+    return report, VenvChoice(str(context.venv), cache_environment(context.layout, venv_hash))
 
 
 def _derived_files(context: PatchContext, enabled: patches.Enabled,

@@ -11,6 +11,7 @@ from pydantic import ValidationError
 
 from deploy_lib.deploy.project import Target
 from deploy_lib.errors import ConfigError
+from deploy_lib.health.downtime import Downtime
 from deploy_lib.health.startup import startup_line
 from deploy_lib.host.store import read_store_facts
 from deploy_lib.profile import LoadedProfile, Profile, format_validation_error
@@ -30,6 +31,7 @@ class ReleaseRow:
     throughput: str  # the newest benchmark's output tok/s per concurrency level
     gpu_power: str = ""  # the GPUs' power draw during that benchmark
     last_start: str = ""  # the newest start's phases: "weights 2m10s, cuda graphs 1m05s, first generation 0.2 s"
+    last_downtime: Downtime | None = None  # the newest switch to it that stopped a running server
 
 
 def startup_by_release(history: Sequence[HistoryEntry]) -> dict[str, str]:
@@ -41,16 +43,26 @@ def startup_by_release(history: Sequence[HistoryEntry]) -> dict[str, str]:
     return lines
 
 
+def downtime_by_release(history: Sequence[HistoryEntry]) -> dict[str, Downtime]:
+    """Each release's newest start that recorded a downtime (a history line written before downtimes were has none)."""
+    downtimes: dict[str, Downtime] = {}
+    for entry in history:
+        if entry.event in ACTIVATIONS and (downtime := Downtime.from_timings(entry.timings)) is not None:
+            downtimes[entry.tags.release] = downtime
+    return downtimes
+
+
 def release_rows(store: StoreFacts) -> list[ReleaseRow]:
     outcomes = store.outcomes()
     throughput = throughput_by_release(store.history)
     power = power_by_release(store.history)
     starts = startup_by_release(store.history)
+    downtimes = downtime_by_release(store.history)
     rows = [ReleaseRow(id=r.id, staged_at=r.staged_at, profile=str(r.metadata.get("profile_name", "?")),
                        sglang_version=str(r.metadata.get("sglang_version", "?")),
                        outcome=outcomes.get(r.id, "never started"), is_current=r.id == store.current,
                        throughput=throughput.get(r.id, ""), gpu_power=power.get(r.id, ""),
-                       last_start=starts.get(r.id, ""))
+                       last_start=starts.get(r.id, ""), last_downtime=downtimes.get(r.id))
             for r in store.releases]
     return rows + [ReleaseRow(id=d.id, staged_at="", profile="?", sglang_version="?", outcome=f"damaged ({d.reason})",
                               is_current=d.id == store.current, throughput="") for d in store.damaged]

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 from pathlib import PurePosixPath
 from typing import Any
 
-from deploy_lib.commands.releases import startup_by_release
+from deploy_lib.commands.releases import downtime_by_release, startup_by_release
 from deploy_lib.deploy.plan import detect_drift
 from deploy_lib.deploy.project import Target
 from deploy_lib.errors import PreflightError
@@ -17,6 +17,7 @@ from deploy_lib.facts.host import FactRequest, Gpu
 from deploy_lib.gpu_check import parse_topology_results, topology_steps
 from deploy_lib.gpu_check.p2p.verdict import P2pVerdict, p2p_verdict
 from deploy_lib.health import Rung, Snapshot, http_url, parse_snapshot, probe_step, reachable_host
+from deploy_lib.health.downtime import Downtime
 from deploy_lib.host import p2p_reading
 from deploy_lib.host.facts import read_crashes, read_host_facts, record_crashes
 from deploy_lib.host.p2p_reading import NodeReader
@@ -52,6 +53,7 @@ class StatusReport:
     topology: str | None = None         # the GPUs' links and P2P support in one line (gpu-check's reading)
     venv_problem: str | None = None     # why the release's venv's packages could not be read (its python is gone)
     last_start: str = ""                # the current release's newest start's phases (health.startup)
+    last_downtime: Downtime | None = None  # the newest switch to the current release that stopped a running server
     verified: bool = True               # history records the current release's last start healthy
     peer_to_peer: P2pVerdict | None = None  # which GPU pairs have P2P, the cause and fix for the others
     recorded_crashes: int = 0           # history lines this read added for crashes it found first
@@ -133,7 +135,8 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
         lock_holder=(str(lock.owner) if lock.owner else "unknown owner") if lock else None,
         current_problem=facts.store.current_problem(),
         topology=links.one_line() if links else links_error, peer_to_peer=verdict,
-        last_start=startup_by_release(facts.store.history).get(facts.store.current or "", ""))
+        last_start=startup_by_release(facts.store.history).get(facts.store.current or "", ""),
+        last_downtime=downtime_by_release(facts.store.history).get(facts.store.current or ""))
 
 
 def not_verified(store: StoreFacts, current: str) -> str:

@@ -16,6 +16,7 @@ from deploy_lib.commands.tune_request import Request
 from deploy_lib.deploy.plan import release_tags
 from deploy_lib.deploy.project import Target
 from deploy_lib.errors import ConfigError, Interrupted, PreflightError, ReadinessFailed
+from deploy_lib.health.downtime import Downtime
 from deploy_lib.host.benchmark import run_benchmark
 from deploy_lib.host.store import read_store_facts
 from deploy_lib.patches.profiles import base_profile
@@ -135,7 +136,7 @@ def deploy_candidate(candidate: Candidate, target: Target, remote: Remote, progr
                   sweep)[1]
 
 
-def _deploy(run: SweepRun, candidate: Candidate) -> tuple[str, Mapping[str, Any], Tags]:
+def _deploy(run: SweepRun, candidate: Candidate) -> tuple[str, Mapping[str, Any], Tags, Downtime | None]:
     options = Options(environ=run.request.environ, grace_s=run.request.grace_s, skip_gate=True)
     sweep = SweepCandidate(keep_releases_at_least=len(run.store.releases) + len(run.sweep.candidates) + 1)
     run.serving_id = None  # a failed start's rollback leaves serving what the store says
@@ -144,7 +145,7 @@ def _deploy(run: SweepRun, candidate: Candidate) -> tuple[str, Mapping[str, Any]
     assert outcome.plan is not None and outcome.release_id is not None
     run.serving_id = outcome.release_id
     release = outcome.plan.release
-    return outcome.release_id, release.metadata(), release_tags(run.target, release)
+    return outcome.release_id, release.metadata(), release_tags(run.target, release), outcome.downtime
 
 
 def _failed_tags(run: SweepRun, known: int) -> Tags | None:
@@ -164,7 +165,7 @@ def run_candidate(run: SweepRun, candidate: Candidate, host: HostView, bench: Be
                                            candidate, host)]
     known = len(run.store.history)
     try:
-        release_id, metadata, tags = _deploy(run, candidate)
+        release_id, metadata, tags, downtime = _deploy(run, candidate)
     except (ReadinessFailed, PreflightError, ConfigError) as failed:  # diagnosed, rolled back, recorded by the engine
         run.progress.note(f"candidate {candidate.label} failed: {failed.message}")
         failed_tags = _failed_tags(run, known)
@@ -174,7 +175,10 @@ def run_candidate(run: SweepRun, candidate: Candidate, host: HostView, bench: Be
         return False
     run.metadata[release_id] = {**metadata, "tags": tags.as_dict()}  # as release.json holds it
     result, score = run.benchmark(release_id, bench)
-    run.record(run_line(run.tune, role, candidate.label, tags, datetime.now(UTC), result, score, changes=changes))
+    run.record(run_line(run.tune, role, candidate.label, tags, datetime.now(UTC), result, score, changes=changes,
+                        downtime=downtime))
+    if downtime is not None:
+        run.progress.note(f"candidate {candidate.label}: {downtime.line()}")
     if not score.qualifies:
         run.progress.note(f"candidate {candidate.label}: {'; '.join(score.misses) or 'no figures'}")
     return score.qualifies

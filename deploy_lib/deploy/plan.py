@@ -48,6 +48,8 @@ from deploy_lib.store import (
 )
 
 FACT_HAND_RUN = "adopted server: still running"
+RESTART = "systemd: restart"
+HAND_RUN_STOP = "adopted server: stop pid"  # the SIGTERM to an adopted release 0's server, then its pid
 
 
 Steps = tuple[Step | Put, ...]
@@ -121,7 +123,7 @@ def hand_run_pid(metadata: Mapping[str, Any] | None, results: Sequence[StepResul
 
 def stop_hand_run(pid: int, timeout_s: float) -> list[Step | Put]:
     """SIGTERM, as Ctrl-C or `systemctl stop` would send (SGLang shuts its workers down), then wait for its exit."""
-    return [Step(f"adopted server: stop pid {pid}", ("kill", "-TERM", "--", str(pid)), sudo=True, ok=frozenset({0, 1})),
+    return [Step(f"{HAND_RUN_STOP} {pid}", ("kill", "-TERM", "--", str(pid)), sudo=True, ok=frozenset({0, 1})),
             Step(f"adopted server: wait for pid {pid} to exit", ("tail", f"--pid={pid}", "-s", "0.2", "-f",
                                                                  "/dev/null"), timeout_s=timeout_s)]
 
@@ -240,8 +242,17 @@ def restart_steps(layout: StoreLayout, reload: bool = True) -> list[Step | Put]:
         Step("systemd: enable", ("systemctl", "enable", "--no-reload", "--", unit), sudo=True),
         *([Step("systemd: daemon-reload", ("systemctl", "daemon-reload"), sudo=True)] if reload else []),
         reset_failed_step(layout),
-        Step("systemd: restart", ("systemctl", "restart", "--", unit), sudo=True),
+        Step(RESTART, ("systemctl", "restart", "--", unit), sudo=True),
     ]
+
+
+def seconds_from_stop(results: Sequence[StepResult]) -> float:
+    """How long a switch's round trip ran, by the host's step durations, from its first step that stops the old
+    server (the restart, or the stop of an adopted hand-run server) to its end; counted from the end, as a wrapper
+    (the lock's) may leave its own steps before it out of the results."""
+    stops = [i for i, result in enumerate(results)
+             if result.step.name == RESTART or result.step.name.startswith(HAND_RUN_STOP)]
+    return sum(result.duration_s for result in results[stops[0]:]) if stops else 0.0
 
 
 def recorded_unit_digest(facts: HostFacts, release_id: str) -> str | None:

@@ -112,7 +112,7 @@ def benchmark_step(target: BenchRun, module: str, settings: BenchSettings, concu
                    output: PurePosixPath, api_key: str | None) -> Step:
     command = ("env", *(f"{k}={v}" for k, v in sorted(target.environment.items())), target.python, "-m", module,
                "--backend", settings.backend, "--base-url", target.base_url, "--dataset-name", "random-ids",
-               "--tokenizer", target.tokenizer, "--num-prompts", str(settings.prompts),
+               "--tokenizer", target.tokenizer, "--num-prompts", str(settings.prompts_at(concurrency)),
                "--random-input-len", str(settings.input_len), "--random-output-len", str(settings.output_len),
                "--random-range-ratio", "1", "--max-concurrency", str(concurrency), "--output-file", str(output))
     name, runs_to_the_end = f"bench: concurrency {concurrency}", ANY_EXIT
@@ -163,7 +163,7 @@ def run_benchmark(remote: Remote, layout: StoreLayout, release_metadata: Mapping
     sampler = sampler_steps(run_dir, len(settings.concurrency) * (settings.timeout_s + 60))
     try:
         for concurrency, output in zip(settings.concurrency, outputs, strict=True):
-            progress.note(f"benchmark: concurrency {concurrency}, {settings.prompts} prompts")
+            progress.note(f"benchmark: concurrency {concurrency}, {settings.prompts_at(concurrency)} prompts")
             result = remote.run([*sampler, benchmark_step(target, module, settings, concurrency, output,
                                                           api_key)])[-1]
             sampler = []
@@ -181,7 +181,8 @@ def run_benchmark(remote: Remote, layout: StoreLayout, release_metadata: Mapping
     parsed: list[LevelResult] = []
     for concurrency, output in zip(finished, outputs, strict=False):
         try:
-            parsed.append(parse_level(collected[_read_name(output)].stdout, concurrency, settings.prompts))
+            parsed.append(parse_level(collected[_read_name(output)].stdout, concurrency,
+                                      settings.prompts_at(concurrency)))
         except ValueError as bad:
             error = error or str(bad)
             break

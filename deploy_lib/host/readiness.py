@@ -24,6 +24,7 @@ from tenacity import (
 )
 
 from deploy_lib.errors import ConnectionLost, ReadinessFailed
+from deploy_lib.health.downtime import Downtime, measure_downtime, server_start_s
 from deploy_lib.health.probe import WATCH_S, ProbeTarget, parse_snapshot, probe_step
 from deploy_lib.health.snapshot import Rung, Snapshot, UnitState
 from deploy_lib.health.startup import MARKER_PATTERNS, LogMark, startup_phases, startup_timings
@@ -67,11 +68,24 @@ class ReadyReport:
     marks: tuple[LogMark, ...] = ()  # the startup lines this start logged (health.startup)
     rungs_s: Mapping[str, float] = field(default_factory=dict)  # rung -> seconds from the restart to passing it
 
-    def timings(self) -> dict[str, float]:
-        """This start's phases (the logged ones that are known, and the first generation) and rung times."""
+    def phases(self) -> dict[str, float]:
+        """This start's phases: the logged ones that are known, and the first generation."""
         generation = self.snapshot.generation
         first = generation.seconds if generation is not None and generation.text else None
-        return startup_timings(startup_phases(self.marks, first), self.rungs_s)
+        return startup_phases(self.marks, first)
+
+    def timings(self) -> dict[str, float]:
+        """This start's phases and rung times."""
+        return startup_timings(self.phases(), self.rungs_s)
+
+    def downtime(self, stopped_at: float, started_at: float) -> Downtime | None:
+        """From `stopped_at` to the generation that passed the ladder (`started_at`: the clock's reading the rung
+        times count from); None for a ladder that sent none."""
+        answered_s = self.rungs_s.get(Rung.GENERATE)
+        if answered_s is None:
+            return None
+        phases = self.phases()
+        return measure_downtime(stopped_at, started_at + answered_s, server_start_s(self.marks, phases), phases)
 
 
 @dataclass

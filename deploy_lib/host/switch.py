@@ -9,7 +9,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
-from deploy_lib.deploy.plan import BatchKind, SwitchBatches, recorded_switch, stop_step
+from deploy_lib.deploy.plan import BatchKind, SwitchBatches, recorded_switch, seconds_from_stop, stop_step
 from deploy_lib.deploy.preflight import check_release, check_release_files
 from deploy_lib.deploy.project import Target
 from deploy_lib.errors import (
@@ -31,6 +31,7 @@ from deploy_lib.facts.diagnose import (
 )
 from deploy_lib.facts.host import FactRequest, HostFacts, parse_systemctl_show
 from deploy_lib.health import GenerationProbe, ProbeTarget, Rung, StartPrediction, Verdict
+from deploy_lib.health.downtime import Downtime
 from deploy_lib.host.facts import read_host_facts
 from deploy_lib.host.readiness import ReadyReport, live_unit_step, live_verdict, wait_ready
 from deploy_lib.host.store import LockOnFirstChange
@@ -149,6 +150,11 @@ class Transition:
     linked_before: str | None = None  # where `current` pointed before the last activation's round trip
     restoring: tuple[str, str, str] | None = None  # during a restore: the failed release, its failure, the target
     kind: ReleaseKind = SERVER  # what is switched: SGLang's server, or the router (ops/router_deploy.py)
+    serving_before: bool = False  # a server ran when the command read the host: its stop starts a downtime
+    # All on `clock`, the client's monotonic one: it sees the first answer where users see it and never jumps (the
+    # host's wall clock can); the host's step durations only place the stop within its round trip.
+    stopped_at: float | None = None  # when the old server stopped (kept through a restore: the downtime goes on)
+    downtime: Downtime | None = None  # the last verified start's, from `stopped_at`
 
     @property
     def where(self) -> str:
@@ -223,6 +229,8 @@ class Transition:
         batch = [*staged, *reads, *switch.activate, *reads_after_restart]
         results = self.phase(f"{BatchKind.stage}, {BatchKind.activate}" if staged else BatchKind.activate, batch)
         self.switch_confirmed = True
+        if self.serving_before and self.stopped_at is None:
+            self.stopped_at = self.clock() - seconds_from_stop(results)
         self.read_at_switch = Readings(results)
         cursor_step = journal_cursor_step(self.layout.unit_name)
         # by name: a restore sends its steps marked repeatable (`_switch_back`), otherwise the same
@@ -235,6 +243,9 @@ class Transition:
         self.verified = release_id
         self.timings["ready"] = round(report.duration_s, 3)
         self.timings |= report.timings()  # its phases from the server's log lines, and the ladder's rung times
+        if self.stopped_at is not None:
+            self.downtime = report.downtime(self.stopped_at, restarted_at)
+            self.timings |= self.downtime.timings() if self.downtime else {}
         self.progress.step_done("readiness", report.duration_s)
         # The verified start leaves the start-limit window (reset-failed), so the restart policy allows the same number
         # of restarts whether a crash comes a minute or a day after the deploy; sent with the healthy record.

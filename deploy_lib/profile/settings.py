@@ -15,13 +15,20 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # ---------------------------------------------------------------------------------------------------------
 # Settings (profile keys `bench:`, `gate:` and `preflight:`)
 
+# A level sends a few rounds of its concurrency, as SGLang's own benchmark scripts size --num-prompts from
+# --max-concurrency: the ramp up and down stay a small part of the run, and a low level does not run for hours.
+PROMPTS_PER_SLOT = 5
+PROMPTS_FLOOR = 32  # a low level's latency percentiles need this many requests at least
+
 
 class BenchSettings(BaseModel):
     """How the release is benchmarked: SGLang's serving benchmark, random-ids dataset, one run per level."""
 
     model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
     prompts: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
-        1024, description="requests per concurrency level (--num-prompts); at least the highest level")
+        1024, description=f"requests per concurrency level at most (--num-prompts): each level sends "
+                          f"{PROMPTS_PER_SLOT} times its concurrency, at least {PROMPTS_FLOOR}; at least the highest "
+                          "level")
     input_len: Annotated[int, Field(ge=1, le=10_000_000)] = Field(1024, description="prompt tokens per request")
     output_len: Annotated[int, Field(ge=1, le=10_000_000)] = Field(1024, description="output tokens per request")
     concurrency: list[Annotated[int, Field(ge=1, le=1_000_000)]] = Field(
@@ -42,15 +49,22 @@ class BenchSettings(BaseModel):
                              "that level would never run at its concurrency")
         return self
 
+    def prompts_at(self, concurrency: int) -> int:
+        """The requests a level sends: PROMPTS_PER_SLOT times its concurrency, at least PROMPTS_FLOOR, at most
+        `prompts`."""
+        return min(self.prompts, max(PROMPTS_FLOOR, PROMPTS_PER_SLOT * concurrency))
+
     def identity(self) -> dict[str, float]:
-        """The settings that change the figures; a baseline must match all of them (stored with the figures)."""
+        """The settings that change the figures; a baseline must match all of them (stored with the figures).
+        `settings.sized_levels`: each level sent prompts_at(level), so a run that sent `prompts` at every level (before
+        levels were sized) is no baseline for one that did not."""
         return {"settings.prompts": float(self.prompts), "settings.input_len": float(self.input_len),
                 "settings.output_len": float(self.output_len),
-                "settings.openai_api": 1.0 if self.backend == "sglang-oai" else 0.0}
+                "settings.openai_api": 1.0 if self.backend == "sglang-oai" else 0.0, "settings.sized_levels": 1.0}
 
     def describe(self) -> str:
-        return (f"{self.prompts} prompts of {self.input_len} -> {self.output_len} tokens ({self.backend}), "
-                f"concurrency {', '.join(map(str, self.concurrency))}")
+        return (f"{self.prompts} prompts at most of {self.input_len} -> {self.output_len} tokens ({self.backend}), "
+                f"concurrency {', '.join(f'{c} ({self.prompts_at(c)} prompts)' for c in self.concurrency)}")
 
 
 class GateSettings(BaseModel):

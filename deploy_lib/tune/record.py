@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from deploy_lib.errors import ConfigError
+from deploy_lib.health.downtime import Downtime
+from deploy_lib.health.startup import TIMING_PREFIX
 from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, Tags, history_entry
 from deploy_lib.throughput import BenchResult, LevelResult
 from deploy_lib.throughput.history import gpu_power
@@ -28,8 +30,8 @@ def tune_id(now: datetime, token: str) -> str:
 
 def tune_line(tune: str, role: str, tags: Tags, when: datetime, *, outcome: str = HEALTHY, cause: str = "",
               label: str = "", figures: Mapping[str, float] | None = None,
-              extra: Mapping[str, str] | None = None) -> HistoryEntry:
-    return history_entry("tune", outcome, tags, when, cause, figures=figures,
+              extra: Mapping[str, str] | None = None, timings: Mapping[str, float] | None = None) -> HistoryEntry:
+    return history_entry("tune", outcome, tags, when, cause, timings=timings, figures=figures,
                          tune={"id": tune, "role": role, **({"candidate": label} if label else {}), **(extra or {})})
 
 
@@ -42,17 +44,24 @@ def start_line(tune: str, spec: TuneSpec, profile: str, tags: Tags, when: dateti
 
 
 def run_line(tune: str, role: str, label: str, tags: Tags, when: datetime, result: BenchResult | None, score: Score,
-             cause: str = "", changes: Sequence[str] = (), has_release: bool = True) -> HistoryEntry:
+             cause: str = "", changes: Sequence[str] = (), has_release: bool = True,
+             downtime: Downtime | None = None) -> HistoryEntry:
     """One measured (or failed) run: healthy when it qualified (benchmarked, SLA met). Without `has_release` (refused
-    before it was staged) the tags are the pre-sweep release's and name no release of the candidate."""
+    before it was staged) the tags are the pre-sweep release's and name no release of the candidate. `downtime`: its
+    deploy's, when that stopped a running server."""
     figures = dict(result.figures()) if result is not None else {}
     if score.value is not None:
         figures[OBJECTIVE_KEY] = round(score.value, 3)
     why = cause or "; ".join(score.misses)
     return tune_line(tune, role, tags, when, outcome=HEALTHY if score.qualifies else FAILED, cause=why,
-                     label=label, figures=figures,
+                     label=label, figures=figures, timings=downtime.timings() | _phases(downtime) if downtime else None,
                      extra={"sla_met": "yes" if score.sla_met else "no", "changes": "; ".join(changes),
                             **({} if has_release else {"release": ""})})
+
+
+def _phases(downtime: Downtime) -> dict[str, float]:
+    """The server's start phases as history's timings name them (health.startup), for the line to keep them whole."""
+    return {TIMING_PREFIX + name: seconds for name, seconds in downtime.phases.items()}
 
 
 @dataclass(frozen=True)
@@ -68,6 +77,7 @@ class Row:
     power: str
     values: tuple[float, ...]         # the objective's figure of each qualifying run
     cause: str
+    downtime: Downtime | None = None  # the newest run's deploy's
 
     def standing(self) -> Standing:
         return Standing(self.label, self.release_id, self.values)
@@ -109,7 +119,8 @@ def _row(label: str, entries: Sequence[HistoryEntry]) -> Row:
     # a rerun line records no changes: they are the candidate's own run's
     changes = next((e.tune["changes"] for e in reversed(entries) if e.tune.get("changes")), "")
     return Row(label, release, outcome, newest.tune.get("sla_met") == "yes", changes,
-               result.levels if result else (), _gpus(newest.figures), values, newest.cause)
+               result.levels if result else (), _gpus(newest.figures), values, newest.cause,
+               Downtime.from_timings(newest.timings))
 
 
 def _gpus(figures: Mapping[str, float]) -> str:

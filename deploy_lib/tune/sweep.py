@@ -46,6 +46,29 @@ class Candidate:
     patch_set: PatchSet | None = None
 
 
+    @property
+    def environment(self) -> tuple[str, str]:
+        """What a switch between two candidates rebuilds or starts cold when it differs: the venv (built from a lock,
+        or the one named) and the patch set (its own venv, derived from that one)."""
+        service = self.loaded.profile.service
+        venv = service.venv_build.model_dump_json() if service.venv_build is not None else service.venv
+        return venv, self.patch_set.name if self.patch_set is not None else ""
+
+
+def environment_switches(candidates: Sequence[Candidate]) -> int:
+    """How many times running `candidates` in this order changes the venv or the patch set."""
+    return sum(a.environment != b.environment for a, b in itertools.pairwise(candidates))
+
+
+def grouped_by_environment(candidates: Sequence[Candidate]) -> tuple[Candidate, ...]:
+    """The candidates on one venv and patch set together, so each switch of either happens once (its caches warm
+    for the rest); the groups in the order their first candidate comes in the grid, the grid's order within each."""
+    groups: dict[tuple[str, str], list[Candidate]] = {}
+    for candidate in candidates:
+        groups.setdefault(candidate.environment, []).append(candidate)
+    return tuple(candidate for group in groups.values() for candidate in group)
+
+
 @dataclass(frozen=True)
 class Skipped:
     label: str
@@ -130,7 +153,8 @@ def _refusal(candidate: Candidate, host: HostView | None) -> str | None:
 
 def build_sweep(base: LoadedProfile, spec: TuneSpec, sources: Mapping[str, str], known: Sequence[PatchSet],
                 host: HostView | None) -> Sweep:
-    """The grid's candidates over `base` (in the order the keys and values were given), those refused, the bench."""
+    """The grid's candidates over `base` (in the order the keys and values were given, grouped by venv and patch
+    set), those refused, the bench."""
     check_values(base, spec, sources, known)
     candidates: list[Candidate] = []
     skipped: list[Skipped] = []
@@ -160,7 +184,11 @@ def build_sweep(base: LoadedProfile, spec: TuneSpec, sources: Mapping[str, str],
     if spec.level is not None and spec.level not in levels:
         raise ConfigError(f"the objective's level {spec.level} cannot run: {'; '.join(notes)}",
                           f"name one of {levels}")
-    return Sweep(tuple(candidates), tuple(skipped), bench.model_copy(update={"concurrency": levels}), tuple(notes))
+    grouped = grouped_by_environment(candidates)
+    if (fewer := environment_switches(grouped)) < (given := environment_switches(candidates)):
+        notes.append(f"candidates grouped by venv and patch set: {fewer} switch{'es' if fewer != 1 else ''} of either "
+                     f"instead of {given}")
+    return Sweep(grouped, tuple(skipped), bench.model_copy(update={"concurrency": levels}), tuple(notes))
 
 
 def differences(base_metadata: Mapping[str, Any] | None, candidate: Candidate, host: HostView) -> list[Change]:

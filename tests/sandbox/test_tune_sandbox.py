@@ -100,6 +100,22 @@ def test_the_grid_of_caps_and_fusion_measures_every_candidate_and_serves_the_one
     assert roles.count("base") == 2 and roles[-1] == "end"
 
 
+def test_the_readmes_first_sweep_with_the_default_ladder_measures_every_level_of_every_candidate(rig: Rig) -> None:
+    """Issue 41: with no spec (the default ladder 1, 64, 256, 1024) this sweep sent all 1,024 of the profile's prompts
+    at concurrency 1, 1.87 s each, and timed out (`... at concurrency 1 timed out: 31% 315/1024`) before any
+    candidate ran; each level now sends a few rounds of its concurrency (32, 320, 1,024, 1,024)."""
+    serve(rig, BEFORE_64)
+    spec, sources = tuning.sweep_spec(None, ("memory.max_running_requests=64,1024", "patches=none,fusion-sm120"), {})
+    report = sweep(rig, tune_request.Request(spec, sources, tuple(list_patch_sets(ROLES_DIR))))
+    ladder = [1, 64, 256, 1024]
+    assert report.finished and len(report.rows) == 4, [(r.label, r.outcome, r.cause) for r in report.rows]
+    for row in (report.base, *report.rows):
+        assert row is not None and row.outcome == "measured", row
+        assert [level.concurrency for level in row.levels] == ladder, row.label
+    assert [row.label.split()[-1] for row in report.rows] == ["patches=none"] * 2 + ["patches=fusion-sm120"] * 2, \
+        "the candidates on one patch set run together"
+
+
 def test_a_candidate_that_runs_out_of_gpu_memory_is_diagnosed_and_the_sweep_goes_on(rig: Rig) -> None:
     """Input tried: mem_fraction_static 0.99 (the simulated GPU has no room left beside the pool), then 0.9."""
     serve(rig, BEFORE_256)
