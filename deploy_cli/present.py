@@ -149,6 +149,8 @@ def print_router_outcome(outcome: RouterOutcome) -> None:
         console.print(f"[bold green]{outcome.action}[/bold green]: router release {outcome.release_id} is serving "
                       f"(was {outcome.previous_id or 'none'})")
     console.print(f"workers: {', '.join(outcome.workers)}", markup=False)
+    if outcome.not_serving:
+        console.print(f"not serving yet, listed once they answer: {', '.join(outcome.not_serving)}", markup=False)
 
 
 def print_router_workers(workers: list[dict[str, Any]]) -> None:

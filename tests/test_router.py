@@ -4,8 +4,12 @@ drain/add-back calls around a replica's restart, and the deploy engine calling t
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import socket
+import threading
+import time
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -26,6 +30,7 @@ from helpers.router import (
 )
 from helpers.systemd_syntax import exec_start_argv, parse_unit_file
 
+import deploy_lib.host_scripts.router
 from deploy_lib import store
 from deploy_lib.deploy.plan import switch_batches
 from deploy_lib.deploy.project import Project, resolve_group
@@ -38,6 +43,7 @@ from deploy_lib.ops.router import (
     DEFAULT_LOCK,
     ROUTER_VERSION,
     RouterMembership,
+    admit_workers,
     build_router_release,
     replica_urls,
     router_site,
@@ -571,3 +577,99 @@ def test_a_router_release_that_fails_with_no_healthy_one_before_stops_the_router
         activate_router(router_run(remote), router_store, new, tags, [])
     assert failed.value.serving_id is None and remote.switches() == [new.id]
     assert "systemd: stop" in remote.ran_names()
+
+
+class _FakeRouterAPI(BaseHTTPRequestHandler):
+    """sglang-router 0.3.2's /workers routes on loopback: the router lists `listed` (all healthy); a POST lists its
+    worker; the same server answers a worker's /health for the URLs in `serving`."""
+
+    listed: list[str]
+    posted: list[str]
+    serving: set[int]
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _answer(self, status: int, body: object) -> None:
+        raw = json.dumps(body).encode()
+        self.send_response(status)
+        self.send_header("Content-Length", str(len(raw)))
+        self.end_headers()
+        self.wfile.write(raw)
+
+    def do_GET(self) -> None:
+        if self.path == "/workers":
+            self._answer(200, {"workers": [{"id": url, "url": url, "is_healthy": True} for url in self.listed]})
+        else:
+            self._answer(200 if self.path == "/health" else 404, {})
+
+    def do_POST(self) -> None:
+        url = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["url"]
+        self.posted.append(url)
+        self.listed.append(url)
+        self._answer(202, {})
+
+
+@pytest.fixture
+def fake_router() -> Iterator[tuple[ThreadingHTTPServer, type[_FakeRouterAPI]]]:
+    api = type("API", (_FakeRouterAPI,), {"listed": [], "posted": []})
+    server = ThreadingHTTPServer(("127.0.0.1", 0), api)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server, api
+    server.shutdown()
+    server.server_close()
+
+
+def _refusing_url() -> str:
+    """A loopback URL nothing listens on: a worker whose server is down."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{probe.getsockname()[1]}"
+
+
+def _admit(router_url: str, workers: list[str], settle_s: float) -> dict:
+    script = deploy_lib.host_scripts.router
+    return dict(script.admit({"router": router_url, "workers": workers, "settle_s": settle_s},
+                             time.monotonic() + 30))
+
+
+def test_a_started_router_that_never_lists_a_serving_worker_gets_it_registered_and_a_down_one_is_reported(
+        fake_router: tuple[ThreadingHTTPServer, type[_FakeRouterAPI]]) -> None:
+    # sglang-router 0.3.2 answers /health before it lists its --worker-urls: a router deploy ended with one
+    # replica missing from the router, though both served
+    server, api = fake_router
+    router = f"http://127.0.0.1:{server.server_address[1]}"
+    serving, down = f"{router}/", _refusing_url()  # the fake answers a worker's /health on its own port
+    answer = _admit(router, [serving, down], settle_s=0.2)
+    assert answer == {"added": [serving], "not_serving": [down]}
+    assert api.posted == [serving]
+
+
+def test_a_worker_the_router_lists_by_itself_while_it_settles_is_not_registered_twice(
+        fake_router: tuple[ThreadingHTTPServer, type[_FakeRouterAPI]]) -> None:
+    server, api = fake_router
+    router = f"http://127.0.0.1:{server.server_address[1]}"
+    threading.Timer(0.3, lambda: api.listed.append(router)).start()  # the router's own start-up registration
+    assert _admit(router, [router], settle_s=20) == {"added": [], "not_serving": []}
+    assert api.posted == []
+
+
+def test_a_router_deploy_ends_with_the_workers_listed_and_notes_what_it_added_and_what_does_not_serve(
+        tmp_path: Path) -> None:
+    remote = answering(admit={"added": ["http://192.0.2.2:8000"], "not_serving": ["http://192.0.2.3:8000"],
+                              "elapsed_s": 0.3})
+    progress = RecordingProgress()
+    workers = ["http://192.0.2.2:8000", "http://192.0.2.3:8000"]
+    assert admit_workers(remote, site_of(tmp_path), workers, progress) == ("http://192.0.2.3:8000",)
+    assert [(c["action"], c["workers"]) for c in config_of(remote)] == [("admit", workers)]
+    notes = progress.of_kind("note")
+    assert any("added it (POST /workers)" in str(note) and "192.0.2.2" in str(note) for note in notes)
+    assert any("http://192.0.2.3:8000 does not answer /health" in str(note) for note in notes)
+
+
+def test_a_router_that_stops_answering_while_its_workers_are_listed_fails_the_router_deploy(tmp_path: Path) -> None:
+    remote = answering(admit={"router_down": True, "elapsed_s": 0.1})
+    with pytest.raises(RouterFailed, match="stopped answering on port 31000") as caught:
+        admit_workers(remote, site_of(tmp_path), ["http://192.0.2.2:8000"], RecordingProgress())
+    assert caught.value.exit_code == 10

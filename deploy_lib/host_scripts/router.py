@@ -15,6 +15,9 @@ Actions:
   remove  the worker is no longer listed (no new request goes to it), then its running and waiting requests
           (SGLang's /v1/loads) are drained; a worker without /v1/loads, or already down, counts as drained
   add     the worker is listed and healthy (the router has read its /health, /server_info and /model_info)
+  admit   every worker of `workers` that answers its own /health is listed healthy: the router's own
+          registration of its --worker-urls is given `settle_s`, then one it has not listed is added as `add` does;
+          a worker that does not answer is reported in `not_serving`
   list    the workers the router lists
 """
 
@@ -126,6 +129,24 @@ def add(config, deadline):
     return {"was_listed": bool(entries)}
 
 
+def admit(config, deadline):
+    base = config["router"]
+    serving = [url for url in config["workers"] if request("GET", url.rstrip("/") + "/health")[0] == 200]
+
+    def healthy(url):
+        return any(w.get("is_healthy") for w in listed(base, url) or [])
+    wait_for(lambda: all(healthy(url) for url in serving), min(deadline, time.monotonic() + float(config["settle_s"])))
+    added = []
+    for url in serving:
+        if healthy(url):
+            continue
+        answer = add(dict(config, worker=url), deadline)
+        if answer.get("error"):
+            return answer
+        added.append(url)
+    return {"added": added, "not_serving": [url for url in config["workers"] if url not in serving]}
+
+
 def workers(config, deadline):
     status, body = request("GET", config["router"] + "/workers")
     if status != 200 or not isinstance(body, dict):
@@ -133,7 +154,7 @@ def workers(config, deadline):
     return {"workers": [{"url": w.get("url"), "healthy": bool(w.get("is_healthy"))} for w in body.get("workers", [])]}
 
 
-ACTIONS = {"ready": ready, "remove": remove, "add": add, "list": workers}
+ACTIONS = {"ready": ready, "remove": remove, "add": add, "admit": admit, "list": workers}
 
 
 def run_and_print(config_json):

@@ -39,6 +39,9 @@ DEFAULT_LOCK = TEMPLATES_DIR / "sglang-router.lock"
 SCRIPT_SOURCE = resources.files("deploy_lib.host_scripts").joinpath("router.py").read_text(encoding="utf-8")
 MEMBERSHIP_DEADLINE_S = 300.0  # removal + drain of a replica, or its registration, before the rollout gives up
 READY_DEADLINE_S = 120.0       # a restarted router answering /health
+# a started router answers /health before it has registered every one of its --worker-urls (sglang-router 0.3.2
+# queues their registration); a serving worker it has not listed by then is registered by the tool
+ADMIT_SETTLE_S = 30.0
 
 
 def worker_url(host: Host, port: int) -> str:
@@ -109,8 +112,9 @@ def replica_urls(project: Project, profile: str | None, inventory: Inventory, ta
 
 
 def router_step(site: RouterSite, action: str, worker: str | None = None,
-                deadline_s: float = MEMBERSHIP_DEADLINE_S) -> Step:
-    config = {"action": action, "router": site.base_url, "worker": worker, "deadline_s": deadline_s}
+                deadline_s: float = MEMBERSHIP_DEADLINE_S, workers: Sequence[str] = ()) -> Step:
+    config = {"action": action, "router": site.base_url, "worker": worker, "deadline_s": deadline_s,
+              "workers": list(workers), "settle_s": ADMIT_SETTLE_S}
     stdin = f"{SCRIPT_SOURCE}\nrun_and_print({json.dumps(config)!r})\n".encode()
     return Step(f"router: {action}{f' {worker}' if worker else ''}", ("python3", "-"), stdin=stdin,
                 timeout_s=deadline_s + 30)
@@ -214,6 +218,25 @@ def router_probe(layout: StoreLayout, metadata: Mapping[str, Any]) -> ProbeTarge
     return ProbeTarget(unit=layout.unit_name, port=port, health_path="/health", generation=None)
 
 
+def admit_workers(remote: Remote, site: RouterSite, workers: Sequence[str], progress: Progress) -> tuple[str, ...]:
+    """Once the router answers, every one of `workers` that serves is listed healthy by it (registered by the tool
+    when the router's own start-up registration has not listed it within ADMIT_SETTLE_S); the workers that do not
+    answer their /health, each said in a note. RouterFailed when the router does not take a serving worker."""
+    progress.phase_started("router: workers")
+    answer = parse_answer(remote.run([router_step(site, "admit", workers=workers)])[0], site, "listing its workers")
+    if answer.get("router_down"):
+        raise RouterFailed(f"router on {site.host.name}: it stopped answering on port {site.port} after it started",
+                           hint=f"its journal: `invoke logs -H {site.host.name} -s {SERVICE}`")
+    progress.step_done("router: workers", float(answer.get("elapsed_s", 0)))
+    for url in answer["added"]:
+        progress.note(f"router: it had not listed {url} {ADMIT_SETTLE_S:.0f} s after it started; added it "
+                      "(POST /workers)")
+    for url in answer["not_serving"]:
+        progress.note(f"router: {url} does not answer /health; a deploy or `invoke start` of its host adds it to "
+                      "the router once it serves")
+    return tuple(answer["not_serving"])
+
+
 def router_workers(remote: Remote, site: RouterSite) -> list[dict[str, Any]]:
     answer = parse_answer(remote.run([router_step(site, "list", deadline_s=10)])[0], site, "listing its workers")
     return list(answer["workers"])
@@ -255,6 +278,7 @@ def build_router_release(site: RouterSite, venv: PurePosixPath, venv_hash: str, 
     return RouterRelease(release_id, unit_text, env_text, metadata)
 
 
-__all__ = ["DEFAULT_LOCK", "ROUTER_VERSION", "SERVICE", "RouterMembership", "RouterRelease", "RouterSite",
-           "build_router_release", "parse_answer", "replica_urls", "router_argv", "router_probe", "router_site",
-           "router_step", "router_workers", "serving_step", "serving_url", "worker_url"]
+__all__ = ["ADMIT_SETTLE_S", "DEFAULT_LOCK", "ROUTER_VERSION", "SERVICE", "RouterMembership", "RouterRelease",
+           "RouterSite", "admit_workers", "build_router_release", "parse_answer", "replica_urls", "router_argv",
+           "router_probe", "router_site", "router_step", "router_workers", "serving_step", "serving_url",
+           "worker_url"]

@@ -32,6 +32,7 @@ from deploy_lib.ops.router import (
     RouterMembership,
     RouterRelease,
     RouterSite,
+    admit_workers,
     build_router_release,
     router_probe,
     router_site,
@@ -61,6 +62,7 @@ class RouterOutcome:
     release_id: str
     previous_id: str | None
     workers: tuple[str, ...]
+    not_serving: tuple[str, ...]  # workers that did not answer their /health: the router lists them once they serve
 
 
 class RouterReleaseKind:
@@ -87,7 +89,8 @@ def deploy_router(site: RouterSite, target: Target, remote: Remote, workers: Seq
     """Take the router's host to the router release serving `workers`, through the same switch, readiness ladder
     and restore as a server's (deploy/switch.Transition): a router that does not come up (or a signal meanwhile)
     is switched back to its last healthy release and verified the same way; RouterFailed saying what serves now
-    (RollbackFailed when that fails too: its unit is stopped)."""
+    (RollbackFailed when that fails too: its unit is stopped). Whether deployed or unchanged, it ends with every
+    serving worker listed healthy by the router (`admit_workers`)."""
     layout = target.layout(SERVICE)
     where = target.host.name
     run = Transition(remote, layout, target, progress, {}, grace_s=grace_s, kind=ROUTER_RELEASE)
@@ -101,7 +104,8 @@ def deploy_router(site: RouterSite, target: Target, remote: Remote, workers: Seq
             tags = Tags(operator_name(), where, release.id, SERVICE, venv.hash,
                         {name: venv.distributions[name] for name in ("sglang-router",) if name in venv.distributions})
             if store.current == release.id and isinstance(run.live_verdict(release.metadata), Ready):
-                return RouterOutcome(Action.unchanged, release.id, store.current, tuple(workers))
+                not_serving = admit_workers(remote, site, workers, progress)
+                return RouterOutcome(Action.unchanged, release.id, store.current, tuple(workers), not_serving)
             staged = [] if store.release(release.id) else stage_release(
                 layout, release.id, release.unit_text, release.env_text,
                 release_json(release.metadata, tags, datetime.now(UTC)))
@@ -109,7 +113,8 @@ def deploy_router(site: RouterSite, target: Target, remote: Remote, workers: Seq
         except KeyboardInterrupt as stop:
             raise run.interrupted_outside(stop) from None
         run.record("deploy", HEALTHY, tags)
-    return RouterOutcome(Action.deployed, release.id, store.current, tuple(workers))
+        not_serving = admit_workers(remote, site, workers, progress)
+    return RouterOutcome(Action.deployed, release.id, store.current, tuple(workers), not_serving)
 
 
 def activate_router(run: Transition, store: StoreFacts, release: RouterRelease, tags: Tags,
