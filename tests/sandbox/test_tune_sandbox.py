@@ -19,55 +19,28 @@ from collections.abc import Iterator
 import pytest
 from helpers.recording_progress import RecordingProgress
 from helpers.rig import Rig
-from helpers.tune_sandbox import tune_lines
+from helpers.tune_sandbox import (
+    BEFORE_64,
+    BEFORE_256,
+    MRR_512,
+    MRR_1024,
+    request,
+    serve,
+    sweep,
+    tune_lines,
+    tune_rig,
+)
 from helpers.waits import wait_for
 
-from deploy_lib import tune as tuning
-from deploy_lib.bundled import ROLES_DIR
-from deploy_lib.commands import tune as commands_tune
-from deploy_lib.commands import tune_request
 from deploy_lib.errors import Interrupted
-from deploy_lib.patches import list_patch_sets
-from deploy_lib.remote import FabricRemote
 from sandbox import manage
 
 pytestmark = [pytest.mark.sandbox, pytest.mark.wheels]
-PROFILE = "glm5-nvfp4-sandbox"
-TOKENIZER = "/opt/sim-tokenizer"
-# what served before a sweep: our reference user's cap of 64 running requests; a cap of 256 where the sweep is not
-# about the cap (its base runs are four times shorter)
-BEFORE_64, BEFORE_256 = "tune-before-64", "tune-before-256"
-PROFILES = {name: f"extends: {PROFILE}\nmemory:\n  max_running_requests: {cap}\n"
-            for name, cap in ((BEFORE_64, 64), (BEFORE_256, 256))}
-LADDER = [1024]
-MRR_64, MRR_256, MRR_512, MRR_1024 = (f"memory.max_running_requests={n} patches=none" for n in (64, 256, 512, 1024))
 
 
 @pytest.fixture(scope="module")
 def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Rig:
-    tune_rig = Rig.on(sandbox_venv, tmp_path_factory, PROFILES)
-    tune_rig.root(f"/opt/ml-env/bin/python -m sglang_sim.tokenizer {TOKENIZER}")
-    return tune_rig
-
-
-def serve(rig: Rig, profile: str) -> str:
-    """The pre-sweep release deployed and serving (its own gate skipped: the sweep measures it twice)."""
-    return rig.deploy(profile, skip_gate=True).release_id
-
-
-def request(*vary: str, resume: str | None = None) -> tune_request.Request:
-    if resume is not None:
-        return tune_request.Request(None, {}, tuple(list_patch_sets(ROLES_DIR)), resume=resume)
-    spec, sources = tuning.sweep_spec(None, vary, {"ladder": LADDER})
-    return tune_request.Request(spec, sources, tuple(list_patch_sets(ROLES_DIR)))
-
-
-def sweep(rig: Rig, req: tune_request.Request, progress: RecordingProgress | None = None) -> tuning.TuneReport:
-    loaded, target = rig.target(PROFILE)
-    with FabricRemote(target.ssh) as remote:
-        report = commands_tune.tune(loaded, target, remote, progress or RecordingProgress(), req)
-    assert isinstance(report, tuning.TuneReport)
-    return report
+    return tune_rig(sandbox_venv, tmp_path_factory)
 
 
 def objective(row: object) -> float:
@@ -98,22 +71,6 @@ def test_the_grid_of_caps_and_fusion_measures_every_candidate_and_serves_the_one
     rig.wait_ready()
     roles = [line["tune"]["role"] for line in tune_lines(rig, report.tune_id)]  # type: ignore[index]
     assert roles.count("base") == 2 and roles[-1] == "end"
-
-
-def test_the_readmes_first_sweep_with_the_default_ladder_measures_every_level_of_every_candidate(rig: Rig) -> None:
-    """Issue 41: with no spec (the default ladder 1, 64, 256, 1024) this sweep sent all 1,024 of the profile's prompts
-    at concurrency 1, 1.87 s each, and timed out (`... at concurrency 1 timed out: 31% 315/1024`) before any
-    candidate ran; each level now sends a few rounds of its concurrency (32, 320, 1,024, 1,024)."""
-    serve(rig, BEFORE_64)
-    spec, sources = tuning.sweep_spec(None, ("memory.max_running_requests=64,1024", "patches=none,fusion-sm120"), {})
-    report = sweep(rig, tune_request.Request(spec, sources, tuple(list_patch_sets(ROLES_DIR))))
-    ladder = [1, 64, 256, 1024]
-    assert report.finished and len(report.rows) == 4, [(r.label, r.outcome, r.cause) for r in report.rows]
-    for row in (report.base, *report.rows):
-        assert row is not None and row.outcome == "measured", row
-        assert [level.concurrency for level in row.levels] == ladder, row.label
-    assert [row.label.split()[-1] for row in report.rows] == ["patches=none"] * 2 + ["patches=fusion-sm120"] * 2, \
-        "the candidates on one patch set run together"
 
 
 def test_a_candidate_that_runs_out_of_gpu_memory_is_diagnosed_and_the_sweep_goes_on(rig: Rig) -> None:
