@@ -36,6 +36,11 @@ class _UniqueKeyLoader(yaml.SafeLoader):
             if key_node.tag == MERGE_TAG:  # `<<: *base`: its keys are defaults that the explicit keys override
                 continue
             key = self.construct_object(key_node, deep=deep)
+            if isinstance(key_node, (yaml.MappingNode, yaml.SequenceNode)):  # `{{a: 1}}` is a mapping as a key
+                kind = "mapping" if isinstance(key_node, yaml.MappingNode) else "list"
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"a mapping key must be a plain value, not a {kind} (doubled braces or brackets?)",
+                    key_node.start_mark)
             if key in seen:
                 raise yaml.constructor.ConstructorError(
                     None, None,
