@@ -5,11 +5,14 @@ inventory's defaults: what it resolves to, what it refuses, and connections thro
 from __future__ import annotations
 
 import getpass
+import json
 import os
+import shlex
 import signal
 import subprocess
+import sys
 import time
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import pytest
 from helpers.remote_ssh import SshServer
@@ -18,6 +21,7 @@ from deploy_lib.deploy.project import resolve_target
 from deploy_lib.errors import ConfigError, ConnectFailed
 from deploy_lib.inventory.model import load_inventory
 from deploy_lib.remote import FabricRemote, JumpHost, SSHTarget, Step
+from deploy_lib.remote.ssh import rsync_argv
 from deploy_lib.remote.ssh_config import SSH_CONFIG_ENV
 
 CONFIG = """\
@@ -138,7 +142,8 @@ def test_identities_only_turns_the_agent_off(tmp_path: Path) -> None:
     ("Host gpu1\n  User root;reboot\n", "Host gpu1: User 'root;reboot' is not a login name"),
     ("Host gpu1\n  Port 22 -oX\n", "Host gpu1: Port '22 -oX' is not in 1-65535"),
     ("Host gpu1\n  Port 0\n", "Host gpu1: Port '0' is not in 1-65535"),
-    ("Host gpu1\n  ProxyCommand nc %h %p\n", "Host gpu1: proxycommand cannot be honoured"),
+    ("Host gpu1\n  ProxyCommand nc %h %p\n  ProxyJump j\n", "Host gpu1: both ProxyJump and ProxyCommand apply"),
+    ("Host gpu1\n  RemoteCommand sh\n", "Host gpu1: remotecommand cannot be honoured"),
     ("Host gpu1\n  ProxyJump a,b\n", "is a chain of jump hosts"),
     ("Host gpu1\n  ProxyJump j\nHost j\n  ProxyJump k\n", "Host j: ProxyJump 'k' makes a chain of jump hosts"),
     ("Host gpu1\n  ProxyJump 'x;y'\n", "is not a jump host"),
@@ -229,3 +234,82 @@ def test_with_a_key_file_set_the_agents_keys_are_still_offered(sshd: SshServer, 
     finally:
         agent.send_signal(signal.SIGTERM)
         agent.wait(timeout=10)
+
+
+RELAY = Path(__file__).parent / "helpers" / "stdio_relay.py"
+
+
+def _relay(record: Path, *address: str) -> str:
+    return shlex.join([sys.executable, str(RELAY), *address, str(record)])
+
+
+def test_a_proxycommand_in_the_ssh_config_carries_the_connection(sshd: SshServer, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input tried: `ProxyCommand <relay> %h %p` for the host, as a bastion behind SSM, Teleport or cloudflared is
+    reached (it was refused: `proxycommand cannot be honoured`)."""
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    record = tmp_path / "relayed"
+    _alias_config(tmp_path, sshd, sshd.client_key, f"  ProxyCommand {_relay(record, '%h', '%p')}\n")
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(f"all:\n  hosts:\n    lab: {{ssh_config_file: ssh_config, known_hosts_file: "
+                         f"{_known_hosts(tmp_path, sshd)}}}\n")
+    target = resolve_target(load_inventory(inventory), "lab").ssh
+    with FabricRemote(target) as remote:
+        assert remote.run([Step("who", ("id", "-un"))])[0].stdout == f"{getpass.getuser()}\n"
+    assert record.read_text() == f"127.0.0.1 {sshd.port}\n"
+    assert "via ProxyCommand" in target.address
+
+
+def test_a_proxycommand_in_ansible_ssh_common_args_expands_its_tokens_and_carries_steps_and_pushes(
+        sshd: SshServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input tried: `ansible_ssh_common_args: -o ProxyCommand="<relay> %h %p"`, as Ansible users write it; rsync's
+    ssh (a push of weights) goes through the same command."""
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    record = tmp_path / "relayed"
+    args = shlex.join(["-o", f"ProxyCommand={_relay(record, '%h', '%p')}"])
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(f"all:\n  hosts:\n    lab:\n      ansible_host: 127.0.0.1\n      ansible_port: {sshd.port}\n"
+                         f"      ansible_user: {getpass.getuser()}\n"
+                         f"      ansible_ssh_private_key_file: {sshd.client_key}\n"
+                         f"      known_hosts_file: {_known_hosts(tmp_path, sshd)}\n"
+                         f"      ssh_config_file: none\n      ansible_ssh_common_args: {json.dumps(args)}\n")
+    target = resolve_target(load_inventory(inventory), "lab").ssh
+    assert target.proxy_command == _relay(record, "127.0.0.1", str(sshd.port))
+    local = tmp_path / "weights"
+    local.mkdir()
+    (local / "config.json").write_text("{}")
+    with FabricRemote(target) as remote:
+        assert remote.run([Step("echo", ("echo", "through"))])[0].stdout == "through\n"
+        remote.push_directory(local, PurePosixPath(tmp_path / "pushed"), None)
+    assert (tmp_path / "pushed" / "config.json").read_text() == "{}"
+    assert record.read_text().splitlines() == [f"127.0.0.1 {sshd.port}"] * 2  # the connection, then rsync's ssh
+
+
+def test_a_proxycommand_that_fails_is_reported_naming_it(tmp_path: Path) -> None:
+    target = SSHTarget(host="192.0.2.1", port=22, user="deploy", proxy_command="exit 3", connect_timeout_s=5,
+                       known_hosts_file=tmp_path / "known_hosts")
+    with pytest.raises(ConnectFailed) as refused, FabricRemote(target) as remote:
+        remote.run([Step("probe", ("true",))])
+    assert "through its ProxyCommand 'exit 3'" in refused.value.message
+    assert "run the command yourself" in (refused.value.hint or "")
+
+
+@pytest.mark.parametrize(("host_vars", "expected"), [
+    ("ansible_ssh_common_args: '-o ProxyCommand=\"nc %h %p\" -J root@pve1'", "both ProxyJump and ProxyCommand"),
+    ("proxy_jump: root@pve1, ansible_ssh_common_args: '-o ProxyCommand=\"nc %h %p\"'",
+     "a jump host (proxy_jump) and a ProxyCommand (ansible_ssh_common_args) are both given"),
+    ("ansible_ssh_common_args: '-o ProxyCommand=\"nc %h %C\"'", "%C cannot be expanded here"),
+    ("ansible_ssh_common_args: '-o User=x'", "cannot be honoured"),
+])
+def test_a_way_to_the_host_that_cannot_hold_is_refused_naming_the_key(tmp_path: Path, host_vars: str,
+                                                                      expected: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        _target(tmp_path, f"{host_vars}, ssh_config_file: none", config=None)
+    assert expected in str(refused.value), str(refused.value)
+
+
+def test_rsyncs_ssh_runs_the_same_proxycommand_with_a_literal_percent_kept(tmp_path: Path) -> None:
+    target = SSHTarget(host="10.0.0.5", proxy_command="connect --tag 50% 10.0.0.5 22")
+    argv = rsync_argv(target, tmp_path, PurePosixPath("/opt/x"), None)
+    ssh = shlex.split(argv[argv.index("-e") + 1])
+    assert "ProxyCommand=connect --tag 50%% 10.0.0.5 22" in ssh

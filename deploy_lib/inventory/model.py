@@ -20,8 +20,9 @@ from deploy_lib.profile import AbsPath, Profile, format_validation_error
 from deploy_lib.remote import SSHTarget
 from deploy_lib.remote.ssh_config import (
     GivenSSH,
+    SshArgsProxy,
     config_hostname,
-    proxy_jump_in_ssh_args,
+    proxy_in_ssh_args,
     read_ssh_config,
     resolve_ssh_target,
     split_proxy_jump,
@@ -91,8 +92,10 @@ class HostVars(BaseModel):
     proxmox_vmid: Annotated[int, Field(ge=100, le=999999999)] | None = Field(
         None, description="this VM's id on proxmox_node (`qm config` reads its passthrough)")
     proxy_jump: str | None = Field(None, description="jump host, [user@]host[:port] as OpenSSH's ProxyJump")
-    ansible_ssh_common_args: str | None = Field(None, description="only -o ProxyJump=... / -J ... is honoured")
-    ansible_ssh_extra_args: str | None = Field(None, description="only -o ProxyJump=... / -J ... is honoured")
+    ansible_ssh_common_args: str | None = Field(
+        None, description="only -o ProxyJump=... / -J ... or -o ProxyCommand=... is honoured")
+    ansible_ssh_extra_args: str | None = Field(
+        None, description="only -o ProxyJump=... / -J ... or -o ProxyCommand=... is honoured")
 
     @field_validator("proxy_jump")
     @classmethod
@@ -105,7 +108,7 @@ class HostVars(BaseModel):
     @classmethod
     def _ssh_args(cls, value: str | None) -> str | None:
         if value is not None:
-            jump = proxy_jump_in_ssh_args(value)
+            jump = proxy_in_ssh_args(value).jump
             if jump is not None:
                 split_proxy_jump(jump)
         return value
@@ -117,16 +120,32 @@ class HostVars(BaseModel):
         return self
 
     @model_validator(mode="after")
-    def _one_jump_host(self) -> HostVars:
+    def _one_way_to_the_host(self) -> HostVars:
         given = {key: value for key, value in self._jump_values().items() if value is not None}
         if len(set(given.values())) > 1:
             raise ValueError("different jump hosts in " + ", ".join(f"{k} ({v})" for k, v in given.items()))
+        commands = {key: value for key, value in self._proxy_commands().items() if value is not None}
+        if len(set(commands.values())) > 1:
+            raise ValueError("different ProxyCommands in " + ", ".join(commands))
+        if given and commands:
+            raise ValueError(f"a jump host ({', '.join(given)}) and a ProxyCommand ({', '.join(commands)}) are both "
+                             "given; keep one")
         return self
 
+    def _parsed_ssh_args(self) -> dict[str, SshArgsProxy]:
+        return {key: proxy_in_ssh_args(args) for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args")
+                if (args := getattr(self, key)) is not None}
+
     def _jump_values(self) -> dict[str, str | None]:
-        return {"proxy_jump": self.proxy_jump,
-                **{key: proxy_jump_in_ssh_args(args) for key in ("ansible_ssh_common_args", "ansible_ssh_extra_args")
-                   if (args := getattr(self, key)) is not None}}
+        return {"proxy_jump": self.proxy_jump, **{key: args.jump for key, args in self._parsed_ssh_args().items()}}
+
+    def _proxy_commands(self) -> dict[str, str | None]:
+        return {key: args.command for key, args in self._parsed_ssh_args().items()}
+
+    @property
+    def proxy_command_value(self) -> str | None:
+        """The ProxyCommand the ssh args give (tokens unexpanded); None when they give none."""
+        return next((v for v in self._proxy_commands().values() if v is not None), None)
 
     @property
     def proxy_jump_value(self) -> str | None:
@@ -367,6 +386,7 @@ def ssh_target(inventory_path: Path, host: Host, accept_new_host_key: bool, envi
     config_path = ssh_config_path(hv.ssh_config_file, inventory_path, environ)
     given = GivenSSH(
         user=hv.ansible_user, port=hv.ansible_port, proxy_jump=hv.proxy_jump_value,
+        proxy_command=hv.proxy_command_value,
         key_file=expand_local_path(hv.ansible_ssh_private_key_file, inventory_path)
         if hv.ansible_ssh_private_key_file else None,
         known_hosts_file=expand_local_path(hv.known_hosts_file, inventory_path) if hv.known_hosts_file else None,

@@ -116,7 +116,8 @@ class FabricRemote:
         try:
             if target.known_hosts_path.exists():
                 client.load_host_keys(str(target.known_hosts_path))
-            self.connect_policy.copy()(lambda: open_hop(connection, hop, target.connect_timeout_s, gateway is None))
+            self.connect_policy.copy()(lambda: open_hop(connection, hop, target.connect_timeout_s, gateway is None,
+                                                        target.proxy_command))
             connection.transport.set_keepalive(KEEPALIVE_S)
         except (paramiko.SSHException, OSError, EOFError) as error:
             client.close()

@@ -47,6 +47,7 @@ class SSHTarget:
     IdentitiesOnly), then with no key file the default ~/.ssh keys.
 
     A jump host is reached with the same keys and known_hosts file as the target; each hop's host key is checked.
+    A ProxyCommand (tokens expanded) is run locally and the connection speaks over its stdin and stdout, as OpenSSH's.
     """
 
     host: str
@@ -58,6 +59,7 @@ class SSHTarget:
     connect_timeout_s: float = 10
     accept_new_host_key: bool = False
     jump: JumpHost | None = None
+    proxy_command: str | None = None
 
     @property
     def known_hosts_path(self) -> Path:
@@ -66,6 +68,8 @@ class SSHTarget:
     @property
     def address(self) -> str:
         direct = f"{self.user}@{self.host}:{self.port}"
+        if self.proxy_command is not None:
+            return f"{direct} via ProxyCommand {self.proxy_command!r}"
         return f"{direct} via {self.jump.address}" if self.jump else direct
 
 
@@ -175,6 +179,8 @@ def rsync_argv(target: SSHTarget, local_dir: Path, dest: PurePosixPath, link_des
     if target.jump is not None:  # the jump hop gets the same key and host-key checks (ProxyJump would not pass -o)
         hop = ["ssh", "-p", str(target.jump.port), *checks, "-W", "%h:%p", f"{target.jump.user}@{target.jump.host}"]
         ssh += ["-o", f"ProxyCommand={shlex.join(hop)}"]
+    elif target.proxy_command is not None:  # expanded already: a % left in it is a literal one to ssh
+        ssh += ["-o", f"ProxyCommand={target.proxy_command.replace('%', '%%')}"]
     argv = ["rsync", "-a", "--partial", "--protect-args", "--info=progress2", "--no-inc-recursive",
             "-e", shlex.join(ssh)]
     if target.user != "root":
@@ -209,17 +215,24 @@ def connect_kwargs(target: SSHTarget) -> dict[str, Any]:
     return kwargs
 
 
-def open_hop(connection: fabric.Connection, hop: JumpHost, timeout_s: float, direct: bool) -> None:
+def open_hop(connection: fabric.Connection, hop: JumpHost, timeout_s: float, direct: bool,
+             proxy_command: str | None = None) -> None:
     """Open `connection`; a `direct` one (no jump host before it) on a TCP socket of ours with TCP_NODELAY, as
     OpenSSH's ssh sets it: with Nagle's algorithm each small SSH request waited for the peer's delayed ACK, about
     40 ms in the handshake and 40 ms for every channel a round trip opens (measured against OpenSSH 9.2 on
-    loopback). Through a jump host the hop is a channel of the jump host's connection, which has it."""
+    loopback). Through a jump host the hop is a channel of the jump host's connection, which has it; through a
+    `proxy_command`, that command's stdin and stdout (paramiko.ProxyCommand)."""
     if not direct:
         connection.open()
         return
-    sock = socket.create_connection((hop.host, hop.port), timeout=timeout_s)
+    sock: socket.socket | paramiko.ProxyCommand
+    if proxy_command is not None:
+        sock = paramiko.ProxyCommand(proxy_command)
+    else:
+        sock = socket.create_connection((hop.host, hop.port), timeout=timeout_s)
     try:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        if isinstance(sock, socket.socket):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         connection.connect_kwargs["sock"] = sock
         connection.open()
     except BaseException:
@@ -259,6 +272,12 @@ def connect_error(target: SSHTarget, error: Exception, hop: JumpHost, through_ju
         return ConnectFailed(f"SSH authentication as {hop.user!r} on {what} {hop.host}:{hop.port}{via} failed: "
                              f"{error}", hint="check the user and key file (inventory: ansible_user, "
                                   "ansible_ssh_private_key_file; ssh config: User, IdentityFile) and the ssh agent")
+    if target.proxy_command is not None and isinstance(error, (paramiko.ProxyCommandFailure, paramiko.SSHException,
+                                                                EOFError, OSError)):
+        return ConnectFailed(f"cannot connect to {hop.address} through its ProxyCommand {target.proxy_command!r}: "
+                             f"{error or type(error).__name__}",
+                             hint="run the command yourself: it must connect its stdin and stdout to the host's sshd "
+                                  "(ssh config ProxyCommand, or -o ProxyCommand= in ansible_ssh_common_args)")
     if isinstance(error, paramiko.ChannelException) and jump is not None:
         return ConnectFailed(f"jump host {jump.address} cannot open a connection to {hop.host}:{hop.port}: "
                              f"{error}", hint="is the host up, at the address the jump host sees it by?")

@@ -1,6 +1,7 @@
 """The user's OpenSSH client config (`~/.ssh/config`) read as OpenSSH reads it, through paramiko's SSHConfig: what
-it says about one host (HostName, User, Port, IdentityFile, IdentitiesOnly, ProxyJump, UserKnownHostsFile), checked
-like the inventory's own values. Inventory vars win over it, as Ansible's `-o User=...` does over ssh_config.
+it says about one host (HostName, User, Port, IdentityFile, IdentitiesOnly, ProxyJump, ProxyCommand,
+UserKnownHostsFile), checked like the inventory's own values. Inventory vars win over it, as Ansible's `-o User=...`
+does over ssh_config.
 
 Fabric would read the file itself (fabric.Config `ssh_config`), but only for its own connection: the values are
 resolved here instead, once, so that the paramiko connection, rsync's ssh (run with `-F /dev/null`), error messages
@@ -15,7 +16,7 @@ import os
 import re
 import shlex
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import paramiko
@@ -34,10 +35,12 @@ _INCLUDE_RE = re.compile(r"^\s*include\s+(?P<patterns>.+?)\s*$", re.IGNORECASE)
 # OpenSSH's ProxyJump destination: [ssh://][user@]host[:port], an IPv6 address in brackets.
 _JUMP_RE = re.compile(r"^(?:ssh://)?(?:(?P<user>[a-z_][a-z0-9_\-]{0,31})@)?"
                       r"(?P<host>[A-Za-z0-9][A-Za-z0-9.\-]{0,253}|\[[0-9A-Fa-f:.]+\])(?::(?P<port>[0-9]{1,5}))?$")
-_SSH_ARGS_HELP = ("sglang-deploy connects with Paramiko, not the ssh binary, and honours only a jump host here: "
-                  "`-o ProxyJump=user@host[:port]` or `-J user@host[:port]` (or the `proxy_jump` var)")
-_UNSUPPORTED = {"proxycommand": "write `ProxyJump [user@]host[:port]` for that host instead",
-                "remotecommand": "remove it for that host (sglang-deploy runs its own commands)"}
+_SSH_ARGS_HELP = ("sglang-deploy connects with Paramiko, not the ssh binary, and honours only the way to the host "
+                  "here: `-o ProxyJump=user@host[:port]` or `-J user@host[:port]` (or the `proxy_jump` var), or "
+                  "`-o ProxyCommand=...`")
+_UNSUPPORTED = {"remotecommand": "remove it for that host (sglang-deploy runs its own commands)"}
+# the tokens OpenSSH expands in a ProxyCommand that this tool knows at connect time (ssh_config(5) TOKENS)
+_PROXY_TOKENS = re.compile(r"%(.)")
 
 
 @dataclass(frozen=True)
@@ -50,7 +53,17 @@ class SSHConfigHost:
     identity_files: tuple[Path, ...] = ()
     identities_only: bool = False
     proxy_jump: str | None = None
+    proxy_command: str | None = None  # its tokens already expanded by paramiko, with this Host's own values
     known_hosts_file: Path | None = None
+
+
+@dataclass(frozen=True)
+class SshArgsProxy:
+    """The way to the host an `ansible_ssh_common_args`/`ansible_ssh_extra_args` string gives; None where it gives
+    none."""
+
+    jump: str | None = None
+    command: str | None = None
 
 
 def split_proxy_jump(value: str) -> tuple[str | None, str, int | None] | None:
@@ -69,13 +82,14 @@ def split_proxy_jump(value: str) -> tuple[str | None, str, int | None] | None:
     return match.group("user"), match.group("host").strip("[]"), port
 
 
-def proxy_jump_in_ssh_args(args: str) -> str | None:
-    """The ProxyJump value of an `ansible_ssh_common_args` string; ValueError for anything else in it."""
+def proxy_in_ssh_args(args: str) -> SshArgsProxy:
+    """The ProxyJump (`-J`, `-o ProxyJump=`) or ProxyCommand (`-o ProxyCommand=`) of an `ansible_ssh_common_args`
+    string; ValueError for anything else in it, for two different values, or for both."""
     try:
         words = shlex.split(args)
     except ValueError as error:
         raise ValueError(f"cannot split {args!r} like a shell: {error}") from None
-    found: list[str] = []
+    found: dict[str, set[str]] = {"proxyjump": set(), "proxycommand": set()}
     index = 0
     while index < len(words):
         word = words[index]
@@ -85,15 +99,33 @@ def proxy_jump_in_ssh_args(args: str) -> str | None:
             flag, value, index = word[:2], word[2:], index + 1
         else:
             raise ValueError(f"{word!r} cannot be honoured. {_SSH_ARGS_HELP}")
+        key = "proxyjump"
         if flag == "-o":
             key, _, rest = value.replace("=", " ", 1).partition(" ")
-            if key.lower() != "proxyjump" or not rest.strip():
+            key = key.lower()
+            if key not in found or not rest.strip():
                 raise ValueError(f"-o {value!r} cannot be honoured. {_SSH_ARGS_HELP}")
             value = rest.strip()
-        found.append(value)
-    if len(set(found)) > 1:
-        raise ValueError(f"gives {len(found)} different jump hosts: {', '.join(found)}")
-    return found[0] if found else None
+        found[key].add(value)
+    for key, values in found.items():
+        if len(values) > 1:
+            raise ValueError(f"gives {len(values)} different values of {key}: {', '.join(sorted(values))}")
+    if found["proxyjump"] and found["proxycommand"]:
+        raise ValueError("gives both ProxyJump and ProxyCommand; keep one")
+    return SshArgsProxy(jump=next(iter(found["proxyjump"]), None), command=next(iter(found["proxycommand"]), None))
+
+
+def expand_proxy_command(command: str, host: str, port: int, user: str, alias: str) -> str:
+    """An inventory's ProxyCommand with OpenSSH's tokens %h %p %r %n %% expanded as ssh would expand them;
+    ValueError for another token (this tool cannot know its value)."""
+    values = {"h": host, "p": str(port), "r": user, "n": alias, "%": "%"}
+
+    def token(match: re.Match[str]) -> str:
+        if match.group(1) not in values:
+            raise ValueError(f"ProxyCommand {command!r}: %{match.group(1)} cannot be expanded here; "
+                             "use %h, %p, %r, %n or %%")
+        return values[match.group(1)]
+    return _PROXY_TOKENS.sub(token, command)
 
 
 def ssh_config_path(inventory_value: str | None, inventory_path: Path, environ: Mapping[str, str]) -> Path | None:
@@ -168,12 +200,16 @@ def lookup_host(config: paramiko.SSHConfig, alias: str, source: Path | None) -> 
     if port is not None and not (port.isdigit() and 1 <= int(port) <= 65535):
         raise ConfigError(f"{where}: Port {port!r} is not in 1-65535")
     known_hosts = found.get("userknownhostsfile", "").split()
-    jump = found.get("proxyjump")
+    jump, command = found.get("proxyjump"), found.get("proxycommand")
+    if jump is not None and jump.lower() != "none" and command is not None and command.lower() != "none":
+        raise ConfigError(f"{where}: both ProxyJump and ProxyCommand apply to it",
+                          "keep one of them for that host (OpenSSH would use whichever comes first)")
     return SSHConfigHost(
         hostname=hostname, user=user, port=int(port) if port is not None else None,
         identity_files=tuple(Path(name) for name in found.get("identityfile", [])),
         identities_only=found.get("identitiesonly", "no").lower() == "yes",
         proxy_jump=None if jump is None or jump.lower() == "none" else jump,
+        proxy_command=None if command is None or command.lower() == "none" else command,
         known_hosts_file=Path(os.path.expanduser(known_hosts[0])) if known_hosts else None)
 
 
@@ -187,6 +223,7 @@ class GivenSSH:
     key_file: Path | None = None
     known_hosts_file: Path | None = None
     proxy_jump: str | None = None  # `none`: connect directly whatever the ssh config says
+    proxy_command: str | None = None  # OpenSSH's tokens unexpanded, as ssh takes it on its command line
     connect_timeout_s: float = 10
     accept_new_host_key: bool = False
 
@@ -194,8 +231,11 @@ class GivenSSH:
 def resolve_ssh_target(alias: str, given: GivenSSH, config: paramiko.SSHConfig, source: Path | None) -> SSHTarget:
     """The connection settings of `alias` (ansible_host, else the inventory name, as Ansible hands it to ssh): each
     the inventory's value, else the ssh config's for that Host, else OpenSSH's default (the local user, port 22,
-    ~/.ssh/known_hosts). A ProxyJump names a host the config is looked up for too."""
+    ~/.ssh/known_hosts). A ProxyJump names a host the config is looked up for too. A way to the host the inventory
+    gives (ProxyJump, ProxyCommand or `none`) replaces the config's."""
     found = lookup_host(config, alias, source)
+    if given.proxy_jump is not None or given.proxy_command is not None:
+        found = replace(found, proxy_jump=None, proxy_command=None)
     jump_value = given.proxy_jump if given.proxy_jump is not None else found.proxy_jump
     key_files = (given.key_file,) if given.key_file is not None else found.identity_files
     jump = None
@@ -215,9 +255,15 @@ def resolve_ssh_target(alias: str, given: GivenSSH, config: paramiko.SSHConfig, 
             jump = JumpHost(host=hop.hostname, port=jump_port or hop.port or 22,
                             user=jump_user or hop.user or getpass.getuser())
             key_files += tuple(key for key in hop.identity_files if key not in key_files)
-    return SSHTarget(host=found.hostname, port=given.port or found.port or 22,
-                     user=given.user or found.user or getpass.getuser(), key_files=key_files,
+    port, user = given.port or found.port or 22, given.user or found.user or getpass.getuser()
+    proxy_command = found.proxy_command
+    if given.proxy_command is not None:
+        try:
+            proxy_command = expand_proxy_command(given.proxy_command, found.hostname, port, user, alias)
+        except ValueError as error:
+            raise ConfigError(f"host {alias}: {error}", "OpenSSH's ssh_config(5), TOKENS") from None
+    return SSHTarget(host=found.hostname, port=port, user=user, key_files=key_files,
                      identities_only=found.identities_only,
                      known_hosts_file=given.known_hosts_file or found.known_hosts_file or Path("~/.ssh/known_hosts"),
                      connect_timeout_s=given.connect_timeout_s, accept_new_host_key=given.accept_new_host_key,
-                     jump=jump)
+                     jump=jump, proxy_command=proxy_command)
