@@ -27,6 +27,7 @@ from deploy_lib.release.model import (
     build_release,
     diff_releases,
     placeholder_secrets,
+    renders_as,
 )
 from deploy_lib.remote import Put, Step, StepResult, describe
 from deploy_lib.remote.readings import ABSENT_OK, Readings
@@ -313,6 +314,8 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
     placeheld = {**secrets, **dict.fromkeys(not_available, SECRET_NOT_AVAILABLE)}
     release = _release(loaded, target, layout, facts, venv, placeheld, patches,
                        model.release_model(model_facts) if model and model_facts else None, release_id)
+    if release_id is None:  # a group's id is the group's to decide (ops/multinode_deploy.py)
+        release = as_current(facts, release)
     drift = _drift_unless_forced(layout, facts, target.host.name, force)
     host = _HostAgainstRelease.of(layout, facts, release, drift, model_facts)
     check_reasons = _gpu_check_reasons(loaded, host.current_metadata, release)
@@ -361,6 +364,18 @@ def _release(loaded: LoadedProfile, target: Target, layout: StoreLayout, facts: 
                          flashinfer_version=facts.sglang.flashinfer_version, extra_environment=venv.environment,
                          model=model, torch_version=facts.sglang.torch_version,
                          nccl_version=facts.sglang.nccl_version, release_id=release_id)
+
+
+def as_current(facts: HostFacts, release: Release) -> Release:
+    """The release under the current release's id when the current one holds exactly what it renders (release.json's
+    files, venv, SGLang, patches and weights: `renders_as`), whatever id that one was written under: an earlier
+    version of the tool hashed the whole profile, so its ids differ from today's for the same files, and a deploy
+    that renders what the host runs must restart nothing."""
+    current_id = facts.store.current
+    current = facts.store.release(current_id) if current_id else None
+    if current is None or current_id == release.id or not renders_as(current.metadata, release):
+        return release
+    return replace(release, id=current.id)
 
 
 def _drift_unless_forced(layout: StoreLayout, facts: HostFacts, where: str, force: bool) -> tuple[str, ...]:
@@ -493,7 +508,9 @@ def _hand_stop_note(hand_pid: int | None, host: _HostAgainstRelease, check_reaso
 def _changes(current_metadata: Mapping[str, Any] | None, release: Release, not_available: Mapping[str, str]
              ) -> tuple[Change, ...]:
     """The release against the current one; with secrets not available here, their values are not compared."""
-    return tuple(change for change in diff_releases(current_metadata, release.metadata())
+    # the unit file's digest, for a current release whose release.json does not record the unit's settings
+    rendered = release.record() if current_metadata and "unit" not in current_metadata else release.metadata()
+    return tuple(change for change in diff_releases(current_metadata, rendered)
                  if not (not_available and change.kind == "secret" and change.name == SECRET_VALUES))
 
 
