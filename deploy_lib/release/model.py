@@ -236,9 +236,11 @@ def renders_as(record: Mapping[str, Any], release: Release) -> bool:
     Whatever id it was written under (an earlier version of the tool hashed the whole profile), deploying `release`
     over it changes nothing on the host."""
     written = dict(record.get("files") or {})
-    wanted = release.record()
-    return bool(written) and written == wanted["files"] and all(
-        record.get(key) == wanted[key] for key in ("venv", "sglang_version", "patches", "model", "argv"))
+    wanted = release.metadata()
+    # the metadata first: the files are rendered (Jinja2 loaded) only when nothing cheaper tells them apart
+    return bool(written) and all(record.get(key) == wanted[key] for key in (
+        "venv", "sglang_version", "patches", "model", "argv", "environment", "secrets_digest")) \
+        and written == release.record()["files"]
 
 
 def placeholder_secrets(profile: Profile) -> dict[str, str]:
