@@ -499,3 +499,45 @@ def test_plan_shows_a_change_of_a_unit_setting() -> None:
     changed = plan_deploy(other, target(), facts(current=deployed(plan), active="active"), {}, False, NOW)
     assert [str(c) for c in changed.changes] == ["~ unit TimeoutStartSec: 1800 -> 600",
                                                  "~ unit TimeoutStopSec: 120 -> 300"]
+
+
+def _step(steps: tuple[Step | object, ...] | list[Step | object], name: str) -> Step:
+    return next(step for step in steps if isinstance(step, Step) and step.name == name)
+
+
+def test_the_old_server_is_given_the_profiles_stop_bound_to_drain_not_a_fixed_wait() -> None:
+    """Input tried: service.stop_timeout_s 600 (long generations in flight) deployed over a release of 120, then a
+    rollback to that one, and a gpu check's stop. SGLang drains on SIGTERM with no bound of its own; systemd bounds
+    it by TimeoutStopSec= and SIGKILLs after as long again: the tool's restart and stop steps wait for that, not the
+    60 s every other step gets."""
+    from deploy_lib.deploy.plan import RESTART, STOP_SLACK_S, stop_wait_s
+
+    loaded, plan = first_plan()
+    assert _step(plan.batches.switch.activate, RESTART).timeout_s == 2 * 120 + STOP_SLACK_S
+    patient = with_profile(loaded, service={"stop_timeout_s": 600})
+    host = facts(current=deployed(plan), active="active")
+    longer = plan_deploy(patient, target(), host, {}, False, NOW)
+    assert "TimeoutStopSec=600" in longer.release.unit_text
+    assert _step(longer.batches.switch.activate, RESTART).timeout_s == stop_wait_s(600) == 1230
+    # back to 120 from a current release of 600: the loaded unit's bound still holds while it stops
+    on_longer = facts(current=deployed(longer), active="active")
+    back = plan_deploy(loaded, target(), on_longer, {}, False, NOW)
+    assert _step(back.batches.switch.activate, RESTART).timeout_s == stop_wait_s(600)
+    both = replace(on_longer, store=replace(on_longer.store, releases=(deployed(plan), deployed(longer))))
+    rollback = recorded_switch(StoreLayout("sglang"), both, plan.release.id)
+    assert _step(rollback.activate, RESTART).timeout_s == stop_wait_s(600)
+    checked = with_profile(patient, preflight={"gpu_check": True})
+    with_check = plan_deploy(checked, target(), facts(venv_versions={"torch_version": "2.9.1",
+                                                                     "nccl_version": "2.27.3"}), {}, False, NOW)
+    assert _step(with_check.batches.gpu_check, "systemd: stop").timeout_s == stop_wait_s(600)
+
+
+def test_a_recorded_release_s_stop_bound_is_its_unit_s_or_its_profile_s() -> None:
+    """Input tried: a release.json with the unit's settings, one written before they were recorded (the profile's
+    service.stop_timeout_s), and one with neither (the default)."""
+    from deploy_lib.deploy.plan import recorded_stop_timeout_s, stop_bound_s
+
+    assert recorded_stop_timeout_s({"unit": {"TimeoutStopSec": "300"}, "profile": {}}) == 300
+    assert recorded_stop_timeout_s({"profile": {"service": {"stop_timeout_s": 45}}}) == 45
+    assert recorded_stop_timeout_s({}) == recorded_stop_timeout_s(None) == 120
+    assert stop_bound_s({"unit": {"TimeoutStopSec": "300"}}, None, {"unit": {"TimeoutStopSec": "30"}}) == 300
