@@ -301,6 +301,21 @@ def test_every_node_stops_before_any_starts_and_only_node_0_serves_the_ladder(tm
     assert [node.run.remote.current for node in nodes] == ["B", "B"]  # type: ignore[attr-defined]
 
 
+def test_every_nodes_stop_and_restart_wait_for_the_longest_stop_bound_of_the_two_releases(tmp_path: Path) -> None:
+    """Input tried: the release switched to has service.stop_timeout_s 400, above the current release's default:
+    the node's stop and restart steps wait for that drain (plan.stop_wait_s), not the 60 s of an ordinary step."""
+    from deploy_lib.deploy.plan import RESTART, stop_wait_s
+
+    nodes, _, metadata = members(tmp_path, [{"B": READY}, {"B": READY}])
+    for name in metadata:
+        metadata[name]["profile"]["service"]["stop_timeout_s"] = 400
+    activate(nodes, "B", metadata)
+    for node in nodes:
+        ran = [step for batch in node.run.remote.batches for step in batch  # type: ignore[attr-defined]
+               if step.name in ("systemd: stop", RESTART)]
+        assert [step.timeout_s for step in ran] == [stop_wait_s(400)] * 2
+
+
 def test_a_node_that_dies_takes_every_node_back_and_is_named(tmp_path: Path) -> None:
     nodes, log, metadata = members(tmp_path, [{"A": READY, "B": READY}, {"A": READY, "B": DEAD}])
     tags = {node.name: Tags(who="t", host=node.name, release="B", profile="two", profile_hash="x") for node in nodes}
