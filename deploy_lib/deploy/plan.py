@@ -219,10 +219,10 @@ def keep_replaced_unit(layout: StoreLayout, now: datetime) -> tuple[list[Step | 
 # How the old server stops. SGLang's SIGTERM handler marks the server as exiting, so /health and /health_generate
 # answer 503 from then on, and a watchdog waits for every in-flight request to finish, looking every 5 s, with no
 # bound of its own; once none is left it exits (sglang 0.5.23: srt/managers/tokenizer_manager.py,
-# SignalHandler.sigterm_handler at line 4066 and TokenizerManager.sigterm_watchdog at 3508-3560, which then gives its
+# SignalHandler.sigterm_handler at line 4066 and TokenizerManager.sigterm_watchdog at 3508-3571, which then gives its
 # schedulers _SCHEDULER_EXIT_TIMEOUT_SECS = 15 s (line 456) to free GPU memory before killing them;
 # srt/entrypoints/http_server.py line 731. sglang 0.5.9: the same handler and watchdog in tokenizer_manager.py at
-# 2500 and 2113-2150, http_server.py line 474). The bound on that drain is the profile's service.stop_timeout_s,
+# 2500 and 2113-2149, http_server.py line 474). The bound on that drain is the profile's service.stop_timeout_s,
 # rendered as the unit's TimeoutStopSec=: `systemctl stop`/`restart` sends SIGTERM, waits that long, then SIGKILLs
 # the whole control group (KillMode=control-group) and waits up to as long again (systemd.service(5)
 # TimeoutStopSec=, systemd.kill(5)). The tool waits for systemd, never a fixed time of its own shorter than that.
