@@ -433,3 +433,111 @@ def test_the_unit_file_times_are_read_per_release() -> None:
     """`find releases -name sglang.service -printf '%h %T@\\0'` as GNU find 4.9 prints it."""
     found = "/opt/s d/releases/a1 1733034000.1234567890\0/opt/s d/releases/b2 1733030000.0000000000\0"
     assert parse_unit_times(found) == {"a1": Decimal("1733034000.1234567890"), "b2": Decimal("1733030000")}
+
+
+def _upgraded(loaded: LoadedProfile) -> LoadedProfile:
+    """`loaded` as a later version of the tool reads it: the profile's schema has gained a top-level field and a
+    field in a section, each with a default (set nowhere), that decide nothing rendered on the host."""
+    from pydantic import Field
+
+    from deploy_lib.profile import Profile, ServiceSpec
+
+    class LaterService(ServiceSpec):
+        later_service_setting: int = 7
+
+    class LaterProfile(Profile):
+        later_setting: str = "default"
+        service: LaterService = Field(default_factory=LaterService)
+
+    later = LaterProfile.model_validate(loaded.profile.model_dump(mode="json", exclude_unset=True))
+    assert "later_setting" in later.model_dump() and "later_service_setting" in later.model_dump()["service"]
+    return loaded.model_copy(update={"profile": later})
+
+
+def test_a_tool_upgrade_adding_a_defaulted_profile_field_renders_the_same_release_and_restarts_nothing() -> None:
+    """Input tried: the same profile read by a tool whose Profile has two more fields with defaults (issue 41: the
+    release id hashes what the host runs, not the profile's whole dump)."""
+    loaded, plan = first_plan()
+    upgraded = plan_deploy(_upgraded(loaded), target(), facts(), {}, False, NOW)
+    assert upgraded.release.id == plan.release.id
+    again = plan_deploy(_upgraded(loaded), target(), facts(current=deployed(plan), active="active"), {}, False, NOW)
+    assert again.unchanged and again.changes == ()
+
+
+def _with_id(record: ReleaseRecord, release_id: str) -> ReleaseRecord:
+    """`record` as a release written under another id (an earlier version of the tool computed ids otherwise)."""
+    tags = {**record.metadata["tags"], "release": release_id}
+    return ReleaseRecord(release_id, record.staged_at, {**record.metadata, "id": release_id, "tags": tags})
+
+
+def test_a_current_release_whose_id_was_computed_the_old_way_but_renders_the_same_is_a_no_op() -> None:
+    """Input tried: current is a release of this very profile written under an id an earlier tool computed (its
+    files, venv, patches and weights are what the profile renders now); then one whose env file differs, and one
+    whose unit file differs (another TimeoutStopSec): those are changes, shown before anything restarts."""
+    loaded, plan = first_plan()
+    old = _with_id(deployed(plan), "0123456789ab")
+    again = plan_deploy(loaded, target(), facts(current=old, active="active"), {}, False, NOW)
+    assert again.unchanged and again.changes == () and again.release.id == "0123456789ab"
+    assert "no changes" in again.dry_run_lines()
+    other_env = _with_id(deployed(plan_deploy(with_profile(loaded, env={"NCCL_DEBUG": "WARN"}), target(), facts(),
+                                              {}, False, NOW)), "0123456789ab")
+    changed = plan_deploy(loaded, target(), facts(current=other_env, active="active"), {}, False, NOW)
+    assert not changed.unchanged and changed.release.id == plan.release.id
+    assert [str(c) for c in changed.changes] == ["- env NCCL_DEBUG (was WARN)"]
+    other_unit = _with_id(deployed(plan_deploy(with_profile(loaded, service={"stop_timeout_s": 77}), target(),
+                                               facts(), {}, False, NOW)), "0123456789ab")
+    changed = plan_deploy(loaded, target(), facts(current=other_unit, active="active"), {}, False, NOW)
+    assert not changed.unchanged and "~ unit TimeoutStopSec: 77 -> 120" in [str(c) for c in changed.changes]
+    assert any("systemctl restart" in line for line in changed.dry_run_lines())
+
+
+def test_plan_shows_a_change_of_a_unit_setting() -> None:
+    """Input tried: service.stop_timeout_s and service.startup_timeout_s changed: each is a line of the plan, as a
+    flag's change is (they were a new release id with no change listed)."""
+    loaded, plan = first_plan()
+    other = with_profile(loaded, service={"stop_timeout_s": 300, "startup_timeout_s": 600})
+    changed = plan_deploy(other, target(), facts(current=deployed(plan), active="active"), {}, False, NOW)
+    assert [str(c) for c in changed.changes] == ["~ unit TimeoutStartSec: 1800 -> 600",
+                                                 "~ unit TimeoutStopSec: 120 -> 300"]
+
+
+def _step(steps: tuple[Step | object, ...] | list[Step | object], name: str) -> Step:
+    return next(step for step in steps if isinstance(step, Step) and step.name == name)
+
+
+def test_the_old_server_is_given_the_profiles_stop_bound_to_drain_not_a_fixed_wait() -> None:
+    """Input tried: service.stop_timeout_s 600 (long generations in flight) deployed over a release of 120, then a
+    rollback to that one, and a gpu check's stop. SGLang drains on SIGTERM with no bound of its own; systemd bounds
+    it by TimeoutStopSec= and SIGKILLs after as long again: the tool's restart and stop steps wait for that, not the
+    60 s every other step gets."""
+    from deploy_lib.deploy.plan import RESTART, STOP_SLACK_S, stop_wait_s
+
+    loaded, plan = first_plan()
+    assert _step(plan.batches.switch.activate, RESTART).timeout_s == 2 * 120 + STOP_SLACK_S
+    patient = with_profile(loaded, service={"stop_timeout_s": 600})
+    host = facts(current=deployed(plan), active="active")
+    longer = plan_deploy(patient, target(), host, {}, False, NOW)
+    assert "TimeoutStopSec=600" in longer.release.unit_text
+    assert _step(longer.batches.switch.activate, RESTART).timeout_s == stop_wait_s(600) == 1230
+    # back to 120 from a current release of 600: the loaded unit's bound still holds while it stops
+    on_longer = facts(current=deployed(longer), active="active")
+    back = plan_deploy(loaded, target(), on_longer, {}, False, NOW)
+    assert _step(back.batches.switch.activate, RESTART).timeout_s == stop_wait_s(600)
+    both = replace(on_longer, store=replace(on_longer.store, releases=(deployed(plan), deployed(longer))))
+    rollback = recorded_switch(StoreLayout("sglang"), both, plan.release.id)
+    assert _step(rollback.activate, RESTART).timeout_s == stop_wait_s(600)
+    checked = with_profile(patient, preflight={"gpu_check": True})
+    with_check = plan_deploy(checked, target(), facts(venv_versions={"torch_version": "2.9.1",
+                                                                     "nccl_version": "2.27.3"}), {}, False, NOW)
+    assert _step(with_check.batches.gpu_check, "systemd: stop").timeout_s == stop_wait_s(600)
+
+
+def test_a_recorded_release_s_stop_bound_is_its_unit_s_or_its_profile_s() -> None:
+    """Input tried: a release.json with the unit's settings, one written before they were recorded (the profile's
+    service.stop_timeout_s), and one with neither (the default)."""
+    from deploy_lib.deploy.plan import recorded_stop_timeout_s, stop_bound_s
+
+    assert recorded_stop_timeout_s({"unit": {"TimeoutStopSec": "300"}, "profile": {}}) == 300
+    assert recorded_stop_timeout_s({"profile": {"service": {"stop_timeout_s": 45}}}) == 45
+    assert recorded_stop_timeout_s({}) == recorded_stop_timeout_s(None) == 120
+    assert stop_bound_s({"unit": {"TimeoutStopSec": "300"}}, None, {"unit": {"TimeoutStopSec": "30"}}) == 300

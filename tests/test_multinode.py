@@ -24,7 +24,13 @@ from deploy_lib.errors import ConfigError, ReadinessFailed
 from deploy_lib.facts.diagnose import Diagnosis
 from deploy_lib.host.switch import Transition
 from deploy_lib.inventory.model import load_inventory
-from deploy_lib.ops.multinode import dist_init_addr, group_release_id, plan_nodes, refuse_single_host
+from deploy_lib.ops.multinode import (
+    dist_init_addr,
+    group_release_id,
+    group_release_id_over,
+    plan_nodes,
+    refuse_single_host,
+)
 from deploy_lib.ops.multinode_switch import Member, NodeFailed, activate, blamed, common_release, each, restore
 from deploy_lib.profile import LoadedProfile, Profile, load_profile
 from deploy_lib.release.argv_check import build_parser, check_argv, find_option
@@ -143,6 +149,18 @@ def test_every_node_gets_one_release_id_that_changes_when_any_node_changes(tmp_p
     moved = plan_nodes(two_nodes(dist_init_port=5858), group(tmp_path, "pair"), "pair")
     assert group_release_id([own[0], build_release(moved[1].loaded, layout, "0.5.23", {}).id]) != shared
     assert group_release_id(list(reversed(own))) != shared  # ranks swapped: another release
+
+
+def test_a_group_whose_nodes_each_render_their_current_release_keeps_its_id() -> None:
+    """Input tried: both nodes' plans took their current release's id (each renders what it holds, its id an earlier
+    tool's), then one node changed, then the nodes on different current releases (an interrupted deploy)."""
+    assert group_release_id_over(["0123456789ab", "0123456789ab"], ["0123456789ab", "0123456789ab"]) == "0123456789ab"
+    assert group_release_id_over(["0123456789ab", "feedfeedfeed"], ["0123456789ab", "0123456789ab"]) == \
+        group_release_id(["0123456789ab", "feedfeedfeed"])
+    assert group_release_id_over(["aaaaaaaaaaaa", "bbbbbbbbbbbb"], ["aaaaaaaaaaaa", "bbbbbbbbbbbb"]) == \
+        group_release_id(["aaaaaaaaaaaa", "bbbbbbbbbbbb"])
+    assert group_release_id_over(["aaaaaaaaaaaa", "aaaaaaaaaaaa"], [None, None]) == \
+        group_release_id(["aaaaaaaaaaaa", "aaaaaaaaaaaa"])
 
 
 @pytest.mark.wheels
@@ -281,6 +299,21 @@ def test_every_node_stops_before_any_starts_and_only_node_0_serves_the_ladder(tm
     assert ("n1", "readiness probe (generate)") in probes and all(
         step == "readiness probe (unit)" for name, step in probes if name == "n2")
     assert [node.run.remote.current for node in nodes] == ["B", "B"]  # type: ignore[attr-defined]
+
+
+def test_every_nodes_stop_and_restart_wait_for_the_longest_stop_bound_of_the_two_releases(tmp_path: Path) -> None:
+    """Input tried: the release switched to has service.stop_timeout_s 400, above the current release's default:
+    the node's stop and restart steps wait for that drain (plan.stop_wait_s), not the 60 s of an ordinary step."""
+    from deploy_lib.deploy.plan import RESTART, stop_wait_s
+
+    nodes, _, metadata = members(tmp_path, [{"B": READY}, {"B": READY}])
+    for name in metadata:
+        metadata[name]["profile"]["service"]["stop_timeout_s"] = 400
+    activate(nodes, "B", metadata)
+    for node in nodes:
+        ran = [step for batch in node.run.remote.batches for step in batch  # type: ignore[attr-defined]
+               if step.name in ("systemd: stop", RESTART)]
+        assert [step.timeout_s for step in ran] == [stop_wait_s(400)] * 2
 
 
 def test_a_node_that_dies_takes_every_node_back_and_is_named(tmp_path: Path) -> None:

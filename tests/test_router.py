@@ -288,7 +288,7 @@ def test_the_deploy_engine_drains_before_the_switch_and_restart_and_again_on_eac
     run = Transition(host, StoreLayout("sglang"), target(), RecordingProgress(), {}, grace_s=0,
                before_restart=lambda: drained_at.append(len(host.batches)))
     run.activate("A", first_plan()[1].release.metadata(), None, 0,
-                 switch_batches(run.layout, "A", held=False))
+                 switch_batches(run.layout, "A", held=False, stop_timeout_s=120))
     switched_in = next(i for i, batch in enumerate(host.batches)
                        if any(getattr(step, "name", "") == "switch: temp link" for step in batch))
     assert drained_at == [switched_in]  # called when every batch before the switch had run, none after

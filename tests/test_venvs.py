@@ -685,6 +685,12 @@ def test_caches_live_under_the_venvs_own_directory() -> None:
                    "FLASHINFER_WORKSPACE_BASE": f"/opt/sd/sglang/cache/{BASE}/flashinfer",
                    "TRITON_CACHE_DIR": f"/opt/sd/sglang/cache/{BASE}/triton",
                    "TORCHINDUCTOR_CACHE_DIR": f"/opt/sd/sglang/cache/{BASE}/torchinductor",
+                   "SGLANG_CACHE_DIR": f"/opt/sd/sglang/cache/{BASE}/sglang",
+                   "SGLANG_DG_CACHE_DIR": f"/opt/sd/sglang/cache/{BASE}/deep_gemm",
+                   "SGLANG_JIT_CACHE_DIR": f"/opt/sd/sglang/cache/{BASE}/sglang-jit",
+                   "TVM_FFI_CACHE_DIR": f"/opt/sd/sglang/cache/{BASE}/tvm-ffi",
+                   "TILELANG_CACHE_DIR": f"/opt/sd/sglang/cache/{BASE}/tilelang",
+                   "CUDA_CACHE_PATH": f"/opt/sd/sglang/cache/{BASE}/nv",
                    "XDG_CACHE_HOME": f"/opt/sd/sglang/cache/{BASE}/xdg"}
     assert venvs.cache_environment(LAYOUT, "f" * 16) != env
     steps = venvs.cache_dir_steps(LAYOUT, BASE, "sglang")

@@ -19,6 +19,7 @@ from deploy_lib.deploy.plan import (
     recorded_switch,
     release_tags,
     start_prediction,
+    stop_bound_s,
     stop_hand_run,
 )
 from deploy_lib.deploy.preflight import PreflightReads, current_record, preflight, refuse_one_node, rollback_record
@@ -476,6 +477,6 @@ def stop(target: Target, service: str, remote: Remote, before_stop: Callable[[],
         if hand_pid:
             remote.run(stop_hand_run(hand_pid, Profile.model_validate(record.metadata["profile"]).service
                                      .stop_timeout_s))
-        stop_unit(remote, layout)
+        stop_unit(remote, layout, stop_bound_s(record.metadata))
         Transition(remote, layout, target, NullProgress(), {}).record("stop", STOPPED, tags, "by hand")
     return Outcome(Action.stopped, record.id, record.id)

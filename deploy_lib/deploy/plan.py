@@ -18,7 +18,7 @@ from deploy_lib.facts.diagnose import journal_cursor_step
 from deploy_lib.facts.host import HostFacts
 from deploy_lib.health import StartPrediction, predict_start
 from deploy_lib.models import HubModel, ModelFacts, ReleaseModel, Weights, size_text
-from deploy_lib.profile import LoadedProfile, ParallelSpec, RestartPolicy, ServiceSpec
+from deploy_lib.profile import LoadedProfile, ParallelSpec, RestartPolicy, ServiceSpec, read_stored_profile
 from deploy_lib.release.model import (
     SECRET_NOT_AVAILABLE,
     SECRET_VALUES,
@@ -27,6 +27,7 @@ from deploy_lib.release.model import (
     build_release,
     diff_releases,
     placeholder_secrets,
+    renders_as,
 )
 from deploy_lib.remote import Put, Step, StepResult, describe
 from deploy_lib.remote.readings import ABSENT_OK, Readings
@@ -215,9 +216,51 @@ def keep_replaced_unit(layout: StoreLayout, now: datetime) -> tuple[list[Step | 
                                                     str(copy)), sudo=True, ok=frozenset({0, 1}))], copy
 
 
-def stop_step(layout: StoreLayout) -> Step:
-    """Stop the unit (SGLang drains in-flight requests first); exit 5: no such unit yet, nothing to stop."""
-    return Step("systemd: stop", ("systemctl", "stop", "--", layout.unit_name), sudo=True, ok=frozenset({0, 5}))
+# How the old server stops. SGLang's SIGTERM handler marks the server as exiting, so /health and /health_generate
+# answer 503 from then on, and a watchdog waits for every in-flight request to finish, looking every 5 s, with no
+# bound of its own; once none is left it exits (sglang 0.5.23: srt/managers/tokenizer_manager.py,
+# SignalHandler.sigterm_handler at line 4066 and TokenizerManager.sigterm_watchdog at 3508-3571, which then gives its
+# schedulers _SCHEDULER_EXIT_TIMEOUT_SECS = 15 s (line 456) to free GPU memory before killing them;
+# srt/entrypoints/http_server.py line 731. sglang 0.5.9: the same handler and watchdog in tokenizer_manager.py at
+# 2500 and 2113-2149, http_server.py line 474). The bound on that drain is the profile's service.stop_timeout_s,
+# rendered as the unit's TimeoutStopSec=: `systemctl stop`/`restart` sends SIGTERM, waits that long, then SIGKILLs
+# the whole control group (KillMode=control-group) and waits up to as long again (systemd.service(5)
+# TimeoutStopSec=, systemd.kill(5)). The tool waits for systemd, never a fixed time of its own shorter than that.
+STOP_SLACK_S = 30
+
+
+def stop_wait_s(stop_timeout_s: int) -> float:
+    """How long a step that stops a unit with TimeoutStopSec=`stop_timeout_s` may run: the drain's bound, SIGKILL's
+    own wait (as long again), and slack for the round trip."""
+    return 2 * stop_timeout_s + STOP_SLACK_S
+
+
+def recorded_stop_timeout_s(metadata: Mapping[str, Any] | None) -> int:
+    """The TimeoutStopSec= of a recorded release: its unit's settings, else its recorded profile's (or the default)."""
+    unit = dict((metadata or {}).get("unit") or {})
+    if str(unit.get("TimeoutStopSec", "")).isdigit():
+        return int(unit["TimeoutStopSec"])
+    return read_stored_profile((metadata or {}).get("profile")).service.stop_timeout_s
+
+
+def stop_bound_s(*metadata: Mapping[str, Any] | None) -> int:
+    """The longest TimeoutStopSec= of these releases (the loaded unit's, the one a switch loads): what a stop or
+    restart between them may take systemd to finish."""
+    known = [recorded_stop_timeout_s(data) for data in metadata if data is not None]
+    return max(known, default=recorded_stop_timeout_s(None))
+
+
+def store_stop_bound_s(store: StoreFacts, *metadata: Mapping[str, Any] | None) -> int:
+    """`stop_bound_s` over every release the store holds and these: a stop after a failure, whichever unit is
+    loaded."""
+    return stop_bound_s(*(record.metadata for record in store.releases), *metadata)
+
+
+def stop_step(layout: StoreLayout, stop_timeout_s: int) -> Step:
+    """Stop the unit (SGLang drains in-flight requests first, bounded by TimeoutStopSec=`stop_timeout_s`); exit 5: no
+    such unit yet, nothing to stop."""
+    return Step("systemd: stop", ("systemctl", "stop", "--", layout.unit_name), sudo=True, ok=frozenset({0, 5}),
+                timeout_s=stop_wait_s(stop_timeout_s))
 
 
 def reset_failed_step(layout: StoreLayout) -> Step:
@@ -226,23 +269,24 @@ def reset_failed_step(layout: StoreLayout) -> Step:
                 ok=frozenset({0, 1}))
 
 
-def activation_steps(layout: StoreLayout, release_id: str, before_restart: Sequence[Step | Put] = (),
-                     reload: bool = True) -> list[Step | Put]:
+def activation_steps(layout: StoreLayout, release_id: str, stop_timeout_s: int,
+                     before_restart: Sequence[Step | Put] = (), reload: bool = True) -> list[Step | Put]:
     """Switch `current` to a release and restart it, after reading the journal's position (the ladder shows and
     diagnoses only this start) and running `before_restart` (stopping an adopted hand-run server)."""
     return [journal_cursor_step(layout.unit_name), *switch_current(layout, release_id), *before_restart,
-            *restart_steps(layout, reload)]
+            *restart_steps(layout, stop_timeout_s, reload)]
 
 
-def restart_steps(layout: StoreLayout, reload: bool = True) -> list[Step | Put]:
-    """`reload` False: systemd holds the unit text of the release being started already (`unit_held`)."""
+def restart_steps(layout: StoreLayout, stop_timeout_s: int, reload: bool = True) -> list[Step | Put]:
+    """`reload` False: systemd holds the unit text of the release being started already (`unit_held`);
+    `stop_timeout_s`: the TimeoutStopSec= the restart's stop of the old server is bounded by (`stop_wait_s`)."""
     unit = layout.unit_name
     # enable without its own daemon-reload (systemctl enable reloads by default): the one reload below loads both
     return [
         Step("systemd: enable", ("systemctl", "enable", "--no-reload", "--", unit), sudo=True),
         *([Step("systemd: daemon-reload", ("systemctl", "daemon-reload"), sudo=True)] if reload else []),
         reset_failed_step(layout),
-        Step(RESTART, ("systemctl", "restart", "--", unit), sudo=True),
+        Step(RESTART, ("systemctl", "restart", "--", unit), sudo=True, timeout_s=stop_wait_s(stop_timeout_s)),
     ]
 
 
@@ -283,18 +327,20 @@ def unit_held(layout: StoreLayout, facts: HostFacts, release_id: str, unit_diges
             and not facts.unit.need_daemon_reload and not_newer and not detect_drift(layout, facts))
 
 
-def switch_batches(layout: StoreLayout, release_id: str, held: bool, before_restart: Sequence[Step | Put] = ()
-                   ) -> SwitchBatches:
-    """The switch to a release and its restart (a daemon-reload unless systemd holds its unit already: `held`), and
-    the reset sent with the healthy record."""
-    return SwitchBatches(tuple(activation_steps(layout, release_id, before_restart, reload=not held)),
+def switch_batches(layout: StoreLayout, release_id: str, held: bool, stop_timeout_s: int,
+                   before_restart: Sequence[Step | Put] = ()) -> SwitchBatches:
+    """The switch to a release and its restart (a daemon-reload unless systemd holds its unit already: `held`; the
+    old server's stop bounded by `stop_timeout_s`), and the reset sent with the healthy record."""
+    return SwitchBatches(tuple(activation_steps(layout, release_id, stop_timeout_s, before_restart, reload=not held)),
                          (reset_failed_step(layout),))
 
 
 def recorded_switch(layout: StoreLayout, facts: HostFacts, release_id: str) -> SwitchBatches:
     """The switch to a recorded release (rollback, a restore) or a restart of current, from the host's facts."""
+    record, current = facts.store.release(release_id), facts.store.release(facts.store.current or "")
     return switch_batches(layout, release_id, unit_held(layout, facts, release_id, recorded_unit_digest(facts,
-                                                                                                     release_id)))
+                                                                                                     release_id)),
+                          stop_bound_s(record.metadata if record else None, current.metadata if current else None))
 
 
 def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets: Mapping[str, str],
@@ -313,19 +359,23 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
     placeheld = {**secrets, **dict.fromkeys(not_available, SECRET_NOT_AVAILABLE)}
     release = _release(loaded, target, layout, facts, venv, placeheld, patches,
                        model.release_model(model_facts) if model and model_facts else None, release_id)
+    if release_id is None:  # a group's id is the group's to decide (ops/multinode_deploy.py)
+        release = as_current(facts, release)
     drift = _drift_unless_forced(layout, facts, target.host.name, force)
     host = _HostAgainstRelease.of(layout, facts, release, drift, model_facts)
     check_reasons = _gpu_check_reasons(loaded, host.current_metadata, release)
     hand_stop = stop_hand_run(hand_pid, loaded.profile.service.stop_timeout_s) if hand_pid else []
+    # the old server stops under the loaded unit's TimeoutStopSec= or, after the switch's daemon-reload, this one's
+    stop_s = stop_bound_s(release.metadata(), host.current_metadata)
     # a unit the tool did not write is copied into the store with the stage; the switch then replaces it
     keep_unit, kept_at = keep_replaced_unit(layout, now) if hand_made_unit(layout, facts) and not host.unchanged \
         else ([], None)
     batches = PlanBatches(
-        switch=switch_batches(layout, release.id, _switch_held(layout, facts, release, host),
+        switch=switch_batches(layout, release.id, _switch_held(layout, facts, release, host), stop_s,
                               [] if check_reasons else hand_stop),  # the check stops the old server itself
         model=_model_batch(model, model_facts, venv),
         stage=(*_stage_batch(layout, facts, release, release_tags(target, release), now, host), *keep_unit),
-        gpu_check=_gpu_check_batch(layout, release, check_reasons, hand_stop))
+        gpu_check=_gpu_check_batch(layout, release, check_reasons, hand_stop, stop_s))
     notes = (venv.build_note, _past_failure(facts, release.id),
              start_limit_note(loaded.profile.service, _median_start_s(facts.store, loaded.name)),
              host.damaged and f"release {release.id} on the host is damaged ({host.damaged.reason}); it is staged "
@@ -361,6 +411,18 @@ def _release(loaded: LoadedProfile, target: Target, layout: StoreLayout, facts: 
                          flashinfer_version=facts.sglang.flashinfer_version, extra_environment=venv.environment,
                          model=model, torch_version=facts.sglang.torch_version,
                          nccl_version=facts.sglang.nccl_version, release_id=release_id)
+
+
+def as_current(facts: HostFacts, release: Release) -> Release:
+    """The release under the current release's id when the current one holds exactly what it renders (release.json's
+    files, venv, SGLang, patches and weights: `renders_as`), whatever id that one was written under: an earlier
+    version of the tool hashed the whole profile, so its ids differ from today's for the same files, and a deploy
+    that renders what the host runs must restart nothing."""
+    current_id = facts.store.current
+    current = facts.store.release(current_id) if current_id else None
+    if current is None or current_id == release.id or not renders_as(current.metadata, release):
+        return release
+    return replace(release, id=current.id)
 
 
 def _drift_unless_forced(layout: StoreLayout, facts: HostFacts, where: str, force: bool) -> tuple[str, ...]:
@@ -443,12 +505,12 @@ def _stage_batch(layout: StoreLayout, facts: HostFacts, release: Release, tags: 
 
 
 def _gpu_check_batch(layout: StoreLayout, release: Release, check_reasons: tuple[str, ...],
-                     hand_stop: Sequence[Step | Put]) -> Steps:
+                     hand_stop: Sequence[Step | Put], stop_timeout_s: int) -> Steps:
     """The old server (and a hand-run one) stopped, then NCCL's all-reduce verified: the check needs the GPUs."""
     if not check_reasons:
         return ()
     from deploy_lib import gpu_check
-    return (*hand_stop, stop_step(layout),
+    return (*hand_stop, stop_step(layout, stop_timeout_s),
             *gpu_check.check_batch(gpu_check.subject_of_release(release.id, release.metadata())))
 
 
@@ -493,7 +555,9 @@ def _hand_stop_note(hand_pid: int | None, host: _HostAgainstRelease, check_reaso
 def _changes(current_metadata: Mapping[str, Any] | None, release: Release, not_available: Mapping[str, str]
              ) -> tuple[Change, ...]:
     """The release against the current one; with secrets not available here, their values are not compared."""
-    return tuple(change for change in diff_releases(current_metadata, release.metadata())
+    # the unit file's digest, for a current release whose release.json does not record the unit's settings
+    rendered = release.record() if current_metadata and "unit" not in current_metadata else release.metadata()
+    return tuple(change for change in diff_releases(current_metadata, rendered)
                  if not (not_available and change.kind == "secret" and change.name == SECRET_VALUES))
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import NoReturn
 
-from deploy_lib.deploy.plan import start_prediction
+from deploy_lib.deploy.plan import start_prediction, store_stop_bound_s
 from deploy_lib.errors import DeployError, PreflightError, ReadinessFailed, RollbackFailed
 from deploy_lib.facts.diagnose import Diagnosis
 from deploy_lib.host.switch import Transition, failure_line, recorded_tags, same_kind, stop_unit
@@ -29,7 +29,7 @@ def _switch_back(run: Transition, store: StoreFacts, failed_id: str, failure: De
     """The restore: the target passes the same preflight as any switch and the same ladder, grace window included."""
     where, first = run.where, failure_line(failure, diagnosis)
     if restore_id is None:
-        stop_unit(run.remote, run.layout)
+        stop_unit(run.remote, run.layout, store_stop_bound_s(store))
         raise same_kind(failure, f"{where}: release {failed_id} failed: {first}; there is no earlier healthy "
                                   "release to roll back to, so the unit is stopped", diagnosis)
     metadata = dict(record.metadata) if (record := store.release(restore_id)) else {}
@@ -38,7 +38,7 @@ def _switch_back(run: Transition, store: StoreFacts, failed_id: str, failure: De
     try:
         switch = run.kind.switch_batches(run, restore_id, metadata)
     except PreflightError as refused:
-        stop_unit(run.remote, run.layout)
+        stop_unit(run.remote, run.layout, store_stop_bound_s(store))
         run.record("rollback", FAILED, tags, refused.message)
         raise RollbackFailed(f"{where}: release {failed_id} failed ({first}) and the rollback target {restore_id} "
                              f"cannot run: {refused.message}; the unit is stopped", original=failure,
@@ -51,7 +51,7 @@ def _switch_back(run: Transition, store: StoreFacts, failed_id: str, failure: De
         run.activate(restore_id, metadata, start_prediction(store, tags.profile), run.grace_s, switch.repeatable())
     except ReadinessFailed as second:
         second_diagnosis = run.journal_diagnosis(run.cursor, metadata.get("profile_name"))
-        stop_unit(run.remote, run.layout)
+        stop_unit(run.remote, run.layout, store_stop_bound_s(store))
         run.record("rollback", FAILED, tags, failure_line(second, second_diagnosis))
         raise RollbackFailed(
             f"{where}: release {failed_id} failed ({first}) and the rollback to {restore_id} "

@@ -309,8 +309,9 @@ class Transition:
                            hint="`invoke status` shows whether it serves; a deploy or rollback verifies it")
 
 
-def stop_unit(remote: Remote, layout: StoreLayout) -> None:
-    remote.run([stop_step(layout)])
+def stop_unit(remote: Remote, layout: StoreLayout, stop_timeout_s: int) -> None:
+    """Stop the unit, waiting as long as its TimeoutStopSec= (`stop_timeout_s`) lets SGLang drain (plan.stop_wait_s)."""
+    remote.run([stop_step(layout, stop_timeout_s)])
 
 
 def gate_diagnosis(failure: GateFailed) -> Diagnosis:

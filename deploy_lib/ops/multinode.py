@@ -103,5 +103,15 @@ def group_release_id(node_release_ids: Sequence[str]) -> str:
     return hashlib.sha256(json.dumps(["multi-node", *node_release_ids]).encode()).hexdigest()[:12]
 
 
-__all__ = ["Node", "assign_ranks", "dist_init_addr", "group_release_id", "is_multi_node", "plan_nodes",
+def group_release_id_over(node_release_ids: Sequence[str], current_ids: Sequence[str | None]) -> str:
+    """The group's id over what the nodes run now (`current_ids`, in rank order): when every node's plan took its
+    current release's id (it renders what that one holds, whatever id it was written under) and that is one release
+    on every node, that release's id, so nothing restarts; else `group_release_id` of the nodes' own ids."""
+    if len(set(current_ids)) == 1 and list(node_release_ids) == list(current_ids):
+        return node_release_ids[0]
+    return group_release_id(node_release_ids)
+
+
+__all__ = ["Node", "assign_ranks", "dist_init_addr", "group_release_id", "group_release_id_over",
+           "is_multi_node", "plan_nodes",
            "refuse_single_host"]

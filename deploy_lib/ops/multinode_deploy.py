@@ -26,7 +26,7 @@ from deploy_lib.host.switch import Transition, interruption, recorded_tags
 from deploy_lib.interrupts import interrupted, signal_name, signals_raise
 from deploy_lib.models import ModelFacts, Weights, check_model, weights
 from deploy_lib.ops.fleet import FleetRun, HostRun
-from deploy_lib.ops.multinode import Node, group_release_id
+from deploy_lib.ops.multinode import Node, group_release_id_over
 from deploy_lib.ops.multinode_switch import Member, NodeFailed, activate, common_release, each, restore
 from deploy_lib.outcomes import Action
 from deploy_lib.profile import read_stored_profile
@@ -137,7 +137,8 @@ def _plan(nodes: Sequence[Node], runs: Mapping[str, Transition], options: Option
         return NodeDeploy(node.name, node.rank, run, facts.store, node, facts, plan(None), model, model_facts), plan
 
     read_nodes = each(nodes, read)
-    release_id = group_release_id([state.plan.release.id for state, _ in read_nodes])
+    release_id = group_release_id_over([state.plan.release.id for state, _ in read_nodes],
+                                       [state.facts.store.current for state, _ in read_nodes])
     for state, plan in read_nodes:
         state.plan = plan(release_id)
         preflight(state.plan, state.node.loaded, state.node.target, state.facts)

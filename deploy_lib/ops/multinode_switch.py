@@ -9,7 +9,14 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, NoReturn, TypeVar
 
-from deploy_lib.deploy.plan import reset_failed_step, restart_steps, start_prediction, stop_step
+from deploy_lib.deploy.plan import (
+    reset_failed_step,
+    restart_steps,
+    start_prediction,
+    stop_bound_s,
+    stop_step,
+    store_stop_bound_s,
+)
 from deploy_lib.errors import DeployError, ReadinessFailed, RollbackFailed
 from deploy_lib.facts.diagnose import Diagnosis, journal_cursor_step, parse_journal_cursor
 from deploy_lib.health import ProbeTarget, Rung
@@ -79,6 +86,12 @@ def each(items: Sequence[T], act: Callable[[T], Any]) -> list[Any]:
     return [future.result() for future in futures]
 
 
+def _stop_bound(member: Member, metadata: Metadata) -> int:
+    """The node's stop bound: the TimeoutStopSec= of its current release and of the one it switches to."""
+    current = member.store.release(member.store.current or "")
+    return stop_bound_s(metadata.get(member.name), current.metadata if current else None)
+
+
 def activate(members: Sequence[Member], release_id: str, metadata: Metadata) -> ReadyReport:
     """Every node stopped and switched to `release_id`, then every node started; the ladder on node 0 (the first
     member), then every other node's unit active and not restarted since its start. NodeFailed names the node."""
@@ -86,13 +99,15 @@ def activate(members: Sequence[Member], release_id: str, metadata: Metadata) -> 
         layout = member.run.layout
         member.run.switched_to = release_id
         results = member.run.phase("stop and switch", [journal_cursor_step(layout.unit_name),
-                                                       *switch_current(layout, release_id), stop_step(layout)])
+                                                       *switch_current(layout, release_id),
+                                                       stop_step(layout, _stop_bound(member, metadata))])
         member.run.cursor = parse_journal_cursor(results[0].stdout)
 
     each(members, stop)
     head = members[0]
     started_at = head.run.clock()
-    each(members, lambda member: member.run.phase("start", restart_steps(member.run.layout)))
+    each(members, lambda member: member.run.phase("start", restart_steps(member.run.layout,
+                                                                          _stop_bound(member, metadata))))
     deadline_s = read_stored_profile(metadata[head.name].get("profile")).service.startup_timeout_s
     try:
         head.run.progress.phase_started("readiness")
@@ -135,7 +150,7 @@ def restore(members: Sequence[Member], event: str, failed_id: str, failed_tags: 
     for member in members:
         member.run.record(event, FAILED, failed_tags[member.name], first)
     if restore_id is None:
-        each(members, lambda m: m.run.remote.run([stop_step(m.run.layout)]))
+        each(members, lambda m: m.run.remote.run([stop_step(m.run.layout, store_stop_bound_s(m.store))]))
         raise same_kind(failure, f"release {failed_id} failed on {first}; the nodes have no common earlier healthy "
                                   "release, so every node's unit is stopped", diagnosis
                          ).about(failed_id, previous_id, {})
@@ -148,7 +163,7 @@ def restore(members: Sequence[Member], event: str, failed_id: str, failed_tags: 
         activate(members, restore_id, metadata)
     except NodeFailed as failed_again:
         again_where, again = blamed(_diagnoses(members, tags[members[0].name].profile), failed_again.where)
-        each(members, lambda m: m.run.remote.run([stop_step(m.run.layout)]))
+        each(members, lambda m: m.run.remote.run([stop_step(m.run.layout, store_stop_bound_s(m.store))]))
         cause = failure_line(failed_again.failure, again)
         for member in members:
             member.run.record("rollback", FAILED, tags[member.name], cause)

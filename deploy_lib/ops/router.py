@@ -260,6 +260,9 @@ def router_argv(python: PurePosixPath, site: RouterSite, workers: Sequence[str])
             "--policy", site.policy.value, "--worker-urls", *workers)
 
 
+ROUTER_STOP_TIMEOUT_S = 60  # the router's TimeoutStopSec=
+
+
 def build_router_release(site: RouterSite, venv: PurePosixPath, venv_hash: str, workers: Sequence[str],
                          env_file: Callable[[str], PurePosixPath], group: str) -> RouterRelease:
     """The unit, env file and metadata of the router serving these workers; the id is their digest, so the same
@@ -270,7 +273,7 @@ def build_router_release(site: RouterSite, venv: PurePosixPath, venv_hash: str, 
     unit_text = render_unit(UnitSpec(
         description=f"SGLang router (sglang-router) for group {group}", user="nobody", group="nogroup",
         working_directory="/", environment_file=str(env_file(release_id)), exec_argv=argv, timeout_start_s=120,
-        timeout_stop_s=60, restart=RestartPolicy.on_failure, restart_sec=2, start_limit_burst=5,
+        timeout_stop_s=ROUTER_STOP_TIMEOUT_S, restart=RestartPolicy.on_failure, restart_sec=2, start_limit_burst=5,
         start_limit_interval_s=300, limit_nofile=65536, syslog_identifier=SERVICE))
     metadata = {"kind": "router", "profile_name": SERVICE, "router": {"version": ROUTER_VERSION, "port": site.port,
                 "policy": site.policy.value, "workers": list(workers), "group": group}, "venv": str(venv),

@@ -28,6 +28,7 @@ from deploy_lib.inventory.model import Inventory
 from deploy_lib.ops.fleet import Rollout, Size
 from deploy_lib.ops.router import (
     READY_DEADLINE_S,
+    ROUTER_STOP_TIMEOUT_S,
     SERVICE,
     RouterMembership,
     RouterRelease,
@@ -78,7 +79,7 @@ class RouterReleaseKind:
         return router_probe(layout, metadata)
 
     def switch_batches(self, run: Transition, release_id: str, metadata: Mapping[str, Any]) -> SwitchBatches:
-        return switch_batches(run.layout, release_id, held=False)
+        return switch_batches(run.layout, release_id, held=False, stop_timeout_s=ROUTER_STOP_TIMEOUT_S)
 
 
 ROUTER_RELEASE = RouterReleaseKind()

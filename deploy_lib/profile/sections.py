@@ -213,7 +213,10 @@ class ServiceSpec(Strict):
     working_directory: AbsPath = "/root"
     startup_timeout_s: Annotated[int, Field(ge=5, le=24 * 3600)] = Field(
         1800, description="readiness deadline; real models take minutes to load")
-    stop_timeout_s: Annotated[int, Field(ge=1, le=3600)] = 120
+    stop_timeout_s: Annotated[int, Field(ge=1, le=3600)] = Field(
+        120, description="how long the old server's in-flight requests may take to finish when it stops "
+                         "(TimeoutStopSec=): SGLang drains on SIGTERM with no bound of its own, then systemd kills "
+                         "what is left")
     restart: RestartPolicy = Field(RestartPolicy.on_failure,
                                    description="systemd restarts a server that crashes after its deploy")
     restart_sec: Annotated[int, Field(ge=0, le=3600)] = 10

@@ -186,7 +186,61 @@ class Release:
             "args": list(self.args), "environment": self.environment, "secret_names": list(self.secret_names),
             "secrets_digest": self.secrets_digest, "patches": list(self.patches), "model": self.model,
             "overrides": list(self.overrides),
+            # the unit's settings, which `plan` compares (an adopted hand-written unit's are its own file's)
+            **({"unit": unit_settings(self.unit)} if self.hand_written_unit is None else {}),
         }
+
+
+@dataclass(frozen=True)
+class RenderedContent:
+    """What a release's id hashes: what the host runs (the unit's settings, the server's argv and environment, the
+    secrets' digest, the venv and its SGLang, the patch set, the weights), never the profile it came from. A
+    profile field that renders nothing (one a later version of the tool adds with a default, bench or gate
+    settings, keep_releases) makes no new release and restarts nothing; every field that renders something reaches
+    one of these, and `diff_releases` shows it."""
+
+    unit: Mapping[str, str]
+    argv: tuple[str, ...]
+    environment: Mapping[str, str]
+    secrets_digest: str
+    venv: str
+    sglang_version: str
+    patches: tuple[str, ...]
+    model: Mapping[str, str]
+    service: str
+
+
+def rendered_id(content: RenderedContent) -> str:
+    """The release id of `content`: 12 hex digits of the sha256 of its canonical JSON."""
+    fields = {"unit": dict(content.unit), "argv": list(content.argv), "environment": dict(content.environment),
+              "secrets": content.secrets_digest, "venv": content.venv, "version": content.sglang_version,
+              "patches": list(content.patches), "model": dict(content.model), "service": content.service}
+    return hashlib.sha256(json.dumps(fields, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def unit_settings(spec: UnitSpec) -> dict[str, str]:
+    """The unit's settings as its file writes them (name= -> value), each as text: what `plan` compares and the id
+    hashes. The template adds nothing that varies (render.py); Description= is the service's, its digest left out."""
+    return {"Description": spec.description, "User": spec.user, "Group": spec.group or "",
+            "WorkingDirectory": spec.working_directory, "EnvironmentFile": spec.environment_file,
+            "ExecStart": shlex.join(spec.exec_argv), "TimeoutStartSec": str(spec.timeout_start_s),
+            "TimeoutStopSec": str(spec.timeout_stop_s), "Restart": str(spec.restart),
+            "RestartSec": str(spec.restart_sec),
+            "StartLimitBurst": str(spec.start_limit_burst), "StartLimitIntervalSec": str(spec.start_limit_interval_s),
+            "LimitNOFILE": str(spec.limit_nofile), "SyslogIdentifier": spec.syslog_identifier}
+
+
+def renders_as(record: Mapping[str, Any], release: Release) -> bool:
+    """A recorded release (release.json) holds what `release` renders: the same unit, env file and launcher (the
+    sha256 of each file as written: secrets' values included), on the same venv, SGLang, patches and weights.
+    Whatever id it was written under (an earlier version of the tool hashed the whole profile), deploying `release`
+    over it changes nothing on the host."""
+    written = dict(record.get("files") or {})
+    wanted = release.metadata()
+    # the metadata first: the files are rendered (Jinja2 loaded) only when nothing cheaper tells them apart
+    return bool(written) and all(record.get(key) == wanted[key] for key in (
+        "venv", "sglang_version", "patches", "model", "argv", "environment", "secrets_digest")) \
+        and written == release.record()["files"]
 
 
 def placeholder_secrets(profile: Profile) -> dict[str, str]:
@@ -217,13 +271,6 @@ def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: st
     weights_env = model.environment() if launch_args is None else {}
     environment = {**launch_environment(profile), **(extra_environment or {}), **weights_env}
     secrets_digest = hashlib.sha256(json.dumps(sorted(secrets.items())).encode()).hexdigest()[:16]
-    content = json.dumps({
-        # bench/gate/preflight settings decide how a release is judged, not how it starts: not a new release
-        "profile": profile.model_dump(mode="json", exclude={"bench", "gate", "preflight"}), "argv": argv,
-        "environment": environment,
-        "secrets": secrets_digest, "version": sglang_version, "patches": patches, "service": layout.service,
-    }, sort_keys=True)
-    release_id = release_id or hashlib.sha256(content.encode()).hexdigest()[:12]
     env_spec = EnvSpec(values={**environment, **secrets}, secret_names=frozenset(secrets))
     unit_spec = UnitSpec(
         description=f"SGLang server {layout.service}",
@@ -244,6 +291,10 @@ def build_release(loaded: LoadedProfile, layout: StoreLayout, sglang_version: st
     validate_unit(unit_spec)
     validate_argv(argv)
     validate_env(env_spec)
+    release_id = release_id or rendered_id(RenderedContent(
+        unit=unit_settings(unit_spec), argv=argv, environment=environment, secrets_digest=secrets_digest,
+        venv=profile.service.venv, sglang_version=sglang_version, patches=patches, model=model.metadata(),
+        service=layout.service))
     return Release(
         id=release_id, service=layout.service, profile_name=loaded.name, profile_hash=profile.content_hash(),
         profile=profile.model_dump(mode="json"), sglang_version=sglang_version,
@@ -286,7 +337,7 @@ class RecordedRelease:
 
 @dataclass(frozen=True)
 class Change:
-    kind: str  # "flag", "env", "secret", "venv", "version", "patch", "service", "model"
+    kind: str  # "flag", "env", "secret", "venv", "version", "patch", "service", "model", "unit"
     name: str
     old: str | None
     new: str | None
@@ -340,4 +391,16 @@ def diff_releases(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> list
             changes.append(Change(kind, key, old.get(key), new.get(key)))
     compare("patch", {p: "on" for p in old.get("patches", [])}, {p: "on" for p in new.get("patches", [])})
     compare("model", old.get("model", {}), new.get("model", {}))
+    old_unit, new_unit = old.get("unit"), new.get("unit")
+    if isinstance(old_unit, Mapping) and isinstance(new_unit, Mapping):
+        compare("unit", old_unit, new_unit)
+    elif old and not _same_unit_file(old, new):
+        # a release.json written before the unit's settings were recorded: its unit file against the new one's
+        changes.append(Change("unit", UNIT_FILE, "as the current release wrote it", "rendered otherwise now"))
     return changes
+
+
+def _same_unit_file(old: Mapping[str, Any], new: Mapping[str, Any]) -> bool:
+    """Both unit files' sha256 known and equal, or either not known (nothing to say)."""
+    before, after = (dict(data.get("files") or {}).get(UNIT_FILE) for data in (old, new))
+    return before is None or after is None or before == after
