@@ -1,7 +1,8 @@
-"""init and version: a project directory of the user's own, and the tool itself."""
+"""init, docs and version: a project directory of the user's own, the guide's pages and the tool itself."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from invoke import Context
@@ -39,3 +40,22 @@ def version(c: Context) -> None:
     """Print the tool's version."""
     from importlib.metadata import version as package_version
     ui.console.print(f"sglang-deploy {package_version('sglang-deploy')}")
+
+
+@task(operand="page", help={"page": "the page to print: its name, as the list gives it (profiles, troubleshooting)",
+                            "path": "print where the pages are (with a page: where that page is) instead of text"})
+def docs(c: Context, page: str | None = None, path: bool = False) -> None:
+    """List the guide's pages, or print one: the same pages as the guide's site, carried by the installed tool."""
+    from deploy_lib.guide import GUIDE_DIR, guide_page, guide_pages
+    if page is not None:
+        found = common.run(lambda: guide_page(page))
+        # as written, not through the console: a page's `invoke TASK` (the checkout's) is not the program's name
+        sys.stdout.write(f"{found.path}\n" if path else found.text())
+        return
+    pages = common.run(guide_pages)
+    if path:
+        ui.console.print(str(GUIDE_DIR), markup=False)
+        return
+    width = max(len(each.name) for each in pages)
+    ui.print_lines([*(f"{each.name:<{width}}  {each.title}" for each in pages),
+                    f"`invoke docs PAGE` prints one; the files are in {GUIDE_DIR}"])
