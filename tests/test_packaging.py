@@ -121,8 +121,10 @@ def test_in_a_fresh_venv_the_installed_command_starts_a_project_renders_it_and_l
 def test_the_wheel_builds_without_warnings_and_carries_the_readme_and_only_the_example_profile(tmp_path: Path) -> None:
     """Failed before: every build warned `Package 'deploy_lib.starter.profiles' is absent from the packages
     configuration`, and the wheel's metadata had no description (no `readme` in pyproject.toml). The guide's pages
-    travel too (`sglang-deploy docs`)."""
+    travel too (`sglang-deploy docs`); the build leaves no build/ or *.egg-info in the source tree (it wrote both, and
+    a stale build/lib put files deleted from the source into the next wheel)."""
     import zipfile
+    before = {path.name for path in REPO.iterdir()}
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--verbose", "--wheel-dir",
                             str(tmp_path), str(REPO)], capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stderr
@@ -138,4 +140,5 @@ def test_the_wheel_builds_without_warnings_and_carries_the_readme_and_only_the_e
         "deploy_lib/starter/hosts.example.yaml", "deploy_lib/starter/profiles/glm5-nvfp4.yaml"}
     assert {name for name in names if name.startswith("deploy_lib/guide/")} == {
         f"deploy_lib/guide/{page.name}" for page in DOCS.glob("*.md")}
-
+    left = {path.name for path in REPO.iterdir()} - before
+    assert {name for name in left if name == "build" or name.endswith(".egg-info")} == set()
