@@ -228,6 +228,14 @@ MAINTAINERS = {"architecture", "testing", "performance", "sandbox"}
 USER_PAGES = [ROOT / "README.md", *(page for page in sorted(DOCS.glob("*.md")) if page.stem not in MAINTAINERS)]
 
 
+def test_the_guides_nav_puts_the_maintainers_pages_in_their_own_section_and_only_those() -> None:
+    """mkdocs.yml's nav (`make docs` fails on a page left out of it); the user's pages are checked below."""
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    sections = {next(iter(entry)): next(iter(entry.values())) for entry in nav}
+    maintainers = {Path(next(iter(page.values()))).stem for page in sections["Maintainers"]}
+    assert maintainers == MAINTAINERS
+
+
 def test_the_users_pages_name_no_test_date_or_load_average() -> None:
     """Measured figures are dated on docs/performance.md; a user's page says what to do. Code blocks and inline
     code (a command's output, an example document) are not prose and may carry a date."""
