@@ -79,7 +79,7 @@ def test_in_a_fresh_venv_the_installed_command_starts_a_project_renders_it_and_l
 
     def command(*argv: str, cwd: Path = project) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(venv / "bin" / "sglang-deploy"), *argv], cwd=cwd, env=environ,
-                              capture_output=True, text=True, timeout=120)
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
     started = command("init", "--example", "glm5-nvfp4")
     assert started.returncode == 0, started.stderr
     assert {path.relative_to(project).as_posix() for path in project.rglob("*") if path.is_file()} == {
