@@ -81,4 +81,4 @@ def docs(c: Context, page: str | None = None, path: bool = False) -> None:
         return
     width = max(len(each.name) for each in pages)
     ui.print_lines([*(f"{each.name:<{width}}  {each.title}" for each in pages),
-                    f"`invoke docs PAGE` prints one; the files are in {GUIDE_DIR}"])
+                    f"`invoke docs --page NAME` prints one; the files are in {GUIDE_DIR}"])

@@ -101,7 +101,7 @@ def profile_key_rows() -> list[tuple[str, str, str, str]]:
 
     def walk(properties: dict[str, Any], required: list[str], prefix: str, defaults: dict[str, Any] | None) -> None:
         for name, raw in properties.items():
-            if name == "$schema":
+            if name == "$schema":  # for editors, ignored by the tool (profiles.md's Editors)
                 continue
             key = prefix + name
             node, optional = _resolve(schema, raw)
@@ -111,8 +111,7 @@ def profile_key_rows() -> list[tuple[str, str, str, str]]:
             if section:
                 if optional:
                     rows.append((key, "section", "", node["description"]))
-                walk(node["properties"], node.get("required", []), key + ".",
-                     (defaults or {}).get(name) if defaults is not None else None)
+                walk(node["properties"], node.get("required", []), key + ".", defaults.get(name) if defaults else None)
                 continue
             if name in required:
                 default = "required"

@@ -65,7 +65,7 @@ def test_docs_lists_the_pages_then_prints_the_one_asked_for_as_written(capsys: p
     assert code == 0
     lines = out.splitlines()
     assert lines[0].split() == ["index", "sglang-deploy"] and len(lines) == len(list(DOCS.glob("*.md"))) + 1
-    assert lines[-1] == f"`sglang-deploy docs PAGE` prints one; the files are in {DOCS}"
+    assert lines[-1] == f"`sglang-deploy docs --page NAME` prints one; the files are in {DOCS}"
     code, out, _ = sglang_deploy("docs getting-started", capsys)
     assert code == 0 and out == (DOCS / "getting-started.md").read_text()
     code, out, _ = sglang_deploy("docs --page reference --path", capsys)
