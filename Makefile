@@ -1,4 +1,5 @@
-# make test : install everything into .venv (and the host tools the sandbox needs), lint, run every test
+# make test : install everything into .venv (and the host tools the sandbox needs), lint, build the guide, run every test
+# make docs : build the user guide (docs/, mkdocs.yml) in strict mode into site/
 # make demo : bring the sandbox VM up and deploy the reference profile to it
 # make demo-fleet: three sandbox guests in group `sandbox`: a parallel deploy, a rolling one stopped at --max-fail,
 #   one multi-node server over the three as one release
@@ -13,7 +14,7 @@ TEST_WORKERS ?= 4
 PYTEST := $(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=10
 export SGLANG_DEPLOY_CACHE ?= /var/tmp/sglang-deploy-cache
 
-.PHONY: test test-fast demo demo-fleet bench lint install bench-venv host-deps clean
+.PHONY: test test-fast docs demo demo-fleet bench lint install bench-venv host-deps clean
 
 $(VENV)/.installed: pyproject.toml
 	@python3 -m venv --help >/dev/null 2>&1 || { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q python3-venv; }
@@ -44,11 +45,16 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy
 
+# the user guide as a site (mkdocs.yml): strict, so a page left out of nav, a link to a missing page or heading fails.
+# Not --quiet: mkdocs 1.6 then no longer counts the warnings, and a broken link passes strict mode
+docs: install
+	$(VENV)/bin/mkdocs build --strict --site-dir site
+
 # the sandbox's quick run of bench.run runs the peer (tests/sandbox/test_bench_modules_sandbox.py)
-test: install bench-venv host-deps lint
+test: install bench-venv host-deps lint docs
 	$(PYTEST)
 
-test-fast: install lint
+test-fast: install lint docs
 	$(PYTEST) -m "not sandbox"
 
 demo: install host-deps
@@ -65,4 +71,4 @@ bench: install bench-venv host-deps
 	$(PY) -m bench.tune_group
 
 clean:
-	rm -rf $(VENV) $(BENCH_VENV) .pytest_cache .ruff_cache .mypy_cache
+	rm -rf $(VENV) $(BENCH_VENV) .pytest_cache .ruff_cache .mypy_cache site

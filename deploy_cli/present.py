@@ -223,6 +223,20 @@ def confirm(question: str) -> bool:
     return answer.strip().lower() in ("y", "yes")
 
 
+def ask(question: str, default: str | None = None) -> str | None:
+    """Ask at a terminal for a value (on stderr: stdout may be --json): Enter takes the default in brackets, an empty
+    answer without one is asked again; None when the input ends (Ctrl-D)."""
+    prompt = f"{question} [{default}]: " if default is not None else f"{question}: "
+    while True:
+        try:
+            answer = errors.input(prompt, markup=False).strip()
+        except EOFError:
+            errors.print()
+            return None
+        if answer or default is not None:
+            return answer or default
+
+
 VERBOSE_MAX_LINES = 40  # per stream and step: a step's output can be a whole option table
 
 

@@ -1,10 +1,11 @@
-"""init and version: a project directory of the user's own, and the tool itself."""
+"""init, docs and version: a project directory of the user's own, the guide's pages and the tool itself."""
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
-from invoke import Context
+from invoke import Context, Exit
 
 from deploy_cli import common
 from deploy_cli import present as ui
@@ -22,8 +23,12 @@ from deploy_cli.options import task
 def init(c: Context, model: str | None = None, gpus: int = 1, host: str | None = None, user: str | None = None,
          venv: str | None = None, name: str | None = None, example: str | None = None, directory: str = ".") -> None:
     """Start a project for your model: inventory/profiles/NAME.yaml (only what differs from SGLang's defaults),
-    inventory/hosts.yaml with your host, a .gitignore; contacts nothing, overwrites nothing."""
+    inventory/hosts.yaml with your host, a .gitignore; contacts nothing, overwrites nothing.
+
+    Without --model (or --example) at a terminal, it asks for the model, its GPUs and the host."""
     from deploy_lib.deploy.starter import ModelRequest, new_project, write_project
+    if model is None and example is None and sys.stdin.isatty():
+        model, gpus, host = _asked(gpus, host)
     project = common.run(lambda: new_project(example, ModelRequest(model, gpus, host, user, venv, name)))
     for path in common.run(lambda: write_project(Path(directory), project)):
         ui.console.print(f"wrote {path}", markup=False)
@@ -34,8 +39,46 @@ def init(c: Context, model: str | None = None, gpus: int = 1, host: str | None =
                      f"`invoke deploy {project.profile}`", markup=False)
 
 
+def _asked(gpus: int, host: str | None) -> tuple[str, int, str]:
+    """init's questions: the model, its GPUs (--gpus the default) and the host unless --host gave it."""
+    model = ui.ask("Your model: a Hugging Face repo id (Qwen/Qwen3-8B) or the weights' absolute path on the host")
+    count = _asked_gpus(gpus) if model is not None else None
+    address = host if host is not None else (
+        ui.ask("The GPU host's address (or an alias of your ssh config)") if count is not None else None)
+    if model is None or count is None or address is None:
+        raise Exit("init stopped before every answer was given; nothing was written", code=1)
+    return model, count, address
+
+
+def _asked_gpus(default: int) -> int | None:
+    while (answer := ui.ask("GPUs it runs on (1, 2, 4, 8 or 16)", str(default))) is not None:
+        if answer.isdigit():
+            return int(answer)
+        ui.errors.print(f"{answer!r} is not a number of GPUs", markup=False)
+    return None
+
+
 @task
 def version(c: Context) -> None:
     """Print the tool's version."""
     from importlib.metadata import version as package_version
     ui.console.print(f"sglang-deploy {package_version('sglang-deploy')}")
+
+
+@task(operand="page", help={"page": "the page to print: its name, as the list gives it (profiles, troubleshooting)",
+                            "path": "print where the pages are (with a page: where that page is) instead of text"})
+def docs(c: Context, page: str | None = None, path: bool = False) -> None:
+    """List the guide's pages, or print one: the same pages as the guide's site, carried by the installed tool."""
+    from deploy_lib.guide import GUIDE_DIR, guide_page, guide_pages
+    if page is not None:
+        found = common.run(lambda: guide_page(page))
+        # as written, not through the console: a page's `invoke TASK` (the checkout's) is not the program's name
+        sys.stdout.write(f"{found.path}\n" if path else found.text())
+        return
+    pages = common.run(guide_pages)
+    if path:
+        ui.console.print(str(GUIDE_DIR), markup=False)
+        return
+    width = max(len(each.name) for each in pages)
+    ui.print_lines([*(f"{each.name:<{width}}  {each.title}" for each in pages),
+                    f"`invoke docs --page NAME` prints one; the files are in {GUIDE_DIR}"])

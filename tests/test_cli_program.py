@@ -200,5 +200,5 @@ def test_the_word_taken_as_the_profile_is_neither_a_value_nor_a_flag(argv: list[
     namespace = user_tasks()
     contexts = Lexicon({context.name: context for context in namespace.to_contexts()})
     operands = {name: namespace[name].operand for name in namespace.task_names if namespace[name].operand}
-    assert operands == {"deploy": "profile", "render": "profile", "plan": "profile"}
+    assert operands == {"deploy": "profile", "render": "profile", "plan": "profile", "docs": "page"}
     assert with_operand(argv, contexts, DeployProgram(namespace=namespace).initial_context, operands) == read

@@ -3,6 +3,7 @@ inventory holds their host; a hostile value is refused naming its option, one YA
 
 from __future__ import annotations
 
+import re
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -90,3 +91,92 @@ def test_the_reference_rig_is_an_example_and_model_with_example_or_neither_is_re
         new_project("glm5-nvfp", ModelRequest(None, 1, None))
     with pytest.raises(ConfigError, match="--model and --host"):
         new_project(None, ModelRequest(None, 1, None))
+
+
+class Terminal:
+    """stdin as a terminal: init asks; the answers come from `input`, patched."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+def init_line(line: str, capsys: pytest.CaptureFixture[str]) -> tuple[object, str, str]:
+    """`sglang-deploy init ...` through the program's own run: (exit code, stdout, stderr)."""
+    from deploy_cli.collection import user_tasks
+    from deploy_cli.program import NAME, DeployProgram, OneTaskExecutor
+    program = DeployProgram(name=NAME, binary=NAME, version="0", namespace=user_tasks(), executor_class=OneTaskExecutor)
+    try:
+        program.run([NAME, "init", *line.split()])
+        code: object = 0
+    except SystemExit as ended:
+        code = ended.code
+    shown = capsys.readouterr()
+    return code, shown.out, shown.err
+
+
+def answering(monkeypatch: pytest.MonkeyPatch, *answers: str) -> None:
+    """stdin a terminal whose user types ANSWERS in turn, then Ctrl-D (the questions go to stderr)."""
+    import builtins
+    left = iter(answers)
+
+    def typed(prompt: str = "") -> str:
+        answer = next(left, None)
+        if answer is None:
+            raise EOFError
+        return answer
+
+    monkeypatch.setattr("sys.stdin", Terminal())
+    monkeypatch.setattr(builtins, "input", typed)
+
+
+def questions(err: str) -> list[str]:
+    return re.findall(r"(Your model|GPUs it runs on|The GPU host's address)[^:]*?(\[\d+\])?: ", err)
+
+
+def test_at_a_terminal_init_without_flags_asks_model_gpus_and_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """An empty answer takes the default shown ([1] GPUs); a model or host left empty is asked again; a count that
+    is not a number too."""
+    answering(monkeypatch, "", "Qwen/Qwen3-32B", "four", "4", "", "192.0.2.10")
+    code, out, err = init_line(f"--directory {tmp_path}", capsys)
+    assert code == 0, err
+    assert questions(err) == [("Your model", ""), ("Your model", ""), ("GPUs it runs on", "[1]"),
+                              ("GPUs it runs on", "[1]"), ("The GPU host's address", ""),
+                              ("The GPU host's address", "")]
+    assert "'four' is not a number of GPUs" in err
+    profile = tmp_path / "inventory" / "profiles" / "qwen3-32b.yaml"
+    assert [line for line in profile.read_text().splitlines() if not line.startswith("#")] == [
+        "model: {path: Qwen/Qwen3-32B}", "parallel: {tp: 4}"]
+    assert Project(tmp_path).inventory(None).host(None).address == "192.0.2.10"
+    assert f"wrote {profile}" in out
+
+
+def test_a_host_given_is_not_asked_and_enter_takes_the_gpus_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    answering(monkeypatch, "Qwen/Qwen3-8B", "")
+    code, _, err = init_line(f"--host 192.0.2.11 --gpus 2 --directory {tmp_path}", capsys)
+    assert code == 0, err
+    assert questions(err) == [("Your model", ""), ("GPUs it runs on", "[2]")]
+    assert Project(tmp_path).inventory(None).host(None).vars.gpu_count == 2
+
+
+def test_input_ended_before_the_last_answer_writes_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    answering(monkeypatch, "Qwen/Qwen3-8B", "1")
+    code, _, err = init_line(f"--directory {tmp_path}", capsys)
+    assert code == 1 and "nothing was written" in err and not any(tmp_path.iterdir())
+
+
+def test_an_answer_is_checked_as_its_flag_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    answering(monkeypatch, "Qwen/Qwen3-8B", "3", "192.0.2.10")
+    code, _, err = init_line(f"--directory {tmp_path}", capsys)
+    assert code == 2 and "--gpus" in err and "Traceback" not in err and not any(tmp_path.iterdir())
+
+
+def test_not_at_a_terminal_init_without_flags_asks_nothing_and_names_the_flags(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    import builtins
+    monkeypatch.setattr(builtins, "input", lambda prompt="": pytest.fail(f"asked {prompt!r}"))
+    code, _, err = init_line(f"--directory {tmp_path}", capsys)
+    assert code == 2 and "--model and --host" in err and not any(tmp_path.iterdir())

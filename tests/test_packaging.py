@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+DOCS = REPO / "docs"
 
 # Runs in a directory outside the checkout, with only the installed copy of deploy_lib importable from the repo side.
 RENDER_FROM_INSTALL = """
@@ -78,7 +79,7 @@ def test_in_a_fresh_venv_the_installed_command_starts_a_project_renders_it_and_l
 
     def command(*argv: str, cwd: Path = project) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(venv / "bin" / "sglang-deploy"), *argv], cwd=cwd, env=environ,
-                              capture_output=True, text=True, timeout=120)
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=120)
     started = command("init", "--example", "glm5-nvfp4")
     assert started.returncode == 0, started.stderr
     assert {path.relative_to(project).as_posix() for path in project.rglob("*") if path.is_file()} == {
@@ -104,12 +105,26 @@ def test_in_a_fresh_venv_the_installed_command_starts_a_project_renders_it_and_l
     rendered = command("render", "qwen3-8b", cwd=mine)
     assert rendered.returncode == 0, rendered.stderr
     assert "--model-path Qwen/Qwen3-8B" in rendered.stdout and "--tp-size 1" in rendered.stdout
+    pages = command("docs", cwd=mine)
+    assert pages.returncode == 0, pages.stderr
+    assert pages.stdout.splitlines()[0].split() == ["index", "sglang-deploy"]
+    assert {line.split()[0] for line in pages.stdout.splitlines()[:-1]} == {page.stem for page in DOCS.glob("*.md")}
+    shown = command("docs", "troubleshooting", cwd=mine)
+    assert shown.returncode == 0, shown.stderr
+    assert shown.stdout == (DOCS / "troubleshooting.md").read_text()
+    where = command("docs", "--path", cwd=mine)
+    assert Path(where.stdout.strip()).is_relative_to(venv) and Path(where.stdout.strip()).name == "guide"
+    unknown = command("docs", "troubleshoting", cwd=mine)
+    assert unknown.returncode == 2 and "did you mean `troubleshooting`?" in unknown.stderr
 
 
 def test_the_wheel_builds_without_warnings_and_carries_the_readme_and_only_the_example_profile(tmp_path: Path) -> None:
     """Failed before: every build warned `Package 'deploy_lib.starter.profiles' is absent from the packages
-    configuration`, and the wheel's metadata had no description (no `readme` in pyproject.toml)."""
+    configuration`, and the wheel's metadata had no description (no `readme` in pyproject.toml). The guide's pages
+    travel too (`sglang-deploy docs`); the build leaves no build/ or *.egg-info in the source tree (it wrote both, and
+    a stale build/lib put files deleted from the source into the next wheel)."""
     import zipfile
+    before = {path.name for path in REPO.iterdir()}
     built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--verbose", "--wheel-dir",
                             str(tmp_path), str(REPO)], capture_output=True, text=True, timeout=600)
     assert built.returncode == 0, built.stderr
@@ -123,3 +138,7 @@ def test_the_wheel_builds_without_warnings_and_carries_the_readme_and_only_the_e
     assert text.split("\n\n", 1)[1].strip() == (REPO / "README.md").read_text().strip()
     assert {name for name in names if name.startswith("deploy_lib/starter/")} == {
         "deploy_lib/starter/hosts.example.yaml", "deploy_lib/starter/profiles/glm5-nvfp4.yaml"}
+    assert {name for name in names if name.startswith("deploy_lib/guide/")} == {
+        f"deploy_lib/guide/{page.name}" for page in DOCS.glob("*.md")}
+    left = {path.name for path in REPO.iterdir()} - before
+    assert {name for name in left if name == "build" or name.endswith(".egg-info")} == set()

@@ -9,6 +9,7 @@ import typing
 from enum import Enum
 from pathlib import Path
 
+import pytest
 import yaml
 from invoke.parser import Parser
 from pydantic import BaseModel
@@ -42,12 +43,33 @@ def field_paths(model: type[BaseModel], prefix: str = "") -> list[str]:
     return paths
 
 
+def profile_key_table() -> str:
+    return (DOCS / "reference.md").read_text().split("## Profile keys", 1)[1].split("\n## ", 1)[0]
+
+
 def test_profile_reference_lists_every_key() -> None:
-    section = (DOCS / "profiles.md").read_text().split("## Profile reference", 1)[1].split("\n## ", 1)[0]
-    listed = set(re.findall(r"^\| `([a-z0-9_.]+)` \|", section, re.MULTILINE))
+    """The generated table walks the JSON Schema; the model's own fields are walked here, independently."""
+    listed = set(re.findall(r"^\| `([a-z0-9_.]+)` \|", profile_key_table(), re.MULTILINE))
     expected = {path for path in field_paths(Profile)} | {"extends"}
-    assert sorted(expected - listed) == [], "keys missing from docs/profiles.md's reference"
-    assert sorted(listed - expected) == [], "docs/profiles.md lists keys the profile model does not have"
+    assert sorted(expected - listed) == [], "keys missing from docs/reference.md's profile keys"
+    assert sorted(listed - expected) == [], "docs/reference.md lists keys the profile model does not have"
+
+
+def test_a_profile_key_without_a_description_stops_the_generator(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The reference says what each key does: a key added without its Field's description is named, not listed
+    blank."""
+    import deploy_lib.profile
+    from deploy_cli.reference import profile_key_rows
+    real = deploy_lib.profile.profile_json_schema
+
+    def without() -> dict[str, typing.Any]:
+        schema = real()
+        del schema["$defs"]["ParallelSpec"]["properties"]["pp"]["description"]
+        return schema
+
+    monkeypatch.setattr(deploy_lib.profile, "profile_json_schema", without)
+    with pytest.raises(ValueError, match=r"parallel\.pp has no description"):
+        profile_key_rows()
 
 
 def shown_default(info: FieldInfo) -> str:
@@ -66,8 +88,8 @@ def shown_default(info: FieldInfo) -> str:
 
 def test_profile_reference_gives_each_keys_default_as_the_model_has_it() -> None:
     """Failed before: `model.revision` said `main` where the model has none (the repo's main branch is SGLang's)."""
-    section = (DOCS / "profiles.md").read_text().split("## Profile reference", 1)[1].split("\n## ", 1)[0]
-    shown = {key: cell.strip() for key, cell in re.findall(r"^\| `([a-z0-9_.]+)` \|([^|]*)\|", section, re.MULTILINE)}
+    shown = {key: cell.strip() for key, cell in re.findall(r"^\| `([a-z0-9_.]+)` \|[^|]*\|([^|]*)\|",
+                                                          profile_key_table(), re.MULTILINE)}
     fields = dict(field_infos(Profile))
     assert {key: cell for key, cell in shown.items() if key != "extends" and cell != shown_default(fields[key])} == {}
 
@@ -204,6 +226,14 @@ def test_every_link_between_the_pages_resolves_to_a_page_and_a_heading() -> None
 # The user's pages: every page but the maintainers' (a new page is a user's until it is named here).
 MAINTAINERS = {"architecture", "testing", "performance", "sandbox"}
 USER_PAGES = [ROOT / "README.md", *(page for page in sorted(DOCS.glob("*.md")) if page.stem not in MAINTAINERS)]
+
+
+def test_the_guides_nav_puts_the_maintainers_pages_in_their_own_section_and_only_those() -> None:
+    """mkdocs.yml's nav (`make docs` fails on a page left out of it); the user's pages are checked below."""
+    nav = yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"]
+    sections = {next(iter(entry)): next(iter(entry.values())) for entry in nav}
+    maintainers = {Path(next(iter(page.values()))).stem for page in sections["Maintainers"]}
+    assert maintainers == MAINTAINERS
 
 
 def test_the_users_pages_name_no_test_date_or_load_average() -> None:

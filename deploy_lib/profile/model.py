@@ -36,7 +36,7 @@ from deploy_lib.versions import ARGS, modelled_flags
 class Profile(Strict):
     """A deployment profile: the intent; server_args turns it into one SGLang version's argv."""
 
-    description: Text | None = None
+    description: Text | None = Field(None, description="free text")
     model: ModelSpec
     parallel: ParallelSpec = Field(default_factory=ParallelSpec)
     memory: MemorySpec = Field(default_factory=MemorySpec)
@@ -45,19 +45,24 @@ class Profile(Strict):
     server: ServerSpec = Field(default_factory=ServerSpec)
     nccl: NcclSpec = Field(default_factory=NcclSpec)
     env: dict[EnvName, Annotated[str, StringConstraints(max_length=MAX_STRING), AfterValidator(no_control_chars)]] = (
-        Field(default_factory=dict, description="other environment of the server process"))
+        Field(default_factory=dict, description="other environment of the server process (no secret-looking "
+                                                    "names, not the NCCL ones of `nccl`, not `VIRTUAL_ENV`)"))
     secrets: dict[EnvName, SecretField] = Field(
-        default_factory=dict, description="environment variables whose values are read locally at deploy time")
+        default_factory=dict, description="environment variables whose values are read locally at deploy time, "
+                                          "written only to the release's 0600 env file "
+                                          "([secrets](profiles.md#secrets))")
     service: ServiceSpec = Field(default_factory=ServiceSpec)
     bench: BenchSettings = Field(default_factory=BenchSettings,
-                                 description="SGLang's serving benchmark, run by the gate and `invoke bench`")
+                                 description="SGLang's serving benchmark, run by the gate and the `bench` "
+                                             "command")
     gate: GateSettings | None = Field(None, description="benchmark every new release after it is ready and roll "
                                                         "it back when it is slower than the last good release")
     preflight: PreflightSettings = Field(default_factory=PreflightSettings,
                                          description="checks a deploy runs before it starts the release")
     extra_args: list[Text] = Field(  # a lambda, not `list`: see ModelSpec.ignore_patterns
         default_factory=lambda: [],
-        description="flags not modelled here; checked against the host's SGLang at preflight")
+        description="flags not modelled here, appended last; checked against the host's SGLang at "
+                    "preflight; `--api-key` and a flag a key of the profile sets are refused")
 
     @field_validator("env", mode="before")
     @classmethod

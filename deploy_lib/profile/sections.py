@@ -42,27 +42,36 @@ Pattern = Annotated[str, StringConstraints(min_length=1, max_length=256), AfterV
 
 
 class ModelSource(Strict):
-    rsync: Text = Field(description="directory on the machine running the tool, pushed to the host with rsync")
+    rsync: Text = Field(description="a directory on the machine running the tool, pushed with rsync into "
+                                    "`<model.path>/<digest>/` on the host (the release's `--model-path`); unchanged "
+                                    "files are hard-linked from the newest version there, so only changed files travel")
 
 
 class ModelSpec(Strict):
-    path: Text = Field(description="Hugging Face repo id or absolute path of the weights (--model-path)")
+    path: Text = Field(description="Hugging Face repo id (staged into the host's HF cache before the switch) or "
+                                   "absolute path of the weights on the host (`--model-path`); letters, digits, "
+                                   "space and `._-/+@:=,~` only; a relative path is refused")
     revision: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9._\-/]{0,255}$")] | None = Field(
-        None, description="commit, tag or branch of a hub model (default main), resolved to a commit at plan time")
+        None, description="commit, tag or branch of a repo id (none: the repo's main branch), resolved to a commit "
+                          "at plan time and recorded; the release runs `--revision <commit>`")
     allow_patterns: list[Pattern] = Field(default_factory=lambda: list(DEFAULT_ALLOW_PATTERNS),
-                                          description="files of the repo staged on the host (fnmatch patterns)")
+                                          description="files of the repo staged on the host (fnmatch, as "
+                                                      "huggingface_hub's `allow_patterns`)")
     # a lambda, not `list`: pydantic reads a builtin's signature by tokenizing its text (a 4 ms regex, every command)
     ignore_patterns: list[Pattern] = Field(default_factory=lambda: [], description="files never staged")
     source: ModelSource | None = Field(
-        None, description="{rsync: LOCAL_DIR}: push the weights from this machine into a version directory under "
-                          "the absolute model.path on the host (for hosts without internet)")
-    served_name: Text | None = Field(None, description="name clients use (--served-model-name)")
-    tokenizer: Text | None = Field(None, description="tokenizer path if not the model's (--tokenizer-path)")
-    trust_remote_code: bool = False
-    reasoning_parser: Annotated[str, StringConstraints(pattern=r"^[a-z0-9_\-.]+$")] | None = None
-    tool_call_parser: Annotated[str, StringConstraints(pattern=r"^[a-z0-9_\-.]+$")] | None = None
-    quantization: Quantization | None = None
-    kv_cache_dtype: KvCacheDtype = KvCacheDtype.auto
+        None, description="where the weights come from when not a hub: `{rsync: LOCAL_DIR}` pushes them from this "
+                          "machine (for hosts without internet); without it an absolute `model.path` is used as it "
+                          "is, checked to hold a config.json")
+    served_name: Text | None = Field(None, description="name clients use (`--served-model-name`)")
+    tokenizer: Text | None = Field(None, description="tokenizer path if not the model's (`--tokenizer-path`)")
+    trust_remote_code: bool = Field(False, description="`--trust-remote-code`")
+    reasoning_parser: Annotated[str, StringConstraints(pattern=r"^[a-z0-9_\-.]+$")] | None = Field(
+        None, description="`--reasoning-parser`")
+    tool_call_parser: Annotated[str, StringConstraints(pattern=r"^[a-z0-9_\-.]+$")] | None = Field(
+        None, description="`--tool-call-parser`")
+    quantization: Quantization | None = Field(None, description="`--quantization` (modelopt_fp4, fp8, awq, ...)")
+    kv_cache_dtype: KvCacheDtype = Field(KvCacheDtype.auto, description="`--kv-cache-dtype`")
 
     @field_validator("path")
     @classmethod
@@ -95,15 +104,20 @@ class ModelSpec(Strict):
 
 
 class ParallelSpec(Strict):
-    tp: Literal[1, 2, 4, 8, 16] = Field(1, description="tensor parallel size (--tp-size): a power of two")
-    pp: Annotated[int, Field(ge=1, le=64)] = Field(1, description="pipeline parallel size (--pp-size)")
-    dp: Annotated[int, Field(ge=1, le=64)] = Field(1, description="data parallel size (--dp-size)")
-    nnodes: Annotated[int, Field(ge=1, le=64)] = 1
-    node_rank: Annotated[int, Field(ge=0, le=63)] = 0
+    tp: Literal[1, 2, 4, 8, 16] = Field(1, description="tensor parallel size (`--tp-size`): a power of two; "
+                                                       "tp x dp x pp at most the host's GPU count")
+    pp: Annotated[int, Field(ge=1, le=64)] = Field(1, description="pipeline parallel size (`--pp-size`)")
+    dp: Annotated[int, Field(ge=1, le=64)] = Field(1, description="data parallel size (`--dp-size`)")
+    nnodes: Annotated[int, Field(ge=1, le=64)] = Field(
+        1, description="`--nnodes`; more than 1 is deployed to a group, one host per node "
+                       "([multi-node](fleet.md#multi-node-sglang-one-release-over-a-group)); no allreduce fusion")
+    node_rank: Annotated[int, Field(ge=0, le=63)] = Field(
+        0, description="`--node-rank`: a group deploy sets it per node (the group's order, or the hosts' "
+                       "`node_rank` var)")
     dist_init_addr: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9.\-\[\]:]+:[0-9]{1,5}$")] | None = Field(
-        None, description="--dist-init-addr host:port of node 0, as written (else node 0's address and dist_init_port)")
+        None, description="`--dist-init-addr host:port` of node 0, as written (instead of `dist_init_port`)")
     dist_init_port: Annotated[int, Field(ge=1024, le=65535)] | None = Field(
-        None, description="port of --dist-init-addr on node 0; a group deploy adds node 0's inventory address")
+        None, description="port of `--dist-init-addr` on node 0; a group deploy adds node 0's inventory address")
 
     @model_validator(mode="after")
     def _multi_node_needs_addr(self) -> ParallelSpec:
@@ -143,30 +157,40 @@ class ParallelSpec(Strict):
 
 class MemorySpec(Strict):
     mem_fraction_static: Annotated[float, Field(gt=0, lt=1)] | None = Field(
-        None, description="fraction of GPU memory for weights + KV cache, in (0, 1)")
-    max_running_requests: Annotated[int, Field(ge=1, le=1_000_000)] | None = None
-    chunked_prefill_size: Annotated[int, Field(ge=-1, le=1_000_000)] | None = None
+        None, description="`--mem-fraction-static`: fraction of GPU memory for weights + KV cache")
+    max_running_requests: Annotated[int, Field(ge=1, le=1_000_000)] | None = Field(
+        None, description="`--max-running-requests`")
+    chunked_prefill_size: Annotated[int, Field(ge=-1, le=1_000_000)] | None = Field(
+        None, description="`--chunked-prefill-size`")
 
 
 class BackendSpec(Strict):
-    attention: AttentionBackend | None = None
-    moe_runner: MoeRunnerBackend | None = None
-    fp8_gemm: Fp8GemmBackend | None = None
-    dsa_decode: DsaBackend | None = Field(None, description="--dsa-decode-backend (--nsa-decode-backend < 0.5.15)")
-    dsa_prefill: DsaBackend | None = Field(None, description="--dsa-prefill-backend (--nsa-prefill-backend < 0.5.15)")
+    attention: AttentionBackend | None = Field(None, description="`--attention-backend`")
+    moe_runner: MoeRunnerBackend | None = Field(None, description="`--moe-runner-backend`")
+    fp8_gemm: Fp8GemmBackend | None = Field(None, description="`--fp8-gemm-backend` (SGLang >= 0.5.6.post2)")
+    dsa_decode: DsaBackend | None = Field(
+        None, description="`--dsa-decode-backend` (`--nsa-decode-backend` before 0.5.15)")
+    dsa_prefill: DsaBackend | None = Field(
+        None, description="`--dsa-prefill-backend` (`--nsa-prefill-backend` before 0.5.15)")
 
 
 class FeatureSpec(Strict):
-    cuda_graph: bool = True
-    radix_cache: bool = True
-    allreduce_fusion: bool = Field(False, description="FlashInfer allreduce+RMSNorm fusion (SM90/SM10X upstream)")
-    metrics: bool = Field(False, description="--enable-metrics: Prometheus /metrics")
+    cuda_graph: bool = Field(True, description="false: `--disable-cuda-graph` (before 0.5.15) or "
+                                               "`--cuda-graph-backend-{decode,prefill} disabled`")
+    radix_cache: bool = Field(True, description="false: `--disable-radix-cache`")
+    allreduce_fusion: bool = Field(
+        False, description="FlashInfer allreduce+RMSNorm fusion: `--enable-flashinfer-allreduce-fusion` (before "
+                           "0.5.15) or `--flashinfer-allreduce-fusion-backend auto`; upstream gates it to SM90/SM10X")
+    metrics: bool = Field(False, description="`--enable-metrics` (Prometheus `/metrics`)")
 
 
 class ServerSpec(Strict):
-    host: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9.:\-]+$", max_length=255)] = "127.0.0.1"
-    port: Annotated[int, Field(ge=1, le=65535)] = 30000
-    api_key: SecretField | None = None
+    host: Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9.:\-]+$", max_length=255)] = Field(
+        "127.0.0.1", description="`--host`: the address the server listens on")
+    port: Annotated[int, Field(ge=1, le=65535)] = Field(30000, description="`--port`")
+    api_key: SecretField | None = Field(
+        None, description="`--api-key`, given by reference: `{env: NAME}`, `{file: PATH}` or `{command: [ARGV...]}` "
+                          "([secrets](profiles.md#secrets))")
 
 
 # nccl.<key> -> the environment variable it sets, in the env file's order
@@ -176,13 +200,14 @@ NCCL_ENV = {"p2p_level": "NCCL_P2P_LEVEL", "p2p_disable": "NCCL_P2P_DISABLE", "i
 
 
 class NcclSpec(Strict):
-    p2p_level: P2PLevel | None = Field(None, description="NCCL_P2P_LEVEL: LOC/NVL/PIX/PXB/PHB/SYS or 0-5")
-    p2p_disable: bool | None = None
-    ib_disable: bool | None = None
-    min_nchannels: Annotated[int, Field(ge=1, le=64)] | None = None
-    max_nchannels: Annotated[int, Field(ge=1, le=64)] | None = None
-    socket_ifname: Annotated[str, StringConstraints(pattern=r"^[\^=]?[A-Za-z0-9_.,\-]+$")] | None = None
-    debug: NcclDebug | None = None
+    p2p_level: P2PLevel | None = Field(None, description="`NCCL_P2P_LEVEL`: LOC, NVL, PIX, PXB, PHB, SYS or 0-5")
+    p2p_disable: bool | None = Field(None, description="`NCCL_P2P_DISABLE`")
+    ib_disable: bool | None = Field(None, description="`NCCL_IB_DISABLE`")
+    min_nchannels: Annotated[int, Field(ge=1, le=64)] | None = Field(None, description="`NCCL_MIN_NCHANNELS`")
+    max_nchannels: Annotated[int, Field(ge=1, le=64)] | None = Field(None, description="`NCCL_MAX_NCHANNELS`")
+    socket_ifname: Annotated[str, StringConstraints(pattern=r"^[\^=]?[A-Za-z0-9_.,\-]+$")] | None = Field(
+        None, description="`NCCL_SOCKET_IFNAME`")
+    debug: NcclDebug | None = Field(None, description="`NCCL_DEBUG`")
 
     @field_validator("p2p_level", mode="before")
     @classmethod
@@ -207,24 +232,31 @@ def env_text(value: Any) -> str:
 
 
 class ServiceSpec(Strict):
-    name: Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_\-]{1,64}$")] = "sglang"
-    venv: AbsPath = Field("/root/ml-env", description="virtual environment the server runs from")
-    user: Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_\-]{0,31}$")] = "root"
-    working_directory: AbsPath = "/root"
+    name: Annotated[str, StringConstraints(pattern=r"^[a-zA-Z0-9_\-]{1,64}$")] = Field(
+        "sglang", description="systemd unit name and store directory")
+    venv: AbsPath = Field("/root/ml-env", description="virtual environment the server runs from (the inventory's "
+                                                     "host var `venv` overrides it per host)")
+    user: Annotated[str, StringConstraints(pattern=r"^[a-z_][a-z0-9_\-]{0,31}$")] = Field(
+        "root", description="`User=` of the unit")
+    working_directory: AbsPath = Field("/root", description="`WorkingDirectory=` of the unit")
     startup_timeout_s: Annotated[int, Field(ge=5, le=24 * 3600)] = Field(
-        1800, description="readiness deadline; real models take minutes to load")
+        1800, description="readiness deadline (and `TimeoutStartSec=`); real models take minutes to load")
     stop_timeout_s: Annotated[int, Field(ge=1, le=3600)] = Field(
-        120, description="how long the old server's in-flight requests may take to finish when it stops "
-                         "(TimeoutStopSec=): SGLang drains on SIGTERM with no bound of its own, then systemd kills "
-                         "what is left")
+        120, description="`TimeoutStopSec=`: how long the old server's in-flight requests may take to finish when it "
+                         "stops (SGLang drains on SIGTERM with no bound of its own, then systemd kills what is left)")
     restart: RestartPolicy = Field(RestartPolicy.on_failure,
-                                   description="systemd restarts a server that crashes after its deploy")
-    restart_sec: Annotated[int, Field(ge=0, le=3600)] = 10
+                                   description="`Restart=`: systemd restarts a server that crashes after its deploy")
+    restart_sec: Annotated[int, Field(ge=0, le=3600)] = Field(10, description="`RestartSec=`: wait before a restart")
     start_limit_burst: Annotated[int, Field(ge=1, le=100)] = Field(
-        3, description="restarts within start_limit_interval_s before systemd gives up and leaves the unit failed")
-    start_limit_interval_s: Annotated[int, Field(ge=1, le=7 * 24 * 3600)] = 900
-    limit_nofile: Annotated[int, Field(ge=1024, le=1_048_576)] = 65536
-    keep_releases: Annotated[int, Field(ge=2, le=100)] = 5
+        3, description="`StartLimitBurst=`: restarts within start_limit_interval_s before systemd gives up and "
+                       "leaves the unit failed")
+    start_limit_interval_s: Annotated[int, Field(ge=1, le=7 * 24 * 3600)] = Field(
+        900, description="`StartLimitIntervalSec=`; must exceed start_limit_burst x restart_sec, and a model that "
+                         "loads for minutes needs about start_limit_burst + 1 load times")
+    limit_nofile: Annotated[int, Field(ge=1024, le=1_048_576)] = Field(65536, description="`LimitNOFILE=`")
+    keep_releases: Annotated[int, Field(ge=2, le=100)] = Field(
+        5, description="releases kept on the host (the current one, the last healthy one and the one `rollback` "
+                       "returns to are never pruned)")
     venv_build: VenvSpec | None = Field(
         None, description="build the venv on the host from a hashed lock (content-addressed, immutable); "
                           "without it the server runs from `venv` as it is")

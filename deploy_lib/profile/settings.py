@@ -84,7 +84,8 @@ class PreflightSettings(BaseModel):
     gpu_check: bool = Field(
         False, description="when the NCCL environment, the TP size or the venv's torch/NCCL differ from the current "
                            "release's, stop the old server and run gpu-check's verified all-reduce before starting "
-                           "the new one; a failure rolls back before SGLang starts")
+                           "the new one; a failure rolls back before SGLang starts (exit 6) "
+                           "([gpu-check](gpu-check.md#in-a-deploy-preflightgpu_check))")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -99,7 +100,8 @@ class VenvSpec(BaseModel):
     lock: Path = Field(description="pinned requirements with --hash lines (pip-compile --generate-hashes, "
                                    "uv pip compile --generate-hashes); it must be complete: uv installs it --no-deps")
     wheelhouse: Path | None = Field(None, description="local directory of wheels (and the pinned uv wheel), pushed "
-                                                      "to hosts without internet")
+                                                      "to hosts without internet; only missing wheels travel "
+                                                      "([venvs](venvs.md))")
     index: str | None = Field(None, description="package index URL the host itself downloads from")
     python: str = Field("python3", description="the host's interpreter that creates the venv")
 
