@@ -312,3 +312,76 @@ def test_a_file_that_cannot_be_opened_is_refused_naming_it_and_why(tmp_path: Pat
     with pytest.raises(ConfigError) as refusal:
         read_text_file(profile)
     assert (str(refusal.value), refusal.value.exit_code) == (f"{profile}: cannot read: Permission denied", 2)
+
+
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+HF = "hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567"
+MOVE = "and a credential is never written in a profile; move it to `secrets: {{name}: {env: {name}}}`"
+# (what is wrong, the profile's env (or a --set), the line ({p}: the profile written), the secret, the refusal):
+# secrets by value. `env: {AWS_SECRET_ACCESS_KEY: wJalr...}` was refused by its name, `HF_AUTH: hf_...` rendered with
+# exit 0 and printed in clear under "environment file (secrets redacted)" and in --json's `environment`.
+SECRETS = [
+    ("an AWS secret key under a plain name", f"S3_KEY: {AWS_SECRET}", "render -p {p}", AWS_SECRET,
+     "error: {p}: (top level): env.S3_KEY: its value looks like an AWS secret access key, "
+     + MOVE.replace("{name}", "S3_KEY")),
+    ("an AWS access key id", "S3_ID: AKIAIOSFODNN7EXAMPLE", "render -p {p} --json", "AKIAIOSFODNN7EXAMPLE",
+     "error: {p}: (top level): env.S3_ID: its value looks like an AWS access key id"),
+    ("a Hugging Face token", f"HF_AUTH: {HF}", "render -p {p}", HF,
+     "error: {p}: (top level): env.HF_AUTH: its value looks like a Hugging Face token"),
+    ("a GitHub token", "GH: ghp_16C7e42F292c6912E7710c838347Ae178B4a", "plan -p {p}",
+     "ghp_16C7e42F292c6912E7710c838347Ae178B4a",
+     "error: {p}: (top level): env.GH: its value looks like a GitHub token"),
+    ("an OpenAI key", "UPSTREAM: sk-proj-Xk3vN9qL2mP8rT5wY7zB1cD4fG6hJ0kA", "render -p {p} --json",
+     "sk-proj-Xk3vN9qL2mP8rT5wY7zB1cD4fG6hJ0kA",
+     "error: {p}: (top level): env.UPSTREAM: its value looks like an OpenAI-style API key"),
+    ("a Slack token", "NOTIFY: xoxb-1234567890-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx", "render -p {p}",
+     "xoxb-1234567890-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx",
+     "error: {p}: (top level): env.NOTIFY: its value looks like a Slack token"),
+    ("a JWT", "AUTH: eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+     "render -p {p}", "dozjgNryP4J3jVmNHl0w5N", "error: {p}: (top level): env.AUTH: its value looks like a JSON Web "
+                                                   "Token"),
+    ("a PEM private key over lines", 'TLS: "-----BEGIN EC PRIVATE KEY-----\\nMHcCAQEEIBkg\\n-----END EC PRIVATE '
+                                     'KEY-----"', "render -p {p}", "MHcCAQEEIBkg",
+     "error: {p}: env: TLS: its value looks like a PEM private key, " + MOVE.replace("{name}", "TLS")),
+    ("a long random string", "SESSION_SALT: Zx8Qp2Lm7Vn4Rt6Yw1Ks9Bd3Hf5Jg0Ca8Ue2Io4Pa6", "render -p {p}",
+     "Zx8Qp2Lm7Vn4Rt6Yw1Ks9Bd3Hf5Jg0Ca8Ue2Io4Pa6",
+     "error: {p}: (top level): env.SESSION_SALT: its value looks like a long random string (42 characters)"),
+    ("a URL with a password", "MODEL_REPO: https://deploy:s3cr3tpass@git.example.com/m.git", "render -p {p}",
+     "s3cr3tpass", "error: {p}: (top level): env.MODEL_REPO: its value looks like a URL with a password"),
+    ("a Hugging Face token by --set", "OMP_NUM_THREADS: 8", f"render -p {{p}} --set env.HF_AUTH={HF} --json", HF,
+     "error: profile p with --set env.HF_AUTH=<not shown: it looks like a credential>: (top level): env.HF_AUTH: "
+     "its value looks like a Hugging Face token"),
+    ("not_secret for a name that is a secret", f"HF_TOKEN: {HF}\nnot_secret: [HF_TOKEN]", "render -p {p}", HF,
+     "error: {p}: (top level): env.HF_TOKEN looks like a secret; move it to `secrets: {HF_TOKEN: {env: HF_TOKEN}}`"),
+    ("not_secret for a value that is no credential", "OMP_NUM_THREADS: 8\nnot_secret: [OMP_NUM_THREADS]",
+     "render -p {p}", "\0", "error: {p}: (top level): not_secret: env.OMP_NUM_THREADS does not look like a "
+                            "credential; remove it from not_secret"),
+]
+
+
+@pytest.mark.parametrize(("wrong", "env", "line", "secret", "refusal"), SECRETS, ids=[case[0] for case in SECRETS])
+def test_an_env_value_that_looks_like_a_credential_is_refused_and_never_shown(
+        wrong: str, env: str, line: str, secret: str, refusal: str, workdir: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    first, _, rest = env.partition("\n")
+    write_files(workdir, {"p.yaml": f"model: {{path: m}}\nenv:\n  {first}\n{rest}\n".encode()})
+    path = workdir / "p.yaml"
+    code, out, err = sglang_deploy(line.format(p=path), capsys)
+    assert code == 2
+    assert secret not in out + err
+    assert (out if "--json" in line else err).lstrip("{\n ").startswith(
+        refusal.replace("{p}", str(path)) if "--json" not in line else '"cause"'), out + err
+    assert refusal.replace("{p}", str(path)).removeprefix("error: ") in (out + err).replace('\\"', '"'), out + err
+
+
+def test_a_value_said_not_to_be_a_secret_is_rendered(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The way out for a false positive: a commit id is long random hex, and `not_secret` says it is not a secret."""
+    commit = "4f9d2c7e1a8b3f6d0c5e9a2b7f4d1c8e3a6b9f0d"
+    write_files(workdir, {"p.yaml": f"model: {{path: m}}\nenv: {{BUILD_COMMIT: {commit}}}\n".encode()})
+    refused = sglang_deploy(f"render -p {workdir}/p.yaml", capsys)
+    assert refused[0] == 2 and "long random hex string (40 characters)" in refused[2]
+    (workdir / "p.yaml").write_text(
+        f"model: {{path: m}}\nenv: {{BUILD_COMMIT: {commit}}}\nnot_secret: [BUILD_COMMIT]\n")
+    code, out, err = sglang_deploy(f"render -p {workdir}/p.yaml", capsys)
+    assert code == 0, err
+    assert f'BUILD_COMMIT="{commit}"' in out
