@@ -17,6 +17,7 @@ from deploy_lib.errors import DriftDetected, PreflightError
 from deploy_lib.facts.diagnose import journal_cursor_step
 from deploy_lib.facts.host import HostFacts
 from deploy_lib.health import StartPrediction, predict_start
+from deploy_lib.inventory.model import RouterPolicy
 from deploy_lib.models import HubModel, ModelFacts, ReleaseModel, Weights, size_text
 from deploy_lib.profile import LoadedProfile, ParallelSpec, RestartPolicy, ServiceSpec
 from deploy_lib.release.model import (
@@ -46,6 +47,7 @@ from deploy_lib.store import (
     stage_release,
     switch_current,
 )
+from deploy_lib.versions import GET_LOAD_REMOVED, reached
 
 FACT_HAND_RUN = "adopted server: still running"
 RESTART = "systemd: restart"
@@ -313,6 +315,7 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
     placeheld = {**secrets, **dict.fromkeys(not_available, SECRET_NOT_AVAILABLE)}
     release = _release(loaded, target, layout, facts, venv, placeheld, patches,
                        model.release_model(model_facts) if model and model_facts else None, release_id)
+    _router_can_read_load(target, release.sglang_version)
     drift = _drift_unless_forced(layout, facts, target.host.name, force)
     host = _HostAgainstRelease.of(layout, facts, release, drift, model_facts)
     check_reasons = _gpu_check_reasons(loaded, host.current_metadata, release)
@@ -361,6 +364,21 @@ def _release(loaded: LoadedProfile, target: Target, layout: StoreLayout, facts: 
                          flashinfer_version=facts.sglang.flashinfer_version, extra_environment=venv.environment,
                          model=model, torch_version=facts.sglang.torch_version,
                          nccl_version=facts.sglang.nccl_version, release_id=release_id)
+
+
+def _router_can_read_load(target: Target, sglang_version: str) -> None:
+    """PreflightError when the host sits behind a router whose policy needs what this SGLang no longer serves:
+    power_of_two asks each worker for /get_load, gone from SGLang 0.5.21 (versions.GET_LOAD_REMOVED)."""
+    vars_ = target.host.vars
+    if vars_.router is None or vars_.router_policy != RouterPolicy.power_of_two \
+            or not reached(sglang_version, GET_LOAD_REMOVED):
+        return
+    where = target.host.var_files.get("router_policy", "the inventory")
+    raise PreflightError(
+        f"{where}: host {target.host.name}: router_policy: power_of_two: the router asks each worker for /get_load, "
+        f"which SGLang {sglang_version} does not serve (removed in {GET_LOAD_REMOVED}): the router could not read "
+        f"the replicas' load",
+        "use router_policy: cache_aware (the default), round_robin or random")
 
 
 def _drift_unless_forced(layout: StoreLayout, facts: HostFacts, where: str, force: bool) -> tuple[str, ...]:
