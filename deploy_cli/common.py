@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from invoke import Exit
 
 from deploy_cli import present as ui
+from deploy_cli.options import given_limit
 from deploy_lib.deploy.project import Project, Target, load_for_host, profile_for_host, resolve_target
 from deploy_lib.errors import EXIT_CODES, ConfigError, DeployError
 from deploy_lib.profile import LoadedProfile, ServiceSpec
@@ -113,10 +114,12 @@ def rollout(serial: list[str] | None, max_fail: str | None) -> Rollout | None:
 
 def scope(inventory: str | None, host: str | None, group: str | None = None, accept_new_host_key: bool = False,
           rolled: Rollout | None = None) -> Scope:
-    """The hosts --host or --group name (ops.scope.select); their vars that look like typos are warned about."""
+    """The hosts --host or --group name, narrowed by the task's --limit (ops.scope.select); their vars that look like
+    typos are warned about."""
     from deploy_lib.ops.scope import select
+    limit = given_limit()
     chosen = run(lambda: select(project().inventory(inventory_given(inventory)), host, group, accept_new_host_key,
-                                rolled))
+                                rolled, limit))
     for each in chosen.targets:
         ui.print_warnings(each.host.warnings)
     return chosen

@@ -79,9 +79,13 @@ UNKNOWN = [
     ("render glm5-nvfp4 glm5-nvfp4-fusion", "error: `render` takes no bare word: 'glm5-nvfp4-fusion'"),
 ]
 ANSIBLE = [
-    ("deploy --limit gpu1", "error: `deploy` has no option --limit: Ansible's --limit is `--host NAME` or "
-                            "`--group NAME` here"),
-    ("--limit gpu1 status", "error: the program has no option --limit: Ansible's --limit is `--host NAME`"),
+    ("render --limit gpu1", "error: `render` has no option --limit: --limit PATTERN (Ansible's host patterns) is an "
+                            "option of the tasks that take --group (deploy, status, logs, ...), given after the task"),
+    ("--limit gpu1 status", "error: the program has no option --limit: --limit PATTERN (Ansible's host patterns)"),
+    ("gpu-check --limit 'gpu*'", "error: `gpu-check` has no option --limit"),
+    ("router.status --group gpu --limit gpu1", "error: `router.status` has no option --limit"),
+    ("status --group gpu --limit", "error: --limit needs a value (--limit=LIMIT): none was given at the end"),
+    ("status --limit a --limit b", "error: --limit is given twice ('a', then 'b')"),
     ("status -e x=1", "error: `status` has no option -e: Ansible's extra vars are a profile's values here: "
                       "`--set path.to.key=value` (deploy, plan, render)"),
     ("deploy --extra-vars server.port=30001", "error: `deploy` has no option --extra-vars: Ansible's extra vars are "
@@ -385,3 +389,34 @@ def test_a_value_said_not_to_be_a_secret_is_rendered(workdir: Path, capsys: pyte
     code, out, err = sglang_deploy(f"render -p {workdir}/p.yaml", capsys)
     assert code == 0, err
     assert f'BUILD_COMMIT="{commit}"' in out
+
+
+GROUP_OF_THREE = (b"all:\n  children:\n    gpu:\n      hosts:\n        gpu1: {ansible_host: 192.0.2.1}\n"
+                  b"        gpu2: {ansible_host: 192.0.2.2}\n        gpu3: {ansible_host: 192.0.2.3}\n"
+                  b"    edge:\n      hosts:\n        router1: {ansible_host: 192.0.2.9}\n")
+# --limit PATTERN as Ansible's habits type it, wrong: each refused naming the pattern before any host is reached.
+LIMITS = [
+    ("status --group gpu --limit gpu9", "error: --limit gpu9: 'gpu9' matches no host or group of the inventory"),
+    ("deploy --group gpu --limit gpu1,gpu9 --dry-run", "error: --limit gpu1,gpu9: 'gpu9' matches no host or group"),
+    ("stop --group gpu --limit gpu:!gpu0 --yes", "error: --limit gpu:!gpu0: 'gpu0' matches no host or group"),
+    ("logs --group gpu --limit web[1:3]", "error: --limit web[1:3]: 'web' matches no host or group of the inventory"
+                                          "\nhint: a subscript picks hosts of a group by position, as in Ansible: "
+                                          "`web[0:1]` is the first two hosts of group web"),
+    ("releases --group gpu --limit gpu[3]", "error: --limit gpu[3]: gpu[3]: gpu has 3 host(s): no position 3"),
+    ("status --group gpu --limit edge", "error: --limit edge leaves no host of group gpu (gpu1, gpu2, gpu3)"),
+    ("status --limit gpu:&edge", "error: --limit gpu:&edge: the pattern leaves no host"),
+    ("restart --host gpu1 --limit gpu2 --yes", "error: --limit gpu2 does not name host gpu1 (--host): nothing to act "
+                                               "on"),
+    ("report --limit @retry", "error: --limit @retry: a file of hosts (@FILE, Ansible's retry file) is not read here"),
+    ("uninstall --group gpu --limit ~gpu( --yes", "error: --limit: '~gpu(' is not a regular expression"),
+    ("rollback --group gpu --limit gpu,,gpu1 --yes", "error: --limit gpu,,gpu1: an empty term"),
+]
+
+
+@pytest.mark.parametrize(("line", "refusal"), LIMITS)
+def test_a_limit_that_names_nothing_is_refused_before_any_host_is_reached(
+        line: str, refusal: str, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_files(workdir, {"inventory/hosts.yaml": GROUP_OF_THREE})
+    code, out, err = sglang_deploy(line, capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith(refusal), err

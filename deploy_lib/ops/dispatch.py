@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from deploy_lib.deploy.project import Project, Target, load_for_target, profile_for_host
 from deploy_lib.errors import ConfigError, DeployError
-from deploy_lib.ops.scope import Reach, Scope, behind, rolled_out, router_in_front, run_each
+from deploy_lib.ops.scope import Reach, Scope, behind, refuse_split, rolled_out, router_in_front, run_each
 from deploy_lib.progress import Progress
 from deploy_lib.remote import Remote
 
@@ -52,6 +52,8 @@ def deploy(project: Project, scope: Scope, profile: str | None, options: Options
         [(name, loaded)] = loaded_for.items()
         multinode.refuse_single_host(loaded, name)
     multi = next((loaded for loaded in loaded_for.values() if multinode.is_multi_node(loaded)), None)
+    if multi is not None:
+        refuse_split(scope, f"profile {multi.name} is multi-node (parallel.nnodes {multi.profile.parallel.nnodes})")
     if multi is not None and len({loaded.path for loaded in loaded_for.values()}) > 1:
         raise ConfigError(f"profile {multi.name} is multi-node: every host of group {scope.group} runs it, so give it "
                           f"to all (--profile {multi.name}) instead of each host's `profile` var")
