@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from deploy_lib.errors import ConfigError
 from deploy_lib.facts.hand_process import split_environment
-from deploy_lib.profile import Profile
+from deploy_lib.profile import Profile, read_stored_profile
 from deploy_lib.profile.credentials import looks_like_credential
 from deploy_lib.profile.loading import format_validation_error
 from deploy_lib.profile.overrides import parse_assignments
@@ -105,3 +105,14 @@ def test_adopt_takes_a_credential_by_value_as_a_secret() -> None:
     split = split_environment({"HF_AUTH": "hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567", "OMP_NUM_THREADS": "8"}, False)
     assert (split.secrets, split.env) == ({"HF_AUTH": "hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567"},
                                           {"OMP_NUM_THREADS": "8"})
+
+
+def test_a_release_recorded_before_with_such_a_value_is_still_read_for_its_stop() -> None:
+    """A release 0 adopted by an earlier version kept `HF_AUTH: hf_...` in its recorded profile's env; stopping its
+    hand-run server reads the stop timeout from that record (commands/deploy.py stop), which a strict read now
+    refuses."""
+    recorded = {"model": {"path": "m"}, "env": {"HF_AUTH": "hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567"},
+                "service": {"stop_timeout_s": 77}}
+    with pytest.raises(ValidationError):
+        Profile.model_validate(recorded)
+    assert read_stored_profile(recorded).service.stop_timeout_s == 77
