@@ -81,16 +81,28 @@ def service_name(service: str | None) -> str:
 
 
 def target(inventory: str | None, host: str | None, accept_new_host_key: bool = False) -> Target:
-    """The inventory's host; vars that look like typos are warned about."""
+    """The inventory's host (within the task's --limit); vars that look like typos are warned about."""
+    host = limited_host(inventory, host)
     found = run(lambda: resolve_target(project().inventory(inventory_given(inventory)), host, accept_new_host_key))
     ui.print_warnings(found.host.warnings)
     return found
 
 
+def limited_host(inventory: str | None, host: str | None) -> str | None:
+    """--host as the task's --limit allows it, or the one host the limit names (ops.scope.host_within): a task's
+    one-host path (tune without --group, logs --follow, plan --against) is narrowed as its group path is."""
+    from deploy_lib.ops.scope import host_within
+    limit = given_limit()
+    if limit is None:
+        return host
+    return run(lambda: host_within(project().inventory(inventory_given(inventory)), host, limit))
+
+
 def load(profile: str | None, inventory: str | None, host: str | None, accept_new_host_key: bool = False,
          overrides: Sequence[str] = ()) -> tuple[LoadedProfile, Target]:
-    """Profile (with `--set` overrides) and host, checked against each other; vars that look like typos are warned
-    about."""
+    """Profile (with `--set` overrides) and host (within the task's --limit), checked against each other; vars that
+    look like typos are warned about."""
+    host = limited_host(inventory, host)
     loaded, found = run(lambda: load_for_host(project(), profile, inventory_given(inventory), host,
                                               accept_new_host_key, overrides))
     ui.print_warnings(found.host.warnings)

@@ -18,7 +18,7 @@ from deploy_lib.errors import ConfigError
 from deploy_lib.inventory.model import Inventory, load_inventory
 from deploy_lib.inventory.patterns import Term, match_hosts, split_pattern
 from deploy_lib.ops import dispatch
-from deploy_lib.ops.scope import Reach, Scope, select
+from deploy_lib.ops.scope import Reach, Scope, host_within, select
 
 HOSTS = ["gpu1", "gpu2", "gpu3", "gpu4", "edge", "rack-a1", "rack-b1"]
 GROUPS = {
@@ -196,3 +196,11 @@ def test_limit_is_offered_by_exactly_the_tasks_that_take_host_and_group() -> Non
                         if any("limit" in argument.names for argument in namespace[name].get_arguments()))
     assert with_limit == ["deploy", "logs", "plan", "releases", "report", "restart", "rollback", "start", "status",
                           "stop", "tune.tune", "uninstall"]
+
+
+@pytest.mark.parametrize(("host", "limit", "chosen"), [
+    ("gpu1", None, "gpu1"), (None, None, None), ("gpu1", "gpu*", "gpu1"), (None, "gpu:!gpu1:!gpu2", "gpu3"),
+    (None, "nodes[-1]", "node2")])
+def test_a_one_host_path_takes_the_host_the_limit_allows(inventory: Inventory, host: str | None, limit: str | None,
+                                                         chosen: str | None) -> None:
+    assert host_within(inventory, host, limit) == chosen

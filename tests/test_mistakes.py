@@ -410,6 +410,12 @@ LIMITS = [
     ("report --limit @retry", "error: --limit @retry: a file of hosts (@FILE, Ansible's retry file) is not read here"),
     ("uninstall --group gpu --limit ~gpu( --yes", "error: --limit: '~gpu(' is not a regular expression"),
     ("rollback --group gpu --limit gpu,,gpu1 --yes", "error: --limit gpu,,gpu1: an empty term"),
+    # a task's one-host path (logs --follow, plan --against, tune without --group) is narrowed too: it was ignored
+    ("logs --follow --host gpu1 --limit gpu2", "error: --limit gpu2 does not name host gpu1 (--host): nothing to act "
+                                               "on"),
+    ("logs --follow --limit gpu", "error: --limit gpu names 3 hosts (gpu1, gpu2, gpu3), and this acts on one host"),
+    ("plan -p glm5-nvfp4 --against glm5-nvfp4 --limit gpu:!gpu1", "error: --limit gpu:!gpu1 names 2 hosts (gpu2, "
+                                                                  "gpu3), and this acts on one host"),
 ]
 
 

@@ -58,9 +58,7 @@ def select(inventory: Inventory, host: str | None, group: str | None, accept_new
         if rollout is not None:
             raise ConfigError("--serial and --max-fail roll out over a group: give --group G")
         target = resolve_target(inventory, host, accept_new_host_key)
-        if limit is not None and target.host.name not in _limited(inventory, limit):
-            raise ConfigError(f"--limit {limit} does not name host {target.host.name} (--host): nothing to act on",
-                              "drop --limit, or give a --group for it to narrow")
+        host_within(inventory, target.host.name, limit)
         return Scope(inventory, (target,), accept_new_host_key=accept_new_host_key, limit=limit)
     if host is not None:
         raise ConfigError("--host and --group are exclusive: give one host (--host) or one group (--group)")
@@ -79,6 +77,23 @@ def select(inventory: Inventory, host: str | None, group: str | None, accept_new
 
 
 ALL = "all"  # Ansible's group of every host, which --limit alone narrows
+
+
+def host_within(inventory: Inventory, host: str | None, limit: str | None) -> str | None:
+    """The host a one-host command acts on under --limit: --host when the limit names it (else ConfigError), or,
+    without --host, the one host the limit names (a limit naming several is refused: the command acts on one)."""
+    if limit is None:
+        return host
+    named = _limited(inventory, limit)
+    if host is None:
+        if len(named) != 1:
+            raise ConfigError(f"--limit {limit} names {len(named)} hosts ({', '.join(named)}), and this acts on one "
+                              "host", "give --host NAME, a pattern that names one host, or --group G")
+        return named[0]
+    if host not in named:
+        raise ConfigError(f"--limit {limit} does not name host {host} (--host): nothing to act on",
+                          "drop --limit, or give a --group for it to narrow")
+    return host
 
 
 def _limited(inventory: Inventory, limit: str) -> list[str]:
@@ -158,4 +173,5 @@ def rolled_out(front: RouterFront | None, scope: Scope, reach: Reach) -> Rollout
     return one_at_a_time(front, scope.rollout or ALL_AT_ONCE, reach.progress(""))
 
 
-__all__ = ["ALL", "Reach", "Scope", "behind", "refuse_split", "rolled_out", "router_in_front", "run_each", "select"]
+__all__ = ["ALL", "Reach", "Scope", "behind", "host_within", "refuse_split", "rolled_out", "router_in_front",
+           "run_each", "select"]
