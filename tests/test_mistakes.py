@@ -80,7 +80,8 @@ UNKNOWN = [
 ]
 ANSIBLE = [
     ("render --limit gpu1", "error: `render` has no option --limit: --limit PATTERN (Ansible's host patterns) is an "
-                            "option of the tasks that take --group (deploy, status, logs, ...), given after the task"),
+                            "option of the tasks that take both --host and --group (deploy, status, logs, ...), given "
+                            "after the task"),
     ("--limit gpu1 status", "error: the program has no option --limit: --limit PATTERN (Ansible's host patterns)"),
     ("gpu-check --limit 'gpu*'", "error: `gpu-check` has no option --limit"),
     ("router.status --group gpu --limit gpu1", "error: `router.status` has no option --limit"),
