@@ -67,7 +67,7 @@ def deploy(project: Project, scope: Scope, profile: str | None, options: Options
 
     def deploy_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None) -> Outcome:
         return engine.deploy(loaded_for[target.host.name], target, remote, progress, options, before_restart=drain,
-                             alone=scope.one_host)
+                             alone=scope.alone)
 
     def act() -> FleetRun[Outcome]:
         if multi is not None:
@@ -111,7 +111,7 @@ def rollback(scope: Scope, service: str, to: str | None, reach: Reach) -> FleetR
     def rollback_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None
                       ) -> Outcome:
         return engine.rollback(target, service, remote, progress, to, reach.environ, before_restart=drain,
-                               alone=scope.one_host)
+                               alone=scope.alone)
 
     def act() -> FleetRun[Outcome]:
         if scope.one_host:
@@ -240,7 +240,7 @@ def stop(scope: Scope, service: str, reach: Reach) -> FleetRun[Outcome]:
     reach.consent(f"stop {service} on {_where(scope)}?")
 
     def stop_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None) -> Outcome:
-        return engine.stop(target, service, remote, before_stop=drain, alone=scope.one_host)
+        return engine.stop(target, service, remote, before_stop=drain, alone=scope.alone)
     return run_each(scope, reach, behind(front, service, stop_host, leaves_out="stopped"),
                     rolled_out(front, scope, reach))
 
@@ -257,7 +257,7 @@ def uninstall(scope: Scope, service: str, state_dir: Path, reach: Reach) -> Flee
 
     def remove_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None
                     ) -> Uninstalled:
-        return remove.uninstall(target, service, remote, state_dir, before_stop=drain, alone=scope.one_host)
+        return remove.uninstall(target, service, remote, state_dir, before_stop=drain, alone=scope.alone)
     return run_each(scope, reach, behind(front, service, remove_host, leaves_out="uninstalled"),
                     rolled_out(front, scope, reach))
 

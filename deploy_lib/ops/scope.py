@@ -43,6 +43,12 @@ class Scope:
         return self.group is None
 
     @property
+    def alone(self) -> bool:
+        """Its hosts are acted on as single hosts, never as the nodes of one multi-node release: one host, or a group
+        --limit left hosts of (the nodes left in it would switch, stop or go without the others)."""
+        return self.one_host or bool(self.left_out)
+
+    @property
     def names(self) -> list[str]:
         return [target.host.name for target in self.targets]
 
