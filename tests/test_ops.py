@@ -17,9 +17,9 @@ from deploy_lib.commands.deploy import Options
 from deploy_lib.deploy.project import Project
 from deploy_lib.errors import ConfigError, ConnectFailed
 from deploy_lib.facts import host as host_facts
+from deploy_lib.inventory.model import load_inventory
 from deploy_lib.ops import dispatch
 from deploy_lib.ops.fleet import Rollout
-from deploy_lib.inventory.model import load_inventory
 from deploy_lib.ops.scope import Reach, select
 
 REPO = Path(__file__).resolve().parent.parent
