@@ -356,6 +356,22 @@ SECRETS = [
     ("a Hugging Face token by --set", "OMP_NUM_THREADS: 8", f"render -p {{p}} --set env.HF_AUTH={HF} --json", HF,
      "error: profile p with --set env.HF_AUTH=<not shown: it looks like a credential>: (top level): env.HF_AUTH: "
      "its value looks like a Hugging Face token"),
+    ("an AWS session key id", "S3_SESSION_ID: ASIAY34FZKBOKMUTVV7A", "render -p {p}", "ASIAY34FZKBOKMUTVV7A",
+     "error: {p}: (top level): env.S3_SESSION_ID: its value looks like an AWS access key id"),
+    ("a bearer header", f"AUTH_HEADER: Bearer {HF}", "render -p {p} --json", HF,
+     "error: {p}: (top level): env.AUTH_HEADER: its value looks like a Hugging Face token"),
+    ("a GitHub fine-grained token", "GIT_AUTH: github_pat_11ABCDEFG0abcdefghijkl_mnopqrstuvwxyz0123456789ABCDEFGHIJKL",
+     "render -p {p}", "github_pat_11ABCDEFG0", "error: {p}: (top level): env.GIT_AUTH: its value looks like a GitHub "
+                                               "token"),
+    ("a Slack webhook", "ALERTS: https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX",
+     "render -p {p}", "XXXXXXXXXXXXXXXXXXXXXXXX", "error: {p}: (top level): env.ALERTS: its value looks like a Slack "
+                                                   "webhook URL"),
+    ("an Anthropic-style key", "UPSTREAM_AUTH: sk-ant-api03-Xk3vN9qL2mP8rT5wY7zB1cD4fG6hJ0kAabc", "render -p {p}",
+     "Xk3vN9qL2mP8rT5wY7zB1cD4fG6hJ0kAabc",
+     "error: {p}: (top level): env.UPSTREAM_AUTH: its value looks like an OpenAI-style API key"),
+    ("a random hex key", "SIGNING: 4f9d2c7e1a8b3f6d0c5e9a2b7f4d1c8e3a6b9f0d", "plan -p {p} --json",
+     "4f9d2c7e1a8b3f6d0c5e9a2b7f4d1c8e3a6b9f0d",
+     "error: {p}: (top level): env.SIGNING: its value looks like a long random hex string (40 characters)"),
     ("not_secret for a name that is a secret", f"HF_TOKEN: {HF}\nnot_secret: [HF_TOKEN]", "render -p {p}", HF,
      "error: {p}: (top level): env.HF_TOKEN looks like a secret; move it to `secrets: {HF_TOKEN: {env: HF_TOKEN}}`"),
     ("not_secret for a value that is no credential", "OMP_NUM_THREADS: 8\nnot_secret: [OMP_NUM_THREADS]",
@@ -411,6 +427,10 @@ LIMITS = [
     ("report --limit @retry", "error: --limit @retry: a file of hosts (@FILE, Ansible's retry file) is not read here"),
     ("uninstall --group gpu --limit ~gpu( --yes", "error: --limit: '~gpu(' is not a regular expression"),
     ("rollback --group gpu --limit gpu,,gpu1 --yes", "error: --limit gpu,,gpu1: an empty term"),
+    ("status --group gpu --limit gpu[0", "error: --limit gpu[0: 'gpu[0' matches no host or group of the inventory"),
+    ("start --group gpu --limit !gpu --yes", "error: --limit !gpu leaves no host of group gpu (gpu1, gpu2, gpu3)"),
+    ("deploy --group gpu --limit &edge --dry-run", "error: --limit &edge leaves no host of group gpu"),
+    ("restart --group gpu --limit gpu[-4] --yes", "error: --limit gpu[-4]: gpu[-4]: gpu has 3 host(s): no position -4"),
     # a task's one-host path (logs --follow, plan --against, tune without --group) is narrowed too: it was ignored
     ("logs --follow --host gpu1 --limit gpu2", "error: --limit gpu2 does not name host gpu1 (--host): nothing to act "
                                                "on"),
