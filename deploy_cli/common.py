@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from invoke import Exit
 
 from deploy_cli import present as ui
+from deploy_cli.options import given_limit
 from deploy_lib.deploy.project import Project, Target, load_for_host, profile_for_host, resolve_target
 from deploy_lib.errors import EXIT_CODES, ConfigError, DeployError
 from deploy_lib.profile import LoadedProfile, ServiceSpec
@@ -80,16 +81,28 @@ def service_name(service: str | None) -> str:
 
 
 def target(inventory: str | None, host: str | None, accept_new_host_key: bool = False) -> Target:
-    """The inventory's host; vars that look like typos are warned about."""
+    """The inventory's host (within the task's --limit); vars that look like typos are warned about."""
+    host = limited_host(inventory, host)
     found = run(lambda: resolve_target(project().inventory(inventory_given(inventory)), host, accept_new_host_key))
     ui.print_warnings(found.host.warnings)
     return found
 
 
+def limited_host(inventory: str | None, host: str | None) -> str | None:
+    """--host as the task's --limit allows it, or the one host the limit names (ops.scope.host_within): a task's
+    one-host path (tune without --group, logs --follow, plan --against) is narrowed as its group path is."""
+    from deploy_lib.ops.scope import host_within
+    limit = given_limit()
+    if limit is None:
+        return host
+    return run(lambda: host_within(project().inventory(inventory_given(inventory)), host, limit))
+
+
 def load(profile: str | None, inventory: str | None, host: str | None, accept_new_host_key: bool = False,
          overrides: Sequence[str] = ()) -> tuple[LoadedProfile, Target]:
-    """Profile (with `--set` overrides) and host, checked against each other; vars that look like typos are warned
-    about."""
+    """Profile (with `--set` overrides) and host (within the task's --limit), checked against each other; vars that
+    look like typos are warned about."""
+    host = limited_host(inventory, host)
     loaded, found = run(lambda: load_for_host(project(), profile, inventory_given(inventory), host,
                                               accept_new_host_key, overrides))
     ui.print_warnings(found.host.warnings)
@@ -113,10 +126,12 @@ def rollout(serial: list[str] | None, max_fail: str | None) -> Rollout | None:
 
 def scope(inventory: str | None, host: str | None, group: str | None = None, accept_new_host_key: bool = False,
           rolled: Rollout | None = None) -> Scope:
-    """The hosts --host or --group name (ops.scope.select); their vars that look like typos are warned about."""
+    """The hosts --host or --group name, narrowed by the task's --limit (ops.scope.select); their vars that look like
+    typos are warned about."""
     from deploy_lib.ops.scope import select
+    limit = given_limit()
     chosen = run(lambda: select(project().inventory(inventory_given(inventory)), host, group, accept_new_host_key,
-                                rolled))
+                                rolled, limit))
     for each in chosen.targets:
         ui.print_warnings(each.host.warnings)
     return chosen

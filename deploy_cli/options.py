@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
+from contextvars import ContextVar
 from typing import Any
 
-from invoke import Context, Exit
+from invoke import Argument, Context, Exit
 from invoke import Task as InvokeTask
 from invoke import task as invoke_task
 
@@ -46,6 +47,8 @@ COMMON_HELP = {
     "yes": "do not ask before changing the host",
     "force": "overwrite files edited by hand on the host",
     "accept_new_host_key": "trust and record the key of a host never seen before (a changed key is always refused)",
+    "limit": "narrow --group (or, alone, every host) to an Ansible host pattern: names, globs, ~regex, group[i:j], "
+             "`:&` (and), `:!` (not); e.g. --limit 'gpu:!gpu3'",
     "json": "print one JSON document on stdout (progress goes to stderr)",
     "verbose": "show every remote step and its output as it runs",
 }
@@ -69,6 +72,17 @@ def _whole_number(names: list[str]) -> Callable[[str], int]:
     return convert
 
 
+# --limit PATTERN, given to every task that takes both --host and --group (the commands that act on hosts of a
+# group): its value is held here while the task runs, for deploy_cli.common.scope, which every such task calls.
+LIMITED = ("host", "group")
+_limit: ContextVar[str | None] = ContextVar("limit", default=None)
+
+
+def given_limit() -> str | None:
+    """The running task's --limit, None when not given."""
+    return _limit.get()
+
+
 class Task(InvokeTask):
     """An invoke Task that follows the conventions above."""
 
@@ -86,6 +100,7 @@ class Task(InvokeTask):
         if unknown or undocumented:
             raise TypeError(f"task {body.__name__}: help for no option {sorted(unknown)}, "
                             f"no help for {undocumented}")
+        self.takes_limit = all(name in names for name in LIMITED) and "limit" not in names
         self.option_help = dict(kwargs["help"])  # invoke consumes `help` while building the parser
         self.required = [p.name for p in inspect.signature(body).parameters.values()
                          if p.name != "c" and p.default is inspect.Parameter.empty]
@@ -94,6 +109,8 @@ class Task(InvokeTask):
     def get_arguments(self, ignore_unknown_help: bool | None = None) -> list[Any]:
         self.help = dict(self.option_help)  # invoke pops each text as it builds a parser; every build needs them all
         arguments: list[Any] = super().get_arguments(ignore_unknown_help)
+        if self.takes_limit:
+            arguments.append(Argument(names=("limit",), kind=str, help=COMMON_HELP["limit"]))
         return arguments
 
     def arg_opts(self, name: str, default: Any, taken_names: set[str]) -> dict[str, Any]:
@@ -105,6 +122,14 @@ class Task(InvokeTask):
         return opts
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        limit = kwargs.pop("limit", None) if self.takes_limit else None
+        token = _limit.set(limit)
+        try:
+            return self._call(*args, **kwargs)
+        finally:
+            _limit.reset(token)
+
+    def _call(self, *args: Any, **kwargs: Any) -> Any:
         given = inspect.signature(self.body).bind_partial(*args, **kwargs).arguments
         missing = [name for name in self.required if given.get(name) is None]
         if missing:
@@ -119,4 +144,4 @@ def task(*args: Any, **kwargs: Any) -> Any:
     return invoke_task(*args, klass=Task, **kwargs)
 
 
-__all__ = ["COMMON_HELP", "SHORT_FLAGS", "Context", "Task", "task"]
+__all__ = ["COMMON_HELP", "SHORT_FLAGS", "Context", "Task", "given_limit", "task"]

@@ -136,7 +136,8 @@ def with_operand(tokens: list[str], contexts: Lexicon, initial: ParserContext, o
 EXTRA_VARS = "Ansible's extra vars are a profile's values here: `--set path.to.key=value` (deploy, plan, render)"
 CHECK_MODE = "Ansible's check mode is `--dry-run` (deploy, tune) or the `plan` task here"
 ANSWERED = {
-    "--limit": "Ansible's --limit is `--host NAME` or `--group NAME` here",
+    "--limit": "--limit PATTERN (Ansible's host patterns) is an option of the tasks that take both --host and "
+               "--group (deploy, status, logs, ...), given after the task",
     "-e": EXTRA_VARS,
     "--extra-vars": EXTRA_VARS,
     "--check": CHECK_MODE,

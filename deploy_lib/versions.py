@@ -26,6 +26,13 @@ NEWEST_SGLANG = KNOWN_SGLANG[-1]
 READY_ENDPOINT_SINCE = "0.5.20"
 
 
+# sglang-router's power_of_two policy reads each worker's load from its `/get_load` (the sglang_router 0.3.2 wheel's
+# LoadMonitor, "Started LoadMonitor for PowerOfTwo policies"). SGLang served it until 0.5.20 (srt/entrypoints/
+# http_server.py: `@app.get("/get_load")`, line 613 in 0.5.9, deprecated; line 853 in 0.5.20) and no longer from
+# 0.5.21 (absent in the 0.5.21, 0.5.22 and 0.5.23 wheels).
+GET_LOAD_REMOVED = "0.5.21"
+
+
 def version_key(text: str) -> Version:
     """The version `text` names, in PEP 440 order (packaging.version: 1.0.dev1 < 1.0a1 < 1.0rc1 < 1.0 == 1.0.0 <
     1.0.post1); a local label is dropped (0.5.23+cu128, a CUDA build of 0.5.23, is 0.5.23)."""

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from deploy_lib.facts.diagnose import (
+    PROFILE_IN_HINT,
     SIGNATURES,
     UNKNOWN_TAIL_LINES,
     diagnose,
@@ -58,6 +59,10 @@ def test_every_signature_has_a_real_log() -> None:
     ("watchdog_timeout.log",
      "SGLang's Scheduler watchdog fired: a step made no progress within --watchdog-timeout",
      "[2026-11-29 12:45:19 TP0] Scheduler watchdog timeout (self.watchdog_timeout=300, self.soft=False)"),
+    ("model_architecture_unsupported.internvl-0.5.23.log",
+     "the model's config names a model class this SGLang's config does not support: Phi3ForCausalLM",
+     "ValueError: Unsupported architecture: Phi3ForCausalLM"),
+    ("unsupported_arch_kernel.log", "a kernel in this build does not support this GPU's architecture", None),
     ("kv_cache_too_small.log", "the weights left no room for the KV cache",
      "RuntimeError: Not enough memory. Please try to increase --mem-fraction-static. "
      "Current value: mem_fraction_static=0.55"),
@@ -174,3 +179,8 @@ def test_journal_steps_read_only_this_start() -> None:
     assert parse_journal_cursor(json.dumps(entry) + "\n") == "s=0a1b;i=3f2"
     assert parse_journal_cursor("") is None
     assert parse_journal_cursor("-- No entries --\n") is None
+
+
+def test_no_hint_carries_a_placeholder_it_cannot_fill() -> None:
+    """Only {profile} is filled in a hint; a regex group's name there would be printed as is."""
+    assert all("{" not in signature.hint.replace(PROFILE_IN_HINT, "") for signature in SIGNATURES)

@@ -79,9 +79,14 @@ UNKNOWN = [
     ("render glm5-nvfp4 glm5-nvfp4-fusion", "error: `render` takes no bare word: 'glm5-nvfp4-fusion'"),
 ]
 ANSIBLE = [
-    ("deploy --limit gpu1", "error: `deploy` has no option --limit: Ansible's --limit is `--host NAME` or "
-                            "`--group NAME` here"),
-    ("--limit gpu1 status", "error: the program has no option --limit: Ansible's --limit is `--host NAME`"),
+    ("render --limit gpu1", "error: `render` has no option --limit: --limit PATTERN (Ansible's host patterns) is an "
+                            "option of the tasks that take both --host and --group (deploy, status, logs, ...), given "
+                            "after the task"),
+    ("--limit gpu1 status", "error: the program has no option --limit: --limit PATTERN (Ansible's host patterns)"),
+    ("gpu-check --limit 'gpu*'", "error: `gpu-check` has no option --limit"),
+    ("router.status --group gpu --limit gpu1", "error: `router.status` has no option --limit"),
+    ("status --group gpu --limit", "error: --limit needs a value (--limit=LIMIT): none was given at the end"),
+    ("status --limit a --limit b", "error: --limit is given twice ('a', then 'b')"),
     ("status -e x=1", "error: `status` has no option -e: Ansible's extra vars are a profile's values here: "
                       "`--set path.to.key=value` (deploy, plan, render)"),
     ("deploy --extra-vars server.port=30001", "error: `deploy` has no option --extra-vars: Ansible's extra vars are "
@@ -312,3 +317,133 @@ def test_a_file_that_cannot_be_opened_is_refused_naming_it_and_why(tmp_path: Pat
     with pytest.raises(ConfigError) as refusal:
         read_text_file(profile)
     assert (str(refusal.value), refusal.value.exit_code) == (f"{profile}: cannot read: Permission denied", 2)
+
+
+AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"
+HF = "hf_aBcDeFgHiJkLmNoPqRsTuVwXyZ01234567"
+MOVE = "and a credential is never written in a profile; move it to `secrets: {{name}: {env: {name}}}`"
+# (what is wrong, the profile's env (or a --set), the line ({p}: the profile written), the secret, the refusal):
+# secrets by value. `env: {AWS_SECRET_ACCESS_KEY: wJalr...}` was refused by its name, `HF_AUTH: hf_...` rendered with
+# exit 0 and printed in clear under "environment file (secrets redacted)" and in --json's `environment`.
+SECRETS = [
+    ("an AWS secret key under a plain name", f"S3_KEY: {AWS_SECRET}", "render -p {p}", AWS_SECRET,
+     "error: {p}: (top level): env.S3_KEY: its value looks like an AWS secret access key, "
+     + MOVE.replace("{name}", "S3_KEY")),
+    ("an AWS access key id", "S3_ID: AKIAIOSFODNN7EXAMPLE", "render -p {p} --json", "AKIAIOSFODNN7EXAMPLE",
+     "error: {p}: (top level): env.S3_ID: its value looks like an AWS access key id"),
+    ("a Hugging Face token", f"HF_AUTH: {HF}", "render -p {p}", HF,
+     "error: {p}: (top level): env.HF_AUTH: its value looks like a Hugging Face token"),
+    ("a GitHub token", "GH: ghp_16C7e42F292c6912E7710c838347Ae178B4a", "plan -p {p}",
+     "ghp_16C7e42F292c6912E7710c838347Ae178B4a",
+     "error: {p}: (top level): env.GH: its value looks like a GitHub token"),
+    ("an OpenAI key", "UPSTREAM: sk-proj-Xk3vN9qL2mP8rT5wY7zB1cD4fG6hJ0kA", "render -p {p} --json",
+     "sk-proj-Xk3vN9qL2mP8rT5wY7zB1cD4fG6hJ0kA",
+     "error: {p}: (top level): env.UPSTREAM: its value looks like an OpenAI-style API key"),
+    ("a Slack token", "NOTIFY: xoxb-1234567890-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx", "render -p {p}",
+     "xoxb-1234567890-1234567890123-AbCdEfGhIjKlMnOpQrStUvWx",
+     "error: {p}: (top level): env.NOTIFY: its value looks like a Slack token"),
+    ("a JWT", "AUTH: eyJhbGciOiJIUzI1NiJ9.eyJzdWIiOiIxMjM0NTY3ODkwIn0.dozjgNryP4J3jVmNHl0w5N_XgL0n3I9PlFUP0THsR8U",
+     "render -p {p}", "dozjgNryP4J3jVmNHl0w5N", "error: {p}: (top level): env.AUTH: its value looks like a JSON Web "
+                                                   "Token"),
+    ("a PEM private key over lines", 'TLS: "-----BEGIN EC PRIVATE KEY-----\\nMHcCAQEEIBkg\\n-----END EC PRIVATE '
+                                     'KEY-----"', "render -p {p}", "MHcCAQEEIBkg",
+     "error: {p}: env: TLS: its value looks like a PEM private key, " + MOVE.replace("{name}", "TLS")),
+    ("a long random string", "SESSION_SALT: Zx8Qp2Lm7Vn4Rt6Yw1Ks9Bd3Hf5Jg0Ca8Ue2Io4Pa6", "render -p {p}",
+     "Zx8Qp2Lm7Vn4Rt6Yw1Ks9Bd3Hf5Jg0Ca8Ue2Io4Pa6",
+     "error: {p}: (top level): env.SESSION_SALT: its value looks like a long random string (42 characters)"),
+    ("a URL with a password", "MODEL_REPO: https://deploy:s3cr3tpass@git.example.com/m.git", "render -p {p}",
+     "s3cr3tpass", "error: {p}: (top level): env.MODEL_REPO: its value looks like a URL with a password"),
+    ("a Hugging Face token by --set", "OMP_NUM_THREADS: 8", f"render -p {{p}} --set env.HF_AUTH={HF} --json", HF,
+     "error: profile p with --set env.HF_AUTH=<not shown: it looks like a credential>: (top level): env.HF_AUTH: "
+     "its value looks like a Hugging Face token"),
+    ("an AWS session key id", "S3_SESSION_ID: ASIAY34FZKBOKMUTVV7A", "render -p {p}", "ASIAY34FZKBOKMUTVV7A",
+     "error: {p}: (top level): env.S3_SESSION_ID: its value looks like an AWS access key id"),
+    ("a bearer header", f"AUTH_HEADER: Bearer {HF}", "render -p {p} --json", HF,
+     "error: {p}: (top level): env.AUTH_HEADER: its value looks like a Hugging Face token"),
+    ("a GitHub fine-grained token", "GIT_AUTH: github_pat_11ABCDEFG0abcdefghijkl_mnopqrstuvwxyz0123456789ABCDEFGHIJKL",
+     "render -p {p}", "github_pat_11ABCDEFG0", "error: {p}: (top level): env.GIT_AUTH: its value looks like a GitHub "
+                                               "token"),
+    ("a Slack webhook", "ALERTS: https://hooks.slack.com/services/T00000000/B00000000/XXXXXXXXXXXXXXXXXXXXXXXX",
+     "render -p {p}", "XXXXXXXXXXXXXXXXXXXXXXXX", "error: {p}: (top level): env.ALERTS: its value looks like a Slack "
+                                                   "webhook URL"),
+    ("an Anthropic-style key", "UPSTREAM_AUTH: sk-ant-api03-Xk3vN9qL2mP8rT5wY7zB1cD4fG6hJ0kAabc", "render -p {p}",
+     "Xk3vN9qL2mP8rT5wY7zB1cD4fG6hJ0kAabc",
+     "error: {p}: (top level): env.UPSTREAM_AUTH: its value looks like an OpenAI-style API key"),
+    ("a random hex key", "SIGNING: 4f9d2c7e1a8b3f6d0c5e9a2b7f4d1c8e3a6b9f0d", "plan -p {p} --json",
+     "4f9d2c7e1a8b3f6d0c5e9a2b7f4d1c8e3a6b9f0d",
+     "error: {p}: (top level): env.SIGNING: its value looks like a long random hex string (40 characters)"),
+    ("not_secret for a name that is a secret", f"HF_TOKEN: {HF}\nnot_secret: [HF_TOKEN]", "render -p {p}", HF,
+     "error: {p}: (top level): env.HF_TOKEN looks like a secret; move it to `secrets: {HF_TOKEN: {env: HF_TOKEN}}`"),
+    ("not_secret for a value that is no credential", "OMP_NUM_THREADS: 8\nnot_secret: [OMP_NUM_THREADS]",
+     "render -p {p}", "\0", "error: {p}: (top level): not_secret: env.OMP_NUM_THREADS does not look like a "
+                            "credential; remove it from not_secret"),
+]
+
+
+@pytest.mark.parametrize(("wrong", "env", "line", "secret", "refusal"), SECRETS, ids=[case[0] for case in SECRETS])
+def test_an_env_value_that_looks_like_a_credential_is_refused_and_never_shown(
+        wrong: str, env: str, line: str, secret: str, refusal: str, workdir: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    first, _, rest = env.partition("\n")
+    write_files(workdir, {"p.yaml": f"model: {{path: m}}\nenv:\n  {first}\n{rest}\n".encode()})
+    path = workdir / "p.yaml"
+    code, out, err = sglang_deploy(line.format(p=path), capsys)
+    assert code == 2
+    assert secret not in out + err
+    assert (out if "--json" in line else err).lstrip("{\n ").startswith(
+        refusal.replace("{p}", str(path)) if "--json" not in line else '"cause"'), out + err
+    assert refusal.replace("{p}", str(path)).removeprefix("error: ") in (out + err).replace('\\"', '"'), out + err
+
+
+def test_a_value_said_not_to_be_a_secret_is_rendered(workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The way out for a false positive: a commit id is long random hex, and `not_secret` says it is not a secret."""
+    commit = "4f9d2c7e1a8b3f6d0c5e9a2b7f4d1c8e3a6b9f0d"
+    write_files(workdir, {"p.yaml": f"model: {{path: m}}\nenv: {{BUILD_COMMIT: {commit}}}\n".encode()})
+    refused = sglang_deploy(f"render -p {workdir}/p.yaml", capsys)
+    assert refused[0] == 2 and "long random hex string (40 characters)" in refused[2]
+    (workdir / "p.yaml").write_text(
+        f"model: {{path: m}}\nenv: {{BUILD_COMMIT: {commit}}}\nnot_secret: [BUILD_COMMIT]\n")
+    code, out, err = sglang_deploy(f"render -p {workdir}/p.yaml", capsys)
+    assert code == 0, err
+    assert f'BUILD_COMMIT="{commit}"' in out
+
+
+GROUP_OF_THREE = (b"all:\n  children:\n    gpu:\n      hosts:\n        gpu1: {ansible_host: 192.0.2.1}\n"
+                  b"        gpu2: {ansible_host: 192.0.2.2}\n        gpu3: {ansible_host: 192.0.2.3}\n"
+                  b"    edge:\n      hosts:\n        router1: {ansible_host: 192.0.2.9}\n")
+# --limit PATTERN as Ansible's habits type it, wrong: each refused naming the pattern before any host is reached.
+LIMITS = [
+    ("status --group gpu --limit gpu9", "error: --limit gpu9: 'gpu9' matches no host or group of the inventory"),
+    ("deploy --group gpu --limit gpu1,gpu9 --dry-run", "error: --limit gpu1,gpu9: 'gpu9' matches no host or group"),
+    ("stop --group gpu --limit gpu:!gpu0 --yes", "error: --limit gpu:!gpu0: 'gpu0' matches no host or group"),
+    ("logs --group gpu --limit web[1:3]", "error: --limit web[1:3]: 'web' matches no host or group of the inventory"
+                                          "\nhint: a subscript picks hosts of a group by position, as in Ansible: "
+                                          "`web[0:1]` is the first two hosts of group web"),
+    ("releases --group gpu --limit gpu[3]", "error: --limit gpu[3]: gpu[3]: gpu has 3 host(s): no position 3"),
+    ("status --group gpu --limit edge", "error: --limit edge leaves no host of group gpu (gpu1, gpu2, gpu3)"),
+    ("status --limit gpu:&edge", "error: --limit gpu:&edge: the pattern leaves no host"),
+    ("restart --host gpu1 --limit gpu2 --yes", "error: --limit gpu2 does not name host gpu1 (--host): nothing to act "
+                                               "on"),
+    ("report --limit @retry", "error: --limit @retry: a file of hosts (@FILE, Ansible's retry file) is not read here"),
+    ("uninstall --group gpu --limit ~gpu( --yes", "error: --limit: '~gpu(' is not a regular expression"),
+    ("rollback --group gpu --limit gpu,,gpu1 --yes", "error: --limit gpu,,gpu1: an empty term"),
+    ("status --group gpu --limit gpu[0", "error: --limit gpu[0: 'gpu[0' matches no host or group of the inventory"),
+    ("start --group gpu --limit !gpu --yes", "error: --limit !gpu leaves no host of group gpu (gpu1, gpu2, gpu3)"),
+    ("deploy --group gpu --limit &edge --dry-run", "error: --limit &edge leaves no host of group gpu"),
+    ("restart --group gpu --limit gpu[-4] --yes", "error: --limit gpu[-4]: gpu[-4]: gpu has 3 host(s): no position -4"),
+    # a task's one-host path (logs --follow, plan --against, tune without --group) is narrowed too: it was ignored
+    ("logs --follow --host gpu1 --limit gpu2", "error: --limit gpu2 does not name host gpu1 (--host): nothing to act "
+                                               "on"),
+    ("logs --follow --limit gpu", "error: --limit gpu names 3 hosts (gpu1, gpu2, gpu3), and this acts on one host"),
+    ("plan -p glm5-nvfp4 --against glm5-nvfp4 --limit gpu:!gpu1", "error: --limit gpu:!gpu1 names 2 hosts (gpu2, "
+                                                                  "gpu3), and this acts on one host"),
+]
+
+
+@pytest.mark.parametrize(("line", "refusal"), LIMITS)
+def test_a_limit_that_names_nothing_is_refused_before_any_host_is_reached(
+        line: str, refusal: str, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    write_files(workdir, {"inventory/hosts.yaml": GROUP_OF_THREE})
+    code, out, err = sglang_deploy(line, capsys)
+    assert (code, out) == (2, "")
+    assert err.startswith(refusal), err

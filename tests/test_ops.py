@@ -10,13 +10,14 @@ from typing import Any
 
 import pytest
 from helpers.fake_remote import FakeRemote
-from helpers.ops import Hosts, installed, release, scope
+from helpers.ops import HOSTS, Hosts, installed, release, scope
 from helpers.router import answering, config_of
 
 from deploy_lib.commands.deploy import Options
 from deploy_lib.deploy.project import Project
 from deploy_lib.errors import ConfigError, ConnectFailed
 from deploy_lib.facts import host as host_facts
+from deploy_lib.inventory.model import load_inventory
 from deploy_lib.ops import dispatch
 from deploy_lib.ops.fleet import Rollout
 from deploy_lib.ops.scope import Reach, select
@@ -285,3 +286,32 @@ def test_a_deploy_to_one_node_of_a_multi_node_release_is_refused_before_any_chan
         dispatch.deploy(Project(REPO), scope(tmp_path, host="n1"), "glm5-nvfp4", Options(environ={"HF_TOKEN": "x"}),
                         Hosts(n1=node).reach())
     assert changed(node) == [] and "systemd: stop" not in node.ran_names()
+
+
+@pytest.mark.parametrize(("act", "says"), [
+    (lambda s, reach: dispatch.stop(s, "sglang", reach), "n1 alone is not stopped"),
+    (lambda s, reach: dispatch.uninstall(s, "sglang", s.inventory.path.parent / "state", reach),
+     "n1 alone is not uninstalled"),
+    (lambda s, reach: dispatch.rollback(s, "sglang", "r0", reach), "is not a multi-node release of these 1 hosts"),
+    (lambda s, reach: dispatch.start(s, "sglang", True, reach), "is not a multi-node release of these 1 hosts"),
+])
+def test_a_limit_that_leaves_one_node_of_a_multi_node_release_in_a_group_is_refused_and_nothing_changes(
+        tmp_path: Path, act: Any, says: str) -> None:
+    """Input tried: `stop --group pair --limit n1` (and uninstall, rollback, restart), r1 a two-node release on n1
+    and n2 (failed before the fix: a group scope acts on its hosts as whole, so n1 was stopped or removed without
+    n2)."""
+    nodes = {name: installed(release("r0", nnodes=2, node_rank=rank), release("r1", nnodes=2, node_rank=rank))
+             for rank, name in enumerate(("n1", "n2"))}
+    path = tmp_path / "hosts.yaml"
+    path.write_text(HOSTS)
+    limited = select(load_inventory(path), None, "pair", limit="n1")
+    assert (limited.names, limited.left_out) == (["n1"], ("n2",))
+    fleet_or_error: Any
+    try:
+        fleet_or_error = act(limited, Hosts(**nodes).reach())
+    except ConfigError as refused:
+        fleet_or_error = refused
+    errors = [fleet_or_error] if isinstance(fleet_or_error, ConfigError) else \
+        [run.error for run in fleet_or_error.runs if run.error]
+    assert errors and all(says in str(error) for error in errors), errors
+    assert all(changed(remote) == [] for remote in nodes.values())

@@ -9,11 +9,12 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from dataclasses import replace as replaced
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path, PurePosixPath
 
 import pytest
-from helpers.deploy_plan import PROJECT, first_plan, target
+from helpers.deploy_plan import NOW, PROJECT, facts, first_plan, target
 from helpers.fake_remote import FakeRemote
 from helpers.recording_progress import RecordingProgress
 from helpers.rollback import READY, ScriptedHost
@@ -32,12 +33,12 @@ from helpers.systemd_syntax import exec_start_argv, parse_unit_file
 
 import deploy_lib.host_scripts.router
 from deploy_lib import store
-from deploy_lib.deploy.plan import switch_batches
+from deploy_lib.deploy.plan import plan_deploy, switch_batches
 from deploy_lib.deploy.project import Project, resolve_group
-from deploy_lib.errors import ConfigError, LockHeld, ReadinessFailed, RollbackFailed, RouterFailed
+from deploy_lib.errors import ConfigError, LockHeld, PreflightError, ReadinessFailed, RollbackFailed, RouterFailed
 from deploy_lib.facts import host as host_facts
 from deploy_lib.host.switch import Transition
-from deploy_lib.inventory.model import RouterPolicy, load_inventory
+from deploy_lib.inventory.model import HostVars, RouterPolicy, load_inventory
 from deploy_lib.ops.fleet import Rollout
 from deploy_lib.ops.router import (
     DEFAULT_LOCK,
@@ -673,3 +674,28 @@ def test_a_router_that_stops_answering_while_its_workers_are_listed_fails_the_ro
     with pytest.raises(RouterFailed, match="stopped answering on port 31000") as caught:
         admit_workers(remote, site_of(tmp_path), ["http://192.0.2.2:8000"], RecordingProgress())
     assert caught.value.exit_code == 10
+@pytest.mark.parametrize(("policy", "version", "refused"), [
+    (RouterPolicy.power_of_two, "0.5.23", True), (RouterPolicy.power_of_two, "0.5.21", True),
+    (RouterPolicy.power_of_two, "0.5.20", False), (RouterPolicy.power_of_two, "0.5.9", False),
+    (RouterPolicy.round_robin, "0.5.23", False), (RouterPolicy.cache_aware, "0.5.23", False)])
+def test_power_of_two_is_refused_at_plan_where_sglang_no_longer_serves_get_load(
+        policy: RouterPolicy, version: str, refused: bool) -> None:
+    """Issue 40: power_of_two was offered, but sglang-router 0.3.2 asks each worker for /get_load, which SGLang serves
+    up to 0.5.20 (http_server.py) and not from 0.5.21 (the 0.5.21 to 0.5.23 wheels)."""
+    base = target()
+    behind = replaced(base, host=base.host.model_copy(update={
+        "vars": HostVars(ansible_host="192.0.2.10", gpu_count=8, router="edge", router_policy=policy),
+        "var_files": {"router_policy": Path("/inv/group_vars/replicas.yml")}}))
+    host = facts()
+    host = replaced(host, sglang=replaced(host.sglang, sglang_version=version))
+    loaded = PROJECT.profile("glm5-nvfp4")
+    if not refused:
+        plan_deploy(loaded, behind, host, {}, False, NOW)
+        return
+    with pytest.raises(PreflightError) as refusal:
+        plan_deploy(loaded, behind, host, {}, False, NOW)
+    assert str(refusal.value).startswith(
+        "/inv/group_vars/replicas.yml: host pve-gpu1: router_policy: power_of_two: the router asks each worker for "
+        f"/get_load, which SGLang {version} does not serve (removed in 0.5.21): the router could not read the "
+        "replicas' load")
+    assert refusal.value.exit_code == 3 and "round_robin" in (refusal.value.hint or "")

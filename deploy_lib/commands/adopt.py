@@ -34,7 +34,7 @@ from deploy_lib.facts.hand_process import (
     split_launch,
 )
 from deploy_lib.facts.host import FactRequest, HostFacts, parse_systemctl_show
-from deploy_lib.facts.sglang_config import config_fact, config_path, merged_arguments
+from deploy_lib.facts.sglang_config import check_config_name, config_fact, config_path, merged_arguments
 from deploy_lib.host.facts import read_host_facts
 from deploy_lib.host.store import host_lock
 from deploy_lib.profile import LoadedProfile
@@ -108,13 +108,15 @@ def read_unit(remote: Remote, unit_name: str, where: str) -> tuple[int, str, str
 
 
 def _config_merged(remote: Remote, args: tuple[str, ...], cwd: str, options: dict[str, dict[str, Any]],
-                   where: str) -> tuple[str, ...] | None:
-    """The arguments SGLang parsed from a `--config FILE` command (the file read on the host), or None."""
+                   where: str, version: str) -> tuple[str, ...] | None:
+    """The arguments SGLang `version` parses from a `--config FILE` command (the file read on the host), or None;
+    PreflightError for a file it would refuse (facts/sglang_config.py)."""
     path = config_path(args, cwd)
     if path is None:
         return None
+    check_config_name(path, where)
     text = config_fact(path, where)
-    return merged_arguments(args, read(remote, [text]).value(text), options, path, where)
+    return merged_arguments(args, read(remote, [text]).value(text), options, path, where, version)
 
 
 def adopt(target: Target, service: str, remote: Remote, profile_name: str, pid: int | None = None,
@@ -138,7 +140,7 @@ def adopt(target: Target, service: str, remote: Remote, profile_name: str, pid: 
     _refuse_managed(facts, target, service, from_unit)
     source = f"unit {layout.unit_name} (pid {pid})" if unit_file else f"pid {pid}"
     description = f"adopted from {source} on {where} ({now.astimezone(UTC):%Y-%m-%d %H:%M} UTC)"
-    merged = _config_merged(remote, launch.args, process.cwd, facts.sglang.options, where)
+    merged = _config_merged(remote, launch.args, process.cwd, facts.sglang.options, where, version)
     adopted = adopt_profile(process, launch, venv, facts.sglang.options, version, description, service, merged)
     loaded = LoadedProfile(name=profile_name, path=Path(f"{profile_name}.yaml"), chain=(profile_name,),
                            profile=adopted.profile)

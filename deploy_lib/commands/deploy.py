@@ -48,7 +48,7 @@ from deploy_lib.host.switch import (
 from deploy_lib.interrupts import signals_raise
 from deploy_lib.models import HubModel, ModelFacts, PushedModel, Weights, check_model, size_text, weights
 from deploy_lib.outcomes import Action
-from deploy_lib.profile import LoadedProfile, Profile
+from deploy_lib.profile import LoadedProfile, Profile, read_stored_profile
 from deploy_lib.profile.settings import GateSettings
 from deploy_lib.progress import NullProgress, Progress
 from deploy_lib.release.model import available_secrets, resolve_secrets
@@ -475,7 +475,9 @@ def stop(target: Target, service: str, remote: Remote, before_stop: Callable[[],
             before_stop()
         hand_pid = hand_run_pid(record.metadata, remote.run(hand_run_check(record.metadata)))
         if hand_pid:
-            remote.run(stop_hand_run(hand_pid, Profile.model_validate(record.metadata["profile"]).service
+            # read leniently: a release recorded by an older version may hold what a profile now refuses (an env
+            # value that looks like a credential), and the stop must not fail on it
+            remote.run(stop_hand_run(hand_pid, read_stored_profile(record.metadata["profile"]).service
                                      .stop_timeout_s))
         stop_unit(remote, layout, stop_bound_s(record.metadata))
         Transition(remote, layout, target, NullProgress(), {}).record("stop", STOPPED, tags, "by hand")

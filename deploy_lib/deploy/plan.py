@@ -17,6 +17,7 @@ from deploy_lib.errors import DriftDetected, PreflightError
 from deploy_lib.facts.diagnose import journal_cursor_step
 from deploy_lib.facts.host import HostFacts
 from deploy_lib.health import StartPrediction, predict_start
+from deploy_lib.inventory.model import RouterPolicy
 from deploy_lib.models import HubModel, ModelFacts, ReleaseModel, Weights, size_text
 from deploy_lib.profile import LoadedProfile, ParallelSpec, RestartPolicy, ServiceSpec, read_stored_profile
 from deploy_lib.release.model import (
@@ -47,6 +48,7 @@ from deploy_lib.store import (
     stage_release,
     switch_current,
 )
+from deploy_lib.versions import GET_LOAD_REMOVED, reached
 
 FACT_HAND_RUN = "adopted server: still running"
 RESTART = "systemd: restart"
@@ -361,6 +363,7 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
                        model.release_model(model_facts) if model and model_facts else None, release_id)
     if release_id is None:  # a group's id is the group's to decide (ops/multinode_deploy.py)
         release = as_current(facts, release)
+    _router_can_read_load(target, release.sglang_version)
     drift = _drift_unless_forced(layout, facts, target.host.name, force)
     host = _HostAgainstRelease.of(layout, facts, release, drift, model_facts)
     check_reasons = _gpu_check_reasons(loaded, host.current_metadata, release)
@@ -423,6 +426,21 @@ def as_current(facts: HostFacts, release: Release) -> Release:
     if current is None or current_id == release.id or not renders_as(current.metadata, release):
         return release
     return replace(release, id=current.id)
+
+
+def _router_can_read_load(target: Target, sglang_version: str) -> None:
+    """PreflightError when the host sits behind a router whose policy needs what this SGLang no longer serves:
+    power_of_two asks each worker for /get_load, gone from SGLang 0.5.21 (versions.GET_LOAD_REMOVED)."""
+    vars_ = target.host.vars
+    if vars_.router is None or vars_.router_policy != RouterPolicy.power_of_two \
+            or not reached(sglang_version, GET_LOAD_REMOVED):
+        return
+    where = target.host.var_files.get("router_policy", "the inventory")
+    raise PreflightError(
+        f"{where}: host {target.host.name}: router_policy: power_of_two: the router asks each worker for /get_load, "
+        f"which SGLang {sglang_version} does not serve (removed in {GET_LOAD_REMOVED}): the router could not read "
+        f"the replicas' load",
+        "use router_policy: cache_aware (the default), round_robin or random")
 
 
 def _drift_unless_forced(layout: StoreLayout, facts: HostFacts, where: str, force: bool) -> tuple[str, ...]:

@@ -128,9 +128,19 @@ SIGNATURES: tuple[Signature, ...] = (
         "FlashInfer's TRT-LLM allreduce fusion is gated to SM90/SM100 before 0.6.17: turn allreduce fusion off, "
         "use FlashInfer >= 0.6.17, or `invoke patch-fusion --enable --profile {profile}`",
     ),
+    # "Unsupported architecture: NAME" is a model config's refusal of a model class, not a GPU's: SGLang 0.5.23's
+    # InternVL config raises it for an llm_config it does not know (srt/configs/internvl.py:328). A kernel's error
+    # ends with the two words (FlashInfer's fmhaRunner.cuh: "...: Unsupported architecture").
+    _signature(
+        "model_architecture_unsupported",
+        r"Unsupported architecture: (?P<detail>\w+)",
+        "the model's config names a model class this SGLang's config does not support: {detail}",
+        "not a GPU problem: the model's config.json (for InternVL, its llm_config.architectures) names that class; "
+        "use a model whose architecture this SGLang supports, or an SGLang version that supports it",
+    ),
     _signature(
         "unsupported_arch_kernel",
-        r"Unsupported architecture|no kernel image is available for execution on the device",
+        r"Unsupported architecture(?!: \w)|no kernel image is available for execution on the device",
         "a kernel in this build does not support this GPU's architecture",
         "pick a backend this GPU supports (on SM120, e.g., not the trtllm attention/DSA backends) or a build "
         "with kernels for it",

@@ -22,6 +22,7 @@ from pydantic import ValidationError
 
 from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.profile import NCCL_ENV, SECRET_NAME_RE, Profile
+from deploy_lib.profile.credentials import looks_like_credential
 from deploy_lib.release.argv_check import ParsedArg, convert_value, find_option, parse_argv
 from deploy_lib.release.model import argv_options
 from deploy_lib.release.server_args import API_KEY_ENV, ARGS, Arg, arg_tokens
@@ -241,8 +242,8 @@ def split_environment(environ: Mapping[str, str], unbuffered: bool) -> Environme
             continue
         if name in VENV_ENVIRONMENT:
             venv[name] = value
-        elif SECRET_NAME_RE.search(name):
-            secrets[name] = value
+        elif SECRET_NAME_RE.search(name) or looks_like_credential(value) is not None:
+            secrets[name] = value  # by its name or by its value: the profile refuses either in env
         elif name in nccl_keys:
             nccl[nccl_keys[name]] = value
         else:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from deploy_lib.deploy.project import Project, Target, load_for_target, profile_for_host
 from deploy_lib.errors import ConfigError, DeployError
-from deploy_lib.ops.scope import Reach, Scope, behind, rolled_out, router_in_front, run_each
+from deploy_lib.ops.scope import Reach, Scope, behind, refuse_split, rolled_out, router_in_front, run_each
 from deploy_lib.progress import Progress
 from deploy_lib.remote import Remote
 
@@ -52,6 +52,8 @@ def deploy(project: Project, scope: Scope, profile: str | None, options: Options
         [(name, loaded)] = loaded_for.items()
         multinode.refuse_single_host(loaded, name)
     multi = next((loaded for loaded in loaded_for.values() if multinode.is_multi_node(loaded)), None)
+    if multi is not None:
+        refuse_split(scope, f"profile {multi.name} is multi-node (parallel.nnodes {multi.profile.parallel.nnodes})")
     if multi is not None and len({loaded.path for loaded in loaded_for.values()}) > 1:
         raise ConfigError(f"profile {multi.name} is multi-node: every host of group {scope.group} runs it, so give it "
                           f"to all (--profile {multi.name}) instead of each host's `profile` var")
@@ -65,7 +67,7 @@ def deploy(project: Project, scope: Scope, profile: str | None, options: Options
 
     def deploy_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None) -> Outcome:
         return engine.deploy(loaded_for[target.host.name], target, remote, progress, options, before_restart=drain,
-                             alone=scope.one_host)
+                             alone=scope.alone)
 
     def act() -> FleetRun[Outcome]:
         if multi is not None:
@@ -109,7 +111,7 @@ def rollback(scope: Scope, service: str, to: str | None, reach: Reach) -> FleetR
     def rollback_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None
                       ) -> Outcome:
         return engine.rollback(target, service, remote, progress, to, reach.environ, before_restart=drain,
-                               alone=scope.one_host)
+                               alone=scope.alone)
 
     def act() -> FleetRun[Outcome]:
         if scope.one_host:
@@ -238,7 +240,7 @@ def stop(scope: Scope, service: str, reach: Reach) -> FleetRun[Outcome]:
     reach.consent(f"stop {service} on {_where(scope)}?")
 
     def stop_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None) -> Outcome:
-        return engine.stop(target, service, remote, before_stop=drain, alone=scope.one_host)
+        return engine.stop(target, service, remote, before_stop=drain, alone=scope.alone)
     return run_each(scope, reach, behind(front, service, stop_host, leaves_out="stopped"),
                     rolled_out(front, scope, reach))
 
@@ -255,7 +257,7 @@ def uninstall(scope: Scope, service: str, state_dir: Path, reach: Reach) -> Flee
 
     def remove_host(target: Target, remote: Remote, progress: Progress, drain: Callable[[], None] | None
                     ) -> Uninstalled:
-        return remove.uninstall(target, service, remote, state_dir, before_stop=drain, alone=scope.one_host)
+        return remove.uninstall(target, service, remote, state_dir, before_stop=drain, alone=scope.alone)
     return run_each(scope, reach, behind(front, service, remove_host, leaves_out="uninstalled"),
                     rolled_out(front, scope, reach))
 

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, TypeVar
 from deploy_lib.deploy.project import Target, resolve_group, resolve_target
 from deploy_lib.errors import ConfigError
 from deploy_lib.inventory.model import Inventory
+from deploy_lib.inventory.patterns import match_hosts
 from deploy_lib.progress import Progress
 from deploy_lib.remote import Remote
 
@@ -34,10 +35,18 @@ class Scope:
     group: str | None = None
     rollout: Rollout | None = None   # --serial / --max-fail; None: every host at once
     accept_new_host_key: bool = False
+    limit: str | None = None         # --limit PATTERN that narrowed the group
+    left_out: tuple[str, ...] = ()   # the group's hosts the limit left out
 
     @property
     def one_host(self) -> bool:
         return self.group is None
+
+    @property
+    def alone(self) -> bool:
+        """Its hosts are acted on as single hosts, never as the nodes of one multi-node release: one host, or a group
+        --limit left hosts of (the nodes left in it would switch, stop or go without the others)."""
+        return self.one_host or bool(self.left_out)
 
     @property
     def names(self) -> list[str]:
@@ -45,17 +54,64 @@ class Scope:
 
 
 def select(inventory: Inventory, host: str | None, group: str | None, accept_new_host_key: bool = False,
-           rollout: Rollout | None = None) -> Scope:
-    """--host (default: the only host) or --group; --serial and --max-fail need a group."""
+           rollout: Rollout | None = None, limit: str | None = None) -> Scope:
+    """--host (default: the only host) or --group; --serial and --max-fail need a group. `limit` (--limit PATTERN,
+    inventory/patterns.py) narrows either: a host it does not name is refused, a group keeps the hosts it names;
+    alone, it narrows every host (`--group all`), as Ansible's --limit does."""
+    if group is None and host is None and limit is not None:
+        group = ALL
     if group is None:
         if rollout is not None:
             raise ConfigError("--serial and --max-fail roll out over a group: give --group G")
-        return Scope(inventory, (resolve_target(inventory, host, accept_new_host_key),),
-                     accept_new_host_key=accept_new_host_key)
+        target = resolve_target(inventory, host, accept_new_host_key)
+        host_within(inventory, target.host.name, limit)
+        return Scope(inventory, (target,), accept_new_host_key=accept_new_host_key, limit=limit)
     if host is not None:
         raise ConfigError("--host and --group are exclusive: give one host (--host) or one group (--group)")
-    return Scope(inventory, tuple(resolve_group(inventory, group, accept_new_host_key)), group, rollout,
-                 accept_new_host_key)
+    if limit is None:
+        return Scope(inventory, tuple(resolve_group(inventory, group, accept_new_host_key)), group, rollout,
+                     accept_new_host_key)
+    members = [member.name for member in inventory.group(group)]
+    named = set(_limited(inventory, limit))
+    kept = [name for name in members if name in named]
+    if not kept:
+        raise ConfigError(f"--limit {limit} leaves no host of group {group} ({', '.join(members)})",
+                          f"the pattern names {', '.join(sorted(named))}: give a pattern that names hosts of the "
+                          "group")
+    return Scope(inventory, tuple(resolve_target(inventory, name, accept_new_host_key) for name in kept), group,
+                 rollout, accept_new_host_key, limit, tuple(name for name in members if name not in named))
+
+
+ALL = "all"  # Ansible's group of every host, which --limit alone narrows
+
+
+def host_within(inventory: Inventory, host: str | None, limit: str | None) -> str | None:
+    """The host a one-host command acts on under --limit: --host when the limit names it (else ConfigError), or,
+    without --host, the one host the limit names (a limit naming several is refused: the command acts on one)."""
+    if limit is None:
+        return host
+    named = _limited(inventory, limit)
+    if host is None:
+        if len(named) != 1:
+            raise ConfigError(f"--limit {limit} names {len(named)} hosts ({', '.join(named)}), and this acts on one "
+                              "host", "give --host NAME, a pattern that names one host, or --group G")
+        return named[0]
+    if host not in named:
+        raise ConfigError(f"--limit {limit} does not name host {host} (--host): nothing to act on",
+                          "drop --limit, or give a --group for it to narrow")
+    return host
+
+
+def _limited(inventory: Inventory, limit: str) -> list[str]:
+    return match_hosts(limit, list(inventory.hosts), inventory.groups)
+
+
+def refuse_split(scope: Scope, what: str) -> None:
+    """ConfigError when --limit left out hosts of a group whose hosts run `what` (a multi-node release) as one."""
+    if scope.left_out and scope.group != ALL:
+        raise ConfigError(f"--limit {scope.limit} splits group {scope.group}: {what}, one server over all its "
+                          f"nodes, but {', '.join(scope.left_out)} would be left out",
+                          "act on the whole group (drop --limit), or limit to hosts outside it")
 
 
 @dataclass(frozen=True)
@@ -123,4 +179,5 @@ def rolled_out(front: RouterFront | None, scope: Scope, reach: Reach) -> Rollout
     return one_at_a_time(front, scope.rollout or ALL_AT_ONCE, reach.progress(""))
 
 
-__all__ = ["Reach", "Scope", "behind", "rolled_out", "router_in_front", "run_each", "select"]
+__all__ = ["ALL", "Reach", "Scope", "behind", "host_within", "refuse_split", "rolled_out", "router_in_front",
+           "run_each", "select"]

@@ -17,6 +17,7 @@ from pydantic import (
     model_validator,
 )
 
+from deploy_lib.profile.credentials import looks_like_credential
 from deploy_lib.profile.fields import MAX_STRING, SECRET_NAME_RE, EnvName, SecretField, Strict, Text, no_control_chars
 from deploy_lib.profile.sections import (
     BackendSpec,
@@ -33,6 +34,11 @@ from deploy_lib.profile.settings import BenchSettings, GateSettings, PreflightSe
 from deploy_lib.versions import ARGS, modelled_flags
 
 
+def _move_it(name: str) -> str:
+    return (f"move it to `secrets: {{{name}: {{env: {name}}}}}` (or `{{file: PATH}}`, `{{command: [ARGV...]}}`), "
+            f"read where the tool runs")
+
+
 class Profile(Strict):
     """A deployment profile: the intent; server_args turns it into one SGLang version's argv."""
 
@@ -46,11 +52,16 @@ class Profile(Strict):
     nccl: NcclSpec = Field(default_factory=NcclSpec)
     env: dict[EnvName, Annotated[str, StringConstraints(max_length=MAX_STRING), AfterValidator(no_control_chars)]] = (
         Field(default_factory=dict, description="other environment of the server process (no secret-looking "
-                                                    "names, not the NCCL ones of `nccl`, not `VIRTUAL_ENV`)"))
+                                                    "names or values, not the NCCL ones of `nccl`, not "
+                                                    "`VIRTUAL_ENV`)"))
     secrets: dict[EnvName, SecretField] = Field(
         default_factory=dict, description="environment variables whose values are read locally at deploy time, "
                                           "written only to the release's 0600 env file "
                                           "([secrets](profiles.md#secrets))")
+    not_secret: list[EnvName] = Field(  # a lambda, not `list`: see ModelSpec.ignore_patterns
+        default_factory=lambda: [],
+        description="env names whose values look like a credential but are not one (a digest, a build id); "
+                    "[secrets](profiles.md#secrets)")
     service: ServiceSpec = Field(default_factory=ServiceSpec)
     bench: BenchSettings = Field(default_factory=BenchSettings,
                                  description="SGLang's serving benchmark, run by the gate and the `bench` "
@@ -69,6 +80,11 @@ class Profile(Strict):
     def _env_values_as_text(cls, value: Any) -> Any:
         if not isinstance(value, dict):
             return value
+        for name, text in value.items():
+            credential = looks_like_credential(text) if isinstance(text, str) and "\n" in text else None
+            if credential is not None:  # refused for its newline too, but this says what it is
+                raise ValueError(f"{name}: its value looks like {credential.kind}, and a credential is never "
+                                 f"written in a profile; {_move_it(name)}")
         return {k: (env_text(v) if isinstance(v, bool | int | float) else v) for k, v in value.items()}
 
     @model_validator(mode="after")
@@ -76,11 +92,17 @@ class Profile(Strict):
         for name in self.env:
             if SECRET_NAME_RE.search(name):
                 raise ValueError(f"env.{name} looks like a secret; move it to `secrets: {{{name}: {{env: {name}}}}}`")
+            credential = looks_like_credential(self.env[name])
+            if credential is not None and name not in self.not_secret:
+                raise ValueError(
+                    f"env.{name}: its value looks like {credential.kind}, and a credential is never written in a "
+                    f"profile; {_move_it(name)}. If it is not a secret, say so: `not_secret: [{name}]`")
             if name in self.nccl.environment():
                 raise ValueError(f"env.{name} is also set by `nccl:`; set it in one place")
             if name == "VIRTUAL_ENV":
                 raise ValueError("env.VIRTUAL_ENV is set from the venv the release runs from (service.venv); "
                                  "remove it")
+        self._not_secret_is_needed()
         clash = sorted(set(self.env) & set(self.secrets))
         if clash:
             raise ValueError(f"{', '.join(clash)} set in both env and secrets")
@@ -91,6 +113,22 @@ class Profile(Strict):
                 raise ValueError(f"extra_args: {arg.split('=', 1)[0]} would put a secret in argv; use server.api_key")
         self._no_flag_twice()
         return self
+
+    def _not_secret_is_needed(self) -> None:
+        """Each name in not_secret waives the value check of one env value that would be refused without it: not a
+        name (HF_TOKEN is a secret whatever its value), not a name missing from env, not a value that passes anyway
+        (a waiver left behind would let the next value through unseen)."""
+        for name in self.not_secret:
+            if name not in self.env:
+                raise ValueError(f"not_secret: {name} is not in env; remove it from not_secret")
+            if SECRET_NAME_RE.search(name):
+                raise ValueError(f"not_secret: {name} is a secret by its name, whatever its value; move it to "
+                                 f"`secrets: {{{name}: {{env: {name}}}}}`")
+            if looks_like_credential(self.env[name]) is None:
+                raise ValueError(f"not_secret: env.{name} does not look like a credential; remove it from "
+                                 f"not_secret")
+        if len(set(self.not_secret)) != len(self.not_secret):
+            raise ValueError("not_secret: a name is given twice")
 
     def _no_flag_twice(self) -> None:
         """A flag a key of the profile writes may not be given again in extra_args (SGLang would take the last); a key

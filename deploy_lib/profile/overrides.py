@@ -11,6 +11,7 @@ import yaml
 from pydantic import ValidationError
 
 from deploy_lib.errors import ConfigError
+from deploy_lib.profile.credentials import looks_like_credential
 from deploy_lib.profile.loading import format_validation_error
 from deploy_lib.profile.model import LoadedProfile, Profile
 
@@ -39,6 +40,15 @@ def _set_path(data: dict[str, Any], path: str, value: Any, source: str) -> None:
 
 
 SET_SOURCE = "--set"
+HIDDEN = "<not shown: it looks like a credential>"
+
+
+def shown(text: str) -> str:
+    """A `--set` text as a message may repeat it: a value that looks like a credential is left out."""
+    path, equals, value = text.partition("=")
+    if looks_like_credential(value if equals else text) is None:
+        return text
+    return f"{path}={HIDDEN}" if equals else HIDDEN
 
 
 def parse_assignments(texts: Sequence[str]) -> dict[str, Any]:
@@ -48,7 +58,7 @@ def parse_assignments(texts: Sequence[str]) -> dict[str, Any]:
     for text in texts:
         path, equals, value = text.partition("=")
         if not equals or not path.strip():
-            raise ConfigError(f"{SET_SOURCE} {text!r}: not of the form path.to.key=value",
+            raise ConfigError(f"{SET_SOURCE} {shown(text)!r}: not of the form path.to.key=value",
                               "e.g. --set memory.max_running_requests=512 (repeat --set for several)")
         assignments[path.strip()] = scalar(value)
     return assignments
@@ -58,7 +68,7 @@ def from_command_line(loaded: LoadedProfile, texts: Sequence[str]) -> LoadedProf
     """The profile with `--set` options applied and recorded (LoadedProfile.overrides), validated whole."""
     if not texts:
         return loaded
-    given = " ".join(f"{SET_SOURCE} {text}" for text in texts)
+    given = " ".join(f"{SET_SOURCE} {shown(text)}" for text in texts)
     changed = with_overrides(loaded, parse_assignments(texts), f"profile {loaded.name} with {given}")
     return changed.model_copy(update={"overrides": (*loaded.overrides, *texts)})
 
