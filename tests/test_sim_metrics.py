@@ -6,79 +6,32 @@ deploy_lib's own parser (deploy_lib/metrics). Counts are asserted, never timings
 
 from __future__ import annotations
 
-import json
 import math
-import sys
-import threading
-import urllib.request
+import urllib.error
 from collections.abc import Iterator
-from pathlib import Path
-from typing import Any
 
 import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "sandbox" / "sim"))
+from helpers.sim_http import MODEL, FlatModel, SimClient, running_sim
 from sglang_sim import served as sim_served
-from sglang_sim.engine import Engine, Launch
-from sglang_sim.server import ServerState, SimHTTPServer, Status
 
 from deploy_lib.metrics import Metric, Scrape, parse_scrape
 from deploy_lib.metrics.names import SPECS, Kind, default_buckets, label_names
 
 VERSION = "0.5.23"
-MODEL = "sim-model"
 
 
-class FastModel:
-    """The first token after 5 ms, then 4,000 tokens/s per request whatever the load: requests finish quickly."""
-
-    def aggregate_tok_s(self, concurrency: int, *_: Any) -> float:
-        return 4000.0 * concurrency
-
-    def per_request_tok_s(self, *_: Any) -> float:
-        return 4000.0
-
-    def time_to_first_token_s(self, *_: Any) -> float:
-        return 0.005
-
-
-class Sim:
-    def __init__(self, port: int) -> None:
-        self.base = f"http://127.0.0.1:{port}"
-
-    def post(self, path: str, body: dict[str, Any]) -> bytes:
-        request = urllib.request.Request(self.base + path, json.dumps(body).encode(),
-                                         {"Content-Type": "application/json"})
-        with urllib.request.urlopen(request, timeout=30) as answer:
-            return bytes(answer.read())
-
+class Sim(SimClient):
     def scrape(self) -> tuple[str, Scrape]:
-        with urllib.request.urlopen(self.base + "/metrics", timeout=30) as answer:
-            text = answer.read().decode()
+        text = self.metrics_text()
         return text, parse_scrape(text, at_s=0.0)
-
-
-def start(args: dict[str, Any]) -> tuple[SimHTTPServer, threading.Thread]:
-    launch = Launch.from_args({"model_path": "org/sim", "served_model_name": MODEL, "enable_metrics": True, **args})
-    engine = Engine(model=FastModel(), launch=launch, fused_on_sm120=False, scale=1.0,  # type: ignore[arg-type]
-                    hang_generation=False, die_after=None, on_fatal=lambda message: None)
-    state = ServerState(launch, engine, VERSION, True, "GlmMoeDsaForCausalLM", 8192, 100_000)
-    state.status = Status.UP
-    server = SimHTTPServer(("127.0.0.1", 0), state)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    return server, thread
 
 
 @pytest.fixture
 def sim(request: pytest.FixtureRequest) -> Iterator[Sim]:
-    server, thread = start(getattr(request, "param", {}))
-    try:
-        yield Sim(server.server_address[1])
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    """The simulator with metrics on (or the launch arguments a test gives), fast: 5 ms to the first token, then
+    4,000 tokens/s."""
+    with running_sim({"enable_metrics": True, **getattr(request, "param", {})}, FlatModel()) as client:
+        yield Sim(int(client.base.rsplit(":", 1)[1]))
 
 
 SHARED = list(range(1000, 1256))  # a 256-token shared prefix (16 pages of 16)
