@@ -27,6 +27,8 @@ from deploy_lib.metrics.names import (
     label_names,
     length_histograms_need_flag,
 )
+from deploy_lib.release.server_args import spelling
+from deploy_lib.versions import KNOWN_SGLANG
 
 pytest_plugins = ("helpers.wheelcache",)
 
@@ -97,3 +99,11 @@ def test_a_rule_sglang_refuses_is_refused(rule: list[str]) -> None:
 @pytest.mark.parametrize("version", VERSIONS)
 def test_the_fixture_is_what_the_wheel_says(version: str, sglang_source: Callable[[str], Path]) -> None:
     assert extract(sglang_source(version)) == FACTS[version]
+
+
+@pytest.mark.parametrize("version", KNOWN_SGLANG)
+def test_features_metrics_writes_the_length_histograms_flag_where_the_release_needs_it(version: str) -> None:
+    """The renderer's spelling of features.metrics (versions.SPELLINGS) and names.py agree on every known release."""
+    argv = spelling("metrics", version)
+    assert argv is not None and argv.argv[0] == "--enable-metrics"
+    assert ("--collect-tokens-histogram" in argv.argv) == length_histograms_need_flag(version)

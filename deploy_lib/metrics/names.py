@@ -9,8 +9,8 @@ rules in `srt/metrics/utils.py`). tests/data/metrics/sglang_metrics.yaml holds t
 version; tests/test_metrics_names.py checks this module against that file, and that file against the wheels.
 
 What differs between the two releases, and is modelled here:
-- the prompt / generation length histograms exist in 0.5.9 only with `--collect-tokens-histogram` (absent from the
-  0.5.15 wheel on: always served), and their default buckets differ;
+- the prompt / generation length histograms exist in 0.5.9 only with `--collect-tokens-histogram` (from the 0.5.15
+  wheel on: always served with --enable-metrics), and their default buckets differ;
 - 0.5.23 adds the label `is_streaming` to the request, prompt and generation token counters, TTFT and end-to-end
   latency (present in the 0.5.20 wheel, absent in 0.5.15).
 """
@@ -31,7 +31,8 @@ SCHEDULER_LABELS = ("model_name", "engine_type", "tp_rank", "pp_rank", "moe_ep_r
 TOKENIZER_LABELS_SINCE_0_5_15 = ("model_name", "engine_type")  # 0.5.23 tokenizer_metric_labels
 TOKENIZER_LABELS_0_5_9 = ("model_name",)                        # 0.5.9 TokenizerManager.init_metric_collector_watchdog
 
-# `--collect-tokens-histogram`: registered in the 0.5.9 wheel, absent from 0.5.15 (the histograms are always there)
+# `--collect-tokens-histogram`: needed up to the 0.5.9 wheel; a DeprecatedAction in 0.5.15 (the histograms come with
+# --enable-metrics alone), removed by 0.5.20. The renderer writes it where needed (versions.SPELLINGS["metrics"]).
 TOKENS_HISTOGRAM_FLAG_UNTIL = "0.5.15"
 # `is_streaming` on the tokenizer's request metrics: absent in the 0.5.15 wheel, present in 0.5.20
 IS_STREAMING_SINCE = "0.5.20"
