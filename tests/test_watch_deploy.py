@@ -152,3 +152,17 @@ def test_a_deploy_as_fast_live_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     assert getattr(outcome, "action", None) == "deployed" and clock.slept == [60, 60]
     assert host.switches()[-1] != f"releases/{old}"
     assert any(note.startswith("watch: no regression") for note in host.progress.of_kind("note"))
+
+
+def test_a_replica_behind_a_router_is_not_watched_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A router group's replica deploys with a drain before its restart (ops/router_deploy.py) and rejoins the router
+    only after its deploy: the new release's window would see no traffic."""
+    host, _ = serving_with_metrics(monkeypatch)
+    clock = VirtualClock()
+    monkeypatch.setattr(watch, "_sleep", clock.sleep)
+    changed = with_metrics(PROJECT.profile("glm5-nvfp4"), watched=True, env={"NCCL_DEBUG_SUBSYS": "ALL"})
+    progress = RecordingProgress()
+    outcome = deploy(changed, target(), host, progress, Options(grace_s=0), clock=clock.monotonic,
+                     before_restart=lambda: None)
+    assert outcome.action == "deployed" and READ not in host.ran_names() and clock.slept == []
+    assert any(note.startswith("watch: not run for a replica behind a router") for note in progress.of_kind("note"))

@@ -290,6 +290,10 @@ def _switch(run: Transition, ask: _Ask, decided: _Decided, tags: Tags) -> ReadyR
         staged = ()
     gate = None if ask.options.skip_gate else profile.gate or (GateSettings() if ask.options.gate else None)
     watch = None if ask.options.skip_gate or ask.sweep is not None else profile.watch
+    if watch is not None and run.before_restart is not None:  # a replica rejoins its router after its deploy
+        run.progress.note("watch: not run for a replica behind a router (it rejoins the router after its deploy, so "
+                          "the new release's window would see no traffic)")
+        watch = None
     # the old release's window, before the try: nothing is switched yet, an interrupt here is one before the switch
     watched_before = None if watch is None else window_before_switch(
         run.remote, run.layout, facts.store, plan.current_id, run.serving_before, watch, run.progress, run.clock)

@@ -55,7 +55,7 @@ class Profile(Strict):
                                                         "it back when it is slower than the last good release")
     watch: WatchSettings | None = Field(None, description="read the live traffic's latency from /metrics before and "
                                                           "after the switch; roll back a regression at comparable "
-                                                          "load (needs features.metrics; one-host deploys)")
+                                                          "load (needs features.metrics; not behind a router)")
     preflight: PreflightSettings = Field(default_factory=PreflightSettings,
                                          description="checks a deploy runs before it starts the release")
     extra_args: list[Text] = Field(  # a lambda, not `list`: see ModelSpec.ignore_patterns
