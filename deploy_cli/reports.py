@@ -55,6 +55,10 @@ def print_status(report: StatusReport) -> None:
         _print(f"last switch: {report.last_downtime.line()}", markup=False)
     if report.endpoint:
         _print(f"endpoint {report.endpoint} (OpenAI API under {report.endpoint}/v1)", markup=False)
+    if report.live_load is not None:
+        _print(report.live_load.line(), markup=False)
+    elif report.live_load_problem and report.current:
+        _print(f"live load: {report.live_load_problem}", markup=False)
     for item in report.drift:
         _print(f"[yellow]drift:[/yellow] {escape(item)}")
     if report.current and not report.drift:

@@ -114,6 +114,11 @@ class GateFailed(ReadinessFailed):
     exit_code = 7
 
 
+class WatchFailed(GateFailed):
+    """The new release served live traffic slower than the old one beyond the profile's `watch:` bounds; rolled back
+    as a failed gate is (its exit code)."""
+
+
 class GpuCheckFailed(ReadinessFailed):
     """preflight.gpu_check's all-reduce failed after the old server was stopped: a failed start (SGLang never ran),
     rolled back like one; `evidence` holds the check's report for the diagnosis."""

@@ -115,6 +115,14 @@ SPELLINGS: dict[str, tuple[Spelling, ...]] = {
                  f"{_NOTES}: the old switch is deprecated and maps to backend auto, which resolves to "
                  "trtllm on a single non-SM100 node (srt/layers/flashinfer_comm_fusion.py _resolve_backend)"),
     ),
+    "metrics": (
+        Spelling("0", ("--enable-metrics", "--collect-tokens-histogram"),
+                 f"{_NOTES}: up to 0.5.9 the prompt / generation length histograms are served only with "
+                 "--collect-tokens-histogram (srt/metrics/collector.py TokenizerMetricsCollector)"),
+        Spelling("0.5.15", ("--enable-metrics",),
+                 f"{_NOTES}: the 0.5.15 wheel serves them with --enable-metrics alone and registers "
+                 "--collect-tokens-histogram as a DeprecatedAction; removed by 0.5.20"),
+    ),
     "cuda_graph_off": (
         Spelling("0", ("--disable-cuda-graph",), _NOTES),
         Spelling("0.5.15", ("--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled"),
@@ -165,7 +173,7 @@ ARGS: tuple[Arg, ...] = (
     Arg("features.cuda_graph", setting="cuda_graph_off", switch=True, on=False),
     Arg("features.radix_cache", "--disable-radix-cache", switch=True, on=False),
     Arg("features.allreduce_fusion", setting="allreduce_fusion", switch=True),
-    Arg("features.metrics", "--enable-metrics", switch=True),
+    Arg("features.metrics", setting="metrics", switch=True),
     Arg("server.host", "--host"),
     Arg("server.port", "--port"),
 )

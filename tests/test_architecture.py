@@ -37,7 +37,7 @@ FOLDER_LAYERS: dict[str, str] = {
     "profile": "schema", "inventory": "schema",
     # pure, one folder per concern: profile + host facts -> release -> Steps, and parsers of StepResults
     **dict.fromkeys(("facts", "release", "deploy", "gpu_check", "health", "models", "patches", "store", "throughput",
-                     "venvs", "tune", "report"), "planning"),
+                     "metrics", "venvs", "tune", "report"), "planning"),
     # read or change one host through a Remote: the facts read, the lock, the switch, the ladder, a venv build
     "host": "host actions",
     # one user-visible operation on one host, under the host lock

@@ -26,13 +26,15 @@ def launcher(project: Project, name: str) -> str:
     return build_release(project.profile(name), layout, "0.5.23", {}).launcher_text
 
 
-def test_a_model_on_two_gpus_is_a_two_line_profile_that_renders_and_an_inventory_of_the_host(tmp_path: Path) -> None:
+def test_a_model_on_two_gpus_is_a_short_profile_with_metrics_that_renders_and_an_inventory_of_the_host(
+        tmp_path: Path) -> None:
     project = started(tmp_path, ModelRequest("Qwen/Qwen3-8B", 2, "192.0.2.10", user="deploy"))
     profile = tmp_path / "inventory" / "profiles" / "qwen3-8b.yaml"
     body = [line for line in profile.read_text().splitlines() if not line.startswith("#")]
-    assert body == ["model: {path: Qwen/Qwen3-8B}", "parallel: {tp: 2}"]
+    assert body == ["model: {path: Qwen/Qwen3-8B}", "parallel: {tp: 2}", "features: {metrics: true}"]
     argv = launcher(project, "qwen3-8b")
     assert "--model-path Qwen/Qwen3-8B" in argv and "--tp-size 2" in argv and "/root/ml-env/bin/python3" in argv
+    assert "--enable-metrics" in argv  # /metrics for the watch and `workload` (issue 42)
     host = project.inventory(None).host(None)
     assert host.name == "gpu1" and host.address == "192.0.2.10"
     assert (host.vars.ansible_user, host.vars.gpu_count, host.vars.profile) == ("deploy", 2, "qwen3-8b")
@@ -77,7 +79,7 @@ def test_values_yaml_would_misread_are_quoted_and_read_back_as_given(tmp_path: P
     text (failed without quoting: `null` would be no address, `10` a number)."""
     started(tmp_path, ModelRequest("/models/a: b", 1, "null", name="null"))
     written = yaml.safe_load((tmp_path / "inventory" / "profiles" / "null.yaml").read_text())
-    assert written == {"model": {"path": "/models/a: b"}, "parallel": {"tp": 1}}
+    assert written == {"model": {"path": "/models/a: b"}, "parallel": {"tp": 1}, "features": {"metrics": True}}
     host = Project(tmp_path).inventory(None).host(None)
     assert host.address == "null" and host.vars.profile == "null"
 

@@ -24,7 +24,7 @@ from deploy_lib.deploy.plan import (
 )
 from deploy_lib.deploy.preflight import PreflightReads, current_record, preflight, refuse_one_node, rollback_record
 from deploy_lib.deploy.project import Target
-from deploy_lib.errors import ConnectionLost, GateFailed, GpuCheckFailed, ReadinessFailed, RemoteError
+from deploy_lib.errors import ConnectionLost, GateFailed, GpuCheckFailed, ReadinessFailed, RemoteError, WatchFailed
 from deploy_lib.facts.cuda_toolkit import cuda_home
 from deploy_lib.facts.diagnose import diagnose
 from deploy_lib.facts.host import FactRequest, HostFacts, fact_batch, parse_host_facts
@@ -42,9 +42,11 @@ from deploy_lib.host.switch import (
     gate_diagnosis,
     interruption,
     live_probe,
+    probe_target,
     recorded_tags,
     stop_unit,
 )
+from deploy_lib.host.watch import watch_after_ready, watch_diagnosis, window_before_switch
 from deploy_lib.interrupts import signals_raise
 from deploy_lib.models import HubModel, ModelFacts, PushedModel, Weights, check_model, size_text, weights
 from deploy_lib.outcomes import Action
@@ -288,6 +290,14 @@ def _switch(run: Transition, ask: _Ask, decided: _Decided, tags: Tags) -> ReadyR
         run.phase(BatchKind.stage, staged)
         staged = ()
     gate = None if ask.options.skip_gate else profile.gate or (GateSettings() if ask.options.gate else None)
+    watch = None if ask.options.skip_gate or ask.sweep is not None else profile.watch
+    if watch is not None and run.before_restart is not None:  # a replica rejoins its router after its deploy
+        run.progress.note("watch: not run for a replica behind a router (it rejoins the router after its deploy, so "
+                          "the new release's window would see no traffic)")
+        watch = None
+    # the old release's window, before the try: nothing is switched yet, an interrupt here is one before the switch
+    watched_before = None if watch is None else window_before_switch(
+        run.remote, run.layout, facts.store, plan.current_id, run.serving_before, watch, run.progress, run.clock)
     known = [*facts.store.releases, ReleaseRecord(plan.release.id, "", plan.release.metadata())]
     try:
         if plan.gpu_check_reasons:
@@ -303,8 +313,14 @@ def _switch(run: Transition, ask: _Ask, decided: _Decided, tags: Tags) -> ReadyR
             run.unsent = []
             gate_after_ready(run.remote, run.layout, plan.release.metadata(), tags, profile.bench, gate,
                              facts.store.history, run.progress, ask.secrets.get(API_KEY_ENV))
+        if watch is not None:
+            run.remote.run(run.unsent)  # the start is verified before the live traffic judges it
+            run.unsent = []
+            watch_after_ready(run.remote, probe_target(run.layout, plan.release.metadata(), {}, generation=False),
+                              watch, watched_before, run.progress, run.clock)
     except ReadinessFailed as failure:
-        diagnosis = gate_diagnosis(failure) if isinstance(failure, GateFailed) else \
+        diagnosis = watch_diagnosis(failure) if isinstance(failure, WatchFailed) else \
+            gate_diagnosis(failure) if isinstance(failure, GateFailed) else \
             diagnose(failure.evidence, profile=ask.loaded.name) if isinstance(failure, GpuCheckFailed) else \
             run.journal_diagnosis(run.cursor, ask.loaded.name)
         run.record("deploy", FAILED, tags, failure_line(failure, diagnosis))

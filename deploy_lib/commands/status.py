@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import PurePosixPath
@@ -23,8 +23,9 @@ from deploy_lib.host.facts import read_crashes, read_host_facts, record_crashes
 from deploy_lib.host.p2p_reading import NodeReader
 from deploy_lib.host.switch import probe_target
 from deploy_lib.host.venv_lifecycle import STATUS_DISTRIBUTIONS
+from deploy_lib.metrics.live import LiveLoad, metrics_step, parse_metrics_result
 from deploy_lib.profile import read_stored_profile
-from deploy_lib.remote import Remote
+from deploy_lib.remote import Remote, StepResult
 from deploy_lib.remote.readings import Fact, Readings, read
 from deploy_lib.store import ACTIVATIONS, FAILED, StoreFacts
 from deploy_lib.venvs import InstalledFacts, installed_fact
@@ -57,6 +58,8 @@ class StatusReport:
     verified: bool = True               # history records the current release's last start healthy
     peer_to_peer: P2pVerdict | None = None  # which GPU pairs have P2P, the cause and fix for the others
     recorded_crashes: int = 0           # history lines this read added for crashes it found first
+    live_load: LiveLoad | None = None   # running / queued requests, KV usage, generation rate, from /metrics
+    live_load_problem: str | None = None  # why there is none: features.metrics off, /metrics not served or not read
 
 
 def serving_endpoint(metadata: Mapping[str, Any], host_address: str) -> str | None:
@@ -91,14 +94,18 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
     record = facts.store.release(facts.store.current) if facts.store.current else None
     metadata = record.metadata if record else {}
     readiness = "no release deployed" if facts.store.current is None else "not probed: the release is unreadable"
+    live_load: LiveLoad | None = None
+    live_load_problem: str | None = None
     parallel = read_stored_profile(metadata.get("profile")).parallel if record else None
     if parallel is not None and parallel.node_rank > 0:  # SGLang serves HTTP on node rank 0 only
         readiness = f"node rank {parallel.node_rank} of {parallel.nnodes}: no HTTP here (node rank 0 serves it); " \
                     f"unit {facts.unit.active_state}"
     elif record is not None:
         probe = probe_target(layout, metadata, environ={}, generation=False)  # /ready or /health: no API key
-        [result] = remote.run([probe_step(probe, Rung.HEALTH)])
-        readiness = _readiness(parse_snapshot(result, Rung.HEALTH))
+        metrics_on = read_stored_profile(metadata.get("profile")).features.metrics
+        results = remote.run([probe_step(probe, Rung.HEALTH), *([metrics_step(probe)] if metrics_on else [])])
+        readiness = _readiness(parse_snapshot(results[0], Rung.HEALTH))
+        live_load, live_load_problem = _live_load(results[1:], metrics_on)
     lock = facts.store.lock
     crashes, recorded = None, 0
     if record is not None:  # a deploy holding the lock owns the unit's restarts (its ladder reports them)
@@ -136,7 +143,16 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
         current_problem=facts.store.current_problem(),
         topology=links.one_line() if links else links_error, peer_to_peer=verdict,
         last_start=startup_by_release(facts.store.history).get(facts.store.current or "", ""),
-        last_downtime=downtime_by_release(facts.store.history).get(facts.store.current or ""))
+        last_downtime=downtime_by_release(facts.store.history).get(facts.store.current or ""),
+        live_load=live_load, live_load_problem=live_load_problem)
+
+
+def _live_load(results: Sequence[StepResult], metrics_on: bool) -> tuple[LiveLoad | None, str | None]:
+    """The load /metrics shows now, or why it is not shown."""
+    if not metrics_on:
+        return None, "not served: the release has features.metrics off (set it true to see the live load)"
+    read = parse_metrics_result(results[0], at_s=0.0)
+    return (None, read) if isinstance(read, str) else (LiveLoad.of(read), None)
 
 
 def not_verified(store: StoreFacts, current: str) -> str:

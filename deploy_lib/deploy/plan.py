@@ -19,7 +19,14 @@ from deploy_lib.facts.host import HostFacts
 from deploy_lib.health import StartPrediction, predict_start
 from deploy_lib.inventory.model import RouterPolicy
 from deploy_lib.models import HubModel, ModelFacts, ReleaseModel, Weights, size_text
-from deploy_lib.profile import LoadedProfile, ParallelSpec, RestartPolicy, ServiceSpec, read_stored_profile
+from deploy_lib.profile import (
+    FeatureSpec,
+    LoadedProfile,
+    ParallelSpec,
+    RestartPolicy,
+    ServiceSpec,
+    read_stored_profile,
+)
 from deploy_lib.release.model import (
     SECRET_NOT_AVAILABLE,
     SECRET_VALUES,
@@ -384,6 +391,7 @@ def plan_deploy(loaded: LoadedProfile, target: Target, facts: HostFacts, secrets
              host.damaged and f"release {release.id} on the host is damaged ({host.damaged.reason}); it is staged "
                               "again",
              host.not_verified, _model_note(model, model_facts), _idle_gpus_note(loaded.profile.parallel, facts),
+             _metrics_note(loaded.profile.features),
              _gpu_check_note(loaded, host.current_id, release, check_reasons),
              _hand_stop_note(hand_pid, host, check_reasons),
              kept_at and f"a copy of the replaced unit is kept at {kept_at}")
@@ -540,6 +548,15 @@ def _idle_gpus_note(parallel: ParallelSpec, facts: HostFacts) -> str | None:
         return None
     return (f"parallel: {parallel.shape} takes {used} of the host's {shown} GPUs; {shown - used} stay idle "
             f"(tp x dp x pp per node may be up to {shown})")
+
+
+def _metrics_note(features: FeatureSpec) -> str | None:
+    """A release without SGLang's /metrics cannot be watched nor have its workload read (issue 42): said, not
+    refused."""
+    if features.metrics:
+        return None
+    return ("features.metrics is off: the server will serve no /metrics, which the live-traffic watch and `workload` "
+            "read (set features.metrics: true)")
 
 
 def _model_note(model: Weights | None, model_facts: ModelFacts | None) -> str | None:

@@ -97,7 +97,9 @@ def for_model(request: ModelRequest) -> NewProject:
         raise ConfigError("init needs your model and your host: --model and --host",
                           "sglang-deploy init --model Qwen/Qwen3-8B --gpus 1 --host 192.0.2.10 "
                           "(or init --example glm5-nvfp4 for the reference rig)")
-    profile: dict[str, Any] = {"model": {"path": request.model}, "parallel": {"tp": request.gpus}}
+    # metrics on: every release serves /metrics, which the watch, `workload` and `status` read (issue 42)
+    profile: dict[str, Any] = {"model": {"path": request.model}, "parallel": {"tp": request.gpus},
+                               "features": {"metrics": True}}
     if request.venv is not None:
         profile["service"] = {"venv": request.venv}
     checked = _validated(Profile, profile, {"model.path": "--model", "model": "--model", "parallel.tp": "--gpus",

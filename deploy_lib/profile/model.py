@@ -30,7 +30,7 @@ from deploy_lib.profile.sections import (
     ServiceSpec,
     env_text,
 )
-from deploy_lib.profile.settings import BenchSettings, GateSettings, PreflightSettings
+from deploy_lib.profile.settings import BenchSettings, GateSettings, PreflightSettings, WatchSettings
 from deploy_lib.versions import ARGS, modelled_flags
 
 
@@ -68,6 +68,9 @@ class Profile(Strict):
                                              "command")
     gate: GateSettings | None = Field(None, description="benchmark every new release after it is ready and roll "
                                                         "it back when it is slower than the last good release")
+    watch: WatchSettings | None = Field(None, description="read the live traffic's latency from /metrics before and "
+                                                          "after the switch; roll back a regression at comparable "
+                                                          "load (needs features.metrics; not behind a router)")
     preflight: PreflightSettings = Field(default_factory=PreflightSettings,
                                          description="checks a deploy runs before it starts the release")
     extra_args: list[Text] = Field(  # a lambda, not `list`: see ModelSpec.ignore_patterns
@@ -106,6 +109,8 @@ class Profile(Strict):
         clash = sorted(set(self.env) & set(self.secrets))
         if clash:
             raise ValueError(f"{', '.join(clash)} set in both env and secrets")
+        if self.watch is not None and not self.features.metrics:
+            raise ValueError("watch: reads SGLang's /metrics; set features.metrics: true (--enable-metrics)")
         if self.features.allreduce_fusion and self.parallel.nnodes > 1:
             raise ValueError("allreduce_fusion is single-node (TRT-LLM fusion uses CUDA IPC); nnodes must be 1")
         for arg in self.extra_args:

@@ -1,4 +1,5 @@
-"""The profile's sections that operations act on (`bench:`, `gate:`, `preflight:`, `venv:`), in the schema layer.
+"""The profile's sections that operations act on (`bench:`, `gate:`, `watch:`, `preflight:`, `venv:`), in the schema
+layer.
 
 The operations (deploy_lib/throughput/ runs the benchmark and the gate, deploy_lib/venvs/ builds the venv)
 import these models; the schema never imports an operation (tests/test_architecture.py checks the import graph).
@@ -86,6 +87,27 @@ class PreflightSettings(BaseModel):
                            "release's, stop the old server and run gpu-check's verified all-reduce before starting "
                            "the new one; a failure rolls back before SGLang starts (exit 6) "
                            "([gpu-check](gpu-check.md#in-a-deploy-preflightgpu_check))")
+
+
+class WatchSettings(BaseModel):
+    """The watch around a deploy (issue 42): the old release's live traffic read from /metrics over a window before
+    the switch, the new release's over a window after it is ready; a regression beyond these bounds, at comparable
+    load, rolls the new release back. Needs features.metrics (SGLang's --enable-metrics)."""
+
+    model_config = ConfigDict(defer_build=True, extra="forbid", frozen=True)
+    window_s: Annotated[int, Field(ge=10, le=3600)] = Field(
+        300, description="seconds of live traffic read before the switch, and again once the new release is ready")
+    min_requests: Annotated[int, Field(ge=1, le=1_000_000)] = Field(
+        50, description="requests each window must finish to be judged; with fewer, the release is kept and the "
+                        "watch says it had too little traffic")
+    max_ttft_p99_ratio: Annotated[float, Field(gt=1, le=100)] = Field(
+        1.5, description="p99 time to first token after the switch may be at most this times the one before")
+    max_inter_token_p99_ratio: Annotated[float, Field(gt=1, le=100)] = Field(
+        1.5, description="p99 inter-token latency after the switch may be at most this times the one before")
+    max_load_ratio: Annotated[float, Field(gt=1, le=100)] = Field(
+        1.5, description="the two windows are compared only when their request rates, and their mean prompt and "
+                         "output lengths, are within this factor of each other; otherwise the release is kept and "
+                         "the watch says the load was not comparable")
 
 
 # ---------------------------------------------------------------------------------------------------------

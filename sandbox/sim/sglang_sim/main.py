@@ -289,21 +289,26 @@ class Simulation:
         log("INFO:     Application startup complete.")
         log(f"INFO:     Uvicorn running on http://{self.launch.host}:{self.launch.port} (Press CTRL+C to quit)")
         threading.Thread(target=server.serve_forever, daemon=True).start()
-        self.warmup()
+        self.warmup(state)
         state.status = Status.UP
         log("The server is fired up and ready to roll!")
         self.stop.wait()
         self.drain(server, state)
 
-    def warmup(self) -> None:
-        """As SGLang's warmup thread: /model_info, then one 8-token /generate, then status Up."""
+    def warmup(self, state: ServerState) -> None:
+        """As SGLang's warmup thread: /model_info, then one 8-token /generate, then status Up. The /generate goes
+        through the HTTP side as any request does, so /metrics counts it (a 7-token prompt, not streamed)."""
         self.phase("warmup", 2)
         log('INFO:     127.0.0.1:0 - "GET /model_info HTTP/1.1" 200 OK')
         log("Prefill batch. #new-seq: 1, #new-token: 7, #cached-token: 0, token usage: 0.00, "
             "#running-req: 0, #queue-req: 0", self.rank)
         assert self.engine is not None
-        for _ in self.engine.generate(7, 8, 0.05, internal=True):
-            pass
+        observed = state.served.request([0] * 7, stream=False, arrived_s=time.monotonic())
+        produced = 0
+        for step in self.engine.generate(7, 8, 0.05, internal=True):
+            produced += step
+            observed.produced(produced, time.monotonic(), finished=produced >= 8)
+        observed.finished(time.monotonic())
         self.phase("warmup", 2)
         log('INFO:     127.0.0.1:0 - "POST /generate HTTP/1.1" 200 OK')
 

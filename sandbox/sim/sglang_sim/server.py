@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import enum
 import json
-import math
 import os
 import secrets
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from http import HTTPStatus
@@ -18,6 +17,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from sglang_sim.engine import Engine, Launch
+from sglang_sim.served import ServedMetrics
 
 WORDS = ("The simulated model answers with plain words so that token counts are easy to check and the "
          "stream is readable in a terminal while the sandbox runs").split()
@@ -41,8 +41,9 @@ def log(message: str, rank: str = "") -> None:
     print(f"[{timestamp()}{' ' + rank if rank else ''}] {message}", flush=True)
 
 
-def count_tokens(text: str) -> int:
-    return max(1, math.ceil(len(text) / 4))
+def prompt_pieces(text: str) -> list[str]:
+    """A text's tokens as the simulator counts them: pieces of 4 characters (ceil(len / 4) of them), at least one."""
+    return [text[i:i + 4] for i in range(0, len(text), 4)] or [""]
 
 
 def token_text(start: int, count: int) -> str:
@@ -70,6 +71,10 @@ class ServerState:
     max_total_num_tokens: int
     startup_time: float = field(default_factory=time.time)
     status: Status = Status.STARTING
+    served: ServedMetrics = field(init=False)  # what /metrics reports of the requests served
+
+    def __post_init__(self) -> None:
+        self.served = ServedMetrics(self.launch.served_model_name, self.launch.server_args, self.max_total_num_tokens)
 
 
 class Handler(BaseHTTPRequestHandler):
@@ -213,31 +218,18 @@ class Handler(BaseHTTPRequestHandler):
                 "gen_throughput": round(engine.aggregate_tok_s(), 2)}]})
 
     def metrics(self) -> None:
+        """As SGLang 0.5.23 with --enable-metrics (served.py): the scheduler's gauges now, the requests served."""
         if not self.state.launch.enable_metrics:
             self.send_json(404, {"detail": "Not Found"})
             return
         engine = self.state.engine
-        label = f'{{model_name="{self.state.launch.served_model_name}"}}'
-        usage = min(1.0, engine.running * 2048 / self.state.max_total_num_tokens)
-        lines = []
-        for name, kind, value in (
-            ("num_running_reqs", "gauge", engine.running),
-            ("num_queue_reqs", "gauge", engine.waiting),
-            ("token_usage", "gauge", round(usage, 4)),
-            ("gen_throughput", "gauge", round(engine.aggregate_tok_s(), 2)),
-            ("prompt_tokens_total", "counter", engine.prompt_tokens_total),
-            ("generation_tokens_total", "counter", engine.generation_tokens_total),
-            ("num_requests_total", "counter", engine.finished),
-        ):
-            lines += [f"# HELP sglang:{name} {name.replace('_', ' ')} (simulated)", f"# TYPE sglang:{name} {kind}",
-                      f"sglang:{name}{label} {value}"]
-        lines += ["# HELP sglang:time_to_first_token_seconds Histogram of time to first token (simulated)",
-                  "# TYPE sglang:time_to_first_token_seconds histogram",
-                  f'sglang:time_to_first_token_seconds_bucket{{model_name="{self.state.launch.served_model_name}",'
-                  f'le="+Inf"}} {engine.finished}',
-                  f"sglang:time_to_first_token_seconds_sum{label} {engine.ttft_sum_s:.6f}",
-                  f"sglang:time_to_first_token_seconds_count{label} {engine.finished}"]
-        data = ("\n".join(lines) + "\n").encode()
+        with engine.lock:
+            running, waiting, prompt_tokens = engine.running, engine.waiting, engine.running_prompt_tokens
+        data = self.state.served.text({
+            "num_running_reqs": running, "num_queue_reqs": waiting,
+            # the KV pool's share the running requests' prompts hold
+            "token_usage": round(min(1.0, prompt_tokens / self.state.max_total_num_tokens), 4),
+            "gen_throughput": round(engine.aggregate_tok_s(), 2)}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "text/plain; version=0.0.4; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))
@@ -245,19 +237,26 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(data)
 
     # --- generation -------------------------------------------------------
-    def run_generation(self, prompt_tokens: int, max_tokens: int, stream: bool,
+    def run_generation(self, prompt: Sequence[Any], max_tokens: int, stream: bool,
                        chunk: Callable[[str, int], Any], final: Callable[[str, int, int], Any],
                        usage_chunk: Callable[[int, int], Any] | None = None) -> None:
+        """Generate for a prompt of these tokens (ids, or a text's pieces: prompt_pieces)."""
         engine = self.state.engine
+        prompt_tokens = len(prompt)
         tick = STREAM_TICK_S if stream else BATCH_TICK_S
+        observed = self.state.served.request(prompt, stream, time.monotonic())
         if stream:
             self.start_stream()
         produced = 0
         interval = self.state.launch.stream_interval if stream else 1
         for step in engine.generate(prompt_tokens, max_tokens, tick, interval=interval):
+            observed.produced(produced + step, time.monotonic(), finished=produced + step >= max_tokens)
             if stream:
                 self.send_event(chunk(token_text(produced, step), produced + step))
             produced += step
+        if produced:
+            observed.produced(produced, time.monotonic(), finished=True)
+            observed.finished(time.monotonic())
         if stream:
             if usage_chunk is not None:
                 self.send_event(usage_chunk(prompt_tokens, produced))
@@ -269,7 +268,8 @@ class Handler(BaseHTTPRequestHandler):
     def generate(self) -> None:
         body = self.read_json()
         input_ids = body.get("input_ids")  # the benchmark sends ids with --tokenize-prompt
-        prompt_tokens = len(input_ids) if isinstance(input_ids, list) else count_tokens(body.get("text") or "")
+        prompt = input_ids if isinstance(input_ids, list) else prompt_pieces(body.get("text") or "")
+        prompt_tokens = len(prompt)
         max_tokens = int((body.get("sampling_params") or {}).get("max_new_tokens") or 128)
         rid = uuid.uuid4().hex
 
@@ -279,7 +279,7 @@ class Handler(BaseHTTPRequestHandler):
                     "finish_reason": finish}
 
         self.run_generation(
-            prompt_tokens, max_tokens, bool(body.get("stream")),
+            prompt, max_tokens, bool(body.get("stream")),
             chunk=lambda _new, total: {"text": token_text(0, total), "index": 0,
                                        "meta_info": meta(prompt_tokens, total, total >= max_tokens)},
             final=lambda out, p, n: {"text": out, "meta_info": meta(p, n, True)})
@@ -316,7 +316,7 @@ class Handler(BaseHTTPRequestHandler):
 
         stream_usage = bool((body.get("stream_options") or {}).get("include_usage"))
         self.run_generation(
-            count_tokens(prompt), max_tokens, bool(body.get("stream")),
+            prompt_pieces(prompt), max_tokens, bool(body.get("stream")),
             chunk=lambda new, total: envelope([choice(new, total >= max_tokens, True)], True),
             final=lambda out, p, n: envelope([choice(out, True, False)], False, usage=usage(p, n)),
             usage_chunk=(lambda p, n: envelope([], True, usage=usage(p, n))) if stream_usage else None)
