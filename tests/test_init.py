@@ -148,7 +148,7 @@ def test_at_a_terminal_init_without_flags_asks_model_gpus_and_host(tmp_path: Pat
     assert "'four' is not a number of GPUs" in err
     profile = tmp_path / "inventory" / "profiles" / "qwen3-32b.yaml"
     assert [line for line in profile.read_text().splitlines() if not line.startswith("#")] == [
-        "model: {path: Qwen/Qwen3-32B}", "parallel: {tp: 4}"]
+        "model: {path: Qwen/Qwen3-32B}", "parallel: {tp: 4}", "features: {metrics: true}"]
     assert Project(tmp_path).inventory(None).host(None).address == "192.0.2.10"
     assert f"wrote {profile}" in out
 
