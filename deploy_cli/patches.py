@@ -1,4 +1,4 @@
-"""patch, patch-fusion, patches.*: the patch sets under roles/ on a host's venv."""
+"""patch, patch-fusion, patches.*: the bundled patch sets and the project's own (patches/) on a host's venv."""
 
 from __future__ import annotations
 
@@ -22,7 +22,8 @@ FUSION_PATCH_SET = "fusion-sm120"
 def _patch_set(name: str) -> PatchSet:
     from deploy_lib.bundled import ROLES_DIR
     from deploy_lib.patches import find_patch_set
-    return common.run(lambda: find_patch_set(ROLES_DIR, name))
+    patches_dir = common.project().patches_dir
+    return common.run(lambda: find_patch_set(ROLES_DIR, name, patches_dir))
 
 
 def _patch_run(profile: str | None, host: str | None, inventory: str | None, service: str | None,
@@ -38,11 +39,13 @@ PATCH_HELP = {"name": "patch set name (see `patches.list`)", "profile": common.I
 
 @task(name="list")
 def patches_list(c: Context, json: bool = False) -> None:
-    """List the patch sets under roles/ with what they are for."""
+    """List the patch sets, bundled and the project's own (its patches/ folder), with where each is and what it is
+    for."""
     from deploy_lib.bundled import ROLES_DIR
     from deploy_lib.patches import list_patch_sets
     common.report_as(json)
-    common.show(common.run(lambda: list_patch_sets(ROLES_DIR)), reports.print_patch_sets)
+    patches_dir = common.project().patches_dir
+    common.show(common.run(lambda: list_patch_sets(ROLES_DIR, patches_dir)), reports.print_patch_sets)
 
 
 @task(name="check", help=PATCH_HELP)
@@ -115,7 +118,8 @@ PATCH_ACTION_HELP = {"profile": PATCH_HELP["profile"], "enable": "patch and depl
 def patch(c: Context, name: str, enable: bool = False, disable: bool = False, check: bool = False,
           audit: bool = False, profile: str | None = None, host: str | None = None, inventory: str | None = None,
           service: str | None = None, yes: bool = False, json: bool = False, verbose: bool = False) -> None:
-    """A patch set under roles/ (`patches.list`): --name NAME, then --enable | --disable | --check | --audit."""
+    """A patch set, bundled or the project's own (`patches.list`): --name NAME, then --enable | --disable | --check |
+    --audit."""
     common.report_as(json, verbose)
     chosen = [flag for flag, on in (("enable", enable), ("disable", disable), ("check", check), ("audit", audit))
               if on]

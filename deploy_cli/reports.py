@@ -210,11 +210,11 @@ def print_models(models: list[StoredModel]) -> None:
 
 
 def print_patch_sets(patch_sets: list[PatchSet]) -> None:
-    table = _table("patch set", "packages", "GPUs", "targets", "description")
+    table = _table("patch set", "from", "packages", "GPUs", "targets", "description")
     for patch_set in patch_sets:
         meta = patch_set.meta
-        table.add_row(meta.name, ", ".join(meta.packages), ", ".join(meta.applies_to) or "any",
-                      ", ".join(meta.targets), meta.description)
+        table.add_row(meta.name, f"{patch_set.origin}: {patch_set.directory}", ", ".join(meta.packages),
+                      ", ".join(meta.applies_to) or "any", ", ".join(meta.targets), meta.description)
     _print(table)
 
 

@@ -55,7 +55,9 @@ def tune(c: Context, profile: str | None = None, vary: list[str] | None = None, 
                    code=common.BAD_OPTION)
     else:
         sweep_spec, sources = None, {}
-    request = tune_request.Request(sweep_spec, sources, tuple(list_patch_sets(ROLES_DIR)), dict(os.environ),
+    patches_dir = common.project().patches_dir
+    patch_sets = common.run(lambda: tuple(list_patch_sets(ROLES_DIR, patches_dir)))
+    request = tune_request.Request(sweep_spec, sources, patch_sets, dict(os.environ),
                              dry_run=dry_run, resume=resume)
     if group is not None:
         _tune_group(profile, host, group, inventory, accept_new_host_key, request, yes)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from helpers.deploy_plan import PROJECT, options_accepting
+from helpers.project_patches import write_project_patch_set
 
 from deploy_cli.tune import estimate_line, table_lines
 from deploy_lib.errors import ConfigError
@@ -82,6 +83,20 @@ def test_a_vary_key_or_value_the_profile_refuses_names_the_option_and_the_key() 
     with pytest.raises(ConfigError, match=r"--vary patches=none,fusion-sm12: patches: 'fusion-sm12' is not a patch "
                                           r"set; did you mean `fusion-sm120`"):
         sweep_of("patches=none,fusion-sm12")
+
+
+def test_a_project_patch_set_is_a_value_of_the_patches_axis(tmp_path: Path) -> None:
+    """`--vary patches=none,our-gate` with our-gate in the project's patches/: a candidate on it, as on a bundled
+    set (`tune` passes the project's sets with the bundled ones)."""
+    write_project_patch_set(tmp_path)
+    known = tuple(list_patch_sets(PROJECT.root / "roles", tmp_path / "patches"))
+    tune_spec, sources = sweep_spec(None, ["patches=none,our-gate"], {})
+    sweep = build_sweep(BASE_PROFILE, tune_spec, sources, known, host())
+    assert [(c.label, c.patch_set and c.patch_set.directory) for c in sweep.candidates] == [
+        ("patches=none", None), ("patches=our-gate", tmp_path / "patches" / "our-gate")]
+    assert sweep.candidates[1].loaded.name == "glm5-nvfp4+our-gate"
+    with pytest.raises(ConfigError, match="'our-gate' is not a patch set"):
+        build_sweep(BASE_PROFILE, tune_spec, sources, PATCH_SETS, host())
 
 
 def test_a_spec_file_is_checked_key_by_key_and_a_key_in_both_places_is_refused(tmp_path: Path) -> None:

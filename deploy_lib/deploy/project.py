@@ -18,6 +18,7 @@ DEFAULT_INVENTORY = "inventory/hosts.yaml"
 SANDBOX_INVENTORY = "inventory/sandbox.yaml"
 PROFILE_SUFFIX = ".yaml"
 PROJECT_ENV = "SGLANG_DEPLOY_PROJECT"
+PATCHES_FOLDER = "patches"  # beside inventory/: the project's own patch sets, laid out as the bundled ones
 
 
 @dataclass(frozen=True)
@@ -42,6 +43,11 @@ class Project:
     @property
     def profiles_dir(self) -> Path:
         return self.root / "inventory" / "profiles"
+
+    @property
+    def patches_dir(self) -> Path:
+        """The project's own patch sets (one folder each, as the bundled roles/<name>/); it need not exist."""
+        return self.root / PATCHES_FOLDER
 
     def inventory_path(self, given: str | None) -> Path:
         """A given path as the user typed it (relative: to the working directory); by default the project's."""

@@ -1,7 +1,8 @@
 """Patch sets as data: pick the variant for the installed versions, tell the states apart, apply, revert, audit.
 
-A patch set is a directory (roles/<name>/): meta.yaml plus targets/<target>.yaml, each target with variants per
-version range that give the file, the exact upstream (gated) text and our (patched) text. Everything here is a pure
+A patch set is a directory (roles/<name>/ bundled with the tool, or patches/<name>/ in the user's project): meta.yaml
+plus targets/<target>.yaml, each target with variants per version range that give the file, the exact upstream
+(gated) text and our (patched) text. Everything here is a pure
 function over file texts, so the same code runs on wheels unpacked by the tests and on files read from a host; check /
 audit / enable / disable on a host is the command deploy_lib/commands/patches.py.
 
@@ -34,7 +35,7 @@ from deploy_lib.patches.host_files import (
     record_fact,
     top_level_packages,
 )
-from deploy_lib.patches.spec import FLASHINFER, PatchSet, find_patch_set, list_patch_sets, load_patch_set
+from deploy_lib.patches.spec import FLASHINFER, Origin, PatchSet, find_patch_set, list_patch_sets, load_patch_set
 from deploy_lib.patches.text import (
     PatchConflict,
     PatchRecord,
@@ -57,6 +58,7 @@ __all__ = [
     "CheckReport",
     "Enabled",
     "GpuArch",
+    "Origin",
     "PatchConflict",
     "PatchRecord",
     "PatchSet",

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
-from deploy_lib.errors import ConfigError
+from deploy_lib.errors import ConfigError, did_you_mean
 from deploy_lib.patches.versions import VersionRange, parse_ranges
 from deploy_lib.profile import FeatureSpec, format_validation_error
 from deploy_lib.yaml_io import load_yaml_mapping
@@ -185,11 +186,19 @@ class MetaSpec(FrozenModel):
         return self
 
 
+class Origin(StrEnum):
+    """Where a patch set comes from: the tool's own (roles/, in the package) or the user's project (patches/)."""
+
+    BUNDLED = "bundled"
+    PROJECT = "project"
+
+
 @dataclass(frozen=True)
 class PatchSet:
     meta: MetaSpec
     targets: Mapping[str, TargetSpec]  # in the order of meta.targets
     directory: Path
+    origin: Origin = Origin.BUNDLED
 
     @property
     def name(self) -> str:
@@ -206,7 +215,7 @@ def _validated(model: type[_M], path: Path) -> _M:
         raise ConfigError(format_validation_error(str(path), err)) from None
 
 
-def load_patch_set(path: Path) -> PatchSet:
+def load_patch_set(path: Path, origin: Origin = Origin.BUNDLED) -> PatchSet:
     """Load roles/<name>/ (or its meta.yaml) and every targets/<target>.yaml; ConfigError names file and key."""
     meta_path = path / "meta.yaml" if path.is_dir() else path
     meta = _validated(MetaSpec, meta_path)
@@ -219,19 +228,46 @@ def load_patch_set(path: Path) -> PatchSet:
         if targets[name].package not in meta.packages:
             raise ConfigError(f"{target_path}: package: {targets[name].package!r} is not one of the packages in "
                               f"{meta_path} ({', '.join(meta.packages)})")
-    return PatchSet(meta=meta, targets=targets, directory=meta_path.parent)
+    return PatchSet(meta=meta, targets=targets, directory=meta_path.parent, origin=origin)
 
 
-def list_patch_sets(roles_dir: Path) -> list[PatchSet]:
-    """Every patch set under roles/ (a role with a meta.yaml), by name."""
-    return sorted((load_patch_set(meta.parent) for meta in roles_dir.glob("*/meta.yaml")), key=lambda p: p.name)
+def _project_sets(project_dir: Path) -> list[PatchSet]:
+    """The project's patch sets: every folder of project_dir is one (a folder without meta.yaml is refused)."""
+    if not project_dir.is_dir():
+        return []
+    folders = sorted(path for path in project_dir.iterdir() if path.is_dir() and not path.name.startswith("."))
+    for folder in folders:
+        if not (folder / "meta.yaml").is_file():
+            raise ConfigError(f"{folder}: a folder of the project's patch sets without a meta.yaml",
+                              "each folder there is one patch set, laid out as the bundled ones "
+                              "(`sglang-deploy docs patch-sets`); move anything else out of it")
+    return [load_patch_set(folder, Origin.PROJECT) for folder in folders]
 
 
-def find_patch_set(roles_dir: Path, name: str) -> PatchSet:
-    known = list_patch_sets(roles_dir)
+def list_patch_sets(roles_dir: Path, project_dir: Path | None = None) -> list[PatchSet]:
+    """Every patch set: the bundled ones under roles_dir (a role with a meta.yaml) and, given project_dir (the
+    project's patches/, which may not exist), the project's own; by name. Two sets of one name are refused naming
+    both places: which one a name means must never depend on the order they are read in."""
+    bundled = [load_patch_set(meta.parent) for meta in roles_dir.glob("*/meta.yaml")]
+    found: dict[str, PatchSet] = {}
+    for patch_set in [*bundled, *(_project_sets(project_dir) if project_dir is not None else [])]:
+        other = found.setdefault(patch_set.name, patch_set)
+        if other is not patch_set:
+            taken = "the bundled one's name is taken" if other.origin is Origin.BUNDLED else "names are one per set"
+            raise ConfigError(f"two patch sets are named {patch_set.name!r}: {_place(other)} and {_place(patch_set)}",
+                              f"rename the project's one (`name:` in its meta.yaml, and its folder): {taken}")
+    return sorted(found.values(), key=lambda p: p.name)
+
+
+def _place(patch_set: PatchSet) -> str:
+    return f"{patch_set.origin} {patch_set.directory / 'meta.yaml'}"
+
+
+def find_patch_set(roles_dir: Path, name: str, project_dir: Path | None = None) -> PatchSet:
+    known = list_patch_sets(roles_dir, project_dir)
     found = next((patch_set for patch_set in known if patch_set.name == name), None)
     if found is None:
-        raise ConfigError(f"no patch set named {name!r} under {roles_dir}",
-                          hint=f"patch sets: {', '.join(p.name for p in known) or 'none'}")
+        where = f"under {roles_dir}" + (f" or {project_dir}" if project_dir is not None else "")
+        raise ConfigError(f"no patch set named {name!r} {where}{did_you_mean(name, [p.name for p in known])}",
+                          hint=f"patch sets: {', '.join(p.name for p in known) or 'none'} (`patches.list`)")
     return found
-
