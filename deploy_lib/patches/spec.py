@@ -240,7 +240,7 @@ def _project_sets(project_dir: Path) -> list[PatchSet]:
         if not (folder / "meta.yaml").is_file():
             raise ConfigError(f"{folder}: a folder of the project's patch sets without a meta.yaml",
                               "each folder there is one patch set, laid out as the bundled ones "
-                              "(`sglang-deploy docs patch-sets`); move anything else out of it")
+                              "(`invoke docs patch-sets`); move anything else out of it")
     return [load_patch_set(folder, Origin.PROJECT) for folder in folders]
 
 
