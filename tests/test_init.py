@@ -4,14 +4,18 @@ inventory holds their host; a hostile value is refused naming its option, one YA
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
 import pytest
 import yaml
+from helpers.deploy_plan import NOW, facts
 
-from deploy_lib.deploy.project import Project
+from deploy_lib.deploy.plan import VenvChoice, plan_deploy
+from deploy_lib.deploy.project import Project, resolve_target
 from deploy_lib.deploy.starter import ModelRequest, for_model, new_project, write_project
-from deploy_lib.errors import ConfigError
+from deploy_lib.errors import ConfigError, PreflightError
+from deploy_lib.facts.host import SGLangInstall
 from deploy_lib.release.model import build_release
 from deploy_lib.store import StoreLayout
 
@@ -55,6 +59,43 @@ def test_the_venv_and_name_given_end_up_in_the_files_and_the_host_needs_that_ven
 def test_without_a_venv_the_host_must_have_the_default_one(tmp_path: Path) -> None:
     assert for_model(ModelRequest("Qwen/Qwen3-8B", 1, "192.0.2.10")).host_needs[0].startswith(
         "SGLang installed in a virtual environment at /root/ml-env")
+
+
+def test_init_says_the_host_needs_a_venv_or_a_lock_and_that_the_first_plan_checks_it() -> None:
+    need = for_model(ModelRequest("Qwen/Qwen3-8B", 1, "192.0.2.10")).host_needs[0]
+    assert need == ("SGLang installed in a virtual environment at /root/ml-env (the profile's service.venv), or a lock "
+                    "to build one from (service.venv_build: `invoke docs venvs`); the first `invoke plan` checks it")
+
+
+@pytest.mark.parametrize(("venv", "host_var", "venv_key"), [
+    (None, None, "service.venv of {profile}, its default"),
+    ("/opt/sglang", None, "service.venv of {profile}"),
+    (None, "/srv/env", "the host's `venv` var in the inventory")])
+def test_the_first_plan_on_a_host_without_the_venv_names_the_key_and_the_fix(
+        tmp_path: Path, venv: str | None, host_var: str | None, venv_key: str) -> None:
+    """Input tried: init's project, then a plan on a host that has no SGLang where the profile says (the venv's
+    python3 missing, as the facts read it)."""
+    project = started(tmp_path, ModelRequest("Qwen/Qwen3-8B", 1, "192.0.2.10", venv=venv))
+    target = resolve_target(project.inventory(None), None)
+    if host_var is not None:
+        target = replace(target, host=target.host.model_copy(update={
+            "vars": target.host.vars.model_copy(update={"venv": host_var})}))
+    missing = replace(facts(gpus=1), sglang=SGLangInstall(False, None, None, {}, "the venv's python3 was not found"))
+    with pytest.raises(PreflightError) as caught:
+        plan_deploy(project.profile("qwen3-8b"), target, missing, {}, False, NOW)
+    path = host_var or venv or "/root/ml-env"
+    key = venv_key.format(profile=tmp_path / "inventory" / "profiles" / "qwen3-8b.yaml")
+    assert caught.value.message == f"gpu1: no SGLang found in {path} ({key}): the venv's python3 was not found"
+    assert caught.value.hint == (f"install SGLang in a venv there (`python3 -m venv {path} && {path}/bin/pip install "
+                                 "sglang`), or set service.venv to the venv that has it, or give service.venv_build "
+                                 "a lock the deploy builds the venv from (`invoke docs venvs`)")
+    assert caught.value.exit_code == 3
+    # a managed venv (built, adopted, patched) is no key of the user's: none is named
+    managed = "/opt/sglang-deploy/sglang/venvs/0123456789abcdef"
+    with pytest.raises(PreflightError) as caught:
+        plan_deploy(project.profile("qwen3-8b"), target, missing, {}, False, NOW, venv=VenvChoice(managed))
+    assert caught.value.message == f"gpu1: no SGLang found in {managed}: the venv's python3 was not found"
+    assert "`invoke venv.list`" in str(caught.value.hint)
 
 
 @pytest.mark.parametrize(("request_", "option"), [

@@ -416,12 +416,26 @@ def _release(loaded: LoadedProfile, target: Target, layout: StoreLayout, facts: 
     """The release the profile makes on this host's venv; PreflightError when no SGLang is known to be there."""
     version = facts.sglang.sglang_version or venv.sglang_version
     if version is None:
-        raise PreflightError(f"{target.host.name}: no SGLang found in {venv.path}: {facts.sglang.error}",
-                             "create the venv on the host (or point service.venv / the host's `venv` var at it)")
+        raise _no_sglang(loaded, target, venv.path, facts.sglang.error)
     return build_release(loaded, layout, version, secrets, venv=venv.path, patches=patches,
                          flashinfer_version=facts.sglang.flashinfer_version, extra_environment=venv.environment,
                          model=model, torch_version=facts.sglang.torch_version,
                          nccl_version=facts.sglang.nccl_version, release_id=release_id)
+
+
+def _no_sglang(loaded: LoadedProfile, target: Target, venv: str, error: str | None) -> PreflightError:
+    """The host lacks SGLang where the profile says it is: the key that says so, and the two ways to fix it."""
+    where = f"{target.host.name}: no SGLang found in {venv}"
+    if venv != target.venv_of(loaded.profile):  # a managed venv (built, adopted or patched): not the user's key
+        return PreflightError(f"{where}: {error}", "the venv the release runs from is incomplete: "
+                                                   "`invoke venv.list` shows the host's venvs")
+    key = ("the host's `venv` var in the inventory" if target.venv_override
+           else f"service.venv of {loaded.path}" + ("" if "venv" in loaded.profile.service.model_fields_set
+                                                     else ", its default"))
+    return PreflightError(f"{where} ({key}): {error}",
+                          f"install SGLang in a venv there (`python3 -m venv {venv} && {venv}/bin/pip install "
+                          "sglang`), or set service.venv to the venv that has it, or give service.venv_build a "
+                          "lock the deploy builds the venv from (`invoke docs venvs`)")
 
 
 def as_current(facts: HostFacts, release: Release) -> Release:

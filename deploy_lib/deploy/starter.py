@@ -31,7 +31,8 @@ PROFILE_HEADER = ("# An SGLang server for sglang-deploy. Only what differs from 
                   "# `sglang-deploy schema`. `sglang-deploy render {name}` shows the command line it becomes.\n")
 INVENTORY_HEADER = ("# Your GPU hosts, as an Ansible inventory (YAML). `profile` is what a host runs when a command\n"
                     "# names no --profile.\n")
-HOST_NEEDS = ("SGLang installed in a virtual environment at {venv} (the profile's service.venv)",
+HOST_NEEDS = ("SGLang installed in a virtual environment at {venv} (the profile's service.venv), or a lock to build "
+              "one from (service.venv_build: `invoke docs venvs`); the first `invoke plan` checks it",
               "python3, systemd and nvidia-smi",
               "SSH login with a key, as root or as a user with passwordless sudo")
 
