@@ -92,8 +92,9 @@ def test_two_project_patch_sets_of_one_name_and_a_folder_without_meta_are_refuse
     write_project_patch_set(tmp_path)
     write_project_patch_set(tmp_path, folder="our-gate-2")
     with pytest.raises(ConfigError, match=r"two patch sets are named 'our-gate': project .*/our-gate/meta\.yaml and "
-                                          r"project .*/our-gate-2/meta\.yaml"):
+                                          r"project .*/our-gate-2/meta\.yaml") as caught:
         list_patch_sets(ROLES_DIR, tmp_path / "patches")
+    assert caught.value.hint == "rename one of the two (`name:` in its meta.yaml, and its folder)"
     shutil.rmtree(tmp_path / "patches" / "our-gate-2")
     (tmp_path / "patches" / "notes").mkdir()
     with pytest.raises(ConfigError, match=r"notes: a folder of the project's patch sets without a meta\.yaml"):

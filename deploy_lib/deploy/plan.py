@@ -424,7 +424,7 @@ def _release(loaded: LoadedProfile, target: Target, layout: StoreLayout, facts: 
 
 
 def _no_sglang(loaded: LoadedProfile, target: Target, venv: str, error: str | None) -> PreflightError:
-    """The host lacks SGLang where the profile says it is: the key that says so, and the two ways to fix it."""
+    """The host lacks SGLang where the profile says it is: the key that says so, and the ways to fix it."""
     where = f"{target.host.name}: no SGLang found in {venv}"
     if venv != target.venv_of(loaded.profile):  # a managed venv (built, adopted or patched): not the user's key
         return PreflightError(f"{where}: {error}", "the venv the release runs from is incomplete: "

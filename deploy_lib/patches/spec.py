@@ -253,9 +253,9 @@ def list_patch_sets(roles_dir: Path, project_dir: Path | None = None) -> list[Pa
     for patch_set in [*bundled, *(_project_sets(project_dir) if project_dir is not None else [])]:
         other = found.setdefault(patch_set.name, patch_set)
         if other is not patch_set:
-            taken = "the bundled one's name is taken" if other.origin is Origin.BUNDLED else "names are one per set"
+            which = "the project's one" if other.origin is Origin.BUNDLED else "one of the two"
             raise ConfigError(f"two patch sets are named {patch_set.name!r}: {_place(other)} and {_place(patch_set)}",
-                              f"rename the project's one (`name:` in its meta.yaml, and its folder): {taken}")
+                              f"rename {which} (`name:` in its meta.yaml, and its folder)")
     return sorted(found.values(), key=lambda p: p.name)
 
 
@@ -269,5 +269,5 @@ def find_patch_set(roles_dir: Path, name: str, project_dir: Path | None = None) 
     if found is None:
         where = f"under {roles_dir}" + (f" or {project_dir}" if project_dir is not None else "")
         raise ConfigError(f"no patch set named {name!r} {where}{did_you_mean(name, [p.name for p in known])}",
-                          hint=f"patch sets: {', '.join(p.name for p in known) or 'none'} (`patches.list`)")
+                          hint=f"patch sets: {', '.join(p.name for p in known) or 'none'} (`invoke patches.list`)")
     return found
