@@ -20,7 +20,7 @@ class ErrorDoc(_Model):
     """Why the command, or one host, failed."""
 
     type: str = Field(description="the error's class, e.g. ConfigError, PreflightError, ReadinessFailed; UsageError "
-                                  "for a refused command line")
+                                  "for a refused command line, Stopped for a question answered no")
     message: str = Field(description="what went wrong, as printed on stderr after `error: `")
     hint: str | None = Field(default=None, description="what to do about it, as printed after `hint: `")
     exit_code: int = Field(description="the exit code this error gives (the exit codes table)")
@@ -29,7 +29,8 @@ class ErrorDoc(_Model):
 class HostDoc(_Model):
     """One host's result."""
 
-    host: str | None = Field(description="the inventory host; null for a command that reads no host (`patches.list`)")
+    host: str | None = Field(description="the inventory host; null for a command that reads no host (`patches.list`) "
+                                                  "or reports on a group as a whole (`tune --group`)")
     outcome: str = Field(description="a deploy's, rollback's or lifecycle command's action on the host (deployed, "
                                      "unchanged, planned, rolled back, started, stopped, ...); `ok` for a command "
                                      "that reports; `failed`; `not started` for a group's host the rollout never "

@@ -391,7 +391,7 @@ def test_an_env_value_that_looks_like_a_credential_is_refused_and_never_shown(
     assert code == 2
     assert secret not in out + err
     assert (out if "--json" in line else err).lstrip("{\n ").startswith(
-        refusal.replace("{p}", str(path)) if "--json" not in line else '"cause"'), out + err
+        refusal.replace("{p}", str(path)) if "--json" not in line else '"command"'), out + err
     assert refusal.replace("{p}", str(path)).removeprefix("error: ") in (out + err).replace('\\"', '"'), out + err
 
 
