@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION: Literal[1] = 1  # raised, with the Literal below, by a change that breaks scripts
 
 
 class _Model(BaseModel):
