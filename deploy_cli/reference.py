@@ -169,12 +169,14 @@ def json_output_section() -> str:
     """The envelope of every --json (deploy_cli/envelope.py), a table per object, from its JSON Schema."""
     from deploy_cli.envelope import SCHEMA_VERSION, envelope_json_schema
     schema = envelope_json_schema()
+    titles = {"Envelope": "The document", "HostDoc": "HostDoc: a host's result", "ErrorDoc": "ErrorDoc: an error",
+              "RolloutDoc": "RolloutDoc: a group's rollout"}
     objects = [("Envelope", schema), *((name, schema["$defs"][name]) for name in ("HostDoc", "ErrorDoc", "RolloutDoc"))]
     parts = [JSON_OUTPUT.replace("{version}", str(SCHEMA_VERSION))]
     for name, node in objects:
         rows = [f"| `{key}` | {_cell(_json_type(field))} | {_cell(field['description'])} |"
                 for key, field in node["properties"].items()]
-        parts.append(f"### {name}\n\n{_cell(node['description'])}\n\n| key | type | what it holds |\n"
+        parts.append(f"### {titles[name]}\n\n{_cell(node['description'])}\n\n| key | type | what it holds |\n"
                      "| --- | --- | --- |\n" + "\n".join(rows))
     return "\n\n".join(parts)
 
