@@ -133,3 +133,37 @@ def test_a_plan_on_a_fake_host_is_the_hosts_result(task: str, project: Path, mon
     assert (planned.host, planned.outcome, planned.exit_code) == ("gpu1", "planned", 0)
     assert planned.result["outcome"] == "planned" and planned.result["overrides"] == ["memory.max_running_requests=512"]
     assert planned.result["changes"]
+
+
+GROUP = ("all:\n  children:\n    pair:\n      hosts:\n"
+         "        one: {ansible_host: 192.0.2.11, gpu_count: 8, gpu_arch: sm120}\n"
+         "        two: {ansible_host: 192.0.2.12, gpu_count: 8, gpu_arch: sm120}\n")
+
+
+@pytest.mark.parametrize("task", ["releases", "status"])
+def test_a_groups_read_is_one_result_per_host_as_for_one_host(task: str, project: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`status --group` was keyed by host: now each host is an element of `hosts`, its result as for one host."""
+    project.write_text(GROUP)
+    hosts = {name: serving_the_profile()[0] for name in ("one", "two")}
+    monkeypatch.setattr(common, "remote", lambda found, prefixed=False: nullcontext(hosts[found.host.name]))
+    code, alone, _ = run_json(capsys, task, "-H", "one", "-i", str(project), "--json")
+    code_group, group, _ = run_json(capsys, task, "--group", "pair", "-i", str(project), "--json")
+    assert [host.host for host in group.hosts] == ["one", "two"] and group.rollout is None
+    assert (code, code_group, alone.exit_code, group.exit_code, group.outcome) == (0, 0, 0, 0, "ok")
+    [one] = alone.hosts
+    assert (one.host, one.outcome, one.error) == ("one", "ok", None)
+    assert [host.outcome for host in group.hosts] == ["ok", "ok"]
+    assert type(one.result) is type(group.hosts[0].result) and one.result  # the same report, host by host
+    if isinstance(one.result, dict):  # status: a status report
+        assert set(one.result) == set(group.hosts[0].result) and one.result["current"]
+    else:  # releases: the list of releases, the current one marked
+        assert [row["is_current"] for row in one.result].count(True) == 1
+
+
+def test_a_plans_error_with_detailed_exitcode_is_1_and_keeps_its_own_code(project: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code, document, _ = run_json(capsys, "plan", "-p", "no-such-profile", "-i", str(project), "--json",
+                                 "--detailed-exitcode")
+    assert code == document.exit_code == 1 and document.outcome == "failed"
+    assert document.error is not None and document.error.exit_code == 2
