@@ -104,9 +104,10 @@ def _host_outcome(result: Any) -> str:
 
 
 def _emit(hosts: list[HostDoc], code: int, error: ErrorDoc | None = None, rollout: RolloutDoc | None = None,
-          changed: bool = False) -> None:
+          changed: bool = False, command: str | None = None) -> None:
     """The one --json document (deploy_cli/envelope.py) on stdout."""
-    document = Envelope(command=command_name(), outcome="failed" if code or error else "ok",
+    document = Envelope(command=command_name() if command is None else command, outcome="failed" if code or error
+                        else "ok",
                         exit_code=_output.exit_code(code, changed), hosts=hosts, error=error, rollout=rollout)
     ui.print_json(document.model_dump(mode="json"))
     _shown.printed = True
@@ -127,6 +128,15 @@ def refused(ended: Exit) -> None:
         return
     message = str(ended.message or "").removeprefix("error: ")
     _emit_failure(ErrorDoc(type="UsageError" if code == BAD_OPTION else "Stopped", message=message, exit_code=code))
+
+
+def refused_line(command: str, ended: Exit) -> None:
+    """A command line with --json refused before its task ran (an option without its value, an unknown flag): the
+    document, with the refusal as the error (deploy_cli/program.py)."""
+    code = ended.code if isinstance(ended.code, int) else 1
+    message = str(ended.message or "").removeprefix("error: ")
+    report_as(as_json=True)
+    _emit([], code, ErrorDoc(type="UsageError", message=message, exit_code=code), command=command)
 
 
 def run(action: Callable[[], T]) -> T:
