@@ -49,7 +49,8 @@ COMMON_HELP = {
     "accept_new_host_key": "trust and record the key of a host never seen before (a changed key is always refused)",
     "limit": "narrow --group (or, alone, every host) to an Ansible host pattern: names, globs, ~regex, group[i:j], "
              "`:&` (and), `:!` (not); e.g. --limit 'gpu:!gpu3'",
-    "json": "print one JSON document on stdout (progress goes to stderr)",
+    "json": "print one JSON document on stdout, of the shape every task shares (the reference's JSON output); "
+            "progress goes to stderr",
     "verbose": "show every remote step and its output as it runs",
 }
 
