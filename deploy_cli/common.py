@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from invoke import Exit
 
 from deploy_cli import present as ui
+from deploy_cli.envelope import Envelope, ErrorDoc, HostDoc, RolloutDoc
 from deploy_cli.options import given_limit
 from deploy_lib.deploy.project import Project, Target, load_for_host, profile_for_host, resolve_target
 from deploy_lib.errors import EXIT_CODES, ConfigError, DeployError
@@ -21,7 +22,7 @@ from deploy_lib.profile import LoadedProfile, ServiceSpec
 
 if TYPE_CHECKING:
     from deploy_lib.commands.deploy import Outcome
-    from deploy_lib.ops.fleet import FleetRun, Rollout
+    from deploy_lib.ops.fleet import FleetRun, HostRun, Rollout
     from deploy_lib.ops.scope import Reach, Scope
     from deploy_lib.remote import FabricRemote
 
@@ -33,26 +34,109 @@ IN_USE_HELP = ("profile: a name or a path (default: the host's `profile` var in 
 
 @dataclass(frozen=True)
 class Output:
-    """How the running task reports: `--json` puts one JSON document on stdout and everything else (progress,
-    warnings, errors) on stderr; `-v` shows every remote step as it comes back."""
+    """How the running task reports: `--json` puts one JSON document on stdout (deploy_cli/envelope.py: the same
+    shape for every task) and everything else (progress, warnings, errors) on stderr; `-v` shows every remote step
+    as it comes back."""
 
     as_json: bool = False
     verbose: bool = False
-    failure: Callable[[DeployError], dict[str, Any]] = ui.failure_json  # a failure's --json document, as the
+    failure: Callable[[DeployError], dict[str, Any]] = ui.failure_json  # a failed host's `result`, as the
     # command's own document is shaped (a deploy's outcome by default, status: a status report)
+    detailed_exitcode: bool = False  # plan's: 0 unchanged, 2 changes, 1 any error
+
+    def exit_code(self, code: int, changed: bool = False) -> int:
+        """The exit code the process ends with, as the document says it."""
+        if not self.detailed_exitcode:
+            return code
+        return 1 if code else 2 if changed else 0
+
+
+@dataclass
+class _Shown:
+    """What the running task chose and printed: the hosts its one document names, and whether it was printed."""
+
+    hosts: tuple[str, ...] | None = None
+    printed: bool = False
 
 
 _output = Output()  # one task per command line; each task that takes --json or -v sets it first
+_shown = _Shown()
 
 
 def report_as(as_json: bool = False, verbose: bool = False,
-              failure: Callable[[DeployError], dict[str, Any]] = ui.failure_json) -> None:
-    global _output
-    _output = Output(as_json, verbose, failure)
+              failure: Callable[[DeployError], dict[str, Any]] = ui.failure_json, detailed_exitcode: bool = False
+              ) -> None:
+    global _output, _shown
+    _output = Output(as_json, verbose, failure, detailed_exitcode)
+    _shown = _Shown()
 
 
 def output() -> Output:
     return _output
+
+
+def _chose(*hosts: str) -> None:
+    _shown.hosts = hosts
+
+
+def command_name() -> str:
+    """The running task as typed (`patches.check`, `tune`): the envelope's `command`."""
+    from deploy_cli.collection import user_tasks
+    from deploy_cli.options import running_task
+    running = running_task()
+    if running is None:
+        return ""
+    tasks = user_tasks()
+    for name, aliases in tasks.task_names.items():
+        if tasks[name] == running:  # invoke runs a copy of the task (Collection.from_module)
+            return min((name, *aliases), key=len)
+    return str(running.name)
+
+
+def _error_doc(error: DeployError) -> ErrorDoc:
+    return ErrorDoc(type=type(error).__name__, message=error.message, hint=error.hint, exit_code=error.exit_code)
+
+
+def _host_outcome(result: Any) -> str:
+    """A deploy's, rollback's or lifecycle command's action; `ok` for a report."""
+    action = getattr(result, "action", None)
+    return str(action) if action is not None else "ok"
+
+
+def _emit(hosts: list[HostDoc], code: int, error: ErrorDoc | None = None, rollout: RolloutDoc | None = None,
+          changed: bool = False, command: str | None = None) -> None:
+    """The one --json document (deploy_cli/envelope.py) on stdout."""
+    document = Envelope(command=command_name() if command is None else command, outcome="failed" if code or error
+                        else "ok",
+                        exit_code=_output.exit_code(code, changed), hosts=hosts, error=error, rollout=rollout)
+    ui.print_json(document.model_dump(mode="json"))
+    _shown.printed = True
+
+
+def _emit_failure(error: ErrorDoc, result: Any = None) -> None:
+    """A command that failed as a whole: its one host's result when it had chosen one host, and the error."""
+    hosts = [HostDoc(host=_shown.hosts[0], outcome="failed", exit_code=error.exit_code, result=ui.jsonable(result),
+                     error=error)] if _shown.hosts is not None and len(_shown.hosts) == 1 else []
+    _emit(hosts, error.exit_code, error)
+
+
+def refused(ended: Exit) -> None:
+    """With --json, a task that stopped with an exit code and printed no document (a refused combination of
+    options, a cancelled question): its document, with the message as the error."""
+    code = ended.code if isinstance(ended.code, int) else 1
+    if not _output.as_json or _shown.printed or not code:
+        return
+    message = str(ended.message or "").removeprefix("error: ")
+    _emit_failure(ErrorDoc(type="UsageError" if code == BAD_OPTION else "Stopped", message=message, exit_code=code))
+
+
+def refused_line(command: str, ended: Exit) -> None:
+    """A command line with --json refused before its task ran (an option without its value, an unknown flag): the
+    document, with the refusal as the error (deploy_cli/program.py)."""
+    code = ended.code if isinstance(ended.code, int) else 1
+    message = str(ended.message or "").removeprefix("error: ")
+    report_as(as_json=True)
+    _emit([], code, ErrorDoc(type="UsageError", message=message, exit_code=code), command=command)
 
 
 def run(action: Callable[[], T]) -> T:
@@ -61,9 +145,9 @@ def run(action: Callable[[], T]) -> T:
         return action()
     except DeployError as error:
         if _output.as_json:
-            ui.print_json(_output.failure(error))
+            _emit_failure(_error_doc(error), _output.failure(error))
         ui.print_error(error)
-        raise Exit(code=error.exit_code) from None
+        raise Exit(code=_output.exit_code(error.exit_code)) from None
 
 
 @cache
@@ -85,6 +169,7 @@ def target(inventory: str | None, host: str | None, accept_new_host_key: bool = 
     host = limited_host(inventory, host)
     found = run(lambda: resolve_target(project().inventory(inventory_given(inventory)), host, accept_new_host_key))
     ui.print_warnings(found.host.warnings)
+    _chose(found.host.name)
     return found
 
 
@@ -106,6 +191,7 @@ def load(profile: str | None, inventory: str | None, host: str | None, accept_ne
     loaded, found = run(lambda: load_for_host(project(), profile, inventory_given(inventory), host,
                                               accept_new_host_key, overrides))
     ui.print_warnings(found.host.warnings)
+    _chose(found.host.name)
     return loaded, found
 
 
@@ -134,12 +220,14 @@ def scope(inventory: str | None, host: str | None, group: str | None = None, acc
                                 rolled, limit))
     for each in chosen.targets:
         ui.print_warnings(each.host.warnings)
+    _chose(*(each.host.name for each in chosen.targets))
     return chosen
 
 
 def one_host_scope(found: Target, inventory: str | None) -> Scope:
     """A host already resolved (its warnings shown) as the scope of a command on it alone."""
     from deploy_lib.ops.scope import Scope
+    _chose(found.host.name)
     return Scope(project().inventory(inventory_given(inventory)), (found,))
 
 
@@ -171,36 +259,53 @@ def reach(yes: bool = True) -> Reach:
     return Reach(remote, progress, asked, dict(os.environ), project_root=project().root)
 
 
-def show(report: T, print_table: Callable[[T], None]) -> None:
-    if _output.as_json:
-        ui.print_json(report)
-    else:
+def show(report: T, print_table: Callable[[T], None], exit_code: int = 0, changed: bool = False,
+         outcome: str | None = None) -> None:
+    """One report: the terminal's table, or with --json the document with it as its one host's result (the host the
+    task chose, null for a command that reads none; a group's one report, `tune --group`'s, names no host)."""
+    if not _output.as_json:
         print_table(report)
+        return
+    host = _shown.hosts[0] if _shown.hosts is not None and len(_shown.hosts) == 1 else None
+    _emit([HostDoc(host=host, outcome=outcome or ("failed" if exit_code else _host_outcome(report)),
+                   exit_code=exit_code, result=ui.jsonable(report))], exit_code, changed=changed)
+
+
+def _host_doc(each: HostRun[Any], report: Callable[[Any], Any]) -> HostDoc:
+    """A group's host in the document: its result, its failure (the command's failure document and the error), or
+    not started."""
+    if not each.started:
+        return HostDoc(host=each.host, outcome="not started", exit_code=0)
+    if each.error is not None:
+        return HostDoc(host=each.host, outcome="failed", exit_code=each.error.exit_code,
+                       result=ui.jsonable(_output.failure(each.error)), error=_error_doc(each.error))
+    return HostDoc(host=each.host, outcome=_host_outcome(each.result), exit_code=0,
+                   result=ui.jsonable(report(each.result)))
 
 
 def show_each(fleet: FleetRun[T], print_report: Callable[[T], None], one_host: bool) -> None:
     """A read-only task's reports: one host's as it is, a group's host by host; exit with the worst host's code."""
-    if one_host:
+    if _output.as_json:
+        _emit([_host_doc(each, lambda result: result) for each in fleet.runs], fleet.exit_code)
+    elif one_host:
         report = fleet.runs[0].result
         assert report is not None  # a one-host command's error was raised; no task's report is None
-        show(report, print_report)
-        return
-    if _output.as_json:
-        ui.print_json({run.host: _output.failure(run.error) if run.error else run.result for run in fleet.runs})
+        print_report(report)
     else:
         ui.print_each_host(fleet, print_report)
     if fleet.exit_code:
         raise Exit(code=fleet.exit_code)
 
 
-def show_outcomes(fleet: FleetRun[Outcome], one_host: bool) -> None:
+def show_outcomes(fleet: FleetRun[Outcome], one_host: bool, changed: bool = False) -> None:
     """A deploy's or rollback's end. One host: its outcome. A group: plans (dry run), the per-host table; exit 0
-    only when every host is on its new release, else the worst host's code."""
+    only when every host is on its new release, else the worst host's code. `changed`: a plan would change
+    something (for --detailed-exitcode)."""
     if one_host:
         outcome = fleet.runs[0].result
         assert outcome is not None  # a one-host command's error was raised
         if _output.as_json:
-            ui.print_json(ui.outcome_json(outcome))
+            _emit([_host_doc(fleet.runs[0], ui.outcome_json)], 0, changed=changed)
         else:
             ui.print_outcome(outcome)
         return
@@ -209,7 +314,11 @@ def show_outcomes(fleet: FleetRun[Outcome], one_host: bool) -> None:
     summary = summarize(fleet, outcome_end)
     ui.print_host_errors(fleet)
     if _output.as_json:
-        ui.print_json(ui.fleet_json(fleet, summary, ui.outcome_json))
+        rollout = RolloutDoc(batches=[list(batch) for batch in fleet.batches], not_started=fleet.not_started,
+                             stopped=summary.stopped, serving={key: list(hosts)
+                                                              for key, hosts in summary.by_release.items()})
+        _emit([_host_doc(each, ui.outcome_json) for each in fleet.runs], summary.exit_code, rollout=rollout,
+              changed=changed)
     else:
         for each in fleet.runs:
             if each.result is not None and each.result.plan is not None and each.result.action is Action.planned:

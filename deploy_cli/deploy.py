@@ -46,7 +46,7 @@ def plan(c: Context, profile: str | None = None, against: str | None = None, hos
          set_: list[str] | None = None, accept_new_host_key: bool = False, detailed_exitcode: bool = False,
          json: bool = False, verbose: bool = False) -> None:
     """Semantic diff (flags, environment, secrets, venv, patches) of a profile against the host or another profile."""
-    common.report_as(json, verbose)
+    common.report_as(json, verbose, detailed_exitcode=detailed_exitcode)
     try:
         changed = _plan(profile, against, host, group, inventory, sglang_version, set_ or (), accept_new_host_key)
     except Exit as ended:  # with --detailed-exitcode 2 means "changes", so every failure is 1
@@ -64,8 +64,9 @@ def _plan(profile: str | None, against: str | None, host: str | None, group: str
         from deploy_lib.ops.fleet import would_change
         fleet, one_host = _deploy_run(profile, host, group, None, inventory, overrides, accept_new_host_key,
                                       yes=True, dry_run=True)
-        common.show_outcomes(fleet, one_host)
-        return would_change(fleet)
+        changed = would_change(fleet)
+        common.show_outcomes(fleet, one_host, changed)
+        return changed
     if group is not None:
         raise Exit("error: --against compares two profiles for one host: give --host, not --group",
                    code=common.BAD_OPTION)
@@ -76,7 +77,8 @@ def _plan(profile: str | None, against: str | None, host: str | None, group: str
     names = [old.name, new.name]
     common.show({"from": names[0], "to": names[1], "changes": [str(change) for change in changes]},
                 lambda shown: ui.print_lines([f"{' -> '.join(names)}: {len(changes) or 'no'} change(s)",
-                                              *(f"  {change}" for change in shown["changes"])]))
+                                              *(f"  {change}" for change in shown["changes"])]),
+                changed=bool(changes), outcome="planned")
     return bool(changes)
 
 

@@ -105,6 +105,7 @@ def gpu_check(c: Context, profile: str | None = None, stop_server: bool = False,
     fleet = common.run(lambda: dispatch.gpu_check(hosts, common.service_name(service), loaded, stop_server,
                                                   byte_sizes, common.reach()))
     report = dispatch.one(fleet)
-    common.show(report, reports.print_gpu_check)
-    if not report.check.verified:
-        raise Exit(code=EXIT_CODES[PreflightError])
+    failed = 0 if report.check.verified else EXIT_CODES[PreflightError]
+    common.show(report, reports.print_gpu_check, exit_code=failed)
+    if failed:
+        raise Exit(code=failed)

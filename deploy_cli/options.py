@@ -49,7 +49,8 @@ COMMON_HELP = {
     "accept_new_host_key": "trust and record the key of a host never seen before (a changed key is always refused)",
     "limit": "narrow --group (or, alone, every host) to an Ansible host pattern: names, globs, ~regex, group[i:j], "
              "`:&` (and), `:!` (not); e.g. --limit 'gpu:!gpu3'",
-    "json": "print one JSON document on stdout (progress goes to stderr)",
+    "json": "print one JSON document on stdout, of the shape every task shares (the reference's JSON output); "
+            "progress goes to stderr",
     "verbose": "show every remote step and its output as it runs",
 }
 
@@ -81,6 +82,15 @@ _limit: ContextVar[str | None] = ContextVar("limit", default=None)
 def given_limit() -> str | None:
     """The running task's --limit, None when not given."""
     return _limit.get()
+
+
+# The task the command line named, while it runs (a task that calls another, `patch --check`, stays the one named):
+# the `command` of its --json document.
+_running: ContextVar[InvokeTask | None] = ContextVar("running", default=None)
+
+
+def running_task() -> InvokeTask | None:
+    return _running.get()
 
 
 class Task(InvokeTask):
@@ -124,9 +134,20 @@ class Task(InvokeTask):
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         limit = kwargs.pop("limit", None) if self.takes_limit else None
         token = _limit.set(limit)
+        outermost = _running.get() is None
+        running = _running.set(_running.get() or self)
+        if outermost:  # what an earlier task in this process chose and printed is not this one's
+            from deploy_cli import common
+            common.report_as(as_json=bool(kwargs.get("json")))
         try:
             return self._call(*args, **kwargs)
+        except Exit as ended:
+            if kwargs.get("json"):  # a refusal with --json is a document too (deploy_cli/envelope.py)
+                from deploy_cli import common
+                common.refused(ended)
+            raise
         finally:
+            _running.reset(running)
             _limit.reset(token)
 
     def _call(self, *args: Any, **kwargs: Any) -> Any:
@@ -144,4 +165,4 @@ def task(*args: Any, **kwargs: Any) -> Any:
     return invoke_task(*args, klass=Task, **kwargs)
 
 
-__all__ = ["COMMON_HELP", "SHORT_FLAGS", "Context", "Task", "given_limit", "task"]
+__all__ = ["COMMON_HELP", "SHORT_FLAGS", "Context", "Task", "given_limit", "running_task", "task"]

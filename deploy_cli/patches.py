@@ -77,12 +77,14 @@ def patches_enable(c: Context, name: str, profile: str | None = None, host: str 
     """Make a patched venv (derived; the base is untouched) and deploy the profile on it (the set's feature on)."""
     common.report_as(json, verbose)
     report, outcome = _patch_deploy(name, profile, host, inventory, service, yes, enable=True)
-    if json:
-        ui.print_json({"check": report, "deploy": ui.outcome_json(outcome)})
-    else:
-        if report is not None:
-            reports.print_check(report)
-        ui.print_outcome(outcome)
+    common.show({"check": report, "deploy": ui.outcome_json(outcome)}, lambda _: _print_enabled(report, outcome),
+                outcome=outcome.action)
+
+
+def _print_enabled(report: CheckReport | None, outcome: Outcome) -> None:
+    if report is not None:
+        reports.print_check(report)
+    ui.print_outcome(outcome)
 
 
 @task(name="disable", help=PATCH_HELP)
@@ -92,7 +94,7 @@ def patches_disable(c: Context, name: str, profile: str | None = None, host: str
     """Deploy the profile (the set's feature off) on the venv the patched one was derived from."""
     common.report_as(json, verbose)
     _, outcome = _patch_deploy(name, profile, host, inventory, service, yes, enable=False)
-    common.show(ui.outcome_json(outcome), lambda _: ui.print_outcome(outcome))
+    common.show(ui.outcome_json(outcome), lambda _: ui.print_outcome(outcome), outcome=outcome.action)
 
 
 def _patch_deploy(name: str, profile: str | None, host: str | None, inventory: str | None, service: str | None,

@@ -290,7 +290,8 @@ def print_json(data: Any) -> None:
 
 
 def outcome_json(outcome: Outcome) -> dict[str, Any]:
-    """A deploy's or rollback's end for scripts: the same keys whether it succeeded or not."""
+    """A deploy's or rollback's end for scripts, a host's `result` in the --json document: the same keys whether it
+    succeeded or not (failure_json)."""
     plan = outcome.plan
     return {"outcome": outcome.action, "release": outcome.release_id, "previous": outcome.previous_id,
             "timings": dict(outcome.timings), "ready_s": outcome.ready.duration_s if outcome.ready else None,
@@ -298,14 +299,6 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
             "changes": [str(change) for change in plan.changes] if plan else [],
             "secrets_not_available": dict(plan.secrets_not_available) if plan else {},
             "overrides": list(plan.release.overrides) if plan else []}
-
-
-def fleet_json(fleet: FleetRun[Any], summary: Summary, report: Callable[[Any], Any]) -> dict[str, Any]:
-    """A group's run for scripts: each host's own document (as for one host) under `hosts`, and the rollout."""
-    hosts = {run.host: (failure_json(run.error) if run.error else jsonable(report(run.result))) if run.started
-             else {"outcome": Action.not_started} for run in fleet.runs}
-    return {"hosts": hosts, "batches": [list(batch) for batch in fleet.batches], "not_started": fleet.not_started,
-            "stopped": summary.stopped, "serving": summary.by_release, "exit_code": summary.exit_code}
 
 
 def status_failure_json(error: DeployError, host: str | None, service: str) -> dict[str, Any]:

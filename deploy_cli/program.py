@@ -57,7 +57,7 @@ class OneTaskExecutor(Executor):
             try:
                 check_line(list(self.core.unparsed), Parser(self.collection.to_contexts()).contexts, self.core[0])
             except ParseError as error:
-                raise Exit(f"error: {error}", code=code) from None
+                raise _refused(Exit(f"error: {error}", code=code), error, list(self.core.unparsed)) from None
         if len(tasks) > 1:
             first, second = (self.typed(each) for each in tasks[:2])
             raise Exit(f"error: one task per command: `{second}` is a second task after `{first}`; nothing was run "
@@ -80,6 +80,15 @@ class OneTaskExecutor(Executor):
         """The task's name as a user types it (`tune` for tune.tune)."""
         from deploy_cli.usage import shown_name
         return shown_name(self.collection, getattr(task, "name", task))
+
+
+def _refused(ended: Exit, error: ParseError, tokens: list[str]) -> Exit:
+    """A refused line: with --json on it (before any `--`), its one document on stdout too."""
+    line = tokens[:tokens.index("--")] if "--" in tokens else tokens
+    if "--json" in line:
+        from deploy_cli import common
+        common.refused_line(error.context.name if error.context is not None and error.context.name else "", ended)
+    return ended
 
 
 def _flag(flag: str, context: ParserContext, initial: ParserContext) -> Argument | None:
@@ -275,7 +284,7 @@ class DeployProgram(Program):
             f"`{self.binary} --help` lists the tasks")
         said = re.sub(r"<Argument: ([\w-]+)[^>]*>", r"--\1", str(error))  # invoke names a flag by its repr
         drift_check = "--" + DRIFT_CHECK.replace("_", "-") in self.argv
-        return Exit(f"error: {said} ({where})", code=usage_code(drift_check))
+        return _refused(Exit(f"error: {said} ({where})", code=usage_code(drift_check)), error, list(self.argv))
 
     def update_config(self, merge: bool = True) -> None:
         """invoke's options for `c.run` (echo, pty, hide, warn, sudo, timeouts) are not the tool's: nothing to add."""

@@ -1,5 +1,6 @@
 """The reference, docs/reference.md, generated from the code: every task and option from the command line's own
-definitions (each task's docstring, options and help text, by family), every profile key from the profile's JSON
+definitions (each task's docstring, options and help text, by family), the one shape of every --json from its model
+(deploy_cli/envelope.py), every profile key from the profile's JSON
 Schema (its type, default and description) and every exit code from the error classes. Never written by hand: a test
 fails when the committed page differs. `python -m deploy_cli.reference > docs/reference.md` writes it again."""
 
@@ -135,6 +136,51 @@ def profile_keys_section() -> str:
     return PROFILE_KEYS + "\n\n" + "\n".join(table)
 
 
+JSON_OUTPUT = """## JSON output
+
+Every command that takes `--json` prints one JSON document on stdout, of the one shape below (schema version
+{version}), for one host and for a group alike, when it succeeds and when it fails; progress, warnings and the
+error's text go to stderr. Each host's `result` is what the command reports for that host: a deploy's or
+rollback's outcome, a status report, the list of releases, a benchmark. `jq '.hosts[0].result'` reads one host's;
+[upgrading.md](upgrading.md) says what changed from the shapes before it."""
+
+
+def _json_type(node: dict[str, Any]) -> str:
+    """A field's type in the envelope's JSON Schema, in words."""
+    if "anyOf" in node:
+        return " or ".join(_json_type(each) for each in node["anyOf"])
+    if "$ref" in node:
+        return node["$ref"].rsplit("/", 1)[1]
+    if "const" in node:
+        return json.dumps(node["const"])
+    if "enum" in node:
+        return " or ".join(json.dumps(value) for value in node["enum"])
+    kind = node.get("type")
+    if kind == "array":
+        return f"list of {_json_type(node.get('items', {}))}"
+    if kind == "object":
+        return f"mapping of text to {_json_type(node['additionalProperties'])}" \
+            if isinstance(node.get("additionalProperties"), dict) else "object"
+    return {"string": "text", "integer": "integer", "null": "null", "boolean": "true or false"}.get(kind or "",
+                                                                                                 "any JSON")
+
+
+def json_output_section() -> str:
+    """The envelope of every --json (deploy_cli/envelope.py), a table per object, from its JSON Schema."""
+    from deploy_cli.envelope import SCHEMA_VERSION, envelope_json_schema
+    schema = envelope_json_schema()
+    titles = {"Envelope": "The document", "HostDoc": "HostDoc: a host's result", "ErrorDoc": "ErrorDoc: an error",
+              "RolloutDoc": "RolloutDoc: a group's rollout"}
+    objects = [("Envelope", schema), *((name, schema["$defs"][name]) for name in ("HostDoc", "ErrorDoc", "RolloutDoc"))]
+    parts = [JSON_OUTPUT.replace("{version}", str(SCHEMA_VERSION))]
+    for name, node in objects:
+        rows = [f"| `{key}` | {_cell(_json_type(field))} | {_cell(field['description'])} |"
+                for key, field in node["properties"].items()]
+        parts.append(f"### {titles[name]}\n\n{_cell(node['description'])}\n\n| key | type | what it holds |\n"
+                     "| --- | --- | --- |\n" + "\n".join(rows))
+    return "\n\n".join(parts)
+
+
 def reference_page() -> str:
     collection = user_tasks()
     contexts = {context.name: context for context in collection.to_contexts()}
@@ -156,7 +202,8 @@ def reference_page() -> str:
                 if family in by_family]
     codes = ["| code | what it means |", "| --- | --- |",
              *(f"| {code.strip()} | {_cell(meaning)} |" for code, meaning in exit_code_rows())]
-    return "\n\n".join([HEADER.rstrip(), *sections, profile_keys_section(), "## Exit codes\n\n" + "\n".join(codes) +
+    return "\n\n".join([HEADER.rstrip(), *sections, json_output_section(), profile_keys_section(),
+                        "## Exit codes\n\n" + "\n".join(codes) +
                         "\n\nWhat each one means for your host, and what to run next: "
                         "[troubleshooting.md](troubleshooting.md)."]) + "\n"
 

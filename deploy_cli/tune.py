@@ -78,9 +78,10 @@ def _tune_group(profile: str | None, host: str | None, group: str, inventory: st
     chosen = common.scope(inventory, host, group, accept_new_host_key)
     loaded = common.run(lambda: load_for_target(common.project(), profile, chosen.inventory, chosen.targets[0]))
     result = common.run(lambda: dispatch.tune(chosen, loaded, request, common.reach(yes)))
-    common.show(result, lambda shown: ui.print_lines(_result_lines(shown)))
-    if isinstance(result, GroupTune) and result.exit_code:
-        raise Exit(code=result.exit_code)
+    failed = result.exit_code if isinstance(result, GroupTune) else 0
+    common.show(result, lambda shown: ui.print_lines(_result_lines(shown)), exit_code=failed)
+    if failed:
+        raise Exit(code=failed)
 
 
 def _result_lines(shown: GroupTune | TuneReport | Planned) -> list[str]:

@@ -158,21 +158,22 @@ def test_an_inventory_typo_is_a_warning_on_stderr(tmp_path: Path) -> None:
 def test_json_is_one_document_on_stdout_even_when_the_command_fails(argv: tuple[str, ...]) -> None:
     failed = invoke(*argv)
     document = json.loads(failed.stdout)
-    assert failed.returncode == document["exit_code"] == 2
-    assert document["outcome"] == "failed" and document["error"] == "ConfigError"
-    assert {"release", "previous", "timings", "cause", "hint", "exit_code"} <= set(document)
+    assert failed.returncode == document["exit_code"] == 2 and document["command"] == argv[0]
+    assert document["outcome"] == "failed" and document["error"]["type"] == "ConfigError"
+    assert document["error"]["exit_code"] == 2 and document["error"]["message"]
+    for host in document["hosts"]:  # a failed deploy's keys, under the one host it chose
+        assert {"release", "previous", "timings", "cause", "hint", "exit_code"} <= set(host["result"])
     assert failed.stderr.startswith("error: ")
 
 
-def test_status_json_of_a_host_it_cannot_read_is_a_status_report_with_the_cause() -> None:
-    """Input tried: `status --json -H nosuch` (it printed a deploy's outcome: release, previous, timings)."""
+def test_status_json_of_a_host_it_cannot_read_is_the_envelope_with_the_cause() -> None:
+    """Input tried: `status --json -H nosuch` (it printed a deploy's outcome: release, previous, timings; then a
+    status report of unknowns of its own shape)."""
     failed = invoke("status", "--json", "-H", "nosuch")
     document = json.loads(failed.stdout)
     assert failed.returncode == document["exit_code"] == 2
-    assert (document["host"], document["service"], document["unit_state"], document["current"]) == \
-        ("nosuch", "sglang", "unknown", None)
-    assert document["error"] == "ConfigError" and "unknown host 'nosuch'" in document["cause"]
-    assert not {"release", "previous", "timings", "outcome"} & set(document)
+    assert (document["command"], document["outcome"], document["hosts"]) == ("status", "failed", [])
+    assert document["error"]["type"] == "ConfigError" and "unknown host 'nosuch'" in document["error"]["message"]
 
 
 def test_a_deploy_outcome_as_json_has_release_previous_timings_cause_and_exit_code() -> None:

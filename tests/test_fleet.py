@@ -271,10 +271,13 @@ def test_an_unreachable_group_fails_host_by_host_and_stops_when_a_whole_batch_fa
                  "--serial", "1", "--yes", "--json", env={"HF_TOKEN": "x"})
     assert ran.returncode == 5, ran.stderr
     report = json.loads(ran.stdout)
-    assert report["hosts"]["one"]["outcome"] == "failed" and report["hosts"]["one"]["exit_code"] == 5
-    assert report["hosts"]["two"] == {"outcome": "not started"} and report["not_started"] == ["two"]
-    assert report["stopped"] == "every host of the batch failed (1)"
-    assert report["serving"] == {"as before": ["one"], "untouched": ["two"]}  # never connected: nothing changed
+    one, two = report["hosts"]
+    assert (report["command"], report["outcome"], report["exit_code"]) == ("deploy", "failed", 5)
+    assert (one["host"], one["outcome"], one["exit_code"], one["result"]["exit_code"]) == ("one", "failed", 5, 5)
+    assert (two["host"], two["outcome"], two["result"]) == ("two", "not started", None)
+    rollout = report["rollout"]
+    assert rollout["not_started"] == ["two"] and rollout["stopped"] == "every host of the batch failed (1)"
+    assert rollout["serving"] == {"as before": ["one"], "untouched": ["two"]}  # never connected: nothing changed
     assert "one " in ran.stderr  # progress and errors go to stderr, prefixed by the host
 
 

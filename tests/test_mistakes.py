@@ -16,6 +16,7 @@ from invoke.util import Lexicon
 
 from deploy_cli import common
 from deploy_cli.collection import user_tasks
+from deploy_cli.envelope import Envelope
 from deploy_cli.program import NAME, DeployProgram, OneTaskExecutor, check_line
 from deploy_lib.errors import ConfigError
 from deploy_lib.yaml_io import read_text_file
@@ -143,8 +144,14 @@ def test_a_mistake_on_the_command_line_is_refused_naming_the_flag_as_typed(
     """Through `sglang-deploy`'s own program, in a directory that is no project: a mistake taken as a command would
     fail later, on the missing inventory, with another message."""
     code, out, err = sglang_deploy(line, capsys)
-    assert (code, out) == (2, "")
-    assert err.startswith(refusal), err
+    assert code == 2 and err.startswith(refusal), err
+    if "--json" not in line.split():
+        assert out == ""
+        return
+    document = Envelope.model_validate_json(out)  # with --json, the refusal is the one document too
+    assert (document.outcome, document.exit_code, document.hosts) == ("failed", 2, [])
+    assert document.error is not None and document.error.type == "UsageError"
+    assert err.startswith("error: " + document.error.message)
 
 
 PROFILE = REPO / "inventory" / "profiles" / "glm5-nvfp4.yaml"
@@ -391,7 +398,7 @@ def test_an_env_value_that_looks_like_a_credential_is_refused_and_never_shown(
     assert code == 2
     assert secret not in out + err
     assert (out if "--json" in line else err).lstrip("{\n ").startswith(
-        refusal.replace("{p}", str(path)) if "--json" not in line else '"cause"'), out + err
+        refusal.replace("{p}", str(path)) if "--json" not in line else '"command"'), out + err
     assert refusal.replace("{p}", str(path)).removeprefix("error: ") in (out + err).replace('\\"', '"'), out + err
 
 
@@ -445,5 +452,11 @@ def test_a_limit_that_names_nothing_is_refused_before_any_host_is_reached(
         line: str, refusal: str, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_files(workdir, {"inventory/hosts.yaml": GROUP_OF_THREE})
     code, out, err = sglang_deploy(line, capsys)
-    assert (code, out) == (2, "")
-    assert err.startswith(refusal), err
+    assert code == 2 and err.startswith(refusal), err
+    if "--json" not in line.split():
+        assert out == ""
+        return
+    document = Envelope.model_validate_json(out)  # with --json, the refusal is the one document too
+    assert (document.outcome, document.exit_code, document.hosts) == ("failed", 2, [])
+    assert document.error is not None and document.error.type == "UsageError"
+    assert err.startswith("error: " + document.error.message)

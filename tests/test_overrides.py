@@ -78,7 +78,7 @@ def test_render_applies_the_override_and_shows_it_as_json() -> None:
     shown = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), "render", "-p", "glm5-nvfp4",
                             "--set", CAP, "--json"], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stderr
-    document = json.loads(shown.stdout)
+    document = json.loads(shown.stdout)["hosts"][0]["result"]
     assert document["overrides"] == [CAP] and "--max-running-requests 512" in document["launcher_file"]
 
 

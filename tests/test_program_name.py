@@ -39,7 +39,7 @@ def test_a_hint_from_the_installed_command_names_sglang_deploy_and_not_invoke(pr
     assert done.returncode == 2
     assert "hint: `sglang-deploy schema` prints every key" in done.stderr and "invoke" not in done.stderr
     as_json = sglang_deploy(*BAD_SET, "--json", cwd=project)
-    assert json.loads(as_json.stdout)["hint"].startswith("`sglang-deploy schema`")
+    assert json.loads(as_json.stdout)["error"]["hint"].startswith("`sglang-deploy schema`")
 
 
 def test_the_same_hint_in_the_checkout_names_invoke(project: Path) -> None:

@@ -3,7 +3,6 @@ as a user types it: the fleet, multi-node and router tests share it."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -15,6 +14,7 @@ from typing import Any, ClassVar, TypeVar
 
 import pytest
 
+from helpers.json_doc import envelope
 from helpers.projects import project_for_guest
 from sandbox import manage, names
 
@@ -37,7 +37,8 @@ class GuestGroup:
 
     def invoke(self, *argv: str, host: str | None = None) -> tuple[int, dict[str, Any], str]:
         """`invoke ARGV --group sandbox --json` (`--host HOST` instead when given; and `--yes` for a command that
-        changes the hosts): exit code, the JSON document, stderr (progress, errors)."""
+        changes the hosts): exit code, the JSON document (checked against the envelope: read it with
+        helpers.json_doc's by_host and result), stderr (progress, errors)."""
         environ = {k: v for k, v in os.environ.items() if k not in ("SGLANG_DEPLOY_INVENTORY", "HF_TOKEN")}
         consent = ("--yes",) if argv[0] in CONSENTING else ()
         chosen = ("--host", host) if host else ("--group", names.GROUP)
@@ -45,8 +46,8 @@ class GuestGroup:
         ran = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *argv, "-i", self.inventory,
                               *chosen, *as_json, *consent],
                              capture_output=True, text=True, env=environ, cwd=self.root, timeout=900)
-        return ran.returncode, json.loads(ran.stdout) if as_json else {}, ran.stderr + (ran.stdout if not as_json
-                                                                                        else "")
+        document = envelope(ran.stdout, ran.returncode) if as_json else {}  # deploy_cli/envelope.py's shape
+        return ran.returncode, document, ran.stderr + (ran.stdout if not as_json else "")
 
     def deploy(self, profile: str, *argv: str, host: str | None = None) -> tuple[int, dict[str, Any], str]:
         return self.invoke("deploy", "--profile", str(self.root / "inventory" / "profiles" / f"{profile}.yaml"),

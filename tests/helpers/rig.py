@@ -29,6 +29,7 @@ from deploy_lib.commands import deploy as engine
 from deploy_lib.commands.status import StatusReport, read_status
 from deploy_lib.deploy.project import Project, load_for_host
 from deploy_lib.remote import FabricRemote
+from helpers.json_doc import envelope, result
 from helpers.projects import REPO, project_for_guest
 from helpers.recording_progress import RecordingProgress
 from helpers.waits import STATE_WAIT_S
@@ -118,14 +119,15 @@ class Rig:
 
     # --- through the command line ----------------------------------------------------------------------
     def invoke(self, *argv: str) -> Any:
-        """`invoke ARGV --json` run from the rig's project against the guest (its inventory and host): the JSON
-        document on stdout; a non-zero exit fails the test with what the command said on stderr."""
+        """`invoke ARGV --json` run from the rig's project against the guest (its inventory and host): the host's
+        result in the JSON document on stdout (checked against deploy_cli/envelope.py's shape); a non-zero exit fails
+        the test with what the command said on stderr."""
         environ = {k: v for k, v in os.environ.items() if not k.startswith("SGLANG_DEPLOY_")}
         ran = subprocess.run([sys.executable, "-m", "invoke", "--search-root", str(REPO), *argv, "--inventory",
                               self.inventory, "--host", self.guest.name, "--json"], cwd=self.project.root,
                              stdin=subprocess.DEVNULL, capture_output=True, text=True, env=environ, timeout=1800)
         assert ran.returncode == 0, f"invoke {' '.join(argv)}: exit {ran.returncode}\n{ran.stderr[-4000:]}"
-        return json.loads(ran.stdout)
+        return result(envelope(ran.stdout, ran.returncode))
 
     # --- on the guest, as root --------------------------------------------------------------------------
     def root(self, command: str) -> str:

@@ -4,7 +4,6 @@ then --json, -v, defaults taken from the host's current release, and a plan with
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.json_doc import envelope, result
 from helpers.waits import STATE_WAIT_S
 
 from sandbox import manage
@@ -146,13 +146,13 @@ def test_the_quick_start_as_written_deploys_to_a_fresh_host(user: User) -> None:
 
 def test_status_releases_and_venv_list_as_json(user: User) -> None:
     status = user.invoke("status", "--json")
-    report = json.loads(status.stdout)
+    report = result(envelope(status.stdout, status.returncode))  # one host's result in the one document's shape
     assert status.returncode == 0 and report["unit_state"] == "active/running"
     assert report["current"] == report["metadata"]["id"] and len(report["gpus"]) == 8
-    rows = json.loads(user.invoke("releases", "--json").stdout)
+    rows = result(envelope(user.invoke("releases", "--json").stdout))
     assert [row["id"] for row in rows if row["is_current"]] == [report["current"]]
     venvs = user.invoke("venv.list", "--json")
-    assert venvs.returncode == 0 and isinstance(json.loads(venvs.stdout), list)
+    assert venvs.returncode == 0 and isinstance(result(envelope(venvs.stdout)), list)
 
 
 def test_verbose_shows_the_remote_steps_on_stderr(user: User) -> None:
@@ -181,11 +181,13 @@ def test_a_plan_needs_no_secret_value(user: User) -> None:
 
 def test_a_failed_deploy_as_json_names_release_previous_cause_and_exit_code(user: User) -> None:
     user.beside_gpu1("gpu1-fusion", "features: {allreduce_fusion: true}\n")
-    before = json.loads(user.invoke("status", "--json").stdout)["current"]
+    before = result(envelope(user.invoke("status", "--json").stdout))["current"]
     failed = user.invoke("deploy", "--profile", "gpu1-fusion.yaml", "--yes", "--json")
-    outcome = json.loads(failed.stdout)
+    document = envelope(failed.stdout, failed.returncode)
+    outcome = result(document)  # the failed deploy's own keys, as before the envelope
+    assert (document["outcome"], document["exit_code"], document["error"]["exit_code"]) == ("failed", 6, 6)
     assert failed.returncode == outcome["exit_code"] == 6
     assert outcome["outcome"] == "failed" and outcome["previous"] == before and outcome["release"] != before
     assert "[fusion_gate]" in outcome["cause"] and "--profile gpu1-fusion" in outcome["hint"]
     assert "rolling back" in failed.stderr  # progress on stderr, stdout is the JSON alone
-    assert json.loads(user.invoke("status", "--json").stdout)["current"] == before
+    assert result(envelope(user.invoke("status", "--json").stdout))["current"] == before

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from helpers.guest_group import STORE, GuestGroup, booted_group
+from helpers.json_doc import by_host
 
 from deploy_lib.deploy.project import resolve_target
 from deploy_lib.host.store import host_lock
@@ -36,11 +37,11 @@ class Fleet(GuestGroup):
             self.fault(guest, None)
         code, report, stderr = self.deploy("glm5-nvfp4")
         assert code == 0, stderr
-        return [report["hosts"][name]["release"] for name in self.names]
+        return [by_host(report)[name]["release"] for name in self.names]
 
     def releases(self, report: dict[str, Any]) -> list[str | None]:
         """The release each guest was taken to (or tried), in group order."""
-        return [report["hosts"][name].get("release") for name in self.names]
+        return [by_host(report)[name].get("release") for name in self.names]
 
 
 @pytest.fixture(scope="module")
@@ -54,10 +55,10 @@ def test_a_group_deploy_reaches_every_guest_in_parallel_and_reports_each(fleet: 
     baseline = fleet.baseline()
     code, report, stderr = fleet.deploy("fleet-3")
     assert code == 0, stderr
-    assert {host: part["outcome"] for host, part in report["hosts"].items()} == dict.fromkeys(fleet.names, "deployed")
+    assert {host: part["outcome"] for host, part in by_host(report).items()} == dict.fromkeys(fleet.names, "deployed")
     new = fleet.releases(report)
     assert not set(new) & set(baseline)
-    assert report["serving"] == {release: [name] for release, name in zip(new, fleet.names, strict=True)}
+    assert report["rollout"]["serving"] == {release: [name] for release, name in zip(new, fleet.names, strict=True)}
     assert [fleet.current(guest) for guest in fleet.guests] == new
     for name in fleet.names:  # each host's progress lines carry its name
         assert any(line.startswith(f"{name} ") and "readiness" in line for line in stderr.splitlines())
@@ -69,7 +70,7 @@ def test_a_failed_host_inside_a_batch_rolls_back_alone_while_the_others_deploy(f
     fleet.fault(failing, "oom")
     code, report, stderr = fleet.deploy("fleet-5")
     assert code == 6, stderr
-    parts = report["hosts"]
+    parts = by_host(report)
     assert [parts[name]["outcome"] for name in fleet.names] == ["deployed", "failed", "deployed"]
     assert parts[failing.name]["serving"] == baseline[1] and "rolled back" in parts[failing.name]["cause"]
     new = fleet.releases(report)
@@ -83,10 +84,10 @@ def test_max_fail_stops_the_rollout_and_leaves_the_hosts_not_started_untouched(f
     untouched = {guest.name: fleet.history_length(guest) for guest in fleet.guests[1:]}
     code, report, stderr = fleet.deploy("fleet-6", "--serial", "1", "--max-fail", "0")
     assert code == 6, stderr
-    assert report["batches"] == [[name] for name in fleet.names]
-    assert report["not_started"] == fleet.names[1:]
-    assert report["stopped"] == "1 host failed, more than --max-fail 0"
-    assert report["serving"] == {baseline[0]: [fleet.names[0]], "untouched": fleet.names[1:]}
+    assert report["rollout"]["batches"] == [[name] for name in fleet.names]
+    assert report["rollout"]["not_started"] == fleet.names[1:]
+    assert report["rollout"]["stopped"] == "1 host failed, more than --max-fail 0"
+    assert report["rollout"]["serving"] == {baseline[0]: [fleet.names[0]], "untouched": fleet.names[1:]}
     assert [fleet.current(guest) for guest in fleet.guests] == baseline
     assert {guest.name: fleet.history_length(guest) for guest in fleet.guests[1:]} == untouched  # not connected to
 
@@ -98,9 +99,10 @@ def test_a_host_whose_lock_is_held_is_refused_and_the_others_proceed_within_max_
     with FabricRemote(target.ssh) as remote, host_lock(remote, target.layout("sglang"), "test holds it", "pytest"):
         code, report, stderr = fleet.deploy("fleet-7", "--serial", "1", "--max-fail", "1")
     assert code == 4, stderr
-    assert report["hosts"][locked.name]["error"] == "LockHeld" and "test holds it" in stderr
+    assert by_host(report)[locked.name]["error"] == "LockHeld" and "test holds it" in stderr
     new = fleet.releases(report)
-    assert report["serving"] == {"as before": [locked.name], new[1]: [fleet.names[1]], new[2]: [fleet.names[2]]}
+    assert report["rollout"]["serving"] == {"as before": [locked.name], new[1]: [fleet.names[1]],
+                                            new[2]: [fleet.names[2]]}
     assert [fleet.current(guest) for guest in fleet.guests] == [baseline[0], new[1], new[2]]
 
 
@@ -110,8 +112,9 @@ def test_a_dry_run_of_a_group_plans_each_host_and_changes_nothing(fleet: Fleet) 
     histories = [fleet.history_length(guest) for guest in fleet.guests]
     code, report, stderr = fleet.deploy("fleet-3", "--dry-run")
     assert code == 0, stderr
-    assert [report["hosts"][name]["outcome"] for name in fleet.names] == ["planned"] * 3
-    assert all(report["hosts"][name]["changes"] for name in fleet.names)  # OMP_NUM_THREADS and the fault file
-    assert report["serving"] == {release: [name] for release, name in zip(baseline, fleet.names, strict=True)}
+    assert [by_host(report)[name]["outcome"] for name in fleet.names] == ["planned"] * 3
+    assert all(by_host(report)[name]["changes"] for name in fleet.names)  # OMP_NUM_THREADS and the fault file
+    assert report["rollout"]["serving"] == {release: [name]
+                                            for release, name in zip(baseline, fleet.names, strict=True)}
     assert [fleet.current(guest) for guest in fleet.guests] == baseline
     assert [fleet.history_length(guest) for guest in fleet.guests] == histories

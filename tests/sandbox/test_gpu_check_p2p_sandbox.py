@@ -7,7 +7,6 @@ reported. Last, `invoke gpu-check` itself, as a user types it in a checkout: the
 from __future__ import annotations
 
 import copy
-import json
 import os
 import shutil
 import subprocess
@@ -17,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers.json_doc import envelope, result
 
 from deploy_lib.deploy.project import resolve_target
 from deploy_lib.gpu_check.p2p.verdict import Cause
@@ -138,7 +138,7 @@ def test_invoke_gpu_check_prints_the_section_with_a_cause_and_fix_for_each_pair(
     assert any(line.startswith("  P2P measurement not run: needs torch with CUDA") for line in section), section
     as_json = invoke_in_checkout(checkout, "gpu-check", "--profile", "p2p-ref", "--host", node_stand_in.name,
                                  "--inventory", "inventory/hosts.yaml", "--json")
-    pairs_json = json.loads(as_json.stdout)["peer_to_peer"]["pairs"]
+    pairs_json = result(envelope(as_json.stdout))["peer_to_peer"]["pairs"]
     assert len(pairs_json) == 28 and "acs_redirect" in [f["kind"] for f in pairs_json[0]["findings"]]
     status = invoke_in_checkout(checkout, "status", "--host", node_stand_in.name, "--inventory",
                                 "inventory/hosts.yaml")

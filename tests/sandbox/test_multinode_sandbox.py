@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 from helpers.guest_group import GuestGroup, booted_group
+from helpers.json_doc import by_host
 
 from sandbox import manage
 
@@ -36,7 +37,7 @@ def pair(venv_layer: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 def test_two_nodes_meet_at_node_0s_address_and_run_one_release(pair: Pair) -> None:
     code, report, stderr = pair.deploy("mn")
     assert code == 0, stderr
-    parts = report["hosts"]
+    parts = by_host(report)
     assert [parts[name]["outcome"] for name in pair.names] == ["deployed", "deployed"]
     release = parts[pair.names[0]]["release"]
     assert parts[pair.names[1]]["release"] == release  # one release id on both nodes
@@ -47,32 +48,32 @@ def test_two_nodes_meet_at_node_0s_address_and_run_one_release(pair: Pair) -> No
     assert ":5757: 2 of 2 nodes joined (node rank 0)" in pair.journal(pair.guests[0])
     code, status, stderr = pair.invoke("status")
     assert code == 0, stderr
-    assert status[pair.names[0]]["readiness"] == "ready (health 200)"
-    assert status[pair.names[1]]["readiness"] == \
+    assert by_host(status)[pair.names[0]]["readiness"] == "ready (health 200)"
+    assert by_host(status)[pair.names[1]]["readiness"] == \
         "node rank 1 of 2: no HTTP here (node rank 0 serves it); unit active"
     code, report, stderr = pair.invoke("deploy", "--profile", str(pair.root / "inventory" / "profiles" /
                                                                   "mn-faulty.yaml"), "--dry-run")
     assert code == 0, stderr
-    planned = [report["hosts"][name] for name in pair.names]
+    planned = [by_host(report)[name] for name in pair.names]
     assert [part["outcome"] for part in planned] == ["planned", "planned"]
     assert planned[0]["release"] == planned[1]["release"] != release
     assert [pair.current(guest) for guest in pair.guests] == [release, release]  # a dry run changes nothing
     code, report, stderr = pair.deploy("mn")  # the same profile on the same nodes: nothing to do
     assert code == 0, stderr
-    assert [report["hosts"][name]["outcome"] for name in pair.names] == ["unchanged", "unchanged"]
+    assert [by_host(report)[name]["outcome"] for name in pair.names] == ["unchanged", "unchanged"]
 
 
 def test_a_failing_node_takes_both_nodes_back_to_the_previous_release_and_is_named(pair: Pair) -> None:
     code, report, stderr = pair.deploy("mn")
     assert code == 0, stderr
-    before = report["hosts"][pair.names[0]]["release"]
+    before = by_host(report)[pair.names[0]]["release"]
     pair.fault(pair.guests[1], "oom")
     try:
         code, report, stderr = pair.deploy("mn-faulty")
     finally:
         pair.fault(pair.guests[1], None)
     assert code == 6, stderr
-    parts = report["hosts"]
+    parts = by_host(report)
     assert [parts[name]["outcome"] for name in pair.names] == ["failed", "failed"]
     assert [parts[name]["serving"] for name in pair.names] == [before, before]
     cause = parts[pair.names[0]]["cause"]
@@ -87,14 +88,14 @@ def test_a_failing_node_takes_both_nodes_back_to_the_previous_release_and_is_nam
 def test_a_group_rollback_of_a_multi_node_release_switches_both_nodes_together(pair: Pair) -> None:
     code, report, stderr = pair.deploy("mn")
     assert code == 0, stderr
-    before = report["hosts"][pair.names[0]]["release"]
+    before = by_host(report)[pair.names[0]]["release"]
     code, report, stderr = pair.deploy("mn-faulty")  # no fault written: a healthy second release
     assert code == 0, stderr
-    after = report["hosts"][pair.names[0]]["release"]
+    after = by_host(report)[pair.names[0]]["release"]
     joined = pair.journal(pair.guests[1]).count("2 of 2 nodes joined (node rank 1)")
     code, report, stderr = pair.invoke("rollback")
     assert code == 0, stderr
-    assert [report["hosts"][name]["outcome"] for name in pair.names] == ["rolled back", "rolled back"]
-    assert [report["hosts"][name]["release"] for name in pair.names] == [before, before]
+    assert [by_host(report)[name]["outcome"] for name in pair.names] == ["rolled back", "rolled back"]
+    assert [by_host(report)[name]["release"] for name in pair.names] == [before, before]
     assert [pair.current(guest) for guest in pair.guests] == [before, before] != [after, after]
     assert pair.journal(pair.guests[1]).count("2 of 2 nodes joined (node rank 1)") == joined + 1  # met node 0 again

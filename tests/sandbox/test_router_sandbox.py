@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 import pytest
 from helpers.guest_group import GuestGroup, booted_group
 from helpers.http_client import http
+from helpers.json_doc import by_host, result
 
 from deploy_lib.commands.releases import list_releases
 from deploy_lib.deploy.project import resolve_target
@@ -38,7 +39,7 @@ class Replicas(GuestGroup):
         return self.releases(report)
 
     def releases(self, report: dict[str, Any]) -> list[str]:
-        return [report["hosts"][name]["release"] for name in self.names]
+        return [by_host(report)[name]["release"] for name in self.names]
 
 
 @pytest.fixture(scope="module")
@@ -76,9 +77,9 @@ def test_a_rolling_deploy_behind_the_router_fails_no_client_request(replicas: Re
     baseline = replicas.baseline()
     code, report, stderr = deploy_router(replicas)
     assert code == 0, stderr
-    assert report["action"] == "deployed"
+    assert result(report)["action"] == "deployed"
     workers = [f"http://{guest.guest_ip}:8000" for guest in replicas.guests]
-    assert report["workers"] == workers
+    assert result(report)["workers"] == workers
     router_host = replicas.guests[0]
     assert manage.run_on(router_host, "systemctl is-active sglang-router.service").strip() == "active"
     assert router_urls(replicas) == [(url, True) for url in sorted(workers)]
@@ -96,18 +97,18 @@ def test_a_rolling_deploy_behind_the_router_fails_no_client_request(replicas: Re
 def test_a_stopped_router_is_restarted_by_a_router_deploy_and_replicas_deploy_meanwhile(replicas: Replicas) -> None:
     code, report, stderr = deploy_router(replicas)
     assert code == 0, stderr
-    assert report["action"] == "unchanged"
+    assert result(report)["action"] == "unchanged"
     manage.run_on(replicas.guests[0], "systemctl stop sglang-router.service")
     code, report, stderr = replicas.deploy("replica-5", "--serial", "1")
     assert code == 0, stderr  # a router that is down routes nothing: the replicas restart without draining
     assert stderr.count("nothing listens on") == 2
     code, report, stderr = deploy_router(replicas)
     assert code == 0, stderr
-    assert report["action"] == "deployed"  # the same release, restarted and verified
+    assert result(report)["action"] == "deployed"  # the same release, restarted and verified
     router_target = resolve_target(load_inventory(Path(replicas.inventory)), replicas.guests[0].name)
     with FabricRemote(router_target.ssh) as remote:  # its store reads as a server's (`releases -s sglang-router`)
         rows = list_releases(router_target, "sglang-router", remote)
-    assert [(row.id, row.outcome) for row in rows] == [(report["release_id"], "healthy")]
+    assert [(row.id, row.outcome) for row in rows] == [(result(report)["release_id"], "healthy")]
     assert router_urls(replicas) == sorted((f"http://{guest.guest_ip}:8000", True) for guest in replicas.guests)
 
 
@@ -147,11 +148,11 @@ def test_one_replica_deployed_and_rolled_back_by_host_onto_another_port_is_drain
                            replicas.invoke("rollback", host=moved.name)])
     assert deployed == 0, deploy_err
     assert rolled == 0, rollback_err
-    assert deploy_report["outcome"] == "deployed"
+    assert result(deploy_report)["outcome"] == "deployed"
     assert drained_and_added_back(deploy_err) and drained_and_added_back(rollback_err)
     assert f"from http://{moved.guest_ip}:8000 to http://{moved.guest_ip}:8001" in deploy_err
     assert f"from http://{moved.guest_ip}:8001 to http://{moved.guest_ip}:8000" in rollback_err
-    assert rollback_report["outcome"] == "rolled back" and rollback_report["release"] == baseline[1]
+    assert result(rollback_report)["outcome"] == "rolled back" and result(rollback_report)["release"] == baseline[1]
     assert router_urls(replicas) == sorted([(steady, True), (f"http://{moved.guest_ip}:8000", True)])
 
 
@@ -162,7 +163,7 @@ def test_a_group_deploy_behind_the_router_without_serial_goes_one_replica_at_a_t
     code, report, stderr = no_request_fails(replicas, lambda: replicas.deploy("replica-3"))
     assert code == 0, stderr
     assert "restart one at a time (--serial 1)" in stderr
-    assert report["batches"] == [[name] for name in replicas.names]
+    assert report["rollout"]["batches"] == [[name] for name in replicas.names]
     assert all(drained_and_added_back(stderr, guest.name) for guest in replicas.guests)
 
 
@@ -200,7 +201,7 @@ def test_a_gpu_check_stopping_one_replica_drains_it_first_and_adds_it_back_after
     code, report, stderr = no_request_fails(replicas, lambda: replicas.invoke("gpu-check", "--stop-server",
                                                                               host=checked.name))
     assert code == 3, stderr
-    assert report["check"]["error"].startswith("needs torch with CUDA"), report
+    assert result(report)["check"]["error"].startswith("needs torch with CUDA"), report
     assert drained_and_added_back(stderr)
     # out before the check (the server stops just before it: unit test), back after the restart's readiness
     assert stderr.index("router: drain") < stderr.index("▸ topology") < stderr.index("readiness: health") \

@@ -1,0 +1,169 @@
+"""Every task's `--json` is one document of one shape (deploy_cli/envelope.py, the reference's "JSON output"): run
+in-process through the program as a user types it, each task that takes --json on a host the inventory lacks (its
+error), and the ones that need no host or run against a fake host to the end (their result under `hosts`). Issue 40:
+`status --group` was keyed by host, `deploy --group` nested hosts under `hosts`, `plan --against` had no `outcome` or
+`exit_code`, and a refusal under --json printed nothing on stdout."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from contextlib import nullcontext
+from pathlib import Path
+
+import pytest
+from helpers.cli import REPO
+from helpers.deploy_trips import serving_the_profile
+
+from deploy_cli import common
+from deploy_cli.collection import user_tasks
+from deploy_cli.envelope import SCHEMA_VERSION, Envelope
+from deploy_cli.options import Task
+from deploy_cli.program import NAME, DeployProgram, OneTaskExecutor
+
+INVENTORY = "all:\n  hosts:\n    gpu1: {ansible_host: 192.0.2.10, gpu_count: 8, gpu_arch: sm120}\n"
+# a value for each task's required option, where it has one
+REQUIRED = {"name": "fusion-sm120", "tune_id": "t20261201-120000-ab12", "group": "nosuch", "profile": "glm5-nvfp4"}
+
+
+def json_tasks() -> list[str]:
+    """Every task that takes --json, by the name a user types."""
+    tasks = user_tasks()
+    named = [min((name, *aliases), key=len) for name, aliases in tasks.task_names.items()]
+    return [name for name in named if isinstance(tasks[name], Task) and "json" in tasks[name].option_help]
+
+
+@pytest.fixture
+def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The checkout as the project (its profiles), an inventory of one host gpu1 in tmp_path."""
+    monkeypatch.chdir(REPO)
+    for name in ("SGLANG_DEPLOY_INVENTORY", "SGLANG_DEPLOY_PROJECT", "HF_TOKEN"):
+        monkeypatch.delenv(name, raising=False)
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(INVENTORY)
+    common.project.cache_clear()
+    yield inventory
+    common.project.cache_clear()
+
+
+def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Envelope, str]:
+    """`sglang-deploy ARGV` through the program's own run: exit code, the document (checked against the model:
+    every key known, none missing), stderr."""
+    program = DeployProgram(name=NAME, binary=NAME, version="0", namespace=user_tasks(),
+                            executor_class=OneTaskExecutor)
+    try:
+        program.run([NAME, *argv])
+        code = 0
+    except SystemExit as ended:
+        code = int(ended.code or 0)
+    shown = capsys.readouterr()
+    document = json.loads(shown.out)
+    return code, Envelope.model_validate(document, strict=False), shown.err
+
+
+def test_every_task_that_takes_json_is_listed() -> None:
+    assert {"deploy", "rollback", "plan", "render", "status", "releases", "logs", "bench", "gpu-check", "report",
+            "patches.list", "patch", "tune", "tune.show", "venv.list", "model.list", "router.deploy",
+            "router.status"} <= set(json_tasks())
+
+
+@pytest.mark.parametrize("task", json_tasks())
+def test_a_tasks_error_under_json_is_the_one_document(task: str, project: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """Each task on a host the inventory lacks (a group the inventory lacks for router.*): exit 2, the document
+    with the error; patches.list reads no host and lists the patch sets."""
+    options = user_tasks()[task].option_help
+    argv = [task, "--json", *(("-i", str(project)) if "inventory" in options else ()),
+            *(("-H", "nosuch") if "host" in options else ())]
+    for name in user_tasks()[task].required:
+        argv += [f"--{name.replace('_', '-')}", REQUIRED[name]]
+    if task in ("patch", "patch-fusion"):
+        argv.append("--check")
+    if task == "tune":
+        argv += ["--vary", "memory.max_running_requests=64,256"]
+    code, document, err = run_json(capsys, *argv)
+    assert (document.schema_version, document.command, document.exit_code) == (SCHEMA_VERSION, task, code)
+    if task == "patches.list":
+        assert code == 0 and document.outcome == "ok" and document.error is None
+        [listed] = document.hosts
+        assert listed.host is None and listed.outcome == "ok" and listed.result
+        return
+    assert code == 2 and document.outcome == "failed" and document.hosts == []
+    assert document.error is not None and document.error.type == "ConfigError" and document.error.exit_code == 2
+    assert "nosuch" in document.error.message and err.startswith("error: ")
+
+
+def test_render_and_plan_against_give_their_document_as_the_hosts_result(project: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """render and plan --against read no host: their result is under the host they were given."""
+    code, rendered, _ = run_json(capsys, "render", "-p", "glm5-nvfp4", "-i", str(project), "--json")
+    assert (code, rendered.outcome, rendered.error) == (0, "ok", None)
+    [host] = rendered.hosts
+    assert host.host == "gpu1" and "--tp-size" in host.result["args"] and host.result["unit_file"]
+    code, planned, _ = run_json(capsys, "plan", "-p", "glm5-nvfp4", "--against", "glm5-nvfp4-fusion", "-i",
+                                str(project), "--json", "--detailed-exitcode")
+    assert (code, planned.exit_code, planned.outcome) == (2, 2, "ok")  # 2: something would change
+    [host] = planned.hosts
+    assert (host.host, host.outcome) == ("gpu1", "planned")
+    assert host.result["from"] == "glm5-nvfp4-fusion" and host.result["changes"]
+
+
+def test_a_refused_combination_under_json_is_a_document_with_the_refusal(project: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """`plan --against --group` was refused with nothing on stdout."""
+    code, document, err = run_json(capsys, "plan", "-p", "glm5-nvfp4", "--against", "x", "--group", "all", "--json",
+                                   "-i", str(project))
+    assert code == document.exit_code == 2 and document.outcome == "failed"
+    assert document.error is not None and document.error.type == "UsageError"
+    assert document.error.message.startswith("--against compares two profiles") and "--against" in err
+
+
+@pytest.mark.parametrize("task", ["plan", "deploy"])
+def test_a_plan_on_a_fake_host_is_the_hosts_result(task: str, project: Path, monkeypatch: pytest.MonkeyPatch,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """plan, and deploy --dry-run, against a host serving the profile with one override: the host's outcome
+    `planned`, its result the deploy's document as before (changes, overrides)."""
+    host, _ = serving_the_profile()
+    monkeypatch.setattr(common, "remote", lambda found, prefixed=False: nullcontext(host))
+    extra = ("--dry-run",) if task == "deploy" else ()
+    code, document, _ = run_json(capsys, task, "-p", "glm5-nvfp4", "--set", "memory.max_running_requests=512", "-i",
+                                 str(project), "--json", *extra)
+    assert (code, document.outcome, document.error, document.rollout) == (0, "ok", None, None)
+    [planned] = document.hosts
+    assert (planned.host, planned.outcome, planned.exit_code) == ("gpu1", "planned", 0)
+    assert planned.result["outcome"] == "planned" and planned.result["overrides"] == ["memory.max_running_requests=512"]
+    assert planned.result["changes"]
+
+
+GROUP = ("all:\n  children:\n    pair:\n      hosts:\n"
+         "        one: {ansible_host: 192.0.2.11, gpu_count: 8, gpu_arch: sm120}\n"
+         "        two: {ansible_host: 192.0.2.12, gpu_count: 8, gpu_arch: sm120}\n")
+
+
+@pytest.mark.parametrize("task", ["releases", "status"])
+def test_a_groups_read_is_one_result_per_host_as_for_one_host(task: str, project: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys: pytest.CaptureFixture[str]) -> None:
+    """`status --group` was keyed by host: now each host is an element of `hosts`, its result as for one host."""
+    project.write_text(GROUP)
+    hosts = {name: serving_the_profile()[0] for name in ("one", "two")}
+    monkeypatch.setattr(common, "remote", lambda found, prefixed=False: nullcontext(hosts[found.host.name]))
+    code, alone, _ = run_json(capsys, task, "-H", "one", "-i", str(project), "--json")
+    code_group, group, _ = run_json(capsys, task, "--group", "pair", "-i", str(project), "--json")
+    assert [host.host for host in group.hosts] == ["one", "two"] and group.rollout is None
+    assert (code, code_group, alone.exit_code, group.exit_code, group.outcome) == (0, 0, 0, 0, "ok")
+    [one] = alone.hosts
+    assert (one.host, one.outcome, one.error) == ("one", "ok", None)
+    assert [host.outcome for host in group.hosts] == ["ok", "ok"]
+    assert type(one.result) is type(group.hosts[0].result) and one.result  # the same report, host by host
+    if isinstance(one.result, dict):  # status: a status report
+        assert set(one.result) == set(group.hosts[0].result) and one.result["current"]
+    else:  # releases: the list of releases, the current one marked
+        assert [row["is_current"] for row in one.result].count(True) == 1
+
+
+def test_a_plans_error_with_detailed_exitcode_is_1_and_keeps_its_own_code(project: Path,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    code, document, _ = run_json(capsys, "plan", "-p", "no-such-profile", "-i", str(project), "--json",
+                                 "--detailed-exitcode")
+    assert code == document.exit_code == 1 and document.outcome == "failed"
+    assert document.error is not None and document.error.exit_code == 2
