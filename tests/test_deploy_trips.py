@@ -19,7 +19,6 @@ from deploy_lib.errors import LockHeld, PreflightError
 from deploy_lib.facts import host as host_facts
 from deploy_lib.host.models import FACT_CACHE
 from deploy_lib.host.readiness import LIVE_UNIT
-from deploy_lib.models.page_cache import measure_step
 from deploy_lib.remote import Put, Step, round_trips
 
 
@@ -34,10 +33,6 @@ def test_a_no_op_deploy_is_one_round_trip_and_writes_nothing_not_even_the_lock()
     assert (where, port) == ("127.0.0.1", 8000) and request.startswith(b"GET /ready HTTP/1.1\r\n"), \
         "its health request went through the SSH connection"
     assert writes(host) == []
-
-
-# The page cache of the reference profile's weights, at the commit the scripted host's cache holds
-MEASURE_NEW = measure_step("/root/.cache/huggingface/hub/models--lukealonso--GLM-5-NVFP4/snapshots/" + "c" * 40).name
 
 
 # What only preflight reads (deploy_lib/facts/host.py PREFLIGHT_ONLY): a no-op never sends it.
@@ -75,9 +70,8 @@ def test_a_deploy_expecting_a_change_reads_what_preflight_needs_with_the_decisio
     outcome = deploy(changed_profile(), target(), host, RecordingProgress(), Options(grace_s=0),
                      sweep=SweepCandidate(keep_releases_at_least=0))
     assert outcome.action == "deployed"
-    decided, page_cache, staged = host.batches[:3]
+    decided, staged = host.batches[:2]
     assert tools_run(host, decided) >= set(PREFLIGHT_TOOLS) and len(round_trips(decided)) == 1
-    assert [step.name for step in page_cache] == [MEASURE_NEW], "then the new weights' page cache, read-only"
     assert staged[1].name == store.LOCK_TAKE, "the lock is taken with the stage, the first change"
     host, _ = serving_the_profile()
     host.reply(host_facts.FACT_GPUS, stdout="".join(f"{i}, NVIDIA RTX PRO 6000 Blackwell Server Edition, GPU-{i}, "
@@ -93,9 +87,7 @@ def test_a_dry_run_reads_what_preflight_needs_in_its_one_round_trip_and_refuses_
     planned = deploy(changed_profile(), target(), host, RecordingProgress(), Options(dry_run=True))
     assert planned.action == "planned"
     assert tools_run(host, host.batches[0]) >= set(PREFLIGHT_TOOLS)
-    assert sum(len(round_trips(batch)) for batch in host.batches) == 2
-    assert [step.name for step in host.batches[1]] == [MEASURE_NEW], \
-        "the page cache of the weights (the current release's and the new one's: the same here) read after the facts"
+    assert sum(len(round_trips(batch)) for batch in host.batches) == 1
     host.reply(host_facts.FACT_GPUS, stdout="0, NVIDIA RTX PRO 6000 Blackwell Server Edition, GPU-0, 12.0, 97887, 0, "
                                             "30, 600, 0, 580\n")
     with pytest.raises(PreflightError, match="the profile's parallel: tp 8 needs 8 GPUs per node, nvidia-smi shows 1"):

@@ -55,6 +55,7 @@ from deploy_lib.models.page_cache import (
     Warm,
     decide,
     measure_step,
+    measure_weights_step,
     parse_residency,
     plan_lines,
     weights_root,
@@ -254,7 +255,9 @@ def _decide(run: Transition, ask: _Ask, venv: VenvChoice) -> _Decided:
     # with /ready (live_verdict sends it again when the plan's release says otherwise)
     speculative = {"profile": profile.model_dump(mode="json"),
                    "sglang_version": venv.sglang_version or READY_ENDPOINT_SINCE}
-    read = read_facts(run.remote, [*fact_batch(request),
+    # a plan or a sweep's candidate reads preflight's facts here: the new weights' page cache rides with them
+    measure = [measure_weights_step(model)] if ask.preflight_now else []
+    read = read_facts(run.remote, [*fact_batch(request), *measure,
                                    *concurrently([live_probe(run.layout, speculative, ask.options.environ)])])
     facts = parse_host_facts(read, request)
     if run.lock is not None:
@@ -275,7 +278,21 @@ def _decide(run: Transition, ask: _Ask, venv: VenvChoice) -> _Decided:
     if plan.unchanged and not isinstance(verdict := run.live_verdict(plan.release.metadata(), read), Ready):
         plan = replace(plan, unchanged=False, notes=(*plan.notes, f"release {plan.release.id} is current but not "
                                                      f"ready ({verdict.message}): it is restarted and verified"))
-    return _Decided(plan, facts, request, venv, model, model_facts, replan)
+    return _Decided(plan, facts, request, venv, model, model_facts, replan,
+                    _speculated(plan, [parse_residency(read[step.name]) for step in measure]))
+
+
+def _speculated(plan: Plan, measured: list[Residency | str]) -> dict[str, Residency | str]:
+    """The decision read's page cache reading by the root it measured; one that failed (it says why) stands for the
+    plan's weights, so that nothing measures them again."""
+    planned = weights_root(plan.release.model)
+    found: dict[str, Residency | str] = {}
+    for item in measured:
+        if isinstance(item, Residency) and item.root:
+            found[item.root] = item
+        elif isinstance(item, str) and planned:
+            found[planned] = item
+    return found
 
 
 def _preflight(run: Transition, ask: _Ask, decided: _Decided) -> _Decided:
@@ -285,7 +302,7 @@ def _preflight(run: Transition, ask: _Ask, decided: _Decided) -> _Decided:
     remote = run.remote if run.lock is None else run.lock.inner
     # the weights' page cache: read with preflight's facts, or alone once preflight passed when those were read
     # with the decision (a dry run, a sweep's candidate)
-    roots = page_cache_roots(decided, ask.options.dry_run)
+    roots = [root for root in page_cache_roots(decided, ask.options.dry_run) if root not in decided.residency]
     measure, rides = [measure_step(root) for root in roots], bool(reads.steps)
     measured = read_facts(remote, [*reads.steps, *(measure if rides else ())])
     facts, hand_pid = reads.parse(measured)
@@ -294,7 +311,7 @@ def _preflight(run: Transition, ask: _Ask, decided: _Decided) -> _Decided:
     preflight(plan, ask.loaded, run.target, facts, hand_pid)
     if not rides:
         measured = read_facts(remote, measure)
-    residency = {root: parse_residency(measured[measure_step(root).name]) for root in roots}
+    residency = {**decided.residency, **{root: parse_residency(measured[measure_step(root).name]) for root in roots}}
     return replace(decided, plan=plan, facts=facts, residency=residency)
 
 
@@ -426,8 +443,8 @@ def page_cache_plan(decided: _Decided) -> tuple[str, ...]:
     new_label = "the new release" if plan.release_id is None else f"release {plan.release_id}"
     shown_current = None if current_root not in readings else (f"current release {plan.current_id}",
                                                                 readings[str(current_root)])
-    shown_new = (new_label, readings[new_root]) if new_root is not None and new_root in readings and not same \
-        else None
+    shown_new = (new_label, readings[new_root]) if staged and new_root is not None and new_root in readings \
+        and not same else None
     return plan_lines(shown_current, shown_new, staged, decided.model_facts.files, same)
 
 
@@ -439,7 +456,7 @@ def warm_page_cache(run: Transition, decided: _Decided) -> None:
     if root is None:
         return
     remote = run.remote if run.lock is None else run.lock.inner  # read-only: the lock is taken by the first change
-    reading = decided.residency.get(root)
+    reading = decided.residency.get(root) if decided.model_facts.complete else None  # else: measured before staging
     decision = decide(read_residency(remote, root) if reading is None else reading)
     run.progress.note(decision.line())
     if decision.warm is not Warm.read:

@@ -1,11 +1,13 @@
 """A release's weights and the page cache, on the host (sent whole to the host's `python3 -I -S -`; standard library
 only, Python 3.9 and up).
 
-`measure(roots)`: the weight files under each root (symlinks followed, as a HF snapshot's are; a file reached twice
-counted once), each one's size and how many of its bytes the page cache holds (mincore(2) on a read-only mapping,
-1 GiB at a time, through ctypes: nothing is read, nothing faults in; None when mincore cannot be called), and the
-host's MemAvailable. `read(files)`: each file read once, sequentially, in large blocks (posix_fadvise SEQUENTIAL and
-WILLNEED first), with a progress line at most every second. Each prints its result as one `RESULT <json>` line."""
+`measure(where)`: the weight files under a root (given, or a hub revision's snapshot in its HF cache: a branch or
+tag resolved through the cache's refs, as huggingface_hub does offline; symlinks followed, as a snapshot's are; a
+file reached twice counted once), each one's size and how many of its bytes the page cache holds (mincore(2) on a
+read-only mapping, 1 GiB at a time, through ctypes: nothing is read, nothing faults in; None when mincore cannot be
+called), and the host's MemAvailable. `read(files)`: each file read once, sequentially, in large blocks
+(posix_fadvise SEQUENTIAL and WILLNEED first), with a progress line at most every second. Each prints its result as
+one `RESULT <json>` line."""
 
 from __future__ import annotations
 
@@ -14,6 +16,7 @@ import ctypes.util
 import json
 import mmap
 import os
+import pwd
 import sys
 import time
 from typing import TextIO
@@ -94,11 +97,28 @@ def mem_available() -> int | None:
     return None
 
 
-def measure(roots: list[str]) -> dict[str, object]:
+def snapshot_root(where: dict[str, str]) -> str | None:
+    """The directory of the weights: `root`, or a hub revision's snapshot (None: the revision is not in the cache)."""
+    if "root" in where:
+        return where["root"]
+    home = where.get("hf_home") or os.path.join(pwd.getpwnam(where["user"]).pw_dir, ".cache", "huggingface")
+    repo_dir = os.path.join(home, "hub", "models--" + where["repo"].replace("/", "--"))
+    revision = where["revision"]
+    if len(revision) != 40 or any(c not in "0123456789abcdef" for c in revision):
+        try:
+            with open(os.path.join(repo_dir, "refs", revision), encoding="ascii") as ref:
+                revision = ref.read().strip()
+        except OSError:
+            return None
+    return os.path.join(repo_dir, "snapshots", revision)
+
+
+def measure(where: dict[str, str]) -> dict[str, object]:
     libc = _libc()
+    root = snapshot_root(where)
     files = [{"path": path, "size": size, "resident": resident_bytes(libc, path, size)}
-             for path, size in weight_files(roots)]
-    return {"files": files, "mem_available": mem_available()}
+             for path, size in weight_files([root] if root else [])]
+    return {"root": root, "files": files, "mem_available": mem_available()}
 
 
 def read(files: list[str], out: TextIO | None = None) -> dict[str, object]:
@@ -128,8 +148,8 @@ def read(files: list[str], out: TextIO | None = None) -> dict[str, object]:
     return {"read_bytes": done, "files": len(files), "seconds": round(time.monotonic() - started, 3)}
 
 
-def main(request: dict[str, list[str]]) -> int:
-    result = measure(request["roots"]) if "roots" in request else read(request["files"])
+def main(request: dict[str, object]) -> int:
+    result = measure(request["measure"]) if "measure" in request else read(request["files"])  # type: ignore[arg-type]
     print(RESULT_PREFIX + json.dumps(result), flush=True)
     return 0
 

@@ -17,7 +17,10 @@ from importlib import resources
 from pathlib import PurePosixPath
 
 from deploy_lib.host_scripts.page_cache import RESULT_PREFIX, WEIGHT_SUFFIXES
-from deploy_lib.models.facts import ModelFile, size_text
+from deploy_lib.models.facts import ModelFile, Weights, size_text
+from deploy_lib.models.hub import HubModel
+from deploy_lib.models.pushed import PushedModel
+from deploy_lib.models.sources import HostPathModel
 from deploy_lib.remote import Step, StepResult
 
 SCRIPT_SOURCE = resources.files("deploy_lib.host_scripts").joinpath("page_cache.py").read_text(encoding="utf-8")
@@ -61,6 +64,7 @@ class Residency:
 
     files: tuple[FileResidency, ...]
     mem_available: int | None
+    root: str | None = None   # the directory measured (None: a hub revision its cache does not hold)
 
     @property
     def total_bytes(self) -> int:
@@ -87,14 +91,27 @@ class Residency:
 def measure_step(root: str) -> Step:
     """The weight files under `root`, their residency and the host's MemAvailable: read-only, nothing faults in;
     named after its root, so that one batch may measure several."""
-    return _script_step(f"{MEASURE}: {root}", {"roots": [root]}, 300)
+    return _script_step(f"{MEASURE}: {root}", {"measure": {"root": root}}, 300)
+
+
+def measure_weights_step(model: Weights) -> Step:
+    """measure_step for a profile's weights before any plan: a hub revision's snapshot found by the host (a branch
+    through its cache's refs), so that it rides in the decision's read; the reading names the root it measured."""
+    if isinstance(model, HubModel):
+        where = {"hf_home": model.hf_home or "", "user": model.user, "repo": model.repo, "revision": model.revision}
+    elif isinstance(model, PushedModel):
+        where = {"root": str(model.version_dir)}
+    else:
+        assert isinstance(model, HostPathModel)
+        where = {"root": model.path}
+    return _script_step(f"{MEASURE}: {model.label}", {"measure": where}, 300)
 
 
 def read_step(files: Sequence[str]) -> Step:
     return _script_step(READ, {"files": list(files)}, READ_TIMEOUT_S)
 
 
-def _script_step(name: str, request: Mapping[str, list[str]], timeout_s: float) -> Step:
+def _script_step(name: str, request: Mapping[str, object], timeout_s: float) -> Step:
     """page_cache.py on the host's python3, as root (the weights may belong to the service user); exit 1 is a
     traceback that the parser turns into a reason, never a failed deploy."""
     return Step(name, ("python3", "-I", "-S", "-", json.dumps(request)), sudo=True, stdin=SCRIPT_SOURCE.encode(),
@@ -122,8 +139,9 @@ def parse_residency(result: StepResult) -> Residency | str:
         files = tuple(FileResidency(str(item["path"]), int(item["size"]),
                                     None if item["resident"] is None else int(item["resident"]))
                       for item in data["files"])  # type: ignore[attr-defined]
-        available = data.get("mem_available")
-        return Residency(files, None if available is None else int(available))  # type: ignore[call-overload]
+        available, root = data.get("mem_available"), data.get("root")
+        return Residency(files, None if available is None else int(available),  # type: ignore[call-overload]
+                         None if root is None else str(root))
     except (KeyError, TypeError, ValueError) as error:
         return f"page_cache.py's result is incomplete: {error}"
 
