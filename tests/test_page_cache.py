@@ -3,6 +3,7 @@ files of this machine (mincore, the read), and the deploy's wiring against a scr
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
@@ -15,8 +16,13 @@ from helpers.deploy_trips import serving_the_profile
 from helpers.fake_remote import FakeRemote
 from helpers.recording_progress import RecordingProgress
 from helpers.rollback import changed_profile
+from rich.console import Console
 
+from deploy_cli import present, reports
 from deploy_lib.commands.deploy import Options, deploy
+from deploy_lib.commands.status import read_status
+from deploy_lib.deploy.project import Project, resolve_target
+from deploy_lib.facts.host import FACT_UNIT
 from deploy_lib.host.page_cache import warm_weights
 from deploy_lib.models import HubModel, ModelFile
 from deploy_lib.models.page_cache import (
@@ -36,7 +42,9 @@ from deploy_lib.models.page_cache import (
     weights_root,
 )
 from deploy_lib.remote import Put, Step, StepResult
+from deploy_lib.store import FACT_CURRENT, FACT_LOCK, FACT_RELEASE_DIRS, FACT_RELEASE_FILES, StoreLayout, Tags
 
+REPO = Path(__file__).resolve().parent.parent
 GB = 1000 ** 3
 SNAPSHOT = "/root/.cache/huggingface/hub/models--lukealonso--GLM-5-NVFP4/snapshots/" + "c" * 40
 
@@ -248,3 +256,26 @@ def test_a_hub_revision_is_found_by_the_host_through_its_cache_refs_before_any_p
     unknown = replace(model, revision="v2")
     later = parse_residency(_run_script(measure_weights_step(unknown)))
     assert isinstance(later, Residency) and (later.root, later.files) == (None, ()), "a tag the cache does not hold"
+
+
+def test_status_shows_how_much_of_the_current_releases_weights_is_resident(monkeypatch: pytest.MonkeyPatch) -> None:
+    tags = Tags("ops@laptop", "gpu1", "r1", "glm5-nvfp4", "ph", {"sglang": "0.5.23"})
+    metadata = {"id": "r1", "staged_at": "2026-11-30T10:00:00+00:00", "tags": tags.as_dict(),
+                "sglang_version": "0.5.23", "model": {"path": "/data/glm5"},
+                "profile": {"server": {"host": "0.0.0.0", "port": 8000}, "features": {"metrics": False}}}
+    layout = StoreLayout("sglang")
+    remote = (FakeRemote()
+              .reply(FACT_LOCK, exit_code=1)
+              .reply(FACT_CURRENT, stdout="releases/r1\n")
+              .reply(FACT_RELEASE_DIRS, stdout="r1\0r1/release.json\0r1/sglang.service\0r1/sglang.env\0")
+              .reply(FACT_RELEASE_FILES, stdout=f"{layout.releases}/r1/release.json\0{json.dumps(metadata)}\n")
+              .reply(FACT_UNIT, stdout="ActiveState=active\nSubState=running\nLoadState=loaded\n")
+              .reply(lambda step: step.name.startswith("readiness probe"),
+                     stdout='{"port_open": true, "health_status": 200}\n')
+              .reply(measure_step("/data/glm5").name, stdout=_measured([(8 * GB, 2 * GB)], 100 * GB)))
+    report = read_status(resolve_target(Project(REPO).inventory(None), None), "sglang", remote)
+    assert report.weights_cache == "weights of release r1: 8.0 GB in 1 files, 2.0 GB (25%) in the page cache"
+    out = io.StringIO()
+    monkeypatch.setattr(present, "console", Console(file=out, width=200))
+    reports.print_status(report)
+    assert report.weights_cache in out.getvalue()
