@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -142,9 +143,11 @@ def test_the_host_script_finds_each_weight_file_once_and_mincore_sees_the_read(t
     blobs, snapshot = tmp_path / "blobs", tmp_path / "snapshots" / "c"
     blobs.mkdir()
     (snapshot / "sub").mkdir(parents=True)
-    (blobs / "w1").write_bytes(b"")
-    with open(blobs / "w1", "r+b") as sparse:  # a hole: no page of it is in the page cache until read
-        sparse.truncate(8 << 20)
+    with open(blobs / "w1", "wb") as blob:  # written, flushed to disk and dropped from the page cache
+        blob.write(bytes(range(256)) * (8 << 12))
+        blob.flush()
+        os.fsync(blob.fileno())
+        os.posix_fadvise(blob.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
     (snapshot / "model-1.safetensors").symlink_to(blobs / "w1")
     (snapshot / "sub" / "again.safetensors").symlink_to(blobs / "w1")
     (snapshot / "config.json").write_text("{}")
@@ -160,7 +163,8 @@ def test_the_host_script_finds_each_weight_file_once_and_mincore_sees_the_read(t
     assert parse_read(result) == 8 << 20
     assert result.stdout.splitlines()[-2] == f"PROGRESS {8 << 20} {8 << 20} 1 1"
     after = parse_residency(_run_script(measure_step(str(snapshot))))
-    assert isinstance(after, Residency) and after.files[0].resident == 8 << 20
+    assert isinstance(after, Residency) and after.files[0].resident is not None
+    assert after.files[0].resident >= 0.99 * (8 << 20), "all of it resident (a page reclaimed since may be missing)"
     assert decide(after).warm is Warm.resident, "read once, then nothing to read again"
 
 

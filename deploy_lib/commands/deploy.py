@@ -332,7 +332,9 @@ def _switch(run: Transition, ask: _Ask, decided: _Decided, tags: Tags) -> ReadyR
     record_new_crashes(run.remote, run.layout, facts.store, facts.unit)  # the restart below resets their count
     if not decided.model_facts.complete:
         stage_weights(run, decided.model, decided.venv.path, plan, facts)
-    warm_page_cache(run, decided)  # while the old release serves: the server then loads its weights from memory
+    # while the old release serves, so that the server loads its weights from memory; weights staged just now are
+    # measured again (their reading, if any, came before the stage)
+    warm_page_cache(run, plan, decided.residency if decided.model_facts.complete else {})
     staged = plan.batches.stage
     if plan.gpu_check_reasons:  # the NCCL check runs between the stage and the switch: the stage goes alone, first
         run.phase(BatchKind.stage, staged)
@@ -448,15 +450,15 @@ def page_cache_plan(decided: _Decided) -> tuple[str, ...]:
     return plan_lines(shown_current, shown_new, staged, decided.model_facts.files, same)
 
 
-def warm_page_cache(run: Transition, decided: _Decided) -> None:
+def warm_page_cache(run: Transition, plan: Plan, measured: Mapping[str, Residency | str]) -> None:
     """Read the new release's weights into the page cache before the old server stops, when the host's memory holds
     them and they are not resident already (models/page_cache.py decides); the figures go to a note either way.
-    Weights on the host before the deploy were measured with preflight's facts; staged ones are measured now."""
-    root = weights_root(decided.plan.release.model)
+    Weights `measured` already (with preflight's facts) are not measured again; others (staged now) are, here."""
+    root = weights_root(plan.release.model)
     if root is None:
         return
     remote = run.remote if run.lock is None else run.lock.inner  # read-only: the lock is taken by the first change
-    reading = decided.residency.get(root) if decided.model_facts.complete else None  # else: measured before staging
+    reading = measured.get(root)
     decision = decide(read_residency(remote, root) if reading is None else reading)
     run.progress.note(decision.line())
     if decision.warm is not Warm.read:
