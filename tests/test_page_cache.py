@@ -119,16 +119,16 @@ def test_a_plan_says_both_releases_residency_and_decides_unstaged_weights_from_t
     current = ("current release B", _reading((10 * GB, 10 * GB), available=15 * GB))
     listed = (ModelFile("config.json", 10, "b1"), ModelFile("model-1.safetensors", 20 * GB, "b2"))
     lines = plan_lines(current, None, staged=False, listed=listed)
-    assert lines[0] == "weights of current release B: 10.0 GB in 1 files, 10.0 GB (100%) in the page cache"
+    assert lines[0] == "weights of current release B: 10.0 GB in 1 file, 10.0 GB (100%) in the page cache"
     assert lines[1].startswith("page cache: the new weights are not read in before the stop: 20.0 GB to read"), \
         "the listed weight file (not config.json), against the memory the current reading saw"
     new = ("release N", _reading((10 * GB, 0)))
     assert plan_lines(current, new, staged=True, listed=())[1:] == (
-        "weights of release N: 10.0 GB in 1 files, 0 B (0%) in the page cache",
-        "page cache: 10.0 GB of the new weights (10.0 GB) to read in 1 files before the old server stops (200.0 GB "
+        "weights of release N: 10.0 GB in 1 file, 0 B (0%) in the page cache",
+        "page cache: 10.0 GB of the new weights (10.0 GB) to read in 1 file before the old server stops (200.0 GB "
         "memory available)")
     same = plan_lines(current, None, staged=True, listed=(), same_weights=True)
-    assert same == ("weights of current release B, the new release's too: 10.0 GB in 1 files, 10.0 GB (100%) in "
+    assert same == ("weights of current release B, the new release's too: 10.0 GB in 1 file, 10.0 GB (100%) in "
                     "the page cache", "page cache: the new weights (10.0 GB) are resident already; nothing to read")
 
 
@@ -206,7 +206,7 @@ def _measuring(step: Step | Put) -> bool:
 
 @pytest.mark.parametrize(("files", "available", "reads", "said"), [
     ([(10 * GB, 0), (10 * GB, 10 * GB)], 100 * GB, ["/b/0"], "page cache: 10.0 GB of the new weights (20.0 GB) to "
-                                                              "read in 1 files before the old server stops"),
+                                                              "read in 1 file before the old server stops"),
     ([(10 * GB, 10 * GB)], 100 * GB, None, "page cache: the new weights (10.0 GB) are resident already"),
     ([(100 * GB, 0)], 50 * GB, None, "page cache: the new weights are not read in before the stop: 100.0 GB to read"),
 ])
@@ -236,8 +236,8 @@ def test_a_dry_run_shows_how_much_of_the_weights_is_resident_and_what_the_deploy
     assert planned.plan is not None
     notes = [line for line in planned.plan.dry_run_lines() if "page cache" in line]
     assert notes[0].startswith("  note: weights of current release ") and \
-        notes[0].endswith(", the new release's too: 10.0 GB in 1 files, 4.0 GB (40%) in the page cache")
-    assert notes[1] == ("  note: page cache: 6.0 GB of the new weights (10.0 GB) to read in 1 files before the old "
+        notes[0].endswith(", the new release's too: 10.0 GB in 1 file, 4.0 GB (40%) in the page cache")
+    assert notes[1] == ("  note: page cache: 6.0 GB of the new weights (10.0 GB) to read in 1 file before the old "
                         "server stops (100.0 GB memory available)")
     assert READ not in _names(host), "a plan reads nothing in"
     assert sum(name.startswith(MEASURE) for name in _names(host)) == 1, \
@@ -278,7 +278,7 @@ def test_status_shows_how_much_of_the_current_releases_weights_is_resident(monke
                      stdout='{"port_open": true, "health_status": 200}\n')
               .reply(measure_step("/data/glm5").name, stdout=_measured([(8 * GB, 2 * GB)], 100 * GB)))
     report = read_status(resolve_target(Project(REPO).inventory(None), None), "sglang", remote)
-    assert report.weights_cache == "weights of release r1: 8.0 GB in 1 files, 2.0 GB (25%) in the page cache"
+    assert report.weights_cache == "weights of release r1: 8.0 GB in 1 file, 2.0 GB (25%) in the page cache"
     out = io.StringIO()
     monkeypatch.setattr(present, "console", Console(file=out, width=200))
     reports.print_status(report)

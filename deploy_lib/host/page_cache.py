@@ -11,6 +11,7 @@ from deploy_lib.models.page_cache import (
     Residency,
     Warm,
     WarmDecision,
+    files_text,
     measure_step,
     parse_read,
     parse_residency,
@@ -48,5 +49,5 @@ def warm_weights(remote: Remote, decision: WarmDecision, progress: Progress, clo
     if isinstance(read, str):
         progress.note(f"page cache: the weights were not read in ({read}); the server reads them from disk")
         return 0
-    progress.note(f"page cache: {size_text(read)} of weights read in {files} files")
+    progress.note(f"page cache: {size_text(read)} of weights read in {files_text(files)}")
     return read

@@ -32,6 +32,10 @@ MARGIN_FRACTION = 0.10              # and a tenth of the weights: what the serve
 RESIDENT_ENOUGH = 0.99              # a file this resident is not read again (a few pages evicted do not cost a read)
 
 
+def files_text(count: int) -> str:
+    return f"{count} file" if count == 1 else f"{count} files"
+
+
 def is_weight(path: str) -> bool:
     return path.endswith(WEIGHT_SUFFIXES)
 
@@ -80,7 +84,7 @@ class Residency:
         """`weights of release X: 16.0 GB in 8 files, 12.0 GB (75%) in the page cache`."""
         if not self.files:
             return f"weights of {label}: no weight files found"
-        head = f"weights of {label}: {size_text(self.total_bytes)} in {len(self.files)} files, "
+        head = f"weights of {label}: {size_text(self.total_bytes)} in {files_text(len(self.files))}, "
         resident = self.resident_bytes
         if resident is None:
             return head + "in the page cache: unknown (mincore not available)"
@@ -181,7 +185,7 @@ class WarmDecision:
         weights, available = size_text(self.weights_bytes), size_text(self.mem_available or 0)
         if self.warm is Warm.read:
             return (f"page cache: {size_text(self.to_read_bytes)} of the new weights ({weights}) to read in "
-                    f"{len(self.files)} files before the old server stops ({available} memory available)")
+                    f"{files_text(len(self.files))} before the old server stops ({available} memory available)")
         if self.warm is Warm.resident:
             return f"page cache: the new weights ({weights}) are resident already; nothing to read"
         if self.warm is Warm.does_not_fit:
