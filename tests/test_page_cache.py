@@ -223,7 +223,7 @@ def test_a_deploy_reads_the_weights_before_the_old_server_stops_only_when_they_f
         assert READ not in names
         return
     [step] = [step for step in host.ran if step.name == READ]
-    assert isinstance(step, Step) and json.loads(step.argv[-1]) == {"files": reads}
+    assert isinstance(step, Step) and json.loads((step.stdin or b"").splitlines()[0]) == {"files": reads}
     stop = next(i for i, name in enumerate(names) if name.startswith("switch"))
     assert names.index(READ) < stop, "read while the old release still serves"
     assert ("phase", "page cache") in progress.events

@@ -1,5 +1,6 @@
-"""A release's weights and the page cache, on the host (sent whole to the host's `python3 -I -S -`; standard library
-only, Python 3.9 and up).
+"""A release's weights and the page cache, on the host (sent whole on the stdin of the host's `python3 -I -S`, after
+the request's line: models/page_cache.py BOOTSTRAP; by hand: `python3 page_cache.py '{"measure": {"root": DIR}}'`;
+standard library only, Python 3.9 and up).
 
 `measure(where)`: the weight files under a root (given, or a hub revision's snapshot in its HF cache: a branch or
 tag resolved through the cache's refs, as huggingface_hub does offline; symlinks followed, as a snapshot's are; a

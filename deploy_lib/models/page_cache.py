@@ -26,6 +26,9 @@ from deploy_lib.remote import Step, StepResult
 SCRIPT_SOURCE = resources.files("deploy_lib.host_scripts").joinpath("page_cache.py").read_text(encoding="utf-8")
 MEASURE = "page cache: weights resident"
 READ = "page cache: read weights"
+# Reads the request (stdin's first line), then runs the rest of stdin (page_cache.py) and its main().
+BOOTSTRAP = ('import json,sys;r=json.loads(sys.stdin.readline());g={"__name__":"page_cache"};'
+             'exec(compile(sys.stdin.read(),"page_cache.py","exec"),g);sys.exit(g["main"](r))')
 READ_TIMEOUT_S = 6 * 3600           # hundreds of GB from a slow disk; Ctrl-C or a dropped connection stops it sooner
 MARGIN_BYTES = 4 * 1024 ** 3        # memory left to the host beyond the weights read in
 MARGIN_FRACTION = 0.10              # and a tenth of the weights: what the server's own start allocates in host memory
@@ -116,10 +119,12 @@ def read_step(files: Sequence[str]) -> Step:
 
 
 def _script_step(name: str, request: Mapping[str, object], timeout_s: float) -> Step:
-    """page_cache.py on the host's python3, as root (the weights may belong to the service user); exit 1 is a
-    traceback that the parser turns into a reason, never a failed deploy."""
-    return Step(name, ("python3", "-I", "-S", "-", json.dumps(request)), sudo=True, stdin=SCRIPT_SOURCE.encode(),
-                ok=frozenset({0, 1, 127}), timeout_s=timeout_s, repeatable=True)
+    """page_cache.py on the host's python3, as root (the weights may belong to the service user), the request on
+    stdin's first line (thousands of paths would pass an argument's length limit); exit 1 is a traceback that the
+    parser turns into a reason, never a failed deploy."""
+    stdin = (json.dumps(request) + "\n" + SCRIPT_SOURCE).encode()
+    return Step(name, ("python3", "-I", "-S", "-c", BOOTSTRAP), sudo=True, stdin=stdin, ok=frozenset({0, 1, 127}),
+                timeout_s=timeout_s, repeatable=True)
 
 
 def _result_line(result: StepResult) -> dict[str, object] | str:
