@@ -31,7 +31,7 @@ BOOTSTRAP = ('import json,sys;r=json.loads(sys.stdin.readline());g={"__name__":"
              'exec(compile(sys.stdin.read(),"page_cache.py","exec"),g);sys.exit(g["main"](r))')
 READ_TIMEOUT_S = 6 * 3600           # hundreds of GB from a slow disk; Ctrl-C or a dropped connection stops it sooner
 MARGIN_BYTES = 4 * 1024 ** 3        # memory left to the host beyond the weights read in
-MARGIN_FRACTION = 0.10              # and a tenth of the weights: what the server's own start allocates in host memory
+MARGIN_FRACTION = 0.10              # and a tenth of the weights: room for what the starting server allocates (a guess)
 RESIDENT_ENOUGH = 0.99              # a file this resident is not read again (a few pages evicted do not cost a read)
 
 
