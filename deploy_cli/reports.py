@@ -59,6 +59,8 @@ def print_status(report: StatusReport) -> None:
         _print(report.live_load.line(), markup=False)
     elif report.live_load_problem and report.current:
         _print(f"live load: {report.live_load_problem}", markup=False)
+    if report.weights_cache:
+        _print(report.weights_cache, markup=False)
     for item in report.drift:
         _print(f"[yellow]drift:[/yellow] {escape(item)}")
     if report.current and not report.drift:

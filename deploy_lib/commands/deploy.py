@@ -31,6 +31,7 @@ from deploy_lib.facts.host import FactRequest, HostFacts, fact_batch, parse_host
 from deploy_lib.health import Ready
 from deploy_lib.health.downtime import Downtime
 from deploy_lib.host.facts import read_host_facts, record_new_crashes
+from deploy_lib.host.page_cache import read_residency, warm_weights
 from deploy_lib.host.prune import around_the_restart, prune_after_deploy, prune_read_steps
 from deploy_lib.host.readiness import ReadyReport
 from deploy_lib.host.restore import restore
@@ -49,6 +50,16 @@ from deploy_lib.host.switch import (
 from deploy_lib.host.watch import watch_after_ready, watch_diagnosis, window_before_switch
 from deploy_lib.interrupts import signals_raise
 from deploy_lib.models import HubModel, ModelFacts, PushedModel, Weights, check_model, size_text, weights
+from deploy_lib.models.page_cache import (
+    Residency,
+    Warm,
+    decide,
+    measure_step,
+    measure_weights_step,
+    parse_residency,
+    plan_lines,
+    weights_root,
+)
 from deploy_lib.outcomes import Action
 from deploy_lib.profile import LoadedProfile, Profile, read_stored_profile
 from deploy_lib.profile.settings import GateSettings
@@ -201,6 +212,7 @@ class _Decided:
     model: Weights
     model_facts: ModelFacts
     replan: Callable[[HostFacts, int | None], Plan]  # the plan again, from completed facts and a hand-run pid
+    residency: Mapping[str, Residency | str] = field(default_factory=dict)  # weights' root -> page cache reading
 
 
 def _deploy(run: Transition, ask: _Ask) -> Outcome:
@@ -216,6 +228,7 @@ def _deploy(run: Transition, ask: _Ask) -> Outcome:
     run.timings["facts"] = round(run.clock() - started, 3)
     plan = decided.plan
     if ask.options.dry_run:  # its notes are printed with the plan
+        plan = replace(plan, notes=(*plan.notes, *page_cache_plan(decided)))
         return Outcome(Action.planned, plan.release_id, plan.current_id, plan=plan, timings=run.timings)
     for note in plan.notes:
         run.progress.note(note)
@@ -242,7 +255,9 @@ def _decide(run: Transition, ask: _Ask, venv: VenvChoice) -> _Decided:
     # with /ready (live_verdict sends it again when the plan's release says otherwise)
     speculative = {"profile": profile.model_dump(mode="json"),
                    "sglang_version": venv.sglang_version or READY_ENDPOINT_SINCE}
-    read = read_facts(run.remote, [*fact_batch(request),
+    # a plan or a sweep's candidate reads preflight's facts here: the new weights' page cache rides with them
+    measure = [measure_weights_step(model)] if ask.preflight_now else []
+    read = read_facts(run.remote, [*fact_batch(request), *measure,
                                    *concurrently([live_probe(run.layout, speculative, ask.options.environ)])])
     facts = parse_host_facts(read, request)
     if run.lock is not None:
@@ -263,18 +278,50 @@ def _decide(run: Transition, ask: _Ask, venv: VenvChoice) -> _Decided:
     if plan.unchanged and not isinstance(verdict := run.live_verdict(plan.release.metadata(), read), Ready):
         plan = replace(plan, unchanged=False, notes=(*plan.notes, f"release {plan.release.id} is current but not "
                                                      f"ready ({verdict.message}): it is restarted and verified"))
-    return _Decided(plan, facts, request, venv, model, model_facts, replan)
+    return _Decided(plan, facts, request, venv, model, model_facts, replan,
+                    _speculated(plan, [parse_residency(read[step.name]) for step in measure]))
+
+
+def _speculated(plan: Plan, measured: list[Residency | str]) -> dict[str, Residency | str]:
+    """The decision read's page cache reading by the root it measured; one that failed (it says why) stands for the
+    plan's weights, so that nothing measures them again."""
+    planned = weights_root(plan.release.model)
+    found: dict[str, Residency | str] = {}
+    for item in measured:
+        if isinstance(item, Residency) and item.root:
+            found[item.root] = item
+        elif isinstance(item, str) and planned:
+            found[planned] = item
+    return found
 
 
 def _preflight(run: Transition, ask: _Ask, decided: _Decided) -> _Decided:
     """What only preflight reads, beside the lock (`inner`: a change preflight refuses writes nothing), and its
     checks; an adopted release 0's server that still runs is stopped by the plan before the restart."""
     reads = PreflightReads(decided.facts, decided.request, ask.preflight_now)
-    facts, hand_pid = reads.parse(read_facts(run.remote if run.lock is None else run.lock.inner, reads.steps))
+    remote = run.remote if run.lock is None else run.lock.inner
+    # the weights' page cache: read with preflight's facts, or alone once preflight passed when those were read
+    # with the decision (a dry run, a sweep's candidate)
+    roots = [root for root in page_cache_roots(decided, ask.options.dry_run) if root not in decided.residency]
+    measure, rides = [measure_step(root) for root in roots], bool(reads.steps)
+    measured = read_facts(remote, [*reads.steps, *(measure if rides else ())])
+    facts, hand_pid = reads.parse(measured)
     plan = decided.plan if hand_pid is None else decided.replan(facts, hand_pid)
     run.serving_before = run.serving_before or hand_pid is not None
     preflight(plan, ask.loaded, run.target, facts, hand_pid)
-    return replace(decided, plan=plan, facts=facts)
+    if not rides:
+        measured = read_facts(remote, measure)
+    residency = {**decided.residency, **{root: parse_residency(measured[measure_step(root).name]) for root in roots}}
+    return replace(decided, plan=plan, facts=facts, residency=residency)
+
+
+def page_cache_roots(decided: _Decided, dry_run: bool) -> tuple[str, ...]:
+    """The weights' directories whose page cache the preflight read measures: the new release's once its weights
+    are all on the host (staged ones are measured after the stage), and a plan's current release's too."""
+    current = decided.facts.store.release(decided.plan.current_id) if decided.plan.current_id else None
+    current_root = weights_root(current.metadata.get("model") or {}) if current and dry_run else None
+    new_root = weights_root(decided.plan.release.model) if decided.model_facts.complete else None
+    return tuple(dict.fromkeys(root for root in (current_root, new_root) if root))
 
 
 def _switch(run: Transition, ask: _Ask, decided: _Decided, tags: Tags) -> ReadyReport:
@@ -285,6 +332,9 @@ def _switch(run: Transition, ask: _Ask, decided: _Decided, tags: Tags) -> ReadyR
     record_new_crashes(run.remote, run.layout, facts.store, facts.unit)  # the restart below resets their count
     if not decided.model_facts.complete:
         stage_weights(run, decided.model, decided.venv.path, plan, facts)
+    # while the old release serves, so that the server loads its weights from memory; weights staged just now are
+    # measured again (their reading, if any, came before the stage)
+    warm_page_cache(run, plan, decided.residency if decided.model_facts.complete else {})
     staged = plan.batches.stage
     if plan.gpu_check_reasons:  # the NCCL check runs between the stage and the switch: the stage goes alone, first
         run.phase(BatchKind.stage, staged)
@@ -381,6 +431,44 @@ def stage_weights(run: Transition, model: Weights, venv: str, plan: Plan, facts:
     run.timings["model"] = round(run.clock() - started, 3)
     run.progress.step_done(f"model: {len(staged.files)} files, {size_text(staged.total_bytes)} staged",
                            run.timings["model"])
+
+
+def page_cache_plan(decided: _Decided) -> tuple[str, ...]:
+    """A plan's lines on the page cache: how much of the current and the new release's weights it holds (read with
+    preflight's facts), and whether the deploy reads the new ones in before the stop."""
+    plan, readings = decided.plan, decided.residency
+    current = decided.facts.store.release(plan.current_id) if plan.current_id else None
+    current_root = weights_root(current.metadata.get("model") or {}) if current else None
+    new_root = weights_root(plan.release.model)
+    staged = decided.model_facts.complete
+    same = staged and current_root is not None and current_root == new_root
+    new_label = "the new release" if plan.release_id is None else f"release {plan.release_id}"
+    shown_current = None if current_root not in readings else (f"current release {plan.current_id}",
+                                                                readings[str(current_root)])
+    shown_new = (new_label, readings[new_root]) if staged and new_root is not None and new_root in readings \
+        and not same else None
+    return plan_lines(shown_current, shown_new, staged, decided.model_facts.files, same)
+
+
+def warm_page_cache(run: Transition, plan: Plan, measured: Mapping[str, Residency | str]) -> None:
+    """Read the new release's weights into the page cache before the old server stops, when the host's memory holds
+    them and they are not resident already (models/page_cache.py decides); the figures go to a note either way.
+    Weights `measured` already (with preflight's facts) are not measured again; others (staged now) are, here."""
+    root = weights_root(plan.release.model)
+    if root is None:
+        return
+    remote = run.remote if run.lock is None else run.lock.inner  # read-only: the lock is taken by the first change
+    reading = measured.get(root)
+    decision = decide(read_residency(remote, root) if reading is None else reading)
+    run.progress.note(decision.line())
+    if decision.warm is not Warm.read:
+        return
+    run.progress.phase_started("page cache")
+    started = run.clock()
+    read = warm_weights(remote, decision, run.progress, run.clock)
+    run.timings["page cache"] = round(run.clock() - started, 3)
+    if read:
+        run.progress.step_done(f"page cache: {size_text(read)} read", run.timings["page cache"])
 
 
 def rollback(target: Target, service: str, remote: Remote, progress: Progress, to: str | None,

@@ -24,6 +24,7 @@ from deploy_lib.host.p2p_reading import NodeReader
 from deploy_lib.host.switch import probe_target
 from deploy_lib.host.venv_lifecycle import STATUS_DISTRIBUTIONS
 from deploy_lib.metrics.live import LiveLoad, metrics_step, parse_metrics_result
+from deploy_lib.models.page_cache import measure_step, parse_residency, residency_line, weights_root
 from deploy_lib.profile import read_stored_profile
 from deploy_lib.remote import Remote, StepResult
 from deploy_lib.remote.readings import Fact, Readings, read
@@ -60,6 +61,7 @@ class StatusReport:
     recorded_crashes: int = 0           # history lines this read added for crashes it found first
     live_load: LiveLoad | None = None   # running / queued requests, KV usage, generation rate, from /metrics
     live_load_problem: str | None = None  # why there is none: features.metrics off, /metrics not served or not read
+    weights_cache: str | None = None    # how much of the current release's weights the page cache holds
 
 
 def serving_endpoint(metadata: Mapping[str, Any], host_address: str) -> str | None:
@@ -115,7 +117,9 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
     topology = topology_steps()
     packages = installed_fact(venv, STATUS_DISTRIBUTIONS, ()) if venv else None
     p2p_reads = p2p_reading.vm_steps() if peer_to_peer is not None else []
-    readings = read(remote, [*topology, *([packages] if packages else []), *p2p_reads])
+    root = weights_root(dict(metadata.get("model") or {}))
+    page_cache = [measure_step(root)] if root else []
+    readings = read(remote, [*topology, *([packages] if packages else []), *p2p_reads, *page_cache])
     links, links_error = parse_topology_results([readings[step.name] for step in topology])
     verdict = None
     if peer_to_peer is not None:
@@ -144,7 +148,9 @@ def read_status(target: Target, service: str, remote: Remote, now: datetime | No
         topology=links.one_line() if links else links_error, peer_to_peer=verdict,
         last_start=startup_by_release(facts.store.history).get(facts.store.current or "", ""),
         last_downtime=downtime_by_release(facts.store.history).get(facts.store.current or ""),
-        live_load=live_load, live_load_problem=live_load_problem)
+        live_load=live_load, live_load_problem=live_load_problem,
+        weights_cache=residency_line(f"release {record.id}", parse_residency(readings[page_cache[0].name]))
+        if record is not None and page_cache else None)
 
 
 def _live_load(results: Sequence[StepResult], metrics_on: bool) -> tuple[LiveLoad | None, str | None]:

@@ -12,7 +12,15 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from deploy_lib.commands.deploy import Options, Outcome, SweepCandidate, choose_venv, releases_to_keep, stage_weights
+from deploy_lib.commands.deploy import (
+    Options,
+    Outcome,
+    SweepCandidate,
+    choose_venv,
+    releases_to_keep,
+    stage_weights,
+    warm_page_cache,
+)
 from deploy_lib.deploy.plan import BatchKind, Plan, hand_run_check, hand_run_pid, plan_deploy, release_tags
 from deploy_lib.deploy.preflight import preflight
 from deploy_lib.deploy.project import Target
@@ -146,9 +154,11 @@ def _plan(nodes: Sequence[Node], runs: Mapping[str, Transition], options: Option
 
 
 def _stage(state: NodeDeploy) -> None:
-    """The weights and the release's files onto the node, while the old release still serves."""
+    """The weights and the release's files onto the node, and the weights into its page cache, while the old release
+    still serves."""
     if not state.model_facts.complete:
         stage_weights(state.run, state.model, state.plan.release.venv, state.plan, state.facts)
+    warm_page_cache(state.run, state.plan, {})
     state.run.phase(BatchKind.stage, state.plan.batches.stage)
 
 
