@@ -43,6 +43,11 @@ class Project:
     def profiles_dir(self) -> Path:
         return self.root / "inventory" / "profiles"
 
+    @property
+    def workloads_dir(self) -> Path:
+        """Recorded workloads (`workload`): one YAML file each, named by the workload."""
+        return self.root / "inventory" / "workloads"
+
     def inventory_path(self, given: str | None) -> Path:
         """A given path as the user typed it (relative: to the working directory); by default the project's."""
         return _from_working_directory(given) if given else self.root / DEFAULT_INVENTORY
