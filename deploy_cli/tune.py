@@ -49,7 +49,8 @@ def tune(c: Context, profile: str | None = None, vary: list[str] | None = None, 
     common.report_as(json, verbose)
     given = {key: value for key, value in (("keep", keep), ("search", search)) if value}
     if resume is None:
-        sweep_spec, sources = common.run(lambda: tuning.sweep_spec(Path(spec) if spec else None, vary or [], given))
+        sweep_spec, sources = common.run(lambda: tuning.sweep_spec(Path(spec) if spec else None, vary or [], given,
+                                                                       common.project().workloads_dir))
     elif vary or spec or given:
         raise Exit("error: --resume continues the sweep as it was started: drop --vary, --spec, --keep and --search",
                    code=common.BAD_OPTION)

@@ -16,7 +16,15 @@ from deploy_lib.commands.workload import read_host_scrapes, record_workload, scr
 from deploy_lib.deploy.project import Project, resolve_target
 from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.metrics import parse_scrape
-from deploy_lib.metrics.workload import Workload, check_name, parse_duration, read_workload, workload_of, workload_path
+from deploy_lib.metrics.workload import (
+    Workload,
+    check_name,
+    parse_duration,
+    read_workload,
+    workload_of,
+    workload_path,
+    workload_text,
+)
 from deploy_lib.progress import NullProgress
 from deploy_lib.store import FACT_CURRENT, FACT_LOCK, FACT_RELEASE_DIRS, FACT_RELEASE_FILES, StoreLayout, Tags
 
@@ -192,3 +200,41 @@ def test_names_durations_and_paths() -> None:
             check_name(bad)
     assert workload_path(Path("/p/inventory/workloads"), "chat") == Path("/p/inventory/workloads/chat.yaml")
     assert workload_path(Path("/p/inventory/workloads"), "x/chat.yaml") == Path("x/chat.yaml")
+
+
+def test_a_benchmark_replays_the_workloads_mean_lengths(texts: tuple[str, str], tmp_path: Path) -> None:
+    from deploy_lib.metrics.workload import bench_with_workload, replay_shape
+    from deploy_lib.profile.settings import BenchSettings
+    before, after = texts
+    workload = workload_of([[parse_scrape(before, 0.0), parse_scrape(after, 60.0)]], "chat", "r1", ["gpu1"],
+                           "0.5.23", "now")
+    input_len, output_len, ratio = replay_shape(workload)
+    assert 0 <= ratio < 1 and input_len >= 1024
+    # bench_serving draws uniformly from [ratio x len, len]: the means are the recorded ones
+    assert input_len * (1 + ratio) / 2 == pytest.approx(1024, rel=0.01)
+    assert output_len * (1 + ratio) / 2 == pytest.approx(8, rel=0.1)
+    (tmp_path / "chat.yaml").write_text(workload_text(workload))
+    settings = bench_with_workload(BenchSettings(workload="chat"), tmp_path)
+    assert (settings.input_len, settings.output_len, settings.range_ratio) == (input_len, output_len, ratio)
+    assert bench_with_workload(BenchSettings(), tmp_path) == BenchSettings()
+    with pytest.raises(ConfigError, match=r"workload file .*batch\.yaml does not exist"):
+        bench_with_workload(BenchSettings(workload="batch"), tmp_path)
+
+
+def test_a_profile_naming_a_workload_is_loaded_with_its_lengths(texts: tuple[str, str], tmp_path: Path) -> None:
+    import shutil
+    before, after = texts
+    project = Project(tmp_path)
+    shutil.copytree(REPO / "inventory" / "profiles", project.profiles_dir)
+    name = sorted(p.stem for p in project.profiles_dir.glob("*.yaml"))[0]
+    plain = project.profile(name)
+    with pytest.raises(ConfigError, match=r"workload file .*chat\.yaml does not exist"):
+        project.profile(name, ["bench.workload=chat"])
+    project.workloads_dir.mkdir(parents=True)
+    workload = workload_of([[parse_scrape(before, 0.0), parse_scrape(after, 60.0)]], "chat", "r1", ["gpu1"],
+                           "0.5.23", "now")
+    (project.workloads_dir / "chat.yaml").write_text(workload_text(workload))
+    bench = project.profile(name, ["bench.workload=chat"]).profile.bench
+    from deploy_lib.metrics.workload import replay_shape
+    assert (bench.input_len, bench.output_len, bench.range_ratio) == replay_shape(workload)
+    assert plain.profile.bench.range_ratio == 1.0 and plain.profile.bench.workload is None

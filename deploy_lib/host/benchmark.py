@@ -114,7 +114,8 @@ def benchmark_step(target: BenchRun, module: str, settings: BenchSettings, concu
                "--backend", settings.backend, "--base-url", target.base_url, "--dataset-name", "random-ids",
                "--tokenizer", target.tokenizer, "--num-prompts", str(settings.prompts_at(concurrency)),
                "--random-input-len", str(settings.input_len), "--random-output-len", str(settings.output_len),
-               "--random-range-ratio", "1", "--max-concurrency", str(concurrency), "--output-file", str(output))
+               "--random-range-ratio", f"{settings.range_ratio:g}", "--max-concurrency", str(concurrency),
+               "--output-file", str(output))
     name, runs_to_the_end = f"bench: concurrency {concurrency}", ANY_EXIT
     if api_key is None:
         return Step(name, ("sh", "-c", _RUN_SCRIPT, "bench", *command), sudo=True, ok=runs_to_the_end,

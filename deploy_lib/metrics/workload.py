@@ -22,6 +22,7 @@ from deploy_lib.errors import ConfigError, PreflightError
 from deploy_lib.metrics.exposition import Histogram, Scrape
 from deploy_lib.metrics.names import Metric
 from deploy_lib.metrics.window import window_figures
+from deploy_lib.profile.settings import BenchSettings
 
 FORMAT = 1
 WORKLOAD_SUFFIX = ".yaml"
@@ -197,6 +198,27 @@ def check_name(name: str) -> str:
         raise ConfigError(f"workload name {name!r}: give a plain name such as `chat-peak` (it becomes "
                           f"inventory/workloads/<name>{WORKLOAD_SUFFIX})")
     return name
+
+
+def replay_shape(workload: Workload) -> tuple[int, int, float]:
+    """bench_serving's (--random-input-len, --random-output-len, --random-range-ratio) for a workload. Its random
+    datasets draw each length uniformly from [ratio x len, len], one ratio for both, so the mean is len x (1 + ratio)
+    / 2: the prompt's len is the recorded p99, the ratio the one that keeps the recorded mean prompt, and the output's
+    len the one that keeps the recorded mean output at that ratio. The means and the prompts' high end are kept; the
+    spread inside them is uniform, not the recorded one."""
+    prompt_mean, output_mean = workload.prompt_length.mean, workload.output_length.mean
+    high = max(workload.prompt_length.p99 or prompt_mean, prompt_mean, 1.0)
+    ratio = min(1.0, max(0.0, 2 * prompt_mean / high - 1))
+    return max(1, round(high)), max(1, round(2 * output_mean / (1 + ratio))), round(ratio, 3)
+
+
+def bench_with_workload(settings: BenchSettings, workloads_dir: Path) -> BenchSettings:
+    """The bench settings with a named workload's shape in input_len, output_len and range_ratio (unchanged without
+    one); ConfigError naming the file when it cannot be read."""
+    if settings.workload is None:
+        return settings
+    input_len, output_len, ratio = replay_shape(read_workload(workload_path(workloads_dir, settings.workload)))
+    return settings.model_copy(update={"input_len": input_len, "output_len": output_len, "range_ratio": ratio})
 
 
 def workload_path(workloads_dir: Path, given: str) -> Path:

@@ -8,6 +8,7 @@ import these models; the schema never imports an operation (tests/test_architect
 from __future__ import annotations
 
 import re
+import zlib
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -20,6 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # --max-concurrency: the ramp up and down stay a small part of the run, and a low level does not run for hours.
 PROMPTS_PER_SLOT = 5
 PROMPTS_FLOOR = 32  # a low level's latency percentiles need this many requests at least
+WORKLOAD_KEY = "settings.workload"  # in a benchmark's figures: which recorded workload it replayed (its name's CRC)
+RANGE_RATIO_KEY = "settings.range_ratio"  # only where not 1: figures from before it existed stay comparable
 
 
 class BenchSettings(BaseModel):
@@ -40,6 +43,15 @@ class BenchSettings(BaseModel):
         Field(None, description="tokenizer directory on the host (default: model.tokenizer, else model.path, "
                                 "read offline from the host's Hugging Face cache)"))
     timeout_s: Annotated[int, Field(ge=10, le=24 * 3600)] = Field(3600, description="limit per concurrency level")
+    workload: Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[A-Za-z0-9._\-/+@:=,~]+$")] | None = (
+        Field(None, description="a recorded workload (`workload --name NAME`): its name under inventory/workloads/ or "
+                                "a path to its .yaml. The benchmark replays its prompt and output lengths (input_len, "
+                                "output_len and range_ratio are then taken from it) at each concurrency level "
+                                "([workload](workload.md))"))
+    range_ratio: Annotated[float, Field(ge=0, le=1)] = Field(
+        1.0, description="--random-range-ratio: lengths drawn uniformly between this times input_len / output_len "
+                         "and input_len / output_len (1: every request the same); set from the workload when one "
+                         "is named")
 
     @model_validator(mode="after")
     def _levels_reachable(self) -> BenchSettings:
@@ -59,13 +71,21 @@ class BenchSettings(BaseModel):
         """The settings that change the figures; a baseline must match all of them (stored with the figures).
         `settings.sized_levels`: each level sent prompts_at(level), so a run that sent `prompts` at every level (before
         levels were sized) is no baseline for one that did not."""
-        return {"settings.prompts": float(self.prompts), "settings.input_len": float(self.input_len),
-                "settings.output_len": float(self.output_len),
-                "settings.openai_api": 1.0 if self.backend == "sglang-oai" else 0.0, "settings.sized_levels": 1.0}
+        identity = {"settings.prompts": float(self.prompts), "settings.input_len": float(self.input_len),
+                    "settings.output_len": float(self.output_len),
+                    "settings.openai_api": 1.0 if self.backend == "sglang-oai" else 0.0, "settings.sized_levels": 1.0}
+        if self.range_ratio != 1.0:
+            identity[RANGE_RATIO_KEY] = self.range_ratio
+        if self.workload is not None:  # figures of a workload compare only with figures of the same workload
+            identity[WORKLOAD_KEY] = float(zlib.crc32(Path(self.workload).stem.encode()))
+        return identity
 
     def describe(self) -> str:
-        return (f"{self.prompts} prompts at most of {self.input_len} -> {self.output_len} tokens ({self.backend}), "
-                f"concurrency {', '.join(f'{c} ({self.prompts_at(c)} prompts)' for c in self.concurrency)}")
+        shape = f"workload {Path(self.workload).stem}: " if self.workload else ""
+        drawn = f", each drawn from {self.range_ratio:.0%}-100% of that" if self.range_ratio != 1.0 else ""
+        return (f"{shape}{self.prompts} prompts at most of {self.input_len} -> {self.output_len} tokens{drawn} "
+                f"({self.backend}), concurrency "
+                f"{', '.join(f'{c} ({self.prompts_at(c)} prompts)' for c in self.concurrency)}")
 
 
 class GateSettings(BaseModel):
