@@ -493,3 +493,12 @@ def test_a_baseline_is_only_one_measured_on_the_same_workload() -> None:
     on_default = [deployed("r1"), benched("r1", 880.0)]
     assert find_baseline(on_default, chat, "r2") is None
     assert find_baseline(on_default, SETTINGS, "r2").release_id == "r1"  # type: ignore[union-attr]
+
+
+def test_the_gate_says_which_workload_its_figures_were_measured_on() -> None:
+    chat = SETTINGS.model_copy(update={"workload": "inventory/workloads/chat.yaml"})
+    new, old = result("r2", level(64, 870.0), settings=chat), result("r1", level(64, 880.0), settings=chat)
+    assert evaluate_gate(new, old, GATE).message.startswith("release r2 is within the gate on workload chat: ")
+    assert "(workload chat: 256 prompts" in evaluate_gate(new, None, GATE).message
+    assert " on workload" not in evaluate_gate(result("r2", level(64, 870.0)), result("r1", level(64, 880.0)),
+                                               GATE).message

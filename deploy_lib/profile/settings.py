@@ -80,8 +80,13 @@ class BenchSettings(BaseModel):
             identity[WORKLOAD_KEY] = float(zlib.crc32(Path(self.workload).stem.encode()))
         return identity
 
+    @property
+    def workload_name(self) -> str | None:
+        """The recorded workload the benchmark replays (its file's stem), or None for the fixed lengths."""
+        return Path(self.workload).stem if self.workload else None
+
     def describe(self) -> str:
-        shape = f"workload {Path(self.workload).stem}: " if self.workload else ""
+        shape = f"workload {self.workload_name}: " if self.workload_name else ""
         drawn = f", each drawn from {self.range_ratio:.0%}-100% of that" if self.range_ratio != 1.0 else ""
         return (f"{shape}{self.prompts} prompts at most of {self.input_len} -> {self.output_len} tokens{drawn} "
                 f"({self.backend}), concurrency "
