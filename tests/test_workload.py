@@ -238,3 +238,24 @@ def test_a_profile_naming_a_workload_is_loaded_with_its_lengths(texts: tuple[str
     from deploy_lib.metrics.workload import replay_shape
     assert (bench.input_len, bench.output_len, bench.range_ratio) == replay_shape(workload)
     assert plain.profile.bench.range_ratio == 1.0 and plain.profile.bench.workload is None
+
+
+def test_the_command_refuses_a_bad_window_or_name_before_reaching_a_host() -> None:
+    from helpers.cli import invoke
+    window = invoke("workload", "--name", "chat", "--window", "ten", "-H", "no-such-host")
+    assert window.returncode == 2 and "--window 'ten': give a positive duration" in window.stderr
+    name = invoke("workload", "--name", "a/b", "-H", "no-such-host")
+    assert name.returncode == 2 and "workload name 'a/b'" in name.stderr
+
+
+def test_hosts_serving_different_releases_give_no_workload(texts: tuple[str, str], tmp_path: Path) -> None:
+    from deploy_lib.commands.workload import HostScrapes
+    before, after = texts
+    scrapes = (parse_scrape(before, 0.0), parse_scrape(after, 60.0))
+    with pytest.raises(PreflightError, match=r"the hosts serve different releases \(r1, r2\)"):
+        record_workload("chat", [HostScrapes("gpu1", "r1", "0.5.23", scrapes),
+                                 HostScrapes("gpu2", "r2", "0.5.23", scrapes)], tmp_path)
+    assert list(tmp_path.iterdir()) == []
+    workload, _ = record_workload("chat", [HostScrapes("gpu1", "r1", "0.5.23", scrapes),
+                                           HostScrapes("gpu2", "r1", "0.5.23", scrapes)], tmp_path)
+    assert (workload.hosts, workload.requests, workload.prompt_length.requests) == (("gpu1", "gpu2"), 48, 48)
