@@ -502,3 +502,25 @@ def test_the_gate_says_which_workload_its_figures_were_measured_on() -> None:
     assert "(workload chat: 256 prompts" in evaluate_gate(new, None, GATE).message
     assert " on workload" not in evaluate_gate(result("r2", level(64, 870.0)), result("r1", level(64, 880.0)),
                                                GATE).message
+
+
+def test_a_shared_prefix_runs_the_generated_shared_prefix_dataset_in_whole_groups() -> None:
+    shared = SETTINGS.model_copy(update={"workload": "chat", "input_len": 2000, "output_len": 200,
+                                         "range_ratio": 0.5, "shared_prefix_len": 1000})
+    assert shared.prompts_at(64) == 256 and shared.prompts_at(1) == 32
+    assert BenchSettings(prompts=1000, concurrency=[8], shared_prefix_len=10).prompts_at(8) == 48  # 40 -> 3 groups
+    remote = host()
+    run_benchmark(remote, LAYOUT, metadata(), shared, RecordingProgress())
+    (step,) = bench_steps(remote)
+    start = step.argv.index("--backend")
+    flags = dict(zip(step.argv[start::2], step.argv[start + 1::2], strict=True))
+    assert {k: v for k, v in flags.items() if k.startswith(("--gsp", "--dataset", "--num", "--random"))} == {
+        "--dataset-name": "generated-shared-prefix", "--num-prompts": "256", "--gsp-num-groups": "16",
+        "--gsp-prompts-per-group": "16", "--gsp-system-prompt-len": "1000", "--gsp-question-len": "1000",
+        "--gsp-output-len": "200", "--gsp-range-ratio": "0.5"}
+    assert "1000 of the prompt shared by groups of 16" in shared.describe()
+    history = [deployed("r1"), benched("r1", 880.0, settings=shared)]
+    unshared = shared.model_copy(update={"shared_prefix_len": None})
+    assert find_baseline(history, shared, "r2") is not None and find_baseline(history, unshared, "r2") is None
+    with pytest.raises(ValidationError, match="leaves no question"):
+        BenchSettings(input_len=100, shared_prefix_len=100)

@@ -216,6 +216,11 @@ def test_a_benchmark_replays_the_workloads_mean_lengths(texts: tuple[str, str], 
     (tmp_path / "chat.yaml").write_text(workload_text(workload))
     settings = bench_with_workload(BenchSettings(workload="chat"), tmp_path)
     assert (settings.input_len, settings.output_len, settings.range_ratio) == (input_len, output_len, ratio)
+    # half of each prompt was cached: half of the benchmark's prompt is a prefix its group shares
+    assert settings.shared_prefix_len == round(workload.cached_share * input_len)  # type: ignore[operator]
+    uncached = workload.model_copy(update={"cached_share": 0.01})
+    (tmp_path / "uncached.yaml").write_text(workload_text(uncached))
+    assert bench_with_workload(BenchSettings(workload="uncached"), tmp_path).shared_prefix_len is None
     assert bench_with_workload(BenchSettings(), tmp_path) == BenchSettings()
     with pytest.raises(ConfigError, match=r"workload file .*batch\.yaml does not exist"):
         bench_with_workload(BenchSettings(workload="batch"), tmp_path)

@@ -212,13 +212,27 @@ def replay_shape(workload: Workload) -> tuple[int, int, float]:
     return max(1, round(high)), max(1, round(2 * output_mean / (1 + ratio))), round(ratio, 3)
 
 
+MIN_SHARED_SHARE = 0.05  # below this share of cached prompt tokens, the benchmark's prompts share no prefix
+
+
+def shared_prefix(workload: Workload, input_len: int) -> int | None:
+    """The tokens of input_len a group of requests shares (generated-shared-prefix), so that the recorded share of
+    cached prompt tokens is cached again: None below MIN_SHARED_SHARE. One question token is always left."""
+    share = workload.cached_share
+    if share is None or share < MIN_SHARED_SHARE or input_len < 2:
+        return None
+    return min(input_len - 1, max(1, round(share * input_len)))
+
+
 def bench_with_workload(settings: BenchSettings, workloads_dir: Path) -> BenchSettings:
     """The bench settings with a named workload's shape in input_len, output_len and range_ratio (unchanged without
     one); ConfigError naming the file when it cannot be read."""
     if settings.workload is None:
         return settings
-    input_len, output_len, ratio = replay_shape(read_workload(workload_path(workloads_dir, settings.workload)))
-    return settings.model_copy(update={"input_len": input_len, "output_len": output_len, "range_ratio": ratio})
+    workload = read_workload(workload_path(workloads_dir, settings.workload))
+    input_len, output_len, ratio = replay_shape(workload)
+    return settings.model_copy(update={"input_len": input_len, "output_len": output_len, "range_ratio": ratio,
+                                       "shared_prefix_len": shared_prefix(workload, input_len)})
 
 
 def workload_path(workloads_dir: Path, given: str) -> Path:
