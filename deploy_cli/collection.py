@@ -25,7 +25,8 @@ FAMILIES = {
 def user_tasks() -> Collection:
     tasks = Collection(deploy.render, deploy.plan, deploy.schema, deploy.deploy, deploy.rollback, lifecycle.adopt,
                        lifecycle.stop, lifecycle.start, lifecycle.restart, lifecycle.uninstall, lifecycle.unlock,
-                       inspect.releases, inspect.status, inspect.logs, inspect.bench, inspect.gpu_check, report.report,
+                       inspect.releases, inspect.status, inspect.logs, inspect.bench, inspect.gpu_check,
+                       inspect.workload, report.report,
                        patches.patch, patches.patch_fusion, project.init, project.docs, project.version)
     tasks.add_collection(Collection(patches.patches_list, patches.patches_check, patches.patches_audit,
                                     patches.patches_enable, patches.patches_disable), name="patches")

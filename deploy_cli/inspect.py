@@ -87,6 +87,25 @@ def bench(c: Context, profile: str | None = None, compare: list[str] | None = No
                                                                  common.progress())), reports.print_bench)
 
 
+@task(help={"name": "the workload's name: written to inventory/workloads/NAME.yaml (replaced if there)",
+            "window": "how long to read the served traffic: 90s, 10m, 1h (default 10m)",
+            "every": "how often /metrics is read within the window, for the peak of running requests (default 10s)"})
+def workload(c: Context, name: str, window: str = "10m", every: str = "10s", host: str | None = None,
+             group: str | None = None, inventory: str | None = None, service: str | None = None, json: bool = False,
+             verbose: bool = False) -> None:
+    """Read the serving release's traffic from its /metrics over a window and write it as a workload file."""
+    from deploy_lib.metrics.workload import check_name, parse_duration
+    from deploy_lib.ops import dispatch
+    common.report_as(json, verbose)
+    checked = common.run(lambda: check_name(name))
+    window_s = common.run(lambda: parse_duration(window, "--window"))
+    every_s = common.run(lambda: parse_duration(every, "--every"))
+    hosts = common.scope(inventory, host, group)
+    read, path = common.run(lambda: dispatch.workload(common.project(), hosts, common.service_name(service), checked,
+                                                      window_s, every_s, common.reach()))
+    common.show({"workload": read, "path": str(path)}, lambda _: reports.print_workload(read, path))
+
+
 @task(iterable=["sizes"], help={
     "profile": "check with this profile's venv, TP size and NCCL environment (default: the current release's)",
     "stop_server": "stop the running server for the check, then restart the current release through the readiness "

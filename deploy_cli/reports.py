@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from deploy_lib.host.models import StoredModel
     from deploy_lib.host.venv_lifecycle import VenvRecord
     from deploy_lib.host.venv_publish import VenvResult
+    from deploy_lib.metrics.workload import Workload
     from deploy_lib.patches import AuditReport, CheckReport, PatchSet
     from deploy_lib.throughput import BenchResult, ComparisonRow
 
@@ -161,6 +162,13 @@ def print_releases(rows: list[ReleaseRow]) -> None:
             _print(f"{row.id} last start: {row.last_start}", markup=False)
         if row.last_downtime:
             _print(f"{row.id} last switch: {row.last_downtime.line()}", markup=False)
+
+
+def print_workload(workload: Workload, path: Path) -> None:
+    for line in workload.lines():
+        _print(line, markup=False)
+    _print(f"written to {path}; name it in a profile's bench: (workload: {workload.name}) to benchmark this shape",
+           markup=False)
 
 
 def print_bench(result: BenchResult) -> None:

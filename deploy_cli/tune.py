@@ -49,7 +49,8 @@ def tune(c: Context, profile: str | None = None, vary: list[str] | None = None, 
     common.report_as(json, verbose)
     given = {key: value for key, value in (("keep", keep), ("search", search)) if value}
     if resume is None:
-        sweep_spec, sources = common.run(lambda: tuning.sweep_spec(Path(spec) if spec else None, vary or [], given))
+        sweep_spec, sources = common.run(lambda: tuning.sweep_spec(Path(spec) if spec else None, vary or [], given,
+                                                                       common.project().workloads_dir))
     elif vary or spec or given:
         raise Exit("error: --resume continues the sweep as it was started: drop --vary, --spec, --keep and --search",
                    code=common.BAD_OPTION)
@@ -128,7 +129,8 @@ def estimate_line(estimate: Estimate) -> str:
 def table_lines(report: TuneReport) -> list[str]:
     """The table as text lines (for `tune.show` and the end of a sweep): one row per candidate and level."""
     head = (f"tune {report.tune_id}: {report.profile}, objective {report.spec.objective.value}"
-            f"{f' at {report.spec.level}' if report.spec.level else ''}, SLA {report.spec.sla.describe()}")
+            f"{f' at {report.spec.level}' if report.spec.level else ''}, SLA {report.spec.sla.describe()}"
+            f"{f', workload {shape}' if (shape := report.spec.bench and report.spec.bench.workload_name) else ''}")
     lines = [head, f"{'candidate':<44} {'outcome':<10} {'level':>6} {'out tok/s':>10} {'req/s':>7} "
                    f"{'TTFT p99':>9} {'TPOT p99':>9} {'SLA':<4} power"]
     for row in ([report.base] if report.base else []) + list(report.rows):

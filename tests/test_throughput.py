@@ -463,3 +463,64 @@ def test_releases_show_the_gpu_power_of_their_newest_benchmark() -> None:
     limit = max(g.power_limit_w or 0 for g in gpus)
     assert power_by_release(history) == {"r1": f"{mean:.0f} W mean, {peak:.0f} W peak of {limit:.0f} W",
                                          "r2": ""}, "a benchmark without telemetry shows no power"
+
+
+# --- a recorded workload (issue 42) --------------------------------------------------------------------------
+
+
+def test_a_workloads_shape_reaches_bench_servings_flags() -> None:
+    shaped = SETTINGS.model_copy(update={"workload": "chat", "input_len": 1990, "output_len": 16,
+                                         "range_ratio": 0.029})
+    remote = host()
+    run_benchmark(remote, LAYOUT, metadata(), shaped, RecordingProgress())
+    (step,) = bench_steps(remote)
+    start = step.argv.index("--backend")
+    flags = dict(zip(step.argv[start::2], step.argv[start + 1::2], strict=True))
+    assert (flags["--random-input-len"], flags["--random-output-len"], flags["--random-range-ratio"]) == (
+        "1990", "16", "0.029")
+    assert shaped.describe().startswith("workload chat: 256 prompts at most of 1990 -> 16 tokens, each drawn from 3%")
+
+
+def test_a_baseline_is_only_one_measured_on_the_same_workload() -> None:
+    chat = SETTINGS.model_copy(update={"workload": "chat", "range_ratio": 0.5})
+    other = chat.model_copy(update={"workload": "inventory/workloads/batch.yaml"})
+    on_chat = [deployed("r1"), benched("r1", 880.0, settings=chat)]
+    assert find_baseline(on_chat, chat, "r2").release_id == "r1"  # type: ignore[union-attr]
+    same_name = chat.model_copy(update={"workload": "/elsewhere/chat.yaml"})
+    assert find_baseline(on_chat, same_name, "r2").release_id == "r1"  # type: ignore[union-attr]
+    assert find_baseline(on_chat, SETTINGS, "r2") is None  # the default benchmark never compares to chat's
+    assert find_baseline(on_chat, other, "r2") is None     # nor one workload to another
+    on_default = [deployed("r1"), benched("r1", 880.0)]
+    assert find_baseline(on_default, chat, "r2") is None
+    assert find_baseline(on_default, SETTINGS, "r2").release_id == "r1"  # type: ignore[union-attr]
+
+
+def test_the_gate_says_which_workload_its_figures_were_measured_on() -> None:
+    chat = SETTINGS.model_copy(update={"workload": "inventory/workloads/chat.yaml"})
+    new, old = result("r2", level(64, 870.0), settings=chat), result("r1", level(64, 880.0), settings=chat)
+    assert evaluate_gate(new, old, GATE).message.startswith("release r2 is within the gate on workload chat: ")
+    assert "(workload chat: 256 prompts" in evaluate_gate(new, None, GATE).message
+    assert " on workload" not in evaluate_gate(result("r2", level(64, 870.0)), result("r1", level(64, 880.0)),
+                                               GATE).message
+
+
+def test_a_shared_prefix_runs_the_generated_shared_prefix_dataset_in_whole_groups() -> None:
+    shared = SETTINGS.model_copy(update={"workload": "chat", "input_len": 2000, "output_len": 200,
+                                         "range_ratio": 0.5, "shared_prefix_len": 1000})
+    assert shared.prompts_at(64) == 256 and shared.prompts_at(1) == 32
+    assert BenchSettings(prompts=1000, concurrency=[8], shared_prefix_len=10).prompts_at(8) == 48  # 40 -> 3 groups
+    remote = host()
+    run_benchmark(remote, LAYOUT, metadata(), shared, RecordingProgress())
+    (step,) = bench_steps(remote)
+    start = step.argv.index("--backend")
+    flags = dict(zip(step.argv[start::2], step.argv[start + 1::2], strict=True))
+    assert {k: v for k, v in flags.items() if k.startswith(("--gsp", "--dataset", "--num", "--random"))} == {
+        "--dataset-name": "generated-shared-prefix", "--num-prompts": "256", "--gsp-num-groups": "16",
+        "--gsp-prompts-per-group": "16", "--gsp-system-prompt-len": "1000", "--gsp-question-len": "1000",
+        "--gsp-output-len": "200", "--gsp-range-ratio": "0.5"}
+    assert "1000 of the prompt shared by groups of 16" in shared.describe()
+    history = [deployed("r1"), benched("r1", 880.0, settings=shared)]
+    unshared = shared.model_copy(update={"shared_prefix_len": None})
+    assert find_baseline(history, shared, "r2") is not None and find_baseline(history, unshared, "r2") is None
+    with pytest.raises(ValidationError, match="leaves no question"):
+        BenchSettings(input_len=100, shared_prefix_len=100)

@@ -49,6 +49,11 @@ class Project:
         """The project's own patch sets (one folder each, as the bundled roles/<name>/); it need not exist."""
         return self.root / PATCHES_FOLDER
 
+    @property
+    def workloads_dir(self) -> Path:
+        """Recorded workloads (`workload`): one YAML file each, named by the workload."""
+        return self.root / "inventory" / "workloads"
+
     def inventory_path(self, given: str | None) -> Path:
         """A given path as the user typed it (relative: to the working directory); by default the project's."""
         return _from_working_directory(given) if given else self.root / DEFAULT_INVENTORY
@@ -65,7 +70,7 @@ class Project:
     def profile(self, given: str, overrides: Sequence[str] = ()) -> LoadedProfile:
         """The profile (a name or a path; `extends:` looks beside it) with `--set path=value` overrides applied, and
         a venv_build's relative lock and wheelhouse paths made absolute from the project root."""
-        loaded = from_command_line(load_profile(*self.profile_location(given)), overrides)
+        loaded = self._with_workload(from_command_line(load_profile(*self.profile_location(given)), overrides))
         spec = loaded.profile.service.venv_build
         if spec is None:
             return loaded
@@ -73,6 +78,14 @@ class Project:
                                        "wheelhouse": self.root / spec.wheelhouse if spec.wheelhouse else None})
         service = loaded.profile.service.model_copy(update={"venv_build": spec})
         return loaded.model_copy(update={"profile": loaded.profile.model_copy(update={"service": service})})
+
+    def _with_workload(self, loaded: LoadedProfile) -> LoadedProfile:
+        """A profile whose bench: names a workload, with its lengths read from the workload's file."""
+        from deploy_lib.metrics.workload import bench_with_workload
+        bench = bench_with_workload(loaded.profile.bench, self.workloads_dir)
+        if bench is loaded.profile.bench:
+            return loaded
+        return loaded.model_copy(update={"profile": loaded.profile.model_copy(update={"bench": bench})})
 
     def inventory(self, given: str | None) -> Inventory:
         return load_inventory(self.inventory_path(given))

@@ -15,7 +15,7 @@ from deploy_lib.errors import GateFailed, RemoteError
 from deploy_lib.facts.host import NVIDIA_SMI_QUERY
 from deploy_lib.health import http_url, reachable_host
 from deploy_lib.host_paths import venv_python
-from deploy_lib.profile.settings import BenchSettings, GateSettings
+from deploy_lib.profile.settings import PROMPTS_PER_GROUP, BenchSettings, GateSettings
 from deploy_lib.progress import Progress
 from deploy_lib.remote import TIMED_OUT_EXIT, Put, Remote, Step, StepResult
 from deploy_lib.remote.readings import ABSENT_OK, ANY_EXIT
@@ -108,13 +108,28 @@ def sampler_steps(run_dir: PurePosixPath, lifetime_s: int) -> list[Step | Put]:
     ]
 
 
+def dataset_flags(settings: BenchSettings, concurrency: int) -> tuple[str, ...]:
+    """bench_serving's dataset and its lengths (the same flags in the 0.5.9 and 0.5.23 wheels): random token ids, or
+    with `shared_prefix_len` the generated-shared-prefix dataset, whose request count is its groups times their size
+    (--num-prompts is not read there)."""
+    prompts = settings.prompts_at(concurrency)
+    ratio = f"{settings.range_ratio:g}"
+    if settings.shared_prefix_len is None:
+        return ("--dataset-name", "random-ids", "--num-prompts", str(prompts), "--random-input-len",
+                str(settings.input_len), "--random-output-len", str(settings.output_len), "--random-range-ratio", ratio)
+    groups = prompts // PROMPTS_PER_GROUP  # prompts_at gives whole groups
+    return ("--dataset-name", "generated-shared-prefix", "--num-prompts", str(prompts),
+            "--gsp-num-groups", str(groups), "--gsp-prompts-per-group", str(PROMPTS_PER_GROUP),
+            "--gsp-system-prompt-len", str(settings.shared_prefix_len),
+            "--gsp-question-len", str(settings.input_len - settings.shared_prefix_len),
+            "--gsp-output-len", str(settings.output_len), "--gsp-range-ratio", ratio)
+
+
 def benchmark_step(target: BenchRun, module: str, settings: BenchSettings, concurrency: int,
                    output: PurePosixPath, api_key: str | None) -> Step:
     command = ("env", *(f"{k}={v}" for k, v in sorted(target.environment.items())), target.python, "-m", module,
-               "--backend", settings.backend, "--base-url", target.base_url, "--dataset-name", "random-ids",
-               "--tokenizer", target.tokenizer, "--num-prompts", str(settings.prompts_at(concurrency)),
-               "--random-input-len", str(settings.input_len), "--random-output-len", str(settings.output_len),
-               "--random-range-ratio", "1", "--max-concurrency", str(concurrency), "--output-file", str(output))
+               "--backend", settings.backend, "--base-url", target.base_url, *dataset_flags(settings, concurrency),
+               "--tokenizer", target.tokenizer, "--max-concurrency", str(concurrency), "--output-file", str(output))
     name, runs_to_the_end = f"bench: concurrency {concurrency}", ANY_EXIT
     if api_key is None:
         return Step(name, ("sh", "-c", _RUN_SCRIPT, "bench", *command), sudo=True, ok=runs_to_the_end,

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from deploy_lib.gpu_check import GpuCheckReport
     from deploy_lib.host.p2p_reading import NodeReader
     from deploy_lib.host.venv_publish import VenvResult
+    from deploy_lib.metrics.workload import Workload
     from deploy_lib.ops.fleet import FleetRun
     from deploy_lib.ops.router import RouterSite
     from deploy_lib.ops.router_deploy import RouterOutcome
@@ -305,6 +306,20 @@ def logs(scope: Scope, service: str, lines: int, reach: Reach) -> FleetRun[list[
     return run_each(scope, reach, lambda target, remote, _: host_logs.read_log(target, service, remote, lines))
 
 
+def workload(project: Project, scope: Scope, service: str, name: str, window_s: float, every_s: float,
+             reach: Reach) -> tuple[Workload, Path]:
+    """The served workload read from every host of the scope at once over the window (a group's hosts added: one
+    service's replicas), written to the project's inventory/workloads/<name>.yaml; a host that fails fails it."""
+    from deploy_lib.commands import workload as host_workload
+    fleet = run_each(scope, reach, lambda target, remote, progress: host_workload.read_host_scrapes(
+        target, service, remote, window_s, every_s, progress))
+    for run in fleet.runs:
+        if run.error is not None:
+            raise run.error
+    read = [run.result for run in fleet.runs if run.result is not None]
+    return host_workload.record_workload(name, read, project.workloads_dir)
+
+
 def report(scope: Scope, service: str, releases: Sequence[str], out: Path, reach: Reach, tune: str | None = None
            ) -> FleetRun[tuple[Path, ...]]:
     """Each host's history read (a group's hosts at once), then its page, CSV and JSON written under `out` one host
@@ -394,4 +409,4 @@ def one(fleet: FleetRun[Any]) -> Any:
 
 
 __all__ = ["adopt", "deploy", "gpu_check", "logs", "one", "patch", "releases", "rollback", "router_deploy", "start",
-           "status", "stop", "tune", "uninstall", "unlock", "venv_adopt", "venv_build", "venv_remove"]
+           "status", "stop", "tune", "uninstall", "unlock", "venv_adopt", "venv_build", "venv_remove", "workload"]

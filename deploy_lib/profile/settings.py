@@ -8,6 +8,7 @@ import these models; the schema never imports an operation (tests/test_architect
 from __future__ import annotations
 
 import re
+import zlib
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -20,6 +21,11 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 # --max-concurrency: the ramp up and down stay a small part of the run, and a low level does not run for hours.
 PROMPTS_PER_SLOT = 5
 PROMPTS_FLOOR = 32  # a low level's latency percentiles need this many requests at least
+WORKLOAD_KEY = "settings.workload"  # in a benchmark's figures: which recorded workload it replayed (its name's CRC)
+RANGE_RATIO_KEY = "settings.range_ratio"  # only where not 1: figures from before it existed stay comparable
+SHARED_PREFIX_KEY = "settings.shared_prefix_len"  # only where set
+OPTIONAL_KEYS = (WORKLOAD_KEY, RANGE_RATIO_KEY, SHARED_PREFIX_KEY)  # a baseline with one the settings lack differs
+PROMPTS_PER_GROUP = 16  # generated-shared-prefix: requests sharing one prefix (bench_serving's default)
 
 
 class BenchSettings(BaseModel):
@@ -40,11 +46,28 @@ class BenchSettings(BaseModel):
         Field(None, description="tokenizer directory on the host (default: model.tokenizer, else model.path, "
                                 "read offline from the host's Hugging Face cache)"))
     timeout_s: Annotated[int, Field(ge=10, le=24 * 3600)] = Field(3600, description="limit per concurrency level")
+    workload: Annotated[str, Field(min_length=1, max_length=4096, pattern=r"^[A-Za-z0-9._\-/+@:=,~]+$")] | None = (
+        Field(None, description="a recorded workload (`workload --name NAME`): its name under inventory/workloads/ or "
+                                "a path to its .yaml. The benchmark replays its prompt and output lengths (input_len, "
+                                "output_len and range_ratio are then taken from it) at each concurrency level "
+                                "([workload](workload.md))"))
+    range_ratio: Annotated[float, Field(ge=0, le=1)] = Field(
+        1.0, description="--random-range-ratio: lengths drawn uniformly between this times input_len / output_len "
+                         "and input_len / output_len (1: every request the same); set from the workload when one "
+                         "is named")
+
+    shared_prefix_len: Annotated[int, Field(ge=1, le=10_000_000)] | None = Field(
+        None, description="tokens of input_len that a group of requests shares as a prefix (SGLang's "
+                          "generated-shared-prefix dataset, groups of 16): the recorded cached share of a workload; "
+                          "set from the workload when one is named")
 
     @model_validator(mode="after")
     def _levels_reachable(self) -> BenchSettings:
         if len(set(self.concurrency)) != len(self.concurrency):
             raise ValueError(f"concurrency levels repeat: {self.concurrency}")
+        if self.shared_prefix_len is not None and self.shared_prefix_len >= self.input_len:
+            raise ValueError(f"shared_prefix_len ({self.shared_prefix_len}) leaves no question in input_len "
+                             f"({self.input_len})")
         if self.prompts < max(self.concurrency):
             raise ValueError(f"prompts ({self.prompts}) is below the highest concurrency ({max(self.concurrency)}): "
                              "that level would never run at its concurrency")
@@ -52,20 +75,40 @@ class BenchSettings(BaseModel):
 
     def prompts_at(self, concurrency: int) -> int:
         """The requests a level sends: PROMPTS_PER_SLOT times its concurrency, at least PROMPTS_FLOOR, at most
-        `prompts`."""
-        return min(self.prompts, max(PROMPTS_FLOOR, PROMPTS_PER_SLOT * concurrency))
+        `prompts`; with a shared prefix rounded up to whole groups of PROMPTS_PER_GROUP."""
+        prompts = min(self.prompts, max(PROMPTS_FLOOR, PROMPTS_PER_SLOT * concurrency))
+        if self.shared_prefix_len is None:
+            return prompts
+        return -(-prompts // PROMPTS_PER_GROUP) * PROMPTS_PER_GROUP
 
     def identity(self) -> dict[str, float]:
         """The settings that change the figures; a baseline must match all of them (stored with the figures).
         `settings.sized_levels`: each level sent prompts_at(level), so a run that sent `prompts` at every level (before
         levels were sized) is no baseline for one that did not."""
-        return {"settings.prompts": float(self.prompts), "settings.input_len": float(self.input_len),
-                "settings.output_len": float(self.output_len),
-                "settings.openai_api": 1.0 if self.backend == "sglang-oai" else 0.0, "settings.sized_levels": 1.0}
+        identity = {"settings.prompts": float(self.prompts), "settings.input_len": float(self.input_len),
+                    "settings.output_len": float(self.output_len),
+                    "settings.openai_api": 1.0 if self.backend == "sglang-oai" else 0.0, "settings.sized_levels": 1.0}
+        if self.range_ratio != 1.0:
+            identity[RANGE_RATIO_KEY] = self.range_ratio
+        if self.shared_prefix_len is not None:
+            identity[SHARED_PREFIX_KEY] = float(self.shared_prefix_len)
+        if self.workload is not None:  # figures of a workload compare only with figures of the same workload
+            identity[WORKLOAD_KEY] = float(zlib.crc32(Path(self.workload).stem.encode()))
+        return identity
+
+    @property
+    def workload_name(self) -> str | None:
+        """The recorded workload the benchmark replays (its file's stem), or None for the fixed lengths."""
+        return Path(self.workload).stem if self.workload else None
 
     def describe(self) -> str:
-        return (f"{self.prompts} prompts at most of {self.input_len} -> {self.output_len} tokens ({self.backend}), "
-                f"concurrency {', '.join(f'{c} ({self.prompts_at(c)} prompts)' for c in self.concurrency)}")
+        shape = f"workload {self.workload_name}: " if self.workload_name else ""
+        drawn = f", each drawn from {self.range_ratio:.0%}-100% of that" if self.range_ratio != 1.0 else ""
+        if self.shared_prefix_len is not None:
+            drawn += f", {self.shared_prefix_len} of the prompt shared by groups of {PROMPTS_PER_GROUP}"
+        return (f"{shape}{self.prompts} prompts at most of {self.input_len} -> {self.output_len} tokens{drawn} "
+                f"({self.backend}), concurrency "
+                f"{', '.join(f'{c} ({self.prompts_at(c)} prompts)' for c in self.concurrency)}")
 
 
 class GateSettings(BaseModel):

@@ -58,5 +58,6 @@ def evaluate_gate(new: BenchResult, baseline: BenchResult | None, gate: GateSett
         return text
 
     verdict = "below the gate" if failed else "within the gate"
-    message = f"release {new.release_id} is {verdict}: " + "; ".join(line(check) for check in shown)
+    measured = f" on workload {new.settings.workload_name}" if new.settings.workload_name else ""
+    message = f"release {new.release_id} is {verdict}{measured}: " + "; ".join(line(check) for check in shown)
     return GateVerdict(not failed, message, baseline.release_id, tuple(checks))

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from deploy_lib.errors import ConfigError
-from deploy_lib.profile.settings import BenchSettings
+from deploy_lib.profile.settings import OPTIONAL_KEYS, BenchSettings
 from deploy_lib.store import (
     ACTIVATIONS,
     FAILED,
@@ -76,7 +76,9 @@ def find_baseline(history: Sequence[HistoryEntry], settings: BenchSettings, new_
     for entry in reversed(history):
         if entry.event != "bench" or entry.tags.release != release or entry.outcome != HEALTHY:
             continue
-        same = all(entry.figures.get(key) == value for key, value in settings.identity().items())
+        identity = settings.identity()
+        same = all(entry.figures.get(key) == value for key, value in identity.items()) and not any(
+            key in entry.figures and key not in identity for key in OPTIONAL_KEYS)
         result = BenchResult.from_figures(release, entry.figures)
         if same and sorted(level.concurrency for level in result.levels) == sorted(settings.concurrency):
             return result

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 from deploy_lib.facts.host import Gpu, parse_gpus
 from deploy_lib.json_lines import json_objects
-from deploy_lib.profile.settings import BenchSettings
+from deploy_lib.profile.settings import RANGE_RATIO_KEY, SHARED_PREFIX_KEY, BenchSettings
 from deploy_lib.remote import Step, StepResult
 
 
@@ -121,7 +121,8 @@ class BenchResult:
             prompts=prompts, input_len=int(figures.get("settings.input_len", 0)),
             output_len=int(figures.get("settings.output_len", 0)), concurrency=[r.concurrency for r in results],
             backend="sglang-oai" if figures.get("settings.openai_api") else "sglang", tokenizer=None,
-            timeout_s=3600)
+            timeout_s=3600, workload=None, range_ratio=figures.get(RANGE_RATIO_KEY, 1.0),
+            shared_prefix_len=int(figures[SHARED_PREFIX_KEY]) if SHARED_PREFIX_KEY in figures else None)
         return cls(release_id=release_id, settings=settings, levels=tuple(results), error=error)
 
     def summary(self) -> str:

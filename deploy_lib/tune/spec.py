@@ -164,10 +164,11 @@ def load_spec(path: Path) -> TuneSpec:
         raise ConfigError(format_validation_error(str(path), err, TuneSpec)) from None
 
 
-def sweep_spec(path: Path | None, vary: Sequence[str], overrides: Mapping[str, Any] | None = None
-               ) -> tuple[TuneSpec, dict[str, str]]:
+def sweep_spec(path: Path | None, vary: Sequence[str], overrides: Mapping[str, Any] | None = None,
+               workloads_dir: Path | None = None) -> tuple[TuneSpec, dict[str, str]]:
     """The spec of a `tune` command: the file's (if any) with the --vary keys added, and where each key was given
-    (for errors); a key in both is refused. `overrides` are the command's own options (keep, objective...)."""
+    (for errors); a key in both is refused. `overrides` are the command's own options (keep, objective...). A
+    `bench:` naming a workload gets its lengths from the workload's file under `workloads_dir`."""
     from_file = load_spec(path) if path is not None else None
     given = parse_vary(vary)
     sources = {key: f"{path}: vary.{key}" for key in (from_file.vary if from_file else {})}
@@ -183,6 +184,9 @@ def sweep_spec(path: Path | None, vary: Sequence[str], overrides: Mapping[str, A
     except ValidationError as err:
         flags = {key: f"--{key}" for key in overrides or {}}
         raise ConfigError(format_validation_error(str(path or "--vary"), err, TuneSpec, flags=flags)) from None
+    if spec.bench is not None and spec.bench.workload is not None and workloads_dir is not None:
+        from deploy_lib.metrics.workload import bench_with_workload
+        spec = spec.model_copy(update={"bench": bench_with_workload(spec.bench, workloads_dir)})
     return spec, sources
 
 
