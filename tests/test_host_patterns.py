@@ -195,7 +195,7 @@ def test_limit_is_offered_by_exactly_the_tasks_that_take_host_and_group() -> Non
     with_limit = sorted(name for name in namespace.task_names
                         if any("limit" in argument.names for argument in namespace[name].get_arguments()))
     assert with_limit == ["deploy", "logs", "plan", "releases", "report", "restart", "rollback", "start", "status",
-                          "stop", "tune.tune", "uninstall"]
+                          "stop", "tune.tune", "uninstall", "workload"]
 
 
 @pytest.mark.parametrize(("host", "limit", "chosen"), [

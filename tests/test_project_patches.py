@@ -12,6 +12,7 @@ import pytest
 from helpers.cli import invoke
 from helpers.deploy_plan import PROJECT, target
 from helpers.fake_remote import FakeRemote
+from helpers.json_doc import envelope, result
 from helpers.project_patches import GATED, GATED_FILE, PATCHED, write_project_patch_set
 
 from deploy_lib.bundled import ROLES_DIR
@@ -105,7 +106,7 @@ def test_patches_list_says_where_each_set_comes_from(tmp_path: Path) -> None:
     role = write_project_patch_set(tmp_path)
     shown = invoke("patches.list", "--json", cwd=tmp_path)
     assert shown.returncode == 0, shown.stderr
-    listed = {p["meta"]["name"]: (p["origin"], p["directory"]) for p in json.loads(shown.stdout)}
+    listed = {p["meta"]["name"]: (p["origin"], p["directory"]) for p in result(envelope(shown.stdout, 0))}
     assert listed == {"fusion-sm120": ("bundled", str(ROLES_DIR / "fusion-sm120")),
                       "nsa-aliases": ("bundled", str(ROLES_DIR / "nsa-aliases")),
                       "our-gate": ("project", str(role))}
