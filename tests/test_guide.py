@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from helpers.cli import sglang_deploy
 
-from deploy_cli.collection import user_tasks
-from deploy_cli.program import NAME, DeployProgram, OneTaskExecutor
+from deploy_cli.program import NAME
 from deploy_lib import program_name
 from deploy_lib.errors import ConfigError
 from deploy_lib.guide import GUIDE_DIR, guide_page, guide_pages
@@ -21,18 +21,6 @@ def installed(monkeypatch: pytest.MonkeyPatch) -> None:
     """Messages name the program as the installed command's entry point sets it."""
     monkeypatch.setattr(program_name, "_running", NAME)
 
-
-def sglang_deploy(line: str, capsys: pytest.CaptureFixture[str]) -> tuple[object, str, str]:
-    """`sglang-deploy LINE` through the program's own run: (exit code, stdout, stderr)."""
-    program = DeployProgram(name=NAME, binary=NAME, version="0", namespace=user_tasks(),
-                            executor_class=OneTaskExecutor)
-    try:
-        program.run([NAME, *line.split()])
-        code: object = 0
-    except SystemExit as ended:
-        code = ended.code
-    shown = capsys.readouterr()
-    return code, shown.out, shown.err
 
 
 def test_in_the_checkout_the_pages_are_docs_each_with_its_first_heading_the_first_page_first() -> None:

@@ -11,13 +11,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from helpers.cli import REPO, invoke
+from helpers.cli import REPO, invoke, sglang_deploy
 from invoke.util import Lexicon
 
 from deploy_cli import common
 from deploy_cli.collection import user_tasks
 from deploy_cli.envelope import Envelope
-from deploy_cli.program import NAME, DeployProgram, OneTaskExecutor, check_line
+from deploy_cli.program import DeployProgram, check_line
 from deploy_lib.errors import ConfigError
 from deploy_lib.yaml_io import read_text_file
 
@@ -102,18 +102,6 @@ ANSIBLE = [
 ]
 
 
-def sglang_deploy(line: str, capsys: pytest.CaptureFixture[str]) -> tuple[object, str, str]:
-    """`sglang-deploy LINE` through the program's own run, in the working directory: (exit code, stdout, stderr)."""
-    program = DeployProgram(name=NAME, binary=NAME, version="0", namespace=user_tasks(),
-                            executor_class=OneTaskExecutor)
-    try:
-        program.run([NAME, *line.split()])
-        code: object = 0
-    except SystemExit as ended:
-        code = ended.code
-    shown = capsys.readouterr()
-    return code, shown.out, shown.err
-
 
 @pytest.fixture
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
@@ -138,20 +126,26 @@ VALUES = [
      "error: --keep 'winer': Input should be 'winner' or 'none'; did you mean `winner`?"),
 ]
 
-@pytest.mark.parametrize(("line", "refusal"), NO_VALUE + TWICE + UNKNOWN + ANSIBLE + VALUES)
-def test_a_mistake_on_the_command_line_is_refused_naming_the_flag_as_typed(
-        line: str, refusal: str, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """Through `sglang-deploy`'s own program, in a directory that is no project: a mistake taken as a command would
-    fail later, on the missing inventory, with another message."""
+
+def refused_as_typed(line: str, refusal: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """`sglang-deploy LINE` exits 2 with `refusal` on stderr; with --json, that refusal is the one document too."""
     code, out, err = sglang_deploy(line, capsys)
     assert code == 2 and err.startswith(refusal), err
     if "--json" not in line.split():
         assert out == ""
         return
-    document = Envelope.model_validate_json(out)  # with --json, the refusal is the one document too
+    document = Envelope.model_validate_json(out)
     assert (document.outcome, document.exit_code, document.hosts) == ("failed", 2, [])
     assert document.error is not None and document.error.type == "UsageError"
     assert err.startswith("error: " + document.error.message)
+
+
+@pytest.mark.parametrize(("line", "refusal"), NO_VALUE + TWICE + UNKNOWN + ANSIBLE + VALUES)
+def test_a_mistake_on_the_command_line_is_refused_naming_the_flag_as_typed(
+        line: str, refusal: str, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """Through `sglang-deploy`'s own program, in a directory that is no project: a mistake taken as a command would
+    fail later, on the missing inventory, with another message."""
+    refused_as_typed(line, refusal, capsys)
 
 
 PROFILE = REPO / "inventory" / "profiles" / "glm5-nvfp4.yaml"
@@ -451,12 +445,4 @@ LIMITS = [
 def test_a_limit_that_names_nothing_is_refused_before_any_host_is_reached(
         line: str, refusal: str, workdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     write_files(workdir, {"inventory/hosts.yaml": GROUP_OF_THREE})
-    code, out, err = sglang_deploy(line, capsys)
-    assert code == 2 and err.startswith(refusal), err
-    if "--json" not in line.split():
-        assert out == ""
-        return
-    document = Envelope.model_validate_json(out)  # with --json, the refusal is the one document too
-    assert (document.outcome, document.exit_code, document.hosts) == ("failed", 2, [])
-    assert document.error is not None and document.error.type == "UsageError"
-    assert err.startswith("error: " + document.error.message)
+    refused_as_typed(line, refusal, capsys)
