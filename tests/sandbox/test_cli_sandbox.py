@@ -191,3 +191,55 @@ def test_a_failed_deploy_as_json_names_release_previous_cause_and_exit_code(user
     assert "[fusion_gate]" in outcome["cause"] and "--profile gpu1-fusion" in outcome["hint"]
     assert "rolling back" in failed.stderr  # progress on stderr, stdout is the JSON alone
     assert result(envelope(user.invoke("status", "--json").stdout))["current"] == before
+
+
+README = (REPO / "README.md").read_text()
+
+
+def readme_quick_start_lines() -> list[str]:
+    """The README's quick start for any model, its shell block, one command per line, comments taken off."""
+    section = README.split("## Quick start, for any model", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [line.split("  #", 1)[0].rstrip() for line in block.splitlines() if line.strip()]
+
+
+def test_the_readmes_quick_start_with_the_installed_command_deploys_from_an_empty_directory(
+        user: User, tmp_path: Path) -> None:
+    """Issue 39: the README's lines in order, typed at a terminal in an empty directory, with the `sglang-deploy`
+    that `pip install` puts on PATH (its entry point, not the checkout's invoke). What the guest has and a real host
+    has not is stated here: its hub holds one stand-in repo (GLM-5-NVFP4 over 8 simulated GPUs, under the README's
+    profile name), its venv is /opt/ml-env, and its address, key, known_hosts and hub replace the example's."""
+    guest = user.guest
+    user.root(FRESH_HOST)
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    lines = readme_quick_start_lines()
+    assert lines[:2] == ["mkdir my-gpus && cd my-gpus",
+                         "sglang-deploy init --model Qwen/Qwen3-8B --gpus 1 --host 192.0.2.10"], lines
+    project = empty / "my-gpus"
+    ran = []
+    for command in lines:
+        if command.startswith("sglang-deploy init"):
+            command = command.replace("--model Qwen/Qwen3-8B --gpus 1", "--model lukealonso/GLM-5-NVFP4 --gpus 8 "
+                                      "--name qwen3-8b --venv /opt/ml-env").replace("192.0.2.10", guest.guest_ip)
+        assert command.startswith(("mkdir", "sglang-deploy ")), command
+        where = empty if command.startswith("mkdir") else project
+        done = user.sh(f"cd {shlex.quote(str(where))} && echo y | script -qec {shlex.quote(command)} /dev/null")
+        shown = ANSI.sub("", done.stdout)
+        ran.append(command)
+        assert done.returncode == 0, f"{command}\n{shown}\n{done.stderr}"
+        assert "invoke " not in shown + done.stderr, shown + done.stderr  # the installed command names itself
+        if command.startswith("sglang-deploy init"):
+            hosts = project / "inventory" / "hosts.yaml"
+            written = yaml.safe_load(hosts.read_text())
+            (entry,) = written["all"]["hosts"].values()
+            entry.update({"ansible_ssh_private_key_file": str(guest.key), "known_hosts_file": str(guest.known_hosts),
+                          "hf_endpoint": guest.hub.endpoint})
+            hosts.write_text(yaml.safe_dump(written))
+        if command.startswith("sglang-deploy render"):
+            assert "--tp-size 8" in shown and "--enable-metrics" in shown
+        if command.startswith("sglang-deploy deploy"):
+            assert re.search(r"deployed: release \w{12} is serving", shown), shown
+        if command == "sglang-deploy status":
+            assert "unit active/running" in shown, shown
+    assert len(ran) == len(lines)
