@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 from helpers.cli import invoke
+from helpers.current_release import LAYOUT, TAGS, host_with_current
 from helpers.fake_remote import FakeRemote
 from helpers.recording_progress import RecordingProgress
 from rich.console import Console
@@ -24,7 +25,7 @@ from deploy_lib.commands.status import StatusReport, read_status, serving_endpoi
 from deploy_lib.commands.uninstall import removal_steps, uninstall
 from deploy_lib.deploy.project import Project, resolve_target
 from deploy_lib.errors import DeployError
-from deploy_lib.facts.host import FACT_UNIT, FACT_UNIT_LINK
+from deploy_lib.facts.host import FACT_UNIT_LINK
 from deploy_lib.remote import OutputLine, Put, Step, StepResult
 from deploy_lib.store import (
     FACT_CURRENT,
@@ -34,28 +35,14 @@ from deploy_lib.store import (
     FACT_RELEASE_FILES,
     LOCK_TAKE,
     HistoryEntry,
-    StoreLayout,
     Tags,
 )
 from deploy_lib.venvs.installed import FACT_INSTALLED
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = resolve_target(Project(REPO).inventory(None), None)
-LAYOUT = StoreLayout("sglang")
-TAGS = Tags("ops@laptop", "gpu1", "r1", "glm5-nvfp4", "ph", {"sglang": "0.5.23"})
 
 
-def host_with_current(active: str) -> FakeRemote:
-    """A host whose store has release r1 current, its unit in `active` state."""
-    metadata = {"id": "r1", "staged_at": "2026-11-30T10:00:00+00:00", "tags": TAGS.as_dict(),
-                "profile": {"server": {"host": "0.0.0.0", "port": 8000}}, "sglang_version": "0.5.23"}
-    release_json = f"{LAYOUT.releases}/r1/release.json\0{json.dumps(metadata)}\n"
-    return (FakeRemote()
-            .reply(FACT_LOCK, exit_code=1)
-            .reply(FACT_CURRENT, stdout="releases/r1\n")
-            .reply(FACT_RELEASE_DIRS, stdout="r1\0r1/release.json\0r1/sglang.service\0r1/sglang.env\0")
-            .reply(FACT_RELEASE_FILES, stdout=release_json)
-            .reply(FACT_UNIT, stdout=f"ActiveState={active}\nSubState=running\nLoadState=loaded\n"))
 
 
 def history_lines(remote: FakeRemote) -> list[HistoryEntry]:

@@ -7,13 +7,13 @@ The status tests answer the host's reads with a FakeRemote; the host script itse
 from __future__ import annotations
 
 import io
-import json
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from helpers.current_release import host_with_current
 from helpers.fake_remote import FakeRemote
 from helpers.sim_http import FlatModel, running_sim
 from rich.console import Console
@@ -21,17 +21,13 @@ from rich.console import Console
 from deploy_cli import present, reports
 from deploy_lib.commands.status import StatusReport, read_status
 from deploy_lib.deploy.project import Project, resolve_target
-from deploy_lib.facts.host import FACT_UNIT
 from deploy_lib.health.probe import ProbeTarget
 from deploy_lib.metrics import parse_scrape
 from deploy_lib.metrics.live import LiveLoad, metrics_step, parse_metrics_result
 from deploy_lib.remote import StepResult
-from deploy_lib.store import FACT_CURRENT, FACT_LOCK, FACT_RELEASE_DIRS, FACT_RELEASE_FILES, StoreLayout, Tags
 
 REPO = Path(__file__).resolve().parent.parent
 TARGET = resolve_target(Project(REPO).inventory(None), None)
-LAYOUT = StoreLayout("sglang")
-TAGS = Tags("ops@laptop", "gpu1", "r1", "glm5-nvfp4", "ph", {"sglang": "0.5.23"})
 TWO_RANKS = "\n".join([
     "# TYPE sglang:num_running_reqs gauge",
     'sglang:num_running_reqs{model_name="glm-5",dp_rank="0"} 30',
@@ -49,16 +45,7 @@ TWO_RANKS = "\n".join([
 
 def host(metrics: bool) -> FakeRemote:
     """r1 current and active; its recorded profile has features.metrics as given."""
-    metadata = {"id": "r1", "staged_at": "2026-11-30T10:00:00+00:00", "tags": TAGS.as_dict(),
-                "sglang_version": "0.5.23",
-                "profile": {"server": {"host": "0.0.0.0", "port": 8000}, "features": {"metrics": metrics}}}
-    release_json = f"{LAYOUT.releases}/r1/release.json\0{json.dumps(metadata)}\n"
-    return (FakeRemote()
-            .reply(FACT_LOCK, exit_code=1)
-            .reply(FACT_CURRENT, stdout="releases/r1\n")
-            .reply(FACT_RELEASE_DIRS, stdout="r1\0r1/release.json\0r1/sglang.service\0r1/sglang.env\0")
-            .reply(FACT_RELEASE_FILES, stdout=release_json)
-            .reply(FACT_UNIT, stdout="ActiveState=active\nSubState=running\nLoadState=loaded\n")
+    return (host_with_current("active", {"features": {"metrics": metrics}})
             .reply(lambda step: step.name.startswith("readiness probe"),
                    stdout='{"port_open": true, "health_status": 200}\n'))
 
