@@ -16,14 +16,14 @@ from helpers.deploy_plan import target
 from helpers.deploy_trips import serving_the_profile
 from helpers.fake_remote import FakeRemote
 from helpers.recording_progress import RecordingProgress
-from helpers.rollback import changed_profile
+from helpers.rollback import LAYOUT, ScriptedHost, changed_profile
 from rich.console import Console
 
 from deploy_cli import present, reports
 from deploy_lib.commands.deploy import Options, deploy
 from deploy_lib.commands.status import read_status
 from deploy_lib.deploy.project import Project, resolve_target
-from deploy_lib.facts.host import FACT_UNIT
+from deploy_lib.facts.host import FACT_RELEASE_SUMS, FACT_UNIT
 from deploy_lib.host.page_cache import warm_weights
 from deploy_lib.models import HubModel, ModelFile
 from deploy_lib.models.page_cache import (
@@ -43,7 +43,15 @@ from deploy_lib.models.page_cache import (
     weights_root,
 )
 from deploy_lib.remote import Put, Step, StepResult
-from deploy_lib.store import FACT_CURRENT, FACT_LOCK, FACT_RELEASE_DIRS, FACT_RELEASE_FILES, StoreLayout, Tags
+from deploy_lib.store import (
+    FACT_CURRENT,
+    FACT_LOCK,
+    FACT_RELEASE_DIRS,
+    FACT_RELEASE_FILES,
+    RELEASE_FILE,
+    StoreLayout,
+    Tags,
+)
 
 REPO = Path(__file__).resolve().parent.parent
 GB = 1000 ** 3
@@ -204,12 +212,15 @@ def _measuring(step: Step | Put) -> bool:
     return step.name.startswith(MEASURE) if isinstance(step, Step) else False
 
 
-@pytest.mark.parametrize(("files", "available", "reads", "said"), [
+WARM_CASES = pytest.mark.parametrize(("files", "available", "reads", "said"), [
     ([(10 * GB, 0), (10 * GB, 10 * GB)], 100 * GB, ["/b/0"], "page cache: 10.0 GB of the new weights (20.0 GB) to "
                                                               "read in 1 file before the old server stops"),
     ([(10 * GB, 10 * GB)], 100 * GB, None, "page cache: the new weights (10.0 GB) are resident already"),
     ([(100 * GB, 0)], 50 * GB, None, "page cache: the new weights are not read in before the stop: 100.0 GB to read"),
 ])
+
+
+@WARM_CASES
 def test_a_deploy_reads_the_weights_before_the_old_server_stops_only_when_they_fit_and_are_not_resident(
         files: list[tuple[int, int]], available: int, reads: list[str] | None, said: str) -> None:
     host, _ = serving_the_profile()
@@ -217,6 +228,42 @@ def test_a_deploy_reads_the_weights_before_the_old_server_stops_only_when_they_f
     host.reply(READ, stdout='RESULT {"read_bytes": 10000000000}\n')
     progress = RecordingProgress()
     assert deploy(changed_profile(), target(), host, progress, Options(grace_s=0)).action == "deployed"
+    _read_before_the_stop_only_when_decided(host, progress, reads, said)
+
+
+def _release_b_to_roll_back_to() -> ScriptedHost:
+    """The profile's release current and serving, and release B (its copy, with the same weights) intact."""
+    host, rid = serving_the_profile()
+    metadata = json.loads(host.file_text(LAYOUT.staging(rid) / RELEASE_FILE))
+    sums = "".join(f"{digest}  /x/{name}\n" for name, digest in metadata["files"].items())
+    host.reply(FACT_RELEASE_SUMS, stdout=sums)
+    return host
+
+
+@WARM_CASES
+def test_a_rollback_reads_its_releases_weights_before_the_old_server_stops_by_the_same_rules(
+        files: list[tuple[int, int]], available: int, reads: list[str] | None, said: str) -> None:
+    """A tuning sweep switches back through the same rollback (commands/tune_candidate.py)."""
+    host = _release_b_to_roll_back_to()
+    host.reply(_measuring, stdout=_measured(files, available))
+    host.reply(READ, stdout='RESULT {"read_bytes": 10000000000}\n')
+    assert host.rollback("B").action == "rolled back"  # type: ignore[attr-defined]
+    [measured] = [step for step in host.ran if _measuring(step)]
+    assert isinstance(measured, Step) and measured.name == f"{MEASURE}: {SNAPSHOT}", "release B's own weights"
+    _read_before_the_stop_only_when_decided(host, host.progress, reads, said)
+
+
+def test_a_rollback_whose_read_fails_goes_on_with_a_note() -> None:
+    host = _release_b_to_roll_back_to()
+    host.reply(_measuring, stdout=_measured([(10 * GB, 0)], 100 * GB))
+    host.reply(READ, exit_code=1, stderr="Traceback\nOSError: [Errno 5] Input/output error\n")
+    assert host.rollback("B").action == "rolled back"  # type: ignore[attr-defined]
+    assert "page cache: the weights were not read in (page_cache.py exited 1: OSError: [Errno 5] Input/output " \
+           "error); the server reads them from disk" in host.progress.of_kind("note")
+
+
+def _read_before_the_stop_only_when_decided(host: FakeRemote, progress: RecordingProgress, reads: list[str] | None,
+                                            said: str) -> None:
     names = _names(host)
     assert any(str(note).startswith(said) for note in progress.of_kind("note"))
     if reads is None:

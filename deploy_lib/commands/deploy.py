@@ -334,7 +334,7 @@ def _switch(run: Transition, ask: _Ask, decided: _Decided, tags: Tags) -> ReadyR
         stage_weights(run, decided.model, decided.venv.path, plan, facts)
     # while the old release serves, so that the server loads its weights from memory; weights staged just now are
     # measured again (their reading, if any, came before the stage)
-    warm_page_cache(run, plan, decided.residency if decided.model_facts.complete else {})
+    warm_page_cache(run, plan.release.model, decided.residency if decided.model_facts.complete else {})
     staged = plan.batches.stage
     if plan.gpu_check_reasons:  # the NCCL check runs between the stage and the switch: the stage goes alone, first
         run.phase(BatchKind.stage, staged)
@@ -450,11 +450,12 @@ def page_cache_plan(decided: _Decided) -> tuple[str, ...]:
     return plan_lines(shown_current, shown_new, staged, decided.model_facts.files, same)
 
 
-def warm_page_cache(run: Transition, plan: Plan, measured: Mapping[str, Residency | str]) -> None:
-    """Read the new release's weights into the page cache before the old server stops, when the host's memory holds
-    them and they are not resident already (models/page_cache.py decides); the figures go to a note either way.
-    Weights `measured` already (with preflight's facts) are not measured again; others (staged now) are, here."""
-    root = weights_root(plan.release.model)
+def warm_page_cache(run: Transition, model: Mapping[str, str], measured: Mapping[str, Residency | str]) -> None:
+    """Read the weights of the release switched to (its `model`, as its release.json records it) into the page cache
+    before the old server stops, when the host's memory holds them and they are not resident already
+    (models/page_cache.py decides); the figures go to a note either way. Weights `measured` already (with
+    preflight's facts) are not measured again; others (staged now, or a recorded release's) are, here."""
+    root = weights_root(model)
     if root is None:
         return
     remote = run.remote if run.lock is None else run.lock.inner  # read-only: the lock is taken by the first change
@@ -510,6 +511,7 @@ def _rollback(run: Transition, lock: LockOnFirstChange, to: str | None, alone: b
     serving = store.current if store.current != target_id and facts.store.release(store.current or "") else None
     restore_id = serving or facts.store.last_healthy(exclude=target_id)
     record_new_crashes(run.remote, run.layout, facts.store, facts.unit)  # a crash loop: why a person rolls back
+    warm_page_cache(run, record.metadata.get("model") or {}, {})  # while the old release serves, as a deploy does
     try:
         ready = run.activate(target_id, record.metadata, start_prediction(facts.store, tags.profile), run.grace_s,
                              recorded_switch(run.layout, facts, target_id))

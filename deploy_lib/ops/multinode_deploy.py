@@ -158,7 +158,7 @@ def _stage(state: NodeDeploy) -> None:
     still serves."""
     if not state.model_facts.complete:
         stage_weights(state.run, state.model, state.plan.release.venv, state.plan, state.facts)
-    warm_page_cache(state.run, state.plan, {})
+    warm_page_cache(state.run, state.plan.release.model, {})
     state.run.phase(BatchKind.stage, state.plan.batches.stage)
 
 
