@@ -22,6 +22,7 @@ from pydantic import ValidationError
 from deploy_lib.deploy.project import Target, resolve_group
 from deploy_lib.errors import ConfigError, ReadinessFailed
 from deploy_lib.facts.diagnose import Diagnosis
+from deploy_lib.health.downtime import Downtime
 from deploy_lib.host.switch import Transition
 from deploy_lib.inventory.model import load_inventory
 from deploy_lib.ops.multinode import (
@@ -37,7 +38,7 @@ from deploy_lib.release.argv_check import build_parser, check_argv, find_option
 from deploy_lib.release.model import build_release
 from deploy_lib.release.server_args import sglang_args
 from deploy_lib.remote import Put, Step, StepResult
-from deploy_lib.store import HEALTHY, ReleaseRecord, StoreFacts, StoreLayout, Tags, history_entry
+from deploy_lib.store import HEALTHY, HistoryEntry, ReleaseRecord, StoreFacts, StoreLayout, Tags, history_entry
 
 pytest_plugins = ("helpers.wheelcache",)  # real_options
 PROFILES = Path(__file__).resolve().parent.parent / "inventory" / "profiles"
@@ -334,3 +335,71 @@ def test_a_node_that_dies_takes_every_node_back_and_is_named(tmp_path: Path) -> 
                      for node in nodes]
     assert max(log.index((node.name, "systemd: stop"), log.index((node.name, "history: append")))
                for node in nodes) < min(switched_back)
+
+
+class SharedClock:
+    """The client's monotonic clock, one for every node's run; it moves only while node 0's ladder probes."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+PROBE_S = 70.0  # a readiness probe round trip: the group's start until node 0 answers
+STOP_S = {"n1": 2.0, "n2": 9.0}  # how long each node's stop took on its host (n2 drains longer)
+ANSWERING = {**READY, "generation": {"status": 200, "text": " Paris", "seconds": 0.5}}
+
+
+class TimedNode(ScriptedNode):
+    """A scripted node whose stop takes STOP_S on the host (the stops run at once, ended when the start begins) and
+    whose probes take PROBE_S on the shared clock."""
+
+    def __init__(self, node: ScriptedNode, clock: SharedClock) -> None:
+        self.__dict__.update(node.__dict__)
+        self.clock = clock
+
+    def run(self, batch: Sequence[Step | Put]) -> list[StepResult]:
+        timed = [replace(result, duration_s=STOP_S[self.name] if result.step.name == "systemd: stop" else
+                         PROBE_S if result.step.name.startswith("readiness probe") else 0.0)
+                 for result in super().run(batch)]
+        self.clock.now += sum(result.duration_s for result in timed if result.step.name.startswith("readiness"))
+        return timed
+
+
+def timed_members(tmp_path: Path, serving_before: dict[str, bool]) -> list[Member]:
+    nodes, _, _ = members(tmp_path, [{"A": ANSWERING, "B": ANSWERING}] * 2)
+    clock = SharedClock()
+    for node in nodes:
+        node.run.remote, node.run.clock = TimedNode(node.run.remote, clock), clock  # type: ignore[arg-type]
+        node.run.serving_before = serving_before[node.name]
+    return nodes
+
+
+def test_a_multi_node_releases_downtime_runs_from_its_first_node_stopped_to_node_0_answering(tmp_path: Path) -> None:
+    """n2 (not node 0) stops first, 9 s before the start; node 0 answers 70 s after it: 79 s, of which its server's
+    first generation 0.5 s; every node's history line keeps the group's downtime."""
+    nodes = timed_members(tmp_path, {"n1": True, "n2": True})
+    metadata = {node.name: {"profile": two_nodes(dist_init_port=5757).profile.model_dump(mode="json"),
+                            "profile_name": "two", "sglang_version": "0.5.23"} for node in nodes}
+    activate(nodes, "B", metadata)
+    expected = Downtime(STOP_S["n2"] + PROBE_S, 0.5, {"first_generation": 0.5})
+    assert [node.run.downtime for node in nodes] == [expected, expected]
+    for node in nodes:
+        node.run.record("deploy", HEALTHY, Tags("t", node.name, "B", "two", "x"))
+        [line] = [HistoryEntry.from_json((step.stdin or b"").decode()) for step in node.run.remote.ran
+                  if isinstance(step, Step) and step.name == "history: append"]
+        assert Downtime.from_timings(line.timings) == expected, node.name
+
+
+def test_a_multi_node_release_with_no_node_serving_before_has_no_downtime_and_one_serving_node_starts_it(
+        tmp_path: Path) -> None:
+    metadata = {name: {"profile": two_nodes(dist_init_port=5757).profile.model_dump(mode="json"),
+                       "profile_name": "two", "sglang_version": "0.5.23"} for name in ("n1", "n2")}
+    first = timed_members(tmp_path, {"n1": False, "n2": False})
+    activate(first, "B", metadata)
+    assert [node.run.downtime for node in first] == [None, None]
+    only_node_0 = timed_members(tmp_path, {"n1": True, "n2": False})
+    activate(only_node_0, "B", metadata)
+    assert only_node_0[1].run.downtime == Downtime(STOP_S["n1"] + PROBE_S, 0.5, {"first_generation": 0.5})

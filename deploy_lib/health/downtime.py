@@ -42,6 +42,11 @@ class Downtime:
         """As history's timings keep it (the phases are the start's own `start.*` timings)."""
         return {DOWNTIME: self.total_s, DOWNTIME_SERVER: self.server_s}
 
+    def timings_with_phases(self) -> dict[str, float]:
+        """timings() and the server's start phases as history names them, for a line whose start timings came from
+        elsewhere (a sweep's candidate, a multi-node release's other nodes) to keep it whole."""
+        return self.timings() | {TIMING_PREFIX + name: seconds for name, seconds in self.phases.items()}
+
     @classmethod
     def from_timings(cls, timings: Mapping[str, float]) -> Downtime | None:
         """The downtime a history entry recorded; None for one that recorded none (or was written before it was)."""

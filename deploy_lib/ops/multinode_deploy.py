@@ -112,7 +112,8 @@ def deploy_nodes(nodes: Sequence[Node], remotes: Mapping[str, Remote], progress_
             state.run.record("deploy", HEALTHY, tags[state.name])
             prune(state.run.remote, state.run.layout, releases_to_keep(head.profile, sweep), tags[state.name],
                   state.run.progress)
-    return [Outcome(Action.deployed, release_id, plan.current_id, plan=plan, ready=ready) for plan in plans]
+    return [Outcome(Action.deployed, release_id, plan.current_id, plan=plan, ready=ready, timings=state.run.timings,
+                    downtime=state.run.downtime) for state, plan in zip(states, plans, strict=True)]
 
 
 def _plan(nodes: Sequence[Node], runs: Mapping[str, Transition], options: Options, secrets: Mapping[str, str]
@@ -136,6 +137,7 @@ def _plan(nodes: Sequence[Node], runs: Mapping[str, Transition], options: Option
                                  "still runs by hand; a multi-node deploy stops and starts every node's unit together",
                                  f"stop pid {hand_pid} on {node.name} first; nothing was changed")
         run.previous = facts.store.current
+        run.serving_before = facts.unit.active_state == "active"  # its stop starts the group's downtime
         model_facts = model.parse(facts.model_results)
         check_model(model, model_facts, node.name)
 
@@ -180,7 +182,11 @@ def rollback_nodes(targets: Sequence[Target], remotes: Mapping[str, Remote], pro
             return None
         members, metadata = found
         assert target_id is not None  # _members found the release on every node
-        each(members, lambda m: m.run.check_target(target_id, metadata[m.name]))
+        for member, facts in zip(members, each(members, lambda m: m.run.check_target(target_id, metadata[m.name])),
+                                 strict=True):
+            member.run.serving_before = facts.unit.active_state == "active"
+        # the target's weights into each node's page cache while the old release serves, as a deploy's
+        each(members, lambda m: warm_page_cache(m.run, metadata[m.name].get("model") or {}, {}))
         previous = stores[members[0].name].current
         restore_id = previous if len(currents) == 1 and previous != target_id else None
         tags = {m.name: recorded_tags(m.run.target, target_id, metadata[m.name]) for m in members}
@@ -193,7 +199,8 @@ def rollback_nodes(targets: Sequence[Target], remotes: Mapping[str, Remote], pro
             restore(members, "rollback", target_id, tags, interrupt, None, restore_id, previous, diagnosis)
         for member in members:
             member.run.record("rollback", HEALTHY, tags[member.name], f"by hand from {previous or 'none'}")
-    return [Outcome(Action.rolled_back, target_id, stores[name].current, ready=ready) for name in runs]
+    return [Outcome(Action.rolled_back, target_id, stores[name].current, ready=ready, timings=run.timings,
+                    downtime=run.downtime) for name, run in runs.items()]
 
 
 def _members(runs: Mapping[str, Transition], stores: Mapping[str, StoreFacts], target_id: str | None,
@@ -242,6 +249,8 @@ def start_nodes(targets: Sequence[Target], remotes: Mapping[str, Remote], progre
         if not restart and all(read.unit.active_state == "active" for read in facts.values()):
             return [Outcome(Action.already_running, current, current) for _ in runs]
         restore_id = common_release(list(stores.values()), current)
+        for member in members:
+            member.run.serving_before = facts[member.name].unit.active_state == "active"
         tags = {m.name: recorded_tags(m.run.target, current, metadata[m.name]) for m in members}
         try:
             ready = activate(members, current, metadata)
@@ -252,7 +261,8 @@ def start_nodes(targets: Sequence[Target], remotes: Mapping[str, Remote], progre
             restore(members, event, current, tags, interrupt, None, restore_id, current, diagnosis)
         for member in members:
             member.run.record(event, HEALTHY, tags[member.name])
-    return [Outcome(Action.restarted if restart else Action.started, current, current, ready=ready) for _ in runs]
+    return [Outcome(Action.restarted if restart else Action.started, current, current, ready=ready,
+                    timings=run.timings, downtime=run.downtime) for run in runs.values()]
 
 
 def as_fleet(names: Sequence[str], act: Callable[[], Sequence[Any] | None]) -> FleetRun[Any] | None:

@@ -20,6 +20,7 @@ from deploy_lib.deploy.plan import (
 from deploy_lib.errors import DeployError, ReadinessFailed, RollbackFailed
 from deploy_lib.facts.diagnose import Diagnosis, journal_cursor_step, parse_journal_cursor
 from deploy_lib.health import ProbeTarget, Rung
+from deploy_lib.health.downtime import Downtime
 from deploy_lib.host.readiness import ReadyReport, wait_ready
 from deploy_lib.host.switch import Transition, failure_line, probe_target, same_kind
 from deploy_lib.interrupts import Interrupt, interrupted, signal_name, signals_noted
@@ -96,12 +97,14 @@ def activate(members: Sequence[Member], release_id: str, metadata: Metadata) -> 
     """Every node stopped and switched to `release_id`, then every node started; the ladder on node 0 (the first
     member), then every other node's unit active and not restarted since its start. NodeFailed names the node."""
     def stop(member: Member) -> None:
-        layout = member.run.layout
-        member.run.switched_to = release_id
-        results = member.run.phase("stop and switch", [journal_cursor_step(layout.unit_name),
-                                                       *switch_current(layout, release_id),
-                                                       stop_step(layout, _stop_bound(member, metadata))])
-        member.run.cursor = parse_journal_cursor(results[0].stdout)
+        layout, run = member.run.layout, member.run
+        run.switched_to = release_id
+        results = run.phase("stop and switch", [journal_cursor_step(layout.unit_name),
+                                                *switch_current(layout, release_id),
+                                                stop_step(layout, _stop_bound(member, metadata))])
+        run.cursor = parse_journal_cursor(results[0].stdout)
+        if run.serving_before and run.stopped_at is None:  # kept through a restore: the downtime goes on
+            run.stopped_at = run.clock() - results[-1].duration_s  # the stop is the round trip's last step
 
     each(members, stop)
     head = members[0]
@@ -126,10 +129,20 @@ def activate(members: Sequence[Member], release_id: str, metadata: Metadata) -> 
                        baseline_restarts=0, after_cursor=member.run.cursor)
         except ReadinessFailed as failure:
             raise NodeFailed(member.where, failure) from failure
+    downtime = _group_downtime(members, report, started_at)
     for member in members:
         member.run.verified = release_id
+        member.run.downtime = downtime
+        member.run.timings |= downtime.timings_with_phases() if downtime else {}
         member.run.remote.run([reset_failed_step(member.run.layout)])
     return report
+
+
+def _group_downtime(members: Sequence[Member], report: ReadyReport, started_at: float) -> Downtime | None:
+    """The release's downtime is the group's: from the first node's stop to node 0 answering a generation (the
+    server's part from node 0's log lines); None when no node served before. The nodes' runs share one clock."""
+    stops = [member.run.stopped_at for member in members if member.run.stopped_at is not None]
+    return report.downtime(min(stops), started_at) if stops else None
 
 
 def _diagnoses(members: Sequence[Member], profile: str) -> list[tuple[str, Diagnosis]]:

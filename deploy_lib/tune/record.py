@@ -11,7 +11,6 @@ from datetime import datetime
 
 from deploy_lib.errors import ConfigError
 from deploy_lib.health.downtime import Downtime
-from deploy_lib.health.startup import TIMING_PREFIX
 from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, Tags, history_entry
 from deploy_lib.throughput import BenchResult, LevelResult
 from deploy_lib.throughput.history import gpu_power
@@ -54,14 +53,9 @@ def run_line(tune: str, role: str, label: str, tags: Tags, when: datetime, resul
         figures[OBJECTIVE_KEY] = round(score.value, 3)
     why = cause or "; ".join(score.misses)
     return tune_line(tune, role, tags, when, outcome=HEALTHY if score.qualifies else FAILED, cause=why,
-                     label=label, figures=figures, timings=downtime.timings() | _phases(downtime) if downtime else None,
+                     label=label, figures=figures, timings=downtime.timings_with_phases() if downtime else None,
                      extra={"sla_met": "yes" if score.sla_met else "no", "changes": "; ".join(changes),
                             **({} if has_release else {"release": ""})})
-
-
-def _phases(downtime: Downtime) -> dict[str, float]:
-    """The server's start phases as history's timings name them (health.startup), for the line to keep them whole."""
-    return {TIMING_PREFIX + name: seconds for name, seconds in downtime.phases.items()}
 
 
 @dataclass(frozen=True)
