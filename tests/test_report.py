@@ -26,6 +26,7 @@ from helpers.rollback import a_host
 from deploy_lib import store
 from deploy_lib.errors import ConfigError
 from deploy_lib.host.report import read_report, read_sweep, write_report
+from deploy_lib.report import charts
 from deploy_lib.report.data import COLUMNS, TABLES, ReportData, collect
 from deploy_lib.report.sweep import SweepData, collect_sweep
 from deploy_lib.store import HistoryEntry
@@ -97,6 +98,21 @@ def test_start_phases_are_per_start_and_a_missing_phase_stays_unknown() -> None:
     assert starts[-1].weights is None and starts[-1].ready_s == 9.1, "ladder times only"
 
 
+def test_each_switch_that_stopped_a_running_server_has_its_downtime_split_into_server_and_tool() -> None:
+    """The first deploy (nothing ran before), the failed deploy (its downtime goes on into the rollback after it) and
+    a rollback written before downtimes were have none."""
+    rows = report().downtimes
+    assert [(r.release, r.event, r.downtime_s, r.server_s, r.tool_s) for r in rows] == [
+        (A, "rollback", 10.4, 9.11, 1.29), (C, "deploy", 14.0, 13.11, 0.89), (A, "rollback", 31.2, 8.31, 22.89),
+        (D, "deploy", 14.3, 13.41, 0.89)]
+    svg = charts.switch_downtime(rows) or ""
+    for release, switches in ((A, 2), (C, 1), (D, 1)):
+        for part in ("server", "tool"):
+            assert [n for n in range(3) if f'id="series-downtime-{part}-{release}-{n}"' in svg] == \
+                list(range(switches)), (release, part)
+    assert charts.switch_downtime(()) is None
+
+
 def test_crashes_and_restarts_are_on_the_time_line() -> None:
     crashes = [(e.release, e.outcome) for e in report().events if e.event == "crash"]
     assert crashes == [(D, "restarted"), (D, "failed")]
@@ -144,7 +160,7 @@ def test_the_report_reads_the_history_through_one_read_of_the_store_and_writes_n
 @pytest.mark.parametrize("kind", ["host", "sweep"])
 def test_the_page_opens_in_chromium_with_no_console_message_no_request_and_every_chart_drawn(kind: str, tmp_path: Path
                                                                                            ) -> None:
-    data, charts, chart_count = (report(), REPORT_CHARTS, REPORT_AREAS) if kind == "host" else \
+    data, charts, chart_count = (report(), REPORT_CHARTS, REPORT_AREAS + 3) if kind == "host" else \
         (sweep(), SWEEP_CHARTS, SWEEP_AREAS)
     [page, *_] = write_report(data, tmp_path / "out")
     assert_page_drawn(page, tmp_path, charts, chart_count)

@@ -11,7 +11,7 @@ from datetime import datetime
 from typing import TYPE_CHECKING, Any, Protocol
 
 from deploy_lib.health.startup import PHASE_LABELS, PHASES
-from deploy_lib.report.data import BenchPoint, GpuReading, HistoryEvent, StartRow
+from deploy_lib.report.data import BenchPoint, DowntimeRow, GpuReading, HistoryEvent, StartRow
 from deploy_lib.report.sweep import SweepCandidate, SweepGpu, SweepLevel
 
 if TYPE_CHECKING:
@@ -219,6 +219,34 @@ def start_phases(starts: Sequence[StartRow]) -> str | None:
         axes.invert_yaxis()
         axes.set_xlabel("seconds from the restart")
         axes.legend(fontsize="small", ncols=len(PHASES), loc="lower right")
+        return _svg(figure)
+
+
+TOOL_COLOR = "#ef6c00"
+
+
+def switch_downtime(rows: Sequence[DowntimeRow]) -> str | None:
+    """A panel per release switched to, one horizontal bar per switch: the new server's own start, then the tool's
+    part, on one time axis for every panel; series ids `series-downtime-server-RELEASE`, `...-tool-RELEASE`."""
+    if not rows:
+        return None
+    releases = list(dict.fromkeys(row.release for row in rows))
+    longest = max(row.downtime_s for row in rows)
+    counts = [sum(row.release == release for row in rows) for release in releases]
+    with _figure(len(releases), 0.9 * len(releases) + 0.35 * sum(counts)) as (figure, panels):
+        for release, axes in zip(releases, panels, strict=True):
+            mine = [row for row in rows if row.release == release]
+            server = [row.server_s for row in mine]
+            _tag_bars(axes.barh(range(len(mine)), server, label="server start"), f"series-downtime-server-{release}")
+            _tag_bars(axes.barh(range(len(mine)), [row.tool_s for row in mine], left=server, color=TOOL_COLOR,
+                                label="tool"), f"series-downtime-tool-{release}")
+            axes.set_yticks(range(len(mine)), [f"{row.event} {row.when[5:16].replace('T', ' ')}" for row in mine],
+                            fontsize="small")
+            axes.invert_yaxis()
+            axes.set_xlim(0, longest * 1.05)
+            axes.set_title(f"release {release}", fontsize="small", loc="left")
+        figure.legend(*panels[0].get_legend_handles_labels(), fontsize="small", ncols=2, loc="outside upper right")
+        panels[-1].set_xlabel("seconds from the old server's stop to the first answer")
         return _svg(figure)
 
 

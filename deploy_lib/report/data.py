@@ -1,6 +1,6 @@
 """What a host's report shows, collected from its history.jsonl (pure: no host, no plotting): benchmarks over time,
-throughput against concurrency, GPU power and utilisation during each benchmark, start phases, crashes and
-restarts; each table also as rows for CSV and JSON."""
+throughput against concurrency, GPU power and utilisation during each benchmark, start phases, each switch's
+downtime, crashes and restarts; each table also as rows for CSV and JSON."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from deploy_lib.errors import ConfigError
+from deploy_lib.health.downtime import Downtime
 from deploy_lib.health.startup import PHASES, RUNG_PREFIX, recorded_phases
 from deploy_lib.store import ACTIVATIONS, FAILED, HistoryEntry
 from deploy_lib.throughput import BenchResult
@@ -65,6 +66,27 @@ class StartRow:
 
 
 @dataclass(frozen=True)
+class DowntimeRow:
+    """One switch that stopped a running server: how long the endpoint did not answer (health/downtime.py), and which
+    part of it was the new server's own start and which the tool's."""
+
+    when: str
+    release: str  # the release switched to
+    event: str
+    downtime_s: float
+    server_s: float
+    tool_s: float
+
+    @classmethod
+    def of(cls, entry: HistoryEntry) -> DowntimeRow | None:
+        """None for a switch with no downtime recorded (no server ran before it, or written before downtimes were)."""
+        downtime = Downtime.from_timings(entry.timings)
+        if downtime is None:
+            return None
+        return cls(entry.when, entry.tags.release, entry.event, downtime.total_s, downtime.server_s, downtime.tool_s)
+
+
+@dataclass(frozen=True)
 class HistoryEvent:
     """One history line on a time line: a failed release (a start or its benchmark) or a rollback, marked on the
     benchmarks' chart; or a start, failure, crash or stop on the host's events chart."""
@@ -90,6 +112,7 @@ class ReportData:
     concurrency: tuple[BenchPoint, ...]  # the chosen releases' newest benchmark, every level
     gpus: tuple[GpuReading, ...]
     starts: tuple[StartRow, ...]
+    downtimes: tuple[DowntimeRow, ...]
     events: tuple[HistoryEvent, ...]
 
     def tables(self) -> dict[str, list[Row]]:
@@ -97,11 +120,11 @@ class ReportData:
         return {name: [asdict(row) for row in getattr(self, name)] for name in TABLES}
 
 
-TABLES: tuple[str, ...] = ("benchmarks", "marks", "concurrency", "gpus", "starts", "events")
+TABLES: tuple[str, ...] = ("benchmarks", "marks", "concurrency", "gpus", "starts", "downtimes", "events")
 COLUMNS: dict[str, tuple[str, ...]] = {
     name: tuple(f.name for f in fields(kind)) for name, kind in
     (("benchmarks", BenchPoint), ("marks", HistoryEvent), ("concurrency", BenchPoint), ("gpus", GpuReading),
-     ("starts", StartRow), ("events", HistoryEvent))}
+     ("starts", StartRow), ("downtimes", DowntimeRow), ("events", HistoryEvent))}
 TIMELINE_EVENTS = (*ACTIVATIONS, "failure", "crash", "stop")
 
 
@@ -152,7 +175,8 @@ def collect(history: Sequence[HistoryEntry], host: str, service: str, generated_
     marks = tuple(HistoryEvent.of(entry) for entry in history
                   if (entry.outcome == FAILED and entry.event in (*ACTIVATIONS, "bench")) or entry.event == "rollback")
     starts = tuple(row for entry in history if entry.event in ACTIVATIONS and (row := _start_row(entry)))
+    downtimes = tuple(switch for entry in history if entry.event in ACTIVATIONS and (switch := DowntimeRow.of(entry)))
     events = tuple(HistoryEvent.of(entry) for entry in history if entry.event in TIMELINE_EVENTS)
     return ReportData(host=host, service=service, generated_at=generated_at, benchmarks=tuple(points), marks=marks,
                       concurrency=concurrency, gpus=tuple(r for entry in benches for r in gpu_readings(entry)),
-                      starts=starts, events=events)
+                      starts=starts, downtimes=downtimes, events=events)

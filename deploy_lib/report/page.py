@@ -85,6 +85,13 @@ def sections(data: ReportData) -> list[Section]:
                 "KV cache, CUDA graph capture, warmup (to \"fired up\"), and the ladder's first generation. A phase "
                 "whose line was not logged is unknown: left out of the bar, never guessed.",
                 svg(charts.start_phases(data.starts)), COLUMNS["starts"], tables["starts"]),
+        Section("downtime", "Downtime per release",
+                "Each switch that stopped a running server (deploy, rollback, restart), per release switched to: how "
+                "long the endpoint did not answer, from the old server's stop to the new one's first generation; "
+                "blue: the new server's own start, orange: the tool's part (the stop, systemd, round trips). A "
+                "failed start and the rollback after it are one downtime, on the release rolled back to: the failed "
+                "start is in its orange part.",
+                svg(charts.switch_downtime(data.downtimes)), COLUMNS["downtimes"], tables["downtimes"]),
         Section("events", "Starts, failures, crashes and restarts",
                 "Every start, stop, failure and crash on one time line; red: failed (or a crash systemd gave up on), "
                 "orange: a crash systemd restarted.", svg(charts.host_events(data.events)), COLUMNS["events"],

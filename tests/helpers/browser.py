@@ -92,8 +92,9 @@ def series_per_chart(dom: str) -> dict[str, list[str]]:
 
 MIN_FRAME_PX = 400
 # the host's page: its charts, and their plotting areas (throughput and TTFT, concurrency, power and utilisation,
-# phases, events)
-REPORT_CHARTS = ("chart-throughput", "chart-concurrency", "chart-power", "chart-starts", "chart-events")
+# phases, events), plus one per release in the downtime chart (each release switched to with a server running before)
+REPORT_CHARTS = ("chart-throughput", "chart-concurrency", "chart-power", "chart-starts", "chart-downtime",
+                 "chart-events")
 REPORT_AREAS = 7
 # a tuning sweep's page (`report --tune ID`): throughput against concurrency, power and utilisation
 SWEEP_CHARTS = ("chart-tune-concurrency", "chart-tune-power")
