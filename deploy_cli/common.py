@@ -325,5 +325,6 @@ def show_outcomes(fleet: FleetRun[Outcome], one_host: bool, changed: bool = Fals
                 ui.console.rule(each.host)
                 ui.print_plan(each.result.plan)
         ui.print_fleet(summary)
+        ui.print_clients([each.result.clients for each in fleet.runs if each.result is not None])
     if summary.exit_code:
         raise Exit(code=summary.exit_code)

@@ -8,7 +8,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from enum import Enum
 from pathlib import PurePath
@@ -27,6 +27,7 @@ if TYPE_CHECKING:  # the reports' types only: a task imports the library modules
 
     from deploy_lib.commands.deploy import Outcome
     from deploy_lib.deploy.plan import Plan
+    from deploy_lib.metrics.router_counters import ClientsSaw
     from deploy_lib.ops.fleet import FleetRun, Summary
     from deploy_lib.ops.router_deploy import RouterOutcome
     from deploy_lib.release.model import Release
@@ -140,6 +141,19 @@ def print_outcome(outcome: Outcome) -> None:
                   f"(was {outcome.previous_id or 'none'});{ready}")
     console.print(outcome.downtime.line() if outcome.downtime else "downtime: none (no server was running before)",
                   markup=False)
+
+
+def print_clients(seen: Sequence[ClientsSaw | None]) -> None:
+    """A rollout behind a router: what its clients saw while the replicas were out and back, summed (None: a replica
+    not behind one, or whose router's counters could not be read, each said in a note)."""
+    known = [clients for clients in seen if clients is not None]
+    if not known:
+        return
+    failed = sum(clients.failed for clients in known)
+    console.print(f"router: clients sent {sum(clients.requests for clients in known)} requests through it while "
+                  f"{len(known)} {'replicas were' if len(known) != 1 else 'replica was'} out and back; "
+                  f"{'none failed' if not failed else f'{failed} failed (5xx)'}", markup=False,
+                  style="red" if failed else None)
 
 
 def print_router_outcome(outcome: RouterOutcome) -> None:
@@ -295,7 +309,8 @@ def outcome_json(outcome: Outcome) -> dict[str, Any]:
     plan = outcome.plan
     return {"outcome": outcome.action, "release": outcome.release_id, "previous": outcome.previous_id,
             "timings": dict(outcome.timings), "ready_s": outcome.ready.duration_s if outcome.ready else None,
-            "downtime": jsonable(outcome.downtime), "cause": None, "hint": None, "exit_code": 0,
+            "downtime": jsonable(outcome.downtime), "clients": jsonable(outcome.clients), "cause": None,
+            "hint": None, "exit_code": 0,
             "changes": [str(change) for change in plan.changes] if plan else [],
             "secrets_not_available": dict(plan.secrets_not_available) if plan else {},
             "overrides": list(plan.release.overrides) if plan else []}
@@ -313,6 +328,7 @@ def failure_json(error: DeployError) -> dict[str, Any]:
     from deploy_lib.health.downtime import Downtime  # a failed switch's, through its restore
     return {"outcome": Action.failed, "release": error.release_id, "previous": error.previous_id,
             "timings": dict(error.timings), "ready_s": None,
-            "downtime": jsonable(Downtime.from_timings(error.timings)), "cause": error.message, "hint": error.hint,
+            "downtime": jsonable(Downtime.from_timings(error.timings)), "clients": None, "cause": error.message,
+            "hint": error.hint,
             "exit_code": error.exit_code, "error": type(error).__name__, "serving": error.serving_id,
             "evidence": list(getattr(error, "evidence", ()) or ())}

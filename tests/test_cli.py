@@ -180,8 +180,8 @@ def test_a_deploy_outcome_as_json_has_release_previous_timings_cause_and_exit_co
     outcome = Outcome(Action.deployed, "8e51991efed1", "1850be766a74", timings={"stage": 0.29, "readiness": 7.6})
     assert json.loads(json.dumps(ui.outcome_json(outcome))) == {
         "outcome": "deployed", "release": "8e51991efed1", "previous": "1850be766a74",
-        "timings": {"stage": 0.29, "readiness": 7.6}, "ready_s": None, "downtime": None, "cause": None, "hint": None,
-        "exit_code": 0,
+        "timings": {"stage": 0.29, "readiness": 7.6}, "ready_s": None, "downtime": None, "clients": None, "cause": None,
+        "hint": None, "exit_code": 0,
         "changes": [], "secrets_not_available": {}, "overrides": []}
 
 

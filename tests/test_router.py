@@ -3,6 +3,7 @@ drain/add-back calls around a replica's restart, and the deploy engine calling t
 
 from __future__ import annotations
 
+import io
 import json
 import socket
 import threading
@@ -30,8 +31,11 @@ from helpers.router import (
     site_of,
 )
 from helpers.systemd_syntax import exec_start_argv, parse_unit_file
+from rich.console import Console
 
 import deploy_lib.host_scripts.router
+from deploy_cli import present
+from deploy_cli.present import outcome_json
 from deploy_lib import store
 from deploy_lib.deploy.plan import plan_deploy, switch_batches
 from deploy_lib.deploy.project import Project, resolve_group
@@ -39,6 +43,7 @@ from deploy_lib.errors import ConfigError, LockHeld, PreflightError, ReadinessFa
 from deploy_lib.facts import host as host_facts
 from deploy_lib.host.switch import Transition
 from deploy_lib.inventory.model import HostVars, RouterPolicy, load_inventory
+from deploy_lib.metrics.router_counters import COUNTED, ClientsSaw, RouterCounters, clients_saw, parse_counters
 from deploy_lib.ops.fleet import Rollout
 from deploy_lib.ops.router import (
     DEFAULT_LOCK,
@@ -599,7 +604,13 @@ class _FakeRouterAPI(BaseHTTPRequestHandler):
         self.wfile.write(raw)
 
     def do_GET(self) -> None:
-        if self.path == "/workers":
+        if self.path == "/metrics":
+            raw = str(getattr(self, "metrics", "")).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+        elif self.path == "/workers":
             self._answer(200, {"workers": [{"id": url, "url": url, "is_healthy": True} for url in self.listed]})
         else:
             self._answer(200 if self.path == "/health" else 404, {})
@@ -699,3 +710,99 @@ def test_power_of_two_is_refused_at_plan_where_sglang_no_longer_serves_get_load(
         f"/get_load, which SGLang {version} does not serve (removed in 0.5.21): the router could not read the "
         "replicas' load")
     assert refusal.value.exit_code == 3 and "round_robin" in (refusal.value.hint or "")
+
+
+# What the router's clients saw during a replica's switch: its counters, as sglang-router 0.3.2 writes them on its
+# Prometheus port (captured from the real binary: one /generate with no worker, and the tool's own /workers calls).
+ROUTER_METRICS = """\
+# TYPE smg_http_requests_total counter
+smg_http_requests_total{method="GET",path="/workers"} 1
+smg_http_requests_total{method="POST",path="/generate"} 1
+# TYPE smg_router_requests_total counter
+smg_router_requests_total{router_type="http",backend_type="regular",connection_mode="http",model="default",\
+endpoint="generate",streaming="false"} %d
+# TYPE smg_http_responses_total counter
+smg_http_responses_total{status_code="200",error_code=""} 2
+smg_http_responses_total{status_code="503",error_code="no_available_workers"} %d
+smg_http_responses_total{status_code="400",error_code=""} 1
+"""
+
+
+def test_the_routers_counters_give_the_requests_routed_and_the_5xx_answered_between_two_readings() -> None:
+    """Only 5xx responses are failures: the 400 is a client's (or the tool's) own mistake."""
+    before, after = parse_counters(ROUTER_METRICS % (100, 1)), parse_counters(ROUTER_METRICS % (160, 3))
+    assert before == RouterCounters(100, 1)
+    assert clients_saw(before, after) == ClientsSaw(60, 2)
+    assert clients_saw(after, before) == "its counters went down in between (the router restarted)"
+    assert clients_saw("its metrics were not read: refused", after) == "its metrics were not read: refused"
+    assert parse_counters("") == RouterCounters(0, 0), "a counter not written yet has counted nothing"
+    assert isinstance(parse_counters("smg_router_requests_total{ 5\n"), str)
+
+
+def test_a_replica_out_of_the_router_and_back_says_what_its_clients_saw(tmp_path: Path) -> None:
+    remote = answering(remove={"was_listed": True, "metrics": ROUTER_METRICS % (100, 1)},
+                       add={"metrics": ROUTER_METRICS % (160, 1)})
+    progress = RecordingProgress()
+    membership = RouterMembership(site_of(tmp_path), lambda: remote, lambda: "http://192.0.2.2:8000", progress)
+    membership.before_restart()
+    membership.readmit()
+    assert membership.clients == ClientsSaw(60, 0)
+    assert "router: clients sent 60 requests while http://192.0.2.2:8000 was out and back; none failed" in \
+        progress.of_kind("note")
+    assert all(c["metrics"] == "http://127.0.0.1:29000/metrics" for c in config_of(remote))
+
+
+def test_a_router_whose_metrics_cannot_be_read_leaves_what_clients_saw_unknown(tmp_path: Path) -> None:
+    """Input tried: a router started with another --prometheus-port (nothing answers on 29000)."""
+    remote = answering(remove={"was_listed": True, "metrics_error": "GET http://127.0.0.1:29000/metrics: refused"},
+                       add={"metrics": ROUTER_METRICS % (160, 1)})
+    progress = RecordingProgress()
+    membership = RouterMembership(site_of(tmp_path), lambda: remote, lambda: "http://192.0.2.2:8000", progress)
+    membership.before_restart()
+    membership.readmit()
+    assert membership.clients is None
+    assert "router: what its clients saw while http://192.0.2.2:8000 was out is not known (its metrics were not " \
+           "read: GET http://127.0.0.1:29000/metrics: refused)" in progress.of_kind("note")
+
+
+def test_a_rollback_behind_a_router_records_what_clients_saw_in_its_outcome_and_the_replicas_history(
+        tmp_path: Path) -> None:
+    from deploy_lib.commands.deploy import rollback
+    host = PortedHost()
+    router = answering(remove={"was_listed": True, "metrics": ROUTER_METRICS % (100, 1)},
+                       add={"metrics": ROUTER_METRICS % (130, 4)})
+    outcome = behind_router(front_of(tmp_path, router), target(), "sglang", host, RecordingProgress(),
+                            lambda drain: rollback(target(), "sglang", host, RecordingProgress(), "A", {}, grace_s=0,
+                                                   before_restart=drain))  # type: ignore[arg-type]
+    assert outcome.clients == ClientsSaw(30, 3)
+    lines = [store.HistoryEntry.from_json((step.stdin or b"").decode()) for step in host.ran
+             if isinstance(step, Step) and step.name == "history: append"]
+    assert [(line.event, line.outcome, line.tags.release) for line in lines] == [
+        ("rollback", "healthy", "A"), ("router", "failed", "A")], "written once A serves in the router again"
+    assert lines[-1].figures == {"router.requests": 30.0, "router.failed": 3.0}
+    assert outcome_json(outcome)["clients"] == {"requests": 30, "failed": 3}
+
+
+def test_the_router_script_sends_back_only_the_counters_it_reads(
+        fake_router: tuple[ThreadingHTTPServer, type[_FakeRouterAPI]]) -> None:
+    server, api = fake_router
+    api.metrics = ROUTER_METRICS % (7, 0)  # type: ignore[attr-defined]
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    script = deploy_lib.host_scripts.router
+    read = script.counters({"metrics": base + "/metrics", "counted": list(COUNTED)})
+    assert "smg_http_requests_total" not in read["metrics"]
+    assert parse_counters(read["metrics"]) == RouterCounters(7, 0)
+    refused = script.counters({"metrics": _refusing_url() + "/metrics", "counted": list(COUNTED)})
+    assert set(refused) == {"metrics_error"} and "refused" in refused["metrics_error"].lower()
+
+
+def test_a_rollout_behind_a_router_ends_with_what_its_clients_saw_summed_over_the_replicas(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    out = io.StringIO()
+    monkeypatch.setattr(present, "console", Console(file=out, width=300))
+    present.print_clients([ClientsSaw(60, 0), None, ClientsSaw(40, 0)])
+    present.print_clients([None])
+    present.print_clients([ClientsSaw(10, 2)])
+    assert out.getvalue().splitlines() == [
+        "router: clients sent 100 requests through it while 2 replicas were out and back; none failed",
+        "router: clients sent 10 requests through it while 1 replica was out and back; 2 failed (5xx)"]

@@ -49,6 +49,7 @@ from deploy_lib.host.switch import (
 )
 from deploy_lib.host.watch import watch_after_ready, watch_diagnosis, window_before_switch
 from deploy_lib.interrupts import signals_raise
+from deploy_lib.metrics.router_counters import ClientsSaw
 from deploy_lib.models import HubModel, ModelFacts, PushedModel, Weights, check_model, size_text, weights
 from deploy_lib.models.page_cache import (
     Residency,
@@ -83,6 +84,7 @@ class Outcome:
     ready: ReadyReport | None = None
     timings: Mapping[str, float] = field(default_factory=dict)
     downtime: Downtime | None = None  # None: nothing was restarted, or no server ran before
+    clients: ClientsSaw | None = None  # behind a router: what its clients saw while the replica was out and back
 
 
 @dataclass(frozen=True)

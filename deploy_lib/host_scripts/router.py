@@ -13,8 +13,10 @@ nothing, so a replica behind it needs no draining.
 Actions:
   ready   the router answers /health
   remove  the worker is no longer listed (no new request goes to it), then its running and waiting requests
-          (SGLang's /v1/loads) are drained; a worker without /v1/loads, or already down, counts as drained
-  add     the worker is listed and healthy (the router has read its /health, /server_info and /model_info)
+          (SGLang's /v1/loads) are drained; a worker without /v1/loads, or already down, counts as drained; the
+          router's counters (`metrics`) read just before the removal
+  add     the worker is listed and healthy (the router has read its /health, /server_info and /model_info); the
+          router's counters read once it is
   admit   every worker of `workers` that answers its own /health is listed healthy: the router's own
           registration of its --worker-urls is given `settle_s`, then one it has not listed is added as `add` does;
           a worker that does not answer is reported in `not_serving`
@@ -75,6 +77,26 @@ def in_flight(url):
                for load in body.get("loads") or [])
 
 
+def counters(config):
+    """The router's Prometheus text, only the families in `counted`, as `metrics`; `metrics_error` when it cannot be
+    read (a router started with another --prometheus-port)."""
+    try:
+        with urllib.request.urlopen(config["metrics"], timeout=5.0) as answer:
+            text = answer.read().decode(errors="replace")
+    except (urllib.error.URLError, OSError) as failed:
+        return {"metrics_error": "GET {}: {}".format(config["metrics"], getattr(failed, "reason", failed))}
+    counted = set(config["counted"])
+    return {"metrics": "".join(line + "\n" for line in text.splitlines() if family(line) in counted)}
+
+
+def family(line):
+    """The metric a line of Prometheus text is about: `# TYPE name counter`, or a sample's `name{...} value`."""
+    words = line.split()
+    if line.startswith("#"):
+        return words[2] if len(words) > 2 else ""
+    return words[0].split("{")[0] if words else ""
+
+
 def wait_for(condition, deadline):
     """Poll condition() until it returns something truthy or the deadline passes; the last value."""
     while True:
@@ -95,6 +117,7 @@ def remove(config, deadline):
     entries = listed(base, url)
     if entries is None:
         return {"error": f"the router at {base} did not list its workers (GET /workers)"}
+    before = counters(config)
     for entry in entries:
         status, body = request("DELETE", "{}/workers/{}".format(base, entry["id"]))
         if status not in (200, 202, 204):
@@ -111,7 +134,7 @@ def remove(config, deadline):
         if time.monotonic() >= deadline:
             return {"was_listed": bool(entries), "error": f"{count} requests still in flight on {url}"}
         time.sleep(POLL_S)
-    return {"was_listed": bool(entries), "drained": most, "drain_s": round(time.monotonic() - started, 3)}
+    return dict(before, was_listed=bool(entries), drained=most, drain_s=round(time.monotonic() - started, 3))
 
 
 def add(config, deadline):
@@ -127,6 +150,12 @@ def add(config, deadline):
     if not healthy:
         return {"error": f"the router did not list {url} as a healthy worker: {listed(base, url)}"}
     return {"was_listed": bool(entries)}
+
+
+def add_back(config, deadline):
+    """`add`, then the router's counters once the worker is listed healthy."""
+    answer = add(config, deadline)
+    return answer if answer.get("error") else dict(counters(config), **answer)
 
 
 def admit(config, deadline):
@@ -154,7 +183,7 @@ def workers(config, deadline):
     return {"workers": [{"url": w.get("url"), "healthy": bool(w.get("is_healthy"))} for w in body.get("workers", [])]}
 
 
-ACTIONS = {"ready": ready, "remove": remove, "add": add, "admit": admit, "list": workers}
+ACTIONS = {"ready": ready, "remove": remove, "add": add_back, "admit": admit, "list": workers}
 
 
 def run_and_print(config_json):

@@ -25,6 +25,14 @@ from deploy_lib.deploy.project import Project, Target, load_for_target
 from deploy_lib.errors import ConfigError, RouterFailed
 from deploy_lib.health import ProbeTarget
 from deploy_lib.inventory.model import Host, Inventory, RouterPolicy
+from deploy_lib.metrics.router_counters import (
+    COUNTED,
+    ROUTER_METRICS_PORT,
+    ClientsSaw,
+    RouterCounters,
+    clients_saw,
+    parse_counters,
+)
 from deploy_lib.profile import RestartPolicy, read_stored_profile
 from deploy_lib.progress import Progress
 from deploy_lib.release.render import EnvSpec, UnitSpec, render_env, render_unit
@@ -114,7 +122,8 @@ def replica_urls(project: Project, profile: str | None, inventory: Inventory, ta
 def router_step(site: RouterSite, action: str, worker: str | None = None,
                 deadline_s: float = MEMBERSHIP_DEADLINE_S, workers: Sequence[str] = ()) -> Step:
     config = {"action": action, "router": site.base_url, "worker": worker, "deadline_s": deadline_s,
-              "workers": list(workers), "settle_s": ADMIT_SETTLE_S}
+              "workers": list(workers), "settle_s": ADMIT_SETTLE_S, "counted": list(COUNTED),
+              "metrics": f"http://127.0.0.1:{ROUTER_METRICS_PORT}/metrics"}
     stdin = f"{SCRIPT_SOURCE}\nrun_and_print({json.dumps(config)!r})\n".encode()
     return Step(f"router: {action}{f' {worker}' if worker else ''}", ("python3", "-"), stdin=stdin,
                 timeout_s=deadline_s + 30)
@@ -166,6 +175,8 @@ class RouterMembership:
     restarted: bool = False
     taken_out: str | None = None           # the URL removed from the router
     router_down: bool = False
+    counters_before: RouterCounters | str | None = None  # the router's counters just before the removal
+    clients: ClientsSaw | None = None      # what the router's clients saw from the removal to the add back
 
     def _ask(self, action: str, worker: str, what: str) -> dict[str, Any]:
         name = f"router: {'drain' if action == 'remove' else 'add back'}"
@@ -189,6 +200,7 @@ class RouterMembership:
                                f"goes to {worker} through it; its server stops without a drain")
             return
         self.taken_out = worker
+        self.counters_before = _counters(answer)
         if answer.get("drained"):
             drained = answer["drained"]
             self.progress.note(f"router: {drained} request{'s' if drained != 1 else ''} in flight on {worker} "
@@ -200,7 +212,12 @@ class RouterMembership:
         worker = self.serving()
         if worker is None:  # a verified release is current: unreachable unless the host changed under us
             return
-        self._ask("add", worker, f"adding {worker} back")
+        answer = self._ask("add", worker, f"adding {worker} back")
+        if self.counters_before is not None and not self.router_down:
+            seen = clients_saw(self.counters_before, _counters(answer))
+            self.clients = None if isinstance(seen, str) else seen
+            self.progress.note(seen.line(worker) if isinstance(seen, ClientsSaw) else
+                               f"router: what its clients saw while {worker} was out is not known ({seen})")
         if self.router_down:
             self.progress.note(f"router: nothing listens on {self.site.host.name}:{self.site.port} now; it lists "
                                f"{worker} when it starts only if its --worker-urls name it (`invoke router.deploy`)")
@@ -209,6 +226,13 @@ class RouterMembership:
                                f"the new URL, but its own release still names {self.taken_out} (--worker-urls) "
                                "until `invoke router.deploy` for the group renders it again")
         self.taken_out = None
+
+
+def _counters(answer: Mapping[str, Any]) -> RouterCounters | str:
+    """The router's counters the script read with its answer, or why it could not."""
+    if "metrics" not in answer:
+        return f"its metrics were not read: {answer.get('metrics_error', 'no answer')}"
+    return parse_counters(str(answer["metrics"]))
 
 
 def router_probe(layout: StoreLayout, metadata: Mapping[str, Any]) -> ProbeTarget:

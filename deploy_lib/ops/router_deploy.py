@@ -9,12 +9,14 @@ read it as they read the server's.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager, ExitStack
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, cast
 
+from deploy_lib.commands.deploy import Outcome
 from deploy_lib.deploy.plan import SwitchBatches, start_prediction, switch_batches
 from deploy_lib.deploy.project import Target, resolve_target
 from deploy_lib.errors import DeployError, LockHeld, ReadinessFailed, RouterFailed
@@ -25,6 +27,7 @@ from deploy_lib.host.switch import GRACE_S, Readiness, Transition, failure_line,
 from deploy_lib.host.venv_build import ensure_venv
 from deploy_lib.interrupts import signals_raise
 from deploy_lib.inventory.model import Inventory
+from deploy_lib.metrics.router_counters import ClientsSaw
 from deploy_lib.ops.fleet import Rollout, Size
 from deploy_lib.ops.router import (
     READY_DEADLINE_S,
@@ -43,8 +46,19 @@ from deploy_lib.ops.router import (
 from deploy_lib.outcomes import Action
 from deploy_lib.profile.settings import VenvSpec
 from deploy_lib.progress import Progress
-from deploy_lib.remote import Put, Remote, Step
-from deploy_lib.store import FAILED, HEALTHY, StoreFacts, StoreLayout, Tags, operator_name, release_json, stage_release
+from deploy_lib.remote import Put, Remote, Step, StepResult
+from deploy_lib.store import (
+    FAILED,
+    HEALTHY,
+    StoreFacts,
+    StoreLayout,
+    Tags,
+    append_history,
+    history_entry,
+    operator_name,
+    release_json,
+    stage_release,
+)
 
 T = TypeVar("T")
 LeftOut = Literal["stopped", "uninstalled"]
@@ -187,20 +201,28 @@ def behind_router(front: RouterFront | None, target: Target, service: str, remot
     layout = target.layout(service)
     with ExitStack() as connections:
         opened: list[Remote] = []
+        read: list[StepResult] = []  # the replica's current release.json, as last read
 
         def router_remote() -> Remote:
             if not opened:
                 opened.append(connections.enter_context(front.connect(front.target)))
             return opened[0]
-        membership = RouterMembership(front.site, router_remote,
-                                      lambda: serving_url(target.host, remote.run([serving_step(layout)])[0]),
-                                      progress)
+
+        def serving() -> str | None:
+            read[:] = remote.run([serving_step(layout)])
+            return serving_url(target.host, read[0])
+
+        def readmit() -> None:
+            membership.readmit()
+            if membership.clients is not None:
+                record_clients(remote, layout, read[0], membership.clients, progress)
+        membership = RouterMembership(front.site, router_remote, serving, progress)
         try:
             outcome = transition(membership.before_restart)
         except DeployError as failed:
             # LockHeld after the drain: a lock taken with the first change found the store changed; nothing was
             if failed.serving_id is not None or isinstance(failed, LockHeld):
-                membership.readmit()
+                readmit()
             elif membership.taken_out is not None:
                 failed.message += f"; {membership.taken_out} is left out of the router on {front.site.host.name} " \
                                   "(not serving)"
@@ -211,11 +233,28 @@ def behind_router(front: RouterFront | None, target: Target, service: str, remot
                 progress.note(f"router: {membership.taken_out} {said}")
             return outcome
         try:
-            membership.readmit()
+            readmit()
         except DeployError as failed:  # the host serves its new release, outside the router
             failed.serving_id = getattr(outcome, "release_id", None)
             raise
+        if isinstance(outcome, Outcome) and membership.clients is not None:
+            return cast(T, replace(outcome, clients=membership.clients))
         return outcome
+
+
+def record_clients(remote: Remote, layout: StoreLayout, release: StepResult, clients: ClientsSaw,
+                   progress: Progress) -> None:
+    """A `router` line in the replica's history, tagged with the release it serves now (its release.json, read for
+    the add back): what the router's clients saw while it was out and back; failed when any request failed."""
+    try:
+        tags = Tags.from_dict(json.loads(release.stdout)["tags"])
+    except (ValueError, KeyError, TypeError) as unreadable:
+        progress.note(f"router: what its clients saw is not kept in history: {release.step.name} is unreadable "
+                      f"({unreadable})")
+        return
+    entry = history_entry("router", FAILED if clients.failed else HEALTHY, tags, datetime.now(UTC),
+                          clients.line(tags.host), figures=clients.figures())
+    remote.run(append_history(layout, entry))
 
 
 __all__ = ["LEFT_OUT", "ROUTER_RELEASE", "LeftOut", "RouterFront", "RouterOutcome", "RouterReleaseKind",

@@ -17,7 +17,8 @@ from deploy_lib.store.layout import StoreLayout, iso_time, json_line
 # measured candidate of a sweep, deploy_lib/tune/) judge no start.
 ACTIVATIONS = ("deploy", "rollback", "adopt", "start", "restart")
 # `lock`: a command took over the lock of an owner that was gone (lock.py, owner_gone); its cause says whose and why.
-EVENTS = (*ACTIVATIONS, "failure", "bench", "crash", "prune", "stop", "tune", "lock")
+# `router`: what the router's clients saw while this replica was out of it and back (metrics/router_counters.py).
+EVENTS = (*ACTIVATIONS, "failure", "bench", "crash", "prune", "stop", "tune", "lock", "router")
 HEALTHY, FAILED, UNCHANGED, RESTARTED, STOPPED = "healthy", "failed", "unchanged", "restarted", "stopped"
 TAKEN_OVER = "taken-over"
 OUTCOMES = (HEALTHY, FAILED, UNCHANGED, RESTARTED, STOPPED, TAKEN_OVER)
