@@ -22,6 +22,7 @@ from deploy_lib.commands.tune import BASE_RUNS, show
 from deploy_lib.commands.tune_request import Planned, Request
 from deploy_lib.errors import Interrupted
 from deploy_lib.host import store
+from deploy_lib.models.page_cache import MEASURE, READ
 from deploy_lib.throughput.history import throughput_by_release
 from deploy_lib.tune import TuneReport, sweep_spec
 
@@ -201,3 +202,19 @@ def test_the_dry_run_of_halving_counts_short_runs_and_the_survivors_starts() -> 
     assert (planned.estimate.starts, planned.estimate.runs, planned.estimate.short_runs) == (4 + 1 + 2,
                                                                                              BASE_RUNS + 2 + 2, 4)
     assert planned.estimate.short_fraction == 0.25
+
+
+def test_the_switch_back_to_the_original_reads_its_weights_into_the_page_cache_before_the_stop() -> None:
+    """keep: none: the sweep switches back to B through the rollback's path, and so its pre-read."""
+    snapshot = "/root/.cache/huggingface/hub/models--lukealonso--GLM-5-NVFP4/snapshots/" + "c" * 40
+    host = a_sweep_host(*MRR)
+    host.releases["B"]["model"] = {"path": "lukealonso/GLM-5-NVFP4", "commit": "c" * 40,
+                                   "hf_home": "/root/.cache/huggingface"}
+    host.reply(f"{MEASURE}: {snapshot}", stdout="RESULT " + json.dumps(
+        {"root": snapshot, "files": [{"path": snapshot + "/model.safetensors", "size": 10**9, "resident": 0}],
+         "mem_available": 10**11}) + "\n")
+    host.reply(READ, stdout='RESULT {"read_bytes": 1000000000}\n')
+    assert isinstance(sweep(host, request(*MRR, keep="none")), TuneReport) and host.current == "B"
+    names = host.ran_names()
+    *_, last_candidate, back = [i for i, name in enumerate(names) if name == "switch: temp link"]
+    assert READ in names[last_candidate:back], "read after the last candidate ran, before the switch back to B"
