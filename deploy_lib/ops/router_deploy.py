@@ -215,7 +215,7 @@ def behind_router(front: RouterFront | None, target: Target, service: str, remot
         def readmit() -> None:
             membership.readmit()
             if membership.clients is not None:
-                record_clients(remote, layout, read[0], membership.clients, progress)
+                _record_clients(remote, layout, read[0], membership.clients, progress)
         membership = RouterMembership(front.site, router_remote, serving, progress)
         try:
             outcome = transition(membership.before_restart)
@@ -242,7 +242,7 @@ def behind_router(front: RouterFront | None, target: Target, service: str, remot
         return outcome
 
 
-def record_clients(remote: Remote, layout: StoreLayout, release: StepResult, clients: ClientsSaw,
+def _record_clients(remote: Remote, layout: StoreLayout, release: StepResult, clients: ClientsSaw,
                    progress: Progress) -> None:
     """A `router` line in the replica's history, tagged with the release it serves now (its release.json, read for
     the add back): what the router's clients saw while it was out and back; failed when any request failed."""
