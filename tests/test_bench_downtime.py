@@ -1,0 +1,61 @@
+"""`make bench`'s downtime and sweep-ordering figures (issue 41), without a guest: a tool's share of the downtime over
+its target prints MISS, and a sweep's switches are counted in the grid's order and in the order tune runs."""
+
+from __future__ import annotations
+
+from bench.downtime import TOOL_SHARE_S, downtime_figures
+from bench.figures import Figure, table
+from bench.measure import ChangedRun
+from bench.sweep_switches import GRIDS, SwitchCount, count_switches
+from deploy_lib.health.downtime import Downtime
+
+
+def verdict(figure: Figure) -> str:
+    row = table([figure]).splitlines()[-1]
+    return row.split()[-1] if row.rstrip().endswith(("PASS", "MISS")) else ""
+
+
+def changed(total_s: float, server_s: float) -> ChangedRun:
+    """A changed deploy whose own downtime was `total_s`, `server_s` of it the server's start."""
+    return ChangedRun(total_s=total_s + 2.0, before_restart_s=0.5, restart_to_job_s=0.2, server_start_s=server_s,
+                      ready_noticed_s=0.1, generation_s=0.1, grace_s=1.0, ladder_to_return_s=0.1, round_trips=5,
+                      phases={}, daemon_reloads=0, downtime=Downtime(total_s, server_s))
+
+
+def tool_share(runs: list[ChangedRun]) -> Figure:
+    [figure] = [f for f in downtime_figures(runs) if "tool's share" in f.name]
+    return figure
+
+
+def test_a_tool_share_of_the_downtime_over_half_a_second_prints_miss() -> None:
+    """Input tried: downtimes of 6.0-6.2 s around a 5.5 s start: a share of 0.5-0.7 s (median 0.6), then 0.1-0.4 s."""
+    missed = tool_share([changed(6.0, 5.5), changed(6.1, 5.5), changed(6.2, 5.5)])
+    assert verdict(missed) == "MISS" and missed.value.startswith("0.60 s") and missed.target == f"<= {TOOL_SHARE_S:g} s"
+    assert verdict(tool_share([changed(5.6, 5.5), changed(5.9, 5.5), changed(5.7, 5.5)])) == "PASS"
+
+
+def test_the_downtime_rows_show_the_total_and_the_servers_start_beside_the_share() -> None:
+    rows = table(downtime_figures([changed(5.9, 5.5), changed(5.8, 5.4), changed(5.6, 5.5)]))
+    assert "changed deploy's downtime" in rows and "5.80 s (5.60-5.90)" in rows
+    assert "the server's own start in it" in rows and "5.50 s (5.40-5.50)" in rows
+
+
+def test_the_readmes_first_sweep_switches_three_times_in_grid_order_and_once_as_tune_runs_it() -> None:
+    """none, fusion, none, fusion: 3 switches of venv; tune runs the two on each patch set together: 1."""
+    readme = count_switches("the README's first sweep", GRIDS["the README's first sweep"])
+    assert (readme.candidates, readme.grid_order, readme.grouped, readme.environments) == (4, 3, 1, 2)
+    assert readme.figure().value == "3 -> 1" and verdict(readme.figure()) == "PASS"
+
+
+def test_a_grid_grouped_already_counts_the_same_switches_in_both_orders() -> None:
+    grouped = count_switches("patches first", ("patches=none,fusion-sm120", "memory.max_running_requests=64,1024"))
+    assert (grouped.grid_order, grouped.grouped) == (1, 1)
+
+
+def test_the_bigger_grid_alternates_its_patch_set_every_second_candidate() -> None:
+    bigger = count_switches("bigger", GRIDS["3 caps x 2 patch sets x 2 chunk sizes"])
+    assert (bigger.candidates, bigger.grid_order, bigger.grouped) == (12, 5, 1)
+
+
+def test_an_order_that_switches_more_than_once_per_environment_prints_miss() -> None:
+    assert verdict(SwitchCount("a grid", 4, 3, 3, 2).figure()) == "MISS"
