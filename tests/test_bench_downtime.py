@@ -1,13 +1,16 @@
-"""`make bench`'s downtime and sweep-ordering figures (issue 41), without a guest: a tool's share of the downtime over
-its target prints MISS, and a sweep's switches are counted in the grid's order and in the order tune runs."""
+"""`make bench`'s downtime and sweep figures (issue 41), without a guest: a tool's share of the downtime over its
+target prints MISS, a sweep's switches are counted in the grid's order and in the order tune runs, and a sweep's
+`--dry-run` estimate far from the time it took prints MISS."""
 
 from __future__ import annotations
 
 from bench.downtime import TOOL_SHARE_S, downtime_figures
 from bench.figures import Figure, table
 from bench.measure import ChangedRun
+from bench.readme_sweep import SweepTime, sweep_time_figures
 from bench.sweep_switches import GRIDS, SwitchCount, count_switches
 from deploy_lib.health.downtime import Downtime
+from deploy_lib.tune.estimate import Estimate, LevelEstimate
 
 
 def verdict(figure: Figure) -> str:
@@ -59,3 +62,54 @@ def test_the_bigger_grid_alternates_its_patch_set_every_second_candidate() -> No
 
 def test_an_order_that_switches_more_than_once_per_environment_prints_miss() -> None:
     assert verdict(SwitchCount("a grid", 4, 3, 3, 2).figure()) == "MISS"
+
+
+def estimate(start_s: float, level_s: tuple[float | None, ...]) -> Estimate:
+    """A sweep of 4 candidates over the default ladder: 5 starts, 8 benchmarks."""
+    levels = zip((1, 64, 256, 1024), level_s, strict=True)
+    return Estimate(starts=5, start_s=start_s, start_samples=3, runs=8,
+                    levels=tuple(LevelEstimate(level, 32, seconds) for level, seconds in levels))
+
+
+def sweep_time(after: Estimate, measured_s: float, measured_rows: int = 5) -> SweepTime:
+    return SweepTime("--vary memory.max_running_requests=64,1024 --vary patches=none,fusion-sm120",
+                     estimate(6.0, (60.0, None, None, None)), after, measured_s, measured_s - 60.0, 8, 30.0, 4,
+                     measured_rows, 5)
+
+
+def figure_named(figures: list[Figure], part: str) -> Figure:
+    [figure] = [f for f in figures if part in f.name]
+    return figure
+
+
+def test_an_estimate_far_from_the_sweeps_time_prints_miss_with_how_far() -> None:
+    """Input tried: 5 starts of 6 s and 8 benchmarks of 120 s (990 s) against a sweep of 1,650 s (-40%), then 1,100 s
+    (-10%)."""
+    after = estimate(6.0, (60.0, 20.0, 20.0, 20.0))
+    far = figure_named(sweep_time_figures(sweep_time(after, 1650.0)), "estimate after")
+    assert verdict(far) == "MISS" and "(-40%)" in far.value and "5 starts of 6.0 s, 8 benchmarks of 2m00s" in far.value
+    near = figure_named(sweep_time_figures(sweep_time(after, 1100.0)), "estimate after")
+    assert verdict(near) == "PASS" and "(-10%)" in near.value
+
+
+def test_a_dry_run_on_a_host_that_never_ran_the_levels_says_which_it_lacks() -> None:
+    figures = sweep_time_figures(sweep_time(estimate(6.0, (60.0, 20.0, 20.0, 20.0)), 1100.0))
+    before = figure_named(figures, "estimate before")
+    assert before.value == "no estimate (levels 64, 256, 1024 never run on this host)" and verdict(before) == ""
+    missing = figure_named(sweep_time_figures(sweep_time(estimate(6.0, (60.0, None, 20.0, 20.0)), 1100.0)),
+                           "estimate after")
+    assert verdict(missing) == "MISS" and missing.value.startswith("no estimate")
+
+
+def test_a_sweep_that_left_a_level_unmeasured_prints_miss() -> None:
+    after = estimate(6.0, (60.0, 20.0, 20.0, 20.0))
+    assert verdict(figure_named(sweep_time_figures(sweep_time(after, 1100.0, 4)), "every level measured")) == "MISS"
+    assert verdict(figure_named(sweep_time_figures(sweep_time(after, 1100.0)), "every level measured")) == "PASS"
+
+
+def test_the_sweeps_time_is_split_into_benchmarks_starts_and_the_rest() -> None:
+    """Input tried: a sweep of 1,100 s, 1,040 s of it 8 benchmarks and 30 s 4 candidates' starts: 30 s the rest."""
+    figures = sweep_time_figures(sweep_time(estimate(6.0, (60.0, 20.0, 20.0, 20.0)), 1100.0))
+    assert figure_named(figures, "of it 8 benchmarks").value == "1040.00 s"
+    assert figure_named(figures, "of it 4 candidates' starts (their downtime)").value == "30.00 s"
+    assert figure_named(figures, "the rest (venvs, stages").value == "30.00 s"

@@ -57,3 +57,10 @@ def test_bench_tune_quick_prints_a_candidates_overhead() -> None:
 def test_bench_tune_group_quick_prints_the_group_against_one_host() -> None:
     output = run_quick("bench.tune_group")
     assert "group / one host:" in output, output[-4000:]
+
+
+def test_bench_readme_sweep_quick_prints_the_estimate_beside_the_time_and_the_switches() -> None:
+    output = run_quick("bench.readme_sweep")
+    for row in ("its --dry-run estimate after, once history holds its levels", "its time (tune called -> its report)",
+                "sweep's switches of venv or patch set, grid order -> tune's: the README's first sweep"):
+        assert row in output, f"`bench.readme_sweep --quick` printed no row {row!r}:\n{output[-4000:]}"
