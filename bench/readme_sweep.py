@@ -30,9 +30,12 @@ from deploy_lib.bundled import ROLES_DIR
 from deploy_lib.commands import tune as commands_tune
 from deploy_lib.commands import tune_request
 from deploy_lib.deploy.project import load_for_host
+from deploy_lib.health.downtime import Downtime
 from deploy_lib.health.startup import duration_text
+from deploy_lib.host.store import read_store_facts
 from deploy_lib.patches import list_patch_sets
 from deploy_lib.remote import FabricRemote
+from deploy_lib.store import ACTIVATIONS, HistoryEntry
 from deploy_lib.tune.estimate import Estimate
 
 PROFILE = "glm5-nvfp4-sandbox"
@@ -52,7 +55,7 @@ class SweepTime:
     measured_s: float         # the sweep's wall time, from its call to its report
     benchmark_s: float        # of it, its benchmarks (their progress phases)
     benchmarks: int
-    starts_s: float           # of it, the candidates' starts (each one's downtime, as its deploy measured it)
+    starts_s: float           # of it, its starts (each one's downtime, as its deploy recorded it in history)
     starts: int
     levels_measured: int      # rows (the base's and each candidate's) with every level of the ladder measured
     rows: int
@@ -76,8 +79,9 @@ def sweep_time_figures(run: SweepTime) -> list[Figure]:
                f"{run.levels_measured} of {run.rows}", 1, "all", run.levels_measured == run.rows),
         seconds_figure("  its time (tune called -> its report)", [run.measured_s], None),
         seconds_figure(f"  of it {run.benchmarks} benchmarks", [run.benchmark_s], None),
-        seconds_figure(f"  of it {run.starts} candidates' starts (their downtime)", [run.starts_s], None),
-        seconds_figure("  the rest (venvs, stages, grace windows, the switch back or to the winner)",
+        seconds_figure(f"  of it {run.starts} starts (their downtime: the candidates', the switch at the end)",
+                       [run.starts_s], None),
+        seconds_figure("  the rest (venvs, stages, grace windows, the tool's steps)",
                        [run.measured_s - run.benchmark_s - run.starts_s], None),
         Figure("  its --dry-run estimate before, on a host that never ran its levels", estimate_text(run.before), 1,
                "", None),
@@ -103,25 +107,32 @@ def measure(request: tune_request.Request) -> SweepTime:
     """The sweep of `request` on a guest of its own, with its dry run before and after."""
     with serving_rig(SERVING) as (rig, _serving, _target):
         loaded, target = load_for_host(rig.project, PROFILE, rig.inventory, None)
+        layout = target.layout(loaded.profile.service.name)
 
         def tune(dry_run: bool, progress: StampedProgress) -> tuning.TuneReport | tune_request.Planned:
             with FabricRemote(target.ssh) as remote:
                 return commands_tune.tune(loaded, target, remote, progress, replace(request, dry_run=dry_run))
 
+        def history() -> list[HistoryEntry]:
+            with FabricRemote(target.ssh) as remote:
+                return list(read_store_facts(remote, layout).history)
+
         before = tune(True, StampedProgress())
         assert isinstance(before, tune_request.Planned), before
         say(f"the sweep's dry run: {estimate_text(before.estimate)}")
+        known = len(history())
         progress, started = StampedProgress(), time.time()
         report = tune(False, progress)
         measured_s = time.time() - started
+        starts = [downtime.total_s for entry in history()[known:] if entry.event in ACTIVATIONS
+                  and (downtime := Downtime.from_timings(entry.timings)) is not None]
         after = tune(True, StampedProgress())
     assert isinstance(report, tuning.TuneReport) and isinstance(after, tune_request.Planned), (report, after)
     rows = [row for row in (report.base, *report.rows) if row is not None]
     ladder = after.sweep.bench.concurrency
     benchmarks = _benchmarks(progress)
-    downtimes = [row.downtime.total_s for row in report.rows if row.downtime is not None]
     return SweepTime(" ".join(request.sources.values()), before.estimate, after.estimate, measured_s,
-                     sum(benchmarks), len(benchmarks), sum(downtimes), len(downtimes),
+                     sum(benchmarks), len(benchmarks), sum(starts), len(starts),
                      sum(row.outcome == "measured" and [level.concurrency for level in row.levels] == ladder
                          for row in rows), len(rows))
 

@@ -108,8 +108,8 @@ def test_a_sweep_that_left_a_level_unmeasured_prints_miss() -> None:
 
 
 def test_the_sweeps_time_is_split_into_benchmarks_starts_and_the_rest() -> None:
-    """Input tried: a sweep of 1,100 s, 1,040 s of it 8 benchmarks and 30 s 4 candidates' starts: 30 s the rest."""
+    """Input tried: a sweep of 1,100 s, 1,040 s of it 8 benchmarks and 30 s 4 starts: 30 s the rest."""
     figures = sweep_time_figures(sweep_time(estimate(6.0, (60.0, 20.0, 20.0, 20.0)), 1100.0))
     assert figure_named(figures, "of it 8 benchmarks").value == "1040.00 s"
-    assert figure_named(figures, "of it 4 candidates' starts (their downtime)").value == "30.00 s"
+    assert figure_named(figures, "of it 4 starts (their downtime").value == "30.00 s"
     assert figure_named(figures, "the rest (venvs, stages").value == "30.00 s"
