@@ -20,4 +20,8 @@ def downtime_figures(changed: Sequence[ChangedRun]) -> list[Figure]:
                        [run.downtime.server_s for run in changed], None),
         seconds_figure("  the tool's share (the old server's stop, systemd, the ladder's notice)",
                        [run.downtime.tool_s for run in changed], TOOL_SHARE_S),
+        seconds_figure("  - of it the old server's stop (journal: systemd's Stopping -> Started; its drain, its exit)",
+                       [run.old_stop_s for run in changed], None),
+        seconds_figure("  - the rest (the restart's steps on the host, the ladder noticing the first answer)",
+                       [run.downtime.tool_s - run.old_stop_s for run in changed], None),
     ]

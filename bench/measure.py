@@ -22,6 +22,7 @@ from bench.timeline import (
     StampedProgress,
     StampedRemote,
     exit_instant,
+    first_entry,
     ready_instant,
     restart_instant,
 )
@@ -182,6 +183,7 @@ class ChangedRun:
     phases: dict[str, float]
     daemon_reloads: int  # `systemctl daemon-reload` steps sent (none: systemd held the release's unit text)
     downtime: Downtime  # what the deploy itself measured and printed: the old server's stop -> the first answer
+    old_stop_s: float   # systemd's "Stopping" -> "Started" (journal): the old server's drain and exit, systemd
 
     @property
     def tool_s(self) -> float:
@@ -200,6 +202,7 @@ def changed_deploy(rig: Rig, profile: str) -> ChangedRun:
     [restart] = remote.restarts()
     restarted = restart_instant(entries, restart.started)
     ready = ready_instant(entries, restarted)
+    new_started = first_entry(entries, restarted, lambda entry: entry.job_type == "start")
     noticed = progress.first("done", "readiness: generate", restart.ended)
     ladder_returned = progress.first("done", "readiness", noticed)
     return ChangedRun(total_s=ended - started, before_restart_s=restart.started - started,
@@ -211,7 +214,7 @@ def changed_deploy(rig: Rig, profile: str) -> ChangedRun:
                       ladder_to_return_s=returned - ladder_returned, round_trips=remote.inner.round_trips,
                       phases=dict(outcome.timings),
                       daemon_reloads=sum(batch.names.count("systemd: daemon-reload") for batch in remote.batches),
-                      downtime=outcome.downtime)
+                      downtime=outcome.downtime, old_stop_s=new_started - restarted)
 
 
 @dataclass(frozen=True)

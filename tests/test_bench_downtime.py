@@ -22,7 +22,7 @@ def changed(total_s: float, server_s: float) -> ChangedRun:
     """A changed deploy whose own downtime was `total_s`, `server_s` of it the server's start."""
     return ChangedRun(total_s=total_s + 2.0, before_restart_s=0.5, restart_to_job_s=0.2, server_start_s=server_s,
                       ready_noticed_s=0.1, generation_s=0.1, grace_s=1.0, ladder_to_return_s=0.1, round_trips=5,
-                      phases={}, daemon_reloads=0, downtime=Downtime(total_s, server_s))
+                      phases={}, daemon_reloads=0, downtime=Downtime(total_s, server_s), old_stop_s=0.25)
 
 
 def tool_share(runs: list[ChangedRun]) -> Figure:
@@ -41,6 +41,14 @@ def test_the_downtime_rows_show_the_total_and_the_servers_start_beside_the_share
     rows = table(downtime_figures([changed(5.9, 5.5), changed(5.8, 5.4), changed(5.6, 5.5)]))
     assert "changed deploy's downtime" in rows and "5.80 s (5.60-5.90)" in rows
     assert "the server's own start in it" in rows and "5.50 s (5.40-5.50)" in rows
+
+
+def test_the_tool_share_is_split_into_the_old_servers_stop_and_the_rest() -> None:
+    """Input tried: shares of 0.4, 0.4 and 0.5 s, each with the old server's stop 0.25 s: the rest 0.15-0.25 s."""
+    figures = downtime_figures([changed(5.9, 5.5), changed(5.8, 5.4), changed(5.9, 5.4)])
+    [stop] = [f for f in figures if "the old server's stop (journal" in f.name]
+    [rest] = [f for f in figures if "the rest (the restart's steps" in f.name]
+    assert stop.value == "0.25 s (0.25-0.25)" and rest.value == "0.15 s (0.15-0.25)"
 
 
 def test_the_readmes_first_sweep_switches_three_times_in_grid_order_and_once_as_tune_runs_it() -> None:
