@@ -22,6 +22,7 @@ from bench.timeline import (
     StampedProgress,
     StampedRemote,
     exit_instant,
+    first_entry,
     ready_instant,
     restart_instant,
 )
@@ -29,6 +30,7 @@ from deploy_lib import venvs
 from deploy_lib.commands import deploy as engine
 from deploy_lib.deploy.project import Project, load_for_host
 from deploy_lib.errors import ReadinessFailed
+from deploy_lib.health.downtime import Downtime
 from deploy_lib.host import venv_build
 from deploy_lib.host.store import host_lock
 from deploy_lib.remote import FabricRemote, SSHTarget, Step
@@ -180,6 +182,8 @@ class ChangedRun:
     round_trips: int
     phases: dict[str, float]
     daemon_reloads: int  # `systemctl daemon-reload` steps sent (none: systemd held the release's unit text)
+    downtime: Downtime  # what the deploy itself measured and printed: the old server's stop -> the first answer
+    old_stop_s: float   # systemd's "Stopping" -> "Started" (journal): the old server's drain and exit, systemd
 
     @property
     def tool_s(self) -> float:
@@ -193,11 +197,12 @@ def changed_deploy(rig: Rig, profile: str) -> ChangedRun:
         outcome = deploy()
         returned = time.time()
     ended = time.time()
-    assert outcome.action == "deployed", outcome.action
+    assert outcome.action == "deployed" and outcome.downtime is not None, (outcome.action, outcome.downtime)
     entries = rig.journal.since_showing(cursor, READY_LINE)
     [restart] = remote.restarts()
     restarted = restart_instant(entries, restart.started)
     ready = ready_instant(entries, restarted)
+    new_started = first_entry(entries, restarted, lambda entry: entry.job_type == "start")
     noticed = progress.first("done", "readiness: generate", restart.ended)
     ladder_returned = progress.first("done", "readiness", noticed)
     return ChangedRun(total_s=ended - started, before_restart_s=restart.started - started,
@@ -208,7 +213,8 @@ def changed_deploy(rig: Rig, profile: str) -> ChangedRun:
                       grace_s=progress.first("done", "readiness: grace", noticed) - noticed,
                       ladder_to_return_s=returned - ladder_returned, round_trips=remote.inner.round_trips,
                       phases=dict(outcome.timings),
-                      daemon_reloads=sum(batch.names.count("systemd: daemon-reload") for batch in remote.batches))
+                      daemon_reloads=sum(batch.names.count("systemd: daemon-reload") for batch in remote.batches),
+                      downtime=outcome.downtime, old_stop_s=new_started - restarted)
 
 
 @dataclass(frozen=True)

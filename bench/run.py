@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from bench import peer as peer_module
+from bench.downtime import downtime_figures
 from bench.figures import Figure, deploy_figures, table
 from bench.live_probe import live_probe_cpu, live_probe_figures
 from bench.measure import (
@@ -75,7 +76,7 @@ def measure_deploys(rig: Rig, runs: int, peer_work: Path | None) -> list[Figure]
     for run in range(runs):
         changed.append(changed_deploy(rig, f"bench-{run}"))
         say(f"changed deploy {run + 1}/{runs}: total {changed[-1].total_s:.2f} s, "
-            f"server start {changed[-1].server_start_s:.2f} s")
+            f"server start {changed[-1].server_start_s:.2f} s; {changed[-1].downtime.line()}")
         if peer:
             peer_changed.append(peer.changed(run))
             say(f"  pyinfra: total {peer_changed[-1].total_s:.2f} s, server start "
@@ -87,7 +88,8 @@ def measure_deploys(rig: Rig, runs: int, peer_work: Path | None) -> list[Figure]
     long_steps = [long_step_cpu(rig) for _ in range(runs)]
     say(f"long steps: client CPU {', '.join(f'{run.cpu_s:.3f} s' for run in long_steps)}")
     figures = peer_module.peer_figures(processes, peer_no_ops, floors, changed, peer_changed) if peer else []
-    return figures + live_probe_figures(probes) + deploy_figures(no_ops, processes, parts, changed, crashes, long_steps)
+    return (figures + live_probe_figures(probes) + deploy_figures(no_ops, processes, parts, changed, crashes,
+                                                                  long_steps) + downtime_figures(changed))
 
 
 @contextmanager

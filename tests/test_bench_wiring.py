@@ -9,6 +9,9 @@ import ast
 import re
 from pathlib import Path
 
+from bench.readme_sweep import sweep_request
+from deploy_lib.tune.spec import DEFAULT_LADDER
+
 REPO = Path(__file__).resolve().parent.parent
 QUICK_TESTS = REPO / "tests" / "sandbox" / "test_bench_modules_sandbox.py"
 # the bench program `make bench` does not run itself: bench.run starts it, a fresh process per no-op's parts
@@ -39,3 +42,13 @@ def test_every_bench_program_is_run_by_make_bench_or_started_by_bench_run() -> N
     programs = {f"bench.{path.stem}" for path in (REPO / "bench").glob("*.py")
                 if 'if __name__ == "__main__":' in path.read_text()}
     assert programs == set(make_bench_modules()) | STARTED_BY_BENCH_RUN
+
+
+def test_make_bench_sweeps_the_readmes_first_grid_with_the_default_ladder_and_only_its_quick_run_is_small() -> None:
+    """Issue 41: `make bench` prints the dry-run estimate of the README's first sweep beside the time it took: the
+    sweep as a user types it, no spec (every level of the default ladder, the profile's benchmark)."""
+    full = sweep_request(quick=False).spec
+    assert full is not None and full.bench is None and full.ladder == list(DEFAULT_LADDER)
+    assert full.vary == {"memory.max_running_requests": [64, 1024], "patches": ["none", "fusion-sm120"]}
+    quick = sweep_request(quick=True).spec
+    assert quick is not None and quick.ladder != list(DEFAULT_LADDER) and quick.bench is not None

@@ -32,7 +32,7 @@ def test_bench_run_quick_prints_every_group_with_pyinfra_beside_ours() -> None:
     # the whole-process rows: "the rest" is the whole minus the parts a fresh bench.noop_parts process measured
     for row in ("peer: no-op whole process (ours | pyinfra | ratio)", "floor on the same guest", "the rest: invoke's",
                 "peer: changed deploy's own time", "peer: readiness noticed", "crash noticed",
-                "venv, unchanged lock", "model staging"):
+                "venv, unchanged lock", "model staging", "the tool's share (the old server's stop, systemd"):
         assert row in output, f"`bench.run --quick` printed no row {row!r}:\n{output[-4000:]}"
 
 
@@ -57,3 +57,10 @@ def test_bench_tune_quick_prints_a_candidates_overhead() -> None:
 def test_bench_tune_group_quick_prints_the_group_against_one_host() -> None:
     output = run_quick("bench.tune_group")
     assert "group / one host:" in output, output[-4000:]
+
+
+def test_bench_readme_sweep_quick_prints_the_estimate_beside_the_time_and_the_switches() -> None:
+    output = run_quick("bench.readme_sweep")
+    for row in ("its --dry-run estimate after, once history holds its levels", "its time (tune called -> its report)",
+                "sweep's switches of venv or patch set, grid order -> tune's: the README's first sweep"):
+        assert row in output, f"`bench.readme_sweep --quick` printed no row {row!r}:\n{output[-4000:]}"

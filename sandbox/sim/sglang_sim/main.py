@@ -288,7 +288,8 @@ class Simulation:
         log("INFO:     Waiting for application startup.")
         log("INFO:     Application startup complete.")
         log(f"INFO:     Uvicorn running on http://{self.launch.host}:{self.launch.port} (Press CTRL+C to quit)")
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+        # uvicorn notices a SIGTERM within its 0.1 s tick (0.54.0 uvicorn/server.py main_loop), not socketserver's 0.5 s
+        threading.Thread(target=server.serve_forever, args=(0.1,), daemon=True).start()
         self.warmup(state)
         state.status = Status.UP
         log("The server is fired up and ready to roll!")
