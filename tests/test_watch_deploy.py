@@ -17,7 +17,7 @@ from helpers.rollback import LAYOUT, ScriptedHost, a_host
 
 from deploy_lib import store
 from deploy_lib.commands.deploy import Options, deploy
-from deploy_lib.errors import GateFailed, WatchFailed
+from deploy_lib.errors import WatchFailed
 from deploy_lib.facts import host as host_facts
 from deploy_lib.health.probe import ProbeTarget
 from deploy_lib.host import watch
@@ -132,7 +132,7 @@ def test_a_deploy_ten_times_slower_live_is_rolled_back_with_both_windows_in_its_
     host, old = serving_with_metrics(monkeypatch)
     clock = VirtualClock()
     answering(host, "old", "slow")
-    with pytest.raises(GateFailed) as failed:  # the deploy's own error for a rolled-back gate: exit 7
+    with pytest.raises(WatchFailed) as failed:  # a rolled-back gate's exit 7, and still the watch's error
         watched_deploy(host, clock, monkeypatch)
     assert failed.value.exit_code == 7 and "live latency regressed (p99 TTFT 396 ms -> 3960 ms" in failed.value.message
     assert f"rolled back, release {old} is serving" in failed.value.message

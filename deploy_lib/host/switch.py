@@ -338,6 +338,6 @@ def same_kind(failure: DeployError, message: str, diagnosis: Diagnosis) -> Deplo
     """The error to end with after the restore: of the first failure's kind, with the new message."""
     if isinstance(failure, Interrupted):
         return type(failure)(message, failure.hint)
-    error = GateFailed if isinstance(failure, GateFailed) else ReadinessFailed
+    error = type(failure) if isinstance(failure, GateFailed) else ReadinessFailed  # a watch's stays one
     evidence = diagnosis.evidence or getattr(failure, "evidence", ())
     return error(message, getattr(failure, "rung", ""), evidence, diagnosis.hint or failure.hint)
