@@ -14,7 +14,29 @@ import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+OWN_IDS = 100_000  # token ids of one request's own, at most
 BODY = json.dumps({"text": "hello", "sampling_params": {"max_new_tokens": 8}}).encode()
+
+
+@dataclass(frozen=True)
+class Shape:
+    """Requests of one shape to /generate, as token ids: `prompt_tokens` each, of which the first `shared_tokens` are
+    the same in every request of the shape (a prefix the server can cache) and the rest the request's own (request
+    n's from `first_id` + OWN_IDS x (n + 1): no two requests share them, whatever their shapes); `output_tokens`
+    generated."""
+
+    prompt_tokens: int
+    output_tokens: int
+    shared_tokens: int = 0
+    stream: bool = False
+    first_id: int = 1_000_000
+
+    def body(self, number: int) -> bytes:
+        start = self.first_id + OWN_IDS * (number + 1)
+        return json.dumps({"input_ids": [*range(self.first_id, self.first_id + self.shared_tokens),
+                                         *range(start, start + self.prompt_tokens - self.shared_tokens)],
+                           "stream": self.stream,
+                           "sampling_params": {"max_new_tokens": self.output_tokens, "ignore_eos": True}}).encode()
 
 
 @dataclass

@@ -25,7 +25,7 @@ from helpers.rig import REFERENCE, Rig
 from deploy_lib.errors import WatchFailed
 from deploy_lib.metrics.workload import Lengths, Workload
 from sandbox import manage
-from sandbox.traffic import Paced
+from sandbox.traffic import Paced, Shape
 
 pytestmark = pytest.mark.sandbox
 REPO = Path(__file__).resolve().parents[2]
@@ -40,9 +40,6 @@ PROFILES = {
     SLOW: f"extends: {WATCHED}\nenv:\n  SGLANG_SIM_CONFIG: {SLOW_CONFIG}\n",
     QUIET: f"extends: {WATCHED}\nenv:\n  OMP_NUM_THREADS: '4'\n",
 }
-SHARED_PREFIX = list(range(100_000, 101_024))  # 1,024 tokens every prompt of the workload starts with
-
-
 @pytest.fixture(scope="module")
 def rig(sandbox_venv: manage.Guest, tmp_path_factory: pytest.TempPathFactory) -> Rig:
     return Rig.on(sandbox_venv, tmp_path_factory, PROFILES, profile=WATCHED)
@@ -54,28 +51,18 @@ def watched(rig: Rig) -> str:
     return rig.deploy(WATCHED).release_id
 
 
-def paced(rig: Rig, rate_per_s: float, body: Callable[[int], dict[str, object]]) -> Paced:
-    return Paced(f"http://{rig.guest.guest_ip}:8000", rate_per_s, lambda n: json.dumps(body(n)).encode())
-
-
-def own_tokens(number: int, count: int) -> list[int]:
-    """`count` token ids no other request's prompt has."""
-    return [number * 10_000 + i for i in range(count)]
+def paced(rig: Rig, rate_per_s: float, body: Callable[[int], bytes]) -> Paced:
+    return Paced(f"http://{rig.guest.guest_ip}:8000", rate_per_s, body)
 
 
 # --- the workload -------------------------------------------------------------------------------------------------
-# three requests in four: a long prompt (2,400 tokens) and a short answer (8); the fourth: 1,200 tokens and 120
-LONG, SHORT = (2400, 8), (1200, 120)
+# three requests in four: a long prompt (2,400 tokens) and a short answer (8); the fourth: 1,200 tokens and 120; every
+# prompt starts with the same 1,024 tokens
+LONG, SHORT = Shape(2400, 8, shared_tokens=1024), Shape(1200, 120, shared_tokens=1024)
 
 
-def workload_request(number: int) -> tuple[int, int]:
+def workload_request(number: int) -> Shape:
     return SHORT if number % 4 == 3 else LONG
-
-
-def workload_body(number: int) -> dict[str, object]:
-    prompt, output = workload_request(number)
-    return {"input_ids": SHARED_PREFIX + own_tokens(number, prompt - len(SHARED_PREFIX)),
-            "sampling_params": {"max_new_tokens": output, "ignore_eos": True}}
 
 
 def per_bucket(lengths: Lengths, sent: list[int]) -> tuple[dict[int | None, int], dict[int | None, int]]:
@@ -122,7 +109,7 @@ def test_workload_reads_back_the_shape_of_the_traffic_sent(rig: Rig, watched: st
             break
     else:
         pytest.fail(f"workload ended before its window: {''.join(seen)}")
-    traffic = paced(rig, 8, workload_body).send(40)
+    traffic = paced(rig, 8, lambda n: workload_request(n).body(n)).send(40)
     stdout, stderr = reading.communicate(timeout=120)
     assert reading.returncode == 0, stderr
     assert traffic.failures == [] and len(traffic.latencies) == 40
@@ -130,23 +117,24 @@ def test_workload_reads_back_the_shape_of_the_traffic_sent(rig: Rig, watched: st
     written = Workload.model_validate(yaml.safe_load(path.read_text()))
     assert (written.release, written.requests) == (watched, 40)
     shapes = [workload_request(n) for n in range(40)]
-    recorded, sent = per_bucket(written.prompt_length, [prompt for prompt, _ in shapes])
+    recorded, sent = per_bucket(written.prompt_length, [shape.prompt_tokens for shape in shapes])
     assert recorded == sent and len(sent) == 2, f"prompt lengths per bucket: file {recorded}, sent {sent}"
-    recorded, sent = per_bucket(written.output_length, [output for _, output in shapes])
+    recorded, sent = per_bucket(written.output_length, [shape.output_tokens for shape in shapes])
     assert recorded == sent and len(sent) == 2, f"output lengths per bucket: file {recorded}, sent {sent}"
-    assert written.prompt_length.mean == pytest.approx(sum(p for p, _ in shapes) / 40)
+    prompt_tokens = sum(shape.prompt_tokens for shape in shapes)
+    assert written.prompt_length.mean == pytest.approx(prompt_tokens / 40)
     # every prompt after the first finds the shared prefix cached (whole pages of it: 1,024 is 64 pages of 16)
-    assert written.cached_share == pytest.approx(39 * len(SHARED_PREFIX) / sum(p for p, _ in shapes))
+    assert written.cached_share == pytest.approx(39 * LONG.shared_tokens / prompt_tokens)
     shown = result(envelope(stdout, reading.returncode))
     assert Workload.model_validate(shown["workload"]) == written, "--json shows what the file holds"
 
 
 # --- the watch ----------------------------------------------------------------------------------------------------
-def watch_body(number: int) -> dict[str, object]:
-    """1,000 prompt tokens of its own (no prefix to cache: the new server starts with an empty cache), 2 output
-    tokens, every other request streamed."""
-    return {"input_ids": own_tokens(1_000_000 + number, 1000), "stream": number % 2 == 0,
-            "sampling_params": {"max_new_tokens": 2, "ignore_eos": True}}
+def watch_traffic(first_id: int) -> Callable[[int], bytes]:
+    """1,000 prompt tokens of each request's own (no prefix to cache: the new server starts with an empty cache), 2
+    output tokens, every other request streamed; ids from `first_id` (each test its own)."""
+    plain, streamed = Shape(1000, 2, first_id=first_id), Shape(1000, 2, stream=True, first_id=first_id)
+    return lambda n: (streamed if n % 2 == 0 else plain).body(n)
 
 
 def test_a_release_serving_ten_times_slower_is_rolled_back_with_the_live_figures(rig: Rig, watched: str) -> None:
@@ -154,7 +142,7 @@ def test_a_release_serving_ten_times_slower_is_rolled_back_with_the_live_figures
     rig.write(SLOW_CONFIG, json.dumps({**config, "throughput_scale": config.get("throughput_scale", 1.0) / 10}))
     progress = RecordingProgress()
     with pytest.raises(WatchFailed) as caught:
-        paced(rig, 5, watch_body).during(lambda: rig.deploy(SLOW, progress))
+        paced(rig, 5, watch_traffic(10**9)).during(lambda: rig.deploy(SLOW, progress))
     message = caught.value.message
     assert "live latency regressed (p99 TTFT " in message and f"rolled back, release {watched} is serving" in message
     ratio = re.search(r"p99 TTFT \S+ \S+ -> \S+ \S+ \((\d+\.\d+)x, beyond 1.5x\)", message)
@@ -166,14 +154,18 @@ def test_a_release_serving_ten_times_slower_is_rolled_back_with_the_live_figures
     failed = [e for e in rig.history() if e["event"] == "deploy" and e["outcome"] == "failed"]
     assert failed and str(failed[-1]["cause"]).startswith("live latency regressed (p99 TTFT "), failed[-1:]
     assert str(failed[-1]["cause"]) in message, "history keeps the verdict with its figures"
+    figures: dict[str, float] = failed[-1]["figures"]  # type: ignore[assignment]
+    assert figures["watch.after.ttft_p99_s"] >= 5 * figures["watch.before.ttft_p99_s"], figures
 
 
 def test_a_release_with_too_little_traffic_to_judge_is_kept_and_the_watch_says_why(rig: Rig, watched: str) -> None:
     assert rig.current() == watched
     progress, outcomes = RecordingProgress(), []
-    traffic = paced(rig, 0.5, watch_body).during(lambda: outcomes.append(rig.deploy(QUIET, progress)))
+    traffic = paced(rig, 0.5, watch_traffic(2 * 10**9)).during(lambda: outcomes.append(rig.deploy(QUIET, progress)))
     [outcome] = outcomes
     assert outcome.action == "deployed" and rig.current() == outcome.release_id != watched
     verdicts = [n for n in progress.of_kind("note") if str(n).startswith("watch: too little traffic")]
     assert verdicts and f"at least {MIN_REQUESTS} each): kept" in str(verdicts[0]), progress.of_kind("note")
     assert traffic.latencies, "some traffic was served: too little, not none"
+    [kept] = [e for e in rig.history() if e["event"] == "deploy" and e["release"] == outcome.release_id]
+    assert 0 < kept["figures"]["watch.after.requests"] < MIN_REQUESTS, "the windows read are kept for the report"  # type: ignore[index]
