@@ -69,6 +69,7 @@ bench: install bench-venv host-deps
 	$(PY) -m bench.router
 	$(PY) -m bench.tune
 	$(PY) -m bench.tune_group
+	$(PY) -m bench.workload
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) .pytest_cache .ruff_cache .mypy_cache site

@@ -57,3 +57,9 @@ def test_bench_tune_quick_prints_a_candidates_overhead() -> None:
 def test_bench_tune_group_quick_prints_the_group_against_one_host() -> None:
     output = run_quick("bench.tune_group")
     assert "group / one host:" in output, output[-4000:]
+
+
+def test_bench_workload_quick_prints_the_release_on_the_default_benchmark_and_on_its_workload() -> None:
+    output = run_quick("bench.workload")
+    assert "default benchmark: " in output and "\nworkload served: " in output, output[-4000:]
+    assert "default benchmark and workload served, side by side" in output, output[-4000:]
