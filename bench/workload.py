@@ -42,16 +42,17 @@ EVERY_S = 5.0
 QUICK_WINDOW_S = 10.0
 
 
-def read_served(root: Path, loaded: LoadedProfile, target: Target, rate: float, window_s: float) -> Workload:
-    """The workload the release of `loaded` serves while this sends SENT at `rate` requests a second, written under
-    the project at `root`."""
+def read_served(workloads_dir: Path, loaded: LoadedProfile, target: Target, rate: float, window_s: float
+                ) -> Workload:
+    """The workload the release of `loaded` serves while this sends SENT at `rate` requests a second, written into
+    `workloads_dir`."""
     url = f"http://{target.ssh.host}:{loaded.profile.server.port}"
     read: list[HostScrapes] = []
     with FabricRemote(target.ssh) as remote:
         traffic = Paced(url, rate, SENT.body).during(lambda: read.append(read_host_scrapes(
             target, loaded.profile.service.name, remote, window_s, EVERY_S, StampedProgress())))
     say(f"sent {len(traffic.latencies)} requests ({len(traffic.failures)} failed) while `workload` read the release")
-    workload, path = record_workload(NAME, read, root / "inventory" / "workloads")
+    workload, path = record_workload(NAME, read, workloads_dir)
     say(f"written: {path}")
     return workload
 
@@ -99,7 +100,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         say("make bench needs root (the sandbox guest is a systemd-nspawn machine)")
         return 2
     with serving_rig(PROFILE_TEXT) as (rig, loaded, target):
-        workload = read_served(rig.project.root, loaded, target, options.rate, options.window)
+        workload = read_served(rig.project.workloads_dir, loaded, target, options.rate, options.window)
         say("\n".join(workload.lines()))
         (rig.project.root / "inventory" / "profiles" / f"{ON_WORKLOAD}.yaml").write_text(
             f"extends: {loaded.name}\nbench:\n  workload: {NAME}\n")
