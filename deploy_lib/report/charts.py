@@ -114,10 +114,11 @@ def served_beside_benchmark(rows: Sequence[ServedRow]) -> str | None:
                     axes.scatter([releases.index(r.release) for r in shown], [live(r) for r in shown], marker=marker,
                                  zorder=3, label=f"served ({kind})").set_gid(f"series-served-{name}-{kind}")
             axes.set_xticks(range(len(releases)), releases)
+            axes.set_xlim(-0.5, len(releases) - 0.5)
             axes.set_ylim(bottom=0)
+            axes.legend(fontsize="small")  # each panel its own: a workload has a point below, none above
         ttft.set_ylabel("p99 TTFT (ms)")
         tok_s.set_ylabel("output tok/s")
-        ttft.legend(fontsize="small")
         return _svg(figure)
 
 
