@@ -74,6 +74,9 @@ def per_bucket(lengths: Lengths, sent: list[int]) -> tuple[dict[int | None, int]
     return recorded, dict(Counter(bucket(length) for length in sent))
 
 
+FIRST_SCRAPE = re.compile(r"\$ .* < stdin \(\d+ bytes\) \(exit 0, ")  # a step done, as -v prints it
+
+
 @pytest.fixture(scope="module")
 def workload_cli(rig: Rig) -> Iterator[Callable[..., subprocess.Popen[str]]]:
     """`sglang-deploy workload ARGS --json` started from the rig's project against the guest."""
@@ -98,14 +101,15 @@ def workload_cli(rig: Rig) -> Iterator[Callable[..., subprocess.Popen[str]]]:
 def test_workload_reads_back_the_shape_of_the_traffic_sent(rig: Rig, watched: str,
                                                            workload_cli: Callable[..., subprocess.Popen[str]]
                                                            ) -> None:
-    """40 requests sent inside a 25 s window (after its first scrape, answered before its last): the file counts
-    each prompt and output length in the bucket it belongs to, the requests, and the shared prefix's cached share."""
-    reading = workload_cli("--name", "long-prompts", "--window", "25s", "--every", "5s")
+    """40 requests sent inside a 25 s window (once its first scrape is back, answered before its last): the file
+    counts each prompt and output length in the bucket it belongs to, the requests, and the shared prefix's cached
+    share."""
+    reading = workload_cli("--name", "long-prompts", "--window", "25s", "--every", "5s", "-v")
     assert reading.stderr is not None
-    seen = []
-    for line in reading.stderr:  # the first scrape comes right after this line
+    seen: list[str] = []
+    for line in reading.stderr:  # -v prints each step as it comes back: the first after this note is the first scrape
         seen.append(line)
-        if "workload: reading release" in line:
+        if FIRST_SCRAPE.search(line) and any("workload: reading release" in said for said in seen):
             break
     else:
         pytest.fail(f"workload ended before its window: {''.join(seen)}")
