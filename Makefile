@@ -70,6 +70,7 @@ bench: install bench-venv host-deps
 	$(PY) -m bench.tune
 	$(PY) -m bench.tune_group
 	$(PY) -m bench.readme_sweep
+	$(PY) -m bench.workload
 
 clean:
 	rm -rf $(VENV) $(BENCH_VENV) .pytest_cache .ruff_cache .mypy_cache site

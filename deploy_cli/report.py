@@ -23,11 +23,13 @@ def report(c: Context, host: str | None = None, group: str | None = None, invent
            service: str | None = None, out: str = "report", release: list[str] | None = None,
            tune: str | None = None, json: bool = False, verbose: bool = False) -> None:
     """Write the host's story in pictures from its history: throughput, power, start phases, crashes; or a sweep's."""
+    from deploy_lib.metrics.workload import read_workloads
     from deploy_lib.ops import dispatch
     common.report_as(json, verbose)
     hosts = common.scope(inventory, host, group)
+    workloads = common.run(lambda: read_workloads(common.project().workloads_dir))
     fleet = common.run(lambda: dispatch.report(hosts, common.service_name(service), release or (), Path(out),
-                                               common.reach(), tune))
+                                               common.reach(), tune, workloads))
     common.show_each(fleet, _print_written, hosts.one_host)
 
 

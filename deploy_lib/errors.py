@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 
 class DeployError(Exception):
@@ -116,7 +116,12 @@ class GateFailed(ReadinessFailed):
 
 class WatchFailed(GateFailed):
     """The new release served live traffic slower than the old one beyond the profile's `watch:` bounds; rolled back
-    as a failed gate is (its exit code)."""
+    as a failed gate is (its exit code). `figures`: both windows', as the deploy's history line records them."""
+
+    def __init__(self, message: str, rung: str = "", evidence: tuple[str, ...] = (), hint: str | None = None,
+                 figures: Mapping[str, float] | None = None):
+        super().__init__(message, rung, evidence, hint)
+        self.figures = dict(figures or {})
 
 
 class GpuCheckFailed(ReadinessFailed):

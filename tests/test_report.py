@@ -21,6 +21,7 @@ from helpers.browser import (
     series_per_chart,
 )
 from helpers.deploy_plan import target
+from helpers.report_host import scripted_host
 from helpers.rollback import a_host
 
 from deploy_lib import store
@@ -180,27 +181,6 @@ def test_the_browser_check_sees_a_request_the_page_tries_and_blank_charts(tmp_pa
     blank.write_text("".join(part.split("</svg>", 1)[-1] for part in html.split("<svg")))
     opened = open_page(blank, tmp_path / "blank")
     assert not any(series_per_chart(opened.dom).values()) and chart_areas(opened.screenshot) == []
-
-
-def scripted_host(monkeypatch: pytest.MonkeyPatch, history: Path) -> None:
-    """A scripted host holding `history` in place of the SSH connection to the default inventory's host."""
-    from deploy_lib import remote
-
-    host = a_host()
-    host.reply(store.FACT_HISTORY, stdout=history.read_text())
-
-    class Connection:
-        def __init__(self, *_: object, **__: object) -> None:
-            pass
-
-        def __enter__(self) -> object:
-            return host
-
-        def __exit__(self, *_: object) -> None:
-            pass
-
-    monkeypatch.setattr(remote, "FabricRemote", Connection)
-    monkeypatch.delenv("SGLANG_DEPLOY_INVENTORY", raising=False)
 
 
 def test_the_report_task_writes_the_files_and_prints_where(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers import deploy_trips
@@ -17,7 +18,7 @@ from helpers.rollback import LAYOUT, ScriptedHost, a_host
 
 from deploy_lib import store
 from deploy_lib.commands.deploy import Options, deploy
-from deploy_lib.errors import GateFailed, WatchFailed
+from deploy_lib.errors import WatchFailed
 from deploy_lib.facts import host as host_facts
 from deploy_lib.health.probe import ProbeTarget
 from deploy_lib.host import watch
@@ -120,6 +121,11 @@ def serving_with_metrics(monkeypatch: pytest.MonkeyPatch) -> tuple[ScriptedHost,
     return host, rid
 
 
+def history_lines(host: ScriptedHost) -> list[dict[str, Any]]:
+    """The history lines the deploy appended, whole."""
+    return [json.loads(step.stdin) for step in host.ran if getattr(step, "name", "") == "history: append"]
+
+
 def watched_deploy(host: ScriptedHost, clock: VirtualClock, monkeypatch: pytest.MonkeyPatch) -> object:
     monkeypatch.setattr(watch, "_sleep", clock.sleep)
     changed = with_metrics(PROJECT.profile("glm5-nvfp4"), watched=True, env={"NCCL_DEBUG_SUBSYS": "ALL"})
@@ -132,7 +138,7 @@ def test_a_deploy_ten_times_slower_live_is_rolled_back_with_both_windows_in_its_
     host, old = serving_with_metrics(monkeypatch)
     clock = VirtualClock()
     answering(host, "old", "slow")
-    with pytest.raises(GateFailed) as failed:  # the deploy's own error for a rolled-back gate: exit 7
+    with pytest.raises(WatchFailed) as failed:  # a rolled-back gate's exit 7, and still the watch's error
         watched_deploy(host, clock, monkeypatch)
     assert failed.value.exit_code == 7 and "live latency regressed (p99 TTFT 396 ms -> 3960 ms" in failed.value.message
     assert f"rolled back, release {old} is serving" in failed.value.message
@@ -142,6 +148,11 @@ def test_a_deploy_ten_times_slower_live_is_rolled_back_with_both_windows_in_its_
     assert host.switches()[-1] == f"releases/{old}", "switched back to the release before"
     [failed] = [line for line in host.history() if line[1] == "failed"]
     assert failed[0] == "deploy" and "live latency regressed" in failed[3]
+    [figures] = [line["figures"] for line in history_lines(host) if line["outcome"] == "failed"]
+    assert figures["watch.after.ttft_p99_s"] == pytest.approx(10 * figures["watch.before.ttft_p99_s"], rel=0.05)
+    assert figures["watch.before.requests"] > 0 and figures["watch.after.request_rate"] > 0
+    assert all(not line["figures"] for line in history_lines(host) if line["event"] == "rollback"), \
+        "the windows belong to the deploy's line alone"
 
 
 def test_a_deploy_as_fast_live_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,6 +163,9 @@ def test_a_deploy_as_fast_live_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
     assert getattr(outcome, "action", None) == "deployed" and clock.slept == [60, 60]
     assert host.switches()[-1] != f"releases/{old}"
     assert any(note.startswith("watch: no regression") for note in host.progress.of_kind("note"))
+    [kept] = [line for line in history_lines(host) if line["event"] == "deploy"]
+    assert kept["outcome"] == "healthy" and {"watch.before.ttft_p99_s", "watch.after.ttft_p99_s"} <= set(
+        kept["figures"]), "the kept release's history line carries both windows for the report"
 
 
 def test_a_replica_behind_a_router_is_not_watched_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:

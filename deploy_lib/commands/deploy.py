@@ -50,6 +50,7 @@ from deploy_lib.host.switch import (
 from deploy_lib.host.watch import watch_after_ready, watch_diagnosis, window_before_switch
 from deploy_lib.interrupts import signals_raise
 from deploy_lib.metrics.router_counters import ClientsSaw
+from deploy_lib.metrics.recorded import watch_figures
 from deploy_lib.models import HubModel, ModelFacts, PushedModel, Weights, check_model, size_text, weights
 from deploy_lib.models.page_cache import (
     Residency,
@@ -368,9 +369,14 @@ def _switch(run: Transition, ask: _Ask, decided: _Decided, tags: Tags) -> ReadyR
         if watch is not None:
             run.remote.run(run.unsent)  # the start is verified before the live traffic judges it
             run.unsent = []
-            watch_after_ready(run.remote, probe_target(run.layout, plan.release.metadata(), {}, generation=False),
-                              watch, watched_before, run.progress, run.clock)
+            verdict = watch_after_ready(run.remote, probe_target(run.layout, plan.release.metadata(), {},
+                                                                 generation=False),
+                                        watch, watched_before, run.progress, run.clock)
+            if verdict is not None:
+                run.figures = watch_figures(verdict.before, verdict.after)
     except ReadinessFailed as failure:
+        if isinstance(failure, WatchFailed):
+            run.figures = failure.figures
         diagnosis = watch_diagnosis(failure) if isinstance(failure, WatchFailed) else \
             gate_diagnosis(failure) if isinstance(failure, GateFailed) else \
             diagnose(failure.evidence, profile=ask.loaded.name) if isinstance(failure, GpuCheckFailed) else \

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from deploy_lib.deploy.project import Target
 from deploy_lib.host.store import read_store_facts
+from deploy_lib.metrics.workload import Workload
 from deploy_lib.remote import Remote
 from deploy_lib.report.data import ReportData, collect
 from deploy_lib.report.sweep import SweepData, collect_sweep
@@ -25,10 +26,11 @@ from deploy_lib.store import iso_time
 
 
 def read_report(target: Target, service: str, remote: Remote, releases: Sequence[str] = (),
-                now: datetime | None = None) -> ReportData:
-    """The report's tables from the host's history (one read of its store, nothing written)."""
+                now: datetime | None = None, workloads: Sequence[Workload] = ()) -> ReportData:
+    """The report's tables from the host's history (one read of its store, nothing written), and the served traffic
+    of the project's `workloads` read on it."""
     store = read_store_facts(remote, target.layout(service))
-    return collect(store.history, target.host.name, service, iso_time(now or datetime.now(UTC)), releases)
+    return collect(store.history, target.host.name, service, iso_time(now or datetime.now(UTC)), releases, workloads)
 
 
 def read_sweep(target: Target, service: str, remote: Remote, tune: str, now: datetime | None = None) -> SweepData:

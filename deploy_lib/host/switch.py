@@ -138,6 +138,7 @@ class Transition:
     clock: Callable[[], float] = time.monotonic
     grace_s: float = GRACE_S
     timings: dict[str, float] = field(default_factory=dict)
+    figures: dict[str, float] = field(default_factory=dict)  # the watch's windows, for the next history line
     cursor: str | None = None  # the unit's journal position just before the last restart
     previous: str | None = None  # the release `current` named when the command read the host
     switched_to: str | None = None  # the release `current` was last switched to
@@ -175,7 +176,8 @@ class Transition:
         """Append the history line, in one round trip with the verified batch of the start it records healthy
         (what `activate` left unsent), with `then`, and (`last`: the command's last round trip) the lock's release."""
         verified, self.unsent = (self.unsent if outcome == HEALTHY else []), []
-        entry = history_entry(event, outcome, tags, datetime.now(UTC), cause, self.timings)
+        figures, self.figures = self.figures, {}  # the line of the deploy they were read for, not a later one
+        entry = history_entry(event, outcome, tags, datetime.now(UTC), cause, self.timings, figures)
         batch = [*verified, *append_history(self.layout, entry), *then]
         return self.lock.finish(batch) if last and self.lock is not None else self.remote.run(batch)
 
@@ -338,6 +340,6 @@ def same_kind(failure: DeployError, message: str, diagnosis: Diagnosis) -> Deplo
     """The error to end with after the restore: of the first failure's kind, with the new message."""
     if isinstance(failure, Interrupted):
         return type(failure)(message, failure.hint)
-    error = GateFailed if isinstance(failure, GateFailed) else ReadinessFailed
+    error = type(failure) if isinstance(failure, GateFailed) else ReadinessFailed  # a watch's stays one
     evidence = diagnosis.evidence or getattr(failure, "evidence", ())
     return error(message, getattr(failure, "rung", ""), evidence, diagnosis.hint or failure.hint)

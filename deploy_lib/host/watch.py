@@ -18,6 +18,7 @@ from deploy_lib.facts.diagnose import Diagnosis
 from deploy_lib.health.probe import ProbeTarget
 from deploy_lib.host.switch import probe_target
 from deploy_lib.metrics.live import metrics_step, parse_metrics_result
+from deploy_lib.metrics.recorded import watch_figures
 from deploy_lib.metrics.watch import WatchVerdict, judge_watch
 from deploy_lib.metrics.window import WindowFigures, window_figures
 from deploy_lib.profile import read_stored_profile
@@ -85,7 +86,8 @@ def watch_after_ready(remote: Remote, probe: ProbeTarget, settings: WatchSetting
     if verdict.rolls_back:
         raise WatchFailed(verdict.message, rung="watch", evidence=_evidence(verdict),
                           hint="both windows' figures are in the diagnosis; widen the profile's watch: bounds if "
-                               "this is noise, or deploy again at a comparable hour")
+                               "this is noise, or deploy again at a comparable hour",
+                          figures=watch_figures(verdict.before, verdict.after))
     return verdict
 
 

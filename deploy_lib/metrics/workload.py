@@ -249,6 +249,12 @@ def workload_text(workload: Workload) -> str:
     return header + yaml.safe_dump(workload.model_dump(mode="json"), sort_keys=False, width=120)
 
 
+def read_workloads(workloads_dir: Path) -> tuple[Workload, ...]:
+    """Every recorded workload in the project (none when the folder is missing), by name; ConfigError naming the file
+    and the key of one that is wrong."""
+    return tuple(read_workload(path) for path in sorted(workloads_dir.glob(f"*{WORKLOAD_SUFFIX}")))
+
+
 def read_workload(path: Path) -> Workload:
     """The workload file at `path`; ConfigError (exit 2) naming the file and the key when it is missing or wrong."""
     from deploy_lib.yaml_io import load_yaml_mapping

@@ -320,8 +320,8 @@ def workload(project: Project, scope: Scope, service: str, name: str, window_s: 
     return host_workload.record_workload(name, read, project.workloads_dir)
 
 
-def report(scope: Scope, service: str, releases: Sequence[str], out: Path, reach: Reach, tune: str | None = None
-           ) -> FleetRun[tuple[Path, ...]]:
+def report(scope: Scope, service: str, releases: Sequence[str], out: Path, reach: Reach, tune: str | None = None,
+           workloads: Sequence[Workload] = ()) -> FleetRun[tuple[Path, ...]]:
     """Each host's history read (a group's hosts at once), then its page, CSV and JSON written under `out` one host
     after the other (matplotlib's pyplot, which draws the charts, is not thread-safe); the paths, page first. With
     `tune`, the page of that tuning sweep instead of the host's story."""
@@ -331,7 +331,7 @@ def report(scope: Scope, service: str, releases: Sequence[str], out: Path, reach
     from deploy_lib.host.report import read_report, read_sweep, write_report
     from deploy_lib.ops.fleet import FleetRun, HostRun
     read = run_each(scope, reach, lambda target, remote, _: read_sweep(target, service, remote, tune) if tune
-                    else read_report(target, service, remote, releases))
+                    else read_report(target, service, remote, releases, workloads=workloads))
     written: list[HostRun[tuple[Path, ...]]] = []
     for run in read.runs:
         try:

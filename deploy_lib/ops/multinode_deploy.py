@@ -93,6 +93,9 @@ def deploy_nodes(nodes: Sequence[Node], remotes: Mapping[str, Remote], progress_
                     isinstance(states[0].run.live_verdict(plans[0].release.metadata()), Ready):
                 return [Outcome(Action.unchanged, release_id, plan.current_id, plan=plan) for plan in plans]
             restore_id = common_release([state.store for state in states], release_id)
+            if head.profile.watch is not None:  # the watch reads one server's window around one host's switch
+                states[0].run.progress.note("watch: not run for a multi-node release (the watch judges one host's "
+                                            "switch); it is deployed unwatched")
             each(states, _stage)
         except KeyboardInterrupt as stop:
             raise interrupted(stop, f"interrupted ({signal_name(stop)}) before the switch; nothing was switched or "

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from deploy_lib.health.startup import PHASE_LABELS, PHASES
 from deploy_lib.report.data import BenchPoint, DowntimeRow, GpuReading, HistoryEvent, StartRow
+from deploy_lib.report.served import ServedRow
 from deploy_lib.report.sweep import SweepCandidate, SweepGpu, SweepLevel
 
 if TYPE_CHECKING:
@@ -91,6 +92,33 @@ def throughput_over_time(points: Sequence[BenchPoint], marks: Sequence[HistoryEv
         ttft.set_ylim(bottom=0)
         tok_s.legend(loc="lower left", fontsize="small")
         figure.autofmt_xdate()
+        return _svg(figure)
+
+
+def served_beside_benchmark(rows: Sequence[ServedRow]) -> str | None:
+    """Per release: p99 TTFT (top) and output tok/s (bottom) of each live window (dots: the watch's windows,
+    diamonds: a recorded workload's, which has no latency) beside its newest benchmark (a bar)."""
+    if not rows:
+        return None
+    releases = list(dict.fromkeys(r.release for r in rows))
+    with _figure(2, 5.0) as (figure, (ttft, tok_s)):
+        for axes, live, bench, name in ((ttft, lambda r: r.ttft_p99_ms, lambda r: r.bench_ttft_p99_ms, "ttft"),
+                                        (tok_s, lambda r: r.output_tok_s, lambda r: r.bench_output_tok_s, "tok_s")):
+            benched = {r.release: bench(r) for r in rows if bench(r) is not None}
+            _tag_bars(axes.bar([releases.index(release) for release in benched], list(benched.values()), width=0.5,
+                               color="#cfd8dc", label="newest benchmark (highest concurrency)"),
+                      f"series-served-{name}-bench")
+            for marker, kind in (("o", "watch"), ("D", "workload")):
+                shown = [r for r in rows if r.source.startswith(kind) and live(r) is not None]
+                if shown:
+                    axes.scatter([releases.index(r.release) for r in shown], [live(r) for r in shown], marker=marker,
+                                 zorder=3, label=f"served ({kind})").set_gid(f"series-served-{name}-{kind}")
+            axes.set_xticks(range(len(releases)), releases)
+            axes.set_xlim(-0.5, len(releases) - 0.5)
+            axes.set_ylim(bottom=0)
+            axes.legend(fontsize="small")  # each panel its own: a workload has a point below, none above
+        ttft.set_ylabel("p99 TTFT (ms)")
+        tok_s.set_ylabel("output tok/s")
         return _svg(figure)
 
 

@@ -11,6 +11,8 @@ from typing import Any
 from deploy_lib.errors import ConfigError
 from deploy_lib.health.downtime import Downtime
 from deploy_lib.health.startup import PHASES, RUNG_PREFIX, recorded_phases
+from deploy_lib.metrics.workload import Workload
+from deploy_lib.report.served import BenchFigures, ServedRow, served_rows
 from deploy_lib.store import ACTIVATIONS, FAILED, HistoryEntry
 from deploy_lib.throughput import BenchResult
 
@@ -114,17 +116,18 @@ class ReportData:
     starts: tuple[StartRow, ...]
     downtimes: tuple[DowntimeRow, ...]
     events: tuple[HistoryEvent, ...]
+    served: tuple[ServedRow, ...] = ()  # each release's live traffic beside its newest benchmark
 
     def tables(self) -> dict[str, list[Row]]:
         """Every table as rows of plain values (the CSV files and the JSON document)."""
         return {name: [asdict(row) for row in getattr(self, name)] for name in TABLES}
 
 
-TABLES: tuple[str, ...] = ("benchmarks", "marks", "concurrency", "gpus", "starts", "downtimes", "events")
+TABLES: tuple[str, ...] = ("benchmarks", "marks", "concurrency", "gpus", "starts", "downtimes", "events", "served")
 COLUMNS: dict[str, tuple[str, ...]] = {
     name: tuple(f.name for f in fields(kind)) for name, kind in
     (("benchmarks", BenchPoint), ("marks", HistoryEvent), ("concurrency", BenchPoint), ("gpus", GpuReading),
-     ("starts", StartRow), ("downtimes", DowntimeRow), ("events", HistoryEvent))}
+     ("starts", StartRow), ("downtimes", DowntimeRow), ("events", HistoryEvent), ("served", ServedRow))}
 TIMELINE_EVENTS = (*ACTIVATIONS, "failure", "crash", "stop")
 
 
@@ -158,10 +161,22 @@ def _start_row(entry: HistoryEntry) -> StartRow | None:
                     ready_s=entry.timings.get("ready"), **phases)
 
 
+def _newest_benches(points: Sequence[BenchPoint]) -> dict[str, BenchFigures]:
+    """Each release's newest benchmark at its highest level (a benchmark's levels share its `when`)."""
+    newest: dict[str, BenchPoint] = {}
+    for point in points:  # oldest first
+        known = newest.get(point.release)
+        if known is None or point.when > known.when or (point.when == known.when
+                                                         and point.concurrency > known.concurrency):
+            newest[point.release] = point
+    return {release: BenchFigures(p.concurrency, p.output_tok_s, p.ttft_p99_ms) for release, p in newest.items()}
+
+
 def collect(history: Sequence[HistoryEntry], host: str, service: str, generated_at: str,
-            releases: Sequence[str] = ()) -> ReportData:
+            releases: Sequence[str] = (), workloads: Sequence[Workload] = ()) -> ReportData:
     """The report's tables from a host's history, oldest first; `releases` picks the lines of the throughput-vs-
-    concurrency chart (default: every benchmarked release). ConfigError names a chosen release never benchmarked."""
+    concurrency chart (default: every benchmarked release); `workloads`: the project's recorded workloads (those
+    read on this host are served traffic). ConfigError names a chosen release never benchmarked."""
     benches = [entry for entry in history if entry.event == "bench" and entry.figures]
     points = [point for entry in benches for point in _bench_points(entry)]
     benchmarked = list(dict.fromkeys(point.release for point in points))
@@ -179,4 +194,5 @@ def collect(history: Sequence[HistoryEntry], host: str, service: str, generated_
     events = tuple(HistoryEvent.of(entry) for entry in history if entry.event in TIMELINE_EVENTS)
     return ReportData(host=host, service=service, generated_at=generated_at, benchmarks=tuple(points), marks=marks,
                       concurrency=concurrency, gpus=tuple(r for entry in benches for r in gpu_readings(entry)),
-                      starts=starts, downtimes=downtimes, events=events)
+                      starts=starts, downtimes=downtimes, events=events,
+                      served=served_rows(history, host, workloads, _newest_benches(points)))

@@ -76,6 +76,7 @@ def sections(data: ReportData) -> list[Section]:
                 "Each chosen release's newest benchmark at every concurrency level it ran, one line per release.",
                 svg(charts.throughput_vs_concurrency(data.concurrency)),
                 ("release", "when", "outcome", "concurrency", "output_tok_s", "ttft_p99_ms"), tables["concurrency"]),
+        served_section(data),
         Section("power", "GPU power and utilisation during each benchmark",
                 "Mean power per GPU (bars), its peak (black tick) and the power limit (dashed): a GPU far under its "
                 "limit waits on something else. Below: mean utilisation.",
@@ -97,6 +98,17 @@ def sections(data: ReportData) -> list[Section]:
                 "orange: a crash systemd restarted.", svg(charts.host_events(data.events)), COLUMNS["events"],
                 tables["events"]),
     ]
+
+
+def served_section(data: ReportData) -> Section:
+    """The live traffic each release served (the watch's windows, recorded workloads) beside its benchmark."""
+    return Section("served", "Served traffic beside the benchmarks",
+                   "What each release served live: the watch's windows around each watched deploy (the one before "
+                   "the switch is the release then serving) and the workloads recorded from it, beside the release's "
+                   "newest benchmark at its highest concurrency. Live figures come from SGLang's /metrics "
+                   "(features.metrics); a workload records no latency.",
+                   _svg(charts.served_beside_benchmark(data.served)), COLUMNS["served"],
+                   data.tables()["served"])
 
 
 INTRO = "The same tables are in the CSV files and the JSON document next to this page."

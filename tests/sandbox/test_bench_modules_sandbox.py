@@ -64,3 +64,9 @@ def test_bench_readme_sweep_quick_prints_the_estimate_beside_the_time_and_the_sw
     for row in ("its --dry-run estimate after, once history holds its levels", "its time (tune called -> its report)",
                 "sweep's switches of venv or patch set, grid order -> tune's: the README's first sweep"):
         assert row in output, f"`bench.readme_sweep --quick` printed no row {row!r}:\n{output[-4000:]}"
+
+
+def test_bench_workload_quick_prints_the_release_on_the_default_benchmark_and_on_its_workload() -> None:
+    output = run_quick("bench.workload")
+    assert "default benchmark: " in output and "\nworkload served: " in output, output[-4000:]
+    assert "default benchmark and workload served, side by side" in output, output[-4000:]
