@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import secrets
 import shlex
 import subprocess
@@ -19,7 +20,7 @@ import paramiko
 from invoke.exceptions import CommandTimedOut
 from tenacity import Retrying, retry_if_exception
 
-from deploy_lib.errors import ConnectFailed, ConnectionLost
+from deploy_lib.errors import ConnectFailed, ConnectionLost, SudoPasswordRefused
 from deploy_lib.remote.batch import (
     KILL_AFTER_S,
     PUT_TIMEOUT_S,
@@ -51,6 +52,7 @@ from deploy_lib.remote.ssh import (
     connect_kwargs,
     open_hop,
     rsync_argv,
+    rsync_env,
     unreachable,
 )
 from deploy_lib.remote.steps import (
@@ -101,7 +103,25 @@ class FabricRemote:
                 gateway.close()
             raise
         self._gateway = gateway
+        self._check_sudo_password()
         return self._connection
+
+    def _check_sudo_password(self) -> None:
+        """With a sudo password, one root `true` before any step: a password sudo refuses ends here, nothing changed
+        (and no later `sudo -S` reads a step's stdin as a second try)."""
+        password = self.target.password_for_sudo
+        if password is None:
+            return
+        [checked] = self._run_steps((Step("check the sudo password", ("true",), sudo=True),))
+        if checked.exit_code == 0:
+            return
+        self.close()
+        said = checked.stderr.strip().splitlines()[-1] if checked.stderr.strip() else f"exit {checked.exit_code}"
+        raise SudoPasswordRefused(
+            f"sudo on {self.target.address} refused the password of {self.target.user} from {password.source}: "
+            f"{said}; nothing was changed",
+            hint="give the password sudo asks that user for (`sudo -v` as that user on the host checks it), or a "
+                 "passwordless sudoers rule")
 
     def _open_hop(self, hop: JumpHost, gateway: fabric.Connection | None) -> fabric.Connection:
         """One SSH connection (through `gateway` when given), its host key checked against known_hosts."""
@@ -230,8 +250,11 @@ class FabricRemote:
     def _run_steps(self, steps: tuple[Step, ...], on_output: OutputLine | None = None) -> list[StepResult]:
         connection = self._connect()
         marker = secrets.token_hex(8)
-        script = batch_script(steps, self.target.user, marker)
+        password = self.target.password_for_sudo
+        script = batch_script(steps, self.target.user, marker, with_password=password is not None)
         stdin = channel_stdin(steps)
+        if password is not None:  # the script's first read (remote/batch.py)
+            stdin = f"{password.value}\n".encode() + (stdin or b"")
         deadline = sum(step.timeout_s + KILL_AFTER_S for step in steps) + ROUND_TRIP_GRACE_S
         started = time.monotonic()
         self.round_trips += 1
@@ -283,7 +306,8 @@ class FabricRemote:
         self.round_trips += 1
         sink = LineSink(on_output or (lambda line: None))
         with tempfile.TemporaryFile() as errors:  # a file, not a pipe: a chatty stderr cannot block the progress
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors)
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
+                                       env=rsync_env(self.target, dict(os.environ)))
             assert process.stdout is not None
             # typeshed types Popen.stdout as IO[bytes]; with bufsize left at -1 it is a BufferedReader, which has read1
             for chunk in iter(lambda: process.stdout.read1(65536), b""):  # type: ignore[union-attr,attr-defined]

@@ -21,7 +21,8 @@ from tenacity import (
     wait_exponential_jitter,
 )
 
-from deploy_lib.errors import ConnectFailed
+from deploy_lib.errors import ConfigError, ConnectFailed
+from deploy_lib.remote.batch import SKIP_PASSWORD, SUDO_PASSWORD_END
 
 if TYPE_CHECKING:  # the connection's type only: reading a host's settings loads no Fabric
     import fabric
@@ -41,6 +42,20 @@ class JumpHost:
 
 
 @dataclass(frozen=True)
+class SudoPassword:
+    """The login user's password for sudo on the host, where its sudoers rule is not NOPASSWD; `source` says where it
+    came from (a message names it, never the value)."""
+
+    value: str = field(repr=False)
+    source: str
+
+    def __post_init__(self) -> None:
+        if not self.value or any(c in self.value for c in "\x00\n\r"):
+            # sudo reads a password up to its first newline (or return); the rest would reach a step's stdin
+            raise ConfigError(f"the sudo password from {self.source} is empty or has a newline, return or NUL")
+
+
+@dataclass(frozen=True)
 class SSHTarget:
     """Connection settings of one host, as the inventory and the user's ssh config give them (resolved once, see
     ssh_config.py): each key file is tried, then the ssh agent's keys unless `identities_only` (OpenSSH's
@@ -48,6 +63,8 @@ class SSHTarget:
 
     A jump host is reached with the same keys and known_hosts file as the target; each hop's host key is checked.
     A ProxyCommand (tokens expanded) is run locally and the connection speaks over its stdin and stdout, as OpenSSH's.
+    With `sudo_password`, root steps (and rsync's far side) run through `sudo -S`, which reads it on stdin
+    (remote/batch.py); without it through `sudo -n`, which never asks.
     """
 
     host: str
@@ -60,6 +77,12 @@ class SSHTarget:
     accept_new_host_key: bool = False
     jump: JumpHost | None = None
     proxy_command: str | None = None
+    sudo_password: SudoPassword | None = None
+
+    @property
+    def password_for_sudo(self) -> SudoPassword | None:
+        """The sudo password where it is used: root steps of a login user other than root."""
+        return self.sudo_password if self.user != "root" else None
 
     @property
     def known_hosts_path(self) -> Path:
@@ -158,11 +181,25 @@ class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
         client.get_host_keys().add(hostname, key.get_name(), key)
 
 
+# rsync's stdin and stdout are its protocol: with a sudo password, its remote shell is this relay, which sends the
+# password (from its environment, where rsync_env puts it; never an argument) and SUDO_PASSWORD_END ahead of rsync's
+# stream, for `sudo -S` on the far side to read as a root step's does. Ansible's synchronize takes no sudo password.
+SUDO_PASSWORD_ENV = "SGLANG_DEPLOY_SUDO_PASSWORD"
+_RSYNC_RELAY = (f'pw=${SUDO_PASSWORD_ENV}; unset {SUDO_PASSWORD_ENV}; '
+                f'{{ printf "%s\\n%s\\n" "$pw" {SUDO_PASSWORD_END}; exec cat; }} | exec "$@"')
+
+
+def rsync_env(target: SSHTarget, environ: dict[str, str]) -> dict[str, str]:
+    """The environment rsync runs in: this process's, plus the sudo password for its relay where it has one."""
+    password = target.password_for_sudo
+    return environ if password is None else {**environ, SUDO_PASSWORD_ENV: password.value}
+
+
 def rsync_argv(target: SSHTarget, local_dir: Path, dest: PurePosixPath, link_dest: PurePosixPath | None) -> list[str]:
     """rsync over ssh with this target's keys and host-key checking (its known_hosts, strict), as root on the host
-    (sudo -n for another user); a dead link given up within CHANNEL_OPEN_S; unchanged files hard-linked from
-    link_dest; partial files kept for a resume. The ssh config is not read again (-F /dev/null): its values are
-    already in the target, as for the paramiko connection."""
+    (sudo -n for another user, or with a sudo password sudo -S through _RSYNC_RELAY); a dead link given up within
+    CHANNEL_OPEN_S; unchanged files hard-linked from link_dest; partial files kept for a resume. The ssh config is
+    not read again (-F /dev/null): its values are already in the target, as for the paramiko connection."""
     checks = ["-F", "/dev/null", "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes",
               "-o", f"UserKnownHostsFile={target.known_hosts_path}",
               "-o", f"ConnectTimeout={max(1, round(target.connect_timeout_s))}",
@@ -181,9 +218,14 @@ def rsync_argv(target: SSHTarget, local_dir: Path, dest: PurePosixPath, link_des
         ssh += ["-o", f"ProxyCommand={shlex.join(hop)}"]
     elif target.proxy_command is not None:  # expanded already: a % left in it is a literal one to ssh
         ssh += ["-o", f"ProxyCommand={target.proxy_command.replace('%', '%%')}"]
+    if target.password_for_sudo is not None:
+        ssh = ["bash", "-c", _RSYNC_RELAY, "sglang-deploy", *ssh]
     argv = ["rsync", "-a", "--partial", "--protect-args", "--info=progress2", "--no-inc-recursive",
             "-e", shlex.join(ssh)]
-    if target.user != "root":
+    if target.password_for_sudo is not None:
+        argv += ["--rsync-path", shlex.join(("sudo", "-S", "-p", "", "--", "bash", "-c", SKIP_PASSWORD,
+                                             "sglang-deploy", "rsync"))]
+    elif target.user != "root":
         argv += ["--rsync-path", "sudo -n rsync"]
     if link_dest is not None:
         argv.append(f"--link-dest={link_dest}")
