@@ -107,6 +107,16 @@ def test_rsync_gets_the_password_through_its_relay_never_as_an_argument(tmp_path
     stream = subprocess.run([*relay[:4], "sh", "-c", f"cat; env | grep -c {SUDO_PASSWORD_ENV} || true"],
                             input=b"rsync protocol bytes", env=environ, capture_output=True, timeout=30, check=True)
     assert stream.stdout == f"{PASSWORD}\n{SUDO_PASSWORD_END}\nrsync protocol bytes0\n".encode()
+    # the far side ended (rsync's stream still open, as rsync keeps it until its remote shell exits): the relay ends
+    far_side_done = subprocess.Popen([*relay[:4], "head", "-n", "2"], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     env=environ)
+    try:
+        assert far_side_done.wait(timeout=30) == 0  # it hung here, waiting on a `cat` that waited on rsync
+        assert far_side_done.stdout is not None and far_side_done.stdin is not None
+        assert far_side_done.stdout.read() == f"{PASSWORD}\n{SUDO_PASSWORD_END}\n".encode()
+    finally:
+        far_side_done.kill()
+        far_side_done.communicate()
     without = replace(target, sudo_password=None)
     assert rsync_env(without, {"PATH": "/bin"}) == {"PATH": "/bin"}
     plain = rsync_argv(without, tmp_path, PurePosixPath("/srv/m"), None)

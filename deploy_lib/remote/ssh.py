@@ -184,9 +184,11 @@ class KnownHostsPolicy(paramiko.MissingHostKeyPolicy):
 # rsync's stdin and stdout are its protocol: with a sudo password, its remote shell is this relay, which sends the
 # password (from its environment, where rsync_env puts it; never an argument) and SUDO_PASSWORD_END ahead of rsync's
 # stream, for `sudo -S` on the far side to read as a root step's does. Ansible's synchronize takes no sudo password.
+# The `cat` relaying rsync's stream is ended with ssh: rsync closes its end only once its remote shell has exited.
 SUDO_PASSWORD_ENV = "SGLANG_DEPLOY_SUDO_PASSWORD"
 _RSYNC_RELAY = (f'pw=${SUDO_PASSWORD_ENV}; unset {SUDO_PASSWORD_ENV}; '
-                f'{{ printf "%s\\n%s\\n" "$pw" {SUDO_PASSWORD_END}; exec cat; }} | exec "$@"')
+                f'"$@" < <(printf "%s\\n%s\\n" "$pw" {SUDO_PASSWORD_END}; exec cat); rc=$?; '
+                'kill "$!" 2>/dev/null; exit "$rc"')
 
 
 def rsync_env(target: SSHTarget, environ: dict[str, str]) -> dict[str, str]:
