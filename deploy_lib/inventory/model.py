@@ -95,7 +95,8 @@ class HostVars(BaseModel):
         None, description="inventory host of the Proxmox VE node this VM runs on; gpu-check reads it, read-only")
     proxmox_vmid: Annotated[int, Field(ge=100, le=999999999)] | None = Field(
         None, description="this VM's id on proxmox_node (`qm config` reads its passthrough)")
-    proxy_jump: str | None = Field(None, description="jump host, [user@]host[:port] as OpenSSH's ProxyJump")
+    proxy_jump: str | None = Field(None, description="jump host, [user@]host[:port] as OpenSSH's ProxyJump; a chain "
+                                                     "a,b reaches a first")
     ansible_ssh_common_args: str | None = Field(
         None, description="only -o ProxyJump=... / -J ... or -o ProxyCommand=... is honoured")
     ansible_ssh_extra_args: str | None = Field(

@@ -30,15 +30,24 @@ if TYPE_CHECKING:  # the connection's type only: reading a host's settings loads
 
 @dataclass(frozen=True)
 class JumpHost:
-    """A host the connection goes through (OpenSSH's ProxyJump), e.g. the Proxmox node in front of its VM."""
+    """A host the connection goes through (OpenSSH's ProxyJump), e.g. the Proxmox node in front of its VM; `via` is
+    the hop before it in a chain (`ProxyJump a,b`: b via a), and the first hop may be reached through its own
+    ProxyCommand (tokens expanded), as a bastion behind SSM or cloudflared is."""
 
     host: str
     port: int = 22
     user: str = "root"
+    via: JumpHost | None = None
+    proxy_command: str | None = None
 
     @property
     def address(self) -> str:
         return f"{self.user}@{self.host}:{self.port}"
+
+    @property
+    def chain(self) -> tuple[JumpHost, ...]:
+        """Every hop up to this one, the first (reached from this machine) first."""
+        return (*(self.via.chain if self.via is not None else ()), self)
 
 
 @dataclass(frozen=True)
@@ -93,7 +102,7 @@ class SSHTarget:
         direct = f"{self.user}@{self.host}:{self.port}"
         if self.proxy_command is not None:
             return f"{direct} via ProxyCommand {self.proxy_command!r}"
-        return f"{direct} via {self.jump.address}" if self.jump else direct
+        return f"{direct} via {' -> '.join(hop.address for hop in self.jump.chain)}" if self.jump else direct
 
 
 def host_key_fingerprint(key: paramiko.PKey) -> str:
@@ -215,11 +224,10 @@ def rsync_argv(target: SSHTarget, local_dir: Path, dest: PurePosixPath, link_des
     if target.identities_only:
         checks += ["-o", "IdentitiesOnly=yes"]
     ssh = ["ssh", "-p", str(target.port), *checks]
-    if target.jump is not None:  # the jump hop gets the same key and host-key checks (ProxyJump would not pass -o)
-        hop = ["ssh", "-p", str(target.jump.port), *checks, "-W", "%h:%p", f"{target.jump.user}@{target.jump.host}"]
-        ssh += ["-o", f"ProxyCommand={shlex.join(hop)}"]
+    if target.jump is not None:  # each hop gets the same key and host-key checks (ProxyJump would not pass -o)
+        ssh += ["-o", f"ProxyCommand={_through(target.jump, checks)}"]
     elif target.proxy_command is not None:  # expanded already: a % left in it is a literal one to ssh
-        ssh += ["-o", f"ProxyCommand={target.proxy_command.replace('%', '%%')}"]
+        ssh += ["-o", f"ProxyCommand={_literal(target.proxy_command)}"]
     if target.password_for_sudo is not None:
         ssh = ["bash", "-c", _RSYNC_RELAY, "sglang-deploy", *ssh]
     argv = ["rsync", "-a", "--partial", "--protect-args", "--info=progress2", "--no-inc-recursive",
@@ -232,6 +240,23 @@ def rsync_argv(target: SSHTarget, local_dir: Path, dest: PurePosixPath, link_des
     if link_dest is not None:
         argv.append(f"--link-dest={link_dest}")
     return [*argv, f"{local_dir}/", f"{target.user}@{target.host}:{dest}/"]
+
+
+def _literal(command: str) -> str:
+    """A command as ssh's ProxyCommand, which expands %-tokens once before it runs it: its % kept."""
+    return command.replace("%", "%%")
+
+
+def _through(hop: JumpHost, checks: list[str]) -> str:
+    """rsync's ssh ProxyCommand through `hop` (`ssh -W %h:%p hop`, %h:%p for the ssh that runs it to expand): the hop
+    before it nested as its own ProxyCommand, one expansion deeper, and a first hop's own command literal through the
+    two expansions it meets (the ssh that runs this command, then this command's ssh)."""
+    inner: list[str] = []
+    if hop.via is not None:
+        inner = ["-o", f"ProxyCommand={_literal(_through(hop.via, checks))}"]
+    elif hop.proxy_command is not None:
+        inner = ["-o", f"ProxyCommand={_literal(_literal(hop.proxy_command))}"]
+    return shlex.join(["ssh", "-p", str(hop.port), *checks, *inner, "-W", "%h:%p", f"{hop.user}@{hop.host}"])
 
 
 def known_hosts_name(hop: JumpHost) -> str:
@@ -286,12 +311,14 @@ def open_hop(connection: fabric.Connection, hop: JumpHost, timeout_s: float, dir
         connection.connect_kwargs.pop("sock", None)
 
 
-def connect_error(target: SSHTarget, error: Exception, hop: JumpHost, through_jump: bool) -> ConnectFailed:
-    """What a failed connect to `hop` means for the user: an unknown or changed host key, authentication, the jump
-    host, or the host not reachable; each with what to do."""
-    known, jump = target.known_hosts_path, target.jump
-    what = "jump host" if jump is not None and not through_jump else "host"
-    via = f" via jump host {jump.address}" if through_jump and jump is not None else ""
+def connect_error(target: SSHTarget, error: Exception, hop: JumpHost, *, through: JumpHost | None, is_jump: bool,
+                  proxy_command: str | None) -> ConnectFailed:
+    """What a failed connect to `hop` (a jump host or the host, `through` the hop before it, or its `proxy_command`)
+    means for the user: an unknown or changed host key, authentication, the jump host, or the host not reachable;
+    each with what to do."""
+    known = target.known_hosts_path
+    what = "jump host" if is_jump else "host"
+    via = f" via jump host {through.address}" if through is not None else ""
     if isinstance(error, UnknownHostKey):
         return ConnectFailed(
             f"host key of {what} {error.hostname}{via} is not in {known}: {error.key.get_name()} "
@@ -316,14 +343,14 @@ def connect_error(target: SSHTarget, error: Exception, hop: JumpHost, through_ju
         return ConnectFailed(f"SSH authentication as {hop.user!r} on {what} {hop.host}:{hop.port}{via} failed: "
                              f"{error}", hint="check the user and key file (inventory: ansible_user, "
                                   "ansible_ssh_private_key_file; ssh config: User, IdentityFile) and the ssh agent")
-    if target.proxy_command is not None and isinstance(error, (paramiko.ProxyCommandFailure, paramiko.SSHException,
-                                                                EOFError, OSError)):
-        return ConnectFailed(f"cannot connect to {hop.address} through its ProxyCommand {target.proxy_command!r}: "
+    if proxy_command is not None and isinstance(error, (paramiko.ProxyCommandFailure, paramiko.SSHException,
+                                                         EOFError, OSError)):
+        return ConnectFailed(f"cannot connect to {what} {hop.address} through its ProxyCommand {proxy_command!r}: "
                              f"{error or type(error).__name__}",
                              hint="run the command yourself: it must connect its stdin and stdout to the host's sshd "
                                   "(ssh config ProxyCommand, or -o ProxyCommand= in ansible_ssh_common_args)")
-    if isinstance(error, paramiko.ChannelException) and jump is not None:
-        return ConnectFailed(f"jump host {jump.address} cannot open a connection to {hop.host}:{hop.port}: "
+    if isinstance(error, paramiko.ChannelException) and through is not None:
+        return ConnectFailed(f"jump host {through.address} cannot open a connection to {hop.host}:{hop.port}: "
                              f"{error}", hint="is the host up, at the address the jump host sees it by?")
     return ConnectFailed(f"cannot connect to {what} {hop.address}{via}: {error or type(error).__name__}",
                          hint="is the host up and sshd listening on that port?")
