@@ -266,11 +266,27 @@ def typed_sudo_password() -> SudoPassword:
         return _typed_sudo_password[0]
 
 
+_typed_passphrases: dict[tuple[Path, ...], str] = {}  # typed once per command for each set of keys
+
+
+def with_key_passphrase(ssh: SSHTarget) -> SSHTarget:
+    """At a terminal, the passphrase of the target's encrypted key files that no ssh agent key stands for, typed
+    once; elsewhere the target as it is (its connect then says to `ssh-add` the key)."""
+    from deploy_lib.remote.ssh import keys_needing_passphrase, unlocked_with
+    locked = keys_needing_passphrase(ssh)
+    if not locked or not sys.stdin.isatty():
+        return ssh
+    with _typing:
+        if locked not in _typed_passphrases:
+            _typed_passphrases[locked] = getpass.getpass(f"passphrase for {', '.join(map(str, locked))}: ")
+    return unlocked_with(ssh, locked, _typed_passphrases[locked])
+
+
 def remote(found: Target, prefixed: bool = False) -> FabricRemote:
     from deploy_lib.remote import FabricRemote
     host = found.host.name if prefixed else ""
     def resolved() -> SSHTarget:
-        return with_sudo_password(found, os.environ, typed_sudo_password)
+        return with_key_passphrase(with_sudo_password(found, os.environ, typed_sudo_password))
     # a group's host (prefixed) connects in a worker thread, where its error is its own (ops.fleet.host_run)
     ssh = resolved() if prefixed else run(resolved)
     return FabricRemote(ssh, on_result=ui.step_printer(host=host) if _output.verbose else None)

@@ -22,7 +22,7 @@ from deploy_lib.deploy.project import resolve_target
 from deploy_lib.errors import ConfigError, ConnectFailed
 from deploy_lib.inventory.model import load_inventory
 from deploy_lib.remote import FabricRemote, JumpHost, SSHTarget, Step
-from deploy_lib.remote.ssh import rsync_argv
+from deploy_lib.remote.ssh import keys_needing_passphrase, rsync_argv, unlocked_with
 from deploy_lib.remote.ssh_config import SSH_CONFIG_ENV
 
 CONFIG = """\
@@ -233,6 +233,48 @@ def test_with_a_key_file_set_the_agents_keys_are_still_offered(sshd: SshServer, 
         with pytest.raises(ConnectFailed, match="is encrypted"), \
                 FabricRemote(resolve_target(load_inventory(inventory), "lab").ssh) as remote:
             remote.run([Step("probe", ("true",))])
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=10)
+
+
+def test_a_passphrase_given_unlocks_an_encrypted_key_with_no_agent(sshd: SshServer, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input tried: the encrypted key file, no ssh agent: the key is the one a passphrase prompt asks for, and the
+    passphrase typed (the CLI asks, at a terminal) opens the connection; a wrong one is refused naming the key."""
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    key = _encrypted_copy(sshd, tmp_path)
+    target = SSHTarget(host="127.0.0.1", port=sshd.port, user=getpass.getuser(), key_files=(key,),
+                       known_hosts_file=_known_hosts(tmp_path, sshd), connect_timeout_s=5)
+    assert keys_needing_passphrase(target) == (key,)
+    assert keys_needing_passphrase(replace(target, key_files=(sshd.client_key,))) == ()
+    unlocked = unlocked_with(target, (key,), "s3cret pass")
+    assert "s3cret" not in repr(unlocked)
+    with FabricRemote(unlocked) as remote:
+        assert remote.run([Step("probe", ("echo", "unlocked"))])[0].stdout == "unlocked\n"
+    with pytest.raises(ConfigError, match=f"does not unlock the key file {key}"):
+        unlocked_with(target, (key,), "not it")
+
+
+def test_no_passphrase_is_asked_for_a_key_the_agent_holds(sshd: SshServer, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input tried: the encrypted key with its public half beside it, loaded in an ssh-agent this test starts; then
+    IdentitiesOnly, which keeps the agent out."""
+    key = _encrypted_copy(sshd, tmp_path)
+    key.with_name(key.name + ".pub").write_text(Path(f"{sshd.client_key}.pub").read_text())
+    socket_path = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket_path)], stdout=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if socket_path.exists():
+                break
+            time.sleep(0.05)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(socket_path))
+        target = SSHTarget(host="127.0.0.1", key_files=(key,))
+        assert keys_needing_passphrase(target) == (key,)  # an empty agent
+        subprocess.run(["ssh-add", "-q", str(sshd.client_key)], check=True)
+        assert keys_needing_passphrase(target) == ()
+        assert keys_needing_passphrase(replace(target, identities_only=True)) == (key,)
     finally:
         agent.send_signal(signal.SIGTERM)
         agent.wait(timeout=10)

@@ -8,7 +8,7 @@ import hashlib
 import shlex
 import socket
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
 from typing import TYPE_CHECKING, Any
 
@@ -87,6 +87,8 @@ class SSHTarget:
     jump: JumpHost | None = None
     proxy_command: str | None = None
     sudo_password: SudoPassword | None = None
+    # unlocks encrypted key files for the paramiko connection (typed at the terminal: keys_needing_passphrase)
+    key_passphrase: str | None = field(default=None, repr=False)
 
     @property
     def password_for_sudo(self) -> SudoPassword | None:
@@ -281,7 +283,51 @@ def connect_kwargs(target: SSHTarget) -> dict[str, Any]:
     kwargs |= {"allow_agent": not target.identities_only, "look_for_keys": not target.key_files}
     if target.key_files:
         kwargs["key_filename"] = [str(key.expanduser()) for key in target.key_files]
+    if target.key_passphrase is not None:
+        kwargs["passphrase"] = target.key_passphrase
     return kwargs
+
+
+def keys_needing_passphrase(target: SSHTarget) -> tuple[Path, ...]:
+    """The target's key files that are encrypted and that no ssh agent key stands for (the agent counts unless
+    IdentitiesOnly): what a passphrase would unlock. A key is matched by its public half beside it (KEY.pub); without
+    one, any agent key may be it, so only an empty agent leaves it locked."""
+    encrypted = []
+    for key in target.key_files:
+        try:
+            paramiko.PKey.from_path(key.expanduser())
+        except (paramiko.PasswordRequiredException, TypeError):  # cryptography's word for an OpenSSH-format one
+            encrypted.append(key.expanduser())
+        except (OSError, ValueError, paramiko.SSHException):
+            continue  # unreadable or not a key: the connect says so
+    if not encrypted:
+        return ()
+    agent = paramiko.Agent()
+    try:
+        held = set() if target.identities_only else {key.asbytes() for key in agent.get_keys()}
+    finally:
+        agent.close()
+
+    def unlocked(key: Path) -> bool:
+        public = key.with_name(key.name + ".pub")
+        try:
+            return base64.b64decode(public.read_text().split()[1]) in held
+        except (OSError, IndexError, ValueError):
+            return bool(held)
+    return tuple(key for key in encrypted if not unlocked(key))
+
+
+def unlocked_with(target: SSHTarget, keys: tuple[Path, ...], passphrase: str) -> SSHTarget:
+    """The target with the passphrase that opens its encrypted `keys`; ConfigError naming a key it does not open,
+    before any connection."""
+    for key in keys:
+        try:
+            paramiko.PKey.from_path(key, passphrase.encode())  # type: ignore[arg-type]  # bytes, as cryptography wants
+        except (paramiko.SSHException, ValueError, TypeError):
+            raise ConfigError(f"the passphrase typed does not unlock the key file {key}",
+                              hint=f"run the command again and type it again, or load the key into your ssh agent "
+                                   f"(`ssh-add {shlex.quote(str(key))}`)") from None
+    return replace(target, key_passphrase=passphrase)
 
 
 def open_hop(connection: fabric.Connection, hop: JumpHost, timeout_s: float, direct: bool,

@@ -194,10 +194,11 @@ def _invoke(project: Path, *argv: str, env: dict[str, str]) -> subprocess.Comple
 
 def test_a_deploy_through_a_proxycommand_and_a_second_hop_with_a_sudo_password_ends_verified(
         pair: JumpPair, tmp_path: Path) -> None:
-    """Issue 40's done-when. Input tried: the inventory's `ansible_ssh_common_args: -o ProxyCommand=ssh ... -W %h:%p
-    deploy@<jump>` whose own ProxyCommand is a relay to the jump guest (as a bastion behind SSM or cloudflared):
-    two hops, the relay's and the jump guest's; the target's sudoers rule asks deploy for a password (no NOPASSWD),
-    and the inventory's `become_password: {env: ...}` gives it. A wrong one is refused first, nothing changed."""
+    """Issue 40's done-when. Input tried: the inventory's `ansible_ssh_common_args: -J node`, where the ssh config's
+    `Host node` (the jump guest) is reached through a ProxyCommand, a relay (as a bastion behind SSM or
+    cloudflared): two hops, the relay's to the jump guest and the jump guest's to the target, for the connection and
+    for rsync. The target's sudoers rule asks deploy for a password (no NOPASSWD), and the inventory's
+    `become_password: {env: ...}` gives it. A wrong one is refused first, nothing changed."""
     known_hosts = tmp_path / "known_hosts"
     known_hosts.write_text(pair.key_line(pair.jump, pair.jump.guest_ip) + pair.key_line(pair.target, pair.target_ip))
     with FabricRemote(pair.ssh_target(known_hosts)) as remote:  # still passwordless: the guest's image grants it
@@ -209,16 +210,15 @@ def test_a_deploy_through_a_proxycommand_and_a_second_hop_with_a_sudo_password_e
             remote.run([Step("sudo -n now", ("true",), sudo=True)])
     _ip("-n", pair.target.netns, "link", "set", "host0", "up")  # the target's way to the model hub on this machine
     record = tmp_path / "relayed"
-    relay = shlex.join([sys.executable, str(RELAY), pair.jump.guest_ip, "22", str(record)])
-    hops = shlex.join(["ssh", "-F", "/dev/null", "-i", str(pair.jump.key), "-o", "BatchMode=yes",
-                       "-o", "StrictHostKeyChecking=yes", "-o", f"UserKnownHostsFile={known_hosts}",
-                       "-o", f"ProxyCommand={relay}", "-W", "%h:%p", f"{manage.GUEST_USER}@{pair.jump.guest_ip}"])
+    (tmp_path / "ssh_config").write_text(
+        f"Host node\n  HostName {pair.jump.guest_ip}\n  User {manage.GUEST_USER}\n"
+        f"  ProxyCommand {shlex.join([sys.executable, str(RELAY), '%h', '%p', str(record)])}\n")
     project, inventory = project_for_guest(tmp_path / "project", pair.target, {})
     written = yaml.safe_load(Path(inventory).read_text())
     written["all"]["children"]["sandbox"]["hosts"] = {"vm": {
-        "ansible_host": pair.target_ip, "known_hosts_file": str(known_hosts), "ssh_config_file": "none",
-        "hf_endpoint": pair.target.hub.endpoint, "become_password": {"env": "VM_SUDO_PASSWORD"},
-        "ansible_ssh_common_args": shlex.join(["-o", f"ProxyCommand={hops}"])}}
+        "ansible_host": pair.target_ip, "known_hosts_file": str(known_hosts),
+        "ssh_config_file": str(tmp_path / "ssh_config"), "hf_endpoint": pair.target.hub.endpoint,
+        "become_password": {"env": "VM_SUDO_PASSWORD"}, "ansible_ssh_common_args": "-J node"}}
     Path(inventory).write_text(yaml.safe_dump(written))
     deploy = ("deploy", "--profile", "glm5-nvfp4", "--inventory", inventory, "--host", "vm", "--yes")
     try:
@@ -235,8 +235,9 @@ def test_a_deploy_through_a_proxycommand_and_a_second_hop_with_a_sudo_password_e
             assert "Tr0ub4dor" not in shown
         assert set(record.read_text().splitlines()) == {f"{pair.jump.guest_ip} 22"}
 
-        with_password = replace(pair.ssh_target(known_hosts),
-                                sudo_password=SudoPassword(SUDO_PASSWORD, "the test"))
+        target = resolve_target(load_inventory(Path(inventory)), "vm")
+        assert target.ssh.jump is not None and target.ssh.jump.proxy_command is not None  # node, by its ProxyCommand
+        with_password = replace(target.ssh, sudo_password=SudoPassword(SUDO_PASSWORD, "the test"))
         pushed = tmp_path / "pushed"
         pushed.mkdir()
         (pushed / "a.txt").write_text("by rsync, sudo with a password\n")
