@@ -171,7 +171,7 @@ def check_result(result: StepResult, where: str, user: str | None = None) -> Non
             hint=f"give the inventory's ansible_user passwordless sudo (as root on the host: "
                  f"`echo '{who} ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/{who} && "
                  f"chmod 0440 /etc/sudoers.d/{who} && visudo -c`), or give its sudo password: "
-                 "--ask-become-pass, or the inventory's `become_password: {env: VAR}`")
+                 "the inventory's `become_password: ask` (typed at the terminal) or `become_password: {env: VAR}`")
     accepted = step.ok if isinstance(step, Step) else frozenset({0})
     if result.exit_code in accepted:
         return
