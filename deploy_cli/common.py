@@ -273,8 +273,8 @@ def with_key_passphrase(ssh: SSHTarget) -> SSHTarget:
     """At a terminal, the passphrase of the target's encrypted key files that no ssh agent key stands for, typed
     once; elsewhere the target as it is (its connect then says to `ssh-add` the key)."""
     from deploy_lib.remote.ssh import keys_needing_passphrase, unlocked_with
-    locked = keys_needing_passphrase(ssh)
-    if not locked or not sys.stdin.isatty():
+    locked = keys_needing_passphrase(ssh) if sys.stdin.isatty() else ()
+    if not locked:
         return ssh
     with _typing:
         if locked not in _typed_passphrases:
