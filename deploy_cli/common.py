@@ -4,7 +4,10 @@ and a command's end printed for one host or a group."""
 
 from __future__ import annotations
 
+import getpass
 import os
+import sys
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import cache
@@ -16,7 +19,14 @@ from invoke import Exit
 from deploy_cli import present as ui
 from deploy_cli.envelope import Envelope, ErrorDoc, HostDoc, RolloutDoc
 from deploy_cli.options import given_limit
-from deploy_lib.deploy.project import Project, Target, load_for_host, profile_for_host, resolve_target
+from deploy_lib.deploy.project import (
+    Project,
+    Target,
+    load_for_host,
+    profile_for_host,
+    resolve_target,
+    with_sudo_password,
+)
 from deploy_lib.errors import EXIT_CODES, ConfigError, DeployError
 from deploy_lib.profile import LoadedProfile, ServiceSpec
 
@@ -25,6 +35,7 @@ if TYPE_CHECKING:
     from deploy_lib.ops.fleet import FleetRun, HostRun, Rollout
     from deploy_lib.ops.scope import Reach, Scope
     from deploy_lib.remote import FabricRemote
+    from deploy_lib.remote.ssh import SSHTarget, SudoPassword
 
 T = TypeVar("T")
 BAD_OPTION = EXIT_CODES[ConfigError]
@@ -237,10 +248,48 @@ def consent_possible(yes: bool) -> None:
         run(ui.require_terminal)
 
 
+_typed_sudo_password: list[SudoPassword] = []  # typed once per command; a group's hosts open in threads
+_typing = threading.Lock()
+
+
+def typed_sudo_password() -> SudoPassword:
+    """The sudo password of the hosts whose inventory says `become_password: ask`, typed once at the terminal."""
+    from deploy_lib.remote.ssh import SudoPassword
+    with _typing:
+        if not _typed_sudo_password:
+            if not sys.stdin.isatty():
+                raise ConfigError("become_password: ask: stdin is not a terminal to type the sudo password at, so "
+                                  "nothing was changed", hint="give it from a secret source: `become_password: "
+                                  "{env: VAR}` (or {file: PATH}, {command: [ARGV...]})")
+            typed = getpass.getpass("sudo password (become_password: ask): ")
+            _typed_sudo_password.append(SudoPassword(typed, "the terminal (become_password: ask)"))
+        return _typed_sudo_password[0]
+
+
+_typed_passphrases: dict[tuple[Path, ...], str] = {}  # typed once per command for each set of keys
+
+
+def with_key_passphrase(ssh: SSHTarget) -> SSHTarget:
+    """At a terminal, the passphrase of the target's encrypted key files that no ssh agent key stands for, typed
+    once; elsewhere the target as it is (its connect then says to `ssh-add` the key)."""
+    from deploy_lib.remote.ssh import keys_needing_passphrase, unlocked_with
+    locked = keys_needing_passphrase(ssh) if sys.stdin.isatty() else ()
+    if not locked:
+        return ssh
+    with _typing:
+        if locked not in _typed_passphrases:
+            _typed_passphrases[locked] = getpass.getpass(f"passphrase for {', '.join(map(str, locked))}: ")
+    return unlocked_with(ssh, locked, _typed_passphrases[locked])
+
+
 def remote(found: Target, prefixed: bool = False) -> FabricRemote:
     from deploy_lib.remote import FabricRemote
     host = found.host.name if prefixed else ""
-    return FabricRemote(found.ssh, on_result=ui.step_printer(host=host) if _output.verbose else None)
+    def resolved() -> SSHTarget:
+        return with_key_passphrase(with_sudo_password(found, os.environ, typed_sudo_password))
+    # a group's host (prefixed) connects in a worker thread, where its error is its own (ops.fleet.host_run)
+    ssh = resolved() if prefixed else run(resolved)
+    return FabricRemote(ssh, on_result=ui.step_printer(host=host) if _output.verbose else None)
 
 
 def progress(host: str = "") -> ui.TerminalProgress:

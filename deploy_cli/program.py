@@ -144,6 +144,8 @@ def with_operand(tokens: list[str], contexts: Lexicon, initial: ParserContext, o
 # that has a flag of the same name (`patch --check`) keeps its own.
 EXTRA_VARS = "Ansible's extra vars are a profile's values here: `--set path.to.key=value` (deploy, plan, render)"
 CHECK_MODE = "Ansible's check mode is `--dry-run` (deploy, tune) or the `plan` task here"
+BECOME_PASSWORD = ("Ansible's become password is the inventory's `become_password` here: `ask` (typed once at the "
+                   "terminal) or `{env: VAR}`")
 ANSWERED = {
     "--limit": "--limit PATTERN (Ansible's host patterns) is an option of the tasks that take both --host and "
                "--group (deploy, status, logs, ...), given after the task",
@@ -151,6 +153,8 @@ ANSWERED = {
     "--extra-vars": EXTRA_VARS,
     "--check": CHECK_MODE,
     "-C": CHECK_MODE,
+    "-K": BECOME_PASSWORD,
+    "--ask-become-pass": BECOME_PASSWORD,
     "--set": "--set overrides a profile value (deploy, plan, render); a patch set is `--name NAME`",
 }
 

@@ -97,6 +97,11 @@ class SudoPasswordRequired(StepFailed):
     """`sudo -n` on the host wants a password: the inventory's user lacks a NOPASSWD sudoers rule."""
 
 
+class SudoPasswordRefused(ConfigError):
+    """sudo on the host refused the sudo password given (inventory `become_password`, or typed at the terminal):
+    checked right after connecting, before any step ran, so nothing was changed."""
+
+
 class ReadinessFailed(DeployError):
     """The new release did not become ready; it was rolled back to the last good one."""
 

@@ -95,6 +95,10 @@ ANSIBLE = [
     ("deploy --check", "error: `deploy` has no option --check: Ansible's check mode is `--dry-run` (deploy, tune) or "
                        "the `plan` task here"),
     ("render -C", "error: `render` has no option -C: Ansible's check mode is `--dry-run`"),
+    ("deploy -K", "error: `deploy` has no option -K: Ansible's become password is the inventory's `become_password` "
+                  "here: `ask` (typed once at the terminal) or `{env: VAR}`"),
+    ("status --ask-become-pass", "error: `status` has no option --ask-become-pass: Ansible's become password is the "
+                                 "inventory's `become_password` here"),
     # --set is a profile override wherever it is taken; patch's first spelling of the set's name is refused
     ("patch --set fusion-sm120 --check", "error: `patch` has no option --set: --set overrides a profile value "
                                          "(deploy, plan, render); a patch set is `--name NAME`"),

@@ -221,7 +221,7 @@ def test_each_hop_sends_its_small_packets_at_once(sshd: SshServer, tmp_path: Pat
     for target in (sshd.target(known_hosts), _through_itself(sshd, known_hosts)):
         with FabricRemote(target) as remote:
             assert remote.run([Step("probe", ("true",))])[0].exit_code == 0
-            direct = remote._gateway or remote._connect()
+            direct = remote._gateways[0] if remote._gateways else remote._connect()
             assert direct.transport.sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) != 0
 
 

@@ -155,3 +155,42 @@ def test_without_sudo_on_the_host_each_root_step_fails_as_it_would_alone(tmp_pat
     results = run_script(steps, user="deploy", env={"PATH": str(tools)}).results
     assert [(r.step.name, r.exit_code) for r in results] == [("read", 127), ("root", 127)]
     assert all("failed to run command 'sudo'" in r.stderr for r in results)
+
+
+def test_with_a_sudo_password_each_root_step_gives_the_result_it_gives_as_root() -> None:
+    """Input tried: the password `hunter2 'x' $HOME` (with a space and shell characters) as the channel's first line,
+    the rest of the channel a secret step's stdin. sudo here does not ask root for it (as under a NOPASSWD rule): the
+    root side skips the line, so no step reads it, in a root run, a step of its own, or a concurrent group."""
+    password = "hunter2 'x' $HOME"
+    steps = [
+        Step("hostile argv", ("printf", "%s\\0", *HOSTILE), sudo=True),
+        Step("here-document stdin", ("cat",), sudo=True, stdin=b"line one\nline two\n"),
+        Step("user", ("id", "-un")),
+        Step("channel stdin", ("cat",), sudo=True, stdin=b"from the channel\n", secret=True),
+        *concurrently([Step("slow", ("sh", "-c", "sleep 0.2; cat"), sudo=True),
+                       Step("fast", ("sh", "-c", "cat; echo fast >&2"), sudo=True)]),
+        Step("who", ("id", "-un"), sudo=True),
+    ]
+    channel = channel_stdin(steps) or b""
+    script = batch_script(steps, "deploy", MARKER, with_password=True)
+    assert password not in script and "sudo -n" not in script
+    with_password = run_script(steps, f"{password}\n".encode() + channel, user="deploy", with_password=True)
+    as_root = run_script(steps, channel, user="root").results
+    assert [(r.step.name, r.exit_code, r.stdout, r.stderr) for r in with_password.results] == \
+        [(r.step.name, r.exit_code, r.stdout, r.stderr) for r in as_root]
+    assert with_password.results[3].stdout == "from the channel\n"
+    assert with_password.results[4].stdout == with_password.results[5].stdout == ""
+    assert password not in with_password.process.stdout.decode() + with_password.process.stderr.decode()
+
+
+def test_a_sudo_password_sudo_refuses_fails_the_first_root_step_and_runs_none(tmp_path: Path) -> None:
+    """`nobody` cannot authenticate to sudo: the password given is refused, the first root step fails with sudo's
+    words (not the `-n` refusal of a prompt), no root step ran, and the password is in no output."""
+    password = "not-nobodys-password"
+    witness = tmp_path / "ran as root"
+    steps = [Step("write", ("touch", str(witness)), sudo=True), Step("never", ("true",), sudo=True)]
+    run = run_script(steps, f"{password}\n".encode(), user="deploy", caller=AS_NOBODY, with_password=True)
+    assert [(r.step.name, r.exit_code, r.stdout) for r in run.results] == [("write", 1, "")]
+    assert "incorrect password" in run.results[0].stderr and SUDO_PASSWORD_PROMPT not in run.results[0].stderr
+    assert not witness.exists()
+    assert password not in run.process.stdout.decode() + run.process.stderr.decode()

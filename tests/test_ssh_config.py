@@ -12,6 +12,7 @@ import signal
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -21,7 +22,7 @@ from deploy_lib.deploy.project import resolve_target
 from deploy_lib.errors import ConfigError, ConnectFailed
 from deploy_lib.inventory.model import load_inventory
 from deploy_lib.remote import FabricRemote, JumpHost, SSHTarget, Step
-from deploy_lib.remote.ssh import rsync_argv
+from deploy_lib.remote.ssh import keys_needing_passphrase, rsync_argv, unlocked_with
 from deploy_lib.remote.ssh_config import SSH_CONFIG_ENV
 
 CONFIG = """\
@@ -144,8 +145,9 @@ def test_identities_only_turns_the_agent_off(tmp_path: Path) -> None:
     ("Host gpu1\n  Port 0\n", "Host gpu1: Port '0' is not in 1-65535"),
     ("Host gpu1\n  ProxyCommand nc %h %p\n  ProxyJump j\n", "Host gpu1: both ProxyJump and ProxyCommand apply"),
     ("Host gpu1\n  RemoteCommand sh\n", "Host gpu1: remotecommand cannot be honoured"),
-    ("Host gpu1\n  ProxyJump a,b\n", "is a chain of jump hosts"),
-    ("Host gpu1\n  ProxyJump j\nHost j\n  ProxyJump k\n", "Host j: ProxyJump 'k' makes a chain of jump hosts"),
+    ("Host gpu1\n  ProxyJump j\nHost j\n  ProxyJump k\nHost k\n  ProxyJump j\n",
+     "Host j: ProxyJump 'k' makes a loop: gpu1 -> j -> k -> j"),
+    ("Host gpu1\n  ProxyJump a,,b\n", "'' is not a jump host"),
     ("Host gpu1\n  ProxyJump 'x;y'\n", "is not a jump host"),
     ("Include loop\n", "Include nested more than 16 deep"),
 ])
@@ -236,6 +238,48 @@ def test_with_a_key_file_set_the_agents_keys_are_still_offered(sshd: SshServer, 
         agent.wait(timeout=10)
 
 
+def test_a_passphrase_given_unlocks_an_encrypted_key_with_no_agent(sshd: SshServer, tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input tried: the encrypted key file, no ssh agent: the key is the one a passphrase prompt asks for, and the
+    passphrase typed (the CLI asks, at a terminal) opens the connection; a wrong one is refused naming the key."""
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    key = _encrypted_copy(sshd, tmp_path)
+    target = SSHTarget(host="127.0.0.1", port=sshd.port, user=getpass.getuser(), key_files=(key,),
+                       known_hosts_file=_known_hosts(tmp_path, sshd), connect_timeout_s=5)
+    assert keys_needing_passphrase(target) == (key,)
+    assert keys_needing_passphrase(replace(target, key_files=(sshd.client_key,))) == ()
+    unlocked = unlocked_with(target, (key,), "s3cret pass")
+    assert "s3cret" not in repr(unlocked)
+    with FabricRemote(unlocked) as remote:
+        assert remote.run([Step("probe", ("echo", "unlocked"))])[0].stdout == "unlocked\n"
+    with pytest.raises(ConfigError, match=f"does not unlock the key file {key}"):
+        unlocked_with(target, (key,), "not it")
+
+
+def test_no_passphrase_is_asked_for_a_key_the_agent_holds(sshd: SshServer, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input tried: the encrypted key with its public half beside it, loaded in an ssh-agent this test starts; then
+    IdentitiesOnly, which keeps the agent out."""
+    key = _encrypted_copy(sshd, tmp_path)
+    key.with_name(key.name + ".pub").write_text(Path(f"{sshd.client_key}.pub").read_text())
+    socket_path = tmp_path / "agent.sock"
+    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket_path)], stdout=subprocess.DEVNULL)
+    try:
+        for _ in range(100):
+            if socket_path.exists():
+                break
+            time.sleep(0.05)
+        monkeypatch.setenv("SSH_AUTH_SOCK", str(socket_path))
+        target = SSHTarget(host="127.0.0.1", key_files=(key,))
+        assert keys_needing_passphrase(target) == (key,)  # an empty agent
+        subprocess.run(["ssh-add", "-q", str(sshd.client_key)], check=True)
+        assert keys_needing_passphrase(target) == ()
+        assert keys_needing_passphrase(replace(target, identities_only=True)) == (key,)
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=10)
+
+
 RELAY = Path(__file__).parent / "helpers" / "stdio_relay.py"
 
 
@@ -313,3 +357,78 @@ def test_rsyncs_ssh_runs_the_same_proxycommand_with_a_literal_percent_kept(tmp_p
     argv = rsync_argv(target, tmp_path, PurePosixPath("/opt/x"), None)
     ssh = shlex.split(argv[argv.index("-e") + 1])
     assert "ProxyCommand=connect --tag 50%% 10.0.0.5 22" in ssh
+
+
+def test_a_chain_of_jump_hosts_the_first_behind_its_proxycommand_carries_steps_and_pushes(
+        sshd: SshServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input tried: `ProxyJump bastion,inner` for the host in the ssh config, bastion reached through its own
+    ProxyCommand (a relay, as SSM or cloudflared): three hops, each the same sshd under another name, each hop's
+    host key checked; rsync's ssh nests them as ProxyCommands, each %h:%p expanded by its own ssh."""
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    record = tmp_path / "relayed"
+    relay = _relay(record, "%h", "%p")
+    user = getpass.getuser()
+    (tmp_path / "ssh_config").write_text(
+        f"Host bastion\n  HostName 127.0.0.1\n  Port {sshd.port}\n  ProxyCommand {relay}\n"
+        f"Host inner\n  HostName localhost\n  Port {sshd.port}\n"
+        f"Host lab\n  HostName 127.0.0.1\n  Port {sshd.port}\n  User {user}\n  IdentityFile {sshd.client_key}\n"
+        f"  ProxyJump {user}@bastion,{user}@inner\n")
+    known_hosts = _known_hosts(tmp_path, sshd)
+    kind, blob = sshd.host_public_key.read_text().split()[:2]
+    known_hosts.write_text(known_hosts.read_text() + f"[localhost]:{sshd.port} {kind} {blob}\n")
+    inventory = tmp_path / "hosts.yaml"
+    inventory.write_text(f"all:\n  hosts:\n    lab: {{ssh_config_file: ssh_config, known_hosts_file: {known_hosts}}}\n")
+    target = resolve_target(load_inventory(inventory), "lab").ssh
+    assert target.jump is not None
+    assert [(hop.host, hop.port, hop.user) for hop in target.jump.chain] == [("127.0.0.1", sshd.port, user),
+                                                                              ("localhost", sshd.port, user)]
+    assert target.jump.chain[0].proxy_command == _relay(record, "127.0.0.1", str(sshd.port))
+    local = tmp_path / "weights"
+    local.mkdir()
+    (local / "config.json").write_text("{}")
+    with FabricRemote(target) as remote:
+        assert remote.run([Step("echo", ("echo", "through two hops"))])[0].stdout == "through two hops\n"
+        remote.push_directory(local, PurePosixPath(tmp_path / "pushed"), None)
+    assert (tmp_path / "pushed" / "config.json").read_text() == "{}"
+    assert record.read_text().splitlines() == [f"127.0.0.1 {sshd.port}"] * 2  # the connection, then rsync's ssh
+
+
+@pytest.mark.parametrize("written", ["proxy_jump: 'a@198.51.100.7:2022,b@10.0.0.1'",
+                                     "ansible_ssh_common_args: '-J a@198.51.100.7:2022,b@10.0.0.1'",
+                                     "ansible_ssh_common_args: '-o ProxyJump=a@198.51.100.7:2022,b@10.0.0.1'"])
+def test_the_inventorys_chain_of_jump_hosts_is_each_hop_in_order(tmp_path: Path, written: str) -> None:
+    ssh = _target(tmp_path, f"ansible_host: 10.0.0.5, ansible_user: deploy, ssh_config_file: none, {written}",
+                  config=None)
+    assert ssh.jump is not None
+    assert [hop.address for hop in ssh.jump.chain] == ["a@198.51.100.7:2022", "b@10.0.0.1:22"]
+    assert ssh.address == "deploy@10.0.0.5:22 via a@198.51.100.7:2022 -> b@10.0.0.1:22"
+
+
+def test_the_first_hops_own_proxyjump_comes_before_the_chain(tmp_path: Path) -> None:
+    """Input tried: `ProxyJump inner` for the host, and inner's own `ProxyJump bastion` (as `ssh -J` follows it)."""
+    ssh = _target(tmp_path, "ssh_config_file: ssh_config", host="lab", config=(
+        "Host bastion\n  HostName 198.51.100.7\n  User hop\nHost inner\n  HostName 10.0.0.1\n  User in\n"
+        "  ProxyJump bastion\nHost lab\n  HostName 10.0.0.5\n  ProxyJump inner\n"))
+    assert ssh.jump is not None
+    assert [hop.address for hop in ssh.jump.chain] == ["hop@198.51.100.7:22", "in@10.0.0.1:22"]
+
+
+def test_a_percent_in_the_first_hops_proxycommand_stays_literal_through_rsyncs_nested_ssh(
+        sshd: SshServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input tried: a first hop's (expanded) ProxyCommand naming a file `relayed-50%`: rsync's ssh meets it two
+    ProxyCommands deep, and each ssh expands %-tokens once."""
+    monkeypatch.delenv("SSH_AUTH_SOCK", raising=False)
+    record = tmp_path / "relayed-50%"
+    known_hosts = _known_hosts(tmp_path, sshd)
+    kind, blob = sshd.host_public_key.read_text().split()[:2]
+    known_hosts.write_text(known_hosts.read_text() + f"[localhost]:{sshd.port} {kind} {blob}\n")
+    first = JumpHost("127.0.0.1", sshd.port, getpass.getuser(),
+                     proxy_command=_relay(record, "127.0.0.1", str(sshd.port)))
+    target = replace(sshd.target(known_hosts), jump=JumpHost("localhost", sshd.port, getpass.getuser(), via=first))
+    local = tmp_path / "weights"
+    local.mkdir()
+    (local / "config.json").write_text("{}")
+    with FabricRemote(target) as remote:
+        remote.push_directory(local, PurePosixPath(tmp_path / "pushed"), None)
+    assert (tmp_path / "pushed" / "config.json").read_text() == "{}"
+    assert record.read_text().splitlines() == [f"127.0.0.1 {sshd.port}"]

@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
 from deploy_lib.errors import ConfigError
 from deploy_lib.inventory.model import Host, Inventory, check_profile_fits_host, load_inventory, ssh_target
 from deploy_lib.profile import LoadedProfile, Profile, load_profile
 from deploy_lib.profile.overrides import from_command_line
+from deploy_lib.release.model import read_secret
 from deploy_lib.remote import SSHTarget
+from deploy_lib.remote.ssh import SudoPassword
 from deploy_lib.store import StoreLayout
 
 DEFAULT_INVENTORY = "inventory/hosts.yaml"
@@ -130,6 +132,18 @@ def resolve_group(inventory: Inventory, group: str, accept_new_host_key: bool = 
 def _target(inventory: Inventory, host: Host, accept_new_host_key: bool) -> Target:
     ssh = ssh_target(inventory.path, host, accept_new_host_key, os.environ)
     return Target(host=host, ssh=ssh, deploy_root=PurePosixPath(host.vars.deploy_root))
+
+
+def with_sudo_password(target: Target, environ: Mapping[str, str], typed: Callable[[], SudoPassword]) -> SSHTarget:
+    """The target's SSH settings with the sudo password its inventory's `become_password` gives: `ask` is the one
+    `typed` at the terminal (the CLI asks), a secret source is read on this machine; unchanged without one."""
+    given = target.host.vars.become_password
+    if given is None:
+        return target.ssh
+    if isinstance(given, str):  # ASK_BECOME_PASSWORD, the only word the inventory's validator lets through
+        return replace(target.ssh, sudo_password=typed())
+    where = f"{target.host.var_files.get('become_password', 'the inventory')}: host {target.host.name}: become_password"
+    return replace(target.ssh, sudo_password=SudoPassword(read_secret(where, given, environ), where))
 
 
 def profile_for_host(project: Project, given: str | None, target: Target, overrides: Sequence[str] = ()

@@ -9,14 +9,14 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 import paramiko
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
 from deploy_lib.errors import ConfigError, did_you_mean
 from deploy_lib.inventory.formats import expand_host_pattern, inventory_file, read_inventory_source, read_vars_files
-from deploy_lib.profile import AbsPath, Profile, format_validation_error
+from deploy_lib.profile import AbsPath, Profile, SecretRef, format_validation_error
 from deploy_lib.remote import SSHTarget
 from deploy_lib.remote.ssh_config import (
     GivenSSH,
@@ -30,6 +30,10 @@ from deploy_lib.remote.ssh_config import (
 )
 
 _GROUP_KEYS = {"hosts", "children", "vars"}
+ASK_BECOME_PASSWORD = "ask"  # become_password: typed once at the terminal, for every host that says so
+_BECOME_PASSWORD_HELP = ("a sudo password is never written in the inventory: write `become_password: ask` (typed at "
+                         "the terminal) or `become_password: {env: VAR}` (or `{file: PATH}`, `{command: [ARGV...]}`), "
+                         "read on this machine")
 _HOST_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,253}$")
 
 
@@ -91,11 +95,31 @@ class HostVars(BaseModel):
         None, description="inventory host of the Proxmox VE node this VM runs on; gpu-check reads it, read-only")
     proxmox_vmid: Annotated[int, Field(ge=100, le=999999999)] | None = Field(
         None, description="this VM's id on proxmox_node (`qm config` reads its passthrough)")
-    proxy_jump: str | None = Field(None, description="jump host, [user@]host[:port] as OpenSSH's ProxyJump")
+    proxy_jump: str | None = Field(None, description="jump host, [user@]host[:port] as OpenSSH's ProxyJump; a chain "
+                                                     "a,b reaches a first")
     ansible_ssh_common_args: str | None = Field(
         None, description="only -o ProxyJump=... / -J ... or -o ProxyCommand=... is honoured")
     ansible_ssh_extra_args: str | None = Field(
         None, description="only -o ProxyJump=... / -J ... or -o ProxyCommand=... is honoured")
+    become_password: SecretRef | Literal["ask"] | None = Field(
+        None, description="ansible_user's sudo password where its sudoers rule is not NOPASSWD: `ask` (typed once at "
+                          "the terminal), {env: VAR}, {file: PATH} or {command: [ARGV...]}, read on this machine")
+    ansible_become_password: Any = Field(None, description="refused: a password in clear; use become_password")
+    ansible_become_pass: Any = Field(None, description="refused: a password in clear; use become_password")
+
+    @field_validator("become_password", mode="before")
+    @classmethod
+    def _become_password(cls, value: Any) -> Any:
+        if isinstance(value, str | int | float) and value != ASK_BECOME_PASSWORD:
+            raise ValueError(_BECOME_PASSWORD_HELP)
+        return value
+
+    @field_validator("ansible_become_password", "ansible_become_pass")
+    @classmethod
+    def _no_password_in_clear(cls, value: Any) -> Any:
+        if value is not None:
+            raise ValueError(f"Ansible's become password is not read; {_BECOME_PASSWORD_HELP}")
+        return value
 
     @field_validator("proxy_jump")
     @classmethod

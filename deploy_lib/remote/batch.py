@@ -28,12 +28,38 @@ PUT_TIMEOUT_S = 120
 ROOT_RUN_STOPPED = 3
 # A script's length is judged as a non-root user's: its root runs travel quoted inside it, so it is the longer one.
 LONGEST_SCRIPT_USER = "nonroot"
+# With a sudo password (SSHTarget.sudo_password) the channel's first line is the password, which the script reads into
+# a shell variable (never an argument: argv is in the host's process list). Each `sudo -S` gets it on its stdin followed
+# by this line and then the step's own stdin: sudo reads the password byte by byte up to its newline and leaves the
+# rest, and the root side (SKIP_PASSWORD) skips the password where sudo did not ask (a NOPASSWD rule), then this line.
+SUDO_PASSWORD_END = "SGLANG_DEPLOY_SUDO_PASSWORD_END"
+SKIP_PASSWORD = (f'IFS= read -r l; [ "$l" = {SUDO_PASSWORD_END} ] || IFS= read -r l; '
+                 f'[ "$l" = {SUDO_PASSWORD_END} ] || exit 1; unset l; exec "$@"')
+# `sudo -S -p ''` as the shell function the script defines: its arguments run as root, reading the function's stdin.
+SUDO_WITH_PASSWORD = "sudo_pw"
+_SUDO_WITH_PASSWORD_LINES = (
+    "IFS= read -r pw",
+    f"{SUDO_WITH_PASSWORD}() {{ {{ printf '%s\\n%s\\n' \"$pw\" {SUDO_PASSWORD_END}; cat; }} | "
+    f"sudo -S -p '' -- bash -c {shlex.quote(SKIP_PASSWORD)} sglang-deploy \"$@\"; }}",
+)
 
 
 def command_line(step: Step, user: str) -> str:
     """The argv quoted once for a POSIX shell, behind `sudo -n --` when it needs root and user is not root."""
     argv = ("sudo", "-n", "--", *step.argv) if step.sudo and user != "root" else step.argv
     return shlex.join(argv)
+
+
+def _timed(step: Step, command: str) -> str:
+    return f"timeout -k {KILL_AFTER_S} {step.timeout_s:g} {command}"
+
+
+def invocation(step: Step, user: str, with_password: bool) -> str:
+    """The step's command under its `timeout`, as `user`; one that needs root behind `sudo -n --` (command_line), or
+    with a sudo password behind SUDO_WITH_PASSWORD, whose root bash then runs the `timeout`."""
+    if with_password and step.sudo and user != "root":
+        return f"{SUDO_WITH_PASSWORD} {_timed(step, shlex.join(step.argv))}"
+    return _timed(step, command_line(step, user))
 
 
 def inline_stdin(step: Step) -> str | None:
@@ -177,21 +203,19 @@ def _segments(steps: Sequence[Step], user: str) -> list[tuple[bool, list[list[in
 
 def _group_lines(steps: Sequence[Step], group: list[int], marker: str, command: Callable[[Step], str],
                  stop: str) -> list[str]:
-    """One group's lines: its step (or its concurrent steps) framed by markers, then `stop` after a code not in a
-    step's ok set."""
+    """One group's lines: its step (or its concurrent steps; `command` gives each one's invocation) framed by markers,
+    then `stop` after a code not in a step's ok set."""
     oks = [f"case $rc{index} in {'|'.join(str(code) for code in sorted(steps[index].ok))}) ;; *) {stop} ;; esac"
            for index in group]
     if len(group) == 1:
         [index] = group
         step = steps[index]
-        return [_starts(marker, index), "t0=$EPOCHREALTIME",
-                f"timeout -k {KILL_AFTER_S} {step.timeout_s:g} {command(step)}{_redirect(step, ' <&3')}",
+        return [_starts(marker, index), "t0=$EPOCHREALTIME", f"{command(step)}{_redirect(step, ' <&3')}",
                 f"rc{index}=$?", *_markers(marker, index, f"$rc{index} $t0 $EPOCHREALTIME"), *oks]
     lines = ['[ -n "$d" ] || { d=$(mktemp -d) && trap \'rm -rf -- "$d"\' EXIT; }']
     for index in group:
         step, files = steps[index], f'"$d/{index}"'
-        lines += [f"( t0=$EPOCHREALTIME; timeout -k {KILL_AFTER_S} {step.timeout_s:g} "
-                  f"{command(step)} >{files}.out 2>{files}.err{_redirect(step, ' <&3')}",
+        lines += [f"( t0=$EPOCHREALTIME; {command(step)} >{files}.out 2>{files}.err{_redirect(step, ' <&3')}",
                   f"printf '%s %s %s' \"$?\" \"$t0\" \"$EPOCHREALTIME\" >{files}.rc ) &"]
     lines.append("wait")
     for index in group:
@@ -201,7 +225,7 @@ def _group_lines(steps: Sequence[Step], group: list[int], marker: str, command: 
     return lines + oks
 
 
-def _root_run_lines(steps: Sequence[Step], groups: list[list[int]], marker: str) -> list[str]:
+def _root_run_lines(steps: Sequence[Step], groups: list[list[int]], marker: str, with_password: bool) -> list[str]:
     """A root run: its steps' lines, as text in a variable, which one `sudo -n bash` reads from its stdin and runs,
     each step still under its own `timeout` with its own stdin and markers (on stdin, not in its command line: sudo
     logs a command line, and the facts' would hold SGLang's 36 KB option reader). The run's bash exits
@@ -209,34 +233,41 @@ def _root_run_lines(steps: Sequence[Step], groups: list[list[int]], marker: str)
     bash (it exits 1 when it asks for a password or refuses the command, 126/127 when it cannot be run), the same
     lines run here with `sudo -n --` before each step, so each step's result and its password prompt are what a step
     of its own would give (steps.check_result); a run's bash ended by a signal (128+) ends the batch without sending
-    its steps again."""
-    body = "\n".join(line for group in groups for line in _group_lines(
-        steps, group, marker, lambda step: '"${as_root[@]}" ' + shlex.join(step.argv), 'exit "$stop"'))
+    its steps again. With a sudo password the same, through SUDO_WITH_PASSWORD, which runs each step's `timeout` as
+    root in that case."""
+    def command(step: Step) -> str:
+        argv = shlex.join(step.argv)
+        return f'"${{as_root[@]}}" {_timed(step, argv)}' if with_password else _timed(step, f'"${{as_root[@]}}" {argv}')
+    body = "\n".join(line for group in groups for line in _group_lines(steps, group, marker, command, 'exit "$stop"'))
     variable = f"r{groups[0][0]}"
+    sudo = SUDO_WITH_PASSWORD if with_password else "sudo -n --"
     return [f"{variable}={shlex.quote(body)}",
             # lines it could not read end the batch (exit 2, the run's first step's code) rather than run none of them
-            f"sudo -n -- bash -c 'as_root=() stop={ROOT_RUN_STOPPED}; run=$(</dev/stdin) || exit 2; eval \"$run\"; "
+            f"{sudo} bash -c 'as_root=() stop={ROOT_RUN_STOPPED}; run=$(</dev/stdin) || exit 2; eval \"$run\"; "
             f'exit 0\' sglang-deploy <<<"${variable}"',
             "rc=$?",
             f"case $rc in 0) ;; {ROOT_RUN_STOPPED}) exit 0 ;; 1|126|127) "
-            f'as_root=(sudo -n --); stop=0; eval "${variable}"; as_root=() ;; *) exit "$rc" ;; esac']
+            f'as_root=({sudo}); stop=0; eval "${variable}"; as_root=() ;; *) exit "$rc" ;; esac']
 
 
-def batch_script(steps: Sequence[Step], user: str, marker: str) -> str:
+def batch_script(steps: Sequence[Step], user: str, marker: str, with_password: bool = False) -> str:
     """A bash script running `steps` in order, each framed by marker lines on stdout and stderr.
 
     Each step runs under coreutils `timeout` (its own timeout, then KILL), its exit code and start/end
     times go into the closing marker, and the script stops after the first code not in the step's ok set.
     A run of concurrent steps starts together, each writing into files of a private directory, and is framed
     in order once all have ended. Consecutive steps that need root share one `sudo -n` (`_root_run_lines`).
+    `with_password`: the channel's first line is the sudo password, and root steps run through `sudo -S`
+    (SUDO_WITH_PASSWORD).
     """
-    lines = ["exec 3<&0", "d="]  # a background job's stdin is /dev/null: a concurrent step reads the channel from fd 3
+    lines = [*(_SUDO_WITH_PASSWORD_LINES if with_password and user != "root" else ()),
+             "exec 3<&0", "d="]  # a background job's stdin is /dev/null: a concurrent step reads the channel from fd 3
     for root, groups in _segments(steps, user):
         if root:
-            lines += _root_run_lines(steps, groups, marker)
+            lines += _root_run_lines(steps, groups, marker, with_password)
             continue
         [group] = groups
-        lines += _group_lines(steps, group, marker, lambda step: command_line(step, user), "exit 0")
+        lines += _group_lines(steps, group, marker, lambda step: invocation(step, user, with_password), "exit 0")
     return "\n".join(lines) + "\n"
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import os
 import secrets
 import shlex
 import subprocess
@@ -19,7 +20,7 @@ import paramiko
 from invoke.exceptions import CommandTimedOut
 from tenacity import Retrying, retry_if_exception
 
-from deploy_lib.errors import ConnectFailed, ConnectionLost
+from deploy_lib.errors import ConnectFailed, ConnectionLost, SudoPasswordRefused
 from deploy_lib.remote.batch import (
     KILL_AFTER_S,
     PUT_TIMEOUT_S,
@@ -51,6 +52,7 @@ from deploy_lib.remote.ssh import (
     connect_kwargs,
     open_hop,
     rsync_argv,
+    rsync_env,
     unreachable,
 )
 from deploy_lib.remote.steps import (
@@ -81,7 +83,7 @@ class FabricRemote:
         self.on_result = on_result
         self.round_trips = 0  # SSH execs, uploads and forwarded exchanges so far: what batching saves (`make bench`)
         self._connection: fabric.Connection | None = None
-        self._gateway: fabric.Connection | None = None
+        self._gateways: list[fabric.Connection] = []  # the jump hosts' connections, the first hop first
         # connections an interrupt left behind, closed with this remote (see `run`)
         self._interrupted: list[fabric.Connection] = []
 
@@ -92,19 +94,44 @@ class FabricRemote:
             return self._connection
         self._close_connection()
         target = self.target
-        # The jump host is opened first, on its own, so that a refusal names the hop it came from.
-        gateway = self._open_hop(target.jump, None) if target.jump else None
+        # Each jump host is opened on its own, through the one before it, so that a refusal names the hop it came from.
+        chain = target.jump.chain if target.jump is not None else ()
+        opened: list[fabric.Connection] = []
         try:
-            self._connection = self._open_hop(JumpHost(target.host, target.port, target.user), gateway)
+            for index, hop in enumerate(chain):
+                opened.append(self._open_hop(hop, opened[-1] if opened else None, chain[index - 1] if index else None,
+                                             True, hop.proxy_command))
+            self._connection = self._open_hop(JumpHost(target.host, target.port, target.user),
+                                              opened[-1] if opened else None, target.jump, False, target.proxy_command)
         except ConnectFailed:
-            if gateway is not None:
+            for gateway in reversed(opened):
                 gateway.close()
             raise
-        self._gateway = gateway
+        self._gateways = opened
+        self._check_sudo_password()
         return self._connection
 
-    def _open_hop(self, hop: JumpHost, gateway: fabric.Connection | None) -> fabric.Connection:
-        """One SSH connection (through `gateway` when given), its host key checked against known_hosts."""
+    def _check_sudo_password(self) -> None:
+        """With a sudo password, one root `true` before any step: a password sudo refuses ends here, nothing changed
+        (and no later `sudo -S` reads a step's stdin as a second try)."""
+        password = self.target.password_for_sudo
+        if password is None:
+            return
+        [checked] = self._run_steps((Step("check the sudo password", ("true",), sudo=True),))
+        if checked.exit_code == 0:
+            return
+        self.close()
+        said = checked.stderr.strip().splitlines()[-1] if checked.stderr.strip() else f"exit {checked.exit_code}"
+        raise SudoPasswordRefused(
+            f"sudo on {self.target.address} refused the password of {self.target.user} from {password.source}: "
+            f"{said}; nothing was changed",
+            hint="give the password sudo asks that user for (`sudo -v` as that user on the host checks it), or a "
+                 "passwordless sudoers rule")
+
+    def _open_hop(self, hop: JumpHost, gateway: fabric.Connection | None, through: JumpHost | None, is_jump: bool,
+                  proxy_command: str | None) -> fabric.Connection:
+        """One SSH connection (through `gateway`, the connection to the hop `through`, when given; else over
+        `proxy_command` or a socket of ours), its host key checked against known_hosts."""
         target = self.target
         # an empty ssh config: the user's was read into `target` already (remote/ssh_config.py)
         config = fabric.Config(lazy=True, ssh_config=paramiko.SSHConfig(),
@@ -117,11 +144,12 @@ class FabricRemote:
             if target.known_hosts_path.exists():
                 client.load_host_keys(str(target.known_hosts_path))
             self.connect_policy.copy()(lambda: open_hop(connection, hop, target.connect_timeout_s, gateway is None,
-                                                        target.proxy_command))
+                                                        proxy_command))
             connection.transport.set_keepalive(KEEPALIVE_S)
         except (paramiko.SSHException, OSError, EOFError) as error:
             client.close()
-            raise connect_error(target, error, hop, through_jump=gateway is not None) from error
+            raise connect_error(target, error, hop, through=through, is_jump=is_jump,
+                                proxy_command=proxy_command) from error
         return connection
 
     def close(self) -> None:
@@ -131,9 +159,8 @@ class FabricRemote:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
-        if self._gateway is not None:  # Fabric closes a connection, never its gateway
-            self._gateway.close()
-            self._gateway = None
+        while self._gateways:  # Fabric closes a connection, never its gateway: the hop nearest the host first
+            self._gateways.pop().close()
         while self._interrupted:
             self._interrupted.pop().close()
 
@@ -158,8 +185,8 @@ class FabricRemote:
             # raised inside paramiko (a channel half opened) it can leave the transport unusable, so the steps that
             # follow (a rollback's) run on a fresh connection; the old one stays open until `close`, so that sshd
             # handles the closed channel and the interrupted command meets it (closed at once, a download ran on)
-            self._interrupted.extend(c for c in (self._connection, self._gateway) if c is not None)
-            self._connection = self._gateway = None
+            self._interrupted.extend(c for c in (self._connection, *reversed(self._gateways)) if c is not None)
+            self._connection, self._gateways = None, []
             raise
         return results
 
@@ -230,8 +257,11 @@ class FabricRemote:
     def _run_steps(self, steps: tuple[Step, ...], on_output: OutputLine | None = None) -> list[StepResult]:
         connection = self._connect()
         marker = secrets.token_hex(8)
-        script = batch_script(steps, self.target.user, marker)
+        password = self.target.password_for_sudo
+        script = batch_script(steps, self.target.user, marker, with_password=password is not None)
         stdin = channel_stdin(steps)
+        if password is not None:  # the script's first read (remote/batch.py)
+            stdin = f"{password.value}\n".encode() + (stdin or b"")
         deadline = sum(step.timeout_s + KILL_AFTER_S for step in steps) + ROUND_TRIP_GRACE_S
         started = time.monotonic()
         self.round_trips += 1
@@ -283,7 +313,8 @@ class FabricRemote:
         self.round_trips += 1
         sink = LineSink(on_output or (lambda line: None))
         with tempfile.TemporaryFile() as errors:  # a file, not a pipe: a chatty stderr cannot block the progress
-            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors)
+            process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
+                                       env=rsync_env(self.target, dict(os.environ)))
             assert process.stdout is not None
             # typeshed types Popen.stdout as IO[bytes]; with bufsize left at -1 it is a BufferedReader, which has read1
             for chunk in iter(lambda: process.stdout.read1(65536), b""):  # type: ignore[union-attr,attr-defined]

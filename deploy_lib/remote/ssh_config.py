@@ -66,20 +66,31 @@ class SshArgsProxy:
     command: str | None = None
 
 
-def split_proxy_jump(value: str) -> tuple[str | None, str, int | None] | None:
-    """(user, host, port) of `[user@]host[:port]` (OpenSSH's ProxyJump; `none` means no jump), None where not
-    written; ValueError says what is wrong."""
+@dataclass(frozen=True)
+class JumpSpec:
+    """One hop of a ProxyJump as written: [user@]host[:port], the host an ssh config alias or an address."""
+
+    user: str | None
+    host: str
+    port: int | None
+
+
+def split_proxy_jump(value: str) -> tuple[JumpSpec, ...] | None:
+    """The hops of OpenSSH's ProxyJump `[user@]host[:port][,...]`, the first (reached from this machine) first;
+    None for `none` (no jump); ValueError says what is wrong."""
     if value == "none":
         return None
-    if "," in value:
-        raise ValueError(f"{value!r} is a chain of jump hosts; one jump host is supported")
-    match = _JUMP_RE.fullmatch(value)
-    if match is None:
-        raise ValueError(f"{value!r} is not a jump host; write user@host or user@host:port")
-    port = int(match.group("port")) if match.group("port") else None
-    if port is not None and not 1 <= port <= 65535:
-        raise ValueError(f"{value!r}: port {port} is not in 1-65535")
-    return match.group("user"), match.group("host").strip("[]"), port
+    hops = []
+    for written in value.split(","):
+        match = _JUMP_RE.fullmatch(written)
+        if match is None:
+            raise ValueError(f"{written!r} is not a jump host; write user@host or user@host:port (a chain: "
+                             "a,b with a reached first)")
+        port = int(match.group("port")) if match.group("port") else None
+        if port is not None and not 1 <= port <= 65535:
+            raise ValueError(f"{written!r}: port {port} is not in 1-65535")
+        hops.append(JumpSpec(match.group("user"), match.group("host").strip("[]"), port))
+    return tuple(hops)
 
 
 def proxy_in_ssh_args(args: str) -> SshArgsProxy:
@@ -228,6 +239,37 @@ class GivenSSH:
     accept_new_host_key: bool = False
 
 
+def _jump_chain(hops: tuple[JumpSpec, ...], config: paramiko.SSHConfig, source: Path | None,
+                seen: tuple[str, ...]) -> tuple[JumpHost, tuple[Path, ...]]:
+    """The last of `hops` as a JumpHost (each through the one before it), each looked up in the config, and their
+    IdentityFiles. As OpenSSH's `ssh -J a,b`: the first hop's own ProxyJump (a chain before it) or ProxyCommand
+    from the config applies; the later hops' are replaced by the chain. A loop of ProxyJumps is a ConfigError."""
+    first = lookup_host(config, hops[0].host, source)
+    keys = first.identity_files
+    before = None
+    # `Host *` with ProxyJump names the jump host itself too: that is no chain (Fabric's get_gateway skips it)
+    if first.proxy_jump not in (None, hops[0].host):
+        if hops[0].host in seen:
+            raise ConfigError(f"{source}: Host {hops[0].host}: ProxyJump {first.proxy_jump!r} makes a loop: "
+                              f"{' -> '.join((*seen, hops[0].host))}", "reach one of them directly")
+        try:
+            earlier = split_proxy_jump(str(first.proxy_jump))
+        except ValueError as error:
+            raise ConfigError(f"{source}: Host {hops[0].host}: ProxyJump {error}") from None
+        if earlier is not None:
+            before, earlier_keys = _jump_chain(earlier, config, source, (*seen, hops[0].host))
+            keys += earlier_keys
+    jump = JumpHost(host=first.hostname, port=hops[0].port or first.port or 22,
+                    user=hops[0].user or first.user or getpass.getuser(), via=before,
+                    proxy_command=first.proxy_command if before is None else None)
+    for spec in hops[1:]:
+        hop = lookup_host(config, spec.host, source)
+        keys += hop.identity_files
+        jump = JumpHost(host=hop.hostname, port=spec.port or hop.port or 22,
+                        user=spec.user or hop.user or getpass.getuser(), via=jump)
+    return jump, tuple(dict.fromkeys(keys))
+
+
 def resolve_ssh_target(alias: str, given: GivenSSH, config: paramiko.SSHConfig, source: Path | None) -> SSHTarget:
     """The connection settings of `alias` (ansible_host, else the inventory name, as Ansible hands it to ssh): each
     the inventory's value, else the ssh config's for that Host, else OpenSSH's default (the local user, port 22,
@@ -241,20 +283,13 @@ def resolve_ssh_target(alias: str, given: GivenSSH, config: paramiko.SSHConfig, 
     jump = None
     if jump_value is not None:
         try:
-            parts = split_proxy_jump(jump_value)
+            hops = split_proxy_jump(jump_value)
         except ValueError as error:
-            raise ConfigError(f"{source}: Host {alias}: ProxyJump {error}", "one jump host: [user@]host[:port]") \
-                from None
-        if parts is not None:
-            jump_user, jump_alias, jump_port = parts
-            hop = lookup_host(config, jump_alias, source)
-            # `Host *` with ProxyJump names the jump host itself too: that is no chain (Fabric's get_gateway skips it)
-            if hop.proxy_jump not in (None, jump_alias):
-                raise ConfigError(f"{source}: Host {jump_alias}: ProxyJump {hop.proxy_jump!r} makes a chain of jump "
-                                  "hosts; one jump host is supported", f"reach {jump_alias} directly")
-            jump = JumpHost(host=hop.hostname, port=jump_port or hop.port or 22,
-                            user=jump_user or hop.user or getpass.getuser())
-            key_files += tuple(key for key in hop.identity_files if key not in key_files)
+            raise ConfigError(f"{source}: Host {alias}: ProxyJump {error}",
+                              "[user@]host[:port], or a chain a,b") from None
+        if hops is not None:
+            jump, hop_keys = _jump_chain(hops, config, source, (alias,))
+            key_files += tuple(key for key in hop_keys if key not in key_files)
     port, user = given.port or found.port or 22, given.user or found.user or getpass.getuser()
     proxy_command = found.proxy_command
     if given.proxy_command is not None:

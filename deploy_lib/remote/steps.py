@@ -168,9 +168,10 @@ def check_result(result: StepResult, where: str, user: str | None = None) -> Non
         raise SudoPasswordRequired(
             f"sudo on {where} asks {who} for a password (step {step.name!r}); every root step runs as "
             "`sudo -n`, which cannot answer a prompt", step=step, result=result,
-            hint=f"give the inventory's ansible_user passwordless sudo; as root on the host: "
+            hint=f"give the inventory's ansible_user passwordless sudo (as root on the host: "
                  f"`echo '{who} ALL=(ALL) NOPASSWD: ALL' > /etc/sudoers.d/{who} && "
-                 f"chmod 0440 /etc/sudoers.d/{who} && visudo -c`")
+                 f"chmod 0440 /etc/sudoers.d/{who} && visudo -c`), or give its sudo password: "
+                 "the inventory's `become_password: ask` (typed at the terminal) or `become_password: {env: VAR}`")
     accepted = step.ok if isinstance(step, Step) else frozenset({0})
     if result.exit_code in accepted:
         return

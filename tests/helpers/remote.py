@@ -24,11 +24,12 @@ class ScriptRun(NamedTuple):
 
 
 def run_script(steps: list[Step], stdin: bytes = b"", user: str = "root", caller: tuple[str, ...] = (),
-               env: dict[str, str] | None = None) -> ScriptRun:
+               env: dict[str, str] | None = None, with_password: bool = False) -> ScriptRun:
     """The batch script for inventory user `user`, run by this machine's bash as `caller` (this process's user when
-    empty) with `stdin` on the channel, as the host would run it, and its output parsed."""
+    empty) with `stdin` on the channel, as the host would run it, and its output parsed; `with_password`: the script
+    of a sudo password, which `stdin` then starts with (its first line)."""
     marker = "f00dfeedcafe0001"
     bash = shutil.which("bash") or "bash"  # found here: `env` may give a PATH without it
-    done = subprocess.run([*caller, bash, "-c", batch_script(steps, user, marker)], input=stdin,
+    done = subprocess.run([*caller, bash, "-c", batch_script(steps, user, marker, with_password)], input=stdin,
                           capture_output=True, cwd="/", timeout=60, env=env)
     return ScriptRun(*parse_batch_output(steps, marker, done.stdout.decode(), done.stderr.decode()), done)
