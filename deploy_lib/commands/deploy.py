@@ -49,8 +49,8 @@ from deploy_lib.host.switch import (
 )
 from deploy_lib.host.watch import watch_after_ready, watch_diagnosis, window_before_switch
 from deploy_lib.interrupts import signals_raise
-from deploy_lib.metrics.router_counters import ClientsSaw
 from deploy_lib.metrics.recorded import watch_figures
+from deploy_lib.metrics.router_counters import ClientsSaw
 from deploy_lib.models import HubModel, ModelFacts, PushedModel, Weights, check_model, size_text, weights
 from deploy_lib.models.page_cache import (
     Residency,

@@ -322,7 +322,7 @@ def unlocked_with(target: SSHTarget, keys: tuple[Path, ...], passphrase: str) ->
     before any connection."""
     for key in keys:
         try:
-            paramiko.PKey.from_path(key, passphrase.encode())  # type: ignore[arg-type]  # bytes, as cryptography wants
+            paramiko.PKey.from_path(key, passphrase.encode())  # type: ignore[arg-type, unused-ignore]  # bytes, as cryptography wants; stubs before 5 say str
         except (paramiko.SSHException, ValueError, TypeError):
             raise ConfigError(f"the passphrase typed does not unlock the key file {key}",
                               hint=f"run the command again and type it again, or load the key into your ssh agent "
