@@ -29,9 +29,10 @@ WEIGHTS = TIMING_PREFIX + "weights"
 
 
 def drop_command() -> str:
-    """The new shards' pages out of the guest's page cache, file by file (not the machine-wide drop_caches)."""
+    """The new shards' pages out of the guest's page cache, file by file (not the machine-wide drop_caches); a
+    snapshot's shards are links to its blobs, which dd follows."""
     dirs = " ".join(shlex.quote(directory) for directory in CACHE_DIRS)
-    return f"find {dirs} -type f -name '*.safetensors' -exec dd if={{}} iflag=nocache count=0 status=none ';' " \
+    return f"find {dirs} -name '*.safetensors' -exec dd if={{}} iflag=nocache count=0 status=none ';' " \
            "2>/dev/null || true"
 
 
