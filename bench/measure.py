@@ -57,14 +57,15 @@ class Rig:
     ssh_cpu: GuestSshCpu
 
     @contextmanager
-    def command(self, profile: str) -> Iterator[tuple[StampedRemote, StampedProgress,
-                                                       Callable[[], engine.Outcome]]]:
+    def command(self, profile: str, options: engine.Options | None = None
+                ) -> Iterator[tuple[StampedRemote, StampedProgress, Callable[[], engine.Outcome]]]:
         """What one `invoke deploy --profile P` holds: one SSH connection, a progress, the deploy to call."""
         loaded, target = load_for_host(self.project, profile, self.inventory, None)
         remote = StampedRemote(FabricRemote(target.ssh))
         progress = StampedProgress()
         try:
-            yield remote, progress, lambda: engine.deploy(loaded, target, remote, progress, engine.Options())
+            yield remote, progress, lambda: engine.deploy(loaded, target, remote, progress,
+                                                          options or engine.Options())
         finally:
             remote.close()
 

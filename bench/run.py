@@ -21,6 +21,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
+from bench import page_cache
 from bench import peer as peer_module
 from bench.downtime import downtime_figures
 from bench.figures import Figure, deploy_figures, table
@@ -113,7 +114,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--venv-runs", type=int, default=3, choices=range(1, len(OTHER_FLASHINFER) + 1),
                         help="one-changed-package builds (each a new venv in the guest)")
     parser.add_argument("--guest", help="measure on this running guest (neither started nor stopped here)")
-    parser.add_argument("--only", choices=("deploys", "venvs", "models"), help="measure this group of figures only")
+    parser.add_argument("--only", choices=("deploys", "venvs", "models", "page-cache"),
+                        help="measure this group of figures only")
     parser.add_argument("--no-peer", action="store_true", help="without pyinfra's figures beside ours")
     parser.add_argument("--quick", action="store_true",
                         help="one run of everything at the smallest sizes (1 MB of weights): checks that it runs")
@@ -130,13 +132,16 @@ def main(argv: Sequence[str] | None = None) -> int:
             manage.build_guest_venv(guest, house)
         rig = make_rig(guest, Path(work), options.runs)
         peer_module.write_profiles(rig.project.root / "inventory" / "profiles", options.runs)
-        wanted = {options.only} if options.only else {"deploys", "venvs", "models"}
+        wanted = {options.only} if options.only else {"deploys", "venvs", "models", "page-cache"}
         peer_work = None if options.no_peer else Path(work) / "peer"
         figures = measure_deploys(rig, options.runs, peer_work) if "deploys" in wanted else []
         if "venvs" in wanted:
             figures += measure_venvs(rig, house, options.runs, options.venv_runs, Path(work))
         if "models" in wanted:
             figures += measure_models(rig, options.runs, QUICK_SHARD_VALUES if options.quick else MODEL_SHARD_VALUES)
+        if "page-cache" in wanted:
+            figures += page_cache.measure_pre_read(rig, min(options.runs, 3), page_cache.QUICK_SHARD_VALUES
+                                                   if options.quick else page_cache.SHARD_VALUES)
     load = " / ".join(f"{value:.1f}" for value in os.getloadavg())
     say(f"\nmake bench on the sandbox guest ({time.time() - started:.0f} s in all; load average now {load})\n")
     say(table(figures))

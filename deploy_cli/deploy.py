@@ -99,25 +99,29 @@ def schema(c: Context, output: str | None = None) -> None:
 
 @task(operand="profile", iterable=["serial", "set_"], help={
     "dry_run": "print the plan and stop (reads the host only)",
-    "gate": "benchmark the new release and roll it back if slower than the last good one", **SET_HELP})
+    "gate": "benchmark the new release and roll it back if slower than the last good one",
+    "no_pre_read": "do not read the new weights into the page cache before the old server stops (the new server "
+                   "then reads them from disk while the endpoint is down)", **SET_HELP})
 def deploy(c: Context, profile: str | None = None, host: str | None = None, group: str | None = None,
            serial: list[str] | None = None, max_fail: str | None = None, inventory: str | None = None,
            set_: list[str] | None = None, dry_run: bool = False, yes: bool = False, force: bool = False,
-           accept_new_host_key: bool = False, gate: bool = False, json: bool = False, verbose: bool = False) -> None:
+           accept_new_host_key: bool = False, gate: bool = False, no_pre_read: bool = False, json: bool = False,
+           verbose: bool = False) -> None:
     """Deploy a profile: plan, preflight, stage, switch, restart, verify; roll back automatically on failure."""
     common.report_as(json, verbose)
     fleet, one_host = _deploy_run(profile, host, group, common.rollout(serial, max_fail), inventory, set_ or (),
-                                  accept_new_host_key, yes, dry_run, force, gate)
+                                  accept_new_host_key, yes, dry_run, force, gate, pre_read=not no_pre_read)
     common.show_outcomes(fleet, one_host)
 
 
 def _deploy_run(profile: str | None, host: str | None, group: str | None, rolled: Rollout | None,
                 inventory: str | None, overrides: Sequence[str], accept_new_host_key: bool, yes: bool,
-                dry_run: bool, force: bool = False, gate: bool = False) -> tuple[FleetRun[Outcome], bool]:
+                dry_run: bool, force: bool = False, gate: bool = False, pre_read: bool = True
+                ) -> tuple[FleetRun[Outcome], bool]:
     """The deploy (or its dry run) of the hosts --host/--group name, and whether that is one host."""
     from deploy_lib.commands.deploy import Options
     from deploy_lib.ops import dispatch
-    options = Options(dry_run=dry_run, force=force, environ=dict(os.environ), gate=gate)
+    options = Options(dry_run=dry_run, force=force, environ=dict(os.environ), gate=gate, pre_read=pre_read)
     hosts = common.scope(inventory, host, group, accept_new_host_key, rolled)
     return common.run(lambda: dispatch.deploy(common.project(), hosts, profile, options, common.reach(yes),
                                               overrides)), hosts.one_host

@@ -20,7 +20,7 @@ from helpers.rollback import LAYOUT, ScriptedHost, changed_profile
 from rich.console import Console
 
 from deploy_cli import present, reports
-from deploy_lib.commands.deploy import Options, deploy
+from deploy_lib.commands.deploy import PRE_READ_OFF, Options, deploy
 from deploy_lib.commands.status import read_status
 from deploy_lib.deploy.project import Project, resolve_target
 from deploy_lib.facts.host import FACT_RELEASE_SUMS, FACT_UNIT
@@ -274,6 +274,16 @@ def _read_before_the_stop_only_when_decided(host: FakeRemote, progress: Recordin
     stop = next(i for i, name in enumerate(names) if name.startswith("switch"))
     assert names.index(READ) < stop, "read while the old release still serves"
     assert ("phase", "page cache") in progress.events
+
+
+def test_a_deploy_with_no_pre_read_reads_nothing_before_the_stop_and_says_so() -> None:
+    host, _ = serving_the_profile()
+    host.reply(_measuring, stdout=_measured([(10 * GB, 0)], 100 * GB))
+    host.reply(READ, stdout='RESULT {"read_bytes": 10000000000}\n')
+    progress = RecordingProgress()
+    assert deploy(changed_profile(), target(), host, progress, Options(grace_s=0, pre_read=False)).action == "deployed"
+    assert READ not in _names(host), "the weights would fit: only the switch keeps them unread"
+    assert PRE_READ_OFF in progress.of_kind("note")
 
 
 def test_a_dry_run_shows_how_much_of_the_weights_is_resident_and_what_the_deploy_would_read() -> None:

@@ -98,6 +98,7 @@ class Options:
     environ: Mapping[str, str] = field(default_factory=dict)
     gate: bool = False                  # run the throughput gate even when the profile has no `gate:`
     skip_gate: bool = False             # no gate even when the profile has one: a sweep measures its releases itself
+    pre_read: bool = True               # read the new weights into the page cache before the stop (--no-pre-read)
 
 
 @dataclass(frozen=True)
@@ -337,7 +338,10 @@ def _switch(run: Transition, ask: _Ask, decided: _Decided, tags: Tags) -> ReadyR
         stage_weights(run, decided.model, decided.venv.path, plan, facts)
     # while the old release serves, so that the server loads its weights from memory; weights staged just now are
     # measured again (their reading, if any, came before the stage)
-    warm_page_cache(run, plan.release.model, decided.residency if decided.model_facts.complete else {})
+    if ask.options.pre_read:
+        warm_page_cache(run, plan.release.model, decided.residency if decided.model_facts.complete else {})
+    else:
+        run.progress.note(PRE_READ_OFF)
     staged = plan.batches.stage
     if plan.gpu_check_reasons:  # the NCCL check runs between the stage and the switch: the stage goes alone, first
         run.phase(BatchKind.stage, staged)
@@ -456,6 +460,10 @@ def page_cache_plan(decided: _Decided) -> tuple[str, ...]:
     shown_new = (new_label, readings[new_root]) if staged and new_root is not None and new_root in readings \
         and not same else None
     return plan_lines(shown_current, shown_new, staged, decided.model_facts.files, same)
+
+
+PRE_READ_OFF = ("page cache: not read before the stop (--no-pre-read); the server reads the weights from disk as it "
+                "starts")
 
 
 def warm_page_cache(run: Transition, model: Mapping[str, str], measured: Mapping[str, Residency | str]) -> None:

@@ -32,7 +32,8 @@ def test_bench_run_quick_prints_every_group_with_pyinfra_beside_ours() -> None:
     # the whole-process rows: "the rest" is the whole minus the parts a fresh bench.noop_parts process measured
     for row in ("peer: no-op whole process (ours | pyinfra | ratio)", "floor on the same guest", "the rest: invoke's",
                 "peer: changed deploy's own time", "peer: readiness noticed", "crash noticed",
-                "venv, unchanged lock", "model staging", "the tool's share (the old server's stop, systemd"):
+                "venv, unchanged lock", "model staging", "the tool's share (the old server's stop, systemd",
+                "page cache dropped | after the pre-read"):
         assert row in output, f"`bench.run --quick` printed no row {row!r}:\n{output[-4000:]}"
 
 

@@ -27,11 +27,12 @@ PORT = 30000
 FAULT_FILE = "/etc/sglang-sim/fault"
 
 
-def unit_text(extra_args: str) -> str:
+def unit_text(extra_args: str, environment: str) -> str:
     return f"""[Unit]
 Description=simulated SGLang server (sandbox test)
 
 [Service]
+Environment={environment}
 ExecStart={manage.GUEST_VENV}/bin/python -m sglang.launch_server --model-path zai-org/GLM-5-NVFP4 \\
     --served-model-name glm-5 --tp-size 8 --host 0.0.0.0 --port {PORT} --enable-metrics {extra_args}
 Restart=no
@@ -45,9 +46,9 @@ class SimUnit:
         self.base = f"http://{shell.guest.guest_ip}:{PORT}"
         self.cursor = ""
 
-    def start(self, extra_args: str = "", fault: str = "") -> None:
+    def start(self, extra_args: str = "", fault: str = "", environment: str = "") -> None:
         self.shell.write(FAULT_FILE, fault + "\n" if fault else None)
-        self.shell.write(f"/etc/systemd/system/{UNIT}", unit_text(extra_args))
+        self.shell.write(f"/etc/systemd/system/{UNIT}", unit_text(extra_args, environment))
         self.cursor = self.shell.sudo("journalctl -n 0 --show-cursor | sed -n 's/^-- cursor: //p'").strip()
         self.shell.sudo(f"systemctl daemon-reload && systemctl reset-failed {UNIT} 2>/dev/null; "
                         f"systemctl restart {UNIT}")
@@ -156,12 +157,14 @@ def test_fault_die_after_n_requests(sim: SimUnit) -> None:
     assert "illegal memory access" in sim.journal()
 
 
-def test_fault_health_200_while_generation_hangs(sim: SimUnit) -> None:
-    sim.start(fault="generation-hang")
-    sim.wait_ready()
+def test_fault_generation_hang_fails_health_after_its_timeout_and_ready_stays_200(sim: SimUnit) -> None:
+    """SGLang's /health runs a one-token generation by default: a hung scheduler answers 503 after
+    SGLANG_HEALTH_CHECK_TIMEOUT (2 s here); /ready does not generate."""
+    sim.start(fault="generation-hang", environment="SGLANG_HEALTH_CHECK_TIMEOUT=2")
+    wait_for(lambda: http(sim.base + "/ready")[0] == 200, "/ready 200")
     with pytest.raises(TimeoutError):
         http(sim.base + "/generate", {"text": "x", "sampling_params": {"max_new_tokens": 2}}, timeout_s=2)
-    assert http(sim.base + "/health")[0] == 200
+    assert http(sim.base + "/health")[0] == 503
 
 
 def test_systemctl_stop_drains_and_exits_0(sim: SimUnit, guest_shell: GuestShell) -> None:

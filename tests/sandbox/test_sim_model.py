@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 from helpers.upstream_edits import PREFLIGHT, RESOLVER_0_5_23, RUNTIME, replace
+from sglang_sim import startup_texts as texts
+from sglang_sim.compile_caches import CacheLayout, CompileCache
 from sglang_sim.config import Fault, SimConfig
+from sglang_sim.environ import env_bool
+from sglang_sim.startup_texts import LogStyle
 from sglang_sim.throughput import ThroughputModel
 from sglang_sim.upstream import Fusion, InstalledUpstream
 
@@ -90,11 +94,13 @@ GATE_FILES = (
     "sglang/srt/layers/communicator.py",
     "sglang/srt/entrypoints/http_server.py",
     "flashinfer/jit/comm.py",
+    "sglang/srt/model_executor/model_runner.py",  # which start lines the version logs
+    "sglang/srt/environ.py",  # where its caches default to
 )
 
 
 def installed_copy(tmp_path: Path, sglang: str, flashinfer: str) -> InstalledUpstream:
-    """The gate files of two real wheels, laid out as in site-packages, in a directory the test may edit."""
+    """The gate, log and cache files of two real wheels, laid out as in site-packages, in a directory to edit."""
     for dist, version in (("sglang", sglang), ("flashinfer-python", flashinfer)):
         with zipfile.ZipFile(wheelhouse.download(dist, version)) as archive:
             for name in set(archive.namelist()) & set(GATE_FILES):
@@ -142,3 +148,51 @@ def test_0_5_15_with_its_resolver_patched_hits_the_flashinfer_jit_gate(tmp_path:
                                      "if not (is_sm90_supported() or is_sm100_supported() or is_sm120_supported()):"))
     replace(upstream.fusion_module, PREFLIGHT)
     assert upstream.fusion_outcome(True, compute_major=12) is Fusion.CRASH_JIT
+
+
+# --- start lines and compile caches, per version, on the real wheels' files -------------------------------------
+
+
+@pytest.mark.wheels
+def test_0_5_9_logs_its_own_start_lines_and_0_5_23_its_own(tmp_path: Path) -> None:
+    """0.5.9 names the capture `Capture cuda graph`, logs the dtype at the weights' end and ends each update of the
+    shards' bar with a newline; 0.5.23 logs the target decode capture, the quantization, and one bar line."""
+    old = LogStyle.of(installed_copy(tmp_path / "old", "0.5.9", "0.6.3").sglang_dir)
+    new = LogStyle.of(installed_copy(tmp_path / "new", "0.5.23", "0.7.2").sglang_dir)
+    assert (old, new) == (LogStyle.V0_5_9, LogStyle.V0_5_23)
+    assert texts.capture_decode_begin(old, "full", 1024) == \
+        "Capture cuda graph begin. This can take up to several minutes. avail mem=1.00 GB"
+    assert texts.capture_decode_begin(new, "full", 1024).startswith("Capture target decode CUDA graph begin. ")
+    assert texts.capture_decode_end(old, 8, 2.5, 512, 1024) == \
+        "Capture cuda graph end. Time elapsed: 2.50 s. mem usage=0.50 GB. avail mem=1.00 GB."
+    assert ", dtype=torch.bfloat16, " in texts.load_weight_end(old, 1.0, "X", "modelopt_fp4", 1024, 512)
+    assert ", quant=modelopt_fp4, " in texts.load_weight_end(new, 1.0, "X", "modelopt_fp4", 1024, 512)
+    assert texts.shard_progress(old, 1, 2, 3.0) == \
+        "\rLoading safetensors checkpoint shards:  50% Completed | 1/2 [00:03<00:03,  3.00s/it]\n"
+    assert texts.shard_progress(new, 0, 2, 0.0) == \
+        "\rLoading safetensors checkpoint shards:   0% Completed | 0/2 [00:00<?, ?it/s]"
+
+
+@pytest.mark.wheels
+def test_each_version_finds_its_compile_caches_where_sglang_does(tmp_path: Path) -> None:
+    """0.5.23 puts Triton, DeepGEMM and FlashInfer under SGLANG_CACHE_DIR when their own variables are unset; 0.5.9
+    leaves them at their own defaults in the home directory; a variable set wins in both."""
+    home = Path.home()
+    new = CacheLayout.of(installed_copy(tmp_path / "new", "0.5.23", "0.7.2").sglang_dir)
+    old = CacheLayout.of(installed_copy(tmp_path / "old", "0.5.9", "0.6.3").sglang_dir)
+    under = {"SGLANG_CACHE_DIR": "/c"}
+    assert [new.directory(cache, under) for cache in CompileCache] == [Path("/c/deep_gemm"), Path("/c/triton")]
+    assert new.flashinfer_base(under) == Path("/c")
+    assert [old.directory(cache, under) for cache in CompileCache] == [home / ".cache/deep_gemm",
+                                                                       home / ".triton/cache"]
+    assert old.flashinfer_base(under) == home
+    own = {"SGLANG_DG_CACHE_DIR": "/dg", "TRITON_CACHE_DIR": "/t"}
+    for layout in (old, new):
+        assert [layout.directory(cache, own) for cache in CompileCache] == [Path("/dg"), Path("/t")]
+
+
+@pytest.mark.parametrize(("value", "on"), [("false", False), ("0", False), ("N", False), ("TRUE", True),
+                                           ("y", True), ("maybe", True), (None, True)])
+def test_an_sglang_boolean_reads_as_envbool_does(value: str | None, on: bool) -> None:
+    environ = {} if value is None else {"SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION": value}
+    assert env_bool(environ, "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION", True) is on

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -23,6 +24,7 @@ from sglang_sim.throughput import Knobs, ThroughputModel
 from sglang_sim.upstream import InstalledUpstream
 
 from deploy_lib.facts.diagnose import diagnose
+from deploy_lib.host_scripts import page_cache as page_cache_script
 from sandbox import wheelhouse
 
 pytestmark = pytest.mark.wheels
@@ -80,8 +82,9 @@ def start_sim(sim_venv: Path, tmp_path: Path) -> Iterator:
     started: list[subprocess.Popen[bytes]] = []
 
     def start(*args: str, fault: str = "", config: dict | None = None, venv: Path = sim_venv,
-              path: str | None = None) -> RunningSim:
-        """The sim as the rendered unit starts it: the venv's bin/ first on PATH (unless `path` is given)."""
+              path: str | None = None, environ: dict[str, str] | None = None) -> RunningSim:
+        """The sim as the rendered unit starts it: the venv's bin/ first on PATH (unless `path` is given), its compile
+        caches in this test's directory (`environ` adds to or replaces its variables)."""
         port = free_port()
         (tmp_path / "config.json").write_text(json.dumps(
             {"phases_s": SHORT_PHASES, "state_dir": str(tmp_path / "state"), **(config or {})}))
@@ -90,7 +93,9 @@ def start_sim(sim_venv: Path, tmp_path: Path) -> Iterator:
         env = {**os.environ, "SGLANG_SIM_CONFIG": str(tmp_path / "config.json"),
                "SGLANG_SIM_FAULT": str(tmp_path / "fault"),
                "SGLANG_SIM_NVIDIA_SMI": str(Path(__file__).parents[2] / "sandbox/nvidia-smi"),
-               "PATH": path or f"{venv}/bin:{os.environ['PATH']}", "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "fi")}
+               "PATH": path or f"{venv}/bin:{os.environ['PATH']}", "FLASHINFER_WORKSPACE_BASE": str(tmp_path / "fi"),
+               "SGLANG_CACHE_DIR": str(tmp_path / "sglang-cache"), "TRITON_CACHE_DIR": str(tmp_path / "triton"),
+               "SGLANG_DG_CACHE_DIR": str(tmp_path / "deep_gemm"), **(environ or {})}
         with log.open("wb") as out:
             process = subprocess.Popen(
                 [str(venv / "bin/python"), "-m", "sglang.launch_server", "--model-path", "zai-org/GLM-5-NVFP4",
@@ -423,3 +428,93 @@ def stream_events(url: str, body: dict) -> Iterator[float]:
         for line in response:
             if line.startswith(b"data: "):
                 yield time.monotonic()
+
+
+# --- what a start costs: the weights read from disk, the compile caches, /health per version ----------------------
+
+SHARD_BYTES = 4 << 20
+
+
+def model_with_shards(directory: Path, count: int) -> list[Path]:
+    """A local model directory: its config and `count` safetensors shards, flushed and dropped from the page cache."""
+    directory.mkdir()
+    (directory / "config.json").write_text("{}")
+    shards = []
+    for number in range(1, count + 1):
+        shard = directory / f"model-{number:05d}-of-{count:05d}.safetensors"
+        with shard.open("wb") as out:
+            out.write(os.urandom(SHARD_BYTES))
+            out.flush()
+            os.fsync(out.fileno())
+            os.posix_fadvise(out.fileno(), 0, 0, os.POSIX_FADV_DONTNEED)
+        shards.append(shard)
+    return shards
+
+
+def resident_bytes(directory: Path) -> int:
+    measured = page_cache_script.measure({"root": str(directory)})
+    return sum(int(file["resident"]) for file in measured["files"])  # type: ignore[index, union-attr]
+
+
+def capture_elapsed_s(log: str) -> float:
+    found = re.search(r"Capture target decode CUDA graph end\..*?elapsed=([\d.]+) s", log)
+    assert found, log
+    return float(found[1])
+
+
+def test_the_weights_phase_reads_every_shard_from_disk_with_sglangs_progress_bar(start_sim, tmp_path: Path) -> None:
+    """SGLang reads each safetensors shard in turn: a start with the shards out of the page cache leaves them in it,
+    and the bar of safetensors_weights_iterator counts them (0.5.23: one line, updates split by carriage returns)."""
+    model = tmp_path / "model"
+    model_with_shards(model, 3)
+    assert resident_bytes(model) == 0, "the shards start out of the page cache"
+    sim = start_sim("--model-path", str(model))
+    sim.wait_states("/ready")
+    assert resident_bytes(model) >= 0.9 * 3 * SHARD_BYTES, "read whole (the machine's other work may evict a page)"
+    log = sim.log.read_bytes().decode()  # read_text would turn tqdm's carriage returns into newlines
+    bar = next(line for line in log.split("\n") if "Loading safetensors checkpoint shards" in line)
+    updates = [update for update in bar.split("\r") if update]
+    assert [update.split(" [")[0] for update in updates] == [
+        f"Loading safetensors checkpoint shards: {100 * done // 3:3d}% Completed | {done}/3" for done in range(4)]
+    assert log.index("Load weight begin") < log.index("Loading safetensors") < log.index("Load weight end")
+
+
+def test_cold_compile_caches_cost_the_capture_their_time_once_and_deepgemm_logs_at_every_start(
+        start_sim, tmp_path: Path) -> None:
+    """On an SM90 host the capture builds DeepGEMM's and Triton's kernels: a cold start pays both phases and fills
+    SGLANG_DG_CACHE_DIR and TRITON_CACHE_DIR; a start on those caches writes nothing there. SGLang logs its DeepGEMM
+    pre-compile lines at every start. Inputs tried: the same caches twice; an SM120 host (no DeepGEMM)."""
+    phases = {**SHORT_PHASES, "deep_gemm": 2.0, "triton": 1.0}
+    h100 = {"phases_s": phases, "gpus": {"model": "h100"}}
+    cold = start_sim(config=h100)
+    cold.wait_states("/ready")
+    cold_log = cold.log.read_text()
+    assert capture_elapsed_s(cold_log) >= 3.0
+    assert cold_log.index("Capture target decode CUDA graph begin") < cold_log.index("Entering DeepGEMM JIT") \
+        < cold_log.index("Try DeepGEMM JIT Compiling") < cold_log.index("Capture target decode CUDA graph end")
+    filled = {path: path.stat().st_mtime_ns for cache in ("deep_gemm", "triton")
+              for path in (tmp_path / cache).iterdir()}
+    assert len(filled) == 2, "each cache holds the kernels built"
+    cold.process.kill()
+    warm = start_sim(config=h100)
+    warm.wait_states("/ready")
+    assert "Try DeepGEMM JIT Compiling" in warm.log.read_text()
+    assert {path: path.stat().st_mtime_ns for cache in ("deep_gemm", "triton")
+            for path in (tmp_path / cache).iterdir()} == filled, "a warm start builds nothing"
+    warm.process.kill()
+    sm120 = start_sim(config={"phases_s": phases}, environ={"SGLANG_DG_CACHE_DIR": str(tmp_path / "dg-sm120")})
+    sm120.wait_states("/ready")
+    assert "DeepGEMM" not in sm120.log.read_text() and not (tmp_path / "dg-sm120").exists()
+
+
+@pytest.mark.parametrize("setting", [None, "false"])
+def test_health_runs_a_generation_by_default_and_answers_at_once_with_the_setting_off(start_sim, setting) -> None:
+    """SGLang's /health is health_generate unless SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION is off (default on): on a
+    server whose generations hang it answers 503 after SGLANG_HEALTH_CHECK_TIMEOUT, or 200 at once with it off."""
+    environ = {"SGLANG_HEALTH_CHECK_TIMEOUT": "2"}
+    if setting is not None:
+        environ["SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"] = setting
+    hung = start_sim(fault="generation-hang", environ=environ)
+    hung.wait_states("/ready")
+    assert http(hung.base + "/health")[0] == (503 if setting is None else 200)
+    assert http(hung.base + "/health_generate")[0] == 503

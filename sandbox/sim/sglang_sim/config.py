@@ -16,8 +16,10 @@ from typing import Any
 DEFAULT_CONFIG = Path("/etc/sglang-sim/config.json")
 DEFAULT_FAULT = Path("/etc/sglang-sim/fault")
 FAULTS = frozenset({"oom", "hang-loading", "die-after", "generation-hang", "nccl-timeout", "port-in-use"})
-# seconds per startup phase; short so the sandbox starts in seconds (a real rig takes minutes)
-DEFAULT_PHASES = {"init": 0.3, "weights": 1.0, "kv_cache": 0.3, "cuda_graph": 0.6, "warmup": 0.8}
+# seconds per startup phase; short so the sandbox starts in seconds (a real rig takes minutes). "weights" is the copy
+# to the GPUs, after the shards' real read; "deep_gemm" and "triton" are paid only while their cache is cold.
+DEFAULT_PHASES = {"init": 0.3, "weights": 1.0, "kv_cache": 0.3, "cuda_graph": 0.6, "warmup": 0.8,
+                  "deep_gemm": 1.0, "triton": 0.4}
 
 
 @dataclass(frozen=True)

@@ -14,14 +14,16 @@ from typing import Any, NoReturn
 
 from sglang_sim import startup_texts as texts
 from sglang_sim.argcheck import RESULT_MARKER
+from sglang_sim.compile_caches import CacheLayout, CompileCache, KernelSet, uses_deep_gemm
 from sglang_sim.config import SimConfig
 from sglang_sim.engine import Engine, Launch
 from sglang_sim.gpus import Gpu, query_gpus
 from sglang_sim.rendezvous import Rendezvous, RendezvousFailed, Topology
 from sglang_sim.server import ServerState, SimHTTPServer, Status, log
+from sglang_sim.startup_texts import LogStyle
 from sglang_sim.throughput import MemoryNeed, ThroughputModel
 from sglang_sim.upstream import JIT_MESSAGE, RESOLVER_MESSAGE, Fusion, InstalledUpstream, line_of
-from sglang_sim.weights import OFFLINE_MESSAGE, missing_weights
+from sglang_sim.weights import OFFLINE_MESSAGE, missing_weights, read_shard, shard_files, snapshot_dir
 
 GIB = 1024.0
 TORCH_MODULE_TO = (Path(sys.prefix) / "lib/python3.11/site-packages/torch/nn/modules/module.py", "to")
@@ -55,6 +57,8 @@ class Simulation:
         pipeline = int(launch.server_args.get("pp_size") or 1)
         self.gpus_per_node = max(1, launch.tp_size * pipeline // self.nnodes)
         self.rank = f"TP{self.node_rank * self.gpus_per_node}"  # the first TP rank of this node, as SGLang logs it
+        self.style = LogStyle.of(upstream.sglang_dir)
+        self.cache_layout = CacheLayout.of(upstream.sglang_dir)
 
     # --- state for the nvidia-smi stand-in ----------------------------------
     def write_state(self) -> None:
@@ -118,28 +122,23 @@ class Simulation:
         log("Init torch distributed begin.", self.rank)
         if self.topology is not None:
             self.rendezvous(self.topology, srt)
+        init_started = time.perf_counter()
         self.phase("init")
         self.memory_used_mib = 580
-        log("Init torch distributed ends. mem usage=0.57 GB", self.rank)
+        log(texts.init_distributed_end(self.style, time.perf_counter() - init_started, 580), self.rank)
         log(texts.load_weight_begin(self.avail_mib()), self.rank)
         if self.config.has_fault("hang-loading"):
             self.stop.wait()
             self.exit(0)
         weights_mib = int(total * 0.55)
-        for percent in (25, 50, 75, 100):
-            self.phase("weights", 4)
-            self.memory_used_mib = 580 + weights_mib * percent // 100
-            log(f"Loading safetensors checkpoint shards: {percent:3d}% Completed | {percent * 83 // 100}/83", self.rank)
-            if percent == 50 and self.config.has_fault("oom"):
-                self.crash([(srt / "managers/scheduler.py", "run_scheduler_process"),
-                            (srt / "model_executor/model_runner.py", "load_model"), TORCH_MODULE_TO],
-                           "torch.OutOfMemoryError: " + texts.cuda_out_of_memory(2048, total, 1.06 * GIB))
+        elapsed_s = self.load_weights(srt, weights_mib)
         quantization = self.launch.server_args.get("quantization")
-        log(texts.load_weight_end(self.config.phases_s["weights"], self.config.architecture, quantization,
+        log(texts.load_weight_end(self.style, elapsed_s, self.config.architecture, quantization,
                                   self.avail_mib(), weights_mib), self.rank)
         self.phase("kv_cache")
         self.memory_used_mib = int(total * self.launch.mem_fraction_static)
-        log(texts.kv_cache_allocated(self.max_total_num_tokens(), self.memory_used_mib - 580 - weights_mib), self.rank)
+        log(texts.kv_cache_allocated(self.style, self.max_total_num_tokens(),
+                                     self.memory_used_mib - 580 - weights_mib), self.rank)
         log(texts.memory_pool_end(self.avail_mib()), self.rank)
         if fusion is Fusion.CRASH_RESOLVER:
             module = self.upstream.fusion_module
@@ -153,9 +152,12 @@ class Simulation:
                 "Skipping allreduce fusion.", self.rank)
         knobs = self.launch.knobs
         need = self.model.memory_need(knobs, total)
+        capture_started = time.perf_counter()
         if knobs.decode_cuda_graph:
-            log(texts.capture_decode_begin(self.launch.server_args.get("cuda_graph_backend_decode") or "full",
-                                           self.avail_mib()), self.rank)
+            log(texts.capture_decode_begin(self.style, self.launch.server_args.get("cuda_graph_backend_decode")
+                                           or "full", self.avail_mib()), self.rank)
+        self.compile_kernels()  # without decode graphs the first forward passes build them just the same
+        if knobs.decode_cuda_graph:
             self.phase("cuda_graph")
         if not need.fits:
             self.out_of_memory(need, srt)
@@ -170,13 +172,55 @@ class Simulation:
             self.jit_build("trtllm_comm", [(srt / "model_executor/model_runner.py", "init_device_graphs")])
         if knobs.decode_cuda_graph:
             self.memory_used_mib = min(total, self.memory_used_mib + int(self.model.cuda_graph_mib))
-            log(texts.capture_decode_end(knobs.cuda_graph_max_bs, self.config.phases_s["cuda_graph"],
+            log(texts.capture_decode_end(self.style, knobs.cuda_graph_max_bs, time.perf_counter() - capture_started,
                                          self.model.cuda_graph_mib, self.avail_mib()), self.rank)
         if self.config.has_fault("nccl-timeout"):
             self.nccl_timeout()
         log(f"max_total_num_tokens={self.max_total_num_tokens()}, chunked_prefill_size={knobs.chunked_prefill_size}, "
             f"max_prefill_tokens={knobs.max_prefill_tokens}, max_running_requests={self.launch.max_running_requests}, "
             f"context_len={self.config.context_length}, available_gpu_mem={self.gib_avail()}", self.rank)
+
+    def load_weights(self, srt: Path, weights_mib: int) -> float:
+        """Read every shard from disk, then the modelled copy of its share to the GPUs (phases_s["weights"]: what a
+        warm page cache cannot save); seconds taken. Without shards (a model the sim has no files of) only the copy."""
+        snapshot = snapshot_dir(self.launch.model_path, self.launch.server_args.get("revision"), os.environ)
+        shards = shard_files(snapshot)
+        steps = max(1, len(shards))
+        started = time.perf_counter()
+        if shards:
+            sys.stderr.write(texts.shard_progress(self.style, 0, len(shards), 0.0))
+        for done in range(1, steps + 1):
+            if shards and not read_shard(shards[done - 1], self.stop):
+                log("Received SIGTERM while loading; exiting.")
+                self.exit(0)
+            self.phase("weights", steps)
+            self.memory_used_mib = 580 + weights_mib * done // steps
+            if shards:
+                sys.stderr.write(texts.shard_progress(self.style, done, len(shards), time.perf_counter() - started))
+                sys.stderr.flush()
+            if done == (steps + 1) // 2 and self.config.has_fault("oom"):
+                total = self.gpus[0].memory_mib
+                self.crash([(srt / "managers/scheduler.py", "run_scheduler_process"),
+                            (srt / "model_executor/model_runner.py", "load_model"), TORCH_MODULE_TO],
+                           "torch.OutOfMemoryError: " + texts.cuda_out_of_memory(2048, total, 1.06 * GIB))
+        if shards and self.style is not LogStyle.V0_5_9:
+            sys.stderr.write("\n")  # tqdm's close: 0.5.23's bar has no newline of its own
+        return time.perf_counter() - started
+
+    def compile_kernels(self) -> None:
+        """The capture's first forward passes build the kernels: DeepGEMM's (logged at every start, on SM90/SM100)
+        and Triton's (silent); each costs its modelled time only when its cache is cold, then leaves it warm."""
+        kernels = KernelSet(self.config.architecture, self.launch.tp_size)
+        caches = [CompileCache.TRITON]
+        if uses_deep_gemm(self.gpus[0].compute_major, os.environ):
+            for line in texts.deep_gemm_precompile("GEMM_NT_F8F8BF16", 7168, 2048):
+                log(line, self.rank)
+            caches.append(CompileCache.DEEP_GEMM)
+        for cache in caches:
+            directory = self.cache_layout.directory(cache, os.environ)
+            if not kernels.is_warm(directory):
+                self.phase(cache.value)
+                kernels.mark_warm(directory)
 
     def out_of_memory(self, need: MemoryNeed, srt: Path) -> NoReturn:
         """--mem-fraction-static left too little beside the static pool: torch's OOM while capturing the decode
@@ -195,7 +239,8 @@ class Simulation:
     def jit_build(self, module: str, frames: list[tuple[Path, str]]) -> None:
         """FlashInfer's JitSpec.build_and_load: a module in the JIT cache is loaded; a cold one is built by running
         `ninja` by name from PATH (jit/cpp_ext.py run_ninja), whose FileNotFoundError nothing catches."""
-        library = self.upstream.jit_library(module, self.gpus[0].compute_major, os.environ)
+        library = self.upstream.jit_library(module, self.gpus[0].compute_major,
+                                            self.cache_layout.flashinfer_base(os.environ))
         if library.exists():
             return
         build_dir = library.parent

@@ -17,12 +17,14 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from sglang_sim.engine import Engine, Launch
+from sglang_sim.environ import env_bool
 from sglang_sim.served import ServedMetrics
 
 WORDS = ("The simulated model answers with plain words so that token counts are easy to check and the "
          "stream is readable in a terminal while the sandbox runs").split()
 STREAM_TICK_S = 0.05   # a streamed response writes at most this often
 BATCH_TICK_S = 0.25    # a non-streamed response re-reads the concurrency this often
+HEALTH_GENERATION = "SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION"
 HEALTH_CHECK_LOOK_S = 1.0  # SGLang's health_generate looks for an output once a second (`await asyncio.sleep(1)`)
 
 
@@ -71,6 +73,8 @@ class ServerState:
     max_total_num_tokens: int
     startup_time: float = field(default_factory=time.time)
     status: Status = Status.STARTING
+    # SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION as read at start (sglang srt/environ.py EnvBool, default on)
+    health_generates: bool = field(default_factory=lambda: env_bool(os.environ, HEALTH_GENERATION, True))
     served: ServedMetrics = field(init=False)  # what /metrics reports of the requests served
 
     def __post_init__(self) -> None:
@@ -159,12 +163,14 @@ class Handler(BaseHTTPRequestHandler):
             self.send_json(503, {"status": self.state.status.value})
 
     def health_generate(self) -> None:
-        """As SGLang's `health_generate` (sglang/srt/entrypoints/http_server.py, 0.5.9 and 0.5.23): 503 while
-        starting or draining; otherwise a 1-token generation goes to the scheduler, and the answer is 200 at the first
-        look, once a second, that finds any output produced since the request came (so never within 1 s), or 503 after
-        SGLANG_HEALTH_CHECK_TIMEOUT (20 s: a hung scheduler). SGLang's /health is this same function; the
-        simulator's /health answers as SGLang's does with SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION=false."""
-        if self.state.status is not Status.UP:
+        """As SGLang's `health_generate` (sglang/srt/entrypoints/http_server.py, 0.5.9 at 470, 0.5.23 at 721-797):
+        503 while starting or draining; otherwise a 1-token generation goes to the scheduler, and the answer is 200 at
+        the first look, once a second, that finds any output produced since the request came (so never within 1 s),
+        or 503 after SGLANG_HEALTH_CHECK_TIMEOUT (20 s: a hung scheduler). /health is this same function; with
+        SGLANG_ENABLE_HEALTH_ENDPOINT_GENERATION off (default on: environ.py, 0.5.9 at 462, 0.5.23 at 344) /health
+        answers 200 at once once the server is up."""
+        path = self.path.split("?", 1)[0]
+        if self.state.status is not Status.UP or (path == "/health" and not self.state.health_generates):
             self.health()
             return
         engine = self.state.engine
@@ -323,7 +329,7 @@ class Handler(BaseHTTPRequestHandler):
 
 
 ROUTES: dict[tuple[str, str], Callable[[Handler], None]] = {
-    ("GET", "/health"): Handler.health,
+    ("GET", "/health"): Handler.health_generate,
     ("GET", "/health_generate"): Handler.health_generate,
     ("GET", "/ready"): Handler.health,
     ("GET", "/v1/models"): Handler.models,

@@ -10,7 +10,7 @@ import enum
 import importlib.machinery
 import importlib.metadata
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,10 +117,9 @@ class InstalledUpstream:
     def flashinfer_version(self) -> str:
         return dist_version("flashinfer-python")
 
-    def jit_library(self, module: str, compute_major: int, environ: Mapping[str, str]) -> Path:
-        """Where FlashInfer's JIT keeps a built module (flashinfer/jit/env.py): $FLASHINFER_WORKSPACE_BASE (default
-        the home directory)/.cache/flashinfer/<version>/<archs>/cached_ops/<module>/<module>.so."""
-        base = Path(environ.get("FLASHINFER_WORKSPACE_BASE") or Path.home())
+    def jit_library(self, module: str, compute_major: int, base: Path) -> Path:
+        """Where FlashInfer's JIT keeps a built module (flashinfer/jit/env.py): <workspace base>/.cache/flashinfer/
+        <version>/<archs>/cached_ops/<module>/<module>.so (the base: compile_caches.CacheLayout.flashinfer_base)."""
         return (base / ".cache" / "flashinfer" / self.flashinfer_version / f"{compute_major}0a" / "cached_ops" / module
                 / f"{module}.so")
 
