@@ -54,7 +54,9 @@ def open_page(page: Path, work: Path, width: int = 1100, height: int = 6000) -> 
     net_log, shot = work / "net-log.json", work / "screenshot.png"
     dumped = _chromium(page, work, "profile-dom", f"--log-net-log={net_log}", "--dump-dom")
     _chromium(page, work, "profile-shot", f"--screenshot={shot}", f"--window-size={width},{height}")
-    console = [line for line in dumped.stderr.splitlines() if ":CONSOLE" in line]
+    # Chromium's own UI pages (source: chrome://...) log to the same stream, e.g. "Slow network is detected" on a busy
+    # machine: only the page's own messages count
+    console = [line for line in dumped.stderr.splitlines() if ":CONSOLE" in line and "source: chrome://" not in line]
     return Opened(console=console, page_requests=_page_requests(net_log), dom=dumped.stdout, screenshot=shot)
 
 
