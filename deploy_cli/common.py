@@ -10,7 +10,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -172,7 +172,9 @@ def inventory_given(given: str | None) -> str | None:
 
 
 def service_name(service: str | None) -> str:
-    return service or ServiceSpec().name
+    """-s/--service as typed (refused when no systemd unit could have that name), else the default."""
+    from deploy_lib.store import check_service_name
+    return ServiceSpec().name if service is None else run(lambda: check_service_name(service, "-s/--service"))
 
 
 def target(inventory: str | None, host: str | None, accept_new_host_key: bool = False) -> Target:
@@ -211,6 +213,13 @@ def profile_in_use(profile: str | None, found: Target, remote: FabricRemote, ser
     from deploy_lib.commands import releases as host_releases
     return run(lambda: profile_for_host(project(), profile, found)
                or host_releases.current_profile(found, service_name(service), remote))
+
+
+def release_ids(flag: str, given: Sequence[str]) -> None:
+    """Release ids typed after `flag`, refused before any host is reached when no release could have them."""
+    from deploy_lib.store import check_release_id
+    for release_id in given:
+        run(partial(check_release_id, release_id, flag))
 
 
 def rollout(serial: list[str] | None, max_fail: str | None) -> Rollout | None:

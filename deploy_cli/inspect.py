@@ -74,6 +74,7 @@ def bench(c: Context, profile: str | None = None, compare: list[str] | None = No
     if compare and len(compare) < 2:
         raise Exit("error: --compare takes two release ids or more: --compare A --compare B [--compare C ...]",
                    code=2)
+    common.release_ids("--compare", compare or [])
     target = common.target(inventory, host)
     with common.remote(target) as remote:
         loaded = common.profile_in_use(profile, target, remote, service)

@@ -186,7 +186,8 @@ def sweep_spec(path: Path | None, vary: Sequence[str], overrides: Mapping[str, A
         raise ConfigError(format_validation_error(str(path or "--vary"), err, TuneSpec, flags=flags)) from None
     if spec.bench is not None and spec.bench.workload is not None and workloads_dir is not None:
         from deploy_lib.metrics.workload import bench_with_workload
-        spec = spec.model_copy(update={"bench": bench_with_workload(spec.bench, workloads_dir)})
+        spec = spec.model_copy(update={"bench": bench_with_workload(spec.bench, workloads_dir,
+                                                                    str(path) if path else None)})
     return spec, sources
 
 
