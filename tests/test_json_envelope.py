@@ -1,9 +1,8 @@
 """Every task's `--json` is one document of one shape (deploy_cli/envelope.py, the reference's "JSON output"): run
 in-process through the program as a user types it, each task that takes --json on a host the inventory lacks (its
 error), and the ones that need no host or run against a scripted host to the end (their result, or the host's error,
-under `hosts`). Issue 40:
-`status --group` was keyed by host, `deploy --group` nested hosts under `hosts`, `plan --against` had no `outcome` or
-`exit_code`, and a refusal under --json printed nothing on stdout."""
+under `hosts`). Issue 40: `status --group` was keyed by host, `deploy --group` nested hosts under `hosts`, `plan
+--against` had no `outcome` or `exit_code`, and a refusal under --json printed nothing on stdout."""
 
 from __future__ import annotations
 
