@@ -98,7 +98,7 @@ def schema(c: Context, output: str | None = None) -> None:
         try:
             Path(output).write_text(text + "\n")
         except OSError as err:
-            raise Exit(f"error: cannot write the schema to {output}: {err.strerror or err}",
+            raise Exit(f"error: -o/--output {output}: cannot write the schema there: {err.strerror or err}",
                        code=common.BAD_OPTION) from None
     else:
         ui.console.print(text, markup=False)

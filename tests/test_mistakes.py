@@ -149,7 +149,10 @@ VALUES = [
     ("tune --spec nosuch.yaml --dry-run", "error: nosuch.yaml: cannot read: no such file"),
     ("workload --name x --window abc", "error: --window 'abc': give a positive duration such as 90s, 10m or 1h"),
     ("workload --name x --every 0", "error: --every '0': give a positive duration"),
-    ("workload --name ../x", "error: workload name '../x': give a plain name such as `chat-peak`"),
+    # the name was "workload name '../x'" and the path "cannot write the schema to ...": no flag named
+    ("workload --name ../x", "error: --name '../x': give a plain name such as `chat-peak`"),
+    ("schema -o /nonexistent/dir/schema.json", "error: -o/--output /nonexistent/dir/schema.json: cannot write the "
+                                               "schema there: No such file or directory"),
     ("init --model Qwen/Qwen3-8B --gpus 3 --host 192.0.2.1", "error: init --gpus 3: Input should be 1, 2, 4, 8 or 16"),
     ("init --model Qwen/Qwen3-8B --gpus 1 --host a;b", "error: init --host 'a;b': String should match pattern"),
     ("init --gpus 1", "error: init needs your model and your host: --model and --host"),
@@ -514,6 +517,11 @@ INVENTORIES = [
      "render {P} -i hosts.ini", "error: {tmp}/hosts.ini:2: [gpu:vars] is for a group that has no section of its own"),
     ("an INI vars line not key=value", {"hosts.ini": b"[gpu]\ngpu1\n[gpu:vars]\nnot a var\n"},
      "render {P} -i hosts.ini", "error: {tmp}/hosts.ini:4: [gpu:vars] expects key=value, got 'not a var'"),
+    # a var given twice on one host line took the last one without a word
+    ("an INI host var given twice", {"hosts.ini": b"[gpu]\ngpu1 ansible_port=22 ansible_port=2222\n"},
+     "render {P} -i hosts.ini", "error: {tmp}/hosts.ini:2: host gpu1: ansible_port is given twice on the line"),
+    ("an INI port given by host:port and by var", {"hosts.ini": b"[gpu]\ngpu1:2222 ansible_port=22\n"},
+     "render {P} -i hosts.ini", "error: {tmp}/hosts.ini:2: host gpu1: ansible_port is given twice on the line"),
     ("an INI range backwards", {"hosts.ini": b"[gpu]\ngpu[3:1]\n"}, "render {P} -i hosts.ini",
      "error: {tmp}/hosts.ini:2: 'gpu[3:1]': the range's begin 3 is above its end 1"),
     ("an INI range of two widths", {"hosts.ini": b"[gpu]\ngpu[01:3]\n"}, "render {P} -i hosts.ini",
@@ -554,6 +562,9 @@ SPECS = [
     ("a patch set misspelt by --vary", {}, "tune -p {P} --vary patches=none,fusion-sm12 --dry-run",
      "error: --vary patches=none,fusion-sm12: patches: 'fusion-sm12' is not a patch set; did you mean "
      "`fusion-sm120`?"),
+    # the refusal showed the values as read (`true,maybe`), not as typed
+    ("a value of no boolean by --vary", {}, "tune -p {P} --vary features.cuda_graph=yes,maybe --dry-run",
+     "error: --vary features.cuda_graph=yes,maybe: features.cuda_graph: Input should be a valid boolean"),
     ("a key of no profile by --vary", {}, "tune -p {P} --vary nosuch.key=1,2 --dry-run",
      "error: --vary nosuch.key=1,2: nosuch: unknown key"),
     ("a key in the spec and by --vary", {"s.yaml": SPEC.encode()},

@@ -154,6 +154,8 @@ def _ini_host_line(where: str, line: str, hosts: dict[str, Any]) -> None:
         if not equals or not key:
             raise ConfigError(f"{where}: host {pattern}: {word!r} is not a key=value host var",
                               "a host line is `NAME key=value ...`; quote a value with spaces")
+        if key in host_vars:  # which of the two was meant is not for the tool to guess
+            raise ConfigError(f"{where}: host {pattern}: {key} is given twice on the line", "give each var once")
         host_vars[key] = _ini_value(value)
     try:
         names = expand_host_pattern(pattern)

@@ -192,10 +192,10 @@ def parse_duration(text: str, option: str) -> float:
     return seconds
 
 
-def check_name(name: str) -> str:
-    """A workload's name: its file's stem under inventory/workloads/."""
+def check_name(name: str, given_as: str = "workload name") -> str:
+    """A workload's name: its file's stem under inventory/workloads/; a refusal names `given_as` (the option)."""
     if not name or "/" in name or name.startswith(".") or name.endswith(WORKLOAD_SUFFIX):
-        raise ConfigError(f"workload name {name!r}: give a plain name such as `chat-peak` (it becomes "
+        raise ConfigError(f"{given_as} {name!r}: give a plain name such as `chat-peak` (it becomes "
                           f"inventory/workloads/<name>{WORKLOAD_SUFFIX})")
     return name
 
