@@ -238,8 +238,7 @@ def scope(inventory: str | None, host: str | None, group: str | None = None, acc
     limit = given_limit()
     chosen = run(lambda: select(project().inventory(inventory_given(inventory)), host, group, accept_new_host_key,
                                 rolled, limit))
-    for each in chosen.targets:
-        ui.print_warnings(each.host.warnings)
+    ui.print_warnings(tuple(dict.fromkeys(warning for each in chosen.targets for warning in each.host.warnings)))
     _chose(*(each.host.name for each in chosen.targets))
     return chosen
 

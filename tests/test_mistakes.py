@@ -355,6 +355,22 @@ def test_a_typo_in_group_vars_is_warned_about_naming_that_file(workdir: Path,
     assert f"{workdir}/inventory/host_vars/gpu1.yml: host gpu1: gpu_cout is not a var" in err
 
 
+def test_vars_files_of_no_host_or_group_are_warned_about_naming_the_file(workdir: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Input tried: host_vars/gpu-1.yml for host gpu1 and group_vars/gpus.yml for group gpu (Ansible reads them for
+    nothing, and the GPU count in them was silently not applied)."""
+    write_files(workdir, {"inventory/hosts.yaml": GROUPED, "inventory/host_vars/gpu-1.yml": b"gpu_count: 8\n",
+                          "inventory/group_vars/gpus.yml": b"gpu_count: 8\n", "inventory/group_vars/all.yml": b"{}\n",
+                          "inventory/host_vars/gpu1/main.yml": b"{}\n"})
+    code, _, err = sglang_deploy(f"render {PROFILE}", capsys)
+    assert code == 0, err
+    inventory = workdir / "inventory"
+    assert err.count("warning:") == 2, err
+    assert (f"{inventory}/host_vars/gpu-1.yml: {inventory}/hosts.yaml has no host 'gpu-1', so these vars apply to no "
+            "host; did you mean `gpu1`?") in err
+    assert f"{inventory}/group_vars/gpus.yml: {inventory}/hosts.yaml has no group 'gpus'" in err
+
+
 def test_a_file_that_cannot_be_opened_is_refused_naming_it_and_why(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Input tried: a profile without read permission for the user (as root, which reads every file, the refusal

@@ -12,6 +12,7 @@ import ast
 import re
 import shlex
 import string
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +210,18 @@ def _directory_vars_files(directory: Path) -> list[Path]:
         elif entry.suffix in ("", *VARS_EXTENSIONS):
             found.append(entry)
     return found
+
+
+def unmatched_vars_files(directory: Path, names: Iterable[str]) -> list[tuple[Path, str]]:
+    """The entries of group_vars/ or host_vars/ that name no group or host of NAMES (a typo of one, most likely:
+    Ansible reads them for nothing, without a word), each with the name it gives."""
+    if not directory.is_dir():
+        return []
+    known = set(names)
+    entries = [entry for entry in sorted(directory.iterdir()) if not entry.name.startswith(".")
+               and not entry.name.endswith("~") and (entry.is_dir() or entry.suffix in ("", *VARS_EXTENSIONS))]
+    return [(entry, name) for entry in entries
+            if (name := entry.name if entry.is_dir() or entry.suffix == "" else entry.stem) not in known]
 
 
 def read_vars_files(directory: Path, name: str) -> list[tuple[Path, dict[str, Any]]]:

@@ -15,7 +15,13 @@ import paramiko
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
 from deploy_lib.errors import ConfigError, did_you_mean
-from deploy_lib.inventory.formats import expand_host_pattern, inventory_file, read_inventory_source, read_vars_files
+from deploy_lib.inventory.formats import (
+    expand_host_pattern,
+    inventory_file,
+    read_inventory_source,
+    read_vars_files,
+    unmatched_vars_files,
+)
 from deploy_lib.profile import AbsPath, Profile, SecretRef, format_validation_error
 from deploy_lib.remote import SSHTarget
 from deploy_lib.remote.ssh_config import (
@@ -382,7 +388,16 @@ def load_inventory(path: Path, environ: Mapping[str, str] = os.environ) -> Inven
                            config_hostname=hostname if hostname != alias else None)
     if not hosts:
         raise ConfigError(f"{path}: no hosts defined")
+    unmatched = _unmatched_vars(path, groups, hosts)
+    hosts = {name: host.model_copy(update={"warnings": (*host.warnings, *unmatched)}) for name, host in hosts.items()}
     return Inventory(path=path, hosts=hosts, groups=groups)
+
+
+def _unmatched_vars(path: Path, groups: Mapping[str, Any], hosts: Mapping[str, Any]) -> tuple[str, ...]:
+    """A group_vars/ or host_vars/ file of no group or host of the inventory: its vars apply to nothing."""
+    return tuple(f"{file}: {path} has no {kind} {name!r}, so these vars apply to no host{did_you_mean(name, known)}"
+                 for kind, folder, known in (("group", "group_vars", groups), ("host", "host_vars", hosts))
+                 for file, name in unmatched_vars_files(path.parent / folder, known))
 
 
 def _ignored_vars(origin: dict[str, Path], host: str, host_vars: dict[str, Any]) -> tuple[str, ...]:
