@@ -446,11 +446,13 @@ PROFILES = [
      f"error: {PROFILE_P}: secrets.HF_TOKEN.nev: unknown key"),
     ("a secret command as one string", profile_file("model: {path: m}\nsecrets: {HF_TOKEN: {command: op read x}}\n"),
      "render p", f"error: {PROFILE_P}: secrets.HF_TOKEN.command: write the command as a list of words"),
+    # a secret that cannot be read named no profile
     ("a secret from a variable not set", profile_file("model: {path: m}\nsecrets: {HF_TOKEN: {env: "
                                                        "SGLANG_DEPLOY_TEST_UNSET}}\n"), "deploy p -y",
-     "error: secret HF_TOKEN: environment variable SGLANG_DEPLOY_TEST_UNSET is not set on this machine"),
+     f"error: {PROFILE_P}: secret HF_TOKEN: environment variable SGLANG_DEPLOY_TEST_UNSET is not set on this "
+     "machine"),
     ("a secret file that is a directory", profile_file("model: {path: m}\nsecrets: {HF_TOKEN: {file: inventory}}\n"),
-     "deploy p -y", "error: secret HF_TOKEN: inventory: cannot read: a directory"),
+     "deploy p -y", f"error: {PROFILE_P}: secret HF_TOKEN: inventory: cannot read: a directory"),
     ("--set of an unknown key", profile_file("model: {path: m}\n"), "render p --set nosuch=1",
      "error: profile p with --set nosuch=1: nosuch: unknown key"),
     ("--set without a value", profile_file("model: {path: m}\n"), "render p --set parallel.tp",
