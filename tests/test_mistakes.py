@@ -464,6 +464,9 @@ PROFILES = [
      "error: --sglang-version: 'banana' is not a version"),
     ("--sglang-version on a plan against the host", {}, "plan {P} --sglang-version 0.5.9",
      "error: --sglang-version is for --against renders"),
+    # `-p NAME.yaml` was looked for in the working directory, the hint listing its (no) profiles
+    ("a profile's file name given as its name", profile_file("model: {path: m}\n"), "render -p p.yaml",
+     "error: profile 'p.yaml': no file {tmp}/p.yaml; did you mean `p`?"),
     ("a profile path not ending in .yaml", {"p.yml": b"model: {path: m}\n"}, "render ./p.yml",
      "error: profile './p.yml': a profile file ends in .yaml"),
     # a missing workload named no profile and key; a directory was "does not exist"
@@ -509,6 +512,13 @@ INVENTORIES = [
         "ansible_host: 127.0.0.1, ", "")), "render {P}",
      "error: {tmp}/inventory/hosts.yaml: host gpu1: ansible_host: String should match pattern"),
     ("an unknown host", {}, "render {P} -H gpu2", "error: {tmp}/inventory/hosts.yaml: unknown host 'gpu2'"),
+    # a host misspelt, or a host and a group swapped, had only the list of names
+    ("a host misspelt", {}, "render {P} -H gpu-1",
+     "error: {tmp}/inventory/hosts.yaml: unknown host 'gpu-1'; did you mean `gpu1`?"),
+    ("a host given as --group", inventory_file(GROUPED.decode()), "status --group gpu1",
+     "error: {tmp}/inventory/hosts.yaml: unknown group 'gpu1'; gpu1 is a host: --host gpu1"),
+    ("a group given as --host", inventory_file(GROUPED.decode()), "logs --host gpu",
+     "error: {tmp}/inventory/hosts.yaml: unknown host 'gpu'; gpu is a group: --group gpu"),
     ("an unknown group", inventory_file(GROUPED.decode()), "status --group gpus",
      "error: {tmp}/inventory/hosts.yaml: unknown group 'gpus'; did you mean `gpu`?"),
     ("group_vars that are a list", {"inventory/group_vars/all.yml": b"- a\n"}, "render {P}",

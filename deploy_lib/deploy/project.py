@@ -66,6 +66,10 @@ class Project:
             path = _from_working_directory(given)
             if path.suffix != PROFILE_SUFFIX:
                 raise ConfigError(f"profile {given!r}: a profile file ends in {PROFILE_SUFFIX}")
+            named = self.profiles_dir / path.name
+            if not path.exists() and "/" not in given and named.is_file():  # the name, typed as its file's name
+                raise ConfigError(f"profile {given!r}: no file {path}; did you mean `{path.stem}`?",
+                                  f"a profile is given by its name ({path.stem}: {named}) or by a path to its file")
             return path.parent, path.stem
         return self.profiles_dir, given
 

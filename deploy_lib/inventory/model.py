@@ -218,8 +218,9 @@ class Inventory(BaseModel):
     def group(self, name: str) -> list[Host]:
         """The hosts of a group (its children's too), as Ansible resolves it; ConfigError naming the known groups."""
         if name not in self.groups:
-            raise ConfigError(f"{self.path}: unknown group {name!r}{did_you_mean(name, self.groups)}",
-                              f"groups: {', '.join(sorted(self.groups))}")
+            raise ConfigError(f"{self.path}: unknown group {name!r}" + (
+                f"; {name} is a host: --host {name}" if name in self.hosts else did_you_mean(name, self.groups)),
+                f"groups: {', '.join(sorted(self.groups))}")
         if not self.groups[name]:
             raise ConfigError(f"{self.path}: group {name!r} has no hosts",
                               "add hosts under its `hosts:` or a child group's")
@@ -233,7 +234,9 @@ class Inventory(BaseModel):
             raise ConfigError(f"{self.path}: {len(self.hosts)} hosts; say which with --host",
                               f"hosts: {', '.join(sorted(self.hosts))}")
         if name not in self.hosts:
-            raise ConfigError(f"{self.path}: unknown host {name!r}", f"hosts: {', '.join(sorted(self.hosts))}")
+            raise ConfigError(f"{self.path}: unknown host {name!r}" + (
+                f"; {name} is a group: --group {name}" if name in self.groups else did_you_mean(name, self.hosts)),
+                f"hosts: {', '.join(sorted(self.hosts))}")
         return self.hosts[name]
 
 
