@@ -10,7 +10,7 @@ import sys
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -172,7 +172,9 @@ def inventory_given(given: str | None) -> str | None:
 
 
 def service_name(service: str | None) -> str:
-    return service or ServiceSpec().name
+    """-s/--service as typed (refused when no systemd unit could have that name), else the default."""
+    from deploy_lib.store import check_service_name
+    return ServiceSpec().name if service is None else run(lambda: check_service_name(service, "-s/--service"))
 
 
 def target(inventory: str | None, host: str | None, accept_new_host_key: bool = False) -> Target:
@@ -213,6 +215,13 @@ def profile_in_use(profile: str | None, found: Target, remote: FabricRemote, ser
                or host_releases.current_profile(found, service_name(service), remote))
 
 
+def release_ids(flag: str, given: Sequence[str]) -> None:
+    """Release ids typed after `flag`, refused before any host is reached when no release could have them."""
+    from deploy_lib.store import check_release_id
+    for release_id in given:
+        run(partial(check_release_id, release_id, flag))
+
+
 def rollout(serial: list[str] | None, max_fail: str | None) -> Rollout | None:
     """--serial and --max-fail; None without them (every host at once): a one-host command never loads the fleet."""
     if not serial and max_fail is None:
@@ -229,8 +238,7 @@ def scope(inventory: str | None, host: str | None, group: str | None = None, acc
     limit = given_limit()
     chosen = run(lambda: select(project().inventory(inventory_given(inventory)), host, group, accept_new_host_key,
                                 rolled, limit))
-    for each in chosen.targets:
-        ui.print_warnings(each.host.warnings)
+    ui.print_warnings(tuple(dict.fromkeys(warning for each in chosen.targets for warning in each.host.warnings)))
     _chose(*(each.host.name for each in chosen.targets))
     return chosen
 

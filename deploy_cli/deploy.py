@@ -30,7 +30,9 @@ def render(c: Context, profile: str | None = None, host: str | None = None, inve
            sglang_version: str = NEWEST_SGLANG, set_: list[str] | None = None, json: bool = False) -> None:
     """Print the unit, the env file (secrets redacted) and the argv of a profile, without touching any host."""
     from deploy_lib.release.model import build_release, placeholder_secrets
+    from deploy_lib.release.server_args import parse_version
     common.report_as(json)
+    common.run(lambda: parse_version(sglang_version, "--sglang-version"))
     loaded, target = common.load(profile, inventory, host, overrides=set_ or ())
     release = common.run(lambda: build_release(loaded, target.layout(loaded.profile.service.name), sglang_version,
                                                placeholder_secrets(loaded.profile), venv=target.venv_override))
@@ -60,6 +62,9 @@ def plan(c: Context, profile: str | None = None, against: str | None = None, hos
 def _plan(profile: str | None, against: str | None, host: str | None, group: str | None, inventory: str | None,
           sglang_version: str, overrides: Sequence[str], accept_new_host_key: bool) -> bool:
     """Print the plan; True when something would change."""
+    if against is None and sglang_version != NEWEST_SGLANG:
+        raise Exit("error: --sglang-version is for --against renders: a plan against the host reads the SGLang of "
+                   "its venv", code=common.BAD_OPTION)
     if against is None:
         from deploy_lib.ops.fleet import would_change
         fleet, one_host = _deploy_run(profile, host, group, None, inventory, overrides, accept_new_host_key,
@@ -71,6 +76,8 @@ def _plan(profile: str | None, against: str | None, host: str | None, group: str
         raise Exit("error: --against compares two profiles for one host: give --host, not --group",
                    code=common.BAD_OPTION)
     from deploy_lib.deploy.plan import plan_against
+    from deploy_lib.release.server_args import parse_version
+    common.run(lambda: parse_version(sglang_version, "--sglang-version"))
     (old, _), (new, target) = [common.load(name, inventory, host, overrides=given)
                                for name, given in ((against, ()), (profile, overrides))]
     changes = common.run(lambda: plan_against(old, new, target, sglang_version))
@@ -91,7 +98,7 @@ def schema(c: Context, output: str | None = None) -> None:
         try:
             Path(output).write_text(text + "\n")
         except OSError as err:
-            raise Exit(f"error: cannot write the schema to {output}: {err.strerror or err}",
+            raise Exit(f"error: -o/--output {output}: cannot write the schema there: {err.strerror or err}",
                        code=common.BAD_OPTION) from None
     else:
         ui.console.print(text, markup=False)
@@ -135,6 +142,7 @@ def rollback(c: Context, to: str | None = None, host: str | None = None, group: 
     """Switch back to an earlier release on the host and verify it."""
     from deploy_lib.ops import dispatch
     common.report_as(json, verbose)
+    common.release_ids("--to", [to] if to is not None else [])
     hosts = common.scope(inventory, host, group, accept_new_host_key, common.rollout(serial, max_fail))
     fleet = common.run(lambda: dispatch.rollback(hosts, common.service_name(service), to, common.reach(yes)))
     common.show_outcomes(fleet, hosts.one_host)

@@ -74,6 +74,7 @@ def bench(c: Context, profile: str | None = None, compare: list[str] | None = No
     if compare and len(compare) < 2:
         raise Exit("error: --compare takes two release ids or more: --compare A --compare B [--compare C ...]",
                    code=2)
+    common.release_ids("--compare", compare or [])
     target = common.target(inventory, host)
     with common.remote(target) as remote:
         loaded = common.profile_in_use(profile, target, remote, service)
@@ -97,7 +98,7 @@ def workload(c: Context, name: str, window: str = "10m", every: str = "10s", hos
     from deploy_lib.metrics.workload import check_name, parse_duration
     from deploy_lib.ops import dispatch
     common.report_as(json, verbose)
-    checked = common.run(lambda: check_name(name))
+    checked = common.run(lambda: check_name(name, "--name"))
     window_s = common.run(lambda: parse_duration(window, "--window"))
     every_s = common.run(lambda: parse_duration(every, "--every"))
     hosts = common.scope(inventory, host, group)

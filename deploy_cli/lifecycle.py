@@ -21,10 +21,10 @@ GROUP_HELP = {"group": "inventory group: every host of it at once (a multi-node 
 
 @task(help=GROUP_HELP)
 def stop(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
-         service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
+         service: str | None = None, yes: bool = False, json: bool = False, verbose: bool = False) -> None:
     """Stop the server (the current release stays current; `start` brings it back)."""
     from deploy_lib.ops import dispatch
-    common.report_as(verbose=verbose)
+    common.report_as(json, verbose)
     hosts = common.scope(inventory, host, group)
     fleet = common.run(lambda: dispatch.stop(hosts, common.service_name(service), common.reach(yes)))
     _show_lifecycle(fleet, hosts.one_host)
@@ -35,9 +35,9 @@ def _show_lifecycle(fleet: FleetRun[Outcome], one_host: bool) -> None:
 
 
 def _start(restart: bool, host: str | None, group: str | None, inventory: str | None, service: str | None,
-           yes: bool, verbose: bool) -> None:
+           yes: bool, json: bool, verbose: bool) -> None:
     from deploy_lib.ops import dispatch
-    common.report_as(verbose=verbose)
+    common.report_as(json, verbose)
     hosts = common.scope(inventory, host, group)
     fleet = common.run(lambda: dispatch.start(hosts, common.service_name(service), restart, common.reach(yes)))
     _show_lifecycle(fleet, hosts.one_host)
@@ -45,25 +45,25 @@ def _start(restart: bool, host: str | None, group: str | None, inventory: str | 
 
 @task(help=GROUP_HELP)
 def start(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
-          service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
+          service: str | None = None, yes: bool = False, json: bool = False, verbose: bool = False) -> None:
     """Start the current release and wait until it serves (readiness ladder); rolled back if it cannot start."""
-    _start(False, host, group, inventory, service, yes, verbose)
+    _start(False, host, group, inventory, service, yes, json, verbose)
 
 
 @task(help=GROUP_HELP)
 def restart(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
-            service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
+            service: str | None = None, yes: bool = False, json: bool = False, verbose: bool = False) -> None:
     """Restart the current release and wait until it serves (readiness ladder); rolled back if it cannot start."""
-    _start(True, host, group, inventory, service, yes, verbose)
+    _start(True, host, group, inventory, service, yes, json, verbose)
 
 
 @task(help=GROUP_HELP)
 def uninstall(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
-              service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
+              service: str | None = None, yes: bool = False, json: bool = False, verbose: bool = False) -> None:
     """Remove the unit, releases, managed venvs and caches from the host; history is copied here first."""
     from deploy_lib.commands.uninstall import local_state_dir
     from deploy_lib.ops import dispatch
-    common.report_as(verbose=verbose)
+    common.report_as(json, verbose)
     hosts = common.scope(inventory, host, group)
     fleet = common.run(lambda: dispatch.uninstall(hosts, common.service_name(service), local_state_dir(os.environ),
                                                   common.reach(yes)))

@@ -28,6 +28,7 @@ NAME = "sglang-deploy"
 USAGE_ERROR = EXIT_CODES[ConfigError]  # 2: nothing was run
 PIPE_CLOSED = 1  # as Python's recipe (library/signal.html, note on SIGPIPE) and rich's Console.on_broken_pipe end
 HIDDEN_CORE = ("complete",)  # what the completion script calls; nobody types it
+COMPLETION_SHELLS = ("bash", "zsh", "fish")  # the scripts invoke ships (invoke/completion/)
 DRIFT_CHECK = "detailed_exitcode"  # plan's Terraform contract: 2 means "changes", so a usage error there is 1
 
 
@@ -262,8 +263,13 @@ class DeployProgram(Program):
         if self.args.version.value:
             self.print_version()
             raise Exit
-        if self.args["print-completion-script"].value:
-            print_completion_script(shell=self.args["print-completion-script"].value, names=self.binary_names)
+        shell = self.args["print-completion-script"].value
+        if shell:
+            if shell not in COMPLETION_SHELLS:
+                raise Exit(f"error: --print-completion-script: no completion script for {shell!r}; shells: "
+                           f"{', '.join(COMPLETION_SHELLS)}{did_you_mean(shell, COMPLETION_SHELLS)}",
+                           code=USAGE_ERROR)
+            print_completion_script(shell=shell, names=self.binary_names)
             raise Exit
         given = self.args["project"].value
         if given:

@@ -26,6 +26,7 @@ def report(c: Context, host: str | None = None, group: str | None = None, invent
     from deploy_lib.metrics.workload import read_workloads
     from deploy_lib.ops import dispatch
     common.report_as(json, verbose)
+    common.release_ids("--release", release or [])
     hosts = common.scope(inventory, host, group)
     workloads = common.run(lambda: read_workloads(common.project().workloads_dir))
     fleet = common.run(lambda: dispatch.report(hosts, common.service_name(service), release or (), Path(out),

@@ -82,7 +82,7 @@ def test_a_schema_that_cannot_be_written_is_a_sentence_and_exit_2(tmp_path: Path
     output = tmp_path / where
     refused = invoke("schema", "-o", str(output))
     assert refused.returncode == 2 and "Traceback" not in refused.stderr
-    assert refused.stderr.strip() == f"error: cannot write the schema to {output}: {why}"
+    assert refused.stderr.strip() == f"error: -o/--output {output}: cannot write the schema there: {why}"
 
 
 def test_a_missing_required_option_names_it() -> None:

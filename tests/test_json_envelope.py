@@ -1,8 +1,8 @@
 """Every task's `--json` is one document of one shape (deploy_cli/envelope.py, the reference's "JSON output"): run
 in-process through the program as a user types it, each task that takes --json on a host the inventory lacks (its
-error), and the ones that need no host or run against a fake host to the end (their result under `hosts`). Issue 40:
-`status --group` was keyed by host, `deploy --group` nested hosts under `hosts`, `plan --against` had no `outcome` or
-`exit_code`, and a refusal under --json printed nothing on stdout."""
+error), and the ones that need no host or run against a scripted host to the end (their result, or the host's error,
+under `hosts`). Issue 40: `status --group` was keyed by host, `deploy --group` nested hosts under `hosts`, `plan
+--against` had no `outcome` or `exit_code`, and a refusal under --json printed nothing on stdout."""
 
 from __future__ import annotations
 
@@ -63,6 +63,7 @@ def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Envel
 
 def test_every_task_that_takes_json_is_listed() -> None:
     assert {"deploy", "rollback", "plan", "render", "status", "releases", "logs", "bench", "gpu-check", "report",
+            "stop", "start", "restart", "uninstall",
             "patches.list", "patch", "tune", "tune.show", "venv.list", "model.list", "router.deploy",
             "router.status"} <= set(json_tasks())
 
@@ -167,3 +168,49 @@ def test_a_plans_error_with_detailed_exitcode_is_1_and_keeps_its_own_code(projec
                                  "--detailed-exitcode")
     assert code == document.exit_code == 1 and document.outcome == "failed"
     assert document.error is not None and document.error.exit_code == 2
+
+
+# (the command line after the task, how it ends on a host serving the reference profile: `ok`, or the error the
+# scripted host leads to); {out}: a directory to write in, {rid}: the current release.
+ON_A_SERVING_HOST = [
+    (["logs"], "ok"),
+    (["model.list"], "ok"),
+    (["venv.list"], "ok"),
+    (["bench"], "ok"),
+    (["report", "--out", "{out}"], "ok"),
+    (["tune", "-p", "glm5-nvfp4", "--vary", "memory.max_running_requests=64,256", "--dry-run"], "ok"),
+    (["stop", "--yes"], "ok"),
+    (["start", "--yes"], "ok"),
+    (["restart", "--yes"], "ok"),
+    (["rollback", "--yes"], "PreflightError"),  # release B's files differ from their record
+    (["tune.show", "--tune-id", "t20261201-120000-ab12"], "ConfigError"),  # no such sweep in its history
+    (["bench", "--compare", "B", "--compare", "{rid}"], "ConfigError"),  # no benchmark recorded
+    (["gpu-check"], "PreflightError"),  # the server holds the GPUs
+    (["patches.check", "--name", "fusion-sm120"], "PreflightError"),  # nvidia-smi lists no GPU
+    (["patch", "--name", "fusion-sm120", "--check"], "PreflightError"),
+    (["patches.audit", "--name", "fusion-sm120"], "PreflightError"),
+    (["workload", "--name", "w", "--window", "2s", "--every", "1s"], "PreflightError"),  # metrics are off
+]
+
+
+@pytest.mark.parametrize(("argv", "ends"), ON_A_SERVING_HOST, ids=[" ".join(case[0]) for case in ON_A_SERVING_HOST])
+def test_a_command_on_a_host_is_the_one_document_with_that_host(argv: list[str], ends: str, project: Path,
+                                                                monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str],
+                                                                tmp_path: Path) -> None:
+    """Each task that reads or changes a host, run to its end on a scripted host: the document validates, names the
+    host, and carries the command's report as the host's result, or its error both as the document's and the
+    host's."""
+    host, rid = serving_the_profile()
+    monkeypatch.setattr(common, "remote", lambda found, prefixed=False: nullcontext(host))
+    given = [word.format(out=tmp_path / "report", rid=rid) for word in argv]
+    code, document, _ = run_json(capsys, *given, "-i", str(project), "--json")
+    assert (document.command, document.exit_code) == (argv[0], code)
+    [on_host] = document.hosts
+    assert on_host.host == "gpu1" and on_host.exit_code == code
+    if ends == "ok":
+        assert (code, document.outcome, document.error, on_host.error) == (0, "ok", None, None)
+        assert on_host.outcome != "failed" and on_host.result is not None
+    else:
+        assert code and (document.outcome, on_host.outcome) == ("failed", "failed")
+        assert document.error is not None and document.error.type == ends and on_host.error == document.error

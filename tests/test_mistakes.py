@@ -112,8 +112,9 @@ def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """tmp_path as the working directory, its own project (the project is found once per process: here, once per
     test, and not kept for the tests after it)."""
     monkeypatch.chdir(tmp_path)
-    for name in ("SGLANG_DEPLOY_INVENTORY", "SGLANG_DEPLOY_PROJECT"):
-        monkeypatch.delenv(name, raising=False)
+    for name in ("SGLANG_DEPLOY_INVENTORY", "SGLANG_DEPLOY_PROJECT"):  # `--project DIR` sets the latter
+        monkeypatch.setenv(name, "")  # so that the test's end takes away what the program set
+        monkeypatch.delenv(name)
     common.project.cache_clear()
     yield tmp_path
     common.project.cache_clear()
@@ -128,6 +129,52 @@ VALUES = [
     ("tune --vary features.cuda_graph=true,false --keep x", "error: --keep 'x': Input should be 'winner' or 'none'"),
     ("tune --vary features.cuda_graph=true,false --keep winer",
      "error: --keep 'winer': Input should be 'winner' or 'none'; did you mean `winner`?"),
+    ("tune --vary parallel.tp=1,2 --search random --keep x",
+     "error: --keep 'x': Input should be 'winner' or 'none'\n--search 'random': Input should be 'grid' or 'halving'"),
+    ("deploy --group gpu --serial 0 --dry-run", "error: --serial takes a whole number of hosts (>= 1) or a percentage "
+                                                "(1%-100%), got '0'"),
+    ("deploy --group gpu --serial 150% --dry-run", "error: --serial takes a whole number of hosts (>= 1) or a "
+                                                   "percentage (1%-100%), got '150%'"),
+    ("rollback --group gpu --max-fail -1 --yes", "error: --max-fail takes a whole number of hosts (>= 0) or a "
+                                                 "percentage (0%-100%), got '-1'"),
+    ("tune --vary nokey --dry-run", "error: --vary 'nokey': write KEY=V1,V2,..."),
+    ("tune --vary parallel.tp= --dry-run", "error: --vary 'parallel.tp=': parallel.tp has an empty value"),
+    ("tune --vary memory.max_running_requests=64,64 --dry-run",
+     "error: --vary 'memory.max_running_requests=64,64': memory.max_running_requests: 64 listed twice"),
+    ("tune --vary features.cuda_graph=true --vary features.cuda_graph=false --dry-run",
+     "error: --vary 'features.cuda_graph=false': features.cuda_graph is varied twice"),
+    ("tune -p x --vary a=1,2 --resume t1 --dry-run", "error: --resume continues the sweep as it was started: drop "
+                                                     "--vary, --spec, --keep and --search"),
+    ("tune --dry-run", "error: tune needs something to vary: --vary KEY=V1,V2,... or --spec tune/NAME.yaml"),
+    ("tune --spec nosuch.yaml --dry-run", "error: nosuch.yaml: cannot read: no such file"),
+    ("workload --name x --window abc", "error: --window 'abc': give a positive duration such as 90s, 10m or 1h"),
+    ("workload --name x --every 0", "error: --every '0': give a positive duration"),
+    # the name was "workload name '../x'" and the path "cannot write the schema to ...": no flag named
+    ("workload --name ../x", "error: --name '../x': give a plain name such as `chat-peak`"),
+    ("schema -o /nonexistent/dir/schema.json", "error: -o/--output /nonexistent/dir/schema.json: cannot write the "
+                                               "schema there: No such file or directory"),
+    ("init --model Qwen/Qwen3-8B --gpus 3 --host 192.0.2.1", "error: init --gpus 3: Input should be 1, 2, 4, 8 or 16"),
+    ("init --model Qwen/Qwen3-8B --gpus 1 --host a;b", "error: init --host 'a;b': String should match pattern"),
+    ("init --gpus 1", "error: init needs your model and your host: --model and --host"),
+    # a shell invoke has no script for ended in invoke's own words, exit 1
+    ("--print-completion-script=tcsh", "error: --print-completion-script: no completion script for 'tcsh'; shells: "
+                                       "bash, zsh, fish"),
+    ("--print-completion-script zhs", "error: --print-completion-script: no completion script for 'zhs'; shells: "
+                                      "bash, zsh, fish; did you mean `zsh`?"),
+    ("--project /nonexistent/project status", "error: project directory /nonexistent/project ($SGLANG_DEPLOY_PROJECT "
+                                              "or --project) does not exist"),
+    # a release id no release can have went to the host first (exit 5 where it was down), then named no flag
+    ("rollback --to ../etc --yes", "error: --to: invalid release id '../etc'\nhint: a release id is letters, digits"),
+    ("bench --compare a --compare b;c", "error: --compare: invalid release id 'b;c'"),
+    ("report --release x.tmp", "error: --release: invalid release id 'x.tmp'"),
+    ("bench --compare 20260101-a", "error: --compare takes two release ids or more: --compare A --compare B"),
+    ("docs nosuch", "error: --page: no page 'nosuch' in the guide"),
+    ("adopt -p x --pid abc", "error: adopt takes --pid PID (a process id) or --unit NAME (a systemd unit), one of "
+                             "them"),
+    ("adopt -p x --pid 1 --unit u", "error: adopt takes --pid PID (a process id) or --unit NAME"),
+    ("patch --name fusion-sm120 --enable --disable", "error: give exactly one of --enable, --disable, --check, "
+                                                     "--audit"),
+    ("patch --name fusion-sm12 --check", "error: no patch set named 'fusion-sm12' under "),
 ]
 
 
@@ -308,6 +355,22 @@ def test_a_typo_in_group_vars_is_warned_about_naming_that_file(workdir: Path,
     assert f"{workdir}/inventory/host_vars/gpu1.yml: host gpu1: gpu_cout is not a var" in err
 
 
+def test_vars_files_of_no_host_or_group_are_warned_about_naming_the_file(workdir: Path,
+                                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    """Input tried: host_vars/gpu-1.yml for host gpu1 and group_vars/gpus.yml for group gpu (Ansible reads them for
+    nothing, and the GPU count in them was silently not applied)."""
+    write_files(workdir, {"inventory/hosts.yaml": GROUPED, "inventory/host_vars/gpu-1.yml": b"gpu_count: 8\n",
+                          "inventory/group_vars/gpus.yml": b"gpu_count: 8\n", "inventory/group_vars/all.yml": b"{}\n",
+                          "inventory/host_vars/gpu1/main.yml": b"{}\n"})
+    code, _, err = sglang_deploy(f"render {PROFILE}", capsys)
+    assert code == 0, err
+    inventory = workdir / "inventory"
+    assert err.count("warning:") == 2, err
+    assert (f"{inventory}/host_vars/gpu-1.yml: {inventory}/hosts.yaml has no host 'gpu-1', so these vars apply to no "
+            "host; did you mean `gpu1`?") in err
+    assert f"{inventory}/group_vars/gpus.yml: {inventory}/hosts.yaml has no group 'gpus'" in err
+
+
 def test_a_file_that_cannot_be_opened_is_refused_naming_it_and_why(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Input tried: a profile without read permission for the user (as root, which reads every file, the refusal
@@ -322,6 +385,259 @@ def test_a_file_that_cannot_be_opened_is_refused_naming_it_and_why(tmp_path: Pat
     with pytest.raises(ConfigError) as refusal:
         read_text_file(profile)
     assert (str(refusal.value), refusal.value.exit_code) == (f"{profile}: cannot read: Permission denied", 2)
+
+
+def profile_file(text: str, name: str = "p") -> dict[str, bytes | None]:
+    return {f"inventory/profiles/{name}.yaml": text.encode()}
+
+
+def inventory_file(text: str, name: str = "inventory/hosts.yaml") -> dict[str, bytes | None]:
+    return {name: text.encode()}
+
+
+def patch_set(meta: str, targets: dict[str, bytes] | None = None) -> dict[str, bytes | None]:
+    """The project's patch set `mine` (patches/mine/), with the bundled nsa-aliases' target as its `t` by default."""
+    target = (REPO / "roles" / "nsa-aliases" / "targets" / "deprecated-aliases.yaml").read_bytes()
+    files: dict[str, bytes | None] = {"patches/mine/meta.yaml": meta.encode()}
+    chosen = {"t": target} if targets is None else targets
+    files |= {f"patches/mine/targets/{name}.yaml": text for name, text in chosen.items()}
+    return files
+
+
+BUNDLED_AGAIN = {f"patches/nsa-aliases/{path.relative_to(REPO / 'roles' / 'nsa-aliases')}": path.read_bytes()
+                 for path in (REPO / "roles" / "nsa-aliases").rglob("*") if path.is_file()}
+META = "name: mine\ndescription: x\npackages: [sglang]\ntargets: [t]\n"
+ONE = "all:\n  hosts:\n    gpu1: {{ansible_host: 127.0.0.1, {}}}\n"
+PROFILE_P = "{tmp}/inventory/profiles/p.yaml"
+# (what is wrong, the files written, the command line ({P}: the reference profile, p: inventory/profiles/p.yaml), the
+# refusal ({tmp}: the working directory)): a project's files written wrong, each refused before any host is reached,
+# naming the file (or the flag) and the key.
+PROFILES = [
+    ("a misspelt section", profile_file("model: {path: m}\nparalel: {tp: 1}\n"), "render p",
+     f"error: {PROFILE_P}: paralel: unknown key; did you mean `parallel`?"),
+    ("tp 3", profile_file("model: {path: m}\nparallel: {tp: 3}\n"), "render p",
+     f"error: {PROFILE_P}: parallel.tp: Input should be 1, 2, 4, 8 or 16"),
+    ("an extends cycle", profile_file("extends: q\nmodel: {path: m}\n") | profile_file("extends: p\n", "q"),
+     "render p", f"error: {PROFILE_P}: extends: cycle p -> q -> p"),
+    ("extends a missing profile", profile_file("extends: base\nmodel: {path: m}\n"), "render p",
+     f"error: {PROFILE_P}: extends: profile 'base' not found"),
+    ("an empty profile", profile_file(""), "render p", f"error: {PROFILE_P}: file is empty"),
+    ("a list at the top", profile_file("- model\n"), "render p",
+     f"error: {PROFILE_P}: top level must be a mapping of keys, got list"),
+    ("a key twice", profile_file("model: {path: m}\nmodel: {path: n}\n"), "render p",
+     "error: {tmp}/inventory/profiles/p.yaml:2:1: invalid YAML: duplicate key 'model' (first on line 1)"),
+    ("an unclosed brace", profile_file("model: {path: m\nparallel: [\n"), "render p",
+     "error: {tmp}/inventory/profiles/p.yaml:2:9: invalid YAML: expected ',' or '}}', but got ':'"),
+    ("a port above 65535", profile_file("model: {path: m}\nserver: {port: 70000}\n"), "render p",
+     f"error: {PROFILE_P}: server.port: Input should be less than or equal to 65535"),
+    ("a memory fraction of 1.5", profile_file("model: {path: m}\nmemory: {mem_fraction_static: 1.5}\n"), "render p",
+     f"error: {PROFILE_P}: memory.mem_fraction_static: Input should be less than 1"),
+    ("no model", profile_file("parallel: {tp: 1}\n"), "render p", f"error: {PROFILE_P}: model: Field required"),
+    ("an env value over two lines", profile_file('model: {path: m}\nenv: {A: "x\\ny"}\n'), "render p",
+     f"error: {PROFILE_P}: env.A: contains the control character '\\n'"),
+    ("a service name with a space", profile_file('model: {path: m}\nservice: {name: "a b"}\n'), "render p",
+     f"error: {PROFILE_P}: service.name: String should match pattern"),
+    ("a relative venv", profile_file("model: {path: m}\nservice: {venv: ml-env}\n"), "render p",
+     f"error: {PROFILE_P}: service.venv: String should match pattern '^/'"),
+    ("a secret with two sources", profile_file("model: {path: m}\nsecrets: {HF_TOKEN: {env: A, file: /x}}\n"),
+     "render p", f"error: {PROFILE_P}: secrets.HF_TOKEN: give exactly one of `env: VAR_NAME`, `file: "
+                 "/path/to/secret` or `command: "),
+    ("a secret source misspelt", profile_file("model: {path: m}\nsecrets: {HF_TOKEN: {nev: A}}\n"), "render p",
+     f"error: {PROFILE_P}: secrets.HF_TOKEN.nev: unknown key"),
+    ("a secret command as one string", profile_file("model: {path: m}\nsecrets: {HF_TOKEN: {command: op read x}}\n"),
+     "render p", f"error: {PROFILE_P}: secrets.HF_TOKEN.command: write the command as a list of words"),
+    # a secret that cannot be read named no profile
+    ("a secret from a variable not set", profile_file("model: {path: m}\nsecrets: {HF_TOKEN: {env: "
+                                                       "SGLANG_DEPLOY_TEST_UNSET}}\n"), "deploy p -y",
+     f"error: {PROFILE_P}: secret HF_TOKEN: environment variable SGLANG_DEPLOY_TEST_UNSET is not set on this "
+     "machine"),
+    ("a secret file that is a directory", profile_file("model: {path: m}\nsecrets: {HF_TOKEN: {file: inventory}}\n"),
+     "deploy p -y", f"error: {PROFILE_P}: secret HF_TOKEN: inventory: cannot read: a directory"),
+    ("--set of an unknown key", profile_file("model: {path: m}\n"), "render p --set nosuch=1",
+     "error: profile p with --set nosuch=1: nosuch: unknown key"),
+    ("--set without a value", profile_file("model: {path: m}\n"), "render p --set parallel.tp",
+     "error: --set 'parallel.tp': not of the form path.to.key=value"),
+    ("--set of a wrong value", profile_file("model: {path: m}\n"), "render p --set parallel.tp=abc",
+     "error: profile p with --set parallel.tp=abc: parallel.tp: Input should be 1, 2, 4, 8 or 16"),
+    # "SGLang version: ..." named no flag; plan against the host took --sglang-version and ignored it
+    ("--sglang-version not a version", {}, "render {P} --sglang-version banana",
+     "error: --sglang-version: 'banana' is not a version"),
+    ("--sglang-version on a plan against the host", {}, "plan {P} --sglang-version 0.5.9",
+     "error: --sglang-version is for --against renders"),
+    # `-p NAME.yaml` was looked for in the working directory, the hint listing its (no) profiles
+    ("a profile's file name given as its name", profile_file("model: {path: m}\n"), "render -p p.yaml",
+     "error: profile 'p.yaml': no file {tmp}/p.yaml; did you mean `p`?"),
+    ("a profile path not ending in .yaml", {"p.yml": b"model: {path: m}\n"}, "render ./p.yml",
+     "error: profile './p.yml': a profile file ends in .yaml"),
+    # a missing workload named no profile and key; a directory was "does not exist"
+    ("a workload not recorded", profile_file("model: {path: m}\nbench: {workload: chat}\n"), "render p",
+     f"error: {PROFILE_P}: bench.workload: workload file {{tmp}}/inventory/workloads/chat.yaml does not exist"),
+    ("a workload that is a directory", profile_file("model: {path: m}\nbench: {workload: chat}\n")
+     | {"inventory/workloads/chat.yaml/x": b""}, "render p",
+     "error: {tmp}/inventory/workloads/chat.yaml: cannot read: a directory"),
+    ("a workload file missing keys", profile_file("model: {path: m}\nbench: {workload: chat}\n")
+     | {"inventory/workloads/chat.yaml": b"format: 1\nname: chat\n"}, "render p",
+     "error: workload file {tmp}/inventory/workloads/chat.yaml: release: Field required"),
+]
+INVENTORIES = [
+    # the host's `profile` var naming no profile was "profile 'nosuch' not found", no file or key named
+    ("the profile var names no profile", inventory_file(ONE.format("profile: nosuch")), "render",
+     "error: {tmp}/inventory/hosts.yaml: host gpu1: profile: no profile 'nosuch'"),
+    ("the profile var in group_vars misspelt", inventory_file(GROUPED.decode()) | profile_file("model: {path: m}\n")
+     | {"inventory/group_vars/gpu.yml": b"profile: q\n"}, "render",
+     "error: {tmp}/inventory/group_vars/gpu.yml: host gpu1: profile: no profile 'q'"),
+    ("the profile var not a profile name", inventory_file(ONE.format('profile: "a b"')), "render",
+     "error: {tmp}/inventory/hosts.yaml: host gpu1: profile: profile name 'a b' is not valid"),
+    ("an unclosed brace", inventory_file("all:\n  hosts:\n    gpu1: {ansible_host: 192.0.2.1\n"), "render {P}",
+     "error: {tmp}/inventory/hosts.yaml:4:1: invalid YAML"),
+    ("a top-level group other than all", inventory_file("gpu:\n  hosts:\n    gpu1: {}\n"), "render {P}",
+     "error: {tmp}/inventory/hosts.yaml: top level must be `all:` only, found 'gpu'"),
+    ("a port that is no number", inventory_file(ONE.format("ansible_port: 22x")), "render {P}",
+     "error: {tmp}/inventory/hosts.yaml: host gpu1: ansible_port: Input should be a valid integer"),
+    ("port 0", inventory_file(ONE.format("ansible_port: 0")), "render {P}",
+     "error: {tmp}/inventory/hosts.yaml: host gpu1: ansible_port: Input should be greater than or equal to 1"),
+    ("a negative gpu_count", inventory_file(ONE.format("gpu_count: -1")), "render {P}",
+     "error: {tmp}/inventory/hosts.yaml: host gpu1: gpu_count: Input should be greater than or equal to 0"),
+    ("a group that is its own child",
+     inventory_file("all:\n  children:\n    a:\n      children:\n        b:\n          children:\n"
+                    "            a: {}\n"), "render {P}",
+     "error: {tmp}/inventory/hosts.yaml: group 'a' is its own child: a -> b -> a"),
+    ("hosts as a list", inventory_file("all:\n  hosts:\n    - gpu1\n"), "render {P}",
+     "error: {tmp}/inventory/hosts.yaml: all.hosts: must be a mapping of host name to vars"),
+    ("no hosts", inventory_file("all:\n  hosts: {}\n"), "render {P}", "error: {tmp}/inventory/hosts.yaml: no hosts "
+                                                                        "defined"),
+    ("a login user with a space", inventory_file(ONE.format('ansible_user: "a b"')), "render {P}",
+     "error: {tmp}/inventory/hosts.yaml: host gpu1: ansible_user: String should match pattern"),
+    ("an address with a shell command", inventory_file(ONE.format('ansible_host: "h; rm -rf /"').replace(
+        "ansible_host: 127.0.0.1, ", "")), "render {P}",
+     "error: {tmp}/inventory/hosts.yaml: host gpu1: ansible_host: String should match pattern"),
+    ("an unknown host", {}, "render {P} -H gpu2", "error: {tmp}/inventory/hosts.yaml: unknown host 'gpu2'"),
+    # a host misspelt, or a host and a group swapped, had only the list of names
+    ("a host misspelt", {}, "render {P} -H gpu-1",
+     "error: {tmp}/inventory/hosts.yaml: unknown host 'gpu-1'; did you mean `gpu1`?"),
+    ("a host given as --group", inventory_file(GROUPED.decode()), "status --group gpu1",
+     "error: {tmp}/inventory/hosts.yaml: unknown group 'gpu1'; gpu1 is a host: --host gpu1"),
+    ("a group given as --host", inventory_file(GROUPED.decode()), "logs --host gpu",
+     "error: {tmp}/inventory/hosts.yaml: unknown host 'gpu'; gpu is a group: --group gpu"),
+    ("an unknown group", inventory_file(GROUPED.decode()), "status --group gpus",
+     "error: {tmp}/inventory/hosts.yaml: unknown group 'gpus'; did you mean `gpu`?"),
+    ("group_vars that are a list", {"inventory/group_vars/all.yml": b"- a\n"}, "render {P}",
+     "error: {tmp}/inventory/group_vars/all.yml: top level must be a mapping of keys, got list"),
+    ("group_vars with a YAML error", {"inventory/group_vars/all.yml": b"a: [\n"}, "render {P}",
+     "error: {tmp}/inventory/group_vars/all.yml:2:1: invalid YAML"),
+    ("host_vars with a negative gpu_count", {"inventory/host_vars/gpu1.yml": b"gpu_count: -2\n"}, "render {P}",
+     "error: {tmp}/inventory/host_vars/gpu1.yml: host gpu1: gpu_count: Input should be greater than or equal to 0"),
+    # "invalid service name" named no flag
+    ("a service name no unit can have", {}, "status -s a;b", "error: -s/--service: invalid service name 'a;b'"),
+    ("a service name with .service", {}, "logs --service sglang.service",
+     "error: -s/--service: invalid service name 'sglang.service'"),
+    ("an INI child group without a section", {"hosts.ini": b"[gpu:children]\nnosuch\n"}, "render {P} -i hosts.ini",
+     "error: {tmp}/hosts.ini:2: group 'nosuch' is a child but has no section of its own"),
+    ("an INI host var without =", {"hosts.ini": b"[gpu]\ngpu1 ansible_host\n"}, "render {P} -i hosts.ini",
+     "error: {tmp}/hosts.ini:2: host gpu1: 'ansible_host' is not a key=value host var"),
+    ("an INI header not closed", {"hosts.ini": b"[gpu\ngpu1\n"}, "render {P} -i hosts.ini",
+     "error: {tmp}/hosts.ini:1: '[gpu' is not a section header"),
+    ("an INI section of an unknown type", {"hosts.ini": b"[gpu:foo]\ngpu1\n"}, "render {P} -i hosts.ini",
+     "error: {tmp}/hosts.ini:1: section [gpu:foo] has an unknown type 'foo'"),
+    ("an INI quote not closed", {"hosts.ini": b'[gpu]\ngpu1 ansible_host="192.0.2.1\n'}, "render {P} -i hosts.ini",
+     "error: {tmp}/hosts.ini:2: cannot split 'gpu1 ansible_host=\"192.0.2.1': No closing quotation"),
+    ("INI vars of a group with no section", {"hosts.ini": b"gpu1\n[gpu:vars]\ngpu_count=8\n"},
+     "render {P} -i hosts.ini", "error: {tmp}/hosts.ini:2: [gpu:vars] is for a group that has no section of its own"),
+    ("an INI vars line not key=value", {"hosts.ini": b"[gpu]\ngpu1\n[gpu:vars]\nnot a var\n"},
+     "render {P} -i hosts.ini", "error: {tmp}/hosts.ini:4: [gpu:vars] expects key=value, got 'not a var'"),
+    # a var given twice on one host line took the last one without a word
+    ("an INI host var given twice", {"hosts.ini": b"[gpu]\ngpu1 ansible_port=22 ansible_port=2222\n"},
+     "render {P} -i hosts.ini", "error: {tmp}/hosts.ini:2: host gpu1: ansible_port is given twice on the line"),
+    ("an INI port given by host:port and by var", {"hosts.ini": b"[gpu]\ngpu1:2222 ansible_port=22\n"},
+     "render {P} -i hosts.ini", "error: {tmp}/hosts.ini:2: host gpu1: ansible_port is given twice on the line"),
+    ("an INI range backwards", {"hosts.ini": b"[gpu]\ngpu[3:1]\n"}, "render {P} -i hosts.ini",
+     "error: {tmp}/hosts.ini:2: 'gpu[3:1]': the range's begin 3 is above its end 1"),
+    ("an INI range of two widths", {"hosts.ini": b"[gpu]\ngpu[01:3]\n"}, "render {P} -i hosts.ini",
+     "error: {tmp}/hosts.ini:2: 'gpu[01:3]': a zero-padded range needs begin and end of the same width"),
+    ("gpu_count 0 in an INI inventory", {"hosts.ini": b"[gpu]\ngpu1 gpu_count=0\n"}, "render {P} -i hosts.ini",
+     "error: {tmp}/hosts.ini: host gpu1: gpu_count: 0 declares a host without GPUs"),
+    ("an INI profile var naming no profile", {"hosts.ini": b"[gpu]\ngpu1 profile=nosuch\n"}, "render -i hosts.ini",
+     "error: {tmp}/hosts.ini: host gpu1: profile: no profile 'nosuch'"),
+]
+SPEC = "vary:\n  memory.max_running_requests: [64, 256]\n"
+TUNE = "tune -p {P} --spec s.yaml --dry-run"
+SPECS = [
+    ("an objective not known", {"s.yaml": (SPEC + "objective: speed\n").encode()}, TUNE,
+     "error: s.yaml: objective: Input should be 'throughput' or 'goodput'"),
+    ("nothing under vary", {"s.yaml": b"vary: {}\n"}, TUNE, "error: s.yaml: vary: Dictionary should have at least 1 "
+                                                            "item"),
+    ("a misspelt key under vary", {"s.yaml": SPEC.replace("running", "runing").encode()}, TUNE,
+     "error: s.yaml: vary.memory.max_runing_requests: memory.max_runing_requests: unknown key; did you mean "
+     "`max_running_requests`?"),
+    ("one value, not a list", {"s.yaml": b"vary:\n  memory.max_running_requests: 64\n"}, TUNE,
+     "error: s.yaml: vary.memory.max_running_requests: Input should be a valid list"),
+    ("a ladder from 0", {"s.yaml": (SPEC + "ladder: [0, 64]\n").encode()}, TUNE,
+     "error: s.yaml: ladder.0: Input should be greater than or equal to 1"),
+    ("a level not on the ladder", {"s.yaml": (SPEC + "level: 512\nladder: [1, 64]\n").encode()}, TUNE,
+     "error: s.yaml: (top level): level 512 is not on the ladder [1, 64]"),
+    ("an SLA key misspelt", {"s.yaml": (SPEC + "sla: {ttft: 5}\n").encode()}, TUNE,
+     "error: s.yaml: sla.ttft: unknown key; did you mean `ttft_p99`?"),
+    ("a patch set not known", {"s.yaml": b"vary:\n  patches: [none, nosuchpatch]\n"}, TUNE,
+     "error: s.yaml: vary.patches: patches: 'nosuchpatch' is not a patch set"),
+    ("a value twice", {"s.yaml": b"vary:\n  memory.max_running_requests: [64, 64]\n"}, TUNE,
+     "error: s.yaml: vary: memory.max_running_requests: 64 listed twice"),
+    ("vary misspelt", {"s.yaml": SPEC.replace("vary", "vry").encode()}, TUNE,
+     "error: s.yaml: vary: Field required\ns.yaml: vry: unknown key; did you mean `vary`?"),
+    ("keep not known", {"s.yaml": (SPEC + "keep: always\n").encode()}, TUNE,
+     "error: s.yaml: keep: Input should be 'winner' or 'none'"),
+    ("a workload not recorded, in a spec", {"s.yaml": (SPEC + "bench: {workload: nope}\n").encode()}, TUNE,
+     "error: s.yaml: bench.workload: workload file {tmp}/inventory/workloads/nope.yaml does not exist"),
+    ("a patch set misspelt by --vary", {}, "tune -p {P} --vary patches=none,fusion-sm12 --dry-run",
+     "error: --vary patches=none,fusion-sm12: patches: 'fusion-sm12' is not a patch set; did you mean "
+     "`fusion-sm120`?"),
+    # the refusal showed the values as read (`true,maybe`), not as typed
+    ("a value of no boolean by --vary", {}, "tune -p {P} --vary features.cuda_graph=yes,maybe --dry-run",
+     "error: --vary features.cuda_graph=yes,maybe: features.cuda_graph: Input should be a valid boolean"),
+    ("a key of no profile by --vary", {}, "tune -p {P} --vary nosuch.key=1,2 --dry-run",
+     "error: --vary nosuch.key=1,2: nosuch: unknown key"),
+    ("a key in the spec and by --vary", {"s.yaml": SPEC.encode()},
+     "tune -p {P} --spec s.yaml --vary memory.max_running_requests=1,2 --dry-run",
+     "error: --vary memory.max_running_requests=...: memory.max_running_requests is also varied in s.yaml"),
+]
+PATCH_SETS = [
+    ("a folder without meta.yaml", {"patches/mine/README": b"x\n"}, "patches.list",
+     "error: {tmp}/patches/mine: a folder of the project's patch sets without a meta.yaml"),
+    ("a meta.yaml missing keys", patch_set("name: mine\n"), "patches.list",
+     "error: {tmp}/patches/mine/meta.yaml: description: Field required"),
+    # an unknown key in a patch set's files had no "did you mean"
+    ("a misspelt key in meta.yaml", patch_set(META.replace("name:", "nam:")), "patch --name mine --check",
+     "error: {tmp}/patches/mine/meta.yaml: name: Field required\n{tmp}/patches/mine/meta.yaml: nam: unknown key; "
+     "did you mean `name`?"),
+    ("a target with no file", patch_set(META, {}), "patches.list",
+     "error: {tmp}/patches/mine/meta.yaml: targets: 't' has no file {tmp}/patches/mine/targets/t.yaml"),
+    # a folder `mine` holding `name: other` was listed as other, and `patch --name mine` found nothing
+    ("a name other than its folder's", patch_set(META.replace("name: mine", "name: other")), "patches.list",
+     "error: {tmp}/patches/mine/meta.yaml: name: 'other' is not its folder's name 'mine'"),
+    ("a package listed twice", patch_set(META.replace("[sglang]", "[sglang, sglang]")), "patches.list",
+     "error: {tmp}/patches/mine/meta.yaml: packages: listed twice: sglang"),
+    ("a target of another package", patch_set(META.replace("[sglang]", "[flashinfer]")), "patches.list",
+     "error: {tmp}/patches/mine/targets/t.yaml: package: 'sglang' is not one of the packages in "),
+    ("a target with a YAML error", patch_set(META, {"t": b"x: [\n"}), "patches.list",
+     "error: {tmp}/patches/mine/targets/t.yaml:2:1: invalid YAML"),
+    ("a feature that is not one", patch_set(META + "enables_feature: cuda_grph\n"), "patches.list",
+     "error: {tmp}/patches/mine/meta.yaml: enables_feature: 'cuda_grph' is not a profile feature"),
+    ("the name of a bundled set", BUNDLED_AGAIN, "patches.list",
+     "error: two patch sets are named 'nsa-aliases': bundled "),
+]
+
+
+@pytest.mark.parametrize(("wrong", "files", "line", "refusal"), PROFILES + INVENTORIES + SPECS + PATCH_SETS,
+                         ids=[case[0] for case in PROFILES + INVENTORIES + SPECS + PATCH_SETS])
+def test_a_project_file_written_wrong_is_refused_naming_the_file_and_key(
+        wrong: str, files: dict[str, bytes | None], line: str, refusal: str, workdir: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Input tried: profiles, inventories (YAML, INI, group_vars/, host_vars/), tune specs, workload files and the
+    project's patch sets, each written wrong as a user does, with the options that read them: exit 2 before any
+    host is reached."""
+    write_files(workdir, files)
+    code, out, err = sglang_deploy(line.format(P=PROFILE, tmp=workdir), capsys)
+    assert (code, out) == (2, ""), err
+    assert err.startswith(refusal.format(P=PROFILE, tmp=workdir)), err
 
 
 AWS_SECRET = "wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY"

@@ -250,7 +250,7 @@ def test_the_command_refuses_a_bad_window_or_name_before_reaching_a_host() -> No
     window = invoke("workload", "--name", "chat", "--window", "ten", "-H", "no-such-host")
     assert window.returncode == 2 and "--window 'ten': give a positive duration" in window.stderr
     name = invoke("workload", "--name", "a/b", "-H", "no-such-host")
-    assert name.returncode == 2 and "workload name 'a/b'" in name.stderr
+    assert name.returncode == 2 and "--name 'a/b': give a plain name" in name.stderr
 
 
 def test_hosts_serving_different_releases_give_no_workload(texts: tuple[str, str], tmp_path: Path) -> None:

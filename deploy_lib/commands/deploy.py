@@ -171,7 +171,8 @@ def deploy(loaded: LoadedProfile, target: Target, remote: Remote, progress: Prog
             if options.dry_run:  # a plan needs no secret value: it says which ones it could not read
                 return _deploy(run, _Ask(loaded, options, *available_secrets(profile, options.environ), patched,
                                          sweep, alone))
-            ask = _Ask(loaded, options, resolve_secrets(profile, options.environ), {}, patched, sweep, alone)
+            ask = _Ask(loaded, options, resolve_secrets(profile, options.environ, str(loaded.path)), {}, patched,
+                       sweep, alone)
             purpose, where = f"deploy {loaded.name}", target.host.name
             context = LockContext(where=where, note=progress.note)  # a dead owner's lock: taken over, one line
             with ExitStack() as held:

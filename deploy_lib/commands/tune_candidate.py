@@ -105,7 +105,7 @@ class SweepRun:
         self.serving_id = release_id
 
     def benchmark(self, release_id: str, bench: BenchSettings | None = None) -> tuple[BenchResult, decide.Score]:
-        api_key = resolve_secrets(self.loaded.profile, self.request.environ).get(API_KEY_ENV)
+        api_key = resolve_secrets(self.loaded.profile, self.request.environ, str(self.loaded.path)).get(API_KEY_ENV)
         result = run_benchmark(self.remote, self.layout, self.metadata[release_id], bench or self.sweep.bench,
                                self.progress, api_key, self.clock, self.modules)
         return result, decide.score(result, self.spec.objective, self.spec.level or self.sweep.level, self.spec.sla)

@@ -7,9 +7,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path, PurePosixPath
 
-from deploy_lib.errors import ConfigError
+from deploy_lib.errors import ConfigError, did_you_mean
 from deploy_lib.inventory.model import Host, Inventory, check_profile_fits_host, load_inventory, ssh_target
-from deploy_lib.profile import LoadedProfile, Profile, load_profile
+from deploy_lib.profile import LoadedProfile, Profile, load_profile, profile_path
 from deploy_lib.profile.overrides import from_command_line
 from deploy_lib.release.model import read_secret
 from deploy_lib.remote import SSHTarget
@@ -66,6 +66,10 @@ class Project:
             path = _from_working_directory(given)
             if path.suffix != PROFILE_SUFFIX:
                 raise ConfigError(f"profile {given!r}: a profile file ends in {PROFILE_SUFFIX}")
+            named = self.profiles_dir / path.name
+            if not path.exists() and "/" not in given and named.is_file():  # the name, typed as its file's name
+                raise ConfigError(f"profile {given!r}: no file {path}; did you mean `{path.stem}`?",
+                                  f"a profile is given by its name ({path.stem}: {named}) or by a path to its file")
             return path.parent, path.stem
         return self.profiles_dir, given
 
@@ -84,7 +88,7 @@ class Project:
     def _with_workload(self, loaded: LoadedProfile) -> LoadedProfile:
         """A profile whose bench: names a workload, with its lengths read from the workload's file."""
         from deploy_lib.metrics.workload import bench_with_workload
-        bench = bench_with_workload(loaded.profile.bench, self.workloads_dir)
+        bench = bench_with_workload(loaded.profile.bench, self.workloads_dir, str(loaded.path))
         if bench is loaded.profile.bench:
             return loaded
         return loaded.model_copy(update={"profile": loaded.profile.model_copy(update={"bench": bench})})
@@ -156,9 +160,25 @@ def profile_for_host(project: Project, given: str | None, target: Target, overri
             raise ConfigError(f"--set {overrides[0]!r}: no profile to set it in for {target.host.name}",
                               "give --profile NAME, or set `profile` for the host in the inventory")
         return None
+    if given is None:
+        _check_named_by_inventory(project, chosen, target.host)
     loaded = project.profile(chosen, overrides)
     check_profile_fits_host(loaded.profile, target.host, loaded.path)
     return loaded
+
+
+def _check_named_by_inventory(project: Project, name: str, host: Host) -> None:
+    """A host's `profile` var that names no profile file is the inventory's mistake: named with the file it is
+    written in."""
+    where = f"{host.var_files.get('profile', 'the inventory')}: host {host.name}: profile"
+    try:
+        path = profile_path(*project.profile_location(name))
+    except ConfigError as error:
+        raise ConfigError(f"{where}: {error.message}", error.hint) from None
+    if not path.exists():
+        known = sorted(each.stem for each in project.profiles_dir.glob(f"*{PROFILE_SUFFIX}"))
+        raise ConfigError(f"{where}: no profile {name!r} ({path}){did_you_mean(name, known)}",
+                          f"known profiles: {', '.join(known) or 'none'}; give --profile NAME or fix the var")
 
 
 def load_for_host(project: Project, profile_given: str | None, inventory_given: str | None, host_name: str | None,

@@ -12,6 +12,7 @@ import ast
 import re
 import shlex
 import string
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +155,8 @@ def _ini_host_line(where: str, line: str, hosts: dict[str, Any]) -> None:
         if not equals or not key:
             raise ConfigError(f"{where}: host {pattern}: {word!r} is not a key=value host var",
                               "a host line is `NAME key=value ...`; quote a value with spaces")
+        if key in host_vars:  # which of the two was meant is not for the tool to guess
+            raise ConfigError(f"{where}: host {pattern}: {key} is given twice on the line", "give each var once")
         host_vars[key] = _ini_value(value)
     try:
         names = expand_host_pattern(pattern)
@@ -207,6 +210,18 @@ def _directory_vars_files(directory: Path) -> list[Path]:
         elif entry.suffix in ("", *VARS_EXTENSIONS):
             found.append(entry)
     return found
+
+
+def unmatched_vars_files(directory: Path, names: Iterable[str]) -> list[tuple[Path, str]]:
+    """The entries of group_vars/ or host_vars/ that name no group or host of NAMES (a typo of one, most likely:
+    Ansible reads them for nothing, without a word), each with the name it gives."""
+    if not directory.is_dir():
+        return []
+    known = set(names)
+    entries = [entry for entry in sorted(directory.iterdir()) if not entry.name.startswith(".")
+               and not entry.name.endswith("~") and (entry.is_dir() or entry.suffix in ("", *VARS_EXTENSIONS))]
+    return [(entry, name) for entry in entries
+            if (name := entry.name if entry.is_dir() or entry.suffix == "" else entry.stem) not in known]
 
 
 def read_vars_files(directory: Path, name: str) -> list[tuple[Path, dict[str, Any]]]:

@@ -15,7 +15,13 @@ import paramiko
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationError, field_validator, model_validator
 
 from deploy_lib.errors import ConfigError, did_you_mean
-from deploy_lib.inventory.formats import expand_host_pattern, inventory_file, read_inventory_source, read_vars_files
+from deploy_lib.inventory.formats import (
+    expand_host_pattern,
+    inventory_file,
+    read_inventory_source,
+    read_vars_files,
+    unmatched_vars_files,
+)
 from deploy_lib.profile import AbsPath, Profile, SecretRef, format_validation_error
 from deploy_lib.remote import SSHTarget
 from deploy_lib.remote.ssh_config import (
@@ -212,8 +218,9 @@ class Inventory(BaseModel):
     def group(self, name: str) -> list[Host]:
         """The hosts of a group (its children's too), as Ansible resolves it; ConfigError naming the known groups."""
         if name not in self.groups:
-            raise ConfigError(f"{self.path}: unknown group {name!r}{did_you_mean(name, self.groups)}",
-                              f"groups: {', '.join(sorted(self.groups))}")
+            raise ConfigError(f"{self.path}: unknown group {name!r}" + (
+                f"; {name} is a host: --host {name}" if name in self.hosts else did_you_mean(name, self.groups)),
+                f"groups: {', '.join(sorted(self.groups))}")
         if not self.groups[name]:
             raise ConfigError(f"{self.path}: group {name!r} has no hosts",
                               "add hosts under its `hosts:` or a child group's")
@@ -227,7 +234,9 @@ class Inventory(BaseModel):
             raise ConfigError(f"{self.path}: {len(self.hosts)} hosts; say which with --host",
                               f"hosts: {', '.join(sorted(self.hosts))}")
         if name not in self.hosts:
-            raise ConfigError(f"{self.path}: unknown host {name!r}", f"hosts: {', '.join(sorted(self.hosts))}")
+            raise ConfigError(f"{self.path}: unknown host {name!r}" + (
+                f"; {name} is a group: --group {name}" if name in self.groups else did_you_mean(name, self.hosts)),
+                f"hosts: {', '.join(sorted(self.hosts))}")
         return self.hosts[name]
 
 
@@ -382,7 +391,16 @@ def load_inventory(path: Path, environ: Mapping[str, str] = os.environ) -> Inven
                            config_hostname=hostname if hostname != alias else None)
     if not hosts:
         raise ConfigError(f"{path}: no hosts defined")
+    unmatched = _unmatched_vars(path, groups, hosts)
+    hosts = {name: host.model_copy(update={"warnings": (*host.warnings, *unmatched)}) for name, host in hosts.items()}
     return Inventory(path=path, hosts=hosts, groups=groups)
+
+
+def _unmatched_vars(path: Path, groups: Mapping[str, Any], hosts: Mapping[str, Any]) -> tuple[str, ...]:
+    """A group_vars/ or host_vars/ file of no group or host of the inventory: its vars apply to nothing."""
+    return tuple(f"{file}: {path} has no {kind} {name!r}, so these vars apply to no host{did_you_mean(name, known)}"
+                 for kind, folder, known in (("group", "group_vars", groups), ("host", "host_vars", hosts))
+                 for file, name in unmatched_vars_files(path.parent / folder, known))
 
 
 def _ignored_vars(origin: dict[str, Path], host: str, host_vars: dict[str, Any]) -> tuple[str, ...]:

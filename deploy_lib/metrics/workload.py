@@ -192,10 +192,10 @@ def parse_duration(text: str, option: str) -> float:
     return seconds
 
 
-def check_name(name: str) -> str:
-    """A workload's name: its file's stem under inventory/workloads/."""
+def check_name(name: str, given_as: str = "workload name") -> str:
+    """A workload's name: its file's stem under inventory/workloads/; a refusal names `given_as` (the option)."""
     if not name or "/" in name or name.startswith(".") or name.endswith(WORKLOAD_SUFFIX):
-        raise ConfigError(f"workload name {name!r}: give a plain name such as `chat-peak` (it becomes "
+        raise ConfigError(f"{given_as} {name!r}: give a plain name such as `chat-peak` (it becomes "
                           f"inventory/workloads/<name>{WORKLOAD_SUFFIX})")
     return name
 
@@ -224,12 +224,14 @@ def shared_prefix(workload: Workload, input_len: int) -> int | None:
     return min(input_len - 1, max(1, round(share * input_len)))
 
 
-def bench_with_workload(settings: BenchSettings, workloads_dir: Path) -> BenchSettings:
+def bench_with_workload(settings: BenchSettings, workloads_dir: Path, source: str | None = None) -> BenchSettings:
     """The bench settings with a named workload's shape in input_len, output_len and range_ratio (unchanged without
-    one); ConfigError naming the file when it cannot be read."""
+    one); ConfigError naming the file when it cannot be read, and `source` (the file whose bench.workload names it)
+    when there is none."""
     if settings.workload is None:
         return settings
-    workload = read_workload(workload_path(workloads_dir, settings.workload))
+    workload = read_workload(workload_path(workloads_dir, settings.workload),
+                             f"{source}: bench.workload" if source else None)
     input_len, output_len, ratio = replay_shape(workload)
     return settings.model_copy(update={"input_len": input_len, "output_len": output_len, "range_ratio": ratio,
                                        "shared_prefix_len": shared_prefix(workload, input_len)})
@@ -255,11 +257,12 @@ def read_workloads(workloads_dir: Path) -> tuple[Workload, ...]:
     return tuple(read_workload(path) for path in sorted(workloads_dir.glob(f"*{WORKLOAD_SUFFIX}")))
 
 
-def read_workload(path: Path) -> Workload:
-    """The workload file at `path`; ConfigError (exit 2) naming the file and the key when it is missing or wrong."""
+def read_workload(path: Path, named_by: str | None = None) -> Workload:
+    """The workload file at `path`; ConfigError (exit 2) naming the file and the key when it is missing (and what
+    named it) or wrong."""
     from deploy_lib.yaml_io import load_yaml_mapping
-    if not path.is_file():
-        raise ConfigError(f"workload file {path} does not exist",
+    if not path.exists():  # a directory or a device of that name is refused as such where it is read
+        raise ConfigError((f"{named_by}: " if named_by else "") + f"workload file {path} does not exist",
                           "record one with `sglang-deploy workload --name NAME` against a serving release")
     data = load_yaml_mapping(path)  # ConfigError naming the file and line
     try:

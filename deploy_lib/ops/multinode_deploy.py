@@ -76,7 +76,7 @@ def deploy_nodes(nodes: Sequence[Node], remotes: Mapping[str, Remote], progress_
     if head.profile.preflight.gpu_check:
         raise ConfigError(f"profile {head.name}: preflight.gpu_check runs NCCL's check within one host; a multi-node "
                           "release is checked by its own rendezvous", "set preflight.gpu_check: false")
-    secrets = {} if options.dry_run else resolve_secrets(head.profile, options.environ)
+    secrets = {} if options.dry_run else resolve_secrets(head.profile, options.environ, str(head.path))
     runs = _runs([node.target for node in nodes], remotes, progress_of, head.profile.service.name, options.environ,
                  options.grace_s)
     with signals_raise(), ExitStack() as locks:

@@ -212,7 +212,7 @@ def _validated(model: type[_M], path: Path) -> _M:
     try:
         return model.model_validate(load_yaml_mapping(path))
     except ValidationError as err:
-        raise ConfigError(format_validation_error(str(path), err)) from None
+        raise ConfigError(format_validation_error(str(path), err, model)) from None
 
 
 def load_patch_set(path: Path, origin: Origin = Origin.BUNDLED) -> PatchSet:
@@ -241,7 +241,12 @@ def _project_sets(project_dir: Path) -> list[PatchSet]:
             raise ConfigError(f"{folder}: a folder of the project's patch sets without a meta.yaml",
                               "each folder there is one patch set, laid out as the bundled ones "
                               "(`invoke docs patch-sets`); move anything else out of it")
-    return [load_patch_set(folder, Origin.PROJECT) for folder in folders]
+    found = [load_patch_set(folder, Origin.PROJECT) for folder in folders]
+    for patch_set in found:  # `patch --name` looks for the name: a folder of another name would hide it
+        if patch_set.name != patch_set.directory.name:
+            raise ConfigError(f"{patch_set.directory / 'meta.yaml'}: name: {patch_set.name!r} is not its folder's "
+                              f"name {patch_set.directory.name!r}", "give the folder and `name:` the same name")
+    return found
 
 
 def list_patch_sets(roles_dir: Path, project_dir: Path | None = None) -> list[PatchSet]:
@@ -252,10 +257,9 @@ def list_patch_sets(roles_dir: Path, project_dir: Path | None = None) -> list[Pa
     found: dict[str, PatchSet] = {}
     for patch_set in [*bundled, *(_project_sets(project_dir) if project_dir is not None else [])]:
         other = found.setdefault(patch_set.name, patch_set)
-        if other is not patch_set:
-            which = "the project's one" if other.origin is Origin.BUNDLED else "one of the two"
+        if other is not patch_set:  # a bundled one and the project's (a project's are named by their folders)
             raise ConfigError(f"two patch sets are named {patch_set.name!r}: {_place(other)} and {_place(patch_set)}",
-                              f"rename {which} (`name:` in its meta.yaml, and its folder)")
+                              "rename the project's one (`name:` in its meta.yaml, and its folder)")
     return sorted(found.values(), key=lambda p: p.name)
 
 

@@ -41,7 +41,7 @@ SECRET_PLACEHOLDER = "<secret>"
 SECRET_COMMAND_TIMEOUT_S = 120  # a password manager may ask for its own unlock at the terminal
 
 
-def _secret_from_command(name: str, argv: tuple[str, ...]) -> str:
+def _secret_from_command(label: str, argv: tuple[str, ...]) -> str:
     """The stdout of the secret's command run here without a shell (one trailing newline dropped); its output is
     never shown, its stderr only when it fails."""
     shown = shlex.join(argv)
@@ -49,41 +49,44 @@ def _secret_from_command(name: str, argv: tuple[str, ...]) -> str:
         done = subprocess.run(argv, stdin=subprocess.DEVNULL, capture_output=True, text=True,
                               timeout=SECRET_COMMAND_TIMEOUT_S, check=False)
     except FileNotFoundError:
-        raise ConfigError(f"secret {name}: command {argv[0]!r} is not found on this machine",
+        raise ConfigError(f"{label}: command {argv[0]!r} is not found on this machine",
                           f"install it or fix the secret's `command:` ({shown})") from None
     except (OSError, subprocess.TimeoutExpired) as error:
-        raise ConfigError(f"secret {name}: `{shown}` did not run: {error}") from None
+        raise ConfigError(f"{label}: `{shown}` did not run: {error}") from None
     if done.returncode != 0:
         said = done.stderr.strip().splitlines()[-1][:300] if done.stderr.strip() else "no message"
-        raise ConfigError(f"secret {name}: `{shown}` exited with status {done.returncode}: {said}",
+        raise ConfigError(f"{label}: `{shown}` exited with status {done.returncode}: {said}",
                           "run it yourself to see why (not signed in to the password manager?)")
     return done.stdout.removesuffix("\n")
 
 
-def read_secret(name: str, ref: SecretRef, environ: Mapping[str, str]) -> str:
-    """The secret's value from this machine; never from the profile itself."""
+def read_secret(name: str, ref: SecretRef, environ: Mapping[str, str], source: str | None = None) -> str:
+    """The secret's value from this machine; never from the profile itself. A refusal names `source` (the profile
+    file) where it is given."""
+    label = f"{source}: secret {name}" if source else f"secret {name}"
     if ref.env is not None:
         if ref.env not in environ:
-            raise ConfigError(f"secret {name}: environment variable {ref.env} is not set on this machine",
+            raise ConfigError(f"{label}: environment variable {ref.env} is not set on this machine",
                               f"export {ref.env}=... before deploying")
         value = environ[ref.env]
     elif ref.command is not None:
-        value = _secret_from_command(name, ref.command)
+        value = _secret_from_command(label, ref.command)
     else:
         path = Path(os.path.expanduser(str(ref.file)))
         try:
             value = read_text_file(path).rstrip("\n")
         except ConfigError as err:
-            raise ConfigError(f"secret {name}: {err.message}", err.hint) from None
+            raise ConfigError(f"{label}: {err.message}", err.hint) from None
     if not value or any(c in value for c in "\x00\n\r"):
-        source = ref.env or ref.file or f"`{shlex.join(ref.command or ())}`"
-        raise ConfigError(f"secret {name}: value from {source} is empty or has a newline/NUL")
+        origin = ref.env or ref.file or f"`{shlex.join(ref.command or ())}`"
+        raise ConfigError(f"{label}: value from {origin} is empty or has a newline/NUL")
     return value
 
 
-def resolve_secrets(profile: Profile, environ: Mapping[str, str]) -> dict[str, str]:
-    """Every secret of the env file (profile secrets and the API key), read on this machine."""
-    return {name: read_secret(name, ref, environ) for name, ref in secret_environment(profile).items()}
+def resolve_secrets(profile: Profile, environ: Mapping[str, str], source: str | None = None) -> dict[str, str]:
+    """Every secret of the env file (profile secrets and the API key), read on this machine; `source`: the profile
+    file, named by a refusal."""
+    return {name: read_secret(name, ref, environ, source) for name, ref in secret_environment(profile).items()}
 
 
 def available_secrets(profile: Profile, environ: Mapping[str, str]) -> tuple[dict[str, str], dict[str, str]]:

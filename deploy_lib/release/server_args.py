@@ -37,11 +37,12 @@ API_KEY_LAUNCHER = (
 )
 
 
-def parse_version(sglang_version: str) -> Version:
+def parse_version(sglang_version: str, given_as: str = "SGLang version") -> Version:
+    """The version; ConfigError naming `given_as` (the option that gave it, where one did)."""
     try:
         return version_key(sglang_version)
     except ValueError as err:
-        raise ConfigError(f"SGLang version: {err}", "give a version as pip shows it, e.g. 0.5.23") from None
+        raise ConfigError(f"{given_as}: {err}", "give a version as pip shows it, e.g. 0.5.23") from None
 
 
 def spelling(setting: str, sglang_version: str) -> Spelling | None:

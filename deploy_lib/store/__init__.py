@@ -57,6 +57,8 @@ from deploy_lib.store.layout import (
     STAGING_SUFFIX,
     UNIT_FILE,
     StoreLayout,
+    check_release_id,
+    check_service_name,
     iso_time,
     json_line,
 )
@@ -93,8 +95,8 @@ __all__ = [
     "FAILED", "FILE_MODE", "HEALTHY", "LAUNCHER_FILE", "LAUNCHER_MODE", "LOCK_STORE_UNCHANGED", "LOCK_TAKE",
     "RELEASE_FILE", "RESTARTED", "STAGING_SUFFIX", "STOPPED", "UNIT_FILE", "DamagedRelease", "HistoryEntry",
     "LockContext", "LockInfo", "LockOwner", "ReleaseRecord", "StoreFacts", "StoreLayout", "Tags", "acquire_lock",
-    "append_history", "describe_pruned_releases", "history_entry", "iso_time", "json_line", "lock_staleness",
-    "operator_name", "owner_gone", "parse_current", "parse_history", "parse_release_files", "parse_store_facts",
-    "prune_releases", "release_fact_steps", "release_json", "releases_to_prune", "remove_lock", "repair_release",
-    "stage_release", "switch_current", "this_process_owner",
+    "append_history", "check_release_id", "check_service_name", "describe_pruned_releases", "history_entry", "iso_time",
+    "json_line", "lock_staleness", "operator_name", "owner_gone", "parse_current", "parse_history",
+    "parse_release_files", "parse_store_facts", "prune_releases", "release_fact_steps", "release_json",
+    "releases_to_prune", "remove_lock", "repair_release", "stage_release", "switch_current", "this_process_owner",
 ]

@@ -29,11 +29,20 @@ _UNIT_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9:_.@-]*$")
 _RELEASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-def check_release_id(release_id: str) -> str:
+def check_release_id(release_id: str, flag: str | None = None) -> str:
+    """The release id, refused when no release could have it; `flag`: the option that gave it, named first."""
     if not _RELEASE_ID.fullmatch(release_id) or release_id.endswith(STAGING_SUFFIX):
-        raise ConfigError(f"invalid release id {release_id!r}",
+        raise ConfigError((f"{flag}: " if flag else "") + f"invalid release id {release_id!r}",
                           hint="a release id is letters, digits, '.', '_' or '-' (see `invoke releases`)")
     return release_id
+
+
+def check_service_name(service: str, flag: str | None = None) -> str:
+    """The service name, refused when no systemd unit could have it; `flag`: the option that gave it, named first."""
+    if not _UNIT_NAME.fullmatch(service) or service.endswith(".service"):
+        raise ConfigError((f"{flag}: " if flag else "") + f"invalid service name {service!r}",
+                          hint="use a systemd unit name without the .service suffix, e.g. sglang")
+    return service
 
 
 @dataclass(frozen=True)
@@ -45,9 +54,7 @@ class StoreLayout:
     unit_dir: PurePosixPath = SYSTEMD_DIR
 
     def __post_init__(self) -> None:
-        if not _UNIT_NAME.fullmatch(self.service) or self.service.endswith(".service"):
-            raise ConfigError(f"invalid service name {self.service!r}",
-                              hint="use a systemd unit name without the .service suffix, e.g. sglang")
+        check_service_name(self.service)
         for path in (self.root, self.unit_dir):
             if not path.is_absolute() or ".." in path.parts:
                 raise ConfigError(f"store path {str(path)!r} must be absolute, without '..'")

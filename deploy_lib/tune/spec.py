@@ -171,11 +171,12 @@ def sweep_spec(path: Path | None, vary: Sequence[str], overrides: Mapping[str, A
     `bench:` naming a workload gets its lengths from the workload's file under `workloads_dir`."""
     from_file = load_spec(path) if path is not None else None
     given = parse_vary(vary)
+    typed = {text.partition("=")[0].strip(): text for text in vary}  # an error names the option as typed
     sources = {key: f"{path}: vary.{key}" for key in (from_file.vary if from_file else {})}
-    for key, values in given.items():
+    for key in given:
         if key in sources:
             raise ConfigError(f"--vary {key}=...: {key} is also varied in {path}", "give each key in one place")
-        sources[key] = f"--vary {key}={','.join(map(_text, values))}"
+        sources[key] = f"--vary {typed[key]}"
     if from_file is None and not given:
         raise ConfigError("tune needs something to vary: --vary KEY=V1,V2,... or --spec tune/NAME.yaml")
     base = from_file.model_dump() if from_file else {}
@@ -186,7 +187,8 @@ def sweep_spec(path: Path | None, vary: Sequence[str], overrides: Mapping[str, A
         raise ConfigError(format_validation_error(str(path or "--vary"), err, TuneSpec, flags=flags)) from None
     if spec.bench is not None and spec.bench.workload is not None and workloads_dir is not None:
         from deploy_lib.metrics.workload import bench_with_workload
-        spec = spec.model_copy(update={"bench": bench_with_workload(spec.bench, workloads_dir)})
+        spec = spec.model_copy(update={"bench": bench_with_workload(spec.bench, workloads_dir,
+                                                                    str(path) if path else None)})
     return spec, sources
 
 
