@@ -98,7 +98,7 @@ def tune(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progre
         return Planned(sweep, current, changes, estimate(
             store.history, sweep.bench, len(left), 0 if finished and finished.base else BASE_RUNS,
             halving.survivors(len(sweep.candidates)) if halving else None,
-            halving.short_bench(sweep.bench) if halving else None))
+            halving.short_bench(sweep.bench) if halving else None, spec.keep is Keep.winner))
     run = SweepRun(loaded, target, remote, progress, request, spec, sweep,
                  request.resume or request.tune_id or tune_id(datetime.now(UTC), secrets.token_hex(2)), original,
                  store, clock, unit, store.current)
