@@ -244,7 +244,7 @@ def _performed(*vary: str, **spec: object) -> tuple[Between, Between, int, int, 
 @pytest.mark.parametrize(("vary", "spec", "started", "reran"), [
     (MRR, {}, 3, 0),                                   # the last candidate wins and serves on
     (MRR, {"keep": "none"}, 4, 0),                     # ... then the pre-sweep release serves again
-    (("memory.max_running_requests=1024", "memory.chunked_prefill_size=null,4096"), {}, 5, 2),  # the top two re-run
+    (("memory.max_running_requests=1024", "memory.chunked_prefill_size=2048,4096"), {}, 5, 2),  # the top two re-run
     (FOUR_CAPS, {"search": "halving"}, 6, 0),          # survivors 1024 (serving) and 256, then 1024 kept
 ])
 def test_the_dry_runs_starts_and_benchmarks_are_the_ones_the_sweep_performs(

@@ -7,7 +7,7 @@ Where the host has no such record a stated default stands in, and the estimate s
 from __future__ import annotations
 
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 
 from deploy_lib.health.downtime import DOWNTIME
@@ -19,6 +19,7 @@ RERUNS = 2                   # decide.decide: the top two, once each, when they 
 DEFAULT_START_S = 300.0      # a host with no healthy start recorded: a large model's cold start, minutes
 DEFAULT_STREAM_TOK_S = 20.0  # a level never run here: each request decodes at this pace, in waves of its concurrency
 DEFAULT_LEVEL_OVERHEAD_S = 10.0  # no wall time recorded: a level's client process (imports, tokenizer) and the rest
+SERVING = ""                 # the release serving before the sweep, among the candidates' labels
 
 
 @dataclass(frozen=True)
@@ -126,29 +127,74 @@ def level_estimate(history: Sequence[HistoryEntry], settings: BenchSettings, con
                          overhead_s, recorded=False)
 
 
-def sweep_starts(candidates: int, survivors: int | None, keep_winner: bool) -> Between:
-    """The starts commands/tune.py performs when every candidate starts and meets the SLA: each candidate's deploy;
-    search: halving: a switch to each survivor but the one already serving; a switch to each re-run candidate not
-    serving (the top two: one of them may be the last to run); the switch at the end unless the winner kept is the
-    one serving (keep none: the pre-sweep release always serves again). A candidate that fails adds a switch back."""
-    if candidates == 0:
+@dataclass(frozen=True)
+class _Outcome:
+    """One way the figures can fall: which candidates lead (halving: the first and last survivor to run in full),
+    whether the top two re-run, which release serves at the end."""
+
+    first: str
+    last: str
+    top: str
+    second: str
+    rerun: bool
+    end: str
+
+
+def _starts(order: Sequence[str], unchanged: Set[str], survivors: int | None, outcome: _Outcome) -> int:
+    """The starts commands/tune.py performs for `outcome`, every candidate healthy: a deploy or switch starts a
+    release unless it is the one serving (a candidate rendered as the serving release is a no-op)."""
+    serving, starts = SERVING, 0
+
+    def start(label: str) -> None:
+        nonlocal serving, starts
+        release = SERVING if label in unchanged else label
+        starts, serving = starts + (release != serving), release
+
+    for label in order:
+        start(label)
+    if survivors is not None:
+        start(outcome.first)
+        if survivors > 1:  # each survivor after the first follows another: always a switch
+            starts, serving = starts + survivors - 1, SERVING if outcome.last in unchanged else outcome.last
+    if outcome.rerun:
+        start(outcome.top)
+        start(outcome.second)
+    start(outcome.end)
+    return starts
+
+
+def sweep_starts(order: Sequence[str], unchanged: Set[str], survivors: int | None, keep_winner: bool) -> Between:
+    """The fewest and most starts over every way the figures can fall: the leaders, a re-run of the top two (when
+    two or more run in full), the winner kept or the pre-sweep release (SERVING) serving again at the end."""
+    if not order:
         return Between(0, 0)
-    full = candidates if survivors is None else survivors
-    to_survivors = Between(0, 0) if survivors is None else Between(survivors - 1, survivors)
-    reruns = RERUNS if full > 1 else 0
-    return Between(candidates + to_survivors.fewest + (0 if keep_winner else 1),
-                   candidates + to_survivors.most + reruns + 1)
+    full = len(order) if survivors is None else survivors
+    # the leaders matter only as the last to run, one rendered as the serving release, or another: a few of each
+    roles = list(dict.fromkeys([order[-1], *(label for label in order if label in unchanged), *order[:4]]))
+    pairs = [(a, b) for a in roles for b in roles if a != b] or [(order[0], order[0])]
+    counts = []
+    for top, second in pairs:
+        for rerun in (False, True) if full > 1 else (False,):
+            winners = (top, second) if rerun else (top,)
+            for end in (*winners, SERVING) if keep_winner else (SERVING,):
+                for first, last in pairs if survivors is not None else ((top, top),):
+                    counts.append(_starts(order, unchanged, survivors, _Outcome(first, last, top, second, rerun,
+                                                                                end)))
+    return Between(min(counts), max(counts))
 
 
-def estimate(history: Sequence[HistoryEntry], settings: BenchSettings, candidates: int, base_runs: int,
-             survivors: int | None = None, short: BenchSettings | None = None, keep_winner: bool = True) -> Estimate:
-    """`survivors` and `short` for search: halving: every candidate runs `short`, the survivors (each switched to
+def estimate(history: Sequence[HistoryEntry], settings: BenchSettings, candidates: Sequence[str], base_runs: int,
+             survivors: int | None = None, short: BenchSettings | None = None, keep_winner: bool = True,
+             unchanged: Set[str] = frozenset()) -> Estimate:
+    """`candidates`: their labels in the order they run; `unchanged`: those rendered as the serving release.
+    `survivors` and `short` for search: halving: every candidate runs `short`, the survivors (each switched to
     again) the full benchmark."""
     start_s, samples = recorded_start_s(history)
     overhead_s, overheads = level_overhead_s(history)
-    full = candidates if survivors is None else survivors
-    return Estimate(starts=sweep_starts(candidates, survivors, keep_winner), start_s=start_s, start_samples=samples,
+    full = len(candidates) if survivors is None else survivors
+    return Estimate(starts=sweep_starts(candidates, unchanged, survivors, keep_winner), start_s=start_s,
+                    start_samples=samples,
                     runs=base_runs + full, reruns=Between(0, RERUNS if full > 1 else 0),
                     levels=tuple(level_estimate(history, settings, c, overhead_s) for c in settings.concurrency),
-                    overhead_samples=overheads, short_runs=candidates if survivors is not None else 0,
+                    overhead_samples=overheads, short_runs=len(candidates) if survivors is not None else 0,
                     short_fraction=short.output_len / settings.output_len if short else 1.0)
