@@ -62,18 +62,26 @@ class SweepTime:
 
 
 def estimate_text(estimate: Estimate) -> str:
-    if estimate.total_s is None:
-        unknown = [str(level.concurrency) for level in estimate.levels if level.seconds is None]
-        return "no estimate" + (f" (levels {', '.join(unknown)} never run on this host)" if unknown else "")
-    return (f"{duration_text(estimate.total_s)}: {estimate.starts} starts of {duration_text(estimate.start_s or 0.0)},"
-            f" {estimate.runs} benchmarks of {duration_text(estimate.bench_s or 0.0)}")
+    span = (duration_text(estimate.fewest_s) if estimate.fewest_s == estimate.most_s
+            else f"{duration_text(estimate.fewest_s)}-{duration_text(estimate.most_s)}")
+    reruns = f" and up to {estimate.reruns.most} re-runs" if estimate.reruns.most else ""
+    levels = ", ".join(f"c{level.concurrency} {duration_text(level.seconds)}{'' if level.recorded else ' (default)'}"
+                       for level in estimate.levels)
+    return (f"{span}: {estimate.starts.text()} starts of {duration_text(estimate.start_s)}"
+            f"{'' if estimate.start_samples else ' (default)'}, {estimate.runs} benchmarks{reruns} of "
+            f"{duration_text(estimate.bench_s)} ({levels})")
+
+
+def off_by(estimate: Estimate, measured_s: float) -> float:
+    """How far the measured time lies outside the estimate's range, relative to it (0 inside it)."""
+    nearest = min(max(measured_s, estimate.fewest_s), estimate.most_s)
+    return nearest / measured_s - 1
 
 
 def sweep_time_figures(run: SweepTime) -> list[Figure]:
-    """The sweep's time beside its estimates; the one after the sweep judged: within CLOSE_ENOUGH of the time it
-    took."""
-    after = run.after.total_s
-    off = f" ({after / run.measured_s - 1:+.0%})" if after is not None else ""
+    """The sweep's time beside its estimates; the one after the sweep judged: its range within CLOSE_ENOUGH of the
+    time it took."""
+    off = off_by(run.after, run.measured_s)
     return [
         Figure(f"sweep `tune {run.options}`: rows with every level measured",
                f"{run.levels_measured} of {run.rows}", 1, "all", run.levels_measured == run.rows),
@@ -83,11 +91,11 @@ def sweep_time_figures(run: SweepTime) -> list[Figure]:
                        [run.starts_s], None),
         seconds_figure("  the rest (venvs, stages, grace windows, the tool's steps)",
                        [run.measured_s - run.benchmark_s - run.starts_s], None),
-        Figure("  its --dry-run estimate before, on a host that never ran its levels", estimate_text(run.before), 1,
-               "", None),
-        Figure("  its --dry-run estimate after, once history holds its levels", estimate_text(run.after) + off, 1,
-               f"within {CLOSE_ENOUGH:.0%} of its time",
-               after is not None and abs(after / run.measured_s - 1) <= CLOSE_ENOUGH),
+        Figure("  its --dry-run estimate before, on a host that never ran its levels",
+               f"{estimate_text(run.before)} ({off_by(run.before, run.measured_s):+.0%})", 1, "", None),
+        Figure("  its --dry-run estimate after, once history holds its levels",
+               f"{estimate_text(run.after)} ({off:+.0%})", 1, f"within {CLOSE_ENOUGH:.0%} of its time",
+               abs(off) <= CLOSE_ENOUGH),
     ]
 
 

@@ -110,20 +110,28 @@ def planned_lines(planned: Planned) -> list[str]:
 
 
 def estimate_line(estimate: Estimate) -> str:
-    """`about 41 min: 5 starts of ~300 s (median of 3 recorded), 8 benchmarks of ~120 s (level 64: 320 prompts
-    ~30 s, level 1024: 1024 prompts ~90 s)`."""
-    start = (f"{estimate.starts} starts of ~{estimate.start_s:,.0f} s (median of {estimate.start_samples} recorded)"
-             if estimate.start_s is not None else f"{estimate.starts} starts (no start recorded on this host)")
-    levels = ", ".join(f"level {level.concurrency}: {level.prompts} prompts "
-                       f"{'(never run here)' if level.seconds is None else f'~{level.seconds:,.0f} s'}"
+    """`about 38-43 min: 4-7 starts of ~300 s (median of 3 recorded), 6 benchmarks and up to 2 re-runs of ~99 s
+    (level 64: 320 prompts ~14 s, level 1024: 1024 prompts ~95 s; each ~5 s of it around the timed requests, from
+    2 recorded)`, and which figures are defaults and what would replace them."""
+    start = (f"~{estimate.start_s:,.0f} s (median of {estimate.start_samples} recorded)" if estimate.start_samples
+             else f"~{estimate.start_s:,.0f} s (default: no start recorded on this host)")
+    levels = ", ".join(f"level {level.concurrency}: {level.prompts} prompts ~{level.seconds:,.0f} s"
+                       + ("" if level.recorded else " (default pace: never run here at these lengths)")
                        for level in estimate.levels)
-    bench = (f"{estimate.runs} benchmarks of ~{estimate.bench_s:,.0f} s" if estimate.bench_s is not None
-             else f"{estimate.runs} benchmarks (not every level recorded at these lengths)") + f" ({levels})"
+    overhead = estimate.levels[0].overhead_s if estimate.levels else 0.0
+    around = (f"from {estimate.overhead_samples} recorded" if estimate.overhead_samples
+              else "default: no benchmark's wall time recorded on this host")
+    reruns = "" if not estimate.reruns.most else f" and up to {estimate.reruns.most} re-runs"
+    bench = (f"{estimate.runs} benchmarks{reruns} of ~{estimate.bench_s:,.0f} s ({levels}; each level "
+             f"~{overhead:,.0f} s of it around the timed requests, {around})")
     if estimate.short_runs:
-        bench += f", {estimate.short_runs} short ones of ~{estimate.short_fraction:.0%} of that"
-    total = estimate.total_s
-    about = f"about {total / 60:,.0f} min" if total is not None else "no estimate"
-    return f"{about}: {start}, {bench}"
+        bench += f", {estimate.short_runs} short ones of ~{estimate.short_s:,.0f} s"
+    fewest, most = round(estimate.fewest_s / 60), round(estimate.most_s / 60)
+    about = f"about {fewest:,} min" if fewest == most else f"about {fewest:,}-{most:,} min"
+    line = f"{about}: {estimate.starts.text()} starts of {start}, {bench}"
+    if estimate.defaults:
+        line += "; defaults stand where this host has no record: a deploy, `invoke bench` or a sweep records them"
+    return line
 
 
 def table_lines(report: TuneReport) -> list[str]:

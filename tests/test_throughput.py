@@ -38,6 +38,7 @@ from deploy_lib.throughput import (
     power_by_release,
     throughput_by_release,
 )
+from deploy_lib.throughput.results import WALL_KEY
 from deploy_lib.versions import BENCH_MODULES
 
 pytest_plugins = ("helpers.wheelcache",)
@@ -342,6 +343,16 @@ def test_run_benchmark_runs_sglangs_benchmark_on_the_host_and_reads_its_jsonl() 
     assert names.index(STEP_SAMPLER_START) < names.index("bench: concurrency 64") < names.index(STEP_SAMPLER_STOP)
     assert names[-1] == "bench: remove run directory"
     assert ("note", "benchmark: 871.2 tok/s at concurrency 64, p99 TTFT 114 ms") in progress.events
+
+
+def test_a_benchmark_records_its_wall_time_beside_the_timed_levels() -> None:
+    """What a level costs around its timed requests (the client, the sampler, reading back) is kept in history,
+    where a sweep's estimate reads it. Input tried: a clock that reads 100 s at the start and 107.5 s at the end."""
+    readings = iter((100.0, 107.5))
+    bench = run_benchmark(host(), LAYOUT, metadata(), SETTINGS, RecordingProgress(), clock=lambda: next(readings))
+    assert bench.wall_s == 7.5 and bench.figures()[WALL_KEY] == 7.5
+    assert [level.concurrency for level in BenchResult.from_figures("r2", bench.figures()).levels] == [64], \
+        "the wall time is no level of its own"
 
 
 def test_a_benchmark_is_three_round_trips_and_a_venv_is_inspected_once_for_a_sweeps_runs() -> None:

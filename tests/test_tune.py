@@ -3,6 +3,7 @@ noise, winner, next release, resume), the estimate and the table read back from 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -21,7 +22,14 @@ from deploy_lib.store import FAILED, HEALTHY, HistoryEntry, StoreLayout, Tags, h
 from deploy_lib.throughput import BenchResult, Latency, LevelResult
 from deploy_lib.tune import Objective, Sla, TuneSpec, parse_vary, sweep_spec
 from deploy_lib.tune.decide import NOISE_FLOOR, Score, Standing, decide, end_release, noise, score, serve_next, to_run
-from deploy_lib.tune.estimate import LevelEstimate, estimate
+from deploy_lib.tune.estimate import (
+    DEFAULT_LEVEL_OVERHEAD_S,
+    DEFAULT_START_S,
+    Between,
+    LevelEstimate,
+    estimate,
+    sweep_starts,
+)
 from deploy_lib.tune.record import BASE, CANDIDATE, read_tune, run_line, start_line
 from deploy_lib.tune.sweep import HostView, build_sweep, clip_ladder, differences, environment_switches
 
@@ -309,24 +317,55 @@ def tags(release: str) -> Tags:
     return Tags("op@box", "th1", release, "glm5-nvfp4", "h")
 
 
-def test_the_estimate_uses_this_hosts_recorded_starts_and_benchmark_length() -> None:
+FOUR = ("cap=64", "cap=128", "cap=256", "cap=1024")  # a sweep's candidates, in the order they run
+
+
+def test_the_estimate_uses_this_hosts_recorded_starts_benchmark_pace_and_time_around_the_levels() -> None:
+    """Input tried: starts of 200, 300, 400 s; one benchmark of 30 s at 64 and 90 s at 1024 whose wall time was
+    130 s (10 s around the two levels: 5 s each)."""
     starts = [history_entry("deploy", HEALTHY, tags(f"r{n}"), NOW, timings={"ready": s})
               for n, s in enumerate((200.0, 300.0, 400.0))]
-    benched = history_entry("bench", HEALTHY, tags("r2"), NOW, figures=bench("r2", level(64, 1.0, duration=30.0),
-                                                                             level(1024, 1.0, duration=90.0)).figures())
-    found = estimate([*starts, benched], SETTINGS, candidates=4, base_runs=2)
+    result = replace(bench("r2", level(64, 1.0, duration=30.0), level(1024, 1.0, duration=90.0)), wall_s=130.0)
+    benched = history_entry("bench", HEALTHY, tags("r2"), NOW, figures=result.figures())
+    found = estimate([*starts, benched], SETTINGS, candidates=FOUR, base_runs=2)
     # the recorded run sent 1024 prompts at each level; level 64 now sends 320 of them, so it takes 320/1024 as long
-    assert found.levels == (LevelEstimate(64, 320, 9.4), LevelEstimate(1024, 1024, 90.0))
-    assert (found.starts, found.start_s, found.runs, found.bench_s) == (5, 300.0, 8, 99.4)
-    assert found.total_s == 5 * 300 + 8 * 99.4
-    assert estimate_line(found) == ("about 38 min: 5 starts of ~300 s (median of 3 recorded), 8 benchmarks of ~99 s "
-                                    "(level 64: 320 prompts ~9 s, level 1024: 1024 prompts ~90 s)")
+    assert found.levels == (LevelEstimate(64, 320, 9.4, 5.0), LevelEstimate(1024, 1024, 90.0, 5.0))
+    assert (found.starts, found.start_s, found.runs, found.reruns, found.bench_s) == (
+        Between(4, 7), 300.0, 6, Between(0, 2), 109.4)
+    assert (found.fewest_s, found.most_s) == (4 * 300 + 6 * 109.4, 7 * 300 + 8 * 109.4)
+    assert estimate_line(found) == (
+        "about 31-50 min: 4-7 starts of ~300 s (median of 3 recorded), 6 benchmarks and up to 2 re-runs of ~109 s "
+        "(level 64: 320 prompts ~14 s, level 1024: 1024 prompts ~95 s; each level ~5 s of it around the timed "
+        "requests, from 1 recorded)")
     switched = history_entry("deploy", HEALTHY, tags("r3"), NOW, timings={"ready": 200.0, "downtime": 500.0})
-    assert estimate([*starts, switched], SETTINGS, 4, 2).start_s == 350.0, "a switch costs its downtime, from the stop"
-    unknown = estimate([*starts[:1], benched], SETTINGS.model_copy(update={"concurrency": [1, 64]}), 1, 2)
-    assert unknown.total_s is None and estimate_line(unknown).endswith(
-        "(not every level recorded at these lengths) (level 1: 32 prompts (never run here), level 64: 320 prompts "
-        "~9 s)")
+    assert estimate([*starts, switched], SETTINGS, FOUR, 2).start_s == 350.0, \
+        "a switch costs its downtime, from the stop"
+    assert estimate([], SETTINGS, FOUR, 2, keep_winner=False).starts == Between(5, 7), "keep none: the switch back"
+
+
+def test_a_candidate_rendered_as_the_serving_release_starts_nothing_when_it_runs_first() -> None:
+    """Input tried: caps 64 and 128 over a release serving a cap of 64 (bench.readme_sweep's quick sweep). Cap 64
+    is the serving release (its deploy a no-op), cap 128 starts; kept and serving at the end: 1 start. At most 4:
+    the top two re-run from cap 128 (cap 64, then cap 128 again) and the pre-sweep release back at the end."""
+    assert sweep_starts(("cap=64", "cap=128"), {"cap=64"}, None, keep_winner=True) == Between(1, 4)
+    assert sweep_starts(("cap=64", "cap=128"), set(), None, keep_winner=True) == Between(2, 5)
+    assert sweep_starts(("cap=128", "cap=64"), {"cap=64"}, None, keep_winner=False) == Between(2, 4), \
+        "keep none: cap 64 last is the pre-sweep release serving again, no switch at the end"
+    assert sweep_starts((), set(), None, keep_winner=True) == Between(0, 0)
+
+
+def test_a_host_with_no_history_gets_an_estimate_from_stated_defaults() -> None:
+    """Input tried: no history at all; the ladder 1, 64 at 32 output tokens: 32 prompts one at a time (32 waves of
+    32 tokens at 20 tok/s) and 320 at 64 (5 waves)."""
+    found = estimate([], SETTINGS.model_copy(update={"concurrency": [1, 64]}), FOUR[:2], 2)
+    assert found.defaults and (found.start_s, found.start_samples) == (DEFAULT_START_S, 0)
+    assert found.levels == (LevelEstimate(1, 32, 51.2, DEFAULT_LEVEL_OVERHEAD_S, recorded=False),
+                            LevelEstimate(64, 320, 8.0, DEFAULT_LEVEL_OVERHEAD_S, recorded=False))
+    line = estimate_line(found)
+    assert "starts of ~300 s (default: no start recorded on this host)" in line
+    assert "level 1: 32 prompts ~61 s (default pace: never run here at these lengths)" in line
+    assert "~10 s of it around the timed requests, default: no benchmark's wall time recorded" in line
+    assert line.endswith("a deploy, `invoke bench` or a sweep records them")
 
 
 def test_each_level_sends_a_few_rounds_of_its_concurrency_within_the_profiles_prompts() -> None:

@@ -96,9 +96,10 @@ def tune(loaded: LoadedProfile, target: Target, remote: Remote, progress: Progre
         changes = {c.label: tuple(differences(base.metadata if base else None, c, host)) for c in sweep.candidates}
         halving = spec.halving if spec.search is Search.halving else None
         return Planned(sweep, current, changes, estimate(
-            store.history, sweep.bench, len(left), 0 if finished and finished.base else BASE_RUNS,
+            store.history, sweep.bench, left, 0 if finished and finished.base else BASE_RUNS,
             halving.survivors(len(sweep.candidates)) if halving else None,
-            halving.short_bench(sweep.bench) if halving else None))
+            halving.short_bench(sweep.bench) if halving else None, spec.keep is Keep.winner,
+            frozenset(label for label in left if not changes[label])))
     run = SweepRun(loaded, target, remote, progress, request, spec, sweep,
                  request.resume or request.tune_id or tune_id(datetime.now(UTC), secrets.token_hex(2)), original,
                  store, clock, unit, store.current)

@@ -202,12 +202,13 @@ def run_benchmark(remote: Remote, layout: StoreLayout, release_metadata: Mapping
             error = error or str(bad)
             break
     gpus = parse_telemetry(collected[_read_name(run_dir / TELEMETRY_FILE)].stdout)
-    progress.step_done("benchmark", clock() - started)
+    wall_s = clock() - started
+    progress.step_done("benchmark", wall_s)
     for level in parsed:
         progress.note(f"benchmark: {level.output_tok_s:,.1f} tok/s at concurrency {level.concurrency}, "
                       f"p99 TTFT {level.ttft.p99_ms or 0:,.0f} ms")
     return BenchResult(target.release_id, settings, tuple(parsed), gpus, error,
-                       None if gpus else "nvidia-smi gave no samples during the benchmark")
+                       None if gpus else "nvidia-smi gave no samples during the benchmark", wall_s)
 
 
 @dataclass(frozen=True)

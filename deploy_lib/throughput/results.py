@@ -12,6 +12,8 @@ from deploy_lib.json_lines import json_objects
 from deploy_lib.profile.settings import RANGE_RATIO_KEY, SHARED_PREFIX_KEY, BenchSettings
 from deploy_lib.remote import Step, StepResult
 
+WALL_KEY = "bench.wall_s"  # a run's wall time in history: its timed levels plus what each level costs around them
+
 
 @dataclass(frozen=True)
 class Latency:
@@ -68,6 +70,7 @@ class BenchResult:
     gpus: tuple[GpuTelemetry, ...] = ()
     error: str | None = None            # the benchmark did not run to the end: why
     telemetry_error: str | None = None  # no GPU samples: why (does not fail the benchmark)
+    wall_s: float | None = None         # the whole run: each level's client, the sampler, reading the results back
 
     @property
     def ok(self) -> bool:
@@ -79,6 +82,8 @@ class BenchResult:
     def figures(self) -> dict[str, float]:
         """Flat figures for history.jsonl: the settings identity, then c<level>.<metric>, then gpu<i>.<metric>."""
         figures = dict(self.settings.identity())
+        if self.wall_s is not None:
+            figures[WALL_KEY] = round(self.wall_s, 3)
         for level in self.levels:
             values = {"output_tok_s": level.output_tok_s, "completed": float(level.completed),
                       "duration_s": level.duration_s,
