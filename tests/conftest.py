@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from helpers.remote_ssh import SSHD, SshServer, free_port, keygen
 
+from deploy_cli import common
 from deploy_lib.host_scripts.sglang_options import extract
 
 INVENTORY = Path(__file__).resolve().parent.parent / "inventory"
@@ -34,6 +35,19 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 # Fixtures of several test modules
+
+
+@pytest.fixture(autouse=True)
+def project_found_per_test(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The command line finds its project once per process (deploy_cli.common.project), and `--project` and
+    `--inventory` set SGLANG_DEPLOY_*: a test that ran one in a project of its own leaves neither to the next."""
+    for name in ("SGLANG_DEPLOY_INVENTORY", "SGLANG_DEPLOY_PROJECT"):
+        monkeypatch.setenv(name, os.environ.get(name, ""))  # restored (or removed again) when the test ends
+        if not os.environ[name]:
+            monkeypatch.delenv(name)
+    common.project.cache_clear()
+    yield
+    common.project.cache_clear()
 
 @pytest.fixture(scope="module")
 def sshd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SshServer]:

@@ -41,9 +41,7 @@ def project(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
         monkeypatch.delenv(name, raising=False)
     inventory = tmp_path / "hosts.yaml"
     inventory.write_text(INVENTORY)
-    common.project.cache_clear()
     yield inventory
-    common.project.cache_clear()
 
 
 def run_json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, Envelope, str]:

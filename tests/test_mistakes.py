@@ -14,7 +14,6 @@ import pytest
 from helpers.cli import REPO, invoke, sglang_deploy
 from invoke.util import Lexicon
 
-from deploy_cli import common
 from deploy_cli.collection import user_tasks
 from deploy_cli.envelope import Envelope
 from deploy_cli.program import DeployProgram, check_line
@@ -111,13 +110,8 @@ ANSIBLE = [
 def workdir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     """tmp_path as the working directory, its own project (the project is found once per process: here, once per
     test, and not kept for the tests after it)."""
-    monkeypatch.chdir(tmp_path)
-    for name in ("SGLANG_DEPLOY_INVENTORY", "SGLANG_DEPLOY_PROJECT"):  # `--project DIR` sets the latter
-        monkeypatch.setenv(name, "")  # so that the test's end takes away what the program set
-        monkeypatch.delenv(name)
-    common.project.cache_clear()
+    monkeypatch.chdir(tmp_path)  # conftest's project_found_per_test clears the project found and its variables
     yield tmp_path
-    common.project.cache_clear()
 
 # A wrong value is named by the flag that gave it (`--search random` was reported as `--vary: search: ...`, `-n abc`
 # as `--lines`).

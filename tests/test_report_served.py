@@ -104,7 +104,6 @@ def test_the_report_task_shows_the_projects_workloads_read_on_the_host(
     project with a workload file broken by hand: refused, naming the file and the key."""
     from invoke import Context, Exit
 
-    from deploy_cli import common
     from deploy_cli.report import report as report_task
 
     history = tmp_path / "history.jsonl"
@@ -116,16 +115,11 @@ def test_the_report_task_shows_the_projects_workloads_read_on_the_host(
     written = tmp_path / "project" / "inventory" / "workloads" / "chat.yaml"
     written.write_text(workload_text(workload("chat", host)))
     monkeypatch.chdir(tmp_path / "project")
-    monkeypatch.delenv("SGLANG_DEPLOY_PROJECT", raising=False)
-    common.project.cache_clear()  # the project is found once per command line
-    try:
+    report_task(Context(), out=str(tmp_path / "out"), json=True)
+    document = json.loads((tmp_path / "out" / f"report-{host}-sglang.json").read_text())
+    assert [row["source"] for row in document["served"]] == [f"watch before the switch to {D}",
+                                                             "watch after the switch", "workload chat"]
+    written.write_text(written.read_text().replace("requests: 120\n", "requests: many\n", 1))
+    with pytest.raises(Exit) as refused:
         report_task(Context(), out=str(tmp_path / "out"), json=True)
-        document = json.loads((tmp_path / "out" / f"report-{host}-sglang.json").read_text())
-        assert [row["source"] for row in document["served"]] == [f"watch before the switch to {D}",
-                                                                 "watch after the switch", "workload chat"]
-        written.write_text(written.read_text().replace("requests: 120\n", "requests: many\n", 1))
-        with pytest.raises(Exit) as refused:
-            report_task(Context(), out=str(tmp_path / "out"), json=True)
-    finally:
-        common.project.cache_clear()
     assert refused.value.code == 2 and f"workload file {written}: requests: " in capsys.readouterr().err
