@@ -304,6 +304,17 @@ def test_a_proxycommand_in_the_ssh_config_carries_the_connection(sshd: SshServer
     assert "via ProxyCommand" in target.address
 
 
+def _run_and_push(target: SSHTarget, tmp_path: Path) -> None:
+    """A step runs and an rsync push lands, over `target`'s way to the host."""
+    local = tmp_path / "weights"
+    local.mkdir()
+    (local / "config.json").write_text("{}")
+    with FabricRemote(target) as remote:
+        assert remote.run([Step("echo", ("echo", "through"))])[0].stdout == "through\n"
+        remote.push_directory(local, PurePosixPath(tmp_path / "pushed"), None)
+    assert (tmp_path / "pushed" / "config.json").read_text() == "{}"
+
+
 def test_a_proxycommand_in_ansible_ssh_common_args_expands_its_tokens_and_carries_steps_and_pushes(
         sshd: SshServer, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Input tried: `ansible_ssh_common_args: -o ProxyCommand="<relay> %h %p"`, as Ansible users write it; rsync's
@@ -319,13 +330,7 @@ def test_a_proxycommand_in_ansible_ssh_common_args_expands_its_tokens_and_carrie
                          f"      ssh_config_file: none\n      ansible_ssh_common_args: {json.dumps(args)}\n")
     target = resolve_target(load_inventory(inventory), "lab").ssh
     assert target.proxy_command == _relay(record, "127.0.0.1", str(sshd.port))
-    local = tmp_path / "weights"
-    local.mkdir()
-    (local / "config.json").write_text("{}")
-    with FabricRemote(target) as remote:
-        assert remote.run([Step("echo", ("echo", "through"))])[0].stdout == "through\n"
-        remote.push_directory(local, PurePosixPath(tmp_path / "pushed"), None)
-    assert (tmp_path / "pushed" / "config.json").read_text() == "{}"
+    _run_and_push(target, tmp_path)
     assert record.read_text().splitlines() == [f"127.0.0.1 {sshd.port}"] * 2  # the connection, then rsync's ssh
 
 
@@ -383,13 +388,7 @@ def test_a_chain_of_jump_hosts_the_first_behind_its_proxycommand_carries_steps_a
     assert [(hop.host, hop.port, hop.user) for hop in target.jump.chain] == [("127.0.0.1", sshd.port, user),
                                                                               ("localhost", sshd.port, user)]
     assert target.jump.chain[0].proxy_command == _relay(record, "127.0.0.1", str(sshd.port))
-    local = tmp_path / "weights"
-    local.mkdir()
-    (local / "config.json").write_text("{}")
-    with FabricRemote(target) as remote:
-        assert remote.run([Step("echo", ("echo", "through two hops"))])[0].stdout == "through two hops\n"
-        remote.push_directory(local, PurePosixPath(tmp_path / "pushed"), None)
-    assert (tmp_path / "pushed" / "config.json").read_text() == "{}"
+    _run_and_push(target, tmp_path)
     assert record.read_text().splitlines() == [f"127.0.0.1 {sshd.port}"] * 2  # the connection, then rsync's ssh
 
 
