@@ -10,16 +10,22 @@ import json
 from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers.cli import REPO
 from helpers.deploy_trips import serving_the_profile
+from helpers.fake_remote import FakeRemote
+from helpers.host_lock import HOLDER
+from helpers.router import answering
+from helpers.router import inventory as router_inventory
 
 from deploy_cli import common
 from deploy_cli.collection import user_tasks
 from deploy_cli.envelope import SCHEMA_VERSION, Envelope
 from deploy_cli.options import Task
 from deploy_cli.program import NAME, DeployProgram, OneTaskExecutor
+from deploy_lib.store import FACT_BOOT_ID, FACT_CLOCK, FACT_LOCK, FACT_LOCK_BOOT, FACT_LOCK_OWNER
 
 INVENTORY = "all:\n  hosts:\n    gpu1: {ansible_host: 192.0.2.10, gpu_count: 8, gpu_arch: sm120}\n"
 # a value for each task's required option, where it has one
@@ -174,6 +180,9 @@ ON_A_SERVING_HOST = [
     (["model.list"], "ok"),
     (["venv.list"], "ok"),
     (["unlock", "--yes"], "ok"),  # there was no lock
+    (["uninstall", "--yes"], "ok"),
+    (["patches.enable", "--name", "fusion-sm120", "--yes"], "PreflightError"),  # nvidia-smi lists no GPU
+    (["patches.disable", "--name", "fusion-sm120", "--yes"], "PreflightError"),
     (["bench"], "ok"),
     (["report", "--out", "{out}"], "ok"),
     (["tune", "-p", "glm5-nvfp4", "--vary", "memory.max_running_requests=64,256", "--dry-run"], "ok"),
@@ -205,6 +214,7 @@ def test_a_command_on_a_host_is_the_one_document_with_that_host(argv: list[str],
     host's."""
     host, rid = serving_the_profile()
     monkeypatch.setattr(common, "remote", lambda found, prefixed=False: nullcontext(host))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # where uninstall copies the host's history
     given = [word.format(out=tmp_path / "report", rid=rid) for word in argv]
     code, document, _ = run_json(capsys, *given, "-i", str(project), "--json")
     assert (document.command, document.exit_code) == (argv[0], code)
@@ -216,3 +226,74 @@ def test_a_command_on_a_host_is_the_one_document_with_that_host(argv: list[str],
     else:
         assert code and (document.outcome, on_host.outcome) == ("failed", "failed")
         assert document.error is not None and document.error.type == ends and on_host.error == document.error
+
+
+def test_version_and_init_read_no_host_and_report_under_a_null_host(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`version --json` and `init --json` (which refused --json before): their report is the one result, under no
+    host; init's lists the files it wrote, and a second init there is its error in the document."""
+    code, shown, _ = run_json(capsys, "version", "--json")
+    assert (code, shown.outcome, shown.error) == (0, "ok", None)
+    [tool] = shown.hosts
+    assert tool.host is None and tool.result["version"]
+    argv = ("init", "--model", "Qwen/Qwen3-8B", "--host", "192.0.2.10", "--directory", str(tmp_path), "--json")
+    code, started, _ = run_json(capsys, *argv)
+    assert (code, started.outcome, started.error) == (0, "ok", None)
+    [written] = started.hosts
+    assert written.host is None and written.result["profile"] == "qwen3-8b" and written.result["host_needs"]
+    assert all(Path(path).is_file() for path in written.result["written"])
+    code, again, err = run_json(capsys, *argv)
+    assert code == again.exit_code == 2 and again.outcome == "failed" and again.hosts == []
+    assert again.error is not None and again.error.type == "ConfigError" and "overwrites nothing" in err
+
+
+@pytest.mark.parametrize("task", READS_NO_HOST)
+def test_a_command_that_reads_no_host_refuses_a_flag_it_lacks_in_the_document(task: str,
+                                                                             capsys: pytest.CaptureFixture[str]
+                                                                             ) -> None:
+    code, document, _ = run_json(capsys, task, "--json", "--group", "gpu")
+    assert (code, document.command, document.outcome, document.hosts) == (2, task, "failed", [])
+    assert document.error is not None and document.error.type == "UsageError" and "--group" in document.error.message
+
+
+@pytest.mark.parametrize(("answer", "code"), [({"workers": [{"url": "http://192.0.2.2:8000", "is_healthy": True}]}, 0),
+                                              ({"error": "connection refused"}, 10)])
+def test_router_status_is_the_routers_host_with_its_workers_or_its_error(answer: dict[str, Any], code: int,
+                                                                        tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """router.status on a group behind a router: the router's host, the workers it lists as its result, or the
+    router's failure as the document's and the host's error."""
+    router = answering(list=answer)
+    monkeypatch.setattr(common, "remote", lambda found, prefixed=False: nullcontext(router))
+    got, document, _ = run_json(capsys, "router.status", "--group", "replicas", "-i", str(router_inventory(tmp_path)),
+                                "--json")
+    [edge] = document.hosts
+    assert (got, document.exit_code, edge.host, edge.exit_code) == (code, code, "edge", code)
+    if code:
+        assert document.outcome == edge.outcome == "failed"
+        assert document.error is not None and document.error.type == "RouterFailed" and edge.error == document.error
+    else:
+        assert (document.outcome, edge.outcome, edge.error) == ("ok", "ok", None)
+        assert edge.result == answer["workers"]
+
+
+@pytest.mark.parametrize(("force", "code"), [(True, 0), (False, 4)])
+def test_unlock_reports_the_lock_it_removed_or_the_holder_it_left(force: bool, code: int, project: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A lock a live owner took in this boot: `unlock --force` removes it and names its owner as the result,
+    `unlock` leaves it and the document carries LockHeld."""
+    held = (FakeRemote().reply(FACT_CLOCK, stdout="1764634200\n").reply(FACT_LOCK, stdout="1764634170\n")
+            .reply(FACT_LOCK_OWNER, stdout=HOLDER.to_json().decode())
+            .reply(FACT_LOCK_BOOT, stdout="boot-1\n").reply(FACT_BOOT_ID, stdout="boot-1\n"))
+    monkeypatch.setattr(common, "remote", lambda found, prefixed=False: nullcontext(held))
+    got, document, _ = run_json(capsys, "unlock", "--yes", *(("--force",) if force else ()), "-i", str(project),
+                                "--json")
+    [on_host] = document.hosts
+    assert (got, document.exit_code, on_host.host, on_host.exit_code) == (code, code, "gpu1", code)
+    if force:
+        assert (document.outcome, on_host.error) == ("ok", None)
+        assert on_host.result["removed"]["owner"]["purpose"] == HOLDER.purpose
+    else:
+        assert document.error is not None and document.error.type == "LockHeld" and on_host.error == document.error
