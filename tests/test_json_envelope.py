@@ -19,12 +19,15 @@ from helpers.fake_remote import FakeRemote
 from helpers.host_lock import HOLDER
 from helpers.router import answering
 from helpers.router import inventory as router_inventory
+from helpers.venv_host import INSPECTION
+from helpers.venv_host import host as venv_host
 
 from deploy_cli import common
 from deploy_cli.collection import user_tasks
 from deploy_cli.envelope import SCHEMA_VERSION, Envelope
 from deploy_cli.options import Task
 from deploy_cli.program import NAME, DeployProgram, OneTaskExecutor
+from deploy_lib.host import venv_adopt
 from deploy_lib.store import FACT_BOOT_ID, FACT_CLOCK, FACT_LOCK, FACT_LOCK_BOOT, FACT_LOCK_OWNER
 
 INVENTORY = "all:\n  hosts:\n    gpu1: {ansible_host: 192.0.2.10, gpu_count: 8, gpu_arch: sm120}\n"
@@ -297,3 +300,26 @@ def test_unlock_reports_the_lock_it_removed_or_the_holder_it_left(force: bool, c
         assert on_host.result["removed"]["owner"]["purpose"] == HOLDER.purpose
     else:
         assert document.error is not None and document.error.type == "LockHeld" and on_host.error == document.error
+
+
+def test_venv_adopt_and_remove_report_the_venv_they_made_and_what_they_removed(project: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch,
+                                                                               capsys: pytest.CaptureFixture[str]
+                                                                               ) -> None:
+    """venv.adopt of a hand-made venv: its hash, path and drift as the host's result; venv.remove of that hash on a
+    host that holds it: the venvs it removed."""
+    adopting = venv_host().reply(venv_adopt.FACT_INSPECT, stdout=json.dumps(INSPECTION) + "\n")
+    monkeypatch.setattr(common, "remote", lambda found, prefixed=False: nullcontext(adopting))
+    code, adopted, _ = run_json(capsys, "venv.adopt", "--path", "/root/ml-env", "--yes", "-i", str(project), "--json")
+    [on_host] = adopted.hosts
+    assert (code, adopted.outcome, on_host.host, on_host.error) == (0, "ok", "gpu1", None)
+    made = on_host.result
+    assert made["path"].endswith(made["hash"]) and not made["reused"] and list(made["drift"]) == ["sglang"]
+    marker = {"hash": made["hash"], "kind": "adopted"}
+    holding = venv_host(markers={made["hash"]: marker}).reply(FACT_LOCK, exit_code=1)  # no lock on the store
+    monkeypatch.setattr(common, "remote", lambda found, prefixed=False: nullcontext(holding))
+    code, removed, _ = run_json(capsys, "venv.remove", "--venv-hash", made["hash"], "--yes", "-i", str(project),
+                                "--json")
+    [on_host] = removed.hosts
+    assert (code, removed.outcome, on_host.host, on_host.error) == (0, "ok", "gpu1", None)
+    assert on_host.result["venvs"] == [made["hash"]]
