@@ -250,6 +250,14 @@ def test_version_and_init_read_no_host_and_report_under_a_null_host(tmp_path: Pa
     assert again.error is not None and again.error.type == "ConfigError" and "overwrites nothing" in err
 
 
+@pytest.mark.parametrize("task", ["docs", "schema"])
+def test_docs_and_schema_refuse_json_with_the_document(task: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs prints a page of the guide and schema a JSON Schema already: --json is refused, as the document."""
+    code, document, _ = run_json(capsys, task, "--json")
+    assert task not in json_tasks() and (code, document.command, document.outcome) == (2, task, "failed")
+    assert document.error is not None and document.error.type == "UsageError" and "--json" in document.error.message
+
+
 @pytest.mark.parametrize("task", READS_NO_HOST)
 def test_a_command_that_reads_no_host_refuses_a_flag_it_lacks_in_the_document(task: str,
                                                                              capsys: pytest.CaptureFixture[str]
