@@ -29,8 +29,8 @@ class ErrorDoc(_Model):
 class HostDoc(_Model):
     """One host's result."""
 
-    host: str | None = Field(description="the inventory host; null for a command that reads no host (`patches.list`) "
-                                                  "or reports on a group as a whole (`tune --group`)")
+    host: str | None = Field(description="the inventory host; null for a command that reads no host (`patches.list`, "
+                                         "`init`, `version`) or reports on a group as a whole (`tune --group`)")
     outcome: str = Field(description="a deploy's, rollback's or lifecycle command's action on the host (deployed, "
                                      "unchanged, planned, rolled back, started, stopped, ...); `ok` for a command "
                                      "that reports; `failed`; `not started` for a group's host the rollout never "

@@ -76,12 +76,12 @@ def uninstall(c: Context, host: str | None = None, group: str | None = None, inv
             "service": "service name to manage a --pid server as (default sglang)"})
 def adopt(c: Context, profile: str, pid: str | None = None, unit: str | None = None, host: str | None = None,
           inventory: str | None = None, service: str | None = None, yes: bool = False,
-          accept_new_host_key: bool = False, verbose: bool = False) -> None:
+          accept_new_host_key: bool = False, json: bool = False, verbose: bool = False) -> None:
     """Take over a server started by hand (--pid, or --unit for a hand-written systemd unit): record it as release 0
     and write the profile that reproduces it."""
     from deploy_lib.ops import dispatch
     from deploy_lib.profile import profile_path
-    common.report_as(verbose=verbose)
+    common.report_as(json, verbose)
     if (pid is None) == (unit is None) or (pid is not None and not pid.isdigit()):
         raise Exit("error: adopt takes --pid PID (a process id) or --unit NAME (a systemd unit), one of them",
                    code=2)
@@ -92,16 +92,18 @@ def adopt(c: Context, profile: str, pid: str | None = None, unit: str | None = N
     result = common.run(lambda: dispatch.adopt(common.one_host_scope(target, inventory), common.service_name(service),
                                                profile, int(pid) if pid else None, unit, common.reach(yes)))
     path.write_text(result.profile_text)
-    reports.print_adopted_server(result, path)
+    common.show({**ui.jsonable(result), "profile_path": str(path)},
+                lambda _: reports.print_adopted_server(result, path))
 
 
 @task(help={"force": "remove the lock even if its owner looks alive"})
 def unlock(c: Context, force: bool = False, host: str | None = None, inventory: str | None = None,
-           service: str | None = None, verbose: bool = False, yes: bool = False) -> None:
+           service: str | None = None, json: bool = False, verbose: bool = False, yes: bool = False) -> None:
     """Remove a stale deploy lock (or any lock, with --force)."""
     from deploy_lib.ops import dispatch
-    common.report_as(verbose=verbose)
+    common.report_as(json, verbose)
     target = common.target(inventory, host)
     removed = common.run(lambda: dispatch.unlock(common.one_host_scope(target, inventory),
                                                  common.service_name(service), force, common.reach(yes)))
-    ui.console.print(f"removed the lock held by {removed.owner}" if removed else "there was no lock")
+    common.show({"removed": removed}, lambda _: ui.console.print(
+        f"removed the lock held by {removed.owner}" if removed else "there was no lock", markup=False))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 from invoke import Context, Exit
 
@@ -21,22 +22,30 @@ from deploy_cli.options import task
             "example": "a bundled example instead of your model: glm5-nvfp4 (the reference rig)",
             "directory": "where to write the project (default: the working directory)"})
 def init(c: Context, model: str | None = None, gpus: int = 1, host: str | None = None, user: str | None = None,
-         venv: str | None = None, name: str | None = None, example: str | None = None, directory: str = ".") -> None:
+         venv: str | None = None, name: str | None = None, example: str | None = None, directory: str = ".",
+         json: bool = False) -> None:
     """Start a project for your model: inventory/profiles/NAME.yaml (only what differs from SGLang's defaults),
     inventory/hosts.yaml with your host, a .gitignore; contacts nothing, overwrites nothing.
 
     Without --model (or --example) at a terminal, it asks for the model, its GPUs and the host."""
     from deploy_lib.deploy.starter import ModelRequest, new_project, write_project
+    common.report_as(json)
     if model is None and example is None and sys.stdin.isatty():
         model, gpus, host = _asked(gpus, host)
     project = common.run(lambda: new_project(example, ModelRequest(model, gpus, host, user, venv, name)))
-    for path in common.run(lambda: write_project(Path(directory), project)):
+    written = common.run(lambda: write_project(Path(directory), project))
+    common.show({"profile": project.profile, "written": written, "host_needs": project.host_needs}, _print_written)
+
+
+def _print_written(written: dict[str, Any]) -> None:
+    for path in written["written"]:
         ui.console.print(f"wrote {path}", markup=False)
     ui.console.print("the host must already have:", markup=False)
-    for need in project.host_needs:
+    for need in written["host_needs"]:
         ui.console.print(f"  {need}", markup=False)
-    ui.console.print(f"next: `invoke plan {project.profile} --accept-new-host-key`, then "  # as the program run
-                     f"`invoke deploy {project.profile}`", markup=False)
+    profile = written["profile"]
+    ui.console.print(f"next: `invoke plan {profile} --accept-new-host-key`, then "  # as the program run
+                     f"`invoke deploy {profile}`", markup=False)
 
 
 def _asked(gpus: int, host: str | None) -> tuple[str, int, str]:
@@ -59,10 +68,12 @@ def _asked_gpus(default: int) -> int | None:
 
 
 @task
-def version(c: Context) -> None:
+def version(c: Context, json: bool = False) -> None:
     """Print the tool's version."""
     from importlib.metadata import version as package_version
-    ui.console.print(f"sglang-deploy {package_version('sglang-deploy')}")
+    common.report_as(json)
+    common.show({"version": package_version("sglang-deploy")},
+                lambda shown: ui.console.print(f"sglang-deploy {shown['version']}", markup=False))
 
 
 @task(operand="page", help={"page": "the page to print: its name, as the list gives it (profiles, troubleshooting)",

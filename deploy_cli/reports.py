@@ -191,6 +191,11 @@ def _figure(value: float | None) -> str:
     return f"{value:,.1f}" if value is not None else ""
 
 
+def print_built(result: VenvResult) -> None:
+    _print(f"venv {result.hash} at {result.path}: {'reused' if result.reused else 'built'}, "
+           f"{len(result.wheels_sent)} wheels ({result.bytes_sent} bytes) sent", markup=False)
+
+
 def print_adopted(result: VenvResult) -> None:
     _print(f"adopted as venv {result.hash} at {result.path} ({'already managed' if result.reused else 'new'})")
     for distribution, directory in result.editable.items():

@@ -13,40 +13,37 @@ from deploy_cli.options import task
 
 @task(name="build", help={"profile": "profile whose service.venv_build lock to build"})
 def venv_build(c: Context, profile: str | None = None, host: str | None = None, inventory: str | None = None,
-               verbose: bool = False, yes: bool = False) -> None:
+               json: bool = False, verbose: bool = False, yes: bool = False) -> None:
     """Build (or reuse) the content-addressed venv of a profile's lock on the host; only missing wheels travel."""
     from deploy_lib.ops import dispatch
-    common.report_as(verbose=verbose)
+    common.report_as(json, verbose)
     loaded, target = common.load(profile, inventory, host)
-    result = common.run(lambda: dispatch.venv_build(common.one_host_scope(target, inventory), loaded,
-                                                    common.reach(yes)))
-    ui.console.print(f"venv {result.hash} at {result.path}: {'reused' if result.reused else 'built'}, "
-                     f"{len(result.wheels_sent)} wheels ({result.bytes_sent} bytes) sent")
+    common.show(common.run(lambda: dispatch.venv_build(common.one_host_scope(target, inventory), loaded,
+                                                       common.reach(yes))), reports.print_built)
 
 
 @task(name="adopt", help={"path": "the hand-made venv on the host, e.g. /root/ml-env"})
 def venv_adopt(c: Context, path: str, host: str | None = None, inventory: str | None = None,
-               service: str | None = None, verbose: bool = False, yes: bool = False) -> None:
+               service: str | None = None, json: bool = False, verbose: bool = False, yes: bool = False) -> None:
     """Record a hand-made venv as a managed, immutable one (hard-linked copy); report files that drifted."""
     from deploy_lib.ops import dispatch
-    common.report_as(verbose=verbose)
+    common.report_as(json, verbose)
     target = common.target(inventory, host)
-    result = common.run(lambda: dispatch.venv_adopt(common.one_host_scope(target, inventory),
-                                                    common.service_name(service), PurePosixPath(path),
-                                                    common.reach(yes)))
-    reports.print_adopted(result)
+    common.show(common.run(lambda: dispatch.venv_adopt(common.one_host_scope(target, inventory),
+                                                       common.service_name(service), PurePosixPath(path),
+                                                       common.reach(yes))), reports.print_adopted)
 
 
 @task(name="remove", help={"venv_hash": "the managed venv's hash (`venv.list`)"})
 def venv_remove(c: Context, venv_hash: str, host: str | None = None, inventory: str | None = None,
-                service: str | None = None, yes: bool = False, verbose: bool = False) -> None:
+                service: str | None = None, yes: bool = False, json: bool = False, verbose: bool = False) -> None:
     """Remove a managed venv (adopted ones stay until removed here) unless a release or derived venv needs it."""
     from deploy_lib.ops import dispatch
-    common.report_as(verbose=verbose)
+    common.report_as(json, verbose)
     target = common.target(inventory, host)
-    common.run(lambda: dispatch.venv_remove(common.one_host_scope(target, inventory), common.service_name(service),
-                                            venv_hash, common.reach(yes)))
-    ui.console.print(f"removed venv {venv_hash} and its caches", markup=False)
+    removed = common.run(lambda: dispatch.venv_remove(common.one_host_scope(target, inventory),
+                                                      common.service_name(service), venv_hash, common.reach(yes)))
+    common.show(removed, lambda _: ui.console.print(f"removed venv {venv_hash} and its caches", markup=False))
 
 
 @task(name="list")

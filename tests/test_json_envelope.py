@@ -10,20 +10,34 @@ import json
 from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
+from typing import Any
 
 import pytest
 from helpers.cli import REPO
 from helpers.deploy_trips import serving_the_profile
+from helpers.fake_remote import FakeRemote
+from helpers.host_lock import HOLDER
+from helpers.router import answering
+from helpers.router import inventory as router_inventory
+from helpers.venv_host import INSPECTION
+from helpers.venv_host import host as venv_host
 
 from deploy_cli import common
 from deploy_cli.collection import user_tasks
 from deploy_cli.envelope import SCHEMA_VERSION, Envelope
 from deploy_cli.options import Task
 from deploy_cli.program import NAME, DeployProgram, OneTaskExecutor
+from deploy_lib.host import venv_adopt
+from deploy_lib.store import FACT_BOOT_ID, FACT_CLOCK, FACT_LOCK, FACT_LOCK_BOOT, FACT_LOCK_OWNER
 
 INVENTORY = "all:\n  hosts:\n    gpu1: {ansible_host: 192.0.2.10, gpu_count: 8, gpu_arch: sm120}\n"
 # a value for each task's required option, where it has one
-REQUIRED = {"name": "fusion-sm120", "tune_id": "t20261201-120000-ab12", "group": "nosuch", "profile": "glm5-nvfp4"}
+REQUIRED = {"name": "fusion-sm120", "tune_id": "t20261201-120000-ab12", "group": "nosuch", "profile": "glm5-nvfp4",
+            "path": "/root/ml-env", "venv_hash": "0123456789ab"}
+# what a task needs besides its required options to get as far as choosing its host
+GIVEN = {"patch": ["--check"], "patch-fusion": ["--check"], "tune": ["--vary", "memory.max_running_requests=64,256"],
+         "adopt": ["--pid", "4242"]}
+READS_NO_HOST = ("patches.list", "version", "init")
 
 
 def json_tasks() -> list[str]:
@@ -63,30 +77,24 @@ def test_every_task_that_takes_json_is_listed() -> None:
     assert {"deploy", "rollback", "plan", "render", "status", "releases", "logs", "bench", "gpu-check", "report",
             "stop", "start", "restart", "uninstall",
             "patches.list", "patch", "tune", "tune.show", "venv.list", "model.list", "router.deploy",
-            "router.status"} <= set(json_tasks())
+            "router.status", "unlock", "adopt", "venv.build", "venv.adopt", "venv.remove", "init",
+            "version"} <= set(json_tasks())
 
 
-@pytest.mark.parametrize("task", json_tasks())
+@pytest.mark.parametrize("task", [task for task in json_tasks() if task not in READS_NO_HOST])
 def test_a_tasks_error_under_json_is_the_one_document(task: str, project: Path,
                                                       capsys: pytest.CaptureFixture[str]) -> None:
     """Each task on a host the inventory lacks (a group the inventory lacks for router.*): exit 2, the document
-    with the error; patches.list reads no host and lists the patch sets."""
+    with the error."""
     options = user_tasks()[task].option_help
     argv = [task, "--json", *(("-i", str(project)) if "inventory" in options else ()),
             *(("-H", "nosuch") if "host" in options else ())]
     for name in user_tasks()[task].required:
-        argv += [f"--{name.replace('_', '-')}", REQUIRED[name]]
-    if task in ("patch", "patch-fusion"):
-        argv.append("--check")
-    if task == "tune":
-        argv += ["--vary", "memory.max_running_requests=64,256"]
+        # adopt writes a new profile: the reference profile's name is refused before the host
+        argv += [f"--{name.replace('_', '-')}", "hand-made" if task == "adopt" else REQUIRED[name]]
+    argv += GIVEN.get(task, [])
     code, document, err = run_json(capsys, *argv)
     assert (document.schema_version, document.command, document.exit_code) == (SCHEMA_VERSION, task, code)
-    if task == "patches.list":
-        assert code == 0 and document.outcome == "ok" and document.error is None
-        [listed] = document.hosts
-        assert listed.host is None and listed.outcome == "ok" and listed.result
-        return
     assert code == 2 and document.outcome == "failed" and document.hosts == []
     assert document.error is not None and document.error.type == "ConfigError" and document.error.exit_code == 2
     assert "nosuch" in document.error.message and err.startswith("error: ")
@@ -174,6 +182,10 @@ ON_A_SERVING_HOST = [
     (["logs"], "ok"),
     (["model.list"], "ok"),
     (["venv.list"], "ok"),
+    (["unlock", "--yes"], "ok"),  # there was no lock
+    (["uninstall", "--yes"], "ok"),
+    (["patches.enable", "--name", "fusion-sm120", "--yes"], "PreflightError"),  # nvidia-smi lists no GPU
+    (["patches.disable", "--name", "fusion-sm120", "--yes"], "PreflightError"),
     (["bench"], "ok"),
     (["report", "--out", "{out}"], "ok"),
     (["tune", "-p", "glm5-nvfp4", "--vary", "memory.max_running_requests=64,256", "--dry-run"], "ok"),
@@ -188,6 +200,10 @@ ON_A_SERVING_HOST = [
     (["patch", "--name", "fusion-sm120", "--check"], "PreflightError"),
     (["patches.audit", "--name", "fusion-sm120"], "PreflightError"),
     (["workload", "--name", "w", "--window", "2s", "--every", "1s"], "PreflightError"),  # metrics are off
+    (["venv.adopt", "--path", "/root/ml-env", "--yes"], "PreflightError"),  # no python in it
+    (["venv.remove", "--venv-hash", "0123456789ab", "--yes"], "ConfigError"),  # no such managed venv
+    (["venv.build", "-p", "glm5-nvfp4", "--yes"], "ConfigError"),  # the profile has no service.venv_build
+    (["adopt", "--profile", "hand-made", "--pid", "4242", "--yes"], "PreflightError"),  # not an SGLang server
 ]
 
 
@@ -201,6 +217,7 @@ def test_a_command_on_a_host_is_the_one_document_with_that_host(argv: list[str],
     host's."""
     host, rid = serving_the_profile()
     monkeypatch.setattr(common, "remote", lambda found, prefixed=False: nullcontext(host))
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "state"))  # where uninstall copies the host's history
     given = [word.format(out=tmp_path / "report", rid=rid) for word in argv]
     code, document, _ = run_json(capsys, *given, "-i", str(project), "--json")
     assert (document.command, document.exit_code) == (argv[0], code)
@@ -212,3 +229,105 @@ def test_a_command_on_a_host_is_the_one_document_with_that_host(argv: list[str],
     else:
         assert code and (document.outcome, on_host.outcome) == ("failed", "failed")
         assert document.error is not None and document.error.type == ends and on_host.error == document.error
+
+
+def test_version_and_init_read_no_host_and_report_under_a_null_host(tmp_path: Path,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """`version --json` and `init --json` (which refused --json before): their report is the one result, under no
+    host; init's lists the files it wrote, and a second init there is its error in the document."""
+    code, shown, _ = run_json(capsys, "version", "--json")
+    assert (code, shown.outcome, shown.error) == (0, "ok", None)
+    [tool] = shown.hosts
+    assert tool.host is None and tool.result["version"]
+    argv = ("init", "--model", "Qwen/Qwen3-8B", "--host", "192.0.2.10", "--directory", str(tmp_path), "--json")
+    code, started, _ = run_json(capsys, *argv)
+    assert (code, started.outcome, started.error) == (0, "ok", None)
+    [written] = started.hosts
+    assert written.host is None and written.result["profile"] == "qwen3-8b" and written.result["host_needs"]
+    assert all(Path(path).is_file() for path in written.result["written"])
+    code, again, err = run_json(capsys, *argv)
+    assert code == again.exit_code == 2 and again.outcome == "failed" and again.hosts == []
+    assert again.error is not None and again.error.type == "ConfigError" and "overwrites nothing" in err
+
+
+@pytest.mark.parametrize("task", ["docs", "schema"])
+def test_docs_and_schema_refuse_json_with_the_document(task: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """docs prints a page of the guide and schema a JSON Schema already: --json is refused, as the document."""
+    code, document, _ = run_json(capsys, task, "--json")
+    assert task not in json_tasks() and (code, document.command, document.outcome) == (2, task, "failed")
+    assert document.error is not None and document.error.type == "UsageError" and "--json" in document.error.message
+
+
+@pytest.mark.parametrize("task", READS_NO_HOST)
+def test_a_command_that_reads_no_host_refuses_a_flag_it_lacks_in_the_document(task: str,
+                                                                             capsys: pytest.CaptureFixture[str]
+                                                                             ) -> None:
+    code, document, _ = run_json(capsys, task, "--json", "--group", "gpu")
+    assert (code, document.command, document.outcome, document.hosts) == (2, task, "failed", [])
+    assert document.error is not None and document.error.type == "UsageError" and "--group" in document.error.message
+
+
+@pytest.mark.parametrize(("answer", "code"), [({"workers": [{"url": "http://192.0.2.2:8000", "is_healthy": True}]}, 0),
+                                              ({"error": "connection refused"}, 10)])
+def test_router_status_is_the_routers_host_with_its_workers_or_its_error(answer: dict[str, Any], code: int,
+                                                                        tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch,
+                                                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """router.status on a group behind a router: the router's host, the workers it lists as its result, or the
+    router's failure as the document's and the host's error."""
+    router = answering(list=answer)
+    monkeypatch.setattr(common, "remote", lambda found, prefixed=False: nullcontext(router))
+    got, document, _ = run_json(capsys, "router.status", "--group", "replicas", "-i", str(router_inventory(tmp_path)),
+                                "--json")
+    [edge] = document.hosts
+    assert (got, document.exit_code, edge.host, edge.exit_code) == (code, code, "edge", code)
+    if code:
+        assert document.outcome == edge.outcome == "failed"
+        assert document.error is not None and document.error.type == "RouterFailed" and edge.error == document.error
+    else:
+        assert (document.outcome, edge.outcome, edge.error) == ("ok", "ok", None)
+        assert edge.result == answer["workers"]
+
+
+@pytest.mark.parametrize(("force", "code"), [(True, 0), (False, 4)])
+def test_unlock_reports_the_lock_it_removed_or_the_holder_it_left(force: bool, code: int, project: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """A lock a live owner took in this boot: `unlock --force` removes it and names its owner as the result,
+    `unlock` leaves it and the document carries LockHeld."""
+    held = (FakeRemote().reply(FACT_CLOCK, stdout="1764634200\n").reply(FACT_LOCK, stdout="1764634170\n")
+            .reply(FACT_LOCK_OWNER, stdout=HOLDER.to_json().decode())
+            .reply(FACT_LOCK_BOOT, stdout="boot-1\n").reply(FACT_BOOT_ID, stdout="boot-1\n"))
+    monkeypatch.setattr(common, "remote", lambda found, prefixed=False: nullcontext(held))
+    got, document, _ = run_json(capsys, "unlock", "--yes", *(("--force",) if force else ()), "-i", str(project),
+                                "--json")
+    [on_host] = document.hosts
+    assert (got, document.exit_code, on_host.host, on_host.exit_code) == (code, code, "gpu1", code)
+    if force:
+        assert (document.outcome, on_host.error) == ("ok", None)
+        assert on_host.result["removed"]["owner"]["purpose"] == HOLDER.purpose
+    else:
+        assert document.error is not None and document.error.type == "LockHeld" and on_host.error == document.error
+
+
+def test_venv_adopt_and_remove_report_the_venv_they_made_and_what_they_removed(project: Path,
+                                                                               monkeypatch: pytest.MonkeyPatch,
+                                                                               capsys: pytest.CaptureFixture[str]
+                                                                               ) -> None:
+    """venv.adopt of a hand-made venv: its hash, path and drift as the host's result; venv.remove of that hash on a
+    host that holds it: the venvs it removed."""
+    adopting = venv_host().reply(venv_adopt.FACT_INSPECT, stdout=json.dumps(INSPECTION) + "\n")
+    monkeypatch.setattr(common, "remote", lambda found, prefixed=False: nullcontext(adopting))
+    code, adopted, _ = run_json(capsys, "venv.adopt", "--path", "/root/ml-env", "--yes", "-i", str(project), "--json")
+    [on_host] = adopted.hosts
+    assert (code, adopted.outcome, on_host.host, on_host.error) == (0, "ok", "gpu1", None)
+    made = on_host.result
+    assert made["path"].endswith(made["hash"]) and not made["reused"] and list(made["drift"]) == ["sglang"]
+    marker = {"hash": made["hash"], "kind": "adopted"}
+    holding = venv_host(markers={made["hash"]: marker}).reply(FACT_LOCK, exit_code=1)  # no lock on the store
+    monkeypatch.setattr(common, "remote", lambda found, prefixed=False: nullcontext(holding))
+    code, removed, _ = run_json(capsys, "venv.remove", "--venv-hash", made["hash"], "--yes", "-i", str(project),
+                                "--json")
+    [on_host] = removed.hosts
+    assert (code, removed.outcome, on_host.host, on_host.error) == (0, "ok", "gpu1", None)
+    assert on_host.result["venvs"] == [made["hash"]]

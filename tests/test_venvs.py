@@ -20,6 +20,7 @@ from pathlib import Path, PurePosixPath
 
 import pytest
 from helpers.fake_remote import FakeRemote
+from helpers.venv_host import INSPECTION, PY311, host, marker_stream
 from pydantic import ValidationError
 
 from deploy_lib import venvs
@@ -30,7 +31,6 @@ from deploy_lib.store import StoreLayout
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=UTC)
 LAYOUT = StoreLayout("sglang", root=PurePosixPath("/opt/sd"))
-PY311 = venvs.PythonFacts("cpython", "3.11.2", "linux-x86_64", "cpython-311-x86_64-linux-gnu", "x86_64")
 
 
 def sha(data: bytes) -> str:
@@ -180,10 +180,6 @@ def test_a_requirement_with_a_marker_may_lack_a_wheel_pip_decides_on_the_host(tm
 # --- facts ----------------------------------------------------------------------------------------------
 
 
-def marker_stream(markers: dict[str, dict]) -> str:
-    return "".join(f"\0{h}/venv.json\0{json.dumps(m)}\n" for h, m in markers.items())
-
-
 def test_markers_are_read_and_unreadable_or_foreign_ones_count_as_absent() -> None:
     good, bad, foreign = "a" * 16, "b" * 16, "c" * 16
     stream = (marker_stream({good: {"hash": good, "kind": "built"}, foreign: {"hash": good}})
@@ -204,20 +200,6 @@ def test_a_missing_interpreter_is_a_preflight_error() -> None:
 
 
 # --- build ----------------------------------------------------------------------------------------------
-
-
-def host(markers: dict[str, dict] | None = None, entries: tuple[str, ...] = (),
-         wheels: tuple[str, ...] = (), python: venvs.PythonFacts = PY311, tools: tuple[str, ...] = ()) -> FakeRemote:
-    """A FakeRemote answering the venv fact steps; every other step succeeds."""
-    markers = markers or {}
-    names = sorted(set(entries) | set(markers))
-    return (FakeRemote()
-            .reply(venvs.FACT_PYTHON, stdout=json.dumps(python.as_dict()) + "\n")
-            .reply(venv_adopt.FACT_ADOPT_PYTHON, stdout=json.dumps(python.as_dict()) + "\n")
-            .reply(venv_store.FACT_MARKERS, stdout=marker_stream(markers))
-            .reply(venv_store.FACT_DIRS, stdout="".join(f"{n}\0" for n in names))
-            .reply(venv_store.FACT_WHEELS, stdout="".join(f"{s}/w.whl\0" for s in wheels))
-            .reply(venv_store.FACT_TOOLS, stdout="".join(f"{s}/uv\0" for s in tools)))
 
 
 def spec_for(tmp_path: Path, text: str = LOCK_TEXT) -> venvs.VenvSpec:
@@ -549,11 +531,6 @@ def test_a_system_python_is_not_adopted() -> None:
 
 
 # --- adopt ----------------------------------------------------------------------------------------------
-
-
-INSPECTION = {"prefix": "/root/ml-env", "base_prefix": "/usr", "distributions": {
-    "sglang": {"version": "0.5.23", "record_sha256": "1" * 64, "drift": [["sglang/srt/x.py", "2" * 64]]},
-    "flashinfer-jit-cache": {"version": "0.7.2", "record_sha256": "3" * 64, "drift": []}}}
 
 
 def test_adopt_copies_with_hard_links_relocates_and_records_drift() -> None:

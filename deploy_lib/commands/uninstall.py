@@ -15,7 +15,7 @@ from deploy_lib.errors import ConfigError
 from deploy_lib.facts.host import FactRequest, HostFacts
 from deploy_lib.host.facts import read_host_facts
 from deploy_lib.host.store import host_lock, read_store_facts, release_quietly, take_lock
-from deploy_lib.host.venv_lifecycle import prune_steps, removal_plan
+from deploy_lib.host.venv_lifecycle import PrunePlan, prune_steps, removal_plan
 from deploy_lib.host.venv_store import parse_store_facts as parse_venv_store_facts
 from deploy_lib.host.venv_store import store_fact_steps as venv_store_fact_steps
 from deploy_lib.remote import Put, Remote, Step
@@ -102,9 +102,9 @@ def uninstall(target: Target, service: str, remote: Remote, state_dir: Path, now
                        else (), copy=copy)
 
 
-def remove_venv(target: Target, service: str, remote: Remote, venv_hash: str) -> None:
+def remove_venv(target: Target, service: str, remote: Remote, venv_hash: str) -> PrunePlan:
     """Remove one managed venv (an adopted one too: ordinary deploys never prune those) and its caches, unless a
-    release on the host or a derived venv still needs it."""
+    release on the host or a derived venv still needs it; what was removed."""
     layout = target.layout(service)
     with host_lock(remote, layout, f"venv.remove {venv_hash}", target.host.name):
         releases = {r.id: release_venv_hash(layout, str(r.metadata.get("venv", "")))
@@ -112,3 +112,4 @@ def remove_venv(target: Target, service: str, remote: Remote, venv_hash: str) ->
         venv_store = parse_venv_store_facts(layout, remote.run(venv_store_fact_steps(layout)))
         plan = removal_plan(venv_store, venv_hash, releases)
         remote.run(prune_steps(layout, plan))
+    return plan

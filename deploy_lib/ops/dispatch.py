@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from deploy_lib.commands.uninstall import Uninstalled
     from deploy_lib.gpu_check import GpuCheckReport
     from deploy_lib.host.p2p_reading import NodeReader
+    from deploy_lib.host.venv_lifecycle import PrunePlan
     from deploy_lib.host.venv_publish import VenvResult
     from deploy_lib.metrics.workload import Workload
     from deploy_lib.ops.fleet import FleetRun
@@ -366,13 +367,13 @@ def venv_adopt(scope: Scope, service: str, path: PurePosixPath, reach: Reach) ->
         return adopt(remote, target.layout(service), path, where=target.host.name)
 
 
-def venv_remove(scope: Scope, service: str, venv_hash: str, reach: Reach) -> None:
-    """A managed venv and its caches removed, unless a release or a derived venv needs it."""
+def venv_remove(scope: Scope, service: str, venv_hash: str, reach: Reach) -> PrunePlan:
+    """A managed venv and its caches removed, unless a release or a derived venv needs it; what was removed."""
     from deploy_lib.commands.uninstall import remove_venv
     [target] = scope.targets
     reach.consent(f"remove venv {venv_hash} of {service} on {target.host.name}?")
     with reach.connect(target, False) as remote:
-        remove_venv(target, service, remote, venv_hash)
+        return remove_venv(target, service, remote, venv_hash)
 
 
 def adopt(scope: Scope, service: str, profile: str, pid: int | None, unit: str | None, reach: Reach) -> Adopted:
