@@ -69,6 +69,7 @@ def bench(c: Context, profile: str | None = None, compare: list[str] | None = No
           ) -> None:
     """Run SGLang's serving benchmark against the current release and record it (`--compare A --compare B`)."""
     from deploy_lib.commands import bench as host_bench
+    from deploy_lib.metrics.workload import recorded_names
     from deploy_lib.throughput import comparison_records
     common.report_as(json, verbose)
     if compare and len(compare) < 2:
@@ -80,7 +81,7 @@ def bench(c: Context, profile: str | None = None, compare: list[str] | None = No
         loaded = common.profile_in_use(profile, target, remote, service)
         if compare:
             results, rows = common.run(lambda: host_bench.compare_benchmarks(
-                target, loaded.profile.service.name, remote, compare))
+                target, loaded.profile.service.name, remote, compare, recorded_names(common.project().workloads_dir)))
             common.show({"results": results, "rows": rows, "records": comparison_records(results, rows)},
                         lambda _: reports.print_comparison(results, rows))
             return

@@ -465,6 +465,22 @@ def test_compare_releases_from_history_names_a_release_without_a_benchmark() -> 
         compare_releases(history, ["r1"])
 
 
+def test_compare_refuses_releases_measured_on_different_workloads_and_names_each() -> None:
+    """Input tried: `bench --compare r1 --compare r2 --compare r3`, r1 on the default benchmark, r2 on the recorded
+    workload `chat`, r3 on a workload whose file is gone (compared side by side before, as if alike)."""
+    chat, gone = (SETTINGS.model_copy(update={"workload": name}) for name in ("chat", "old-chat"))
+    history = [benched("r1", 880.0), benched("r2", 700.0, chat), benched("r3", 650.0, gone)]
+    with pytest.raises(ConfigError) as caught:
+        compare_releases(history, ["r1", "r2", "r3"], workload_names=["chat", "batch"])
+    assert str(caught.value).startswith(
+        "the releases' newest benchmarks were measured on different workloads (r1 on default, r2 on workload chat, "
+        "r3 on a workload not recorded here); figures are compared only when measured on the same one")
+    assert caught.value.exit_code == 2
+    history.append(benched("r1", 720.0, chat))  # r1 again, on chat: comparable now
+    _, rows = compare_releases(history, ["r1", "r2"], workload_names=["chat"])
+    assert rows[0].ratios[1] == pytest.approx(700.0 / 720.0)
+
+
 def test_releases_show_the_gpu_power_of_their_newest_benchmark() -> None:
     gpus = parse_telemetry(TELEMETRY)
     bench = BenchResult("r1", SETTINGS, (level(64, 880.0),), gpus)

@@ -73,9 +73,11 @@ def sections(data: ReportData) -> list[Section]:
                 "below).", svg(charts.throughput_over_time(data.benchmarks, data.marks)),
                 ("#", *COLUMNS["marks"]), marks, open=True),
         Section("concurrency", "Throughput against concurrency",
-                "Each chosen release's newest benchmark at every concurrency level it ran, one line per release.",
+                "Each chosen release's newest benchmark at every concurrency level it ran, one line per release, "
+                "with the workload it was measured on where it is not the default benchmark.",
                 svg(charts.throughput_vs_concurrency(data.concurrency)),
-                ("release", "when", "outcome", "concurrency", "output_tok_s", "ttft_p99_ms"), tables["concurrency"]),
+                ("release", "when", "outcome", "benchmark", "concurrency", "output_tok_s", "ttft_p99_ms"),
+                tables["concurrency"]),
         served_section(data),
         Section("power", "GPU power and utilisation during each benchmark",
                 "Mean power per GPU (bars), its peak (black tick) and the power limit (dashed): a GPU far under its "
