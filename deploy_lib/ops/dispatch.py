@@ -330,7 +330,8 @@ def report(scope: Scope, service: str, releases: Sequence[str], out: Path, reach
                           "a sweep's page draws its candidates", "give one of them")
     from deploy_lib.host.report import read_report, read_sweep, write_report
     from deploy_lib.ops.fleet import FleetRun, HostRun
-    read = run_each(scope, reach, lambda target, remote, _: read_sweep(target, service, remote, tune) if tune
+    read = run_each(scope, reach, lambda target, remote, _: read_sweep(target, service, remote, tune,
+                                                                       workloads=workloads) if tune
                     else read_report(target, service, remote, releases, workloads=workloads))
     written: list[HostRun[tuple[Path, ...]]] = []
     for run in read.runs:

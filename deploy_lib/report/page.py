@@ -134,7 +134,8 @@ def sweep_sections(data: SweepData) -> list[Section]:
                 f"The release serving before the sweep (0, base: {data.original}) and each candidate, numbered as the "
                 "charts number them: what differs from the base flag by flag, the outcome (measured; missed SLA; "
                 "failed: it did not start, or its benchmark did not run to the end; skipped: a rule refused it "
-                f"before anything ran), whether it met the SLA ({data.sla}), the objective ({data.objective}: the "
+                f"before anything ran), whether it met the SLA ({data.sla}), the objective ({data.objective}, "
+                f"measured on {'the default benchmark' if data.benchmark == 'default' else data.benchmark}: the "
                 "mean of its runs that met the SLA), its gain over the base's best run, and its GPUs' power and "
                 "utilisation during its newest run.", None, SHORT_COLUMNS, tables["candidates"], open=True,
                 chart=False, detail=("changes", "cause"), missing="-"),
