@@ -17,10 +17,12 @@ from deploy_lib.errors import EXIT_CODES, PreflightError
 def releases(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
              service: str | None = None, json: bool = False, verbose: bool = False) -> None:
     """List the releases on the host with their outcome and measured throughput."""
+    from deploy_lib.metrics.workload import recorded_names
     from deploy_lib.ops import dispatch
     common.report_as(json, verbose)
     hosts = common.scope(inventory, host, group)
-    fleet = common.run(lambda: dispatch.releases(hosts, common.service_name(service), common.reach()))
+    fleet = common.run(lambda: dispatch.releases(hosts, common.service_name(service), common.reach(),
+                                                 recorded_names(common.project().workloads_dir)))
     common.show_each(fleet, reports.print_releases, hosts.one_host)
 
 

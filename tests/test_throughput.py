@@ -261,6 +261,16 @@ def test_releases_show_their_newest_throughput() -> None:
     assert throughput_by_release(history) == {"r1": "880 tok/s @64", "r2": "236 tok/s @64"}
 
 
+def test_releases_say_which_workload_their_newest_throughput_was_measured_on() -> None:
+    """Input tried: r1 benchmarked on the recorded workload `chat`, r2 on one whose file is gone, r3 on the default
+    benchmark (`releases` showed three bare tok/s figures, as if alike)."""
+    chat, gone = (SETTINGS.model_copy(update={"workload": name}) for name in ("chat", "old-chat"))
+    history = [benched("r1", 700.0, chat), benched("r2", 650.0, gone), benched("r3", 880.0)]
+    assert throughput_by_release(history, ["chat"]) == {
+        "r1": "700 tok/s @64 on workload chat", "r2": "650 tok/s @64 on a workload not recorded here",
+        "r3": "880 tok/s @64"}
+
+
 def test_compare_side_by_side_with_ratio() -> None:
     rows = {row.label: row for row in compare([result("r1", level(64, 880.0)), result("r2", level(64, 236.0))])}
     assert rows["c=64 output tok/s"].values == (880.0, 236.0)

@@ -296,9 +296,11 @@ def _proxmox_nodes(scope: Scope, reach: Reach) -> NodeReader:
                        scope.accept_new_host_key)
 
 
-def releases(scope: Scope, service: str, reach: Reach) -> FleetRun[list[ReleaseRow]]:
+def releases(scope: Scope, service: str, reach: Reach, workload_names: Sequence[str] = ()
+             ) -> FleetRun[list[ReleaseRow]]:
     from deploy_lib.commands import releases as host_releases
-    return run_each(scope, reach, lambda target, remote, _: host_releases.list_releases(target, service, remote))
+    return run_each(scope, reach, lambda target, remote, _: host_releases.list_releases(target, service, remote,
+                                                                                        workload_names))
 
 
 def logs(scope: Scope, service: str, lines: int, reach: Reach) -> FleetRun[list[str]]:

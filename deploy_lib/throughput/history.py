@@ -32,21 +32,14 @@ def last_good_release(history: Sequence[HistoryEntry], exclude: str | None = Non
     return None
 
 
-def _newest_bench(history: Sequence[HistoryEntry], release_id: str, healthy_only: bool = False
-                  ) -> HistoryEntry | None:
+def _newest_bench(history: Sequence[HistoryEntry], release_id: str) -> HistoryEntry | None:
     """The newest `bench` line of a release that has figures."""
     return next((entry for entry in reversed(history)
-                 if entry.event in MEASURED and entry.tags.release == release_id and entry.figures
-                 and (entry.outcome == HEALTHY or not healthy_only)), None)
-
-
-def latest_bench(history: Sequence[HistoryEntry], release_id: str, healthy_only: bool = False) -> BenchResult | None:
-    """The newest benchmark of a release that has figures, rebuilt from history."""
-    entry = _newest_bench(history, release_id, healthy_only)
-    return None if entry is None else _result(entry)
+                 if entry.event in MEASURED and entry.tags.release == release_id and entry.figures), None)
 
 
 def _result(entry: HistoryEntry) -> BenchResult:
+    """A benchmark rebuilt from its history line."""
     return BenchResult.from_figures(entry.tags.release, entry.figures,
                                     error=None if entry.outcome == HEALTHY else entry.cause or "failed")
 
@@ -94,11 +87,15 @@ def bench_history_entry(result: BenchResult, verdict: GateVerdict | None, tags: 
     return history_entry("bench", HEALTHY if passed else FAILED, tags, when, cause, figures=result.figures())
 
 
-def throughput_by_release(history: Sequence[HistoryEntry]) -> dict[str, str]:
-    """Each release's newest benchmark as one line (for `invoke releases`)."""
+def throughput_by_release(history: Sequence[HistoryEntry], workload_names: Sequence[str] = ()) -> dict[str, str]:
+    """Each release's newest benchmark as one line (for `invoke releases`), with the workload it was measured on
+    (named from `workload_names`, the project's recorded ones) where it is not the default benchmark."""
+    def line(entry: HistoryEntry) -> str:
+        on = measured_on(entry.figures, workload_names)
+        return _result(entry).summary() + ("" if on == "default" else f" on {on}")
+
     releases = {entry.tags.release for entry in history if entry.event in MEASURED}
-    return {release: result.summary() for release in releases
-            if (result := latest_bench(history, release)) is not None}
+    return {release: line(entry) for release in releases if (entry := _newest_bench(history, release)) is not None}
 
 
 @dataclass(frozen=True)
