@@ -17,10 +17,12 @@ from deploy_lib.errors import EXIT_CODES, PreflightError
 def releases(c: Context, host: str | None = None, group: str | None = None, inventory: str | None = None,
              service: str | None = None, json: bool = False, verbose: bool = False) -> None:
     """List the releases on the host with their outcome and measured throughput."""
+    from deploy_lib.metrics.workload import recorded_names
     from deploy_lib.ops import dispatch
     common.report_as(json, verbose)
     hosts = common.scope(inventory, host, group)
-    fleet = common.run(lambda: dispatch.releases(hosts, common.service_name(service), common.reach()))
+    fleet = common.run(lambda: dispatch.releases(hosts, common.service_name(service), common.reach(),
+                                                 recorded_names(common.project().workloads_dir)))
     common.show_each(fleet, reports.print_releases, hosts.one_host)
 
 
@@ -69,6 +71,7 @@ def bench(c: Context, profile: str | None = None, compare: list[str] | None = No
           ) -> None:
     """Run SGLang's serving benchmark against the current release and record it (`--compare A --compare B`)."""
     from deploy_lib.commands import bench as host_bench
+    from deploy_lib.metrics.workload import recorded_names
     from deploy_lib.throughput import comparison_records
     common.report_as(json, verbose)
     if compare and len(compare) < 2:
@@ -80,7 +83,7 @@ def bench(c: Context, profile: str | None = None, compare: list[str] | None = No
         loaded = common.profile_in_use(profile, target, remote, service)
         if compare:
             results, rows = common.run(lambda: host_bench.compare_benchmarks(
-                target, loaded.profile.service.name, remote, compare))
+                target, loaded.profile.service.name, remote, compare, recorded_names(common.project().workloads_dir)))
             common.show({"results": results, "rows": rows, "records": comparison_records(results, rows)},
                         lambda _: reports.print_comparison(results, rows))
             return

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import yaml
-from helpers.adopt import HAND_0523, HAND_ENV, PROFILES, TOKEN, hand
+from helpers.adopt import HAND_0523, HAND_ENV, PROFILES, TOKEN, hand, reference_as_hand_launched
 from helpers.deploy_plan import NOW, deployed, facts, first_plan, target
 from helpers.fake_remote import FakeRemote
 
@@ -50,8 +50,11 @@ def adopted(version: str, argv: list[str], options: Callable[[str], dict[str, An
 @pytest.mark.wheels
 def test_the_users_command_on_0523_becomes_the_reference_profile(options) -> None:
     result = adopted("0.5.23", HAND_0523, options)
-    reference = load_profile(PROFILES, "glm5-nvfp4").profile
+    reference = reference_as_hand_launched()  # the hand launch serves no /metrics; the reference profile adds them
     assert sglang_args(result.profile, "0.5.23") == sglang_args(reference, "0.5.23")
+    with_metrics = list(sglang_args(load_profile(PROFILES, "glm5-nvfp4").profile, "0.5.23"))
+    with_metrics.remove("--enable-metrics")
+    assert with_metrics == list(sglang_args(result.profile, "0.5.23")), "the one flag the reference profile adds"
     assert result.profile.extra_args == [] and result.profile.environment() == reference.environment()
     assert check_argv(options("0.5.23"), list(sglang_args(result.profile, "0.5.23"))) == []
     assert result.notes == ("--model lukealonso/GLM-5-NVFP4 is written --model-path lukealonso/GLM-5-NVFP4",
@@ -66,7 +69,7 @@ def test_the_users_original_command_on_059_maps_the_nsa_spelling(options) -> Non
     argv = [("--nsa-decode-backend" if a == "--dsa-decode-backend" else "--nsa-prefill-backend"
              if a == "--dsa-prefill-backend" else a) for a in HAND_0523]
     result = adopted("0.5.9", argv, options)
-    reference = load_profile(PROFILES, "glm5-nvfp4").profile
+    reference = reference_as_hand_launched()
     assert sglang_args(result.profile, "0.5.9") == sglang_args(reference, "0.5.9")
 
 

@@ -11,14 +11,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from helpers.adopt import HAND_0523, PROFILES, hand
+from helpers.adopt import HAND_0523, hand, reference_as_hand_launched
 from helpers.fake_remote import FakeRemote
 
 from deploy_lib.commands.adopt import _config_merged
 from deploy_lib.errors import PreflightError
 from deploy_lib.facts.hand_process import adopt_profile, split_launch
 from deploy_lib.facts.sglang_config import STEP_CONFIG, config_arguments, config_path
-from deploy_lib.profile import load_profile
 from deploy_lib.release.server_args import sglang_args
 
 pytest_plugins = ("helpers.wheelcache",)
@@ -104,7 +103,7 @@ def test_a_server_started_from_a_config_file_is_adopted_as_one_started_with_flag
     result = adopt_profile(process, launch, "/root/ml-env", options("0.5.23"), "0.5.23", "adopted", "sglang", merged)
     from_flags = adopt_profile(hand(HAND_0523), split_launch(hand(HAND_0523), "gpu1"), "/root/ml-env",
                                options("0.5.23"), "0.5.23", "adopted")
-    reference = load_profile(PROFILES, "glm5-nvfp4").profile
+    reference = reference_as_hand_launched()
     assert result.profile.parallel.tp == 8, "the command line's --tp 8 wins over the file's tp-size 4"
     assert sglang_args(result.profile, "0.5.23") == sglang_args(from_flags.profile, "0.5.23") == \
         sglang_args(reference, "0.5.23")

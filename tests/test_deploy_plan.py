@@ -246,10 +246,10 @@ def test_a_plan_says_which_gpus_a_layout_leaves_idle(overrides: tuple[str, ...],
     assert [each[:len(note)] for each in said] == [note] if note else said == []
 
 
-@pytest.mark.parametrize(("overrides", "said"), [((), True), (("features.metrics=true",), False)])
+@pytest.mark.parametrize(("overrides", "said"), [(("features.metrics=false",), True), ((), False)])
 def test_a_plan_says_when_the_release_will_serve_no_metrics(overrides: tuple[str, ...], said: bool) -> None:
-    """Input tried: the reference profile (metrics off: a note naming what needs them) and the same with
-    features.metrics on (no note; the release gets --enable-metrics)."""
+    """Input tried: the reference profile with features.metrics off (a note naming what needs them) and as written,
+    metrics on (no note; the release gets --enable-metrics)."""
     plan = plan_deploy(PROJECT.profile("glm5-nvfp4", overrides), target(), facts(gpus=8), {}, False, NOW)
     notes = [note for note in plan.notes if note.startswith("features.metrics is off")]
     assert notes == (["features.metrics is off: the server will serve no /metrics, which the live-traffic watch and "

@@ -51,6 +51,7 @@ def test_reference_profile_expresses_the_hand_written_launch() -> None:
         "trtllm", "trtllm", "cutlass")
     assert not profile.features.cuda_graph and not profile.features.radix_cache
     assert not profile.features.allreduce_fusion
+    assert profile.features.metrics, "the one addition to the hand launch: /metrics for the watch and workload"
     assert (profile.server.host, profile.server.port) == ("0.0.0.0", 8000)
     assert profile.service.venv == "/root/ml-env"
     assert profile.environment() == {

@@ -27,8 +27,10 @@ from helpers.rollback import a_host
 from deploy_lib import store
 from deploy_lib.errors import ConfigError
 from deploy_lib.host.report import read_report, read_sweep, write_report
+from deploy_lib.profile.settings import WORKLOAD_KEY, workload_key
 from deploy_lib.report import charts
 from deploy_lib.report.data import COLUMNS, TABLES, ReportData, collect
+from deploy_lib.report.page import sweep_sections
 from deploy_lib.report.sweep import SweepData, collect_sweep
 from deploy_lib.store import HistoryEntry
 
@@ -231,6 +233,22 @@ def test_a_sweeps_table_has_the_base_then_each_candidate_with_its_outcome_object
     assert (winner.power_mean_w, winner.power_limit_w, winner.util_mean_pct) == (249.5, 600.0, 90.0)
     assert (data.finished, data.serving, data.sla) == (True, winner.release, "p99 TTFT <= 500 ms")
     assert data.objective == "throughput at concurrency 1024 (output tok/s)" and "+300.0%" in data.reason
+
+
+def test_a_sweeps_page_says_which_workload_its_runs_were_measured_on() -> None:
+    """Input tried: the recorded sweep as run (the default benchmark), and its runs' figures marked as replaying the
+    recorded workload `chat` (the page named no workload)."""
+    assert sweep().benchmark == "default"
+    on_chat = []
+    for entry in swept():
+        line = json.loads(entry.to_json())
+        if line["figures"]:
+            line["figures"][WORKLOAD_KEY] = workload_key("chat")
+        on_chat.append(HistoryEntry.from_json(json.dumps(line)))
+    data = collect_sweep(on_chat, "th1", "sglang", "2026-12-02T07:00:00+00:00", TUNE, ["batch", "chat"])
+    assert data.benchmark == "workload chat" and data.summary()["benchmark"] == "workload chat"
+    [candidates] = [section for section in sweep_sections(data) if section.id == "candidates"]
+    assert "measured on workload chat" in candidates.text
 
 
 def test_a_sweeps_figures_are_per_candidate_and_level_and_its_gpus_per_candidate() -> None:

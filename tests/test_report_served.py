@@ -16,6 +16,8 @@ from helpers.report_host import scripted_host
 from deploy_lib.host.report import write_report
 from deploy_lib.metrics.recorded import RecordedWindow, Side
 from deploy_lib.metrics.workload import Bucket, Lengths, Workload, workload_text
+from deploy_lib.profile.settings import WORKLOAD_KEY, workload_key
+from deploy_lib.report import charts
 from deploy_lib.report.data import ReportData, collect
 from deploy_lib.store import HistoryEntry
 
@@ -123,3 +125,25 @@ def test_the_report_task_shows_the_projects_workloads_read_on_the_host(
     with pytest.raises(Exit) as refused:
         report_task(Context(), out=str(tmp_path / "out"), json=True)
     assert refused.value.code == 2 and f"workload file {written}: requests: " in capsys.readouterr().err
+
+
+def test_each_benchmark_says_what_it_was_measured_on_and_a_workloads_figures_are_a_line_of_their_own() -> None:
+    """Input tried: A benchmarked again on the recorded workload `chat` after its default benchmarks (the report
+    drew both on one line per concurrency, as if comparable, and named no workload)."""
+    history = watched_history()
+    line = json.loads(history[12].to_json())
+    assert (line["event"], line["release"]) == ("bench", A)
+    line["when"] = "2026-11-30T19:50:00+00:00"
+    line["figures"][WORKLOAD_KEY] = workload_key("chat")
+    history.append(HistoryEntry.from_json(json.dumps(line)))
+    data = collect(history, "th1", "sglang", "2026-11-30T20:00:00+00:00", workloads=(workload("chat", "th1"),))
+    assert {p.benchmark for p in data.benchmarks if p.when == line["when"]} == {"workload chat"}
+    assert {p.benchmark for p in data.benchmarks if p.when != line["when"]} == {"default"}
+    assert all(row["benchmark"] for row in data.tables()["benchmarks"])
+    drawn = charts.throughput_over_time(data.benchmarks, data.marks) or ""
+    assert 'id="series-tok_s-c64"' in drawn and 'id="series-tok_s-c64-w1"' in drawn, "one line per workload"
+    assert "concurrency 64, workload chat" in drawn
+    newest = charts.throughput_vs_concurrency(data.concurrency) or ""
+    assert f"{A} (" in newest and "workload chat)" in newest
+    unknown = collect(history, "th1", "sglang", "2026-11-30T20:00:00+00:00")  # its file gone from the project
+    assert {p.benchmark for p in unknown.benchmarks if p.when == line["when"]} == {"a workload not recorded here"}

@@ -40,19 +40,28 @@ def reference(name: str = "glm5-nvfp4") -> Profile:
 
 
 # The hand-written launch of issue 2, with `--model` and the abbreviation `--tp` written out in full.
-REFERENCE_059 = (
+HAND_059 = (
     "--model-path lukealonso/GLM-5-NVFP4 --served-model-name glm-5 --reasoning-parser glm45 --tool-call-parser glm47 "
     "--trust-remote-code --tp-size 8 --mem-fraction-static 0.92 --max-running-requests 1024 --kv-cache-dtype auto "
     "--quantization modelopt_fp4 --attention-backend flashinfer --fp8-gemm-backend cutlass "
     "--nsa-decode-backend trtllm --nsa-prefill-backend trtllm --moe-runner-backend flashinfer_cutlass "
     "--disable-cuda-graph --disable-radix-cache --host 0.0.0.0 --port 8000"
 ).split()
+# The one difference the reference profile makes (issue 42): SGLang's metrics on, so the watch and `workload` can read
+# /metrics; before 0.5.15 the length histograms need --collect-tokens-histogram too. Written before --host.
+METRICS_059 = ["--enable-metrics", "--collect-tokens-histogram"]
+METRICS_0523 = ["--enable-metrics"]
 
 
-def test_reference_profile_renders_the_users_command_on_059() -> None:
+def with_metrics(hand: list[str], metrics: list[str]) -> list[str]:
+    at = hand.index("--host")
+    return hand[:at] + metrics + hand[at:]
+
+
+def test_reference_profile_renders_the_users_command_plus_metrics_on_059() -> None:
     argv = launch_argv(reference(), "0.5.9")
     assert argv[:3] == ("/root/ml-env/bin/python3", "-m", "sglang.launch_server")
-    assert list(argv[3:]) == REFERENCE_059
+    assert list(argv[3:]) == with_metrics(HAND_059, METRICS_059)
     assert launch_environment(reference()) == {
         "NCCL_P2P_LEVEL": "5", "NCCL_IB_DISABLE": "1", "NCCL_MIN_NCHANNELS": "8", "PYTHONUNBUFFERED": "1",
         "OMP_NUM_THREADS": "8", "SAFETENSORS_FAST_GPU": "1", "CUDA_HOME": "/usr/local/cuda-12.8",
@@ -73,9 +82,10 @@ def test_reference_profile_on_0523_uses_the_renamed_flags() -> None:
     assert "--dsa-decode-backend trtllm --dsa-prefill-backend trtllm" in text
     assert "--cuda-graph-backend-decode disabled --cuda-graph-backend-prefill disabled" in text
     assert not any(a.startswith("--nsa-") or a == "--disable-cuda-graph" or a == "--tp" for a in args)
-    # everything else is the same flag, in the same place
+    # everything else is the same flag, in the same place, and metrics need no histogram flag any more
     assert [a for a in args if a.startswith("--") and "dsa" not in a and "cuda-graph" not in a] == [
-        a for a in REFERENCE_059 if a.startswith("--") and "nsa" not in a and "cuda-graph" not in a]
+        a for a in with_metrics(HAND_059, METRICS_0523) if a.startswith("--") and "nsa" not in a
+        and "cuda-graph" not in a]
 
 
 @pytest.mark.parametrize(("version", "uses"), [
@@ -240,7 +250,7 @@ def test_rendered_argv_is_accepted_by_that_versions_parser(real_options: Callabl
 def test_the_users_command_as_written_fails_on_0523(real_options: Callable[[str], dict[str, Any]]) -> None:
     """0.5.20+: `error: unrecognized arguments: --nsa-decode-backend trtllm --nsa-prefill-backend trtllm`."""
     options = real_options("0.5.23")
-    as_written = [("--model" if a == "--model-path" else "--tp" if a == "--tp-size" else a) for a in REFERENCE_059]
+    as_written = [("--model" if a == "--model-path" else "--tp" if a == "--tp-size" else a) for a in HAND_059]
     problems = check_argv(options, as_written)
     assert [(p.kind, p.arg) for p in problems if p.severity == "error"] == [
         ("abbreviation", "--tp"), ("unrecognized", "--nsa-decode-backend"), ("unrecognized", "--nsa-prefill-backend")]

@@ -261,6 +261,16 @@ def test_releases_show_their_newest_throughput() -> None:
     assert throughput_by_release(history) == {"r1": "880 tok/s @64", "r2": "236 tok/s @64"}
 
 
+def test_releases_say_which_workload_their_newest_throughput_was_measured_on() -> None:
+    """Input tried: r1 benchmarked on the recorded workload `chat`, r2 on one whose file is gone, r3 on the default
+    benchmark (`releases` showed three bare tok/s figures, as if alike)."""
+    chat, gone = (SETTINGS.model_copy(update={"workload": name}) for name in ("chat", "old-chat"))
+    history = [benched("r1", 700.0, chat), benched("r2", 650.0, gone), benched("r3", 880.0)]
+    assert throughput_by_release(history, ["chat"]) == {
+        "r1": "700 tok/s @64 on workload chat", "r2": "650 tok/s @64 on a workload not recorded here",
+        "r3": "880 tok/s @64"}
+
+
 def test_compare_side_by_side_with_ratio() -> None:
     rows = {row.label: row for row in compare([result("r1", level(64, 880.0)), result("r2", level(64, 236.0))])}
     assert rows["c=64 output tok/s"].values == (880.0, 236.0)
@@ -463,6 +473,22 @@ def test_compare_releases_from_history_names_a_release_without_a_benchmark() -> 
     assert "r1, r2" in str(caught.value.hint)
     with pytest.raises(ConfigError, match="needs two releases or more, got 1"):
         compare_releases(history, ["r1"])
+
+
+def test_compare_refuses_releases_measured_on_different_workloads_and_names_each() -> None:
+    """Input tried: `bench --compare r1 --compare r2 --compare r3`, r1 on the default benchmark, r2 on the recorded
+    workload `chat`, r3 on a workload whose file is gone (compared side by side before, as if alike)."""
+    chat, gone = (SETTINGS.model_copy(update={"workload": name}) for name in ("chat", "old-chat"))
+    history = [benched("r1", 880.0), benched("r2", 700.0, chat), benched("r3", 650.0, gone)]
+    with pytest.raises(ConfigError) as caught:
+        compare_releases(history, ["r1", "r2", "r3"], workload_names=["chat", "batch"])
+    assert str(caught.value).startswith(
+        "the releases' newest benchmarks were measured on different workloads (r1 on default, r2 on workload chat, "
+        "r3 on a workload not recorded here); figures are compared only when measured on the same one")
+    assert caught.value.exit_code == 2
+    history.append(benched("r1", 720.0, chat))  # r1 again, on chat: comparable now
+    _, rows = compare_releases(history, ["r1", "r2"], workload_names=["chat"])
+    assert rows[0].ratios[1] == pytest.approx(700.0 / 720.0)
 
 
 def test_releases_show_the_gpu_power_of_their_newest_benchmark() -> None:

@@ -23,6 +23,8 @@ from deploy_lib.facts import host as host_facts
 from deploy_lib.health.probe import ProbeTarget
 from deploy_lib.host import watch
 from deploy_lib.metrics.watch import WatchOutcome
+from deploy_lib.ops.fleet import HostRun
+from deploy_lib.ops.notices import notification
 from deploy_lib.profile import LoadedProfile
 from deploy_lib.profile.settings import WatchSettings
 
@@ -133,13 +135,14 @@ def watched_deploy(host: ScriptedHost, clock: VirtualClock, monkeypatch: pytest.
     return deploy(changed, target(), host, host.progress, Options(grace_s=0), clock=clock.monotonic)
 
 
-def test_a_deploy_ten_times_slower_live_is_rolled_back_with_both_windows_in_its_history(
+def test_a_deploy_ten_times_slower_live_is_rolled_back_with_both_windows_in_its_history_and_webhook(
         monkeypatch: pytest.MonkeyPatch) -> None:
     host, old = serving_with_metrics(monkeypatch)
     clock = VirtualClock()
     answering(host, "old", "slow")
     with pytest.raises(WatchFailed) as failed:  # a rolled-back gate's exit 7, and still the watch's error
         watched_deploy(host, clock, monkeypatch)
+    watched = failed.value
     assert failed.value.exit_code == 7 and "live latency regressed (p99 TTFT 396 ms -> 3960 ms" in failed.value.message
     assert f"rolled back, release {old} is serving" in failed.value.message
     assert clock.slept == [60, 60], "one window before the switch, one after"
@@ -153,6 +156,11 @@ def test_a_deploy_ten_times_slower_live_is_rolled_back_with_both_windows_in_its_
     assert figures["watch.before.requests"] > 0 and figures["watch.after.request_rate"] > 0
     assert all(not line["figures"] for line in history_lines(host) if line["event"] == "rollback"), \
         "the windows belong to the deploy's line alone"
+    told = notification(HostRun("gpu1", error=watched), "sglang")
+    assert told is not None
+    document = told.document()  # what the host's webhook is POSTed
+    assert (document["event"], document["serving"]) == ("gate-failed", old)
+    assert document["figures"] == figures, "the webhook hears both windows' figures, as history keeps them"
 
 
 def test_a_deploy_as_fast_live_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:

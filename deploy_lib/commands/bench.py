@@ -35,7 +35,7 @@ def bench_current(target: Target, loaded: LoadedProfile, remote: Remote, environ
                                loaded.profile.bench, progress, probe.api_key)
 
 
-def compare_benchmarks(target: Target, service: str, remote: Remote, releases: Sequence[str]
-                       ) -> tuple[list[BenchResult], list[ComparisonRow]]:
+def compare_benchmarks(target: Target, service: str, remote: Remote, releases: Sequence[str],
+                       workload_names: Sequence[str] = ()) -> tuple[list[BenchResult], list[ComparisonRow]]:
     layout = target.layout(service)
-    return compare_releases(read_store_facts(remote, layout).history, releases)
+    return compare_releases(read_store_facts(remote, layout).history, releases, workload_names)

@@ -52,9 +52,10 @@ def downtime_by_release(history: Sequence[HistoryEntry]) -> dict[str, Downtime]:
     return downtimes
 
 
-def release_rows(store: StoreFacts) -> list[ReleaseRow]:
+def release_rows(store: StoreFacts, workload_names: Sequence[str] = ()) -> list[ReleaseRow]:
+    """Every release on the host; `workload_names` (the project's recorded workloads) name what a benchmark replayed."""
     outcomes = store.outcomes()
-    throughput = throughput_by_release(store.history)
+    throughput = throughput_by_release(store.history, workload_names)
     power = power_by_release(store.history)
     starts = startup_by_release(store.history)
     downtimes = downtime_by_release(store.history)
@@ -68,9 +69,10 @@ def release_rows(store: StoreFacts) -> list[ReleaseRow]:
                               is_current=d.id == store.current, throughput="") for d in store.damaged]
 
 
-def list_releases(target: Target, service: str, remote: Remote) -> list[ReleaseRow]:
+def list_releases(target: Target, service: str, remote: Remote, workload_names: Sequence[str] = ()
+                  ) -> list[ReleaseRow]:
     layout = target.layout(service)
-    return release_rows(read_store_facts(remote, layout))
+    return release_rows(read_store_facts(remote, layout), workload_names)
 
 
 def current_profile(target: Target, service: str, remote: Remote) -> LoadedProfile:

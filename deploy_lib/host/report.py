@@ -33,11 +33,13 @@ def read_report(target: Target, service: str, remote: Remote, releases: Sequence
     return collect(store.history, target.host.name, service, iso_time(now or datetime.now(UTC)), releases, workloads)
 
 
-def read_sweep(target: Target, service: str, remote: Remote, tune: str, now: datetime | None = None) -> SweepData:
+def read_sweep(target: Target, service: str, remote: Remote, tune: str, now: datetime | None = None,
+               workloads: Sequence[Workload] = ()) -> SweepData:
     """The tables of the tuning sweep `tune` from the host's history (one read of its store, nothing written);
     ConfigError naming the sweep and those the history holds when it has no such sweep."""
     store = read_store_facts(remote, target.layout(service))
-    return collect_sweep(store.history, target.host.name, service, iso_time(now or datetime.now(UTC)), tune)
+    return collect_sweep(store.history, target.host.name, service, iso_time(now or datetime.now(UTC)), tune,
+                         [workload.name for workload in workloads])
 
 
 def write_report(data: ReportData | SweepData, out_dir: Path) -> tuple[Path, ...]:

@@ -19,6 +19,7 @@ from deploy_lib.errors import (
     GateFailed,
     Interrupted,
     ReadinessFailed,
+    WatchFailed,
 )
 from deploy_lib.facts.cuda_toolkit import cuda_home
 from deploy_lib.facts.diagnose import (
@@ -340,6 +341,8 @@ def same_kind(failure: DeployError, message: str, diagnosis: Diagnosis) -> Deplo
     """The error to end with after the restore: of the first failure's kind, with the new message."""
     if isinstance(failure, Interrupted):
         return type(failure)(message, failure.hint)
-    error = type(failure) if isinstance(failure, GateFailed) else ReadinessFailed  # a watch's stays one
     evidence = diagnosis.evidence or getattr(failure, "evidence", ())
+    if isinstance(failure, WatchFailed):  # keeps both windows' figures, for the webhook
+        return WatchFailed(message, failure.rung, evidence, diagnosis.hint or failure.hint, failure.figures)
+    error = type(failure) if isinstance(failure, GateFailed) else ReadinessFailed
     return error(message, getattr(failure, "rung", ""), evidence, diagnosis.hint or failure.hint)

@@ -257,6 +257,11 @@ def read_workloads(workloads_dir: Path) -> tuple[Workload, ...]:
     return tuple(read_workload(path) for path in sorted(workloads_dir.glob(f"*{WORKLOAD_SUFFIX}")))
 
 
+def recorded_names(workloads_dir: Path) -> tuple[str, ...]:
+    """The names of the project's recorded workloads (their files' stems), without reading the files."""
+    return tuple(sorted(path.stem for path in workloads_dir.glob(f"*{WORKLOAD_SUFFIX}")))
+
+
 def read_workload(path: Path, named_by: str | None = None) -> Workload:
     """The workload file at `path`; ConfigError (exit 2) naming the file and the key when it is missing (and what
     named it) or wrong."""

@@ -297,9 +297,11 @@ def _proxmox_nodes(scope: Scope, reach: Reach) -> NodeReader:
                        scope.accept_new_host_key)
 
 
-def releases(scope: Scope, service: str, reach: Reach) -> FleetRun[list[ReleaseRow]]:
+def releases(scope: Scope, service: str, reach: Reach, workload_names: Sequence[str] = ()
+             ) -> FleetRun[list[ReleaseRow]]:
     from deploy_lib.commands import releases as host_releases
-    return run_each(scope, reach, lambda target, remote, _: host_releases.list_releases(target, service, remote))
+    return run_each(scope, reach, lambda target, remote, _: host_releases.list_releases(target, service, remote,
+                                                                                        workload_names))
 
 
 def logs(scope: Scope, service: str, lines: int, reach: Reach) -> FleetRun[list[str]]:
@@ -331,7 +333,8 @@ def report(scope: Scope, service: str, releases: Sequence[str], out: Path, reach
                           "a sweep's page draws its candidates", "give one of them")
     from deploy_lib.host.report import read_report, read_sweep, write_report
     from deploy_lib.ops.fleet import FleetRun, HostRun
-    read = run_each(scope, reach, lambda target, remote, _: read_sweep(target, service, remote, tune) if tune
+    read = run_each(scope, reach, lambda target, remote, _: read_sweep(target, service, remote, tune,
+                                                                       workloads=workloads) if tune
                     else read_report(target, service, remote, releases, workloads=workloads))
     written: list[HostRun[tuple[Path, ...]]] = []
     for run in read.runs:

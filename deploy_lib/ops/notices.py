@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
-from deploy_lib.errors import DeployError, GateFailed, ReadinessFailed, RollbackFailed
+from deploy_lib.errors import DeployError, GateFailed, ReadinessFailed, RollbackFailed, WatchFailed
 from deploy_lib.host.hooks import HookContext, HookEvent, run_hook
 from deploy_lib.ops.fleet import FleetRun, HostRun
 from deploy_lib.ops.scope import Reach, Scope
@@ -89,7 +89,7 @@ def notification(end: HostRun[E], service: str) -> Notification | None:
     first_line = error.message.splitlines()[0]
     if isinstance(error, GateFailed) and error.serving_id:
         return Notification(NotifyEvent.gate_failed, end.host, service, first_line, error.release_id,
-                            error.serving_id)
+                            error.serving_id, figures=error.figures if isinstance(error, WatchFailed) else {})
     if error.serving_id:
         return Notification(NotifyEvent.rolled_back, end.host, service, first_line, error.release_id,
                             error.serving_id)

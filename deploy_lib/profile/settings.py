@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Annotated, Literal
 
@@ -26,6 +27,21 @@ RANGE_RATIO_KEY = "settings.range_ratio"  # only where not 1: figures from befor
 SHARED_PREFIX_KEY = "settings.shared_prefix_len"  # only where set
 OPTIONAL_KEYS = (WORKLOAD_KEY, RANGE_RATIO_KEY, SHARED_PREFIX_KEY)  # a baseline with one the settings lack differs
 PROMPTS_PER_GROUP = 16  # generated-shared-prefix: requests sharing one prefix (bench_serving's default)
+
+
+def workload_key(name: str) -> float:
+    """A workload's name as a benchmark's figures keep it (WORKLOAD_KEY): figures are numbers."""
+    return float(zlib.crc32(name.encode()))
+
+
+def measured_on(figures: Mapping[str, float], workload_names: Iterable[str] = ()) -> str:
+    """What a benchmark's figures were measured on: `default` (the profile's fixed lengths), `workload NAME` where
+    one of `workload_names` is the one it replayed, else `a workload not recorded here`."""
+    key = figures.get(WORKLOAD_KEY)
+    if key is None:
+        return "default"
+    return next((f"workload {name}" for name in workload_names if workload_key(name) == key),
+                "a workload not recorded here")
 
 
 class BenchSettings(BaseModel):
@@ -93,7 +109,7 @@ class BenchSettings(BaseModel):
         if self.shared_prefix_len is not None:
             identity[SHARED_PREFIX_KEY] = float(self.shared_prefix_len)
         if self.workload is not None:  # figures of a workload compare only with figures of the same workload
-            identity[WORKLOAD_KEY] = float(zlib.crc32(Path(self.workload).stem.encode()))
+            identity[WORKLOAD_KEY] = workload_key(Path(self.workload).stem)
         return identity
 
     @property

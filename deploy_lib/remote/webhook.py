@@ -11,7 +11,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -66,13 +66,15 @@ class Notification:
     release_id: str | None = None
     serving_id: str | None = None  # the release serving now
     at: datetime = field(default_factory=lambda: datetime.now(UTC))
+    figures: Mapping[str, float] = field(default_factory=dict)  # a watch's rollback: both windows', as in history
 
     def document(self) -> dict[str, Any]:
-        """The JSON body: `text` for Slack-compatible receivers, the fields for everything else."""
+        """The JSON body: `text` for Slack-compatible receivers, the fields for everything else (`figures` only
+        where there are some)."""
         return {"text": f"{_ICONS[self.event]} sglang-deploy {self.host} ({self.service}): {self.message}",
                 "event": self.event.value, "host": self.host, "service": self.service, "message": self.message,
                 "release": self.release_id, "serving": self.serving_id,
-                "at": self.at.isoformat(timespec="seconds")}
+                "at": self.at.isoformat(timespec="seconds")} | ({"figures": dict(self.figures)} if self.figures else {})
 
 
 @dataclass(frozen=True)

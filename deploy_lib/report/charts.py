@@ -62,24 +62,29 @@ def _when(iso: str) -> datetime:
 
 
 def throughput_over_time(points: Sequence[BenchPoint], marks: Sequence[HistoryEvent]) -> str | None:
-    """Output tok/s and p99 TTFT of each benchmark, one line per concurrency; failed benchmarks as red crosses, failed
-    releases and rollbacks as numbered vertical lines (their causes are listed under the chart)."""
+    """Output tok/s and p99 TTFT of each benchmark, one line per concurrency and benchmark (figures of different
+    workloads are not joined); failed benchmarks as red crosses, failed releases and rollbacks as numbered vertical
+    lines (their causes are listed under the chart)."""
     if not points:
         return None
+    benchmarks = sorted({p.benchmark for p in points}, key=lambda b: (b != "default", b))
+    series = [(benchmark, concurrency) for benchmark in benchmarks
+              for concurrency in sorted({p.concurrency for p in points if p.benchmark == benchmark})]
     with _figure(2, 6.0) as (figure, (tok_s, ttft)):
-        for concurrency in sorted({p.concurrency for p in points}):
-            level = [p for p in points if p.concurrency == concurrency]
+        for benchmark, concurrency in series:
+            level = [p for p in points if p.concurrency == concurrency and p.benchmark == benchmark]
+            on = "" if benchmark == "default" else f", {benchmark}"
             for axes, value, name in ((tok_s, lambda p: p.output_tok_s, "tok_s"),
                                       (ttft, lambda p: p.ttft_p99_ms, "ttft")):
                 shown = [p for p in level if value(p) is not None]
                 line, = axes.plot([_when(p.when) for p in shown], [value(p) for p in shown], marker="o",
-                                  label=f"concurrency {concurrency}")
-                line.set_gid(f"series-{name}-c{concurrency}")
+                                  label=f"concurrency {concurrency}{on}")
+                line.set_gid(f"series-{name}-c{concurrency}" + (f"-w{benchmarks.index(benchmark)}" if on else ""))
                 failed = [p for p in shown if p.outcome == "failed"]
                 if failed:
                     axes.scatter([_when(p.when) for p in failed], [value(p) for p in failed], marker="x", s=80,
-                                 color=FAILED_COLOR, zorder=3, label="failed (gate or run)" if concurrency ==
-                                 min(p.concurrency for p in points) else None).set_gid(f"series-{name}-failed")
+                                 color=FAILED_COLOR, zorder=3, label="failed (gate or run)" if
+                                 (benchmark, concurrency) == series[0] else None).set_gid(f"series-{name}-failed")
         for number, mark in enumerate(marks, 1):
             for axes in (tok_s, ttft):
                 axes.axvline(_when(mark.when), color=FAILED_COLOR if mark.outcome == "failed" else LIMIT_COLOR,
@@ -138,13 +143,19 @@ def _lines_vs_concurrency(lines: Sequence[tuple[str, str, Sequence[tuple[int, fl
 
 
 def throughput_vs_concurrency(points: Sequence[BenchPoint]) -> str | None:
-    """One line per release: its newest benchmark's output tok/s at each concurrency level."""
+    """One line per release: its newest benchmark's output tok/s at each concurrency level, labelled with the
+    workload it was measured on where it is not the default benchmark."""
     if not points:
         return None
-    releases = list(dict.fromkeys(p.release for p in points))
+    releases = {p.release: p for p in points}
+
+    def label(point: BenchPoint) -> str:
+        return f"{point.release} ({point.profile}{'' if point.benchmark == 'default' else f', {point.benchmark}'})"
+
     return _lines_vs_concurrency([
-        (f"{release} ({next(p.profile for p in points if p.release == release)})", f"series-concurrency-{release}",
-         [(p.concurrency, p.output_tok_s) for p in points if p.release == release], {}) for release in releases])
+        (label(point), f"series-concurrency-{release}",
+         [(p.concurrency, p.output_tok_s) for p in points if p.release == release], {})
+        for release, point in releases.items()])
 
 
 def sweep_vs_concurrency(levels: Sequence[SweepLevel], candidates: Sequence[SweepCandidate]) -> str | None:

@@ -12,6 +12,7 @@ from deploy_lib.errors import ConfigError
 from deploy_lib.health.downtime import Downtime
 from deploy_lib.health.startup import PHASES, RUNG_PREFIX, recorded_phases
 from deploy_lib.metrics.workload import Workload
+from deploy_lib.profile.settings import measured_on
 from deploy_lib.report.served import BenchFigures, ServedRow, served_rows
 from deploy_lib.store import ACTIVATIONS, FAILED, HistoryEntry
 from deploy_lib.throughput import BenchResult
@@ -29,6 +30,7 @@ class BenchPoint:
     sglang: str
     outcome: str  # healthy, or failed (the gate rejected it, or it did not run to the end)
     cause: str
+    benchmark: str  # what it was measured on: default, or workload NAME (settings.measured_on)
     concurrency: int
     output_tok_s: float
     ttft_p99_ms: float | None
@@ -131,11 +133,12 @@ COLUMNS: dict[str, tuple[str, ...]] = {
 TIMELINE_EVENTS = (*ACTIVATIONS, "failure", "crash", "stop")
 
 
-def _bench_points(entry: HistoryEntry) -> list[BenchPoint]:
+def _bench_points(entry: HistoryEntry, workload_names: Sequence[str]) -> list[BenchPoint]:
     result = BenchResult.from_figures(entry.tags.release, entry.figures)
     return [BenchPoint(when=entry.when, release=entry.tags.release, profile=entry.tags.profile,
                        sglang=entry.tags.versions.get("sglang", ""), outcome=entry.outcome, cause=entry.cause,
-                       concurrency=level.concurrency, output_tok_s=level.output_tok_s, ttft_p99_ms=level.ttft.p99_ms)
+                       benchmark=measured_on(entry.figures, workload_names), concurrency=level.concurrency,
+                       output_tok_s=level.output_tok_s, ttft_p99_ms=level.ttft.p99_ms)
             for level in result.levels]
 
 
@@ -178,7 +181,7 @@ def collect(history: Sequence[HistoryEntry], host: str, service: str, generated_
     concurrency chart (default: every benchmarked release); `workloads`: the project's recorded workloads (those
     read on this host are served traffic). ConfigError names a chosen release never benchmarked."""
     benches = [entry for entry in history if entry.event == "bench" and entry.figures]
-    points = [point for entry in benches for point in _bench_points(entry)]
+    points = [point for entry in benches for point in _bench_points(entry, [w.name for w in workloads])]
     benchmarked = list(dict.fromkeys(point.release for point in points))
     unknown = [release for release in releases if release not in benchmarked]
     if unknown:

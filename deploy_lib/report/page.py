@@ -73,9 +73,11 @@ def sections(data: ReportData) -> list[Section]:
                 "below).", svg(charts.throughput_over_time(data.benchmarks, data.marks)),
                 ("#", *COLUMNS["marks"]), marks, open=True),
         Section("concurrency", "Throughput against concurrency",
-                "Each chosen release's newest benchmark at every concurrency level it ran, one line per release.",
+                "Each chosen release's newest benchmark at every concurrency level it ran, one line per release, "
+                "with the workload it was measured on where it is not the default benchmark.",
                 svg(charts.throughput_vs_concurrency(data.concurrency)),
-                ("release", "when", "outcome", "concurrency", "output_tok_s", "ttft_p99_ms"), tables["concurrency"]),
+                ("release", "when", "outcome", "benchmark", "concurrency", "output_tok_s", "ttft_p99_ms"),
+                tables["concurrency"]),
         served_section(data),
         Section("power", "GPU power and utilisation during each benchmark",
                 "Mean power per GPU (bars), its peak (black tick) and the power limit (dashed): a GPU far under its "
@@ -132,7 +134,8 @@ def sweep_sections(data: SweepData) -> list[Section]:
                 f"The release serving before the sweep (0, base: {data.original}) and each candidate, numbered as the "
                 "charts number them: what differs from the base flag by flag, the outcome (measured; missed SLA; "
                 "failed: it did not start, or its benchmark did not run to the end; skipped: a rule refused it "
-                f"before anything ran), whether it met the SLA ({data.sla}), the objective ({data.objective}: the "
+                f"before anything ran), whether it met the SLA ({data.sla}), the objective ({data.objective}, "
+                f"measured on {'the default benchmark' if data.benchmark == 'default' else data.benchmark}: the "
                 "mean of its runs that met the SLA), its gain over the base's best run, and its GPUs' power and "
                 "utilisation during its newest run.", None, SHORT_COLUMNS, tables["candidates"], open=True,
                 chart=False, detail=("changes", "cause"), missing="-"),

@@ -11,6 +11,7 @@ from dataclasses import asdict, dataclass, fields
 from typing import Any
 
 from deploy_lib.errors import ConfigError
+from deploy_lib.profile.settings import measured_on
 from deploy_lib.report.data import GpuReading, Row, gpu_readings
 from deploy_lib.store import HistoryEntry
 from deploy_lib.tune.record import BASE, CANDIDATE, RERUN, SKIPPED, read_tune, tune_ids
@@ -81,6 +82,7 @@ class SweepData:
     profile: str
     objective: str             # `throughput at concurrency 1024 (output tok/s)`
     sla: str
+    benchmark: str             # what its runs were measured on: default, or workload NAME (settings.measured_on)
     original: str              # the release serving before the sweep
     finished: bool
     winner: str | None
@@ -126,8 +128,9 @@ def _candidate(number: int, row: TuneRow, gpus: Sequence[GpuReading], base: floa
 
 
 def collect_sweep(history: Sequence[HistoryEntry], host: str, service: str, generated_at: str,
-                  tune: str) -> SweepData:
-    """The sweep `tune` of a host's history; ConfigError naming it and the sweeps the history holds."""
+                  tune: str, workload_names: Sequence[str] = ()) -> SweepData:
+    """The sweep `tune` of a host's history; ConfigError naming it and the sweeps the history holds.
+    `workload_names`: the project's recorded workloads, to name the one its runs replayed."""
     if tune not in tune_ids(history):
         raise ConfigError(f"{host}: no tuning sweep {tune!r} in the history of service {service}",
                           f"sweeps on {host}: {', '.join(tune_ids(history)) or 'none'} (`invoke tune` prints the id)")
@@ -142,7 +145,9 @@ def collect_sweep(history: Sequence[HistoryEntry], host: str, service: str, gene
         host=host, service=service, generated_at=generated_at, tune_id=tune, profile=report.profile,
         objective=f"{report.spec.objective.value}{f' at concurrency {level}' if level else ''} "
                   f"({UNITS[report.spec.objective]})",
-        sla=report.spec.sla.describe(), original=report.original, finished=report.finished, winner=report.winner,
+        sla=report.spec.sla.describe(),
+        benchmark=next((measured_on(e.figures, workload_names) for e in lines if e.figures), "default"),
+        original=report.original, finished=report.finished, winner=report.winner,
         serving=report.serving, reason=report.reason,
         candidates=tuple(_candidate(n, row, readings[row.label], base, report.winner)
                          for n, row in numbered),

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from deploy_lib.errors import ConfigError
-from deploy_lib.profile.settings import OPTIONAL_KEYS, BenchSettings
+from deploy_lib.profile.settings import OPTIONAL_KEYS, WORKLOAD_KEY, BenchSettings, measured_on
 from deploy_lib.store import (
     ACTIVATIONS,
     FAILED,
@@ -32,20 +32,15 @@ def last_good_release(history: Sequence[HistoryEntry], exclude: str | None = Non
     return None
 
 
-def _newest_bench(history: Sequence[HistoryEntry], release_id: str, healthy_only: bool = False
-                  ) -> HistoryEntry | None:
+def _newest_bench(history: Sequence[HistoryEntry], release_id: str) -> HistoryEntry | None:
     """The newest `bench` line of a release that has figures."""
     return next((entry for entry in reversed(history)
-                 if entry.event in MEASURED and entry.tags.release == release_id and entry.figures
-                 and (entry.outcome == HEALTHY or not healthy_only)), None)
+                 if entry.event in MEASURED and entry.tags.release == release_id and entry.figures), None)
 
 
-def latest_bench(history: Sequence[HistoryEntry], release_id: str, healthy_only: bool = False) -> BenchResult | None:
-    """The newest benchmark of a release that has figures, rebuilt from history."""
-    entry = _newest_bench(history, release_id, healthy_only)
-    if entry is None:
-        return None
-    return BenchResult.from_figures(release_id, entry.figures,
+def _result(entry: HistoryEntry) -> BenchResult:
+    """A benchmark rebuilt from its history line."""
+    return BenchResult.from_figures(entry.tags.release, entry.figures,
                                     error=None if entry.outcome == HEALTHY else entry.cause or "failed")
 
 
@@ -92,11 +87,15 @@ def bench_history_entry(result: BenchResult, verdict: GateVerdict | None, tags: 
     return history_entry("bench", HEALTHY if passed else FAILED, tags, when, cause, figures=result.figures())
 
 
-def throughput_by_release(history: Sequence[HistoryEntry]) -> dict[str, str]:
-    """Each release's newest benchmark as one line (for `invoke releases`)."""
+def throughput_by_release(history: Sequence[HistoryEntry], workload_names: Sequence[str] = ()) -> dict[str, str]:
+    """Each release's newest benchmark as one line (for `invoke releases`), with the workload it was measured on
+    (named from `workload_names`, the project's recorded ones) where it is not the default benchmark."""
+    def line(entry: HistoryEntry) -> str:
+        on = measured_on(entry.figures, workload_names)
+        return _result(entry).summary() + ("" if on == "default" else f" on {on}")
+
     releases = {entry.tags.release for entry in history if entry.event in MEASURED}
-    return {release: result.summary() for release in releases
-            if (result := latest_bench(history, release)) is not None}
+    return {release: line(entry) for release in releases if (entry := _newest_bench(history, release)) is not None}
 
 
 @dataclass(frozen=True)
@@ -132,18 +131,27 @@ def comparison_records(results: Sequence[BenchResult], rows: Sequence[Comparison
              "ratio_to_first": row.ratios[index]} for row in rows for index, result in enumerate(results)]
 
 
-def compare_releases(history: Sequence[HistoryEntry], releases: Sequence[str]
+def compare_releases(history: Sequence[HistoryEntry], releases: Sequence[str], workload_names: Sequence[str] = ()
                      ) -> tuple[list[BenchResult], list[ComparisonRow]]:
-    """Each release's newest benchmark from history, side by side; ConfigError names a release without one."""
+    """Each release's newest benchmark from history, side by side; ConfigError names a release without one, or
+    releases whose newest benchmarks were measured on different workloads (named from `workload_names`, the
+    project's recorded ones): their figures are not compared."""
     if len(releases) < 2:
         raise ConfigError(f"a comparison needs two releases or more, got {len(releases)}",
                           "`invoke bench --compare A --compare B` (repeat --compare for more)")
-    results = []
+    entries = []
     for release in releases:
-        found = latest_bench(history, release)
+        found = _newest_bench(history, release)
         if found is None:
             known = sorted({entry.tags.release for entry in history if entry.event in MEASURED and entry.figures})
             raise ConfigError(f"release {release} has no benchmark in history",
                               f"benchmarked releases: {', '.join(known) or 'none'}; `invoke bench` runs one")
-        results.append(found)
+        entries.append(found)
+    if len({entry.figures.get(WORKLOAD_KEY) for entry in entries}) > 1:
+        measured = ", ".join(f"{entry.tags.release} on {measured_on(entry.figures, workload_names)}"
+                             for entry in entries)
+        raise ConfigError(f"the releases' newest benchmarks were measured on different workloads ({measured}); "
+                          "figures are compared only when measured on the same one",
+                          "benchmark each release on the same one (the profile's bench.workload), then compare")
+    results = [_result(entry) for entry in entries]
     return results, compare(results)

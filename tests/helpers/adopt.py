@@ -7,6 +7,7 @@ from pathlib import Path
 from deploy_lib.facts.hand_process import (
     HandProcess,
 )
+from deploy_lib.profile import Profile, load_profile
 
 PROFILES = Path(__file__).resolve().parents[2] / "inventory" / "profiles"
 
@@ -14,7 +15,8 @@ PROFILES = Path(__file__).resolve().parents[2] / "inventory" / "profiles"
 TOKEN = "hf_s3cr3t-value"
 
 
-# Our reference user's launch (README: the reference profile is that command), as typed in an activated venv.
+# Our reference user's launch (README: the reference profile is that command plus metrics), as typed in an activated
+# venv.
 HAND_0523 = (
     "python -m sglang.launch_server --model lukealonso/GLM-5-NVFP4 --served-model-name glm-5 "
     "--reasoning-parser glm45 --tool-call-parser glm47 --trust-remote-code --tp 8 --mem-fraction-static 0.92 "
@@ -34,3 +36,10 @@ HAND_ENV = {
 
 def hand(argv: list[str], environ: dict[str, str] | None = None) -> HandProcess:
     return HandProcess(4242, tuple(argv), environ if environ is not None else HAND_ENV, "/root", "root")
+
+
+def reference_as_hand_launched() -> Profile:
+    """The reference profile less the one thing it adds to the hand launch: SGLang's metrics (features.metrics)."""
+    reference = load_profile(PROFILES, "glm5-nvfp4").profile
+    assert reference.features.metrics, "the reference profile serves /metrics (issue 42)"
+    return reference.model_copy(update={"features": reference.features.model_copy(update={"metrics": False})})

@@ -44,7 +44,7 @@ FAULT_OF_CRASHY = "/etc/sglang-sim/fault-crashy"
 TEST_PROFILES = {
     "glm5-omp4": f"extends: {REFERENCE}\nenv:\n  OMP_NUM_THREADS: '4'\n",
     # other flags and environment, the reference's unit settings; and another unit setting
-    "glm5-metrics-omp4": f"extends: {REFERENCE}\nfeatures:\n  metrics: true\nenv:\n  OMP_NUM_THREADS: '4'\n",
+    "glm5-nometrics-omp4": f"extends: {REFERENCE}\nfeatures:\n  metrics: false\nenv:\n  OMP_NUM_THREADS: '4'\n",
     "glm5-slow-stop": f"extends: {REFERENCE}\nservice:\n  stop_timeout_s: 77\n",
     # the deadline is what a hang test waits out; a start on a busy machine can take longer, so only tests whose
     # release must not become ready use it

@@ -175,11 +175,11 @@ def test_a_switch_between_releases_of_the_same_unit_settings_sends_no_daemon_rel
     daemon-reload is sent, B's argv and environment run, NeedDaemonReload stays no; the rollback to A and a restart
     the same; C (another service.stop_timeout_s, a unit-level setting) reloads, and so does the rollback from it."""
     outcome, ran = steps_sent(rig, lambda target, remote: engine.deploy(
-        rig.target("glm5-metrics-omp4")[0], target, remote, RecordingProgress(), engine.Options()))
+        rig.target("glm5-nometrics-omp4")[0], target, remote, RecordingProgress(), engine.Options()))
     assert outcome.action == "deployed" and outcome.previous_id == healthy
     assert "systemd: restart" in ran and "systemd: daemon-reload" not in ran
     argv, environ, need_reload = running(rig)
-    assert "--enable-metrics" in argv and "OMP_NUM_THREADS=4" in environ and need_reload == "no"
+    assert "--enable-metrics" not in argv and "OMP_NUM_THREADS=4" in environ and need_reload == "no"
     inodes = {rig.root(f"stat -c %i {rig.store}/releases/{release}/sglang.service").strip()
               for release in (healthy, outcome.release_id)}
     assert len(inodes) == 1, "B's unit file is A's, hard-linked"
@@ -188,7 +188,7 @@ def test_a_switch_between_releases_of_the_same_unit_settings_sends_no_daemon_rel
                                                                          healthy, {}))
     assert back.release_id == healthy and "systemd: daemon-reload" not in ran
     argv, environ, need_reload = running(rig)
-    assert "--enable-metrics" not in argv and "OMP_NUM_THREADS=8" in environ and need_reload == "no"
+    assert "--enable-metrics" in argv and "OMP_NUM_THREADS=8" in environ and need_reload == "no"
     restarted, ran = steps_sent(rig, lambda target, remote: engine.start(target, "sglang", remote,
                                                                          RecordingProgress(), {}, restart=True))
     assert restarted.action == "restarted" and "systemd: daemon-reload" not in ran and rig.unit_state() == "active"
