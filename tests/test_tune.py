@@ -343,6 +343,17 @@ def test_the_estimate_uses_this_hosts_recorded_starts_benchmark_pace_and_time_ar
     assert estimate([], SETTINGS, FOUR, 2, keep_winner=False).starts == Between(5, 7), "keep none: the switch back"
 
 
+def test_a_levels_pace_is_the_mean_of_this_hosts_runs_of_it_not_the_newest_alone() -> None:
+    """Input tried (the README's first sweep on the sandbox, whose estimate after it was +39%): the same level run by
+    a fast candidate (30 s) and then by a slow one (fusion-sm120 on SM120, 90 s), 1024 prompts each. The next sweep's
+    candidates are like both, so each benchmark is counted at their mean, not at the slow one that ran last."""
+    runs = [history_entry("tune", HEALTHY, tags(f"r{n}"), NOW,
+                          figures=bench(f"r{n}", level(1024, 1.0, duration=seconds)).figures())
+            for n, seconds in enumerate((30.0, 90.0))]
+    found = estimate(runs, SETTINGS.model_copy(update={"concurrency": [1024]}), FOUR, 2)
+    assert [(lv.timed_s, lv.recorded) for lv in found.levels] == [(60.0, True)]
+
+
 def test_a_candidate_rendered_as_the_serving_release_starts_nothing_when_it_runs_first() -> None:
     """Input tried: caps 64 and 128 over a release serving a cap of 64 (bench.readme_sweep's quick sweep). Cap 64
     is the serving release (its deploy a no-op), cap 128 starts; kept and serving at the end: 1 start. At most 4:

@@ -1,7 +1,8 @@
 """How long a sweep takes, from this host's history (pure). Starts: the median of its recorded starts (a switch's
 downtime, else a release's `ready` timing), counted as commands/tune.py performs them. A benchmark, level by level:
-the newest run of that level at the same lengths scaled to the prompts it sends, plus what a level costs around its
-timed requests (its client process, the GPU sampler, reading the results back) from the host's recorded wall times.
+the mean pace of the host's runs of that level at the same lengths, scaled to the prompts it sends, plus what a
+level costs around its timed requests (its client process, the GPU sampler, reading the results back) from the
+host's recorded wall times.
 Where the host has no such record a stated default stands in, and the estimate says so."""
 
 from __future__ import annotations
@@ -109,19 +110,20 @@ def level_overhead_s(history: Sequence[HistoryEntry]) -> tuple[float, int]:
 
 def level_estimate(history: Sequence[HistoryEntry], settings: BenchSettings, concurrency: int,
                    overhead_s: float) -> LevelEstimate:
-    """The newest benchmark of this level at the same lengths and API (any prompts count), its duration scaled to
-    the prompts this level sends: at one concurrency a run lasts in proportion to its requests. None such: the
-    requests in waves of the concurrency, each wave output_len tokens at DEFAULT_STREAM_TOK_S."""
+    """This host's benchmarks of this level at the same lengths and API (any prompts count): the mean time a prompt
+    took, times the prompts this level sends (at one concurrency a run lasts in proportion to its requests). The
+    mean, not the newest run: a sweep's candidates differ in pace (a patch set can be ten times slower), and the
+    next sweep's are like those recorded. None such: the requests in waves of the concurrency, each wave
+    output_len tokens at DEFAULT_STREAM_TOK_S."""
     prompts = settings.prompts_at(concurrency)
     lengths = {key: value for key, value in settings.identity().items()
                if key in ("settings.input_len", "settings.output_len", "settings.openai_api")}
     duration, completed = f"c{concurrency}.duration_s", f"c{concurrency}.completed"
-    for entry in reversed(history):
-        if entry.event not in ("bench", "tune") or not all(entry.figures.get(k) == v for k, v in lengths.items()):
-            continue
-        if entry.figures.get(completed, 0) > 0 and duration in entry.figures:
-            return LevelEstimate(concurrency, prompts,
-                                 round(entry.figures[duration] * prompts / entry.figures[completed], 1), overhead_s)
+    per_prompt = [entry.figures[duration] / entry.figures[completed] for entry in history
+                  if entry.event in ("bench", "tune") and all(entry.figures.get(k) == v for k, v in lengths.items())
+                  and entry.figures.get(completed, 0) > 0 and duration in entry.figures]
+    if per_prompt:
+        return LevelEstimate(concurrency, prompts, round(statistics.mean(per_prompt) * prompts, 1), overhead_s)
     waves = -(-prompts // concurrency)
     return LevelEstimate(concurrency, prompts, round(waves * settings.output_len / DEFAULT_STREAM_TOK_S, 1),
                          overhead_s, recorded=False)
