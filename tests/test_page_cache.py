@@ -12,11 +12,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers.deploy_plan import target
+from helpers.deploy_plan import PROJECT, target
 from helpers.deploy_trips import serving_the_profile
 from helpers.fake_remote import FakeRemote
 from helpers.recording_progress import RecordingProgress
 from helpers.rollback import LAYOUT, ScriptedHost, changed_profile
+from helpers.tune_group import replica
+from helpers.tune_loop import a_sweep_host, sglang_knowing_every_flag
 from rich.console import Console
 
 from deploy_cli import present, reports
@@ -42,6 +44,9 @@ from deploy_lib.models.page_cache import (
     read_step,
     weights_root,
 )
+from deploy_lib.ops.multinode import plan_nodes
+from deploy_lib.ops.multinode_deploy import deploy_nodes
+from deploy_lib.ops.scope import Scope
 from deploy_lib.remote import Put, Step, StepResult
 from deploy_lib.store import (
     FACT_CURRENT,
@@ -284,6 +289,29 @@ def test_a_deploy_with_no_pre_read_reads_nothing_before_the_stop_and_says_so() -
     assert deploy(changed_profile(), target(), host, progress, Options(grace_s=0, pre_read=False)).action == "deployed"
     assert READ not in _names(host), "the weights would fit: only the switch keeps them unread"
     assert PRE_READ_OFF in progress.of_kind("note")
+
+
+@pytest.mark.parametrize("pre_read", [True, False])
+def test_a_multi_node_deploy_reads_each_nodes_weights_before_the_stop_unless_no_pre_read(pre_read: bool) -> None:
+    """Input tried: glm5-nvfp4-3nodes over three scripted hosts whose weights fit and are not resident."""
+    hosts = {name: a_sweep_host("memory.max_running_requests=256") for name in ("n1", "n2", "n3")}
+    nodes = plan_nodes(PROJECT.profile("glm5-nvfp4-3nodes"),
+                       Scope(PROJECT.inventory(None), tuple(replica(name) for name in hosts), group="pair").targets,
+                       "pair")
+    for host in hosts.values():
+        sglang_knowing_every_flag(host, *(node.loaded for node in nodes))
+        host.reply(_measuring, stdout=_measured([(10 * GB, 0)], 100 * GB))
+        host.reply(READ, stdout='RESULT {"read_bytes": 10000000000}\n')
+    progress = {name: RecordingProgress() for name in hosts}
+    outcomes = deploy_nodes(nodes, dict(hosts), progress.__getitem__, Options(grace_s=0, pre_read=pre_read))
+    assert [outcome.action for outcome in outcomes] == ["deployed"] * 3
+    for name, host in hosts.items():
+        if pre_read:
+            _read_before_the_stop_only_when_decided(host, progress[name], ["/b/0"], "page cache: 10.0 GB of the new "
+                                                    "weights (10.0 GB) to read in 1 file before the old server stops")
+        else:
+            assert READ not in _names(host), f"{name}: the weights would fit: only --no-pre-read keeps them unread"
+            assert PRE_READ_OFF in progress[name].of_kind("note")
 
 
 def test_a_dry_run_shows_how_much_of_the_weights_is_resident_and_what_the_deploy_would_read() -> None:

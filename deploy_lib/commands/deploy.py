@@ -339,10 +339,7 @@ def _switch(run: Transition, ask: _Ask, decided: _Decided, tags: Tags) -> ReadyR
         stage_weights(run, decided.model, decided.venv.path, plan, facts)
     # while the old release serves, so that the server loads its weights from memory; weights staged just now are
     # measured again (their reading, if any, came before the stage)
-    if ask.options.pre_read:
-        warm_page_cache(run, plan.release.model, decided.residency if decided.model_facts.complete else {})
-    else:
-        run.progress.note(PRE_READ_OFF)
+    pre_read(run, ask.options, plan.release.model, decided.residency if decided.model_facts.complete else {})
     staged = plan.batches.stage
     if plan.gpu_check_reasons:  # the NCCL check runs between the stage and the switch: the stage goes alone, first
         run.phase(BatchKind.stage, staged)
@@ -465,6 +462,16 @@ def page_cache_plan(decided: _Decided) -> tuple[str, ...]:
 
 PRE_READ_OFF = ("page cache: not read before the stop (--no-pre-read); the server reads the weights from disk as it "
                 "starts")
+
+
+def pre_read(run: Transition, options: Options, model: Mapping[str, str],
+             measured: Mapping[str, Residency | str]) -> None:
+    """A deploy's `warm_page_cache` (a single host's or each node's of a multi-node release), unless --no-pre-read
+    turned it off: then a note says so."""
+    if options.pre_read:
+        warm_page_cache(run, model, measured)
+    else:
+        run.progress.note(PRE_READ_OFF)
 
 
 def warm_page_cache(run: Transition, model: Mapping[str, str], measured: Mapping[str, Residency | str]) -> None:

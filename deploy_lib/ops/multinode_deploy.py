@@ -17,6 +17,7 @@ from deploy_lib.commands.deploy import (
     Outcome,
     SweepCandidate,
     choose_venv,
+    pre_read,
     releases_to_keep,
     stage_weights,
     warm_page_cache,
@@ -96,7 +97,7 @@ def deploy_nodes(nodes: Sequence[Node], remotes: Mapping[str, Remote], progress_
             if head.profile.watch is not None:  # the watch reads one server's window around one host's switch
                 states[0].run.progress.note("watch: not run for a multi-node release (the watch judges one host's "
                                             "switch); it is deployed unwatched")
-            each(states, _stage)
+            each(states, lambda state: _stage(state, options))
         except KeyboardInterrupt as stop:
             raise interrupted(stop, f"interrupted ({signal_name(stop)}) before the switch; nothing was switched or "
                                     "restarted on any node") from None
@@ -158,12 +159,12 @@ def _plan(nodes: Sequence[Node], runs: Mapping[str, Transition], options: Option
     return [state for state, _ in read_nodes]
 
 
-def _stage(state: NodeDeploy) -> None:
-    """The weights and the release's files onto the node, and the weights into its page cache, while the old release
-    still serves."""
+def _stage(state: NodeDeploy, options: Options) -> None:
+    """The weights and the release's files onto the node, and the weights into its page cache (unless
+    --no-pre-read), while the old release still serves."""
     if not state.model_facts.complete:
         stage_weights(state.run, state.model, state.plan.release.venv, state.plan, state.facts)
-    warm_page_cache(state.run, state.plan.release.model, {})
+    pre_read(state.run, options, state.plan.release.model, {})
     state.run.phase(BatchKind.stage, state.plan.batches.stage)
 
 
