@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +17,8 @@ from deploy_lib.commands.deploy import (
     Outcome,
     SweepCandidate,
     choose_venv,
+    page_cache_plan,
+    page_cache_roots,
     pre_read,
     releases_to_keep,
     stage_weights,
@@ -29,6 +31,7 @@ from deploy_lib.errors import ConfigError, DeployError, PreflightError
 from deploy_lib.facts.host import FactRequest, HostFacts
 from deploy_lib.health import Ready
 from deploy_lib.host.facts import read_host_facts
+from deploy_lib.host.page_cache import read_residency
 from deploy_lib.host.prune import prune
 from deploy_lib.host.store import host_lock, read_store_facts
 from deploy_lib.host.switch import Transition, interruption, recorded_tags
@@ -88,7 +91,8 @@ def deploy_nodes(nodes: Sequence[Node], remotes: Mapping[str, Remote], progress_
             plans = [state.plan for state in states]
             release_id = plans[0].release.id
             if options.dry_run:
-                return [Outcome(Action.planned, release_id, plan.current_id, plan=plan) for plan in plans]
+                return [Outcome(Action.planned, release_id, plan.current_id, plan=plan)
+                        for plan in each(states, _with_page_cache)]
             # unchanged: every node's release current, active and recorded healthy, and node 0 answering now
             if all(plan.unchanged for plan in plans) and \
                     isinstance(states[0].run.live_verdict(plans[0].release.metadata()), Ready):
@@ -157,6 +161,15 @@ def _plan(nodes: Sequence[Node], runs: Mapping[str, Transition], options: Option
         state.plan = plan(release_id)
         preflight(state.plan, state.node.loaded, state.node.target, state.facts)
     return [state for state, _ in read_nodes]
+
+
+def _with_page_cache(state: NodeDeploy) -> Plan:
+    """A dry run's plan of one node, with how much of the current and the new release's weights its page cache
+    holds, as a single host's plan says."""
+    readings = {root: read_residency(state.run.remote, root)
+                for root in page_cache_roots(state.plan, state.facts, state.model_facts, dry_run=True)}
+    return replace(state.plan, notes=(*state.plan.notes,
+                                      *page_cache_plan(state.plan, state.facts, state.model_facts, readings)))
 
 
 def _stage(state: NodeDeploy, options: Options) -> None:
