@@ -17,7 +17,8 @@ from sandbox import names
     "name": f"guest name, repeat for several (default {names.DEFAULT_NAME}; thN gets 10.213.x.y/30 number N)",
     "count": f"bring up guests th1..thN (all in group `{names.GROUP}` of the inventory)",
     "venv": f"also give each guest {names.GUEST_VENV} from the wheelhouse (real sglang + the sim)",
-    "sglang": "sglang version for --venv", "flashinfer": "flashinfer-python version for --venv",
+    "sglang": f"sglang version for --venv (the simulator starts on the default, {names.DEFAULT_SGLANG}; not on "
+              "0.5.9: docs/sandbox.md)", "flashinfer": "flashinfer-python version for --venv",
     "router": f"the guest that runs the SGLang router in front of group `{names.GROUP}` (written into its vars; "
               "`invoke router.deploy --group sandbox` deploys it)",
     "disk": "give a new guest's writable layer an ext4 disk of its own, so that `sandbox.crash` loses what was not "

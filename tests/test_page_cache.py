@@ -12,15 +12,17 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers.deploy_plan import target
+from helpers.deploy_plan import PROJECT, target
 from helpers.deploy_trips import serving_the_profile
 from helpers.fake_remote import FakeRemote
 from helpers.recording_progress import RecordingProgress
 from helpers.rollback import LAYOUT, ScriptedHost, changed_profile
+from helpers.tune_group import replica
+from helpers.tune_loop import a_sweep_host, sglang_knowing_every_flag
 from rich.console import Console
 
 from deploy_cli import present, reports
-from deploy_lib.commands.deploy import PRE_READ_OFF, Options, deploy
+from deploy_lib.commands.deploy import PRE_READ_OFF, Options, Outcome, deploy
 from deploy_lib.commands.status import read_status
 from deploy_lib.deploy.project import Project, resolve_target
 from deploy_lib.facts.host import FACT_RELEASE_SUMS, FACT_UNIT
@@ -42,6 +44,9 @@ from deploy_lib.models.page_cache import (
     read_step,
     weights_root,
 )
+from deploy_lib.ops.multinode import plan_nodes
+from deploy_lib.ops.multinode_deploy import deploy_nodes
+from deploy_lib.ops.scope import Scope
 from deploy_lib.remote import Put, Step, StepResult
 from deploy_lib.store import (
     FACT_CURRENT,
@@ -286,6 +291,34 @@ def test_a_deploy_with_no_pre_read_reads_nothing_before_the_stop_and_says_so() -
     assert PRE_READ_OFF in progress.of_kind("note")
 
 
+def _three_nodes(options: Options) -> tuple[dict[str, FakeRemote], dict[str, RecordingProgress], list[Outcome]]:
+    """glm5-nvfp4-3nodes deployed with `options` over three scripted hosts whose weights (10 GB) fit in memory and
+    are not resident: each host, its progress, and the outcomes."""
+    hosts = {name: a_sweep_host("memory.max_running_requests=256") for name in ("n1", "n2", "n3")}
+    nodes = plan_nodes(PROJECT.profile("glm5-nvfp4-3nodes"),
+                       Scope(PROJECT.inventory(None), tuple(replica(name) for name in hosts), group="pair").targets,
+                       "pair")
+    for host in hosts.values():
+        sglang_knowing_every_flag(host, *(node.loaded for node in nodes))
+        host.reply(_measuring, stdout=_measured([(10 * GB, 0)], 100 * GB))
+        host.reply(READ, stdout='RESULT {"read_bytes": 10000000000}\n')
+    progress = {name: RecordingProgress() for name in hosts}
+    return dict(hosts), progress, deploy_nodes(nodes, dict(hosts), progress.__getitem__, options)
+
+
+@pytest.mark.parametrize("pre_read", [True, False])
+def test_a_multi_node_deploy_reads_each_nodes_weights_before_the_stop_unless_no_pre_read(pre_read: bool) -> None:
+    hosts, progress, outcomes = _three_nodes(Options(grace_s=0, pre_read=pre_read))
+    assert [outcome.action for outcome in outcomes] == ["deployed"] * 3
+    for name, host in hosts.items():
+        if pre_read:
+            _read_before_the_stop_only_when_decided(host, progress[name], ["/b/0"], "page cache: 10.0 GB of the new "
+                                                    "weights (10.0 GB) to read in 1 file before the old server stops")
+        else:
+            assert READ not in _names(host), f"{name}: the weights would fit: only --no-pre-read keeps them unread"
+            assert PRE_READ_OFF in progress[name].of_kind("note")
+
+
 def test_a_dry_run_shows_how_much_of_the_weights_is_resident_and_what_the_deploy_would_read() -> None:
     host, _ = serving_the_profile()
     host.reply(_measuring, stdout=_measured([(10 * GB, 4 * GB)], 100 * GB))
@@ -299,6 +332,18 @@ def test_a_dry_run_shows_how_much_of_the_weights_is_resident_and_what_the_deploy
     assert READ not in _names(host), "a plan reads nothing in"
     assert sum(name.startswith(MEASURE) for name in _names(host)) == 1, \
         "the weights are the current release's: measured once, in the decision's read"
+
+
+def test_a_multi_node_dry_run_shows_each_nodes_weights_resident_and_what_its_deploy_would_read() -> None:
+    hosts, _, outcomes = _three_nodes(Options(dry_run=True))
+    for host, outcome in zip(hosts.values(), outcomes, strict=True):
+        assert outcome.plan is not None
+        notes = [line for line in outcome.plan.dry_run_lines() if "page cache" in line]
+        assert notes[0] == f"  note: weights of release {outcome.release_id}: 10.0 GB in 1 file, 0 B (0%) in the " \
+                           "page cache", notes
+        assert notes[1] == ("  note: page cache: 10.0 GB of the new weights (10.0 GB) to read in 1 file before the "
+                            "old server stops (100.0 GB memory available)")
+        assert READ not in _names(host), "a plan reads nothing in"
 
 
 def test_a_hub_revision_is_found_by_the_host_through_its_cache_refs_before_any_plan(tmp_path: Path) -> None:

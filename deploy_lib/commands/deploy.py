@@ -233,7 +233,8 @@ def _deploy(run: Transition, ask: _Ask) -> Outcome:
     run.timings["facts"] = round(run.clock() - started, 3)
     plan = decided.plan
     if ask.options.dry_run:  # its notes are printed with the plan
-        plan = replace(plan, notes=(*plan.notes, *page_cache_plan(decided)))
+        plan = replace(plan, notes=(*plan.notes, *page_cache_plan(plan, decided.facts, decided.model_facts,
+                                                                  decided.residency)))
         return Outcome(Action.planned, plan.release_id, plan.current_id, plan=plan, timings=run.timings)
     for note in plan.notes:
         run.progress.note(note)
@@ -307,7 +308,8 @@ def _preflight(run: Transition, ask: _Ask, decided: _Decided) -> _Decided:
     remote = run.remote if run.lock is None else run.lock.inner
     # the weights' page cache: read with preflight's facts, or alone once preflight passed when those were read
     # with the decision (a dry run, a sweep's candidate)
-    roots = [root for root in page_cache_roots(decided, ask.options.dry_run) if root not in decided.residency]
+    roots = [root for root in page_cache_roots(decided.plan, decided.facts, decided.model_facts, ask.options.dry_run)
+             if root not in decided.residency]
     measure, rides = [measure_step(root) for root in roots], bool(reads.steps)
     measured = read_facts(remote, [*reads.steps, *(measure if rides else ())])
     facts, hand_pid = reads.parse(measured)
@@ -320,12 +322,12 @@ def _preflight(run: Transition, ask: _Ask, decided: _Decided) -> _Decided:
     return replace(decided, plan=plan, facts=facts, residency=residency)
 
 
-def page_cache_roots(decided: _Decided, dry_run: bool) -> tuple[str, ...]:
+def page_cache_roots(plan: Plan, facts: HostFacts, model_facts: ModelFacts, dry_run: bool) -> tuple[str, ...]:
     """The weights' directories whose page cache the preflight read measures: the new release's once its weights
     are all on the host (staged ones are measured after the stage), and a plan's current release's too."""
-    current = decided.facts.store.release(decided.plan.current_id) if decided.plan.current_id else None
+    current = facts.store.release(plan.current_id) if plan.current_id else None
     current_root = weights_root(current.metadata.get("model") or {}) if current and dry_run else None
-    new_root = weights_root(decided.plan.release.model) if decided.model_facts.complete else None
+    new_root = weights_root(plan.release.model) if model_facts.complete else None
     return tuple(dict.fromkeys(root for root in (current_root, new_root) if root))
 
 
@@ -339,10 +341,7 @@ def _switch(run: Transition, ask: _Ask, decided: _Decided, tags: Tags) -> ReadyR
         stage_weights(run, decided.model, decided.venv.path, plan, facts)
     # while the old release serves, so that the server loads its weights from memory; weights staged just now are
     # measured again (their reading, if any, came before the stage)
-    if ask.options.pre_read:
-        warm_page_cache(run, plan.release.model, decided.residency if decided.model_facts.complete else {})
-    else:
-        run.progress.note(PRE_READ_OFF)
+    pre_read(run, ask.options, plan.release.model, decided.residency if decided.model_facts.complete else {})
     staged = plan.batches.stage
     if plan.gpu_check_reasons:  # the NCCL check runs between the stage and the switch: the stage goes alone, first
         run.phase(BatchKind.stage, staged)
@@ -446,25 +445,35 @@ def stage_weights(run: Transition, model: Weights, venv: str, plan: Plan, facts:
                            run.timings["model"])
 
 
-def page_cache_plan(decided: _Decided) -> tuple[str, ...]:
-    """A plan's lines on the page cache: how much of the current and the new release's weights it holds (read with
-    preflight's facts), and whether the deploy reads the new ones in before the stop."""
-    plan, readings = decided.plan, decided.residency
-    current = decided.facts.store.release(plan.current_id) if plan.current_id else None
+def page_cache_plan(plan: Plan, facts: HostFacts, model_facts: ModelFacts,
+                    readings: Mapping[str, Residency | str]) -> tuple[str, ...]:
+    """A plan's lines on the page cache: how much of the current and the new release's weights it holds (`readings`
+    of `page_cache_roots`), and whether the deploy reads the new ones in before the stop."""
+    current = facts.store.release(plan.current_id) if plan.current_id else None
     current_root = weights_root(current.metadata.get("model") or {}) if current else None
     new_root = weights_root(plan.release.model)
-    staged = decided.model_facts.complete
+    staged = model_facts.complete
     same = staged and current_root is not None and current_root == new_root
     new_label = "the new release" if plan.release_id is None else f"release {plan.release_id}"
     shown_current = None if current_root not in readings else (f"current release {plan.current_id}",
                                                                 readings[str(current_root)])
     shown_new = (new_label, readings[new_root]) if staged and new_root is not None and new_root in readings \
         and not same else None
-    return plan_lines(shown_current, shown_new, staged, decided.model_facts.files, same)
+    return plan_lines(shown_current, shown_new, staged, model_facts.files, same)
 
 
 PRE_READ_OFF = ("page cache: not read before the stop (--no-pre-read); the server reads the weights from disk as it "
                 "starts")
+
+
+def pre_read(run: Transition, options: Options, model: Mapping[str, str],
+             measured: Mapping[str, Residency | str]) -> None:
+    """A deploy's `warm_page_cache` (a single host's or each node's of a multi-node release), unless --no-pre-read
+    turned it off: then a note says so."""
+    if options.pre_read:
+        warm_page_cache(run, model, measured)
+    else:
+        run.progress.note(PRE_READ_OFF)
 
 
 def warm_page_cache(run: Transition, model: Mapping[str, str], measured: Mapping[str, Residency | str]) -> None:

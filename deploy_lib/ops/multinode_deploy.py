@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -17,6 +17,9 @@ from deploy_lib.commands.deploy import (
     Outcome,
     SweepCandidate,
     choose_venv,
+    page_cache_plan,
+    page_cache_roots,
+    pre_read,
     releases_to_keep,
     stage_weights,
     warm_page_cache,
@@ -28,6 +31,7 @@ from deploy_lib.errors import ConfigError, DeployError, PreflightError
 from deploy_lib.facts.host import FactRequest, HostFacts
 from deploy_lib.health import Ready
 from deploy_lib.host.facts import read_host_facts
+from deploy_lib.host.page_cache import read_residency
 from deploy_lib.host.prune import prune
 from deploy_lib.host.store import host_lock, read_store_facts
 from deploy_lib.host.switch import Transition, interruption, recorded_tags
@@ -87,7 +91,8 @@ def deploy_nodes(nodes: Sequence[Node], remotes: Mapping[str, Remote], progress_
             plans = [state.plan for state in states]
             release_id = plans[0].release.id
             if options.dry_run:
-                return [Outcome(Action.planned, release_id, plan.current_id, plan=plan) for plan in plans]
+                return [Outcome(Action.planned, release_id, plan.current_id, plan=plan)
+                        for plan in each(states, _with_page_cache)]
             # unchanged: every node's release current, active and recorded healthy, and node 0 answering now
             if all(plan.unchanged for plan in plans) and \
                     isinstance(states[0].run.live_verdict(plans[0].release.metadata()), Ready):
@@ -96,7 +101,7 @@ def deploy_nodes(nodes: Sequence[Node], remotes: Mapping[str, Remote], progress_
             if head.profile.watch is not None:  # the watch reads one server's window around one host's switch
                 states[0].run.progress.note("watch: not run for a multi-node release (the watch judges one host's "
                                             "switch); it is deployed unwatched")
-            each(states, _stage)
+            each(states, lambda state: _stage(state, options))
         except KeyboardInterrupt as stop:
             raise interrupted(stop, f"interrupted ({signal_name(stop)}) before the switch; nothing was switched or "
                                     "restarted on any node") from None
@@ -158,12 +163,21 @@ def _plan(nodes: Sequence[Node], runs: Mapping[str, Transition], options: Option
     return [state for state, _ in read_nodes]
 
 
-def _stage(state: NodeDeploy) -> None:
-    """The weights and the release's files onto the node, and the weights into its page cache, while the old release
-    still serves."""
+def _with_page_cache(state: NodeDeploy) -> Plan:
+    """A dry run's plan of one node, with how much of the current and the new release's weights its page cache
+    holds, as a single host's plan says."""
+    readings = {root: read_residency(state.run.remote, root)
+                for root in page_cache_roots(state.plan, state.facts, state.model_facts, dry_run=True)}
+    return replace(state.plan, notes=(*state.plan.notes,
+                                      *page_cache_plan(state.plan, state.facts, state.model_facts, readings)))
+
+
+def _stage(state: NodeDeploy, options: Options) -> None:
+    """The weights and the release's files onto the node, and the weights into its page cache (unless
+    --no-pre-read), while the old release still serves."""
     if not state.model_facts.complete:
         stage_weights(state.run, state.model, state.plan.release.venv, state.plan, state.facts)
-    warm_page_cache(state.run, state.plan.release.model, {})
+    pre_read(state.run, options, state.plan.release.model, {})
     state.run.phase(BatchKind.stage, state.plan.batches.stage)
 
 

@@ -11,14 +11,16 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
-from helpers.guest_group import GuestGroup, booted_group
+from helpers.guest_group import STORE, GuestGroup, booted_group
 from helpers.http_client import http
 from helpers.json_doc import by_host, result
 
 from deploy_lib.commands.releases import list_releases
 from deploy_lib.deploy.project import resolve_target
 from deploy_lib.inventory.model import load_inventory
+from deploy_lib.metrics.router_counters import FAILED_FIGURE, ROUTED_FIGURE
 from deploy_lib.remote import FabricRemote
+from deploy_lib.store.facts import parse_history
 from sandbox import manage
 from sandbox.traffic import Client
 
@@ -92,6 +94,14 @@ def test_a_rolling_deploy_behind_the_router_fails_no_client_request(replicas: Re
         lines = [line for line in stderr.splitlines() if line.startswith(f"{guest.name} ")]
         assert any("router: drain" in line for line in lines) and any("router: add back" in line for line in lines)
     assert router_urls(replicas) == [(url, True) for url in sorted(workers)]
+    for guest in replicas.guests:  # what the router's clients saw while each was out and back: reported and kept
+        clients = by_host(report)[guest.name]["clients"]
+        assert clients["requests"] > 0 and clients["failed"] == 0, clients
+        entries, _ = parse_history(manage.run_on(guest, f"cat {STORE}/history.jsonl"))
+        [seen] = [entry for entry in entries
+                  if entry.event == "router" and entry.tags.release == by_host(report)[guest.name]["release"]]
+        assert seen.outcome == "healthy"
+        assert seen.figures == {ROUTED_FIGURE: clients["requests"], FAILED_FIGURE: 0}
 
 
 def test_a_stopped_router_is_restarted_by_a_router_deploy_and_replicas_deploy_meanwhile(replicas: Replicas) -> None:

@@ -71,6 +71,14 @@ def test_the_grid_of_caps_and_fusion_measures_every_candidate_and_serves_the_one
     rig.wait_ready()
     roles = [line["tune"]["role"] for line in tune_lines(rig, report.tune_id)]  # type: ignore[index]
     assert roles.count("base") == 2 and roles[-1] == "end"
+    # each candidate on a release other than the one serving before switched: its downtime reported and kept
+    switched = {row.release_id: row for row in rows.values() if row.release_id != before}
+    assert len(switched) == 5 and all(row.downtime is not None and row.downtime.server_s > 0
+                                      for row in switched.values()), report.rows
+    kept = {line["release"]: line["timings"] for line in tune_lines(rig, report.tune_id)
+            if line["tune"]["role"] == "candidate"}  # type: ignore[index]
+    assert all({"downtime", "downtime.server"} <= set(kept[release])  # type: ignore[arg-type]
+               for release in switched), kept
 
 
 def test_a_candidate_that_runs_out_of_gpu_memory_is_diagnosed_and_the_sweep_goes_on(rig: Rig) -> None:
