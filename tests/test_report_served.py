@@ -63,9 +63,10 @@ def test_a_watched_deploys_windows_are_the_serving_releases_and_the_new_ones_bes
                                                                                                    41.0)
     # A's newest benchmark at its highest level, beside its live figures
     assert (before.bench_concurrency, before.bench_output_tok_s) == (1024, 3284.4)
+    assert before.bench_measured_on == "default", "the benchmark beside live figures says what it ran"
     assert (after.release, after.source, after.ttft_p99_ms) == (D, "watch after the switch", 402.0)
     assert after.inter_token_p99_ms is None, "a figure the window did not observe stays unknown"
-    assert after.bench_output_tok_s is None, "D was never benchmarked"
+    assert after.bench_output_tok_s is None and after.bench_measured_on is None, "D was never benchmarked"
 
 
 def test_a_workload_read_on_this_host_is_served_traffic_of_its_release_and_one_read_elsewhere_is_not() -> None:

@@ -106,6 +106,7 @@ def served_beside_benchmark(rows: Sequence[ServedRow]) -> str | None:
     if not rows:
         return None
     releases = list(dict.fromkeys(r.release for r in rows))
+    measured_on = {r.release: r.bench_measured_on for r in rows if r.bench_measured_on is not None}
     with _figure(2, 5.0) as (figure, (ttft, tok_s)):
         for axes, live, bench, name in ((ttft, lambda r: r.ttft_p99_ms, lambda r: r.bench_ttft_p99_ms, "ttft"),
                                         (tok_s, lambda r: r.output_tok_s, lambda r: r.bench_output_tok_s, "tok_s")):
@@ -118,7 +119,8 @@ def served_beside_benchmark(rows: Sequence[ServedRow]) -> str | None:
                 if shown:
                     axes.scatter([releases.index(r.release) for r in shown], [live(r) for r in shown], marker=marker,
                                  zorder=3, label=f"served ({kind})").set_gid(f"series-served-{name}-{kind}")
-            axes.set_xticks(range(len(releases)), releases)
+            axes.set_xticks(range(len(releases)), [f"{release}\n(benchmark: {measured_on[release]})"
+                                                   if release in measured_on else release for release in releases])
             axes.set_xlim(-0.5, len(releases) - 0.5)
             axes.set_ylim(bottom=0)
             axes.legend(fontsize="small")  # each panel its own: a workload has a point below, none above

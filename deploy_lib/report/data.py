@@ -172,7 +172,8 @@ def _newest_benches(points: Sequence[BenchPoint]) -> dict[str, BenchFigures]:
         if known is None or point.when > known.when or (point.when == known.when
                                                          and point.concurrency > known.concurrency):
             newest[point.release] = point
-    return {release: BenchFigures(p.concurrency, p.output_tok_s, p.ttft_p99_ms) for release, p in newest.items()}
+    return {release: BenchFigures(p.concurrency, p.output_tok_s, p.ttft_p99_ms, p.benchmark)
+            for release, p in newest.items()}
 
 
 def collect(history: Sequence[HistoryEntry], host: str, service: str, generated_at: str,

@@ -20,6 +20,7 @@ class BenchFigures:
     concurrency: int
     output_tok_s: float
     ttft_p99_ms: float | None
+    measured_on: str  # default, or workload NAME (BenchPoint.benchmark)
 
 
 @dataclass(frozen=True)
@@ -39,6 +40,7 @@ class ServedRow:
     bench_concurrency: int | None
     bench_output_tok_s: float | None
     bench_ttft_p99_ms: float | None
+    bench_measured_on: str | None  # what that benchmark ran: default, or workload NAME
 
 
 def _ms(seconds: float | None) -> float | None:
@@ -72,7 +74,8 @@ def served_rows(history: Sequence[HistoryEntry], host: str, workloads: Sequence[
                          ttft_p99_ms=_ms(ttft_s), inter_token_p99_ms=_ms(inter_token_s),
                          bench_concurrency=bench.concurrency if bench else None,
                          bench_output_tok_s=bench.output_tok_s if bench else None,
-                         bench_ttft_p99_ms=bench.ttft_p99_ms if bench else None)
+                         bench_ttft_p99_ms=bench.ttft_p99_ms if bench else None,
+                         bench_measured_on=bench.measured_on if bench else None)
 
     rows = [row(when, release, source, w.window_s, w.requests, w.request_rate, w.generation_tok_s, w.ttft_p99_s,
                 w.inter_token_p99_s) for when, release, source, w in _watched(history)]
