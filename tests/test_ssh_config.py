@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import getpass
 import json
-import os
 import shlex
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path, PurePosixPath
 
@@ -208,11 +209,9 @@ def test_an_encrypted_key_without_an_agent_is_refused_saying_to_load_it(sshd: Ss
     assert "is encrypted" in refused.value.message and f"ssh-add {key}" in (refused.value.hint or "")
 
 
-def test_with_a_key_file_set_the_agents_keys_are_still_offered(sshd: SshServer, tmp_path: Path,
-                                                               monkeypatch: pytest.MonkeyPatch) -> None:
-    """Input tried: the encrypted key file in the inventory and the same key loaded in an ssh-agent this test starts
-    (before, a key file turned the agent off and the connection failed)."""
-    key = _encrypted_copy(sshd, tmp_path)
+@contextmanager
+def _agent(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """An empty ssh-agent of the test's own, as SSH_AUTH_SOCK; stopped by its PID at the end."""
     socket_path = tmp_path / "agent.sock"
     agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket_path)], stdout=subprocess.DEVNULL)
     try:
@@ -220,9 +219,20 @@ def test_with_a_key_file_set_the_agents_keys_are_still_offered(sshd: SshServer, 
             if socket_path.exists():
                 break
             time.sleep(0.05)
-        subprocess.run(["ssh-add", "-q", str(sshd.client_key)], check=True,
-                       env={**os.environ, "SSH_AUTH_SOCK": str(socket_path)})
         monkeypatch.setenv("SSH_AUTH_SOCK", str(socket_path))
+        yield
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        agent.wait(timeout=10)
+
+
+def test_with_a_key_file_set_the_agents_keys_are_still_offered(sshd: SshServer, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """Input tried: the encrypted key file in the inventory and the same key loaded in an ssh-agent this test starts
+    (before, a key file turned the agent off and the connection failed)."""
+    key = _encrypted_copy(sshd, tmp_path)
+    with _agent(tmp_path, monkeypatch):
+        subprocess.run(["ssh-add", "-q", str(sshd.client_key)], check=True)
         _alias_config(tmp_path, sshd, key)
         inventory = tmp_path / "hosts.yaml"
         inventory.write_text(f"all:\n  hosts:\n    lab: {{ssh_config_file: ssh_config, ansible_ssh_private_key_file: "
@@ -233,9 +243,6 @@ def test_with_a_key_file_set_the_agents_keys_are_still_offered(sshd: SshServer, 
         with pytest.raises(ConnectFailed, match="is encrypted"), \
                 FabricRemote(resolve_target(load_inventory(inventory), "lab").ssh) as remote:
             remote.run([Step("probe", ("true",))])
-    finally:
-        agent.send_signal(signal.SIGTERM)
-        agent.wait(timeout=10)
 
 
 def test_a_passphrase_given_unlocks_an_encrypted_key_with_no_agent(sshd: SshServer, tmp_path: Path,
@@ -262,22 +269,12 @@ def test_no_passphrase_is_asked_for_a_key_the_agent_holds(sshd: SshServer, tmp_p
     IdentitiesOnly, which keeps the agent out."""
     key = _encrypted_copy(sshd, tmp_path)
     key.with_name(key.name + ".pub").write_text(Path(f"{sshd.client_key}.pub").read_text())
-    socket_path = tmp_path / "agent.sock"
-    agent = subprocess.Popen(["ssh-agent", "-D", "-a", str(socket_path)], stdout=subprocess.DEVNULL)
-    try:
-        for _ in range(100):
-            if socket_path.exists():
-                break
-            time.sleep(0.05)
-        monkeypatch.setenv("SSH_AUTH_SOCK", str(socket_path))
+    with _agent(tmp_path, monkeypatch):
         target = SSHTarget(host="127.0.0.1", key_files=(key,))
         assert keys_needing_passphrase(target) == (key,)  # an empty agent
         subprocess.run(["ssh-add", "-q", str(sshd.client_key)], check=True)
         assert keys_needing_passphrase(target) == ()
         assert keys_needing_passphrase(replace(target, identities_only=True)) == (key,)
-    finally:
-        agent.send_signal(signal.SIGTERM)
-        agent.wait(timeout=10)
 
 
 RELAY = Path(__file__).parent / "helpers" / "stdio_relay.py"
