@@ -9,11 +9,15 @@ them unless asked for one label's value. Series of other metrics are dropped whe
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TYPE_CHECKING
 
 from deploy_lib.metrics.names import SPECS, Kind, Metric
+
+if TYPE_CHECKING:
+    from prometheus_client.samples import Sample as PrometheusSample
 
 
 class ExpositionError(ValueError):
@@ -140,17 +144,18 @@ def _sample(name: str, labels: Mapping[str, str], value: float) -> Sample | None
     return None
 
 
-def parse_scrape(text: str, at_s: float) -> Scrape:
-    """The samples of the metrics the tool reads, from the text `/metrics` answered at `at_s`."""
+def text_samples(text: str) -> Iterator[PrometheusSample]:
+    """Every sample in Prometheus text exposition, by prometheus_client's parser; ExpositionError when it is not."""
     from prometheus_client.parser import text_string_to_metric_families  # 60 ms of imports: only where parsed
 
-    samples = []
     try:
         for family in text_string_to_metric_families(text):
-            for raw in family.samples:
-                sample = _sample(raw.name, raw.labels, raw.value)
-                if sample is not None:
-                    samples.append(sample)
+            yield from family.samples
     except (ValueError, KeyError, IndexError) as error:
         raise ExpositionError(f"not Prometheus text exposition: {error}") from error
+
+
+def parse_scrape(text: str, at_s: float) -> Scrape:
+    """The samples of the metrics the tool reads, from the text `/metrics` answered at `at_s`."""
+    samples = [sample for raw in text_samples(text) if (sample := _sample(raw.name, raw.labels, raw.value)) is not None]
     return Scrape(at_s, tuple(samples))

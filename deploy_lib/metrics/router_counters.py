@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from deploy_lib.metrics.exposition import ExpositionError, text_samples
+
 ROUTER_METRICS_PORT = 29000  # sglang_router/router_args.py 0.3.2: --prometheus-port's default
 ROUTED = "smg_router_requests_total"
 RESPONSES = "smg_http_responses_total"
@@ -47,18 +49,15 @@ class ClientsSaw:
 def parse_counters(text: str) -> RouterCounters | str:
     """The counters in the router's /metrics text (a counter not there yet has counted nothing), or why the text
     cannot be read."""
-    from prometheus_client.parser import text_string_to_metric_families  # only where a router is read
-
     routed = failed = 0.0
     try:
-        for family in text_string_to_metric_families(text):
-            for sample in family.samples:
-                if sample.name == ROUTED:
-                    routed += sample.value
-                elif sample.name == RESPONSES and sample.labels.get("status_code", "").startswith("5"):
-                    failed += sample.value
-    except (ValueError, KeyError, IndexError) as error:
-        return f"its metrics are not Prometheus text: {error}"
+        for sample in text_samples(text):
+            if sample.name == ROUTED:
+                routed += sample.value
+            elif sample.name == RESPONSES and sample.labels.get("status_code", "").startswith("5"):
+                failed += sample.value
+    except ExpositionError as error:
+        return f"its metrics are {error}"
     return RouterCounters(routed, failed)
 
 
